@@ -1,0 +1,64 @@
+#pragma once
+// Host-facing entry points of the CUDA backend. No CUDA types here: streams are passed as void*
+// (a cudaStream_t) by the lower-level API in src/cuda; these wrappers own their handles/workspaces.
+// Only declared when the library was built with CUDA (TWELL_HAVE_CUDA); query_device() works in
+// every CUDA build and reports available = false on a machine without a GPU or driver.
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "twell/ffn.hpp"
+#include "twell/twell_format.hpp"
+
+namespace twell::cuda {
+
+struct DeviceInfo {
+  bool available = false;
+  std::string name;         // e.g. "NVIDIA H100 80GB HBM3"
+  std::string reason;       // why not available
+  int sm_count = 0;
+  int cc_major = 0, cc_minor = 0;
+  std::int64_t l2_bytes = 0;
+  std::int64_t smem_per_block_optin = 0;
+};
+DeviceInfo query_device() noexcept;
+
+enum class Path { automatic, dense, sparse };
+
+struct InferenceOptions {
+  TwellConfig twell{};
+  Path path = Path::automatic;
+};
+
+struct InferenceReport {
+  std::string path;              // which path ran, e.g. "sm90 twell", "dense cublasLt", "sm80 twell"
+  std::int64_t nnz = 0;          // active neurons counted by the gate epilogue
+  std::int64_t overflow_tiles = 0;
+  std::int64_t overflow_rows = 0;
+};
+
+// Runs the FFN (gated or not, per w) on the GPU: converts x and weights to bf16, uploads, runs,
+// downloads y as fp32. Exact: overflowed rows are computed through the fallback.
+InferenceReport ffn_infer_host(CMatrixF x, const FfnWeights& w, MatrixF y, const InferenceOptions& opt = {});
+
+struct BenchOptions {
+  TwellConfig twell{};
+  int warmup = 5;
+  int reps = 20;
+};
+
+struct BenchTimes {
+  double gate_ms = 0;         // gate GEMM + TwELL epilogue alone
+  double sparse_ms = 0;       // fused up+down (or sparse down) alone
+  double total_ms = 0;        // the whole sparse FFN as dispatched
+  double dense_ms = 0;        // the dense cuBLASLt FFN
+  double dense_gate_ms = 0;   // the cuBLASLt bf16 GEMM of the gate's shape alone
+  std::string path;           // the path dispatch chose
+  std::int64_t nnz = 0, overflow_tiles = 0, overflow_rows = 0;
+  std::vector<float> y_sparse;  // [M, K] from the sparse/dispatched path
+  std::vector<float> y_dense;   // [M, K] from the dense path
+};
+// Times both paths in one process on the same inputs (CUDA events, median of reps).
+BenchTimes bench_ffn_host(CMatrixF x, const FfnWeights& w, const BenchOptions& opt = {});
+
+}  // namespace twell::cuda

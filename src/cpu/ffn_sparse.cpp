@@ -1,0 +1,110 @@
+// Sparse FFN inference through TwELL (DESIGN §3, inference).
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <vector>
+
+#include "cpu/blas.hpp"
+#include "cpu/kernels.hpp"
+#include "twell/cpu/ffn_ops.hpp"
+
+namespace twell::cpu {
+namespace {
+
+double now_seconds() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+// Applies f(col, value) to every non-zero of row r: from the TwELL blocks, or from the dense backup
+// when the row overflowed a tile (the backup holds the same bf16-rounded values, all of them).
+template <typename F>
+void for_each_active(const TwellMatrix& m, std::int64_t r, F&& f) {
+  const std::int64_t b = m.backup_index(r);
+  if (b >= 0) {
+    const float* row = m.backup.data() + b * m.cols;
+    for (std::int64_t c = 0; c < m.cols; ++c)
+      if (row[c] != 0.0f) f(c, row[c]);
+    return;
+  }
+  const int T = m.config.tile;
+  const auto cap = static_cast<std::uint32_t>(m.config.capacity());
+  for (std::int64_t t = 0; t < m.tiles; ++t) {
+    const std::uint32_t* blk = m.block(r, t);
+    const std::uint32_t n = std::min(blk[0], cap);  // n == blk[0]: overflowed rows took the branch above
+    for (std::uint32_t j = 0; j < n; ++j) f(t * T + twell_col(blk[1 + j]), to_float(twell_value(blk[1 + j])));
+  }
+}
+
+}  // namespace
+
+TwellMatrix ffn_gate_twell(CMatrixF x, CMatrixF w, TwellConfig config) {
+  TWELL_CHECK(x.cols == w.cols, ErrorCode::shape_mismatch, "gate: x is [{}, {}] but the weight is [{}, {}]", x.rows, x.cols,
+              w.rows, w.cols);
+  const std::int64_t M = x.rows, N = w.rows;
+  TwellBuilder builder(M, N, config);
+  const std::int64_t B = std::min<std::int64_t>(kGateBlockRows, M);
+  std::vector<float> scratch(static_cast<std::size_t>(B * N));  // [B, N]: one block of the gate output
+  for (std::int64_t r0 = 0; r0 < M; r0 += B) {
+    const std::int64_t n = std::min(B, M - r0);
+    MatrixF blk(scratch.data(), n, N);
+    gemm(false, true, 1.0f, CMatrixF(x.row(r0), n, x.cols, x.ld), w, 0.0f, blk);
+    // Pack in parallel, 16 rows per task (ReLU fused into the packing).
+#pragma omp parallel for schedule(dynamic)
+    for (std::int64_t i = 0; i < n; i += 16)
+      builder.pack_rows(r0 + i, CMatrixF(blk.row(i), std::min<std::int64_t>(16, n - i), N), /*relu=*/true);
+  }
+  return builder.finish();
+}
+
+void ffn_up_down_twell(CMatrixF x, const TwellMatrix& gate, CMatrixF w_up, CMatrixF down_t, MatrixF y) {
+  const std::int64_t M = x.rows, K = x.cols;
+  TWELL_CHECK(gate.rows == M && gate.cols == w_up.rows && w_up.cols == K && down_t.rows == gate.cols &&
+                  down_t.cols == K && y.rows == M && y.cols == K,
+              ErrorCode::shape_mismatch, "fused up+down: inconsistent shapes (x [{}, {}], gate [{}, {}], w_up [{}, {}])", M, K,
+              gate.rows, gate.cols, w_up.rows, w_up.cols);
+#pragma omp parallel for schedule(dynamic, 4)
+  for (std::int64_t r = 0; r < M; ++r) {
+    const float* xr = x.row(r);
+    float* yr = y.row(r);
+    std::fill(yr, yr + K, 0.0f);
+    for_each_active(gate, r, [&](std::int64_t n, float g) {
+      const float h = g * dot(xr, w_up.row(n), K);  // h = g ⊙ u, u = ⟨x, Wu[n]⟩; never stored
+      axpy(h, down_t.row(n), yr, K);
+    });
+  }
+}
+
+void ffn_down_twell(const TwellMatrix& h, CMatrixF down_t, MatrixF y) {
+  const std::int64_t K = down_t.cols;
+  TWELL_CHECK(down_t.rows == h.cols && y.rows == h.rows && y.cols == K, ErrorCode::shape_mismatch,
+              "sparse down: h [{}, {}], Wdᵀ [{}, {}], y [{}, {}] do not fit", h.rows, h.cols, down_t.rows, K, y.rows, y.cols);
+#pragma omp parallel for schedule(dynamic, 4)
+  for (std::int64_t r = 0; r < h.rows; ++r) {
+    float* yr = y.row(r);
+    std::fill(yr, yr + K, 0.0f);
+    for_each_active(h, r, [&](std::int64_t n, float v) { axpy(v, down_t.row(n), yr, K); });
+  }
+}
+
+SparseInferenceInfo ffn_sparse(CMatrixF x, const PreparedFfn& p, MatrixF y, TwellConfig config) {
+  ffn_check_shapes(x, p.w);
+  TWELL_CHECK(y.rows == x.rows && y.cols == x.cols, ErrorCode::shape_mismatch, "y is [{}, {}], expected [{}, {}]", y.rows,
+              y.cols, x.rows, x.cols);
+  TWELL_CHECK(static_cast<std::int64_t>(p.down_t.size()) == p.w.intermediate() * p.w.hidden(), ErrorCode::invalid_argument,
+              "PreparedFfn was not built by prepare_ffn for these weights");
+  SparseInferenceInfo info;
+  const double t0 = now_seconds();
+  const TwellMatrix g = ffn_gate_twell(x, p.w.gated() ? p.w.w_gate : p.w.w_up, config);
+  const double t1 = now_seconds();
+  if (p.w.gated())
+    ffn_up_down_twell(x, g, p.w.w_up, p.down_t_view(), y);
+  else
+    ffn_down_twell(g, p.down_t_view(), y);
+  const double t2 = now_seconds();
+  info.gate_seconds = t1 - t0;
+  info.sparse_seconds = t2 - t1;
+  info.stats = twell_stats(g);
+  return info;
+}
+
+}  // namespace twell::cpu

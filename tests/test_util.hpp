@@ -1,0 +1,90 @@
+#pragma once
+// Shared helpers for the CPU tests: fresh random inputs per run (seeded from the test name and a
+// per-process counter, printed on failure), adversarial patterns, and comparisons.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "twell/tensor.hpp"
+
+namespace twell::test {
+
+// A fresh seed per call (time-based unless TWELL_TEST_SEED is set), recorded in the test output.
+inline std::uint64_t fresh_seed() {
+  static std::uint64_t base = [] {
+    if (const char* s = std::getenv("TWELL_TEST_SEED")) return static_cast<std::uint64_t>(std::stoull(s));
+    return static_cast<std::uint64_t>(std::random_device{}()) << 32 | std::random_device{}();
+  }();
+  static std::uint64_t counter = 0;
+  const std::uint64_t seed = base + 0x9e3779b97f4a7c15ull * ++counter;
+  ::testing::Test::RecordProperty("seed", std::to_string(seed));
+  return seed;
+}
+
+struct Rng {
+  std::mt19937_64 gen;
+  explicit Rng(std::uint64_t seed) : gen(seed) {}
+  float normal(float sd = 1.0f) { return std::normal_distribution<float>(0.0f, sd)(gen); }
+  double uniform() { return std::uniform_real_distribution<double>(0.0, 1.0)(gen); }
+  std::int64_t below(std::int64_t n) { return std::uniform_int_distribution<std::int64_t>(0, n - 1)(gen); }
+};
+
+inline std::vector<float> random_matrix(Rng& rng, std::int64_t rows, std::int64_t cols, float sd = 1.0f) {
+  std::vector<float> v(static_cast<std::size_t>(rows * cols));
+  for (auto& e : v) e = rng.normal(sd);
+  return v;
+}
+
+// A sparse matrix with per-row density drawn from `densities` (cycled), values of random sign.
+// Row kinds: density 0 → empty row, 1 → every entry non-zero.
+inline std::vector<float> random_sparse(Rng& rng, std::int64_t rows, std::int64_t cols, const std::vector<double>& densities,
+                                        bool positive_only = false) {
+  std::vector<float> v(static_cast<std::size_t>(rows * cols), 0.0f);
+  for (std::int64_t r = 0; r < rows; ++r) {
+    const double d = densities[static_cast<std::size_t>(r) % densities.size()];
+    for (std::int64_t c = 0; c < cols; ++c)
+      if (d >= 1.0 || rng.uniform() < d) {
+        float x = rng.normal();
+        if (x == 0.0f) x = 1.0f;
+        v[static_cast<std::size_t>(r * cols + c)] = positive_only ? std::fabs(x) : x;
+      }
+  }
+  return v;
+}
+
+inline double max_abs_diff(const std::vector<float>& a, const std::vector<double>& b) {
+  double m = 0;
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    if (std::isnan(a[i])) return std::numeric_limits<double>::infinity();
+    m = std::max(m, std::fabs(static_cast<double>(a[i]) - b[i]));
+  }
+  return m;
+}
+
+inline double norm(const std::vector<double>& b) {
+  double s = 0;
+  for (double v : b) s += v * v;
+  return std::sqrt(s);
+}
+
+// ‖a − b‖₂ / ‖b‖₂ over a whole tensor (0 when both are zero; ∞ on NaN).
+inline double rel_err(const std::vector<float>& a, const std::vector<double>& b) {
+  double num = 0, den = 0;
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    if (std::isnan(a[i])) return std::numeric_limits<double>::infinity();
+    const double d = static_cast<double>(a[i]) - b[i];
+    num += d * d;
+    den += b[i] * b[i];
+  }
+  if (den == 0) return num == 0 ? 0 : std::numeric_limits<double>::infinity();
+  return std::sqrt(num / den);
+}
+
+inline std::vector<float> poisoned(std::size_t n) { return std::vector<float>(n, std::numeric_limits<float>::quiet_NaN()); }
+
+}  // namespace twell::test
