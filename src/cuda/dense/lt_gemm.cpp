@@ -1,0 +1,101 @@
+#include "cuda/dense/lt_gemm.hpp"
+
+#include <algorithm>
+#include <limits>
+#include <vector>
+
+#include "cuda/common/check.hpp"
+
+namespace twell::cuda {
+
+LtGemm::LtGemm(bool autotune, int candidates, std::size_t workspace_bytes)
+    : workspace_(workspace_bytes), autotune_(autotune), candidates_(std::max(1, candidates)) {
+  TWELL_CUBLAS_CHECK(cublasLtCreate(&handle_));
+}
+
+LtGemm::~LtGemm() {
+  for (auto& [key, p] : plans_) {
+    cublasLtMatrixLayoutDestroy(p.a);
+    cublasLtMatrixLayoutDestroy(p.b);
+    cublasLtMatrixLayoutDestroy(p.c);
+    cublasLtMatmulDescDestroy(p.desc);
+  }
+  if (handle_) cublasLtDestroy(handle_);
+}
+
+void LtGemm::launch(const Plan& p, const cublasLtMatmulAlgo_t& algo, const __nv_bfloat16* w, const __nv_bfloat16* x,
+                    __nv_bfloat16* c, cudaStream_t stream) {
+  const float alpha = 1.0f, beta = 0.0f;
+  TWELL_CUBLAS_CHECK(cublasLtMatmul(handle_, p.desc, &alpha, w, p.a, x, p.b, &beta, c, p.c, c, p.c, &algo,
+                                    workspace_.get(), workspace_.bytes(), stream));
+}
+
+LtGemm::Plan& LtGemm::plan_for(const GemmShape& s, const __nv_bfloat16* w, const __nv_bfloat16* x, __nv_bfloat16* c,
+                               cudaStream_t stream) {
+  auto it = plans_.find(s.key());
+  if (it != plans_.end()) return it->second;
+
+  TWELL_CHECK(s.m >= 1 && s.n_out >= 1 && s.k >= 1 && s.ldx >= s.k && s.ldw >= s.k && s.ldc >= s.n_out,
+              ErrorCode::invalid_argument, "LtGemm: bad shape m={} n={} k={} ldx={} ldw={} ldc={}", s.m, s.n_out, s.k,
+              s.ldx, s.ldw, s.ldc);
+  Plan p;
+  TWELL_CUBLAS_CHECK(cublasLtMatmulDescCreate(&p.desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+  const cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
+  TWELL_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta)));
+  TWELL_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb)));
+  if (s.epilogue == GemmEpilogue::relu) {
+    const cublasLtEpilogue_t ep = CUBLASLT_EPILOGUE_RELU;
+    TWELL_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &ep, sizeof(ep)));
+  }
+  // Column-major views: A = W as [k, n_out] (ld ldw), op T; B = X as [k, m] (ld ldx); C as [n_out, m].
+  TWELL_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.a, CUDA_R_16BF, s.k, s.n_out, s.ldw));
+  TWELL_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.b, CUDA_R_16BF, s.k, s.m, s.ldx));
+  TWELL_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.c, CUDA_R_16BF, s.n_out, s.m, s.ldc));
+
+  cublasLtMatmulPreference_t pref = nullptr;
+  TWELL_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+  const std::size_t ws = workspace_.bytes();
+  TWELL_CUBLAS_CHECK(
+      cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws)));
+  std::vector<cublasLtMatmulHeuristicResult_t> heur(static_cast<std::size_t>(autotune_ ? candidates_ : 1));
+  int found = 0;
+  const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(handle_, p.desc, p.a, p.b, p.c, p.c, pref,
+                                                           static_cast<int>(heur.size()), heur.data(), &found);
+  cublasLtMatmulPreferenceDestroy(pref);
+  TWELL_CHECK(st == CUBLAS_STATUS_SUCCESS && found > 0, ErrorCode::unsupported,
+              "cuBLASLt has no bf16 algorithm for m={} n={} k={} (status {})", s.m, s.n_out, s.k, static_cast<int>(st));
+  p.algo = heur[0].algo;
+  if (autotune_ && found > 1) {
+    cudaEvent_t e0, e1;
+    TWELL_CUDA_CHECK(cudaEventCreate(&e0));
+    TWELL_CUDA_CHECK(cudaEventCreate(&e1));
+    float best = std::numeric_limits<float>::infinity();
+    for (int i = 0; i < found; ++i) {
+      if (heur[static_cast<std::size_t>(i)].state != CUBLAS_STATUS_SUCCESS) continue;
+      const auto& algo = heur[static_cast<std::size_t>(i)].algo;
+      launch(p, algo, w, x, c, stream);  // warm-up
+      constexpr int kReps = 5;
+      TWELL_CUDA_CHECK(cudaEventRecord(e0, stream));
+      for (int r = 0; r < kReps; ++r) launch(p, algo, w, x, c, stream);
+      TWELL_CUDA_CHECK(cudaEventRecord(e1, stream));
+      TWELL_CUDA_CHECK(cudaEventSynchronize(e1));
+      float ms = 0;
+      TWELL_CUDA_CHECK(cudaEventElapsedTime(&ms, e0, e1));
+      if (ms < best) {
+        best = ms;
+        p.algo = algo;
+      }
+    }
+    cudaEventDestroy(e0);
+    cudaEventDestroy(e1);
+  }
+  return plans_.emplace(s.key(), p).first->second;
+}
+
+void LtGemm::run(const GemmShape& s, const __nv_bfloat16* w, const __nv_bfloat16* x, __nv_bfloat16* c,
+                 cudaStream_t stream) {
+  const Plan& p = plan_for(s, w, x, c, stream);
+  launch(p, p.algo, w, x, c, stream);
+}
+
+}  // namespace twell::cuda

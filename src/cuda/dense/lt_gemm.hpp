@@ -1,0 +1,60 @@
+#pragma once
+// cuBLASLt bf16 GEMMs in the FFN's row-major layouts, fp32 accumulation:
+//   C[M, n_out] (row stride ldc) = epilogue( X[M, k] (stride ldx) · W[n_out, k]ᵀ (stride ldw) )
+// In cuBLAS's column-major terms this is the "TN" product Cᵀ = W · Xᵀ, the layout its fastest
+// Hopper kernels use. Plans (descriptors + chosen algorithm) are cached per shape in the handle,
+// never in process-global state.
+#include <cublasLt.h>
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <map>
+#include <tuple>
+
+#include "cuda/common/device_buffer.hpp"
+
+namespace twell::cuda {
+
+enum class GemmEpilogue { none, relu };
+
+struct GemmShape {
+  std::int64_t m = 0;      // rows of X and C (tokens)
+  std::int64_t n_out = 0;  // rows of W, columns of C
+  std::int64_t k = 0;
+  std::int64_t ldx = 0, ldw = 0, ldc = 0;
+  GemmEpilogue epilogue = GemmEpilogue::none;
+  auto key() const { return std::make_tuple(m, n_out, k, ldx, ldw, ldc, static_cast<int>(epilogue)); }
+};
+
+class LtGemm {
+ public:
+  // autotune: on first use of a shape, time up to `candidates` heuristic algorithms on the actual
+  // operands and keep the fastest (synchronises once per shape); else take the top heuristic.
+  explicit LtGemm(bool autotune = false, int candidates = 8, std::size_t workspace_bytes = 64u << 20);
+  ~LtGemm();
+  LtGemm(const LtGemm&) = delete;
+  LtGemm& operator=(const LtGemm&) = delete;
+
+  void run(const GemmShape& s, const __nv_bfloat16* w, const __nv_bfloat16* x, __nv_bfloat16* c, cudaStream_t stream);
+  void set_autotune(bool on) noexcept { autotune_ = on; }
+
+ private:
+  struct Plan {
+    cublasLtMatmulDesc_t desc = nullptr;
+    cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
+    cublasLtMatmulAlgo_t algo{};
+  };
+  Plan& plan_for(const GemmShape& s, const __nv_bfloat16* w, const __nv_bfloat16* x, __nv_bfloat16* c,
+                 cudaStream_t stream);
+  void launch(const Plan& p, const cublasLtMatmulAlgo_t& algo, const __nv_bfloat16* w, const __nv_bfloat16* x,
+              __nv_bfloat16* c, cudaStream_t stream);
+
+  cublasLtHandle_t handle_ = nullptr;
+  DeviceBuffer<unsigned char> workspace_;
+  bool autotune_;
+  int candidates_;
+  std::map<decltype(GemmShape{}.key()), Plan> plans_;
+};
+
+}  // namespace twell::cuda

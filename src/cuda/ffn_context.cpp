@@ -1,0 +1,197 @@
+#include "cuda/ffn_context.hpp"
+
+#include <cstring>
+#include <vector>
+
+#include "cuda/common/check.hpp"
+#include "twell/bf16.hpp"
+
+namespace twell::cuda {
+namespace {
+
+std::int64_t round_up(std::int64_t v, std::int64_t m) { return (v + m - 1) / m * m; }
+
+// Copies rows of an fp32 host matrix into a bf16 host staging buffer with row stride `ld`.
+void to_bf16_rows(CMatrixF src, std::vector<std::uint16_t>& dst, std::int64_t row0, std::int64_t ld) {
+  for (std::int64_t r = 0; r < src.rows; ++r)
+    for (std::int64_t c = 0; c < src.cols; ++c)
+      dst[static_cast<std::size_t>((row0 + r) * ld + c)] = to_bf16(src(r, c)).bits;
+}
+
+}  // namespace
+
+FfnContext::FfnContext(const ContextOptions& opt)
+    : opt_(opt), gemm_(opt.autotune_gemm), counters_(1), counters_host_(1) {
+  opt_.twell.validate();
+  TWELL_CHECK(opt_.twell.tile == kTwellTile, ErrorCode::unsupported,
+              "the CUDA TwELL path uses T = {} columns per tile (got T = {}); use the CPU path for other tiles",
+              kTwellTile, opt_.twell.tile);
+  TWELL_CHECK(opt_.twell.words_per_tile() <= 128, ErrorCode::unsupported,
+              "the CUDA TwELL path needs C ≥ 2 (S ≤ 128); got C = {}", opt_.twell.compression);
+}
+
+void FfnContext::upload_weights(const FfnWeights& w, cudaStream_t stream) {
+  TWELL_CHECK(w.w_up.data && w.w_down.data, ErrorCode::invalid_argument, "FFN weights: w_up and w_down are required");
+  gated_ = w.gated();
+  n_ = w.intermediate();
+  k_ = w.hidden();
+  TWELL_CHECK(w.w_up.rows == n_ && w.w_up.cols == k_, ErrorCode::shape_mismatch, "w_up is [{}, {}]", w.w_up.rows,
+              w.w_up.cols);
+  TWELL_CHECK(w.w_down.rows == k_ && w.w_down.cols == n_, ErrorCode::shape_mismatch,
+              "w_down must be [K, N] = [{}, {}] (HF down_proj layout); got [{}, {}]", k_, n_, w.w_down.rows,
+              w.w_down.cols);
+  TWELL_CHECK(!gated_ || (w.w_gate.rows == n_ && w.w_gate.cols == k_), ErrorCode::shape_mismatch,
+              "w_gate must be [N, K] = [{}, {}]; got [{}, {}]", n_, k_, w.w_gate.rows, w.w_gate.cols);
+  TWELL_CHECK(k_ >= 8 && k_ % 8 == 0, ErrorCode::unsupported,
+              "the CUDA path needs the hidden size K to be a multiple of 8 (got K = {})", k_);
+  TWELL_CHECK(k_ <= 32768, ErrorCode::unsupported, "the CUDA path supports K ≤ 32768 (got K = {})", k_);
+  TWELL_CHECK(n_ >= 1 && n_ < (std::int64_t{1} << 31), ErrorCode::unsupported, "N = {} out of range", n_);
+  ldn_ = round_up(n_, 8);
+
+  const std::int64_t gu_rows = gated_ ? 2 * ldn_ : ldn_;
+  std::vector<std::uint16_t> gu(static_cast<std::size_t>(gu_rows * k_), 0);
+  if (gated_) {
+    to_bf16_rows(w.w_gate, gu, 0, k_);
+    to_bf16_rows(w.w_up, gu, ldn_, k_);
+  } else {
+    to_bf16_rows(w.w_up, gu, 0, k_);
+  }
+  std::vector<std::uint16_t> down(static_cast<std::size_t>(k_ * ldn_), 0);
+  to_bf16_rows(w.w_down, down, 0, ldn_);
+  std::vector<std::uint16_t> down_t(static_cast<std::size_t>(n_ * k_));
+  for (std::int64_t kk = 0; kk < k_; ++kk)
+    for (std::int64_t nn = 0; nn < n_; ++nn)
+      down_t[static_cast<std::size_t>(nn * k_ + kk)] = to_bf16(w.w_down(kk, nn)).bits;
+
+  w_gu_.resize(gu.size());
+  w_down_.resize(down.size());
+  w_down_t_.resize(down_t.size());
+  TWELL_CUDA_CHECK(cudaMemcpyAsync(w_gu_.get(), gu.data(), gu.size() * 2, cudaMemcpyHostToDevice, stream));
+  TWELL_CUDA_CHECK(cudaMemcpyAsync(w_down_.get(), down.data(), down.size() * 2, cudaMemcpyHostToDevice, stream));
+  TWELL_CUDA_CHECK(cudaMemcpyAsync(w_down_t_.get(), down_t.data(), down_t.size() * 2, cudaMemcpyHostToDevice, stream));
+  TWELL_CUDA_CHECK(cudaStreamSynchronize(stream));  // the staging vectors die here
+  cap_m_ = 0;  // shapes changed: workspaces are re-sized on next use
+}
+
+void FfnContext::check_m(std::int64_t m) const {
+  TWELL_CHECK(w_gu_.get() != nullptr, ErrorCode::invalid_argument, "FfnContext: upload_weights() first");
+  TWELL_CHECK(m >= 1, ErrorCode::invalid_argument, "FfnContext: M must be ≥ 1 (got {})", m);
+  TWELL_CHECK(m <= 0x7fffffff, ErrorCode::unsupported, "FfnContext: M = {} too large", m);
+}
+
+void FfnContext::reserve(std::int64_t m) {
+  check_m(m);
+  if (m <= cap_m_) return;
+  const auto um = static_cast<std::size_t>(m);
+  g_.resize(um * static_cast<std::size_t>(ldn_));
+  gu_.resize(um * static_cast<std::size_t>(2 * ldn_));
+  h_.resize(um * static_cast<std::size_t>(ldn_));
+  words_.resize(um * static_cast<std::size_t>(tiles() * words_per_tile()));
+  row_ovf_.resize(um);
+  cap_m_ = m;
+}
+
+void FfnContext::dense_forward(const __nv_bfloat16* x, std::int64_t m, __nv_bfloat16* y, cudaStream_t stream) {
+  reserve(m);
+  if (gated_) {
+    // [g | u] = x · [Wg; Wu]ᵀ as one GEMM (2·ldn outputs), then h = ReLU(g) ⊙ u, then y = h · Wdᵀ.
+    gemm_.run({m, 2 * ldn_, k_, k_, k_, 2 * ldn_, GemmEpilogue::none}, w_gu_.get(), x, gu_.get(), stream);
+    launch_gated_product(gu_.get(), gu_.get() + ldn_, 2 * ldn_, h_.get(), ldn_, m, n_, stream);
+  } else {
+    gemm_.run({m, n_, k_, k_, k_, ldn_, GemmEpilogue::relu}, w_gu_.get(), x, h_.get(), stream);
+  }
+  gemm_.run({m, k_, n_, ldn_, ldn_, k_, GemmEpilogue::none}, w_down_.get(), h_.get(), y, stream);
+}
+
+void FfnContext::dense_gate_gemm(const __nv_bfloat16* x, std::int64_t m, cudaStream_t stream) {
+  reserve(m);
+  gemm_.run({m, n_, k_, k_, k_, ldn_, GemmEpilogue::none}, w_gu_.get(), x, g_.get(), stream);
+}
+
+void FfnContext::gate_twell(const __nv_bfloat16* x, std::int64_t m, cudaStream_t stream) {
+  reserve(m);
+  // ReLU in the GEMM epilogue: g ≥ 0 in the buffer, so the overflow backup and dense_rest read it as is.
+  gemm_.run({m, n_, k_, k_, k_, ldn_, GemmEpilogue::relu}, w_gu_.get(), x, g_.get(), stream);
+  TwellPackParams p;
+  p.src = g_.get();
+  p.ld_src = ldn_;
+  p.m = m;
+  p.n = n_;
+  p.words_per_tile = words_per_tile();
+  p.relu = true;
+  p.words = words_.get();
+  p.row_overflow = row_ovf_.get();
+  p.counters = counters_.get();
+  launch_twell_pack(p, stream);
+}
+
+void FfnContext::sparse_rest(const __nv_bfloat16* x, std::int64_t m, __nv_bfloat16* y, cudaStream_t stream) {
+  TWELL_CHECK(m <= cap_m_, ErrorCode::invalid_argument, "sparse_rest: run gate_twell for these {} rows first", m);
+  TwellUpDownParams p;
+  p.x = x;
+  p.ld_x = k_;
+  p.words = words_.get();
+  p.backup = g_.get();
+  p.ld_backup = ldn_;
+  p.w_up = gated_ ? w_gu_.get() + ldn_ * k_ : nullptr;
+  p.w_down_t = w_down_t_.get();
+  p.y = y;
+  p.ld_y = k_;
+  p.m = m;
+  p.n = n_;
+  p.k = k_;
+  p.words_per_tile = words_per_tile();
+  p.gated = gated_;
+  p.relu = true;
+  launch_twell_up_down(p, stream);
+}
+
+void FfnContext::dense_rest(const __nv_bfloat16* x, std::int64_t m, __nv_bfloat16* y, cudaStream_t stream) {
+  TWELL_CHECK(m <= cap_m_, ErrorCode::invalid_argument, "dense_rest: run gate_twell for these {} rows first", m);
+  const __nv_bfloat16* h = g_.get();
+  if (gated_) {
+    __nv_bfloat16* u = gu_.get();  // [m, ldn] view of the stacked buffer
+    gemm_.run({m, n_, k_, k_, k_, ldn_, GemmEpilogue::none}, w_gu_.get() + ldn_ * k_, x, u, stream);
+    launch_gated_product(g_.get(), u, ldn_, h_.get(), ldn_, m, n_, stream);
+    h = h_.get();
+  }
+  gemm_.run({m, k_, n_, ldn_, ldn_, k_, GemmEpilogue::none}, w_down_.get(), h, y, stream);
+}
+
+TwellCounters FfnContext::read_counters(cudaStream_t stream) {
+  TWELL_CUDA_CHECK(
+      cudaMemcpyAsync(counters_host_.get(), counters_.get(), sizeof(TwellCounters), cudaMemcpyDeviceToHost, stream));
+  TWELL_CUDA_CHECK(cudaStreamSynchronize(stream));
+  return counters_host_[0];
+}
+
+ForwardResult FfnContext::forward(const __nv_bfloat16* x, std::int64_t m, __nv_bfloat16* y, Path path,
+                                  cudaStream_t stream) {
+  ForwardResult r;
+  if (path == Path::dense) {
+    dense_forward(x, m, y, stream);
+    r.path = "dense cublasLt";
+    return r;
+  }
+  gate_twell(x, m, stream);
+  if (path == Path::automatic) {
+    r.counters = read_counters(stream);
+    const double density = static_cast<double>(r.counters.nnz) / (static_cast<double>(m) * static_cast<double>(n_));
+    const double limit = gated_ ? opt_.max_sparse_density_gated : opt_.max_sparse_density_nongated;
+    r.sparse = density <= limit;
+  } else {
+    r.sparse = true;
+  }
+  if (r.sparse) {
+    sparse_rest(x, m, y, stream);
+    r.path = gated_ ? "twell: cublasLt gate + pack, fused up+down" : "twell: cublasLt up + pack, sparse down";
+  } else {
+    dense_rest(x, m, y, stream);
+    r.path = gated_ ? "twell gate + dense cublasLt up/down (density above threshold)"
+                    : "twell up + dense cublasLt down (density above threshold)";
+  }
+  if (path == Path::sparse) r.counters = read_counters(stream);
+  return r;
+}
+
+}  // namespace twell::cuda

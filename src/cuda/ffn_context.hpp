@@ -1,0 +1,100 @@
+#pragma once
+// Stream-taking CUDA FFN API. An FfnContext owns one layer's device weights (bf16), the cuBLASLt
+// handle and plan cache, and the workspaces; nothing is process-global, and several contexts may
+// live side by side (one per layer, say). Every op is enqueued on the caller's stream; only
+// forward(Path::automatic) and read_counters() synchronise, to read the gate's non-zero count.
+//
+// Gated (DESIGN §3):  gate_twell: g = ReLU(x·Wgᵀ) by a cuBLASLt GEMM into a bf16 [M, N] buffer,
+//                     packed to TwELL by twell_pack (counts nnz, flags overflowed blocks/rows);
+//                     sparse_rest: fused up+down reading TwELL (h stays on chip);
+//                     dense_rest:  u = x·Wuᵀ, h = g ⊙ u, y = h·Wdᵀ (cuBLASLt), reusing g.
+// Non-gated:          gate_twell packs h = ReLU(x·Wuᵀ); sparse_rest = sparse down; dense_rest = y = h·Wdᵀ.
+// Overflowed TwELL blocks are read whole from the bf16 [M, N] gate buffer, so every row is exact.
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <string>
+
+#include "cuda/common/device_buffer.hpp"
+#include "cuda/dense/lt_gemm.hpp"
+#include "cuda/sm80/twell_kernels.hpp"
+#include "twell/cuda/ffn_cuda.hpp"
+#include "twell/ffn.hpp"
+
+namespace twell::cuda {
+
+struct ContextOptions {
+  TwellConfig twell{};
+  bool autotune_gemm = false;  // time cuBLASLt's candidate algorithms once per shape
+  // Dispatch: run the sparse remainder iff nnz / (M·N) ≤ this density (see docs/perf-notes.md for
+  // where these come from: the measured crossover of sparse remainder vs dense remainder).
+  double max_sparse_density_gated = 0.03;
+  double max_sparse_density_nongated = 0.04;
+};
+
+struct ForwardResult {
+  bool sparse = false;  // which remainder ran
+  TwellCounters counters{};
+  std::string path;
+};
+
+class FfnContext {
+ public:
+  explicit FfnContext(const ContextOptions& opt = {});
+  FfnContext(const FfnContext&) = delete;
+  FfnContext& operator=(const FfnContext&) = delete;
+
+  // Converts the fp32 host weights to bf16 and uploads them (synchronous on `stream`).
+  void upload_weights(const FfnWeights& w, cudaStream_t stream);
+
+  // All x / y are device bf16, row-major: x [m, K] with row stride K, y [m, K] with row stride K.
+  void dense_forward(const __nv_bfloat16* x, std::int64_t m, __nv_bfloat16* y, cudaStream_t stream);
+  void gate_twell(const __nv_bfloat16* x, std::int64_t m, cudaStream_t stream);
+  void sparse_rest(const __nv_bfloat16* x, std::int64_t m, __nv_bfloat16* y, cudaStream_t stream);
+  void dense_rest(const __nv_bfloat16* x, std::int64_t m, __nv_bfloat16* y, cudaStream_t stream);
+  // The cuBLASLt GEMM of the gate's shape alone ([m, K]·[N, K]ᵀ, no epilogue), for benchmarks.
+  void dense_gate_gemm(const __nv_bfloat16* x, std::int64_t m, cudaStream_t stream);
+  // gate_twell + one remainder: Path::sparse / dense force it; automatic reads the count (syncs).
+  ForwardResult forward(const __nv_bfloat16* x, std::int64_t m, __nv_bfloat16* y, Path path, cudaStream_t stream);
+  // Synchronises `stream` and returns the counters of the last gate_twell.
+  TwellCounters read_counters(cudaStream_t stream);
+
+  bool gated() const noexcept { return gated_; }
+  std::int64_t n() const noexcept { return n_; }
+  std::int64_t k() const noexcept { return k_; }
+  std::int64_t ldn() const noexcept { return ldn_; }
+  std::int64_t tiles() const noexcept { return (n_ + kTwellTile - 1) / kTwellTile; }
+  int words_per_tile() const noexcept { return opt_.twell.words_per_tile(); }
+  const ContextOptions& options() const noexcept { return opt_; }
+  LtGemm& gemm() noexcept { return gemm_; }
+
+  // Results of the last gate_twell (valid for its m until the next call).
+  const std::uint32_t* twell_words() const noexcept { return words_.get(); }   // [m, tiles · S]
+  const __nv_bfloat16* gate_values() const noexcept { return g_.get(); }       // [m, ldn]
+  const std::uint8_t* row_overflow() const noexcept { return row_ovf_.get(); }  // [m]
+
+ private:
+  void reserve(std::int64_t m);
+  void check_m(std::int64_t m) const;
+
+  ContextOptions opt_;
+  LtGemm gemm_;
+  bool gated_ = true;
+  std::int64_t n_ = 0, k_ = 0, ldn_ = 0;
+  std::int64_t cap_m_ = 0;
+  // weights
+  DeviceBuffer<__nv_bfloat16> w_gu_;      // gated: [2·ldn, K] = [Wg; 0; Wu; 0]; non-gated: [ldn, K] = [Wu; 0]
+  DeviceBuffer<__nv_bfloat16> w_down_;    // [K, ldn] = Wd (padding columns zero)
+  DeviceBuffer<__nv_bfloat16> w_down_t_;  // [N, K] = Wdᵀ
+  // workspaces
+  DeviceBuffer<__nv_bfloat16> g_;     // [m, ldn]  gate (gated) or ReLU(up) (non-gated)
+  DeviceBuffer<__nv_bfloat16> gu_;    // [m, 2·ldn] stacked dense gate|up output; its first half is u in dense_rest
+  DeviceBuffer<__nv_bfloat16> h_;     // [m, ldn]  dense h
+  DeviceBuffer<std::uint32_t> words_;
+  DeviceBuffer<std::uint8_t> row_ovf_;
+  DeviceBuffer<TwellCounters> counters_;
+  PinnedBuffer<TwellCounters> counters_host_;
+};
+
+}  // namespace twell::cuda

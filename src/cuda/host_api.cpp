@@ -1,0 +1,185 @@
+// Host-facing entry points (include/twell/cuda/ffn_cuda.hpp): fp32 host tensors in and out, the
+// CUDA work on a private stream of a private FfnContext.
+#include <algorithm>
+#include <cstring>
+#include <vector>
+
+#include "cuda/common/check.hpp"
+#include "cuda/ffn_context.hpp"
+#include "twell/cuda/ffn_cuda.hpp"
+
+namespace twell::cuda {
+namespace {
+
+class Stream {
+ public:
+  Stream() { TWELL_CUDA_CHECK(cudaStreamCreateWithFlags(&s_, cudaStreamNonBlocking)); }
+  ~Stream() { cudaStreamDestroy(s_); }
+  Stream(const Stream&) = delete;
+  Stream& operator=(const Stream&) = delete;
+  cudaStream_t get() const noexcept { return s_; }
+
+ private:
+  cudaStream_t s_ = nullptr;
+};
+
+class Events {
+ public:
+  Events() {
+    TWELL_CUDA_CHECK(cudaEventCreate(&a_));
+    TWELL_CUDA_CHECK(cudaEventCreate(&b_));
+  }
+  ~Events() {
+    cudaEventDestroy(a_);
+    cudaEventDestroy(b_);
+  }
+  Events(const Events&) = delete;
+  Events& operator=(const Events&) = delete;
+  cudaEvent_t a() const noexcept { return a_; }
+  cudaEvent_t b() const noexcept { return b_; }
+
+ private:
+  cudaEvent_t a_ = nullptr, b_ = nullptr;
+};
+
+void require_device() {
+  const DeviceInfo d = query_device();
+  TWELL_CHECK(d.available, ErrorCode::unsupported, "no usable CUDA device: {}", d.reason);
+  TWELL_CHECK(d.cc_major >= 8, ErrorCode::unsupported,
+              "the CUDA path needs compute capability ≥ 8.0 (found {}.{} on {}); use --device cpu", d.cc_major,
+              d.cc_minor, d.name);
+}
+
+DeviceBuffer<__nv_bfloat16> upload_x(CMatrixF x, cudaStream_t stream) {
+  std::vector<std::uint16_t> xb(static_cast<std::size_t>(x.rows * x.cols));
+  for (std::int64_t r = 0; r < x.rows; ++r)
+    for (std::int64_t c = 0; c < x.cols; ++c) xb[static_cast<std::size_t>(r * x.cols + c)] = to_bf16(x(r, c)).bits;
+  DeviceBuffer<__nv_bfloat16> d(xb.size());
+  TWELL_CUDA_CHECK(cudaMemcpyAsync(d.get(), xb.data(), xb.size() * 2, cudaMemcpyHostToDevice, stream));
+  TWELL_CUDA_CHECK(cudaStreamSynchronize(stream));
+  return d;
+}
+
+std::vector<float> download_y(const __nv_bfloat16* y, std::int64_t m, std::int64_t k, cudaStream_t stream) {
+  std::vector<std::uint16_t> yb(static_cast<std::size_t>(m * k));
+  TWELL_CUDA_CHECK(cudaMemcpyAsync(yb.data(), y, yb.size() * 2, cudaMemcpyDeviceToHost, stream));
+  TWELL_CUDA_CHECK(cudaStreamSynchronize(stream));
+  std::vector<float> out(yb.size());
+  for (std::size_t i = 0; i < yb.size(); ++i) out[i] = to_float(bf16{yb[i]});
+  return out;
+}
+
+void poison(__nv_bfloat16* p, std::size_t count, cudaStream_t stream) {
+  // 0xFFFF is a bf16 NaN: any element a kernel fails to write stays NaN and fails the checks.
+  TWELL_CUDA_CHECK(cudaMemsetAsync(p, 0xff, count * sizeof(__nv_bfloat16), stream));
+}
+
+template <typename F>
+double median_ms(int warmup, int reps, cudaStream_t stream, F&& body) {
+  Events ev;
+  for (int i = 0; i < warmup; ++i) body();
+  TWELL_CUDA_CHECK(cudaStreamSynchronize(stream));
+  std::vector<float> t;
+  for (int i = 0; i < std::max(1, reps); ++i) {
+    TWELL_CUDA_CHECK(cudaEventRecord(ev.a(), stream));
+    body();
+    TWELL_CUDA_CHECK(cudaEventRecord(ev.b(), stream));
+    TWELL_CUDA_CHECK(cudaEventSynchronize(ev.b()));
+    float ms = 0;
+    TWELL_CUDA_CHECK(cudaEventElapsedTime(&ms, ev.a(), ev.b()));
+    t.push_back(ms);
+  }
+  std::sort(t.begin(), t.end());
+  return t[t.size() / 2];
+}
+
+}  // namespace
+
+DeviceInfo query_device() noexcept {
+  DeviceInfo d;
+  int count = 0;
+  const cudaError_t e = cudaGetDeviceCount(&count);
+  if (e != cudaSuccess) {
+    d.reason = std::string("cudaGetDeviceCount: ") + cudaGetErrorString(e);
+    cudaGetLastError();  // clear the sticky-free error state
+    return d;
+  }
+  if (count == 0) {
+    d.reason = "no CUDA device";
+    return d;
+  }
+  int dev = 0;
+  cudaDeviceProp prop{};
+  if (cudaGetDevice(&dev) != cudaSuccess || cudaGetDeviceProperties(&prop, dev) != cudaSuccess) {
+    d.reason = "cudaGetDeviceProperties failed";
+    cudaGetLastError();
+    return d;
+  }
+  d.available = true;
+  d.name = prop.name;
+  d.sm_count = prop.multiProcessorCount;
+  d.cc_major = prop.major;
+  d.cc_minor = prop.minor;
+  d.l2_bytes = prop.l2CacheSize;
+  d.smem_per_block_optin = static_cast<std::int64_t>(prop.sharedMemPerBlockOptin);
+  return d;
+}
+
+InferenceReport ffn_infer_host(CMatrixF x, const FfnWeights& w, MatrixF y, const InferenceOptions& opt) {
+  require_device();
+  ffn_check_shapes(x, w);
+  TWELL_CHECK(y.rows == x.rows && y.cols == w.hidden(), ErrorCode::shape_mismatch,
+              "y must be [M, K] = [{}, {}]; got [{}, {}]", x.rows, w.hidden(), y.rows, y.cols);
+  Stream stream;
+  ContextOptions copt;
+  copt.twell = opt.twell;
+  FfnContext ctx(copt);
+  ctx.upload_weights(w, stream.get());
+  auto dx = upload_x(x, stream.get());
+  DeviceBuffer<__nv_bfloat16> dy(static_cast<std::size_t>(x.rows * w.hidden()));
+  poison(dy.get(), dy.size(), stream.get());
+  const ForwardResult r = ctx.forward(dx.get(), x.rows, dy.get(), opt.path, stream.get());
+  const auto out = download_y(dy.get(), x.rows, w.hidden(), stream.get());
+  for (std::int64_t i = 0; i < y.rows; ++i)
+    std::memcpy(y.row(i), out.data() + i * w.hidden(), static_cast<std::size_t>(w.hidden()) * sizeof(float));
+  InferenceReport rep;
+  rep.path = r.path;
+  rep.nnz = static_cast<std::int64_t>(r.counters.nnz);
+  rep.overflow_tiles = static_cast<std::int64_t>(r.counters.overflow_tiles);
+  rep.overflow_rows = static_cast<std::int64_t>(r.counters.overflow_rows);
+  return rep;
+}
+
+BenchTimes bench_ffn_host(CMatrixF x, const FfnWeights& w, const BenchOptions& opt) {
+  require_device();
+  ffn_check_shapes(x, w);
+  Stream stream;
+  cudaStream_t s = stream.get();
+  ContextOptions copt;
+  copt.twell = opt.twell;
+  copt.autotune_gemm = true;  // the dense yardstick gets cuBLASLt's best algorithm, as does our gate
+  FfnContext ctx(copt);
+  ctx.upload_weights(w, s);
+  const std::int64_t m = x.rows, k = w.hidden();
+  auto dx = upload_x(x, s);
+  DeviceBuffer<__nv_bfloat16> y_sparse(static_cast<std::size_t>(m * k)), y_dense(static_cast<std::size_t>(m * k));
+
+  BenchTimes t;
+  poison(y_dense.get(), y_dense.size(), s);
+  t.dense_ms = median_ms(opt.warmup, opt.reps, s, [&] { ctx.dense_forward(dx.get(), m, y_dense.get(), s); });
+  t.dense_gate_ms = median_ms(opt.warmup, opt.reps, s, [&] { ctx.dense_gate_gemm(dx.get(), m, s); });
+  t.gate_ms = median_ms(opt.warmup, opt.reps, s, [&] { ctx.gate_twell(dx.get(), m, s); });
+  t.sparse_ms = median_ms(opt.warmup, opt.reps, s, [&] { ctx.sparse_rest(dx.get(), m, y_sparse.get(), s); });
+  poison(y_sparse.get(), y_sparse.size(), s);
+  ForwardResult r;
+  t.total_ms = median_ms(opt.warmup, opt.reps, s, [&] { r = ctx.forward(dx.get(), m, y_sparse.get(), Path::automatic, s); });
+  t.path = r.path;
+  t.nnz = static_cast<std::int64_t>(r.counters.nnz);
+  t.overflow_tiles = static_cast<std::int64_t>(r.counters.overflow_tiles);
+  t.overflow_rows = static_cast<std::int64_t>(r.counters.overflow_rows);
+  t.y_sparse = download_y(y_sparse.get(), m, k, s);
+  t.y_dense = download_y(y_dense.get(), m, k, s);
+  return t;
+}
+
+}  // namespace twell::cuda

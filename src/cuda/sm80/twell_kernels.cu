@@ -1,0 +1,402 @@
+// Portable TwELL kernels (sm_80+; also the fallback on Hopper for shapes the sm90 path rejects).
+#include "cuda/sm80/twell_kernels.hpp"
+
+#include <algorithm>
+
+#include "cuda/common/check.hpp"
+
+namespace twell::cuda {
+namespace {
+
+__device__ __forceinline__ float bf16_bits_to_float(std::uint32_t bits16) { return __uint_as_float(bits16 << 16); }
+__device__ __forceinline__ float lo_bf16(std::uint32_t w) { return __uint_as_float(w << 16); }
+__device__ __forceinline__ float hi_bf16(std::uint32_t w) { return __uint_as_float(w & 0xffff0000u); }
+
+__device__ __forceinline__ bool keep_value(float v, bool relu) { return relu ? (v > 0.0f) : (v != 0.0f); }
+
+__device__ __forceinline__ int warp_inclusive_scan(int v, int lane) {
+#pragma unroll
+  for (int d = 1; d < 32; d <<= 1) {
+    int o = __shfl_up_sync(0xffffffffu, v, d);
+    if (lane >= d) v += o;
+  }
+  return v;
+}
+
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+  for (int d = 16; d > 0; d >>= 1) v += __shfl_xor_sync(0xffffffffu, v, d);
+  return v;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Packing: one warp per row, walking the row's tiles. Lane l owns columns [8l, 8l + 8) of a tile,
+// so a tile is one 512-byte coalesced read; a warp scan over the lanes' keep counts gives each kept
+// value its slot in ascending column order.
+constexpr int kPackWarps = 8;
+
+__global__ void __launch_bounds__(kPackWarps * 32) twell_pack_kernel(TwellPackParams p) {
+  // [kPackWarps, 256] u32: one block's words per warp (S ≤ 128 since C ≥ 2); slot i valid iff
+  // 1 ≤ i ≤ min(count, S − 1)
+  __shared__ std::uint32_t stage[kPackWarps][kTwellTile];
+  __shared__ unsigned long long s_nnz, s_ovt, s_ovr;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  if (threadIdx.x == 0) s_nnz = s_ovt = s_ovr = 0;
+  __syncthreads();
+
+  const std::int64_t row = static_cast<std::int64_t>(blockIdx.x) * kPackWarps + warp;
+  if (row < p.m) {
+    const int S = p.words_per_tile, cap = S - 1;
+    const std::int64_t tiles = (p.n + kTwellTile - 1) / kTwellTile;
+    const __nv_bfloat16* src = p.src + row * p.ld_src;
+    std::uint32_t* out = p.words + row * tiles * S;
+    const bool vec_ok = (p.ld_src % 8 == 0) && ((reinterpret_cast<std::uintptr_t>(p.src) & 15) == 0);
+
+    auto load_tile = [&](std::int64_t t) {
+      uint4 v = make_uint4(0, 0, 0, 0);
+      const std::int64_t c0 = t * kTwellTile + lane * 8;
+      if (vec_ok && c0 + 8 <= p.n) {
+        v = __ldcs(reinterpret_cast<const uint4*>(src + c0));
+      } else {
+        std::uint16_t h[8];
+#pragma unroll
+        for (int e = 0; e < 8; ++e)
+          h[e] = (c0 + e < p.n) ? __bfloat16_as_ushort(src[c0 + e]) : std::uint16_t{0};
+        v.x = h[0] | (std::uint32_t(h[1]) << 16);
+        v.y = h[2] | (std::uint32_t(h[3]) << 16);
+        v.z = h[4] | (std::uint32_t(h[5]) << 16);
+        v.w = h[6] | (std::uint32_t(h[7]) << 16);
+      }
+      return v;
+    };
+
+    unsigned long long row_nnz = 0;
+    int row_ovt = 0;
+    uint4 cur = load_tile(0);
+    for (std::int64_t t = 0; t < tiles; ++t) {
+      const uint4 nxt = (t + 1 < tiles) ? load_tile(t + 1) : make_uint4(0, 0, 0, 0);  // in flight meanwhile
+      const std::uint32_t w[4] = {cur.x, cur.y, cur.z, cur.w};
+      std::uint32_t bits[8];
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        bits[2 * e] = w[e] & 0xffffu;
+        bits[2 * e + 1] = w[e] >> 16;
+      }
+      unsigned mask = 0;
+#pragma unroll
+      for (int e = 0; e < 8; ++e) mask |= keep_value(bf16_bits_to_float(bits[e]), p.relu) ? (1u << e) : 0u;
+      const int cnt = __popc(mask);
+      const int incl = warp_inclusive_scan(cnt, lane);
+      const int total = __shfl_sync(0xffffffffu, incl, 31);
+      int pos = incl - cnt;
+#pragma unroll
+      for (int e = 0; e < 8; ++e) {
+        if (mask & (1u << e)) {
+          if (pos < cap) stage[warp][1 + pos] = (bits[e] << 16) | std::uint32_t(lane * 8 + e);
+          ++pos;
+        }
+      }
+      __syncwarp();
+      const int lim = min(total, cap);
+      std::uint32_t* blk = out + t * S;
+      for (int i = lane; i < S; i += 32)
+        blk[i] = (i == 0) ? std::uint32_t(total) : (i <= lim ? stage[warp][i] : 0u);
+      __syncwarp();
+      row_nnz += static_cast<unsigned long long>(total);
+      row_ovt += (total > cap) ? 1 : 0;
+      cur = nxt;
+    }
+    if (lane == 0) {
+      if (p.row_overflow) p.row_overflow[row] = row_ovt > 0 ? 1 : 0;
+      atomicAdd(&s_nnz, row_nnz);
+      if (row_ovt > 0) {
+        atomicAdd(&s_ovt, static_cast<unsigned long long>(row_ovt));
+        atomicAdd(&s_ovr, 1ull);
+      }
+    }
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    if (s_nnz) atomicAdd(&p.counters->nnz, s_nnz);
+    if (s_ovt) atomicAdd(&p.counters->overflow_tiles, s_ovt);
+    if (s_ovr) atomicAdd(&p.counters->overflow_rows, s_ovr);
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Fused up+down: one CTA per token row. The CTA's threads split K into 16-byte chunks (8 bf16);
+// thread t owns chunks {i·blockDim + t : i < CH}, so each warp reads contiguous 512-byte runs of a
+// weight row. Per window of ≤ kListCap non-zeros: (1) the row's TwELL blocks are expanded into a
+// list in shared memory, (2) every warp computes its K-slice of ⟨x, Wu[n]⟩ for all entries (many
+// independent loads in flight), (3) partial sums are combined into h = g·u, (4) y += h·Wdᵀ[n].
+constexpr int kListCap = kTwellTile;  // a single tile (≤ 256 non-zeros) always fits one window
+constexpr int kMaxUpDownThreads = 512;  // caps registers at 128/thread: no spills for CH ≤ 8
+
+template <int CH>
+__device__ __forceinline__ void load_row(const __nv_bfloat16* row, int tid, int nthreads, int kchunks, uint4 (&v)[CH]) {
+#pragma unroll
+  for (int i = 0; i < CH; ++i) {
+    const int c = i * nthreads + tid;
+    v[i] = (c < kchunks) ? __ldg(reinterpret_cast<const uint4*>(row) + c) : make_uint4(0, 0, 0, 0);
+  }
+}
+
+__device__ __forceinline__ float dot8(const uint4& a, const uint4& b) {
+  float s = lo_bf16(a.x) * lo_bf16(b.x);
+  s = fmaf(hi_bf16(a.x), hi_bf16(b.x), s);
+  s = fmaf(lo_bf16(a.y), lo_bf16(b.y), s);
+  s = fmaf(hi_bf16(a.y), hi_bf16(b.y), s);
+  s = fmaf(lo_bf16(a.z), lo_bf16(b.z), s);
+  s = fmaf(hi_bf16(a.z), hi_bf16(b.z), s);
+  s = fmaf(lo_bf16(a.w), lo_bf16(b.w), s);
+  s = fmaf(hi_bf16(a.w), hi_bf16(b.w), s);
+  return s;
+}
+
+__device__ __forceinline__ void axpy8(float h, const uint4& w, float* acc) {
+  acc[0] = fmaf(h, lo_bf16(w.x), acc[0]);
+  acc[1] = fmaf(h, hi_bf16(w.x), acc[1]);
+  acc[2] = fmaf(h, lo_bf16(w.y), acc[2]);
+  acc[3] = fmaf(h, hi_bf16(w.y), acc[3]);
+  acc[4] = fmaf(h, lo_bf16(w.z), acc[4]);
+  acc[5] = fmaf(h, hi_bf16(w.z), acc[5]);
+  acc[6] = fmaf(h, lo_bf16(w.w), acc[6]);
+  acc[7] = fmaf(h, hi_bf16(w.w), acc[7]);
+}
+
+template <int CH, bool GATED>
+__global__ void __launch_bounds__(kMaxUpDownThreads) twell_up_down_kernel(TwellUpDownParams p) {
+  constexpr int kUnroll = CH <= 2 ? 4 : (CH == 4 ? 2 : 1);  // entries whose weight rows are in flight together
+  static_assert(CH >= 1 && CH <= 8, "CH: 16-byte chunks per thread");
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+  const int nthreads = blockDim.x, nwarps = nthreads / 32;
+  const int S = p.words_per_tile, cap = S - 1;
+  const int tiles = static_cast<int>((p.n + kTwellTile - 1) / kTwellTile);
+  const int kchunks = static_cast<int>(p.k / 8);
+  const std::int64_t row = blockIdx.x;
+
+  // Shared memory: lcol [kListCap] i32 (global neuron of entry j), lval [kListCap] f32 (g, then h),
+  // part [nwarps, kListCap] f32 (per-warp partial ⟨x, Wu[n]⟩), pref [tiles + 1] i32 (prefix of the
+  // true counts; an overflowed block contributes its true count, read from the backup).
+  int* lcol = reinterpret_cast<int*>(smem_raw);
+  float* lval = reinterpret_cast<float*>(lcol + kListCap);
+  float* part = lval + kListCap;
+  int* pref = reinterpret_cast<int*>(part + (GATED ? nwarps * kListCap : 0));
+
+  const std::uint32_t* wrow = p.words + row * static_cast<std::int64_t>(tiles) * S;
+  if (warp == 0) {
+    int carry = 0;
+    for (int t0 = 0; t0 < tiles; t0 += 32) {
+      const int t = t0 + lane;
+      const int c = t < tiles ? static_cast<int>(wrow[static_cast<std::int64_t>(t) * S]) : 0;
+      const int incl = warp_inclusive_scan(c, lane);
+      if (t < tiles) pref[t + 1] = carry + incl;
+      carry += __shfl_sync(0xffffffffu, incl, 31);
+    }
+    if (lane == 0) pref[0] = 0;
+  }
+
+  uint4 xr[CH];  // this thread's chunks of x[row, :]
+  if constexpr (GATED) load_row<CH>(p.x + row * p.ld_x, tid, nthreads, kchunks, xr);
+  float acc[CH][8];
+#pragma unroll
+  for (int i = 0; i < CH; ++i)
+#pragma unroll
+    for (int e = 0; e < 8; ++e) acc[i][e] = 0.0f;
+  __syncthreads();
+
+  for (int ts = 0; ts < tiles;) {
+    const int base0 = pref[ts];
+    int te = ts + 1;
+    while (te < tiles && pref[te + 1] - base0 <= kListCap) ++te;
+    const int cnt = pref[te] - base0;
+    if (cnt > 0) {
+      // (1) expand blocks [ts, te) into the list, ascending columns
+      for (int t = ts + warp; t < te; t += nwarps) {
+        const int c = pref[t + 1] - pref[t];
+        const int off = pref[t] - base0;
+        if (c <= cap) {
+          const std::uint32_t* blk = wrow + static_cast<std::int64_t>(t) * S + 1;
+          for (int i = lane; i < c; i += 32) {
+            const std::uint32_t w = blk[i];
+            lcol[off + i] = t * kTwellTile + static_cast<int>(w & 0xffffu);
+            lval[off + i] = hi_bf16(w);
+          }
+        } else {  // overflowed block: read it whole from the dense backup
+          const __nv_bfloat16* b = p.backup + row * p.ld_backup;
+          int run = 0;
+          for (int j = 0; j < kTwellTile; j += 32) {
+            const std::int64_t col = static_cast<std::int64_t>(t) * kTwellTile + j + lane;
+            const float v = col < p.n ? __bfloat162float(b[col]) : 0.0f;
+            const bool keep = keep_value(v, p.relu);
+            const unsigned m = __ballot_sync(0xffffffffu, keep);
+            const int pos = run + __popc(m & ((1u << lane) - 1u));
+            if (keep && pos < c) {
+              lcol[off + pos] = static_cast<int>(col);
+              lval[off + pos] = v;
+            }
+            run += __popc(m);
+          }
+        }
+      }
+      __syncthreads();
+
+      if constexpr (GATED) {
+        // (2) partial up products over this thread's chunks, kUnroll rows in flight
+        for (int j0 = 0; j0 < cnt; j0 += kUnroll) {
+          uint4 w[kUnroll][CH];
+#pragma unroll
+          for (int u = 0; u < kUnroll; ++u) {
+            if (j0 + u < cnt) {
+              load_row<CH>(p.w_up + static_cast<std::int64_t>(lcol[j0 + u]) * p.k, tid, nthreads, kchunks, w[u]);
+            } else {
+#pragma unroll
+              for (int i = 0; i < CH; ++i) w[u][i] = make_uint4(0, 0, 0, 0);
+            }
+          }
+#pragma unroll
+          for (int u = 0; u < kUnroll; ++u) {
+            float s = 0.0f;
+#pragma unroll
+            for (int i = 0; i < CH; ++i) s += dot8(xr[i], w[u][i]);
+            s = warp_sum(s);
+            if (lane == 0 && j0 + u < cnt) part[warp * kListCap + j0 + u] = s;
+          }
+        }
+        __syncthreads();
+        // (3) h = g · u
+        for (int j = tid; j < cnt; j += nthreads) {
+          float u = 0.0f;
+          for (int q = 0; q < nwarps; ++q) u += part[q * kListCap + j];
+          lval[j] *= u;
+        }
+        __syncthreads();
+      }
+
+      // (4) y += h · Wdᵀ[n, :]
+      for (int j0 = 0; j0 < cnt; j0 += kUnroll) {
+        uint4 w[kUnroll][CH];
+        float h[kUnroll];
+#pragma unroll
+        for (int u = 0; u < kUnroll; ++u) {
+          if (j0 + u < cnt) {
+            h[u] = lval[j0 + u];
+            load_row<CH>(p.w_down_t + static_cast<std::int64_t>(lcol[j0 + u]) * p.k, tid, nthreads, kchunks, w[u]);
+          } else {
+            h[u] = 0.0f;
+#pragma unroll
+            for (int i = 0; i < CH; ++i) w[u][i] = make_uint4(0, 0, 0, 0);
+          }
+        }
+#pragma unroll
+        for (int u = 0; u < kUnroll; ++u)
+#pragma unroll
+          for (int i = 0; i < CH; ++i) axpy8(h[u], w[u][i], acc[i]);
+      }
+      __syncthreads();  // the next window overwrites the list
+    }
+    ts = te;
+  }
+
+  __nv_bfloat16* yrow = p.y + row * p.ld_y;
+#pragma unroll
+  for (int i = 0; i < CH; ++i) {
+    const int c = i * nthreads + tid;
+    if (c < kchunks) {
+      __nv_bfloat162 o[4];
+#pragma unroll
+      for (int e = 0; e < 4; ++e) o[e] = __floats2bfloat162_rn(acc[i][2 * e], acc[i][2 * e + 1]);
+      *reinterpret_cast<uint4*>(yrow + static_cast<std::int64_t>(c) * 8) = *reinterpret_cast<const uint4*>(o);
+    }
+  }
+}
+
+template <int CH, bool GATED>
+void launch_up_down_t(const TwellUpDownParams& p, int threads, cudaStream_t stream) {
+  const int tiles = static_cast<int>((p.n + kTwellTile - 1) / kTwellTile);
+  const int nwarps = threads / 32;
+  const std::size_t smem = sizeof(int) * kListCap + sizeof(float) * kListCap +
+                           (GATED ? sizeof(float) * nwarps * kListCap : 0) + sizeof(int) * (tiles + 1);
+  auto kernel = twell_up_down_kernel<CH, GATED>;
+  if (smem > 48 * 1024)
+    TWELL_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
+  kernel<<<static_cast<unsigned>(p.m), threads, smem, stream>>>(p);
+  TWELL_CUDA_CHECK_LAUNCH("twell_up_down_kernel");
+}
+
+__global__ void gated_product_kernel(const __nv_bfloat16* g, const __nv_bfloat16* u, std::int64_t ld_gu,
+                                     __nv_bfloat16* h, std::int64_t ld_h, std::int64_t m, std::int64_t n) {
+  const std::int64_t chunks_per_row = (n + 7) / 8;
+  const std::int64_t total = m * chunks_per_row;
+  const bool vec = (ld_gu % 8 == 0) && (ld_h % 8 == 0);
+  for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < total;
+       i += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
+    const std::int64_t r = i / chunks_per_row, c0 = (i % chunks_per_row) * 8;
+    if (vec && c0 + 8 <= n) {
+      const uint4 gv = __ldcs(reinterpret_cast<const uint4*>(g + r * ld_gu + c0));
+      const uint4 uv = __ldcs(reinterpret_cast<const uint4*>(u + r * ld_gu + c0));
+      const std::uint32_t gw[4] = {gv.x, gv.y, gv.z, gv.w}, uw[4] = {uv.x, uv.y, uv.z, uv.w};
+      __nv_bfloat162 o[4];
+#pragma unroll
+      for (int e = 0; e < 4; ++e)
+        o[e] = __floats2bfloat162_rn(fmaxf(lo_bf16(gw[e]), 0.0f) * lo_bf16(uw[e]),
+                                     fmaxf(hi_bf16(gw[e]), 0.0f) * hi_bf16(uw[e]));
+      *reinterpret_cast<uint4*>(h + r * ld_h + c0) = *reinterpret_cast<const uint4*>(o);
+    } else {
+      for (std::int64_t c = c0; c < min(c0 + 8, n); ++c)
+        h[r * ld_h + c] = __float2bfloat16_rn(fmaxf(__bfloat162float(g[r * ld_gu + c]), 0.0f) *
+                                              __bfloat162float(u[r * ld_gu + c]));
+    }
+  }
+}
+
+}  // namespace
+
+void launch_twell_pack(const TwellPackParams& p, cudaStream_t stream) {
+  TWELL_CU_REQUIRE(p.src && p.words && p.counters, ErrorCode::invalid_argument, "twell pack: null pointer");
+  TWELL_CU_REQUIRE(p.m >= 1 && p.n >= 1 && p.ld_src >= p.n, ErrorCode::invalid_argument,
+              "twell pack: bad shape m={} n={} ld={}", p.m, p.n, p.ld_src);
+  TWELL_CU_REQUIRE(p.words_per_tile >= 2 && p.words_per_tile <= 128 && kTwellTile % p.words_per_tile == 0,
+              ErrorCode::unsupported, "twell pack: the CUDA path needs T = 256 and S = T/C in [2, 128]; got S = {}",
+              p.words_per_tile);
+  TWELL_CUDA_CHECK(cudaMemsetAsync(p.counters, 0, sizeof(TwellCounters), stream));
+  const std::int64_t blocks = (p.m + kPackWarps - 1) / kPackWarps;
+  TWELL_CU_REQUIRE(blocks <= 0x7fffffff, ErrorCode::unsupported, "twell pack: M = {} too large", p.m);
+  twell_pack_kernel<<<static_cast<unsigned>(blocks), kPackWarps * 32, 0, stream>>>(p);
+  TWELL_CUDA_CHECK_LAUNCH("twell_pack_kernel");
+}
+
+void launch_twell_up_down(const TwellUpDownParams& p, cudaStream_t stream) {
+  TWELL_CU_REQUIRE(p.words && p.backup && p.w_down_t && p.y && (!p.gated || (p.x && p.w_up)), ErrorCode::invalid_argument,
+              "twell up/down: null pointer");
+  TWELL_CU_REQUIRE(p.m >= 1 && p.n >= 1 && p.k >= 8 && p.k % 8 == 0, ErrorCode::unsupported,
+              "twell up/down: K must be a positive multiple of 8 (got K = {})", p.k);
+  TWELL_CU_REQUIRE(p.ld_y % 8 == 0 && (!p.gated || p.ld_x % 8 == 0), ErrorCode::unsupported,
+              "twell up/down: row strides of x and y must be multiples of 8 elements");
+  TWELL_CU_REQUIRE(p.words_per_tile >= 2 && p.words_per_tile <= 128 && kTwellTile % p.words_per_tile == 0,
+              ErrorCode::unsupported, "twell up/down: S = {} not supported (T = 256, S in [2, 128])", p.words_per_tile);
+  TWELL_CU_REQUIRE(p.m <= 0x7fffffff && p.n < (std::int64_t{1} << 31), ErrorCode::unsupported, "twell up/down: M or N too large");
+  const std::int64_t kchunks = p.k / 8;
+  auto threads_for = [&](int ch) { return static_cast<int>(((kchunks + ch - 1) / ch + 31) / 32 * 32); };
+  if (threads_for(2) <= kMaxUpDownThreads) {
+    p.gated ? launch_up_down_t<2, true>(p, threads_for(2), stream) : launch_up_down_t<2, false>(p, threads_for(2), stream);
+  } else if (threads_for(4) <= kMaxUpDownThreads) {
+    p.gated ? launch_up_down_t<4, true>(p, threads_for(4), stream) : launch_up_down_t<4, false>(p, threads_for(4), stream);
+  } else if (threads_for(8) <= kMaxUpDownThreads) {
+    p.gated ? launch_up_down_t<8, true>(p, threads_for(8), stream) : launch_up_down_t<8, false>(p, threads_for(8), stream);
+  } else {
+    detail::raise(ErrorCode::unsupported, "twell up/down: K = {} exceeds the supported 32768", p.k);
+  }
+}
+
+void launch_gated_product(const __nv_bfloat16* g, const __nv_bfloat16* u, std::int64_t ld_gu, __nv_bfloat16* h,
+                          std::int64_t ld_h, std::int64_t m, std::int64_t n, cudaStream_t stream) {
+  const std::int64_t work = m * ((n + 7) / 8);
+  const int threads = 256;
+  const std::int64_t blocks = std::min<std::int64_t>((work + threads - 1) / threads, 1 << 20);
+  gated_product_kernel<<<static_cast<unsigned>(std::max<std::int64_t>(blocks, 1)), threads, 0, stream>>>(g, u, ld_gu, h, ld_h, m, n);
+  TWELL_CUDA_CHECK_LAUNCH("gated_product_kernel");
+}
+
+}  // namespace twell::cuda

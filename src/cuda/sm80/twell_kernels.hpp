@@ -1,0 +1,64 @@
+#pragma once
+// Portable (sm_80+) TwELL kernels: packing a dense pre-activation matrix into TwELL, the fused
+// gated up+down product and the non-gated sparse down product. Plain parameter structs, one
+// launch wrapper per kernel that validates, configures, launches and checks (STYLE "Kernels").
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace twell::cuda {
+
+// TwELL on the GPU uses T = 256 columns per tile (the GEMM tile width along N). C may be any
+// divisor of 256 with S = 256 / C ≥ 2. Word layout is exactly the host format's
+// (twell/twell_format.hpp): word 0 = true count, words 1..min(count, S−1) = (bf16 << 16 | local
+// col) in ascending column order, remaining words zero.
+inline constexpr int kTwellTile = 256;
+
+// Device-side counters written by the packing step (zeroed by the launcher on the same stream).
+struct TwellCounters {
+  unsigned long long nnz;             // Σ true counts
+  unsigned long long overflow_tiles;  // (row, tile) blocks with count > S − 1
+  unsigned long long overflow_rows;   // rows with ≥ 1 overflowed block
+  unsigned long long pad;
+};
+
+struct TwellPackParams {
+  const __nv_bfloat16* src = nullptr;  // [M, N] values (the gate GEMM output), row stride ld_src
+  std::int64_t ld_src = 0;
+  std::int64_t m = 0, n = 0;
+  int words_per_tile = 32;             // S
+  bool relu = true;                    // keep v > 0 (fused ReLU); else keep v != 0
+  std::uint32_t* words = nullptr;      // [M, tiles · S]
+  std::uint8_t* row_overflow = nullptr;  // [M]: 1 iff the row has an overflowed block (may be null)
+  TwellCounters* counters = nullptr;   // required; zeroed by launch_twell_pack
+};
+void launch_twell_pack(const TwellPackParams& p, cudaStream_t stream);
+
+// Overflow fallback, used by both consumers: a (row, tile) block whose count exceeds S − 1 is
+// read in full from `backup` (the dense [M, N] pre-activation the TwELL was packed from, same
+// keep rule), so overflowed rows are exact. Non-overflowed blocks never touch `backup`.
+struct TwellUpDownParams {
+  const __nv_bfloat16* x = nullptr;       // [M, K], row stride ld_x (gated only)
+  std::int64_t ld_x = 0;
+  const std::uint32_t* words = nullptr;   // TwELL [M, tiles · S] of g (gated) or h (non-gated)
+  const __nv_bfloat16* backup = nullptr;  // [M, N] dense values for overflowed blocks, stride ld_backup
+  std::int64_t ld_backup = 0;
+  const __nv_bfloat16* w_up = nullptr;    // [N, K] row stride K (gated only)
+  const __nv_bfloat16* w_down_t = nullptr;  // [N, K] = Wdᵀ, row stride K
+  __nv_bfloat16* y = nullptr;             // [M, K], row stride ld_y
+  std::int64_t ld_y = 0;
+  std::int64_t m = 0, n = 0, k = 0;
+  int words_per_tile = 32;
+  bool gated = true;
+  bool relu = true;                       // keep rule for backup blocks
+};
+// Gated: y[m,:] = Σ_n g[m,n] · ⟨x[m,:], Wu[n,:]⟩ · Wdᵀ[n,:]; non-gated: y[m,:] = Σ_n h[m,n] · Wdᵀ[n,:].
+// Accumulation in fp32, y rounded to bf16 once. h never leaves the chip.
+void launch_twell_up_down(const TwellUpDownParams& p, cudaStream_t stream);
+
+// h = ReLU(g) ⊙ u elementwise on [M, N] bf16 (dense baseline's middle step).
+void launch_gated_product(const __nv_bfloat16* g, const __nv_bfloat16* u, std::int64_t ld_gu, __nv_bfloat16* h,
+                          std::int64_t ld_h, std::int64_t m, std::int64_t n, cudaStream_t stream);
+
+}  // namespace twell::cuda
