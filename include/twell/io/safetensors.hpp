@@ -1,0 +1,74 @@
+#pragma once
+// safetensors files (https://github.com/huggingface/safetensors), read and written by hand.
+//
+// Layout: u64 little-endian header length H, then H bytes of JSON, then the data buffer.
+//   { "__metadata__": {"key": "value", ...},                      (optional, string → string)
+//     "name": {"dtype": "F32", "shape": [2, 3], "data_offsets": [begin, end]}, ... }
+// Offsets are relative to the start of the data buffer; end − begin must equal numel · dtype size.
+//
+// The reader is strict, as the reference implementation is: every tensor's bytes lie inside the
+// buffer, no two tensors overlap, the tensors cover the buffer with no gap and nothing trails it,
+// names are unique and non-empty. Any violation throws twell::Error(ErrorCode::corrupt) naming the
+// file, the tensor and what is wrong; unreadable files throw ErrorCode::io.
+//
+// Dtypes read: F32, BF16 (kept as bf16; HostTensor::to_f32() converts), I32, U32. F16 is rejected
+// by default with a message saying so; ReadOptions::f16_to_f32 converts it exactly to F32 instead.
+// Every other dtype of the format (F64, I64, U8, BOOL, F8_*, ...) is rejected as unsupported, and a
+// dtype string the format does not define is reported as unknown.
+//
+// The writer writes F32, BF16, I32 and U32 tensors of any rank (shape [] is a scalar), header
+// padded with spaces to a multiple of 8 bytes so the data buffer stays aligned.
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <span>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "twell/tensor.hpp"
+
+namespace twell::io {
+
+struct NamedTensor {
+  std::string name;
+  HostTensor tensor;
+};
+
+struct SafetensorsFile {
+  std::vector<NamedTensor> tensors;  // in data-offset order (the order of the bytes in the file)
+  std::map<std::string, std::string> metadata;
+
+  // nullptr when absent.
+  const HostTensor* find(const std::string& name) const noexcept;
+  bool contains(const std::string& name) const noexcept { return find(name) != nullptr; }
+  std::vector<std::string> names() const;
+};
+
+struct ReadOptions {
+  bool f16_to_f32 = false;  // convert F16 tensors to F32 (exact) instead of rejecting them
+};
+
+// Reads and validates a whole file. `path` is used in every message.
+SafetensorsFile read_safetensors(const std::string& path, ReadOptions opt = {});
+// The same from bytes already in memory; `what` names the source in messages.
+SafetensorsFile parse_safetensors(std::span<const std::byte> bytes, const std::string& what = "buffer",
+                                  ReadOptions opt = {});
+
+struct TensorRef {
+  std::string name;
+  const HostTensor* tensor;
+};
+
+// Serialises tensors (unique, non-empty names not starting with "__") and metadata.
+std::vector<std::byte> serialize_safetensors(const std::vector<TensorRef>& tensors,
+                                             const std::map<std::string, std::string>& metadata = {});
+// Writes atomically: to a temporary file beside `path`, then renamed over it. Throws ErrorCode::io
+// naming the path when it cannot be written.
+void write_safetensors(const std::string& path, const std::vector<TensorRef>& tensors,
+                       const std::map<std::string, std::string>& metadata = {});
+
+// A scalar (shape []) f32 tensor.
+HostTensor scalar_f32(float value);
+
+}  // namespace twell::io

@@ -1,0 +1,416 @@
+#include "twell/io/safetensors.hpp"
+
+#include <algorithm>
+#include <bit>
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <limits>
+#include <set>
+#include <unistd.h>
+
+#include <nlohmann/json.hpp>
+
+namespace twell::io {
+
+static_assert(std::endian::native == std::endian::little,
+              "safetensors is little-endian; this reader copies bytes as they are");
+
+namespace {
+
+using json = nlohmann::json;
+
+// The reference implementation refuses headers over 100 MB; a header that large is corrupt, and
+// refusing it early keeps a garbage length from allocating gigabytes.
+constexpr std::uint64_t kMaxHeaderBytes = 100ull << 20;
+
+// The dtypes the safetensors format defines, with their element sizes.
+struct DtypeInfo {
+  const char* name;
+  std::size_t size;
+};
+constexpr DtypeInfo kFormatDtypes[] = {
+    {"BOOL", 1}, {"U8", 1},  {"I8", 1},  {"F8_E5M2", 1}, {"F8_E4M3", 1}, {"I16", 2},
+    {"U16", 2},  {"F16", 2}, {"BF16", 2}, {"I32", 4},     {"U32", 4},     {"F32", 4},
+    {"F64", 8},  {"I64", 8}, {"U64", 8},
+};
+
+const DtypeInfo* format_dtype(const std::string& s) {
+  for (const auto& d : kFormatDtypes)
+    if (s == d.name) return &d;
+  return nullptr;
+}
+
+const char* safetensors_dtype(DType dt) {
+  switch (dt) {
+    case DType::f32: return "F32";
+    case DType::bf16: return "BF16";
+    case DType::i32: return "I32";
+    case DType::u32: return "U32";
+  }
+  return "?";
+}
+
+std::string shape_str(const std::vector<std::int64_t>& s) {
+  std::string out = "[";
+  for (std::size_t i = 0; i < s.size(); ++i) out += (i ? ", " : "") + std::to_string(s[i]);
+  return out + "]";
+}
+
+// IEEE binary16 → binary32, exact (every half is a float).
+float half_to_float(std::uint16_t h) {
+  const std::uint32_t sign = static_cast<std::uint32_t>(h & 0x8000u) << 16;
+  std::uint32_t exp = (h >> 10) & 0x1fu;
+  std::uint32_t mant = h & 0x3ffu;
+  std::uint32_t bits;
+  if (exp == 0x1f) {
+    bits = sign | 0x7f800000u | (mant << 13);  // Inf / NaN (payload kept)
+  } else if (exp != 0) {
+    bits = sign | ((exp + 112u) << 23) | (mant << 13);
+  } else if (mant == 0) {
+    bits = sign;  // ±0
+  } else {
+    // Subnormal half: normalise. value = mant · 2^-24.
+    int e = -1;
+    do {
+      mant <<= 1;
+      ++e;
+    } while ((mant & 0x400u) == 0);
+    bits = sign | (static_cast<std::uint32_t>(112 - e) << 23) | ((mant & 0x3ffu) << 13);
+  }
+  return std::bit_cast<float>(bits);
+}
+
+// One tensor's header entry after validation.
+struct Entry {
+  std::string name;
+  std::string file_dtype;  // as written in the header
+  DType dtype;             // as it will be held in memory
+  std::vector<std::int64_t> shape;
+  std::uint64_t begin = 0, end = 0;
+};
+
+struct Header {
+  std::vector<Entry> entries;  // sorted by data offset
+  std::map<std::string, std::string> metadata;
+};
+
+std::uint64_t read_u64_le(const std::byte* p) {
+  std::uint64_t v = 0;
+  std::memcpy(&v, p, 8);
+  return v;
+}
+
+std::uint64_t checked_offset(const json& v, const std::string& what, const std::string& tensor, const char* field) {
+  if (!v.is_number_integer())
+    fail(ErrorCode::corrupt, "{}: tensor '{}': {} must hold non-negative integers, got {}", what, tensor, field,
+         v.dump());
+  if (v.is_number_unsigned()) return v.get<std::uint64_t>();
+  const std::int64_t s = v.get<std::int64_t>();
+  if (s < 0) fail(ErrorCode::corrupt, "{}: tensor '{}': negative value {} in {}", what, tensor, s, field);
+  return static_cast<std::uint64_t>(s);
+}
+
+Header parse_header(std::string_view text, std::uint64_t data_size, const std::string& what, ReadOptions opt) {
+  // Duplicate keys: nlohmann keeps the last one silently, so track each object's keys while parsing.
+  std::vector<std::set<std::string>> open_objects;
+  std::string duplicate;
+  json::parser_callback_t cb = [&](int /*depth*/, json::parse_event_t event, json& parsed) {
+    switch (event) {
+      case json::parse_event_t::object_start: open_objects.emplace_back(); break;
+      case json::parse_event_t::object_end:
+        if (!open_objects.empty()) open_objects.pop_back();
+        break;
+      case json::parse_event_t::key:
+        if (!open_objects.empty() && parsed.is_string() &&
+            !open_objects.back().insert(parsed.get<std::string>()).second && duplicate.empty())
+          duplicate = parsed.get<std::string>();
+        break;
+      default: break;
+    }
+    return true;
+  };
+
+  json doc;
+  try {
+    doc = json::parse(text.begin(), text.end(), cb);
+  } catch (const json::exception& e) {
+    fail(ErrorCode::corrupt, "{}: the header is not valid JSON ({}); the file is corrupt or not a safetensors file",
+         what, e.what());
+  }
+  if (!duplicate.empty()) fail(ErrorCode::corrupt, "{}: duplicate name '{}' in the header", what, duplicate);
+  if (!doc.is_object())
+    fail(ErrorCode::corrupt, "{}: the header must be a JSON object, got a JSON {}", what, doc.type_name());
+
+  Header h;
+  for (auto it = doc.begin(); it != doc.end(); ++it) {
+    const std::string& name = it.key();
+    const json& v = it.value();
+    if (name == "__metadata__") {
+      if (!v.is_object()) fail(ErrorCode::corrupt, "{}: __metadata__ must be an object of strings", what);
+      for (auto m = v.begin(); m != v.end(); ++m) {
+        if (!m.value().is_string())
+          fail(ErrorCode::corrupt, "{}: __metadata__ value of '{}' must be a string, got {}", what, m.key(),
+               m.value().dump());
+        h.metadata[m.key()] = m.value().get<std::string>();
+      }
+      continue;
+    }
+    if (name.empty()) fail(ErrorCode::corrupt, "{}: a tensor has an empty name", what);
+    if (!v.is_object()) fail(ErrorCode::corrupt, "{}: entry of tensor '{}' must be an object", what, name);
+    for (auto f = v.begin(); f != v.end(); ++f)
+      if (f.key() != "dtype" && f.key() != "shape" && f.key() != "data_offsets")
+        fail(ErrorCode::corrupt, "{}: tensor '{}' has an unexpected field '{}'", what, name, f.key());
+    for (const char* field : {"dtype", "shape", "data_offsets"})
+      if (!v.contains(field)) fail(ErrorCode::corrupt, "{}: tensor '{}' has no '{}' field", what, name, field);
+
+    Entry e;
+    e.name = name;
+    const json& jd = v["dtype"];
+    if (!jd.is_string()) fail(ErrorCode::corrupt, "{}: tensor '{}': dtype must be a string", what, name);
+    e.file_dtype = jd.get<std::string>();
+    const DtypeInfo* info = format_dtype(e.file_dtype);
+    if (!info)
+      fail(ErrorCode::corrupt, "{}: tensor '{}' has unknown dtype '{}' (safetensors defines F32, BF16, F16, F64, "
+           "I64, I32, ...)", what, name, e.file_dtype);
+    if (e.file_dtype == "F32") e.dtype = DType::f32;
+    else if (e.file_dtype == "BF16") e.dtype = DType::bf16;
+    else if (e.file_dtype == "I32") e.dtype = DType::i32;
+    else if (e.file_dtype == "U32") e.dtype = DType::u32;
+    else if (e.file_dtype == "F16" && opt.f16_to_f32) e.dtype = DType::f32;
+    else if (e.file_dtype == "F16")
+      fail(ErrorCode::dtype_mismatch, "{}: tensor '{}' has dtype F16, which twell does not read; store it as F32 "
+           "or BF16", what, name);
+    else
+      fail(ErrorCode::dtype_mismatch, "{}: tensor '{}' has dtype {}, which twell does not read (F32, BF16, I32, "
+           "U32 only)", what, name, e.file_dtype);
+
+    const json& js = v["shape"];
+    if (!js.is_array()) fail(ErrorCode::corrupt, "{}: tensor '{}': shape must be an array", what, name);
+    // numel · size must fit the buffer; the product is bounded as it grows so it cannot overflow.
+    unsigned __int128 bytes = info->size;
+    for (const json& d : js) {
+      const std::uint64_t dim = checked_offset(d, what, name, "shape");
+      if (dim > static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max()))
+        fail(ErrorCode::corrupt, "{}: tensor '{}': dimension {} is too large", what, name, dim);
+      e.shape.push_back(static_cast<std::int64_t>(dim));
+      bytes *= dim;
+      if (bytes > (static_cast<unsigned __int128>(1) << 64)) bytes = static_cast<unsigned __int128>(1) << 64;
+    }
+
+    const json& jo = v["data_offsets"];
+    if (!jo.is_array() || jo.size() != 2)
+      fail(ErrorCode::corrupt, "{}: tensor '{}': data_offsets must be an array [begin, end]", what, name);
+    e.begin = checked_offset(jo[0], what, name, "data_offsets");
+    e.end = checked_offset(jo[1], what, name, "data_offsets");
+    if (e.end < e.begin)
+      fail(ErrorCode::corrupt, "{}: tensor '{}': data_offsets [{}, {}] end before they begin", what, name, e.begin,
+           e.end);
+    if (e.end > data_size)
+      fail(ErrorCode::corrupt, "{}: tensor '{}': data_offsets [{}, {}] run past the end of the data ({} bytes): the "
+           "file is truncated or the offsets are corrupt", what, name, e.begin, e.end, data_size);
+    if (static_cast<unsigned __int128>(e.end - e.begin) != bytes)
+      fail(ErrorCode::corrupt, "{}: tensor '{}': data_offsets [{}, {}] span {} bytes, but shape {} of {} needs {}",
+           what, name, e.begin, e.end, e.end - e.begin, shape_str(e.shape), e.file_dtype,
+           bytes >= (static_cast<unsigned __int128>(1) << 64) ? std::string("more than 2^64")
+                                                             : std::to_string(static_cast<std::uint64_t>(bytes)));
+    h.entries.push_back(std::move(e));
+  }
+
+  // The tensors must tile the data buffer exactly: sorted by offset, each starts where the last ended.
+  std::sort(h.entries.begin(), h.entries.end(), [](const Entry& a, const Entry& b) {
+    return a.begin != b.begin ? a.begin < b.begin : a.end < b.end;
+  });
+  std::uint64_t pos = 0;
+  const Entry* prev = nullptr;
+  for (const Entry& e : h.entries) {
+    if (e.begin < pos)
+      fail(ErrorCode::corrupt, "{}: tensors '{}' [{}, {}) and '{}' [{}, {}) overlap", what, prev->name, prev->begin,
+           prev->end, e.name, e.begin, e.end);
+    if (e.begin > pos)
+      fail(ErrorCode::corrupt, "{}: {} unused bytes before tensor '{}' (offset {}); tensors must cover the data "
+           "buffer without gaps", what, e.begin - pos, e.name, e.begin);
+    pos = e.end;
+    prev = &e;
+  }
+  if (pos != data_size)
+    fail(ErrorCode::corrupt, "{}: {} bytes after the last tensor; the data buffer has {} bytes but the tensors "
+         "cover {}", what, data_size - pos, data_size, pos);
+  return h;
+}
+
+// Fills a tensor from the raw little-endian bytes of its entry.
+HostTensor make_tensor(const Entry& e, const std::byte* raw) {
+  HostTensor t(e.dtype, e.shape);
+  if (e.file_dtype == "F16") {
+    float* out = t.data<float>();
+    const std::int64_t n = t.numel();
+    for (std::int64_t i = 0; i < n; ++i) {
+      std::uint16_t h;
+      std::memcpy(&h, raw + 2 * i, 2);
+      out[i] = half_to_float(h);
+    }
+  } else if (t.nbytes() > 0) {
+    std::memcpy(t.bytes(), raw, t.nbytes());
+  }
+  return t;
+}
+
+std::uint64_t header_length(std::span<const std::byte> prefix, std::uint64_t total, const std::string& what) {
+  if (total < 8)
+    fail(ErrorCode::corrupt, "{}: truncated: {} bytes, shorter than the 8-byte header length of a safetensors file",
+         what, total);
+  const std::uint64_t n = read_u64_le(prefix.data());
+  if (n > total - 8)
+    fail(ErrorCode::corrupt, "{}: header length {} runs past the end of the file ({} bytes): the file is truncated or "
+         "not a safetensors file", what, n, total);
+  if (n > kMaxHeaderBytes)
+    fail(ErrorCode::corrupt, "{}: header length {} exceeds the 100 MB limit; not a safetensors file", what, n);
+  if (n < 2) fail(ErrorCode::corrupt, "{}: header length {} is too short to hold a JSON object", what, n);
+  return n;
+}
+
+std::string errno_text() { return std::strerror(errno); }
+
+}  // namespace
+
+const HostTensor* SafetensorsFile::find(const std::string& name) const noexcept {
+  for (const auto& t : tensors)
+    if (t.name == name) return &t.tensor;
+  return nullptr;
+}
+
+std::vector<std::string> SafetensorsFile::names() const {
+  std::vector<std::string> out;
+  for (const auto& t : tensors) out.push_back(t.name);
+  return out;
+}
+
+SafetensorsFile parse_safetensors(std::span<const std::byte> bytes, const std::string& what, ReadOptions opt) {
+  const std::uint64_t total = bytes.size();
+  const std::uint64_t n = header_length(bytes, total, what);
+  const std::string_view text(reinterpret_cast<const char*>(bytes.data()) + 8, n);
+  Header h = parse_header(text, total - 8 - n, what, opt);
+  SafetensorsFile f;
+  f.metadata = std::move(h.metadata);
+  const std::byte* data = bytes.data() + 8 + n;
+  for (const Entry& e : h.entries) f.tensors.push_back({e.name, make_tensor(e, data + e.begin)});
+  return f;
+}
+
+SafetensorsFile read_safetensors(const std::string& path, ReadOptions opt) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  const auto st = fs::status(path, ec);
+  if (ec || !fs::exists(st)) fail(ErrorCode::io, "cannot open '{}': no such file", path);
+  if (fs::is_directory(st)) fail(ErrorCode::io, "cannot read '{}': it is a directory", path);
+  std::ifstream in(path, std::ios::binary);
+  if (!in) fail(ErrorCode::io, "cannot open '{}': {}", path, errno_text());
+  in.seekg(0, std::ios::end);
+  const std::streamoff size = in.tellg();
+  if (size < 0) fail(ErrorCode::io, "cannot read '{}': not a regular file", path);
+  in.seekg(0);
+  const std::uint64_t total = static_cast<std::uint64_t>(size);
+
+  std::byte prefix[8] = {};
+  if (total >= 8 && !in.read(reinterpret_cast<char*>(prefix), 8)) fail(ErrorCode::io, "cannot read '{}'", path);
+  const std::uint64_t n = header_length(prefix, total, path);
+  std::string text(n, '\0');
+  if (!in.read(text.data(), static_cast<std::streamsize>(n)))
+    fail(ErrorCode::io, "cannot read the header of '{}'", path);
+  Header h = parse_header(text, total - 8 - n, path, opt);
+
+  // Entries are sorted and cover the data buffer without gaps, so one sequential pass reads them.
+  SafetensorsFile f;
+  f.metadata = std::move(h.metadata);
+  std::vector<std::byte> raw;
+  for (const Entry& e : h.entries) {
+    const std::uint64_t len = e.end - e.begin;
+    if (e.file_dtype == "F16") {
+      raw.resize(len);
+      if (len && !in.read(reinterpret_cast<char*>(raw.data()), static_cast<std::streamsize>(len)))
+        fail(ErrorCode::io, "cannot read tensor '{}' of '{}'", e.name, path);
+      f.tensors.push_back({e.name, make_tensor(e, raw.data())});
+    } else {
+      HostTensor t(e.dtype, e.shape);
+      if (len && !in.read(reinterpret_cast<char*>(t.bytes()), static_cast<std::streamsize>(len)))
+        fail(ErrorCode::io, "cannot read tensor '{}' of '{}'", e.name, path);
+      f.tensors.push_back({e.name, std::move(t)});
+    }
+  }
+  return f;
+}
+
+std::vector<std::byte> serialize_safetensors(const std::vector<TensorRef>& tensors,
+                                             const std::map<std::string, std::string>& metadata) {
+  nlohmann::ordered_json header = nlohmann::ordered_json::object();
+  if (!metadata.empty()) {
+    nlohmann::ordered_json m = nlohmann::ordered_json::object();
+    for (const auto& [k, v] : metadata) m[k] = v;
+    header["__metadata__"] = m;
+  }
+  std::set<std::string> seen;
+  std::uint64_t offset = 0;
+  for (const auto& t : tensors) {
+    TWELL_CHECK(t.tensor != nullptr, ErrorCode::invalid_argument, "tensor '{}' is null", t.name);
+    TWELL_CHECK(!t.name.empty(), ErrorCode::invalid_argument, "a tensor to write has an empty name");
+    TWELL_CHECK(t.name.rfind("__", 0) != 0, ErrorCode::invalid_argument,
+                "tensor name '{}' is reserved (names starting with \"__\")", t.name);
+    TWELL_CHECK(seen.insert(t.name).second, ErrorCode::invalid_argument, "duplicate tensor name '{}'", t.name);
+    nlohmann::ordered_json e;
+    e["dtype"] = safetensors_dtype(t.tensor->dtype());
+    e["shape"] = t.tensor->shape();
+    e["data_offsets"] = {offset, offset + t.tensor->nbytes()};
+    header[t.name] = e;
+    offset += t.tensor->nbytes();
+  }
+  std::string text = header.dump();
+  // Pad with spaces so the data buffer starts 8-byte aligned (as the reference writer does).
+  text.append((8 - text.size() % 8) % 8, ' ');
+
+  std::vector<std::byte> out(8 + text.size() + offset);
+  const std::uint64_t n = text.size();
+  std::memcpy(out.data(), &n, 8);
+  std::memcpy(out.data() + 8, text.data(), text.size());
+  std::byte* p = out.data() + 8 + text.size();
+  for (const auto& t : tensors) {
+    if (t.tensor->nbytes()) std::memcpy(p, t.tensor->bytes(), t.tensor->nbytes());
+    p += t.tensor->nbytes();
+  }
+  return out;
+}
+
+void write_safetensors(const std::string& path, const std::vector<TensorRef>& tensors,
+                       const std::map<std::string, std::string>& metadata) {
+  namespace fs = std::filesystem;
+  const std::vector<std::byte> bytes = serialize_safetensors(tensors, metadata);
+  std::error_code ec;
+  if (fs::is_directory(path, ec)) fail(ErrorCode::io, "cannot write '{}': it is a directory", path);
+  const std::string tmp = path + ".tmp" + std::to_string(::getpid());
+  {
+    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+    if (!out) fail(ErrorCode::io, "cannot write '{}': {}", path, errno_text());
+    out.write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
+    out.flush();
+    if (!out) {
+      const std::string why = errno_text();
+      fs::remove(tmp, ec);
+      fail(ErrorCode::io, "cannot write '{}': {}", path, why);
+    }
+  }
+  fs::rename(tmp, path, ec);
+  if (ec) {
+    std::error_code ignore;
+    fs::remove(tmp, ignore);
+    fail(ErrorCode::io, "cannot write '{}': {}", path, ec.message());
+  }
+}
+
+HostTensor scalar_f32(float value) {
+  HostTensor t(DType::f32, {});
+  *t.data<float>() = value;
+  return t;
+}
+
+}  // namespace twell::io
