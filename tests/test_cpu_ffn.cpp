@@ -1,1 +1,169 @@
+// CPU FFN inference ops against the float64 oracle, on fresh random inputs at edge shapes.
 #include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "test_util.hpp"
+#include "twell/cpu/ffn_ops.hpp"
+#include "twell/cpu/reference.hpp"
+#include "twell/sparsity_gen.hpp"
+
+using namespace twell;
+
+namespace {
+
+struct FfnCase {
+  std::string name;
+  SparsityParams gen;
+  TwellConfig twell{};
+};
+
+// fp32 accumulation over K terms: relative error ≲ K·2⁻²⁴ in the worst case; 2e-5 is ~30× the
+// typical (√K·2⁻²⁴) error at K ≤ 2048 and still 50× below a single bf16 rounding (2⁻⁸).
+constexpr double kFp32Tol = 2e-5;
+
+struct Inputs {
+  GeneratedFfn g;
+  FfnWeights w;
+  CMatrixF x;
+};
+
+Inputs make(const SparsityParams& p) {
+  Inputs in;
+  in.g = generate_ffn(p);
+  const std::int64_t M = p.m, K = p.k, N = p.n;
+  in.x = CMatrixF(in.g.x.data<float>(), M, K);
+  if (p.gated) in.w.w_gate = CMatrixF(in.g.w_gate.data<float>(), N, K);
+  in.w.w_up = CMatrixF(in.g.w_up.data<float>(), N, K);
+  in.w.w_down = CMatrixF(in.g.w_down.data<float>(), K, N);
+  return in;
+}
+
+class CpuFfn : public ::testing::TestWithParam<FfnCase> {};
+
+TEST_P(CpuFfn, DenseMatchesReference) {
+  SparsityParams p = GetParam().gen;
+  p.seed = test::fresh_seed();
+  Inputs in = make(p);
+  std::vector<float> y = test::poisoned(static_cast<std::size_t>(p.m * p.k));
+  cpu::ffn_dense(in.x, in.w, MatrixF(y.data(), p.m, p.k));
+  const auto ref = ref::ffn_forward(in.x, in.w);
+  EXPECT_LE(test::rel_err(y, ref), kFp32Tol);
+}
+
+TEST_P(CpuFfn, SparseMatchesReferenceOnEveryRow) {
+  SparsityParams p = GetParam().gen;
+  p.seed = test::fresh_seed();
+  Inputs in = make(p);
+  const cpu::PreparedFfn prep = cpu::prepare_ffn(in.w);
+  std::vector<float> y = test::poisoned(static_cast<std::size_t>(p.m * p.k));
+  const auto info = cpu::ffn_sparse(in.x, prep, MatrixF(y.data(), p.m, p.k), GetParam().twell);
+  std::vector<double> bound;
+  const auto ref = ref::ffn_forward(in.x, in.w, {}, {}, &bound);
+  // Per row: the error may not exceed what storing the activation in bf16 can cause (a rigorous
+  // bound from the reference) plus fp32 accumulation. Empty rows must be exactly zero.
+  for (std::int64_t m = 0; m < p.m; ++m) {
+    double err = 0, nrm = 0;
+    for (std::int64_t k = 0; k < p.k; ++k) {
+      const double r = ref[static_cast<std::size_t>(m * p.k + k)];
+      const double d = y[static_cast<std::size_t>(m * p.k + k)] - r;
+      err += d * d;
+      nrm += r * r;
+    }
+    ASSERT_FALSE(std::isnan(err)) << "row " << m << " has NaN (unwritten?)";
+    ASSERT_LE(std::sqrt(err), bound[static_cast<std::size_t>(m)] + kFp32Tol * std::sqrt(nrm)) << "row " << m;
+  }
+  // And against the reference that rounds the activation like TwELL does: fp32-level agreement
+  // everywhere except the rare element whose fp32 and fp64 values round to different bf16.
+  ref::Options opt;
+  opt.round_activation_bf16 = true;
+  const auto ref_rounded = ref::ffn_forward(in.x, in.w, {}, opt);
+  EXPECT_LE(test::rel_err(y, ref_rounded), 1e-3);
+  EXPECT_EQ(info.stats.rows, p.m);
+}
+
+TEST_P(CpuFfn, OverflowRowsAreExact) {
+  // Force overflow with a tiny tile capacity and compare overflowed rows alone.
+  SparsityParams p = GetParam().gen;
+  p.seed = test::fresh_seed();
+  Inputs in = make(p);
+  const cpu::PreparedFfn prep = cpu::prepare_ffn(in.w);
+  const TwellConfig tiny{16, 8};  // capacity 1 per 16 columns
+  const TwellMatrix g = cpu::ffn_gate_twell(in.x, p.gated ? in.w.w_gate : in.w.w_up, tiny);
+  ASSERT_NO_THROW(twell_validate(g));
+  std::vector<float> y_tiny = test::poisoned(static_cast<std::size_t>(p.m * p.k));
+  std::vector<float> y_wide = test::poisoned(static_cast<std::size_t>(p.m * p.k));
+  cpu::ffn_sparse(in.x, prep, MatrixF(y_tiny.data(), p.m, p.k), tiny);
+  cpu::ffn_sparse(in.x, prep, MatrixF(y_wide.data(), p.m, p.k), TwellConfig{256, 1});  // never overflows
+  // The two configurations compute the same bf16 activations, so the results agree to fp32 rounding.
+  std::vector<double> wide(y_wide.begin(), y_wide.end());
+  EXPECT_LE(test::rel_err(y_tiny, wide), kFp32Tol);
+  if (p.density >= 0.05) {
+    EXPECT_GT(g.overflow_rows.size(), 0u);
+  }
+}
+
+SparsityParams sp(std::int64_t m, std::int64_t k, std::int64_t n, double d, bool gated = true, double hot = 0.0) {
+  SparsityParams p;
+  p.m = m;
+  p.k = k;
+  p.n = n;
+  p.density = d;
+  p.gated = gated;
+  p.hot_rows = hot;
+  p.hot_density = 0.3;
+  return p;
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, CpuFfn,
+                         ::testing::Values(FfnCase{"m1", sp(1, 64, 300, 0.05)}, FfnCase{"m7_n1000", sp(7, 40, 1000, 0.02)},
+                                           FfnCase{"m33_tail_n", sp(33, 48, 257, 0.1)},
+                                           FfnCase{"hot_rows_overflow", sp(64, 64, 600, 0.08, true, 0.1)},
+                                           FfnCase{"nongated", sp(40, 32, 520, 0.05, false)},
+                                           FfnCase{"nongated_hot", sp(64, 24, 300, 0.1, false, 0.2)},
+                                           FfnCase{"dense_10pct", sp(17, 36, 700, 0.2)},
+                                           FfnCase{"wide_n70000", sp(3, 16, 70000, 0.003)},
+                                           FfnCase{"small_tiles", sp(20, 32, 200, 0.1), TwellConfig{32, 4}}),
+                         [](const auto& info) { return info.param.name; });
+
+TEST(CpuFfnEdges, AllZeroAndAllActiveRows) {
+  // Hand-built inputs: row 0 activates nothing (gate < 0 everywhere), row 1 activates every neuron.
+  const std::int64_t M = 3, K = 4, N = 300;
+  test::Rng rng(test::fresh_seed());
+  std::vector<float> x = {1, 0, 0, 0, /**/ 0, 1, 0, 0, /**/ 0.5f, 0.5f, 0.3f, -0.2f};
+  std::vector<float> wg(static_cast<std::size_t>(N * K)), wu = test::random_matrix(rng, N, K), wd = test::random_matrix(rng, K, N);
+  for (std::int64_t n = 0; n < N; ++n) {
+    wg[static_cast<std::size_t>(n * K + 0)] = -1.0f - static_cast<float>(rng.uniform());  // row 0: all negative
+    wg[static_cast<std::size_t>(n * K + 1)] = 0.5f + static_cast<float>(rng.uniform());   // row 1: all positive
+    wg[static_cast<std::size_t>(n * K + 2)] = rng.normal();
+    wg[static_cast<std::size_t>(n * K + 3)] = rng.normal();
+  }
+  FfnWeights w{CMatrixF(wg.data(), N, K), CMatrixF(wu.data(), N, K), CMatrixF(wd.data(), K, N)};
+  const auto prep = cpu::prepare_ffn(w);
+  std::vector<float> y = test::poisoned(static_cast<std::size_t>(M * K));
+  const auto info = cpu::ffn_sparse(CMatrixF(x.data(), M, K), prep, MatrixF(y.data(), M, K));
+  EXPECT_EQ(info.stats.empty_rows, 1);
+  EXPECT_EQ(info.stats.max_row_nnz, N);
+  EXPECT_GE(info.stats.overflow_rows, 1);
+  for (std::int64_t k = 0; k < K; ++k) EXPECT_EQ(y[static_cast<std::size_t>(k)], 0.0f);  // exactly zero
+  ref::Options opt;
+  opt.round_activation_bf16 = true;
+  const auto ref = ref::ffn_forward(CMatrixF(x.data(), M, K), w, {}, opt);
+  EXPECT_LE(test::rel_err(y, ref), 1e-3);
+}
+
+TEST(CpuFfnEdges, ShapeErrors) {
+  std::vector<float> a(100, 1.0f);
+  FfnWeights w{CMatrixF(a.data(), 5, 4), CMatrixF(a.data(), 5, 4), CMatrixF(a.data(), 4, 5)};
+  std::vector<float> y(100);
+  EXPECT_THROW(cpu::ffn_dense(CMatrixF(a.data(), 2, 3), w, MatrixF(y.data(), 2, 3)), Error);  // K mismatch
+  FfnWeights bad_down = w;
+  bad_down.w_down = CMatrixF(a.data(), 5, 4);  // [N, K] instead of [K, N]
+  EXPECT_THROW(cpu::ffn_dense(CMatrixF(a.data(), 2, 4), bad_down, MatrixF(y.data(), 2, 4)), Error);
+  FfnWeights bad_gate = w;
+  bad_gate.w_gate = CMatrixF(a.data(), 6, 4);
+  EXPECT_THROW(cpu::prepare_ffn(bad_gate), Error);
+  EXPECT_THROW(cpu::ffn_dense(CMatrixF(a.data(), 2, 4), w, MatrixF(y.data(), 3, 4)), Error);  // y shape
+}
+
+}  // namespace

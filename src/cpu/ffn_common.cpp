@@ -25,6 +25,7 @@ void ffn_check_shapes(CMatrixF x, const FfnWeights& w) {
 namespace cpu {
 
 PreparedFfn prepare_ffn(const FfnWeights& w) {
+  ffn_check_shapes(CMatrixF(w.w_up.data, 1, w.w_up.cols), w);  // the weights alone (x of one row)
   PreparedFfn p;
   p.w = w;
   const std::int64_t K = w.hidden(), N = w.intermediate();
