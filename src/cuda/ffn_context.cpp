@@ -44,7 +44,7 @@ void FfnContext::upload_weights(const FfnWeights& w, cudaStream_t stream) {
               "w_gate must be [N, K] = [{}, {}]; got [{}, {}]", n_, k_, w.w_gate.rows, w.w_gate.cols);
   TWELL_CHECK(k_ >= 8 && k_ % 8 == 0, ErrorCode::unsupported,
               "the CUDA path needs the hidden size K to be a multiple of 8 (got K = {})", k_);
-  TWELL_CHECK(k_ <= 32768, ErrorCode::unsupported, "the CUDA path supports K ≤ 32768 (got K = {})", k_);
+  TWELL_CHECK(k_ <= 16384, ErrorCode::unsupported, "the CUDA path supports K ≤ 16384 (got K = {})", k_);
   TWELL_CHECK(n_ >= 1 && n_ < (std::int64_t{1} << 31), ErrorCode::unsupported, "N = {} out of range", n_);
   ldn_ = round_up(n_, 8);
 

@@ -130,7 +130,7 @@ __global__ void __launch_bounds__(kPackWarps * 32) twell_pack_kernel(TwellPackPa
 // list in shared memory, (2) every warp computes its K-slice of ⟨x, Wu[n]⟩ for all entries (many
 // independent loads in flight), (3) partial sums are combined into h = g·u, (4) y += h·Wdᵀ[n].
 constexpr int kListCap = kTwellTile;  // a single tile (≤ 256 non-zeros) always fits one window
-constexpr int kMaxUpDownThreads = 512;  // caps registers at 128/thread: no spills for CH ≤ 8
+constexpr int kMaxUpDownThreads = 512;  // caps registers at 128/thread: no spills for CH ≤ 4
 
 template <int CH>
 __device__ __forceinline__ void load_row(const __nv_bfloat16* row, int tid, int nthreads, int kchunks, uint4 (&v)[CH]) {
@@ -167,7 +167,7 @@ __device__ __forceinline__ void axpy8(float h, const uint4& w, float* acc) {
 template <int CH, bool GATED>
 __global__ void __launch_bounds__(kMaxUpDownThreads) twell_up_down_kernel(TwellUpDownParams p) {
   constexpr int kUnroll = CH <= 2 ? 4 : (CH == 4 ? 2 : 1);  // entries whose weight rows are in flight together
-  static_assert(CH >= 1 && CH <= 8, "CH: 16-byte chunks per thread");
+  static_assert(CH >= 1 && CH <= 4, "CH: 16-byte chunks per thread");
   extern __shared__ __align__(16) unsigned char smem_raw[];
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
   const int nthreads = blockDim.x, nwarps = nthreads / 32;
@@ -383,10 +383,8 @@ void launch_twell_up_down(const TwellUpDownParams& p, cudaStream_t stream) {
     p.gated ? launch_up_down_t<2, true>(p, threads_for(2), stream) : launch_up_down_t<2, false>(p, threads_for(2), stream);
   } else if (threads_for(4) <= kMaxUpDownThreads) {
     p.gated ? launch_up_down_t<4, true>(p, threads_for(4), stream) : launch_up_down_t<4, false>(p, threads_for(4), stream);
-  } else if (threads_for(8) <= kMaxUpDownThreads) {
-    p.gated ? launch_up_down_t<8, true>(p, threads_for(8), stream) : launch_up_down_t<8, false>(p, threads_for(8), stream);
   } else {
-    detail::raise(ErrorCode::unsupported, "twell up/down: K = {} exceeds the supported 32768", p.k);
+    detail::raise(ErrorCode::unsupported, "twell up/down: K = {} exceeds the supported 16384", p.k);
   }
 }
 

@@ -1,0 +1,281 @@
+// twell_bench_cuda: times the CUDA FFN paths against the dense cuBLASLt FFN in one process on the
+// same inputs (twell::generate_ffn, DESIGN §7), and checks every point against the float64 oracle on
+// sampled rows. Prints a table and writes JSON (--json PATH).
+//
+//   twell_bench_cuda [--quick] [--json out.json] [--reps 20] [--warmup 5]
+//
+// Per point: gate = gate GEMM + TwELL packing; gemm = the cuBLASLt GEMM of the gate's shape alone;
+// rest = the sparse remainder (fused up+down, or sparse down); sparse = gate + rest (forced);
+// auto = the dispatched path (includes the host read of the count); dense = cuBLASLt FFN.
+// Times are medians over reps of CUDA-event intervals.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <ctime>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "cuda/common/check.hpp"
+#include "cuda/common/device_buffer.hpp"
+#include "cuda/ffn_context.hpp"
+#include "twell/cpu/reference.hpp"
+#include "twell/sparsity_gen.hpp"
+
+using namespace twell;
+using namespace twell::cuda;
+
+namespace {
+
+struct Point {
+  std::string mode;  // "uni", "hot", "nongated"
+  std::int64_t m;
+  double density;
+  double hot_rows = 0, hot_density = 0.12;
+  bool gated = true;
+};
+
+template <typename F>
+double median_ms(int warmup, int reps, cudaStream_t s, F&& body) {
+  cudaEvent_t a, b;
+  TWELL_CUDA_CHECK(cudaEventCreate(&a));
+  TWELL_CUDA_CHECK(cudaEventCreate(&b));
+  for (int i = 0; i < warmup; ++i) body();
+  TWELL_CUDA_CHECK(cudaStreamSynchronize(s));
+  std::vector<float> t;
+  for (int i = 0; i < reps; ++i) {
+    TWELL_CUDA_CHECK(cudaEventRecord(a, s));
+    body();
+    TWELL_CUDA_CHECK(cudaEventRecord(b, s));
+    TWELL_CUDA_CHECK(cudaEventSynchronize(b));
+    float ms = 0;
+    TWELL_CUDA_CHECK(cudaEventElapsedTime(&ms, a, b));
+    t.push_back(ms);
+  }
+  cudaEventDestroy(a);
+  cudaEventDestroy(b);
+  std::sort(t.begin(), t.end());
+  return t[t.size() / 2];
+}
+
+std::vector<float> download(const __nv_bfloat16* p, std::size_t n) {
+  std::vector<std::uint16_t> b(n);
+  TWELL_CUDA_CHECK(cudaMemcpy(b.data(), p, n * 2, cudaMemcpyDeviceToHost));
+  std::vector<float> f(n);
+  for (std::size_t i = 0; i < n; ++i) f[i] = to_float(bf16{b[i]});
+  return f;
+}
+
+double sampled_error(const std::vector<float>& y, CMatrixF x, const FfnWeights& w, bool round_act,
+                     const std::vector<std::int64_t>& rows) {
+  ref::Options o;
+  o.round_activation_bf16 = round_act;
+  const auto r = ref::ffn_forward(x, w, rows, o);
+  const std::int64_t k = w.hidden();
+  double worst = 0;
+  for (std::size_t i = 0; i < rows.size(); ++i)
+    worst = std::max(worst, ref::rel_error(y.data() + rows[i] * k, r.data() + static_cast<std::int64_t>(i) * k, k));
+  return worst;
+}
+
+std::string git_commit() {
+  std::string c = "unknown";
+  if (FILE* f = popen("git rev-parse --short HEAD 2>/dev/null", "r")) {
+    char buf[64] = {0};
+    if (fgets(buf, sizeof buf, f)) c = std::string(buf, strcspn(buf, "\n"));
+    pclose(f);
+  }
+  return c;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  bool quick = false;
+  std::string json_path;
+  int reps = 20, warmup = 5;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--quick") quick = true;
+    else if (a == "--json" && i + 1 < argc) json_path = argv[++i];
+    else if (a == "--reps" && i + 1 < argc) reps = std::stoi(argv[++i]);
+    else if (a == "--warmup" && i + 1 < argc) warmup = std::stoi(argv[++i]);
+    else {
+      std::fprintf(stderr, "usage: twell_bench_cuda [--quick] [--json PATH] [--reps N] [--warmup N]\n");
+      return 2;
+    }
+  }
+  try {
+    const DeviceInfo dev = query_device();
+    if (!dev.available) {
+      std::fprintf(stderr, "twell_bench_cuda: no CUDA device (%s)\n", dev.reason.c_str());
+      return 1;
+    }
+    cudaStream_t s;
+    TWELL_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+
+    // Measured ceilings: device-to-device copy bandwidth (bytes read + written).
+    double copy_tbs = 0;
+    {
+      const std::size_t bytes = std::size_t{1} << 30;
+      DeviceBuffer<unsigned char> a(bytes), b(bytes);
+      TWELL_CUDA_CHECK(cudaMemsetAsync(a.get(), 1, bytes, s));
+      const double ms = median_ms(2, 10, s, [&] { TWELL_CUDA_CHECK(cudaMemcpyAsync(b.get(), a.get(), bytes, cudaMemcpyDeviceToDevice, s)); });
+      copy_tbs = 2.0 * static_cast<double>(bytes) / (ms * 1e-3) / 1e12;
+    }
+
+    const std::int64_t K = 2048, N = 5632;
+    std::vector<Point> pts;
+    std::vector<std::int64_t> ms = quick ? std::vector<std::int64_t>{16384} : std::vector<std::int64_t>{16384, 131072};
+    for (std::int64_t m : ms) {
+      for (double d : {0.005, 0.01, 0.03, 0.10}) pts.push_back({"uni", m, d});
+      pts.push_back({"hot", m, 0.01, 0.03, 0.12});
+      pts.push_back({"nongated", m, 0.005, 0, 0.12, false});
+      if (!quick) pts.push_back({"nongated", m, 0.01, 0, 0.12, false});
+    }
+    pts.push_back({"uni", 64, 0.005});
+    pts.push_back({"uni", 1, 0.005});
+
+    std::printf("device %s, %d SMs, L2 %lld MB; D2D copy %.2f TB/s; K=%lld N=%lld; commit %s\n", dev.name.c_str(),
+                dev.sm_count, static_cast<long long>(dev.l2_bytes >> 20), copy_tbs, static_cast<long long>(K),
+                static_cast<long long>(N), git_commit().c_str());
+    nlohmann::json out;
+    out["device"] = dev.name;
+    out["sm_count"] = dev.sm_count;
+    out["l2_bytes"] = dev.l2_bytes;
+    out["copy_tb_s"] = copy_tbs;
+    out["commit"] = git_commit();
+    {
+      std::time_t now = std::time(nullptr);
+      char buf[64];
+      std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&now));
+      out["date"] = buf;
+    }
+    out["k"] = K;
+    out["n"] = N;
+    out["reps"] = reps;
+    out["points"] = nlohmann::json::array();
+
+    std::vector<std::string> lines;
+    char hdr[512];
+    std::snprintf(hdr, sizeof hdr, "%7s %-8s %6s | %7s %7s %7s | %7s %7s %7s %7s | %6s %6s | %8s %8s | %6s %6s | %s", "M",
+                  "mode", "nnz%", "gemm", "gate", "rest", "sparse", "auto", "dense", "TF/s", "xsprs", "xauto", "err_sp",
+                  "err_dn", "ovf_t", "ovf_r", "path");
+    lines.push_back(hdr);
+    for (const Point& pt : pts) {
+      SparsityParams sp;
+      sp.m = pt.m;
+      sp.k = K;
+      sp.n = N;
+      sp.density = pt.density;
+      sp.hot_rows = pt.hot_rows;
+      sp.hot_density = pt.hot_density;
+      sp.gated = pt.gated;
+      sp.seed = 1234 + static_cast<std::uint64_t>(pt.m);
+      const GeneratedFfn g = generate_ffn(sp);
+      // Round inputs to bf16 on the host so the reference sees exactly what the GPU sees.
+      auto rounded = [](const HostTensor& t) {
+        std::vector<float> v(static_cast<std::size_t>(t.numel()));
+        const float* p = t.data<float>();
+        for (std::size_t i = 0; i < v.size(); ++i) v[i] = round_bf16(p[i]);
+        return v;
+      };
+      const std::vector<float> x = rounded(g.x), wu = rounded(g.w_up), wd = rounded(g.w_down);
+      const std::vector<float> wg = pt.gated ? rounded(g.w_gate) : std::vector<float>{};
+      FfnWeights w;
+      if (pt.gated) w.w_gate = CMatrixF(wg.data(), N, K);
+      w.w_up = CMatrixF(wu.data(), N, K);
+      w.w_down = CMatrixF(wd.data(), K, N);
+      const CMatrixF xv(x.data(), pt.m, K);
+
+      ContextOptions copt;
+      copt.autotune_gemm = true;
+      FfnContext ctx(copt);
+      ctx.upload_weights(w, s);
+      std::vector<std::uint16_t> xb(x.size());
+      for (std::size_t i = 0; i < x.size(); ++i) xb[i] = to_bf16(x[i]).bits;
+      DeviceBuffer<__nv_bfloat16> dx(xb.size()), y_sp(xb.size()), y_dn(xb.size()), y_auto(xb.size());
+      TWELL_CUDA_CHECK(cudaMemcpy(dx.get(), xb.data(), xb.size() * 2, cudaMemcpyHostToDevice));
+      for (auto* b : {&y_sp, &y_dn, &y_auto}) TWELL_CUDA_CHECK(cudaMemset(b->get(), 0xff, b->bytes()));  // NaN poison
+
+      const std::int64_t m = pt.m;
+      const double t_dense = median_ms(warmup, reps, s, [&] { ctx.dense_forward(dx.get(), m, y_dn.get(), s); });
+      const double t_gemm = median_ms(warmup, reps, s, [&] { ctx.dense_gate_gemm(dx.get(), m, s); });
+      const double t_gate = median_ms(warmup, reps, s, [&] { ctx.gate_twell(dx.get(), m, s); });
+      const double t_rest = median_ms(warmup, reps, s, [&] { ctx.sparse_rest(dx.get(), m, y_sp.get(), s); });
+      const double t_sparse = median_ms(warmup, reps, s, [&] {
+        ctx.gate_twell(dx.get(), m, s);
+        ctx.sparse_rest(dx.get(), m, y_sp.get(), s);
+      });
+      ForwardResult fr;
+      const double t_auto =
+          median_ms(warmup, reps, s, [&] { fr = ctx.forward(dx.get(), m, y_auto.get(), Path::automatic, s); });
+      const TwellCounters cnt = ctx.read_counters(s);
+
+      std::vector<std::int64_t> rows;
+      for (std::int64_t i = 0; i < std::min<std::int64_t>(m, 16); ++i) rows.push_back(i * m / std::min<std::int64_t>(m, 16));
+      rows.back() = m - 1;
+      std::sort(rows.begin(), rows.end());
+      rows.erase(std::unique(rows.begin(), rows.end()), rows.end());
+      const double err_sp = sampled_error(download(y_sp.get(), xb.size()), xv, w, true, rows);
+      const double err_dn = sampled_error(download(y_dn.get(), xb.size()), xv, w, false, rows);
+      const double err_auto = sampled_error(download(y_auto.get(), xb.size()), xv, w, fr.sparse, rows);
+
+      const double density = static_cast<double>(cnt.nnz) / (static_cast<double>(m) * static_cast<double>(N));
+      const double dense_flops = (pt.gated ? 6.0 : 4.0) * static_cast<double>(m) * K * N;
+      const double tflops = dense_flops / (t_dense * 1e-3) / 1e12;
+      const double gemm_tflops = 2.0 * static_cast<double>(m) * K * N / (t_gemm * 1e-3) / 1e12;
+      char line[512];
+      std::snprintf(line, sizeof line,
+                    "%7lld %-8s %6.3f | %7.3f %7.3f %7.3f | %7.3f %7.3f %7.3f %7.0f | %6.2f %6.2f | %8.1e %8.1e | %6llu %6llu | %s",
+                    static_cast<long long>(m), pt.mode.c_str(), 100 * density, t_gemm, t_gate, t_rest, t_sparse, t_auto,
+                    t_dense, tflops, t_dense / t_sparse, t_dense / t_auto, std::max(err_sp, err_auto), err_dn,
+                    static_cast<unsigned long long>(cnt.overflow_tiles), static_cast<unsigned long long>(cnt.overflow_rows),
+                    fr.path.c_str());
+      std::printf("%s\n", line);
+      std::fflush(stdout);
+      lines.push_back(line);
+      out["points"].push_back({{"m", m},
+                               {"mode", pt.mode},
+                               {"gated", pt.gated},
+                               {"target_density", pt.density},
+                               {"hot_rows", pt.hot_rows},
+                               {"hot_density", pt.hot_density},
+                               {"density", density},
+                               {"nnz", cnt.nnz},
+                               {"overflow_tiles", cnt.overflow_tiles},
+                               {"overflow_rows", cnt.overflow_rows},
+                               {"gate_gemm_ms", t_gemm},
+                               {"gate_gemm_tflops", gemm_tflops},
+                               {"gate_twell_ms", t_gate},
+                               {"sparse_rest_ms", t_rest},
+                               {"sparse_total_ms", t_sparse},
+                               {"auto_total_ms", t_auto},
+                               {"auto_path", fr.path},
+                               {"dense_ms", t_dense},
+                               {"dense_tflops", tflops},
+                               {"speedup_sparse", t_dense / t_sparse},
+                               {"speedup_auto", t_dense / t_auto},
+                               {"err_sparse", err_sp},
+                               {"err_auto", err_auto},
+                               {"err_dense", err_dn},
+                               {"check_rows", rows.size()}});
+    }
+    std::printf("\n");
+    for (const auto& l : lines) std::printf("%s\n", l.c_str());
+    if (!json_path.empty()) {
+      std::ofstream f(json_path);
+      f << out.dump(2) << "\n";
+    }
+    cudaStreamDestroy(s);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "twell_bench_cuda: %s\n", e.what());
+    return 1;
+  }
+  return 0;
+}

@@ -1,0 +1,230 @@
+// CUDA FFN inference vs the float64 CPU oracle (twell::ref::ffn_forward), and the GPU-built TwELL
+// words vs the host encoder (twell::twell_encode), over shapes that hit the edges: one row, rows
+// straddling 256, N not a multiple of the tile, K not a multiple of 64, empty rows, all-active rows,
+// hot rows that overflow tiles, S = 32 and 64.
+//
+// Tolerance (max over compared rows of ‖y − y_ref‖₂ / ‖y_ref‖₂): 1e-2. Reasoning: inputs are
+// bf16-exact, so the GPU differs from the float64 reference only by (a) fp32 accumulation over
+// K ≤ 4096 or N terms (~1e-6 relative), (b) y rounded to bf16 once (≤ 2⁻⁹ per element), (c) on the
+// dense path h = g ⊙ u stored in bf16 (≤ 2⁻⁹ per term, reference run without activation rounding),
+// (d) on the sparse path g rounded to bf16 from an fp32 rather than fp64 value (the reference rounds
+// g too, round_activation_bf16 = true): at most one bf16 ulp (2⁻⁸) on rare terms. (b)+(c)+(d) stay
+// below ~5e-3 per row; 1e-2 leaves a 2× margin while a single wrong or missing non-zero (each term
+// carries ~1/sqrt(nnz) of the row's norm) or a garbage row fails by orders of magnitude. An empty
+// row must be exactly zero (rel_error is then ∞ for any non-zero output).
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <vector>
+
+#include "cuda/common/device_buffer.hpp"
+#include "cuda/ffn_context.hpp"
+#include "cuda_test_util.hpp"
+#include "twell/cpu/reference.hpp"
+#include "twell/twell_format.hpp"
+
+namespace twell::cuda::test {
+namespace {
+
+constexpr double kTol = 1e-2;
+constexpr std::size_t kGuard = 256;              // guard elements after every output buffer
+constexpr std::uint16_t kGuardBits = 0x7e7e;     // a bf16 sentinel no kernel writes by chance
+constexpr std::uint16_t kPoisonBits = 0xffff;    // bf16 NaN
+
+std::vector<std::uint16_t> to_bf16_bits(const std::vector<float>& v) {
+  std::vector<std::uint16_t> o(v.size());
+  for (std::size_t i = 0; i < v.size(); ++i) o[i] = to_bf16(v[i]).bits;
+  return o;
+}
+
+struct Outputs {
+  std::vector<float> y;
+  bool guard_ok = true;
+};
+
+// Runs `body(y)` on a poisoned y [m, k] followed by guard elements, downloads y and checks guards.
+template <typename F>
+Outputs run_poisoned(std::int64_t m, std::int64_t k, cudaStream_t s, F&& body) {
+  const std::size_t n = static_cast<std::size_t>(m * k);
+  DeviceBuffer<__nv_bfloat16> y(n + kGuard);
+  std::vector<std::uint16_t> init(n + kGuard, kPoisonBits);
+  std::fill(init.begin() + static_cast<std::ptrdiff_t>(n), init.end(), kGuardBits);
+  EXPECT_EQ(cudaMemcpy(y.get(), init.data(), init.size() * 2, cudaMemcpyHostToDevice), cudaSuccess);
+  body(y.get());
+  EXPECT_EQ(cudaStreamSynchronize(s), cudaSuccess);
+  std::vector<std::uint16_t> out(n + kGuard);
+  EXPECT_EQ(cudaMemcpy(out.data(), y.get(), out.size() * 2, cudaMemcpyDeviceToHost), cudaSuccess);
+  Outputs o;
+  o.y.resize(n);
+  for (std::size_t i = 0; i < n; ++i) o.y[i] = to_float(bf16{out[i]});
+  for (std::size_t i = n; i < out.size(); ++i) o.guard_ok &= out[i] == kGuardBits;
+  return o;
+}
+
+double max_err_rows(const std::vector<float>& y, const std::vector<double>& ref, const std::vector<std::int64_t>& rows,
+                    std::int64_t k, std::int64_t* worst_row) {
+  double worst = 0;
+  for (std::size_t i = 0; i < rows.size(); ++i) {
+    const double e = ref::rel_error(y.data() + rows[i] * k, ref.data() + static_cast<std::int64_t>(i) * k, k);
+    if (!(e <= worst)) {
+      worst = e;
+      *worst_row = rows[i];
+    }
+  }
+  return worst;
+}
+
+class CudaFfn : public ::testing::TestWithParam<FfnCase> {
+ protected:
+  void SetUp() override { TWELL_REQUIRE_GPU(); }
+};
+
+TEST_P(CudaFfn, MatchesReferenceAndHostEncoder) {
+  const FfnCase c = GetParam();
+  const FfnData d = make_ffn(c);
+  const FfnWeights w = d.weights();
+  cudaStream_t s;
+  ASSERT_EQ(cudaStreamCreate(&s), cudaSuccess);
+
+  ContextOptions opt;
+  opt.twell.compression = c.compression;
+  FfnContext ctx(opt);
+  ctx.upload_weights(w, s);
+  const auto xb = to_bf16_bits(d.x);
+  DeviceBuffer<__nv_bfloat16> x(xb.size());
+  ASSERT_EQ(cudaMemcpy(x.get(), xb.data(), xb.size() * 2, cudaMemcpyHostToDevice), cudaSuccess);
+
+  // --- gate → TwELL: words, counts and overflow flags must equal the host encoder's on the same g ---
+  {
+    const std::size_t words_n = static_cast<std::size_t>(c.m * ctx.tiles() * ctx.words_per_tile());
+    ctx.gate_twell(x.get(), c.m, s);
+    const TwellCounters cnt = ctx.read_counters(s);
+    std::vector<std::uint16_t> gb(static_cast<std::size_t>(c.m * ctx.ldn()));
+    ASSERT_EQ(cudaMemcpy(gb.data(), ctx.gate_values(), gb.size() * 2, cudaMemcpyDeviceToHost), cudaSuccess);
+    std::vector<float> g(static_cast<std::size_t>(c.m * c.n));
+    for (std::int64_t r = 0; r < c.m; ++r)
+      for (std::int64_t col = 0; col < c.n; ++col)
+        g[static_cast<std::size_t>(r * c.n + col)] = to_float(bf16{gb[static_cast<std::size_t>(r * ctx.ldn() + col)]});
+    const TwellMatrix host = twell_encode(CMatrixF(g.data(), c.m, c.n), opt.twell, /*relu=*/true);
+    twell_validate(host);
+    std::vector<std::uint32_t> words(words_n);
+    ASSERT_EQ(cudaMemcpy(words.data(), ctx.twell_words(), words_n * 4, cudaMemcpyDeviceToHost), cudaSuccess);
+    ASSERT_EQ(host.words.size(), words.size());
+    std::size_t first_bad = words.size();
+    for (std::size_t i = 0; i < words.size(); ++i)
+      if (words[i] != host.words[i]) {
+        first_bad = i;
+        break;
+      }
+    EXPECT_EQ(first_bad, words.size()) << "GPU TwELL word differs from the host encoder at word " << first_bad;
+    EXPECT_EQ(static_cast<std::int64_t>(cnt.nnz), host.nnz());
+    EXPECT_EQ(static_cast<std::int64_t>(cnt.overflow_tiles), host.overflow_tiles);
+    EXPECT_EQ(static_cast<std::int64_t>(cnt.overflow_rows), static_cast<std::int64_t>(host.overflow_rows.size()));
+    std::vector<std::uint8_t> flags(static_cast<std::size_t>(c.m));
+    ASSERT_EQ(cudaMemcpy(flags.data(), ctx.row_overflow(), flags.size(), cudaMemcpyDeviceToHost), cudaSuccess);
+    std::vector<std::int64_t> flagged;
+    for (std::int64_t r = 0; r < c.m; ++r)
+      if (flags[static_cast<std::size_t>(r)]) flagged.push_back(r);
+    EXPECT_EQ(flagged, host.overflow_rows);
+    RecordProperty("nnz", std::to_string(host.nnz()));
+    RecordProperty("overflow_rows", std::to_string(host.overflow_rows.size()));
+    std::printf("[case %s] nnz %lld (%.3f%%), overflow tiles %lld, overflow rows %zu\n", c.name.c_str(),
+                static_cast<long long>(host.nnz()), 100.0 * static_cast<double>(host.nnz()) / static_cast<double>(c.m * c.n),
+                static_cast<long long>(host.overflow_tiles), host.overflow_rows.size());
+  }
+
+  // --- y through each path vs the float64 oracle on sampled rows ---
+  const auto rows = sample_rows(d, c.n * c.k > 20'000'000 ? 24 : 64, c.seed + 7);
+  ref::Options rounded;
+  rounded.round_activation_bf16 = true;
+  const auto ref_sparse = ref::ffn_forward(d.xv(), w, rows, rounded);
+  const auto ref_dense = ref::ffn_forward(d.xv(), w, rows, {});
+  struct P {
+    const char* name;
+    Path path;
+    const std::vector<double>* ref;
+  };
+  for (const P& p : {P{"sparse", Path::sparse, &ref_sparse}, P{"dense", Path::dense, &ref_dense},
+                     P{"automatic", Path::automatic, nullptr}}) {
+    ForwardResult fr;
+    const Outputs o = run_poisoned(c.m, c.k, s, [&](__nv_bfloat16* y) { fr = ctx.forward(x.get(), c.m, y, p.path, s); });
+    EXPECT_TRUE(o.guard_ok) << p.name << ": write past the end of y";
+    const std::vector<double>& r = p.ref ? *p.ref : (fr.sparse ? ref_sparse : ref_dense);
+    std::int64_t worst_row = -1;
+    const double err = max_err_rows(o.y, r, rows, c.k, &worst_row);
+    EXPECT_LE(err, kTol) << p.name << " path (" << fr.path << "): worst row " << worst_row;
+    std::printf("[case %s] %-9s path \"%s\": max row rel err %.2e over %zu rows\n", c.name.c_str(), p.name,
+                fr.path.c_str(), err, rows.size());
+  }
+  cudaStreamDestroy(s);
+}
+
+std::vector<FfnCase> cases() {
+  std::vector<FfnCase> v;
+  auto add = [&](FfnCase c) { v.push_back(c); };
+  // name, m, n, k, density, gated, hot_rows, hot_density, zero_rows, full_rows, compression, seed
+  add({"m1_n5632_k2048_d0p5", 1, 5632, 2048, 0.005});
+  add({"m7_n1000_k520_d5", 7, 1000, 520, 0.05});
+  add({"m64_n8192_k1024_d1", 64, 8192, 1024, 0.01});
+  add({"m255_n11008_k4096_d0p5", 255, 11008, 4096, 0.005});
+  add({"m256_n5632_k2048_d0", 256, 5632, 2048, 0.0});
+  add({"m257_n70000_k520_d2", 257, 70000, 520, 0.02, true, 0.0, 0.3, 2, 1});
+  add({"m1000_n1000_k1024_d20", 1000, 1000, 1024, 0.20});
+  add({"m1000_n5632_k2048_hot", 1000, 5632, 2048, 0.01, true, 0.05, 0.3, 3, 3});
+  add({"m300_n5632_k1024_hot_c4", 300, 5632, 1024, 0.01, true, 0.1, 0.4, 1, 1, 4});
+  add({"m16384_n5632_k2048_d0p5_hot", 16384, 5632, 2048, 0.005, true, 0.03, 0.12});
+  add({"nongated_m257_n5632_k2048_d1", 257, 5632, 2048, 0.01, false});
+  add({"nongated_m64_n1000_k520_d20_full", 64, 1000, 520, 0.20, false, 0.0, 0.3, 2, 2});
+  add({"nongated_m1000_n8192_k4096_hot", 1000, 8192, 4096, 0.005, false, 0.05, 0.25});
+  return v;
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, CudaFfn, ::testing::ValuesIn(cases()),
+                         [](const ::testing::TestParamInfo<FfnCase>& i) { return i.param.name; });
+
+// The host API (what the CLI calls): exact result, path and counts reported.
+TEST(CudaHostApi, InferHostMatchesReference) {
+  TWELL_REQUIRE_GPU();
+  FfnCase c{"host_api", 129, 2000, 520, 0.03, true, 0.1, 0.5, 1, 1};
+  const FfnData d = make_ffn(c);
+  std::vector<float> y(static_cast<std::size_t>(c.m * c.k), std::nanf(""));
+  InferenceOptions opt;
+  opt.path = Path::sparse;
+  const InferenceReport rep = ffn_infer_host(d.xv(), d.weights(), MatrixF(y.data(), c.m, c.k), opt);
+  ref::Options rounded;
+  rounded.round_activation_bf16 = true;
+  const auto r = ref::ffn_forward(d.xv(), d.weights(), {}, rounded);
+  EXPECT_LE(ref::max_row_rel_error(y.data(), r.data(), c.m, c.k), kTol);
+  EXPECT_GT(rep.nnz, 0);
+  EXPECT_GT(rep.overflow_rows, 0);  // the hot rows overflow S − 1 = 31
+  EXPECT_FALSE(rep.path.empty());
+}
+
+TEST(CudaHostApi, RejectsKNotMultipleOf8) {
+  TWELL_REQUIRE_GPU();
+  FfnCase c{"bad_k", 4, 300, 20, 0.1};
+  const FfnData d = make_ffn(c);
+  std::vector<float> y(static_cast<std::size_t>(c.m * c.k));
+  try {
+    ffn_infer_host(d.xv(), d.weights(), MatrixF(y.data(), c.m, c.k));
+    FAIL() << "K = 20 accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::unsupported);
+  }
+}
+
+TEST(CudaHostApi, QueryDeviceReportsProperties) {
+  const DeviceInfo d = query_device();
+  if (!d.available) {
+    EXPECT_FALSE(d.reason.empty());
+    GTEST_SKIP() << d.reason;
+  }
+  EXPECT_GT(d.sm_count, 0);
+  EXPECT_GT(d.l2_bytes, 0);
+  EXPECT_FALSE(d.name.empty());
+}
+
+}  // namespace
+}  // namespace twell::cuda::test
