@@ -188,16 +188,19 @@ Header parse_header(std::string_view text, std::uint64_t data_size, const std::s
 
     const json& js = v["shape"];
     if (!js.is_array()) fail(ErrorCode::corrupt, "{}: tensor '{}': shape must be an array", what, name);
-    // numel · size must fit the buffer; the product is bounded as it grows so it cannot overflow.
-    unsigned __int128 bytes = info->size;
+    // numel · size, saturating: a product past 2^64 is reported as such instead of wrapping around.
+    std::uint64_t bytes = info->size;
+    bool too_big = false, has_zero = false;
     for (const json& d : js) {
       const std::uint64_t dim = checked_offset(d, what, name, "shape");
       if (dim > static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max()))
         fail(ErrorCode::corrupt, "{}: tensor '{}': dimension {} is too large", what, name, dim);
       e.shape.push_back(static_cast<std::int64_t>(dim));
-      bytes *= dim;
-      if (bytes > (static_cast<unsigned __int128>(1) << 64)) bytes = static_cast<unsigned __int128>(1) << 64;
+      has_zero |= dim == 0;
+      if (dim != 0 && bytes > std::numeric_limits<std::uint64_t>::max() / dim) too_big = true;
+      else bytes *= dim;
     }
+    if (has_zero) bytes = 0, too_big = false;
 
     const json& jo = v["data_offsets"];
     if (!jo.is_array() || jo.size() != 2)
@@ -210,11 +213,10 @@ Header parse_header(std::string_view text, std::uint64_t data_size, const std::s
     if (e.end > data_size)
       fail(ErrorCode::corrupt, "{}: tensor '{}': data_offsets [{}, {}] run past the end of the data ({} bytes): the "
            "file is truncated or the offsets are corrupt", what, name, e.begin, e.end, data_size);
-    if (static_cast<unsigned __int128>(e.end - e.begin) != bytes)
+    if (too_big || e.end - e.begin != bytes)
       fail(ErrorCode::corrupt, "{}: tensor '{}': data_offsets [{}, {}] span {} bytes, but shape {} of {} needs {}",
            what, name, e.begin, e.end, e.end - e.begin, shape_str(e.shape), e.file_dtype,
-           bytes >= (static_cast<unsigned __int128>(1) << 64) ? std::string("more than 2^64")
-                                                             : std::to_string(static_cast<std::uint64_t>(bytes)));
+           too_big ? std::string("more than 2^64") : std::to_string(bytes));
     h.entries.push_back(std::move(e));
   }
 

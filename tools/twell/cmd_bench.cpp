@@ -48,6 +48,7 @@ struct BenchArgs {
 };
 
 struct Row {
+  Row(std::string g, std::string p, std::string r) : group(std::move(g)), path(std::move(p)), reference(std::move(r)) {}
   std::string group, path, reference;
   double seconds = 0;      // median
   double speedup = 0;      // dense time / this time (0: not applicable)
@@ -326,7 +327,7 @@ int bench_cpu(BenchArgs& a) {
       const double t0 = now_seconds();
       const cpu::TrainState state = cpu::ffn_train_forward(x, prep, MatrixF(os.y.data<float>(), in.m, in.k), hcfg);
       const double t1 = now_seconds();
-      cpu::ffn_train_backward(x, dy, prep, state, a.l1_coeff, os.grads(), hcfg);
+      cpu::ffn_train_backward(x, dy, prep, state, a.l1_coeff, os.grads());
       bwd_s.push_back(now_seconds() - t1);
       fwd_s.push_back(t1 - t0);
       os.s = state.scalars;
@@ -363,7 +364,7 @@ int bench_cpu(BenchArgs& a) {
       sd.s = cpu::ffn_dense_train(xsv, dysv, w, l1s, MatrixF(sd.y.data<float>(), S, in.k), sd.grads());
       {
         const cpu::TrainState state = cpu::ffn_train_forward(xsv, prep, MatrixF(ss.y.data<float>(), S, in.k), hcfg);
-        cpu::ffn_train_backward(xsv, dysv, prep, state, l1s, ss.grads(), hcfg);
+        cpu::ffn_train_backward(xsv, dysv, prep, state, l1s, ss.grads());
         ss.s = state.scalars;
       }
       td.err = std::max(full_rows(od), train_sub_error(sd, r, in.gated));
@@ -693,7 +694,7 @@ int run_bench(BenchArgs& a) {
   if (!a.json.empty()) check_writable(a.json, "--json");
   std::string why;
   const DeviceKind dev = resolve_device(a.device, &why);
-  if (a.gen.p.m == 0) a.gen.p.m = dev == DeviceKind::cuda ? 16384 : 512;
+  if (a.m_opt->count() == 0) a.gen.p.m = dev == DeviceKind::cuda ? 16384 : 512;
   if (a.in.empty()) a.gen.validate();
   a.fmt.twell();
   a.fmt.hybrid();
@@ -710,7 +711,7 @@ void add_bench_command(CLI::App& root, std::vector<Command>& out) {
   CLI::App* bench = root.add_subcommand("bench", "Benchmarks (see `twell bench ffn --help`)");
   bench->require_subcommand(1);
   auto a = std::make_shared<BenchArgs>();
-  a->gen.p.m = 0;  // automatic: 512 on the CPU, 16384 on a GPU
+  a->gen.p.m = 512;  // without --m: 512 on the CPU, 16384 on a GPU (see run_bench)
   CLI::App* sub = bench->add_subcommand(
       "ffn",
       "Dense vs sparse timing of one FFN layer (default: K=2048, N=5632, the 1.5B model's layer, at 0.5%\n"

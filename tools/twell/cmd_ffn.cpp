@@ -72,7 +72,7 @@ int run_ffn(const FfnArgs& a) {
     if (in.gated) g.dw_gate = MatrixF(dwg.data<float>(), in.n, in.k);
     g.dw_up = MatrixF(dwu.data<float>(), in.n, in.k);
     g.dw_down = MatrixF(dwd.data<float>(), in.k, in.n);
-    cpu::ffn_train_backward(in.x_view(), in.dy_view(), prep, state, l1_coeff, g, hcfg);
+    cpu::ffn_train_backward(in.x_view(), in.dy_view(), prep, state, l1_coeff, g);
     outputs.emplace_back("dx", std::move(dx));
     if (in.gated) outputs.emplace_back("dw_gate", std::move(dwg));
     outputs.emplace_back("dw_up", std::move(dwu));

@@ -34,6 +34,27 @@ int main(int argc, char** argv) {
   twell::cli::add_stats_command(app, commands);
   twell::cli::add_gen_command(app, commands);
 
+  // CLI11 reports a mistyped command as "A subcommand is required"; name it instead.
+  {
+    CLI::App* level = &app;
+    for (int i = 1; i < argc && level; ++i) {
+      const std::string arg = argv[i];
+      if (arg.empty() || arg[0] == '-') break;
+      if (level->get_subcommands({}).empty()) break;
+      CLI::App* next = nullptr;
+      std::string names;
+      for (CLI::App* s : level->get_subcommands({})) {
+        names += (names.empty() ? "" : ", ") + s->get_name();
+        if (s->get_name() == arg) next = s;
+      }
+      if (!next) {
+        print_error("unknown command '" + arg + "' (commands: " + names + "; see `twell --help`)");
+        return 2;
+      }
+      level = next;
+    }
+  }
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {
