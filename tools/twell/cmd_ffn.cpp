@@ -104,9 +104,8 @@ int run_ffn(const FfnArgs& a) {
 
 void add_ffn_command(CLI::App& root, std::vector<Command>& out) {
   auto a = std::make_shared<FfnArgs>();
-  CLI::App* sub = root.add_subcommand(
-      "ffn",
-      "Run one FFN op on tensors from a safetensors file and write the results to a safetensors file.\n"
+  CLI::App* sub = root.add_subcommand("ffn", "Run one FFN op (dense, sparse, train) on tensors from a safetensors file");
+  sub->footer("Run one FFN op on tensors from a safetensors file and write the results to a safetensors file.\n"
       "Inputs (bf16 or fp32, Hugging Face layouts): x [M,K], w_gate [N,K] (absent with --no-gate),\n"
       "w_up [N,K], w_down [K,N]; for --op train also dy [M,K] and optional scalar l1_coeff (default 0).\n"
       "Outputs (fp32): y [M,K]; for train also dx, dw_gate (gated only), dw_up, dw_down, l1, l0, the\n"

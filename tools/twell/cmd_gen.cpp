@@ -67,9 +67,8 @@ int run_gen(GenArgs& a) {
 
 void add_gen_command(CLI::App& root, std::vector<Command>& out) {
   auto a = std::make_shared<GenArgs>();
-  CLI::App* sub = root.add_subcommand(
-      "gen",
-      "Write generated FFN inputs (x, w_gate, w_up, w_down, dy) to a safetensors file for `twell ffn`.\n"
+  CLI::App* sub = root.add_subcommand("gen", "Write generated FFN inputs with realistic sparsity to a safetensors file");
+  sub->footer("Write generated FFN inputs (x, w_gate, w_up, w_down, dy) to a safetensors file for `twell ffn`.\n"
       "ReLU(x w_gate^T) gets the statistics of trained ReLU-sparse models: a mean density, a heavy-tailed\n"
       "spread over rows, optional hot rows, skewed neuron popularity and dead neurons; same seed, same file.");
   sub->add_option("--out", a->out, "Output safetensors file")->required();

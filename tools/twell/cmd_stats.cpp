@@ -56,9 +56,8 @@ int run_stats(StatsArgs& a) {
 
 void add_stats_command(CLI::App& root, std::vector<Command>& out) {
   auto a = std::make_shared<StatsArgs>();
-  CLI::App* sub = root.add_subcommand(
-      "stats",
-      "Sparsity statistics of the FFN activations ReLU(x w_gate^T) (ReLU(x w_up^T) with --no-gate):\n"
+  CLI::App* sub = root.add_subcommand("stats", "Sparsity statistics of the FFN activations");
+  sub->footer("Sparsity statistics of the FFN activations ReLU(x w_gate^T) (ReLU(x w_up^T) with --no-gate):\n"
       "density, nnz per row (mean, percentiles, histogram), TwELL tile fill and overflow, hybrid tail rows,\n"
       "dead neurons and neuron popularity. Inputs from --in FILE.safetensors, or generated from the flags.");
   CLI::Option* in_opt =

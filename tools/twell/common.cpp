@@ -22,9 +22,7 @@
 #include "twell/cuda/ffn_cuda.hpp"
 #endif
 
-#ifndef TWELL_GIT_COMMIT
-#define TWELL_GIT_COMMIT "unknown"
-#endif
+#include "twell_commit.hpp"  // generated at build time: TWELL_GIT_COMMIT
 
 namespace twell::cli {
 
@@ -419,11 +417,13 @@ void print_activation_stats(const ActivationStats& s, std::FILE* out) {
   for (const auto& [label, count] : s.histogram)
     if (count) fmt::print(out, " {}:{}", label, count);
   fmt::print(out, "\n");
-  fmt::print(out, "  TwELL T={} C={}     capacity {} per (row, tile); mean tile nnz {:.2f}, max {}\n", s.config.tile,
-             s.config.compression, s.config.capacity(), t.mean_tile_nnz, t.max_tile_nnz);
+  fmt::print(out, "  {:<20}capacity {} per (row, tile); mean tile nnz {:.2f}, max {}\n",
+             fmt::format("TwELL T={} C={}", s.config.tile, s.config.compression), s.config.capacity(), t.mean_tile_nnz,
+             t.max_tile_nnz);
   fmt::print(out, "  overflow            {} tiles in {} rows (computed exactly through the backup rows)\n",
              t.overflow_tiles, t.overflow_rows);
-  fmt::print(out, "  hybrid E={:<4}       {} rows over E go to the dense tail\n", s.ell_width, s.hybrid_tail_rows);
+  fmt::print(out, "  {:<20}{} rows over E go to the dense tail\n", fmt::format("hybrid E={}", s.ell_width),
+             s.hybrid_tail_rows);
   fmt::print(out, "  neurons             {} dead (never fired in these rows) of {}; top 1% hold {:.1f}% of activations\n",
              s.dead_neurons, s.neuron_fires.size(), 100 * s.top1pct_share);
 }
