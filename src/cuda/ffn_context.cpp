@@ -1,5 +1,6 @@
 #include "cuda/ffn_context.hpp"
 
+#include <algorithm>
 #include <cstring>
 #include <vector>
 
@@ -21,13 +22,18 @@ void to_bf16_rows(CMatrixF src, std::vector<std::uint16_t>& dst, std::int64_t ro
 }  // namespace
 
 FfnContext::FfnContext(const ContextOptions& opt)
-    : opt_(opt), gemm_(opt.autotune_gemm), counters_(1), counters_host_(1) {
+    : opt_(opt), gemm_(opt.autotune_gemm), dispatch_(1), dispatch_host_(1), counters_(1), counters_host_(1) {
+  TWELL_CUDA_CHECK(cudaEventCreateWithFlags(&decided_, cudaEventDisableTiming));
   opt_.twell.validate();
   TWELL_CHECK(opt_.twell.tile == kTwellTile, ErrorCode::unsupported,
               "the CUDA TwELL path uses T = {} columns per tile (got T = {}); use the CPU path for other tiles",
               kTwellTile, opt_.twell.tile);
   TWELL_CHECK(opt_.twell.words_per_tile() <= 128, ErrorCode::unsupported,
               "the CUDA TwELL path needs C ≥ 2 (S ≤ 128); got C = {}", opt_.twell.compression);
+}
+
+FfnContext::~FfnContext() {
+  if (decided_) cudaEventDestroy(decided_);
 }
 
 void FfnContext::upload_weights(const FfnWeights& w, cudaStream_t stream) {
@@ -109,10 +115,20 @@ void FfnContext::dense_gate_gemm(const __nv_bfloat16* x, std::int64_t m, cudaStr
 }
 
 void FfnContext::gate_twell(const __nv_bfloat16* x, std::int64_t m, cudaStream_t stream) {
+  gate_gemm(x, m, stream);
+  pack(m, nullptr, stream);
+}
+
+void FfnContext::gate_gemm(const __nv_bfloat16* x, std::int64_t m, cudaStream_t stream) {
   reserve(m);
   // ReLU in the GEMM epilogue: g ≥ 0 in the buffer, so the overflow backup and dense_rest read it as is.
   gemm_.run({m, n_, k_, k_, k_, ldn_, GemmEpilogue::relu}, w_gu_.get(), x, g_.get(), stream);
+}
+
+void FfnContext::pack(std::int64_t m, const std::uint32_t* enable, cudaStream_t stream) {
+  TWELL_CHECK(m <= cap_m_, ErrorCode::invalid_argument, "pack: run gate_gemm for these {} rows first", m);
   TwellPackParams p;
+  p.enable = enable;
   p.src = g_.get();
   p.ld_src = ldn_;
   p.m = m;
@@ -173,13 +189,29 @@ ForwardResult FfnContext::forward(const __nv_bfloat16* x, std::int64_t m, __nv_b
     r.path = "dense cublasLt";
     return r;
   }
-  gate_twell(x, m, stream);
   if (path == Path::automatic) {
-    r.counters = read_counters(stream);
-    const double density = static_cast<double>(r.counters.nnz) / (static_cast<double>(m) * static_cast<double>(n_));
-    const double limit = gated_ ? opt_.max_sparse_density_gated : opt_.max_sparse_density_nongated;
-    r.sparse = density <= limit;
+    gate_gemm(x, m, stream);
+    TwellSampleParams sp;
+    sp.src = g_.get();
+    sp.ld_src = ldn_;
+    sp.m = m;
+    sp.n = n_;
+    sp.stride = std::max<std::int64_t>(1, m / std::max<std::int64_t>(1, opt_.dispatch_sample_rows));
+    sp.max_density = gated_ ? opt_.max_sparse_density_gated : opt_.max_sparse_density_nongated;
+    Dispatch* d = dispatch_.get();
+    sp.count = &d->count;
+    sp.decision = &d->decision;
+    launch_twell_sample_decide(sp, stream);
+    TWELL_CUDA_CHECK(cudaMemcpyAsync(dispatch_host_.get(), d, sizeof(Dispatch), cudaMemcpyDeviceToHost, stream));
+    TWELL_CUDA_CHECK(cudaEventRecord(decided_, stream));
+    pack(m, &d->decision, stream);  // runs (or returns at once) while the host reads the flag
+    TWELL_CUDA_CHECK(cudaEventSynchronize(decided_));
+    r.counted = true;
+    r.sparse = dispatch_host_[0].decision != 0;
+    const std::int64_t sampled = (m + sp.stride - 1) / sp.stride;
+    r.sampled_density = static_cast<double>(dispatch_host_[0].count) / (static_cast<double>(sampled) * static_cast<double>(n_));
   } else {
+    gate_twell(x, m, stream);
     r.sparse = true;
   }
   if (r.sparse) {
@@ -190,7 +222,6 @@ ForwardResult FfnContext::forward(const __nv_bfloat16* x, std::int64_t m, __nv_b
     r.path = gated_ ? "twell gate + dense cublasLt up/down (density above threshold)"
                     : "twell up + dense cublasLt down (density above threshold)";
   }
-  if (path == Path::sparse) r.counters = read_counters(stream);
   return r;
 }
 

@@ -29,19 +29,22 @@ struct ContextOptions {
   bool autotune_gemm = false;  // time cuBLASLt's candidate algorithms once per shape
   // Dispatch: run the sparse remainder iff nnz / (M·N) ≤ this density (see docs/perf-notes.md for
   // where these come from: the measured crossover of sparse remainder vs dense remainder).
-  double max_sparse_density_gated = 0.03;
-  double max_sparse_density_nongated = 0.04;
+  double max_sparse_density_gated = 0.008;
+  double max_sparse_density_nongated = 0.006;
+  std::int64_t dispatch_sample_rows = 2048;  // rows the dispatch count reads (all rows when M is smaller)
 };
 
 struct ForwardResult {
-  bool sparse = false;  // which remainder ran
-  TwellCounters counters{};
+  bool sparse = false;              // which remainder ran
+  bool counted = false;             // Path::automatic: a sampled count decided
+  double sampled_density = 0;       // nnz / (rows · N) over the sampled rows
   std::string path;
 };
 
 class FfnContext {
  public:
   explicit FfnContext(const ContextOptions& opt = {});
+  ~FfnContext();
   FfnContext(const FfnContext&) = delete;
   FfnContext& operator=(const FfnContext&) = delete;
 
@@ -50,14 +53,19 @@ class FfnContext {
 
   // All x / y are device bf16, row-major: x [m, K] with row stride K, y [m, K] with row stride K.
   void dense_forward(const __nv_bfloat16* x, std::int64_t m, __nv_bfloat16* y, cudaStream_t stream);
+  // gate GEMM (ReLU epilogue) + TwELL packing; `enable` (device flag) lets dispatch skip the packing.
   void gate_twell(const __nv_bfloat16* x, std::int64_t m, cudaStream_t stream);
+  void gate_gemm(const __nv_bfloat16* x, std::int64_t m, cudaStream_t stream);
+  void pack(std::int64_t m, const std::uint32_t* enable, cudaStream_t stream);
   void sparse_rest(const __nv_bfloat16* x, std::int64_t m, __nv_bfloat16* y, cudaStream_t stream);
   void dense_rest(const __nv_bfloat16* x, std::int64_t m, __nv_bfloat16* y, cudaStream_t stream);
   // The cuBLASLt GEMM of the gate's shape alone ([m, K]·[N, K]ᵀ, no epilogue), for benchmarks.
   void dense_gate_gemm(const __nv_bfloat16* x, std::int64_t m, cudaStream_t stream);
-  // gate_twell + one remainder: Path::sparse / dense force it; automatic reads the count (syncs).
+  // Path::dense: the cuBLASLt FFN. Path::sparse: gate_twell + sparse_rest. Path::automatic: gate
+  // GEMM, a sampled count of its non-zeros decides on the device (packing is skipped when dense
+  // wins), the host waits for that one flag and enqueues the matching remainder.
   ForwardResult forward(const __nv_bfloat16* x, std::int64_t m, __nv_bfloat16* y, Path path, cudaStream_t stream);
-  // Synchronises `stream` and returns the counters of the last gate_twell.
+  // Synchronises `stream` and returns the counters of the last packing (zeros if it was skipped).
   TwellCounters read_counters(cudaStream_t stream);
 
   bool gated() const noexcept { return gated_; }
@@ -72,7 +80,7 @@ class FfnContext {
   // Results of the last gate_twell (valid for its m until the next call).
   const std::uint32_t* twell_words() const noexcept { return words_.get(); }   // [m, tiles · S]
   const __nv_bfloat16* gate_values() const noexcept { return g_.get(); }       // [m, ldn]
-  const std::uint8_t* row_overflow() const noexcept { return row_ovf_.get(); }  // [m]
+  const std::uint32_t* row_overflow() const noexcept { return row_ovf_.get(); }  // [m]
 
  private:
   void reserve(std::int64_t m);
@@ -92,7 +100,15 @@ class FfnContext {
   DeviceBuffer<__nv_bfloat16> gu_;    // [m, 2·ldn] stacked dense gate|up output; its first half is u in dense_rest
   DeviceBuffer<__nv_bfloat16> h_;     // [m, ldn]  dense h
   DeviceBuffer<std::uint32_t> words_;
-  DeviceBuffer<std::uint8_t> row_ovf_;
+  DeviceBuffer<std::uint32_t> row_ovf_;
+  struct Dispatch {
+    unsigned long long count;
+    std::uint32_t decision;
+    std::uint32_t pad;
+  };
+  DeviceBuffer<Dispatch> dispatch_;
+  PinnedBuffer<Dispatch> dispatch_host_;
+  cudaEvent_t decided_ = nullptr;
   DeviceBuffer<TwellCounters> counters_;
   PinnedBuffer<TwellCounters> counters_host_;
 };

@@ -144,9 +144,15 @@ InferenceReport ffn_infer_host(CMatrixF x, const FfnWeights& w, MatrixF y, const
     std::memcpy(y.row(i), out.data() + i * w.hidden(), static_cast<std::size_t>(w.hidden()) * sizeof(float));
   InferenceReport rep;
   rep.path = r.path;
-  rep.nnz = static_cast<std::int64_t>(r.counters.nnz);
-  rep.overflow_tiles = static_cast<std::int64_t>(r.counters.overflow_tiles);
-  rep.overflow_rows = static_cast<std::int64_t>(r.counters.overflow_rows);
+  if (r.sparse) {
+    const TwellCounters c = ctx.read_counters(stream.get());
+    rep.nnz = static_cast<std::int64_t>(c.nnz);
+    rep.overflow_tiles = static_cast<std::int64_t>(c.overflow_tiles);
+    rep.overflow_rows = static_cast<std::int64_t>(c.overflow_rows);
+  } else if (r.counted) {  // dense remainder: no packing ran; the count is the sampled estimate
+    rep.nnz = static_cast<std::int64_t>(r.sampled_density * static_cast<double>(x.rows) * static_cast<double>(w.intermediate()));
+    rep.path += " [nnz estimated from sampled rows]";
+  }
   return rep;
 }
 
@@ -174,9 +180,11 @@ BenchTimes bench_ffn_host(CMatrixF x, const FfnWeights& w, const BenchOptions& o
   ForwardResult r;
   t.total_ms = median_ms(opt.warmup, opt.reps, s, [&] { r = ctx.forward(dx.get(), m, y_sparse.get(), Path::automatic, s); });
   t.path = r.path;
-  t.nnz = static_cast<std::int64_t>(r.counters.nnz);
-  t.overflow_tiles = static_cast<std::int64_t>(r.counters.overflow_tiles);
-  t.overflow_rows = static_cast<std::int64_t>(r.counters.overflow_rows);
+  ctx.gate_twell(dx.get(), m, s);  // exact counts for the report, whichever remainder dispatch chose
+  const TwellCounters c = ctx.read_counters(s);
+  t.nnz = static_cast<std::int64_t>(c.nnz);
+  t.overflow_tiles = static_cast<std::int64_t>(c.overflow_tiles);
+  t.overflow_rows = static_cast<std::int64_t>(c.overflow_rows);
   t.y_sparse = download_y(y_sparse.get(), m, k, s);
   t.y_dense = download_y(y_dense.get(), m, k, s);
   return t;

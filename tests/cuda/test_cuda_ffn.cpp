@@ -122,8 +122,8 @@ TEST_P(CudaFfn, MatchesReferenceAndHostEncoder) {
     EXPECT_EQ(static_cast<std::int64_t>(cnt.nnz), host.nnz());
     EXPECT_EQ(static_cast<std::int64_t>(cnt.overflow_tiles), host.overflow_tiles);
     EXPECT_EQ(static_cast<std::int64_t>(cnt.overflow_rows), static_cast<std::int64_t>(host.overflow_rows.size()));
-    std::vector<std::uint8_t> flags(static_cast<std::size_t>(c.m));
-    ASSERT_EQ(cudaMemcpy(flags.data(), ctx.row_overflow(), flags.size(), cudaMemcpyDeviceToHost), cudaSuccess);
+    std::vector<std::uint32_t> flags(static_cast<std::size_t>(c.m));
+    ASSERT_EQ(cudaMemcpy(flags.data(), ctx.row_overflow(), flags.size() * 4, cudaMemcpyDeviceToHost), cudaSuccess);
     std::vector<std::int64_t> flagged;
     for (std::int64_t r = 0; r < c.m; ++r)
       if (flags[static_cast<std::size_t>(r)]) flagged.push_back(r);

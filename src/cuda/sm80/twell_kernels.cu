@@ -30,52 +30,57 @@ __device__ __forceinline__ float warp_sum(float v) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Packing: one warp per row, walking the row's tiles. Lane l owns columns [8l, 8l + 8) of a tile,
-// so a tile is one 512-byte coalesced read; a warp scan over the lanes' keep counts gives each kept
-// value its slot in ascending column order.
+// Packing: one warp per (row, run of kPackTilesPerWarp tiles), so that small M still fills the GPU.
+// Lane l owns columns [8l, 8l + 8) of a tile, so a tile is one 512-byte coalesced read (all of the
+// warp's tiles are loaded before the first is packed); a warp scan over the lanes' keep counts gives
+// each kept value its slot in ascending column order.
 constexpr int kPackWarps = 8;
+constexpr int kPackTilesPerWarp = 4;
+
+__device__ __forceinline__ uint4 load_tile8(const __nv_bfloat16* src, std::int64_t c0, std::int64_t n, bool vec_ok) {
+  uint4 v = make_uint4(0, 0, 0, 0);
+  if (c0 >= n) return v;
+  if (vec_ok && c0 + 8 <= n) return __ldcs(reinterpret_cast<const uint4*>(src + c0));
+  std::uint16_t h[8];
+#pragma unroll
+  for (int e = 0; e < 8; ++e) h[e] = (c0 + e < n) ? __bfloat16_as_ushort(src[c0 + e]) : std::uint16_t{0};
+  v.x = h[0] | (std::uint32_t(h[1]) << 16);
+  v.y = h[2] | (std::uint32_t(h[3]) << 16);
+  v.z = h[4] | (std::uint32_t(h[5]) << 16);
+  v.w = h[6] | (std::uint32_t(h[7]) << 16);
+  return v;
+}
 
 __global__ void __launch_bounds__(kPackWarps * 32) twell_pack_kernel(TwellPackParams p) {
-  // [kPackWarps, 256] u32: one block's words per warp (S ≤ 128 since C ≥ 2); slot i valid iff
-  // 1 ≤ i ≤ min(count, S − 1)
+  if (p.enable && *p.enable == 0) return;  // dispatch chose the dense remainder
+  // [kPackWarps, 256] u32: one block's words per warp (S ≤ 128); slot i valid iff 1 ≤ i ≤ min(count, S − 1)
   __shared__ std::uint32_t stage[kPackWarps][kTwellTile];
   __shared__ unsigned long long s_nnz, s_ovt, s_ovr;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   if (threadIdx.x == 0) s_nnz = s_ovt = s_ovr = 0;
   __syncthreads();
 
-  const std::int64_t row = static_cast<std::int64_t>(blockIdx.x) * kPackWarps + warp;
+  const int S = p.words_per_tile, cap = S - 1;
+  const std::int64_t tiles = (p.n + kTwellTile - 1) / kTwellTile;
+  const std::int64_t runs = (tiles + kPackTilesPerWarp - 1) / kPackTilesPerWarp;
+  const std::int64_t item = static_cast<std::int64_t>(blockIdx.x) * kPackWarps + warp;
+  const std::int64_t row = item / runs;
   if (row < p.m) {
-    const int S = p.words_per_tile, cap = S - 1;
-    const std::int64_t tiles = (p.n + kTwellTile - 1) / kTwellTile;
+    const std::int64_t t0 = (item % runs) * kPackTilesPerWarp;
     const __nv_bfloat16* src = p.src + row * p.ld_src;
     std::uint32_t* out = p.words + row * tiles * S;
     const bool vec_ok = (p.ld_src % 8 == 0) && ((reinterpret_cast<std::uintptr_t>(p.src) & 15) == 0);
-
-    auto load_tile = [&](std::int64_t t) {
-      uint4 v = make_uint4(0, 0, 0, 0);
-      const std::int64_t c0 = t * kTwellTile + lane * 8;
-      if (vec_ok && c0 + 8 <= p.n) {
-        v = __ldcs(reinterpret_cast<const uint4*>(src + c0));
-      } else {
-        std::uint16_t h[8];
+    uint4 v[kPackTilesPerWarp];
 #pragma unroll
-        for (int e = 0; e < 8; ++e)
-          h[e] = (c0 + e < p.n) ? __bfloat16_as_ushort(src[c0 + e]) : std::uint16_t{0};
-        v.x = h[0] | (std::uint32_t(h[1]) << 16);
-        v.y = h[2] | (std::uint32_t(h[3]) << 16);
-        v.z = h[4] | (std::uint32_t(h[5]) << 16);
-        v.w = h[6] | (std::uint32_t(h[7]) << 16);
-      }
-      return v;
-    };
+    for (int i = 0; i < kPackTilesPerWarp; ++i) v[i] = load_tile8(src, (t0 + i) * kTwellTile + lane * 8, p.n, vec_ok);
 
-    unsigned long long row_nnz = 0;
-    int row_ovt = 0;
-    uint4 cur = load_tile(0);
-    for (std::int64_t t = 0; t < tiles; ++t) {
-      const uint4 nxt = (t + 1 < tiles) ? load_tile(t + 1) : make_uint4(0, 0, 0, 0);  // in flight meanwhile
-      const std::uint32_t w[4] = {cur.x, cur.y, cur.z, cur.w};
+    unsigned long long my_nnz = 0;
+    int my_ovt = 0;
+#pragma unroll
+    for (int i = 0; i < kPackTilesPerWarp; ++i) {
+      const std::int64_t t = t0 + i;
+      if (t >= tiles) break;  // warp-uniform
+      const std::uint32_t w[4] = {v[i].x, v[i].y, v[i].z, v[i].w};
       std::uint32_t bits[8];
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
@@ -99,19 +104,17 @@ __global__ void __launch_bounds__(kPackWarps * 32) twell_pack_kernel(TwellPackPa
       __syncwarp();
       const int lim = min(total, cap);
       std::uint32_t* blk = out + t * S;
-      for (int i = lane; i < S; i += 32)
-        blk[i] = (i == 0) ? std::uint32_t(total) : (i <= lim ? stage[warp][i] : 0u);
+      for (int j = lane; j < S; j += 32) blk[j] = (j == 0) ? std::uint32_t(total) : (j <= lim ? stage[warp][j] : 0u);
       __syncwarp();
-      row_nnz += static_cast<unsigned long long>(total);
-      row_ovt += (total > cap) ? 1 : 0;
-      cur = nxt;
+      my_nnz += static_cast<unsigned long long>(total);
+      my_ovt += (total > cap) ? 1 : 0;
     }
     if (lane == 0) {
-      if (p.row_overflow) p.row_overflow[row] = row_ovt > 0 ? 1 : 0;
-      atomicAdd(&s_nnz, row_nnz);
-      if (row_ovt > 0) {
-        atomicAdd(&s_ovt, static_cast<unsigned long long>(row_ovt));
-        atomicAdd(&s_ovr, 1ull);
+      atomicAdd(&s_nnz, my_nnz);
+      if (my_ovt > 0) {
+        atomicAdd(&s_ovt, static_cast<unsigned long long>(my_ovt));
+        // First warp to flag the row counts it (row_overflow was zeroed by the launcher).
+        if (atomicExch(p.row_overflow + row, 1u) == 0u) atomicAdd(&s_ovr, 1ull);
       }
     }
   }
@@ -123,6 +126,32 @@ __global__ void __launch_bounds__(kPackWarps * 32) twell_pack_kernel(TwellPackPa
   }
 }
 
+// Sampled count for dispatch: one warp per sampled row, 16-byte loads.
+__global__ void __launch_bounds__(256) twell_sample_count_kernel(TwellSampleParams p) {
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const std::int64_t sampled = (p.m + p.stride - 1) / p.stride;
+  const std::int64_t srow = static_cast<std::int64_t>(blockIdx.x) * 8 + warp;
+  unsigned long long c = 0;
+  if (srow < sampled) {
+    const __nv_bfloat16* src = p.src + srow * p.stride * p.ld_src;
+    const bool vec_ok = (p.ld_src % 8 == 0) && ((reinterpret_cast<std::uintptr_t>(p.src) & 15) == 0);
+    for (std::int64_t c0 = static_cast<std::int64_t>(lane) * 8; c0 < p.n; c0 += 256) {
+      const uint4 v = load_tile8(src, c0, p.n, vec_ok);
+      const std::uint32_t w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+      for (int e = 0; e < 4; ++e) c += (lo_bf16(w[e]) > 0.0f) + (hi_bf16(w[e]) > 0.0f);
+    }
+  }
+#pragma unroll
+  for (int d = 16; d > 0; d >>= 1) c += __shfl_xor_sync(0xffffffffu, c, d);
+  if (lane == 0 && c) atomicAdd(p.count, c);
+}
+
+__global__ void twell_decide_kernel(TwellSampleParams p) {
+  const std::int64_t sampled = (p.m + p.stride - 1) / p.stride;
+  *p.decision = static_cast<double>(*p.count) <= p.max_density * static_cast<double>(sampled) * static_cast<double>(p.n) ? 1u : 0u;
+}
+
 // ---------------------------------------------------------------------------------------------
 // Fused up+down: one CTA per token row. The CTA's threads split K into 16-byte chunks (8 bf16);
 // thread t owns chunks {i·blockDim + t : i < CH}, so each warp reads contiguous 512-byte runs of a
@@ -131,6 +160,17 @@ __global__ void __launch_bounds__(kPackWarps * 32) twell_pack_kernel(TwellPackPa
 // independent loads in flight), (3) partial sums are combined into h = g·u, (4) y += h·Wdᵀ[n].
 constexpr int kListCap = kTwellTile;  // a single tile (≤ 256 non-zeros) always fits one window
 constexpr int kMaxUpDownThreads = 512;  // caps registers at 128/thread: no spills for CH ≤ 4
+
+// x rows and TwELL words are read once: stream them (evict-first) so the weight rows, re-read by
+// every token, keep the L2.
+template <int CH>
+__device__ __forceinline__ void load_row_stream(const __nv_bfloat16* row, int tid, int nthreads, int kchunks, uint4 (&v)[CH]) {
+#pragma unroll
+  for (int i = 0; i < CH; ++i) {
+    const int c = i * nthreads + tid;
+    v[i] = (c < kchunks) ? __ldcs(reinterpret_cast<const uint4*>(row) + c) : make_uint4(0, 0, 0, 0);
+  }
+}
 
 template <int CH>
 __device__ __forceinline__ void load_row(const __nv_bfloat16* row, int tid, int nthreads, int kchunks, uint4 (&v)[CH]) {
@@ -189,7 +229,7 @@ __global__ void __launch_bounds__(kMaxUpDownThreads) twell_up_down_kernel(TwellU
     int carry = 0;
     for (int t0 = 0; t0 < tiles; t0 += 32) {
       const int t = t0 + lane;
-      const int c = t < tiles ? static_cast<int>(wrow[static_cast<std::int64_t>(t) * S]) : 0;
+      const int c = t < tiles ? static_cast<int>(__ldcs(wrow + static_cast<std::int64_t>(t) * S)) : 0;
       const int incl = warp_inclusive_scan(c, lane);
       if (t < tiles) pref[t + 1] = carry + incl;
       carry += __shfl_sync(0xffffffffu, incl, 31);
@@ -198,7 +238,7 @@ __global__ void __launch_bounds__(kMaxUpDownThreads) twell_up_down_kernel(TwellU
   }
 
   uint4 xr[CH];  // this thread's chunks of x[row, :]
-  if constexpr (GATED) load_row<CH>(p.x + row * p.ld_x, tid, nthreads, kchunks, xr);
+  if constexpr (GATED) load_row_stream<CH>(p.x + row * p.ld_x, tid, nthreads, kchunks, xr);
   float acc[CH][8];
 #pragma unroll
   for (int i = 0; i < CH; ++i)
@@ -219,7 +259,7 @@ __global__ void __launch_bounds__(kMaxUpDownThreads) twell_up_down_kernel(TwellU
         if (c <= cap) {
           const std::uint32_t* blk = wrow + static_cast<std::int64_t>(t) * S + 1;
           for (int i = lane; i < c; i += 32) {
-            const std::uint32_t w = blk[i];
+            const std::uint32_t w = __ldcs(blk + i);
             lcol[off + i] = t * kTwellTile + static_cast<int>(w & 0xffffu);
             lval[off + i] = hi_bf16(w);
           }
@@ -307,7 +347,7 @@ __global__ void __launch_bounds__(kMaxUpDownThreads) twell_up_down_kernel(TwellU
       __nv_bfloat162 o[4];
 #pragma unroll
       for (int e = 0; e < 4; ++e) o[e] = __floats2bfloat162_rn(acc[i][2 * e], acc[i][2 * e + 1]);
-      *reinterpret_cast<uint4*>(yrow + static_cast<std::int64_t>(c) * 8) = *reinterpret_cast<const uint4*>(o);
+      __stcs(reinterpret_cast<uint4*>(yrow + static_cast<std::int64_t>(c) * 8), *reinterpret_cast<const uint4*>(o));
     }
   }
 }
@@ -354,17 +394,31 @@ __global__ void gated_product_kernel(const __nv_bfloat16* g, const __nv_bfloat16
 }  // namespace
 
 void launch_twell_pack(const TwellPackParams& p, cudaStream_t stream) {
-  TWELL_CU_REQUIRE(p.src && p.words && p.counters, ErrorCode::invalid_argument, "twell pack: null pointer");
+  TWELL_CU_REQUIRE(p.src && p.words && p.counters && p.row_overflow, ErrorCode::invalid_argument, "twell pack: null pointer");
   TWELL_CU_REQUIRE(p.m >= 1 && p.n >= 1 && p.ld_src >= p.n, ErrorCode::invalid_argument,
               "twell pack: bad shape m={} n={} ld={}", p.m, p.n, p.ld_src);
   TWELL_CU_REQUIRE(p.words_per_tile >= 2 && p.words_per_tile <= 128 && kTwellTile % p.words_per_tile == 0,
               ErrorCode::unsupported, "twell pack: the CUDA path needs T = 256 and S = T/C in [2, 128]; got S = {}",
               p.words_per_tile);
   TWELL_CUDA_CHECK(cudaMemsetAsync(p.counters, 0, sizeof(TwellCounters), stream));
-  const std::int64_t blocks = (p.m + kPackWarps - 1) / kPackWarps;
+  TWELL_CUDA_CHECK(cudaMemsetAsync(p.row_overflow, 0, static_cast<std::size_t>(p.m) * sizeof(std::uint32_t), stream));
+  const std::int64_t tiles = (p.n + kTwellTile - 1) / kTwellTile;
+  const std::int64_t items = p.m * ((tiles + kPackTilesPerWarp - 1) / kPackTilesPerWarp);
+  const std::int64_t blocks = (items + kPackWarps - 1) / kPackWarps;
   TWELL_CU_REQUIRE(blocks <= 0x7fffffff, ErrorCode::unsupported, "twell pack: M = {} too large", p.m);
   twell_pack_kernel<<<static_cast<unsigned>(blocks), kPackWarps * 32, 0, stream>>>(p);
   TWELL_CUDA_CHECK_LAUNCH("twell_pack_kernel");
+}
+
+void launch_twell_sample_decide(const TwellSampleParams& p, cudaStream_t stream) {
+  TWELL_CU_REQUIRE(p.src && p.count && p.decision && p.stride >= 1 && p.m >= 1 && p.n >= 1, ErrorCode::invalid_argument,
+                   "twell sample: bad parameters");
+  TWELL_CUDA_CHECK(cudaMemsetAsync(p.count, 0, sizeof(unsigned long long), stream));
+  const std::int64_t sampled = (p.m + p.stride - 1) / p.stride;
+  twell_sample_count_kernel<<<static_cast<unsigned>((sampled + 7) / 8), 256, 0, stream>>>(p);
+  TWELL_CUDA_CHECK_LAUNCH("twell_sample_count_kernel");
+  twell_decide_kernel<<<1, 1, 0, stream>>>(p);
+  TWELL_CUDA_CHECK_LAUNCH("twell_decide_kernel");
 }
 
 void launch_twell_up_down(const TwellUpDownParams& p, cudaStream_t stream) {

@@ -30,10 +30,22 @@ struct TwellPackParams {
   int words_per_tile = 32;             // S
   bool relu = true;                    // keep v > 0 (fused ReLU); else keep v != 0
   std::uint32_t* words = nullptr;      // [M, tiles · S]
-  std::uint8_t* row_overflow = nullptr;  // [M]: 1 iff the row has an overflowed block (may be null)
-  TwellCounters* counters = nullptr;   // required; zeroed by launch_twell_pack
+  std::uint32_t* row_overflow = nullptr;  // [M]: 1 iff the row has an overflowed block (required)
+  TwellCounters* counters = nullptr;   // required; zeroed (with row_overflow) by launch_twell_pack
+  const std::uint32_t* enable = nullptr;  // optional device flag: when *enable == 0 the kernel does nothing
 };
 void launch_twell_pack(const TwellPackParams& p, cudaStream_t stream);
+
+// Dispatch support: counts kept values (v > 0) in rows 0, stride, 2·stride, … of src [M, N] and
+// sets *decision = 1 iff count ≤ max_density · sampled_rows · N (the sparse remainder pays), else 0.
+struct TwellSampleParams {
+  const __nv_bfloat16* src = nullptr;
+  std::int64_t ld_src = 0, m = 0, n = 0, stride = 1;
+  double max_density = 0.0;
+  unsigned long long* count = nullptr;  // [1], zeroed by the launcher
+  std::uint32_t* decision = nullptr;    // [1]
+};
+void launch_twell_sample_decide(const TwellSampleParams& p, cudaStream_t stream);
 
 // Overflow fallback, used by both consumers: a (row, tile) block whose count exceeds S − 1 is
 // read in full from `backup` (the dense [M, N] pre-activation the TwELL was packed from, same
