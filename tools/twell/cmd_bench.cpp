@@ -545,7 +545,7 @@ int bench_sweep(BenchArgs& a, DeviceKind dev) {
   const int reps = a.reps > 0 ? a.reps : (cuda ? 20 : 3);
   const int warmup = a.warmup >= 0 ? a.warmup : (cuda ? 5 : 1);
 
-  fmt::print("twell bench ffn --sweep: {} , {} FFN K={} N={}, T={} C={}, commit {}, {}\n",
+  fmt::print("twell bench ffn --sweep: {}, {} FFN K={} N={}, T={} C={}, commit {}, {}\n",
              cuda ? "cuda" : fmt::format("cpu ({}, {} threads)", cpu_name(), host_threads()),
              a.no_gate ? "non-gated" : "gated", a.gen.p.k, a.gen.p.n, tcfg.tile, tcfg.compression, git_commit(),
              iso_time_utc());
