@@ -140,8 +140,7 @@ int main(int argc, char** argv) {
       pts.push_back({"nongated", m, 0.005, 0, 0.12, false});
       if (!quick) pts.push_back({"nongated", m, 0.01, 0, 0.12, false});
     }
-    pts.push_back({"uni", 64, 0.005});
-    pts.push_back({"uni", 1, 0.005});
+    for (std::int64_t m : {1, 16, 64, 256, 1024, 4096}) pts.push_back({"uni", m, 0.005});
 
     std::printf("device %s, %d SMs, L2 %lld MB; D2D copy %.2f TB/s; K=%lld N=%lld; commit %s\n", dev.name.c_str(),
                 dev.sm_count, static_cast<long long>(dev.l2_bytes >> 20), copy_tbs, static_cast<long long>(K),
@@ -165,8 +164,8 @@ int main(int argc, char** argv) {
 
     std::vector<std::string> lines;
     char hdr[512];
-    std::snprintf(hdr, sizeof hdr, "%7s %-8s %6s | %7s %7s %7s | %7s %7s %7s %7s | %6s %6s | %8s %8s | %6s %6s | %s", "M",
-                  "mode", "nnz%", "gemm", "gate", "rest", "sparse", "auto", "dense", "TF/s", "xsprs", "xauto", "err_sp",
+    std::snprintf(hdr, sizeof hdr, "%7s %-8s %6s | %7s %7s %7s %7s %7s | %7s %7s %7s %7s | %6s %6s | %8s %8s | %6s %6s | %s", "M",
+                  "mode", "nnz%", "gemm", "gate", "rest", "rest_v1", "rest_v2", "sparse", "auto", "dense", "TF/s", "xsprs", "xauto", "err_sp",
                   "err_dn", "ovf_t", "ovf_r", "path");
     lines.push_back(hdr);
     for (const Point& pt : pts) {
@@ -210,6 +209,15 @@ int main(int argc, char** argv) {
       const double t_gemm = median_ms(warmup, reps, s, [&] { ctx.dense_gate_gemm(dx.get(), m, s); });
       const double t_gate = median_ms(warmup, reps, s, [&] { ctx.gate_twell(dx.get(), m, s); });
       const double t_rest = median_ms(warmup, reps, s, [&] { ctx.sparse_rest(dx.get(), m, y_sp.get(), s); });
+      nlohmann::json variants = nlohmann::json::object();
+      for (int v = 1; v <= 2; ++v) {
+        ContextOptions vo = copt;
+        vo.updown_variant = v;
+        FfnContext vctx(vo);
+        vctx.upload_weights(w, s);
+        vctx.gate_twell(dx.get(), m, s);
+        variants[std::to_string(v)] = median_ms(warmup, reps, s, [&] { vctx.sparse_rest(dx.get(), m, y_sp.get(), s); });
+      }
       const double t_sparse = median_ms(warmup, reps, s, [&] {
         ctx.gate_twell(dx.get(), m, s);
         ctx.sparse_rest(dx.get(), m, y_sp.get(), s);
@@ -235,8 +243,9 @@ int main(int argc, char** argv) {
       const double gemm_tflops = 2.0 * static_cast<double>(m) * K * N / (t_gemm * 1e-3) / 1e12;
       char line[512];
       std::snprintf(line, sizeof line,
-                    "%7lld %-8s %6.3f | %7.3f %7.3f %7.3f | %7.3f %7.3f %7.3f %7.0f | %6.2f %6.2f | %8.1e %8.1e | %6llu %6llu | %s",
-                    static_cast<long long>(m), pt.mode.c_str(), 100 * density, t_gemm, t_gate, t_rest, t_sparse, t_auto,
+                    "%7lld %-8s %6.3f | %7.3f %7.3f %7.3f %7.3f %7.3f | %7.3f %7.3f %7.3f %7.0f | %6.2f %6.2f | %8.1e %8.1e | %6llu %6llu | %s",
+                    static_cast<long long>(m), pt.mode.c_str(), 100 * density, t_gemm, t_gate, t_rest,
+                    variants["1"].get<double>(), variants["2"].get<double>(), t_sparse, t_auto,
                     t_dense, tflops, t_dense / t_sparse, t_dense / t_auto, std::max(err_sp, err_auto), err_dn,
                     static_cast<unsigned long long>(cnt.overflow_tiles), static_cast<unsigned long long>(cnt.overflow_rows),
                     fr.path.c_str());
@@ -257,6 +266,7 @@ int main(int argc, char** argv) {
                                {"gate_gemm_tflops", gemm_tflops},
                                {"gate_twell_ms", t_gate},
                                {"sparse_rest_ms", t_rest},
+                               {"sparse_rest_variant_ms", variants},
                                {"sparse_total_ms", t_sparse},
                                {"auto_total_ms", t_auto},
                                {"auto_path", fr.path},

@@ -159,6 +159,7 @@ void FfnContext::sparse_rest(const __nv_bfloat16* x, std::int64_t m, __nv_bfloat
   p.words_per_tile = words_per_tile();
   p.gated = gated_;
   p.relu = true;
+  p.variant = opt_.updown_variant;
   launch_twell_up_down(p, stream);
 }
 

@@ -31,7 +31,8 @@ struct ContextOptions {
   // where these come from: the measured crossover of sparse remainder vs dense remainder).
   double max_sparse_density_gated = 0.008;
   double max_sparse_density_nongated = 0.006;
-  std::int64_t dispatch_sample_rows = 2048;  // rows the dispatch count reads (all rows when M is smaller)
+  std::int64_t dispatch_sample_rows = 2048;
+  int updown_variant = 0;  // TwellUpDownParams::variant (benchmark knob)  // rows the dispatch count reads (all rows when M is smaller)
 };
 
 struct ForwardResult {

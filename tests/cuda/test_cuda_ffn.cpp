@@ -158,6 +158,18 @@ TEST_P(CudaFfn, MatchesReferenceAndHostEncoder) {
     std::printf("[case %s] %-9s path \"%s\": max row rel err %.2e over %zu rows\n", c.name.c_str(), p.name,
                 fr.path.c_str(), err, rows.size());
   }
+  // The other fused-kernel variants (benchmark knobs) must be exact too.
+  for (int v = 1; v <= 2; ++v) {
+    ContextOptions vo = opt;
+    vo.updown_variant = v;
+    FfnContext vc(vo);
+    vc.upload_weights(w, s);
+    const Outputs o = run_poisoned(c.m, c.k, s, [&](__nv_bfloat16* y) { vc.forward(x.get(), c.m, y, Path::sparse, s); });
+    EXPECT_TRUE(o.guard_ok) << "variant " << v << ": write past the end of y";
+    std::int64_t worst_row = -1;
+    const double err = max_err_rows(o.y, ref_sparse, rows, c.k, &worst_row);
+    EXPECT_LE(err, kTol) << "up/down variant " << v << ": worst row " << worst_row;
+  }
   cudaStreamDestroy(s);
 }
 

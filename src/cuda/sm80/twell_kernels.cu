@@ -204,9 +204,9 @@ __device__ __forceinline__ void axpy8(float h, const uint4& w, float* acc) {
   acc[7] = fmaf(h, hi_bf16(w.w), acc[7]);
 }
 
-template <int CH, bool GATED>
+// CH: 16-byte chunks of K per thread; kUnroll: entries whose weight rows are in flight together.
+template <int CH, bool GATED, int kUnroll>
 __global__ void __launch_bounds__(kMaxUpDownThreads) twell_up_down_kernel(TwellUpDownParams p) {
-  constexpr int kUnroll = CH <= 2 ? 4 : (CH == 4 ? 2 : 1);  // entries whose weight rows are in flight together
   static_assert(CH >= 1 && CH <= 4, "CH: 16-byte chunks per thread");
   extern __shared__ __align__(16) unsigned char smem_raw[];
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
@@ -352,13 +352,13 @@ __global__ void __launch_bounds__(kMaxUpDownThreads) twell_up_down_kernel(TwellU
   }
 }
 
-template <int CH, bool GATED>
+template <int CH, bool GATED, int U>
 void launch_up_down_t(const TwellUpDownParams& p, int threads, cudaStream_t stream) {
   const int tiles = static_cast<int>((p.n + kTwellTile - 1) / kTwellTile);
   const int nwarps = threads / 32;
   const std::size_t smem = sizeof(int) * kListCap + sizeof(float) * kListCap +
                            (GATED ? sizeof(float) * nwarps * kListCap : 0) + sizeof(int) * (tiles + 1);
-  auto kernel = twell_up_down_kernel<CH, GATED>;
+  auto kernel = twell_up_down_kernel<CH, GATED, U>;
   if (smem > 48 * 1024)
     TWELL_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
   kernel<<<static_cast<unsigned>(p.m), threads, smem, stream>>>(p);
@@ -433,10 +433,13 @@ void launch_twell_up_down(const TwellUpDownParams& p, cudaStream_t stream) {
   TWELL_CU_REQUIRE(p.m <= 0x7fffffff && p.n < (std::int64_t{1} << 31), ErrorCode::unsupported, "twell up/down: M or N too large");
   const std::int64_t kchunks = p.k / 8;
   auto threads_for = [&](int ch) { return static_cast<int>(((kchunks + ch - 1) / ch + 31) / 32 * 32); };
-  if (threads_for(2) <= kMaxUpDownThreads) {
-    p.gated ? launch_up_down_t<2, true>(p, threads_for(2), stream) : launch_up_down_t<2, false>(p, threads_for(2), stream);
+  const bool ch2 = threads_for(2) <= kMaxUpDownThreads && p.variant != 2;
+  if (ch2 && p.variant == 1) {
+    p.gated ? launch_up_down_t<2, true, 8>(p, threads_for(2), stream) : launch_up_down_t<2, false, 8>(p, threads_for(2), stream);
+  } else if (ch2) {
+    p.gated ? launch_up_down_t<2, true, 4>(p, threads_for(2), stream) : launch_up_down_t<2, false, 4>(p, threads_for(2), stream);
   } else if (threads_for(4) <= kMaxUpDownThreads) {
-    p.gated ? launch_up_down_t<4, true>(p, threads_for(4), stream) : launch_up_down_t<4, false>(p, threads_for(4), stream);
+    p.gated ? launch_up_down_t<4, true, 2>(p, threads_for(4), stream) : launch_up_down_t<4, false, 2>(p, threads_for(4), stream);
   } else {
     detail::raise(ErrorCode::unsupported, "twell up/down: K = {} exceeds the supported 16384", p.k);
   }

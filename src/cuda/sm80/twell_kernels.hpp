@@ -64,6 +64,7 @@ struct TwellUpDownParams {
   int words_per_tile = 32;
   bool gated = true;
   bool relu = true;                       // keep rule for backup blocks
+  int variant = 0;  // 0: 2 chunks/thread, 4 rows in flight; 1: 2 chunks, 8 rows; 2: 4 chunks, 2 rows
 };
 // Gated: y[m,:] = Σ_n g[m,n] · ⟨x[m,:], Wu[n,:]⟩ · Wdᵀ[n,:]; non-gated: y[m,:] = Σ_n h[m,n] · Wdᵀ[n,:].
 // Accumulation in fp32, y rounded to bf16 once. h never leaves the chip.
