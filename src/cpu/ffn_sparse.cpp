@@ -56,34 +56,76 @@ TwellMatrix ffn_gate_twell(CMatrixF x, CMatrixF w, TwellConfig config) {
   return builder.finish();
 }
 
+namespace {
+
+// The active entries of a TwELL matrix, neuron-major: neuron n's entries are [offsets[n], offsets[n+1]),
+// tokens ascending, with the stored activation value.
+struct NeuronMajor {
+  std::vector<std::int64_t> offsets;
+  std::vector<std::int32_t> token;
+  std::vector<float> value;
+};
+
+NeuronMajor neuron_major(const TwellMatrix& m) {
+  NeuronMajor nm;
+  nm.offsets.assign(static_cast<std::size_t>(m.cols + 1), 0);
+  for (std::int64_t r = 0; r < m.rows; ++r) for_each_active(m, r, [&](std::int64_t n, float) { ++nm.offsets[static_cast<std::size_t>(n + 1)]; });
+  for (std::int64_t n = 0; n < m.cols; ++n) nm.offsets[static_cast<std::size_t>(n + 1)] += nm.offsets[static_cast<std::size_t>(n)];
+  nm.token.resize(static_cast<std::size_t>(nm.offsets.back()));
+  nm.value.resize(nm.token.size());
+  std::vector<std::int64_t> fill(nm.offsets.begin(), nm.offsets.end() - 1);
+  for (std::int64_t r = 0; r < m.rows; ++r)
+    for_each_active(m, r, [&](std::int64_t n, float v) {
+      const auto at = static_cast<std::size_t>(fill[static_cast<std::size_t>(n)]++);
+      nm.token[at] = static_cast<std::int32_t>(r);
+      nm.value[at] = v;
+    });
+  return nm;
+}
+
+// y = Σ_entries value·Wdᵀ[n] with each Wdᵀ row read once: K is cut into column slices and each
+// slice of y (M × 256 floats) stays in cache while every neuron streams past it.
+void down_neuron_major(const NeuronMajor& nm, CMatrixF down_t, MatrixF y) {
+  const std::int64_t K = down_t.cols, N = down_t.rows;
+  constexpr std::int64_t kSlice = 256;
+#pragma omp parallel for schedule(dynamic)
+  for (std::int64_t k0 = 0; k0 < K; k0 += kSlice) {
+    const std::int64_t len = std::min(kSlice, K - k0);
+    for (std::int64_t m = 0; m < y.rows; ++m) std::fill(y.row(m) + k0, y.row(m) + k0 + len, 0.0f);
+    for (std::int64_t n = 0; n < N; ++n) {
+      const float* w = down_t.row(n) + k0;
+      for (std::int64_t e = nm.offsets[static_cast<std::size_t>(n)]; e < nm.offsets[static_cast<std::size_t>(n + 1)]; ++e)
+        axpy(nm.value[static_cast<std::size_t>(e)], w, y.row(nm.token[static_cast<std::size_t>(e)]) + k0, len);
+    }
+  }
+}
+
+}  // namespace
+
 void ffn_up_down_twell(CMatrixF x, const TwellMatrix& gate, CMatrixF w_up, CMatrixF down_t, MatrixF y) {
   const std::int64_t M = x.rows, K = x.cols;
   TWELL_CHECK(gate.rows == M && gate.cols == w_up.rows && w_up.cols == K && down_t.rows == gate.cols &&
                   down_t.cols == K && y.rows == M && y.cols == K,
               ErrorCode::shape_mismatch, "fused up+down: inconsistent shapes (x [{}, {}], gate [{}, {}], w_up [{}, {}])", M, K,
               gate.rows, gate.cols, w_up.rows, w_up.cols);
-#pragma omp parallel for schedule(dynamic, 4)
-  for (std::int64_t r = 0; r < M; ++r) {
-    const float* xr = x.row(r);
-    float* yr = y.row(r);
-    std::fill(yr, yr + K, 0.0f);
-    for_each_active(gate, r, [&](std::int64_t n, float g) {
-      const float h = g * dot(xr, w_up.row(n), K);  // h = g ⊙ u, u = ⟨x, Wu[n]⟩; never stored
-      axpy(h, down_t.row(n), yr, K);
-    });
+  // Neuron-major: each Wu row is read once for all the tokens where its neuron fired (h = g·⟨x, Wu[n]⟩
+  // replaces g in place; h lives only in this scratch list, never as a dense [M, N]).
+  NeuronMajor nm = neuron_major(gate);
+  const auto N = static_cast<std::int64_t>(nm.offsets.size()) - 1;
+#pragma omp parallel for schedule(dynamic, 16)
+  for (std::int64_t n = 0; n < N; ++n) {
+    const float* wu = w_up.row(n);
+    for (std::int64_t e = nm.offsets[static_cast<std::size_t>(n)]; e < nm.offsets[static_cast<std::size_t>(n + 1)]; ++e)
+      nm.value[static_cast<std::size_t>(e)] *= dot(x.row(nm.token[static_cast<std::size_t>(e)]), wu, K);
   }
+  down_neuron_major(nm, down_t, y);
 }
 
 void ffn_down_twell(const TwellMatrix& h, CMatrixF down_t, MatrixF y) {
   const std::int64_t K = down_t.cols;
   TWELL_CHECK(down_t.rows == h.cols && y.rows == h.rows && y.cols == K, ErrorCode::shape_mismatch,
               "sparse down: h [{}, {}], Wdᵀ [{}, {}], y [{}, {}] do not fit", h.rows, h.cols, down_t.rows, K, y.rows, y.cols);
-#pragma omp parallel for schedule(dynamic, 4)
-  for (std::int64_t r = 0; r < h.rows; ++r) {
-    float* yr = y.row(r);
-    std::fill(yr, yr + K, 0.0f);
-    for_each_active(h, r, [&](std::int64_t n, float v) { axpy(v, down_t.row(n), yr, K); });
-  }
+  down_neuron_major(neuron_major(h), down_t, y);
 }
 
 SparseInferenceInfo ffn_sparse(CMatrixF x, const PreparedFfn& p, MatrixF y, TwellConfig config) {
