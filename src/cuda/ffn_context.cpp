@@ -185,9 +185,9 @@ TwellCounters FfnContext::read_counters(cudaStream_t stream) {
 ForwardResult FfnContext::forward(const __nv_bfloat16* x, std::int64_t m, __nv_bfloat16* y, Path path,
                                   cudaStream_t stream) {
   ForwardResult r;
-  if (path == Path::dense) {
+  if (path == Path::dense || (path == Path::automatic && m < opt_.dispatch_min_rows)) {
     dense_forward(x, m, y, stream);
-    r.path = "dense cublasLt";
+    r.path = path == Path::dense ? "dense cublasLt" : "dense cublasLt (M below the dispatch minimum)";
     return r;
   }
   if (path == Path::automatic) {

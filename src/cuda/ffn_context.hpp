@@ -29,10 +29,13 @@ struct ContextOptions {
   bool autotune_gemm = false;  // time cuBLASLt's candidate algorithms once per shape
   // Dispatch: run the sparse remainder iff nnz / (M·N) ≤ this density (see docs/perf-notes.md for
   // where these come from: the measured crossover of sparse remainder vs dense remainder).
-  double max_sparse_density_gated = 0.008;
+  double max_sparse_density_gated = 0.011;
   double max_sparse_density_nongated = 0.006;
-  std::int64_t dispatch_sample_rows = 2048;
-  int updown_variant = 0;  // TwellUpDownParams::variant (benchmark knob)  // rows the dispatch count reads (all rows when M is smaller)
+  std::int64_t dispatch_sample_rows = 2048;  // rows the dispatch count reads (all rows when M is smaller)
+  // Below this M, automatic runs the dense path without counting: the host read of the count costs
+  // ~25 µs, more than the sparse path saves there (measured: docs/perf-notes.md).
+  std::int64_t dispatch_min_rows = 2048;
+  int updown_variant = 1;  // TwellUpDownParams::variant (1 measured fastest or equal at M ≥ 16 on H100)
 };
 
 struct ForwardResult {
