@@ -104,15 +104,7 @@ TEST_P(CpuFfn, OverflowRowsAreExact) {
 }
 
 SparsityParams sp(std::int64_t m, std::int64_t k, std::int64_t n, double d, bool gated = true, double hot = 0.0) {
-  SparsityParams p;
-  p.m = m;
-  p.k = k;
-  p.n = n;
-  p.density = d;
-  p.gated = gated;
-  p.hot_rows = hot;
-  p.hot_density = 0.3;
-  return p;
+  return test::sparsity(m, k, n, d, gated, hot, /*hot_density=*/0.3);
 }
 
 INSTANTIATE_TEST_SUITE_P(Shapes, CpuFfn,

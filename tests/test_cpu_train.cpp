@@ -94,16 +94,7 @@ TEST_P(CpuTrain, SparseAndDenseMatchReference) {
 
 SparsityParams sp(std::int64_t m, std::int64_t k, std::int64_t n, double d, bool gated = true, double hot = 0.0,
                   double skew = 1.0) {
-  SparsityParams p;
-  p.m = m;
-  p.k = k;
-  p.n = n;
-  p.density = d;
-  p.gated = gated;
-  p.hot_rows = hot;
-  p.hot_density = 0.5;
-  p.neuron_skew = skew;
-  return p;
+  return test::sparsity(m, k, n, d, gated, hot, /*hot_density=*/0.5, skew);
 }
 
 INSTANTIATE_TEST_SUITE_P(Shapes, CpuTrain,
@@ -140,32 +131,23 @@ TEST(CpuTrainGradcheck, ReferenceMatchesFiniteDifferences) {
     if (gated) params.push_back({&wg, &r.dw_gate, "w_gate"});
     int checked = 0;
     for (auto& prm : params) {
-      for (std::size_t i = 0; i < prm.v->size(); ++i) {
+      // Central difference with the step actually applied after rounding x ± ε to float.
+      auto central = [&](std::size_t i, float eps) {
         const float orig = (*prm.v)[i];
-        const float eps = 1e-3f;
         (*prm.v)[i] = orig + eps;
-        const double lp = loss();
-        const double up = (*prm.v)[i];
+        const double lp = loss(), up = (*prm.v)[i];
         (*prm.v)[i] = orig - eps;
-        const double lm = loss();
-        const double dn = (*prm.v)[i];
+        const double lm = loss(), dn = (*prm.v)[i];
         (*prm.v)[i] = orig;
-        // The loss is a cubic polynomial between kinks (ReLU, |h|), so central differences agree
-        // to ~ε² unless the step crosses a kink.
-        const double fd = (lp - lm) / (up - dn);
+        return (lp - lm) / (up - dn);
+      };
+      for (std::size_t i = 0; i < prm.v->size(); ++i) {
         const double an = (*prm.grad)[i];
-        if (std::fabs(fd - an) > 1e-5 * std::max(1.0, std::fabs(an))) {
-          // Re-check with a 10× smaller step: a genuine gradient error does not shrink, a kink does.
-          const float e2 = 1e-4f;
-          (*prm.v)[i] = orig + e2;
-          const double lp2 = loss();
-          const double up2 = (*prm.v)[i];
-          (*prm.v)[i] = orig - e2;
-          const double lm2 = loss();
-          const double dn2 = (*prm.v)[i];
-          (*prm.v)[i] = orig;
-          const double fd2 = (lp2 - lm2) / (up2 - dn2);
-          EXPECT_NEAR(fd2, an, 1e-4 * std::max(1.0, std::fabs(an))) << prm.name << "[" << i << "] gated=" << gated;
+        // The loss is a cubic polynomial between kinks (ReLU, |h|), so central differences agree
+        // to ~ε² unless the step crosses a kink. Then re-check with a 10× smaller step: a genuine
+        // gradient error does not shrink, a kink does.
+        if (std::fabs(central(i, 1e-3f) - an) > 1e-5 * std::max(1.0, std::fabs(an))) {
+          EXPECT_NEAR(central(i, 1e-4f), an, 1e-4 * std::max(1.0, std::fabs(an))) << prm.name << "[" << i << "] gated=" << gated;
         }
         ++checked;
       }
