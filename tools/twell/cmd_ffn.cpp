@@ -30,7 +30,7 @@ int run_ffn(const FfnArgs& a) {
       fail(ErrorCode::unsupported, "--op train is not yet supported on cuda; use --device cpu");
     why = "train runs on the CPU only for now";
   }
-  const DeviceKind run_dev = a.op == "train" ? DeviceKind::cpu : dev;
+  DeviceKind run_dev = a.op == "train" ? DeviceKind::cpu : dev;
   check_writable(a.out, "--out");
 
   LoadRules rules;
@@ -51,9 +51,23 @@ int run_ffn(const FfnArgs& a) {
     cuda::InferenceOptions opt;
     opt.twell = tcfg;
     opt.path = a.op == "dense" ? cuda::Path::dense : cuda::Path::sparse;
-    const cuda::InferenceReport rep = cuda::ffn_infer_host(in.x_view(), w, yv, opt);
-    detail = fmt::format("path {}, {} active neurons, {} overflow rows", rep.path, rep.nnz, rep.overflow_rows);
+    try {
+      const cuda::InferenceReport rep = cuda::ffn_infer_host(in.x_view(), w, yv, opt);
+      detail = a.op == "dense" ? fmt::format("path {}", rep.path)
+                               : fmt::format("path {}, {} active neurons, {} overflow rows", rep.path, rep.nnz,
+                                             rep.overflow_rows);
+    } catch (const Error& e) {
+      // A request the CUDA path cannot serve (a shape or tile it does not implement): with
+      // --device cuda that is the answer; with the automatic choice the CPU serves it instead.
+      if (e.code() != ErrorCode::unsupported) throw;
+      if (a.device == "cuda") fail(ErrorCode::unsupported, "--device cuda: {}; use --device cpu", e.what());
+      why = fmt::format("the cuda path cannot run this: {}", e.what());
+      run_dev = DeviceKind::cpu;
+    }
 #endif
+  }
+  if (run_dev == DeviceKind::cuda) {
+    // done above
   } else if (a.op == "dense") {
     cpu::ffn_dense(in.x_view(), w, yv);
   } else if (a.op == "sparse") {
