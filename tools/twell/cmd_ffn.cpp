@@ -60,7 +60,7 @@ int run_ffn(const FfnArgs& a) {
       // A request the CUDA path cannot serve (a shape or tile it does not implement): with
       // --device cuda that is the answer; with the automatic choice the CPU serves it instead.
       if (e.code() != ErrorCode::unsupported) throw;
-      if (a.device == "cuda") fail(ErrorCode::unsupported, "--device cuda: {}; use --device cpu", e.what());
+      if (a.device == "cuda") fail(ErrorCode::unsupported, "--device cuda: {} (--device cpu runs it)", e.what());
       why = fmt::format("the cuda path cannot run this: {}", e.what());
       run_dev = DeviceKind::cpu;
     }
