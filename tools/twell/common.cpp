@@ -8,6 +8,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <ctime>
 #include <filesystem>
 #include <fstream>
@@ -442,7 +443,14 @@ double median(std::vector<double> v) {
   return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
-std::string git_commit() { return TWELL_GIT_COMMIT; }
+std::string git_commit() {
+  // The build-time stamp; a copy of the tree without .git (e.g. on a GPU machine) gets it from the
+  // TWELL_COMMIT environment variable that the scripts set.
+  const std::string stamped = TWELL_GIT_COMMIT;
+  if (stamped != "unknown") return stamped;
+  const char* env = std::getenv("TWELL_COMMIT");
+  return env && *env ? env : stamped;
+}
 
 std::string cpu_name() {
   std::ifstream f("/proc/cpuinfo");
