@@ -650,7 +650,7 @@ int bench_cuda(BenchArgs& a) {
   rs.speedup = r.dense_ms / r.total_ms;
   rs.err = r.err;
   rs.tol = kTolCuda;
-  Row g{"", "gate GEMM + TwELL epilogue", ""};
+  Row g{"", "gate GEMM + TwELL packing", ""};
   g.seconds = r.gate_ms / 1e3;
   g.sub = true;
   Row s{"", "sparse part", ""};
