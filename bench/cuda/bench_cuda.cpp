@@ -2,7 +2,7 @@
 // same inputs (twell::generate_ffn, DESIGN §7), and checks every point against the float64 oracle on
 // sampled rows. Prints a table and writes JSON (--json PATH).
 //
-//   twell_bench_cuda [--quick] [--json out.json] [--reps 20] [--warmup 5]
+//   twell_bench_cuda [--quick] [--no-train | --train-only] [--json out.json] [--reps 20] [--warmup 5]
 //
 // Per point: gate = gate GEMM + TwELL packing; gemm = the cuBLASLt GEMM of the gate's shape alone;
 // rest = the sparse remainder (fused up+down, or sparse down); sparse = gate + rest (forced);
@@ -25,11 +25,14 @@
 #include "cuda/common/check.hpp"
 #include "cuda/common/device_buffer.hpp"
 #include "cuda/ffn_context.hpp"
+#include "bench_train.hpp"
+#include "bench_util.hpp"
 #include "twell/cpu/reference.hpp"
 #include "twell/sparsity_gen.hpp"
 
 using namespace twell;
 using namespace twell::cuda;
+using namespace twell::cuda::bench;
 
 namespace {
 
@@ -40,37 +43,6 @@ struct Point {
   double hot_rows = 0, hot_density = 0.12;
   bool gated = true;
 };
-
-template <typename F>
-double median_ms(int warmup, int reps, cudaStream_t s, F&& body) {
-  cudaEvent_t a, b;
-  TWELL_CUDA_CHECK(cudaEventCreate(&a));
-  TWELL_CUDA_CHECK(cudaEventCreate(&b));
-  for (int i = 0; i < warmup; ++i) body();
-  TWELL_CUDA_CHECK(cudaStreamSynchronize(s));
-  std::vector<float> t;
-  for (int i = 0; i < reps; ++i) {
-    TWELL_CUDA_CHECK(cudaEventRecord(a, s));
-    body();
-    TWELL_CUDA_CHECK(cudaEventRecord(b, s));
-    TWELL_CUDA_CHECK(cudaEventSynchronize(b));
-    float ms = 0;
-    TWELL_CUDA_CHECK(cudaEventElapsedTime(&ms, a, b));
-    t.push_back(ms);
-  }
-  cudaEventDestroy(a);
-  cudaEventDestroy(b);
-  std::sort(t.begin(), t.end());
-  return t[t.size() / 2];
-}
-
-std::vector<float> download(const __nv_bfloat16* p, std::size_t n) {
-  std::vector<std::uint16_t> b(n);
-  TWELL_CUDA_CHECK(cudaMemcpy(b.data(), p, n * 2, cudaMemcpyDeviceToHost));
-  std::vector<float> f(n);
-  for (std::size_t i = 0; i < n; ++i) f[i] = to_float(bf16{b[i]});
-  return f;
-}
 
 double sampled_error(const std::vector<float>& y, CMatrixF x, const FfnWeights& w, bool round_act,
                      const std::vector<std::int64_t>& rows) {
@@ -84,31 +56,22 @@ double sampled_error(const std::vector<float>& y, CMatrixF x, const FfnWeights& 
   return worst;
 }
 
-std::string git_commit() {
-  if (const char* e = std::getenv("TWELL_COMMIT")) return e;
-  std::string c = "unknown";
-  if (FILE* f = popen("git rev-parse --short HEAD 2>/dev/null", "r")) {
-    char buf[64] = {0};
-    if (fgets(buf, sizeof buf, f)) c = std::string(buf, strcspn(buf, "\n"));
-    pclose(f);
-  }
-  return c;
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
-  bool quick = false;
+  bool quick = false, train = true, infer = true;
   std::string json_path;
   int reps = 20, warmup = 5;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--quick") quick = true;
+    else if (a == "--no-train") train = false;
+    else if (a == "--train-only") infer = false;
     else if (a == "--json" && i + 1 < argc) json_path = argv[++i];
     else if (a == "--reps" && i + 1 < argc) reps = std::stoi(argv[++i]);
     else if (a == "--warmup" && i + 1 < argc) warmup = std::stoi(argv[++i]);
     else {
-      std::fprintf(stderr, "usage: twell_bench_cuda [--quick] [--json PATH] [--reps N] [--warmup N]\n");
+      std::fprintf(stderr, "usage: twell_bench_cuda [--quick] [--no-train | --train-only] [--json PATH] [--reps N] [--warmup N]\n");
       return 2;
     }
   }
@@ -141,6 +104,7 @@ int main(int argc, char** argv) {
       if (!quick) pts.push_back({"nongated", m, 0.01, 0, 0.12, false});
     }
     for (std::int64_t m : {1, 16, 64, 256, 1024, 4096}) pts.push_back({"uni", m, 0.005});
+    if (!infer) pts.clear();
 
     std::printf("device %s, %d SMs, L2 %lld MB; D2D copy %.2f TB/s; K=%lld N=%lld; commit %s\n", dev.name.c_str(),
                 dev.sm_count, static_cast<long long>(dev.l2_bytes >> 20), copy_tbs, static_cast<long long>(K),
@@ -279,7 +243,12 @@ int main(int argc, char** argv) {
                                {"err_dense", err_dn},
                                {"check_rows", rows.size()}});
     }
-    std::printf("\n");
+    if (train) {
+      std::printf("\n");
+      lines.push_back("");
+      run_train_sweep(quick, warmup, reps, s, out, lines);
+    }
+    std::printf("\n== summary\n");
     for (const auto& l : lines) std::printf("%s\n", l.c_str());
     if (!json_path.empty()) {
       std::ofstream f(json_path);

@@ -81,6 +81,13 @@ class FfnContext {
   const ContextOptions& options() const noexcept { return opt_; }
   LtGemm& gemm() noexcept { return gemm_; }
 
+  // Device weights (bf16): [Wg; 0; Wu; 0] as [2·ldn, K] (gated) or [Wu; 0] as [ldn, K]; Wd as
+  // [K, ldn] (padding columns zero); Wdᵀ as [N, K].
+  const __nv_bfloat16* w_gate_up() const noexcept { return w_gu_.get(); }
+  const __nv_bfloat16* w_down() const noexcept { return w_down_.get(); }
+  const __nv_bfloat16* w_down_t() const noexcept { return w_down_t_.get(); }
+  std::size_t weight_bytes() const noexcept { return w_gu_.bytes() + w_down_.bytes() + w_down_t_.bytes(); }
+
   // Results of the last gate_twell (valid for its m until the next call).
   const std::uint32_t* twell_words() const noexcept { return words_.get(); }   // [m, tiles · S]
   const __nv_bfloat16* gate_values() const noexcept { return g_.get(); }       // [m, ldn]

@@ -46,6 +46,8 @@ struct FfnCase {
   bool gated = true;
   double hot_rows = 0.0, hot_density = 0.3;  // fraction of rows with a high density (tile overflow)
   int zero_rows = 0, full_rows = 0;          // rows forced all-inactive / all-active (first rows after 0)
+  double hot_neurons = 0.0, hot_neuron_density = 0.3;  // fraction of neurons active in many tokens
+  int full_cols = 0;                         // neurons active in every token (the last columns)
   int compression = 8;
   std::uint64_t seed = 1;
 };
@@ -101,7 +103,10 @@ inline FfnData make_ffn(const FfnCase& c) {
     w.resize(static_cast<std::size_t>(N * K));
     for (std::int64_t n = 0; n < N; ++n) {
       float* r = w.data() + n * K;
-      r[0] = rb(base + 0.3 * nd(rng));  // mild neuron-popularity spread
+      double b = base + 0.3 * nd(rng);  // mild neuron-popularity spread
+      if (n >= N - c.full_cols) b = 60.0;
+      else if (c.hot_neurons > 0 && ud(rng) < c.hot_neurons) b = inv_normal_cdf(c.hot_neuron_density);
+      r[0] = rb(b);
       r[1] = 1.0f;
       for (std::int64_t kk = 2; kk < K; ++kk) r[kk] = rb(sc * nd(rng));
     }

@@ -61,4 +61,35 @@ struct BenchTimes {
 // Times both paths in one process on the same inputs (CUDA events, median of reps).
 BenchTimes bench_ffn_host(CMatrixF x, const FfnWeights& w, const BenchOptions& opt = {});
 
+// ---- training (one FFN layer, forward + backward) ----
+struct TrainOptions {
+  Path path = Path::automatic;
+};
+
+struct TrainReport {
+  std::string path;             // which path ran
+  std::int64_t nnz = -1;        // exact active count (−1: forced dense path, not counted separately)
+  FfnTrainScalars scalars;      // l1 = Σ|h| / M, l0 = active / M
+  std::int64_t saved_bytes = 0;   // kept from forward for backward, beyond x and y
+  std::int64_t device_bytes = 0;  // device memory the step's context held at its peak
+};
+
+// One training step on the GPU: x, dy and the weights are rounded to bf16 and uploaded; fp32
+// accumulation throughout; y and dx come back from bf16, the weight gradients are fp32.
+TrainReport ffn_train_host(CMatrixF x, CMatrixF dy, const FfnWeights& w, double l1_coeff, MatrixF y,
+                           const FfnGrads& grads, const TrainOptions& opt = {});
+
+struct TrainBenchTimes {
+  double dense_fwd_ms = 0, dense_step_ms = 0;    // cuBLASLt forward; forward + backward
+  double sparse_fwd_ms = 0, sparse_step_ms = 0;  // as dispatched (Path::automatic)
+  std::string path;
+  std::int64_t nnz = 0;
+  std::int64_t dense_saved_bytes = 0, sparse_saved_bytes = 0;
+  std::int64_t dense_device_bytes = 0, sparse_device_bytes = 0;
+  std::vector<float> y_sparse, dx_sparse;  // [M, K] from the last timed dispatched step
+};
+// Times dense and dispatched training steps in one process on the same inputs (median of reps).
+TrainBenchTimes bench_train_host(CMatrixF x, CMatrixF dy, const FfnWeights& w, double l1_coeff,
+                                 const BenchOptions& opt = {});
+
 }  // namespace twell::cuda

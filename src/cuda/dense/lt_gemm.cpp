@@ -23,34 +23,40 @@ LtGemm::~LtGemm() {
   if (handle_) cublasLtDestroy(handle_);
 }
 
-void LtGemm::launch(const Plan& p, const cublasLtMatmulAlgo_t& algo, const __nv_bfloat16* w, const __nv_bfloat16* x,
-                    __nv_bfloat16* c, cudaStream_t stream) {
+void LtGemm::launch(const Plan& p, const cublasLtMatmulAlgo_t& algo, const __nv_bfloat16* first,
+                    const __nv_bfloat16* second, void* c, cudaStream_t stream) {
   const float alpha = 1.0f, beta = 0.0f;
-  TWELL_CUBLAS_CHECK(cublasLtMatmul(handle_, p.desc, &alpha, w, p.a, x, p.b, &beta, c, p.c, c, p.c, &algo,
+  TWELL_CUBLAS_CHECK(cublasLtMatmul(handle_, p.desc, &alpha, first, p.a, second, p.b, &beta, c, p.c, c, p.c, &algo,
                                     workspace_.get(), workspace_.bytes(), stream));
 }
 
-LtGemm::Plan& LtGemm::plan_for(const GemmShape& s, const __nv_bfloat16* w, const __nv_bfloat16* x, __nv_bfloat16* c,
+LtGemm::Plan& LtGemm::plan_for(const MatmulShape& s, const __nv_bfloat16* first, const __nv_bfloat16* second, void* c,
                                cudaStream_t stream) {
   auto it = plans_.find(s.key());
   if (it != plans_.end()) return it->second;
 
-  TWELL_CHECK(s.m >= 1 && s.n_out >= 1 && s.k >= 1 && s.ldx >= s.k && s.ldw >= s.k && s.ldc >= s.n_out,
-              ErrorCode::invalid_argument, "LtGemm: bad shape m={} n={} k={} ldx={} ldw={} ldc={}", s.m, s.n_out, s.k,
-              s.ldx, s.ldw, s.ldc);
+  // Stored shapes: A is [m, k] (or [k, m] when trans_a), B is [k, n] (or [n, k] when trans_b).
+  const std::int64_t a_cols = s.trans_a ? s.m : s.k, b_cols = s.trans_b ? s.k : s.n;
+  TWELL_CHECK(s.m >= 1 && s.n >= 1 && s.k >= 1 && s.lda >= a_cols && s.ldb >= b_cols && s.ldc >= s.n,
+              ErrorCode::invalid_argument, "LtGemm: bad shape m={} n={} k={} lda={} ldb={} ldc={}", s.m, s.n, s.k,
+              s.lda, s.ldb, s.ldc);
   Plan p;
   TWELL_CUBLAS_CHECK(cublasLtMatmulDescCreate(&p.desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
-  const cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
+  const cublasOperation_t ta = s.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N, tb = s.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
   TWELL_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta)));
   TWELL_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb)));
   if (s.epilogue == GemmEpilogue::relu) {
     const cublasLtEpilogue_t ep = CUBLASLT_EPILOGUE_RELU;
     TWELL_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &ep, sizeof(ep)));
   }
-  // Column-major views: A = W as [k, n_out] (ld ldw), op T; B = X as [k, m] (ld ldx); C as [n_out, m].
-  TWELL_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.a, CUDA_R_16BF, s.k, s.n_out, s.ldw));
-  TWELL_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.b, CUDA_R_16BF, s.k, s.m, s.ldx));
-  TWELL_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.c, CUDA_R_16BF, s.n_out, s.m, s.ldc));
+  // Column-major views of the row-major storage: stored B is [b_cols, b_rows] (ld ldb), stored A is
+  // [a_cols, a_rows] (ld lda), C is [n, m] (ld ldc); Cᵀ = op(B view)·op(A view).
+  TWELL_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.a, CUDA_R_16BF, static_cast<std::uint64_t>(b_cols),
+                                                static_cast<std::uint64_t>(s.trans_b ? s.n : s.k), s.ldb));
+  TWELL_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.b, CUDA_R_16BF, static_cast<std::uint64_t>(a_cols),
+                                                static_cast<std::uint64_t>(s.trans_a ? s.k : s.m), s.lda));
+  TWELL_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.c, s.c_fp32 ? CUDA_R_32F : CUDA_R_16BF, static_cast<std::uint64_t>(s.n),
+                                                static_cast<std::uint64_t>(s.m), s.ldc));
 
   cublasLtMatmulPreference_t pref = nullptr;
   TWELL_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
@@ -63,7 +69,7 @@ LtGemm::Plan& LtGemm::plan_for(const GemmShape& s, const __nv_bfloat16* w, const
                                                            static_cast<int>(heur.size()), heur.data(), &found);
   cublasLtMatmulPreferenceDestroy(pref);
   TWELL_CHECK(st == CUBLAS_STATUS_SUCCESS && found > 0, ErrorCode::unsupported,
-              "cuBLASLt has no bf16 algorithm for m={} n={} k={} (status {})", s.m, s.n_out, s.k, static_cast<int>(st));
+              "cuBLASLt has no bf16 algorithm for m={} n={} k={} (status {})", s.m, s.n, s.k, static_cast<int>(st));
   p.algo = heur[0].algo;
   if (autotune_ && found > 1) {
     cudaEvent_t e0, e1;
@@ -73,10 +79,10 @@ LtGemm::Plan& LtGemm::plan_for(const GemmShape& s, const __nv_bfloat16* w, const
     for (int i = 0; i < found; ++i) {
       if (heur[static_cast<std::size_t>(i)].state != CUBLAS_STATUS_SUCCESS) continue;
       const auto& algo = heur[static_cast<std::size_t>(i)].algo;
-      launch(p, algo, w, x, c, stream);  // warm-up
+      launch(p, algo, first, second, c, stream);  // warm-up
       constexpr int kReps = 5;
       TWELL_CUDA_CHECK(cudaEventRecord(e0, stream));
-      for (int r = 0; r < kReps; ++r) launch(p, algo, w, x, c, stream);
+      for (int r = 0; r < kReps; ++r) launch(p, algo, first, second, c, stream);
       TWELL_CUDA_CHECK(cudaEventRecord(e1, stream));
       TWELL_CUDA_CHECK(cudaEventSynchronize(e1));
       float ms = 0;
@@ -92,10 +98,26 @@ LtGemm::Plan& LtGemm::plan_for(const GemmShape& s, const __nv_bfloat16* w, const
   return plans_.emplace(s.key(), p).first->second;
 }
 
+void LtGemm::matmul(const MatmulShape& s, const __nv_bfloat16* a, const __nv_bfloat16* b, void* c,
+                    cudaStream_t stream) {
+  const Plan& p = plan_for(s, b, a, c, stream);
+  launch(p, p.algo, b, a, c, stream);
+}
+
 void LtGemm::run(const GemmShape& s, const __nv_bfloat16* w, const __nv_bfloat16* x, __nv_bfloat16* c,
                  cudaStream_t stream) {
-  const Plan& p = plan_for(s, w, x, c, stream);
-  launch(p, p.algo, w, x, c, stream);
+  // C = X · Wᵀ: A = X [m, k], B = W stored [n_out, k] (transposed).
+  MatmulShape ms;
+  ms.trans_a = false;
+  ms.trans_b = true;
+  ms.m = s.m;
+  ms.n = s.n_out;
+  ms.k = s.k;
+  ms.lda = s.ldx;
+  ms.ldb = s.ldw;
+  ms.ldc = s.ldc;
+  ms.epilogue = s.epilogue;
+  matmul(ms, x, w, c, stream);
 }
 
 }  // namespace twell::cuda

@@ -24,7 +24,20 @@ struct GemmShape {
   std::int64_t k = 0;
   std::int64_t ldx = 0, ldw = 0, ldc = 0;
   GemmEpilogue epilogue = GemmEpilogue::none;
-  auto key() const { return std::make_tuple(m, n_out, k, ldx, ldw, ldc, static_cast<int>(epilogue)); }
+};
+
+// General row-major product C[m, n] = op(A)·op(B), A and B bf16, fp32 accumulation, C bf16 or
+// fp32. op(A) is [m, k] (A stored [k, m] when trans_a), op(B) is [k, n] (B stored [n, k] when
+// trans_b); lda/ldb/ldc are the row strides of the matrices as stored.
+struct MatmulShape {
+  bool trans_a = false, trans_b = false;
+  std::int64_t m = 0, n = 0, k = 0;
+  std::int64_t lda = 0, ldb = 0, ldc = 0;
+  bool c_fp32 = false;
+  GemmEpilogue epilogue = GemmEpilogue::none;
+  auto key() const {
+    return std::make_tuple(trans_a, trans_b, m, n, k, lda, ldb, ldc, c_fp32, static_cast<int>(epilogue));
+  }
 };
 
 class LtGemm {
@@ -37,7 +50,10 @@ class LtGemm {
   LtGemm& operator=(const LtGemm&) = delete;
 
   void run(const GemmShape& s, const __nv_bfloat16* w, const __nv_bfloat16* x, __nv_bfloat16* c, cudaStream_t stream);
+  // C = op(A)·op(B) (see MatmulShape); c points to bf16 or float per s.c_fp32.
+  void matmul(const MatmulShape& s, const __nv_bfloat16* a, const __nv_bfloat16* b, void* c, cudaStream_t stream);
   void set_autotune(bool on) noexcept { autotune_ = on; }
+  std::size_t workspace_bytes() const noexcept { return workspace_.bytes(); }
 
  private:
   struct Plan {
@@ -45,16 +61,18 @@ class LtGemm {
     cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
     cublasLtMatmulAlgo_t algo{};
   };
-  Plan& plan_for(const GemmShape& s, const __nv_bfloat16* w, const __nv_bfloat16* x, __nv_bfloat16* c,
+  // In cuBLASLt's column-major terms every product is Cᵀ = op(B_stored)·op(A_stored): `first` is
+  // the stored B, `second` the stored A.
+  Plan& plan_for(const MatmulShape& s, const __nv_bfloat16* first, const __nv_bfloat16* second, void* c,
                  cudaStream_t stream);
-  void launch(const Plan& p, const cublasLtMatmulAlgo_t& algo, const __nv_bfloat16* w, const __nv_bfloat16* x,
-              __nv_bfloat16* c, cudaStream_t stream);
+  void launch(const Plan& p, const cublasLtMatmulAlgo_t& algo, const __nv_bfloat16* first,
+              const __nv_bfloat16* second, void* c, cudaStream_t stream);
 
   cublasLtHandle_t handle_ = nullptr;
   DeviceBuffer<unsigned char> workspace_;
   bool autotune_;
   int candidates_;
-  std::map<decltype(GemmShape{}.key()), Plan> plans_;
+  std::map<decltype(MatmulShape{}.key()), Plan> plans_;
 };
 
 }  // namespace twell::cuda

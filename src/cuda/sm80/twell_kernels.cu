@@ -4,30 +4,19 @@
 #include <algorithm>
 
 #include "cuda/common/check.hpp"
+#include "cuda/common/device_math.cuh"
 
 namespace twell::cuda {
 namespace {
 
-__device__ __forceinline__ float bf16_bits_to_float(std::uint32_t bits16) { return __uint_as_float(bits16 << 16); }
-__device__ __forceinline__ float lo_bf16(std::uint32_t w) { return __uint_as_float(w << 16); }
-__device__ __forceinline__ float hi_bf16(std::uint32_t w) { return __uint_as_float(w & 0xffff0000u); }
+using dev::hi_bf16;
+using dev::lo_bf16;
+using dev::warp_inclusive_scan;
+using dev::warp_sum;
+using dev::dot8;
+using dev::axpy8;
 
 __device__ __forceinline__ bool keep_value(float v, bool relu) { return relu ? (v > 0.0f) : (v != 0.0f); }
-
-__device__ __forceinline__ int warp_inclusive_scan(int v, int lane) {
-#pragma unroll
-  for (int d = 1; d < 32; d <<= 1) {
-    int o = __shfl_up_sync(0xffffffffu, v, d);
-    if (lane >= d) v += o;
-  }
-  return v;
-}
-
-__device__ __forceinline__ float warp_sum(float v) {
-#pragma unroll
-  for (int d = 16; d > 0; d >>= 1) v += __shfl_xor_sync(0xffffffffu, v, d);
-  return v;
-}
 
 // ---------------------------------------------------------------------------------------------
 // Packing: one warp per (row, run of kPackTilesPerWarp tiles), so that small M still fills the GPU.
@@ -36,20 +25,6 @@ __device__ __forceinline__ float warp_sum(float v) {
 // each kept value its slot in ascending column order.
 constexpr int kPackWarps = 8;
 constexpr int kPackTilesPerWarp = 4;
-
-__device__ __forceinline__ uint4 load_tile8(const __nv_bfloat16* src, std::int64_t c0, std::int64_t n, bool vec_ok) {
-  uint4 v = make_uint4(0, 0, 0, 0);
-  if (c0 >= n) return v;
-  if (vec_ok && c0 + 8 <= n) return __ldcs(reinterpret_cast<const uint4*>(src + c0));
-  std::uint16_t h[8];
-#pragma unroll
-  for (int e = 0; e < 8; ++e) h[e] = (c0 + e < n) ? __bfloat16_as_ushort(src[c0 + e]) : std::uint16_t{0};
-  v.x = h[0] | (std::uint32_t(h[1]) << 16);
-  v.y = h[2] | (std::uint32_t(h[3]) << 16);
-  v.z = h[4] | (std::uint32_t(h[5]) << 16);
-  v.w = h[6] | (std::uint32_t(h[7]) << 16);
-  return v;
-}
 
 __global__ void __launch_bounds__(kPackWarps * 32) twell_pack_kernel(TwellPackParams p) {
   if (p.enable && *p.enable == 0) return;  // dispatch chose the dense remainder
@@ -72,7 +47,7 @@ __global__ void __launch_bounds__(kPackWarps * 32) twell_pack_kernel(TwellPackPa
     const bool vec_ok = (p.ld_src % 8 == 0) && ((reinterpret_cast<std::uintptr_t>(p.src) & 15) == 0);
     uint4 v[kPackTilesPerWarp];
 #pragma unroll
-    for (int i = 0; i < kPackTilesPerWarp; ++i) v[i] = load_tile8(src, (t0 + i) * kTwellTile + lane * 8, p.n, vec_ok);
+    for (int i = 0; i < kPackTilesPerWarp; ++i) v[i] = dev::load8_bf16(src, (t0 + i) * kTwellTile + lane * 8, p.n, vec_ok);
 
     unsigned long long my_nnz = 0;
     int my_ovt = 0;
@@ -89,7 +64,7 @@ __global__ void __launch_bounds__(kPackWarps * 32) twell_pack_kernel(TwellPackPa
       }
       unsigned mask = 0;
 #pragma unroll
-      for (int e = 0; e < 8; ++e) mask |= keep_value(bf16_bits_to_float(bits[e]), p.relu) ? (1u << e) : 0u;
+      for (int e = 0; e < 8; ++e) mask |= keep_value(lo_bf16(bits[e]), p.relu) ? (1u << e) : 0u;
       const int cnt = __popc(mask);
       const int incl = warp_inclusive_scan(cnt, lane);
       const int total = __shfl_sync(0xffffffffu, incl, 31);
@@ -136,7 +111,7 @@ __global__ void __launch_bounds__(256) twell_sample_count_kernel(TwellSamplePara
     const __nv_bfloat16* src = p.src + srow * p.stride * p.ld_src;
     const bool vec_ok = (p.ld_src % 8 == 0) && ((reinterpret_cast<std::uintptr_t>(p.src) & 15) == 0);
     for (std::int64_t c0 = static_cast<std::int64_t>(lane) * 8; c0 < p.n; c0 += 256) {
-      const uint4 v = load_tile8(src, c0, p.n, vec_ok);
+      const uint4 v = dev::load8_bf16(src, c0, p.n, vec_ok);
       const std::uint32_t w[4] = {v.x, v.y, v.z, v.w};
 #pragma unroll
       for (int e = 0; e < 4; ++e) c += (lo_bf16(w[e]) > 0.0f) + (hi_bf16(w[e]) > 0.0f);
@@ -160,49 +135,6 @@ __global__ void twell_decide_kernel(TwellSampleParams p) {
 // independent loads in flight), (3) partial sums are combined into h = g·u, (4) y += h·Wdᵀ[n].
 constexpr int kListCap = kTwellTile;  // a single tile (≤ 256 non-zeros) always fits one window
 constexpr int kMaxUpDownThreads = 512;  // caps registers at 128/thread: no spills for CH ≤ 4
-
-// x rows and TwELL words are read once: stream them (evict-first) so the weight rows, re-read by
-// every token, keep the L2.
-template <int CH>
-__device__ __forceinline__ void load_row_stream(const __nv_bfloat16* row, int tid, int nthreads, int kchunks, uint4 (&v)[CH]) {
-#pragma unroll
-  for (int i = 0; i < CH; ++i) {
-    const int c = i * nthreads + tid;
-    v[i] = (c < kchunks) ? __ldcs(reinterpret_cast<const uint4*>(row) + c) : make_uint4(0, 0, 0, 0);
-  }
-}
-
-template <int CH>
-__device__ __forceinline__ void load_row(const __nv_bfloat16* row, int tid, int nthreads, int kchunks, uint4 (&v)[CH]) {
-#pragma unroll
-  for (int i = 0; i < CH; ++i) {
-    const int c = i * nthreads + tid;
-    v[i] = (c < kchunks) ? __ldg(reinterpret_cast<const uint4*>(row) + c) : make_uint4(0, 0, 0, 0);
-  }
-}
-
-__device__ __forceinline__ float dot8(const uint4& a, const uint4& b) {
-  float s = lo_bf16(a.x) * lo_bf16(b.x);
-  s = fmaf(hi_bf16(a.x), hi_bf16(b.x), s);
-  s = fmaf(lo_bf16(a.y), lo_bf16(b.y), s);
-  s = fmaf(hi_bf16(a.y), hi_bf16(b.y), s);
-  s = fmaf(lo_bf16(a.z), lo_bf16(b.z), s);
-  s = fmaf(hi_bf16(a.z), hi_bf16(b.z), s);
-  s = fmaf(lo_bf16(a.w), lo_bf16(b.w), s);
-  s = fmaf(hi_bf16(a.w), hi_bf16(b.w), s);
-  return s;
-}
-
-__device__ __forceinline__ void axpy8(float h, const uint4& w, float* acc) {
-  acc[0] = fmaf(h, lo_bf16(w.x), acc[0]);
-  acc[1] = fmaf(h, hi_bf16(w.x), acc[1]);
-  acc[2] = fmaf(h, lo_bf16(w.y), acc[2]);
-  acc[3] = fmaf(h, hi_bf16(w.y), acc[3]);
-  acc[4] = fmaf(h, lo_bf16(w.z), acc[4]);
-  acc[5] = fmaf(h, hi_bf16(w.z), acc[5]);
-  acc[6] = fmaf(h, lo_bf16(w.w), acc[6]);
-  acc[7] = fmaf(h, hi_bf16(w.w), acc[7]);
-}
 
 // CH: 16-byte chunks of K per thread; kUnroll: entries whose weight rows are in flight together.
 template <int CH, bool GATED, int kUnroll>
@@ -238,7 +170,7 @@ __global__ void __launch_bounds__(kMaxUpDownThreads) twell_up_down_kernel(TwellU
   }
 
   uint4 xr[CH];  // this thread's chunks of x[row, :]
-  if constexpr (GATED) load_row_stream<CH>(p.x + row * p.ld_x, tid, nthreads, kchunks, xr);
+  if constexpr (GATED) dev::load_chunks_stream<CH>(p.x + row * p.ld_x, tid, nthreads, kchunks, xr);
   float acc[CH][8];
 #pragma unroll
   for (int i = 0; i < CH; ++i)
@@ -289,7 +221,7 @@ __global__ void __launch_bounds__(kMaxUpDownThreads) twell_up_down_kernel(TwellU
 #pragma unroll
           for (int u = 0; u < kUnroll; ++u) {
             if (j0 + u < cnt) {
-              load_row<CH>(p.w_up + static_cast<std::int64_t>(lcol[j0 + u]) * p.k, tid, nthreads, kchunks, w[u]);
+              dev::load_chunks<CH>(p.w_up + static_cast<std::int64_t>(lcol[j0 + u]) * p.k, tid, nthreads, kchunks, w[u]);
             } else {
 #pragma unroll
               for (int i = 0; i < CH; ++i) w[u][i] = make_uint4(0, 0, 0, 0);
@@ -322,7 +254,7 @@ __global__ void __launch_bounds__(kMaxUpDownThreads) twell_up_down_kernel(TwellU
         for (int u = 0; u < kUnroll; ++u) {
           if (j0 + u < cnt) {
             h[u] = lval[j0 + u];
-            load_row<CH>(p.w_down_t + static_cast<std::int64_t>(lcol[j0 + u]) * p.k, tid, nthreads, kchunks, w[u]);
+            dev::load_chunks<CH>(p.w_down_t + static_cast<std::int64_t>(lcol[j0 + u]) * p.k, tid, nthreads, kchunks, w[u]);
           } else {
             h[u] = 0.0f;
 #pragma unroll

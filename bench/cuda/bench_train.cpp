@@ -1,0 +1,191 @@
+// Training sweep of twell_bench_cuda: one FFN training step (forward + backward) through the
+// sparse CSR path and through the dense cuBLASLt path, same process, same inputs. Per point:
+// forward and forward+backward times of both, the dispatched step, bytes saved for backward and
+// device memory held, and y / dx on sampled rows against the float64 oracle.
+#include "bench_train.hpp"
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <random>
+
+#include "bench_util.hpp"
+#include "cuda/common/device_buffer.hpp"
+#include "cuda/train/train_context.hpp"
+#include "twell/cpu/reference.hpp"
+#include "twell/sparsity_gen.hpp"
+
+namespace twell::cuda::bench {
+namespace {
+
+struct TrainPoint {
+  std::string mode;  // "uni", "hot", "nongated"
+  std::int64_t m;
+  double density;
+  double hot_rows = 0, hot_density = 0.12;
+  bool gated = true;
+};
+
+std::vector<float> rounded(const HostTensor& t) {
+  std::vector<float> v(static_cast<std::size_t>(t.numel()));
+  const float* p = t.data<float>();
+  for (std::size_t i = 0; i < v.size(); ++i) v[i] = round_bf16(p[i]);
+  return v;
+}
+
+DeviceBuffer<__nv_bfloat16> upload(const std::vector<float>& v) {
+  std::vector<std::uint16_t> b(v.size());
+  for (std::size_t i = 0; i < v.size(); ++i) b[i] = to_bf16(v[i]).bits;
+  DeviceBuffer<__nv_bfloat16> d(b.size());
+  TWELL_CUDA_CHECK(cudaMemcpy(d.get(), b.data(), b.size() * 2, cudaMemcpyHostToDevice));
+  return d;
+}
+
+// Worst per-row relative error of y and dx on `rows` against ref::ffn_train of those rows as a
+// sub-batch (both are row-local; l1_coeff is rescaled so c = l1_coeff / M matches).
+double sampled_train_error(const std::vector<float>& y, const std::vector<float>& dx, const std::vector<float>& x,
+                           const std::vector<float>& dy, const FfnWeights& w, std::int64_t m, double l1_coeff,
+                           const std::vector<std::int64_t>& rows) {
+  const std::int64_t K = w.hidden(), S = static_cast<std::int64_t>(rows.size());
+  std::vector<float> xs(static_cast<std::size_t>(S * K)), dys(static_cast<std::size_t>(S * K));
+  for (std::int64_t i = 0; i < S; ++i) {
+    std::copy_n(x.data() + rows[static_cast<std::size_t>(i)] * K, K, xs.data() + i * K);
+    std::copy_n(dy.data() + rows[static_cast<std::size_t>(i)] * K, K, dys.data() + i * K);
+  }
+  const ref::TrainResult r = ref::ffn_train(CMatrixF(xs.data(), S, K), CMatrixF(dys.data(), S, K), w,
+                                            l1_coeff * static_cast<double>(S) / static_cast<double>(m));
+  double worst = 0;
+  for (std::int64_t i = 0; i < S; ++i) {
+    const std::int64_t row = rows[static_cast<std::size_t>(i)];
+    worst = std::max(worst, ref::rel_error(y.data() + row * K, r.y.data() + i * K, K));
+    worst = std::max(worst, ref::rel_error(dx.data() + row * K, r.dx.data() + i * K, K));
+  }
+  return worst;
+}
+
+}  // namespace
+
+void run_train_sweep(bool quick, int warmup, int reps, cudaStream_t s, nlohmann::json& out,
+                     std::vector<std::string>& lines) {
+  const std::int64_t K = 2048, N = 5632;
+  const double l1_coeff = 1e-3;
+  std::vector<TrainPoint> pts;
+  const std::int64_t M = 16384;
+  for (double d : {0.005, 0.01, 0.03, 0.10}) pts.push_back({"uni", M, d});
+  pts.push_back({"hot", M, 0.01, 0.03, 0.12});
+  pts.push_back({"nongated", M, 0.005, 0, 0.12, false});
+  if (!quick)
+    for (std::int64_t m : {256, 2048}) pts.push_back({"uni", m, 0.005});
+
+  char hdr[512];
+  std::snprintf(hdr, sizeof hdr, "%7s %-8s %6s | %7s %7s | %7s %7s %7s | %6s %6s | %8s %8s %6s | %8s %8s | %8s | %s", "M",
+                "mode", "nnz%", "dn_fwd", "dn_step", "sp_fwd", "sp_step", "auto", "xsprs", "xauto", "saved_sp",
+                "saved_dn", "ratio", "mem_sp", "mem_dn", "err", "path");
+  lines.push_back("training step (forward + backward), times in ms, memory in MB:");
+  lines.push_back(hdr);
+  std::printf("%s\n%s\n", lines[lines.size() - 2].c_str(), hdr);
+  out["train_points"] = nlohmann::json::array();
+  for (const TrainPoint& pt : pts) {
+    SparsityParams sp;
+    sp.m = pt.m;
+    sp.k = K;
+    sp.n = N;
+    sp.density = pt.density;
+    sp.hot_rows = pt.hot_rows;
+    sp.hot_density = pt.hot_density;
+    sp.gated = pt.gated;
+    sp.seed = 4321 + static_cast<std::uint64_t>(pt.m);
+    const GeneratedFfn g = generate_ffn(sp);
+    const std::vector<float> x = rounded(g.x), dy = rounded(g.dy), wu = rounded(g.w_up), wd = rounded(g.w_down);
+    const std::vector<float> wg = pt.gated ? rounded(g.w_gate) : std::vector<float>{};
+    FfnWeights w;
+    if (pt.gated) w.w_gate = CMatrixF(wg.data(), N, K);
+    w.w_up = CMatrixF(wu.data(), N, K);
+    w.w_down = CMatrixF(wd.data(), K, N);
+    const std::int64_t m = pt.m;
+    auto dev_x = upload(x), dev_dy = upload(dy);
+    DeviceBuffer<__nv_bfloat16> dev_y(x.size()), dev_dx(x.size());
+
+    TrainContextOptions copt;
+    copt.autotune_gemm = true;
+    double dn_fwd, dn_step, sp_fwd, sp_step, auto_step;
+    std::size_t saved_dn, mem_dn, saved_sp, mem_sp;
+    TrainForwardResult fr_auto, fr_sp;
+    {
+      TrainContext dense(copt);
+      dense.upload_weights(w, s);
+      dn_fwd = median_ms(warmup, reps, s, [&] { dense.forward(dev_x.get(), m, dev_y.get(), Path::dense, s); });
+      dn_step = median_ms(warmup, reps, s, [&] {
+        dense.forward(dev_x.get(), m, dev_y.get(), Path::dense, s);
+        dense.backward(dev_x.get(), dev_dy.get(), m, l1_coeff, dev_dx.get(), s);
+      });
+      saved_dn = dense.saved_bytes();
+      mem_dn = dense.device_bytes();
+    }
+    {
+      TrainContext sparse(copt);
+      sparse.upload_weights(w, s);
+      sp_fwd = median_ms(warmup, reps, s, [&] { fr_sp = sparse.forward(dev_x.get(), m, dev_y.get(), Path::sparse, s); });
+      sp_step = median_ms(warmup, reps, s, [&] {
+        sparse.forward(dev_x.get(), m, dev_y.get(), Path::sparse, s);
+        sparse.backward(dev_x.get(), dev_dy.get(), m, l1_coeff, dev_dx.get(), s);
+      });
+      saved_sp = sparse.saved_bytes();
+      mem_sp = sparse.device_bytes();
+    }
+    TWELL_CUDA_CHECK(cudaMemset(dev_y.get(), 0xff, dev_y.bytes()));  // NaN poison before the checked run
+    TWELL_CUDA_CHECK(cudaMemset(dev_dx.get(), 0xff, dev_dx.bytes()));
+    {
+      TrainContext aut(copt);
+      aut.upload_weights(w, s);
+      auto_step = median_ms(warmup, reps, s, [&] {
+        fr_auto = aut.forward(dev_x.get(), m, dev_y.get(), Path::automatic, s);
+        aut.backward(dev_x.get(), dev_dy.get(), m, l1_coeff, dev_dx.get(), s);
+      });
+    }
+    std::vector<std::int64_t> rows;
+    for (std::int64_t i = 0; i < std::min<std::int64_t>(m, 12); ++i) rows.push_back(i * m / std::min<std::int64_t>(m, 12));
+    rows.back() = m - 1;
+    std::sort(rows.begin(), rows.end());
+    rows.erase(std::unique(rows.begin(), rows.end()), rows.end());
+    const double err = sampled_train_error(download(dev_y.get(), x.size()), download(dev_dx.get(), x.size()), x, dy, w, m,
+                                           l1_coeff, rows);
+    const double density = static_cast<double>(fr_sp.nnz) / (static_cast<double>(m) * static_cast<double>(N));
+    const double mb = 1.0 / (1 << 20);
+    char line[512];
+    std::snprintf(line, sizeof line,
+                  "%7lld %-8s %6.3f | %7.3f %7.3f | %7.3f %7.3f %7.3f | %6.2f %6.2f | %8.1f %8.1f %5.1f%% | %8.0f %8.0f | %8.1e | %s",
+                  static_cast<long long>(m), pt.mode.c_str(), 100 * density, dn_fwd, dn_step, sp_fwd, sp_step, auto_step,
+                  dn_step / sp_step, dn_step / auto_step, static_cast<double>(saved_sp) * mb, static_cast<double>(saved_dn) * mb,
+                  100.0 * static_cast<double>(saved_sp) / static_cast<double>(saved_dn), static_cast<double>(mem_sp) * mb,
+                  static_cast<double>(mem_dn) * mb, err, fr_auto.path.c_str());
+    std::printf("%s\n", line);
+    std::fflush(stdout);
+    lines.push_back(line);
+    out["train_points"].push_back({{"m", m},
+                                   {"mode", pt.mode},
+                                   {"gated", pt.gated},
+                                   {"target_density", pt.density},
+                                   {"hot_rows", pt.hot_rows},
+                                   {"density", density},
+                                   {"nnz", fr_sp.nnz},
+                                   {"l1_coeff", l1_coeff},
+                                   {"dense_fwd_ms", dn_fwd},
+                                   {"dense_step_ms", dn_step},
+                                   {"sparse_fwd_ms", sp_fwd},
+                                   {"sparse_step_ms", sp_step},
+                                   {"auto_step_ms", auto_step},
+                                   {"auto_path", fr_auto.path},
+                                   {"speedup_sparse", dn_step / sp_step},
+                                   {"speedup_auto", dn_step / auto_step},
+                                   {"saved_bytes_sparse", saved_sp},
+                                   {"saved_bytes_dense", saved_dn},
+                                   {"device_bytes_sparse", mem_sp},
+                                   {"device_bytes_dense", mem_dn},
+                                   {"err_y_dx_sampled", err},
+                                   {"check_rows", rows.size()}});
+  }
+}
+
+}  // namespace twell::cuda::bench

@@ -1,0 +1,101 @@
+#pragma once
+// Small device helpers shared by the CUDA kernels: bf16 unpacking, warp reductions and scans,
+// 16-byte row chunk loads and the 8-wide dot/axpy on them.
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace twell::cuda::dev {
+
+// A 32-bit word holds two bf16: lo = bits 0..15, hi = bits 16..31.
+__device__ __forceinline__ float lo_bf16(std::uint32_t w) { return __uint_as_float(w << 16); }
+__device__ __forceinline__ float hi_bf16(std::uint32_t w) { return __uint_as_float(w & 0xffff0000u); }
+
+__device__ __forceinline__ int warp_inclusive_scan(int v, int lane) {
+#pragma unroll
+  for (int d = 1; d < 32; d <<= 1) {
+    const int o = __shfl_up_sync(0xffffffffu, v, d);
+    if (lane >= d) v += o;
+  }
+  return v;
+}
+
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+  for (int d = 16; d > 0; d >>= 1) v += __shfl_xor_sync(0xffffffffu, v, d);
+  return v;
+}
+
+// Thread `tid` of `nthreads` owns the 16-byte chunks {i·nthreads + tid : i < CH} of a row of
+// `kchunks` chunks (8 bf16 each), so each warp reads contiguous 512-byte runs; chunks past the
+// row's end read as zero.
+template <int CH>
+__device__ __forceinline__ void load_chunks(const __nv_bfloat16* row, int tid, int nthreads, int kchunks, uint4 (&v)[CH]) {
+#pragma unroll
+  for (int i = 0; i < CH; ++i) {
+    const int c = i * nthreads + tid;
+    v[i] = (c < kchunks) ? __ldg(reinterpret_cast<const uint4*>(row) + c) : make_uint4(0, 0, 0, 0);
+  }
+}
+
+// The same, evict-first: for rows read once (x, dy), so the weight rows keep the L2.
+template <int CH>
+__device__ __forceinline__ void load_chunks_stream(const __nv_bfloat16* row, int tid, int nthreads, int kchunks,
+                                                   uint4 (&v)[CH]) {
+#pragma unroll
+  for (int i = 0; i < CH; ++i) {
+    const int c = i * nthreads + tid;
+    v[i] = (c < kchunks) ? __ldcs(reinterpret_cast<const uint4*>(row) + c) : make_uint4(0, 0, 0, 0);
+  }
+}
+
+__device__ __forceinline__ float dot8(const uint4& a, const uint4& b) {
+  float s = lo_bf16(a.x) * lo_bf16(b.x);
+  s = fmaf(hi_bf16(a.x), hi_bf16(b.x), s);
+  s = fmaf(lo_bf16(a.y), lo_bf16(b.y), s);
+  s = fmaf(hi_bf16(a.y), hi_bf16(b.y), s);
+  s = fmaf(lo_bf16(a.z), lo_bf16(b.z), s);
+  s = fmaf(hi_bf16(a.z), hi_bf16(b.z), s);
+  s = fmaf(lo_bf16(a.w), lo_bf16(b.w), s);
+  s = fmaf(hi_bf16(a.w), hi_bf16(b.w), s);
+  return s;
+}
+
+// acc[0..8) += h · w (w: 8 bf16)
+__device__ __forceinline__ void axpy8(float h, const uint4& w, float* acc) {
+  acc[0] = fmaf(h, lo_bf16(w.x), acc[0]);
+  acc[1] = fmaf(h, hi_bf16(w.x), acc[1]);
+  acc[2] = fmaf(h, lo_bf16(w.y), acc[2]);
+  acc[3] = fmaf(h, hi_bf16(w.y), acc[3]);
+  acc[4] = fmaf(h, lo_bf16(w.z), acc[4]);
+  acc[5] = fmaf(h, hi_bf16(w.z), acc[5]);
+  acc[6] = fmaf(h, lo_bf16(w.w), acc[6]);
+  acc[7] = fmaf(h, hi_bf16(w.w), acc[7]);
+}
+
+// 8 fp32 → 8 bf16 (round to nearest even) in one 16-byte word.
+__device__ __forceinline__ uint4 pack8_bf16(const float* a) {
+  __nv_bfloat162 o[4];
+#pragma unroll
+  for (int e = 0; e < 4; ++e) o[e] = __floats2bfloat162_rn(a[2 * e], a[2 * e + 1]);
+  return *reinterpret_cast<const uint4*>(o);
+}
+
+// Elements [c0, c0 + 8) of a bf16 row of length n as one 16-byte word (zero past n); one vector
+// load (evict-first) when the row is 16-byte aligned there.
+__device__ __forceinline__ uint4 load8_bf16(const __nv_bfloat16* src, std::int64_t c0, std::int64_t n, bool vec_ok) {
+  uint4 v = make_uint4(0, 0, 0, 0);
+  if (c0 >= n) return v;
+  if (vec_ok && c0 + 8 <= n) return __ldcs(reinterpret_cast<const uint4*>(src + c0));
+  std::uint16_t h[8];
+#pragma unroll
+  for (int e = 0; e < 8; ++e) h[e] = (c0 + e < n) ? __bfloat16_as_ushort(src[c0 + e]) : std::uint16_t{0};
+  v.x = h[0] | (std::uint32_t(h[1]) << 16);
+  v.y = h[2] | (std::uint32_t(h[3]) << 16);
+  v.z = h[4] | (std::uint32_t(h[5]) << 16);
+  v.w = h[6] | (std::uint32_t(h[7]) << 16);
+  return v;
+}
+
+}  // namespace twell::cuda::dev

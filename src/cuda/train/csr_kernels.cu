@@ -1,0 +1,163 @@
+// CSR of a ReLU output and its transposed index, built on the GPU (see csr_kernels.hpp).
+#include "cuda/train/csr_kernels.hpp"
+
+#include <cub/device/device_radix_sort.cuh>
+#include <cub/device/device_scan.cuh>
+
+#include <algorithm>
+
+#include "cuda/common/check.hpp"
+#include "cuda/common/device_math.cuh"
+
+namespace twell::cuda {
+namespace {
+
+constexpr int kWarpsPerBlock = 8;
+
+// 8 values as a keep mask (bit e ⇔ value e > 0).
+__device__ __forceinline__ unsigned keep_mask8(const uint4& v) {
+  const std::uint32_t w[4] = {v.x, v.y, v.z, v.w};
+  unsigned mask = 0;
+#pragma unroll
+  for (int e = 0; e < 4; ++e) {
+    mask |= dev::lo_bf16(w[e]) > 0.0f ? (1u << (2 * e)) : 0u;
+    mask |= dev::hi_bf16(w[e]) > 0.0f ? (1u << (2 * e + 1)) : 0u;
+  }
+  return mask;
+}
+
+// One warp per row; lane l reads columns [c0 + 8l, c0 + 8l + 8) of each 256-column chunk.
+__global__ void __launch_bounds__(kWarpsPerBlock * 32) csr_count_kernel(CsrBuildParams p) {
+  const std::int64_t row = static_cast<std::int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  if (row >= p.m) return;
+  const __nv_bfloat16* src = p.src + row * p.ld_src;
+  const bool vec_ok = (p.ld_src % 8 == 0) && ((reinterpret_cast<std::uintptr_t>(p.src) & 15) == 0);
+  int cnt = 0;
+  for (std::int64_t c0 = 0; c0 < p.n; c0 += 4 * 256) {
+    uint4 v[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) v[i] = dev::load8_bf16(src, c0 + i * 256 + lane * 8, p.n, vec_ok);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) cnt += __popc(keep_mask8(v[i]));
+  }
+#pragma unroll
+  for (int d = 16; d > 0; d >>= 1) cnt += __shfl_xor_sync(0xffffffffu, cnt, d);
+  if (lane == 0) p.row_counts[row] = cnt;
+}
+
+__global__ void __launch_bounds__(kWarpsPerBlock * 32) csr_fill_kernel(CsrBuildParams p) {
+  const std::int64_t row = static_cast<std::int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  if (row >= p.m) return;
+  const __nv_bfloat16* src = p.src + row * p.ld_src;
+  const bool vec_ok = (p.ld_src % 8 == 0) && ((reinterpret_cast<std::uintptr_t>(p.src) & 15) == 0);
+  std::int64_t at = p.offsets[row];
+  for (std::int64_t c0 = 0; c0 < p.n; c0 += 256) {
+    const uint4 v = dev::load8_bf16(src, c0 + lane * 8, p.n, vec_ok);
+    const unsigned mask = keep_mask8(v);
+    const int cnt = __popc(mask);
+    const int incl = dev::warp_inclusive_scan(cnt, lane);
+    std::int64_t pos = at + (incl - cnt);  // ascending columns: lanes in order, bits in order
+    const std::uint32_t w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+    for (int e = 0; e < 8; ++e) {
+      if (mask & (1u << e)) {
+        const std::uint32_t bits = (e & 1) ? (w[e / 2] >> 16) : (w[e / 2] & 0xffffu);
+        p.cols[pos] = static_cast<std::int32_t>(c0 + lane * 8 + e);
+        p.vals[pos] = __ushort_as_bfloat16(static_cast<unsigned short>(bits));
+        ++pos;
+      }
+    }
+    at += __shfl_sync(0xffffffffu, incl, 31);
+  }
+}
+
+// One warp per row: entry_rows[offsets[r] .. offsets[r+1]) = r.
+__global__ void __launch_bounds__(kWarpsPerBlock * 32) entry_rows_kernel(CscParams p) {
+  const std::int64_t row = static_cast<std::int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32;
+  if (row >= p.m) return;
+  for (std::int64_t e = p.offsets[row] + threadIdx.x % 32; e < p.offsets[row + 1]; e += 32)
+    p.entry_rows[e] = static_cast<std::int32_t>(row);
+}
+
+__global__ void iota_kernel(std::int32_t* v, std::int64_t n) {
+  for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<std::int64_t>(gridDim.x) * blockDim.x)
+    v[i] = static_cast<std::int32_t>(i);
+}
+
+// From the sorted columns: col_offsets[c] = first i with key[i] ≥ c. Position i writes the
+// offsets of the columns in (key[i−1], key[i]]; the last position also those in (key[nnz−1], n].
+__global__ void col_offsets_kernel(const std::int32_t* keys, std::int64_t nnz, std::int64_t n, std::int64_t* off) {
+  for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < nnz;
+       i += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
+    const std::int64_t prev = i == 0 ? -1 : keys[i - 1];
+    for (std::int64_t c = prev + 1; c <= keys[i]; ++c) off[c] = i;
+    if (i == nnz - 1)
+      for (std::int64_t c = keys[i] + 1; c <= n; ++c) off[c] = nnz;
+  }
+}
+
+unsigned blocks_for(std::int64_t items, int per_block) {
+  const std::int64_t b = (items + per_block - 1) / per_block;
+  TWELL_CU_REQUIRE(b <= 0x7fffffff, ErrorCode::unsupported, "CSR build: {} items exceed one launch", items);
+  return static_cast<unsigned>(std::max<std::int64_t>(b, 1));
+}
+
+unsigned grid_stride_blocks(std::int64_t items) {
+  return static_cast<unsigned>(std::clamp<std::int64_t>((items + 255) / 256, 1, 65535));
+}
+
+}  // namespace
+
+void csr_count_and_scan(const CsrBuildParams& p, DeviceBuffer<unsigned char>& scratch, cudaStream_t stream) {
+  TWELL_CU_REQUIRE(p.src && p.row_counts && p.offsets, ErrorCode::invalid_argument, "CSR count: null pointer");
+  TWELL_CU_REQUIRE(p.m >= 1 && p.n >= 1 && p.ld_src >= p.n, ErrorCode::invalid_argument,
+                   "CSR count: bad shape m={} n={} ld={}", p.m, p.n, p.ld_src);
+  csr_count_kernel<<<blocks_for(p.m, kWarpsPerBlock), kWarpsPerBlock * 32, 0, stream>>>(p);
+  TWELL_CUDA_CHECK_LAUNCH("csr_count_kernel");
+  TWELL_CUDA_CHECK(cudaMemsetAsync(p.offsets, 0, sizeof(std::int64_t), stream));
+  std::size_t bytes = 0;
+  TWELL_CUDA_CHECK(cub::DeviceScan::InclusiveSum(nullptr, bytes, p.row_counts, p.offsets + 1, p.m, stream));
+  scratch.reserve(bytes);
+  TWELL_CUDA_CHECK(cub::DeviceScan::InclusiveSum(scratch.get(), bytes, p.row_counts, p.offsets + 1, p.m, stream));
+}
+
+void launch_csr_fill(const CsrBuildParams& p, cudaStream_t stream) {
+  TWELL_CU_REQUIRE(p.src && p.offsets && p.cols && p.vals, ErrorCode::invalid_argument, "CSR fill: null pointer");
+  TWELL_CU_REQUIRE(p.n < (std::int64_t{1} << 31), ErrorCode::unsupported, "CSR fill: N = {} needs 64-bit columns", p.n);
+  csr_fill_kernel<<<blocks_for(p.m, kWarpsPerBlock), kWarpsPerBlock * 32, 0, stream>>>(p);
+  TWELL_CUDA_CHECK_LAUNCH("csr_fill_kernel");
+}
+
+void build_csc(const CscParams& p, DeviceBuffer<unsigned char>& scratch, cudaStream_t stream) {
+  TWELL_CU_REQUIRE(p.offsets && p.col_offsets && p.m >= 1 && p.n >= 1 && p.nnz >= 0, ErrorCode::invalid_argument,
+                   "CSC build: bad parameters");
+  TWELL_CU_REQUIRE(p.nnz <= 0x7fffffff, ErrorCode::unsupported,
+                   "CSC build: {} non-zeros exceed the 2^31 − 1 that 32-bit entry indices address; split the batch",
+                   p.nnz);
+  if (p.nnz == 0) {
+    TWELL_CUDA_CHECK(cudaMemsetAsync(p.col_offsets, 0, static_cast<std::size_t>(p.n + 1) * sizeof(std::int64_t), stream));
+    return;
+  }
+  TWELL_CU_REQUIRE(p.cols && p.entry_rows && p.order && p.tmp_keys && p.tmp_vals, ErrorCode::invalid_argument,
+                   "CSC build: null pointer");
+  entry_rows_kernel<<<blocks_for(p.m, kWarpsPerBlock), kWarpsPerBlock * 32, 0, stream>>>(p);
+  TWELL_CUDA_CHECK_LAUNCH("entry_rows_kernel");
+  iota_kernel<<<grid_stride_blocks(p.nnz), 256, 0, stream>>>(p.tmp_vals, p.nnz);
+  TWELL_CUDA_CHECK_LAUNCH("iota_kernel");
+  int end_bit = 1;
+  while (end_bit < 31 && (std::int64_t{1} << end_bit) < p.n) ++end_bit;
+  const int items = static_cast<int>(p.nnz);
+  std::size_t bytes = 0;
+  TWELL_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(nullptr, bytes, p.cols, p.tmp_keys, p.tmp_vals, p.order, items, 0,
+                                                   end_bit, stream));
+  scratch.reserve(bytes);
+  TWELL_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(scratch.get(), bytes, p.cols, p.tmp_keys, p.tmp_vals, p.order, items,
+                                                   0, end_bit, stream));
+  col_offsets_kernel<<<grid_stride_blocks(p.nnz), 256, 0, stream>>>(p.tmp_keys, p.nnz, p.n, p.col_offsets);
+  TWELL_CUDA_CHECK_LAUNCH("col_offsets_kernel");
+}
+
+}  // namespace twell::cuda

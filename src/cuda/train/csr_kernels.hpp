@@ -1,0 +1,46 @@
+#pragma once
+// The sparse training state on the GPU: the active entries of a ReLU output in row-major CSR
+// (built from the bf16 gate GEMM output) and its transposed index (per neuron: its entries,
+// tokens ascending). CSR is exact for any distribution of non-zeros: no per-row capacity, no
+// dense fallback, nothing dropped; its only limit is nnz < 2³¹ (checked, reported as an error).
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "cuda/common/device_buffer.hpp"
+
+namespace twell::cuda {
+
+struct CsrBuildParams {
+  const __nv_bfloat16* src = nullptr;  // [m, n] activation, row stride ld_src; kept iff value > 0
+  std::int64_t ld_src = 0, m = 0, n = 0;
+  std::int64_t* row_counts = nullptr;  // [m] scratch: kept values per row
+  std::int64_t* offsets = nullptr;     // [m + 1]: row r's entries are offsets[r] .. offsets[r+1]
+  std::int32_t* cols = nullptr;        // [nnz] columns, ascending within a row (fill only)
+  __nv_bfloat16* vals = nullptr;       // [nnz] the kept values (fill only)
+};
+
+// offsets[0] = 0, offsets[r + 1] = Σ_{i ≤ r} count(i). `scratch` is the CUB workspace (grown as needed).
+// The total (offsets[m]) stays on the device; the caller reads it when it must size the fill.
+void csr_count_and_scan(const CsrBuildParams& p, DeviceBuffer<unsigned char>& scratch, cudaStream_t stream);
+// Writes cols/vals at the offsets computed by csr_count_and_scan (same src).
+void launch_csr_fill(const CsrBuildParams& p, cudaStream_t stream);
+
+// Transposed index of a CSR pattern with `nnz` entries over n columns:
+//   entry_rows[e]  = the row of entry e;
+//   order[i]       = entry indices sorted by column, stably (so rows ascend within a column);
+//   col_offsets[c] = first position in `order` of column c; col_offsets[n] = nnz.
+struct CscParams {
+  const std::int64_t* offsets = nullptr;  // [m + 1]
+  const std::int32_t* cols = nullptr;     // [nnz]
+  std::int64_t m = 0, n = 0, nnz = 0;
+  std::int32_t* entry_rows = nullptr;     // [nnz]
+  std::int32_t* order = nullptr;          // [nnz]
+  std::int64_t* col_offsets = nullptr;    // [n + 1]
+  std::int32_t* tmp_keys = nullptr;       // [nnz] scratch (sorted columns)
+  std::int32_t* tmp_vals = nullptr;       // [nnz] scratch (0, 1, …, nnz − 1)
+};
+void build_csc(const CscParams& p, DeviceBuffer<unsigned char>& scratch, cudaStream_t stream);
+
+}  // namespace twell::cuda

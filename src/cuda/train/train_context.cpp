@@ -1,0 +1,321 @@
+#include "cuda/train/train_context.hpp"
+
+#include <algorithm>
+
+#include "cuda/common/check.hpp"
+#include "cuda/train/csr_kernels.hpp"
+
+namespace twell::cuda {
+namespace {
+
+std::size_t sz(std::int64_t v) { return static_cast<std::size_t>(v); }
+
+// Entry buffers grow with 25 % headroom so that a step whose count moves a little does not reallocate.
+template <typename T>
+void reserve_entries(DeviceBuffer<T>& b, std::int64_t nnz) {
+  if (sz(nnz) > b.size()) b.resize(sz(nnz + nnz / 4 + 1024));
+}
+
+}  // namespace
+
+TrainContext::TrainContext(const TrainContextOptions& opt)
+    : opt_(opt), ffn_([&] {
+        ContextOptions c;
+        c.autotune_gemm = opt.autotune_gemm;
+        return c;
+      }()),
+      scalars_(1), scalars_host_(1), nnz_host_(1) {}
+
+void TrainContext::upload_weights(const FfnWeights& w, cudaStream_t stream) {
+  ffn_.upload_weights(w, stream);
+  saved_ = Saved::none;
+  dw_gu_.release();
+  dw_down_.release();
+  dwd_t_.release();
+  col_offsets_.release();
+}
+
+std::size_t TrainContext::device_bytes() const noexcept {
+  return ffn_.weight_bytes() + const_cast<FfnContext&>(ffn_).gemm().workspace_bytes() + gu_.bytes() + g_.bytes() +
+         u_.bytes() + h_.bytes() + dh_.bytes() + dgu_.bytes() + row_counts_.bytes() + offsets_.bytes() +
+         col_offsets_.bytes() + cols_.bytes() + entry_rows_.bytes() + order_.bytes() + tmp_keys_.bytes() +
+         tmp_vals_.bytes() + p_.bytes() + u_e_.bytes() + row_l1_.bytes() + d_up_e_.bytes() + d_gate_e_.bytes() +
+         dwd_t_.bytes() + cub_ws_.bytes() + dw_gu_.bytes() + dw_down_.bytes() + scalars_.bytes();
+}
+
+void TrainContext::reserve_grads() {
+  // Fresh gradient buffers are filled with NaN (0xffffffff) once, so a row no kernel writes shows.
+  const std::size_t gu = sz((gated() ? 2 : 1) * ldn() * k()), dd = sz(k() * ldn());
+  if (dw_gu_.size() < gu) {
+    dw_gu_.resize(gu);
+    TWELL_CUDA_CHECK(cudaMemset(dw_gu_.get(), 0xff, dw_gu_.bytes()));
+  }
+  if (dw_down_.size() < dd) {
+    dw_down_.resize(dd);
+    TWELL_CUDA_CHECK(cudaMemset(dw_down_.get(), 0xff, dw_down_.bytes()));
+  }
+}
+
+TrainForwardResult TrainContext::forward(const __nv_bfloat16* x, std::int64_t m, __nv_bfloat16* y, Path path,
+                                         cudaStream_t stream) {
+  TWELL_CHECK(ffn_.w_gate_up() != nullptr, ErrorCode::invalid_argument, "TrainContext: upload_weights() first");
+  TWELL_CHECK(m >= 1 && m <= 0x7fffffff, ErrorCode::invalid_argument, "TrainContext: M = {} out of range", m);
+  TWELL_CHECK(x != nullptr && y != nullptr, ErrorCode::invalid_argument, "TrainContext: null x or y");
+  TWELL_CUDA_CHECK(cudaMemsetAsync(scalars_.get(), 0, sizeof(DenseTrainScalars), stream));
+  saved_m_ = m;
+  TrainForwardResult r;
+  if (path == Path::dense) {
+    dense_forward_stacked(x, m, y, stream);
+    r.path = "dense cublasLt (stacked gate|up GEMM)";
+    return r;
+  }
+  // Gate GEMM with ReLU into g_ [m, ldn] (columns ≥ N unwritten: nothing reads them), then the
+  // exact per-row counts and their prefix sum.
+  g_.reserve(sz(m * ldn()));
+  ffn_.gemm().run({m, n(), k(), k(), k(), ldn(), GemmEpilogue::relu}, ffn_.w_gate_up(), x, g_.get(), stream);
+  row_counts_.reserve(sz(m));
+  offsets_.reserve(sz(m + 1));
+  CsrBuildParams cp;
+  cp.src = g_.get();
+  cp.ld_src = ldn();
+  cp.m = m;
+  cp.n = n();
+  cp.row_counts = row_counts_.get();
+  cp.offsets = offsets_.get();
+  csr_count_and_scan(cp, cub_ws_, stream);
+  TWELL_CUDA_CHECK(cudaMemcpyAsync(nnz_host_.get(), offsets_.get() + m, sizeof(std::int64_t), cudaMemcpyDeviceToHost, stream));
+  TWELL_CUDA_CHECK(cudaStreamSynchronize(stream));
+  r.nnz = nnz_host_[0];
+  r.density = static_cast<double>(r.nnz) / (static_cast<double>(m) * static_cast<double>(n()));
+  const double limit = gated() ? opt_.max_sparse_density_gated : opt_.max_sparse_density_nongated;
+  r.sparse = path == Path::sparse || r.density <= limit;
+  nnz_ = r.nnz;
+  if (r.sparse) {
+    reserve_entries(cols_, nnz_);
+    reserve_entries(p_, nnz_);
+    cp.cols = cols_.get();
+    cp.vals = p_.get();
+    if (nnz_ > 0) launch_csr_fill(cp, stream);
+    sparse_forward(x, m, y, stream);
+    r.path = "twell sparse training (CSR of the gate, exact)";
+  } else {
+    dense_forward_after_gate(x, m, y, stream);
+    r.path = "dense cublasLt after the gate GEMM (density above threshold)";
+  }
+  return r;
+}
+
+void TrainContext::sparse_forward(const __nv_bfloat16* x, std::int64_t m, __nv_bfloat16* y, cudaStream_t stream) {
+  reserve_entries(u_e_, gated() ? nnz_ : 0);
+  row_l1_.reserve(sz(m));
+  SparseTrainForwardParams p;
+  p.x = x;
+  p.offsets = offsets_.get();
+  p.cols = cols_.get();
+  p.p = p_.get();
+  p.u = u_e_.get();
+  p.w_up = gated() ? ffn_.w_gate_up() + ldn() * k() : nullptr;
+  p.w_down_t = ffn_.w_down_t();
+  p.y = y;
+  p.row_l1 = row_l1_.get();
+  p.ld = k();
+  p.m = m;
+  p.k = k();
+  p.gated = gated();
+  launch_sparse_train_forward(p, stream);
+  launch_sum_rows(row_l1_.get(), m, &scalars_.get()->l1_sum, stream);
+  // active count = nnz = offsets[m] (int64 and unsigned long long have the same size)
+  static_assert(sizeof(std::int64_t) == sizeof(unsigned long long));
+  TWELL_CUDA_CHECK(cudaMemcpyAsync(&scalars_.get()->active, offsets_.get() + m, sizeof(std::int64_t),
+                                   cudaMemcpyDeviceToDevice, stream));
+  saved_ = Saved::sparse;
+  saved_bytes_ = sz(m + 1) * sizeof(std::int64_t) +
+                 sz(nnz_) * (sizeof(std::int32_t) + sizeof(__nv_bfloat16) + (gated() ? sizeof(float) : 0));
+}
+
+void TrainContext::dense_forward_stacked(const __nv_bfloat16* x, std::int64_t m, __nv_bfloat16* y, cudaStream_t stream) {
+  h_.reserve(sz(m * ldn()));
+  DenseTrainElementwiseParams e;
+  e.m = m;
+  e.n = n();
+  e.ldn = ldn();
+  e.gated = gated();
+  e.h = h_.get();
+  e.ld_h = ldn();
+  e.scalars = scalars_.get();
+  if (gated()) {
+    gu_.reserve(sz(m * 2 * ldn()));
+    ffn_.gemm().run({m, 2 * ldn(), k(), k(), k(), 2 * ldn(), GemmEpilogue::none}, ffn_.w_gate_up(), x, gu_.get(), stream);
+    e.g = gu_.get();
+    e.u = gu_.get() + ldn();
+    e.ld_g = e.ld_u = 2 * ldn();
+    saved_bytes_ = sz(m * 3 * ldn()) * sizeof(__nv_bfloat16);  // g, u and h
+  } else {
+    ffn_.gemm().run({m, ldn(), k(), k(), k(), ldn(), GemmEpilogue::relu}, ffn_.w_gate_up(), x, h_.get(), stream);
+    saved_bytes_ = sz(m * ldn()) * sizeof(__nv_bfloat16);  // h (its sign is the ReLU mask)
+  }
+  launch_dense_train_forward(e, stream);
+  ffn_.gemm().run({m, k(), ldn(), ldn(), ldn(), k(), GemmEpilogue::none}, ffn_.w_down(), h_.get(), y, stream);
+  saved_ = Saved::dense_stacked;
+}
+
+void TrainContext::dense_forward_after_gate(const __nv_bfloat16* x, std::int64_t m, __nv_bfloat16* y,
+                                            cudaStream_t stream) {
+  h_.reserve(sz(m * ldn()));
+  DenseTrainElementwiseParams e;
+  e.m = m;
+  e.n = n();
+  e.ldn = ldn();
+  e.gated = gated();
+  e.h = h_.get();
+  e.ld_h = ldn();
+  e.scalars = scalars_.get();
+  if (gated()) {
+    u_.reserve(sz(m * ldn()));
+    ffn_.gemm().run({m, ldn(), k(), k(), k(), ldn(), GemmEpilogue::none}, ffn_.w_gate_up() + ldn() * k(), x, u_.get(),
+                    stream);
+    e.g = g_.get();
+    e.u = u_.get();
+    e.ld_g = e.ld_u = ldn();
+    saved_bytes_ = sz(m * 3 * ldn()) * sizeof(__nv_bfloat16);
+  } else {
+    // g_ already is h = ReLU(x·Wuᵀ); the kernel zeroes its padding columns and counts.
+    TWELL_CUDA_CHECK(cudaMemcpy2DAsync(h_.get(), sz(ldn()) * 2, g_.get(), sz(ldn()) * 2, sz(n()) * 2, sz(m),
+                                       cudaMemcpyDeviceToDevice, stream));
+    saved_bytes_ = sz(m * ldn()) * sizeof(__nv_bfloat16);
+  }
+  launch_dense_train_forward(e, stream);
+  ffn_.gemm().run({m, k(), ldn(), ldn(), ldn(), k(), GemmEpilogue::none}, ffn_.w_down(), h_.get(), y, stream);
+  saved_ = Saved::dense_split;
+}
+
+void TrainContext::backward(const __nv_bfloat16* x, const __nv_bfloat16* dy, std::int64_t m, double l1_coeff,
+                            __nv_bfloat16* dx, cudaStream_t stream) {
+  TWELL_CHECK(saved_ != Saved::none, ErrorCode::invalid_argument, "TrainContext: backward() needs a forward() first");
+  TWELL_CHECK(m == saved_m_, ErrorCode::shape_mismatch, "TrainContext: backward for M = {} after a forward for M = {}", m,
+              saved_m_);
+  TWELL_CHECK(x && dy && dx, ErrorCode::invalid_argument, "TrainContext: null x, dy or dx");
+  reserve_grads();
+  const float c1 = static_cast<float>(l1_coeff / static_cast<double>(m));
+  if (saved_ == Saved::sparse)
+    sparse_backward(x, dy, m, c1, dx, stream);
+  else
+    dense_backward(x, dy, m, c1, dx, stream);
+}
+
+void TrainContext::dense_backward(const __nv_bfloat16* x, const __nv_bfloat16* dy, std::int64_t m, float c1,
+                                  __nv_bfloat16* dx, cudaStream_t stream) {
+  const std::int64_t kin = gated() ? 2 * ldn() : ldn();  // columns of [dg | du]
+  dh_.reserve(sz(m * ldn()));
+  dgu_.reserve(sz(m * kin));
+  LtGemm& gemm = ffn_.gemm();
+  // dh = dy · Wd: [m, K] · [K, ldn]
+  gemm.matmul({false, false, m, ldn(), k(), k(), ldn(), ldn(), false, GemmEpilogue::none}, dy, ffn_.w_down(), dh_.get(),
+              stream);
+  DenseTrainElementwiseParams e;
+  e.m = m;
+  e.n = n();
+  e.ldn = ldn();
+  e.gated = gated();
+  e.h = h_.get();
+  e.ld_h = ldn();
+  e.dh = dh_.get();
+  e.ld_dh = ldn();
+  e.c1 = c1;
+  e.ld_d = kin;
+  if (gated()) {
+    const bool stacked = saved_ == Saved::dense_stacked;
+    e.g = stacked ? gu_.get() : g_.get();
+    e.u = stacked ? gu_.get() + ldn() : u_.get();
+    e.ld_g = e.ld_u = stacked ? 2 * ldn() : ldn();
+    e.d_gate = dgu_.get();
+    e.d_up = dgu_.get() + ldn();
+  } else {
+    e.d_up = dgu_.get();
+  }
+  launch_dense_train_backward(e, stream);
+  // dx = [dg | du] · [Wg; Wu]: [m, kin] · [kin, K]
+  gemm.matmul({false, false, m, k(), kin, kin, k(), k(), false, GemmEpilogue::none}, dgu_.get(), ffn_.w_gate_up(), dx,
+              stream);
+  // [dWg; dWu] = [dg | du]ᵀ · x: [kin, m] · [m, K], fp32
+  gemm.matmul({true, false, kin, k(), m, kin, k(), k(), true, GemmEpilogue::none}, dgu_.get(), x, dw_gu_.get(), stream);
+  // dWd = dyᵀ · h: [K, m] · [m, ldn], fp32
+  gemm.matmul({true, false, k(), ldn(), m, k(), ldn(), ldn(), true, GemmEpilogue::none}, dy, h_.get(), dw_down_.get(),
+              stream);
+}
+
+void TrainContext::sparse_backward(const __nv_bfloat16* x, const __nv_bfloat16* dy, std::int64_t m, float c1,
+                                   __nv_bfloat16* dx, cudaStream_t stream) {
+  reserve_entries(d_up_e_, nnz_);
+  reserve_entries(d_gate_e_, gated() ? nnz_ : 0);
+  SparseTrainBackwardParams b;
+  b.dy = dy;
+  b.offsets = offsets_.get();
+  b.cols = cols_.get();
+  b.p = p_.get();
+  b.u = gated() ? u_e_.get() : nullptr;
+  b.w_gate = gated() ? ffn_.w_gate_up() : nullptr;
+  b.w_up = gated() ? ffn_.w_gate_up() + ldn() * k() : ffn_.w_gate_up();
+  b.w_down_t = ffn_.w_down_t();
+  b.c1 = c1;
+  b.d_up = d_up_e_.get();
+  b.d_gate = gated() ? d_gate_e_.get() : nullptr;
+  b.dx = dx;
+  b.ld = k();
+  b.m = m;
+  b.k = k();
+  b.gated = gated();
+  launch_sparse_train_backward(b, stream);
+
+  // Per neuron: its entries (tokens ascending), then the three weight-gradient rows.
+  reserve_entries(entry_rows_, nnz_);
+  reserve_entries(order_, nnz_);
+  reserve_entries(tmp_keys_, nnz_);
+  reserve_entries(tmp_vals_, nnz_);
+  col_offsets_.reserve(sz(n() + 1));
+  CscParams c;
+  c.offsets = offsets_.get();
+  c.cols = cols_.get();
+  c.m = m;
+  c.n = n();
+  c.nnz = nnz_;
+  c.entry_rows = entry_rows_.get();
+  c.order = order_.get();
+  c.col_offsets = col_offsets_.get();
+  c.tmp_keys = tmp_keys_.get();
+  c.tmp_vals = tmp_vals_.get();
+  build_csc(c, cub_ws_, stream);
+
+  dwd_t_.reserve(sz(n() * k()));
+  SparseWeightGradParams g;
+  g.x = x;
+  g.dy = dy;
+  g.entry_rows = entry_rows_.get();
+  g.order = order_.get();
+  g.col_offsets = col_offsets_.get();
+  g.p = p_.get();
+  g.u = gated() ? u_e_.get() : nullptr;
+  g.d_up = d_up_e_.get();
+  g.d_gate = gated() ? d_gate_e_.get() : nullptr;
+  g.dw_gate = gated() ? dw_gu_.get() : nullptr;
+  g.dw_up = gated() ? dw_gu_.get() + ldn() * k() : dw_gu_.get();
+  g.dw_down_t = dwd_t_.get();
+  g.ld = k();
+  g.n = n();
+  g.k = k();
+  g.gated = gated();
+  launch_sparse_weight_grads(g, stream);
+  launch_transpose_f32(dwd_t_.get(), k(), n(), k(), dw_down_.get(), ldn(), stream);
+}
+
+FfnTrainScalars TrainContext::read_scalars(cudaStream_t stream) {
+  TWELL_CUDA_CHECK(cudaMemcpyAsync(scalars_host_.get(), scalars_.get(), sizeof(DenseTrainScalars), cudaMemcpyDeviceToHost,
+                                   stream));
+  TWELL_CUDA_CHECK(cudaStreamSynchronize(stream));
+  FfnTrainScalars s;
+  s.l1 = scalars_host_[0].l1_sum / static_cast<double>(saved_m_);
+  s.l0 = static_cast<double>(scalars_host_[0].active) / static_cast<double>(saved_m_);
+  return s;
+}
+
+}  // namespace twell::cuda

@@ -1,0 +1,106 @@
+#pragma once
+// One FFN layer's CUDA training step (DESIGN §3, training): forward saves what backward needs,
+// backward produces dx and the weight gradients. Stream-taking, no process-global state; the
+// context owns the device weights (through an FfnContext), the gradient buffers (fp32) and every
+// workspace. Buffers only grow, so device_bytes() is the high-water mark of this context.
+//
+// Sparse path: gate GEMM (cuBLASLt, ReLU epilogue) → CSR of its non-zeros (exact for any
+// distribution, nothing dropped) → token-major forward (u sampled at the pattern, y) → backward:
+// token-major (dt, d_up, d_gate, dx), transposed index (radix sort), neuron-major weight gradients.
+// Saved for backward beyond x and y: offsets [M+1] i64 and per non-zero col i32 + p bf16 + u f32.
+// No dense [M, N] tensor is kept (the bf16 gate output is a workspace, reused by the next step).
+// Dense path (cuBLASLt): [g | u] = x·[Wg; Wu]ᵀ, h = ReLU(g) ⊙ u, y = h·Wdᵀ; dh = dy·Wd, the
+// elementwise gradient, dx = [dg | du]·[Wg; Wu], [dWg; dWu] = [dg | du]ᵀ·x, dWd = dyᵀ·h.
+// Dispatch (Path::automatic): after the gate GEMM the exact non-zero count decides.
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <string>
+
+#include "cuda/common/device_buffer.hpp"
+#include "cuda/ffn_context.hpp"
+#include "cuda/train/train_kernels.hpp"
+#include "twell/cuda/ffn_cuda.hpp"
+#include "twell/ffn.hpp"
+
+namespace twell::cuda {
+
+struct TrainContextOptions {
+  bool autotune_gemm = false;
+  // Automatic dispatch runs the sparse step iff nnz / (M·N) ≤ this (docs/perf-notes-cuda.md).
+  double max_sparse_density_gated = 0.009;
+  double max_sparse_density_nongated = 0.006;
+};
+
+struct TrainForwardResult {
+  bool sparse = false;
+  std::int64_t nnz = -1;  // exact count (−1 when the forced dense path ran without counting)
+  double density = 0;
+  std::string path;
+};
+
+class TrainContext {
+ public:
+  explicit TrainContext(const TrainContextOptions& opt = {});
+  TrainContext(const TrainContext&) = delete;
+  TrainContext& operator=(const TrainContext&) = delete;
+
+  void upload_weights(const FfnWeights& w, cudaStream_t stream);
+
+  // x, y: device bf16 [m, K], row stride K. Synchronises once (the non-zero count) unless
+  // path == Path::dense. x must stay unchanged until backward().
+  TrainForwardResult forward(const __nv_bfloat16* x, std::int64_t m, __nv_bfloat16* y, Path path, cudaStream_t stream);
+  // Gradients of ⟨y, dy⟩ + l1_coeff · Σ|h| / m for the last forward (same x, same m). dx: bf16
+  // [m, K] (row stride K); weight gradients into this context's buffers (dw_gate() etc.).
+  void backward(const __nv_bfloat16* x, const __nv_bfloat16* dy, std::int64_t m, double l1_coeff, __nv_bfloat16* dx,
+                cudaStream_t stream);
+  // Synchronises `stream`; l1 = Σ|h| / m and l0 = active / m of the last forward.
+  FfnTrainScalars read_scalars(cudaStream_t stream);
+
+  // fp32 gradients, rows of stride K: dw_gate [N, K] (gated), dw_up [N, K]; dw_down [K, ldn]
+  // (row stride ldn; columns ≥ N are not meaningful).
+  const float* dw_gate() const noexcept { return gated() ? dw_gu_.get() : nullptr; }
+  const float* dw_up() const noexcept { return dw_gu_.get() + (gated() ? ldn() * k() : 0); }
+  const float* dw_down() const noexcept { return dw_down_.get(); }
+
+  std::size_t saved_bytes() const noexcept { return saved_bytes_; }  // kept by the last forward beyond x, y
+  std::size_t device_bytes() const noexcept;                          // everything this context holds
+  bool gated() const noexcept { return ffn_.gated(); }
+  std::int64_t n() const noexcept { return ffn_.n(); }
+  std::int64_t k() const noexcept { return ffn_.k(); }
+  std::int64_t ldn() const noexcept { return ffn_.ldn(); }
+
+ private:
+  enum class Saved { none, dense_stacked, dense_split, sparse };
+  void dense_forward_stacked(const __nv_bfloat16* x, std::int64_t m, __nv_bfloat16* y, cudaStream_t stream);
+  void dense_forward_after_gate(const __nv_bfloat16* x, std::int64_t m, __nv_bfloat16* y, cudaStream_t stream);
+  void sparse_forward(const __nv_bfloat16* x, std::int64_t m, __nv_bfloat16* y, cudaStream_t stream);
+  void dense_backward(const __nv_bfloat16* x, const __nv_bfloat16* dy, std::int64_t m, float c1, __nv_bfloat16* dx,
+                      cudaStream_t stream);
+  void sparse_backward(const __nv_bfloat16* x, const __nv_bfloat16* dy, std::int64_t m, float c1, __nv_bfloat16* dx,
+                       cudaStream_t stream);
+  void reserve_grads();
+
+  TrainContextOptions opt_;
+  FfnContext ffn_;
+  Saved saved_ = Saved::none;
+  std::int64_t saved_m_ = 0, nnz_ = 0;
+  std::size_t saved_bytes_ = 0;
+  // dense state: gu_ [m, 2·ldn] (stacked path), g_ [m, ldn] (gate output, also the sparse path's
+  // workspace), u_ [m, ldn] (dispatched dense), h_ [m, ldn]; backward dh_ [m, ldn], dgu_ [m, 2·ldn]
+  DeviceBuffer<__nv_bfloat16> gu_, g_, u_, h_, dh_, dgu_;
+  // sparse state: row_counts_ [m], offsets_ [m + 1], per entry cols_, p_, u_e_; row_l1_ [m]
+  DeviceBuffer<std::int64_t> row_counts_, offsets_, col_offsets_;
+  DeviceBuffer<std::int32_t> cols_, entry_rows_, order_, tmp_keys_, tmp_vals_;
+  DeviceBuffer<__nv_bfloat16> p_;
+  DeviceBuffer<float> u_e_, row_l1_, d_up_e_, d_gate_e_, dwd_t_;
+  DeviceBuffer<unsigned char> cub_ws_;
+  // gradients: dw_gu_ [2·ldn (gated) or ldn, K], dw_down_ [K, ldn]
+  DeviceBuffer<float> dw_gu_, dw_down_;
+  DeviceBuffer<DenseTrainScalars> scalars_;
+  PinnedBuffer<DenseTrainScalars> scalars_host_;
+  PinnedBuffer<std::int64_t> nnz_host_;
+};
+
+}  // namespace twell::cuda

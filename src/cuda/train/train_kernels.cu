@@ -1,0 +1,531 @@
+// Training kernels (see train_kernels.hpp for the math).
+#include "cuda/train/train_kernels.hpp"
+
+#include <algorithm>
+
+#include "cuda/common/check.hpp"
+#include "cuda/common/device_math.cuh"
+
+namespace twell::cuda {
+namespace {
+
+using dev::axpy8;
+using dev::dot8;
+using dev::hi_bf16;
+using dev::lo_bf16;
+
+// Token-major kernels: one CTA per token row; thread t owns the 16-byte K-chunks {i·blockDim + t}
+// (dev::load_chunks), so a weight row is read as contiguous 512-byte runs per warp. A row's
+// entries are processed in windows of kWindow held in shared memory.
+constexpr int kWindow = 256;
+constexpr int kMaxThreads = 512;
+constexpr int kUnroll = 4;  // weight rows in flight per thread
+
+__device__ __forceinline__ float sign_of(float v) { return v > 0.0f ? 1.0f : (v < 0.0f ? -1.0f : 0.0f); }
+
+__device__ float block_sum(float v, float* red) {
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, nwarps = blockDim.x / 32;
+  v = dev::warp_sum(v);
+  __syncthreads();
+  if (lane == 0) red[warp] = v;
+  __syncthreads();
+  float s = 0.0f;
+  if (threadIdx.x == 0)
+    for (int w = 0; w < nwarps; ++w) s += red[w];
+  return s;  // valid in thread 0
+}
+
+// For entries j of the window: part[warp · kWindow + j] = this warp's K-slice of ⟨a, W[col_j]⟩.
+template <int CH>
+__device__ __forceinline__ void window_partial_dots(const uint4 (&a)[CH], const __nv_bfloat16* w, const int* lcol,
+                                                    int cnt, std::int64_t k, int kchunks, float* part) {
+  const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32, nthreads = blockDim.x;
+  for (int j0 = 0; j0 < cnt; j0 += kUnroll) {
+    uint4 wr[kUnroll][CH];
+#pragma unroll
+    for (int q = 0; q < kUnroll; ++q) {
+      if (j0 + q < cnt) {
+        dev::load_chunks<CH>(w + static_cast<std::int64_t>(lcol[j0 + q]) * k, tid, nthreads, kchunks, wr[q]);
+      } else {
+#pragma unroll
+        for (int i = 0; i < CH; ++i) wr[q][i] = make_uint4(0, 0, 0, 0);
+      }
+    }
+#pragma unroll
+    for (int q = 0; q < kUnroll; ++q) {
+      float s = 0.0f;
+#pragma unroll
+      for (int i = 0; i < CH; ++i) s += dot8(a[i], wr[q][i]);
+      s = dev::warp_sum(s);
+      if (lane == 0 && j0 + q < cnt) part[warp * kWindow + j0 + q] = s;
+    }
+  }
+}
+
+// acc += Σ_j coef[j] · W[col_j] (+ Σ_j coef2[j] · W2[col_j] when W2 is given).
+template <int CH>
+__device__ __forceinline__ void window_axpys(const __nv_bfloat16* w, const float* coef, const __nv_bfloat16* w2,
+                                             const float* coef2, const int* lcol, int cnt, std::int64_t k, int kchunks,
+                                             float (&acc)[CH][8]) {
+  const int tid = threadIdx.x, nthreads = blockDim.x;
+  for (int j0 = 0; j0 < cnt; j0 += kUnroll) {
+    uint4 wr[kUnroll][CH];
+    float c[kUnroll];
+#pragma unroll
+    for (int q = 0; q < kUnroll; ++q) {
+      c[q] = j0 + q < cnt ? coef[j0 + q] : 0.0f;
+      if (j0 + q < cnt) {
+        dev::load_chunks<CH>(w + static_cast<std::int64_t>(lcol[j0 + q]) * k, tid, nthreads, kchunks, wr[q]);
+      } else {
+#pragma unroll
+        for (int i = 0; i < CH; ++i) wr[q][i] = make_uint4(0, 0, 0, 0);
+      }
+    }
+#pragma unroll
+    for (int q = 0; q < kUnroll; ++q)
+#pragma unroll
+      for (int i = 0; i < CH; ++i) axpy8(c[q], wr[q][i], acc[i]);
+    if (w2 != nullptr) {
+#pragma unroll
+      for (int q = 0; q < kUnroll; ++q) {
+        c[q] = j0 + q < cnt ? coef2[j0 + q] : 0.0f;
+        if (j0 + q < cnt) {
+          dev::load_chunks<CH>(w2 + static_cast<std::int64_t>(lcol[j0 + q]) * k, tid, nthreads, kchunks, wr[q]);
+        } else {
+#pragma unroll
+          for (int i = 0; i < CH; ++i) wr[q][i] = make_uint4(0, 0, 0, 0);
+        }
+      }
+#pragma unroll
+      for (int q = 0; q < kUnroll; ++q)
+#pragma unroll
+        for (int i = 0; i < CH; ++i) axpy8(c[q], wr[q][i], acc[i]);
+    }
+  }
+}
+
+template <int CH>
+__device__ __forceinline__ void store_row_bf16(__nv_bfloat16* row, const float (&acc)[CH][8], int kchunks) {
+#pragma unroll
+  for (int i = 0; i < CH; ++i) {
+    const int c = i * blockDim.x + threadIdx.x;
+    if (c < kchunks) __stcs(reinterpret_cast<uint4*>(row) + c, dev::pack8_bf16(acc[i]));
+  }
+}
+
+template <int CH>
+__device__ __forceinline__ void zero_acc(float (&acc)[CH][8]) {
+#pragma unroll
+  for (int i = 0; i < CH; ++i)
+#pragma unroll
+    for (int e = 0; e < 8; ++e) acc[i][e] = 0.0f;
+}
+
+// Shared memory of the token-major kernels: lcol [kWindow] i32, la, lb [kWindow] f32,
+// part [nwarps, kWindow] f32, red [32] f32.
+std::size_t token_smem_bytes(int threads) {
+  return sizeof(int) * kWindow + 2 * sizeof(float) * kWindow + sizeof(float) * (threads / 32) * kWindow +
+         sizeof(float) * 32;
+}
+
+template <int CH>
+__global__ void __launch_bounds__(kMaxThreads) sparse_train_forward_kernel(SparseTrainForwardParams p) {
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  const int tid = threadIdx.x, nthreads = blockDim.x, nwarps = nthreads / 32;
+  int* lcol = reinterpret_cast<int*>(smem_raw);
+  float* lt = reinterpret_cast<float*>(lcol + kWindow);  // p, then t = p·u
+  float* part = lt + 2 * kWindow;
+  float* red = part + nwarps * kWindow;
+  const int kchunks = static_cast<int>(p.k / 8);
+  const std::int64_t row = blockIdx.x;
+  const std::int64_t beg = p.offsets[row], end = p.offsets[row + 1];
+
+  uint4 xr[CH];  // this thread's chunks of x[row]
+  if (p.gated) dev::load_chunks_stream<CH>(p.x + row * p.ld, tid, nthreads, kchunks, xr);
+  float acc[CH][8];
+  zero_acc<CH>(acc);
+  float l1 = 0.0f;
+  for (std::int64_t w0 = beg; w0 < end; w0 += kWindow) {
+    const int cnt = static_cast<int>(end - w0 < kWindow ? end - w0 : kWindow);
+    for (int j = tid; j < cnt; j += nthreads) {
+      lcol[j] = p.cols[w0 + j];
+      lt[j] = __bfloat162float(p.p[w0 + j]);
+    }
+    __syncthreads();
+    if (p.gated) {
+      window_partial_dots<CH>(xr, p.w_up, lcol, cnt, p.k, kchunks, part);
+      __syncthreads();
+      for (int j = tid; j < cnt; j += nthreads) {
+        float u = 0.0f;
+        for (int q = 0; q < nwarps; ++q) u += part[q * kWindow + j];
+        p.u[w0 + j] = u;
+        lt[j] *= u;
+      }
+      __syncthreads();
+    }
+    for (int j = tid; j < cnt; j += nthreads) l1 += fabsf(lt[j]);
+    window_axpys<CH>(p.w_down_t, lt, nullptr, nullptr, lcol, cnt, p.k, kchunks, acc);
+    __syncthreads();  // the next window overwrites lcol / lt
+  }
+  store_row_bf16<CH>(p.y + row * p.ld, acc, kchunks);
+  const float s = block_sum(l1, red);
+  if (tid == 0) p.row_l1[row] = s;
+}
+
+template <int CH>
+__global__ void __launch_bounds__(kMaxThreads) sparse_train_backward_kernel(SparseTrainBackwardParams p) {
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  const int tid = threadIdx.x, nthreads = blockDim.x, nwarps = nthreads / 32;
+  int* lcol = reinterpret_cast<int*>(smem_raw);
+  float* la = reinterpret_cast<float*>(lcol + kWindow);  // p, then d_up
+  float* lb = la + kWindow;                             // u, then d_gate
+  float* part = lb + kWindow;
+  const int kchunks = static_cast<int>(p.k / 8);
+  const std::int64_t row = blockIdx.x;
+  const std::int64_t beg = p.offsets[row], end = p.offsets[row + 1];
+
+  uint4 dyr[CH];
+  dev::load_chunks_stream<CH>(p.dy + row * p.ld, tid, nthreads, kchunks, dyr);
+  float acc[CH][8];
+  zero_acc<CH>(acc);
+  for (std::int64_t w0 = beg; w0 < end; w0 += kWindow) {
+    const int cnt = static_cast<int>(end - w0 < kWindow ? end - w0 : kWindow);
+    for (int j = tid; j < cnt; j += nthreads) {
+      lcol[j] = p.cols[w0 + j];
+      la[j] = __bfloat162float(p.p[w0 + j]);
+      lb[j] = p.gated ? p.u[w0 + j] : 0.0f;
+    }
+    __syncthreads();
+    window_partial_dots<CH>(dyr, p.w_down_t, lcol, cnt, p.k, kchunks, part);
+    __syncthreads();
+    for (int j = tid; j < cnt; j += nthreads) {
+      float dt = 0.0f;
+      for (int q = 0; q < nwarps; ++q) dt += part[q * kWindow + j];
+      const float pv = la[j];
+      if (p.gated) {
+        const float uv = lb[j];
+        dt += p.c1 * sign_of(pv * uv);
+        la[j] = dt * pv;  // d_up
+        lb[j] = dt * uv;  // d_gate
+        p.d_gate[w0 + j] = lb[j];
+      } else {
+        dt += p.c1 * sign_of(pv);
+        la[j] = dt;
+      }
+      p.d_up[w0 + j] = la[j];
+    }
+    __syncthreads();
+    window_axpys<CH>(p.w_up, la, p.gated ? p.w_gate : nullptr, lb, lcol, cnt, p.k, kchunks, acc);
+    __syncthreads();
+  }
+  store_row_bf16<CH>(p.dx + row * p.ld, acc, kchunks);
+}
+
+// Neuron-major: one CTA per neuron, the same K-chunk split; per entry (token m) the rows x[m] and
+// dy[m] are read and the three gradient rows accumulate in registers, written once as fp32.
+// Shared memory: lrow [kWindow] i32, lup, lgate, lt [kWindow] f32.
+template <int CH>
+__global__ void __launch_bounds__(kMaxThreads) sparse_weight_grad_kernel(SparseWeightGradParams p) {
+  __shared__ int lrow[kWindow];
+  __shared__ float lup[kWindow], lgate[kWindow], lt[kWindow];
+  const int tid = threadIdx.x, nthreads = blockDim.x;
+  const int kchunks = static_cast<int>(p.k / 8);
+  const std::int64_t n = blockIdx.x;
+  const std::int64_t beg = p.col_offsets[n], end = p.col_offsets[n + 1];
+  float au[CH][8], ag[CH][8], ad[CH][8];
+  zero_acc<CH>(au);
+  zero_acc<CH>(ag);
+  zero_acc<CH>(ad);
+  for (std::int64_t w0 = beg; w0 < end; w0 += kWindow) {
+    const int cnt = static_cast<int>(end - w0 < kWindow ? end - w0 : kWindow);
+    for (int j = tid; j < cnt; j += nthreads) {
+      const std::int32_t e = p.order[w0 + j];
+      lrow[j] = p.entry_rows[e];
+      lup[j] = p.d_up[e];
+      const float pv = __bfloat162float(p.p[e]);
+      lgate[j] = p.gated ? p.d_gate[e] : 0.0f;
+      lt[j] = p.gated ? pv * p.u[e] : pv;
+    }
+    __syncthreads();
+    constexpr int U = 2;
+    for (int j0 = 0; j0 < cnt; j0 += U) {
+      uint4 xr[U][CH], dr[U][CH];
+#pragma unroll
+      for (int q = 0; q < U; ++q) {
+        if (j0 + q < cnt) {
+          const std::int64_t m = lrow[j0 + q];
+          dev::load_chunks<CH>(p.x + m * p.ld, tid, nthreads, kchunks, xr[q]);
+          dev::load_chunks<CH>(p.dy + m * p.ld, tid, nthreads, kchunks, dr[q]);
+        } else {
+#pragma unroll
+          for (int i = 0; i < CH; ++i) xr[q][i] = dr[q][i] = make_uint4(0, 0, 0, 0);
+        }
+      }
+#pragma unroll
+      for (int q = 0; q < U; ++q) {
+        const bool ok = j0 + q < cnt;
+        const float cu = ok ? lup[j0 + q] : 0.0f, cg = ok ? lgate[j0 + q] : 0.0f, ct = ok ? lt[j0 + q] : 0.0f;
+#pragma unroll
+        for (int i = 0; i < CH; ++i) {
+          axpy8(cu, xr[q][i], au[i]);
+          if (p.gated) axpy8(cg, xr[q][i], ag[i]);
+          axpy8(ct, dr[q][i], ad[i]);
+        }
+      }
+    }
+    __syncthreads();
+  }
+  auto store = [&](float* dst, const float (&a)[CH][8]) {
+#pragma unroll
+    for (int i = 0; i < CH; ++i) {
+      const int c = i * nthreads + tid;
+      if (c < kchunks) {
+        float4* o = reinterpret_cast<float4*>(dst + n * p.k + static_cast<std::int64_t>(c) * 8);
+        o[0] = make_float4(a[i][0], a[i][1], a[i][2], a[i][3]);
+        o[1] = make_float4(a[i][4], a[i][5], a[i][6], a[i][7]);
+      }
+    }
+  };
+  store(p.dw_up, au);
+  if (p.gated) store(p.dw_gate, ag);
+  store(p.dw_down_t, ad);
+}
+
+constexpr int kTile = 32;
+__global__ void transpose_f32_kernel(const float* in, std::int64_t ld_in, std::int64_t rows, std::int64_t cols,
+                                     float* out, std::int64_t ld_out) {
+  __shared__ float tile[kTile][kTile + 1];  // +1: no bank conflicts on the transposed read
+  const std::int64_t r0 = static_cast<std::int64_t>(blockIdx.y) * kTile, c0 = static_cast<std::int64_t>(blockIdx.x) * kTile;
+  for (int i = threadIdx.y; i < kTile; i += blockDim.y) {
+    const std::int64_t r = r0 + i, c = c0 + threadIdx.x;
+    if (r < rows && c < cols) tile[i][threadIdx.x] = in[r * ld_in + c];
+  }
+  __syncthreads();
+  for (int i = threadIdx.y; i < kTile; i += blockDim.y) {
+    const std::int64_t c = c0 + i, r = r0 + threadIdx.x;
+    if (r < rows && c < cols) out[c * ld_out + r] = tile[threadIdx.x][i];
+  }
+}
+
+__global__ void sum_rows_kernel(const float* v, std::int64_t m, double* out) {
+  __shared__ double red[32];
+  double s = 0;
+  for (std::int64_t i = threadIdx.x; i < m; i += blockDim.x) s += v[i];
+#pragma unroll
+  for (int d = 16; d > 0; d >>= 1) s += __shfl_xor_sync(0xffffffffu, s, d);
+  if (threadIdx.x % 32 == 0) red[threadIdx.x / 32] = s;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    double t = 0;
+    for (int w = 0; w < static_cast<int>(blockDim.x / 32); ++w) t += red[w];
+    *out = t;
+  }
+}
+
+// Dense elementwise: one thread per 8 columns, one 16-byte load/store per operand when every
+// stride is a multiple of 8 and the 8 columns are all real (c0 + 8 ≤ n); scalar otherwise.
+struct Vec8 {
+  float v[8];
+};
+__device__ __forceinline__ Vec8 load8(const __nv_bfloat16* row, std::int64_t c0, std::int64_t n, bool vec) {
+  Vec8 o;
+  if (vec && c0 + 8 <= n) {
+    const uint4 w = __ldcs(reinterpret_cast<const uint4*>(row + c0));
+    const std::uint32_t ws[4] = {w.x, w.y, w.z, w.w};
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      o.v[2 * e] = lo_bf16(ws[e]);
+      o.v[2 * e + 1] = hi_bf16(ws[e]);
+    }
+  } else {
+#pragma unroll
+    for (int e = 0; e < 8; ++e) o.v[e] = c0 + e < n ? __bfloat162float(row[c0 + e]) : 0.0f;
+  }
+  return o;
+}
+// Stores columns [c0, min(c0 + 8, ldn)); values of columns ≥ n must already be 0.
+__device__ __forceinline__ void store8(__nv_bfloat16* row, std::int64_t c0, std::int64_t ldn, const Vec8& a, bool vec) {
+  if (vec && c0 + 8 <= ldn) {
+    *reinterpret_cast<uint4*>(row + c0) = dev::pack8_bf16(a.v);
+  } else {
+#pragma unroll
+    for (int e = 0; e < 8; ++e)
+      if (c0 + e < ldn) row[c0 + e] = __float2bfloat16_rn(a.v[e]);
+  }
+}
+
+__global__ void dense_train_forward_kernel(DenseTrainElementwiseParams p) {
+  const std::int64_t per_row = (p.ldn + 7) / 8, total = p.m * per_row;
+  const bool vec = p.ld_h % 8 == 0 && (!p.gated || (p.ld_g % 8 == 0 && p.ld_u % 8 == 0));
+  float l1 = 0.0f;
+  unsigned long long active = 0;
+  for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < total;
+       i += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
+    const std::int64_t r = i / per_row, c0 = (i % per_row) * 8;
+    if (p.gated) {
+      const Vec8 g = load8(p.g + r * p.ld_g, c0, p.n, vec), u = load8(p.u + r * p.ld_u, c0, p.n, vec);
+      Vec8 h;
+#pragma unroll
+      for (int e = 0; e < 8; ++e) {
+        active += g.v[e] > 0.0f;  // columns ≥ n read as 0: never active
+        h.v[e] = __bfloat162float(__float2bfloat16_rn(fmaxf(g.v[e], 0.0f) * u.v[e]));
+        l1 += fabsf(h.v[e]);
+      }
+      store8(p.h + r * p.ld_h, c0, p.ldn, h, vec);
+    } else {
+      const Vec8 h = load8(p.h + r * p.ld_h, c0, p.n, vec);
+#pragma unroll
+      for (int e = 0; e < 8; ++e) {
+        active += h.v[e] > 0.0f;
+        l1 += fabsf(h.v[e]);
+      }
+      if (c0 + 8 > p.n) store8(p.h + r * p.ld_h, c0, p.ldn, h, false);  // zero the padding columns
+    }
+  }
+  __shared__ float rl[32];
+  __shared__ unsigned long long ra[32];
+  l1 = dev::warp_sum(l1);
+#pragma unroll
+  for (int d = 16; d > 0; d >>= 1) active += __shfl_xor_sync(0xffffffffu, active, d);
+  if (threadIdx.x % 32 == 0) {
+    rl[threadIdx.x / 32] = l1;
+    ra[threadIdx.x / 32] = active;
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    double s = 0;
+    unsigned long long a = 0;
+    for (int w = 0; w < static_cast<int>(blockDim.x / 32); ++w) {
+      s += rl[w];
+      a += ra[w];
+    }
+    atomicAdd(&p.scalars->l1_sum, s);
+    atomicAdd(&p.scalars->active, a);
+  }
+}
+
+__global__ void dense_train_backward_kernel(DenseTrainElementwiseParams p) {
+  const std::int64_t per_row = (p.ldn + 7) / 8, total = p.m * per_row;
+  const bool vec = p.ld_h % 8 == 0 && p.ld_dh % 8 == 0 && p.ld_d % 8 == 0 &&
+                   (!p.gated || (p.ld_g % 8 == 0 && p.ld_u % 8 == 0));
+  for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < total;
+       i += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
+    const std::int64_t r = i / per_row, c0 = (i % per_row) * 8;
+    const Vec8 h = load8(p.h + r * p.ld_h, c0, p.n, vec), dh = load8(p.dh + r * p.ld_dh, c0, p.n, vec);
+    Vec8 dup, dgate;
+    if (p.gated) {
+      const Vec8 g = load8(p.g + r * p.ld_g, c0, p.n, vec), u = load8(p.u + r * p.ld_u, c0, p.n, vec);
+#pragma unroll
+      for (int e = 0; e < 8; ++e) {
+        const float dt = dh.v[e] + p.c1 * sign_of(h.v[e]);
+        const bool on = g.v[e] > 0.0f;  // columns ≥ n read as 0: their gradients are 0
+        dup.v[e] = on ? dt * g.v[e] : 0.0f;
+        dgate.v[e] = on ? dt * u.v[e] : 0.0f;
+      }
+      store8(p.d_gate + r * p.ld_d, c0, p.ldn, dgate, vec);
+    } else {
+#pragma unroll
+      for (int e = 0; e < 8; ++e) dup.v[e] = h.v[e] > 0.0f ? dh.v[e] + p.c1 * sign_of(h.v[e]) : 0.0f;
+    }
+    store8(p.d_up + r * p.ld_d, c0, p.ldn, dup, vec);
+  }
+}
+
+unsigned grid_for(std::int64_t items) {  // grid-stride kernels: enough blocks to fill any GPU
+  return static_cast<unsigned>(std::clamp<std::int64_t>((items + 255) / 256, 1, 1 << 16));
+}
+
+template <typename Params>
+void check_token_kernel(const Params& p, const char* what) {
+  TWELL_CU_REQUIRE(p.m >= 1 && p.m <= 0x7fffffff, ErrorCode::unsupported, "{}: M = {} out of range", what, p.m);
+  TWELL_CU_REQUIRE(p.k >= 8 && p.k % 8 == 0 && p.k <= 16384, ErrorCode::unsupported,
+                   "{}: K must be a multiple of 8 in [8, 16384] (got {})", what, p.k);
+  TWELL_CU_REQUIRE(p.ld % 8 == 0 && p.ld >= p.k, ErrorCode::unsupported, "{}: row stride {} must be a multiple of 8 ≥ K",
+                   what, p.ld);
+}
+
+// Threads for a K of kchunks 16-byte chunks at CH chunks per thread (a whole number of warps).
+int threads_for(std::int64_t k, int ch) { return static_cast<int>(((k / 8 + ch - 1) / ch + 31) / 32 * 32); }
+
+template <typename Kernel, typename Params>
+void launch_token(Kernel kernel, unsigned blocks, int threads, std::size_t smem, cudaStream_t stream, const char* name,
+                  const Params& params) {
+  if (smem > 48 * 1024)
+    TWELL_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
+  kernel<<<blocks, threads, smem, stream>>>(params);
+  cudaError_t e = cudaGetLastError();
+  if (e != cudaSuccess) detail::throw_cuda(e, name, __FILE__, __LINE__);
+}
+
+}  // namespace
+
+void launch_sparse_train_forward(const SparseTrainForwardParams& p, cudaStream_t stream) {
+  check_token_kernel(p, "sparse train forward");
+  TWELL_CU_REQUIRE(p.offsets && p.cols && p.p && p.w_down_t && p.y && p.row_l1 && (!p.gated || (p.x && p.w_up && p.u)),
+                   ErrorCode::invalid_argument, "sparse train forward: null pointer");
+  const bool ch2 = threads_for(p.k, 2) <= kMaxThreads;
+  const int threads = threads_for(p.k, ch2 ? 2 : 4);
+  const std::size_t smem = token_smem_bytes(threads);
+  if (ch2)
+    launch_token(sparse_train_forward_kernel<2>, static_cast<unsigned>(p.m), threads, smem, stream, "sparse_train_forward_kernel", p);
+  else
+    launch_token(sparse_train_forward_kernel<4>, static_cast<unsigned>(p.m), threads, smem, stream, "sparse_train_forward_kernel", p);
+}
+
+void launch_sparse_train_backward(const SparseTrainBackwardParams& p, cudaStream_t stream) {
+  check_token_kernel(p, "sparse train backward");
+  TWELL_CU_REQUIRE(p.dy && p.offsets && p.cols && p.p && p.w_up && p.w_down_t && p.d_up && p.dx &&
+                       (!p.gated || (p.u && p.w_gate && p.d_gate)),
+                   ErrorCode::invalid_argument, "sparse train backward: null pointer");
+  const bool ch2 = threads_for(p.k, 2) <= kMaxThreads;
+  const int threads = threads_for(p.k, ch2 ? 2 : 4);
+  const std::size_t smem = token_smem_bytes(threads);
+  if (ch2)
+    launch_token(sparse_train_backward_kernel<2>, static_cast<unsigned>(p.m), threads, smem, stream, "sparse_train_backward_kernel", p);
+  else
+    launch_token(sparse_train_backward_kernel<4>, static_cast<unsigned>(p.m), threads, smem, stream, "sparse_train_backward_kernel", p);
+}
+
+void launch_sparse_weight_grads(const SparseWeightGradParams& p, cudaStream_t stream) {
+  TWELL_CU_REQUIRE(p.n >= 1 && p.n <= 0x7fffffff, ErrorCode::unsupported, "sparse weight grads: N = {} out of range", p.n);
+  TWELL_CU_REQUIRE(p.k >= 8 && p.k % 8 == 0 && p.k <= 16384 && p.ld % 8 == 0 && p.ld >= p.k, ErrorCode::unsupported,
+                   "sparse weight grads: K = {} / stride {} not supported", p.k, p.ld);
+  TWELL_CU_REQUIRE(p.x && p.dy && p.col_offsets && p.dw_up && p.dw_down_t && (!p.gated || p.dw_gate),
+                   ErrorCode::invalid_argument, "sparse weight grads: null pointer");
+  const bool ch2 = threads_for(p.k, 2) <= kMaxThreads;
+  const int threads = threads_for(p.k, ch2 ? 2 : 4);
+  if (ch2)
+    launch_token(sparse_weight_grad_kernel<2>, static_cast<unsigned>(p.n), threads, 0, stream, "sparse_weight_grad_kernel", p);
+  else
+    launch_token(sparse_weight_grad_kernel<4>, static_cast<unsigned>(p.n), threads, 0, stream, "sparse_weight_grad_kernel", p);
+}
+
+void launch_transpose_f32(const float* in, std::int64_t ld_in, std::int64_t rows, std::int64_t cols, float* out,
+                          std::int64_t ld_out, cudaStream_t stream) {
+  TWELL_CU_REQUIRE(rows >= 1 && cols >= 1 && (rows + kTile - 1) / kTile <= 65535 && (cols + kTile - 1) / kTile <= 0x7fffffff,
+                   ErrorCode::unsupported, "transpose: shape [{}, {}] out of range", rows, cols);
+  const dim3 grid(static_cast<unsigned>((cols + kTile - 1) / kTile), static_cast<unsigned>((rows + kTile - 1) / kTile));
+  transpose_f32_kernel<<<grid, dim3(kTile, 8), 0, stream>>>(in, ld_in, rows, cols, out, ld_out);
+  TWELL_CUDA_CHECK_LAUNCH("transpose_f32_kernel");
+}
+
+void launch_sum_rows(const float* row_l1, std::int64_t m, double* l1_sum, cudaStream_t stream) {
+  sum_rows_kernel<<<1, 1024, 0, stream>>>(row_l1, m, l1_sum);
+  TWELL_CUDA_CHECK_LAUNCH("sum_rows_kernel");
+}
+
+void launch_dense_train_forward(const DenseTrainElementwiseParams& p, cudaStream_t stream) {
+  TWELL_CU_REQUIRE(p.h && p.scalars && (!p.gated || (p.g && p.u)) && p.m >= 1 && p.ldn >= p.n, ErrorCode::invalid_argument,
+                   "dense train forward: bad parameters");
+  dense_train_forward_kernel<<<grid_for(p.m * ((p.ldn + 7) / 8)), 256, 0, stream>>>(p);
+  TWELL_CUDA_CHECK_LAUNCH("dense_train_forward_kernel");
+}
+
+void launch_dense_train_backward(const DenseTrainElementwiseParams& p, cudaStream_t stream) {
+  TWELL_CU_REQUIRE(p.h && p.dh && p.d_up && (!p.gated || (p.g && p.u && p.d_gate)) && p.m >= 1 && p.ldn >= p.n,
+                   ErrorCode::invalid_argument, "dense train backward: bad parameters");
+  dense_train_backward_kernel<<<grid_for(p.m * ((p.ldn + 7) / 8)), 256, 0, stream>>>(p);
+  TWELL_CUDA_CHECK_LAUNCH("dense_train_backward_kernel");
+}
+
+}  // namespace twell::cuda

@@ -1,0 +1,106 @@
+#pragma once
+// Kernels of the CUDA training path (DESIGN §3, training). Sparse: every product runs over the CSR
+// entries of the pattern (csr_kernels.hpp), fp32 accumulation, weights read as bf16 rows.
+// Dense: the elementwise steps around cuBLASLt GEMMs. Shapes: x, dy, dx [m, K]; weights as in
+// FfnContext (Wg, Wu, Wdᵀ [N, K] rows of stride K).
+//
+//   forward:   u_e = ⟨x[m], Wu[n]⟩, t_e = p_e · u_e (gated) or p_e, y[m] = Σ_e t_e · Wdᵀ[n]
+//   backward:  dt_e = ⟨dy[m], Wdᵀ[n]⟩ + c1 · sign(t_e)      (c1 = l1_coeff / M)
+//              gated: dup_e = dt_e · p_e, dgate_e = dt_e · u_e; non-gated: dup_e = dt_e
+//              dx[m] = Σ_e dup_e · Wu[n] + dgate_e · Wg[n]
+//              dWu[n] = Σ_e dup_e · x[m], dWg[n] = Σ_e dgate_e · x[m], dWdᵀ[n] = Σ_e t_e · dy[m]
+// (e ranges over the entries of row m, or of neuron n for the weight gradients.)
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace twell::cuda {
+
+struct SparseTrainForwardParams {
+  const __nv_bfloat16* x = nullptr;  // [m, K], row stride ld
+  const std::int64_t* offsets = nullptr;
+  const std::int32_t* cols = nullptr;
+  const __nv_bfloat16* p = nullptr;  // [nnz] gate values (gated) or h (non-gated), all > 0
+  float* u = nullptr;                // [nnz] out (gated): ⟨x[m], Wu[n]⟩
+  const __nv_bfloat16* w_up = nullptr;      // [N, K] (gated)
+  const __nv_bfloat16* w_down_t = nullptr;  // [N, K]
+  __nv_bfloat16* y = nullptr;        // [m, K], row stride ld
+  float* row_l1 = nullptr;           // [m] out: Σ_e |t_e| of the row
+  std::int64_t ld = 0, m = 0, k = 0;
+  bool gated = true;
+};
+void launch_sparse_train_forward(const SparseTrainForwardParams& p, cudaStream_t stream);
+
+struct SparseTrainBackwardParams {
+  const __nv_bfloat16* dy = nullptr;  // [m, K], row stride ld
+  const std::int64_t* offsets = nullptr;
+  const std::int32_t* cols = nullptr;
+  const __nv_bfloat16* p = nullptr;
+  const float* u = nullptr;           // gated
+  const __nv_bfloat16* w_gate = nullptr;    // gated
+  const __nv_bfloat16* w_up = nullptr;
+  const __nv_bfloat16* w_down_t = nullptr;
+  float c1 = 0;
+  float* d_up = nullptr;              // [nnz] out
+  float* d_gate = nullptr;            // [nnz] out (gated)
+  __nv_bfloat16* dx = nullptr;        // [m, K], row stride ld
+  std::int64_t ld = 0, m = 0, k = 0;
+  bool gated = true;
+};
+void launch_sparse_train_backward(const SparseTrainBackwardParams& p, cudaStream_t stream);
+
+struct SparseWeightGradParams {
+  const __nv_bfloat16* x = nullptr;   // [m, K], row stride ld
+  const __nv_bfloat16* dy = nullptr;  // [m, K], row stride ld
+  const std::int32_t* entry_rows = nullptr;  // [nnz]
+  const std::int32_t* order = nullptr;       // [nnz] entries by neuron, tokens ascending
+  const std::int64_t* col_offsets = nullptr; // [n + 1]
+  const __nv_bfloat16* p = nullptr;
+  const float* u = nullptr;           // gated
+  const float* d_up = nullptr;
+  const float* d_gate = nullptr;      // gated
+  float* dw_gate = nullptr;           // [n, K] rows of stride K (gated)
+  float* dw_up = nullptr;             // [n, K]
+  float* dw_down_t = nullptr;         // [n, K] = dWdᵀ
+  std::int64_t ld = 0, n = 0, k = 0;
+  bool gated = true;
+};
+void launch_sparse_weight_grads(const SparseWeightGradParams& p, cudaStream_t stream);
+
+// out[c, r] = in[r, c] for in [rows, cols] fp32 (row stride ld_in), out row stride ld_out.
+void launch_transpose_f32(const float* in, std::int64_t ld_in, std::int64_t rows, std::int64_t cols, float* out,
+                          std::int64_t ld_out, cudaStream_t stream);
+
+// Σ of row_l1[0 .. m) in float64 into *l1_sum (one block; deterministic).
+void launch_sum_rows(const float* row_l1, std::int64_t m, double* l1_sum, cudaStream_t stream);
+
+// Dense path, columns [0, ldn) of [m, ldn] activations; columns ≥ n are written as 0 and their
+// inputs never read. Scalars are added with atomics (zero them first): Σ|h| and #(gate > 0).
+struct DenseTrainScalars {
+  double l1_sum;
+  unsigned long long active;
+};
+struct DenseTrainElementwiseParams {
+  const __nv_bfloat16* g = nullptr;   // gate pre-activation or ReLU output (gated)
+  std::int64_t ld_g = 0;
+  const __nv_bfloat16* u = nullptr;   // up output (gated)
+  std::int64_t ld_u = 0;
+  __nv_bfloat16* h = nullptr;         // forward: out (gated) / in (non-gated: ReLU(x·Wuᵀ)); backward: in
+  std::int64_t ld_h = 0;
+  const __nv_bfloat16* dh = nullptr;  // backward: dy · Wd
+  std::int64_t ld_dh = 0;
+  __nv_bfloat16* d_gate = nullptr;    // backward out (gated)
+  __nv_bfloat16* d_up = nullptr;      // backward out
+  std::int64_t ld_d = 0;
+  float c1 = 0;
+  DenseTrainScalars* scalars = nullptr;  // forward out
+  std::int64_t m = 0, n = 0, ldn = 0;
+  bool gated = true;
+};
+// gated: h = ReLU(g) ⊙ u; both: scalars.
+void launch_dense_train_forward(const DenseTrainElementwiseParams& p, cudaStream_t stream);
+// dt = dh + c1·sign(h); gated: d_up = dt ⊙ ReLU(g), d_gate = dt ⊙ u ⊙ [g > 0]; non-gated: d_up = dt ⊙ [h > 0].
+void launch_dense_train_backward(const DenseTrainElementwiseParams& p, cudaStream_t stream);
+
+}  // namespace twell::cuda

@@ -1,0 +1,192 @@
+// CUDA training step (forward + backward) vs the CPU oracle, for the sparse path (CSR) and the
+// dense cuBLASLt path, over shapes that hit the edges: one row, N not a multiple of 8 or of the
+// tile, K = 520, N = 70000, M above 65536, empty rows, all-active rows, all-active and hot neurons,
+// hot rows, density 0 and 20 %, gated and non-gated.
+//
+// Oracles: twell::ref::ffn_train (float64) where M·N·K is small; elsewhere the CPU sparse training
+// path (fp32 accumulation, itself checked against float64 to 1e-4 by test_cpu_train).
+//
+// Tolerance: relative Frobenius error ≤ 1e-2 for y, dx and every weight gradient. Inputs are
+// bf16-exact, so the GPU differs from the oracle by fp32 accumulation (~1e-6) and by bf16 storage:
+// sparse path: g and y/dx rounded once (≤ 2⁻⁹ each); dense path: g, u, h, dh, dg, du rounded
+// (≤ 2⁻⁹ each, independent signs) — a few 1e-3 over a matrix. A gate value within ~1e-6 of 0 may
+// fall on different sides of the ReLU in fp32 and in the oracle; such a flip changes dWg and dx by
+// one term out of nnz (≪ 1e-2 of the Frobenius norm at these sizes) and l0 by one count, which the
+// l0 check allows (≤ 2 + 1e-3·nnz counts). A missing or wrong entry, a NaN, an unwritten row or a
+// dropped token changes a norm by orders of magnitude more. Rows forced inactive must come back
+// exactly zero.
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+#include <vector>
+
+#include "cuda_test_util.hpp"
+#include "twell/cpu/ffn_ops.hpp"
+#include "twell/cpu/reference.hpp"
+
+namespace twell::cuda::test {
+namespace {
+
+constexpr double kTol = 1e-2;
+
+struct TrainCase {
+  FfnCase f;
+  double l1_coeff = 0.5;
+  bool fp64_oracle = true;  // else the CPU fp32 sparse path
+};
+
+struct Out {
+  std::vector<float> y, dx, dwg, dwu, dwd;
+  FfnTrainScalars s;
+};
+
+double frob_err(const std::vector<float>& a, const std::vector<double>& b) {
+  double num = 0, den = 0;
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    if (!std::isfinite(a[i])) return INFINITY;
+    const double d = static_cast<double>(a[i]) - b[i];
+    num += d * d;
+    den += b[i] * b[i];
+  }
+  if (den == 0) return num == 0 ? 0.0 : INFINITY;
+  return std::sqrt(num / den);
+}
+
+std::vector<double> widen(const std::vector<float>& v) { return {v.begin(), v.end()}; }
+
+Out alloc(std::int64_t m, std::int64_t k, std::int64_t n) {
+  Out o;
+  o.y.assign(static_cast<std::size_t>(m * k), NAN);
+  o.dx.assign(static_cast<std::size_t>(m * k), NAN);
+  o.dwg.assign(static_cast<std::size_t>(n * k), NAN);
+  o.dwu.assign(static_cast<std::size_t>(n * k), NAN);
+  o.dwd.assign(static_cast<std::size_t>(k * n), NAN);
+  return o;
+}
+
+FfnGrads grads_of(Out& o, std::int64_t m, std::int64_t k, std::int64_t n) {
+  return FfnGrads{MatrixF(o.dx.data(), m, k), MatrixF(o.dwg.data(), n, k), MatrixF(o.dwu.data(), n, k),
+                  MatrixF(o.dwd.data(), k, n)};
+}
+
+class CudaTrain : public ::testing::TestWithParam<TrainCase> {};
+
+TEST_P(CudaTrain, MatchesOracle) {
+  TWELL_REQUIRE_GPU();
+  const TrainCase& c = GetParam();
+  const FfnData d = make_ffn(c.f);
+  const std::int64_t M = d.m, K = d.k, N = d.n;
+  std::vector<float> dy(static_cast<std::size_t>(M * K));
+  std::mt19937_64 rng(c.f.seed ^ 0xD1CEull);
+  std::normal_distribution<double> nd(0.0, 1.0);
+  for (auto& v : dy) v = rb(nd(rng));
+  const CMatrixF xv = d.xv(), dyv(dy.data(), M, K);
+  const FfnWeights w = d.weights();
+
+  // The oracle.
+  ref::TrainResult r;
+  if (c.fp64_oracle) {
+    r = ref::ffn_train(xv, dyv, w, c.l1_coeff);
+  } else {
+    Out o = alloc(M, K, N);
+    const cpu::PreparedFfn prep = cpu::prepare_ffn(w);
+    const cpu::TrainState st = cpu::ffn_train_forward(xv, prep, MatrixF(o.y.data(), M, K));
+    cpu::ffn_train_backward(xv, dyv, prep, st, c.l1_coeff, grads_of(o, M, K, N));
+    r.y = widen(o.y);
+    r.dx = widen(o.dx);
+    if (d.gated) r.dw_gate = widen(o.dwg);
+    r.dw_up = widen(o.dwu);
+    r.dw_down = widen(o.dwd);
+    r.l1 = st.scalars.l1;
+    r.l0 = st.scalars.l0;
+  }
+
+  for (Path path : {Path::sparse, Path::dense, Path::automatic}) {
+    const char* name = path == Path::sparse ? "sparse" : (path == Path::dense ? "dense" : "automatic");
+    SCOPED_TRACE(name);
+    Out o = alloc(M, K, N);
+    TrainOptions opt;
+    opt.path = path;
+    const TrainReport rep = ffn_train_host(xv, dyv, w, c.l1_coeff, MatrixF(o.y.data(), M, K), grads_of(o, M, K, N), opt);
+    EXPECT_LE(frob_err(o.y, r.y), kTol) << "y";
+    EXPECT_LE(frob_err(o.dx, r.dx), kTol) << "dx";
+    if (d.gated) {
+      EXPECT_LE(frob_err(o.dwg, r.dw_gate), kTol) << "dw_gate";
+    }
+    EXPECT_LE(frob_err(o.dwu, r.dw_up), kTol) << "dw_up";
+    EXPECT_LE(frob_err(o.dwd, r.dw_down), kTol) << "dw_down";
+    EXPECT_NEAR(rep.scalars.l1, r.l1, kTol * std::max(r.l1, 1e-30)) << "l1";
+    const double nnz_ref = r.l0 * static_cast<double>(M);
+    EXPECT_LE(std::fabs(rep.scalars.l0 - r.l0) * static_cast<double>(M), 2.0 + 1e-3 * nnz_ref) << "l0";
+    if (path == Path::sparse) {
+      EXPECT_NEAR(static_cast<double>(rep.nnz), nnz_ref, 2.0 + 1e-3 * nnz_ref) << "nnz";
+      // Saved state: offsets + per non-zero col, p (and u): never a dense [M, N] tensor.
+      const double per_nnz = d.gated ? 10.0 : 6.0;
+      EXPECT_LE(static_cast<double>(rep.saved_bytes), 8.0 * static_cast<double>(M + 1) + per_nnz * static_cast<double>(rep.nnz));
+    }
+    // Rows forced inactive (zero_rows, right after row 0) are exactly zero in y and dx.
+    for (int i = 1; i <= c.f.zero_rows && i < M; ++i)
+      for (std::int64_t kk = 0; kk < K; ++kk) {
+        ASSERT_EQ(o.y[static_cast<std::size_t>(i * K + kk)], 0.0f) << "y row " << i;
+        ASSERT_EQ(o.dx[static_cast<std::size_t>(i * K + kk)], 0.0f) << "dx row " << i;
+      }
+    if (c.f.density == 0 && c.f.full_rows == 0 && c.f.full_cols == 0 && c.f.hot_rows == 0 && c.f.hot_neurons == 0) {
+      for (float v : o.y) ASSERT_EQ(v, 0.0f);
+      for (float v : o.dwu) ASSERT_EQ(v, 0.0f);
+      for (float v : o.dwd) ASSERT_EQ(v, 0.0f);
+    }
+  }
+}
+
+TrainCase tc(const char* name, std::int64_t m, std::int64_t n, std::int64_t k, double density, bool fp64,
+             void (*tweak)(FfnCase&) = nullptr) {
+  TrainCase c;
+  c.f.name = name;
+  c.f.m = m;
+  c.f.n = n;
+  c.f.k = k;
+  c.f.density = density;
+  c.fp64_oracle = fp64;
+  if (tweak) tweak(c.f);
+  return c;
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Shapes, CudaTrain,
+    ::testing::Values(
+        tc("m1_n1000_k520", 1, 1000, 520, 0.05, true),
+        tc("m7_n5632_k2048", 7, 5632, 2048, 0.01, true),
+        tc("m64_n1003_k520_d20_edges", 64, 1003, 520, 0.20, true,
+           [](FfnCase& f) {
+             f.zero_rows = 3;
+             f.full_rows = 2;
+           }),
+        tc("m64_n1000_k520_d0", 64, 1000, 520, 0.0, true),
+        tc("m48_n1000_k520_full_and_hot_neurons", 48, 1000, 520, 0.01, true,
+           [](FfnCase& f) {
+             f.full_cols = 3;
+             f.hot_neurons = 0.02;
+             f.hot_neuron_density = 0.5;
+           }),
+        tc("nongated_m300_n1000_k520_d3", 300, 1000, 520, 0.03, true, [](FfnCase& f) { f.gated = false; }),
+        tc("m257_n5632_k2048_d05", 257, 5632, 2048, 0.005, false),
+        tc("m2048_n5632_k2048_hot_rows", 2048, 5632, 2048, 0.01, false,
+           [](FfnCase& f) {
+             f.hot_rows = 0.05;
+             f.hot_density = 0.3;
+           }),
+        tc("m1000_n70000_k520_d05", 1000, 70000, 520, 0.005, false),
+        tc("nongated_m1000_n5632_k2048_edges", 1000, 5632, 2048, 0.005, false,
+           [](FfnCase& f) {
+             f.gated = false;
+             f.zero_rows = 4;
+             f.full_rows = 1;
+           }),
+        tc("m70000_n1000_k520_d1", 70000, 1000, 520, 0.01, false),
+        tc("m16384_n5632_k2048_d05", 16384, 5632, 2048, 0.005, false)),
+    [](const ::testing::TestParamInfo<TrainCase>& i) { return i.param.f.name; });
+
+}  // namespace
+}  // namespace twell::cuda::test
