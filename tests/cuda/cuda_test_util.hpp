@@ -48,6 +48,13 @@ struct FfnCase {
   int zero_rows = 0, full_rows = 0;          // rows forced all-inactive / all-active (first rows after 0)
   double hot_neurons = 0.0, hot_neuron_density = 0.3;  // fraction of neurons active in many tokens
   int full_cols = 0;                         // neurons active in every token (the last columns)
+  // Put x and the activation weight on grids (x: multiples of 1/4, |x| ≤ 16; weight: multiples of
+  // 2⁻¹⁰ incl. the bias, |w| ≤ 1/4 off the bias column) so that every product, and so every partial
+  // sum of a ReLU input, is a multiple of 2⁻¹². The partial sums stay far below 2¹² (noise ~N(0, 1),
+  // |bias| < 10, |row shift| ≤ 60), so they need < 24 significant bits: fp32 accumulation in any
+  // order (cuBLAS, tensor cores, OpenBLAS) and float64 give the same value, and every backend
+  // agrees on the ReLU pattern exactly.
+  bool exact_preactivation = false;
   int compression = 8;
   std::uint64_t seed = 1;
 };
@@ -95,8 +102,9 @@ inline FfnData make_ffn(const FfnCase& c) {
     if (m >= 1 && m <= c.zero_rows + c.full_rows) d.special_rows.push_back(m);
     float* xr = d.x.data() + m * K;
     xr[0] = 1.0f;
-    xr[1] = rb(s);
-    for (std::int64_t kk = 2; kk < K; ++kk) xr[kk] = rb(nd(rng));
+    xr[1] = c.exact_preactivation ? static_cast<float>(std::round(s * 4) / 4) : rb(s);
+    for (std::int64_t kk = 2; kk < K; ++kk)
+      xr[kk] = c.exact_preactivation ? static_cast<float>(std::clamp(std::round(nd(rng) * 4) / 4, -16.0, 16.0)) : rb(nd(rng));
   }
   const double sc = 1.0 / std::sqrt(static_cast<double>(K - 2));
   auto act = [&](std::vector<float>& w) {
@@ -106,9 +114,11 @@ inline FfnData make_ffn(const FfnCase& c) {
       double b = base + 0.3 * nd(rng);  // mild neuron-popularity spread
       if (n >= N - c.full_cols) b = 60.0;
       else if (c.hot_neurons > 0 && ud(rng) < c.hot_neurons) b = inv_normal_cdf(c.hot_neuron_density);
-      r[0] = rb(b);
+      r[0] = c.exact_preactivation ? static_cast<float>(std::round(b * 1024) / 1024) : rb(b);
       r[1] = 1.0f;
-      for (std::int64_t kk = 2; kk < K; ++kk) r[kk] = rb(sc * nd(rng));
+      for (std::int64_t kk = 2; kk < K; ++kk)
+        r[kk] = c.exact_preactivation ? static_cast<float>(std::clamp(std::round(sc * nd(rng) * 1024) / 1024, -0.25, 0.25))
+                                      : rb(sc * nd(rng));
     }
   };
   if (c.gated) {

@@ -25,12 +25,7 @@ int run_ffn(const FfnArgs& a) {
   const HybridConfig hcfg = a.fmt.hybrid();
   std::string why;
   const DeviceKind dev = resolve_device(a.device, &why);
-  if (dev == DeviceKind::cuda && a.op == "train") {
-    if (a.device == "cuda")
-      fail(ErrorCode::unsupported, "--op train is not yet supported on cuda; use --device cpu");
-    why = "train runs on the CPU only for now";
-  }
-  DeviceKind run_dev = a.op == "train" ? DeviceKind::cpu : dev;
+  DeviceKind run_dev = dev;
   check_writable(a.out, "--out");
 
   LoadRules rules;
@@ -46,7 +41,37 @@ int run_ffn(const FfnArgs& a) {
   std::vector<std::pair<std::string, HostTensor>> outputs;
   std::string detail;
 
-  if (run_dev == DeviceKind::cuda) {
+  // Training outputs, filled by whichever device runs the step.
+  HostTensor dx, dwu, dwd, dwg;
+  FfnGrads g;
+  FfnTrainScalars scalars;
+  if (a.op == "train") {
+    dx = HostTensor(DType::f32, {in.m, in.k});
+    dwu = HostTensor(DType::f32, {in.n, in.k});
+    dwd = HostTensor(DType::f32, {in.k, in.n});
+    if (in.gated) dwg = HostTensor(DType::f32, {in.n, in.k});
+    g.dx = MatrixF(dx.data<float>(), in.m, in.k);
+    if (in.gated) g.dw_gate = MatrixF(dwg.data<float>(), in.n, in.k);
+    g.dw_up = MatrixF(dwu.data<float>(), in.n, in.k);
+    g.dw_down = MatrixF(dwd.data<float>(), in.k, in.n);
+  }
+  const double l1_coeff = in.l1_coeff.value_or(0.0);
+
+  if (run_dev == DeviceKind::cuda && a.op == "train") {
+#if defined(TWELL_HAVE_CUDA)
+    try {
+      const cuda::TrainReport rep = cuda::ffn_train_host(in.x_view(), in.dy_view(), w, l1_coeff, yv, g);
+      scalars = rep.scalars;
+      detail = fmt::format("path {}, l1 {:.6g}, l0 {:.2f}, l1_coeff {:g}, {:.1f} MB saved for backward", rep.path,
+                           scalars.l1, scalars.l0, l1_coeff, static_cast<double>(rep.saved_bytes) / (1 << 20));
+    } catch (const Error& e) {
+      if (e.code() != ErrorCode::unsupported) throw;
+      if (a.device == "cuda") fail(ErrorCode::unsupported, "--device cuda: {} (--device cpu runs it)", e.what());
+      why = fmt::format("the cuda path cannot run this: {}", e.what());
+      run_dev = DeviceKind::cpu;
+    }
+#endif
+  } else if (run_dev == DeviceKind::cuda) {
 #if defined(TWELL_HAVE_CUDA)
     cuda::InferenceOptions opt;
     opt.twell = tcfg;
@@ -75,26 +100,21 @@ int run_ffn(const FfnArgs& a) {
     const cpu::SparseInferenceInfo info = cpu::ffn_sparse(in.x_view(), prep, yv, tcfg);
     detail = fmt::format("{:.1f} active neurons per row, {} overflow rows", info.stats.mean_row_nnz,
                          info.stats.overflow_rows);
-  } else {  // train
+  } else {  // train on the CPU
     const cpu::PreparedFfn prep = cpu::prepare_ffn(w);
-    const double l1_coeff = in.l1_coeff.value_or(0.0);
     const cpu::TrainState state = cpu::ffn_train_forward(in.x_view(), prep, yv, hcfg);
-    HostTensor dx(DType::f32, {in.m, in.k}), dwu(DType::f32, {in.n, in.k}), dwd(DType::f32, {in.k, in.n});
-    HostTensor dwg = in.gated ? HostTensor(DType::f32, {in.n, in.k}) : HostTensor();
-    FfnGrads g;
-    g.dx = MatrixF(dx.data<float>(), in.m, in.k);
-    if (in.gated) g.dw_gate = MatrixF(dwg.data<float>(), in.n, in.k);
-    g.dw_up = MatrixF(dwu.data<float>(), in.n, in.k);
-    g.dw_down = MatrixF(dwd.data<float>(), in.k, in.n);
     cpu::ffn_train_backward(in.x_view(), in.dy_view(), prep, state, l1_coeff, g);
+    scalars = state.scalars;
+    detail = fmt::format("l1 {:.6g}, l0 {:.2f}, l1_coeff {:g}, {} rows over E={}", state.scalars.l1,
+                         state.scalars.l0, l1_coeff, state.p.tail_count(), hcfg.ell_width);
+  }
+  if (a.op == "train") {
     outputs.emplace_back("dx", std::move(dx));
     if (in.gated) outputs.emplace_back("dw_gate", std::move(dwg));
     outputs.emplace_back("dw_up", std::move(dwu));
     outputs.emplace_back("dw_down", std::move(dwd));
-    outputs.emplace_back("l1", io::scalar_f32(static_cast<float>(state.scalars.l1)));
-    outputs.emplace_back("l0", io::scalar_f32(static_cast<float>(state.scalars.l0)));
-    detail = fmt::format("l1 {:.6g}, l0 {:.2f}, l1_coeff {:g}, {} rows over E={}", state.scalars.l1,
-                         state.scalars.l0, l1_coeff, state.p.tail_count(), hcfg.ell_width);
+    outputs.emplace_back("l1", io::scalar_f32(static_cast<float>(scalars.l1)));
+    outputs.emplace_back("l0", io::scalar_f32(static_cast<float>(scalars.l0)));
   }
   const double secs = now_seconds() - t0;
   // Never write a result with NaN/Inf in it: the inputs were finite, so that would be a bug.

@@ -11,9 +11,10 @@ namespace {
 std::size_t sz(std::int64_t v) { return static_cast<std::size_t>(v); }
 
 // Entry buffers grow with 25 % headroom so that a step whose count moves a little does not reallocate.
+// Never left unallocated (an empty pattern still passes valid pointers to the kernels).
 template <typename T>
 void reserve_entries(DeviceBuffer<T>& b, std::int64_t nnz) {
-  if (sz(nnz) > b.size()) b.resize(sz(nnz + nnz / 4 + 1024));
+  if (sz(nnz) > b.size() || b.get() == nullptr) b.resize(sz(nnz + nnz / 4 + 1024));
 }
 
 }  // namespace
@@ -24,11 +25,19 @@ TrainContext::TrainContext(const TrainContextOptions& opt)
         c.autotune_gemm = opt.autotune_gemm;
         return c;
       }()),
-      scalars_(1), scalars_host_(1), nnz_host_(1) {}
+      scalars_(1), scalars_host_(1), nnz_host_(1) {
+  TWELL_CUDA_CHECK(cudaEventCreateWithFlags(&counted_, cudaEventDisableTiming));
+}
+
+TrainContext::~TrainContext() {
+  if (counted_) cudaEventDestroy(counted_);
+}
 
 void TrainContext::upload_weights(const FfnWeights& w, cudaStream_t stream) {
   ffn_.upload_weights(w, stream);
   saved_ = Saved::none;
+  last_density_ = -1;
+  count_pending_ = false;
   dw_gu_.release();
   dw_down_.release();
   dwd_t_.release();
@@ -64,9 +73,24 @@ TrainForwardResult TrainContext::forward(const __nv_bfloat16* x, std::int64_t m,
   TWELL_CUDA_CHECK(cudaMemsetAsync(scalars_.get(), 0, sizeof(DenseTrainScalars), stream));
   saved_m_ = m;
   TrainForwardResult r;
-  if (path == Path::dense) {
+  const double limit = gated() ? opt_.max_sparse_density_gated : opt_.max_sparse_density_nongated;
+  if (path == Path::automatic && count_pending_) {  // the previous dense step's count (long done)
+    TWELL_CUDA_CHECK(cudaEventSynchronize(counted_));
+    last_density_ = static_cast<double>(scalars_host_[0].active) / (static_cast<double>(pending_m_) * static_cast<double>(n()));
+    count_pending_ = false;
+  }
+  if (path == Path::dense || (path == Path::automatic && last_density_ > limit)) {
     dense_forward_stacked(x, m, y, stream);
-    r.path = "dense cublasLt (stacked gate|up GEMM)";
+    if (path == Path::dense) {
+      r.path = "dense cublasLt (stacked gate|up GEMM)";
+    } else {
+      TWELL_CUDA_CHECK(cudaMemcpyAsync(scalars_host_.get(), scalars_.get(), sizeof(DenseTrainScalars),
+                                       cudaMemcpyDeviceToHost, stream));
+      TWELL_CUDA_CHECK(cudaEventRecord(counted_, stream));
+      count_pending_ = true;
+      pending_m_ = m;
+      r.path = fmt::format("dense cublasLt (the previous step measured {:.2f}% density)", 100 * last_density_);
+    }
     return r;
   }
   // Gate GEMM with ReLU into g_ [m, ldn] (columns ≥ N unwritten: nothing reads them), then the
@@ -87,8 +111,8 @@ TrainForwardResult TrainContext::forward(const __nv_bfloat16* x, std::int64_t m,
   TWELL_CUDA_CHECK(cudaStreamSynchronize(stream));
   r.nnz = nnz_host_[0];
   r.density = static_cast<double>(r.nnz) / (static_cast<double>(m) * static_cast<double>(n()));
-  const double limit = gated() ? opt_.max_sparse_density_gated : opt_.max_sparse_density_nongated;
   r.sparse = path == Path::sparse || r.density <= limit;
+  last_density_ = r.density;
   nnz_ = r.nnz;
   if (r.sparse) {
     reserve_entries(cols_, nnz_);

@@ -11,7 +11,10 @@
 // No dense [M, N] tensor is kept (the bf16 gate output is a workspace, reused by the next step).
 // Dense path (cuBLASLt): [g | u] = x·[Wg; Wu]ᵀ, h = ReLU(g) ⊙ u, y = h·Wdᵀ; dh = dy·Wd, the
 // elementwise gradient, dx = [dg | du]·[Wg; Wu], [dWg; dWu] = [dg | du]ᵀ·x, dWd = dyᵀ·h.
-// Dispatch (Path::automatic): after the gate GEMM the exact non-zero count decides.
+// Dispatch (Path::automatic): after the gate GEMM the exact non-zero count decides. Training
+// steps follow each other and the density drifts slowly, so once a step has measured a density
+// above the threshold, the next steps run the stacked dense path directly (no split GEMM, no host
+// wait) and keep counting in its elementwise kernel; the count is read back one step later.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -43,6 +46,7 @@ struct TrainForwardResult {
 class TrainContext {
  public:
   explicit TrainContext(const TrainContextOptions& opt = {});
+  ~TrainContext();
   TrainContext(const TrainContext&) = delete;
   TrainContext& operator=(const TrainContext&) = delete;
 
@@ -87,6 +91,10 @@ class TrainContext {
   Saved saved_ = Saved::none;
   std::int64_t saved_m_ = 0, nnz_ = 0;
   std::size_t saved_bytes_ = 0;
+  double last_density_ = -1;       // density measured by the latest counted step (−1: none yet)
+  bool count_pending_ = false;     // a dense step's count is on its way to scalars_host_
+  std::int64_t pending_m_ = 0;
+  cudaEvent_t counted_ = nullptr;
   // dense state: gu_ [m, 2·ldn] (stacked path), g_ [m, ldn] (gate output, also the sparse path's
   // workspace), u_ [m, ldn] (dispatched dense), h_ [m, ldn]; backward dh_ [m, ldn], dgu_ [m, 2·ldn]
   DeviceBuffer<__nv_bfloat16> gu_, g_, u_, h_, dh_, dgu_;
