@@ -112,6 +112,7 @@ void run_train_sweep(bool quick, int warmup, int reps, cudaStream_t s, nlohmann:
     double dn_fwd, dn_step, sp_fwd, sp_step, auto_step;
     std::size_t saved_dn, mem_dn, saved_sp, mem_sp;
     TrainForwardResult fr_auto, fr_sp;
+    nlohmann::json phases = nlohmann::json::object();
     {
       TrainContext dense(copt);
       dense.upload_weights(w, s);
@@ -133,6 +134,10 @@ void run_train_sweep(bool quick, int warmup, int reps, cudaStream_t s, nlohmann:
       });
       saved_sp = sparse.saved_bytes();
       mem_sp = sparse.device_bytes();
+      sparse.set_phase_timing(true);  // one more step, timed per phase (events between launches)
+      sparse.forward(dev_x.get(), m, dev_y.get(), Path::sparse, s);
+      sparse.backward(dev_x.get(), dev_dy.get(), m, l1_coeff, dev_dx.get(), s);
+      for (const auto& [name, ms] : sparse.phase_ms()) phases[name] = ms;
     }
     TWELL_CUDA_CHECK(cudaMemset(dev_y.get(), 0xff, dev_y.bytes()));  // NaN poison before the checked run
     TWELL_CUDA_CHECK(cudaMemset(dev_dx.get(), 0xff, dev_dx.bytes()));
@@ -161,6 +166,13 @@ void run_train_sweep(bool quick, int warmup, int reps, cudaStream_t s, nlohmann:
                   100.0 * static_cast<double>(saved_sp) / static_cast<double>(saved_dn), static_cast<double>(mem_sp) * mb,
                   static_cast<double>(mem_dn) * mb, err, fr_auto.path.c_str());
     std::printf("%s\n", line);
+    std::string ph = "          sparse phases (ms):";
+    for (const auto& [name, ms] : phases.items()) {
+      char b[96];
+      std::snprintf(b, sizeof b, " %s %.3f;", name.c_str(), ms.get<double>());
+      ph += b;
+    }
+    std::printf("%s\n", ph.c_str());
     std::fflush(stdout);
     lines.push_back(line);
     out["train_points"].push_back({{"m", m},
@@ -184,6 +196,7 @@ void run_train_sweep(bool quick, int warmup, int reps, cudaStream_t s, nlohmann:
                                    {"device_bytes_sparse", mem_sp},
                                    {"device_bytes_dense", mem_dn},
                                    {"err_y_dx_sampled", err},
+                                   {"sparse_phases_ms", phases},
                                    {"check_rows", rows.size()}});
   }
 }

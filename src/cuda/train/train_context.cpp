@@ -31,6 +31,32 @@ TrainContext::TrainContext(const TrainContextOptions& opt)
 
 TrainContext::~TrainContext() {
   if (counted_) cudaEventDestroy(counted_);
+  for (cudaEvent_t e : events_) cudaEventDestroy(e);
+}
+
+void TrainContext::set_phase_timing(bool on) { timing_ = on; }
+
+void TrainContext::mark(const char* phase, cudaStream_t stream) {
+  if (!timing_) return;
+  if (used_events_ == events_.size()) {
+    cudaEvent_t e = nullptr;
+    TWELL_CUDA_CHECK(cudaEventCreate(&e));
+    events_.push_back(e);
+  }
+  TWELL_CUDA_CHECK(cudaEventRecord(events_[used_events_++], stream));
+  phases_.emplace_back(phase);
+}
+
+std::vector<std::pair<std::string, float>> TrainContext::phase_ms() {
+  std::vector<std::pair<std::string, float>> out;
+  if (used_events_ < 2) return out;
+  TWELL_CUDA_CHECK(cudaEventSynchronize(events_[used_events_ - 1]));
+  for (std::size_t i = 1; i < used_events_; ++i) {
+    float ms = 0;
+    TWELL_CUDA_CHECK(cudaEventElapsedTime(&ms, events_[i - 1], events_[i]));
+    out.emplace_back(phases_[i], ms);
+  }
+  return out;
 }
 
 void TrainContext::upload_weights(const FfnWeights& w, cudaStream_t stream) {
@@ -70,6 +96,9 @@ TrainForwardResult TrainContext::forward(const __nv_bfloat16* x, std::int64_t m,
   TWELL_CHECK(ffn_.w_gate_up() != nullptr, ErrorCode::invalid_argument, "TrainContext: upload_weights() first");
   TWELL_CHECK(m >= 1 && m <= 0x7fffffff, ErrorCode::invalid_argument, "TrainContext: M = {} out of range", m);
   TWELL_CHECK(x != nullptr && y != nullptr, ErrorCode::invalid_argument, "TrainContext: null x or y");
+  used_events_ = 0;
+  phases_.clear();
+  mark("start", stream);
   TWELL_CUDA_CHECK(cudaMemsetAsync(scalars_.get(), 0, sizeof(DenseTrainScalars), stream));
   saved_m_ = m;
   TrainForwardResult r;
@@ -81,6 +110,7 @@ TrainForwardResult TrainContext::forward(const __nv_bfloat16* x, std::int64_t m,
   }
   if (path == Path::dense || (path == Path::automatic && last_density_ > limit)) {
     dense_forward_stacked(x, m, y, stream);
+    mark("fwd: dense", stream);
     if (path == Path::dense) {
       r.path = "dense cublasLt (stacked gate|up GEMM)";
     } else {
@@ -97,6 +127,7 @@ TrainForwardResult TrainContext::forward(const __nv_bfloat16* x, std::int64_t m,
   // exact per-row counts and their prefix sum.
   g_.reserve(sz(m * ldn()));
   ffn_.gemm().run({m, n(), k(), k(), k(), ldn(), GemmEpilogue::relu}, ffn_.w_gate_up(), x, g_.get(), stream);
+  mark("fwd: gate GEMM", stream);
   row_counts_.reserve(sz(m));
   offsets_.reserve(sz(m + 1));
   CsrBuildParams cp;
@@ -107,6 +138,7 @@ TrainForwardResult TrainContext::forward(const __nv_bfloat16* x, std::int64_t m,
   cp.row_counts = row_counts_.get();
   cp.offsets = offsets_.get();
   csr_count_and_scan(cp, cub_ws_, stream);
+  mark("fwd: CSR count + scan", stream);
   TWELL_CUDA_CHECK(cudaMemcpyAsync(nnz_host_.get(), offsets_.get() + m, sizeof(std::int64_t), cudaMemcpyDeviceToHost, stream));
   TWELL_CUDA_CHECK(cudaStreamSynchronize(stream));
   r.nnz = nnz_host_[0];
@@ -120,10 +152,13 @@ TrainForwardResult TrainContext::forward(const __nv_bfloat16* x, std::int64_t m,
     cp.cols = cols_.get();
     cp.vals = p_.get();
     if (nnz_ > 0) launch_csr_fill(cp, stream);
+    mark("fwd: count read-back + CSR fill", stream);
     sparse_forward(x, m, y, stream);
+    mark("fwd: sparse up+down", stream);
     r.path = "twell sparse training (CSR of the gate, exact)";
   } else {
     dense_forward_after_gate(x, m, y, stream);
+    mark("fwd: dense rest", stream);
     r.path = "dense cublasLt after the gate GEMM (density above threshold)";
   }
   return r;
@@ -221,10 +256,12 @@ void TrainContext::backward(const __nv_bfloat16* x, const __nv_bfloat16* dy, std
   TWELL_CHECK(x && dy && dx, ErrorCode::invalid_argument, "TrainContext: null x, dy or dx");
   reserve_grads();
   const float c1 = static_cast<float>(l1_coeff / static_cast<double>(m));
-  if (saved_ == Saved::sparse)
+  if (saved_ == Saved::sparse) {
     sparse_backward(x, dy, m, c1, dx, stream);
-  else
+  } else {
     dense_backward(x, dy, m, c1, dx, stream);
+    mark("bwd: dense", stream);
+  }
 }
 
 void TrainContext::dense_backward(const __nv_bfloat16* x, const __nv_bfloat16* dy, std::int64_t m, float c1,
@@ -290,6 +327,7 @@ void TrainContext::sparse_backward(const __nv_bfloat16* x, const __nv_bfloat16* 
   b.k = k();
   b.gated = gated();
   launch_sparse_train_backward(b, stream);
+  mark("bwd: token-major dt, dx", stream);
 
   // Per neuron: its entries (tokens ascending), then the three weight-gradient rows.
   reserve_entries(entry_rows_, nnz_);
@@ -309,6 +347,7 @@ void TrainContext::sparse_backward(const __nv_bfloat16* x, const __nv_bfloat16* 
   c.tmp_keys = tmp_keys_.get();
   c.tmp_vals = tmp_vals_.get();
   build_csc(c, cub_ws_, stream);
+  mark("bwd: transposed index", stream);
 
   dwd_t_.reserve(sz(n() * k()));
   SparseWeightGradParams g;
@@ -329,7 +368,9 @@ void TrainContext::sparse_backward(const __nv_bfloat16* x, const __nv_bfloat16* 
   g.k = k();
   g.gated = gated();
   launch_sparse_weight_grads(g, stream);
+  mark("bwd: weight gradients", stream);
   launch_transpose_f32(dwd_t_.get(), k(), n(), k(), dw_down_.get(), ldn(), stream);
+  mark("bwd: dWd transpose", stream);
 }
 
 FfnTrainScalars TrainContext::read_scalars(cudaStream_t stream) {

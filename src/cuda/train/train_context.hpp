@@ -20,6 +20,8 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "cuda/common/device_buffer.hpp"
 #include "cuda/ffn_context.hpp"
@@ -68,6 +70,11 @@ class TrainContext {
   const float* dw_up() const noexcept { return dw_gu_.get() + (gated() ? ldn() * k() : 0); }
   const float* dw_down() const noexcept { return dw_down_.get(); }
 
+  // Phase timing (for benchmarks): when on, forward/backward record a CUDA event after each phase;
+  // phase_ms() synchronises and returns (phase, ms) of the last forward + backward.
+  void set_phase_timing(bool on);
+  std::vector<std::pair<std::string, float>> phase_ms();
+
   std::size_t saved_bytes() const noexcept { return saved_bytes_; }  // kept by the last forward beyond x, y
   std::size_t device_bytes() const noexcept;                          // everything this context holds
   bool gated() const noexcept { return ffn_.gated(); }
@@ -85,6 +92,7 @@ class TrainContext {
   void sparse_backward(const __nv_bfloat16* x, const __nv_bfloat16* dy, std::int64_t m, float c1, __nv_bfloat16* dx,
                        cudaStream_t stream);
   void reserve_grads();
+  void mark(const char* phase, cudaStream_t stream);  // no-op unless phase timing is on
 
   TrainContextOptions opt_;
   FfnContext ffn_;
@@ -95,6 +103,10 @@ class TrainContext {
   bool count_pending_ = false;     // a dense step's count is on its way to scalars_host_
   std::int64_t pending_m_ = 0;
   cudaEvent_t counted_ = nullptr;
+  bool timing_ = false;
+  std::vector<cudaEvent_t> events_;                 // pool, grown as needed
+  std::vector<std::string> phases_;                 // phases_[i] ends at events_[i + 1]
+  std::size_t used_events_ = 0;
   // dense state: gu_ [m, 2·ldn] (stacked path), g_ [m, ldn] (gate output, also the sparse path's
   // workspace), u_ [m, ldn] (dispatched dense), h_ [m, ldn]; backward dh_ [m, ldn], dgu_ [m, 2·ldn]
   DeviceBuffer<__nv_bfloat16> gu_, g_, u_, h_, dh_, dgu_;
