@@ -48,8 +48,9 @@ struct FfnCase {
   int zero_rows = 0, full_rows = 0;          // rows forced all-inactive / all-active (first rows after 0)
   double hot_neurons = 0.0, hot_neuron_density = 0.3;  // fraction of neurons active in many tokens
   int full_cols = 0;                         // neurons active in every token (the last columns)
-  // Put x and the activation weight on grids (x: multiples of 1/4, |x| ≤ 16; weight: multiples of
-  // 2⁻¹⁰ incl. the bias, |w| ≤ 1/4 off the bias column) so that every product, and so every partial
+  // Put x and the activation weight on grids that bf16 represents exactly (x: multiples of 1/4,
+  // |x| ≤ 16, row shift |s| ≤ 60; weight: multiples of 2⁻¹⁰, |w| ≤ 1/4 off the bias column, the bias
+  // a bf16 value on the same grid) so that every product, and so every partial
   // sum of a ReLU input, is a multiple of 2⁻¹². The partial sums stay far below 2¹² (noise ~N(0, 1),
   // |bias| < 10, |row shift| ≤ 60), so they need < 24 significant bits: fp32 accumulation in any
   // order (cuBLAS, tensor cores, OpenBLAS) and float64 give the same value, and every backend
@@ -114,7 +115,8 @@ inline FfnData make_ffn(const FfnCase& c) {
       double b = base + 0.3 * nd(rng);  // mild neuron-popularity spread
       if (n >= N - c.full_cols) b = 60.0;
       else if (c.hot_neurons > 0 && ud(rng) < c.hot_neurons) b = inv_normal_cdf(c.hot_neuron_density);
-      r[0] = c.exact_preactivation ? static_cast<float>(std::round(b * 1024) / 1024) : rb(b);
+      // On the 2⁻¹⁰ grid and bf16-exact: rounding rb(b) to the grid keeps ≤ 8 significant bits.
+      r[0] = c.exact_preactivation ? static_cast<float>(std::round(static_cast<double>(rb(b)) * 1024) / 1024) : rb(b);
       r[1] = 1.0f;
       for (std::int64_t kk = 2; kk < K; ++kk)
         r[kk] = c.exact_preactivation ? static_cast<float>(std::clamp(std::round(sc * nd(rng) * 1024) / 1024, -0.25, 0.25))

@@ -27,6 +27,10 @@ TrainContext::TrainContext(const TrainContextOptions& opt)
       }()),
       scalars_(1), scalars_host_(1), nnz_host_(1) {
   TWELL_CUDA_CHECK(cudaEventCreateWithFlags(&counted_, cudaEventDisableTiming));
+  int dev = 0, l2 = 0;
+  TWELL_CUDA_CHECK(cudaGetDevice(&dev));
+  TWELL_CUDA_CHECK(cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, dev));
+  l2_bytes_ = l2;
 }
 
 TrainContext::~TrainContext() {
@@ -367,7 +371,17 @@ void TrainContext::sparse_backward(const __nv_bfloat16* x, const __nv_bfloat16* 
   g.n = n();
   g.k = k();
   g.gated = gated();
-  launch_sparse_weight_grads(g, stream);
+  // Token blocks whose x and dy rows (2 · rows · K bf16) fill about 60 % of the L2: the rows are
+  // then read from L2 by all the block's neurons; each extra block costs one read-modify-write of
+  // the fp32 gradient rows (docs/perf-notes-cuda.md).
+  const std::int64_t block_rows =
+      std::max<std::int64_t>(1024, (l2_bytes_ * 6 / 10) / (4 * k()) / 256 * 256);
+  for (std::int64_t r0 = 0; r0 < m; r0 += block_rows) {
+    g.row_begin = r0;
+    g.row_end = std::min(m, r0 + block_rows);
+    g.accumulate = r0 > 0;
+    launch_sparse_weight_grads(g, stream);
+  }
   mark("bwd: weight gradients", stream);
   launch_transpose_f32(dwd_t_.get(), k(), n(), k(), dw_down_.get(), ldn(), stream);
   mark("bwd: dWd transpose", stream);

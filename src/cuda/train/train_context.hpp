@@ -103,6 +103,7 @@ class TrainContext {
   bool count_pending_ = false;     // a dense step's count is on its way to scalars_host_
   std::int64_t pending_m_ = 0;
   cudaEvent_t counted_ = nullptr;
+  std::int64_t l2_bytes_ = 0;
   bool timing_ = false;
   std::vector<cudaEvent_t> events_;                 // pool, grown as needed
   std::vector<std::string> phases_;                 // phases_[i] ends at events_[i + 1]

@@ -231,7 +231,17 @@ __global__ void __launch_bounds__(kMaxThreads) sparse_weight_grad_kernel(SparseW
   const int tid = threadIdx.x, nthreads = blockDim.x;
   const int kchunks = static_cast<int>(p.k / 8);
   const std::int64_t n = blockIdx.x;
-  const std::int64_t beg = p.col_offsets[n], end = p.col_offsets[n + 1];
+  // The neuron's entries have ascending rows: [beg, end) = those in [row_begin, row_end).
+  auto first_at_or_after = [&](std::int64_t lo, std::int64_t hi, std::int64_t row) {
+    while (lo < hi) {
+      const std::int64_t mid = (lo + hi) / 2;
+      if (p.entry_rows[p.order[mid]] < row) lo = mid + 1; else hi = mid;
+    }
+    return lo;
+  };
+  const std::int64_t seg_beg = p.col_offsets[n], seg_end = p.col_offsets[n + 1];
+  const std::int64_t beg = first_at_or_after(seg_beg, seg_end, p.row_begin);
+  const std::int64_t end = first_at_or_after(beg, seg_end, p.row_end);
   float au[CH][8], ag[CH][8], ad[CH][8];
   zero_acc<CH>(au);
   zero_acc<CH>(ag);
@@ -281,8 +291,14 @@ __global__ void __launch_bounds__(kMaxThreads) sparse_weight_grad_kernel(SparseW
       const int c = i * nthreads + tid;
       if (c < kchunks) {
         float4* o = reinterpret_cast<float4*>(dst + n * p.k + static_cast<std::int64_t>(c) * 8);
-        o[0] = make_float4(a[i][0], a[i][1], a[i][2], a[i][3]);
-        o[1] = make_float4(a[i][4], a[i][5], a[i][6], a[i][7]);
+        float4 lo = make_float4(a[i][0], a[i][1], a[i][2], a[i][3]), hi = make_float4(a[i][4], a[i][5], a[i][6], a[i][7]);
+        if (p.accumulate) {
+          const float4 o0 = o[0], o1 = o[1];
+          lo = make_float4(lo.x + o0.x, lo.y + o0.y, lo.z + o0.z, lo.w + o0.w);
+          hi = make_float4(hi.x + o1.x, hi.y + o1.y, hi.z + o1.z, hi.w + o1.w);
+        }
+        o[0] = lo;
+        o[1] = hi;
       }
     }
   };

@@ -65,6 +65,11 @@ struct SparseWeightGradParams {
   float* dw_down_t = nullptr;         // [n, K] = dWdᵀ
   std::int64_t ld = 0, n = 0, k = 0;
   bool gated = true;
+  // Token block: only entries with row in [row_begin, row_end) are summed; accumulate adds the
+  // block's sums to the gradient rows instead of overwriting them. Running the token blocks one
+  // after the other keeps each block's x and dy rows in L2 while every neuron reads them.
+  std::int64_t row_begin = 0, row_end = std::int64_t{1} << 62;
+  bool accumulate = false;
 };
 void launch_sparse_weight_grads(const SparseWeightGradParams& p, cudaStream_t stream);
 
