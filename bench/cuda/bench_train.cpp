@@ -76,7 +76,7 @@ void run_train_sweep(bool quick, int warmup, int reps, cudaStream_t s, nlohmann:
   pts.push_back({"hot", M, 0.01, 0.03, 0.12});
   pts.push_back({"nongated", M, 0.005, 0, 0.12, false});
   if (!quick)
-    for (std::int64_t m : {256, 2048}) pts.push_back({"uni", m, 0.005});
+    for (std::int64_t m : {256, 2048, 4096}) pts.push_back({"uni", m, 0.005});
 
   char hdr[512];
   std::snprintf(hdr, sizeof hdr, "%7s %-8s %6s | %7s %7s | %7s %7s %7s | %6s %6s | %8s %8s %6s | %8s %8s | %8s | %s", "M",

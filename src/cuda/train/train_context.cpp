@@ -112,11 +112,14 @@ TrainForwardResult TrainContext::forward(const __nv_bfloat16* x, std::int64_t m,
     last_density_ = static_cast<double>(scalars_host_[0].active) / (static_cast<double>(pending_m_) * static_cast<double>(n()));
     count_pending_ = false;
   }
-  if (path == Path::dense || (path == Path::automatic && last_density_ > limit)) {
+  const bool small = path == Path::automatic && m < opt_.dispatch_min_rows;
+  if (path == Path::dense || small || (path == Path::automatic && last_density_ > limit)) {
     dense_forward_stacked(x, m, y, stream);
     mark("fwd: dense", stream);
     if (path == Path::dense) {
       r.path = "dense cublasLt (stacked gate|up GEMM)";
+    } else if (small) {
+      r.path = "dense cublasLt (M below the training dispatch minimum)";
     } else {
       TWELL_CUDA_CHECK(cudaMemcpyAsync(scalars_host_.get(), scalars_.get(), sizeof(DenseTrainScalars),
                                        cudaMemcpyDeviceToHost, stream));

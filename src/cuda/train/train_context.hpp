@@ -36,6 +36,10 @@ struct TrainContextOptions {
   // Automatic dispatch runs the sparse step iff nnz / (M·N) ≤ this (docs/perf-notes-cuda.md).
   double max_sparse_density_gated = 0.009;
   double max_sparse_density_nongated = 0.006;
+  // Below this M, automatic runs the dense step without counting: the sparse step's fixed costs
+  // (host read of the count, CSR build, N-row weight-gradient pass) outweigh its savings there
+  // (H100, 0.5 %: 0.50x dense at M = 256, 0.94x at 2048, 1.37x at 16384).
+  std::int64_t dispatch_min_rows = 4096;
 };
 
 struct TrainForwardResult {
