@@ -444,12 +444,12 @@ double median(std::vector<double> v) {
 }
 
 std::string git_commit() {
-  // The build-time stamp; a copy of the tree without .git (e.g. on a GPU machine) gets it from the
-  // TWELL_COMMIT environment variable that the scripts set.
-  const std::string stamped = TWELL_GIT_COMMIT;
-  if (stamped != "unknown") return stamped;
+  // TWELL_COMMIT (set by scripts/gpu-check and by hand on machines whose copy of the tree has no
+  // .git of its own, where the build-time stamp may name some other repository's commit) wins over
+  // the build-time stamp.
   const char* env = std::getenv("TWELL_COMMIT");
-  return env && *env ? env : stamped;
+  if (env && *env) return env;
+  return TWELL_GIT_COMMIT;
 }
 
 std::string cpu_name() {
