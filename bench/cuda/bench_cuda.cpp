@@ -133,29 +133,10 @@ int main(int argc, char** argv) {
                   "err_dn", "ovf_t", "ovf_r", "path");
     lines.push_back(hdr);
     for (const Point& pt : pts) {
-      SparsityParams sp;
-      sp.m = pt.m;
-      sp.k = K;
-      sp.n = N;
-      sp.density = pt.density;
-      sp.hot_rows = pt.hot_rows;
-      sp.hot_density = pt.hot_density;
-      sp.gated = pt.gated;
-      sp.seed = 1234 + static_cast<std::uint64_t>(pt.m);
-      const GeneratedFfn g = generate_ffn(sp);
-      // Round inputs to bf16 on the host so the reference sees exactly what the GPU sees.
-      auto rounded = [](const HostTensor& t) {
-        std::vector<float> v(static_cast<std::size_t>(t.numel()));
-        const float* p = t.data<float>();
-        for (std::size_t i = 0; i < v.size(); ++i) v[i] = round_bf16(p[i]);
-        return v;
-      };
-      const std::vector<float> x = rounded(g.x), wu = rounded(g.w_up), wd = rounded(g.w_down);
-      const std::vector<float> wg = pt.gated ? rounded(g.w_gate) : std::vector<float>{};
-      FfnWeights w;
-      if (pt.gated) w.w_gate = CMatrixF(wg.data(), N, K);
-      w.w_up = CMatrixF(wu.data(), N, K);
-      w.w_down = CMatrixF(wd.data(), K, N);
+      const RoundedFfn f = generate_rounded(pt.m, K, N, pt.density, pt.hot_rows, pt.hot_density, pt.gated,
+                                            1234 + static_cast<std::uint64_t>(pt.m));
+      const std::vector<float>& x = f.x;
+      const FfnWeights w = f.weights();
       const CMatrixF xv(x.data(), pt.m, K);
 
       ContextOptions copt;

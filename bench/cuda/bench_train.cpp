@@ -27,13 +27,6 @@ struct TrainPoint {
   bool gated = true;
 };
 
-std::vector<float> rounded(const HostTensor& t) {
-  std::vector<float> v(static_cast<std::size_t>(t.numel()));
-  const float* p = t.data<float>();
-  for (std::size_t i = 0; i < v.size(); ++i) v[i] = round_bf16(p[i]);
-  return v;
-}
-
 DeviceBuffer<__nv_bfloat16> upload(const std::vector<float>& v) {
   std::vector<std::uint16_t> b(v.size());
   for (std::size_t i = 0; i < v.size(); ++i) b[i] = to_bf16(v[i]).bits;
@@ -87,22 +80,10 @@ void run_train_sweep(bool quick, int warmup, int reps, cudaStream_t s, nlohmann:
   std::printf("%s\n%s\n", lines[lines.size() - 2].c_str(), hdr);
   out["train_points"] = nlohmann::json::array();
   for (const TrainPoint& pt : pts) {
-    SparsityParams sp;
-    sp.m = pt.m;
-    sp.k = K;
-    sp.n = N;
-    sp.density = pt.density;
-    sp.hot_rows = pt.hot_rows;
-    sp.hot_density = pt.hot_density;
-    sp.gated = pt.gated;
-    sp.seed = 4321 + static_cast<std::uint64_t>(pt.m);
-    const GeneratedFfn g = generate_ffn(sp);
-    const std::vector<float> x = rounded(g.x), dy = rounded(g.dy), wu = rounded(g.w_up), wd = rounded(g.w_down);
-    const std::vector<float> wg = pt.gated ? rounded(g.w_gate) : std::vector<float>{};
-    FfnWeights w;
-    if (pt.gated) w.w_gate = CMatrixF(wg.data(), N, K);
-    w.w_up = CMatrixF(wu.data(), N, K);
-    w.w_down = CMatrixF(wd.data(), K, N);
+    const RoundedFfn f = generate_rounded(pt.m, K, N, pt.density, pt.hot_rows, pt.hot_density, pt.gated,
+                                          4321 + static_cast<std::uint64_t>(pt.m));
+    const std::vector<float>&x = f.x, &dy = f.dy;
+    const FfnWeights w = f.weights();
     const std::int64_t m = pt.m;
     auto dev_x = upload(x), dev_dy = upload(dy);
     DeviceBuffer<__nv_bfloat16> dev_y(x.size()), dev_dx(x.size());

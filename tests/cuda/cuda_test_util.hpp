@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <ostream>
 #include <random>
 #include <string>
 #include <vector>
@@ -59,6 +60,9 @@ struct FfnCase {
   int compression = 8;
   std::uint64_t seed = 1;
 };
+
+// gtest prints a parameter in test listings; the case name says it all.
+inline void PrintTo(const FfnCase& c, std::ostream* os) { *os << c.name; }
 
 struct FfnData {
   std::vector<float> x, wg, wu, wd;

@@ -21,6 +21,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <ostream>
 #include <random>
 #include <vector>
 
@@ -72,6 +73,9 @@ FfnGrads grads_of(Out& o, std::int64_t m, std::int64_t k, std::int64_t n) {
   return FfnGrads{MatrixF(o.dx.data(), m, k), MatrixF(o.dwg.data(), n, k), MatrixF(o.dwu.data(), n, k),
                   MatrixF(o.dwd.data(), k, n)};
 }
+
+// gtest prints a parameter in test listings; the case name says it all.
+void PrintTo(const TrainCase& c, std::ostream* os) { *os << c.f.name; }
 
 class CudaTrain : public ::testing::TestWithParam<TrainCase> {};
 

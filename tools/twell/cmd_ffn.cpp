@@ -56,6 +56,14 @@ int run_ffn(const FfnArgs& a) {
     g.dw_down = MatrixF(dwd.data<float>(), in.k, in.n);
   }
   const double l1_coeff = in.l1_coeff.value_or(0.0);
+  // A request the CUDA path cannot serve (a shape or tile it does not implement): with
+  // --device cuda that is the answer; with the automatic choice the CPU serves it instead.
+  [[maybe_unused]] auto fall_back_to_cpu = [&](const Error& e) {
+    if (e.code() != ErrorCode::unsupported) throw e;
+    if (a.device == "cuda") fail(ErrorCode::unsupported, "--device cuda: {} (--device cpu runs it)", e.what());
+    why = fmt::format("the cuda path cannot run this: {}", e.what());
+    run_dev = DeviceKind::cpu;
+  };
 
   if (run_dev == DeviceKind::cuda && a.op == "train") {
 #if defined(TWELL_HAVE_CUDA)
@@ -65,10 +73,7 @@ int run_ffn(const FfnArgs& a) {
       detail = fmt::format("path {}, l1 {:.6g}, l0 {:.2f}, l1_coeff {:g}, {:.1f} MB saved for backward", rep.path,
                            scalars.l1, scalars.l0, l1_coeff, static_cast<double>(rep.saved_bytes) / (1 << 20));
     } catch (const Error& e) {
-      if (e.code() != ErrorCode::unsupported) throw;
-      if (a.device == "cuda") fail(ErrorCode::unsupported, "--device cuda: {} (--device cpu runs it)", e.what());
-      why = fmt::format("the cuda path cannot run this: {}", e.what());
-      run_dev = DeviceKind::cpu;
+      fall_back_to_cpu(e);
     }
 #endif
   } else if (run_dev == DeviceKind::cuda) {
@@ -82,12 +87,7 @@ int run_ffn(const FfnArgs& a) {
                                : fmt::format("path {}, {} active neurons, {} overflow rows", rep.path, rep.nnz,
                                              rep.overflow_rows);
     } catch (const Error& e) {
-      // A request the CUDA path cannot serve (a shape or tile it does not implement): with
-      // --device cuda that is the answer; with the automatic choice the CPU serves it instead.
-      if (e.code() != ErrorCode::unsupported) throw;
-      if (a.device == "cuda") fail(ErrorCode::unsupported, "--device cuda: {} (--device cpu runs it)", e.what());
-      why = fmt::format("the cuda path cannot run this: {}", e.what());
-      run_dev = DeviceKind::cpu;
+      fall_back_to_cpu(e);
     }
 #endif
   }

@@ -199,7 +199,7 @@ void TrainContext::sparse_forward(const __nv_bfloat16* x, std::int64_t m, __nv_b
                  sz(nnz_) * (sizeof(std::int32_t) + sizeof(__nv_bfloat16) + (gated() ? sizeof(float) : 0));
 }
 
-void TrainContext::dense_forward_stacked(const __nv_bfloat16* x, std::int64_t m, __nv_bfloat16* y, cudaStream_t stream) {
+DenseTrainElementwiseParams TrainContext::elementwise_params(std::int64_t m) {
   h_.reserve(sz(m * ldn()));
   DenseTrainElementwiseParams e;
   e.m = m;
@@ -209,6 +209,11 @@ void TrainContext::dense_forward_stacked(const __nv_bfloat16* x, std::int64_t m,
   e.h = h_.get();
   e.ld_h = ldn();
   e.scalars = scalars_.get();
+  return e;
+}
+
+void TrainContext::dense_forward_stacked(const __nv_bfloat16* x, std::int64_t m, __nv_bfloat16* y, cudaStream_t stream) {
+  DenseTrainElementwiseParams e = elementwise_params(m);
   if (gated()) {
     gu_.reserve(sz(m * 2 * ldn()));
     ffn_.gemm().run({m, 2 * ldn(), k(), k(), k(), 2 * ldn(), GemmEpilogue::none}, ffn_.w_gate_up(), x, gu_.get(), stream);
@@ -227,15 +232,7 @@ void TrainContext::dense_forward_stacked(const __nv_bfloat16* x, std::int64_t m,
 
 void TrainContext::dense_forward_after_gate(const __nv_bfloat16* x, std::int64_t m, __nv_bfloat16* y,
                                             cudaStream_t stream) {
-  h_.reserve(sz(m * ldn()));
-  DenseTrainElementwiseParams e;
-  e.m = m;
-  e.n = n();
-  e.ldn = ldn();
-  e.gated = gated();
-  e.h = h_.get();
-  e.ld_h = ldn();
-  e.scalars = scalars_.get();
+  DenseTrainElementwiseParams e = elementwise_params(m);
   if (gated()) {
     u_.reserve(sz(m * ldn()));
     ffn_.gemm().run({m, ldn(), k(), k(), k(), ldn(), GemmEpilogue::none}, ffn_.w_gate_up() + ldn() * k(), x, u_.get(),
@@ -280,13 +277,8 @@ void TrainContext::dense_backward(const __nv_bfloat16* x, const __nv_bfloat16* d
   // dh = dy · Wd: [m, K] · [K, ldn]
   gemm.matmul({false, false, m, ldn(), k(), k(), ldn(), ldn(), false, GemmEpilogue::none}, dy, ffn_.w_down(), dh_.get(),
               stream);
-  DenseTrainElementwiseParams e;
-  e.m = m;
-  e.n = n();
-  e.ldn = ldn();
-  e.gated = gated();
-  e.h = h_.get();
-  e.ld_h = ldn();
+  DenseTrainElementwiseParams e = elementwise_params(m);
+  e.scalars = nullptr;
   e.dh = dh_.get();
   e.ld_dh = ldn();
   e.c1 = c1;

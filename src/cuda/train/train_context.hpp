@@ -96,6 +96,7 @@ class TrainContext {
   void sparse_backward(const __nv_bfloat16* x, const __nv_bfloat16* dy, std::int64_t m, float c1, __nv_bfloat16* dx,
                        cudaStream_t stream);
   void reserve_grads();
+  DenseTrainElementwiseParams elementwise_params(std::int64_t m);  // common fields; reserves h_
   void mark(const char* phase, cudaStream_t stream);  // no-op unless phase timing is on
 
   TrainContextOptions opt_;

@@ -62,45 +62,37 @@ __device__ __forceinline__ void window_partial_dots(const uint4 (&a)[CH], const 
   }
 }
 
+// acc += Σ_{j in [j0, j0 + kUnroll) ∩ [0, cnt)} coef[j] · W[col_j], kUnroll weight rows in flight.
+template <int CH>
+__device__ __forceinline__ void axpy_group(const __nv_bfloat16* w, const float* coef, const int* lcol, int j0, int cnt,
+                                           std::int64_t k, int kchunks, float (&acc)[CH][8]) {
+  const int tid = threadIdx.x, nthreads = blockDim.x;
+  uint4 wr[kUnroll][CH];
+  float c[kUnroll];
+#pragma unroll
+  for (int q = 0; q < kUnroll; ++q) {
+    c[q] = j0 + q < cnt ? coef[j0 + q] : 0.0f;
+    if (j0 + q < cnt) {
+      dev::load_chunks<CH>(w + static_cast<std::int64_t>(lcol[j0 + q]) * k, tid, nthreads, kchunks, wr[q]);
+    } else {
+#pragma unroll
+      for (int i = 0; i < CH; ++i) wr[q][i] = make_uint4(0, 0, 0, 0);
+    }
+  }
+#pragma unroll
+  for (int q = 0; q < kUnroll; ++q)
+#pragma unroll
+    for (int i = 0; i < CH; ++i) axpy8(c[q], wr[q][i], acc[i]);
+}
+
 // acc += Σ_j coef[j] · W[col_j] (+ Σ_j coef2[j] · W2[col_j] when W2 is given).
 template <int CH>
 __device__ __forceinline__ void window_axpys(const __nv_bfloat16* w, const float* coef, const __nv_bfloat16* w2,
                                              const float* coef2, const int* lcol, int cnt, std::int64_t k, int kchunks,
                                              float (&acc)[CH][8]) {
-  const int tid = threadIdx.x, nthreads = blockDim.x;
   for (int j0 = 0; j0 < cnt; j0 += kUnroll) {
-    uint4 wr[kUnroll][CH];
-    float c[kUnroll];
-#pragma unroll
-    for (int q = 0; q < kUnroll; ++q) {
-      c[q] = j0 + q < cnt ? coef[j0 + q] : 0.0f;
-      if (j0 + q < cnt) {
-        dev::load_chunks<CH>(w + static_cast<std::int64_t>(lcol[j0 + q]) * k, tid, nthreads, kchunks, wr[q]);
-      } else {
-#pragma unroll
-        for (int i = 0; i < CH; ++i) wr[q][i] = make_uint4(0, 0, 0, 0);
-      }
-    }
-#pragma unroll
-    for (int q = 0; q < kUnroll; ++q)
-#pragma unroll
-      for (int i = 0; i < CH; ++i) axpy8(c[q], wr[q][i], acc[i]);
-    if (w2 != nullptr) {
-#pragma unroll
-      for (int q = 0; q < kUnroll; ++q) {
-        c[q] = j0 + q < cnt ? coef2[j0 + q] : 0.0f;
-        if (j0 + q < cnt) {
-          dev::load_chunks<CH>(w2 + static_cast<std::int64_t>(lcol[j0 + q]) * k, tid, nthreads, kchunks, wr[q]);
-        } else {
-#pragma unroll
-          for (int i = 0; i < CH; ++i) wr[q][i] = make_uint4(0, 0, 0, 0);
-        }
-      }
-#pragma unroll
-      for (int q = 0; q < kUnroll; ++q)
-#pragma unroll
-        for (int i = 0; i < CH; ++i) axpy8(c[q], wr[q][i], acc[i]);
-    }
+    axpy_group<CH>(w, coef, lcol, j0, cnt, k, kchunks, acc);
+    if (w2 != nullptr) axpy_group<CH>(w2, coef2, lcol, j0, cnt, k, kchunks, acc);
   }
 }
 
