@@ -94,6 +94,7 @@ void run_train_sweep(bool quick, int warmup, int reps, cudaStream_t s, nlohmann:
     std::size_t saved_dn, mem_dn, saved_sp, mem_sp;
     TrainForwardResult fr_auto, fr_sp;
     nlohmann::json phases = nlohmann::json::object();
+    nlohmann::json wg_variants = nlohmann::json::object();  // L2 fraction → sparse step ms
     // Dense and dispatched steps are timed alternately (rep by rep), so that clock and thermal
     // drift over the run affect both alike; the forced sparse step runs in between.
     TrainContext dense(copt), aut(copt);
@@ -114,6 +115,21 @@ void run_train_sweep(bool quick, int warmup, int reps, cudaStream_t s, nlohmann:
       sparse.forward(dev_x.get(), m, dev_y.get(), Path::sparse, s);
       sparse.backward(dev_x.get(), dev_dy.get(), m, l1_coeff, dev_dx.get(), s);
       for (const auto& [name, ms] : sparse.phase_ms()) phases[name] = ms;
+    }
+    // Weight-gradient token blocking: the sparse step with other L2 fractions (0 = unblocked).
+    if (pt.m >= 16384 && pt.mode == "uni" && pt.density <= 0.01) {
+      for (double frac : {0.0, 0.3, 1.0, 1.5}) {
+        TrainContextOptions o = copt;
+        o.weight_grad_l2_fraction = frac;
+        TrainContext v(o);
+        v.upload_weights(w, s);
+        char key[32];
+        std::snprintf(key, sizeof key, "%.1f", frac);
+        wg_variants[key] = median_ms(warmup, reps, s, [&] {
+          v.forward(dev_x.get(), m, dev_y.get(), Path::sparse, s);
+          v.backward(dev_x.get(), dev_dy.get(), m, l1_coeff, dev_dx.get(), s);
+        });
+      }
     }
     const auto dense_step = [&] {
       dense.forward(dev_x.get(), m, dev_y.get(), Path::dense, s);
@@ -166,6 +182,15 @@ void run_train_sweep(bool quick, int warmup, int reps, cudaStream_t s, nlohmann:
       ph += b;
     }
     std::printf("%s\n", ph.c_str());
+    if (!wg_variants.empty()) {
+      std::string v = "          sparse step by weight-gradient L2 fraction (default 0.6):";
+      for (const auto& [frac, ms] : wg_variants.items()) {
+        char b[64];
+        std::snprintf(b, sizeof b, " %s: %.3f;", frac.c_str(), ms.get<double>());
+        v += b;
+      }
+      std::printf("%s\n", v.c_str());
+    }
     std::fflush(stdout);
     lines.push_back(line);
     out["train_points"].push_back({{"m", m},
@@ -190,6 +215,7 @@ void run_train_sweep(bool quick, int warmup, int reps, cudaStream_t s, nlohmann:
                                    {"device_bytes_dense", mem_dn},
                                    {"err_y_dx_sampled", err},
                                    {"sparse_phases_ms", phases},
+                                   {"sparse_step_ms_by_wg_l2_fraction", wg_variants},
                                    {"check_rows", rows.size()}});
   }
 }

@@ -369,8 +369,11 @@ void TrainContext::sparse_backward(const __nv_bfloat16* x, const __nv_bfloat16* 
   // Token blocks whose x and dy rows (2 · rows · K bf16) fill about 60 % of the L2: the rows are
   // then read from L2 by all the block's neurons; each extra block costs one read-modify-write of
   // the fp32 gradient rows (docs/perf-notes-cuda.md).
+  const double frac = opt_.weight_grad_l2_fraction;
   const std::int64_t block_rows =
-      std::max<std::int64_t>(1024, (l2_bytes_ * 6 / 10) / (4 * k()) / 256 * 256);
+      frac <= 0 ? m
+                : std::max<std::int64_t>(1024, static_cast<std::int64_t>(static_cast<double>(l2_bytes_) * frac) /
+                                                   (4 * k()) / 256 * 256);
   for (std::int64_t r0 = 0; r0 < m; r0 += block_rows) {
     g.row_begin = r0;
     g.row_end = std::min(m, r0 + block_rows);

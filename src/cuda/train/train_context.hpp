@@ -40,6 +40,9 @@ struct TrainContextOptions {
   // (host read of the count, CSR build, N-row weight-gradient pass) outweigh its savings there
   // (H100, 0.5 %: 0.50x dense at M = 256, 0.94x at 2048, 1.37x at 16384).
   std::int64_t dispatch_min_rows = 4096;
+  // Weight gradients run per token block whose x and dy rows take this fraction of the L2
+  // (0: one block, no blocking).
+  double weight_grad_l2_fraction = 0.6;
 };
 
 struct TrainForwardResult {
