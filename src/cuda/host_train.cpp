@@ -1,5 +1,6 @@
 // Host-facing training entry points (include/twell/cuda/ffn_cuda.hpp): fp32 host tensors in and
 // out, one TrainContext per call on a private stream.
+#include <cmath>
 #include <cstring>
 #include <vector>
 
@@ -52,8 +53,8 @@ TrainReport ffn_train_host(CMatrixF x, CMatrixF dy, const FfnWeights& w, double 
   ctx.backward(dx_in.get(), ddy.get(), m, l1_coeff, dev_dx.get(), s);
   TrainReport rep;
   rep.path = f.path;
-  rep.nnz = f.nnz;
   rep.scalars = ctx.read_scalars(s);
+  rep.nnz = static_cast<std::int64_t>(std::llround(rep.scalars.l0 * static_cast<double>(m)));  // every path counts
   rep.saved_bytes = static_cast<std::int64_t>(ctx.saved_bytes());
   rep.device_bytes = static_cast<std::int64_t>(ctx.device_bytes());
   copy_rows(host::download_y(dev_y.get(), m, k, s), y);
@@ -101,7 +102,9 @@ TrainBenchTimes bench_train_host(CMatrixF x, CMatrixF dy, const FfnWeights& w, d
       sparse.backward(dx_in.get(), ddy.get(), m, l1_coeff, dev_dx.get(), s);
     });
     t.path = f.path;
-    t.nnz = f.nnz;
+    // The exact active count of the last step, whichever path it took (the dense step counts too;
+    // f.nnz is −1 when a step ran dense without the separate count).
+    t.nnz = static_cast<std::int64_t>(std::llround(sparse.read_scalars(s).l0 * static_cast<double>(m)));
     t.sparse_saved_bytes = static_cast<std::int64_t>(sparse.saved_bytes());
     t.sparse_device_bytes = static_cast<std::int64_t>(sparse.device_bytes());
     t.y_sparse = host::download_y(dev_y.get(), m, k, s);

@@ -68,7 +68,7 @@ struct TrainOptions {
 
 struct TrainReport {
   std::string path;             // which path ran
-  std::int64_t nnz = -1;        // exact active count (−1: forced dense path, not counted separately)
+  std::int64_t nnz = 0;         // exact active count (every path counts)
   FfnTrainScalars scalars;      // l1 = Σ|h| / M, l0 = active / M
   std::int64_t saved_bytes = 0;   // kept from forward for backward, beyond x and y
   std::int64_t device_bytes = 0;  // device memory the step's context held at its peak
