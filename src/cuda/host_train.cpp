@@ -1,5 +1,6 @@
 // Host-facing training entry points (include/twell/cuda/ffn_cuda.hpp): fp32 host tensors in and
 // out, one TrainContext per call on a private stream.
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <vector>
@@ -78,38 +79,49 @@ TrainBenchTimes bench_train_host(CMatrixF x, CMatrixF dy, const FfnWeights& w, d
   TrainContextOptions copt;
   copt.autotune_gemm = true;  // the dense yardstick gets cuBLASLt's best algorithm per shape
   TrainBenchTimes t;
-  {
-    TrainContext dense(copt);
-    dense.upload_weights(w, s);
-    t.dense_fwd_ms = host::median_ms(opt.warmup, opt.reps, s, [&] { dense.forward(dx_in.get(), m, dev_y.get(), Path::dense, s); });
-    t.dense_step_ms = host::median_ms(opt.warmup, opt.reps, s, [&] {
-      dense.forward(dx_in.get(), m, dev_y.get(), Path::dense, s);
-      dense.backward(dx_in.get(), ddy.get(), m, l1_coeff, dev_dx.get(), s);
-    });
-    t.dense_saved_bytes = static_cast<std::int64_t>(dense.saved_bytes());
-    t.dense_device_bytes = static_cast<std::int64_t>(dense.device_bytes());
+  TrainContext dense(copt), sparse(copt);
+  dense.upload_weights(w, s);
+  sparse.upload_weights(w, s);
+  TrainForwardResult f;
+  t.dense_fwd_ms = host::median_ms(opt.warmup, opt.reps, s, [&] { dense.forward(dx_in.get(), m, dev_y.get(), Path::dense, s); });
+  t.sparse_fwd_ms =
+      host::median_ms(opt.warmup, opt.reps, s, [&] { f = sparse.forward(dx_in.get(), m, dev_y.get(), Path::automatic, s); });
+  // Whole steps: dense and dispatched alternately, rep by rep, so that clock or thermal drift over the
+  // run affects both alike.
+  const auto dense_step = [&] {
+    dense.forward(dx_in.get(), m, dev_y.get(), Path::dense, s);
+    dense.backward(dx_in.get(), ddy.get(), m, l1_coeff, dev_dx.get(), s);
+  };
+  const auto sparse_step = [&] {
+    f = sparse.forward(dx_in.get(), m, dev_y.get(), Path::automatic, s);
+    sparse.backward(dx_in.get(), ddy.get(), m, l1_coeff, dev_dx.get(), s);
+  };
+  for (int i = 0; i < opt.warmup; ++i) {
+    dense_step();
+    sparse_step();
   }
-  {
-    TrainContext sparse(copt);
-    sparse.upload_weights(w, s);
-    TrainForwardResult f;
-    t.sparse_fwd_ms =
-        host::median_ms(opt.warmup, opt.reps, s, [&] { f = sparse.forward(dx_in.get(), m, dev_y.get(), Path::automatic, s); });
-    host::poison(dev_y.get(), dev_y.size(), s);
-    host::poison(dev_dx.get(), dev_dx.size(), s);
-    t.sparse_step_ms = host::median_ms(opt.warmup, opt.reps, s, [&] {
-      f = sparse.forward(dx_in.get(), m, dev_y.get(), Path::automatic, s);
-      sparse.backward(dx_in.get(), ddy.get(), m, l1_coeff, dev_dx.get(), s);
-    });
-    t.path = f.path;
-    // The exact active count of the last step, whichever path it took (the dense step counts too;
-    // f.nnz is −1 when a step ran dense without the separate count).
-    t.nnz = static_cast<std::int64_t>(std::llround(sparse.read_scalars(s).l0 * static_cast<double>(m)));
-    t.sparse_saved_bytes = static_cast<std::int64_t>(sparse.saved_bytes());
-    t.sparse_device_bytes = static_cast<std::int64_t>(sparse.device_bytes());
-    t.y_sparse = host::download_y(dev_y.get(), m, k, s);
-    t.dx_sparse = host::download_y(dev_dx.get(), m, k, s);
+  std::vector<double> td, ts;
+  for (int i = 0; i < std::max(1, opt.reps); ++i) {
+    td.push_back(host::median_ms(0, 1, s, dense_step));
+    ts.push_back(host::median_ms(0, 1, s, sparse_step));
   }
+  std::sort(td.begin(), td.end());
+  std::sort(ts.begin(), ts.end());
+  t.dense_step_ms = td[td.size() / 2];
+  t.sparse_step_ms = ts[ts.size() / 2];
+  t.dense_saved_bytes = static_cast<std::int64_t>(dense.saved_bytes());
+  t.dense_device_bytes = static_cast<std::int64_t>(dense.device_bytes());
+  // The checked step: the dispatched path once more, on poisoned outputs.
+  host::poison(dev_y.get(), dev_y.size(), s);
+  host::poison(dev_dx.get(), dev_dx.size(), s);
+  sparse_step();
+  t.path = f.path;
+  // The exact active count of that step, whichever path it took (the dense step counts too).
+  t.nnz = static_cast<std::int64_t>(std::llround(sparse.read_scalars(s).l0 * static_cast<double>(m)));
+  t.sparse_saved_bytes = static_cast<std::int64_t>(sparse.saved_bytes());
+  t.sparse_device_bytes = static_cast<std::int64_t>(sparse.device_bytes());
+  t.y_sparse = host::download_y(dev_y.get(), m, k, s);
+  t.dx_sparse = host::download_y(dev_dx.get(), m, k, s);
   return t;
 }
 

@@ -88,7 +88,8 @@ struct TrainBenchTimes {
   std::int64_t dense_device_bytes = 0, sparse_device_bytes = 0;
   std::vector<float> y_sparse, dx_sparse;  // [M, K] from the last timed dispatched step
 };
-// Times dense and dispatched training steps in one process on the same inputs (median of reps).
+// Times dense and dispatched training steps in one process on the same inputs (medians of reps;
+// whole steps alternate dense / dispatched rep by rep).
 TrainBenchTimes bench_train_host(CMatrixF x, CMatrixF dy, const FfnWeights& w, double l1_coeff,
                                  const BenchOptions& opt = {});
 
