@@ -465,19 +465,25 @@ void launch_token(Kernel kernel, unsigned blocks, int threads, std::size_t smem,
   if (e != cudaSuccess) detail::throw_cuda(e, name, __FILE__, __LINE__);
 }
 
+// Picks 2 chunks per thread when K / 16 threads fit one CTA (K ≤ 8192), else 4, and launches the
+// matching instantiation with the token-window shared memory when `windowed`.
+template <typename Params>
+void launch_by_chunks(void (*k2)(Params), void (*k4)(Params), const Params& p, std::int64_t k, std::int64_t blocks,
+                      bool windowed, cudaStream_t stream, const char* name) {
+  const bool ch2 = threads_for(k, 2) <= kMaxThreads;
+  const int threads = threads_for(k, ch2 ? 2 : 4);
+  launch_token(ch2 ? k2 : k4, static_cast<unsigned>(blocks), threads, windowed ? token_smem_bytes(threads) : 0, stream,
+               name, p);
+}
+
 }  // namespace
 
 void launch_sparse_train_forward(const SparseTrainForwardParams& p, cudaStream_t stream) {
   check_token_kernel(p, "sparse train forward");
   TWELL_CU_REQUIRE(p.offsets && p.cols && p.p && p.w_down_t && p.y && p.row_l1 && (!p.gated || (p.x && p.w_up && p.u)),
                    ErrorCode::invalid_argument, "sparse train forward: null pointer");
-  const bool ch2 = threads_for(p.k, 2) <= kMaxThreads;
-  const int threads = threads_for(p.k, ch2 ? 2 : 4);
-  const std::size_t smem = token_smem_bytes(threads);
-  if (ch2)
-    launch_token(sparse_train_forward_kernel<2>, static_cast<unsigned>(p.m), threads, smem, stream, "sparse_train_forward_kernel", p);
-  else
-    launch_token(sparse_train_forward_kernel<4>, static_cast<unsigned>(p.m), threads, smem, stream, "sparse_train_forward_kernel", p);
+  launch_by_chunks(sparse_train_forward_kernel<2>, sparse_train_forward_kernel<4>, p, p.k, p.m, true, stream,
+                   "sparse_train_forward_kernel");
 }
 
 void launch_sparse_train_backward(const SparseTrainBackwardParams& p, cudaStream_t stream) {
@@ -485,13 +491,8 @@ void launch_sparse_train_backward(const SparseTrainBackwardParams& p, cudaStream
   TWELL_CU_REQUIRE(p.dy && p.offsets && p.cols && p.p && p.w_up && p.w_down_t && p.d_up && p.dx &&
                        (!p.gated || (p.u && p.w_gate && p.d_gate)),
                    ErrorCode::invalid_argument, "sparse train backward: null pointer");
-  const bool ch2 = threads_for(p.k, 2) <= kMaxThreads;
-  const int threads = threads_for(p.k, ch2 ? 2 : 4);
-  const std::size_t smem = token_smem_bytes(threads);
-  if (ch2)
-    launch_token(sparse_train_backward_kernel<2>, static_cast<unsigned>(p.m), threads, smem, stream, "sparse_train_backward_kernel", p);
-  else
-    launch_token(sparse_train_backward_kernel<4>, static_cast<unsigned>(p.m), threads, smem, stream, "sparse_train_backward_kernel", p);
+  launch_by_chunks(sparse_train_backward_kernel<2>, sparse_train_backward_kernel<4>, p, p.k, p.m, true, stream,
+                   "sparse_train_backward_kernel");
 }
 
 void launch_sparse_weight_grads(const SparseWeightGradParams& p, cudaStream_t stream) {
@@ -500,12 +501,8 @@ void launch_sparse_weight_grads(const SparseWeightGradParams& p, cudaStream_t st
                    "sparse weight grads: K = {} / stride {} not supported", p.k, p.ld);
   TWELL_CU_REQUIRE(p.x && p.dy && p.col_offsets && p.dw_up && p.dw_down_t && (!p.gated || p.dw_gate),
                    ErrorCode::invalid_argument, "sparse weight grads: null pointer");
-  const bool ch2 = threads_for(p.k, 2) <= kMaxThreads;
-  const int threads = threads_for(p.k, ch2 ? 2 : 4);
-  if (ch2)
-    launch_token(sparse_weight_grad_kernel<2>, static_cast<unsigned>(p.n), threads, 0, stream, "sparse_weight_grad_kernel", p);
-  else
-    launch_token(sparse_weight_grad_kernel<4>, static_cast<unsigned>(p.n), threads, 0, stream, "sparse_weight_grad_kernel", p);
+  launch_by_chunks(sparse_weight_grad_kernel<2>, sparse_weight_grad_kernel<4>, p, p.k, p.n, false, stream,
+                   "sparse_weight_grad_kernel");
 }
 
 void launch_transpose_f32(const float* in, std::int64_t ld_in, std::int64_t rows, std::int64_t cols, float* out,
