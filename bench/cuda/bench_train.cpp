@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <random>
+#include <tuple>
 
 #include "bench_util.hpp"
 #include "cuda/common/device_buffer.hpp"
@@ -139,19 +140,7 @@ void run_train_sweep(bool quick, int warmup, int reps, cudaStream_t s, nlohmann:
       fr_auto = aut.forward(dev_x.get(), m, dev_y.get(), Path::automatic, s);
       aut.backward(dev_x.get(), dev_dy.get(), m, l1_coeff, dev_dx.get(), s);
     };
-    std::vector<double> t_dn, t_auto;
-    for (int i = 0; i < warmup; ++i) {
-      dense_step();
-      auto_step();
-    }
-    for (int i = 0; i < reps; ++i) {
-      t_dn.push_back(median_ms(0, 1, s, dense_step));
-      t_auto.push_back(median_ms(0, 1, s, auto_step));
-    }
-    std::sort(t_dn.begin(), t_dn.end());
-    std::sort(t_auto.begin(), t_auto.end());
-    dn_step = t_dn[t_dn.size() / 2];
-    auto_step_ms = t_auto[t_auto.size() / 2];
+    std::tie(dn_step, auto_step_ms) = host::alternating_medians_ms(warmup, reps, s, dense_step, auto_step);
     saved_dn = dense.saved_bytes();
     mem_dn = dense.device_bytes();
     // Checked run: the dispatched step on poisoned outputs.

@@ -11,35 +11,16 @@
 #include <vector>
 
 #include "cuda/common/check.hpp"
+#include "cuda/host_util.hpp"
 #include "twell/bf16.hpp"
 #include "twell/ffn.hpp"
 #include "twell/sparsity_gen.hpp"
 
 namespace twell::cuda::bench {
 
-// Median of `reps` CUDA-event intervals of body() on stream s, after `warmup` untimed runs.
-template <typename F>
-inline double median_ms(int warmup, int reps, cudaStream_t s, F&& body) {
-  cudaEvent_t a, b;
-  TWELL_CUDA_CHECK(cudaEventCreate(&a));
-  TWELL_CUDA_CHECK(cudaEventCreate(&b));
-  for (int i = 0; i < warmup; ++i) body();
-  TWELL_CUDA_CHECK(cudaStreamSynchronize(s));
-  std::vector<float> t;
-  for (int i = 0; i < reps; ++i) {
-    TWELL_CUDA_CHECK(cudaEventRecord(a, s));
-    body();
-    TWELL_CUDA_CHECK(cudaEventRecord(b, s));
-    TWELL_CUDA_CHECK(cudaEventSynchronize(b));
-    float ms = 0;
-    TWELL_CUDA_CHECK(cudaEventElapsedTime(&ms, a, b));
-    t.push_back(ms);
-  }
-  cudaEventDestroy(a);
-  cudaEventDestroy(b);
-  std::sort(t.begin(), t.end());
-  return t[t.size() / 2];
-}
+// CUDA-event timing shared with the library's host API (median_ms, alternating_medians_ms).
+using host::alternating_medians_ms;
+using host::median_ms;
 
 inline std::vector<float> download(const __nv_bfloat16* p, std::size_t n) {
   std::vector<std::uint16_t> b(n);

@@ -80,6 +80,7 @@ class FfnContext {
   int words_per_tile() const noexcept { return opt_.twell.words_per_tile(); }
   const ContextOptions& options() const noexcept { return opt_; }
   LtGemm& gemm() noexcept { return gemm_; }
+  const LtGemm& gemm() const noexcept { return gemm_; }
 
   // Device weights (bf16): [Wg; 0; Wu; 0] as [2·ldn, K] (gated) or [Wu; 0] as [ldn, K]; Wd as
   // [K, ldn] (padding columns zero); Wdᵀ as [N, K].

@@ -1,7 +1,7 @@
 // Host-facing training entry points (include/twell/cuda/ffn_cuda.hpp): fp32 host tensors in and
 // out, one TrainContext per call on a private stream.
-#include <algorithm>
 #include <cmath>
+#include <tuple>
 #include <cstring>
 #include <vector>
 
@@ -86,8 +86,7 @@ TrainBenchTimes bench_train_host(CMatrixF x, CMatrixF dy, const FfnWeights& w, d
   t.dense_fwd_ms = host::median_ms(opt.warmup, opt.reps, s, [&] { dense.forward(dx_in.get(), m, dev_y.get(), Path::dense, s); });
   t.sparse_fwd_ms =
       host::median_ms(opt.warmup, opt.reps, s, [&] { f = sparse.forward(dx_in.get(), m, dev_y.get(), Path::automatic, s); });
-  // Whole steps: dense and dispatched alternately, rep by rep, so that clock or thermal drift over the
-  // run affects both alike.
+  // Whole steps: dense and dispatched alternately (host::alternating_medians_ms).
   const auto dense_step = [&] {
     dense.forward(dx_in.get(), m, dev_y.get(), Path::dense, s);
     dense.backward(dx_in.get(), ddy.get(), m, l1_coeff, dev_dx.get(), s);
@@ -96,19 +95,7 @@ TrainBenchTimes bench_train_host(CMatrixF x, CMatrixF dy, const FfnWeights& w, d
     f = sparse.forward(dx_in.get(), m, dev_y.get(), Path::automatic, s);
     sparse.backward(dx_in.get(), ddy.get(), m, l1_coeff, dev_dx.get(), s);
   };
-  for (int i = 0; i < opt.warmup; ++i) {
-    dense_step();
-    sparse_step();
-  }
-  std::vector<double> td, ts;
-  for (int i = 0; i < std::max(1, opt.reps); ++i) {
-    td.push_back(host::median_ms(0, 1, s, dense_step));
-    ts.push_back(host::median_ms(0, 1, s, sparse_step));
-  }
-  std::sort(td.begin(), td.end());
-  std::sort(ts.begin(), ts.end());
-  t.dense_step_ms = td[td.size() / 2];
-  t.sparse_step_ms = ts[ts.size() / 2];
+  std::tie(t.dense_step_ms, t.sparse_step_ms) = host::alternating_medians_ms(opt.warmup, opt.reps, s, dense_step, sparse_step);
   t.dense_saved_bytes = static_cast<std::int64_t>(dense.saved_bytes());
   t.dense_device_bytes = static_cast<std::int64_t>(dense.device_bytes());
   // The checked step: the dispatched path once more, on poisoned outputs.

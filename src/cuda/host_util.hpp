@@ -5,6 +5,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <utility>
 #include <vector>
 
 #include "cuda/common/check.hpp"
@@ -97,5 +98,22 @@ double median_ms(int warmup, int reps, cudaStream_t stream, F&& body) {
   return t[t.size() / 2];
 }
 
+// Medians of bodies a and b timed alternately, rep by rep (after `warmup` untimed rounds of both),
+// so that clock or thermal drift over the run affects both alike. Returns {median a, median b}.
+template <typename A, typename B>
+std::pair<double, double> alternating_medians_ms(int warmup, int reps, cudaStream_t stream, A&& a, B&& b) {
+  for (int i = 0; i < warmup; ++i) {
+    a();
+    b();
+  }
+  std::vector<double> ta, tb;
+  for (int i = 0; i < std::max(1, reps); ++i) {
+    ta.push_back(median_ms(0, 1, stream, a));
+    tb.push_back(median_ms(0, 1, stream, b));
+  }
+  std::sort(ta.begin(), ta.end());
+  std::sort(tb.begin(), tb.end());
+  return {ta[ta.size() / 2], tb[tb.size() / 2]};
+}
 
 }  // namespace twell::cuda::host

@@ -4,6 +4,7 @@
 #include <cublasLt.h>
 #include <cuda_runtime.h>
 
+#include <cstdint>
 #include <string>
 
 #include "twell/error.hpp"
@@ -54,6 +55,15 @@ inline int current_device_or_minus_one() noexcept {
     cudaError_t twell_err_ = cudaGetLastError();                                            \
     if (twell_err_ != cudaSuccess) ::twell::cuda::detail::throw_cuda(twell_err_, "launch of " name, __FILE__, __LINE__); \
   } while (0)
+
+namespace twell::cuda {
+// Blocks for a grid-stride kernel over `items` work items, `threads` per block: enough to fill any
+// GPU, never more than the items need, never 0.
+inline unsigned grid_stride_blocks(std::int64_t items, int threads) {
+  const std::int64_t b = (items + threads - 1) / threads;
+  return static_cast<unsigned>(b < 1 ? 1 : (b > (1 << 16) ? (1 << 16) : b));
+}
+}  // namespace twell::cuda
 
 // Throws twell::Error(code, formatted message) unless cond holds (CUDA-TU-safe TWELL_CHECK).
 #define TWELL_CU_REQUIRE(cond, code, ...)                      \

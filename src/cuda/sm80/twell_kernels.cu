@@ -379,10 +379,7 @@ void launch_twell_up_down(const TwellUpDownParams& p, cudaStream_t stream) {
 
 void launch_gated_product(const __nv_bfloat16* g, const __nv_bfloat16* u, std::int64_t ld_gu, __nv_bfloat16* h,
                           std::int64_t ld_h, std::int64_t m, std::int64_t n, cudaStream_t stream) {
-  const std::int64_t work = m * ((n + 7) / 8);
-  const int threads = 256;
-  const std::int64_t blocks = std::min<std::int64_t>((work + threads - 1) / threads, 1 << 20);
-  gated_product_kernel<<<static_cast<unsigned>(std::max<std::int64_t>(blocks, 1)), threads, 0, stream>>>(g, u, ld_gu, h, ld_h, m, n);
+  gated_product_kernel<<<grid_stride_blocks(m * ((n + 7) / 8), 256), 256, 0, stream>>>(g, u, ld_gu, h, ld_h, m, n);
   TWELL_CUDA_CHECK_LAUNCH("gated_product_kernel");
 }
 

@@ -105,10 +105,6 @@ unsigned blocks_for(std::int64_t items, int per_block) {
   return static_cast<unsigned>(std::max<std::int64_t>(b, 1));
 }
 
-unsigned grid_stride_blocks(std::int64_t items) {
-  return static_cast<unsigned>(std::clamp<std::int64_t>((items + 255) / 256, 1, 65535));
-}
-
 }  // namespace
 
 void csr_count_and_scan(const CsrBuildParams& p, DeviceBuffer<unsigned char>& scratch, cudaStream_t stream) {
@@ -145,7 +141,7 @@ void build_csc(const CscParams& p, DeviceBuffer<unsigned char>& scratch, cudaStr
                    "CSC build: null pointer");
   entry_rows_kernel<<<blocks_for(p.m, kWarpsPerBlock), kWarpsPerBlock * 32, 0, stream>>>(p);
   TWELL_CUDA_CHECK_LAUNCH("entry_rows_kernel");
-  iota_kernel<<<grid_stride_blocks(p.nnz), 256, 0, stream>>>(p.tmp_vals, p.nnz);
+  iota_kernel<<<grid_stride_blocks(p.nnz, 256), 256, 0, stream>>>(p.tmp_vals, p.nnz);
   TWELL_CUDA_CHECK_LAUNCH("iota_kernel");
   int end_bit = 1;
   while (end_bit < 31 && (std::int64_t{1} << end_bit) < p.n) ++end_bit;
@@ -156,7 +152,7 @@ void build_csc(const CscParams& p, DeviceBuffer<unsigned char>& scratch, cudaStr
   scratch.reserve(bytes);
   TWELL_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(scratch.get(), bytes, p.cols, p.tmp_keys, p.tmp_vals, p.order, items,
                                                    0, end_bit, stream));
-  col_offsets_kernel<<<grid_stride_blocks(p.nnz), 256, 0, stream>>>(p.tmp_keys, p.nnz, p.n, p.col_offsets);
+  col_offsets_kernel<<<grid_stride_blocks(p.nnz, 256), 256, 0, stream>>>(p.tmp_keys, p.nnz, p.n, p.col_offsets);
   TWELL_CUDA_CHECK_LAUNCH("col_offsets_kernel");
 }
 

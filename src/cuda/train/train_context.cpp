@@ -75,7 +75,7 @@ void TrainContext::upload_weights(const FfnWeights& w, cudaStream_t stream) {
 }
 
 std::size_t TrainContext::device_bytes() const noexcept {
-  return ffn_.weight_bytes() + const_cast<FfnContext&>(ffn_).gemm().workspace_bytes() + gu_.bytes() + g_.bytes() +
+  return ffn_.weight_bytes() + ffn_.gemm().workspace_bytes() + gu_.bytes() + g_.bytes() +
          u_.bytes() + h_.bytes() + dh_.bytes() + dgu_.bytes() + row_counts_.bytes() + offsets_.bytes() +
          col_offsets_.bytes() + cols_.bytes() + entry_rows_.bytes() + order_.bytes() + tmp_keys_.bytes() +
          tmp_vals_.bytes() + p_.bytes() + u_e_.bytes() + row_l1_.bytes() + d_up_e_.bytes() + d_gate_e_.bytes() +

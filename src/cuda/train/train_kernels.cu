@@ -439,10 +439,6 @@ __global__ void dense_train_backward_kernel(DenseTrainElementwiseParams p) {
   }
 }
 
-unsigned grid_for(std::int64_t items) {  // grid-stride kernels: enough blocks to fill any GPU
-  return static_cast<unsigned>(std::clamp<std::int64_t>((items + 255) / 256, 1, 1 << 16));
-}
-
 template <typename Params>
 void check_token_kernel(const Params& p, const char* what) {
   TWELL_CU_REQUIRE(p.m >= 1 && p.m <= 0x7fffffff, ErrorCode::unsupported, "{}: M = {} out of range", what, p.m);
@@ -522,14 +518,14 @@ void launch_sum_rows(const float* row_l1, std::int64_t m, double* l1_sum, cudaSt
 void launch_dense_train_forward(const DenseTrainElementwiseParams& p, cudaStream_t stream) {
   TWELL_CU_REQUIRE(p.h && p.scalars && (!p.gated || (p.g && p.u)) && p.m >= 1 && p.ldn >= p.n, ErrorCode::invalid_argument,
                    "dense train forward: bad parameters");
-  dense_train_forward_kernel<<<grid_for(p.m * ((p.ldn + 7) / 8)), 256, 0, stream>>>(p);
+  dense_train_forward_kernel<<<grid_stride_blocks(p.m * ((p.ldn + 7) / 8), 256), 256, 0, stream>>>(p);
   TWELL_CUDA_CHECK_LAUNCH("dense_train_forward_kernel");
 }
 
 void launch_dense_train_backward(const DenseTrainElementwiseParams& p, cudaStream_t stream) {
   TWELL_CU_REQUIRE(p.h && p.dh && p.d_up && (!p.gated || (p.g && p.u && p.d_gate)) && p.m >= 1 && p.ldn >= p.n,
                    ErrorCode::invalid_argument, "dense train backward: bad parameters");
-  dense_train_backward_kernel<<<grid_for(p.m * ((p.ldn + 7) / 8)), 256, 0, stream>>>(p);
+  dense_train_backward_kernel<<<grid_stride_blocks(p.m * ((p.ldn + 7) / 8), 256), 256, 0, stream>>>(p);
   TWELL_CUDA_CHECK_LAUNCH("dense_train_backward_kernel");
 }
 
