@@ -19,6 +19,21 @@ void reserve_entries(DeviceBuffer<T>& b, std::int64_t nnz) {
 
 }  // namespace
 
+WeightGradPasses weight_grad_passes(std::int64_t m, std::int64_t k, std::int64_t l2_bytes, double l2_fraction) {
+  WeightGradPasses w;
+  if (l2_fraction <= 0) {
+    w.slice_cols = std::min(k, kWeightGradMaxSlice);
+    w.block_rows = m;
+    return w;
+  }
+  const auto budget = static_cast<std::int64_t>(static_cast<double>(l2_bytes) * l2_fraction);
+  // x and dy columns of every row: 4 bytes per row and column.
+  w.slice_cols = std::min(k, 4 * m * kWeightGradMaxSlice <= budget ? kWeightGradMaxSlice : kWeightGradMaxSlice / 2);
+  const std::int64_t rows = std::max<std::int64_t>(1024, budget / (4 * w.slice_cols) / 256 * 256);
+  w.block_rows = std::min(m, rows);
+  return w;
+}
+
 TrainContext::TrainContext(const TrainContextOptions& opt)
     : opt_(opt), ffn_([&] {
         ContextOptions c;
@@ -79,7 +94,7 @@ std::size_t TrainContext::device_bytes() const noexcept {
          u_.bytes() + h_.bytes() + dh_.bytes() + dgu_.bytes() + row_counts_.bytes() + offsets_.bytes() +
          col_offsets_.bytes() + cols_.bytes() + entry_rows_.bytes() + order_.bytes() + tmp_keys_.bytes() +
          tmp_vals_.bytes() + p_.bytes() + u_e_.bytes() + row_l1_.bytes() + d_up_e_.bytes() + d_gate_e_.bytes() +
-         dwd_t_.bytes() + cub_ws_.bytes() + dw_gu_.bytes() + dw_down_.bytes() + scalars_.bytes();
+         dwd_t_.bytes() + wg_entries_.bytes() + cub_ws_.bytes() + dw_gu_.bytes() + dw_down_.bytes() + scalars_.bytes();
 }
 
 void TrainContext::reserve_grads() {
@@ -348,17 +363,26 @@ void TrainContext::sparse_backward(const __nv_bfloat16* x, const __nv_bfloat16* 
   build_csc(c, cub_ws_, stream);
   mark("bwd: transposed index", stream);
 
+  // The entries in neuron order, gathered once for all the weight-gradient passes.
+  reserve_entries(wg_entries_, nnz_);
+  WeightGradEntriesParams ge;
+  ge.entry_rows = entry_rows_.get();
+  ge.order = order_.get();
+  ge.p = p_.get();
+  ge.u = gated() ? u_e_.get() : nullptr;
+  ge.d_up = d_up_e_.get();
+  ge.d_gate = gated() ? d_gate_e_.get() : nullptr;
+  ge.out = wg_entries_.get();
+  ge.nnz = nnz_;
+  ge.gated = gated();
+  launch_weight_grad_entries(ge, stream);
+
   dwd_t_.reserve(sz(n() * k()));
   SparseWeightGradParams g;
   g.x = x;
   g.dy = dy;
-  g.entry_rows = entry_rows_.get();
-  g.order = order_.get();
+  g.entries = wg_entries_.get();
   g.col_offsets = col_offsets_.get();
-  g.p = p_.get();
-  g.u = gated() ? u_e_.get() : nullptr;
-  g.d_up = d_up_e_.get();
-  g.d_gate = gated() ? d_gate_e_.get() : nullptr;
   g.dw_gate = gated() ? dw_gu_.get() : nullptr;
   g.dw_up = gated() ? dw_gu_.get() + ldn() * k() : dw_gu_.get();
   g.dw_down_t = dwd_t_.get();
@@ -366,19 +390,21 @@ void TrainContext::sparse_backward(const __nv_bfloat16* x, const __nv_bfloat16* 
   g.n = n();
   g.k = k();
   g.gated = gated();
-  // Token blocks whose x and dy rows (2 · rows · K bf16) fill about 60 % of the L2: the rows are
-  // then read from L2 by all the block's neurons; each extra block costs one read-modify-write of
-  // the fp32 gradient rows (docs/perf-notes-cuda.md).
-  const double frac = opt_.weight_grad_l2_fraction;
-  const std::int64_t block_rows =
-      frac <= 0 ? m
-                : std::max<std::int64_t>(1024, static_cast<std::int64_t>(static_cast<double>(l2_bytes_) * frac) /
-                                                   (4 * k()) / 256 * 256);
-  for (std::int64_t r0 = 0; r0 < m; r0 += block_rows) {
-    g.row_begin = r0;
-    g.row_end = std::min(m, r0 + block_rows);
-    g.accumulate = r0 > 0;
-    launch_sparse_weight_grads(g, stream);
+  // Passes over column slices (and token blocks) whose x and dy columns (2 · rows · slice bf16)
+  // fit the L2 budget: each pass's x, dy reads then hit L2 whichever neuron asks. A slice costs
+  // nothing extra beyond re-reading the entries (16 B each); an extra token block costs one
+  // read-modify-write of the fp32 gradient slice, so slices shrink to 256 columns before blocks
+  // appear (docs/perf-notes-cuda.md).
+  const WeightGradPasses passes = weight_grad_passes(m, k(), l2_bytes_, opt_.weight_grad_l2_fraction);
+  for (std::int64_t c0 = 0; c0 < k(); c0 += passes.slice_cols) {
+    g.col_begin = c0;
+    g.col_end = std::min(k(), c0 + passes.slice_cols);
+    for (std::int64_t r0 = 0; r0 < m; r0 += passes.block_rows) {
+      g.row_begin = r0;
+      g.row_end = std::min(m, r0 + passes.block_rows);
+      g.accumulate = r0 > 0;
+      launch_sparse_weight_grads(g, stream);
+    }
   }
   mark("bwd: weight gradients", stream);
   launch_transpose_f32(dwd_t_.get(), k(), n(), k(), dw_down_.get(), ldn(), stream);

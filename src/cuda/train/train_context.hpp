@@ -40,10 +40,17 @@ struct TrainContextOptions {
   // (host read of the count, CSR build, N-row weight-gradient pass) outweigh its savings there
   // (H100, 0.5 %: 0.50x dense at M = 256, 0.94x at 2048, 1.37x at 16384).
   std::int64_t dispatch_min_rows = 4096;
-  // Weight gradients run per token block whose x and dy rows take this fraction of the L2
-  // (0: one block, no blocking).
+  // Weight gradients run in passes (column slices, then token blocks) whose x and dy columns
+  // take at most this fraction of the L2 (0: widest slices, one block).
   double weight_grad_l2_fraction = 0.6;
 };
+
+// The weight-gradient pass plan for m rows of K columns: slices of slice_cols columns (the last
+// one narrower), each over token blocks of block_rows rows (≥ 1024 unless m is smaller).
+struct WeightGradPasses {
+  std::int64_t slice_cols = 0, block_rows = 0;
+};
+WeightGradPasses weight_grad_passes(std::int64_t m, std::int64_t k, std::int64_t l2_bytes, double l2_fraction);
 
 struct TrainForwardResult {
   bool sparse = false;
@@ -124,6 +131,7 @@ class TrainContext {
   DeviceBuffer<std::int32_t> cols_, entry_rows_, order_, tmp_keys_, tmp_vals_;
   DeviceBuffer<__nv_bfloat16> p_;
   DeviceBuffer<float> u_e_, row_l1_, d_up_e_, d_gate_e_, dwd_t_;
+  DeviceBuffer<float4> wg_entries_;  // [nnz] weight-gradient entries, neuron order
   DeviceBuffer<unsigned char> cub_ws_;
   // gradients: dw_gu_ [2·ldn (gated) or ldn, K], dw_down_ [K, ldn]
   DeviceBuffer<float> dw_gu_, dw_down_;

@@ -213,51 +213,63 @@ __global__ void __launch_bounds__(kMaxThreads) sparse_train_backward_kernel(Spar
   store_row_bf16<CH>(p.dx + row * p.ld, acc, kchunks);
 }
 
-// Neuron-major: one CTA per neuron, the same K-chunk split; per entry (token m) the rows x[m] and
-// dy[m] are read and the three gradient rows accumulate in registers, written once as fp32.
-// Shared memory: lrow [kWindow] i32, lup, lgate, lt [kWindow] f32.
+__global__ void weight_grad_entries_kernel(WeightGradEntriesParams p) {
+  for (std::int64_t j = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; j < p.nnz;
+       j += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
+    const std::int32_t e = p.order[j];
+    const float pv = __bfloat162float(p.p[e]);
+    p.out[j] = make_float4(__int_as_float(p.entry_rows[e]), p.d_up[e], p.gated ? p.d_gate[e] : 0.0f,
+                           p.gated ? pv * p.u[e] : pv);
+  }
+}
+
+// Neuron-major: one warp per neuron over one column slice; lane l owns the slice's 16-byte chunks
+// {l + 32·i}. The neuron's entries arrive 32 at a time (one coalesced float4 per lane) and are
+// broadcast by shuffles; per entry (token m) the slice of x[m] and dy[m] is read and the three
+// gradient slices accumulate in registers, written once as fp32. No shared memory, no block sync.
+constexpr int kGradWarps = 4;
 template <int CH>
-__global__ void __launch_bounds__(kMaxThreads) sparse_weight_grad_kernel(SparseWeightGradParams p) {
-  __shared__ int lrow[kWindow];
-  __shared__ float lup[kWindow], lgate[kWindow], lt[kWindow];
-  const int tid = threadIdx.x, nthreads = blockDim.x;
-  const int kchunks = static_cast<int>(p.k / 8);
-  const std::int64_t n = blockIdx.x;
+__global__ void __launch_bounds__(kGradWarps * 32) sparse_weight_grad_kernel(SparseWeightGradParams p) {
+  constexpr unsigned kFull = 0xffffffffu;
+  constexpr int U = CH == 1 ? 4 : 2;  // tokens in flight
+  const int lane = threadIdx.x % 32;
+  const std::int64_t n = static_cast<std::int64_t>(blockIdx.x) * kGradWarps + threadIdx.x / 32;
+  if (n >= p.n) return;  // whole warps only
+  const int schunks = static_cast<int>((p.col_end - p.col_begin + 7) / 8);
+  const __nv_bfloat16* x = p.x + p.col_begin;
+  const __nv_bfloat16* dy = p.dy + p.col_begin;
   // The neuron's entries have ascending rows: [beg, end) = those in [row_begin, row_end).
   auto first_at_or_after = [&](std::int64_t lo, std::int64_t hi, std::int64_t row) {
     while (lo < hi) {
       const std::int64_t mid = (lo + hi) / 2;
-      if (p.entry_rows[p.order[mid]] < row) lo = mid + 1; else hi = mid;
+      if (__float_as_int(p.entries[mid].x) < row) lo = mid + 1; else hi = mid;
     }
     return lo;
   };
   const std::int64_t seg_beg = p.col_offsets[n], seg_end = p.col_offsets[n + 1];
-  const std::int64_t beg = first_at_or_after(seg_beg, seg_end, p.row_begin);
+  const std::int64_t beg = p.row_begin <= 0 ? seg_beg : first_at_or_after(seg_beg, seg_end, p.row_begin);
   const std::int64_t end = first_at_or_after(beg, seg_end, p.row_end);
   float au[CH][8], ag[CH][8], ad[CH][8];
   zero_acc<CH>(au);
   zero_acc<CH>(ag);
   zero_acc<CH>(ad);
-  for (std::int64_t w0 = beg; w0 < end; w0 += kWindow) {
-    const int cnt = static_cast<int>(end - w0 < kWindow ? end - w0 : kWindow);
-    for (int j = tid; j < cnt; j += nthreads) {
-      const std::int32_t e = p.order[w0 + j];
-      lrow[j] = p.entry_rows[e];
-      lup[j] = p.d_up[e];
-      const float pv = __bfloat162float(p.p[e]);
-      lgate[j] = p.gated ? p.d_gate[e] : 0.0f;
-      lt[j] = p.gated ? pv * p.u[e] : pv;
-    }
-    __syncthreads();
-    constexpr int U = 2;
+  for (std::int64_t w0 = beg; w0 < end; w0 += 32) {
+    const int cnt = static_cast<int>(end - w0 < 32 ? end - w0 : 32);
+    const float4 mine = lane < cnt ? p.entries[w0 + lane] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     for (int j0 = 0; j0 < cnt; j0 += U) {
       uint4 xr[U][CH], dr[U][CH];
+      float cu[U], cg[U], ct[U];
 #pragma unroll
       for (int q = 0; q < U; ++q) {
-        if (j0 + q < cnt) {
-          const std::int64_t m = lrow[j0 + q];
-          dev::load_chunks<CH>(p.x + m * p.ld, tid, nthreads, kchunks, xr[q]);
-          dev::load_chunks<CH>(p.dy + m * p.ld, tid, nthreads, kchunks, dr[q]);
+        const int j = (j0 + q) & 31;
+        const bool ok = j0 + q < cnt;  // warp-uniform
+        const std::int64_t m = __shfl_sync(kFull, __float_as_int(mine.x), j);
+        cu[q] = ok ? __shfl_sync(kFull, mine.y, j) : 0.0f;
+        cg[q] = ok ? __shfl_sync(kFull, mine.z, j) : 0.0f;
+        ct[q] = ok ? __shfl_sync(kFull, mine.w, j) : 0.0f;
+        if (ok) {
+          dev::load_chunks<CH>(x + m * p.ld, lane, 32, schunks, xr[q]);
+          dev::load_chunks<CH>(dy + m * p.ld, lane, 32, schunks, dr[q]);
         } else {
 #pragma unroll
           for (int i = 0; i < CH; ++i) xr[q][i] = dr[q][i] = make_uint4(0, 0, 0, 0);
@@ -265,24 +277,21 @@ __global__ void __launch_bounds__(kMaxThreads) sparse_weight_grad_kernel(SparseW
       }
 #pragma unroll
       for (int q = 0; q < U; ++q) {
-        const bool ok = j0 + q < cnt;
-        const float cu = ok ? lup[j0 + q] : 0.0f, cg = ok ? lgate[j0 + q] : 0.0f, ct = ok ? lt[j0 + q] : 0.0f;
 #pragma unroll
         for (int i = 0; i < CH; ++i) {
-          axpy8(cu, xr[q][i], au[i]);
-          if (p.gated) axpy8(cg, xr[q][i], ag[i]);
-          axpy8(ct, dr[q][i], ad[i]);
+          axpy8(cu[q], xr[q][i], au[i]);
+          if (p.gated) axpy8(cg[q], xr[q][i], ag[i]);
+          axpy8(ct[q], dr[q][i], ad[i]);
         }
       }
     }
-    __syncthreads();
   }
   auto store = [&](float* dst, const float (&a)[CH][8]) {
 #pragma unroll
     for (int i = 0; i < CH; ++i) {
-      const int c = i * nthreads + tid;
-      if (c < kchunks) {
-        float4* o = reinterpret_cast<float4*>(dst + n * p.k + static_cast<std::int64_t>(c) * 8);
+      const int c = i * 32 + lane;
+      if (c < schunks) {
+        float4* o = reinterpret_cast<float4*>(dst + n * p.k + p.col_begin + static_cast<std::int64_t>(c) * 8);
         float4 lo = make_float4(a[i][0], a[i][1], a[i][2], a[i][3]), hi = make_float4(a[i][4], a[i][5], a[i][6], a[i][7]);
         if (p.accumulate) {
           const float4 o0 = o[0], o1 = o[1];
@@ -462,14 +471,13 @@ void launch_token(Kernel kernel, unsigned blocks, int threads, std::size_t smem,
 }
 
 // Picks 2 chunks per thread when K / 16 threads fit one CTA (K ≤ 8192), else 4, and launches the
-// matching instantiation with the token-window shared memory when `windowed`.
+// matching instantiation with the token-window shared memory.
 template <typename Params>
 void launch_by_chunks(void (*k2)(Params), void (*k4)(Params), const Params& p, std::int64_t k, std::int64_t blocks,
-                      bool windowed, cudaStream_t stream, const char* name) {
+                      cudaStream_t stream, const char* name) {
   const bool ch2 = threads_for(k, 2) <= kMaxThreads;
   const int threads = threads_for(k, ch2 ? 2 : 4);
-  launch_token(ch2 ? k2 : k4, static_cast<unsigned>(blocks), threads, windowed ? token_smem_bytes(threads) : 0, stream,
-               name, p);
+  launch_token(ch2 ? k2 : k4, static_cast<unsigned>(blocks), threads, token_smem_bytes(threads), stream, name, p);
 }
 
 }  // namespace
@@ -478,7 +486,7 @@ void launch_sparse_train_forward(const SparseTrainForwardParams& p, cudaStream_t
   check_token_kernel(p, "sparse train forward");
   TWELL_CU_REQUIRE(p.offsets && p.cols && p.p && p.w_down_t && p.y && p.row_l1 && (!p.gated || (p.x && p.w_up && p.u)),
                    ErrorCode::invalid_argument, "sparse train forward: null pointer");
-  launch_by_chunks(sparse_train_forward_kernel<2>, sparse_train_forward_kernel<4>, p, p.k, p.m, true, stream,
+  launch_by_chunks(sparse_train_forward_kernel<2>, sparse_train_forward_kernel<4>, p, p.k, p.m, stream,
                    "sparse_train_forward_kernel");
 }
 
@@ -487,18 +495,36 @@ void launch_sparse_train_backward(const SparseTrainBackwardParams& p, cudaStream
   TWELL_CU_REQUIRE(p.dy && p.offsets && p.cols && p.p && p.w_up && p.w_down_t && p.d_up && p.dx &&
                        (!p.gated || (p.u && p.w_gate && p.d_gate)),
                    ErrorCode::invalid_argument, "sparse train backward: null pointer");
-  launch_by_chunks(sparse_train_backward_kernel<2>, sparse_train_backward_kernel<4>, p, p.k, p.m, true, stream,
+  launch_by_chunks(sparse_train_backward_kernel<2>, sparse_train_backward_kernel<4>, p, p.k, p.m, stream,
                    "sparse_train_backward_kernel");
+}
+
+void launch_weight_grad_entries(const WeightGradEntriesParams& p, cudaStream_t stream) {
+  TWELL_CU_REQUIRE(p.nnz >= 0 && p.nnz <= 0x7fffffff, ErrorCode::unsupported, "weight grad entries: nnz = {} out of range",
+                   p.nnz);
+  if (p.nnz == 0) return;
+  TWELL_CU_REQUIRE(p.entry_rows && p.order && p.p && p.d_up && p.out && (!p.gated || (p.u && p.d_gate)),
+                   ErrorCode::invalid_argument, "weight grad entries: null pointer");
+  weight_grad_entries_kernel<<<grid_stride_blocks(p.nnz, 256), 256, 0, stream>>>(p);
+  TWELL_CUDA_CHECK_LAUNCH("weight_grad_entries_kernel");
 }
 
 void launch_sparse_weight_grads(const SparseWeightGradParams& p, cudaStream_t stream) {
   TWELL_CU_REQUIRE(p.n >= 1 && p.n <= 0x7fffffff, ErrorCode::unsupported, "sparse weight grads: N = {} out of range", p.n);
-  TWELL_CU_REQUIRE(p.k >= 8 && p.k % 8 == 0 && p.k <= 16384 && p.ld % 8 == 0 && p.ld >= p.k, ErrorCode::unsupported,
+  TWELL_CU_REQUIRE(p.k >= 8 && p.k % 8 == 0 && p.ld % 8 == 0 && p.ld >= p.k, ErrorCode::unsupported,
                    "sparse weight grads: K = {} / stride {} not supported", p.k, p.ld);
-  TWELL_CU_REQUIRE(p.x && p.dy && p.col_offsets && p.dw_up && p.dw_down_t && (!p.gated || p.dw_gate),
+  TWELL_CU_REQUIRE(p.col_begin >= 0 && p.col_begin % 8 == 0 && p.col_end > p.col_begin && p.col_end <= p.k &&
+                       p.col_end - p.col_begin <= kWeightGradMaxSlice,
+                   ErrorCode::invalid_argument, "sparse weight grads: column slice [{}, {}) invalid for K = {}",
+                   p.col_begin, p.col_end, p.k);
+  TWELL_CU_REQUIRE(p.x && p.dy && p.entries && p.col_offsets && p.dw_up && p.dw_down_t && (!p.gated || p.dw_gate),
                    ErrorCode::invalid_argument, "sparse weight grads: null pointer");
-  launch_by_chunks(sparse_weight_grad_kernel<2>, sparse_weight_grad_kernel<4>, p, p.k, p.n, false, stream,
-                   "sparse_weight_grad_kernel");
+  const auto blocks = static_cast<unsigned>((p.n + kGradWarps - 1) / kGradWarps);
+  if (p.col_end - p.col_begin <= 256)
+    sparse_weight_grad_kernel<1><<<blocks, kGradWarps * 32, 0, stream>>>(p);
+  else
+    sparse_weight_grad_kernel<2><<<blocks, kGradWarps * 32, 0, stream>>>(p);
+  TWELL_CUDA_CHECK_LAUNCH("sparse_weight_grad_kernel");
 }
 
 void launch_transpose_f32(const float* in, std::int64_t ld_in, std::int64_t rows, std::int64_t cols, float* out,

@@ -50,24 +50,42 @@ struct SparseTrainBackwardParams {
 };
 void launch_sparse_train_backward(const SparseTrainBackwardParams& p, cudaStream_t stream);
 
+// The weight-gradient kernel's view of an entry, in neuron-major (CSC) order with tokens ascending:
+// {row (int bits), dup, dgate (0 when non-gated), t}. Gathered once per backward so that every
+// column-slice pass reads its neuron's entries as one contiguous run.
+struct WeightGradEntriesParams {
+  const std::int32_t* entry_rows = nullptr;  // [nnz]
+  const std::int32_t* order = nullptr;       // [nnz] entries by neuron, tokens ascending
+  const __nv_bfloat16* p = nullptr;
+  const float* u = nullptr;                  // gated
+  const float* d_up = nullptr;
+  const float* d_gate = nullptr;             // gated
+  float4* out = nullptr;                     // [nnz]
+  std::int64_t nnz = 0;
+  bool gated = true;
+};
+void launch_weight_grad_entries(const WeightGradEntriesParams& p, cudaStream_t stream);
+
+// One warp per neuron; lane l owns the 16-byte chunks {l, l + 32, ...} of the column slice.
+inline constexpr std::int64_t kWeightGradMaxSlice = 512;  // columns per pass (2 chunks per lane)
+
 struct SparseWeightGradParams {
   const __nv_bfloat16* x = nullptr;   // [m, K], row stride ld
   const __nv_bfloat16* dy = nullptr;  // [m, K], row stride ld
-  const std::int32_t* entry_rows = nullptr;  // [nnz]
-  const std::int32_t* order = nullptr;       // [nnz] entries by neuron, tokens ascending
+  const float4* entries = nullptr;    // [nnz] from launch_weight_grad_entries
   const std::int64_t* col_offsets = nullptr; // [n + 1]
-  const __nv_bfloat16* p = nullptr;
-  const float* u = nullptr;           // gated
-  const float* d_up = nullptr;
-  const float* d_gate = nullptr;      // gated
   float* dw_gate = nullptr;           // [n, K] rows of stride K (gated)
   float* dw_up = nullptr;             // [n, K]
   float* dw_down_t = nullptr;         // [n, K] = dWdᵀ
   std::int64_t ld = 0, n = 0, k = 0;
   bool gated = true;
-  // Token block: only entries with row in [row_begin, row_end) are summed; accumulate adds the
-  // block's sums to the gradient rows instead of overwriting them. Running the token blocks one
-  // after the other keeps each block's x and dy rows in L2 while every neuron reads them.
+  // Column slice [col_begin, col_end) of the gradient rows (multiples of 8 or col_end = K, at most
+  // kWeightGradMaxSlice wide) and token block [row_begin, row_end): only entries with row in the
+  // block are summed; accumulate adds the block's sums to the gradient slice instead of
+  // overwriting it. Running slices (and, at large M, token blocks) one after the other keeps the
+  // x and dy columns a pass reads in L2 while every neuron reads them; slices cost no extra
+  // gradient traffic, each extra token block one read-modify-write of the gradient slice.
+  std::int64_t col_begin = 0, col_end = 0;
   std::int64_t row_begin = 0, row_end = std::int64_t{1} << 62;
   bool accumulate = false;
 };
