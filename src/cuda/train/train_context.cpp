@@ -94,7 +94,7 @@ std::size_t TrainContext::device_bytes() const noexcept {
          u_.bytes() + h_.bytes() + dh_.bytes() + dgu_.bytes() + row_counts_.bytes() + offsets_.bytes() +
          col_offsets_.bytes() + cols_.bytes() + entry_rows_.bytes() + order_.bytes() + tmp_keys_.bytes() +
          tmp_vals_.bytes() + p_.bytes() + u_e_.bytes() + row_l1_.bytes() + d_up_e_.bytes() + d_gate_e_.bytes() +
-         dwd_t_.bytes() + wg_entries_.bytes() + cub_ws_.bytes() + dw_gu_.bytes() + dw_down_.bytes() + scalars_.bytes();
+         dwd_t_.bytes() + wg_entries_.bytes() + wg_slices_.bytes() + cub_ws_.bytes() + dw_gu_.bytes() + dw_down_.bytes() + scalars_.bytes();
 }
 
 void TrainContext::reserve_grads() {
@@ -379,14 +379,11 @@ void TrainContext::sparse_backward(const __nv_bfloat16* x, const __nv_bfloat16* 
 
   dwd_t_.reserve(sz(n() * k()));
   SparseWeightGradParams g;
-  g.x = x;
-  g.dy = dy;
   g.entries = wg_entries_.get();
   g.col_offsets = col_offsets_.get();
   g.dw_gate = gated() ? dw_gu_.get() : nullptr;
   g.dw_up = gated() ? dw_gu_.get() + ldn() * k() : dw_gu_.get();
   g.dw_down_t = dwd_t_.get();
-  g.ld = k();
   g.n = n();
   g.k = k();
   g.gated = gated();
@@ -396,9 +393,25 @@ void TrainContext::sparse_backward(const __nv_bfloat16* x, const __nv_bfloat16* 
   // read-modify-write of the fp32 gradient slice, so slices shrink to 256 columns before blocks
   // appear (docs/perf-notes-cuda.md).
   const WeightGradPasses passes = weight_grad_passes(m, k(), l2_bytes_, opt_.weight_grad_l2_fraction);
-  for (std::int64_t c0 = 0; c0 < k(); c0 += passes.slice_cols) {
+  // Slice-major copies of x and dy, in the gate workspace when it is large enough (it is free
+  // until the next forward), else in their own buffer.
+  const std::int64_t w = passes.slice_cols, slice_elems = m * k();
+  __nv_bfloat16* slices = nullptr;
+  if (g_.size() >= sz(2 * slice_elems)) {
+    slices = g_.get();
+  } else {
+    wg_slices_.reserve(sz(2 * slice_elems));
+    slices = wg_slices_.get();
+  }
+  launch_slice_major(x, k(), m, k(), w, slices, stream);
+  launch_slice_major(dy, k(), m, k(), w, slices + slice_elems, stream);
+  mark("bwd: slice-major x, dy", stream);
+  for (std::int64_t c0 = 0; c0 < k(); c0 += w) {
     g.col_begin = c0;
-    g.col_end = std::min(k(), c0 + passes.slice_cols);
+    g.col_end = std::min(k(), c0 + w);
+    g.ld = g.col_end - c0;
+    g.x = slices + m * c0;
+    g.dy = slices + slice_elems + m * c0;
     for (std::int64_t r0 = 0; r0 < m; r0 += passes.block_rows) {
       g.row_begin = r0;
       g.row_end = std::min(m, r0 + passes.block_rows);

@@ -223,6 +223,16 @@ __global__ void weight_grad_entries_kernel(WeightGradEntriesParams p) {
   }
 }
 
+// One thread per 16-byte chunk of the input.
+__global__ void slice_major_kernel(const uint4* in, std::int64_t ld8, std::int64_t m, std::int64_t k8, std::int64_t w8,
+                                   uint4* out) {
+  for (std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < m * k8;
+       i += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
+    const std::int64_t r = i / k8, c = i % k8, s = c / w8, ws = min(w8, k8 - s * w8);
+    out[s * m * w8 + r * ws + (c - s * w8)] = in[r * ld8 + c];
+  }
+}
+
 // Neuron-major: one warp per neuron over one column slice; lane l owns the slice's 16-byte chunks
 // {l + 32·i}. The neuron's entries arrive 32 at a time (one coalesced float4 per lane) and are
 // broadcast by shuffles; per entry (token m) the slice of x[m] and dy[m] is read and the three
@@ -236,8 +246,8 @@ __global__ void __launch_bounds__(kGradWarps * 32) sparse_weight_grad_kernel(Spa
   const std::int64_t n = static_cast<std::int64_t>(blockIdx.x) * kGradWarps + threadIdx.x / 32;
   if (n >= p.n) return;  // whole warps only
   const int schunks = static_cast<int>((p.col_end - p.col_begin + 7) / 8);
-  const __nv_bfloat16* x = p.x + p.col_begin;
-  const __nv_bfloat16* dy = p.dy + p.col_begin;
+  const __nv_bfloat16* x = p.x;
+  const __nv_bfloat16* dy = p.dy;
   // The neuron's entries have ascending rows: [beg, end) = those in [row_begin, row_end).
   auto first_at_or_after = [&](std::int64_t lo, std::int64_t hi, std::int64_t row) {
     while (lo < hi) {
@@ -511,8 +521,8 @@ void launch_weight_grad_entries(const WeightGradEntriesParams& p, cudaStream_t s
 
 void launch_sparse_weight_grads(const SparseWeightGradParams& p, cudaStream_t stream) {
   TWELL_CU_REQUIRE(p.n >= 1 && p.n <= 0x7fffffff, ErrorCode::unsupported, "sparse weight grads: N = {} out of range", p.n);
-  TWELL_CU_REQUIRE(p.k >= 8 && p.k % 8 == 0 && p.ld % 8 == 0 && p.ld >= p.k, ErrorCode::unsupported,
-                   "sparse weight grads: K = {} / stride {} not supported", p.k, p.ld);
+  TWELL_CU_REQUIRE(p.k >= 8 && p.k % 8 == 0 && p.ld % 8 == 0 && p.ld >= p.col_end - p.col_begin, ErrorCode::unsupported,
+                   "sparse weight grads: K = {} / slice stride {} not supported", p.k, p.ld);
   TWELL_CU_REQUIRE(p.col_begin >= 0 && p.col_begin % 8 == 0 && p.col_end > p.col_begin && p.col_end <= p.k &&
                        p.col_end - p.col_begin <= kWeightGradMaxSlice,
                    ErrorCode::invalid_argument, "sparse weight grads: column slice [{}, {}) invalid for K = {}",
@@ -525,6 +535,16 @@ void launch_sparse_weight_grads(const SparseWeightGradParams& p, cudaStream_t st
   else
     sparse_weight_grad_kernel<2><<<blocks, kGradWarps * 32, 0, stream>>>(p);
   TWELL_CUDA_CHECK_LAUNCH("sparse_weight_grad_kernel");
+}
+
+void launch_slice_major(const __nv_bfloat16* in, std::int64_t ld, std::int64_t m, std::int64_t k, std::int64_t w,
+                        __nv_bfloat16* out, cudaStream_t stream) {
+  TWELL_CU_REQUIRE(in && out && m >= 1 && k >= 8 && k % 8 == 0 && w >= 8 && w % 8 == 0 && ld % 8 == 0 && ld >= k,
+                   ErrorCode::invalid_argument, "slice-major copy: bad shape m = {}, K = {}, slice {}, stride {}", m, k, w,
+                   ld);
+  slice_major_kernel<<<grid_stride_blocks(m * (k / 8), 256), 256, 0, stream>>>(
+      reinterpret_cast<const uint4*>(in), ld / 8, m, k / 8, w / 8, reinterpret_cast<uint4*>(out));
+  TWELL_CUDA_CHECK_LAUNCH("slice_major_kernel");
 }
 
 void launch_transpose_f32(const float* in, std::int64_t ld_in, std::int64_t rows, std::int64_t cols, float* out,

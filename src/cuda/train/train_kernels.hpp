@@ -70,8 +70,11 @@ void launch_weight_grad_entries(const WeightGradEntriesParams& p, cudaStream_t s
 inline constexpr std::int64_t kWeightGradMaxSlice = 512;  // columns per pass (2 chunks per lane)
 
 struct SparseWeightGradParams {
-  const __nv_bfloat16* x = nullptr;   // [m, K], row stride ld
-  const __nv_bfloat16* dy = nullptr;  // [m, K], row stride ld
+  // The column slice of x and dy: [m, col_end − col_begin], row stride ld (slice-major copies,
+  // launch_slice_major: a slice of the [m, K] rows themselves, 2^k bytes apart, would land on a
+  // fraction of the L2 and DRAM channels).
+  const __nv_bfloat16* x = nullptr;
+  const __nv_bfloat16* dy = nullptr;
   const float4* entries = nullptr;    // [nnz] from launch_weight_grad_entries
   const std::int64_t* col_offsets = nullptr; // [n + 1]
   float* dw_gate = nullptr;           // [n, K] rows of stride K (gated)
@@ -90,6 +93,11 @@ struct SparseWeightGradParams {
   bool accumulate = false;
 };
 void launch_sparse_weight_grads(const SparseWeightGradParams& p, cudaStream_t stream);
+
+// Slice-major copy of in [m, K] (row stride ld): slice s (columns [s·w, s·w + w_s), w_s =
+// min(w, K − s·w)) goes to out + s·m·w as [m, w_s] with row stride w_s. w and K multiples of 8.
+void launch_slice_major(const __nv_bfloat16* in, std::int64_t ld, std::int64_t m, std::int64_t k, std::int64_t w,
+                        __nv_bfloat16* out, cudaStream_t stream);
 
 // out[c, r] = in[r, c] for in [rows, cols] fp32 (row stride ld_in), out row stride ld_out.
 void launch_transpose_f32(const float* in, std::int64_t ld_in, std::int64_t rows, std::int64_t cols, float* out,
