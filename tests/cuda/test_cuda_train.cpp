@@ -185,6 +185,8 @@ INSTANTIATE_TEST_SUITE_P(
              f.hot_density = 0.3;
            }),
         tc("m1000_n70000_k520_d05", 1000, 70000, 520, 0.005, false),
+        // All-active columns of 4096 entries: split into many weight-gradient items.
+        tc("m4096_n1000_k520_full_cols", 4096, 1000, 520, 0.01, false, [](FfnCase& f) { f.full_cols = 2; }),
         tc("nongated_m1000_n5632_k2048_edges", 1000, 5632, 2048, 0.005, false,
            [](FfnCase& f) {
              f.gated = false;

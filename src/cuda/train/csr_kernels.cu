@@ -99,6 +99,20 @@ __global__ void col_offsets_kernel(const std::int32_t* keys, std::int64_t nnz, s
   }
 }
 
+__global__ void item_counts_kernel(WeightGradItemsParams p) {
+  for (std::int64_t c = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; c < p.n;
+       c += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
+    const std::int64_t cnt = p.col_offsets[c + 1] - p.col_offsets[c];
+    p.item_counts[c] = cnt <= p.run ? 1 : (cnt + p.run - 1) / p.run;
+  }
+}
+
+__global__ void item_neuron_kernel(WeightGradItemsParams p) {
+  for (std::int64_t c = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; c < p.n;
+       c += static_cast<std::int64_t>(gridDim.x) * blockDim.x)
+    for (std::int64_t i = p.item_offsets[c]; i < p.item_offsets[c + 1]; ++i) p.item_neuron[i] = static_cast<std::int32_t>(c);
+}
+
 unsigned blocks_for(std::int64_t items, int per_block) {
   const std::int64_t b = (items + per_block - 1) / per_block;
   TWELL_CU_REQUIRE(b <= 0x7fffffff, ErrorCode::unsupported, "CSR build: {} items exceed one launch", items);
@@ -154,6 +168,21 @@ void build_csc(const CscParams& p, DeviceBuffer<unsigned char>& scratch, cudaStr
                                                    0, end_bit, stream));
   col_offsets_kernel<<<grid_stride_blocks(p.nnz, 256), 256, 0, stream>>>(p.tmp_keys, p.nnz, p.n, p.col_offsets);
   TWELL_CUDA_CHECK_LAUNCH("col_offsets_kernel");
+}
+
+void build_weight_grad_items(const WeightGradItemsParams& p, DeviceBuffer<unsigned char>& scratch, cudaStream_t stream) {
+  TWELL_CU_REQUIRE(p.col_offsets && p.item_counts && p.item_offsets && p.item_neuron && p.n >= 1 && p.n <= 0x7fffffff &&
+                       p.run >= 1,
+                   ErrorCode::invalid_argument, "weight-gradient items: bad parameters");
+  item_counts_kernel<<<grid_stride_blocks(p.n, 256), 256, 0, stream>>>(p);
+  TWELL_CUDA_CHECK_LAUNCH("item_counts_kernel");
+  TWELL_CUDA_CHECK(cudaMemsetAsync(p.item_offsets, 0, sizeof(std::int64_t), stream));
+  std::size_t bytes = 0;
+  TWELL_CUDA_CHECK(cub::DeviceScan::InclusiveSum(nullptr, bytes, p.item_counts, p.item_offsets + 1, p.n, stream));
+  scratch.reserve(bytes);
+  TWELL_CUDA_CHECK(cub::DeviceScan::InclusiveSum(scratch.get(), bytes, p.item_counts, p.item_offsets + 1, p.n, stream));
+  item_neuron_kernel<<<grid_stride_blocks(p.n, 256), 256, 0, stream>>>(p);
+  TWELL_CUDA_CHECK_LAUNCH("item_neuron_kernel");
 }
 
 }  // namespace twell::cuda

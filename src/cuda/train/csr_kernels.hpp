@@ -43,4 +43,17 @@ struct CscParams {
 };
 void build_csc(const CscParams& p, DeviceBuffer<unsigned char>& scratch, cudaStream_t stream);
 
+// Work items of the weight-gradient passes, so that a hot neuron's entries are shared among warps:
+// neuron c's entries split into runs of at most `run` (an empty neuron still gets one item, which
+// writes its zero rows). item_offsets[c] = first item of neuron c (item_offsets[n] = total),
+// item_neuron[i] = the neuron of item i. Total ≤ n + nnz / run, the bound item_neuron is sized by.
+struct WeightGradItemsParams {
+  const std::int64_t* col_offsets = nullptr;  // [n + 1]
+  std::int64_t n = 0, run = 0;
+  std::int64_t* item_counts = nullptr;   // [n] scratch
+  std::int64_t* item_offsets = nullptr;  // [n + 1]
+  std::int32_t* item_neuron = nullptr;   // [n + nnz / run]
+};
+void build_weight_grad_items(const WeightGradItemsParams& p, DeviceBuffer<unsigned char>& scratch, cudaStream_t stream);
+
 }  // namespace twell::cuda

@@ -94,7 +94,8 @@ std::size_t TrainContext::device_bytes() const noexcept {
          u_.bytes() + h_.bytes() + dh_.bytes() + dgu_.bytes() + row_counts_.bytes() + offsets_.bytes() +
          col_offsets_.bytes() + cols_.bytes() + entry_rows_.bytes() + order_.bytes() + tmp_keys_.bytes() +
          tmp_vals_.bytes() + p_.bytes() + u_e_.bytes() + row_l1_.bytes() + d_up_e_.bytes() + d_gate_e_.bytes() +
-         dwd_t_.bytes() + wg_entries_.bytes() + wg_slices_.bytes() + cub_ws_.bytes() + dw_gu_.bytes() + dw_down_.bytes() + scalars_.bytes();
+         dwd_t_.bytes() + wg_entries_.bytes() + wg_work_.bytes() + wg_item_counts_.bytes() +
+         wg_item_offsets_.bytes() + wg_item_neuron_.bytes() + cub_ws_.bytes() + dw_gu_.bytes() + dw_down_.bytes() + scalars_.bytes();
 }
 
 void TrainContext::reserve_grads() {
@@ -377,10 +378,49 @@ void TrainContext::sparse_backward(const __nv_bfloat16* x, const __nv_bfloat16* 
   ge.gated = gated();
   launch_weight_grad_entries(ge, stream);
 
+  // Work items: runs of at most `run` entries of one neuron, so that hot neurons are shared
+  // among warps; at most 8192 items beyond one per neuron (their partial sums take 6 KB each).
+  const std::int64_t run = std::max<std::int64_t>(128, (nnz_ + 8191) / 8192);
+  const std::int64_t extras = nnz_ / run;
+  wg_item_counts_.reserve(sz(n()));
+  wg_item_offsets_.reserve(sz(n() + 1));
+  wg_item_neuron_.reserve(sz(n() + extras));
+  WeightGradItemsParams ip;
+  ip.col_offsets = col_offsets_.get();
+  ip.n = n();
+  ip.run = run;
+  ip.item_counts = wg_item_counts_.get();
+  ip.item_offsets = wg_item_offsets_.get();
+  ip.item_neuron = wg_item_neuron_.get();
+  build_weight_grad_items(ip, cub_ws_, stream);
+
+  // Workspace: slice-major copies of x and dy, then the partials; in the gate workspace when it
+  // is large enough (it is free until the next forward), else in a buffer of its own.
+  const WeightGradPasses passes = weight_grad_passes(m, k(), l2_bytes_, opt_.weight_grad_l2_fraction);
+  const std::int64_t w = passes.slice_cols, slice_elems = m * k();
+  const std::size_t slice_bytes = (sz(2 * slice_elems) * sizeof(__nv_bfloat16) + 255) / 256 * 256;
+  const std::size_t need = slice_bytes + sz(extras * 3 * kWeightGradMaxSlice) * sizeof(float);
+  unsigned char* work = nullptr;
+  if (g_.bytes() >= need) {
+    work = reinterpret_cast<unsigned char*>(g_.get());
+  } else {
+    wg_work_.reserve(need);
+    work = wg_work_.get();
+  }
+  auto* slices = reinterpret_cast<__nv_bfloat16*>(work);
+  launch_slice_major(x, k(), m, k(), w, slices, stream);
+  launch_slice_major(dy, k(), m, k(), w, slices + slice_elems, stream);
+  mark("bwd: weight-gradient items, slice-major x, dy", stream);
+
   dwd_t_.reserve(sz(n() * k()));
   SparseWeightGradParams g;
   g.entries = wg_entries_.get();
   g.col_offsets = col_offsets_.get();
+  g.item_offsets = wg_item_offsets_.get();
+  g.item_neuron = wg_item_neuron_.get();
+  g.run = run;
+  g.items_bound = n() + extras;
+  g.partials = extras > 0 ? reinterpret_cast<float*>(work + slice_bytes) : nullptr;
   g.dw_gate = gated() ? dw_gu_.get() : nullptr;
   g.dw_up = gated() ? dw_gu_.get() + ldn() * k() : dw_gu_.get();
   g.dw_down_t = dwd_t_.get();
@@ -388,24 +428,10 @@ void TrainContext::sparse_backward(const __nv_bfloat16* x, const __nv_bfloat16* 
   g.k = k();
   g.gated = gated();
   // Passes over column slices (and token blocks) whose x and dy columns (2 · rows · slice bf16)
-  // fit the L2 budget: each pass's x, dy reads then hit L2 whichever neuron asks. A slice costs
+  // fit the L2 budget: each pass's x, dy reads then hit L2 whichever item asks. A slice costs
   // nothing extra beyond re-reading the entries (16 B each); an extra token block costs one
   // read-modify-write of the fp32 gradient slice, so slices shrink to 256 columns before blocks
   // appear (docs/perf-notes-cuda.md).
-  const WeightGradPasses passes = weight_grad_passes(m, k(), l2_bytes_, opt_.weight_grad_l2_fraction);
-  // Slice-major copies of x and dy, in the gate workspace when it is large enough (it is free
-  // until the next forward), else in their own buffer.
-  const std::int64_t w = passes.slice_cols, slice_elems = m * k();
-  __nv_bfloat16* slices = nullptr;
-  if (g_.size() >= sz(2 * slice_elems)) {
-    slices = g_.get();
-  } else {
-    wg_slices_.reserve(sz(2 * slice_elems));
-    slices = wg_slices_.get();
-  }
-  launch_slice_major(x, k(), m, k(), w, slices, stream);
-  launch_slice_major(dy, k(), m, k(), w, slices + slice_elems, stream);
-  mark("bwd: slice-major x, dy", stream);
   for (std::int64_t c0 = 0; c0 < k(); c0 += w) {
     g.col_begin = c0;
     g.col_end = std::min(k(), c0 + w);
@@ -417,6 +443,7 @@ void TrainContext::sparse_backward(const __nv_bfloat16* x, const __nv_bfloat16* 
       g.row_end = std::min(m, r0 + passes.block_rows);
       g.accumulate = r0 > 0;
       launch_sparse_weight_grads(g, stream);
+      launch_weight_grad_fixup(g, stream);
     }
   }
   mark("bwd: weight gradients", stream);

@@ -132,7 +132,9 @@ class TrainContext {
   DeviceBuffer<__nv_bfloat16> p_;
   DeviceBuffer<float> u_e_, row_l1_, d_up_e_, d_gate_e_, dwd_t_;
   DeviceBuffer<float4> wg_entries_;  // [nnz] weight-gradient entries, neuron order
-  DeviceBuffer<__nv_bfloat16> wg_slices_;  // slice-major x, dy when the gate workspace is too small
+  DeviceBuffer<unsigned char> wg_work_;   // slice-major x, dy + partials when g_ is too small
+  DeviceBuffer<std::int64_t> wg_item_counts_, wg_item_offsets_;
+  DeviceBuffer<std::int32_t> wg_item_neuron_;
   DeviceBuffer<unsigned char> cub_ws_;
   // gradients: dw_gu_ [2·ldn (gated) or ldn, K], dw_down_ [K, ldn]
   DeviceBuffer<float> dw_gu_, dw_down_;

@@ -233,22 +233,25 @@ __global__ void slice_major_kernel(const uint4* in, std::int64_t ld8, std::int64
   }
 }
 
-// Neuron-major: one warp per neuron over one column slice; lane l owns the slice's 16-byte chunks
-// {l + 32·i}. The neuron's entries arrive 32 at a time (one coalesced float4 per lane) and are
-// broadcast by shuffles; per entry (token m) the slice of x[m] and dy[m] is read and the three
-// gradient slices accumulate in registers, written once as fp32. No shared memory, no block sync.
+// Neuron-major: one warp per work item (a run of at most p.run of one neuron's entries) over one
+// column slice; lane l owns the slice's 16-byte chunks {l + 32·i}. The entries arrive 32 at a time
+// (one coalesced float4 per lane) and are broadcast by shuffles; per entry (token m) the slice of
+// x[m] and dy[m] is read and the three gradient slices accumulate in registers, written once as
+// fp32 (item 0: to the gradient rows; others: to their partials block). No shared memory, no
+// block sync.
 constexpr int kGradWarps = 4;
 template <int CH>
 __global__ void __launch_bounds__(kGradWarps * 32) sparse_weight_grad_kernel(SparseWeightGradParams p) {
   constexpr unsigned kFull = 0xffffffffu;
   constexpr int U = CH == 1 ? 4 : 2;  // tokens in flight
   const int lane = threadIdx.x % 32;
-  const std::int64_t n = static_cast<std::int64_t>(blockIdx.x) * kGradWarps + threadIdx.x / 32;
-  if (n >= p.n) return;  // whole warps only
+  const std::int64_t item = static_cast<std::int64_t>(blockIdx.x) * kGradWarps + threadIdx.x / 32;
+  if (item >= p.items_bound || item >= p.item_offsets[p.n]) return;  // whole warps only
+  const std::int64_t n = p.item_neuron[item], sub = item - p.item_offsets[n];
   const int schunks = static_cast<int>((p.col_end - p.col_begin + 7) / 8);
   const __nv_bfloat16* x = p.x;
   const __nv_bfloat16* dy = p.dy;
-  // The neuron's entries have ascending rows: [beg, end) = those in [row_begin, row_end).
+  // The item's entries have ascending rows: [beg, end) = those in [row_begin, row_end).
   auto first_at_or_after = [&](std::int64_t lo, std::int64_t hi, std::int64_t row) {
     while (lo < hi) {
       const std::int64_t mid = (lo + hi) / 2;
@@ -256,7 +259,8 @@ __global__ void __launch_bounds__(kGradWarps * 32) sparse_weight_grad_kernel(Spa
     }
     return lo;
   };
-  const std::int64_t seg_beg = p.col_offsets[n], seg_end = p.col_offsets[n + 1];
+  const std::int64_t seg_beg = p.col_offsets[n] + sub * p.run;
+  const std::int64_t seg_end = min(p.col_offsets[n + 1], seg_beg + p.run);
   const std::int64_t beg = p.row_begin <= 0 ? seg_beg : first_at_or_after(seg_beg, seg_end, p.row_begin);
   const std::int64_t end = first_at_or_after(beg, seg_end, p.row_end);
   float au[CH][8], ag[CH][8], ad[CH][8];
@@ -296,14 +300,18 @@ __global__ void __launch_bounds__(kGradWarps * 32) sparse_weight_grad_kernel(Spa
       }
     }
   }
-  auto store = [&](float* dst, const float (&a)[CH][8]) {
+  // Item 0 stores (or accumulates) into the gradient rows, item s > 0 into its partials block.
+  const std::int64_t slot = p.item_offsets[n] - n + sub - 1;
+  auto store = [&](float* rows, int which, const float (&a)[CH][8]) {
+    const bool to_rows = sub == 0;
+    float* dst = to_rows ? rows + n * p.k + p.col_begin : p.partials + (slot * 3 + which) * kWeightGradMaxSlice;
 #pragma unroll
     for (int i = 0; i < CH; ++i) {
       const int c = i * 32 + lane;
       if (c < schunks) {
-        float4* o = reinterpret_cast<float4*>(dst + n * p.k + p.col_begin + static_cast<std::int64_t>(c) * 8);
+        float4* o = reinterpret_cast<float4*>(dst + static_cast<std::int64_t>(c) * 8);
         float4 lo = make_float4(a[i][0], a[i][1], a[i][2], a[i][3]), hi = make_float4(a[i][4], a[i][5], a[i][6], a[i][7]);
-        if (p.accumulate) {
+        if (to_rows && p.accumulate) {
           const float4 o0 = o[0], o1 = o[1];
           lo = make_float4(lo.x + o0.x, lo.y + o0.y, lo.z + o0.z, lo.w + o0.w);
           hi = make_float4(hi.x + o1.x, hi.y + o1.y, hi.z + o1.z, hi.w + o1.w);
@@ -313,9 +321,37 @@ __global__ void __launch_bounds__(kGradWarps * 32) sparse_weight_grad_kernel(Spa
       }
     }
   };
-  store(p.dw_up, au);
-  if (p.gated) store(p.dw_gate, ag);
-  store(p.dw_down_t, ad);
+  store(p.dw_up, 0, au);
+  if (p.gated) store(p.dw_gate, 1, ag);
+  store(p.dw_down_t, 2, ad);
+}
+
+// One warp per neuron: gradient slice += the partials of items 1, 2, … in order.
+__global__ void __launch_bounds__(kGradWarps * 32) weight_grad_fixup_kernel(SparseWeightGradParams p) {
+  const int lane = threadIdx.x % 32;
+  const std::int64_t n = static_cast<std::int64_t>(blockIdx.x) * kGradWarps + threadIdx.x / 32;
+  if (n >= p.n) return;
+  const std::int64_t first = p.item_offsets[n], items = p.item_offsets[n + 1] - first;
+  if (items <= 1) return;
+  const std::int64_t slot0 = first - n;  // slot of item 1
+  const int schunks = static_cast<int>((p.col_end - p.col_begin + 7) / 8);
+  float* rows[3] = {p.dw_up, p.dw_gate, p.dw_down_t};
+  for (int which = 0; which < 3; ++which) {
+    if (which == 1 && !p.gated) continue;
+    for (int c = lane; c < schunks; c += 32) {
+      float4* o = reinterpret_cast<float4*>(rows[which] + n * p.k + p.col_begin + static_cast<std::int64_t>(c) * 8);
+      float4 lo = o[0], hi = o[1];
+      for (std::int64_t s = 1; s < items; ++s) {
+        const float4* q = reinterpret_cast<const float4*>(p.partials + ((slot0 + s - 1) * 3 + which) * kWeightGradMaxSlice +
+                                                          static_cast<std::int64_t>(c) * 8);
+        const float4 q0 = q[0], q1 = q[1];
+        lo = make_float4(lo.x + q0.x, lo.y + q0.y, lo.z + q0.z, lo.w + q0.w);
+        hi = make_float4(hi.x + q1.x, hi.y + q1.y, hi.z + q1.z, hi.w + q1.w);
+      }
+      o[0] = lo;
+      o[1] = hi;
+    }
+  }
 }
 
 constexpr int kTile = 32;
@@ -527,14 +563,25 @@ void launch_sparse_weight_grads(const SparseWeightGradParams& p, cudaStream_t st
                        p.col_end - p.col_begin <= kWeightGradMaxSlice,
                    ErrorCode::invalid_argument, "sparse weight grads: column slice [{}, {}) invalid for K = {}",
                    p.col_begin, p.col_end, p.k);
-  TWELL_CU_REQUIRE(p.x && p.dy && p.entries && p.col_offsets && p.dw_up && p.dw_down_t && (!p.gated || p.dw_gate),
+  TWELL_CU_REQUIRE(p.x && p.dy && p.entries && p.col_offsets && p.item_offsets && p.item_neuron && p.dw_up &&
+                       p.dw_down_t && (!p.gated || p.dw_gate) && (p.partials || p.items_bound == p.n),
                    ErrorCode::invalid_argument, "sparse weight grads: null pointer");
-  const auto blocks = static_cast<unsigned>((p.n + kGradWarps - 1) / kGradWarps);
+  TWELL_CU_REQUIRE(p.run >= 1 && p.items_bound >= p.n, ErrorCode::invalid_argument,
+                   "sparse weight grads: run {} / item bound {} invalid for N = {}", p.run, p.items_bound, p.n);
+  const std::int64_t blocks = (p.items_bound + kGradWarps - 1) / kGradWarps;
+  TWELL_CU_REQUIRE(blocks <= 0x7fffffff, ErrorCode::unsupported, "sparse weight grads: {} items exceed one launch",
+                   p.items_bound);
   if (p.col_end - p.col_begin <= 256)
-    sparse_weight_grad_kernel<1><<<blocks, kGradWarps * 32, 0, stream>>>(p);
+    sparse_weight_grad_kernel<1><<<static_cast<unsigned>(blocks), kGradWarps * 32, 0, stream>>>(p);
   else
-    sparse_weight_grad_kernel<2><<<blocks, kGradWarps * 32, 0, stream>>>(p);
+    sparse_weight_grad_kernel<2><<<static_cast<unsigned>(blocks), kGradWarps * 32, 0, stream>>>(p);
   TWELL_CUDA_CHECK_LAUNCH("sparse_weight_grad_kernel");
+}
+
+void launch_weight_grad_fixup(const SparseWeightGradParams& p, cudaStream_t stream) {
+  if (p.items_bound == p.n) return;  // one item per neuron
+  weight_grad_fixup_kernel<<<static_cast<unsigned>((p.n + kGradWarps - 1) / kGradWarps), kGradWarps * 32, 0, stream>>>(p);
+  TWELL_CUDA_CHECK_LAUNCH("weight_grad_fixup_kernel");
 }
 
 void launch_slice_major(const __nv_bfloat16* in, std::int64_t ld, std::int64_t m, std::int64_t k, std::int64_t w,

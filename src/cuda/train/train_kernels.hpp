@@ -66,17 +66,25 @@ struct WeightGradEntriesParams {
 };
 void launch_weight_grad_entries(const WeightGradEntriesParams& p, cudaStream_t stream);
 
-// One warp per neuron; lane l owns the 16-byte chunks {l, l + 32, ...} of the column slice.
+// One warp per work item (a run of one neuron's entries, csr_kernels.hpp: build_weight_grad_items);
+// lane l owns the 16-byte chunks {l, l + 32, ...} of the column slice.
 inline constexpr std::int64_t kWeightGradMaxSlice = 512;  // columns per pass (2 chunks per lane)
 
 struct SparseWeightGradParams {
   // The column slice of x and dy: [m, col_end − col_begin], row stride ld (slice-major copies,
-  // launch_slice_major: a slice of the [m, K] rows themselves, 2^k bytes apart, would land on a
-  // fraction of the L2 and DRAM channels).
+  // launch_slice_major, so that a pass reads one contiguous block).
   const __nv_bfloat16* x = nullptr;
   const __nv_bfloat16* dy = nullptr;
   const float4* entries = nullptr;    // [nnz] from launch_weight_grad_entries
-  const std::int64_t* col_offsets = nullptr; // [n + 1]
+  const std::int64_t* col_offsets = nullptr;   // [n + 1]
+  const std::int64_t* item_offsets = nullptr;  // [n + 1]
+  const std::int32_t* item_neuron = nullptr;   // [items_bound]
+  std::int64_t run = 0;               // entries per item (the last item of a neuron has fewer)
+  std::int64_t items_bound = 0;       // ≥ item_offsets[n]: the launch size
+  // Item s > 0 of neuron c writes its sums to partials row block item_offsets[c] − c + s − 1
+  // ([3, kWeightGradMaxSlice] fp32: up, gate, down), which launch_weight_grad_fixup adds, in item
+  // order, to the row item 0 wrote: the result does not depend on scheduling.
+  float* partials = nullptr;          // [items_bound − n, 3, kWeightGradMaxSlice]
   float* dw_gate = nullptr;           // [n, K] rows of stride K (gated)
   float* dw_up = nullptr;             // [n, K]
   float* dw_down_t = nullptr;         // [n, K] = dWdᵀ
@@ -93,6 +101,9 @@ struct SparseWeightGradParams {
   bool accumulate = false;
 };
 void launch_sparse_weight_grads(const SparseWeightGradParams& p, cudaStream_t stream);
+// After launch_sparse_weight_grads with the same parameters: adds the partial sums of every
+// neuron's items s > 0 to its gradient slice (no-op for neurons with one item).
+void launch_weight_grad_fixup(const SparseWeightGradParams& p, cudaStream_t stream);
 
 // Slice-major copy of in [m, K] (row stride ld): slice s (columns [s·w, s·w + w_s), w_s =
 // min(w, K − s·w)) goes to out + s·m·w as [m, w_s] with row stride w_s. w and K multiples of 8.
