@@ -117,15 +117,20 @@ void run_train_sweep(bool quick, int warmup, int reps, cudaStream_t s, nlohmann:
       sparse.backward(dev_x.get(), dev_dy.get(), m, l1_coeff, dev_dx.get(), s);
       for (const auto& [name, ms] : sparse.phase_ms()) phases[name] = ms;
     }
-    // Weight-gradient token blocking: the sparse step with other L2 fractions (0 = unblocked).
+    // Weight-gradient passes: the sparse step with other L2 fractions (0 = widest slices, one block) and item runs.
     if (pt.m >= 16384 && pt.mode == "uni" && pt.density <= 0.01) {
-      for (double frac : {0.0, 0.3, 1.0, 1.5}) {
+      const std::pair<double, std::int64_t> variants[] = {{0.0, 0}, {0.3, 0}, {1.0, 0}, {0.6, 32}, {0.6, 64}, {0.6, 256}};
+      for (const auto& [frac, run] : variants) {
         TrainContextOptions o = copt;
         o.weight_grad_l2_fraction = frac;
+        o.weight_grad_run = run;
         TrainContext v(o);
         v.upload_weights(w, s);
-        char key[32];
-        std::snprintf(key, sizeof key, "%.1f", frac);
+        char key[48];
+        if (run > 0)
+          std::snprintf(key, sizeof key, "%.1f/run%lld", frac, static_cast<long long>(run));
+        else
+          std::snprintf(key, sizeof key, "%.1f", frac);
         wg_variants[key] = median_ms(warmup, reps, s, [&] {
           v.forward(dev_x.get(), m, dev_y.get(), Path::sparse, s);
           v.backward(dev_x.get(), dev_dy.get(), m, l1_coeff, dev_dx.get(), s);
@@ -172,7 +177,7 @@ void run_train_sweep(bool quick, int warmup, int reps, cudaStream_t s, nlohmann:
     }
     std::printf("%s\n", ph.c_str());
     if (!wg_variants.empty()) {
-      std::string v = "          sparse step by weight-gradient L2 fraction (default 0.6):";
+      std::string v = "          sparse step by weight-gradient L2 fraction[/run] (default 0.6, run max(128, nnz/8192)):";
       for (const auto& [frac, ms] : wg_variants.items()) {
         char b[64];
         std::snprintf(b, sizeof b, " %s: %.3f;", frac.c_str(), ms.get<double>());

@@ -43,6 +43,8 @@ struct TrainContextOptions {
   // Weight gradients run in passes (column slices, then token blocks) whose x and dy columns
   // take at most this fraction of the L2 (0: widest slices, one block).
   double weight_grad_l2_fraction = 0.6;
+  // Entries per weight-gradient work item (0: automatic, max(128, nnz / 8192)).
+  std::int64_t weight_grad_run = 0;
 };
 
 // The weight-gradient pass plan for m rows of K columns: slices of slice_cols columns (the last
