@@ -37,6 +37,8 @@ FfnContext::~FfnContext() {
 }
 
 void FfnContext::upload_weights(const FfnWeights& w, cudaStream_t stream) {
+  last_density_ = -1;  // a new layer: no density measured yet
+  count_pending_ = false;
   TWELL_CHECK(w.w_up.data && w.w_down.data, ErrorCode::invalid_argument, "FFN weights: w_up and w_down are required");
   gated_ = w.gated();
   n_ = w.intermediate();
@@ -175,6 +177,20 @@ void FfnContext::dense_rest(const __nv_bfloat16* x, std::int64_t m, __nv_bfloat1
   gemm_.run({m, k_, n_, ldn_, ldn_, k_, GemmEpilogue::none}, w_down_.get(), h, y, stream);
 }
 
+TwellSampleParams FfnContext::sample_params(const __nv_bfloat16* src, std::int64_t ld, std::int64_t m,
+                                            double max_density) {
+  TwellSampleParams sp;
+  sp.src = src;
+  sp.ld_src = ld;
+  sp.m = m;
+  sp.n = n_;
+  sp.stride = std::max<std::int64_t>(1, m / std::max<std::int64_t>(1, opt_.dispatch_sample_rows));
+  sp.max_density = max_density;
+  sp.count = &dispatch_.get()->count;
+  sp.decision = &dispatch_.get()->decision;
+  return sp;
+}
+
 TwellCounters FfnContext::read_counters(cudaStream_t stream) {
   TWELL_CUDA_CHECK(
       cudaMemcpyAsync(counters_host_.get(), counters_.get(), sizeof(TwellCounters), cudaMemcpyDeviceToHost, stream));
@@ -191,17 +207,29 @@ ForwardResult FfnContext::forward(const __nv_bfloat16* x, std::int64_t m, __nv_b
     return r;
   }
   if (path == Path::automatic) {
+    const double max_density = gated_ ? opt_.max_sparse_density_gated : opt_.max_sparse_density_nongated;
+    if (count_pending_) {  // the previous (sticky dense) call's count: finished long ago in practice
+      TWELL_CUDA_CHECK(cudaEventSynchronize(decided_));
+      last_density_ = static_cast<double>(dispatch_host_[0].count) /
+                      (static_cast<double>(pending_sampled_) * static_cast<double>(n_));
+      count_pending_ = false;
+    }
+    if (opt_.sticky_dense && last_density_ > max_density) {
+      // The previous call measured a density where dense wins: run the stacked dense FFN directly
+      // (no split gate/up GEMMs, no host wait) and count its gate in passing for the next call.
+      dense_forward(x, m, y, stream);
+      TwellSampleParams sp = sample_params(gated_ ? gu_.get() : h_.get(), gated_ ? 2 * ldn_ : ldn_, m, max_density);
+      launch_twell_sample_decide(sp, stream);
+      TWELL_CUDA_CHECK(cudaMemcpyAsync(dispatch_host_.get(), dispatch_.get(), sizeof(Dispatch), cudaMemcpyDeviceToHost, stream));
+      TWELL_CUDA_CHECK(cudaEventRecord(decided_, stream));
+      count_pending_ = true;
+      pending_sampled_ = (m + sp.stride - 1) / sp.stride;
+      r.path = fmt::format("dense cublasLt (the previous call measured {:.2f}% density)", 100.0 * last_density_);
+      return r;
+    }
     gate_gemm(x, m, stream);
-    TwellSampleParams sp;
-    sp.src = g_.get();
-    sp.ld_src = ldn_;
-    sp.m = m;
-    sp.n = n_;
-    sp.stride = std::max<std::int64_t>(1, m / std::max<std::int64_t>(1, opt_.dispatch_sample_rows));
-    sp.max_density = gated_ ? opt_.max_sparse_density_gated : opt_.max_sparse_density_nongated;
+    TwellSampleParams sp = sample_params(g_.get(), ldn_, m, max_density);
     Dispatch* d = dispatch_.get();
-    sp.count = &d->count;
-    sp.decision = &d->decision;
     launch_twell_sample_decide(sp, stream);
     TWELL_CUDA_CHECK(cudaMemcpyAsync(dispatch_host_.get(), d, sizeof(Dispatch), cudaMemcpyDeviceToHost, stream));
     TWELL_CUDA_CHECK(cudaEventRecord(decided_, stream));
@@ -211,6 +239,7 @@ ForwardResult FfnContext::forward(const __nv_bfloat16* x, std::int64_t m, __nv_b
     r.sparse = dispatch_host_[0].decision != 0;
     const std::int64_t sampled = (m + sp.stride - 1) / sp.stride;
     r.sampled_density = static_cast<double>(dispatch_host_[0].count) / (static_cast<double>(sampled) * static_cast<double>(n_));
+    last_density_ = r.sampled_density;
   } else {
     gate_twell(x, m, stream);
     r.sparse = true;

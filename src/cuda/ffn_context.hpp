@@ -36,6 +36,10 @@ struct ContextOptions {
   // ~25 µs, more than the sparse path saves there (measured: docs/perf-notes.md).
   std::int64_t dispatch_min_rows = 2048;
   int updown_variant = 1;  // TwellUpDownParams::variant (1 measured fastest or equal at M ≥ 16 on H100)
+  // Once a call has measured a density where dense wins, later automatic calls run the stacked
+  // dense FFN directly and count its gate for the next call (one layer's density drifts slowly);
+  // a count back under the threshold returns to gate + dispatch. Off: every call decides afresh.
+  bool sticky_dense = true;
 };
 
 struct ForwardResult {
@@ -67,7 +71,8 @@ class FfnContext {
   void dense_gate_gemm(const __nv_bfloat16* x, std::int64_t m, cudaStream_t stream);
   // Path::dense: the cuBLASLt FFN. Path::sparse: gate_twell + sparse_rest. Path::automatic: gate
   // GEMM, a sampled count of its non-zeros decides on the device (packing is skipped when dense
-  // wins), the host waits for that one flag and enqueues the matching remainder.
+  // wins), the host waits for that one flag and enqueues the matching remainder; after a call
+  // that chose dense, the next runs the stacked dense FFN and counts in passing (sticky_dense).
   ForwardResult forward(const __nv_bfloat16* x, std::int64_t m, __nv_bfloat16* y, Path path, cudaStream_t stream);
   // Synchronises `stream` and returns the counters of the last packing (zeros if it was skipped).
   TwellCounters read_counters(cudaStream_t stream);
@@ -97,6 +102,8 @@ class FfnContext {
  private:
   void reserve(std::int64_t m);
   void check_m(std::int64_t m) const;
+  // Dispatch count over ≤ dispatch_sample_rows evenly spaced rows of src [m, n] (row stride ld).
+  TwellSampleParams sample_params(const __nv_bfloat16* src, std::int64_t ld, std::int64_t m, double max_density);
 
   ContextOptions opt_;
   LtGemm gemm_;
@@ -121,6 +128,9 @@ class FfnContext {
   DeviceBuffer<Dispatch> dispatch_;
   PinnedBuffer<Dispatch> dispatch_host_;
   cudaEvent_t decided_ = nullptr;
+  double last_density_ = -1;          // sampled density of the latest counted call (−1: none)
+  bool count_pending_ = false;        // a sticky dense call's count is on its way to dispatch_host_
+  std::int64_t pending_sampled_ = 0;  // rows that count read
   DeviceBuffer<TwellCounters> counters_;
   PinnedBuffer<TwellCounters> counters_host_;
 };

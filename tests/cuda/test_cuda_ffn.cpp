@@ -216,6 +216,52 @@ TEST(CudaHostApi, InferHostMatchesReference) {
   EXPECT_FALSE(rep.path.empty());
 }
 
+// Sticky dispatch: after a call chose dense, the next runs the stacked dense FFN and counts in
+// passing; a count back under the threshold returns to gate + dispatch. Every call stays exact.
+TEST(CudaDispatch, StickyDenseFollowsTheMeasuredDensity) {
+  TWELL_REQUIRE_GPU();
+  FfnCase c{"sticky", 1000, 1000, 1024, 0.20};
+  const FfnData d = make_ffn(c);
+  const FfnWeights w = d.weights();
+  cudaStream_t s;
+  ASSERT_EQ(cudaStreamCreate(&s), cudaSuccess);
+  ContextOptions opt;
+  opt.dispatch_min_rows = 0;
+  FfnContext ctx(opt);
+  ctx.upload_weights(w, s);
+  const auto xb = to_bf16_bits(d.x);
+  DeviceBuffer<__nv_bfloat16> x(xb.size()), zero(xb.size());
+  ASSERT_EQ(cudaMemcpy(x.get(), xb.data(), xb.size() * 2, cudaMemcpyHostToDevice), cudaSuccess);
+  ASSERT_EQ(cudaMemset(zero.get(), 0, xb.size() * 2), cudaSuccess);  // every gate inactive: density 0
+  const auto rows = sample_rows(d, 32, c.seed + 3);
+  const auto ref_dense = ref::ffn_forward(d.xv(), w, rows, {});
+
+  struct Step {
+    const __nv_bfloat16* in;
+    bool counted, sparse;  // expected
+  };
+  // 20 % → counted, dense; sticky dense (counts 20 %); zeros under sticky dense (counts 0 %);
+  // zeros → counted, sparse; 20 % → counted, dense.
+  const Step steps[] = {{x.get(), true, false}, {x.get(), false, false}, {zero.get(), false, false},
+                        {zero.get(), true, true}, {x.get(), true, false}};
+  int i = 0;
+  for (const Step& st : steps) {
+    SCOPED_TRACE(::testing::Message() << "call " << i++);
+    ForwardResult fr;
+    const Outputs o = run_poisoned(c.m, c.k, s, [&](__nv_bfloat16* y) { fr = ctx.forward(st.in, c.m, y, Path::automatic, s); });
+    EXPECT_TRUE(o.guard_ok);
+    EXPECT_EQ(fr.counted, st.counted) << fr.path;
+    EXPECT_EQ(fr.sparse, st.sparse) << fr.path;
+    if (st.in == x.get()) {
+      std::int64_t worst_row = -1;
+      EXPECT_LE(max_err_rows(o.y, ref_dense, rows, c.k, &worst_row), kTol) << fr.path << ": worst row " << worst_row;
+    } else {
+      for (float v : o.y) ASSERT_EQ(v, 0.0f) << fr.path;
+    }
+  }
+  cudaStreamDestroy(s);
+}
+
 TEST(CudaHostApi, RejectsKNotMultipleOf8) {
   TWELL_REQUIRE_GPU();
   FfnCase c{"bad_k", 4, 300, 20, 0.1};
