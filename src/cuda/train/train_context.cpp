@@ -166,7 +166,14 @@ TrainForwardResult TrainContext::forward(const __nv_bfloat16* x, std::int64_t m,
   TWELL_CUDA_CHECK(cudaStreamSynchronize(stream));
   r.nnz = nnz_host_[0];
   r.density = static_cast<double>(r.nnz) / (static_cast<double>(m) * static_cast<double>(n()));
-  r.sparse = path == Path::sparse || r.density <= limit;
+  // The backward's transposed index addresses entries with 32 bits: refuse a forced sparse step
+  // beyond that before anything is written; automatic dispatch runs dense there.
+  constexpr std::int64_t kMaxSparseNnz = 0x7fffffff;
+  TWELL_CHECK(path != Path::sparse || r.nnz <= kMaxSparseNnz, ErrorCode::unsupported,
+              "sparse training step: {} non-zeros exceed the 2^31 − 1 its 32-bit entry indices address; split the "
+              "batch (M = {}) or use the dense or automatic path",
+              r.nnz, m);
+  r.sparse = path == Path::sparse || (r.density <= limit && r.nnz <= kMaxSparseNnz);
   last_density_ = r.density;
   nnz_ = r.nnz;
   if (r.sparse) {
