@@ -38,7 +38,7 @@ FfnContext::~FfnContext() {
 
 void FfnContext::upload_weights(const FfnWeights& w, cudaStream_t stream) {
   last_density_ = -1;  // a new layer: no density measured yet
-  count_pending_ = false;
+  count_pending_ = decode_pending_ = false;
   TWELL_CHECK(w.w_up.data && w.w_down.data, ErrorCode::invalid_argument, "FFN weights: w_up and w_down are required");
   gated_ = w.gated();
   n_ = w.intermediate();
@@ -177,6 +177,27 @@ void FfnContext::dense_rest(const __nv_bfloat16* x, std::int64_t m, __nv_bfloat1
   gemm_.run({m, k_, n_, ldn_, ldn_, k_, GemmEpilogue::none}, w_down_.get(), h, y, stream);
 }
 
+void FfnContext::dense_forward_counted(const __nv_bfloat16* x, std::int64_t m, __nv_bfloat16* y, cudaStream_t stream) {
+  dense_forward(x, m, y, stream);
+  // The gate's sign pattern is in the stacked output (gated) or in h = ReLU(up) (non-gated).
+  const TwellSampleParams sp = sample_params(gated_ ? gu_.get() : h_.get(), gated_ ? 2 * ldn_ : ldn_, m, 0.0);
+  launch_twell_sample_decide(sp, stream);
+  TWELL_CUDA_CHECK(cudaMemcpyAsync(dispatch_host_.get(), dispatch_.get(), sizeof(Dispatch), cudaMemcpyDeviceToHost, stream));
+  TWELL_CUDA_CHECK(cudaEventRecord(decided_, stream));
+  count_pending_ = true;
+  pending_sampled_ = (m + sp.stride - 1) / sp.stride;
+}
+
+void FfnContext::resolve_pending() {
+  if (!count_pending_ && !decode_pending_) return;
+  TWELL_CUDA_CHECK(cudaEventSynchronize(decided_));  // the previous call's: finished long ago in practice
+  if (count_pending_)
+    last_density_ = static_cast<double>(dispatch_host_[0].count) / (static_cast<double>(pending_sampled_) * static_cast<double>(n_));
+  else
+    last_density_ = static_cast<double>(counters_host_[0].nnz) / (static_cast<double>(decode_m_) * static_cast<double>(n_));
+  count_pending_ = decode_pending_ = false;
+}
+
 TwellSampleParams FfnContext::sample_params(const __nv_bfloat16* src, std::int64_t ld, std::int64_t m,
                                             double max_density) {
   TwellSampleParams sp;
@@ -201,6 +222,26 @@ TwellCounters FfnContext::read_counters(cudaStream_t stream) {
 ForwardResult FfnContext::forward(const __nv_bfloat16* x, std::int64_t m, __nv_bfloat16* y, Path path,
                                   cudaStream_t stream) {
   ForwardResult r;
+  if (path == Path::automatic && m <= opt_.decode_max_rows && m < opt_.dispatch_min_rows) {
+    resolve_pending();
+    if (last_density_ <= opt_.decode_max_density) {  // includes "nothing measured yet"
+      gate_twell(x, m, stream);
+      sparse_rest(x, m, y, stream);
+      TWELL_CUDA_CHECK(cudaMemcpyAsync(counters_host_.get(), counters_.get(), sizeof(TwellCounters), cudaMemcpyDeviceToHost,
+                                       stream));
+      TWELL_CUDA_CHECK(cudaEventRecord(decided_, stream));
+      decode_pending_ = true;
+      decode_m_ = m;
+      r.sparse = true;
+      r.path = last_density_ < 0 ? "twell decode path (no density measured yet)"
+                                 : fmt::format("twell decode path (the previous call measured {:.2f}% density)",
+                                               100.0 * last_density_);
+      return r;
+    }
+    dense_forward_counted(x, m, y, stream);
+    r.path = fmt::format("dense cublasLt (decode; the previous call measured {:.2f}% density)", 100.0 * last_density_);
+    return r;
+  }
   if (path == Path::dense || (path == Path::automatic && m < opt_.dispatch_min_rows)) {
     dense_forward(x, m, y, stream);
     r.path = path == Path::dense ? "dense cublasLt" : "dense cublasLt (M below the dispatch minimum)";
@@ -208,22 +249,11 @@ ForwardResult FfnContext::forward(const __nv_bfloat16* x, std::int64_t m, __nv_b
   }
   if (path == Path::automatic) {
     const double max_density = gated_ ? opt_.max_sparse_density_gated : opt_.max_sparse_density_nongated;
-    if (count_pending_) {  // the previous (sticky dense) call's count: finished long ago in practice
-      TWELL_CUDA_CHECK(cudaEventSynchronize(decided_));
-      last_density_ = static_cast<double>(dispatch_host_[0].count) /
-                      (static_cast<double>(pending_sampled_) * static_cast<double>(n_));
-      count_pending_ = false;
-    }
+    resolve_pending();
     if (opt_.sticky_dense && last_density_ > max_density) {
       // The previous call measured a density where dense wins: run the stacked dense FFN directly
       // (no split gate/up GEMMs, no host wait) and count its gate in passing for the next call.
-      dense_forward(x, m, y, stream);
-      TwellSampleParams sp = sample_params(gated_ ? gu_.get() : h_.get(), gated_ ? 2 * ldn_ : ldn_, m, max_density);
-      launch_twell_sample_decide(sp, stream);
-      TWELL_CUDA_CHECK(cudaMemcpyAsync(dispatch_host_.get(), dispatch_.get(), sizeof(Dispatch), cudaMemcpyDeviceToHost, stream));
-      TWELL_CUDA_CHECK(cudaEventRecord(decided_, stream));
-      count_pending_ = true;
-      pending_sampled_ = (m + sp.stride - 1) / sp.stride;
+      dense_forward_counted(x, m, y, stream);
       r.path = fmt::format("dense cublasLt (the previous call measured {:.2f}% density)", 100.0 * last_density_);
       return r;
     }

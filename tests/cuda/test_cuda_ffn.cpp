@@ -262,6 +262,55 @@ TEST(CudaDispatch, StickyDenseFollowsTheMeasuredDensity) {
   cudaStreamDestroy(s);
 }
 
+// Decode (M ≤ decode_max_rows, default options): sparse without a host wait until a count shows
+// the layer dense; the dense calls keep counting, so a sparse input brings the sparse path back.
+TEST(CudaDispatch, DecodeRunsSparseUntilTheLayerMeasuresDense) {
+  TWELL_REQUIRE_GPU();
+  FfnCase c{"decode", 7, 1000, 1024, 0.20};
+  const FfnData d = make_ffn(c);
+  const FfnWeights w = d.weights();
+  cudaStream_t s;
+  ASSERT_EQ(cudaStreamCreate(&s), cudaSuccess);
+  FfnContext ctx;  // default options: decode_max_rows 16, decode_max_density 5 %
+  ctx.upload_weights(w, s);
+  const auto xb = to_bf16_bits(d.x);
+  DeviceBuffer<__nv_bfloat16> x(xb.size()), zero(xb.size());
+  ASSERT_EQ(cudaMemcpy(x.get(), xb.data(), xb.size() * 2, cudaMemcpyHostToDevice), cudaSuccess);
+  ASSERT_EQ(cudaMemset(zero.get(), 0, xb.size() * 2), cudaSuccess);
+  std::vector<std::int64_t> rows(static_cast<std::size_t>(c.m));
+  for (std::int64_t r = 0; r < c.m; ++r) rows[static_cast<std::size_t>(r)] = r;
+  ref::Options rounded;
+  rounded.round_activation_bf16 = true;
+  const auto ref_sparse = ref::ffn_forward(d.xv(), w, rows, rounded);
+  const auto ref_dense = ref::ffn_forward(d.xv(), w, rows, {});
+
+  struct Step {
+    const __nv_bfloat16* in;
+    bool sparse;  // expected
+  };
+  // nothing measured → sparse (counts 20 %); dense (counts 20 %); zeros, dense (counts 0 %);
+  // zeros → sparse; 20 % → sparse (counts 20 %); 20 % → dense.
+  const Step steps[] = {{x.get(), true},     {x.get(), false}, {zero.get(), false},
+                        {zero.get(), true},  {x.get(), true},  {x.get(), false}};
+  int i = 0;
+  for (const Step& st : steps) {
+    SCOPED_TRACE(::testing::Message() << "call " << i++);
+    ForwardResult fr;
+    const Outputs o = run_poisoned(c.m, c.k, s, [&](__nv_bfloat16* y) { fr = ctx.forward(st.in, c.m, y, Path::automatic, s); });
+    EXPECT_TRUE(o.guard_ok);
+    EXPECT_EQ(fr.sparse, st.sparse) << fr.path;
+    EXPECT_FALSE(fr.counted) << fr.path;  // no host wait in decode
+    if (st.in == x.get()) {
+      std::int64_t worst_row = -1;
+      EXPECT_LE(max_err_rows(o.y, fr.sparse ? ref_sparse : ref_dense, rows, c.k, &worst_row), kTol)
+          << fr.path << ": worst row " << worst_row;
+    } else {
+      for (float v : o.y) ASSERT_EQ(v, 0.0f) << fr.path;
+    }
+  }
+  cudaStreamDestroy(s);
+}
+
 TEST(CudaHostApi, RejectsKNotMultipleOf8) {
   TWELL_REQUIRE_GPU();
   FfnCase c{"bad_k", 4, 300, 20, 0.1};
