@@ -33,9 +33,8 @@ Inputs make(const SparsityParams& p) {
   in.g = generate_ffn(p);
   const std::int64_t M = p.m, K = p.k, N = p.n;
   in.x = CMatrixF(in.g.x.data<float>(), M, K);
-  if (p.gated) in.w.w_gate = CMatrixF(in.g.w_gate.data<float>(), N, K);
-  in.w.w_up = CMatrixF(in.g.w_up.data<float>(), N, K);
-  in.w.w_down = CMatrixF(in.g.w_down.data<float>(), K, N);
+  in.w = ffn_weights(p.gated ? in.g.w_gate.data<float>() : nullptr, in.g.w_up.data<float>(), in.g.w_down.data<float>(),
+                     N, K);
   return in;
 }
 

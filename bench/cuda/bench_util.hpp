@@ -49,13 +49,7 @@ struct RoundedFfn {
   std::vector<float> x, dy, wg, wu, wd;
   std::int64_t m = 0, k = 0, n = 0;
   bool gated = true;
-  FfnWeights weights() const {
-    FfnWeights w;
-    if (gated) w.w_gate = CMatrixF(wg.data(), n, k);
-    w.w_up = CMatrixF(wu.data(), n, k);
-    w.w_down = CMatrixF(wd.data(), k, n);
-    return w;
-  }
+  FfnWeights weights() const { return ffn_weights(gated ? wg.data() : nullptr, wu.data(), wd.data(), n, k); }
 };
 inline RoundedFfn generate_rounded(std::int64_t m, std::int64_t k, std::int64_t n, double density, double hot_rows,
                                    double hot_density, bool gated, std::uint64_t seed) {

@@ -22,6 +22,17 @@ struct FfnWeights {
   std::int64_t intermediate() const noexcept { return w_up.rows; }  // N
 };
 
+// Views of row-major fp32 buffers as the weights of an FFN with N neurons and hidden size K:
+// w_gate, w_up [N, K] and w_down [K, N]; w_gate == nullptr makes it non-gated.
+inline FfnWeights ffn_weights(const float* w_gate, const float* w_up, const float* w_down, std::int64_t n,
+                              std::int64_t k) {
+  FfnWeights w;
+  if (w_gate) w.w_gate = CMatrixF(w_gate, n, k);
+  w.w_up = CMatrixF(w_up, n, k);
+  w.w_down = CMatrixF(w_down, k, n);
+  return w;
+}
+
 // Throws ErrorCode::shape_mismatch with a message naming the tensors unless x [M, K] and the
 // weights fit together, and ErrorCode::invalid_argument on empty or over-large shapes.
 void ffn_check_shapes(CMatrixF x, const FfnWeights& w);

@@ -100,11 +100,7 @@ struct Case {
   bool gated = true;
   std::int64_t m = 0, k = 0, n = 0;
   FfnWeights weights() const {
-    FfnWeights w;
-    if (gated) w.w_gate = CMatrixF(w_gate.data<float>(), n, k);
-    w.w_up = CMatrixF(w_up.data<float>(), n, k);
-    w.w_down = CMatrixF(w_down.data<float>(), k, n);
-    return w;
+    return ffn_weights(gated ? w_gate.data<float>() : nullptr, w_up.data<float>(), w_down.data<float>(), n, k);
   }
   CMatrixF xv() const { return {x.data<float>(), m, k}; }
   CMatrixF dyv() const { return {dy.data<float>(), m, k}; }

@@ -70,13 +70,7 @@ struct FfnData {
   bool gated = true;
   std::vector<std::int64_t> special_rows;  // hot / zero / full rows
   CMatrixF xv() const { return {x.data(), m, k}; }
-  FfnWeights weights() const {
-    FfnWeights w;
-    if (gated) w.w_gate = CMatrixF(wg.data(), n, k);
-    w.w_up = CMatrixF(wu.data(), n, k);
-    w.w_down = CMatrixF(wd.data(), k, n);
-    return w;
-  }
+  FfnWeights weights() const { return ffn_weights(gated ? wg.data() : nullptr, wu.data(), wd.data(), n, k); }
 };
 
 inline float rb(double v) { return round_bf16(static_cast<float>(v)); }

@@ -31,11 +31,7 @@ namespace twell::cli {
 // FFN inputs
 
 FfnWeights FfnInputs::weights() const {
-  FfnWeights w;
-  if (gated) w.w_gate = CMatrixF(w_gate.data<float>(), n, k);
-  w.w_up = CMatrixF(w_up.data<float>(), n, k);
-  w.w_down = CMatrixF(w_down.data<float>(), k, n);
-  return w;
+  return ffn_weights(gated ? w_gate.data<float>() : nullptr, w_up.data<float>(), w_down.data<float>(), n, k);
 }
 
 std::string shape_string(const std::vector<std::int64_t>& shape) {
