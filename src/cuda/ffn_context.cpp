@@ -38,7 +38,7 @@ FfnContext::~FfnContext() {
 
 void FfnContext::upload_weights(const FfnWeights& w, cudaStream_t stream) {
   last_density_ = -1;  // a new layer: no density measured yet
-  count_pending_ = decode_pending_ = false;
+  count_pending_ = sparse_pending_ = false;
   TWELL_CHECK(w.w_up.data && w.w_down.data, ErrorCode::invalid_argument, "FFN weights: w_up and w_down are required");
   gated_ = w.gated();
   n_ = w.intermediate();
@@ -189,13 +189,13 @@ void FfnContext::dense_forward_counted(const __nv_bfloat16* x, std::int64_t m, _
 }
 
 void FfnContext::resolve_pending() {
-  if (!count_pending_ && !decode_pending_) return;
+  if (!count_pending_ && !sparse_pending_) return;
   TWELL_CUDA_CHECK(cudaEventSynchronize(decided_));  // the previous call's: finished long ago in practice
   if (count_pending_)
     last_density_ = static_cast<double>(dispatch_host_[0].count) / (static_cast<double>(pending_sampled_) * static_cast<double>(n_));
   else
-    last_density_ = static_cast<double>(counters_host_[0].nnz) / (static_cast<double>(decode_m_) * static_cast<double>(n_));
-  count_pending_ = decode_pending_ = false;
+    last_density_ = static_cast<double>(counters_host_[0].nnz) / (static_cast<double>(sparse_pending_m_) * static_cast<double>(n_));
+  count_pending_ = sparse_pending_ = false;
 }
 
 TwellSampleParams FfnContext::sample_params(const __nv_bfloat16* src, std::int64_t ld, std::int64_t m,
@@ -222,58 +222,62 @@ TwellCounters FfnContext::read_counters(cudaStream_t stream) {
 ForwardResult FfnContext::forward(const __nv_bfloat16* x, std::int64_t m, __nv_bfloat16* y, Path path,
                                   cudaStream_t stream) {
   ForwardResult r;
-  if (path == Path::automatic && m <= opt_.decode_max_rows && m < opt_.dispatch_min_rows) {
-    resolve_pending();
-    if (last_density_ <= opt_.decode_max_density) {  // includes "nothing measured yet"
+  const bool decode = m <= opt_.decode_max_rows && m < opt_.dispatch_min_rows;
+  if (path == Path::dense || (path == Path::automatic && m < opt_.dispatch_min_rows && !decode)) {
+    dense_forward(x, m, y, stream);
+    r.path = path == Path::dense ? "dense cublasLt" : "dense cublasLt (M below the dispatch minimum)";
+    return r;
+  }
+  if (path == Path::sparse) {
+    gate_twell(x, m, stream);
+    sparse_rest(x, m, y, stream);
+    r.sparse = true;
+    r.path = gated_ ? "twell: cublasLt gate + pack, fused up+down" : "twell: cublasLt up + pack, sparse down";
+    return r;
+  }
+  // Path::automatic.
+  const double max_density = decode    ? opt_.decode_max_density
+                             : gated_ ? opt_.max_sparse_density_gated
+                                      : opt_.max_sparse_density_nongated;
+  resolve_pending();
+  if (decode || (opt_.sticky_dispatch && last_density_ >= 0)) {
+    // Decided by the latest count of this layer (decode with none yet: sparse); this call counts
+    // in passing for the next one, without a host wait. Both paths are exact: a density jump
+    // costs one call's speed, never a wrong result.
+    const std::string measured =
+        last_density_ < 0 ? std::string("no density measured yet")
+                          : fmt::format("the previous call measured {:.2f}% density", 100.0 * last_density_);
+    if (last_density_ <= max_density) {
       gate_twell(x, m, stream);
       sparse_rest(x, m, y, stream);
       TWELL_CUDA_CHECK(cudaMemcpyAsync(counters_host_.get(), counters_.get(), sizeof(TwellCounters), cudaMemcpyDeviceToHost,
                                        stream));
       TWELL_CUDA_CHECK(cudaEventRecord(decided_, stream));
-      decode_pending_ = true;
-      decode_m_ = m;
+      sparse_pending_ = true;
+      sparse_pending_m_ = m;
       r.sparse = true;
-      r.path = last_density_ < 0 ? "twell decode path (no density measured yet)"
-                                 : fmt::format("twell decode path (the previous call measured {:.2f}% density)",
-                                               100.0 * last_density_);
-      return r;
-    }
-    dense_forward_counted(x, m, y, stream);
-    r.path = fmt::format("dense cublasLt (decode; the previous call measured {:.2f}% density)", 100.0 * last_density_);
-    return r;
-  }
-  if (path == Path::dense || (path == Path::automatic && m < opt_.dispatch_min_rows)) {
-    dense_forward(x, m, y, stream);
-    r.path = path == Path::dense ? "dense cublasLt" : "dense cublasLt (M below the dispatch minimum)";
-    return r;
-  }
-  if (path == Path::automatic) {
-    const double max_density = gated_ ? opt_.max_sparse_density_gated : opt_.max_sparse_density_nongated;
-    resolve_pending();
-    if (opt_.sticky_dense && last_density_ > max_density) {
-      // The previous call measured a density where dense wins: run the stacked dense FFN directly
-      // (no split gate/up GEMMs, no host wait) and count its gate in passing for the next call.
+      r.path = fmt::format("{} ({})", decode ? "twell decode path" : (gated_ ? "twell: gate + pack, fused up+down" : "twell: up + pack, sparse down"), measured);
+    } else {
       dense_forward_counted(x, m, y, stream);
-      r.path = fmt::format("dense cublasLt (the previous call measured {:.2f}% density)", 100.0 * last_density_);
-      return r;
+      r.path = fmt::format("dense cublasLt ({})", measured);
     }
-    gate_gemm(x, m, stream);
-    TwellSampleParams sp = sample_params(g_.get(), ldn_, m, max_density);
-    Dispatch* d = dispatch_.get();
-    launch_twell_sample_decide(sp, stream);
-    TWELL_CUDA_CHECK(cudaMemcpyAsync(dispatch_host_.get(), d, sizeof(Dispatch), cudaMemcpyDeviceToHost, stream));
-    TWELL_CUDA_CHECK(cudaEventRecord(decided_, stream));
-    pack(m, &d->decision, stream);  // runs (or returns at once) while the host reads the flag
-    TWELL_CUDA_CHECK(cudaEventSynchronize(decided_));
-    r.counted = true;
-    r.sparse = dispatch_host_[0].decision != 0;
-    const std::int64_t sampled = (m + sp.stride - 1) / sp.stride;
-    r.sampled_density = static_cast<double>(dispatch_host_[0].count) / (static_cast<double>(sampled) * static_cast<double>(n_));
-    last_density_ = r.sampled_density;
-  } else {
-    gate_twell(x, m, stream);
-    r.sparse = true;
+    return r;
   }
+  // First call of the layer (or sticky_dispatch off): gate GEMM, a sampled count decides on the
+  // device while the packing runs or is skipped, the host waits for that one flag.
+  gate_gemm(x, m, stream);
+  TwellSampleParams sp = sample_params(g_.get(), ldn_, m, max_density);
+  Dispatch* d = dispatch_.get();
+  launch_twell_sample_decide(sp, stream);
+  TWELL_CUDA_CHECK(cudaMemcpyAsync(dispatch_host_.get(), d, sizeof(Dispatch), cudaMemcpyDeviceToHost, stream));
+  TWELL_CUDA_CHECK(cudaEventRecord(decided_, stream));
+  pack(m, &d->decision, stream);  // runs (or returns at once) while the host reads the flag
+  TWELL_CUDA_CHECK(cudaEventSynchronize(decided_));
+  r.counted = true;
+  r.sparse = dispatch_host_[0].decision != 0;
+  const std::int64_t sampled = (m + sp.stride - 1) / sp.stride;
+  r.sampled_density = static_cast<double>(dispatch_host_[0].count) / (static_cast<double>(sampled) * static_cast<double>(n_));
+  last_density_ = r.sampled_density;
   if (r.sparse) {
     sparse_rest(x, m, y, stream);
     r.path = gated_ ? "twell: cublasLt gate + pack, fused up+down" : "twell: cublasLt up + pack, sparse down";

@@ -36,14 +36,14 @@ struct ContextOptions {
   // ~25 µs, more than the sparse path saves there (measured: docs/perf-notes.md).
   std::int64_t dispatch_min_rows = 2048;
   int updown_variant = 1;  // TwellUpDownParams::variant (1 measured fastest or equal at M ≥ 16 on H100)
-  // Once a call has measured a density where dense wins, later automatic calls run the stacked
-  // dense FFN directly and count its gate for the next call (one layer's density drifts slowly);
-  // a count back under the threshold returns to gate + dispatch. Off: every call decides afresh.
-  bool sticky_dense = true;
-  // Decode (M ≤ decode_max_rows): automatic runs the sparse path without a host wait unless the
-  // latest count of this context measured more than decode_max_density; the packing's own count
-  // is read back one call later. (H100, K = 2048, N = 5632, 0.5 %: sparse 1.47x dense at M = 1,
-  // 1.12x at 16, 0.77x at 64.)
+  // Automatic after the first call of a layer: the latest count of this context decides (one
+  // layer's density drifts slowly), the call counts in passing for the next one (the packing's exact
+  // count on the sparse path, a sampled count of the stacked GEMM's gate on the dense path) and
+  // nothing waits for the host. Off: every call runs gate GEMM + sampled count + host wait.
+  bool sticky_dispatch = true;
+  // Decode (M ≤ decode_max_rows): always sticky, and sparse until a count measures more than
+  // decode_max_density. (H100, K = 2048, N = 5632, 0.5 %: sparse 1.47x dense at M = 1, 1.12x at
+  // 16, 0.77x at 64.)
   std::int64_t decode_max_rows = 16;
   double decode_max_density = 0.05;
 };
@@ -77,8 +77,8 @@ class FfnContext {
   void dense_gate_gemm(const __nv_bfloat16* x, std::int64_t m, cudaStream_t stream);
   // Path::dense: the cuBLASLt FFN. Path::sparse: gate_twell + sparse_rest. Path::automatic: gate
   // GEMM, a sampled count of its non-zeros decides on the device (packing is skipped when dense
-  // wins), the host waits for that one flag and enqueues the matching remainder; after a call
-  // that chose dense, the next runs the stacked dense FFN and counts in passing (sticky_dense).
+  // wins), the host waits for that one flag and enqueues the matching remainder; later calls follow
+  // the latest count without a host wait (sticky_dispatch), decode (M ≤ 16) from the first call.
   ForwardResult forward(const __nv_bfloat16* x, std::int64_t m, __nv_bfloat16* y, Path path, cudaStream_t stream);
   // Synchronises `stream` and returns the counters of the last packing (zeros if it was skipped).
   TwellCounters read_counters(cudaStream_t stream);
@@ -137,8 +137,8 @@ class FfnContext {
   double last_density_ = -1;          // sampled density of the latest counted call (−1: none)
   bool count_pending_ = false;        // a sticky dense call's count is on its way to dispatch_host_
   std::int64_t pending_sampled_ = 0;  // rows that count read
-  bool decode_pending_ = false;       // a decode call's packing counters are on their way to counters_host_
-  std::int64_t decode_m_ = 0;
+  bool sparse_pending_ = false;       // a sticky sparse call's packing counters are on their way to counters_host_
+  std::int64_t sparse_pending_m_ = 0;
   void resolve_pending();             // folds a pending count into last_density_ (waits for its event)
   // dense_forward, then a sampled count of its gate, read back by the next call (count_pending_).
   void dense_forward_counted(const __nv_bfloat16* x, std::int64_t m, __nv_bfloat16* y, cudaStream_t stream);
