@@ -157,6 +157,15 @@ int main(int argc, char** argv) {
       const double t_gemm = median_ms(warmup, reps, s, [&] { ctx.dense_gate_gemm(dx.get(), m, s); });
       const double t_gate = median_ms(warmup, reps, s, [&] { ctx.gate_twell(dx.get(), m, s); });
       const double t_rest = median_ms(warmup, reps, s, [&] { ctx.sparse_rest(dx.get(), m, y_sp.get(), s); });
+      nlohmann::json gate_chunks = nlohmann::json::object();  // gate_twell in row chunks, packing overlapped
+      if (m >= 16384)
+        for (int ch : {2, 4, 8}) {
+          ContextOptions co = copt;
+          co.gate_chunks = ch;
+          FfnContext cctx(co);
+          cctx.upload_weights(w, s);
+          gate_chunks[std::to_string(ch)] = median_ms(warmup, reps, s, [&] { cctx.gate_twell(dx.get(), m, s); });
+        }
       nlohmann::json variants = nlohmann::json::object();
       for (int v = 0; v <= 2; v += 2) {  // the default (variant 1) is t_rest
         ContextOptions vo = copt;
@@ -198,6 +207,11 @@ int main(int argc, char** argv) {
                     static_cast<unsigned long long>(cnt.overflow_tiles), static_cast<unsigned long long>(cnt.overflow_rows),
                     fr.path.c_str());
       std::printf("%s\n", line);
+      if (!gate_chunks.empty()) {
+        std::printf("          gate+pack (ms) by row chunks (packing overlapped with the next chunk's GEMM):");
+        for (const auto& [ch, ms] : gate_chunks.items()) std::printf(" %s: %.3f;", ch.c_str(), ms.get<double>());
+        std::printf(" (1: %.3f, GEMM alone %.3f)\n", t_gate, t_gemm);
+      }
       std::fflush(stdout);
       lines.push_back(line);
       out["points"].push_back({{"m", m},
@@ -215,6 +229,7 @@ int main(int argc, char** argv) {
                                {"gate_twell_ms", t_gate},
                                {"sparse_rest_ms", t_rest},
                                {"sparse_rest_variant_ms", variants},
+                               {"gate_twell_ms_by_chunks", gate_chunks},
                                {"sparse_total_ms", t_sparse},
                                {"auto_total_ms", t_auto},
                                {"auto_path", fr.path},

@@ -34,6 +34,8 @@ FfnContext::FfnContext(const ContextOptions& opt)
 
 FfnContext::~FfnContext() {
   if (decided_) cudaEventDestroy(decided_);
+  for (cudaEvent_t e : chunk_events_) cudaEventDestroy(e);
+  if (side_) cudaStreamDestroy(side_);
 }
 
 void FfnContext::upload_weights(const FfnWeights& w, cudaStream_t stream) {
@@ -117,8 +119,33 @@ void FfnContext::dense_gate_gemm(const __nv_bfloat16* x, std::int64_t m, cudaStr
 }
 
 void FfnContext::gate_twell(const __nv_bfloat16* x, std::int64_t m, cudaStream_t stream) {
-  gate_gemm(x, m, stream);
-  pack(m, nullptr, stream);
+  const std::int64_t chunks = std::min<std::int64_t>(opt_.gate_chunks, m / 2048);
+  if (chunks <= 1) {
+    gate_gemm(x, m, stream);
+    pack(m, nullptr, stream);
+    return;
+  }
+  reserve(m);
+  if (!side_) TWELL_CUDA_CHECK(cudaStreamCreateWithFlags(&side_, cudaStreamNonBlocking));
+  while (chunk_events_.size() < static_cast<std::size_t>(2 + chunks)) {
+    cudaEvent_t e = nullptr;
+    TWELL_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+    chunk_events_.push_back(e);
+  }
+  TWELL_CUDA_CHECK(cudaMemsetAsync(counters_.get(), 0, sizeof(TwellCounters), stream));
+  TWELL_CUDA_CHECK(cudaEventRecord(chunk_events_[0], stream));
+  TWELL_CUDA_CHECK(cudaStreamWaitEvent(side_, chunk_events_[0]));
+  const std::int64_t per = ((m + chunks - 1) / chunks + 127) / 128 * 128;  // whole 128-row GEMM tiles
+  std::int64_t i = 0;
+  for (std::int64_t r0 = 0; r0 < m; r0 += per, ++i) {
+    const std::int64_t rows = std::min(per, m - r0);
+    gemm_.run({rows, n_, k_, k_, k_, ldn_, GemmEpilogue::relu}, w_gu_.get(), x + r0 * k_, g_.get() + r0 * ldn_, stream);
+    TWELL_CUDA_CHECK(cudaEventRecord(chunk_events_[static_cast<std::size_t>(2 + i)], stream));
+    TWELL_CUDA_CHECK(cudaStreamWaitEvent(side_, chunk_events_[static_cast<std::size_t>(2 + i)]));
+    pack_rows(r0, rows, side_);
+  }
+  TWELL_CUDA_CHECK(cudaEventRecord(chunk_events_[1], side_));
+  TWELL_CUDA_CHECK(cudaStreamWaitEvent(stream, chunk_events_[1]));
 }
 
 void FfnContext::gate_gemm(const __nv_bfloat16* x, std::int64_t m, cudaStream_t stream) {
@@ -140,6 +167,21 @@ void FfnContext::pack(std::int64_t m, const std::uint32_t* enable, cudaStream_t 
   p.words = words_.get();
   p.row_overflow = row_ovf_.get();
   p.counters = counters_.get();
+  launch_twell_pack(p, stream);
+}
+
+void FfnContext::pack_rows(std::int64_t r0, std::int64_t rows, cudaStream_t stream) {
+  TwellPackParams p;
+  p.src = g_.get() + r0 * ldn_;
+  p.ld_src = ldn_;
+  p.m = rows;
+  p.n = n_;
+  p.words_per_tile = words_per_tile();
+  p.relu = true;
+  p.words = words_.get() + r0 * tiles() * words_per_tile();
+  p.row_overflow = row_ovf_.get() + r0;
+  p.counters = counters_.get();
+  p.reset_counters = false;
   launch_twell_pack(p, stream);
 }
 

@@ -15,6 +15,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "cuda/common/device_buffer.hpp"
 #include "cuda/dense/lt_gemm.hpp"
@@ -46,6 +47,10 @@ struct ContextOptions {
   // 16, 0.77x at 64.)
   std::int64_t decode_max_rows = 16;
   double decode_max_density = 0.05;
+  // gate_twell in this many row chunks (1: one GEMM, then one packing pass): chunk i's packing
+  // runs on a second stream while chunk i + 1's GEMM runs, reading its rows while they are in L2.
+  // Chunks are at least 2048 rows.
+  int gate_chunks = 1;
 };
 
 struct ForwardResult {
@@ -71,6 +76,8 @@ class FfnContext {
   void gate_twell(const __nv_bfloat16* x, std::int64_t m, cudaStream_t stream);
   void gate_gemm(const __nv_bfloat16* x, std::int64_t m, cudaStream_t stream);
   void pack(std::int64_t m, const std::uint32_t* enable, cudaStream_t stream);
+  // Rows [r0, r0 + rows) only, adding to the counters (zero them first).
+  void pack_rows(std::int64_t r0, std::int64_t rows, cudaStream_t stream);
   void sparse_rest(const __nv_bfloat16* x, std::int64_t m, __nv_bfloat16* y, cudaStream_t stream);
   void dense_rest(const __nv_bfloat16* x, std::int64_t m, __nv_bfloat16* y, cudaStream_t stream);
   // The cuBLASLt GEMM of the gate's shape alone ([m, K]·[N, K]ᵀ, no epilogue), for benchmarks.
@@ -134,6 +141,8 @@ class FfnContext {
   DeviceBuffer<Dispatch> dispatch_;
   PinnedBuffer<Dispatch> dispatch_host_;
   cudaEvent_t decided_ = nullptr;
+  cudaStream_t side_ = nullptr;        // chunked gate_twell: the packing stream (created on first use)
+  std::vector<cudaEvent_t> chunk_events_;  // [0]: fork, [1]: join, [2 + i]: chunk i's GEMM done
   double last_density_ = -1;          // sampled density of the latest counted call (−1: none)
   bool count_pending_ = false;        // a sticky dense call's count is on its way to dispatch_host_
   std::int64_t pending_sampled_ = 0;  // rows that count read

@@ -130,6 +130,26 @@ TEST_P(CudaFfn, MatchesReferenceAndHostEncoder) {
     for (std::int64_t r = 0; r < c.m; ++r)
       if (flags[static_cast<std::size_t>(r)]) flagged.push_back(r);
     EXPECT_EQ(flagged, host.overflow_rows);
+    // Chunked gate (GEMM chunk i + 1 overlapping the packing of chunk i): the same words and counts.
+    if (c.m >= 4096) {
+      ContextOptions co = opt;
+      co.gate_chunks = 4;
+      FfnContext cc(co);
+      cc.upload_weights(w, s);
+      cc.gate_twell(x.get(), c.m, s);
+      const TwellCounters ccnt = cc.read_counters(s);
+      std::vector<std::uint32_t> cw(words_n), cflags(static_cast<std::size_t>(c.m));
+      ASSERT_EQ(cudaMemcpy(cw.data(), cc.twell_words(), words_n * 4, cudaMemcpyDeviceToHost), cudaSuccess);
+      ASSERT_EQ(cudaMemcpy(cflags.data(), cc.row_overflow(), cflags.size() * 4, cudaMemcpyDeviceToHost), cudaSuccess);
+      EXPECT_TRUE(cw == words) << "chunked gate: TwELL words differ";
+      EXPECT_EQ(ccnt.nnz, cnt.nnz);
+      EXPECT_EQ(ccnt.overflow_tiles, cnt.overflow_tiles);
+      EXPECT_EQ(ccnt.overflow_rows, cnt.overflow_rows);
+      std::vector<std::int64_t> cflagged;
+      for (std::int64_t r = 0; r < c.m; ++r)
+        if (cflags[static_cast<std::size_t>(r)]) cflagged.push_back(r);
+      EXPECT_EQ(cflagged, host.overflow_rows);
+    }
     RecordProperty("nnz", std::to_string(host.nnz()));
     RecordProperty("overflow_rows", std::to_string(host.overflow_rows.size()));
     std::printf("[case %s] nnz %lld (%.3f%%), overflow tiles %lld, overflow rows %zu\n", c.name.c_str(),

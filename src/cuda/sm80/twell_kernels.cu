@@ -332,7 +332,7 @@ void launch_twell_pack(const TwellPackParams& p, cudaStream_t stream) {
   TWELL_CU_REQUIRE(p.words_per_tile >= 2 && p.words_per_tile <= 128 && kTwellTile % p.words_per_tile == 0,
               ErrorCode::unsupported, "twell pack: the CUDA path needs T = 256 and S = T/C in [2, 128]; got S = {}",
               p.words_per_tile);
-  TWELL_CUDA_CHECK(cudaMemsetAsync(p.counters, 0, sizeof(TwellCounters), stream));
+  if (p.reset_counters) TWELL_CUDA_CHECK(cudaMemsetAsync(p.counters, 0, sizeof(TwellCounters), stream));
   TWELL_CUDA_CHECK(cudaMemsetAsync(p.row_overflow, 0, static_cast<std::size_t>(p.m) * sizeof(std::uint32_t), stream));
   const std::int64_t tiles = (p.n + kTwellTile - 1) / kTwellTile;
   const std::int64_t items = p.m * ((tiles + kPackTilesPerWarp - 1) / kPackTilesPerWarp);

@@ -31,7 +31,8 @@ struct TwellPackParams {
   bool relu = true;                    // keep v > 0 (fused ReLU); else keep v != 0
   std::uint32_t* words = nullptr;      // [M, tiles · S]
   std::uint32_t* row_overflow = nullptr;  // [M]: 1 iff the row has an overflowed block (required)
-  TwellCounters* counters = nullptr;   // required; zeroed (with row_overflow) by launch_twell_pack
+  TwellCounters* counters = nullptr;   // required; zeroed by launch_twell_pack unless !reset_counters
+  bool reset_counters = true;          // false: add to the counters (packing a matrix in row chunks)
   const std::uint32_t* enable = nullptr;  // optional device flag: when *enable == 0 the kernel does nothing
 };
 void launch_twell_pack(const TwellPackParams& p, cudaStream_t stream);
