@@ -103,10 +103,10 @@ int main(int argc, char** argv) {
       pts.push_back({"nongated", m, 0.005, 0, 0.12, false});
       if (!quick) pts.push_back({"nongated", m, 0.01, 0, 0.12, false});
     }
-    for (std::int64_t m : {1, 16, 64, 256, 1024, 4096}) pts.push_back({"uni", m, 0.005});
+    for (std::int64_t m : {1, 4, 8, 16, 64, 256, 1024, 4096}) pts.push_back({"uni", m, 0.005});
     // Decode: where the sparse path stops paying at one and a few tokens.
-    for (std::int64_t m : {1, 16})
-      for (double d : {0.03, 0.10}) pts.push_back({"uni", m, d});
+    for (std::int64_t m : {1, 4, 8, 16})
+      for (double d : {0.01, 0.03}) pts.push_back({"uni", m, d});
     if (!infer) pts.clear();
 
     std::printf("device %s, %d SMs, L2 %lld MB; D2D copy %.2f TB/s; K=%lld N=%lld; commit %s\n", dev.name.c_str(),

@@ -40,7 +40,7 @@ FfnContext::~FfnContext() {
 
 void FfnContext::upload_weights(const FfnWeights& w, cudaStream_t stream) {
   last_density_ = -1;  // a new layer: no density measured yet
-  count_pending_ = sparse_pending_ = false;
+  counts_.reset();
   TWELL_CHECK(w.w_up.data && w.w_down.data, ErrorCode::invalid_argument, "FFN weights: w_up and w_down are required");
   gated_ = w.gated();
   n_ = w.intermediate();
@@ -224,20 +224,13 @@ void FfnContext::dense_forward_counted(const __nv_bfloat16* x, std::int64_t m, _
   // The gate's sign pattern is in the stacked output (gated) or in h = ReLU(up) (non-gated).
   const TwellSampleParams sp = sample_params(gated_ ? gu_.get() : h_.get(), gated_ ? 2 * ldn_ : ldn_, m, 0.0);
   launch_twell_sample_decide(sp, stream);
-  TWELL_CUDA_CHECK(cudaMemcpyAsync(dispatch_host_.get(), dispatch_.get(), sizeof(Dispatch), cudaMemcpyDeviceToHost, stream));
-  TWELL_CUDA_CHECK(cudaEventRecord(decided_, stream));
-  count_pending_ = true;
-  pending_sampled_ = (m + sp.stride - 1) / sp.stride;
+  counts_.push(&dispatch_.get()->count, static_cast<double>((m + sp.stride - 1) / sp.stride) * static_cast<double>(n_),
+               stream);
 }
 
 void FfnContext::resolve_pending() {
-  if (!count_pending_ && !sparse_pending_) return;
-  TWELL_CUDA_CHECK(cudaEventSynchronize(decided_));  // the previous call's: finished long ago in practice
-  if (count_pending_)
-    last_density_ = static_cast<double>(dispatch_host_[0].count) / (static_cast<double>(pending_sampled_) * static_cast<double>(n_));
-  else
-    last_density_ = static_cast<double>(counters_host_[0].nnz) / (static_cast<double>(sparse_pending_m_) * static_cast<double>(n_));
-  count_pending_ = sparse_pending_ = false;
+  double d = 0;
+  if (counts_.poll(&d)) last_density_ = d;
 }
 
 TwellSampleParams FfnContext::sample_params(const __nv_bfloat16* src, std::int64_t ld, std::int64_t m,
@@ -292,11 +285,7 @@ ForwardResult FfnContext::forward(const __nv_bfloat16* x, std::int64_t m, __nv_b
     if (last_density_ <= max_density) {
       gate_twell(x, m, stream);
       sparse_rest(x, m, y, stream);
-      TWELL_CUDA_CHECK(cudaMemcpyAsync(counters_host_.get(), counters_.get(), sizeof(TwellCounters), cudaMemcpyDeviceToHost,
-                                       stream));
-      TWELL_CUDA_CHECK(cudaEventRecord(decided_, stream));
-      sparse_pending_ = true;
-      sparse_pending_m_ = m;
+      counts_.push(&counters_.get()->nnz, static_cast<double>(m) * static_cast<double>(n_), stream);
       r.sparse = true;
       r.path = fmt::format("{} ({})", decode ? "twell decode path" : (gated_ ? "twell: gate + pack, fused up+down" : "twell: up + pack, sparse down"), measured);
     } else {

@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "cuda/common/count_ring.hpp"
 #include "cuda/common/device_buffer.hpp"
 #include "cuda/dense/lt_gemm.hpp"
 #include "cuda/sm80/twell_kernels.hpp"
@@ -37,20 +38,23 @@ struct ContextOptions {
   // ~25 µs, more than the sparse path saves there (measured: docs/perf-notes.md).
   std::int64_t dispatch_min_rows = 2048;
   int updown_variant = 1;  // TwellUpDownParams::variant (1 measured fastest or equal at M ≥ 16 on H100)
-  // Automatic after the first call of a layer: the latest count of this context decides (one
-  // layer's density drifts slowly), the call counts in passing for the next one (the packing's exact
-  // count on the sparse path, a sampled count of the stacked GEMM's gate on the dense path) and
-  // nothing waits for the host. Off: every call runs gate GEMM + sampled count + host wait.
+  // Automatic after the first call of a layer: the newest count of this context that has come
+  // back decides (one layer's density drifts slowly); each call counts in passing (the packing's
+  // exact count on the sparse path, a sampled count of the stacked GEMM's gate on the dense path)
+  // and nothing waits for the host, so when the host runs ahead the decision lags a few calls.
+  // Off: every call runs gate GEMM + sampled count + host wait.
   bool sticky_dispatch = true;
   // Decode (M ≤ decode_max_rows): always sticky, and sparse until a count measures more than
-  // decode_max_density. (H100, K = 2048, N = 5632, 0.5 %: sparse 1.47x dense at M = 1, 1.12x at
-  // 16, 0.77x at 64.)
-  std::int64_t decode_max_rows = 16;
-  double decode_max_density = 0.05;
+  // decode_max_density. H100, K = 2048, N = 5632 (6563e00): sparse/dense 1.28x at M = 1 and 0.5 %,
+  // 0.77x at M = 1 and 2.5 %, 1.02x at M = 16 and 0.5 %, 0.81x at M = 64: one CTA per token
+  // walks its non-zeros serially, which a split-N decode kernel would fix.
+  std::int64_t decode_max_rows = 8;
+  double decode_max_density = 0.01;
   // gate_twell in this many row chunks (1: one GEMM, then one packing pass): chunk i's packing
-  // runs on a second stream while chunk i + 1's GEMM runs, reading its rows while they are in L2.
-  // Chunks are at least 2048 rows.
-  int gate_chunks = 1;
+  // runs on a second stream while chunk i + 1's GEMM runs. Chunks are at least 2048 rows.
+  // Measured (M = 16384): gate+pack 0.589 ms unchunked vs 0.588 / 0.602 / 0.619 with 2 / 4 / 8
+  // chunks at 0.5 %, and 0.66–0.73 vs 0.59–0.61 (2 chunks) at 1–10 % (GEMM alone 0.50–0.54).
+  int gate_chunks = 2;
 };
 
 struct ForwardResult {
@@ -143,13 +147,10 @@ class FfnContext {
   cudaEvent_t decided_ = nullptr;
   cudaStream_t side_ = nullptr;        // chunked gate_twell: the packing stream (created on first use)
   std::vector<cudaEvent_t> chunk_events_;  // [0]: fork, [1]: join, [2 + i]: chunk i's GEMM done
-  double last_density_ = -1;          // sampled density of the latest counted call (−1: none)
-  bool count_pending_ = false;        // a sticky dense call's count is on its way to dispatch_host_
-  std::int64_t pending_sampled_ = 0;  // rows that count read
-  bool sparse_pending_ = false;       // a sticky sparse call's packing counters are on their way to counters_host_
-  std::int64_t sparse_pending_m_ = 0;
-  void resolve_pending();             // folds a pending count into last_density_ (waits for its event)
-  // dense_forward, then a sampled count of its gate, read back by the next call (count_pending_).
+  double last_density_ = -1;  // density of the latest call whose count came back (−1: none)
+  CountRing counts_;          // counts of sticky calls on their way back (never waited for)
+  void resolve_pending();     // folds the newest returned count into last_density_
+  // dense_forward, then a sampled count of its gate, read back by a later call (counts_).
   void dense_forward_counted(const __nv_bfloat16* x, std::int64_t m, __nv_bfloat16* y, cudaStream_t stream);
   DeviceBuffer<TwellCounters> counters_;
   PinnedBuffer<TwellCounters> counters_host_;

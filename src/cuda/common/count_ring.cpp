@@ -1,0 +1,84 @@
+#include "cuda/common/count_ring.hpp"
+
+#include "cuda/common/check.hpp"
+
+namespace twell::cuda {
+
+CountRing::CountRing(int slots) : slots_(static_cast<std::size_t>(slots < 1 ? 1 : slots)) {
+  for (Slot& s : slots_) {
+    s.value = PinnedBuffer<unsigned long long>(1);
+    TWELL_CUDA_CHECK(cudaEventCreateWithFlags(&s.done, cudaEventDisableTiming));
+  }
+}
+
+CountRing::~CountRing() {
+  for (Slot& s : slots_)
+    if (s.done) {
+      if (s.busy) cudaEventSynchronize(s.done);  // the copy targets this slot's pinned memory
+      cudaEventDestroy(s.done);
+    }
+}
+
+void CountRing::harvest(bool wait_oldest) {
+  if (wait_oldest) {
+    Slot* oldest = nullptr;
+    for (Slot& s : slots_)
+      if (s.busy && (!oldest || s.seq < oldest->seq)) oldest = &s;
+    if (oldest) TWELL_CUDA_CHECK(cudaEventSynchronize(oldest->done));
+  }
+  for (Slot& s : slots_) {
+    if (!s.busy) continue;
+    const cudaError_t q = cudaEventQuery(s.done);
+    if (q == cudaErrorNotReady) continue;
+    TWELL_CUDA_CHECK(q);
+    s.busy = false;
+    if (s.seq > newest_seq_) {
+      newest_seq_ = s.seq;
+      newest_ = static_cast<double>(s.value[0]) / s.scale;
+      fresh_ = true;
+    }
+  }
+}
+
+void CountRing::push(const unsigned long long* count, double scale, cudaStream_t stream) {
+  harvest(false);
+  Slot* free = nullptr;
+  for (Slot& s : slots_)
+    if (!s.busy) {
+      free = &s;
+      break;
+    }
+  if (!free) {
+    harvest(true);
+    for (Slot& s : slots_)
+      if (!s.busy) {
+        free = &s;
+        break;
+      }
+  }
+  TWELL_CUDA_CHECK(cudaMemcpyAsync(free->value.get(), count, sizeof(unsigned long long), cudaMemcpyDeviceToHost, stream));
+  TWELL_CUDA_CHECK(cudaEventRecord(free->done, stream));
+  free->scale = scale;
+  free->seq = next_seq_++;
+  free->busy = true;
+}
+
+bool CountRing::poll(double* value) {
+  harvest(false);
+  if (!fresh_) return false;
+  *value = newest_;
+  fresh_ = false;
+  return true;
+}
+
+void CountRing::reset() {
+  for (Slot& s : slots_)
+    if (s.busy) {
+      TWELL_CUDA_CHECK(cudaEventSynchronize(s.done));
+      s.busy = false;
+    }
+  newest_seq_ = next_seq_;
+  fresh_ = false;
+}
+
+}  // namespace twell::cuda

@@ -1,0 +1,47 @@
+#pragma once
+// Asynchronous read-back of device counts without a host wait: each push enqueues a copy of one
+// 64-bit device counter into its own pinned slot and records an event; poll() returns the newest
+// count whose copy has completed. Lets a call decide from the latest finished call's count while
+// the host runs ahead of the GPU (back-to-back calls). Only when all slots are still in flight
+// does push wait, for the oldest.
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <vector>
+
+#include "cuda/common/device_buffer.hpp"
+
+namespace twell::cuda {
+
+class CountRing {
+ public:
+  explicit CountRing(int slots = 8);
+  ~CountRing();
+  CountRing(const CountRing&) = delete;
+  CountRing& operator=(const CountRing&) = delete;
+
+  // Enqueues on `stream` a copy of *count (device); it is read back as *count / scale.
+  void push(const unsigned long long* count, double scale, cudaStream_t stream);
+  // True, with the value of the newest completed push, if one completed since the last poll that
+  // returned true and is newer than the value it returned. Never waits.
+  bool poll(double* value);
+  // Waits for every push in flight and forgets all values.
+  void reset();
+
+ private:
+  struct Slot {
+    cudaEvent_t done = nullptr;
+    PinnedBuffer<unsigned long long> value;
+    double scale = 1;
+    std::uint64_t seq = 0;
+    bool busy = false;
+  };
+  void harvest(bool wait_oldest);
+
+  std::vector<Slot> slots_;
+  std::uint64_t next_seq_ = 1, newest_seq_ = 0;
+  double newest_ = 0;
+  bool fresh_ = false;
+};
+
+}  // namespace twell::cuda
