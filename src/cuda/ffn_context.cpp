@@ -142,7 +142,7 @@ void FfnContext::gate_twell(const __nv_bfloat16* x, std::int64_t m, cudaStream_t
     gemm_.run({rows, n_, k_, k_, k_, ldn_, GemmEpilogue::relu}, w_gu_.get(), x + r0 * k_, g_.get() + r0 * ldn_, stream);
     TWELL_CUDA_CHECK(cudaEventRecord(chunk_events_[static_cast<std::size_t>(2 + i)], stream));
     TWELL_CUDA_CHECK(cudaStreamWaitEvent(side_, chunk_events_[static_cast<std::size_t>(2 + i)]));
-    pack_rows(r0, rows, side_);
+    pack_rows(r0, rows, nullptr, /*reset_counters=*/false, side_);
   }
   TWELL_CUDA_CHECK(cudaEventRecord(chunk_events_[1], side_));
   TWELL_CUDA_CHECK(cudaStreamWaitEvent(stream, chunk_events_[1]));
@@ -155,23 +155,15 @@ void FfnContext::gate_gemm(const __nv_bfloat16* x, std::int64_t m, cudaStream_t 
 }
 
 void FfnContext::pack(std::int64_t m, const std::uint32_t* enable, cudaStream_t stream) {
-  TWELL_CHECK(m <= cap_m_, ErrorCode::invalid_argument, "pack: run gate_gemm for these {} rows first", m);
-  TwellPackParams p;
-  p.enable = enable;
-  p.src = g_.get();
-  p.ld_src = ldn_;
-  p.m = m;
-  p.n = n_;
-  p.words_per_tile = words_per_tile();
-  p.relu = true;
-  p.words = words_.get();
-  p.row_overflow = row_ovf_.get();
-  p.counters = counters_.get();
-  launch_twell_pack(p, stream);
+  pack_rows(0, m, enable, /*reset_counters=*/true, stream);
 }
 
-void FfnContext::pack_rows(std::int64_t r0, std::int64_t rows, cudaStream_t stream) {
+void FfnContext::pack_rows(std::int64_t r0, std::int64_t rows, const std::uint32_t* enable, bool reset_counters,
+                           cudaStream_t stream) {
+  TWELL_CHECK(r0 >= 0 && rows >= 1 && r0 + rows <= cap_m_, ErrorCode::invalid_argument,
+              "pack: rows [{}, {}) not produced by gate_gemm for this context", r0, r0 + rows);
   TwellPackParams p;
+  p.enable = enable;
   p.src = g_.get() + r0 * ldn_;
   p.ld_src = ldn_;
   p.m = rows;
@@ -181,7 +173,7 @@ void FfnContext::pack_rows(std::int64_t r0, std::int64_t rows, cudaStream_t stre
   p.words = words_.get() + r0 * tiles() * words_per_tile();
   p.row_overflow = row_ovf_.get() + r0;
   p.counters = counters_.get();
-  p.reset_counters = false;
+  p.reset_counters = reset_counters;
   launch_twell_pack(p, stream);
 }
 
@@ -267,7 +259,7 @@ ForwardResult FfnContext::forward(const __nv_bfloat16* x, std::int64_t m, __nv_b
     gate_twell(x, m, stream);
     sparse_rest(x, m, y, stream);
     r.sparse = true;
-    r.path = gated_ ? "twell: cublasLt gate + pack, fused up+down" : "twell: cublasLt up + pack, sparse down";
+    r.path = sparse_path_name();
     return r;
   }
   // Path::automatic.
@@ -287,7 +279,7 @@ ForwardResult FfnContext::forward(const __nv_bfloat16* x, std::int64_t m, __nv_b
       sparse_rest(x, m, y, stream);
       counts_.push(&counters_.get()->nnz, static_cast<double>(m) * static_cast<double>(n_), stream);
       r.sparse = true;
-      r.path = fmt::format("{} ({})", decode ? "twell decode path" : (gated_ ? "twell: gate + pack, fused up+down" : "twell: up + pack, sparse down"), measured);
+      r.path = fmt::format("{} ({})", decode ? "twell decode path" : sparse_path_name(), measured);
     } else {
       dense_forward_counted(x, m, y, stream);
       r.path = fmt::format("dense cublasLt ({})", measured);
@@ -311,7 +303,7 @@ ForwardResult FfnContext::forward(const __nv_bfloat16* x, std::int64_t m, __nv_b
   last_density_ = r.sampled_density;
   if (r.sparse) {
     sparse_rest(x, m, y, stream);
-    r.path = gated_ ? "twell: cublasLt gate + pack, fused up+down" : "twell: cublasLt up + pack, sparse down";
+    r.path = sparse_path_name();
   } else {
     dense_rest(x, m, y, stream);
     r.path = gated_ ? "twell gate + dense cublasLt up/down (density above threshold)"

@@ -1,8 +1,11 @@
 #pragma once
 // Stream-taking CUDA FFN API. An FfnContext owns one layer's device weights (bf16), the cuBLASLt
 // handle and plan cache, and the workspaces; nothing is process-global, and several contexts may
-// live side by side (one per layer, say). Every op is enqueued on the caller's stream; only
-// forward(Path::automatic) and read_counters() synchronise, to read the gate's non-zero count.
+// live side by side (one per layer, say). Every op is enqueued on the caller's stream; only the
+// first automatic forward of a layer (and one whose count is not in yet with sticky_dispatch off)
+// and read_counters() synchronise, to read the gate's non-zero count.
+// Calls on one context must be ordered: one stream, or the caller orders its streams (the
+// workspaces and the asynchronous count read-backs are shared between calls).
 //
 // Gated (DESIGN §3):  gate_twell: g = ReLU(x·Wgᵀ) by a cuBLASLt GEMM into a bf16 [M, N] buffer,
 //                     packed to TwELL by twell_pack (counts nnz, flags overflowed blocks/rows);
@@ -44,14 +47,15 @@ struct ContextOptions {
   // and nothing waits for the host, so when the host runs ahead the decision lags a few calls.
   // Off: every call runs gate GEMM + sampled count + host wait.
   bool sticky_dispatch = true;
-  // Decode (M ≤ decode_max_rows): always sticky, and sparse until a count measures more than
-  // decode_max_density. H100, K = 2048, N = 5632 (6563e00): sparse/dense 1.28x at M = 1 and 0.5 %,
+  // Decode (M ≤ decode_max_rows and M < dispatch_min_rows): always sticky, and sparse until a
+  // count measures more than decode_max_density. H100, K = 2048, N = 5632 (6563e00): sparse/dense 1.28x at M = 1 and 0.5 %,
   // 0.77x at M = 1 and 2.5 %, 1.02x at M = 16 and 0.5 %, 0.81x at M = 64: one CTA per token
   // walks its non-zeros serially, which a split-N decode kernel would fix.
   std::int64_t decode_max_rows = 8;
   double decode_max_density = 0.01;
   // gate_twell in this many row chunks (1: one GEMM, then one packing pass): chunk i's packing
-  // runs on a second stream while chunk i + 1's GEMM runs. Chunks are at least 2048 rows.
+  // runs on a second stream while chunk i + 1's GEMM runs. At most M / 2048 chunks, each a whole
+  // number of 128-row tiles except the last.
   // Measured (M = 16384): gate+pack 0.589 ms unchunked vs 0.588 / 0.602 / 0.619 with 2 / 4 / 8
   // chunks at 0.5 %, and 0.66–0.73 vs 0.59–0.61 (2 chunks) at 1–10 % (GEMM alone 0.50–0.54).
   int gate_chunks = 2;
@@ -80,8 +84,7 @@ class FfnContext {
   void gate_twell(const __nv_bfloat16* x, std::int64_t m, cudaStream_t stream);
   void gate_gemm(const __nv_bfloat16* x, std::int64_t m, cudaStream_t stream);
   void pack(std::int64_t m, const std::uint32_t* enable, cudaStream_t stream);
-  // Rows [r0, r0 + rows) only, adding to the counters (zero them first).
-  void pack_rows(std::int64_t r0, std::int64_t rows, cudaStream_t stream);
+
   void sparse_rest(const __nv_bfloat16* x, std::int64_t m, __nv_bfloat16* y, cudaStream_t stream);
   void dense_rest(const __nv_bfloat16* x, std::int64_t m, __nv_bfloat16* y, cudaStream_t stream);
   // The cuBLASLt GEMM of the gate's shape alone ([m, K]·[N, K]ᵀ, no epilogue), for benchmarks.
@@ -89,7 +92,7 @@ class FfnContext {
   // Path::dense: the cuBLASLt FFN. Path::sparse: gate_twell + sparse_rest. Path::automatic: gate
   // GEMM, a sampled count of its non-zeros decides on the device (packing is skipped when dense
   // wins), the host waits for that one flag and enqueues the matching remainder; later calls follow
-  // the latest count without a host wait (sticky_dispatch), decode (M ≤ 16) from the first call.
+  // the latest count without a host wait (sticky_dispatch), decode (M ≤ decode_max_rows) from the first call.
   ForwardResult forward(const __nv_bfloat16* x, std::int64_t m, __nv_bfloat16* y, Path path, cudaStream_t stream);
   // Synchronises `stream` and returns the counters of the last packing (zeros if it was skipped).
   TwellCounters read_counters(cudaStream_t stream);
@@ -119,6 +122,15 @@ class FfnContext {
  private:
   void reserve(std::int64_t m);
   void check_m(std::int64_t m) const;
+  // Packs rows [r0, r0 + rows) of the gate buffer; adds to the counters unless reset_counters.
+  void pack_rows(std::int64_t r0, std::int64_t rows, const std::uint32_t* enable, bool reset_counters,
+                 cudaStream_t stream);
+  const char* sparse_path_name() const noexcept {
+    return gated_ ? "twell: cublasLt gate + pack, fused up+down" : "twell: cublasLt up + pack, sparse down";
+  }
+  void resolve_pending();  // folds the newest returned count into last_density_
+  // dense_forward, then a sampled count of its gate, read back by a later call (counts_).
+  void dense_forward_counted(const __nv_bfloat16* x, std::int64_t m, __nv_bfloat16* y, cudaStream_t stream);
   // Dispatch count over ≤ dispatch_sample_rows evenly spaced rows of src [m, n] (row stride ld).
   TwellSampleParams sample_params(const __nv_bfloat16* src, std::int64_t ld, std::int64_t m, double max_density);
 
@@ -149,9 +161,6 @@ class FfnContext {
   std::vector<cudaEvent_t> chunk_events_;  // [0]: fork, [1]: join, [2 + i]: chunk i's GEMM done
   double last_density_ = -1;  // density of the latest call whose count came back (−1: none)
   CountRing counts_;          // counts of sticky calls on their way back (never waited for)
-  void resolve_pending();     // folds the newest returned count into last_density_
-  // dense_forward, then a sampled count of its gate, read back by a later call (counts_).
-  void dense_forward_counted(const __nv_bfloat16* x, std::int64_t m, __nv_bfloat16* y, cudaStream_t stream);
   DeviceBuffer<TwellCounters> counters_;
   PinnedBuffer<TwellCounters> counters_host_;
 };

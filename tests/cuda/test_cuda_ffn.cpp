@@ -92,6 +92,7 @@ TEST_P(CudaFfn, MatchesReferenceAndHostEncoder) {
   opt.twell.compression = c.compression;
   opt.dispatch_min_rows = 0;  // exercise the sampled-count dispatch at every M
   opt.updown_variant = 0;
+  opt.gate_chunks = 1;  // the unchunked gate here; the chunked one is compared with it below
   FfnContext ctx(opt);
   ctx.upload_weights(w, s);
   const auto xb = to_bf16_bits(d.x);
@@ -209,6 +210,8 @@ std::vector<FfnCase> cases() {
   add({"m1000_n5632_k2048_hot", 1000, 5632, 2048, 0.01, true, 0.05, 0.3, 3, 3});
   add({"m300_n5632_k1024_hot_c4", 300, 5632, 1024, 0.01, true, 0.1, 0.4, 1, 1, 4});
   add({"m16384_n5632_k2048_d0p5_hot", 16384, 5632, 2048, 0.005, true, 0.03, 0.12});
+  add({"m4097_n5632_k1024_d1", 4097, 5632, 1024, 0.01});  // chunked gate: a ragged last chunk
+  add({"nongated_m5000_n1000_k520_d2_hot", 5000, 1000, 520, 0.02, false, 0.02, 0.3});
   add({"nongated_m257_n5632_k2048_d1", 257, 5632, 2048, 0.01, false});
   add({"nongated_m64_n1000_k520_d20_full", 64, 1000, 520, 0.20, false, 0.0, 0.3, 2, 2});
   add({"nongated_m1000_n8192_k4096_hot", 1000, 8192, 4096, 0.005, false, 0.05, 0.25});
@@ -284,6 +287,24 @@ TEST(CudaDispatch, StickyFollowsTheMeasuredDensity) {
       for (float v : o.y) ASSERT_EQ(v, 0.0f) << fr.path;
     }
   }
+  // Back-to-back calls without a host wait (the host runs ahead; the count ring fills and waits
+  // for its oldest slot): the last result is still exact.
+  {
+    ForwardResult fr;
+    const Outputs o = run_poisoned(c.m, c.k, s, [&](__nv_bfloat16* y) {
+      for (int j = 0; j < 20; ++j) fr = ctx.forward(j % 2 ? x.get() : zero.get(), c.m, y, Path::automatic, s);
+    });
+    std::int64_t worst_row = -1;
+    EXPECT_LE(max_err_rows(o.y, fr.sparse ? ref_sparse : ref_dense, rows, c.k, &worst_row), kTol)
+        << fr.path << ": worst row " << worst_row;
+  }
+  // New weights are a new layer: its first automatic call counts and decides again.
+  ctx.upload_weights(w, s);
+  {
+    ForwardResult fr;
+    run_poisoned(c.m, c.k, s, [&](__nv_bfloat16* y) { fr = ctx.forward(x.get(), c.m, y, Path::automatic, s); });
+    EXPECT_TRUE(fr.counted) << fr.path;
+  }
   cudaStreamDestroy(s);
 }
 
@@ -296,7 +317,7 @@ TEST(CudaDispatch, DecodeRunsSparseUntilTheLayerMeasuresDense) {
   const FfnWeights w = d.weights();
   cudaStream_t s;
   ASSERT_EQ(cudaStreamCreate(&s), cudaSuccess);
-  FfnContext ctx;  // default options: decode_max_rows 16, decode_max_density 5 %
+  FfnContext ctx;  // default options: decode_max_rows 8, decode_max_density 1 %
   ctx.upload_weights(w, s);
   const auto xb = to_bf16_bits(d.x);
   DeviceBuffer<__nv_bfloat16> x(xb.size()), zero(xb.size());

@@ -21,6 +21,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <ostream>
 #include <random>
 #include <vector>
@@ -128,6 +129,16 @@ TEST_P(CudaTrain, MatchesOracle) {
     EXPECT_EQ(std::round(rep.scalars.l0 * static_cast<double>(M)), nnz_ref) << "l0";
     if (path == Path::sparse) {
       EXPECT_EQ(static_cast<double>(rep.nnz), nnz_ref) << "nnz";
+      // Deterministic: a second step gives the same bits (split neurons add partials in order).
+      if (M <= 16384) {
+        Out o2 = alloc(M, K, N);
+        ffn_train_host(xv, dyv, w, c.l1_coeff, MatrixF(o2.y.data(), M, K), grads_of(o2, M, K, N), opt);
+        EXPECT_EQ(std::memcmp(o2.dx.data(), o.dx.data(), o.dx.size() * sizeof(float)), 0) << "dx not deterministic";
+        EXPECT_EQ(std::memcmp(o2.dwu.data(), o.dwu.data(), o.dwu.size() * sizeof(float)), 0) << "dw_up not deterministic";
+        EXPECT_EQ(std::memcmp(o2.dwd.data(), o.dwd.data(), o.dwd.size() * sizeof(float)), 0) << "dw_down not deterministic";
+        if (d.gated)
+          EXPECT_EQ(std::memcmp(o2.dwg.data(), o.dwg.data(), o.dwg.size() * sizeof(float)), 0) << "dw_gate not deterministic";
+      }
       // Saved state: offsets + per non-zero col, p (and u): never a dense [M, N] tensor.
       const double per_nnz = d.gated ? 10.0 : 6.0;
       EXPECT_LE(static_cast<double>(rep.saved_bytes), 8.0 * static_cast<double>(M + 1) + per_nnz * static_cast<double>(rep.nnz));

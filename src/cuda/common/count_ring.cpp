@@ -4,10 +4,16 @@
 
 namespace twell::cuda {
 
-CountRing::CountRing(int slots) : slots_(static_cast<std::size_t>(slots < 1 ? 1 : slots)) {
-  for (Slot& s : slots_) {
-    s.value = PinnedBuffer<unsigned long long>(1);
-    TWELL_CUDA_CHECK(cudaEventCreateWithFlags(&s.done, cudaEventDisableTiming));
+CountRing::CountRing(int slots)
+    : values_(static_cast<std::size_t>(slots < 1 ? 1 : slots)), slots_(static_cast<std::size_t>(slots < 1 ? 1 : slots)) {
+  for (std::size_t i = 0; i < slots_.size(); ++i) {
+    slots_[i].value = values_.get() + i;
+    const cudaError_t e = cudaEventCreateWithFlags(&slots_[i].done, cudaEventDisableTiming);
+    if (e != cudaSuccess) {
+      for (Slot& s : slots_)
+        if (s.done) cudaEventDestroy(s.done);
+      TWELL_CUDA_CHECK(e);
+    }
   }
 }
 
@@ -34,7 +40,7 @@ void CountRing::harvest(bool wait_oldest) {
     s.busy = false;
     if (s.seq > newest_seq_) {
       newest_seq_ = s.seq;
-      newest_ = static_cast<double>(s.value[0]) / s.scale;
+      newest_ = static_cast<double>(*s.value) / s.scale;
       fresh_ = true;
     }
   }
@@ -56,7 +62,7 @@ void CountRing::push(const unsigned long long* count, double scale, cudaStream_t
         break;
       }
   }
-  TWELL_CUDA_CHECK(cudaMemcpyAsync(free->value.get(), count, sizeof(unsigned long long), cudaMemcpyDeviceToHost, stream));
+  TWELL_CUDA_CHECK(cudaMemcpyAsync(free->value, count, sizeof(unsigned long long), cudaMemcpyDeviceToHost, stream));
   TWELL_CUDA_CHECK(cudaEventRecord(free->done, stream));
   free->scale = scale;
   free->seq = next_seq_++;
@@ -77,7 +83,7 @@ void CountRing::reset() {
       TWELL_CUDA_CHECK(cudaEventSynchronize(s.done));
       s.busy = false;
     }
-  newest_seq_ = next_seq_;
+  newest_seq_ = next_seq_ - 1;  // pushes after the reset have larger sequence numbers
   fresh_ = false;
 }
 

@@ -31,13 +31,14 @@ class CountRing {
  private:
   struct Slot {
     cudaEvent_t done = nullptr;
-    PinnedBuffer<unsigned long long> value;
+    unsigned long long* value = nullptr;  // this slot's element of values_
     double scale = 1;
     std::uint64_t seq = 0;
     bool busy = false;
   };
   void harvest(bool wait_oldest);
 
+  PinnedBuffer<unsigned long long> values_;
   std::vector<Slot> slots_;
   std::uint64_t next_seq_ = 1, newest_seq_ = 0;
   double newest_ = 0;

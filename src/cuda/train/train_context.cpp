@@ -387,7 +387,8 @@ void TrainContext::sparse_backward(const __nv_bfloat16* x, const __nv_bfloat16* 
 
   // Work items: runs of at most `run` entries of one neuron, so that hot neurons are shared
   // among warps; at most 8192 items beyond one per neuron (their partial sums take 6 KB each).
-  const std::int64_t run = opt_.weight_grad_run > 0 ? opt_.weight_grad_run : std::max<std::int64_t>(128, (nnz_ + 8191) / 8192);
+  // The nnz / 8192 floor holds for a user-set run too: it bounds the partials at 8192 · 6 KB.
+  const std::int64_t run = std::max<std::int64_t>(opt_.weight_grad_run > 0 ? opt_.weight_grad_run : 128, (nnz_ + 8191) / 8192);
   const std::int64_t extras = nnz_ / run;
   wg_item_counts_.reserve(sz(n()));
   wg_item_offsets_.reserve(sz(n() + 1));

@@ -43,7 +43,8 @@ struct TrainContextOptions {
   // Weight gradients run in passes (column slices, then token blocks) whose x and dy columns
   // take at most this fraction of the L2 (0: widest slices, one block).
   double weight_grad_l2_fraction = 0.6;
-  // Entries per weight-gradient work item (0: automatic, max(128, nnz / 8192)).
+  // Entries per weight-gradient work item (0: 128); never below nnz / 8192, which bounds the
+  // partial sums of split neurons at 48 MB.
   std::int64_t weight_grad_run = 0;
 };
 
@@ -127,6 +128,8 @@ class TrainContext {
   std::size_t used_events_ = 0;
   // dense state: gu_ [m, 2·ldn] (stacked path), g_ [m, ldn] (gate output, also the sparse path's
   // workspace), u_ [m, ldn] (dispatched dense), h_ [m, ldn]; backward dh_ [m, ldn], dgu_ [m, 2·ldn]
+  // g_ is free once the CSR is built: the sparse backward never reads it and uses it as the
+  // weight-gradient workspace (slice-major x, dy and partials) when it is large enough.
   DeviceBuffer<__nv_bfloat16> gu_, g_, u_, h_, dh_, dgu_;
   // sparse state: row_counts_ [m], offsets_ [m + 1], per entry cols_, p_, u_e_; row_l1_ [m]
   DeviceBuffer<std::int64_t> row_counts_, offsets_, col_offsets_;

@@ -213,6 +213,13 @@ __global__ void __launch_bounds__(kMaxThreads) sparse_train_backward_kernel(Spar
   store_row_bf16<CH>(p.dx + row * p.ld, acc, kchunks);
 }
 
+// (lo, hi) += the 8 floats at q.
+__device__ __forceinline__ void add8(const float4* q, float4& lo, float4& hi) {
+  const float4 q0 = q[0], q1 = q[1];
+  lo = make_float4(lo.x + q0.x, lo.y + q0.y, lo.z + q0.z, lo.w + q0.w);
+  hi = make_float4(hi.x + q1.x, hi.y + q1.y, hi.z + q1.z, hi.w + q1.w);
+}
+
 __global__ void weight_grad_entries_kernel(WeightGradEntriesParams p) {
   for (std::int64_t j = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; j < p.nnz;
        j += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
@@ -301,6 +308,7 @@ __global__ void __launch_bounds__(kGradWarps * 32) sparse_weight_grad_kernel(Spa
     }
   }
   // Item 0 stores (or accumulates) into the gradient rows, item s > 0 into its partials block.
+  // Every item writes, even with no entries in this token block: the fix-up adds every partial.
   const std::int64_t slot = p.item_offsets[n] - n + sub - 1;
   auto store = [&](float* rows, int which, const float (&a)[CH][8]) {
     const bool to_rows = sub == 0;
@@ -311,11 +319,7 @@ __global__ void __launch_bounds__(kGradWarps * 32) sparse_weight_grad_kernel(Spa
       if (c < schunks) {
         float4* o = reinterpret_cast<float4*>(dst + static_cast<std::int64_t>(c) * 8);
         float4 lo = make_float4(a[i][0], a[i][1], a[i][2], a[i][3]), hi = make_float4(a[i][4], a[i][5], a[i][6], a[i][7]);
-        if (to_rows && p.accumulate) {
-          const float4 o0 = o[0], o1 = o[1];
-          lo = make_float4(lo.x + o0.x, lo.y + o0.y, lo.z + o0.z, lo.w + o0.w);
-          hi = make_float4(hi.x + o1.x, hi.y + o1.y, hi.z + o1.z, hi.w + o1.w);
-        }
+        if (to_rows && p.accumulate) add8(o, lo, hi);
         o[0] = lo;
         o[1] = hi;
       }
@@ -344,9 +348,7 @@ __global__ void __launch_bounds__(kGradWarps * 32) weight_grad_fixup_kernel(Spar
       for (std::int64_t s = 1; s < items; ++s) {
         const float4* q = reinterpret_cast<const float4*>(p.partials + ((slot0 + s - 1) * 3 + which) * kWeightGradMaxSlice +
                                                           static_cast<std::int64_t>(c) * 8);
-        const float4 q0 = q[0], q1 = q[1];
-        lo = make_float4(lo.x + q0.x, lo.y + q0.y, lo.z + q0.z, lo.w + q0.w);
-        hi = make_float4(hi.x + q1.x, hi.y + q1.y, hi.z + q1.z, hi.w + q1.w);
+        add8(q, lo, hi);
       }
       o[0] = lo;
       o[1] = hi;
@@ -580,6 +582,10 @@ void launch_sparse_weight_grads(const SparseWeightGradParams& p, cudaStream_t st
 
 void launch_weight_grad_fixup(const SparseWeightGradParams& p, cudaStream_t stream) {
   if (p.items_bound == p.n) return;  // one item per neuron
+  TWELL_CU_REQUIRE(p.partials && p.item_offsets && p.dw_up && p.dw_down_t && (!p.gated || p.dw_gate) && p.n >= 1 &&
+                       p.col_begin >= 0 && p.col_end > p.col_begin && p.col_end <= p.k &&
+                       p.col_end - p.col_begin <= kWeightGradMaxSlice,
+                   ErrorCode::invalid_argument, "weight grad fix-up: bad parameters");
   weight_grad_fixup_kernel<<<static_cast<unsigned>((p.n + kGradWarps - 1) / kGradWarps), kGradWarps * 32, 0, stream>>>(p);
   TWELL_CUDA_CHECK_LAUNCH("weight_grad_fixup_kernel");
 }

@@ -1,0 +1,63 @@
+// CountRing: asynchronous read-back of device counts, polled without waiting.
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <thread>
+
+#include "cuda/common/count_ring.hpp"
+#include "cuda/common/device_buffer.hpp"
+#include "cuda_test_util.hpp"
+
+namespace twell::cuda::test {
+namespace {
+
+void set(DeviceBuffer<unsigned long long>& d, unsigned long long v, cudaStream_t s) {
+  ASSERT_EQ(cudaMemcpyAsync(d.get(), &v, sizeof v, cudaMemcpyHostToDevice, s), cudaSuccess);
+  ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);
+}
+
+TEST(CountRing, ReturnsTheNewestCompletedCountOnce) {
+  TWELL_REQUIRE_GPU();
+  cudaStream_t s;
+  ASSERT_EQ(cudaStreamCreate(&s), cudaSuccess);
+  DeviceBuffer<unsigned long long> d(1);
+  CountRing ring(3);
+  double v = -1;
+  EXPECT_FALSE(ring.poll(&v));  // nothing pushed
+
+  set(d, 30, s);
+  ring.push(d.get(), 10.0, s);
+  ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);
+  ASSERT_TRUE(ring.poll(&v));
+  EXPECT_EQ(v, 3.0);
+  EXPECT_FALSE(ring.poll(&v));  // already returned
+
+  // More pushes than slots while the stream is held up (a host function sleeps on it): the ring
+  // must wait for its oldest slot, and the newest value wins.
+  DeviceBuffer<unsigned long long> seven(7);
+  const unsigned long long vals[7] = {1, 2, 3, 4, 5, 6, 7};
+  ASSERT_EQ(cudaMemcpy(seven.get(), vals, sizeof vals, cudaMemcpyHostToDevice), cudaSuccess);
+  ASSERT_EQ(cudaLaunchHostFunc(
+                s, [](void*) { std::this_thread::sleep_for(std::chrono::milliseconds(50)); }, nullptr),
+            cudaSuccess);
+  for (int i = 0; i < 7; ++i) ring.push(seven.get() + i, 1.0, s);
+  ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);
+  ASSERT_TRUE(ring.poll(&v));
+  EXPECT_EQ(v, 7.0);
+
+  // After a reset the next push is returned (the reset forgets older ones only).
+  set(d, 40, s);
+  ring.push(d.get(), 1.0, s);
+  ring.reset();
+  EXPECT_FALSE(ring.poll(&v));
+  set(d, 50, s);
+  ring.push(d.get(), 2.0, s);
+  ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);
+  ASSERT_TRUE(ring.poll(&v));
+  EXPECT_EQ(v, 25.0);
+  cudaStreamDestroy(s);
+}
+
+}  // namespace
+}  // namespace twell::cuda::test
