@@ -153,7 +153,7 @@ int main(int argc, char** argv) {
       for (auto* b : {&y_sp, &y_dn, &y_auto}) TWELL_CUDA_CHECK(cudaMemset(b->get(), 0xff, b->bytes()));  // NaN poison
 
       const std::int64_t m = pt.m;
-      const double t_dense = median_ms(warmup, reps, s, [&] { ctx.dense_forward(dx.get(), m, y_dn.get(), s); });
+      double t_dense = median_ms(warmup, reps, s, [&] { ctx.dense_forward(dx.get(), m, y_dn.get(), s); });
       const double t_gemm = median_ms(warmup, reps, s, [&] { ctx.dense_gate_gemm(dx.get(), m, s); });
       const double t_gate = median_ms(warmup, reps, s, [&] { ctx.gate_twell(dx.get(), m, s); });
       const double t_rest = median_ms(warmup, reps, s, [&] { ctx.sparse_rest(dx.get(), m, y_sp.get(), s); });
@@ -179,9 +179,31 @@ int main(int argc, char** argv) {
         ctx.gate_twell(dx.get(), m, s);
         ctx.sparse_rest(dx.get(), m, y_sp.get(), s);
       });
+      // Automatic and dense timed alternately (rep by rep), so that clock drift over the point hits
+      // both alike; the dense time reported is this one (t_dense above warms the plans up).
       ForwardResult fr;
-      const double t_auto =
-          median_ms(warmup, reps, s, [&] { fr = ctx.forward(dx.get(), m, y_auto.get(), Path::automatic, s); });
+      double t_auto = 0, t_dense_alt = 0;
+      std::tie(t_dense_alt, t_auto) = alternating_medians_ms(
+          warmup, reps, s, [&] { ctx.dense_forward(dx.get(), m, y_dn.get(), s); },
+          [&] { fr = ctx.forward(dx.get(), m, y_auto.get(), Path::automatic, s); });
+      // Diagnostics: forced sparse vs automatic alternately, and automatic deciding afresh every
+      // call (sticky_dispatch off: gate GEMM, sampled count, host wait).
+      double t_sparse_alt = 0, t_auto_alt = 0, t_auto_fresh = 0;
+      {
+        std::tie(t_sparse_alt, t_auto_alt) = alternating_medians_ms(
+            warmup, reps, s,
+            [&] {
+              ctx.gate_twell(dx.get(), m, s);
+              ctx.sparse_rest(dx.get(), m, y_sp.get(), s);
+            },
+            [&] { ctx.forward(dx.get(), m, y_auto.get(), Path::automatic, s); });
+        ContextOptions fo = copt;
+        fo.sticky_dispatch = false;
+        FfnContext fctx(fo);
+        fctx.upload_weights(w, s);
+        t_auto_fresh = median_ms(warmup, reps, s, [&] { fctx.forward(dx.get(), m, y_auto.get(), Path::automatic, s); });
+      }
+      t_dense = t_dense_alt;
       ctx.gate_twell(dx.get(), m, s);  // exact counts, whichever remainder dispatch chose
       const TwellCounters cnt = ctx.read_counters(s);
 
@@ -210,8 +232,10 @@ int main(int argc, char** argv) {
       if (!gate_chunks.empty()) {
         std::printf("          gate+pack (ms) by row chunks (packing overlapped with the next chunk's GEMM):");
         for (const auto& [ch, ms] : gate_chunks.items()) std::printf(" %s: %.3f;", ch.c_str(), ms.get<double>());
-        std::printf(" (1: %.3f, GEMM alone %.3f)\n", t_gate, t_gemm);
+        std::printf(" (default %d: %.3f, GEMM alone %.3f)\n", copt.gate_chunks, t_gate, t_gemm);
       }
+      std::printf("          alternating sparse / auto: %.3f / %.3f ms; auto deciding every call (not sticky): %.3f ms\n",
+                  t_sparse_alt, t_auto_alt, t_auto_fresh);
       std::fflush(stdout);
       lines.push_back(line);
       out["points"].push_back({{"m", m},
@@ -230,6 +254,8 @@ int main(int argc, char** argv) {
                                {"sparse_rest_ms", t_rest},
                                {"sparse_rest_variant_ms", variants},
                                {"gate_twell_ms_by_chunks", gate_chunks},
+                               {"sparse_auto_alternating_ms", {t_sparse_alt, t_auto_alt}},
+                               {"auto_not_sticky_ms", t_auto_fresh},
                                {"sparse_total_ms", t_sparse},
                                {"auto_total_ms", t_auto},
                                {"auto_path", fr.path},
