@@ -3,26 +3,38 @@
 #include "cuda/common/check.hpp"
 
 namespace twell::cuda {
+namespace {
 
-CountRing::CountRing(int slots)
-    : values_(static_cast<std::size_t>(slots < 1 ? 1 : slots)), slots_(static_cast<std::size_t>(slots < 1 ? 1 : slots)) {
-  for (std::size_t i = 0; i < slots_.size(); ++i) {
-    slots_[i].value = values_.get() + i;
-    const cudaError_t e = cudaEventCreateWithFlags(&slots_[i].done, cudaEventDisableTiming);
-    if (e != cudaSuccess) {
-      for (Slot& s : slots_)
-        if (s.done) cudaEventDestroy(s.done);
-      TWELL_CUDA_CHECK(e);
-    }
+__global__ void publish_count_kernel(const unsigned long long* count, unsigned long long* slot) {
+  *slot = *count;  // mapped host memory; visible to the host once the kernel has completed
+}
+
+}  // namespace
+
+CountRing::CountRing(int slots) : slots_(static_cast<std::size_t>(slots < 1 ? 1 : slots)) {
+  TWELL_CUDA_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&values_), slots_.size() * sizeof(unsigned long long),
+                                 cudaHostAllocMapped));
+  cudaError_t e = cudaSuccess;
+  for (std::size_t i = 0; i < slots_.size() && e == cudaSuccess; ++i) {
+    slots_[i].value = values_ + i;
+    e = cudaHostGetDevicePointer(reinterpret_cast<void**>(&slots_[i].device_value), slots_[i].value, 0);
+    if (e == cudaSuccess) e = cudaEventCreateWithFlags(&slots_[i].done, cudaEventDisableTiming);
+  }
+  if (e != cudaSuccess) {
+    for (Slot& s : slots_)
+      if (s.done) cudaEventDestroy(s.done);
+    cudaFreeHost(values_);
+    TWELL_CUDA_CHECK(e);
   }
 }
 
 CountRing::~CountRing() {
   for (Slot& s : slots_)
     if (s.done) {
-      if (s.busy) cudaEventSynchronize(s.done);  // the copy targets this slot's pinned memory
+      if (s.busy) cudaEventSynchronize(s.done);  // its kernel writes this slot's pinned memory
       cudaEventDestroy(s.done);
     }
+  cudaFreeHost(values_);
 }
 
 void CountRing::harvest(bool wait_oldest) {
@@ -62,7 +74,8 @@ void CountRing::push(const unsigned long long* count, double scale, cudaStream_t
         break;
       }
   }
-  TWELL_CUDA_CHECK(cudaMemcpyAsync(free->value, count, sizeof(unsigned long long), cudaMemcpyDeviceToHost, stream));
+  publish_count_kernel<<<1, 1, 0, stream>>>(count, free->device_value);
+  TWELL_CUDA_CHECK_LAUNCH("publish_count_kernel");
   TWELL_CUDA_CHECK(cudaEventRecord(free->done, stream));
   free->scale = scale;
   free->seq = next_seq_++;
