@@ -119,18 +119,23 @@ void run_train_sweep(bool quick, int warmup, int reps, cudaStream_t s, nlohmann:
     }
     // Weight-gradient passes: the sparse step with other L2 fractions (0 = widest slices, one block) and item runs.
     if (pt.m >= 16384 && pt.mode == "uni" && pt.density <= 0.01) {
-      const std::pair<double, std::int64_t> variants[] = {{0.0, 0}, {0.3, 0}, {1.0, 0}, {0.6, 32}, {0.6, 64}, {0.6, 256}};
-      for (const auto& [frac, run] : variants) {
+      struct Variant {
+        double frac;
+        std::int64_t run;
+        bool copy;
+      };
+      const Variant variants[] = {{0.0, 0, true}, {1.0, 0, true}, {0.6, 64, true}, {0.6, 256, true}, {0.6, 0, false},
+                                  {1.0, 0, false}};
+      for (const auto& [frac, run, copy] : variants) {
         TrainContextOptions o = copt;
         o.weight_grad_l2_fraction = frac;
         o.weight_grad_run = run;
+        o.weight_grad_slice_major = copy;
         TrainContext v(o);
         v.upload_weights(w, s);
         char key[48];
-        if (run > 0)
-          std::snprintf(key, sizeof key, "%.1f/run%lld", frac, static_cast<long long>(run));
-        else
-          std::snprintf(key, sizeof key, "%.1f", frac);
+        std::snprintf(key, sizeof key, "%.1f%s%s", frac, run > 0 ? ("/run" + std::to_string(run)).c_str() : "",
+                      copy ? "" : "/rows");
         wg_variants[key] = median_ms(warmup, reps, s, [&] {
           v.forward(dev_x.get(), m, dev_y.get(), Path::sparse, s);
           v.backward(dev_x.get(), dev_dy.get(), m, l1_coeff, dev_dx.get(), s);

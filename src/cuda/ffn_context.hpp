@@ -48,10 +48,12 @@ struct ContextOptions {
   // Off: every call runs gate GEMM + sampled count + host wait.
   bool sticky_dispatch = true;
   // Decode (M ≤ decode_max_rows and M < dispatch_min_rows): always sticky, and sparse until a
-  // count measures more than decode_max_density. H100, K = 2048, N = 5632 (6563e00): sparse/dense 1.28x at M = 1 and 0.5 %,
-  // 0.77x at M = 1 and 2.5 %, 1.02x at M = 16 and 0.5 %, 0.81x at M = 64: one CTA per token
-  // walks its non-zeros serially, which a split-N decode kernel would fix.
-  std::int64_t decode_max_rows = 8;
+  // count measures more than decode_max_density. H100, K = 2048, N = 5632, sparse vs dense
+  // alternately (00dcb8a): automatic 0.035 vs dense 0.039 ms at M = 1 and 0.3 %; at M = 4 and 8
+  // the decode path (0.046 ms) loses to dense (0.040–0.043 ms), and at M = 1 and 2.5 % too. The
+  // fused kernel gives each token one CTA that walks its non-zeros serially; a split-N decode
+  // kernel would widen this.
+  std::int64_t decode_max_rows = 1;
   double decode_max_density = 0.01;
   // gate_twell in this many row chunks (1: one GEMM, then one packing pass): chunk i's packing
   // runs on a second stream while chunk i + 1's GEMM runs. At most M / 2048 chunks, each a whole

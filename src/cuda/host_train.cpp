@@ -43,7 +43,11 @@ TrainReport ffn_train_host(CMatrixF x, CMatrixF dy, const FfnWeights& w, double 
               ErrorCode::shape_mismatch, "output buffers do not match x [{}, {}] and N = {}", m, k, n);
   host::Stream stream;
   cudaStream_t s = stream.get();
-  TrainContext ctx;
+  TrainContextOptions copt;
+  copt.weight_grad_l2_fraction = opt.weight_grad_l2_fraction;
+  copt.weight_grad_run = opt.weight_grad_run;
+  copt.weight_grad_slice_major = opt.weight_grad_slice_major;
+  TrainContext ctx(copt);
   ctx.upload_weights(w, s);
   auto dx_in = host::upload_x(x, s);
   auto ddy = host::upload_x(dy, s);

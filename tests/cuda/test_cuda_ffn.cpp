@@ -312,12 +312,12 @@ TEST(CudaDispatch, StickyFollowsTheMeasuredDensity) {
 // the layer dense; the dense calls keep counting, so a sparse input brings the sparse path back.
 TEST(CudaDispatch, DecodeRunsSparseUntilTheLayerMeasuresDense) {
   TWELL_REQUIRE_GPU();
-  FfnCase c{"decode", 7, 1000, 1024, 0.20};
+  FfnCase c{"decode", 1, 1000, 1024, 0.20};
   const FfnData d = make_ffn(c);
   const FfnWeights w = d.weights();
   cudaStream_t s;
   ASSERT_EQ(cudaStreamCreate(&s), cudaSuccess);
-  FfnContext ctx;  // default options: decode_max_rows 8, decode_max_density 1 %
+  FfnContext ctx;  // default options: decode_max_rows 1, decode_max_density 1 %
   ctx.upload_weights(w, s);
   const auto xb = to_bf16_bits(d.x);
   DeviceBuffer<__nv_bfloat16> x(xb.size()), zero(xb.size());

@@ -110,12 +110,29 @@ TEST_P(CudaTrain, MatchesOracle) {
     r.l0 = st.scalars.l0;
   }
 
-  for (Path path : {Path::sparse, Path::dense, Path::automatic}) {
-    const char* name = path == Path::sparse ? "sparse" : (path == Path::dense ? "dense" : "automatic");
-    SCOPED_TRACE(name);
+  // Every path, then the sparse step with the weight-gradient knobs at their edges: many token
+  // blocks (a tiny L2 budget), one entry per work item (the nnz / 8192 floor still applies), and
+  // column slices read from the rows instead of slice-major copies.
+  struct Run {
+    const char* name;
+    Path path;
+    double l2_fraction;
+    std::int64_t run;
+    bool slice_major;
+  };
+  const Run runs[] = {{"sparse", Path::sparse, 0.6, 0, true},
+                      {"dense", Path::dense, 0.6, 0, true},
+                      {"automatic", Path::automatic, 0.6, 0, true},
+                      {"sparse, weight-gradient knobs at their edges", Path::sparse, 0.001, 1, false}};
+  for (const Run& run : runs) {
+    const Path path = run.path;
+    SCOPED_TRACE(run.name);
     Out o = alloc(M, K, N);
     TrainOptions opt;
     opt.path = path;
+    opt.weight_grad_l2_fraction = run.l2_fraction;
+    opt.weight_grad_run = run.run;
+    opt.weight_grad_slice_major = run.slice_major;
     const TrainReport rep = ffn_train_host(xv, dyv, w, c.l1_coeff, MatrixF(o.y.data(), M, K), grads_of(o, M, K, N), opt);
     EXPECT_LE(frob_err(o.y, r.y), kTol) << "y";
     EXPECT_LE(frob_err(o.dx, r.dx), kTol) << "dx";

@@ -64,6 +64,12 @@ BenchTimes bench_ffn_host(CMatrixF x, const FfnWeights& w, const BenchOptions& o
 // ---- training (one FFN layer, forward + backward) ----
 struct TrainOptions {
   Path path = Path::automatic;
+  // Weight-gradient tuning knobs of the sparse step (exact for any value; for tests and
+  // benchmarks): the L2 budget of a pass, the entries per work item (0: automatic) and whether
+  // the passes read slice-major copies of x and dy.
+  double weight_grad_l2_fraction = 0.6;
+  std::int64_t weight_grad_run = 0;
+  bool weight_grad_slice_major = true;
 };
 
 struct TrainReport {

@@ -402,10 +402,12 @@ void TrainContext::sparse_backward(const __nv_bfloat16* x, const __nv_bfloat16* 
   ip.item_neuron = wg_item_neuron_.get();
   build_weight_grad_items(ip, cub_ws_, stream);
 
-  // Workspace: slice-major copies of x and dy, then the partials; in the gate workspace when it
-  // is large enough (it is free until the next forward), else in a buffer of its own.
+  // Workspace: slice-major copies of x and dy (optional), then the partials; in the gate
+  // workspace when it is large enough (it is free until the next forward), else in a buffer of
+  // its own.
   const WeightGradPasses passes = weight_grad_passes(m, k(), l2_bytes_, opt_.weight_grad_l2_fraction);
-  const std::int64_t w = passes.slice_cols, slice_elems = m * k();
+  const bool copy = opt_.weight_grad_slice_major;
+  const std::int64_t w = passes.slice_cols, slice_elems = copy ? m * k() : 0;
   const std::size_t slice_bytes = (sz(2 * slice_elems) * sizeof(__nv_bfloat16) + 255) / 256 * 256;
   const std::size_t need = slice_bytes + sz(extras * 3 * kWeightGradMaxSlice) * sizeof(float);
   unsigned char* work = nullptr;
@@ -416,9 +418,11 @@ void TrainContext::sparse_backward(const __nv_bfloat16* x, const __nv_bfloat16* 
     work = wg_work_.get();
   }
   auto* slices = reinterpret_cast<__nv_bfloat16*>(work);
-  launch_slice_major(x, k(), m, k(), w, slices, stream);
-  launch_slice_major(dy, k(), m, k(), w, slices + slice_elems, stream);
-  mark("bwd: weight-gradient items, slice-major x, dy", stream);
+  if (copy) {
+    launch_slice_major(x, k(), m, k(), w, slices, stream);
+    launch_slice_major(dy, k(), m, k(), w, slices + slice_elems, stream);
+  }
+  mark("bwd: weight-gradient items (+ slice-major x, dy)", stream);
 
   dwd_t_.reserve(sz(n() * k()));
   SparseWeightGradParams g;
@@ -443,9 +447,9 @@ void TrainContext::sparse_backward(const __nv_bfloat16* x, const __nv_bfloat16* 
   for (std::int64_t c0 = 0; c0 < k(); c0 += w) {
     g.col_begin = c0;
     g.col_end = std::min(k(), c0 + w);
-    g.ld = g.col_end - c0;
-    g.x = slices + m * c0;
-    g.dy = slices + slice_elems + m * c0;
+    g.ld = copy ? g.col_end - c0 : k();
+    g.x = copy ? slices + m * c0 : x + c0;
+    g.dy = copy ? slices + slice_elems + m * c0 : dy + c0;
     for (std::int64_t r0 = 0; r0 < m; r0 += passes.block_rows) {
       g.row_begin = r0;
       g.row_end = std::min(m, r0 + passes.block_rows);
