@@ -69,7 +69,7 @@ struct TrainOptions {
   // the passes read slice-major copies of x and dy.
   double weight_grad_l2_fraction = 0.6;
   std::int64_t weight_grad_run = 0;
-  bool weight_grad_slice_major = true;
+  bool weight_grad_slice_major = false;
 };
 
 struct TrainReport {

@@ -46,9 +46,10 @@ struct TrainContextOptions {
   // Entries per weight-gradient work item (0: 128); never below nnz / 8192, which bounds the
   // partial sums of split neurons at 48 MB.
   std::int64_t weight_grad_run = 0;
-  // Weight-gradient passes read slice-major copies of x and dy (0.09 ms at M = 16384, K = 2048)
-  // instead of column slices of their rows.
-  bool weight_grad_slice_major = true;
+  // Weight-gradient passes read slice-major copies of x and dy (0.09 ms to make at M = 16384,
+  // K = 2048) instead of column slices of their rows. Off: measured 0.05–0.13 ms faster per step
+  // (401c852), the copies only paid while one warp walked each hot neuron alone.
+  bool weight_grad_slice_major = false;
 };
 
 // The weight-gradient pass plan for m rows of K columns: slices of slice_cols columns (the last
