@@ -22,7 +22,8 @@ void to_bf16_rows(CMatrixF src, std::vector<std::uint16_t>& dst, std::int64_t ro
 }  // namespace
 
 FfnContext::FfnContext(const ContextOptions& opt)
-    : opt_(opt), gemm_(opt.autotune_gemm), dispatch_(1), dispatch_host_(1), counters_(1), counters_host_(1) {
+    : opt_(opt), gemm_(opt.autotune_gemm), dispatch_(1), dispatch_host_(1), counters_(1), counters_host_(1),
+      decode_nnz_(1) {
   TWELL_CUDA_CHECK(cudaEventCreateWithFlags(&decided_, cudaEventDisableTiming));
   opt_.twell.validate();
   TWELL_CHECK(opt_.twell.tile == kTwellTile, ErrorCode::unsupported,
@@ -220,6 +221,40 @@ void FfnContext::dense_forward_counted(const __nv_bfloat16* x, std::int64_t m, _
                stream);
 }
 
+void FfnContext::decode_forward(const __nv_bfloat16* x, std::int64_t m, __nv_bfloat16* y, cudaStream_t stream) {
+  gate_gemm(x, m, stream);
+  const std::int64_t tiles = (n_ + kTwellTile - 1) / kTwellTile;
+  decode_partials_.reserve(static_cast<std::size_t>(m * tiles * k_));
+  if (decode_tickets_.size() < static_cast<std::size_t>(m + 2)) {
+    // [0, m): row tickets, [m]: CTA ticket, [m + 1]: unused; the count is separate (64-bit).
+    // Zeroed once; every launch leaves them zero again.
+    decode_tickets_.resize(static_cast<std::size_t>(std::max<std::int64_t>(m, opt_.decode_max_rows) + 2));
+    TWELL_CUDA_CHECK(cudaMemsetAsync(decode_tickets_.get(), 0, decode_tickets_.bytes(), stream));
+    TWELL_CUDA_CHECK(cudaMemsetAsync(decode_nnz_.get(), 0, decode_nnz_.bytes(), stream));
+  }
+  TwellDecodeParams p;
+  p.x = x;
+  p.ld_x = k_;
+  p.g = g_.get();
+  p.ld_g = ldn_;
+  p.w_up = gated_ ? w_gu_.get() + ldn_ * k_ : nullptr;
+  p.w_down_t = w_down_t_.get();
+  p.y = y;
+  p.ld_y = k_;
+  p.m = m;
+  p.n = n_;
+  p.k = k_;
+  p.gated = gated_;
+  p.partials = decode_partials_.get();
+  p.row_tickets = decode_tickets_.get();
+  p.cta_ticket = decode_tickets_.get() + decode_tickets_.size() - 2;
+  p.nnz = decode_nnz_.get();
+  counts_.push_by(static_cast<double>(m) * static_cast<double>(n_), stream, [&](unsigned long long* dst) {
+    p.nnz_out = dst;
+    launch_twell_decode(p, stream);
+  });
+}
+
 void FfnContext::resolve_pending() {
   double d = 0;
   if (counts_.poll(&d)) last_density_ = d;
@@ -249,7 +284,7 @@ TwellCounters FfnContext::read_counters(cudaStream_t stream) {
 ForwardResult FfnContext::forward(const __nv_bfloat16* x, std::int64_t m, __nv_bfloat16* y, Path path,
                                   cudaStream_t stream) {
   ForwardResult r;
-  const bool decode = m <= opt_.decode_max_rows && m < opt_.dispatch_min_rows;
+  const bool decode = m <= opt_.decode_max_rows && m < opt_.dispatch_min_rows && k_ <= kDecodeMaxK;
   if (path == Path::dense || (path == Path::automatic && m < opt_.dispatch_min_rows && !decode)) {
     dense_forward(x, m, y, stream);
     r.path = path == Path::dense ? "dense cublasLt" : "dense cublasLt (M below the dispatch minimum)";
@@ -274,12 +309,16 @@ ForwardResult FfnContext::forward(const __nv_bfloat16* x, std::int64_t m, __nv_b
     const std::string measured =
         last_density_ < 0 ? std::string("no density measured yet")
                           : fmt::format("the previous call measured {:.2f}% density", 100.0 * last_density_);
-    if (last_density_ <= max_density) {
+    if (last_density_ <= max_density && decode) {
+      decode_forward(x, m, y, stream);  // counts through its own last CTA
+      r.sparse = true;
+      r.path = fmt::format("twell decode kernel ({})", measured);
+    } else if (last_density_ <= max_density) {
       gate_twell(x, m, stream);
       sparse_rest(x, m, y, stream);
       counts_.push(&counters_.get()->nnz, static_cast<double>(m) * static_cast<double>(n_), stream);
       r.sparse = true;
-      r.path = fmt::format("{} ({})", decode ? "twell decode path" : sparse_path_name(), measured);
+      r.path = fmt::format("{} ({})", sparse_path_name(), measured);
     } else {
       dense_forward_counted(x, m, y, stream);
       r.path = fmt::format("dense cublasLt ({})", measured);

@@ -23,6 +23,7 @@
 #include "cuda/common/count_ring.hpp"
 #include "cuda/common/device_buffer.hpp"
 #include "cuda/dense/lt_gemm.hpp"
+#include "cuda/sm80/twell_decode.hpp"
 #include "cuda/sm80/twell_kernels.hpp"
 #include "twell/cuda/ffn_cuda.hpp"
 #include "twell/ffn.hpp"
@@ -47,14 +48,11 @@ struct ContextOptions {
   // and nothing waits for the host, so when the host runs ahead the decision lags a few calls.
   // Off: every call runs gate GEMM + sampled count + host wait.
   bool sticky_dispatch = true;
-  // Decode (M ≤ decode_max_rows and M < dispatch_min_rows): always sticky, and sparse until a
-  // count measures more than decode_max_density. H100, K = 2048, N = 5632, sparse vs dense
-  // alternately (00dcb8a): automatic 0.035 vs dense 0.039 ms at M = 1 and 0.3 %; at M = 4 and 8
-  // the decode path (0.046 ms) loses to dense (0.040–0.043 ms), and at M = 1 and 2.5 % too. The
-  // fused kernel gives each token one CTA that walks its non-zeros serially; a split-N decode
-  // kernel would widen this.
-  std::int64_t decode_max_rows = 1;
-  double decode_max_density = 0.01;
+  // Decode (M ≤ decode_max_rows, M < dispatch_min_rows, K ≤ kDecodeMaxK): always sticky; the
+  // gate GEMM then the decode kernel (twell_decode.hpp: a token's non-zeros spread over N/256
+  // CTAs) until a count measures more than decode_max_density.
+  std::int64_t decode_max_rows = 16;
+  double decode_max_density = 0.05;
   // gate_twell in this many row chunks (1: one GEMM, then one packing pass): chunk i's packing
   // runs on a second stream while chunk i + 1's GEMM runs. At most M / 2048 chunks, each a whole
   // number of 128-row tiles except the last.
@@ -131,6 +129,8 @@ class FfnContext {
     return gated_ ? "twell: cublasLt gate + pack, fused up+down" : "twell: cublasLt up + pack, sparse down";
   }
   void resolve_pending();  // folds the newest returned count into last_density_
+  // Decode: gate GEMM, then the decode kernel (twell_decode.hpp), its count into counts_.
+  void decode_forward(const __nv_bfloat16* x, std::int64_t m, __nv_bfloat16* y, cudaStream_t stream);
   // dense_forward, then a sampled count of its gate, read back by a later call (counts_).
   void dense_forward_counted(const __nv_bfloat16* x, std::int64_t m, __nv_bfloat16* y, cudaStream_t stream);
   // Dispatch count over ≤ dispatch_sample_rows evenly spaced rows of src [m, n] (row stride ld).
@@ -165,6 +165,9 @@ class FfnContext {
   CountRing counts_;          // counts of sticky calls on their way back (never waited for)
   DeviceBuffer<TwellCounters> counters_;
   PinnedBuffer<TwellCounters> counters_host_;
+  DeviceBuffer<float> decode_partials_;           // [m, tiles, K]
+  DeviceBuffer<unsigned int> decode_tickets_;     // row tickets, CTA ticket (kept zero between launches)
+  DeviceBuffer<unsigned long long> decode_nnz_;   // [1] (kept zero between launches)
 };
 
 }  // namespace twell::cuda

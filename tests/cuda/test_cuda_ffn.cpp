@@ -317,7 +317,7 @@ TEST(CudaDispatch, DecodeRunsSparseUntilTheLayerMeasuresDense) {
   const FfnWeights w = d.weights();
   cudaStream_t s;
   ASSERT_EQ(cudaStreamCreate(&s), cudaSuccess);
-  FfnContext ctx;  // default options: decode_max_rows 1, decode_max_density 1 %
+  FfnContext ctx;  // default options: decode_max_rows 16, decode_max_density 5 %
   ctx.upload_weights(w, s);
   const auto xb = to_bf16_bits(d.x);
   DeviceBuffer<__nv_bfloat16> x(xb.size()), zero(xb.size());
@@ -353,6 +353,57 @@ TEST(CudaDispatch, DecodeRunsSparseUntilTheLayerMeasuresDense) {
     } else {
       for (float v : o.y) ASSERT_EQ(v, 0.0f) << fr.path;
     }
+  }
+  cudaStreamDestroy(s);
+}
+
+// The decode kernel (a token's non-zeros spread over N/256 CTAs, partials added in tile order by a
+// ticketed last CTA) against the float64 oracle, at decode sizes and densities from 0 to 100 %,
+// twice per context (its tickets and count must be left zero for the next launch).
+TEST(CudaDecode, MatchesReferenceAtEveryDensity) {
+  TWELL_REQUIRE_GPU();
+  // name, m, n, k, density, gated, hot_rows, hot_density, zero_rows, full_rows
+  const FfnCase cases[] = {
+      {"dec_m1_n1000_k520_d5", 1, 1000, 520, 0.05},
+      {"dec_m3_n5632_k2048_d0p5", 3, 5632, 2048, 0.005},
+      {"dec_m8_n70000_k520_d2", 8, 70000, 520, 0.02},
+      {"dec_m5_n1003_k1024_d20_full", 5, 1003, 1024, 0.20, true, 0.0, 0.3, 1, 1},
+      {"dec_m2_n1000_k8192_d5", 2, 1000, 8192, 0.05},
+      {"dec_m4_n1000_k520_d0", 4, 1000, 520, 0.0},
+      {"dec_nongated_m6_n5632_k2048_d1_full", 6, 5632, 2048, 0.01, false, 0.0, 0.3, 1, 1},
+  };
+  cudaStream_t s;
+  ASSERT_EQ(cudaStreamCreate(&s), cudaSuccess);
+  for (const FfnCase& c : cases) {
+    SCOPED_TRACE(c.name);
+    const FfnData d = make_ffn(c);
+    const FfnWeights w = d.weights();
+    ContextOptions opt;
+    opt.decode_max_rows = 8;
+    opt.decode_max_density = 1.0;  // the decode kernel at every density
+    FfnContext ctx(opt);
+    ctx.upload_weights(w, s);
+    const auto xb = to_bf16_bits(d.x);
+    DeviceBuffer<__nv_bfloat16> x(xb.size());
+    ASSERT_EQ(cudaMemcpy(x.get(), xb.data(), xb.size() * 2, cudaMemcpyHostToDevice), cudaSuccess);
+    std::vector<std::int64_t> rows(static_cast<std::size_t>(c.m));
+    for (std::int64_t r = 0; r < c.m; ++r) rows[static_cast<std::size_t>(r)] = r;
+    ref::Options rounded;
+    rounded.round_activation_bf16 = true;
+    const auto r = ref::ffn_forward(d.xv(), w, rows, rounded);
+    std::vector<float> first;
+    for (int call = 0; call < 2; ++call) {
+      ForwardResult fr;
+      const Outputs o = run_poisoned(c.m, c.k, s, [&](__nv_bfloat16* y) { fr = ctx.forward(x.get(), c.m, y, Path::automatic, s); });
+      EXPECT_TRUE(o.guard_ok);
+      EXPECT_NE(fr.path.find("decode kernel"), std::string::npos) << fr.path;
+      std::int64_t worst_row = -1;
+      EXPECT_LE(max_err_rows(o.y, r, rows, c.k, &worst_row), kTol) << fr.path << ": worst row " << worst_row;
+      if (call == 0) first = o.y;
+      else EXPECT_TRUE(o.y == first) << "second call differs (deterministic order expected)";
+    }
+    if (c.density == 0 && c.full_rows == 0)
+      for (float v : first) ASSERT_EQ(v, 0.0f);
   }
   cudaStreamDestroy(s);
 }

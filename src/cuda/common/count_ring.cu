@@ -58,28 +58,28 @@ void CountRing::harvest(bool wait_oldest) {
   }
 }
 
-void CountRing::push(const unsigned long long* count, double scale, cudaStream_t stream) {
+CountRing::Slot& CountRing::acquire() {
   harvest(false);
-  Slot* free = nullptr;
   for (Slot& s : slots_)
-    if (!s.busy) {
-      free = &s;
-      break;
-    }
-  if (!free) {
-    harvest(true);
-    for (Slot& s : slots_)
-      if (!s.busy) {
-        free = &s;
-        break;
-      }
-  }
-  publish_count_kernel<<<1, 1, 0, stream>>>(count, free->device_value);
+    if (!s.busy) return s;
+  harvest(true);
+  for (Slot& s : slots_)
+    if (!s.busy) return s;
+  throw Error(ErrorCode::internal, "CountRing: no slot free after waiting for the oldest");
+}
+
+void CountRing::commit(Slot& s, double scale, cudaStream_t stream) {
+  TWELL_CUDA_CHECK(cudaEventRecord(s.done, stream));
+  s.scale = scale;
+  s.seq = next_seq_++;
+  s.busy = true;
+}
+
+void CountRing::push(const unsigned long long* count, double scale, cudaStream_t stream) {
+  Slot& s = acquire();
+  publish_count_kernel<<<1, 1, 0, stream>>>(count, s.device_value);
   TWELL_CUDA_CHECK_LAUNCH("publish_count_kernel");
-  TWELL_CUDA_CHECK(cudaEventRecord(free->done, stream));
-  free->scale = scale;
-  free->seq = next_seq_++;
-  free->busy = true;
+  commit(s, scale, stream);
 }
 
 bool CountRing::poll(double* value) {

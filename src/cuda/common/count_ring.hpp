@@ -23,6 +23,14 @@ class CountRing {
 
   // Enqueues on `stream` a copy of *count (device); it is read back as *count / scale.
   void push(const unsigned long long* count, double scale, cudaStream_t stream);
+  // The same for work that stores the count itself: enqueue(dst) must enqueue on `stream` work
+  // that writes the count to dst (a device pointer into this ring's mapped memory).
+  template <typename Enqueue>
+  void push_by(double scale, cudaStream_t stream, Enqueue&& enqueue) {
+    Slot& s = acquire();
+    enqueue(s.device_value);
+    commit(s, scale, stream);
+  }
   // True, with the value of the newest completed push, if one completed since the last poll that
   // returned true and is newer than the value it returned. Never waits.
   bool poll(double* value);
@@ -39,6 +47,8 @@ class CountRing {
     bool busy = false;
   };
   void harvest(bool wait_oldest);
+  Slot& acquire();                                      // a free slot (waits for the oldest if none)
+  void commit(Slot& s, double scale, cudaStream_t stream);  // records its event, marks it in flight
 
   unsigned long long* values_ = nullptr;  // mapped pinned memory, one element per slot
   std::vector<Slot> slots_;
