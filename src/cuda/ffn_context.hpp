@@ -50,9 +50,11 @@ struct ContextOptions {
   bool sticky_dispatch = true;
   // Decode (M ≤ decode_max_rows, M < dispatch_min_rows, K ≤ kDecodeMaxK): always sticky; the
   // gate GEMM then the decode kernel (twell_decode.hpp: a token's non-zeros spread over N/256
-  // CTAs) until a count measures more than decode_max_density.
+  // CTAs) until a count measures more than decode_max_density. H100, K = 2048, N = 5632
+  // (17629ec, dense and automatic alternately): 1.16–1.4x dense at M = 1…16 and 0.3–0.6 %,
+  // 1.05–1.3x at 1 %, 1.0–1.27x at M = 1 and 2.5 %, 0.8–0.9x at M = 4…16 and 3 %.
   std::int64_t decode_max_rows = 16;
-  double decode_max_density = 0.05;
+  double decode_max_density = 0.02;
   // gate_twell in this many row chunks (1: one GEMM, then one packing pass): chunk i's packing
   // runs on a second stream while chunk i + 1's GEMM runs. At most M / 2048 chunks, each a whole
   // number of 128-row tiles except the last.

@@ -317,7 +317,7 @@ TEST(CudaDispatch, DecodeRunsSparseUntilTheLayerMeasuresDense) {
   const FfnWeights w = d.weights();
   cudaStream_t s;
   ASSERT_EQ(cudaStreamCreate(&s), cudaSuccess);
-  FfnContext ctx;  // default options: decode_max_rows 16, decode_max_density 5 %
+  FfnContext ctx;  // default options: decode_max_rows 16, decode_max_density 2 %
   ctx.upload_weights(w, s);
   const auto xb = to_bf16_bits(d.x);
   DeviceBuffer<__nv_bfloat16> x(xb.size()), zero(xb.size());
