@@ -204,6 +204,17 @@ int main(int argc, char** argv) {
         t_auto_fresh = median_ms(warmup, reps, s, [&] { fctx.forward(dx.get(), m, y_auto.get(), Path::automatic, s); });
       }
       t_dense = t_dense_alt;
+      // The decode kernel beyond the default decode_max_rows (where automatic runs dense today).
+      double t_decode_wide = 0;
+      if (m > copt.decode_max_rows && m <= 1024) {
+        ContextOptions dop = copt;
+        dop.decode_max_rows = 1024;
+        dop.decode_max_density = 1.0;
+        FfnContext dctx(dop);
+        dctx.upload_weights(w, s);
+        t_decode_wide =
+            median_ms(warmup, reps, s, [&] { dctx.forward(dx.get(), m, y_auto.get(), Path::automatic, s); });
+      }
       ctx.gate_twell(dx.get(), m, s);  // exact counts, whichever remainder dispatch chose
       const TwellCounters cnt = ctx.read_counters(s);
 
@@ -236,6 +247,7 @@ int main(int argc, char** argv) {
       }
       std::printf("          alternating sparse / auto: %.3f / %.3f ms; auto deciding every call (not sticky): %.3f ms\n",
                   t_sparse_alt, t_auto_alt, t_auto_fresh);
+      if (t_decode_wide > 0) std::printf("          decode kernel at this M: %.3f ms\n", t_decode_wide);
       std::fflush(stdout);
       lines.push_back(line);
       out["points"].push_back({{"m", m},
@@ -256,6 +268,7 @@ int main(int argc, char** argv) {
                                {"gate_twell_ms_by_chunks", gate_chunks},
                                {"sparse_auto_alternating_ms", {t_sparse_alt, t_auto_alt}},
                                {"auto_not_sticky_ms", t_auto_fresh},
+                               {"decode_kernel_ms", t_decode_wide},
                                {"sparse_total_ms", t_sparse},
                                {"auto_total_ms", t_auto},
                                {"auto_path", fr.path},
