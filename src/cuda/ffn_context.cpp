@@ -41,6 +41,7 @@ FfnContext::~FfnContext() {
 
 void FfnContext::upload_weights(const FfnWeights& w, cudaStream_t stream) {
   last_density_ = -1;  // a new layer: no density measured yet
+  decode_dense_calls_ = 0;
   counts_.reset();
   TWELL_CHECK(w.w_up.data && w.w_down.data, ErrorCode::invalid_argument, "FFN weights: w_up and w_down are required");
   gated_ = w.gated();
@@ -320,7 +321,11 @@ ForwardResult FfnContext::forward(const __nv_bfloat16* x, std::int64_t m, __nv_b
       r.sparse = true;
       r.path = fmt::format("{} ({})", sparse_path_name(), measured);
     } else {
-      dense_forward_counted(x, m, y, stream);
+      const bool count = !decode || decode_dense_calls_++ % std::max<std::int64_t>(1, opt_.decode_dense_count_period) == 0;
+      if (count)
+        dense_forward_counted(x, m, y, stream);
+      else
+        dense_forward(x, m, y, stream);
       r.path = fmt::format("dense cublasLt ({})", measured);
     }
     return r;

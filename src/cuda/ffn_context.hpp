@@ -55,6 +55,9 @@ struct ContextOptions {
   // 1.05–1.3x at 1 %, 1.0–1.27x at M = 1 and 2.5 %, 0.8–0.9x at M = 4…16 and 3 %.
   std::int64_t decode_max_rows = 16;
   double decode_max_density = 0.02;
+  // At decode sizes a dense call counts only every this many calls: the count (memset, count,
+  // decide and publish: four small launches) cost 0.015–0.035 ms next to a 0.04 ms dense FFN.
+  std::int64_t decode_dense_count_period = 16;
   // gate_twell in this many row chunks (1: one GEMM, then one packing pass): chunk i's packing
   // runs on a second stream while chunk i + 1's GEMM runs. At most M / 2048 chunks, each a whole
   // number of 128-row tiles except the last.
@@ -164,6 +167,7 @@ class FfnContext {
   cudaStream_t side_ = nullptr;        // chunked gate_twell: the packing stream (created on first use)
   std::vector<cudaEvent_t> chunk_events_;  // [0]: fork, [1]: join, [2 + i]: chunk i's GEMM done
   double last_density_ = -1;  // density of the latest call whose count came back (−1: none)
+  std::int64_t decode_dense_calls_ = 0;  // decode-size dense calls since upload (for the count period)
   CountRing counts_;          // counts of sticky calls on their way back (never waited for)
   DeviceBuffer<TwellCounters> counters_;
   PinnedBuffer<TwellCounters> counters_host_;

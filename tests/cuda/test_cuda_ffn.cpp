@@ -317,7 +317,9 @@ TEST(CudaDispatch, DecodeRunsSparseUntilTheLayerMeasuresDense) {
   const FfnWeights w = d.weights();
   cudaStream_t s;
   ASSERT_EQ(cudaStreamCreate(&s), cudaSuccess);
-  FfnContext ctx;  // default options: decode_max_rows 16, decode_max_density 2 %
+  ContextOptions opt;  // defaults (decode_max_rows 16, decode_max_density 2 %), counting every dense call
+  opt.decode_dense_count_period = 1;
+  FfnContext ctx(opt);
   ctx.upload_weights(w, s);
   const auto xb = to_bf16_bits(d.x);
   DeviceBuffer<__nv_bfloat16> x(xb.size()), zero(xb.size());
@@ -353,6 +355,23 @@ TEST(CudaDispatch, DecodeRunsSparseUntilTheLayerMeasuresDense) {
     } else {
       for (float v : o.y) ASSERT_EQ(v, 0.0f) << fr.path;
     }
+  }
+  // With the default count period a dense decode layer counts every 16th call: a layer that
+  // turns sparse is back on the decode kernel within 17 calls.
+  {
+    FfnContext dflt;
+    dflt.upload_weights(w, s);
+    DeviceBuffer<__nv_bfloat16> y(static_cast<std::size_t>(c.m * c.k));
+    for (int j = 0; j < 3; ++j) dflt.forward(x.get(), c.m, y.get(), Path::automatic, s);  // measured dense
+    ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);
+    int back = -1;
+    for (int j = 0; j < 40 && back < 0; ++j) {
+      const ForwardResult fr = dflt.forward(zero.get(), c.m, y.get(), Path::automatic, s);
+      ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);
+      if (fr.sparse) back = j;
+    }
+    EXPECT_GE(back, 0) << "never returned to the decode kernel";
+    EXPECT_LE(back, 17);
   }
   cudaStreamDestroy(s);
 }
