@@ -26,6 +26,7 @@
 #include <random>
 #include <vector>
 
+#include "cuda/train/train_context.hpp"
 #include "cuda_test_util.hpp"
 #include "twell/cpu/ffn_ops.hpp"
 #include "twell/cpu/reference.hpp"
@@ -172,6 +173,33 @@ TEST_P(CudaTrain, MatchesOracle) {
       for (float v : o.dwd) ASSERT_EQ(v, 0.0f);
     }
   }
+}
+
+// The weight-gradient pass plan (host arithmetic; runs without a GPU): 512-column slices while
+// x and dy of all rows fit the L2 budget, then 256-column slices and token blocks of whole
+// 256-row multiples (at least 1024 rows), never wider than K.
+TEST(WeightGradPasses, SlicesThenBlocksWithinTheBudget) {
+  const std::int64_t l2 = 50 << 20;
+  WeightGradPasses p = weight_grad_passes(4096, 2048, l2, 0.6);  // 4·4096·512 = 8 MB ≤ 30 MB
+  EXPECT_EQ(p.slice_cols, 512);
+  EXPECT_EQ(p.block_rows, 4096);
+  p = weight_grad_passes(16384, 2048, l2, 0.6);  // 32 MB > 30 MB: 256 columns, all rows fit
+  EXPECT_EQ(p.slice_cols, 256);
+  EXPECT_EQ(p.block_rows, 16384);
+  p = weight_grad_passes(131072, 2048, l2, 0.6);  // blocks of 30 MB / 1 KB per row
+  EXPECT_EQ(p.slice_cols, 256);
+  EXPECT_EQ(p.block_rows, static_cast<std::int64_t>(0.6 * static_cast<double>(l2)) / (4 * 256) / 256 * 256);
+  EXPECT_LT(p.block_rows, 131072);
+  p = weight_grad_passes(7, 520, l2, 0.6);  // narrow K: one slice of K... capped at 512
+  EXPECT_EQ(p.slice_cols, 512);
+  EXPECT_EQ(p.block_rows, 7);
+  p = weight_grad_passes(7, 136, l2, 0.6);
+  EXPECT_EQ(p.slice_cols, 136);
+  p = weight_grad_passes(1 << 20, 2048, l2, 0.001);  // tiny budget: blocks never below 1024 rows
+  EXPECT_EQ(p.block_rows, 1024);
+  p = weight_grad_passes(1 << 20, 2048, l2, 0.0);  // 0: widest slices, one block
+  EXPECT_EQ(p.slice_cols, 512);
+  EXPECT_EQ(p.block_rows, 1 << 20);
 }
 
 TrainCase tc(const char* name, std::int64_t m, std::int64_t n, std::int64_t k, double density, bool fp64,
