@@ -6,7 +6,9 @@
 //
 // Sparse path: gate GEMM (cuBLASLt, ReLU epilogue) → CSR of its non-zeros (exact for any
 // distribution, nothing dropped) → token-major forward (u sampled at the pattern, y) → backward:
-// token-major (dt, d_up, d_gate, dx), transposed index (radix sort), neuron-major weight gradients.
+// token-major (dt, d_up, d_gate, dx), transposed index (radix sort), neuron-major weight gradients
+// in column-slice passes over work items (runs of ≤ `run` entries of one neuron, one warp each;
+// partial sums of a split neuron added in item order, so the result is deterministic).
 // Saved for backward beyond x and y: offsets [M+1] i64 and per non-zero col i32 + p bf16 + u f32.
 // No dense [M, N] tensor is kept (the bf16 gate output is a workspace, reused by the next step).
 // Dense path (cuBLASLt): [g | u] = x·[Wg; Wu]ᵀ, h = ReLU(g) ⊙ u, y = h·Wdᵀ; dh = dy·Wd, the
