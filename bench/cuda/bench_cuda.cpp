@@ -204,6 +204,31 @@ int main(int argc, char** argv) {
         t_auto_fresh = median_ms(warmup, reps, s, [&] { fctx.forward(dx.get(), m, y_auto.get(), Path::automatic, s); });
       }
       t_dense = t_dense_alt;
+      // Diagnostic: the fused kernel reading the gate rows directly (gate_rows_direct, no TwELL
+      // packing) against the TwELL path, alternately; and its error on the check rows below.
+      double t_direct = 0, t_twell_alt = 0, t_direct_rest = 0;
+      DeviceBuffer<__nv_bfloat16> y_direct(xb.size());
+      TWELL_CUDA_CHECK(cudaMemset(y_direct.get(), 0xff, y_direct.bytes()));
+      {
+        ContextOptions dro = copt;
+        dro.gate_rows_direct = !copt.gate_rows_direct;
+        FfnContext drx(dro);
+        drx.upload_weights(w, s);
+        FfnContext& direct = copt.gate_rows_direct ? ctx : drx;
+        FfnContext& twell = copt.gate_rows_direct ? drx : ctx;
+        std::tie(t_direct, t_twell_alt) = alternating_medians_ms(
+            warmup, reps, s,
+            [&] {
+              direct.gate_twell(dx.get(), m, s);
+              direct.sparse_rest(dx.get(), m, y_direct.get(), s);
+            },
+            [&] {
+              twell.gate_twell(dx.get(), m, s);
+              twell.sparse_rest(dx.get(), m, y_sp.get(), s);
+            });
+        direct.gate_twell(dx.get(), m, s);
+        t_direct_rest = median_ms(warmup, reps, s, [&] { direct.sparse_rest(dx.get(), m, y_direct.get(), s); });
+      }
       // The decode kernel beyond the default decode_max_rows (where automatic runs dense today).
       double t_decode_wide = 0;
       if (m > copt.decode_max_rows && m <= 1024) {
@@ -216,6 +241,7 @@ int main(int argc, char** argv) {
             median_ms(warmup, reps, s, [&] { dctx.forward(dx.get(), m, y_auto.get(), Path::automatic, s); });
       }
       ctx.gate_twell(dx.get(), m, s);  // exact counts, whichever remainder dispatch chose
+      if (copt.gate_rows_direct) ctx.sparse_rest(dx.get(), m, y_sp.get(), s);  // it counts there
       const TwellCounters cnt = ctx.read_counters(s);
 
       std::vector<std::int64_t> rows;
@@ -226,6 +252,7 @@ int main(int argc, char** argv) {
       const double err_sp = sampled_error(download(y_sp.get(), xb.size()), xv, w, true, rows);
       const double err_dn = sampled_error(download(y_dn.get(), xb.size()), xv, w, false, rows);
       const double err_auto = sampled_error(download(y_auto.get(), xb.size()), xv, w, fr.sparse, rows);
+      const double err_direct = sampled_error(download(y_direct.get(), xb.size()), xv, w, true, rows);
 
       const double density = static_cast<double>(cnt.nnz) / (static_cast<double>(m) * static_cast<double>(N));
       const double dense_flops = (pt.gated ? 6.0 : 4.0) * static_cast<double>(m) * K * N;
@@ -236,7 +263,7 @@ int main(int argc, char** argv) {
                     "%7lld %-8s %6.3f | %7.3f %7.3f %7.3f %7.3f %7.3f | %7.3f %7.3f %7.3f %7.0f | %6.2f %6.2f | %8.1e %8.1e | %6llu %6llu | %s",
                     static_cast<long long>(m), pt.mode.c_str(), 100 * density, t_gemm, t_gate, t_rest,
                     variants["0"].get<double>(), variants["2"].get<double>(), t_sparse, t_auto,
-                    t_dense, tflops, t_dense / t_sparse, t_dense / t_auto, std::max(err_sp, err_auto), err_dn,
+                    t_dense, tflops, t_dense / t_sparse, t_dense / t_auto, std::max({err_sp, err_auto, err_direct}), err_dn,
                     static_cast<unsigned long long>(cnt.overflow_tiles), static_cast<unsigned long long>(cnt.overflow_rows),
                     fr.path.c_str());
       std::printf("%s\n", line);
@@ -247,6 +274,8 @@ int main(int argc, char** argv) {
       }
       std::printf("          alternating sparse / auto: %.3f / %.3f ms; auto deciding every call (not sticky): %.3f ms\n",
                   t_sparse_alt, t_auto_alt, t_auto_fresh);
+      std::printf("          gate rows read directly vs TwELL, alternating: %.3f / %.3f ms (rest alone %.3f); err %.1e\n",
+                  t_direct, t_twell_alt, t_direct_rest, err_direct);
       if (t_decode_wide > 0) std::printf("          decode kernel at this M: %.3f ms\n", t_decode_wide);
       std::fflush(stdout);
       lines.push_back(line);
@@ -269,6 +298,9 @@ int main(int argc, char** argv) {
                                {"sparse_auto_alternating_ms", {t_sparse_alt, t_auto_alt}},
                                {"auto_not_sticky_ms", t_auto_fresh},
                                {"decode_kernel_ms", t_decode_wide},
+                               {"direct_twell_alternating_ms", {t_direct, t_twell_alt}},
+                               {"direct_rest_ms", t_direct_rest},
+                               {"err_direct", err_direct},
                                {"sparse_total_ms", t_sparse},
                                {"auto_total_ms", t_auto},
                                {"auto_path", fr.path},

@@ -121,6 +121,10 @@ void FfnContext::dense_gate_gemm(const __nv_bfloat16* x, std::int64_t m, cudaStr
 }
 
 void FfnContext::gate_twell(const __nv_bfloat16* x, std::int64_t m, cudaStream_t stream) {
+  if (opt_.gate_rows_direct) {  // sparse_rest reads the gate rows; nothing to pack
+    gate_gemm(x, m, stream);
+    return;
+  }
   const std::int64_t chunks = std::min<std::int64_t>(opt_.gate_chunks, m / 2048);
   if (chunks <= 1) {
     gate_gemm(x, m, stream);
@@ -198,6 +202,12 @@ void FfnContext::sparse_rest(const __nv_bfloat16* x, std::int64_t m, __nv_bfloat
   p.gated = gated_;
   p.relu = true;
   p.variant = opt_.updown_variant;
+  if (opt_.gate_rows_direct) {
+    p.words = nullptr;
+    p.dense_gate = true;
+    p.nnz = &counters_.get()->nnz;
+    TWELL_CUDA_CHECK(cudaMemsetAsync(counters_.get(), 0, sizeof(TwellCounters), stream));
+  }
   launch_twell_up_down(p, stream);
 }
 
@@ -338,7 +348,7 @@ ForwardResult FfnContext::forward(const __nv_bfloat16* x, std::int64_t m, __nv_b
   launch_twell_sample_decide(sp, stream);
   TWELL_CUDA_CHECK(cudaMemcpyAsync(dispatch_host_.get(), d, sizeof(Dispatch), cudaMemcpyDeviceToHost, stream));
   TWELL_CUDA_CHECK(cudaEventRecord(decided_, stream));
-  pack(m, &d->decision, stream);  // runs (or returns at once) while the host reads the flag
+  if (!opt_.gate_rows_direct) pack(m, &d->decision, stream);  // runs (or returns at once) while the host reads the flag
   TWELL_CUDA_CHECK(cudaEventSynchronize(decided_));
   r.counted = true;
   r.sparse = dispatch_host_[0].decision != 0;

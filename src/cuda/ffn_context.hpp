@@ -64,6 +64,12 @@ struct ContextOptions {
   // Measured (M = 16384): gate+pack 0.589 ms unchunked vs 0.588 / 0.602 / 0.619 with 2 / 4 / 8
   // chunks at 0.5 %, and 0.66–0.73 vs 0.59–0.61 (2 chunks) at 1–10 % (GEMM alone 0.50–0.54).
   int gate_chunks = 2;
+  // Sparse path input: false packs the gate into TwELL (gate_twell) and the fused kernel reads the
+  // TwELL words; true skips the packing and the fused kernel reads each row's non-zeros from the
+  // bf16 gate buffer itself (no capacity, nothing overflows; the row counts still reach the
+  // counters' nnz). The packing costs ≈ 0.09 ms at M = 16384 (perf notes); this trades it for a
+  // 11 KB read per row inside the fused kernel.
+  bool gate_rows_direct = false;
 };
 
 struct ForwardResult {
@@ -85,7 +91,7 @@ class FfnContext {
 
   // All x / y are device bf16, row-major: x [m, K] with row stride K, y [m, K] with row stride K.
   void dense_forward(const __nv_bfloat16* x, std::int64_t m, __nv_bfloat16* y, cudaStream_t stream);
-  // gate GEMM (ReLU epilogue) + TwELL packing; `enable` (device flag) lets dispatch skip the packing.
+  // gate GEMM (ReLU epilogue) + TwELL packing (the GEMM alone with gate_rows_direct).
   void gate_twell(const __nv_bfloat16* x, std::int64_t m, cudaStream_t stream);
   void gate_gemm(const __nv_bfloat16* x, std::int64_t m, cudaStream_t stream);
   void pack(std::int64_t m, const std::uint32_t* enable, cudaStream_t stream);
@@ -99,7 +105,8 @@ class FfnContext {
   // wins), the host waits for that one flag and enqueues the matching remainder; later calls follow
   // the latest count without a host wait (sticky_dispatch), decode (M ≤ decode_max_rows) from the first call.
   ForwardResult forward(const __nv_bfloat16* x, std::int64_t m, __nv_bfloat16* y, Path path, cudaStream_t stream);
-  // Synchronises `stream` and returns the counters of the last packing (zeros if it was skipped).
+  // Synchronises `stream` and returns the counters of the last packing (zeros if it was skipped);
+  // with gate_rows_direct, nnz of the last sparse_rest and no overflow (there is no capacity).
   TwellCounters read_counters(cudaStream_t stream);
 
   bool gated() const noexcept { return gated_; }
@@ -131,6 +138,9 @@ class FfnContext {
   void pack_rows(std::int64_t r0, std::int64_t rows, const std::uint32_t* enable, bool reset_counters,
                  cudaStream_t stream);
   const char* sparse_path_name() const noexcept {
+    if (opt_.gate_rows_direct)
+      return gated_ ? "twell: cublasLt gate, fused up+down reading the gate rows"
+                    : "twell: cublasLt up, sparse down reading the ReLU rows";
     return gated_ ? "twell: cublasLt gate + pack, fused up+down" : "twell: cublasLt up + pack, sparse down";
   }
   void resolve_pending();  // folds the newest returned count into last_density_

@@ -93,6 +93,7 @@ TEST_P(CudaFfn, MatchesReferenceAndHostEncoder) {
   opt.dispatch_min_rows = 0;  // exercise the sampled-count dispatch at every M
   opt.updown_variant = 0;
   opt.gate_chunks = 1;  // the unchunked gate here; the chunked one is compared with it below
+  opt.gate_rows_direct = false;  // TwELL here; the direct read of the gate rows is checked below
   FfnContext ctx(opt);
   ctx.upload_weights(w, s);
   const auto xb = to_bf16_bits(d.x);
@@ -192,6 +193,43 @@ TEST_P(CudaFfn, MatchesReferenceAndHostEncoder) {
     std::int64_t worst_row = -1;
     const double err = max_err_rows(o.y, ref_sparse, rows, c.k, &worst_row);
     EXPECT_LE(err, kTol) << "up/down variant " << v << ": worst row " << worst_row;
+  }
+  // The fused kernel reading the gate rows directly (no TwELL, no capacity): exact, and its count
+  // equals the host encoder's, with nothing reported as overflowed. Every variant, both directly
+  // and through dispatch.
+  for (int v = 0; v <= 2; ++v) {
+    ContextOptions dop = opt;
+    dop.updown_variant = v;
+    dop.gate_rows_direct = true;
+    FfnContext dc(dop);
+    dc.upload_weights(w, s);
+    ForwardResult fr;
+    const Outputs o = run_poisoned(c.m, c.k, s, [&](__nv_bfloat16* y) { fr = dc.forward(x.get(), c.m, y, Path::sparse, s); });
+    EXPECT_TRUE(o.guard_ok) << "direct gate rows, variant " << v << ": write past the end of y";
+    std::int64_t worst_row = -1;
+    const double err = max_err_rows(o.y, ref_sparse, rows, c.k, &worst_row);
+    EXPECT_LE(err, kTol) << "direct gate rows, variant " << v << " (" << fr.path << "): worst row " << worst_row;
+    const TwellCounters dcnt = dc.read_counters(s);
+    const std::vector<float> gv = [&] {
+      std::vector<std::uint16_t> gb(static_cast<std::size_t>(c.m * dc.ldn()));
+      EXPECT_EQ(cudaMemcpy(gb.data(), dc.gate_values(), gb.size() * 2, cudaMemcpyDeviceToHost), cudaSuccess);
+      std::vector<float> g(static_cast<std::size_t>(c.m * c.n));
+      for (std::int64_t r = 0; r < c.m; ++r)
+        for (std::int64_t col = 0; col < c.n; ++col)
+          g[static_cast<std::size_t>(r * c.n + col)] = to_float(bf16{gb[static_cast<std::size_t>(r * dc.ldn() + col)]});
+      return g;
+    }();
+    const TwellMatrix host = twell_encode(CMatrixF(gv.data(), c.m, c.n), opt.twell, /*relu=*/true);
+    EXPECT_EQ(static_cast<std::int64_t>(dcnt.nnz), host.nnz()) << "direct gate rows, variant " << v;
+    EXPECT_EQ(dcnt.overflow_tiles, 0u);
+    EXPECT_EQ(dcnt.overflow_rows, 0u);
+    if (v == 0) {
+      const Outputs oa =
+          run_poisoned(c.m, c.k, s, [&](__nv_bfloat16* y) { fr = dc.forward(x.get(), c.m, y, Path::automatic, s); });
+      const double ea = max_err_rows(oa.y, fr.sparse ? ref_sparse : ref_dense, rows, c.k, &worst_row);
+      EXPECT_TRUE(oa.guard_ok);
+      EXPECT_LE(ea, kTol) << "direct gate rows, automatic (" << fr.path << "): worst row " << worst_row;
+    }
   }
   cudaStreamDestroy(s);
 }
@@ -418,8 +456,11 @@ TEST(CudaDecode, MatchesReferenceAtEveryDensity) {
       EXPECT_NE(fr.path.find("decode kernel"), std::string::npos) << fr.path;
       std::int64_t worst_row = -1;
       EXPECT_LE(max_err_rows(o.y, r, rows, c.k, &worst_row), kTol) << fr.path << ": worst row " << worst_row;
-      if (call == 0) first = o.y;
-      else EXPECT_TRUE(o.y == first) << "second call differs (deterministic order expected)";
+      if (call == 0) {
+        first = o.y;
+      } else {
+        EXPECT_TRUE(o.y == first) << "second call differs (deterministic order expected)";
+      }
     }
     if (c.density == 0 && c.full_rows == 0)
       for (float v : first) ASSERT_EQ(v, 0.0f);

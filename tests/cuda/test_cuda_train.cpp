@@ -154,8 +154,9 @@ TEST_P(CudaTrain, MatchesOracle) {
         EXPECT_EQ(std::memcmp(o2.dx.data(), o.dx.data(), o.dx.size() * sizeof(float)), 0) << "dx not deterministic";
         EXPECT_EQ(std::memcmp(o2.dwu.data(), o.dwu.data(), o.dwu.size() * sizeof(float)), 0) << "dw_up not deterministic";
         EXPECT_EQ(std::memcmp(o2.dwd.data(), o.dwd.data(), o.dwd.size() * sizeof(float)), 0) << "dw_down not deterministic";
-        if (d.gated)
+        if (d.gated) {
           EXPECT_EQ(std::memcmp(o2.dwg.data(), o.dwg.data(), o.dwg.size() * sizeof(float)), 0) << "dw_gate not deterministic";
+        }
       }
       // Saved state: offsets + per non-zero col, p (and u): never a dense [M, N] tensor.
       const double per_nnz = d.gated ? 10.0 : 6.0;

@@ -83,11 +83,14 @@ __device__ __forceinline__ uint4 pack8_bf16(const float* a) {
 }
 
 // Elements [c0, c0 + 8) of a bf16 row of length n as one 16-byte word (zero past n); one vector
-// load (evict-first) when the row is 16-byte aligned there.
+// load when the row is 16-byte aligned there: evict-first (STREAM), else through L1 (for data
+// read twice in a row).
+template <bool STREAM = true>
 __device__ __forceinline__ uint4 load8_bf16(const __nv_bfloat16* src, std::int64_t c0, std::int64_t n, bool vec_ok) {
   uint4 v = make_uint4(0, 0, 0, 0);
   if (c0 >= n) return v;
-  if (vec_ok && c0 + 8 <= n) return __ldcs(reinterpret_cast<const uint4*>(src + c0));
+  if (vec_ok && c0 + 8 <= n)
+    return STREAM ? __ldcs(reinterpret_cast<const uint4*>(src + c0)) : __ldg(reinterpret_cast<const uint4*>(src + c0));
   std::uint16_t h[8];
 #pragma unroll
   for (int e = 0; e < 8; ++e) h[e] = (c0 + e < n) ? __bfloat16_as_ushort(src[c0 + e]) : std::uint16_t{0};

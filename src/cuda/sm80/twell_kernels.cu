@@ -2,6 +2,7 @@
 #include "cuda/sm80/twell_kernels.hpp"
 
 #include <algorithm>
+#include <type_traits>
 
 #include "cuda/common/check.hpp"
 #include "cuda/common/device_math.cuh"
@@ -137,7 +138,53 @@ constexpr int kListCap = kTwellTile;  // a single tile (≤ 256 non-zeros) alway
 constexpr int kMaxUpDownThreads = 512;  // caps registers at 128/thread: no spills for CH ≤ 4
 
 // CH: 16-byte chunks of K per thread; kUnroll: entries whose weight rows are in flight together.
-template <int CH, bool GATED, int kUnroll>
+// One tile of a dense bf16 row (columns [t·256, t·256 + 256) of `src`, length n) expanded into the
+// list at `off` in ascending columns, at most `c` entries (the tile's count): lane l reads columns
+// [8l, 8l + 8) in one 16-byte load, a warp scan of the lanes' keep counts places each value.
+__device__ __forceinline__ void expand_dense_tile(const __nv_bfloat16* src, std::int64_t n, bool vec_ok, int t, int off,
+                                                  int c, bool relu, int lane, int* lcol, float* lval) {
+  const std::int64_t c0 = static_cast<std::int64_t>(t) * kTwellTile + lane * 8;
+  const uint4 v = dev::load8_bf16<false>(src, c0, n, vec_ok);
+  const std::uint32_t w[4] = {v.x, v.y, v.z, v.w};
+  float f[8];
+  unsigned mask = 0;
+#pragma unroll
+  for (int e = 0; e < 4; ++e) {
+    f[2 * e] = lo_bf16(w[e]);
+    f[2 * e + 1] = hi_bf16(w[e]);
+  }
+#pragma unroll
+  for (int e = 0; e < 8; ++e) mask |= keep_value(f[e], relu) ? (1u << e) : 0u;
+  const int cnt = __popc(mask);
+  int pos = warp_inclusive_scan(cnt, lane) - cnt;
+#pragma unroll
+  for (int e = 0; e < 8; ++e) {
+    if (mask & (1u << e)) {
+      if (pos < c) {
+        lcol[off + pos] = static_cast<int>(c0) + e;
+        lval[off + pos] = f[e];
+      }
+      ++pos;
+    }
+  }
+}
+
+// Kept values of one tile of a dense bf16 row (warp-uniform result).
+__device__ __forceinline__ int count_dense_tile(const __nv_bfloat16* src, std::int64_t n, bool vec_ok, int t, bool relu) {
+  const uint4 v = dev::load8_bf16<false>(src, static_cast<std::int64_t>(t) * kTwellTile + (threadIdx.x % 32) * 8, n, vec_ok);
+  const std::uint32_t w[4] = {v.x, v.y, v.z, v.w};
+  int cnt = 0;
+#pragma unroll
+  for (int e = 0; e < 4; ++e) cnt += keep_value(lo_bf16(w[e]), relu) + keep_value(hi_bf16(w[e]), relu);
+#pragma unroll
+  for (int d = 16; d > 0; d >>= 1) cnt += __shfl_xor_sync(0xffffffffu, cnt, d);
+  return cnt;
+}
+
+// DENSE_G: the row's non-zeros come straight from the dense gate buffer (`backup`), no TwELL:
+// per-tile counts first, then each tile expanded like an overflowed block (no capacity, exact at
+// any density); the row's count is added to *p.nnz.
+template <int CH, bool GATED, int kUnroll, bool DENSE_G>
 __global__ void __launch_bounds__(kMaxUpDownThreads) twell_up_down_kernel(TwellUpDownParams p) {
   static_assert(CH >= 1 && CH <= 4, "CH: 16-byte chunks per thread");
   extern __shared__ __align__(16) unsigned char smem_raw[];
@@ -156,17 +203,30 @@ __global__ void __launch_bounds__(kMaxUpDownThreads) twell_up_down_kernel(TwellU
   float* part = lval + kListCap;
   int* pref = reinterpret_cast<int*>(part + (GATED ? nwarps * kListCap : 0));
 
-  const std::uint32_t* wrow = p.words + row * static_cast<std::int64_t>(tiles) * S;
+  const std::uint32_t* wrow = DENSE_G ? nullptr : p.words + row * static_cast<std::int64_t>(tiles) * S;
+  const __nv_bfloat16* brow = p.backup + row * p.ld_backup;
+  const bool b_vec = (p.ld_backup % 8 == 0) && ((reinterpret_cast<std::uintptr_t>(p.backup) & 15) == 0);
+  if constexpr (DENSE_G) {
+    for (int t = warp; t < tiles; t += nwarps) {
+      const int c = count_dense_tile(brow, p.n, b_vec, t, p.relu);
+      if (lane == 0) pref[t + 1] = c;
+    }
+    __syncthreads();
+  }
   if (warp == 0) {
     int carry = 0;
     for (int t0 = 0; t0 < tiles; t0 += 32) {
       const int t = t0 + lane;
-      const int c = t < tiles ? static_cast<int>(__ldcs(wrow + static_cast<std::int64_t>(t) * S)) : 0;
+      int c = 0;
+      if (t < tiles) c = DENSE_G ? pref[t + 1] : static_cast<int>(__ldcs(wrow + static_cast<std::int64_t>(t) * S));
       const int incl = warp_inclusive_scan(c, lane);
       if (t < tiles) pref[t + 1] = carry + incl;
       carry += __shfl_sync(0xffffffffu, incl, 31);
     }
-    if (lane == 0) pref[0] = 0;
+    if (lane == 0) {
+      pref[0] = 0;
+      if (DENSE_G && p.nnz && carry > 0) atomicAdd(p.nnz, static_cast<unsigned long long>(carry));
+    }
   }
 
   uint4 xr[CH];  // this thread's chunks of x[row, :]
@@ -188,28 +248,15 @@ __global__ void __launch_bounds__(kMaxUpDownThreads) twell_up_down_kernel(TwellU
       for (int t = ts + warp; t < te; t += nwarps) {
         const int c = pref[t + 1] - pref[t];
         const int off = pref[t] - base0;
-        if (c <= cap) {
+        if (!DENSE_G && c <= cap) {
           const std::uint32_t* blk = wrow + static_cast<std::int64_t>(t) * S + 1;
           for (int i = lane; i < c; i += 32) {
             const std::uint32_t w = __ldcs(blk + i);
             lcol[off + i] = t * kTwellTile + static_cast<int>(w & 0xffffu);
             lval[off + i] = hi_bf16(w);
           }
-        } else {  // overflowed block: read it whole from the dense backup
-          const __nv_bfloat16* b = p.backup + row * p.ld_backup;
-          int run = 0;
-          for (int j = 0; j < kTwellTile; j += 32) {
-            const std::int64_t col = static_cast<std::int64_t>(t) * kTwellTile + j + lane;
-            const float v = col < p.n ? __bfloat162float(b[col]) : 0.0f;
-            const bool keep = keep_value(v, p.relu);
-            const unsigned m = __ballot_sync(0xffffffffu, keep);
-            const int pos = run + __popc(m & ((1u << lane) - 1u));
-            if (keep && pos < c) {
-              lcol[off + pos] = static_cast<int>(col);
-              lval[off + pos] = v;
-            }
-            run += __popc(m);
-          }
+        } else {  // DENSE_G, or an overflowed block: read it whole from the dense backup
+          expand_dense_tile(brow, p.n, b_vec, t, off, c, p.relu, lane, lcol, lval);
         }
       }
       __syncthreads();
@@ -284,13 +331,13 @@ __global__ void __launch_bounds__(kMaxUpDownThreads) twell_up_down_kernel(TwellU
   }
 }
 
-template <int CH, bool GATED, int U>
+template <int CH, bool GATED, int U, bool DENSE_G>
 void launch_up_down_t(const TwellUpDownParams& p, int threads, cudaStream_t stream) {
   const int tiles = static_cast<int>((p.n + kTwellTile - 1) / kTwellTile);
   const int nwarps = threads / 32;
   const std::size_t smem = sizeof(int) * kListCap + sizeof(float) * kListCap +
                            (GATED ? sizeof(float) * nwarps * kListCap : 0) + sizeof(int) * (tiles + 1);
-  auto kernel = twell_up_down_kernel<CH, GATED, U>;
+  auto kernel = twell_up_down_kernel<CH, GATED, U, DENSE_G>;
   if (smem > 48 * 1024)
     TWELL_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
   kernel<<<static_cast<unsigned>(p.m), threads, smem, stream>>>(p);
@@ -354,7 +401,7 @@ void launch_twell_sample_decide(const TwellSampleParams& p, cudaStream_t stream)
 }
 
 void launch_twell_up_down(const TwellUpDownParams& p, cudaStream_t stream) {
-  TWELL_CU_REQUIRE(p.words && p.backup && p.w_down_t && p.y && (!p.gated || (p.x && p.w_up)), ErrorCode::invalid_argument,
+  TWELL_CU_REQUIRE((p.words || p.dense_gate) && p.backup && p.w_down_t && p.y && (!p.gated || (p.x && p.w_up)), ErrorCode::invalid_argument,
               "twell up/down: null pointer");
   TWELL_CU_REQUIRE(p.m >= 1 && p.n >= 1 && p.k >= 8 && p.k % 8 == 0, ErrorCode::unsupported,
               "twell up/down: K must be a positive multiple of 8 (got K = {})", p.k);
@@ -366,12 +413,22 @@ void launch_twell_up_down(const TwellUpDownParams& p, cudaStream_t stream) {
   const std::int64_t kchunks = p.k / 8;
   auto threads_for = [&](int ch) { return static_cast<int>(((kchunks + ch - 1) / ch + 31) / 32 * 32); };
   const bool ch2 = threads_for(2) <= kMaxUpDownThreads && p.variant != 2;
+  auto launch = [&](auto ch, auto unroll, int threads) {
+    constexpr int C = decltype(ch)::value, U = decltype(unroll)::value;
+    if (p.dense_gate)
+      p.gated ? launch_up_down_t<C, true, U, true>(p, threads, stream) : launch_up_down_t<C, false, U, true>(p, threads, stream);
+    else
+      p.gated ? launch_up_down_t<C, true, U, false>(p, threads, stream) : launch_up_down_t<C, false, U, false>(p, threads, stream);
+  };
+  using I2 = std::integral_constant<int, 2>;
+  using I4 = std::integral_constant<int, 4>;
+  using I8 = std::integral_constant<int, 8>;
   if (ch2 && p.variant == 1) {
-    p.gated ? launch_up_down_t<2, true, 8>(p, threads_for(2), stream) : launch_up_down_t<2, false, 8>(p, threads_for(2), stream);
+    launch(I2{}, I8{}, threads_for(2));
   } else if (ch2) {
-    p.gated ? launch_up_down_t<2, true, 4>(p, threads_for(2), stream) : launch_up_down_t<2, false, 4>(p, threads_for(2), stream);
+    launch(I2{}, I4{}, threads_for(2));
   } else if (threads_for(4) <= kMaxUpDownThreads) {
-    p.gated ? launch_up_down_t<4, true, 2>(p, threads_for(4), stream) : launch_up_down_t<4, false, 2>(p, threads_for(4), stream);
+    launch(I4{}, I2{}, threads_for(4));
   } else {
     detail::raise(ErrorCode::unsupported, "twell up/down: K = {} exceeds the supported 16384", p.k);
   }

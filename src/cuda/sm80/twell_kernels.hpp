@@ -66,6 +66,10 @@ struct TwellUpDownParams {
   bool gated = true;
   bool relu = true;                       // keep rule for backup blocks
   int variant = 0;  // 0: 2 chunks/thread, 4 rows in flight; 1: 2 chunks, 8 rows; 2: 4 chunks, 2 rows
+  // true: no TwELL; each row's non-zeros are read from `backup` (the dense gate) directly, so there
+  // is no capacity and nothing overflows; `words` may be null. Adds the kept count to *nnz if set.
+  bool dense_gate = false;
+  unsigned long long* nnz = nullptr;
 };
 // Gated: y[m,:] = Σ_n g[m,n] · ⟨x[m,:], Wu[n,:]⟩ · Wdᵀ[n,:]; non-gated: y[m,:] = Σ_n h[m,n] · Wdᵀ[n,:].
 // Accumulation in fp32, y rounded to bf16 once. h never leaves the chip.
