@@ -157,15 +157,20 @@ int main(int argc, char** argv) {
       const double t_gemm = median_ms(warmup, reps, s, [&] { ctx.dense_gate_gemm(dx.get(), m, s); });
       const double t_gate = median_ms(warmup, reps, s, [&] { ctx.gate_twell(dx.get(), m, s); });
       const double t_rest = median_ms(warmup, reps, s, [&] { ctx.sparse_rest(dx.get(), m, y_sp.get(), s); });
+      // The GEMM the sparse path runs (ReLU epilogue, into the gate buffer), without the packing.
+      const double t_gemm_relu = median_ms(warmup, reps, s, [&] { ctx.gate_gemm(dx.get(), m, s); });
       nlohmann::json gate_chunks = nlohmann::json::object();  // gate_twell in row chunks, packing overlapped
       if (m >= 16384)
-        for (int ch : {2, 4, 8}) {
-          ContextOptions co = copt;
-          co.gate_chunks = ch;
-          FfnContext cctx(co);
-          cctx.upload_weights(w, s);
-          gate_chunks[std::to_string(ch)] = median_ms(warmup, reps, s, [&] { cctx.gate_twell(dx.get(), m, s); });
-        }
+        for (int ch : {2, 4, 8})
+          for (int margin : {0, 8, 16}) {  // SMs left to the packing while the next chunk's GEMM runs
+            ContextOptions co = copt;
+            co.gate_chunks = ch;
+            co.gate_sm_margin = margin;
+            FfnContext cctx(co);
+            cctx.upload_weights(w, s);
+            gate_chunks[std::to_string(ch) + (margin ? "/-" + std::to_string(margin) + "SM" : "")] =
+                median_ms(warmup, reps, s, [&] { cctx.gate_twell(dx.get(), m, s); });
+          }
       nlohmann::json variants = nlohmann::json::object();
       for (int v = 0; v <= 2; v += 2) {  // the default (variant 1) is t_rest
         ContextOptions vo = copt;
@@ -270,7 +275,8 @@ int main(int argc, char** argv) {
       if (!gate_chunks.empty()) {
         std::printf("          gate+pack (ms) by row chunks (packing overlapped with the next chunk's GEMM):");
         for (const auto& [ch, ms] : gate_chunks.items()) std::printf(" %s: %.3f;", ch.c_str(), ms.get<double>());
-        std::printf(" (default %d: %.3f, GEMM alone %.3f)\n", copt.gate_chunks, t_gate, t_gemm);
+        std::printf(" (default %d: %.3f, GEMM alone %.3f, with the ReLU epilogue %.3f)\n", copt.gate_chunks, t_gate, t_gemm,
+                    t_gemm_relu);
       }
       std::printf("          alternating sparse / auto: %.3f / %.3f ms; auto deciding every call (not sticky): %.3f ms\n",
                   t_sparse_alt, t_auto_alt, t_auto_fresh);
@@ -292,6 +298,7 @@ int main(int argc, char** argv) {
                                {"gate_gemm_ms", t_gemm},
                                {"gate_gemm_tflops", gemm_tflops},
                                {"gate_twell_ms", t_gate},
+                               {"gate_gemm_relu_ms", t_gemm_relu},
                                {"sparse_rest_ms", t_rest},
                                {"sparse_rest_variant_ms", variants},
                                {"gate_twell_ms_by_chunks", gate_chunks},
