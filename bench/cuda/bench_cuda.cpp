@@ -161,16 +161,13 @@ int main(int argc, char** argv) {
       const double t_gemm_relu = median_ms(warmup, reps, s, [&] { ctx.gate_gemm(dx.get(), m, s); });
       nlohmann::json gate_chunks = nlohmann::json::object();  // gate_twell in row chunks, packing overlapped
       if (m >= 16384)
-        for (int ch : {2, 4, 8})
-          for (int margin : {0, 8, 16}) {  // SMs left to the packing while the next chunk's GEMM runs
-            ContextOptions co = copt;
-            co.gate_chunks = ch;
-            co.gate_sm_margin = margin;
-            FfnContext cctx(co);
-            cctx.upload_weights(w, s);
-            gate_chunks[std::to_string(ch) + (margin ? "/-" + std::to_string(margin) + "SM" : "")] =
-                median_ms(warmup, reps, s, [&] { cctx.gate_twell(dx.get(), m, s); });
-          }
+        for (int ch : {1, 2, 4, 8}) {
+          ContextOptions co = copt;
+          co.gate_chunks = ch;
+          FfnContext cctx(co);
+          cctx.upload_weights(w, s);
+          gate_chunks[std::to_string(ch)] = median_ms(warmup, reps, s, [&] { cctx.gate_twell(dx.get(), m, s); });
+        }
       nlohmann::json variants = nlohmann::json::object();
       for (int v = 0; v <= 2; v += 2) {  // the default (variant 1) is t_rest
         ContextOptions vo = copt;

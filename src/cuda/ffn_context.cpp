@@ -25,11 +25,6 @@ FfnContext::FfnContext(const ContextOptions& opt)
     : opt_(opt), gemm_(opt.autotune_gemm), dispatch_(1), dispatch_host_(1), counters_(1), counters_host_(1),
       decode_nnz_(1) {
   TWELL_CUDA_CHECK(cudaEventCreateWithFlags(&decided_, cudaEventDisableTiming));
-  int dev = 0;
-  TWELL_CUDA_CHECK(cudaGetDevice(&dev));
-  TWELL_CUDA_CHECK(cudaDeviceGetAttribute(&sm_count_, cudaDevAttrMultiProcessorCount, dev));
-  TWELL_CHECK(opt_.gate_sm_margin >= 0 && opt_.gate_sm_margin < sm_count_, ErrorCode::invalid_argument,
-              "gate_sm_margin = {} must be in [0, {}) on this GPU", opt_.gate_sm_margin, sm_count_);
   opt_.twell.validate();
   TWELL_CHECK(opt_.twell.tile == kTwellTile, ErrorCode::unsupported,
               "the CUDA TwELL path uses T = {} columns per tile (got T = {}); use the CPU path for other tiles",
@@ -150,9 +145,7 @@ void FfnContext::gate_twell(const __nv_bfloat16* x, std::int64_t m, cudaStream_t
   std::int64_t i = 0;
   for (std::int64_t r0 = 0; r0 < m; r0 += per, ++i) {
     const std::int64_t rows = std::min(per, m - r0);
-    GemmShape gs{rows, n_, k_, k_, k_, ldn_, GemmEpilogue::relu};
-    gs.sm_count_target = opt_.gate_sm_margin > 0 ? sm_count_ - opt_.gate_sm_margin : 0;
-    gemm_.run(gs, w_gu_.get(), x + r0 * k_, g_.get() + r0 * ldn_, stream);
+    gemm_.run({rows, n_, k_, k_, k_, ldn_, GemmEpilogue::relu}, w_gu_.get(), x + r0 * k_, g_.get() + r0 * ldn_, stream);
     TWELL_CUDA_CHECK(cudaEventRecord(chunk_events_[static_cast<std::size_t>(2 + i)], stream));
     TWELL_CUDA_CHECK(cudaStreamWaitEvent(side_, chunk_events_[static_cast<std::size_t>(2 + i)]));
     pack_rows(r0, rows, nullptr, /*reset_counters=*/false, side_);

@@ -64,10 +64,6 @@ struct ContextOptions {
   // Measured (M = 16384): gate+pack 0.589 ms unchunked vs 0.588 / 0.602 / 0.619 with 2 / 4 / 8
   // chunks at 0.5 %, and 0.66–0.73 vs 0.59–0.61 (2 chunks) at 1–10 % (GEMM alone 0.50–0.54).
   int gate_chunks = 2;
-  // Chunked gate only: the GEMM chunks are planned for (SMs − gate_sm_margin) SMs
-  // (CUBLASLT_MATMUL_DESC_SM_COUNT_TARGET), leaving that many SMs to the packing of the previous
-  // chunk, which then reads a chunk still in L2. 0: all SMs.
-  int gate_sm_margin = 0;
   // Sparse path input: false packs the gate into TwELL (gate_twell) and the fused kernel reads the
   // TwELL words; true skips the packing and the fused kernel reads each row's non-zeros from the
   // bf16 gate buffer itself (no capacity, nothing overflows; the row counts still reach the
@@ -160,7 +156,6 @@ class FfnContext {
   bool gated_ = true;
   std::int64_t n_ = 0, k_ = 0, ldn_ = 0;
   std::int64_t cap_m_ = 0;
-  int sm_count_ = 0;  // of the current device at construction
   // weights
   DeviceBuffer<__nv_bfloat16> w_gu_;      // gated: [2·ldn, K] = [Wg; 0; Wu; 0]; non-gated: [ldn, K] = [Wu; 0]
   DeviceBuffer<__nv_bfloat16> w_down_;    // [K, ldn] = Wd (padding columns zero)

@@ -17,6 +17,7 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <memory>
 #include <vector>
 
 #include "cuda/common/device_buffer.hpp"
@@ -136,7 +137,6 @@ TEST_P(CudaFfn, MatchesReferenceAndHostEncoder) {
     if (c.m >= 4096) {
       ContextOptions co = opt;
       co.gate_chunks = 4;
-      co.gate_sm_margin = 16;  // GEMM chunks planned for fewer SMs: same words
       FfnContext cc(co);
       cc.upload_weights(w, s);
       cc.gate_twell(x.get(), c.m, s);
@@ -278,29 +278,70 @@ TEST(CudaHostApi, InferHostMatchesReference) {
   EXPECT_FALSE(rep.path.empty());
 }
 
+// Shared set-up of the dispatch tests: a layer with its input x (its density set by the case) and
+// an all-zero input (density 0), the float64 references on `rows`, and a context under test.
+class CudaDispatch : public ::testing::Test {
+ protected:
+  void SetUp() override { TWELL_REQUIRE_GPU(); }
+  void TearDown() override {
+    if (s_) cudaStreamDestroy(s_);
+  }
+  // rows: sample_rows(·, max_rows, seed) of the generated case.
+  void set_up(const FfnCase& c, const ContextOptions& opt, std::int64_t max_rows, std::uint64_t seed) {
+    c_ = c;
+    d_ = make_ffn(c);
+    w_ = d_.weights();
+    ASSERT_EQ(cudaStreamCreate(&s_), cudaSuccess);
+    ctx_ = std::make_unique<FfnContext>(opt);
+    ctx_->upload_weights(w_, s_);
+    const auto xb = to_bf16_bits(d_.x);
+    x_.resize(xb.size());
+    zero_.resize(xb.size());
+    ASSERT_EQ(cudaMemcpy(x_.get(), xb.data(), xb.size() * 2, cudaMemcpyHostToDevice), cudaSuccess);
+    ASSERT_EQ(cudaMemset(zero_.get(), 0, xb.size() * 2), cudaSuccess);  // every gate inactive: density 0
+    rows_ = sample_rows(d_, max_rows, seed);
+    ref::Options rounded;
+    rounded.round_activation_bf16 = true;
+    ref_sparse_ = ref::ffn_forward(d_.xv(), w_, rows_, rounded);
+    ref_dense_ = ref::ffn_forward(d_.xv(), w_, rows_, {});
+  }
+  // One automatic call on `in` (x or zero) into a poisoned y: in bounds, and exact (y = 0 for zero).
+  ForwardResult automatic(const __nv_bfloat16* in) {
+    ForwardResult fr;
+    const Outputs o =
+        run_poisoned(c_.m, c_.k, s_, [&](__nv_bfloat16* y) { fr = ctx_->forward(in, c_.m, y, Path::automatic, s_); });
+    EXPECT_TRUE(o.guard_ok) << fr.path;
+    expect_exact(o.y, fr, in);
+    return fr;
+  }
+  void expect_exact(const std::vector<float>& y, const ForwardResult& fr, const __nv_bfloat16* in) const {
+    if (in == x_.get()) {
+      std::int64_t worst_row = -1;
+      EXPECT_LE(max_err_rows(y, fr.sparse ? ref_sparse_ : ref_dense_, rows_, c_.k, &worst_row), kTol)
+          << fr.path << ": worst row " << worst_row;
+    } else {
+      for (float v : y) ASSERT_EQ(v, 0.0f) << fr.path;
+    }
+  }
+
+  FfnCase c_;
+  FfnData d_;
+  FfnWeights w_;
+  cudaStream_t s_ = nullptr;
+  std::unique_ptr<FfnContext> ctx_;
+  DeviceBuffer<__nv_bfloat16> x_, zero_;
+  std::vector<std::int64_t> rows_;
+  std::vector<double> ref_sparse_, ref_dense_;
+};
+
 // Sticky dispatch: the first call counts and decides with a host wait; later calls follow the
 // latest count of the layer (sparse: the packing's exact count; dense: a sampled count of the
 // stacked GEMM's gate) without one. Every call stays exact.
-TEST(CudaDispatch, StickyFollowsTheMeasuredDensity) {
-  TWELL_REQUIRE_GPU();
-  FfnCase c{"sticky", 1000, 1000, 1024, 0.20};
-  const FfnData d = make_ffn(c);
-  const FfnWeights w = d.weights();
-  cudaStream_t s;
-  ASSERT_EQ(cudaStreamCreate(&s), cudaSuccess);
+TEST_F(CudaDispatch, StickyFollowsTheMeasuredDensity) {
+  const FfnCase c{"sticky", 1000, 1000, 1024, 0.20};
   ContextOptions opt;
   opt.dispatch_min_rows = 0;
-  FfnContext ctx(opt);
-  ctx.upload_weights(w, s);
-  const auto xb = to_bf16_bits(d.x);
-  DeviceBuffer<__nv_bfloat16> x(xb.size()), zero(xb.size());
-  ASSERT_EQ(cudaMemcpy(x.get(), xb.data(), xb.size() * 2, cudaMemcpyHostToDevice), cudaSuccess);
-  ASSERT_EQ(cudaMemset(zero.get(), 0, xb.size() * 2), cudaSuccess);  // every gate inactive: density 0
-  const auto rows = sample_rows(d, 32, c.seed + 3);
-  ref::Options rounded;
-  rounded.round_activation_bf16 = true;
-  const auto ref_sparse = ref::ffn_forward(d.xv(), w, rows, rounded);
-  const auto ref_dense = ref::ffn_forward(d.xv(), w, rows, {});
+  ASSERT_NO_FATAL_FAILURE(set_up(c, opt, 32, c.seed + 3));
 
   struct Step {
     const __nv_bfloat16* in;
@@ -308,68 +349,36 @@ TEST(CudaDispatch, StickyFollowsTheMeasuredDensity) {
   };
   // 20 % → counted, dense; sticky dense (counts 20 %); zeros under sticky dense (counts 0 %);
   // zeros, sticky sparse (counts 0 %); 20 % under sticky sparse (counts 20 %); 20 %, sticky dense.
-  const Step steps[] = {{x.get(), true, false},     {x.get(), false, false}, {zero.get(), false, false},
-                        {zero.get(), false, true},  {x.get(), false, true},  {x.get(), false, false}};
+  const Step steps[] = {{x_.get(), true, false},     {x_.get(), false, false}, {zero_.get(), false, false},
+                        {zero_.get(), false, true},  {x_.get(), false, true},  {x_.get(), false, false}};
   int i = 0;
   for (const Step& st : steps) {
     SCOPED_TRACE(::testing::Message() << "call " << i++);
-    ForwardResult fr;
-    const Outputs o = run_poisoned(c.m, c.k, s, [&](__nv_bfloat16* y) { fr = ctx.forward(st.in, c.m, y, Path::automatic, s); });
-    EXPECT_TRUE(o.guard_ok);
+    const ForwardResult fr = automatic(st.in);
     EXPECT_EQ(fr.counted, st.counted) << fr.path;
     EXPECT_EQ(fr.sparse, st.sparse) << fr.path;
-    if (st.in == x.get()) {
-      std::int64_t worst_row = -1;
-      EXPECT_LE(max_err_rows(o.y, fr.sparse ? ref_sparse : ref_dense, rows, c.k, &worst_row), kTol)
-          << fr.path << ": worst row " << worst_row;
-    } else {
-      for (float v : o.y) ASSERT_EQ(v, 0.0f) << fr.path;
-    }
   }
   // Back-to-back calls without a host wait (the host runs ahead; the count ring fills and waits
   // for its oldest slot): the last result is still exact.
   {
     ForwardResult fr;
-    const Outputs o = run_poisoned(c.m, c.k, s, [&](__nv_bfloat16* y) {
-      for (int j = 0; j < 20; ++j) fr = ctx.forward(j % 2 ? x.get() : zero.get(), c.m, y, Path::automatic, s);
+    const Outputs o = run_poisoned(c.m, c.k, s_, [&](__nv_bfloat16* y) {
+      for (int j = 0; j < 20; ++j) fr = ctx_->forward(j % 2 ? x_.get() : zero_.get(), c.m, y, Path::automatic, s_);
     });
-    std::int64_t worst_row = -1;
-    EXPECT_LE(max_err_rows(o.y, fr.sparse ? ref_sparse : ref_dense, rows, c.k, &worst_row), kTol)
-        << fr.path << ": worst row " << worst_row;
+    expect_exact(o.y, fr, x_.get());  // the last call (j = 19) ran on x
   }
   // New weights are a new layer: its first automatic call counts and decides again.
-  ctx.upload_weights(w, s);
-  {
-    ForwardResult fr;
-    run_poisoned(c.m, c.k, s, [&](__nv_bfloat16* y) { fr = ctx.forward(x.get(), c.m, y, Path::automatic, s); });
-    EXPECT_TRUE(fr.counted) << fr.path;
-  }
-  cudaStreamDestroy(s);
+  ctx_->upload_weights(w_, s_);
+  EXPECT_TRUE(automatic(x_.get()).counted);
 }
 
 // Decode (M ≤ decode_max_rows, default options): sparse without a host wait until a count shows
 // the layer dense; the dense calls keep counting, so a sparse input brings the sparse path back.
-TEST(CudaDispatch, DecodeRunsSparseUntilTheLayerMeasuresDense) {
-  TWELL_REQUIRE_GPU();
-  FfnCase c{"decode", 1, 1000, 1024, 0.20};
-  const FfnData d = make_ffn(c);
-  const FfnWeights w = d.weights();
-  cudaStream_t s;
-  ASSERT_EQ(cudaStreamCreate(&s), cudaSuccess);
+TEST_F(CudaDispatch, DecodeRunsSparseUntilTheLayerMeasuresDense) {
+  const FfnCase c{"decode", 1, 1000, 1024, 0.20};
   ContextOptions opt;  // defaults (decode_max_rows 16, decode_max_density 2 %), counting every dense call
   opt.decode_dense_count_period = 1;
-  FfnContext ctx(opt);
-  ctx.upload_weights(w, s);
-  const auto xb = to_bf16_bits(d.x);
-  DeviceBuffer<__nv_bfloat16> x(xb.size()), zero(xb.size());
-  ASSERT_EQ(cudaMemcpy(x.get(), xb.data(), xb.size() * 2, cudaMemcpyHostToDevice), cudaSuccess);
-  ASSERT_EQ(cudaMemset(zero.get(), 0, xb.size() * 2), cudaSuccess);
-  std::vector<std::int64_t> rows(static_cast<std::size_t>(c.m));
-  for (std::int64_t r = 0; r < c.m; ++r) rows[static_cast<std::size_t>(r)] = r;
-  ref::Options rounded;
-  rounded.round_activation_bf16 = true;
-  const auto ref_sparse = ref::ffn_forward(d.xv(), w, rows, rounded);
-  const auto ref_dense = ref::ffn_forward(d.xv(), w, rows, {});
+  ASSERT_NO_FATAL_FAILURE(set_up(c, opt, c.m, c.seed));  // every row
 
   struct Step {
     const __nv_bfloat16* in;
@@ -377,42 +386,32 @@ TEST(CudaDispatch, DecodeRunsSparseUntilTheLayerMeasuresDense) {
   };
   // nothing measured → sparse (counts 20 %); dense (counts 20 %); zeros, dense (counts 0 %);
   // zeros → sparse; 20 % → sparse (counts 20 %); 20 % → dense.
-  const Step steps[] = {{x.get(), true},     {x.get(), false}, {zero.get(), false},
-                        {zero.get(), true},  {x.get(), true},  {x.get(), false}};
+  const Step steps[] = {{x_.get(), true},     {x_.get(), false}, {zero_.get(), false},
+                        {zero_.get(), true},  {x_.get(), true},  {x_.get(), false}};
   int i = 0;
   for (const Step& st : steps) {
     SCOPED_TRACE(::testing::Message() << "call " << i++);
-    ForwardResult fr;
-    const Outputs o = run_poisoned(c.m, c.k, s, [&](__nv_bfloat16* y) { fr = ctx.forward(st.in, c.m, y, Path::automatic, s); });
-    EXPECT_TRUE(o.guard_ok);
+    const ForwardResult fr = automatic(st.in);
     EXPECT_EQ(fr.sparse, st.sparse) << fr.path;
     EXPECT_FALSE(fr.counted) << fr.path;  // no host wait in decode
-    if (st.in == x.get()) {
-      std::int64_t worst_row = -1;
-      EXPECT_LE(max_err_rows(o.y, fr.sparse ? ref_sparse : ref_dense, rows, c.k, &worst_row), kTol)
-          << fr.path << ": worst row " << worst_row;
-    } else {
-      for (float v : o.y) ASSERT_EQ(v, 0.0f) << fr.path;
-    }
   }
   // With the default count period a dense decode layer counts every 16th call: a layer that
   // turns sparse is back on the decode kernel within 17 calls.
   {
     FfnContext dflt;
-    dflt.upload_weights(w, s);
+    dflt.upload_weights(w_, s_);
     DeviceBuffer<__nv_bfloat16> y(static_cast<std::size_t>(c.m * c.k));
-    for (int j = 0; j < 3; ++j) dflt.forward(x.get(), c.m, y.get(), Path::automatic, s);  // measured dense
-    ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);
+    for (int j = 0; j < 3; ++j) dflt.forward(x_.get(), c.m, y.get(), Path::automatic, s_);  // measured dense
+    ASSERT_EQ(cudaStreamSynchronize(s_), cudaSuccess);
     int back = -1;
     for (int j = 0; j < 40 && back < 0; ++j) {
-      const ForwardResult fr = dflt.forward(zero.get(), c.m, y.get(), Path::automatic, s);
-      ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);
+      const ForwardResult fr = dflt.forward(zero_.get(), c.m, y.get(), Path::automatic, s_);
+      ASSERT_EQ(cudaStreamSynchronize(s_), cudaSuccess);
       if (fr.sparse) back = j;
     }
     EXPECT_GE(back, 0) << "never returned to the decode kernel";
     EXPECT_LE(back, 17);
   }
-  cudaStreamDestroy(s);
 }
 
 // The decode kernel (a token's non-zeros spread over N/256 CTAs, partials added in tile order by a

@@ -49,10 +49,6 @@ LtGemm::Plan& LtGemm::plan_for(const MatmulShape& s, const __nv_bfloat16* first,
     const cublasLtEpilogue_t ep = CUBLASLT_EPILOGUE_RELU;
     TWELL_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &ep, sizeof(ep)));
   }
-  if (s.sm_count_target > 0) {
-    const std::int32_t sms = s.sm_count_target;
-    TWELL_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_SM_COUNT_TARGET, &sms, sizeof(sms)));
-  }
   // Column-major views of the row-major storage: stored B is [b_cols, b_rows] (ld ldb), stored A is
   // [a_cols, a_rows] (ld lda), C is [n, m] (ld ldc); Cᵀ = op(B view)·op(A view).
   TWELL_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.a, CUDA_R_16BF, static_cast<std::uint64_t>(b_cols),
@@ -133,7 +129,6 @@ void LtGemm::run(const GemmShape& s, const __nv_bfloat16* w, const __nv_bfloat16
   ms.ldb = s.ldw;
   ms.ldc = s.ldc;
   ms.epilogue = s.epilogue;
-  ms.sm_count_target = s.sm_count_target;
   matmul(ms, x, w, c, stream);
 }
 

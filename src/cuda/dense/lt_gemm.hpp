@@ -24,7 +24,6 @@ struct GemmShape {
   std::int64_t k = 0;
   std::int64_t ldx = 0, ldw = 0, ldc = 0;
   GemmEpilogue epilogue = GemmEpilogue::none;
-  int sm_count_target = 0;  // > 0: cuBLASLt plans for this many SMs (others left to a concurrent kernel)
 };
 
 // General row-major product C[m, n] = op(A)·op(B), A and B bf16, fp32 accumulation, C bf16 or
@@ -36,9 +35,8 @@ struct MatmulShape {
   std::int64_t lda = 0, ldb = 0, ldc = 0;
   bool c_fp32 = false;
   GemmEpilogue epilogue = GemmEpilogue::none;
-  int sm_count_target = 0;  // CUBLASLT_MATMUL_DESC_SM_COUNT_TARGET when > 0
   auto key() const {
-    return std::make_tuple(trans_a, trans_b, m, n, k, lda, ldb, ldc, c_fp32, static_cast<int>(epilogue), sm_count_target);
+    return std::make_tuple(trans_a, trans_b, m, n, k, lda, ldb, ldc, c_fp32, static_cast<int>(epilogue));
   }
 };
 

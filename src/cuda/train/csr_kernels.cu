@@ -119,6 +119,16 @@ unsigned blocks_for(std::int64_t items, int per_block) {
   return static_cast<unsigned>(std::max<std::int64_t>(b, 1));
 }
 
+// offsets[0] = 0, offsets[i + 1] = counts[0] + … + counts[i] for i < n (CUB's two-call scan).
+void offsets_from_counts(const std::int64_t* counts, std::int64_t* offsets, std::int64_t n,
+                         DeviceBuffer<unsigned char>& scratch, cudaStream_t stream) {
+  TWELL_CUDA_CHECK(cudaMemsetAsync(offsets, 0, sizeof(std::int64_t), stream));
+  std::size_t bytes = 0;
+  TWELL_CUDA_CHECK(cub::DeviceScan::InclusiveSum(nullptr, bytes, counts, offsets + 1, n, stream));
+  scratch.reserve(bytes);
+  TWELL_CUDA_CHECK(cub::DeviceScan::InclusiveSum(scratch.get(), bytes, counts, offsets + 1, n, stream));
+}
+
 }  // namespace
 
 void csr_count_and_scan(const CsrBuildParams& p, DeviceBuffer<unsigned char>& scratch, cudaStream_t stream) {
@@ -127,11 +137,7 @@ void csr_count_and_scan(const CsrBuildParams& p, DeviceBuffer<unsigned char>& sc
                    "CSR count: bad shape m={} n={} ld={}", p.m, p.n, p.ld_src);
   csr_count_kernel<<<blocks_for(p.m, kWarpsPerBlock), kWarpsPerBlock * 32, 0, stream>>>(p);
   TWELL_CUDA_CHECK_LAUNCH("csr_count_kernel");
-  TWELL_CUDA_CHECK(cudaMemsetAsync(p.offsets, 0, sizeof(std::int64_t), stream));
-  std::size_t bytes = 0;
-  TWELL_CUDA_CHECK(cub::DeviceScan::InclusiveSum(nullptr, bytes, p.row_counts, p.offsets + 1, p.m, stream));
-  scratch.reserve(bytes);
-  TWELL_CUDA_CHECK(cub::DeviceScan::InclusiveSum(scratch.get(), bytes, p.row_counts, p.offsets + 1, p.m, stream));
+  offsets_from_counts(p.row_counts, p.offsets, p.m, scratch, stream);
 }
 
 void launch_csr_fill(const CsrBuildParams& p, cudaStream_t stream) {
@@ -176,11 +182,7 @@ void build_weight_grad_items(const WeightGradItemsParams& p, DeviceBuffer<unsign
                    ErrorCode::invalid_argument, "weight-gradient items: bad parameters");
   item_counts_kernel<<<grid_stride_blocks(p.n, 256), 256, 0, stream>>>(p);
   TWELL_CUDA_CHECK_LAUNCH("item_counts_kernel");
-  TWELL_CUDA_CHECK(cudaMemsetAsync(p.item_offsets, 0, sizeof(std::int64_t), stream));
-  std::size_t bytes = 0;
-  TWELL_CUDA_CHECK(cub::DeviceScan::InclusiveSum(nullptr, bytes, p.item_counts, p.item_offsets + 1, p.n, stream));
-  scratch.reserve(bytes);
-  TWELL_CUDA_CHECK(cub::DeviceScan::InclusiveSum(scratch.get(), bytes, p.item_counts, p.item_offsets + 1, p.n, stream));
+  offsets_from_counts(p.item_counts, p.item_offsets, p.n, scratch, stream);
   item_neuron_kernel<<<grid_stride_blocks(p.n, 256), 256, 0, stream>>>(p);
   TWELL_CUDA_CHECK_LAUNCH("item_neuron_kernel");
 }
