@@ -167,6 +167,8 @@ int main(int argc, char** argv) {
           FfnContext cctx(co);
           cctx.upload_weights(w, s);
           gate_chunks[std::to_string(ch)] = median_ms(warmup, reps, s, [&] { cctx.gate_twell(dx.get(), m, s); });
+          if (ch == 2 && pt.gated && pt.density <= 0.01)
+            std::printf("          plans of a fresh 2-chunk context:\n%s", cctx.gemm().describe_plans().c_str());
         }
       nlohmann::json variants = nlohmann::json::object();
       for (int v = 0; v <= 2; v += 2) {  // the default (variant 1) is t_rest
@@ -242,6 +244,12 @@ int main(int argc, char** argv) {
         t_decode_wide =
             median_ms(warmup, reps, s, [&] { dctx.forward(dx.get(), m, y_auto.get(), Path::automatic, s); });
       }
+      // The same gate+pack again at the end of the point: the first measurement of this context
+      // ran 0.03–0.1 ms slower than fresh contexts with the same options (0e1bd66); order or plan?
+      const double t_gate_late = median_ms(warmup, reps, s, [&] { ctx.gate_twell(dx.get(), m, s); });
+      if (m >= 16384 && pt.gated && pt.density <= 0.01)
+        std::printf("          gate+pack measured again at the end: %.3f ms; plans of this context:\n%s", t_gate_late,
+                    ctx.gemm().describe_plans().c_str());
       ctx.gate_twell(dx.get(), m, s);  // exact counts, whichever remainder dispatch chose
       if (copt.gate_rows_direct) ctx.sparse_rest(dx.get(), m, y_sp.get(), s);  // it counts there
       const TwellCounters cnt = ctx.read_counters(s);
@@ -296,6 +304,7 @@ int main(int argc, char** argv) {
                                {"gate_gemm_tflops", gemm_tflops},
                                {"gate_twell_ms", t_gate},
                                {"gate_gemm_relu_ms", t_gemm_relu},
+                               {"gate_twell_late_ms", t_gate_late},
                                {"sparse_rest_ms", t_rest},
                                {"sparse_rest_variant_ms", variants},
                                {"gate_twell_ms_by_chunks", gate_chunks},

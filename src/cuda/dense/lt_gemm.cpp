@@ -105,9 +105,28 @@ LtGemm::Plan& LtGemm::plan_for(const MatmulShape& s, const __nv_bfloat16* first,
       if (best[static_cast<std::size_t>(i)] < t) {
         t = best[static_cast<std::size_t>(i)];
         p.algo = heur[static_cast<std::size_t>(i)].algo;
+        p.tuned_ms = t / kReps;
       }
   }
   return plans_.emplace(s.key(), p).first->second;
+}
+
+std::string LtGemm::describe_plans() const {
+  std::string out;
+  for (const auto& [key, p] : plans_) {
+    auto attr = [&](cublasLtMatmulAlgoConfigAttributes_t a) {
+      std::uint32_t v = 0;
+      std::size_t written = 0;
+      cublasLtMatmulAlgoConfigGetAttribute(&p.algo, a, &v, sizeof(v), &written);
+      return v;
+    };
+    out += fmt::format(fmt::runtime("m={} n={} k={} epilogue={}: algo {} tile {} stages {} splitk {} cluster {} tuned {:.4f} ms\n"),
+                       std::get<2>(key), std::get<3>(key), std::get<4>(key), std::get<9>(key),
+                       attr(CUBLASLT_ALGO_CONFIG_ID), attr(CUBLASLT_ALGO_CONFIG_TILE_ID),
+                       attr(CUBLASLT_ALGO_CONFIG_STAGES_ID), attr(CUBLASLT_ALGO_CONFIG_SPLITK_NUM),
+                       attr(CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID), p.tuned_ms);
+  }
+  return out;
 }
 
 void LtGemm::matmul(const MatmulShape& s, const __nv_bfloat16* a, const __nv_bfloat16* b, void* c,

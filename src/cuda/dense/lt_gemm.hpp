@@ -10,6 +10,7 @@
 
 #include <cstdint>
 #include <map>
+#include <string>
 #include <tuple>
 
 #include "cuda/common/device_buffer.hpp"
@@ -53,6 +54,9 @@ class LtGemm {
   // C = op(A)·op(B) (see MatmulShape); c points to bf16 or float per s.c_fp32.
   void matmul(const MatmulShape& s, const __nv_bfloat16* a, const __nv_bfloat16* b, void* c, cudaStream_t stream);
   void set_autotune(bool on) noexcept { autotune_ = on; }
+  // One line per cached plan: shape (m n k), cuBLASLt algorithm id, tile, stages, split-K and
+  // cluster-shape ids, and the autotuned time (ms, 0 without autotune). For benchmarks.
+  std::string describe_plans() const;
   std::size_t workspace_bytes() const noexcept { return workspace_.bytes(); }
 
  private:
@@ -60,6 +64,7 @@ class LtGemm {
     cublasLtMatmulDesc_t desc = nullptr;
     cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
     cublasLtMatmulAlgo_t algo{};
+    float tuned_ms = 0;  // best round of the chosen algorithm (autotune), per kReps launches
   };
   // In cuBLASLt's column-major terms every product is Cᵀ = op(B_stored)·op(A_stored): `first` is
   // the stored B, `second` the stored A.
