@@ -67,8 +67,9 @@ struct ContextOptions {
   // Sparse path input: false packs the gate into TwELL (gate_twell) and the fused kernel reads the
   // TwELL words; true skips the packing and the fused kernel reads each row's non-zeros from the
   // bf16 gate buffer itself (no capacity, nothing overflows; the row counts still reach the
-  // counters' nnz). The packing costs ≈ 0.09 ms at M = 16384 (perf notes); this trades it for a
-  // 11 KB read per row inside the fused kernel.
+  // counters' nnz). It trades the packing (≈ 0.1 ms at M = 16384) for an 11 KB read per row inside
+  // the fused kernel, which measured as slow or slightly slower (H100, docs/perf-notes-cuda.md), so
+  // it is off by default; it is exact at any density, with nothing to overflow.
   bool gate_rows_direct = false;
 };
 
