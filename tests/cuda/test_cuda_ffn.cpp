@@ -82,6 +82,17 @@ class CudaFfn : public ::testing::TestWithParam<FfnCase> {
   void SetUp() override { TWELL_REQUIRE_GPU(); }
 };
 
+// The context's gate buffer (rows [0, m), columns [0, N)) as fp32 on the host.
+std::vector<float> download_gate(const FfnContext& ctx, std::int64_t m) {
+  std::vector<std::uint16_t> gb(static_cast<std::size_t>(m * ctx.ldn()));
+  EXPECT_EQ(cudaMemcpy(gb.data(), ctx.gate_values(), gb.size() * 2, cudaMemcpyDeviceToHost), cudaSuccess);
+  std::vector<float> g(static_cast<std::size_t>(m * ctx.n()));
+  for (std::int64_t r = 0; r < m; ++r)
+    for (std::int64_t col = 0; col < ctx.n(); ++col)
+      g[static_cast<std::size_t>(r * ctx.n() + col)] = to_float(bf16{gb[static_cast<std::size_t>(r * ctx.ldn() + col)]});
+  return g;
+}
+
 TEST_P(CudaFfn, MatchesReferenceAndHostEncoder) {
   const FfnCase c = GetParam();
   const FfnData d = make_ffn(c);
@@ -106,12 +117,7 @@ TEST_P(CudaFfn, MatchesReferenceAndHostEncoder) {
     const std::size_t words_n = static_cast<std::size_t>(c.m * ctx.tiles() * ctx.words_per_tile());
     ctx.gate_twell(x.get(), c.m, s);
     const TwellCounters cnt = ctx.read_counters(s);
-    std::vector<std::uint16_t> gb(static_cast<std::size_t>(c.m * ctx.ldn()));
-    ASSERT_EQ(cudaMemcpy(gb.data(), ctx.gate_values(), gb.size() * 2, cudaMemcpyDeviceToHost), cudaSuccess);
-    std::vector<float> g(static_cast<std::size_t>(c.m * c.n));
-    for (std::int64_t r = 0; r < c.m; ++r)
-      for (std::int64_t col = 0; col < c.n; ++col)
-        g[static_cast<std::size_t>(r * c.n + col)] = to_float(bf16{gb[static_cast<std::size_t>(r * ctx.ldn() + col)]});
+    const std::vector<float> g = download_gate(ctx, c.m);
     const TwellMatrix host = twell_encode(CMatrixF(g.data(), c.m, c.n), opt.twell, /*relu=*/true);
     twell_validate(host);
     std::vector<std::uint32_t> words(words_n);
@@ -211,15 +217,7 @@ TEST_P(CudaFfn, MatchesReferenceAndHostEncoder) {
     const double err = max_err_rows(o.y, ref_sparse, rows, c.k, &worst_row);
     EXPECT_LE(err, kTol) << "direct gate rows, variant " << v << " (" << fr.path << "): worst row " << worst_row;
     const TwellCounters dcnt = dc.read_counters(s);
-    const std::vector<float> gv = [&] {
-      std::vector<std::uint16_t> gb(static_cast<std::size_t>(c.m * dc.ldn()));
-      EXPECT_EQ(cudaMemcpy(gb.data(), dc.gate_values(), gb.size() * 2, cudaMemcpyDeviceToHost), cudaSuccess);
-      std::vector<float> g(static_cast<std::size_t>(c.m * c.n));
-      for (std::int64_t r = 0; r < c.m; ++r)
-        for (std::int64_t col = 0; col < c.n; ++col)
-          g[static_cast<std::size_t>(r * c.n + col)] = to_float(bf16{gb[static_cast<std::size_t>(r * dc.ldn() + col)]});
-      return g;
-    }();
+    const std::vector<float> gv = download_gate(dc, c.m);
     const TwellMatrix host = twell_encode(CMatrixF(gv.data(), c.m, c.n), opt.twell, /*relu=*/true);
     EXPECT_EQ(static_cast<std::int64_t>(dcnt.nnz), host.nnz()) << "direct gate rows, variant " << v;
     EXPECT_EQ(dcnt.overflow_tiles, 0u);
