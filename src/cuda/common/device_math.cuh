@@ -39,6 +39,22 @@ __device__ __forceinline__ void load_chunks(const __nv_bfloat16* row, int tid, i
   }
 }
 
+// Weight rows w[rows[j0 + q], :] for q < U (row stride k) into r[q], this thread's chunks as in
+// load_chunks; entries past cnt read as zero. U loads per chunk are in flight before the first use.
+template <int U, int CH>
+__device__ __forceinline__ void load_row_group(const __nv_bfloat16* w, const int* rows, int j0, int cnt, std::int64_t k,
+                                               int tid, int nthreads, int kchunks, uint4 (&r)[U][CH]) {
+#pragma unroll
+  for (int q = 0; q < U; ++q) {
+    if (j0 + q < cnt) {
+      load_chunks<CH>(w + static_cast<std::int64_t>(rows[j0 + q]) * k, tid, nthreads, kchunks, r[q]);
+    } else {
+#pragma unroll
+      for (int i = 0; i < CH; ++i) r[q][i] = make_uint4(0, 0, 0, 0);
+    }
+  }
+}
+
 // The same, evict-first: for rows read once (x, dy), so the weight rows keep the L2.
 template <int CH>
 __device__ __forceinline__ void load_chunks_stream(const __nv_bfloat16* row, int tid, int nthreads, int kchunks,

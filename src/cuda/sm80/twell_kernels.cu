@@ -265,15 +265,7 @@ __global__ void __launch_bounds__(kMaxUpDownThreads) twell_up_down_kernel(TwellU
         // (2) partial up products over this thread's chunks, kUnroll rows in flight
         for (int j0 = 0; j0 < cnt; j0 += kUnroll) {
           uint4 w[kUnroll][CH];
-#pragma unroll
-          for (int u = 0; u < kUnroll; ++u) {
-            if (j0 + u < cnt) {
-              dev::load_chunks<CH>(p.w_up + static_cast<std::int64_t>(lcol[j0 + u]) * p.k, tid, nthreads, kchunks, w[u]);
-            } else {
-#pragma unroll
-              for (int i = 0; i < CH; ++i) w[u][i] = make_uint4(0, 0, 0, 0);
-            }
-          }
+          dev::load_row_group<kUnroll, CH>(p.w_up, lcol, j0, cnt, p.k, tid, nthreads, kchunks, w);
 #pragma unroll
           for (int u = 0; u < kUnroll; ++u) {
             float s = 0.0f;
@@ -298,16 +290,8 @@ __global__ void __launch_bounds__(kMaxUpDownThreads) twell_up_down_kernel(TwellU
         uint4 w[kUnroll][CH];
         float h[kUnroll];
 #pragma unroll
-        for (int u = 0; u < kUnroll; ++u) {
-          if (j0 + u < cnt) {
-            h[u] = lval[j0 + u];
-            dev::load_chunks<CH>(p.w_down_t + static_cast<std::int64_t>(lcol[j0 + u]) * p.k, tid, nthreads, kchunks, w[u]);
-          } else {
-            h[u] = 0.0f;
-#pragma unroll
-            for (int i = 0; i < CH; ++i) w[u][i] = make_uint4(0, 0, 0, 0);
-          }
-        }
+        for (int u = 0; u < kUnroll; ++u) h[u] = j0 + u < cnt ? lval[j0 + u] : 0.0f;
+        dev::load_row_group<kUnroll, CH>(p.w_down_t, lcol, j0, cnt, p.k, tid, nthreads, kchunks, w);
 #pragma unroll
         for (int u = 0; u < kUnroll; ++u)
 #pragma unroll

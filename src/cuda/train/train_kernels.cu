@@ -42,15 +42,7 @@ __device__ __forceinline__ void window_partial_dots(const uint4 (&a)[CH], const 
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32, nthreads = blockDim.x;
   for (int j0 = 0; j0 < cnt; j0 += kUnroll) {
     uint4 wr[kUnroll][CH];
-#pragma unroll
-    for (int q = 0; q < kUnroll; ++q) {
-      if (j0 + q < cnt) {
-        dev::load_chunks<CH>(w + static_cast<std::int64_t>(lcol[j0 + q]) * k, tid, nthreads, kchunks, wr[q]);
-      } else {
-#pragma unroll
-        for (int i = 0; i < CH; ++i) wr[q][i] = make_uint4(0, 0, 0, 0);
-      }
-    }
+    dev::load_row_group<kUnroll, CH>(w, lcol, j0, cnt, k, tid, nthreads, kchunks, wr);
 #pragma unroll
     for (int q = 0; q < kUnroll; ++q) {
       float s = 0.0f;
@@ -70,15 +62,8 @@ __device__ __forceinline__ void axpy_group(const __nv_bfloat16* w, const float* 
   uint4 wr[kUnroll][CH];
   float c[kUnroll];
 #pragma unroll
-  for (int q = 0; q < kUnroll; ++q) {
-    c[q] = j0 + q < cnt ? coef[j0 + q] : 0.0f;
-    if (j0 + q < cnt) {
-      dev::load_chunks<CH>(w + static_cast<std::int64_t>(lcol[j0 + q]) * k, tid, nthreads, kchunks, wr[q]);
-    } else {
-#pragma unroll
-      for (int i = 0; i < CH; ++i) wr[q][i] = make_uint4(0, 0, 0, 0);
-    }
-  }
+  for (int q = 0; q < kUnroll; ++q) c[q] = j0 + q < cnt ? coef[j0 + q] : 0.0f;
+  dev::load_row_group<kUnroll, CH>(w, lcol, j0, cnt, k, tid, nthreads, kchunks, wr);
 #pragma unroll
   for (int q = 0; q < kUnroll; ++q)
 #pragma unroll
