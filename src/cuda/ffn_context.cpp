@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "cuda/common/check.hpp"
+#include "cuda/sm80/twell_split.hpp"
 #include "twell/bf16.hpp"
 
 namespace twell::cuda {
@@ -23,8 +24,15 @@ void to_bf16_rows(CMatrixF src, std::vector<std::uint16_t>& dst, std::int64_t ro
 
 FfnContext::FfnContext(const ContextOptions& opt)
     : opt_(opt), gemm_(opt.autotune_gemm), dispatch_(1), dispatch_host_(1), counters_(1), counters_host_(1),
-      decode_nnz_(1) {
+      decode_nnz_(1), split_state_(1) {
   TWELL_CUDA_CHECK(cudaEventCreateWithFlags(&decided_, cudaEventDisableTiming));
+  int dev = 0, sms = 0, optin = 0;
+  TWELL_CUDA_CHECK(cudaGetDevice(&dev));
+  TWELL_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+  TWELL_CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+  sm_count_ = sms;
+  smem_optin_ = static_cast<std::size_t>(optin);
+  TWELL_CUDA_CHECK(cudaMemset(split_state_.get(), 0, split_state_.bytes()));
   opt_.twell.validate();
   TWELL_CHECK(opt_.twell.tile == kTwellTile, ErrorCode::unsupported,
               "the CUDA TwELL path uses T = {} columns per tile (got T = {}); use the CPU path for other tiles",
@@ -100,6 +108,17 @@ void FfnContext::reserve(std::int64_t m) {
   h_.resize(um * static_cast<std::size_t>(ldn_));
   words_.resize(um * static_cast<std::size_t>(tiles() * words_per_tile()));
   row_ovf_.resize(um);
+  row_nnz_.resize(um);
+  if (split_supported(n_)) {
+    const auto groups = static_cast<std::size_t>(split_groups(m));
+    split_pos_.resize(um);
+    split_tok_.resize(groups * kHListGroup);
+    split_base_.resize(groups);
+    split_len_.resize(groups);
+    const std::int64_t per_row =
+        opt_.split_capacity_per_row > 0 ? opt_.split_capacity_per_row : std::max<std::int64_t>(64, n_ / 16);
+    hlist_.resize(um * static_cast<std::size_t>(per_row));
+  }
   cap_m_ = m;
 }
 
@@ -178,6 +197,7 @@ void FfnContext::pack_rows(std::int64_t r0, std::int64_t rows, const std::uint32
   p.relu = true;
   p.words = words_.get() + r0 * tiles() * words_per_tile();
   p.row_overflow = row_ovf_.get() + r0;
+  p.row_nnz = row_nnz_.get() + r0;
   p.counters = counters_.get();
   p.reset_counters = reset_counters;
   launch_twell_pack(p, stream);
@@ -208,7 +228,50 @@ void FfnContext::sparse_rest(const __nv_bfloat16* x, std::int64_t m, __nv_bfloat
     p.nnz = &counters_.get()->nnz;
     TWELL_CUDA_CHECK(cudaMemsetAsync(counters_.get(), 0, sizeof(TwellCounters), stream));
   }
+  if (!use_split(m)) {
+    launch_twell_up_down(p, stream);
+    return;
+  }
+  // Split: plan → up half writing the h list → sliced down; if the list does not fit, the plan's
+  // flag turns those two off and the fused kernel (launched too, gated on the same flag) runs.
+  SplitPlanParams pp;
+  pp.row_nnz = row_nnz_.get();
+  pp.m = m;
+  pp.capacity = static_cast<std::int64_t>(hlist_.size());
+  pp.pos = split_pos_.get();
+  pp.tok = split_tok_.get();
+  pp.base = split_base_.get();
+  pp.len = split_len_.get();
+  pp.enable = &split_state_.get()->enable;
+  pp.words_needed = &split_state_.get()->words_needed;
+  launch_split_plan(pp, stream);
+  p.split_enable = pp.enable;
+  launch_twell_up_down(p, stream);  // the fallback: returns at once when the split runs
+  p.hl_words = hlist_.get();
+  p.hl_pos = pp.pos;
+  p.hl_base = pp.base;
+  p.hl_len = pp.len;
   launch_twell_up_down(p, stream);
+  TwellDownSlicedParams dp;
+  dp.words = hlist_.get();
+  dp.tok = pp.tok;
+  dp.base = pp.base;
+  dp.len = pp.len;
+  dp.groups = split_groups(m);
+  dp.w_down_t = w_down_t_.get();
+  dp.y = y;
+  dp.ld_y = k_;
+  dp.m = m;
+  dp.n = n_;
+  dp.k = k_;
+  dp.enable = pp.enable;
+  dp.sm_count = sm_count_;
+  launch_twell_down_sliced(dp, stream);
+}
+
+bool FfnContext::use_split(std::int64_t m) const noexcept {
+  return opt_.split_remainder && !opt_.gate_rows_direct && m >= opt_.split_min_rows && split_supported(n_) &&
+         split_smem_bytes(n_) <= smem_optin_;
 }
 
 void FfnContext::dense_rest(const __nv_bfloat16* x, std::int64_t m, __nv_bfloat16* y, cudaStream_t stream) {
@@ -292,6 +355,17 @@ TwellCounters FfnContext::read_counters(cudaStream_t stream) {
   return counters_host_[0];
 }
 
+FfnContext::SplitStats FfnContext::read_split_stats(cudaStream_t stream) {
+  SplitState st{};
+  TWELL_CUDA_CHECK(cudaStreamSynchronize(stream));
+  TWELL_CUDA_CHECK(cudaMemcpy(&st, split_state_.get(), sizeof st, cudaMemcpyDeviceToHost));
+  SplitStats r;
+  r.ran = st.enable != 0;
+  r.words_needed = st.words_needed;
+  r.capacity = hlist_.size();
+  return r;
+}
+
 ForwardResult FfnContext::forward(const __nv_bfloat16* x, std::int64_t m, __nv_bfloat16* y, Path path,
                                   cudaStream_t stream) {
   ForwardResult r;
@@ -305,7 +379,7 @@ ForwardResult FfnContext::forward(const __nv_bfloat16* x, std::int64_t m, __nv_b
     gate_twell(x, m, stream);
     sparse_rest(x, m, y, stream);
     r.sparse = true;
-    r.path = sparse_path_name();
+    r.path = sparse_path_name(m);
     return r;
   }
   // Path::automatic.
@@ -329,7 +403,7 @@ ForwardResult FfnContext::forward(const __nv_bfloat16* x, std::int64_t m, __nv_b
       sparse_rest(x, m, y, stream);
       counts_.push(&counters_.get()->nnz, static_cast<double>(m) * static_cast<double>(n_), stream);
       r.sparse = true;
-      r.path = fmt::format("{} ({})", sparse_path_name(), measured);
+      r.path = fmt::format("{} ({})", sparse_path_name(m), measured);
     } else {
       const bool count = !decode || decode_dense_calls_++ % std::max<std::int64_t>(1, opt_.decode_dense_count_period) == 0;
       if (count)
@@ -357,7 +431,7 @@ ForwardResult FfnContext::forward(const __nv_bfloat16* x, std::int64_t m, __nv_b
   last_density_ = r.sampled_density;
   if (r.sparse) {
     sparse_rest(x, m, y, stream);
-    r.path = sparse_path_name();
+    r.path = sparse_path_name(m);
   } else {
     dense_rest(x, m, y, stream);
     r.path = gated_ ? "twell gate + dense cublasLt up/down (density above threshold)"

@@ -71,6 +71,15 @@ struct ContextOptions {
   // the fused kernel, which measured as slow or slightly slower (H100, docs/perf-notes-cuda.md), so
   // it is off by default; it is exact at any density, with nothing to overflow.
   bool gate_rows_direct = false;
+  // Sparse remainder split in two (sm80/twell_split.hpp): the up kernel writes each row's h list,
+  // a weight-stationary down kernel (Wdᵀ slices resident in shared memory) reads it, so a non-zero
+  // costs a 32-byte shared-memory read in the down product instead of a 4 KB weight row from L2.
+  // Used on the TwELL path when M ≥ split_min_rows and the slice fits the device's shared memory
+  // (N ≤ 7168 on H100); when a call's h list would exceed split_capacity_per_row·M words the fused
+  // kernel runs instead (decided on the device, exact either way).
+  bool split_remainder = true;
+  std::int64_t split_min_rows = 1024;
+  std::int64_t split_capacity_per_row = 0;  // words; 0: max(64, N / 16) (≈ 6 % density at N = 5632)
 };
 
 struct ForwardResult {
@@ -109,6 +118,14 @@ class FfnContext {
   // Synchronises `stream` and returns the counters of the last packing (zeros if it was skipped);
   // with gate_rows_direct, nnz of the last sparse_rest and no overflow (there is no capacity).
   TwellCounters read_counters(cudaStream_t stream);
+  // Synchronises `stream`; the last split plan's outcome (see ContextOptions::split_remainder):
+  // whether the split ran (else the fused kernel did) and the h-list words it needed.
+  struct SplitStats {
+    bool ran = false;
+    std::uint64_t words_needed = 0;
+    std::uint64_t capacity = 0;
+  };
+  SplitStats read_split_stats(cudaStream_t stream);
 
   bool gated() const noexcept { return gated_; }
   std::int64_t n() const noexcept { return n_; }
@@ -138,7 +155,11 @@ class FfnContext {
   // Packs rows [r0, r0 + rows) of the gate buffer; adds to the counters unless reset_counters.
   void pack_rows(std::int64_t r0, std::int64_t rows, const std::uint32_t* enable, bool reset_counters,
                  cudaStream_t stream);
-  const char* sparse_path_name() const noexcept {
+  bool use_split(std::int64_t m) const noexcept;
+  const char* sparse_path_name(std::int64_t m) const noexcept {
+    if (use_split(m))
+      return gated_ ? "twell: cublasLt gate + pack, up + sliced down (fused if the h list overflows)"
+                    : "twell: cublasLt up + pack, sliced down (fused if the h list overflows)";
     if (opt_.gate_rows_direct)
       return gated_ ? "twell: cublasLt gate, fused up+down reading the gate rows"
                     : "twell: cublasLt up, sparse down reading the ReLU rows";
@@ -185,6 +206,21 @@ class FfnContext {
   DeviceBuffer<float> decode_partials_;           // [m, tiles, K]
   DeviceBuffer<unsigned int> decode_tickets_;     // row tickets, CTA ticket (kept zero between launches)
   DeviceBuffer<unsigned long long> decode_nnz_;   // [1] (kept zero between launches)
+  // Split remainder (twell_split.hpp): row counts from the packing, the plan, the h list.
+  int sm_count_ = 0;
+  std::size_t smem_optin_ = 0;
+  DeviceBuffer<std::uint32_t> row_nnz_;   // [m]
+  DeviceBuffer<int> split_pos_;           // [m]
+  DeviceBuffer<int> split_tok_;           // [16 · groups]
+  DeviceBuffer<std::int64_t> split_base_; // [groups]
+  DeviceBuffer<int> split_len_;           // [groups]
+  DeviceBuffer<std::uint32_t> hlist_;     // [capacity]
+  struct SplitState {
+    std::uint32_t enable;
+    std::uint32_t pad;
+    unsigned long long words_needed;
+  };
+  DeviceBuffer<SplitState> split_state_;
 };
 
 }  // namespace twell::cuda

@@ -16,12 +16,14 @@
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstring>
 #include <memory>
 #include <vector>
 
 #include "cuda/common/device_buffer.hpp"
 #include "cuda/ffn_context.hpp"
+#include "cuda/sm80/twell_split.hpp"
 #include "cuda_test_util.hpp"
 #include "twell/cpu/reference.hpp"
 #include "twell/twell_format.hpp"
@@ -93,6 +95,67 @@ std::vector<float> download_gate(const FfnContext& ctx, std::int64_t m) {
   return g;
 }
 
+// The split remainder (twell_split.hpp: plan, up kernel writing h lists, sliced down): exact,
+// reproducible bit for bit, its plan's size equal to the host's where the plan is determined (no
+// row at or above the plan's last count bin), and the fused fallback exact when the list does not
+// fit (capacity forced to one word per row).
+void check_split(const FfnCase& c, const FfnWeights& w, const __nv_bfloat16* x, const ContextOptions& opt,
+                 const std::vector<double>& ref_sparse, const std::vector<std::int64_t>& rows, cudaStream_t s) {
+  ContextOptions so = opt;
+  so.split_remainder = true;
+  so.split_min_rows = 0;
+  FfnContext sc(so);
+  sc.upload_weights(w, s);
+  ForwardResult fr;
+  const Outputs o1 = run_poisoned(c.m, c.k, s, [&](__nv_bfloat16* y) { fr = sc.forward(x, c.m, y, Path::sparse, s); });
+  const FfnContext::SplitStats st = sc.read_split_stats(s);
+  const Outputs o2 = run_poisoned(c.m, c.k, s, [&](__nv_bfloat16* y) { sc.forward(x, c.m, y, Path::sparse, s); });
+  EXPECT_TRUE(o1.guard_ok && o2.guard_ok) << "split: write past the end of y";
+  std::int64_t worst_row = -1;
+  const double err = max_err_rows(o1.y, ref_sparse, rows, c.k, &worst_row);
+  EXPECT_LE(err, kTol) << "split remainder (" << fr.path << ", ran " << st.ran << "): worst row " << worst_row;
+  EXPECT_TRUE(std::memcmp(o1.y.data(), o2.y.data(), o1.y.size() * sizeof(float)) == 0) << "split: not reproducible";
+  // The plan's words, from the row counts of the gate the context packed.
+  const std::vector<float> g = download_gate(sc, c.m);
+  std::vector<std::uint32_t> cnt(static_cast<std::size_t>(c.m));
+  for (std::int64_t r = 0; r < c.m; ++r)
+    for (std::int64_t col = 0; col < c.n; ++col) cnt[static_cast<std::size_t>(r)] += g[static_cast<std::size_t>(r * c.n + col)] > 0;
+  // Class cls = token mod 4, sorted by count: its i-th token sits in group i / 4; a group's length
+  // is its longest member's count rounded up to 4, and it holds 16 words per entry step.
+  bool determined = true;
+  std::uint64_t expect = 0, lower = 0;
+  std::vector<std::uint32_t> glen(static_cast<std::size_t>(split_groups(c.m)), 0);
+  for (int cls = 0; cls < 4; ++cls) {
+    std::vector<std::uint32_t> v;
+    for (std::int64_t t = cls; t < c.m; t += 4) v.push_back(cnt[static_cast<std::size_t>(t)]);
+    std::sort(v.begin(), v.end());
+    determined &= v.empty() || v.back() < 1023;
+    for (std::size_t i = 0; i < v.size(); ++i) {
+      glen[i / 4] = std::max(glen[i / 4], (v[i] + 3) / 4 * 4);
+      lower += (v[i] + 3) / 4 * 4;
+    }
+  }
+  for (std::uint32_t l : glen) expect += 16ull * l;
+  EXPECT_GE(st.words_needed, lower) << "split plan smaller than the entries it holds";
+  if (determined) {
+    EXPECT_EQ(st.words_needed, expect) << "split plan size";
+  }
+  EXPECT_EQ(st.ran, st.words_needed <= st.capacity);
+  std::printf("[case %s] split remainder %s: h list %llu words (capacity %llu), max row rel err %.2e\n", c.name.c_str(),
+              st.ran ? "ran" : "fell back to the fused kernel", static_cast<unsigned long long>(st.words_needed),
+              static_cast<unsigned long long>(st.capacity), err);
+  // Fallback: a capacity the list cannot fit unless every row is empty.
+  so.split_capacity_per_row = 1;
+  FfnContext fc(so);
+  fc.upload_weights(w, s);
+  const Outputs of = run_poisoned(c.m, c.k, s, [&](__nv_bfloat16* y) { fc.forward(x, c.m, y, Path::sparse, s); });
+  const FfnContext::SplitStats fs = fc.read_split_stats(s);
+  EXPECT_EQ(fs.ran, fs.words_needed <= fs.capacity);
+  EXPECT_TRUE(of.guard_ok);
+  const double ef = max_err_rows(of.y, ref_sparse, rows, c.k, &worst_row);
+  EXPECT_LE(ef, kTol) << "split fallback (ran " << fs.ran << "): worst row " << worst_row;
+}
+
 TEST_P(CudaFfn, MatchesReferenceAndHostEncoder) {
   const FfnCase c = GetParam();
   const FfnData d = make_ffn(c);
@@ -106,6 +169,7 @@ TEST_P(CudaFfn, MatchesReferenceAndHostEncoder) {
   opt.updown_variant = 0;
   opt.gate_chunks = 1;  // the unchunked gate here; the chunked one is compared with it below
   opt.gate_rows_direct = false;  // TwELL here; the direct read of the gate rows is checked below
+  opt.split_min_rows = 0;  // the split remainder wherever N allows it; the fused kernel is checked below
   FfnContext ctx(opt);
   ctx.upload_weights(w, s);
   const auto xb = to_bf16_bits(d.x);
@@ -190,9 +254,11 @@ TEST_P(CudaFfn, MatchesReferenceAndHostEncoder) {
                 fr.path.c_str(), err, rows.size());
   }
   // The other fused-kernel variants (benchmark knobs) must be exact too.
-  for (int v = 1; v <= 2; ++v) {  // variant 0 ran above
+  for (int v = 0; v <= 2; ++v) {  // variant 0 ran above unless the split remainder did
+    if (v == 0 && !split_supported(c.n)) continue;
     ContextOptions vo = opt;
     vo.updown_variant = v;
+    vo.split_remainder = false;
     FfnContext vc(vo);
     vc.upload_weights(w, s);
     const Outputs o = run_poisoned(c.m, c.k, s, [&](__nv_bfloat16* y) { vc.forward(x.get(), c.m, y, Path::sparse, s); });
@@ -201,6 +267,7 @@ TEST_P(CudaFfn, MatchesReferenceAndHostEncoder) {
     const double err = max_err_rows(o.y, ref_sparse, rows, c.k, &worst_row);
     EXPECT_LE(err, kTol) << "up/down variant " << v << ": worst row " << worst_row;
   }
+  if (split_supported(c.n)) check_split(c, w, x.get(), opt, ref_sparse, rows, s);
   // The fused kernel reading the gate rows directly (no TwELL, no capacity): exact, and its count
   // equals the host encoder's, with nothing reported as overflowed. Every variant, both directly
   // and through dispatch.

@@ -6,6 +6,7 @@
 
 #include "cuda/common/check.hpp"
 #include "cuda/common/device_math.cuh"
+#include "cuda/sm80/twell_split.hpp"
 
 namespace twell::cuda {
 namespace {
@@ -87,6 +88,7 @@ __global__ void __launch_bounds__(kPackWarps * 32) twell_pack_kernel(TwellPackPa
     }
     if (lane == 0) {
       atomicAdd(&s_nnz, my_nnz);
+      if (p.row_nnz && my_nnz) atomicAdd(p.row_nnz + row, static_cast<std::uint32_t>(my_nnz));
       if (my_ovt > 0) {
         atomicAdd(&s_ovt, static_cast<unsigned long long>(my_ovt));
         // First warp to flag the row counts it (row_overflow was zeroed by the launcher).
@@ -184,9 +186,13 @@ __device__ __forceinline__ int count_dense_tile(const __nv_bfloat16* src, std::i
 // DENSE_G: the row's non-zeros come straight from the dense gate buffer (`backup`), no TwELL:
 // per-tile counts first, then each tile expanded like an overflowed block (no capacity, exact at
 // any density); the row's count is added to *p.nnz.
-template <int CH, bool GATED, int kUnroll, bool DENSE_G>
+// EMIT: the split remainder's up half (twell_split.hpp): h goes to the row's h list instead of
+// into the down product.
+template <int CH, bool GATED, int kUnroll, bool DENSE_G, bool EMIT>
 __global__ void __launch_bounds__(kMaxUpDownThreads) twell_up_down_kernel(TwellUpDownParams p) {
   static_assert(CH >= 1 && CH <= 4, "CH: 16-byte chunks per thread");
+  static_assert(!(EMIT && DENSE_G), "the split remainder reads TwELL");
+  if (p.split_enable && (*p.split_enable != 0) != EMIT) return;  // the other remainder runs
   extern __shared__ __align__(16) unsigned char smem_raw[];
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
   const int nthreads = blockDim.x, nwarps = nthreads / 32;
@@ -228,6 +234,29 @@ __global__ void __launch_bounds__(kMaxUpDownThreads) twell_up_down_kernel(TwellU
       if (DENSE_G && p.nnz && carry > 0) atomicAdd(p.nnz, static_cast<unsigned long long>(carry));
     }
   }
+
+  // EMIT: the row's place in the h list; its entries are written rotated to start at quarter
+  // q mod 4 (rank `rot` in ascending order), see twell_split.hpp.
+  std::uint32_t* hl_out = nullptr;
+  int hl_rot = 0, hl_total = 0, hl_len = 0, hl_quarter = 0;
+  if constexpr (EMIT) {
+    const int r = p.hl_pos[row], g = r / kHListGroup, q = r % kHListGroup;
+    hl_out = p.hl_words + p.hl_base[g] + q * 4;
+    hl_len = p.hl_len[g];
+    const int qt = (tiles + 3) / 4;
+    hl_quarter = qt * kTwellTile;
+    __syncthreads();  // pref complete
+    hl_total = pref[tiles];
+    hl_rot = pref[min((q % 4) * qt, tiles)];
+  }
+  // Entry of global rank `rank` (ascending neuron order) of this row: neuron n, value h.
+  auto emit = [&](int rank, int n, float h) {
+    int o = rank - hl_rot;
+    if (o < 0) o += hl_total;
+    const std::uint32_t hb = (__float_as_uint(h) + 0x1000u) & ~((1u << kHListSlotBits) - 1u);  // round to 19 bits
+    const std::uint32_t slot = static_cast<std::uint32_t>((n % hl_quarter) * 4 + n / hl_quarter);
+    hl_out[(o >> 2) * (kHListGroup * 4) + (o & 3)] = hb | slot;
+  };
 
   uint4 xr[CH];  // this thread's chunks of x[row, :]
   if constexpr (GATED) dev::load_chunks_stream<CH>(p.x + row * p.ld_x, tid, nthreads, kchunks, xr);
@@ -280,13 +309,18 @@ __global__ void __launch_bounds__(kMaxUpDownThreads) twell_up_down_kernel(TwellU
         for (int j = tid; j < cnt; j += nthreads) {
           float u = 0.0f;
           for (int q = 0; q < nwarps; ++q) u += part[q * kListCap + j];
-          lval[j] *= u;
+          if constexpr (EMIT)
+            emit(base0 + j, lcol[j], lval[j] * u);
+          else
+            lval[j] *= u;
         }
         __syncthreads();
+      } else if constexpr (EMIT) {
+        for (int j = tid; j < cnt; j += nthreads) emit(base0 + j, lcol[j], lval[j]);
       }
 
       // (4) y += h · Wdᵀ[n, :]
-      for (int j0 = 0; j0 < cnt; j0 += kUnroll) {
+      for (int j0 = 0; j0 < cnt && !EMIT; j0 += kUnroll) {
         uint4 w[kUnroll][CH];
         float h[kUnroll];
 #pragma unroll
@@ -302,6 +336,10 @@ __global__ void __launch_bounds__(kMaxUpDownThreads) twell_up_down_kernel(TwellU
     ts = te;
   }
 
+  if constexpr (EMIT) {  // zero the padding after the row's entries
+    for (int o = hl_total + tid; o < hl_len; o += nthreads) hl_out[(o >> 2) * (kHListGroup * 4) + (o & 3)] = 0u;
+    return;
+  }
   __nv_bfloat16* yrow = p.y + row * p.ld_y;
 #pragma unroll
   for (int i = 0; i < CH; ++i) {
@@ -315,13 +353,13 @@ __global__ void __launch_bounds__(kMaxUpDownThreads) twell_up_down_kernel(TwellU
   }
 }
 
-template <int CH, bool GATED, int U, bool DENSE_G>
+template <int CH, bool GATED, int U, bool DENSE_G, bool EMIT = false>
 void launch_up_down_t(const TwellUpDownParams& p, int threads, cudaStream_t stream) {
   const int tiles = static_cast<int>((p.n + kTwellTile - 1) / kTwellTile);
   const int nwarps = threads / 32;
   const std::size_t smem = sizeof(int) * kListCap + sizeof(float) * kListCap +
                            (GATED ? sizeof(float) * nwarps * kListCap : 0) + sizeof(int) * (tiles + 1);
-  auto kernel = twell_up_down_kernel<CH, GATED, U, DENSE_G>;
+  auto kernel = twell_up_down_kernel<CH, GATED, U, DENSE_G, EMIT>;
   if (smem > 48 * 1024)
     TWELL_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
   kernel<<<static_cast<unsigned>(p.m), threads, smem, stream>>>(p);
@@ -365,6 +403,7 @@ void launch_twell_pack(const TwellPackParams& p, cudaStream_t stream) {
               p.words_per_tile);
   if (p.reset_counters) TWELL_CUDA_CHECK(cudaMemsetAsync(p.counters, 0, sizeof(TwellCounters), stream));
   TWELL_CUDA_CHECK(cudaMemsetAsync(p.row_overflow, 0, static_cast<std::size_t>(p.m) * sizeof(std::uint32_t), stream));
+  if (p.row_nnz) TWELL_CUDA_CHECK(cudaMemsetAsync(p.row_nnz, 0, static_cast<std::size_t>(p.m) * sizeof(std::uint32_t), stream));
   const std::int64_t tiles = (p.n + kTwellTile - 1) / kTwellTile;
   const std::int64_t items = p.m * ((tiles + kPackTilesPerWarp - 1) / kPackTilesPerWarp);
   const std::int64_t blocks = (items + kPackWarps - 1) / kPackWarps;
@@ -399,7 +438,10 @@ void launch_twell_up_down(const TwellUpDownParams& p, cudaStream_t stream) {
   const bool ch2 = threads_for(2) <= kMaxUpDownThreads && p.variant != 2;
   auto launch = [&](auto ch, auto unroll, int threads) {
     constexpr int C = decltype(ch)::value, U = decltype(unroll)::value;
-    if (p.dense_gate)
+    if (p.hl_words)
+      p.gated ? launch_up_down_t<C, true, U, false, true>(p, threads, stream)
+              : launch_up_down_t<C, false, U, false, true>(p, threads, stream);
+    else if (p.dense_gate)
       p.gated ? launch_up_down_t<C, true, U, true>(p, threads, stream) : launch_up_down_t<C, false, U, true>(p, threads, stream);
     else
       p.gated ? launch_up_down_t<C, true, U, false>(p, threads, stream) : launch_up_down_t<C, false, U, false>(p, threads, stream);
@@ -407,6 +449,16 @@ void launch_twell_up_down(const TwellUpDownParams& p, cudaStream_t stream) {
   using I2 = std::integral_constant<int, 2>;
   using I4 = std::integral_constant<int, 4>;
   using I8 = std::integral_constant<int, 8>;
+  if (p.hl_words) {  // the split remainder's up half: one configuration per K range
+    TWELL_CU_REQUIRE(!p.dense_gate && p.words && p.hl_pos && p.hl_base && p.hl_len && p.split_enable &&
+                         split_supported(p.n),
+                     ErrorCode::invalid_argument, "twell up (h list): needs TwELL, a plan and N ≤ 7168 (N = {})", p.n);
+    if (threads_for(2) <= kMaxUpDownThreads)
+      launch(I2{}, I8{}, threads_for(2));
+    else
+      launch(I4{}, I2{}, threads_for(4));
+    return;
+  }
   if (ch2 && p.variant == 1) {
     launch(I2{}, I8{}, threads_for(2));
   } else if (ch2) {

@@ -31,6 +31,7 @@ struct TwellPackParams {
   bool relu = true;                    // keep v > 0 (fused ReLU); else keep v != 0
   std::uint32_t* words = nullptr;      // [M, tiles · S]
   std::uint32_t* row_overflow = nullptr;  // [M]: 1 iff the row has an overflowed block (required)
+  std::uint32_t* row_nnz = nullptr;    // optional [M]: each row's true count (zeroed by the launcher)
   TwellCounters* counters = nullptr;   // required; zeroed by launch_twell_pack unless !reset_counters
   bool reset_counters = true;          // false: add to the counters (packing a matrix in row chunks)
   const std::uint32_t* enable = nullptr;  // optional device flag: when *enable == 0 the kernel does nothing
@@ -70,9 +71,19 @@ struct TwellUpDownParams {
   // is no capacity and nothing overflows; `words` may be null. Adds the kept count to *nnz if set.
   bool dense_gate = false;
   unsigned long long* nnz = nullptr;
+  // Split remainder (twell_split.hpp). With hl_words set, the kernel is the up half only: it writes
+  // each row's h list at the plan's position (hl_pos, hl_base, hl_len) and zeroes its padding,
+  // instead of the down product, and runs iff *split_enable != 0. With hl_words null and
+  // split_enable set, it is the fallback: the usual fused kernel, run iff *split_enable == 0.
+  std::uint32_t* hl_words = nullptr;
+  const int* hl_pos = nullptr;
+  const std::int64_t* hl_base = nullptr;
+  const int* hl_len = nullptr;
+  const std::uint32_t* split_enable = nullptr;
 };
 // Gated: y[m,:] = Σ_n g[m,n] · ⟨x[m,:], Wu[n,:]⟩ · Wdᵀ[n,:]; non-gated: y[m,:] = Σ_n h[m,n] · Wdᵀ[n,:].
-// Accumulation in fp32, y rounded to bf16 once. h never leaves the chip.
+// Accumulation in fp32, y rounded to bf16 once. h never leaves the chip (except as the split
+// remainder's h list, see hl_words).
 void launch_twell_up_down(const TwellUpDownParams& p, cudaStream_t stream);
 
 // h = ReLU(g) ⊙ u elementwise on [M, N] bf16 (dense baseline's middle step).
