@@ -233,7 +233,7 @@ void FfnContext::sparse_rest(const __nv_bfloat16* x, std::int64_t m, __nv_bfloat
     return;
   }
   // Split: plan → up half writing the h list → sliced down; if the list does not fit, the plan's
-  // flag turns those two off and the fused kernel (launched too, gated on the same flag) runs.
+  // flag turns the up kernel into the fused kernel and the down kernel off.
   SplitPlanParams pp;
   pp.row_nnz = row_nnz_.get();
   pp.m = m;
@@ -246,7 +246,6 @@ void FfnContext::sparse_rest(const __nv_bfloat16* x, std::int64_t m, __nv_bfloat
   pp.words_needed = &split_state_.get()->words_needed;
   launch_split_plan(pp, stream);
   p.split_enable = pp.enable;
-  launch_twell_up_down(p, stream);  // the fallback: returns at once when the split runs
   p.hl_words = hlist_.get();
   p.hl_pos = pp.pos;
   p.hl_base = pp.base;

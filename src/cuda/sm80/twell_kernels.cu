@@ -186,13 +186,14 @@ __device__ __forceinline__ int count_dense_tile(const __nv_bfloat16* src, std::i
 // DENSE_G: the row's non-zeros come straight from the dense gate buffer (`backup`), no TwELL:
 // per-tile counts first, then each tile expanded like an overflowed block (no capacity, exact at
 // any density); the row's count is added to *p.nnz.
-// EMIT: the split remainder's up half (twell_split.hpp): h goes to the row's h list instead of
-// into the down product.
-template <int CH, bool GATED, int kUnroll, bool DENSE_G, bool EMIT>
+// SPLIT: the split remainder's up half (twell_split.hpp) when its plan fits (*split_enable != 0):
+// h goes to the row's h list instead of into the down product; else the usual fused kernel (the
+// fallback costs no extra launch).
+template <int CH, bool GATED, int kUnroll, bool DENSE_G, bool SPLIT>
 __global__ void __launch_bounds__(kMaxUpDownThreads) twell_up_down_kernel(TwellUpDownParams p) {
   static_assert(CH >= 1 && CH <= 4, "CH: 16-byte chunks per thread");
-  static_assert(!(EMIT && DENSE_G), "the split remainder reads TwELL");
-  if (p.split_enable && (*p.split_enable != 0) != EMIT) return;  // the other remainder runs
+  static_assert(!(SPLIT && DENSE_G), "the split remainder reads TwELL");
+  const bool emit = SPLIT && *p.split_enable != 0;  // CTA-uniform
   extern __shared__ __align__(16) unsigned char smem_raw[];
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
   const int nthreads = blockDim.x, nwarps = nthreads / 32;
@@ -235,11 +236,11 @@ __global__ void __launch_bounds__(kMaxUpDownThreads) twell_up_down_kernel(TwellU
     }
   }
 
-  // EMIT: the row's place in the h list; its entries are written rotated to start at quarter
+  // emit: the row's place in the h list; its entries are written rotated to start at quarter
   // q mod 4 (rank `rot` in ascending order), see twell_split.hpp.
   std::uint32_t* hl_out = nullptr;
   int hl_rot = 0, hl_total = 0, hl_len = 0, hl_quarter = 0;
-  if constexpr (EMIT) {
+  if (emit) {
     const int r = p.hl_pos[row], g = r / kHListGroup, q = r % kHListGroup;
     hl_out = p.hl_words + p.hl_base[g] + q * 4;
     hl_len = p.hl_len[g];
@@ -250,7 +251,7 @@ __global__ void __launch_bounds__(kMaxUpDownThreads) twell_up_down_kernel(TwellU
     hl_rot = pref[min((q % 4) * qt, tiles)];
   }
   // Entry of global rank `rank` (ascending neuron order) of this row: neuron n, value h.
-  auto emit = [&](int rank, int n, float h) {
+  auto emit_entry = [&](int rank, int n, float h) {
     int o = rank - hl_rot;
     if (o < 0) o += hl_total;
     const std::uint32_t hb = (__float_as_uint(h) + 0x1000u) & ~((1u << kHListSlotBits) - 1u);  // round to 19 bits
@@ -309,18 +310,18 @@ __global__ void __launch_bounds__(kMaxUpDownThreads) twell_up_down_kernel(TwellU
         for (int j = tid; j < cnt; j += nthreads) {
           float u = 0.0f;
           for (int q = 0; q < nwarps; ++q) u += part[q * kListCap + j];
-          if constexpr (EMIT)
-            emit(base0 + j, lcol[j], lval[j] * u);
+          if (emit)
+            emit_entry(base0 + j, lcol[j], lval[j] * u);
           else
             lval[j] *= u;
         }
         __syncthreads();
-      } else if constexpr (EMIT) {
-        for (int j = tid; j < cnt; j += nthreads) emit(base0 + j, lcol[j], lval[j]);
+      } else if (emit) {
+        for (int j = tid; j < cnt; j += nthreads) emit_entry(base0 + j, lcol[j], lval[j]);
       }
 
       // (4) y += h · Wdᵀ[n, :]
-      for (int j0 = 0; j0 < cnt && !EMIT; j0 += kUnroll) {
+      for (int j0 = 0; j0 < cnt && !emit; j0 += kUnroll) {
         uint4 w[kUnroll][CH];
         float h[kUnroll];
 #pragma unroll
@@ -336,8 +337,9 @@ __global__ void __launch_bounds__(kMaxUpDownThreads) twell_up_down_kernel(TwellU
     ts = te;
   }
 
-  if constexpr (EMIT) {  // zero the padding after the row's entries
-    for (int o = hl_total + tid; o < hl_len; o += nthreads) hl_out[(o >> 2) * (kHListGroup * 4) + (o & 3)] = 0u;
+  if (emit) {  // pad the row's entries up to the group's length
+    const std::uint32_t pad = split_pad_word(p.n);
+    for (int o = hl_total + tid; o < hl_len; o += nthreads) hl_out[(o >> 2) * (kHListGroup * 4) + (o & 3)] = pad;
     return;
   }
   __nv_bfloat16* yrow = p.y + row * p.ld_y;
@@ -353,13 +355,13 @@ __global__ void __launch_bounds__(kMaxUpDownThreads) twell_up_down_kernel(TwellU
   }
 }
 
-template <int CH, bool GATED, int U, bool DENSE_G, bool EMIT = false>
+template <int CH, bool GATED, int U, bool DENSE_G, bool SPLIT = false>
 void launch_up_down_t(const TwellUpDownParams& p, int threads, cudaStream_t stream) {
   const int tiles = static_cast<int>((p.n + kTwellTile - 1) / kTwellTile);
   const int nwarps = threads / 32;
   const std::size_t smem = sizeof(int) * kListCap + sizeof(float) * kListCap +
                            (GATED ? sizeof(float) * nwarps * kListCap : 0) + sizeof(int) * (tiles + 1);
-  auto kernel = twell_up_down_kernel<CH, GATED, U, DENSE_G, EMIT>;
+  auto kernel = twell_up_down_kernel<CH, GATED, U, DENSE_G, SPLIT>;
   if (smem > 48 * 1024)
     TWELL_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
   kernel<<<static_cast<unsigned>(p.m), threads, smem, stream>>>(p);

@@ -71,10 +71,10 @@ struct TwellUpDownParams {
   // is no capacity and nothing overflows; `words` may be null. Adds the kept count to *nnz if set.
   bool dense_gate = false;
   unsigned long long* nnz = nullptr;
-  // Split remainder (twell_split.hpp). With hl_words set, the kernel is the up half only: it writes
-  // each row's h list at the plan's position (hl_pos, hl_base, hl_len) and zeroes its padding,
-  // instead of the down product, and runs iff *split_enable != 0. With hl_words null and
-  // split_enable set, it is the fallback: the usual fused kernel, run iff *split_enable == 0.
+  // Split remainder (twell_split.hpp). With hl_words set and *split_enable != 0 (the plan fitted),
+  // the kernel is the up half only: it writes each row's h list at the plan's position (hl_pos,
+  // hl_base, hl_len) and pads it, instead of the down product; with *split_enable == 0 it is the
+  // usual fused kernel (the fallback), so one launch serves both outcomes.
   std::uint32_t* hl_words = nullptr;
   const int* hl_pos = nullptr;
   const std::int64_t* hl_base = nullptr;

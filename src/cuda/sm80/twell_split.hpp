@@ -7,7 +7,8 @@
 // The h list ("sliced ELL"). Tokens sit in groups of 16; a group has a length L (entries, a
 // multiple of 4, ≥ every member's count) and a base offset (words); entry j of the token at
 // position q of group g is word base[g] + (j / 4)·64 + q·4 + j % 4, so a warp's 16-byte loads of
-// one step cover 256 contiguous bytes. Entries past a token's count are zero words (skipped).
+// one step cover 256 contiguous bytes. Entries past a token's count are padding words
+// (h = 0 at a zero row, see split_pad_word).
 // An entry is (h rounded to fp32 with 10 mantissa bits) | slot: bits 13..31 are h's top 19 bits,
 // bits 0..12 the neuron's shared-memory slot (see below). h thus keeps 2⁻¹¹ relative precision,
 // 4× finer than the bf16 h of the dense path; a bf16 h (non-gated) is kept exactly.
@@ -39,23 +40,32 @@ __host__ __device__ inline int split_quarter_tiles(std::int64_t n) {
 }
 // Whether the split remainder supports N (its Wdᵀ slice must fit one SM's shared memory).
 inline bool split_supported(std::int64_t n) { return n >= 1 && split_quarter_tiles(n) <= kSplitMaxQuarterTiles; }
-// Dynamic shared memory of the down kernel: Q rows of 128 bytes.
+// The padding word: h = 0 at the slot just past the Wdᵀ rows, a zero row in shared memory, so
+// the down kernel reads every word without a branch and a pad adds exactly +0.
+__host__ __device__ inline std::uint32_t split_pad_word(std::int64_t n) {
+  return static_cast<std::uint32_t>(split_quarter_tiles(n)) * kTwellTile * 4;
+}
+// Dynamic shared memory of the down kernel: Q rows of 128 bytes, then the 32-byte zero row.
 inline std::size_t split_smem_bytes(std::int64_t n) {
-  return static_cast<std::size_t>(split_quarter_tiles(n)) * kTwellTile * 128;
+  return static_cast<std::size_t>(split_quarter_tiles(n)) * kTwellTile * 128 + 32;
 }
 // Groups of the plan for M tokens: tokens of one class (token mod 4) fill positions ≡ class.
 __host__ __device__ inline std::int64_t split_groups(std::int64_t m) { return ((m + 3) / 4 + 3) / 4; }
+// Tokens of class c (token mod 4) among M.
+__host__ __device__ inline std::int64_t split_class_size(std::int64_t m, int c) { return (m - c + 3) / 4; }
 
 // Plan: orders the tokens by count within each class (token mod 4), places them in groups,
 // sizes each group (longest member, rounded up to 4) and offsets the groups. One CTA; O(M).
-// *enable = 1 iff the list fits `capacity` words (else the caller's fallback must run: the fused
-// kernel, gated on the same flag), *words_needed = Σ 16·L.
+// Position 4j + c of group g holds the (4g + j)-th token of class c, if the class has that many
+// (else the position is empty and its tok entry is not written: consumers test the index).
+// *enable = 1 iff the list fits `capacity` words (else the up kernel runs as the fused kernel),
+// *words_needed = Σ 16·L.
 struct SplitPlanParams {
   const std::uint32_t* row_nnz = nullptr;  // [M] true counts (from the packing)
   std::int64_t m = 0;
   std::int64_t capacity = 0;               // words of the h-list buffer
   int* pos = nullptr;                      // [M]: token → 16·group + position
-  int* tok = nullptr;                      // [16·groups]: position → token, −1 if empty
+  int* tok = nullptr;                      // [16·groups]: position → token (valid positions only)
   std::int64_t* base = nullptr;            // [groups] word offsets
   int* len = nullptr;                      // [groups] entries per member (multiple of 4)
   std::uint32_t* enable = nullptr;         // [1]
