@@ -24,7 +24,7 @@ void to_bf16_rows(CMatrixF src, std::vector<std::uint16_t>& dst, std::int64_t ro
 
 FfnContext::FfnContext(const ContextOptions& opt)
     : opt_(opt), gemm_(opt.autotune_gemm), dispatch_(1), dispatch_host_(1), counters_(1), counters_host_(1),
-      decode_nnz_(1), split_state_(1) {
+      decode_nnz_(1), split_ticket_(1), split_state_(1) {
   TWELL_CUDA_CHECK(cudaEventCreateWithFlags(&decided_, cudaEventDisableTiming));
   int dev = 0, sms = 0, optin = 0;
   TWELL_CUDA_CHECK(cudaGetDevice(&dev));
@@ -33,6 +33,7 @@ FfnContext::FfnContext(const ContextOptions& opt)
   sm_count_ = sms;
   smem_optin_ = static_cast<std::size_t>(optin);
   TWELL_CUDA_CHECK(cudaMemset(split_state_.get(), 0, split_state_.bytes()));
+  TWELL_CUDA_CHECK(cudaMemset(split_ticket_.get(), 0, split_ticket_.bytes()));
   opt_.twell.validate();
   TWELL_CHECK(opt_.twell.tile == kTwellTile, ErrorCode::unsupported,
               "the CUDA TwELL path uses T = {} columns per tile (got T = {}); use the CPU path for other tiles",
@@ -115,6 +116,7 @@ void FfnContext::reserve(std::int64_t m) {
     split_tok_.resize(groups * kHListGroup);
     split_base_.resize(groups);
     split_len_.resize(groups);
+    split_chunk_words_.resize(static_cast<std::size_t>(split_chunks(m)));
     const std::int64_t per_row =
         opt_.split_capacity_per_row > 0 ? opt_.split_capacity_per_row : std::max<std::int64_t>(64, n_ / 16);
     hlist_.resize(um * static_cast<std::size_t>(per_row));
@@ -242,6 +244,8 @@ void FfnContext::sparse_rest(const __nv_bfloat16* x, std::int64_t m, __nv_bfloat
   pp.tok = split_tok_.get();
   pp.base = split_base_.get();
   pp.len = split_len_.get();
+  pp.chunk_words = split_chunk_words_.get();
+  pp.ticket = split_ticket_.get();
   pp.enable = &split_state_.get()->enable;
   pp.words_needed = &split_state_.get()->words_needed;
   launch_split_plan(pp, stream);

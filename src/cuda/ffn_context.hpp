@@ -214,6 +214,8 @@ class FfnContext {
   DeviceBuffer<int> split_tok_;           // [16 · groups]
   DeviceBuffer<std::int64_t> split_base_; // [groups]
   DeviceBuffer<int> split_len_;           // [groups]
+  DeviceBuffer<long long> split_chunk_words_;  // [chunks]
+  DeviceBuffer<unsigned int> split_ticket_;    // [1], zero between plans
   DeviceBuffer<std::uint32_t> hlist_;     // [capacity]
   struct SplitState {
     std::uint32_t enable;

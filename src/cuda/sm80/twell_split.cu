@@ -2,6 +2,7 @@
 // (formats and invariants in twell_split.hpp; the up half is twell_up_down with hl_words).
 #include "cuda/sm80/twell_split.hpp"
 
+#include <cub/block/block_radix_sort.cuh>
 #include <cub/block/block_scan.cuh>
 
 #include <algorithm>
@@ -13,105 +14,96 @@ namespace twell::cuda {
 namespace {
 
 // ---------------------------------------------------------------------------------------------
-// Plan: one CTA. Per class c = token mod 4, a counting sort by count (counts ≥ kTopBin share the
-// last bin); the i-th token of class c (ascending count) goes to group i / 4, position
-// 4·(i mod 4) + c. Shared-memory counters take warp-aggregated atomics (many tokens share a
-// count). A group's length is its longest member's count rounded up to 4: below the top bin it is
-// the bin of each class's last member in the group (a binary search over the bin ends), in the
-// top bin a global atomicMax over those members. Then a block scan gives the offsets. The order
-// within a bin follows the atomics (not reproducible); that changes the grouping only: a token's
-// entries and their order depend on the token alone.
+// Plan (see SplitPlanParams): one CTA per chunk; thread t holds the chunk's tokens 4t … 4t + 3,
+// which are one token of each class (chunks start at multiples of 4). Keys are class · 2¹² +
+// min(count, 4095), invalid tokens (past M) class 4, so they sort last.
 constexpr int kPlanThreads = 512;
-constexpr int kPlanBins = 2 * kPlanThreads;
-constexpr std::uint32_t kTopBin = kPlanBins - 1;
-
-// Adds 1 to counter[key] for every active lane; returns the lane's rank among all adds to that
-// counter (the counter's old value plus the lane's place among its warp peers).
-__device__ __forceinline__ int aggregated_increment(int* counter, int key, bool active) {
-  const unsigned mask = __ballot_sync(0xffffffffu, active);
-  if (!active) return 0;
-  const unsigned peers = __match_any_sync(mask, key);
-  const int lane = static_cast<int>(threadIdx.x % 32), leader = __ffs(peers) - 1;
-  int base = 0;
-  if (lane == leader) base = atomicAdd(counter + key, __popc(peers));
-  base = __shfl_sync(peers, base, leader);
-  return base + __popc(peers & ((1u << lane) - 1u));
-}
+constexpr int kPlanItems = kSplitChunk / kPlanThreads;
+static_assert(kPlanItems == 4, "a thread holds one token of each class");
+constexpr int kCountBits = 12;
 
 __global__ void __launch_bounds__(kPlanThreads) split_plan_kernel(SplitPlanParams p) {
-  using BlockScanInt = cub::BlockScan<int, kPlanThreads>;
-  using BlockScanLong = cub::BlockScan<long long, kPlanThreads>;
-  __shared__ int hist[4 * kPlanBins];  // [class][bin]: counts, then starts, then (after the scatter) ends
+  using Sort = cub::BlockRadixSort<std::uint32_t, kPlanThreads, kPlanItems, int>;
+  using ScanInt = cub::BlockScan<int, kPlanThreads>;
+  using ScanLong = cub::BlockScan<long long, kPlanThreads>;
   __shared__ union {
-    typename BlockScanInt::TempStorage i;
-    typename BlockScanLong::TempStorage l;
-  } scan_tmp;
+    typename Sort::TempStorage sort;
+    typename ScanInt::TempStorage scan_i;
+    typename ScanLong::TempStorage scan_l;
+  } tmp;
+  __shared__ std::uint32_t s_cnt[kSplitChunk];
+  __shared__ int s_tok[kSplitChunk];
+  __shared__ int s_len[kSplitChunkGroups];
+  __shared__ bool s_last;
   const int tid = threadIdx.x;
-  const std::int64_t groups = split_groups(p.m);
-  for (int b = tid; b < 4 * kPlanBins; b += kPlanThreads) hist[b] = 0;
-  for (std::int64_t g = tid; g < groups; g += kPlanThreads) p.len[g] = 0;
+  const std::int64_t chunk = blockIdx.x, t0 = chunk * kSplitChunk;
+  const int valid = static_cast<int>(p.m - t0 < kSplitChunk ? p.m - t0 : kSplitChunk);
+
+  std::uint32_t keys[kPlanItems];
+  int vals[kPlanItems];
+#pragma unroll
+  for (int k = 0; k < kPlanItems; ++k) {
+    const int i = tid * kPlanItems + k;
+    const std::uint32_t cnt = i < valid ? p.row_nnz[t0 + i] : 0u;
+    s_cnt[i] = cnt;
+    s_tok[i] = -1;
+    keys[k] = (static_cast<std::uint32_t>(i < valid ? k : 4) << kCountBits) | min(cnt, (1u << kCountBits) - 1u);
+    vals[k] = i;
+  }
+  if (tid < kSplitChunkGroups) s_len[tid] = 0;
   __syncthreads();
-  for (std::int64_t t0 = 0; t0 < p.m; t0 += kPlanThreads) {  // uniform trip count: whole warps
-    const std::int64_t t = t0 + tid;
-    const bool active = t < p.m;
-    const int key = active ? static_cast<int>(t & 3) * kPlanBins + static_cast<int>(min(p.row_nnz[t], kTopBin)) : 0;
-    aggregated_increment(hist, key, active);
+  Sort(tmp.sort).Sort(keys, vals, 0, kCountBits + 3);  // blocked: thread t holds sorted ranks 4t … 4t + 3
+  // Class c occupies sorted ranks [start_c, start_c + size_c), size_c = ⌈(valid − c) / 4⌉.
+#pragma unroll
+  for (int k = 0; k < kPlanItems; ++k) {
+    const int c = static_cast<int>(keys[k] >> kCountBits);
+    if (c >= 4) continue;
+    int start = 0;
+    for (int cc = 0; cc < c; ++cc) start += (valid - cc + 3) / 4;
+    const int i = tid * kPlanItems + k - start, lg = i / 4, q = 4 * (i % 4) + c;
+    s_tok[lg * kHListGroup + q] = static_cast<int>(t0) + vals[k];
+    p.pos[t0 + vals[k]] = static_cast<int>((chunk * kSplitChunkGroups + lg) * kHListGroup + q);
+    atomicMax(s_len + lg, static_cast<int>((s_cnt[vals[k]] + 3) / 4 * 4));
   }
   __syncthreads();
-  for (int c = 0; c < 4; ++c) {
-    int v[2] = {hist[c * kPlanBins + 2 * tid], hist[c * kPlanBins + 2 * tid + 1]};
-    BlockScanInt(scan_tmp.i).ExclusiveSum(v, v);
-    __syncthreads();
-    hist[c * kPlanBins + 2 * tid] = v[0];
-    hist[c * kPlanBins + 2 * tid + 1] = v[1];
+  int* tok_out = p.tok + chunk * kSplitChunk;
+#pragma unroll
+  for (int k = 0; k < kPlanItems; ++k) tok_out[k * kPlanThreads + tid] = s_tok[k * kPlanThreads + tid];
+  const int len = tid < kSplitChunkGroups ? s_len[tid] : 0;
+  long long ex = 0, total = 0;
+  ScanLong(tmp.scan_l).ExclusiveSum(static_cast<long long>(len) * kHListGroup, ex, total);
+  if (tid < kSplitChunkGroups) {
+    p.len[chunk * kSplitChunkGroups + tid] = len;
+    p.base[chunk * kSplitChunkGroups + tid] = ex;  // chunk-local; the last CTA adds the chunk's offset
   }
+  if (tid == 0) p.chunk_words[chunk] = total;
+  __threadfence();
   __syncthreads();
-  for (std::int64_t t0 = 0; t0 < p.m; t0 += kPlanThreads) {
-    const std::int64_t t = t0 + tid;
-    const bool active = t < p.m;
-    const std::uint32_t cnt = active ? p.row_nnz[t] : 0u;
-    const int c = static_cast<int>(t & 3);
-    const int i = aggregated_increment(hist, c * kPlanBins + static_cast<int>(min(cnt, kTopBin)), active);
-    if (active) {
-      const int g = i / 4, r = g * kHListGroup + 4 * (i % 4) + c;
-      p.pos[t] = r;
-      p.tok[r] = static_cast<int>(t);
-      if (cnt >= kTopBin) atomicMax(p.len + g, static_cast<int>((cnt + 3) / 4 * 4));
-    }
-  }
-  __syncthreads();  // hist holds each bin's end; the block's global writes (len) are visible
+  if (tid == 0) s_last = atomicAdd(p.ticket, 1u) == gridDim.x - 1;
+  __syncthreads();
+  if (!s_last) return;
+
+  // Last CTA: exclusive prefix over the chunks (in place), then every group's base += its chunk's.
+  __threadfence();
+  const std::int64_t chunks = gridDim.x;
   long long carry = 0;
-  for (std::int64_t g0 = 0; g0 < groups; g0 += kPlanThreads) {
-    const std::int64_t g = g0 + tid;
-    int len = 0;
-    if (g < groups) {
-      bool top = false;
-      for (int c = 0; c < 4; ++c) {
-        const std::int64_t size = split_class_size(p.m, c);
-        if (4 * g >= size) continue;
-        const int i = static_cast<int>(min(4 * g + 3, size - 1));  // the class's last member in g
-        const int* ends = hist + c * kPlanBins;
-        int lo = 0, hi = kPlanBins - 1;  // the first bin whose end exceeds i
-        while (lo < hi) {
-          const int mid = (lo + hi) / 2;
-          if (ends[mid] > i) hi = mid; else lo = mid + 1;
-        }
-        if (lo == static_cast<int>(kTopBin)) top = true; else len = max(len, (lo + 3) / 4 * 4);
-      }
-      if (top) len = max(len, __ldcg(p.len + g));
-    }
-    long long ex = 0, agg = 0;
-    BlockScanLong(scan_tmp.l).ExclusiveSum(static_cast<long long>(len) * kHListGroup, ex, agg);
+  for (std::int64_t c0 = 0; c0 < chunks; c0 += kPlanThreads) {
+    const std::int64_t c = c0 + tid;
+    const long long w = c < chunks ? __ldcg(p.chunk_words + c) : 0;
+    long long cex = 0, agg = 0;
     __syncthreads();
-    if (g < groups) {
-      p.len[g] = len;
-      p.base[g] = carry + ex;
-    }
+    ScanLong(tmp.scan_l).ExclusiveSum(w, cex, agg);
+    if (c < chunks) p.chunk_words[c] = carry + cex;
     carry += agg;
   }
+  __syncthreads();
+  const std::int64_t groups = chunks * kSplitChunkGroups;
+  for (std::int64_t g = tid; g < groups; g += kPlanThreads)
+    p.base[g] = __ldcg(p.base + g) + __ldcg(p.chunk_words + g / kSplitChunkGroups);
   if (tid == 0) {
     *p.enable = carry <= p.capacity ? 1u : 0u;
     if (p.words_needed) *p.words_needed = static_cast<unsigned long long>(carry);
+    *p.ticket = 0u;  // ready for the next launch
   }
 }
 
@@ -154,18 +146,18 @@ __global__ void __launch_bounds__(kDownThreads, 1) twell_down_sliced_kernel(Twel
   const int q = lane >> 1, half = lane & 1;
   const uint4* srow = smem_rows + half;
   const std::int64_t c_out = col0 + half * 8;
-  const std::int64_t class_size = split_class_size(p.m, q % 4);
   constexpr int kWarps = kDownThreads / 32;
   for (std::int64_t g = static_cast<std::int64_t>(split) * kWarps + warp; g < p.groups;
        g += static_cast<std::int64_t>(splits) * kWarps) {
-    const bool valid = 4 * g + q / 4 < class_size;
-    const int tok = valid ? p.tok[g * kHListGroup + q] : 0;
+    const int tok = p.tok[g * kHListGroup + q];
+    const bool valid = tok >= 0;
     const int steps = valid ? p.len[g] / 4 : 0;  // empty positions read nothing
     const uint4* src = reinterpret_cast<const uint4*>(p.words + p.base[g]) + q;
     float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
     // Two steps in flight ahead of the one being used.
     uint4 e0 = steps > 0 ? __ldg(src) : make_uint4(0, 0, 0, 0);
     uint4 e1 = steps > 1 ? __ldg(src + kHListGroup) : make_uint4(0, 0, 0, 0);
+#pragma unroll 2  // the two copies swap e0 / e1 by renaming, without register moves
     for (int i = 0; i < steps; ++i) {
       const uint4 cur = e0;
       e0 = e1;
@@ -183,11 +175,12 @@ __global__ void __launch_bounds__(kDownThreads, 1) twell_down_sliced_kernel(Twel
 }  // namespace
 
 void launch_split_plan(const SplitPlanParams& p, cudaStream_t stream) {
-  TWELL_CU_REQUIRE(p.row_nnz && p.pos && p.tok && p.base && p.len && p.enable, ErrorCode::invalid_argument,
+  TWELL_CU_REQUIRE(p.row_nnz && p.pos && p.tok && p.base && p.len && p.chunk_words && p.ticket && p.enable,
+                   ErrorCode::invalid_argument,
                    "split plan: null pointer");
   TWELL_CU_REQUIRE(p.m >= 1 && split_groups(p.m) * kHListGroup <= 0x7fffffff, ErrorCode::unsupported,
                    "split plan: M = {} out of range", p.m);
-  split_plan_kernel<<<1, kPlanThreads, 0, stream>>>(p);
+  split_plan_kernel<<<static_cast<unsigned>(split_chunks(p.m)), kPlanThreads, 0, stream>>>(p);
   TWELL_CUDA_CHECK_LAUNCH("split_plan_kernel");
 }
 

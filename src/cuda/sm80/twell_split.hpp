@@ -49,25 +49,31 @@ __host__ __device__ inline std::uint32_t split_pad_word(std::int64_t n) {
 inline std::size_t split_smem_bytes(std::int64_t n) {
   return static_cast<std::size_t>(split_quarter_tiles(n)) * kTwellTile * 128 + 32;
 }
-// Groups of the plan for M tokens: tokens of one class (token mod 4) fill positions ≡ class.
-__host__ __device__ inline std::int64_t split_groups(std::int64_t m) { return ((m + 3) / 4 + 3) / 4; }
-// Tokens of class c (token mod 4) among M.
-__host__ __device__ inline std::int64_t split_class_size(std::int64_t m, int c) { return (m - c + 3) / 4; }
+// The plan works on chunks of kSplitChunk consecutive tokens (one CTA each); a chunk owns
+// kSplitChunk / 16 groups (the last chunk's surplus groups are empty).
+inline constexpr int kSplitChunk = 2048;
+inline constexpr int kSplitChunkGroups = kSplitChunk / kHListGroup;
+__host__ __device__ inline std::int64_t split_chunks(std::int64_t m) { return (m + kSplitChunk - 1) / kSplitChunk; }
+__host__ __device__ inline std::int64_t split_groups(std::int64_t m) { return split_chunks(m) * kSplitChunkGroups; }
 
-// Plan: orders the tokens by count within each class (token mod 4), places them in groups,
-// sizes each group (longest member, rounded up to 4) and offsets the groups. One CTA; O(M).
-// Position 4j + c of group g holds the (4g + j)-th token of class c, if the class has that many
-// (else the position is empty and its tok entry is not written: consumers test the index).
-// *enable = 1 iff the list fits `capacity` words (else the up kernel runs as the fused kernel),
-// *words_needed = Σ 16·L.
+// Plan: per chunk of 2048 tokens, a block radix sort (stable) orders the tokens by (token mod 4,
+// count); the i-th token of class c = token mod 4 goes to the chunk's group i / 4, position
+// 4·(i mod 4) + c, so a group holds 16 tokens of similar count and position ≡ token (mod 4) (the
+// rotation of twell_split's bank layout). A group's length is its longest member's count rounded
+// up to 4; a block scan offsets the chunk's groups, and the last CTA to finish (ticket) offsets
+// the chunks, decides *enable = 1 iff the list fits `capacity` words (else the up kernel runs as
+// the fused kernel and the down kernel does nothing) and writes *words_needed = Σ 16·L.
+// Deterministic: the sort is stable.
 struct SplitPlanParams {
   const std::uint32_t* row_nnz = nullptr;  // [M] true counts (from the packing)
   std::int64_t m = 0;
   std::int64_t capacity = 0;               // words of the h-list buffer
   int* pos = nullptr;                      // [M]: token → 16·group + position
-  int* tok = nullptr;                      // [16·groups]: position → token (valid positions only)
+  int* tok = nullptr;                      // [16·groups]: position → token, −1 if empty
   std::int64_t* base = nullptr;            // [groups] word offsets
   int* len = nullptr;                      // [groups] entries per member (multiple of 4)
+  long long* chunk_words = nullptr;        // [chunks] scratch
+  unsigned int* ticket = nullptr;          // [1], zero between launches (the last CTA resets it)
   std::uint32_t* enable = nullptr;         // [1]
   unsigned long long* words_needed = nullptr;  // [1]
 };
