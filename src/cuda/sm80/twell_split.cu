@@ -147,21 +147,25 @@ __global__ void __launch_bounds__(kDownThreads, 1) twell_down_sliced_kernel(Twel
   const uint4* srow = smem_rows + half;
   const std::int64_t c_out = col0 + half * 8;
   constexpr int kWarps = kDownThreads / 32;
-  const std::int64_t stride = static_cast<std::int64_t>(splits) * kWarps;
+  // Warp j of the grid's `stride` warps takes group stride·k + j for even k, stride·k + stride − 1 − j
+  // for odd k: a chunk's groups are sorted by length, so the snake order evens the warps' work.
   // A group's metadata (token, length, offset) is loaded one group ahead, so that only the first
   // entry load of a group waits for L2 (instead of three dependent loads in a row).
-  std::int64_t g = static_cast<std::int64_t>(split) * kWarps + warp;
+  const std::int64_t stride = static_cast<std::int64_t>(splits) * kWarps;
+  const std::int64_t j = static_cast<std::int64_t>(split) * kWarps + warp;
+  auto group_of = [&](std::int64_t k) { return stride * k + ((k & 1) ? stride - 1 - j : j); };
+  std::int64_t g = group_of(0);
   int tok_next = g < p.groups ? p.tok[g * kHListGroup + q] : -1;
   int len_next = g < p.groups ? p.len[g] : 0;
   std::int64_t base_next = g < p.groups ? p.base[g] : 0;
-  for (; g < p.groups; g += stride) {
+  for (std::int64_t k = 0; stride * k < p.groups; ++k) {
     const int tok = tok_next;
-    const int steps = tok >= 0 ? len_next / 4 : 0;  // empty positions read nothing
+    const int steps = tok >= 0 ? len_next / 4 : 0;  // empty positions (and g past the end) read nothing
     const uint4* src = reinterpret_cast<const uint4*>(p.words + base_next) + q;
     // Two steps in flight ahead of the one being used.
     uint4 e0 = steps > 0 ? __ldg(src) : make_uint4(0, 0, 0, 0);
     uint4 e1 = steps > 1 ? __ldg(src + kHListGroup) : make_uint4(0, 0, 0, 0);
-    const std::int64_t gn = g + stride;
+    const std::int64_t gn = group_of(k + 1);
     tok_next = gn < p.groups ? p.tok[gn * kHListGroup + q] : -1;
     len_next = gn < p.groups ? p.len[gn] : 0;
     base_next = gn < p.groups ? p.base[gn] : 0;
