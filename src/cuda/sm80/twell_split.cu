@@ -170,7 +170,6 @@ __global__ void __launch_bounds__(kDownThreads, 1) twell_down_sliced_kernel(Twel
     len_next = gn < p.groups ? p.len[gn] : 0;
     base_next = gn < p.groups ? p.base[gn] : 0;
     float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-#pragma unroll 2  // the two copies swap e0 / e1 by renaming, without register moves
     for (int i = 0; i < steps; ++i) {
       const uint4 cur = e0;
       e0 = e1;
