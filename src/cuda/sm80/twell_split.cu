@@ -151,14 +151,22 @@ __global__ void __launch_bounds__(kDownThreads, 1) twell_down_sliced_kernel(Twel
   // for odd k: a chunk's groups are sorted by length, so the snake order evens the warps' work.
   // A group's metadata (token, length, offset) is loaded one group ahead, so that only the first
   // entry load of a group waits for L2 (instead of three dependent loads in a row).
+  // The slices start at different points of the group order (rotated by the slice), so the
+  // CTAs do not all read the same stretch of the h list at the same moment.
   const std::int64_t stride = static_cast<std::int64_t>(splits) * kWarps;
   const std::int64_t j = static_cast<std::int64_t>(split) * kWarps + warp;
-  auto group_of = [&](std::int64_t k) { return stride * k + ((k & 1) ? stride - 1 - j : j); };
+  const std::int64_t rounds = (p.groups + stride - 1) / stride;
+  const std::int64_t k0 = rounds * slice / slices;
+  auto group_of = [&](std::int64_t k) {
+    if (k >= rounds) return p.groups;  // past the end
+    const std::int64_t kr = (k + k0) % rounds;
+    return stride * kr + ((kr & 1) ? stride - 1 - j : j);
+  };
   std::int64_t g = group_of(0);
   int tok_next = g < p.groups ? p.tok[g * kHListGroup + q] : -1;
   int len_next = g < p.groups ? p.len[g] : 0;
   std::int64_t base_next = g < p.groups ? p.base[g] : 0;
-  for (std::int64_t k = 0; stride * k < p.groups; ++k) {
+  for (std::int64_t k = 0; k < rounds; ++k) {
     const int tok = tok_next;
     const int steps = tok >= 0 ? len_next / 4 : 0;  // empty positions (and g past the end) read nothing
     const uint4* src = reinterpret_cast<const uint4*>(p.words + base_next) + q;
