@@ -233,32 +233,35 @@ int main(int argc, char** argv) {
         direct.gate_twell(dx.get(), m, s);
         t_direct_rest = median_ms(warmup, reps, s, [&] { direct.sparse_rest(dx.get(), m, y_direct.get(), s); });
       }
-      // Diagnostic: the split remainder (h list + sliced down, the default where it applies) against
-      // the fused kernel, alternately: whole sparse path and remainder alone; and the fused error.
+      // Diagnostic: the split remainder (h list + sliced down, ContextOptions::split_remainder)
+      // against the fused kernel, alternately: whole sparse path and remainder alone; its error.
       double t_split = 0, t_fused = 0, t_split_rest = 0, t_fused_rest = 0;
-      DeviceBuffer<__nv_bfloat16> y_fused(xb.size());
+      DeviceBuffer<__nv_bfloat16> y_fused(xb.size()), y_split(xb.size());
       TWELL_CUDA_CHECK(cudaMemset(y_fused.get(), 0xff, y_fused.bytes()));
+      TWELL_CUDA_CHECK(cudaMemset(y_split.get(), 0xff, y_split.bytes()));
       FfnContext::SplitStats split_stats;
       {
-        ContextOptions fo = copt;
+        ContextOptions so = copt, fo = copt;
+        so.split_remainder = true;
         fo.split_remainder = false;
-        FfnContext fctx(fo);
+        FfnContext sctx(so), fctx(fo);
+        sctx.upload_weights(w, s);
         fctx.upload_weights(w, s);
         std::tie(t_split, t_fused) = alternating_medians_ms(
             warmup, reps, s,
             [&] {
-              ctx.gate_twell(dx.get(), m, s);
-              ctx.sparse_rest(dx.get(), m, y_sp.get(), s);
+              sctx.gate_twell(dx.get(), m, s);
+              sctx.sparse_rest(dx.get(), m, y_split.get(), s);
             },
             [&] {
               fctx.gate_twell(dx.get(), m, s);
               fctx.sparse_rest(dx.get(), m, y_fused.get(), s);
             });
-        split_stats = ctx.read_split_stats(s);
-        ctx.gate_twell(dx.get(), m, s);
+        split_stats = sctx.read_split_stats(s);
+        sctx.gate_twell(dx.get(), m, s);
         fctx.gate_twell(dx.get(), m, s);
         std::tie(t_split_rest, t_fused_rest) = alternating_medians_ms(
-            warmup, reps, s, [&] { ctx.sparse_rest(dx.get(), m, y_sp.get(), s); },
+            warmup, reps, s, [&] { sctx.sparse_rest(dx.get(), m, y_split.get(), s); },
             [&] { fctx.sparse_rest(dx.get(), m, y_fused.get(), s); });
       }
       // The decode kernel beyond the default decode_max_rows (where automatic runs dense today).
@@ -292,6 +295,7 @@ int main(int argc, char** argv) {
       const double err_auto = sampled_error(download(y_auto.get(), xb.size()), xv, w, fr.sparse, rows);
       const double err_direct = sampled_error(download(y_direct.get(), xb.size()), xv, w, true, rows);
       const double err_fused = sampled_error(download(y_fused.get(), xb.size()), xv, w, true, rows);
+      const double err_split = sampled_error(download(y_split.get(), xb.size()), xv, w, true, rows);
 
       const double density = static_cast<double>(cnt.nnz) / (static_cast<double>(m) * static_cast<double>(N));
       const double dense_flops = (pt.gated ? 6.0 : 4.0) * static_cast<double>(m) * K * N;
@@ -302,7 +306,7 @@ int main(int argc, char** argv) {
                     "%7lld %-8s %6.3f | %7.3f %7.3f %7.3f %7.3f %7.3f | %7.3f %7.3f %7.3f %7.0f | %6.2f %6.2f | %8.1e %8.1e | %6llu %6llu | %s",
                     static_cast<long long>(m), pt.mode.c_str(), 100 * density, t_gemm, t_gate, t_rest,
                     variants["0"].get<double>(), variants["2"].get<double>(), t_sparse, t_auto,
-                    t_dense, tflops, t_dense / t_sparse, t_dense / t_auto, std::max({err_sp, err_auto, err_direct, err_fused}), err_dn,
+                    t_dense, tflops, t_dense / t_sparse, t_dense / t_auto, std::max({err_sp, err_auto, err_direct, err_fused, err_split}), err_dn,
                     static_cast<unsigned long long>(cnt.overflow_tiles), static_cast<unsigned long long>(cnt.overflow_rows),
                     fr.path.c_str());
       std::printf("%s\n", line);
@@ -317,9 +321,9 @@ int main(int argc, char** argv) {
       std::printf("          gate rows read directly vs TwELL, alternating: %.3f / %.3f ms (rest alone %.3f); err %.1e\n",
                   t_direct, t_twell_alt, t_direct_rest, err_direct);
       std::printf("          split vs fused remainder, alternating: whole %.3f / %.3f ms, rest alone %.3f / %.3f ms; "
-                  "split %s (h list %.1f MB); fused err %.1e\n",
+                  "split %s (h list %.1f MB); err split %.1e fused %.1e\n",
                   t_split, t_fused, t_split_rest, t_fused_rest, split_stats.ran ? "ran" : "did not run",
-                  4e-6 * static_cast<double>(split_stats.words_needed), err_fused);
+                  4e-6 * static_cast<double>(split_stats.words_needed), err_split, err_fused);
       if (t_decode_wide > 0) std::printf("          decode kernel at this M: %.3f ms\n", t_decode_wide);
       std::fflush(stdout);
       lines.push_back(line);
@@ -352,6 +356,7 @@ int main(int argc, char** argv) {
                                {"split_ran", split_stats.ran},
                                {"split_hlist_words", split_stats.words_needed},
                                {"err_fused", err_fused},
+                               {"err_split", err_split},
                                {"sparse_total_ms", t_sparse},
                                {"auto_total_ms", t_auto},
                                {"auto_path", fr.path},

@@ -76,8 +76,13 @@ struct ContextOptions {
   // costs a 32-byte shared-memory read in the down product instead of a 4 KB weight row from L2.
   // Used on the TwELL path when M ≥ split_min_rows and the slice fits the device's shared memory
   // (N ≤ 7168 on H100); when a call's h list would exceed split_capacity_per_row·M words the fused
-  // kernel runs instead (decided on the device, exact either way).
-  bool split_remainder = true;
+  // kernel runs instead (decided on the device, exact either way). Off by default: measured on an
+  // H200 at M = 16384, K = 2048, N = 5632 (546cabc, alternating with the fused kernel), the
+  // remainder alone ran 0.561 vs 0.539 ms at 0.5 %, 0.910 vs 0.928 at 1 %, 2.41 vs 2.66 at 3 %,
+  // 1.036 vs 1.033 with hot rows, and 0.334 vs 0.291 non-gated: the up half alone (0.33 ms) is
+  // already at its L2 floor and the sliced down (0.20 ms) has not reached its 0.1 ms prediction
+  // (docs/perf-notes-cuda.md, "Split remainder").
+  bool split_remainder = false;
   std::int64_t split_min_rows = 1024;
   std::int64_t split_capacity_per_row = 0;  // words; 0: max(64, N / 16) (≈ 6 % density at N = 5632)
 };
