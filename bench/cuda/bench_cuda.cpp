@@ -264,6 +264,21 @@ int main(int argc, char** argv) {
             warmup, reps, s, [&] { sctx.sparse_rest(dx.get(), m, y_split.get(), s); },
             [&] { fctx.sparse_rest(dx.get(), m, y_fused.get(), s); });
       }
+      // Diagnostic: the dense baseline in row chunks (ContextOptions::dense_chunk_rows), each
+      // alternating with the one-pass dense FFN of this point's context.
+      nlohmann::json dense_chunks = nlohmann::json::object();
+      if (pt.gated && m >= 16384 && pt.density <= 0.005)
+        for (std::int64_t rows : {1024, 2048, 4096}) {
+          ContextOptions dco = copt;
+          dco.dense_chunk_rows = rows;
+          FfnContext dctx(dco);
+          dctx.upload_weights(w, s);
+          double t_chunked = 0, t_plain = 0;
+          std::tie(t_chunked, t_plain) = alternating_medians_ms(
+              warmup, reps, s, [&] { dctx.dense_forward(dx.get(), m, y_dn.get(), s); },
+              [&] { ctx.dense_forward(dx.get(), m, y_dn.get(), s); });
+          dense_chunks[std::to_string(rows)] = {t_chunked, t_plain};
+        }
       // The decode kernel beyond the default decode_max_rows (where automatic runs dense today).
       double t_decode_wide = 0;
       if (m > copt.decode_max_rows && m <= 1024) {
@@ -324,6 +339,12 @@ int main(int argc, char** argv) {
                   "split %s (h list %.1f MB); err split %.1e fused %.1e\n",
                   t_split, t_fused, t_split_rest, t_fused_rest, split_stats.ran ? "ran" : "did not run",
                   4e-6 * static_cast<double>(split_stats.words_needed), err_split, err_fused);
+      if (!dense_chunks.empty()) {
+        std::printf("          dense FFN in row chunks vs one pass, alternating:");
+        for (const auto& [rows, t] : dense_chunks.items())
+          std::printf(" %s rows %.3f / %.3f;", rows.c_str(), t[0].get<double>(), t[1].get<double>());
+        std::printf("\n");
+      }
       if (t_decode_wide > 0) std::printf("          decode kernel at this M: %.3f ms\n", t_decode_wide);
       std::fflush(stdout);
       lines.push_back(line);
@@ -357,6 +378,7 @@ int main(int argc, char** argv) {
                                {"split_hlist_words", split_stats.words_needed},
                                {"err_fused", err_fused},
                                {"err_split", err_split},
+                               {"dense_chunked_vs_plain_ms", dense_chunks},
                                {"sparse_total_ms", t_sparse},
                                {"auto_total_ms", t_auto},
                                {"auto_path", fr.path},

@@ -126,14 +126,24 @@ void FfnContext::reserve(std::int64_t m) {
 
 void FfnContext::dense_forward(const __nv_bfloat16* x, std::int64_t m, __nv_bfloat16* y, cudaStream_t stream) {
   reserve(m);
-  if (gated_) {
-    // [g | u] = x · [Wg; Wu]ᵀ as one GEMM (2·ldn outputs), then h = ReLU(g) ⊙ u, then y = h · Wdᵀ.
-    gemm_.run({m, 2 * ldn_, k_, k_, k_, 2 * ldn_, GemmEpilogue::none}, w_gu_.get(), x, gu_.get(), stream);
-    launch_gated_product(gu_.get(), gu_.get() + ldn_, 2 * ldn_, h_.get(), ldn_, m, n_, stream);
-  } else {
+  if (!gated_) {
     gemm_.run({m, n_, k_, k_, k_, ldn_, GemmEpilogue::relu}, w_gu_.get(), x, h_.get(), stream);
+    gemm_.run({m, k_, n_, ldn_, ldn_, k_, GemmEpilogue::none}, w_down_.get(), h_.get(), y, stream);
+    dense_gate_rows_ = m;
+    return;
   }
-  gemm_.run({m, k_, n_, ldn_, ldn_, k_, GemmEpilogue::none}, w_down_.get(), h_.get(), y, stream);
+  // Per row chunk: [g | u] = x · [Wg; Wu]ᵀ as one GEMM (2·ldn outputs), then h = ReLU(g) ⊙ u, then
+  // y = h · Wdᵀ; every chunk reuses rows [0, rows) of gu_ and h_ (so they stay in L2 when chunked).
+  const std::int64_t per = opt_.dense_chunk_rows > 0 && m > opt_.dense_chunk_rows
+                               ? round_up(opt_.dense_chunk_rows, 128)
+                               : m;
+  for (std::int64_t r0 = 0; r0 < m; r0 += per) {
+    const std::int64_t rows = std::min(per, m - r0);
+    gemm_.run({rows, 2 * ldn_, k_, k_, k_, 2 * ldn_, GemmEpilogue::none}, w_gu_.get(), x + r0 * k_, gu_.get(), stream);
+    launch_gated_product(gu_.get(), gu_.get() + ldn_, 2 * ldn_, h_.get(), ldn_, rows, n_, stream);
+    gemm_.run({rows, k_, n_, ldn_, ldn_, k_, GemmEpilogue::none}, w_down_.get(), h_.get(), y + r0 * k_, stream);
+    dense_gate_rows_ = rows;
+  }
 }
 
 void FfnContext::dense_gate_gemm(const __nv_bfloat16* x, std::int64_t m, cudaStream_t stream) {
@@ -291,10 +301,12 @@ void FfnContext::dense_rest(const __nv_bfloat16* x, std::int64_t m, __nv_bfloat1
 
 void FfnContext::dense_forward_counted(const __nv_bfloat16* x, std::int64_t m, __nv_bfloat16* y, cudaStream_t stream) {
   dense_forward(x, m, y, stream);
-  // The gate's sign pattern is in the stacked output (gated) or in h = ReLU(up) (non-gated).
-  const TwellSampleParams sp = sample_params(gated_ ? gu_.get() : h_.get(), gated_ ? 2 * ldn_ : ldn_, m, 0.0);
+  // The gate's sign pattern is in the stacked output (gated) or in h = ReLU(up) (non-gated); with
+  // row chunks only the last chunk's rows are still there, and those are counted.
+  const std::int64_t rows = dense_gate_rows_;
+  const TwellSampleParams sp = sample_params(gated_ ? gu_.get() : h_.get(), gated_ ? 2 * ldn_ : ldn_, rows, 0.0);
   launch_twell_sample_decide(sp, stream);
-  counts_.push(&dispatch_.get()->count, static_cast<double>((m + sp.stride - 1) / sp.stride) * static_cast<double>(n_),
+  counts_.push(&dispatch_.get()->count, static_cast<double>((rows + sp.stride - 1) / sp.stride) * static_cast<double>(n_),
                stream);
 }
 

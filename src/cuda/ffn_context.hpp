@@ -83,6 +83,10 @@ struct ContextOptions {
   // already at its L2 floor and the sliced down (0.20 ms) has not reached its 0.1 ms prediction
   // (docs/perf-notes-cuda.md, "Split remainder").
   bool split_remainder = false;
+  // Dense baseline (gated) in row chunks of this many rows (0: one pass): each chunk's stacked
+  // [rows, 2N] GEMM output and its h stay in L2 for the product and the down GEMM, instead of a
+  // 0.55 GB round trip through DRAM at M = 16384. Row chunks are whole 128-row GEMM tiles.
+  std::int64_t dense_chunk_rows = 0;
   std::int64_t split_min_rows = 1024;
   std::int64_t split_capacity_per_row = 0;  // words; 0: max(64, N / 16) (≈ 6 % density at N = 5632)
 };
@@ -173,6 +177,8 @@ class FfnContext {
   void resolve_pending();  // folds the newest returned count into last_density_
   // Decode: gate GEMM, then the decode kernel (twell_decode.hpp), its count into counts_.
   void decode_forward(const __nv_bfloat16* x, std::int64_t m, __nv_bfloat16* y, cudaStream_t stream);
+  // Rows of the last dense_forward's gate still in gu_ (its last row chunk), from row 0.
+  std::int64_t dense_gate_rows_ = 0;
   // dense_forward, then a sampled count of its gate, read back by a later call (counts_).
   void dense_forward_counted(const __nv_bfloat16* x, std::int64_t m, __nv_bfloat16* y, cudaStream_t stream);
   // Dispatch count over ≤ dispatch_sample_rows evenly spaced rows of src [m, n] (row stride ld).
