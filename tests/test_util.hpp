@@ -89,16 +89,8 @@ inline double rel_err(const std::vector<float>& a, const std::vector<double>& b)
 // Generator parameters for a test shape (the seed is set by each test from fresh_seed()).
 inline SparsityParams sparsity(std::int64_t m, std::int64_t k, std::int64_t n, double density, bool gated, double hot_rows,
                                double hot_density, double neuron_skew = 1.0) {
-  SparsityParams p;
-  p.m = m;
-  p.k = k;
-  p.n = n;
-  p.density = density;
-  p.gated = gated;
-  p.hot_rows = hot_rows;
-  p.hot_density = hot_density;
-  p.neuron_skew = neuron_skew;
-  return p;
+  return {.m = m, .k = k, .n = n, .density = density, .hot_rows = hot_rows, .hot_density = hot_density,
+          .neuron_skew = neuron_skew, .gated = gated};
 }
 
 inline std::vector<float> poisoned(std::size_t n) { return std::vector<float>(n, std::numeric_limits<float>::quiet_NaN()); }

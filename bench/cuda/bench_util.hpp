@@ -53,16 +53,8 @@ struct RoundedFfn {
 };
 inline RoundedFfn generate_rounded(std::int64_t m, std::int64_t k, std::int64_t n, double density, double hot_rows,
                                    double hot_density, bool gated, std::uint64_t seed) {
-  SparsityParams sp;
-  sp.m = m;
-  sp.k = k;
-  sp.n = n;
-  sp.density = density;
-  sp.hot_rows = hot_rows;
-  sp.hot_density = hot_density;
-  sp.gated = gated;
-  sp.seed = seed;
-  const GeneratedFfn g = generate_ffn(sp);
+  const GeneratedFfn g = generate_ffn({.m = m, .k = k, .n = n, .density = density, .hot_rows = hot_rows,
+                                       .hot_density = hot_density, .gated = gated, .seed = seed});
   auto rounded = [](const HostTensor& t) {
     std::vector<float> v(static_cast<std::size_t>(t.numel()));
     const float* p = t.data<float>();

@@ -218,20 +218,11 @@ void FfnContext::pack_rows(std::int64_t r0, std::int64_t rows, const std::uint32
 void FfnContext::sparse_rest(const __nv_bfloat16* x, std::int64_t m, __nv_bfloat16* y, cudaStream_t stream) {
   TWELL_CHECK(m <= cap_m_, ErrorCode::invalid_argument, "sparse_rest: run gate_twell for these {} rows first", m);
   TwellUpDownParams p;
-  p.x = x;
-  p.ld_x = k_;
+  static_cast<FfnOperands&>(p) = operands(x, m, y);
   p.words = words_.get();
   p.backup = g_.get();
   p.ld_backup = ldn_;
-  p.w_up = gated_ ? w_gu_.get() + ldn_ * k_ : nullptr;
-  p.w_down_t = w_down_t_.get();
-  p.y = y;
-  p.ld_y = k_;
-  p.m = m;
-  p.n = n_;
-  p.k = k_;
   p.words_per_tile = words_per_tile();
-  p.gated = gated_;
   p.relu = true;
   p.variant = opt_.updown_variant;
   if (opt_.gate_rows_direct) {
@@ -266,20 +257,30 @@ void FfnContext::sparse_rest(const __nv_bfloat16* x, std::int64_t m, __nv_bfloat
   p.hl_len = pp.len;
   launch_twell_up_down(p, stream);
   TwellDownSlicedParams dp;
+  static_cast<FfnOperands&>(dp) = operands(x, m, y);
   dp.words = hlist_.get();
   dp.tok = pp.tok;
   dp.base = pp.base;
   dp.len = pp.len;
   dp.groups = split_groups(m);
-  dp.w_down_t = w_down_t_.get();
-  dp.y = y;
-  dp.ld_y = k_;
-  dp.m = m;
-  dp.n = n_;
-  dp.k = k_;
   dp.enable = pp.enable;
   dp.sm_count = sm_count_;
   launch_twell_down_sliced(dp, stream);
+}
+
+FfnOperands FfnContext::operands(const __nv_bfloat16* x, std::int64_t m, __nv_bfloat16* y) const noexcept {
+  FfnOperands o;
+  o.x = x;
+  o.ld_x = k_;
+  o.w_up = gated_ ? w_gu_.get() + ldn_ * k_ : nullptr;
+  o.w_down_t = w_down_t_.get();
+  o.y = y;
+  o.ld_y = k_;
+  o.m = m;
+  o.n = n_;
+  o.k = k_;
+  o.gated = gated_;
+  return o;
 }
 
 bool FfnContext::use_split(std::int64_t m) const noexcept {
@@ -322,18 +323,9 @@ void FfnContext::decode_forward(const __nv_bfloat16* x, std::int64_t m, __nv_bfl
     TWELL_CUDA_CHECK(cudaMemsetAsync(decode_nnz_.get(), 0, decode_nnz_.bytes(), stream));
   }
   TwellDecodeParams p;
-  p.x = x;
-  p.ld_x = k_;
+  static_cast<FfnOperands&>(p) = operands(x, m, y);
   p.g = g_.get();
   p.ld_g = ldn_;
-  p.w_up = gated_ ? w_gu_.get() + ldn_ * k_ : nullptr;
-  p.w_down_t = w_down_t_.get();
-  p.y = y;
-  p.ld_y = k_;
-  p.m = m;
-  p.n = n_;
-  p.k = k_;
-  p.gated = gated_;
   p.partials = decode_partials_.get();
   p.row_tickets = decode_tickets_.get();
   p.cta_ticket = decode_tickets_.get() + decode_tickets_.size() - 2;

@@ -168,6 +168,8 @@ class FfnContext {
   void pack_rows(std::int64_t r0, std::int64_t rows, const std::uint32_t* enable, bool reset_counters,
                  cudaStream_t stream);
   bool use_split(std::int64_t m) const noexcept;
+  // This layer's operands for a call on x [m, K] → y [m, K] (both row stride K).
+  FfnOperands operands(const __nv_bfloat16* x, std::int64_t m, __nv_bfloat16* y) const noexcept;
   const char* sparse_path_name(std::int64_t m) const noexcept {
     if (use_split(m))
       return gated_ ? "twell: cublasLt gate + pack, up + sliced down (fused if the h list overflows)"

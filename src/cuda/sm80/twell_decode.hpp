@@ -13,21 +13,15 @@
 
 #include <cstdint>
 
+#include "cuda/common/ffn_operands.hpp"
+
 namespace twell::cuda {
 
 inline constexpr std::int64_t kDecodeMaxK = 8192;  // K / 8 chunks over 256 threads, ≤ 4 each
 
-struct TwellDecodeParams {
-  const __nv_bfloat16* x = nullptr;         // [m, K], row stride ld_x (gated)
-  std::int64_t ld_x = 0;
+struct TwellDecodeParams : FfnOperands {
   const __nv_bfloat16* g = nullptr;         // [m, N] gate ReLU output (gated) or h (non-gated), stride ld_g
   std::int64_t ld_g = 0;
-  const __nv_bfloat16* w_up = nullptr;      // [N, K] (gated)
-  const __nv_bfloat16* w_down_t = nullptr;  // [N, K] = Wdᵀ
-  __nv_bfloat16* y = nullptr;               // [m, K], row stride ld_y
-  std::int64_t ld_y = 0;
-  std::int64_t m = 0, n = 0, k = 0;
-  bool gated = true;
   float* partials = nullptr;                // [m, tiles, K] workspace
   unsigned int* row_tickets = nullptr;      // [m], zero on entry (left zero)
   unsigned int* cta_ticket = nullptr;       // [1], zero on entry (left zero)

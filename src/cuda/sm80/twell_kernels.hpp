@@ -7,6 +7,8 @@
 
 #include <cstdint>
 
+#include "cuda/common/ffn_operands.hpp"
+
 namespace twell::cuda {
 
 // TwELL on the GPU uses T = 256 columns per tile (the GEMM tile width along N). C may be any
@@ -52,19 +54,11 @@ void launch_twell_sample_decide(const TwellSampleParams& p, cudaStream_t stream)
 // Overflow fallback, used by both consumers: a (row, tile) block whose count exceeds S − 1 is
 // read in full from `backup` (the dense [M, N] pre-activation the TwELL was packed from, same
 // keep rule), so overflowed rows are exact. Non-overflowed blocks never touch `backup`.
-struct TwellUpDownParams {
-  const __nv_bfloat16* x = nullptr;       // [M, K], row stride ld_x (gated only)
-  std::int64_t ld_x = 0;
+struct TwellUpDownParams : FfnOperands {
   const std::uint32_t* words = nullptr;   // TwELL [M, tiles · S] of g (gated) or h (non-gated)
   const __nv_bfloat16* backup = nullptr;  // [M, N] dense values for overflowed blocks, stride ld_backup
   std::int64_t ld_backup = 0;
-  const __nv_bfloat16* w_up = nullptr;    // [N, K] row stride K (gated only)
-  const __nv_bfloat16* w_down_t = nullptr;  // [N, K] = Wdᵀ, row stride K
-  __nv_bfloat16* y = nullptr;             // [M, K], row stride ld_y
-  std::int64_t ld_y = 0;
-  std::int64_t m = 0, n = 0, k = 0;
   int words_per_tile = 32;
-  bool gated = true;
   bool relu = true;                       // keep rule for backup blocks
   int variant = 0;  // 0: 2 chunks/thread, 4 rows in flight; 1: 2 chunks, 8 rows; 2: 4 chunks, 2 rows
   // true: no TwELL; each row's non-zeros are read from `backup` (the dense gate) directly, so there

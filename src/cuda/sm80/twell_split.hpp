@@ -82,16 +82,13 @@ void launch_split_plan(const SplitPlanParams& p, cudaStream_t stream);
 // y[tok, :] = Σ_entries h · Wdᵀ[n, :], weight-stationary: grid = slices × splits, one CTA per
 // (16-column slice of K, 1/splits of the groups); fp32 accumulation, y rounded to bf16 once.
 // Does nothing when *enable == 0.
-struct TwellDownSlicedParams {
+// Of the operands it reads w_down_t and writes y (m, n, k as usual; x and w_up unused).
+struct TwellDownSlicedParams : FfnOperands {
   const std::uint32_t* words = nullptr;  // the h list
   const int* tok = nullptr;
   const std::int64_t* base = nullptr;
   const int* len = nullptr;
   std::int64_t groups = 0;
-  const __nv_bfloat16* w_down_t = nullptr;  // [N, K] = Wdᵀ, row stride K
-  __nv_bfloat16* y = nullptr;               // [M, K], row stride ld_y
-  std::int64_t ld_y = 0;
-  std::int64_t m = 0, n = 0, k = 0;
   const std::uint32_t* enable = nullptr;
   int sm_count = 0;                         // sizes the splits (0: one split)
 };
