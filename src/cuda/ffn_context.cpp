@@ -391,8 +391,9 @@ ForwardResult FfnContext::forward(const __nv_bfloat16* x, std::int64_t m, __nv_b
   }
   // Path::automatic.
   const double max_density = decode    ? opt_.decode_max_density
-                             : gated_ ? opt_.max_sparse_density_gated
-                                      : opt_.max_sparse_density_nongated;
+                             : !gated_                        ? opt_.max_sparse_density_nongated
+                             : m >= opt_.dispatch_large_rows ? opt_.max_sparse_density_gated_large
+                                                              : opt_.max_sparse_density_gated;
   resolve_pending();
   if (decode || (opt_.sticky_dispatch && last_density_ >= 0)) {
     // Decided by the latest count of this layer (decode with none yet: sparse); this call counts

@@ -37,6 +37,14 @@ struct ContextOptions {
   // where these come from: the measured crossover of sparse remainder vs dense remainder).
   double max_sparse_density_gated = 0.009;  // H100, K=2048, N=5632: sparse 1.31x dense at 0.5%, 0.95x at 1%
   double max_sparse_density_nongated = 0.006;
+  // From dispatch_large_rows rows on, the gated threshold is max_sparse_density_gated_large: there
+  // the dense FFN runs at 660–670 TF/s (740+ at M = 16384) while the sparse path stays linear in
+  // the non-zeros. Measured at M = 131072 and 1.0 % (uniform and hot rows): sparse 1.05× / 1.06×
+  // dense on an H100 (4876040), 1.13× / 1.14× on an H200 (7cf320e); at M = 16384 1.05× / 0.93×
+  // (H200), hence not below. The crossover at 131072 extrapolates to ≈ 1.2 % (rest 4.2 ms at
+  // 0.5 %, 7.1 ms at 1 %, against dense − gate = 8.4 ms).
+  std::int64_t dispatch_large_rows = 65536;
+  double max_sparse_density_gated_large = 0.0105;
   std::int64_t dispatch_sample_rows = 2048;  // rows the dispatch count reads (all rows when M is smaller)
   // Below this M, automatic runs the dense path without counting: the host read of the count costs
   // ~25 µs, more than the sparse path saves there (measured: docs/perf-notes.md).

@@ -450,6 +450,28 @@ TEST_F(CudaDispatch, StickyFollowsTheMeasuredDensity) {
   EXPECT_TRUE(automatic(x_.get()).counted);
 }
 
+// From dispatch_large_rows rows on, the gated threshold is max_sparse_density_gated_large: at the
+// same density (20 %) a call at M ≥ dispatch_large_rows runs sparse, one below runs dense.
+TEST_F(CudaDispatch, LargeBatchesUseTheirOwnThreshold) {
+  const FfnCase c{"large_rows", 1000, 1000, 1024, 0.20};
+  ContextOptions opt;
+  opt.dispatch_min_rows = 0;
+  opt.max_sparse_density_gated = 0.1;
+  opt.max_sparse_density_gated_large = 0.3;
+  opt.dispatch_large_rows = 1000;
+  ASSERT_NO_FATAL_FAILURE(set_up(c, opt, 32, c.seed + 5));
+  const ForwardResult large = automatic(x_.get());
+  EXPECT_TRUE(large.counted);
+  EXPECT_TRUE(large.sparse) << large.path;
+  ContextOptions below = opt;
+  below.dispatch_large_rows = 1001;
+  ctx_ = std::make_unique<FfnContext>(below);
+  ctx_->upload_weights(w_, s_);
+  const ForwardResult small = automatic(x_.get());
+  EXPECT_TRUE(small.counted);
+  EXPECT_FALSE(small.sparse) << small.path;
+}
+
 // Decode (M ≤ decode_max_rows, default options): sparse without a host wait until a count shows
 // the layer dense; the dense calls keep counting, so a sparse input brings the sparse path back.
 TEST_F(CudaDispatch, DecodeRunsSparseUntilTheLayerMeasuresDense) {
