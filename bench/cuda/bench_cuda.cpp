@@ -153,6 +153,11 @@ int main(int argc, char** argv) {
       for (auto* b : {&y_sp, &y_dn, &y_auto}) TWELL_CUDA_CHECK(cudaMemset(b->get(), 0xff, b->bytes()));  // NaN poison
 
       const std::int64_t m = pt.m;
+      // A context's whole sparse path (gate GEMM + packing, then the remainder) into y.
+      auto sparse_path = [&](FfnContext& c, __nv_bfloat16* y) {
+        c.gate_twell(dx.get(), m, s);
+        c.sparse_rest(dx.get(), m, y, s);
+      };
       double t_dense = median_ms(warmup, reps, s, [&] { ctx.dense_forward(dx.get(), m, y_dn.get(), s); });
       const double t_gemm = median_ms(warmup, reps, s, [&] { ctx.dense_gate_gemm(dx.get(), m, s); });
       const double t_gate = median_ms(warmup, reps, s, [&] { ctx.gate_twell(dx.get(), m, s); });
@@ -179,10 +184,7 @@ int main(int argc, char** argv) {
         vctx.gate_twell(dx.get(), m, s);
         variants[std::to_string(v)] = median_ms(warmup, reps, s, [&] { vctx.sparse_rest(dx.get(), m, y_sp.get(), s); });
       }
-      const double t_sparse = median_ms(warmup, reps, s, [&] {
-        ctx.gate_twell(dx.get(), m, s);
-        ctx.sparse_rest(dx.get(), m, y_sp.get(), s);
-      });
+      const double t_sparse = median_ms(warmup, reps, s, [&] { sparse_path(ctx, y_sp.get()); });
       // Automatic and dense timed alternately (rep by rep), so that clock drift over the point hits
       // both alike; the dense time reported is this one (t_dense above warms the plans up).
       ForwardResult fr;
@@ -196,10 +198,7 @@ int main(int argc, char** argv) {
       {
         std::tie(t_sparse_alt, t_auto_alt) = alternating_medians_ms(
             warmup, reps, s,
-            [&] {
-              ctx.gate_twell(dx.get(), m, s);
-              ctx.sparse_rest(dx.get(), m, y_sp.get(), s);
-            },
+            [&] { sparse_path(ctx, y_sp.get()); },
             [&] { ctx.forward(dx.get(), m, y_auto.get(), Path::automatic, s); });
         ContextOptions fo = copt;
         fo.sticky_dispatch = false;
@@ -222,14 +221,8 @@ int main(int argc, char** argv) {
         FfnContext& twell = copt.gate_rows_direct ? drx : ctx;
         std::tie(t_direct, t_twell_alt) = alternating_medians_ms(
             warmup, reps, s,
-            [&] {
-              direct.gate_twell(dx.get(), m, s);
-              direct.sparse_rest(dx.get(), m, y_direct.get(), s);
-            },
-            [&] {
-              twell.gate_twell(dx.get(), m, s);
-              twell.sparse_rest(dx.get(), m, y_sp.get(), s);
-            });
+            [&] { sparse_path(direct, y_direct.get()); },
+            [&] { sparse_path(twell, y_sp.get()); });
         direct.gate_twell(dx.get(), m, s);
         t_direct_rest = median_ms(warmup, reps, s, [&] { direct.sparse_rest(dx.get(), m, y_direct.get(), s); });
       }
@@ -249,14 +242,8 @@ int main(int argc, char** argv) {
         fctx.upload_weights(w, s);
         std::tie(t_split, t_fused) = alternating_medians_ms(
             warmup, reps, s,
-            [&] {
-              sctx.gate_twell(dx.get(), m, s);
-              sctx.sparse_rest(dx.get(), m, y_split.get(), s);
-            },
-            [&] {
-              fctx.gate_twell(dx.get(), m, s);
-              fctx.sparse_rest(dx.get(), m, y_fused.get(), s);
-            });
+            [&] { sparse_path(sctx, y_split.get()); },
+            [&] { sparse_path(fctx, y_fused.get()); });
         split_stats = sctx.read_split_stats(s);
         sctx.gate_twell(dx.get(), m, s);
         fctx.gate_twell(dx.get(), m, s);
