@@ -225,24 +225,33 @@ __global__ void slice_major_kernel(const uint4* in, std::int64_t ld8, std::int64
   }
 }
 
-// Neuron-major: one warp per work item (a run of at most p.run of one neuron's entries) over one
-// column slice; lane l owns the slice's 16-byte chunks {l + 32·i}. The entries arrive 32 at a time
-// (one coalesced float4 per lane) and are broadcast by shuffles; per entry (token m) the slice of
-// x[m] and dy[m] is read and the three gradient slices accumulate in registers, written once as
-// fp32 (item 0: to the gradient rows; others: to their partials block). No shared memory, no
-// block sync.
+// Neuron-major: one warp per (work item, 256-column part of the slice); a work item is a run of
+// at most p.run of one neuron's entries. Lane l owns chunk l of its part (16 bytes). The entries
+// arrive 32 at a time (one coalesced float4 per lane) and are broadcast by shuffles; per entry
+// (token m) the part of x[m] and dy[m] is read and the three gradient parts accumulate in
+// registers, written once as fp32 (item 0: to the gradient rows; others: to their partials
+// block). No shared memory, no block sync. A 512-column slice takes two warps per item rather
+// than two chunks per lane: with one chunk per lane a warp needs half the accumulators, so more
+// warps and more tokens in flight fit (ncu showed the two-chunk version latency-bound: 4 CTAs
+// per SM by registers, long-scoreboard stalls 49 %).
 constexpr int kGradWarps = 4;
+constexpr int kGradPartChunks = 32;  // chunks of 8 columns per warp
 template <int CH>
 __global__ void __launch_bounds__(kGradWarps * 32) sparse_weight_grad_kernel(SparseWeightGradParams p) {
+  static_assert(CH == 1, "one chunk per lane; wider slices take more warps per item");
   constexpr unsigned kFull = 0xffffffffu;
-  constexpr int U = CH == 1 ? 4 : 2;  // tokens in flight
+  constexpr int U = 4;  // tokens in flight
   const int lane = threadIdx.x % 32;
-  const std::int64_t item = static_cast<std::int64_t>(blockIdx.x) * kGradWarps + threadIdx.x / 32;
+  const int slice_chunks = static_cast<int>((p.col_end - p.col_begin + 7) / 8);
+  const int parts = (slice_chunks + kGradPartChunks - 1) / kGradPartChunks;
+  const std::int64_t warp_id = static_cast<std::int64_t>(blockIdx.x) * kGradWarps + threadIdx.x / 32;
+  const std::int64_t item = warp_id / parts;
+  const int part0 = static_cast<int>(warp_id % parts) * kGradPartChunks;  // first chunk of this warp's part
   if (item >= p.items_bound || item >= p.item_offsets[p.n]) return;  // whole warps only
   const std::int64_t n = p.item_neuron[item], sub = item - p.item_offsets[n];
-  const int schunks = static_cast<int>((p.col_end - p.col_begin + 7) / 8);
-  const __nv_bfloat16* x = p.x;
-  const __nv_bfloat16* dy = p.dy;
+  const int schunks = min(kGradPartChunks, slice_chunks - part0);
+  const __nv_bfloat16* x = p.x + static_cast<std::int64_t>(part0) * 8;
+  const __nv_bfloat16* dy = p.dy + static_cast<std::int64_t>(part0) * 8;
   // The item's entries have ascending rows: [beg, end) = those in [row_begin, row_end).
   auto first_at_or_after = [&](std::int64_t lo, std::int64_t hi, std::int64_t row) {
     while (lo < hi) {
@@ -297,7 +306,8 @@ __global__ void __launch_bounds__(kGradWarps * 32) sparse_weight_grad_kernel(Spa
   const std::int64_t slot = p.item_offsets[n] - n + sub - 1;
   auto store = [&](float* rows, int which, const float (&a)[CH][8]) {
     const bool to_rows = sub == 0;
-    float* dst = to_rows ? rows + n * p.k + p.col_begin : p.partials + (slot * 3 + which) * kWeightGradMaxSlice;
+    float* dst = (to_rows ? rows + n * p.k + p.col_begin : p.partials + (slot * 3 + which) * kWeightGradMaxSlice) +
+                 static_cast<std::int64_t>(part0) * 8;
 #pragma unroll
     for (int i = 0; i < CH; ++i) {
       const int c = i * 32 + lane;
@@ -555,13 +565,11 @@ void launch_sparse_weight_grads(const SparseWeightGradParams& p, cudaStream_t st
                    ErrorCode::invalid_argument, "sparse weight grads: null pointer");
   TWELL_CU_REQUIRE(p.run >= 1 && p.items_bound >= p.n, ErrorCode::invalid_argument,
                    "sparse weight grads: run {} / item bound {} invalid for N = {}", p.run, p.items_bound, p.n);
-  const std::int64_t blocks = (p.items_bound + kGradWarps - 1) / kGradWarps;
+  const std::int64_t parts = ((p.col_end - p.col_begin) / 8 + kGradPartChunks - 1) / kGradPartChunks;
+  const std::int64_t blocks = (p.items_bound * parts + kGradWarps - 1) / kGradWarps;
   TWELL_CU_REQUIRE(blocks <= 0x7fffffff, ErrorCode::unsupported, "sparse weight grads: {} items exceed one launch",
                    p.items_bound);
-  if (p.col_end - p.col_begin <= 256)
-    sparse_weight_grad_kernel<1><<<static_cast<unsigned>(blocks), kGradWarps * 32, 0, stream>>>(p);
-  else
-    sparse_weight_grad_kernel<2><<<static_cast<unsigned>(blocks), kGradWarps * 32, 0, stream>>>(p);
+  sparse_weight_grad_kernel<1><<<static_cast<unsigned>(blocks), kGradWarps * 32, 0, stream>>>(p);
   TWELL_CUDA_CHECK_LAUNCH("sparse_weight_grad_kernel");
 }
 
