@@ -225,31 +225,30 @@ __global__ void slice_major_kernel(const uint4* in, std::int64_t ld8, std::int64
   }
 }
 
-// Neuron-major: one warp per (work item, 256-column part of the slice); a work item is a run of
-// at most p.run of one neuron's entries. Lane l owns chunk l of its part (16 bytes). The entries
+// Neuron-major: one warp per (work item, part of the slice of 32·CH chunks); a work item is a run
+// of at most p.run of one neuron's entries. Lane l owns chunks {l + 32·i : i < CH} of its part. The entries
 // arrive 32 at a time (one coalesced float4 per lane) and are broadcast by shuffles; per entry
 // (token m) the part of x[m] and dy[m] is read and the three gradient parts accumulate in
 // registers, written once as fp32 (item 0: to the gradient rows; others: to their partials
-// block). No shared memory, no block sync. A 512-column slice takes two warps per item rather
-// than two chunks per lane: with one chunk per lane a warp needs half the accumulators, so more
-// warps and more tokens in flight fit (ncu showed the two-chunk version latency-bound: 4 CTAs
-// per SM by registers, long-scoreboard stalls 49 %).
+// block). No shared memory, no block sync. Gated, a 512-column slice takes two warps per item
+// (CH = 1) rather than two chunks per lane: with three gradients, two chunks per lane needed so
+// many accumulators that 4 CTAs fit an SM and the pass was latency-bound (ncu, H200: long-
+// scoreboard stalls 49 %, 204 µs); two warps of one chunk: 175 µs. Non-gated keeps CH = 2.
 constexpr int kGradWarps = 4;
-constexpr int kGradPartChunks = 32;  // chunks of 8 columns per warp
 template <int CH>
 __global__ void __launch_bounds__(kGradWarps * 32) sparse_weight_grad_kernel(SparseWeightGradParams p) {
-  static_assert(CH == 1, "one chunk per lane; wider slices take more warps per item");
+  constexpr int kPartChunks = 32 * CH;  // chunks of 8 columns per warp
   constexpr unsigned kFull = 0xffffffffu;
-  constexpr int U = 4;  // tokens in flight
+  constexpr int U = CH == 1 ? 4 : 2;  // tokens in flight
   const int lane = threadIdx.x % 32;
   const int slice_chunks = static_cast<int>((p.col_end - p.col_begin + 7) / 8);
-  const int parts = (slice_chunks + kGradPartChunks - 1) / kGradPartChunks;
+  const int parts = (slice_chunks + kPartChunks - 1) / kPartChunks;
   const std::int64_t warp_id = static_cast<std::int64_t>(blockIdx.x) * kGradWarps + threadIdx.x / 32;
   const std::int64_t item = warp_id / parts;
-  const int part0 = static_cast<int>(warp_id % parts) * kGradPartChunks;  // first chunk of this warp's part
+  const int part0 = static_cast<int>(warp_id % parts) * kPartChunks;  // first chunk of this warp's part
   if (item >= p.items_bound || item >= p.item_offsets[p.n]) return;  // whole warps only
   const std::int64_t n = p.item_neuron[item], sub = item - p.item_offsets[n];
-  const int schunks = min(kGradPartChunks, slice_chunks - part0);
+  const int schunks = min(kPartChunks, slice_chunks - part0);
   const __nv_bfloat16* x = p.x + static_cast<std::int64_t>(part0) * 8;
   const __nv_bfloat16* dy = p.dy + static_cast<std::int64_t>(part0) * 8;
   // The item's entries have ascending rows: [beg, end) = those in [row_begin, row_end).
@@ -565,11 +564,16 @@ void launch_sparse_weight_grads(const SparseWeightGradParams& p, cudaStream_t st
                    ErrorCode::invalid_argument, "sparse weight grads: null pointer");
   TWELL_CU_REQUIRE(p.run >= 1 && p.items_bound >= p.n, ErrorCode::invalid_argument,
                    "sparse weight grads: run {} / item bound {} invalid for N = {}", p.run, p.items_bound, p.n);
-  const std::int64_t parts = ((p.col_end - p.col_begin) / 8 + kGradPartChunks - 1) / kGradPartChunks;
+  const std::int64_t slice_chunks = (p.col_end - p.col_begin) / 8;
+  const int ch = (p.gated || slice_chunks <= 32) ? 1 : 2;  // see sparse_weight_grad_kernel
+  const std::int64_t parts = (slice_chunks + 32 * ch - 1) / (32 * ch);
   const std::int64_t blocks = (p.items_bound * parts + kGradWarps - 1) / kGradWarps;
   TWELL_CU_REQUIRE(blocks <= 0x7fffffff, ErrorCode::unsupported, "sparse weight grads: {} items exceed one launch",
                    p.items_bound);
-  sparse_weight_grad_kernel<1><<<static_cast<unsigned>(blocks), kGradWarps * 32, 0, stream>>>(p);
+  if (ch == 1)
+    sparse_weight_grad_kernel<1><<<static_cast<unsigned>(blocks), kGradWarps * 32, 0, stream>>>(p);
+  else
+    sparse_weight_grad_kernel<2><<<static_cast<unsigned>(blocks), kGradWarps * 32, 0, stream>>>(p);
   TWELL_CUDA_CHECK_LAUNCH("sparse_weight_grad_kernel");
 }
 
