@@ -3,6 +3,8 @@
 // writes each token's h values as a compact list, and a weight-stationary down kernel computes
 // y = h·Wdᵀ one 16-column slice of K per CTA, with Wdᵀ[:, slice] resident in shared memory, so
 // that each non-zero costs a 32-byte shared-memory read instead of a 4 KB weight row from L2.
+// Exact, but measured no faster than the fused kernel where the sparse path is dispatched
+// (docs/perf-notes-cuda.md, "Fourth session"): ContextOptions::split_remainder is off by default.
 //
 // The h list ("sliced ELL"). Tokens sit in groups of 16; a group has a length L (entries, a
 // multiple of 4, ≥ every member's count) and a base offset (words); entry j of the token at
