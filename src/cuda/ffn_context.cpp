@@ -109,8 +109,8 @@ void FfnContext::reserve(std::int64_t m) {
   h_.resize(um * static_cast<std::size_t>(ldn_));
   words_.resize(um * static_cast<std::size_t>(tiles() * words_per_tile()));
   row_ovf_.resize(um);
-  row_nnz_.resize(um);
-  if (split_supported(n_)) {
+  if (opt_.split_remainder && split_supported(n_)) {  // only the split remainder uses these
+    row_nnz_.resize(um);
     const auto groups = static_cast<std::size_t>(split_groups(m));
     split_pos_.resize(um);
     split_tok_.resize(groups * kHListGroup);
@@ -120,6 +120,10 @@ void FfnContext::reserve(std::int64_t m) {
     const std::int64_t per_row =
         opt_.split_capacity_per_row > 0 ? opt_.split_capacity_per_row : std::max<std::int64_t>(64, n_ / 16);
     hlist_.resize(um * static_cast<std::size_t>(per_row));
+  } else {  // the split cannot run with these weights: drop what earlier weights left (and the
+            // packing then writes no row counts, see pack_rows)
+    row_nnz_.release();
+    hlist_.release();
   }
   cap_m_ = m;
 }
@@ -172,7 +176,7 @@ void FfnContext::gate_twell(const __nv_bfloat16* x, std::int64_t m, cudaStream_t
   TWELL_CUDA_CHECK(cudaMemsetAsync(counters_.get(), 0, sizeof(TwellCounters), stream));
   TWELL_CUDA_CHECK(cudaEventRecord(chunk_events_[0], stream));
   TWELL_CUDA_CHECK(cudaStreamWaitEvent(side_, chunk_events_[0]));
-  const std::int64_t per = ((m + chunks - 1) / chunks + 127) / 128 * 128;  // whole 128-row GEMM tiles
+  const std::int64_t per = round_up((m + chunks - 1) / chunks, 128);  // whole 128-row GEMM tiles
   std::int64_t i = 0;
   for (std::int64_t r0 = 0; r0 < m; r0 += per, ++i) {
     const std::int64_t rows = std::min(per, m - r0);
@@ -209,7 +213,7 @@ void FfnContext::pack_rows(std::int64_t r0, std::int64_t rows, const std::uint32
   p.relu = true;
   p.words = words_.get() + r0 * tiles() * words_per_tile();
   p.row_overflow = row_ovf_.get() + r0;
-  p.row_nnz = row_nnz_.get() + r0;
+  p.row_nnz = row_nnz_.size() > 0 ? row_nnz_.get() + r0 : nullptr;  // the split plan's input, when it can run
   p.counters = counters_.get();
   p.reset_counters = reset_counters;
   launch_twell_pack(p, stream);
@@ -313,8 +317,7 @@ void FfnContext::dense_forward_counted(const __nv_bfloat16* x, std::int64_t m, _
 
 void FfnContext::decode_forward(const __nv_bfloat16* x, std::int64_t m, __nv_bfloat16* y, cudaStream_t stream) {
   gate_gemm(x, m, stream);
-  const std::int64_t tiles = (n_ + kTwellTile - 1) / kTwellTile;
-  decode_partials_.reserve(static_cast<std::size_t>(m * tiles * k_));
+  decode_partials_.reserve(static_cast<std::size_t>(m * tiles() * k_));
   if (decode_tickets_.size() < static_cast<std::size_t>(m + 2)) {
     // [0, m): row tickets, [m]: CTA ticket, [m + 1]: unused; the count is separate (64-bit).
     // Zeroed once; every launch leaves them zero again.

@@ -233,7 +233,7 @@ class FfnContext {
   // Split remainder (twell_split.hpp): row counts from the packing, the plan, the h list.
   int sm_count_ = 0;
   std::size_t smem_optin_ = 0;
-  DeviceBuffer<std::uint32_t> row_nnz_;   // [m]
+  DeviceBuffer<std::uint32_t> row_nnz_;   // [m]; allocated (and filled by the packing) only with split_remainder
   DeviceBuffer<int> split_pos_;           // [m]
   DeviceBuffer<int> split_tok_;           // [16 · groups]
   DeviceBuffer<std::int64_t> split_base_; // [groups]
