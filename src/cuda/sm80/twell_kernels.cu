@@ -244,7 +244,7 @@ __global__ void __launch_bounds__(kMaxUpDownThreads) twell_up_down_kernel(TwellU
     const int r = p.hl_pos[row], g = r / kHListGroup, q = r % kHListGroup;
     hl_out = p.hl_words + p.hl_base[g] + q * 4;
     hl_len = p.hl_len[g];
-    const int qt = (tiles + 3) / 4;
+    const int qt = split_quarter_tiles(p.n);
     hl_quarter = qt * kTwellTile;
     __syncthreads();  // pref complete
     hl_total = pref[tiles];
@@ -254,9 +254,7 @@ __global__ void __launch_bounds__(kMaxUpDownThreads) twell_up_down_kernel(TwellU
   auto emit_entry = [&](int rank, int n, float h) {
     int o = rank - hl_rot;
     if (o < 0) o += hl_total;
-    const std::uint32_t hb = (__float_as_uint(h) + 0x1000u) & ~((1u << kHListSlotBits) - 1u);  // round to 19 bits
-    const std::uint32_t slot = static_cast<std::uint32_t>((n % hl_quarter) * 4 + n / hl_quarter);
-    hl_out[(o >> 2) * (kHListGroup * 4) + (o & 3)] = hb | slot;
+    hl_out[split_entry_word(o)] = split_encode(h, split_slot(n, hl_quarter));
   };
 
   uint4 xr[CH];  // this thread's chunks of x[row, :]
@@ -339,7 +337,7 @@ __global__ void __launch_bounds__(kMaxUpDownThreads) twell_up_down_kernel(TwellU
 
   if (emit) {  // pad the row's entries up to the group's length
     const std::uint32_t pad = split_pad_word(p.n);
-    for (int o = hl_total + tid; o < hl_len; o += nthreads) hl_out[(o >> 2) * (kHListGroup * 4) + (o & 3)] = pad;
+    for (int o = hl_total + tid; o < hl_len; o += nthreads) hl_out[split_entry_word(o)] = pad;
     return;
   }
   __nv_bfloat16* yrow = p.y + row * p.ld_y;

@@ -116,11 +116,10 @@ __global__ void __launch_bounds__(kPlanThreads) split_plan_kernel(SplitPlanParam
 // and 8 FMAs, without a branch (padding reads the zero row).
 constexpr int kDownThreads = 1024;
 constexpr int kSliceCols = 16;
-constexpr std::uint32_t kSlotMask = (1u << kHListSlotBits) - 1u;
 
 __device__ __forceinline__ void down_entry(std::uint32_t e, const uint4* srow, float* acc) {
-  const uint4 w = srow[(e & kSlotMask) * 2u];
-  dev::axpy8(__uint_as_float(e & ~kSlotMask), w, acc);
+  const uint4 w = srow[(e & kHListSlotMask) * 2u];
+  dev::axpy8(split_entry_h(e), w, acc);
 }
 
 __global__ void __launch_bounds__(kDownThreads, 1) twell_down_sliced_kernel(TwellDownSlicedParams p, int splits) {
@@ -137,7 +136,7 @@ __global__ void __launch_bounds__(kDownThreads, 1) twell_down_sliced_kernel(Twel
     const std::int64_t c = col0 + half * 8;
     uint4 v = make_uint4(0, 0, 0, 0);
     if (c < p.k) v = __ldg(reinterpret_cast<const uint4*>(p.w_down_t + static_cast<std::int64_t>(n) * p.k + c));
-    smem_rows[((n % quarter) * 4 + n / quarter) * 2 + half] = v;
+    smem_rows[split_slot(n, quarter) * 2 + half] = v;
   }
   if (threadIdx.x < 2) smem_rows[split_pad_word(p.n) * 2 + threadIdx.x] = make_uint4(0, 0, 0, 0);
   __syncthreads();

@@ -42,6 +42,20 @@ __host__ __device__ inline int split_quarter_tiles(std::int64_t n) {
 }
 // Whether the split remainder supports N (its Wdᵀ slice must fit one SM's shared memory).
 inline bool split_supported(std::int64_t n) { return n >= 1 && split_quarter_tiles(n) <= kSplitMaxQuarterTiles; }
+// Shared-memory slot of neuron n's Wdᵀ row, quarter = split_quarter_tiles(N) · 256 (see above).
+__host__ __device__ inline int split_slot(int n, int quarter) { return (n % quarter) * 4 + n / quarter; }
+// Word offset of entry o of a token from its column start (base[g] + 4·position).
+__host__ __device__ inline std::int64_t split_entry_word(int o) {
+  return static_cast<std::int64_t>(o >> 2) * (kHListGroup * 4) + (o & 3);
+}
+inline constexpr std::uint32_t kHListSlotMask = (1u << kHListSlotBits) - 1u;
+#ifdef __CUDACC__
+// An entry: h rounded to its top 19 bits (to nearest, on the magnitude), then the slot.
+__device__ __forceinline__ std::uint32_t split_encode(float h, int slot) {
+  return ((__float_as_uint(h) + (1u << (kHListSlotBits - 1))) & ~kHListSlotMask) | static_cast<std::uint32_t>(slot);
+}
+__device__ __forceinline__ float split_entry_h(std::uint32_t e) { return __uint_as_float(e & ~kHListSlotMask); }
+#endif
 // The padding word: h = 0 at the slot just past the Wdᵀ rows, a zero row in shared memory, so
 // the down kernel reads every word without a branch and a pad adds exactly +0.
 __host__ __device__ inline std::uint32_t split_pad_word(std::int64_t n) {
