@@ -169,6 +169,7 @@ int main(int argc, char** argv) {
         for (int ch : {1, 2, 4, 8}) {
           ContextOptions co = copt;
           co.gate_chunks = ch;
+          co.gate_sm90 = false;  // the cuBLASLt gate + twell_pack (chunk count 1: the path the sm90 gate replaced)
           FfnContext cctx(co);
           cctx.upload_weights(w, s);
           gate_chunks[std::to_string(ch)] = median_ms(warmup, reps, s, [&] { cctx.gate_twell(dx.get(), m, s); });
@@ -313,10 +314,12 @@ int main(int argc, char** argv) {
                     fr.path.c_str());
       std::printf("%s\n", line);
       if (!gate_chunks.empty()) {
-        std::printf("          gate+pack (ms) by row chunks (packing overlapped with the next chunk's GEMM):");
+        std::printf("          cublasLt gate + twell_pack (ms) by row chunks (packing overlapped with the next chunk's GEMM):");
         for (const auto& [ch, ms] : gate_chunks.items()) std::printf(" %s: %.3f;", ch.c_str(), ms.get<double>());
-        std::printf(" (default %d: %.3f, GEMM alone %.3f, with the ReLU epilogue %.3f)\n", copt.gate_chunks, t_gate, t_gemm,
-                    t_gemm_relu);
+        std::printf(" (GEMM alone %.3f, with the ReLU epilogue %.3f)\n", t_gemm, t_gemm_relu);
+        std::printf("          gate_twell as run (%s): %.3f ms = %.3fx the GEMM alone\n",
+                    ctx.gate_sm90_active() ? "sm90 gate GEMM with TwELL epilogue" : "cublasLt gate + twell_pack", t_gate,
+                    t_gate / t_gemm);
       }
       std::printf("          alternating sparse / auto: %.3f / %.3f ms; auto deciding every call (not sticky): %.3f ms\n",
                   t_sparse_alt, t_auto_alt, t_auto_fresh);
@@ -348,6 +351,7 @@ int main(int argc, char** argv) {
                                {"gate_gemm_ms", t_gemm},
                                {"gate_gemm_tflops", gemm_tflops},
                                {"gate_twell_ms", t_gate},
+                               {"gate_twell_sm90", ctx.gate_sm90_active()},
                                {"gate_gemm_relu_ms", t_gemm_relu},
                                {"gate_twell_late_ms", t_gate_late},
                                {"sparse_rest_ms", t_rest},

@@ -6,6 +6,7 @@
 
 #include "cuda/common/check.hpp"
 #include "cuda/sm80/twell_split.hpp"
+#include "cuda/sm90/gate_pack.hpp"
 #include "twell/bf16.hpp"
 
 namespace twell::cuda {
@@ -32,6 +33,7 @@ FfnContext::FfnContext(const ContextOptions& opt)
   TWELL_CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
   sm_count_ = sms;
   smem_optin_ = static_cast<std::size_t>(optin);
+  gate_sm90_ok_ = gate_pack_sm90_available(dev);
   TWELL_CUDA_CHECK(cudaMemset(split_state_.get(), 0, split_state_.bytes()));
   TWELL_CUDA_CHECK(cudaMemset(split_ticket_.get(), 0, split_ticket_.bytes()));
   opt_.twell.validate();
@@ -160,6 +162,10 @@ void FfnContext::gate_twell(const __nv_bfloat16* x, std::int64_t m, cudaStream_t
     gate_gemm(x, m, stream);
     return;
   }
+  if (use_gate_sm90()) {
+    gate_pack_sm90(x, m, stream);
+    return;
+  }
   const std::int64_t chunks = std::min<std::int64_t>(opt_.gate_chunks, m / 2048);
   if (chunks <= 1) {
     gate_gemm(x, m, stream);
@@ -187,6 +193,26 @@ void FfnContext::gate_twell(const __nv_bfloat16* x, std::int64_t m, cudaStream_t
   }
   TWELL_CUDA_CHECK(cudaEventRecord(chunk_events_[1], side_));
   TWELL_CUDA_CHECK(cudaStreamWaitEvent(stream, chunk_events_[1]));
+}
+
+void FfnContext::gate_pack_sm90(const __nv_bfloat16* x, std::int64_t m, cudaStream_t stream) {
+  reserve(m);
+  GatePackParams p;
+  p.x = x;
+  p.w = w_gu_.get();  // rows [0, N): Wg (gated) or Wu (non-gated)
+  p.m = m;
+  p.n = n_;
+  p.k = k_;
+  p.words_per_tile = words_per_tile();
+  p.words = words_.get();
+  p.row_overflow = row_ovf_.get();
+  p.row_nnz = row_nnz_.size() > 0 ? row_nnz_.get() : nullptr;  // the split plan's input, when it can run
+  p.counters = counters_.get();
+  p.gate = g_.get();
+  p.ld_gate = ldn_;
+  p.store_gate = opt_.gate_store_values;
+  p.sm_count = sm_count_;
+  launch_twell_gate_pack_sm90(p, stream);
 }
 
 void FfnContext::gate_gemm(const __nv_bfloat16* x, std::int64_t m, cudaStream_t stream) {
@@ -285,6 +311,18 @@ FfnOperands FfnContext::operands(const __nv_bfloat16* x, std::int64_t m, __nv_bf
   o.k = k_;
   o.gated = gated_;
   return o;
+}
+
+std::string FfnContext::sparse_path_name(std::int64_t m) const {
+  if (opt_.gate_rows_direct)
+    return gated_ ? "twell: cublasLt gate, fused up+down reading the gate rows"
+                  : "twell: cublasLt up, sparse down reading the ReLU rows";
+  const char* first = use_gate_sm90() ? (gated_ ? "sm90 gate GEMM with TwELL epilogue" : "sm90 up GEMM with TwELL epilogue")
+                                      : (gated_ ? "cublasLt gate + pack" : "cublasLt up + pack");
+  const char* rest = use_split(m) ? (gated_ ? "up + sliced down (fused if the h list overflows)"
+                                            : "sliced down (fused if the h list overflows)")
+                                  : (gated_ ? "fused up+down" : "sparse down");
+  return fmt::format("twell: {}, {}", first, rest);
 }
 
 bool FfnContext::use_split(std::int64_t m) const noexcept {

@@ -66,6 +66,13 @@ struct ContextOptions {
   // At decode sizes a dense call counts only every this many calls: the count (memset, count,
   // decide and publish: four small launches) cost 0.015–0.035 ms next to a 0.04 ms dense FFN.
   std::int64_t decode_dense_count_period = 16;
+  // gate_twell on a compute-capability-9.0 GPU: the sm90 gate GEMM with the TwELL packing in its
+  // epilogue (sm90/gate_pack.hpp; the gate buffer then holds only overflowed blocks). false, or
+  // another GPU: the cuBLASLt gate GEMM (ReLU epilogue) + twell_pack below.
+  bool gate_sm90 = true;
+  // With the sm90 gate: also store every gate value in the gate buffer (tests and diagnostics
+  // that read gate_values() after gate_twell; costs the [M, N] write the epilogue saves).
+  bool gate_store_values = false;
   // gate_twell in this many row chunks (1: one GEMM, then one packing pass): chunk i's packing
   // runs on a second stream while chunk i + 1's GEMM runs. At most M / 2048 chunks, each a whole
   // number of 128-row tiles except the last.
@@ -148,6 +155,8 @@ class FfnContext {
   SplitStats read_split_stats(cudaStream_t stream);
 
   bool gated() const noexcept { return gated_; }
+  // gate_twell runs the sm90 gate GEMM with the TwELL epilogue (option on, device and build able).
+  bool gate_sm90_active() const noexcept { return use_gate_sm90(); }
   std::int64_t n() const noexcept { return n_; }
   std::int64_t k() const noexcept { return k_; }
   std::int64_t ldn() const noexcept { return ldn_; }
@@ -176,17 +185,12 @@ class FfnContext {
   void pack_rows(std::int64_t r0, std::int64_t rows, const std::uint32_t* enable, bool reset_counters,
                  cudaStream_t stream);
   bool use_split(std::int64_t m) const noexcept;
+  // gate_twell runs the sm90 gate GEMM with the packing in its epilogue.
+  bool use_gate_sm90() const noexcept { return opt_.gate_sm90 && gate_sm90_ok_ && !opt_.gate_rows_direct; }
+  void gate_pack_sm90(const __nv_bfloat16* x, std::int64_t m, cudaStream_t stream);
   // This layer's operands for a call on x [m, K] → y [m, K] (both row stride K).
   FfnOperands operands(const __nv_bfloat16* x, std::int64_t m, __nv_bfloat16* y) const noexcept;
-  const char* sparse_path_name(std::int64_t m) const noexcept {
-    if (use_split(m))
-      return gated_ ? "twell: cublasLt gate + pack, up + sliced down (fused if the h list overflows)"
-                    : "twell: cublasLt up + pack, sliced down (fused if the h list overflows)";
-    if (opt_.gate_rows_direct)
-      return gated_ ? "twell: cublasLt gate, fused up+down reading the gate rows"
-                    : "twell: cublasLt up, sparse down reading the ReLU rows";
-    return gated_ ? "twell: cublasLt gate + pack, fused up+down" : "twell: cublasLt up + pack, sparse down";
-  }
+  std::string sparse_path_name(std::int64_t m) const;  // the sparse path's description
   void resolve_pending();  // folds the newest returned count into last_density_
   // Decode: gate GEMM, then the decode kernel (twell_decode.hpp), its count into counts_.
   void decode_forward(const __nv_bfloat16* x, std::int64_t m, __nv_bfloat16* y, cudaStream_t stream);
@@ -198,6 +202,7 @@ class FfnContext {
   TwellSampleParams sample_params(const __nv_bfloat16* src, std::int64_t ld, std::int64_t m, double max_density);
 
   ContextOptions opt_;
+  bool gate_sm90_ok_ = false;  // this device runs the sm90 gate kernel (gate_pack_sm90_available)
   LtGemm gemm_;
   bool gated_ = true;
   std::int64_t n_ = 0, k_ = 0, ldn_ = 0;

@@ -17,6 +17,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <memory>
 #include <vector>
@@ -95,6 +96,114 @@ std::vector<float> download_gate(const FfnContext& ctx, std::int64_t m) {
   return g;
 }
 
+// One gate_twell's results, downloaded: TwELL words, counters, flagged rows.
+struct GateWords {
+  std::vector<std::uint32_t> words;
+  TwellCounters counters{};
+  std::vector<std::int64_t> flagged;
+};
+
+GateWords download_gate_words(FfnContext& ctx, std::int64_t m, cudaStream_t s) {
+  GateWords g;
+  g.counters = ctx.read_counters(s);
+  g.words.resize(static_cast<std::size_t>(m * ctx.tiles() * ctx.words_per_tile()));
+  EXPECT_EQ(cudaMemcpy(g.words.data(), ctx.twell_words(), g.words.size() * 4, cudaMemcpyDeviceToHost), cudaSuccess);
+  std::vector<std::uint32_t> flags(static_cast<std::size_t>(m));
+  EXPECT_EQ(cudaMemcpy(flags.data(), ctx.row_overflow(), flags.size() * 4, cudaMemcpyDeviceToHost), cudaSuccess);
+  for (std::int64_t r = 0; r < m; ++r)
+    if (flags[static_cast<std::size_t>(r)]) g.flagged.push_back(r);
+  return g;
+}
+
+// gate_twell of a fresh context with options `o` (whose gate buffer must end up holding every
+// value: the cuBLASLt gate does, the sm90 gate with gate_store_values): its words, counters and
+// flags equal the host encoder's on the downloaded gate.
+GateWords check_gate_words(const FfnCase& c, const FfnWeights& w, const __nv_bfloat16* x, const ContextOptions& o,
+                           cudaStream_t s) {
+  FfnContext ctx(o);
+  ctx.upload_weights(w, s);
+  ctx.gate_twell(x, c.m, s);
+  const GateWords g = download_gate_words(ctx, c.m, s);
+  const char* which = ctx.gate_sm90_active() ? "sm90 gate GEMM + TwELL epilogue" : "cublasLt gate + twell_pack";
+  const std::vector<float> gv = download_gate(ctx, c.m);
+  const TwellMatrix host = twell_encode(CMatrixF(gv.data(), c.m, c.n), o.twell, /*relu=*/true);
+  twell_validate(host);
+  EXPECT_EQ(host.words.size(), g.words.size());
+  std::size_t first_bad = g.words.size();
+  for (std::size_t i = 0; i < std::min(g.words.size(), host.words.size()); ++i)
+    if (g.words[i] != host.words[i]) {
+      first_bad = i;
+      break;
+    }
+  EXPECT_EQ(first_bad, g.words.size()) << which << ": TwELL word differs from the host encoder at word " << first_bad;
+  EXPECT_EQ(static_cast<std::int64_t>(g.counters.nnz), host.nnz()) << which;
+  EXPECT_EQ(static_cast<std::int64_t>(g.counters.overflow_tiles), host.overflow_tiles) << which;
+  EXPECT_EQ(static_cast<std::int64_t>(g.counters.overflow_rows), static_cast<std::int64_t>(host.overflow_rows.size())) << which;
+  EXPECT_EQ(g.flagged, host.overflow_rows) << which;
+  return g;
+}
+
+// The sm90 gate GEMM + TwELL epilogue (the context's default on sm_90):
+// (1) its gate values against float64 x·Wᵀ on sampled rows. Bound per element: fp32 accumulation
+//     over K terms, |Σ̂ − Σ| ≤ K·2⁻²⁴·Σ|x·w| (the classic γ_K bound), then one bf16 rounding,
+//     ≤ 2⁻⁹·|g|; checked as |g − ReLU(ref)| ≤ 2⁻⁸·ReLU(ref) + K·2⁻²⁴·Σ|x·w| + 1e-30, which also
+//     pins the keep decision wherever the reference is clear of zero;
+// (2) its words, counters and flags equal the host encoder's on those values (check_gate_words);
+// (3) without gate_store_values (how the sparse path runs it: `ctx`), the same words, counters and
+//     flags, and the gate buffer's overflowed blocks hold exactly the values (the fused kernel's
+//     overflow fallback reads them there).
+void check_gate_sm90(const FfnCase& c, const FfnData& d, const FfnWeights& w, const __nv_bfloat16* x,
+                     const ContextOptions& opt, FfnContext& ctx, cudaStream_t s) {
+  ContextOptions so = opt;
+  so.gate_store_values = true;
+  FfnContext sc(so);
+  sc.upload_weights(w, s);
+  sc.gate_twell(x, c.m, s);
+  const std::vector<float> g = download_gate(sc, c.m);
+  const CMatrixF wt = d.gated ? w.w_gate : w.w_up;
+  double worst = 0;
+  std::int64_t bad = 0;
+  for (std::int64_t r : sample_rows(d, 16, c.seed + 3)) {
+    for (std::int64_t col = 0; col < c.n; ++col) {
+      double acc = 0, mag = 0;
+      for (std::int64_t kk = 0; kk < c.k; ++kk) {
+        const double t = static_cast<double>(d.x[static_cast<std::size_t>(r * c.k + kk)]) * static_cast<double>(wt(col, kk));
+        acc += t;
+        mag += std::abs(t);
+      }
+      const double ref = std::max(acc, 0.0);
+      const double got = g[static_cast<std::size_t>(r * c.n + col)];
+      const double bound = std::ldexp(ref, -8) + static_cast<double>(c.k) * std::ldexp(mag, -24) + 1e-30;
+      worst = std::max(worst, std::abs(got - ref) / bound);
+      bad += std::abs(got - ref) > bound;
+    }
+  }
+  EXPECT_EQ(bad, 0) << "sm90 gate values outside the fp32-accumulation + bf16-rounding bound (worst ratio " << worst << ")";
+  const GateWords sw = check_gate_words(c, w, x, so, s);
+  ctx.gate_twell(x, c.m, s);
+  const GateWords cw = download_gate_words(ctx, c.m, s);
+  EXPECT_TRUE(cw.words == sw.words) << "sm90 gate: words differ with and without the stored gate";
+  EXPECT_EQ(cw.counters.nnz, sw.counters.nnz);
+  EXPECT_EQ(cw.counters.overflow_tiles, sw.counters.overflow_tiles);
+  EXPECT_EQ(cw.counters.overflow_rows, sw.counters.overflow_rows);
+  EXPECT_EQ(cw.flagged, sw.flagged);
+  const std::vector<float> backup = download_gate(ctx, c.m);
+  const std::int64_t S = ctx.words_per_tile(), tiles = ctx.tiles();
+  std::int64_t blocks = 0, wrong = 0;
+  for (std::int64_t r : cw.flagged)
+    for (std::int64_t t = 0; t < tiles; ++t) {
+      if (cw.words[static_cast<std::size_t>((r * tiles + t) * S)] <= static_cast<std::uint32_t>(S - 1)) continue;
+      ++blocks;
+      for (std::int64_t col = t * kTwellTile; col < std::min<std::int64_t>(c.n, (t + 1) * kTwellTile); ++col) {
+        const std::size_t i = static_cast<std::size_t>(r * c.n + col);
+        wrong += std::memcmp(&backup[i], &g[i], sizeof(float)) != 0;
+      }
+    }
+  EXPECT_EQ(wrong, 0) << "sm90 gate: overflowed blocks' values in the gate buffer";
+  std::printf("[case %s] sm90 gate: values within bound (worst ratio %.3f), words as the host encoder's, %lld overflowed blocks backed up\n",
+              c.name.c_str(), worst, static_cast<long long>(blocks));
+}
+
 // The split remainder (twell_split.hpp: plan, up kernel writing h lists, sliced down): exact,
 // reproducible bit for bit, its plan's size equal to the host's, and the fused fallback exact
 // when the list does not fit (capacity forced to one word per row).
@@ -103,6 +212,7 @@ void check_split(const FfnCase& c, const FfnWeights& w, const __nv_bfloat16* x, 
   ContextOptions so = opt;
   so.split_remainder = true;
   so.split_min_rows = 0;
+  so.gate_store_values = true;  // the plan check below recounts rows from the gate buffer
   FfnContext sc(so);
   sc.upload_weights(w, s);
   ForwardResult fr;
@@ -175,59 +285,35 @@ TEST_P(CudaFfn, MatchesReferenceAndHostEncoder) {
   DeviceBuffer<__nv_bfloat16> x(xb.size());
   ASSERT_EQ(cudaMemcpy(x.get(), xb.data(), xb.size() * 2, cudaMemcpyHostToDevice), cudaSuccess);
 
-  // --- gate → TwELL: words, counts and overflow flags must equal the host encoder's on the same g ---
+  // --- gate → TwELL: words, counts and overflow flags must equal the host encoder's on the same g,
+  // for the cuBLASLt gate + twell_pack and (on sm_90) the gate GEMM with the packing in its epilogue ---
   {
-    const std::size_t words_n = static_cast<std::size_t>(c.m * ctx.tiles() * ctx.words_per_tile());
-    ctx.gate_twell(x.get(), c.m, s);
-    const TwellCounters cnt = ctx.read_counters(s);
-    const std::vector<float> g = download_gate(ctx, c.m);
-    const TwellMatrix host = twell_encode(CMatrixF(g.data(), c.m, c.n), opt.twell, /*relu=*/true);
-    twell_validate(host);
-    std::vector<std::uint32_t> words(words_n);
-    ASSERT_EQ(cudaMemcpy(words.data(), ctx.twell_words(), words_n * 4, cudaMemcpyDeviceToHost), cudaSuccess);
-    ASSERT_EQ(host.words.size(), words.size());
-    std::size_t first_bad = words.size();
-    for (std::size_t i = 0; i < words.size(); ++i)
-      if (words[i] != host.words[i]) {
-        first_bad = i;
-        break;
-      }
-    EXPECT_EQ(first_bad, words.size()) << "GPU TwELL word differs from the host encoder at word " << first_bad;
-    EXPECT_EQ(static_cast<std::int64_t>(cnt.nnz), host.nnz());
-    EXPECT_EQ(static_cast<std::int64_t>(cnt.overflow_tiles), host.overflow_tiles);
-    EXPECT_EQ(static_cast<std::int64_t>(cnt.overflow_rows), static_cast<std::int64_t>(host.overflow_rows.size()));
-    std::vector<std::uint32_t> flags(static_cast<std::size_t>(c.m));
-    ASSERT_EQ(cudaMemcpy(flags.data(), ctx.row_overflow(), flags.size() * 4, cudaMemcpyDeviceToHost), cudaSuccess);
-    std::vector<std::int64_t> flagged;
-    for (std::int64_t r = 0; r < c.m; ++r)
-      if (flags[static_cast<std::size_t>(r)]) flagged.push_back(r);
-    EXPECT_EQ(flagged, host.overflow_rows);
+    ContextOptions lo = opt;
+    lo.gate_sm90 = false;
+    const GateWords lw = check_gate_words(c, w, x.get(), lo, s);
     // Chunked gate (GEMM chunk i + 1 overlapping the packing of chunk i): the same words and counts.
     if (c.m >= 4096) {
-      ContextOptions co = opt;
+      ContextOptions co = lo;
       co.gate_chunks = 4;
       FfnContext cc(co);
       cc.upload_weights(w, s);
       cc.gate_twell(x.get(), c.m, s);
-      const TwellCounters ccnt = cc.read_counters(s);
-      std::vector<std::uint32_t> cw(words_n), cflags(static_cast<std::size_t>(c.m));
-      ASSERT_EQ(cudaMemcpy(cw.data(), cc.twell_words(), words_n * 4, cudaMemcpyDeviceToHost), cudaSuccess);
-      ASSERT_EQ(cudaMemcpy(cflags.data(), cc.row_overflow(), cflags.size() * 4, cudaMemcpyDeviceToHost), cudaSuccess);
-      EXPECT_TRUE(cw == words) << "chunked gate: TwELL words differ";
-      EXPECT_EQ(ccnt.nnz, cnt.nnz);
-      EXPECT_EQ(ccnt.overflow_tiles, cnt.overflow_tiles);
-      EXPECT_EQ(ccnt.overflow_rows, cnt.overflow_rows);
-      std::vector<std::int64_t> cflagged;
-      for (std::int64_t r = 0; r < c.m; ++r)
-        if (cflags[static_cast<std::size_t>(r)]) cflagged.push_back(r);
-      EXPECT_EQ(cflagged, host.overflow_rows);
+      const GateWords cw = download_gate_words(cc, c.m, s);
+      EXPECT_TRUE(cw.words == lw.words) << "chunked gate: TwELL words differ";
+      EXPECT_EQ(cw.counters.nnz, lw.counters.nnz);
+      EXPECT_EQ(cw.counters.overflow_tiles, lw.counters.overflow_tiles);
+      EXPECT_EQ(cw.counters.overflow_rows, lw.counters.overflow_rows);
+      EXPECT_EQ(cw.flagged, lw.flagged);
     }
-    RecordProperty("nnz", std::to_string(host.nnz()));
-    RecordProperty("overflow_rows", std::to_string(host.overflow_rows.size()));
-    std::printf("[case %s] nnz %lld (%.3f%%), overflow tiles %lld, overflow rows %zu\n", c.name.c_str(),
-                static_cast<long long>(host.nnz()), 100.0 * static_cast<double>(host.nnz()) / static_cast<double>(c.m * c.n),
-                static_cast<long long>(host.overflow_tiles), host.overflow_rows.size());
+    RecordProperty("nnz", std::to_string(lw.counters.nnz));
+    RecordProperty("overflow_rows", std::to_string(lw.counters.overflow_rows));
+    std::printf("[case %s] nnz %llu (%.3f%%), overflow tiles %llu, overflow rows %llu\n", c.name.c_str(),
+                static_cast<unsigned long long>(lw.counters.nnz),
+                100.0 * static_cast<double>(lw.counters.nnz) / static_cast<double>(c.m * c.n),
+                static_cast<unsigned long long>(lw.counters.overflow_tiles),
+                static_cast<unsigned long long>(lw.counters.overflow_rows));
   }
+  if (ctx.gate_sm90_active()) check_gate_sm90(c, d, w, x.get(), opt, ctx, s);
 
   // --- y through each path vs the float64 oracle on sampled rows ---
   const auto rows = sample_rows(d, c.n * c.k > 20'000'000 ? 24 : 64, c.seed + 7);

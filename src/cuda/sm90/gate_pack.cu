@@ -1,0 +1,279 @@
+// Hopper gate GEMM + TwELL epilogue (gate_pack.hpp).
+#include "cuda/sm90/gate_pack.hpp"
+
+#include <cuda.h>
+#include <cudaTypedefs.h>
+
+#include <algorithm>
+
+#include "cuda/common/check.hpp"
+#include "cuda/common/device_math.cuh"
+#include "cuda/sm90/hopper_ptx.cuh"
+
+namespace twell::cuda {
+namespace {
+
+constexpr int kBM = 128;                      // CTA tile rows (two consumer warpgroups × 64)
+constexpr int kBN = 256;                      // CTA tile columns = one TwELL tile
+constexpr int kBK = 64;                       // K per stage: one 128-byte swizzle row of bf16
+constexpr int kStages = 4;
+constexpr int kConsumers = 2;                 // consumer warpgroups
+constexpr int kThreads = 128 * (1 + kConsumers);
+constexpr int kABytes = kBM * kBK * 2;        // [128, 64] bf16, 128B swizzle
+constexpr int kBBytes = kBN * kBK * 2;        // [256, 64] bf16, 128B swizzle
+constexpr int kStageBytes = kABytes + kBBytes;
+constexpr int kEpiWords = 8 * (kBN / 2);      // per consumer warp: [8 rows, 128] u32 (bf16 pairs), swizzled
+constexpr int kEpiBytes = kConsumers * 4 * kEpiWords * 4;
+constexpr int kBarBytes = 2 * kStages * 8;
+static_assert(kBN == kTwellTile, "one CTA tile column block is one TwELL tile");
+static_assert(kABytes % 1024 == 0 && kBBytes % 1024 == 0, "128B-swizzled tiles need 1024-byte alignment");
+static_assert(1024 + kStages * kStageBytes + kEpiBytes + kBarBytes <= static_cast<int>(kGatePackSmemBytes),
+              "shared-memory budget");
+
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+// Staging buffer of one warp: row i (0..7) holds the 128 bf16 pairs of its 256 columns; word w of
+// row i sits at i·128 + (w ^ 4i), so the fragment stores (8 rows × 4 consecutive words) and the
+// row reads (lane l: words 4l..4l+3) are both free of bank conflicts.
+__device__ __forceinline__ int epi_index(int row, int word) { return row * 128 + (word ^ (row * 4)); }
+
+__device__ __forceinline__ std::uint32_t relu_bf16x2(float lo, float hi) {
+  std::uint32_t r;
+  asm("cvt.rn.relu.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+  return r;
+}
+
+// Packs one row's block (tile t, columns n0 .. n0 + 255) from the 8 bf16 each lane holds (lane l:
+// columns n0 + 8l .. n0 + 8l + 7). Words: 0 = true count, 1..min(count, S − 1) = (bf16 << 16 |
+// local column) ascending, the rest zero. Overflowed blocks (and all, with store_gate) also go
+// to the dense gate buffer. Returns the block's true count (lane 0 adds the warp's to the
+// counters per tile; overflows, rare, go to the counters at once).
+__device__ __forceinline__ int pack_row_block(const GatePackParams& p, uint4 v, std::int64_t row, std::int64_t t,
+                                              std::int64_t n0, int lane, std::int64_t tiles) {
+  const int S = p.words_per_tile, cap = S - 1;
+  const std::uint32_t w[4] = {v.x, v.y, v.z, v.w};
+  const std::int64_t col0 = n0 + 8 * lane;
+  const std::int64_t rem = p.n - col0;
+  const int valid = rem <= 0 ? 0 : (rem >= 8 ? 8 : static_cast<int>(rem));  // this lane's columns < N
+  unsigned mask = 0;
+#pragma unroll
+  for (int e = 0; e < 8; ++e) {
+    const std::uint32_t b = (e & 1) ? (w[e / 2] >> 16) : (w[e / 2] & 0xffffu);
+    mask |= (e < valid && dev::lo_bf16(b) > 0.0f) ? (1u << e) : 0u;
+  }
+  const int cnt = __popc(mask);
+  const int incl = dev::warp_inclusive_scan(cnt, lane);
+  const int total = __shfl_sync(0xffffffffu, incl, 31);
+  std::uint32_t* out = p.words + (row * tiles + t) * S;
+  int pos = incl - cnt;
+#pragma unroll
+  for (int e = 0; e < 8; ++e) {
+    if (mask & (1u << e)) {
+      const std::uint32_t b = (e & 1) ? (w[e / 2] >> 16) : (w[e / 2] & 0xffffu);
+      if (pos < cap) out[1 + pos] = (b << 16) | static_cast<std::uint32_t>(8 * lane + e);
+      ++pos;
+    }
+  }
+  const int lim = min(total, cap);
+  for (int j = lane; j < S; j += 32) {  // disjoint from the entries' slots 1..lim
+    if (j == 0)
+      out[0] = static_cast<std::uint32_t>(total);
+    else if (j > lim)
+      out[j] = 0u;
+  }
+  if ((p.store_gate || total > cap) && valid > 0)
+    *reinterpret_cast<uint4*>(p.gate + row * p.ld_gate + col0) = v;  // col0 + 8 ≤ ld_gate
+  if (lane == 0) {
+    if (p.row_nnz && total) atomicAdd(p.row_nnz + row, static_cast<std::uint32_t>(total));
+    if (total > cap) {
+      atomicAdd(&p.counters->overflow_tiles, 1ull);
+      if (atomicExch(p.row_overflow + row, 1u) == 0u) atomicAdd(&p.counters->overflow_rows, 1ull);  // first block to flag the row counts it
+    }
+  }
+  return total;
+}
+#endif
+
+__global__ void __launch_bounds__(kThreads, 1)
+    twell_gate_pack_sm90_kernel(const __grid_constant__ CUtensorMap tmap_x, const __grid_constant__ CUtensorMap tmap_w,
+                                GatePackParams p) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  using namespace sm90;
+  extern __shared__ unsigned char smem_raw[];
+  // [kStages] × { A [128, 64] bf16 | B [256, 64] bf16 } (128B swizzle), then the consumer warps'
+  // staging buffers, then full[kStages] and empty[kStages] mbarriers.
+  unsigned char* smem = reinterpret_cast<unsigned char*>((reinterpret_cast<std::uintptr_t>(smem_raw) + 1023) & ~std::uintptr_t{1023});
+  std::uint32_t* epi = reinterpret_cast<std::uint32_t*>(smem + kStages * kStageBytes);
+  unsigned long long* bars = reinterpret_cast<unsigned long long*>(smem + kStages * kStageBytes + kEpiBytes);
+  const std::uint32_t smem_base = smem_u32(smem);
+  const std::uint32_t full0 = smem_u32(bars), empty0 = smem_u32(bars + kStages);
+
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < kStages; ++s) {
+      mbar_init(full0 + 8 * s, 1);                   // the producer's arrive + the TMA bytes
+      mbar_init(empty0 + 8 * s, kConsumers * 4);     // one arrive per consumer warp
+    }
+    mbar_fence_init();
+  }
+  __syncthreads();
+
+  const std::int64_t mt = (p.m + kBM - 1) / kBM, nt = (p.n + kBN - 1) / kBN, tiles = mt * nt;
+  const int kblocks = static_cast<int>((p.k + kBK - 1) / kBK);
+  const int wg = threadIdx.x / 128;
+
+  if (wg == 0) {  // producer
+    reg_dealloc<24>();
+    if (threadIdx.x == 0) {
+      int s = 0;
+      std::uint32_t phase = 0;
+      for (std::int64_t tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
+        const int m0 = static_cast<int>((tile / nt) * kBM), n0 = static_cast<int>((tile % nt) * kBN);
+        for (int kb = 0; kb < kblocks; ++kb) {
+          mbar_wait(empty0 + 8 * s, phase ^ 1);  // the first pass over the ring finds it free
+          mbar_arrive_expect_tx(full0 + 8 * s, kStageBytes);
+          const std::uint32_t a = smem_base + s * kStageBytes;
+          tma_load_2d(a, &tmap_x, kb * kBK, m0, full0 + 8 * s);
+          tma_load_2d(a + kABytes, &tmap_w, kb * kBK, n0, full0 + 8 * s);
+          if (++s == kStages) {
+            s = 0;
+            phase ^= 1;
+          }
+        }
+      }
+    }
+    return;
+  }
+
+  reg_alloc<240>();
+  const int cw = wg - 1;                      // consumer warpgroup: tile rows 64·cw .. 64·cw + 63
+  const int warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
+  std::uint32_t* buf = epi + (cw * 4 + warp) * kEpiWords;
+  float acc[128];
+#pragma unroll
+  for (int i = 0; i < 128; ++i) acc[i] = 0.0f;  // the first wgmma of a tile overwrites (scale_d = 0)
+  int s = 0;
+  std::uint32_t phase = 0;
+  for (std::int64_t tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
+    const std::int64_t tm = tile / nt, tn = tile % nt;
+    int prev = 0;
+    for (int kb = 0; kb < kblocks; ++kb) {
+      mbar_wait(full0 + 8 * s, phase);
+      const std::uint32_t a = smem_base + s * kStageBytes + cw * 64 * 128;  // this warpgroup's 64 rows
+      const std::uint32_t b = smem_base + s * kStageBytes + kABytes;
+      const std::uint64_t da = desc_k128(a), db = desc_k128(b);
+      wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < kBK / 16; ++kk) wgmma_m64n256k16_bf16(acc, da + 2 * kk, db + 2 * kk, (kb > 0 || kk > 0) ? 1 : 0);
+      wgmma_commit();
+      if (kb > 0) {  // the previous stage's wgmmas are done: hand its buffers back to the producer
+        wgmma_wait<1>();
+        if (lane == 0) mbar_arrive(empty0 + 8 * prev);
+      }
+      prev = s;
+      if (++s == kStages) {
+        s = 0;
+        phase ^= 1;
+      }
+    }
+    wgmma_wait<0>();
+    if (lane == 0) mbar_arrive(empty0 + 8 * prev);
+#pragma unroll
+    for (int i = 0; i < 128; ++i) fence_operand(acc[i]);
+
+    // Epilogue: this warp's 16 rows, in two passes of 8 (fragment half h: rows 8h + lane/4).
+    const std::int64_t row0 = tm * kBM + cw * 64 + warp * 16, n0 = tn * kBN;
+    const int q = lane & 3, r = lane >> 2;
+    unsigned tile_nnz = 0;  // ≤ 16 rows × 256
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      __syncwarp();
+#pragma unroll
+      for (int j = 0; j < 32; ++j) buf[epi_index(r, 4 * j + q)] = relu_bf16x2(acc[4 * j + 2 * h], acc[4 * j + 2 * h + 1]);
+      __syncwarp();
+#pragma unroll 2
+      for (int i = 0; i < 8; ++i) {
+        const std::int64_t row = row0 + 8 * h + i;
+        if (row >= p.m) break;  // warp-uniform; later rows are past the end too
+        const uint4 v = *reinterpret_cast<const uint4*>(buf + epi_index(i, 4 * lane));
+        tile_nnz += static_cast<unsigned>(pack_row_block(p, v, row, tn, n0, lane, nt));
+      }
+    }
+    if (lane == 0 && tile_nnz) atomicAdd(&p.counters->nnz, static_cast<unsigned long long>(tile_nnz));
+  }
+#else
+  __trap();  // launched only where gate_pack_sm90_available() (sm_90a code present)
+#endif
+}
+
+// cuTensorMapEncodeTiled through the runtime's driver entry point (nothing links libcuda).
+PFN_cuTensorMapEncodeTiled_v12000 encode_fn() {
+  static PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
+    void* f = nullptr;
+    cudaDriverEntryPointQueryResult q{};
+    TWELL_CUDA_CHECK(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault, &q));
+    TWELL_CU_REQUIRE(q == cudaDriverEntryPointSuccess && f, ErrorCode::cuda,
+                     "gate pack sm90: the driver has no cuTensorMapEncodeTiled (needs CUDA 12 drivers)");
+    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(f);
+  }();
+  return fn;
+}
+
+// [rows, k] bf16 row-major (row stride k), boxes of [box_rows, 64] with 128-byte swizzle; rows and
+// columns past the end read as zero.
+CUtensorMap tile_map(const __nv_bfloat16* base, std::int64_t rows, std::int64_t k, int box_rows) {
+  CUtensorMap map{};
+  const cuuint64_t dims[2] = {static_cast<cuuint64_t>(k), static_cast<cuuint64_t>(rows)};
+  const cuuint64_t strides[1] = {static_cast<cuuint64_t>(k) * 2};
+  const cuuint32_t box[2] = {kBK, static_cast<cuuint32_t>(box_rows)};
+  const cuuint32_t elem[2] = {1, 1};
+  const CUresult r = encode_fn()(&map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, const_cast<__nv_bfloat16*>(base), dims, strides,
+                                 box, elem, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                                 CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  TWELL_CU_REQUIRE(r == CUDA_SUCCESS, ErrorCode::cuda, "gate pack sm90: cuTensorMapEncodeTiled failed ({}) for [{}, {}]",
+                   static_cast<int>(r), rows, k);
+  return map;
+}
+
+}  // namespace
+
+bool gate_pack_sm90_available(int device) {
+  int major = 0, minor = 0, optin = 0;
+  if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) != cudaSuccess)
+    return false;
+  if (major != 9 || minor != 0 || static_cast<std::size_t>(optin) < kGatePackSmemBytes) return false;
+  cudaFuncAttributes fa{};
+  if (cudaFuncGetAttributes(&fa, twell_gate_pack_sm90_kernel) != cudaSuccess) return false;
+  return fa.binaryVersion == 90;  // the sm_90a cubin (a build without it would run the sm_80 stub)
+}
+
+void launch_twell_gate_pack_sm90(const GatePackParams& p, cudaStream_t stream) {
+  TWELL_CU_REQUIRE(p.x && p.w && p.words && p.row_overflow && p.counters && p.gate, ErrorCode::invalid_argument,
+                   "gate pack sm90: null pointer");
+  TWELL_CU_REQUIRE(p.m >= 1 && p.m <= 0x7fffffff && p.n >= 1 && p.n <= 0x7fffffff, ErrorCode::invalid_argument,
+                   "gate pack sm90: bad shape m={} n={}", p.m, p.n);
+  TWELL_CU_REQUIRE(p.k >= 8 && p.k % 8 == 0, ErrorCode::unsupported,
+                   "gate pack sm90: K must be a positive multiple of 8 (16-byte TMA row strides); got K = {}", p.k);
+  TWELL_CU_REQUIRE(p.ld_gate >= (p.n + 7) / 8 * 8 && p.ld_gate % 8 == 0, ErrorCode::invalid_argument,
+                   "gate pack sm90: gate row stride {} must be ≥ round_up(N, 8) and a multiple of 8", p.ld_gate);
+  TWELL_CU_REQUIRE(p.words_per_tile >= 2 && p.words_per_tile <= 128 && kTwellTile % p.words_per_tile == 0,
+                   ErrorCode::unsupported, "gate pack sm90: needs S = 256/C in [2, 128]; got S = {}", p.words_per_tile);
+  TWELL_CU_REQUIRE((reinterpret_cast<std::uintptr_t>(p.x) & 15) == 0 && (reinterpret_cast<std::uintptr_t>(p.w) & 15) == 0 &&
+                       (reinterpret_cast<std::uintptr_t>(p.gate) & 15) == 0,
+                   ErrorCode::invalid_argument, "gate pack sm90: x, W and the gate buffer must be 16-byte aligned");
+  TWELL_CU_REQUIRE(p.sm_count >= 1, ErrorCode::invalid_argument, "gate pack sm90: sm_count must be set");
+  // Per launch: the attribute belongs to the current device (a host-side call, no synchronisation).
+  TWELL_CUDA_CHECK(cudaFuncSetAttribute(twell_gate_pack_sm90_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                        static_cast<int>(kGatePackSmemBytes)));
+  const CUtensorMap mx = tile_map(p.x, p.m, p.k, kBM);
+  const CUtensorMap mw = tile_map(p.w, p.n, p.k, kBN);
+  TWELL_CUDA_CHECK(cudaMemsetAsync(p.counters, 0, sizeof(TwellCounters), stream));
+  TWELL_CUDA_CHECK(cudaMemsetAsync(p.row_overflow, 0, static_cast<std::size_t>(p.m) * sizeof(std::uint32_t), stream));
+  if (p.row_nnz) TWELL_CUDA_CHECK(cudaMemsetAsync(p.row_nnz, 0, static_cast<std::size_t>(p.m) * sizeof(std::uint32_t), stream));
+  const std::int64_t tiles = ((p.m + kBM - 1) / kBM) * ((p.n + kBN - 1) / kBN);
+  const auto grid = static_cast<unsigned>(std::min<std::int64_t>(tiles, p.sm_count));
+  twell_gate_pack_sm90_kernel<<<grid, kThreads, kGatePackSmemBytes, stream>>>(mx, mw, p);
+  TWELL_CUDA_CHECK_LAUNCH("twell_gate_pack_sm90_kernel");
+}
+
+}  // namespace twell::cuda

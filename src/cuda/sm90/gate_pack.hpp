@@ -1,0 +1,53 @@
+#pragma once
+// Hopper (sm_90a) gate GEMM with the TwELL packing in its epilogue (DESIGN §3, inference step 1):
+// g = ReLU(x·Wᵀ) in bf16 with fp32 accumulation, packed to TwELL straight from the accumulators,
+// so the [M, N] gate never makes the round trip through device memory that cuBLASLt + twell_pack
+// costs. Only the values of overflowed (row, tile) blocks are written to the dense gate buffer,
+// where the fused up+down kernel's overflow fallback reads them (store_gate writes every value).
+//
+// Kernel: persistent grid (one CTA per SM, from the device's SM count), 384 threads: a producer
+// warpgroup (one thread issues TMA loads of x [128, 64] and W [256, 64] tiles, 128-byte swizzle,
+// into a 4-stage mbarrier ring) and two consumer warpgroups (wgmma m64n256k16, 64 rows each).
+// A CTA tile is 128 rows × 256 columns = exactly one TwELL tile per row. Tiles are dealt
+// n-fastest so that the CTAs in flight share W (which stays in L2) and a few row blocks of x.
+// Epilogue, per consumer warp (16 rows): ReLU + bf16 rounding into a private swizzled staging
+// buffer, then per row one 16-byte read per lane and a warp scan place each kept value in
+// ascending column order — the same words, counts and flags as twell_pack on the same values.
+//
+// Supports: any M ≥ 1, any N ≥ 1 (TMA zero-fills the tails; columns ≥ N are never kept), any
+// K ≥ 8 with K % 8 == 0 (16-byte row strides for TMA), S = words per tile in [2, 128]. Needs a
+// GPU of compute capability 9.0 exactly (sm_90a code) and kGatePackSmemBytes of shared memory.
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "cuda/sm80/twell_kernels.hpp"
+
+namespace twell::cuda {
+
+struct GatePackParams {
+  const __nv_bfloat16* x = nullptr;  // [m, k], row stride k
+  const __nv_bfloat16* w = nullptr;  // [n, k], row stride k (Wg, or Wu for the non-gated FFN)
+  std::int64_t m = 0, n = 0, k = 0;
+  int words_per_tile = 32;              // S
+  std::uint32_t* words = nullptr;       // [m, tiles · S] TwELL of ReLU(x·Wᵀ)
+  std::uint32_t* row_overflow = nullptr;  // [m], zeroed by the launcher: 1 iff the row has an overflowed block
+  std::uint32_t* row_nnz = nullptr;     // optional [m], zeroed by the launcher: each row's true count
+  TwellCounters* counters = nullptr;    // zeroed by the launcher
+  __nv_bfloat16* gate = nullptr;        // [m, ld_gate] (ld_gate ≥ round_up(n, 8), % 8 == 0): overflowed blocks
+  std::int64_t ld_gate = 0;
+  bool store_gate = false;              // also store every other block (tests, diagnostics)
+  int sm_count = 0;                     // persistent grid size (the device's SM count)
+};
+
+inline constexpr std::size_t kGatePackSmemBytes = 1024 + 4 * (128 + 256) * 64 * 2 + 8 * 8 * 128 * 4 + 64;
+
+// True iff this build carries the sm_90a kernel and `device` can run it (compute capability 9.0
+// and enough opt-in shared memory).
+bool gate_pack_sm90_available(int device);
+
+void launch_twell_gate_pack_sm90(const GatePackParams& p, cudaStream_t stream);
+
+}  // namespace twell::cuda
