@@ -176,6 +176,15 @@ int main(int argc, char** argv) {
           if (ch == 2 && pt.gated && pt.density <= 0.01)
             std::printf("          plans of a fresh 2-chunk context:\n%s", cctx.gemm().describe_plans().c_str());
         }
+      nlohmann::json gate_clusters = nlohmann::json::object();  // the sm90 gate by cluster size (W multicast)
+      if (m >= 16384 && ctx.gate_sm90_active())
+        for (int cl : {1, 2, 4}) {
+          ContextOptions co = copt;
+          co.gate_sm90_cluster = cl;
+          FfnContext cctx(co);
+          cctx.upload_weights(w, s);
+          gate_clusters[std::to_string(cl)] = median_ms(warmup, reps, s, [&] { cctx.gate_twell(dx.get(), m, s); });
+        }
       nlohmann::json variants = nlohmann::json::object();
       for (int v = 0; v <= 2; v += 2) {  // the default (variant 1) is t_rest
         ContextOptions vo = copt;
@@ -320,6 +329,11 @@ int main(int argc, char** argv) {
         std::printf("          gate_twell as run (%s): %.3f ms = %.3fx the GEMM alone\n",
                     ctx.gate_sm90_active() ? "sm90 gate GEMM with TwELL epilogue" : "cublasLt gate + twell_pack", t_gate,
                     t_gate / t_gemm);
+        if (!gate_clusters.empty()) {
+          std::printf("          sm90 gate by cluster size (W multicast):");
+          for (const auto& [cl, ms] : gate_clusters.items()) std::printf(" %s: %.3f (%.3fx);", cl.c_str(), ms.get<double>(), ms.get<double>() / t_gemm);
+          std::printf("\n");
+        }
       }
       std::printf("          alternating sparse / auto: %.3f / %.3f ms; auto deciding every call (not sticky): %.3f ms\n",
                   t_sparse_alt, t_auto_alt, t_auto_fresh);
@@ -352,6 +366,7 @@ int main(int argc, char** argv) {
                                {"gate_gemm_tflops", gemm_tflops},
                                {"gate_twell_ms", t_gate},
                                {"gate_twell_sm90", ctx.gate_sm90_active()},
+                               {"gate_twell_ms_by_cluster", gate_clusters},
                                {"gate_gemm_relu_ms", t_gemm_relu},
                                {"gate_twell_late_ms", t_gate_late},
                                {"sparse_rest_ms", t_rest},

@@ -8,8 +8,9 @@
 // Kernel: persistent grid (one CTA per SM, from the device's SM count), 384 threads: a producer
 // warpgroup (one thread issues TMA loads of x [128, 64] and W [256, 64] tiles, 128-byte swizzle,
 // into a 4-stage mbarrier ring) and two consumer warpgroups (wgmma m64n256k16, 64 rows each).
-// A CTA tile is 128 rows × 256 columns = exactly one TwELL tile per row. Tiles are dealt
-// n-fastest so that the CTAs in flight share W (which stays in L2) and a few row blocks of x.
+// A CTA tile is 128 rows × 256 columns = exactly one TwELL tile per row. Clusters of `cluster`
+// CTAs along M split each W tile's load and multicast it (less L2 traffic per FLOP). Tiles are
+// dealt n-fastest so that the CTAs in flight share W (which stays in L2) and a few row blocks of x.
 // Epilogue, per consumer warp (16 rows): ReLU + bf16 rounding into a private swizzled staging
 // buffer, then per row one 16-byte read per lane and a warp scan place each kept value in
 // ascending column order — the same words, counts and flags as twell_pack on the same values.
@@ -40,6 +41,7 @@ struct GatePackParams {
   std::int64_t ld_gate = 0;
   bool store_gate = false;              // also store every other block (tests, diagnostics)
   int sm_count = 0;                     // persistent grid size (the device's SM count)
+  int cluster = 2;                      // CTAs per cluster along M sharing each W tile by TMA multicast: 1, 2 or 4
 };
 
 inline constexpr std::size_t kGatePackSmemBytes = 1024 + 4 * (128 + 256) * 64 * 2 + 8 * 8 * 128 * 4 + 64;

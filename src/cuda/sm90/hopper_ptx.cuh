@@ -45,6 +45,34 @@ __device__ __forceinline__ void tma_load_2d(std::uint32_t dst, const void* tmap,
       : "memory");
 }
 
+// The same tile written to the same shared-memory offset of every CTA in `cta_mask` (thread block
+// cluster), each of whose barriers at `bar`'s offset receives the bytes it got.
+__device__ __forceinline__ void tma_load_2d_multicast(std::uint32_t dst, const void* tmap, int c0, int c1, std::uint32_t bar,
+                                                      std::uint16_t cta_mask) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.multicast::cluster [%0], [%1, {%2, %3}], [%4], %5;" ::"r"(dst),
+      "l"(reinterpret_cast<std::uint64_t>(tmap)), "r"(c0), "r"(c1), "r"(bar), "h"(cta_mask)
+      : "memory");
+}
+
+// ---- thread block clusters ----
+__device__ __forceinline__ std::uint32_t cluster_rank() {
+  std::uint32_t r;
+  asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
+  return r;
+}
+// All threads of all CTAs of the cluster (a 1-CTA cluster without a cluster launch).
+__device__ __forceinline__ void cluster_sync() {
+  asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;" ::: "memory");
+}
+// Arrive on the barrier at offset `bar` of CTA `rank` of this cluster.
+__device__ __forceinline__ void mbar_arrive_cluster(std::uint32_t bar, std::uint32_t rank) {
+  asm volatile(
+      "{ .reg .b32 ra; mapa.shared::cluster.u32 ra, %0, %1; mbarrier.arrive.release.cluster.shared::cluster.b64 _, [ra]; }" ::"r"(bar),
+      "r"(rank)
+      : "memory");
+}
+
 // ---- register budget per warpgroup (needs __launch_bounds__(threads, 1)) ----
 template <int R>
 __device__ __forceinline__ void reg_dealloc() { asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(R)); }
