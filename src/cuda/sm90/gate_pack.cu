@@ -131,7 +131,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int wg = threadIdx.x / 128;
 
   if (wg == 0) {  // producer
-    reg_dealloc<24>();
+    reg_dealloc<24>();  // 24 · 128 + 240 · 256 ≤ 65536
     if (threadIdx.x == 0) {
       int s = 0;
       std::uint32_t phase = 0;
