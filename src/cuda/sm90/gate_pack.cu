@@ -18,26 +18,30 @@ constexpr int kBN = 256;                      // CTA tile columns = one TwELL ti
 constexpr int kBK = 64;                       // K per stage: one 128-byte swizzle row of bf16
 // A cluster of CM CTAs along M shares the W tile: CTA r loads rows [r·256/CM, (r + 1)·256/CM) of
 // it and multicasts them to all, so each CTA reads 16 KB of x and 32/CM KB of W from L2 per stage
-// instead of 48 KB (at M = 16384 the single-CTA kernel moved 4.3 GB from L2 and ran at ~4.8 TB/s).
-constexpr int kStages = 4;
-constexpr int kConsumers = 2;                 // consumer warpgroups
+// instead of 48 KB.
+constexpr int kStages = 3;                    // 3 × 48 KB: the 64 KB staging tile takes the 4th
+constexpr int kConsumers = 2;                 // consumer warpgroups (wgmma)
+constexpr int kPackWarps = 3;                 // warps 1..3 of warpgroup 0 pack (warp 0 lane 0 loads)
 constexpr int kThreads = 128 * (1 + kConsumers);
 constexpr int kABytes = kBM * kBK * 2;        // [128, 64] bf16, 128B swizzle
 constexpr int kBBytes = kBN * kBK * 2;        // [256, 64] bf16, 128B swizzle
 constexpr int kStageBytes = kABytes + kBBytes;
-constexpr int kEpiWords = 8 * (kBN / 2);      // per consumer warp: [8 rows, 128] u32 (bf16 pairs), swizzled
-constexpr int kEpiBytes = kConsumers * 4 * kEpiWords * 4;
-constexpr int kBarBytes = 2 * kStages * 8;
+constexpr int kTileBytes = kBM * kBN * 2;     // staging: [128 rows, 128] u32 (bf16 pairs), swizzled
+constexpr int kBarBytes = (2 * kStages + 2) * 8;
 static_assert(kBN == kTwellTile, "one CTA tile column block is one TwELL tile");
 static_assert(kABytes % 1024 == 0 && kBBytes % 1024 == 0, "128B-swizzled tiles need 1024-byte alignment");
-static_assert(1024 + kStages * kStageBytes + kEpiBytes + kBarBytes <= static_cast<int>(kGatePackSmemBytes),
+static_assert(1024 + kStages * kStageBytes + kTileBytes + kBarBytes <= static_cast<int>(kGatePackSmemBytes),
               "shared-memory budget");
+// Registers: warpgroup 0 (producer + packers) 72, consumers 216: no spills (56/224 and 40/232
+// spill in the packers, 24/240 more).
+constexpr int kRegsLoad = 72, kRegsMma = 216;
+static_assert(kRegsLoad * 128 + kRegsMma * 256 <= 65536, "register file");
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-// Staging buffer of one warp: row i (0..7) holds the 128 bf16 pairs of its 256 columns; word w of
-// row i sits at i·128 + (w ^ 4i), so the fragment stores (8 rows × 4 consecutive words) and the
-// row reads (lane l: words 4l..4l+3) are both free of bank conflicts.
-__device__ __forceinline__ int epi_index(int row, int word) { return row * 128 + (word ^ (row * 4)); }
+// Staging tile: row i holds the 128 bf16 pairs of its 256 columns; word w of row i sits at
+// i·128 + (w ^ 4·(i mod 8)), so the consumers' fragment stores (8 rows × 4 consecutive words per
+// warp instruction) and the packers' row reads (lane l: words 4l..4l+3) are free of bank conflicts.
+__device__ __forceinline__ int stage_index(int row, int word) { return row * 128 + (word ^ ((row & 7) * 4)); }
 
 __device__ __forceinline__ std::uint32_t relu_bf16x2(float lo, float hi) {
   std::uint32_t r;
@@ -45,54 +49,46 @@ __device__ __forceinline__ std::uint32_t relu_bf16x2(float lo, float hi) {
   return r;
 }
 
-// Packs one row's block (tile t, columns n0 .. n0 + 255) from the 8 bf16 each lane holds (lane l:
-// columns n0 + 8l .. n0 + 8l + 7). Words: 0 = true count, 1..min(count, S − 1) = (bf16 << 16 |
-// local column) ascending, the rest zero. Overflowed blocks (and all, with store_gate) also go
-// to the dense gate buffer. Returns the block's true count (lane 0 adds the warp's to the
-// counters per tile; overflows, rare, go to the counters at once).
-__device__ __forceinline__ int pack_row_block(const GatePackParams& p, uint4 v, std::int64_t row, std::int64_t t,
-                                              std::int64_t n0, int lane, std::int64_t tiles) {
-  const int S = p.words_per_tile, cap = S - 1;
+__device__ __forceinline__ std::uint32_t lanemask_lt() {
+  std::uint32_t m;
+  asm("mov.u32 %0, %%lanemask_lt;" : "=r"(m));
+  return m;
+}
+
+// Packs one row's block from the 8 bf16 each lane holds (lane l: local columns 8l .. 8l + 7;
+// `valid` masks the columns < N). Words: 0 = true count, 1..min(count, S − 1) = (bf16 << 16 |
+// local column) ascending, the rest zero: the same words as twell_pack. Branch-free: the lanes'
+// exclusive prefix of their counts comes from four bit-sliced ballots. Returns the true count.
+__device__ __forceinline__ int pack_row(uint4 v, unsigned valid, int lane, int S, std::uint32_t* out) {
   const std::uint32_t w[4] = {v.x, v.y, v.z, v.w};
-  const std::int64_t col0 = n0 + 8 * lane;
-  const std::int64_t rem = p.n - col0;
-  const int valid = rem <= 0 ? 0 : (rem >= 8 ? 8 : static_cast<int>(rem));  // this lane's columns < N
   unsigned mask = 0;
 #pragma unroll
   for (int e = 0; e < 8; ++e) {
     const std::uint32_t b = (e & 1) ? (w[e / 2] >> 16) : (w[e / 2] & 0xffffu);
-    mask |= (e < valid && dev::lo_bf16(b) > 0.0f) ? (1u << e) : 0u;
+    mask |= (b - 1u < 0x7f80u) ? (1u << e) : 0u;  // 0 < bf16 ≤ +inf (ReLU'd values: sign bit clear)
   }
-  const int cnt = __popc(mask);
-  const int incl = dev::warp_inclusive_scan(cnt, lane);
-  const int total = __shfl_sync(0xffffffffu, incl, 31);
-  std::uint32_t* out = p.words + (row * tiles + t) * S;
-  int pos = incl - cnt;
+  mask &= valid;
+  const unsigned cnt = __popc(mask);  // 0..8: four bits
+  const unsigned lt = lanemask_lt();
+  unsigned pos = 0, total = 0;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const unsigned b = __ballot_sync(0xffffffffu, (cnt >> i) & 1u);
+    pos += static_cast<unsigned>(__popc(b & lt)) << i;
+    total += static_cast<unsigned>(__popc(b)) << i;
+  }
+  const unsigned cap = static_cast<unsigned>(S - 1);
 #pragma unroll
   for (int e = 0; e < 8; ++e) {
-    if (mask & (1u << e)) {
-      const std::uint32_t b = (e & 1) ? (w[e / 2] >> 16) : (w[e / 2] & 0xffffu);
-      if (pos < cap) out[1 + pos] = (b << 16) | static_cast<std::uint32_t>(8 * lane + e);
-      ++pos;
-    }
+    const std::uint32_t b = (e & 1) ? (w[e / 2] >> 16) : (w[e / 2] & 0xffffu);
+    const bool kept = (mask >> e) & 1u;
+    if (kept && pos < cap) out[1 + pos] = (b << 16) | static_cast<std::uint32_t>(8 * lane + e);
+    pos += kept ? 1u : 0u;
   }
-  const int lim = min(total, cap);
-  for (int j = lane; j < S; j += 32) {  // disjoint from the entries' slots 1..lim
-    if (j == 0)
-      out[0] = static_cast<std::uint32_t>(total);
-    else if (j > lim)
-      out[j] = 0u;
-  }
-  if ((p.store_gate || total > cap) && valid > 0)
-    *reinterpret_cast<uint4*>(p.gate + row * p.ld_gate + col0) = v;  // col0 + 8 ≤ ld_gate
-  if (lane == 0) {
-    if (p.row_nnz && total) atomicAdd(p.row_nnz + row, static_cast<std::uint32_t>(total));
-    if (total > cap) {
-      atomicAdd(&p.counters->overflow_tiles, 1ull);
-      if (atomicExch(p.row_overflow + row, 1u) == 0u) atomicAdd(&p.counters->overflow_rows, 1ull);  // first block to flag the row counts it
-    }
-  }
-  return total;
+  const unsigned lim = min(total, cap);
+  for (int j = lane; j < S; j += 32)  // slot 0 and the unused slots; disjoint from the entries
+    if (j == 0 || static_cast<unsigned>(j) > lim) out[j] = j == 0 ? total : 0u;
+  return static_cast<int>(total);
 }
 #endif
 
@@ -103,79 +99,111 @@ __global__ void __launch_bounds__(kThreads, 1)
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using namespace sm90;
   extern __shared__ unsigned char smem_raw[];
-  // [kStages] × { A [128, 64] bf16 | B [256, 64] bf16 } (128B swizzle), then the consumer warps'
-  // staging buffers, then full[kStages] and empty[kStages] mbarriers.
+  // [kStages] × { A [128, 64] bf16 | B [256, 64] bf16 } (128B swizzle), the staging tile, then the
+  // mbarriers full[kStages], empty[kStages], staged, freed.
   unsigned char* smem = reinterpret_cast<unsigned char*>((reinterpret_cast<std::uintptr_t>(smem_raw) + 1023) & ~std::uintptr_t{1023});
-  std::uint32_t* epi = reinterpret_cast<std::uint32_t*>(smem + kStages * kStageBytes);
-  unsigned long long* bars = reinterpret_cast<unsigned long long*>(smem + kStages * kStageBytes + kEpiBytes);
+  std::uint32_t* tile_buf = reinterpret_cast<std::uint32_t*>(smem + kStages * kStageBytes);
+  unsigned long long* bars = reinterpret_cast<unsigned long long*>(smem + kStages * kStageBytes + kTileBytes);
   const std::uint32_t smem_base = smem_u32(smem);
   const std::uint32_t full0 = smem_u32(bars), empty0 = smem_u32(bars + kStages);
+  const std::uint32_t staged = smem_u32(bars + 2 * kStages), freed = smem_u32(bars + 2 * kStages + 1);
 
   if (threadIdx.x == 0) {
     for (int s = 0; s < kStages; ++s) {
       mbar_init(full0 + 8 * s, 1);                    // the local producer's arrive + 48 KB of TMA bytes
       mbar_init(empty0 + 8 * s, CM * kConsumers * 4);  // one arrive per consumer warp of every CTA of the cluster
     }
+    mbar_init(staged, kConsumers * 128);  // every consumer thread, after writing its part of the tile
+    mbar_init(freed, kPackWarps * 32);    // every packing thread, after reading the tile
     mbar_fence_init();
   }
   cluster_sync();  // every CTA's barriers exist before any multicast or remote arrive
 
   // Work: groups of CM row tiles (one per CTA of the cluster) × N tiles, dealt n-fastest to the
   // clusters. A CTA whose row tile is past M still loads and multicasts its share of W (its peers
-  // need it) and skips the epilogue.
+  // need it); its packers skip the rows past M.
   const std::int64_t mt = (p.m + kBM - 1) / kBM, nt = (p.n + kBN - 1) / kBN;
   const std::int64_t groups = (mt + CM - 1) / CM * nt;
   const std::int64_t cluster = blockIdx.x / CM, clusters = gridDim.x / CM;
   const int rank = CM > 1 ? static_cast<int>(cluster_rank()) : 0;
   const int kblocks = static_cast<int>((p.k + kBK - 1) / kBK);
-  const int wg = threadIdx.x / 128;
+  const int wg = threadIdx.x / 128, warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
 
-  if (wg == 0) {  // producer
-    reg_dealloc<24>();  // 24 · 128 + 240 · 256 ≤ 65536
-    if (threadIdx.x == 0) {
-      int s = 0;
-      std::uint32_t phase = 0;
-      for (std::int64_t g = cluster; g < groups; g += clusters) {
-        const int m0 = static_cast<int>(((g / nt) * CM + rank) * kBM), n0 = static_cast<int>((g % nt) * kBN);
-        for (int kb = 0; kb < kblocks; ++kb) {
-          mbar_wait(empty0 + 8 * s, phase ^ 1);  // free in every CTA (the first pass finds it free)
-          mbar_arrive_expect_tx(full0 + 8 * s, kStageBytes);
-          const std::uint32_t a = smem_base + s * kStageBytes;
-          tma_load_2d(a, &tmap_x, kb * kBK, m0, full0 + 8 * s);
-          constexpr int kPart = kBN / CM;  // rows of W this CTA loads for the cluster
-          if constexpr (CM == 1)
-            tma_load_2d(a + kABytes, &tmap_w, kb * kBK, n0, full0 + 8 * s);
-          else
-            tma_load_2d_multicast(a + kABytes + rank * kPart * kBK * 2, &tmap_w, kb * kBK, n0 + rank * kPart,
-                                  full0 + 8 * s, static_cast<std::uint16_t>((1u << CM) - 1));
-          if (++s == kStages) {
-            s = 0;
-            phase ^= 1;
+  if (wg == 0) {
+    reg_dealloc<kRegsLoad>();
+    if (warp == 0) {
+      if (lane == 0) {  // producer
+        int s = 0;
+        std::uint32_t phase = 0;
+        for (std::int64_t g = cluster; g < groups; g += clusters) {
+          const int m0 = static_cast<int>(((g / nt) * CM + rank) * kBM), n0 = static_cast<int>((g % nt) * kBN);
+          for (int kb = 0; kb < kblocks; ++kb) {
+            mbar_wait(empty0 + 8 * s, phase ^ 1);  // free in every CTA (the first pass finds it free)
+            mbar_arrive_expect_tx(full0 + 8 * s, kStageBytes);
+            const std::uint32_t a = smem_base + s * kStageBytes;
+            tma_load_2d(a, &tmap_x, kb * kBK, m0, full0 + 8 * s);
+            constexpr int kPart = kBN / CM;  // rows of W this CTA loads for the cluster
+            if constexpr (CM == 1)
+              tma_load_2d(a + kABytes, &tmap_w, kb * kBK, n0, full0 + 8 * s);
+            else
+              tma_load_2d_multicast(a + kABytes + rank * kPart * kBK * 2, &tmap_w, kb * kBK, n0 + rank * kPart,
+                                    full0 + 8 * s, static_cast<std::uint16_t>((1u << CM) - 1));
+            if (++s == kStages) {
+              s = 0;
+              phase ^= 1;
+            }
           }
         }
       }
+    } else if (!p.timing_skip_epilogue) {  // packers: rows warp − 1, warp + 2, … of each staged tile
+      const int S = p.words_per_tile, cap = S - 1;
+      std::uint32_t phase = 0;
+      for (std::int64_t g = cluster; g < groups; g += clusters) {
+        const std::int64_t tm = (g / nt) * CM + rank, tn = g % nt, n0 = tn * kBN;
+        const std::int64_t col0 = n0 + 8 * lane, rem = p.n - col0;
+        const unsigned valid = rem <= 0 ? 0u : (rem >= 8 ? 0xffu : (1u << rem) - 1u);  // this lane's columns < N
+        mbar_wait(staged, phase);
+        unsigned tile_nnz = 0;  // ≤ 128 rows × 256
+#pragma unroll 2
+        for (int i = warp - 1; i < kBM; i += kPackWarps) {
+          const std::int64_t row = tm * kBM + i;
+          if (row >= p.m) break;  // warp-uniform; later rows are past the end too
+          const uint4 v = *reinterpret_cast<const uint4*>(tile_buf + stage_index(i, 4 * lane));
+          const int total = pack_row(v, valid, lane, S, p.words + (row * nt + tn) * S);
+          tile_nnz += static_cast<unsigned>(total);
+          if ((p.store_gate || total > cap) && valid)
+            *reinterpret_cast<uint4*>(p.gate + row * p.ld_gate + col0) = v;  // col0 + 8 ≤ ld_gate
+          if (lane == 0) {
+            if (p.row_nnz && total) atomicAdd(p.row_nnz + row, static_cast<std::uint32_t>(total));
+            if (total > cap) {
+              atomicAdd(&p.counters->overflow_tiles, 1ull);
+              if (atomicExch(p.row_overflow + row, 1u) == 0u) atomicAdd(&p.counters->overflow_rows, 1ull);  // first block to flag the row counts it
+            }
+          }
+        }
+        mbar_arrive(freed);  // this thread's reads of the tile are done
+        if (lane == 0 && tile_nnz) atomicAdd(&p.counters->nnz, static_cast<unsigned long long>(tile_nnz));
+        phase ^= 1;
+      }
     }
   } else {
-    reg_alloc<240>();
-    const int cw = wg - 1;                      // consumer warpgroup: tile rows 64·cw .. 64·cw + 63
-    const int warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
-    std::uint32_t* buf = epi + (cw * 4 + warp) * kEpiWords;
-    // Stage s is free for the producers once every consumer warp of every CTA has finished with it.
+    reg_alloc<kRegsMma>();
+    const int cw = wg - 1;  // consumer warpgroup: tile rows 64·cw .. 64·cw + 63
+    // Stage st is free for the producers once every consumer warp of every CTA has finished with it.
     auto release = [&](int st) {
       if constexpr (CM == 1) {
         mbar_arrive(empty0 + 8 * st);
       } else {
-  #pragma unroll
+#pragma unroll
         for (int r = 0; r < CM; ++r) mbar_arrive_cluster(empty0 + 8 * st, static_cast<std::uint32_t>(r));
       }
     };
     float acc[128];
-  #pragma unroll
+#pragma unroll
     for (int i = 0; i < 128; ++i) acc[i] = 0.0f;  // the first wgmma of a tile overwrites (scale_d = 0)
     int s = 0;
-    std::uint32_t phase = 0;
+    std::uint32_t phase = 0, tphase = 0;
     for (std::int64_t g = cluster; g < groups; g += clusters) {
-      const std::int64_t tm = (g / nt) * CM + rank, tn = g % nt;
       int prev = 0;
       for (int kb = 0; kb < kblocks; ++kb) {
         mbar_wait(full0 + 8 * s, phase);
@@ -183,7 +211,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         const std::uint32_t b = smem_base + s * kStageBytes + kABytes;
         const std::uint64_t da = desc_k128(a), db = desc_k128(b);
         wgmma_fence();
-  #pragma unroll
+#pragma unroll
         for (int kk = 0; kk < kBK / 16; ++kk) wgmma_m64n256k16_bf16(acc, da + 2 * kk, db + 2 * kk, (kb > 0 || kk > 0) ? 1 : 0);
         wgmma_commit();
         if (kb > 0) {  // the previous stage's wgmmas are done: hand its buffers back to the producer
@@ -198,30 +226,23 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
       wgmma_wait<0>();
       if (lane == 0) release(prev);
-  #pragma unroll
+#pragma unroll
       for (int i = 0; i < 128; ++i) fence_operand(acc[i]);
-
-      // Epilogue: this warp's 16 rows, in two passes of 8 (fragment half h: rows 8h + lane/4).
-      const std::int64_t row0 = tm * kBM + cw * 64 + warp * 16, n0 = tn * kBN;
-      const int q = lane & 3, r = lane >> 2;
-      unsigned tile_nnz = 0;  // ≤ 16 rows × 256
-  #pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        __syncwarp();
-  #pragma unroll
-        for (int j = 0; j < 32; ++j) buf[epi_index(r, 4 * j + q)] = relu_bf16x2(acc[4 * j + 2 * h], acc[4 * j + 2 * h + 1]);
-        __syncwarp();
-  #pragma unroll 2
-        for (int i = 0; i < 8; ++i) {
-          const std::int64_t row = row0 + 8 * h + i;
-          if (row >= p.m) break;  // warp-uniform; later rows are past the end too
-          const uint4 v = *reinterpret_cast<const uint4*>(buf + epi_index(i, 4 * lane));
-          tile_nnz += static_cast<unsigned>(pack_row_block(p, v, row, tn, n0, lane, nt));
-        }
-      }
-      if (lane == 0 && tile_nnz) atomicAdd(&p.counters->nnz, static_cast<unsigned long long>(tile_nnz));
+      if (p.timing_skip_epilogue) continue;
+      // Hand the tile to the packers: ReLU + bf16 into the staging tile once they have read the
+      // previous one (the first tile finds it free); they pack while this warpgroup runs the next
+      // tile's wgmmas. Fragment half h of this warp: local rows 64·cw + 16·warp + 8h + lane/4.
+      mbar_wait(freed, tphase ^ 1);
+      const int q = lane & 3, r0 = cw * 64 + warp * 16 + (lane >> 2);
+#pragma unroll
+      for (int h = 0; h < 2; ++h)
+#pragma unroll
+        for (int j = 0; j < 32; ++j)
+          tile_buf[stage_index(r0 + 8 * h, 4 * j + q)] = relu_bf16x2(acc[4 * j + 2 * h], acc[4 * j + 2 * h + 1]);
+      mbar_arrive(staged);
+      tphase ^= 1;
     }
-  }  // consumer
+  }
   // No CTA leaves while a peer may still multicast into its shared memory or arrive on its barriers.
   cluster_sync();
 #else

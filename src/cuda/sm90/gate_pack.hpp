@@ -42,9 +42,10 @@ struct GatePackParams {
   bool store_gate = false;              // also store every other block (tests, diagnostics)
   int sm_count = 0;                     // persistent grid size (the device's SM count)
   int cluster = 2;                      // CTAs per cluster along M sharing each W tile by TMA multicast: 1, 2 or 4
+  bool timing_skip_epilogue = false;    // diagnostics only (probe_gate_sm90): no packing, outputs left undefined
 };
 
-inline constexpr std::size_t kGatePackSmemBytes = 1024 + 4 * (128 + 256) * 64 * 2 + 8 * 8 * 128 * 4 + 64;
+inline constexpr std::size_t kGatePackSmemBytes = 1024 + 3 * (128 + 256) * 64 * 2 + 128 * 256 * 2 + 64;
 
 // True iff this build carries the sm_90a kernel and `device` can run it (compute capability 9.0
 // and enough opt-in shared memory).

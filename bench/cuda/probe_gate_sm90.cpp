@@ -1,0 +1,88 @@
+// twell_probe_gate_sm90: times the sm90 gate GEMM + TwELL epilogue (sm90/gate_pack.hpp) by cluster
+// size, with and without its epilogue, against the cuBLASLt GEMM of the same shape, in one process.
+//   twell_probe_gate_sm90 [M N K [density [reps]]]     (defaults: 16384 5632 2048 0.005 20)
+// Inputs: x ~ N(0, 1) and W ~ N(0, 1/K) in bf16, with x[:, 0] = 1 and W[:, 0] = Φ⁻¹(density), so
+// about `density` of the gate is positive.
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <cstdio>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "bench_util.hpp"
+#include "cuda/common/check.hpp"
+#include "cuda/common/device_buffer.hpp"
+#include "cuda/dense/lt_gemm.hpp"
+#include "cuda/sm90/gate_pack.hpp"
+#include "twell/bf16.hpp"
+
+using namespace twell;
+using namespace twell::cuda;
+
+int main(int argc, char** argv) {
+  const std::int64_t m = argc > 1 ? std::stoll(argv[1]) : 16384, n = argc > 2 ? std::stoll(argv[2]) : 5632,
+                     k = argc > 3 ? std::stoll(argv[3]) : 2048;
+  const double density = argc > 4 ? std::stod(argv[4]) : 0.005;
+  const int reps = argc > 5 ? std::stoi(argv[5]) : 20;
+  int dev = 0, sms = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess || !gate_pack_sm90_available(dev)) {
+    std::printf("probe_gate_sm90: no GPU that runs the sm90 gate kernel; nothing to time\n");
+    return 0;
+  }
+  TWELL_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+  std::mt19937_64 rng(7);
+  std::normal_distribution<double> nd(0.0, 1.0);
+  std::vector<std::uint16_t> xh(static_cast<std::size_t>(m * k)), wh(static_cast<std::size_t>(n * k));
+  for (std::int64_t r = 0; r < m; ++r)
+    for (std::int64_t c = 0; c < k; ++c) xh[static_cast<std::size_t>(r * k + c)] = to_bf16(c == 0 ? 1.0f : static_cast<float>(nd(rng))).bits;
+  // Φ⁻¹(density) by bisection on erfc.
+  double lo = -10, hi = 10;
+  for (int i = 0; i < 100; ++i) {
+    const double mid = 0.5 * (lo + hi);
+    (0.5 * std::erfc(-mid / std::sqrt(2.0)) < density ? lo : hi) = mid;
+  }
+  for (std::int64_t r = 0; r < n; ++r)
+    for (std::int64_t c = 0; c < k; ++c)
+      wh[static_cast<std::size_t>(r * k + c)] =
+          to_bf16(c == 0 ? static_cast<float>(lo) : static_cast<float>(nd(rng) / std::sqrt(static_cast<double>(k)))).bits;
+  DeviceBuffer<__nv_bfloat16> x(xh.size()), w(wh.size()), g(static_cast<std::size_t>(m * ((n + 7) / 8 * 8)));
+  const std::int64_t tiles = (n + 255) / 256;
+  DeviceBuffer<std::uint32_t> words(static_cast<std::size_t>(m * tiles * 32)), ovf(static_cast<std::size_t>(m));
+  DeviceBuffer<TwellCounters> counters(1);
+  TWELL_CUDA_CHECK(cudaMemcpy(x.get(), xh.data(), xh.size() * 2, cudaMemcpyHostToDevice));
+  TWELL_CUDA_CHECK(cudaMemcpy(w.get(), wh.data(), wh.size() * 2, cudaMemcpyHostToDevice));
+  cudaStream_t s;
+  TWELL_CUDA_CHECK(cudaStreamCreate(&s));
+  LtGemm lt(/*autotune=*/true);
+  const GemmShape gs{m, n, k, k, k, (n + 7) / 8 * 8, GemmEpilogue::none};
+  const double t_gemm = host::median_ms(3, reps, s, [&] { lt.run(gs, w.get(), x.get(), g.get(), s); });
+  const double flop = 2.0 * static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k);
+  std::printf("M=%lld N=%lld K=%lld density %.3f%%, %d SMs\n", static_cast<long long>(m), static_cast<long long>(n),
+              static_cast<long long>(k), 100 * density, sms);
+  std::printf("%-34s %8.3f ms %6.0f TF/s\n", "cuBLASLt GEMM (autotuned)", t_gemm, flop / t_gemm * 1e-9);
+  for (int cl : {1, 2, 4})
+    for (bool skip : {false, true}) {
+      GatePackParams p;
+      p.x = x.get();
+      p.w = w.get();
+      p.m = m;
+      p.n = n;
+      p.k = k;
+      p.words = words.get();
+      p.row_overflow = ovf.get();
+      p.counters = counters.get();
+      p.gate = g.get();
+      p.ld_gate = (n + 7) / 8 * 8;
+      p.sm_count = sms;
+      p.cluster = cl;
+      p.timing_skip_epilogue = skip;
+      const double t = host::median_ms(3, reps, s, [&] { launch_twell_gate_pack_sm90(p, s); });
+      const std::string name = "sm90 gate, cluster " + std::to_string(cl) + (skip ? ", no epilogue" : "");
+      std::printf("%-34s %8.3f ms %6.0f TF/s  %.3fx the GEMM\n", name.c_str(), t, flop / t * 1e-9, t / t_gemm);
+    }
+  TWELL_CUDA_CHECK(cudaStreamDestroy(s));
+  return 0;
+}
