@@ -59,7 +59,7 @@ __device__ __forceinline__ std::uint32_t lanemask_lt() {
 // `valid` masks the columns < N). Words: 0 = true count, 1..min(count, S − 1) = (bf16 << 16 |
 // local column) ascending, the rest zero: the same words as twell_pack. Branch-free: the lanes'
 // exclusive prefix of their counts comes from four bit-sliced ballots. Returns the true count.
-__device__ __forceinline__ int pack_row(uint4 v, unsigned valid, int lane, int S, std::uint32_t* out) {
+__device__ __forceinline__ int pack_row(uint4 v, unsigned valid, int lane, int S, std::uint32_t* out, bool store) {
   const std::uint32_t w[4] = {v.x, v.y, v.z, v.w};
   unsigned mask = 0;
 #pragma unroll
@@ -82,12 +82,12 @@ __device__ __forceinline__ int pack_row(uint4 v, unsigned valid, int lane, int S
   for (int e = 0; e < 8; ++e) {
     const std::uint32_t b = (e & 1) ? (w[e / 2] >> 16) : (w[e / 2] & 0xffffu);
     const bool kept = (mask >> e) & 1u;
-    if (kept && pos < cap) out[1 + pos] = (b << 16) | static_cast<std::uint32_t>(8 * lane + e);
+    if (store && kept && pos < cap) out[1 + pos] = (b << 16) | static_cast<std::uint32_t>(8 * lane + e);
     pos += kept ? 1u : 0u;
   }
   const unsigned lim = min(total, cap);
   for (int j = lane; j < S; j += 32)  // slot 0 and the unused slots; disjoint from the entries
-    if (j == 0 || static_cast<unsigned>(j) > lim) out[j] = j == 0 ? total : 0u;
+    if (store && (j == 0 || static_cast<unsigned>(j) > lim)) out[j] = j == 0 ? total : 0u;
   return static_cast<int>(total);
 }
 #endif
@@ -155,7 +155,7 @@ __global__ void __launch_bounds__(kThreads, 1)
           }
         }
       }
-    } else if (!p.timing_skip_epilogue) {  // packers: rows warp − 1, warp + 2, … of each staged tile
+    } else if (p.timing_mode != 1) {  // packers: rows warp − 1, warp + 2, … of each staged tile
       const int S = p.words_per_tile, cap = S - 1;
       std::uint32_t phase = 0;
       for (std::int64_t g = cluster; g < groups; g += clusters) {
@@ -165,12 +165,13 @@ __global__ void __launch_bounds__(kThreads, 1)
         mbar_wait(staged, phase);
         unsigned tile_nnz = 0;  // ≤ 128 rows × 256
 #pragma unroll 2
-        for (int i = warp - 1; i < kBM; i += kPackWarps) {
+        for (int i = warp - 1; i < kBM && p.timing_mode != 2; i += kPackWarps) {
           const std::int64_t row = tm * kBM + i;
           if (row >= p.m) break;  // warp-uniform; later rows are past the end too
           const uint4 v = *reinterpret_cast<const uint4*>(tile_buf + stage_index(i, 4 * lane));
-          const int total = pack_row(v, valid, lane, S, p.words + (row * nt + tn) * S);
+          const int total = pack_row(v, valid, lane, S, p.words + (row * nt + tn) * S, p.timing_mode != 3);
           tile_nnz += static_cast<unsigned>(total);
+          if (p.timing_mode == 3) continue;
           if ((p.store_gate || total > cap) && valid)
             *reinterpret_cast<uint4*>(p.gate + row * p.ld_gate + col0) = v;  // col0 + 8 ≤ ld_gate
           if (lane == 0) {
@@ -228,7 +229,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       if (lane == 0) release(prev);
 #pragma unroll
       for (int i = 0; i < 128; ++i) fence_operand(acc[i]);
-      if (p.timing_skip_epilogue) continue;
+      if (p.timing_mode == 1) continue;
       // Hand the tile to the packers: ReLU + bf16 into the staging tile once they have read the
       // previous one (the first tile finds it free); they pack while this warpgroup runs the next
       // tile's wgmmas. Fragment half h of this warp: local rows 64·cw + 16·warp + 8h + lane/4.

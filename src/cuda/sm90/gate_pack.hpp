@@ -42,7 +42,9 @@ struct GatePackParams {
   bool store_gate = false;              // also store every other block (tests, diagnostics)
   int sm_count = 0;                     // persistent grid size (the device's SM count)
   int cluster = 2;                      // CTAs per cluster along M sharing each W tile by TMA multicast: 1, 2 or 4
-  bool timing_skip_epilogue = false;    // diagnostics only (probe_gate_sm90): no packing, outputs left undefined
+  // Diagnostics only (probe_gate_sm90), outputs left undefined unless 0: 1 = no epilogue at all;
+  // 2 = the tile is staged but not packed; 3 = packed without any global store.
+  int timing_mode = 0;
 };
 
 inline constexpr std::size_t kGatePackSmemBytes = 1024 + 3 * (128 + 256) * 64 * 2 + 128 * 256 * 2 + 64;
