@@ -27,15 +27,15 @@ constexpr int kABytes = kBM * kBK * 2;        // [128, 64] bf16, 128B swizzle
 constexpr int kBBytes = kBN * kBK * 2;        // [256, 64] bf16, 128B swizzle
 constexpr int kStageBytes = kABytes + kBBytes;
 constexpr int kTileBytes = kBM * kBN * 2;     // staging: [128 rows, 128] u32 (bf16 pairs), swizzled
-constexpr int kRowStageBytes = kPackWarps * 2 * 128 * 4;  // per packing warp, two rows' words (S ≤ 128)
+constexpr int kRowStageBytes = kPackWarps * 4 * 128 * 4;  // per packing warp, kPackRows rows' words (S ≤ 128)
 constexpr int kBarBytes = (2 * kStages + 2) * 8;
 static_assert(kBN == kTwellTile, "one CTA tile column block is one TwELL tile");
 static_assert(kABytes % 1024 == 0 && kBBytes % 1024 == 0, "128B-swizzled tiles need 1024-byte alignment");
 static_assert(1024 + kStages * kStageBytes + kTileBytes + kRowStageBytes + kBarBytes <= static_cast<int>(kGatePackSmemBytes),
               "shared-memory budget");
-// Registers: warpgroup 0 (producer + packers) 72, consumers 216: no spills (56/224 and 40/232
-// spill in the packers, 24/240 more).
-constexpr int kRegsLoad = 72, kRegsMma = 216;
+// Registers: warpgroup 0 (producer + packers, 4 rows per batch) 80, consumers 216: 80·128 + 216·256
+// = 65536, no spills (72/216 spills in the packers, 88/208 in the consumers).
+constexpr int kRegsLoad = 80, kRegsMma = 216;
 static_assert(kRegsLoad * 128 + kRegsMma * 256 <= 65536, "register file");
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -56,47 +56,61 @@ __device__ __forceinline__ std::uint32_t lanemask_lt() {
   return m;
 }
 
-// Packs one row's block from the 8 bf16 each lane holds (lane l: local columns 8l .. 8l + 7;
-// `valid` masks the columns < N). Words: 0 = true count, 1..min(count, S − 1) = (bf16 << 16 |
-// local column) ascending, the rest zero: the same words as twell_pack. The lanes' exclusive
-// prefix of their counts comes from four bit-sliced ballots; the entries are placed in the warp's
-// shared-memory row stage `st` (slots 1..min(count, S − 1), all rewritten for every row), then the
-// block leaves in one coalesced store per 32 words: per-entry global stores measured 0.2–0.3 ms
-// of L1 store traffic at M = 16384 (probe_gate_sm90, "packed, no stores"). Returns the true count.
-__device__ __forceinline__ int pack_row(uint4 v, unsigned valid, int lane, int S, std::uint32_t* st, std::uint32_t* out,
-                                        bool store) {
-  const std::uint32_t w[4] = {v.x, v.y, v.z, v.w};
-  unsigned mask = 0;
+// Packs kPackRows rows' blocks at once (independent chains, so their latencies overlap) from the
+// 8 bf16 each lane holds per row (lane l: local columns 8l .. 8l + 7; `valid` masks the columns
+// < N). Words: 0 = true count, 1..min(count, S − 1) = (bf16 << 16 | local column) ascending, the
+// rest zero: the same words as twell_pack. The lanes' exclusive prefix of their counts comes from
+// four bit-sliced ballots; entries go to the warp's shared-memory row stages `st` (slots
+// 1..min(count, S − 1), all rewritten for every row), then each block leaves in one coalesced
+// store per 32 words (per-entry global stores measured 0.2–0.3 ms at M = 16384). out[r] == nullptr
+// skips row r's store (past M, or a timing mode). total[r] receives the true counts.
+constexpr int kPackRows = 4;
+__device__ __forceinline__ void pack_rows(const uint4 (&v)[kPackRows], unsigned valid, int lane, int S, std::uint32_t* st,
+                                          std::uint32_t* const (&out)[kPackRows], unsigned (&total)[kPackRows]) {
+  const unsigned lt = lanemask_lt(), cap = static_cast<unsigned>(S - 1);
+  unsigned mask[kPackRows], pos[kPackRows];
 #pragma unroll
-  for (int e = 0; e < 8; ++e) {
-    const std::uint32_t b = (e & 1) ? (w[e / 2] >> 16) : (w[e / 2] & 0xffffu);
-    mask |= (b - 1u < 0x7f80u) ? (1u << e) : 0u;  // 0 < bf16 ≤ +inf (ReLU'd values: sign bit clear)
+  for (int r = 0; r < kPackRows; ++r) {
+    const std::uint32_t w[4] = {v[r].x, v[r].y, v[r].z, v[r].w};
+    unsigned m = 0;
+#pragma unroll
+    for (int e = 0; e < 8; ++e) {
+      const std::uint32_t b = (e & 1) ? (w[e / 2] >> 16) : (w[e / 2] & 0xffffu);
+      m |= (b - 1u < 0x7f80u) ? (1u << e) : 0u;  // 0 < bf16 ≤ +inf (ReLU'd values: sign bit clear)
+    }
+    mask[r] = m & valid;
+    pos[r] = 0;
+    total[r] = 0;
   }
-  mask &= valid;
-  const unsigned cnt = __popc(mask);  // 0..8: four bits
-  const unsigned lt = lanemask_lt();
-  unsigned pos = 0, total = 0;
 #pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const unsigned b = __ballot_sync(0xffffffffu, (cnt >> i) & 1u);
-    pos += static_cast<unsigned>(__popc(b & lt)) << i;
-    total += static_cast<unsigned>(__popc(b)) << i;
-  }
-  const unsigned cap = static_cast<unsigned>(S - 1);
+  for (int i = 0; i < 4; ++i)  // counts are 0..8: four bits
 #pragma unroll
-  for (int e = 0; e < 8; ++e) {
-    const std::uint32_t b = (e & 1) ? (w[e / 2] >> 16) : (w[e / 2] & 0xffffu);
-    const bool kept = (mask >> e) & 1u;
-    if (kept && pos < cap) st[1 + pos] = (b << 16) | static_cast<std::uint32_t>(8 * lane + e);
-    pos += kept ? 1u : 0u;
+    for (int r = 0; r < kPackRows; ++r) {
+      const unsigned b = __ballot_sync(0xffffffffu, (__popc(mask[r]) >> i) & 1u);
+      pos[r] += static_cast<unsigned>(__popc(b & lt)) << i;
+      total[r] += static_cast<unsigned>(__popc(b)) << i;
+    }
+#pragma unroll
+  for (int r = 0; r < kPackRows; ++r) {
+    const std::uint32_t w[4] = {v[r].x, v[r].y, v[r].z, v[r].w};
+#pragma unroll
+    for (int e = 0; e < 8; ++e) {
+      const std::uint32_t b = (e & 1) ? (w[e / 2] >> 16) : (w[e / 2] & 0xffffu);
+      const bool kept = (mask[r] >> e) & 1u;
+      if (kept && pos[r] < cap) st[r * 128 + 1 + pos[r]] = (b << 16) | static_cast<std::uint32_t>(8 * lane + e);
+      pos[r] += kept ? 1u : 0u;
+    }
   }
   __syncwarp();
-  const unsigned lim = min(total, cap);
-  for (int j = lane; j < S; j += 32) {
-    const std::uint32_t word = j == 0 ? total : (static_cast<unsigned>(j) <= lim ? st[j] : 0u);
-    if (store) out[j] = word;
+#pragma unroll
+  for (int r = 0; r < kPackRows; ++r) {
+    const unsigned lim = min(total[r], cap);
+    for (int j = lane; j < S; j += 32) {
+      const std::uint32_t word = j == 0 ? total[r] : (static_cast<unsigned>(j) <= lim ? st[r * 128 + j] : 0u);
+      if (out[r]) out[r][j] = word;
+    }
   }
-  return static_cast<int>(total);
+  __syncwarp();  // every lane has read the stages before the next batch rewrites them
 }
 #endif
 
@@ -108,7 +122,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   using namespace sm90;
   extern __shared__ unsigned char smem_raw[];
   // [kStages] × { A [128, 64] bf16 | B [256, 64] bf16 } (128B swizzle), the staging tile, the
-  // packers' row stages [kPackWarps][2][128] u32, then the mbarriers full[kStages],
+  // packers' row stages [kPackWarps][kPackRows][128] u32, then the mbarriers full[kStages],
   // empty[kStages], staged, freed.
   unsigned char* smem = reinterpret_cast<unsigned char*>((reinterpret_cast<std::uintptr_t>(smem_raw) + 1023) & ~std::uintptr_t{1023});
   std::uint32_t* tile_buf = reinterpret_cast<std::uint32_t*>(smem + kStages * kStageBytes);
@@ -165,7 +179,7 @@ __global__ void __launch_bounds__(kThreads, 1)
           }
         }
       }
-    } else if (p.timing_mode != 1) {  // packers: rows warp − 1, warp + 2, … of each staged tile
+    } else if (p.timing_mode != 1) {  // packers
       const int S = p.words_per_tile, cap = S - 1;
       std::uint32_t phase = 0;
       for (std::int64_t g = cluster; g < groups; g += clusters) {
@@ -174,24 +188,33 @@ __global__ void __launch_bounds__(kThreads, 1)
         const unsigned valid = rem <= 0 ? 0u : (rem >= 8 ? 0xffu : (1u << rem) - 1u);  // this lane's columns < N
         mbar_wait(staged, phase);
         unsigned tile_nnz = 0;  // ≤ 128 rows × 256
-#pragma unroll 2
-        for (int i = warp - 1; i < kBM && p.timing_mode != 2; i += kPackWarps) {
-          const std::int64_t row = tm * kBM + i;
-          if (row >= p.m) break;  // warp-uniform; later rows are past the end too
-          const uint4 v = *reinterpret_cast<const uint4*>(tile_buf + stage_index(i, 4 * lane));
-          // Row stages alternate, so a row's slots are never rewritten before every lane has read
-          // them (the __syncwarp of the next row lies between).
-          std::uint32_t* st = row_stage + ((warp - 1) * 2 + ((i / kPackWarps) & 1)) * 128;
-          const int total = pack_row(v, valid, lane, S, st, p.words + (row * nt + tn) * S, p.timing_mode != 3);
-          tile_nnz += static_cast<unsigned>(total);
-          if (p.timing_mode == 3) continue;
-          if ((p.store_gate || total > cap) && valid)
-            *reinterpret_cast<uint4*>(p.gate + row * p.ld_gate + col0) = v;  // col0 + 8 ≤ ld_gate
-          if (lane == 0) {
-            if (p.row_nnz && total) atomicAdd(p.row_nnz + row, static_cast<std::uint32_t>(total));
-            if (total > cap) {
-              atomicAdd(&p.counters->overflow_tiles, 1ull);
-              if (atomicExch(p.row_overflow + row, 1u) == 0u) atomicAdd(&p.counters->overflow_rows, 1ull);  // first block to flag the row counts it
+        std::uint32_t* st = row_stage + (warp - 1) * kPackRows * 128;
+        // Batches of kPackRows consecutive tile rows, dealt round-robin to the packing warps.
+        for (int i0 = (warp - 1) * kPackRows; i0 < kBM && p.timing_mode != 2; i0 += kPackWarps * kPackRows) {
+          if (tm * kBM + i0 >= p.m) break;  // warp-uniform; later batches are past the end too
+          uint4 v[kPackRows];
+          std::uint32_t* out[kPackRows];
+          unsigned total[kPackRows];
+#pragma unroll
+          for (int r = 0; r < kPackRows; ++r) {
+            const std::int64_t row = tm * kBM + i0 + r;
+            v[r] = *reinterpret_cast<const uint4*>(tile_buf + stage_index(i0 + r, 4 * lane));
+            out[r] = row < p.m && p.timing_mode != 3 ? p.words + (row * nt + tn) * S : nullptr;
+          }
+          pack_rows(v, valid, lane, S, st, out, total);
+#pragma unroll
+          for (int r = 0; r < kPackRows; ++r) {
+            const std::int64_t row = tm * kBM + i0 + r;
+            if (!out[r]) continue;  // warp-uniform
+            tile_nnz += total[r];
+            if ((p.store_gate || total[r] > static_cast<unsigned>(cap)) && valid)
+              *reinterpret_cast<uint4*>(p.gate + row * p.ld_gate + col0) = v[r];  // col0 + 8 ≤ ld_gate
+            if (lane == 0) {
+              if (p.row_nnz && total[r]) atomicAdd(p.row_nnz + row, total[r]);
+              if (total[r] > static_cast<unsigned>(cap)) {
+                atomicAdd(&p.counters->overflow_tiles, 1ull);
+                if (atomicExch(p.row_overflow + row, 1u) == 0u) atomicAdd(&p.counters->overflow_rows, 1ull);  // first block to flag the row counts it
+              }
             }
           }
         }

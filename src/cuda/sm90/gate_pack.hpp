@@ -47,7 +47,7 @@ struct GatePackParams {
   int timing_mode = 0;
 };
 
-inline constexpr std::size_t kGatePackSmemBytes = 1024 + 3 * (128 + 256) * 64 * 2 + 128 * 256 * 2 + 3 * 2 * 128 * 4 + 64;
+inline constexpr std::size_t kGatePackSmemBytes = 1024 + 3 * (128 + 256) * 64 * 2 + 128 * 256 * 2 + 3 * 4 * 128 * 4 + 64;
 
 // True iff this build carries the sm_90a kernel and `device` can run it (compute capability 9.0
 // and enough opt-in shared memory).
