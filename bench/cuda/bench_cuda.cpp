@@ -177,11 +177,13 @@ int main(int argc, char** argv) {
             std::printf("          plans of a fresh 2-chunk context:\n%s", cctx.gemm().describe_plans().c_str());
         }
       nlohmann::json gate_clusters = nlohmann::json::object();  // the sm90 gate by cluster size (W multicast)
-      if (m >= 16384 && ctx.gate_sm90_active())
+      if (m >= 16384)
         for (int cl : {1, 2, 4}) {
           ContextOptions co = copt;
+          co.gate_sm90 = true;
           co.gate_sm90_cluster = cl;
           FfnContext cctx(co);
+          if (!cctx.gate_sm90_active()) break;  // not a compute-capability-9.0 GPU (or no sm_90a code)
           cctx.upload_weights(w, s);
           gate_clusters[std::to_string(cl)] = median_ms(warmup, reps, s, [&] { cctx.gate_twell(dx.get(), m, s); });
         }

@@ -68,8 +68,12 @@ struct ContextOptions {
   std::int64_t decode_dense_count_period = 16;
   // gate_twell on a compute-capability-9.0 GPU: the sm90 gate GEMM with the TwELL packing in its
   // epilogue (sm90/gate_pack.hpp; the gate buffer then holds only overflowed blocks). false, or
-  // another GPU: the cuBLASLt gate GEMM (ReLU epilogue) + twell_pack below.
-  bool gate_sm90 = true;
+  // another GPU: the cuBLASLt gate GEMM (ReLU epilogue) + twell_pack below. Off by default: exact,
+  // and its GEMM alone runs at or above cuBLASLt (0.47–0.49 vs 0.51–0.52 ms, H200, M = 16384), but
+  // its packing warps do not yet keep up with the wgmma warpgroups, so gate + pack measured 0.62–0.63
+  // ms against 0.58–0.60 for cuBLASLt + twell_pack in 2 chunks at 0.5 % (c2e89be), and worse at
+  // higher density (docs/perf-notes-cuda.md, "Fifth session").
+  bool gate_sm90 = false;
   // With the sm90 gate: also store every gate value in the gate buffer (tests and diagnostics
   // that read gate_values() after gate_twell; costs the [M, N] write the epilogue saves).
   bool gate_store_values = false;

@@ -151,9 +151,10 @@ GateWords check_gate_words(const FfnCase& c, const FfnWeights& w, const __nv_bfl
 // (2) its words, counters and flags equal the host encoder's on those values (check_gate_words);
 // (3) without gate_store_values (how the sparse path runs it: `ctx`), the same words, counters and
 //     flags, and the gate buffer's overflowed blocks hold exactly the values (the fused kernel's
-//     overflow fallback reads them there).
+//     overflow fallback reads them there); y through the sparse path is exact.
 void check_gate_sm90(const FfnCase& c, const FfnData& d, const FfnWeights& w, const __nv_bfloat16* x,
-                     const ContextOptions& opt, FfnContext& ctx, cudaStream_t s) {
+                     const ContextOptions& opt, FfnContext& ctx, const std::vector<double>& ref_sparse,
+                     const std::vector<std::int64_t>& rows, cudaStream_t s) {
   ContextOptions so = opt;
   so.gate_store_values = true;
   FfnContext sc(so);
@@ -200,8 +201,14 @@ void check_gate_sm90(const FfnCase& c, const FfnData& d, const FfnWeights& w, co
       }
     }
   EXPECT_EQ(wrong, 0) << "sm90 gate: overflowed blocks' values in the gate buffer";
-  std::printf("[case %s] sm90 gate: values within bound (worst ratio %.3f), words as the host encoder's, %lld overflowed blocks backed up\n",
-              c.name.c_str(), worst, static_cast<long long>(blocks));
+  ForwardResult fr;
+  const Outputs o = run_poisoned(c.m, c.k, s, [&](__nv_bfloat16* y) { fr = ctx.forward(x, c.m, y, Path::sparse, s); });
+  EXPECT_TRUE(o.guard_ok) << "sm90 gate: write past the end of y";
+  std::int64_t worst_row = -1;
+  const double err = max_err_rows(o.y, ref_sparse, rows, c.k, &worst_row);
+  EXPECT_LE(err, kTol) << "sparse path with the sm90 gate (" << fr.path << "): worst row " << worst_row;
+  std::printf("[case %s] sm90 gate: values within bound (worst ratio %.3f), words as the host encoder's, %lld overflowed blocks backed up; y max row rel err %.2e\n",
+              c.name.c_str(), worst, static_cast<long long>(blocks), err);
 }
 
 // The split remainder (twell_split.hpp: plan, up kernel writing h lists, sliced down): exact,
@@ -313,8 +320,6 @@ TEST_P(CudaFfn, MatchesReferenceAndHostEncoder) {
                 static_cast<unsigned long long>(lw.counters.overflow_tiles),
                 static_cast<unsigned long long>(lw.counters.overflow_rows));
   }
-  if (ctx.gate_sm90_active()) check_gate_sm90(c, d, w, x.get(), opt, ctx, s);
-
   // --- y through each path vs the float64 oracle on sampled rows ---
   const auto rows = sample_rows(d, c.n * c.k > 20'000'000 ? 24 : 64, c.seed + 7);
   ref::Options rounded;
@@ -337,6 +342,15 @@ TEST_P(CudaFfn, MatchesReferenceAndHostEncoder) {
     EXPECT_LE(err, kTol) << p.name << " path (" << fr.path << "): worst row " << worst_row;
     std::printf("[case %s] %-9s path \"%s\": max row rel err %.2e over %zu rows\n", c.name.c_str(), p.name,
                 fr.path.c_str(), err, rows.size());
+  }
+  // The sm90 gate GEMM with the TwELL epilogue, where the GPU runs it: values, words, counters,
+  // flags, backup blocks, and y through the sparse path with only the overflowed blocks backed up.
+  {
+    ContextOptions so = opt;
+    so.gate_sm90 = true;
+    FfnContext sc(so);
+    sc.upload_weights(w, s);
+    if (sc.gate_sm90_active()) check_gate_sm90(c, d, w, x.get(), so, sc, ref_sparse, rows, s);
   }
   // The other fused-kernel variants (benchmark knobs) must be exact too.
   for (int v = 1; v <= 2; ++v) {  // variant 0 ran above
