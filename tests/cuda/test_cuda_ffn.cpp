@@ -115,6 +115,15 @@ GateWords download_gate_words(FfnContext& ctx, std::int64_t m, cudaStream_t s) {
   return g;
 }
 
+// Two gate_twell results of the same input are identical: words, counters and flagged rows.
+void expect_same_gate_words(const GateWords& a, const GateWords& b, const char* what) {
+  EXPECT_TRUE(a.words == b.words) << what << ": TwELL words differ";
+  EXPECT_EQ(a.counters.nnz, b.counters.nnz) << what;
+  EXPECT_EQ(a.counters.overflow_tiles, b.counters.overflow_tiles) << what;
+  EXPECT_EQ(a.counters.overflow_rows, b.counters.overflow_rows) << what;
+  EXPECT_EQ(a.flagged, b.flagged) << what;
+}
+
 // gate_twell of a fresh context with options `o` (whose gate buffer must end up holding every
 // value: the cuBLASLt gate does, the sm90 gate with gate_store_values): its words, counters and
 // flags equal the host encoder's on the downloaded gate.
@@ -183,11 +192,7 @@ void check_gate_sm90(const FfnCase& c, const FfnData& d, const FfnWeights& w, co
   const GateWords sw = check_gate_words(c, w, x, so, s);
   ctx.gate_twell(x, c.m, s);
   const GateWords cw = download_gate_words(ctx, c.m, s);
-  EXPECT_TRUE(cw.words == sw.words) << "sm90 gate: words differ with and without the stored gate";
-  EXPECT_EQ(cw.counters.nnz, sw.counters.nnz);
-  EXPECT_EQ(cw.counters.overflow_tiles, sw.counters.overflow_tiles);
-  EXPECT_EQ(cw.counters.overflow_rows, sw.counters.overflow_rows);
-  EXPECT_EQ(cw.flagged, sw.flagged);
+  expect_same_gate_words(cw, sw, "sm90 gate with and without the stored gate");
   const std::vector<float> backup = download_gate(ctx, c.m);
   const std::int64_t S = ctx.words_per_tile(), tiles = ctx.tiles();
   std::int64_t blocks = 0, wrong = 0;
@@ -306,11 +311,7 @@ TEST_P(CudaFfn, MatchesReferenceAndHostEncoder) {
       cc.upload_weights(w, s);
       cc.gate_twell(x.get(), c.m, s);
       const GateWords cw = download_gate_words(cc, c.m, s);
-      EXPECT_TRUE(cw.words == lw.words) << "chunked gate: TwELL words differ";
-      EXPECT_EQ(cw.counters.nnz, lw.counters.nnz);
-      EXPECT_EQ(cw.counters.overflow_tiles, lw.counters.overflow_tiles);
-      EXPECT_EQ(cw.counters.overflow_rows, lw.counters.overflow_rows);
-      EXPECT_EQ(cw.flagged, lw.flagged);
+      expect_same_gate_words(cw, lw, "chunked gate vs one pass");
     }
     RecordProperty("nnz", std::to_string(lw.counters.nnz));
     RecordProperty("overflow_rows", std::to_string(lw.counters.overflow_rows));
