@@ -162,7 +162,7 @@ void FfnContext::gate_twell(const __nv_bfloat16* x, std::int64_t m, cudaStream_t
     gate_gemm(x, m, stream);
     return;
   }
-  if (use_gate_sm90()) {
+  if (gate_sm90_active()) {
     gate_pack_sm90(x, m, stream);
     return;
   }
@@ -318,7 +318,7 @@ std::string FfnContext::sparse_path_name(std::int64_t m) const {
   if (opt_.gate_rows_direct)
     return gated_ ? "twell: cublasLt gate, fused up+down reading the gate rows"
                   : "twell: cublasLt up, sparse down reading the ReLU rows";
-  const char* first = use_gate_sm90() ? (gated_ ? "sm90 gate GEMM with TwELL epilogue" : "sm90 up GEMM with TwELL epilogue")
+  const char* first = gate_sm90_active() ? (gated_ ? "sm90 gate GEMM with TwELL epilogue" : "sm90 up GEMM with TwELL epilogue")
                                       : (gated_ ? "cublasLt gate + pack" : "cublasLt up + pack");
   const char* rest = use_split(m) ? (gated_ ? "up + sliced down (fused if the h list overflows)"
                                             : "sliced down (fused if the h list overflows)")

@@ -163,7 +163,7 @@ class FfnContext {
 
   bool gated() const noexcept { return gated_; }
   // gate_twell runs the sm90 gate GEMM with the TwELL epilogue (option on, device and build able).
-  bool gate_sm90_active() const noexcept { return use_gate_sm90(); }
+  bool gate_sm90_active() const noexcept { return opt_.gate_sm90 && gate_sm90_ok_ && !opt_.gate_rows_direct; }
   std::int64_t n() const noexcept { return n_; }
   std::int64_t k() const noexcept { return k_; }
   std::int64_t ldn() const noexcept { return ldn_; }
@@ -192,8 +192,6 @@ class FfnContext {
   void pack_rows(std::int64_t r0, std::int64_t rows, const std::uint32_t* enable, bool reset_counters,
                  cudaStream_t stream);
   bool use_split(std::int64_t m) const noexcept;
-  // gate_twell runs the sm90 gate GEMM with the packing in its epilogue.
-  bool use_gate_sm90() const noexcept { return opt_.gate_sm90 && gate_sm90_ok_ && !opt_.gate_rows_direct; }
   void gate_pack_sm90(const __nv_bfloat16* x, std::int64_t m, cudaStream_t stream);
   // This layer's operands for a call on x [m, K] → y [m, K] (both row stride K).
   FfnOperands operands(const __nv_bfloat16* x, std::int64_t m, __nv_bfloat16* y) const noexcept;

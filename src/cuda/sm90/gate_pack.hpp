@@ -5,15 +5,16 @@
 // costs. Only the values of overflowed (row, tile) blocks are written to the dense gate buffer,
 // where the fused up+down kernel's overflow fallback reads them (store_gate writes every value).
 //
-// Kernel: persistent grid (one CTA per SM, from the device's SM count), 384 threads: a producer
-// warpgroup (one thread issues TMA loads of x [128, 64] and W [256, 64] tiles, 128-byte swizzle,
-// into a 4-stage mbarrier ring) and two consumer warpgroups (wgmma m64n256k16, 64 rows each).
-// A CTA tile is 128 rows × 256 columns = exactly one TwELL tile per row. Clusters of `cluster`
-// CTAs along M split each W tile's load and multicast it (less L2 traffic per FLOP). Tiles are
-// dealt n-fastest so that the CTAs in flight share W (which stays in L2) and a few row blocks of x.
-// Epilogue, per consumer warp (16 rows): ReLU + bf16 rounding into a private swizzled staging
-// buffer, then per row one 16-byte read per lane and a warp scan place each kept value in
-// ascending column order — the same words, counts and flags as twell_pack on the same values.
+// Kernel: persistent grid (one CTA per SM, from the device's SM count), 384 threads. Warp 0
+// lane 0 issues TMA loads of x [128, 64] and W [256, 64] tiles (128-byte swizzle) into a 3-stage
+// mbarrier ring; two consumer warpgroups run wgmma m64n256k16 (64 rows each). A CTA tile is
+// 128 rows × 256 columns = exactly one TwELL tile per row. Clusters of `cluster` CTAs along M
+// split each W tile's load and multicast it (less L2 traffic per FLOP). Tiles are dealt n-fastest
+// so that the CTAs in flight share W (which stays in L2) and a few row blocks of x.
+// Epilogue: the consumers write ReLU + bf16 values into a swizzled 64 KB staging tile and go on
+// to the next tile's wgmmas; warps 1..3 of the load warpgroup pack the staged tile, 4 rows per
+// batch, each kept value in ascending column order — the same words, counts and flags as
+// twell_pack on the same values.
 //
 // Supports: any M ≥ 1, any N ≥ 1 (TMA zero-fills the tails; columns ≥ N are never kept), any
 // K ≥ 8 with K % 8 == 0 (16-byte row strides for TMA), S = words per tile in [2, 128]. Needs a
