@@ -12,6 +12,27 @@ namespace twell::cuda::dev {
 __device__ __forceinline__ float lo_bf16(std::uint32_t w) { return __uint_as_float(w << 16); }
 __device__ __forceinline__ float hi_bf16(std::uint32_t w) { return __uint_as_float(w & 0xffff0000u); }
 
+// Raw 16 bits of bf16 element e (0..7; the low half of each word first) of the 8 packed in v.
+// Meant for unrolled loops, where e is a compile-time constant and the select folds away.
+__device__ __forceinline__ std::uint32_t bf16_bits(const uint4& v, int e) {
+  const std::uint32_t w = e < 2 ? v.x : e < 4 ? v.y : e < 6 ? v.z : v.w;
+  return (e & 1) ? (w >> 16) : (w & 0xffffu);
+}
+
+// Keep decisions for the 8 bf16 packed in v: bit e set ⇔ element e is kept, i.e. value > 0
+// (relu: the TwELL / CSR keep rule, NaN never kept) or value != 0 (NaN kept). Integer forms of
+// exactly those float tests: > 0 ⇔ bits in [0x0001, 0x7f80] (positive finite or +inf);
+// != 0 ⇔ bits & 0x7fff ≠ 0 (±0 are the only zeros).
+__device__ __forceinline__ unsigned keep_mask8(const uint4& v, bool relu = true) {
+  unsigned m = 0;
+#pragma unroll
+  for (int e = 0; e < 8; ++e) {
+    const std::uint32_t b = bf16_bits(v, e);
+    m |= (relu ? (b - 1u < 0x7f80u) : ((b & 0x7fffu) != 0u)) ? (1u << e) : 0u;
+  }
+  return m;
+}
+
 __device__ __forceinline__ int warp_inclusive_scan(int v, int lane) {
 #pragma unroll
   for (int d = 1; d < 32; d <<= 1) {

@@ -18,8 +18,6 @@ using dev::warp_sum;
 using dev::dot8;
 using dev::axpy8;
 
-__device__ __forceinline__ bool keep_value(float v, bool relu) { return relu ? (v > 0.0f) : (v != 0.0f); }
-
 // ---------------------------------------------------------------------------------------------
 // Packing: one warp per (row, run of kPackTilesPerWarp tiles), so that small M still fills the GPU.
 // Lane l owns columns [8l, 8l + 8) of a tile, so a tile is one 512-byte coalesced read (all of the
@@ -57,16 +55,7 @@ __global__ void __launch_bounds__(kPackWarps * 32) twell_pack_kernel(TwellPackPa
     for (int i = 0; i < kPackTilesPerWarp; ++i) {
       const std::int64_t t = t0 + i;
       if (t >= tiles) break;  // warp-uniform
-      const std::uint32_t w[4] = {v[i].x, v[i].y, v[i].z, v[i].w};
-      std::uint32_t bits[8];
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        bits[2 * e] = w[e] & 0xffffu;
-        bits[2 * e + 1] = w[e] >> 16;
-      }
-      unsigned mask = 0;
-#pragma unroll
-      for (int e = 0; e < 8; ++e) mask |= keep_value(lo_bf16(bits[e]), p.relu) ? (1u << e) : 0u;
+      const unsigned mask = dev::keep_mask8(v[i], p.relu);
       const int cnt = __popc(mask);
       const int incl = warp_inclusive_scan(cnt, lane);
       const int total = __shfl_sync(0xffffffffu, incl, 31);
@@ -74,7 +63,7 @@ __global__ void __launch_bounds__(kPackWarps * 32) twell_pack_kernel(TwellPackPa
 #pragma unroll
       for (int e = 0; e < 8; ++e) {
         if (mask & (1u << e)) {
-          if (pos < cap) stage[warp][1 + pos] = (bits[e] << 16) | std::uint32_t(lane * 8 + e);
+          if (pos < cap) stage[warp][1 + pos] = (dev::bf16_bits(v[i], e) << 16) | std::uint32_t(lane * 8 + e);
           ++pos;
         }
       }
@@ -114,10 +103,7 @@ __global__ void __launch_bounds__(256) twell_sample_count_kernel(TwellSamplePara
     const __nv_bfloat16* src = p.src + srow * p.stride * p.ld_src;
     const bool vec_ok = (p.ld_src % 8 == 0) && ((reinterpret_cast<std::uintptr_t>(p.src) & 15) == 0);
     for (std::int64_t c0 = static_cast<std::int64_t>(lane) * 8; c0 < p.n; c0 += 256) {
-      const uint4 v = dev::load8_bf16(src, c0, p.n, vec_ok);
-      const std::uint32_t w[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-      for (int e = 0; e < 4; ++e) c += (lo_bf16(w[e]) > 0.0f) + (hi_bf16(w[e]) > 0.0f);
+      c += static_cast<unsigned long long>(__popc(dev::keep_mask8(dev::load8_bf16(src, c0, p.n, vec_ok))));
     }
   }
 #pragma unroll
@@ -149,14 +135,12 @@ __device__ __forceinline__ void expand_dense_tile(const __nv_bfloat16* src, std:
   const uint4 v = dev::load8_bf16<false>(src, c0, n, vec_ok);
   const std::uint32_t w[4] = {v.x, v.y, v.z, v.w};
   float f[8];
-  unsigned mask = 0;
 #pragma unroll
   for (int e = 0; e < 4; ++e) {
     f[2 * e] = lo_bf16(w[e]);
     f[2 * e + 1] = hi_bf16(w[e]);
   }
-#pragma unroll
-  for (int e = 0; e < 8; ++e) mask |= keep_value(f[e], relu) ? (1u << e) : 0u;
+  const unsigned mask = dev::keep_mask8(v, relu);
   const int cnt = __popc(mask);
   int pos = warp_inclusive_scan(cnt, lane) - cnt;
 #pragma unroll
@@ -174,10 +158,7 @@ __device__ __forceinline__ void expand_dense_tile(const __nv_bfloat16* src, std:
 // Kept values of one tile of a dense bf16 row (warp-uniform result).
 __device__ __forceinline__ int count_dense_tile(const __nv_bfloat16* src, std::int64_t n, bool vec_ok, int t, bool relu) {
   const uint4 v = dev::load8_bf16<false>(src, static_cast<std::int64_t>(t) * kTwellTile + (threadIdx.x % 32) * 8, n, vec_ok);
-  const std::uint32_t w[4] = {v.x, v.y, v.z, v.w};
-  int cnt = 0;
-#pragma unroll
-  for (int e = 0; e < 4; ++e) cnt += keep_value(lo_bf16(w[e]), relu) + keep_value(hi_bf16(w[e]), relu);
+  int cnt = __popc(dev::keep_mask8(v, relu));
 #pragma unroll
   for (int d = 16; d > 0; d >>= 1) cnt += __shfl_xor_sync(0xffffffffu, cnt, d);
   return cnt;

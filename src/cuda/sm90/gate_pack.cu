@@ -74,14 +74,7 @@ __device__ __forceinline__ void pack_rows(const uint4 (&v)[kPackRows], unsigned 
   unsigned mask[kPackRows], pos[kPackRows];
 #pragma unroll
   for (int r = 0; r < kPackRows; ++r) {
-    const std::uint32_t w[4] = {v[r].x, v[r].y, v[r].z, v[r].w};
-    unsigned m = 0;
-#pragma unroll
-    for (int e = 0; e < 8; ++e) {
-      const std::uint32_t b = (e & 1) ? (w[e / 2] >> 16) : (w[e / 2] & 0xffffu);
-      m |= (b - 1u < 0x7f80u) ? (1u << e) : 0u;  // 0 < bf16 ≤ +inf (ReLU'd values: sign bit clear)
-    }
-    mask[r] = m & valid;
+    mask[r] = dev::keep_mask8(v[r]) & valid;
     pos[r] = 0;
     total[r] = 0;
   }
@@ -95,12 +88,11 @@ __device__ __forceinline__ void pack_rows(const uint4 (&v)[kPackRows], unsigned 
     }
 #pragma unroll
   for (int r = 0; r < kPackRows; ++r) {
-    const std::uint32_t w[4] = {v[r].x, v[r].y, v[r].z, v[r].w};
 #pragma unroll
     for (int e = 0; e < 8; ++e) {
-      const std::uint32_t b = (e & 1) ? (w[e / 2] >> 16) : (w[e / 2] & 0xffffu);
       const bool kept = (mask[r] >> e) & 1u;
-      if (kept && pos[r] < cap) st[r * 128 + 1 + pos[r]] = (b << 16) | static_cast<std::uint32_t>(8 * lane + e);
+      if (kept && pos[r] < cap)
+        st[r * 128 + 1 + pos[r]] = (dev::bf16_bits(v[r], e) << 16) | static_cast<std::uint32_t>(8 * lane + e);
       pos[r] += kept ? 1u : 0u;
     }
   }

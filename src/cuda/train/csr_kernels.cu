@@ -14,18 +14,6 @@ namespace {
 
 constexpr int kWarpsPerBlock = 8;
 
-// 8 values as a keep mask (bit e ⇔ value e > 0).
-__device__ __forceinline__ unsigned keep_mask8(const uint4& v) {
-  const std::uint32_t w[4] = {v.x, v.y, v.z, v.w};
-  unsigned mask = 0;
-#pragma unroll
-  for (int e = 0; e < 4; ++e) {
-    mask |= dev::lo_bf16(w[e]) > 0.0f ? (1u << (2 * e)) : 0u;
-    mask |= dev::hi_bf16(w[e]) > 0.0f ? (1u << (2 * e + 1)) : 0u;
-  }
-  return mask;
-}
-
 // One warp per row; lane l reads columns [c0 + 8l, c0 + 8l + 8) of each 256-column chunk.
 __global__ void __launch_bounds__(kWarpsPerBlock * 32) csr_count_kernel(CsrBuildParams p) {
   const std::int64_t row = static_cast<std::int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32;
@@ -39,7 +27,7 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) csr_count_kernel(CsrBuild
 #pragma unroll
     for (int i = 0; i < 4; ++i) v[i] = dev::load8_bf16(src, c0 + i * 256 + lane * 8, p.n, vec_ok);
 #pragma unroll
-    for (int i = 0; i < 4; ++i) cnt += __popc(keep_mask8(v[i]));
+    for (int i = 0; i < 4; ++i) cnt += __popc(dev::keep_mask8(v[i]));
   }
 #pragma unroll
   for (int d = 16; d > 0; d >>= 1) cnt += __shfl_xor_sync(0xffffffffu, cnt, d);
@@ -55,17 +43,15 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) csr_fill_kernel(CsrBuildP
   std::int64_t at = p.offsets[row];
   for (std::int64_t c0 = 0; c0 < p.n; c0 += 256) {
     const uint4 v = dev::load8_bf16(src, c0 + lane * 8, p.n, vec_ok);
-    const unsigned mask = keep_mask8(v);
+    const unsigned mask = dev::keep_mask8(v);
     const int cnt = __popc(mask);
     const int incl = dev::warp_inclusive_scan(cnt, lane);
     std::int64_t pos = at + (incl - cnt);  // ascending columns: lanes in order, bits in order
-    const std::uint32_t w[4] = {v.x, v.y, v.z, v.w};
 #pragma unroll
     for (int e = 0; e < 8; ++e) {
       if (mask & (1u << e)) {
-        const std::uint32_t bits = (e & 1) ? (w[e / 2] >> 16) : (w[e / 2] & 0xffffu);
         p.cols[pos] = static_cast<std::int32_t>(c0 + lane * 8 + e);
-        p.vals[pos] = __ushort_as_bfloat16(static_cast<unsigned short>(bits));
+        p.vals[pos] = __ushort_as_bfloat16(static_cast<unsigned short>(dev::bf16_bits(v, e)));
         ++pos;
       }
     }
