@@ -6,6 +6,7 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <random>
@@ -84,6 +85,41 @@ int main(int argc, char** argv) {
       const std::string name = "sm90 gate, cluster " + std::to_string(cl) + kMode[mode];
       std::printf("%-44s %8.3f ms %6.0f TF/s  %.3fx the GEMM\n", name.c_str(), t, flop / t * 1e-9, t / t_gemm);
     }
+  // Where a CTA's time goes (clock64 sums from one launch, cluster 2): packing per tile by warp,
+  // the packers' wait for a staged tile, the consumers' wait for the staging tile to be free.
+  for (int mode : {0, 3}) {
+    DeviceBuffer<unsigned long long> prof(static_cast<std::size_t>(sms) * kGatePackProfileSlots);
+    TWELL_CUDA_CHECK(cudaMemset(prof.get(), 0, prof.size() * sizeof(unsigned long long)));
+    GatePackParams p;
+    p.x = x.get();
+    p.w = w.get();
+    p.m = m;
+    p.n = n;
+    p.k = k;
+    p.words = words.get();
+    p.row_overflow = ovf.get();
+    p.counters = counters.get();
+    p.gate = g.get();
+    p.ld_gate = (n + 7) / 8 * 8;
+    p.sm_count = sms;
+    p.cluster = 2;
+    p.timing_mode = mode;
+    p.profile = prof.get();
+    launch_twell_gate_pack_sm90(p, s);
+    TWELL_CUDA_CHECK(cudaStreamSynchronize(s));
+    std::vector<unsigned long long> h(prof.size());
+    TWELL_CUDA_CHECK(cudaMemcpy(h.data(), prof.get(), h.size() * sizeof(unsigned long long), cudaMemcpyDeviceToHost));
+    double sum[kGatePackProfileSlots] = {}, worst = 0;
+    for (int b = 0; b < sms; ++b) {
+      for (int i = 0; i < kGatePackProfileSlots; ++i) sum[i] += static_cast<double>(h[static_cast<std::size_t>(b) * kGatePackProfileSlots + i]);
+      worst = std::max(worst, static_cast<double>(h[static_cast<std::size_t>(b) * kGatePackProfileSlots + 6]));
+    }
+    const double tiles = std::max(1.0, sum[5]);
+    std::printf("profile (cluster 2%s), kcycles per tile: packing warp 1/2/3 %.1f / %.1f / %.1f, warp 1 waiting for a tile %.1f, "
+                "consumers waiting for the staging tile %.1f; CTA %.1f (slowest CTA %.0f kcycles, %.1f tiles per CTA)\n",
+                mode == 3 ? ", no stores" : "", sum[0] / tiles / 1e3, sum[1] / tiles / 1e3, sum[2] / tiles / 1e3,
+                sum[3] / tiles / 1e3, sum[4] / tiles / 1e3, sum[6] / tiles / 1e3, worst / 1e3, tiles / sms);
+  }
   TWELL_CUDA_CHECK(cudaStreamDestroy(s));
   return 0;
 }

@@ -27,7 +27,10 @@ constexpr int kABytes = kBM * kBK * 2;        // [128, 64] bf16, 128B swizzle
 constexpr int kBBytes = kBN * kBK * 2;        // [256, 64] bf16, 128B swizzle
 constexpr int kStageBytes = kABytes + kBBytes;
 constexpr int kTileBytes = kBM * kBN * 2;     // staging: [128 rows, 128] u32 (bf16 pairs), swizzled
-constexpr int kRowStageBytes = kPackWarps * 4 * 128 * 4;  // per packing warp, kPackRows rows' words (S ≤ 128)
+// Per packing warp, the words of the rows of one pass: R rows at a stride of S + 4 words (S + 1 for
+// S = 2), with R = 32 for S ≤ 32, 1024 / S above (R · (S + 4) ≤ 1152 for every S = 4 … 128).
+constexpr int kRowStageWords = 1152;
+constexpr int kRowStageBytes = kPackWarps * kRowStageWords * 4;
 constexpr int kBarBytes = (2 * kStages + 2) * 8;
 static_assert(kBN == kTwellTile, "one CTA tile column block is one TwELL tile");
 static_assert(kABytes % 1024 == 0 && kBBytes % 1024 == 0, "128B-swizzled tiles need 1024-byte alignment");
@@ -53,59 +56,11 @@ __device__ __forceinline__ std::uint32_t relu_bf16x2(float lo, float hi) {
   return r;
 }
 
-__device__ __forceinline__ std::uint32_t lanemask_lt() {
-  std::uint32_t m;
-  asm("mov.u32 %0, %%lanemask_lt;" : "=r"(m));
-  return m;
-}
-
-// Packs kPackRows rows' blocks at once (independent chains, so their latencies overlap) from the
-// 8 bf16 each lane holds per row (lane l: local columns 8l .. 8l + 7; `valid` masks the columns
-// < N). Words: 0 = true count, 1..min(count, S − 1) = (bf16 << 16 | local column) ascending, the
-// rest zero: the same words as twell_pack. The lanes' exclusive prefix of their counts comes from
-// four bit-sliced ballots; entries go to the warp's shared-memory row stages `st` (slots
-// 1..min(count, S − 1), all rewritten for every row), then each block leaves in one coalesced
-// store per 32 words (per-entry global stores measured 0.2–0.3 ms at M = 16384). out[r] == nullptr
-// skips row r's store (past M, or a timing mode). total[r] receives the true counts.
-constexpr int kPackRows = 4;
-__device__ __forceinline__ void pack_rows(const uint4 (&v)[kPackRows], unsigned valid, int lane, int S, std::uint32_t* st,
-                                          std::uint32_t* const (&out)[kPackRows], unsigned (&total)[kPackRows]) {
-  const unsigned lt = lanemask_lt(), cap = static_cast<unsigned>(S - 1);
-  unsigned mask[kPackRows], pos[kPackRows];
-#pragma unroll
-  for (int r = 0; r < kPackRows; ++r) {
-    mask[r] = dev::keep_mask8(v[r]) & valid;
-    pos[r] = 0;
-    total[r] = 0;
-  }
-#pragma unroll
-  for (int i = 0; i < 4; ++i)  // counts are 0..8: four bits
-#pragma unroll
-    for (int r = 0; r < kPackRows; ++r) {
-      const unsigned b = __ballot_sync(0xffffffffu, (__popc(mask[r]) >> i) & 1u);
-      pos[r] += static_cast<unsigned>(__popc(b & lt)) << i;
-      total[r] += static_cast<unsigned>(__popc(b)) << i;
-    }
-#pragma unroll
-  for (int r = 0; r < kPackRows; ++r) {
-#pragma unroll
-    for (int e = 0; e < 8; ++e) {
-      const bool kept = (mask[r] >> e) & 1u;
-      if (kept && pos[r] < cap)
-        st[r * 128 + 1 + pos[r]] = (dev::bf16_bits(v[r], e) << 16) | static_cast<std::uint32_t>(8 * lane + e);
-      pos[r] += kept ? 1u : 0u;
-    }
-  }
-  __syncwarp();
-#pragma unroll
-  for (int r = 0; r < kPackRows; ++r) {
-    const unsigned lim = min(total[r], cap);
-    for (int j = lane; j < S; j += 32) {
-      const std::uint32_t word = j == 0 ? total[r] : (static_cast<unsigned>(j) <= lim ? st[r * 128 + j] : 0u);
-      if (out[r]) out[r][j] = word;
-    }
-  }
-  __syncwarp();  // every lane has read the stages before the next batch rewrites them
+// Raw 16 bits of bf16 element e (0..7, a run-time value) of the 8 packed in v, without indexing
+// registers (dev::bf16_bits wants a compile-time e).
+__device__ __forceinline__ std::uint32_t bf16_bits_at(const uint4& v, int e) {
+  const std::uint32_t w = (e & 4) ? ((e & 2) ? v.w : v.z) : ((e & 2) ? v.y : v.x);
+  return (e & 1) ? (w >> 16) : (w & 0xffffu);
 }
 #endif
 
@@ -117,7 +72,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   using namespace sm90;
   extern __shared__ unsigned char smem_raw[];
   // [kStages] × { A [128, 64] bf16 | B [256, 64] bf16 } (128B swizzle), the staging tile, the
-  // packers' row stages [kPackWarps][kPackRows][128] u32, then the mbarriers full[kStages],
+  // packers' row stages [kPackWarps][kRowStageWords] u32, then the mbarriers full[kStages],
   // empty[kStages], staged, freed.
   unsigned char* smem = reinterpret_cast<unsigned char*>((reinterpret_cast<std::uintptr_t>(smem_raw) + 1023) & ~std::uintptr_t{1023});
   std::uint32_t* tile_buf = reinterpret_cast<std::uint32_t*>(smem + kStages * kStageBytes);
@@ -137,6 +92,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     mbar_fence_init();
   }
   cluster_sync();  // every CTA's barriers exist before any multicast or remote arrive
+  const long long t_start = p.profile ? clock64() : 0;
 
   // Work: groups of CM row tiles (one per CTA of the cluster) × N tiles, dealt n-fastest to the
   // clusters. A CTA whose row tile is past M still loads and multicasts its share of W (its peers
@@ -174,49 +130,127 @@ __global__ void __launch_bounds__(kThreads, 1)
           }
         }
       }
-    } else if (p.timing_mode != 1) {  // packers
+    } else if (p.timing_mode != 1) {  // packers: one lane per row
       const int S = p.words_per_tile, cap = S - 1;
+      const int R = S <= 32 ? 32 : 1024 / S;  // rows per pass; a multiple of 32 / S, so R · S % 32 == 0
+      const int log2s = __ffs(S) - 1;          // S is a power of two (it divides 256)
+      // S ≥ 4: each lane's finished block leaves by one bulk copy (S · 4 bytes, a multiple of 16)
+      // from its stage row (stride S + 4: 16-byte aligned, quarter-warps on distinct bank groups).
+      // S = 2: the warp stores the pass's blocks word by word (stride S + 1).
+      const bool bulk = S >= 4;
+      const int stride = bulk ? S + 4 : S + 1;
+      std::uint32_t* st = row_stage + (warp - 1) * kRowStageWords;
+      std::uint32_t* srow = st + lane * stride;  // this lane's stage row: word 0 = count, then entries
+      // Invariant (bulk): stage slots past a row's entries are zero; slots 1 .. lim of srow hold the
+      // previous pass's entries until they are cleared.
+      for (int j = lane; j < kRowStageWords; j += 32) st[j] = 0u;
+      __syncwarp();
+      unsigned lim = 0;
       std::uint32_t phase = 0;
       for (std::int64_t g = cluster; g < groups; g += clusters) {
         const std::int64_t tm = (g / nt) * CM + rank, tn = g % nt, n0 = tn * kBN;
-        const std::int64_t col0 = n0 + 8 * lane, rem = p.n - col0;
-        const unsigned valid = rem <= 0 ? 0u : (rem >= 8 ? 0xffu : (1u << rem) - 1u);  // this lane's columns < N
+        const int ncols = static_cast<int>(p.n - n0 < kBN ? p.n - n0 : kBN);  // this tile's columns < N
+        const std::int64_t col0 = n0 + 8 * lane;                              // lane's 8 columns in row copies
+        const long long t_wait = p.profile ? clock64() : 0;
         mbar_wait(staged, phase);
-        unsigned tile_nnz = 0;  // ≤ 128 rows × 256
-        std::uint32_t* st = row_stage + (warp - 1) * kPackRows * 128;
-        // Batches of kPackRows consecutive tile rows, dealt round-robin to the packing warps.
-        for (int i0 = (warp - 1) * kPackRows; i0 < kBM && p.timing_mode != 2; i0 += kPackWarps * kPackRows) {
-          if (tm * kBM + i0 >= p.m) break;  // warp-uniform; later batches are past the end too
-          uint4 v[kPackRows];
-          std::uint32_t* out[kPackRows];
-          unsigned total[kPackRows];
-#pragma unroll
-          for (int r = 0; r < kPackRows; ++r) {
-            const std::int64_t row = tm * kBM + i0 + r;
-            v[r] = *reinterpret_cast<const uint4*>(tile_buf + stage_index(i0 + r, 4 * lane));
-            out[r] = row < p.m && p.timing_mode != 3 ? p.words + (row * nt + tn) * S : nullptr;
+        const long long t_busy = p.profile ? clock64() : 0;
+        unsigned tile_nnz = 0;  // this lane's rows
+        // Passes of R consecutive tile rows, dealt round-robin to the packing warps; lane l packs
+        // row i0 + l alone, so no cross-lane work is spent on the (mostly empty) rows.
+        for (int i0 = (warp - 1) * R; i0 < kBM && p.timing_mode != 2; i0 += kPackWarps * R) {
+          const std::int64_t row0 = tm * kBM + i0;
+          if (row0 >= p.m) break;  // warp-uniform; later passes are past the end too
+          const int i = i0 + lane;
+          const bool mine = lane < R && row0 + lane < p.m;
+          // (1) Which 16-byte words of the row hold any non-zero magnitude (a superset of the kept
+          // ones): one load and three ORs per word, no keep rule yet.
+          unsigned nzw = 0;
+          if (mine) {
+#pragma unroll 8
+            for (int w = 0; w < 32; ++w) {
+              const uint4 v = *reinterpret_cast<const uint4*>(tile_buf + stage_index(i, 4 * w));
+              nzw |= ((v.x | v.y | v.z | v.w) & 0x7fff7fffu) ? (1u << w) : 0u;
+            }
+            nzw &= ncols >= kBN ? 0xffffffffu : (1u << ((ncols + 7) / 8)) - 1u;
           }
-          pack_rows(v, valid, lane, S, st, out, total);
-#pragma unroll
-          for (int r = 0; r < kPackRows; ++r) {
-            const std::int64_t row = tm * kBM + i0 + r;
-            if (!out[r]) continue;  // warp-uniform
-            tile_nnz += total[r];
-            if ((p.store_gate || total[r] > static_cast<unsigned>(cap)) && valid)
-              *reinterpret_cast<uint4*>(p.gate + row * p.ld_gate + col0) = v[r];  // col0 + 8 ≤ ld_gate
-            if (lane == 0) {
-              if (p.row_nnz && total[r]) atomicAdd(p.row_nnz + row, total[r]);
-              if (total[r] > static_cast<unsigned>(cap)) {
+          if (bulk) {  // the previous pass's copy has read srow: clear its entries
+            bulk_wait_read_all();
+            for (unsigned j = 1; j <= lim; ++j) srow[j] = 0u;
+          }
+          // (2) The keep rule on those words only, entries in ascending column order into slots
+          // 1 .. min(count, S − 1) of the lane's stage row; cnt is the true count.
+          unsigned cnt = 0;
+          std::uint32_t* mine_st = srow + 1;
+          while (nzw) {
+            const int w = __ffs(nzw) - 1;
+            nzw &= nzw - 1;
+            const uint4 v = *reinterpret_cast<const uint4*>(tile_buf + stage_index(i, 4 * w));
+            const int left = ncols - 8 * w;
+            unsigned m = dev::keep_mask8(v) & (left >= 8 ? 0xffu : (1u << left) - 1u);
+            while (m) {
+              const int e = __ffs(m) - 1;
+              m &= m - 1;
+              if (cnt < static_cast<unsigned>(cap)) mine_st[cnt] = (bf16_bits_at(v, e) << 16) | static_cast<std::uint32_t>(8 * w + e);
+              ++cnt;
+            }
+          }
+          lim = min(cnt, static_cast<unsigned>(cap));
+          // (3) The blocks leave: word 0 = count, then the entries, then zeros (the same words as
+          // twell_pack).
+          if (p.timing_mode != 3) {
+            if (bulk) {
+              if (mine) {
+                srow[0] = cnt;
+                fence_proxy_async_shared();
+                bulk_store_s2g(p.words + ((row0 + lane) * nt + tn) * S, smem_u32(srow), static_cast<std::uint32_t>(S) * 4u);
+                bulk_commit();
+              }
+            } else {  // lane l of step q writes word (32q + l) mod S of row (32q + l) / S
+              __syncwarp();
+              for (int idx = lane; idx < R * S; idx += 32) {
+                const int r = idx >> log2s, j = idx & (S - 1);
+                const unsigned t = __shfl_sync(0xffffffffu, cnt, r);
+                if (row0 + r < p.m) {
+                  const std::uint32_t word = j == 0 ? t : (static_cast<unsigned>(j) <= min(t, static_cast<unsigned>(cap)) ? st[r * stride + j] : 0u);
+                  p.words[((row0 + r) * nt + tn) * S + j] = word;
+                }
+              }
+              __syncwarp();  // every lane has read the stage before the next pass rewrites it
+              lim = 0;       // this path reads slots 1 .. count only: nothing to clear
+            }
+            if (mine) {
+              tile_nnz += cnt;
+              const std::int64_t row = row0 + lane;
+              if (p.row_nnz && cnt) atomicAdd(p.row_nnz + row, cnt);
+              if (cnt > static_cast<unsigned>(cap)) {
                 atomicAdd(&p.counters->overflow_tiles, 1ull);
                 if (atomicExch(p.row_overflow + row, 1u) == 0u) atomicAdd(&p.counters->overflow_rows, 1ull);  // first block to flag the row counts it
               }
             }
+            // (4) Values of the overflowed blocks (every block with store_gate) go to the gate
+            // buffer, one row per warp step: lane l copies columns 8l .. 8l + 7.
+            unsigned copy = __ballot_sync(0xffffffffu, mine && (p.store_gate || cnt > static_cast<unsigned>(cap)));
+            while (copy) {
+              const int r = __ffs(copy) - 1;
+              copy &= copy - 1;
+              if (col0 < p.n)  // col0 + 8 ≤ ld_gate
+                *reinterpret_cast<uint4*>(p.gate + (row0 + r) * p.ld_gate + col0) =
+                    *reinterpret_cast<const uint4*>(tile_buf + stage_index(i0 + r, 4 * lane));
+            }
           }
+          __syncwarp();  // every lane has read the stage before the next pass rewrites it
         }
         mbar_arrive(freed);  // this thread's reads of the tile are done
+        if (p.profile && lane == 0) {
+          unsigned long long* pr = p.profile + blockIdx.x * kGatePackProfileSlots;
+          pr[warp - 1] += static_cast<unsigned long long>(clock64() - t_busy);
+          if (warp == 1) pr[3] += static_cast<unsigned long long>(t_busy - t_wait);
+        }
+        tile_nnz = __reduce_add_sync(0xffffffffu, tile_nnz);
         if (lane == 0 && tile_nnz) atomicAdd(&p.counters->nnz, static_cast<unsigned long long>(tile_nnz));
         phase ^= 1;
       }
+      bulk_wait_all();  // this lane's block copies have landed before the CTA (and its stage) goes
     }
   } else {
     reg_alloc<kRegsMma>();
@@ -264,7 +298,12 @@ __global__ void __launch_bounds__(kThreads, 1)
       // Hand the tile to the packers: ReLU + bf16 into the staging tile once they have read the
       // previous one (the first tile finds it free); they pack while this warpgroup runs the next
       // tile's wgmmas. Fragment half h of this warp: local rows 64·cw + 16·warp + 8h + lane/4.
+      const long long t_wait = p.profile ? clock64() : 0;
       mbar_wait(freed, tphase ^ 1);
+      if (p.profile && threadIdx.x == 128) {
+        p.profile[blockIdx.x * kGatePackProfileSlots + 4] += static_cast<unsigned long long>(clock64() - t_wait);
+        p.profile[blockIdx.x * kGatePackProfileSlots + 5] += 1;
+      }
       const int q = lane & 3, r0 = cw * 64 + warp * 16 + (lane >> 2);
 #pragma unroll
       for (int h = 0; h < 2; ++h)
@@ -277,6 +316,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
   // No CTA leaves while a peer may still multicast into its shared memory or arrive on its barriers.
   cluster_sync();
+  if (p.profile && threadIdx.x == 0) p.profile[blockIdx.x * kGatePackProfileSlots + 6] = static_cast<unsigned long long>(clock64() - t_start);
 #else
   __trap();  // launched only where gate_pack_sm90_available() (sm_90a code present)
 #endif
@@ -337,8 +377,8 @@ void launch_twell_gate_pack_sm90(const GatePackParams& p, cudaStream_t stream) {
   TWELL_CU_REQUIRE(p.words_per_tile >= 2 && p.words_per_tile <= 128 && kTwellTile % p.words_per_tile == 0,
                    ErrorCode::unsupported, "gate pack sm90: needs S = 256/C in [2, 128]; got S = {}", p.words_per_tile);
   TWELL_CU_REQUIRE((reinterpret_cast<std::uintptr_t>(p.x) & 15) == 0 && (reinterpret_cast<std::uintptr_t>(p.w) & 15) == 0 &&
-                       (reinterpret_cast<std::uintptr_t>(p.gate) & 15) == 0,
-                   ErrorCode::invalid_argument, "gate pack sm90: x, W and the gate buffer must be 16-byte aligned");
+                       (reinterpret_cast<std::uintptr_t>(p.gate) & 15) == 0 && (reinterpret_cast<std::uintptr_t>(p.words) & 15) == 0,
+                   ErrorCode::invalid_argument, "gate pack sm90: x, W, the words and the gate buffer must be 16-byte aligned");
   TWELL_CU_REQUIRE(p.sm_count >= 1, ErrorCode::invalid_argument, "gate pack sm90: sm_count must be set");
   const int cm = p.cluster;
   TWELL_CU_REQUIRE(cm == 1 || cm == 2 || cm == 4, ErrorCode::invalid_argument,

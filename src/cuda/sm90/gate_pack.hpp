@@ -12,9 +12,10 @@
 // split each W tile's load and multicast it (less L2 traffic per FLOP). Tiles are dealt n-fastest
 // so that the CTAs in flight share W (which stays in L2) and a few row blocks of x.
 // Epilogue: the consumers write ReLU + bf16 values into a swizzled 64 KB staging tile and go on
-// to the next tile's wgmmas; warps 1..3 of the load warpgroup pack the staged tile, 4 rows per
-// batch, each kept value in ascending column order — the same words, counts and flags as
-// twell_pack on the same values.
+// to the next tile's wgmmas; warps 1..3 of the load warpgroup pack the staged tile, one lane per
+// row (a cheap scan for non-zero 16-byte words, then the keep rule on those only), each block
+// leaving from a shared-memory row stage by one bulk copy (cp.async.bulk): the same words, counts
+// and flags as twell_pack on the same values.
 //
 // Supports: any M ≥ 1, any N ≥ 1 (TMA zero-fills the tails; columns ≥ N are never kept), any
 // K ≥ 8 with K % 8 == 0 (16-byte row strides for TMA), S = words per tile in [2, 128]. Needs a
@@ -46,9 +47,15 @@ struct GatePackParams {
   // Diagnostics only (probe_gate_sm90), outputs left undefined unless 0: 1 = no epilogue at all;
   // 2 = the tile is staged but not packed; 3 = packed without any global store.
   int timing_mode = 0;
+  // Diagnostics only (probe_gate_sm90): when set, [grid][kGatePackProfileSlots] clock64 sums per
+  // CTA, added to: packing warp w's (w = 1, 2, 3) cycles from `staged` to `freed` (slots w − 1),
+  // packing warp 1's cycles waiting for `staged` (3), consumer warp 4's cycles waiting for `freed`
+  // (4), the CTA's tiles (5) and its cycles from start to end (6).
+  unsigned long long* profile = nullptr;
 };
+inline constexpr int kGatePackProfileSlots = 8;
 
-inline constexpr std::size_t kGatePackSmemBytes = 1024 + 3 * (128 + 256) * 64 * 2 + 128 * 256 * 2 + 3 * 4 * 128 * 4 + 64;
+inline constexpr std::size_t kGatePackSmemBytes = 1024 + 3 * (128 + 256) * 64 * 2 + 128 * 256 * 2 + 3 * 1152 * 4 + 64;
 
 // True iff this build carries the sm_90a kernel and `device` can run it (compute capability 9.0
 // and enough opt-in shared memory).

@@ -1,5 +1,5 @@
 #pragma once
-// Hopper (sm_90a) PTX wrappers used by the sm90 kernels: mbarrier, TMA tile loads, wgmma
+// Hopper (sm_90a) PTX wrappers used by the sm90 kernels: mbarrier, TMA tile loads, bulk stores, wgmma
 // descriptors and the m64n256k16 bf16 wgmma. Device code only; include from .cu files whose
 // Hopper bodies sit behind __CUDA_ARCH_FEAT_SM90_ALL (the sm_80 pass of a fat binary sees none).
 #include <cuda_runtime.h>
@@ -25,6 +25,19 @@ __device__ __forceinline__ void mbar_arrive_expect_tx(std::uint32_t bar, std::ui
 __device__ __forceinline__ void mbar_arrive(std::uint32_t bar) {
   asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(bar) : "memory");
 }
+// ---- bulk copies shared → global (async proxy), completed in bulk groups of the issuing thread ----
+// The issuing thread's own generic-proxy writes to shared memory become visible to the copy.
+__device__ __forceinline__ void fence_proxy_async_shared() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
+// bytes % 16 == 0, both addresses 16-byte aligned.
+__device__ __forceinline__ void bulk_store_s2g(void* dst, std::uint32_t src, std::uint32_t bytes) {
+  asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;" ::"l"(dst), "r"(src), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void bulk_commit() { asm volatile("cp.async.bulk.commit_group;" ::: "memory"); }
+// Until every committed group of this thread has read its shared-memory source (it may be rewritten).
+__device__ __forceinline__ void bulk_wait_read_all() { asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory"); }
+// Until every committed group of this thread has completed its writes.
+__device__ __forceinline__ void bulk_wait_all() { asm volatile("cp.async.bulk.wait_group 0;" ::: "memory"); }
+
 // Blocks until the phase with the given parity has completed.
 __device__ __forceinline__ void mbar_wait(std::uint32_t bar, std::uint32_t parity) {
   std::uint32_t done = 0;
