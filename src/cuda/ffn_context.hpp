@@ -68,12 +68,13 @@ struct ContextOptions {
   std::int64_t decode_dense_count_period = 16;
   // gate_twell on a compute-capability-9.0 GPU: the sm90 gate GEMM with the TwELL packing in its
   // epilogue (sm90/gate_pack.hpp; the gate buffer then holds only overflowed blocks). false, or
-  // another GPU: the cuBLASLt gate GEMM (ReLU epilogue) + twell_pack below. Off by default: exact,
-  // and its GEMM alone runs at or above cuBLASLt (0.47–0.49 vs 0.51–0.52 ms, H200, M = 16384), but
-  // its packing warps do not yet keep up with the wgmma warpgroups, so gate + pack measured 0.62–0.63
-  // ms against 0.58–0.60 for cuBLASLt + twell_pack in 2 chunks at 0.5 % (c2e89be), and worse at
-  // higher density (docs/perf-notes-cuda.md, "Fifth session").
-  bool gate_sm90 = false;
+  // another GPU: the cuBLASLt gate GEMM (ReLU epilogue) + twell_pack below. On by default since
+  // its packers went one lane per row with bulk-copy stores (49dab5b, H200, M = 16384, bench):
+  // gate + pack 0.483 ms at 0.5 % and 0.492 at 1 % against 0.585–0.643 for cuBLASLt + twell_pack
+  // and 0.53 for the cuBLASLt GEMM alone; at 3 % and above it is 1.1–1.6x the GEMM (the packers
+  // fall behind), where dispatch runs dense (docs/perf-notes-cuda.md, "Sixth session"). The first
+  // call of a layer (dispatch's sampled count) always uses the cuBLASLt gate.
+  bool gate_sm90 = true;
   // With the sm90 gate: also store every gate value in the gate buffer (tests and diagnostics
   // that read gate_values() after gate_twell; costs the [M, N] write the epilogue saves).
   bool gate_store_values = false;
