@@ -112,7 +112,8 @@ INSTANTIATE_TEST_SUITE_P(Shapes, CpuTrain,
 // are perturbed in float; the actually applied step (x+ε rounded minus x−ε rounded) is used.
 TEST(CpuTrainGradcheck, ReferenceMatchesFiniteDifferences) {
   for (bool gated : {true, false}) {
-    test::Rng rng(test::fresh_seed());
+    const std::uint64_t seed = test::fresh_seed();
+    test::Rng rng(seed);
     const std::int64_t M = 5, K = 6, N = 9;
     auto x = test::random_matrix(rng, M, K), dy = test::random_matrix(rng, M, K);
     auto wg = test::random_matrix(rng, N, K), wu = test::random_matrix(rng, N, K), wd = test::random_matrix(rng, K, N);
@@ -129,29 +130,59 @@ TEST(CpuTrainGradcheck, ReferenceMatchesFiniteDifferences) {
     };
     std::vector<Param> params = {{&x, &r.dx, "x"}, {&wu, &r.dw_up, "w_up"}, {&wd, &r.dw_down, "w_down"}};
     if (gated) params.push_back({&wg, &r.dw_gate, "w_gate"});
-    int checked = 0;
+    // Where the loss has kinks: the sign of each ReLU input a (and, gated, of u, where |h| = |a·u|
+    // bends), summed in the oracle's own order so the signs are exactly the oracle's branches.
+    auto kinks = [&] {
+      std::vector<int> sg;
+      for (std::int64_t m = 0; m < M; ++m)
+        for (std::int64_t n = 0; n < N; ++n)
+          for (const std::vector<float>* w : {gated ? &wg : &wu, gated ? &wu : nullptr}) {
+            if (!w) continue;
+            double acc = 0;
+            for (std::int64_t k = 0; k < K; ++k)
+              acc += static_cast<double>(x[static_cast<std::size_t>(m * K + k)]) * static_cast<double>((*w)[static_cast<std::size_t>(n * K + k)]);
+            sg.push_back(acc > 0 ? 1 : (acc < 0 ? -1 : 0));
+          }
+      return sg;
+    };
+    int checked = 0, at_kink = 0;
     for (auto& prm : params) {
-      // Central difference with the step actually applied after rounding x ± ε to float.
-      auto central = [&](std::size_t i, float eps) {
+      // Central difference with the step actually applied after rounding x ± ε to float; `smooth`
+      // says whether no kink lies between x − ε and x + ε (same signs at both ends).
+      auto central = [&](std::size_t i, float eps, bool* smooth) {
         const float orig = (*prm.v)[i];
         (*prm.v)[i] = orig + eps;
         const double lp = loss(), up = (*prm.v)[i];
+        const auto kp = kinks();
         (*prm.v)[i] = orig - eps;
         const double lm = loss(), dn = (*prm.v)[i];
+        *smooth = kinks() == kp;
         (*prm.v)[i] = orig;
         return (lp - lm) / (up - dn);
       };
       for (std::size_t i = 0; i < prm.v->size(); ++i) {
         const double an = (*prm.grad)[i];
-        // The loss is a cubic polynomial between kinks (ReLU, |h|), so central differences agree
-        // to ~ε² unless the step crosses a kink. Then re-check with a 10× smaller step: a genuine
-        // gradient error does not shrink, a kink does.
-        if (std::fabs(central(i, 1e-3f) - an) > 1e-5 * std::max(1.0, std::fabs(an))) {
-          EXPECT_NEAR(central(i, 1e-4f), an, 1e-4 * std::max(1.0, std::fabs(an))) << prm.name << "[" << i << "] gated=" << gated;
+        // Between kinks the loss is a cubic polynomial, so a central difference over a smooth
+        // segment agrees to ~ε². The first step (largest first) whose segment is smooth decides; a
+        // parameter within 1e-6 of a kink (every segment crosses one) cannot be checked this way
+        // and is counted apart. (Re-checking with one smaller step only, without looking for the
+        // kink, failed ~2 % of seeds: pre-activations within 1e-4 of zero.)
+        const double scale = std::max(1.0, std::fabs(an));
+        bool decided = false;
+        for (float eps : {1e-3f, 1e-4f, 1e-5f, 1e-6f}) {
+          bool smooth = false;
+          const double fd = central(i, eps, &smooth);
+          if (!smooth) continue;
+          // ε = 1e-3 passes within 1e-5 or hands over to 1e-4 (its ε² term may be larger).
+          if (eps == 1e-3f && std::fabs(fd - an) > 1e-5 * scale) continue;
+          EXPECT_NEAR(fd, an, 1e-4 * scale) << prm.name << "[" << i << "] gated=" << gated << ", ε = " << eps << " (seed " << seed << ")";
+          decided = true;
+          break;
         }
-        ++checked;
+        (decided ? checked : at_kink) += 1;
       }
     }
+    EXPECT_LE(at_kink, 8) << "parameters within 1e-6 of a kink (seed " << seed << ")";
     EXPECT_GT(checked, 100);
     EXPECT_GT(r.l0, 0.0);
   }
