@@ -60,9 +60,11 @@ struct ContextOptions {
   // gate GEMM then the decode kernel (twell_decode.hpp: a token's non-zeros spread over N/256
   // CTAs) until a count measures more than decode_max_density. H100, K = 2048, N = 5632
   // (17629ec, dense and automatic alternately): 1.16–1.4x dense at M = 1…16 and 0.3–0.6 %,
-  // 1.05–1.3x at 1 %, 1.0–1.27x at M = 1 and 2.5 %, 0.8–0.9x at M = 4…16 and 3 %.
+  // 1.05–1.3x at 1 %, 1.0–1.27x at M = 1 and 2.5 %, 0.8–0.9x at M = 4…16 and 3 %. H200 (more
+  // memory bandwidth, so a faster dense GEMV; 4be0c14 and 4011fd1): 1.01–1.12x at ≤ 0.73 %, but
+  // 0.90–0.99x at M = 4…16 and 1.0–1.1 %; so 0.8 %, not the 2 % the H100 alone suggested.
   std::int64_t decode_max_rows = 16;
-  double decode_max_density = 0.02;
+  double decode_max_density = 0.008;
   // At decode sizes a dense call counts only every this many calls: the count (memset, count,
   // decide and publish: four small launches) cost 0.015–0.035 ms next to a 0.04 ms dense FFN.
   std::int64_t decode_dense_count_period = 16;

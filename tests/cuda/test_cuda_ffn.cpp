@@ -593,7 +593,7 @@ TEST_F(CudaDispatch, LargeBatchesUseTheirOwnThreshold) {
 // the layer dense; the dense calls keep counting, so a sparse input brings the sparse path back.
 TEST_F(CudaDispatch, DecodeRunsSparseUntilTheLayerMeasuresDense) {
   const FfnCase c{"decode", 1, 1000, 1024, 0.20};
-  ContextOptions opt;  // defaults (decode_max_rows 16, decode_max_density 2 %), counting every dense call
+  ContextOptions opt;  // defaults (decode_max_rows 16, decode_max_density 0.8 %), counting every dense call
   opt.decode_dense_count_period = 1;
   ASSERT_NO_FATAL_FAILURE(set_up(c, opt, c.m, c.seed));  // every row
 
