@@ -189,14 +189,22 @@ int main(int argc, char** argv) {
           cctx.upload_weights(w, s);
           gate_clusters[std::to_string(cl)] = median_ms(warmup, reps, s, [&] { cctx.gate_twell(dx.get(), m, s); });
         }
-      nlohmann::json variants = nlohmann::json::object();
-      for (int v = 0; v <= 2; v += 2) {  // the default (variant 1) is t_rest
+      // The fused kernel's variants, each timed alternately with this context's remainder (the
+      // default variant): [variant's time, default's time in the same reps].
+      nlohmann::json variants = nlohmann::json::object(), variants_alt = nlohmann::json::object();
+      ctx.gate_twell(dx.get(), m, s);
+      for (int v = 0; v <= 2; v += 2) {
         ContextOptions vo = copt;
         vo.updown_variant = v;
         FfnContext vctx(vo);
         vctx.upload_weights(w, s);
         vctx.gate_twell(dx.get(), m, s);
-        variants[std::to_string(v)] = median_ms(warmup, reps, s, [&] { vctx.sparse_rest(dx.get(), m, y_sp.get(), s); });
+        double tv = 0, td = 0;
+        std::tie(tv, td) = alternating_medians_ms(
+            warmup, reps, s, [&] { vctx.sparse_rest(dx.get(), m, y_sp.get(), s); },
+            [&] { ctx.sparse_rest(dx.get(), m, y_sp.get(), s); });
+        variants[std::to_string(v)] = tv;
+        variants_alt[std::to_string(v)] = {tv, td};
       }
       // The sparse path's two parts alternately (gate, then remainder: the order the path runs them).
       double t_gate = 0, t_rest = 0;
@@ -343,6 +351,9 @@ int main(int argc, char** argv) {
           std::printf("\n");
         }
       }
+      std::printf("          remainder variant vs the default (variant %d), alternating:", copt.updown_variant);
+      for (const auto& [v, t] : variants_alt.items()) std::printf(" v%s %.3f / %.3f;", v.c_str(), t[0].get<double>(), t[1].get<double>());
+      std::printf("\n");
       std::printf("          alternating sparse / auto: %.3f / %.3f ms; auto deciding every call (not sticky): %.3f ms\n",
                   t_sparse_alt, t_auto_alt, t_auto_fresh);
       std::printf("          gate rows read directly vs TwELL, alternating: %.3f / %.3f ms (rest alone %.3f); err %.1e\n",
@@ -380,6 +391,7 @@ int main(int argc, char** argv) {
                                {"gate_twell_early_ms", t_gate_early},
                                {"sparse_rest_ms", t_rest},
                                {"sparse_rest_variant_ms", variants},
+                               {"sparse_rest_variant_vs_default_alternating_ms", variants_alt},
                                {"gate_twell_ms_by_chunks", gate_chunks},
                                {"sparse_auto_alternating_ms", {t_sparse_alt, t_auto_alt}},
                                {"auto_not_sticky_ms", t_auto_fresh},
