@@ -255,7 +255,7 @@ void FfnContext::sparse_rest(const __nv_bfloat16* x, std::int64_t m, __nv_bfloat
   p.ld_backup = ldn_;
   p.words_per_tile = words_per_tile();
   p.relu = true;
-  p.variant = opt_.updown_variant;
+  p.variant = gated_ ? opt_.updown_variant : opt_.updown_variant_nongated;
   if (opt_.gate_rows_direct) {
     p.words = nullptr;
     p.dense_gate = true;

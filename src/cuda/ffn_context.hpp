@@ -49,7 +49,11 @@ struct ContextOptions {
   // Below this M, automatic runs the dense path without counting: the host read of the count costs
   // ~25 µs, more than the sparse path saves there (measured: docs/perf-notes.md).
   std::int64_t dispatch_min_rows = 2048;
-  int updown_variant = 1;  // TwellUpDownParams::variant (1 measured fastest or equal at M ≥ 16 on H100)
+  // TwellUpDownParams::variant of the fused kernel, gated (1 measured fastest or equal at M ≥ 16
+  // on H100 and H200) and non-gated (0: 0.224 vs 0.273 ms for variant 1, H200, M = 16384, 0.5 %,
+  // timed alternately, 9832d1e).
+  int updown_variant = 1;
+  int updown_variant_nongated = 0;
   // Automatic after the first call of a layer: the newest count of this context that has come
   // back decides (one layer's density drifts slowly); each call counts in passing (the packing's
   // exact count on the sparse path, a sampled count of the stacked GEMM's gate on the dense path)

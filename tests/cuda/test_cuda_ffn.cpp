@@ -287,7 +287,7 @@ TEST_P(CudaFfn, MatchesReferenceAndHostEncoder) {
   ContextOptions opt;
   opt.twell.compression = c.compression;
   opt.dispatch_min_rows = 0;  // exercise the sampled-count dispatch at every M
-  opt.updown_variant = 0;
+  opt.updown_variant = opt.updown_variant_nongated = 0;
   opt.gate_chunks = 1;  // the unchunked gate here; the chunked one is compared with it below
   opt.gate_rows_direct = false;  // TwELL here; the direct read of the gate rows is checked below
   opt.split_min_rows = 0;  // where check_split turns the split remainder on: at every M
@@ -356,7 +356,7 @@ TEST_P(CudaFfn, MatchesReferenceAndHostEncoder) {
   // The other fused-kernel variants (benchmark knobs) must be exact too.
   for (int v = 1; v <= 2; ++v) {  // variant 0 ran above
     ContextOptions vo = opt;
-    vo.updown_variant = v;
+    vo.updown_variant = vo.updown_variant_nongated = v;
     FfnContext vc(vo);
     vc.upload_weights(w, s);
     const Outputs o = run_poisoned(c.m, c.k, s, [&](__nv_bfloat16* y) { vc.forward(x.get(), c.m, y, Path::sparse, s); });
@@ -387,7 +387,7 @@ TEST_P(CudaFfn, MatchesReferenceAndHostEncoder) {
   // and through dispatch.
   for (int v = 0; v <= 2; ++v) {
     ContextOptions dop = opt;
-    dop.updown_variant = v;
+    dop.updown_variant = dop.updown_variant_nongated = v;
     dop.gate_rows_direct = true;
     FfnContext dc(dop);
     dc.upload_weights(w, s);
