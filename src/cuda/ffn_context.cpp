@@ -6,6 +6,7 @@
 
 #include "cuda/common/check.hpp"
 #include "cuda/sm80/twell_split.hpp"
+#include "cuda/sm80/twell_up_blocked.hpp"
 #include "cuda/sm90/gate_pack.hpp"
 #include "twell/bf16.hpp"
 
@@ -262,6 +263,36 @@ void FfnContext::sparse_rest(const __nv_bfloat16* x, std::int64_t m, __nv_bfloat
     p.nnz = &counters_.get()->nnz;
     TWELL_CUDA_CHECK(cudaMemsetAsync(counters_.get(), 0, sizeof(TwellCounters), stream));
   }
+  if (use_blocked_up(m)) {
+    // Blocked up product for the rows without overflow, then their down product as a non-gated
+    // one over TwELL of h; the overflowed rows through the fused kernel. Disjoint rows of y.
+    h_words_.reserve(words_.size());
+    TwellUpBlockedParams bp;
+    bp.x = x;
+    bp.ld_x = k_;
+    bp.w_up = p.w_up;
+    bp.words = words_.get();
+    bp.row_overflow = row_ovf_.get();
+    bp.h_words = h_words_.get();
+    bp.m = m;
+    bp.n = n_;
+    bp.k = k_;
+    bp.words_per_tile = words_per_tile();
+    launch_twell_up_blocked(bp, stream);
+    TwellUpDownParams dp = p;
+    dp.gated = false;
+    dp.x = nullptr;
+    dp.w_up = nullptr;
+    dp.words = h_words_.get();
+    dp.variant = opt_.updown_variant_nongated;
+    dp.row_filter = row_ovf_.get();
+    dp.filter_keep_flagged = false;
+    launch_twell_up_down(dp, stream);
+    p.row_filter = row_ovf_.get();
+    p.filter_keep_flagged = true;
+    launch_twell_up_down(p, stream);
+    return;
+  }
   if (!use_split(m)) {
     launch_twell_up_down(p, stream);
     return;
@@ -320,10 +351,16 @@ std::string FfnContext::sparse_path_name(std::int64_t m) const {
                   : "twell: cublasLt up, sparse down reading the ReLU rows";
   const char* first = gate_sm90_active() ? (gated_ ? "sm90 gate GEMM with TwELL epilogue" : "sm90 up GEMM with TwELL epilogue")
                                       : (gated_ ? "cublasLt gate + pack" : "cublasLt up + pack");
+  if (use_blocked_up(m)) return fmt::format("twell: {}, blocked up + sparse down (fused for rows with overflow)", first);
   const char* rest = use_split(m) ? (gated_ ? "up + sliced down (fused if the h list overflows)"
                                             : "sliced down (fused if the h list overflows)")
                                   : (gated_ ? "fused up+down" : "sparse down");
   return fmt::format("twell: {}, {}", first, rest);
+}
+
+bool FfnContext::use_blocked_up(std::int64_t m) const noexcept {
+  return opt_.blocked_up && gated_ && !opt_.gate_rows_direct && !use_split(m) && m >= opt_.blocked_up_min_rows &&
+         up_blocked_smem_bytes() <= smem_optin_;
 }
 
 bool FfnContext::use_split(std::int64_t m) const noexcept {

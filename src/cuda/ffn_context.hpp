@@ -119,6 +119,12 @@ struct ContextOptions {
   // alternating with one pass): 1024 rows 1.672 vs 1.508 ms, 2048 rows 1.718 vs 1.595, 4096 rows
   // 1.605 vs 1.558. The smaller GEMMs lose more than the saved traffic buys.
   std::int64_t dense_chunk_rows = 0;
+  // Gated TwELL remainder as a blocked up product (sm80/twell_up_blocked.hpp: 1024 tokens × 768
+  // neurons per CTA, x and Wu streamed through shared memory once per block, h written as TwELL
+  // words) followed by the non-gated sparse down product; rows with an overflowed block go through
+  // the fused kernel. Used when M ≥ blocked_up_min_rows and the split remainder is not.
+  bool blocked_up = false;
+  std::int64_t blocked_up_min_rows = 4096;
   std::int64_t split_min_rows = 1024;
   std::int64_t split_capacity_per_row = 0;  // words; 0: max(64, N / 16) (≈ 6 % density at N = 5632)
 };
@@ -187,6 +193,9 @@ class FfnContext {
   const __nv_bfloat16* w_down_t() const noexcept { return w_down_t_.get(); }
   std::size_t weight_bytes() const noexcept { return w_gu_.bytes() + w_down_.bytes() + w_down_t_.bytes(); }
 
+  // Whether sparse_rest at this M runs the blocked up product (ContextOptions::blocked_up).
+  bool use_blocked_up(std::int64_t m) const noexcept;
+
   // Results of the last gate_twell (valid for its m until the next call).
   const std::uint32_t* twell_words() const noexcept { return words_.get(); }   // [m, tiles · S]
   const __nv_bfloat16* gate_values() const noexcept { return g_.get(); }       // [m, ldn]
@@ -250,6 +259,7 @@ class FfnContext {
   // Split remainder (twell_split.hpp): row counts from the packing, the plan, the h list.
   int sm_count_ = 0;
   std::size_t smem_optin_ = 0;
+  DeviceBuffer<std::uint32_t> h_words_;   // [m, tiles · S] TwELL of h (blocked up product; allocated on first use)
   DeviceBuffer<std::uint32_t> row_nnz_;   // [m]; allocated (and filled by the packing) only with split_remainder
   DeviceBuffer<int> split_pos_;           // [m]
   DeviceBuffer<int> split_tok_;           // [16 · groups]

@@ -174,6 +174,7 @@ template <int CH, bool GATED, int kUnroll, bool DENSE_G, bool SPLIT>
 __global__ void __launch_bounds__(kMaxUpDownThreads) twell_up_down_kernel(TwellUpDownParams p) {
   static_assert(CH >= 1 && CH <= 4, "CH: 16-byte chunks per thread");
   static_assert(!(SPLIT && DENSE_G), "the split remainder reads TwELL");
+  if (p.row_filter && (p.row_filter[blockIdx.x] != 0u) != p.filter_keep_flagged) return;  // CTA-uniform
   const bool emit = SPLIT && *p.split_enable != 0;  // CTA-uniform
   extern __shared__ __align__(16) unsigned char smem_raw[];
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;

@@ -74,6 +74,10 @@ struct TwellUpDownParams : FfnOperands {
   const std::int64_t* hl_base = nullptr;
   const int* hl_len = nullptr;
   const std::uint32_t* split_enable = nullptr;
+  // Optional row filter (the blocked up product's two halves, twell_up_blocked.hpp): row m is
+  // computed iff (row_filter[m] != 0) == filter_keep_flagged; the other rows' y is left alone.
+  const std::uint32_t* row_filter = nullptr;
+  bool filter_keep_flagged = false;
 };
 // Gated: y[m,:] = Σ_n g[m,n] · ⟨x[m,:], Wu[n,:]⟩ · Wdᵀ[n,:]; non-gated: y[m,:] = Σ_n h[m,n] · Wdᵀ[n,:].
 // Accumulation in fp32, y rounded to bf16 once. h never leaves the chip (except as the split
