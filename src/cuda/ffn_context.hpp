@@ -122,7 +122,12 @@ struct ContextOptions {
   // Gated TwELL remainder as a blocked up product (sm80/twell_up_blocked.hpp: 1024 tokens × 768
   // neurons per CTA, x and Wu streamed through shared memory once per block, h written as TwELL
   // words) followed by the non-gated sparse down product; rows with an overflowed block go through
-  // the fused kernel. Used when M ≥ blocked_up_min_rows and the split remainder is not.
+  // the fused kernel. Used when M ≥ blocked_up_min_rows and the split remainder is not. Exact,
+  // off by default: its first build measured the remainder at 0.709 vs 0.521 ms for the fused
+  // kernel (H200, M = 16384, 0.5 %, alternating, 7001a78): the up kernel alone ran 463 µs against
+  // a 0.15 ms prediction, issue- and latency-bound on CUDA cores (ncu: 210 M warp-instructions,
+  // 0.49 issued per cycle, 44 % of its shared-memory wavefronts bank conflicts;
+  // docs/perf-notes-cuda.md, "Blocked up product").
   bool blocked_up = false;
   std::int64_t blocked_up_min_rows = 4096;
   std::int64_t split_min_rows = 1024;
