@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "cuda/common/check.hpp"
+#include "cuda/sm80/twell_gemv.hpp"
 #include "cuda/sm80/twell_split.hpp"
 #include "cuda/sm80/twell_up_blocked.hpp"
 #include "cuda/sm90/gate_pack.hpp"
@@ -392,7 +393,21 @@ void FfnContext::dense_forward_counted(const __nv_bfloat16* x, std::int64_t m, _
 }
 
 void FfnContext::decode_forward(const __nv_bfloat16* x, std::int64_t m, __nv_bfloat16* y, cudaStream_t stream) {
-  gate_gemm(x, m, stream);
+  if (opt_.decode_gemv && m <= kGemvMaxRows && k_ <= kGemvMaxK) {
+    reserve(m);
+    TwellGemvParams gp;  // the gate (the up GEMM non-gated) as a GEMV: same values as gate_gemm's
+    gp.x = x;
+    gp.ld_x = k_;
+    gp.w = w_gu_.get();
+    gp.g = g_.get();
+    gp.ld_g = ldn_;
+    gp.m = m;
+    gp.n = n_;
+    gp.k = k_;
+    launch_twell_gemv_relu(gp, stream);
+  } else {
+    gate_gemm(x, m, stream);
+  }
   decode_partials_.reserve(static_cast<std::size_t>(m * tiles() * k_));
   if (decode_tickets_.size() < static_cast<std::size_t>(m + 2)) {
     // [0, m): row tickets, [m]: CTA ticket, [m + 1]: unused; the count is separate (64-bit).

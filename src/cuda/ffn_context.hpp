@@ -68,6 +68,9 @@ struct ContextOptions {
   // memory bandwidth, so a faster dense GEMV; 4be0c14 and 4011fd1): 1.01–1.12x at ≤ 0.73 %, but
   // 0.90–0.99x at M = 4…16 and 1.0–1.1 %; so 0.8 %, not the 2 % the H100 alone suggested.
   std::int64_t decode_max_rows = 16;
+  // The decode path's gate through the GEMV kernel (sm80/twell_gemv.hpp) instead of the cuBLASLt
+  // ReLU GEMM, which runs at ~1 TB/s at these sizes (M ≤ 16, K ≤ 8192).
+  bool decode_gemv = true;
   double decode_max_density = 0.008;
   // At decode sizes a dense call counts only every this many calls: the count (memset, count,
   // decide and publish: four small launches) cost 0.015–0.035 ms next to a 0.04 ms dense FFN.

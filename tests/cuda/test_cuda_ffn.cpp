@@ -20,10 +20,12 @@
 #include <cmath>
 #include <cstring>
 #include <memory>
+#include <random>
 #include <vector>
 
 #include "cuda/common/device_buffer.hpp"
 #include "cuda/ffn_context.hpp"
+#include "cuda/sm80/twell_gemv.hpp"
 #include "cuda/sm80/twell_split.hpp"
 #include "cuda_test_util.hpp"
 #include "twell/cpu/reference.hpp"
@@ -655,6 +657,69 @@ TEST_F(CudaDispatch, DecodeRunsSparseUntilTheLayerMeasuresDense) {
   }
 }
 
+// The decode-size gate GEMV against float64 ReLU(x·Wᵀ): every element within the fp32-accumulation
+// + bf16-rounding bound of check_gate_sm90, padding columns of the output rows untouched, at every
+// token count 1 … 16 it serves (the kernel rounds M up to 1, 2, 4, 8 or 16) and ragged N, K.
+TEST(CudaGemv, MatchesFloat64WithinBound) {
+  TWELL_REQUIRE_GPU();
+  struct Shape {
+    std::int64_t m, n, k;
+  };
+  cudaStream_t s;
+  ASSERT_EQ(cudaStreamCreate(&s), cudaSuccess);
+  std::mt19937_64 rng(20261121);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  for (const Shape sh : {Shape{1, 5632, 2048}, Shape{2, 1003, 520}, Shape{3, 1000, 8192}, Shape{5, 70000, 264},
+                         Shape{8, 17, 8}, Shape{11, 5632, 2048}, Shape{16, 1001, 1024}}) {
+    SCOPED_TRACE(::testing::Message() << "m " << sh.m << " n " << sh.n << " k " << sh.k);
+    std::vector<float> x(static_cast<std::size_t>(sh.m * sh.k)), wt(static_cast<std::size_t>(sh.n * sh.k));
+    for (float& v : x) v = round_bf16(nd(rng));
+    const float ws = 1.0f / std::sqrt(static_cast<float>(sh.k));
+    for (float& v : wt) v = round_bf16(nd(rng) * ws);
+    const auto xb = to_bf16_bits(x), wb = to_bf16_bits(wt);
+    const std::int64_t ldg = sh.n + 8;  // 8 padding columns per row must stay as poisoned
+    DeviceBuffer<__nv_bfloat16> dx(xb.size()), dw(wb.size()), dg(static_cast<std::size_t>(sh.m * ldg));
+    ASSERT_EQ(cudaMemcpy(dx.get(), xb.data(), xb.size() * 2, cudaMemcpyHostToDevice), cudaSuccess);
+    ASSERT_EQ(cudaMemcpy(dw.get(), wb.data(), wb.size() * 2, cudaMemcpyHostToDevice), cudaSuccess);
+    ASSERT_EQ(cudaMemset(dg.get(), 0xff, dg.bytes()), cudaSuccess);
+    TwellGemvParams p;
+    p.x = dx.get();
+    p.ld_x = sh.k;
+    p.w = dw.get();
+    p.g = dg.get();
+    p.ld_g = ldg;
+    p.m = sh.m;
+    p.n = sh.n;
+    p.k = sh.k;
+    launch_twell_gemv_relu(p, s);
+    ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);
+    std::vector<std::uint16_t> gb(static_cast<std::size_t>(sh.m * ldg));
+    ASSERT_EQ(cudaMemcpy(gb.data(), dg.get(), gb.size() * 2, cudaMemcpyDeviceToHost), cudaSuccess);
+    std::int64_t bad = 0, touched = 0;
+    double worst = 0;
+    for (std::int64_t r = 0; r < sh.m; ++r) {
+      for (std::int64_t col = 0; col < sh.n; ++col) {
+        double acc = 0, mag = 0;
+        for (std::int64_t kk = 0; kk < sh.k; ++kk) {
+          const double t = static_cast<double>(x[static_cast<std::size_t>(r * sh.k + kk)]) *
+                           static_cast<double>(wt[static_cast<std::size_t>(col * sh.k + kk)]);
+          acc += t;
+          mag += std::abs(t);
+        }
+        const double ref = std::max(acc, 0.0);
+        const double got = to_float(bf16{gb[static_cast<std::size_t>(r * ldg + col)]});
+        const double bound = std::ldexp(ref, -8) + static_cast<double>(sh.k) * std::ldexp(mag, -24) + 1e-30;
+        worst = std::max(worst, std::abs(got - ref) / bound);
+        bad += !(std::abs(got - ref) <= bound);  // NaN (never written) counts as bad
+      }
+      for (std::int64_t col = sh.n; col < ldg; ++col) touched += gb[static_cast<std::size_t>(r * ldg + col)] != 0xffffu;
+    }
+    EXPECT_EQ(bad, 0) << "gemv values outside the bound (worst ratio " << worst << ")";
+    EXPECT_EQ(touched, 0) << "gemv wrote past N";
+  }
+  cudaStreamDestroy(s);
+}
+
 // The decode kernel (a token's non-zeros spread over N/256 CTAs, partials added in tile order by a
 // ticketed last CTA) against the float64 oracle, at decode sizes and densities from 0 to 100 %,
 // twice per context (its tickets and count must be left zero for the next launch).
@@ -669,6 +734,8 @@ TEST(CudaDecode, MatchesReferenceAtEveryDensity) {
       {"dec_m2_n1000_k8192_d5", 2, 1000, 8192, 0.05},
       {"dec_m4_n1000_k520_d0", 4, 1000, 520, 0.0},
       {"dec_nongated_m6_n5632_k2048_d1_full", 6, 5632, 2048, 0.01, false, 0.0, 0.3, 1, 1},
+      {"dec_m16_n5632_k2048_d1", 16, 5632, 2048, 0.01},
+      {"dec_m11_n1003_k8192_d3_full", 11, 1003, 8192, 0.03, true, 0.0, 0.3, 1, 1},
   };
   cudaStream_t s;
   ASSERT_EQ(cudaStreamCreate(&s), cudaSuccess);
@@ -677,7 +744,7 @@ TEST(CudaDecode, MatchesReferenceAtEveryDensity) {
     const FfnData d = make_ffn(c);
     const FfnWeights w = d.weights();
     ContextOptions opt;
-    opt.decode_max_rows = 8;
+    opt.decode_max_rows = 16;
     opt.decode_max_density = 1.0;  // the decode kernel at every density
     FfnContext ctx(opt);
     ctx.upload_weights(w, s);

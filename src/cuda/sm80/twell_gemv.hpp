@@ -1,0 +1,29 @@
+#pragma once
+// Decode-size gate GEMV: g[m, n] = bf16(ReLU(⟨x[m, :], W[n, :]⟩)) for a few tokens (M ≤ 16),
+// fp32 accumulation, rounded to bf16 once — the values the cuBLASLt ReLU GEMM writes into the gate
+// buffer, at decode sizes where that GEMM runs far below the memory bandwidth (≈ 12 µs for an
+// 11.5 MB Wg at M = 1 on an H200, i.e. ~1 TB/s). Each warp streams 4 rows of W at once (16-byte
+// loads, the whole row in flight) and reuses every x chunk for the 4 rows; x stays in L1.
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace twell::cuda {
+
+inline constexpr std::int64_t kGemvMaxRows = 16;    // tokens
+inline constexpr std::int64_t kGemvMaxK = 8192;
+
+struct TwellGemvParams {
+  const __nv_bfloat16* x = nullptr;  // [m, k], row stride ld_x
+  std::int64_t ld_x = 0;
+  const __nv_bfloat16* w = nullptr;  // [n, k], row stride k
+  __nv_bfloat16* g = nullptr;        // [m, n] out, row stride ld_g
+  std::int64_t ld_g = 0;
+  std::int64_t m = 0, n = 0, k = 0;
+};
+
+// Requires 1 ≤ M ≤ kGemvMaxRows, K a multiple of 8 with K ≤ kGemvMaxK, 16-byte aligned rows.
+void launch_twell_gemv_relu(const TwellGemvParams& p, cudaStream_t stream);
+
+}  // namespace twell::cuda
