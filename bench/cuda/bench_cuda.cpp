@@ -332,6 +332,21 @@ int main(int argc, char** argv) {
         t_decode_wide =
             median_ms(warmup, reps, s, [&] { dctx.forward(dx.get(), m, y_auto.get(), Path::automatic, s); });
       }
+      // Decode sizes: the decode path with its gate as the GEMV kernel vs as the cuBLASLt ReLU GEMM,
+      // alternately (both forced onto the decode kernel).
+      double t_dec_gemv = 0, t_dec_lt = 0;
+      if (m <= copt.decode_max_rows) {
+        ContextOptions go = copt, lo = copt;
+        go.decode_max_density = lo.decode_max_density = 1.0;
+        go.decode_gemv = true;
+        lo.decode_gemv = false;
+        FfnContext gctx(go), lctx(lo);
+        gctx.upload_weights(w, s);
+        lctx.upload_weights(w, s);
+        std::tie(t_dec_gemv, t_dec_lt) = alternating_medians_ms(
+            warmup, reps, s, [&] { gctx.forward(dx.get(), m, y_auto.get(), Path::automatic, s); },
+            [&] { lctx.forward(dx.get(), m, y_auto.get(), Path::automatic, s); });
+      }
       // The same gate+pack again at the end of the point (compare with t_gate_early and t_gate).
       const double t_gate_late = median_ms(warmup, reps, s, [&] { ctx.gate_twell(dx.get(), m, s); });
       if (m >= 16384 && pt.gated && pt.density <= 0.01)
@@ -403,6 +418,8 @@ int main(int argc, char** argv) {
         std::printf("\n");
       }
       if (t_decode_wide > 0) std::printf("          decode kernel at this M: %.3f ms\n", t_decode_wide);
+      if (t_dec_gemv > 0)
+        std::printf("          decode path, gate by GEMV kernel / by cuBLASLt, alternating: %.3f / %.3f ms\n", t_dec_gemv, t_dec_lt);
       std::fflush(stdout);
       lines.push_back(line);
       out["points"].push_back({{"m", m},
@@ -438,6 +455,7 @@ int main(int argc, char** argv) {
                                {"blocked_up_vs_default_alternating_ms", {t_blocked, t_unblocked}},
                                {"blocked_up_vs_default_rest_alternating_ms", {t_blocked_rest, t_unblocked_rest}},
                                {"blocked_up_error", err_blocked},
+                               {"decode_gemv_vs_cublaslt_alternating_ms", {t_dec_gemv, t_dec_lt}},
                                {"split_ran", split_stats.ran},
                                {"split_hlist_words", split_stats.words_needed},
                                {"err_fused", err_fused},
