@@ -25,6 +25,7 @@
 #include "cuda/common/check.hpp"
 #include "cuda/common/device_buffer.hpp"
 #include "cuda/ffn_context.hpp"
+#include "cuda/sm80/twell_gemv.hpp"
 #include "bench_train.hpp"
 #include "bench_util.hpp"
 #include "twell/cpu/reference.hpp"
@@ -339,6 +340,7 @@ int main(int argc, char** argv) {
         ContextOptions go = copt, lo = copt;
         go.decode_max_density = lo.decode_max_density = 1.0;
         go.decode_gemv = true;
+        go.decode_gemv_max_rows = kGemvMaxRows;
         lo.decode_gemv = false;
         FfnContext gctx(go), lctx(lo);
         gctx.upload_weights(w, s);

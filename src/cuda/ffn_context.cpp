@@ -393,7 +393,7 @@ void FfnContext::dense_forward_counted(const __nv_bfloat16* x, std::int64_t m, _
 }
 
 void FfnContext::decode_forward(const __nv_bfloat16* x, std::int64_t m, __nv_bfloat16* y, cudaStream_t stream) {
-  if (opt_.decode_gemv && m <= kGemvMaxRows && k_ <= kGemvMaxK) {
+  if (opt_.decode_gemv && m <= std::min(opt_.decode_gemv_max_rows, kGemvMaxRows) && k_ <= kGemvMaxK) {
     reserve(m);
     TwellGemvParams gp;  // the gate (the up GEMM non-gated) as a GEMV: same values as gate_gemm's
     gp.x = x;

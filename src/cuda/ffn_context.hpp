@@ -69,8 +69,12 @@ struct ContextOptions {
   // 0.90–0.99x at M = 4…16 and 1.0–1.1 %; so 0.8 %, not the 2 % the H100 alone suggested.
   std::int64_t decode_max_rows = 16;
   // The decode path's gate through the GEMV kernel (sm80/twell_gemv.hpp) instead of the cuBLASLt
-  // ReLU GEMM, which runs at ~1 TB/s at these sizes (M ≤ 16, K ≤ 8192).
+  // ReLU GEMM, for M ≤ decode_gemv_max_rows (and K ≤ 8192). Measured on the H200 (whole decode
+  // path, alternating, 416e007): M = 1 0.023 vs 0.024 ms (three points,
+  // always ~1 µs ahead); M = 4 0.029–0.040 vs 0.024–0.034, M = 8 and 16 up to 2.3x slower (CUDA-core
+  // dot products per token; cuBLASLt uses tensor cores there). Hence M = 1 only.
   bool decode_gemv = true;
+  std::int64_t decode_gemv_max_rows = 1;
   double decode_max_density = 0.008;
   // At decode sizes a dense call counts only every this many calls: the count (memset, count,
   // decide and publish: four small launches) cost 0.015–0.035 ms next to a 0.04 ms dense FFN.

@@ -746,6 +746,7 @@ TEST(CudaDecode, MatchesReferenceAtEveryDensity) {
     ContextOptions opt;
     opt.decode_max_rows = 16;
     opt.decode_max_density = 1.0;  // the decode kernel at every density
+    opt.decode_gemv_max_rows = (c.m % 2 == 0) ? kGemvMaxRows : 0;  // its gate by the GEMV kernel, or by cuBLASLt
     FfnContext ctx(opt);
     ctx.upload_weights(w, s);
     const auto xb = to_bf16_bits(d.x);
