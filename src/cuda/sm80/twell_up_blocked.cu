@@ -12,10 +12,8 @@
 namespace twell::cuda {
 namespace {
 
-constexpr int kThreads = 256;
-constexpr int kWarps = kThreads / 32;
-constexpr int kGroups = 16;                                 // 16-entry groups per warp per pass
-constexpr int kPassEntries = kWarps * kGroups * 16;         // entries per pass
+constexpr int kThreads = 512;
+constexpr int kPer = 16;                                    // entries per thread per pass
 constexpr int kBlocks = kUpBlockedRows * kUpBlockedTiles;   // (row, tile) blocks per CTA
 constexpr int kItems = kBlocks / kThreads;                  // counts per thread in the scan
 constexpr int kWRows = kUpBlockedTiles * kTwellTile;        // Wu rows per CTA
@@ -25,7 +23,7 @@ constexpr int kStageBytes = kStageRows * 32;
 constexpr int kStages = 3;
 constexpr int kCopies = kStageRows * 2 / kThreads;          // 16-byte copies per thread per stage
 static_assert(kBlocks % kThreads == 0 && (kStageRows * 2) % kThreads == 0, "even split over the threads");
-static_assert(kStageBytes <= 65536, "staged-row offsets packed in 16 bits");
+static_assert(kUpBlockedRows <= 1024 && kStageRows < 2048, "row indices packed in 10 and 11 bits");
 
 using Scan = cub::BlockScan<int, kThreads>;
 constexpr std::size_t kSmemBytes =
@@ -37,19 +35,6 @@ __device__ __forceinline__ int unit_offset(int r, int u) { return r * 32 + ((u ^
 
 __device__ __forceinline__ void cp_async16(std::uint32_t dst, const void* src, bool valid) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0) : "memory");
-}
-// ldmatrix.x4: four 8 × 8 b16 matrices, lane l addressing row l % 8 of matrix l / 8.
-__device__ __forceinline__ void ldmatrix_x4(std::uint32_t (&r)[4], std::uint32_t addr) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(addr));
-}
-// d += A (16 × 16 bf16, row) · B (16 × 8 bf16, col), fp32.
-__device__ __forceinline__ void mma_bf16_16816(float* d, const std::uint32_t (&a)[4], std::uint32_t b0, std::uint32_t b1) {
-  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-               "{%0, %1, %2, %3};"
-               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
 template <int N>
@@ -122,37 +107,30 @@ __global__ void __launch_bounds__(kThreads, 1) twell_up_blocked_kernel(TwellUpBl
   };
   __syncthreads();  // pref complete
 
-  // Passes of kPassEntries entries: groups of 16 consecutive entries, group q = warp + 16 i.
-  const int warp = tid / 32, lane = tid % 32;
-  for (int e0 = 0; e0 < total; e0 += kPassEntries) {
-    // Per group, this lane's staged-row byte offsets: the A fragment's row (x of entry l & 15,
-    // K half l >> 4) and the B fragment's row (Wu of entry (l & 7) + 8 (l >> 4), K half
-    // (l >> 3) & 1), as ldmatrix.x4 wants them. Entries past the total read row 0 (dropped).
-    std::uint32_t offs[kGroups];
-    float acc[kGroups][8];  // two m16n8 accumulators: entries 0..7 and 8..15 of the group
-    int groups = 0;         // groups of this warp with any entry (warp-uniform)
+  for (int e0 = 0; e0 < total; e0 += kPer * kThreads) {  // passes of kPer · kThreads entries
+    // This thread's entries e0 + tid + j · kThreads: their staged rows (x row | Wu row << 10).
+    // Block and slot are found again for the epilogue rather than held through the K loop.
+    std::uint32_t rows[kPer];
+    float acc[kPer];
+    int mine = 0;
 #pragma unroll
-    for (int i = 0; i < kGroups; ++i) {
-      const int g0 = e0 + (warp + kWarps * i) * 16;
-      const int ea = g0 + (lane & 15), eb = g0 + (lane & 7) + 8 * (lane >> 4);
-      int xr = 0, wr = kUpBlockedRows;
-      if (ea < total) xr = find_block(pref, ea) / kUpBlockedTiles;
-      if (eb < total) {
-        const int bb = find_block(pref, eb);
-        const std::uint32_t w = p.words[block_word(bb) + 1 + (eb - pref[bb])];
-        wr = kUpBlockedRows + (bb % kUpBlockedTiles) * kTwellTile + static_cast<int>(w & 0xffu);
+    for (int j = 0; j < kPer; ++j) {
+      const int e = e0 + tid + j * kThreads;
+      rows[j] = 0;
+      acc[j] = 0.0f;
+      if (e < total) {
+        const int b = find_block(pref, e);
+        const std::uint32_t w = p.words[block_word(b) + 1 + (e - pref[b])];
+        const int wr = kUpBlockedRows + (b % kUpBlockedTiles) * kTwellTile + static_cast<int>(w & 0xffu);
+        rows[j] = static_cast<std::uint32_t>(b / kUpBlockedTiles) | static_cast<std::uint32_t>(wr) << 10;
+        mine = j + 1;
       }
-      offs[i] = static_cast<std::uint32_t>(unit_offset(xr, lane >> 4)) |
-                static_cast<std::uint32_t>(unit_offset(wr, (lane >> 3) & 1)) << 16;
-#pragma unroll
-      for (int e = 0; e < 8; ++e) acc[i][e] = 0.0f;
-      if (g0 < total) groups = i + 1;
     }
 
     // K in chunks of 16 through a 3-stage cp.async ring.
 #pragma unroll
-    for (int st = 0; st < kStages - 1; ++st) {
-      if (st < kchunks) issue(st, st);
+    for (int s = 0; s < kStages - 1; ++s) {
+      if (s < kchunks) issue(s, s);
       cp_async_commit();
     }
     for (int q = 0; q < kchunks; ++q) {
@@ -160,43 +138,31 @@ __global__ void __launch_bounds__(kThreads, 1) twell_up_blocked_kernel(TwellUpBl
       __syncthreads();  // chunk q landed for all; every thread is done with chunk q − 1's stage
       if (q + kStages - 1 < kchunks) issue(q + kStages - 1, (q + kStages - 1) % kStages);
       cp_async_commit();
-      const std::uint32_t st = smem_base + (q % kStages) * kStageBytes;
+      const unsigned char* st = smem + (q % kStages) * kStageBytes;
 #pragma unroll
-      for (int i = 0; i < kGroups; ++i) {
-        if (i < groups) {
-          std::uint32_t a[4], bf[4];
-          ldmatrix_x4(a, st + (offs[i] & 0xffffu));
-          ldmatrix_x4(bf, st + (offs[i] >> 16));
-          mma_bf16_16816(&acc[i][0], a, bf[0], bf[1]);
-          mma_bf16_16816(&acc[i][4], a, bf[2], bf[3]);
+      for (int j = 0; j < kPer; ++j) {
+        if (j < mine) {
+          const int xr = static_cast<int>(rows[j] & 0x3ffu), wr = static_cast<int>(rows[j] >> 10);
+          const uint4 xa = *reinterpret_cast<const uint4*>(st + unit_offset(xr, 0));
+          const uint4 xb = *reinterpret_cast<const uint4*>(st + unit_offset(xr, 1));
+          const uint4 wa = *reinterpret_cast<const uint4*>(st + unit_offset(wr, 0));
+          const uint4 wb = *reinterpret_cast<const uint4*>(st + unit_offset(wr, 1));
+          acc[j] += dev::dot8(xa, wa) + dev::dot8(xb, wb);
         }
       }
     }
     cp_async_wait<0>();
     __syncthreads();  // the next pass refills the stages
 
-    // The diagonals: entry j (< 8) of a group is C0[j][j], entry 8 + j is C1[8 + j][j]; lane l
-    // holds row l / 4 and columns 2 (l % 4), +1, so lanes with l % 4 == (l / 4) / 2 hold entries
-    // l / 4 and 8 + l / 4 (element 0 / 1 of C0, 2 / 3 of C1 by the parity of l / 4).
-    const int gr = lane >> 2;
-    if ((lane & 3) == (gr >> 1)) {
+    // h = g · u, rounded to bf16 once, with its local column (the word of g carries both).
 #pragma unroll
-      for (int i = 0; i < kGroups; ++i) {
-        if (i < groups) {
-          const int g0 = e0 + (warp + kWarps * i) * 16;
-#pragma unroll
-          for (int half = 0; half < 2; ++half) {
-            const int e = g0 + gr + 8 * half;
-            if (e < total) {
-              const float u = half == 0 ? ((gr & 1) ? acc[i][1] : acc[i][0]) : ((gr & 1) ? acc[i][7] : acc[i][6]);
-              const int bb = find_block(pref, e);
-              const std::int64_t at = block_word(bb) + 1 + (e - pref[bb]);
-              const std::uint32_t w = p.words[at];
-              const std::uint32_t hb = static_cast<std::uint32_t>(__bfloat16_as_ushort(__float2bfloat16_rn(dev::hi_bf16(w) * u)));
-              p.h_words[at] = hb << 16 | (w & 0xffffu);
-            }
-          }
-        }
+    for (int j = 0; j < kPer; ++j) {
+      if (j < mine) {
+        const int e = e0 + tid + j * kThreads, b = find_block(pref, e);
+        const std::int64_t at = block_word(b) + 1 + (e - pref[b]);
+        const std::uint32_t w = p.words[at];
+        const std::uint32_t hb = static_cast<std::uint32_t>(__bfloat16_as_ushort(__float2bfloat16_rn(dev::hi_bf16(w) * acc[j])));
+        p.h_words[at] = hb << 16 | (w & 0xffffu);
       }
     }
   }

@@ -8,11 +8,9 @@
 // kernel reads a 4 KB Wu row from L2 for every non-zero; here a CTA owns a block of
 // kUpBlockedRows tokens × kUpBlockedTiles TwELL tiles and streams x and Wu for the whole block
 // through shared memory in K chunks of 16, so each row of either is read once per block: L2 bytes
-// M·N·K·2·(1/rows + 1/neurons) instead of nnz·K·2. The entries, in groups of 16 consecutive ones
-// (a prefix sum of the blocks' counts spreads them evenly over the warps, so hot rows do not
-// unbalance it), are dot products on tensor cores: ldmatrix gathers the 16 entries' x rows (A) and
-// Wu rows (B) by per-lane row addresses, two mma.m16n8k16 give 16 × 8 products each, of which the
-// diagonals are the entries' values (fp32 accumulation).
+// M·N·K·2·(1/rows + 1/neurons) instead of nnz·K·2. The entries themselves are dot products on CUDA
+// cores (fp32 accumulation), spread evenly over the CTA's threads by a prefix sum of the blocks'
+// counts, so hot rows do not unbalance it.
 //
 // Rows flagged in row_overflow (an overflowed block: TwELL does not hold all of their non-zeros)
 // are left out, word 0 included; the caller runs them through the fused kernel. h is rounded to
@@ -25,8 +23,8 @@
 
 namespace twell::cuda {
 
-inline constexpr int kUpBlockedRows = 768;   // tokens per CTA
-inline constexpr int kUpBlockedTiles = 2;    // TwELL tiles per CTA (512 neurons)
+inline constexpr int kUpBlockedRows = 1024;  // tokens per CTA
+inline constexpr int kUpBlockedTiles = 3;    // TwELL tiles per CTA (768 neurons)
 
 struct TwellUpBlockedParams {
   const __nv_bfloat16* x = nullptr;      // [M, K], row stride ld_x
