@@ -64,32 +64,8 @@ int main(int argc, char** argv) {
   std::printf("M=%lld N=%lld K=%lld density %.3f%%, %d SMs\n", static_cast<long long>(m), static_cast<long long>(n),
               static_cast<long long>(k), 100 * density, sms);
   std::printf("%-44s %8.3f ms %6.0f TF/s\n", "cuBLASLt GEMM (autotuned)", t_gemm, flop / t_gemm * 1e-9);
-  for (int cl : {1, 2})
-    for (int mode : {0, 1, 2, 3}) {
-      GatePackParams p;
-      p.x = x.get();
-      p.w = w.get();
-      p.m = m;
-      p.n = n;
-      p.k = k;
-      p.words = words.get();
-      p.row_overflow = ovf.get();
-      p.counters = counters.get();
-      p.gate = g.get();
-      p.ld_gate = (n + 7) / 8 * 8;
-      p.sm_count = sms;
-      p.cluster = cl;
-      p.timing_mode = mode;
-      const double t = host::median_ms(3, reps, s, [&] { launch_twell_gate_pack_sm90(p, s); });
-      static const char* const kMode[] = {"", ", no epilogue", ", staged, not packed", ", packed, no stores"};
-      const std::string name = "sm90 gate, cluster " + std::to_string(cl) + kMode[mode];
-      std::printf("%-44s %8.3f ms %6.0f TF/s  %.3fx the GEMM\n", name.c_str(), t, flop / t * 1e-9, t / t_gemm);
-    }
-  // Where a CTA's time goes (clock64 sums from one launch, cluster 2): packing per tile by warp,
-  // the packers' wait for a staged tile, the consumers' wait for the staging tile to be free.
-  for (int mode : {0, 3}) {
-    DeviceBuffer<unsigned long long> prof(static_cast<std::size_t>(sms) * kGatePackProfileSlots);
-    TWELL_CUDA_CHECK(cudaMemset(prof.get(), 0, prof.size() * sizeof(unsigned long long)));
+  // The kernel's parameters on this probe's buffers, by cluster size and timing mode.
+  auto params = [&](int cl, int mode) {
     GatePackParams p;
     p.x = x.get();
     p.w = w.get();
@@ -102,8 +78,24 @@ int main(int argc, char** argv) {
     p.gate = g.get();
     p.ld_gate = (n + 7) / 8 * 8;
     p.sm_count = sms;
-    p.cluster = 2;
+    p.cluster = cl;
     p.timing_mode = mode;
+    return p;
+  };
+  for (int cl : {1, 2})
+    for (int mode : {0, 1, 2, 3}) {
+      const GatePackParams p = params(cl, mode);
+      const double t = host::median_ms(3, reps, s, [&] { launch_twell_gate_pack_sm90(p, s); });
+      static const char* const kMode[] = {"", ", no epilogue", ", staged, not packed", ", packed, no stores"};
+      const std::string name = "sm90 gate, cluster " + std::to_string(cl) + kMode[mode];
+      std::printf("%-44s %8.3f ms %6.0f TF/s  %.3fx the GEMM\n", name.c_str(), t, flop / t * 1e-9, t / t_gemm);
+    }
+  // Where a CTA's time goes (clock64 sums from one launch, cluster 2): packing per tile by warp,
+  // the packers' wait for a staged tile, the consumers' wait for the staging tile to be free.
+  for (int mode : {0, 3}) {
+    DeviceBuffer<unsigned long long> prof(static_cast<std::size_t>(sms) * kGatePackProfileSlots);
+    TWELL_CUDA_CHECK(cudaMemset(prof.get(), 0, prof.size() * sizeof(unsigned long long)));
+    GatePackParams p = params(2, mode);
     p.profile = prof.get();
     launch_twell_gate_pack_sm90(p, s);
     TWELL_CUDA_CHECK(cudaStreamSynchronize(s));
