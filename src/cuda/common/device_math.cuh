@@ -12,8 +12,21 @@ namespace twell::cuda::dev {
 __device__ __forceinline__ float lo_bf16(std::uint32_t w) { return __uint_as_float(w << 16); }
 __device__ __forceinline__ float hi_bf16(std::uint32_t w) { return __uint_as_float(w & 0xffff0000u); }
 
+// The 8 bf16 packed in v (the low half of each word first) as floats.
+__device__ __forceinline__ void unpack8_bf16(const uint4& v, float (&f)[8]) {
+  f[0] = lo_bf16(v.x);
+  f[1] = hi_bf16(v.x);
+  f[2] = lo_bf16(v.y);
+  f[3] = hi_bf16(v.y);
+  f[4] = lo_bf16(v.z);
+  f[5] = hi_bf16(v.z);
+  f[6] = lo_bf16(v.w);
+  f[7] = hi_bf16(v.w);
+}
+
 // Raw 16 bits of bf16 element e (0..7; the low half of each word first) of the 8 packed in v.
-// Meant for unrolled loops, where e is a compile-time constant and the select folds away.
+// Selects, never an indexed register array: a run-time e costs a few instructions, a
+// compile-time e (unrolled loops) folds away.
 __device__ __forceinline__ std::uint32_t bf16_bits(const uint4& v, int e) {
   const std::uint32_t w = e < 2 ? v.x : e < 4 ? v.y : e < 6 ? v.z : v.w;
   return (e & 1) ? (w >> 16) : (w & 0xffffu);

@@ -11,17 +11,6 @@ constexpr int kWarps = 4;
 constexpr int kRows = 4;                                         // W rows per warp
 constexpr int kWin = 2;                                          // chunk steps per load window
 
-__device__ __forceinline__ void unpack8(const uint4& v, float (&f)[8]) {
-  f[0] = dev::lo_bf16(v.x);
-  f[1] = dev::hi_bf16(v.x);
-  f[2] = dev::lo_bf16(v.y);
-  f[3] = dev::hi_bf16(v.y);
-  f[4] = dev::lo_bf16(v.z);
-  f[5] = dev::hi_bf16(v.z);
-  f[6] = dev::lo_bf16(v.w);
-  f[7] = dev::hi_bf16(v.w);
-}
-
 // MT ≥ M tokens (a power of two); lane l owns the row chunks l, l + 32, …; the warp's kRows rows
 // are n0 .. n0 + 3. Sums of kRows · MT values per lane, then a butterfly over the lanes.
 template <int MT>
@@ -56,12 +45,12 @@ __global__ void __launch_bounds__(kWarps * 32) twell_gemv_relu_kernel(TwellGemvP
       if (c < kchunks) {
         float wf[kRows][8];  // the rows' chunk in fp32, converted once for all tokens
 #pragma unroll
-        for (int r = 0; r < kRows; ++r) unpack8(wv[r][s], wf[r]);
+        for (int r = 0; r < kRows; ++r) dev::unpack8_bf16(wv[r][s], wf[r]);
 #pragma unroll
         for (int t = 0; t < MT; ++t) {
           if (t < p.m) {
             float xf[8];
-            unpack8(__ldg(reinterpret_cast<const uint4*>(p.x + t * p.ld_x) + c), xf);
+            dev::unpack8_bf16(__ldg(reinterpret_cast<const uint4*>(p.x + t * p.ld_x) + c), xf);
 #pragma unroll
             for (int r = 0; r < kRows; ++r)
 #pragma unroll

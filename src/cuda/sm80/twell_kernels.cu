@@ -133,13 +133,8 @@ __device__ __forceinline__ void expand_dense_tile(const __nv_bfloat16* src, std:
                                                   int c, bool relu, int lane, int* lcol, float* lval) {
   const std::int64_t c0 = static_cast<std::int64_t>(t) * kTwellTile + lane * 8;
   const uint4 v = dev::load8_bf16<false>(src, c0, n, vec_ok);
-  const std::uint32_t w[4] = {v.x, v.y, v.z, v.w};
   float f[8];
-#pragma unroll
-  for (int e = 0; e < 4; ++e) {
-    f[2 * e] = lo_bf16(w[e]);
-    f[2 * e + 1] = hi_bf16(w[e]);
-  }
+  dev::unpack8_bf16(v, f);
   const unsigned mask = dev::keep_mask8(v, relu);
   const int cnt = __popc(mask);
   int pos = warp_inclusive_scan(cnt, lane) - cnt;

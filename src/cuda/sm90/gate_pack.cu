@@ -55,13 +55,6 @@ __device__ __forceinline__ std::uint32_t relu_bf16x2(float lo, float hi) {
   asm("cvt.rn.relu.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
   return r;
 }
-
-// Raw 16 bits of bf16 element e (0..7, a run-time value) of the 8 packed in v, without indexing
-// registers (dev::bf16_bits wants a compile-time e).
-__device__ __forceinline__ std::uint32_t bf16_bits_at(const uint4& v, int e) {
-  const std::uint32_t w = (e & 4) ? ((e & 2) ? v.w : v.z) : ((e & 2) ? v.y : v.x);
-  return (e & 1) ? (w >> 16) : (w & 0xffffu);
-}
 #endif
 
 template <int CM>
@@ -190,7 +183,7 @@ __global__ void __launch_bounds__(kThreads, 1)
             while (m) {
               const int e = __ffs(m) - 1;
               m &= m - 1;
-              if (cnt < static_cast<unsigned>(cap)) mine_st[cnt] = (bf16_bits_at(v, e) << 16) | static_cast<std::uint32_t>(8 * w + e);
+              if (cnt < static_cast<unsigned>(cap)) mine_st[cnt] = (dev::bf16_bits(v, e) << 16) | static_cast<std::uint32_t>(8 * w + e);
               ++cnt;
             }
           }

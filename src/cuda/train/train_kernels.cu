@@ -389,13 +389,7 @@ struct Vec8 {
 __device__ __forceinline__ Vec8 load8(const __nv_bfloat16* row, std::int64_t c0, std::int64_t n, bool vec) {
   Vec8 o;
   if (vec && c0 + 8 <= n) {
-    const uint4 w = __ldcs(reinterpret_cast<const uint4*>(row + c0));
-    const std::uint32_t ws[4] = {w.x, w.y, w.z, w.w};
-#pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      o.v[2 * e] = lo_bf16(ws[e]);
-      o.v[2 * e + 1] = hi_bf16(ws[e]);
-    }
+    dev::unpack8_bf16(__ldcs(reinterpret_cast<const uint4*>(row + c0)), o.v);
   } else {
 #pragma unroll
     for (int e = 0; e < 8; ++e) o.v[e] = c0 + e < n ? __bfloat162float(row[c0 + e]) : 0.0f;
