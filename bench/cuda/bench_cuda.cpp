@@ -17,6 +17,7 @@
 #include <cstring>
 #include <ctime>
 #include <fstream>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -55,6 +56,24 @@ double sampled_error(const std::vector<float>& y, CMatrixF x, const FfnWeights& 
   for (std::size_t i = 0; i < rows.size(); ++i)
     worst = std::max(worst, ref::rel_error(y.data() + rows[i] * k, r.data() + static_cast<std::int64_t>(i) * k, k));
   return worst;
+}
+
+// The `count` rows with the most non-zeros in ctx's last TwELL (true counts, from the count words).
+std::vector<std::int64_t> heaviest_rows(const FfnContext& ctx, std::int64_t m, std::int64_t count) {
+  const std::int64_t S = ctx.words_per_tile(), tiles = ctx.tiles();
+  std::vector<std::uint32_t> words(static_cast<std::size_t>(m * tiles * S));
+  TWELL_CUDA_CHECK(cudaMemcpy(words.data(), ctx.twell_words(), words.size() * 4, cudaMemcpyDeviceToHost));
+  std::vector<std::pair<std::uint64_t, std::int64_t>> c(static_cast<std::size_t>(m));
+  for (std::int64_t r = 0; r < m; ++r) {
+    std::uint64_t n = 0;
+    for (std::int64_t t = 0; t < tiles; ++t) n += words[static_cast<std::size_t>((r * tiles + t) * S)];
+    c[static_cast<std::size_t>(r)] = {n, r};
+  }
+  const auto top = static_cast<std::ptrdiff_t>(std::min(count, m));
+  std::partial_sort(c.begin(), c.begin() + top, c.end(), std::greater<>());
+  std::vector<std::int64_t> rows;
+  for (std::ptrdiff_t i = 0; i < top; ++i) rows.push_back(c[static_cast<std::size_t>(i)].second);
+  return rows;
 }
 
 }  // namespace
@@ -100,7 +119,9 @@ int main(int argc, char** argv) {
     std::vector<std::int64_t> ms = quick ? std::vector<std::int64_t>{16384} : std::vector<std::int64_t>{16384, 131072};
     for (std::int64_t m : ms) {
       for (double d : {0.005, 0.01, 0.03, 0.10}) pts.push_back({"uni", m, d});
-      pts.push_back({"hot", m, 0.01, 0.03, 0.12});
+      // The reference's hot mode: 1 % base with 3 % of tokens at ≈ 12 % (1.33 % mean; issue 3's
+      // hot-row target is set there). Until the seventh session this point ran at 1.0 % mean.
+      pts.push_back({"hot", m, 0.0133, 0.03, 0.12});
       pts.push_back({"nongated", m, 0.005, 0, 0.12, false});
       if (!quick) pts.push_back({"nongated", m, 0.01, 0, 0.12, false});
     }
@@ -307,6 +328,24 @@ int main(int argc, char** argv) {
         erows.erase(std::unique(erows.begin(), erows.end()), erows.end());
         err_blocked = sampled_error(download(y_blocked.get(), xb.size()), xv, w, true, erows);
       }
+      // Diagnostic: dense rows (ContextOptions::dense_rows_density) at other thresholds and off,
+      // each whole sparse path alternating with this context's (default threshold); and how many
+      // rows this context ran dense.
+      nlohmann::json dense_rows_alt = nlohmann::json::object();
+      DeviceBuffer<__nv_bfloat16> y_rows(xb.size());
+      if (m >= 4096)
+        for (double thr : {0.0, 0.01, 0.02, 0.03}) {
+          ContextOptions ro = copt;
+          ro.dense_rows_density = thr;
+          FfnContext rctx(ro);
+          rctx.upload_weights(w, s);
+          double tr = 0, td = 0;
+          std::tie(tr, td) = alternating_medians_ms(
+              warmup, reps, s, [&] { sparse_path(rctx, y_rows.get()); }, [&] { sparse_path(ctx, y_sp.get()); });
+          dense_rows_alt[fmt::format("{:.3f}", thr)] = {tr, td};
+        }
+      sparse_path(ctx, y_sp.get());
+      const FfnContext::DenseRowsInfo dense_rows = ctx.read_dense_rows(s);
       // Diagnostic: the dense baseline in row chunks (ContextOptions::dense_chunk_rows), each
       // alternating with the one-pass dense FFN of this point's context.
       nlohmann::json dense_chunks = nlohmann::json::object();
@@ -362,6 +401,7 @@ int main(int argc, char** argv) {
       std::vector<std::int64_t> rows;
       for (std::int64_t i = 0; i < std::min<std::int64_t>(m, 16); ++i) rows.push_back(i * m / std::min<std::int64_t>(m, 16));
       rows.back() = m - 1;
+      for (std::int64_t r : heaviest_rows(ctx, m, 4)) rows.push_back(r);  // the rows dense rows take first
       std::sort(rows.begin(), rows.end());
       rows.erase(std::unique(rows.begin(), rows.end()), rows.end());
       const double err_sp = sampled_error(download(y_sp.get(), xb.size()), xv, w, true, rows);
@@ -419,6 +459,14 @@ int main(int argc, char** argv) {
           std::printf(" %s rows %.3f / %.3f;", rows.c_str(), t[0].get<double>(), t[1].get<double>());
         std::printf("\n");
       }
+      if (!dense_rows_alt.empty()) {
+        std::printf("          dense rows: %llu of %llu rows over %.1f %% ran dense (capacity %lld); other thresholds vs %.3f, alternating:",
+                    static_cast<unsigned long long>(dense_rows.dense), static_cast<unsigned long long>(dense_rows.hot),
+                    100 * copt.dense_rows_density, static_cast<long long>(dense_rows.capacity), copt.dense_rows_density);
+        for (const auto& [thr, t] : dense_rows_alt.items())
+          std::printf(" %s %.3f / %.3f;", thr.c_str(), t[0].get<double>(), t[1].get<double>());
+        std::printf("\n");
+      }
       if (t_decode_wide > 0) std::printf("          decode kernel at this M: %.3f ms\n", t_decode_wide);
       if (t_dec_gemv > 0)
         std::printf("          decode path, gate by GEMV kernel / by cuBLASLt, alternating: %.3f / %.3f ms\n", t_dec_gemv, t_dec_lt);
@@ -463,6 +511,9 @@ int main(int argc, char** argv) {
                                {"err_fused", err_fused},
                                {"err_split", err_split},
                                {"dense_chunked_vs_plain_ms", dense_chunks},
+                               {"dense_rows_threshold_vs_default_alternating_ms", dense_rows_alt},
+                               {"dense_rows", {{"hot", dense_rows.hot}, {"dense", dense_rows.dense},
+                                               {"capacity", dense_rows.capacity}, {"threshold", copt.dense_rows_density}}},
                                {"sparse_total_ms", t_sparse},
                                {"auto_total_ms", t_auto},
                                {"auto_path", fr.path},

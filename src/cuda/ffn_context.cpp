@@ -27,7 +27,7 @@ void to_bf16_rows(CMatrixF src, std::vector<std::uint16_t>& dst, std::int64_t ro
 
 FfnContext::FfnContext(const ContextOptions& opt)
     : opt_(opt), gemm_(opt.autotune_gemm), dispatch_(1), dispatch_host_(1), counters_(1), counters_host_(1),
-      decode_nnz_(1), split_ticket_(1), split_state_(1) {
+      decode_nnz_(1), split_ticket_(1), split_state_(1), dense_stats_(1) {
   TWELL_CUDA_CHECK(cudaEventCreateWithFlags(&decided_, cudaEventDisableTiming));
   int dev = 0, sms = 0, optin = 0;
   TWELL_CUDA_CHECK(cudaGetDevice(&dev));
@@ -56,6 +56,9 @@ void FfnContext::upload_weights(const FfnWeights& w, cudaStream_t stream) {
   last_density_ = -1;  // a new layer: no density measured yet
   decode_dense_calls_ = 0;
   counts_.reset();
+  hot_share_.reset();
+  last_hot_share_ = -1;
+  dense_cap_ = 0;
   TWELL_CHECK(w.w_up.data && w.w_down.data, ErrorCode::invalid_argument, "FFN weights: w_up and w_down are required");
   gated_ = w.gated();
   n_ = w.intermediate();
@@ -113,8 +116,18 @@ void FfnContext::reserve(std::int64_t m) {
   h_.resize(um * static_cast<std::size_t>(ldn_));
   words_.resize(um * static_cast<std::size_t>(tiles() * words_per_tile()));
   row_ovf_.resize(um);
-  if (opt_.split_remainder && split_supported(n_)) {  // only the split remainder uses these
+  const bool split = opt_.split_remainder && split_supported(n_);
+  if (split || opt_.dense_rows_density > 0) {  // the packing's per-row counts: the split plan's and dense rows' input
     row_nnz_.resize(um);
+  } else {
+    row_nnz_.release();
+  }
+  if (opt_.dense_rows_density > 0) {
+    dense_list_.resize(um + 1);
+    row_dense_.resize(um);
+    dense_temp_.resize(dense_rows_plan_temp_bytes(m));
+  }
+  if (split) {  // only the split remainder uses these
     const auto groups = static_cast<std::size_t>(split_groups(m));
     split_pos_.resize(um);
     split_tok_.resize(groups * kHListGroup);
@@ -124,9 +137,7 @@ void FfnContext::reserve(std::int64_t m) {
     const std::int64_t per_row =
         opt_.split_capacity_per_row > 0 ? opt_.split_capacity_per_row : std::max<std::int64_t>(64, n_ / 16);
     hlist_.resize(um * static_cast<std::size_t>(per_row));
-  } else {  // the split cannot run with these weights: drop what earlier weights left (and the
-            // packing then writes no row counts, see pack_rows)
-    row_nnz_.release();
+  } else {  // the split cannot run with these weights: drop what earlier weights left
     hlist_.release();
   }
   cap_m_ = m;
@@ -295,7 +306,18 @@ void FfnContext::sparse_rest(const __nv_bfloat16* x, std::int64_t m, __nv_bfloat
     return;
   }
   if (!use_split(m)) {
+    last_dense_planned_ = use_dense_rows(m);
+    last_dense_cap_ = 0;
+    if (!last_dense_planned_) {
+      launch_twell_up_down(p, stream);
+      return;
+    }
+    const std::int64_t cap = dense_rows_capacity(m);
+    last_dense_cap_ = cap;
+    p.row_filter = dense_rows_begin(x, m, cap, stream);
+    p.filter_keep_flagged = false;
     launch_twell_up_down(p, stream);
+    dense_rows_finish(m, cap, y, stream);
     return;
   }
   // Split: plan → up half writing the h list → sliced down; if the list does not fit, the plan's
@@ -331,6 +353,118 @@ void FfnContext::sparse_rest(const __nv_bfloat16* x, std::int64_t m, __nv_bfloat
   launch_twell_down_sliced(dp, stream);
 }
 
+bool FfnContext::use_dense_rows(std::int64_t m) const noexcept {
+  return opt_.dense_rows_density > 0 && !opt_.gate_rows_direct && !use_split(m) && !use_blocked_up(m) &&
+         row_nnz_.size() >= static_cast<std::size_t>(m);
+}
+
+std::uint32_t FfnContext::dense_row_cap() const noexcept {
+  return static_cast<std::uint32_t>(std::min<double>(opt_.dense_rows_density * static_cast<double>(n_), 4.0e9));
+}
+
+std::uint32_t FfnContext::dense_row_cost() const noexcept {
+  return static_cast<std::uint32_t>(std::min<double>(opt_.dense_rows_cost_density * static_cast<double>(n_), 4.0e9));
+}
+
+std::int64_t FfnContext::dense_rows_capacity(std::int64_t m) {
+  if (opt_.dense_rows_capacity >= 0) return std::min(opt_.dense_rows_capacity, m);
+  double share = 0;
+  if (hot_share_.poll(&share)) last_hot_share_ = share;
+  const double hot = last_hot_share_ * static_cast<double>(m);
+  if (last_hot_share_ < 0 || hot < static_cast<double>(std::max<std::int64_t>(1, opt_.dense_rows_min))) return 0;
+  // Room for 25 % more rows than last counted plus 64; kept while the need stays within [cap/2, cap]
+  // (each new GEMM shape costs a cuBLASLt plan on the host).
+  const auto want = static_cast<std::int64_t>(hot * 1.25) + 64;
+  if (want > dense_cap_ || want < dense_cap_ / 2) dense_cap_ = round_up(want, 128);
+  return std::min(dense_cap_, m);
+}
+
+const std::uint32_t* FfnContext::dense_rows_begin(const __nv_bfloat16* x, std::int64_t m, std::int64_t cap,
+                                                  cudaStream_t stream) {
+  DenseRowsPlanParams pp;
+  pp.row_nnz = row_nnz_.get();
+  pp.m = m;
+  pp.row_cap = dense_row_cap();
+  pp.row_cost = dense_row_cost();
+  pp.stats = dense_stats_.get();
+  if (cap > 0) {
+    pp.list = dense_list_.get();
+    pp.selected = dense_list_.get() + m;
+    pp.temp = dense_temp_.get();
+    pp.temp_bytes = dense_temp_.size();
+  }
+  launch_dense_rows_plan(pp, stream);
+  // The share of rows over the threshold sizes later calls' capacity (never waited for).
+  hot_share_.push(&dense_stats_.get()->hot, static_cast<double>(m), stream);
+  if (cap == 0) return nullptr;
+  DenseRowsGatherParams gp;
+  gp.list = pp.list;
+  gp.selected = pp.selected;
+  gp.capacity = cap;
+  gp.m = m;
+  gp.row_dense = row_dense_.get();
+  gp.stats = dense_stats_.get();
+  if (gated_) {
+    x_h_.reserve(static_cast<std::size_t>(cap * k_));
+    gp.x = x;
+    gp.ld_x = k_;
+    gp.k = k_;
+    gp.x_h = x_h_.get();
+  }
+  launch_dense_rows_gather(gp, stream);
+  return row_dense_.get();
+}
+
+void FfnContext::dense_rows_finish(std::int64_t m, std::int64_t cap, __nv_bfloat16* y, cudaStream_t stream) {
+  if (cap == 0) return;
+  const int* list = dense_list_.get();
+  const int* selected = dense_list_.get() + m;
+  DenseRowsHParams hp;
+  hp.list = list;
+  hp.selected = selected;
+  hp.capacity = cap;
+  hp.words = words_.get();
+  hp.words_per_tile = words_per_tile();
+  hp.backup = g_.get();
+  hp.ld_backup = ldn_;
+  hp.relu = true;
+  hp.n = n_;
+  hp.h = h_.get();  // [m, ldn] workspace, its first cap rows
+  hp.ld_h = ldn_;
+  if (gated_) {  // u of the gathered rows into the stacked buffer's first cap·ldn elements
+    gemm_.run({cap, n_, k_, k_, k_, ldn_, GemmEpilogue::none}, w_gu_.get() + ldn_ * k_, x_h_.get(), gu_.get(), stream);
+    hp.u = gu_.get();
+    hp.ld_u = ldn_;
+  }
+  launch_dense_rows_h(hp, stream);
+  y_h_.reserve(static_cast<std::size_t>(cap * k_));
+  gemm_.run({cap, k_, n_, ldn_, ldn_, k_, GemmEpilogue::none}, w_down_.get(), h_.get(), y_h_.get(), stream);
+  DenseRowsScatterParams sp;
+  sp.list = list;
+  sp.selected = selected;
+  sp.capacity = cap;
+  sp.y_h = y_h_.get();
+  sp.y = y;
+  sp.ld_y = k_;
+  sp.k = k_;
+  launch_dense_rows_scatter(sp, stream);
+}
+
+FfnContext::DenseRowsInfo FfnContext::read_dense_rows(cudaStream_t stream) {
+  DenseRowsInfo r;
+  r.counted = last_dense_planned_;
+  r.capacity = last_dense_cap_;
+  if (!r.counted) return r;
+  DenseRowsStats st{};
+  TWELL_CUDA_CHECK(cudaStreamSynchronize(stream));
+  TWELL_CUDA_CHECK(cudaMemcpy(&st, dense_stats_.get(), sizeof st, cudaMemcpyDeviceToHost));
+  r.hot = st.hot;
+  r.dense = st.dense;
+  r.cost = st.cost;
+  r.nnz = st.nnz;
+  return r;
+}
+
 FfnOperands FfnContext::operands(const __nv_bfloat16* x, std::int64_t m, __nv_bfloat16* y) const noexcept {
   FfnOperands o;
   o.x = x;
@@ -356,6 +490,8 @@ std::string FfnContext::sparse_path_name(std::int64_t m) const {
   const char* rest = use_split(m) ? (gated_ ? "up + sliced down (fused if the h list overflows)"
                                             : "sliced down (fused if the h list overflows)")
                                   : (gated_ ? "fused up+down" : "sparse down");
+  if (use_dense_rows(m) && last_dense_cap_ > 0)
+    return fmt::format("twell: {}, {}; rows over {} non-zeros dense (up to {})", first, rest, dense_row_cap(), last_dense_cap_);
   return fmt::format("twell: {}, {}", first, rest);
 }
 
@@ -388,8 +524,9 @@ void FfnContext::dense_forward_counted(const __nv_bfloat16* x, std::int64_t m, _
   const std::int64_t rows = dense_gate_rows_;
   const TwellSampleParams sp = sample_params(gated_ ? gu_.get() : h_.get(), gated_ ? 2 * ldn_ : ldn_, rows, 0.0);
   launch_twell_sample_decide(sp, stream);
-  counts_.push(&dispatch_.get()->count, static_cast<double>((rows + sp.stride - 1) / sp.stride) * static_cast<double>(n_),
-               stream);
+  const double sampled = static_cast<double>((rows + sp.stride - 1) / sp.stride);
+  counts_.push(&dispatch_.get()->count, sampled * static_cast<double>(n_), stream);
+  if (use_dense_rows(m)) hot_share_.push(&dispatch_.get()->hot, sampled, stream);
 }
 
 void FfnContext::decode_forward(const __nv_bfloat16* x, std::int64_t m, __nv_bfloat16* y, cudaStream_t stream) {
@@ -445,7 +582,12 @@ TwellSampleParams FfnContext::sample_params(const __nv_bfloat16* src, std::int64
   sp.stride = std::max<std::int64_t>(1, m / std::max<std::int64_t>(1, opt_.dispatch_sample_rows));
   sp.max_density = max_density;
   sp.count = &dispatch_.get()->count;
+  sp.hot = &dispatch_.get()->hot;
   sp.decision = &dispatch_.get()->decision;
+  if (use_dense_rows(m)) {  // the sparse path would run heavy rows dense: count them at that cost
+    sp.row_cap = dense_row_cap();
+    sp.row_cost = dense_row_cost();
+  }
   return sp;
 }
 
@@ -503,7 +645,9 @@ ForwardResult FfnContext::forward(const __nv_bfloat16* x, std::int64_t m, __nv_b
     } else if (last_density_ <= max_density) {
       gate_twell(x, m, stream);
       sparse_rest(x, m, y, stream);
-      counts_.push(&counters_.get()->nnz, static_cast<double>(m) * static_cast<double>(n_), stream);
+      // With dense rows the count is their cost measure (hot rows at their dense cost).
+      counts_.push(use_dense_rows(m) ? &dense_stats_.get()->cost : &counters_.get()->nnz,
+                   static_cast<double>(m) * static_cast<double>(n_), stream);
       r.sparse = true;
       r.path = fmt::format("{} ({})", sparse_path_name(m), measured);
     } else {
@@ -531,6 +675,10 @@ ForwardResult FfnContext::forward(const __nv_bfloat16* x, std::int64_t m, __nv_b
   const std::int64_t sampled = (m + sp.stride - 1) / sp.stride;
   r.sampled_density = static_cast<double>(dispatch_host_[0].count) / (static_cast<double>(sampled) * static_cast<double>(n_));
   last_density_ = r.sampled_density;
+  if (use_dense_rows(m)) {  // sizes this call's dense-row capacity
+    hot_share_.reset();
+    last_hot_share_ = static_cast<double>(dispatch_host_[0].hot) / static_cast<double>(sampled);
+  }
   if (r.sparse) {
     sparse_rest(x, m, y, stream);
     r.path = sparse_path_name(m);

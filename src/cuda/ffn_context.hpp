@@ -24,6 +24,7 @@
 #include "cuda/common/device_buffer.hpp"
 #include "cuda/dense/lt_gemm.hpp"
 #include "cuda/sm80/twell_decode.hpp"
+#include "cuda/sm80/twell_dense_rows.hpp"
 #include "cuda/sm80/twell_kernels.hpp"
 #include "twell/cuda/ffn_cuda.hpp"
 #include "twell/ffn.hpp"
@@ -139,6 +140,21 @@ struct ContextOptions {
   std::int64_t blocked_up_min_rows = 4096;
   std::int64_t split_min_rows = 1024;
   std::int64_t split_capacity_per_row = 0;  // words; 0: max(64, N / 16) (≈ 6 % density at N = 5632)
+  // Dense rows (sm80/twell_dense_rows.hpp), on the TwELL remainder (not with the split, blocked-up
+  // or direct-gate variants): rows with more than dense_rows_density·N non-zeros (hot tokens,
+  // heavy rows, rows with overflowed blocks) run as rows of cuBLASLt GEMMs, gathered, instead of
+  // through the fused kernel, up to a capacity sized from the share of such rows an earlier call
+  // counted (+25 % + 64 rows; dense_rows_capacity ≥ 0 fixes it instead). Rows past the capacity
+  // stay sparse: exact either way. 0 turns it off.
+  double dense_rows_density = 0.015;
+  // A dense row's weight in the dispatch count, as a density of N: automatic compares
+  // Σ_rows (row dense ? this·N : count) / (M·N) with its thresholds, so a layer whose non-zeros
+  // sit in a few heavy rows still runs sparse.
+  double dense_rows_cost_density = 0.015;
+  // Dense rows engage once an earlier call's share of rows over the threshold, scaled to this
+  // call's M, comes to at least this many rows (the extra GEMMs and launches cost tens of µs).
+  std::int64_t dense_rows_min = 128;
+  std::int64_t dense_rows_capacity = -1;  // ≥ 0: this fixed capacity (tests, benchmarks)
 };
 
 struct ForwardResult {
@@ -185,6 +201,14 @@ class FfnContext {
     std::uint64_t capacity = 0;
   };
   SplitStats read_split_stats(cudaStream_t stream);
+  // Synchronises `stream`; the last sparse_rest's dense rows (ContextOptions::dense_rows_density):
+  // rows over the threshold, rows run dense (≤ capacity), the dispatch cost and nnz it counted.
+  struct DenseRowsInfo {
+    bool counted = false;  // the last sparse_rest planned dense rows at all
+    std::uint64_t hot = 0, dense = 0, cost = 0, nnz = 0;
+    std::int64_t capacity = 0;
+  };
+  DenseRowsInfo read_dense_rows(cudaStream_t stream);
 
   bool gated() const noexcept { return gated_; }
   // gate_twell runs the sm90 gate GEMM with the TwELL epilogue (option on, device and build able).
@@ -220,6 +244,16 @@ class FfnContext {
   void pack_rows(std::int64_t r0, std::int64_t rows, const std::uint32_t* enable, bool reset_counters,
                  cudaStream_t stream);
   bool use_split(std::int64_t m) const noexcept;
+  // Dense rows on the sparse remainder at this M (ContextOptions::dense_rows_density).
+  bool use_dense_rows(std::int64_t m) const noexcept;
+  // The dense-row capacity for a call of m rows: fixed, or from the newest counted share.
+  std::int64_t dense_rows_capacity(std::int64_t m);
+  std::uint32_t dense_row_cap() const noexcept;   // hot iff count > this
+  std::uint32_t dense_row_cost() const noexcept;  // a hot row's weight in the dispatch count
+  // The sparse remainder's dense rows: plan (always), then with capacity > 0 the gathered GEMMs;
+  // returns the row filter for the fused kernel (null: every row sparse).
+  const std::uint32_t* dense_rows_begin(const __nv_bfloat16* x, std::int64_t m, std::int64_t cap, cudaStream_t stream);
+  void dense_rows_finish(std::int64_t m, std::int64_t cap, __nv_bfloat16* y, cudaStream_t stream);
   void gate_pack_sm90(const __nv_bfloat16* x, std::int64_t m, cudaStream_t stream);
   // This layer's operands for a call on x [m, K] → y [m, K] (both row stride K).
   FfnOperands operands(const __nv_bfloat16* x, std::int64_t m, __nv_bfloat16* y) const noexcept;
@@ -251,7 +285,8 @@ class FfnContext {
   DeviceBuffer<std::uint32_t> words_;
   DeviceBuffer<std::uint32_t> row_ovf_;
   struct Dispatch {
-    unsigned long long count;
+    unsigned long long count;  // Σ over sampled rows of the row's cost (count, or the dense-row cost)
+    unsigned long long hot;    // sampled rows over the dense-row threshold
     std::uint32_t decision;
     std::uint32_t pad;
   };
@@ -286,6 +321,17 @@ class FfnContext {
     unsigned long long words_needed;
   };
   DeviceBuffer<SplitState> split_state_;
+  // Dense rows (twell_dense_rows.hpp).
+  DeviceBuffer<DenseRowsStats> dense_stats_;  // [1]
+  DeviceBuffer<int> dense_list_;              // [m + 1]: hot rows ascending, then at [m] their count
+  DeviceBuffer<unsigned char> dense_temp_;    // CUB scratch
+  DeviceBuffer<std::uint32_t> row_dense_;     // [m] 1 iff the row ran dense (the fused kernel's filter)
+  DeviceBuffer<__nv_bfloat16> x_h_, y_h_;     // [capacity, K] gathered x rows, their y rows
+  CountRing hot_share_;                       // share of rows over the threshold, per call
+  double last_hot_share_ = -1;                // newest share that came back (−1: none)
+  std::int64_t dense_cap_ = 0;                // current learned capacity (rows)
+  std::int64_t last_dense_cap_ = 0;           // capacity of the last sparse_rest (for its path name)
+  bool last_dense_planned_ = false;
 };
 
 }  // namespace twell::cuda

@@ -302,6 +302,83 @@ void check_split(const FfnCase& c, const FfnWeights& w, const __nv_bfloat16* x, 
   EXPECT_LE(ef, kTol) << "split fallback (ran " << fs.ran << "): worst row " << worst_row;
 }
 
+// Dense rows (sm80/twell_dense_rows.hpp) with the threshold at ~0 (every non-empty row is hot) and
+// at 1.5 % of N, the capacity at M (every hot row dense) and at 3 (the rest stay sparse; padding
+// rows when fewer): the plan's counts equal the host's from the TwELL count words, y is within the
+// tolerance on the sampled rows plus rows that ran dense and hot rows past the capacity, and a
+// second call gives the same y bit for bit. Then automatic calls that learn the capacity.
+void check_dense_rows(const FfnCase& c, const FfnData& d, const FfnWeights& w, const __nv_bfloat16* x,
+                      const ContextOptions& opt, const std::vector<double>& ref_sparse,
+                      const std::vector<double>& ref_dense, const std::vector<std::int64_t>& rows, cudaStream_t s) {
+  ref::Options rounded;
+  rounded.round_activation_bf16 = true;
+  for (const double density : {1e-9, 0.015}) {
+    for (const std::int64_t cap : {c.m, std::int64_t{3}}) {
+      ContextOptions o = opt;
+      o.dense_rows_density = density;
+      o.dense_rows_capacity = cap;
+      FfnContext ctx(o);
+      ctx.upload_weights(w, s);
+      ForwardResult fr;
+      const Outputs o1 = run_poisoned(c.m, c.k, s, [&](__nv_bfloat16* y) { fr = ctx.forward(x, c.m, y, Path::sparse, s); });
+      const FfnContext::DenseRowsInfo info = ctx.read_dense_rows(s);
+      const GateWords gw = download_gate_words(ctx, c.m, s);
+      const std::int64_t S = ctx.words_per_tile(), tiles = ctx.tiles();
+      const auto row_cap = static_cast<std::uint64_t>(density * static_cast<double>(c.n));
+      std::vector<std::int64_t> hot;
+      for (std::int64_t r = 0; r < c.m; ++r) {
+        std::uint64_t cnt = 0;
+        for (std::int64_t t = 0; t < tiles; ++t) cnt += gw.words[static_cast<std::size_t>((r * tiles + t) * S)];
+        if (cnt > row_cap) hot.push_back(r);
+      }
+      const auto dense = std::min<std::int64_t>(static_cast<std::int64_t>(hot.size()), cap);
+      EXPECT_TRUE(info.counted) << "dense rows not planned (" << fr.path << ")";
+      EXPECT_EQ(info.capacity, cap);
+      EXPECT_EQ(info.hot, hot.size()) << "rows over " << row_cap << " non-zeros";
+      EXPECT_EQ(static_cast<std::int64_t>(info.dense), dense);
+      EXPECT_EQ(info.nnz, gw.counters.nnz);
+      // The first rows that ran dense and the first hot rows past the capacity (still sparse).
+      std::vector<std::int64_t> extra;
+      for (std::int64_t i = 0; i < std::min<std::int64_t>(dense, 3); ++i) extra.push_back(hot[static_cast<std::size_t>(i)]);
+      for (std::int64_t i = dense; i < std::min<std::int64_t>(dense + 2, static_cast<std::int64_t>(hot.size())); ++i)
+        extra.push_back(hot[static_cast<std::size_t>(i)]);
+      std::int64_t worst_row = -1;
+      double err = max_err_rows(o1.y, ref_sparse, rows, c.k, &worst_row);
+      if (!extra.empty()) {
+        const auto ref_extra = ref::ffn_forward(d.xv(), w, extra, rounded);
+        std::int64_t wr = -1;
+        const double e = max_err_rows(o1.y, ref_extra, extra, c.k, &wr);
+        if (!(e <= err)) {
+          err = e;
+          worst_row = wr;
+        }
+      }
+      EXPECT_TRUE(o1.guard_ok) << "dense rows: write past the end of y";
+      EXPECT_LE(err, kTol) << "dense rows (threshold " << row_cap << ", capacity " << cap << ", " << fr.path
+                           << "): worst row " << worst_row;
+      const Outputs o2 = run_poisoned(c.m, c.k, s, [&](__nv_bfloat16* y) { ctx.forward(x, c.m, y, Path::sparse, s); });
+      EXPECT_TRUE(std::memcmp(o1.y.data(), o2.y.data(), o1.y.size() * sizeof(float)) == 0) << "dense rows: not reproducible";
+      std::printf("[case %s] dense rows (over %llu non-zeros, capacity %lld): %llu hot, %llu dense, max row rel err %.2e\n",
+                  c.name.c_str(), static_cast<unsigned long long>(row_cap), static_cast<long long>(cap),
+                  static_cast<unsigned long long>(info.hot), static_cast<unsigned long long>(info.dense), err);
+    }
+  }
+  // Automatic, capacity learned from the counts of earlier calls (any share of hot rows engages).
+  ContextOptions a = opt;
+  a.dense_rows_min = 1;
+  FfnContext ac(a);
+  ac.upload_weights(w, s);
+  for (int call = 0; call < 3; ++call) {
+    ForwardResult fr;
+    const Outputs o = run_poisoned(c.m, c.k, s, [&](__nv_bfloat16* y) { fr = ac.forward(x, c.m, y, Path::automatic, s); });
+    std::int64_t worst_row = -1;
+    const double err = max_err_rows(o.y, fr.sparse ? ref_sparse : ref_dense, rows, c.k, &worst_row);
+    EXPECT_TRUE(o.guard_ok);
+    EXPECT_LE(err, kTol) << "automatic with dense rows, call " << call << " (" << fr.path << "): worst row " << worst_row;
+    if (call == 2) std::printf("[case %s] automatic with dense rows: \"%s\"\n", c.name.c_str(), fr.path.c_str());
+  }
+}
+
 TEST_P(CudaFfn, MatchesReferenceAndHostEncoder) {
   const FfnCase c = GetParam();
   const FfnData d = make_ffn(c);
@@ -391,6 +468,7 @@ TEST_P(CudaFfn, MatchesReferenceAndHostEncoder) {
     EXPECT_LE(err, kTol) << "up/down variant " << v << ": worst row " << worst_row;
   }
   if (split_supported(c.n)) check_split(c, w, x.get(), opt, ref_sparse, rows, s);
+  check_dense_rows(c, d, w, x.get(), opt, ref_sparse, ref_dense, rows, s);
   if (c.gated) check_blocked_up(c, w, x.get(), opt, ref_sparse, rows, s);
   // The dense baseline in row chunks (each chunk's intermediate reused from row 0): exact, and the
   // dispatch count it leaves (its last chunk's gate) still decides an automatic call correctly.

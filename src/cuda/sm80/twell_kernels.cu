@@ -108,7 +108,12 @@ __global__ void __launch_bounds__(256) twell_sample_count_kernel(TwellSamplePara
   }
 #pragma unroll
   for (int d = 16; d > 0; d >>= 1) c += __shfl_xor_sync(0xffffffffu, c, d);
-  if (lane == 0 && c) atomicAdd(p.count, c);
+  if (lane == 0 && c > p.row_cap) {  // a row the sparse path runs dense: its cost, not its count
+    if (p.row_cost) atomicAdd(p.count, static_cast<unsigned long long>(p.row_cost));
+    if (p.hot) atomicAdd(p.hot, 1ull);
+  } else if (lane == 0 && c) {
+    atomicAdd(p.count, c);
+  }
 }
 
 __global__ void twell_decide_kernel(TwellSampleParams p) {
@@ -393,6 +398,7 @@ void launch_twell_sample_decide(const TwellSampleParams& p, cudaStream_t stream)
   TWELL_CU_REQUIRE(p.src && p.count && p.decision && p.stride >= 1 && p.m >= 1 && p.n >= 1, ErrorCode::invalid_argument,
                    "twell sample: bad parameters");
   TWELL_CUDA_CHECK(cudaMemsetAsync(p.count, 0, sizeof(unsigned long long), stream));
+  if (p.hot) TWELL_CUDA_CHECK(cudaMemsetAsync(p.hot, 0, sizeof(unsigned long long), stream));
   const std::int64_t sampled = (p.m + p.stride - 1) / p.stride;
   twell_sample_count_kernel<<<static_cast<unsigned>((sampled + 7) / 8), 256, 0, stream>>>(p);
   TWELL_CUDA_CHECK_LAUNCH("twell_sample_count_kernel");

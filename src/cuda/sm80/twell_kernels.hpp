@@ -42,12 +42,17 @@ void launch_twell_pack(const TwellPackParams& p, cudaStream_t stream);
 
 // Dispatch support: counts kept values (v > 0) in rows 0, stride, 2·stride, … of src [M, N] and
 // sets *decision = 1 iff count ≤ max_density · sampled_rows · N (the sparse remainder pays), else 0.
+// A sampled row with more than row_cap kept values (one the sparse path runs dense, see
+// twell_dense_rows.hpp) counts row_cost instead, and adds 1 to *hot.
 struct TwellSampleParams {
   const __nv_bfloat16* src = nullptr;
   std::int64_t ld_src = 0, m = 0, n = 0, stride = 1;
   double max_density = 0.0;
   unsigned long long* count = nullptr;  // [1], zeroed by the launcher
   std::uint32_t* decision = nullptr;    // [1]
+  std::uint32_t row_cap = 0xffffffffu;  // default: no row is dense
+  std::uint32_t row_cost = 0;
+  unsigned long long* hot = nullptr;    // optional [1], zeroed by the launcher
 };
 void launch_twell_sample_decide(const TwellSampleParams& p, cudaStream_t stream);
 
