@@ -372,10 +372,10 @@ std::int64_t FfnContext::dense_rows_capacity(std::int64_t m) {
   if (hot_share_.poll(&share)) last_hot_share_ = share;
   const double hot = last_hot_share_ * static_cast<double>(m);
   if (last_hot_share_ < 0 || hot < static_cast<double>(std::max<std::int64_t>(1, opt_.dense_rows_min))) return 0;
-  // Room for 25 % more rows than last counted plus 64; kept while the need stays within [cap/2, cap]
-  // (each new GEMM shape costs a cuBLASLt plan on the host).
-  const auto want = static_cast<std::int64_t>(hot * 1.25) + 64;
-  if (want > dense_cap_ || want < dense_cap_ / 2) dense_cap_ = round_up(want, 128);
+  // Room for 10 % more rows than last counted plus 64 (every capacity row costs GEMM time, used or
+  // not); kept while the need stays within [3/4 cap, cap] (a new GEMM shape costs a cuBLASLt plan).
+  const auto want = static_cast<std::int64_t>(hot * 1.1) + 64;
+  if (want > dense_cap_ || want < dense_cap_ * 3 / 4) dense_cap_ = round_up(want, 64);
   return std::min(dense_cap_, m);
 }
 
@@ -637,7 +637,10 @@ ForwardResult FfnContext::forward(const __nv_bfloat16* x, std::int64_t m, __nv_b
     // costs one call's speed, never a wrong result.
     const std::string measured =
         last_density_ < 0 ? std::string("no density measured yet")
-                          : fmt::format("the previous call measured {:.2f}% density", 100.0 * last_density_);
+        : use_dense_rows(m) && !decode
+            ? fmt::format("the previous call measured a cost of {:.2f}% density, rows over {} non-zeros at {} each",
+                          100.0 * last_density_, dense_row_cap(), dense_row_cost())
+            : fmt::format("the previous call measured {:.2f}% density", 100.0 * last_density_);
     if (last_density_ <= max_density && decode) {
       decode_forward(x, m, y, stream);  // counts through its own last CTA
       r.sparse = true;
