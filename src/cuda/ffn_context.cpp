@@ -353,9 +353,13 @@ void FfnContext::sparse_rest(const __nv_bfloat16* x, std::int64_t m, __nv_bfloat
   launch_twell_down_sliced(dp, stream);
 }
 
+bool FfnContext::is_decode(std::int64_t m) const noexcept {
+  return m <= opt_.decode_max_rows && m < opt_.dispatch_min_rows && k_ <= kDecodeMaxK;
+}
+
 bool FfnContext::use_dense_rows(std::int64_t m) const noexcept {
   return opt_.dense_rows_density > 0 && !opt_.gate_rows_direct && !use_split(m) && !use_blocked_up(m) &&
-         row_nnz_.size() >= static_cast<std::size_t>(m);
+         !is_decode(m) && row_nnz_.size() >= static_cast<std::size_t>(m);
 }
 
 std::uint32_t FfnContext::dense_row_cap() const noexcept {
@@ -522,7 +526,8 @@ void FfnContext::dense_forward_counted(const __nv_bfloat16* x, std::int64_t m, _
   // The gate's sign pattern is in the stacked output (gated) or in h = ReLU(up) (non-gated); with
   // row chunks only the last chunk's rows are still there, and those are counted.
   const std::int64_t rows = dense_gate_rows_;
-  const TwellSampleParams sp = sample_params(gated_ ? gu_.get() : h_.get(), gated_ ? 2 * ldn_ : ldn_, rows, 0.0);
+  const TwellSampleParams sp =
+      sample_params(gated_ ? gu_.get() : h_.get(), gated_ ? 2 * ldn_ : ldn_, rows, 0.0, use_dense_rows(m));
   launch_twell_sample_decide(sp, stream);
   const double sampled = static_cast<double>((rows + sp.stride - 1) / sp.stride);
   counts_.push(&dispatch_.get()->count, sampled * static_cast<double>(n_), stream);
@@ -573,7 +578,7 @@ void FfnContext::resolve_pending() {
 }
 
 TwellSampleParams FfnContext::sample_params(const __nv_bfloat16* src, std::int64_t ld, std::int64_t m,
-                                            double max_density) {
+                                            double max_density, bool rows_at_cost) {
   TwellSampleParams sp;
   sp.src = src;
   sp.ld_src = ld;
@@ -584,7 +589,7 @@ TwellSampleParams FfnContext::sample_params(const __nv_bfloat16* src, std::int64
   sp.count = &dispatch_.get()->count;
   sp.hot = &dispatch_.get()->hot;
   sp.decision = &dispatch_.get()->decision;
-  if (use_dense_rows(m)) {  // the sparse path would run heavy rows dense: count them at that cost
+  if (rows_at_cost) {  // the sparse path would run heavy rows dense: count them at that cost
     sp.row_cap = dense_row_cap();
     sp.row_cost = dense_row_cost();
   }
@@ -612,7 +617,7 @@ FfnContext::SplitStats FfnContext::read_split_stats(cudaStream_t stream) {
 ForwardResult FfnContext::forward(const __nv_bfloat16* x, std::int64_t m, __nv_bfloat16* y, Path path,
                                   cudaStream_t stream) {
   ForwardResult r;
-  const bool decode = m <= opt_.decode_max_rows && m < opt_.dispatch_min_rows && k_ <= kDecodeMaxK;
+  const bool decode = is_decode(m);
   if (path == Path::dense || (path == Path::automatic && m < opt_.dispatch_min_rows && !decode)) {
     dense_forward(x, m, y, stream);
     r.path = path == Path::dense ? "dense cublasLt" : "dense cublasLt (M below the dispatch minimum)";
@@ -637,7 +642,7 @@ ForwardResult FfnContext::forward(const __nv_bfloat16* x, std::int64_t m, __nv_b
     // costs one call's speed, never a wrong result.
     const std::string measured =
         last_density_ < 0 ? std::string("no density measured yet")
-        : use_dense_rows(m) && !decode
+        : use_dense_rows(m)
             ? fmt::format("the previous call measured a cost of {:.2f}% density, rows over {} non-zeros at {} each",
                           100.0 * last_density_, dense_row_cap(), dense_row_cost())
             : fmt::format("the previous call measured {:.2f}% density", 100.0 * last_density_);
@@ -666,7 +671,7 @@ ForwardResult FfnContext::forward(const __nv_bfloat16* x, std::int64_t m, __nv_b
   // First call of the layer (or sticky_dispatch off): gate GEMM, a sampled count decides on the
   // device while the packing runs or is skipped, the host waits for that one flag.
   gate_gemm(x, m, stream);
-  TwellSampleParams sp = sample_params(g_.get(), ldn_, m, max_density);
+  TwellSampleParams sp = sample_params(g_.get(), ldn_, m, max_density, use_dense_rows(m));
   Dispatch* d = dispatch_.get();
   launch_twell_sample_decide(sp, stream);
   TWELL_CUDA_CHECK(cudaMemcpyAsync(dispatch_host_.get(), d, sizeof(Dispatch), cudaMemcpyDeviceToHost, stream));

@@ -247,8 +247,10 @@ class FfnContext {
   void pack_rows(std::int64_t r0, std::int64_t rows, const std::uint32_t* enable, bool reset_counters,
                  cudaStream_t stream);
   bool use_split(std::int64_t m) const noexcept;
-  // Dense rows on the sparse remainder at this M (ContextOptions::dense_rows_density).
+  // Dense rows on the sparse remainder at this M (ContextOptions::dense_rows_density); never at
+  // decode sizes, whose sparse path is the decode kernel.
   bool use_dense_rows(std::int64_t m) const noexcept;
+  bool is_decode(std::int64_t m) const noexcept;
   // The dense-row capacity for a call of m rows: fixed, or from the newest counted share.
   std::int64_t dense_rows_capacity(std::int64_t m);
   std::uint32_t dense_row_cap() const noexcept;   // hot iff count > this
@@ -269,7 +271,9 @@ class FfnContext {
   // dense_forward, then a sampled count of its gate, read back by a later call (counts_).
   void dense_forward_counted(const __nv_bfloat16* x, std::int64_t m, __nv_bfloat16* y, cudaStream_t stream);
   // Dispatch count over ≤ dispatch_sample_rows evenly spaced rows of src [m, n] (row stride ld).
-  TwellSampleParams sample_params(const __nv_bfloat16* src, std::int64_t ld, std::int64_t m, double max_density);
+  // rows_at_cost: rows over the dense-row threshold count at their dense cost (use_dense_rows of the call).
+  TwellSampleParams sample_params(const __nv_bfloat16* src, std::int64_t ld, std::int64_t m, double max_density,
+                                  bool rows_at_cost);
 
   ContextOptions opt_;
   bool gate_sm90_ok_ = false;  // this device runs the sm90 gate kernel (gate_pack_sm90_available)
