@@ -43,8 +43,8 @@ struct ContextOptions {
   // 7cf320e), which suggested 1.05 % there; with it (f948fb7, H200) automatic did run sparse at
   // 1.0 %, but timed alternately with dense (the headline measurement: each path finds the other's
   // traffic in L2) it came to 12.98 vs 13.12 ms (1.01×) uniform and 13.20 vs 13.08 (0.99×) with
-  // hot rows: no gain. So the default equals the general threshold; the knob stays for other GPUs.
-  // With dense rows (below) the measure is their cost, and at M = 131072 the sparse path timed
+  // hot rows: no gain, and the default went back to the general threshold. With dense rows (below)
+  // the measure is their cost, and at M = 131072 the sparse path timed
   // alternately with dense won at 1 % (cost 0.91 %: 11.52 vs 12.87 ms) and with the reference's
   // hot rows (cost 0.92 %: 12.28 vs 12.66 ms) (H200, 9deb97b), so 0.95 % there.
   std::int64_t dispatch_large_rows = 65536;
