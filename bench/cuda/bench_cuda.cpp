@@ -331,19 +331,21 @@ int main(int argc, char** argv) {
       // Diagnostic: dense rows (ContextOptions::dense_rows_density) at other thresholds and off,
       // each whole sparse path alternating with this context's (default threshold); and how many
       // rows this context ran dense.
+      // A fresh context with copt changed by `set`, and this point's context, running `run`
+      // alternately: {its median, ctx's median}.
+      auto against_ctx = [&](auto&& set, auto&& run) {
+        ContextOptions o = copt;
+        set(o);
+        FfnContext c(o);
+        c.upload_weights(w, s);
+        const auto [ta, tb] = alternating_medians_ms(warmup, reps, s, [&] { run(c); }, [&] { run(ctx); });
+        return nlohmann::json::array({ta, tb});
+      };
       nlohmann::json dense_rows_alt = nlohmann::json::object();
-      DeviceBuffer<__nv_bfloat16> y_rows(xb.size());
       if (m >= 4096)
-        for (double thr : {0.0, 0.01, 0.02, 0.03}) {
-          ContextOptions ro = copt;
-          ro.dense_rows_density = thr;
-          FfnContext rctx(ro);
-          rctx.upload_weights(w, s);
-          double tr = 0, td = 0;
-          std::tie(tr, td) = alternating_medians_ms(
-              warmup, reps, s, [&] { sparse_path(rctx, y_rows.get()); }, [&] { sparse_path(ctx, y_sp.get()); });
-          dense_rows_alt[fmt::format("{:.3f}", thr)] = {tr, td};
-        }
+        for (double thr : {0.0, 0.01, 0.02, 0.03})
+          dense_rows_alt[fmt::format("{:.3f}", thr)] = against_ctx(
+              [&](ContextOptions& o) { o.dense_rows_density = thr; }, [&](FfnContext& c) { sparse_path(c, y_sp.get()); });
       sparse_path(ctx, y_sp.get());
       const FfnContext::DenseRowsInfo dense_rows = ctx.read_dense_rows(s);
       // Diagnostic: the dense baseline in row chunks (ContextOptions::dense_chunk_rows), each
@@ -351,15 +353,8 @@ int main(int argc, char** argv) {
       nlohmann::json dense_chunks = nlohmann::json::object();
       if (pt.gated && m >= 16384 && pt.density <= 0.005)
         for (std::int64_t rows : {1024, 2048, 4096}) {
-          ContextOptions dco = copt;
-          dco.dense_chunk_rows = rows;
-          FfnContext dctx(dco);
-          dctx.upload_weights(w, s);
-          double t_chunked = 0, t_plain = 0;
-          std::tie(t_chunked, t_plain) = alternating_medians_ms(
-              warmup, reps, s, [&] { dctx.dense_forward(dx.get(), m, y_dn.get(), s); },
-              [&] { ctx.dense_forward(dx.get(), m, y_dn.get(), s); });
-          dense_chunks[std::to_string(rows)] = {t_chunked, t_plain};
+          dense_chunks[std::to_string(rows)] = against_ctx([&](ContextOptions& o) { o.dense_chunk_rows = rows; },
+                                                           [&](FfnContext& c) { c.dense_forward(dx.get(), m, y_dn.get(), s); });
         }
       // The decode kernel beyond the default decode_max_rows (where automatic runs dense today).
       double t_decode_wide = 0;
