@@ -261,6 +261,8 @@ void FfnContext::pack_rows(std::int64_t r0, std::int64_t rows, const std::uint32
 
 void FfnContext::sparse_rest(const __nv_bfloat16* x, std::int64_t m, __nv_bfloat16* y, cudaStream_t stream) {
   TWELL_CHECK(m <= cap_m_, ErrorCode::invalid_argument, "sparse_rest: run gate_twell for these {} rows first", m);
+  last_dense_planned_ = false;  // set below where this call plans dense rows (read_dense_rows)
+  last_dense_cap_ = 0;
   TwellUpDownParams p;
   static_cast<FfnOperands&>(p) = operands(x, m, y);
   p.words = words_.get();
@@ -307,7 +309,6 @@ void FfnContext::sparse_rest(const __nv_bfloat16* x, std::int64_t m, __nv_bfloat
   }
   if (!use_split(m)) {
     last_dense_planned_ = use_dense_rows(m);
-    last_dense_cap_ = 0;
     if (!last_dense_planned_) {
       launch_twell_up_down(p, stream);
       return;
