@@ -18,6 +18,7 @@
 #include <ctime>
 #include <fstream>
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -180,6 +181,14 @@ int main(int argc, char** argv) {
         c.gate_twell(dx.get(), m, s);
         c.sparse_rest(dx.get(), m, y, s);
       };
+      // A fresh context of this point's weights, with copt changed by `set` (diagnostics).
+      auto variant = [&](auto&& set) {
+        ContextOptions o = copt;
+        set(o);
+        auto c = std::make_unique<FfnContext>(o);
+        c->upload_weights(w, s);
+        return c;
+      };
       double t_dense = median_ms(warmup, reps, s, [&] { ctx.dense_forward(dx.get(), m, y_dn.get(), s); });
       const double t_gemm = median_ms(warmup, reps, s, [&] { ctx.dense_gate_gemm(dx.get(), m, s); });
       // Gate and remainder right after the dense timings: this read 0.03–0.1 ms slower per part than
@@ -284,12 +293,10 @@ int main(int argc, char** argv) {
       TWELL_CUDA_CHECK(cudaMemset(y_split.get(), 0xff, y_split.bytes()));
       FfnContext::SplitStats split_stats;
       {
-        ContextOptions so = copt, fo = copt;
-        so.split_remainder = true;
-        fo.split_remainder = false;
-        FfnContext sctx(so), fctx(fo);
-        sctx.upload_weights(w, s);
-        fctx.upload_weights(w, s);
+        const auto split = variant([](ContextOptions& o) { o.split_remainder = true; });
+        const auto fused = variant([](ContextOptions& o) { o.split_remainder = false; });
+        FfnContext& sctx = *split;
+        FfnContext& fctx = *fused;
         std::tie(t_split, t_fused) = alternating_medians_ms(
             warmup, reps, s,
             [&] { sparse_path(sctx, y_split.get()); },
@@ -334,11 +341,8 @@ int main(int argc, char** argv) {
       // A fresh context with copt changed by `set`, and this point's context, running `run`
       // alternately: {its median, ctx's median}.
       auto against_ctx = [&](auto&& set, auto&& run) {
-        ContextOptions o = copt;
-        set(o);
-        FfnContext c(o);
-        c.upload_weights(w, s);
-        const auto [ta, tb] = alternating_medians_ms(warmup, reps, s, [&] { run(c); }, [&] { run(ctx); });
+        const auto c = variant(set);
+        const auto [ta, tb] = alternating_medians_ms(warmup, reps, s, [&] { run(*c); }, [&] { run(ctx); });
         return nlohmann::json::array({ta, tb});
       };
       nlohmann::json dense_rows_alt = nlohmann::json::object();
@@ -371,17 +375,18 @@ int main(int argc, char** argv) {
       // alternately (both forced onto the decode kernel).
       double t_dec_gemv = 0, t_dec_lt = 0;
       if (m <= copt.decode_max_rows) {
-        ContextOptions go = copt, lo = copt;
-        go.decode_max_density = lo.decode_max_density = 1.0;
-        go.decode_gemv = true;
-        go.decode_gemv_max_rows = kGemvMaxRows;
-        lo.decode_gemv = false;
-        FfnContext gctx(go), lctx(lo);
-        gctx.upload_weights(w, s);
-        lctx.upload_weights(w, s);
+        const auto gemv = variant([](ContextOptions& o) {
+          o.decode_max_density = 1.0;
+          o.decode_gemv = true;
+          o.decode_gemv_max_rows = kGemvMaxRows;
+        });
+        const auto lt = variant([](ContextOptions& o) {
+          o.decode_max_density = 1.0;
+          o.decode_gemv = false;
+        });
         std::tie(t_dec_gemv, t_dec_lt) = alternating_medians_ms(
-            warmup, reps, s, [&] { gctx.forward(dx.get(), m, y_auto.get(), Path::automatic, s); },
-            [&] { lctx.forward(dx.get(), m, y_auto.get(), Path::automatic, s); });
+            warmup, reps, s, [&] { gemv->forward(dx.get(), m, y_auto.get(), Path::automatic, s); },
+            [&] { lt->forward(dx.get(), m, y_auto.get(), Path::automatic, s); });
       }
       // The same gate+pack again at the end of the point (compare with t_gate_early and t_gate).
       const double t_gate_late = median_ms(warmup, reps, s, [&] { ctx.gate_twell(dx.get(), m, s); });

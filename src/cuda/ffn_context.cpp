@@ -400,7 +400,7 @@ const std::uint32_t* FfnContext::dense_rows_begin(const __nv_bfloat16* x, std::i
   }
   launch_dense_rows_plan(pp, stream);
   // The share of rows over the threshold sizes later calls' capacity (never waited for).
-  hot_share_.push(&dense_stats_.get()->hot, static_cast<double>(m), stream);
+  if (opt_.dense_rows_capacity < 0) hot_share_.push(&dense_stats_.get()->hot, static_cast<double>(m), stream);
   if (cap == 0) return nullptr;
   DenseRowsGatherParams gp;
   gp.list = pp.list;
@@ -532,7 +532,7 @@ void FfnContext::dense_forward_counted(const __nv_bfloat16* x, std::int64_t m, _
   launch_twell_sample_decide(sp, stream);
   const double sampled = static_cast<double>((rows + sp.stride - 1) / sp.stride);
   counts_.push(&dispatch_.get()->count, sampled * static_cast<double>(n_), stream);
-  if (use_dense_rows(m)) hot_share_.push(&dispatch_.get()->hot, sampled, stream);
+  if (use_dense_rows(m) && opt_.dense_rows_capacity < 0) hot_share_.push(&dispatch_.get()->hot, sampled, stream);
 }
 
 void FfnContext::decode_forward(const __nv_bfloat16* x, std::int64_t m, __nv_bfloat16* y, cudaStream_t stream) {

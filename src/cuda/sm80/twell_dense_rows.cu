@@ -16,7 +16,7 @@ namespace {
 struct HotRow {
   const std::uint32_t* row_nnz;
   std::uint32_t row_cap;
-  __device__ bool operator()(int r) const { return row_nnz[r] > row_cap; }
+  __device__ bool operator()(int r) const { return dense_row_hot(row_nnz[r], row_cap); }
 };
 
 // Per row: cost = count or row_cost (hot), hot = count > row_cap; warp sums, one atomic per warp.
@@ -25,9 +25,8 @@ __global__ void __launch_bounds__(256) dense_rows_stats_kernel(DenseRowsPlanPara
   for (std::int64_t r = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; r < p.m;
        r += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
     const std::uint32_t c = p.row_nnz[r];
-    const bool h = c > p.row_cap;
-    cost += h ? p.row_cost : c;
-    hot += h;
+    cost += dense_row_weight(c, p.row_cap, p.row_cost);
+    hot += dense_row_hot(c, p.row_cap);
     nnz += c;
   }
 #pragma unroll

@@ -18,6 +18,13 @@
 
 namespace twell::cuda {
 
+// The rule the plan and the dispatch count share: a row is hot (runs dense) iff its count exceeds
+// row_cap, and a hot row weighs row_cost in the dispatch measure instead of its count.
+__host__ __device__ inline bool dense_row_hot(std::uint64_t count, std::uint32_t row_cap) { return count > row_cap; }
+__host__ __device__ inline std::uint64_t dense_row_weight(std::uint64_t count, std::uint32_t row_cap, std::uint32_t row_cost) {
+  return dense_row_hot(count, row_cap) ? row_cost : count;
+}
+
 // Written by the plan (zeroed by its launcher) and the gather.
 struct DenseRowsStats {
   unsigned long long cost;      // Σ_rows (count ≤ row_cap ? count : row_cost): the dispatch's measure

@@ -6,6 +6,7 @@
 
 #include "cuda/common/check.hpp"
 #include "cuda/common/device_math.cuh"
+#include "cuda/sm80/twell_dense_rows.hpp"
 #include "cuda/sm80/twell_split.hpp"
 
 namespace twell::cuda {
@@ -108,11 +109,10 @@ __global__ void __launch_bounds__(256) twell_sample_count_kernel(TwellSamplePara
   }
 #pragma unroll
   for (int d = 16; d > 0; d >>= 1) c += __shfl_xor_sync(0xffffffffu, c, d);
-  if (lane == 0 && c > p.row_cap) {  // a row the sparse path runs dense: its cost, not its count
-    if (p.row_cost) atomicAdd(p.count, static_cast<unsigned long long>(p.row_cost));
-    if (p.hot) atomicAdd(p.hot, 1ull);
-  } else if (lane == 0 && c) {
-    atomicAdd(p.count, c);
+  if (lane == 0) {  // a row the sparse path runs dense counts at its dense cost
+    const unsigned long long weight = dense_row_weight(c, p.row_cap, p.row_cost);
+    if (weight) atomicAdd(p.count, weight);
+    if (p.hot && dense_row_hot(c, p.row_cap)) atomicAdd(p.hot, 1ull);
   }
 }
 
