@@ -61,7 +61,7 @@ double sampled_error(const std::vector<float>& y, CMatrixF x, const FfnWeights& 
 
 // The `count` rows with the most non-zeros in ctx's last TwELL (true counts, from the count words).
 std::vector<std::int64_t> heaviest_rows(const FfnContext& ctx, std::int64_t m, std::int64_t count) {
-  const std::int64_t S = ctx.words_per_tile(), tiles = ctx.tiles();
+  const std::int64_t S = ctx.words_per_tile(), tiles = ctx.sparse_tiles(m);
   std::vector<std::uint32_t> words(static_cast<std::size_t>(m * tiles * S));
   TWELL_CUDA_CHECK(cudaMemcpy(words.data(), ctx.twell_words(), words.size() * 4, cudaMemcpyDeviceToHost));
   std::vector<std::pair<std::uint64_t, std::int64_t>> c(static_cast<std::size_t>(m));
@@ -173,6 +173,9 @@ int main(int argc, char** argv) {
       for (std::size_t i = 0; i < x.size(); ++i) xb[i] = to_bf16(x[i]).bits;
       DeviceBuffer<__nv_bfloat16> dx(xb.size()), y_sp(xb.size()), y_dn(xb.size()), y_auto(xb.size());
       TWELL_CUDA_CHECK(cudaMemcpy(dx.get(), xb.data(), xb.size() * 2, cudaMemcpyHostToDevice));
+      // The hot-neuron split as the first sparse or automatic call would set it up (on this batch:
+      // neuron popularity is a property of the weights), before anything is timed.
+      ctx.calibrate_if_due(dx.get(), pt.m, s);
       for (auto* b : {&y_sp, &y_dn, &y_auto}) TWELL_CUDA_CHECK(cudaMemset(b->get(), 0xff, b->bytes()));  // NaN poison
 
       const std::int64_t m = pt.m;
@@ -187,6 +190,7 @@ int main(int argc, char** argv) {
         set(o);
         auto c = std::make_unique<FfnContext>(o);
         c->upload_weights(w, s);
+        c->calibrate_if_due(dx.get(), m, s);  // the same hot neurons as ctx (unless the variant turns them off)
         return c;
       };
       double t_dense = median_ms(warmup, reps, s, [&] { ctx.dense_forward(dx.get(), m, y_dn.get(), s); });
@@ -231,6 +235,7 @@ int main(int argc, char** argv) {
         vo.updown_variant = vo.updown_variant_nongated = v;
         FfnContext vctx(vo);
         vctx.upload_weights(w, s);
+        vctx.calibrate_if_due(dx.get(), m, s);
         vctx.gate_twell(dx.get(), m, s);
         double tv = 0, td = 0;
         std::tie(tv, td) = alternating_medians_ms(
@@ -276,6 +281,7 @@ int main(int argc, char** argv) {
         dro.gate_rows_direct = !copt.gate_rows_direct;
         FfnContext drx(dro);
         drx.upload_weights(w, s);
+        drx.calibrate_if_due(dx.get(), m, s);
         FfnContext& direct = copt.gate_rows_direct ? ctx : drx;
         FfnContext& twell = copt.gate_rows_direct ? drx : ctx;
         std::tie(t_direct, t_twell_alt) = alternating_medians_ms(
@@ -318,6 +324,7 @@ int main(int argc, char** argv) {
         bo.blocked_up_min_rows = 0;
         FfnContext bctx(bo);
         bctx.upload_weights(w, s);
+        bctx.calibrate_if_due(dx.get(), m, s);
         blocked_ran = bctx.use_blocked_up(m);
         DeviceBuffer<__nv_bfloat16> y_blocked(xb.size());
         TWELL_CUDA_CHECK(cudaMemset(y_blocked.get(), 0xff, y_blocked.bytes()));
@@ -352,6 +359,23 @@ int main(int argc, char** argv) {
               [&](ContextOptions& o) { o.dense_rows_density = thr; }, [&](FfnContext& c) { sparse_path(c, y_sp.get()); });
       sparse_path(ctx, y_sp.get());
       const FfnContext::DenseRowsInfo dense_rows = ctx.read_dense_rows(s);
+      // Hot neurons (ContextOptions::hot_neurons_*) off against this context's, alternately: the
+      // whole sparse path and automatic; and the gate + TwELL over every neuron (issue 3's gate
+      // target compares that with the GEMM alone), whose counters give the table's density.
+      nlohmann::json hot_sparse_alt, hot_auto_alt;
+      double t_gate_all = 0;
+      TwellCounters cnt_all{};
+      {
+        const auto off = [](ContextOptions& o) { o.hot_neurons_auto = false; };
+        if (ctx.sparse_n(m) < ctx.n()) {
+          hot_sparse_alt = against_ctx(off, [&](FfnContext& c) { sparse_path(c, y_sp.get()); });
+          hot_auto_alt = against_ctx(off, [&](FfnContext& c) { c.forward(dx.get(), m, y_auto.get(), Path::automatic, s); });
+        }
+        const auto all = variant(off);
+        t_gate_all = median_ms(warmup, reps, s, [&] { all->gate_twell(dx.get(), m, s); });
+        cnt_all = all->read_counters(s);
+      }
+      sparse_path(ctx, y_sp.get());
       // Diagnostic: the dense baseline in row chunks (ContextOptions::dense_chunk_rows), each
       // alternating with the one-pass dense FFN of this point's context.
       nlohmann::json dense_chunks = nlohmann::json::object();
@@ -411,7 +435,9 @@ int main(int argc, char** argv) {
       const double err_fused = sampled_error(download(y_fused.get(), xb.size()), xv, w, true, rows);
       const double err_split = sampled_error(download(y_split.get(), xb.size()), xv, w, true, rows);
 
-      const double density = static_cast<double>(cnt.nnz) / (static_cast<double>(m) * static_cast<double>(N));
+      // Over every neuron (cnt: the cold neurons only when hot ones are split off).
+      const double density = static_cast<double>(cnt_all.nnz) / (static_cast<double>(m) * static_cast<double>(N));
+      const double cold_density = static_cast<double>(cnt.nnz) / (static_cast<double>(m) * static_cast<double>(ctx.sparse_n(m)));
       const double dense_flops = (pt.gated ? 6.0 : 4.0) * static_cast<double>(m) * K * N;
       const double tflops = dense_flops / (t_dense * 1e-3) / 1e12;
       const double gemm_tflops = 2.0 * static_cast<double>(m) * K * N / (t_gemm * 1e-3) / 1e12;
@@ -422,7 +448,7 @@ int main(int argc, char** argv) {
                     static_cast<long long>(m), pt.mode.c_str(), 100 * density, t_gemm, t_gate, t_rest,
                     variants["0"].get<double>(), variants["1"].get<double>(), variants["2"].get<double>(), t_sparse, t_auto,
                     t_dense, tflops, t_dense / t_sparse, t_dense / t_auto, std::max({err_sp, err_auto, err_direct, err_fused, err_split}), err_dn,
-                    static_cast<unsigned long long>(cnt.overflow_tiles), static_cast<unsigned long long>(cnt.overflow_rows),
+                    static_cast<unsigned long long>(cnt_all.overflow_tiles), static_cast<unsigned long long>(cnt_all.overflow_rows),
                     fr.path.c_str());
       std::printf("%s\n", line);
       if (!gate_chunks.empty()) {
@@ -467,6 +493,13 @@ int main(int argc, char** argv) {
           std::printf(" %s %.3f / %.3f;", thr.c_str(), t[0].get<double>(), t[1].get<double>());
         std::printf("\n");
       }
+      std::printf("          hot neurons: %lld of %lld dense (cold density %.3f %%); gate+TwELL of every neuron %.3f ms = %.3fx the GEMM",
+                  static_cast<long long>(ctx.n() - ctx.sparse_n(m)), static_cast<long long>(ctx.n()), 100 * cold_density,
+                  t_gate_all, t_gate_all / t_gemm);
+      if (!hot_sparse_alt.is_null())
+        std::printf("; off / on, alternating: sparse %.3f / %.3f ms, auto %.3f / %.3f ms", hot_sparse_alt[0].get<double>(),
+                    hot_sparse_alt[1].get<double>(), hot_auto_alt[0].get<double>(), hot_auto_alt[1].get<double>());
+      std::printf("\n");
       if (t_decode_wide > 0) std::printf("          decode kernel at this M: %.3f ms\n", t_decode_wide);
       if (t_dec_gemv > 0)
         std::printf("          decode path, gate by GEMV kernel / by cuBLASLt, alternating: %.3f / %.3f ms\n", t_dec_gemv, t_dec_lt);
@@ -479,9 +512,14 @@ int main(int argc, char** argv) {
                                {"hot_rows", pt.hot_rows},
                                {"hot_density", pt.hot_density},
                                {"density", density},
-                               {"nnz", cnt.nnz},
-                               {"overflow_tiles", cnt.overflow_tiles},
-                               {"overflow_rows", cnt.overflow_rows},
+                               {"nnz", cnt_all.nnz},
+                               {"overflow_tiles", cnt_all.overflow_tiles},
+                               {"overflow_rows", cnt_all.overflow_rows},
+                               {"hot_neurons", ctx.n() - ctx.sparse_n(m)},
+                               {"cold_density", cold_density},
+                               {"gate_twell_all_neurons_ms", t_gate_all},
+                               {"hot_neurons_off_on_sparse_alternating_ms", hot_sparse_alt},
+                               {"hot_neurons_off_on_auto_alternating_ms", hot_auto_alt},
                                {"gate_gemm_ms", t_gemm},
                                {"gate_gemm_tflops", gemm_tflops},
                                {"gate_twell_ms", t_gate},

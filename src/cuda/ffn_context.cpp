@@ -6,6 +6,7 @@
 
 #include "cuda/common/check.hpp"
 #include "cuda/sm80/twell_gemv.hpp"
+#include "cuda/sm80/twell_hot_neurons.hpp"
 #include "cuda/sm80/twell_split.hpp"
 #include "cuda/sm80/twell_up_blocked.hpp"
 #include "cuda/sm90/gate_pack.hpp"
@@ -52,13 +53,21 @@ FfnContext::~FfnContext() {
   if (side_) cudaStreamDestroy(side_);
 }
 
-void FfnContext::upload_weights(const FfnWeights& w, cudaStream_t stream) {
-  last_density_ = -1;  // a new layer: no density measured yet
+void FfnContext::reset_dispatch_state() {
+  last_density_ = -1;
   decode_dense_calls_ = 0;
   counts_.reset();
   hot_share_.reset();
   last_hot_share_ = -1;
   dense_cap_ = 0;
+}
+
+void FfnContext::upload_weights(const FfnWeights& w, cudaStream_t stream) {
+  reset_dispatch_state();  // a new layer: no density measured yet
+  hot_n_ = 0;              // in the given order, no neuron split off
+  order_.clear();
+  w_hot_gu_.release();
+  hot_calibrated_ = false;
   TWELL_CHECK(w.w_up.data && w.w_down.data, ErrorCode::invalid_argument, "FFN weights: w_up and w_down are required");
   gated_ = w.gated();
   n_ = w.intermediate();
@@ -180,8 +189,10 @@ void FfnContext::gate_twell(const __nv_bfloat16* x, std::int64_t m, cudaStream_t
     return;
   }
   const std::int64_t chunks = std::min<std::int64_t>(opt_.gate_chunks, m / 2048);
+  const std::int64_t n = sparse_n(m);  // the hot neurons' gate is part of their dense GEMM
   if (chunks <= 1) {
-    gate_gemm(x, m, stream);
+    reserve(m);
+    gemm_.run({m, n, k_, k_, k_, ldn_, GemmEpilogue::relu}, w_gu_.get(), x, g_.get(), stream);
     pack(m, nullptr, stream);
     return;
   }
@@ -199,10 +210,10 @@ void FfnContext::gate_twell(const __nv_bfloat16* x, std::int64_t m, cudaStream_t
   std::int64_t i = 0;
   for (std::int64_t r0 = 0; r0 < m; r0 += per, ++i) {
     const std::int64_t rows = std::min(per, m - r0);
-    gemm_.run({rows, n_, k_, k_, k_, ldn_, GemmEpilogue::relu}, w_gu_.get(), x + r0 * k_, g_.get() + r0 * ldn_, stream);
+    gemm_.run({rows, n, k_, k_, k_, ldn_, GemmEpilogue::relu}, w_gu_.get(), x + r0 * k_, g_.get() + r0 * ldn_, stream);
     TWELL_CUDA_CHECK(cudaEventRecord(chunk_events_[static_cast<std::size_t>(2 + i)], stream));
     TWELL_CUDA_CHECK(cudaStreamWaitEvent(side_, chunk_events_[static_cast<std::size_t>(2 + i)]));
-    pack_rows(r0, rows, nullptr, /*reset_counters=*/false, side_);
+    pack_rows(r0, rows, n, nullptr, /*reset_counters=*/false, side_);
   }
   TWELL_CUDA_CHECK(cudaEventRecord(chunk_events_[1], side_));
   TWELL_CUDA_CHECK(cudaStreamWaitEvent(stream, chunk_events_[1]));
@@ -214,7 +225,7 @@ void FfnContext::gate_pack_sm90(const __nv_bfloat16* x, std::int64_t m, cudaStre
   p.x = x;
   p.w = w_gu_.get();  // rows [0, N): Wg (gated) or Wu (non-gated)
   p.m = m;
-  p.n = n_;
+  p.n = sparse_n(m);
   p.k = k_;
   p.words_per_tile = words_per_tile();
   p.words = words_.get();
@@ -236,11 +247,11 @@ void FfnContext::gate_gemm(const __nv_bfloat16* x, std::int64_t m, cudaStream_t 
 }
 
 void FfnContext::pack(std::int64_t m, const std::uint32_t* enable, cudaStream_t stream) {
-  pack_rows(0, m, enable, /*reset_counters=*/true, stream);
+  pack_rows(0, m, sparse_n(m), enable, /*reset_counters=*/true, stream);
 }
 
-void FfnContext::pack_rows(std::int64_t r0, std::int64_t rows, const std::uint32_t* enable, bool reset_counters,
-                           cudaStream_t stream) {
+void FfnContext::pack_rows(std::int64_t r0, std::int64_t rows, std::int64_t n, const std::uint32_t* enable,
+                           bool reset_counters, cudaStream_t stream) {
   TWELL_CHECK(r0 >= 0 && rows >= 1 && r0 + rows <= cap_m_, ErrorCode::invalid_argument,
               "pack: rows [{}, {}) not produced by gate_gemm for this context", r0, r0 + rows);
   TwellPackParams p;
@@ -248,10 +259,10 @@ void FfnContext::pack_rows(std::int64_t r0, std::int64_t rows, const std::uint32
   p.src = g_.get() + r0 * ldn_;
   p.ld_src = ldn_;
   p.m = rows;
-  p.n = n_;
+  p.n = n;
   p.words_per_tile = words_per_tile();
   p.relu = true;
-  p.words = words_.get() + r0 * tiles() * words_per_tile();
+  p.words = words_.get() + r0 * ((n + kTwellTile - 1) / kTwellTile) * words_per_tile();
   p.row_overflow = row_ovf_.get() + r0;
   p.row_nnz = row_nnz_.size() > 0 ? row_nnz_.get() + r0 : nullptr;  // the split plan's input, when it can run
   p.counters = counters_.get();
@@ -261,10 +272,16 @@ void FfnContext::pack_rows(std::int64_t r0, std::int64_t rows, const std::uint32
 
 void FfnContext::sparse_rest(const __nv_bfloat16* x, std::int64_t m, __nv_bfloat16* y, cudaStream_t stream) {
   TWELL_CHECK(m <= cap_m_, ErrorCode::invalid_argument, "sparse_rest: run gate_twell for these {} rows first", m);
+  cold_rest(x, m, y, stream);
+  if (sparse_n(m) < n_) hot_rest(x, m, y, stream);  // adds into the y the cold part wrote
+}
+
+void FfnContext::cold_rest(const __nv_bfloat16* x, std::int64_t m, __nv_bfloat16* y, cudaStream_t stream) {
   last_dense_planned_ = false;  // set below where this call plans dense rows (read_dense_rows)
   last_dense_cap_ = 0;
+  const std::int64_t n = sparse_n(m);
   TwellUpDownParams p;
-  static_cast<FfnOperands&>(p) = operands(x, m, y);
+  static_cast<FfnOperands&>(p) = operands(x, m, y, n);
   p.words = words_.get();
   p.backup = g_.get();
   p.ld_backup = ldn_;
@@ -289,7 +306,7 @@ void FfnContext::sparse_rest(const __nv_bfloat16* x, std::int64_t m, __nv_bfloat
     bp.row_overflow = row_ovf_.get();
     bp.h_words = h_words_.get();
     bp.m = m;
-    bp.n = n_;
+    bp.n = n;
     bp.k = k_;
     bp.words_per_tile = words_per_tile();
     launch_twell_up_blocked(bp, stream);
@@ -343,7 +360,7 @@ void FfnContext::sparse_rest(const __nv_bfloat16* x, std::int64_t m, __nv_bfloat
   p.hl_len = pp.len;
   launch_twell_up_down(p, stream);
   TwellDownSlicedParams dp;
-  static_cast<FfnOperands&>(dp) = operands(x, m, y);
+  static_cast<FfnOperands&>(dp) = operands(x, m, y, n);
   dp.words = hlist_.get();
   dp.tok = pp.tok;
   dp.base = pp.base;
@@ -363,12 +380,12 @@ bool FfnContext::use_dense_rows(std::int64_t m) const noexcept {
          !is_decode(m) && row_nnz_.size() >= static_cast<std::size_t>(m);
 }
 
-std::uint32_t FfnContext::dense_row_cap() const noexcept {
-  return static_cast<std::uint32_t>(std::min<double>(opt_.dense_rows_density * static_cast<double>(n_), 4.0e9));
+std::uint32_t FfnContext::dense_row_cap(std::int64_t n) const noexcept {
+  return static_cast<std::uint32_t>(std::min<double>(opt_.dense_rows_density * static_cast<double>(n), 4.0e9));
 }
 
-std::uint32_t FfnContext::dense_row_cost() const noexcept {
-  return static_cast<std::uint32_t>(std::min<double>(opt_.dense_rows_cost_density * static_cast<double>(n_), 4.0e9));
+std::uint32_t FfnContext::dense_row_cost(std::int64_t n) const noexcept {
+  return static_cast<std::uint32_t>(std::min<double>(opt_.dense_rows_cost_density * static_cast<double>(n), 4.0e9));
 }
 
 std::int64_t FfnContext::dense_rows_capacity(std::int64_t m) {
@@ -389,8 +406,8 @@ const std::uint32_t* FfnContext::dense_rows_begin(const __nv_bfloat16* x, std::i
   DenseRowsPlanParams pp;
   pp.row_nnz = row_nnz_.get();
   pp.m = m;
-  pp.row_cap = dense_row_cap();
-  pp.row_cost = dense_row_cost();
+  pp.row_cap = dense_row_cap(sparse_n(m));
+  pp.row_cost = dense_row_cost(sparse_n(m));
   pp.stats = dense_stats_.get();
   if (cap > 0) {
     pp.list = dense_list_.get();
@@ -422,6 +439,7 @@ const std::uint32_t* FfnContext::dense_rows_begin(const __nv_bfloat16* x, std::i
 
 void FfnContext::dense_rows_finish(std::int64_t m, std::int64_t cap, __nv_bfloat16* y, cudaStream_t stream) {
   if (cap == 0) return;
+  const std::int64_t n = sparse_n(m);
   const int* list = dense_list_.get();
   const int* selected = dense_list_.get() + m;
   DenseRowsHParams hp;
@@ -433,17 +451,17 @@ void FfnContext::dense_rows_finish(std::int64_t m, std::int64_t cap, __nv_bfloat
   hp.backup = g_.get();
   hp.ld_backup = ldn_;
   hp.relu = true;
-  hp.n = n_;
+  hp.n = n;
   hp.h = h_.get();  // [m, ldn] workspace, its first cap rows
   hp.ld_h = ldn_;
   if (gated_) {  // u of the gathered rows into the stacked buffer's first cap·ldn elements
-    gemm_.run({cap, n_, k_, k_, k_, ldn_, GemmEpilogue::none}, w_gu_.get() + ldn_ * k_, x_h_.get(), gu_.get(), stream);
+    gemm_.run({cap, n, k_, k_, k_, ldn_, GemmEpilogue::none}, w_gu_.get() + ldn_ * k_, x_h_.get(), gu_.get(), stream);
     hp.u = gu_.get();
     hp.ld_u = ldn_;
   }
   launch_dense_rows_h(hp, stream);
   y_h_.reserve(static_cast<std::size_t>(cap * k_));
-  gemm_.run({cap, k_, n_, ldn_, ldn_, k_, GemmEpilogue::none}, w_down_.get(), h_.get(), y_h_.get(), stream);
+  gemm_.run({cap, k_, n, ldn_, ldn_, k_, GemmEpilogue::none}, w_down_.get(), h_.get(), y_h_.get(), stream);
   DenseRowsScatterParams sp;
   sp.list = list;
   sp.selected = selected;
@@ -470,7 +488,8 @@ FfnContext::DenseRowsInfo FfnContext::read_dense_rows(cudaStream_t stream) {
   return r;
 }
 
-FfnOperands FfnContext::operands(const __nv_bfloat16* x, std::int64_t m, __nv_bfloat16* y) const noexcept {
+FfnOperands FfnContext::operands(const __nv_bfloat16* x, std::int64_t m, __nv_bfloat16* y,
+                                 std::int64_t n) const noexcept {
   FfnOperands o;
   o.x = x;
   o.ld_x = k_;
@@ -479,7 +498,7 @@ FfnOperands FfnContext::operands(const __nv_bfloat16* x, std::int64_t m, __nv_bf
   o.y = y;
   o.ld_y = k_;
   o.m = m;
-  o.n = n_;
+  o.n = n;
   o.k = k_;
   o.gated = gated_;
   return o;
@@ -495,9 +514,12 @@ std::string FfnContext::sparse_path_name(std::int64_t m) const {
   const char* rest = use_split(m) ? (gated_ ? "up + sliced down (fused if the h list overflows)"
                                             : "sliced down (fused if the h list overflows)")
                                   : (gated_ ? "fused up+down" : "sparse down");
+  const std::string hot =
+      sparse_n(m) < n_ ? fmt::format("; {} of {} neurons (the hot ones) dense", n_ - sparse_n(m), n_) : std::string();
   if (use_dense_rows(m) && last_dense_cap_ > 0)
-    return fmt::format("twell: {}, {}; rows over {} non-zeros dense (up to {})", first, rest, dense_row_cap(), last_dense_cap_);
-  return fmt::format("twell: {}, {}", first, rest);
+    return fmt::format("twell: {}, {}; rows over {} non-zeros dense (up to {}){}", first, rest,
+                       dense_row_cap(sparse_n(m)), last_dense_cap_, hot);
+  return fmt::format("twell: {}, {}{}", first, rest, hot);
 }
 
 bool FfnContext::use_blocked_up(std::int64_t m) const noexcept {
@@ -527,11 +549,13 @@ void FfnContext::dense_forward_counted(const __nv_bfloat16* x, std::int64_t m, _
   // The gate's sign pattern is in the stacked output (gated) or in h = ReLU(up) (non-gated); with
   // row chunks only the last chunk's rows are still there, and those are counted.
   const std::int64_t rows = dense_gate_rows_;
+  // Only the cold neurons (the first sparse_n(m) columns) count: their density decides.
+  const std::int64_t n = sparse_n(m);
   const TwellSampleParams sp =
-      sample_params(gated_ ? gu_.get() : h_.get(), gated_ ? 2 * ldn_ : ldn_, rows, 0.0, use_dense_rows(m));
+      sample_params(gated_ ? gu_.get() : h_.get(), gated_ ? 2 * ldn_ : ldn_, rows, n, 0.0, use_dense_rows(m));
   launch_twell_sample_decide(sp, stream);
   const double sampled = static_cast<double>((rows + sp.stride - 1) / sp.stride);
-  counts_.push(&dispatch_.get()->count, sampled * static_cast<double>(n_), stream);
+  counts_.push(&dispatch_.get()->count, sampled * static_cast<double>(n), stream);
   if (use_dense_rows(m) && opt_.dense_rows_capacity < 0) hot_share_.push(&dispatch_.get()->hot, sampled, stream);
 }
 
@@ -560,7 +584,7 @@ void FfnContext::decode_forward(const __nv_bfloat16* x, std::int64_t m, __nv_bfl
     TWELL_CUDA_CHECK(cudaMemsetAsync(decode_nnz_.get(), 0, decode_nnz_.bytes(), stream));
   }
   TwellDecodeParams p;
-  static_cast<FfnOperands&>(p) = operands(x, m, y);
+  static_cast<FfnOperands&>(p) = operands(x, m, y, n_);  // decode runs every neuron
   p.g = g_.get();
   p.ld_g = ldn_;
   p.partials = decode_partials_.get();
@@ -578,21 +602,21 @@ void FfnContext::resolve_pending() {
   if (counts_.poll(&d)) last_density_ = d;
 }
 
-TwellSampleParams FfnContext::sample_params(const __nv_bfloat16* src, std::int64_t ld, std::int64_t m,
+TwellSampleParams FfnContext::sample_params(const __nv_bfloat16* src, std::int64_t ld, std::int64_t m, std::int64_t n,
                                             double max_density, bool rows_at_cost) {
   TwellSampleParams sp;
   sp.src = src;
   sp.ld_src = ld;
   sp.m = m;
-  sp.n = n_;
+  sp.n = n;
   sp.stride = std::max<std::int64_t>(1, m / std::max<std::int64_t>(1, opt_.dispatch_sample_rows));
   sp.max_density = max_density;
   sp.count = &dispatch_.get()->count;
   sp.hot = &dispatch_.get()->hot;
   sp.decision = &dispatch_.get()->decision;
   if (rows_at_cost) {  // the sparse path would run heavy rows dense: count them at that cost
-    sp.row_cap = dense_row_cap();
-    sp.row_cost = dense_row_cost();
+    sp.row_cap = dense_row_cap(n);
+    sp.row_cost = dense_row_cost(n);
   }
   return sp;
 }
@@ -615,10 +639,150 @@ FfnContext::SplitStats FfnContext::read_split_stats(cudaStream_t stream) {
   return r;
 }
 
+std::int64_t FfnContext::sparse_n(std::int64_t m) const noexcept {
+  const bool split = hot_n_ > 0 && hot_n_ < n_ && !is_decode(m) && m >= std::max<std::int64_t>(1, opt_.hot_neurons_min_rows);
+  return split ? n_ - hot_n_ : n_;
+}
+
+std::vector<std::uint32_t> FfnContext::count_neurons(const __nv_bfloat16* x, std::int64_t m, cudaStream_t stream) {
+  gate_gemm(x, m, stream);  // every neuron, in the current order
+  DeviceBuffer<std::uint32_t> counts(static_cast<std::size_t>(n_));
+  TWELL_CUDA_CHECK(cudaMemsetAsync(counts.get(), 0, counts.bytes(), stream));
+  launch_neuron_counts(g_.get(), ldn_, m, n_, counts.get(), stream);
+  std::vector<std::uint32_t> pos(static_cast<std::size_t>(n_));
+  TWELL_CUDA_CHECK(cudaMemcpyAsync(pos.data(), counts.get(), counts.bytes(), cudaMemcpyDeviceToHost, stream));
+  TWELL_CUDA_CHECK(cudaStreamSynchronize(stream));
+  if (order_.empty()) return pos;
+  std::vector<std::uint32_t> orig(static_cast<std::size_t>(n_));
+  for (std::int64_t j = 0; j < n_; ++j) orig[static_cast<std::size_t>(order_[static_cast<std::size_t>(j)])] = pos[static_cast<std::size_t>(j)];
+  return orig;
+}
+
+std::vector<std::int64_t> FfnContext::choose_hot_neurons(const std::vector<std::uint32_t>& counts, std::int64_t m) const {
+  TWELL_CHECK(static_cast<std::int64_t>(counts.size()) == n_, ErrorCode::shape_mismatch,
+              "choose_hot_neurons: {} counts for N = {} neurons", counts.size(), n_);
+  TWELL_CHECK(m >= 1, ErrorCode::invalid_argument, "choose_hot_neurons: M must be ≥ 1 (got {})", m);
+  const double limit = (gated_ ? opt_.hot_neurons_density : opt_.hot_neurons_density_nongated) * static_cast<double>(m);
+  std::vector<std::int64_t> hot;
+  for (std::int64_t i = 0; i < n_; ++i)
+    if (static_cast<double>(counts[static_cast<std::size_t>(i)]) > limit) hot.push_back(i);
+  return hot;
+}
+
+std::vector<std::int64_t> FfnContext::hot_neurons() const {
+  std::vector<std::int64_t> hot;
+  for (std::int64_t j = n_ - hot_n_; j < n_; ++j) hot.push_back(order_.empty() ? j : order_[static_cast<std::size_t>(j)]);
+  std::sort(hot.begin(), hot.end());
+  return hot;
+}
+
+void FfnContext::set_hot_neurons(const std::vector<std::int64_t>& hot, cudaStream_t stream,
+                                 const std::vector<std::uint32_t>* counts) {
+  TWELL_CHECK(w_gu_.get() != nullptr, ErrorCode::invalid_argument, "FfnContext: upload_weights() first");
+  TWELL_CHECK(!counts || static_cast<std::int64_t>(counts->size()) == n_, ErrorCode::shape_mismatch,
+              "set_hot_neurons: {} counts for N = {} neurons", counts ? counts->size() : 0, n_);
+  std::vector<char> is_hot(static_cast<std::size_t>(n_), 0);
+  for (const std::int64_t i : hot) {
+    TWELL_CHECK(i >= 0 && i < n_, ErrorCode::invalid_argument, "set_hot_neurons: neuron {} out of [0, {})", i, n_);
+    is_hot[static_cast<std::size_t>(i)] = 1;
+  }
+  std::vector<std::int64_t> cold;
+  for (std::int64_t i = 0; i < n_; ++i)
+    if (!is_hot[static_cast<std::size_t>(i)]) cold.push_back(i);
+  // Whole groups of 8 cold neurons: the hot part of Wd then starts 16-byte aligned. The extra hot
+  // ones are the hottest cold neurons by `counts` (else the last ones); exact either way.
+  if (cold.size() != static_cast<std::size_t>(n_) && counts) {
+    std::stable_sort(cold.begin(), cold.end(), [&](std::int64_t a, std::int64_t b) {
+      return (*counts)[static_cast<std::size_t>(a)] < (*counts)[static_cast<std::size_t>(b)];
+    });
+  }
+  if (cold.size() != static_cast<std::size_t>(n_)) cold.resize(cold.size() / 8 * 8);
+  if (cold.empty() || cold.size() == static_cast<std::size_t>(n_)) {  // nothing to split: every neuron sparse
+    cold.clear();
+    for (std::int64_t i = 0; i < n_; ++i) cold.push_back(i);
+  }
+  std::sort(cold.begin(), cold.end());
+  std::vector<char> in_cold(static_cast<std::size_t>(n_), 0);
+  for (const std::int64_t i : cold) in_cold[static_cast<std::size_t>(i)] = 1;
+  std::vector<std::int64_t> order = cold;  // position → original neuron
+  for (std::int64_t i = 0; i < n_; ++i)
+    if (!in_cold[static_cast<std::size_t>(i)]) order.push_back(i);
+  // Gather index: new position j takes the row / column now at the current position of order[j].
+  std::vector<std::int64_t> cur_pos(static_cast<std::size_t>(n_));
+  for (std::int64_t j = 0; j < n_; ++j) cur_pos[static_cast<std::size_t>(order_.empty() ? j : order_[static_cast<std::size_t>(j)])] = j;
+  std::vector<int> idx(static_cast<std::size_t>(n_));
+  for (std::int64_t j = 0; j < n_; ++j) idx[static_cast<std::size_t>(j)] = static_cast<int>(cur_pos[static_cast<std::size_t>(order[static_cast<std::size_t>(j)])]);
+
+  DeviceBuffer<int> d_idx(idx.size());
+  TWELL_CUDA_CHECK(cudaMemcpyAsync(d_idx.get(), idx.data(), idx.size() * sizeof(int), cudaMemcpyHostToDevice, stream));
+  DeviceBuffer<__nv_bfloat16> gu(w_gu_.size()), down(w_down_.size()), down_t(w_down_t_.size());
+  TWELL_CUDA_CHECK(cudaMemsetAsync(gu.get(), 0, gu.bytes(), stream));  // padding rows and columns stay zero
+  TWELL_CUDA_CHECK(cudaMemsetAsync(down.get(), 0, down.bytes(), stream));
+  launch_gather_rows(w_gu_.get(), k_, d_idx.get(), n_, k_, gu.get(), k_, stream);
+  if (gated_) launch_gather_rows(w_gu_.get() + ldn_ * k_, k_, d_idx.get(), n_, k_, gu.get() + ldn_ * k_, k_, stream);
+  launch_gather_rows(w_down_t_.get(), k_, d_idx.get(), n_, k_, down_t.get(), k_, stream);
+  launch_gather_cols(w_down_.get(), ldn_, d_idx.get(), k_, n_, down.get(), ldn_, stream);
+  const std::int64_t nc = static_cast<std::int64_t>(cold.size());
+  hot_n_ = n_ - nc;
+  w_hot_gu_.release();
+  if (hot_n_ > 0) {  // [Wg_hot; 0; Wu_hot; 0] (gated) or [Wu_hot; 0]: their stacked GEMM's weight
+    const std::int64_t ldh = round_up(hot_n_, 8);
+    w_hot_gu_.resize(static_cast<std::size_t>((gated_ ? 2 : 1) * ldh * k_));
+    TWELL_CUDA_CHECK(cudaMemsetAsync(w_hot_gu_.get(), 0, w_hot_gu_.bytes(), stream));
+    TWELL_CUDA_CHECK(cudaMemcpy2DAsync(w_hot_gu_.get(), static_cast<std::size_t>(k_) * 2, gu.get() + nc * k_,
+                                       static_cast<std::size_t>(k_) * 2, static_cast<std::size_t>(k_) * 2,
+                                       static_cast<std::size_t>(hot_n_), cudaMemcpyDeviceToDevice, stream));
+    if (gated_)
+      TWELL_CUDA_CHECK(cudaMemcpy2DAsync(w_hot_gu_.get() + ldh * k_, static_cast<std::size_t>(k_) * 2,
+                                         gu.get() + (ldn_ + nc) * k_, static_cast<std::size_t>(k_) * 2,
+                                         static_cast<std::size_t>(k_) * 2, static_cast<std::size_t>(hot_n_),
+                                         cudaMemcpyDeviceToDevice, stream));
+  }
+  TWELL_CUDA_CHECK(cudaStreamSynchronize(stream));  // the old buffers die below
+  w_gu_ = std::move(gu);
+  w_down_ = std::move(down);
+  w_down_t_ = std::move(down_t);
+  order_ = std::move(order);
+  bool identity = true;
+  for (std::int64_t j = 0; j < n_ && identity; ++j) identity = order_[static_cast<std::size_t>(j)] == j;
+  if (identity) order_.clear();
+  reset_dispatch_state();  // densities measured before were over other neurons
+  hot_calibrated_ = true;  // an explicit choice: hot_neurons_auto leaves it alone
+}
+
+bool FfnContext::calibrate_if_due(const __nv_bfloat16* x, std::int64_t m, cudaStream_t stream) {
+  if (!opt_.hot_neurons_auto || hot_calibrated_ || is_decode(m) || m < std::max<std::int64_t>(1, opt_.hot_neurons_min_rows))
+    return false;
+  hot_calibrated_ = true;  // once per layer, whatever it finds
+  calibrate_hot_neurons(x, m, stream);
+  return true;
+}
+
+std::int64_t FfnContext::calibrate_hot_neurons(const __nv_bfloat16* x, std::int64_t m, cudaStream_t stream) {
+  const std::vector<std::uint32_t> counts = count_neurons(x, m, stream);
+  set_hot_neurons(choose_hot_neurons(counts, m), stream, &counts);
+  return hot_n_;
+}
+
+void FfnContext::hot_rest(const __nv_bfloat16* x, std::int64_t m, __nv_bfloat16* y, cudaStream_t stream) {
+  const std::int64_t hn = hot_n_, ldh = round_up(hn, 8), nc = n_ - hn;
+  // Workspaces: gu_ [m, 2·ldn] ⊇ [m, 2·ldh], h_ [m, ldn] ⊇ [m, ldh]; the cold part is done with them.
+  if (gated_) {
+    gemm_.run({m, 2 * ldh, k_, k_, k_, 2 * ldh, GemmEpilogue::none}, w_hot_gu_.get(), x, gu_.get(), stream);
+    launch_gated_product(gu_.get(), gu_.get() + ldh, 2 * ldh, h_.get(), ldh, m, hn, stream);
+  } else {
+    gemm_.run({m, hn, k_, k_, k_, ldh, GemmEpilogue::relu}, w_hot_gu_.get(), x, h_.get(), stream);
+  }
+  GemmShape down{m, k_, hn, ldh, ldn_, k_, GemmEpilogue::none};
+  down.accumulate = true;  // y += h_hot · Wd[:, hot]ᵀ (Wd's last hn columns, row stride ldn)
+  gemm_.run(down, w_down_.get() + nc, h_.get(), y, stream);
+}
+
 ForwardResult FfnContext::forward(const __nv_bfloat16* x, std::int64_t m, __nv_bfloat16* y, Path path,
                                   cudaStream_t stream) {
   ForwardResult r;
   const bool decode = is_decode(m);
+  if (path != Path::dense) calibrate_if_due(x, m, stream);
   if (path == Path::dense || (path == Path::automatic && m < opt_.dispatch_min_rows && !decode)) {
     dense_forward(x, m, y, stream);
     r.path = path == Path::dense ? "dense cublasLt" : "dense cublasLt (M below the dispatch minimum)";
@@ -645,7 +809,7 @@ ForwardResult FfnContext::forward(const __nv_bfloat16* x, std::int64_t m, __nv_b
         last_density_ < 0 ? std::string("no density measured yet")
         : use_dense_rows(m)
             ? fmt::format("the previous call measured a cost of {:.2f}% density, rows over {} non-zeros at {} each",
-                          100.0 * last_density_, dense_row_cap(), dense_row_cost())
+                          100.0 * last_density_, dense_row_cap(sparse_n(m)), dense_row_cost(sparse_n(m)))
             : fmt::format("the previous call measured {:.2f}% density", 100.0 * last_density_);
     if (last_density_ <= max_density && decode) {
       decode_forward(x, m, y, stream);  // counts through its own last CTA
@@ -656,7 +820,7 @@ ForwardResult FfnContext::forward(const __nv_bfloat16* x, std::int64_t m, __nv_b
       sparse_rest(x, m, y, stream);
       // With dense rows the count is their cost measure (hot rows at their dense cost).
       counts_.push(use_dense_rows(m) ? &dense_stats_.get()->cost : &counters_.get()->nnz,
-                   static_cast<double>(m) * static_cast<double>(n_), stream);
+                   static_cast<double>(m) * static_cast<double>(sparse_n(m)), stream);
       r.sparse = true;
       r.path = fmt::format("{} ({})", sparse_path_name(m), measured);
     } else {
@@ -671,8 +835,9 @@ ForwardResult FfnContext::forward(const __nv_bfloat16* x, std::int64_t m, __nv_b
   }
   // First call of the layer (or sticky_dispatch off): gate GEMM, a sampled count decides on the
   // device while the packing runs or is skipped, the host waits for that one flag.
-  gate_gemm(x, m, stream);
-  TwellSampleParams sp = sample_params(g_.get(), ldn_, m, max_density, use_dense_rows(m));
+  gate_gemm(x, m, stream);  // every neuron: dense_rest reads the whole gate
+  const std::int64_t n = sparse_n(m);
+  TwellSampleParams sp = sample_params(g_.get(), ldn_, m, n, max_density, use_dense_rows(m));
   Dispatch* d = dispatch_.get();
   launch_twell_sample_decide(sp, stream);
   TWELL_CUDA_CHECK(cudaMemcpyAsync(dispatch_host_.get(), d, sizeof(Dispatch), cudaMemcpyDeviceToHost, stream));
@@ -682,7 +847,7 @@ ForwardResult FfnContext::forward(const __nv_bfloat16* x, std::int64_t m, __nv_b
   r.counted = true;
   r.sparse = dispatch_host_[0].decision != 0;
   const std::int64_t sampled = (m + sp.stride - 1) / sp.stride;
-  r.sampled_density = static_cast<double>(dispatch_host_[0].count) / (static_cast<double>(sampled) * static_cast<double>(n_));
+  r.sampled_density = static_cast<double>(dispatch_host_[0].count) / (static_cast<double>(sampled) * static_cast<double>(n));
   last_density_ = r.sampled_density;
   if (use_dense_rows(m)) {  // sizes this call's dense-row capacity
     hot_share_.reset();

@@ -161,6 +161,19 @@ struct ContextOptions {
   // with the reference's hot rows (1.33 %) 3193 rows 0.40 ms.
   std::int64_t dense_rows_min = 1024;
   std::int64_t dense_rows_capacity = -1;  // ≥ 0: this fixed capacity (tests, benchmarks)
+  // Hot neurons (sm80/twell_hot_neurons.hpp): neurons active in more than hot_neurons_density of a
+  // calibration batch's tokens run as columns of dense cuBLASLt GEMMs (their gate and up product,
+  // h, and a down GEMM that adds into y), the others through the sparse path, for calls of at least
+  // hot_neurons_min_rows rows (decode and small batches run every neuron through their usual path).
+  // The break-even: a neuron costs ≈ 6·M·K flops as GEMM columns (≈ 0.26 µs per 1000 tokens at
+  // K = 2048 and ~650 TF/s, less the 2·M·K of gate it needs anyway) and ≈ 1.1 ns per non-zero
+  // through the fused kernel, so ≈ 1.2 % (gated) and ≈ 1.3 % (non-gated, ≈ 0.6 ns per non-zero
+  // against 4·M·K flops). Calibration: calibrate_hot_neurons(), or automatically on the first
+  // sparse or automatic call of a layer with at least hot_neurons_min_rows rows (hot_neurons_auto).
+  bool hot_neurons_auto = true;
+  double hot_neurons_density = 0.012;
+  double hot_neurons_density_nongated = 0.013;
+  std::int64_t hot_neurons_min_rows = 2048;
 };
 
 struct ForwardResult {
@@ -198,6 +211,7 @@ class FfnContext {
   ForwardResult forward(const __nv_bfloat16* x, std::int64_t m, __nv_bfloat16* y, Path path, cudaStream_t stream);
   // Synchronises `stream` and returns the counters of the last packing (zeros if it was skipped);
   // with gate_rows_direct, nnz of the last sparse_rest and no overflow (there is no capacity).
+  // With hot neurons split off (sparse_n(m) < n()), the counts are the cold neurons' only.
   TwellCounters read_counters(cudaStream_t stream);
   // Synchronises `stream`; the last split plan's outcome (see ContextOptions::split_remainder):
   // whether the split ran (else the fused kernel did) and the h-list words it needed.
@@ -216,6 +230,33 @@ class FfnContext {
   };
   DenseRowsInfo read_dense_rows(cudaStream_t stream);
 
+  // Hot neurons (ContextOptions::hot_neurons_*). count_neurons: the gate's non-zeros per neuron
+  // over x's m rows (a gate GEMM, a count, a host read), indexed by the original neuron numbering.
+  // choose_hot_neurons: those over the density threshold. set_hot_neurons: permutes the weights so
+  // that these neurons (original numbering, any order, duplicates ignored) come last and run
+  // dense; more of the cold ones join them (the hottest by `counts` if given, else the last) until
+  // the cold count is a multiple of 8; an empty list, or one leaving no cold neuron, turns the split
+  // off. The results of every path stay the same function of x (the order of a sum changes). Resets
+  // the dispatch's measured density. calibrate_hot_neurons: all three; returns the hot count.
+  std::vector<std::uint32_t> count_neurons(const __nv_bfloat16* x, std::int64_t m, cudaStream_t stream);
+  std::vector<std::int64_t> choose_hot_neurons(const std::vector<std::uint32_t>& counts, std::int64_t m) const;
+  void set_hot_neurons(const std::vector<std::int64_t>& hot, cudaStream_t stream,
+                       const std::vector<std::uint32_t>* counts = nullptr);
+  std::int64_t calibrate_hot_neurons(const __nv_bfloat16* x, std::int64_t m, cudaStream_t stream);
+  // What the first sparse or automatic forward() of m rows does first: with hot_neurons_auto, a
+  // layer not calibrated yet and m ≥ hot_neurons_min_rows (not decode), calibrate_hot_neurons.
+  // Returns whether it calibrated. (Benchmarks call it before timing gate_twell / sparse_rest.)
+  bool calibrate_if_due(const __nv_bfloat16* x, std::int64_t m, cudaStream_t stream);
+  std::int64_t hot_count() const noexcept { return hot_n_; }
+  std::vector<std::int64_t> hot_neurons() const;  // original numbering, ascending
+  // Position → original neuron of the device weights, gate buffer and TwELL columns (empty: identity).
+  const std::vector<std::int64_t>& neuron_order() const noexcept { return order_; }
+  // Neurons the sparse path of a call of m rows runs (the first sparse_n(m) positions): N − hot
+  // neurons when the split is used at this m, else N. The TwELL words of gate_twell(x, m) are
+  // [m, sparse_tiles(m) · S].
+  std::int64_t sparse_n(std::int64_t m) const noexcept;
+  std::int64_t sparse_tiles(std::int64_t m) const noexcept { return (sparse_n(m) + kTwellTile - 1) / kTwellTile; }
+
   bool gated() const noexcept { return gated_; }
   // gate_twell runs the sm90 gate GEMM with the TwELL epilogue (option on, device and build able).
   bool gate_sm90_active() const noexcept { return opt_.gate_sm90 && gate_sm90_ok_ && !opt_.gate_rows_direct; }
@@ -233,13 +274,15 @@ class FfnContext {
   const __nv_bfloat16* w_gate_up() const noexcept { return w_gu_.get(); }
   const __nv_bfloat16* w_down() const noexcept { return w_down_.get(); }
   const __nv_bfloat16* w_down_t() const noexcept { return w_down_t_.get(); }
-  std::size_t weight_bytes() const noexcept { return w_gu_.bytes() + w_down_.bytes() + w_down_t_.bytes(); }
+  std::size_t weight_bytes() const noexcept {
+    return w_gu_.bytes() + w_down_.bytes() + w_down_t_.bytes() + w_hot_gu_.bytes();
+  }
 
   // Whether sparse_rest at this M runs the blocked up product (ContextOptions::blocked_up).
   bool use_blocked_up(std::int64_t m) const noexcept;
 
-  // Results of the last gate_twell (valid for its m until the next call).
-  const std::uint32_t* twell_words() const noexcept { return words_.get(); }   // [m, tiles · S]
+  // Results of the last gate_twell (valid for its m until the next call); columns in neuron_order().
+  const std::uint32_t* twell_words() const noexcept { return words_.get(); }   // [m, sparse_tiles(m) · S]
   const __nv_bfloat16* gate_values() const noexcept { return g_.get(); }       // [m, ldn]
   const std::uint32_t* row_overflow() const noexcept { return row_ovf_.get(); }  // [m]
 
@@ -247,8 +290,13 @@ class FfnContext {
   void reserve(std::int64_t m);
   void check_m(std::int64_t m) const;
   // Packs rows [r0, r0 + rows) of the gate buffer; adds to the counters unless reset_counters.
-  void pack_rows(std::int64_t r0, std::int64_t rows, const std::uint32_t* enable, bool reset_counters,
+  // n: the call's sparse_n.
+  void pack_rows(std::int64_t r0, std::int64_t rows, std::int64_t n, const std::uint32_t* enable, bool reset_counters,
                  cudaStream_t stream);
+  // sparse_rest over the cold neurons [0, sparse_n(m)) (all of them without the split).
+  void cold_rest(const __nv_bfloat16* x, std::int64_t m, __nv_bfloat16* y, cudaStream_t stream);
+  // The hot neurons' dense part: [g | u] = x·[Wg; Wu]ᵀ over them, h = ReLU(g) ⊙ u, y += h·Wd[:, hot]ᵀ.
+  void hot_rest(const __nv_bfloat16* x, std::int64_t m, __nv_bfloat16* y, cudaStream_t stream);
   bool use_split(std::int64_t m) const noexcept;
   // Dense rows on the sparse remainder at this M (ContextOptions::dense_rows_density); never at
   // decode sizes, whose sparse path is the decode kernel.
@@ -256,15 +304,17 @@ class FfnContext {
   bool is_decode(std::int64_t m) const noexcept;
   // The dense-row capacity for a call of m rows: fixed, or from the newest counted share.
   std::int64_t dense_rows_capacity(std::int64_t m);
-  std::uint32_t dense_row_cap() const noexcept;   // hot iff count > this
-  std::uint32_t dense_row_cost() const noexcept;  // a hot row's weight in the dispatch count
+  // Of a row over n neurons (the call's sparse_n):
+  std::uint32_t dense_row_cap(std::int64_t n) const noexcept;   // hot iff count > this
+  std::uint32_t dense_row_cost(std::int64_t n) const noexcept;  // a hot row's weight in the dispatch count
   // The sparse remainder's dense rows: plan (always), then with capacity > 0 the gathered GEMMs;
   // returns the row filter for the fused kernel (null: every row sparse).
   const std::uint32_t* dense_rows_begin(const __nv_bfloat16* x, std::int64_t m, std::int64_t cap, cudaStream_t stream);
   void dense_rows_finish(std::int64_t m, std::int64_t cap, __nv_bfloat16* y, cudaStream_t stream);
   void gate_pack_sm90(const __nv_bfloat16* x, std::int64_t m, cudaStream_t stream);
   // This layer's operands for a call on x [m, K] → y [m, K] (both row stride K).
-  FfnOperands operands(const __nv_bfloat16* x, std::int64_t m, __nv_bfloat16* y) const noexcept;
+  // n: the neurons [0, n) the kernel runs (the call's sparse_n, or N for decode).
+  FfnOperands operands(const __nv_bfloat16* x, std::int64_t m, __nv_bfloat16* y, std::int64_t n) const noexcept;
   std::string sparse_path_name(std::int64_t m) const;  // the sparse path's description
   void resolve_pending();  // folds the newest returned count into last_density_
   // Decode: gate GEMM, then the decode kernel (twell_decode.hpp), its count into counts_.
@@ -273,10 +323,12 @@ class FfnContext {
   std::int64_t dense_gate_rows_ = 0;
   // dense_forward, then a sampled count of its gate, read back by a later call (counts_).
   void dense_forward_counted(const __nv_bfloat16* x, std::int64_t m, __nv_bfloat16* y, cudaStream_t stream);
-  // Dispatch count over ≤ dispatch_sample_rows evenly spaced rows of src [m, n] (row stride ld).
+  // Dispatch count over ≤ dispatch_sample_rows evenly spaced rows of src [m, n] (row stride ld),
+  // n the call's sparse_n (its cold neurons: their density is what the thresholds compare).
   // rows_at_cost: rows over the dense-row threshold count at their dense cost (use_dense_rows of the call).
-  TwellSampleParams sample_params(const __nv_bfloat16* src, std::int64_t ld, std::int64_t m, double max_density,
-                                  bool rows_at_cost);
+  TwellSampleParams sample_params(const __nv_bfloat16* src, std::int64_t ld, std::int64_t m, std::int64_t n,
+                                  double max_density, bool rows_at_cost);
+  void reset_dispatch_state();  // forget measured densities and hot-row shares (new weights or order)
 
   ContextOptions opt_;
   bool gate_sm90_ok_ = false;  // this device runs the sm90 gate kernel (gate_pack_sm90_available)
@@ -288,6 +340,11 @@ class FfnContext {
   DeviceBuffer<__nv_bfloat16> w_gu_;      // gated: [2·ldn, K] = [Wg; 0; Wu; 0]; non-gated: [ldn, K] = [Wu; 0]
   DeviceBuffer<__nv_bfloat16> w_down_;    // [K, ldn] = Wd (padding columns zero)
   DeviceBuffer<__nv_bfloat16> w_down_t_;  // [N, K] = Wdᵀ
+  // All three in neuron_order(): cold neurons first, the hot_n_ hot ones last.
+  std::int64_t hot_n_ = 0;
+  std::vector<std::int64_t> order_;       // position → original neuron (empty: identity)
+  DeviceBuffer<__nv_bfloat16> w_hot_gu_;  // gated [2·ldh, K] = [Wg_hot; 0; Wu_hot; 0], non-gated [ldh, K] = [Wu_hot; 0]
+  bool hot_calibrated_ = false;           // hot_neurons_auto: this layer calibrated (or tried)
   // workspaces
   DeviceBuffer<__nv_bfloat16> g_;     // [m, ldn]  gate (gated) or ReLU(up) (non-gated)
   DeviceBuffer<__nv_bfloat16> gu_;    // [m, 2·ldn] stacked dense gate|up output; its first half is u in dense_rest

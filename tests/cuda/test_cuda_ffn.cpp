@@ -379,6 +379,121 @@ void check_dense_rows(const FfnCase& c, const FfnData& d, const FfnWeights& w, c
   }
 }
 
+// Hot neurons (sm80/twell_hot_neurons.hpp). count_neurons equals the host's count of the gate it
+// leaves behind, in the original numbering also after the weights were permuted; choose_hot_neurons
+// takes exactly the neurons over its threshold. Then, with the split at every M, for hot sets of
+// the most active quarter (cold count rounded by counts), a random third (rounded by position), every
+// neuron and none: hot_count() and hot_neurons() as documented, and y within the tolerance through
+// the sparse, automatic (twice) and dense paths, with dense rows on the cold part; the sparse path
+// reproducible bit for bit. Last, automatic calls that calibrate the split themselves.
+void check_hot_neurons(const FfnCase& c, const FfnData& d, const FfnWeights& w, const __nv_bfloat16* x,
+                       const ContextOptions& opt, const std::vector<double>& ref_sparse,
+                       const std::vector<double>& ref_dense, const std::vector<std::int64_t>& rows, cudaStream_t s) {
+  (void)d;
+  ContextOptions o = opt;
+  o.hot_neurons_auto = false;
+  o.hot_neurons_min_rows = 1;
+  o.dense_rows_min = 1;
+  FfnContext ctx(o);
+  ctx.upload_weights(w, s);
+  const std::vector<std::uint32_t> counts = ctx.count_neurons(x, c.m, s);
+  {
+    const std::vector<float> g = download_gate(ctx, c.m);
+    std::vector<std::uint32_t> host(static_cast<std::size_t>(c.n), 0);
+    for (std::int64_t r = 0; r < c.m; ++r)
+      for (std::int64_t col = 0; col < c.n; ++col) host[static_cast<std::size_t>(col)] += g[static_cast<std::size_t>(r * c.n + col)] > 0;
+    EXPECT_TRUE(counts == host) << "count_neurons differs from the host's count of the gate";
+  }
+  std::vector<std::int64_t> by_count(static_cast<std::size_t>(c.n));
+  for (std::int64_t i = 0; i < c.n; ++i) by_count[static_cast<std::size_t>(i)] = i;
+  std::stable_sort(by_count.begin(), by_count.end(), [&](std::int64_t a, std::int64_t b) {
+    return counts[static_cast<std::size_t>(a)] > counts[static_cast<std::size_t>(b)];
+  });
+  {  // the threshold rule: hot iff count > density · m
+    const std::uint32_t q = counts[static_cast<std::size_t>(by_count[static_cast<std::size_t>(c.n / 4)])];
+    ContextOptions to = o;
+    to.hot_neurons_density = to.hot_neurons_density_nongated = static_cast<double>(q) / static_cast<double>(c.m);
+    FfnContext tc(to);
+    tc.upload_weights(w, s);
+    std::vector<std::int64_t> want;
+    for (std::int64_t i = 0; i < c.n; ++i)
+      if (counts[static_cast<std::size_t>(i)] > q) want.push_back(i);
+    EXPECT_EQ(tc.choose_hot_neurons(counts, c.m), want);
+  }
+  std::mt19937_64 rng(c.seed + 99);
+  std::vector<std::int64_t> third;
+  for (std::int64_t i = 0; i < c.n; ++i)
+    if (rng() % 3 == 0) third.push_back(i);
+  std::vector<std::int64_t> all(static_cast<std::size_t>(c.n));
+  for (std::int64_t i = 0; i < c.n; ++i) all[static_cast<std::size_t>(i)] = i;
+  struct Set {
+    const char* name;
+    std::vector<std::int64_t> hot;
+    bool with_counts;
+  };
+  const std::vector<Set> sets = {
+      {"most active quarter", std::vector<std::int64_t>(by_count.begin(), by_count.begin() + c.n / 4), true},
+      {"random third", third, false},
+      {"every neuron", all, false},
+      {"none", {}, false}};
+  for (const Set& set : sets) {
+    ctx.set_hot_neurons(set.hot, s, set.with_counts ? &counts : nullptr);
+    const auto requested = static_cast<std::int64_t>(set.hot.size());
+    const std::int64_t cold = (c.n - requested) / 8 * 8;
+    const std::int64_t want_hot = requested == 0 || cold == 0 ? 0 : c.n - cold;
+    EXPECT_EQ(ctx.hot_count(), want_hot) << set.name;
+    const std::vector<std::int64_t> got = ctx.hot_neurons();
+    EXPECT_EQ(static_cast<std::int64_t>(got.size()), want_hot) << set.name;
+    if (want_hot > 0) {
+      for (const std::int64_t i : set.hot)
+        EXPECT_TRUE(std::binary_search(got.begin(), got.end(), i)) << set.name << ": neuron " << i << " not hot";
+    }
+    // The per-neuron counts survive the permutation.
+    EXPECT_TRUE(ctx.count_neurons(x, c.m, s) == counts) << set.name << ": counts after the permutation";
+    std::vector<float> first;
+    for (Path path : {Path::sparse, Path::automatic, Path::automatic, Path::dense, Path::sparse}) {
+      ForwardResult fr;
+      const Outputs out = run_poisoned(c.m, c.k, s, [&](__nv_bfloat16* y) { fr = ctx.forward(x, c.m, y, path, s); });
+      EXPECT_TRUE(out.guard_ok) << "hot neurons (" << set.name << "): write past the end of y";
+      std::int64_t worst_row = -1;
+      const double err = max_err_rows(out.y, fr.sparse ? ref_sparse : ref_dense, rows, c.k, &worst_row);
+      EXPECT_LE(err, kTol) << "hot neurons (" << set.name << ", " << fr.path << "): worst row " << worst_row;
+      if (path == Path::sparse) {
+        if (first.empty()) {
+          first = out.y;
+          EXPECT_EQ(ctx.sparse_n(c.m), c.n - want_hot);
+          EXPECT_EQ(fr.path.find("neurons (the hot ones) dense") != std::string::npos, want_hot > 0) << fr.path;
+          std::printf("[case %s] hot neurons (%s): %lld hot, \"%s\", max row rel err %.2e\n", c.name.c_str(), set.name,
+                      static_cast<long long>(want_hot), fr.path.c_str(), err);
+        } else {
+          EXPECT_TRUE(std::memcmp(first.data(), out.y.data(), first.size() * sizeof(float)) == 0)
+              << "hot neurons (" << set.name << "): sparse path not reproducible";
+        }
+      }
+    }
+  }
+  // Automatic calibration on the first automatic call (threshold at the quarter's count).
+  ContextOptions ao = o;
+  ao.hot_neurons_auto = true;
+  const std::uint32_t q = counts[static_cast<std::size_t>(by_count[static_cast<std::size_t>(c.n / 4)])];
+  ao.hot_neurons_density = ao.hot_neurons_density_nongated = static_cast<double>(q) / static_cast<double>(c.m);
+  FfnContext ac(ao);
+  ac.upload_weights(w, s);
+  for (int call = 0; call < 2; ++call) {
+    ForwardResult fr;
+    const Outputs out = run_poisoned(c.m, c.k, s, [&](__nv_bfloat16* y) { fr = ac.forward(x, c.m, y, Path::automatic, s); });
+    std::int64_t worst_row = -1;
+    const double err = max_err_rows(out.y, fr.sparse ? ref_sparse : ref_dense, rows, c.k, &worst_row);
+    EXPECT_TRUE(out.guard_ok);
+    EXPECT_LE(err, kTol) << "automatic with calibrated hot neurons, call " << call << " (" << fr.path << "): worst row "
+                         << worst_row;
+  }
+  std::int64_t over = 0;
+  for (const std::uint32_t v : counts) over += v > q;
+  const std::int64_t cold = (c.n - over) / 8 * 8;
+  EXPECT_EQ(ac.hot_count(), over == 0 || cold == 0 ? 0 : c.n - cold) << "automatic calibration";
+}
+
 TEST_P(CudaFfn, MatchesReferenceAndHostEncoder) {
   const FfnCase c = GetParam();
   const FfnData d = make_ffn(c);
@@ -393,6 +508,7 @@ TEST_P(CudaFfn, MatchesReferenceAndHostEncoder) {
   opt.gate_chunks = 1;  // the unchunked gate here; the chunked one is compared with it below
   opt.gate_rows_direct = false;  // TwELL here; the direct read of the gate rows is checked below
   opt.split_min_rows = 0;  // where check_split turns the split remainder on: at every M
+  opt.hot_neurons_auto = false;  // every neuron sparse here; check_hot_neurons splits them
   FfnContext ctx(opt);
   ctx.upload_weights(w, s);
   const auto xb = to_bf16_bits(d.x);
@@ -469,6 +585,7 @@ TEST_P(CudaFfn, MatchesReferenceAndHostEncoder) {
   }
   if (split_supported(c.n)) check_split(c, w, x.get(), opt, ref_sparse, rows, s);
   check_dense_rows(c, d, w, x.get(), opt, ref_sparse, ref_dense, rows, s);
+  check_hot_neurons(c, d, w, x.get(), opt, ref_sparse, ref_dense, rows, s);
   if (c.gated) check_blocked_up(c, w, x.get(), opt, ref_sparse, rows, s);
   // The dense baseline in row chunks (each chunk's intermediate reused from row 0): exact, and the
   // dispatch count it leaves (its last chunk's gate) still decides an automatic call correctly.
@@ -546,6 +663,9 @@ std::vector<FfnCase> cases() {
   add({.name = "m16384_n5632_k2048_d0p5_hot", .m = 16384, .n = 5632, .k = 2048, .density = 0.005, .hot_rows = 0.03,
        .hot_density = 0.12});
   add({.name = "m4097_n5632_k1024_d1", .m = 4097, .n = 5632, .k = 1024, .density = 0.01});  // chunked gate: a ragged last chunk
+  // Hot neurons (5 % of them active in 5 % of tokens) and three columns active in every token.
+  add({.name = "m2048_n5632_k2048_d0p5_hotneurons", .m = 2048, .n = 5632, .k = 2048, .density = 0.005,
+       .hot_neurons = 0.05, .hot_neuron_density = 0.05, .full_cols = 3});
   add({.name = "nongated_m5000_n1000_k520_d2_hot", .m = 5000, .n = 1000, .k = 520, .density = 0.02, .gated = false,
        .hot_rows = 0.02, .hot_density = 0.3});
   add({.name = "nongated_m257_n5632_k2048_d1", .m = 257, .n = 5632, .k = 2048, .density = 0.01, .gated = false});

@@ -25,8 +25,8 @@ LtGemm::~LtGemm() {
 
 void LtGemm::launch(const Plan& p, const cublasLtMatmulAlgo_t& algo, const __nv_bfloat16* first,
                     const __nv_bfloat16* second, void* c, cudaStream_t stream) {
-  const float alpha = 1.0f, beta = 0.0f;
-  TWELL_CUBLAS_CHECK(cublasLtMatmul(handle_, p.desc, &alpha, first, p.a, second, p.b, &beta, c, p.c, c, p.c, &algo,
+  const float alpha = 1.0f;
+  TWELL_CUBLAS_CHECK(cublasLtMatmul(handle_, p.desc, &alpha, first, p.a, second, p.b, &p.beta, c, p.c, c, p.c, &algo,
                                     workspace_.get(), workspace_.bytes(), stream));
 }
 
@@ -41,6 +41,7 @@ LtGemm::Plan& LtGemm::plan_for(const MatmulShape& s, const __nv_bfloat16* first,
               ErrorCode::invalid_argument, "LtGemm: bad shape m={} n={} k={} lda={} ldb={} ldc={}", s.m, s.n, s.k,
               s.lda, s.ldb, s.ldc);
   Plan p;
+  p.beta = s.accumulate ? 1.0f : 0.0f;
   TWELL_CUBLAS_CHECK(cublasLtMatmulDescCreate(&p.desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
   const cublasOperation_t ta = s.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N, tb = s.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
   TWELL_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta)));
@@ -71,7 +72,8 @@ LtGemm::Plan& LtGemm::plan_for(const MatmulShape& s, const __nv_bfloat16* first,
   TWELL_CHECK(st == CUBLAS_STATUS_SUCCESS && found > 0, ErrorCode::unsupported,
               "cuBLASLt has no bf16 algorithm for m={} n={} k={} (status {})", s.m, s.n, s.k, static_cast<int>(st));
   p.algo = heur[0].algo;
-  if (autotune_ && found > 1 && heur[0].state == CUBLAS_STATUS_SUCCESS) {
+  // Not for accumulating shapes: the timed launches would add into C again and again.
+  if (autotune_ && !s.accumulate && found > 1 && heur[0].state == CUBLAS_STATUS_SUCCESS) {
     // Candidates are timed in interleaved rounds after a warm-up that brings the clocks up, and
     // each keeps its best round: one pass over them in a fixed order (the first ones timed while
     // the GPU ramps up from idle) picked algorithms up to 20 % slower than the best (measured,
@@ -148,6 +150,7 @@ void LtGemm::run(const GemmShape& s, const __nv_bfloat16* w, const __nv_bfloat16
   ms.ldb = s.ldw;
   ms.ldc = s.ldc;
   ms.epilogue = s.epilogue;
+  ms.accumulate = s.accumulate;
   matmul(ms, x, w, c, stream);
 }
 

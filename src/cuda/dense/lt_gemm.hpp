@@ -25,6 +25,7 @@ struct GemmShape {
   std::int64_t k = 0;
   std::int64_t ldx = 0, ldw = 0, ldc = 0;
   GemmEpilogue epilogue = GemmEpilogue::none;
+  bool accumulate = false;  // C += product (β = 1; C read in its own type) instead of C = product
 };
 
 // General row-major product C[m, n] = op(A)·op(B), A and B bf16, fp32 accumulation, C bf16 or
@@ -36,8 +37,9 @@ struct MatmulShape {
   std::int64_t lda = 0, ldb = 0, ldc = 0;
   bool c_fp32 = false;
   GemmEpilogue epilogue = GemmEpilogue::none;
+  bool accumulate = false;  // C += op(A)·op(B) (β = 1)
   auto key() const {
-    return std::make_tuple(trans_a, trans_b, m, n, k, lda, ldb, ldc, c_fp32, static_cast<int>(epilogue));
+    return std::make_tuple(trans_a, trans_b, m, n, k, lda, ldb, ldc, c_fp32, static_cast<int>(epilogue), accumulate);
   }
 };
 
@@ -64,6 +66,7 @@ class LtGemm {
     cublasLtMatmulDesc_t desc = nullptr;
     cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
     cublasLtMatmulAlgo_t algo{};
+    float beta = 0;      // 1 when the shape accumulates into C
     float tuned_ms = 0;  // best round of the chosen algorithm (autotune), per kReps launches
   };
   // In cuBLASLt's column-major terms every product is Cᵀ = op(B_stored)·op(A_stored): `first` is

@@ -1,0 +1,101 @@
+// Hot neurons (twell_hot_neurons.hpp): per-neuron counts of a gate, weight permutation gathers.
+#include "cuda/sm80/twell_hot_neurons.hpp"
+
+#include <algorithm>
+
+#include "cuda/common/check.hpp"
+
+namespace twell::cuda {
+namespace {
+
+constexpr int kCountThreads = 256;
+constexpr int kCountRowsPerBlock = 256;
+
+// Block (x, y): columns [x·256·8, +2048) (8 per thread), rows [y·256, +256). Each thread counts its
+// 8 columns over the block's rows in registers, then adds them with one atomic per column.
+__global__ void __launch_bounds__(kCountThreads) neuron_counts_kernel(const __nv_bfloat16* g, std::int64_t ld_g,
+                                                                       std::int64_t m, std::int64_t n,
+                                                                       std::uint32_t* counts) {
+  const std::int64_t c0 = (static_cast<std::int64_t>(blockIdx.x) * kCountThreads + threadIdx.x) * 8;
+  if (c0 >= n) return;
+  const std::int64_t r0 = static_cast<std::int64_t>(blockIdx.y) * kCountRowsPerBlock;
+  const std::int64_t r1 = std::min<std::int64_t>(m, r0 + kCountRowsPerBlock);
+  const bool vec = c0 + 8 <= n && ld_g % 8 == 0 && reinterpret_cast<std::uintptr_t>(g) % 16 == 0;
+  std::uint32_t cnt[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  for (std::int64_t r = r0; r < r1; ++r) {
+    const __nv_bfloat16* row = g + r * ld_g + c0;
+    if (vec) {
+      const uint4 v = __ldg(reinterpret_cast<const uint4*>(row));
+      const std::uint32_t w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        // bf16 > 0: sign bit clear and not ±0 (the ReLU outputs are never NaN).
+        const std::uint32_t lo = w[e] & 0xffffu, hi = w[e] >> 16;
+        cnt[2 * e] += (lo != 0 && lo < 0x8000u) ? 1u : 0u;
+        cnt[2 * e + 1] += (hi != 0 && hi < 0x8000u) ? 1u : 0u;
+      }
+    } else {
+      for (int e = 0; e < 8 && c0 + e < n; ++e) cnt[e] += __bfloat162float(row[e]) > 0.0f ? 1u : 0u;
+    }
+  }
+  for (int e = 0; e < 8 && c0 + e < n; ++e)
+    if (cnt[e]) atomicAdd(&counts[c0 + e], cnt[e]);
+}
+
+// One block per destination row; 16-byte copies when the strides and pointers allow.
+__global__ void gather_rows_kernel(const __nv_bfloat16* src, std::int64_t ld_src, const int* idx, std::int64_t cols,
+                                   __nv_bfloat16* dst, std::int64_t ld_dst) {
+  const std::int64_t i = blockIdx.x;
+  const __nv_bfloat16* s = src + static_cast<std::int64_t>(idx[i]) * ld_src;
+  __nv_bfloat16* d = dst + i * ld_dst;
+  const bool vec = cols % 8 == 0 && ld_src % 8 == 0 && ld_dst % 8 == 0 &&
+                   reinterpret_cast<std::uintptr_t>(src) % 16 == 0 && reinterpret_cast<std::uintptr_t>(dst) % 16 == 0;
+  if (vec) {
+    for (std::int64_t c = threadIdx.x * 8; c < cols; c += blockDim.x * 8)
+      *reinterpret_cast<uint4*>(d + c) = *reinterpret_cast<const uint4*>(s + c);
+  } else {
+    for (std::int64_t c = threadIdx.x; c < cols; c += blockDim.x) d[c] = s[c];
+  }
+}
+
+__global__ void gather_cols_kernel(const __nv_bfloat16* src, std::int64_t ld_src, const int* idx, std::int64_t rows,
+                                   std::int64_t cols, __nv_bfloat16* dst, std::int64_t ld_dst) {
+  const std::int64_t total = rows * cols;
+  for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < total;
+       i += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
+    const std::int64_t r = i / cols, j = i % cols;
+    dst[r * ld_dst + j] = src[r * ld_src + idx[j]];
+  }
+}
+
+}  // namespace
+
+void launch_neuron_counts(const __nv_bfloat16* g, std::int64_t ld_g, std::int64_t m, std::int64_t n,
+                          std::uint32_t* counts, cudaStream_t stream) {
+  TWELL_CU_REQUIRE(m >= 1 && n >= 1 && ld_g >= n, ErrorCode::invalid_argument,
+                   "neuron counts: bad shape m={} n={} ld={}", m, n, ld_g);
+  const std::int64_t bx = (n + kCountThreads * 8 - 1) / (kCountThreads * 8);
+  const std::int64_t by = (m + kCountRowsPerBlock - 1) / kCountRowsPerBlock;
+  TWELL_CU_REQUIRE(bx <= 0x7fffffff && by <= 65535, ErrorCode::unsupported,
+                   "neuron counts: {} rows × {} neurons is too large for one launch", m, n);
+  neuron_counts_kernel<<<dim3(static_cast<unsigned>(bx), static_cast<unsigned>(by)), kCountThreads, 0, stream>>>(
+      g, ld_g, m, n, counts);
+  TWELL_CUDA_CHECK_LAUNCH("neuron_counts_kernel");
+}
+
+void launch_gather_rows(const __nv_bfloat16* src, std::int64_t ld_src, const int* idx, std::int64_t rows,
+                        std::int64_t cols, __nv_bfloat16* dst, std::int64_t ld_dst, cudaStream_t stream) {
+  if (rows <= 0 || cols <= 0) return;
+  TWELL_CU_REQUIRE(rows <= 0x7fffffff, ErrorCode::unsupported, "gather rows: {} rows", rows);
+  gather_rows_kernel<<<static_cast<unsigned>(rows), 128, 0, stream>>>(src, ld_src, idx, cols, dst, ld_dst);
+  TWELL_CUDA_CHECK_LAUNCH("gather_rows_kernel");
+}
+
+void launch_gather_cols(const __nv_bfloat16* src, std::int64_t ld_src, const int* idx, std::int64_t rows,
+                        std::int64_t cols, __nv_bfloat16* dst, std::int64_t ld_dst, cudaStream_t stream) {
+  if (rows <= 0 || cols <= 0) return;
+  gather_cols_kernel<<<grid_stride_blocks(rows * cols, 256), 256, 0, stream>>>(src, ld_src, idx, rows, cols, dst, ld_dst);
+  TWELL_CUDA_CHECK_LAUNCH("gather_cols_kernel");
+}
+
+}  // namespace twell::cuda

@@ -1,0 +1,35 @@
+#pragma once
+// Hot neurons: the hot/cold split of the FFN by neuron (column of the gate). The FFN is a sum over
+// neurons, y = Σ_n h[:, n]·Wd[:, n]ᵀ, so it splits exactly into any two neuron sets. Through the
+// fused TwELL kernel a neuron costs about one pair of 4 KB weight rows from L2 per token it is
+// active in; as columns of cuBLASLt GEMMs it costs a fixed 6·M·K flops (4·M·K non-gated) whatever
+// its count. Trained ReLU models (and the generator, DESIGN §7) have skewed neuron popularity, so
+// the few neurons active in more than ~1 % of tokens carry a large share of the non-zeros; those
+// run dense and the rest through the sparse path.
+//
+// The context keeps its weights permuted so that the cold neurons come first (positions [0, Nc))
+// and the hot ones last ([Nc, N)); Nc is a multiple of 8 so that both halves of Wd stay 16-byte
+// aligned for cuBLASLt. The permutation changes only the order of a sum, never a value.
+// These kernels count a gate's non-zeros per neuron (the calibration) and gather weight rows and
+// columns into permuted order.
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace twell::cuda {
+
+// counts[c] += #{r < m : g[r, c] > 0} for c < n. g is [m, n] with row stride ld_g; counts is
+// [n], accumulated into (the caller zeroes it).
+void launch_neuron_counts(const __nv_bfloat16* g, std::int64_t ld_g, std::int64_t m, std::int64_t n,
+                          std::uint32_t* counts, cudaStream_t stream);
+
+// dst[i, 0:cols] = src[idx[i], 0:cols] for i < rows (row strides ld_src, ld_dst).
+void launch_gather_rows(const __nv_bfloat16* src, std::int64_t ld_src, const int* idx, std::int64_t rows,
+                        std::int64_t cols, __nv_bfloat16* dst, std::int64_t ld_dst, cudaStream_t stream);
+
+// dst[r, j] = src[r, idx[j]] for r < rows, j < cols (row strides ld_src, ld_dst).
+void launch_gather_cols(const __nv_bfloat16* src, std::int64_t ld_src, const int* idx, std::int64_t rows,
+                        std::int64_t cols, __nv_bfloat16* dst, std::int64_t ld_dst, cudaStream_t stream);
+
+}  // namespace twell::cuda
