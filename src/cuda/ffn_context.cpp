@@ -272,8 +272,31 @@ void FfnContext::pack_rows(std::int64_t r0, std::int64_t rows, std::int64_t n, c
 
 void FfnContext::sparse_rest(const __nv_bfloat16* x, std::int64_t m, __nv_bfloat16* y, cudaStream_t stream) {
   TWELL_CHECK(m <= cap_m_, ErrorCode::invalid_argument, "sparse_rest: run gate_twell for these {} rows first", m);
+  if (sparse_n(m) == n_) {
+    cold_rest(x, m, y, stream);
+    return;
+  }
+  if (!opt_.hot_neurons_overlap) {
+    cold_rest(x, m, y, stream);
+    hot_up(x, m, stream);
+    hot_down(m, y, stream);  // adds into the y the cold part wrote
+    return;
+  }
+  // The hot up GEMM on the side stream while the cold part runs (tensor cores next to an L2-bound
+  // kernel); their workspaces are disjoint (hot_up's comment).
+  if (!side_) TWELL_CUDA_CHECK(cudaStreamCreateWithFlags(&side_, cudaStreamNonBlocking));
+  while (chunk_events_.size() < 2) {
+    cudaEvent_t e = nullptr;
+    TWELL_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+    chunk_events_.push_back(e);
+  }
+  TWELL_CUDA_CHECK(cudaEventRecord(chunk_events_[0], stream));
+  TWELL_CUDA_CHECK(cudaStreamWaitEvent(side_, chunk_events_[0]));
+  hot_up(x, m, side_);
   cold_rest(x, m, y, stream);
-  if (sparse_n(m) < n_) hot_rest(x, m, y, stream);  // adds into the y the cold part wrote
+  TWELL_CUDA_CHECK(cudaEventRecord(chunk_events_[1], side_));
+  TWELL_CUDA_CHECK(cudaStreamWaitEvent(stream, chunk_events_[1]));
+  hot_down(m, y, stream);
 }
 
 void FfnContext::cold_rest(const __nv_bfloat16* x, std::int64_t m, __nv_bfloat16* y, cudaStream_t stream) {
@@ -666,6 +689,10 @@ std::vector<std::int64_t> FfnContext::choose_hot_neurons(const std::vector<std::
   std::vector<std::int64_t> hot;
   for (std::int64_t i = 0; i < n_; ++i)
     if (static_cast<double>(counts[static_cast<std::size_t>(i)]) > limit) hot.push_back(i);
+  // At most half of the neurons (less the up to 7 that set_hot_neurons may add, and rounding): the
+  // hot part's workspace is half of the stacked buffer.
+  const double max_hot = std::min(opt_.hot_neurons_max_share * static_cast<double>(n_), static_cast<double>(ldn_ / 2 - 16));
+  if (static_cast<double>(hot.size()) > max_hot) hot.clear();
   return hot;
 }
 
@@ -723,6 +750,9 @@ void FfnContext::set_hot_neurons(const std::vector<std::int64_t>& hot, cudaStrea
   launch_gather_rows(w_down_t_.get(), k_, d_idx.get(), n_, k_, down_t.get(), k_, stream);
   launch_gather_cols(w_down_.get(), ldn_, d_idx.get(), k_, n_, down.get(), ldn_, stream);
   const std::int64_t nc = static_cast<std::int64_t>(cold.size());
+  // The hot part's workspace is the second half of gu_ ([m, ldn] ⊇ [m, 2·ldh]).
+  TWELL_CHECK(2 * round_up(n_ - nc, 8) <= ldn_, ErrorCode::unsupported,
+              "set_hot_neurons: {} of {} neurons hot; at most half of them can be split off", n_ - nc, n_);
   hot_n_ = n_ - nc;
   w_hot_gu_.release();
   if (hot_n_ > 0) {  // [Wg_hot; 0; Wu_hot; 0] (gated) or [Wu_hot; 0]: their stacked GEMM's weight
@@ -764,18 +794,28 @@ std::int64_t FfnContext::calibrate_hot_neurons(const __nv_bfloat16* x, std::int6
   return hot_n_;
 }
 
-void FfnContext::hot_rest(const __nv_bfloat16* x, std::int64_t m, __nv_bfloat16* y, cudaStream_t stream) {
-  const std::int64_t hn = hot_n_, ldh = round_up(hn, 8), nc = n_ - hn;
-  // Workspaces: gu_ [m, 2·ldn] ⊇ [m, 2·ldh], h_ [m, ldn] ⊇ [m, ldh]; the cold part is done with them.
-  if (gated_) {
-    gemm_.run({m, 2 * ldh, k_, k_, k_, 2 * ldh, GemmEpilogue::none}, w_hot_gu_.get(), x, gu_.get(), stream);
-    launch_gated_product(gu_.get(), gu_.get() + ldh, 2 * ldh, h_.get(), ldh, m, hn, stream);
+__nv_bfloat16* FfnContext::hot_workspace(std::int64_t m) noexcept {
+  // The second half of gu_ ([m, 2·ldn]): m·ldn elements ⊇ [m, 2·ldh] since hot_n_ ≤ N/2 (rounded,
+  // checked in set_hot_neurons). The cold part's dense rows use only gu_'s first cap·ldn ≤ m·ldn.
+  return gu_.get() + m * ldn_;
+}
+
+void FfnContext::hot_up(const __nv_bfloat16* x, std::int64_t m, cudaStream_t stream) {
+  const std::int64_t hn = hot_n_, ldh = round_up(hn, 8);
+  __nv_bfloat16* ws = hot_workspace(m);
+  if (gated_) {  // [g | u] into ws, then h = ReLU(g) ⊙ u in place of g (element by element)
+    gemm_.run({m, 2 * ldh, k_, k_, k_, 2 * ldh, GemmEpilogue::none}, w_hot_gu_.get(), x, ws, stream);
+    launch_gated_product(ws, ws + ldh, 2 * ldh, ws, 2 * ldh, m, hn, stream);
   } else {
-    gemm_.run({m, hn, k_, k_, k_, ldh, GemmEpilogue::relu}, w_hot_gu_.get(), x, h_.get(), stream);
+    gemm_.run({m, hn, k_, k_, k_, 2 * ldh, GemmEpilogue::relu}, w_hot_gu_.get(), x, ws, stream);
   }
-  GemmShape down{m, k_, hn, ldh, ldn_, k_, GemmEpilogue::none};
+}
+
+void FfnContext::hot_down(std::int64_t m, __nv_bfloat16* y, cudaStream_t stream) {
+  const std::int64_t hn = hot_n_, ldh = round_up(hn, 8), nc = n_ - hn;
+  GemmShape down{m, k_, hn, 2 * ldh, ldn_, k_, GemmEpilogue::none};
   down.accumulate = true;  // y += h_hot · Wd[:, hot]ᵀ (Wd's last hn columns, row stride ldn)
-  gemm_.run(down, w_down_.get() + nc, h_.get(), y, stream);
+  gemm_.run(down, w_down_.get() + nc, hot_workspace(m), y, stream);
 }
 
 ForwardResult FfnContext::forward(const __nv_bfloat16* x, std::int64_t m, __nv_bfloat16* y, Path path,
