@@ -671,8 +671,11 @@ std::vector<std::uint32_t> FfnContext::count_neurons(const __nv_bfloat16* x, std
   gate_gemm(x, m, stream);  // every neuron, in the current order
   DeviceBuffer<std::uint32_t> counts(static_cast<std::size_t>(n_));
   TWELL_CUDA_CHECK(cudaMemsetAsync(counts.get(), 0, counts.bytes(), stream));
-  launch_neuron_counts(g_.get(), ldn_, m, n_, counts.get(), stream);
-  std::vector<std::uint32_t> pos(static_cast<std::size_t>(n_));
+  // Rows the sparse path would run dense (dense rows) cost nothing per neuron: not counted.
+  const bool skip = use_dense_rows(m);
+  if (skip) launch_row_counts(g_.get(), ldn_, m, n_, row_nnz_.get(), stream);
+  launch_neuron_counts(g_.get(), ldn_, m, n_, skip ? row_nnz_.get() : nullptr, dense_row_cap(n_), counts.get(), stream);
+  std::vector<std::uint32_t> pos(static_cast<std::size_t>(n_));  // by position
   TWELL_CUDA_CHECK(cudaMemcpyAsync(pos.data(), counts.get(), counts.bytes(), cudaMemcpyDeviceToHost, stream));
   TWELL_CUDA_CHECK(cudaStreamSynchronize(stream));
   if (order_.empty()) return pos;
@@ -685,8 +688,10 @@ std::vector<std::int64_t> FfnContext::choose_hot_neurons(const std::vector<std::
   TWELL_CHECK(static_cast<std::int64_t>(counts.size()) == n_, ErrorCode::shape_mismatch,
               "choose_hot_neurons: {} counts for N = {} neurons", counts.size(), n_);
   TWELL_CHECK(m >= 1, ErrorCode::invalid_argument, "choose_hot_neurons: M must be ≥ 1 (got {})", m);
-  const double limit = (gated_ ? opt_.hot_neurons_density : opt_.hot_neurons_density_nongated) * static_cast<double>(m);
+  const double density = gated_ ? opt_.hot_neurons_density : opt_.hot_neurons_density_nongated;
+  const double limit = density * static_cast<double>(m);
   std::vector<std::int64_t> hot;
+  if (!(density > 0)) return hot;  // the split is off
   for (std::int64_t i = 0; i < n_; ++i)
     if (static_cast<double>(counts[static_cast<std::size_t>(i)]) > limit) hot.push_back(i);
   // At most half of the neurons (less the up to 7 that set_hot_neurons may add, and rounding): the

@@ -170,9 +170,14 @@ struct ContextOptions {
   // through the fused kernel, so ≈ 1.2 % (gated) and ≈ 1.3 % (non-gated, ≈ 0.6 ns per non-zero
   // against 4·M·K flops). Calibration: calibrate_hot_neurons(), or automatically on the first
   // sparse or automatic call of a layer with at least hot_neurons_min_rows rows (hot_neurons_auto).
+  // Thresholds ≤ 0 turn the split off. Measured (H200, M = 16384, 584ccce, whole sparse path,
+  // alternating with the split off / at other thresholds): gated 0.5 % 0.993 vs 1.020 ms off
+  // (0.008 / 0.016 / 0.024: 1.104 / 1.106 / 1.118 vs 1.065–1.086 at 0.012), 1 % 1.178 vs 1.341
+  // (0.016 / 0.024: 1.353 / 1.315 vs 1.310 / 1.229); non-gated 0.5 %: 0.743 vs 0.722 ms off (its
+  // GEMM columns cost less to skip: the sparse down alone is ≈ 0.65 ns per non-zero), so off.
   bool hot_neurons_auto = true;
   double hot_neurons_density = 0.012;
-  double hot_neurons_density_nongated = 0.013;
+  double hot_neurons_density_nongated = 0;
   std::int64_t hot_neurons_min_rows = 2048;
   // choose_hot_neurons picks none when more than this share of the neurons is over the threshold:
   // such a layer is dense (3 %, 10 %), where the split measured no faster than the dense FFN and
@@ -180,7 +185,9 @@ struct ContextOptions {
   // 10 % with 5224 of 5632 neurons dense 1.79 vs 1.74 ms for dense).
   double hot_neurons_max_share = 0.5;
   // The hot part's up GEMM on a second stream, concurrent with the cold sparse remainder (then its
-  // down GEMM after both). Off until measured.
+  // down GEMM after both). Off: measured no faster (584ccce, H200, M = 16384, alternating, on / off:
+  // 1.114 / 1.119 ms at 0.5 %, 1.334 / 1.347 at 1 %, 1.487 / 1.482 hot): the fused kernel fills
+  // the SMs, and the GEMM's blocks wait for its CTAs to retire.
   bool hot_neurons_overlap = false;
 };
 
@@ -239,7 +246,9 @@ class FfnContext {
   DenseRowsInfo read_dense_rows(cudaStream_t stream);
 
   // Hot neurons (ContextOptions::hot_neurons_*). count_neurons: the gate's non-zeros per neuron
-  // over x's m rows (a gate GEMM, a count, a host read), indexed by the original neuron numbering.
+  // over x's m rows (a gate GEMM, a count, a host read), indexed by the original neuron numbering;
+  // where the sparse path at m runs dense rows, rows with more than dense_rows_density·N non-zeros
+  // are left out (they cost nothing per neuron).
   // choose_hot_neurons: those over the density threshold. set_hot_neurons: permutes the weights so
   // that these neurons (original numbering, any order, duplicates ignored) come last and run
   // dense; more of the cold ones join them (the hottest by `counts` if given, else the last) until

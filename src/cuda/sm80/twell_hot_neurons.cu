@@ -13,8 +13,14 @@ constexpr int kCountRowsPerBlock = 256;
 
 // Block (x, y): columns [x·256·8, +2048) (8 per thread), rows [y·256, +256). Each thread counts its
 // 8 columns over the block's rows in registers, then adds them with one atomic per column.
+__device__ __forceinline__ std::uint32_t bf16_positive(std::uint32_t bits16) {
+  return (bits16 != 0 && bits16 < 0x8000u) ? 1u : 0u;  // sign clear and not ±0 (ReLU outputs are never NaN)
+}
+
 __global__ void __launch_bounds__(kCountThreads) neuron_counts_kernel(const __nv_bfloat16* g, std::int64_t ld_g,
                                                                        std::int64_t m, std::int64_t n,
+                                                                       const std::uint32_t* row_nnz,
+                                                                       std::uint32_t row_cap,
                                                                        std::uint32_t* counts) {
   const std::int64_t c0 = (static_cast<std::int64_t>(blockIdx.x) * kCountThreads + threadIdx.x) * 8;
   if (c0 >= n) return;
@@ -23,16 +29,15 @@ __global__ void __launch_bounds__(kCountThreads) neuron_counts_kernel(const __nv
   const bool vec = c0 + 8 <= n && ld_g % 8 == 0 && reinterpret_cast<std::uintptr_t>(g) % 16 == 0;
   std::uint32_t cnt[8] = {0, 0, 0, 0, 0, 0, 0, 0};
   for (std::int64_t r = r0; r < r1; ++r) {
+    if (row_nnz && row_nnz[r] > row_cap) continue;  // runs dense on the sparse path
     const __nv_bfloat16* row = g + r * ld_g + c0;
     if (vec) {
       const uint4 v = __ldg(reinterpret_cast<const uint4*>(row));
       const std::uint32_t w[4] = {v.x, v.y, v.z, v.w};
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        // bf16 > 0: sign bit clear and not ±0 (the ReLU outputs are never NaN).
-        const std::uint32_t lo = w[e] & 0xffffu, hi = w[e] >> 16;
-        cnt[2 * e] += (lo != 0 && lo < 0x8000u) ? 1u : 0u;
-        cnt[2 * e + 1] += (hi != 0 && hi < 0x8000u) ? 1u : 0u;
+        cnt[2 * e] += bf16_positive(w[e] & 0xffffu);
+        cnt[2 * e + 1] += bf16_positive(w[e] >> 16);
       }
     } else {
       for (int e = 0; e < 8 && c0 + e < n; ++e) cnt[e] += __bfloat162float(row[e]) > 0.0f ? 1u : 0u;
@@ -40,6 +45,20 @@ __global__ void __launch_bounds__(kCountThreads) neuron_counts_kernel(const __nv
   }
   for (int e = 0; e < 8 && c0 + e < n; ++e)
     if (cnt[e]) atomicAdd(&counts[c0 + e], cnt[e]);
+}
+
+// One warp per row.
+__global__ void row_counts_kernel(const __nv_bfloat16* g, std::int64_t ld_g, std::int64_t m, std::int64_t n,
+                                  std::uint32_t* row_nnz) {
+  const std::int64_t r = (static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
+  if (r >= m) return;
+  const int lane = threadIdx.x % 32;
+  std::uint32_t c = 0;
+  for (std::int64_t col = lane; col < n; col += 32)
+    c += bf16_positive(static_cast<std::uint32_t>(__bfloat16_as_ushort(g[r * ld_g + col])));
+#pragma unroll
+  for (int d = 16; d > 0; d >>= 1) c += __shfl_xor_sync(0xffffffffu, c, d);
+  if (lane == 0) row_nnz[r] = c;
 }
 
 // One block per destination row; 16-byte copies when the strides and pointers allow.
@@ -71,7 +90,8 @@ __global__ void gather_cols_kernel(const __nv_bfloat16* src, std::int64_t ld_src
 }  // namespace
 
 void launch_neuron_counts(const __nv_bfloat16* g, std::int64_t ld_g, std::int64_t m, std::int64_t n,
-                          std::uint32_t* counts, cudaStream_t stream) {
+                          const std::uint32_t* row_nnz, std::uint32_t row_cap, std::uint32_t* counts,
+                          cudaStream_t stream) {
   TWELL_CU_REQUIRE(m >= 1 && n >= 1 && ld_g >= n, ErrorCode::invalid_argument,
                    "neuron counts: bad shape m={} n={} ld={}", m, n, ld_g);
   const std::int64_t bx = (n + kCountThreads * 8 - 1) / (kCountThreads * 8);
@@ -79,8 +99,16 @@ void launch_neuron_counts(const __nv_bfloat16* g, std::int64_t ld_g, std::int64_
   TWELL_CU_REQUIRE(bx <= 0x7fffffff && by <= 65535, ErrorCode::unsupported,
                    "neuron counts: {} rows × {} neurons is too large for one launch", m, n);
   neuron_counts_kernel<<<dim3(static_cast<unsigned>(bx), static_cast<unsigned>(by)), kCountThreads, 0, stream>>>(
-      g, ld_g, m, n, counts);
+      g, ld_g, m, n, row_nnz, row_cap, counts);
   TWELL_CUDA_CHECK_LAUNCH("neuron_counts_kernel");
+}
+
+void launch_row_counts(const __nv_bfloat16* g, std::int64_t ld_g, std::int64_t m, std::int64_t n,
+                       std::uint32_t* row_nnz, cudaStream_t stream) {
+  TWELL_CU_REQUIRE(m >= 1 && n >= 1 && ld_g >= n && m <= (std::int64_t{1} << 36), ErrorCode::invalid_argument,
+                   "row counts: bad shape m={} n={} ld={}", m, n, ld_g);
+  row_counts_kernel<<<static_cast<unsigned>((m * 32 + 255) / 256), 256, 0, stream>>>(g, ld_g, m, n, row_nnz);
+  TWELL_CUDA_CHECK_LAUNCH("row_counts_kernel");
 }
 
 void launch_gather_rows(const __nv_bfloat16* src, std::int64_t ld_src, const int* idx, std::int64_t rows,

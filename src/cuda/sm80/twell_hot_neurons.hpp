@@ -19,10 +19,17 @@
 
 namespace twell::cuda {
 
-// counts[c] += #{r < m : g[r, c] > 0} for c < n. g is [m, n] with row stride ld_g; counts is
-// [n], accumulated into (the caller zeroes it).
+// counts[c] += #{r < m : g[r, c] > 0 and r sparse} for c < n, where row r is sparse unless
+// row_nnz is given and row_nnz[r] > row_cap (a row the sparse path runs dense: its non-zeros cost
+// nothing per neuron). g is [m, n] with row stride ld_g; counts is [n], accumulated into (the
+// caller zeroes it).
 void launch_neuron_counts(const __nv_bfloat16* g, std::int64_t ld_g, std::int64_t m, std::int64_t n,
-                          std::uint32_t* counts, cudaStream_t stream);
+                          const std::uint32_t* row_nnz, std::uint32_t row_cap, std::uint32_t* counts,
+                          cudaStream_t stream);
+
+// row_nnz[r] = #{c < n : g[r, c] > 0} for r < m (one warp per row).
+void launch_row_counts(const __nv_bfloat16* g, std::int64_t ld_g, std::int64_t m, std::int64_t n,
+                       std::uint32_t* row_nnz, cudaStream_t stream);
 
 // dst[i, 0:cols] = src[idx[i], 0:cols] for i < rows (row strides ld_src, ld_dst).
 void launch_gather_rows(const __nv_bfloat16* src, std::int64_t ld_src, const int* idx, std::int64_t rows,
