@@ -669,12 +669,28 @@ std::int64_t FfnContext::sparse_n(std::int64_t m) const noexcept {
 
 std::vector<std::uint32_t> FfnContext::count_neurons(const __nv_bfloat16* x, std::int64_t m, cudaStream_t stream) {
   gate_gemm(x, m, stream);  // every neuron, in the current order
+  return neuron_counts_of_gate(m, nullptr, stream);
+}
+
+std::vector<std::uint32_t> FfnContext::neuron_counts_of_gate(std::int64_t m, const std::vector<char>* cold,
+                                                             cudaStream_t stream) {
   DeviceBuffer<std::uint32_t> counts(static_cast<std::size_t>(n_));
   TWELL_CUDA_CHECK(cudaMemsetAsync(counts.get(), 0, counts.bytes(), stream));
-  // Rows the sparse path would run dense (dense rows) cost nothing per neuron: not counted.
-  const bool skip = use_dense_rows(m);
-  if (skip) launch_row_counts(g_.get(), ldn_, m, n_, row_nnz_.get(), stream);
-  launch_neuron_counts(g_.get(), ldn_, m, n_, skip ? row_nnz_.get() : nullptr, dense_row_cap(n_), counts.get(), stream);
+  std::uint32_t row_cap = 0;
+  if (cold) {  // rows with more than dense_row_cap(cold count) non-zeros in the cold neurons are skipped
+    std::vector<unsigned char> mask(static_cast<std::size_t>(n_));
+    std::int64_t nc = 0;
+    for (std::int64_t j = 0; j < n_; ++j) {  // by position
+      mask[static_cast<std::size_t>(j)] = (*cold)[static_cast<std::size_t>(order_.empty() ? j : order_[static_cast<std::size_t>(j)])];
+      nc += mask[static_cast<std::size_t>(j)];
+    }
+    DeviceBuffer<unsigned char> d_mask(mask.size());
+    TWELL_CUDA_CHECK(cudaMemcpyAsync(d_mask.get(), mask.data(), mask.size(), cudaMemcpyHostToDevice, stream));
+    launch_row_counts(g_.get(), ldn_, m, n_, d_mask.get(), row_nnz_.get(), stream);
+    row_cap = dense_row_cap(nc);
+    TWELL_CUDA_CHECK(cudaStreamSynchronize(stream));  // d_mask dies here
+  }
+  launch_neuron_counts(g_.get(), ldn_, m, n_, cold ? row_nnz_.get() : nullptr, row_cap, counts.get(), stream);
   std::vector<std::uint32_t> pos(static_cast<std::size_t>(n_));  // by position
   TWELL_CUDA_CHECK(cudaMemcpyAsync(pos.data(), counts.get(), counts.bytes(), cudaMemcpyDeviceToHost, stream));
   TWELL_CUDA_CHECK(cudaStreamSynchronize(stream));
@@ -794,8 +810,17 @@ bool FfnContext::calibrate_if_due(const __nv_bfloat16* x, std::int64_t m, cudaSt
 }
 
 std::int64_t FfnContext::calibrate_hot_neurons(const __nv_bfloat16* x, std::int64_t m, cudaStream_t stream) {
-  const std::vector<std::uint32_t> counts = count_neurons(x, m, stream);
-  set_hot_neurons(choose_hot_neurons(counts, m), stream, &counts);
+  std::vector<std::uint32_t> counts = count_neurons(x, m, stream);
+  std::vector<std::int64_t> hot = choose_hot_neurons(counts, m);
+  if (!hot.empty() && use_dense_rows(m)) {
+    // Rows that run dense even after the split (more than the dense-row threshold of non-zeros in
+    // the cold neurons: hot tokens) cost nothing per neuron; counted without them, choose again.
+    std::vector<char> cold(static_cast<std::size_t>(n_), 1);
+    for (const std::int64_t i : hot) cold[static_cast<std::size_t>(i)] = 0;
+    counts = neuron_counts_of_gate(m, &cold, stream);
+    hot = choose_hot_neurons(counts, m);
+  }
+  set_hot_neurons(hot, stream, &counts);
   return hot_n_;
 }
 

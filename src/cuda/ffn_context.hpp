@@ -246,15 +246,15 @@ class FfnContext {
   DenseRowsInfo read_dense_rows(cudaStream_t stream);
 
   // Hot neurons (ContextOptions::hot_neurons_*). count_neurons: the gate's non-zeros per neuron
-  // over x's m rows (a gate GEMM, a count, a host read), indexed by the original neuron numbering;
-  // where the sparse path at m runs dense rows, rows with more than dense_rows_density·N non-zeros
-  // are left out (they cost nothing per neuron).
+  // over x's m rows (a gate GEMM, a count, a host read), indexed by the original neuron numbering.
   // choose_hot_neurons: those over the density threshold. set_hot_neurons: permutes the weights so
   // that these neurons (original numbering, any order, duplicates ignored) come last and run
   // dense; more of the cold ones join them (the hottest by `counts` if given, else the last) until
   // the cold count is a multiple of 8; an empty list, or one leaving no cold neuron, turns the split
   // off. The results of every path stay the same function of x (the order of a sum changes). Resets
-  // the dispatch's measured density. calibrate_hot_neurons: all three; returns the hot count.
+  // the dispatch's measured density. calibrate_hot_neurons: all three, choosing twice where the
+  // sparse path runs dense rows: the second time over the rows that would still run sparse after
+  // the first choice (hot tokens cost nothing per neuron); returns the hot count.
   std::vector<std::uint32_t> count_neurons(const __nv_bfloat16* x, std::int64_t m, cudaStream_t stream);
   std::vector<std::int64_t> choose_hot_neurons(const std::vector<std::uint32_t>& counts, std::int64_t m) const;
   void set_hot_neurons(const std::vector<std::int64_t>& hot, cudaStream_t stream,
@@ -349,6 +349,9 @@ class FfnContext {
   TwellSampleParams sample_params(const __nv_bfloat16* src, std::int64_t ld, std::int64_t m, std::int64_t n,
                                   double max_density, bool rows_at_cost);
   void reset_dispatch_state();  // forget measured densities and hot-row shares (new weights or order)
+  // Per-neuron counts (original numbering) of the gate buffer's m rows (gate_gemm ran); with `cold`
+  // (by original neuron), rows with more than dense_row_cap(#cold) non-zeros in those are skipped.
+  std::vector<std::uint32_t> neuron_counts_of_gate(std::int64_t m, const std::vector<char>* cold, cudaStream_t stream);
 
   ContextOptions opt_;
   bool gate_sm90_ok_ = false;  // this device runs the sm90 gate kernel (gate_pack_sm90_available)

@@ -49,13 +49,13 @@ __global__ void __launch_bounds__(kCountThreads) neuron_counts_kernel(const __nv
 
 // One warp per row.
 __global__ void row_counts_kernel(const __nv_bfloat16* g, std::int64_t ld_g, std::int64_t m, std::int64_t n,
-                                  std::uint32_t* row_nnz) {
+                                  const unsigned char* mask, std::uint32_t* row_nnz) {
   const std::int64_t r = (static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
   if (r >= m) return;
   const int lane = threadIdx.x % 32;
   std::uint32_t c = 0;
   for (std::int64_t col = lane; col < n; col += 32)
-    c += bf16_positive(static_cast<std::uint32_t>(__bfloat16_as_ushort(g[r * ld_g + col])));
+    if (!mask || mask[col]) c += bf16_positive(static_cast<std::uint32_t>(__bfloat16_as_ushort(g[r * ld_g + col])));
 #pragma unroll
   for (int d = 16; d > 0; d >>= 1) c += __shfl_xor_sync(0xffffffffu, c, d);
   if (lane == 0) row_nnz[r] = c;
@@ -104,10 +104,10 @@ void launch_neuron_counts(const __nv_bfloat16* g, std::int64_t ld_g, std::int64_
 }
 
 void launch_row_counts(const __nv_bfloat16* g, std::int64_t ld_g, std::int64_t m, std::int64_t n,
-                       std::uint32_t* row_nnz, cudaStream_t stream) {
+                       const unsigned char* mask, std::uint32_t* row_nnz, cudaStream_t stream) {
   TWELL_CU_REQUIRE(m >= 1 && n >= 1 && ld_g >= n && m <= (std::int64_t{1} << 36), ErrorCode::invalid_argument,
                    "row counts: bad shape m={} n={} ld={}", m, n, ld_g);
-  row_counts_kernel<<<static_cast<unsigned>((m * 32 + 255) / 256), 256, 0, stream>>>(g, ld_g, m, n, row_nnz);
+  row_counts_kernel<<<static_cast<unsigned>((m * 32 + 255) / 256), 256, 0, stream>>>(g, ld_g, m, n, mask, row_nnz);
   TWELL_CUDA_CHECK_LAUNCH("row_counts_kernel");
 }
 

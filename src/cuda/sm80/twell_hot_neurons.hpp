@@ -27,9 +27,9 @@ void launch_neuron_counts(const __nv_bfloat16* g, std::int64_t ld_g, std::int64_
                           const std::uint32_t* row_nnz, std::uint32_t row_cap, std::uint32_t* counts,
                           cudaStream_t stream);
 
-// row_nnz[r] = #{c < n : g[r, c] > 0} for r < m (one warp per row).
+// row_nnz[r] = #{c < n : g[r, c] > 0 and (no mask or mask[c])} for r < m (one warp per row).
 void launch_row_counts(const __nv_bfloat16* g, std::int64_t ld_g, std::int64_t m, std::int64_t n,
-                       std::uint32_t* row_nnz, cudaStream_t stream);
+                       const unsigned char* mask, std::uint32_t* row_nnz, cudaStream_t stream);
 
 // dst[i, 0:cols] = src[idx[i], 0:cols] for i < rows (row strides ld_src, ld_dst).
 void launch_gather_rows(const __nv_bfloat16* src, std::int64_t ld_src, const int* idx, std::int64_t rows,
