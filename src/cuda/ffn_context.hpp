@@ -158,8 +158,11 @@ struct ContextOptions {
   // call's M, comes to at least this many rows: small gathered GEMMs run far below the GEMM rate.
   // Measured (H200, M = 16384, d048c10, alternating): at 0.5 % the 296 heavy rows (capacity 512)
   // cost 1.058 vs 1.011 ms for the whole sparse path without them; at 1 % 2767 rows saved 0.05 ms,
-  // with the reference's hot rows (1.33 %) 3193 rows 0.40 ms.
-  std::int64_t dense_rows_min = 1024;
+  // with the reference's hot rows (1.33 %) 3193 rows 0.40 ms. With hot neurons split off (fewer
+  // non-zeros per row in the cold part) the reference's 492 hot tokens plus ~300 heavy rows fell
+  // under 1024 and ran sparse: whole sparse path 1.425 ms (ef0a7bb) against 1.346 ms when they ran
+  // dense (69c4d08, H200, M = 16384); hence 512 (still above the 296 rows measured at 0.5 %).
+  std::int64_t dense_rows_min = 512;
   std::int64_t dense_rows_capacity = -1;  // ≥ 0: this fixed capacity (tests, benchmarks)
   // Hot neurons (sm80/twell_hot_neurons.hpp): neurons active in more than hot_neurons_density of a
   // calibration batch's tokens run as columns of dense cuBLASLt GEMMs (their gate and up product,
