@@ -302,6 +302,22 @@ void check_split(const FfnCase& c, const FfnWeights& w, const __nv_bfloat16* x, 
   EXPECT_LE(ef, kTol) << "split fallback (ran " << fs.ran << "): worst row " << worst_row;
 }
 
+// `calls` automatic forwards of ctx on x into a poisoned y, each in bounds and exact on `rows` (the
+// reference of the path it ran); returns the last call's path.
+std::string check_automatic_calls(const FfnCase& c, FfnContext& ctx, const __nv_bfloat16* x, int calls, const char* what,
+                                  const std::vector<double>& ref_sparse, const std::vector<double>& ref_dense,
+                                  const std::vector<std::int64_t>& rows, cudaStream_t s) {
+  ForwardResult fr;
+  for (int call = 0; call < calls; ++call) {
+    const Outputs o = run_poisoned(c.m, c.k, s, [&](__nv_bfloat16* y) { fr = ctx.forward(x, c.m, y, Path::automatic, s); });
+    std::int64_t worst_row = -1;
+    const double err = max_err_rows(o.y, fr.sparse ? ref_sparse : ref_dense, rows, c.k, &worst_row);
+    EXPECT_TRUE(o.guard_ok) << what << ": write past the end of y";
+    EXPECT_LE(err, kTol) << what << ", call " << call << " (" << fr.path << "): worst row " << worst_row;
+  }
+  return fr.path;
+}
+
 // Dense rows (sm80/twell_dense_rows.hpp) with the threshold at ~0 (every non-empty row is hot) and
 // at 1.5 % of N, the capacity at M (every hot row dense) and at 3 (the rest stay sparse; padding
 // rows when fewer): the plan's counts equal the host's from the TwELL count words, y is within the
@@ -368,15 +384,8 @@ void check_dense_rows(const FfnCase& c, const FfnData& d, const FfnWeights& w, c
   a.dense_rows_min = 1;
   FfnContext ac(a);
   ac.upload_weights(w, s);
-  for (int call = 0; call < 3; ++call) {
-    ForwardResult fr;
-    const Outputs o = run_poisoned(c.m, c.k, s, [&](__nv_bfloat16* y) { fr = ac.forward(x, c.m, y, Path::automatic, s); });
-    std::int64_t worst_row = -1;
-    const double err = max_err_rows(o.y, fr.sparse ? ref_sparse : ref_dense, rows, c.k, &worst_row);
-    EXPECT_TRUE(o.guard_ok);
-    EXPECT_LE(err, kTol) << "automatic with dense rows, call " << call << " (" << fr.path << "): worst row " << worst_row;
-    if (call == 2) std::printf("[case %s] automatic with dense rows: \"%s\"\n", c.name.c_str(), fr.path.c_str());
-  }
+  const std::string path = check_automatic_calls(c, ac, x, 3, "automatic with dense rows", ref_sparse, ref_dense, rows, s);
+  std::printf("[case %s] automatic with dense rows: \"%s\"\n", c.name.c_str(), path.c_str());
 }
 
 // Hot neurons (sm80/twell_hot_neurons.hpp). count_neurons equals the host's count of the gate it
@@ -482,15 +491,7 @@ void check_hot_neurons(const FfnCase& c, const FfnData& d, const FfnWeights& w, 
   ao.hot_neurons_density = ao.hot_neurons_density_nongated = (static_cast<double>(q) + 0.5) / static_cast<double>(c.m);  // count > q
   FfnContext ac(ao);
   ac.upload_weights(w, s);
-  for (int call = 0; call < 2; ++call) {
-    ForwardResult fr;
-    const Outputs out = run_poisoned(c.m, c.k, s, [&](__nv_bfloat16* y) { fr = ac.forward(x, c.m, y, Path::automatic, s); });
-    std::int64_t worst_row = -1;
-    const double err = max_err_rows(out.y, fr.sparse ? ref_sparse : ref_dense, rows, c.k, &worst_row);
-    EXPECT_TRUE(out.guard_ok);
-    EXPECT_LE(err, kTol) << "automatic with calibrated hot neurons, call " << call << " (" << fr.path << "): worst row "
-                         << worst_row;
-  }
+  check_automatic_calls(c, ac, x, 2, "automatic with calibrated hot neurons", ref_sparse, ref_dense, rows, s);
   // Chosen over all rows, then again over the rows still sparse after the first choice (hot tokens
   // left out): the second set is within the first's candidates, up to the ≤ 7 that round the cold
   // count to a multiple of 8, and at most half of the neurons.
