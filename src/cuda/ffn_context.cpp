@@ -191,8 +191,7 @@ void FfnContext::gate_twell(const __nv_bfloat16* x, std::int64_t m, cudaStream_t
   const std::int64_t chunks = std::min<std::int64_t>(opt_.gate_chunks, m / 2048);
   const std::int64_t n = sparse_n(m);  // the hot neurons' gate is part of their dense GEMM
   if (chunks <= 1) {
-    reserve(m);
-    gemm_.run({m, n, k_, k_, k_, ldn_, GemmEpilogue::relu}, w_gu_.get(), x, g_.get(), stream);
+    gate_gemm_cols(x, m, n, stream);
     pack(m, nullptr, stream);
     return;
   }
@@ -240,10 +239,12 @@ void FfnContext::gate_pack_sm90(const __nv_bfloat16* x, std::int64_t m, cudaStre
   launch_twell_gate_pack_sm90(p, stream);
 }
 
-void FfnContext::gate_gemm(const __nv_bfloat16* x, std::int64_t m, cudaStream_t stream) {
+void FfnContext::gate_gemm(const __nv_bfloat16* x, std::int64_t m, cudaStream_t stream) { gate_gemm_cols(x, m, n_, stream); }
+
+void FfnContext::gate_gemm_cols(const __nv_bfloat16* x, std::int64_t m, std::int64_t n, cudaStream_t stream) {
   reserve(m);
   // ReLU in the GEMM epilogue: g ≥ 0 in the buffer, so the overflow backup and dense_rest read it as is.
-  gemm_.run({m, n_, k_, k_, k_, ldn_, GemmEpilogue::relu}, w_gu_.get(), x, g_.get(), stream);
+  gemm_.run({m, n, k_, k_, k_, ldn_, GemmEpilogue::relu}, w_gu_.get(), x, g_.get(), stream);
 }
 
 void FfnContext::pack(std::int64_t m, const std::uint32_t* enable, cudaStream_t stream) {
@@ -272,31 +273,8 @@ void FfnContext::pack_rows(std::int64_t r0, std::int64_t rows, std::int64_t n, c
 
 void FfnContext::sparse_rest(const __nv_bfloat16* x, std::int64_t m, __nv_bfloat16* y, cudaStream_t stream) {
   TWELL_CHECK(m <= cap_m_, ErrorCode::invalid_argument, "sparse_rest: run gate_twell for these {} rows first", m);
-  if (sparse_n(m) == n_) {
-    cold_rest(x, m, y, stream);
-    return;
-  }
-  if (!opt_.hot_neurons_overlap) {
-    cold_rest(x, m, y, stream);
-    hot_up(x, m, stream);
-    hot_down(m, y, stream);  // adds into the y the cold part wrote
-    return;
-  }
-  // The hot up GEMM on the side stream while the cold part runs (tensor cores next to an L2-bound
-  // kernel); their workspaces are disjoint (hot_up's comment).
-  if (!side_) TWELL_CUDA_CHECK(cudaStreamCreateWithFlags(&side_, cudaStreamNonBlocking));
-  while (chunk_events_.size() < 2) {
-    cudaEvent_t e = nullptr;
-    TWELL_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
-    chunk_events_.push_back(e);
-  }
-  TWELL_CUDA_CHECK(cudaEventRecord(chunk_events_[0], stream));
-  TWELL_CUDA_CHECK(cudaStreamWaitEvent(side_, chunk_events_[0]));
-  hot_up(x, m, side_);
   cold_rest(x, m, y, stream);
-  TWELL_CUDA_CHECK(cudaEventRecord(chunk_events_[1], side_));
-  TWELL_CUDA_CHECK(cudaStreamWaitEvent(stream, chunk_events_[1]));
-  hot_down(m, y, stream);
+  if (sparse_n(m) < n_) hot_rest(x, m, y, stream);  // adds into the y the cold part wrote
 }
 
 void FfnContext::cold_rest(const __nv_bfloat16* x, std::int64_t m, __nv_bfloat16* y, cudaStream_t stream) {
@@ -780,14 +758,11 @@ void FfnContext::set_hot_neurons(const std::vector<std::int64_t>& hot, cudaStrea
     const std::int64_t ldh = round_up(hot_n_, 8);
     w_hot_gu_.resize(static_cast<std::size_t>((gated_ ? 2 : 1) * ldh * k_));
     TWELL_CUDA_CHECK(cudaMemsetAsync(w_hot_gu_.get(), 0, w_hot_gu_.bytes(), stream));
-    TWELL_CUDA_CHECK(cudaMemcpy2DAsync(w_hot_gu_.get(), static_cast<std::size_t>(k_) * 2, gu.get() + nc * k_,
-                                       static_cast<std::size_t>(k_) * 2, static_cast<std::size_t>(k_) * 2,
-                                       static_cast<std::size_t>(hot_n_), cudaMemcpyDeviceToDevice, stream));
+    const std::size_t bytes = static_cast<std::size_t>(hot_n_ * k_) * sizeof(__nv_bfloat16);  // whole rows
+    TWELL_CUDA_CHECK(cudaMemcpyAsync(w_hot_gu_.get(), gu.get() + nc * k_, bytes, cudaMemcpyDeviceToDevice, stream));
     if (gated_)
-      TWELL_CUDA_CHECK(cudaMemcpy2DAsync(w_hot_gu_.get() + ldh * k_, static_cast<std::size_t>(k_) * 2,
-                                         gu.get() + (ldn_ + nc) * k_, static_cast<std::size_t>(k_) * 2,
-                                         static_cast<std::size_t>(k_) * 2, static_cast<std::size_t>(hot_n_),
-                                         cudaMemcpyDeviceToDevice, stream));
+      TWELL_CUDA_CHECK(cudaMemcpyAsync(w_hot_gu_.get() + ldh * k_, gu.get() + (ldn_ + nc) * k_, bytes,
+                                       cudaMemcpyDeviceToDevice, stream));
   }
   TWELL_CUDA_CHECK(cudaStreamSynchronize(stream));  // the old buffers die below
   w_gu_ = std::move(gu);
@@ -830,8 +805,8 @@ __nv_bfloat16* FfnContext::hot_workspace(std::int64_t m) noexcept {
   return gu_.get() + m * ldn_;
 }
 
-void FfnContext::hot_up(const __nv_bfloat16* x, std::int64_t m, cudaStream_t stream) {
-  const std::int64_t hn = hot_n_, ldh = round_up(hn, 8);
+void FfnContext::hot_rest(const __nv_bfloat16* x, std::int64_t m, __nv_bfloat16* y, cudaStream_t stream) {
+  const std::int64_t hn = hot_n_, ldh = round_up(hn, 8), nc = n_ - hn;
   __nv_bfloat16* ws = hot_workspace(m);
   if (gated_) {  // [g | u] into ws, then h = ReLU(g) ⊙ u in place of g (element by element)
     gemm_.run({m, 2 * ldh, k_, k_, k_, 2 * ldh, GemmEpilogue::none}, w_hot_gu_.get(), x, ws, stream);
@@ -839,13 +814,9 @@ void FfnContext::hot_up(const __nv_bfloat16* x, std::int64_t m, cudaStream_t str
   } else {
     gemm_.run({m, hn, k_, k_, k_, 2 * ldh, GemmEpilogue::relu}, w_hot_gu_.get(), x, ws, stream);
   }
-}
-
-void FfnContext::hot_down(std::int64_t m, __nv_bfloat16* y, cudaStream_t stream) {
-  const std::int64_t hn = hot_n_, ldh = round_up(hn, 8), nc = n_ - hn;
   GemmShape down{m, k_, hn, 2 * ldh, ldn_, k_, GemmEpilogue::none};
   down.accumulate = true;  // y += h_hot · Wd[:, hot]ᵀ (Wd's last hn columns, row stride ldn)
-  gemm_.run(down, w_down_.get() + nc, hot_workspace(m), y, stream);
+  gemm_.run(down, w_down_.get() + nc, ws, y, stream);
 }
 
 ForwardResult FfnContext::forward(const __nv_bfloat16* x, std::int64_t m, __nv_bfloat16* y, Path path,

@@ -187,11 +187,6 @@ struct ContextOptions {
   // the dispatch's cold-neuron density (the cold few are rare) would still pick it (b47f0fe, H200:
   // 10 % with 5224 of 5632 neurons dense 1.79 vs 1.74 ms for dense).
   double hot_neurons_max_share = 0.5;
-  // The hot part's up GEMM on a second stream, concurrent with the cold sparse remainder (then its
-  // down GEMM after both). Off: measured no faster (584ccce, H200, M = 16384, alternating, on / off:
-  // 1.114 / 1.119 ms at 0.5 %, 1.334 / 1.347 at 1 %, 1.487 / 1.482 hot): the fused kernel fills
-  // the SMs, and the GEMM's blocks wait for its CTAs to retire.
-  bool hot_neurons_overlap = false;
 };
 
 struct ForwardResult {
@@ -315,10 +310,11 @@ class FfnContext {
                  cudaStream_t stream);
   // sparse_rest over the cold neurons [0, sparse_n(m)) (all of them without the split).
   void cold_rest(const __nv_bfloat16* x, std::int64_t m, __nv_bfloat16* y, cudaStream_t stream);
-  // The hot neurons' dense part: hot_up: [g | u] = x·[Wg; Wu]ᵀ over them, h = ReLU(g) ⊙ u (non-gated
-  // h = ReLU(x·Wuᵀ)), into hot_workspace; hot_down: y += h·Wd[:, hot]ᵀ.
-  void hot_up(const __nv_bfloat16* x, std::int64_t m, cudaStream_t stream);
-  void hot_down(std::int64_t m, __nv_bfloat16* y, cudaStream_t stream);
+  // The hot neurons' dense part: [g | u] = x·[Wg; Wu]ᵀ over them, h = ReLU(g) ⊙ u (non-gated
+  // h = ReLU(x·Wuᵀ)) into hot_workspace, then y += h·Wd[:, hot]ᵀ.
+  void hot_rest(const __nv_bfloat16* x, std::int64_t m, __nv_bfloat16* y, cudaStream_t stream);
+  // gate_gemm over the first n neurons (the call's sparse_n in gate_twell).
+  void gate_gemm_cols(const __nv_bfloat16* x, std::int64_t m, std::int64_t n, cudaStream_t stream);
   __nv_bfloat16* hot_workspace(std::int64_t m) noexcept;  // [m, 2·ldh]: h in its first ldh columns
   bool use_split(std::int64_t m) const noexcept;
   // Dense rows on the sparse remainder at this M (ContextOptions::dense_rows_density); never at

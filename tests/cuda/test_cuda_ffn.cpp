@@ -395,10 +395,9 @@ void check_dense_rows(const FfnCase& c, const FfnData& d, const FfnWeights& w, c
 // neuron and none: hot_count() and hot_neurons() as documented, and y within the tolerance through
 // the sparse, automatic (twice) and dense paths, with dense rows on the cold part; the sparse path
 // reproducible bit for bit. Last, automatic calls that calibrate the split themselves.
-void check_hot_neurons(const FfnCase& c, const FfnData& d, const FfnWeights& w, const __nv_bfloat16* x,
-                       const ContextOptions& opt, const std::vector<double>& ref_sparse,
-                       const std::vector<double>& ref_dense, const std::vector<std::int64_t>& rows, cudaStream_t s) {
-  (void)d;
+void check_hot_neurons(const FfnCase& c, const FfnWeights& w, const __nv_bfloat16* x, const ContextOptions& opt,
+                       const std::vector<double>& ref_sparse, const std::vector<double>& ref_dense,
+                       const std::vector<std::int64_t>& rows, cudaStream_t s) {
   ContextOptions o = opt;
   o.hot_neurons_auto = false;
   o.hot_neurons_min_rows = 1;
@@ -598,7 +597,7 @@ TEST_P(CudaFfn, MatchesReferenceAndHostEncoder) {
   }
   if (split_supported(c.n)) check_split(c, w, x.get(), opt, ref_sparse, rows, s);
   check_dense_rows(c, d, w, x.get(), opt, ref_sparse, ref_dense, rows, s);
-  check_hot_neurons(c, d, w, x.get(), opt, ref_sparse, ref_dense, rows, s);
+  check_hot_neurons(c, w, x.get(), opt, ref_sparse, ref_dense, rows, s);
   if (c.gated) check_blocked_up(c, w, x.get(), opt, ref_sparse, rows, s);
   // The dense baseline in row chunks (each chunk's intermediate reused from row 0): exact, and the
   // dispatch count it leaves (its last chunk's gate) still decides an automatic call correctly.

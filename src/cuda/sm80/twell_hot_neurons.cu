@@ -4,6 +4,7 @@
 #include <algorithm>
 
 #include "cuda/common/check.hpp"
+#include "cuda/common/device_math.cuh"
 
 namespace twell::cuda {
 namespace {
@@ -12,11 +13,8 @@ constexpr int kCountThreads = 256;
 constexpr int kCountRowsPerBlock = 256;
 
 // Block (x, y): columns [x·256·8, +2048) (8 per thread), rows [y·256, +256). Each thread counts its
-// 8 columns over the block's rows in registers, then adds them with one atomic per column.
-__device__ __forceinline__ std::uint32_t bf16_positive(std::uint32_t bits16) {
-  return (bits16 != 0 && bits16 < 0x8000u) ? 1u : 0u;  // sign clear and not ±0 (ReLU outputs are never NaN)
-}
-
+// 8 columns over the block's rows in registers (the TwELL keep rule, dev::keep_mask8), then adds
+// them with one atomic per column.
 __global__ void __launch_bounds__(kCountThreads) neuron_counts_kernel(const __nv_bfloat16* g, std::int64_t ld_g,
                                                                        std::int64_t m, std::int64_t n,
                                                                        const std::uint32_t* row_nnz,
@@ -26,36 +24,31 @@ __global__ void __launch_bounds__(kCountThreads) neuron_counts_kernel(const __nv
   if (c0 >= n) return;
   const std::int64_t r0 = static_cast<std::int64_t>(blockIdx.y) * kCountRowsPerBlock;
   const std::int64_t r1 = std::min<std::int64_t>(m, r0 + kCountRowsPerBlock);
-  const bool vec = c0 + 8 <= n && ld_g % 8 == 0 && reinterpret_cast<std::uintptr_t>(g) % 16 == 0;
+  const bool vec_ok = ld_g % 8 == 0 && reinterpret_cast<std::uintptr_t>(g) % 16 == 0;
   std::uint32_t cnt[8] = {0, 0, 0, 0, 0, 0, 0, 0};
   for (std::int64_t r = r0; r < r1; ++r) {
     if (row_nnz && row_nnz[r] > row_cap) continue;  // runs dense on the sparse path
-    const __nv_bfloat16* row = g + r * ld_g + c0;
-    if (vec) {
-      const uint4 v = __ldg(reinterpret_cast<const uint4*>(row));
-      const std::uint32_t w[4] = {v.x, v.y, v.z, v.w};
+    const unsigned keep = dev::keep_mask8(dev::load8_bf16(g + r * ld_g, c0, n, vec_ok));
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        cnt[2 * e] += bf16_positive(w[e] & 0xffffu);
-        cnt[2 * e + 1] += bf16_positive(w[e] >> 16);
-      }
-    } else {
-      for (int e = 0; e < 8 && c0 + e < n; ++e) cnt[e] += __bfloat162float(row[e]) > 0.0f ? 1u : 0u;
-    }
+    for (int e = 0; e < 8; ++e) cnt[e] += (keep >> e) & 1u;
   }
   for (int e = 0; e < 8 && c0 + e < n; ++e)
     if (cnt[e]) atomicAdd(&counts[c0 + e], cnt[e]);
 }
 
-// One warp per row.
+// One warp per row; lane l reads columns [8l, 8l + 8) of each 256-column chunk.
 __global__ void row_counts_kernel(const __nv_bfloat16* g, std::int64_t ld_g, std::int64_t m, std::int64_t n,
                                   const unsigned char* mask, std::uint32_t* row_nnz) {
   const std::int64_t r = (static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
   if (r >= m) return;
   const int lane = threadIdx.x % 32;
+  const bool vec_ok = ld_g % 8 == 0 && reinterpret_cast<std::uintptr_t>(g) % 16 == 0;
   std::uint32_t c = 0;
-  for (std::int64_t col = lane; col < n; col += 32)
-    if (!mask || mask[col]) c += bf16_positive(static_cast<std::uint32_t>(__bfloat16_as_ushort(g[r * ld_g + col])));
+  for (std::int64_t c0 = static_cast<std::int64_t>(lane) * 8; c0 < n; c0 += 256) {
+    const unsigned keep = dev::keep_mask8(dev::load8_bf16(g + r * ld_g, c0, n, vec_ok));
+    for (int e = 0; e < 8; ++e)  // kept values lie below n (load8_bf16 reads zeros past it)
+      if ((keep >> e) & 1u) c += !mask || mask[c0 + e];
+  }
 #pragma unroll
   for (int d = 16; d > 0; d >>= 1) c += __shfl_xor_sync(0xffffffffu, c, d);
   if (lane == 0) row_nnz[r] = c;
@@ -105,8 +98,9 @@ void launch_neuron_counts(const __nv_bfloat16* g, std::int64_t ld_g, std::int64_
 
 void launch_row_counts(const __nv_bfloat16* g, std::int64_t ld_g, std::int64_t m, std::int64_t n,
                        const unsigned char* mask, std::uint32_t* row_nnz, cudaStream_t stream) {
-  TWELL_CU_REQUIRE(m >= 1 && n >= 1 && ld_g >= n && m <= (std::int64_t{1} << 36), ErrorCode::invalid_argument,
-                   "row counts: bad shape m={} n={} ld={}", m, n, ld_g);
+  TWELL_CU_REQUIRE(m >= 1 && n >= 1 && ld_g >= n, ErrorCode::invalid_argument, "row counts: bad shape m={} n={} ld={}", m,
+                   n, ld_g);
+  TWELL_CU_REQUIRE(m <= 0x7fffffff, ErrorCode::unsupported, "row counts: M = {} out of range", m);
   row_counts_kernel<<<static_cast<unsigned>((m * 32 + 255) / 256), 256, 0, stream>>>(g, ld_g, m, n, mask, row_nnz);
   TWELL_CUDA_CHECK_LAUNCH("row_counts_kernel");
 }
