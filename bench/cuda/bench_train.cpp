@@ -7,6 +7,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <random>
 #include <tuple>
@@ -73,8 +74,8 @@ void run_train_sweep(bool quick, int warmup, int reps, cudaStream_t s, nlohmann:
     for (std::int64_t m : {256, 2048, 4096}) pts.push_back({"uni", m, 0.005});
 
   char hdr[512];
-  std::snprintf(hdr, sizeof hdr, "%7s %-8s %6s | %7s %7s | %7s %7s %7s | %6s %6s | %8s %8s %6s | %8s %8s | %8s | %s", "M",
-                "mode", "nnz%", "dn_fwd", "dn_step", "sp_fwd", "sp_step", "auto", "xsprs", "xauto", "saved_sp",
+  std::snprintf(hdr, sizeof hdr, "%7s %-8s %6s %5s | %7s %7s | %7s %7s %7s | %6s %6s | %8s %8s %6s | %8s %8s | %8s | %s", "M",
+                "mode", "nnz%", "hot", "dn_fwd", "dn_step", "sp_fwd", "sp_step", "auto", "xsprs", "xauto", "saved_sp",
                 "saved_dn", "ratio", "mem_sp", "mem_dn", "err", "path");
   lines.push_back("training step (forward + backward), times in ms, memory in MB:");
   lines.push_back(hdr);
@@ -118,7 +119,7 @@ void run_train_sweep(bool quick, int warmup, int reps, cudaStream_t s, nlohmann:
       for (const auto& [name, ms] : sparse.phase_ms()) phases[name] = ms;
     }
     // Weight-gradient passes: the sparse step with other L2 fractions (0 = widest slices, one block) and item runs.
-    if (pt.m >= 16384 && pt.mode == "uni" && pt.density <= 0.01) {
+    if (!quick && pt.m >= 16384 && pt.mode == "uni" && pt.density <= 0.01) {
       struct Variant {
         double frac;
         std::int64_t run;
@@ -140,6 +141,37 @@ void run_train_sweep(bool quick, int warmup, int reps, cudaStream_t s, nlohmann:
           v.forward(dev_x.get(), m, dev_y.get(), Path::sparse, s);
           v.backward(dev_x.get(), dev_dy.get(), m, l1_coeff, dev_dx.get(), s);
         });
+      }
+    }
+    // Hot neurons: the sparse step without and with the split, timed alternately; and the split at
+    // other thresholds than the default.
+    nlohmann::json hot_json = nlohmann::json::object();
+    if (pt.m >= 16384 && pt.density <= 0.015) {
+      TrainContextOptions off_opt = copt;
+      off_opt.hot_neurons_auto = false;
+      TrainContext off(off_opt), on(copt);
+      off.upload_weights(w, s);
+      on.upload_weights(w, s);
+      const auto step = [&](TrainContext& c) {
+        return [&] {
+          c.forward(dev_x.get(), m, dev_y.get(), Path::sparse, s);
+          c.backward(dev_x.get(), dev_dy.get(), m, l1_coeff, dev_dx.get(), s);
+        };
+      };
+      const auto [off_ms, on_ms] = host::alternating_medians_ms(warmup, reps, s, step(off), step(on));
+      hot_json["off_on_sparse_alternating_ms"] = {off_ms, on_ms};
+      hot_json["hot_neurons_default"] = on.hot_count();
+      if (pt.density >= 0.01) {
+        for (double th : {0.008, 0.025}) {
+          TrainContextOptions o = copt;
+          o.hot_neurons_density = o.hot_neurons_density_nongated = th;
+          TrainContext v(o);
+          v.upload_weights(w, s);
+          const double ms = median_ms(warmup, reps, s, step(v));
+          char key[32];
+          std::snprintf(key, sizeof key, "%.3f", th);
+          hot_json["sparse_step_ms_by_threshold"][key] = {{"ms", ms}, {"hot_neurons", v.hot_count()}};
+        }
       }
     }
     const auto dense_step = [&] {
@@ -164,12 +196,13 @@ void run_train_sweep(bool quick, int warmup, int reps, cudaStream_t s, nlohmann:
     rows.erase(std::unique(rows.begin(), rows.end()), rows.end());
     const double err = sampled_train_error(download(dev_y.get(), x.size()), download(dev_dx.get(), x.size()), x, dy, w, m,
                                            l1_coeff, rows);
-    const double density = static_cast<double>(fr_sp.nnz) / (static_cast<double>(m) * static_cast<double>(N));
+    // Every neuron's density (the dense step counts them all); fr_sp.density is the cold neurons'.
+    const double density = dense.read_scalars(s).l0 / static_cast<double>(N);
     const double mb = 1.0 / (1 << 20);
     char line[512];
     std::snprintf(line, sizeof line,
-                  "%7lld %-8s %6.3f | %7.3f %7.3f | %7.3f %7.3f %7.3f | %6.2f %6.2f | %8.1f %8.1f %5.1f%% | %8.0f %8.0f | %8.1e | %s",
-                  static_cast<long long>(m), pt.mode.c_str(), 100 * density, dn_fwd, dn_step, sp_fwd, sp_step, auto_step_ms,
+                  "%7lld %-8s %6.3f %5lld | %7.3f %7.3f | %7.3f %7.3f %7.3f | %6.2f %6.2f | %8.1f %8.1f %5.1f%% | %8.0f %8.0f | %8.1e | %s",
+                  static_cast<long long>(m), pt.mode.c_str(), 100 * density, static_cast<long long>(fr_sp.hot_neurons), dn_fwd, dn_step, sp_fwd, sp_step, auto_step_ms,
                   dn_step / sp_step, dn_step / auto_step_ms, static_cast<double>(saved_sp) * mb, static_cast<double>(saved_dn) * mb,
                   100.0 * static_cast<double>(saved_sp) / static_cast<double>(saved_dn), static_cast<double>(mem_sp) * mb,
                   static_cast<double>(mem_dn) * mb, err, fr_auto.path.c_str());
@@ -181,6 +214,10 @@ void run_train_sweep(bool quick, int warmup, int reps, cudaStream_t s, nlohmann:
       ph += b;
     }
     std::printf("%s\n", ph.c_str());
+    if (!hot_json.empty()) {
+      std::string v = "          hot neurons: " + hot_json.dump();
+      std::printf("%s\n", v.c_str());
+    }
     if (!wg_variants.empty()) {
       std::string v = "          sparse step by weight-gradient L2 fraction[/run][/slice-major] (default 0.6, run max(128, nnz/8192), rows read in place):";
       for (const auto& [frac, ms] : wg_variants.items()) {
@@ -198,7 +235,11 @@ void run_train_sweep(bool quick, int warmup, int reps, cudaStream_t s, nlohmann:
                                    {"target_density", pt.density},
                                    {"hot_rows", pt.hot_rows},
                                    {"density", density},
-                                   {"nnz", fr_sp.nnz},
+                                   {"nnz", static_cast<std::int64_t>(std::llround(density * static_cast<double>(m * N)))},
+                                   {"hot_neurons", fr_sp.hot_neurons},
+                                   {"cold_nnz", fr_sp.nnz},
+                                   {"cold_density", fr_sp.density},
+                                   {"hot_neuron_variants", hot_json},
                                    {"l1_coeff", l1_coeff},
                                    {"dense_fwd_ms", dn_fwd},
                                    {"dense_step_ms", dn_step},

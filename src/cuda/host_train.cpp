@@ -47,8 +47,10 @@ TrainReport ffn_train_host(CMatrixF x, CMatrixF dy, const FfnWeights& w, double 
   copt.weight_grad_l2_fraction = opt.weight_grad_l2_fraction;
   copt.weight_grad_run = opt.weight_grad_run;
   copt.weight_grad_slice_major = opt.weight_grad_slice_major;
+  copt.hot_neurons_auto = opt.hot_neurons_auto;
   TrainContext ctx(copt);
   ctx.upload_weights(w, s);
+  if (opt.hot_neurons) ctx.set_hot_neurons(*opt.hot_neurons, s);
   auto dx_in = host::upload_x(x, s);
   auto ddy = host::upload_x(dy, s);
   DeviceBuffer<__nv_bfloat16> dev_y(static_cast<std::size_t>(m * k)), dev_dx(static_cast<std::size_t>(m * k));
@@ -58,6 +60,7 @@ TrainReport ffn_train_host(CMatrixF x, CMatrixF dy, const FfnWeights& w, double 
   ctx.backward(dx_in.get(), ddy.get(), m, l1_coeff, dev_dx.get(), s);
   TrainReport rep;
   rep.path = f.path;
+  rep.hot_neurons = f.hot_neurons;
   rep.scalars = ctx.read_scalars(s);
   rep.nnz = static_cast<std::int64_t>(std::llround(rep.scalars.l0 * static_cast<double>(m)));  // every path counts
   rep.saved_bytes = static_cast<std::int64_t>(ctx.saved_bytes());

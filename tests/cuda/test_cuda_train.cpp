@@ -114,17 +114,24 @@ TEST_P(CudaTrain, MatchesOracle) {
   // Every path, then the sparse step with the weight-gradient knobs at their edges: many token
   // blocks (a tiny L2 budget), one entry per work item (the nnz / 8192 floor still applies), and
   // slice-major copies of x and dy instead of column slices of their rows.
+  // Hot neurons: calibrated by the step itself (from M = 4096), none, every third neuron, or all
+  // of them (the CSR then holds nothing).
+  enum class Hot { automatic, none, third, all };
   struct Run {
     const char* name;
     Path path;
     double l2_fraction;
     std::int64_t run;
     bool slice_major;
+    Hot hot = Hot::automatic;
   };
   const Run runs[] = {{"sparse", Path::sparse, 0.6, 0, false},
                       {"dense", Path::dense, 0.6, 0, false},
                       {"automatic", Path::automatic, 0.6, 0, false},
-                      {"sparse, weight-gradient knobs at their edges", Path::sparse, 0.001, 1, true}};
+                      {"sparse, weight-gradient knobs at their edges", Path::sparse, 0.001, 1, true},
+                      {"sparse, no hot neurons", Path::sparse, 0.6, 0, false, Hot::none},
+                      {"sparse, every third neuron dense, knobs at their edges", Path::sparse, 0.001, 1, true, Hot::third},
+                      {"sparse, every neuron dense", Path::sparse, 0.6, 0, false, Hot::all}};
   for (const Run& run : runs) {
     const Path path = run.path;
     SCOPED_TRACE(run.name);
@@ -134,6 +141,10 @@ TEST_P(CudaTrain, MatchesOracle) {
     opt.weight_grad_l2_fraction = run.l2_fraction;
     opt.weight_grad_run = run.run;
     opt.weight_grad_slice_major = run.slice_major;
+    if (run.hot != Hot::automatic) {
+      opt.hot_neurons.emplace();
+      for (std::int64_t i = 0; i < N && run.hot != Hot::none; i += run.hot == Hot::third ? 3 : 1) opt.hot_neurons->push_back(i);
+    }
     const TrainReport rep = ffn_train_host(xv, dyv, w, c.l1_coeff, MatrixF(o.y.data(), M, K), grads_of(o, M, K, N), opt);
     EXPECT_LE(frob_err(o.y, r.y), kTol) << "y";
     EXPECT_LE(frob_err(o.dx, r.dx), kTol) << "dx";
@@ -145,6 +156,16 @@ TEST_P(CudaTrain, MatchesOracle) {
     EXPECT_NEAR(rep.scalars.l1, r.l1, kTol * std::max(r.l1, 1e-30)) << "l1";
     const double nnz_ref = std::round(r.l0 * static_cast<double>(M));
     EXPECT_EQ(std::round(rep.scalars.l0 * static_cast<double>(M)), nnz_ref) << "l0";
+    const bool ran_sparse = rep.path.rfind("twell sparse", 0) == 0;
+    if (path != Path::automatic) {
+      EXPECT_EQ(ran_sparse, path == Path::sparse) << rep.path;
+    }
+    if (opt.hot_neurons && ran_sparse) {
+      EXPECT_EQ(rep.hot_neurons, static_cast<std::int64_t>(opt.hot_neurons->size())) << "hot neurons used";
+    }
+    if (!ran_sparse || (M < 4096 && !opt.hot_neurons)) {
+      EXPECT_EQ(rep.hot_neurons, 0) << "hot neurons calibrated below their minimum M or used by the dense path";
+    }
     if (path == Path::sparse) {
       EXPECT_EQ(static_cast<double>(rep.nnz), nnz_ref) << "nnz";
       // Deterministic: a second step gives the same bits (split neurons add partials in order).
@@ -158,9 +179,12 @@ TEST_P(CudaTrain, MatchesOracle) {
           EXPECT_EQ(std::memcmp(o2.dwg.data(), o.dwg.data(), o.dwg.size() * sizeof(float)), 0) << "dw_gate not deterministic";
         }
       }
-      // Saved state: offsets + per non-zero col, p (and u): never a dense [M, N] tensor.
+      // Saved state: offsets + per non-zero col, p (and u), plus [g | u] (or h) of the hot
+      // columns: never a dense [M, N] tensor unless every neuron is hot.
       const double per_nnz = d.gated ? 10.0 : 6.0;
-      EXPECT_LE(static_cast<double>(rep.saved_bytes), 8.0 * static_cast<double>(M + 1) + per_nnz * static_cast<double>(rep.nnz));
+      const double hot_cols = static_cast<double>((rep.hot_neurons + 7) / 8 * 8) * (d.gated ? 2.0 : 1.0);
+      EXPECT_LE(static_cast<double>(rep.saved_bytes),
+                8.0 * static_cast<double>(M + 1) + per_nnz * static_cast<double>(rep.nnz) + 2.0 * static_cast<double>(M) * hot_cols);
     }
     // Rows forced inactive (zero_rows, right after row 0) are exactly zero in y and dx.
     for (int i = 1; i <= c.f.zero_rows && i < M; ++i)
@@ -174,6 +198,49 @@ TEST_P(CudaTrain, MatchesOracle) {
       for (float v : o.dwd) ASSERT_EQ(v, 0.0f);
     }
   }
+}
+
+// The hot-neuron choice rule and explicit sets (the outputs with hot neurons are checked in every
+// CudaTrain case).
+TEST(CudaTrainHotNeurons, ChoiceRuleAndExplicitSets) {
+  TWELL_REQUIRE_GPU();
+  FfnCase f;
+  f.name = "hot_rule";
+  f.m = 8;
+  f.n = 100;
+  f.k = 64;
+  const FfnData d = make_ffn(f);
+  TrainContextOptions o;
+  o.hot_neurons_density = 0.1;
+  o.hot_neurons_max_share = 0.25;
+  TrainContext ctx(o);
+  ctx.upload_weights(d.weights(), nullptr);
+  EXPECT_FALSE(ctx.hot_calibrated());
+  std::vector<std::uint32_t> counts(100);
+  for (std::size_t i = 0; i < counts.size(); ++i) counts[i] = i % 10 == 0 ? 50 : 10;  // limit 0.1 · 100 = 10
+  std::vector<std::int64_t> want;
+  for (std::int64_t i = 0; i < 100; i += 10) want.push_back(i);
+  EXPECT_EQ(ctx.choose_hot_neurons(counts, 100), want);
+  for (std::size_t i = 0; i < counts.size(); ++i) counts[i] = static_cast<std::uint32_t>(i);  // 89 > 25 % of N
+  EXPECT_TRUE(ctx.choose_hot_neurons(counts, 100).empty());
+  EXPECT_THROW(ctx.choose_hot_neurons(std::vector<std::uint32_t>(99), 100), Error);
+  o.hot_neurons_density = 0;  // off
+  TrainContext off(o);
+  off.upload_weights(d.weights(), nullptr);
+  EXPECT_TRUE(off.choose_hot_neurons(std::vector<std::uint32_t>(100, 100), 100).empty());
+
+  ctx.set_hot_neurons({99, 5, 3, 5}, nullptr);  // any order, duplicates ignored
+  EXPECT_EQ(ctx.hot_neurons(), (std::vector<std::int64_t>{3, 5, 99}));
+  EXPECT_EQ(ctx.hot_count(), 3);
+  EXPECT_TRUE(ctx.hot_calibrated());
+  EXPECT_THROW(ctx.set_hot_neurons({100}, nullptr), Error);
+  EXPECT_THROW(ctx.set_hot_neurons({-1}, nullptr), Error);
+  ctx.upload_weights(d.weights(), nullptr);  // same shape: the set stays
+  EXPECT_EQ(ctx.hot_count(), 3);
+  f.n = 101;
+  ctx.upload_weights(make_ffn(f).weights(), nullptr);  // another shape: cleared
+  EXPECT_EQ(ctx.hot_count(), 0);
+  EXPECT_FALSE(ctx.hot_calibrated());
 }
 
 // The weight-gradient pass plan (host arithmetic; runs without a GPU): 512-column slices while

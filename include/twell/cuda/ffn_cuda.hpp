@@ -4,6 +4,7 @@
 // Only declared when the library was built with CUDA (TWELL_HAVE_CUDA); query_device() works in
 // every CUDA build and reports available = false on a machine without a GPU or driver.
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -70,6 +71,11 @@ struct TrainOptions {
   double weight_grad_l2_fraction = 0.6;
   std::int64_t weight_grad_run = 0;
   bool weight_grad_slice_major = false;
+  // Hot neurons of the sparse step (neurons run as dense GEMM columns, the rest through the CSR):
+  // when set, exactly these (empty: no split); else the context calibrates on the step itself if
+  // hot_neurons_auto and M is large enough (docs/perf-notes-cuda.md).
+  std::optional<std::vector<std::int64_t>> hot_neurons;
+  bool hot_neurons_auto = true;
 };
 
 struct TrainReport {
@@ -78,6 +84,7 @@ struct TrainReport {
   FfnTrainScalars scalars;      // l1 = Σ|h| / M, l0 = active / M
   std::int64_t saved_bytes = 0;   // kept from forward for backward, beyond x and y
   std::int64_t device_bytes = 0;  // device memory the step's context held at its peak
+  std::int64_t hot_neurons = 0;   // neurons the sparse step ran as dense columns (0: none)
 };
 
 // One training step on the GPU: x, dy and the weights are rounded to bf16 and uploaded; fp32

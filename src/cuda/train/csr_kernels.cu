@@ -14,6 +14,11 @@ namespace {
 
 constexpr int kWarpsPerBlock = 8;
 
+// The skip bits of columns [c, c + 8) (c a multiple of 8); 0 without a mask or past n.
+__device__ __forceinline__ unsigned skip_bits(const CsrBuildParams& p, std::int64_t c) {
+  return p.skip8 != nullptr && c < p.n ? p.skip8[c / 8] : 0u;
+}
+
 // One warp per row; lane l reads columns [c0 + 8l, c0 + 8l + 8) of each 256-column chunk.
 __global__ void __launch_bounds__(kWarpsPerBlock * 32) csr_count_kernel(CsrBuildParams p) {
   const std::int64_t row = static_cast<std::int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32;
@@ -27,7 +32,7 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) csr_count_kernel(CsrBuild
 #pragma unroll
     for (int i = 0; i < 4; ++i) v[i] = dev::load8_bf16(src, c0 + i * 256 + lane * 8, p.n, vec_ok);
 #pragma unroll
-    for (int i = 0; i < 4; ++i) cnt += __popc(dev::keep_mask8(v[i]));
+    for (int i = 0; i < 4; ++i) cnt += __popc(dev::keep_mask8(v[i]) & ~skip_bits(p, c0 + i * 256 + lane * 8));
   }
 #pragma unroll
   for (int d = 16; d > 0; d >>= 1) cnt += __shfl_xor_sync(0xffffffffu, cnt, d);
@@ -43,7 +48,7 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) csr_fill_kernel(CsrBuildP
   std::int64_t at = p.offsets[row];
   for (std::int64_t c0 = 0; c0 < p.n; c0 += 256) {
     const uint4 v = dev::load8_bf16(src, c0 + lane * 8, p.n, vec_ok);
-    const unsigned mask = dev::keep_mask8(v);
+    const unsigned mask = dev::keep_mask8(v) & ~skip_bits(p, c0 + lane * 8);
     const int cnt = __popc(mask);
     const int incl = dev::warp_inclusive_scan(cnt, lane);
     std::int64_t pos = at + (incl - cnt);  // ascending columns: lanes in order, bits in order

@@ -15,6 +15,9 @@ namespace twell::cuda {
 struct CsrBuildParams {
   const __nv_bfloat16* src = nullptr;  // [m, n] activation, row stride ld_src; kept iff value > 0
   std::int64_t ld_src = 0, m = 0, n = 0;
+  // Optional column mask, one byte per 8 columns: bit e of skip8[c / 8] set = column c / 8 · 8 + e
+  // is left out of the pattern (the hot neurons the training step runs dense). [ceil(n / 8)].
+  const unsigned char* skip8 = nullptr;
   std::int64_t* row_counts = nullptr;  // [m] scratch: kept values per row
   std::int64_t* offsets = nullptr;     // [m + 1]: row r's entries are offsets[r] .. offsets[r+1]
   std::int32_t* cols = nullptr;        // [nnz] columns, ascending within a row (fill only)

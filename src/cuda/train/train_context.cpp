@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "cuda/common/check.hpp"
+#include "cuda/sm80/twell_hot_neurons.hpp"
 #include "cuda/train/csr_kernels.hpp"
 
 namespace twell::cuda {
@@ -40,7 +41,7 @@ TrainContext::TrainContext(const TrainContextOptions& opt)
         c.autotune_gemm = opt.autotune_gemm;
         return c;
       }()),
-      scalars_(1), scalars_host_(1), nnz_host_(1) {
+      scalars_(1), scratch_scalars_(1), scalars_host_(1), nnz_host_(1) {
   TWELL_CUDA_CHECK(cudaEventCreateWithFlags(&counted_, cudaEventDisableTiming));
   int dev = 0, l2 = 0;
   TWELL_CUDA_CHECK(cudaGetDevice(&dev));
@@ -79,7 +80,15 @@ std::vector<std::pair<std::string, float>> TrainContext::phase_ms() {
 }
 
 void TrainContext::upload_weights(const FfnWeights& w, cudaStream_t stream) {
+  const bool same_shape = ffn_.w_gate_up() != nullptr && w.intermediate() == n() && w.hidden() == k() && w.gated() == gated();
   ffn_.upload_weights(w, stream);
+  if (same_shape) {
+    gather_hot_weights(stream);  // the same hot set, the new weights
+  } else {
+    hot_.clear();
+    hot_calibrated_ = false;
+  }
+  saved_hot_ = 0;
   saved_ = Saved::none;
   last_density_ = -1;
   count_pending_ = false;
@@ -95,7 +104,8 @@ std::size_t TrainContext::device_bytes() const noexcept {
          col_offsets_.bytes() + cols_.bytes() + entry_rows_.bytes() + order_.bytes() + tmp_keys_.bytes() +
          tmp_vals_.bytes() + p_.bytes() + u_e_.bytes() + row_l1_.bytes() + d_up_e_.bytes() + d_gate_e_.bytes() +
          dwd_t_.bytes() + wg_entries_.bytes() + wg_work_.bytes() + wg_item_counts_.bytes() +
-         wg_item_offsets_.bytes() + wg_item_neuron_.bytes() + cub_ws_.bytes() + dw_gu_.bytes() + dw_down_.bytes() + scalars_.bytes();
+         wg_item_offsets_.bytes() + wg_item_neuron_.bytes() + cub_ws_.bytes() + dw_gu_.bytes() + dw_down_.bytes() + scalars_.bytes() +
+         scratch_scalars_.bytes() + hot_idx_.bytes() + skip8_.bytes() + w_hot_.bytes() + dw_hot_.bytes();
 }
 
 void TrainContext::reserve_grads() {
@@ -129,7 +139,10 @@ TrainForwardResult TrainContext::forward(const __nv_bfloat16* x, std::int64_t m,
     count_pending_ = false;
   }
   const bool small = path == Path::automatic && m < opt_.dispatch_min_rows;
-  if (path == Path::dense || small || (path == Path::automatic && last_density_ > limit)) {
+  // The sticky dense step counts every neuron; with hot neurons split off the dispatch compares the
+  // cold neurons' density, so it keeps counting after the gate instead.
+  const bool sticky = path == Path::automatic && last_density_ > limit && hot_.empty();
+  if (path == Path::dense || small || sticky) {
     dense_forward_stacked(x, m, y, stream);
     mark("fwd: dense", stream);
     if (path == Path::dense) {
@@ -151,6 +164,10 @@ TrainForwardResult TrainContext::forward(const __nv_bfloat16* x, std::int64_t m,
   g_.reserve(sz(m * ldn()));
   ffn_.gemm().run({m, n(), k(), k(), k(), ldn(), GemmEpilogue::relu}, ffn_.w_gate_up(), x, g_.get(), stream);
   mark("fwd: gate GEMM", stream);
+  if (opt_.hot_neurons_auto && !hot_calibrated_ && m >= opt_.hot_neurons_min_rows) {
+    calibrate_hot_neurons(m, stream);
+    mark("fwd: hot-neuron calibration", stream);
+  }
   row_counts_.reserve(sz(m));
   offsets_.reserve(sz(m + 1));
   CsrBuildParams cp;
@@ -160,12 +177,15 @@ TrainForwardResult TrainContext::forward(const __nv_bfloat16* x, std::int64_t m,
   cp.n = n();
   cp.row_counts = row_counts_.get();
   cp.offsets = offsets_.get();
+  cp.skip8 = hot_.empty() ? nullptr : skip8_.get();
   csr_count_and_scan(cp, cub_ws_, stream);
   mark("fwd: CSR count + scan", stream);
   TWELL_CUDA_CHECK(cudaMemcpyAsync(nnz_host_.get(), offsets_.get() + m, sizeof(std::int64_t), cudaMemcpyDeviceToHost, stream));
   TWELL_CUDA_CHECK(cudaStreamSynchronize(stream));
   r.nnz = nnz_host_[0];
-  r.density = static_cast<double>(r.nnz) / (static_cast<double>(m) * static_cast<double>(n()));
+  r.hot_neurons = hot_count();
+  const std::int64_t n_cold = n() - r.hot_neurons;
+  r.density = n_cold > 0 ? static_cast<double>(r.nnz) / (static_cast<double>(m) * static_cast<double>(n_cold)) : 0.0;
   // The backward's transposed index addresses entries with 32 bits: refuse a forced sparse step
   // beyond that before anything is written; automatic dispatch runs dense there.
   constexpr std::int64_t kMaxSparseNnz = 0x7fffffff;
@@ -186,6 +206,11 @@ TrainForwardResult TrainContext::forward(const __nv_bfloat16* x, std::int64_t m,
     sparse_forward(x, m, y, stream);
     mark("fwd: sparse up+down", stream);
     r.path = "twell sparse training (CSR of the gate, exact)";
+    if (saved_hot_ > 0) {
+      hot_forward(x, m, y, stream);
+      mark("fwd: hot neurons (dense)", stream);
+      r.path += fmt::format("; {} of {} neurons (the hot ones) dense", saved_hot_, n());
+    }
   } else {
     dense_forward_after_gate(x, m, y, stream);
     mark("fwd: dense rest", stream);
@@ -218,8 +243,10 @@ void TrainContext::sparse_forward(const __nv_bfloat16* x, std::int64_t m, __nv_b
   TWELL_CUDA_CHECK(cudaMemcpyAsync(&scalars_.get()->active, offsets_.get() + m, sizeof(std::int64_t),
                                    cudaMemcpyDeviceToDevice, stream));
   saved_ = Saved::sparse;
+  saved_hot_ = hot_count();
   saved_bytes_ = sz(m + 1) * sizeof(std::int64_t) +
-                 sz(nnz_) * (sizeof(std::int32_t) + sizeof(__nv_bfloat16) + (gated() ? sizeof(float) : 0));
+                 sz(nnz_) * (sizeof(std::int32_t) + sizeof(__nv_bfloat16) + (gated() ? sizeof(float) : 0)) +
+                 sz(m * (gated() ? 2 : 1) * ldh()) * sizeof(__nv_bfloat16);  // [g | u]_hot or h_hot
 }
 
 DenseTrainElementwiseParams TrainContext::elementwise_params(std::int64_t m) {
@@ -251,6 +278,7 @@ void TrainContext::dense_forward_stacked(const __nv_bfloat16* x, std::int64_t m,
   launch_dense_train_forward(e, stream);
   ffn_.gemm().run({m, k(), ldn(), ldn(), ldn(), k(), GemmEpilogue::none}, ffn_.w_down(), h_.get(), y, stream);
   saved_ = Saved::dense_stacked;
+  saved_hot_ = 0;
 }
 
 void TrainContext::dense_forward_after_gate(const __nv_bfloat16* x, std::int64_t m, __nv_bfloat16* y,
@@ -273,6 +301,7 @@ void TrainContext::dense_forward_after_gate(const __nv_bfloat16* x, std::int64_t
   launch_dense_train_forward(e, stream);
   ffn_.gemm().run({m, k(), ldn(), ldn(), ldn(), k(), GemmEpilogue::none}, ffn_.w_down(), h_.get(), y, stream);
   saved_ = Saved::dense_split;
+  saved_hot_ = 0;
 }
 
 void TrainContext::backward(const __nv_bfloat16* x, const __nv_bfloat16* dy, std::int64_t m, double l1_coeff,
@@ -459,8 +488,155 @@ void TrainContext::sparse_backward(const __nv_bfloat16* x, const __nv_bfloat16* 
     }
   }
   mark("bwd: weight gradients", stream);
+  if (saved_hot_ > 0) {
+    hot_backward(x, dy, m, c1, dx, stream);
+    mark("bwd: hot neurons (dense)", stream);
+  }
   launch_transpose_f32(dwd_t_.get(), k(), n(), k(), dw_down_.get(), ldn(), stream);
   mark("bwd: dWd transpose", stream);
+}
+
+std::vector<std::int64_t> TrainContext::choose_hot_neurons(const std::vector<std::uint32_t>& counts, std::int64_t m) const {
+  TWELL_CHECK(static_cast<std::int64_t>(counts.size()) == n(), ErrorCode::shape_mismatch,
+              "choose_hot_neurons: {} counts for N = {} neurons", counts.size(), n());
+  TWELL_CHECK(m >= 1, ErrorCode::invalid_argument, "choose_hot_neurons: M must be ≥ 1 (got {})", m);
+  const double density = gated() ? opt_.hot_neurons_density : opt_.hot_neurons_density_nongated;
+  std::vector<std::int64_t> hot;
+  if (!(density > 0)) return hot;  // the split is off
+  const double limit = density * static_cast<double>(m);
+  for (std::int64_t i = 0; i < n(); ++i)
+    if (static_cast<double>(counts[sz(i)]) > limit) hot.push_back(i);
+  if (static_cast<double>(hot.size()) > opt_.hot_neurons_max_share * static_cast<double>(n())) hot.clear();
+  return hot;
+}
+
+void TrainContext::set_hot_neurons(const std::vector<std::int64_t>& hot, cudaStream_t stream) {
+  TWELL_CHECK(ffn_.w_gate_up() != nullptr, ErrorCode::invalid_argument, "TrainContext: upload_weights() first");
+  std::vector<char> is_hot(sz(n()), 0);
+  for (const std::int64_t i : hot) {
+    TWELL_CHECK(i >= 0 && i < n(), ErrorCode::invalid_argument, "set_hot_neurons: neuron {} out of [0, {})", i, n());
+    is_hot[sz(i)] = 1;
+  }
+  // A backward after this call would pair the last forward's saved hot columns with the new set.
+  if (saved_ == Saved::sparse && saved_hot_ > 0) saved_ = Saved::none;
+  hot_.clear();
+  for (std::int64_t i = 0; i < n(); ++i)
+    if (is_hot[sz(i)]) hot_.push_back(i);
+  hot_calibrated_ = true;  // an explicit set counts as a calibration
+  if (hot_.empty()) return;
+  std::vector<std::int32_t> idx(hot_.begin(), hot_.end());
+  std::vector<unsigned char> skip(sz((n() + 7) / 8), 0);
+  for (const std::int64_t i : hot_) skip[sz(i / 8)] |= static_cast<unsigned char>(1u << (i % 8));
+  hot_idx_.reserve(idx.size());
+  skip8_.reserve(skip.size());
+  TWELL_CUDA_CHECK(cudaMemcpyAsync(hot_idx_.get(), idx.data(), idx.size() * sizeof(std::int32_t), cudaMemcpyHostToDevice, stream));
+  TWELL_CUDA_CHECK(cudaMemcpyAsync(skip8_.get(), skip.data(), skip.size(), cudaMemcpyHostToDevice, stream));
+  gather_hot_weights(stream);
+  TWELL_CUDA_CHECK(cudaStreamSynchronize(stream));  // idx and skip die here
+}
+
+void TrainContext::gather_hot_weights(cudaStream_t stream) {
+  if (hot_.empty()) return;
+  const std::int64_t h = hot_count(), lh = ldh(), parts = gated() ? 3 : 2;
+  w_hot_.reserve(sz(parts * lh * k()));
+  TWELL_CUDA_CHECK(cudaMemsetAsync(w_hot_.get(), 0, sz(parts * lh * k()) * sizeof(__nv_bfloat16), stream));
+  const int* idx = hot_idx_.get();
+  __nv_bfloat16* dst = w_hot_.get();
+  if (gated()) {
+    launch_gather_rows(ffn_.w_gate_up(), k(), idx, h, k(), dst, k(), stream);  // Wg rows
+    dst += lh * k();
+  }
+  launch_gather_rows(ffn_.w_gate_up() + (gated() ? ldn() * k() : 0), k(), idx, h, k(), dst, k(), stream);  // Wu rows
+  launch_gather_rows(ffn_.w_down_t(), k(), idx, h, k(), dst + lh * k(), k(), stream);                      // Wdᵀ rows
+}
+
+void TrainContext::calibrate_hot_neurons(std::int64_t m, cudaStream_t stream) {
+  DeviceBuffer<std::uint32_t> counts(sz(n()));
+  TWELL_CUDA_CHECK(cudaMemsetAsync(counts.get(), 0, counts.bytes(), stream));
+  launch_neuron_counts(g_.get(), ldn(), m, n(), nullptr, 0, counts.get(), stream);
+  std::vector<std::uint32_t> host(sz(n()));
+  TWELL_CUDA_CHECK(cudaMemcpyAsync(host.data(), counts.get(), counts.bytes(), cudaMemcpyDeviceToHost, stream));
+  TWELL_CUDA_CHECK(cudaStreamSynchronize(stream));
+  set_hot_neurons(choose_hot_neurons(host, m), stream);
+}
+
+void TrainContext::hot_forward(const __nv_bfloat16* x, std::int64_t m, __nv_bfloat16* y, cudaStream_t stream) {
+  const std::int64_t lh = ldh();
+  LtGemm& gemm = ffn_.gemm();
+  h_.reserve(sz(m * lh));
+  DenseTrainElementwiseParams e;
+  e.m = m;
+  e.n = hot_count();
+  e.ldn = lh;
+  e.gated = gated();
+  e.h = h_.get();
+  e.ld_h = lh;
+  e.scalars = scalars_.get();  // adds to the cold part's sums (set before this)
+  if (gated()) {
+    gu_.reserve(sz(m * 2 * lh));
+    gemm.run({m, 2 * lh, k(), k(), k(), 2 * lh, GemmEpilogue::none}, w_hot_.get(), x, gu_.get(), stream);
+    e.g = gu_.get();
+    e.u = gu_.get() + lh;
+    e.ld_g = e.ld_u = 2 * lh;
+  } else {
+    gemm.run({m, lh, k(), k(), k(), lh, GemmEpilogue::relu}, w_hot_.get(), x, h_.get(), stream);
+  }
+  launch_dense_train_forward(e, stream);
+  // y += h_hot · Wd_hotᵀ = h_hot · (Wdᵀ_hot rows)
+  const __nv_bfloat16* wdt = w_hot_.get() + (gated() ? 2 : 1) * lh * k();
+  gemm.matmul({false, false, m, k(), lh, lh, k(), k(), false, GemmEpilogue::none, true}, h_.get(), wdt, y, stream);
+}
+
+void TrainContext::hot_backward(const __nv_bfloat16* x, const __nv_bfloat16* dy, std::int64_t m, float c1,
+                                __nv_bfloat16* dx, cudaStream_t stream) {
+  const std::int64_t h = saved_hot_, lh = ldh(), kin = gated() ? 2 * lh : lh;
+  LtGemm& gemm = ffn_.gemm();
+  const __nv_bfloat16* wdt = w_hot_.get() + kin * k();
+  dh_.reserve(sz(m * lh));
+  dgu_.reserve(sz(m * kin));
+  // dh = dy · Wd_hot = dy · (Wdᵀ_hot)ᵀ
+  gemm.run({m, lh, k(), k(), k(), lh, GemmEpilogue::none}, wdt, dy, dh_.get(), stream);
+  DenseTrainElementwiseParams e;
+  e.m = m;
+  e.n = h;
+  e.ldn = lh;
+  e.gated = gated();
+  e.h = h_.get();
+  e.ld_h = lh;
+  if (gated()) {
+    // h_hot again from the saved [g | u]_hot (the same arithmetic as the forward, so the same bits).
+    e.g = gu_.get();
+    e.u = gu_.get() + lh;
+    e.ld_g = e.ld_u = 2 * lh;
+    e.scalars = scratch_scalars_.get();
+    launch_dense_train_forward(e, stream);
+    e.d_gate = dgu_.get();
+    e.d_up = dgu_.get() + lh;
+  } else {
+    e.d_up = dgu_.get();
+  }
+  e.scalars = nullptr;
+  e.dh = dh_.get();
+  e.ld_dh = lh;
+  e.c1 = c1;
+  e.ld_d = kin;
+  launch_dense_train_backward(e, stream);
+  // dx += [dg | du]_hot · [Wg_hot; Wu_hot]
+  gemm.matmul({false, false, m, k(), kin, kin, k(), k(), false, GemmEpilogue::none, true}, dgu_.get(), w_hot_.get(), dx,
+              stream);
+  // [dWg; dWu]_hot = [dg | du]_hotᵀ · x and dWdᵀ_hot = h_hotᵀ · dy, fp32, then into their rows.
+  dw_hot_.reserve(sz((kin + lh) * k()));
+  gemm.matmul({true, false, kin, k(), m, kin, k(), k(), true, GemmEpilogue::none}, dgu_.get(), x, dw_hot_.get(), stream);
+  gemm.matmul({true, false, lh, k(), m, lh, k(), k(), true, GemmEpilogue::none}, h_.get(), dy, dw_hot_.get() + kin * k(),
+              stream);
+  const std::int32_t* idx = hot_idx_.get();
+  if (gated()) {
+    launch_scatter_rows_f32(dw_hot_.get(), k(), idx, h, k(), dw_gu_.get(), k(), stream);
+    launch_scatter_rows_f32(dw_hot_.get() + lh * k(), k(), idx, h, k(), dw_gu_.get() + ldn() * k(), k(), stream);
+  } else {
+    launch_scatter_rows_f32(dw_hot_.get(), k(), idx, h, k(), dw_gu_.get(), k(), stream);
+  }
+  launch_scatter_rows_f32(dw_hot_.get() + kin * k(), k(), idx, h, k(), dwd_t_.get(), k(), stream);
 }
 
 FfnTrainScalars TrainContext::read_scalars(cudaStream_t stream) {

@@ -11,6 +11,9 @@
 // partial sums of a split neuron added in item order, so the result is deterministic).
 // Saved for backward beyond x and y: offsets [M+1] i64 and per non-zero col i32 + p bf16 + u f32.
 // No dense [M, N] tensor is kept (the bf16 gate output is a workspace, reused by the next step).
+// Hot neurons (optional, on by default): the CSR leaves out the columns of a set of hot neurons,
+// which run as dense cuBLASLt GEMMs over their gathered weight rows; their [g | u] (or h) columns,
+// [M, 2·H] bf16, are saved too. The sum over neurons splits exactly, so only rounding order changes.
 // Dense path (cuBLASLt): [g | u] = x·[Wg; Wu]ᵀ, h = ReLU(g) ⊙ u, y = h·Wdᵀ; dh = dy·Wd, the
 // elementwise gradient, dx = [dg | du]·[Wg; Wu], [dWg; dWu] = [dg | du]ᵀ·x, dWd = dyᵀ·h.
 // Dispatch (Path::automatic): after the gate GEMM the exact non-zero count decides. Training
@@ -52,6 +55,18 @@ struct TrainContextOptions {
   // K = 2048) instead of column slices of their rows. Off: measured 0.05–0.13 ms faster per step
   // (401c852), the copies only paid while one warp walked each hot neuron alone.
   bool weight_grad_slice_major = false;
+  // Hot neurons (the hot/cold split by neuron of the inference path, twell_hot_neurons.hpp): the
+  // neurons active in more than hot_neurons_density of a batch's tokens run through cuBLASLt
+  // GEMMs over their columns (forward and backward), the rest through the CSR path. A neuron
+  // costs the sparse step ≈ 5 ns per token it fires in and ≈ 16·M·K flops as dense columns, so
+  // the break-even is ≈ 1.4 % of the tokens (docs/perf-notes-cuda.md). 0 turns the split off.
+  // With hot_neurons_auto, the first sparse or automatic step of ≥ hot_neurons_min_rows rows
+  // counts its gate per neuron and chooses (none when more than hot_neurons_max_share of N qualify).
+  bool hot_neurons_auto = true;
+  double hot_neurons_density = 0.014;
+  double hot_neurons_density_nongated = 0.014;
+  std::int64_t hot_neurons_min_rows = 4096;
+  double hot_neurons_max_share = 0.5;
 };
 
 // The weight-gradient pass plan for m rows of K columns: slices of slice_cols columns (the last
@@ -63,8 +78,12 @@ WeightGradPasses weight_grad_passes(std::int64_t m, std::int64_t k, std::int64_t
 
 struct TrainForwardResult {
   bool sparse = false;
-  std::int64_t nnz = -1;  // exact count (−1 when the forced dense path ran without counting)
+  // Exact count of the non-zeros the CSR path takes: those of the cold neurons when hot neurons are
+  // split off (−1 when the forced dense path ran without counting); density = nnz / (M · (N − H)),
+  // the measure the dispatch compares. read_scalars() has every neuron's count (l0).
+  std::int64_t nnz = -1;
   double density = 0;
+  std::int64_t hot_neurons = 0;  // H: neurons run dense inside the sparse step (0: no split)
   std::string path;
 };
 
@@ -93,6 +112,17 @@ class TrainContext {
   const float* dw_up() const noexcept { return dw_gu_.get() + (gated() ? ldn() * k() : 0); }
   const float* dw_down() const noexcept { return dw_down_.get(); }
 
+  // Hot neurons: any subset of [0, N) (duplicates ignored; empty turns the split off), used by the
+  // sparse steps from the next forward() on. Kept across upload_weights() of the same N and K
+  // (training weights drift slowly; the hot weight rows are gathered again), cleared otherwise.
+  void set_hot_neurons(const std::vector<std::int64_t>& hot, cudaStream_t stream);
+  const std::vector<std::int64_t>& hot_neurons() const noexcept { return hot_; }  // ascending
+  std::int64_t hot_count() const noexcept { return static_cast<std::int64_t>(hot_.size()); }
+  bool hot_calibrated() const noexcept { return hot_calibrated_; }
+  // The calibration's rule: neurons with count > density·m (the option for this FFN kind), none
+  // when the density option is ≤ 0 or more than hot_neurons_max_share·N qualify.
+  std::vector<std::int64_t> choose_hot_neurons(const std::vector<std::uint32_t>& counts, std::int64_t m) const;
+
   // Phase timing (for benchmarks): when on, forward/backward record a CUDA event after each phase;
   // phase_ms() synchronises and returns (phase, ms) of the last forward + backward.
   void set_phase_timing(bool on);
@@ -114,6 +144,15 @@ class TrainContext {
                       cudaStream_t stream);
   void sparse_backward(const __nv_bfloat16* x, const __nv_bfloat16* dy, std::int64_t m, float c1, __nv_bfloat16* dx,
                        cudaStream_t stream);
+  // The hot part of the sparse step: [g | u] over the hot columns, h, y += h·Wd_hotᵀ (forward);
+  // dh, the elementwise gradient, dx += …, the hot gradient rows scattered (backward, before the
+  // dWd transpose). Saved between them: [g | u]_hot (gated) or h_hot, in gu_ / h_.
+  void hot_forward(const __nv_bfloat16* x, std::int64_t m, __nv_bfloat16* y, cudaStream_t stream);
+  void hot_backward(const __nv_bfloat16* x, const __nv_bfloat16* dy, std::int64_t m, float c1, __nv_bfloat16* dx,
+                    cudaStream_t stream);
+  void calibrate_hot_neurons(std::int64_t m, cudaStream_t stream);  // from the gate output in g_
+  void gather_hot_weights(cudaStream_t stream);
+  std::int64_t ldh() const noexcept { return (hot_count() + 7) / 8 * 8; }
   void reserve_grads();
   DenseTrainElementwiseParams elementwise_params(std::int64_t m);  // common fields; reserves h_
   void mark(const char* phase, cudaStream_t stream);  // no-op unless phase timing is on
@@ -149,7 +188,17 @@ class TrainContext {
   DeviceBuffer<unsigned char> cub_ws_;
   // gradients: dw_gu_ [2·ldn (gated) or ldn, K], dw_down_ [K, ldn]
   DeviceBuffer<float> dw_gu_, dw_down_;
-  DeviceBuffer<DenseTrainScalars> scalars_;
+  // hot neurons: hot_ ascending; hot_idx_ [H]; skip8_ [ceil(N/8)] the CSR's column mask;
+  // w_hot_ [(gated ? 3 : 2)·ldh, K] = [Wg_hot; Wu_hot; Wdᵀ_hot] (padding rows 0); dw_hot_ the
+  // hot gradient rows [(gated ? 3 : 2)·ldh, K] fp32 before the scatter.
+  std::vector<std::int64_t> hot_;
+  bool hot_calibrated_ = false;
+  std::int64_t saved_hot_ = 0;  // H of the last forward's sparse step (0: no hot part saved)
+  DeviceBuffer<std::int32_t> hot_idx_;
+  DeviceBuffer<unsigned char> skip8_;
+  DeviceBuffer<__nv_bfloat16> w_hot_;
+  DeviceBuffer<float> dw_hot_;
+  DeviceBuffer<DenseTrainScalars> scalars_, scratch_scalars_;
   PinnedBuffer<DenseTrainScalars> scalars_host_;
   PinnedBuffer<std::int64_t> nnz_host_;
 };

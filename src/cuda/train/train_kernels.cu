@@ -366,6 +366,14 @@ __global__ void transpose_f32_kernel(const float* in, std::int64_t ld_in, std::i
   }
 }
 
+// One block per row.
+__global__ void scatter_rows_f32_kernel(const float* src, std::int64_t ld_src, const std::int32_t* idx, std::int64_t cols,
+                                        float* dst, std::int64_t ld_dst) {
+  const float* s = src + static_cast<std::int64_t>(blockIdx.x) * ld_src;
+  float* d = dst + static_cast<std::int64_t>(idx[blockIdx.x]) * ld_dst;
+  for (std::int64_t c = threadIdx.x; c < cols; c += blockDim.x) d[c] = s[c];
+}
+
 __global__ void sum_rows_kernel(const float* v, std::int64_t m, double* out) {
   __shared__ double red[32];
   double s = 0;
@@ -598,6 +606,14 @@ void launch_transpose_f32(const float* in, std::int64_t ld_in, std::int64_t rows
   const dim3 grid(static_cast<unsigned>((cols + kTile - 1) / kTile), static_cast<unsigned>((rows + kTile - 1) / kTile));
   transpose_f32_kernel<<<grid, dim3(kTile, 8), 0, stream>>>(in, ld_in, rows, cols, out, ld_out);
   TWELL_CUDA_CHECK_LAUNCH("transpose_f32_kernel");
+}
+
+void launch_scatter_rows_f32(const float* src, std::int64_t ld_src, const std::int32_t* idx, std::int64_t rows,
+                             std::int64_t cols, float* dst, std::int64_t ld_dst, cudaStream_t stream) {
+  if (rows <= 0 || cols <= 0) return;
+  TWELL_CU_REQUIRE(rows <= 0x7fffffff, ErrorCode::unsupported, "scatter rows: {} rows", rows);
+  scatter_rows_f32_kernel<<<static_cast<unsigned>(rows), 256, 0, stream>>>(src, ld_src, idx, cols, dst, ld_dst);
+  TWELL_CUDA_CHECK_LAUNCH("scatter_rows_f32_kernel");
 }
 
 void launch_sum_rows(const float* row_l1, std::int64_t m, double* l1_sum, cudaStream_t stream) {

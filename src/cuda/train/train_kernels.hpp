@@ -114,6 +114,11 @@ void launch_slice_major(const __nv_bfloat16* in, std::int64_t ld, std::int64_t m
 void launch_transpose_f32(const float* in, std::int64_t ld_in, std::int64_t rows, std::int64_t cols, float* out,
                           std::int64_t ld_out, cudaStream_t stream);
 
+// dst[idx[i], 0:cols] = src[i, 0:cols] for i < rows (fp32, row strides ld_src, ld_dst): the hot
+// neurons' weight-gradient rows, computed densely, into the gradient matrices.
+void launch_scatter_rows_f32(const float* src, std::int64_t ld_src, const std::int32_t* idx, std::int64_t rows,
+                             std::int64_t cols, float* dst, std::int64_t ld_dst, cudaStream_t stream);
+
 // Σ of row_l1[0 .. m) in float64 into *l1_sum (one block; deterministic).
 void launch_sum_rows(const float* row_l1, std::int64_t m, double* l1_sum, cudaStream_t stream);
 
