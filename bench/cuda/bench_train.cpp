@@ -161,6 +161,14 @@ void run_train_sweep(bool quick, int warmup, int reps, cudaStream_t s, nlohmann:
       const auto [off_ms, on_ms] = host::alternating_medians_ms(warmup, reps, s, step(off), step(on));
       hot_json["off_on_sparse_alternating_ms"] = {off_ms, on_ms};
       hot_json["hot_neurons_default"] = on.hot_count();
+      if (pt.mode == "hot") {  // dense rows off / on, hot neurons on in both
+        TrainContextOptions no_rows = copt;
+        no_rows.dense_rows_density = 0;
+        TrainContext nr(no_rows);
+        nr.upload_weights(w, s);
+        const auto [nr_ms, on2_ms] = host::alternating_medians_ms(warmup, reps, s, step(nr), step(on));
+        hot_json["dense_rows_off_on_sparse_alternating_ms"] = {nr_ms, on2_ms};
+      }
       if (pt.density >= 0.01) {
         for (double th : {0.008, 0.025}) {
           TrainContextOptions o = copt;
@@ -237,6 +245,7 @@ void run_train_sweep(bool quick, int warmup, int reps, cudaStream_t s, nlohmann:
                                    {"density", density},
                                    {"nnz", static_cast<std::int64_t>(std::llround(density * static_cast<double>(m * N)))},
                                    {"hot_neurons", fr_sp.hot_neurons},
+                                   {"dense_rows", fr_sp.dense_rows},
                                    {"cold_nnz", fr_sp.nnz},
                                    {"cold_density", fr_sp.density},
                                    {"hot_neuron_variants", hot_json},

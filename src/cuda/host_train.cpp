@@ -48,6 +48,7 @@ TrainReport ffn_train_host(CMatrixF x, CMatrixF dy, const FfnWeights& w, double 
   copt.weight_grad_run = opt.weight_grad_run;
   copt.weight_grad_slice_major = opt.weight_grad_slice_major;
   copt.hot_neurons_auto = opt.hot_neurons_auto;
+  if (!opt.dense_rows) copt.dense_rows_density = 0;
   TrainContext ctx(copt);
   ctx.upload_weights(w, s);
   if (opt.hot_neurons) ctx.set_hot_neurons(*opt.hot_neurons, s);
@@ -61,6 +62,7 @@ TrainReport ffn_train_host(CMatrixF x, CMatrixF dy, const FfnWeights& w, double 
   TrainReport rep;
   rep.path = f.path;
   rep.hot_neurons = f.hot_neurons;
+  rep.dense_rows = f.dense_rows;
   rep.scalars = ctx.read_scalars(s);
   rep.nnz = static_cast<std::int64_t>(std::llround(rep.scalars.l0 * static_cast<double>(m)));  // every path counts
   rep.saved_bytes = static_cast<std::int64_t>(ctx.saved_bytes());

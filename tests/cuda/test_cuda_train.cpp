@@ -129,7 +129,7 @@ TEST_P(CudaTrain, MatchesOracle) {
                       {"dense", Path::dense, 0.6, 0, false},
                       {"automatic", Path::automatic, 0.6, 0, false},
                       {"sparse, weight-gradient knobs at their edges", Path::sparse, 0.001, 1, true},
-                      {"sparse, no hot neurons", Path::sparse, 0.6, 0, false, Hot::none},
+                      {"sparse, no hot neurons, no dense rows", Path::sparse, 0.6, 0, false, Hot::none},
                       {"sparse, every third neuron dense, knobs at their edges", Path::sparse, 0.001, 1, true, Hot::third},
                       {"sparse, every neuron dense", Path::sparse, 0.6, 0, false, Hot::all}};
   for (const Run& run : runs) {
@@ -141,6 +141,7 @@ TEST_P(CudaTrain, MatchesOracle) {
     opt.weight_grad_l2_fraction = run.l2_fraction;
     opt.weight_grad_run = run.run;
     opt.weight_grad_slice_major = run.slice_major;
+    opt.dense_rows = run.hot != Hot::none;
     if (run.hot != Hot::automatic) {
       opt.hot_neurons.emplace();
       for (std::int64_t i = 0; i < N && run.hot != Hot::none; i += run.hot == Hot::third ? 3 : 1) opt.hot_neurons->push_back(i);
@@ -182,9 +183,18 @@ TEST_P(CudaTrain, MatchesOracle) {
       // Saved state: offsets + per non-zero col, p (and u), plus [g | u] (or h) of the hot
       // columns: never a dense [M, N] tensor unless every neuron is hot.
       const double per_nnz = d.gated ? 10.0 : 6.0;
+      // Dense rows: flags, their list and [g | u] (or h) over every neuron.
       const double hot_cols = static_cast<double>((rep.hot_neurons + 7) / 8 * 8) * (d.gated ? 2.0 : 1.0);
+      const double row_bytes = 4.0 + 2.0 * static_cast<double>((N + 7) / 8 * 8) * (d.gated ? 2.0 : 1.0);
       EXPECT_LE(static_cast<double>(rep.saved_bytes),
-                8.0 * static_cast<double>(M + 1) + per_nnz * static_cast<double>(rep.nnz) + 2.0 * static_cast<double>(M) * hot_cols);
+                8.0 * static_cast<double>(M + 1) + per_nnz * static_cast<double>(rep.nnz) + 2.0 * static_cast<double>(M) * hot_cols +
+                    static_cast<double>(M) + row_bytes * static_cast<double>(rep.dense_rows));
+      if (!opt.dense_rows) {
+        EXPECT_EQ(rep.dense_rows, 0);
+      }
+      if (c.f.full_rows > 0 && opt.dense_rows) {
+        EXPECT_GE(rep.dense_rows, c.f.full_rows) << "all-active rows run dense";
+      }
     }
     // Rows forced inactive (zero_rows, right after row 0) are exactly zero in y and dx.
     for (int i = 1; i <= c.f.zero_rows && i < M; ++i)

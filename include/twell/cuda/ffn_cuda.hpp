@@ -76,6 +76,7 @@ struct TrainOptions {
   // hot_neurons_auto and M is large enough (docs/perf-notes-cuda.md).
   std::optional<std::vector<std::int64_t>> hot_neurons;
   bool hot_neurons_auto = true;
+  bool dense_rows = true;  // rows with many non-zeros run dense inside the sparse step
 };
 
 struct TrainReport {
@@ -85,6 +86,7 @@ struct TrainReport {
   std::int64_t saved_bytes = 0;   // kept from forward for backward, beyond x and y
   std::int64_t device_bytes = 0;  // device memory the step's context held at its peak
   std::int64_t hot_neurons = 0;   // neurons the sparse step ran as dense columns (0: none)
+  std::int64_t dense_rows = 0;    // rows the sparse step ran dense (0: none)
 };
 
 // One training step on the GPU: x, dy and the weights are rounded to bf16 and uploaded; fp32

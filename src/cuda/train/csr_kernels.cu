@@ -3,6 +3,8 @@
 
 #include <cub/device/device_radix_sort.cuh>
 #include <cub/device/device_scan.cuh>
+#include <cub/device/device_select.cuh>
+#include <thrust/iterator/counting_iterator.h>
 
 #include <algorithm>
 
@@ -36,13 +38,17 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) csr_count_kernel(CsrBuild
   }
 #pragma unroll
   for (int d = 16; d > 0; d >>= 1) cnt += __shfl_xor_sync(0xffffffffu, cnt, d);
-  if (lane == 0) p.row_counts[row] = cnt;
+  if (lane == 0) {
+    const bool dense = p.dense_row_cap >= 0 && cnt > p.dense_row_cap;
+    p.row_counts[row] = dense ? 0 : cnt;
+    if (p.row_flags) p.row_flags[row] = dense;
+  }
 }
 
 __global__ void __launch_bounds__(kWarpsPerBlock * 32) csr_fill_kernel(CsrBuildParams p) {
   const std::int64_t row = static_cast<std::int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
-  if (row >= p.m) return;
+  if (row >= p.m || (p.row_flags && p.row_flags[row])) return;  // a dense row has no entries
   const __nv_bfloat16* src = p.src + row * p.ld_src;
   const bool vec_ok = (p.ld_src % 8 == 0) && ((reinterpret_cast<std::uintptr_t>(p.src) & 15) == 0);
   std::int64_t at = p.offsets[row];
@@ -126,8 +132,17 @@ void csr_count_and_scan(const CsrBuildParams& p, DeviceBuffer<unsigned char>& sc
   TWELL_CU_REQUIRE(p.src && p.row_counts && p.offsets, ErrorCode::invalid_argument, "CSR count: null pointer");
   TWELL_CU_REQUIRE(p.m >= 1 && p.n >= 1 && p.ld_src >= p.n, ErrorCode::invalid_argument,
                    "CSR count: bad shape m={} n={} ld={}", p.m, p.n, p.ld_src);
+  TWELL_CU_REQUIRE(p.dense_row_cap < 0 || (p.row_flags && p.dense_rows && p.n_dense), ErrorCode::invalid_argument,
+                   "CSR count: dense rows need row_flags, dense_rows and n_dense");
   csr_count_kernel<<<blocks_for(p.m, kWarpsPerBlock), kWarpsPerBlock * 32, 0, stream>>>(p);
   TWELL_CUDA_CHECK_LAUNCH("csr_count_kernel");
+  if (p.dense_row_cap >= 0) {  // the flagged rows, ascending (CUB's selection keeps input order)
+    const thrust::counting_iterator<std::int32_t> rows(0);
+    std::size_t bytes = 0;
+    TWELL_CUDA_CHECK(cub::DeviceSelect::Flagged(nullptr, bytes, rows, p.row_flags, p.dense_rows, p.n_dense, p.m, stream));
+    scratch.reserve(bytes);
+    TWELL_CUDA_CHECK(cub::DeviceSelect::Flagged(scratch.get(), bytes, rows, p.row_flags, p.dense_rows, p.n_dense, p.m, stream));
+  }
   offsets_from_counts(p.row_counts, p.offsets, p.m, scratch, stream);
 }
 

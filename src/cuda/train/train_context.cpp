@@ -41,7 +41,7 @@ TrainContext::TrainContext(const TrainContextOptions& opt)
         c.autotune_gemm = opt.autotune_gemm;
         return c;
       }()),
-      scalars_(1), scratch_scalars_(1), scalars_host_(1), nnz_host_(1) {
+      scalars_(1), scratch_scalars_(1), n_dense_(1), scalars_host_(1), nnz_host_(2) {
   TWELL_CUDA_CHECK(cudaEventCreateWithFlags(&counted_, cudaEventDisableTiming));
   int dev = 0, l2 = 0;
   TWELL_CUDA_CHECK(cudaGetDevice(&dev));
@@ -105,7 +105,9 @@ std::size_t TrainContext::device_bytes() const noexcept {
          tmp_vals_.bytes() + p_.bytes() + u_e_.bytes() + row_l1_.bytes() + d_up_e_.bytes() + d_gate_e_.bytes() +
          dwd_t_.bytes() + wg_entries_.bytes() + wg_work_.bytes() + wg_item_counts_.bytes() +
          wg_item_offsets_.bytes() + wg_item_neuron_.bytes() + cub_ws_.bytes() + dw_gu_.bytes() + dw_down_.bytes() + scalars_.bytes() +
-         scratch_scalars_.bytes() + hot_idx_.bytes() + skip8_.bytes() + w_hot_.bytes() + dw_hot_.bytes();
+         scratch_scalars_.bytes() + hot_idx_.bytes() + skip8_.bytes() + w_hot_.bytes() + dw_hot_.bytes() +
+         row_flags_.bytes() + dense_rows_.bytes() + n_dense_.bytes() + rows_gu_.bytes() + rows_x_.bytes() +
+         rows_dy_.bytes() + rows_out_.bytes() + rows_h_.bytes() + rows_dh_.bytes() + rows_dgu_.bytes();
 }
 
 void TrainContext::reserve_grads() {
@@ -178,14 +180,30 @@ TrainForwardResult TrainContext::forward(const __nv_bfloat16* x, std::int64_t m,
   cp.row_counts = row_counts_.get();
   cp.offsets = offsets_.get();
   cp.skip8 = hot_.empty() ? nullptr : skip8_.get();
+  const std::int64_t n_cold = n() - hot_count();
+  if (opt_.dense_rows_density > 0) {
+    cp.dense_row_cap = static_cast<std::int64_t>(opt_.dense_rows_density * static_cast<double>(n_cold));
+    row_flags_.reserve(sz(m));
+    dense_rows_.reserve(sz(m));
+    cp.row_flags = row_flags_.get();
+    cp.dense_rows = dense_rows_.get();
+    cp.n_dense = n_dense_.get();
+  }
   csr_count_and_scan(cp, cub_ws_, stream);
   mark("fwd: CSR count + scan", stream);
   TWELL_CUDA_CHECK(cudaMemcpyAsync(nnz_host_.get(), offsets_.get() + m, sizeof(std::int64_t), cudaMemcpyDeviceToHost, stream));
+  nnz_host_[1] = 0;
+  if (cp.n_dense)
+    TWELL_CUDA_CHECK(cudaMemcpyAsync(nnz_host_.get() + 1, cp.n_dense, sizeof(std::int64_t), cudaMemcpyDeviceToHost, stream));
   TWELL_CUDA_CHECK(cudaStreamSynchronize(stream));
   r.nnz = nnz_host_[0];
   r.hot_neurons = hot_count();
-  const std::int64_t n_cold = n() - r.hot_neurons;
-  r.density = n_cold > 0 ? static_cast<double>(r.nnz) / (static_cast<double>(m) * static_cast<double>(n_cold)) : 0.0;
+  r.dense_rows = nnz_host_[1];
+  // The dispatch's measure: the CSR's density over the cold neurons, a dense row counted as cap
+  // non-zeros (its break-even count), so that a batch of dense rows reads as the cap's density.
+  const double eff_nnz = static_cast<double>(r.nnz) + static_cast<double>(std::max<std::int64_t>(cp.dense_row_cap, 0)) *
+                                                          static_cast<double>(r.dense_rows);
+  r.density = n_cold > 0 ? eff_nnz / (static_cast<double>(m) * static_cast<double>(n_cold)) : 0.0;
   // The backward's transposed index addresses entries with 32 bits: refuse a forced sparse step
   // beyond that before anything is written; automatic dispatch runs dense there.
   constexpr std::int64_t kMaxSparseNnz = 0x7fffffff;
@@ -197,6 +215,7 @@ TrainForwardResult TrainContext::forward(const __nv_bfloat16* x, std::int64_t m,
   last_density_ = r.density;
   nnz_ = r.nnz;
   if (r.sparse) {
+    saved_rows_ = r.dense_rows;
     reserve_entries(cols_, nnz_);
     reserve_entries(p_, nnz_);
     cp.cols = cols_.get();
@@ -210,6 +229,11 @@ TrainForwardResult TrainContext::forward(const __nv_bfloat16* x, std::int64_t m,
       hot_forward(x, m, y, stream);
       mark("fwd: hot neurons (dense)", stream);
       r.path += fmt::format("; {} of {} neurons (the hot ones) dense", saved_hot_, n());
+    }
+    if (saved_rows_ > 0) {
+      dense_rows_forward(x, m, y, stream);
+      mark("fwd: dense rows", stream);
+      r.path += fmt::format("; {} of {} rows (over {} non-zeros) dense", saved_rows_, m, cp.dense_row_cap);
     }
   } else {
     dense_forward_after_gate(x, m, y, stream);
@@ -246,7 +270,10 @@ void TrainContext::sparse_forward(const __nv_bfloat16* x, std::int64_t m, __nv_b
   saved_hot_ = hot_count();
   saved_bytes_ = sz(m + 1) * sizeof(std::int64_t) +
                  sz(nnz_) * (sizeof(std::int32_t) + sizeof(__nv_bfloat16) + (gated() ? sizeof(float) : 0)) +
-                 sz(m * (gated() ? 2 : 1) * ldh()) * sizeof(__nv_bfloat16);  // [g | u]_hot or h_hot
+                 sz(m * (gated() ? 2 : 1) * ldh()) * sizeof(__nv_bfloat16) +  // [g | u]_hot or h_hot
+                 (saved_rows_ > 0 ? sz(m) + sz(saved_rows_) * (sizeof(std::int32_t) +  // row flags, list, [g | u]_R
+                                                                sz((gated() ? 2 : 1) * ldn()) * sizeof(__nv_bfloat16))
+                                  : 0);
 }
 
 DenseTrainElementwiseParams TrainContext::elementwise_params(std::int64_t m) {
@@ -278,7 +305,7 @@ void TrainContext::dense_forward_stacked(const __nv_bfloat16* x, std::int64_t m,
   launch_dense_train_forward(e, stream);
   ffn_.gemm().run({m, k(), ldn(), ldn(), ldn(), k(), GemmEpilogue::none}, ffn_.w_down(), h_.get(), y, stream);
   saved_ = Saved::dense_stacked;
-  saved_hot_ = 0;
+  saved_hot_ = saved_rows_ = 0;
 }
 
 void TrainContext::dense_forward_after_gate(const __nv_bfloat16* x, std::int64_t m, __nv_bfloat16* y,
@@ -301,7 +328,7 @@ void TrainContext::dense_forward_after_gate(const __nv_bfloat16* x, std::int64_t
   launch_dense_train_forward(e, stream);
   ffn_.gemm().run({m, k(), ldn(), ldn(), ldn(), k(), GemmEpilogue::none}, ffn_.w_down(), h_.get(), y, stream);
   saved_ = Saved::dense_split;
-  saved_hot_ = 0;
+  saved_hot_ = saved_rows_ = 0;
 }
 
 void TrainContext::backward(const __nv_bfloat16* x, const __nv_bfloat16* dy, std::int64_t m, double l1_coeff,
@@ -494,6 +521,10 @@ void TrainContext::sparse_backward(const __nv_bfloat16* x, const __nv_bfloat16* 
   }
   launch_transpose_f32(dwd_t_.get(), k(), n(), k(), dw_down_.get(), ldn(), stream);
   mark("bwd: dWd transpose", stream);
+  if (saved_rows_ > 0) {
+    dense_rows_backward(x, dy, c1, dx, stream);
+    mark("bwd: dense rows", stream);
+  }
 }
 
 std::vector<std::int64_t> TrainContext::choose_hot_neurons(const std::vector<std::uint32_t>& counts, std::int64_t m) const {
@@ -572,6 +603,7 @@ void TrainContext::hot_forward(const __nv_bfloat16* x, std::int64_t m, __nv_bflo
   e.h = h_.get();
   e.ld_h = lh;
   e.scalars = scalars_.get();  // adds to the cold part's sums (set before this)
+  e.row_skip = saved_rows_ > 0 ? row_flags_.get() : nullptr;  // dense rows take every neuron themselves
   if (gated()) {
     gu_.reserve(sz(m * 2 * lh));
     gemm.run({m, 2 * lh, k(), k(), k(), 2 * lh, GemmEpilogue::none}, w_hot_.get(), x, gu_.get(), stream);
@@ -603,6 +635,7 @@ void TrainContext::hot_backward(const __nv_bfloat16* x, const __nv_bfloat16* dy,
   e.gated = gated();
   e.h = h_.get();
   e.ld_h = lh;
+  e.row_skip = saved_rows_ > 0 ? row_flags_.get() : nullptr;
   if (gated()) {
     // h_hot again from the saved [g | u]_hot (the same arithmetic as the forward, so the same bits).
     e.g = gu_.get();
@@ -637,6 +670,88 @@ void TrainContext::hot_backward(const __nv_bfloat16* x, const __nv_bfloat16* dy,
     launch_scatter_rows_f32(dw_hot_.get(), k(), idx, h, k(), dw_gu_.get(), k(), stream);
   }
   launch_scatter_rows_f32(dw_hot_.get() + kin * k(), k(), idx, h, k(), dwd_t_.get(), k(), stream);
+}
+
+void TrainContext::dense_rows_forward(const __nv_bfloat16* x, std::int64_t m, __nv_bfloat16* y, cudaStream_t stream) {
+  (void)m;
+  const std::int64_t r = saved_rows_, kin = gated() ? 2 * ldn() : ldn();
+  LtGemm& gemm = ffn_.gemm();
+  rows_x_.reserve(sz(r * k()));
+  rows_out_.reserve(sz(r * k()));
+  rows_gu_.reserve(sz(r * kin));
+  rows_h_.reserve(sz(r * ldn()));
+  launch_gather_rows(x, k(), dense_rows_.get(), r, k(), rows_x_.get(), k(), stream);
+  DenseTrainElementwiseParams e;
+  e.m = r;
+  e.n = n();
+  e.ldn = ldn();
+  e.gated = gated();
+  e.scalars = scalars_.get();  // adds the rows' sums (the CSR and the hot part skip them)
+  if (gated()) {
+    gemm.run({r, kin, k(), k(), k(), kin, GemmEpilogue::none}, ffn_.w_gate_up(), rows_x_.get(), rows_gu_.get(), stream);
+    e.g = rows_gu_.get();
+    e.u = rows_gu_.get() + ldn();
+    e.ld_g = e.ld_u = kin;
+    e.h = rows_h_.get();
+  } else {
+    gemm.run({r, ldn(), k(), k(), k(), ldn(), GemmEpilogue::relu}, ffn_.w_gate_up(), rows_x_.get(), rows_gu_.get(), stream);
+    e.h = rows_gu_.get();  // h_R is what the non-gated backward keeps
+  }
+  e.ld_h = ldn();
+  launch_dense_train_forward(e, stream);
+  gemm.run({r, k(), ldn(), ldn(), ldn(), k(), GemmEpilogue::none}, ffn_.w_down(), e.h, rows_out_.get(), stream);
+  launch_scatter_rows_bf16(rows_out_.get(), k(), dense_rows_.get(), r, k(), y, k(), stream);
+}
+
+void TrainContext::dense_rows_backward(const __nv_bfloat16* x, const __nv_bfloat16* dy, float c1, __nv_bfloat16* dx,
+                                       cudaStream_t stream) {
+  const std::int64_t r = saved_rows_, kin = gated() ? 2 * ldn() : ldn();
+  LtGemm& gemm = ffn_.gemm();
+  rows_x_.reserve(sz(r * k()));
+  rows_dy_.reserve(sz(r * k()));
+  rows_out_.reserve(sz(r * k()));
+  rows_h_.reserve(sz(r * ldn()));
+  rows_dh_.reserve(sz(r * ldn()));
+  rows_dgu_.reserve(sz(r * kin));
+  launch_gather_rows(x, k(), dense_rows_.get(), r, k(), rows_x_.get(), k(), stream);
+  launch_gather_rows(dy, k(), dense_rows_.get(), r, k(), rows_dy_.get(), k(), stream);
+  // dh_R = dy_R · Wd
+  gemm.matmul({false, false, r, ldn(), k(), k(), ldn(), ldn(), false, GemmEpilogue::none}, rows_dy_.get(), ffn_.w_down(),
+              rows_dh_.get(), stream);
+  DenseTrainElementwiseParams e;
+  e.m = r;
+  e.n = n();
+  e.ldn = ldn();
+  e.gated = gated();
+  e.ld_h = ldn();
+  if (gated()) {  // h_R again from the saved [g | u]_R (the forward's arithmetic, the same bits)
+    e.g = rows_gu_.get();
+    e.u = rows_gu_.get() + ldn();
+    e.ld_g = e.ld_u = kin;
+    e.h = rows_h_.get();
+    e.scalars = scratch_scalars_.get();
+    launch_dense_train_forward(e, stream);
+    e.d_gate = rows_dgu_.get();
+    e.d_up = rows_dgu_.get() + ldn();
+  } else {
+    e.h = rows_gu_.get();
+    e.d_up = rows_dgu_.get();
+  }
+  e.scalars = nullptr;
+  e.dh = rows_dh_.get();
+  e.ld_dh = ldn();
+  e.c1 = c1;
+  e.ld_d = kin;
+  launch_dense_train_backward(e, stream);
+  // dx_R = [dg | du]_R · [Wg; Wu], into dx's rows (the CSR and hot parts left them 0)
+  gemm.matmul({false, false, r, k(), kin, kin, k(), k(), false, GemmEpilogue::none}, rows_dgu_.get(), ffn_.w_gate_up(),
+              rows_out_.get(), stream);
+  launch_scatter_rows_bf16(rows_out_.get(), k(), dense_rows_.get(), r, k(), dx, k(), stream);
+  // [dWg; dWu] += [dg | du]_Rᵀ · x_R; dWd += dy_Rᵀ · h_R (fp32, β = 1)
+  gemm.matmul({true, false, kin, k(), r, kin, k(), k(), true, GemmEpilogue::none, true}, rows_dgu_.get(), rows_x_.get(),
+              dw_gu_.get(), stream);
+  gemm.matmul({true, false, k(), ldn(), r, k(), ldn(), ldn(), true, GemmEpilogue::none, true}, rows_dy_.get(), e.h,
+              dw_down_.get(), stream);
 }
 
 FfnTrainScalars TrainContext::read_scalars(cudaStream_t stream) {

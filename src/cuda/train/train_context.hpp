@@ -67,6 +67,12 @@ struct TrainContextOptions {
   double hot_neurons_density_nongated = 0.014;
   std::int64_t hot_neurons_min_rows = 4096;
   double hot_neurons_max_share = 0.5;
+  // Dense rows (the hot/cold split by token row of the inference path): inside the sparse step, a
+  // row with more than this fraction of the cold neurons active runs as rows of dense cuBLASLt
+  // GEMMs over every neuron instead of through the CSR. A row costs the CSR path ≈ 5 ns per
+  // non-zero and ≈ 18·K·N flops dense (≈ 0.4 µs at M·K·N of this size), so the break-even is
+  // ≈ 1.5–2 % of the neurons. 0 turns them off.
+  double dense_rows_density = 0.02;
 };
 
 // The weight-gradient pass plan for m rows of K columns: slices of slice_cols columns (the last
@@ -84,6 +90,7 @@ struct TrainForwardResult {
   std::int64_t nnz = -1;
   double density = 0;
   std::int64_t hot_neurons = 0;  // H: neurons run dense inside the sparse step (0: no split)
+  std::int64_t dense_rows = 0;   // R: rows run dense inside the sparse step (their non-zeros are not in nnz)
   std::string path;
 };
 
@@ -151,6 +158,12 @@ class TrainContext {
   void hot_backward(const __nv_bfloat16* x, const __nv_bfloat16* dy, std::int64_t m, float c1, __nv_bfloat16* dx,
                     cudaStream_t stream);
   void calibrate_hot_neurons(std::int64_t m, cudaStream_t stream);  // from the gate output in g_
+  // The dense rows of the sparse step (saved_rows_ of them, listed in dense_rows_): forward
+  // [g | u]_R (or h_R) over every neuron, y rows overwritten; backward dx rows overwritten and the
+  // weight gradients accumulated (after the dWd transpose). Saved: [g | u]_R or h_R in rows_gu_.
+  void dense_rows_forward(const __nv_bfloat16* x, std::int64_t m, __nv_bfloat16* y, cudaStream_t stream);
+  void dense_rows_backward(const __nv_bfloat16* x, const __nv_bfloat16* dy, float c1, __nv_bfloat16* dx,
+                           cudaStream_t stream);
   void gather_hot_weights(cudaStream_t stream);
   std::int64_t ldh() const noexcept { return (hot_count() + 7) / 8 * 8; }
   void reserve_grads();
@@ -199,8 +212,16 @@ class TrainContext {
   DeviceBuffer<__nv_bfloat16> w_hot_;
   DeviceBuffer<float> dw_hot_;
   DeviceBuffer<DenseTrainScalars> scalars_, scratch_scalars_;
+  // dense rows: row_flags_ [m], dense_rows_ [m] (the first saved_rows_ used), n_dense_ [1];
+  // rows_gu_ [R, 2·ldn] (saved); rows_x_, rows_dy_, rows_out_ [R, K], rows_h_, rows_dh_ [R, ldn],
+  // rows_dgu_ [R, 2·ldn] workspaces.
+  std::int64_t saved_rows_ = 0;
+  DeviceBuffer<unsigned char> row_flags_;
+  DeviceBuffer<std::int32_t> dense_rows_;
+  DeviceBuffer<std::int64_t> n_dense_;
+  DeviceBuffer<__nv_bfloat16> rows_gu_, rows_x_, rows_dy_, rows_out_, rows_h_, rows_dh_, rows_dgu_;
   PinnedBuffer<DenseTrainScalars> scalars_host_;
-  PinnedBuffer<std::int64_t> nnz_host_;
+  PinnedBuffer<std::int64_t> nnz_host_;  // [2]: nnz, dense rows
 };
 
 }  // namespace twell::cuda

@@ -367,10 +367,11 @@ __global__ void transpose_f32_kernel(const float* in, std::int64_t ld_in, std::i
 }
 
 // One block per row.
-__global__ void scatter_rows_f32_kernel(const float* src, std::int64_t ld_src, const std::int32_t* idx, std::int64_t cols,
-                                        float* dst, std::int64_t ld_dst) {
-  const float* s = src + static_cast<std::int64_t>(blockIdx.x) * ld_src;
-  float* d = dst + static_cast<std::int64_t>(idx[blockIdx.x]) * ld_dst;
+template <typename T>
+__global__ void scatter_rows_kernel(const T* src, std::int64_t ld_src, const std::int32_t* idx, std::int64_t cols, T* dst,
+                                    std::int64_t ld_dst) {
+  const T* s = src + static_cast<std::int64_t>(blockIdx.x) * ld_src;
+  T* d = dst + static_cast<std::int64_t>(idx[blockIdx.x]) * ld_dst;
   for (std::int64_t c = threadIdx.x; c < cols; c += blockDim.x) d[c] = s[c];
 }
 
@@ -423,24 +424,25 @@ __global__ void dense_train_forward_kernel(DenseTrainElementwiseParams p) {
   for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < total;
        i += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
     const std::int64_t r = i / per_row, c0 = (i % per_row) * 8;
+    const bool skip = p.row_skip != nullptr && p.row_skip[r] != 0;
     if (p.gated) {
-      const Vec8 g = load8(p.g + r * p.ld_g, c0, p.n, vec), u = load8(p.u + r * p.ld_u, c0, p.n, vec);
+      const Vec8 g = load8(p.g + r * p.ld_g, c0, skip ? 0 : p.n, vec), u = load8(p.u + r * p.ld_u, c0, skip ? 0 : p.n, vec);
       Vec8 h;
 #pragma unroll
       for (int e = 0; e < 8; ++e) {
-        active += g.v[e] > 0.0f;  // columns ≥ n read as 0: never active
+        active += g.v[e] > 0.0f;  // columns ≥ n (every column of a skipped row) read as 0: never active
         h.v[e] = __bfloat162float(__float2bfloat16_rn(fmaxf(g.v[e], 0.0f) * u.v[e]));
         l1 += fabsf(h.v[e]);
       }
       store8(p.h + r * p.ld_h, c0, p.ldn, h, vec);
     } else {
-      const Vec8 h = load8(p.h + r * p.ld_h, c0, p.n, vec);
+      const Vec8 h = load8(p.h + r * p.ld_h, c0, skip ? 0 : p.n, vec);
 #pragma unroll
       for (int e = 0; e < 8; ++e) {
         active += h.v[e] > 0.0f;
         l1 += fabsf(h.v[e]);
       }
-      if (c0 + 8 > p.n) store8(p.h + r * p.ld_h, c0, p.ldn, h, false);  // zero the padding columns
+      if (skip || c0 + 8 > p.n) store8(p.h + r * p.ld_h, c0, p.ldn, h, vec);  // zero the padding columns (or the row)
     }
   }
   __shared__ float rl[32];
@@ -472,10 +474,11 @@ __global__ void dense_train_backward_kernel(DenseTrainElementwiseParams p) {
   for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < total;
        i += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
     const std::int64_t r = i / per_row, c0 = (i % per_row) * 8;
-    const Vec8 h = load8(p.h + r * p.ld_h, c0, p.n, vec), dh = load8(p.dh + r * p.ld_dh, c0, p.n, vec);
+    const std::int64_t n = p.row_skip != nullptr && p.row_skip[r] != 0 ? 0 : p.n;  // a skipped row: every gradient 0
+    const Vec8 h = load8(p.h + r * p.ld_h, c0, n, vec), dh = load8(p.dh + r * p.ld_dh, c0, n, vec);
     Vec8 dup, dgate;
     if (p.gated) {
-      const Vec8 g = load8(p.g + r * p.ld_g, c0, p.n, vec), u = load8(p.u + r * p.ld_u, c0, p.n, vec);
+      const Vec8 g = load8(p.g + r * p.ld_g, c0, n, vec), u = load8(p.u + r * p.ld_u, c0, n, vec);
 #pragma unroll
       for (int e = 0; e < 8; ++e) {
         const float dt = dh.v[e] + p.c1 * sign_of(h.v[e]);
@@ -612,8 +615,16 @@ void launch_scatter_rows_f32(const float* src, std::int64_t ld_src, const std::i
                              std::int64_t cols, float* dst, std::int64_t ld_dst, cudaStream_t stream) {
   if (rows <= 0 || cols <= 0) return;
   TWELL_CU_REQUIRE(rows <= 0x7fffffff, ErrorCode::unsupported, "scatter rows: {} rows", rows);
-  scatter_rows_f32_kernel<<<static_cast<unsigned>(rows), 256, 0, stream>>>(src, ld_src, idx, cols, dst, ld_dst);
-  TWELL_CUDA_CHECK_LAUNCH("scatter_rows_f32_kernel");
+  scatter_rows_kernel<<<static_cast<unsigned>(rows), 256, 0, stream>>>(src, ld_src, idx, cols, dst, ld_dst);
+  TWELL_CUDA_CHECK_LAUNCH("scatter_rows_kernel<float>");
+}
+
+void launch_scatter_rows_bf16(const __nv_bfloat16* src, std::int64_t ld_src, const std::int32_t* idx, std::int64_t rows,
+                              std::int64_t cols, __nv_bfloat16* dst, std::int64_t ld_dst, cudaStream_t stream) {
+  if (rows <= 0 || cols <= 0) return;
+  TWELL_CU_REQUIRE(rows <= 0x7fffffff, ErrorCode::unsupported, "scatter rows: {} rows", rows);
+  scatter_rows_kernel<<<static_cast<unsigned>(rows), 256, 0, stream>>>(src, ld_src, idx, cols, dst, ld_dst);
+  TWELL_CUDA_CHECK_LAUNCH("scatter_rows_kernel<bf16>");
 }
 
 void launch_sum_rows(const float* row_l1, std::int64_t m, double* l1_sum, cudaStream_t stream) {
