@@ -161,7 +161,7 @@ void run_train_sweep(bool quick, int warmup, int reps, cudaStream_t s, nlohmann:
       const auto [off_ms, on_ms] = host::alternating_medians_ms(warmup, reps, s, step(off), step(on));
       hot_json["off_on_sparse_alternating_ms"] = {off_ms, on_ms};
       hot_json["hot_neurons_default"] = on.hot_count();
-      if (pt.mode == "hot") {  // dense rows off / on, hot neurons on in both
+      {  // dense rows off / on, hot neurons on in both
         TrainContextOptions no_rows = copt;
         no_rows.dense_rows_density = 0;
         TrainContext nr(no_rows);

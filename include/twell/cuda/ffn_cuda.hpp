@@ -77,6 +77,7 @@ struct TrainOptions {
   std::optional<std::vector<std::int64_t>> hot_neurons;
   bool hot_neurons_auto = true;
   bool dense_rows = true;  // rows with many non-zeros run dense inside the sparse step
+  std::int64_t dense_rows_min = 256;  // ... when there are at least this many of them
 };
 
 struct TrainReport {

@@ -39,9 +39,22 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) csr_count_kernel(CsrBuild
 #pragma unroll
   for (int d = 16; d > 0; d >>= 1) cnt += __shfl_xor_sync(0xffffffffu, cnt, d);
   if (lane == 0) {
-    const bool dense = p.dense_row_cap >= 0 && cnt > p.dense_row_cap;
-    p.row_counts[row] = dense ? 0 : cnt;
-    if (p.row_flags) p.row_flags[row] = dense;
+    p.row_counts[row] = cnt;
+    if (p.row_flags) p.row_flags[row] = p.dense_row_cap >= 0 && cnt > p.dense_row_cap;
+  }
+}
+
+// After the selection: enough dense rows → their counts 0; too few → no flags (see CsrBuildParams).
+__global__ void dense_rows_apply_kernel(CsrBuildParams p) {
+  const bool use = *p.n_dense >= p.dense_rows_min;
+  for (std::int64_t r = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; r < p.m;
+       r += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
+    if (!p.row_flags[r]) continue;
+    if (use) {
+      p.row_counts[r] = 0;
+    } else {
+      p.row_flags[r] = 0;
+    }
   }
 }
 
@@ -142,6 +155,8 @@ void csr_count_and_scan(const CsrBuildParams& p, DeviceBuffer<unsigned char>& sc
     TWELL_CUDA_CHECK(cub::DeviceSelect::Flagged(nullptr, bytes, rows, p.row_flags, p.dense_rows, p.n_dense, p.m, stream));
     scratch.reserve(bytes);
     TWELL_CUDA_CHECK(cub::DeviceSelect::Flagged(scratch.get(), bytes, rows, p.row_flags, p.dense_rows, p.n_dense, p.m, stream));
+    dense_rows_apply_kernel<<<blocks_for(p.m, 256), 256, 0, stream>>>(p);
+    TWELL_CUDA_CHECK_LAUNCH("dense_rows_apply_kernel");
   }
   offsets_from_counts(p.row_counts, p.offsets, p.m, scratch, stream);
 }

@@ -18,10 +18,12 @@ struct CsrBuildParams {
   // Optional column mask, one byte per 8 columns: bit e of skip8[c / 8] set = column c / 8 · 8 + e
   // is left out of the pattern (the hot neurons the training step runs dense). [ceil(n / 8)].
   const unsigned char* skip8 = nullptr;
-  // Optional dense rows (dense_row_cap ≥ 0): a row with more than dense_row_cap kept values (after
-  // skip8) is left out of the pattern (count 0, row_flags[r] = 1; else 0) and listed, ascending,
-  // in dense_rows[0 .. *n_dense). The fill skips flagged rows.
-  std::int64_t dense_row_cap = -1;
+  // Optional dense rows (dense_row_cap ≥ 0): the rows with more than dense_row_cap kept values
+  // (after skip8) are listed, ascending, in dense_rows[0 .. *n_dense). When there are at least
+  // dense_rows_min of them they are left out of the pattern (count 0, row_flags[r] = 1; every
+  // other flag 0); with fewer, every flag is 0 and the pattern holds every row (the caller treats
+  // *n_dense < dense_rows_min as none). The fill skips flagged rows.
+  std::int64_t dense_row_cap = -1, dense_rows_min = 0;
   unsigned char* row_flags = nullptr;   // [m]
   std::int32_t* dense_rows = nullptr;   // [m]
   std::int64_t* n_dense = nullptr;      // device scalar

@@ -183,6 +183,7 @@ TrainForwardResult TrainContext::forward(const __nv_bfloat16* x, std::int64_t m,
   const std::int64_t n_cold = n() - hot_count();
   if (opt_.dense_rows_density > 0) {
     cp.dense_row_cap = static_cast<std::int64_t>(opt_.dense_rows_density * static_cast<double>(n_cold));
+    cp.dense_rows_min = std::max<std::int64_t>(opt_.dense_rows_min, 1);
     row_flags_.reserve(sz(m));
     dense_rows_.reserve(sz(m));
     cp.row_flags = row_flags_.get();
@@ -198,7 +199,7 @@ TrainForwardResult TrainContext::forward(const __nv_bfloat16* x, std::int64_t m,
   TWELL_CUDA_CHECK(cudaStreamSynchronize(stream));
   r.nnz = nnz_host_[0];
   r.hot_neurons = hot_count();
-  r.dense_rows = nnz_host_[1];
+  r.dense_rows = nnz_host_[1] >= cp.dense_rows_min ? nnz_host_[1] : 0;  // fewer: the CSR holds them
   // The dispatch's measure: the CSR's density over the cold neurons, a dense row counted as cap
   // non-zeros (its break-even count), so that a batch of dense rows reads as the cap's density.
   const double eff_nnz = static_cast<double>(r.nnz) + static_cast<double>(std::max<std::int64_t>(cp.dense_row_cap, 0)) *

@@ -73,6 +73,9 @@ struct TrainContextOptions {
   // non-zero and ≈ 18·K·N flops dense (≈ 0.4 µs at M·K·N of this size), so the break-even is
   // ≈ 1.5–2 % of the neurons. 0 turns them off.
   double dense_rows_density = 0.02;
+  // Fewer such rows than this run through the CSR: the dense rows' GEMMs cost ≈ 0.09 ms whatever
+  // their row count (they read every weight and read-modify-write the fp32 gradients).
+  std::int64_t dense_rows_min = 256;
 };
 
 // The weight-gradient pass plan for m rows of K columns: slices of slice_cols columns (the last
