@@ -605,14 +605,19 @@ void TrainContext::hot_forward(const __nv_bfloat16* x, std::int64_t m, __nv_bflo
   e.ld_h = lh;
   e.scalars = scalars_.get();  // adds to the cold part's sums (set before this)
   e.row_skip = saved_rows_ > 0 ? row_flags_.get() : nullptr;  // dense rows take every neuron themselves
+  // The hot gate columns come from the gate GEMM over every neuron (g_, ReLU applied: the same
+  // ReLU(g) and g > 0 the elementwise kernels need), gathered; only u needs a GEMM. Columns ≥ H of
+  // the gathered block stay unwritten: the elementwise kernels read columns < H only.
   if (gated()) {
     gu_.reserve(sz(m * 2 * lh));
-    gemm.run({m, 2 * lh, k(), k(), k(), 2 * lh, GemmEpilogue::none}, w_hot_.get(), x, gu_.get(), stream);
+    launch_gather_cols(g_.get(), ldn(), hot_idx_.get(), m, hot_count(), gu_.get(), 2 * lh, stream);
+    gemm.run({m, lh, k(), k(), k(), 2 * lh, GemmEpilogue::none}, w_hot_.get() + lh * k(), x, gu_.get() + lh, stream);
     e.g = gu_.get();
     e.u = gu_.get() + lh;
     e.ld_g = e.ld_u = 2 * lh;
   } else {
-    gemm.run({m, lh, k(), k(), k(), lh, GemmEpilogue::relu}, w_hot_.get(), x, h_.get(), stream);
+    (void)x;  // non-gated: h_hot = ReLU(x·Wu_hotᵀ) is the gate GEMM's output itself
+    launch_gather_cols(g_.get(), ldn(), hot_idx_.get(), m, hot_count(), h_.get(), lh, stream);
   }
   launch_dense_train_forward(e, stream);
   // y += h_hot · Wd_hotᵀ = h_hot · (Wdᵀ_hot rows)
