@@ -204,7 +204,7 @@ void run_train_sweep(bool quick, int warmup, int reps, cudaStream_t s, nlohmann:
     rows.erase(std::unique(rows.begin(), rows.end()), rows.end());
     const double err = sampled_train_error(download(dev_y.get(), x.size()), download(dev_dx.get(), x.size()), x, dy, w, m,
                                            l1_coeff, rows);
-    // Every neuron's density (the dense step counts them all); fr_sp.density is the cold neurons'.
+    // Every neuron's density (the dense step counts them all); fr_sp.density is the dispatch's measure.
     const double density = dense.read_scalars(s).l0 / static_cast<double>(N);
     const double mb = 1.0 / (1 << 20);
     char line[512];
@@ -247,7 +247,7 @@ void run_train_sweep(bool quick, int warmup, int reps, cudaStream_t s, nlohmann:
                                    {"hot_neurons", fr_sp.hot_neurons},
                                    {"dense_rows", fr_sp.dense_rows},
                                    {"cold_nnz", fr_sp.nnz},
-                                   {"cold_density", fr_sp.density},
+                                   {"dispatch_density", fr_sp.density},
                                    {"hot_neuron_variants", hot_json},
                                    {"l1_coeff", l1_coeff},
                                    {"dense_fwd_ms", dn_fwd},

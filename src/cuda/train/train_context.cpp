@@ -200,11 +200,14 @@ TrainForwardResult TrainContext::forward(const __nv_bfloat16* x, std::int64_t m,
   r.nnz = nnz_host_[0];
   r.hot_neurons = hot_count();
   r.dense_rows = nnz_host_[1] >= cp.dense_rows_min ? nnz_host_[1] : 0;  // fewer: the CSR holds them
-  // The dispatch's measure: the CSR's density over the cold neurons, a dense row counted as cap
-  // non-zeros (its break-even count), so that a batch of dense rows reads as the cap's density.
-  const double eff_nnz = static_cast<double>(r.nnz) + static_cast<double>(std::max<std::int64_t>(cp.dense_row_cap, 0)) *
-                                                          static_cast<double>(r.dense_rows);
-  r.density = n_cold > 0 ? eff_nnz / (static_cast<double>(m) * static_cast<double>(n_cold)) : 0.0;
+  // The dispatch's measure, comparable with the limit set for plain CSR steps: the CSR's non-zeros
+  // plus each dense row at the row cap and each hot neuron at the hot threshold's count (their
+  // break-even counts), over M·N.
+  const double hot_density = std::max(0.0, gated() ? opt_.hot_neurons_density : opt_.hot_neurons_density_nongated);
+  const double eff_nnz = static_cast<double>(r.nnz) +
+                         static_cast<double>(std::max<std::int64_t>(cp.dense_row_cap, 0)) * static_cast<double>(r.dense_rows) +
+                         hot_density * static_cast<double>(m) * static_cast<double>(r.hot_neurons);
+  r.density = eff_nnz / (static_cast<double>(m) * static_cast<double>(n()));
   // The backward's transposed index addresses entries with 32 bits: refuse a forced sparse step
   // beyond that before anything is written; automatic dispatch runs dense there.
   constexpr std::int64_t kMaxSparseNnz = 0x7fffffff;

@@ -87,9 +87,11 @@ WeightGradPasses weight_grad_passes(std::int64_t m, std::int64_t k, std::int64_t
 
 struct TrainForwardResult {
   bool sparse = false;
-  // Exact count of the non-zeros the CSR path takes: those of the cold neurons when hot neurons are
-  // split off (−1 when the forced dense path ran without counting); density = nnz / (M · (N − H)),
-  // the measure the dispatch compares. read_scalars() has every neuron's count (l0).
+  // Exact count of the non-zeros the CSR path takes: those of the cold neurons in the sparse rows
+  // when hot neurons or dense rows are split off (−1 when the forced dense path ran without
+  // counting). density: the measure the dispatch compares, (nnz + R · the row cap + H · the hot
+  // threshold · M) / (M · N) — each dense row and hot neuron at its break-even count; nnz / (M · N)
+  // without the splits. read_scalars() has every neuron's exact count (l0).
   std::int64_t nnz = -1;
   double density = 0;
   std::int64_t hot_neurons = 0;  // H: neurons run dense inside the sparse step (0: no split)
