@@ -198,15 +198,15 @@ TrainForwardResult TrainContext::forward(const __nv_bfloat16* x, std::int64_t m,
     TWELL_CUDA_CHECK(cudaMemcpyAsync(nnz_host_.get() + 1, cp.n_dense, sizeof(std::int64_t), cudaMemcpyDeviceToHost, stream));
   TWELL_CUDA_CHECK(cudaStreamSynchronize(stream));
   r.nnz = nnz_host_[0];
-  r.hot_neurons = hot_count();
-  r.dense_rows = nnz_host_[1] >= cp.dense_rows_min ? nnz_host_[1] : 0;  // fewer: the CSR holds them
+  const std::int64_t hot_n = hot_count();
+  const std::int64_t rows_n = nnz_host_[1] >= cp.dense_rows_min ? nnz_host_[1] : 0;  // fewer: the CSR holds them
   // The dispatch's measure, comparable with the limit set for plain CSR steps: the CSR's non-zeros
   // plus each dense row at the row cap and each hot neuron at the hot threshold's count (their
   // break-even counts), over M·N.
   const double hot_density = std::max(0.0, gated() ? opt_.hot_neurons_density : opt_.hot_neurons_density_nongated);
   const double eff_nnz = static_cast<double>(r.nnz) +
-                         static_cast<double>(std::max<std::int64_t>(cp.dense_row_cap, 0)) * static_cast<double>(r.dense_rows) +
-                         hot_density * static_cast<double>(m) * static_cast<double>(r.hot_neurons);
+                         static_cast<double>(std::max<std::int64_t>(cp.dense_row_cap, 0)) * static_cast<double>(rows_n) +
+                         hot_density * static_cast<double>(m) * static_cast<double>(hot_n);
   r.density = eff_nnz / (static_cast<double>(m) * static_cast<double>(n()));
   // The backward's transposed index addresses entries with 32 bits: refuse a forced sparse step
   // beyond that before anything is written; automatic dispatch runs dense there.
@@ -219,7 +219,8 @@ TrainForwardResult TrainContext::forward(const __nv_bfloat16* x, std::int64_t m,
   last_density_ = r.density;
   nnz_ = r.nnz;
   if (r.sparse) {
-    saved_rows_ = r.dense_rows;
+    r.hot_neurons = hot_n;
+    r.dense_rows = saved_rows_ = rows_n;
     reserve_entries(cols_, nnz_);
     reserve_entries(p_, nnz_);
     cp.cols = cols_.get();

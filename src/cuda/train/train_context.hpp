@@ -94,7 +94,7 @@ struct TrainForwardResult {
   // without the splits. read_scalars() has every neuron's exact count (l0).
   std::int64_t nnz = -1;
   double density = 0;
-  std::int64_t hot_neurons = 0;  // H: neurons run dense inside the sparse step (0: no split)
+  std::int64_t hot_neurons = 0;  // H: neurons run dense inside the sparse step (0: no split, or the dense step ran)
   std::int64_t dense_rows = 0;   // R: rows run dense inside the sparse step (their non-zeros are not in nnz)
   std::string path;
 };
