@@ -652,8 +652,6 @@ std::vector<std::uint32_t> FfnContext::count_neurons(const __nv_bfloat16* x, std
 
 std::vector<std::uint32_t> FfnContext::neuron_counts_of_gate(std::int64_t m, const std::vector<char>* cold,
                                                              cudaStream_t stream) {
-  DeviceBuffer<std::uint32_t> counts(static_cast<std::size_t>(n_));
-  TWELL_CUDA_CHECK(cudaMemsetAsync(counts.get(), 0, counts.bytes(), stream));
   std::uint32_t row_cap = 0;
   if (cold) {  // rows with more than dense_row_cap(cold count) non-zeros in the cold neurons are skipped
     std::vector<unsigned char> mask(static_cast<std::size_t>(n_));
@@ -668,10 +666,8 @@ std::vector<std::uint32_t> FfnContext::neuron_counts_of_gate(std::int64_t m, con
     row_cap = dense_row_cap(nc);
     TWELL_CUDA_CHECK(cudaStreamSynchronize(stream));  // d_mask dies here
   }
-  launch_neuron_counts(g_.get(), ldn_, m, n_, cold ? row_nnz_.get() : nullptr, row_cap, counts.get(), stream);
-  std::vector<std::uint32_t> pos(static_cast<std::size_t>(n_));  // by position
-  TWELL_CUDA_CHECK(cudaMemcpyAsync(pos.data(), counts.get(), counts.bytes(), cudaMemcpyDeviceToHost, stream));
-  TWELL_CUDA_CHECK(cudaStreamSynchronize(stream));
+  const std::vector<std::uint32_t> pos =  // by position
+      read_neuron_counts(g_.get(), ldn_, m, n_, cold ? row_nnz_.get() : nullptr, row_cap, stream);
   if (order_.empty()) return pos;
   std::vector<std::uint32_t> orig(static_cast<std::size_t>(n_));
   for (std::int64_t j = 0; j < n_; ++j) orig[static_cast<std::size_t>(order_[static_cast<std::size_t>(j)])] = pos[static_cast<std::size_t>(j)];
@@ -682,17 +678,10 @@ std::vector<std::int64_t> FfnContext::choose_hot_neurons(const std::vector<std::
   TWELL_CHECK(static_cast<std::int64_t>(counts.size()) == n_, ErrorCode::shape_mismatch,
               "choose_hot_neurons: {} counts for N = {} neurons", counts.size(), n_);
   TWELL_CHECK(m >= 1, ErrorCode::invalid_argument, "choose_hot_neurons: M must be ≥ 1 (got {})", m);
-  const double density = gated_ ? opt_.hot_neurons_density : opt_.hot_neurons_density_nongated;
-  const double limit = density * static_cast<double>(m);
-  std::vector<std::int64_t> hot;
-  if (!(density > 0)) return hot;  // the split is off
-  for (std::int64_t i = 0; i < n_; ++i)
-    if (static_cast<double>(counts[static_cast<std::size_t>(i)]) > limit) hot.push_back(i);
   // At most half of the neurons (less the up to 7 that set_hot_neurons may add, and rounding): the
   // hot part's workspace is half of the stacked buffer.
   const double max_hot = std::min(opt_.hot_neurons_max_share * static_cast<double>(n_), static_cast<double>(ldn_ / 2 - 16));
-  if (static_cast<double>(hot.size()) > max_hot) hot.clear();
-  return hot;
+  return neurons_over(counts, gated_ ? opt_.hot_neurons_density : opt_.hot_neurons_density_nongated, m, max_hot);
 }
 
 std::vector<std::int64_t> FfnContext::hot_neurons() const {

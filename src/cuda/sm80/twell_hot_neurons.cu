@@ -4,6 +4,7 @@
 #include <algorithm>
 
 #include "cuda/common/check.hpp"
+#include "cuda/common/device_buffer.hpp"
 #include "cuda/common/device_math.cuh"
 
 namespace twell::cuda {
@@ -94,6 +95,28 @@ void launch_neuron_counts(const __nv_bfloat16* g, std::int64_t ld_g, std::int64_
   neuron_counts_kernel<<<dim3(static_cast<unsigned>(bx), static_cast<unsigned>(by)), kCountThreads, 0, stream>>>(
       g, ld_g, m, n, row_nnz, row_cap, counts);
   TWELL_CUDA_CHECK_LAUNCH("neuron_counts_kernel");
+}
+
+std::vector<std::uint32_t> read_neuron_counts(const __nv_bfloat16* g, std::int64_t ld_g, std::int64_t m, std::int64_t n,
+                                              const std::uint32_t* row_nnz, std::uint32_t row_cap, cudaStream_t stream) {
+  DeviceBuffer<std::uint32_t> counts(static_cast<std::size_t>(n));
+  TWELL_CUDA_CHECK(cudaMemsetAsync(counts.get(), 0, counts.bytes(), stream));
+  launch_neuron_counts(g, ld_g, m, n, row_nnz, row_cap, counts.get(), stream);
+  std::vector<std::uint32_t> host(static_cast<std::size_t>(n));
+  TWELL_CUDA_CHECK(cudaMemcpyAsync(host.data(), counts.get(), counts.bytes(), cudaMemcpyDeviceToHost, stream));
+  TWELL_CUDA_CHECK(cudaStreamSynchronize(stream));  // counts dies here
+  return host;
+}
+
+std::vector<std::int64_t> neurons_over(const std::vector<std::uint32_t>& counts, double density, std::int64_t m,
+                                       double max_hot) {
+  std::vector<std::int64_t> hot;
+  if (!(density > 0)) return hot;  // the split is off
+  const double limit = density * static_cast<double>(m);
+  for (std::size_t i = 0; i < counts.size(); ++i)
+    if (static_cast<double>(counts[i]) > limit) hot.push_back(static_cast<std::int64_t>(i));
+  if (static_cast<double>(hot.size()) > max_hot) hot.clear();
+  return hot;
 }
 
 void launch_row_counts(const __nv_bfloat16* g, std::int64_t ld_g, std::int64_t m, std::int64_t n,

@@ -16,6 +16,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <vector>
 
 namespace twell::cuda {
 
@@ -26,6 +27,16 @@ namespace twell::cuda {
 void launch_neuron_counts(const __nv_bfloat16* g, std::int64_t ld_g, std::int64_t m, std::int64_t n,
                           const std::uint32_t* row_nnz, std::uint32_t row_cap, std::uint32_t* counts,
                           cudaStream_t stream);
+
+// The same counts on the host: a zeroed [n] device buffer, launch_neuron_counts, the copy back
+// (synchronises `stream`).
+std::vector<std::uint32_t> read_neuron_counts(const __nv_bfloat16* g, std::int64_t ld_g, std::int64_t m, std::int64_t n,
+                                              const std::uint32_t* row_nnz, std::uint32_t row_cap, cudaStream_t stream);
+
+// The hot-neuron rule of the inference and training contexts: the neurons (ascending) whose count
+// exceeds density·m; none when density ≤ 0 or more than max_hot of them qualify.
+std::vector<std::int64_t> neurons_over(const std::vector<std::uint32_t>& counts, double density, std::int64_t m,
+                                       double max_hot);
 
 // row_nnz[r] = #{c < n : g[r, c] > 0 and (no mask or mask[c])} for r < m (one warp per row).
 void launch_row_counts(const __nv_bfloat16* g, std::int64_t ld_g, std::int64_t m, std::int64_t n,
