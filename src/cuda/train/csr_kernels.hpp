@@ -26,7 +26,7 @@ struct CsrBuildParams {
   std::int64_t dense_row_cap = -1, dense_rows_min = 0;
   unsigned char* row_flags = nullptr;   // [m]
   std::int32_t* dense_rows = nullptr;   // [m]
-  std::int64_t* n_dense = nullptr;      // device scalar
+  int* n_dense = nullptr;               // device scalar (an int, like the inference dense-row lists': m < 2³¹)
   std::int64_t* row_counts = nullptr;  // [m] scratch: kept values per row
   std::int64_t* offsets = nullptr;     // [m + 1]: row r's entries are offsets[r] .. offsets[r+1]
   std::int32_t* cols = nullptr;        // [nnz] columns, ascending within a row (fill only)

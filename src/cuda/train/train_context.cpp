@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "cuda/common/check.hpp"
+#include "cuda/sm80/twell_dense_rows.hpp"
 #include "cuda/sm80/twell_hot_neurons.hpp"
 #include "cuda/train/csr_kernels.hpp"
 
@@ -16,6 +17,27 @@ std::size_t sz(std::int64_t v) { return static_cast<std::size_t>(v); }
 template <typename T>
 void reserve_entries(DeviceBuffer<T>& b, std::int64_t nnz) {
   if (sz(nnz) > b.size() || b.get() == nullptr) b.resize(sz(nnz + nnz / 4 + 1024));
+}
+
+// Elementwise parameters of a dense block of `rows` rows over n neurons (row stride ldc): gated,
+// g and u are the halves of gu [rows, 2·ldc] and h [rows, ldc] is written; non-gated, h = gu
+// [rows, ldc] itself. Rows flagged in row_skip are treated as inactive.
+DenseTrainElementwiseParams block_params(bool gated, std::int64_t rows, std::int64_t n, std::int64_t ldc, __nv_bfloat16* gu,
+                                         __nv_bfloat16* h, const unsigned char* row_skip) {
+  DenseTrainElementwiseParams e;
+  e.m = rows;
+  e.n = n;
+  e.ldn = ldc;
+  e.gated = gated;
+  e.row_skip = row_skip;
+  e.h = gated ? h : gu;
+  e.ld_h = ldc;
+  if (gated) {
+    e.g = gu;
+    e.u = gu + ldc;
+    e.ld_g = e.ld_u = 2 * ldc;
+  }
+  return e;
 }
 
 }  // namespace
@@ -41,7 +63,7 @@ TrainContext::TrainContext(const TrainContextOptions& opt)
         c.autotune_gemm = opt.autotune_gemm;
         return c;
       }()),
-      scalars_(1), scratch_scalars_(1), n_dense_(1), scalars_host_(1), nnz_host_(2) {
+      scalars_(1), scratch_scalars_(1), n_dense_(1), n_dense_host_(1), scalars_host_(1), nnz_host_(1) {
   TWELL_CUDA_CHECK(cudaEventCreateWithFlags(&counted_, cudaEventDisableTiming));
   int dev = 0, l2 = 0;
   TWELL_CUDA_CHECK(cudaGetDevice(&dev));
@@ -88,7 +110,6 @@ void TrainContext::upload_weights(const FfnWeights& w, cudaStream_t stream) {
     hot_.clear();
     hot_calibrated_ = false;
   }
-  saved_hot_ = 0;
   saved_ = Saved::none;
   last_density_ = -1;
   count_pending_ = false;
@@ -193,13 +214,13 @@ TrainForwardResult TrainContext::forward(const __nv_bfloat16* x, std::int64_t m,
   csr_count_and_scan(cp, cub_ws_, stream);
   mark("fwd: CSR count + scan", stream);
   TWELL_CUDA_CHECK(cudaMemcpyAsync(nnz_host_.get(), offsets_.get() + m, sizeof(std::int64_t), cudaMemcpyDeviceToHost, stream));
-  nnz_host_[1] = 0;
+  n_dense_host_[0] = 0;
   if (cp.n_dense)
-    TWELL_CUDA_CHECK(cudaMemcpyAsync(nnz_host_.get() + 1, cp.n_dense, sizeof(std::int64_t), cudaMemcpyDeviceToHost, stream));
+    TWELL_CUDA_CHECK(cudaMemcpyAsync(n_dense_host_.get(), cp.n_dense, sizeof(int), cudaMemcpyDeviceToHost, stream));
   TWELL_CUDA_CHECK(cudaStreamSynchronize(stream));
   r.nnz = nnz_host_[0];
   const std::int64_t hot_n = hot_count();
-  const std::int64_t rows_n = nnz_host_[1] >= cp.dense_rows_min ? nnz_host_[1] : 0;  // fewer: the CSR holds them
+  const std::int64_t rows_n = n_dense_host_[0] >= cp.dense_rows_min ? n_dense_host_[0] : 0;  // fewer: the CSR holds them
   // The dispatch's measure, comparable with the limit set for plain CSR steps: the CSR's non-zeros
   // plus each dense row at the row cap and each hot neuron at the hot threshold's count (their
   // break-even counts), over M·N.
@@ -219,7 +240,7 @@ TrainForwardResult TrainContext::forward(const __nv_bfloat16* x, std::int64_t m,
   last_density_ = r.density;
   nnz_ = r.nnz;
   if (r.sparse) {
-    r.hot_neurons = hot_n;
+    r.hot_neurons = saved_hot_ = hot_n;
     r.dense_rows = saved_rows_ = rows_n;
     reserve_entries(cols_, nnz_);
     reserve_entries(p_, nnz_);
@@ -236,7 +257,7 @@ TrainForwardResult TrainContext::forward(const __nv_bfloat16* x, std::int64_t m,
       r.path += fmt::format("; {} of {} neurons (the hot ones) dense", saved_hot_, n());
     }
     if (saved_rows_ > 0) {
-      dense_rows_forward(x, m, y, stream);
+      dense_rows_forward(x, y, stream);
       mark("fwd: dense rows", stream);
       r.path += fmt::format("; {} of {} rows (over {} non-zeros) dense", saved_rows_, m, cp.dense_row_cap);
     }
@@ -272,7 +293,6 @@ void TrainContext::sparse_forward(const __nv_bfloat16* x, std::int64_t m, __nv_b
   TWELL_CUDA_CHECK(cudaMemcpyAsync(&scalars_.get()->active, offsets_.get() + m, sizeof(std::int64_t),
                                    cudaMemcpyDeviceToDevice, stream));
   saved_ = Saved::sparse;
-  saved_hot_ = hot_count();
   saved_bytes_ = sz(m + 1) * sizeof(std::int64_t) +
                  sz(nnz_) * (sizeof(std::int32_t) + sizeof(__nv_bfloat16) + (gated() ? sizeof(float) : 0)) +
                  sz(m * (gated() ? 2 : 1) * ldh()) * sizeof(__nv_bfloat16) +  // [g | u]_hot or h_hot
@@ -536,14 +556,8 @@ std::vector<std::int64_t> TrainContext::choose_hot_neurons(const std::vector<std
   TWELL_CHECK(static_cast<std::int64_t>(counts.size()) == n(), ErrorCode::shape_mismatch,
               "choose_hot_neurons: {} counts for N = {} neurons", counts.size(), n());
   TWELL_CHECK(m >= 1, ErrorCode::invalid_argument, "choose_hot_neurons: M must be ≥ 1 (got {})", m);
-  const double density = gated() ? opt_.hot_neurons_density : opt_.hot_neurons_density_nongated;
-  std::vector<std::int64_t> hot;
-  if (!(density > 0)) return hot;  // the split is off
-  const double limit = density * static_cast<double>(m);
-  for (std::int64_t i = 0; i < n(); ++i)
-    if (static_cast<double>(counts[sz(i)]) > limit) hot.push_back(i);
-  if (static_cast<double>(hot.size()) > opt_.hot_neurons_max_share * static_cast<double>(n())) hot.clear();
-  return hot;
+  return neurons_over(counts, gated() ? opt_.hot_neurons_density : opt_.hot_neurons_density_nongated, m,
+                      opt_.hot_neurons_max_share * static_cast<double>(n()));
 }
 
 void TrainContext::set_hot_neurons(const std::vector<std::int64_t>& hot, cudaStream_t stream) {
@@ -587,38 +601,24 @@ void TrainContext::gather_hot_weights(cudaStream_t stream) {
 }
 
 void TrainContext::calibrate_hot_neurons(std::int64_t m, cudaStream_t stream) {
-  DeviceBuffer<std::uint32_t> counts(sz(n()));
-  TWELL_CUDA_CHECK(cudaMemsetAsync(counts.get(), 0, counts.bytes(), stream));
-  launch_neuron_counts(g_.get(), ldn(), m, n(), nullptr, 0, counts.get(), stream);
-  std::vector<std::uint32_t> host(sz(n()));
-  TWELL_CUDA_CHECK(cudaMemcpyAsync(host.data(), counts.get(), counts.bytes(), cudaMemcpyDeviceToHost, stream));
-  TWELL_CUDA_CHECK(cudaStreamSynchronize(stream));
-  set_hot_neurons(choose_hot_neurons(host, m), stream);
+  set_hot_neurons(choose_hot_neurons(read_neuron_counts(g_.get(), ldn(), m, n(), nullptr, 0, stream), m), stream);
 }
 
 void TrainContext::hot_forward(const __nv_bfloat16* x, std::int64_t m, __nv_bfloat16* y, cudaStream_t stream) {
   const std::int64_t lh = ldh();
   LtGemm& gemm = ffn_.gemm();
   h_.reserve(sz(m * lh));
-  DenseTrainElementwiseParams e;
-  e.m = m;
-  e.n = hot_count();
-  e.ldn = lh;
-  e.gated = gated();
-  e.h = h_.get();
-  e.ld_h = lh;
+  if (gated()) gu_.reserve(sz(m * 2 * lh));
+  // Dense rows take every neuron themselves: the hot part treats them as inactive.
+  DenseTrainElementwiseParams e = block_params(gated(), m, hot_count(), lh, gated() ? gu_.get() : h_.get(), h_.get(),
+                                               saved_rows_ > 0 ? row_flags_.get() : nullptr);
   e.scalars = scalars_.get();  // adds to the cold part's sums (set before this)
-  e.row_skip = saved_rows_ > 0 ? row_flags_.get() : nullptr;  // dense rows take every neuron themselves
   // The hot gate columns come from the gate GEMM over every neuron (g_, ReLU applied: the same
   // ReLU(g) and g > 0 the elementwise kernels need), gathered; only u needs a GEMM. Columns ≥ H of
   // the gathered block stay unwritten: the elementwise kernels read columns < H only.
   if (gated()) {
-    gu_.reserve(sz(m * 2 * lh));
     launch_gather_cols(g_.get(), ldn(), hot_idx_.get(), m, hot_count(), gu_.get(), 2 * lh, stream);
     gemm.run({m, lh, k(), k(), k(), 2 * lh, GemmEpilogue::none}, w_hot_.get() + lh * k(), x, gu_.get() + lh, stream);
-    e.g = gu_.get();
-    e.u = gu_.get() + lh;
-    e.ld_g = e.ld_u = 2 * lh;
   } else {
     (void)x;  // non-gated: h_hot = ReLU(x·Wu_hotᵀ) is the gate GEMM's output itself
     launch_gather_cols(g_.get(), ldn(), hot_idx_.get(), m, hot_count(), h_.get(), lh, stream);
@@ -638,52 +638,24 @@ void TrainContext::hot_backward(const __nv_bfloat16* x, const __nv_bfloat16* dy,
   dgu_.reserve(sz(m * kin));
   // dh = dy · Wd_hot = dy · (Wdᵀ_hot)ᵀ
   gemm.run({m, lh, k(), k(), k(), lh, GemmEpilogue::none}, wdt, dy, dh_.get(), stream);
-  DenseTrainElementwiseParams e;
-  e.m = m;
-  e.n = h;
-  e.ldn = lh;
-  e.gated = gated();
-  e.h = h_.get();
-  e.ld_h = lh;
-  e.row_skip = saved_rows_ > 0 ? row_flags_.get() : nullptr;
-  if (gated()) {
-    // h_hot again from the saved [g | u]_hot (the same arithmetic as the forward, so the same bits).
-    e.g = gu_.get();
-    e.u = gu_.get() + lh;
-    e.ld_g = e.ld_u = 2 * lh;
-    e.scalars = scratch_scalars_.get();
-    launch_dense_train_forward(e, stream);
-    e.d_gate = dgu_.get();
-    e.d_up = dgu_.get() + lh;
-  } else {
-    e.d_up = dgu_.get();
-  }
-  e.scalars = nullptr;
-  e.dh = dh_.get();
-  e.ld_dh = lh;
-  e.c1 = c1;
-  e.ld_d = kin;
-  launch_dense_train_backward(e, stream);
+  const DenseTrainElementwiseParams e = block_params(gated(), m, h, lh, gated() ? gu_.get() : h_.get(), h_.get(),
+                                                     saved_rows_ > 0 ? row_flags_.get() : nullptr);
+  block_backward(e, dh_.get(), c1, dgu_.get(), stream);
   // dx += [dg | du]_hot · [Wg_hot; Wu_hot]
   gemm.matmul({false, false, m, k(), kin, kin, k(), k(), false, GemmEpilogue::none, true}, dgu_.get(), w_hot_.get(), dx,
               stream);
   // [dWg; dWu]_hot = [dg | du]_hotᵀ · x and dWdᵀ_hot = h_hotᵀ · dy, fp32, then into their rows.
   dw_hot_.reserve(sz((kin + lh) * k()));
   gemm.matmul({true, false, kin, k(), m, kin, k(), k(), true, GemmEpilogue::none}, dgu_.get(), x, dw_hot_.get(), stream);
-  gemm.matmul({true, false, lh, k(), m, lh, k(), k(), true, GemmEpilogue::none}, h_.get(), dy, dw_hot_.get() + kin * k(),
+  gemm.matmul({true, false, lh, k(), m, lh, k(), k(), true, GemmEpilogue::none}, e.h, dy, dw_hot_.get() + kin * k(),
               stream);
   const std::int32_t* idx = hot_idx_.get();
-  if (gated()) {
-    launch_scatter_rows_f32(dw_hot_.get(), k(), idx, h, k(), dw_gu_.get(), k(), stream);
-    launch_scatter_rows_f32(dw_hot_.get() + lh * k(), k(), idx, h, k(), dw_gu_.get() + ldn() * k(), k(), stream);
-  } else {
-    launch_scatter_rows_f32(dw_hot_.get(), k(), idx, h, k(), dw_gu_.get(), k(), stream);
-  }
+  for (std::int64_t part = 0; part < kin / lh; ++part)  // gated: the gate rows, then the up rows
+    launch_scatter_rows_f32(dw_hot_.get() + part * lh * k(), k(), idx, h, k(), dw_gu_.get() + part * ldn() * k(), k(), stream);
   launch_scatter_rows_f32(dw_hot_.get() + kin * k(), k(), idx, h, k(), dwd_t_.get(), k(), stream);
 }
 
-void TrainContext::dense_rows_forward(const __nv_bfloat16* x, std::int64_t m, __nv_bfloat16* y, cudaStream_t stream) {
-  (void)m;
+void TrainContext::dense_rows_forward(const __nv_bfloat16* x, __nv_bfloat16* y, cudaStream_t stream) {
   const std::int64_t r = saved_rows_, kin = gated() ? 2 * ldn() : ldn();
   LtGemm& gemm = ffn_.gemm();
   rows_x_.reserve(sz(r * k()));
@@ -691,26 +663,14 @@ void TrainContext::dense_rows_forward(const __nv_bfloat16* x, std::int64_t m, __
   rows_gu_.reserve(sz(r * kin));
   rows_h_.reserve(sz(r * ldn()));
   launch_gather_rows(x, k(), dense_rows_.get(), r, k(), rows_x_.get(), k(), stream);
-  DenseTrainElementwiseParams e;
-  e.m = r;
-  e.n = n();
-  e.ldn = ldn();
-  e.gated = gated();
+  DenseTrainElementwiseParams e = block_params(gated(), r, n(), ldn(), rows_gu_.get(), rows_h_.get(), nullptr);
   e.scalars = scalars_.get();  // adds the rows' sums (the CSR and the hot part skip them)
-  if (gated()) {
-    gemm.run({r, kin, k(), k(), k(), kin, GemmEpilogue::none}, ffn_.w_gate_up(), rows_x_.get(), rows_gu_.get(), stream);
-    e.g = rows_gu_.get();
-    e.u = rows_gu_.get() + ldn();
-    e.ld_g = e.ld_u = kin;
-    e.h = rows_h_.get();
-  } else {
-    gemm.run({r, ldn(), k(), k(), k(), ldn(), GemmEpilogue::relu}, ffn_.w_gate_up(), rows_x_.get(), rows_gu_.get(), stream);
-    e.h = rows_gu_.get();  // h_R is what the non-gated backward keeps
-  }
-  e.ld_h = ldn();
+  // [g | u]_R (non-gated: h_R, what its backward keeps) over every neuron
+  gemm.run({r, kin, k(), k(), k(), kin, gated() ? GemmEpilogue::none : GemmEpilogue::relu}, ffn_.w_gate_up(),
+           rows_x_.get(), rows_gu_.get(), stream);
   launch_dense_train_forward(e, stream);
   gemm.run({r, k(), ldn(), ldn(), ldn(), k(), GemmEpilogue::none}, ffn_.w_down(), e.h, rows_out_.get(), stream);
-  launch_scatter_rows_bf16(rows_out_.get(), k(), dense_rows_.get(), r, k(), y, k(), stream);
+  scatter_dense_rows(y, stream);
 }
 
 void TrainContext::dense_rows_backward(const __nv_bfloat16* x, const __nv_bfloat16* dy, float c1, __nv_bfloat16* dx,
@@ -723,45 +683,55 @@ void TrainContext::dense_rows_backward(const __nv_bfloat16* x, const __nv_bfloat
   rows_h_.reserve(sz(r * ldn()));
   rows_dh_.reserve(sz(r * ldn()));
   rows_dgu_.reserve(sz(r * kin));
+  // x_R is gathered again rather than kept from the forward: keeping it would add R·K·2 saved
+  // bytes to spare a gather of the same size.
   launch_gather_rows(x, k(), dense_rows_.get(), r, k(), rows_x_.get(), k(), stream);
   launch_gather_rows(dy, k(), dense_rows_.get(), r, k(), rows_dy_.get(), k(), stream);
   // dh_R = dy_R · Wd
   gemm.matmul({false, false, r, ldn(), k(), k(), ldn(), ldn(), false, GemmEpilogue::none}, rows_dy_.get(), ffn_.w_down(),
               rows_dh_.get(), stream);
-  DenseTrainElementwiseParams e;
-  e.m = r;
-  e.n = n();
-  e.ldn = ldn();
-  e.gated = gated();
-  e.ld_h = ldn();
-  if (gated()) {  // h_R again from the saved [g | u]_R (the forward's arithmetic, the same bits)
-    e.g = rows_gu_.get();
-    e.u = rows_gu_.get() + ldn();
-    e.ld_g = e.ld_u = kin;
-    e.h = rows_h_.get();
-    e.scalars = scratch_scalars_.get();
-    launch_dense_train_forward(e, stream);
-    e.d_gate = rows_dgu_.get();
-    e.d_up = rows_dgu_.get() + ldn();
-  } else {
-    e.h = rows_gu_.get();
-    e.d_up = rows_dgu_.get();
-  }
-  e.scalars = nullptr;
-  e.dh = rows_dh_.get();
-  e.ld_dh = ldn();
-  e.c1 = c1;
-  e.ld_d = kin;
-  launch_dense_train_backward(e, stream);
+  const DenseTrainElementwiseParams e = block_params(gated(), r, n(), ldn(), rows_gu_.get(), rows_h_.get(), nullptr);
+  block_backward(e, rows_dh_.get(), c1, rows_dgu_.get(), stream);
   // dx_R = [dg | du]_R · [Wg; Wu], into dx's rows (the CSR and hot parts left them 0)
   gemm.matmul({false, false, r, k(), kin, kin, k(), k(), false, GemmEpilogue::none}, rows_dgu_.get(), ffn_.w_gate_up(),
               rows_out_.get(), stream);
-  launch_scatter_rows_bf16(rows_out_.get(), k(), dense_rows_.get(), r, k(), dx, k(), stream);
+  scatter_dense_rows(dx, stream);
   // [dWg; dWu] += [dg | du]_Rᵀ · x_R; dWd += dy_Rᵀ · h_R (fp32, β = 1)
   gemm.matmul({true, false, kin, k(), r, kin, k(), k(), true, GemmEpilogue::none, true}, rows_dgu_.get(), rows_x_.get(),
               dw_gu_.get(), stream);
   gemm.matmul({true, false, k(), ldn(), r, k(), ldn(), ldn(), true, GemmEpilogue::none, true}, rows_dy_.get(), e.h,
               dw_down_.get(), stream);
+}
+
+void TrainContext::scatter_dense_rows(__nv_bfloat16* out, cudaStream_t stream) {
+  DenseRowsScatterParams sp;  // the inference path's scatter: list and count as the CSR build left them
+  sp.list = dense_rows_.get();
+  sp.selected = n_dense_.get();
+  sp.capacity = saved_rows_;
+  sp.y_h = rows_out_.get();
+  sp.y = out;
+  sp.ld_y = k();
+  sp.k = k();
+  launch_dense_rows_scatter(sp, stream);
+}
+
+void TrainContext::block_backward(const DenseTrainElementwiseParams& block, const __nv_bfloat16* dh, float c1,
+                                  __nv_bfloat16* d, cudaStream_t stream) {
+  DenseTrainElementwiseParams e = block;
+  if (e.gated) {  // h again from the saved [g | u] (the forward's arithmetic, so the same bits)
+    e.scalars = scratch_scalars_.get();
+    launch_dense_train_forward(e, stream);
+    e.d_gate = d;
+    e.d_up = d + e.ldn;
+  } else {
+    e.d_up = d;
+  }
+  e.scalars = nullptr;
+  e.dh = dh;
+  e.ld_dh = e.ldn;
+  e.c1 = c1;
+  e.ld_d = (e.gated ? 2 : 1) * e.ldn;
+  launch_dense_train_backward(e, stream);
 }
 
 FfnTrainScalars TrainContext::read_scalars(cudaStream_t stream) {

@@ -166,9 +166,14 @@ class TrainContext {
   // The dense rows of the sparse step (saved_rows_ of them, listed in dense_rows_): forward
   // [g | u]_R (or h_R) over every neuron, y rows overwritten; backward dx rows overwritten and the
   // weight gradients accumulated (after the dWd transpose). Saved: [g | u]_R or h_R in rows_gu_.
-  void dense_rows_forward(const __nv_bfloat16* x, std::int64_t m, __nv_bfloat16* y, cudaStream_t stream);
+  void dense_rows_forward(const __nv_bfloat16* x, __nv_bfloat16* y, cudaStream_t stream);
   void dense_rows_backward(const __nv_bfloat16* x, const __nv_bfloat16* dy, float c1, __nv_bfloat16* dx,
                            cudaStream_t stream);
+  void scatter_dense_rows(__nv_bfloat16* out, cudaStream_t stream);  // rows_out_ into out's dense rows
+  // The elementwise gradient of a dense block (block_params in the .cpp) from dh into d ([dg | du]
+  // or du); gated, h is recomputed first from the saved [g | u].
+  void block_backward(const DenseTrainElementwiseParams& block, const __nv_bfloat16* dh, float c1, __nv_bfloat16* d,
+                      cudaStream_t stream);
   void gather_hot_weights(cudaStream_t stream);
   std::int64_t ldh() const noexcept { return (hot_count() + 7) / 8 * 8; }
   void reserve_grads();
@@ -223,10 +228,11 @@ class TrainContext {
   std::int64_t saved_rows_ = 0;
   DeviceBuffer<unsigned char> row_flags_;
   DeviceBuffer<std::int32_t> dense_rows_;
-  DeviceBuffer<std::int64_t> n_dense_;
+  DeviceBuffer<int> n_dense_;
+  PinnedBuffer<int> n_dense_host_;
   DeviceBuffer<__nv_bfloat16> rows_gu_, rows_x_, rows_dy_, rows_out_, rows_h_, rows_dh_, rows_dgu_;
   PinnedBuffer<DenseTrainScalars> scalars_host_;
-  PinnedBuffer<std::int64_t> nnz_host_;  // [2]: nnz, dense rows
+  PinnedBuffer<std::int64_t> nnz_host_;
 };
 
 }  // namespace twell::cuda

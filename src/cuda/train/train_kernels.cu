@@ -367,11 +367,10 @@ __global__ void transpose_f32_kernel(const float* in, std::int64_t ld_in, std::i
 }
 
 // One block per row.
-template <typename T>
-__global__ void scatter_rows_kernel(const T* src, std::int64_t ld_src, const std::int32_t* idx, std::int64_t cols, T* dst,
-                                    std::int64_t ld_dst) {
-  const T* s = src + static_cast<std::int64_t>(blockIdx.x) * ld_src;
-  T* d = dst + static_cast<std::int64_t>(idx[blockIdx.x]) * ld_dst;
+__global__ void scatter_rows_f32_kernel(const float* src, std::int64_t ld_src, const std::int32_t* idx, std::int64_t cols,
+                                        float* dst, std::int64_t ld_dst) {
+  const float* s = src + static_cast<std::int64_t>(blockIdx.x) * ld_src;
+  float* d = dst + static_cast<std::int64_t>(idx[blockIdx.x]) * ld_dst;
   for (std::int64_t c = threadIdx.x; c < cols; c += blockDim.x) d[c] = s[c];
 }
 
@@ -611,25 +610,12 @@ void launch_transpose_f32(const float* in, std::int64_t ld_in, std::int64_t rows
   TWELL_CUDA_CHECK_LAUNCH("transpose_f32_kernel");
 }
 
-namespace {
-template <typename T>
-void launch_scatter_rows(const T* src, std::int64_t ld_src, const std::int32_t* idx, std::int64_t rows, std::int64_t cols,
-                         T* dst, std::int64_t ld_dst, cudaStream_t stream) {
-  if (rows <= 0 || cols <= 0) return;
-  TWELL_CU_REQUIRE(rows <= 0x7fffffff, ErrorCode::unsupported, "scatter rows: {} rows", rows);
-  scatter_rows_kernel<<<static_cast<unsigned>(rows), 256, 0, stream>>>(src, ld_src, idx, cols, dst, ld_dst);
-  TWELL_CUDA_CHECK_LAUNCH("scatter_rows_kernel");
-}
-}  // namespace
-
 void launch_scatter_rows_f32(const float* src, std::int64_t ld_src, const std::int32_t* idx, std::int64_t rows,
                              std::int64_t cols, float* dst, std::int64_t ld_dst, cudaStream_t stream) {
-  launch_scatter_rows(src, ld_src, idx, rows, cols, dst, ld_dst, stream);
-}
-
-void launch_scatter_rows_bf16(const __nv_bfloat16* src, std::int64_t ld_src, const std::int32_t* idx, std::int64_t rows,
-                              std::int64_t cols, __nv_bfloat16* dst, std::int64_t ld_dst, cudaStream_t stream) {
-  launch_scatter_rows(src, ld_src, idx, rows, cols, dst, ld_dst, stream);
+  if (rows <= 0 || cols <= 0) return;
+  TWELL_CU_REQUIRE(rows <= 0x7fffffff, ErrorCode::unsupported, "scatter rows: {} rows", rows);
+  scatter_rows_f32_kernel<<<static_cast<unsigned>(rows), 256, 0, stream>>>(src, ld_src, idx, cols, dst, ld_dst);
+  TWELL_CUDA_CHECK_LAUNCH("scatter_rows_f32_kernel");
 }
 
 void launch_sum_rows(const float* row_l1, std::int64_t m, double* l1_sum, cudaStream_t stream) {

@@ -118,9 +118,6 @@ void launch_transpose_f32(const float* in, std::int64_t ld_in, std::int64_t rows
 // neurons' weight-gradient rows, computed densely, into the gradient matrices.
 void launch_scatter_rows_f32(const float* src, std::int64_t ld_src, const std::int32_t* idx, std::int64_t rows,
                              std::int64_t cols, float* dst, std::int64_t ld_dst, cudaStream_t stream);
-// The same for bf16 (the dense rows' y and dx into the batch's).
-void launch_scatter_rows_bf16(const __nv_bfloat16* src, std::int64_t ld_src, const std::int32_t* idx, std::int64_t rows,
-                              std::int64_t cols, __nv_bfloat16* dst, std::int64_t ld_dst, cudaStream_t stream);
 
 // Σ of row_l1[0 .. m) in float64 into *l1_sum (one block; deterministic).
 void launch_sum_rows(const float* row_l1, std::int64_t m, double* l1_sum, cudaStream_t stream);
