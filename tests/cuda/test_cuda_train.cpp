@@ -256,6 +256,75 @@ TEST(CudaTrainHotNeurons, ChoiceRuleAndExplicitSets) {
   EXPECT_FALSE(ctx.hot_calibrated());
 }
 
+// Calibration counts neurons over the rows that stay sparse: a token that runs as a dense row
+// makes every neuron it fires look popular, and a neuron popular only there belongs in the CSR.
+// g = x·Wgᵀ from 0 / 1 / −0.5 entries (exact in bf16 and fp32), M = 512, threshold 3 % (count > 15.36):
+//   feature 0 = 1 on every row, Wg[:, 0] = −0.5: a neuron fires only with one of its features;
+//   feature 1 on rows 0..19 (hot tokens) fires neurons 0..59 (count 20);
+//   feature 2 on every row fires neuron 90 (count 512);
+//   feature 3 + r % 30 on row r fires neuron 60 + r % 30 (count 17 or 18; 16 or 17 without rows 0..9);
+//   feature 33 on rows 0..9 fires neurons 91..99 (count 10: cold).
+// Over every row, neurons 0..90 qualify; the cold neurons 91..99 then make rows 0..9 dense rows
+// (cold count 9 > the cap ⌊0.02 · 9⌋ = 0), and counted without them only 60..90 stay hot. In the
+// step itself rows 0..19 run dense (60 + their cold neurons > ⌊0.02 · 69⌋ = 1).
+TEST(CudaTrainHotNeurons, CalibrationLeavesOutDenseRows) {
+  TWELL_REQUIRE_GPU();
+  constexpr std::int64_t M = 512, N = 100, K = 64;
+  std::vector<float> x(M * K, 0.0f), wg(N * K, 0.0f), wu(N * K), wd(K * N), dy(M * K, 0.0f);
+  for (std::int64_t r = 0; r < M; ++r) {
+    x[r * K + 0] = x[r * K + 2] = x[r * K + 3 + r % 30] = 1.0f;
+    if (r < 20) x[r * K + 1] = 1.0f;
+    if (r < 10) x[r * K + 33] = 1.0f;
+  }
+  for (std::int64_t n = 0; n < N; ++n) {
+    wg[n * K + 0] = -0.5f;
+    if (n < 60) wg[n * K + 1] = 1.0f;
+    if (n >= 60 && n < 90) wg[n * K + 3 + (n - 60)] = 1.0f;
+    if (n == 90) wg[n * K + 2] = 1.0f;
+    if (n > 90) wg[n * K + 33] = 1.0f;
+  }
+  std::mt19937_64 rng(7);
+  std::normal_distribution<double> nd(0.0, 1.0);
+  for (auto& v : wu) v = rb(nd(rng));
+  for (auto& v : wd) v = rb(nd(rng));
+  const FfnWeights w = ffn_weights(wg.data(), wu.data(), wd.data(), N, K);
+  const ref::TrainResult r = ref::ffn_train({x.data(), M, K}, {dy.data(), M, K}, w, 0.0);
+
+  std::vector<std::uint16_t> xb(x.size());
+  for (std::size_t i = 0; i < x.size(); ++i) xb[i] = to_bf16(x[i]).bits;
+  DeviceBuffer<__nv_bfloat16> xd(xb.size()), yd(xb.size());
+  ASSERT_EQ(cudaMemcpy(xd.get(), xb.data(), xb.size() * 2, cudaMemcpyHostToDevice), cudaSuccess);
+  auto calibrate = [&](double dense_rows_density, std::int64_t* rows_dense, std::vector<float>* y) {
+    TrainContextOptions o;
+    o.hot_neurons_min_rows = 1;
+    o.hot_neurons_density = 0.03;
+    o.hot_neurons_max_share = 1.0;
+    o.dense_rows_density = dense_rows_density;
+    o.dense_rows_min = 1;
+    TrainContext ctx(o);
+    ctx.upload_weights(w, nullptr);
+    const TrainForwardResult fr = ctx.forward(xd.get(), M, yd.get(), Path::sparse, nullptr);
+    EXPECT_TRUE(fr.sparse);
+    *rows_dense = fr.dense_rows;
+    std::vector<std::uint16_t> yb(xb.size());
+    EXPECT_EQ(cudaMemcpy(yb.data(), yd.get(), yb.size() * 2, cudaMemcpyDeviceToHost), cudaSuccess);
+    y->resize(yb.size());
+    for (std::size_t i = 0; i < yb.size(); ++i) (*y)[i] = to_float(bf16{yb[i]});
+    return ctx.hot_neurons();
+  };
+  std::vector<std::int64_t> want;
+  for (std::int64_t i = 60; i <= 90; ++i) want.push_back(i);
+  std::int64_t rows = -1;
+  std::vector<float> y;
+  EXPECT_EQ(calibrate(0.02, &rows, &y), want);
+  EXPECT_EQ(rows, 20);
+  EXPECT_LE(frob_err(y, r.y), kTol) << "y";
+  for (std::int64_t i = 0; i < 60; ++i) want.insert(want.begin() + i, i);  // without dense rows: 0..90
+  EXPECT_EQ(calibrate(0.0, &rows, &y), want);
+  EXPECT_EQ(rows, 0);
+  EXPECT_LE(frob_err(y, r.y), kTol) << "y";
+}
+
 // The weight-gradient pass plan (host arithmetic; runs without a GPU): 512-column slices while
 // x and dy of all rows fit the L2 budget, then 256-column slices and token blocks of whole
 // 256-row multiples (at least 1024 rows), never wider than K.

@@ -601,7 +601,29 @@ void TrainContext::gather_hot_weights(cudaStream_t stream) {
 }
 
 void TrainContext::calibrate_hot_neurons(std::int64_t m, cudaStream_t stream) {
-  set_hot_neurons(choose_hot_neurons(read_neuron_counts(g_.get(), ldn(), m, n(), nullptr, 0, stream), m), stream);
+  std::vector<std::int64_t> hot =
+      choose_hot_neurons(read_neuron_counts(g_.get(), ldn(), m, n(), nullptr, 0, stream), m);
+  if (!hot.empty() && opt_.dense_rows_density > 0) {
+    // Rows the step will run dense after this choice (more than the dense-row cap of non-zeros in
+    // the cold neurons, when at least dense_rows_min of them) cost nothing per neuron: a hot token
+    // would otherwise make every neuron it fires look popular. Count without them, choose again.
+    // The inference context calibrates the same way (FfnContext::calibrate_hot_neurons).
+    std::vector<unsigned char> cold(sz(n()), 1);
+    for (const std::int64_t i : hot) cold[sz(i)] = 0;
+    const auto cap = static_cast<std::uint32_t>(opt_.dense_rows_density * static_cast<double>(n() - static_cast<std::int64_t>(hot.size())));
+    DeviceBuffer<unsigned char> d_cold(cold.size());
+    DeviceBuffer<std::uint32_t> row_nnz(sz(m));
+    TWELL_CUDA_CHECK(cudaMemcpyAsync(d_cold.get(), cold.data(), cold.size(), cudaMemcpyHostToDevice, stream));
+    launch_row_counts(g_.get(), ldn(), m, n(), d_cold.get(), row_nnz.get(), stream);
+    std::vector<std::uint32_t> rows(sz(m));
+    TWELL_CUDA_CHECK(cudaMemcpyAsync(rows.data(), row_nnz.get(), rows.size() * sizeof(std::uint32_t),
+                                     cudaMemcpyDeviceToHost, stream));
+    TWELL_CUDA_CHECK(cudaStreamSynchronize(stream));
+    const auto over = std::count_if(rows.begin(), rows.end(), [cap](std::uint32_t c) { return c > cap; });
+    if (over >= std::max<std::int64_t>(opt_.dense_rows_min, 1))
+      hot = choose_hot_neurons(read_neuron_counts(g_.get(), ldn(), m, n(), row_nnz.get(), cap, stream), m);
+  }
+  set_hot_neurons(hot, stream);
 }
 
 void TrainContext::hot_forward(const __nv_bfloat16* x, std::int64_t m, __nv_bfloat16* y, cudaStream_t stream) {
