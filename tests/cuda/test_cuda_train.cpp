@@ -264,9 +264,10 @@ TEST(CudaTrainHotNeurons, ChoiceRuleAndExplicitSets) {
 //   feature 2 on every row fires neuron 90 (count 512);
 //   feature 3 + r % 30 on row r fires neuron 60 + r % 30 (count 17 or 18; 16 or 17 without rows 0..9);
 //   feature 33 on rows 0..9 fires neurons 91..99 (count 10: cold).
-// Over every row, neurons 0..90 qualify; the cold neurons 91..99 then make rows 0..9 dense rows
-// (cold count 9 > the cap ⌊0.02 · 9⌋ = 0), and counted without them only 60..90 stay hot. In the
-// step itself rows 0..19 run dense (60 + their cold neurons > ⌊0.02 · 69⌋ = 1).
+// Over every row, neurons 0..90 qualify (more than half of N: alone, the max-share rule would
+// choose none); the cold neurons 91..99 then make rows 0..9 dense rows (cold count 9 > the cap
+// ⌊0.02 · 9⌋ = 0), and counted without them only 60..90 stay hot. In the step itself rows 0..19
+// run dense (60 + their cold neurons > ⌊0.02 · 69⌋ = 1).
 TEST(CudaTrainHotNeurons, CalibrationLeavesOutDenseRows) {
   TWELL_REQUIRE_GPU();
   constexpr std::int64_t M = 512, N = 100, K = 64;
@@ -294,11 +295,11 @@ TEST(CudaTrainHotNeurons, CalibrationLeavesOutDenseRows) {
   for (std::size_t i = 0; i < x.size(); ++i) xb[i] = to_bf16(x[i]).bits;
   DeviceBuffer<__nv_bfloat16> xd(xb.size()), yd(xb.size());
   ASSERT_EQ(cudaMemcpy(xd.get(), xb.data(), xb.size() * 2, cudaMemcpyHostToDevice), cudaSuccess);
-  auto calibrate = [&](double dense_rows_density, std::int64_t* rows_dense, std::vector<float>* y) {
+  auto calibrate = [&](double dense_rows_density, double max_share, std::int64_t* rows_dense, std::vector<float>* y) {
     TrainContextOptions o;
     o.hot_neurons_min_rows = 1;
     o.hot_neurons_density = 0.03;
-    o.hot_neurons_max_share = 1.0;
+    o.hot_neurons_max_share = max_share;
     o.dense_rows_density = dense_rows_density;
     o.dense_rows_min = 1;
     TrainContext ctx(o);
@@ -316,12 +317,14 @@ TEST(CudaTrainHotNeurons, CalibrationLeavesOutDenseRows) {
   for (std::int64_t i = 60; i <= 90; ++i) want.push_back(i);
   std::int64_t rows = -1;
   std::vector<float> y;
-  EXPECT_EQ(calibrate(0.02, &rows, &y), want);
+  EXPECT_EQ(calibrate(0.02, 0.5, &rows, &y), want);
   EXPECT_EQ(rows, 20);
   EXPECT_LE(frob_err(y, r.y), kTol) << "y";
   for (std::int64_t i = 0; i < 60; ++i) want.insert(want.begin() + i, i);  // without dense rows: 0..90
-  EXPECT_EQ(calibrate(0.0, &rows, &y), want);
+  EXPECT_EQ(calibrate(0.0, 1.0, &rows, &y), want);
   EXPECT_EQ(rows, 0);
+  EXPECT_LE(frob_err(y, r.y), kTol) << "y";
+  EXPECT_TRUE(calibrate(0.0, 0.5, &rows, &y).empty());  // 91 of 100 > half
   EXPECT_LE(frob_err(y, r.y), kTol) << "y";
 }
 

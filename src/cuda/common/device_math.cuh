@@ -151,4 +151,16 @@ __device__ __forceinline__ uint4 load8_bf16(const __nv_bfloat16* src, std::int64
   return v;
 }
 
+// cp.async (sm_80+): 16 bytes global → shared (L2 only, bypassing L1), zero-filled when !valid;
+// groups complete in commit order, wait_group<N> waits until at most N of this thread's groups
+// are pending. dst is a shared-memory address (__cvta_generic_to_shared).
+__device__ __forceinline__ void cp_async16(std::uint32_t dst, const void* src, bool valid) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
+}
+
 }  // namespace twell::cuda::dev

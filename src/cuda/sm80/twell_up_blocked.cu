@@ -33,15 +33,6 @@ constexpr std::size_t kSmemBytes =
 // so any 8 consecutive rows reading the same unit hit 8 different 16-byte bank groups.
 __device__ __forceinline__ int unit_offset(int r, int u) { return r * 32 + ((u ^ ((r >> 2) & 1)) << 4); }
 
-__device__ __forceinline__ void cp_async16(std::uint32_t dst, const void* src, bool valid) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0) : "memory");
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
-template <int N>
-__device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
-}
-
 // The last block b with pref[b] ≤ e (pref: exclusive prefix of the blocks' counts, e < total).
 __device__ __forceinline__ int find_block(const int* pref, int e) {
   int lo = 0, hi = kBlocks - 1;
@@ -102,7 +93,7 @@ __global__ void __launch_bounds__(kThreads, 1) twell_up_blocked_kernel(TwellUpBl
         valid = valid && n0 + (r - kUpBlockedRows) < p.n;
         src = p.w_up + (valid ? (n0 + (r - kUpBlockedRows)) * p.k + kcol : 0);
       }
-      cp_async16(smem_base + s * kStageBytes + unit_offset(r, u), src, valid);
+      dev::cp_async16(smem_base + s * kStageBytes + unit_offset(r, u), src, valid);
     }
   };
   __syncthreads();  // pref complete
@@ -131,13 +122,13 @@ __global__ void __launch_bounds__(kThreads, 1) twell_up_blocked_kernel(TwellUpBl
 #pragma unroll
     for (int s = 0; s < kStages - 1; ++s) {
       if (s < kchunks) issue(s, s);
-      cp_async_commit();
+      dev::cp_async_commit();
     }
     for (int q = 0; q < kchunks; ++q) {
-      cp_async_wait<kStages - 2>();
+      dev::cp_async_wait<kStages - 2>();
       __syncthreads();  // chunk q landed for all; every thread is done with chunk q − 1's stage
       if (q + kStages - 1 < kchunks) issue(q + kStages - 1, (q + kStages - 1) % kStages);
-      cp_async_commit();
+      dev::cp_async_commit();
       const unsigned char* st = smem + (q % kStages) * kStageBytes;
 #pragma unroll
       for (int j = 0; j < kPer; ++j) {
@@ -151,7 +142,7 @@ __global__ void __launch_bounds__(kThreads, 1) twell_up_blocked_kernel(TwellUpBl
         }
       }
     }
-    cp_async_wait<0>();
+    dev::cp_async_wait<0>();
     __syncthreads();  // the next pass refills the stages
 
     // h = g · u, rounded to bf16 once, with its local column (the word of g carries both).

@@ -520,6 +520,7 @@ void TrainContext::sparse_backward(const __nv_bfloat16* x, const __nv_bfloat16* 
   g.n = n();
   g.k = k();
   g.gated = gated();
+  g.pipelined = opt_.weight_grad_pipelined;
   // Passes over column slices (and token blocks) whose x and dy columns (2 · rows · slice bf16)
   // fit the L2 budget: each pass's x, dy reads then hit L2 whichever item asks. A slice costs
   // nothing extra beyond re-reading the entries (16 B each); an extra token block costs one
@@ -601,16 +602,22 @@ void TrainContext::gather_hot_weights(cudaStream_t stream) {
 }
 
 void TrainContext::calibrate_hot_neurons(std::int64_t m, cudaStream_t stream) {
-  std::vector<std::int64_t> hot =
-      choose_hot_neurons(read_neuron_counts(g_.get(), ldn(), m, n(), nullptr, 0, stream), m);
-  if (!hot.empty() && opt_.dense_rows_density > 0) {
-    // Rows the step will run dense after this choice (more than the dense-row cap of non-zeros in
+  const std::vector<std::uint32_t> counts = read_neuron_counts(g_.get(), ldn(), m, n(), nullptr, 0, stream);
+  std::vector<std::int64_t> hot = choose_hot_neurons(counts, m);
+  // A first guess over every row, without the max-share rule (hot tokens can push most neurons
+  // over the threshold; counted without them, fewer qualify).
+  const std::vector<std::int64_t> guess =
+      neurons_over(counts, gated() ? opt_.hot_neurons_density : opt_.hot_neurons_density_nongated, m,
+                   static_cast<double>(n()));
+  if (!guess.empty() && opt_.dense_rows_density > 0) {
+    // Rows the step will run dense after this guess (more than the dense-row cap of non-zeros in
     // the cold neurons, when at least dense_rows_min of them) cost nothing per neuron: a hot token
     // would otherwise make every neuron it fires look popular. Count without them, choose again.
     // The inference context calibrates the same way (FfnContext::calibrate_hot_neurons).
     std::vector<unsigned char> cold(sz(n()), 1);
-    for (const std::int64_t i : hot) cold[sz(i)] = 0;
-    const auto cap = static_cast<std::uint32_t>(opt_.dense_rows_density * static_cast<double>(n() - static_cast<std::int64_t>(hot.size())));
+    for (const std::int64_t i : guess) cold[sz(i)] = 0;
+    const std::int64_t n_cold = n() - static_cast<std::int64_t>(guess.size());
+    const auto cap = static_cast<std::uint32_t>(opt_.dense_rows_density * static_cast<double>(n_cold));
     DeviceBuffer<unsigned char> d_cold(cold.size());
     DeviceBuffer<std::uint32_t> row_nnz(sz(m));
     TWELL_CUDA_CHECK(cudaMemcpyAsync(d_cold.get(), cold.data(), cold.size(), cudaMemcpyHostToDevice, stream));

@@ -225,6 +225,46 @@ __global__ void slice_major_kernel(const uint4* in, std::int64_t ld8, std::int64
   }
 }
 
+// A work item's entries [beg, end): run `sub` of neuron n's entries (ascending rows), restricted
+// to the token block [row_begin, row_end).
+struct ItemRange {
+  std::int64_t beg, end;
+};
+__device__ __forceinline__ ItemRange item_range(const SparseWeightGradParams& p, std::int64_t n, std::int64_t sub) {
+  auto first_at_or_after = [&](std::int64_t lo, std::int64_t hi, std::int64_t row) {
+    while (lo < hi) {
+      const std::int64_t mid = (lo + hi) / 2;
+      if (__float_as_int(p.entries[mid].x) < row) lo = mid + 1; else hi = mid;
+    }
+    return lo;
+  };
+  const std::int64_t seg_beg = p.col_offsets[n] + sub * p.run;
+  const std::int64_t seg_end = min(p.col_offsets[n + 1], seg_beg + p.run);
+  const std::int64_t beg = p.row_begin <= 0 ? seg_beg : first_at_or_after(seg_beg, seg_end, p.row_begin);
+  return {beg, first_at_or_after(beg, seg_end, p.row_end)};
+}
+
+// Chunk c (8 columns from col_begin) of an item's three sums: item 0 stores (or accumulates) into
+// the gradient rows, item s > 0 into its partials block. Every item writes, even with no entries
+// in this token block: the fix-up adds every partial.
+__device__ __forceinline__ void store_item_sums(const SparseWeightGradParams& p, std::int64_t n, std::int64_t sub, int c,
+                                                const float (&au)[8], const float (&ag)[8], const float (&ad)[8]) {
+  const std::int64_t slot = p.item_offsets[n] - n + sub - 1;
+  auto store = [&](float* rows, int which, const float (&a)[8]) {
+    const bool to_rows = sub == 0;
+    float* dst = (to_rows ? rows + n * p.k + p.col_begin : p.partials + (slot * 3 + which) * kWeightGradMaxSlice) +
+                 static_cast<std::int64_t>(c) * 8;
+    float4* o = reinterpret_cast<float4*>(dst);
+    float4 lo = make_float4(a[0], a[1], a[2], a[3]), hi = make_float4(a[4], a[5], a[6], a[7]);
+    if (to_rows && p.accumulate) add8(o, lo, hi);
+    o[0] = lo;
+    o[1] = hi;
+  };
+  store(p.dw_up, 0, au);
+  if (p.gated) store(p.dw_gate, 1, ag);
+  store(p.dw_down_t, 2, ad);
+}
+
 // Neuron-major: one warp per (work item, part of the slice of 32·CH chunks); a work item is a run
 // of at most p.run of one neuron's entries. Lane l owns chunks {l + 32·i : i < CH} of its part. The entries
 // arrive 32 at a time (one coalesced float4 per lane) and are broadcast by shuffles; per entry
@@ -234,12 +274,14 @@ __global__ void slice_major_kernel(const uint4* in, std::int64_t ld8, std::int64
 // (CH = 1) rather than two chunks per lane: with three gradients, two chunks per lane needed so
 // many accumulators that 4 CTAs fit an SM and the pass was latency-bound (ncu, H200: long-
 // scoreboard stalls 49 %, 204 µs); two warps of one chunk: 175 µs. Non-gated keeps CH = 2.
+//
+// U tokens per round are loaded before any is used: a warp walks its item in ⌈entries / U⌉
+// dependent L2 round trips, so the pass is latency-bound unless U · warps per SM is large.
 constexpr int kGradWarps = 4;
-template <int CH>
+template <int CH, int U>
 __global__ void __launch_bounds__(kGradWarps * 32) sparse_weight_grad_kernel(SparseWeightGradParams p) {
   constexpr int kPartChunks = 32 * CH;  // chunks of 8 columns per warp
   constexpr unsigned kFull = 0xffffffffu;
-  constexpr int U = CH == 1 ? 4 : 2;  // tokens in flight
   const int lane = threadIdx.x % 32;
   const int slice_chunks = static_cast<int>((p.col_end - p.col_begin + 7) / 8);
   const int parts = (slice_chunks + kPartChunks - 1) / kPartChunks;
@@ -251,18 +293,8 @@ __global__ void __launch_bounds__(kGradWarps * 32) sparse_weight_grad_kernel(Spa
   const int schunks = min(kPartChunks, slice_chunks - part0);
   const __nv_bfloat16* x = p.x + static_cast<std::int64_t>(part0) * 8;
   const __nv_bfloat16* dy = p.dy + static_cast<std::int64_t>(part0) * 8;
-  // The item's entries have ascending rows: [beg, end) = those in [row_begin, row_end).
-  auto first_at_or_after = [&](std::int64_t lo, std::int64_t hi, std::int64_t row) {
-    while (lo < hi) {
-      const std::int64_t mid = (lo + hi) / 2;
-      if (__float_as_int(p.entries[mid].x) < row) lo = mid + 1; else hi = mid;
-    }
-    return lo;
-  };
-  const std::int64_t seg_beg = p.col_offsets[n] + sub * p.run;
-  const std::int64_t seg_end = min(p.col_offsets[n + 1], seg_beg + p.run);
-  const std::int64_t beg = p.row_begin <= 0 ? seg_beg : first_at_or_after(seg_beg, seg_end, p.row_begin);
-  const std::int64_t end = first_at_or_after(beg, seg_end, p.row_end);
+  const ItemRange range = item_range(p, n, sub);
+  const std::int64_t beg = range.beg, end = range.end;
   float au[CH][8], ag[CH][8], ad[CH][8];
   zero_acc<CH>(au);
   zero_acc<CH>(ag);
@@ -300,28 +332,73 @@ __global__ void __launch_bounds__(kGradWarps * 32) sparse_weight_grad_kernel(Spa
       }
     }
   }
-  // Item 0 stores (or accumulates) into the gradient rows, item s > 0 into its partials block.
-  // Every item writes, even with no entries in this token block: the fix-up adds every partial.
-  const std::int64_t slot = p.item_offsets[n] - n + sub - 1;
-  auto store = [&](float* rows, int which, const float (&a)[CH][8]) {
-    const bool to_rows = sub == 0;
-    float* dst = (to_rows ? rows + n * p.k + p.col_begin : p.partials + (slot * 3 + which) * kWeightGradMaxSlice) +
-                 static_cast<std::int64_t>(part0) * 8;
 #pragma unroll
-    for (int i = 0; i < CH; ++i) {
-      const int c = i * 32 + lane;
-      if (c < schunks) {
-        float4* o = reinterpret_cast<float4*>(dst + static_cast<std::int64_t>(c) * 8);
-        float4 lo = make_float4(a[i][0], a[i][1], a[i][2], a[i][3]), hi = make_float4(a[i][4], a[i][5], a[i][6], a[i][7]);
-        if (to_rows && p.accumulate) add8(o, lo, hi);
-        o[0] = lo;
-        o[1] = hi;
-      }
+  for (int i = 0; i < CH; ++i) {
+    const int c = part0 + i * 32 + lane;
+    if (i * 32 + lane < schunks) store_item_sums(p, n, sub, c, au[i], ag[i], ad[i]);
+  }
+}
+
+// The same sums with the x and dy chunks of the next kGradStages − 1 tokens in flight through
+// cp.async into a per-warp shared-memory ring (one chunk per lane, parts of 32 chunks), where the
+// register kernel above holds U tokens per L2 round trip in registers: a warp walks its item in
+// ⌈entries / 7⌉ round trips, and the registers stay few (more warps per SM). Each lane copies and
+// reads back only its own 16-byte chunks, so the ring needs no warp synchronisation; stage
+// (t mod kGradStages) is refilled only after the token that used it has been summed.
+constexpr int kGradStages = 8;
+__global__ void __launch_bounds__(kGradWarps * 32) sparse_weight_grad_pipelined_kernel(SparseWeightGradParams p) {
+  __shared__ uint4 ring[kGradWarps][kGradStages][2][32];  // [warp][stage][x, dy][lane]: 32 KB
+  constexpr unsigned kFull = 0xffffffffu;
+  const int lane = threadIdx.x % 32, wib = threadIdx.x / 32;
+  const int slice_chunks = static_cast<int>((p.col_end - p.col_begin + 7) / 8);
+  const int parts = (slice_chunks + 31) / 32;
+  const std::int64_t warp_id = static_cast<std::int64_t>(blockIdx.x) * kGradWarps + wib;
+  const std::int64_t item = warp_id / parts;
+  const int part0 = static_cast<int>(warp_id % parts) * 32;
+  if (item >= p.items_bound || item >= p.item_offsets[p.n]) return;  // whole warps only
+  const std::int64_t n = p.item_neuron[item], sub = item - p.item_offsets[n];
+  const int schunks = min(32, slice_chunks - part0);
+  const bool active = lane < schunks;
+  // Inactive lanes copy nothing (zero fill) from a valid address.
+  const std::int64_t chunk = part0 + min(lane, schunks - 1);
+  const uint4* x = reinterpret_cast<const uint4*>(p.x) + chunk;
+  const uint4* dy = reinterpret_cast<const uint4*>(p.dy) + chunk;
+  const std::int64_t ld4 = p.ld / 8;
+  const ItemRange range = item_range(p, n, sub);
+  const int total = static_cast<int>(range.end - range.beg);  // ≤ p.run < 2^31
+  const float4* entries = p.entries + range.beg;
+  const float4 none = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  const std::uint32_t ring0 = static_cast<std::uint32_t>(__cvta_generic_to_shared(&ring[wib][0][0][lane]));
+  float4 ahead = none;  // entries [t & ~31, +32) of the token being issued, one per lane
+  auto issue = [&](int t) {
+    if (t < total) {  // warp-uniform
+      if ((t & 31) == 0) ahead = t + lane < total ? entries[t + lane] : none;
+      const std::int64_t row = __shfl_sync(kFull, __float_as_int(ahead.x), t & 31);
+      const std::uint32_t dst = ring0 + static_cast<std::uint32_t>((t % kGradStages) * 2 * 32 * 16);
+      dev::cp_async16(dst, x + row * ld4, active);
+      dev::cp_async16(dst + 32 * 16, dy + row * ld4, active);
     }
+    dev::cp_async_commit();  // one group per token slot, empty past the end: the counts stay uniform
   };
-  store(p.dw_up, 0, au);
-  if (p.gated) store(p.dw_gate, 1, ag);
-  store(p.dw_down_t, 2, ad);
+  float au[8] = {}, ag[8] = {}, ad[8] = {};
+  float4 cur = none;  // entries [j & ~31, +32) of the token being summed
+#pragma unroll 1
+  for (int t = 0; t < kGradStages - 1; ++t) issue(t);
+#pragma unroll 1
+  for (int j = 0; j < total; ++j) {
+    // Issue runs kGradStages − 2 < 32 tokens ahead, so it loaded this batch and has not left it.
+    if ((j & 31) == 0) cur = ahead;
+    dev::cp_async_wait<kGradStages - 2>();  // token j's group (groups complete in order)
+    const uint4 xv = ring[wib][j % kGradStages][0][lane], dv = ring[wib][j % kGradStages][1][lane];
+    const float cu = __shfl_sync(kFull, cur.y, j & 31), cg = __shfl_sync(kFull, cur.z, j & 31),
+                ct = __shfl_sync(kFull, cur.w, j & 31);
+    axpy8(cu, xv, au);
+    if (p.gated) axpy8(cg, xv, ag);
+    axpy8(ct, dv, ad);
+    issue(j + kGradStages - 1);  // into the stage of token j − 1, summed in the last iteration
+  }
+  dev::cp_async_wait<0>();
+  if (active) store_item_sums(p, n, sub, part0 + lane, au, ag, ad);
 }
 
 // One warp per neuron: gradient slice += the partials of items 1, 2, … in order.
@@ -574,10 +651,18 @@ void launch_sparse_weight_grads(const SparseWeightGradParams& p, cudaStream_t st
   const std::int64_t blocks = (p.items_bound * parts + kGradWarps - 1) / kGradWarps;
   TWELL_CU_REQUIRE(blocks <= 0x7fffffff, ErrorCode::unsupported, "sparse weight grads: {} items exceed one launch",
                    p.items_bound);
+  if (p.pipelined) {
+    const std::int64_t pblocks = (p.items_bound * ((slice_chunks + 31) / 32) + kGradWarps - 1) / kGradWarps;
+    TWELL_CU_REQUIRE(pblocks <= 0x7fffffff, ErrorCode::unsupported, "sparse weight grads: {} items exceed one launch",
+                     p.items_bound);
+    sparse_weight_grad_pipelined_kernel<<<static_cast<unsigned>(pblocks), kGradWarps * 32, 0, stream>>>(p);
+    TWELL_CUDA_CHECK_LAUNCH("sparse_weight_grad_pipelined_kernel");
+    return;
+  }
   if (ch == 1)
-    sparse_weight_grad_kernel<1><<<static_cast<unsigned>(blocks), kGradWarps * 32, 0, stream>>>(p);
+    sparse_weight_grad_kernel<1, 4><<<static_cast<unsigned>(blocks), kGradWarps * 32, 0, stream>>>(p);
   else
-    sparse_weight_grad_kernel<2><<<static_cast<unsigned>(blocks), kGradWarps * 32, 0, stream>>>(p);
+    sparse_weight_grad_kernel<2, 2><<<static_cast<unsigned>(blocks), kGradWarps * 32, 0, stream>>>(p);
   TWELL_CUDA_CHECK_LAUNCH("sparse_weight_grad_kernel");
 }
 
