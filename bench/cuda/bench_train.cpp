@@ -161,14 +161,6 @@ void run_train_sweep(bool quick, int warmup, int reps, cudaStream_t s, nlohmann:
       const auto [off_ms, on_ms] = host::alternating_medians_ms(warmup, reps, s, step(off), step(on));
       hot_json["off_on_sparse_alternating_ms"] = {off_ms, on_ms};
       hot_json["hot_neurons_default"] = on.hot_count();
-      {  // the weight-gradient kernel: registers / cp.async pipeline
-        TrainContextOptions reg = copt;
-        reg.weight_grad_pipelined = false;
-        TrainContext rc(reg);
-        rc.upload_weights(w, s);
-        const auto [reg_ms, pipe_ms] = host::alternating_medians_ms(warmup, reps, s, step(rc), step(on));
-        hot_json["weight_grad_register_pipelined_sparse_alternating_ms"] = {reg_ms, pipe_ms};
-      }
       {  // dense rows off / on, hot neurons on in both
         TrainContextOptions no_rows = copt;
         no_rows.dense_rows_density = 0;

@@ -520,7 +520,6 @@ void TrainContext::sparse_backward(const __nv_bfloat16* x, const __nv_bfloat16* 
   g.n = n();
   g.k = k();
   g.gated = gated();
-  g.pipelined = opt_.weight_grad_pipelined;
   // Passes over column slices (and token blocks) whose x and dy columns (2 · rows · slice bf16)
   // fit the L2 budget: each pass's x, dy reads then hit L2 whichever item asks. A slice costs
   // nothing extra beyond re-reading the entries (16 B each); an extra token block costs one

@@ -55,9 +55,6 @@ struct TrainContextOptions {
   // K = 2048) instead of column slices of their rows. Off: measured 0.05–0.13 ms faster per step
   // (401c852), the copies only paid while one warp walked each hot neuron alone.
   bool weight_grad_slice_major = false;
-  // Weight-gradient passes through the cp.async-pipelined kernel (SparseWeightGradParams::pipelined)
-  // rather than the register one; both give the same bits.
-  bool weight_grad_pipelined = true;
   // Hot neurons (the hot/cold split by neuron of the inference path, twell_hot_neurons.hpp): the
   // neurons active in more than hot_neurons_density of a batch's tokens run through cuBLASLt
   // GEMMs over their columns (forward and backward), the rest through the CSR path. A neuron

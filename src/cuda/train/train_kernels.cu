@@ -265,88 +265,21 @@ __device__ __forceinline__ void store_item_sums(const SparseWeightGradParams& p,
   store(p.dw_down_t, 2, ad);
 }
 
-// Neuron-major: one warp per (work item, part of the slice of 32·CH chunks); a work item is a run
-// of at most p.run of one neuron's entries. Lane l owns chunks {l + 32·i : i < CH} of its part. The entries
-// arrive 32 at a time (one coalesced float4 per lane) and are broadcast by shuffles; per entry
-// (token m) the part of x[m] and dy[m] is read and the three gradient parts accumulate in
-// registers, written once as fp32 (item 0: to the gradient rows; others: to their partials
-// block). No shared memory, no block sync. Gated, a 512-column slice takes two warps per item
-// (CH = 1) rather than two chunks per lane: with three gradients, two chunks per lane needed so
-// many accumulators that 4 CTAs fit an SM and the pass was latency-bound (ncu, H200: long-
-// scoreboard stalls 49 %, 204 µs); two warps of one chunk: 175 µs. Non-gated keeps CH = 2.
-//
-// U tokens per round are loaded before any is used: a warp walks its item in ⌈entries / U⌉
-// dependent L2 round trips, so the pass is latency-bound unless U · warps per SM is large.
+// Neuron-major weight gradients: one warp per (work item, part of the slice of 32 chunks of 8
+// columns); a work item is a run of at most p.run of one neuron's entries, lane l owns chunk l of
+// its part. Per entry (token m) the part of x[m] and dy[m] is read and the three gradient parts
+// accumulate in registers, written once as fp32 (item 0: to the gradient rows; others: to their
+// partials block). A warp's L2 reads are dependent round trips, so the pass is latency-bound
+// unless many tokens are in flight: the x and dy chunks of the next kGradStages − 1 tokens are
+// copied by cp.async into a per-warp shared-memory ring (a register version with 4 tokens per
+// round trip measured 0.57 against 0.51 ms at 0.5 %, H200; docs/perf-notes-cuda.md), and the
+// registers stay few (six CTAs of four warps per SM). Each lane copies and reads back only its own
+// 16-byte chunks, so the ring needs no warp synchronisation; stage (t mod kGradStages) is refilled
+// only after the token that used it has been summed. The entries (row, coefficients) arrive 32 at
+// a time, one float4 per lane, and are broadcast by shuffles.
 constexpr int kGradWarps = 4;
-template <int CH, int U>
-__global__ void __launch_bounds__(kGradWarps * 32) sparse_weight_grad_kernel(SparseWeightGradParams p) {
-  constexpr int kPartChunks = 32 * CH;  // chunks of 8 columns per warp
-  constexpr unsigned kFull = 0xffffffffu;
-  const int lane = threadIdx.x % 32;
-  const int slice_chunks = static_cast<int>((p.col_end - p.col_begin + 7) / 8);
-  const int parts = (slice_chunks + kPartChunks - 1) / kPartChunks;
-  const std::int64_t warp_id = static_cast<std::int64_t>(blockIdx.x) * kGradWarps + threadIdx.x / 32;
-  const std::int64_t item = warp_id / parts;
-  const int part0 = static_cast<int>(warp_id % parts) * kPartChunks;  // first chunk of this warp's part
-  if (item >= p.items_bound || item >= p.item_offsets[p.n]) return;  // whole warps only
-  const std::int64_t n = p.item_neuron[item], sub = item - p.item_offsets[n];
-  const int schunks = min(kPartChunks, slice_chunks - part0);
-  const __nv_bfloat16* x = p.x + static_cast<std::int64_t>(part0) * 8;
-  const __nv_bfloat16* dy = p.dy + static_cast<std::int64_t>(part0) * 8;
-  const ItemRange range = item_range(p, n, sub);
-  const std::int64_t beg = range.beg, end = range.end;
-  float au[CH][8], ag[CH][8], ad[CH][8];
-  zero_acc<CH>(au);
-  zero_acc<CH>(ag);
-  zero_acc<CH>(ad);
-  for (std::int64_t w0 = beg; w0 < end; w0 += 32) {
-    const int cnt = static_cast<int>(end - w0 < 32 ? end - w0 : 32);
-    const float4 mine = lane < cnt ? p.entries[w0 + lane] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    for (int j0 = 0; j0 < cnt; j0 += U) {
-      uint4 xr[U][CH], dr[U][CH];
-      float cu[U], cg[U], ct[U];
-#pragma unroll
-      for (int q = 0; q < U; ++q) {
-        const int j = (j0 + q) & 31;
-        const bool ok = j0 + q < cnt;  // warp-uniform
-        const std::int64_t m = __shfl_sync(kFull, __float_as_int(mine.x), j);
-        cu[q] = ok ? __shfl_sync(kFull, mine.y, j) : 0.0f;
-        cg[q] = ok ? __shfl_sync(kFull, mine.z, j) : 0.0f;
-        ct[q] = ok ? __shfl_sync(kFull, mine.w, j) : 0.0f;
-        if (ok) {
-          dev::load_chunks<CH>(x + m * p.ld, lane, 32, schunks, xr[q]);
-          dev::load_chunks<CH>(dy + m * p.ld, lane, 32, schunks, dr[q]);
-        } else {
-#pragma unroll
-          for (int i = 0; i < CH; ++i) xr[q][i] = dr[q][i] = make_uint4(0, 0, 0, 0);
-        }
-      }
-#pragma unroll
-      for (int q = 0; q < U; ++q) {
-#pragma unroll
-        for (int i = 0; i < CH; ++i) {
-          axpy8(cu[q], xr[q][i], au[i]);
-          if (p.gated) axpy8(cg[q], xr[q][i], ag[i]);
-          axpy8(ct[q], dr[q][i], ad[i]);
-        }
-      }
-    }
-  }
-#pragma unroll
-  for (int i = 0; i < CH; ++i) {
-    const int c = part0 + i * 32 + lane;
-    if (i * 32 + lane < schunks) store_item_sums(p, n, sub, c, au[i], ag[i], ad[i]);
-  }
-}
-
-// The same sums with the x and dy chunks of the next kGradStages − 1 tokens in flight through
-// cp.async into a per-warp shared-memory ring (one chunk per lane, parts of 32 chunks), where the
-// register kernel above holds U tokens per L2 round trip in registers: a warp walks its item in
-// ⌈entries / 7⌉ round trips, and the registers stay few (more warps per SM). Each lane copies and
-// reads back only its own 16-byte chunks, so the ring needs no warp synchronisation; stage
-// (t mod kGradStages) is refilled only after the token that used it has been summed.
 constexpr int kGradStages = 8;
-__global__ void __launch_bounds__(kGradWarps * 32) sparse_weight_grad_pipelined_kernel(SparseWeightGradParams p) {
+__global__ void __launch_bounds__(kGradWarps * 32) sparse_weight_grad_kernel(SparseWeightGradParams p) {
   __shared__ uint4 ring[kGradWarps][kGradStages][2][32];  // [warp][stage][x, dy][lane]: 32 KB
   constexpr unsigned kFull = 0xffffffffu;
   const int lane = threadIdx.x % 32, wib = threadIdx.x / 32;
@@ -646,23 +579,11 @@ void launch_sparse_weight_grads(const SparseWeightGradParams& p, cudaStream_t st
   TWELL_CU_REQUIRE(p.run >= 1 && p.items_bound >= p.n, ErrorCode::invalid_argument,
                    "sparse weight grads: run {} / item bound {} invalid for N = {}", p.run, p.items_bound, p.n);
   const std::int64_t slice_chunks = (p.col_end - p.col_begin) / 8;
-  const int ch = (p.gated || slice_chunks <= 32) ? 1 : 2;  // see sparse_weight_grad_kernel
-  const std::int64_t parts = (slice_chunks + 32 * ch - 1) / (32 * ch);
+  const std::int64_t parts = (slice_chunks + 31) / 32;
   const std::int64_t blocks = (p.items_bound * parts + kGradWarps - 1) / kGradWarps;
   TWELL_CU_REQUIRE(blocks <= 0x7fffffff, ErrorCode::unsupported, "sparse weight grads: {} items exceed one launch",
                    p.items_bound);
-  if (p.pipelined) {
-    const std::int64_t pblocks = (p.items_bound * ((slice_chunks + 31) / 32) + kGradWarps - 1) / kGradWarps;
-    TWELL_CU_REQUIRE(pblocks <= 0x7fffffff, ErrorCode::unsupported, "sparse weight grads: {} items exceed one launch",
-                     p.items_bound);
-    sparse_weight_grad_pipelined_kernel<<<static_cast<unsigned>(pblocks), kGradWarps * 32, 0, stream>>>(p);
-    TWELL_CUDA_CHECK_LAUNCH("sparse_weight_grad_pipelined_kernel");
-    return;
-  }
-  if (ch == 1)
-    sparse_weight_grad_kernel<1, 4><<<static_cast<unsigned>(blocks), kGradWarps * 32, 0, stream>>>(p);
-  else
-    sparse_weight_grad_kernel<2, 2><<<static_cast<unsigned>(blocks), kGradWarps * 32, 0, stream>>>(p);
+  sparse_weight_grad_kernel<<<static_cast<unsigned>(blocks), kGradWarps * 32, 0, stream>>>(p);
   TWELL_CUDA_CHECK_LAUNCH("sparse_weight_grad_kernel");
 }
 

@@ -99,9 +99,6 @@ struct SparseWeightGradParams {
   std::int64_t col_begin = 0, col_end = 0;
   std::int64_t row_begin = 0, row_end = std::int64_t{1} << 62;
   bool accumulate = false;
-  // The cp.async-pipelined kernel (7 tokens in flight per warp through shared memory) instead of
-  // the register one (4 tokens per round trip, or 2 with two chunks per lane).
-  bool pipelined = true;
 };
 void launch_sparse_weight_grads(const SparseWeightGradParams& p, cudaStream_t stream);
 // After launch_sparse_weight_grads with the same parameters: adds the partial sums of every
