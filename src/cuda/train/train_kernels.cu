@@ -271,16 +271,17 @@ __device__ __forceinline__ void store_item_sums(const SparseWeightGradParams& p,
 // accumulate in registers, written once as fp32 (item 0: to the gradient rows; others: to their
 // partials block). A warp's L2 reads are dependent round trips, so the pass is latency-bound
 // unless many tokens are in flight: the x and dy chunks of the next kGradStages − 1 tokens are
-// copied by cp.async into a per-warp shared-memory ring (a register version with 4 tokens per
-// round trip measured 0.57 against 0.51 ms at 0.5 %, H200; docs/perf-notes-cuda.md), and the
-// registers stay few (six CTAs of four warps per SM). Each lane copies and reads back only its own
-// 16-byte chunks, so the ring needs no warp synchronisation; stage (t mod kGradStages) is refilled
-// only after the token that used it has been summed. The entries (row, coefficients) arrive 32 at
-// a time, one float4 per lane, and are broadcast by shuffles.
+// copied by cp.async into a per-warp shared-memory ring, and the registers stay few (≤ 64: eight
+// CTAs of four warps per SM, as many as 8 · 25 KB of ring allows). Warps count more than stages
+// (H200, 0.5 %, the passes of one step: registers with 4 tokens per round trip 0.57 ms; 8 stages,
+// 6 CTAs 0.51; 12 stages, 4 CTAs 0.61; 6 stages, 8 CTAs 0.49; docs/perf-notes-cuda.md). Each lane
+// copies and reads back only its own 16-byte chunks, so the ring needs no warp synchronisation;
+// stage (t mod kGradStages) is refilled only after the token that used it has been summed. The
+// entries (row, coefficients) arrive 32 at a time, one float4 per lane, broadcast by shuffles.
 constexpr int kGradWarps = 4;
-constexpr int kGradStages = 8;
-__global__ void __launch_bounds__(kGradWarps * 32) sparse_weight_grad_kernel(SparseWeightGradParams p) {
-  __shared__ uint4 ring[kGradWarps][kGradStages][2][32];  // [warp][stage][x, dy][lane]: 32 KB
+constexpr int kGradStages = 6;
+__global__ void __launch_bounds__(kGradWarps * 32, 8) sparse_weight_grad_kernel(SparseWeightGradParams p) {
+  __shared__ uint4 ring[kGradWarps][kGradStages][2][32];  // [warp][stage][x, dy][lane]: 24 KB
   constexpr unsigned kFull = 0xffffffffu;
   const int lane = threadIdx.x % 32, wib = threadIdx.x / 32;
   const int slice_chunks = static_cast<int>((p.col_end - p.col_begin + 7) / 8);
