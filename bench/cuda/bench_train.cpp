@@ -191,6 +191,20 @@ void run_train_sweep(bool quick, int warmup, int reps, cudaStream_t s, nlohmann:
       aut.backward(dev_x.get(), dev_dy.get(), m, l1_coeff, dev_dx.get(), s);
     };
     std::tie(dn_step, auto_step_ms) = host::alternating_medians_ms(warmup, reps, s, dense_step, auto_step);
+    // The ratios above divide the dense step timed alternately with the dispatched one; for
+    // comparison, the dense step on its own and the forced sparse step alternating with the
+    // dispatched one (what alternation itself costs each side).
+    const double dn_alone = median_ms(warmup, reps, s, dense_step);
+    double sp_alt = 0, auto_alt = 0;
+    {
+      TrainContext sparse(copt);
+      sparse.upload_weights(w, s);
+      const auto sparse_step = [&] {
+        sparse.forward(dev_x.get(), m, dev_y.get(), Path::sparse, s);
+        sparse.backward(dev_x.get(), dev_dy.get(), m, l1_coeff, dev_dx.get(), s);
+      };
+      std::tie(sp_alt, auto_alt) = host::alternating_medians_ms(warmup, reps, s, sparse_step, auto_step);
+    }
     saved_dn = dense.saved_bytes();
     mem_dn = dense.device_bytes();
     // Checked run: the dispatched step on poisoned outputs.
@@ -222,6 +236,8 @@ void run_train_sweep(bool quick, int warmup, int reps, cudaStream_t s, nlohmann:
       ph += b;
     }
     std::printf("%s\n", ph.c_str());
+    std::printf("          timing: dense alone %.3f ms (alternating with auto %.3f); sparse / auto alternating %.3f / %.3f ms\n",
+                dn_alone, dn_step, sp_alt, auto_alt);
     if (!hot_json.empty()) {
       std::string v = "          hot neurons: " + hot_json.dump();
       std::printf("%s\n", v.c_str());
@@ -255,6 +271,8 @@ void run_train_sweep(bool quick, int warmup, int reps, cudaStream_t s, nlohmann:
                                    {"sparse_fwd_ms", sp_fwd},
                                    {"sparse_step_ms", sp_step},
                                    {"auto_step_ms", auto_step_ms},
+                                   {"dense_step_alone_ms", dn_alone},
+                                   {"sparse_auto_alternating_ms", {sp_alt, auto_alt}},
                                    {"auto_path", fr_auto.path},
                                    {"speedup_sparse", dn_step / sp_step},
                                    {"speedup_auto", dn_step / auto_step_ms},
