@@ -652,7 +652,7 @@ std::vector<std::uint32_t> FfnContext::count_neurons(const __nv_bfloat16* x, std
 
 std::vector<std::uint32_t> FfnContext::neuron_counts_of_gate(std::int64_t m, const std::vector<char>* cold,
                                                              cudaStream_t stream) {
-  std::uint32_t row_cap = 0;
+  std::vector<std::uint32_t> pos;  // by position
   if (cold) {  // rows with more than dense_row_cap(cold count) non-zeros in the cold neurons are skipped
     std::vector<unsigned char> mask(static_cast<std::size_t>(n_));
     std::int64_t nc = 0;
@@ -660,14 +660,10 @@ std::vector<std::uint32_t> FfnContext::neuron_counts_of_gate(std::int64_t m, con
       mask[static_cast<std::size_t>(j)] = (*cold)[static_cast<std::size_t>(order_.empty() ? j : order_[static_cast<std::size_t>(j)])];
       nc += mask[static_cast<std::size_t>(j)];
     }
-    DeviceBuffer<unsigned char> d_mask(mask.size());
-    TWELL_CUDA_CHECK(cudaMemcpyAsync(d_mask.get(), mask.data(), mask.size(), cudaMemcpyHostToDevice, stream));
-    launch_row_counts(g_.get(), ldn_, m, n_, d_mask.get(), row_nnz_.get(), stream);
-    row_cap = dense_row_cap(nc);
-    TWELL_CUDA_CHECK(cudaStreamSynchronize(stream));  // d_mask dies here
+    pos = read_neuron_counts_sparse_rows(g_.get(), ldn_, m, n_, mask, dense_row_cap(nc), row_nnz_.get(), nullptr, stream);
+  } else {
+    pos = read_neuron_counts(g_.get(), ldn_, m, n_, nullptr, 0, stream);
   }
-  const std::vector<std::uint32_t> pos =  // by position
-      read_neuron_counts(g_.get(), ldn_, m, n_, cold ? row_nnz_.get() : nullptr, row_cap, stream);
   if (order_.empty()) return pos;
   std::vector<std::uint32_t> orig(static_cast<std::size_t>(n_));
   for (std::int64_t j = 0; j < n_; ++j) orig[static_cast<std::size_t>(order_[static_cast<std::size_t>(j)])] = pos[static_cast<std::size_t>(j)];

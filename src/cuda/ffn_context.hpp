@@ -396,7 +396,7 @@ class FfnContext {
   int sm_count_ = 0;
   std::size_t smem_optin_ = 0;
   DeviceBuffer<std::uint32_t> h_words_;   // [m, tiles · S] TwELL of h (blocked up product; allocated on first use)
-  DeviceBuffer<std::uint32_t> row_nnz_;   // [m]; allocated (and filled by the packing) only with split_remainder
+  DeviceBuffer<std::uint32_t> row_nnz_;   // [m]; allocated (and filled by the packing) only with split_remainder or dense rows
   DeviceBuffer<int> split_pos_;           // [m]
   DeviceBuffer<int> split_tok_;           // [16 · groups]
   DeviceBuffer<std::int64_t> split_base_; // [groups]

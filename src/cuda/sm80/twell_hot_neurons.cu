@@ -108,6 +108,25 @@ std::vector<std::uint32_t> read_neuron_counts(const __nv_bfloat16* g, std::int64
   return host;
 }
 
+std::vector<std::uint32_t> read_neuron_counts_sparse_rows(const __nv_bfloat16* g, std::int64_t ld_g, std::int64_t m,
+                                                          std::int64_t n, const std::vector<unsigned char>& cold,
+                                                          std::uint32_t row_cap, std::uint32_t* row_nnz,
+                                                          std::int64_t* rows_left_out, cudaStream_t stream) {
+  TWELL_CU_REQUIRE(static_cast<std::int64_t>(cold.size()) == n && row_nnz, ErrorCode::invalid_argument,
+                   "neuron counts over sparse rows: {} mask entries for N = {}", cold.size(), n);
+  DeviceBuffer<unsigned char> d_cold(cold.size());
+  TWELL_CUDA_CHECK(cudaMemcpyAsync(d_cold.get(), cold.data(), cold.size(), cudaMemcpyHostToDevice, stream));
+  launch_row_counts(g, ld_g, m, n, d_cold.get(), row_nnz, stream);
+  if (rows_left_out) {
+    std::vector<std::uint32_t> rows(static_cast<std::size_t>(m));
+    TWELL_CUDA_CHECK(cudaMemcpyAsync(rows.data(), row_nnz, rows.size() * sizeof(std::uint32_t), cudaMemcpyDeviceToHost,
+                                     stream));
+    TWELL_CUDA_CHECK(cudaStreamSynchronize(stream));
+    *rows_left_out = std::count_if(rows.begin(), rows.end(), [row_cap](std::uint32_t c) { return c > row_cap; });
+  }
+  return read_neuron_counts(g, ld_g, m, n, row_nnz, row_cap, stream);  // synchronises: d_cold dies after
+}
+
 std::vector<std::int64_t> neurons_over(const std::vector<std::uint32_t>& counts, double density, std::int64_t m,
                                        double max_hot) {
   std::vector<std::int64_t> hot;

@@ -33,6 +33,16 @@ void launch_neuron_counts(const __nv_bfloat16* g, std::int64_t ld_g, std::int64_
 std::vector<std::uint32_t> read_neuron_counts(const __nv_bfloat16* g, std::int64_t ld_g, std::int64_t m, std::int64_t n,
                                               const std::uint32_t* row_nnz, std::uint32_t row_cap, cudaStream_t stream);
 
+// The same counts over the rows that stay sparse once the columns c with cold[c] == 0 (cold: [n],
+// host) run dense: a row with more than row_cap kept values among the cold columns (a row the
+// sparse path runs dense; its non-zeros cost nothing per neuron) is left out. row_nnz: an [m]
+// device workspace, left holding each row's cold count. rows_left_out (optional) receives the
+// number of rows left out (one more copy back). Synchronises `stream`.
+std::vector<std::uint32_t> read_neuron_counts_sparse_rows(const __nv_bfloat16* g, std::int64_t ld_g, std::int64_t m,
+                                                          std::int64_t n, const std::vector<unsigned char>& cold,
+                                                          std::uint32_t row_cap, std::uint32_t* row_nnz,
+                                                          std::int64_t* rows_left_out, cudaStream_t stream);
+
 // The hot-neuron rule of the inference and training contexts: the neurons (ascending) whose count
 // exceeds density·m; none when density ≤ 0 or more than max_hot of them qualify.
 std::vector<std::int64_t> neurons_over(const std::vector<std::uint32_t>& counts, double density, std::int64_t m,

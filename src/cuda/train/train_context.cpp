@@ -617,17 +617,11 @@ void TrainContext::calibrate_hot_neurons(std::int64_t m, cudaStream_t stream) {
     for (const std::int64_t i : guess) cold[sz(i)] = 0;
     const std::int64_t n_cold = n() - static_cast<std::int64_t>(guess.size());
     const auto cap = static_cast<std::uint32_t>(opt_.dense_rows_density * static_cast<double>(n_cold));
-    DeviceBuffer<unsigned char> d_cold(cold.size());
     DeviceBuffer<std::uint32_t> row_nnz(sz(m));
-    TWELL_CUDA_CHECK(cudaMemcpyAsync(d_cold.get(), cold.data(), cold.size(), cudaMemcpyHostToDevice, stream));
-    launch_row_counts(g_.get(), ldn(), m, n(), d_cold.get(), row_nnz.get(), stream);
-    std::vector<std::uint32_t> rows(sz(m));
-    TWELL_CUDA_CHECK(cudaMemcpyAsync(rows.data(), row_nnz.get(), rows.size() * sizeof(std::uint32_t),
-                                     cudaMemcpyDeviceToHost, stream));
-    TWELL_CUDA_CHECK(cudaStreamSynchronize(stream));
-    const auto over = std::count_if(rows.begin(), rows.end(), [cap](std::uint32_t c) { return c > cap; });
-    if (over >= std::max<std::int64_t>(opt_.dense_rows_min, 1))
-      hot = choose_hot_neurons(read_neuron_counts(g_.get(), ldn(), m, n(), row_nnz.get(), cap, stream), m);
+    std::int64_t over = 0;
+    const std::vector<std::uint32_t> sparse_counts =
+        read_neuron_counts_sparse_rows(g_.get(), ldn(), m, n(), cold, cap, row_nnz.get(), &over, stream);
+    if (over >= std::max<std::int64_t>(opt_.dense_rows_min, 1)) hot = choose_hot_neurons(sparse_counts, m);
   }
   set_hot_neurons(hot, stream);
 }
