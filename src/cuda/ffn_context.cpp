@@ -647,11 +647,11 @@ std::int64_t FfnContext::sparse_n(std::int64_t m) const noexcept {
 
 std::vector<std::uint32_t> FfnContext::count_neurons(const __nv_bfloat16* x, std::int64_t m, cudaStream_t stream) {
   gate_gemm(x, m, stream);  // every neuron, in the current order
-  return neuron_counts_of_gate(m, nullptr, stream);
+  return neuron_counts_of_gate(m, nullptr, nullptr, stream);
 }
 
-std::vector<std::uint32_t> FfnContext::neuron_counts_of_gate(std::int64_t m, const std::vector<char>* cold,
-                                                             cudaStream_t stream) {
+std::vector<std::uint32_t> FfnContext::neuron_counts_of_gate(std::int64_t m, const std::vector<unsigned char>* cold,
+                                                             std::int64_t* rows_left_out, cudaStream_t stream) {
   std::vector<std::uint32_t> pos;  // by position
   if (cold) {  // rows with more than dense_row_cap(cold count) non-zeros in the cold neurons are skipped
     std::vector<unsigned char> mask(static_cast<std::size_t>(n_));
@@ -660,7 +660,8 @@ std::vector<std::uint32_t> FfnContext::neuron_counts_of_gate(std::int64_t m, con
       mask[static_cast<std::size_t>(j)] = (*cold)[static_cast<std::size_t>(order_.empty() ? j : order_[static_cast<std::size_t>(j)])];
       nc += mask[static_cast<std::size_t>(j)];
     }
-    pos = read_neuron_counts_sparse_rows(g_.get(), ldn_, m, n_, mask, dense_row_cap(nc), row_nnz_.get(), nullptr, stream);
+    pos = read_neuron_counts_sparse_rows(g_.get(), ldn_, m, n_, mask, dense_row_cap(nc), row_nnz_.get(), rows_left_out,
+                                         stream);
   } else {
     pos = read_neuron_counts(g_.get(), ldn_, m, n_, nullptr, 0, stream);
   }
@@ -674,10 +675,13 @@ std::vector<std::int64_t> FfnContext::choose_hot_neurons(const std::vector<std::
   TWELL_CHECK(static_cast<std::int64_t>(counts.size()) == n_, ErrorCode::shape_mismatch,
               "choose_hot_neurons: {} counts for N = {} neurons", counts.size(), n_);
   TWELL_CHECK(m >= 1, ErrorCode::invalid_argument, "choose_hot_neurons: M must be ≥ 1 (got {})", m);
+  return neurons_over(counts, gated_ ? opt_.hot_neurons_density : opt_.hot_neurons_density_nongated, m, max_hot_neurons());
+}
+
+double FfnContext::max_hot_neurons() const noexcept {
   // At most half of the neurons (less the up to 7 that set_hot_neurons may add, and rounding): the
   // hot part's workspace is half of the stacked buffer.
-  const double max_hot = std::min(opt_.hot_neurons_max_share * static_cast<double>(n_), static_cast<double>(ldn_ / 2 - 16));
-  return neurons_over(counts, gated_ ? opt_.hot_neurons_density : opt_.hot_neurons_density_nongated, m, max_hot);
+  return std::min(opt_.hot_neurons_max_share * static_cast<double>(n_), static_cast<double>(ldn_ / 2 - 16));
 }
 
 std::vector<std::int64_t> FfnContext::hot_neurons() const {
@@ -771,16 +775,19 @@ bool FfnContext::calibrate_if_due(const __nv_bfloat16* x, std::int64_t m, cudaSt
 
 std::int64_t FfnContext::calibrate_hot_neurons(const __nv_bfloat16* x, std::int64_t m, cudaStream_t stream) {
   std::vector<std::uint32_t> counts = count_neurons(x, m, stream);
-  std::vector<std::int64_t> hot = choose_hot_neurons(counts, m);
-  if (!hot.empty() && use_dense_rows(m)) {
-    // Rows that run dense even after the split (more than the dense-row threshold of non-zeros in
-    // the cold neurons: hot tokens) cost nothing per neuron; counted without them, choose again.
-    std::vector<char> cold(static_cast<std::size_t>(n_), 1);
-    for (const std::int64_t i : hot) cold[static_cast<std::size_t>(i)] = 0;
-    counts = neuron_counts_of_gate(m, &cold, stream);
-    hot = choose_hot_neurons(counts, m);
+  // Rows that run dense even after the split (more than the dense-row threshold of non-zeros in
+  // the cold neurons: hot tokens, when at least dense_rows_min of them) cost nothing per neuron;
+  // counted without them, choose again. The training context calibrates by the same rule.
+  SparseRowsRecount recount;
+  if (use_dense_rows(m)) {
+    recount = [&](const std::vector<unsigned char>& cold, std::int64_t* left_out) {
+      return neuron_counts_of_gate(m, &cold, left_out, stream);
+    };
   }
-  set_hot_neurons(hot, stream, &counts);
+  const HotNeuronChoice c =
+      choose_hot_neurons_calibrated(std::move(counts), gated_ ? opt_.hot_neurons_density : opt_.hot_neurons_density_nongated,
+                                    m, max_hot_neurons(), opt_.dense_rows_min, recount);
+  set_hot_neurons(c.hot, stream, &c.counts);
   return hot_n_;
 }
 

@@ -250,9 +250,10 @@ class FfnContext {
   // dense; more of the cold ones join them (the hottest by `counts` if given, else the last) until
   // the cold count is a multiple of 8; an empty list, or one leaving no cold neuron, turns the split
   // off. The results of every path stay the same function of x (the order of a sum changes). Resets
-  // the dispatch's measured density. calibrate_hot_neurons: all three, choosing twice where the
-  // sparse path runs dense rows: the second time over the rows that would still run sparse after
-  // the first choice (hot tokens cost nothing per neuron); returns the hot count.
+  // the dispatch's measured density. calibrate_hot_neurons: all three, by
+  // choose_hot_neurons_calibrated where the sparse path runs dense rows (a first guess without the
+  // max-share rule, then the choice over the rows that would still run sparse after it when at
+  // least dense_rows_min rows would not: hot tokens cost nothing per neuron); returns the hot count.
   std::vector<std::uint32_t> count_neurons(const __nv_bfloat16* x, std::int64_t m, cudaStream_t stream);
   std::vector<std::int64_t> choose_hot_neurons(const std::vector<std::uint32_t>& counts, std::int64_t m) const;
   void set_hot_neurons(const std::vector<std::int64_t>& hot, cudaStream_t stream,
@@ -350,7 +351,9 @@ class FfnContext {
   void reset_dispatch_state();  // forget measured densities and hot-row shares (new weights or order)
   // Per-neuron counts (original numbering) of the gate buffer's m rows (gate_gemm ran); with `cold`
   // (by original neuron), rows with more than dense_row_cap(#cold) non-zeros in those are skipped.
-  std::vector<std::uint32_t> neuron_counts_of_gate(std::int64_t m, const std::vector<char>* cold, cudaStream_t stream);
+  std::vector<std::uint32_t> neuron_counts_of_gate(std::int64_t m, const std::vector<unsigned char>* cold,
+                                                   std::int64_t* rows_left_out, cudaStream_t stream);
+  double max_hot_neurons() const noexcept;  // choose_hot_neurons' cap on the hot count
 
   ContextOptions opt_;
   bool gate_sm90_ok_ = false;  // this device runs the sm90 gate kernel (gate_pack_sm90_available)

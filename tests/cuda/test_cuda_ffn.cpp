@@ -989,6 +989,68 @@ TEST(CudaDecode, MatchesReferenceAtEveryDensity) {
   cudaStreamDestroy(s);
 }
 
+// The calibration leaves out the rows that will run dense (the training context's test of the
+// same rule: CudaTrainHotNeurons.CalibrationLeavesOutDenseRows). An exact gate from 0/1 features:
+//   feature 0 = 1 on every row, Wg[:, 0] = −0.5: a neuron fires only with one of its features;
+//   feature 1 on rows 0..19 (hot tokens) fires neurons 0..59 (count 20);
+//   feature 2 on every row fires neuron 90 (count 512);
+//   feature 3 + r % 30 on row r fires neuron 60 + r % 30 (count 17 or 18; 16 or 17 without rows 0..9);
+//   feature 33 on rows 0..9 fires neurons 91..99 (count 10: cold).
+// Over every row neurons 0..90 qualify (over the threshold 0.03 · 512), more than the cap of
+// ldn/2 − 16 = 36 hot neurons: a choice with the cap alone takes none. The guess 0..90 leaves
+// 91..99 cold, rows 0..9 then hold more than ⌊0.02 · 9⌋ = 0 cold non-zeros and run dense; counted
+// without them only 60..90 (31) qualify. Rounding the cold count down to 64 keeps the coldest by
+// those counts (91..99 at 0, then 0..54 of 0..59 at 10, in order), so 55..90 run dense.
+TEST(CudaHotNeurons, CalibrationLeavesOutDenseRows) {
+  TWELL_REQUIRE_GPU();
+  constexpr std::int64_t M = 512, N = 100, K = 64;
+  std::vector<float> x(M * K, 0.0f), wg(N * K, 0.0f), wu(N * K), wd(K * N);
+  for (std::int64_t r = 0; r < M; ++r) {
+    x[r * K + 0] = x[r * K + 2] = x[r * K + 3 + r % 30] = 1.0f;
+    if (r < 20) x[r * K + 1] = 1.0f;
+    if (r < 10) x[r * K + 33] = 1.0f;
+  }
+  for (std::int64_t n = 0; n < N; ++n) {
+    wg[n * K + 0] = -0.5f;
+    if (n < 60) wg[n * K + 1] = 1.0f;
+    if (n >= 60 && n < 90) wg[n * K + 3 + (n - 60)] = 1.0f;
+    if (n == 90) wg[n * K + 2] = 1.0f;
+    if (n > 90) wg[n * K + 33] = 1.0f;
+  }
+  std::mt19937_64 rng(7);
+  std::normal_distribution<double> nd(0.0, 1.0);
+  for (auto& v : wu) v = rb(nd(rng));
+  for (auto& v : wd) v = rb(nd(rng));
+  const FfnWeights w = ffn_weights(wg.data(), wu.data(), wd.data(), N, K);
+  const std::vector<double> ref = ref::ffn_forward(CMatrixF(x.data(), M, K), w);
+  std::vector<std::int64_t> all_rows(M);
+  for (std::int64_t r = 0; r < M; ++r) all_rows[static_cast<std::size_t>(r)] = r;
+
+  std::vector<std::uint16_t> xb(x.size());
+  for (std::size_t i = 0; i < x.size(); ++i) xb[i] = to_bf16(x[i]).bits;
+  DeviceBuffer<__nv_bfloat16> xd(xb.size());
+  ASSERT_EQ(cudaMemcpy(xd.get(), xb.data(), xb.size() * 2, cudaMemcpyHostToDevice), cudaSuccess);
+  auto calibrate = [&](double dense_rows_density) {
+    ContextOptions o;
+    o.hot_neurons_min_rows = 1;
+    o.hot_neurons_density = 0.03;
+    o.dense_rows_density = dense_rows_density;
+    o.dense_rows_min = 1;
+    FfnContext ctx(o);
+    ctx.upload_weights(w, nullptr);
+    ForwardResult fr;
+    const Outputs out = run_poisoned(M, K, nullptr, [&](__nv_bfloat16* y) { fr = ctx.forward(xd.get(), M, y, Path::sparse, nullptr); });
+    EXPECT_TRUE(out.guard_ok) << fr.path;
+    std::int64_t worst_row = -1;
+    EXPECT_LE(max_err_rows(out.y, ref, all_rows, K, &worst_row), kTol) << fr.path << ": worst row " << worst_row;
+    return ctx.hot_neurons();
+  };
+  std::vector<std::int64_t> want;
+  for (std::int64_t i = 55; i <= 90; ++i) want.push_back(i);
+  EXPECT_EQ(calibrate(0.02), want);
+  EXPECT_TRUE(calibrate(0.0).empty());  // no dense rows: 91 neurons qualify, more than the cap of 36
+}
+
 TEST(CudaHostApi, RejectsKNotMultipleOf8) {
   TWELL_REQUIRE_GPU();
   FfnCase c{"bad_k", 4, 300, 20, 0.1};

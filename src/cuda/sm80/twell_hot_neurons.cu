@@ -138,6 +138,26 @@ std::vector<std::int64_t> neurons_over(const std::vector<std::uint32_t>& counts,
   return hot;
 }
 
+HotNeuronChoice choose_hot_neurons_calibrated(std::vector<std::uint32_t> counts, double density, std::int64_t m,
+                                              double max_hot, std::int64_t min_rows_left_out,
+                                              const SparseRowsRecount& recount) {
+  HotNeuronChoice c;
+  const std::vector<std::int64_t> guess = neurons_over(counts, density, m, static_cast<double>(counts.size()));
+  if (!guess.empty() && recount) {
+    std::vector<unsigned char> cold(counts.size(), 1);
+    for (const std::int64_t i : guess) cold[static_cast<std::size_t>(i)] = 0;
+    std::int64_t left_out = 0;
+    std::vector<std::uint32_t> sparse = recount(cold, &left_out);
+    if (left_out >= std::max<std::int64_t>(min_rows_left_out, 1)) {
+      counts = std::move(sparse);
+      c.rows_left_out = left_out;
+    }
+  }
+  c.hot = neurons_over(counts, density, m, max_hot);
+  c.counts = std::move(counts);
+  return c;
+}
+
 void launch_row_counts(const __nv_bfloat16* g, std::int64_t ld_g, std::int64_t m, std::int64_t n,
                        const unsigned char* mask, std::uint32_t* row_nnz, cudaStream_t stream) {
   TWELL_CU_REQUIRE(m >= 1 && n >= 1 && ld_g >= n, ErrorCode::invalid_argument, "row counts: bad shape m={} n={} ld={}", m,

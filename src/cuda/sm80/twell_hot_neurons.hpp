@@ -16,6 +16,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 namespace twell::cuda {
@@ -47,6 +48,25 @@ std::vector<std::uint32_t> read_neuron_counts_sparse_rows(const __nv_bfloat16* g
 // exceeds density·m; none when density ≤ 0 or more than max_hot of them qualify.
 std::vector<std::int64_t> neurons_over(const std::vector<std::uint32_t>& counts, double density, std::int64_t m,
                                        double max_hot);
+
+// The calibration rule of the inference and training contexts, from every row's counts:
+//  1. a first guess, the neurons over density·m without the max-share rule (hot tokens can push
+//     most neurons over the threshold, and the rule alone would then choose none);
+//  2. when the guess is not empty and `recount` is given, recount(cold) counts again over the rows
+//     that stay sparse once the guessed neurons run dense (cold: [n], 1 for a cold neuron) and
+//     reports how many rows it left out: rows the sparse path runs dense cost nothing per neuron;
+//  3. if at least min_rows_left_out (≥ 1) rows were left out, the choice is made from the new
+//     counts, else from every row's; the choice is neurons_over with the max_hot rule.
+struct HotNeuronChoice {
+  std::vector<std::int64_t> hot;      // ascending
+  std::vector<std::uint32_t> counts;  // the counts the choice was made from
+  std::int64_t rows_left_out = 0;     // by the recount (0 when it did not run or was not used)
+};
+using SparseRowsRecount =
+    std::function<std::vector<std::uint32_t>(const std::vector<unsigned char>& cold, std::int64_t* rows_left_out)>;
+HotNeuronChoice choose_hot_neurons_calibrated(std::vector<std::uint32_t> counts, double density, std::int64_t m,
+                                              double max_hot, std::int64_t min_rows_left_out,
+                                              const SparseRowsRecount& recount);
 
 // row_nnz[r] = #{c < n : g[r, c] > 0 and (no mask or mask[c])} for r < m (one warp per row).
 void launch_row_counts(const __nv_bfloat16* g, std::int64_t ld_g, std::int64_t m, std::int64_t n,

@@ -601,29 +601,24 @@ void TrainContext::gather_hot_weights(cudaStream_t stream) {
 }
 
 void TrainContext::calibrate_hot_neurons(std::int64_t m, cudaStream_t stream) {
-  const std::vector<std::uint32_t> counts = read_neuron_counts(g_.get(), ldn(), m, n(), nullptr, 0, stream);
-  std::vector<std::int64_t> hot = choose_hot_neurons(counts, m);
-  // A first guess over every row, without the max-share rule (hot tokens can push most neurons
-  // over the threshold; counted without them, fewer qualify).
-  const std::vector<std::int64_t> guess =
-      neurons_over(counts, gated() ? opt_.hot_neurons_density : opt_.hot_neurons_density_nongated, m,
-                   static_cast<double>(n()));
-  if (!guess.empty() && opt_.dense_rows_density > 0) {
-    // Rows the step will run dense after this guess (more than the dense-row cap of non-zeros in
-    // the cold neurons, when at least dense_rows_min of them) cost nothing per neuron: a hot token
-    // would otherwise make every neuron it fires look popular. Count without them, choose again.
-    // The inference context calibrates the same way (FfnContext::calibrate_hot_neurons).
-    std::vector<unsigned char> cold(sz(n()), 1);
-    for (const std::int64_t i : guess) cold[sz(i)] = 0;
-    const std::int64_t n_cold = n() - static_cast<std::int64_t>(guess.size());
-    const auto cap = static_cast<std::uint32_t>(opt_.dense_rows_density * static_cast<double>(n_cold));
-    DeviceBuffer<std::uint32_t> row_nnz(sz(m));
-    std::int64_t over = 0;
-    const std::vector<std::uint32_t> sparse_counts =
-        read_neuron_counts_sparse_rows(g_.get(), ldn(), m, n(), cold, cap, row_nnz.get(), &over, stream);
-    if (over >= std::max<std::int64_t>(opt_.dense_rows_min, 1)) hot = choose_hot_neurons(sparse_counts, m);
+  // Rows the step will run dense (more than the dense-row cap of non-zeros in the cold neurons,
+  // when at least dense_rows_min of them) cost nothing per neuron: a hot token would otherwise make
+  // every neuron it fires look popular. The inference context calibrates by the same rule.
+  SparseRowsRecount recount;
+  DeviceBuffer<std::uint32_t> row_nnz;
+  if (opt_.dense_rows_density > 0) {
+    row_nnz.resize(sz(m));
+    recount = [&](const std::vector<unsigned char>& cold, std::int64_t* left_out) {
+      const auto n_cold = static_cast<std::int64_t>(std::count(cold.begin(), cold.end(), 1));
+      const auto cap = static_cast<std::uint32_t>(opt_.dense_rows_density * static_cast<double>(n_cold));
+      return read_neuron_counts_sparse_rows(g_.get(), ldn(), m, n(), cold, cap, row_nnz.get(), left_out, stream);
+    };
   }
-  set_hot_neurons(hot, stream);
+  const HotNeuronChoice c = choose_hot_neurons_calibrated(
+      read_neuron_counts(g_.get(), ldn(), m, n(), nullptr, 0, stream),
+      gated() ? opt_.hot_neurons_density : opt_.hot_neurons_density_nongated, m,
+      opt_.hot_neurons_max_share * static_cast<double>(n()), opt_.dense_rows_min, recount);
+  set_hot_neurons(c.hot, stream);
 }
 
 void TrainContext::hot_forward(const __nv_bfloat16* x, std::int64_t m, __nv_bfloat16* y, cudaStream_t stream) {
