@@ -34,7 +34,18 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) csr_count_kernel(CsrBuild
 #pragma unroll
     for (int i = 0; i < 4; ++i) v[i] = dev::load8_bf16(src, c0 + i * 256 + lane * 8, p.n, vec_ok);
 #pragma unroll
-    for (int i = 0; i < 4; ++i) cnt += __popc(dev::keep_mask8(v[i]) & ~skip_bits(p, c0 + i * 256 + lane * 8));
+    for (int i = 0; i < 4; ++i) {
+      const std::int64_t c = c0 + i * 256 + lane * 8;
+      const unsigned skip = skip_bits(p, c);
+      cnt += __popc(dev::keep_mask8(v[i]) & ~skip);
+      if (p.hot_out != nullptr && skip != 0) {
+#pragma unroll
+        for (int e = 0; e < 8; ++e)
+          if (skip & (1u << e))
+            p.hot_out[row * p.ld_hot + p.hot_pos[c + e]] =
+                __ushort_as_bfloat16(static_cast<unsigned short>(dev::bf16_bits(v[i], e)));
+      }
+    }
   }
 #pragma unroll
   for (int d = 16; d > 0; d >>= 1) cnt += __shfl_xor_sync(0xffffffffu, cnt, d);
@@ -147,6 +158,8 @@ void csr_count_and_scan(const CsrBuildParams& p, DeviceBuffer<unsigned char>& sc
                    "CSR count: bad shape m={} n={} ld={}", p.m, p.n, p.ld_src);
   TWELL_CU_REQUIRE(p.dense_row_cap < 0 || (p.row_flags && p.dense_rows && p.n_dense), ErrorCode::invalid_argument,
                    "CSR count: dense rows need row_flags, dense_rows and n_dense");
+  TWELL_CU_REQUIRE(!p.hot_out || (p.skip8 && p.hot_pos), ErrorCode::invalid_argument,
+                   "CSR count: gathering the left-out columns needs skip8 and hot_pos");
   csr_count_kernel<<<blocks_for(p.m, kWarpsPerBlock), kWarpsPerBlock * 32, 0, stream>>>(p);
   TWELL_CUDA_CHECK_LAUNCH("csr_count_kernel");
   if (p.dense_row_cap >= 0) {  // the flagged rows, ascending (CUB's selection keeps input order)

@@ -18,6 +18,12 @@ struct CsrBuildParams {
   // Optional column mask, one byte per 8 columns: bit e of skip8[c / 8] set = column c / 8 · 8 + e
   // is left out of the pattern (the hot neurons the training step runs dense). [ceil(n / 8)].
   const unsigned char* skip8 = nullptr;
+  // Optional, with skip8 (count only): the left-out columns' values gathered in the same read,
+  // hot_out[r · ld_hot + hot_pos[c]] = src[r, c] for every row r and every column c whose skip bit
+  // is set (every row, dense ones too). hot_pos: [n], the place of each left-out column.
+  const std::int32_t* hot_pos = nullptr;
+  __nv_bfloat16* hot_out = nullptr;
+  std::int64_t ld_hot = 0;
   // Optional dense rows (dense_row_cap ≥ 0): the rows with more than dense_row_cap kept values
   // (after skip8) are listed, ascending, in dense_rows[0 .. *n_dense). When there are at least
   // dense_rows_min of them they are left out of the pattern (count 0, row_flags[r] = 1; every

@@ -126,7 +126,7 @@ std::size_t TrainContext::device_bytes() const noexcept {
          tmp_vals_.bytes() + p_.bytes() + u_e_.bytes() + row_l1_.bytes() + d_up_e_.bytes() + d_gate_e_.bytes() +
          dwd_t_.bytes() + wg_entries_.bytes() + wg_work_.bytes() + wg_item_counts_.bytes() +
          wg_item_offsets_.bytes() + wg_item_neuron_.bytes() + cub_ws_.bytes() + dw_gu_.bytes() + dw_down_.bytes() + scalars_.bytes() +
-         scratch_scalars_.bytes() + hot_idx_.bytes() + skip8_.bytes() + w_hot_.bytes() + dw_hot_.bytes() +
+         scratch_scalars_.bytes() + hot_idx_.bytes() + hot_pos_.bytes() + skip8_.bytes() + w_hot_.bytes() + dw_hot_.bytes() +
          row_flags_.bytes() + dense_rows_.bytes() + n_dense_.bytes() + rows_gu_.bytes() + rows_x_.bytes() +
          rows_dy_.bytes() + rows_out_.bytes() + rows_h_.bytes() + rows_dh_.bytes() + rows_dgu_.bytes();
 }
@@ -201,6 +201,13 @@ TrainForwardResult TrainContext::forward(const __nv_bfloat16* x, std::int64_t m,
   cp.row_counts = row_counts_.get();
   cp.offsets = offsets_.get();
   cp.skip8 = hot_.empty() ? nullptr : skip8_.get();
+  if (!hot_.empty()) {  // the hot part's gate columns, gathered by the count (hot_forward's input)
+    cp.hot_pos = hot_pos_.get();
+    cp.ld_hot = (gated() ? 2 : 1) * ldh();
+    DeviceBuffer<__nv_bfloat16>& dst = gated() ? gu_ : h_;
+    dst.reserve(sz(m * cp.ld_hot));
+    cp.hot_out = dst.get();
+  }
   const std::int64_t n_cold = n() - hot_count();
   if (opt_.dense_rows_density > 0) {
     cp.dense_row_cap = static_cast<std::int64_t>(opt_.dense_rows_density * static_cast<double>(n_cold));
@@ -574,15 +581,21 @@ void TrainContext::set_hot_neurons(const std::vector<std::int64_t>& hot, cudaStr
     if (is_hot[sz(i)]) hot_.push_back(i);
   hot_calibrated_ = true;  // an explicit set counts as a calibration
   if (hot_.empty()) return;
-  std::vector<std::int32_t> idx(hot_.begin(), hot_.end());
+  std::vector<std::int32_t> idx(hot_.begin(), hot_.end()), pos(sz(n()), -1);
   std::vector<unsigned char> skip(sz((n() + 7) / 8), 0);
-  for (const std::int64_t i : hot_) skip[sz(i / 8)] |= static_cast<unsigned char>(1u << (i % 8));
+  for (std::size_t j = 0; j < hot_.size(); ++j) {
+    const std::int64_t i = hot_[j];
+    skip[sz(i / 8)] |= static_cast<unsigned char>(1u << (i % 8));
+    pos[sz(i)] = static_cast<std::int32_t>(j);
+  }
   hot_idx_.reserve(idx.size());
+  hot_pos_.reserve(pos.size());
   skip8_.reserve(skip.size());
   TWELL_CUDA_CHECK(cudaMemcpyAsync(hot_idx_.get(), idx.data(), idx.size() * sizeof(std::int32_t), cudaMemcpyHostToDevice, stream));
+  TWELL_CUDA_CHECK(cudaMemcpyAsync(hot_pos_.get(), pos.data(), pos.size() * sizeof(std::int32_t), cudaMemcpyHostToDevice, stream));
   TWELL_CUDA_CHECK(cudaMemcpyAsync(skip8_.get(), skip.data(), skip.size(), cudaMemcpyHostToDevice, stream));
   gather_hot_weights(stream);
-  TWELL_CUDA_CHECK(cudaStreamSynchronize(stream));  // idx and skip die here
+  TWELL_CUDA_CHECK(cudaStreamSynchronize(stream));  // idx, pos and skip die here
 }
 
 void TrainContext::gather_hot_weights(cudaStream_t stream) {
@@ -631,15 +644,12 @@ void TrainContext::hot_forward(const __nv_bfloat16* x, std::int64_t m, __nv_bflo
                                                saved_rows_ > 0 ? row_flags_.get() : nullptr);
   e.scalars = scalars_.get();  // adds to the cold part's sums (set before this)
   // The hot gate columns come from the gate GEMM over every neuron (g_, ReLU applied: the same
-  // ReLU(g) and g > 0 the elementwise kernels need), gathered; only u needs a GEMM. Columns ≥ H of
-  // the gathered block stay unwritten: the elementwise kernels read columns < H only.
-  if (gated()) {
-    launch_gather_cols(g_.get(), ldn(), hot_idx_.get(), m, hot_count(), gu_.get(), 2 * lh, stream);
+  // ReLU(g) and g > 0 the elementwise kernels need), gathered into the first lh columns of gu_
+  // (non-gated: h_, where h_hot = ReLU(x·Wu_hotᵀ) is the gate output itself) by the CSR count in
+  // forward(); only u needs a GEMM. Columns ≥ H of the gathered block stay unwritten: the
+  // elementwise kernels read columns < H only.
+  if (gated())
     gemm.run({m, lh, k(), k(), k(), 2 * lh, GemmEpilogue::none}, w_hot_.get() + lh * k(), x, gu_.get() + lh, stream);
-  } else {
-    (void)x;  // non-gated: h_hot = ReLU(x·Wu_hotᵀ) is the gate GEMM's output itself
-    launch_gather_cols(g_.get(), ldn(), hot_idx_.get(), m, hot_count(), h_.get(), lh, stream);
-  }
   launch_dense_train_forward(e, stream);
   // y += h_hot · Wd_hotᵀ = h_hot · (Wdᵀ_hot rows)
   const __nv_bfloat16* wdt = w_hot_.get() + (gated() ? 2 : 1) * lh * k();
