@@ -21,11 +21,18 @@ __device__ __forceinline__ unsigned skip_bits(const CsrBuildParams& p, std::int6
   return p.skip8 != nullptr && c < p.n ? p.skip8[c / 8] : 0u;
 }
 
-// One warp per row; lane l reads columns [c0 + 8l, c0 + 8l + 8) of each 256-column chunk.
+// One warp per row; lane l reads columns [c0 + 8l, c0 + 8l + 8) of each 256-column chunk. With
+// hot_out, the row's left-out values go to the warp's slice of shared memory (round_up(hot_count,
+// 8) bf16) by place, then out as one contiguous run of 16-byte stores (scattered 2-byte global
+// stores measured 0.09 ms more than a separate gather at 358 columns, H200).
 __global__ void __launch_bounds__(kWarpsPerBlock * 32) csr_count_kernel(CsrBuildParams p) {
+  extern __shared__ uint4 hot_stage[];
   const std::int64_t row = static_cast<std::int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
   if (row >= p.m) return;
+  const int hot_words = static_cast<int>((p.hot_count + 7) / 8);  // 16-byte words per row
+  __nv_bfloat16* stage = reinterpret_cast<__nv_bfloat16*>(hot_stage + (threadIdx.x / 32) * hot_words);
+  if (p.hot_out != nullptr && lane < hot_words * 8 - p.hot_count) stage[p.hot_count + lane] = __float2bfloat16(0.0f);
   const __nv_bfloat16* src = p.src + row * p.ld_src;
   const bool vec_ok = (p.ld_src % 8 == 0) && ((reinterpret_cast<std::uintptr_t>(p.src) & 15) == 0);
   int cnt = 0;
@@ -41,9 +48,7 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) csr_count_kernel(CsrBuild
       if (p.hot_out != nullptr && skip != 0) {
 #pragma unroll
         for (int e = 0; e < 8; ++e)
-          if (skip & (1u << e))
-            p.hot_out[row * p.ld_hot + p.hot_pos[c + e]] =
-                __ushort_as_bfloat16(static_cast<unsigned short>(dev::bf16_bits(v[i], e)));
+          if (skip & (1u << e)) stage[p.hot_pos[c + e]] = __ushort_as_bfloat16(static_cast<unsigned short>(dev::bf16_bits(v[i], e)));
       }
     }
   }
@@ -52,6 +57,12 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) csr_count_kernel(CsrBuild
   if (lane == 0) {
     p.row_counts[row] = cnt;
     if (p.row_flags) p.row_flags[row] = p.dense_row_cap >= 0 && cnt > p.dense_row_cap;
+  }
+  if (p.hot_out != nullptr) {
+    __syncwarp();
+    uint4* out = reinterpret_cast<uint4*>(p.hot_out + row * p.ld_hot);
+    const uint4* in = reinterpret_cast<const uint4*>(stage);
+    for (int w = lane; w < hot_words; w += 32) out[w] = in[w];
   }
 }
 
@@ -158,9 +169,14 @@ void csr_count_and_scan(const CsrBuildParams& p, DeviceBuffer<unsigned char>& sc
                    "CSR count: bad shape m={} n={} ld={}", p.m, p.n, p.ld_src);
   TWELL_CU_REQUIRE(p.dense_row_cap < 0 || (p.row_flags && p.dense_rows && p.n_dense), ErrorCode::invalid_argument,
                    "CSR count: dense rows need row_flags, dense_rows and n_dense");
-  TWELL_CU_REQUIRE(!p.hot_out || (p.skip8 && p.hot_pos), ErrorCode::invalid_argument,
-                   "CSR count: gathering the left-out columns needs skip8 and hot_pos");
-  csr_count_kernel<<<blocks_for(p.m, kWarpsPerBlock), kWarpsPerBlock * 32, 0, stream>>>(p);
+  TWELL_CU_REQUIRE(!p.hot_out || (p.skip8 && p.hot_pos && csr_count_can_gather(p.hot_count, p.ld_hot, p.hot_out)),
+                   ErrorCode::invalid_argument,
+                   "CSR count: gathering {} left-out columns (row stride {}) needs skip8, hot_pos, at most {} columns, "
+                   "16-byte rows",
+                   p.hot_count, p.ld_hot, kCsrMaxGatheredCols);
+  // ≤ 8 warps · 2048 columns · 2 bytes = 32 KB: within the default 48 KB of dynamic shared memory
+  const std::size_t smem = p.hot_out ? static_cast<std::size_t>(kWarpsPerBlock * ((p.hot_count + 7) / 8) * 16) : 0;
+  csr_count_kernel<<<blocks_for(p.m, kWarpsPerBlock), kWarpsPerBlock * 32, smem, stream>>>(p);
   TWELL_CUDA_CHECK_LAUNCH("csr_count_kernel");
   if (p.dense_row_cap >= 0) {  // the flagged rows, ascending (CUB's selection keeps input order)
     const thrust::counting_iterator<std::int32_t> rows(0);

@@ -20,10 +20,14 @@ struct CsrBuildParams {
   const unsigned char* skip8 = nullptr;
   // Optional, with skip8 (count only): the left-out columns' values gathered in the same read,
   // hot_out[r · ld_hot + hot_pos[c]] = src[r, c] for every row r and every column c whose skip bit
-  // is set (every row, dense ones too). hot_pos: [n], the place of each left-out column.
+  // is set (every row, dense ones too), and 0 in columns [hot_count, round_up(hot_count, 8)).
+  // hot_pos: [n], the place of each of the hot_count left-out columns. Each row's values are
+  // staged in shared memory and leave as 16-byte stores, so hot_count ≤ kCsrMaxGatheredCols,
+  // ld_hot a multiple of 8 and hot_out 16-byte aligned (csr_count_can_gather); otherwise the caller
+  // gathers them itself.
   const std::int32_t* hot_pos = nullptr;
   __nv_bfloat16* hot_out = nullptr;
-  std::int64_t ld_hot = 0;
+  std::int64_t ld_hot = 0, hot_count = 0;
   // Optional dense rows (dense_row_cap ≥ 0): the rows with more than dense_row_cap kept values
   // (after skip8) are listed, ascending, in dense_rows[0 .. *n_dense). When there are at least
   // dense_rows_min of them they are left out of the pattern (count 0, row_flags[r] = 1; every
@@ -38,6 +42,12 @@ struct CsrBuildParams {
   std::int32_t* cols = nullptr;        // [nnz] columns, ascending within a row (fill only)
   __nv_bfloat16* vals = nullptr;       // [nnz] the kept values (fill only)
 };
+
+constexpr std::int64_t kCsrMaxGatheredCols = 2048;  // 8 warps · 4 KB of shared memory per block
+inline bool csr_count_can_gather(std::int64_t hot_count, std::int64_t ld_hot, const void* hot_out) {
+  return hot_count >= 1 && hot_count <= kCsrMaxGatheredCols && ld_hot % 8 == 0 &&
+         (reinterpret_cast<std::uintptr_t>(hot_out) & 15) == 0;
+}
 
 // offsets[0] = 0, offsets[r + 1] = Σ_{i ≤ r} count(i). `scratch` is the CUB workspace (grown as needed).
 // The total (offsets[m]) stays on the device; the caller reads it when it must size the fill.

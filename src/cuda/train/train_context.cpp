@@ -201,12 +201,18 @@ TrainForwardResult TrainContext::forward(const __nv_bfloat16* x, std::int64_t m,
   cp.row_counts = row_counts_.get();
   cp.offsets = offsets_.get();
   cp.skip8 = hot_.empty() ? nullptr : skip8_.get();
-  if (!hot_.empty()) {  // the hot part's gate columns, gathered by the count (hot_forward's input)
-    cp.hot_pos = hot_pos_.get();
-    cp.ld_hot = (gated() ? 2 : 1) * ldh();
+  hot_gathered_ = false;
+  if (!hot_.empty()) {  // the hot part's gate columns, gathered by the count where it can (hot_forward's input)
+    const std::int64_t ld_hot = (gated() ? 2 : 1) * ldh();
     DeviceBuffer<__nv_bfloat16>& dst = gated() ? gu_ : h_;
-    dst.reserve(sz(m * cp.ld_hot));
-    cp.hot_out = dst.get();
+    dst.reserve(sz(m * ld_hot));
+    if (csr_count_can_gather(hot_count(), ld_hot, dst.get())) {
+      cp.hot_pos = hot_pos_.get();
+      cp.hot_out = dst.get();
+      cp.ld_hot = ld_hot;
+      cp.hot_count = hot_count();
+      hot_gathered_ = true;
+    }
   }
   const std::int64_t n_cold = n() - hot_count();
   if (opt_.dense_rows_density > 0) {
@@ -645,9 +651,12 @@ void TrainContext::hot_forward(const __nv_bfloat16* x, std::int64_t m, __nv_bflo
   e.scalars = scalars_.get();  // adds to the cold part's sums (set before this)
   // The hot gate columns come from the gate GEMM over every neuron (g_, ReLU applied: the same
   // ReLU(g) and g > 0 the elementwise kernels need), gathered into the first lh columns of gu_
-  // (non-gated: h_, where h_hot = ReLU(x·Wu_hotᵀ) is the gate output itself) by the CSR count in
-  // forward(); only u needs a GEMM. Columns ≥ H of the gathered block stay unwritten: the
-  // elementwise kernels read columns < H only.
+  // (non-gated: h_, where h_hot = ReLU(x·Wu_hotᵀ) is the gate output itself), by the CSR count in
+  // forward() where it could, else here; only u needs a GEMM. The elementwise kernels read
+  // columns < H only.
+  if (!hot_gathered_)
+    launch_gather_cols(g_.get(), ldn(), hot_idx_.get(), m, hot_count(), gated() ? gu_.get() : h_.get(),
+                       (gated() ? 2 : 1) * lh, stream);
   if (gated())
     gemm.run({m, lh, k(), k(), k(), 2 * lh, GemmEpilogue::none}, w_hot_.get() + lh * k(), x, gu_.get() + lh, stream);
   launch_dense_train_forward(e, stream);

@@ -218,6 +218,7 @@ class TrainContext {
   std::vector<std::int64_t> hot_;
   bool hot_calibrated_ = false;
   std::int64_t saved_hot_ = 0;  // H of the last forward's sparse step (0: no hot part saved)
+  bool hot_gathered_ = false;   // this forward's CSR count gathered the hot gate columns
   DeviceBuffer<std::int32_t> hot_idx_, hot_pos_;
   DeviceBuffer<unsigned char> skip8_;
   DeviceBuffer<__nv_bfloat16> w_hot_;
