@@ -44,11 +44,15 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) csr_count_kernel(CsrBuild
     for (int i = 0; i < 4; ++i) {
       const std::int64_t c = c0 + i * 256 + lane * 8;
       const unsigned skip = skip_bits(p, c);
+      // Loaded beside skip, not after it: the places are base + the set bits below each one.
+      const int base = p.hot_out != nullptr && c < p.n ? p.hot_base8[c / 8] : 0;
       cnt += __popc(dev::keep_mask8(v[i]) & ~skip);
       if (p.hot_out != nullptr && skip != 0) {
 #pragma unroll
         for (int e = 0; e < 8; ++e)
-          if (skip & (1u << e)) stage[p.hot_pos[c + e]] = __ushort_as_bfloat16(static_cast<unsigned short>(dev::bf16_bits(v[i], e)));
+          if (skip & (1u << e))
+            stage[base + __popc(skip & ((1u << e) - 1u))] =
+                __ushort_as_bfloat16(static_cast<unsigned short>(dev::bf16_bits(v[i], e)));
       }
     }
   }
@@ -169,9 +173,9 @@ void csr_count_and_scan(const CsrBuildParams& p, DeviceBuffer<unsigned char>& sc
                    "CSR count: bad shape m={} n={} ld={}", p.m, p.n, p.ld_src);
   TWELL_CU_REQUIRE(p.dense_row_cap < 0 || (p.row_flags && p.dense_rows && p.n_dense), ErrorCode::invalid_argument,
                    "CSR count: dense rows need row_flags, dense_rows and n_dense");
-  TWELL_CU_REQUIRE(!p.hot_out || (p.skip8 && p.hot_pos && csr_count_can_gather(p.hot_count, p.ld_hot, p.hot_out)),
+  TWELL_CU_REQUIRE(!p.hot_out || (p.skip8 && p.hot_base8 && csr_count_can_gather(p.hot_count, p.ld_hot, p.hot_out)),
                    ErrorCode::invalid_argument,
-                   "CSR count: gathering {} left-out columns (row stride {}) needs skip8, hot_pos, at most {} columns, "
+                   "CSR count: gathering {} left-out columns (row stride {}) needs skip8, hot_base8, at most {} columns, "
                    "16-byte rows",
                    p.hot_count, p.ld_hot, kCsrMaxGatheredCols);
   // ≤ 8 warps · 2048 columns · 2 bytes = 32 KB: within the default 48 KB of dynamic shared memory

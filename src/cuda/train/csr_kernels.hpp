@@ -18,14 +18,14 @@ struct CsrBuildParams {
   // Optional column mask, one byte per 8 columns: bit e of skip8[c / 8] set = column c / 8 · 8 + e
   // is left out of the pattern (the hot neurons the training step runs dense). [ceil(n / 8)].
   const unsigned char* skip8 = nullptr;
-  // Optional, with skip8 (count only): the left-out columns' values gathered in the same read,
-  // hot_out[r · ld_hot + hot_pos[c]] = src[r, c] for every row r and every column c whose skip bit
-  // is set (every row, dense ones too), and 0 in columns [hot_count, round_up(hot_count, 8)).
-  // hot_pos: [n], the place of each of the hot_count left-out columns. Each row's values are
-  // staged in shared memory and leave as 16-byte stores, so hot_count ≤ kCsrMaxGatheredCols,
-  // ld_hot a multiple of 8 and hot_out 16-byte aligned (csr_count_can_gather); otherwise the caller
-  // gathers them itself.
-  const std::int32_t* hot_pos = nullptr;
+  // Optional, with skip8 (count only): the left-out columns' values gathered in the same read, in
+  // column order: hot_out[r · ld_hot + j] = src[r, c_j] for every row r (dense ones too), c_j the
+  // j-th column whose skip bit is set, and 0 in columns [hot_count, round_up(hot_count, 8)).
+  // hot_base8: [ceil(n / 8)], the number of left-out columns before column 8·i (of hot_count in
+  // all). Each row's values are staged in shared memory and leave as 16-byte stores, so
+  // hot_count ≤ kCsrMaxGatheredCols, ld_hot a multiple of 8 and hot_out 16-byte aligned
+  // (csr_count_can_gather); otherwise the caller gathers them itself.
+  const std::int32_t* hot_base8 = nullptr;
   __nv_bfloat16* hot_out = nullptr;
   std::int64_t ld_hot = 0, hot_count = 0;
   // Optional dense rows (dense_row_cap ≥ 0): the rows with more than dense_row_cap kept values

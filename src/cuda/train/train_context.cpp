@@ -126,7 +126,7 @@ std::size_t TrainContext::device_bytes() const noexcept {
          tmp_vals_.bytes() + p_.bytes() + u_e_.bytes() + row_l1_.bytes() + d_up_e_.bytes() + d_gate_e_.bytes() +
          dwd_t_.bytes() + wg_entries_.bytes() + wg_work_.bytes() + wg_item_counts_.bytes() +
          wg_item_offsets_.bytes() + wg_item_neuron_.bytes() + cub_ws_.bytes() + dw_gu_.bytes() + dw_down_.bytes() + scalars_.bytes() +
-         scratch_scalars_.bytes() + hot_idx_.bytes() + hot_pos_.bytes() + skip8_.bytes() + w_hot_.bytes() + dw_hot_.bytes() +
+         scratch_scalars_.bytes() + hot_idx_.bytes() + hot_base8_.bytes() + skip8_.bytes() + w_hot_.bytes() + dw_hot_.bytes() +
          row_flags_.bytes() + dense_rows_.bytes() + n_dense_.bytes() + rows_gu_.bytes() + rows_x_.bytes() +
          rows_dy_.bytes() + rows_out_.bytes() + rows_h_.bytes() + rows_dh_.bytes() + rows_dgu_.bytes();
 }
@@ -207,7 +207,7 @@ TrainForwardResult TrainContext::forward(const __nv_bfloat16* x, std::int64_t m,
     DeviceBuffer<__nv_bfloat16>& dst = gated() ? gu_ : h_;
     dst.reserve(sz(m * ld_hot));
     if (csr_count_can_gather(hot_count(), ld_hot, dst.get())) {
-      cp.hot_pos = hot_pos_.get();
+      cp.hot_base8 = hot_base8_.get();
       cp.hot_out = dst.get();
       cp.ld_hot = ld_hot;
       cp.hot_count = hot_count();
@@ -587,21 +587,19 @@ void TrainContext::set_hot_neurons(const std::vector<std::int64_t>& hot, cudaStr
     if (is_hot[sz(i)]) hot_.push_back(i);
   hot_calibrated_ = true;  // an explicit set counts as a calibration
   if (hot_.empty()) return;
-  std::vector<std::int32_t> idx(hot_.begin(), hot_.end()), pos(sz(n()), -1);
+  std::vector<std::int32_t> idx(hot_.begin(), hot_.end()), base8(sz((n() + 7) / 8), 0);
   std::vector<unsigned char> skip(sz((n() + 7) / 8), 0);
-  for (std::size_t j = 0; j < hot_.size(); ++j) {
-    const std::int64_t i = hot_[j];
-    skip[sz(i / 8)] |= static_cast<unsigned char>(1u << (i % 8));
-    pos[sz(i)] = static_cast<std::int32_t>(j);
-  }
+  for (const std::int64_t i : hot_) skip[sz(i / 8)] |= static_cast<unsigned char>(1u << (i % 8));
+  for (std::size_t b = 1; b < base8.size(); ++b) base8[b] = base8[b - 1] + __builtin_popcount(skip[b - 1]);
   hot_idx_.reserve(idx.size());
-  hot_pos_.reserve(pos.size());
+  hot_base8_.reserve(base8.size());
   skip8_.reserve(skip.size());
   TWELL_CUDA_CHECK(cudaMemcpyAsync(hot_idx_.get(), idx.data(), idx.size() * sizeof(std::int32_t), cudaMemcpyHostToDevice, stream));
-  TWELL_CUDA_CHECK(cudaMemcpyAsync(hot_pos_.get(), pos.data(), pos.size() * sizeof(std::int32_t), cudaMemcpyHostToDevice, stream));
+  TWELL_CUDA_CHECK(cudaMemcpyAsync(hot_base8_.get(), base8.data(), base8.size() * sizeof(std::int32_t), cudaMemcpyHostToDevice,
+                                   stream));
   TWELL_CUDA_CHECK(cudaMemcpyAsync(skip8_.get(), skip.data(), skip.size(), cudaMemcpyHostToDevice, stream));
   gather_hot_weights(stream);
-  TWELL_CUDA_CHECK(cudaStreamSynchronize(stream));  // idx, pos and skip die here
+  TWELL_CUDA_CHECK(cudaStreamSynchronize(stream));  // idx, base8 and skip die here
 }
 
 void TrainContext::gather_hot_weights(cudaStream_t stream) {

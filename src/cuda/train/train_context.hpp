@@ -211,15 +211,15 @@ class TrainContext {
   DeviceBuffer<unsigned char> cub_ws_;
   // gradients: dw_gu_ [2·ldn (gated) or ldn, K], dw_down_ [K, ldn]
   DeviceBuffer<float> dw_gu_, dw_down_;
-  // hot neurons: hot_ ascending; hot_idx_ [H]; hot_pos_ [N] each hot neuron's place in hot_
-  // (−1: cold); skip8_ [ceil(N/8)] the CSR's column mask;
+  // hot neurons: hot_ ascending; hot_idx_ [H]; skip8_ [ceil(N/8)] the CSR's column mask;
+  // hot_base8_ [ceil(N/8)] the hot neurons before neuron 8·i;
   // w_hot_ [(gated ? 3 : 2)·ldh, K] = [Wg_hot; Wu_hot; Wdᵀ_hot] (padding rows 0); dw_hot_ the
   // hot gradient rows [(gated ? 3 : 2)·ldh, K] fp32 before the scatter.
   std::vector<std::int64_t> hot_;
   bool hot_calibrated_ = false;
   std::int64_t saved_hot_ = 0;  // H of the last forward's sparse step (0: no hot part saved)
   bool hot_gathered_ = false;   // this forward's CSR count gathered the hot gate columns
-  DeviceBuffer<std::int32_t> hot_idx_, hot_pos_;
+  DeviceBuffer<std::int32_t> hot_idx_, hot_base8_;
   DeviceBuffer<unsigned char> skip8_;
   DeviceBuffer<__nv_bfloat16> w_hot_;
   DeviceBuffer<float> dw_hot_;
