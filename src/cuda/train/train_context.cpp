@@ -266,7 +266,7 @@ TrainForwardResult TrainContext::forward(const __nv_bfloat16* x, std::int64_t m,
     r.path = "twell sparse training (CSR of the gate, exact)";
     if (saved_hot_ > 0) {
       hot_forward(x, m, y, stream);
-      mark("fwd: hot neurons (dense)", stream);
+      mark("fwd: hot neurons: down GEMM", stream);
       r.path += fmt::format("; {} of {} neurons (the hot ones) dense", saved_hot_, n());
     }
     if (saved_rows_ > 0) {
@@ -555,7 +555,7 @@ void TrainContext::sparse_backward(const __nv_bfloat16* x, const __nv_bfloat16* 
   mark("bwd: weight gradients", stream);
   if (saved_hot_ > 0) {
     hot_backward(x, dy, m, c1, dx, stream);
-    mark("bwd: hot neurons (dense)", stream);
+    mark("bwd: hot neurons: scatter", stream);
   }
   launch_transpose_f32(dwd_t_.get(), k(), n(), k(), dw_down_.get(), ldn(), stream);
   mark("bwd: dWd transpose", stream);
@@ -657,7 +657,9 @@ void TrainContext::hot_forward(const __nv_bfloat16* x, std::int64_t m, __nv_bflo
                        (gated() ? 2 : 1) * lh, stream);
   if (gated())
     gemm.run({m, lh, k(), k(), k(), 2 * lh, GemmEpilogue::none}, w_hot_.get() + lh * k(), x, gu_.get() + lh, stream);
+  mark("fwd: hot neurons: (gather), u GEMM", stream);
   launch_dense_train_forward(e, stream);
+  mark("fwd: hot neurons: elementwise", stream);
   // y += h_hot · Wd_hotᵀ = h_hot · (Wdᵀ_hot rows)
   const __nv_bfloat16* wdt = w_hot_.get() + (gated() ? 2 : 1) * lh * k();
   gemm.matmul({false, false, m, k(), lh, lh, k(), k(), false, GemmEpilogue::none, true}, h_.get(), wdt, y, stream);
@@ -672,17 +674,22 @@ void TrainContext::hot_backward(const __nv_bfloat16* x, const __nv_bfloat16* dy,
   dgu_.reserve(sz(m * kin));
   // dh = dy · Wd_hot = dy · (Wdᵀ_hot)ᵀ
   gemm.run({m, lh, k(), k(), k(), lh, GemmEpilogue::none}, wdt, dy, dh_.get(), stream);
+  mark("bwd: hot neurons: dh GEMM", stream);
   const DenseTrainElementwiseParams e = block_params(gated(), m, h, lh, gated() ? gu_.get() : h_.get(), h_.get(),
                                                      saved_rows_ > 0 ? row_flags_.get() : nullptr);
   block_backward(e, dh_.get(), c1, dgu_.get(), stream);
+  mark("bwd: hot neurons: elementwise", stream);
   // dx += [dg | du]_hot · [Wg_hot; Wu_hot]
   gemm.matmul({false, false, m, k(), kin, kin, k(), k(), false, GemmEpilogue::none, true}, dgu_.get(), w_hot_.get(), dx,
               stream);
+  mark("bwd: hot neurons: dx GEMM", stream);
   // [dWg; dWu]_hot = [dg | du]_hotᵀ · x and dWdᵀ_hot = h_hotᵀ · dy, fp32, then into their rows.
   dw_hot_.reserve(sz((kin + lh) * k()));
   gemm.matmul({true, false, kin, k(), m, kin, k(), k(), true, GemmEpilogue::none}, dgu_.get(), x, dw_hot_.get(), stream);
+  mark("bwd: hot neurons: d[Wg; Wu] GEMM", stream);
   gemm.matmul({true, false, lh, k(), m, lh, k(), k(), true, GemmEpilogue::none}, e.h, dy, dw_hot_.get() + kin * k(),
               stream);
+  mark("bwd: hot neurons: dWd GEMM", stream);
   const std::int32_t* idx = hot_idx_.get();
   for (std::int64_t part = 0; part < kin / lh; ++part)  // gated: the gate rows, then the up rows
     launch_scatter_rows_f32(dw_hot_.get() + part * lh * k(), k(), idx, h, k(), dw_gu_.get() + part * ldn() * k(), k(), stream);
