@@ -154,4 +154,39 @@ inline std::vector<std::int64_t> sample_rows(const FfnData& d, std::int64_t max_
   return rows;
 }
 
+// An exact gate from 0/1 features for the hot-neuron calibration tests (M = 512, N = 100, K = 64):
+//   feature 0 = 1 on every row, Wg[:, 0] = −0.5: a neuron fires only with one of its features;
+//   feature 1 on rows 0..19 (hot tokens) fires neurons 0..59 (count 20);
+//   feature 2 on every row fires neuron 90 (count 512);
+//   feature 3 + r % 30 on row r fires neuron 60 + r % 30 (count 17 or 18; 16 or 17 without rows 0..9);
+//   feature 33 on rows 0..9 fires neurons 91..99 (count 10: cold).
+// Wu and Wd are bf16-exact normal values (seed 7). The expected choices are in each test.
+struct CalibrationGate {
+  static constexpr std::int64_t M = 512, N = 100, K = 64;
+  std::vector<float> x, wg, wu, wd;
+  FfnWeights weights() const { return ffn_weights(wg.data(), wu.data(), wd.data(), N, K); }
+};
+inline CalibrationGate make_calibration_gate() {
+  constexpr std::int64_t M = CalibrationGate::M, N = CalibrationGate::N, K = CalibrationGate::K;
+  CalibrationGate g{std::vector<float>(M * K, 0.0f), std::vector<float>(N * K, 0.0f), std::vector<float>(N * K),
+                    std::vector<float>(K * N)};
+  for (std::int64_t r = 0; r < M; ++r) {
+    g.x[r * K + 0] = g.x[r * K + 2] = g.x[r * K + 3 + r % 30] = 1.0f;
+    if (r < 20) g.x[r * K + 1] = 1.0f;
+    if (r < 10) g.x[r * K + 33] = 1.0f;
+  }
+  for (std::int64_t n = 0; n < N; ++n) {
+    g.wg[n * K + 0] = -0.5f;
+    if (n < 60) g.wg[n * K + 1] = 1.0f;
+    if (n >= 60 && n < 90) g.wg[n * K + 3 + (n - 60)] = 1.0f;
+    if (n == 90) g.wg[n * K + 2] = 1.0f;
+    if (n > 90) g.wg[n * K + 33] = 1.0f;
+  }
+  std::mt19937_64 rng(7);
+  std::normal_distribution<double> nd(0.0, 1.0);
+  for (auto& v : g.wu) v = rb(nd(rng));
+  for (auto& v : g.wd) v = rb(nd(rng));
+  return g;
+}
+
 }  // namespace twell::cuda::test

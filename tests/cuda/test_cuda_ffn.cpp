@@ -990,12 +990,7 @@ TEST(CudaDecode, MatchesReferenceAtEveryDensity) {
 }
 
 // The calibration leaves out the rows that will run dense (the training context's test of the
-// same rule: CudaTrainHotNeurons.CalibrationLeavesOutDenseRows). An exact gate from 0/1 features:
-//   feature 0 = 1 on every row, Wg[:, 0] = −0.5: a neuron fires only with one of its features;
-//   feature 1 on rows 0..19 (hot tokens) fires neurons 0..59 (count 20);
-//   feature 2 on every row fires neuron 90 (count 512);
-//   feature 3 + r % 30 on row r fires neuron 60 + r % 30 (count 17 or 18; 16 or 17 without rows 0..9);
-//   feature 33 on rows 0..9 fires neurons 91..99 (count 10: cold).
+// same rule: CudaTrainHotNeurons.CalibrationLeavesOutDenseRows), on make_calibration_gate().
 // Over every row neurons 0..90 qualify (over the threshold 0.03 · 512), more than the cap of
 // ldn/2 − 16 = 36 hot neurons: a choice with the cap alone takes none. The guess 0..90 leaves
 // 91..99 cold, rows 0..9 then hold more than ⌊0.02 · 9⌋ = 0 cold non-zeros and run dense; counted
@@ -1003,25 +998,10 @@ TEST(CudaDecode, MatchesReferenceAtEveryDensity) {
 // those counts (91..99 at 0, then 0..54 of 0..59 at 10, in order), so 55..90 run dense.
 TEST(CudaHotNeurons, CalibrationLeavesOutDenseRows) {
   TWELL_REQUIRE_GPU();
-  constexpr std::int64_t M = 512, N = 100, K = 64;
-  std::vector<float> x(M * K, 0.0f), wg(N * K, 0.0f), wu(N * K), wd(K * N);
-  for (std::int64_t r = 0; r < M; ++r) {
-    x[r * K + 0] = x[r * K + 2] = x[r * K + 3 + r % 30] = 1.0f;
-    if (r < 20) x[r * K + 1] = 1.0f;
-    if (r < 10) x[r * K + 33] = 1.0f;
-  }
-  for (std::int64_t n = 0; n < N; ++n) {
-    wg[n * K + 0] = -0.5f;
-    if (n < 60) wg[n * K + 1] = 1.0f;
-    if (n >= 60 && n < 90) wg[n * K + 3 + (n - 60)] = 1.0f;
-    if (n == 90) wg[n * K + 2] = 1.0f;
-    if (n > 90) wg[n * K + 33] = 1.0f;
-  }
-  std::mt19937_64 rng(7);
-  std::normal_distribution<double> nd(0.0, 1.0);
-  for (auto& v : wu) v = rb(nd(rng));
-  for (auto& v : wd) v = rb(nd(rng));
-  const FfnWeights w = ffn_weights(wg.data(), wu.data(), wd.data(), N, K);
+  const CalibrationGate gate = make_calibration_gate();
+  constexpr std::int64_t M = CalibrationGate::M, K = CalibrationGate::K;
+  const std::vector<float>& x = gate.x;
+  const FfnWeights w = gate.weights();
   const std::vector<double> ref = ref::ffn_forward(CMatrixF(x.data(), M, K), w);
   std::vector<std::int64_t> all_rows(M);
   for (std::int64_t r = 0; r < M; ++r) all_rows[static_cast<std::size_t>(r)] = r;

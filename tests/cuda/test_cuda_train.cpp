@@ -258,37 +258,18 @@ TEST(CudaTrainHotNeurons, ChoiceRuleAndExplicitSets) {
 
 // Calibration counts neurons over the rows that stay sparse: a token that runs as a dense row
 // makes every neuron it fires look popular, and a neuron popular only there belongs in the CSR.
-// g = x·Wgᵀ from 0 / 1 / −0.5 entries (exact in bf16 and fp32), M = 512, threshold 3 % (count > 15.36):
-//   feature 0 = 1 on every row, Wg[:, 0] = −0.5: a neuron fires only with one of its features;
-//   feature 1 on rows 0..19 (hot tokens) fires neurons 0..59 (count 20);
-//   feature 2 on every row fires neuron 90 (count 512);
-//   feature 3 + r % 30 on row r fires neuron 60 + r % 30 (count 17 or 18; 16 or 17 without rows 0..9);
-//   feature 33 on rows 0..9 fires neurons 91..99 (count 10: cold).
-// Over every row, neurons 0..90 qualify (more than half of N: alone, the max-share rule would
-// choose none); the cold neurons 91..99 then make rows 0..9 dense rows (cold count 9 > the cap
-// ⌊0.02 · 9⌋ = 0), and counted without them only 60..90 stay hot. In the step itself rows 0..19
-// run dense (60 + their cold neurons > ⌊0.02 · 69⌋ = 1).
+// On make_calibration_gate() (g exact in bf16 and fp32), threshold 3 % (count > 15.36): over every
+// row, neurons 0..90 qualify (more than half of N: alone, the max-share rule would choose none);
+// the cold neurons 91..99 then make rows 0..9 dense rows (cold count 9 > the cap ⌊0.02 · 9⌋ = 0),
+// and counted without them only 60..90 stay hot. In the step itself rows 0..19 run dense (60 +
+// their cold neurons > ⌊0.02 · 69⌋ = 1).
 TEST(CudaTrainHotNeurons, CalibrationLeavesOutDenseRows) {
   TWELL_REQUIRE_GPU();
-  constexpr std::int64_t M = 512, N = 100, K = 64;
-  std::vector<float> x(M * K, 0.0f), wg(N * K, 0.0f), wu(N * K), wd(K * N), dy(M * K, 0.0f);
-  for (std::int64_t r = 0; r < M; ++r) {
-    x[r * K + 0] = x[r * K + 2] = x[r * K + 3 + r % 30] = 1.0f;
-    if (r < 20) x[r * K + 1] = 1.0f;
-    if (r < 10) x[r * K + 33] = 1.0f;
-  }
-  for (std::int64_t n = 0; n < N; ++n) {
-    wg[n * K + 0] = -0.5f;
-    if (n < 60) wg[n * K + 1] = 1.0f;
-    if (n >= 60 && n < 90) wg[n * K + 3 + (n - 60)] = 1.0f;
-    if (n == 90) wg[n * K + 2] = 1.0f;
-    if (n > 90) wg[n * K + 33] = 1.0f;
-  }
-  std::mt19937_64 rng(7);
-  std::normal_distribution<double> nd(0.0, 1.0);
-  for (auto& v : wu) v = rb(nd(rng));
-  for (auto& v : wd) v = rb(nd(rng));
-  const FfnWeights w = ffn_weights(wg.data(), wu.data(), wd.data(), N, K);
+  const CalibrationGate gate = make_calibration_gate();
+  constexpr std::int64_t M = CalibrationGate::M, K = CalibrationGate::K;
+  const std::vector<float>& x = gate.x;
+  const std::vector<float> dy(M * K, 0.0f);
+  const FfnWeights w = gate.weights();
   const ref::TrainResult r = ref::ffn_train({x.data(), M, K}, {dy.data(), M, K}, w, 0.0);
 
   std::vector<std::uint16_t> xb(x.size());
