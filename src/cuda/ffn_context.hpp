@@ -354,6 +354,8 @@ class FfnContext {
   std::vector<std::uint32_t> neuron_counts_of_gate(std::int64_t m, const std::vector<unsigned char>* cold,
                                                    std::int64_t* rows_left_out, cudaStream_t stream);
   double max_hot_neurons() const noexcept;  // choose_hot_neurons' cap on the hot count
+  // choose_hot_neurons' threshold (share of tokens; ≤ 0: no split)
+  double hot_threshold() const noexcept { return gated_ ? opt_.hot_neurons_density : opt_.hot_neurons_density_nongated; }
 
   ContextOptions opt_;
   bool gate_sm90_ok_ = false;  // this device runs the sm90 gate kernel (gate_pack_sm90_available)

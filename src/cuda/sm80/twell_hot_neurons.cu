@@ -6,6 +6,7 @@
 #include "cuda/common/check.hpp"
 #include "cuda/common/device_buffer.hpp"
 #include "cuda/common/device_math.cuh"
+#include "cuda/sm80/twell_dense_rows.hpp"
 
 namespace twell::cuda {
 namespace {
@@ -28,7 +29,7 @@ __global__ void __launch_bounds__(kCountThreads) neuron_counts_kernel(const __nv
   const bool vec_ok = ld_g % 8 == 0 && reinterpret_cast<std::uintptr_t>(g) % 16 == 0;
   std::uint32_t cnt[8] = {0, 0, 0, 0, 0, 0, 0, 0};
   for (std::int64_t r = r0; r < r1; ++r) {
-    if (row_nnz && row_nnz[r] > row_cap) continue;  // runs dense on the sparse path
+    if (row_nnz && dense_row_hot(row_nnz[r], row_cap)) continue;  // runs dense on the sparse path
     const unsigned keep = dev::keep_mask8(dev::load8_bf16(g + r * ld_g, c0, n, vec_ok));
 #pragma unroll
     for (int e = 0; e < 8; ++e) cnt[e] += (keep >> e) & 1u;
@@ -122,7 +123,8 @@ std::vector<std::uint32_t> read_neuron_counts_sparse_rows(const __nv_bfloat16* g
     TWELL_CUDA_CHECK(cudaMemcpyAsync(rows.data(), row_nnz, rows.size() * sizeof(std::uint32_t), cudaMemcpyDeviceToHost,
                                      stream));
     TWELL_CUDA_CHECK(cudaStreamSynchronize(stream));
-    *rows_left_out = std::count_if(rows.begin(), rows.end(), [row_cap](std::uint32_t c) { return c > row_cap; });
+    *rows_left_out =
+        std::count_if(rows.begin(), rows.end(), [row_cap](std::uint32_t c) { return dense_row_hot(c, row_cap); });
   }
   return read_neuron_counts(g, ld_g, m, n, row_nnz, row_cap, stream);  // synchronises: d_cold dies after
 }

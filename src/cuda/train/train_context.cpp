@@ -237,7 +237,7 @@ TrainForwardResult TrainContext::forward(const __nv_bfloat16* x, std::int64_t m,
   // The dispatch's measure, comparable with the limit set for plain CSR steps: the CSR's non-zeros
   // plus each dense row at the row cap and each hot neuron at the hot threshold's count (their
   // break-even counts), over M·N.
-  const double hot_density = std::max(0.0, gated() ? opt_.hot_neurons_density : opt_.hot_neurons_density_nongated);
+  const double hot_density = std::max(0.0, hot_threshold());
   const double eff_nnz = static_cast<double>(r.nnz) +
                          static_cast<double>(std::max<std::int64_t>(cp.dense_row_cap, 0)) * static_cast<double>(rows_n) +
                          hot_density * static_cast<double>(m) * static_cast<double>(hot_n);
@@ -569,8 +569,7 @@ std::vector<std::int64_t> TrainContext::choose_hot_neurons(const std::vector<std
   TWELL_CHECK(static_cast<std::int64_t>(counts.size()) == n(), ErrorCode::shape_mismatch,
               "choose_hot_neurons: {} counts for N = {} neurons", counts.size(), n());
   TWELL_CHECK(m >= 1, ErrorCode::invalid_argument, "choose_hot_neurons: M must be ≥ 1 (got {})", m);
-  return neurons_over(counts, gated() ? opt_.hot_neurons_density : opt_.hot_neurons_density_nongated, m,
-                      opt_.hot_neurons_max_share * static_cast<double>(n()));
+  return neurons_over(counts, hot_threshold(), m, max_hot_neurons());
 }
 
 void TrainContext::set_hot_neurons(const std::vector<std::int64_t>& hot, cudaStream_t stream) {
@@ -631,10 +630,9 @@ void TrainContext::calibrate_hot_neurons(std::int64_t m, cudaStream_t stream) {
       return read_neuron_counts_sparse_rows(g_.get(), ldn(), m, n(), cold, cap, row_nnz.get(), left_out, stream);
     };
   }
-  const HotNeuronChoice c = choose_hot_neurons_calibrated(
-      read_neuron_counts(g_.get(), ldn(), m, n(), nullptr, 0, stream),
-      gated() ? opt_.hot_neurons_density : opt_.hot_neurons_density_nongated, m,
-      opt_.hot_neurons_max_share * static_cast<double>(n()), opt_.dense_rows_min, recount);
+  const HotNeuronChoice c = choose_hot_neurons_calibrated(read_neuron_counts(g_.get(), ldn(), m, n(), nullptr, 0, stream),
+                                                          hot_threshold(), m, max_hot_neurons(), opt_.dense_rows_min,
+                                                          recount);
   set_hot_neurons(c.hot, stream);
 }
 

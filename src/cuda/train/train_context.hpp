@@ -176,6 +176,9 @@ class TrainContext {
                       cudaStream_t stream);
   void gather_hot_weights(cudaStream_t stream);
   std::int64_t ldh() const noexcept { return (hot_count() + 7) / 8 * 8; }
+  // The hot-neuron rule's threshold (share of tokens; ≤ 0: no split) and cap on the hot count.
+  double hot_threshold() const noexcept { return gated() ? opt_.hot_neurons_density : opt_.hot_neurons_density_nongated; }
+  double max_hot_neurons() const noexcept { return opt_.hot_neurons_max_share * static_cast<double>(n()); }
   void reserve_grads();
   DenseTrainElementwiseParams elementwise_params(std::int64_t m);  // common fields; reserves h_
   void mark(const char* phase, cudaStream_t stream);  // no-op unless phase timing is on
