@@ -362,13 +362,15 @@ int main(int argc, char** argv) {
       // Hot neurons (ContextOptions::hot_neurons_*) off against this context's, alternately: the
       // whole sparse path and automatic; and the gate + TwELL over every neuron (issue 3's gate
       // target compares that with the GEMM alone), whose counters give the table's density.
-      nlohmann::json hot_sparse_alt, hot_auto_alt, hot_thresholds = nlohmann::json::object();
+      nlohmann::json hot_sparse_alt, hot_auto_alt, hot_overlap_alt, hot_thresholds = nlohmann::json::object();
       double t_gate_all = 0;
       TwellCounters cnt_all{};
       {
         const auto off = [](ContextOptions& o) { o.hot_neurons_auto = false; };
         if (ctx.sparse_n(m) < ctx.n()) {
           hot_sparse_alt = against_ctx(off, [&](FfnContext& c) { sparse_path(c, y_sp.get()); });
+          hot_overlap_alt = against_ctx([](ContextOptions& o) { o.hot_overlap = false; },
+                                        [&](FfnContext& c) { sparse_path(c, y_sp.get()); });
           hot_auto_alt = against_ctx(off, [&](FfnContext& c) { c.forward(dx.get(), m, y_auto.get(), Path::automatic, s); });
         }
         // Other thresholds against the default, whole sparse path alternately.
@@ -505,6 +507,9 @@ int main(int argc, char** argv) {
       if (!hot_sparse_alt.is_null())
         std::printf("; off / on, alternating: sparse %.3f / %.3f ms, auto %.3f / %.3f ms", hot_sparse_alt[0].get<double>(),
                     hot_sparse_alt[1].get<double>(), hot_auto_alt[0].get<double>(), hot_auto_alt[1].get<double>());
+      if (!hot_overlap_alt.is_null())
+        std::printf("; one stream / overlapped, alternating: sparse %.3f / %.3f ms", hot_overlap_alt[0].get<double>(),
+                    hot_overlap_alt[1].get<double>());
       if (!hot_thresholds.empty()) {
         std::printf("; other thresholds / default, alternating:");
         for (const auto& [thr, t] : hot_thresholds.items()) std::printf(" %s %.3f / %.3f;", thr.c_str(), t[0].get<double>(), t[1].get<double>());
@@ -529,6 +534,7 @@ int main(int argc, char** argv) {
                                {"cold_density", cold_density},
                                {"gate_twell_all_neurons_ms", t_gate_all},
                                {"hot_neurons_off_on_sparse_alternating_ms", hot_sparse_alt},
+                               {"hot_overlap_off_on_sparse_alternating_ms", hot_overlap_alt},
                                {"hot_neurons_off_on_auto_alternating_ms", hot_auto_alt},
                                {"hot_neurons_threshold_vs_default_alternating_ms", hot_thresholds},
                                {"gate_gemm_ms", t_gemm},

@@ -169,6 +169,14 @@ void run_train_sweep(bool quick, int warmup, int reps, cudaStream_t s, nlohmann:
         const auto [nr_ms, on2_ms] = host::alternating_medians_ms(warmup, reps, s, step(nr), step(on));
         hot_json["dense_rows_off_on_sparse_alternating_ms"] = {nr_ms, on2_ms};
       }
+      {  // the hot part on one stream / beside the CSR part (TrainContextOptions::hot_overlap)
+        TrainContextOptions serial = copt;
+        serial.hot_overlap = false;
+        TrainContext one(serial);
+        one.upload_weights(w, s);
+        const auto [one_ms, on3_ms] = host::alternating_medians_ms(warmup, reps, s, step(one), step(on));
+        hot_json["overlap_off_on_sparse_alternating_ms"] = {one_ms, on3_ms};
+      }
       if (pt.density >= 0.01) {
         for (double th : {0.008, 0.025}) {
           TrainContextOptions o = copt;

@@ -273,8 +273,25 @@ void FfnContext::pack_rows(std::int64_t r0, std::int64_t rows, std::int64_t n, c
 
 void FfnContext::sparse_rest(const __nv_bfloat16* x, std::int64_t m, __nv_bfloat16* y, cudaStream_t stream) {
   TWELL_CHECK(m <= cap_m_, ErrorCode::invalid_argument, "sparse_rest: run gate_twell for these {} rows first", m);
-  cold_rest(x, m, y, stream);
-  if (sparse_n(m) < n_) hot_rest(x, m, y, stream);  // adds into the y the cold part wrote
+  if (sparse_n(m) == n_) {
+    cold_rest(x, m, y, stream);
+    return;
+  }
+  if (opt_.hot_overlap) {
+    LtGemm& gemm = side_gemm();
+    hot_up(x, m, gemm, hot_side_.fork(stream));
+    cold_rest(x, m, y, stream);
+    hot_side_.join(stream);
+  } else {
+    cold_rest(x, m, y, stream);
+    hot_up(x, m, gemm_, stream);
+  }
+  hot_down(m, y, stream);  // adds into the y the cold part wrote
+}
+
+LtGemm& FfnContext::side_gemm() {  // the main one's workspace size: the same heuristic choices
+  if (!side_gemm_) side_gemm_ = std::make_unique<LtGemm>(opt_.autotune_gemm, 8, gemm_.workspace_bytes());
+  return *side_gemm_;
 }
 
 void FfnContext::cold_rest(const __nv_bfloat16* x, std::int64_t m, __nv_bfloat16* y, cudaStream_t stream) {
@@ -796,18 +813,22 @@ __nv_bfloat16* FfnContext::hot_workspace(std::int64_t m) noexcept {
   return gu_.get() + m * ldn_;
 }
 
-void FfnContext::hot_rest(const __nv_bfloat16* x, std::int64_t m, __nv_bfloat16* y, cudaStream_t stream) {
-  const std::int64_t hn = hot_n_, ldh = round_up(hn, 8), nc = n_ - hn;
+void FfnContext::hot_up(const __nv_bfloat16* x, std::int64_t m, LtGemm& gemm, cudaStream_t stream) {
+  const std::int64_t hn = hot_n_, ldh = round_up(hn, 8);
   __nv_bfloat16* ws = hot_workspace(m);
   if (gated_) {  // [g | u] into ws, then h = ReLU(g) ⊙ u in place of g (element by element)
-    gemm_.run({m, 2 * ldh, k_, k_, k_, 2 * ldh, GemmEpilogue::none}, w_hot_gu_.get(), x, ws, stream);
+    gemm.run({m, 2 * ldh, k_, k_, k_, 2 * ldh, GemmEpilogue::none}, w_hot_gu_.get(), x, ws, stream);
     launch_gated_product(ws, ws + ldh, 2 * ldh, ws, 2 * ldh, m, hn, stream);
   } else {
-    gemm_.run({m, hn, k_, k_, k_, 2 * ldh, GemmEpilogue::relu}, w_hot_gu_.get(), x, ws, stream);
+    gemm.run({m, hn, k_, k_, k_, 2 * ldh, GemmEpilogue::relu}, w_hot_gu_.get(), x, ws, stream);
   }
+}
+
+void FfnContext::hot_down(std::int64_t m, __nv_bfloat16* y, cudaStream_t stream) {
+  const std::int64_t hn = hot_n_, ldh = round_up(hn, 8), nc = n_ - hn;
   GemmShape down{m, k_, hn, 2 * ldh, ldn_, k_, GemmEpilogue::none};
   down.accumulate = true;  // y += h_hot · Wd[:, hot]ᵀ (Wd's last hn columns, row stride ldn)
-  gemm_.run(down, w_down_.get() + nc, ws, y, stream);
+  gemm_.run(down, w_down_.get() + nc, hot_workspace(m), y, stream);
 }
 
 ForwardResult FfnContext::forward(const __nv_bfloat16* x, std::int64_t m, __nv_bfloat16* y, Path path,

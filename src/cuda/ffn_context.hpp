@@ -17,11 +17,13 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "cuda/common/count_ring.hpp"
 #include "cuda/common/device_buffer.hpp"
+#include "cuda/common/side_stream.hpp"
 #include "cuda/dense/lt_gemm.hpp"
 #include "cuda/sm80/twell_decode.hpp"
 #include "cuda/sm80/twell_dense_rows.hpp"
@@ -187,6 +189,11 @@ struct ContextOptions {
   // the dispatch's cold-neuron density (the cold few are rare) would still pick it (b47f0fe, H200:
   // 10 % with 5224 of 5632 neurons dense 1.79 vs 1.74 ms for dense).
   double hot_neurons_max_share = 0.5;
+  // The hot neurons' [g | u] GEMM and product run on a second, high-priority stream
+  // (common/side_stream.hpp) beside the cold part's sparse kernels, which are bound by L2
+  // bandwidth on CUDA cores while the GEMM is bound by tensor cores; the down GEMM that adds into
+  // y waits for both. Off: one stream, in the same order. Same results bit for bit.
+  bool hot_overlap = true;
 };
 
 struct ForwardResult {
@@ -311,9 +318,12 @@ class FfnContext {
                  cudaStream_t stream);
   // sparse_rest over the cold neurons [0, sparse_n(m)) (all of them without the split).
   void cold_rest(const __nv_bfloat16* x, std::int64_t m, __nv_bfloat16* y, cudaStream_t stream);
-  // The hot neurons' dense part: [g | u] = x·[Wg; Wu]ᵀ over them, h = ReLU(g) ⊙ u (non-gated
-  // h = ReLU(x·Wuᵀ)) into hot_workspace, then y += h·Wd[:, hot]ᵀ.
-  void hot_rest(const __nv_bfloat16* x, std::int64_t m, __nv_bfloat16* y, cudaStream_t stream);
+  // The hot neurons' dense part. hot_up: [g | u] = x·[Wg; Wu]ᵀ over them, h = ReLU(g) ⊙ u
+  // (non-gated h = ReLU(x·Wuᵀ)) into hot_workspace, on `gemm` (the side stream's with
+  // hot_overlap, beside cold_rest); hot_down: y += h·Wd[:, hot]ᵀ, after cold_rest wrote y.
+  void hot_up(const __nv_bfloat16* x, std::int64_t m, LtGemm& gemm, cudaStream_t stream);
+  void hot_down(std::int64_t m, __nv_bfloat16* y, cudaStream_t stream);
+  LtGemm& side_gemm();  // the side stream's GEMMs (own workspace), created on first use
   // gate_gemm over the first n neurons (the call's sparse_n in gate_twell).
   void gate_gemm_cols(const __nv_bfloat16* x, std::int64_t m, std::int64_t n, cudaStream_t stream);
   __nv_bfloat16* hot_workspace(std::int64_t m) noexcept;  // [m, 2·ldh]: h in its first ldh columns
@@ -388,6 +398,8 @@ class FfnContext {
   PinnedBuffer<Dispatch> dispatch_host_;
   cudaEvent_t decided_ = nullptr;
   cudaStream_t side_ = nullptr;        // chunked gate_twell: the packing stream (created on first use)
+  SideStream hot_side_;                // hot_overlap: the hot part's GEMMs beside cold_rest
+  std::unique_ptr<LtGemm> side_gemm_;
   std::vector<cudaEvent_t> chunk_events_;  // [0]: fork, [1]: join, [2 + i]: chunk i's GEMM done
   double last_density_ = -1;  // density of the latest call whose count came back (−1: none)
   std::int64_t decode_dense_calls_ = 0;  // decode-size dense calls since upload (for the count period)

@@ -483,6 +483,21 @@ void check_hot_neurons(const FfnCase& c, const FfnWeights& w, const __nv_bfloat1
     EXPECT_TRUE(std::memcmp(sparse_y[1].data(), sparse_y[2].data(), sparse_y[1].size() * sizeof(float)) == 0)
         << "hot neurons (" << set.name << "): sparse path not reproducible";
   }
+  {  // The hot part on one stream gives the same bits as beside the cold part (hot_overlap, the
+     // default); a fixed dense-row capacity, so that both calls plan the same rows.
+    std::vector<std::vector<float>> ys;
+    for (const bool overlap : {true, false}) {
+      ContextOptions vo = o;
+      vo.hot_overlap = overlap;
+      vo.dense_rows_capacity = c.m;
+      FfnContext v(vo);
+      v.upload_weights(w, s);
+      v.set_hot_neurons(third, s);
+      ys.push_back(run_poisoned(c.m, c.k, s, [&](__nv_bfloat16* y) { v.forward(x, c.m, y, Path::sparse, s); }).y);
+    }
+    EXPECT_TRUE(std::memcmp(ys[0].data(), ys[1].data(), ys[0].size() * sizeof(float)) == 0)
+        << "hot neurons (random third): one stream and overlapped differ";
+  }
   // Automatic calibration on the first automatic call (threshold at the quarter's count).
   ContextOptions ao = o;
   ao.hot_neurons_auto = true;

@@ -183,6 +183,24 @@ TEST_P(CudaTrain, MatchesOracle) {
           EXPECT_EQ(std::memcmp(o2.dwg.data(), o.dwg.data(), o.dwg.size() * sizeof(float)), 0) << "dw_gate not deterministic";
         }
       }
+      // The hot part on one stream gives the same bits as beside the CSR part (the default).
+      if (run.hot == Hot::third && M <= 16384) {
+        Out o3 = alloc(M, K, N);
+        TrainOptions serial = opt;
+        serial.hot_overlap = false;
+        const TrainReport rep3 =
+            ffn_train_host(xv, dyv, w, c.l1_coeff, MatrixF(o3.y.data(), M, K), grads_of(o3, M, K, N), serial);
+        EXPECT_EQ(rep3.hot_neurons, rep.hot_neurons);
+        EXPECT_EQ(std::memcmp(o3.y.data(), o.y.data(), o.y.size() * sizeof(float)), 0) << "y: one stream vs overlapped";
+        EXPECT_EQ(std::memcmp(o3.dx.data(), o.dx.data(), o.dx.size() * sizeof(float)), 0) << "dx: one stream vs overlapped";
+        EXPECT_EQ(std::memcmp(o3.dwu.data(), o.dwu.data(), o.dwu.size() * sizeof(float)), 0) << "dw_up: one stream vs overlapped";
+        EXPECT_EQ(std::memcmp(o3.dwd.data(), o.dwd.data(), o.dwd.size() * sizeof(float)), 0) << "dw_down: one stream vs overlapped";
+        if (d.gated) {
+          EXPECT_EQ(std::memcmp(o3.dwg.data(), o.dwg.data(), o.dwg.size() * sizeof(float)), 0) << "dw_gate: one stream vs overlapped";
+        }
+        EXPECT_NEAR(rep3.scalars.l1, rep.scalars.l1, 1e-12 * std::max(rep.scalars.l1, 1e-30)) << "l1";
+        EXPECT_EQ(rep3.scalars.l0, rep.scalars.l0) << "l0";
+      }
       // Saved state: offsets + per non-zero col, p (and u), plus [g | u] (or h) of the hot
       // columns: never a dense [M, N] tensor unless every neuron is hot.
       const double per_nnz = d.gated ? 10.0 : 6.0;

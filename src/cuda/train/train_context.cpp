@@ -63,7 +63,7 @@ TrainContext::TrainContext(const TrainContextOptions& opt)
         c.autotune_gemm = opt.autotune_gemm;
         return c;
       }()),
-      scalars_(1), scratch_scalars_(1), n_dense_(1), n_dense_host_(1), scalars_host_(1), nnz_host_(1) {
+      scalars_(1), scratch_scalars_(1), hot_scalars_(1), n_dense_(1), n_dense_host_(1), scalars_host_(1), nnz_host_(1) {
   TWELL_CUDA_CHECK(cudaEventCreateWithFlags(&counted_, cudaEventDisableTiming));
   int dev = 0, l2 = 0;
   TWELL_CUDA_CHECK(cudaGetDevice(&dev));
@@ -126,7 +126,7 @@ std::size_t TrainContext::device_bytes() const noexcept {
          tmp_vals_.bytes() + p_.bytes() + u_e_.bytes() + row_l1_.bytes() + d_up_e_.bytes() + d_gate_e_.bytes() +
          dwd_t_.bytes() + wg_entries_.bytes() + wg_work_.bytes() + wg_item_counts_.bytes() +
          wg_item_offsets_.bytes() + wg_item_neuron_.bytes() + cub_ws_.bytes() + dw_gu_.bytes() + dw_down_.bytes() + scalars_.bytes() +
-         scratch_scalars_.bytes() + hot_idx_.bytes() + hot_base8_.bytes() + skip8_.bytes() + w_hot_.bytes() + dw_hot_.bytes() +
+         scratch_scalars_.bytes() + hot_scalars_.bytes() + (side_gemm_ ? side_gemm_->workspace_bytes() : 0) + hot_idx_.bytes() + hot_base8_.bytes() + skip8_.bytes() + w_hot_.bytes() + dw_hot_.bytes() +
          row_flags_.bytes() + dense_rows_.bytes() + n_dense_.bytes() + rows_gu_.bytes() + rows_x_.bytes() +
          rows_dy_.bytes() + rows_out_.bytes() + rows_h_.bytes() + rows_dh_.bytes() + rows_dgu_.bytes();
 }
@@ -259,15 +259,34 @@ TrainForwardResult TrainContext::forward(const __nv_bfloat16* x, std::int64_t m,
     reserve_entries(p_, nnz_);
     cp.cols = cols_.get();
     cp.vals = p_.get();
+    // With hot_overlap, the hot part's u GEMM and elementwise pass run on the side stream beside
+    // the fill and the token-major forward; its sums go to hot_scalars_ (sparse_forward sets
+    // scalars_) and are added after the join.
+    const bool overlap = saved_hot_ > 0 && opt_.hot_overlap;
+    if (overlap) {
+      h_.reserve(sz(m * ldh()));
+      if (gated()) gu_.reserve(sz(m * 2 * ldh()));
+      LtGemm& gemm = side_gemm();
+      cudaStream_t side = side_.fork(stream);
+      TWELL_CUDA_CHECK(cudaMemsetAsync(hot_scalars_.get(), 0, sizeof(DenseTrainScalars), side));
+      hot_forward_up(x, m, gemm, hot_scalars_.get(), /*timed=*/false, side);
+    }
     if (nnz_ > 0) launch_csr_fill(cp, stream);
     mark("fwd: count read-back + CSR fill", stream);
     sparse_forward(x, m, y, stream);
     mark("fwd: sparse up+down", stream);
     r.path = "twell sparse training (CSR of the gate, exact)";
     if (saved_hot_ > 0) {
-      hot_forward(x, m, y, stream);
+      if (overlap) {
+        side_.join(stream);
+        launch_add_train_scalars(hot_scalars_.get(), scalars_.get(), stream);
+        mark("fwd: hot neurons: wait for the side stream", stream);
+      } else {
+        hot_forward_up(x, m, ffn_.gemm(), scalars_.get(), /*timed=*/true, stream);
+      }
+      hot_forward_down(m, y, stream);
       mark("fwd: hot neurons: down GEMM", stream);
-      r.path += fmt::format("; {} of {} neurons (the hot ones) dense", saved_hot_, n());
+      r.path += fmt::format("; {} of {} neurons (the hot ones) dense{}", saved_hot_, n(), overlap ? ", beside the CSR part" : "");
     }
     if (saved_rows_ > 0) {
       dense_rows_forward(x, y, stream);
@@ -425,6 +444,14 @@ void TrainContext::sparse_backward(const __nv_bfloat16* x, const __nv_bfloat16* 
                                    __nv_bfloat16* dx, cudaStream_t stream) {
   reserve_entries(d_up_e_, nnz_);
   reserve_entries(d_gate_e_, gated() ? nnz_ : 0);
+  // With hot_overlap the hot part's GEMMs run on the side stream beside the token-major backward,
+  // the transposed index and the weight-gradient passes; its dx GEMM waits for the token-major dx.
+  const bool overlap = saved_hot_ > 0 && opt_.hot_overlap;
+  if (overlap) {
+    hot_backward_reserve(m);
+    LtGemm& gemm = side_gemm();
+    hot_backward_grads(x, dy, m, c1, gemm, /*timed=*/false, side_.fork(stream));
+  }
   SparseTrainBackwardParams b;
   b.dy = dy;
   b.offsets = offsets_.get();
@@ -444,6 +471,7 @@ void TrainContext::sparse_backward(const __nv_bfloat16* x, const __nv_bfloat16* 
   b.gated = gated();
   launch_sparse_train_backward(b, stream);
   mark("bwd: token-major dt, dx", stream);
+  if (overlap) hot_backward_dx(m, dx, side_gemm(), side_.fork(stream));
 
   // Per neuron: its entries (tokens ascending), then the three weight-gradient rows.
   reserve_entries(entry_rows_, nnz_);
@@ -554,7 +582,16 @@ void TrainContext::sparse_backward(const __nv_bfloat16* x, const __nv_bfloat16* 
   }
   mark("bwd: weight gradients", stream);
   if (saved_hot_ > 0) {
-    hot_backward(x, dy, m, c1, dx, stream);
+    if (overlap) {
+      side_.join(stream);
+      mark("bwd: hot neurons: wait for the side stream", stream);
+    } else {
+      hot_backward_reserve(m);
+      hot_backward_grads(x, dy, m, c1, ffn_.gemm(), /*timed=*/true, stream);
+      hot_backward_dx(m, dx, ffn_.gemm(), stream);
+      mark("bwd: hot neurons: dx GEMM", stream);
+    }
+    hot_backward_scatter(stream);
     mark("bwd: hot neurons: scatter", stream);
   }
   launch_transpose_f32(dwd_t_.get(), k(), n(), k(), dw_down_.get(), ldn(), stream);
@@ -636,15 +673,20 @@ void TrainContext::calibrate_hot_neurons(std::int64_t m, cudaStream_t stream) {
   set_hot_neurons(c.hot, stream);
 }
 
-void TrainContext::hot_forward(const __nv_bfloat16* x, std::int64_t m, __nv_bfloat16* y, cudaStream_t stream) {
+LtGemm& TrainContext::side_gemm() {  // the main one's workspace size: the same heuristic choices
+  if (!side_gemm_) side_gemm_ = std::make_unique<LtGemm>(opt_.autotune_gemm, 8, ffn_.gemm().workspace_bytes());
+  return *side_gemm_;
+}
+
+void TrainContext::hot_forward_up(const __nv_bfloat16* x, std::int64_t m, LtGemm& gemm, DenseTrainScalars* scalars,
+                                  bool timed, cudaStream_t stream) {
   const std::int64_t lh = ldh();
-  LtGemm& gemm = ffn_.gemm();
   h_.reserve(sz(m * lh));
   if (gated()) gu_.reserve(sz(m * 2 * lh));
   // Dense rows take every neuron themselves: the hot part treats them as inactive.
   DenseTrainElementwiseParams e = block_params(gated(), m, hot_count(), lh, gated() ? gu_.get() : h_.get(), h_.get(),
                                                saved_rows_ > 0 ? row_flags_.get() : nullptr);
-  e.scalars = scalars_.get();  // adds to the cold part's sums (set before this)
+  e.scalars = scalars;  // adds (scalars_ after the cold part set it, or hot_scalars_ zeroed for the side stream)
   // The hot gate columns come from the gate GEMM over every neuron (g_, ReLU applied: the same
   // ReLU(g) and g > 0 the elementwise kernels need), gathered into the first lh columns of gu_
   // (non-gated: h_, where h_hot = ReLU(x·Wu_hotᵀ) is the gate output itself), by the CSR count in
@@ -655,39 +697,53 @@ void TrainContext::hot_forward(const __nv_bfloat16* x, std::int64_t m, __nv_bflo
                        (gated() ? 2 : 1) * lh, stream);
   if (gated())
     gemm.run({m, lh, k(), k(), k(), 2 * lh, GemmEpilogue::none}, w_hot_.get() + lh * k(), x, gu_.get() + lh, stream);
-  mark("fwd: hot neurons: (gather), u GEMM", stream);
+  if (timed) mark("fwd: hot neurons: (gather), u GEMM", stream);
   launch_dense_train_forward(e, stream);
-  mark("fwd: hot neurons: elementwise", stream);
-  // y += h_hot · Wd_hotᵀ = h_hot · (Wdᵀ_hot rows)
-  const __nv_bfloat16* wdt = w_hot_.get() + (gated() ? 2 : 1) * lh * k();
-  gemm.matmul({false, false, m, k(), lh, lh, k(), k(), false, GemmEpilogue::none, true}, h_.get(), wdt, y, stream);
+  if (timed) mark("fwd: hot neurons: elementwise", stream);
 }
 
-void TrainContext::hot_backward(const __nv_bfloat16* x, const __nv_bfloat16* dy, std::int64_t m, float c1,
-                                __nv_bfloat16* dx, cudaStream_t stream) {
-  const std::int64_t h = saved_hot_, lh = ldh(), kin = gated() ? 2 * lh : lh;
-  LtGemm& gemm = ffn_.gemm();
-  const __nv_bfloat16* wdt = w_hot_.get() + kin * k();
+void TrainContext::hot_forward_down(std::int64_t m, __nv_bfloat16* y, cudaStream_t stream) {
+  const std::int64_t lh = ldh();
+  // y += h_hot · Wd_hotᵀ = h_hot · (Wdᵀ_hot rows)
+  const __nv_bfloat16* wdt = w_hot_.get() + (gated() ? 2 : 1) * lh * k();
+  ffn_.gemm().matmul({false, false, m, k(), lh, lh, k(), k(), false, GemmEpilogue::none, true}, h_.get(), wdt, y, stream);
+}
+
+void TrainContext::hot_backward_reserve(std::int64_t m) {
+  const std::int64_t lh = ldh(), kin = gated() ? 2 * lh : lh;
   dh_.reserve(sz(m * lh));
   dgu_.reserve(sz(m * kin));
+  dw_hot_.reserve(sz((kin + lh) * k()));
+}
+
+void TrainContext::hot_backward_grads(const __nv_bfloat16* x, const __nv_bfloat16* dy, std::int64_t m, float c1,
+                                      LtGemm& gemm, bool timed, cudaStream_t stream) {
+  const std::int64_t h = saved_hot_, lh = ldh(), kin = gated() ? 2 * lh : lh;
+  const __nv_bfloat16* wdt = w_hot_.get() + kin * k();
   // dh = dy · Wd_hot = dy · (Wdᵀ_hot)ᵀ
   gemm.run({m, lh, k(), k(), k(), lh, GemmEpilogue::none}, wdt, dy, dh_.get(), stream);
-  mark("bwd: hot neurons: dh GEMM", stream);
+  if (timed) mark("bwd: hot neurons: dh GEMM", stream);
   const DenseTrainElementwiseParams e = block_params(gated(), m, h, lh, gated() ? gu_.get() : h_.get(), h_.get(),
                                                      saved_rows_ > 0 ? row_flags_.get() : nullptr);
   block_backward(e, dh_.get(), c1, dgu_.get(), stream);
-  mark("bwd: hot neurons: elementwise", stream);
+  if (timed) mark("bwd: hot neurons: elementwise", stream);
+  // [dWg; dWu]_hot = [dg | du]_hotᵀ · x and dWdᵀ_hot = h_hotᵀ · dy, fp32, scattered into their rows later.
+  gemm.matmul({true, false, kin, k(), m, kin, k(), k(), true, GemmEpilogue::none}, dgu_.get(), x, dw_hot_.get(), stream);
+  if (timed) mark("bwd: hot neurons: d[Wg; Wu] GEMM", stream);
+  gemm.matmul({true, false, lh, k(), m, lh, k(), k(), true, GemmEpilogue::none}, e.h, dy, dw_hot_.get() + kin * k(),
+              stream);
+  if (timed) mark("bwd: hot neurons: dWd GEMM", stream);
+}
+
+void TrainContext::hot_backward_dx(std::int64_t m, __nv_bfloat16* dx, LtGemm& gemm, cudaStream_t stream) {
+  const std::int64_t kin = (gated() ? 2 : 1) * ldh();
   // dx += [dg | du]_hot · [Wg_hot; Wu_hot]
   gemm.matmul({false, false, m, k(), kin, kin, k(), k(), false, GemmEpilogue::none, true}, dgu_.get(), w_hot_.get(), dx,
               stream);
-  mark("bwd: hot neurons: dx GEMM", stream);
-  // [dWg; dWu]_hot = [dg | du]_hotᵀ · x and dWdᵀ_hot = h_hotᵀ · dy, fp32, then into their rows.
-  dw_hot_.reserve(sz((kin + lh) * k()));
-  gemm.matmul({true, false, kin, k(), m, kin, k(), k(), true, GemmEpilogue::none}, dgu_.get(), x, dw_hot_.get(), stream);
-  mark("bwd: hot neurons: d[Wg; Wu] GEMM", stream);
-  gemm.matmul({true, false, lh, k(), m, lh, k(), k(), true, GemmEpilogue::none}, e.h, dy, dw_hot_.get() + kin * k(),
-              stream);
-  mark("bwd: hot neurons: dWd GEMM", stream);
+}
+
+void TrainContext::hot_backward_scatter(cudaStream_t stream) {
+  const std::int64_t h = saved_hot_, lh = ldh(), kin = gated() ? 2 * lh : lh;
   const std::int32_t* idx = hot_idx_.get();
   for (std::int64_t part = 0; part < kin / lh; ++part)  // gated: the gate rows, then the up rows
     launch_scatter_rows_f32(dw_hot_.get() + part * lh * k(), k(), idx, h, k(), dw_gu_.get() + part * ldn() * k(), k(), stream);

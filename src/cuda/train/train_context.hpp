@@ -24,11 +24,13 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "cuda/common/device_buffer.hpp"
+#include "cuda/common/side_stream.hpp"
 #include "cuda/ffn_context.hpp"
 #include "cuda/train/train_kernels.hpp"
 #include "twell/cuda/ffn_cuda.hpp"
@@ -67,6 +69,12 @@ struct TrainContextOptions {
   double hot_neurons_density_nongated = 0.014;
   std::int64_t hot_neurons_min_rows = 4096;
   double hot_neurons_max_share = 0.5;
+  // The hot part's GEMMs and elementwise passes run on a second, high-priority stream
+  // (common/side_stream.hpp) beside the CSR fill, the token-major kernels and the weight-gradient
+  // passes, which are bound by L2 bandwidth on CUDA cores while the GEMMs are bound by tensor
+  // cores; only the two GEMMs that add into y and dx wait for the token-major results. Off: one
+  // stream, in the same order. Same results bit for bit.
+  bool hot_overlap = true;
   // Dense rows (the hot/cold split by token row of the inference path): inside the sparse step, a
   // row with more than this fraction of the cold neurons active runs as rows of dense cuBLASLt
   // GEMMs over every neuron instead of through the CSR. A row costs the CSR path ≈ 5 ns per
@@ -159,9 +167,21 @@ class TrainContext {
   // The hot part of the sparse step: [g | u] over the hot columns, h, y += h·Wd_hotᵀ (forward);
   // dh, the elementwise gradient, dx += …, the hot gradient rows scattered (backward, before the
   // dWd transpose). Saved between them: [g | u]_hot (gated) or h_hot, in gu_ / h_.
-  void hot_forward(const __nv_bfloat16* x, std::int64_t m, __nv_bfloat16* y, cudaStream_t stream);
-  void hot_backward(const __nv_bfloat16* x, const __nv_bfloat16* dy, std::int64_t m, float c1, __nv_bfloat16* dx,
-                    cudaStream_t stream);
+  // Split in what can run beside the CSR part (on `gemm` and `stream`, the side stream's with
+  // hot_overlap; `timed`: phase marks, on the main stream only) and what adds into its results.
+  // hot_forward_up: g_hot gathered if the count did not, u_hot, h_hot and its sums into `scalars`.
+  // hot_forward_down: y += h_hot·Wd_hotᵀ. hot_backward_grads: dh_hot, [dg | du]_hot, the hot
+  // gradient rows into dw_hot_. hot_backward_dx: dx += [dg | du]_hot·[Wg_hot; Wu_hot].
+  // hot_backward_scatter: dw_hot_ into the gradients (after the CSR passes zeroed those rows).
+  void hot_forward_up(const __nv_bfloat16* x, std::int64_t m, LtGemm& gemm, DenseTrainScalars* scalars, bool timed,
+                      cudaStream_t stream);
+  void hot_forward_down(std::int64_t m, __nv_bfloat16* y, cudaStream_t stream);
+  void hot_backward_reserve(std::int64_t m);
+  void hot_backward_grads(const __nv_bfloat16* x, const __nv_bfloat16* dy, std::int64_t m, float c1, LtGemm& gemm,
+                          bool timed, cudaStream_t stream);
+  void hot_backward_dx(std::int64_t m, __nv_bfloat16* dx, LtGemm& gemm, cudaStream_t stream);
+  void hot_backward_scatter(cudaStream_t stream);
+  LtGemm& side_gemm();  // the side stream's GEMMs (own workspace), created on first use
   void calibrate_hot_neurons(std::int64_t m, cudaStream_t stream);  // from the gate output in g_
   // The dense rows of the sparse step (saved_rows_ of them, listed in dense_rows_): forward
   // [g | u]_R (or h_R) over every neuron, y rows overwritten; backward dx rows overwritten and the
@@ -226,7 +246,9 @@ class TrainContext {
   DeviceBuffer<unsigned char> skip8_;
   DeviceBuffer<__nv_bfloat16> w_hot_;
   DeviceBuffer<float> dw_hot_;
-  DeviceBuffer<DenseTrainScalars> scalars_, scratch_scalars_;
+  DeviceBuffer<DenseTrainScalars> scalars_, scratch_scalars_, hot_scalars_;  // hot_scalars_: the side stream's sums
+  SideStream side_;                   // hot_overlap
+  std::unique_ptr<LtGemm> side_gemm_;
   // dense rows: row_flags_ [m], dense_rows_ [m] (the first saved_rows_ used), n_dense_ [1];
   // rows_gu_ [R, 2·ldn] (saved); rows_x_, rows_dy_, rows_out_ [R, K], rows_h_, rows_dh_ [R, ldn],
   // rows_dgu_ [R, 2·ldn] workspaces.

@@ -1,0 +1,30 @@
+#pragma once
+// A second stream for work that can run beside the caller's: tensor-core GEMMs (the hot neurons,
+// compute-bound) next to the sparse kernels (bound by L2 bandwidth on CUDA cores). fork(main)
+// returns the side stream after making it wait for everything enqueued on `main` so far;
+// join(main) makes `main` wait for everything enqueued on the side since. fork may be called
+// again before the join: a dependency in the middle of the side's work. The stream is created
+// on first use with the device's highest priority: the side's few, large CTAs then take SMs as
+// the main stream's many small ones leave them, instead of queueing behind all of them.
+// Graph-capture safe (events only).
+#include <cuda_runtime.h>
+
+namespace twell::cuda {
+
+class SideStream {
+ public:
+  SideStream() = default;
+  ~SideStream();
+  SideStream(const SideStream&) = delete;
+  SideStream& operator=(const SideStream&) = delete;
+
+  cudaStream_t fork(cudaStream_t main);
+  void join(cudaStream_t main);
+
+ private:
+  void create();
+  cudaStream_t side_ = nullptr;
+  cudaEvent_t forked_ = nullptr, joined_ = nullptr;
+};
+
+}  // namespace twell::cuda
