@@ -229,7 +229,7 @@ int main(int argc, char** argv) {
       nlohmann::json variants = nlohmann::json::object(), variants_alt = nlohmann::json::object();
       ctx.gate_twell(dx.get(), m, s);
       const int default_variant = pt.gated ? copt.updown_variant : copt.updown_variant_nongated;
-      for (int v = 0; v <= 2; ++v) {
+      for (int v = 0; v <= 4; ++v) {
         if (v == default_variant) continue;
         ContextOptions vo = copt;
         vo.updown_variant = vo.updown_variant_nongated = v;

@@ -170,12 +170,22 @@ void run_train_sweep(bool quick, int warmup, int reps, cudaStream_t s, nlohmann:
         hot_json["dense_rows_off_on_sparse_alternating_ms"] = {nr_ms, on2_ms};
       }
       {  // the hot part on one stream / beside the CSR part (TrainContextOptions::hot_overlap)
-        TrainContextOptions serial = copt;
+        TrainContextOptions serial = copt, beside = copt;
         serial.hot_overlap = false;
-        TrainContext one(serial);
+        beside.hot_overlap = true;
+        TrainContext one(serial), two(beside);
         one.upload_weights(w, s);
-        const auto [one_ms, on3_ms] = host::alternating_medians_ms(warmup, reps, s, step(one), step(on));
-        hot_json["overlap_off_on_sparse_alternating_ms"] = {one_ms, on3_ms};
+        two.upload_weights(w, s);
+        const auto [one_ms, two_ms] = host::alternating_medians_ms(warmup, reps, s, step(one), step(two));
+        hot_json["overlap_off_on_sparse_alternating_ms"] = {one_ms, two_ms};
+      }
+      for (int mb : {6, 8}) {  // the token-major kernels compiled for mb blocks per SM, against the default
+        TrainContextOptions o = copt;
+        o.token_min_blocks = mb;
+        TrainContext v(o);
+        v.upload_weights(w, s);
+        const auto [v_ms, d_ms] = host::alternating_medians_ms(warmup, reps, s, step(v), step(on));
+        hot_json["token_min_blocks_vs_default_alternating_ms"][std::to_string(mb)] = {v_ms, d_ms};
       }
       if (pt.density >= 0.01) {
         for (double th : {0.008, 0.025}) {

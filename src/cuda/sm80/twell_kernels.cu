@@ -129,6 +129,9 @@ __global__ void twell_decide_kernel(TwellSampleParams p) {
 // independent loads in flight), (3) partial sums are combined into h = g·u, (4) y += h·Wdᵀ[n].
 constexpr int kListCap = kTwellTile;  // a single tile (≤ 256 non-zeros) always fits one window
 constexpr int kMaxUpDownThreads = 512;  // caps registers at 128/thread: no spills for CH ≤ 4
+// Variants 3 and 4 (K ≤ 2048: at most this many threads) are compiled for MINB resident blocks
+// per SM: fewer registers, more warps to hide the L2 round trips.
+constexpr int kSmallUpDownThreads = 128;
 
 // CH: 16-byte chunks of K per thread; kUnroll: entries whose weight rows are in flight together.
 // One tile of a dense bf16 row (columns [t·256, t·256 + 256) of `src`, length n) expanded into the
@@ -170,8 +173,9 @@ __device__ __forceinline__ int count_dense_tile(const __nv_bfloat16* src, std::i
 // SPLIT: the split remainder's up half (twell_split.hpp) when its plan fits (*split_enable != 0):
 // h goes to the row's h list instead of into the down product; else the usual fused kernel (the
 // fallback costs no extra launch).
-template <int CH, bool GATED, int kUnroll, bool DENSE_G, bool SPLIT>
-__global__ void __launch_bounds__(kMaxUpDownThreads) twell_up_down_kernel(TwellUpDownParams p) {
+template <int CH, bool GATED, int kUnroll, bool DENSE_G, bool SPLIT, int MINB>
+__global__ void __launch_bounds__(MINB > 0 ? kSmallUpDownThreads : kMaxUpDownThreads, MINB > 0 ? MINB : 1)
+    twell_up_down_kernel(TwellUpDownParams p) {
   static_assert(CH >= 1 && CH <= 4, "CH: 16-byte chunks per thread");
   static_assert(!(SPLIT && DENSE_G), "the split remainder reads TwELL");
   if (p.row_filter && (p.row_filter[blockIdx.x] != 0u) != p.filter_keep_flagged) return;  // CTA-uniform
@@ -335,13 +339,13 @@ __global__ void __launch_bounds__(kMaxUpDownThreads) twell_up_down_kernel(TwellU
   }
 }
 
-template <int CH, bool GATED, int U, bool DENSE_G, bool SPLIT = false>
+template <int CH, bool GATED, int U, bool DENSE_G, bool SPLIT = false, int MINB = 0>
 void launch_up_down_t(const TwellUpDownParams& p, int threads, cudaStream_t stream) {
   const int tiles = static_cast<int>((p.n + kTwellTile - 1) / kTwellTile);
   const int nwarps = threads / 32;
   const std::size_t smem = sizeof(int) * kListCap + sizeof(float) * kListCap +
                            (GATED ? sizeof(float) * nwarps * kListCap : 0) + sizeof(int) * (tiles + 1);
-  auto kernel = twell_up_down_kernel<CH, GATED, U, DENSE_G, SPLIT>;
+  auto kernel = twell_up_down_kernel<CH, GATED, U, DENSE_G, SPLIT, MINB>;
   if (smem > 48 * 1024)
     TWELL_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
   kernel<<<static_cast<unsigned>(p.m), threads, smem, stream>>>(p);
@@ -442,7 +446,14 @@ void launch_twell_up_down(const TwellUpDownParams& p, cudaStream_t stream) {
       launch(I4{}, I2{}, threads_for(4));
     return;
   }
-  if (ch2 && p.variant == 1) {
+  const bool small = ch2 && threads_for(2) <= kSmallUpDownThreads && !p.dense_gate;
+  if (small && p.variant == 3) {
+    p.gated ? launch_up_down_t<2, true, 4, false, false, 6>(p, threads_for(2), stream)
+            : launch_up_down_t<2, false, 4, false, false, 6>(p, threads_for(2), stream);
+  } else if (small && p.variant == 4) {
+    p.gated ? launch_up_down_t<2, true, 4, false, false, 8>(p, threads_for(2), stream)
+            : launch_up_down_t<2, false, 4, false, false, 8>(p, threads_for(2), stream);
+  } else if (ch2 && p.variant == 1) {
     launch(I2{}, I8{}, threads_for(2));
   } else if (ch2) {
     launch(I2{}, I4{}, threads_for(2));

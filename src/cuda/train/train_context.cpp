@@ -318,6 +318,7 @@ void TrainContext::sparse_forward(const __nv_bfloat16* x, std::int64_t m, __nv_b
   p.m = m;
   p.k = k();
   p.gated = gated();
+  p.min_blocks = opt_.token_min_blocks;
   launch_sparse_train_forward(p, stream);
   launch_sum_rows(row_l1_.get(), m, &scalars_.get()->l1_sum, stream);
   // active count = nnz = offsets[m] (int64 and unsigned long long have the same size)
@@ -469,6 +470,7 @@ void TrainContext::sparse_backward(const __nv_bfloat16* x, const __nv_bfloat16* 
   b.m = m;
   b.k = k();
   b.gated = gated();
+  b.min_blocks = opt_.token_min_blocks;
   launch_sparse_train_backward(b, stream);
   mark("bwd: token-major dt, dx", stream);
   if (overlap) hot_backward_dx(m, dx, side_gemm(), side_.fork(stream));

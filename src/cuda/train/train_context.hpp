@@ -73,8 +73,13 @@ struct TrainContextOptions {
   // (common/side_stream.hpp) beside the CSR fill, the token-major kernels and the weight-gradient
   // passes, which are bound by L2 bandwidth on CUDA cores while the GEMMs are bound by tensor
   // cores; only the two GEMMs that add into y and dx wait for the token-major results. Off: one
-  // stream, in the same order. Same results bit for bit.
-  bool hot_overlap = true;
+  // stream, in the same order. Same results bit for bit. Off by default: measured slower (H200,
+  // M = 16384, alternating one stream / overlapped: 2.557 / 2.599 ms at 0.5 %, 3.373 / 3.448 at
+  // 1 %; the token-major kernels slow down by what the GEMMs take, docs/perf-notes-cuda.md).
+  bool hot_overlap = false;
+  // The token-major kernels compiled for this many resident blocks per SM (6 or 8; fewer
+  // registers, more warps in flight; K ≤ 2048), 0: the default build (up to 128 registers).
+  int token_min_blocks = 0;
   // Dense rows (the hot/cold split by token row of the inference path): inside the sparse step, a
   // row with more than this fraction of the cold neurons active runs as rows of dense cuBLASLt
   // GEMMs over every neuron instead of through the CSR. A row costs the CSR path ≈ 5 ns per

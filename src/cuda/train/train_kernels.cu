@@ -20,6 +20,9 @@ using dev::lo_bf16;
 constexpr int kWindow = 256;
 constexpr int kMaxThreads = 512;
 constexpr int kUnroll = 4;  // weight rows in flight per thread
+// Blocks of at most kSmallThreads (K ≤ 2048 at two chunks per thread) can run a variant compiled
+// for MINB resident blocks per SM (fewer registers, more warps to hide the L2 round trips).
+constexpr int kSmallThreads = 128;
 
 __device__ __forceinline__ float sign_of(float v) { return v > 0.0f ? 1.0f : (v < 0.0f ? -1.0f : 0.0f); }
 
@@ -105,8 +108,8 @@ std::size_t token_smem_bytes(int threads) {
          sizeof(float) * 32;
 }
 
-template <int CH>
-__global__ void __launch_bounds__(kMaxThreads) sparse_train_forward_kernel(SparseTrainForwardParams p) {
+template <int CH, int MINB>
+__global__ void __launch_bounds__(MINB > 0 ? kSmallThreads : kMaxThreads, MINB > 0 ? MINB : 1) sparse_train_forward_kernel(SparseTrainForwardParams p) {
   extern __shared__ __align__(16) unsigned char smem_raw[];
   const int tid = threadIdx.x, nthreads = blockDim.x, nwarps = nthreads / 32;
   int* lcol = reinterpret_cast<int*>(smem_raw);
@@ -149,8 +152,8 @@ __global__ void __launch_bounds__(kMaxThreads) sparse_train_forward_kernel(Spars
   if (tid == 0) p.row_l1[row] = s;
 }
 
-template <int CH>
-__global__ void __launch_bounds__(kMaxThreads) sparse_train_backward_kernel(SparseTrainBackwardParams p) {
+template <int CH, int MINB>
+__global__ void __launch_bounds__(MINB > 0 ? kSmallThreads : kMaxThreads, MINB > 0 ? MINB : 1) sparse_train_backward_kernel(SparseTrainBackwardParams p) {
   extern __shared__ __align__(16) unsigned char smem_raw[];
   const int tid = threadIdx.x, nthreads = blockDim.x, nwarps = nthreads / 32;
   int* lcol = reinterpret_cast<int*>(smem_raw);
@@ -545,13 +548,23 @@ void launch_token(Kernel kernel, unsigned blocks, int threads, std::size_t smem,
 
 // Picks 2 chunks per thread when K / 16 threads fit one CTA (K ≤ 8192), else 4, and launches the
 // matching instantiation with the token-window shared memory.
-template <typename Params>
-void launch_by_chunks(void (*k2)(Params), void (*k4)(Params), const Params& p, std::int64_t k, std::int64_t blocks,
-                      cudaStream_t stream, const char* name) {
+template <template <int, int> class K, typename Params>
+void launch_by_chunks(const Params& p, std::int64_t k, std::int64_t blocks, cudaStream_t stream, const char* name) {
   const bool ch2 = threads_for(k, 2) <= kMaxThreads;
   const int threads = threads_for(k, ch2 ? 2 : 4);
-  launch_token(ch2 ? k2 : k4, static_cast<unsigned>(blocks), threads, token_smem_bytes(threads), stream, name, p);
+  void (*kernel)(Params) = ch2 ? K<2, 0>::fn : K<4, 0>::fn;
+  if (ch2 && threads <= kSmallThreads && p.min_blocks == 6) kernel = K<2, 6>::fn;
+  if (ch2 && threads <= kSmallThreads && p.min_blocks == 8) kernel = K<2, 8>::fn;
+  launch_token(kernel, static_cast<unsigned>(blocks), threads, token_smem_bytes(threads), stream, name, p);
 }
+template <int CH, int MINB>
+struct ForwardKernel {
+  static constexpr auto fn = sparse_train_forward_kernel<CH, MINB>;
+};
+template <int CH, int MINB>
+struct BackwardKernel {
+  static constexpr auto fn = sparse_train_backward_kernel<CH, MINB>;
+};
 
 }  // namespace
 
@@ -559,8 +572,7 @@ void launch_sparse_train_forward(const SparseTrainForwardParams& p, cudaStream_t
   check_token_kernel(p, "sparse train forward");
   TWELL_CU_REQUIRE(p.offsets && p.cols && p.p && p.w_down_t && p.y && p.row_l1 && (!p.gated || (p.x && p.w_up && p.u)),
                    ErrorCode::invalid_argument, "sparse train forward: null pointer");
-  launch_by_chunks(sparse_train_forward_kernel<2>, sparse_train_forward_kernel<4>, p, p.k, p.m, stream,
-                   "sparse_train_forward_kernel");
+  launch_by_chunks<ForwardKernel>(p, p.k, p.m, stream, "sparse_train_forward_kernel");
 }
 
 void launch_sparse_train_backward(const SparseTrainBackwardParams& p, cudaStream_t stream) {
@@ -568,8 +580,7 @@ void launch_sparse_train_backward(const SparseTrainBackwardParams& p, cudaStream
   TWELL_CU_REQUIRE(p.dy && p.offsets && p.cols && p.p && p.w_up && p.w_down_t && p.d_up && p.dx &&
                        (!p.gated || (p.u && p.w_gate && p.d_gate)),
                    ErrorCode::invalid_argument, "sparse train backward: null pointer");
-  launch_by_chunks(sparse_train_backward_kernel<2>, sparse_train_backward_kernel<4>, p, p.k, p.m, stream,
-                   "sparse_train_backward_kernel");
+  launch_by_chunks<BackwardKernel>(p, p.k, p.m, stream, "sparse_train_backward_kernel");
 }
 
 void launch_weight_grad_entries(const WeightGradEntriesParams& p, cudaStream_t stream) {

@@ -29,6 +29,7 @@ struct SparseTrainForwardParams {
   float* row_l1 = nullptr;           // [m] out: Σ_e |t_e| of the row
   std::int64_t ld = 0, m = 0, k = 0;
   bool gated = true;
+  int min_blocks = 0;  // 6 or 8: a variant compiled for that many resident blocks (K ≤ 2048); else the default
 };
 void launch_sparse_train_forward(const SparseTrainForwardParams& p, cudaStream_t stream);
 
@@ -47,6 +48,7 @@ struct SparseTrainBackwardParams {
   __nv_bfloat16* dx = nullptr;        // [m, K], row stride ld
   std::int64_t ld = 0, m = 0, k = 0;
   bool gated = true;
+  int min_blocks = 0;  // as in SparseTrainForwardParams
 };
 void launch_sparse_train_backward(const SparseTrainBackwardParams& p, cudaStream_t stream);
 
