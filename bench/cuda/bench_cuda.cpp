@@ -228,11 +228,14 @@ int main(int argc, char** argv) {
       // default variant): [variant's time, default's time in the same reps].
       nlohmann::json variants = nlohmann::json::object(), variants_alt = nlohmann::json::object();
       ctx.gate_twell(dx.get(), m, s);
-      const int default_variant = pt.gated ? copt.updown_variant : copt.updown_variant_nongated;
+      const int default_variant = m < copt.updown_occupancy_min_rows
+                                      ? (pt.gated ? 1 : 0)  // what variants 3 and 4 run as at this M
+                                      : (pt.gated ? copt.updown_variant : copt.updown_variant_nongated);
       for (int v = 0; v <= 4; ++v) {
         if (v == default_variant) continue;
         ContextOptions vo = copt;
         vo.updown_variant = vo.updown_variant_nongated = v;
+        vo.updown_occupancy_min_rows = 0;
         FfnContext vctx(vo);
         vctx.upload_weights(w, s);
         vctx.calibrate_if_due(dx.get(), m, s);

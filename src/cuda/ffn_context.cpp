@@ -305,7 +305,7 @@ void FfnContext::cold_rest(const __nv_bfloat16* x, std::int64_t m, __nv_bfloat16
   p.ld_backup = ldn_;
   p.words_per_tile = words_per_tile();
   p.relu = true;
-  p.variant = gated_ ? opt_.updown_variant : opt_.updown_variant_nongated;
+  p.variant = updown_variant(m, gated_);
   if (opt_.gate_rows_direct) {
     p.words = nullptr;
     p.dense_gate = true;
@@ -333,7 +333,7 @@ void FfnContext::cold_rest(const __nv_bfloat16* x, std::int64_t m, __nv_bfloat16
     dp.x = nullptr;
     dp.w_up = nullptr;
     dp.words = h_words_.get();
-    dp.variant = opt_.updown_variant_nongated;
+    dp.variant = updown_variant(m, false);
     dp.row_filter = row_ovf_.get();
     dp.filter_keep_flagged = false;
     launch_twell_up_down(dp, stream);
@@ -387,6 +387,12 @@ void FfnContext::cold_rest(const __nv_bfloat16* x, std::int64_t m, __nv_bfloat16
   dp.enable = pp.enable;
   dp.sm_count = sm_count_;
   launch_twell_down_sliced(dp, stream);
+}
+
+int FfnContext::updown_variant(std::int64_t m, bool gated) const noexcept {
+  const int v = gated ? opt_.updown_variant : opt_.updown_variant_nongated;
+  if (m >= opt_.updown_occupancy_min_rows || v < 3) return v;
+  return gated ? 1 : 0;  // too few CTAs to fill the SMs: more rows in flight per warp instead
 }
 
 bool FfnContext::is_decode(std::int64_t m) const noexcept {

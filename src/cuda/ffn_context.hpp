@@ -58,8 +58,15 @@ struct ContextOptions {
   // TwellUpDownParams::variant of the fused kernel, gated (1 measured fastest or equal at M ≥ 16
   // on H100 and H200) and non-gated (0: 0.224 vs 0.273 ms for variant 1, H200, M = 16384, 0.5 %,
   // timed alternately, 9832d1e).
-  int updown_variant = 1;
-  int updown_variant_nongated = 0;
+  // Variants 3 and 4 (as 0, compiled for 6 and 8 resident blocks per SM: 80 and 64 registers
+  // instead of up to 128, so 24–32 warps per SM wait on L2 round trips instead of 16) measured
+  // faster from M = 4096 on (H200, M = 16384, remainder alternating with variant 1 / 0, 9a11918:
+  // gated 3: 0.576 / 0.642 ms at 0.5 %, 0.880 / 0.927 at 1 %, 0.833 / 0.892 hot; non-gated 4:
+  // 0.277 / 0.356) and slower below (M = 1024: 0.052 / 0.045): below updown_occupancy_min_rows
+  // they run as 1 (gated) and 0 (non-gated).
+  int updown_variant = 3;
+  int updown_variant_nongated = 4;
+  std::int64_t updown_occupancy_min_rows = 2048;
   // Automatic after the first call of a layer: the newest count of this context that has come
   // back decides (one layer's density drifts slowly); each call counts in passing (the packing's
   // exact count on the sparse path, a sampled count of the stacked GEMM's gate on the dense path)
@@ -328,6 +335,7 @@ class FfnContext {
   void gate_gemm_cols(const __nv_bfloat16* x, std::int64_t m, std::int64_t n, cudaStream_t stream);
   __nv_bfloat16* hot_workspace(std::int64_t m) noexcept;  // [m, 2·ldh]: h in its first ldh columns
   bool use_split(std::int64_t m) const noexcept;
+  int updown_variant(std::int64_t m, bool gated) const noexcept;  // TwellUpDownParams::variant for m rows
   // Dense rows on the sparse remainder at this M (ContextOptions::dense_rows_density); never at
   // decode sizes, whose sparse path is the decode kernel.
   bool use_dense_rows(std::int64_t m) const noexcept;

@@ -602,6 +602,7 @@ TEST_P(CudaFfn, MatchesReferenceAndHostEncoder) {
   for (int v = 1; v <= 4; ++v) {  // variant 0 ran above
     ContextOptions vo = opt;
     vo.updown_variant = vo.updown_variant_nongated = v;
+    vo.updown_occupancy_min_rows = 0;  // variants 3 and 4 at every M
     FfnContext vc(vo);
     vc.upload_weights(w, s);
     const Outputs o = run_poisoned(c.m, c.k, s, [&](__nv_bfloat16* y) { vc.forward(x.get(), c.m, y, Path::sparse, s); });
@@ -636,6 +637,7 @@ TEST_P(CudaFfn, MatchesReferenceAndHostEncoder) {
   for (int v = 0; v <= 2; ++v) {
     ContextOptions dop = opt;
     dop.updown_variant = dop.updown_variant_nongated = v;
+    dop.updown_occupancy_min_rows = 0;
     dop.gate_rows_direct = true;
     FfnContext dc(dop);
     dc.upload_weights(w, s);

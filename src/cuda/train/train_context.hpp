@@ -77,9 +77,13 @@ struct TrainContextOptions {
   // M = 16384, alternating one stream / overlapped: 2.557 / 2.599 ms at 0.5 %, 3.373 / 3.448 at
   // 1 %; the token-major kernels slow down by what the GEMMs take, docs/perf-notes-cuda.md).
   bool hot_overlap = false;
-  // The token-major kernels compiled for this many resident blocks per SM (6 or 8; fewer
-  // registers, more warps in flight; K ≤ 2048), 0: the default build (up to 128 registers).
-  int token_min_blocks = 0;
+  // The token-major kernels compiled for this many resident blocks per SM (6: 80 registers, or
+  // 8: 64, with spills) where K ≤ 2048; 0: the build without a bound (up to 128 registers, 4
+  // blocks of 128 threads per SM). 6 measured fastest (H200, M = 16384, alternating with 0:
+  // 2.465 / 2.591 ms at 0.5 %, 3.300 / 3.374 at 1 %, 3.390 / 3.479 hot, non-gated 1.955 / 2.018;
+  // 8: 2.526 / 2.581 at 0.5 %): the kernels wait on L2 round trips, and 24 warps hide more of
+  // them than 16.
+  int token_min_blocks = 6;
   // Dense rows (the hot/cold split by token row of the inference path): inside the sparse step, a
   // row with more than this fraction of the cold neurons active runs as rows of dense cuBLASLt
   // GEMMs over every neuron instead of through the CSR. A row costs the CSR path ≈ 5 ns per
