@@ -179,7 +179,8 @@ void run_train_sweep(bool quick, int warmup, int reps, cudaStream_t s, nlohmann:
         const auto [one_ms, two_ms] = host::alternating_medians_ms(warmup, reps, s, step(one), step(two));
         hot_json["overlap_off_on_sparse_alternating_ms"] = {one_ms, two_ms};
       }
-      for (int mb : {6, 8}) {  // the token-major kernels compiled for mb blocks per SM, against the default
+      for (int mb : {0, 6, 8}) {  // the token-major kernels compiled for mb blocks per SM (0: no bound), against the default
+        if (mb == copt.token_min_blocks) continue;
         TrainContextOptions o = copt;
         o.token_min_blocks = mb;
         TrainContext v(o);
