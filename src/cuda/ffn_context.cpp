@@ -40,6 +40,10 @@ FfnContext::FfnContext(const ContextOptions& opt)
   TWELL_CUDA_CHECK(cudaMemset(split_state_.get(), 0, split_state_.bytes()));
   TWELL_CUDA_CHECK(cudaMemset(split_ticket_.get(), 0, split_ticket_.bytes()));
   opt_.twell.validate();
+  TWELL_CHECK(opt_.updown_variant >= 0 && opt_.updown_variant <= 4 && opt_.updown_variant_nongated >= 0 &&
+                  opt_.updown_variant_nongated <= 4,
+              ErrorCode::invalid_argument, "ContextOptions: up/down variants are 0..4 (got {} and {})", opt_.updown_variant,
+              opt_.updown_variant_nongated);
   TWELL_CHECK(opt_.twell.tile == kTwellTile, ErrorCode::unsupported,
               "the CUDA TwELL path uses T = {} columns per tile (got T = {}); use the CPU path for other tiles",
               kTwellTile, opt_.twell.tile);

@@ -235,6 +235,24 @@ TEST_P(CudaTrain, MatchesOracle) {
   }
 }
 
+// Tuning knobs out of their range are refused when the context is made, not run as something else.
+TEST(CudaTrainOptions, RejectsUnbuiltKernelVariants) {
+  TWELL_REQUIRE_GPU();
+  for (int mb : {-1, 1, 5, 7, 16}) {
+    TrainContextOptions o;
+    o.token_min_blocks = mb;
+    EXPECT_THROW(TrainContext ctx(o), Error) << "token_min_blocks " << mb;
+  }
+  for (int v : {-1, 5}) {
+    ContextOptions o;
+    o.updown_variant = v;
+    EXPECT_THROW(FfnContext ctx(o), Error) << "updown_variant " << v;
+    ContextOptions n;
+    n.updown_variant_nongated = v;
+    EXPECT_THROW(FfnContext ctx(n), Error) << "updown_variant_nongated " << v;
+  }
+}
+
 // The hot-neuron choice rule and explicit sets (the outputs with hot neurons are checked in every
 // CudaTrain case).
 TEST(CudaTrainHotNeurons, ChoiceRuleAndExplicitSets) {

@@ -64,6 +64,9 @@ TrainContext::TrainContext(const TrainContextOptions& opt)
         return c;
       }()),
       scalars_(1), scratch_scalars_(1), hot_scalars_(1), n_dense_(1), n_dense_host_(1), scalars_host_(1), nnz_host_(1) {
+  TWELL_CHECK(opt_.token_min_blocks == 0 || opt_.token_min_blocks == 6 || opt_.token_min_blocks == 8,
+              ErrorCode::invalid_argument, "TrainContextOptions::token_min_blocks must be 0, 6 or 8 (got {})",
+              opt_.token_min_blocks);
   TWELL_CUDA_CHECK(cudaEventCreateWithFlags(&counted_, cudaEventDisableTiming));
   int dev = 0, l2 = 0;
   TWELL_CUDA_CHECK(cudaGetDevice(&dev));
@@ -126,7 +129,8 @@ std::size_t TrainContext::device_bytes() const noexcept {
          tmp_vals_.bytes() + p_.bytes() + u_e_.bytes() + row_l1_.bytes() + d_up_e_.bytes() + d_gate_e_.bytes() +
          dwd_t_.bytes() + wg_entries_.bytes() + wg_work_.bytes() + wg_item_counts_.bytes() +
          wg_item_offsets_.bytes() + wg_item_neuron_.bytes() + cub_ws_.bytes() + dw_gu_.bytes() + dw_down_.bytes() + scalars_.bytes() +
-         scratch_scalars_.bytes() + hot_scalars_.bytes() + (side_gemm_ ? side_gemm_->workspace_bytes() : 0) + hot_idx_.bytes() + hot_base8_.bytes() + skip8_.bytes() + w_hot_.bytes() + dw_hot_.bytes() +
+         scratch_scalars_.bytes() + hot_scalars_.bytes() + (side_gemm_ ? side_gemm_->workspace_bytes() : 0) +
+         hot_idx_.bytes() + hot_base8_.bytes() + skip8_.bytes() + w_hot_.bytes() + dw_hot_.bytes() +
          row_flags_.bytes() + dense_rows_.bytes() + n_dense_.bytes() + rows_gu_.bytes() + rows_x_.bytes() +
          rows_dy_.bytes() + rows_out_.bytes() + rows_h_.bytes() + rows_dh_.bytes() + rows_dgu_.bytes();
 }
@@ -286,7 +290,8 @@ TrainForwardResult TrainContext::forward(const __nv_bfloat16* x, std::int64_t m,
       }
       hot_forward_down(m, y, stream);
       mark("fwd: hot neurons: down GEMM", stream);
-      r.path += fmt::format("; {} of {} neurons (the hot ones) dense{}", saved_hot_, n(), overlap ? ", beside the CSR part" : "");
+      r.path += fmt::format("; {} of {} neurons (the hot ones) dense{}", saved_hot_, n(),
+                            overlap ? ", beside the CSR part" : "");
     }
     if (saved_rows_ > 0) {
       dense_rows_forward(x, y, stream);
