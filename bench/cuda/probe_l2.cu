@@ -19,6 +19,8 @@
 #include <utility>
 #include <vector>
 
+#include "cuda/sm90/hopper_ptx.cuh"
+
 namespace {
 
 constexpr int kRowBytes = 4096;
@@ -58,38 +60,28 @@ __global__ void __launch_bounds__(kThreads) lsu_rows(const uint4* w, std::uint32
 // completing on its own mbarrier; all threads read a slot once it has landed.
 template <int S>
 __global__ void __launch_bounds__(kThreads) bulk_rows(const unsigned char* w, std::uint32_t rows, std::uint32_t* out) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  using namespace twell::cuda::sm90;
   extern __shared__ __align__(128) unsigned char ring[];  // S · 4 KB (+ occupancy padding)
   __shared__ __align__(8) std::uint64_t bar[S];
-  const auto saddr = [](const void* p) { return static_cast<std::uint32_t>(__cvta_generic_to_shared(p)); };
   if (threadIdx.x == 0) {
-    for (int s = 0; s < S; ++s) asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(saddr(&bar[s])) : "memory");
-    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    for (int s = 0; s < S; ++s) mbar_init(smem_u32(&bar[s]), 1);
+    mbar_fence_init();
   }
   __syncthreads();
   const auto issue = [&](int j) {
     const int s = j % S;
-    const std::uint32_t b = saddr(&bar[s]);
-    const unsigned char* src = w + static_cast<std::size_t>(row_of(blockIdx.x, j, rows)) * kRowBytes;
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(b), "r"(kRowBytes) : "memory");
-    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
-                     saddr(ring + s * kRowBytes)),
-                 "l"(src), "r"(kRowBytes), "r"(b)
-                 : "memory");
+    const std::uint32_t b = smem_u32(&bar[s]);
+    mbar_arrive_expect_tx(b, kRowBytes);
+    bulk_load_g2s(smem_u32(ring + s * kRowBytes), w + static_cast<std::size_t>(row_of(blockIdx.x, j, rows)) * kRowBytes,
+                  kRowBytes, b);
   };
   if (threadIdx.x == 0)
     for (int j = 0; j < S && j < kRowsPerCta; ++j) issue(j);
   std::uint32_t acc = 0;
   for (int j = 0; j < kRowsPerCta; ++j) {
     const int s = j % S;
-    const std::uint32_t b = saddr(&bar[s]), parity = static_cast<std::uint32_t>(j / S) & 1u;
-    std::uint32_t done = 0;
-    do {
-      asm volatile("{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2; selp.u32 %0, 1, 0, p; }"
-                   : "=r"(done)
-                   : "r"(b), "r"(parity)
-                   : "memory");
-    } while (!done);
+    mbar_wait(smem_u32(&bar[s]), static_cast<std::uint32_t>(j / S) & 1u);
     const uint4* r = reinterpret_cast<const uint4*>(ring + s * kRowBytes);
     acc ^= fold(r[threadIdx.x]) ^ fold(r[threadIdx.x + kThreads]);
     __syncthreads();  // every thread has read slot s: it may be refilled

@@ -293,7 +293,7 @@ void FfnContext::sparse_rest(const __nv_bfloat16* x, std::int64_t m, __nv_bfloat
   hot_down(m, y, stream);  // adds into the y the cold part wrote
 }
 
-LtGemm& FfnContext::side_gemm() {  // the main one's workspace size: the same heuristic choices
+LtGemm& FfnContext::side_gemm() {
   if (!side_gemm_) side_gemm_ = std::make_unique<LtGemm>(opt_.autotune_gemm, 8, gemm_.workspace_bytes());
   return *side_gemm_;
 }

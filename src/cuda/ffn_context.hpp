@@ -298,6 +298,10 @@ class FfnContext {
   const ContextOptions& options() const noexcept { return opt_; }
   LtGemm& gemm() noexcept { return gemm_; }
   const LtGemm& gemm() const noexcept { return gemm_; }
+  // GEMMs on a second stream (hot_overlap here and in the training context): their own workspace,
+  // of gemm()'s size so that the heuristics choose the same algorithms; created on first use.
+  LtGemm& side_gemm();
+  std::size_t side_gemm_workspace_bytes() const noexcept { return side_gemm_ ? side_gemm_->workspace_bytes() : 0; }
 
   // Device weights (bf16): [Wg; 0; Wu; 0] as [2·ldn, K] (gated) or [Wu; 0] as [ldn, K]; Wd as
   // [K, ldn] (padding columns zero); Wdᵀ as [N, K].
@@ -330,7 +334,6 @@ class FfnContext {
   // hot_overlap, beside cold_rest); hot_down: y += h·Wd[:, hot]ᵀ, after cold_rest wrote y.
   void hot_up(const __nv_bfloat16* x, std::int64_t m, LtGemm& gemm, cudaStream_t stream);
   void hot_down(std::int64_t m, __nv_bfloat16* y, cudaStream_t stream);
-  LtGemm& side_gemm();  // the side stream's GEMMs (own workspace), created on first use
   // gate_gemm over the first n neurons (the call's sparse_n in gate_twell).
   void gate_gemm_cols(const __nv_bfloat16* x, std::int64_t m, std::int64_t n, cudaStream_t stream);
   __nv_bfloat16* hot_workspace(std::int64_t m) noexcept;  // [m, 2·ldh]: h in its first ldh columns

@@ -1,5 +1,5 @@
 #pragma once
-// Hopper (sm_90a) PTX wrappers used by the sm90 kernels: mbarrier, TMA tile loads, bulk stores, wgmma
+// Hopper (sm_90a) PTX wrappers used by the sm90 kernels: mbarrier, TMA tile loads, bulk loads and stores, wgmma
 // descriptors and the m64n256k16 bf16 wgmma. Device code only; include from .cu files whose
 // Hopper bodies sit behind __CUDA_ARCH_FEAT_SM90_ALL (the sm_80 pass of a fat binary sees none).
 #include <cuda_runtime.h>
@@ -56,6 +56,15 @@ __device__ __forceinline__ void tma_load_2d(std::uint32_t dst, const void* tmap,
       "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];" ::"r"(dst),
       "l"(reinterpret_cast<std::uint64_t>(tmap)), "r"(c0), "r"(c1), "r"(bar)
       : "memory");
+}
+
+// ---- bulk copy global → shared (no tensor map): `bytes` (% 16 == 0, both addresses 16-byte
+// aligned) into this CTA's shared memory at dst, completing on `bar` (arm it with
+// mbar_arrive_expect_tx first) ----
+__device__ __forceinline__ void bulk_load_g2s(std::uint32_t dst, const void* src, std::uint32_t bytes, std::uint32_t bar) {
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(dst),
+               "l"(src), "r"(bytes), "r"(bar)
+               : "memory");
 }
 
 // The same tile written to the same shared-memory offset of every CTA in `cta_mask` (thread block

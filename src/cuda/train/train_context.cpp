@@ -129,7 +129,7 @@ std::size_t TrainContext::device_bytes() const noexcept {
          tmp_vals_.bytes() + p_.bytes() + u_e_.bytes() + row_l1_.bytes() + d_up_e_.bytes() + d_gate_e_.bytes() +
          dwd_t_.bytes() + wg_entries_.bytes() + wg_work_.bytes() + wg_item_counts_.bytes() +
          wg_item_offsets_.bytes() + wg_item_neuron_.bytes() + cub_ws_.bytes() + dw_gu_.bytes() + dw_down_.bytes() + scalars_.bytes() +
-         scratch_scalars_.bytes() + hot_scalars_.bytes() + (side_gemm_ ? side_gemm_->workspace_bytes() : 0) +
+         scratch_scalars_.bytes() + hot_scalars_.bytes() + ffn_.side_gemm_workspace_bytes() +
          hot_idx_.bytes() + hot_base8_.bytes() + skip8_.bytes() + w_hot_.bytes() + dw_hot_.bytes() +
          row_flags_.bytes() + dense_rows_.bytes() + n_dense_.bytes() + rows_gu_.bytes() + rows_x_.bytes() +
          rows_dy_.bytes() + rows_out_.bytes() + rows_h_.bytes() + rows_dh_.bytes() + rows_dgu_.bytes();
@@ -270,7 +270,7 @@ TrainForwardResult TrainContext::forward(const __nv_bfloat16* x, std::int64_t m,
     if (overlap) {
       h_.reserve(sz(m * ldh()));
       if (gated()) gu_.reserve(sz(m * 2 * ldh()));
-      LtGemm& gemm = side_gemm();
+      LtGemm& gemm = ffn_.side_gemm();
       cudaStream_t side = side_.fork(stream);
       TWELL_CUDA_CHECK(cudaMemsetAsync(hot_scalars_.get(), 0, sizeof(DenseTrainScalars), side));
       hot_forward_up(x, m, gemm, hot_scalars_.get(), /*timed=*/false, side);
@@ -455,7 +455,7 @@ void TrainContext::sparse_backward(const __nv_bfloat16* x, const __nv_bfloat16* 
   const bool overlap = saved_hot_ > 0 && opt_.hot_overlap;
   if (overlap) {
     hot_backward_reserve(m);
-    LtGemm& gemm = side_gemm();
+    LtGemm& gemm = ffn_.side_gemm();
     hot_backward_grads(x, dy, m, c1, gemm, /*timed=*/false, side_.fork(stream));
   }
   SparseTrainBackwardParams b;
@@ -478,7 +478,7 @@ void TrainContext::sparse_backward(const __nv_bfloat16* x, const __nv_bfloat16* 
   b.min_blocks = opt_.token_min_blocks;
   launch_sparse_train_backward(b, stream);
   mark("bwd: token-major dt, dx", stream);
-  if (overlap) hot_backward_dx(m, dx, side_gemm(), side_.fork(stream));
+  if (overlap) hot_backward_dx(m, dx, ffn_.side_gemm(), side_.fork(stream));
 
   // Per neuron: its entries (tokens ascending), then the three weight-gradient rows.
   reserve_entries(entry_rows_, nnz_);
@@ -678,11 +678,6 @@ void TrainContext::calibrate_hot_neurons(std::int64_t m, cudaStream_t stream) {
                                                           hot_threshold(), m, max_hot_neurons(), opt_.dense_rows_min,
                                                           recount);
   set_hot_neurons(c.hot, stream);
-}
-
-LtGemm& TrainContext::side_gemm() {  // the main one's workspace size: the same heuristic choices
-  if (!side_gemm_) side_gemm_ = std::make_unique<LtGemm>(opt_.autotune_gemm, 8, ffn_.gemm().workspace_bytes());
-  return *side_gemm_;
 }
 
 void TrainContext::hot_forward_up(const __nv_bfloat16* x, std::int64_t m, LtGemm& gemm, DenseTrainScalars* scalars,

@@ -24,7 +24,6 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
-#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
@@ -190,7 +189,6 @@ class TrainContext {
                           bool timed, cudaStream_t stream);
   void hot_backward_dx(std::int64_t m, __nv_bfloat16* dx, LtGemm& gemm, cudaStream_t stream);
   void hot_backward_scatter(cudaStream_t stream);
-  LtGemm& side_gemm();  // the side stream's GEMMs (own workspace), created on first use
   void calibrate_hot_neurons(std::int64_t m, cudaStream_t stream);  // from the gate output in g_
   // The dense rows of the sparse step (saved_rows_ of them, listed in dense_rows_): forward
   // [g | u]_R (or h_R) over every neuron, y rows overwritten; backward dx rows overwritten and the
@@ -256,8 +254,7 @@ class TrainContext {
   DeviceBuffer<__nv_bfloat16> w_hot_;
   DeviceBuffer<float> dw_hot_;
   DeviceBuffer<DenseTrainScalars> scalars_, scratch_scalars_, hot_scalars_;  // hot_scalars_: the side stream's sums
-  SideStream side_;                   // hot_overlap
-  std::unique_ptr<LtGemm> side_gemm_;
+  SideStream side_;  // hot_overlap (its GEMMs: ffn_.side_gemm())
   // dense rows: row_flags_ [m], dense_rows_ [m] (the first saved_rows_ used), n_dense_ [1];
   // rows_gu_ [R, 2·ldn] (saved); rows_x_, rows_dy_, rows_out_ [R, K], rows_h_, rows_dh_ [R, ldn],
   // rows_dgu_ [R, 2·ldn] workspaces.
