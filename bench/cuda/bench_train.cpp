@@ -143,6 +143,30 @@ void run_train_sweep(bool quick, int warmup, int reps, cudaStream_t s, nlohmann:
         });
       }
     }
+    // The weight-gradient passes' L2 budget against the default, whole sparse steps alternately:
+    // 0.7 gives the H100 (50 MB L2) 512-column slices at M = 16384, as 0.6 does the H200 (60 MB);
+    // 0.0 is the widest slices in one block of every row.
+    nlohmann::json wg_alt = nlohmann::json::object();  // fraction → [variant ms, default ms]
+    if (pt.m >= 16384 && pt.density <= 0.015) {
+      TrainContext def(copt);
+      def.upload_weights(w, s);
+      for (double frac : {0.7, 0.0}) {
+        TrainContextOptions o = copt;
+        o.weight_grad_l2_fraction = frac;
+        TrainContext v(o);
+        v.upload_weights(w, s);
+        const auto step = [&](TrainContext& c) {
+          return [&] {
+            c.forward(dev_x.get(), m, dev_y.get(), Path::sparse, s);
+            c.backward(dev_x.get(), dev_dy.get(), m, l1_coeff, dev_dx.get(), s);
+          };
+        };
+        const auto [v_ms, d_ms] = host::alternating_medians_ms(warmup, reps, s, step(v), step(def));
+        char key[16];
+        std::snprintf(key, sizeof key, "%.1f", frac);
+        wg_alt[key] = {v_ms, d_ms};
+      }
+    }
     // Hot neurons: the sparse step without and with the split, timed alternately; and the split at
     // other thresholds than the default.
     nlohmann::json hot_json = nlohmann::json::object();
@@ -261,6 +285,16 @@ void run_train_sweep(bool quick, int warmup, int reps, cudaStream_t s, nlohmann:
       std::string v = "          hot neurons: " + hot_json.dump();
       std::printf("%s\n", v.c_str());
     }
+    if (!wg_alt.empty()) {
+      std::string v = "          weight-gradient L2 fraction / default (" + std::to_string(copt.weight_grad_l2_fraction).substr(0, 4) +
+                      "), whole sparse step alternating:";
+      for (const auto& [frac, t] : wg_alt.items()) {
+        char b[64];
+        std::snprintf(b, sizeof b, " %s: %.3f / %.3f;", frac.c_str(), t[0].get<double>(), t[1].get<double>());
+        v += b;
+      }
+      std::printf("%s\n", v.c_str());
+    }
     if (!wg_variants.empty()) {
       std::string v = "          sparse step by weight-gradient L2 fraction[/run][/slice-major] (default 0.6, run max(128, nnz/8192), rows read in place):";
       for (const auto& [frac, ms] : wg_variants.items()) {
@@ -302,6 +336,7 @@ void run_train_sweep(bool quick, int warmup, int reps, cudaStream_t s, nlohmann:
                                    {"err_y_dx_sampled", err},
                                    {"sparse_phases_ms", phases},
                                    {"sparse_step_ms_by_wg_l2_fraction", wg_variants},
+                                   {"wg_l2_fraction_vs_default_alternating_ms", wg_alt},
                                    {"check_rows", rows.size()}});
   }
 }
