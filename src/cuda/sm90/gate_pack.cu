@@ -5,7 +5,6 @@
 #include <cudaTypedefs.h>
 
 #include <algorithm>
-#include <type_traits>
 
 #include "cuda/common/check.hpp"
 #include "cuda/common/device_math.cuh"
@@ -32,11 +31,10 @@ constexpr int kTileBytes = kBM * kBN * 2;     // staging: [128 rows, 128] u32 (b
 // S = 2), with R = 32 for S ≤ 32, 1024 / S above (R · (S + 4) ≤ 1152 for every S = 4 … 128).
 constexpr int kRowStageWords = 1152;
 constexpr int kRowStageBytes = kPackWarps * kRowStageWords * 4;
-constexpr int kMaskBytes = kBM * 4;  // sparse staging: per tile row, bit w = 16-byte word w holds a non-zero
 constexpr int kBarBytes = (2 * kStages + 2) * 8;
 static_assert(kBN == kTwellTile, "one CTA tile column block is one TwELL tile");
 static_assert(kABytes % 1024 == 0 && kBBytes % 1024 == 0, "128B-swizzled tiles need 1024-byte alignment");
-static_assert(1024 + kStages * kStageBytes + kTileBytes + kRowStageBytes + kMaskBytes + kBarBytes <= static_cast<int>(kGatePackSmemBytes),
+static_assert(1024 + kStages * kStageBytes + kTileBytes + kRowStageBytes + kBarBytes <= static_cast<int>(kGatePackSmemBytes),
               "shared-memory budget");
 // Registers: warpgroup 0 (producer + packers, 4 rows per batch) 104, consumers 200: 104·128 + 200·256
 // = 64512, no spills (88/208, 80/216 and 72/216 spill in the packers).
@@ -59,7 +57,7 @@ __device__ __forceinline__ std::uint32_t relu_bf16x2(float lo, float hi) {
 }
 #endif
 
-template <int CM, bool SPARSE>
+template <int CM>
 __global__ void __launch_bounds__(kThreads, 1)
     twell_gate_pack_sm90_kernel(const __grid_constant__ CUtensorMap tmap_x, const __grid_constant__ CUtensorMap tmap_w,
                                 GatePackParams p) {
@@ -67,14 +65,12 @@ __global__ void __launch_bounds__(kThreads, 1)
   using namespace sm90;
   extern __shared__ unsigned char smem_raw[];
   // [kStages] × { A [128, 64] bf16 | B [256, 64] bf16 } (128B swizzle), the staging tile, the
-  // packers' row stages [kPackWarps][kRowStageWords] u32, the row masks [kBM] u32 (SPARSE), then
-  // the mbarriers full[kStages], empty[kStages], staged, freed.
+  // packers' row stages [kPackWarps][kRowStageWords] u32, then the mbarriers full[kStages],
+  // empty[kStages], staged, freed.
   unsigned char* smem = reinterpret_cast<unsigned char*>((reinterpret_cast<std::uintptr_t>(smem_raw) + 1023) & ~std::uintptr_t{1023});
   std::uint32_t* tile_buf = reinterpret_cast<std::uint32_t*>(smem + kStages * kStageBytes);
   std::uint32_t* row_stage = reinterpret_cast<std::uint32_t*>(smem + kStages * kStageBytes + kTileBytes);
-  std::uint32_t* row_mask = reinterpret_cast<std::uint32_t*>(smem + kStages * kStageBytes + kTileBytes + kRowStageBytes);
-  unsigned long long* bars =
-      reinterpret_cast<unsigned long long*>(smem + kStages * kStageBytes + kTileBytes + kRowStageBytes + kMaskBytes);
+  unsigned long long* bars = reinterpret_cast<unsigned long long*>(smem + kStages * kStageBytes + kTileBytes + kRowStageBytes);
   const std::uint32_t smem_base = smem_u32(smem);
   const std::uint32_t full0 = smem_u32(bars), empty0 = smem_u32(bars + kStages);
   const std::uint32_t staged = smem_u32(bars + 2 * kStages), freed = smem_u32(bars + 2 * kStages + 1);
@@ -88,10 +84,6 @@ __global__ void __launch_bounds__(kThreads, 1)
     mbar_init(freed, kPackWarps * 32);    // every packing thread, after reading the tile
     mbar_fence_init();
   }
-  // Sparse staging's invariant: between tiles the staging tile is all zero (the consumers write
-  // only non-zero pairs; the packers zero every word they were pointed to).
-  if constexpr (SPARSE)
-    for (int j = threadIdx.x; j < kTileBytes / 16; j += kThreads) reinterpret_cast<uint4*>(tile_buf)[j] = make_uint4(0, 0, 0, 0);
   cluster_sync();  // every CTA's barriers exist before any multicast or remote arrive
   const long long t_start = p.profile ? clock64() : 0;
 
@@ -164,17 +156,13 @@ __global__ void __launch_bounds__(kThreads, 1)
           const int i = i0 + lane;
           const bool mine = lane < R && row0 + lane < p.m;
           // (1) Which 16-byte words of the row hold any non-zero magnitude (a superset of the kept
-          // ones): the consumers' mask (SPARSE), or one load and three ORs per word; no keep rule yet.
-          unsigned nzw = 0, staged_words = 0;
+          // ones): one load and three ORs per word, no keep rule yet.
+          unsigned nzw = 0;
           if (mine) {
-            if constexpr (SPARSE) {
-              nzw = staged_words = row_mask[i];
-            } else {
 #pragma unroll 8
-              for (int w = 0; w < 32; ++w) {
-                const uint4 v = *reinterpret_cast<const uint4*>(tile_buf + stage_index(i, 4 * w));
-                nzw |= ((v.x | v.y | v.z | v.w) & 0x7fff7fffu) ? (1u << w) : 0u;
-              }
+            for (int w = 0; w < 32; ++w) {
+              const uint4 v = *reinterpret_cast<const uint4*>(tile_buf + stage_index(i, 4 * w));
+              nzw |= ((v.x | v.y | v.z | v.w) & 0x7fff7fffu) ? (1u << w) : 0u;
             }
             nzw &= ncols >= kBN ? 0xffffffffu : (1u << ((ncols + 7) / 8)) - 1u;
           }
@@ -244,15 +232,8 @@ __global__ void __launch_bounds__(kThreads, 1)
             }
           }
           __syncwarp();  // every lane has read the stage before the next pass rewrites it
-          if constexpr (SPARSE) {  // after the row copies of (4), which read other lanes' rows
-            while (staged_words) {
-              const int w = __ffs(staged_words) - 1;
-              staged_words &= staged_words - 1;
-              *reinterpret_cast<uint4*>(tile_buf + stage_index(i, 4 * w)) = make_uint4(0, 0, 0, 0);
-            }
-          }
         }
-        mbar_arrive(freed);  // this thread's reads (and SPARSE: zeroing) of the tile are done
+        mbar_arrive(freed);  // this thread's reads of the tile are done
         if (p.profile && lane == 0) {
           unsigned long long* pr = p.profile + blockIdx.x * kGatePackProfileSlots;
           pr[warp - 1] += static_cast<unsigned long long>(clock64() - t_busy);
@@ -317,31 +298,11 @@ __global__ void __launch_bounds__(kThreads, 1)
         p.profile[blockIdx.x * kGatePackProfileSlots + 5] += 1;
       }
       const int q = lane & 3, r0 = cw * 64 + warp * 16 + (lane >> 2);
-      if constexpr (SPARSE) {
-        // Only the non-zero pairs (the tile is zero elsewhere); bit j of the row's mask = word j
-        // (columns 8j .. 8j + 7, one pair from each of the quad's 4 lanes) holds one.
 #pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          unsigned mask = 0;
+      for (int h = 0; h < 2; ++h)
 #pragma unroll
-          for (int j = 0; j < 32; ++j) {
-            const std::uint32_t v = relu_bf16x2(acc[4 * j + 2 * h], acc[4 * j + 2 * h + 1]);
-            if (v & 0x7fff7fffu) {
-              tile_buf[stage_index(r0 + 8 * h, 4 * j + q)] = v;
-              mask |= 1u << j;
-            }
-          }
-          mask |= __shfl_xor_sync(0xffffffffu, mask, 1);
-          mask |= __shfl_xor_sync(0xffffffffu, mask, 2);
-          if (q == h) row_mask[r0 + 8 * h] = mask;
-        }
-      } else {
-#pragma unroll
-        for (int h = 0; h < 2; ++h)
-#pragma unroll
-          for (int j = 0; j < 32; ++j)
-            tile_buf[stage_index(r0 + 8 * h, 4 * j + q)] = relu_bf16x2(acc[4 * j + 2 * h], acc[4 * j + 2 * h + 1]);
-      }
+        for (int j = 0; j < 32; ++j)
+          tile_buf[stage_index(r0 + 8 * h, 4 * j + q)] = relu_bf16x2(acc[4 * j + 2 * h], acc[4 * j + 2 * h + 1]);
       mbar_arrive(staged);
       tphase ^= 1;
     }
@@ -393,7 +354,7 @@ bool gate_pack_sm90_available(int device) {
     return false;
   if (major != 9 || minor != 0 || static_cast<std::size_t>(optin) < kGatePackSmemBytes) return false;
   cudaFuncAttributes fa{};
-  if (cudaFuncGetAttributes(&fa, twell_gate_pack_sm90_kernel<1, true>) != cudaSuccess) return false;
+  if (cudaFuncGetAttributes(&fa, twell_gate_pack_sm90_kernel<1>) != cudaSuccess) return false;
   return fa.binaryVersion == 90;  // the sm_90a cubin (a build without it would run the sm_80 stub)
 }
 
@@ -415,12 +376,7 @@ void launch_twell_gate_pack_sm90(const GatePackParams& p, cudaStream_t stream) {
   const int cm = p.cluster;
   TWELL_CU_REQUIRE(cm == 1 || cm == 2 || cm == 4, ErrorCode::invalid_argument,
                    "gate pack sm90: cluster size must be 1, 2 or 4 (got {})", cm);
-  auto pick = [&](auto sparse) {
-    constexpr bool kSparse = decltype(sparse)::value;
-    return cm == 1 ? twell_gate_pack_sm90_kernel<1, kSparse>
-                   : cm == 2 ? twell_gate_pack_sm90_kernel<2, kSparse> : twell_gate_pack_sm90_kernel<4, kSparse>;
-  };
-  auto kernel = p.sparse_stage ? pick(std::true_type{}) : pick(std::false_type{});
+  auto kernel = cm == 1 ? twell_gate_pack_sm90_kernel<1> : cm == 2 ? twell_gate_pack_sm90_kernel<2> : twell_gate_pack_sm90_kernel<4>;
   // Per launch: the attribute belongs to the current device (a host-side call, no synchronisation).
   TWELL_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kGatePackSmemBytes)));
   const CUtensorMap mx = tile_map(p.x, p.m, p.k, kBM);

@@ -11,9 +11,8 @@
 // 128 rows × 256 columns = exactly one TwELL tile per row. Clusters of `cluster` CTAs along M
 // split each W tile's load and multicast it (less L2 traffic per FLOP). Tiles are dealt n-fastest
 // so that the CTAs in flight share W (which stays in L2) and a few row blocks of x.
-// Epilogue: the consumers write ReLU + bf16 values into a swizzled 64 KB staging tile (with
-// sparse_stage only the non-zero pairs, and a mask per row of the 16-byte words holding any) and
-// go on to the next tile's wgmmas; warps 1..3 of the load warpgroup pack the staged tile, one lane per
+// Epilogue: the consumers write ReLU + bf16 values into a swizzled 64 KB staging tile and go on
+// to the next tile's wgmmas; warps 1..3 of the load warpgroup pack the staged tile, one lane per
 // row (a cheap scan for non-zero 16-byte words, then the keep rule on those only), each block
 // leaving from a shared-memory row stage by one bulk copy (cp.async.bulk): the same words, counts
 // and flags as twell_pack on the same values.
@@ -45,11 +44,6 @@ struct GatePackParams {
   bool store_gate = false;              // also store every other block (tests, diagnostics)
   int sm_count = 0;                     // persistent grid size (the device's SM count)
   int cluster = 2;                      // CTAs per cluster along M sharing each W tile by TMA multicast: 1, 2 or 4
-  // Sparse staging: the consumers write only the non-zero bf16 pairs of a tile into the staging
-  // tile, plus a mask per row of its 16-byte words holding any; the packers read the masks instead
-  // of scanning every word, and zero the words they read (the tile stays zero between tiles).
-  // Same words, counts, flags and gate values as the dense staging (false).
-  bool sparse_stage = true;
   // Diagnostics only (probe_gate_sm90), outputs left undefined unless 0: 1 = no epilogue at all;
   // 2 = the tile is staged but not packed; 3 = packed without any global store.
   int timing_mode = 0;
@@ -61,7 +55,7 @@ struct GatePackParams {
 };
 inline constexpr int kGatePackProfileSlots = 8;
 
-inline constexpr std::size_t kGatePackSmemBytes = 1024 + 3 * (128 + 256) * 64 * 2 + 128 * 256 * 2 + 3 * 1152 * 4 + 128 * 4 + 64;
+inline constexpr std::size_t kGatePackSmemBytes = 1024 + 3 * (128 + 256) * 64 * 2 + 128 * 256 * 2 + 3 * 1152 * 4 + 64;
 
 // True iff this build carries the sm_90a kernel and `device` can run it (compute capability 9.0
 // and enough opt-in shared memory).
