@@ -296,7 +296,7 @@ void run_train_sweep(bool quick, int warmup, int reps, cudaStream_t s, nlohmann:
       std::printf("%s\n", v.c_str());
     }
     if (!wg_variants.empty()) {
-      std::string v = "          sparse step by weight-gradient L2 fraction[/run][/slice-major] (default 0.6, run max(128, nnz/8192), rows read in place):";
+      std::string v = "          sparse step by weight-gradient L2 fraction[/run][/slice-major] (default 0.7, run max(128, nnz/8192), rows read in place):";
       for (const auto& [frac, ms] : wg_variants.items()) {
         char b[64];
         std::snprintf(b, sizeof b, " %s: %.3f;", frac.c_str(), ms.get<double>());

@@ -68,7 +68,7 @@ struct TrainOptions {
   // Weight-gradient tuning knobs of the sparse step (exact for any value; for tests and
   // benchmarks): the L2 budget of a pass, the entries per work item (0: automatic) and whether
   // the passes read slice-major copies of x and dy.
-  double weight_grad_l2_fraction = 0.6;
+  double weight_grad_l2_fraction = 0.7;  // TrainContextOptions::weight_grad_l2_fraction
   std::int64_t weight_grad_run = 0;
   bool weight_grad_slice_major = false;
   int token_min_blocks = 6;  // the token-major kernels built for 6 or 8 blocks per SM (K ≤ 2048); 0: no bound

@@ -47,8 +47,10 @@ struct TrainContextOptions {
   // (H100, 0.5 %: 0.50x dense at M = 256, 0.94x at 2048, 1.37x at 16384).
   std::int64_t dispatch_min_rows = 4096;
   // Weight gradients run in passes (column slices, then token blocks) whose x and dy columns
-  // take at most this fraction of the L2 (0: widest slices, one block).
-  double weight_grad_l2_fraction = 0.6;
+  // take at most this fraction of the L2 (0: widest slices, one block). 0.7 gives the H100's 50 MB
+  // L2 the 512-column slices at M = 16384 that 0.6 gave only the H200's 60 MB: −0.09 … −0.14 ms per
+  // step on the H100 (0f80ae8, alternating with 0.6), the same on the H200 (fd3893b).
+  double weight_grad_l2_fraction = 0.7;
   // Entries per weight-gradient work item (0: 128); never below nnz / 8192, which bounds the
   // partial sums of split neurons at 48 MB.
   std::int64_t weight_grad_run = 0;
