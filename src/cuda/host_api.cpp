@@ -2,6 +2,7 @@
 // CUDA work on a private stream of a private FfnContext.
 #include <algorithm>
 #include <cstring>
+#include <tuple>
 #include <vector>
 
 #include "cuda/common/check.hpp"
@@ -95,13 +96,17 @@ BenchTimes bench_ffn_host(CMatrixF x, const FfnWeights& w, const BenchOptions& o
 
   BenchTimes t;
   poison(y_dense.get(), y_dense.size(), s);
-  t.dense_ms = median_ms(opt.warmup, opt.reps, s, [&] { ctx.dense_forward(dx.get(), m, y_dense.get(), s); });
-  t.dense_gate_ms = median_ms(opt.warmup, opt.reps, s, [&] { ctx.dense_gate_gemm(dx.get(), m, s); });
-  t.gate_ms = median_ms(opt.warmup, opt.reps, s, [&] { ctx.gate_twell(dx.get(), m, s); });
+  // Each comparison timed alternately, rep by rep (host::alternating_medians_ms), so that clock and
+  // power drift over the run weigh on both sides alike: the gate GEMM alone against the gate with
+  // its TwELL epilogue, the dense FFN against the dispatched one.
+  std::tie(t.dense_gate_ms, t.gate_ms) = host::alternating_medians_ms(
+      opt.warmup, opt.reps, s, [&] { ctx.dense_gate_gemm(dx.get(), m, s); }, [&] { ctx.gate_twell(dx.get(), m, s); });
   t.sparse_ms = median_ms(opt.warmup, opt.reps, s, [&] { ctx.sparse_rest(dx.get(), m, y_sparse.get(), s); });
   poison(y_sparse.get(), y_sparse.size(), s);
   ForwardResult r;
-  t.total_ms = median_ms(opt.warmup, opt.reps, s, [&] { r = ctx.forward(dx.get(), m, y_sparse.get(), Path::automatic, s); });
+  std::tie(t.dense_ms, t.total_ms) = host::alternating_medians_ms(
+      opt.warmup, opt.reps, s, [&] { ctx.dense_forward(dx.get(), m, y_dense.get(), s); },
+      [&] { r = ctx.forward(dx.get(), m, y_sparse.get(), Path::automatic, s); });
   t.path = r.path;
   ctx.gate_twell(dx.get(), m, s);  // exact counts for the report, whichever remainder dispatch chose
   const TwellCounters c = ctx.read_counters(s);

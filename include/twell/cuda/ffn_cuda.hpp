@@ -59,7 +59,8 @@ struct BenchTimes {
   std::vector<float> y_sparse;  // [M, K] from the sparse/dispatched path
   std::vector<float> y_dense;   // [M, K] from the dense path
 };
-// Times both paths in one process on the same inputs (CUDA events, median of reps).
+// Times both paths in one process on the same inputs (CUDA events, median of reps); the gate
+// against the GEMM alone and the dispatched FFN against the dense one alternately, rep by rep.
 BenchTimes bench_ffn_host(CMatrixF x, const FfnWeights& w, const BenchOptions& opt = {});
 
 // ---- training (one FFN layer, forward + backward) ----
