@@ -63,9 +63,9 @@ int main(int argc, char** argv) {
   const double flop = 2.0 * static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k);
   std::printf("M=%lld N=%lld K=%lld density %.3f%%, %d SMs\n", static_cast<long long>(m), static_cast<long long>(n),
               static_cast<long long>(k), 100 * density, sms);
-  std::printf("%-44s %8.3f ms %6.0f TF/s\n", "cuBLASLt GEMM (autotuned)", t_gemm, flop / t_gemm * 1e-9);
+  std::printf("%-52s %8.3f ms %6.0f TF/s\n", "cuBLASLt GEMM (autotuned)", t_gemm, flop / t_gemm * 1e-9);
   // The kernel's parameters on this probe's buffers, by cluster size and timing mode.
-  auto params = [&](int cl, int mode) {
+  auto params = [&](int cl, int mode, bool stm) {
     GatePackParams p;
     p.x = x.get();
     p.w = w.get();
@@ -80,41 +80,47 @@ int main(int argc, char** argv) {
     p.sm_count = sms;
     p.cluster = cl;
     p.timing_mode = mode;
+    p.stage_stmatrix = stm;
     return p;
   };
   for (int cl : {1, 2})
-    for (int mode : {0, 1, 2, 3}) {
-      const GatePackParams p = params(cl, mode);
-      // Alternating with the GEMM rep by rep, so that clock and power drift over the run weigh on
-      // both alike (timed one after the other, the later kernel read up to 0.05 ms slower).
-      const auto [tg, t] = host::alternating_medians_ms(
-          3, reps, s, [&] { lt.run(gs, w.get(), x.get(), g.get(), s); }, [&] { launch_twell_gate_pack_sm90(p, s); });
-      static const char* const kMode[] = {"", ", no epilogue", ", staged, not packed", ", packed, no stores"};
-      const std::string name = "sm90 gate, cluster " + std::to_string(cl) + kMode[mode];
-      std::printf("%-44s %8.3f ms %6.0f TF/s  %.3fx the GEMM (%.3f ms alternating)\n", name.c_str(), t, flop / t * 1e-9, t / tg, tg);
-    }
+    for (int mode : {0, 1, 2, 3})
+      for (bool stm : {false, true}) {
+        if (mode == 1 && stm) continue;  // no epilogue: nothing is staged
+        const GatePackParams p = params(cl, mode, stm);
+        // Alternating with the GEMM rep by rep, so that clock and power drift over the run weigh
+        // on both alike (timed one after the other, the later kernel read up to 0.05 ms slower).
+        const auto [tg, t] = host::alternating_medians_ms(
+            3, reps, s, [&] { lt.run(gs, w.get(), x.get(), g.get(), s); }, [&] { launch_twell_gate_pack_sm90(p, s); });
+        static const char* const kMode[] = {"", ", no epilogue", ", staged, not packed", ", packed, no stores"};
+        const std::string name =
+            "sm90 gate, cluster " + std::to_string(cl) + (mode == 1 ? "" : stm ? ", stmatrix" : ", st.shared") + kMode[mode];
+        std::printf("%-52s %8.3f ms %6.0f TF/s  %.3fx the GEMM (%.3f ms alternating)\n", name.c_str(), t, flop / t * 1e-9,
+                    t / tg, tg);
+      }
   // Where a CTA's time goes (clock64 sums from one launch, cluster 2): packing per tile by warp,
   // the packers' wait for a staged tile, the consumers' wait for the staging tile to be free.
-  for (int mode : {0, 3}) {
-    DeviceBuffer<unsigned long long> prof(static_cast<std::size_t>(sms) * kGatePackProfileSlots);
-    TWELL_CUDA_CHECK(cudaMemset(prof.get(), 0, prof.size() * sizeof(unsigned long long)));
-    GatePackParams p = params(2, mode);
-    p.profile = prof.get();
-    launch_twell_gate_pack_sm90(p, s);
-    TWELL_CUDA_CHECK(cudaStreamSynchronize(s));
-    std::vector<unsigned long long> h(prof.size());
-    TWELL_CUDA_CHECK(cudaMemcpy(h.data(), prof.get(), h.size() * sizeof(unsigned long long), cudaMemcpyDeviceToHost));
-    double sum[kGatePackProfileSlots] = {}, worst = 0;
-    for (int b = 0; b < sms; ++b) {
-      for (int i = 0; i < kGatePackProfileSlots; ++i) sum[i] += static_cast<double>(h[static_cast<std::size_t>(b) * kGatePackProfileSlots + i]);
-      worst = std::max(worst, static_cast<double>(h[static_cast<std::size_t>(b) * kGatePackProfileSlots + 6]));
+  for (int mode : {0, 3})
+    for (bool stm : {false, true}) {
+      DeviceBuffer<unsigned long long> prof(static_cast<std::size_t>(sms) * kGatePackProfileSlots);
+      TWELL_CUDA_CHECK(cudaMemset(prof.get(), 0, prof.size() * sizeof(unsigned long long)));
+      GatePackParams p = params(2, mode, stm);
+      p.profile = prof.get();
+      launch_twell_gate_pack_sm90(p, s);
+      TWELL_CUDA_CHECK(cudaStreamSynchronize(s));
+      std::vector<unsigned long long> h(prof.size());
+      TWELL_CUDA_CHECK(cudaMemcpy(h.data(), prof.get(), h.size() * sizeof(unsigned long long), cudaMemcpyDeviceToHost));
+      double sum[kGatePackProfileSlots] = {}, worst = 0;
+      for (int b = 0; b < sms; ++b) {
+        for (int i = 0; i < kGatePackProfileSlots; ++i) sum[i] += static_cast<double>(h[static_cast<std::size_t>(b) * kGatePackProfileSlots + i]);
+        worst = std::max(worst, static_cast<double>(h[static_cast<std::size_t>(b) * kGatePackProfileSlots + 6]));
+      }
+      const double tiles = std::max(1.0, sum[5]);
+      std::printf("profile (cluster 2, %s%s), kcycles per tile: packing warp 1/2/3 %.1f / %.1f / %.1f, warp 1 waiting for a tile %.1f, "
+                  "consumers waiting for the staging tile %.1f; CTA %.1f (slowest CTA %.0f kcycles, %.1f tiles per CTA)\n",
+                  stm ? "stmatrix" : "st.shared", mode == 3 ? ", no stores" : "", sum[0] / tiles / 1e3, sum[1] / tiles / 1e3, sum[2] / tiles / 1e3,
+                  sum[3] / tiles / 1e3, sum[4] / tiles / 1e3, sum[6] / tiles / 1e3, worst / 1e3, tiles / sms);
     }
-    const double tiles = std::max(1.0, sum[5]);
-    std::printf("profile (cluster 2%s), kcycles per tile: packing warp 1/2/3 %.1f / %.1f / %.1f, warp 1 waiting for a tile %.1f, "
-                "consumers waiting for the staging tile %.1f; CTA %.1f (slowest CTA %.0f kcycles, %.1f tiles per CTA)\n",
-                mode == 3 ? ", no stores" : "", sum[0] / tiles / 1e3, sum[1] / tiles / 1e3, sum[2] / tiles / 1e3,
-                sum[3] / tiles / 1e3, sum[4] / tiles / 1e3, sum[6] / tiles / 1e3, worst / 1e3, tiles / sms);
-  }
   TWELL_CUDA_CHECK(cudaStreamDestroy(s));
   return 0;
 }

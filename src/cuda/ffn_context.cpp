@@ -240,6 +240,7 @@ void FfnContext::gate_pack_sm90(const __nv_bfloat16* x, std::int64_t m, cudaStre
   p.store_gate = opt_.gate_store_values;
   p.sm_count = sm_count_;
   p.cluster = opt_.gate_sm90_cluster;
+  p.stage_stmatrix = opt_.gate_sm90_stmatrix;
   launch_twell_gate_pack_sm90(p, stream);
 }
 

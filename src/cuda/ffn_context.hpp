@@ -107,6 +107,9 @@ struct ContextOptions {
   // The sm90 gate's cluster size along M (1, 2 or 4): CTAs of a cluster multicast W tiles to each
   // other, cutting the L2 → SM traffic per stage from 48 KB to 16 + 32/cluster KB.
   int gate_sm90_cluster = 2;
+  // The sm90 gate's consumers stage tiles by stmatrix (GatePackParams::stage_stmatrix): the same
+  // values in the same places; off until measured faster.
+  bool gate_sm90_stmatrix = false;
   // gate_twell in this many row chunks (1: one GEMM, then one packing pass): chunk i's packing
   // runs on a second stream while chunk i + 1's GEMM runs. At most M / 2048 chunks, each a whole
   // number of 128-row tiles except the last.

@@ -5,6 +5,7 @@
 #include <cudaTypedefs.h>
 
 #include <algorithm>
+#include <type_traits>
 
 #include "cuda/common/check.hpp"
 #include "cuda/common/device_math.cuh"
@@ -57,7 +58,7 @@ __device__ __forceinline__ std::uint32_t relu_bf16x2(float lo, float hi) {
 }
 #endif
 
-template <int CM>
+template <int CM, bool STM>
 __global__ void __launch_bounds__(kThreads, 1)
     twell_gate_pack_sm90_kernel(const __grid_constant__ CUtensorMap tmap_x, const __grid_constant__ CUtensorMap tmap_w,
                                 GatePackParams p) {
@@ -297,12 +298,37 @@ __global__ void __launch_bounds__(kThreads, 1)
         p.profile[blockIdx.x * kGatePackProfileSlots + 4] += static_cast<unsigned long long>(clock64() - t_wait);
         p.profile[blockIdx.x * kGatePackProfileSlots + 5] += 1;
       }
-      const int q = lane & 3, r0 = cw * 64 + warp * 16 + (lane >> 2);
+      if constexpr (STM) {
+        // Per stmatrix.x4, the warp's 16 rows × columns 8j .. 8j + 15 (j even) as four 8×8
+        // matrices: rows 0–7 / 8–15 of group j, then of group j + 1; lane l addresses row l % 8 of
+        // matrix l / 8, i.e. group g = j + h (h = l / 16) of staging row srow, whose 16 bytes sit
+        // at byte srow·512 + 16·(g ^ (srow % 8)) (stage_index). With j = 8a + 2b and t = h ^ (l % 8)
+        // (< 8), g ^ (srow % 8) = j ^ t = 8a + (2b ^ t): four row offsets, then immediates 128·a.
+        // (ptxas reports 24 bytes of spills for the cluster 2 and 4 builds of this path, 0 for
+        // the st.shared one; where they sit is to be read in the SASS: gpu-check GPU_CHECK_SASS.)
+        const int mi = lane >> 3, srow = cw * 64 + warp * 16 + (mi & 1) * 8 + (lane & 7);
+        const int t = (mi >> 1) ^ (lane & 7);
+        const std::uint32_t rowb = smem_u32(tile_buf) + static_cast<std::uint32_t>(srow) * 512u;
+        std::uint32_t off[4];
 #pragma unroll
-      for (int h = 0; h < 2; ++h)
+        for (int b = 0; b < 4; ++b) off[b] = rowb + 16u * static_cast<std::uint32_t>((2 * b) ^ t);
 #pragma unroll
-        for (int j = 0; j < 32; ++j)
-          tile_buf[stage_index(r0 + 8 * h, 4 * j + q)] = relu_bf16x2(acc[4 * j + 2 * h], acc[4 * j + 2 * h + 1]);
+        for (int a = 0; a < 4; ++a)
+#pragma unroll
+          for (int b = 0; b < 4; ++b) {
+            const int j = 8 * a + 2 * b;
+            stmatrix_x4(off[b] + 128u * static_cast<std::uint32_t>(a), relu_bf16x2(acc[4 * j], acc[4 * j + 1]),
+                        relu_bf16x2(acc[4 * j + 2], acc[4 * j + 3]), relu_bf16x2(acc[4 * j + 4], acc[4 * j + 5]),
+                        relu_bf16x2(acc[4 * j + 6], acc[4 * j + 7]));
+          }
+      } else {
+        const int q = lane & 3, r0 = cw * 64 + warp * 16 + (lane >> 2);
+#pragma unroll
+        for (int h = 0; h < 2; ++h)
+#pragma unroll
+          for (int j = 0; j < 32; ++j)
+            tile_buf[stage_index(r0 + 8 * h, 4 * j + q)] = relu_bf16x2(acc[4 * j + 2 * h], acc[4 * j + 2 * h + 1]);
+      }
       mbar_arrive(staged);
       tphase ^= 1;
     }
@@ -354,7 +380,7 @@ bool gate_pack_sm90_available(int device) {
     return false;
   if (major != 9 || minor != 0 || static_cast<std::size_t>(optin) < kGatePackSmemBytes) return false;
   cudaFuncAttributes fa{};
-  if (cudaFuncGetAttributes(&fa, twell_gate_pack_sm90_kernel<1>) != cudaSuccess) return false;
+  if (cudaFuncGetAttributes(&fa, twell_gate_pack_sm90_kernel<1, false>) != cudaSuccess) return false;
   return fa.binaryVersion == 90;  // the sm_90a cubin (a build without it would run the sm_80 stub)
 }
 
@@ -376,7 +402,12 @@ void launch_twell_gate_pack_sm90(const GatePackParams& p, cudaStream_t stream) {
   const int cm = p.cluster;
   TWELL_CU_REQUIRE(cm == 1 || cm == 2 || cm == 4, ErrorCode::invalid_argument,
                    "gate pack sm90: cluster size must be 1, 2 or 4 (got {})", cm);
-  auto kernel = cm == 1 ? twell_gate_pack_sm90_kernel<1> : cm == 2 ? twell_gate_pack_sm90_kernel<2> : twell_gate_pack_sm90_kernel<4>;
+  auto pick = [&](auto stm) {
+    constexpr bool kStm = decltype(stm)::value;
+    return cm == 1 ? twell_gate_pack_sm90_kernel<1, kStm>
+                   : cm == 2 ? twell_gate_pack_sm90_kernel<2, kStm> : twell_gate_pack_sm90_kernel<4, kStm>;
+  };
+  auto kernel = p.stage_stmatrix ? pick(std::true_type{}) : pick(std::false_type{});
   // Per launch: the attribute belongs to the current device (a host-side call, no synchronisation).
   TWELL_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kGatePackSmemBytes)));
   const CUtensorMap mx = tile_map(p.x, p.m, p.k, kBM);

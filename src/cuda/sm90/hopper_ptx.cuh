@@ -98,6 +98,17 @@ __device__ __forceinline__ void mbar_arrive_cluster(std::uint32_t bar, std::uint
       : "memory");
 }
 
+// ---- stmatrix ----
+// Four 8×8 b16 matrices into shared memory by the warp: lane l gives the address of row l % 8 of
+// matrix l / 8 (16 contiguous bytes); register i of lane l holds matrix i's row l / 4, columns
+// 2·(l % 4) and 2·(l % 4) + 1 (the layout of an mma / wgmma accumulator fragment's 8×8 blocks).
+__device__ __forceinline__ void stmatrix_x4(std::uint32_t addr, std::uint32_t r0, std::uint32_t r1, std::uint32_t r2,
+                                            std::uint32_t r3) {
+  asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};" ::"r"(addr), "r"(r0), "r"(r1), "r"(r2),
+               "r"(r3)
+               : "memory");
+}
+
 // ---- register budget per warpgroup (needs __launch_bounds__(threads, 1)) ----
 template <int R>
 __device__ __forceinline__ void reg_dealloc() { asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(R)); }
