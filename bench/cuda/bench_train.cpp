@@ -118,6 +118,13 @@ void run_train_sweep(bool quick, int warmup, int reps, cudaStream_t s, nlohmann:
       sparse.backward(dev_x.get(), dev_dy.get(), m, l1_coeff, dev_dx.get(), s);
       for (const auto& [name, ms] : sparse.phase_ms()) phases[name] = ms;
     }
+    // One whole sparse training step of context c (forward, then backward), as a callable.
+    const auto step = [&](TrainContext& c) {
+      return [&] {
+        c.forward(dev_x.get(), m, dev_y.get(), Path::sparse, s);
+        c.backward(dev_x.get(), dev_dy.get(), m, l1_coeff, dev_dx.get(), s);
+      };
+    };
     // Weight-gradient passes: the sparse step with other L2 fractions (0 = widest slices, one block) and item runs.
     if (!quick && pt.m >= 16384 && pt.mode == "uni" && pt.density <= 0.01) {
       struct Variant {
@@ -125,7 +132,8 @@ void run_train_sweep(bool quick, int warmup, int reps, cudaStream_t s, nlohmann:
         std::int64_t run;
         bool copy;
       };
-      const Variant variants[] = {{0.0, 0, false}, {1.0, 0, false}, {0.6, 64, false}, {0.6, 256, false}, {0.6, 0, true},
+      const double f0 = copt.weight_grad_l2_fraction;  // the default's budget with other runs, slice-major copies
+      const Variant variants[] = {{0.0, 0, false}, {1.0, 0, false}, {f0, 64, false}, {f0, 256, false}, {f0, 0, true},
                                   {1.0, 0, true}};
       for (const auto& [frac, run, copy] : variants) {
         TrainContextOptions o = copt;
@@ -137,10 +145,7 @@ void run_train_sweep(bool quick, int warmup, int reps, cudaStream_t s, nlohmann:
         char key[48];
         std::snprintf(key, sizeof key, "%.1f%s%s", frac, run > 0 ? ("/run" + std::to_string(run)).c_str() : "",
                       copy ? "/slice-major" : "");
-        wg_variants[key] = median_ms(warmup, reps, s, [&] {
-          v.forward(dev_x.get(), m, dev_y.get(), Path::sparse, s);
-          v.backward(dev_x.get(), dev_dy.get(), m, l1_coeff, dev_dx.get(), s);
-        });
+        wg_variants[key] = median_ms(warmup, reps, s, step(v));
       }
     }
     // The weight-gradient passes' L2 budget against the default, whole sparse steps alternately:
@@ -155,12 +160,6 @@ void run_train_sweep(bool quick, int warmup, int reps, cudaStream_t s, nlohmann:
         o.weight_grad_l2_fraction = frac;
         TrainContext v(o);
         v.upload_weights(w, s);
-        const auto step = [&](TrainContext& c) {
-          return [&] {
-            c.forward(dev_x.get(), m, dev_y.get(), Path::sparse, s);
-            c.backward(dev_x.get(), dev_dy.get(), m, l1_coeff, dev_dx.get(), s);
-          };
-        };
         const auto [v_ms, d_ms] = host::alternating_medians_ms(warmup, reps, s, step(v), step(def));
         char key[16];
         std::snprintf(key, sizeof key, "%.1f", frac);
@@ -176,12 +175,6 @@ void run_train_sweep(bool quick, int warmup, int reps, cudaStream_t s, nlohmann:
       TrainContext off(off_opt), on(copt);
       off.upload_weights(w, s);
       on.upload_weights(w, s);
-      const auto step = [&](TrainContext& c) {
-        return [&] {
-          c.forward(dev_x.get(), m, dev_y.get(), Path::sparse, s);
-          c.backward(dev_x.get(), dev_dy.get(), m, l1_coeff, dev_dx.get(), s);
-        };
-      };
       const auto [off_ms, on_ms] = host::alternating_medians_ms(warmup, reps, s, step(off), step(on));
       hot_json["off_on_sparse_alternating_ms"] = {off_ms, on_ms};
       hot_json["hot_neurons_default"] = on.hot_count();
