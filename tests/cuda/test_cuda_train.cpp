@@ -374,6 +374,15 @@ TEST(WeightGradPasses, SlicesThenBlocksWithinTheBudget) {
   p = weight_grad_passes(1 << 20, 2048, l2, 0.0);  // 0: widest slices, one block
   EXPECT_EQ(p.slice_cols, 512);
   EXPECT_EQ(p.block_rows, 1 << 20);
+  // The default budget (0.7 since the thirteenth session): the H100's 50 MB L2 takes the
+  // 512-column slices at M = 16384 (32 MB ≤ 35 MB), as 0.6 of the H200's 60 MB did.
+  const double def = TrainContextOptions{}.weight_grad_l2_fraction;
+  p = weight_grad_passes(16384, 2048, l2, def);
+  EXPECT_EQ(p.slice_cols, 512);
+  EXPECT_EQ(p.block_rows, 16384);
+  p = weight_grad_passes(16384, 2048, std::int64_t{60} << 20, def);
+  EXPECT_EQ(p.slice_cols, 512);
+  EXPECT_EQ(p.block_rows, 16384);
 }
 
 TrainCase tc(const char* name, std::int64_t m, std::int64_t n, std::int64_t k, double density, bool fp64,
