@@ -166,6 +166,21 @@ void run_train_sweep(bool quick, int warmup, int reps, cudaStream_t s, nlohmann:
         wg_alt[key] = {v_ms, d_ms};
       }
     }
+    // CSR rows staged by the count pass (TrainContextOptions::csr_ell_cap) against the default,
+    // whole sparse steps alternately.
+    nlohmann::json ell_alt = nlohmann::json::object();  // cap → [variant ms, default ms]
+    if (pt.m >= 16384 && pt.density <= 0.015) {
+      TrainContext def(copt);
+      def.upload_weights(w, s);
+      for (std::int64_t cap : {32, 64}) {
+        TrainContextOptions o = copt;
+        o.csr_ell_cap = cap;
+        TrainContext v(o);
+        v.upload_weights(w, s);
+        const auto [v_ms, d_ms] = host::alternating_medians_ms(warmup, reps, s, step(v), step(def));
+        ell_alt[std::to_string(cap)] = {v_ms, d_ms};
+      }
+    }
     // Hot neurons: the sparse step without and with the split, timed alternately; and the split at
     // other thresholds than the default.
     nlohmann::json hot_json = nlohmann::json::object();
@@ -288,6 +303,16 @@ void run_train_sweep(bool quick, int warmup, int reps, cudaStream_t s, nlohmann:
       }
       std::printf("%s\n", v.c_str());
     }
+    if (!ell_alt.empty()) {
+      std::string v = "          CSR rows staged by the count pass (csr_ell_cap) / default (" + std::to_string(copt.csr_ell_cap) +
+                      "), whole sparse step alternating:";
+      for (const auto& [cap, t] : ell_alt.items()) {
+        char b[64];
+        std::snprintf(b, sizeof b, " %s: %.3f / %.3f;", cap.c_str(), t[0].get<double>(), t[1].get<double>());
+        v += b;
+      }
+      std::printf("%s\n", v.c_str());
+    }
     if (!wg_variants.empty()) {
       std::string v = "          sparse step by weight-gradient L2 fraction[/run][/slice-major] (default 0.7, run max(128, nnz/8192), rows read in place):";
       for (const auto& [frac, ms] : wg_variants.items()) {
@@ -330,6 +355,7 @@ void run_train_sweep(bool quick, int warmup, int reps, cudaStream_t s, nlohmann:
                                    {"sparse_phases_ms", phases},
                                    {"sparse_step_ms_by_wg_l2_fraction", wg_variants},
                                    {"wg_l2_fraction_vs_default_alternating_ms", wg_alt},
+                                   {"csr_ell_cap_vs_default_alternating_ms", ell_alt},
                                    {"check_rows", rows.size()}});
   }
 }
