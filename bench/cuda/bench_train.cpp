@@ -148,38 +148,31 @@ void run_train_sweep(bool quick, int warmup, int reps, cudaStream_t s, nlohmann:
         wg_variants[key] = median_ms(warmup, reps, s, step(v));
       }
     }
-    // The weight-gradient passes' L2 budget against the default, whole sparse steps alternately:
-    // 0.7 gives the H100 (50 MB L2) 512-column slices at M = 16384, as 0.6 does the H200 (60 MB);
-    // 0.0 is the widest slices in one block of every row.
+    // A context with copt changed by `set`, its whole sparse step timed alternately with that of
+    // `def` (the default options): [variant ms, default ms].
+    const auto against_default = [&](TrainContext& def, auto&& set) {
+      TrainContextOptions o = copt;
+      set(o);
+      TrainContext v(o);
+      v.upload_weights(w, s);
+      const auto [v_ms, d_ms] = host::alternating_medians_ms(warmup, reps, s, step(v), step(def));
+      return nlohmann::json::array({v_ms, d_ms});
+    };
     nlohmann::json wg_alt = nlohmann::json::object();  // fraction → [variant ms, default ms]
+    nlohmann::json ell_alt = nlohmann::json::object();  // CSR staging cap → [variant ms, default ms]
     if (pt.m >= 16384 && pt.density <= 0.015) {
       TrainContext def(copt);
       def.upload_weights(w, s);
+      // The weight-gradient passes' L2 budget: 0.7 gives the H100 (50 MB L2) 512-column slices at
+      // M = 16384 (0.6 did only the H200, 60 MB); 0.0 is the widest slices in one block of every row.
       for (double frac : {0.7, 0.0}) {
-        TrainContextOptions o = copt;
-        o.weight_grad_l2_fraction = frac;
-        TrainContext v(o);
-        v.upload_weights(w, s);
-        const auto [v_ms, d_ms] = host::alternating_medians_ms(warmup, reps, s, step(v), step(def));
         char key[16];
         std::snprintf(key, sizeof key, "%.1f", frac);
-        wg_alt[key] = {v_ms, d_ms};
+        wg_alt[key] = against_default(def, [&](TrainContextOptions& o) { o.weight_grad_l2_fraction = frac; });
       }
-    }
-    // CSR rows staged by the count pass (TrainContextOptions::csr_ell_cap) against the default,
-    // whole sparse steps alternately.
-    nlohmann::json ell_alt = nlohmann::json::object();  // cap → [variant ms, default ms]
-    if (pt.m >= 16384 && pt.density <= 0.015) {
-      TrainContext def(copt);
-      def.upload_weights(w, s);
-      for (std::int64_t cap : {32, 64}) {
-        TrainContextOptions o = copt;
-        o.csr_ell_cap = cap;
-        TrainContext v(o);
-        v.upload_weights(w, s);
-        const auto [v_ms, d_ms] = host::alternating_medians_ms(warmup, reps, s, step(v), step(def));
-        ell_alt[std::to_string(cap)] = {v_ms, d_ms};
-      }
+      // CSR rows staged by the count pass (TrainContextOptions::csr_ell_cap).
+      for (std::int64_t cap : {32, 64})
+        ell_alt[std::to_string(cap)] = against_default(def, [&](TrainContextOptions& o) { o.csr_ell_cap = cap; });
     }
     // Hot neurons: the sparse step without and with the split, timed alternately; and the split at
     // other thresholds than the default.
@@ -293,26 +286,20 @@ void run_train_sweep(bool quick, int warmup, int reps, cudaStream_t s, nlohmann:
       std::string v = "          hot neurons: " + hot_json.dump();
       std::printf("%s\n", v.c_str());
     }
-    if (!wg_alt.empty()) {
-      std::string v = "          weight-gradient L2 fraction / default (" + std::to_string(copt.weight_grad_l2_fraction).substr(0, 4) +
-                      "), whole sparse step alternating:";
-      for (const auto& [frac, t] : wg_alt.items()) {
+    // Pairs timed against the default: "<title> / default (<value>), whole sparse step
+    // alternating: key: variant / default; …".
+    const auto print_pairs = [](const char* title, const std::string& def, const nlohmann::json& pairs) {
+      if (pairs.empty()) return;
+      std::string v = std::string("          ") + title + " / default (" + def + "), whole sparse step alternating:";
+      for (const auto& [key, t] : pairs.items()) {
         char b[64];
-        std::snprintf(b, sizeof b, " %s: %.3f / %.3f;", frac.c_str(), t[0].get<double>(), t[1].get<double>());
+        std::snprintf(b, sizeof b, " %s: %.3f / %.3f;", key.c_str(), t[0].get<double>(), t[1].get<double>());
         v += b;
       }
       std::printf("%s\n", v.c_str());
-    }
-    if (!ell_alt.empty()) {
-      std::string v = "          CSR rows staged by the count pass (csr_ell_cap) / default (" + std::to_string(copt.csr_ell_cap) +
-                      "), whole sparse step alternating:";
-      for (const auto& [cap, t] : ell_alt.items()) {
-        char b[64];
-        std::snprintf(b, sizeof b, " %s: %.3f / %.3f;", cap.c_str(), t[0].get<double>(), t[1].get<double>());
-        v += b;
-      }
-      std::printf("%s\n", v.c_str());
-    }
+    };
+    print_pairs("weight-gradient L2 fraction", std::to_string(copt.weight_grad_l2_fraction).substr(0, 4), wg_alt);
+    print_pairs("CSR rows staged by the count pass (csr_ell_cap)", std::to_string(copt.csr_ell_cap), ell_alt);
     if (!wg_variants.empty()) {
       std::string v = "          sparse step by weight-gradient L2 fraction[/run][/slice-major] (default 0.7, run max(128, nnz/8192), rows read in place):";
       for (const auto& [frac, ms] : wg_variants.items()) {

@@ -82,6 +82,20 @@ void PrintTo(const TrainCase& c, std::ostream* os) { *os << c.f.name; }
 
 class CudaTrain : public ::testing::TestWithParam<TrainCase> {};
 
+// Two steps' outputs are the same bits: y, dx and every weight gradient.
+void expect_same_bits(const Out& a, const Out& b, bool gated, const char* what) {
+  const auto same = [](const std::vector<float>& u, const std::vector<float>& v) {
+    return u.size() == v.size() && std::memcmp(u.data(), v.data(), u.size() * sizeof(float)) == 0;
+  };
+  EXPECT_TRUE(same(a.y, b.y)) << "y: " << what;
+  EXPECT_TRUE(same(a.dx, b.dx)) << "dx: " << what;
+  EXPECT_TRUE(same(a.dwu, b.dwu)) << "dw_up: " << what;
+  EXPECT_TRUE(same(a.dwd, b.dwd)) << "dw_down: " << what;
+  if (gated) {
+    EXPECT_TRUE(same(a.dwg, b.dwg)) << "dw_gate: " << what;
+  }
+}
+
 TEST_P(CudaTrain, MatchesOracle) {
   TWELL_REQUIRE_GPU();
   const TrainCase& c = GetParam();
@@ -185,12 +199,7 @@ TEST_P(CudaTrain, MatchesOracle) {
       if (M <= 16384) {
         Out o2 = alloc(M, K, N);
         ffn_train_host(xv, dyv, w, c.l1_coeff, MatrixF(o2.y.data(), M, K), grads_of(o2, M, K, N), opt);
-        EXPECT_EQ(std::memcmp(o2.dx.data(), o.dx.data(), o.dx.size() * sizeof(float)), 0) << "dx not deterministic";
-        EXPECT_EQ(std::memcmp(o2.dwu.data(), o.dwu.data(), o.dwu.size() * sizeof(float)), 0) << "dw_up not deterministic";
-        EXPECT_EQ(std::memcmp(o2.dwd.data(), o.dwd.data(), o.dwd.size() * sizeof(float)), 0) << "dw_down not deterministic";
-        if (d.gated) {
-          EXPECT_EQ(std::memcmp(o2.dwg.data(), o.dwg.data(), o.dwg.size() * sizeof(float)), 0) << "dw_gate not deterministic";
-        }
+        expect_same_bits(o2, o, d.gated, "a second step (determinism)");
       }
       // The CSR built with its rows staged by the count pass is the same CSR: the same bits.
       if (&run == &runs[0] && M <= 16384) {
@@ -200,13 +209,7 @@ TEST_P(CudaTrain, MatchesOracle) {
         const TrainReport rep4 =
             ffn_train_host(xv, dyv, w, c.l1_coeff, MatrixF(o4.y.data(), M, K), grads_of(o4, M, K, N), staged);
         EXPECT_EQ(rep4.nnz, rep.nnz);
-        EXPECT_EQ(std::memcmp(o4.y.data(), o.y.data(), o.y.size() * sizeof(float)), 0) << "y: CSR rows staged";
-        EXPECT_EQ(std::memcmp(o4.dx.data(), o.dx.data(), o.dx.size() * sizeof(float)), 0) << "dx: CSR rows staged";
-        EXPECT_EQ(std::memcmp(o4.dwu.data(), o.dwu.data(), o.dwu.size() * sizeof(float)), 0) << "dw_up: CSR rows staged";
-        EXPECT_EQ(std::memcmp(o4.dwd.data(), o.dwd.data(), o.dwd.size() * sizeof(float)), 0) << "dw_down: CSR rows staged";
-        if (d.gated) {
-          EXPECT_EQ(std::memcmp(o4.dwg.data(), o.dwg.data(), o.dwg.size() * sizeof(float)), 0) << "dw_gate: CSR rows staged";
-        }
+        expect_same_bits(o4, o, d.gated, "CSR rows staged by the count pass");
       }
       // The hot part on one stream (the default) gives the same bits as beside the CSR part.
       if (run.hot == Hot::third && M <= 16384) {
@@ -216,13 +219,7 @@ TEST_P(CudaTrain, MatchesOracle) {
         const TrainReport rep3 =
             ffn_train_host(xv, dyv, w, c.l1_coeff, MatrixF(o3.y.data(), M, K), grads_of(o3, M, K, N), serial);
         EXPECT_EQ(rep3.hot_neurons, rep.hot_neurons);
-        EXPECT_EQ(std::memcmp(o3.y.data(), o.y.data(), o.y.size() * sizeof(float)), 0) << "y: one stream vs beside";
-        EXPECT_EQ(std::memcmp(o3.dx.data(), o.dx.data(), o.dx.size() * sizeof(float)), 0) << "dx: one stream vs beside";
-        EXPECT_EQ(std::memcmp(o3.dwu.data(), o.dwu.data(), o.dwu.size() * sizeof(float)), 0) << "dw_up: one stream vs beside";
-        EXPECT_EQ(std::memcmp(o3.dwd.data(), o.dwd.data(), o.dwd.size() * sizeof(float)), 0) << "dw_down: one stream vs beside";
-        if (d.gated) {
-          EXPECT_EQ(std::memcmp(o3.dwg.data(), o.dwg.data(), o.dwg.size() * sizeof(float)), 0) << "dw_gate: one stream vs beside";
-        }
+        expect_same_bits(o3, o, d.gated, "the hot part beside the CSR part");
         EXPECT_NEAR(rep3.scalars.l1, rep.scalars.l1, 1e-12 * std::max(rep.scalars.l1, 1e-30)) << "l1";
         EXPECT_EQ(rep3.scalars.l0, rep.scalars.l0) << "l0";
       }
