@@ -178,22 +178,13 @@ void run_train_sweep(bool quick, int warmup, int reps, cudaStream_t s, nlohmann:
     // other thresholds than the default.
     nlohmann::json hot_json = nlohmann::json::object();
     if (pt.m >= 16384 && pt.density <= 0.015) {
-      TrainContextOptions off_opt = copt;
-      off_opt.hot_neurons_auto = false;
-      TrainContext off(off_opt), on(copt);
-      off.upload_weights(w, s);
+      TrainContext on(copt);
       on.upload_weights(w, s);
-      const auto [off_ms, on_ms] = host::alternating_medians_ms(warmup, reps, s, step(off), step(on));
-      hot_json["off_on_sparse_alternating_ms"] = {off_ms, on_ms};
+      hot_json["off_on_sparse_alternating_ms"] = against_default(on, [](TrainContextOptions& o) { o.hot_neurons_auto = false; });
       hot_json["hot_neurons_default"] = on.hot_count();
-      {  // dense rows off / on, hot neurons on in both
-        TrainContextOptions no_rows = copt;
-        no_rows.dense_rows_density = 0;
-        TrainContext nr(no_rows);
-        nr.upload_weights(w, s);
-        const auto [nr_ms, on2_ms] = host::alternating_medians_ms(warmup, reps, s, step(nr), step(on));
-        hot_json["dense_rows_off_on_sparse_alternating_ms"] = {nr_ms, on2_ms};
-      }
+      // dense rows off / on, hot neurons on in both
+      hot_json["dense_rows_off_on_sparse_alternating_ms"] =
+          against_default(on, [](TrainContextOptions& o) { o.dense_rows_density = 0; });
       {  // the hot part on one stream / beside the CSR part (TrainContextOptions::hot_overlap)
         TrainContextOptions serial = copt, beside = copt;
         serial.hot_overlap = false;
@@ -206,12 +197,8 @@ void run_train_sweep(bool quick, int warmup, int reps, cudaStream_t s, nlohmann:
       }
       for (int mb : {0, 6, 8}) {  // the token-major kernels compiled for mb blocks per SM (0: no bound), against the default
         if (mb == copt.token_min_blocks) continue;
-        TrainContextOptions o = copt;
-        o.token_min_blocks = mb;
-        TrainContext v(o);
-        v.upload_weights(w, s);
-        const auto [v_ms, d_ms] = host::alternating_medians_ms(warmup, reps, s, step(v), step(on));
-        hot_json["token_min_blocks_vs_default_alternating_ms"][std::to_string(mb)] = {v_ms, d_ms};
+        hot_json["token_min_blocks_vs_default_alternating_ms"][std::to_string(mb)] =
+            against_default(on, [&](TrainContextOptions& o) { o.token_min_blocks = mb; });
       }
       if (pt.density >= 0.01) {
         for (double th : {0.008, 0.025}) {

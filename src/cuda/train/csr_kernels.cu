@@ -7,6 +7,7 @@
 #include <thrust/iterator/counting_iterator.h>
 
 #include <algorithm>
+#include <cstdint>
 
 #include "cuda/common/check.hpp"
 #include "cuda/common/device_math.cuh"
@@ -19,6 +20,28 @@ constexpr int kWarpsPerBlock = 8;
 // The skip bits of columns [c, c + 8) (c a multiple of 8); 0 without a mask or past n.
 __device__ __forceinline__ unsigned skip_bits(const CsrBuildParams& p, std::int64_t c) {
   return p.skip8 != nullptr && c < p.n ? p.skip8[c / 8] : 0u;
+}
+
+// One 256-column chunk of a row, by the whole warp: lane l's kept entries (bits of `keep` over
+// columns col .. col + 7, values in v) go to slots first + (entries of lanes < l) + 0, 1, …, so
+// the chunk's entries land in ascending column order; slots ≥ cap are skipped. Returns the
+// chunk's entry count (warp-uniform). All 32 lanes must call it.
+__device__ __forceinline__ int write_chunk_entries(unsigned keep, const uint4& v, std::int64_t col, int lane,
+                                                   std::int64_t first, std::int64_t cap, std::int32_t* cols,
+                                                   __nv_bfloat16* vals) {
+  const int own = __popc(keep);
+  const int incl = dev::warp_inclusive_scan(own, lane);
+  std::int64_t slot = first + incl - own;
+#pragma unroll
+  for (int e = 0; e < 8; ++e)
+    if (keep & (1u << e)) {
+      if (slot < cap) {
+        cols[slot] = static_cast<std::int32_t>(col + e);
+        vals[slot] = __ushort_as_bfloat16(static_cast<unsigned short>(dev::bf16_bits(v, e)));
+      }
+      ++slot;
+    }
+  return __shfl_sync(0xffffffffu, incl, 31);
 }
 
 // One warp per row; lane l reads columns [c0 + 8l, c0 + 8l + 8) of each 256-column chunk. With
@@ -36,7 +59,7 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) csr_count_kernel(CsrBuild
   const __nv_bfloat16* src = p.src + row * p.ld_src;
   const bool vec_ok = (p.ld_src % 8 == 0) && ((reinterpret_cast<std::uintptr_t>(p.src) & 15) == 0);
   int cnt = 0;
-  int staged = 0;  // entry staging: this row's kept entries before the current 256-column chunk
+  std::int64_t staged = 0;  // entry staging: this row's kept entries before the current 256-column chunk
   std::int32_t* ell_cols = p.ell_cap > 0 ? p.ell_cols + row * p.ell_cap : nullptr;
   __nv_bfloat16* ell_vals = p.ell_cap > 0 ? p.ell_vals + row * p.ell_cap : nullptr;
   for (std::int64_t c0 = 0; c0 < p.n; c0 += 4 * 256) {
@@ -51,23 +74,9 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) csr_count_kernel(CsrBuild
       const int base = p.hot_out != nullptr && c < p.n ? p.hot_base8[c / 8] : 0;
       const unsigned keep = dev::keep_mask8(v[i]) & ~skip;
       cnt += __popc(keep);
-      // Entry staging (warp-uniform branch): slots in column order, lanes in order within the
-      // chunk, bits in order within a lane; slots past ell_cap are counted, not written.
-      if (ell_cols != nullptr && staged < p.ell_cap) {
-        const int own = __popc(keep);
-        const int incl = dev::warp_inclusive_scan(own, lane);
-        int slot = staged + incl - own;
-#pragma unroll
-        for (int e = 0; e < 8; ++e)
-          if (keep & (1u << e)) {
-            if (slot < p.ell_cap) {
-              ell_cols[slot] = static_cast<std::int32_t>(c + e);
-              ell_vals[slot] = __ushort_as_bfloat16(static_cast<unsigned short>(dev::bf16_bits(v[i], e)));
-            }
-            ++slot;
-          }
-        staged += __shfl_sync(0xffffffffu, incl, 31);
-      }
+      // Entry staging (a warp-uniform branch): slots past ell_cap are counted, not written.
+      if (ell_cols != nullptr && staged < p.ell_cap)
+        staged += write_chunk_entries(keep, v[i], c, lane, staged, p.ell_cap, ell_cols, ell_vals);
       if (p.hot_out != nullptr && skip != 0) {
 #pragma unroll
         for (int e = 0; e < 8; ++e)
@@ -125,18 +134,7 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) csr_fill_kernel(CsrBuildP
   for (std::int64_t c0 = 0; c0 < p.n; c0 += 256) {
     const uint4 v = dev::load8_bf16(src, c0 + lane * 8, p.n, vec_ok);
     const unsigned mask = dev::keep_mask8(v) & ~skip_bits(p, c0 + lane * 8);
-    const int cnt = __popc(mask);
-    const int incl = dev::warp_inclusive_scan(cnt, lane);
-    std::int64_t pos = at + (incl - cnt);  // ascending columns: lanes in order, bits in order
-#pragma unroll
-    for (int e = 0; e < 8; ++e) {
-      if (mask & (1u << e)) {
-        p.cols[pos] = static_cast<std::int32_t>(c0 + lane * 8 + e);
-        p.vals[pos] = __ushort_as_bfloat16(static_cast<unsigned short>(dev::bf16_bits(v, e)));
-        ++pos;
-      }
-    }
-    at += __shfl_sync(0xffffffffu, incl, 31);
+    at += write_chunk_entries(mask, v, c0 + lane * 8, lane, at, INT64_MAX, p.cols, p.vals);
   }
 }
 
