@@ -159,7 +159,6 @@ void run_train_sweep(bool quick, int warmup, int reps, cudaStream_t s, nlohmann:
       return nlohmann::json::array({v_ms, d_ms});
     };
     nlohmann::json wg_alt = nlohmann::json::object();  // fraction → [variant ms, default ms]
-    nlohmann::json ell_alt = nlohmann::json::object();  // CSR staging cap → [variant ms, default ms]
     if (pt.m >= 16384 && pt.density <= 0.015) {
       TrainContext def(copt);
       def.upload_weights(w, s);
@@ -170,9 +169,6 @@ void run_train_sweep(bool quick, int warmup, int reps, cudaStream_t s, nlohmann:
         std::snprintf(key, sizeof key, "%.1f", frac);
         wg_alt[key] = against_default(def, [&](TrainContextOptions& o) { o.weight_grad_l2_fraction = frac; });
       }
-      // CSR rows staged by the count pass (TrainContextOptions::csr_ell_cap).
-      for (std::int64_t cap : {32, 64})
-        ell_alt[std::to_string(cap)] = against_default(def, [&](TrainContextOptions& o) { o.csr_ell_cap = cap; });
     }
     // Hot neurons: the sparse step without and with the split, timed alternately; and the split at
     // other thresholds than the default.
@@ -286,7 +282,6 @@ void run_train_sweep(bool quick, int warmup, int reps, cudaStream_t s, nlohmann:
       std::printf("%s\n", v.c_str());
     };
     print_pairs("weight-gradient L2 fraction", std::to_string(copt.weight_grad_l2_fraction).substr(0, 4), wg_alt);
-    print_pairs("CSR rows staged by the count pass (csr_ell_cap)", std::to_string(copt.csr_ell_cap), ell_alt);
     if (!wg_variants.empty()) {
       std::string v = "          sparse step by weight-gradient L2 fraction[/run][/slice-major] (default 0.7, run max(128, nnz/8192), rows read in place):";
       for (const auto& [frac, ms] : wg_variants.items()) {
@@ -329,7 +324,6 @@ void run_train_sweep(bool quick, int warmup, int reps, cudaStream_t s, nlohmann:
                                    {"sparse_phases_ms", phases},
                                    {"sparse_step_ms_by_wg_l2_fraction", wg_variants},
                                    {"wg_l2_fraction_vs_default_alternating_ms", wg_alt},
-                                   {"csr_ell_cap_vs_default_alternating_ms", ell_alt},
                                    {"check_rows", rows.size()}});
   }
 }

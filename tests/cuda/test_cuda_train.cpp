@@ -26,7 +26,6 @@
 #include <random>
 #include <vector>
 
-#include "cuda/train/csr_kernels.hpp"
 #include "cuda/train/train_context.hpp"
 #include "cuda_test_util.hpp"
 #include "twell/cpu/ffn_ops.hpp"
@@ -140,18 +139,15 @@ TEST_P(CudaTrain, MatchesOracle) {
     bool slice_major;
     Hot hot = Hot::automatic;
     int token_min_blocks = 6;  // the default build
-    std::int64_t csr_ell_cap = 0;  // CSR build entry staging (0: off, the default)
   };
   const Run runs[] = {{"sparse", Path::sparse, 0.6, 0, false},
                       {"dense", Path::dense, 0.6, 0, false},
                       {"automatic", Path::automatic, 0.6, 0, false},
-                      {"sparse, weight-gradient knobs at their edges, token kernels without a register bound, CSR rows "
-                       "staged one entry deep",
-                       Path::sparse, 0.001, 1, true, Hot::automatic, 0, 1},
+                      {"sparse, weight-gradient knobs at their edges, token kernels without a register bound", Path::sparse,
+                       0.001, 1, true, Hot::automatic, 0},
                       {"sparse, no hot neurons, no dense rows", Path::sparse, 0.6, 0, false, Hot::none},
-                      {"sparse, every third neuron dense, knobs at their edges, token kernels for 8 blocks/SM, CSR rows "
-                       "staged 64 entries deep",
-                       Path::sparse, 0.001, 1, true, Hot::third, 8, 64},
+                      {"sparse, every third neuron dense, knobs at their edges, token kernels for 8 blocks/SM", Path::sparse,
+                       0.001, 1, true, Hot::third, 8},
                       {"sparse, every neuron dense", Path::sparse, 0.6, 0, false, Hot::all}};
   for (const Run& run : runs) {
     const Path path = run.path;
@@ -163,7 +159,6 @@ TEST_P(CudaTrain, MatchesOracle) {
     opt.weight_grad_run = run.run;
     opt.weight_grad_slice_major = run.slice_major;
     opt.token_min_blocks = run.token_min_blocks;
-    opt.csr_ell_cap = run.csr_ell_cap;
     // Dense rows from one row on, except in the first run (the default minimum: small batches keep
     // their heavy rows in the CSR) and the run without them.
     opt.dense_rows = run.hot != Hot::none;
@@ -200,16 +195,6 @@ TEST_P(CudaTrain, MatchesOracle) {
         Out o2 = alloc(M, K, N);
         ffn_train_host(xv, dyv, w, c.l1_coeff, MatrixF(o2.y.data(), M, K), grads_of(o2, M, K, N), opt);
         expect_same_bits(o2, o, d.gated, "a second step (determinism)");
-      }
-      // The CSR built with its rows staged by the count pass is the same CSR: the same bits.
-      if (&run == &runs[0] && M <= 16384) {
-        Out o4 = alloc(M, K, N);
-        TrainOptions staged = opt;
-        staged.csr_ell_cap = 16;  // rows up to 16 entries copied, longer ones read from the gate
-        const TrainReport rep4 =
-            ffn_train_host(xv, dyv, w, c.l1_coeff, MatrixF(o4.y.data(), M, K), grads_of(o4, M, K, N), staged);
-        EXPECT_EQ(rep4.nnz, rep.nnz);
-        expect_same_bits(o4, o, d.gated, "CSR rows staged by the count pass");
       }
       // The hot part on one stream (the default) gives the same bits as beside the CSR part.
       if (run.hot == Hot::third && M <= 16384) {
@@ -260,11 +245,6 @@ TEST(CudaTrainOptions, RejectsUnbuiltKernelVariants) {
     TrainContextOptions o;
     o.token_min_blocks = mb;
     EXPECT_THROW(TrainContext ctx(o), Error) << "token_min_blocks " << mb;
-  }
-  for (std::int64_t cap : {std::int64_t{-1}, kCsrMaxEllCap + 1}) {
-    TrainContextOptions o;
-    o.csr_ell_cap = cap;
-    EXPECT_THROW(TrainContext ctx(o), Error) << "csr_ell_cap " << cap;
   }
   for (int v : {-1, 5}) {
     ContextOptions o;

@@ -7,7 +7,6 @@
 #include <thrust/iterator/counting_iterator.h>
 
 #include <algorithm>
-#include <cstdint>
 
 #include "cuda/common/check.hpp"
 #include "cuda/common/device_math.cuh"
@@ -20,28 +19,6 @@ constexpr int kWarpsPerBlock = 8;
 // The skip bits of columns [c, c + 8) (c a multiple of 8); 0 without a mask or past n.
 __device__ __forceinline__ unsigned skip_bits(const CsrBuildParams& p, std::int64_t c) {
   return p.skip8 != nullptr && c < p.n ? p.skip8[c / 8] : 0u;
-}
-
-// One 256-column chunk of a row, by the whole warp: lane l's kept entries (bits of `keep` over
-// columns col .. col + 7, values in v) go to slots first + (entries of lanes < l) + 0, 1, …, so
-// the chunk's entries land in ascending column order; slots ≥ cap are skipped. Returns the
-// chunk's entry count (warp-uniform). All 32 lanes must call it.
-__device__ __forceinline__ int write_chunk_entries(unsigned keep, const uint4& v, std::int64_t col, int lane,
-                                                   std::int64_t first, std::int64_t cap, std::int32_t* cols,
-                                                   __nv_bfloat16* vals) {
-  const int own = __popc(keep);
-  const int incl = dev::warp_inclusive_scan(own, lane);
-  std::int64_t slot = first + incl - own;
-#pragma unroll
-  for (int e = 0; e < 8; ++e)
-    if (keep & (1u << e)) {
-      if (slot < cap) {
-        cols[slot] = static_cast<std::int32_t>(col + e);
-        vals[slot] = __ushort_as_bfloat16(static_cast<unsigned short>(dev::bf16_bits(v, e)));
-      }
-      ++slot;
-    }
-  return __shfl_sync(0xffffffffu, incl, 31);
 }
 
 // One warp per row; lane l reads columns [c0 + 8l, c0 + 8l + 8) of each 256-column chunk. With
@@ -59,9 +36,6 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) csr_count_kernel(CsrBuild
   const __nv_bfloat16* src = p.src + row * p.ld_src;
   const bool vec_ok = (p.ld_src % 8 == 0) && ((reinterpret_cast<std::uintptr_t>(p.src) & 15) == 0);
   int cnt = 0;
-  std::int64_t staged = 0;  // entry staging: this row's kept entries before the current 256-column chunk
-  std::int32_t* ell_cols = p.ell_cap > 0 ? p.ell_cols + row * p.ell_cap : nullptr;
-  __nv_bfloat16* ell_vals = p.ell_cap > 0 ? p.ell_vals + row * p.ell_cap : nullptr;
   for (std::int64_t c0 = 0; c0 < p.n; c0 += 4 * 256) {
     uint4 v[4];
 #pragma unroll
@@ -72,11 +46,7 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) csr_count_kernel(CsrBuild
       const unsigned skip = skip_bits(p, c);
       // Loaded beside skip, not after it: the places are base + the set bits below each one.
       const int base = p.hot_out != nullptr && c < p.n ? p.hot_base8[c / 8] : 0;
-      const unsigned keep = dev::keep_mask8(v[i]) & ~skip;
-      cnt += __popc(keep);
-      // Entry staging (a warp-uniform branch): slots past ell_cap are counted, not written.
-      if (ell_cols != nullptr && staged < p.ell_cap)
-        staged += write_chunk_entries(keep, v[i], c, lane, staged, p.ell_cap, ell_cols, ell_vals);
+      cnt += __popc(dev::keep_mask8(v[i]) & ~skip);
       if (p.hot_out != nullptr && skip != 0) {
 #pragma unroll
         for (int e = 0; e < 8; ++e)
@@ -118,23 +88,24 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) csr_fill_kernel(CsrBuildP
   const std::int64_t row = static_cast<std::int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
   if (row >= p.m || (p.row_flags && p.row_flags[row])) return;  // a dense row has no entries
-  std::int64_t at = p.offsets[row];
-  if (p.ell_cap > 0) {  // a row the count pass staged whole: copy it
-    const std::int64_t cnt = p.offsets[row + 1] - at;
-    if (cnt <= p.ell_cap) {
-      for (std::int64_t j = lane; j < cnt; j += 32) {
-        p.cols[at + j] = p.ell_cols[row * p.ell_cap + j];
-        p.vals[at + j] = p.ell_vals[row * p.ell_cap + j];
-      }
-      return;
-    }
-  }
   const __nv_bfloat16* src = p.src + row * p.ld_src;
   const bool vec_ok = (p.ld_src % 8 == 0) && ((reinterpret_cast<std::uintptr_t>(p.src) & 15) == 0);
+  std::int64_t at = p.offsets[row];
   for (std::int64_t c0 = 0; c0 < p.n; c0 += 256) {
     const uint4 v = dev::load8_bf16(src, c0 + lane * 8, p.n, vec_ok);
     const unsigned mask = dev::keep_mask8(v) & ~skip_bits(p, c0 + lane * 8);
-    at += write_chunk_entries(mask, v, c0 + lane * 8, lane, at, INT64_MAX, p.cols, p.vals);
+    const int cnt = __popc(mask);
+    const int incl = dev::warp_inclusive_scan(cnt, lane);
+    std::int64_t pos = at + (incl - cnt);  // ascending columns: lanes in order, bits in order
+#pragma unroll
+    for (int e = 0; e < 8; ++e) {
+      if (mask & (1u << e)) {
+        p.cols[pos] = static_cast<std::int32_t>(c0 + lane * 8 + e);
+        p.vals[pos] = __ushort_as_bfloat16(static_cast<unsigned short>(dev::bf16_bits(v, e)));
+        ++pos;
+      }
+    }
+    at += __shfl_sync(0xffffffffu, incl, 31);
   }
 }
 
@@ -207,9 +178,6 @@ void csr_count_and_scan(const CsrBuildParams& p, DeviceBuffer<unsigned char>& sc
                    "CSR count: gathering {} left-out columns (row stride {}) needs skip8, hot_base8, at most {} columns, "
                    "16-byte rows",
                    p.hot_count, p.ld_hot, kCsrMaxGatheredCols);
-  TWELL_CU_REQUIRE(p.ell_cap >= 0 && p.ell_cap <= kCsrMaxEllCap && (p.ell_cap == 0 || (p.ell_cols && p.ell_vals)),
-                   ErrorCode::invalid_argument, "CSR count: entry staging of {} per row needs 0 … {} and its buffers",
-                   p.ell_cap, kCsrMaxEllCap);
   // ≤ 8 warps · 2048 columns · 2 bytes = 32 KB: within the default 48 KB of dynamic shared memory
   const std::size_t smem = p.hot_out ? static_cast<std::size_t>(kWarpsPerBlock * ((p.hot_count + 7) / 8) * 16) : 0;
   csr_count_kernel<<<blocks_for(p.m, kWarpsPerBlock), kWarpsPerBlock * 32, smem, stream>>>(p);

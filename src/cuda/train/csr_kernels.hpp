@@ -37,14 +37,6 @@ struct CsrBuildParams {
   unsigned char* row_flags = nullptr;   // [m]
   std::int32_t* dense_rows = nullptr;   // [m]
   int* n_dense = nullptr;               // device scalar (an int, like the inference dense-row lists': m < 2³¹)
-  // Optional entry staging (ell_cap ≥ 1): the count pass also writes each row's first
-  // min(count, ell_cap) kept entries, columns ascending, to ell_cols / ell_vals [m, ell_cap], and
-  // the fill copies every row with count ≤ ell_cap from there (m · ell_cap · 6 bytes, which stay
-  // in L2 at M = 16384, ell_cap = 64) instead of reading its [n] source row again; longer rows
-  // are filled from the source as without staging. The same entries either way.
-  std::int64_t ell_cap = 0;
-  std::int32_t* ell_cols = nullptr;    // [m, ell_cap]
-  __nv_bfloat16* ell_vals = nullptr;   // [m, ell_cap]
   std::int64_t* row_counts = nullptr;  // [m] scratch: kept values per row
   std::int64_t* offsets = nullptr;     // [m + 1]: row r's entries are offsets[r] .. offsets[r+1]
   std::int32_t* cols = nullptr;        // [nnz] columns, ascending within a row (fill only)
@@ -52,7 +44,6 @@ struct CsrBuildParams {
 };
 
 constexpr std::int64_t kCsrMaxGatheredCols = 2048;  // 8 warps · 4 KB of shared memory per block
-constexpr std::int64_t kCsrMaxEllCap = 1024;        // entry staging: at most this many per row
 inline bool csr_count_can_gather(std::int64_t hot_count, std::int64_t ld_hot, const void* hot_out) {
   return hot_count >= 1 && hot_count <= kCsrMaxGatheredCols && ld_hot % 8 == 0 &&
          (reinterpret_cast<std::uintptr_t>(hot_out) & 15) == 0;

@@ -67,8 +67,6 @@ TrainContext::TrainContext(const TrainContextOptions& opt)
   TWELL_CHECK(opt_.token_min_blocks == 0 || opt_.token_min_blocks == 6 || opt_.token_min_blocks == 8,
               ErrorCode::invalid_argument, "TrainContextOptions::token_min_blocks must be 0, 6 or 8 (got {})",
               opt_.token_min_blocks);
-  TWELL_CHECK(opt_.csr_ell_cap >= 0 && opt_.csr_ell_cap <= kCsrMaxEllCap, ErrorCode::invalid_argument,
-              "TrainContextOptions::csr_ell_cap must be in 0 … {} (got {})", kCsrMaxEllCap, opt_.csr_ell_cap);
   TWELL_CUDA_CHECK(cudaEventCreateWithFlags(&counted_, cudaEventDisableTiming));
   int dev = 0, l2 = 0;
   TWELL_CUDA_CHECK(cudaGetDevice(&dev));
@@ -125,7 +123,7 @@ void TrainContext::upload_weights(const FfnWeights& w, cudaStream_t stream) {
 }
 
 std::size_t TrainContext::device_bytes() const noexcept {
-  return ffn_.weight_bytes() + ffn_.gemm().workspace_bytes() + gu_.bytes() + g_.bytes() + ell_cols_.bytes() + ell_vals_.bytes() +
+  return ffn_.weight_bytes() + ffn_.gemm().workspace_bytes() + gu_.bytes() + g_.bytes() +
          u_.bytes() + h_.bytes() + dh_.bytes() + dgu_.bytes() + row_counts_.bytes() + offsets_.bytes() +
          col_offsets_.bytes() + cols_.bytes() + entry_rows_.bytes() + order_.bytes() + tmp_keys_.bytes() +
          tmp_vals_.bytes() + p_.bytes() + u_e_.bytes() + row_l1_.bytes() + d_up_e_.bytes() + d_gate_e_.bytes() +
@@ -207,13 +205,6 @@ TrainForwardResult TrainContext::forward(const __nv_bfloat16* x, std::int64_t m,
   cp.row_counts = row_counts_.get();
   cp.offsets = offsets_.get();
   cp.skip8 = hot_.empty() ? nullptr : skip8_.get();
-  if (opt_.csr_ell_cap > 0) {
-    ell_cols_.reserve(sz(m * opt_.csr_ell_cap));
-    ell_vals_.reserve(sz(m * opt_.csr_ell_cap));
-    cp.ell_cap = opt_.csr_ell_cap;
-    cp.ell_cols = ell_cols_.get();
-    cp.ell_vals = ell_vals_.get();
-  }
   hot_gathered_ = false;
   if (!hot_.empty()) {  // the hot part's gate columns, gathered by the count where it can (hot_forward's input)
     const std::int64_t ld_hot = (gated() ? 2 : 1) * ldh();

@@ -58,11 +58,6 @@ struct TrainContextOptions {
   // K = 2048) instead of column slices of their rows. Off: measured 0.05–0.13 ms faster per step
   // (401c852), the copies only paid while one warp walked each hot neuron alone.
   bool weight_grad_slice_major = false;
-  // CSR build: the count pass also stages each row's first csr_ell_cap entries (M · cap · 6 bytes
-  // of scratch), and the fill copies the rows that fit from there instead of reading the [M, N]
-  // gate again (CsrBuildParams::ell_cap). Same CSR bit for bit. 0 (off) until measured: the
-  // prediction is −0.06 … −0.08 ms per step at M = 16384 (the fill's 185 MB read from HBM).
-  std::int64_t csr_ell_cap = 0;
   // Hot neurons (the hot/cold split by neuron of the inference path, twell_hot_neurons.hpp): the
   // neurons active in more than hot_neurons_density of a batch's tokens run through cuBLASLt
   // GEMMs over their columns (forward and backward), the rest through the CSR path. A neuron
@@ -238,8 +233,6 @@ class TrainContext {
   DeviceBuffer<__nv_bfloat16> gu_, g_, u_, h_, dh_, dgu_;
   // sparse state: row_counts_ [m], offsets_ [m + 1], per entry cols_, p_, u_e_; row_l1_ [m]
   DeviceBuffer<std::int64_t> row_counts_, offsets_, col_offsets_;
-  DeviceBuffer<std::int32_t> ell_cols_;  // [M, csr_ell_cap] CSR build scratch (entry staging)
-  DeviceBuffer<__nv_bfloat16> ell_vals_;
   DeviceBuffer<std::int32_t> cols_, entry_rows_, order_, tmp_keys_, tmp_vals_;
   DeviceBuffer<__nv_bfloat16> p_;
   DeviceBuffer<float> u_e_, row_l1_, d_up_e_, d_gate_e_, dwd_t_;
