@@ -50,6 +50,7 @@ TrainReport ffn_train_host(CMatrixF x, CMatrixF dy, const FfnWeights& w, double 
   copt.hot_neurons_auto = opt.hot_neurons_auto;
   copt.hot_overlap = opt.hot_overlap;
   copt.token_min_blocks = opt.token_min_blocks;
+  copt.gate_chunks = opt.gate_chunks;
   if (!opt.dense_rows) copt.dense_rows_density = 0;
   copt.dense_rows_min = opt.dense_rows_min;
   TrainContext ctx(copt);

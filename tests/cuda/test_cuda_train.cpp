@@ -139,6 +139,7 @@ TEST_P(CudaTrain, MatchesOracle) {
     bool slice_major;
     Hot hot = Hot::automatic;
     int token_min_blocks = 6;  // the default build
+    int gate_chunks = 1;       // the gate GEMM in row chunks, each counted beside the next (1: one GEMM)
   };
   const Run runs[] = {{"sparse", Path::sparse, 0.6, 0, false},
                       {"dense", Path::dense, 0.6, 0, false},
@@ -146,6 +147,8 @@ TEST_P(CudaTrain, MatchesOracle) {
                       {"sparse, weight-gradient knobs at their edges, token kernels without a register bound", Path::sparse,
                        0.001, 1, true, Hot::automatic, 0},
                       {"sparse, no hot neurons, no dense rows", Path::sparse, 0.6, 0, false, Hot::none},
+                      {"sparse, every third neuron dense, the gate GEMM in 3 row chunks counted beside the next (2 below M = 6144, 1 below 4096)",
+                       Path::sparse, 0.6, 0, false, Hot::third, 6, 3},
                       {"sparse, every third neuron dense, knobs at their edges, token kernels for 8 blocks/SM", Path::sparse,
                        0.001, 1, true, Hot::third, 8},
                       {"sparse, every neuron dense", Path::sparse, 0.6, 0, false, Hot::all}};
@@ -159,6 +162,7 @@ TEST_P(CudaTrain, MatchesOracle) {
     opt.weight_grad_run = run.run;
     opt.weight_grad_slice_major = run.slice_major;
     opt.token_min_blocks = run.token_min_blocks;
+    opt.gate_chunks = run.gate_chunks;
     // Dense rows from one row on, except in the first run (the default minimum: small batches keep
     // their heavy rows in the CSR) and the run without them.
     opt.dense_rows = run.hot != Hot::none;
@@ -245,6 +249,11 @@ TEST(CudaTrainOptions, RejectsUnbuiltKernelVariants) {
     TrainContextOptions o;
     o.token_min_blocks = mb;
     EXPECT_THROW(TrainContext ctx(o), Error) << "token_min_blocks " << mb;
+  }
+  for (int gc : {0, -1, kTrainMaxGateChunks + 1}) {
+    TrainContextOptions o;
+    o.gate_chunks = gc;
+    EXPECT_THROW(TrainContext ctx(o), Error) << "gate_chunks " << gc;
   }
   for (int v : {-1, 5}) {
     ContextOptions o;

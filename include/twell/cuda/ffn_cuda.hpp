@@ -73,6 +73,7 @@ struct TrainOptions {
   std::int64_t weight_grad_run = 0;
   bool weight_grad_slice_major = false;
   int token_min_blocks = 6;  // the token-major kernels built for 6 or 8 blocks per SM (K ≤ 2048); 0: no bound
+  int gate_chunks = 1;        // TrainContextOptions::gate_chunks (the gate GEMM in row chunks, each counted beside the next)
   // Hot neurons of the sparse step (neurons run as dense GEMM columns, the rest through the CSR):
   // when set, exactly these (empty: no split); else the context calibrates on the step itself if
   // hot_neurons_auto and M is large enough (docs/perf-notes-cuda.md).

@@ -67,6 +67,8 @@ TrainContext::TrainContext(const TrainContextOptions& opt)
   TWELL_CHECK(opt_.token_min_blocks == 0 || opt_.token_min_blocks == 6 || opt_.token_min_blocks == 8,
               ErrorCode::invalid_argument, "TrainContextOptions::token_min_blocks must be 0, 6 or 8 (got {})",
               opt_.token_min_blocks);
+  TWELL_CHECK(opt_.gate_chunks >= 1 && opt_.gate_chunks <= kTrainMaxGateChunks, ErrorCode::invalid_argument,
+              "TrainContextOptions::gate_chunks must be in 1 … {} (got {})", kTrainMaxGateChunks, opt_.gate_chunks);
   TWELL_CUDA_CHECK(cudaEventCreateWithFlags(&counted_, cudaEventDisableTiming));
   int dev = 0, l2 = 0;
   TWELL_CUDA_CHECK(cudaGetDevice(&dev));
@@ -187,11 +189,18 @@ TrainForwardResult TrainContext::forward(const __nv_bfloat16* x, std::int64_t m,
     return r;
   }
   // Gate GEMM with ReLU into g_ [m, ldn] (columns ≥ N unwritten: nothing reads them), then the
-  // exact per-row counts and their prefix sum.
+  // exact per-row counts and their prefix sum. With gate_chunks > 1 (and no calibration due, which
+  // needs the whole gate first) the GEMM runs in row chunks and each chunk is counted on the side
+  // stream while the next one's GEMM runs.
   g_.reserve(sz(m * ldn()));
-  ffn_.gemm().run({m, n(), k(), k(), k(), ldn(), GemmEpilogue::relu}, ffn_.w_gate_up(), x, g_.get(), stream);
-  mark("fwd: gate GEMM", stream);
-  if (opt_.hot_neurons_auto && !hot_calibrated_ && m >= opt_.hot_neurons_min_rows) {
+  const bool calibrate = opt_.hot_neurons_auto && !hot_calibrated_ && m >= opt_.hot_neurons_min_rows;
+  const std::int64_t chunks =
+      calibrate ? 1 : std::min<std::int64_t>(opt_.gate_chunks, m / kTrainGateChunkMinRows);
+  if (chunks <= 1) {
+    ffn_.gemm().run({m, n(), k(), k(), k(), ldn(), GemmEpilogue::relu}, ffn_.w_gate_up(), x, g_.get(), stream);
+    mark("fwd: gate GEMM", stream);
+  }
+  if (calibrate) {
     calibrate_hot_neurons(m, stream);
     mark("fwd: hot-neuron calibration", stream);
   }
@@ -228,8 +237,22 @@ TrainForwardResult TrainContext::forward(const __nv_bfloat16* x, std::int64_t m,
     cp.dense_rows = dense_rows_.get();
     cp.n_dense = n_dense_.get();
   }
-  csr_count_and_scan(cp, cub_ws_, stream);
-  mark("fwd: CSR count + scan", stream);
+  if (chunks <= 1) {
+    csr_count_and_scan(cp, cub_ws_, stream);
+    mark("fwd: CSR count + scan", stream);
+  } else {
+    const std::int64_t per = ((m + chunks - 1) / chunks + 127) / 128 * 128;  // whole 128-row GEMM tiles
+    for (std::int64_t r0 = 0; r0 < m; r0 += per) {
+      const std::int64_t rows = std::min(per, m - r0);
+      ffn_.gemm().run({rows, n(), k(), k(), k(), ldn(), GemmEpilogue::relu}, ffn_.w_gate_up(), x + r0 * k(),
+                      g_.get() + r0 * ldn(), stream);
+      launch_csr_count_rows(cp, r0, rows, side_.fork(stream));  // after this chunk's GEMM, beside the next
+    }
+    side_.join(stream);
+    mark("fwd: gate GEMM + CSR count, in row chunks", stream);
+    csr_select_and_scan(cp, cub_ws_, stream);
+    mark("fwd: CSR scan", stream);
+  }
   TWELL_CUDA_CHECK(cudaMemcpyAsync(nnz_host_.get(), offsets_.get() + m, sizeof(std::int64_t), cudaMemcpyDeviceToHost, stream));
   n_dense_host_[0] = 0;
   if (cp.n_dense)

@@ -94,7 +94,17 @@ struct TrainContextOptions {
   // Fewer such rows than this run through the CSR: the dense rows' GEMMs cost ≈ 0.09 ms whatever
   // their row count (they read every weight and read-modify-write the fp32 gradients).
   std::int64_t dense_rows_min = 256;
+  // The sparse step's gate GEMM in this many row chunks (at most M / kTrainGateChunkMinRows; 1:
+  // one GEMM, then the CSR count): chunk i's count runs on the side stream while chunk i + 1's
+  // GEMM runs, reading rows the GEMM has just written. A step that calibrates the hot neurons
+  // runs one GEMM (the calibration reads the whole gate first). The inference path's cuBLASLt
+  // gate measured 0.59 ms in 2 chunks against 0.66 in one with its packing overlapped so (H100,
+  // 6a75e21). Off until measured here: built after the device time was spent (docs/perf-notes-cuda.md).
+  int gate_chunks = 1;
 };
+
+constexpr int kTrainMaxGateChunks = 8;
+constexpr std::int64_t kTrainGateChunkMinRows = 2048;
 
 // The weight-gradient pass plan for m rows of K columns: slices of slice_cols columns (the last
 // one narrower), each over token blocks of block_rows rows (≥ 1024 unless m is smaller).
