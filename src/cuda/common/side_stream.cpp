@@ -13,7 +13,8 @@ SideStream::~SideStream() {
 void SideStream::create() {
   int least = 0, greatest = 0;
   TWELL_CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&least, &greatest));
-  TWELL_CUDA_CHECK(cudaStreamCreateWithPriority(&side_, cudaStreamNonBlocking, greatest));
+  TWELL_CUDA_CHECK(
+      cudaStreamCreateWithPriority(&side_, cudaStreamNonBlocking, priority_ == Priority::highest ? greatest : least));
   TWELL_CUDA_CHECK(cudaEventCreateWithFlags(&forked_, cudaEventDisableTiming));
   TWELL_CUDA_CHECK(cudaEventCreateWithFlags(&joined_, cudaEventDisableTiming));
 }

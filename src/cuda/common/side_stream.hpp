@@ -4,8 +4,10 @@
 // returns the side stream after making it wait for everything enqueued on `main` so far;
 // join(main) makes `main` wait for everything enqueued on the side since. fork may be called
 // again before the join: a dependency in the middle of the side's work. The stream is created
-// on first use with the device's highest priority: the side's few, large CTAs then take SMs as
-// the main stream's many small ones leave them, instead of queueing behind all of them.
+// on first use, by default with the device's highest priority: the side's few, large CTAs then
+// take SMs as the main stream's many small ones leave them, instead of queueing behind all of
+// them. Work of many small CTAs beside a GEMM on the main stream wants the default priority
+// instead (Priority::normal), or its CTAs take the SMs ahead of the GEMM's.
 // Graph-capture safe (events only).
 #include <cuda_runtime.h>
 
@@ -13,7 +15,8 @@ namespace twell::cuda {
 
 class SideStream {
  public:
-  SideStream() = default;
+  enum class Priority { highest, normal };
+  explicit SideStream(Priority priority = Priority::highest) : priority_(priority) {}
   ~SideStream();
   SideStream(const SideStream&) = delete;
   SideStream& operator=(const SideStream&) = delete;
@@ -23,6 +26,7 @@ class SideStream {
 
  private:
   void create();
+  Priority priority_;
   cudaStream_t side_ = nullptr;
   cudaEvent_t forked_ = nullptr, joined_ = nullptr;
 };

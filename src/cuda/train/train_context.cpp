@@ -241,14 +241,18 @@ TrainForwardResult TrainContext::forward(const __nv_bfloat16* x, std::int64_t m,
     csr_count_and_scan(cp, cub_ws_, stream);
     mark("fwd: CSR count + scan", stream);
   } else {
-    const std::int64_t per = ((m + chunks - 1) / chunks + 127) / 128 * 128;  // whole 128-row GEMM tiles
+    // Whole 128-row GEMM tiles; the chunks' x and gate rows then start 256·K and 256·ldn bytes
+    // apart, aligned as cuBLASLt's algorithm choice assumes (keep the rounding at ≥ 64 rows).
+    const std::int64_t per = ((m + chunks - 1) / chunks + 127) / 128 * 128;
     for (std::int64_t r0 = 0; r0 < m; r0 += per) {
       const std::int64_t rows = std::min(per, m - r0);
       ffn_.gemm().run({rows, n(), k(), k(), k(), ldn(), GemmEpilogue::relu}, ffn_.w_gate_up(), x + r0 * k(),
                       g_.get() + r0 * ldn(), stream);
-      launch_csr_count_rows(cp, r0, rows, side_.fork(stream));  // after this chunk's GEMM, beside the next
+      // After this chunk's GEMM, beside the next one's, at the default priority: the count's many
+      // small CTAs must not take the SMs ahead of the GEMM's (common/side_stream.hpp).
+      launch_csr_count_rows(cp, r0, rows, count_side_.fork(stream));
     }
-    side_.join(stream);
+    count_side_.join(stream);
     mark("fwd: gate GEMM + CSR count, in row chunks", stream);
     csr_select_and_scan(cp, cub_ws_, stream);
     mark("fwd: CSR scan", stream);

@@ -267,6 +267,7 @@ class TrainContext {
   DeviceBuffer<float> dw_hot_;
   DeviceBuffer<DenseTrainScalars> scalars_, scratch_scalars_, hot_scalars_;  // hot_scalars_: the side stream's sums
   SideStream side_;  // hot_overlap (its GEMMs: ffn_.side_gemm())
+  SideStream count_side_{SideStream::Priority::normal};  // gate_chunks: the CSR count beside the next chunk's GEMM
   // dense rows: row_flags_ [m], dense_rows_ [m] (the first saved_rows_ used), n_dense_ [1];
   // rows_gu_ [R, 2·ldn] (saved); rows_x_, rows_dy_, rows_out_ [R, K], rows_h_, rows_dh_ [R, ldn],
   // rows_dgu_ [R, 2·ldn] workspaces.
