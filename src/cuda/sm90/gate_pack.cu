@@ -305,7 +305,8 @@ __global__ void __launch_bounds__(kThreads, 1)
         // at byte srow·512 + 16·(g ^ (srow % 8)) (stage_index). With j = 8a + 2b and t = h ^ (l % 8)
         // (< 8), g ^ (srow % 8) = j ^ t = 8a + (2b ^ t): four row offsets, then immediates 128·a.
         // (ptxas reports 24 bytes of spills for the cluster 2 and 4 builds of this path, 0 for
-        // the st.shared one; where they sit is to be read in the SASS: gpu-check GPU_CHECK_SASS.)
+        // the st.shared one; the SASS puts all of them in the packing warp's profiling branch,
+        // which only probe_gate_sm90's profiled runs take: docs/perf-notes-cuda.md.)
         const int mi = lane >> 3, srow = cw * 64 + warp * 16 + (mi & 1) * 8 + (lane & 7);
         const int t = (mi >> 1) ^ (lane & 7);
         const std::uint32_t rowb = smem_u32(tile_buf) + static_cast<std::uint32_t>(srow) * 512u;
