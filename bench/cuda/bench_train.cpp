@@ -159,8 +159,6 @@ void run_train_sweep(bool quick, int warmup, int reps, cudaStream_t s, nlohmann:
       return nlohmann::json::array({v_ms, d_ms});
     };
     nlohmann::json wg_alt = nlohmann::json::object();  // fraction → [variant ms, default ms]
-    nlohmann::json chunk_alt = nlohmann::json::object();  // gate chunks → [variant ms, default ms]
-    nlohmann::json chunk_phases = nlohmann::json::object();  // phases of one step with 2 gate chunks
     if (pt.m >= 16384 && pt.density <= 0.015) {
       TrainContext def(copt);
       def.upload_weights(w, s);
@@ -170,20 +168,6 @@ void run_train_sweep(bool quick, int warmup, int reps, cudaStream_t s, nlohmann:
         char key[16];
         std::snprintf(key, sizeof key, "%.1f", frac);
         wg_alt[key] = against_default(def, [&](TrainContextOptions& o) { o.weight_grad_l2_fraction = frac; });
-      }
-      // The gate GEMM in row chunks, each counted on the side stream beside the next chunk's GEMM.
-      for (int chunks : {2, 4})
-        chunk_alt[std::to_string(chunks)] = against_default(def, [&](TrainContextOptions& o) { o.gate_chunks = chunks; });
-      {  // and the phases of a step with 2 chunks, timed as the default's above (after two warm steps)
-        TrainContextOptions o = copt;
-        o.gate_chunks = 2;
-        TrainContext c(o);
-        c.upload_weights(w, s);
-        step(c)();
-        step(c)();
-        c.set_phase_timing(true);
-        step(c)();
-        for (const auto& [name, ms] : c.phase_ms()) chunk_phases[name] = ms;
       }
     }
     // Hot neurons: the sparse step without and with the split, timed alternately; and the split at
@@ -207,6 +191,9 @@ void run_train_sweep(bool quick, int warmup, int reps, cudaStream_t s, nlohmann:
         const auto [one_ms, two_ms] = host::alternating_medians_ms(warmup, reps, s, step(one), step(two));
         hot_json["overlap_off_on_sparse_alternating_ms"] = {one_ms, two_ms};
       }
+      // the hot dWd GEMM after the [dWg; dWu] GEMM / beside it (hot_grads_side_by_side, the default)
+      hot_json["grads_side_by_side_off_on_sparse_alternating_ms"] =
+          against_default(on, [](TrainContextOptions& o) { o.hot_grads_side_by_side = false; });
       for (int mb : {0, 6, 8}) {  // the token-major kernels compiled for mb blocks per SM (0: no bound), against the default
         if (mb == copt.token_min_blocks) continue;
         hot_json["token_min_blocks_vs_default_alternating_ms"][std::to_string(mb)] =
@@ -272,18 +259,13 @@ void run_train_sweep(bool quick, int warmup, int reps, cudaStream_t s, nlohmann:
                   100.0 * static_cast<double>(saved_sp) / static_cast<double>(saved_dn), static_cast<double>(mem_sp) * mb,
                   static_cast<double>(mem_dn) * mb, err, fr_auto.path.c_str());
     std::printf("%s\n", line);
-    const auto print_phases = [](const char* title, const nlohmann::json& ms_by_phase) {
-      if (ms_by_phase.empty()) return;
-      std::string ph = std::string("          ") + title + " (ms):";
-      for (const auto& [name, ms] : ms_by_phase.items()) {
-        char b[96];
-        std::snprintf(b, sizeof b, " %s %.3f;", name.c_str(), ms.get<double>());
-        ph += b;
-      }
-      std::printf("%s\n", ph.c_str());
-    };
-    print_phases("sparse phases", phases);
-    print_phases("sparse phases, the gate GEMM in 2 row chunks", chunk_phases);
+    std::string ph = "          sparse phases (ms):";
+    for (const auto& [name, ms] : phases.items()) {
+      char b[96];
+      std::snprintf(b, sizeof b, " %s %.3f;", name.c_str(), ms.get<double>());
+      ph += b;
+    }
+    std::printf("%s\n", ph.c_str());
     std::printf("          timing: dense alone %.3f ms (alternating with auto %.3f); sparse / auto alternating %.3f / %.3f ms\n",
                 dn_alone, dn_step, sp_alt, auto_alt);
     if (!hot_json.empty()) {
@@ -303,7 +285,6 @@ void run_train_sweep(bool quick, int warmup, int reps, cudaStream_t s, nlohmann:
       std::printf("%s\n", v.c_str());
     };
     print_pairs("weight-gradient L2 fraction", std::to_string(copt.weight_grad_l2_fraction).substr(0, 4), wg_alt);
-    print_pairs("gate GEMM row chunks counted beside the next", std::to_string(copt.gate_chunks), chunk_alt);
     if (!wg_variants.empty()) {
       std::string v = "          sparse step by weight-gradient L2 fraction[/run][/slice-major] (default 0.7, run max(128, nnz/8192), rows read in place):";
       for (const auto& [frac, ms] : wg_variants.items()) {
@@ -346,8 +327,6 @@ void run_train_sweep(bool quick, int warmup, int reps, cudaStream_t s, nlohmann:
                                    {"sparse_phases_ms", phases},
                                    {"sparse_step_ms_by_wg_l2_fraction", wg_variants},
                                    {"wg_l2_fraction_vs_default_alternating_ms", wg_alt},
-                                   {"gate_chunks_vs_default_alternating_ms", chunk_alt},
-                                   {"sparse_phases_gate_chunks_2_ms", chunk_phases},
                                    {"check_rows", rows.size()}});
   }
 }

@@ -53,8 +53,6 @@ FfnContext::FfnContext(const ContextOptions& opt)
 
 FfnContext::~FfnContext() {
   if (decided_) cudaEventDestroy(decided_);
-  for (cudaEvent_t e : chunk_events_) cudaEventDestroy(e);
-  if (side_) cudaStreamDestroy(side_);
 }
 
 void FfnContext::reset_dispatch_state() {
@@ -200,26 +198,15 @@ void FfnContext::gate_twell(const __nv_bfloat16* x, std::int64_t m, cudaStream_t
     return;
   }
   reserve(m);
-  if (!side_) TWELL_CUDA_CHECK(cudaStreamCreateWithFlags(&side_, cudaStreamNonBlocking));
-  while (chunk_events_.size() < static_cast<std::size_t>(2 + chunks)) {
-    cudaEvent_t e = nullptr;
-    TWELL_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
-    chunk_events_.push_back(e);
-  }
   TWELL_CUDA_CHECK(cudaMemsetAsync(counters_.get(), 0, sizeof(TwellCounters), stream));
-  TWELL_CUDA_CHECK(cudaEventRecord(chunk_events_[0], stream));
-  TWELL_CUDA_CHECK(cudaStreamWaitEvent(side_, chunk_events_[0]));
   const std::int64_t per = round_up((m + chunks - 1) / chunks, 128);  // whole 128-row GEMM tiles
-  std::int64_t i = 0;
-  for (std::int64_t r0 = 0; r0 < m; r0 += per, ++i) {
+  for (std::int64_t r0 = 0; r0 < m; r0 += per) {
     const std::int64_t rows = std::min(per, m - r0);
     gemm_.run({rows, n, k_, k_, k_, ldn_, GemmEpilogue::relu}, w_gu_.get(), x + r0 * k_, g_.get() + r0 * ldn_, stream);
-    TWELL_CUDA_CHECK(cudaEventRecord(chunk_events_[static_cast<std::size_t>(2 + i)], stream));
-    TWELL_CUDA_CHECK(cudaStreamWaitEvent(side_, chunk_events_[static_cast<std::size_t>(2 + i)]));
-    pack_rows(r0, rows, n, nullptr, /*reset_counters=*/false, side_);
+    // After this chunk's GEMM (and the counters' reset), beside the next chunk's GEMM.
+    pack_rows(r0, rows, n, nullptr, /*reset_counters=*/false, pack_side_.fork(stream));
   }
-  TWELL_CUDA_CHECK(cudaEventRecord(chunk_events_[1], side_));
-  TWELL_CUDA_CHECK(cudaStreamWaitEvent(stream, chunk_events_[1]));
+  pack_side_.join(stream);
 }
 
 void FfnContext::gate_pack_sm90(const __nv_bfloat16* x, std::int64_t m, cudaStream_t stream) {

@@ -412,10 +412,11 @@ class FfnContext {
   DeviceBuffer<Dispatch> dispatch_;
   PinnedBuffer<Dispatch> dispatch_host_;
   cudaEvent_t decided_ = nullptr;
-  cudaStream_t side_ = nullptr;        // chunked gate_twell: the packing stream (created on first use)
+  // chunked gate_twell: chunk i's packing beside chunk i + 1's GEMM, at the default priority (the
+  // packing's many small CTAs must not take the SMs ahead of the GEMM's)
+  SideStream pack_side_{SideStream::Priority::normal};
   SideStream hot_side_;                // hot_overlap: the hot part's GEMMs beside cold_rest
   std::unique_ptr<LtGemm> side_gemm_;
-  std::vector<cudaEvent_t> chunk_events_;  // [0]: fork, [1]: join, [2 + i]: chunk i's GEMM done
   double last_density_ = -1;  // density of the latest call whose count came back (−1: none)
   std::int64_t decode_dense_calls_ = 0;  // decode-size dense calls since upload (for the count period)
   CountRing counts_;          // counts of sticky calls on their way back (never waited for)

@@ -139,7 +139,6 @@ TEST_P(CudaTrain, MatchesOracle) {
     bool slice_major;
     Hot hot = Hot::automatic;
     int token_min_blocks = 6;  // the default build
-    int gate_chunks = 1;       // the gate GEMM in row chunks, each counted beside the next (1: one GEMM)
   };
   const Run runs[] = {{"sparse", Path::sparse, 0.6, 0, false},
                       {"dense", Path::dense, 0.6, 0, false},
@@ -147,8 +146,6 @@ TEST_P(CudaTrain, MatchesOracle) {
                       {"sparse, weight-gradient knobs at their edges, token kernels without a register bound", Path::sparse,
                        0.001, 1, true, Hot::automatic, 0},
                       {"sparse, no hot neurons, no dense rows", Path::sparse, 0.6, 0, false, Hot::none},
-                      {"sparse, every third neuron dense, the gate GEMM in 3 row chunks counted beside the next (2 below M = 6144, 1 below 4096)",
-                       Path::sparse, 0.6, 0, false, Hot::third, 6, 3},
                       {"sparse, every third neuron dense, knobs at their edges, token kernels for 8 blocks/SM", Path::sparse,
                        0.001, 1, true, Hot::third, 8},
                       {"sparse, every neuron dense", Path::sparse, 0.6, 0, false, Hot::all}};
@@ -162,7 +159,6 @@ TEST_P(CudaTrain, MatchesOracle) {
     opt.weight_grad_run = run.run;
     opt.weight_grad_slice_major = run.slice_major;
     opt.token_min_blocks = run.token_min_blocks;
-    opt.gate_chunks = run.gate_chunks;
     // Dense rows from one row on, except in the first run (the default minimum: small batches keep
     // their heavy rows in the CSR) and the run without them.
     opt.dense_rows = run.hot != Hot::none;
@@ -211,6 +207,12 @@ TEST_P(CudaTrain, MatchesOracle) {
         expect_same_bits(o3, o, d.gated, "the hot part beside the CSR part");
         EXPECT_NEAR(rep3.scalars.l1, rep.scalars.l1, 1e-12 * std::max(rep.scalars.l1, 1e-30)) << "l1";
         EXPECT_EQ(rep3.scalars.l0, rep.scalars.l0) << "l0";
+        // ... and as the hot dWd GEMM after the [dWg; dWu] one instead of beside it (the default).
+        Out o4 = alloc(M, K, N);
+        TrainOptions after = opt;
+        after.hot_grads_side_by_side = !opt.hot_grads_side_by_side;
+        ffn_train_host(xv, dyv, w, c.l1_coeff, MatrixF(o4.y.data(), M, K), grads_of(o4, M, K, N), after);
+        expect_same_bits(o4, o, d.gated, "the hot dWd GEMM after the [dWg; dWu] GEMM");
       }
       // Saved state: offsets + per non-zero col, p (and u), plus [g | u] (or h) of the hot
       // columns: never a dense [M, N] tensor unless every neuron is hot.
@@ -249,11 +251,6 @@ TEST(CudaTrainOptions, RejectsUnbuiltKernelVariants) {
     TrainContextOptions o;
     o.token_min_blocks = mb;
     EXPECT_THROW(TrainContext ctx(o), Error) << "token_min_blocks " << mb;
-  }
-  for (int gc : {0, -1, kTrainMaxGateChunks + 1}) {
-    TrainContextOptions o;
-    o.gate_chunks = gc;
-    EXPECT_THROW(TrainContext ctx(o), Error) << "gate_chunks " << gc;
   }
   for (int v : {-1, 5}) {
     ContextOptions o;

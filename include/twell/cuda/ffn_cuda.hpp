@@ -73,13 +73,13 @@ struct TrainOptions {
   std::int64_t weight_grad_run = 0;
   bool weight_grad_slice_major = false;
   int token_min_blocks = 6;  // the token-major kernels built for 6 or 8 blocks per SM (K ≤ 2048); 0: no bound
-  int gate_chunks = 1;        // TrainContextOptions::gate_chunks (the gate GEMM in row chunks, each counted beside the next)
   // Hot neurons of the sparse step (neurons run as dense GEMM columns, the rest through the CSR):
   // when set, exactly these (empty: no split); else the context calibrates on the step itself if
   // hot_neurons_auto and M is large enough (docs/perf-notes-cuda.md).
   std::optional<std::vector<std::int64_t>> hot_neurons;
   bool hot_neurons_auto = true;
   bool hot_overlap = false;  // the hot neurons' GEMMs on a second stream beside the CSR kernels (same bits)
+  bool hot_grads_side_by_side = true;  // TrainContextOptions::hot_grads_side_by_side (same bits)
   bool dense_rows = true;  // rows with many non-zeros run dense inside the sparse step
   std::int64_t dense_rows_min = 256;  // ... when there are at least this many of them
 };

@@ -167,12 +167,10 @@ void offsets_from_counts(const std::int64_t* counts, std::int64_t* offsets, std:
 
 }  // namespace
 
-void launch_csr_count_rows(const CsrBuildParams& p, std::int64_t row0, std::int64_t rows, cudaStream_t stream) {
+void csr_count_and_scan(const CsrBuildParams& p, DeviceBuffer<unsigned char>& scratch, cudaStream_t stream) {
   TWELL_CU_REQUIRE(p.src && p.row_counts && p.offsets, ErrorCode::invalid_argument, "CSR count: null pointer");
   TWELL_CU_REQUIRE(p.m >= 1 && p.n >= 1 && p.ld_src >= p.n, ErrorCode::invalid_argument,
                    "CSR count: bad shape m={} n={} ld={}", p.m, p.n, p.ld_src);
-  TWELL_CU_REQUIRE(row0 >= 0 && rows >= 1 && row0 + rows <= p.m, ErrorCode::invalid_argument,
-                   "CSR count: rows [{}, {}) outside the batch of {}", row0, row0 + rows, p.m);
   TWELL_CU_REQUIRE(p.dense_row_cap < 0 || (p.row_flags && p.dense_rows && p.n_dense), ErrorCode::invalid_argument,
                    "CSR count: dense rows need row_flags, dense_rows and n_dense");
   TWELL_CU_REQUIRE(!p.hot_out || (p.skip8 && p.hot_base8 && csr_count_can_gather(p.hot_count, p.ld_hot, p.hot_out)),
@@ -180,20 +178,10 @@ void launch_csr_count_rows(const CsrBuildParams& p, std::int64_t row0, std::int6
                    "CSR count: gathering {} left-out columns (row stride {}) needs skip8, hot_base8, at most {} columns, "
                    "16-byte rows",
                    p.hot_count, p.ld_hot, kCsrMaxGatheredCols);
-  // The kernel sees a batch of `rows` rows: every per-row pointer it uses moved to row0.
-  CsrBuildParams q = p;
-  q.m = rows;
-  q.src += row0 * p.ld_src;
-  q.row_counts += row0;
-  if (q.row_flags) q.row_flags += row0;
-  if (q.hot_out) q.hot_out += row0 * p.ld_hot;
   // ≤ 8 warps · 2048 columns · 2 bytes = 32 KB: within the default 48 KB of dynamic shared memory
-  const std::size_t smem = q.hot_out ? static_cast<std::size_t>(kWarpsPerBlock * ((q.hot_count + 7) / 8) * 16) : 0;
-  csr_count_kernel<<<blocks_for(rows, kWarpsPerBlock), kWarpsPerBlock * 32, smem, stream>>>(q);
+  const std::size_t smem = p.hot_out ? static_cast<std::size_t>(kWarpsPerBlock * ((p.hot_count + 7) / 8) * 16) : 0;
+  csr_count_kernel<<<blocks_for(p.m, kWarpsPerBlock), kWarpsPerBlock * 32, smem, stream>>>(p);
   TWELL_CUDA_CHECK_LAUNCH("csr_count_kernel");
-}
-
-void csr_select_and_scan(const CsrBuildParams& p, DeviceBuffer<unsigned char>& scratch, cudaStream_t stream) {
   if (p.dense_row_cap >= 0) {  // the flagged rows, ascending (CUB's selection keeps input order)
     const thrust::counting_iterator<std::int32_t> rows(0);
     std::size_t bytes = 0;
@@ -204,11 +192,6 @@ void csr_select_and_scan(const CsrBuildParams& p, DeviceBuffer<unsigned char>& s
     TWELL_CUDA_CHECK_LAUNCH("dense_rows_apply_kernel");
   }
   offsets_from_counts(p.row_counts, p.offsets, p.m, scratch, stream);
-}
-
-void csr_count_and_scan(const CsrBuildParams& p, DeviceBuffer<unsigned char>& scratch, cudaStream_t stream) {
-  launch_csr_count_rows(p, 0, p.m, stream);
-  csr_select_and_scan(p, scratch, stream);
 }
 
 void launch_csr_fill(const CsrBuildParams& p, cudaStream_t stream) {

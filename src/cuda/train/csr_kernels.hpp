@@ -51,14 +51,7 @@ inline bool csr_count_can_gather(std::int64_t hot_count, std::int64_t ld_hot, co
 
 // offsets[0] = 0, offsets[r + 1] = Σ_{i ≤ r} count(i). `scratch` is the CUB workspace (grown as needed).
 // The total (offsets[m]) stays on the device; the caller reads it when it must size the fill.
-// Equal to launch_csr_count_rows over [0, m), then csr_select_and_scan.
 void csr_count_and_scan(const CsrBuildParams& p, DeviceBuffer<unsigned char>& scratch, cudaStream_t stream);
-// The count pass over rows [row0, row0 + rows) of the batch of p.m rows alone: their counts,
-// dense-row flags and gathered hot columns (the gate's rows as soon as they are written: the
-// training step counts each row chunk of its gate GEMM beside the next chunk's GEMM).
-void launch_csr_count_rows(const CsrBuildParams& p, std::int64_t row0, std::int64_t rows, cudaStream_t stream);
-// After the count pass has covered every row: the dense-row selection, then the offsets.
-void csr_select_and_scan(const CsrBuildParams& p, DeviceBuffer<unsigned char>& scratch, cudaStream_t stream);
 // Writes cols/vals at the offsets computed by csr_count_and_scan (same src).
 void launch_csr_fill(const CsrBuildParams& p, cudaStream_t stream);
 

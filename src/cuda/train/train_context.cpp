@@ -63,12 +63,10 @@ TrainContext::TrainContext(const TrainContextOptions& opt)
         c.autotune_gemm = opt.autotune_gemm;
         return c;
       }()),
-      scalars_(1), scratch_scalars_(1), hot_scalars_(1), n_dense_(1), n_dense_host_(1), scalars_host_(1), nnz_host_(1) {
+      scalars_(1), hot_scalars_(1), n_dense_(1), n_dense_host_(1), scalars_host_(1), nnz_host_(1) {
   TWELL_CHECK(opt_.token_min_blocks == 0 || opt_.token_min_blocks == 6 || opt_.token_min_blocks == 8,
               ErrorCode::invalid_argument, "TrainContextOptions::token_min_blocks must be 0, 6 or 8 (got {})",
               opt_.token_min_blocks);
-  TWELL_CHECK(opt_.gate_chunks >= 1 && opt_.gate_chunks <= kTrainMaxGateChunks, ErrorCode::invalid_argument,
-              "TrainContextOptions::gate_chunks must be in 1 … {} (got {})", kTrainMaxGateChunks, opt_.gate_chunks);
   TWELL_CUDA_CHECK(cudaEventCreateWithFlags(&counted_, cudaEventDisableTiming));
   int dev = 0, l2 = 0;
   TWELL_CUDA_CHECK(cudaGetDevice(&dev));
@@ -131,7 +129,7 @@ std::size_t TrainContext::device_bytes() const noexcept {
          tmp_vals_.bytes() + p_.bytes() + u_e_.bytes() + row_l1_.bytes() + d_up_e_.bytes() + d_gate_e_.bytes() +
          dwd_t_.bytes() + wg_entries_.bytes() + wg_work_.bytes() + wg_item_counts_.bytes() +
          wg_item_offsets_.bytes() + wg_item_neuron_.bytes() + cub_ws_.bytes() + dw_gu_.bytes() + dw_down_.bytes() + scalars_.bytes() +
-         scratch_scalars_.bytes() + hot_scalars_.bytes() + ffn_.side_gemm_workspace_bytes() +
+         hot_scalars_.bytes() + ffn_.side_gemm_workspace_bytes() +
          hot_idx_.bytes() + hot_base8_.bytes() + skip8_.bytes() + w_hot_.bytes() + dw_hot_.bytes() +
          row_flags_.bytes() + dense_rows_.bytes() + n_dense_.bytes() + rows_gu_.bytes() + rows_x_.bytes() +
          rows_dy_.bytes() + rows_out_.bytes() + rows_h_.bytes() + rows_dh_.bytes() + rows_dgu_.bytes();
@@ -189,18 +187,11 @@ TrainForwardResult TrainContext::forward(const __nv_bfloat16* x, std::int64_t m,
     return r;
   }
   // Gate GEMM with ReLU into g_ [m, ldn] (columns ≥ N unwritten: nothing reads them), then the
-  // exact per-row counts and their prefix sum. With gate_chunks > 1 (and no calibration due, which
-  // needs the whole gate first) the GEMM runs in row chunks and each chunk is counted on the side
-  // stream while the next one's GEMM runs.
+  // exact per-row counts and their prefix sum.
   g_.reserve(sz(m * ldn()));
-  const bool calibrate = opt_.hot_neurons_auto && !hot_calibrated_ && m >= opt_.hot_neurons_min_rows;
-  const std::int64_t chunks =
-      calibrate ? 1 : std::min<std::int64_t>(opt_.gate_chunks, m / kTrainGateChunkMinRows);
-  if (chunks <= 1) {
-    ffn_.gemm().run({m, n(), k(), k(), k(), ldn(), GemmEpilogue::relu}, ffn_.w_gate_up(), x, g_.get(), stream);
-    mark("fwd: gate GEMM", stream);
-  }
-  if (calibrate) {
+  ffn_.gemm().run({m, n(), k(), k(), k(), ldn(), GemmEpilogue::relu}, ffn_.w_gate_up(), x, g_.get(), stream);
+  mark("fwd: gate GEMM", stream);
+  if (opt_.hot_neurons_auto && !hot_calibrated_ && m >= opt_.hot_neurons_min_rows) {
     calibrate_hot_neurons(m, stream);
     mark("fwd: hot-neuron calibration", stream);
   }
@@ -237,26 +228,8 @@ TrainForwardResult TrainContext::forward(const __nv_bfloat16* x, std::int64_t m,
     cp.dense_rows = dense_rows_.get();
     cp.n_dense = n_dense_.get();
   }
-  if (chunks <= 1) {
-    csr_count_and_scan(cp, cub_ws_, stream);
-    mark("fwd: CSR count + scan", stream);
-  } else {
-    // Whole 128-row GEMM tiles; the chunks' x and gate rows then start 256·K and 256·ldn bytes
-    // apart, aligned as cuBLASLt's algorithm choice assumes (keep the rounding at ≥ 64 rows).
-    const std::int64_t per = ((m + chunks - 1) / chunks + 127) / 128 * 128;
-    for (std::int64_t r0 = 0; r0 < m; r0 += per) {
-      const std::int64_t rows = std::min(per, m - r0);
-      ffn_.gemm().run({rows, n(), k(), k(), k(), ldn(), GemmEpilogue::relu}, ffn_.w_gate_up(), x + r0 * k(),
-                      g_.get() + r0 * ldn(), stream);
-      // After this chunk's GEMM, beside the next one's, at the default priority: the count's many
-      // small CTAs must not take the SMs ahead of the GEMM's (common/side_stream.hpp).
-      launch_csr_count_rows(cp, r0, rows, count_side_.fork(stream));
-    }
-    count_side_.join(stream);
-    mark("fwd: gate GEMM + CSR count, in row chunks", stream);
-    csr_select_and_scan(cp, cub_ws_, stream);
-    mark("fwd: CSR scan", stream);
-  }
+  csr_count_and_scan(cp, cub_ws_, stream);
+  mark("fwd: CSR count + scan", stream);
   TWELL_CUDA_CHECK(cudaMemcpyAsync(nnz_host_.get(), offsets_.get() + m, sizeof(std::int64_t), cudaMemcpyDeviceToHost, stream));
   n_dense_host_[0] = 0;
   if (cp.n_dense)
@@ -483,7 +456,7 @@ void TrainContext::sparse_backward(const __nv_bfloat16* x, const __nv_bfloat16* 
   if (overlap) {
     hot_backward_reserve(m);
     LtGemm& gemm = ffn_.side_gemm();
-    hot_backward_grads(x, dy, m, c1, gemm, /*timed=*/false, side_.fork(stream));
+    hot_backward_grads(x, dy, m, c1, gemm, /*timed=*/false, /*dwd_beside=*/false, side_.fork(stream));
   }
   SparseTrainBackwardParams b;
   b.dy = dy;
@@ -621,7 +594,7 @@ void TrainContext::sparse_backward(const __nv_bfloat16* x, const __nv_bfloat16* 
       mark("bwd: hot neurons: wait for the side stream", stream);
     } else {
       hot_backward_reserve(m);
-      hot_backward_grads(x, dy, m, c1, ffn_.gemm(), /*timed=*/true, stream);
+      hot_backward_grads(x, dy, m, c1, ffn_.gemm(), /*timed=*/true, opt_.hot_grads_side_by_side, stream);
       hot_backward_dx(m, dx, ffn_.gemm(), stream);
       mark("bwd: hot neurons: dx GEMM", stream);
     }
@@ -746,7 +719,7 @@ void TrainContext::hot_backward_reserve(std::int64_t m) {
 }
 
 void TrainContext::hot_backward_grads(const __nv_bfloat16* x, const __nv_bfloat16* dy, std::int64_t m, float c1,
-                                      LtGemm& gemm, bool timed, cudaStream_t stream) {
+                                      LtGemm& gemm, bool timed, bool dwd_beside, cudaStream_t stream) {
   const std::int64_t h = saved_hot_, lh = ldh(), kin = gated() ? 2 * lh : lh;
   const __nv_bfloat16* wdt = w_hot_.get() + kin * k();
   // dh = dy · Wd_hot = dy · (Wdᵀ_hot)ᵀ
@@ -757,10 +730,16 @@ void TrainContext::hot_backward_grads(const __nv_bfloat16* x, const __nv_bfloat1
   block_backward(e, dh_.get(), c1, dgu_.get(), stream);
   if (timed) mark("bwd: hot neurons: elementwise", stream);
   // [dWg; dWu]_hot = [dg | du]_hotᵀ · x and dWdᵀ_hot = h_hotᵀ · dy, fp32, scattered into their rows later.
+  const MatmulShape dwd{true, false, lh, k(), m, lh, k(), k(), true, GemmEpilogue::none};
+  if (dwd_beside) ffn_.side_gemm().matmul(dwd, e.h, dy, dw_hot_.get() + kin * k(), side_.fork(stream));
   gemm.matmul({true, false, kin, k(), m, kin, k(), k(), true, GemmEpilogue::none}, dgu_.get(), x, dw_hot_.get(), stream);
+  if (dwd_beside) {
+    side_.join(stream);
+    if (timed) mark("bwd: hot neurons: d[Wg; Wu] GEMM, dWd GEMM beside it", stream);
+    return;
+  }
   if (timed) mark("bwd: hot neurons: d[Wg; Wu] GEMM", stream);
-  gemm.matmul({true, false, lh, k(), m, lh, k(), k(), true, GemmEpilogue::none}, e.h, dy, dw_hot_.get() + kin * k(),
-              stream);
+  gemm.matmul(dwd, e.h, dy, dw_hot_.get() + kin * k(), stream);
   if (timed) mark("bwd: hot neurons: dWd GEMM", stream);
 }
 
@@ -842,9 +821,8 @@ void TrainContext::scatter_dense_rows(__nv_bfloat16* out, cudaStream_t stream) {
 void TrainContext::block_backward(const DenseTrainElementwiseParams& block, const __nv_bfloat16* dh, float c1,
                                   __nv_bfloat16* d, cudaStream_t stream) {
   DenseTrainElementwiseParams e = block;
-  if (e.gated) {  // h again from the saved [g | u] (the forward's arithmetic, so the same bits)
-    e.scalars = scratch_scalars_.get();
-    launch_dense_train_forward(e, stream);
+  if (e.gated) {  // h again from the saved [g | u] (the forward's arithmetic, so the same bits), in the same pass
+    e.recompute_h = true;
     e.d_gate = d;
     e.d_up = d + e.ldn;
   } else {

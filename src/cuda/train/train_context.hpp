@@ -78,6 +78,10 @@ struct TrainContextOptions {
   // M = 16384, alternating one stream / overlapped: 2.557 / 2.599 ms at 0.5 %, 3.373 / 3.448 at
   // 1 %; the token-major kernels slow down by what the GEMMs take, docs/perf-notes-cuda.md).
   bool hot_overlap = false;
+  // Without hot_overlap: the hot part's dWd GEMM (H × K fp32 outputs over M, under one wave of
+  // 128 × 128 tiles at H ≈ 1000) on the side stream beside its [dWg; dWu] GEMM (2H × K, about two
+  // waves), so that their tiles share the SMs' waves. Off: one after the other. Same GEMMs.
+  bool hot_grads_side_by_side = true;
   // The token-major kernels compiled for this many resident blocks per SM (6: 80 registers, or
   // 8: 64, with spills) where K ≤ 2048; 0: the build without a bound (up to 128 registers, 4
   // blocks of 128 threads per SM). 6 measured fastest (H200, M = 16384, alternating with 0:
@@ -94,17 +98,7 @@ struct TrainContextOptions {
   // Fewer such rows than this run through the CSR: the dense rows' GEMMs cost ≈ 0.09 ms whatever
   // their row count (they read every weight and read-modify-write the fp32 gradients).
   std::int64_t dense_rows_min = 256;
-  // The sparse step's gate GEMM in this many row chunks (at most M / kTrainGateChunkMinRows; 1:
-  // one GEMM, then the CSR count): chunk i's count runs on the side stream while chunk i + 1's
-  // GEMM runs, reading rows the GEMM has just written. A step that calibrates the hot neurons
-  // runs one GEMM (the calibration reads the whole gate first). The inference path's cuBLASLt
-  // gate measured 0.59 ms in 2 chunks against 0.66 in one with its packing overlapped so (H100,
-  // 6a75e21). Off until measured here: built after the device time was spent (docs/perf-notes-cuda.md).
-  int gate_chunks = 1;
 };
-
-constexpr int kTrainMaxGateChunks = 8;
-constexpr std::int64_t kTrainGateChunkMinRows = 2048;
 
 // The weight-gradient pass plan for m rows of K columns: slices of slice_cols columns (the last
 // one narrower), each over token blocks of block_rows rows (≥ 1024 unless m is smaller).
@@ -197,8 +191,9 @@ class TrainContext {
                       cudaStream_t stream);
   void hot_forward_down(std::int64_t m, __nv_bfloat16* y, cudaStream_t stream);
   void hot_backward_reserve(std::int64_t m);
+  // dwd_beside: its dWd GEMM on side_ (with ffn_.side_gemm()) beside the [dWg; dWu] GEMM on `stream`.
   void hot_backward_grads(const __nv_bfloat16* x, const __nv_bfloat16* dy, std::int64_t m, float c1, LtGemm& gemm,
-                          bool timed, cudaStream_t stream);
+                          bool timed, bool dwd_beside, cudaStream_t stream);
   void hot_backward_dx(std::int64_t m, __nv_bfloat16* dx, LtGemm& gemm, cudaStream_t stream);
   void hot_backward_scatter(cudaStream_t stream);
   void calibrate_hot_neurons(std::int64_t m, cudaStream_t stream);  // from the gate output in g_
@@ -265,9 +260,8 @@ class TrainContext {
   DeviceBuffer<unsigned char> skip8_;
   DeviceBuffer<__nv_bfloat16> w_hot_;
   DeviceBuffer<float> dw_hot_;
-  DeviceBuffer<DenseTrainScalars> scalars_, scratch_scalars_, hot_scalars_;  // hot_scalars_: the side stream's sums
+  DeviceBuffer<DenseTrainScalars> scalars_, hot_scalars_;  // hot_scalars_: the side stream's sums
   SideStream side_;  // hot_overlap (its GEMMs: ffn_.side_gemm())
-  SideStream count_side_{SideStream::Priority::normal};  // gate_chunks: the CSR count beside the next chunk's GEMM
   // dense rows: row_flags_ [m], dense_rows_ [m] (the first saved_rows_ used), n_dense_ [1];
   // rows_gu_ [R, 2·ldn] (saved); rows_x_, rows_dy_, rows_out_ [R, K], rows_h_, rows_dh_ [R, ldn],
   // rows_dgu_ [R, 2·ldn] workspaces.

@@ -504,10 +504,18 @@ __global__ void dense_train_backward_kernel(DenseTrainElementwiseParams p) {
        i += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
     const std::int64_t r = i / per_row, c0 = (i % per_row) * 8;
     const std::int64_t n = p.row_skip != nullptr && p.row_skip[r] != 0 ? 0 : p.n;  // a skipped row: every gradient 0
-    const Vec8 h = load8(p.h + r * p.ld_h, c0, n, vec), dh = load8(p.dh + r * p.ld_dh, c0, n, vec);
+    const Vec8 dh = load8(p.dh + r * p.ld_dh, c0, n, vec);
     Vec8 dup, dgate;
     if (p.gated) {
       const Vec8 g = load8(p.g + r * p.ld_g, c0, n, vec), u = load8(p.u + r * p.ld_u, c0, n, vec);
+      Vec8 h;
+      if (p.recompute_h) {
+#pragma unroll
+        for (int e = 0; e < 8; ++e) h.v[e] = __bfloat162float(__float2bfloat16_rn(fmaxf(g.v[e], 0.0f) * u.v[e]));
+        store8(p.h + r * p.ld_h, c0, p.ldn, h, vec);  // as dense_train_forward_kernel writes it
+      } else {
+        h = load8(p.h + r * p.ld_h, c0, n, vec);
+      }
 #pragma unroll
       for (int e = 0; e < 8; ++e) {
         const float dt = dh.v[e] + p.c1 * sign_of(h.v[e]);
@@ -517,6 +525,7 @@ __global__ void dense_train_backward_kernel(DenseTrainElementwiseParams p) {
       }
       store8(p.d_gate + r * p.ld_d, c0, p.ldn, dgate, vec);
     } else {
+      const Vec8 h = load8(p.h + r * p.ld_h, c0, n, vec);
 #pragma unroll
       for (int e = 0; e < 8; ++e) dup.v[e] = h.v[e] > 0.0f ? dh.v[e] + p.c1 * sign_of(h.v[e]) : 0.0f;
     }
@@ -680,7 +689,8 @@ void launch_dense_train_forward(const DenseTrainElementwiseParams& p, cudaStream
 }
 
 void launch_dense_train_backward(const DenseTrainElementwiseParams& p, cudaStream_t stream) {
-  TWELL_CU_REQUIRE(p.h && p.dh && p.d_up && (!p.gated || (p.g && p.u && p.d_gate)) && p.m >= 1 && p.ldn >= p.n,
+  TWELL_CU_REQUIRE(p.h && p.dh && p.d_up && (!p.gated || (p.g && p.u && p.d_gate)) && (p.gated || !p.recompute_h) &&
+                       p.m >= 1 && p.ldn >= p.n,
                    ErrorCode::invalid_argument, "dense train backward: bad parameters");
   dense_train_backward_kernel<<<grid_stride_blocks(p.m * ((p.ldn + 7) / 8), 256), 256, 0, stream>>>(p);
   TWELL_CUDA_CHECK_LAUNCH("dense_train_backward_kernel");

@@ -149,12 +149,16 @@ struct DenseTrainElementwiseParams {
   const unsigned char* row_skip = nullptr;
   std::int64_t m = 0, n = 0, ldn = 0;
   bool gated = true;
+  // Backward, gated only: h is not read but recomputed from g and u with the forward's arithmetic
+  // (the same bits) and written to h (padding columns and skipped rows as 0), for the GEMMs after.
+  bool recompute_h = false;
 };
 // gated: h = ReLU(g) ⊙ u; both: scalars.
 void launch_dense_train_forward(const DenseTrainElementwiseParams& p, cudaStream_t stream);
 // *dst += *src (both fields; one thread): sums made on another stream, added after the join.
 void launch_add_train_scalars(const DenseTrainScalars* src, DenseTrainScalars* dst, cudaStream_t stream);
 // dt = dh + c1·sign(h); gated: d_up = dt ⊙ ReLU(g), d_gate = dt ⊙ u ⊙ [g > 0]; non-gated: d_up = dt ⊙ [h > 0].
+// With recompute_h (gated), h = ReLU(g) ⊙ u is computed here and written, not read.
 void launch_dense_train_backward(const DenseTrainElementwiseParams& p, cudaStream_t stream);
 
 }  // namespace twell::cuda
