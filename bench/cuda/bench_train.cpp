@@ -191,9 +191,6 @@ void run_train_sweep(bool quick, int warmup, int reps, cudaStream_t s, nlohmann:
         const auto [one_ms, two_ms] = host::alternating_medians_ms(warmup, reps, s, step(one), step(two));
         hot_json["overlap_off_on_sparse_alternating_ms"] = {one_ms, two_ms};
       }
-      // the hot dWd GEMM after the [dWg; dWu] GEMM / beside it (hot_grads_side_by_side, the default)
-      hot_json["grads_side_by_side_off_on_sparse_alternating_ms"] =
-          against_default(on, [](TrainContextOptions& o) { o.hot_grads_side_by_side = false; });
       for (int mb : {0, 6, 8}) {  // the token-major kernels compiled for mb blocks per SM (0: no bound), against the default
         if (mb == copt.token_min_blocks) continue;
         hot_json["token_min_blocks_vs_default_alternating_ms"][std::to_string(mb)] =

@@ -207,12 +207,6 @@ TEST_P(CudaTrain, MatchesOracle) {
         expect_same_bits(o3, o, d.gated, "the hot part beside the CSR part");
         EXPECT_NEAR(rep3.scalars.l1, rep.scalars.l1, 1e-12 * std::max(rep.scalars.l1, 1e-30)) << "l1";
         EXPECT_EQ(rep3.scalars.l0, rep.scalars.l0) << "l0";
-        // ... and as the hot dWd GEMM after the [dWg; dWu] one instead of beside it (the default).
-        Out o4 = alloc(M, K, N);
-        TrainOptions after = opt;
-        after.hot_grads_side_by_side = !opt.hot_grads_side_by_side;
-        ffn_train_host(xv, dyv, w, c.l1_coeff, MatrixF(o4.y.data(), M, K), grads_of(o4, M, K, N), after);
-        expect_same_bits(o4, o, d.gated, "the hot dWd GEMM after the [dWg; dWu] GEMM");
       }
       // Saved state: offsets + per non-zero col, p (and u), plus [g | u] (or h) of the hot
       // columns: never a dense [M, N] tensor unless every neuron is hot.

@@ -79,7 +79,6 @@ struct TrainOptions {
   std::optional<std::vector<std::int64_t>> hot_neurons;
   bool hot_neurons_auto = true;
   bool hot_overlap = false;  // the hot neurons' GEMMs on a second stream beside the CSR kernels (same bits)
-  bool hot_grads_side_by_side = true;  // TrainContextOptions::hot_grads_side_by_side (same bits)
   bool dense_rows = true;  // rows with many non-zeros run dense inside the sparse step
   std::int64_t dense_rows_min = 256;  // ... when there are at least this many of them
 };

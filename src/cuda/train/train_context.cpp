@@ -456,7 +456,7 @@ void TrainContext::sparse_backward(const __nv_bfloat16* x, const __nv_bfloat16* 
   if (overlap) {
     hot_backward_reserve(m);
     LtGemm& gemm = ffn_.side_gemm();
-    hot_backward_grads(x, dy, m, c1, gemm, /*timed=*/false, /*dwd_beside=*/false, side_.fork(stream));
+    hot_backward_grads(x, dy, m, c1, gemm, /*timed=*/false, side_.fork(stream));
   }
   SparseTrainBackwardParams b;
   b.dy = dy;
@@ -594,7 +594,7 @@ void TrainContext::sparse_backward(const __nv_bfloat16* x, const __nv_bfloat16* 
       mark("bwd: hot neurons: wait for the side stream", stream);
     } else {
       hot_backward_reserve(m);
-      hot_backward_grads(x, dy, m, c1, ffn_.gemm(), /*timed=*/true, opt_.hot_grads_side_by_side, stream);
+      hot_backward_grads(x, dy, m, c1, ffn_.gemm(), /*timed=*/true, stream);
       hot_backward_dx(m, dx, ffn_.gemm(), stream);
       mark("bwd: hot neurons: dx GEMM", stream);
     }
@@ -719,7 +719,7 @@ void TrainContext::hot_backward_reserve(std::int64_t m) {
 }
 
 void TrainContext::hot_backward_grads(const __nv_bfloat16* x, const __nv_bfloat16* dy, std::int64_t m, float c1,
-                                      LtGemm& gemm, bool timed, bool dwd_beside, cudaStream_t stream) {
+                                      LtGemm& gemm, bool timed, cudaStream_t stream) {
   const std::int64_t h = saved_hot_, lh = ldh(), kin = gated() ? 2 * lh : lh;
   const __nv_bfloat16* wdt = w_hot_.get() + kin * k();
   // dh = dy · Wd_hot = dy · (Wdᵀ_hot)ᵀ
@@ -730,16 +730,10 @@ void TrainContext::hot_backward_grads(const __nv_bfloat16* x, const __nv_bfloat1
   block_backward(e, dh_.get(), c1, dgu_.get(), stream);
   if (timed) mark("bwd: hot neurons: elementwise", stream);
   // [dWg; dWu]_hot = [dg | du]_hotᵀ · x and dWdᵀ_hot = h_hotᵀ · dy, fp32, scattered into their rows later.
-  const MatmulShape dwd{true, false, lh, k(), m, lh, k(), k(), true, GemmEpilogue::none};
-  if (dwd_beside) ffn_.side_gemm().matmul(dwd, e.h, dy, dw_hot_.get() + kin * k(), side_.fork(stream));
   gemm.matmul({true, false, kin, k(), m, kin, k(), k(), true, GemmEpilogue::none}, dgu_.get(), x, dw_hot_.get(), stream);
-  if (dwd_beside) {
-    side_.join(stream);
-    if (timed) mark("bwd: hot neurons: d[Wg; Wu] GEMM, dWd GEMM beside it", stream);
-    return;
-  }
   if (timed) mark("bwd: hot neurons: d[Wg; Wu] GEMM", stream);
-  gemm.matmul(dwd, e.h, dy, dw_hot_.get() + kin * k(), stream);
+  gemm.matmul({true, false, lh, k(), m, lh, k(), k(), true, GemmEpilogue::none}, e.h, dy, dw_hot_.get() + kin * k(),
+              stream);
   if (timed) mark("bwd: hot neurons: dWd GEMM", stream);
 }
 

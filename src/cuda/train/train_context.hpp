@@ -78,10 +78,6 @@ struct TrainContextOptions {
   // M = 16384, alternating one stream / overlapped: 2.557 / 2.599 ms at 0.5 %, 3.373 / 3.448 at
   // 1 %; the token-major kernels slow down by what the GEMMs take, docs/perf-notes-cuda.md).
   bool hot_overlap = false;
-  // Without hot_overlap: the hot part's dWd GEMM (H × K fp32 outputs over M, under one wave of
-  // 128 × 128 tiles at H ≈ 1000) on the side stream beside its [dWg; dWu] GEMM (2H × K, about two
-  // waves), so that their tiles share the SMs' waves. Off: one after the other. Same GEMMs.
-  bool hot_grads_side_by_side = true;
   // The token-major kernels compiled for this many resident blocks per SM (6: 80 registers, or
   // 8: 64, with spills) where K ≤ 2048; 0: the build without a bound (up to 128 registers, 4
   // blocks of 128 threads per SM). 6 measured fastest (H200, M = 16384, alternating with 0:
@@ -191,9 +187,8 @@ class TrainContext {
                       cudaStream_t stream);
   void hot_forward_down(std::int64_t m, __nv_bfloat16* y, cudaStream_t stream);
   void hot_backward_reserve(std::int64_t m);
-  // dwd_beside: its dWd GEMM on side_ (with ffn_.side_gemm()) beside the [dWg; dWu] GEMM on `stream`.
   void hot_backward_grads(const __nv_bfloat16* x, const __nv_bfloat16* dy, std::int64_t m, float c1, LtGemm& gemm,
-                          bool timed, bool dwd_beside, cudaStream_t stream);
+                          bool timed, cudaStream_t stream);
   void hot_backward_dx(std::int64_t m, __nv_bfloat16* dx, LtGemm& gemm, cudaStream_t stream);
   void hot_backward_scatter(cudaStream_t stream);
   void calibrate_hot_neurons(std::int64_t m, cudaStream_t stream);  // from the gate output in g_
