@@ -200,7 +200,8 @@ class TrainContext {
                            cudaStream_t stream);
   void scatter_dense_rows(__nv_bfloat16* out, cudaStream_t stream);  // rows_out_ into out's dense rows
   // The elementwise gradient of a dense block (block_params in the .cpp) from dh into d ([dg | du]
-  // or du); gated, h is recomputed first from the saved [g | u].
+  // or du); gated, the same pass recomputes h from the saved [g | u] and writes it (the dWd GEMMs
+  // after read it).
   void block_backward(const DenseTrainElementwiseParams& block, const __nv_bfloat16* dh, float c1, __nv_bfloat16* d,
                       cudaStream_t stream);
   void gather_hot_weights(cudaStream_t stream);

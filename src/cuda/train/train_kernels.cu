@@ -445,6 +445,12 @@ __device__ __forceinline__ void store8(__nv_bfloat16* row, std::int64_t c0, std:
   }
 }
 
+// The saved h of a gated block: bf16(ReLU(g)·u), no FMA. The only definition: the backward's
+// recompute_h relies on writing the same bits as the forward.
+__device__ __forceinline__ float gated_h(float g, float u) {
+  return __bfloat162float(__float2bfloat16_rn(fmaxf(g, 0.0f) * u));
+}
+
 __global__ void dense_train_forward_kernel(DenseTrainElementwiseParams p) {
   const std::int64_t per_row = (p.ldn + 7) / 8, total = p.m * per_row;
   const bool vec = p.ld_h % 8 == 0 && (!p.gated || (p.ld_g % 8 == 0 && p.ld_u % 8 == 0));
@@ -460,7 +466,7 @@ __global__ void dense_train_forward_kernel(DenseTrainElementwiseParams p) {
 #pragma unroll
       for (int e = 0; e < 8; ++e) {
         active += g.v[e] > 0.0f;  // columns ≥ n (every column of a skipped row) read as 0: never active
-        h.v[e] = __bfloat162float(__float2bfloat16_rn(fmaxf(g.v[e], 0.0f) * u.v[e]));
+        h.v[e] = gated_h(g.v[e], u.v[e]);
         l1 += fabsf(h.v[e]);
       }
       store8(p.h + r * p.ld_h, c0, p.ldn, h, vec);
@@ -511,7 +517,7 @@ __global__ void dense_train_backward_kernel(DenseTrainElementwiseParams p) {
       Vec8 h;
       if (p.recompute_h) {
 #pragma unroll
-        for (int e = 0; e < 8; ++e) h.v[e] = __bfloat162float(__float2bfloat16_rn(fmaxf(g.v[e], 0.0f) * u.v[e]));
+        for (int e = 0; e < 8; ++e) h.v[e] = gated_h(g.v[e], u.v[e]);
         store8(p.h + r * p.ld_h, c0, p.ldn, h, vec);  // as dense_train_forward_kernel writes it
       } else {
         h = load8(p.h + r * p.ld_h, c0, n, vec);
