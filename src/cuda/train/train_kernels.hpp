@@ -135,7 +135,8 @@ struct DenseTrainElementwiseParams {
   std::int64_t ld_g = 0;
   const __nv_bfloat16* u = nullptr;   // up output (gated)
   std::int64_t ld_u = 0;
-  __nv_bfloat16* h = nullptr;         // forward: out (gated) / in (non-gated: ReLU(x·Wuᵀ)); backward: in, or out with recompute_h (gated)
+  // forward: out (gated) / in (non-gated: ReLU(x·Wuᵀ)); backward: in, or out with recompute_h (gated)
+  __nv_bfloat16* h = nullptr;
   std::int64_t ld_h = 0;
   const __nv_bfloat16* dh = nullptr;  // backward: dy · Wd
   std::int64_t ld_dh = 0;
