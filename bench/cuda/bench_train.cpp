@@ -159,6 +159,7 @@ void run_train_sweep(bool quick, int warmup, int reps, cudaStream_t s, nlohmann:
       return nlohmann::json::array({v_ms, d_ms});
     };
     nlohmann::json wg_alt = nlohmann::json::object();  // fraction → [variant ms, default ms]
+    nlohmann::json gate_alt = nlohmann::json::object();  // gate kind → [variant ms, default ms]
     if (pt.m >= 16384 && pt.density <= 0.015) {
       TrainContext def(copt);
       def.upload_weights(w, s);
@@ -169,6 +170,9 @@ void run_train_sweep(bool quick, int warmup, int reps, cudaStream_t s, nlohmann:
         std::snprintf(key, sizeof key, "%.1f", frac);
         wg_alt[key] = against_default(def, [&](TrainContextOptions& o) { o.weight_grad_l2_fraction = frac; });
       }
+      // The gate: cuBLASLt + ReLU with the CSR built from its bf16 output, against the default
+      // (the sm90 gate with the TwELL epilogue, the CSR from its words, where the GPU runs it).
+      gate_alt["cublaslt"] = against_default(def, [](TrainContextOptions& o) { o.gate_sm90 = false; });
     }
     // Hot neurons: the sparse step without and with the split, timed alternately; and the split at
     // other thresholds than the default.
@@ -282,6 +286,7 @@ void run_train_sweep(bool quick, int warmup, int reps, cudaStream_t s, nlohmann:
       std::printf("%s\n", v.c_str());
     };
     print_pairs("weight-gradient L2 fraction", std::to_string(copt.weight_grad_l2_fraction).substr(0, 4), wg_alt);
+    print_pairs("gate", copt.gate_sm90 ? "sm90 + TwELL where it runs" : "cublaslt", gate_alt);
     if (!wg_variants.empty()) {
       std::string v = "          sparse step by weight-gradient L2 fraction[/run][/slice-major] (default 0.7, run max(128, nnz/8192), rows read in place):";
       for (const auto& [frac, ms] : wg_variants.items()) {
@@ -324,6 +329,7 @@ void run_train_sweep(bool quick, int warmup, int reps, cudaStream_t s, nlohmann:
                                    {"sparse_phases_ms", phases},
                                    {"sparse_step_ms_by_wg_l2_fraction", wg_variants},
                                    {"wg_l2_fraction_vs_default_alternating_ms", wg_alt},
+                                   {"gate_vs_default_alternating_ms", gate_alt},
                                    {"check_rows", rows.size()}});
   }
 }

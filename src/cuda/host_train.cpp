@@ -49,6 +49,7 @@ TrainReport ffn_train_host(CMatrixF x, CMatrixF dy, const FfnWeights& w, double 
   copt.weight_grad_slice_major = opt.weight_grad_slice_major;
   copt.hot_neurons_auto = opt.hot_neurons_auto;
   copt.hot_overlap = opt.hot_overlap;
+  copt.gate_sm90 = opt.gate_sm90;
   copt.token_min_blocks = opt.token_min_blocks;
   if (!opt.dense_rows) copt.dense_rows_density = 0;
   copt.dense_rows_min = opt.dense_rows_min;

@@ -26,6 +26,7 @@
 #include <random>
 #include <vector>
 
+#include "cuda/sm90/gate_pack.hpp"
 #include "cuda/train/train_context.hpp"
 #include "cuda_test_util.hpp"
 #include "twell/cpu/ffn_ops.hpp"
@@ -139,16 +140,21 @@ TEST_P(CudaTrain, MatchesOracle) {
     bool slice_major;
     Hot hot = Hot::automatic;
     int token_min_blocks = 6;  // the default build
+    bool gate_sm90 = true;     // the sm90 TwELL gate where it can serve (TrainContextOptions::gate_sm90)
   };
   const Run runs[] = {{"sparse", Path::sparse, 0.6, 0, false},
                       {"dense", Path::dense, 0.6, 0, false},
                       {"automatic", Path::automatic, 0.6, 0, false},
-                      {"sparse, weight-gradient knobs at their edges, token kernels without a register bound", Path::sparse,
-                       0.001, 1, true, Hot::automatic, 0},
+                      {"sparse, weight-gradient knobs at their edges, token kernels without a register bound, cuBLASLt gate",
+                       Path::sparse, 0.001, 1, true, Hot::automatic, 0, false},
+                      // No calibration: the TwELL gate serves the first step; above the dispatch
+                      // threshold the step then computes the dense gate once more.
+                      {"automatic, no hot neurons", Path::automatic, 0.6, 0, false, Hot::none},
                       {"sparse, no hot neurons, no dense rows", Path::sparse, 0.6, 0, false, Hot::none},
                       {"sparse, every third neuron dense, knobs at their edges, token kernels for 8 blocks/SM", Path::sparse,
                        0.001, 1, true, Hot::third, 8},
                       {"sparse, every neuron dense", Path::sparse, 0.6, 0, false, Hot::all}};
+  const bool hopper = gate_pack_sm90_available(0);
   for (const Run& run : runs) {
     const Path path = run.path;
     SCOPED_TRACE(run.name);
@@ -159,6 +165,7 @@ TEST_P(CudaTrain, MatchesOracle) {
     opt.weight_grad_run = run.run;
     opt.weight_grad_slice_major = run.slice_major;
     opt.token_min_blocks = run.token_min_blocks;
+    opt.gate_sm90 = run.gate_sm90;
     // Dense rows from one row on, except in the first run (the default minimum: small batches keep
     // their heavy rows in the CSR) and the run without them.
     opt.dense_rows = run.hot != Hot::none;
@@ -181,6 +188,15 @@ TEST_P(CudaTrain, MatchesOracle) {
     const bool ran_sparse = rep.path.rfind("twell sparse", 0) == 0;
     if (path != Path::automatic) {
       EXPECT_EQ(ran_sparse, path == Path::sparse) << rep.path;
+    }
+    // On Hopper the TwELL gate serves every sparse step it can: no calibration due (an explicit
+    // hot set, or M below its minimum) and the hot columns gathered by the count (≤ 2048 of them).
+    if (ran_sparse && hopper && run.gate_sm90 && (opt.hot_neurons || M < 4096) &&
+        (!opt.hot_neurons || opt.hot_neurons->size() <= 2048)) {
+      EXPECT_NE(rep.path.find("TwELL"), std::string::npos) << rep.path;
+    }
+    if (ran_sparse && !run.gate_sm90) {
+      EXPECT_EQ(rep.path.find("TwELL"), std::string::npos) << rep.path;
     }
     if (opt.hot_neurons && ran_sparse) {
       EXPECT_EQ(rep.hot_neurons, static_cast<std::int64_t>(opt.hot_neurons->size())) << "hot neurons used";

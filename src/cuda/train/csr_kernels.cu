@@ -10,6 +10,7 @@
 
 #include "cuda/common/check.hpp"
 #include "cuda/common/device_math.cuh"
+#include "cuda/sm80/twell_kernels.hpp"
 
 namespace twell::cuda {
 namespace {
@@ -19,6 +20,40 @@ constexpr int kWarpsPerBlock = 8;
 // The skip bits of columns [c, c + 8) (c a multiple of 8); 0 without a mask or past n.
 __device__ __forceinline__ unsigned skip_bits(const CsrBuildParams& p, std::int64_t c) {
   return p.skip8 != nullptr && c < p.n ? p.skip8[c / 8] : 0u;
+}
+
+// The count of one lane's 8 columns [c, c + 8) of a row (values v) that the pattern keeps, after
+// staging the left-out ones (skip bits) at their places in the warp's slice of shared memory.
+__device__ __forceinline__ int count_gather8(const CsrBuildParams& p, const uint4& v, std::int64_t c,
+                                             __nv_bfloat16* stage) {
+  const unsigned skip = skip_bits(p, c);
+  // Loaded beside skip, not after it: the places are base + the set bits below each one.
+  const int base = p.hot_out != nullptr && c < p.n ? p.hot_base8[c / 8] : 0;
+  if (p.hot_out != nullptr && skip != 0) {
+#pragma unroll
+    for (int e = 0; e < 8; ++e)
+      if (skip & (1u << e))
+        stage[base + __popc(skip & ((1u << e) - 1u))] = __ushort_as_bfloat16(static_cast<unsigned short>(dev::bf16_bits(v, e)));
+  }
+  return __popc(dev::keep_mask8(v) & ~skip);
+}
+
+// The row's count (reduced over the warp) and dense-row flag by lane 0, then the staged left-out
+// values out as one contiguous run of 16-byte stores.
+__device__ __forceinline__ void count_finish(const CsrBuildParams& p, std::int64_t row, int lane, int cnt,
+                                             const __nv_bfloat16* stage, int hot_words) {
+#pragma unroll
+  for (int d = 16; d > 0; d >>= 1) cnt += __shfl_xor_sync(0xffffffffu, cnt, d);
+  if (lane == 0) {
+    p.row_counts[row] = cnt;
+    if (p.row_flags) p.row_flags[row] = p.dense_row_cap >= 0 && cnt > p.dense_row_cap;
+  }
+  if (p.hot_out != nullptr) {
+    __syncwarp();
+    uint4* out = reinterpret_cast<uint4*>(p.hot_out + row * p.ld_hot);
+    const uint4* in = reinterpret_cast<const uint4*>(stage);
+    for (int w = lane; w < hot_words; w += 32) out[w] = in[w];
+  }
 }
 
 // One warp per row; lane l reads columns [c0 + 8l, c0 + 8l + 8) of each 256-column chunk. With
@@ -41,33 +76,66 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) csr_count_kernel(CsrBuild
 #pragma unroll
     for (int i = 0; i < 4; ++i) v[i] = dev::load8_bf16(src, c0 + i * 256 + lane * 8, p.n, vec_ok);
 #pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const std::int64_t c = c0 + i * 256 + lane * 8;
-      const unsigned skip = skip_bits(p, c);
-      // Loaded beside skip, not after it: the places are base + the set bits below each one.
-      const int base = p.hot_out != nullptr && c < p.n ? p.hot_base8[c / 8] : 0;
-      cnt += __popc(dev::keep_mask8(v[i]) & ~skip);
-      if (p.hot_out != nullptr && skip != 0) {
+    for (int i = 0; i < 4; ++i) cnt += count_gather8(p, v[i], c0 + i * 256 + lane * 8, stage);
+  }
+  count_finish(p, row, lane, cnt, stage, hot_words);
+}
+
+// TwELL blocks whose first 32 words are loaded before any is used.
+constexpr int kTwellUnroll = 4;
+
+// The TwELL source: one warp per row, lane j holding word j of a block (word 0 the count, words
+// 1..count the entries; S > 32 in rounds of 32 words). An overflowed block is read from src like
+// a chunk of the dense source. The stage is zeroed first: a left-out column is 0 unless an entry
+// (or the overflowed block) stages its value.
+__global__ void __launch_bounds__(kWarpsPerBlock * 32) csr_count_twell_kernel(CsrBuildParams p) {
+  extern __shared__ uint4 hot_stage[];
+  const std::int64_t row = static_cast<std::int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  if (row >= p.m) return;
+  const int hot_words = static_cast<int>((p.hot_count + 7) / 8);
+  __nv_bfloat16* stage = reinterpret_cast<__nv_bfloat16*>(hot_stage + (threadIdx.x / 32) * hot_words);
+  if (p.hot_out != nullptr) {
+    for (int w = lane; w < hot_words; w += 32) reinterpret_cast<uint4*>(stage)[w] = make_uint4(0, 0, 0, 0);
+    __syncwarp();
+  }
+  const int S = p.words_per_tile;
+  const std::int64_t tiles = (p.n + kTwellTile - 1) / kTwellTile;
+  const std::uint32_t* rw = p.words + row * tiles * S;
+  const __nv_bfloat16* src = p.src + row * p.ld_src;
+  const bool vec_ok = (p.ld_src % 8 == 0) && ((reinterpret_cast<std::uintptr_t>(p.src) & 15) == 0);
+  int cnt = 0;
+  for (std::int64_t t0 = 0; t0 < tiles; t0 += kTwellUnroll) {
+    std::uint32_t w[kTwellUnroll];
 #pragma unroll
-        for (int e = 0; e < 8; ++e)
-          if (skip & (1u << e))
-            stage[base + __popc(skip & ((1u << e) - 1u))] =
-                __ushort_as_bfloat16(static_cast<unsigned short>(dev::bf16_bits(v[i], e)));
+    for (int i = 0; i < kTwellUnroll; ++i) w[i] = t0 + i < tiles && lane < S ? __ldg(rw + (t0 + i) * S + lane) : 0u;
+#pragma unroll
+    for (int i = 0; i < kTwellUnroll; ++i) {
+      const std::int64_t t = t0 + i;
+      if (t >= tiles) break;
+      const int c = static_cast<int>(__shfl_sync(0xffffffffu, w[i], 0));
+      if (c > S - 1) {  // overflowed: every value of the block from src
+        const std::int64_t col = t * kTwellTile + lane * 8;
+        cnt += count_gather8(p, dev::load8_bf16(src, col, p.n, vec_ok), col, stage);
+        continue;
+      }
+      for (int j0 = 0; j0 <= c; j0 += 32) {
+        const int j = j0 + lane;
+        if (j < 1 || j > c) continue;
+        const std::uint32_t e = j0 == 0 ? w[i] : __ldg(rw + t * S + j);
+        const std::int64_t col = t * kTwellTile + (e & 0xffffu);
+        const unsigned skip = p.skip8 != nullptr ? p.skip8[col / 8] : 0u;
+        const int bit = static_cast<int>(col & 7);
+        if (!((skip >> bit) & 1u)) {
+          ++cnt;
+        } else if (p.hot_out != nullptr) {
+          stage[p.hot_base8[col / 8] + __popc(skip & ((1u << bit) - 1u))] =
+              __ushort_as_bfloat16(static_cast<unsigned short>(e >> 16));
+        }
       }
     }
   }
-#pragma unroll
-  for (int d = 16; d > 0; d >>= 1) cnt += __shfl_xor_sync(0xffffffffu, cnt, d);
-  if (lane == 0) {
-    p.row_counts[row] = cnt;
-    if (p.row_flags) p.row_flags[row] = p.dense_row_cap >= 0 && cnt > p.dense_row_cap;
-  }
-  if (p.hot_out != nullptr) {
-    __syncwarp();
-    uint4* out = reinterpret_cast<uint4*>(p.hot_out + row * p.ld_hot);
-    const uint4* in = reinterpret_cast<const uint4*>(stage);
-    for (int w = lane; w < hot_words; w += 32) out[w] = in[w];
-  }
+  count_finish(p, row, lane, cnt, stage, hot_words);
 }
 
 // After the selection: enough dense rows → their counts 0; too few → no flags (see CsrBuildParams).
@@ -84,6 +152,25 @@ __global__ void dense_rows_apply_kernel(CsrBuildParams p) {
   }
 }
 
+// Writes the kept values of one 256-column chunk read densely (lane: 8 columns at c0 + 8·lane)
+// at `at` on, ascending (lanes in order, bits in order); returns `at` past them.
+__device__ __forceinline__ std::int64_t fill_dense8(const CsrBuildParams& p, const uint4& v, std::int64_t c0, int lane,
+                                                    std::int64_t at) {
+  const unsigned mask = dev::keep_mask8(v) & ~skip_bits(p, c0 + lane * 8);
+  const int cnt = __popc(mask);
+  const int incl = dev::warp_inclusive_scan(cnt, lane);
+  std::int64_t pos = at + (incl - cnt);
+#pragma unroll
+  for (int e = 0; e < 8; ++e) {
+    if (mask & (1u << e)) {
+      p.cols[pos] = static_cast<std::int32_t>(c0 + lane * 8 + e);
+      p.vals[pos] = __ushort_as_bfloat16(static_cast<unsigned short>(dev::bf16_bits(v, e)));
+      ++pos;
+    }
+  }
+  return at + __shfl_sync(0xffffffffu, incl, 31);
+}
+
 __global__ void __launch_bounds__(kWarpsPerBlock * 32) csr_fill_kernel(CsrBuildParams p) {
   const std::int64_t row = static_cast<std::int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
@@ -91,21 +178,49 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) csr_fill_kernel(CsrBuildP
   const __nv_bfloat16* src = p.src + row * p.ld_src;
   const bool vec_ok = (p.ld_src % 8 == 0) && ((reinterpret_cast<std::uintptr_t>(p.src) & 15) == 0);
   std::int64_t at = p.offsets[row];
-  for (std::int64_t c0 = 0; c0 < p.n; c0 += 256) {
-    const uint4 v = dev::load8_bf16(src, c0 + lane * 8, p.n, vec_ok);
-    const unsigned mask = dev::keep_mask8(v) & ~skip_bits(p, c0 + lane * 8);
-    const int cnt = __popc(mask);
-    const int incl = dev::warp_inclusive_scan(cnt, lane);
-    std::int64_t pos = at + (incl - cnt);  // ascending columns: lanes in order, bits in order
+  for (std::int64_t c0 = 0; c0 < p.n; c0 += 256) at = fill_dense8(p, dev::load8_bf16(src, c0 + lane * 8, p.n, vec_ok), c0, lane, at);
+}
+
+// The TwELL source (see csr_count_twell_kernel): a block's kept entries leave in word order, which
+// is column order, each lane's place by the ballot of the lanes before it.
+__global__ void __launch_bounds__(kWarpsPerBlock * 32) csr_fill_twell_kernel(CsrBuildParams p) {
+  const std::int64_t row = static_cast<std::int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  if (row >= p.m || (p.row_flags && p.row_flags[row])) return;
+  const int S = p.words_per_tile;
+  const std::int64_t tiles = (p.n + kTwellTile - 1) / kTwellTile;
+  const std::uint32_t* rw = p.words + row * tiles * S;
+  const __nv_bfloat16* src = p.src + row * p.ld_src;
+  const bool vec_ok = (p.ld_src % 8 == 0) && ((reinterpret_cast<std::uintptr_t>(p.src) & 15) == 0);
+  std::int64_t at = p.offsets[row];
+  for (std::int64_t t0 = 0; t0 < tiles; t0 += kTwellUnroll) {
+    std::uint32_t w[kTwellUnroll];
 #pragma unroll
-    for (int e = 0; e < 8; ++e) {
-      if (mask & (1u << e)) {
-        p.cols[pos] = static_cast<std::int32_t>(c0 + lane * 8 + e);
-        p.vals[pos] = __ushort_as_bfloat16(static_cast<unsigned short>(dev::bf16_bits(v, e)));
-        ++pos;
+    for (int i = 0; i < kTwellUnroll; ++i) w[i] = t0 + i < tiles && lane < S ? __ldg(rw + (t0 + i) * S + lane) : 0u;
+#pragma unroll
+    for (int i = 0; i < kTwellUnroll; ++i) {
+      const std::int64_t t = t0 + i;
+      if (t >= tiles) break;
+      const int c = static_cast<int>(__shfl_sync(0xffffffffu, w[i], 0));
+      if (c > S - 1) {
+        at = fill_dense8(p, dev::load8_bf16(src, t * kTwellTile + lane * 8, p.n, vec_ok), t * kTwellTile, lane, at);
+        continue;
+      }
+      for (int j0 = 0; j0 <= c; j0 += 32) {
+        const int j = j0 + lane;
+        const std::uint32_t e = j0 == 0 ? w[i] : (j <= c ? __ldg(rw + t * S + j) : 0u);
+        const std::int64_t col = t * kTwellTile + (e & 0xffffu);
+        bool keep = j >= 1 && j <= c;
+        if (keep && p.skip8 != nullptr) keep = !((p.skip8[col / 8] >> (col & 7)) & 1u);
+        const unsigned kept = __ballot_sync(0xffffffffu, keep);
+        if (keep) {
+          const std::int64_t pos = at + __popc(kept & ((1u << lane) - 1u));
+          p.cols[pos] = static_cast<std::int32_t>(col);
+          p.vals[pos] = __ushort_as_bfloat16(static_cast<unsigned short>(e >> 16));
+        }
+        at += __popc(kept);
       }
     }
-    at += __shfl_sync(0xffffffffu, incl, 31);
   }
 }
 
@@ -165,6 +280,12 @@ void offsets_from_counts(const std::int64_t* counts, std::int64_t* offsets, std:
   TWELL_CUDA_CHECK(cub::DeviceScan::InclusiveSum(scratch.get(), bytes, counts, offsets + 1, n, stream));
 }
 
+void check_twell_source(const CsrBuildParams& p) {
+  TWELL_CU_REQUIRE(!p.words || (p.words_per_tile >= 2 && p.words_per_tile <= 128 && kTwellTile % p.words_per_tile == 0),
+                   ErrorCode::invalid_argument, "CSR build from TwELL: words per tile {} must divide 256, in [2, 128]",
+                   p.words_per_tile);
+}
+
 }  // namespace
 
 void csr_count_and_scan(const CsrBuildParams& p, DeviceBuffer<unsigned char>& scratch, cudaStream_t stream) {
@@ -178,10 +299,16 @@ void csr_count_and_scan(const CsrBuildParams& p, DeviceBuffer<unsigned char>& sc
                    "CSR count: gathering {} left-out columns (row stride {}) needs skip8, hot_base8, at most {} columns, "
                    "16-byte rows",
                    p.hot_count, p.ld_hot, kCsrMaxGatheredCols);
+  check_twell_source(p);
   // ≤ 8 warps · 2048 columns · 2 bytes = 32 KB: within the default 48 KB of dynamic shared memory
   const std::size_t smem = p.hot_out ? static_cast<std::size_t>(kWarpsPerBlock * ((p.hot_count + 7) / 8) * 16) : 0;
-  csr_count_kernel<<<blocks_for(p.m, kWarpsPerBlock), kWarpsPerBlock * 32, smem, stream>>>(p);
-  TWELL_CUDA_CHECK_LAUNCH("csr_count_kernel");
+  if (p.words) {
+    csr_count_twell_kernel<<<blocks_for(p.m, kWarpsPerBlock), kWarpsPerBlock * 32, smem, stream>>>(p);
+    TWELL_CUDA_CHECK_LAUNCH("csr_count_twell_kernel");
+  } else {
+    csr_count_kernel<<<blocks_for(p.m, kWarpsPerBlock), kWarpsPerBlock * 32, smem, stream>>>(p);
+    TWELL_CUDA_CHECK_LAUNCH("csr_count_kernel");
+  }
   if (p.dense_row_cap >= 0) {  // the flagged rows, ascending (CUB's selection keeps input order)
     const thrust::counting_iterator<std::int32_t> rows(0);
     std::size_t bytes = 0;
@@ -197,8 +324,14 @@ void csr_count_and_scan(const CsrBuildParams& p, DeviceBuffer<unsigned char>& sc
 void launch_csr_fill(const CsrBuildParams& p, cudaStream_t stream) {
   TWELL_CU_REQUIRE(p.src && p.offsets && p.cols && p.vals, ErrorCode::invalid_argument, "CSR fill: null pointer");
   TWELL_CU_REQUIRE(p.n < (std::int64_t{1} << 31), ErrorCode::unsupported, "CSR fill: N = {} needs 64-bit columns", p.n);
-  csr_fill_kernel<<<blocks_for(p.m, kWarpsPerBlock), kWarpsPerBlock * 32, 0, stream>>>(p);
-  TWELL_CUDA_CHECK_LAUNCH("csr_fill_kernel");
+  check_twell_source(p);
+  if (p.words) {
+    csr_fill_twell_kernel<<<blocks_for(p.m, kWarpsPerBlock), kWarpsPerBlock * 32, 0, stream>>>(p);
+    TWELL_CUDA_CHECK_LAUNCH("csr_fill_twell_kernel");
+  } else {
+    csr_fill_kernel<<<blocks_for(p.m, kWarpsPerBlock), kWarpsPerBlock * 32, 0, stream>>>(p);
+    TWELL_CUDA_CHECK_LAUNCH("csr_fill_kernel");
+  }
 }
 
 void build_csc(const CscParams& p, DeviceBuffer<unsigned char>& scratch, cudaStream_t stream) {

@@ -15,6 +15,13 @@ namespace twell::cuda {
 struct CsrBuildParams {
   const __nv_bfloat16* src = nullptr;  // [m, n] activation, row stride ld_src; kept iff value > 0
   std::int64_t ld_src = 0, m = 0, n = 0;
+  // Optional: the activation as TwELL instead ([m, ceil(n / 256) · words_per_tile] words, the
+  // layout of twell_kernels.hpp, as the sm90 gate's epilogue writes it). A (row, tile) block's
+  // entries are then read from its words, and only an overflowed block's (count > S − 1) from src,
+  // which need hold nothing else. The count and the fill read 4 bytes per block word instead of 2
+  // per column: at 0.5 % density a quarter of the bytes, and the same CSR (ascending columns).
+  const std::uint32_t* words = nullptr;
+  int words_per_tile = 0;  // S, in [2, 128] with 256 % S == 0
   // Optional column mask, one byte per 8 columns: bit e of skip8[c / 8] set = column c / 8 · 8 + e
   // is left out of the pattern (the hot neurons the training step runs dense). [ceil(n / 8)].
   const unsigned char* skip8 = nullptr;

@@ -5,6 +5,7 @@
 #include "cuda/common/check.hpp"
 #include "cuda/sm80/twell_dense_rows.hpp"
 #include "cuda/sm80/twell_hot_neurons.hpp"
+#include "cuda/sm90/gate_pack.hpp"
 #include "cuda/train/csr_kernels.hpp"
 
 namespace twell::cuda {
@@ -71,7 +72,9 @@ TrainContext::TrainContext(const TrainContextOptions& opt)
   int dev = 0, l2 = 0;
   TWELL_CUDA_CHECK(cudaGetDevice(&dev));
   TWELL_CUDA_CHECK(cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, dev));
+  TWELL_CUDA_CHECK(cudaDeviceGetAttribute(&sm_count_, cudaDevAttrMultiProcessorCount, dev));
   l2_bytes_ = l2;
+  gate_sm90_ok_ = gate_pack_sm90_available(dev);
 }
 
 TrainContext::~TrainContext() {
@@ -131,7 +134,7 @@ std::size_t TrainContext::device_bytes() const noexcept {
          wg_item_offsets_.bytes() + wg_item_neuron_.bytes() + cub_ws_.bytes() + dw_gu_.bytes() + dw_down_.bytes() + scalars_.bytes() +
          hot_scalars_.bytes() + ffn_.side_gemm_workspace_bytes() +
          hot_idx_.bytes() + hot_base8_.bytes() + skip8_.bytes() + w_hot_.bytes() + dw_hot_.bytes() +
-         row_flags_.bytes() + dense_rows_.bytes() + n_dense_.bytes() + rows_gu_.bytes() + rows_x_.bytes() +
+         twell_words_.bytes() + twell_row_ovf_.bytes() + twell_counters_.bytes() + row_flags_.bytes() + dense_rows_.bytes() + n_dense_.bytes() + rows_gu_.bytes() + rows_x_.bytes() +
          rows_dy_.bytes() + rows_out_.bytes() + rows_h_.bytes() + rows_dh_.bytes() + rows_dgu_.bytes();
 }
 
@@ -186,27 +189,27 @@ TrainForwardResult TrainContext::forward(const __nv_bfloat16* x, std::int64_t m,
     }
     return r;
   }
-  // Gate GEMM with ReLU into g_ [m, ldn] (columns ≥ N unwritten: nothing reads them), then the
-  // exact per-row counts and their prefix sum.
-  g_.reserve(sz(m * ldn()));
-  ffn_.gemm().run({m, n(), k(), k(), k(), ldn(), GemmEpilogue::relu}, ffn_.w_gate_up(), x, g_.get(), stream);
-  mark("fwd: gate GEMM", stream);
-  if (opt_.hot_neurons_auto && !hot_calibrated_ && m >= opt_.hot_neurons_min_rows) {
-    calibrate_hot_neurons(m, stream);
-    mark("fwd: hot-neuron calibration", stream);
-  }
+  // Gate GEMM with ReLU: TwELL words (+ the overflowed blocks' values in g_) from the sm90 kernel
+  // where it can serve (TrainContextOptions::gate_sm90), else every value into g_ [m, ldn]
+  // (columns ≥ N unwritten: nothing reads them); then the exact per-row counts and their prefix sum.
+  const bool calibrating = opt_.hot_neurons_auto && !hot_calibrated_ && m >= opt_.hot_neurons_min_rows;
   row_counts_.reserve(sz(m));
   offsets_.reserve(sz(m + 1));
   CsrBuildParams cp;
-  cp.src = g_.get();
   cp.ld_src = ldn();
   cp.m = m;
   cp.n = n();
   cp.row_counts = row_counts_.get();
   cp.offsets = offsets_.get();
-  cp.skip8 = hot_.empty() ? nullptr : skip8_.get();
-  hot_gathered_ = false;
-  if (!hot_.empty()) {  // the hot part's gate columns, gathered by the count where it can (hot_forward's input)
+  // The column mask of the hot set, and the hot part's gate columns gathered by the count where it
+  // can (hot_forward_up's input); again after a calibration, which may change the set.
+  const auto hot_columns = [&] {
+    cp.skip8 = hot_.empty() ? nullptr : skip8_.get();
+    cp.hot_base8 = nullptr;
+    cp.hot_out = nullptr;
+    cp.ld_hot = cp.hot_count = 0;
+    hot_gathered_ = false;
+    if (hot_.empty()) return;
     const std::int64_t ld_hot = (gated() ? 2 : 1) * ldh();
     DeviceBuffer<__nv_bfloat16>& dst = gated() ? gu_ : h_;
     dst.reserve(sz(m * ld_hot));
@@ -217,6 +220,43 @@ TrainForwardResult TrainContext::forward(const __nv_bfloat16* x, std::int64_t m,
       cp.hot_count = hot_count();
       hot_gathered_ = true;
     }
+  };
+  hot_columns();
+  const bool twell_gate = opt_.gate_sm90 && gate_sm90_ok_ && k() % 8 == 0 &&
+                          (reinterpret_cast<std::uintptr_t>(x) & 15) == 0 && !calibrating &&
+                          (hot_.empty() || hot_gathered_) && !(path == Path::automatic && last_density_ > limit);
+  g_.reserve(sz(m * ldn()));
+  cp.src = g_.get();
+  if (twell_gate) {
+    const std::int64_t tiles = (n() + kTwellTile - 1) / kTwellTile;
+    twell_words_.reserve(sz(m * tiles * kTrainTwellWords));
+    twell_row_ovf_.reserve(sz(m));
+    twell_counters_.reserve(1);
+    GatePackParams gp;
+    gp.x = x;
+    gp.w = ffn_.w_gate_up();  // rows [0, N): Wg (gated) or Wu (non-gated)
+    gp.m = m;
+    gp.n = n();
+    gp.k = k();
+    gp.words_per_tile = kTrainTwellWords;
+    gp.words = twell_words_.get();
+    gp.row_overflow = twell_row_ovf_.get();
+    gp.counters = twell_counters_.get();
+    gp.gate = g_.get();
+    gp.ld_gate = ldn();
+    gp.sm_count = sm_count_;
+    launch_twell_gate_pack_sm90(gp, stream);
+    cp.words = twell_words_.get();
+    cp.words_per_tile = kTrainTwellWords;
+    mark("fwd: gate GEMM + TwELL epilogue", stream);
+  } else {
+    ffn_.gemm().run({m, n(), k(), k(), k(), ldn(), GemmEpilogue::relu}, ffn_.w_gate_up(), x, g_.get(), stream);
+    mark("fwd: gate GEMM", stream);
+  }
+  if (calibrating) {
+    calibrate_hot_neurons(m, stream);
+    mark("fwd: hot-neuron calibration", stream);
+    hot_columns();
   }
   const std::int64_t n_cold = n() - hot_count();
   if (opt_.dense_rows_density > 0) {
@@ -279,7 +319,8 @@ TrainForwardResult TrainContext::forward(const __nv_bfloat16* x, std::int64_t m,
     mark("fwd: count read-back + CSR fill", stream);
     sparse_forward(x, m, y, stream);
     mark("fwd: sparse up+down", stream);
-    r.path = "twell sparse training (CSR of the gate, exact)";
+    r.path = twell_gate ? "twell sparse training (CSR of the sm90 gate's TwELL, exact)"
+                        : "twell sparse training (CSR of the gate, exact)";
     if (saved_hot_ > 0) {
       if (overlap) {
         side_.join(stream);
@@ -299,6 +340,10 @@ TrainForwardResult TrainContext::forward(const __nv_bfloat16* x, std::int64_t m,
       r.path += fmt::format("; {} of {} rows (over {} non-zeros) dense", saved_rows_, m, cp.dense_row_cap);
     }
   } else {
+    if (twell_gate) {  // the TwELL gate left no dense gate: one GEMM more, on a density jump only
+      ffn_.gemm().run({m, n(), k(), k(), k(), ldn(), GemmEpilogue::relu}, ffn_.w_gate_up(), x, g_.get(), stream);
+      mark("fwd: gate GEMM (dense, after the TwELL gate)", stream);
+    }
     dense_forward_after_gate(x, m, y, stream);
     mark("fwd: dense rest", stream);
     r.path = "dense cublasLt after the gate GEMM (density above threshold)";

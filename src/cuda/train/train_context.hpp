@@ -4,8 +4,9 @@
 // context owns the device weights (through an FfnContext), the gradient buffers (fp32) and every
 // workspace. Buffers only grow, so device_bytes() is the high-water mark of this context.
 //
-// Sparse path: gate GEMM (cuBLASLt, ReLU epilogue) → CSR of its non-zeros (exact for any
-// distribution, nothing dropped) → token-major forward (u sampled at the pattern, y) → backward:
+// Sparse path: gate GEMM (the sm90 kernel with the TwELL epilogue, or cuBLASLt with ReLU) → CSR
+// of its non-zeros (exact for any distribution, nothing dropped) → token-major forward (u sampled
+// at the pattern, y) → backward:
 // token-major (dt, d_up, d_gate, dx), transposed index (radix sort), neuron-major weight gradients
 // in column-slice passes over work items (runs of ≤ `run` entries of one neuron, one warp each;
 // partial sums of a split neuron added in item order, so the result is deterministic).
@@ -31,11 +32,17 @@
 #include "cuda/common/device_buffer.hpp"
 #include "cuda/common/side_stream.hpp"
 #include "cuda/ffn_context.hpp"
+#include "cuda/sm80/twell_kernels.hpp"
 #include "cuda/train/train_kernels.hpp"
 #include "twell/cuda/ffn_cuda.hpp"
 #include "twell/ffn.hpp"
 
 namespace twell::cuda {
+
+// Words per TwELL block of the sparse step's sm90 gate (TrainContextOptions::gate_sm90): S = 32
+// (C = 8, the inference default): a block overflows above 31 non-zeros of its 256 columns (12 %),
+// at 0.5–1 % mean density hardly ever but in hot rows; an overflowed block is read from g_.
+inline constexpr int kTrainTwellWords = 32;
 
 struct TrainContextOptions {
   bool autotune_gemm = false;
@@ -94,6 +101,15 @@ struct TrainContextOptions {
   // Fewer such rows than this run through the CSR: the dense rows' GEMMs cost ≈ 0.09 ms whatever
   // their row count (they read every weight and read-modify-write the fp32 gradients).
   std::int64_t dense_rows_min = 256;
+  // The sparse step's gate through the sm90 kernel with the TwELL epilogue (Hopper; the inference
+  // path's, sm90/gate_pack.hpp) instead of cuBLASLt + ReLU: the CSR count and fill then read its
+  // TwELL words (46 MB at M = 16384, N = 5632) and the values of overflowed blocks only, not the
+  // 185 MB bf16 gate twice. Used where it can serve: a GPU that runs it, K % 8 == 0, x 16-byte
+  // aligned, no hot-neuron calibration due in this step (it counts the dense gate), the hot
+  // columns (if any) gathered by the count, and no dense step expected (automatic, after a step
+  // measured above the threshold; a step that turns dense after a TwELL gate computes the dense
+  // gate once more). Same CSR whichever gate ran, up to the two GEMMs' rounding.
+  bool gate_sm90 = true;
 };
 
 // The weight-gradient pass plan for m rows of K columns: slices of slice_cols columns (the last
@@ -261,6 +277,12 @@ class TrainContext {
   // dense rows: row_flags_ [m], dense_rows_ [m] (the first saved_rows_ used), n_dense_ [1];
   // rows_gu_ [R, 2·ldn] (saved); rows_x_, rows_dy_, rows_out_ [R, K], rows_h_, rows_dh_ [R, ldn],
   // rows_dgu_ [R, 2·ldn] workspaces.
+  // The TwELL gate (gate_sm90): words [m, tiles · kTrainTwellWords], row overflow flags [m] and
+  // its counters (workspaces of the forward; the gate buffer g_ receives the overflowed blocks).
+  bool gate_sm90_ok_ = false;  // this device runs the sm90 gate kernel
+  int sm_count_ = 0;
+  DeviceBuffer<std::uint32_t> twell_words_, twell_row_ovf_;
+  DeviceBuffer<TwellCounters> twell_counters_;
   std::int64_t saved_rows_ = 0;
   DeviceBuffer<unsigned char> row_flags_;
   DeviceBuffer<std::int32_t> dense_rows_;
