@@ -81,11 +81,14 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) csr_count_kernel(CsrBuild
   count_finish(p, row, lane, cnt, stage, hot_words);
 }
 
-// TwELL blocks whose first 32 words are loaded before any is used.
+// TwELL blocks whose head is loaded before any is used; the head: a block's first 8 words (one
+// 32-byte sector: the count and 7 entries, all a block holds at ≤ 2.7 % density), the rest of the
+// block read only when its count says so (a quarter of the bytes at S = 32).
 constexpr int kTwellUnroll = 4;
+constexpr int kTwellHead = 8;
 
 // The TwELL source: one warp per row, lane j holding word j of a block (word 0 the count, words
-// 1..count the entries; S > 32 in rounds of 32 words). An overflowed block is read from src like
+// 1..count the entries; S > 32 in rounds of 32 words; words past the head loaded on demand). An overflowed block is read from src like
 // a chunk of the dense source. The stage is zeroed first: a left-out column is 0 unless an entry
 // (or the overflowed block) stages its value.
 __global__ void __launch_bounds__(kWarpsPerBlock * 32) csr_count_twell_kernel(CsrBuildParams p) {
@@ -108,7 +111,8 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) csr_count_twell_kernel(Cs
   for (std::int64_t t0 = 0; t0 < tiles; t0 += kTwellUnroll) {
     std::uint32_t w[kTwellUnroll];
 #pragma unroll
-    for (int i = 0; i < kTwellUnroll; ++i) w[i] = t0 + i < tiles && lane < S ? __ldg(rw + (t0 + i) * S + lane) : 0u;
+    for (int i = 0; i < kTwellUnroll; ++i)
+      w[i] = t0 + i < tiles && lane < kTwellHead && lane < S ? __ldg(rw + (t0 + i) * S + lane) : 0u;
 #pragma unroll
     for (int i = 0; i < kTwellUnroll; ++i) {
       const std::int64_t t = t0 + i;
@@ -122,7 +126,7 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) csr_count_twell_kernel(Cs
       for (int j0 = 0; j0 <= c; j0 += 32) {
         const int j = j0 + lane;
         if (j < 1 || j > c) continue;
-        const std::uint32_t e = j0 == 0 ? w[i] : __ldg(rw + t * S + j);
+        const std::uint32_t e = j < kTwellHead ? w[i] : __ldg(rw + t * S + j);
         const std::int64_t col = t * kTwellTile + (e & 0xffffu);
         const unsigned skip = p.skip8 != nullptr ? p.skip8[col / 8] : 0u;
         const int bit = static_cast<int>(col & 7);
@@ -196,7 +200,8 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) csr_fill_twell_kernel(Csr
   for (std::int64_t t0 = 0; t0 < tiles; t0 += kTwellUnroll) {
     std::uint32_t w[kTwellUnroll];
 #pragma unroll
-    for (int i = 0; i < kTwellUnroll; ++i) w[i] = t0 + i < tiles && lane < S ? __ldg(rw + (t0 + i) * S + lane) : 0u;
+    for (int i = 0; i < kTwellUnroll; ++i)
+      w[i] = t0 + i < tiles && lane < kTwellHead && lane < S ? __ldg(rw + (t0 + i) * S + lane) : 0u;
 #pragma unroll
     for (int i = 0; i < kTwellUnroll; ++i) {
       const std::int64_t t = t0 + i;
@@ -208,7 +213,7 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) csr_fill_twell_kernel(Csr
       }
       for (int j0 = 0; j0 <= c; j0 += 32) {
         const int j = j0 + lane;
-        const std::uint32_t e = j0 == 0 ? w[i] : (j <= c ? __ldg(rw + t * S + j) : 0u);
+        const std::uint32_t e = j < kTwellHead ? w[i] : (j <= c ? __ldg(rw + t * S + j) : 0u);
         const std::int64_t col = t * kTwellTile + (e & 0xffffu);
         bool keep = j >= 1 && j <= c;
         if (keep && p.skip8 != nullptr) keep = !((p.skip8[col / 8] >> (col & 7)) & 1u);
@@ -222,6 +227,11 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) csr_fill_twell_kernel(Csr
       }
     }
   }
+}
+
+__global__ void publish_totals_kernel(const std::int64_t* total, const int* n_dense, std::int64_t* out) {
+  out[0] = *total;
+  out[1] = n_dense != nullptr ? *n_dense : 0;
 }
 
 // One warp per row: entry_rows[offsets[r] .. offsets[r+1]) = r.
@@ -332,6 +342,12 @@ void launch_csr_fill(const CsrBuildParams& p, cudaStream_t stream) {
     csr_fill_kernel<<<blocks_for(p.m, kWarpsPerBlock), kWarpsPerBlock * 32, 0, stream>>>(p);
     TWELL_CUDA_CHECK_LAUNCH("csr_fill_kernel");
   }
+}
+
+void launch_csr_publish_totals(const std::int64_t* total, const int* n_dense, std::int64_t* out, cudaStream_t stream) {
+  TWELL_CU_REQUIRE(total && out, ErrorCode::invalid_argument, "CSR totals: null pointer");
+  publish_totals_kernel<<<1, 1, 0, stream>>>(total, n_dense, out);
+  TWELL_CUDA_CHECK_LAUNCH("publish_totals_kernel");
 }
 
 void build_csc(const CscParams& p, DeviceBuffer<unsigned char>& scratch, cudaStream_t stream) {

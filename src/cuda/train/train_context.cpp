@@ -64,7 +64,7 @@ TrainContext::TrainContext(const TrainContextOptions& opt)
         c.autotune_gemm = opt.autotune_gemm;
         return c;
       }()),
-      scalars_(1), hot_scalars_(1), n_dense_(1), n_dense_host_(1), scalars_host_(1), nnz_host_(1) {
+      scalars_(1), hot_scalars_(1), n_dense_(1), scalars_host_(1), totals_host_(2) {
   TWELL_CHECK(opt_.token_min_blocks == 0 || opt_.token_min_blocks == 6 || opt_.token_min_blocks == 8,
               ErrorCode::invalid_argument, "TrainContextOptions::token_min_blocks must be 0, 6 or 8 (got {})",
               opt_.token_min_blocks);
@@ -75,6 +75,7 @@ TrainContext::TrainContext(const TrainContextOptions& opt)
   TWELL_CUDA_CHECK(cudaDeviceGetAttribute(&sm_count_, cudaDevAttrMultiProcessorCount, dev));
   l2_bytes_ = l2;
   gate_sm90_ok_ = gate_pack_sm90_available(dev);
+  TWELL_CUDA_CHECK(cudaHostGetDevicePointer(reinterpret_cast<void**>(&totals_dev_), totals_host_.get(), 0));
 }
 
 TrainContext::~TrainContext() {
@@ -118,6 +119,7 @@ void TrainContext::upload_weights(const FfnWeights& w, cudaStream_t stream) {
   }
   saved_ = Saved::none;
   last_density_ = -1;
+  last_dense_rows_ = 0;
   count_pending_ = false;
   dw_gu_.release();
   dw_down_.release();
@@ -224,7 +226,8 @@ TrainForwardResult TrainContext::forward(const __nv_bfloat16* x, std::int64_t m,
   hot_columns();
   const bool twell_gate = opt_.gate_sm90 && gate_sm90_ok_ && k() % 8 == 0 &&
                           (reinterpret_cast<std::uintptr_t>(x) & 15) == 0 && !calibrating &&
-                          (hot_.empty() || hot_gathered_) && !(path == Path::automatic && last_density_ > limit);
+                          (hot_.empty() || hot_gathered_) && last_dense_rows_ == 0 &&
+                          !(path == Path::automatic && last_density_ > limit);
   g_.reserve(sz(m * ldn()));
   cp.src = g_.get();
   if (twell_gate) {
@@ -270,14 +273,13 @@ TrainForwardResult TrainContext::forward(const __nv_bfloat16* x, std::int64_t m,
   }
   csr_count_and_scan(cp, cub_ws_, stream);
   mark("fwd: CSR count + scan", stream);
-  TWELL_CUDA_CHECK(cudaMemcpyAsync(nnz_host_.get(), offsets_.get() + m, sizeof(std::int64_t), cudaMemcpyDeviceToHost, stream));
-  n_dense_host_[0] = 0;
-  if (cp.n_dense)
-    TWELL_CUDA_CHECK(cudaMemcpyAsync(n_dense_host_.get(), cp.n_dense, sizeof(int), cudaMemcpyDeviceToHost, stream));
+  launch_csr_publish_totals(offsets_.get() + m, cp.n_dense, totals_dev_, stream);
   TWELL_CUDA_CHECK(cudaStreamSynchronize(stream));
-  r.nnz = nnz_host_[0];
+  r.nnz = totals_host_[0];
+  const std::int64_t n_dense = totals_host_[1];
   const std::int64_t hot_n = hot_count();
-  const std::int64_t rows_n = n_dense_host_[0] >= cp.dense_rows_min ? n_dense_host_[0] : 0;  // fewer: the CSR holds them
+  const std::int64_t rows_n = n_dense >= cp.dense_rows_min ? n_dense : 0;  // fewer: the CSR holds them
+  last_dense_rows_ = rows_n;
   // The dispatch's measure, comparable with the limit set for plain CSR steps: the CSR's non-zeros
   // plus each dense row at the row cap and each hot neuron at the hot threshold's count (their
   // break-even counts), over M·N.
