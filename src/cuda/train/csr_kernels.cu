@@ -23,19 +23,24 @@ __device__ __forceinline__ unsigned skip_bits(const CsrBuildParams& p, std::int6
 }
 
 // The count of one lane's 8 columns [c, c + 8) of a row (values v) that the pattern keeps, after
-// staging the left-out ones (skip bits) at their places in the warp's slice of shared memory.
+// staging the left-out ones (skip bits) at their places in the warp's slice of shared memory: as
+// they are, or (kept_only, the TwELL source's rule) the kept ones and 0 for the rest.
 __device__ __forceinline__ int count_gather8(const CsrBuildParams& p, const uint4& v, std::int64_t c,
-                                             __nv_bfloat16* stage) {
+                                             __nv_bfloat16* stage, bool kept_only) {
   const unsigned skip = skip_bits(p, c);
   // Loaded beside skip, not after it: the places are base + the set bits below each one.
   const int base = p.hot_out != nullptr && c < p.n ? p.hot_base8[c / 8] : 0;
+  const unsigned keep = dev::keep_mask8(v);
   if (p.hot_out != nullptr && skip != 0) {
 #pragma unroll
     for (int e = 0; e < 8; ++e)
-      if (skip & (1u << e))
-        stage[base + __popc(skip & ((1u << e) - 1u))] = __ushort_as_bfloat16(static_cast<unsigned short>(dev::bf16_bits(v, e)));
+      if (skip & (1u << e)) {
+        const bool zero = kept_only && !(keep & (1u << e));
+        stage[base + __popc(skip & ((1u << e) - 1u))] =
+            __ushort_as_bfloat16(static_cast<unsigned short>(zero ? 0u : dev::bf16_bits(v, e)));
+      }
   }
-  return __popc(dev::keep_mask8(v) & ~skip);
+  return __popc(keep & ~skip);
 }
 
 // The row's count (reduced over the warp) and dense-row flag by lane 0, then the staged left-out
@@ -76,21 +81,47 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) csr_count_kernel(CsrBuild
 #pragma unroll
     for (int i = 0; i < 4; ++i) v[i] = dev::load8_bf16(src, c0 + i * 256 + lane * 8, p.n, vec_ok);
 #pragma unroll
-    for (int i = 0; i < 4; ++i) cnt += count_gather8(p, v[i], c0 + i * 256 + lane * 8, stage);
+    for (int i = 0; i < 4; ++i) cnt += count_gather8(p, v[i], c0 + i * 256 + lane * 8, stage, false);
   }
   count_finish(p, row, lane, cnt, stage, hot_words);
 }
 
-// TwELL blocks whose head is loaded before any is used; the head: a block's first 8 words (one
-// 32-byte sector: the count and 7 entries, all a block holds at ≤ 2.7 % density), the rest of the
-// block read only when its count says so (a quarter of the bytes at S = 32).
-constexpr int kTwellUnroll = 4;
+// The TwELL source, one warp per row and one lane per block (32 blocks at a time): each lane
+// loads its block's head, words 0..7 (one 32-byte sector: the count and up to 7 entries, all a
+// block holds at ≤ 2.7 % density), so a row's blocks are all in flight at once; a lane reads the
+// rest of its block's words only when the count says so. Overflowed blocks (count > S − 1) are
+// read afterwards by the whole warp from src, like a chunk of the dense source. (One warp walking
+// a row's blocks in turn measured 55 µs at M = 16384, N = 5632, 0.5 %, latency-bound; H100.)
 constexpr int kTwellHead = 8;
 
-// The TwELL source: one warp per row, lane j holding word j of a block (word 0 the count, words
-// 1..count the entries; S > 32 in rounds of 32 words; words past the head loaded on demand). An overflowed block is read from src like
-// a chunk of the dense source. The stage is zeroed first: a left-out column is 0 unless an entry
-// (or the overflowed block) stages its value.
+// Words 0..7 of a block (0 past S, or when !mine).
+__device__ __forceinline__ void load_twell_head(const std::uint32_t* blk, int S, bool mine, std::uint32_t (&h)[kTwellHead]) {
+  if (mine && S >= kTwellHead) {  // 32-byte aligned: the row stride and S · 4 bytes are multiples of 32
+    const uint4 a = __ldg(reinterpret_cast<const uint4*>(blk)), b = __ldg(reinterpret_cast<const uint4*>(blk) + 1);
+    h[0] = a.x, h[1] = a.y, h[2] = a.z, h[3] = a.w, h[4] = b.x, h[5] = b.y, h[6] = b.z, h[7] = b.w;
+    return;
+  }
+#pragma unroll
+  for (int q = 0; q < kTwellHead; ++q) h[q] = mine && q < S ? __ldg(blk + q) : 0u;
+}
+
+// Calls f(entry word) for the entries 1..c of a block (c ≤ S − 1): the head's, then loaded.
+template <typename F>
+__device__ __forceinline__ void for_each_entry(const std::uint32_t* blk, const std::uint32_t (&h)[kTwellHead], int c, F&& f) {
+#pragma unroll
+  for (int q = 1; q < kTwellHead; ++q)
+    if (q <= c) f(h[q]);
+  for (int q = kTwellHead; q <= c; ++q) f(__ldg(blk + q));
+}
+
+// The column of an entry word of tile t, and whether the mask leaves it out.
+__device__ __forceinline__ std::int64_t entry_col(std::int64_t t, std::uint32_t e) { return t * kTwellTile + (e & 0xffffu); }
+__device__ __forceinline__ bool entry_skipped(const CsrBuildParams& p, std::int64_t col) {
+  return p.skip8 != nullptr && ((p.skip8[col / 8] >> (col & 7)) & 1u);
+}
+
+// The stage is zeroed first: a left-out column is 0 unless an entry (or an overflowed block)
+// stages its value.
 __global__ void __launch_bounds__(kWarpsPerBlock * 32) csr_count_twell_kernel(CsrBuildParams p) {
   extern __shared__ uint4 hot_stage[];
   const std::int64_t row = static_cast<std::int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32;
@@ -108,35 +139,29 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) csr_count_twell_kernel(Cs
   const __nv_bfloat16* src = p.src + row * p.ld_src;
   const bool vec_ok = (p.ld_src % 8 == 0) && ((reinterpret_cast<std::uintptr_t>(p.src) & 15) == 0);
   int cnt = 0;
-  for (std::int64_t t0 = 0; t0 < tiles; t0 += kTwellUnroll) {
-    std::uint32_t w[kTwellUnroll];
-#pragma unroll
-    for (int i = 0; i < kTwellUnroll; ++i)
-      w[i] = t0 + i < tiles && lane < kTwellHead && lane < S ? __ldg(rw + (t0 + i) * S + lane) : 0u;
-#pragma unroll
-    for (int i = 0; i < kTwellUnroll; ++i) {
-      const std::int64_t t = t0 + i;
-      if (t >= tiles) break;
-      const int c = static_cast<int>(__shfl_sync(0xffffffffu, w[i], 0));
-      if (c > S - 1) {  // overflowed: every value of the block from src
-        const std::int64_t col = t * kTwellTile + lane * 8;
-        cnt += count_gather8(p, dev::load8_bf16(src, col, p.n, vec_ok), col, stage);
-        continue;
-      }
-      for (int j0 = 0; j0 <= c; j0 += 32) {
-        const int j = j0 + lane;
-        if (j < 1 || j > c) continue;
-        const std::uint32_t e = j < kTwellHead ? w[i] : __ldg(rw + t * S + j);
-        const std::int64_t col = t * kTwellTile + (e & 0xffffu);
-        const unsigned skip = p.skip8 != nullptr ? p.skip8[col / 8] : 0u;
-        const int bit = static_cast<int>(col & 7);
-        if (!((skip >> bit) & 1u)) {
+  for (std::int64_t t0 = 0; t0 < tiles; t0 += 32) {
+    const std::int64_t t = t0 + lane;
+    const bool mine = t < tiles;
+    const std::uint32_t* blk = rw + t * S;
+    std::uint32_t h[kTwellHead];
+    load_twell_head(blk, S, mine, h);
+    const int c = static_cast<int>(h[0]);
+    const bool ovf = mine && c > S - 1;
+    if (mine && !ovf) {
+      for_each_entry(blk, h, c, [&](std::uint32_t e) {
+        const std::int64_t col = entry_col(t, e);
+        if (!entry_skipped(p, col)) {
           ++cnt;
         } else if (p.hot_out != nullptr) {
-          stage[p.hot_base8[col / 8] + __popc(skip & ((1u << bit) - 1u))] =
+          const unsigned skip = p.skip8[col / 8];
+          stage[p.hot_base8[col / 8] + __popc(skip & ((1u << (col & 7)) - 1u))] =
               __ushort_as_bfloat16(static_cast<unsigned short>(e >> 16));
         }
-      }
+      });
+    }
+    for (unsigned o = __ballot_sync(0xffffffffu, ovf); o != 0; o &= o - 1) {  // every value of the block from src
+      const std::int64_t col = (t0 + __ffs(o) - 1) * kTwellTile + lane * 8;
+      cnt += count_gather8(p, dev::load8_bf16(src, col, p.n, vec_ok), col, stage, true);
     }
   }
   count_finish(p, row, lane, cnt, stage, hot_words);
@@ -185,8 +210,9 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) csr_fill_kernel(CsrBuildP
   for (std::int64_t c0 = 0; c0 < p.n; c0 += 256) at = fill_dense8(p, dev::load8_bf16(src, c0 + lane * 8, p.n, vec_ok), c0, lane, at);
 }
 
-// The TwELL source (see csr_count_twell_kernel): a block's kept entries leave in word order, which
-// is column order, each lane's place by the ballot of the lanes before it.
+// The TwELL source (see csr_count_twell_kernel): each lane's block's kept entries go to the
+// place the warp's scan of the block counts gives it, in word order, which is column order; an
+// overflowed block's count and entries come from src by the whole warp.
 __global__ void __launch_bounds__(kWarpsPerBlock * 32) csr_fill_twell_kernel(CsrBuildParams p) {
   const std::int64_t row = static_cast<std::int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
@@ -197,35 +223,42 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) csr_fill_twell_kernel(Csr
   const __nv_bfloat16* src = p.src + row * p.ld_src;
   const bool vec_ok = (p.ld_src % 8 == 0) && ((reinterpret_cast<std::uintptr_t>(p.src) & 15) == 0);
   std::int64_t at = p.offsets[row];
-  for (std::int64_t t0 = 0; t0 < tiles; t0 += kTwellUnroll) {
-    std::uint32_t w[kTwellUnroll];
+  for (std::int64_t t0 = 0; t0 < tiles; t0 += 32) {
+    const std::int64_t t = t0 + lane;
+    const bool mine = t < tiles;
+    const std::uint32_t* blk = rw + t * S;
+    std::uint32_t h[kTwellHead];
+    load_twell_head(blk, S, mine, h);
+    const int c = static_cast<int>(h[0]);
+    const bool ovf = mine && c > S - 1;
+    int kc = 0;  // this lane's block's kept entries
+    if (mine && !ovf) for_each_entry(blk, h, c, [&](std::uint32_t e) { kc += !entry_skipped(p, entry_col(t, e)); });
+    const unsigned ovf_lanes = __ballot_sync(0xffffffffu, ovf);
+    for (unsigned o = ovf_lanes; o != 0; o &= o - 1) {
+      const int l = __ffs(o) - 1;
+      const std::int64_t col = (t0 + l) * kTwellTile + lane * 8;
+      int n = __popc(dev::keep_mask8(dev::load8_bf16(src, col, p.n, vec_ok)) & ~skip_bits(p, col));
 #pragma unroll
-    for (int i = 0; i < kTwellUnroll; ++i)
-      w[i] = t0 + i < tiles && lane < kTwellHead && lane < S ? __ldg(rw + (t0 + i) * S + lane) : 0u;
-#pragma unroll
-    for (int i = 0; i < kTwellUnroll; ++i) {
-      const std::int64_t t = t0 + i;
-      if (t >= tiles) break;
-      const int c = static_cast<int>(__shfl_sync(0xffffffffu, w[i], 0));
-      if (c > S - 1) {
-        at = fill_dense8(p, dev::load8_bf16(src, t * kTwellTile + lane * 8, p.n, vec_ok), t * kTwellTile, lane, at);
-        continue;
-      }
-      for (int j0 = 0; j0 <= c; j0 += 32) {
-        const int j = j0 + lane;
-        const std::uint32_t e = j < kTwellHead ? w[i] : (j <= c ? __ldg(rw + t * S + j) : 0u);
-        const std::int64_t col = t * kTwellTile + (e & 0xffffu);
-        bool keep = j >= 1 && j <= c;
-        if (keep && p.skip8 != nullptr) keep = !((p.skip8[col / 8] >> (col & 7)) & 1u);
-        const unsigned kept = __ballot_sync(0xffffffffu, keep);
-        if (keep) {
-          const std::int64_t pos = at + __popc(kept & ((1u << lane) - 1u));
-          p.cols[pos] = static_cast<std::int32_t>(col);
-          p.vals[pos] = __ushort_as_bfloat16(static_cast<unsigned short>(e >> 16));
-        }
-        at += __popc(kept);
-      }
+      for (int d = 16; d > 0; d >>= 1) n += __shfl_xor_sync(0xffffffffu, n, d);
+      if (lane == l) kc = n;
     }
+    const int incl = dev::warp_inclusive_scan(kc, lane);
+    std::int64_t pos = at + (incl - kc);
+    if (mine && !ovf) {
+      for_each_entry(blk, h, c, [&](std::uint32_t e) {
+        const std::int64_t col = entry_col(t, e);
+        if (entry_skipped(p, col)) return;
+        p.cols[pos] = static_cast<std::int32_t>(col);
+        p.vals[pos] = __ushort_as_bfloat16(static_cast<unsigned short>(e >> 16));
+        ++pos;
+      });
+    }
+    for (unsigned o = ovf_lanes; o != 0; o &= o - 1) {
+      const int l = __ffs(o) - 1;
+      const std::int64_t c0 = (t0 + l) * kTwellTile;
+      fill_dense8(p, dev::load8_bf16(src, c0 + lane * 8, p.n, vec_ok), c0, lane, __shfl_sync(0xffffffffu, pos, l));
+    }
+    at += __shfl_sync(0xffffffffu, incl, 31);
   }
 }
 
@@ -294,6 +327,8 @@ void check_twell_source(const CsrBuildParams& p) {
   TWELL_CU_REQUIRE(!p.words || (p.words_per_tile >= 2 && p.words_per_tile <= 128 && kTwellTile % p.words_per_tile == 0),
                    ErrorCode::invalid_argument, "CSR build from TwELL: words per tile {} must divide 256, in [2, 128]",
                    p.words_per_tile);
+  TWELL_CU_REQUIRE(!p.words || (reinterpret_cast<std::uintptr_t>(p.words) & 31) == 0, ErrorCode::invalid_argument,
+                   "CSR build from TwELL: the words must be 32-byte aligned (a block's head is one 32-byte load)");
 }
 
 }  // namespace

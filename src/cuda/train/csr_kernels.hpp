@@ -27,7 +27,8 @@ struct CsrBuildParams {
   const unsigned char* skip8 = nullptr;
   // Optional, with skip8 (count only): the left-out columns' values gathered in the same read, in
   // column order: hot_out[r · ld_hot + j] = src[r, c_j] for every row r (dense ones too), c_j the
-  // j-th column whose skip bit is set, and 0 in columns [hot_count, round_up(hot_count, 8)).
+  // j-th column whose skip bit is set, and 0 in columns [hot_count, round_up(hot_count, 8)). From
+  // TwELL (words set): the kept values, 0 for the others (the same for a ReLU output).
   // hot_base8: [ceil(n / 8)], the number of left-out columns before column 8·i (of hot_count in
   // all). Each row's values are staged in shared memory and leave as 16-byte stores, so
   // hot_count ≤ kCsrMaxGatheredCols, ld_hot a multiple of 8 and hot_out 16-byte aligned
