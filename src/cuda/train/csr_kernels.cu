@@ -95,7 +95,8 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) csr_count_kernel(CsrBuild
 constexpr int kTwellHead = 8;
 
 // Words 0..7 of a block (0 past S, or when !mine).
-__device__ __forceinline__ void load_twell_head(const std::uint32_t* blk, int S, bool mine, std::uint32_t (&h)[kTwellHead]) {
+__device__ __forceinline__ void load_twell_head(const std::uint32_t* blk, int S, bool mine,
+                                                std::uint32_t (&h)[kTwellHead]) {
   if (mine && S >= kTwellHead) {  // 32-byte aligned: the row stride and S · 4 bytes are multiples of 32
     const uint4 a = __ldg(reinterpret_cast<const uint4*>(blk)), b = __ldg(reinterpret_cast<const uint4*>(blk) + 1);
     h[0] = a.x, h[1] = a.y, h[2] = a.z, h[3] = a.w, h[4] = b.x, h[5] = b.y, h[6] = b.z, h[7] = b.w;
@@ -105,9 +106,31 @@ __device__ __forceinline__ void load_twell_head(const std::uint32_t* blk, int S,
   for (int q = 0; q < kTwellHead; ++q) h[q] = mine && q < S ? __ldg(blk + q) : 0u;
 }
 
+// Lane `lane`'s block of the 32 from tile t0 of a row (rw: the row's words): its head loaded, its
+// count c, and whether it overflowed (c > S − 1: its values are in src).
+struct LaneBlock {
+  std::int64_t t;
+  const std::uint32_t* blk;
+  std::uint32_t h[kTwellHead];
+  int c;
+  bool mine, ovf;
+};
+__device__ __forceinline__ LaneBlock lane_block(const std::uint32_t* rw, std::int64_t t0, std::int64_t tiles, int S,
+                                                int lane) {
+  LaneBlock b;
+  b.t = t0 + lane;
+  b.mine = b.t < tiles;
+  b.blk = rw + b.t * S;
+  load_twell_head(b.blk, S, b.mine, b.h);
+  b.c = static_cast<int>(b.h[0]);
+  b.ovf = b.mine && b.c > S - 1;
+  return b;
+}
+
 // Calls f(entry word) for the entries 1..c of a block (c ≤ S − 1): the head's, then loaded.
 template <typename F>
-__device__ __forceinline__ void for_each_entry(const std::uint32_t* blk, const std::uint32_t (&h)[kTwellHead], int c, F&& f) {
+__device__ __forceinline__ void for_each_entry(const std::uint32_t* blk, const std::uint32_t (&h)[kTwellHead], int c,
+                                               F&& f) {
 #pragma unroll
   for (int q = 1; q < kTwellHead; ++q)
     if (q <= c) f(h[q]);
@@ -115,7 +138,9 @@ __device__ __forceinline__ void for_each_entry(const std::uint32_t* blk, const s
 }
 
 // The column of an entry word of tile t, and whether the mask leaves it out.
-__device__ __forceinline__ std::int64_t entry_col(std::int64_t t, std::uint32_t e) { return t * kTwellTile + (e & 0xffffu); }
+__device__ __forceinline__ std::int64_t entry_col(std::int64_t t, std::uint32_t e) {
+  return t * kTwellTile + (e & 0xffffu);
+}
 __device__ __forceinline__ bool entry_skipped(const CsrBuildParams& p, std::int64_t col) {
   return p.skip8 != nullptr && ((p.skip8[col / 8] >> (col & 7)) & 1u);
 }
@@ -140,16 +165,10 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) csr_count_twell_kernel(Cs
   const bool vec_ok = (p.ld_src % 8 == 0) && ((reinterpret_cast<std::uintptr_t>(p.src) & 15) == 0);
   int cnt = 0;
   for (std::int64_t t0 = 0; t0 < tiles; t0 += 32) {
-    const std::int64_t t = t0 + lane;
-    const bool mine = t < tiles;
-    const std::uint32_t* blk = rw + t * S;
-    std::uint32_t h[kTwellHead];
-    load_twell_head(blk, S, mine, h);
-    const int c = static_cast<int>(h[0]);
-    const bool ovf = mine && c > S - 1;
-    if (mine && !ovf) {
-      for_each_entry(blk, h, c, [&](std::uint32_t e) {
-        const std::int64_t col = entry_col(t, e);
+    const LaneBlock b = lane_block(rw, t0, tiles, S, lane);
+    if (b.mine && !b.ovf) {
+      for_each_entry(b.blk, b.h, b.c, [&](std::uint32_t e) {
+        const std::int64_t col = entry_col(b.t, e);
         if (!entry_skipped(p, col)) {
           ++cnt;
         } else if (p.hot_out != nullptr) {
@@ -159,7 +178,7 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) csr_count_twell_kernel(Cs
         }
       });
     }
-    for (unsigned o = __ballot_sync(0xffffffffu, ovf); o != 0; o &= o - 1) {  // every value of the block from src
+    for (unsigned o = __ballot_sync(0xffffffffu, b.ovf); o != 0; o &= o - 1) {  // every value of the block from src
       const std::int64_t col = (t0 + __ffs(o) - 1) * kTwellTile + lane * 8;
       cnt += count_gather8(p, dev::load8_bf16(src, col, p.n, vec_ok), col, stage, true);
     }
@@ -207,7 +226,8 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) csr_fill_kernel(CsrBuildP
   const __nv_bfloat16* src = p.src + row * p.ld_src;
   const bool vec_ok = (p.ld_src % 8 == 0) && ((reinterpret_cast<std::uintptr_t>(p.src) & 15) == 0);
   std::int64_t at = p.offsets[row];
-  for (std::int64_t c0 = 0; c0 < p.n; c0 += 256) at = fill_dense8(p, dev::load8_bf16(src, c0 + lane * 8, p.n, vec_ok), c0, lane, at);
+  for (std::int64_t c0 = 0; c0 < p.n; c0 += 256)
+    at = fill_dense8(p, dev::load8_bf16(src, c0 + lane * 8, p.n, vec_ok), c0, lane, at);
 }
 
 // The TwELL source (see csr_count_twell_kernel): each lane's block's kept entries go to the
@@ -224,16 +244,11 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) csr_fill_twell_kernel(Csr
   const bool vec_ok = (p.ld_src % 8 == 0) && ((reinterpret_cast<std::uintptr_t>(p.src) & 15) == 0);
   std::int64_t at = p.offsets[row];
   for (std::int64_t t0 = 0; t0 < tiles; t0 += 32) {
-    const std::int64_t t = t0 + lane;
-    const bool mine = t < tiles;
-    const std::uint32_t* blk = rw + t * S;
-    std::uint32_t h[kTwellHead];
-    load_twell_head(blk, S, mine, h);
-    const int c = static_cast<int>(h[0]);
-    const bool ovf = mine && c > S - 1;
+    const LaneBlock b = lane_block(rw, t0, tiles, S, lane);
     int kc = 0;  // this lane's block's kept entries
-    if (mine && !ovf) for_each_entry(blk, h, c, [&](std::uint32_t e) { kc += !entry_skipped(p, entry_col(t, e)); });
-    const unsigned ovf_lanes = __ballot_sync(0xffffffffu, ovf);
+    if (b.mine && !b.ovf)
+      for_each_entry(b.blk, b.h, b.c, [&](std::uint32_t e) { kc += !entry_skipped(p, entry_col(b.t, e)); });
+    const unsigned ovf_lanes = __ballot_sync(0xffffffffu, b.ovf);
     for (unsigned o = ovf_lanes; o != 0; o &= o - 1) {
       const int l = __ffs(o) - 1;
       const std::int64_t col = (t0 + l) * kTwellTile + lane * 8;
@@ -244,9 +259,9 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) csr_fill_twell_kernel(Csr
     }
     const int incl = dev::warp_inclusive_scan(kc, lane);
     std::int64_t pos = at + (incl - kc);
-    if (mine && !ovf) {
-      for_each_entry(blk, h, c, [&](std::uint32_t e) {
-        const std::int64_t col = entry_col(t, e);
+    if (b.mine && !b.ovf) {
+      for_each_entry(b.blk, b.h, b.c, [&](std::uint32_t e) {
+        const std::int64_t col = entry_col(b.t, e);
         if (entry_skipped(p, col)) return;
         p.cols[pos] = static_cast<std::int32_t>(col);
         p.vals[pos] = __ushort_as_bfloat16(static_cast<unsigned short>(e >> 16));
