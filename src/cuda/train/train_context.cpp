@@ -136,7 +136,8 @@ std::size_t TrainContext::device_bytes() const noexcept {
          wg_item_offsets_.bytes() + wg_item_neuron_.bytes() + cub_ws_.bytes() + dw_gu_.bytes() + dw_down_.bytes() + scalars_.bytes() +
          hot_scalars_.bytes() + ffn_.side_gemm_workspace_bytes() +
          hot_idx_.bytes() + hot_base8_.bytes() + skip8_.bytes() + w_hot_.bytes() + dw_hot_.bytes() +
-         twell_words_.bytes() + twell_row_ovf_.bytes() + twell_counters_.bytes() + row_flags_.bytes() + dense_rows_.bytes() + n_dense_.bytes() + rows_gu_.bytes() + rows_x_.bytes() +
+         twell_words_.bytes() + twell_row_ovf_.bytes() + twell_counters_.bytes() + row_flags_.bytes() +
+         dense_rows_.bytes() + n_dense_.bytes() + rows_gu_.bytes() + rows_x_.bytes() +
          rows_dy_.bytes() + rows_out_.bytes() + rows_h_.bytes() + rows_dh_.bytes() + rows_dgu_.bytes();
 }
 
