@@ -390,6 +390,14 @@ int main(int argc, char** argv) {
             warmup, reps, s, [&] { ctx.dense_gate_gemm(dx.get(), m, s); }, [&] { all->gate_twell(dx.get(), m, s); });
         cnt_all = all->read_counters(s);
       }
+      // The sm90 gate's heavy-row warp pass off against on (the default), alternately: the gate
+      // + TwELL over the sparse path's columns, and the whole sparse path.
+      nlohmann::json heavy_gate_alt, heavy_sparse_alt;
+      if (ctx.gate_sm90_active() && copt.gate_sm90_heavy_rows) {
+        const auto lane_rows = [](ContextOptions& o) { o.gate_sm90_heavy_rows = false; };
+        heavy_gate_alt = against_ctx(lane_rows, [&](FfnContext& c) { c.gate_twell(dx.get(), m, s); });
+        heavy_sparse_alt = against_ctx(lane_rows, [&](FfnContext& c) { sparse_path(c, y_sp.get()); });
+      }
       sparse_path(ctx, y_sp.get());
       // Diagnostic: the dense baseline in row chunks (ContextOptions::dense_chunk_rows), each
       // alternating with the one-pass dense FFN of this point's context.
@@ -520,6 +528,10 @@ int main(int argc, char** argv) {
       if (!hot_overlap_alt.is_null())
         std::printf("; one stream / overlapped, alternating: sparse %.3f / %.3f ms", hot_overlap_alt[0].get<double>(),
                     hot_overlap_alt[1].get<double>());
+      if (!heavy_gate_alt.is_null())
+        std::printf("; heavy rows by lane / by warp (default), alternating: gate %.3f / %.3f ms, sparse %.3f / %.3f ms",
+                    heavy_gate_alt[0].get<double>(), heavy_gate_alt[1].get<double>(), heavy_sparse_alt[0].get<double>(),
+                    heavy_sparse_alt[1].get<double>());
       if (!hot_thresholds.empty()) {
         std::printf("; other thresholds / default, alternating:");
         for (const auto& [thr, t] : hot_thresholds.items()) std::printf(" %s %.3f / %.3f;", thr.c_str(), t[0].get<double>(), t[1].get<double>());
@@ -543,6 +555,8 @@ int main(int argc, char** argv) {
                                {"hot_neurons", ctx.n() - ctx.sparse_n(m)},
                                {"cold_density", cold_density},
                                {"gate_twell_all_neurons_ms", t_gate_all},
+                               {"gate_heavy_rows_off_on_alternating_ms", heavy_gate_alt},
+                               {"sparse_heavy_rows_off_on_alternating_ms", heavy_sparse_alt},
                                {"gate_gemm_alternating_ms", t_gemm_alt},
                                {"hot_neurons_off_on_sparse_alternating_ms", hot_sparse_alt},
                                {"hot_overlap_off_on_sparse_alternating_ms", hot_overlap_alt},

@@ -1,8 +1,10 @@
 // twell_probe_gate_sm90: times the sm90 gate GEMM + TwELL epilogue (sm90/gate_pack.hpp) by cluster
 // size, with and without its epilogue, against the cuBLASLt GEMM of the same shape, in one process.
-//   twell_probe_gate_sm90 [M N K [density [reps]]]     (defaults: 16384 5632 2048 0.005 20)
+//   twell_probe_gate_sm90 [M N K [density [reps [hot_rows hot_density]]]]
+//   (defaults: 16384 5632 2048 0.005 20 0 0)
 // Inputs: x ~ N(0, 1) and W ~ N(0, 1/K) in bf16, with x[:, 0] = 1 and W[:, 0] = Φ⁻¹(density), so
-// about `density` of the gate is positive.
+// about `density` of the gate is positive; in a fraction hot_rows of the rows (every ⌈1/hot_rows⌉-th)
+// x[r, 0] = Φ⁻¹(hot_density) / Φ⁻¹(density), so about hot_density of those rows is (hot tokens).
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -28,6 +30,7 @@ int main(int argc, char** argv) {
                      k = argc > 3 ? std::stoll(argv[3]) : 2048;
   const double density = argc > 4 ? std::stod(argv[4]) : 0.005;
   const int reps = argc > 5 ? std::stoi(argv[5]) : 20;
+  const double hot_rows = argc > 7 ? std::stod(argv[6]) : 0.0, hot_density = argc > 7 ? std::stod(argv[7]) : 0.0;
   int dev = 0, sms = 0;
   if (cudaGetDevice(&dev) != cudaSuccess || !gate_pack_sm90_available(dev)) {
     std::printf("probe_gate_sm90: no GPU that runs the sm90 gate kernel; nothing to time\n");
@@ -37,13 +40,21 @@ int main(int argc, char** argv) {
   std::mt19937_64 rng(7);
   std::normal_distribution<double> nd(0.0, 1.0);
   std::vector<std::uint16_t> xh(static_cast<std::size_t>(m * k)), wh(static_cast<std::size_t>(n * k));
-  for (std::int64_t r = 0; r < m; ++r)
-    for (std::int64_t c = 0; c < k; ++c) xh[static_cast<std::size_t>(r * k + c)] = to_bf16(c == 0 ? 1.0f : static_cast<float>(nd(rng))).bits;
-  // Φ⁻¹(density) by bisection on erfc.
-  double lo = -10, hi = 10;
-  for (int i = 0; i < 100; ++i) {
-    const double mid = 0.5 * (lo + hi);
-    (0.5 * std::erfc(-mid / std::sqrt(2.0)) < density ? lo : hi) = mid;
+  // Φ⁻¹(q) by bisection on erfc.
+  const auto quantile = [](double q) {
+    double lo = -10, hi = 10;
+    for (int i = 0; i < 100; ++i) {
+      const double mid = 0.5 * (lo + hi);
+      (0.5 * std::erfc(-mid / std::sqrt(2.0)) < q ? lo : hi) = mid;
+    }
+    return lo;
+  };
+  const double lo = quantile(density);
+  const std::int64_t hot_every = hot_rows > 0 ? static_cast<std::int64_t>(std::ceil(1.0 / hot_rows)) : 0;
+  const float hot_x0 = hot_rows > 0 ? static_cast<float>(quantile(hot_density) / lo) : 1.0f;
+  for (std::int64_t r = 0; r < m; ++r) {
+    const float x0 = hot_every > 0 && r % hot_every == 0 ? hot_x0 : 1.0f;
+    for (std::int64_t c = 0; c < k; ++c) xh[static_cast<std::size_t>(r * k + c)] = to_bf16(c == 0 ? x0 : static_cast<float>(nd(rng))).bits;
   }
   for (std::int64_t r = 0; r < n; ++r)
     for (std::int64_t c = 0; c < k; ++c)
@@ -61,11 +72,11 @@ int main(int argc, char** argv) {
   const GemmShape gs{m, n, k, k, k, (n + 7) / 8 * 8, GemmEpilogue::none};
   const double t_gemm = host::median_ms(3, reps, s, [&] { lt.run(gs, w.get(), x.get(), g.get(), s); });
   const double flop = 2.0 * static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k);
-  std::printf("M=%lld N=%lld K=%lld density %.3f%%, %d SMs\n", static_cast<long long>(m), static_cast<long long>(n),
-              static_cast<long long>(k), 100 * density, sms);
+  std::printf("M=%lld N=%lld K=%lld density %.3f%%, hot rows %.1f %% at %.1f %%, %d SMs\n", static_cast<long long>(m),
+              static_cast<long long>(n), static_cast<long long>(k), 100 * density, 100 * hot_rows, 100 * hot_density, sms);
   std::printf("%-52s %8.3f ms %6.0f TF/s\n", "cuBLASLt GEMM (autotuned)", t_gemm, flop / t_gemm * 1e-9);
   // The kernel's parameters on this probe's buffers, by cluster size and timing mode.
-  auto params = [&](int cl, int mode, bool stm) {
+  auto params = [&](int cl, int mode, bool stm, bool heavy = true) {
     GatePackParams p;
     p.x = x.get();
     p.w = w.get();
@@ -81,8 +92,25 @@ int main(int argc, char** argv) {
     p.cluster = cl;
     p.timing_mode = mode;
     p.stage_stmatrix = stm;
+    p.heavy_rows = heavy;
     return p;
   };
+  // The packers' heavy-row warp pass off against on (cluster 2, stmatrix), alternately, and each
+  // against the GEMM.
+  {
+    const GatePackParams on = params(2, 0, true), off = params(2, 0, true, false);
+    const auto [t_off, t_on] = host::alternating_medians_ms(3, reps, s, [&] { launch_twell_gate_pack_sm90(off, s); },
+                                                            [&] { launch_twell_gate_pack_sm90(on, s); });
+    const auto [tg, t_on2] = host::alternating_medians_ms(3, reps, s, [&] { lt.run(gs, w.get(), x.get(), g.get(), s); },
+                                                          [&] { launch_twell_gate_pack_sm90(on, s); });
+    TwellCounters c{};
+    TWELL_CUDA_CHECK(cudaMemcpy(&c, counters.get(), sizeof c, cudaMemcpyDeviceToHost));
+    std::printf("heavy rows by lane / by warp, cluster 2, stmatrix: %.3f / %.3f ms alternating (%.3fx); by warp %.3fx the GEMM "
+                "(%.3f ms alternating); nnz %.3f %%, %llu overflowed blocks in %llu rows\n",
+                t_off, t_on, t_on / t_off, t_on2 / tg, tg,
+                100.0 * static_cast<double>(c.nnz) / (static_cast<double>(m) * static_cast<double>(n)),
+                static_cast<unsigned long long>(c.overflow_tiles), static_cast<unsigned long long>(c.overflow_rows));
+  }
   for (int cl : {1, 2})
     for (int mode : {0, 1, 2, 3})
       for (bool stm : {false, true}) {
@@ -101,10 +129,12 @@ int main(int argc, char** argv) {
   // Where a CTA's time goes (clock64 sums from one launch, cluster 2): packing per tile by warp,
   // the packers' wait for a staged tile, the consumers' wait for the staging tile to be free.
   for (int mode : {0, 3})
-    for (bool stm : {false, true}) {
+    for (int variant : {0, 1, 2}) {  // st.shared, stmatrix, stmatrix with heavy rows by lane
+      const bool stm = variant > 0, heavy = variant < 2;
+      if (mode == 3 && !heavy) continue;
       DeviceBuffer<unsigned long long> prof(static_cast<std::size_t>(sms) * kGatePackProfileSlots);
       TWELL_CUDA_CHECK(cudaMemset(prof.get(), 0, prof.size() * sizeof(unsigned long long)));
-      GatePackParams p = params(2, mode, stm);
+      GatePackParams p = params(2, mode, stm, heavy);
       p.profile = prof.get();
       launch_twell_gate_pack_sm90(p, s);
       TWELL_CUDA_CHECK(cudaStreamSynchronize(s));
@@ -118,7 +148,7 @@ int main(int argc, char** argv) {
       const double tiles = std::max(1.0, sum[5]);
       std::printf("profile (cluster 2, %s%s), kcycles per tile: packing warp 1/2/3 %.1f / %.1f / %.1f, warp 1 waiting for a tile %.1f, "
                   "consumers waiting for the staging tile %.1f; CTA %.1f (slowest CTA %.0f kcycles, %.1f tiles per CTA)\n",
-                  stm ? "stmatrix" : "st.shared", mode == 3 ? ", no stores" : "", sum[0] / tiles / 1e3, sum[1] / tiles / 1e3, sum[2] / tiles / 1e3,
+                  stm ? (heavy ? "stmatrix" : "stmatrix, heavy rows by lane") : "st.shared", mode == 3 ? ", no stores" : "", sum[0] / tiles / 1e3, sum[1] / tiles / 1e3, sum[2] / tiles / 1e3,
                   sum[3] / tiles / 1e3, sum[4] / tiles / 1e3, sum[6] / tiles / 1e3, worst / 1e3, tiles / sms);
     }
   TWELL_CUDA_CHECK(cudaStreamDestroy(s));

@@ -228,6 +228,7 @@ void FfnContext::gate_pack_sm90(const __nv_bfloat16* x, std::int64_t m, cudaStre
   p.sm_count = sm_count_;
   p.cluster = opt_.gate_sm90_cluster;
   p.stage_stmatrix = opt_.gate_sm90_stmatrix;
+  p.heavy_rows = opt_.gate_sm90_heavy_rows;
   launch_twell_gate_pack_sm90(p, stream);
 }
 

@@ -111,6 +111,9 @@ struct ContextOptions {
   // values in the same places. H100 (6a75e21, probe alternating with the GEMM, cluster 2): whole
   // gate 1.067x the GEMM vs 1.104x with 32-bit shared stores; false keeps those.
   bool gate_sm90_stmatrix = true;
+  // The sm90 gate's packers take rows with many non-zero words by the whole warp
+  // (GatePackParams::heavy_rows): the same words; false packs every row by its own lane.
+  bool gate_sm90_heavy_rows = true;
   // gate_twell in this many row chunks (1: one GEMM, then one packing pass): chunk i's packing
   // runs on a second stream while chunk i + 1's GEMM runs. At most M / 2048 chunks, each a whole
   // number of 128-row tiles except the last.

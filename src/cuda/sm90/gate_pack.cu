@@ -32,6 +32,9 @@ constexpr int kTileBytes = kBM * kBN * 2;     // staging: [128 rows, 128] u32 (b
 // S = 2), with R = 32 for S ≤ 32, 1024 / S above (R · (S + 4) ≤ 1152 for every S = 4 … 128).
 constexpr int kRowStageWords = 1152;
 constexpr int kRowStageBytes = kPackWarps * kRowStageWords * 4;
+// A heavy row packed by the whole warp costs about as much as this many 16-byte words of one lane's
+// loop (a load, the keep rule, a 5-step warp scan and the stores against a load and the keep rule).
+constexpr unsigned kHeavyRowWords = 4;
 constexpr int kBarBytes = (2 * kStages + 2) * 8;
 static_assert(kBN == kTwellTile, "one CTA tile column block is one TwELL tile");
 static_assert(kABytes % 1024 == 0 && kBBytes % 1024 == 0, "128B-swizzled tiles need 1024-byte alignment");
@@ -167,6 +170,27 @@ __global__ void __launch_bounds__(kThreads, 1)
             }
             nzw &= ncols >= kBN ? 0xffffffffu : (1u << ((ncols + 7) / 8)) - 1u;
           }
+          // (1b) Heavy rows go to the whole warp (step 2b). The lane loop of step 2 costs the warp
+          // its longest row (in words), the warp pass about kHeavyRowWords words per row, so the
+          // rows with more than T non-zero words are heavy for the T in {1, 2, 4, …, 32} that
+          // minimises (longest light row) + kHeavyRowWords · (heavy rows). Nothing is heavy
+          // unless some row has more than kHeavyRowWords words (no split can pay then).
+          unsigned heavy = 0;
+          if (p.heavy_rows) {
+            const unsigned c = __popc(nzw);
+            unsigned best = __reduce_max_sync(0xffffffffu, c);
+            if (best > kHeavyRowWords) {
+              for (unsigned t = 16; t >= 1; t >>= 1) {
+                const unsigned h = __ballot_sync(0xffffffffu, c > t);
+                const unsigned cost = __reduce_max_sync(0xffffffffu, c > t ? 0u : c) + kHeavyRowWords * __popc(h);
+                if (cost < best) {
+                  best = cost;
+                  heavy = h;
+                }
+              }
+              if ((heavy >> lane) & 1u) nzw = 0;  // packed in step 2b
+            }
+          }
           if (bulk) {  // the previous pass's copy has read srow: clear its entries
             bulk_wait_read_all();
             for (unsigned j = 1; j <= lim; ++j) srow[j] = 0u;
@@ -187,6 +211,31 @@ __global__ void __launch_bounds__(kThreads, 1)
               if (cnt < static_cast<unsigned>(cap)) mine_st[cnt] = (dev::bf16_bits(v, e) << 16) | static_cast<std::uint32_t>(8 * w + e);
               ++cnt;
             }
+          }
+          // (2b) Each heavy row by the whole warp: lane l applies the keep rule to the row's word l
+          // (columns 8l .. 8l + 7), a warp scan of the counts places its entries in ascending
+          // column order in the row's stage slots, and the row's lane takes the true count.
+          if (heavy) {
+            __syncwarp();  // the heavy rows' lanes have cleared their stage slots (above)
+            const int left = ncols - 8 * lane;
+            const unsigned cols = left >= 8 ? 0xffu : left > 0 ? (1u << left) - 1u : 0u;
+            for (unsigned h = heavy; h; h &= h - 1) {
+              const int r = __ffs(h) - 1;
+              const uint4 v = *reinterpret_cast<const uint4*>(tile_buf + stage_index(i0 + r, 4 * lane));
+              unsigned m = dev::keep_mask8(v) & cols;
+              const int c = __popc(m);
+              const int incl = dev::warp_inclusive_scan(c, lane);
+              std::uint32_t* rst = st + r * stride + 1;
+              for (unsigned slot = static_cast<unsigned>(incl - c); m; ++slot) {
+                const int e = __ffs(m) - 1;
+                m &= m - 1;
+                if (slot < static_cast<unsigned>(cap)) rst[slot] = (dev::bf16_bits(v, e) << 16) | static_cast<std::uint32_t>(8 * lane + e);
+              }
+              const unsigned total = static_cast<unsigned>(__shfl_sync(0xffffffffu, incl, 31));
+              if (lane == r) cnt = total;
+            }
+            fence_proxy_async_shared();  // this lane's entry writes, before a peer's bulk copy reads them
+            __syncwarp();
           }
           lim = min(cnt, static_cast<unsigned>(cap));
           // (3) The blocks leave: word 0 = count, then the entries, then zeros (the same words as

@@ -49,6 +49,10 @@ struct GatePackParams {
   // "Thirteenth session" of docs/perf-notes-cuda.md): 1.067x vs 1.104x the GEMM on the H100
   // (section "Fourteenth session").
   bool stage_stmatrix = true;
+  // Rows with many non-zero 16-byte words in a tile (hot tokens, high density) are packed by the
+  // whole packing warp, one word per lane, instead of by their own lane, which would hold up the
+  // warp's other 31 rows; false: every row by its lane (the same words either way).
+  bool heavy_rows = true;
   // Diagnostics only (probe_gate_sm90), outputs left undefined unless 0: 1 = no epilogue at all;
   // 2 = the tile is staged but not packed; 3 = packed without any global store.
   int timing_mode = 0;

@@ -227,7 +227,7 @@ TrainForwardResult TrainContext::forward(const __nv_bfloat16* x, std::int64_t m,
   hot_columns();
   const bool twell_gate = opt_.gate_sm90 && gate_sm90_ok_ && k() % 8 == 0 &&
                           (reinterpret_cast<std::uintptr_t>(x) & 15) == 0 && !calibrating &&
-                          (hot_.empty() || hot_gathered_) && last_dense_rows_ == 0 &&
+                          (hot_.empty() || hot_gathered_) && (last_dense_rows_ == 0 || opt_.gate_sm90_dense_rows) &&
                           !(path == Path::automatic && last_density_ > limit);
   g_.reserve(sz(m * ldn()));
   cp.src = g_.get();
@@ -249,6 +249,7 @@ TrainForwardResult TrainContext::forward(const __nv_bfloat16* x, std::int64_t m,
     gp.gate = g_.get();
     gp.ld_gate = ldn();
     gp.sm_count = sm_count_;
+    gp.heavy_rows = opt_.gate_sm90_heavy_rows;
     launch_twell_gate_pack_sm90(gp, stream);
     cp.words = twell_words_.get();
     cp.words_per_tile = kTrainTwellWords;

@@ -112,6 +112,11 @@ struct TrainContextOptions {
   // after a step measured above the threshold; a step that turns dense after a TwELL gate
   // computes the dense gate once more). Same CSR whichever gate ran, up to the GEMMs' rounding.
   bool gate_sm90 = true;
+  // Also after a step with dense rows (hot tokens): the epilogue packs those rows by the whole warp
+  // (GatePackParams::heavy_rows), so their cost may no longer outweigh the CSR build it saves.
+  bool gate_sm90_dense_rows = false;
+  // The sm90 gate's heavy-row packing (GatePackParams::heavy_rows); false: every row by its lane.
+  bool gate_sm90_heavy_rows = true;
 };
 
 // The weight-gradient pass plan for m rows of K columns: slices of slice_cols columns (the last
