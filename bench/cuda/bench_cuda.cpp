@@ -357,7 +357,7 @@ int main(int argc, char** argv) {
       };
       nlohmann::json dense_rows_alt = nlohmann::json::object();
       if (m >= 4096)
-        for (double thr : {0.0, 0.01, 0.02, 0.03})
+        for (double thr : {0.0, 0.01, 0.015, 0.03})
           dense_rows_alt[fmt::format("{:.3f}", thr)] = against_ctx(
               [&](ContextOptions& o) { o.dense_rows_density = thr; }, [&](FfnContext& c) { sparse_path(c, y_sp.get()); });
       sparse_path(ctx, y_sp.get());
@@ -392,11 +392,17 @@ int main(int argc, char** argv) {
       }
       // The sm90 gate's heavy-row warp pass off against on (the default), alternately: the gate
       // + TwELL over the sparse path's columns, and the whole sparse path.
-      nlohmann::json heavy_gate_alt, heavy_sparse_alt;
+      nlohmann::json heavy_gate_alt, heavy_sparse_alt, masks_gate_alt, masks_sparse_alt;
       if (ctx.gate_sm90_active() && copt.gate_sm90_heavy_rows) {
         const auto lane_rows = [](ContextOptions& o) { o.gate_sm90_heavy_rows = false; };
         heavy_gate_alt = against_ctx(lane_rows, [&](FfnContext& c) { c.gate_twell(dx.get(), m, s); });
         heavy_sparse_alt = against_ctx(lane_rows, [&](FfnContext& c) { sparse_path(c, y_sp.get()); });
+      }
+      // The same for the consumers' word masks (off: the packers scan the staged rows).
+      if (ctx.gate_sm90_active() && copt.gate_sm90_word_masks) {
+        const auto scan = [](ContextOptions& o) { o.gate_sm90_word_masks = false; };
+        masks_gate_alt = against_ctx(scan, [&](FfnContext& c) { c.gate_twell(dx.get(), m, s); });
+        masks_sparse_alt = against_ctx(scan, [&](FfnContext& c) { sparse_path(c, y_sp.get()); });
       }
       sparse_path(ctx, y_sp.get());
       // Diagnostic: the dense baseline in row chunks (ContextOptions::dense_chunk_rows), each
@@ -532,6 +538,10 @@ int main(int argc, char** argv) {
         std::printf("; heavy rows by lane / by warp (default), alternating: gate %.3f / %.3f ms, sparse %.3f / %.3f ms",
                     heavy_gate_alt[0].get<double>(), heavy_gate_alt[1].get<double>(), heavy_sparse_alt[0].get<double>(),
                     heavy_sparse_alt[1].get<double>());
+      if (!masks_gate_alt.is_null())
+        std::printf("; word masks off / on (default), alternating: gate %.3f / %.3f ms, sparse %.3f / %.3f ms",
+                    masks_gate_alt[0].get<double>(), masks_gate_alt[1].get<double>(), masks_sparse_alt[0].get<double>(),
+                    masks_sparse_alt[1].get<double>());
       if (!hot_thresholds.empty()) {
         std::printf("; other thresholds / default, alternating:");
         for (const auto& [thr, t] : hot_thresholds.items()) std::printf(" %s %.3f / %.3f;", thr.c_str(), t[0].get<double>(), t[1].get<double>());
@@ -557,6 +567,8 @@ int main(int argc, char** argv) {
                                {"gate_twell_all_neurons_ms", t_gate_all},
                                {"gate_heavy_rows_off_on_alternating_ms", heavy_gate_alt},
                                {"sparse_heavy_rows_off_on_alternating_ms", heavy_sparse_alt},
+                               {"gate_word_masks_off_on_alternating_ms", masks_gate_alt},
+                               {"sparse_word_masks_off_on_alternating_ms", masks_sparse_alt},
                                {"gate_gemm_alternating_ms", t_gemm_alt},
                                {"hot_neurons_off_on_sparse_alternating_ms", hot_sparse_alt},
                                {"hot_overlap_off_on_sparse_alternating_ms", hot_overlap_alt},

@@ -173,12 +173,13 @@ void run_train_sweep(bool quick, int warmup, int reps, cudaStream_t s, nlohmann:
       // The gate: cuBLASLt + ReLU with the CSR built from its bf16 output, against the default
       // (the sm90 gate with the TwELL epilogue, the CSR from its words, where the GPU runs it).
       gate_alt["cublaslt"] = against_default(def, [](TrainContextOptions& o) { o.gate_sm90 = false; });
-      // The sm90 gate with every row packed by its own lane (no heavy-row warp pass); and the sm90
-      // gate also after steps with dense rows (the hot point: off by default).
+      // The sm90 gate with every row packed by its own lane (no heavy-row warp pass); and the
+      // cuBLASLt gate after steps with dense rows (the hot point), as before the seventeenth session.
       if (copt.gate_sm90) {
         gate_alt["sm90, rows by lane"] = against_default(def, [](TrainContextOptions& o) { o.gate_sm90_heavy_rows = false; });
         if (pt.hot_rows > 0)
-          gate_alt["sm90 with dense rows"] = against_default(def, [](TrainContextOptions& o) { o.gate_sm90_dense_rows = true; });
+          gate_alt["cublaslt after dense rows"] =
+              against_default(def, [](TrainContextOptions& o) { o.gate_sm90_dense_rows = false; });
       }
     }
     // Hot neurons: the sparse step without and with the split, timed alternately; and the split at

@@ -76,7 +76,7 @@ int main(int argc, char** argv) {
               static_cast<long long>(n), static_cast<long long>(k), 100 * density, 100 * hot_rows, 100 * hot_density, sms);
   std::printf("%-52s %8.3f ms %6.0f TF/s\n", "cuBLASLt GEMM (autotuned)", t_gemm, flop / t_gemm * 1e-9);
   // The kernel's parameters on this probe's buffers, by cluster size and timing mode.
-  auto params = [&](int cl, int mode, bool stm, bool heavy = true) {
+  auto params = [&](int cl, int mode, bool stm, bool heavy = true, bool masks = true) {
     GatePackParams p;
     p.x = x.get();
     p.w = w.get();
@@ -93,8 +93,20 @@ int main(int argc, char** argv) {
     p.timing_mode = mode;
     p.stage_stmatrix = stm;
     p.heavy_rows = heavy;
+    p.word_masks = masks;
     return p;
   };
+  // The consumers' word masks off (the packers scan the staged rows) against on, alternately.
+  {
+    const GatePackParams on = params(2, 0, true), off = params(2, 0, true, true, false);
+    const GatePackParams on3 = params(2, 3, true), off3 = params(2, 3, true, true, false);
+    const auto [t_off, t_on] = host::alternating_medians_ms(3, reps, s, [&] { launch_twell_gate_pack_sm90(off, s); },
+                                                            [&] { launch_twell_gate_pack_sm90(on, s); });
+    const auto [t_off3, t_on3] = host::alternating_medians_ms(3, reps, s, [&] { launch_twell_gate_pack_sm90(off3, s); },
+                                                              [&] { launch_twell_gate_pack_sm90(on3, s); });
+    std::printf("word masks off / on, cluster 2, stmatrix: %.3f / %.3f ms alternating (%.3fx); packed without stores %.3f / %.3f "
+                "(%.3fx)\n", t_off, t_on, t_on / t_off, t_off3, t_on3, t_on3 / t_off3);
+  }
   // The packers' heavy-row warp pass off against on (cluster 2, stmatrix), alternately, and each
   // against the GEMM.
   {
@@ -129,12 +141,12 @@ int main(int argc, char** argv) {
   // Where a CTA's time goes (clock64 sums from one launch, cluster 2): packing per tile by warp,
   // the packers' wait for a staged tile, the consumers' wait for the staging tile to be free.
   for (int mode : {0, 3})
-    for (int variant : {0, 1, 2}) {  // st.shared, stmatrix, stmatrix with heavy rows by lane
-      const bool stm = variant > 0, heavy = variant < 2;
-      if (mode == 3 && !heavy) continue;
+    for (int variant : {0, 1, 2, 3}) {  // st.shared, stmatrix, stmatrix with heavy rows by lane, stmatrix scanning
+      const bool stm = variant > 0, heavy = variant != 2, masks = variant != 3;
+      if (mode == 3 && (variant == 0 || variant == 2)) continue;
       DeviceBuffer<unsigned long long> prof(static_cast<std::size_t>(sms) * kGatePackProfileSlots);
       TWELL_CUDA_CHECK(cudaMemset(prof.get(), 0, prof.size() * sizeof(unsigned long long)));
-      GatePackParams p = params(2, mode, stm, heavy);
+      GatePackParams p = params(2, mode, stm, heavy, masks);
       p.profile = prof.get();
       launch_twell_gate_pack_sm90(p, s);
       TWELL_CUDA_CHECK(cudaStreamSynchronize(s));
@@ -148,7 +160,8 @@ int main(int argc, char** argv) {
       const double tiles = std::max(1.0, sum[5]);
       std::printf("profile (cluster 2, %s%s), kcycles per tile: packing warp 1/2/3 %.1f / %.1f / %.1f, warp 1 waiting for a tile %.1f, "
                   "consumers waiting for the staging tile %.1f; CTA %.1f (slowest CTA %.0f kcycles, %.1f tiles per CTA)\n",
-                  stm ? (heavy ? "stmatrix" : "stmatrix, heavy rows by lane") : "st.shared", mode == 3 ? ", no stores" : "", sum[0] / tiles / 1e3, sum[1] / tiles / 1e3, sum[2] / tiles / 1e3,
+                  !stm ? "st.shared" : !heavy ? "stmatrix, heavy rows by lane" : !masks ? "stmatrix, scan" : "stmatrix",
+                  mode == 3 ? ", no stores" : "", sum[0] / tiles / 1e3, sum[1] / tiles / 1e3, sum[2] / tiles / 1e3,
                   sum[3] / tiles / 1e3, sum[4] / tiles / 1e3, sum[6] / tiles / 1e3, worst / 1e3, tiles / sms);
     }
   TWELL_CUDA_CHECK(cudaStreamDestroy(s));

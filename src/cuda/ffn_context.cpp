@@ -229,6 +229,7 @@ void FfnContext::gate_pack_sm90(const __nv_bfloat16* x, std::int64_t m, cudaStre
   p.cluster = opt_.gate_sm90_cluster;
   p.stage_stmatrix = opt_.gate_sm90_stmatrix;
   p.heavy_rows = opt_.gate_sm90_heavy_rows;
+  p.word_masks = opt_.gate_sm90_word_masks;
   launch_twell_gate_pack_sm90(p, stream);
 }
 

@@ -114,6 +114,9 @@ struct ContextOptions {
   // The sm90 gate's packers take rows with many non-zero words by the whole warp
   // (GatePackParams::heavy_rows): the same words; false packs every row by its own lane.
   bool gate_sm90_heavy_rows = true;
+  // The sm90 gate's consumers write per-row masks of the non-zero 16-byte words for the packers
+  // (GatePackParams::word_masks): the same words; false: the packers scan the staged rows.
+  bool gate_sm90_word_masks = true;
   // gate_twell in this many row chunks (1: one GEMM, then one packing pass): chunk i's packing
   // runs on a second stream while chunk i + 1's GEMM runs. At most M / 2048 chunks, each a whole
   // number of 128-row tiles except the last.
@@ -164,8 +167,10 @@ struct ContextOptions {
   // heavy rows, rows with overflowed blocks) run as rows of cuBLASLt GEMMs, gathered, instead of
   // through the fused kernel, up to a capacity sized from the share of such rows an earlier call
   // counted (+10 % + 64 rows; dense_rows_capacity ≥ 0 fixes it instead). Rows past the capacity
-  // stay sparse: exact either way. 0 turns it off.
-  double dense_rows_density = 0.015;
+  // stay sparse: exact either way. 0 turns it off. 0.02 since the seventeenth session: at the hot
+  // point it read 1–3 % faster than 0.015 in three H100 runs, alternating, neutral at the others
+  // (the training step's threshold is 0.02 too).
+  double dense_rows_density = 0.02;
   // A dense row's weight in the dispatch count, as a density of N: automatic compares
   // Σ_rows (row dense ? this·N : count) / (M·N) with its thresholds, so a layer whose non-zeros
   // sit in a few heavy rows still runs sparse.

@@ -214,8 +214,9 @@ void check_gate_sm90(const FfnCase& c, const FfnData& d, const FfnWeights& w, co
   std::int64_t worst_row = -1;
   const double err = max_err_rows(o.y, ref_sparse, rows, c.k, &worst_row);
   EXPECT_LE(err, kTol) << "sparse path with the sm90 gate (" << fr.path << "): worst row " << worst_row;
-  std::printf("[case %s] sm90 gate (%s staging, heavy rows by %s): values within bound (worst ratio %.3f), words as the host encoder's, %lld overflowed blocks backed up; y max row rel err %.2e\n",
-              c.name.c_str(), opt.gate_sm90_stmatrix ? "stmatrix" : "st.shared", opt.gate_sm90_heavy_rows ? "warp" : "lane", worst,
+  std::printf("[case %s] sm90 gate (%s staging, heavy rows by %s, words from %s): values within bound (worst ratio %.3f), words as the host encoder's, %lld overflowed blocks backed up; y max row rel err %.2e\n",
+              c.name.c_str(), opt.gate_sm90_stmatrix ? "stmatrix" : "st.shared", opt.gate_sm90_heavy_rows ? "warp" : "lane",
+              opt.gate_sm90_word_masks ? "masks" : "a scan", worst,
               static_cast<long long>(blocks), err);
 }
 
@@ -592,13 +593,15 @@ TEST_P(CudaFfn, MatchesReferenceAndHostEncoder) {
   }
   // The sm90 gate GEMM with the TwELL epilogue, where the GPU runs it: values, words, counters,
   // flags, backup blocks, and y through the sparse path with only the overflowed blocks backed up.
-  // Both ways its consumers stage a tile (32-bit shared stores; stmatrix), and with its packers'
-  // heavy rows by the whole warp (the default) and every row by its own lane.
-  for (int v : {0, 1, 2}) {
+  // Both ways its consumers stage a tile (32-bit shared stores; stmatrix), with its packers' heavy
+  // rows by the whole warp (the default) and every row by its own lane, and with their non-zero
+  // words from the consumers' masks (the default) and from their own scan of the staged rows.
+  for (int v : {0, 1, 2, 3}) {
     ContextOptions so = opt;
     so.gate_sm90 = true;
     so.gate_sm90_stmatrix = v > 0;
-    so.gate_sm90_heavy_rows = v < 2;
+    so.gate_sm90_heavy_rows = v != 2;
+    so.gate_sm90_word_masks = v != 3;
     FfnContext sc(so);
     sc.upload_weights(w, s);
     if (sc.gate_sm90_active()) check_gate_sm90(c, d, w, x.get(), so, sc, ref_sparse, rows, s);

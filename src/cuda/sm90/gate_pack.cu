@@ -34,11 +34,16 @@ constexpr int kRowStageWords = 1152;
 constexpr int kRowStageBytes = kPackWarps * kRowStageWords * 4;
 // A heavy row packed by the whole warp costs about as much as this many 16-byte words of one lane's
 // loop (a load, the keep rule, a 5-step warp scan and the stores against a load and the keep rule).
-constexpr unsigned kHeavyRowWords = 4;
+[[maybe_unused]] constexpr unsigned kHeavyRowWords = 4;
 constexpr int kBarBytes = (2 * kStages + 2) * 8;
+// Word masks (GatePackParams::word_masks): per tile row, 4 u32 (one per quad lane q of the consumer
+// fragment): bit w of mask q = the row's 16-byte word w has a non-zero magnitude among the two
+// columns 8w + 2q, 8w + 2q + 1. The OR of the four is the row's non-zero-word mask.
+constexpr int kMaskBytes = kBM * 4 * 4;
 static_assert(kBN == kTwellTile, "one CTA tile column block is one TwELL tile");
 static_assert(kABytes % 1024 == 0 && kBBytes % 1024 == 0, "128B-swizzled tiles need 1024-byte alignment");
-static_assert(1024 + kStages * kStageBytes + kTileBytes + kRowStageBytes + kBarBytes <= static_cast<int>(kGatePackSmemBytes),
+static_assert(1024 + kStages * kStageBytes + kTileBytes + kRowStageBytes + kBarBytes + kMaskBytes <=
+                  static_cast<int>(kGatePackSmemBytes),
               "shared-memory budget");
 // Registers: warpgroup 0 (producer + packers, 4 rows per batch) 104, consumers 200: 104·128 + 200·256
 // = 64512, no spills (88/208, 80/216 and 72/216 spill in the packers).
@@ -53,6 +58,9 @@ static_assert(kRegsLoad * 128 + kRegsMma * 256 <= 168 * kThreads, "register budg
 // i·128 + (w ^ 4·(i mod 8)), so the consumers' fragment stores (8 rows × 4 consecutive words per
 // warp instruction) and the packers' row reads (lane l: words 4l..4l+3) are free of bank conflicts.
 __device__ __forceinline__ int stage_index(int row, int word) { return row * 128 + (word ^ ((row & 7) * 4)); }
+
+// Bit j iff the bf16 pair v has a non-zero magnitude.
+__device__ __forceinline__ std::uint32_t nz_bit(std::uint32_t v, int j) { return ((v & 0x7fff7fffu) != 0u ? 1u : 0u) << j; }
 
 __device__ __forceinline__ std::uint32_t relu_bf16x2(float lo, float hi) {
   std::uint32_t r;
@@ -75,6 +83,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   std::uint32_t* tile_buf = reinterpret_cast<std::uint32_t*>(smem + kStages * kStageBytes);
   std::uint32_t* row_stage = reinterpret_cast<std::uint32_t*>(smem + kStages * kStageBytes + kTileBytes);
   unsigned long long* bars = reinterpret_cast<unsigned long long*>(smem + kStages * kStageBytes + kTileBytes + kRowStageBytes);
+  std::uint32_t* masks = reinterpret_cast<std::uint32_t*>(smem + kStages * kStageBytes + kTileBytes + kRowStageBytes + kBarBytes);
   const std::uint32_t smem_base = smem_u32(smem);
   const std::uint32_t full0 = smem_u32(bars), empty0 = smem_u32(bars + kStages);
   const std::uint32_t staged = smem_u32(bars + 2 * kStages), freed = smem_u32(bars + 2 * kStages + 1);
@@ -162,7 +171,10 @@ __global__ void __launch_bounds__(kThreads, 1)
           // (1) Which 16-byte words of the row hold any non-zero magnitude (a superset of the kept
           // ones): one load and three ORs per word, no keep rule yet.
           unsigned nzw = 0;
-          if (mine) {
+          if (mine && p.word_masks) {  // the consumers' masks: one 16-byte read instead of 32
+            const uint4 qm = *reinterpret_cast<const uint4*>(masks + 4 * i);
+            nzw = (qm.x | qm.y | qm.z | qm.w) & (ncols >= kBN ? 0xffffffffu : (1u << ((ncols + 7) / 8)) - 1u);
+          } else if (mine) {
 #pragma unroll 8
             for (int w = 0; w < 32; ++w) {
               const uint4 v = *reinterpret_cast<const uint4*>(tile_buf + stage_index(i, 4 * w));
@@ -347,6 +359,10 @@ __global__ void __launch_bounds__(kThreads, 1)
         p.profile[blockIdx.x * kGatePackProfileSlots + 4] += static_cast<unsigned long long>(clock64() - t_wait);
         p.profile[blockIdx.x * kGatePackProfileSlots + 5] += 1;
       }
+      // This lane's fragment rows r0 and r0 + 8, columns 8j + 2q and 8j + 2q + 1 (j = 0 … 31): bit j
+      // of nz[h] says whether the pair of row r0 + 8h has a non-zero magnitude (word masks).
+      const int q = lane & 3, r0 = cw * 64 + warp * 16 + (lane >> 2);
+      std::uint32_t nz[2] = {0u, 0u};
       if constexpr (STM) {
         // Per stmatrix.x4, the warp's 16 rows × columns 8j .. 8j + 15 (j even) as four 8×8
         // matrices: rows 0–7 / 8–15 of group j, then of group j + 1; lane l addresses row l % 8 of
@@ -367,17 +383,25 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
           for (int b = 0; b < 4; ++b) {
             const int j = 8 * a + 2 * b;
-            stmatrix_x4(off[b] + 128u * static_cast<std::uint32_t>(a), relu_bf16x2(acc[4 * j], acc[4 * j + 1]),
-                        relu_bf16x2(acc[4 * j + 2], acc[4 * j + 3]), relu_bf16x2(acc[4 * j + 4], acc[4 * j + 5]),
-                        relu_bf16x2(acc[4 * j + 6], acc[4 * j + 7]));
+            const std::uint32_t v0 = relu_bf16x2(acc[4 * j], acc[4 * j + 1]), v1 = relu_bf16x2(acc[4 * j + 2], acc[4 * j + 3]);
+            const std::uint32_t v2 = relu_bf16x2(acc[4 * j + 4], acc[4 * j + 5]), v3 = relu_bf16x2(acc[4 * j + 6], acc[4 * j + 7]);
+            stmatrix_x4(off[b] + 128u * static_cast<std::uint32_t>(a), v0, v1, v2, v3);
+            nz[0] |= nz_bit(v0, j) | nz_bit(v2, j + 1);  // v0, v2: this lane's row r0; v1, v3: row r0 + 8
+            nz[1] |= nz_bit(v1, j) | nz_bit(v3, j + 1);
           }
       } else {
-        const int q = lane & 3, r0 = cw * 64 + warp * 16 + (lane >> 2);
 #pragma unroll
         for (int h = 0; h < 2; ++h)
 #pragma unroll
-          for (int j = 0; j < 32; ++j)
-            tile_buf[stage_index(r0 + 8 * h, 4 * j + q)] = relu_bf16x2(acc[4 * j + 2 * h], acc[4 * j + 2 * h + 1]);
+          for (int j = 0; j < 32; ++j) {
+            const std::uint32_t v = relu_bf16x2(acc[4 * j + 2 * h], acc[4 * j + 2 * h + 1]);
+            tile_buf[stage_index(r0 + 8 * h, 4 * j + q)] = v;
+            nz[h] |= nz_bit(v, j);
+          }
+      }
+      if (p.word_masks) {  // rows r0, r0 + 8: 32 consecutive words per warp instruction
+        masks[4 * r0 + q] = nz[0];
+        masks[4 * (r0 + 8) + q] = nz[1];
       }
       mbar_arrive(staged);
       tphase ^= 1;

@@ -53,6 +53,10 @@ struct GatePackParams {
   // whole packing warp, one word per lane, instead of by their own lane, which would hold up the
   // warp's other 31 rows; false: every row by its lane (the same words either way).
   bool heavy_rows = true;
+  // The consumers also write, per tile row, which 16-byte words hold a non-zero (2 KB per tile),
+  // so the packers read one 16-byte mask per row instead of scanning the row's 512 bytes of the
+  // staged tile (64 KB per tile of shared-memory reads beside the mainloop's); false: the scan.
+  bool word_masks = true;
   // Diagnostics only (probe_gate_sm90), outputs left undefined unless 0: 1 = no epilogue at all;
   // 2 = the tile is staged but not packed; 3 = packed without any global store.
   int timing_mode = 0;
@@ -64,7 +68,7 @@ struct GatePackParams {
 };
 inline constexpr int kGatePackProfileSlots = 8;
 
-inline constexpr std::size_t kGatePackSmemBytes = 1024 + 3 * (128 + 256) * 64 * 2 + 128 * 256 * 2 + 3 * 1152 * 4 + 64;
+inline constexpr std::size_t kGatePackSmemBytes = 1024 + 3 * (128 + 256) * 64 * 2 + 128 * 256 * 2 + 3 * 1152 * 4 + 64 + 128 * 16;
 
 // True iff this build carries the sm_90a kernel and `device` can run it (compute capability 9.0
 // and enough opt-in shared memory).

@@ -106,15 +106,16 @@ struct TrainContextOptions {
   // TwELL words (46 MB at M = 16384, N = 5632) and the values of overflowed blocks only, not the
   // 185 MB bf16 gate twice. Used where it can serve: a GPU that runs it, K % 8 == 0, x 16-byte
   // aligned, no hot-neuron calibration due in this step (it counts the dense gate), the hot
-  // columns (if any) gathered by the count, no dense rows in the latest counted step (hot tokens:
-  // the epilogue packs one row per lane, and their blocks overflow; H100, hot mode: 0.615 ms
-  // against cuBLASLt's 0.480, the step 0.05 ms slower), and no dense step expected (automatic,
+  // columns (if any) gathered by the count, dense rows in the latest counted step only with
+  // gate_sm90_dense_rows (below), and no dense step expected (automatic,
   // after a step measured above the threshold; a step that turns dense after a TwELL gate
   // computes the dense gate once more). Same CSR whichever gate ran, up to the GEMMs' rounding.
   bool gate_sm90 = true;
   // Also after a step with dense rows (hot tokens): the epilogue packs those rows by the whole warp
-  // (GatePackParams::heavy_rows), so their cost may no longer outweigh the CSR build it saves.
-  bool gate_sm90_dense_rows = false;
+  // (GatePackParams::heavy_rows, seventeenth session), and the CSR build it saves now outweighs
+  // it (H100, hot point, whole step alternating: 3.619 ms against 3.671 without); false: cuBLASLt
+  // after such steps, as before.
+  bool gate_sm90_dense_rows = true;
   // The sm90 gate's heavy-row packing (GatePackParams::heavy_rows); false: every row by its lane.
   bool gate_sm90_heavy_rows = true;
 };
