@@ -55,7 +55,9 @@ __device__ __forceinline__ int warp_inclusive_scan(int v, int lane) {
   return v;
 }
 
-__device__ __forceinline__ float warp_sum(float v) {
+// The sum over the warp's 32 lanes, in every lane (T: any type __shfl_xor_sync takes).
+template <class T>
+__device__ __forceinline__ T warp_sum(T v) {
 #pragma unroll
   for (int d = 16; d > 0; d >>= 1) v += __shfl_xor_sync(0xffffffffu, v, d);
   return v;

@@ -29,12 +29,9 @@ __global__ void __launch_bounds__(256) dense_rows_stats_kernel(DenseRowsPlanPara
     hot += dense_row_hot(c, p.row_cap);
     nnz += c;
   }
-#pragma unroll
-  for (int d = 16; d > 0; d >>= 1) {
-    cost += __shfl_xor_sync(0xffffffffu, cost, d);
-    hot += __shfl_xor_sync(0xffffffffu, hot, d);
-    nnz += __shfl_xor_sync(0xffffffffu, nnz, d);
-  }
+  cost = dev::warp_sum(cost);
+  hot = dev::warp_sum(hot);
+  nnz = dev::warp_sum(nnz);
   if (threadIdx.x % 32 == 0) {
     if (cost) atomicAdd(&p.stats->cost, cost);
     if (hot) atomicAdd(&p.stats->hot, hot);

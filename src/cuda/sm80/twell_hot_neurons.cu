@@ -51,8 +51,7 @@ __global__ void row_counts_kernel(const __nv_bfloat16* g, std::int64_t ld_g, std
     for (int e = 0; e < 8; ++e)  // kept values lie below n (load8_bf16 reads zeros past it)
       if ((keep >> e) & 1u) c += !mask || mask[c0 + e];
   }
-#pragma unroll
-  for (int d = 16; d > 0; d >>= 1) c += __shfl_xor_sync(0xffffffffu, c, d);
+  c = dev::warp_sum(c);
   if (lane == 0) row_nnz[r] = c;
 }
 

@@ -107,8 +107,7 @@ __global__ void __launch_bounds__(256) twell_sample_count_kernel(TwellSamplePara
       c += static_cast<unsigned long long>(__popc(dev::keep_mask8(dev::load8_bf16(src, c0, p.n, vec_ok))));
     }
   }
-#pragma unroll
-  for (int d = 16; d > 0; d >>= 1) c += __shfl_xor_sync(0xffffffffu, c, d);
+  c = warp_sum(c);
   if (lane == 0) {  // a row the sparse path runs dense counts at its dense cost
     const unsigned long long weight = dense_row_weight(c, p.row_cap, p.row_cost);
     if (weight) atomicAdd(p.count, weight);
@@ -162,8 +161,7 @@ __device__ __forceinline__ void expand_dense_tile(const __nv_bfloat16* src, std:
 __device__ __forceinline__ int count_dense_tile(const __nv_bfloat16* src, std::int64_t n, bool vec_ok, int t, bool relu) {
   const uint4 v = dev::load8_bf16<false>(src, static_cast<std::int64_t>(t) * kTwellTile + (threadIdx.x % 32) * 8, n, vec_ok);
   int cnt = __popc(dev::keep_mask8(v, relu));
-#pragma unroll
-  for (int d = 16; d > 0; d >>= 1) cnt += __shfl_xor_sync(0xffffffffu, cnt, d);
+  cnt = warp_sum(cnt);
   return cnt;
 }
 

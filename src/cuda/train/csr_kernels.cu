@@ -22,6 +22,10 @@ __device__ __forceinline__ unsigned skip_bits(const CsrBuildParams& p, std::int6
   return p.skip8 != nullptr && c < p.n ? p.skip8[c / 8] : 0u;
 }
 
+// A left-out column's place in a row's staged run of left-out values is hot_base8[its group of 8]
+// plus this: the left-out columns below column e of the group (skip: the group's skip bits).
+__device__ __forceinline__ int hot_rank(unsigned skip, int e) { return __popc(skip & ((1u << e) - 1u)); }
+
 // The count of one lane's 8 columns [c, c + 8) of a row (values v) that the pattern keeps, after
 // staging the left-out ones (skip bits) at their places in the warp's slice of shared memory: as
 // they are, or (kept_only, the TwELL source's rule) the kept ones and 0 for the rest.
@@ -36,7 +40,7 @@ __device__ __forceinline__ int count_gather8(const CsrBuildParams& p, const uint
     for (int e = 0; e < 8; ++e)
       if (skip & (1u << e)) {
         const bool zero = kept_only && !(keep & (1u << e));
-        stage[base + __popc(skip & ((1u << e) - 1u))] =
+        stage[base + hot_rank(skip, e)] =
             __ushort_as_bfloat16(static_cast<unsigned short>(zero ? 0u : dev::bf16_bits(v, e)));
       }
   }
@@ -47,8 +51,7 @@ __device__ __forceinline__ int count_gather8(const CsrBuildParams& p, const uint
 // values out as one contiguous run of 16-byte stores.
 __device__ __forceinline__ void count_finish(const CsrBuildParams& p, std::int64_t row, int lane, int cnt,
                                              const __nv_bfloat16* stage, int hot_words) {
-#pragma unroll
-  for (int d = 16; d > 0; d >>= 1) cnt += __shfl_xor_sync(0xffffffffu, cnt, d);
+  cnt = dev::warp_sum(cnt);
   if (lane == 0) {
     p.row_counts[row] = cnt;
     if (p.row_flags) p.row_flags[row] = p.dense_row_cap >= 0 && cnt > p.dense_row_cap;
@@ -172,8 +175,7 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) csr_count_twell_kernel(Cs
         if (!entry_skipped(p, col)) {
           ++cnt;
         } else if (p.hot_out != nullptr) {
-          const unsigned skip = p.skip8[col / 8];
-          stage[p.hot_base8[col / 8] + __popc(skip & ((1u << (col & 7)) - 1u))] =
+          stage[p.hot_base8[col / 8] + hot_rank(p.skip8[col / 8], static_cast<int>(col & 7))] =
               __ushort_as_bfloat16(static_cast<unsigned short>(e >> 16));
         }
       });
@@ -253,8 +255,7 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) csr_fill_twell_kernel(Csr
       const int l = __ffs(o) - 1;
       const std::int64_t col = (t0 + l) * kTwellTile + lane * 8;
       int n = __popc(dev::keep_mask8(dev::load8_bf16(src, col, p.n, vec_ok)) & ~skip_bits(p, col));
-#pragma unroll
-      for (int d = 16; d > 0; d >>= 1) n += __shfl_xor_sync(0xffffffffu, n, d);
+      n = dev::warp_sum(n);
       if (lane == l) kc = n;
     }
     const int incl = dev::warp_inclusive_scan(kc, lane);

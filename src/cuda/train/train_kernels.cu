@@ -408,8 +408,7 @@ __global__ void sum_rows_kernel(const float* v, std::int64_t m, double* out) {
   __shared__ double red[32];
   double s = 0;
   for (std::int64_t i = threadIdx.x; i < m; i += blockDim.x) s += v[i];
-#pragma unroll
-  for (int d = 16; d > 0; d >>= 1) s += __shfl_xor_sync(0xffffffffu, s, d);
+  s = dev::warp_sum(s);
   if (threadIdx.x % 32 == 0) red[threadIdx.x / 32] = s;
   __syncthreads();
   if (threadIdx.x == 0) {
@@ -483,8 +482,7 @@ __global__ void dense_train_forward_kernel(DenseTrainElementwiseParams p) {
   __shared__ float rl[32];
   __shared__ unsigned long long ra[32];
   l1 = dev::warp_sum(l1);
-#pragma unroll
-  for (int d = 16; d > 0; d >>= 1) active += __shfl_xor_sync(0xffffffffu, active, d);
+  active = dev::warp_sum(active);
   if (threadIdx.x % 32 == 0) {
     rl[threadIdx.x / 32] = l1;
     ra[threadIdx.x / 32] = active;
