@@ -169,7 +169,8 @@ __global__ void __launch_bounds__(kThreads, 1)
           const int i = i0 + lane;
           const bool mine = lane < R && row0 + lane < p.m;
           // (1) Which 16-byte words of the row hold any non-zero magnitude (a superset of the kept
-          // ones): one load and three ORs per word, no keep rule yet.
+          // ones): the OR of the consumers' four masks, or (word_masks off) one load and three ORs
+          // per word of the staged row; no keep rule yet.
           unsigned nzw = 0;
           if (mine && p.word_masks) {  // the consumers' masks: one 16-byte read instead of 32
             const uint4 qm = *reinterpret_cast<const uint4*>(masks + 4 * i);

@@ -11,11 +11,12 @@
 // 128 rows × 256 columns = exactly one TwELL tile per row. Clusters of `cluster` CTAs along M
 // split each W tile's load and multicast it (less L2 traffic per FLOP). Tiles are dealt n-fastest
 // so that the CTAs in flight share W (which stays in L2) and a few row blocks of x.
-// Epilogue: the consumers write ReLU + bf16 values into a swizzled 64 KB staging tile and go on
-// to the next tile's wgmmas; warps 1..3 of the load warpgroup pack the staged tile, one lane per
-// row (a cheap scan for non-zero 16-byte words, then the keep rule on those only), each block
-// leaving from a shared-memory row stage by one bulk copy (cp.async.bulk): the same words, counts
-// and flags as twell_pack on the same values.
+// Epilogue: the consumers write ReLU + bf16 values into a swizzled 64 KB staging tile, with a
+// mask per row of its non-zero 16-byte words, and go on to the next tile's wgmmas; warps 1..3 of
+// the load warpgroup pack the staged tile, one lane per row (the keep rule on the mask's words
+// only; rows with many words by the whole warp, one word per lane), each block leaving from a
+// shared-memory row stage by one bulk copy (cp.async.bulk): the same words, counts and flags as
+// twell_pack on the same values.
 //
 // Supports: any M ≥ 1, any N ≥ 1 (TMA zero-fills the tails; columns ≥ N are never kept), any
 // K ≥ 8 with K % 8 == 0 (16-byte row strides for TMA), S = words per tile in [2, 128]. Needs a
