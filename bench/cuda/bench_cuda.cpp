@@ -391,15 +391,17 @@ int main(int argc, char** argv) {
         cnt_all = all->read_counters(s);
       }
       // The sm90 gate's heavy-row warp pass off against on (the default), alternately: the gate
-      // + TwELL over the sparse path's columns, and the whole sparse path.
+      // + TwELL over the sparse path's columns, and the whole sparse path. Up to M = 16384 (at
+      // 131072 the four pairs alone take ≈ 1 minute, and the full sweep ran past its time limit).
       nlohmann::json heavy_gate_alt, heavy_sparse_alt, masks_gate_alt, masks_sparse_alt;
-      if (ctx.gate_sm90_active() && copt.gate_sm90_heavy_rows) {
+      const bool gate_ab = ctx.gate_sm90_active() && m <= 16384;
+      if (gate_ab && copt.gate_sm90_heavy_rows) {
         const auto lane_rows = [](ContextOptions& o) { o.gate_sm90_heavy_rows = false; };
         heavy_gate_alt = against_ctx(lane_rows, [&](FfnContext& c) { c.gate_twell(dx.get(), m, s); });
         heavy_sparse_alt = against_ctx(lane_rows, [&](FfnContext& c) { sparse_path(c, y_sp.get()); });
       }
       // The same for the consumers' word masks (off: the packers scan the staged rows).
-      if (ctx.gate_sm90_active() && copt.gate_sm90_word_masks) {
+      if (gate_ab && copt.gate_sm90_word_masks) {
         const auto scan = [](ContextOptions& o) { o.gate_sm90_word_masks = false; };
         masks_gate_alt = against_ctx(scan, [&](FfnContext& c) { c.gate_twell(dx.get(), m, s); });
         masks_sparse_alt = against_ctx(scan, [&](FfnContext& c) { sparse_path(c, y_sp.get()); });
