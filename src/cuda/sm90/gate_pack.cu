@@ -157,6 +157,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         const std::int64_t tm = (g / nt) * CM + rank, tn = g % nt, n0 = tn * kBN;
         const int ncols = static_cast<int>(p.n - n0 < kBN ? p.n - n0 : kBN);  // this tile's columns < N
         const std::int64_t col0 = n0 + 8 * lane;                              // lane's 8 columns in row copies
+        const unsigned word_cols = ncols >= kBN ? 0xffffffffu : (1u << ((ncols + 7) / 8)) - 1u;  // words < N
         const long long t_wait = p.profile ? clock64() : 0;
         mbar_wait(staged, phase);
         const long long t_busy = p.profile ? clock64() : 0;
@@ -174,14 +175,14 @@ __global__ void __launch_bounds__(kThreads, 1)
           unsigned nzw = 0;
           if (mine && p.word_masks) {  // the consumers' masks: one 16-byte read instead of 32
             const uint4 qm = *reinterpret_cast<const uint4*>(masks + 4 * i);
-            nzw = (qm.x | qm.y | qm.z | qm.w) & (ncols >= kBN ? 0xffffffffu : (1u << ((ncols + 7) / 8)) - 1u);
+            nzw = (qm.x | qm.y | qm.z | qm.w) & word_cols;
           } else if (mine) {
 #pragma unroll 8
             for (int w = 0; w < 32; ++w) {
               const uint4 v = *reinterpret_cast<const uint4*>(tile_buf + stage_index(i, 4 * w));
               nzw |= ((v.x | v.y | v.z | v.w) & 0x7fff7fffu) ? (1u << w) : 0u;
             }
-            nzw &= ncols >= kBN ? 0xffffffffu : (1u << ((ncols + 7) / 8)) - 1u;
+            nzw &= word_cols;
           }
           // (1b) Heavy rows go to the whole warp (step 2b). The lane loop of step 2 costs the warp
           // its longest row (in words), the warp pass about kHeavyRowWords words per row, so the

@@ -231,6 +231,10 @@ TrainForwardResult TrainContext::forward(const __nv_bfloat16* x, std::int64_t m,
                           !(path == Path::automatic && last_density_ > limit);
   g_.reserve(sz(m * ldn()));
   cp.src = g_.get();
+  // Every ReLU gate value into g_ by cuBLASLt: the gate here, or after a TwELL gate on a density jump.
+  const auto dense_gate = [&] {
+    ffn_.gemm().run({m, n(), k(), k(), k(), ldn(), GemmEpilogue::relu}, ffn_.w_gate_up(), x, g_.get(), stream);
+  };
   if (twell_gate) {
     const std::int64_t tiles = (n() + kTwellTile - 1) / kTwellTile;
     twell_words_.reserve(sz(m * tiles * kTrainTwellWords));
@@ -255,7 +259,7 @@ TrainForwardResult TrainContext::forward(const __nv_bfloat16* x, std::int64_t m,
     cp.words_per_tile = kTrainTwellWords;
     mark("fwd: gate GEMM + TwELL epilogue", stream);
   } else {
-    ffn_.gemm().run({m, n(), k(), k(), k(), ldn(), GemmEpilogue::relu}, ffn_.w_gate_up(), x, g_.get(), stream);
+    dense_gate();
     mark("fwd: gate GEMM", stream);
   }
   if (calibrating) {
@@ -345,7 +349,7 @@ TrainForwardResult TrainContext::forward(const __nv_bfloat16* x, std::int64_t m,
     }
   } else {
     if (twell_gate) {  // the TwELL gate left no dense gate: one GEMM more, on a density jump only
-      ffn_.gemm().run({m, n(), k(), k(), k(), ldn(), GemmEpilogue::relu}, ffn_.w_gate_up(), x, g_.get(), stream);
+      dense_gate();
       mark("fwd: gate GEMM (dense, after the TwELL gate)", stream);
     }
     dense_forward_after_gate(x, m, y, stream);
