@@ -60,7 +60,9 @@ static_assert(kRegsLoad * 128 + kRegsMma * 256 <= 168 * kThreads, "register budg
 __device__ __forceinline__ int stage_index(int row, int word) { return row * 128 + (word ^ ((row & 7) * 4)); }
 
 // Bit j iff the bf16 pair v has a non-zero magnitude.
-__device__ __forceinline__ std::uint32_t nz_bit(std::uint32_t v, int j) { return ((v & 0x7fff7fffu) != 0u ? 1u : 0u) << j; }
+__device__ __forceinline__ std::uint32_t nz_bit(std::uint32_t v, int j) {
+  return ((v & 0x7fff7fffu) != 0u ? 1u : 0u) << j;
+}
 
 __device__ __forceinline__ std::uint32_t relu_bf16x2(float lo, float hi) {
   std::uint32_t r;
@@ -83,7 +85,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   std::uint32_t* tile_buf = reinterpret_cast<std::uint32_t*>(smem + kStages * kStageBytes);
   std::uint32_t* row_stage = reinterpret_cast<std::uint32_t*>(smem + kStages * kStageBytes + kTileBytes);
   unsigned long long* bars = reinterpret_cast<unsigned long long*>(smem + kStages * kStageBytes + kTileBytes + kRowStageBytes);
-  std::uint32_t* masks = reinterpret_cast<std::uint32_t*>(smem + kStages * kStageBytes + kTileBytes + kRowStageBytes + kBarBytes);
+  std::uint32_t* masks =
+      reinterpret_cast<std::uint32_t*>(smem + kStages * kStageBytes + kTileBytes + kRowStageBytes + kBarBytes);
   const std::uint32_t smem_base = smem_u32(smem);
   const std::uint32_t full0 = smem_u32(bars), empty0 = smem_u32(bars + kStages);
   const std::uint32_t staged = smem_u32(bars + 2 * kStages), freed = smem_u32(bars + 2 * kStages + 1);
@@ -243,7 +246,8 @@ __global__ void __launch_bounds__(kThreads, 1)
               for (unsigned slot = static_cast<unsigned>(incl - c); m; ++slot) {
                 const int e = __ffs(m) - 1;
                 m &= m - 1;
-                if (slot < static_cast<unsigned>(cap)) rst[slot] = (dev::bf16_bits(v, e) << 16) | static_cast<std::uint32_t>(8 * lane + e);
+                if (slot < static_cast<unsigned>(cap))
+                  rst[slot] = (dev::bf16_bits(v, e) << 16) | static_cast<std::uint32_t>(8 * lane + e);
               }
               const unsigned total = static_cast<unsigned>(__shfl_sync(0xffffffffu, incl, 31));
               if (lane == r) cnt = total;
@@ -385,8 +389,10 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
           for (int b = 0; b < 4; ++b) {
             const int j = 8 * a + 2 * b;
-            const std::uint32_t v0 = relu_bf16x2(acc[4 * j], acc[4 * j + 1]), v1 = relu_bf16x2(acc[4 * j + 2], acc[4 * j + 3]);
-            const std::uint32_t v2 = relu_bf16x2(acc[4 * j + 4], acc[4 * j + 5]), v3 = relu_bf16x2(acc[4 * j + 6], acc[4 * j + 7]);
+            const std::uint32_t v0 = relu_bf16x2(acc[4 * j], acc[4 * j + 1]);
+            const std::uint32_t v1 = relu_bf16x2(acc[4 * j + 2], acc[4 * j + 3]);
+            const std::uint32_t v2 = relu_bf16x2(acc[4 * j + 4], acc[4 * j + 5]);
+            const std::uint32_t v3 = relu_bf16x2(acc[4 * j + 6], acc[4 * j + 7]);
             stmatrix_x4(off[b] + 128u * static_cast<std::uint32_t>(a), v0, v1, v2, v3);
             nz[0] |= nz_bit(v0, j) | nz_bit(v2, j + 1);  // v0, v2: this lane's row r0; v1, v3: row r0 + 8
             nz[1] |= nz_bit(v1, j) | nz_bit(v3, j + 1);

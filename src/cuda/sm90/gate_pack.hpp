@@ -69,7 +69,10 @@ struct GatePackParams {
 };
 inline constexpr int kGatePackProfileSlots = 8;
 
-inline constexpr std::size_t kGatePackSmemBytes = 1024 + 3 * (128 + 256) * 64 * 2 + 128 * 256 * 2 + 3 * 1152 * 4 + 64 + 128 * 16;
+// Alignment slack, 3 stages of A + B, the staging tile, the packers' row stages, the mbarriers and
+// the per-row word masks.
+inline constexpr std::size_t kGatePackSmemBytes =
+    1024 + 3 * (128 + 256) * 64 * 2 + 128 * 256 * 2 + 3 * 1152 * 4 + 64 + 128 * 16;
 
 // True iff this build carries the sm_90a kernel and `device` can run it (compute capability 9.0
 // and enough opt-in shared memory).
