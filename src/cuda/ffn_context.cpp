@@ -57,7 +57,7 @@ FfnContext::~FfnContext() {
 
 void FfnContext::reset_dispatch_state() {
   last_density_ = -1;
-  decode_dense_calls_ = 0;
+  dense_calls_ = 0;
   counts_.reset();
   hot_share_.reset();
   last_hot_share_ = -1;
@@ -877,7 +877,8 @@ ForwardResult FfnContext::forward(const __nv_bfloat16* x, std::int64_t m, __nv_b
       r.sparse = true;
       r.path = fmt::format("{} ({})", sparse_path_name(m), measured);
     } else {
-      const bool count = !decode || decode_dense_calls_++ % std::max<std::int64_t>(1, opt_.decode_dense_count_period) == 0;
+      const std::int64_t period = decode ? opt_.decode_dense_count_period : opt_.dense_count_period;
+      const bool count = dense_calls_++ % std::max<std::int64_t>(1, period) == 0;
       if (count)
         dense_forward_counted(x, m, y, stream);
       else

@@ -92,6 +92,10 @@ struct ContextOptions {
   // At decode sizes a dense call counts only every this many calls: the count (memset, count,
   // decide and publish: four small launches) cost 0.015–0.035 ms next to a 0.04 ms dense FFN.
   std::int64_t decode_dense_count_period = 16;
+  // Above decode sizes, a dense call of automatic counts only every this many calls (the first
+  // always): the count's six small launches (two memsets, the sampled count, the decision, two
+  // publications) cost ≈ 0.025 ms next to a 1.65 ms dense FFN at M = 16384. 1: every call.
+  std::int64_t dense_count_period = 1;
   // gate_twell on a compute-capability-9.0 GPU: the sm90 gate GEMM with the TwELL packing in its
   // epilogue (sm90/gate_pack.hpp; the gate buffer then holds only overflowed blocks). false, or
   // another GPU: the cuBLASLt gate GEMM (ReLU epilogue) + twell_pack below. On by default since
@@ -426,7 +430,7 @@ class FfnContext {
   SideStream hot_side_;                // hot_overlap: the hot part's GEMMs beside cold_rest
   std::unique_ptr<LtGemm> side_gemm_;
   double last_density_ = -1;  // density of the latest call whose count came back (−1: none)
-  std::int64_t decode_dense_calls_ = 0;  // decode-size dense calls since upload (for the count period)
+  std::int64_t dense_calls_ = 0;  // dense calls of automatic since upload (for the count periods)
   CountRing counts_;          // counts of sticky calls on their way back (never waited for)
   DeviceBuffer<TwellCounters> counters_;
   PinnedBuffer<TwellCounters> counters_host_;
