@@ -692,7 +692,7 @@ std::vector<std::int64_t> FfnContext::choose_hot_neurons(const std::vector<std::
   TWELL_CHECK(static_cast<std::int64_t>(counts.size()) == n_, ErrorCode::shape_mismatch,
               "choose_hot_neurons: {} counts for N = {} neurons", counts.size(), n_);
   TWELL_CHECK(m >= 1, ErrorCode::invalid_argument, "choose_hot_neurons: M must be ≥ 1 (got {})", m);
-  return neurons_over(counts, hot_threshold(), m, max_hot_neurons());
+  return neurons_over(counts, hot_threshold(), m, max_hot_neurons(), over_share());
 }
 
 double FfnContext::max_hot_neurons() const noexcept {
@@ -802,7 +802,7 @@ std::int64_t FfnContext::calibrate_hot_neurons(const __nv_bfloat16* x, std::int6
     };
   }
   const HotNeuronChoice c = choose_hot_neurons_calibrated(std::move(counts), hot_threshold(), m, max_hot_neurons(),
-                                                          opt_.dense_rows_min, recount);
+                                                          opt_.dense_rows_min, recount, over_share());
   set_hot_neurons(c.hot, stream, &c.counts);
   return hot_n_;
 }

@@ -27,6 +27,7 @@
 #include "cuda/dense/lt_gemm.hpp"
 #include "cuda/sm80/twell_decode.hpp"
 #include "cuda/sm80/twell_dense_rows.hpp"
+#include "cuda/sm80/twell_hot_neurons.hpp"
 #include "cuda/sm80/twell_kernels.hpp"
 #include "twell/cuda/ffn_cuda.hpp"
 #include "twell/ffn.hpp"
@@ -93,9 +94,12 @@ struct ContextOptions {
   // decide and publish: four small launches) cost 0.015–0.035 ms next to a 0.04 ms dense FFN.
   std::int64_t decode_dense_count_period = 16;
   // Above decode sizes, a dense call of automatic counts only every this many calls (the first
-  // always): the count's six small launches (two memsets, the sampled count, the decision, two
-  // publications) cost ≈ 0.025 ms next to a 1.65 ms dense FFN at M = 16384. 1: every call.
-  std::int64_t dense_count_period = 1;
+  // always), so a density drop shows up at most this many calls late: the count's six small
+  // launches (two memsets, the sampled count, the decision, two publications) cost ≈ 0.025 ms
+  // next to a 1.7 ms dense FFN at M = 16384. Measured (H100, probe_dispatch, d8be6c5, automatic
+  // alternating with dense, medians): every call 0.983–0.984× dense at 2, 3, 5 and 10 %, every 8th
+  // 0.983×, 1.001×, 0.996×, 0.996× (the mean keeps an eighth of the count's cost). 1: every call.
+  std::int64_t dense_count_period = 8;
   // gate_twell on a compute-capability-9.0 GPU: the sm90 gate GEMM with the TwELL packing in its
   // epilogue (sm90/gate_pack.hpp; the gate buffer then holds only overflowed blocks). false, or
   // another GPU: the cuBLASLt gate GEMM (ReLU epilogue) + twell_pack below. On by default since
@@ -207,11 +211,18 @@ struct ContextOptions {
   double hot_neurons_density = 0.012;
   double hot_neurons_density_nongated = 0;
   std::int64_t hot_neurons_min_rows = 2048;
-  // choose_hot_neurons picks none when more than this share of the neurons is over the threshold:
-  // such a layer is dense (3 %, 10 %), where the split measured no faster than the dense FFN and
-  // the dispatch's cold-neuron density (the cold few are rare) would still pick it (b47f0fe, H200:
-  // 10 % with 5224 of 5632 neurons dense 1.79 vs 1.74 ms for dense).
+  // At most this share of the neurons runs hot (the hot part's workspace holds half of them). An
+  // unbounded split measured slower than the dense FFN at 10 % (b47f0fe, H200: 5224 of 5632
+  // neurons hot, 1.79 vs 1.74 ms), where the dispatch's cold-neuron density (the cold few are rare)
+  // would still pick it.
   double hot_neurons_max_share = 0.5;
+  // When more neurons than that qualify: true takes the densest hot_neurons_max_share of them,
+  // false none (the rule before the eighteenth session). The dispatch then decides on the cold
+  // half's density. Measured (H100, M = 16384, whole sparse path alternating with dense,
+  // probe_dispatch, d8be6c5), the densest 49 % hot against none: 2 % mean density 1.12× dense
+  // (cold 0.61 %) against 0.88×, 3 % 1.03× (cold 0.92 %) against 0.83×; at 5 % and 10 % (cold
+  // 1.58 % and 3.35 %) 0.92× and 0.82×, where the dispatch runs dense.
+  bool hot_neurons_densest_share = true;
   // The hot neurons' [g | u] GEMM and product run on a second, high-priority stream
   // (common/side_stream.hpp) beside the cold part's sparse kernels, which are bound by L2
   // bandwidth on CUDA cores while the GEMM is bound by tensor cores; the down GEMM that adds into
@@ -391,6 +402,7 @@ class FfnContext {
   std::vector<std::uint32_t> neuron_counts_of_gate(std::int64_t m, const std::vector<unsigned char>* cold,
                                                    std::int64_t* rows_left_out, cudaStream_t stream);
   double max_hot_neurons() const noexcept;  // choose_hot_neurons' cap on the hot count
+  OverShare over_share() const noexcept { return opt_.hot_neurons_densest_share ? OverShare::densest : OverShare::none; }
   // choose_hot_neurons' threshold (share of tokens; ≤ 0: no split)
   double hot_threshold() const noexcept { return gated_ ? opt_.hot_neurons_density : opt_.hot_neurons_density_nongated; }
 

@@ -392,7 +392,8 @@ void check_dense_rows(const FfnCase& c, const FfnData& d, const FfnWeights& w, c
 
 // Hot neurons (sm80/twell_hot_neurons.hpp). count_neurons equals the host's count of the gate it
 // leaves behind, in the original numbering also after the weights were permuted; choose_hot_neurons
-// takes exactly the neurons over its threshold (none when they are more than the maximum share). Then, with the split at every M, for hot sets of
+// takes exactly the neurons over its threshold (when they are more than the maximum share, the
+// densest that many or none, as hot_neurons_densest_share says). Then, with the split at every M, for hot sets of
 // the most active quarter (cold count rounded by counts), a random third (rounded by position), every
 // neuron and none: hot_count() and hot_neurons() as documented, and y within the tolerance through
 // the sparse, automatic (twice) and dense paths, with dense rows on the cold part; the sparse path
@@ -419,19 +420,27 @@ void check_hot_neurons(const FfnCase& c, const FfnWeights& w, const __nv_bfloat1
   std::stable_sort(by_count.begin(), by_count.end(), [&](std::int64_t a, std::int64_t b) {
     return counts[static_cast<std::size_t>(a)] > counts[static_cast<std::size_t>(b)];
   });
-  {  // the threshold rule: hot iff count > density · m
-    const std::uint32_t q = counts[static_cast<std::size_t>(by_count[static_cast<std::size_t>(c.n / 4)])];
-    ContextOptions to = o;
-    to.hot_neurons_density = to.hot_neurons_density_nongated = (static_cast<double>(q) + 0.5) / static_cast<double>(c.m);  // count > q
-    FfnContext tc(to);
-    tc.upload_weights(w, s);
-    std::vector<std::int64_t> want;
-    for (std::int64_t i = 0; i < c.n; ++i)
-      if (counts[static_cast<std::size_t>(i)] > q) want.push_back(i);
-    const double max_hot = std::min(to.hot_neurons_max_share * static_cast<double>(c.n), static_cast<double>((c.n + 7) / 8 * 4 - 16));
-    if (static_cast<double>(want.size()) > max_hot) want.clear();
-    EXPECT_EQ(tc.choose_hot_neurons(counts, c.m), want);
-  }
+  // The threshold rule: hot iff count > density · m, at a threshold a quarter and three quarters of
+  // the way down; over the maximum share, none or the densest (ties to the lower index).
+  for (const std::int64_t at : {c.n / 4, 3 * c.n / 4})
+    for (const bool densest : {false, true}) {
+      const std::uint32_t q = counts[static_cast<std::size_t>(by_count[static_cast<std::size_t>(at)])];
+      ContextOptions to = o;
+      to.hot_neurons_density = to.hot_neurons_density_nongated = (static_cast<double>(q) + 0.5) / static_cast<double>(c.m);  // count > q
+      to.hot_neurons_densest_share = densest;
+      FfnContext tc(to);
+      tc.upload_weights(w, s);
+      std::vector<std::int64_t> want;
+      for (std::int64_t i = 0; i < c.n; ++i)
+        if (counts[static_cast<std::size_t>(i)] > q) want.push_back(i);
+      const double max_hot = std::min(to.hot_neurons_max_share * static_cast<double>(c.n), static_cast<double>((c.n + 7) / 8 * 4 - 16));
+      if (static_cast<double>(want.size()) > max_hot) {
+        // by_count is ordered by count (descending), then index: the qualifying neurons are its prefix.
+        want.assign(by_count.begin(), by_count.begin() + (densest && max_hot >= 1 ? static_cast<std::ptrdiff_t>(max_hot) : 0));
+        std::sort(want.begin(), want.end());
+      }
+      EXPECT_EQ(tc.choose_hot_neurons(counts, c.m), want) << "threshold at position " << at << ", densest " << densest;
+    }
   std::mt19937_64 rng(c.seed + 99);
   std::vector<std::int64_t> third;
   for (std::int64_t i = 0; i < c.n; ++i)
@@ -797,6 +806,7 @@ TEST_F(CudaDispatch, StickyFollowsTheMeasuredDensity) {
   const FfnCase c{"sticky", 1000, 1000, 1024, 0.20};
   ContextOptions opt;
   opt.dispatch_min_rows = 0;
+  opt.dense_count_period = 1;  // every dense call counts (the default period: below)
   ASSERT_NO_FATAL_FAILURE(set_up(c, opt, 32, c.seed + 3));
 
   struct Step {
@@ -826,6 +836,31 @@ TEST_F(CudaDispatch, StickyFollowsTheMeasuredDensity) {
   // New weights are a new layer: its first automatic call counts and decides again.
   ctx_->upload_weights(w_, s_);
   EXPECT_TRUE(automatic(x_.get()).counted);
+  // With the default count period (8) a dense layer counts every 8th dense call: a layer that turns
+  // sparse is back on the sparse path within 9 calls, every call exact.
+  {
+    ContextOptions d;
+    d.dispatch_min_rows = 0;
+    ASSERT_GT(d.dense_count_period, 1);
+    FfnContext dflt(d);
+    dflt.upload_weights(w_, s_);
+    DeviceBuffer<__nv_bfloat16> y(static_cast<std::size_t>(c.m * c.k));
+    for (int j = 0; j < 3; ++j) dflt.forward(x_.get(), c.m, y.get(), Path::automatic, s_);  // measured dense
+    ASSERT_EQ(cudaStreamSynchronize(s_), cudaSuccess);
+    int back = -1;
+    for (int j = 0; j < 40 && back < 0; ++j) {
+      const ForwardResult fr = dflt.forward(zero_.get(), c.m, y.get(), Path::automatic, s_);
+      ASSERT_EQ(cudaStreamSynchronize(s_), cudaSuccess);
+      if (fr.sparse) back = j;
+    }
+    EXPECT_GE(back, 0) << "never returned to the sparse path";
+    EXPECT_LE(back, static_cast<int>(d.dense_count_period) + 1);
+    ForwardResult fr;
+    const Outputs o = run_poisoned(c.m, c.k, s_, [&](__nv_bfloat16* out) {
+      fr = dflt.forward(x_.get(), c.m, out, Path::automatic, s_);  // sparse by the latest count, on x
+    });
+    expect_exact(o.y, fr, x_.get());
+  }
 }
 
 // From dispatch_large_rows rows on, the gated threshold is max_sparse_density_gated_large: at the

@@ -129,19 +129,26 @@ std::vector<std::uint32_t> read_neuron_counts_sparse_rows(const __nv_bfloat16* g
 }
 
 std::vector<std::int64_t> neurons_over(const std::vector<std::uint32_t>& counts, double density, std::int64_t m,
-                                       double max_hot) {
+                                       double max_hot, OverShare over) {
   std::vector<std::int64_t> hot;
   if (!(density > 0)) return hot;  // the split is off
   const double limit = density * static_cast<double>(m);
   for (std::size_t i = 0; i < counts.size(); ++i)
     if (static_cast<double>(counts[i]) > limit) hot.push_back(static_cast<std::int64_t>(i));
-  if (static_cast<double>(hot.size()) > max_hot) hot.clear();
+  if (static_cast<double>(hot.size()) <= max_hot) return hot;
+  if (over == OverShare::none || !(max_hot >= 1)) return {};
+  const auto keep = static_cast<std::ptrdiff_t>(max_hot);  // < hot.size()
+  std::stable_sort(hot.begin(), hot.end(), [&](std::int64_t a, std::int64_t b) {
+    return counts[static_cast<std::size_t>(a)] > counts[static_cast<std::size_t>(b)];
+  });
+  hot.resize(static_cast<std::size_t>(keep));
+  std::sort(hot.begin(), hot.end());
   return hot;
 }
 
 HotNeuronChoice choose_hot_neurons_calibrated(std::vector<std::uint32_t> counts, double density, std::int64_t m,
                                               double max_hot, std::int64_t min_rows_left_out,
-                                              const SparseRowsRecount& recount) {
+                                              const SparseRowsRecount& recount, OverShare over) {
   HotNeuronChoice c;
   const std::vector<std::int64_t> guess = neurons_over(counts, density, m, static_cast<double>(counts.size()));
   if (!guess.empty() && recount) {
@@ -154,7 +161,7 @@ HotNeuronChoice choose_hot_neurons_calibrated(std::vector<std::uint32_t> counts,
       c.rows_left_out = left_out;
     }
   }
-  c.hot = neurons_over(counts, density, m, max_hot);
+  c.hot = neurons_over(counts, density, m, max_hot, over);
   c.counts = std::move(counts);
   return c;
 }

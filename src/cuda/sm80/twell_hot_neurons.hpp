@@ -44,10 +44,14 @@ std::vector<std::uint32_t> read_neuron_counts_sparse_rows(const __nv_bfloat16* g
                                                           std::uint32_t row_cap, std::uint32_t* row_nnz,
                                                           std::int64_t* rows_left_out, cudaStream_t stream);
 
+// What neurons_over does when more than max_hot neurons qualify: choose none, or the max_hot
+// densest of them (ties to the lower index).
+enum class OverShare { none, densest };
+
 // The hot-neuron rule of the inference and training contexts: the neurons (ascending) whose count
-// exceeds density·m; none when density ≤ 0 or more than max_hot of them qualify.
+// exceeds density·m; none when density ≤ 0; when more than max_hot of them qualify, as `over` says.
 std::vector<std::int64_t> neurons_over(const std::vector<std::uint32_t>& counts, double density, std::int64_t m,
-                                       double max_hot);
+                                       double max_hot, OverShare over = OverShare::none);
 
 // The calibration rule of the inference and training contexts, from every row's counts:
 //  1. a first guess, the neurons over density·m without the max-share rule (hot tokens can push
@@ -56,7 +60,7 @@ std::vector<std::int64_t> neurons_over(const std::vector<std::uint32_t>& counts,
 //     that stay sparse once the guessed neurons run dense (cold: [n], 1 for a cold neuron) and
 //     reports how many rows it left out: rows the sparse path runs dense cost nothing per neuron;
 //  3. if at least min_rows_left_out (≥ 1) rows were left out, the choice is made from the new
-//     counts, else from every row's; the choice is neurons_over with the max_hot rule.
+//     counts, else from every row's; the choice is neurons_over with the max_hot rule and `over`.
 struct HotNeuronChoice {
   std::vector<std::int64_t> hot;      // ascending
   std::vector<std::uint32_t> counts;  // the counts the choice was made from
@@ -66,7 +70,7 @@ using SparseRowsRecount =
     std::function<std::vector<std::uint32_t>(const std::vector<unsigned char>& cold, std::int64_t* rows_left_out)>;
 HotNeuronChoice choose_hot_neurons_calibrated(std::vector<std::uint32_t> counts, double density, std::int64_t m,
                                               double max_hot, std::int64_t min_rows_left_out,
-                                              const SparseRowsRecount& recount);
+                                              const SparseRowsRecount& recount, OverShare over = OverShare::none);
 
 // row_nnz[r] = #{c < n : g[r, c] > 0 and (no mask or mask[c])} for r < m (one warp per row).
 void launch_row_counts(const __nv_bfloat16* g, std::int64_t ld_g, std::int64_t m, std::int64_t n,

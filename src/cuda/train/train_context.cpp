@@ -666,7 +666,7 @@ std::vector<std::int64_t> TrainContext::choose_hot_neurons(const std::vector<std
   TWELL_CHECK(static_cast<std::int64_t>(counts.size()) == n(), ErrorCode::shape_mismatch,
               "choose_hot_neurons: {} counts for N = {} neurons", counts.size(), n());
   TWELL_CHECK(m >= 1, ErrorCode::invalid_argument, "choose_hot_neurons: M must be ≥ 1 (got {})", m);
-  return neurons_over(counts, hot_threshold(), m, max_hot_neurons());
+  return neurons_over(counts, hot_threshold(), m, max_hot_neurons(), over_share());
 }
 
 void TrainContext::set_hot_neurons(const std::vector<std::int64_t>& hot, cudaStream_t stream) {
@@ -729,7 +729,7 @@ void TrainContext::calibrate_hot_neurons(std::int64_t m, cudaStream_t stream) {
   }
   const HotNeuronChoice c = choose_hot_neurons_calibrated(read_neuron_counts(g_.get(), ldn(), m, n(), nullptr, 0, stream),
                                                           hot_threshold(), m, max_hot_neurons(), opt_.dense_rows_min,
-                                                          recount);
+                                                          recount, over_share());
   set_hot_neurons(c.hot, stream);
 }
 

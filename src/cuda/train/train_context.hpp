@@ -77,6 +77,9 @@ struct TrainContextOptions {
   double hot_neurons_density_nongated = 0.014;
   std::int64_t hot_neurons_min_rows = 4096;
   double hot_neurons_max_share = 0.5;
+  // When more than that share qualify: true takes the densest hot_neurons_max_share of them (the
+  // inference context's default, ContextOptions::hot_neurons_densest_share), false none.
+  bool hot_neurons_densest_share = false;
   // The hot part's GEMMs and elementwise passes run on a second, high-priority stream
   // (common/side_stream.hpp) beside the CSR fill, the token-major kernels and the weight-gradient
   // passes, which are bound by L2 bandwidth on CUDA cores while the GEMMs are bound by tensor
@@ -233,6 +236,7 @@ class TrainContext {
   // The hot-neuron rule's threshold (share of tokens; ≤ 0: no split) and cap on the hot count.
   double hot_threshold() const noexcept { return gated() ? opt_.hot_neurons_density : opt_.hot_neurons_density_nongated; }
   double max_hot_neurons() const noexcept { return opt_.hot_neurons_max_share * static_cast<double>(n()); }
+  OverShare over_share() const noexcept { return opt_.hot_neurons_densest_share ? OverShare::densest : OverShare::none; }
   void reserve_grads();
   DenseTrainElementwiseParams elementwise_params(std::int64_t m);  // common fields; reserves h_
   void mark(const char* phase, cudaStream_t stream);  // no-op unless phase timing is on
