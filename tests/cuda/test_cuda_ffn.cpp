@@ -1056,6 +1056,8 @@ TEST(CudaDecode, MatchesReferenceAtEveryDensity) {
 // 91..99 cold, rows 0..9 then hold more than ⌊0.02 · 9⌋ = 0 cold non-zeros and run dense; counted
 // without them only 60..90 (31) qualify. Rounding the cold count down to 64 keeps the coldest by
 // those counts (91..99 at 0, then 0..54 of 0..59 at 10, in order), so 55..90 run dense.
+// Without dense rows, none (hot_neurons_densest_share off) or the 36 densest of 0..90 (on): 90 (512
+// rows), then 0..34 (20 rows each, ties to the lower index) ahead of 35..59 (20) and 60..89 (17–18).
 TEST(CudaHotNeurons, CalibrationLeavesOutDenseRows) {
   TWELL_REQUIRE_GPU();
   const CalibrationGate gate = make_calibration_gate();
@@ -1070,8 +1072,9 @@ TEST(CudaHotNeurons, CalibrationLeavesOutDenseRows) {
   for (std::size_t i = 0; i < x.size(); ++i) xb[i] = to_bf16(x[i]).bits;
   DeviceBuffer<__nv_bfloat16> xd(xb.size());
   ASSERT_EQ(cudaMemcpy(xd.get(), xb.data(), xb.size() * 2, cudaMemcpyHostToDevice), cudaSuccess);
-  auto calibrate = [&](double dense_rows_density) {
+  auto calibrate = [&](double dense_rows_density, bool densest = true) {
     ContextOptions o;
+    o.hot_neurons_densest_share = densest;
     o.hot_neurons_min_rows = 1;
     o.hot_neurons_density = 0.03;
     o.dense_rows_density = dense_rows_density;
@@ -1088,7 +1091,12 @@ TEST(CudaHotNeurons, CalibrationLeavesOutDenseRows) {
   std::vector<std::int64_t> want;
   for (std::int64_t i = 55; i <= 90; ++i) want.push_back(i);
   EXPECT_EQ(calibrate(0.02), want);
-  EXPECT_TRUE(calibrate(0.0).empty());  // no dense rows: 91 neurons qualify, more than the cap of 36
+  // No dense rows: 91 neurons qualify, more than the cap of 36.
+  EXPECT_TRUE(calibrate(0.0, false).empty());
+  std::vector<std::int64_t> densest;
+  for (std::int64_t i = 0; i <= 34; ++i) densest.push_back(i);
+  densest.push_back(90);
+  EXPECT_EQ(calibrate(0.0, true), densest);
 }
 
 TEST(CudaHostApi, RejectsKNotMultipleOf8) {
