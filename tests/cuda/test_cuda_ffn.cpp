@@ -779,6 +779,21 @@ class CudaDispatch : public ::testing::Test {
     expect_exact(o.y, fr, in);
     return fr;
   }
+  // A fresh context of `opt`: three automatic calls on x (measured dense), then calls on zero until
+  // one runs sparse; that call's index among them (-1: none of 40), each call waited for.
+  int calls_until_sparse(const ContextOptions& opt) {
+    FfnContext ctx(opt);
+    ctx.upload_weights(w_, s_);
+    DeviceBuffer<__nv_bfloat16> y(static_cast<std::size_t>(c_.m * c_.k));
+    for (int j = 0; j < 3; ++j) ctx.forward(x_.get(), c_.m, y.get(), Path::automatic, s_);
+    EXPECT_EQ(cudaStreamSynchronize(s_), cudaSuccess);
+    for (int j = 0; j < 40; ++j) {
+      const ForwardResult fr = ctx.forward(zero_.get(), c_.m, y.get(), Path::automatic, s_);
+      EXPECT_EQ(cudaStreamSynchronize(s_), cudaSuccess);
+      if (fr.sparse) return j;
+    }
+    return -1;
+  }
   void expect_exact(const std::vector<float>& y, const ForwardResult& fr, const __nv_bfloat16* in) const {
     if (in == x_.get()) {
       std::int64_t worst_row = -1;
@@ -837,30 +852,13 @@ TEST_F(CudaDispatch, StickyFollowsTheMeasuredDensity) {
   ctx_->upload_weights(w_, s_);
   EXPECT_TRUE(automatic(x_.get()).counted);
   // With the default count period (8) a dense layer counts every 8th dense call: a layer that turns
-  // sparse is back on the sparse path within 9 calls, every call exact.
-  {
-    ContextOptions d;
-    d.dispatch_min_rows = 0;
-    ASSERT_GT(d.dense_count_period, 1);
-    FfnContext dflt(d);
-    dflt.upload_weights(w_, s_);
-    DeviceBuffer<__nv_bfloat16> y(static_cast<std::size_t>(c.m * c.k));
-    for (int j = 0; j < 3; ++j) dflt.forward(x_.get(), c.m, y.get(), Path::automatic, s_);  // measured dense
-    ASSERT_EQ(cudaStreamSynchronize(s_), cudaSuccess);
-    int back = -1;
-    for (int j = 0; j < 40 && back < 0; ++j) {
-      const ForwardResult fr = dflt.forward(zero_.get(), c.m, y.get(), Path::automatic, s_);
-      ASSERT_EQ(cudaStreamSynchronize(s_), cudaSuccess);
-      if (fr.sparse) back = j;
-    }
-    EXPECT_GE(back, 0) << "never returned to the sparse path";
-    EXPECT_LE(back, static_cast<int>(d.dense_count_period) + 1);
-    ForwardResult fr;
-    const Outputs o = run_poisoned(c.m, c.k, s_, [&](__nv_bfloat16* out) {
-      fr = dflt.forward(x_.get(), c.m, out, Path::automatic, s_);  // sparse by the latest count, on x
-    });
-    expect_exact(o.y, fr, x_.get());
-  }
+  // sparse is back on the sparse path within 9 calls.
+  ContextOptions d;
+  d.dispatch_min_rows = 0;
+  ASSERT_GT(d.dense_count_period, 1);
+  const int back = calls_until_sparse(d);
+  EXPECT_GE(back, 0) << "never returned to the sparse path";
+  EXPECT_LE(back, static_cast<int>(d.dense_count_period) + 1);
 }
 
 // From dispatch_large_rows rows on, the gated threshold is max_sparse_density_gated_large: at the
@@ -911,21 +909,9 @@ TEST_F(CudaDispatch, DecodeRunsSparseUntilTheLayerMeasuresDense) {
   }
   // With the default count period a dense decode layer counts every 16th call: a layer that
   // turns sparse is back on the decode kernel within 17 calls.
-  {
-    FfnContext dflt;
-    dflt.upload_weights(w_, s_);
-    DeviceBuffer<__nv_bfloat16> y(static_cast<std::size_t>(c.m * c.k));
-    for (int j = 0; j < 3; ++j) dflt.forward(x_.get(), c.m, y.get(), Path::automatic, s_);  // measured dense
-    ASSERT_EQ(cudaStreamSynchronize(s_), cudaSuccess);
-    int back = -1;
-    for (int j = 0; j < 40 && back < 0; ++j) {
-      const ForwardResult fr = dflt.forward(zero_.get(), c.m, y.get(), Path::automatic, s_);
-      ASSERT_EQ(cudaStreamSynchronize(s_), cudaSuccess);
-      if (fr.sparse) back = j;
-    }
-    EXPECT_GE(back, 0) << "never returned to the decode kernel";
-    EXPECT_LE(back, 17);
-  }
+  const int back = calls_until_sparse(ContextOptions{});
+  EXPECT_GE(back, 0) << "never returned to the decode kernel";
+  EXPECT_LE(back, 17);
 }
 
 // The decode-size gate GEMV against float64 ReLU(x·Wᵀ): every element within the fp32-accumulation
