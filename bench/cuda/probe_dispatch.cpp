@@ -1,10 +1,11 @@
 // twell_probe_dispatch: where the gated FFN's automatic path stands against dense cuBLASLt at the
 // densities where it runs dense (2–10 %), and what a larger hot-neuron share would buy there.
-//   twell_probe_dispatch [M [reps [density ...]]]   (defaults: 16384 20 0.02 0.03 0.05 0.10)
-// Per density (K = 2048, N = 5632, twell::generate_ffn's uniform mode), each pair timed
-// alternately, rep by rep, medians in ms:
+//   twell_probe_dispatch [M [reps [density ...]]] [nongated]   (defaults: 16384 20 0.02 0.03 0.05 0.10)
+// Per density (K = 2048, N = 5632, twell::generate_ffn's uniform mode, gated unless `nongated`),
+// each pair timed alternately, rep by rep, medians in ms:
 //   - automatic vs dense, with the dense path's count every call and every 8th call
-//     (ContextOptions::dense_count_period);
+//     (ContextOptions::dense_count_period); non-gated, also with the dispatch threshold
+//     (max_sparse_density_nongated) at 0.8, 1.0 and 1.2 %;
 //   - the whole sparse path with the densest share f of the neurons split off as hot (dense GEMM
 //     columns), f ∈ {0, 0.2, 0.3, 0.4, 0.49}, vs dense; the cold neurons' density and the rows run
 //     dense; and f = 0.4 with the dense-row threshold at 1 %.
@@ -27,10 +28,16 @@ using namespace twell::cuda;
 using namespace twell::cuda::bench;
 
 int main(int argc, char** argv) {
-  const std::int64_t m = argc > 1 ? std::stoll(argv[1]) : 16384;
-  const int reps = argc > 2 ? std::stoi(argv[2]) : 20, warmup = 5;
+  bool gated = true;
+  std::vector<std::string> args;
+  for (int i = 1; i < argc; ++i) {
+    if (std::string(argv[i]) == "nongated") gated = false;
+    else args.emplace_back(argv[i]);
+  }
+  const std::int64_t m = args.size() > 0 ? std::stoll(args[0]) : 16384;
+  const int reps = args.size() > 1 ? std::stoi(args[1]) : 20, warmup = 5;
   std::vector<double> densities;
-  for (int i = 3; i < argc; ++i) densities.push_back(std::stod(argv[i]));
+  for (std::size_t i = 2; i < args.size(); ++i) densities.push_back(std::stod(args[i]));
   if (densities.empty()) densities = {0.02, 0.03, 0.05, 0.10};
   int devices = 0;
   if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
@@ -40,11 +47,11 @@ int main(int argc, char** argv) {
   const std::int64_t K = 2048, N = 5632;
   cudaStream_t s;
   TWELL_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
-  std::printf("probe_dispatch: M = %lld, K = %lld, N = %lld, %d reps, commit %s\n", static_cast<long long>(m),
-              static_cast<long long>(K), static_cast<long long>(N), reps, git_commit().c_str());
+  std::printf("probe_dispatch: %s, M = %lld, K = %lld, N = %lld, %d reps, commit %s\n", gated ? "gated" : "non-gated",
+              static_cast<long long>(m), static_cast<long long>(K), static_cast<long long>(N), reps, git_commit().c_str());
   std::printf("%6s %-34s %8s %8s %6s %8s %9s %s\n", "nnz%", "variant", "ms", "dense", "x", "hot", "cold nnz%", "dense rows");
   for (const double d : densities) {
-    const RoundedFfn f = generate_rounded(m, K, N, d, 0, 0.12, true, 1234 + static_cast<std::uint64_t>(m));
+    const RoundedFfn f = generate_rounded(m, K, N, d, 0, 0.12, gated, 1234 + static_cast<std::uint64_t>(m));
     const FfnWeights w = f.weights();
     std::vector<std::uint16_t> xb(f.x.size());
     for (std::size_t i = 0; i < xb.size(); ++i) xb[i] = to_bf16(f.x[i]).bits;
@@ -57,17 +64,28 @@ int main(int argc, char** argv) {
     };
     ContextOptions base;
     base.autotune_gemm = true;
-    // Automatic vs dense, the dense call's count every call and every 8th.
-    for (const std::int64_t period : {1, 8}) {
+    // Automatic vs dense: the dense call's count every call and every 8th; non-gated, other thresholds.
+    struct Auto {
+      std::int64_t period;
+      double nongated_threshold;  // ≤ 0: the default
+    };
+    std::vector<Auto> autos = {{1, 0}, {8, 0}};
+    if (!gated)
+      for (const double t : {0.008, 0.010, 0.012}) autos.push_back({8, t});
+    for (const Auto a : autos) {
       ContextOptions o = base;
-      o.dense_count_period = period;
+      o.dense_count_period = a.period;
+      if (a.nongated_threshold > 0) o.max_sparse_density_nongated = a.nongated_threshold;
       FfnContext c(o);
       c.upload_weights(w, s);
       ForwardResult fr;
       const auto [td, ta] = alternating_medians_ms(
           warmup, reps, s, [&] { c.dense_forward(x.get(), m, yd.get(), s); },
           [&] { fr = c.forward(x.get(), m, y.get(), Path::automatic, s); });
-      line("auto, dense count period " + std::to_string(period), ta, td, c.hot_count(), -1, fr.path);
+      char what[64];
+      std::snprintf(what, sizeof what, "auto, count period %lld, limit %.1f%%", static_cast<long long>(a.period),
+                    100 * (gated ? o.max_sparse_density_gated : o.max_sparse_density_nongated));
+      line(what, ta, td, c.hot_count(), -1, fr.path);
     }
     // The neurons' counts over this batch (original numbering), densest first.
     std::vector<std::uint32_t> counts;
