@@ -145,7 +145,7 @@ __device__ __forceinline__ std::int64_t entry_col(std::int64_t t, std::uint32_t 
   return t * kTwellTile + (e & 0xffffu);
 }
 __device__ __forceinline__ bool entry_skipped(const CsrBuildParams& p, std::int64_t col) {
-  return p.skip8 != nullptr && ((p.skip8[col / 8] >> (col & 7)) & 1u);
+  return (skip_bits(p, col) >> (col & 7)) & 1u;
 }
 
 // The stage is zeroed first: a left-out column is 0 unless an entry (or an overflowed block)
@@ -175,7 +175,7 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) csr_count_twell_kernel(Cs
         if (!entry_skipped(p, col)) {
           ++cnt;
         } else if (p.hot_out != nullptr) {
-          stage[p.hot_base8[col / 8] + hot_rank(p.skip8[col / 8], static_cast<int>(col & 7))] =
+          stage[p.hot_base8[col / 8] + hot_rank(skip_bits(p, col), static_cast<int>(col & 7))] =
               __ushort_as_bfloat16(static_cast<unsigned short>(e >> 16));
         }
       });
