@@ -365,7 +365,7 @@ int main(int argc, char** argv) {
       // Hot neurons (ContextOptions::hot_neurons_*) off against this context's, alternately: the
       // whole sparse path and automatic; and the gate + TwELL over every neuron (issue 3's gate
       // target compares that with the GEMM alone), whose counters give the table's density.
-      nlohmann::json hot_sparse_alt, hot_auto_alt, hot_overlap_alt, hot_thresholds = nlohmann::json::object();
+      nlohmann::json hot_sparse_alt, hot_auto_alt, hot_overlap_alt, hot_product_alt, hot_thresholds = nlohmann::json::object();
       double t_gate_all = 0, t_gemm_alt = 0;
       TwellCounters cnt_all{};
       {
@@ -374,6 +374,9 @@ int main(int argc, char** argv) {
           hot_sparse_alt = against_ctx(off, [&](FfnContext& c) { sparse_path(c, y_sp.get()); });
           hot_overlap_alt = against_ctx([](ContextOptions& o) { o.hot_overlap = false; },
                                         [&](FfnContext& c) { sparse_path(c, y_sp.get()); });
+          if (pt.gated && copt.hot_product_sm90 && ctx.gate_sm90_active())  // the hot [g | u] by cuBLASLt + elementwise
+            hot_product_alt = against_ctx([](ContextOptions& o) { o.hot_product_sm90 = false; },
+                                          [&](FfnContext& c) { sparse_path(c, y_sp.get()); });
           hot_auto_alt = against_ctx(off, [&](FfnContext& c) { c.forward(dx.get(), m, y_auto.get(), Path::automatic, s); });
         }
         // Other thresholds against the default, whole sparse path alternately.
@@ -536,6 +539,9 @@ int main(int argc, char** argv) {
       if (!hot_overlap_alt.is_null())
         std::printf("; one stream / overlapped, alternating: sparse %.3f / %.3f ms", hot_overlap_alt[0].get<double>(),
                     hot_overlap_alt[1].get<double>());
+      if (!hot_product_alt.is_null())
+        std::printf("; hot product by cuBLASLt + elementwise / sm90 kernel (default), alternating: sparse %.3f / %.3f ms",
+                    hot_product_alt[0].get<double>(), hot_product_alt[1].get<double>());
       if (!heavy_gate_alt.is_null())
         std::printf("; heavy rows by lane / by warp (default), alternating: gate %.3f / %.3f ms, sparse %.3f / %.3f ms",
                     heavy_gate_alt[0].get<double>(), heavy_gate_alt[1].get<double>(), heavy_sparse_alt[0].get<double>(),
@@ -574,6 +580,7 @@ int main(int argc, char** argv) {
                                {"gate_gemm_alternating_ms", t_gemm_alt},
                                {"hot_neurons_off_on_sparse_alternating_ms", hot_sparse_alt},
                                {"hot_overlap_off_on_sparse_alternating_ms", hot_overlap_alt},
+                               {"hot_product_lt_sm90_sparse_alternating_ms", hot_product_alt},
                                {"hot_neurons_off_on_auto_alternating_ms", hot_auto_alt},
                                {"hot_neurons_threshold_vs_default_alternating_ms", hot_thresholds},
                                {"gate_gemm_ms", t_gemm},

@@ -75,6 +75,13 @@ struct FfnData {
 
 inline float rb(double v) { return round_bf16(static_cast<float>(v)); }
 
+// The bf16 bit patterns of v (round to nearest even), for upload as __nv_bfloat16.
+inline std::vector<std::uint16_t> to_bf16_bits(const std::vector<float>& v) {
+  std::vector<std::uint16_t> o(v.size());
+  for (std::size_t i = 0; i < v.size(); ++i) o[i] = to_bf16(v[i]).bits;
+  return o;
+}
+
 inline FfnData make_ffn(const FfnCase& c) {
   FfnData d;
   d.m = c.m;

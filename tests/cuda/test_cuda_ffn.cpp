@@ -39,12 +39,6 @@ constexpr std::size_t kGuard = 256;              // guard elements after every o
 constexpr std::uint16_t kGuardBits = 0x7e7e;     // a bf16 sentinel no kernel writes by chance
 constexpr std::uint16_t kPoisonBits = 0xffff;    // bf16 NaN
 
-std::vector<std::uint16_t> to_bf16_bits(const std::vector<float>& v) {
-  std::vector<std::uint16_t> o(v.size());
-  for (std::size_t i = 0; i < v.size(); ++i) o[i] = to_bf16(v[i]).bits;
-  return o;
-}
-
 struct Outputs {
   std::vector<float> y;
   bool guard_ok = true;
@@ -508,6 +502,21 @@ void check_hot_neurons(const FfnCase& c, const FfnWeights& w, const __nv_bfloat1
     }
     EXPECT_TRUE(std::memcmp(ys[0].data(), ys[1].data(), ys[0].size() * sizeof(float)) == 0)
         << "hot neurons (random third): one stream and overlapped differ";
+    // The hot [g | u] GEMM and product by cuBLASLt + the elementwise kernel instead of the sm90
+    // gated-product kernel (hot_product_sm90, the default where it runs): the same arithmetic with
+    // the GEMM's sums in another order, so within the tolerance, not bit for bit.
+    ContextOptions lo = o;
+    lo.hot_product_sm90 = !o.hot_product_sm90;
+    lo.dense_rows_capacity = c.m;
+    FfnContext lt(lo);
+    lt.upload_weights(w, s);
+    lt.set_hot_neurons(third, s);
+    ForwardResult fr;
+    const Outputs out = run_poisoned(c.m, c.k, s, [&](__nv_bfloat16* y) { fr = lt.forward(x, c.m, y, Path::sparse, s); });
+    EXPECT_TRUE(out.guard_ok) << "hot neurons (random third, other hot product): write past the end of y";
+    std::int64_t worst_row = -1;
+    EXPECT_LE(max_err_rows(out.y, ref_sparse, rows, c.k, &worst_row), kTol)
+        << "hot neurons (random third, hot_product_sm90 " << lo.hot_product_sm90 << "): worst row " << worst_row;
   }
   // Automatic calibration on the first automatic call (threshold at the quarter's count).
   ContextOptions ao = o;

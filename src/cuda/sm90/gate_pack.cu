@@ -71,7 +71,11 @@ __device__ __forceinline__ std::uint32_t relu_bf16x2(float lo, float hi) {
 }
 #endif
 
-template <int CM, bool STM>
+// GP: the gated-product epilogue (launch_gated_product_sm90) instead of the TwELL packing. Its
+// outputs travel in fields the packing would use, so that GatePackParams (the kernel's parameter)
+// keeps its size (one more field there made ptxas spill 40 bytes in the TwELL kernels): h in
+// `gate`, ld_h in `ld_gate`, h_cols in `words_per_tile`.
+template <int CM, bool STM, bool GP>
 __global__ void __launch_bounds__(kThreads, 1)
     twell_gate_pack_sm90_kernel(const __grid_constant__ CUtensorMap tmap_x, const __grid_constant__ CUtensorMap tmap_w,
                                 GatePackParams p) {
@@ -138,6 +142,25 @@ __global__ void __launch_bounds__(kThreads, 1)
             }
           }
         }
+      }
+    } else if constexpr (GP) {  // warps 1..3 copy the staged h tile out, rows of 256 bytes
+      // Lane l: tile rows i ≡ 2·(warp − 1) + l / 16 (mod 2·kPackWarps), 16-byte chunk c = l % 16,
+      // i.e. h columns hcol0 + 8c .. + 7; a chunk is stored iff it starts below h_cols (then it
+      // ends by round_up(h_cols, 8) ≤ ld_h).
+      const int c = lane & 15;
+      std::uint32_t phase = 0;
+      for (std::int64_t g = cluster; g < groups; g += clusters) {
+        const std::int64_t tm = (g / nt) * CM + rank, hcol = (g % nt) * (kBN / 2) + 8 * c;
+        mbar_wait(staged, phase);
+        if (hcol < p.words_per_tile)
+          for (int i = 2 * (warp - 1) + (lane >> 4); i < kBM; i += 2 * kPackWarps) {
+            const std::int64_t row = tm * kBM + i;
+            if (row >= p.m) break;
+            *reinterpret_cast<uint4*>(p.gate + row * p.ld_gate + hcol) =
+                *reinterpret_cast<const uint4*>(tile_buf + stage_index(i, 4 * c));
+          }
+        mbar_arrive(freed);  // this thread's reads of the tile are done
+        phase ^= 1;
       }
     } else if (p.timing_mode != 1) {  // packers: one lane per row
       const int S = p.words_per_tile, cap = S - 1;
@@ -369,7 +392,31 @@ __global__ void __launch_bounds__(kThreads, 1)
       // of nz[h] says whether the pair of row r0 + 8h has a non-zero magnitude (word masks).
       const int q = lane & 3, r0 = cw * 64 + warp * 16 + (lane >> 2);
       std::uint32_t nz[2] = {0u, 0u};
-      if constexpr (STM) {
+      if constexpr (GP) {
+        // h = ReLU(g) ⊙ u for the tile's 128 neurons, g in columns 0..127 and u in 128..255 of the
+        // accumulators (group j of g and group j + 16 of u: the same neurons), each rounded to
+        // bf16 first, then the product in fp32 rounded once: the same arithmetic as
+        // launch_gated_product on the bf16 [g | u] of a GEMM. Staged by stmatrix into words 0..63
+        // of the staging rows, as the TwELL path stages groups 0..15 (the same addresses).
+        const int mi = lane >> 3, srow = cw * 64 + warp * 16 + (mi & 1) * 8 + (lane & 7);
+        const int t = (mi >> 1) ^ (lane & 7);
+        const std::uint32_t rowb = smem_u32(tile_buf) + static_cast<std::uint32_t>(srow) * 512u;
+        auto hpair = [&](int i) {  // accumulator pair i of g (i + 64 is u's pair of the same neurons)
+          const float g0 = __bfloat162float(__float2bfloat16_rn(acc[i])), g1 = __bfloat162float(__float2bfloat16_rn(acc[i + 1]));
+          const float u0 = __bfloat162float(__float2bfloat16_rn(acc[i + 64]));
+          const float u1 = __bfloat162float(__float2bfloat16_rn(acc[i + 65]));
+          const __nv_bfloat162 h = __floats2bfloat162_rn(fmaxf(g0, 0.0f) * u0, fmaxf(g1, 0.0f) * u1);
+          return *reinterpret_cast<const std::uint32_t*>(&h);
+        };
+#pragma unroll
+        for (int a = 0; a < 2; ++a)
+#pragma unroll
+          for (int b = 0; b < 4; ++b) {
+            const int j = 8 * a + 2 * b;
+            stmatrix_x4(rowb + 16u * static_cast<std::uint32_t>((2 * b) ^ t) + 128u * static_cast<std::uint32_t>(a),
+                        hpair(4 * j), hpair(4 * j + 2), hpair(4 * j + 4), hpair(4 * j + 6));
+          }
+      } else if constexpr (STM) {
         // Per stmatrix.x4, the warp's 16 rows × columns 8j .. 8j + 15 (j even) as four 8×8
         // matrices: rows 0–7 / 8–15 of group j, then of group j + 1; lane l addresses row l % 8 of
         // matrix l / 8, i.e. group g = j + h (h = l / 16) of staging row srow, whose 16 bytes sit
@@ -407,7 +454,7 @@ __global__ void __launch_bounds__(kThreads, 1)
             nz[h] |= nz_bit(v, j);
           }
       }
-      if (p.word_masks) {  // rows r0, r0 + 8: 32 consecutive words per warp instruction
+      if (!GP && p.word_masks) {  // rows r0, r0 + 8: 32 consecutive words per warp instruction
         masks[4 * r0 + q] = nz[0];
         masks[4 * (r0 + 8) + q] = nz[1];
       }
@@ -462,41 +509,36 @@ bool gate_pack_sm90_available(int device) {
     return false;
   if (major != 9 || minor != 0 || static_cast<std::size_t>(optin) < kGatePackSmemBytes) return false;
   cudaFuncAttributes fa{};
-  if (cudaFuncGetAttributes(&fa, twell_gate_pack_sm90_kernel<1, false>) != cudaSuccess) return false;
+  if (cudaFuncGetAttributes(&fa, twell_gate_pack_sm90_kernel<1, false, false>) != cudaSuccess) return false;
   return fa.binaryVersion == 90;  // the sm_90a cubin (a build without it would run the sm_80 stub)
 }
 
-void launch_twell_gate_pack_sm90(const GatePackParams& p, cudaStream_t stream) {
-  TWELL_CU_REQUIRE(p.x && p.w && p.words && p.row_overflow && p.counters && p.gate, ErrorCode::invalid_argument,
-                   "gate pack sm90: null pointer");
-  TWELL_CU_REQUIRE(p.m >= 1 && p.m <= 0x7fffffff && p.n >= 1 && p.n <= 0x7fffffff, ErrorCode::invalid_argument,
-                   "gate pack sm90: bad shape m={} n={}", p.m, p.n);
-  TWELL_CU_REQUIRE(p.k >= 8 && p.k % 8 == 0, ErrorCode::unsupported,
-                   "gate pack sm90: K must be a positive multiple of 8 (16-byte TMA row strides); got K = {}", p.k);
-  TWELL_CU_REQUIRE(p.ld_gate >= (p.n + 7) / 8 * 8 && p.ld_gate % 8 == 0, ErrorCode::invalid_argument,
-                   "gate pack sm90: gate row stride {} must be ≥ round_up(N, 8) and a multiple of 8", p.ld_gate);
-  TWELL_CU_REQUIRE(p.words_per_tile >= 2 && p.words_per_tile <= 128 && kTwellTile % p.words_per_tile == 0,
-                   ErrorCode::unsupported, "gate pack sm90: needs S = 256/C in [2, 128]; got S = {}", p.words_per_tile);
-  TWELL_CU_REQUIRE((reinterpret_cast<std::uintptr_t>(p.x) & 15) == 0 && (reinterpret_cast<std::uintptr_t>(p.w) & 15) == 0 &&
-                       (reinterpret_cast<std::uintptr_t>(p.gate) & 15) == 0 && (reinterpret_cast<std::uintptr_t>(p.words) & 15) == 0,
-                   ErrorCode::invalid_argument, "gate pack sm90: x, W, the words and the gate buffer must be 16-byte aligned");
-  TWELL_CU_REQUIRE(p.sm_count >= 1, ErrorCode::invalid_argument, "gate pack sm90: sm_count must be set");
+namespace {
+
+// Validation common to both epilogues; then the launch of kernel<CM, STM, GP> as chosen.
+void check_gemm_shape(const __nv_bfloat16* x, const __nv_bfloat16* w, std::int64_t m, std::int64_t n, std::int64_t k,
+                      int sm_count, int cluster) {
+  TWELL_CU_REQUIRE(x && w, ErrorCode::invalid_argument, "gate pack sm90: null x or W");
+  TWELL_CU_REQUIRE(m >= 1 && m <= 0x7fffffff && n >= 1 && n <= 0x7fffffff, ErrorCode::invalid_argument,
+                   "gate pack sm90: bad shape m={} n={}", m, n);
+  TWELL_CU_REQUIRE(k >= 8 && k % 8 == 0, ErrorCode::unsupported,
+                   "gate pack sm90: K must be a positive multiple of 8 (16-byte TMA row strides); got K = {}", k);
+  TWELL_CU_REQUIRE((reinterpret_cast<std::uintptr_t>(x) & 15) == 0 && (reinterpret_cast<std::uintptr_t>(w) & 15) == 0,
+                   ErrorCode::invalid_argument, "gate pack sm90: x and W must be 16-byte aligned");
+  TWELL_CU_REQUIRE(sm_count >= 1, ErrorCode::invalid_argument, "gate pack sm90: sm_count must be set");
+  TWELL_CU_REQUIRE(cluster == 1 || cluster == 2 || cluster == 4, ErrorCode::invalid_argument,
+                   "gate pack sm90: cluster size must be 1, 2 or 4 (got {})", cluster);
+}
+
+template <bool STM, bool GP>
+void launch_kernel(const GatePackParams& p, cudaStream_t stream) {
   const int cm = p.cluster;
-  TWELL_CU_REQUIRE(cm == 1 || cm == 2 || cm == 4, ErrorCode::invalid_argument,
-                   "gate pack sm90: cluster size must be 1, 2 or 4 (got {})", cm);
-  auto pick = [&](auto stm) {
-    constexpr bool kStm = decltype(stm)::value;
-    return cm == 1 ? twell_gate_pack_sm90_kernel<1, kStm>
-                   : cm == 2 ? twell_gate_pack_sm90_kernel<2, kStm> : twell_gate_pack_sm90_kernel<4, kStm>;
-  };
-  auto kernel = p.stage_stmatrix ? pick(std::true_type{}) : pick(std::false_type{});
+  auto kernel = cm == 1 ? twell_gate_pack_sm90_kernel<1, STM, GP>
+                : cm == 2 ? twell_gate_pack_sm90_kernel<2, STM, GP> : twell_gate_pack_sm90_kernel<4, STM, GP>;
   // Per launch: the attribute belongs to the current device (a host-side call, no synchronisation).
   TWELL_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kGatePackSmemBytes)));
   const CUtensorMap mx = tile_map(p.x, p.m, p.k, kBM);
   const CUtensorMap mw = tile_map(p.w, p.n, p.k, kBN / cm);
-  TWELL_CUDA_CHECK(cudaMemsetAsync(p.counters, 0, sizeof(TwellCounters), stream));
-  TWELL_CUDA_CHECK(cudaMemsetAsync(p.row_overflow, 0, static_cast<std::size_t>(p.m) * sizeof(std::uint32_t), stream));
-  if (p.row_nnz) TWELL_CUDA_CHECK(cudaMemsetAsync(p.row_nnz, 0, static_cast<std::size_t>(p.m) * sizeof(std::uint32_t), stream));
   // Persistent: at most one CTA per SM; clusters that do not fit at once simply run later.
   const std::int64_t groups = ((p.m + kBM - 1) / kBM + cm - 1) / cm * ((p.n + kBN - 1) / kBN);
   const std::int64_t clusters = std::max<std::int64_t>(1, std::min<std::int64_t>(groups, p.sm_count / cm));
@@ -514,6 +556,51 @@ void launch_twell_gate_pack_sm90(const GatePackParams& p, cudaStream_t stream) {
   cfg.numAttrs = 1;
   TWELL_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, mx, mw, p));
   TWELL_CUDA_CHECK_LAUNCH("twell_gate_pack_sm90_kernel");
+}
+
+}  // namespace
+
+void launch_twell_gate_pack_sm90(const GatePackParams& p, cudaStream_t stream) {
+  check_gemm_shape(p.x, p.w, p.m, p.n, p.k, p.sm_count, p.cluster);
+  TWELL_CU_REQUIRE(p.words && p.row_overflow && p.counters && p.gate, ErrorCode::invalid_argument,
+                   "gate pack sm90: null pointer");
+  TWELL_CU_REQUIRE(p.ld_gate >= (p.n + 7) / 8 * 8 && p.ld_gate % 8 == 0, ErrorCode::invalid_argument,
+                   "gate pack sm90: gate row stride {} must be ≥ round_up(N, 8) and a multiple of 8", p.ld_gate);
+  TWELL_CU_REQUIRE(p.words_per_tile >= 2 && p.words_per_tile <= 128 && kTwellTile % p.words_per_tile == 0,
+                   ErrorCode::unsupported, "gate pack sm90: needs S = 256/C in [2, 128]; got S = {}", p.words_per_tile);
+  TWELL_CU_REQUIRE((reinterpret_cast<std::uintptr_t>(p.gate) & 15) == 0 && (reinterpret_cast<std::uintptr_t>(p.words) & 15) == 0,
+                   ErrorCode::invalid_argument, "gate pack sm90: the words and the gate buffer must be 16-byte aligned");
+  TWELL_CUDA_CHECK(cudaMemsetAsync(p.counters, 0, sizeof(TwellCounters), stream));
+  TWELL_CUDA_CHECK(cudaMemsetAsync(p.row_overflow, 0, static_cast<std::size_t>(p.m) * sizeof(std::uint32_t), stream));
+  if (p.row_nnz) TWELL_CUDA_CHECK(cudaMemsetAsync(p.row_nnz, 0, static_cast<std::size_t>(p.m) * sizeof(std::uint32_t), stream));
+  if (p.stage_stmatrix)
+    launch_kernel<true, false>(p, stream);
+  else
+    launch_kernel<false, false>(p, stream);
+}
+
+void launch_gated_product_sm90(const GatedProductParams& q, cudaStream_t stream) {
+  check_gemm_shape(q.x, q.w, q.m, q.n, q.k, q.sm_count, q.cluster);
+  TWELL_CU_REQUIRE(q.h && q.n % kBN == 0 && q.h_cols >= 1 && q.h_cols <= q.n / 2, ErrorCode::invalid_argument,
+                   "gated product sm90: needs h, W in blocks of 128 gate + 128 up rows (n = {} a multiple of 256) and "
+                   "1 ≤ h_cols = {} ≤ n / 2",
+                   q.n, q.h_cols);
+  TWELL_CU_REQUIRE(q.ld_h >= (q.h_cols + 7) / 8 * 8 && q.ld_h % 8 == 0 && (reinterpret_cast<std::uintptr_t>(q.h) & 15) == 0,
+                   ErrorCode::invalid_argument,
+                   "gated product sm90: h row stride {} must be ≥ round_up(h_cols, 8) and a multiple of 8, h 16-byte aligned",
+                   q.ld_h);
+  GatePackParams p;  // the kernel's parameter: h in gate, ld_h in ld_gate, h_cols in words_per_tile
+  p.x = q.x;
+  p.w = q.w;
+  p.m = q.m;
+  p.n = q.n;
+  p.k = q.k;
+  p.gate = q.h;
+  p.ld_gate = q.ld_h;
+  p.words_per_tile = static_cast<int>(q.h_cols);
+  p.sm_count = q.sm_count;
+  p.cluster = q.cluster;
+  launch_kernel<true, true>(p, stream);
 }
 
 }  // namespace twell::cuda

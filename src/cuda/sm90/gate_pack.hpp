@@ -18,6 +18,12 @@
 // shared-memory row stage by one bulk copy (cp.async.bulk): the same words, counts and flags as
 // twell_pack on the same values.
 //
+// launch_gated_product_sm90 runs the same kernel with another epilogue, for the hot neurons' dense
+// part of the sparse path: W holds blocks of 128 gate rows followed by the 128 up rows of the same
+// neurons, so a CTA tile's accumulators hold g and u of 128 neurons side by side; the consumers
+// stage h = ReLU(g) ⊙ u (g and u rounded to bf16 first, as launch_gated_product on a GEMM's bf16
+// output) and warps 1..3 store the staged rows into h. No TwELL, no counters.
+//
 // Supports: any M ≥ 1, any N ≥ 1 (TMA zero-fills the tails; columns ≥ N are never kept), any
 // K ≥ 8 with K % 8 == 0 (16-byte row strides for TMA), S = words per tile in [2, 128]. Needs a
 // GPU of compute capability 9.0 exactly (sm_90a code) and kGatePackSmemBytes of shared memory.
@@ -79,5 +85,21 @@ inline constexpr std::size_t kGatePackSmemBytes =
 bool gate_pack_sm90_available(int device);
 
 void launch_twell_gate_pack_sm90(const GatePackParams& p, cudaStream_t stream);
+
+struct GatedProductParams {
+  const __nv_bfloat16* x = nullptr;  // [m, k], row stride k
+  const __nv_bfloat16* w = nullptr;  // [n, k]: block b = gate rows of neurons 128b .. 128b + 127, then their up rows
+  std::int64_t m = 0, n = 0, k = 0;  // n = 256 · blocks
+  // h[r, j] = ReLU(g[r, j]) · u[r, j] for j < h_cols (≤ n / 2), written in 8-column chunks up to
+  // round_up(h_cols, 8) (W's rows there should be zero); other columns of h are left alone.
+  __nv_bfloat16* h = nullptr;  // [m, ld_h], ld_h ≥ round_up(h_cols, 8), % 8 == 0, 16-byte aligned
+  std::int64_t ld_h = 0;
+  std::int64_t h_cols = 0;
+  int sm_count = 0;  // persistent grid size
+  int cluster = 2;   // as GatePackParams::cluster
+};
+
+// The hot neurons' [g | u] GEMM with h = ReLU(g) ⊙ u in its epilogue (needs gate_pack_sm90_available).
+void launch_gated_product_sm90(const GatedProductParams& p, cudaStream_t stream);
 
 }  // namespace twell::cuda
