@@ -1,5 +1,6 @@
 // twell_probe_gate_sm90: times the sm90 gate GEMM + TwELL epilogue (sm90/gate_pack.hpp) by cluster
-// size, with and without its epilogue, against the cuBLASLt GEMM of the same shape, in one process.
+// size, with and without its epilogue, against the cuBLASLt GEMM of the same shape, in one process;
+// and its gated-product epilogue (the hot neurons' part) against cuBLASLt + the elementwise pass.
 //   twell_probe_gate_sm90 [M N K [density [reps [hot_rows hot_density]]]]
 //   (defaults: 16384 5632 2048 0.005 20 0 0)
 // Inputs: x ~ N(0, 1) and W ~ N(0, 1/K) in bf16, with x[:, 0] = 1 and W[:, 0] = Φ⁻¹(density), so
@@ -19,6 +20,7 @@
 #include "cuda/common/check.hpp"
 #include "cuda/common/device_buffer.hpp"
 #include "cuda/dense/lt_gemm.hpp"
+#include "cuda/sm80/twell_kernels.hpp"
 #include "cuda/sm90/gate_pack.hpp"
 #include "twell/bf16.hpp"
 
@@ -138,6 +140,50 @@ int main(int argc, char** argv) {
         std::printf("%-52s %8.3f ms %6.0f TF/s  %.3fx the GEMM (%.3f ms alternating)\n", name.c_str(), t, flop / t * 1e-9,
                     t / tg, tg);
       }
+  // The hot neurons' part of the sparse path (FfnContext::hot_up) at 512 and 1408 hot neurons (the
+  // 0.5 % and 1 % points): [g | u] by the cuBLASLt GEMM (heuristic algorithm, as FfnContext runs it)
+  // then the elementwise product, against the sm90 gated-product kernel; and the GEMM alone against
+  // that kernel. W's first 2·hot rows serve as the hot gate and up rows.
+  for (const std::int64_t hot : {std::int64_t{512}, std::int64_t{1408}}) {
+    if (2 * hot > n) continue;
+    const std::int64_t ldh = (hot + 7) / 8 * 8, blocks = (hot + 127) / 128;
+    const std::size_t row = static_cast<std::size_t>(k) * 2;
+    DeviceBuffer<__nv_bfloat16> wst(static_cast<std::size_t>(2 * ldh * k)), wil(static_cast<std::size_t>(blocks * 256 * k)),
+        gu(static_cast<std::size_t>(m * 2 * ldh));
+    TWELL_CUDA_CHECK(cudaMemset(wst.get(), 0, wst.bytes()));
+    TWELL_CUDA_CHECK(cudaMemset(wil.get(), 0, wil.bytes()));
+    TWELL_CUDA_CHECK(cudaMemcpy(wst.get(), w.get(), static_cast<std::size_t>(hot) * row, cudaMemcpyDeviceToDevice));
+    TWELL_CUDA_CHECK(cudaMemcpy(wst.get() + ldh * k, w.get() + hot * k, static_cast<std::size_t>(hot) * row, cudaMemcpyDeviceToDevice));
+    for (std::int64_t b = 0; b < blocks; ++b) {
+      const std::size_t rows = static_cast<std::size_t>(std::min<std::int64_t>(128, hot - 128 * b));
+      TWELL_CUDA_CHECK(cudaMemcpy(wil.get() + 256 * b * k, w.get() + 128 * b * k, rows * row, cudaMemcpyDeviceToDevice));
+      TWELL_CUDA_CHECK(cudaMemcpy(wil.get() + (256 * b + 128) * k, w.get() + (hot + 128 * b) * k, rows * row, cudaMemcpyDeviceToDevice));
+    }
+    LtGemm heur(/*autotune=*/false);
+    const GemmShape hs{m, 2 * ldh, k, k, k, 2 * ldh, GemmEpilogue::none};
+    GatedProductParams gp;
+    gp.x = x.get();
+    gp.w = wil.get();
+    gp.m = m;
+    gp.n = blocks * 256;
+    gp.k = k;
+    gp.h = gu.get();
+    gp.ld_h = 2 * ldh;
+    gp.h_cols = hot;
+    gp.sm_count = sms;
+    const auto gemm_only = [&] { heur.run(hs, wst.get(), x.get(), gu.get(), s); };
+    const auto two_step = [&] {
+      gemm_only();
+      launch_gated_product(gu.get(), gu.get() + ldh, 2 * ldh, gu.get(), 2 * ldh, m, hot, s);
+    };
+    const auto one = [&] { launch_gated_product_sm90(gp, s); };
+    const auto [t2, t1] = host::alternating_medians_ms(3, reps, s, two_step, one);
+    const auto [tg, t1b] = host::alternating_medians_ms(3, reps, s, gemm_only, one);
+    const double hflop = 2.0 * static_cast<double>(m) * static_cast<double>(2 * hot) * static_cast<double>(k);
+    std::printf("hot product, %lld neurons: cuBLASLt [g | u] + elementwise / sm90 kernel %.3f / %.3f ms alternating; "
+                "the GEMM alone / sm90 kernel %.3f / %.3f ms (%.0f / %.0f TF/s)\n",
+                static_cast<long long>(hot), t2, t1, tg, t1b, hflop / tg * 1e-9, hflop / t1b * 1e-9);
+  }
   // Where a CTA's time goes (clock64 sums from one launch, cluster 2): packing per tile by warp,
   // the packers' wait for a staged tile, the consumers' wait for the staging tile to be free.
   for (int mode : {0, 3})
