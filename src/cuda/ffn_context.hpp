@@ -255,6 +255,8 @@ class FfnContext {
   void upload_weights(const FfnWeights& w, cudaStream_t stream);
 
   // All x / y are device bf16, row-major: x [m, K] with row stride K, y [m, K] with row stride K.
+  // Where the sm90 kernels run (gate_sm90, hot_product_sm90) x must be 16-byte aligned: they read it
+  // by TMA, and refuse an unaligned x with an error (cudaMalloc'd buffers, and rows of them, are).
   void dense_forward(const __nv_bfloat16* x, std::int64_t m, __nv_bfloat16* y, cudaStream_t stream);
   // gate GEMM (ReLU epilogue) + TwELL packing (the GEMM alone with gate_rows_direct).
   void gate_twell(const __nv_bfloat16* x, std::int64_t m, cudaStream_t stream);
