@@ -365,7 +365,8 @@ int main(int argc, char** argv) {
       // Hot neurons (ContextOptions::hot_neurons_*) off against this context's, alternately: the
       // whole sparse path and automatic; and the gate + TwELL over every neuron (issue 3's gate
       // target compares that with the GEMM alone), whose counters give the table's density.
-      nlohmann::json hot_sparse_alt, hot_auto_alt, hot_overlap_alt, hot_product_alt, hot_thresholds = nlohmann::json::object();
+      nlohmann::json hot_sparse_alt, hot_auto_alt, hot_overlap_alt, hot_product_alt;
+      nlohmann::json hot_thresholds = nlohmann::json::object();
       double t_gate_all = 0, t_gemm_alt = 0;
       TwellCounters cnt_all{};
       {
@@ -540,7 +541,8 @@ int main(int argc, char** argv) {
         std::printf("; one stream / overlapped, alternating: sparse %.3f / %.3f ms", hot_overlap_alt[0].get<double>(),
                     hot_overlap_alt[1].get<double>());
       if (!hot_product_alt.is_null())
-        std::printf("; hot product by cuBLASLt + elementwise / sm90 kernel (default), alternating: sparse %.3f / %.3f ms",
+        std::printf("; hot product by cuBLASLt + elementwise / sm90 kernel (default), alternating: "
+                    "sparse %.3f / %.3f ms",
                     hot_product_alt[0].get<double>(), hot_product_alt[1].get<double>());
       if (!heavy_gate_alt.is_null())
         std::printf("; heavy rows by lane / by warp (default), alternating: gate %.3f / %.3f ms, sparse %.3f / %.3f ms",

@@ -146,26 +146,22 @@ int main(int argc, char** argv) {
   // that kernel. W's first 2·hot rows serve as the hot gate and up rows.
   for (const std::int64_t hot : {std::int64_t{512}, std::int64_t{1408}}) {
     if (2 * hot > n) continue;
-    const std::int64_t ldh = (hot + 7) / 8 * 8, blocks = (hot + 127) / 128;
+    const std::int64_t ldh = (hot + 7) / 8 * 8;
     const std::size_t row = static_cast<std::size_t>(k) * 2;
-    DeviceBuffer<__nv_bfloat16> wst(static_cast<std::size_t>(2 * ldh * k)), wil(static_cast<std::size_t>(blocks * 256 * k)),
-        gu(static_cast<std::size_t>(m * 2 * ldh));
+    DeviceBuffer<__nv_bfloat16> wst(static_cast<std::size_t>(2 * ldh * k)),
+        wil(static_cast<std::size_t>(gated_product_rows(hot) * k)), gu(static_cast<std::size_t>(m * 2 * ldh));
     TWELL_CUDA_CHECK(cudaMemset(wst.get(), 0, wst.bytes()));
-    TWELL_CUDA_CHECK(cudaMemset(wil.get(), 0, wil.bytes()));
     TWELL_CUDA_CHECK(cudaMemcpy(wst.get(), w.get(), static_cast<std::size_t>(hot) * row, cudaMemcpyDeviceToDevice));
-    TWELL_CUDA_CHECK(cudaMemcpy(wst.get() + ldh * k, w.get() + hot * k, static_cast<std::size_t>(hot) * row, cudaMemcpyDeviceToDevice));
-    for (std::int64_t b = 0; b < blocks; ++b) {
-      const std::size_t rows = static_cast<std::size_t>(std::min<std::int64_t>(128, hot - 128 * b));
-      TWELL_CUDA_CHECK(cudaMemcpy(wil.get() + 256 * b * k, w.get() + 128 * b * k, rows * row, cudaMemcpyDeviceToDevice));
-      TWELL_CUDA_CHECK(cudaMemcpy(wil.get() + (256 * b + 128) * k, w.get() + (hot + 128 * b) * k, rows * row, cudaMemcpyDeviceToDevice));
-    }
+    TWELL_CUDA_CHECK(
+        cudaMemcpy(wst.get() + ldh * k, w.get() + hot * k, static_cast<std::size_t>(hot) * row, cudaMemcpyDeviceToDevice));
+    pack_gated_product_weights(w.get(), w.get() + hot * k, hot, k, wil.get(), s);
     LtGemm heur(/*autotune=*/false);
     const GemmShape hs{m, 2 * ldh, k, k, k, 2 * ldh, GemmEpilogue::none};
     GatedProductParams gp;
     gp.x = x.get();
     gp.w = wil.get();
     gp.m = m;
-    gp.n = blocks * 256;
+    gp.n = gated_product_rows(hot);
     gp.k = k;
     gp.h = gu.get();
     gp.ld_h = 2 * ldh;

@@ -69,7 +69,6 @@ void FfnContext::upload_weights(const FfnWeights& w, cudaStream_t stream) {
   hot_n_ = 0;              // in the given order, no neuron split off
   order_.clear();
   w_hot_gu_.release();
-  hot_sm90_ = false;
   hot_calibrated_ = false;
   TWELL_CHECK(w.w_up.data && w.w_down.data, ErrorCode::invalid_argument, "FFN weights: w_up and w_down are required");
   gated_ = w.gated();
@@ -761,19 +760,9 @@ void FfnContext::set_hot_neurons(const std::vector<std::int64_t>& hot, cudaStrea
               "set_hot_neurons: {} of {} neurons hot; at most half of them can be split off", n_ - nc, n_);
   hot_n_ = n_ - nc;
   w_hot_gu_.release();
-  hot_sm90_ = gated_ && hot_n_ > 0 && opt_.hot_product_sm90 && gate_sm90_ok_;
-  if (hot_sm90_) {  // blocks of [Wg rows; Wu rows] of 128 hot neurons each, zero rows past hot_n_
-    const std::int64_t blocks = (hot_n_ + 127) / 128;
-    w_hot_gu_.resize(static_cast<std::size_t>(blocks * 256 * k_));
-    TWELL_CUDA_CHECK(cudaMemsetAsync(w_hot_gu_.get(), 0, w_hot_gu_.bytes(), stream));
-    for (std::int64_t b = 0; b < blocks; ++b) {
-      const std::int64_t rows = std::min<std::int64_t>(128, hot_n_ - 128 * b);
-      const std::size_t bytes = static_cast<std::size_t>(rows * k_) * sizeof(__nv_bfloat16);
-      __nv_bfloat16* dst = w_hot_gu_.get() + b * 256 * k_;
-      TWELL_CUDA_CHECK(cudaMemcpyAsync(dst, gu.get() + (nc + 128 * b) * k_, bytes, cudaMemcpyDeviceToDevice, stream));
-      TWELL_CUDA_CHECK(cudaMemcpyAsync(dst + 128 * k_, gu.get() + (ldn_ + nc + 128 * b) * k_, bytes,
-                                       cudaMemcpyDeviceToDevice, stream));
-    }
+  if (hot_sm90()) {  // blocks of [Wg rows; Wu rows] of 128 hot neurons each
+    w_hot_gu_.resize(static_cast<std::size_t>(gated_product_rows(hot_n_) * k_));
+    pack_gated_product_weights(gu.get() + nc * k_, gu.get() + (ldn_ + nc) * k_, hot_n_, k_, w_hot_gu_.get(), stream);
   } else if (hot_n_ > 0) {  // [Wg_hot; 0; Wu_hot; 0] (gated) or [Wu_hot; 0]: their stacked GEMM's weight
     const std::int64_t ldh = round_up(hot_n_, 8);
     w_hot_gu_.resize(static_cast<std::size_t>((gated_ ? 2 : 1) * ldh * k_));
@@ -830,12 +819,12 @@ __nv_bfloat16* FfnContext::hot_workspace(std::int64_t m) noexcept {
 void FfnContext::hot_up(const __nv_bfloat16* x, std::int64_t m, LtGemm& gemm, cudaStream_t stream) {
   const std::int64_t hn = hot_n_, ldh = round_up(hn, 8);
   __nv_bfloat16* ws = hot_workspace(m);
-  if (hot_sm90_) {  // one kernel: the [g | u] GEMM with h = ReLU(g) ⊙ u in its epilogue
+  if (hot_sm90()) {  // one kernel: the [g | u] GEMM with h = ReLU(g) ⊙ u in its epilogue
     GatedProductParams p;
     p.x = x;
     p.w = w_hot_gu_.get();
     p.m = m;
-    p.n = (hn + 127) / 128 * 256;
+    p.n = gated_product_rows(hn);
     p.k = k_;
     p.h = ws;
     p.ld_h = 2 * ldh;

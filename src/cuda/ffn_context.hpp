@@ -229,11 +229,12 @@ struct ContextOptions {
   // y waits for both. Off: one stream, in the same order. Same results bit for bit.
   bool hot_overlap = true;
   // Gated, on a GPU that runs the sm90 gate kernel: the hot neurons' [g | u] GEMM and the product
-  // h = ReLU(g) ⊙ u as one kernel (sm90/gate_pack.hpp, GatePackParams::gated_product: h staged in
+  // h = ReLU(g) ⊙ u as one kernel (sm90/gate_pack.hpp, launch_gated_product_sm90: h staged in
   // shared memory from the accumulators and stored once), instead of a cuBLASLt GEMM writing
   // [M, 2·hot] and an elementwise pass reading it back (the same arithmetic; the GEMMs' sums in
-  // their own orders). Predicted −0.02 / −0.06 ms at 512 / 1408 hot neurons (M = 16384, K = 2048):
-  // the [M, 2·hot] round trip and half of the GEMM's output.
+  // their own orders). Measured (H100, M = 16384, K = 2048, 323fd30): the phase 0.116 vs 0.133 ms
+  // at 512 hot neurons and 0.27–0.29 vs 0.32–0.34 at 1408 (the kernel as fast as the GEMM alone);
+  // the whole sparse path −1.3…−2.5 % at 0.5–1 %, −4 % at 3 % (docs/perf-notes-cuda.md).
   bool hot_product_sm90 = true;
 };
 
@@ -366,7 +367,7 @@ class FfnContext {
   // sparse_rest over the cold neurons [0, sparse_n(m)) (all of them without the split).
   void cold_rest(const __nv_bfloat16* x, std::int64_t m, __nv_bfloat16* y, cudaStream_t stream);
   // The hot neurons' dense part. hot_up: [g | u] = x·[Wg; Wu]ᵀ over them, h = ReLU(g) ⊙ u
-  // (non-gated h = ReLU(x·Wuᵀ)) into hot_workspace (gated with hot_sm90_: one sm90 kernel), on
+  // (non-gated h = ReLU(x·Wuᵀ)) into hot_workspace (one sm90 kernel where hot_sm90()), on
   // `gemm` (the side stream's with hot_overlap, beside cold_rest); hot_down: y += h·Wd[:, hot]ᵀ,
   // after cold_rest wrote y.
   void hot_up(const __nv_bfloat16* x, std::int64_t m, LtGemm& gemm, cudaStream_t stream);
@@ -412,6 +413,9 @@ class FfnContext {
   std::vector<std::uint32_t> neuron_counts_of_gate(std::int64_t m, const std::vector<unsigned char>* cold,
                                                    std::int64_t* rows_left_out, cudaStream_t stream);
   double max_hot_neurons() const noexcept;  // choose_hot_neurons' cap on the hot count
+  // hot_up runs the sm90 gated-product kernel (and w_hot_gu_ has its layout): fixed from
+  // set_hot_neurons on, since the options, the device and gated_ are.
+  bool hot_sm90() const noexcept { return gated_ && hot_n_ > 0 && opt_.hot_product_sm90 && gate_sm90_ok_; }
   OverShare over_share() const noexcept { return opt_.hot_neurons_densest_share ? OverShare::densest : OverShare::none; }
   // choose_hot_neurons' threshold (share of tokens; ≤ 0: no split)
   double hot_threshold() const noexcept { return gated_ ? opt_.hot_neurons_density : opt_.hot_neurons_density_nongated; }
@@ -429,10 +433,9 @@ class FfnContext {
   // All three in neuron_order(): cold neurons first, the hot_n_ hot ones last.
   std::int64_t hot_n_ = 0;
   std::vector<std::int64_t> order_;       // position → original neuron (empty: identity)
-  // gated [2·ldh, K] = [Wg_hot; 0; Wu_hot; 0], non-gated [ldh, K] = [Wu_hot; 0]; with hot_sm90_
-  // [256·⌈hot/128⌉, K]: per 128 hot neurons their Wg rows then their Wu rows (zero rows past hot).
+  // gated [2·ldh, K] = [Wg_hot; 0; Wu_hot; 0], non-gated [ldh, K] = [Wu_hot; 0]; with hot_sm90()
+  // [256·⌈hot/128⌉, K] (pack_gated_product_weights): per 128 hot neurons their Wg rows then their Wu rows.
   DeviceBuffer<__nv_bfloat16> w_hot_gu_;
-  bool hot_sm90_ = false;                 // w_hot_gu_'s layout: hot_up runs the sm90 gated-product kernel
   bool hot_calibrated_ = false;           // hot_neurons_auto: this layer calibrated (or tried)
   // workspaces
   DeviceBuffer<__nv_bfloat16> g_;     // [m, ldn]  gate (gated) or ReLU(up) (non-gated)

@@ -1,9 +1,9 @@
 // The sm90 gated-product kernel (sm90/gate_pack.hpp, launch_gated_product_sm90: the hot neurons'
-// [g | u] GEMM with h = ReLU(g) ⊙ u in its epilogue) against float64 on random bf16 inputs: every
-// value of h within the bound of its roundings (g, u and the product to bf16, fp32 sums), the
-// columns past round_up(h_cols, 8) of a poisoned h untouched, at M tails (1, 7, 255, 257, 2049
-// rows), hot counts that leave a partial 128-neuron block (1, 100, 200, 300, 513) and K from 8
-// to 2048.
+// [g | u] GEMM with h = ReLU(g) ⊙ u in its epilogue), on W laid out by pack_gated_product_weights,
+// against float64 on random bf16 inputs: every value of h within the bound of its roundings (g, u
+// and the product to bf16, fp32 sums), the columns past round_up(h_cols, 8) of a poisoned h
+// untouched, at M tails (1, 7, 255, 257, 2049 rows), hot counts that leave a partial 128-neuron
+// block (1, 100, 200, 300, 513) and K from 8 to 2048.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
@@ -38,25 +38,24 @@ TEST(CudaGatedProductSm90, MatchesFloat64WithinBound) {
   for (const Shape sh : {Shape{1, 100, 2048, 2}, Shape{7, 1, 8, 2}, Shape{255, 300, 520, 2}, Shape{257, 128, 264, 1},
                          Shape{130, 513, 1024, 4}, Shape{2049, 200, 1024, 2}}) {
     SCOPED_TRACE(::testing::Message() << "m " << sh.m << " hot " << sh.hot << " k " << sh.k << " cluster " << sh.cluster);
-    const std::int64_t blocks = (sh.hot + 127) / 128, n = 256 * blocks;
+    const std::int64_t n = gated_product_rows(sh.hot);
     std::vector<float> x(static_cast<std::size_t>(sh.m * sh.k)), wg(static_cast<std::size_t>(sh.hot * sh.k)),
         wu(wg.size());
     for (float& v : x) v = round_bf16(nd(rng));
     const float ws = 1.0f / std::sqrt(static_cast<float>(sh.k));
     for (float& v : wg) v = round_bf16(nd(rng) * ws);
     for (float& v : wu) v = round_bf16(nd(rng) * ws);
-    // Block b: gate rows of neurons 128b .. 128b + 127, then their up rows; zero rows past hot.
-    std::vector<float> w(static_cast<std::size_t>(n * sh.k), 0.0f);
-    for (std::int64_t j = 0; j < sh.hot; ++j) {
-      const std::int64_t b = j / 128, r = j % 128;
-      std::copy_n(wg.begin() + j * sh.k, sh.k, w.begin() + (256 * b + r) * sh.k);
-      std::copy_n(wu.begin() + j * sh.k, sh.k, w.begin() + (256 * b + 128 + r) * sh.k);
-    }
-    const auto xb = to_bf16_bits(x), wb = to_bf16_bits(w);
+    const auto xb = to_bf16_bits(x), gb = to_bf16_bits(wg), ub = to_bf16_bits(wu);
     const std::int64_t written = (sh.hot + 7) / 8 * 8, ldh = written + 16;  // 16 columns must stay poisoned
-    DeviceBuffer<__nv_bfloat16> dx(xb.size()), dw(wb.size()), dh(static_cast<std::size_t>(sh.m * ldh));
+    DeviceBuffer<__nv_bfloat16> dx(xb.size()), dg(gb.size()), du(ub.size()), dw(static_cast<std::size_t>(n * sh.k)),
+        dh(static_cast<std::size_t>(sh.m * ldh));
     ASSERT_EQ(cudaMemcpy(dx.get(), xb.data(), xb.size() * 2, cudaMemcpyHostToDevice), cudaSuccess);
-    ASSERT_EQ(cudaMemcpy(dw.get(), wb.data(), wb.size() * 2, cudaMemcpyHostToDevice), cudaSuccess);
+    ASSERT_EQ(cudaMemcpy(dg.get(), gb.data(), gb.size() * 2, cudaMemcpyHostToDevice), cudaSuccess);
+    ASSERT_EQ(cudaMemcpy(du.get(), ub.data(), ub.size() * 2, cudaMemcpyHostToDevice), cudaSuccess);
+    // W in the kernel's layout by the context's own helper, over a poisoned buffer (its zero rows
+    // past hot are what the padding columns of h are checked against).
+    ASSERT_EQ(cudaMemset(dw.get(), 0xff, dw.bytes()), cudaSuccess);
+    pack_gated_product_weights(dg.get(), du.get(), sh.hot, sh.k, dw.get(), s);
     ASSERT_EQ(cudaMemset(dh.get(), 0xff, dh.bytes()), cudaSuccess);
     GatedProductParams p;
     p.x = dx.get();

@@ -59,6 +59,20 @@ static_assert(kRegsLoad * 128 + kRegsMma * 256 <= 168 * kThreads, "register budg
 // warp instruction) and the packers' row reads (lane l: words 4l..4l+3) are free of bank conflicts.
 __device__ __forceinline__ int stage_index(int row, int word) { return row * 128 + (word ^ ((row & 7) * 4)); }
 
+// stmatrix.x4 addressing of the staging tile for the 16 rows row16 .. row16 + 15 of a consumer
+// warp: per instruction the warp's 16 rows × columns 8j .. 8j + 15 (j even) as four 8×8 matrices:
+// rows 0–7 / 8–15 of group j, then of group j + 1; lane l addresses row l % 8 of matrix l / 8,
+// i.e. group g = j + h (h = l / 16) of staging row srow, whose 16 bytes sit at byte
+// srow·512 + 16·(g ^ (srow % 8)) (stage_index). With j = 8a + 2b and t = h ^ (l % 8) (< 8),
+// g ^ (srow % 8) = j ^ t = 8a + (2b ^ t): the instruction for (a, b) stores at off[b] + 128·a.
+__device__ __forceinline__ void stage_offsets(const std::uint32_t* tile_buf, int row16, int lane, std::uint32_t (&off)[4]) {
+  const int mi = lane >> 3, srow = row16 + (mi & 1) * 8 + (lane & 7);
+  const int t = (mi >> 1) ^ (lane & 7);
+  const std::uint32_t rowb = sm90::smem_u32(tile_buf) + static_cast<std::uint32_t>(srow) * 512u;
+#pragma unroll
+  for (int b = 0; b < 4; ++b) off[b] = rowb + 16u * static_cast<std::uint32_t>((2 * b) ^ t);
+}
+
 // Bit j iff the bf16 pair v has a non-zero magnitude.
 __device__ __forceinline__ std::uint32_t nz_bit(std::uint32_t v, int j) {
   return ((v & 0x7fff7fffu) != 0u ? 1u : 0u) << j;
@@ -398,9 +412,8 @@ __global__ void __launch_bounds__(kThreads, 1)
         // bf16 first, then the product in fp32 rounded once: the same arithmetic as
         // launch_gated_product on the bf16 [g | u] of a GEMM. Staged by stmatrix into words 0..63
         // of the staging rows, as the TwELL path stages groups 0..15 (the same addresses).
-        const int mi = lane >> 3, srow = cw * 64 + warp * 16 + (mi & 1) * 8 + (lane & 7);
-        const int t = (mi >> 1) ^ (lane & 7);
-        const std::uint32_t rowb = smem_u32(tile_buf) + static_cast<std::uint32_t>(srow) * 512u;
+        std::uint32_t off[4];
+        stage_offsets(tile_buf, cw * 64 + warp * 16, lane, off);
         auto hpair = [&](int i) {  // accumulator pair i of g (i + 64 is u's pair of the same neurons)
           const float g0 = __bfloat162float(__float2bfloat16_rn(acc[i])), g1 = __bfloat162float(__float2bfloat16_rn(acc[i + 1]));
           const float u0 = __bfloat162float(__float2bfloat16_rn(acc[i + 64]));
@@ -413,24 +426,14 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
           for (int b = 0; b < 4; ++b) {
             const int j = 8 * a + 2 * b;
-            stmatrix_x4(rowb + 16u * static_cast<std::uint32_t>((2 * b) ^ t) + 128u * static_cast<std::uint32_t>(a),
-                        hpair(4 * j), hpair(4 * j + 2), hpair(4 * j + 4), hpair(4 * j + 6));
+            stmatrix_x4(off[b] + 128u * static_cast<std::uint32_t>(a), hpair(4 * j), hpair(4 * j + 2), hpair(4 * j + 4),
+                        hpair(4 * j + 6));
           }
       } else if constexpr (STM) {
-        // Per stmatrix.x4, the warp's 16 rows × columns 8j .. 8j + 15 (j even) as four 8×8
-        // matrices: rows 0–7 / 8–15 of group j, then of group j + 1; lane l addresses row l % 8 of
-        // matrix l / 8, i.e. group g = j + h (h = l / 16) of staging row srow, whose 16 bytes sit
-        // at byte srow·512 + 16·(g ^ (srow % 8)) (stage_index). With j = 8a + 2b and t = h ^ (l % 8)
-        // (< 8), g ^ (srow % 8) = j ^ t = 8a + (2b ^ t): four row offsets, then immediates 128·a.
-        // (ptxas reports 24 bytes of spills for the cluster 2 and 4 builds of this path, 0 for
-        // the st.shared one; the SASS puts all of them in the packing warp's profiling branch,
-        // which only probe_gate_sm90's profiled runs take: docs/perf-notes-cuda.md.)
-        const int mi = lane >> 3, srow = cw * 64 + warp * 16 + (mi & 1) * 8 + (lane & 7);
-        const int t = (mi >> 1) ^ (lane & 7);
-        const std::uint32_t rowb = smem_u32(tile_buf) + static_cast<std::uint32_t>(srow) * 512u;
+        // The 64 pairs by 16 stmatrix.x4 (stage_offsets). (The fourteenth session's build spilled
+        // 24 bytes here, all in the packing warp's profiling branch; the builds since spill none.)
         std::uint32_t off[4];
-#pragma unroll
-        for (int b = 0; b < 4; ++b) off[b] = rowb + 16u * static_cast<std::uint32_t>((2 * b) ^ t);
+        stage_offsets(tile_buf, cw * 64 + warp * 16, lane, off);
 #pragma unroll
         for (int a = 0; a < 4; ++a)
 #pragma unroll
@@ -577,6 +580,18 @@ void launch_twell_gate_pack_sm90(const GatePackParams& p, cudaStream_t stream) {
     launch_kernel<true, false>(p, stream);
   else
     launch_kernel<false, false>(p, stream);
+}
+
+void pack_gated_product_weights(const __nv_bfloat16* wg, const __nv_bfloat16* wu, std::int64_t hot, std::int64_t k,
+                                __nv_bfloat16* dst, cudaStream_t stream) {
+  TWELL_CU_REQUIRE(wg && wu && dst && hot >= 1 && k >= 1, ErrorCode::invalid_argument,
+                   "gated product weights: null pointer or empty shape (hot = {}, k = {})", hot, k);
+  TWELL_CUDA_CHECK(cudaMemsetAsync(dst, 0, static_cast<std::size_t>(gated_product_rows(hot) * k) * sizeof(__nv_bfloat16), stream));
+  for (std::int64_t b = 0; 128 * b < hot; ++b) {
+    const std::size_t bytes = static_cast<std::size_t>(std::min<std::int64_t>(128, hot - 128 * b) * k) * sizeof(__nv_bfloat16);
+    TWELL_CUDA_CHECK(cudaMemcpyAsync(dst + 256 * b * k, wg + 128 * b * k, bytes, cudaMemcpyDeviceToDevice, stream));
+    TWELL_CUDA_CHECK(cudaMemcpyAsync(dst + (256 * b + 128) * k, wu + 128 * b * k, bytes, cudaMemcpyDeviceToDevice, stream));
+  }
 }
 
 void launch_gated_product_sm90(const GatedProductParams& q, cudaStream_t stream) {

@@ -86,10 +86,19 @@ bool gate_pack_sm90_available(int device);
 
 void launch_twell_gate_pack_sm90(const GatePackParams& p, cudaStream_t stream);
 
+// Rows of W for the gated product over `hot` neurons: 256 per block of 128 neurons.
+constexpr std::int64_t gated_product_rows(std::int64_t hot) { return (hot + 127) / 128 * 256; }
+
+// W for the gated product, [gated_product_rows(hot), k] in dst: block b = the gate rows
+// wg[128b .. 128b + 127] then the up rows wu[128b .. 128b + 127] (row stride k), zero rows past
+// hot. Enqueued on `stream` (device-to-device copies).
+void pack_gated_product_weights(const __nv_bfloat16* wg, const __nv_bfloat16* wu, std::int64_t hot, std::int64_t k,
+                                __nv_bfloat16* dst, cudaStream_t stream);
+
 struct GatedProductParams {
   const __nv_bfloat16* x = nullptr;  // [m, k], row stride k
-  const __nv_bfloat16* w = nullptr;  // [n, k]: block b = gate rows of neurons 128b .. 128b + 127, then their up rows
-  std::int64_t m = 0, n = 0, k = 0;  // n = 256 · blocks
+  const __nv_bfloat16* w = nullptr;  // [n, k] as pack_gated_product_weights lays it out
+  std::int64_t m = 0, n = 0, k = 0;  // n = gated_product_rows(h_cols)
   // h[r, j] = ReLU(g[r, j]) · u[r, j] for j < h_cols (≤ n / 2), written in 8-column chunks up to
   // round_up(h_cols, 8) (W's rows there should be zero); other columns of h are left alone.
   __nv_bfloat16* h = nullptr;  // [m, ld_h], ld_h ≥ round_up(h_cols, 8), % 8 == 0, 16-byte aligned
