@@ -29,6 +29,7 @@ void add_ffn_command(CLI::App& root, std::vector<Command>& out);
 void add_bench_command(CLI::App& root, std::vector<Command>& out);
 void add_stats_command(CLI::App& root, std::vector<Command>& out);
 void add_gen_command(CLI::App& root, std::vector<Command>& out);
+void add_generate_command(CLI::App& root, std::vector<Command>& out);
 
 // ---- FFN inputs ----
 

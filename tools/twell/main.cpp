@@ -23,7 +23,8 @@ void print_error(const std::string& message) { std::fprintf(stderr, "twell: erro
 
 int main(int argc, char** argv) {
   CLI::App app{
-      "twell: ReLU-sparse transformer FFNs, dense vs TwELL/hybrid sparse, on the CPU and CUDA GPUs.\n"
+      "twell: ReLU-sparse transformer language models: generation with Llama checkpoints, and FFNs dense vs\n"
+      "TwELL/hybrid sparse, on the CPU and CUDA GPUs.\n"
       "Run `twell <command> --help` for each command's options."};
   app.name("twell");
   app.option_defaults()->always_capture_default();
@@ -33,6 +34,7 @@ int main(int argc, char** argv) {
   twell::cli::add_bench_command(app, commands);
   twell::cli::add_stats_command(app, commands);
   twell::cli::add_gen_command(app, commands);
+  twell::cli::add_generate_command(app, commands);
 
   // CLI11 reports a mistyped command as "A subcommand is required"; name it instead.
   {

@@ -1,0 +1,97 @@
+#pragma once
+// The Llama forward on the CPU: OpenBLAS for the projections, twell's CPU FFN ops for the
+// ReLU-gated FFN (TwELL sparse path or dense path, chosen per layer from its measured density),
+// a KV cache per sequence, batches of sequences of different lengths.
+//
+// Precision: fp32 storage and accumulation throughout; on the sparse FFN path the gate values are
+// held in TwELL as bf16 (DESIGN §2), so a sparse layer's h carries one bf16 rounding of g.
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "twell/model/model.hpp"
+
+namespace twell::model {
+
+// One sequence's state in a runtime (its KV cache): made by Runtime::new_sequence, used only with
+// the runtime that made it.
+class Sequence {
+ public:
+  virtual ~Sequence() = default;
+  std::int64_t length() const noexcept { return length_; }      // tokens the cache holds
+  std::int64_t capacity() const noexcept { return capacity_; }  // tokens it can hold
+  virtual std::int64_t bytes() const noexcept = 0;               // memory of its cache
+  void clear() noexcept { length_ = 0; }
+
+ protected:
+  std::int64_t length_ = 0, capacity_ = 0;
+  friend class CpuRuntime;
+  friend class CudaRuntime;
+};
+
+enum class FfnPath { automatic, dense, sparse };
+const char* to_string(FfnPath p) noexcept;
+
+struct RuntimeOptions {
+  FfnPath ffn_path = FfnPath::automatic;  // automatic: sparse for ReLU layers measured sparse enough
+  // A ReLU layer runs the TwELL path while its latest measured density is at most this.
+  double max_sparse_density = 0.05;  // policy constant, see docs/model-runtime.md
+};
+
+// What each layer's FFN did, summed over calls.
+struct FfnLayerStats {
+  std::int64_t rows = 0;          // token rows
+  std::int64_t active = 0;        // non-zeros of h (ReLU layers)
+  std::int64_t sparse_rows = 0;   // rows that ran the TwELL path
+  std::int64_t overflow_rows = 0; // rows whose tiles overflowed TwELL (exact through the backup)
+  double last_density = -1;       // latest call's active / (rows · N); −1: none yet
+  double active_per_token() const noexcept;  // non-zeros per token over all calls (−1: not measured)
+};
+
+// One sequence's part of a forward call: its tokens are appended to its cache.
+struct SeqStep {
+  Sequence* seq = nullptr;
+  std::span<const std::int32_t> tokens;
+};
+
+// A model on one device. forward() enqueues nothing that outlives it: the logits come back on the host.
+class Runtime {
+ public:
+  virtual ~Runtime() = default;
+  virtual const Model& model() const noexcept = 0;
+  virtual std::string device() const = 0;  // "cpu", or the GPU's name
+  // A sequence whose cache holds up to `capacity` tokens (≤ the model's context).
+  virtual std::unique_ptr<Sequence> new_sequence(std::int64_t capacity) = 0;
+  // Runs the model on every step's tokens (appended to its sequence, at positions length()…) and
+  // returns logits [rows, V] on the host: one row per step (its last token), or one per token with
+  // all_positions. Throws before changing any sequence if a step does not fit its cache, a token
+  // id is out of range, or a sequence appears twice or belongs to another runtime.
+  virtual std::vector<float> forward(std::span<const SeqStep> steps, bool all_positions = false) = 0;
+  virtual const std::vector<FfnLayerStats>& ffn_stats() const noexcept = 0;
+  virtual void reset_stats() = 0;
+};
+
+class CpuRuntime final : public Runtime {
+ public:
+  explicit CpuRuntime(const Model& model, RuntimeOptions opt = {});
+  const Model& model() const noexcept override { return *model_; }
+  std::string device() const override { return "cpu"; }
+  std::unique_ptr<Sequence> new_sequence(std::int64_t capacity) override;
+  std::vector<float> forward(std::span<const SeqStep> steps, bool all_positions = false) override;
+  const std::vector<FfnLayerStats>& ffn_stats() const noexcept override { return stats_; }
+  void reset_stats() override;
+
+ private:
+  void ffn(std::int64_t layer, const float* x, std::int64_t rows, float* y);
+  const Model* model_;
+  RuntimeOptions opt_;
+  std::vector<FfnLayerStats> stats_;
+};
+
+// The runtime for `device`: "cpu", or "cuda" (throws ErrorCode::unsupported where this build or
+// machine has no usable GPU).
+std::unique_ptr<Runtime> make_runtime(const Model& model, const std::string& device, RuntimeOptions opt = {});
+
+}  // namespace twell::model

@@ -1,0 +1,54 @@
+#pragma once
+// The model runtime's non-FFN ops on the GPU (the FFN is the engine's, cuda/ffn_context.hpp).
+// Activations: the residual stream x is fp32 [T, K]; GEMM operands are bf16; accumulation fp32.
+// Each launcher validates its sizes, launches on `stream` and checks the launch. Their CPU
+// references are the CPU runtime's loops (src/model/runtime.cpp), and tests/cuda/test_model_cuda.cpp
+// compares the whole forward against it.
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace twell::cuda::ops {
+
+// Where one token row's keys and values go / come from: its sequence's cache for layer 0
+// ([capacity, kv_dim] bf16 each), layer l at + l·layer_stride elements, and its position.
+struct RowKv {
+  __nv_bfloat16* k = nullptr;
+  __nv_bfloat16* v = nullptr;
+  std::int64_t layer_stride = 0;
+  std::int32_t pos = 0;
+  std::int32_t pad = 0;
+};
+
+// x[r, :] = table[ids[r], :]  (bf16 → fp32)
+void embedding(const std::int32_t* ids, std::int64_t rows, const __nv_bfloat16* table, std::int64_t k, float* x,
+               cudaStream_t stream);
+
+// y[i, :] = bf16( x[src_i, :] / sqrt(mean(x[src_i, :]²) + eps) ⊙ w ),  src_i = row_index ? row_index[i] : i
+void rmsnorm(const float* x, const std::int32_t* row_index, std::int64_t rows, std::int64_t k, const float* w,
+             float eps, __nv_bfloat16* y, cudaStream_t stream);
+
+// qkv [T, Q + 2·KV] bf16 (q | k | v per row): RoPE (rotate_half; cos/sin from the table
+// [max_pos, d/2] fp32 at the row's position) on q in place and on k, which goes with v into the
+// row's cache for `layer`.
+void rope_store_kv(__nv_bfloat16* qkv, std::int64_t rows, std::int64_t heads, std::int64_t kv_heads, std::int64_t d,
+                   const float* cos_table, const float* sin_table, const RowKv* rows_kv, std::int64_t layer,
+                   cudaStream_t stream);
+
+// Causal attention of each row's query heads (in qkv) over its sequence's cached keys 0…pos:
+// out[r, h·d:(h+1)·d] = softmax(q·Kᵀ / sqrt(d)) · V, query head h reading KV head h / (heads / kv_heads).
+// max_keys: the largest pos + 1 of the call (sizes the scores' shared memory).
+void attention(const __nv_bfloat16* qkv, std::int64_t rows, std::int64_t heads, std::int64_t kv_heads,
+               std::int64_t d, const RowKv* rows_kv, std::int64_t layer, std::int64_t max_keys, __nv_bfloat16* out,
+               cudaStream_t stream);
+
+// x += y  (fp32 += bf16), n elements
+void residual_add(float* x, const __nv_bfloat16* y, std::int64_t n, cudaStream_t stream);
+
+// h[r, j] = bf16( act(g[r, j]) · u[r, j] ) with [g | u] = gu[r, :] ([rows, 2n] bf16); act per
+// twell::model::Activation's order: 0 relu, 1 silu, 2 gelu (erf), 3 gelu (tanh).
+void gated_activation(const __nv_bfloat16* gu, std::int64_t rows, std::int64_t n, int act, __nv_bfloat16* h,
+                      cudaStream_t stream);
+
+}  // namespace twell::cuda::ops

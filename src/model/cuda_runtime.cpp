@@ -1,0 +1,253 @@
+// The Llama forward on a CUDA GPU: one layer loop over the engine's ops. bf16 weights and GEMM
+// operands (cuBLASLt, fp32 accumulation), an fp32 residual stream, bf16 KV caches; ReLU FFNs go
+// through the FFN engine (FfnContext: TwELL sparse or dense, dispatched per layer from counted
+// non-zeros), other activations through cuBLASLt GEMMs and an elementwise gated activation.
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "cuda/common/check.hpp"
+#include "cuda/common/device_buffer.hpp"
+#include "cuda/dense/lt_gemm.hpp"
+#include "cuda/ffn_context.hpp"
+#include "cuda/ops/model_ops.hpp"
+#include "model/cuda_runtime.hpp"
+#include "model/runtime_checks.hpp"
+#include "twell/bf16.hpp"
+#include "twell/cuda/ffn_cuda.hpp"
+
+namespace twell::model {
+namespace {
+
+using cuda::DeviceBuffer;
+using cuda::PinnedBuffer;
+using bf16_t = __nv_bfloat16;
+
+DeviceBuffer<bf16_t> upload_bf16(const float* src, std::size_t n, cudaStream_t stream) {
+  std::vector<bf16> host(n);
+  for (std::size_t i = 0; i < n; ++i) host[i] = to_bf16(src[i]);
+  DeviceBuffer<bf16_t> d(n);
+  TWELL_CUDA_CHECK(cudaMemcpyAsync(d.get(), host.data(), n * sizeof(bf16), cudaMemcpyHostToDevice, stream));
+  TWELL_CUDA_CHECK(cudaStreamSynchronize(stream));
+  return d;
+}
+
+DeviceBuffer<float> upload_f32(const std::vector<float>& src, cudaStream_t stream) {
+  DeviceBuffer<float> d(src.size());
+  TWELL_CUDA_CHECK(cudaMemcpyAsync(d.get(), src.data(), src.size() * sizeof(float), cudaMemcpyHostToDevice, stream));
+  TWELL_CUDA_CHECK(cudaStreamSynchronize(stream));
+  return d;
+}
+
+// Grows a buffer to at least n elements (contents lost).
+template <typename T>
+T* room(DeviceBuffer<T>& b, std::int64_t n) {
+  b.reserve(static_cast<std::size_t>(n));
+  return b.get();
+}
+
+}  // namespace
+
+class CudaRuntime;
+
+namespace {
+
+// One sequence's KV cache on the GPU: K and V [layers, capacity, kv_dim] bf16 each.
+class CudaSequence final : public Sequence {
+ public:
+  CudaSequence(const void* owner, const LlamaConfig& c, std::int64_t capacity)
+      : owner_(owner), kv_dim_(c.kv_dim()),
+        k_(static_cast<std::size_t>(c.num_layers * capacity * c.kv_dim())),
+        v_(static_cast<std::size_t>(c.num_layers * capacity * c.kv_dim())) {
+    capacity_ = capacity;
+  }
+  std::int64_t bytes() const noexcept override { return static_cast<std::int64_t>(k_.bytes() + v_.bytes()); }
+  const void* owner() const noexcept { return owner_; }
+  cuda::ops::RowKv row(std::int64_t pos) const noexcept {
+    return {k_.get(), v_.get(), capacity_ * kv_dim_, static_cast<std::int32_t>(pos), 0};
+  }
+  void advance(std::int64_t n) noexcept { length_ += n; }
+
+ private:
+  const void* owner_;
+  std::int64_t kv_dim_;
+  DeviceBuffer<bf16_t> k_, v_;
+};
+
+}  // namespace
+
+class CudaRuntime final : public Runtime {
+ public:
+  CudaRuntime(const Model& m, RuntimeOptions opt) : model_(&m), opt_(opt), stats_(static_cast<std::size_t>(m.config.num_layers)) {
+    const cuda::DeviceInfo dev = cuda::query_device();
+    TWELL_CHECK(dev.available, ErrorCode::unsupported, "no usable CUDA device: {}", dev.reason);
+    device_ = dev.name;
+    const LlamaConfig& c = m.config;
+    TWELL_CHECK(opt.ffn_path != FfnPath::sparse || c.act == Activation::relu, ErrorCode::unsupported,
+                "the sparse FFN path needs a ReLU model; this one uses {}", to_string(c.act));
+    TWELL_CHECK(c.head_dim <= 256, ErrorCode::unsupported, "head_dim {} > 256 is not supported on the GPU", c.head_dim);
+    TWELL_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+    const std::int64_t K = c.hidden_size, N = c.intermediate_size;
+    embed_ = upload_bf16(m.embed.data(), m.embed.size(), stream_);
+    if (!m.lm_head.empty()) head_ = upload_bf16(m.lm_head.data(), m.lm_head.size(), stream_);
+    final_norm_ = upload_f32(m.final_norm, stream_);
+    for (const LayerWeights& l : m.layers) {
+      Layer d;
+      d.attn_norm = upload_f32(l.attn_norm, stream_);
+      d.ffn_norm = upload_f32(l.ffn_norm, stream_);
+      d.wqkv = upload_bf16(l.wqkv.data(), l.wqkv.size(), stream_);
+      d.wo = upload_bf16(l.wo.data(), l.wo.size(), stream_);
+      if (c.act == Activation::relu) {
+        d.ffn = std::make_unique<cuda::FfnContext>();
+        d.ffn->upload_weights(ffn_weights(l.w_gate.data(), l.w_up.data(), l.w_down.data(), N, K), stream_);
+      } else {
+        std::vector<float> gu(l.w_gate);
+        gu.insert(gu.end(), l.w_up.begin(), l.w_up.end());
+        d.w_gu = upload_bf16(gu.data(), gu.size(), stream_);
+        d.w_down = upload_bf16(l.w_down.data(), l.w_down.size(), stream_);
+      }
+      layers_.push_back(std::move(d));
+    }
+    // RoPE tables [max_pos, d/2], angles in double.
+    const std::int64_t half = c.head_dim / 2;
+    std::vector<float> cs(static_cast<std::size_t>(c.max_position * half)), sn(cs.size());
+    for (std::int64_t p = 0; p < c.max_position; ++p)
+      for (std::int64_t i = 0; i < half; ++i) {
+        const double a = static_cast<double>(p) * std::pow(c.rope_theta, -2.0 * static_cast<double>(i) / static_cast<double>(c.head_dim));
+        cs[static_cast<std::size_t>(p * half + i)] = static_cast<float>(std::cos(a));
+        sn[static_cast<std::size_t>(p * half + i)] = static_cast<float>(std::sin(a));
+      }
+    cos_ = upload_f32(cs, stream_);
+    sin_ = upload_f32(sn, stream_);
+  }
+  ~CudaRuntime() override {
+    if (stream_) cudaStreamDestroy(stream_);
+  }
+
+  const Model& model() const noexcept override { return *model_; }
+  std::string device() const override { return device_; }
+  const std::vector<FfnLayerStats>& ffn_stats() const noexcept override { return stats_; }
+  void reset_stats() override { stats_.assign(stats_.size(), FfnLayerStats{}); }
+
+  std::unique_ptr<Sequence> new_sequence(std::int64_t capacity) override {
+    check_sequence_capacity(model_->config, capacity);
+    return std::make_unique<CudaSequence>(this, model_->config, capacity);
+  }
+
+  std::vector<float> forward(std::span<const SeqStep> steps, bool all_positions) override {
+    const LlamaConfig& c = model_->config;
+    check_forward_steps(c, steps);
+    const std::int64_t K = c.hidden_size, N = c.intermediate_size, V = c.vocab_size, Q = c.q_dim(), KV = c.kv_dim();
+    std::vector<CudaSequence*> seqs;
+    std::int64_t T = 0, max_keys = 0;
+    for (std::size_t s = 0; s < steps.size(); ++s) {
+      auto* cs = dynamic_cast<CudaSequence*>(steps[s].seq);
+      TWELL_CHECK(cs != nullptr && cs->owner() == this, ErrorCode::invalid_argument,
+                  "forward: step {}'s sequence was made by another runtime", s);
+      seqs.push_back(cs);
+      T += static_cast<std::int64_t>(steps[s].tokens.size());
+      max_keys = std::max(max_keys, cs->length() + static_cast<std::int64_t>(steps[s].tokens.size()));
+    }
+    // Host staging: ids, each row's cache and position, the rows whose logits are wanted.
+    std::vector<std::int32_t> ids, sel;
+    std::vector<cuda::ops::RowKv> rows;
+    for (std::size_t s = 0; s < steps.size(); ++s)
+      for (std::size_t j = 0; j < steps[s].tokens.size(); ++j) {
+        ids.push_back(steps[s].tokens[j]);
+        rows.push_back(seqs[s]->row(seqs[s]->length() + static_cast<std::int64_t>(j)));
+        if (all_positions || j + 1 == steps[s].tokens.size()) sel.push_back(static_cast<std::int32_t>(ids.size() - 1));
+      }
+    const auto R = static_cast<std::int64_t>(sel.size());
+    std::int32_t* d_ids = room(ids_, T);
+    cuda::ops::RowKv* d_rows = room(rows_, T);
+    std::int32_t* d_sel = room(sel_, R);
+    TWELL_CUDA_CHECK(cudaMemcpyAsync(d_ids, ids.data(), ids.size() * sizeof(std::int32_t), cudaMemcpyHostToDevice, stream_));
+    TWELL_CUDA_CHECK(cudaMemcpyAsync(d_rows, rows.data(), rows.size() * sizeof(cuda::ops::RowKv), cudaMemcpyHostToDevice, stream_));
+    TWELL_CUDA_CHECK(cudaMemcpyAsync(d_sel, sel.data(), sel.size() * sizeof(std::int32_t), cudaMemcpyHostToDevice, stream_));
+
+    float* x = room(x_, T * K);
+    bf16_t* xn = room(xn_, T * K);
+    bf16_t* qkv = room(qkv_, T * (Q + 2 * KV));
+    bf16_t* att = room(att_, T * Q);
+    bf16_t* tmp = room(tmp_, T * K);
+    cuda::ops::embedding(d_ids, T, embed_.get(), K, x, stream_);
+    const auto eps = static_cast<float>(c.rms_eps);
+    const cuda::Path path = opt_.ffn_path == FfnPath::dense ? cuda::Path::dense
+                            : opt_.ffn_path == FfnPath::sparse ? cuda::Path::sparse
+                                                                : cuda::Path::automatic;
+    for (std::int64_t l = 0; l < c.num_layers; ++l) {
+      Layer& L = layers_[static_cast<std::size_t>(l)];
+      cuda::ops::rmsnorm(x, nullptr, T, K, L.attn_norm.get(), eps, xn, stream_);
+      gemm_.run({T, Q + 2 * KV, K, K, K, Q + 2 * KV}, L.wqkv.get(), xn, qkv, stream_);
+      cuda::ops::rope_store_kv(qkv, T, c.num_heads, c.num_kv_heads, c.head_dim, cos_.get(), sin_.get(), d_rows, l, stream_);
+      cuda::ops::attention(qkv, T, c.num_heads, c.num_kv_heads, c.head_dim, d_rows, l, max_keys, att, stream_);
+      gemm_.run({T, K, Q, Q, Q, K}, L.wo.get(), att, tmp, stream_);
+      cuda::ops::residual_add(x, tmp, T * K, stream_);
+      cuda::ops::rmsnorm(x, nullptr, T, K, L.ffn_norm.get(), eps, xn, stream_);
+      FfnLayerStats& st = stats_[static_cast<std::size_t>(l)];
+      st.rows += T;
+      if (L.ffn) {
+        const cuda::ForwardResult r = L.ffn->forward(xn, T, tmp, path, stream_);
+        if (r.sparse) st.sparse_rows += T;
+      } else {
+        bf16_t* gu = room(gu_, T * 2 * N);
+        bf16_t* h = room(h_, T * N);
+        gemm_.run({T, 2 * N, K, K, K, 2 * N}, L.w_gu.get(), xn, gu, stream_);
+        cuda::ops::gated_activation(gu, T, N, static_cast<int>(c.act), h, stream_);
+        gemm_.run({T, K, N, N, N, K}, L.w_down.get(), h, tmp, stream_);
+      }
+      cuda::ops::residual_add(x, tmp, T * K, stream_);
+    }
+    bf16_t* xs = room(xs_, R * K);
+    float* logits = room(logits_, R * V);
+    cuda::ops::rmsnorm(x, d_sel, R, K, final_norm_.get(), eps, xs, stream_);
+    cuda::MatmulShape ms;
+    ms.trans_b = true;
+    ms.m = R;
+    ms.n = V;
+    ms.k = K;
+    ms.lda = K;
+    ms.ldb = K;
+    ms.ldc = V;
+    ms.c_fp32 = true;
+    gemm_.matmul(ms, xs, head_.size() ? head_.get() : embed_.get(), logits, stream_);
+    std::vector<float> out(static_cast<std::size_t>(R * V));
+    TWELL_CUDA_CHECK(cudaMemcpyAsync(out.data(), logits, out.size() * sizeof(float), cudaMemcpyDeviceToHost, stream_));
+    TWELL_CUDA_CHECK(cudaStreamSynchronize(stream_));
+    for (std::size_t s = 0; s < steps.size(); ++s) seqs[s]->advance(static_cast<std::int64_t>(steps[s].tokens.size()));
+    return out;
+  }
+
+ private:
+  struct Layer {
+    DeviceBuffer<float> attn_norm, ffn_norm;  // [K]
+    DeviceBuffer<bf16_t> wqkv;                // [Q + 2·KV, K]
+    DeviceBuffer<bf16_t> wo;                  // [K, Q]
+    std::unique_ptr<cuda::FfnContext> ffn;    // ReLU: the FFN engine's layer
+    DeviceBuffer<bf16_t> w_gu;                // other activations: [Wg; Wu] as [2N, K]
+    DeviceBuffer<bf16_t> w_down;              // [K, N]
+  };
+  const Model* model_;
+  RuntimeOptions opt_;
+  std::vector<FfnLayerStats> stats_;
+  std::string device_;
+  cudaStream_t stream_ = nullptr;
+  cuda::LtGemm gemm_;
+  DeviceBuffer<bf16_t> embed_, head_;
+  DeviceBuffer<float> final_norm_, cos_, sin_;
+  std::vector<Layer> layers_;
+  // scratch, grown to the largest call
+  DeviceBuffer<std::int32_t> ids_, sel_;
+  DeviceBuffer<cuda::ops::RowKv> rows_;
+  DeviceBuffer<float> x_, logits_;
+  DeviceBuffer<bf16_t> xn_, qkv_, att_, tmp_, gu_, h_, xs_;
+};
+
+std::unique_ptr<Runtime> make_cuda_runtime(const Model& model, RuntimeOptions opt) {
+  return std::make_unique<CudaRuntime>(model, opt);
+}
+
+}  // namespace twell::model

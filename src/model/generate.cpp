@@ -1,0 +1,146 @@
+// Generation loop and chat prompts (see twell/model/generate.hpp).
+#include "twell/model/generate.hpp"
+
+#include <algorithm>
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <regex>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
+
+#include "twell/error.hpp"
+
+namespace twell::model {
+namespace {
+
+double now() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
+
+}  // namespace
+
+std::vector<Generation> generate(Runtime& rt, const std::vector<std::vector<std::int32_t>>& prompts,
+                                 const GenerateOptions& opt, const TokenCallback& on_token, GenerateTimes* times) {
+  const LlamaConfig& c = rt.model().config;
+  TWELL_CHECK(!prompts.empty(), ErrorCode::invalid_argument, "generate: no prompts");
+  TWELL_CHECK(opt.max_new_tokens >= 1, ErrorCode::invalid_argument, "max new tokens must be ≥ 1, got {}",
+              opt.max_new_tokens);
+  check_sampling(opt.sampling);
+  std::vector<std::int32_t> stops = opt.stop_ids;
+  if (!opt.ignore_eos) stops.insert(stops.end(), c.eos_ids.begin(), c.eos_ids.end());
+
+  const std::size_t B = prompts.size();
+  std::vector<Generation> out(B);
+  std::vector<std::unique_ptr<Sequence>> caches;
+  std::vector<Sampler> samplers;
+  std::vector<std::vector<std::int32_t>> history(B);
+  caches.reserve(B);
+  for (std::size_t i = 0; i < B; ++i) {
+    const auto len = static_cast<std::int64_t>(prompts[i].size());
+    TWELL_CHECK(len > 0, ErrorCode::invalid_argument, "generate: prompt {} is empty", i);
+    TWELL_CHECK(len < c.max_position, ErrorCode::invalid_argument,
+                "generate: prompt {} has {} tokens; the model's context is {} tokens", i, len, c.max_position);
+    caches.push_back(rt.new_sequence(std::min(c.max_position, len + opt.max_new_tokens)));
+    SamplingOptions so = opt.sampling;
+    so.seed += i;
+    samplers.emplace_back(so);
+    out[i].prompt = prompts[i];
+    history[i] = prompts[i];
+  }
+  GenerateTimes t;
+  std::vector<bool> running(B, true);
+  std::vector<std::int32_t> last(B);
+  auto choose = [&](std::size_t i, std::span<const float> logits) {
+    const std::int32_t id = samplers[i].sample(logits, history[i]);
+    out[i].tokens.push_back(id);
+    history[i].push_back(id);
+    last[i] = id;
+    if (on_token) on_token(i, id);
+    if (std::find(stops.begin(), stops.end(), id) != stops.end()) {
+      running[i] = false;
+      out[i].stop_reason = std::find(opt.stop_ids.begin(), opt.stop_ids.end(), id) != opt.stop_ids.end() ? "stop token" : "eos";
+    } else if (static_cast<std::int64_t>(out[i].tokens.size()) >= opt.max_new_tokens) {
+      running[i] = false;
+      out[i].stop_reason = "max tokens";
+    } else if (caches[i]->length() >= caches[i]->capacity()) {
+      running[i] = false;
+      out[i].stop_reason = "context full";
+    }
+  };
+
+  // Prefill: every prompt in one batch.
+  {
+    std::vector<SeqStep> steps(B);
+    for (std::size_t i = 0; i < B; ++i) steps[i] = {caches[i].get(), prompts[i]};
+    const double t0 = now();
+    const std::vector<float> logits = rt.forward(steps);
+    t.prefill_seconds = now() - t0;
+    for (std::size_t i = 0; i < B; ++i) {
+      t.prefill_tokens += static_cast<std::int64_t>(prompts[i].size());
+      choose(i, std::span<const float>(logits.data() + static_cast<std::int64_t>(i) * c.vocab_size,
+                                       static_cast<std::size_t>(c.vocab_size)));
+    }
+  }
+  // Decode: one token per running sequence per step.
+  const double t0 = now();
+  for (;;) {
+    std::vector<SeqStep> steps;
+    std::vector<std::size_t> who;
+    for (std::size_t i = 0; i < B; ++i)
+      if (running[i]) {
+        steps.push_back({caches[i].get(), std::span<const std::int32_t>(&last[i], 1)});
+        who.push_back(i);
+      }
+    if (steps.empty()) break;
+    const std::vector<float> logits = rt.forward(steps);
+    for (std::size_t j = 0; j < who.size(); ++j) {
+      ++t.decode_tokens;
+      choose(who[j], std::span<const float>(logits.data() + static_cast<std::int64_t>(j) * c.vocab_size,
+                                            static_cast<std::size_t>(c.vocab_size)));
+    }
+  }
+  t.decode_seconds = now() - t0;
+  for (const auto& kv : caches) t.peak_kv_bytes += kv->bytes();
+  if (times) *times = t;
+  return out;
+}
+
+std::string chat_prompt(const std::string& model_dir, const std::string& user, const std::string& system) {
+  namespace fs = std::filesystem;
+  const fs::path p = fs::path(model_dir) / "tokenizer_config.json";
+  std::ifstream f(p);
+  TWELL_CHECK(f.good(), ErrorCode::io, "--chat needs {} (with a chat_template); it cannot be opened", p.string());
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(f);
+  } catch (const nlohmann::json::exception& e) {
+    fail(ErrorCode::corrupt, "{}: not valid JSON ({})", p.string(), e.what());
+  }
+  TWELL_CHECK(j.contains("chat_template") && j["chat_template"].is_string(), ErrorCode::unsupported,
+              "{} has no chat_template: this model has no chat format (drop --chat)", p.string());
+  const std::string tpl = j["chat_template"].get<std::string>();
+  if (tpl.find("<|im_start|>") != std::string::npos) {
+    std::string sys = system;
+    if (sys.empty()) {
+      // A default system turn written literally in the template, e.g. SmolLM2's
+      // '<|im_start|>system\nYou are a helpful AI assistant ...<|im_end|>\n'.
+      // The newline may be a real one or a Jinja escape (\n) in the template's string literal.
+      static const std::regex def(R"(<\|im_start\|>system(?:\\n|\n)([^'"{}]*?)<\|im_end\|>)");
+      std::smatch m;
+      if (std::regex_search(tpl, m, def)) sys = std::regex_replace(m[1].str(), std::regex(R"(\\n)"), "\n");
+    }
+    std::string s;
+    if (!sys.empty()) s += "<|im_start|>system\n" + sys + "<|im_end|>\n";
+    return s + "<|im_start|>user\n" + user + "<|im_end|>\n<|im_start|>assistant\n";
+  }
+  if (tpl.find("<|start_header_id|>") != std::string::npos) {
+    std::string s = "<|begin_of_text|>";
+    if (!system.empty()) s += "<|start_header_id|>system<|end_header_id|>\n\n" + system + "<|eot_id|>";
+    return s + "<|start_header_id|>user<|end_header_id|>\n\n" + user +
+           "<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n";
+  }
+  fail(ErrorCode::unsupported, "{}: this chat template is not one twell knows (ChatML, Llama-3); pass the formatted "
+       "prompt with --prompt instead of --chat", p.string());
+}
+
+}  // namespace twell::model

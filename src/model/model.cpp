@@ -1,0 +1,183 @@
+// Checkpoint loading: HF safetensors (single file or sharded) → Model, every tensor checked.
+#include "twell/model/model.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <set>
+#include <sstream>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "twell/error.hpp"
+#include "twell/io/safetensors.hpp"
+
+namespace twell::model {
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+// The checkpoint's tensors by name, each with the file it came from (for messages).
+struct Tensors {
+  std::map<std::string, HostTensor> by_name;
+  std::map<std::string, std::string> file_of;
+};
+
+void add_file(Tensors& t, const std::string& path) {
+  io::ReadOptions ro;
+  ro.f16_to_f32 = true;
+  io::SafetensorsFile f = io::read_safetensors(path, ro);
+  for (auto& nt : f.tensors) {
+    TWELL_CHECK(!t.by_name.count(nt.name), ErrorCode::corrupt, "{}: tensor {} also appears in {}", path, nt.name,
+                t.file_of[nt.name]);
+    t.file_of[nt.name] = path;
+    t.by_name.emplace(nt.name, std::move(nt.tensor));
+  }
+}
+
+Tensors read_checkpoint(const fs::path& dir) {
+  Tensors t;
+  const fs::path single = dir / "model.safetensors";
+  const fs::path index = dir / "model.safetensors.index.json";
+  if (fs::exists(index)) {
+    std::ifstream f(index);
+    TWELL_CHECK(f.good(), ErrorCode::io, "cannot open {}", index.string());
+    json j;
+    try {
+      j = json::parse(f);
+    } catch (const json::exception& e) {
+      fail(ErrorCode::corrupt, "{}: not valid JSON ({})", index.string(), e.what());
+    }
+    TWELL_CHECK(j.contains("weight_map") && j["weight_map"].is_object(), ErrorCode::corrupt,
+                "{}: no \"weight_map\" object", index.string());
+    std::set<std::string> shards;
+    for (const auto& [name, file] : j["weight_map"].items()) {
+      TWELL_CHECK(file.is_string(), ErrorCode::corrupt, "{}: weight_map[{}] is not a file name", index.string(), name);
+      const auto s = file.get<std::string>();
+      TWELL_CHECK(s.find('/') == std::string::npos && s.find("..") == std::string::npos, ErrorCode::corrupt,
+                  "{}: shard name \"{}\" must be a plain file name in the checkpoint directory", index.string(), s);
+      shards.insert(s);
+    }
+    for (const auto& s : shards) add_file(t, (dir / s).string());
+    // Every tensor must sit in the shard the index names, and the index must name every tensor.
+    for (const auto& [name, file] : j["weight_map"].items()) {
+      auto it = t.file_of.find(name);
+      TWELL_CHECK(it != t.file_of.end(), ErrorCode::corrupt, "{}: {} is listed in shard {} but not found there",
+                  index.string(), name, file.get<std::string>());
+      TWELL_CHECK(fs::path(it->second).filename() == file.get<std::string>(), ErrorCode::corrupt,
+                  "{}: {} is listed in {} but found in {}", index.string(), name, file.get<std::string>(), it->second);
+    }
+    for (const auto& [name, file] : t.file_of)
+      TWELL_CHECK(j["weight_map"].contains(name), ErrorCode::corrupt, "{}: {} (in {}) is missing from the index",
+                  index.string(), name, file);
+  } else if (fs::exists(single)) {
+    add_file(t, single.string());
+  } else {
+    fail(ErrorCode::io, "{}: neither model.safetensors nor model.safetensors.index.json found", dir.string());
+  }
+  return t;
+}
+
+std::string shape_str(const std::vector<std::int64_t>& s) {
+  std::string out = "[";
+  for (std::size_t i = 0; i < s.size(); ++i) out += (i ? ", " : "") + std::to_string(s[i]);
+  return out + "]";
+}
+
+// Takes `name` out of t as fp32 values of exactly `shape`.
+std::vector<float> take(Tensors& t, const std::string& name, std::vector<std::int64_t> shape) {
+  auto it = t.by_name.find(name);
+  TWELL_CHECK(it != t.by_name.end(), ErrorCode::corrupt, "checkpoint has no tensor {} (expected shape {})", name,
+              shape_str(shape));
+  const HostTensor& h = it->second;
+  TWELL_CHECK(h.shape() == shape, ErrorCode::shape_mismatch, "{} in {} has shape {}, the config implies {}", name,
+              t.file_of[name], h.shape_string(), shape_str(shape));
+  TWELL_CHECK(h.dtype() == DType::f32 || h.dtype() == DType::bf16, ErrorCode::dtype_mismatch,
+              "{} in {} is {}, expected a floating-point tensor", name, t.file_of[name], to_string(h.dtype()));
+  HostTensor f = h.dtype() == DType::f32 ? std::move(it->second) : h.to_f32();
+  const float* p = f.data<float>();
+  std::vector<float> v(p, p + f.numel());
+  for (std::size_t i = 0; i < v.size(); ++i)
+    TWELL_CHECK(std::isfinite(v[i]), ErrorCode::non_finite, "{} in {} holds a non-finite value at flat index {}", name,
+                t.file_of[name], i);
+  t.by_name.erase(it);
+  return v;
+}
+
+}  // namespace
+
+std::int64_t Model::weight_bytes() const noexcept {
+  std::size_t n = embed.size() + final_norm.size() + lm_head.size();
+  for (const auto& l : layers)
+    n += l.attn_norm.size() + l.wqkv.size() + l.wo.size() + l.ffn_norm.size() + l.w_gate.size() + l.w_up.size() +
+         l.w_down.size() + l.ffn.down_t.size();
+  return static_cast<std::int64_t>(n * sizeof(float));
+}
+
+Model Model::load(const std::string& dir_str, const LoadOptions& opt) {
+  const fs::path dir(dir_str);
+  TWELL_CHECK(fs::is_directory(dir), ErrorCode::io, "{} is not a directory (expected a Hugging Face checkpoint)",
+              dir_str);
+  Model m;
+  m.dir = dir_str;
+  m.config = load_llama_config(dir_str);
+  if (opt.hidden_act) {
+    m.config.act = parse_activation(*opt.hidden_act);
+  }
+  const LlamaConfig& c = m.config;
+  Tensors t = read_checkpoint(dir);
+  const std::int64_t K = c.hidden_size, N = c.intermediate_size, V = c.vocab_size;
+
+  m.embed = take(t, "model.embed_tokens.weight", {V, K});
+  m.final_norm = take(t, "model.norm.weight", {K});
+  if (c.tied_embeddings) {
+    // Some exporters also write the tied head; it must then equal the embedding.
+    if (t.by_name.count("lm_head.weight")) {
+      auto head = take(t, "lm_head.weight", {V, K});
+      TWELL_CHECK(head == m.embed, ErrorCode::corrupt,
+                  "config.json says tie_word_embeddings but lm_head.weight differs from model.embed_tokens.weight");
+    }
+  } else {
+    m.lm_head = take(t, "lm_head.weight", {V, K});
+  }
+  m.layers.resize(static_cast<std::size_t>(c.num_layers));
+  for (std::int64_t i = 0; i < c.num_layers; ++i) {
+    LayerWeights& l = m.layers[static_cast<std::size_t>(i)];
+    const std::string p = fmt::format("model.layers.{}.", i);
+    l.attn_norm = take(t, p + "input_layernorm.weight", {K});
+    l.ffn_norm = take(t, p + "post_attention_layernorm.weight", {K});
+    auto q = take(t, p + "self_attn.q_proj.weight", {c.q_dim(), K});
+    auto k = take(t, p + "self_attn.k_proj.weight", {c.kv_dim(), K});
+    auto v = take(t, p + "self_attn.v_proj.weight", {c.kv_dim(), K});
+    l.wqkv.reserve(q.size() + k.size() + v.size());
+    l.wqkv.insert(l.wqkv.end(), q.begin(), q.end());
+    l.wqkv.insert(l.wqkv.end(), k.begin(), k.end());
+    l.wqkv.insert(l.wqkv.end(), v.begin(), v.end());
+    l.wo = take(t, p + "self_attn.o_proj.weight", {K, c.q_dim()});
+    l.w_gate = take(t, p + "mlp.gate_proj.weight", {N, K});
+    l.w_up = take(t, p + "mlp.up_proj.weight", {N, K});
+    l.w_down = take(t, p + "mlp.down_proj.weight", {K, N});
+    l.ffn = cpu::prepare_ffn(ffn_weights(l.w_gate.data(), l.w_up.data(), l.w_down.data(), N, K));
+    // RoPE's frequency table, which older exports saved; computed here from rope_theta instead.
+    t.by_name.erase(p + "self_attn.rotary_emb.inv_freq");
+  }
+  if (!t.by_name.empty()) {
+    std::string names;
+    int shown = 0;
+    for (const auto& [name, _] : t.by_name) {
+      if (shown++ == 5) {
+        names += ", ...";
+        break;
+      }
+      names += (names.empty() ? "" : ", ") + name;
+    }
+    fail(ErrorCode::corrupt, "{}: {} tensor(s) this Llama config does not use: {}", dir_str, t.by_name.size(), names);
+  }
+  return m;
+}
+
+}  // namespace twell::model

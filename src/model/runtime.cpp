@@ -1,0 +1,297 @@
+// The Llama forward on the CPU (see twell/model/runtime.hpp). One layer loop; the projections are
+// OpenBLAS GEMMs over every token row of the batch at once, attention runs per (row, head).
+#include "twell/model/runtime.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <set>
+#include <vector>
+
+#include "cpu/blas.hpp"
+#include "model/runtime_checks.hpp"
+#include "twell/error.hpp"
+
+namespace twell::model {
+namespace {
+
+using cpu::gemm;
+
+// y[r, :] = x[r, :] / sqrt(mean(x[r, :]²) + eps) ⊙ w   (mean in double)
+void rmsnorm(const float* x, const float* w, std::int64_t rows, std::int64_t k, double eps, float* y) {
+#pragma omp parallel for schedule(static)
+  for (std::int64_t r = 0; r < rows; ++r) {
+    const float* xr = x + r * k;
+    double ss = 0;
+    for (std::int64_t i = 0; i < k; ++i) ss += static_cast<double>(xr[i]) * xr[i];
+    const auto inv = static_cast<float>(1.0 / std::sqrt(ss / static_cast<double>(k) + eps));
+    float* yr = y + r * k;
+    for (std::int64_t i = 0; i < k; ++i) yr[i] = xr[i] * inv * w[i];
+  }
+}
+
+// HF's RoPE (rotate_half, non-interleaved): for i < d/2, with a = pos · θ^(−2i/d),
+//   (v[i], v[i + d/2]) ← (v[i]·cos a − v[i + d/2]·sin a,  v[i + d/2]·cos a + v[i]·sin a).
+void rope(float* v, std::int64_t heads, std::int64_t d, std::int64_t pos, const std::vector<double>& inv_freq) {
+  const std::int64_t half = d / 2;
+  for (std::int64_t i = 0; i < half; ++i) {
+    const double a = static_cast<double>(pos) * inv_freq[static_cast<std::size_t>(i)];
+    const auto c = static_cast<float>(std::cos(a)), s = static_cast<float>(std::sin(a));
+    for (std::int64_t h = 0; h < heads; ++h) {
+      float* p = v + h * d;
+      const float x1 = p[i], x2 = p[i + half];
+      p[i] = x1 * c - x2 * s;
+      p[i + half] = x2 * c + x1 * s;
+    }
+  }
+}
+
+float activate(Activation a, float g) {
+  switch (a) {
+    case Activation::relu: return g > 0.0f ? g : 0.0f;
+    case Activation::silu: return g / (1.0f + std::exp(-g));
+    case Activation::gelu: return 0.5f * g * (1.0f + std::erf(g * 0.70710678118654752f));
+    case Activation::gelu_tanh: {
+      const float c = 0.7978845608028654f;  // sqrt(2/π)
+      return 0.5f * g * (1.0f + std::tanh(c * (g + 0.044715f * g * g * g)));
+    }
+  }
+  return g;
+}
+
+}  // namespace
+
+const char* to_string(FfnPath p) noexcept {
+  switch (p) {
+    case FfnPath::automatic: return "automatic";
+    case FfnPath::dense: return "dense";
+    case FfnPath::sparse: return "sparse";
+  }
+  return "?";
+}
+
+double FfnLayerStats::active_per_token() const noexcept {
+  return rows > 0 && last_density >= 0 ? static_cast<double>(active) / static_cast<double>(rows) : -1;
+}
+
+namespace {
+
+// One sequence's keys and values for every layer: [layers][capacity, kv_dim] each, fp32.
+class CpuSequence final : public Sequence {
+ public:
+  CpuSequence(const CpuRuntime* owner, const LlamaConfig& c, std::int64_t capacity) : owner_(owner), kv_dim_(c.kv_dim()) {
+    capacity_ = capacity;
+    const auto n = static_cast<std::size_t>(c.num_layers * capacity * kv_dim_);
+    k_.assign(n, 0.0f);
+    v_.assign(n, 0.0f);
+  }
+  std::int64_t bytes() const noexcept override { return static_cast<std::int64_t>((k_.size() + v_.size()) * sizeof(float)); }
+  float* k(std::int64_t layer) noexcept { return k_.data() + layer * capacity_ * kv_dim_; }
+  float* v(std::int64_t layer) noexcept { return v_.data() + layer * capacity_ * kv_dim_; }
+  const CpuRuntime* owner() const noexcept { return owner_; }
+  void advance(std::int64_t n) noexcept { length_ += n; }
+  std::int64_t room() const noexcept { return capacity_ - length_; }
+
+ private:
+  const CpuRuntime* owner_;
+  std::int64_t kv_dim_;
+  std::vector<float> k_, v_;
+};
+
+}  // namespace
+
+void check_sequence_capacity(const LlamaConfig& c, std::int64_t capacity) {
+  TWELL_CHECK(capacity > 0, ErrorCode::invalid_argument, "sequence capacity must be positive, got {}", capacity);
+  TWELL_CHECK(capacity <= c.max_position, ErrorCode::invalid_argument,
+              "sequence capacity {} exceeds the model's context of {} tokens (max_position_embeddings)", capacity,
+              c.max_position);
+}
+
+void check_forward_steps(const LlamaConfig& c, std::span<const SeqStep> steps) {
+  TWELL_CHECK(!steps.empty(), ErrorCode::invalid_argument, "forward: no sequences given");
+  std::set<const Sequence*> seen;
+  for (std::size_t s = 0; s < steps.size(); ++s) {
+    const SeqStep& st = steps[s];
+    TWELL_CHECK(st.seq != nullptr, ErrorCode::invalid_argument, "forward: step {} has no sequence", s);
+    TWELL_CHECK(seen.insert(st.seq).second, ErrorCode::invalid_argument,
+                "forward: step {}'s sequence also appears in an earlier step", s);
+    TWELL_CHECK(!st.tokens.empty(), ErrorCode::invalid_argument, "forward: step {} has no tokens", s);
+    TWELL_CHECK(st.seq->length() + static_cast<std::int64_t>(st.tokens.size()) <= st.seq->capacity(),
+                ErrorCode::invalid_argument,
+                "forward: sequence {} would hold {} tokens but its cache holds {} (context limit)", s,
+                st.seq->length() + static_cast<std::int64_t>(st.tokens.size()), st.seq->capacity());
+    for (auto id : st.tokens)
+      TWELL_CHECK(id >= 0 && id < c.vocab_size, ErrorCode::invalid_argument,
+                  "forward: token id {} is outside the vocabulary [0, {})", id, c.vocab_size);
+  }
+}
+
+CpuRuntime::CpuRuntime(const Model& model, RuntimeOptions opt)
+    : model_(&model), opt_(opt), stats_(static_cast<std::size_t>(model.config.num_layers)) {
+  TWELL_CHECK(opt.max_sparse_density >= 0 && opt.max_sparse_density <= 1, ErrorCode::invalid_argument,
+              "max_sparse_density must lie in [0, 1], got {}", opt.max_sparse_density);
+  TWELL_CHECK(opt.ffn_path != FfnPath::sparse || model.config.act == Activation::relu, ErrorCode::unsupported,
+              "the sparse FFN path needs a ReLU model; this one uses {} (override with hidden_act relu only if "
+              "the model was trained with ReLU)",
+              to_string(model.config.act));
+}
+
+std::unique_ptr<Sequence> CpuRuntime::new_sequence(std::int64_t capacity) {
+  check_sequence_capacity(model_->config, capacity);
+  return std::make_unique<CpuSequence>(this, model_->config, capacity);
+}
+
+void CpuRuntime::reset_stats() { stats_.assign(stats_.size(), FfnLayerStats{}); }
+
+void CpuRuntime::ffn(std::int64_t layer, const float* x, std::int64_t rows, float* y) {
+  const LlamaConfig& c = model_->config;
+  const LayerWeights& L = model_->layers[static_cast<std::size_t>(layer)];
+  FfnLayerStats& st = stats_[static_cast<std::size_t>(layer)];
+  const std::int64_t K = c.hidden_size, N = c.intermediate_size;
+  const bool relu = c.act == Activation::relu;
+  bool sparse = false;
+  if (relu) {
+    if (opt_.ffn_path == FfnPath::sparse) sparse = true;
+    else if (opt_.ffn_path == FfnPath::automatic)  // first call measures through the sparse path (exact at any density)
+      sparse = st.last_density < 0 || st.last_density <= opt_.max_sparse_density;
+  }
+  st.rows += rows;
+  if (sparse) {
+    const auto info = cpu::ffn_sparse(CMatrixF(x, rows, K), L.ffn, MatrixF(y, rows, K));
+    st.active += info.stats.nnz;
+    st.sparse_rows += rows;
+    st.overflow_rows += info.stats.overflow_rows;
+    st.last_density = static_cast<double>(info.stats.nnz) / static_cast<double>(rows * N);
+    return;
+  }
+  std::vector<float> g(static_cast<std::size_t>(rows * N)), u(g.size());
+  gemm(false, true, 1.0f, CMatrixF(x, rows, K), CMatrixF(L.w_gate.data(), N, K), 0.0f, MatrixF(g.data(), rows, N));
+  gemm(false, true, 1.0f, CMatrixF(x, rows, K), CMatrixF(L.w_up.data(), N, K), 0.0f, MatrixF(u.data(), rows, N));
+  std::int64_t active = 0;
+  const Activation act = c.act;
+#pragma omp parallel for reduction(+ : active) schedule(static)
+  for (std::int64_t i = 0; i < rows * N; ++i) {
+    const auto j = static_cast<std::size_t>(i);
+    if (g[j] > 0.0f) ++active;
+    u[j] *= activate(act, g[j]);
+  }
+  gemm(false, true, 1.0f, CMatrixF(u.data(), rows, N), CMatrixF(L.w_down.data(), K, N), 0.0f, MatrixF(y, rows, K));
+  if (relu) {
+    st.active += active;
+    st.last_density = static_cast<double>(active) / static_cast<double>(rows * N);
+  }
+}
+
+std::vector<float> CpuRuntime::forward(std::span<const SeqStep> steps, bool all_positions) {
+  const LlamaConfig& c = model_->config;
+  const std::int64_t K = c.hidden_size, V = c.vocab_size, Q = c.q_dim(), KV = c.kv_dim(), D = c.head_dim;
+  const std::int64_t H = c.num_heads, group = c.num_heads / c.num_kv_heads;
+  // Check everything before touching any sequence.
+  check_forward_steps(c, steps);
+  std::vector<CpuSequence*> seqs;
+  std::int64_t T = 0;
+  for (std::size_t s = 0; s < steps.size(); ++s) {
+    auto* cs = dynamic_cast<CpuSequence*>(steps[s].seq);
+    TWELL_CHECK(cs != nullptr && cs->owner() == this, ErrorCode::invalid_argument,
+                "forward: step {}'s sequence was made by another runtime", s);
+    seqs.push_back(cs);
+    T += static_cast<std::int64_t>(steps[s].tokens.size());
+  }
+
+  // Row r belongs to sequence seq[r] at position pos[r].
+  std::vector<std::int64_t> seq(static_cast<std::size_t>(T)), pos(seq.size());
+  std::vector<float> x(static_cast<std::size_t>(T * K));
+  {
+    std::int64_t r = 0;
+    for (std::size_t s = 0; s < steps.size(); ++s)
+      for (std::size_t j = 0; j < steps[s].tokens.size(); ++j, ++r) {
+        seq[static_cast<std::size_t>(r)] = static_cast<std::int64_t>(s);
+        pos[static_cast<std::size_t>(r)] = seqs[s]->length() + static_cast<std::int64_t>(j);
+        std::copy_n(model_->embed.data() + steps[s].tokens[j] * K, K, x.data() + r * K);
+      }
+  }
+  std::vector<double> inv_freq(static_cast<std::size_t>(D / 2));
+  for (std::int64_t i = 0; i < D / 2; ++i)
+    inv_freq[static_cast<std::size_t>(i)] = std::pow(c.rope_theta, -2.0 * static_cast<double>(i) / static_cast<double>(D));
+
+  std::vector<float> xn(x.size()), qkv(static_cast<std::size_t>(T * (Q + 2 * KV))), att(static_cast<std::size_t>(T * Q)),
+      tmp(x.size());
+  const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(D)));
+  for (std::int64_t l = 0; l < c.num_layers; ++l) {
+    const LayerWeights& L = model_->layers[static_cast<std::size_t>(l)];
+    rmsnorm(x.data(), L.attn_norm.data(), T, K, c.rms_eps, xn.data());
+    gemm(false, true, 1.0f, CMatrixF(xn.data(), T, K), CMatrixF(L.wqkv.data(), Q + 2 * KV, K), 0.0f,
+         MatrixF(qkv.data(), T, Q + 2 * KV));
+    // RoPE on q and k; k and v into their sequence's cache at the row's position.
+#pragma omp parallel for schedule(static)
+    for (std::int64_t r = 0; r < T; ++r) {
+      float* row = qkv.data() + r * (Q + 2 * KV);
+      const std::int64_t p = pos[static_cast<std::size_t>(r)];
+      rope(row, H, D, p, inv_freq);
+      rope(row + Q, c.num_kv_heads, D, p, inv_freq);
+      CpuSequence* cache = seqs[static_cast<std::size_t>(seq[static_cast<std::size_t>(r)])];
+      std::copy_n(row + Q, KV, cache->k(l) + p * KV);
+      std::copy_n(row + Q + KV, KV, cache->v(l) + p * KV);
+    }
+    // Causal attention: row r's query head h against its sequence's keys 0…pos[r] of KV head h / group.
+#pragma omp parallel
+    {
+      std::vector<float> score;
+#pragma omp for schedule(dynamic) collapse(2)
+      for (std::int64_t r = 0; r < T; ++r)
+        for (std::int64_t h = 0; h < H; ++h) {
+          CpuSequence* cache = seqs[static_cast<std::size_t>(seq[static_cast<std::size_t>(r)])];
+          const std::int64_t n = pos[static_cast<std::size_t>(r)] + 1, kvh = h / group;
+          const float* q = qkv.data() + r * (Q + 2 * KV) + h * D;
+          const float* kc = cache->k(l) + kvh * D;
+          const float* vc = cache->v(l) + kvh * D;
+          score.resize(static_cast<std::size_t>(n));
+          float mx = -INFINITY;
+          for (std::int64_t t = 0; t < n; ++t) {
+            float s = 0;
+            for (std::int64_t i = 0; i < D; ++i) s += q[i] * kc[t * KV + i];
+            score[static_cast<std::size_t>(t)] = s * scale;
+            mx = std::max(mx, s * scale);
+          }
+          double sum = 0;
+          for (std::int64_t t = 0; t < n; ++t) {
+            const float e = std::exp(score[static_cast<std::size_t>(t)] - mx);
+            score[static_cast<std::size_t>(t)] = e;
+            sum += e;
+          }
+          const auto inv = static_cast<float>(1.0 / sum);
+          float* o = att.data() + r * Q + h * D;
+          std::fill_n(o, D, 0.0f);
+          for (std::int64_t t = 0; t < n; ++t) {
+            const float w = score[static_cast<std::size_t>(t)] * inv;
+            for (std::int64_t i = 0; i < D; ++i) o[i] += w * vc[t * KV + i];
+          }
+        }
+    }
+    gemm(false, true, 1.0f, CMatrixF(att.data(), T, Q), CMatrixF(L.wo.data(), K, Q), 0.0f, MatrixF(tmp.data(), T, K));
+#pragma omp parallel for simd schedule(static)
+    for (std::int64_t i = 0; i < T * K; ++i) x[static_cast<std::size_t>(i)] += tmp[static_cast<std::size_t>(i)];
+    rmsnorm(x.data(), L.ffn_norm.data(), T, K, c.rms_eps, xn.data());
+    ffn(l, xn.data(), T, tmp.data());
+#pragma omp parallel for simd schedule(static)
+    for (std::int64_t i = 0; i < T * K; ++i) x[static_cast<std::size_t>(i)] += tmp[static_cast<std::size_t>(i)];
+  }
+  for (std::size_t s = 0; s < steps.size(); ++s) seqs[s]->advance(static_cast<std::int64_t>(steps[s].tokens.size()));
+
+  // Final norm and LM head over the rows asked for.
+  std::vector<std::int64_t> rows;
+  if (all_positions) {
+    for (std::int64_t r = 0; r < T; ++r) rows.push_back(r);
+  } else {
+    std::int64_t r = 0;
+    for (const SeqStep& st : steps) rows.push_back((r += static_cast<std::int64_t>(st.tokens.size())) - 1);
+  }
+  const auto R = static_cast<std::int64_t>(rows.size());
+  std::vector<float> sel(static_cast<std::size_t>(R * K));
+  for (std::int64_t i = 0; i < R; ++i) std::copy_n(x.data() + rows[static_cast<std::size_t>(i)] * K, K, sel.data() + i * K);
+  rmsnorm(sel.data(), model_->final_norm.data(), R, K, c.rms_eps, sel.data());
+  std::vector<float> logits(static_cast<std::size_t>(R * V));
+  gemm(false, true, 1.0f, CMatrixF(sel.data(), R, K), CMatrixF(model_->head(), V, K), 0.0f, MatrixF(logits.data(), R, V));
+  return logits;
+}
+
+}  // namespace twell::model

@@ -1,0 +1,171 @@
+// The CUDA model runtime against the CPU runtime (itself checked against a float64 reference in
+// tests/model/model_parity.py) on tiny random Llama checkpoints: every position's logits, batches
+// of sequences of different lengths fed in chunks through the KV caches, SiLU / GELU (dense FFN)
+// and ReLU (the FFN engine: dense, sparse, automatic), MHA and GQA; greedy generation; bad calls.
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "cuda_test_util.hpp"
+#include "model/tiny_model.hpp"
+#include "twell/model/generate.hpp"
+#include "twell/model/runtime.hpp"
+
+namespace twell::test {
+namespace {
+
+using model::FfnPath;
+using model::Runtime;
+using model::SeqStep;
+using model::Sequence;
+
+// Logits of every position of several sequences, fed together in chunks of `chunk` tokens.
+std::vector<std::vector<float>> run_batch(Runtime& rt, const std::vector<std::vector<std::int32_t>>& seqs, std::size_t chunk) {
+  std::vector<std::unique_ptr<Sequence>> kv;
+  for (auto& s : seqs) kv.push_back(rt.new_sequence(static_cast<std::int64_t>(s.size())));
+  std::vector<std::vector<float>> out(seqs.size());
+  const auto V = static_cast<std::size_t>(rt.model().config.vocab_size);
+  for (std::size_t off = 0;; off += chunk) {
+    std::vector<SeqStep> steps;
+    std::vector<std::size_t> who;
+    for (std::size_t i = 0; i < seqs.size(); ++i)
+      if (off < seqs[i].size()) {
+        steps.push_back({kv[i].get(), std::span<const std::int32_t>(seqs[i].data() + off, std::min(chunk, seqs[i].size() - off))});
+        who.push_back(i);
+      }
+    if (steps.empty()) break;
+    const auto l = rt.forward(steps, true);
+    std::size_t row = 0;
+    for (std::size_t j = 0; j < who.size(); ++j) {
+      const std::size_t n = steps[j].tokens.size();
+      out[who[j]].insert(out[who[j]].end(), l.begin() + static_cast<long>(row * V), l.begin() + static_cast<long>((row + n) * V));
+      row += n;
+    }
+  }
+  return out;
+}
+
+// The GPU holds weights, GEMM operands, q/k/v, attention outputs and the FFN's h as bf16
+// (relative rounding 2⁻⁹ each) where the CPU runtime holds fp32: per layer the outputs move by a
+// few 2⁻⁹ of their magnitude, compounding over the layers into the logits. 3e-2 of the logit scale
+// bounds 2–3 layers of that with room; a wrong head, position, cache slot or index moves logits
+// by O(1) (the tests' random models have logits of order 1).
+constexpr double kTol = 3e-2;
+
+double rel_diff(const std::vector<float>& a, const std::vector<float>& b) {
+  double d = 0, m = 0;
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    d = std::max(d, static_cast<double>(std::fabs(a[i] - b[i])));
+    m = std::max(m, static_cast<double>(std::fabs(b[i])));
+  }
+  return d / std::max(m, 1e-30);
+}
+
+struct Case {
+  const char* name;
+  TinySpec spec;
+  FfnPath path;
+};
+
+TEST(ModelCuda, LogitsMatchCpuRuntime) {
+  TWELL_REQUIRE_GPU();
+  std::vector<Case> cases;
+  {
+    TinySpec s;
+    s.act = "silu";
+    s.bf16 = true;
+    cases.push_back({"silu-gqa", s, FfnPath::automatic});
+    s.act = "gelu";
+    s.kv_heads = 4;
+    s.tied = false;
+    cases.push_back({"gelu-mha-untied", s, FfnPath::automatic});
+    TinySpec r;
+    r.bf16 = true;
+    r.bias_channel = true;
+    r.gate_threshold = -0.45f;  // ≈ 1 % density
+    r.intermediate = 600;
+    cases.push_back({"relu-sparse", r, FfnPath::sparse});
+    cases.push_back({"relu-auto", r, FfnPath::automatic});
+    cases.push_back({"relu-dense", r, FfnPath::dense});
+    r.gate_threshold = 0.0f;  // ≈ 50 %: overflowing TwELL tiles
+    cases.push_back({"relu-sparse-50pct", r, FfnPath::sparse});
+  }
+  for (auto& c : cases) {
+    c.spec.seed = fresh_seed();
+    const model::Model m = model::Model::load(write_tiny(std::string("cuda_") + c.name, c.spec).string());
+    auto cpu = model::make_runtime(m, "cpu", {FfnPath::dense, 0.05});
+    auto gpu = model::make_runtime(m, "cuda", {c.path, 0.05});
+    Rng rng(c.spec.seed);
+    std::vector<std::vector<std::int32_t>> seqs;
+    for (std::int64_t n : {1, 9, 40}) {
+      seqs.emplace_back();
+      for (std::int64_t i = 0; i < n; ++i) seqs.back().push_back(static_cast<std::int32_t>(rng.below(c.spec.vocab)));
+    }
+    const auto want = run_batch(*cpu, seqs, 40);
+    for (std::size_t chunk : {40u, 7u}) {
+      const auto got = run_batch(*gpu, seqs, chunk);
+      for (std::size_t i = 0; i < seqs.size(); ++i)
+        EXPECT_LT(rel_diff(got[i], want[i]), kTol) << c.name << ", sequence " << i << ", chunk " << chunk;
+    }
+    if (c.path == FfnPath::sparse) {
+      EXPECT_EQ(gpu->ffn_stats()[0].sparse_rows, gpu->ffn_stats()[0].rows) << c.name;
+    }
+    if (c.path == FfnPath::dense) {
+      EXPECT_EQ(gpu->ffn_stats()[0].sparse_rows, 0) << c.name;
+    }
+  }
+}
+
+TEST(ModelCuda, GreedyGenerationMatchesCpu) {
+  TWELL_REQUIRE_GPU();
+  TinySpec s;
+  s.act = "silu";
+  s.seed = fresh_seed();
+  const model::Model m = model::Model::load(write_tiny("cuda_gen", s).string());
+  auto cpu = model::make_runtime(m, "cpu");
+  auto gpu = model::make_runtime(m, "cuda");
+  Rng rng(s.seed);
+  std::vector<std::vector<std::int32_t>> prompts(3);
+  for (std::size_t i = 0; i < prompts.size(); ++i)
+    for (std::size_t j = 0; j < 3 + 5 * i; ++j) prompts[i].push_back(static_cast<std::int32_t>(rng.below(s.vocab)));
+  model::GenerateOptions o;
+  o.max_new_tokens = 16;
+  o.ignore_eos = true;
+  const auto a = model::generate(*cpu, prompts, o), b = model::generate(*gpu, prompts, o);
+  // Greedy picks may differ only where the top two logits are within the bf16 noise: count the
+  // tokens that agree before the first difference, and check that difference is such a tie.
+  for (std::size_t i = 0; i < prompts.size(); ++i) {
+    std::size_t same = 0;
+    while (same < a[i].tokens.size() && a[i].tokens[same] == b[i].tokens[same]) ++same;
+    if (same == a[i].tokens.size()) continue;
+    std::vector<std::int32_t> ctx = prompts[i];
+    ctx.insert(ctx.end(), a[i].tokens.begin(), a[i].tokens.begin() + static_cast<long>(same));
+    auto seq = cpu->new_sequence(static_cast<std::int64_t>(ctx.size()));
+    SeqStep st{seq.get(), ctx};
+    auto l = cpu->forward(std::span<const SeqStep>(&st, 1));
+    std::sort(l.begin(), l.end());
+    const double scale = std::max(std::fabs(l.front()), std::fabs(l.back()));
+    EXPECT_LT(l[l.size() - 1] - l[l.size() - 2], kTol * scale) << "prompt " << i << ": greedy differs at token " << same
+                                                                << " where the CPU's top-2 margin is not a tie";
+  }
+}
+
+TEST(ModelCuda, RejectsForeignSequencesAndBadTokens) {
+  TWELL_REQUIRE_GPU();
+  TinySpec s;
+  const model::Model m = model::Model::load(write_tiny("cuda_bad", s).string());
+  auto cpu = model::make_runtime(m, "cpu");
+  auto gpu = model::make_runtime(m, "cuda");
+  auto cs = cpu->new_sequence(8);
+  std::vector<std::int32_t> t = {1, 2}, bad = {static_cast<std::int32_t>(s.vocab)};
+  SeqStep foreign{cs.get(), t};
+  EXPECT_THROW(gpu->forward(std::span<const SeqStep>(&foreign, 1)), Error);
+  auto gs = gpu->new_sequence(8);
+  SeqStep b{gs.get(), bad};
+  EXPECT_THROW(gpu->forward(std::span<const SeqStep>(&b, 1)), Error);
+  EXPECT_EQ(gs->length(), 0);
+  EXPECT_THROW(gpu->new_sequence(s.max_pos + 1), Error);
+}
+
+}  // namespace
+}  // namespace twell::test

@@ -1,0 +1,288 @@
+// The CPU model runtime: loading and its errors, KV-cache consistency, batching, the sparse FFN
+// path against the dense one, sampling and generation. Parity with an independent float64
+// reference is in model_parity.py.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+
+#include "tiny_model.hpp"
+#include "twell/model/generate.hpp"
+#include "twell/model/runtime.hpp"
+
+namespace twell::test {
+namespace {
+
+using model::CpuRuntime;
+using model::Sequence;
+using model::Model;
+using model::SeqStep;
+
+std::vector<std::int32_t> random_tokens(Rng& rng, std::int64_t n, std::int64_t vocab) {
+  std::vector<std::int32_t> t(static_cast<std::size_t>(n));
+  for (auto& e : t) e = static_cast<std::int32_t>(rng.below(vocab));
+  return t;
+}
+
+// max |a − b| / max |b|
+double rel_diff(std::span<const float> a, std::span<const float> b) {
+  double d = 0, m = 0;
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    d = std::max(d, static_cast<double>(std::fabs(a[i] - b[i])));
+    m = std::max(m, static_cast<double>(std::fabs(b[i])));
+  }
+  return d / std::max(m, 1e-30);
+}
+
+// Logits of every position, fed in one call or in chunks of `chunk` tokens (exercises the cache).
+std::vector<float> run(model::Runtime& rt, const std::vector<std::int32_t>& toks, std::size_t chunk) {
+  auto kv = rt.new_sequence(static_cast<std::int64_t>(toks.size()));
+  std::vector<float> all;
+  for (std::size_t i = 0; i < toks.size(); i += chunk) {
+    std::span<const std::int32_t> part(toks.data() + i, std::min(chunk, toks.size() - i));
+    SeqStep s{kv.get(), part};
+    auto l = rt.forward(std::span<const SeqStep>(&s, 1), /*all_positions=*/true);
+    all.insert(all.end(), l.begin(), l.end());
+  }
+  return all;
+}
+
+// fp32 throughout: feeding tokens one at a time through the cache, in chunks, or all at once
+// changes only the order of fp32 sums (GEMM blocking), so the logits agree to a few fp32 ulps of
+// their magnitude accumulated over the layers: 1e-5 relative is > 50× that.
+TEST(ModelCpu, CacheChunksMatchOneCall) {
+  TinySpec s;
+  s.act = "silu";
+  s.seed = fresh_seed();
+  const Model m = Model::load(write_tiny("chunks", s).string());
+  CpuRuntime rt(m);
+  Rng rng(s.seed);
+  const auto toks = random_tokens(rng, 37, s.vocab);
+  const auto full = run(rt, toks, toks.size());
+  for (std::size_t chunk : {1u, 5u, 16u}) {
+    const auto part = run(rt, toks, chunk);
+    ASSERT_EQ(part.size(), full.size());
+    EXPECT_LT(rel_diff(part, full), 1e-5) << "chunk " << chunk;
+  }
+}
+
+TEST(ModelCpu, BatchMatchesSeparateSequences) {
+  TinySpec s;
+  s.act = "silu";
+  s.tied = false;
+  s.seed = fresh_seed();
+  const Model m = Model::load(write_tiny("batch", s).string());
+  CpuRuntime rt(m);
+  Rng rng(s.seed);
+  std::vector<std::vector<std::int32_t>> seqs = {random_tokens(rng, 1, s.vocab), random_tokens(rng, 19, s.vocab),
+                                                 random_tokens(rng, 7, s.vocab)};
+  std::vector<std::unique_ptr<Sequence>> kv;
+  std::vector<SeqStep> steps;
+  for (std::size_t i = 0; i < seqs.size(); ++i) kv.push_back(rt.new_sequence(32));
+  for (std::size_t i = 0; i < seqs.size(); ++i) steps.push_back({kv[i].get(), seqs[i]});
+  const auto batched = rt.forward(steps);
+  for (std::size_t i = 0; i < seqs.size(); ++i) {
+    const auto alone = run(rt, seqs[i], seqs[i].size());
+    std::span<const float> last(alone.data() + alone.size() - static_cast<std::size_t>(s.vocab), static_cast<std::size_t>(s.vocab));
+    std::span<const float> row(batched.data() + i * static_cast<std::size_t>(s.vocab), static_cast<std::size_t>(s.vocab));
+    EXPECT_LT(rel_diff(row, last), 1e-5) << "sequence " << i;
+  }
+  // A decode step for two of them, batched, equals their separate continuations.
+  std::int32_t next[2] = {3, 5};
+  std::vector<SeqStep> dec = {{kv[0].get(), std::span<const std::int32_t>(&next[0], 1)}, {kv[2].get(), std::span<const std::int32_t>(&next[1], 1)}};
+  const auto step = rt.forward(dec);
+  auto s0 = seqs[0];
+  s0.push_back(3);
+  const auto a0 = run(rt, s0, s0.size());
+  EXPECT_LT(rel_diff(std::span<const float>(step.data(), static_cast<std::size_t>(s.vocab)),
+                     std::span<const float>(a0.data() + a0.size() - static_cast<std::size_t>(s.vocab), static_cast<std::size_t>(s.vocab))),
+            1e-5);
+}
+
+// Sparse (TwELL) against dense FFN path on a ReLU model: the TwELL path holds each gate value as
+// bf16 (relative rounding ≤ 2⁻⁹), so each active h = g·u moves by ≤ 2⁻⁹ relative and each FFN
+// output by ≤ 2⁻⁹ of Σ|h·wd|; through two layers and the head the logits move by a few 2⁻⁹ of
+// their scale: 2e-2 relative bounds it with room, and a wrong index or a dropped non-zero moves
+// them by O(1).
+TEST(ModelCpu, SparsePathMatchesDense) {
+  for (float thr : {-0.45f, -0.2f, 0.0f}) {  // ≈ 1 %, ≈ 10 % and ≈ 50 % density (overflowing tiles)
+    TinySpec s;
+    s.bias_channel = true;
+    s.gate_threshold = thr;
+    s.intermediate = 600;  // three TwELL tiles, the last one partial
+    s.seed = fresh_seed();
+    const Model m = Model::load(write_tiny("sparse", s).string());
+    CpuRuntime dense(m, {model::FfnPath::dense});
+    CpuRuntime sparse(m, {model::FfnPath::sparse});
+    Rng rng(s.seed);
+    const auto toks = random_tokens(rng, 40, s.vocab);
+    const auto a = run(dense, toks, 8), b = run(sparse, toks, 8);
+    EXPECT_LT(rel_diff(b, a), 2e-2) << "gate threshold " << thr;
+    const auto& st = sparse.ffn_stats();
+    EXPECT_EQ(st[0].rows, 40);
+    EXPECT_EQ(st[0].sparse_rows, 40);
+    EXPECT_GT(st[0].active, 0);
+    // Layer 0 sees identical inputs on both paths, so the same ReLU pattern; layer 1's inputs
+    // differ by the bf16 rounding above, which may flip gates within that rounding of zero.
+    EXPECT_EQ(dense.ffn_stats()[0].active, st[0].active) << "both paths count the same ReLU pattern";
+    EXPECT_NEAR(static_cast<double>(dense.ffn_stats()[1].active), static_cast<double>(st[1].active),
+                1e-3 * static_cast<double>(st[1].active) + 2);
+    if (thr == 0.0f) {
+      EXPECT_GT(st[0].overflow_rows, 0) << "half-dense rows must overflow 31-entry TwELL tiles";
+    }
+    RecordProperty("density_" + std::to_string(thr), std::to_string(st[0].last_density));
+  }
+}
+
+TEST(ModelCpu, AutomaticDispatchFollowsDensity) {
+  TinySpec s;
+  s.bias_channel = true;
+  s.gate_threshold = 0.0f;  // ≈ 50 % density: automatic must move to the dense path after measuring
+  s.seed = fresh_seed();
+  const Model m = Model::load(write_tiny("auto", s).string());
+  CpuRuntime rt(m);
+  Rng rng(s.seed);
+  const auto toks = random_tokens(rng, 12, s.vocab);
+  run(rt, toks, 4);
+  const auto& st = rt.ffn_stats()[0];
+  EXPECT_EQ(st.sparse_rows, 4) << "first call measures through the sparse path, later calls run dense";
+  EXPECT_GT(st.last_density, 0.2);
+}
+
+TEST(ModelCpu, LoadErrorsNameTheProblem) {
+  TinySpec s;
+  auto expect_error = [](const std::filesystem::path& dir, const std::string& needle) {
+    try {
+      Model::load(dir.string());
+      ADD_FAILURE() << "no error for " << needle;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+    }
+  };
+  expect_error(write_tiny("e1", s, "model.layers.1.mlp.up_proj.weight"), "model.layers.1.mlp.up_proj.weight");
+  expect_error(write_tiny("e2", s, "", "model.layers.0.mlp.extra"), "model.layers.0.mlp.extra");
+  expect_error(write_tiny("e3", s, "", "", R"(, "rope_scaling": {"type": "linear", "factor": 2.0})"), "rope_scaling");
+  expect_error(write_tiny("e4", s, "", "", R"(, "attention_bias": true)"), "attention_bias");
+  expect_error(std::filesystem::temp_directory_path() / "twell_no_such_model_dir", "not a directory");
+  {
+    auto d = write_tiny("e5", s);
+    std::ofstream(d / "config.json") << R"({"vocab_size": 10, "hidden_size": 64})";
+    expect_error(d, "intermediate_size");
+  }
+  {
+    TinySpec w = s;
+    auto d = write_tiny("e6", w);
+    w.intermediate = 100;  // config says 100, tensors hold 176
+    std::ofstream(d / "config.json") << fmt::format(
+        R"({{"vocab_size": {}, "hidden_size": {}, "intermediate_size": 100, "num_hidden_layers": {},
+        "num_attention_heads": {}, "num_key_value_heads": {}, "tie_word_embeddings": true}})",
+        s.vocab, s.hidden, s.layers, s.heads, s.kv_heads);
+    expect_error(d, "mlp.gate_proj.weight");
+  }
+  {
+    auto d = write_tiny("e7", s);
+    std::filesystem::resize_file(d / "model.safetensors", 100);
+    EXPECT_THROW(Model::load(d.string()), Error);
+  }
+}
+
+TEST(ModelCpu, ForwardRejectsBadCallsWithoutChangingCaches) {
+  TinySpec s;
+  const Model m = Model::load(write_tiny("bad", s).string());
+  CpuRuntime rt(m);
+  auto kv = rt.new_sequence(4);
+  std::vector<std::int32_t> five = {1, 2, 3, 4, 5}, bad = {1, static_cast<std::int32_t>(s.vocab)};
+  SeqStep a{kv.get(), five};
+  EXPECT_THROW(rt.forward(std::span<const SeqStep>(&a, 1)), Error);
+  SeqStep b{kv.get(), bad};
+  EXPECT_THROW(rt.forward(std::span<const SeqStep>(&b, 1)), Error);
+  SeqStep twice[2] = {{kv.get(), std::span<const std::int32_t>(five.data(), 1)}, {kv.get(), std::span<const std::int32_t>(five.data(), 1)}};
+  EXPECT_THROW(rt.forward(twice), Error);
+  EXPECT_EQ(kv->length(), 0);
+  EXPECT_THROW(rt.new_sequence(s.max_pos + 1), Error);
+  CpuRuntime other(m);
+  SeqStep foreign{kv.get(), std::span<const std::int32_t>(five.data(), 1)};
+  EXPECT_THROW(other.forward(std::span<const SeqStep>(&foreign, 1)), Error);
+  EXPECT_THROW(CpuRuntime(m, {model::FfnPath::sparse, 0.05}).forward({}), Error);
+}
+
+TEST(Sampler, GreedyTopKTopPAndSeeds) {
+  std::vector<float> logits = {0.1f, 2.0f, -1.0f, 1.9f, 0.0f};
+  model::Sampler greedy({});
+  EXPECT_EQ(greedy.sample(logits, {}), 1);
+  model::SamplingOptions o;
+  o.temperature = 1.0;
+  o.top_k = 1;
+  model::Sampler k1(o);
+  for (int i = 0; i < 20; ++i) EXPECT_EQ(k1.sample(logits, {}), 1);
+  o.top_k = 0;
+  o.top_p = 1e-6;
+  model::Sampler p0(o);
+  for (int i = 0; i < 20; ++i) EXPECT_EQ(p0.sample(logits, {}), 1);
+  o.top_p = 1.0;
+  o.top_k = 2;
+  o.seed = 7;
+  model::Sampler a(o), b(o);
+  int ones = 0;
+  for (int i = 0; i < 400; ++i) {
+    const auto x = a.sample(logits, {});
+    EXPECT_EQ(x, b.sample(logits, {}));
+    EXPECT_TRUE(x == 1 || x == 3);
+    ones += x == 1;
+  }
+  // P(1) = e^2 / (e^2 + e^1.9) = 0.525; 400 draws: 5 σ ≈ 0.125.
+  EXPECT_NEAR(ones / 400.0, 0.525, 0.125);
+  model::SamplingOptions r;
+  r.repetition_penalty = 10.0;
+  model::Sampler rep(r);
+  const std::int32_t seen = 1;
+  EXPECT_EQ(rep.sample(logits, std::span<const std::int32_t>(&seen, 1)), 3);
+  model::SamplingOptions bad;
+  bad.top_p = 0;
+  EXPECT_THROW(model::Sampler{bad}, Error);
+  bad = {};
+  bad.temperature = -1;
+  EXPECT_THROW(model::Sampler{bad}, Error);
+  std::vector<float> nan = {0.0f, NAN};
+  EXPECT_THROW(greedy.sample(nan, {}), Error);
+}
+
+TEST(Generate, BatchedEqualsSeparateAndStops) {
+  TinySpec s;
+  s.act = "silu";
+  s.seed = fresh_seed();
+  const Model m = Model::load(write_tiny("gen", s).string());
+  CpuRuntime rt(m);
+  Rng rng(s.seed);
+  std::vector<std::vector<std::int32_t>> prompts = {random_tokens(rng, 5, s.vocab), random_tokens(rng, 11, s.vocab)};
+  model::GenerateOptions o;
+  o.max_new_tokens = 9;
+  o.ignore_eos = true;
+  const auto both = model::generate(rt, prompts, o);
+  for (std::size_t i = 0; i < prompts.size(); ++i) {
+    const auto one = model::generate(rt, {prompts[i]}, o);
+    EXPECT_EQ(one[0].tokens, both[i].tokens) << "prompt " << i;
+    EXPECT_EQ(both[i].tokens.size(), 9u);
+    EXPECT_EQ(both[i].stop_reason, "max tokens");
+  }
+  // Stop at the first token greedy picks after the prompt: exactly one token, reason "stop token".
+  o.stop_ids = {both[0].tokens[0]};
+  const auto stopped = model::generate(rt, {prompts[0]}, o);
+  EXPECT_EQ(stopped[0].tokens.size(), 1u);
+  EXPECT_EQ(stopped[0].stop_reason, "stop token");
+  // Streaming sees every token in order.
+  std::vector<std::int32_t> streamed;
+  o.stop_ids.clear();
+  model::generate(rt, {prompts[1]}, o, [&](std::size_t, std::int32_t id) { streamed.push_back(id); });
+  EXPECT_EQ(streamed, both[1].tokens);
+  // The context limit ends generation with its own reason.
+  o.max_new_tokens = 1000;
+  const auto full = model::generate(rt, {prompts[1]}, o);
+  EXPECT_EQ(full[0].stop_reason, "context full");
+  EXPECT_EQ(static_cast<std::int64_t>(prompts[1].size() + full[0].tokens.size()), s.max_pos + 1)
+      << "the model reads max_pos positions and picks one token after the last";
+}
+
+}  // namespace
+}  // namespace twell::test

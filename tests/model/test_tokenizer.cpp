@@ -1,0 +1,1 @@
+// placeholder until the tokenizer tests land
