@@ -131,6 +131,11 @@ class CudaRuntime final : public Runtime {
   std::string device() const override { return device_; }
   const std::vector<FfnLayerStats>& ffn_stats() const noexcept override { return stats_; }
   void reset_stats() override { stats_.assign(stats_.size(), FfnLayerStats{}); }
+  std::int64_t device_memory_in_use() const override {
+    std::size_t free = 0, total = 0;
+    TWELL_CUDA_CHECK(cudaMemGetInfo(&free, &total));
+    return static_cast<std::int64_t>(total - free);
+  }
 
   std::unique_ptr<Sequence> new_sequence(std::int64_t capacity) override {
     check_sequence_capacity(model_->config, capacity);

@@ -181,19 +181,58 @@ std::optional<std::string> from_byte_level(std::string_view s) {
 
 // ---------------------------------------------------------------------------------------------
 // Regular expressions: HF compiles patterns with Oniguruma (Ruby syntax); we run them on PCRE2
-// with UTF + UCP. Where the two disagree we rewrite the pattern:
-//   \s \S     Oniguruma: Unicode White_Space. PCRE2's \s also takes U+180E → \p{White_Space}.
-//   \w \W \b  Oniguruma: Alphabetic, Mark, Nd, Pc, Join_Control. PCRE2: L, N and '_' only.
-//   \h \H     Oniguruma: hex digit. PCRE2: horizontal space.
-//   \v        Oniguruma: U+000B. PCRE2: vertical space.
-//   \uHHHH    Oniguruma only → \x{HHHH}.
-//   (?m)      Ruby's m is PCRE2's s (dot matches newline); ^ and $ are always line anchors in
-//             Ruby, hence PCRE2_MULTILINE.
-// Nested classes and class intersections (&&) have no PCRE2 equivalent and are refused.
-constexpr const char* kWordClass = "\\p{Alphabetic}\\p{M}\\p{Nd}\\p{Pc}\\p{Join_Control}";
+// with UTF + UCP, rewriting what the two read differently (each measured against HF over every
+// code point, see tokenizer_parity.py's regex-class configurations):
+//   \s \S       Oniguruma: White_Space. PCRE2's \s also takes U+180E → \p{White_Space}.
+//   \w \W \b \B Oniguruma: Alphabetic, Mark, Nd, Pc; outside a class also ² ³ ¹ ¼ ½ ¾ (its
+//               Latin-1 ctype table). PCRE2: L, N and '_'.
+//   \h \H       Oniguruma: hex digit. PCRE2: horizontal space.
+//   \v          Oniguruma: U+000B. PCRE2: vertical space.
+//   \uHHHH      Oniguruma only → \x{HHHH}.
+//   \p{Script}  Oniguruma: Script. PCRE2 (10.40+): Script_Extensions → \p{sc:Script}.
+//   [:alpha:]…  POSIX brackets are Unicode properties in Oniguruma (alpha = Alphabetic, punct =
+//               P + S, …); PCRE2 maps them differently.
+//   (?m)        Ruby's m is PCRE2's s (dot matches newline); ^ and $ are always line anchors in
+//               Ruby, hence PCRE2_MULTILINE.
+// Nested classes and class intersections (&&) have no PCRE2 equivalent and are refused. What stays
+// different is the Unicode version: PCRE2 10.42 knows Unicode 14, so characters assigned since
+// (and the few whose properties changed) may split differently.
+constexpr const char* kOnigWordClass = "\\p{Alphabetic}\\p{M}\\p{Nd}\\p{Pc}";
+constexpr const char* kOnigLatin1Word = "\\x{B2}\\x{B3}\\x{B9}\\x{BC}-\\x{BE}";
+// Rust regex's \w (UTS #18), which HF's single_word check uses.
+constexpr const char* kRustWordClass = "\\p{Alphabetic}\\p{M}\\p{Nd}\\p{Pc}\\p{Join_Control}";
+
+std::string canonical_property(std::string_view name) {
+  std::string out;
+  for (char c : name)
+    if (c != '_' && c != '-' && c != ' ') out += static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return out;
+}
+
+bool is_general_category(std::string_view name) {
+  static const std::unordered_set<std::string> kCategories = {
+      "l", "lu", "ll", "lt", "lm", "lo", "lc", "l&", "m", "mn", "mc", "me", "n", "nd", "nl", "no", "p", "pc", "pd",
+      "ps", "pe", "pi", "pf", "po", "s", "sm", "sc", "sk", "so", "z", "zs", "zl", "zp", "c", "cc", "cf", "cs", "co",
+      "cn", "any", "letter", "casedletter", "uppercaseletter", "lowercaseletter", "titlecaseletter", "modifierletter",
+      "otherletter", "mark", "combiningmark", "nonspacingmark", "spacingmark", "enclosingmark", "number",
+      "decimalnumber", "letternumber", "othernumber", "punctuation", "connectorpunctuation", "dashpunctuation",
+      "openpunctuation", "closepunctuation", "initialpunctuation", "finalpunctuation", "otherpunctuation", "symbol",
+      "mathsymbol", "currencysymbol", "modifiersymbol", "othersymbol", "separator", "spaceseparator",
+      "lineseparator", "paragraphseparator", "other", "control", "format", "surrogate", "privateuse", "unassigned"};
+  return kCategories.count(canonical_property(name)) != 0;
+}
+
+bool pcre2_compiles(const std::string& pattern) {
+  int err = 0;
+  PCRE2_SIZE offset = 0;
+  pcre2_code* code = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern.data()), pattern.size(), PCRE2_UTF | PCRE2_UCP,
+                                   &err, &offset, nullptr);
+  pcre2_code_free(code);
+  return code != nullptr;
+}
 
 std::string translate_oniguruma(std::string_view p, const std::string& what) {
-  const std::string w = kWordClass;
+  const std::string w = std::string(kOnigWordClass) + kOnigLatin1Word;  // standalone \w
   std::string out;
   out.reserve(p.size() + 32);
   bool in_class = false;
@@ -208,7 +247,7 @@ std::string translate_oniguruma(std::string_view p, const std::string& what) {
       switch (e) {
         case 's': out += "\\p{White_Space}"; break;
         case 'S': out += "\\P{White_Space}"; break;
-        case 'w': out += in_class ? w : "[" + w + "]"; break;
+        case 'w': out += in_class ? std::string(kOnigWordClass) : "[" + w + "]"; break;
         case 'W':
           if (in_class) refuse("\\W inside a class");
           out += "[^" + w + "]";
@@ -241,6 +280,27 @@ std::string translate_oniguruma(std::string_view p, const std::string& what) {
           }
           break;
         }
+        case 'p':
+        case 'P': {  // \p{Name}, \p{^Name}: scripts mean Script, not Script_Extensions
+          const std::size_t close = i + 1 < p.size() && p[i + 1] == '{' ? p.find('}', i + 2) : std::string_view::npos;
+          if (close == std::string_view::npos) {
+            out += '\\';
+            out += e;
+            break;
+          }
+          std::string_view name = p.substr(i + 2, close - i - 2);
+          bool negated = e == 'P';
+          if (!name.empty() && name[0] == '^') negated = !negated, name.remove_prefix(1);
+          std::string prop(name);
+          if (!is_general_category(name) && name.find_first_of(":=") == std::string_view::npos &&
+              pcre2_compiles("\\p{sc:" + prop + "}"))
+            prop = "sc:" + prop;
+          out += negated ? "\\P{" : "\\p{";
+          out += prop;
+          out += '}';
+          i = close;
+          break;
+        }
         default:
           out += '\\';
           out += e;
@@ -251,10 +311,30 @@ std::string translate_oniguruma(std::string_view p, const std::string& what) {
       if (c == ']' && i > class_body) {
         in_class = false;
       } else if (c == '[') {
-        if (i + 1 < p.size() && p[i + 1] == ':') {  // POSIX bracket [:alpha:]: copy it whole
+        if (i + 1 < p.size() && p[i + 1] == ':') {  // a POSIX bracket, [:alpha:] or [:^alpha:]
           const std::size_t close = p.find(":]", i + 2);
           if (close == std::string_view::npos) refuse("'[:' without ':]'");
-          out += p.substr(i, close + 2 - i);
+          std::string_view name = p.substr(i + 2, close - i - 2);
+          const bool negated = !name.empty() && name[0] == '^';
+          if (negated) name.remove_prefix(1);
+          static const std::map<std::string, std::pair<std::string, std::string>, std::less<>> kPosix = {
+              // name → (class body, negated class body or "" when there is no single-escape form)
+              {"alpha", {"\\p{Alphabetic}", "\\P{Alphabetic}"}},
+              {"digit", {"\\p{Nd}", "\\P{Nd}"}},
+              {"alnum", {"\\p{Alphabetic}\\p{Nd}", ""}},
+              {"punct", {"\\p{P}\\p{S}", ""}},
+              {"upper", {"\\p{Uppercase}", "\\P{Uppercase}"}},
+              {"lower", {"\\p{Lowercase}", "\\P{Lowercase}"}},
+              {"space", {"\\p{White_Space}", "\\P{White_Space}"}},
+              {"cntrl", {"\\p{Cc}", "\\P{Cc}"}},
+              {"blank", {"\\p{Zs}\\t", ""}},
+              {"xdigit", {"0-9A-Fa-f", ""}},
+              {"word", {kOnigWordClass, ""}},
+          };
+          const auto it = kPosix.find(name);
+          if (it == kPosix.end() || (negated && it->second.second.empty()))
+            refuse(fmt::format("[:{}{}:]", negated ? "^" : "", name));
+          out += negated ? it->second.second : it->second.first;
           i = close + 1;
           continue;
         }
@@ -335,8 +415,9 @@ class Regex {
     PCRE2_SIZE offset = 0;
     const std::uint32_t options = PCRE2_UTF | PCRE2_UCP | PCRE2_MATCH_INVALID_UTF | PCRE2_MULTILINE | extra_options;
     code_ = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern.data()), pattern.size(), options, &err, &offset, nullptr);
-    if (!code_)
-      fail(ErrorCode::corrupt, "{}: regex '{}' does not compile at offset {}: {}", what, pattern, offset, pcre2_message(err));
+    if (!code_)  // invalid in Oniguruma too, or a construct PCRE2 lacks
+      fail(ErrorCode::unsupported, "{}: regex '{}' (as translated for PCRE2) does not compile at offset {}: {}", what, pattern,
+           offset, pcre2_message(err));
     pcre2_jit_compile(code_, PCRE2_JIT_COMPLETE);  // on failure pcre2_match interprets
   }
   ~Regex() { pcre2_code_free(code_); }
@@ -885,7 +966,7 @@ void Tokenizer::Impl::load_added_tokens(const Ctx& c, const json& a) {
   for (const auto& [id, tok] : added) {
     (tok.normalized ? normalized_trie : raw_trie).add(tok.content, id);
     if (tok.single_word && !word_char)
-      word_char = std::make_unique<Regex>(std::string("[") + kWordClass + "]", what, PCRE2_ANCHORED);
+      word_char = std::make_unique<Regex>(std::string("[") + kRustWordClass + "]", what, PCRE2_ANCHORED);
   }
 }
 

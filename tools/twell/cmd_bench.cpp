@@ -827,8 +827,10 @@ int run_bench(BenchArgs& a) {
 }  // namespace
 
 void add_bench_command(CLI::App& root, std::vector<Command>& out) {
-  CLI::App* bench = root.add_subcommand("bench", "Benchmarks: `twell bench ffn` (dense vs sparse FFN timing)");
+  CLI::App* bench = root.add_subcommand(
+      "bench", "Benchmarks: `twell bench ffn` (one FFN layer), `twell bench model` (a whole model: prefill, decode)");
   bench->require_subcommand(1);
+  add_bench_model_command(*bench, out);
   auto a = std::make_shared<BenchArgs>();
   a->gen.p.m = 512;  // without --m: 512 on the CPU, 16384 on a GPU (see run_bench)
   CLI::App* sub = bench->add_subcommand("ffn", "Dense vs sparse timing of one FFN layer, checked against float64");

@@ -28,6 +28,7 @@ HostTensor as_dtype(const HostTensor& t, DType dt) {
 }
 
 int run_gen(GenArgs& a) {
+  if (a.out.empty()) fail(ErrorCode::invalid_argument, "--out is required (see `twell gen --help`)");
   a.gen.p.gated = !a.no_gate;
   a.gen.validate();
   const bool with_l1 = a.l1_opt->count() > 0;
@@ -71,7 +72,9 @@ void add_gen_command(CLI::App& root, std::vector<Command>& out) {
   sub->footer("Write generated FFN inputs (x, w_gate, w_up, w_down, dy) to a safetensors file for `twell ffn`.\n"
       "ReLU(x w_gate^T) gets the statistics of trained ReLU-sparse models: a mean density, a heavy-tailed\n"
       "spread over rows, optional hot rows, skewed neuron popularity and dead neurons; same seed, same file.");
-  sub->add_option("--out", a->out, "Output safetensors file")->required();
+  sub->add_option("--out", a->out, "Output safetensors file (required)");
+  sub->require_subcommand(0, 1);
+  add_gen_model_command(*sub, out);  // `twell gen model`: before `gen` itself, which is parsed too
   a->gen.add(sub);
   sub->add_option("--dtype", a->dtype, "Storage dtype of the tensors: f32 or bf16")
       ->check(CLI::IsMember({"f32", "bf16"}));

@@ -30,6 +30,8 @@ void add_bench_command(CLI::App& root, std::vector<Command>& out);
 void add_stats_command(CLI::App& root, std::vector<Command>& out);
 void add_gen_command(CLI::App& root, std::vector<Command>& out);
 void add_generate_command(CLI::App& root, std::vector<Command>& out);
+void add_gen_model_command(CLI::App& gen, std::vector<Command>& out);
+void add_bench_model_command(CLI::App& bench, std::vector<Command>& out);
 
 // ---- FFN inputs ----
 

@@ -71,6 +71,9 @@ class Runtime {
   virtual std::vector<float> forward(std::span<const SeqStep> steps, bool all_positions = false) = 0;
   virtual const std::vector<FfnLayerStats>& ffn_stats() const noexcept = 0;
   virtual void reset_stats() = 0;
+  // Bytes of device memory in use on the runtime's GPU (the whole device, as cudaMemGetInfo says);
+  // −1 on the CPU.
+  virtual std::int64_t device_memory_in_use() const { return -1; }
 };
 
 class CpuRuntime final : public Runtime {

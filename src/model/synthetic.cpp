@@ -1,0 +1,234 @@
+// Synthetic sparse Llama checkpoints (see twell/model/synthetic.hpp for the construction).
+#include "twell/model/synthetic.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <numbers>
+#include <random>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "twell/bf16.hpp"
+#include "twell/error.hpp"
+#include "twell/io/safetensors.hpp"
+
+namespace twell::model {
+namespace {
+
+std::uint64_t mix(std::uint64_t x) {  // splitmix64
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+
+// n values N(0, sd²) rounded to bf16, reproducible from (seed, stream) whatever the thread count.
+std::vector<float> normal(std::size_t n, float sd, std::uint64_t seed, std::uint64_t stream) {
+  std::vector<float> v(n);
+  constexpr std::size_t kChunk = 1 << 16;
+  const auto chunks = static_cast<std::int64_t>((n + kChunk - 1) / kChunk);
+#pragma omp parallel for schedule(static)
+  for (std::int64_t c = 0; c < chunks; ++c) {
+    std::mt19937_64 rng(mix(seed ^ mix(stream * 1000003ull + static_cast<std::uint64_t>(c))));
+    std::normal_distribution<float> d(0.0f, sd);
+    const std::size_t end = std::min(n, static_cast<std::size_t>(c + 1) * kChunk);
+    for (std::size_t i = static_cast<std::size_t>(c) * kChunk; i < end; ++i) v[i] = round_bf16(d(rng));
+  }
+  return v;
+}
+
+double phi(double z) { return 0.5 * std::erfc(-z / std::numbers::sqrt2); }
+
+// Φ⁻¹(p) by bisection (p in (0, 1)).
+double inv_phi(double p) {
+  double lo = -40, hi = 40;
+  for (int i = 0; i < 200; ++i) {
+    const double mid = 0.5 * (lo + hi);
+    (phi(mid) < p ? lo : hi) = mid;
+  }
+  return 0.5 * (lo + hi);
+}
+
+}  // namespace
+
+LlamaConfig preset_config(const std::string& name) {
+  LlamaConfig c;
+  c.vocab_size = 49152;
+  c.hidden_size = 2048;
+  c.intermediate_size = 5632;
+  c.num_heads = 32;
+  c.num_kv_heads = 32;
+  c.head_dim = 64;
+  c.max_position = 2048;
+  c.rms_eps = 1e-5;
+  c.rope_theta = 1e5;
+  c.act = Activation::relu;
+  c.act_name = "relu";
+  c.tied_embeddings = true;
+  c.bos_ids = {0};
+  c.eos_ids = {0};
+  c.dtype = "bfloat16";
+  if (name == "0.5b") c.num_layers = 8;
+  else if (name == "1b") c.num_layers = 18;
+  else if (name == "1.5b") c.num_layers = 28;
+  else if (name == "2b") c.num_layers = 38;
+  else if (name == "tiny") {
+    c.vocab_size = 512;
+    c.hidden_size = 256;
+    c.intermediate_size = 704;
+    c.num_heads = 4;
+    c.num_kv_heads = 2;
+    c.num_layers = 4;
+    c.max_position = 512;
+  } else {
+    fail(ErrorCode::invalid_argument, "unknown model preset '{}' (tiny, 0.5b, 1b, 1.5b, 2b)", name);
+  }
+  return c;
+}
+
+void SyntheticSpec::validate() const {
+  TWELL_CHECK(config.num_layers > 0 && config.hidden_size > 1 && config.intermediate_size > 0 && config.vocab_size > 0,
+              ErrorCode::invalid_argument, "synthetic model: empty shape");
+  TWELL_CHECK(density > 0 && density < 0.5, ErrorCode::invalid_argument, "--density must lie in (0, 0.5), got {}", density);
+  TWELL_CHECK(layer_density.empty() || static_cast<std::int64_t>(layer_density.size()) == config.num_layers,
+              ErrorCode::invalid_argument, "{} layer densities given for {} layers", layer_density.size(), config.num_layers);
+  for (double d : layer_density)
+    TWELL_CHECK(d > 0 && d < 0.5, ErrorCode::invalid_argument, "layer densities must lie in (0, 0.5), got {}", d);
+  TWELL_CHECK(profile == "paper" || profile == "flat", ErrorCode::invalid_argument,
+              "--profile must be paper or flat, got '{}'", profile);
+  TWELL_CHECK(popularity_sigma >= 0 && popularity_sigma <= 3, ErrorCode::invalid_argument,
+              "--skew must lie in [0, 3], got {}", popularity_sigma);
+  TWELL_CHECK(dead_share >= 0 && dead_share < 0.95, ErrorCode::invalid_argument, "--dead must lie in [0, 0.95), got {}",
+              dead_share);
+}
+
+std::vector<double> target_densities(const SyntheticSpec& s) {
+  s.validate();
+  if (!s.layer_density.empty()) return s.layer_density;
+  const auto L = static_cast<std::size_t>(s.config.num_layers);
+  std::vector<double> shape(L, 1.0);
+  if (s.profile == "paper")  // quiet first layers, busiest in the middle
+    for (std::size_t l = 0; l < L; ++l)
+      shape[l] = 0.3 + std::sin(std::numbers::pi * (static_cast<double>(l) + 0.5) / static_cast<double>(L));
+  double mean = 0;
+  for (double v : shape) mean += v / static_cast<double>(L);
+  for (auto& v : shape) v = std::min(0.45, v / mean * s.density);
+  return shape;
+}
+
+Model make_synthetic_model(const SyntheticSpec& s, const std::function<void(int, int)>& progress) {
+  const std::vector<double> targets = target_densities(s);
+  const LlamaConfig& c = s.config;
+  const std::int64_t K = c.hidden_size, N = c.intermediate_size, V = c.vocab_size, L = c.num_layers;
+  const float sd = 0.02f, sd_out = 0.02f / std::sqrt(2.0f * static_cast<float>(L));
+  const float bias = std::sqrt(static_cast<float>(K));  // channel 0's constant c
+  Model m;
+  m.config = c;
+  m.dir = "(synthetic)";
+  std::uint64_t stream = 0;
+  m.embed = normal(static_cast<std::size_t>(V * K), 1.0f, s.seed, stream++);
+  for (std::int64_t v = 0; v < V; ++v) m.embed[static_cast<std::size_t>(v * K)] = round_bf16(bias);
+  m.final_norm.assign(static_cast<std::size_t>(K), 1.0f);
+  if (!c.tied_embeddings) m.lm_head = normal(static_cast<std::size_t>(V * K), sd, s.seed, stream++);
+  m.layers.resize(static_cast<std::size_t>(L));
+  std::mt19937_64 rng(mix(s.seed ^ 0x5eed));
+  for (std::int64_t l = 0; l < L; ++l) {
+    LayerWeights& w = m.layers[static_cast<std::size_t>(l)];
+    w.attn_norm.assign(static_cast<std::size_t>(K), 1.0f);
+    w.ffn_norm.assign(static_cast<std::size_t>(K), 1.0f);
+    w.wqkv = normal(static_cast<std::size_t>((c.q_dim() + 2 * c.kv_dim()) * K), sd, s.seed, stream++);
+    w.wo = normal(static_cast<std::size_t>(K * c.q_dim()), sd_out, s.seed, stream++);
+    std::fill_n(w.wo.begin(), c.q_dim(), 0.0f);  // row 0: channel 0 stays the constant
+    w.w_gate = normal(static_cast<std::size_t>(N * K), sd, s.seed, stream++);
+    w.w_up = normal(static_cast<std::size_t>(N * K), sd, s.seed, stream++);
+    w.w_down = normal(static_cast<std::size_t>(K * N), sd_out, s.seed, stream++);
+    std::fill_n(w.w_down.begin(), N, 0.0f);  // row 0
+    // Per-neuron densities: dead ones, then a log-normal popularity around the layer's target
+    // (mean over alive neurons = target / (1 − dead share), so the layer's mean is the target).
+    const double alive_mean = targets[static_cast<std::size_t>(l)] / (1.0 - s.dead_share);
+    std::normal_distribution<double> z;
+    std::uniform_real_distribution<double> u;
+    const double sg = s.popularity_sigma;
+    for (std::int64_t n = 0; n < N; ++n) {
+      float* row = w.w_gate.data() + n * K;
+      double norm2 = 0;
+      for (std::int64_t k = 1; k < K; ++k) norm2 += static_cast<double>(row[k]) * row[k];
+      const bool dead = u(rng) < s.dead_share;
+      const double d = std::min(0.5, alive_mean * std::exp(sg * z(rng) - 0.5 * sg * sg));
+      const double t = std::sqrt(norm2) * (dead ? 10.0 : inv_phi(1.0 - d));
+      row[0] = round_bf16(static_cast<float>(-t / bias));
+    }
+    w.ffn = cpu::prepare_ffn(ffn_weights(w.w_gate.data(), w.w_up.data(), w.w_down.data(), N, K));
+    if (progress) progress(static_cast<int>(l + 1), static_cast<int>(L));
+  }
+  return m;
+}
+
+void save_checkpoint(const Model& m, const std::string& dir_str) {
+  namespace fs = std::filesystem;
+  const fs::path dir(dir_str);
+  TWELL_CHECK(!fs::exists(dir) || (fs::is_directory(dir) && fs::is_empty(dir)), ErrorCode::io,
+              "{} exists and is not an empty directory: refusing to overwrite it", dir_str);
+  const LlamaConfig& c = m.config;
+  const std::int64_t K = c.hidden_size, N = c.intermediate_size, V = c.vocab_size;
+  std::vector<std::pair<std::string, HostTensor>> t;
+  auto add = [&](const std::string& name, const float* p, std::vector<std::int64_t> shape) {
+    HostTensor h(DType::bf16, shape);
+    for (std::int64_t i = 0; i < h.numel(); ++i) h.data<bf16>()[i] = to_bf16(p[i]);
+    t.emplace_back(name, std::move(h));
+  };
+  add("model.embed_tokens.weight", m.embed.data(), {V, K});
+  add("model.norm.weight", m.final_norm.data(), {K});
+  if (!m.lm_head.empty()) add("lm_head.weight", m.lm_head.data(), {V, K});
+  for (std::size_t i = 0; i < m.layers.size(); ++i) {
+    const LayerWeights& w = m.layers[i];
+    const std::string p = fmt::format("model.layers.{}.", i);
+    add(p + "input_layernorm.weight", w.attn_norm.data(), {K});
+    add(p + "post_attention_layernorm.weight", w.ffn_norm.data(), {K});
+    add(p + "self_attn.q_proj.weight", w.wqkv.data(), {c.q_dim(), K});
+    add(p + "self_attn.k_proj.weight", w.wqkv.data() + c.q_dim() * K, {c.kv_dim(), K});
+    add(p + "self_attn.v_proj.weight", w.wqkv.data() + (c.q_dim() + c.kv_dim()) * K, {c.kv_dim(), K});
+    add(p + "self_attn.o_proj.weight", w.wo.data(), {K, c.q_dim()});
+    add(p + "mlp.gate_proj.weight", w.w_gate.data(), {N, K});
+    add(p + "mlp.up_proj.weight", w.w_up.data(), {N, K});
+    add(p + "mlp.down_proj.weight", w.w_down.data(), {K, N});
+  }
+  nlohmann::json j = {{"architectures", {"LlamaForCausalLM"}},
+                      {"model_type", "llama"},
+                      {"vocab_size", V},
+                      {"hidden_size", K},
+                      {"intermediate_size", N},
+                      {"num_hidden_layers", c.num_layers},
+                      {"num_attention_heads", c.num_heads},
+                      {"num_key_value_heads", c.num_kv_heads},
+                      {"head_dim", c.head_dim},
+                      {"max_position_embeddings", c.max_position},
+                      {"rms_norm_eps", c.rms_eps},
+                      {"rope_theta", c.rope_theta},
+                      {"rope_scaling", nullptr},
+                      {"hidden_act", to_string(c.act)},
+                      {"tie_word_embeddings", m.lm_head.empty()},
+                      {"attention_bias", false},
+                      {"mlp_bias", false},
+                      {"torch_dtype", "bfloat16"}};
+  if (!c.bos_ids.empty()) j["bos_token_id"] = c.bos_ids[0];
+  if (!c.eos_ids.empty()) j["eos_token_id"] = c.eos_ids[0];
+  const fs::path tmp = dir.parent_path() / ("." + dir.filename().string() + ".tmp");
+  fs::remove_all(tmp);
+  fs::create_directories(tmp);
+  std::vector<io::TensorRef> refs;
+  for (auto& [name, h] : t) refs.push_back({name, &h});
+  io::write_safetensors((tmp / "model.safetensors").string(), refs, {{"format", "pt"}, {"generator", "twell gen model"}});
+  {
+    std::ofstream f(tmp / "config.json");
+    f << j.dump(2) << "\n";
+    TWELL_CHECK(f.good(), ErrorCode::io, "cannot write {}", (tmp / "config.json").string());
+  }
+  if (fs::exists(dir)) fs::remove(dir);  // empty, checked above
+  fs::rename(tmp, dir);
+}
+
+}  // namespace twell::model

@@ -1,0 +1,274 @@
+// twell bench model: a whole model's prefill and decode speed, the sparse FFN against the runtime's
+// own dense FFN path in the same process on the same inputs (alternating, medians), with the
+// densities the layers reached and the device memory each needs.
+#include <algorithm>
+#include <cstdio>
+#include <memory>
+#include <random>
+
+#include "common.hpp"
+#include "twell/model/runtime.hpp"
+#include "twell/model/synthetic.hpp"
+
+namespace twell::cli {
+namespace {
+
+struct BenchModelArgs {
+  std::string model_dir;
+  std::string config;
+  std::string hidden_act;
+  model::SyntheticSpec spec;
+  std::string device;
+  std::int64_t prefill_batch = 8, prefill_len = 512;
+  std::vector<std::int64_t> decode_batches = {1, 8, 64};
+  std::int64_t context = 128, decode_steps = 32;
+  int reps = 3;
+  std::string json;
+};
+
+struct Pair {
+  std::vector<double> dense, sparse;  // seconds per rep
+};
+
+std::vector<std::int32_t> random_tokens(std::mt19937_64& rng, std::int64_t n, std::int64_t vocab) {
+  std::vector<std::int32_t> t(static_cast<std::size_t>(n));
+  for (auto& e : t) e = static_cast<std::int32_t>(rng() % static_cast<std::uint64_t>(vocab));
+  return t;
+}
+
+// One prefill of `batch` sequences of `len` tokens; seconds.
+double time_prefill(model::Runtime& rt, const std::vector<std::vector<std::int32_t>>& seqs) {
+  std::vector<std::unique_ptr<model::Sequence>> kv;
+  std::vector<model::SeqStep> steps;
+  for (const auto& s : seqs) kv.push_back(rt.new_sequence(static_cast<std::int64_t>(s.size())));
+  for (std::size_t i = 0; i < seqs.size(); ++i) steps.push_back({kv[i].get(), seqs[i]});
+  const double t0 = now_seconds();
+  rt.forward(steps);
+  return now_seconds() - t0;
+}
+
+// `steps` greedy decode steps of `prompts.size()` sequences after an untimed prefill; seconds.
+double time_decode(model::Runtime& rt, const std::vector<std::vector<std::int32_t>>& prompts, std::int64_t steps) {
+  const std::int64_t V = rt.model().config.vocab_size;
+  std::vector<std::unique_ptr<model::Sequence>> kv;
+  std::vector<model::SeqStep> st;
+  for (const auto& p : prompts) kv.push_back(rt.new_sequence(static_cast<std::int64_t>(p.size()) + steps));
+  for (std::size_t i = 0; i < prompts.size(); ++i) st.push_back({kv[i].get(), prompts[i]});
+  std::vector<float> logits = rt.forward(st);
+  std::vector<std::int32_t> next(prompts.size());
+  const double t0 = now_seconds();
+  for (std::int64_t s = 0; s < steps; ++s) {
+    for (std::size_t i = 0; i < prompts.size(); ++i) {
+      const float* row = logits.data() + static_cast<std::int64_t>(i) * V;
+      next[i] = static_cast<std::int32_t>(std::max_element(row, row + V) - row);
+      st[i] = {kv[i].get(), std::span<const std::int32_t>(&next[i], 1)};
+    }
+    logits = rt.forward(st);
+  }
+  return now_seconds() - t0;
+}
+
+int run_bench_model(BenchModelArgs& a) {
+  if (a.model_dir.empty() == a.config.empty()) fail(ErrorCode::invalid_argument, "give either --model DIR or --config NAME");
+  if (!a.json.empty()) check_writable(a.json, "--json");
+  if (a.reps < 1) fail(ErrorCode::invalid_argument, "--reps must be ≥ 1");
+  std::string why;
+  const std::string device = resolve_device(a.device, &why) == DeviceKind::cuda ? "cuda" : "cpu";
+  model::Model m;
+  std::string source;
+  if (!a.config.empty()) {
+    a.spec.config = model::preset_config(a.config);
+    note(fmt::format("building the synthetic {} model in memory (mean density {:.3f} %)", a.config, 100 * a.spec.density));
+    m = model::make_synthetic_model(a.spec, [](int d, int t) {
+      std::fprintf(stderr, "\rtwell: layer %d / %d", d, t);
+      if (d == t) std::fputc('\n', stderr);
+    });
+    source = fmt::format("synthetic {} (density {:g}, profile {}, skew {:g}, dead {:g}, seed {})", a.config,
+                         a.spec.density, a.spec.profile, a.spec.popularity_sigma, a.spec.dead_share, a.spec.seed);
+  } else {
+    model::LoadOptions lo;
+    if (!a.hidden_act.empty()) lo.hidden_act = a.hidden_act;
+    m = model::Model::load(a.model_dir, lo);
+    source = a.model_dir;
+  }
+  const auto& c = m.config;
+  if (a.prefill_len + 1 > c.max_position || a.context + a.decode_steps > c.max_position)
+    fail(ErrorCode::invalid_argument, "--prefill-len / --context + --decode-steps exceed the model's context ({})", c.max_position);
+  note(fmt::format("{}: {} layers, hidden {}, FFN {} ({}), {:.1f} M parameters; device {} ({})", source, c.num_layers,
+                   c.hidden_size, c.intermediate_size, model::to_string(c.act), static_cast<double>(c.parameters()) / 1e6,
+                   device, why));
+
+  // Densities the layers reach on these inputs, counted exactly by the CPU runtime's dense path.
+  std::mt19937_64 rng(a.spec.seed + 17);
+  std::vector<double> density;
+  std::int64_t density_tokens = 0;
+  if (c.act == model::Activation::relu) {
+    model::CpuRuntime cpu(m, {model::FfnPath::dense, 0});
+    // 128 tokens (32 for models over 1 B parameters: the CPU's dense forward of 2 B is ≈ 4 GFLOP a token)
+    const std::int64_t n = std::min<std::int64_t>(c.parameters() > 1000000000 ? 32 : 128, c.max_position);
+    const auto toks = random_tokens(rng, n, c.vocab_size);
+    density_tokens = n;
+    auto seq = cpu.new_sequence(static_cast<std::int64_t>(toks.size()));
+    model::SeqStep st{seq.get(), toks};
+    cpu.forward(std::span<const model::SeqStep>(&st, 1));
+    for (const auto& s : cpu.ffn_stats()) density.push_back(s.last_density);
+  }
+  double mean_density = 0;
+  for (double d : density) mean_density += d / static_cast<double>(density.size());
+
+  // Memory: each runtime alone, after its largest call (weights, KV caches, workspaces).
+  std::int64_t mem_dense = -1, mem_sparse = -1;
+  const auto prefill_seqs = [&] {
+    std::vector<std::vector<std::int32_t>> s;
+    for (std::int64_t b = 0; b < a.prefill_batch; ++b) s.push_back(random_tokens(rng, a.prefill_len, c.vocab_size));
+    return s;
+  }();
+  if (device == "cuda") {
+    for (int which = 0; which < 2; ++which) {
+      auto rt = model::make_runtime(m, device, {which ? model::FfnPath::automatic : model::FfnPath::dense, 0.05});
+      const std::int64_t before = rt->device_memory_in_use();
+      (void)before;
+      time_prefill(*rt, prefill_seqs);
+      (which ? mem_sparse : mem_dense) = rt->device_memory_in_use();
+    }
+  }
+  auto dense = model::make_runtime(m, device, {model::FfnPath::dense, 0.05});
+  auto sparse = model::make_runtime(m, device, {c.act == model::Activation::relu ? model::FfnPath::automatic : model::FfnPath::dense, 0.05});
+
+  // Agreement of the two paths on the prefill's last positions (both bf16 on the GPU).
+  double agree = 0;
+  {
+    std::vector<std::vector<std::int32_t>> s = {random_tokens(rng, 64, c.vocab_size)};
+    std::vector<std::vector<float>> out;
+    for (auto* rt : {dense.get(), sparse.get()}) {
+      auto seq = rt->new_sequence(64);
+      model::SeqStep st{seq.get(), s[0]};
+      out.push_back(rt->forward(std::span<const model::SeqStep>(&st, 1)));
+    }
+    double d = 0, mx = 0;
+    for (std::size_t i = 0; i < out[0].size(); ++i) {
+      d = std::max(d, static_cast<double>(std::fabs(out[1][i] - out[0][i])));
+      mx = std::max(mx, static_cast<double>(std::fabs(out[0][i])));
+    }
+    agree = d / std::max(mx, 1e-30);
+  }
+
+  struct Row {
+    std::string phase;
+    std::int64_t batch, tokens;  // tokens per rep
+    Pair t;
+  };
+  std::vector<Row> rows;
+  const int total = static_cast<int>(1 + a.decode_batches.size()) * a.reps;
+  int done = 0;
+  auto progress = [&](const std::string& what) {
+    std::fprintf(stderr, "\rtwell: [%d/%d] %s            ", ++done, total, what.c_str());
+    std::fflush(stderr);
+  };
+  // Warm-up: one call of each shape on each runtime (cuBLASLt plans, the FFN's first counted call).
+  time_prefill(*dense, prefill_seqs);
+  time_prefill(*sparse, prefill_seqs);
+  {
+    Row r{"prefill", a.prefill_batch, a.prefill_batch * a.prefill_len, {}};
+    for (int i = 0; i < a.reps; ++i) {
+      progress(fmt::format("prefill {} x {}", a.prefill_batch, a.prefill_len));
+      r.t.dense.push_back(time_prefill(*dense, prefill_seqs));
+      r.t.sparse.push_back(time_prefill(*sparse, prefill_seqs));
+    }
+    rows.push_back(r);
+  }
+  for (std::int64_t b : a.decode_batches) {
+    std::vector<std::vector<std::int32_t>> prompts;
+    for (std::int64_t i = 0; i < b; ++i) prompts.push_back(random_tokens(rng, a.context, c.vocab_size));
+    time_decode(*dense, prompts, 2);
+    time_decode(*sparse, prompts, 2);
+    Row r{"decode", b, b * a.decode_steps, {}};
+    for (int i = 0; i < a.reps; ++i) {
+      progress(fmt::format("decode batch {}", b));
+      r.t.dense.push_back(time_decode(*dense, prompts, a.decode_steps));
+      r.t.sparse.push_back(time_decode(*sparse, prompts, a.decode_steps));
+    }
+    rows.push_back(r);
+  }
+  std::fputc('\n', stderr);
+
+  std::int64_t sparse_layers = 0;
+  for (const auto& s : sparse->ffn_stats()) sparse_layers += s.sparse_rows > 0;
+  fmt::print("twell bench model: {}\n", source);
+  fmt::print("device {} | commit {} | {}\n", device == "cuda" ? dense->device() : cpu_name(), git_commit(), iso_time_utc());
+  if (!density.empty())
+    fmt::print("FFN density measured on {} random tokens: mean {:.3f} % ({:.1f} of {} per token), layers {:.2f}–{:.2f} %\n",
+               density_tokens, 100 * mean_density, mean_density * static_cast<double>(c.intermediate_size), c.intermediate_size,
+               100 * *std::min_element(density.begin(), density.end()), 100 * *std::max_element(density.begin(), density.end()));
+  fmt::print("sparse runtime: {} of {} layers ran the sparse FFN at least once; logits vs dense path: max rel diff {:.2e}\n",
+             sparse_layers, c.num_layers, agree);
+  fmt::print("\n| phase | batch | tokens per run | dense tokens/s | sparse tokens/s | sparse / dense | dense ms/step | sparse ms/step |\n");
+  fmt::print("|---|---|---|---|---|---|---|---|\n");
+  nlohmann::json jr = nlohmann::json::array();
+  for (const auto& r : rows) {
+    const double td = median(r.t.dense), ts = median(r.t.sparse);
+    const double steps = r.phase == "decode" ? static_cast<double>(a.decode_steps) : 1.0;
+    fmt::print("| {} | {} | {} | {:.0f} | {:.0f} | {:.3f}x | {:.3f} | {:.3f} |\n", r.phase, r.batch, r.tokens,
+               static_cast<double>(r.tokens) / td, static_cast<double>(r.tokens) / ts, td / ts, 1e3 * td / steps,
+               1e3 * ts / steps);
+    jr.push_back({{"phase", r.phase}, {"batch", r.batch}, {"tokens", r.tokens}, {"dense_s", r.t.dense},
+                  {"sparse_s", r.t.sparse}, {"dense_tokens_per_s", static_cast<double>(r.tokens) / td},
+                  {"sparse_tokens_per_s", static_cast<double>(r.tokens) / ts}, {"speedup", td / ts}});
+  }
+  if (mem_dense >= 0)
+    fmt::print("\ndevice memory in use after a {} x {} prefill, each runtime alone: dense {:.2f} GB, sparse {:.2f} GB\n",
+               a.prefill_batch, a.prefill_len, static_cast<double>(mem_dense) / 1e9, static_cast<double>(mem_sparse) / 1e9);
+  fmt::print("(both runtimes run the same attention, norms and LM head; only the FFN path differs. Decode steps include\n"
+             " the host's greedy pick and the logits' copy, as a user's generation does.)\n");
+  if (!a.json.empty()) {
+    nlohmann::json j = {{"source", source},
+                        {"device", device == "cuda" ? dense->device() : cpu_name()},
+                        {"commit", git_commit()},
+                        {"date", iso_time_utc()},
+                        {"layers", c.num_layers},
+                        {"hidden", c.hidden_size},
+                        {"intermediate", c.intermediate_size},
+                        {"density_per_layer", density},
+                        {"logits_rel_diff_sparse_vs_dense", agree},
+                        {"reps", a.reps},
+                        {"decode_steps", a.decode_steps},
+                        {"context", a.context},
+                        {"memory_bytes", {{"dense", mem_dense}, {"sparse", mem_sparse}}},
+                        {"rows", jr}};
+    write_json_file(a.json, j);
+  }
+  return 0;
+}
+
+}  // namespace
+
+void add_bench_model_command(CLI::App& bench, std::vector<Command>& out) {
+  auto a = std::make_shared<BenchModelArgs>();
+  CLI::App* sub = bench.add_subcommand("model", "A whole model's prefill and decode speed, sparse FFN vs dense FFN");
+  sub->footer(
+      "Times prefill (a batch of prompts) and greedy decode (batches of sequences, one token per step) through\n"
+      "two runtimes over the same weights: the dense FFN path and twell's automatic sparse/dense dispatch.\n"
+      "Runs alternate rep by rep; medians are reported. A checkpoint (--model) or a synthetic model built in\n"
+      "memory at the paper's shapes (--config, see `twell gen model --help` for the density options).\n"
+      "Example: twell bench model --config 2b --density 0.005");
+  sub->add_option("--model", a->model_dir, "Checkpoint directory (Hugging Face layout)");
+  sub->add_option("--config", a->config, "Synthetic model: tiny, 0.5b, 1b, 1.5b, 2b")
+      ->check(CLI::IsMember({"tiny", "0.5b", "1b", "1.5b", "2b"}));
+  sub->add_option("--density", a->spec.density, "Synthetic: mean FFN density");
+  sub->add_option("--profile", a->spec.profile, "Synthetic: paper or flat")->check(CLI::IsMember({"paper", "flat"}));
+  sub->add_option("--skew", a->spec.popularity_sigma, "Synthetic: log-normal sigma of neuron popularity");
+  sub->add_option("--dead", a->spec.dead_share, "Synthetic: share of dead neurons");
+  sub->add_option("--seed", a->spec.seed, "Seed (synthetic weights and the random tokens)");
+  sub->add_option("--hidden-act", a->hidden_act, "Override the checkpoint's hidden_act");
+  sub->add_option("--device", a->device, "cpu or cuda (default: cuda when usable)");
+  sub->add_option("--prefill-batch", a->prefill_batch, "Prompts per prefill")->check(CLI::Range(1, 4096));
+  sub->add_option("--prefill-len", a->prefill_len, "Tokens per prompt")->check(CLI::Range(1, 1 << 20));
+  sub->add_option("--decode-batch", a->decode_batches, "Decode batch sizes")->check(CLI::Range(1, 4096));
+  sub->add_option("--context", a->context, "Prompt tokens before decoding")->check(CLI::Range(1, 1 << 20));
+  sub->add_option("--decode-steps", a->decode_steps, "Timed decode steps")->check(CLI::Range(1, 1 << 20));
+  sub->add_option("--reps", a->reps, "Timed repetitions of each run (medians)")->check(CLI::Range(1, 1000));
+  sub->add_option("--json", a->json, "Write the results here");
+  out.push_back({sub, [a] { return run_bench_model(*a); }});
+}
+
+}  // namespace twell::cli
