@@ -80,6 +80,10 @@ class CudaSequence final : public Sequence {
 }  // namespace
 
 class CudaRuntime final : public Runtime {
+  // Steps of at least this many tokens use the tensor-core attention (a 64-row block per 64
+  // tokens); decode steps (one token) the plain kernel.
+  static constexpr std::int64_t kFlashMinRows = 16;
+
  public:
   CudaRuntime(const Model& m, RuntimeOptions opt) : model_(&m), opt_(opt), stats_(static_cast<std::size_t>(m.config.num_layers)) {
     const cuda::DeviceInfo dev = cuda::query_device();
@@ -143,6 +147,29 @@ class CudaRuntime final : public Runtime {
   }
 
   std::vector<float> forward(std::span<const SeqStep> steps, bool all_positions) override {
+    const float* logits = run(steps, all_positions);
+    const std::int64_t R = all_positions ? rows_total_ : static_cast<std::int64_t>(steps.size());
+    std::vector<float> out(static_cast<std::size_t>(R * model_->config.vocab_size));
+    TWELL_CUDA_CHECK(cudaMemcpyAsync(out.data(), logits, out.size() * sizeof(float), cudaMemcpyDeviceToHost, stream_));
+    TWELL_CUDA_CHECK(cudaStreamSynchronize(stream_));
+    return out;
+  }
+
+  std::vector<std::int32_t> forward_argmax(std::span<const SeqStep> steps) override {
+    const float* logits = run(steps, false);
+    const auto R = static_cast<std::int64_t>(steps.size());
+    std::int32_t* ids = room(argmax_, R);
+    cuda::ops::argmax(logits, R, model_->config.vocab_size, ids, stream_);
+    std::vector<std::int32_t> out(static_cast<std::size_t>(R));
+    TWELL_CUDA_CHECK(cudaMemcpyAsync(out.data(), ids, out.size() * sizeof(std::int32_t), cudaMemcpyDeviceToHost, stream_));
+    TWELL_CUDA_CHECK(cudaStreamSynchronize(stream_));
+    return out;
+  }
+
+ private:
+  // Enqueues the forward of `steps` and returns the device logits [rows, V] (one row per step, or
+  // per token with all_positions); advances the sequences (their caches are written in stream order).
+  const float* run(std::span<const SeqStep> steps, bool all_positions) {
     const LlamaConfig& c = model_->config;
     check_forward_steps(c, steps);
     const std::int64_t K = c.hidden_size, N = c.intermediate_size, V = c.vocab_size, Q = c.q_dim(), KV = c.kv_dim();
@@ -156,11 +183,19 @@ class CudaRuntime final : public Runtime {
       T += static_cast<std::int64_t>(steps[s].tokens.size());
       max_keys = std::max(max_keys, cs->length() + static_cast<std::int64_t>(steps[s].tokens.size()));
     }
-    // Host staging: ids, each row's cache and position, the rows whose logits are wanted.
+    // Host staging: ids, each row's cache and position, the rows whose logits are wanted, and the
+    // tensor-core attention's blocks (64 consecutive rows of a sequence) when every step is a
+    // prefill chunk of at least kFlashMinRows tokens (else the plain kernel, one block per row).
     std::vector<std::int32_t> ids, sel;
     std::vector<cuda::ops::RowKv> rows;
+    std::vector<cuda::ops::FlashBlock> blocks;
+    bool flash = cuda::ops::flash_attention_supported(c.head_dim);
+    for (const SeqStep& st : steps) flash = flash && static_cast<std::int64_t>(st.tokens.size()) >= kFlashMinRows;
     for (std::size_t s = 0; s < steps.size(); ++s)
       for (std::size_t j = 0; j < steps[s].tokens.size(); ++j) {
+        if (flash && j % 64 == 0)
+          blocks.push_back({static_cast<std::int64_t>(ids.size()),
+                            static_cast<std::int32_t>(std::min<std::size_t>(64, steps[s].tokens.size() - j)), 0});
         ids.push_back(steps[s].tokens[j]);
         rows.push_back(seqs[s]->row(seqs[s]->length() + static_cast<std::int64_t>(j)));
         if (all_positions || j + 1 == steps[s].tokens.size()) sel.push_back(static_cast<std::int32_t>(ids.size() - 1));
@@ -169,6 +204,10 @@ class CudaRuntime final : public Runtime {
     std::int32_t* d_ids = room(ids_, T);
     cuda::ops::RowKv* d_rows = room(rows_, T);
     std::int32_t* d_sel = room(sel_, R);
+    cuda::ops::FlashBlock* d_blocks = flash ? room(blocks_, static_cast<std::int64_t>(blocks.size())) : nullptr;
+    if (flash)
+      TWELL_CUDA_CHECK(cudaMemcpyAsync(d_blocks, blocks.data(), blocks.size() * sizeof(cuda::ops::FlashBlock),
+                                       cudaMemcpyHostToDevice, stream_));
     TWELL_CUDA_CHECK(cudaMemcpyAsync(d_ids, ids.data(), ids.size() * sizeof(std::int32_t), cudaMemcpyHostToDevice, stream_));
     TWELL_CUDA_CHECK(cudaMemcpyAsync(d_rows, rows.data(), rows.size() * sizeof(cuda::ops::RowKv), cudaMemcpyHostToDevice, stream_));
     TWELL_CUDA_CHECK(cudaMemcpyAsync(d_sel, sel.data(), sel.size() * sizeof(std::int32_t), cudaMemcpyHostToDevice, stream_));
@@ -188,7 +227,11 @@ class CudaRuntime final : public Runtime {
       cuda::ops::rmsnorm(x, nullptr, T, K, L.attn_norm.get(), eps, xn, stream_);
       gemm_.run({T, Q + 2 * KV, K, K, K, Q + 2 * KV}, L.wqkv.get(), xn, qkv, stream_);
       cuda::ops::rope_store_kv(qkv, T, c.num_heads, c.num_kv_heads, c.head_dim, cos_.get(), sin_.get(), d_rows, l, stream_);
-      cuda::ops::attention(qkv, T, c.num_heads, c.num_kv_heads, c.head_dim, d_rows, l, max_keys, att, stream_);
+      if (flash)
+        cuda::ops::flash_attention(qkv, static_cast<std::int64_t>(blocks.size()), c.num_heads, c.num_kv_heads,
+                                   c.head_dim, d_blocks, d_rows, l, att, stream_);
+      else
+        cuda::ops::attention(qkv, T, c.num_heads, c.num_kv_heads, c.head_dim, d_rows, l, max_keys, att, stream_);
       gemm_.run({T, K, Q, Q, Q, K}, L.wo.get(), att, tmp, stream_);
       cuda::ops::residual_add(x, tmp, T * K, stream_);
       cuda::ops::rmsnorm(x, nullptr, T, K, L.ffn_norm.get(), eps, xn, stream_);
@@ -219,14 +262,11 @@ class CudaRuntime final : public Runtime {
     ms.ldc = V;
     ms.c_fp32 = true;
     gemm_.matmul(ms, xs, head_.size() ? head_.get() : embed_.get(), logits, stream_);
-    std::vector<float> out(static_cast<std::size_t>(R * V));
-    TWELL_CUDA_CHECK(cudaMemcpyAsync(out.data(), logits, out.size() * sizeof(float), cudaMemcpyDeviceToHost, stream_));
-    TWELL_CUDA_CHECK(cudaStreamSynchronize(stream_));
     for (std::size_t s = 0; s < steps.size(); ++s) seqs[s]->advance(static_cast<std::int64_t>(steps[s].tokens.size()));
-    return out;
+    rows_total_ = T;
+    return logits;
   }
 
- private:
   struct Layer {
     DeviceBuffer<float> attn_norm, ffn_norm;  // [K]
     DeviceBuffer<bf16_t> wqkv;                // [Q + 2·KV, K]
@@ -245,8 +285,10 @@ class CudaRuntime final : public Runtime {
   DeviceBuffer<float> final_norm_, cos_, sin_;
   std::vector<Layer> layers_;
   // scratch, grown to the largest call
-  DeviceBuffer<std::int32_t> ids_, sel_;
+  DeviceBuffer<std::int32_t> ids_, sel_, argmax_;
+  std::int64_t rows_total_ = 0;  // token rows of the last run
   DeviceBuffer<cuda::ops::RowKv> rows_;
+  DeviceBuffer<cuda::ops::FlashBlock> blocks_;
   DeviceBuffer<float> x_, logits_;
   DeviceBuffer<bf16_t> xn_, qkv_, att_, tmp_, gu_, h_, xs_;
 };

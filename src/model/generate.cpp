@@ -50,8 +50,9 @@ std::vector<Generation> generate(Runtime& rt, const std::vector<std::vector<std:
   GenerateTimes t;
   std::vector<bool> running(B, true);
   std::vector<std::int32_t> last(B);
-  auto choose = [&](std::size_t i, std::span<const float> logits) {
-    const std::int32_t id = samplers[i].sample(logits, history[i]);
+  // Greedy without a repetition penalty needs no logits on the host: the runtime picks the argmax.
+  const bool argmax_only = opt.sampling.temperature == 0.0 && opt.sampling.repetition_penalty == 1.0;
+  auto choose_id = [&](std::size_t i, std::int32_t id) {
     out[i].tokens.push_back(id);
     history[i].push_back(id);
     last[i] = id;
@@ -67,19 +68,25 @@ std::vector<Generation> generate(Runtime& rt, const std::vector<std::vector<std:
       out[i].stop_reason = "context full";
     }
   };
+  auto choose = [&](std::size_t i, std::span<const float> logits) { choose_id(i, samplers[i].sample(logits, history[i])); };
 
   // Prefill: every prompt in one batch.
   {
     std::vector<SeqStep> steps(B);
     for (std::size_t i = 0; i < B; ++i) steps[i] = {caches[i].get(), prompts[i]};
     const double t0 = now();
-    const std::vector<float> logits = rt.forward(steps);
-    t.prefill_seconds = now() - t0;
-    for (std::size_t i = 0; i < B; ++i) {
-      t.prefill_tokens += static_cast<std::int64_t>(prompts[i].size());
-      choose(i, std::span<const float>(logits.data() + static_cast<std::int64_t>(i) * c.vocab_size,
-                                       static_cast<std::size_t>(c.vocab_size)));
+    if (argmax_only) {
+      const auto ids = rt.forward_argmax(steps);
+      t.prefill_seconds = now() - t0;
+      for (std::size_t i = 0; i < B; ++i) choose_id(i, ids[i]);
+    } else {
+      const std::vector<float> logits = rt.forward(steps);
+      t.prefill_seconds = now() - t0;
+      for (std::size_t i = 0; i < B; ++i)
+        choose(i, std::span<const float>(logits.data() + static_cast<std::int64_t>(i) * c.vocab_size,
+                                         static_cast<std::size_t>(c.vocab_size)));
     }
+    for (std::size_t i = 0; i < B; ++i) t.prefill_tokens += static_cast<std::int64_t>(prompts[i].size());
   }
   // Decode: one token per running sequence per step.
   const double t0 = now();
@@ -92,12 +99,16 @@ std::vector<Generation> generate(Runtime& rt, const std::vector<std::vector<std:
         who.push_back(i);
       }
     if (steps.empty()) break;
-    const std::vector<float> logits = rt.forward(steps);
-    for (std::size_t j = 0; j < who.size(); ++j) {
-      ++t.decode_tokens;
-      choose(who[j], std::span<const float>(logits.data() + static_cast<std::int64_t>(j) * c.vocab_size,
-                                            static_cast<std::size_t>(c.vocab_size)));
+    if (argmax_only) {
+      const auto ids = rt.forward_argmax(steps);
+      for (std::size_t j = 0; j < who.size(); ++j) choose_id(who[j], ids[j]);
+    } else {
+      const std::vector<float> logits = rt.forward(steps);
+      for (std::size_t j = 0; j < who.size(); ++j)
+        choose(who[j], std::span<const float>(logits.data() + static_cast<std::int64_t>(j) * c.vocab_size,
+                                              static_cast<std::size_t>(c.vocab_size)));
     }
+    t.decode_tokens += static_cast<std::int64_t>(who.size());
   }
   t.decode_seconds = now() - t0;
   for (const auto& kv : caches) t.peak_kv_bytes += kv->bytes();

@@ -60,6 +60,17 @@ float activate(Activation a, float g) {
 
 }  // namespace
 
+std::vector<std::int32_t> Runtime::forward_argmax(std::span<const SeqStep> steps) {
+  const std::vector<float> logits = forward(steps);
+  const auto V = static_cast<std::size_t>(model().config.vocab_size);
+  std::vector<std::int32_t> out(steps.size());
+  for (std::size_t i = 0; i < steps.size(); ++i) {
+    const float* row = logits.data() + i * V;
+    out[i] = static_cast<std::int32_t>(std::max_element(row, row + V) - row);
+  }
+  return out;
+}
+
 const char* to_string(FfnPath p) noexcept {
   switch (p) {
     case FfnPath::automatic: return "automatic";

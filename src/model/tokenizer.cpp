@@ -1150,7 +1150,13 @@ void Tokenizer::Impl::split_stage(const Stage& st, std::string_view piece, Encod
   out.clear();
   std::string_view s = piece;
   if (st.kind == Stage::Kind::byte_level) {
-    if (st.add_prefix_space && (s.empty() || s[0] != ' ')) s = sc.keep(" " + std::string(s));
+    if (st.add_prefix_space && (s.empty() || s[0] != ' ')) {
+      std::string spaced;
+      spaced.reserve(s.size() + 1);
+      spaced += ' ';
+      spaced += s;
+      s = sc.keep(std::move(spaced));
+    }
     if (!st.use_regex) {
       if (!s.empty()) out.push_back(s);
       return;

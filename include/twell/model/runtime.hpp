@@ -69,6 +69,9 @@ class Runtime {
   // all_positions. Throws before changing any sequence if a step does not fit its cache, a token
   // id is out of range, or a sequence appears twice or belongs to another runtime.
   virtual std::vector<float> forward(std::span<const SeqStep> steps, bool all_positions = false) = 0;
+  // Greedy decoding's forward: the argmax token of each step's last position (lowest id on ties),
+  // computed where the logits are (the GPU copies back one id per step instead of V floats).
+  virtual std::vector<std::int32_t> forward_argmax(std::span<const SeqStep> steps);
   virtual const std::vector<FfnLayerStats>& ffn_stats() const noexcept = 0;
   virtual void reset_stats() = 0;
   // Bytes of device memory in use on the runtime's GPU (the whole device, as cudaMemGetInfo says);

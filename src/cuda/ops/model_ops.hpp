@@ -43,6 +43,21 @@ void attention(const __nv_bfloat16* qkv, std::int64_t rows, std::int64_t heads, 
                std::int64_t d, const RowKv* rows_kv, std::int64_t layer, std::int64_t max_keys, __nv_bfloat16* out,
                cudaStream_t stream);
 
+// Prefill attention on tensor cores: the same function as attention() for the rows of `blocks`.
+// A block is up to 64 consecutive rows of one sequence (consecutive positions). head_dim 64 or 128.
+struct FlashBlock {
+  std::int64_t row0 = 0;  // first row (index into qkv, rows_kv, out)
+  std::int32_t rows = 0;  // 1 … 64
+  std::int32_t pad = 0;
+};
+bool flash_attention_supported(std::int64_t d) noexcept;
+void flash_attention(const __nv_bfloat16* qkv, std::int64_t nblocks, std::int64_t heads, std::int64_t kv_heads,
+                     std::int64_t d, const FlashBlock* blocks, const RowKv* rows_kv, std::int64_t layer,
+                     __nv_bfloat16* out, cudaStream_t stream);
+
+// out[r] = the index of row r's largest value (the lowest index among equal ones); logits [rows, v].
+void argmax(const float* logits, std::int64_t rows, std::int64_t v, std::int32_t* out, cudaStream_t stream);
+
 // x += y  (fp32 += bf16), n elements
 void residual_add(float* x, const __nv_bfloat16* y, std::int64_t n, cudaStream_t stream);
 

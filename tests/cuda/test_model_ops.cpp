@@ -1,0 +1,128 @@
+// The model runtime's attention kernels against a float64 CPU reference: the plain kernel
+// (attention) for any rows, the tensor-core one (flash_attention) for blocks of consecutive rows,
+// GQA and MHA, head_dim 64 and 128, sequences whose caches already hold earlier positions, and
+// partial blocks.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <type_traits>
+
+#include "cuda/common/device_buffer.hpp"
+#include "cuda/ops/model_ops.hpp"
+#include "cuda_test_util.hpp"
+#include "test_util.hpp"
+#include "twell/bf16.hpp"
+
+namespace twell::test {
+namespace {
+
+using cuda::DeviceBuffer;
+
+// A device copy of v as elements of type D (same size: bf16 ↔ __nv_bfloat16).
+template <typename D = void, typename S>
+auto upload(const std::vector<S>& v) {
+  using T = std::conditional_t<std::is_void_v<D>, S, D>;
+  static_assert(sizeof(T) == sizeof(S));
+  DeviceBuffer<T> d(v.size());
+  EXPECT_EQ(cudaMemcpy(d.get(), v.data(), v.size() * sizeof(S), cudaMemcpyHostToDevice), cudaSuccess);
+  return d;
+}
+
+std::vector<bf16> random_bf16(Rng& rng, std::size_t n) {
+  std::vector<bf16> v(n);
+  for (auto& e : v) e = to_bf16(rng.normal());
+  return v;
+}
+
+struct Shape {
+  int heads, kv_heads, d;
+  std::vector<std::pair<int, int>> seqs;  // (tokens already cached, new rows)
+};
+
+// Bounds: the plain kernel sums in fp32 and rounds once to bf16 (2⁻⁹ relative of the output's
+// scale, plus fp32 noise); the flash kernel also rounds each probability to bf16 (2⁻⁹ relative per
+// weight, which averages out over the keys): 1.5e-2 of the largest output bounds both; a wrong key,
+// position, head or mask moves outputs by O(1) (values are N(0, 1)).
+TEST(ModelOps, AttentionKernelsMatchFloat64) {
+  TWELL_REQUIRE_GPU();
+  const std::vector<Shape> shapes = {
+      {4, 2, 64, {{0, 64}, {0, 1}, {5, 70}, {130, 3}}},
+      {8, 8, 64, {{0, 200}, {63, 65}}},
+      {2, 1, 128, {{0, 17}, {100, 130}}},
+  };
+  Rng rng(fresh_seed());
+  for (const Shape& s : shapes) {
+    const int Q = s.heads * s.d, KV = s.kv_heads * s.d, ld = Q + 2 * KV;
+    const int layers = 2, layer = 1;
+    std::vector<DeviceBuffer<__nv_bfloat16>> kbuf, vbuf;
+    std::vector<std::vector<bf16>> kh, vh;
+    std::vector<cuda::ops::RowKv> rows;
+    std::vector<cuda::ops::FlashBlock> blocks;
+    int T = 0, max_keys = 0;
+    for (auto [cached, n] : s.seqs) {
+      const int cap = cached + n;
+      kh.push_back(random_bf16(rng, static_cast<std::size_t>(layers * cap * KV)));
+      vh.push_back(random_bf16(rng, kh.back().size()));
+      kbuf.push_back(upload<__nv_bfloat16>(kh.back()));
+      vbuf.push_back(upload<__nv_bfloat16>(vh.back()));
+      for (int j = 0; j < n; j += 64) blocks.push_back({T + j, std::min(64, n - j), 0});
+      for (int j = 0; j < n; ++j)
+        rows.push_back({kbuf.back().get(), vbuf.back().get(), static_cast<std::int64_t>(cap) * KV, cached + j, 0});
+      T += n;
+      max_keys = std::max(max_keys, cap);
+    }
+    const auto qkv_h = random_bf16(rng, static_cast<std::size_t>(T * ld));
+    auto qkv = upload<__nv_bfloat16>(qkv_h);
+    auto d_rows = upload(rows);
+    auto d_blocks = upload(blocks);
+    DeviceBuffer<__nv_bfloat16> o1(static_cast<std::size_t>(T * Q)), o2(o1.size());
+    cuda::ops::attention(qkv.get(), T, s.heads, s.kv_heads, s.d, d_rows.get(), layer, max_keys, o1.get(), nullptr);
+    cuda::ops::flash_attention(qkv.get(), static_cast<std::int64_t>(blocks.size()), s.heads, s.kv_heads, s.d,
+                               d_blocks.get(), d_rows.get(), layer, o2.get(), nullptr);
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    std::vector<bf16> g1(o1.size()), g2(o2.size());
+    cudaMemcpy(g1.data(), o1.get(), o1.bytes(), cudaMemcpyDeviceToHost);
+    cudaMemcpy(g2.data(), o2.get(), o2.bytes(), cudaMemcpyDeviceToHost);
+    // float64 reference
+    double e1 = 0, e2 = 0, scale = 0;
+    int r = 0;
+    for (std::size_t q = 0; q < s.seqs.size(); ++q) {
+      const auto [cached, n] = s.seqs[q];
+      const int cap = cached + n;
+      const bf16* K = kh[q].data() + static_cast<std::size_t>(layer * cap * KV);
+      const bf16* V = vh[q].data() + static_cast<std::size_t>(layer * cap * KV);
+      for (int j = 0; j < n; ++j, ++r)
+        for (int h = 0; h < s.heads; ++h) {
+          const int kvh = h / (s.heads / s.kv_heads), keys = cached + j + 1;
+          std::vector<double> w(static_cast<std::size_t>(keys));
+          double mx = -1e300;
+          for (int t = 0; t < keys; ++t) {
+            double dot = 0;
+            for (int i = 0; i < s.d; ++i)
+              dot += static_cast<double>(to_float(qkv_h[static_cast<std::size_t>(r * ld + h * s.d + i)])) *
+                     to_float(K[t * KV + kvh * s.d + i]);
+            w[static_cast<std::size_t>(t)] = dot / std::sqrt(static_cast<double>(s.d));
+            mx = std::max(mx, w[static_cast<std::size_t>(t)]);
+          }
+          double sum = 0;
+          for (auto& x : w) sum += x = std::exp(x - mx);
+          for (int i = 0; i < s.d; ++i) {
+            double o = 0;
+            for (int t = 0; t < keys; ++t) o += w[static_cast<std::size_t>(t)] * to_float(V[t * KV + kvh * s.d + i]);
+            o /= sum;
+            const auto idx = static_cast<std::size_t>(r * Q + h * s.d + i);
+            e1 = std::max(e1, std::fabs(to_float(g1[idx]) - o));
+            e2 = std::max(e2, std::fabs(to_float(g2[idx]) - o));
+            scale = std::max(scale, std::fabs(o));
+          }
+        }
+    }
+    EXPECT_LT(e1 / scale, 1.5e-2) << "plain kernel, heads " << s.heads << "/" << s.kv_heads << " d " << s.d;
+    EXPECT_LT(e2 / scale, 1.5e-2) << "flash kernel, heads " << s.heads << "/" << s.kv_heads << " d " << s.d;
+    RecordProperty("err_plain_d" + std::to_string(s.d), std::to_string(e1 / scale));
+    RecordProperty("err_flash_d" + std::to_string(s.d), std::to_string(e2 / scale));
+  }
+}
+
+}  // namespace
+}  // namespace twell::test
