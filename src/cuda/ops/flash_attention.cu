@@ -17,16 +17,21 @@ namespace {
 namespace wmma = nvcuda::wmma;
 constexpr int kBM = 64, kBN = 64, kWarps = 4;
 
+// Rows are padded (+16 bytes) so that the 16 rows a WMMA fragment reads start in different banks.
 template <int D>
 struct FlashSmem {
   static_assert(D % 16 == 0 && D <= 128, "head_dim must be a multiple of 16, at most 128");
-  __nv_bfloat16 q[kBM][D];           // the block's queries
-  __nv_bfloat16 k[kBN][D];           // one key tile (zero past the last key)
-  __nv_bfloat16 v[kBN][D];           // its values
-  float s[kWarps][16][kBN];          // per warp: scores of its 16 rows
-  __nv_bfloat16 p[kWarps][16][kBN];  // per warp: probabilities (unnormalised), bf16
-  float o[kWarps][16][D];            // per warp: output accumulators
-  float m[kBM], l[kBM];              // running max and sum per row
+  static constexpr int kLdH = D + 8;     // bf16 rows of D
+  static constexpr int kLdP = kBN + 8;   // bf16 rows of kBN
+  static constexpr int kLdS = kBN + 4;   // fp32 rows of kBN
+  static constexpr int kLdO = D + 4;     // fp32 rows of D
+  __nv_bfloat16 q[kBM][kLdH];           // [64, D] the block's queries
+  __nv_bfloat16 k[kBN][kLdH];           // [64, D] one key tile (zero past the last key)
+  __nv_bfloat16 v[kBN][kLdH];           // [64, D] its values
+  float s[kWarps][16][kLdS];            // per warp [16, 64]: scores of its rows
+  __nv_bfloat16 p[kWarps][16][kLdP];    // per warp [16, 64]: probabilities (unnormalised), bf16
+  float o[kWarps][16][kLdO];            // per warp [16, D]: output accumulators
+  float m[kBM], l[kBM];                 // running max and sum per row
 };
 
 template <int D>
@@ -45,22 +50,27 @@ __global__ void __launch_bounds__(kWarps * 32) flash_attention_kernel(const __nv
   const __nv_bfloat16* vc = info.v + layer * info.layer_stride + kvh * D;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, tid = threadIdx.x;
 
-  for (int i = tid; i < kBM * D; i += blockDim.x) {
-    const int r = i / D, c = i % D;
-    sm.q[r][c] = r < rows ? qkv[(blk.row0 + r) * ld + h * D + c] : __float2bfloat16(0.0f);
+  // 16-byte loads: 8 bf16 per load (row strides and head offsets are multiples of 8 elements).
+  constexpr int kVec = 8, kChunks = D / kVec;
+  const uint4 zero = make_uint4(0, 0, 0, 0);
+  for (int i = tid; i < kBM * kChunks; i += blockDim.x) {
+    const int r = i / kChunks, c = (i % kChunks) * kVec;
+    *reinterpret_cast<uint4*>(&sm.q[r][c]) =
+        r < rows ? *reinterpret_cast<const uint4*>(qkv + (blk.row0 + r) * ld + h * D + c) : zero;
   }
-  for (int i = tid; i < kWarps * 16 * D; i += blockDim.x) (&sm.o[0][0][0])[i] = 0.0f;
+  for (int i = tid; i < kWarps * 16 * D; i += blockDim.x) sm.o[i / (16 * D)][(i / D) % 16][i % D] = 0.0f;
   for (int i = tid; i < kBM; i += blockDim.x) {
     sm.m[i] = -INFINITY;
     sm.l[i] = 0.0f;
   }
   for (int k0 = 0; k0 < keys; k0 += kBN) {
     __syncthreads();  // the previous tile's K/V are no longer read
-    for (int i = tid; i < kBN * D; i += blockDim.x) {
-      const int r = i / D, c = i % D;
+    for (int i = tid; i < kBN * kChunks; i += blockDim.x) {
+      const int r = i / kChunks, c = (i % kChunks) * kVec;
       const bool in = k0 + r < keys;
-      sm.k[r][c] = in ? kc[static_cast<std::int64_t>(k0 + r) * kv_dim + c] : __float2bfloat16(0.0f);
-      sm.v[r][c] = in ? vc[static_cast<std::int64_t>(k0 + r) * kv_dim + c] : __float2bfloat16(0.0f);
+      const std::int64_t off = static_cast<std::int64_t>(k0 + r) * kv_dim + c;
+      *reinterpret_cast<uint4*>(&sm.k[r][c]) = in ? *reinterpret_cast<const uint4*>(kc + off) : zero;
+      *reinterpret_cast<uint4*>(&sm.v[r][c]) = in ? *reinterpret_cast<const uint4*>(vc + off) : zero;
     }
     __syncthreads();
     // S_w [16, 64] = Q_w [16, D] · K_tileᵀ
@@ -70,39 +80,35 @@ __global__ void __launch_bounds__(kWarps * 32) flash_attention_kernel(const __nv
       for (int kk = 0; kk < D / 16; ++kk) {
         wmma::fragment<wmma::matrix_a, 16, 16, 16, __nv_bfloat16, wmma::row_major> a;
         wmma::fragment<wmma::matrix_b, 16, 16, 16, __nv_bfloat16, wmma::col_major> b;
-        wmma::load_matrix_sync(a, &sm.q[warp * 16][kk * 16], D);
-        wmma::load_matrix_sync(b, &sm.k[j * 16][kk * 16], D);  // b[k][n] = K[n][k]
+        wmma::load_matrix_sync(a, &sm.q[warp * 16][kk * 16], FlashSmem<D>::kLdH);
+        wmma::load_matrix_sync(b, &sm.k[j * 16][kk * 16], FlashSmem<D>::kLdH);  // b[k][n] = K[n][k]
         wmma::mma_sync(acc, a, b, acc);
       }
-      wmma::store_matrix_sync(&sm.s[warp][0][j * 16], acc, kBN, wmma::mem_row_major);
+      wmma::store_matrix_sync(&sm.s[warp][0][j * 16], acc, FlashSmem<D>::kLdS, wmma::mem_row_major);
     }
     __syncwarp();
-    // Online softmax: two lanes per row, 32 keys each. Row r (query position p0 + 16·warp + r)
-    // sees keys ≤ its position.
-    {
-      const int r = lane / 2, half = lane % 2, row = warp * 16 + r;
-      const int limit = p0 + row;  // last key this row may see
-      float mx = -INFINITY;
-      for (int c = half * 32; c < half * 32 + 32; ++c) {
-        const float s = (k0 + c <= limit) ? sm.s[warp][r][c] * scale : -INFINITY;
-        sm.s[warp][r][c] = s;
-        mx = fmaxf(mx, s);
-      }
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+    // Online softmax, one row at a time, the warp's lanes across the row (columns lane and
+    // lane + 32: conflict-free shared-memory accesses). Row r is query position p0 + 16·warp + r
+    // and sees keys ≤ its position.
+    for (int r = 0; r < 16; ++r) {
+      const int row = warp * 16 + r, limit = p0 + row;
+      float s0 = k0 + lane <= limit ? sm.s[warp][r][lane] * scale : -INFINITY;
+      float s1 = k0 + lane + 32 <= limit ? sm.s[warp][r][lane + 32] * scale : -INFINITY;
+      float mx = fmaxf(s0, s1);
+      for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
       const float m_old = sm.m[row], m_new = fmaxf(m_old, mx);
-      // A row whose keys are all masked so far keeps m = −∞ and contributes nothing.
-      const float corr = m_new == -INFINITY ? 1.0f : __expf(m_old - m_new);
-      float sum = 0.0f;
-      for (int c = half * 32; c < half * 32 + 32; ++c) {
-        const float e = m_new == -INFINITY ? 0.0f : __expf(sm.s[warp][r][c] - m_new);
-        const __nv_bfloat16 eb = __float2bfloat16(e);
-        sm.p[warp][r][c] = eb;
-        sum += __bfloat162float(eb);
-      }
-      sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-      for (int c = half * (D / 2); c < (half + 1) * (D / 2); ++c) sm.o[warp][r][c] *= corr;
+      // A row whose keys are all masked so far keeps m = −∞ and gains nothing.
+      const bool none = m_new == -INFINITY;
+      const float corr = none ? 1.0f : __expf(m_old - m_new);
+      const __nv_bfloat16 e0 = __float2bfloat16(none ? 0.0f : __expf(s0 - m_new));
+      const __nv_bfloat16 e1 = __float2bfloat16(none ? 0.0f : __expf(s1 - m_new));
+      sm.p[warp][r][lane] = e0;
+      sm.p[warp][r][lane + 32] = e1;
+      float sum = __bfloat162float(e0) + __bfloat162float(e1);
+      for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+      for (int c = lane; c < D; c += 32) sm.o[warp][r][c] *= corr;
       __syncwarp();
-      if (half == 0) {
+      if (lane == 0) {
         sm.m[row] = m_new;
         sm.l[row] = sm.l[row] * corr + sum;
       }
@@ -111,15 +117,15 @@ __global__ void __launch_bounds__(kWarps * 32) flash_attention_kernel(const __nv
     // O_w [16, D] += P_w [16, 64] · V_tile [64, D]
     for (int dt = 0; dt < D / 16; ++dt) {
       wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc;
-      wmma::load_matrix_sync(acc, &sm.o[warp][0][dt * 16], D, wmma::mem_row_major);
+      wmma::load_matrix_sync(acc, &sm.o[warp][0][dt * 16], FlashSmem<D>::kLdO, wmma::mem_row_major);
       for (int kk = 0; kk < kBN / 16; ++kk) {
         wmma::fragment<wmma::matrix_a, 16, 16, 16, __nv_bfloat16, wmma::row_major> a;
         wmma::fragment<wmma::matrix_b, 16, 16, 16, __nv_bfloat16, wmma::row_major> b;
-        wmma::load_matrix_sync(a, &sm.p[warp][0][kk * 16], kBN);
-        wmma::load_matrix_sync(b, &sm.v[kk * 16][dt * 16], D);
+        wmma::load_matrix_sync(a, &sm.p[warp][0][kk * 16], FlashSmem<D>::kLdP);
+        wmma::load_matrix_sync(b, &sm.v[kk * 16][dt * 16], FlashSmem<D>::kLdH);
         wmma::mma_sync(acc, a, b, acc);
       }
-      wmma::store_matrix_sync(&sm.o[warp][0][dt * 16], acc, D, wmma::mem_row_major);
+      wmma::store_matrix_sync(&sm.o[warp][0][dt * 16], acc, FlashSmem<D>::kLdO, wmma::mem_row_major);
     }
   }
   __syncthreads();
