@@ -26,8 +26,8 @@ void to_bf16_rows(CMatrixF src, std::vector<std::uint16_t>& dst, std::int64_t ro
 
 }  // namespace
 
-FfnContext::FfnContext(const ContextOptions& opt)
-    : opt_(opt), gemm_(opt.autotune_gemm), dispatch_(1), dispatch_host_(1), counters_(1), counters_host_(1),
+FfnContext::FfnContext(const ContextOptions& opt, std::shared_ptr<FfnWorkspace> ws)
+    : opt_(opt), ws_(ws ? std::move(ws) : std::make_shared<FfnWorkspace>(opt.autotune_gemm)), gemm_(ws_->gemm), dispatch_(1), dispatch_host_(1), counters_(1), counters_host_(1),
       decode_nnz_(1), split_ticket_(1), split_state_(1), dense_stats_(1) {
   TWELL_CUDA_CHECK(cudaEventCreateWithFlags(&decided_, cudaEventDisableTiming));
   int dev = 0, sms = 0, optin = 0;
@@ -118,67 +118,65 @@ void FfnContext::check_m(std::int64_t m) const {
   TWELL_CHECK(m <= 0x7fffffff, ErrorCode::unsupported, "FfnContext: M = {} too large", m);
 }
 
+bool FfnContext::needs_row_nnz() const noexcept {
+  return (opt_.split_remainder && split_supported(n_)) || opt_.dense_rows_density > 0;
+}
+
 void FfnContext::reserve(std::int64_t m) {
   check_m(m);
-  if (m <= cap_m_) return;
+  // Grow-only: the workspace may be shared with layers of other shapes or larger calls.
   const auto um = static_cast<std::size_t>(m);
-  g_.resize(um * static_cast<std::size_t>(ldn_));
-  gu_.resize(um * static_cast<std::size_t>(2 * ldn_));
-  h_.resize(um * static_cast<std::size_t>(ldn_));
-  words_.resize(um * static_cast<std::size_t>(tiles() * words_per_tile()));
-  row_ovf_.resize(um);
+  ws_->g.reserve(um * static_cast<std::size_t>(ldn_));
+  ws_->gu.reserve(um * static_cast<std::size_t>(2 * ldn_));
+  ws_->h.reserve(um * static_cast<std::size_t>(ldn_));
+  ws_->words.reserve(um * static_cast<std::size_t>(tiles() * words_per_tile()));
+  ws_->row_ovf.reserve(um);
   const bool split = opt_.split_remainder && split_supported(n_);
-  if (split || opt_.dense_rows_density > 0) {  // the packing's per-row counts: the split plan's and dense rows' input
-    row_nnz_.resize(um);
-  } else {
-    row_nnz_.release();
-  }
+  if (needs_row_nnz()) ws_->row_nnz.reserve(um);
   if (opt_.dense_rows_density > 0) {
-    dense_list_.resize(um + 1);
-    row_dense_.resize(um);
-    dense_temp_.resize(dense_rows_plan_temp_bytes(m));
+    ws_->dense_list.reserve(um + 1);
+    ws_->row_dense.reserve(um);
+    ws_->dense_temp.reserve(dense_rows_plan_temp_bytes(m));
   }
   if (split) {  // only the split remainder uses these
     const auto groups = static_cast<std::size_t>(split_groups(m));
-    split_pos_.resize(um);
-    split_tok_.resize(groups * kHListGroup);
-    split_base_.resize(groups);
-    split_len_.resize(groups);
-    split_chunk_words_.resize(static_cast<std::size_t>(split_chunks(m)));
+    ws_->split_pos.reserve(um);
+    ws_->split_tok.reserve(groups * kHListGroup);
+    ws_->split_base.reserve(groups);
+    ws_->split_len.reserve(groups);
+    ws_->split_chunk_words.reserve(static_cast<std::size_t>(split_chunks(m)));
     const std::int64_t per_row =
         opt_.split_capacity_per_row > 0 ? opt_.split_capacity_per_row : std::max<std::int64_t>(64, n_ / 16);
-    hlist_.resize(um * static_cast<std::size_t>(per_row));
-  } else {  // the split cannot run with these weights: drop what earlier weights left
-    hlist_.release();
+    ws_->hlist.reserve(um * static_cast<std::size_t>(per_row));
   }
-  cap_m_ = m;
+  cap_m_ = std::max(cap_m_, m);
 }
 
 void FfnContext::dense_forward(const __nv_bfloat16* x, std::int64_t m, __nv_bfloat16* y, cudaStream_t stream) {
   reserve(m);
   if (!gated_) {
-    gemm_.run({m, n_, k_, k_, k_, ldn_, GemmEpilogue::relu}, w_gu_.get(), x, h_.get(), stream);
-    gemm_.run({m, k_, n_, ldn_, ldn_, k_, GemmEpilogue::none}, w_down_.get(), h_.get(), y, stream);
+    gemm_.run({m, n_, k_, k_, k_, ldn_, GemmEpilogue::relu}, w_gu_.get(), x, ws_->h.get(), stream);
+    gemm_.run({m, k_, n_, ldn_, ldn_, k_, GemmEpilogue::none}, w_down_.get(), ws_->h.get(), y, stream);
     dense_gate_rows_ = m;
     return;
   }
   // Per row chunk: [g | u] = x · [Wg; Wu]ᵀ as one GEMM (2·ldn outputs), then h = ReLU(g) ⊙ u, then
-  // y = h · Wdᵀ; every chunk reuses rows [0, rows) of gu_ and h_ (so they stay in L2 when chunked).
+  // y = h · Wdᵀ; every chunk reuses rows [0, rows) of ws_->gu and ws_->h (so they stay in L2 when chunked).
   const std::int64_t per = opt_.dense_chunk_rows > 0 && m > opt_.dense_chunk_rows
                                ? round_up(opt_.dense_chunk_rows, 128)
                                : m;
   for (std::int64_t r0 = 0; r0 < m; r0 += per) {
     const std::int64_t rows = std::min(per, m - r0);
-    gemm_.run({rows, 2 * ldn_, k_, k_, k_, 2 * ldn_, GemmEpilogue::none}, w_gu_.get(), x + r0 * k_, gu_.get(), stream);
-    launch_gated_product(gu_.get(), gu_.get() + ldn_, 2 * ldn_, h_.get(), ldn_, rows, n_, stream);
-    gemm_.run({rows, k_, n_, ldn_, ldn_, k_, GemmEpilogue::none}, w_down_.get(), h_.get(), y + r0 * k_, stream);
+    gemm_.run({rows, 2 * ldn_, k_, k_, k_, 2 * ldn_, GemmEpilogue::none}, w_gu_.get(), x + r0 * k_, ws_->gu.get(), stream);
+    launch_gated_product(ws_->gu.get(), ws_->gu.get() + ldn_, 2 * ldn_, ws_->h.get(), ldn_, rows, n_, stream);
+    gemm_.run({rows, k_, n_, ldn_, ldn_, k_, GemmEpilogue::none}, w_down_.get(), ws_->h.get(), y + r0 * k_, stream);
     dense_gate_rows_ = rows;
   }
 }
 
 void FfnContext::dense_gate_gemm(const __nv_bfloat16* x, std::int64_t m, cudaStream_t stream) {
   reserve(m);
-  gemm_.run({m, n_, k_, k_, k_, ldn_, GemmEpilogue::none}, w_gu_.get(), x, g_.get(), stream);
+  gemm_.run({m, n_, k_, k_, k_, ldn_, GemmEpilogue::none}, w_gu_.get(), x, ws_->g.get(), stream);
 }
 
 void FfnContext::gate_twell(const __nv_bfloat16* x, std::int64_t m, cudaStream_t stream) {
@@ -202,7 +200,7 @@ void FfnContext::gate_twell(const __nv_bfloat16* x, std::int64_t m, cudaStream_t
   const std::int64_t per = round_up((m + chunks - 1) / chunks, 128);  // whole 128-row GEMM tiles
   for (std::int64_t r0 = 0; r0 < m; r0 += per) {
     const std::int64_t rows = std::min(per, m - r0);
-    gemm_.run({rows, n, k_, k_, k_, ldn_, GemmEpilogue::relu}, w_gu_.get(), x + r0 * k_, g_.get() + r0 * ldn_, stream);
+    gemm_.run({rows, n, k_, k_, k_, ldn_, GemmEpilogue::relu}, w_gu_.get(), x + r0 * k_, ws_->g.get() + r0 * ldn_, stream);
     // After this chunk's GEMM (and the counters' reset), beside the next chunk's GEMM.
     pack_rows(r0, rows, n, nullptr, /*reset_counters=*/false, pack_side_.fork(stream));
   }
@@ -218,11 +216,11 @@ void FfnContext::gate_pack_sm90(const __nv_bfloat16* x, std::int64_t m, cudaStre
   p.n = sparse_n(m);
   p.k = k_;
   p.words_per_tile = words_per_tile();
-  p.words = words_.get();
-  p.row_overflow = row_ovf_.get();
-  p.row_nnz = row_nnz_.size() > 0 ? row_nnz_.get() : nullptr;  // the split plan's input, when it can run
+  p.words = ws_->words.get();
+  p.row_overflow = ws_->row_ovf.get();
+  p.row_nnz = needs_row_nnz() ? ws_->row_nnz.get() : nullptr;  // the split plan's and dense rows' input
   p.counters = counters_.get();
-  p.gate = g_.get();
+  p.gate = ws_->g.get();
   p.ld_gate = ldn_;
   p.store_gate = opt_.gate_store_values;
   p.sm_count = sm_count_;
@@ -238,7 +236,7 @@ void FfnContext::gate_gemm(const __nv_bfloat16* x, std::int64_t m, cudaStream_t 
 void FfnContext::gate_gemm_cols(const __nv_bfloat16* x, std::int64_t m, std::int64_t n, cudaStream_t stream) {
   reserve(m);
   // ReLU in the GEMM epilogue: g ≥ 0 in the buffer, so the overflow backup and dense_rest read it as is.
-  gemm_.run({m, n, k_, k_, k_, ldn_, GemmEpilogue::relu}, w_gu_.get(), x, g_.get(), stream);
+  gemm_.run({m, n, k_, k_, k_, ldn_, GemmEpilogue::relu}, w_gu_.get(), x, ws_->g.get(), stream);
 }
 
 void FfnContext::pack(std::int64_t m, const std::uint32_t* enable, cudaStream_t stream) {
@@ -251,15 +249,15 @@ void FfnContext::pack_rows(std::int64_t r0, std::int64_t rows, std::int64_t n, c
               "pack: rows [{}, {}) not produced by gate_gemm for this context", r0, r0 + rows);
   TwellPackParams p;
   p.enable = enable;
-  p.src = g_.get() + r0 * ldn_;
+  p.src = ws_->g.get() + r0 * ldn_;
   p.ld_src = ldn_;
   p.m = rows;
   p.n = n;
   p.words_per_tile = words_per_tile();
   p.relu = true;
-  p.words = words_.get() + r0 * ((n + kTwellTile - 1) / kTwellTile) * words_per_tile();
-  p.row_overflow = row_ovf_.get() + r0;
-  p.row_nnz = row_nnz_.size() > 0 ? row_nnz_.get() + r0 : nullptr;  // the split plan's input, when it can run
+  p.words = ws_->words.get() + r0 * ((n + kTwellTile - 1) / kTwellTile) * words_per_tile();
+  p.row_overflow = ws_->row_ovf.get() + r0;
+  p.row_nnz = needs_row_nnz() ? ws_->row_nnz.get() + r0 : nullptr;  // the split plan's and dense rows' input
   p.counters = counters_.get();
   p.reset_counters = reset_counters;
   launch_twell_pack(p, stream);
@@ -284,8 +282,7 @@ void FfnContext::sparse_rest(const __nv_bfloat16* x, std::int64_t m, __nv_bfloat
 }
 
 LtGemm& FfnContext::side_gemm() {
-  if (!side_gemm_) side_gemm_ = std::make_unique<LtGemm>(opt_.autotune_gemm, 8, gemm_.workspace_bytes());
-  return *side_gemm_;
+  return ws_->side();
 }
 
 void FfnContext::cold_rest(const __nv_bfloat16* x, std::int64_t m, __nv_bfloat16* y, cudaStream_t stream) {
@@ -294,8 +291,8 @@ void FfnContext::cold_rest(const __nv_bfloat16* x, std::int64_t m, __nv_bfloat16
   const std::int64_t n = sparse_n(m);
   TwellUpDownParams p;
   static_cast<FfnOperands&>(p) = operands(x, m, y, n);
-  p.words = words_.get();
-  p.backup = g_.get();
+  p.words = ws_->words.get();
+  p.backup = ws_->g.get();
   p.ld_backup = ldn_;
   p.words_per_tile = words_per_tile();
   p.relu = true;
@@ -309,14 +306,14 @@ void FfnContext::cold_rest(const __nv_bfloat16* x, std::int64_t m, __nv_bfloat16
   if (use_blocked_up(m)) {
     // Blocked up product for the rows without overflow, then their down product as a non-gated
     // one over TwELL of h; the overflowed rows through the fused kernel. Disjoint rows of y.
-    h_words_.reserve(words_.size());
+    ws_->h_words.reserve(ws_->words.size());
     TwellUpBlockedParams bp;
     bp.x = x;
     bp.ld_x = k_;
     bp.w_up = p.w_up;
-    bp.words = words_.get();
-    bp.row_overflow = row_ovf_.get();
-    bp.h_words = h_words_.get();
+    bp.words = ws_->words.get();
+    bp.row_overflow = ws_->row_ovf.get();
+    bp.h_words = ws_->h_words.get();
     bp.m = m;
     bp.n = n;
     bp.k = k_;
@@ -326,12 +323,12 @@ void FfnContext::cold_rest(const __nv_bfloat16* x, std::int64_t m, __nv_bfloat16
     dp.gated = false;
     dp.x = nullptr;
     dp.w_up = nullptr;
-    dp.words = h_words_.get();
+    dp.words = ws_->h_words.get();
     dp.variant = updown_variant(m, false);
-    dp.row_filter = row_ovf_.get();
+    dp.row_filter = ws_->row_ovf.get();
     dp.filter_keep_flagged = false;
     launch_twell_up_down(dp, stream);
-    p.row_filter = row_ovf_.get();
+    p.row_filter = ws_->row_ovf.get();
     p.filter_keep_flagged = true;
     launch_twell_up_down(p, stream);
     return;
@@ -353,27 +350,27 @@ void FfnContext::cold_rest(const __nv_bfloat16* x, std::int64_t m, __nv_bfloat16
   // Split: plan → up half writing the h list → sliced down; if the list does not fit, the plan's
   // flag turns the up kernel into the fused kernel and the down kernel off.
   SplitPlanParams pp;
-  pp.row_nnz = row_nnz_.get();
+  pp.row_nnz = ws_->row_nnz.get();
   pp.m = m;
-  pp.capacity = static_cast<std::int64_t>(hlist_.size());
-  pp.pos = split_pos_.get();
-  pp.tok = split_tok_.get();
-  pp.base = split_base_.get();
-  pp.len = split_len_.get();
-  pp.chunk_words = split_chunk_words_.get();
+  pp.capacity = static_cast<std::int64_t>(ws_->hlist.size());
+  pp.pos = ws_->split_pos.get();
+  pp.tok = ws_->split_tok.get();
+  pp.base = ws_->split_base.get();
+  pp.len = ws_->split_len.get();
+  pp.chunk_words = ws_->split_chunk_words.get();
   pp.ticket = split_ticket_.get();
   pp.enable = &split_state_.get()->enable;
   pp.words_needed = &split_state_.get()->words_needed;
   launch_split_plan(pp, stream);
   p.split_enable = pp.enable;
-  p.hl_words = hlist_.get();
+  p.hl_words = ws_->hlist.get();
   p.hl_pos = pp.pos;
   p.hl_base = pp.base;
   p.hl_len = pp.len;
   launch_twell_up_down(p, stream);
   TwellDownSlicedParams dp;
   static_cast<FfnOperands&>(dp) = operands(x, m, y, n);
-  dp.words = hlist_.get();
+  dp.words = ws_->hlist.get();
   dp.tok = pp.tok;
   dp.base = pp.base;
   dp.len = pp.len;
@@ -395,7 +392,7 @@ bool FfnContext::is_decode(std::int64_t m) const noexcept {
 
 bool FfnContext::use_dense_rows(std::int64_t m) const noexcept {
   return opt_.dense_rows_density > 0 && !opt_.gate_rows_direct && !use_split(m) && !use_blocked_up(m) &&
-         !is_decode(m) && row_nnz_.size() >= static_cast<std::size_t>(m);
+         !is_decode(m) && ws_->row_nnz.size() >= static_cast<std::size_t>(m);
 }
 
 std::uint32_t FfnContext::dense_row_cap(std::int64_t n) const noexcept {
@@ -422,16 +419,16 @@ std::int64_t FfnContext::dense_rows_capacity(std::int64_t m) {
 const std::uint32_t* FfnContext::dense_rows_begin(const __nv_bfloat16* x, std::int64_t m, std::int64_t cap,
                                                   cudaStream_t stream) {
   DenseRowsPlanParams pp;
-  pp.row_nnz = row_nnz_.get();
+  pp.row_nnz = ws_->row_nnz.get();
   pp.m = m;
   pp.row_cap = dense_row_cap(sparse_n(m));
   pp.row_cost = dense_row_cost(sparse_n(m));
   pp.stats = dense_stats_.get();
   if (cap > 0) {
-    pp.list = dense_list_.get();
-    pp.selected = dense_list_.get() + m;
-    pp.temp = dense_temp_.get();
-    pp.temp_bytes = dense_temp_.size();
+    pp.list = ws_->dense_list.get();
+    pp.selected = ws_->dense_list.get() + m;
+    pp.temp = ws_->dense_temp.get();
+    pp.temp_bytes = ws_->dense_temp.size();
   }
   launch_dense_rows_plan(pp, stream);
   // The share of rows over the threshold sizes later calls' capacity (never waited for).
@@ -442,49 +439,49 @@ const std::uint32_t* FfnContext::dense_rows_begin(const __nv_bfloat16* x, std::i
   gp.selected = pp.selected;
   gp.capacity = cap;
   gp.m = m;
-  gp.row_dense = row_dense_.get();
+  gp.row_dense = ws_->row_dense.get();
   gp.stats = dense_stats_.get();
   if (gated_) {
-    x_h_.reserve(static_cast<std::size_t>(cap * k_));
+    ws_->x_h.reserve(static_cast<std::size_t>(cap * k_));
     gp.x = x;
     gp.ld_x = k_;
     gp.k = k_;
-    gp.x_h = x_h_.get();
+    gp.x_h = ws_->x_h.get();
   }
   launch_dense_rows_gather(gp, stream);
-  return row_dense_.get();
+  return ws_->row_dense.get();
 }
 
 void FfnContext::dense_rows_finish(std::int64_t m, std::int64_t cap, __nv_bfloat16* y, cudaStream_t stream) {
   if (cap == 0) return;
   const std::int64_t n = sparse_n(m);
-  const int* list = dense_list_.get();
-  const int* selected = dense_list_.get() + m;
+  const int* list = ws_->dense_list.get();
+  const int* selected = ws_->dense_list.get() + m;
   DenseRowsHParams hp;
   hp.list = list;
   hp.selected = selected;
   hp.capacity = cap;
-  hp.words = words_.get();
+  hp.words = ws_->words.get();
   hp.words_per_tile = words_per_tile();
-  hp.backup = g_.get();
+  hp.backup = ws_->g.get();
   hp.ld_backup = ldn_;
   hp.relu = true;
   hp.n = n;
-  hp.h = h_.get();  // [m, ldn] workspace, its first cap rows
+  hp.h = ws_->h.get();  // [m, ldn] workspace, its first cap rows
   hp.ld_h = ldn_;
   if (gated_) {  // u of the gathered rows into the stacked buffer's first cap·ldn elements
-    gemm_.run({cap, n, k_, k_, k_, ldn_, GemmEpilogue::none}, w_gu_.get() + ldn_ * k_, x_h_.get(), gu_.get(), stream);
-    hp.u = gu_.get();
+    gemm_.run({cap, n, k_, k_, k_, ldn_, GemmEpilogue::none}, w_gu_.get() + ldn_ * k_, ws_->x_h.get(), ws_->gu.get(), stream);
+    hp.u = ws_->gu.get();
     hp.ld_u = ldn_;
   }
   launch_dense_rows_h(hp, stream);
-  y_h_.reserve(static_cast<std::size_t>(cap * k_));
-  gemm_.run({cap, k_, n, ldn_, ldn_, k_, GemmEpilogue::none}, w_down_.get(), h_.get(), y_h_.get(), stream);
+  ws_->y_h.reserve(static_cast<std::size_t>(cap * k_));
+  gemm_.run({cap, k_, n, ldn_, ldn_, k_, GemmEpilogue::none}, w_down_.get(), ws_->h.get(), ws_->y_h.get(), stream);
   DenseRowsScatterParams sp;
   sp.list = list;
   sp.selected = selected;
   sp.capacity = cap;
-  sp.y_h = y_h_.get();
+  sp.y_h = ws_->y_h.get();
   sp.y = y;
   sp.ld_y = k_;
   sp.k = k_;
@@ -552,12 +549,12 @@ bool FfnContext::use_split(std::int64_t m) const noexcept {
 
 void FfnContext::dense_rest(const __nv_bfloat16* x, std::int64_t m, __nv_bfloat16* y, cudaStream_t stream) {
   TWELL_CHECK(m <= cap_m_, ErrorCode::invalid_argument, "dense_rest: run gate_twell for these {} rows first", m);
-  const __nv_bfloat16* h = g_.get();
+  const __nv_bfloat16* h = ws_->g.get();
   if (gated_) {
-    __nv_bfloat16* u = gu_.get();  // [m, ldn] view of the stacked buffer
+    __nv_bfloat16* u = ws_->gu.get();  // [m, ldn] view of the stacked buffer
     gemm_.run({m, n_, k_, k_, k_, ldn_, GemmEpilogue::none}, w_gu_.get() + ldn_ * k_, x, u, stream);
-    launch_gated_product(g_.get(), u, ldn_, h_.get(), ldn_, m, n_, stream);
-    h = h_.get();
+    launch_gated_product(ws_->g.get(), u, ldn_, ws_->h.get(), ldn_, m, n_, stream);
+    h = ws_->h.get();
   }
   gemm_.run({m, k_, n_, ldn_, ldn_, k_, GemmEpilogue::none}, w_down_.get(), h, y, stream);
 }
@@ -570,7 +567,7 @@ void FfnContext::dense_forward_counted(const __nv_bfloat16* x, std::int64_t m, _
   // Only the cold neurons (the first sparse_n(m) columns) count: their density decides.
   const std::int64_t n = sparse_n(m);
   const TwellSampleParams sp =
-      sample_params(gated_ ? gu_.get() : h_.get(), gated_ ? 2 * ldn_ : ldn_, rows, n, 0.0, use_dense_rows(m));
+      sample_params(gated_ ? ws_->gu.get() : ws_->h.get(), gated_ ? 2 * ldn_ : ldn_, rows, n, 0.0, use_dense_rows(m));
   launch_twell_sample_decide(sp, stream);
   const double sampled = static_cast<double>((rows + sp.stride - 1) / sp.stride);
   counts_.push(&dispatch_.get()->count, sampled * static_cast<double>(n), stream);
@@ -584,7 +581,7 @@ void FfnContext::decode_forward(const __nv_bfloat16* x, std::int64_t m, __nv_bfl
     gp.x = x;
     gp.ld_x = k_;
     gp.w = w_gu_.get();
-    gp.g = g_.get();
+    gp.g = ws_->g.get();
     gp.ld_g = ldn_;
     gp.m = m;
     gp.n = n_;
@@ -593,7 +590,7 @@ void FfnContext::decode_forward(const __nv_bfloat16* x, std::int64_t m, __nv_bfl
   } else {
     gate_gemm(x, m, stream);
   }
-  decode_partials_.reserve(static_cast<std::size_t>(m * tiles() * k_));
+  ws_->decode_partials.reserve(static_cast<std::size_t>(m * tiles() * k_));
   if (decode_tickets_.size() < static_cast<std::size_t>(m + 2)) {
     // [0, m): row tickets, [m]: CTA ticket, [m + 1]: unused; the count is separate (64-bit).
     // Zeroed once; every launch leaves them zero again.
@@ -603,9 +600,9 @@ void FfnContext::decode_forward(const __nv_bfloat16* x, std::int64_t m, __nv_bfl
   }
   TwellDecodeParams p;
   static_cast<FfnOperands&>(p) = operands(x, m, y, n_);  // decode runs every neuron
-  p.g = g_.get();
+  p.g = ws_->g.get();
   p.ld_g = ldn_;
-  p.partials = decode_partials_.get();
+  p.partials = ws_->decode_partials.get();
   p.row_tickets = decode_tickets_.get();
   p.cta_ticket = decode_tickets_.get() + decode_tickets_.size() - 2;
   p.nnz = decode_nnz_.get();
@@ -653,7 +650,7 @@ FfnContext::SplitStats FfnContext::read_split_stats(cudaStream_t stream) {
   SplitStats r;
   r.ran = st.enable != 0;
   r.words_needed = st.words_needed;
-  r.capacity = hlist_.size();
+  r.capacity = ws_->hlist.size();
   return r;
 }
 
@@ -677,10 +674,10 @@ std::vector<std::uint32_t> FfnContext::neuron_counts_of_gate(std::int64_t m, con
       mask[static_cast<std::size_t>(j)] = (*cold)[static_cast<std::size_t>(order_.empty() ? j : order_[static_cast<std::size_t>(j)])];
       nc += mask[static_cast<std::size_t>(j)];
     }
-    pos = read_neuron_counts_sparse_rows(g_.get(), ldn_, m, n_, mask, dense_row_cap(nc), row_nnz_.get(), rows_left_out,
+    pos = read_neuron_counts_sparse_rows(ws_->g.get(), ldn_, m, n_, mask, dense_row_cap(nc), ws_->row_nnz.get(), rows_left_out,
                                          stream);
   } else {
-    pos = read_neuron_counts(g_.get(), ldn_, m, n_, nullptr, 0, stream);
+    pos = read_neuron_counts(ws_->g.get(), ldn_, m, n_, nullptr, 0, stream);
   }
   if (order_.empty()) return pos;
   std::vector<std::uint32_t> orig(static_cast<std::size_t>(n_));
@@ -755,7 +752,7 @@ void FfnContext::set_hot_neurons(const std::vector<std::int64_t>& hot, cudaStrea
   launch_gather_rows(w_down_t_.get(), k_, d_idx.get(), n_, k_, down_t.get(), k_, stream);
   launch_gather_cols(w_down_.get(), ldn_, d_idx.get(), k_, n_, down.get(), ldn_, stream);
   const std::int64_t nc = static_cast<std::int64_t>(cold.size());
-  // The hot part's workspace is the second half of gu_ ([m, ldn] ⊇ [m, 2·ldh]).
+  // The hot part's workspace is the second half of ws_->gu ([m, ldn] ⊇ [m, 2·ldh]).
   TWELL_CHECK(2 * round_up(n_ - nc, 8) <= ldn_, ErrorCode::unsupported,
               "set_hot_neurons: {} of {} neurons hot; at most half of them can be split off", n_ - nc, n_);
   hot_n_ = n_ - nc;
@@ -811,9 +808,9 @@ std::int64_t FfnContext::calibrate_hot_neurons(const __nv_bfloat16* x, std::int6
 }
 
 __nv_bfloat16* FfnContext::hot_workspace(std::int64_t m) noexcept {
-  // The second half of gu_ ([m, 2·ldn]): m·ldn elements ⊇ [m, 2·ldh] since hot_n_ ≤ N/2 (rounded,
-  // checked in set_hot_neurons). The cold part's dense rows use only gu_'s first cap·ldn ≤ m·ldn.
-  return gu_.get() + m * ldn_;
+  // The second half of ws_->gu ([m, 2·ldn]): m·ldn elements ⊇ [m, 2·ldh] since hot_n_ ≤ N/2 (rounded,
+  // checked in set_hot_neurons). The cold part's dense rows use only ws_->gu's first cap·ldn ≤ m·ldn.
+  return ws_->gu.get() + m * ldn_;
 }
 
 void FfnContext::hot_up(const __nv_bfloat16* x, std::int64_t m, LtGemm& gemm, cudaStream_t stream) {
@@ -907,7 +904,7 @@ ForwardResult FfnContext::forward(const __nv_bfloat16* x, std::int64_t m, __nv_b
   // device while the packing runs or is skipped, the host waits for that one flag.
   gate_gemm(x, m, stream);  // every neuron: dense_rest reads the whole gate
   const std::int64_t n = sparse_n(m);
-  TwellSampleParams sp = sample_params(g_.get(), ldn_, m, n, max_density, use_dense_rows(m));
+  TwellSampleParams sp = sample_params(ws_->g.get(), ldn_, m, n, max_density, use_dense_rows(m));
   Dispatch* d = dispatch_.get();
   launch_twell_sample_decide(sp, stream);
   TWELL_CUDA_CHECK(cudaMemcpyAsync(dispatch_host_.get(), d, sizeof(Dispatch), cudaMemcpyDeviceToHost, stream));

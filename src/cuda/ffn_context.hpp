@@ -25,6 +25,7 @@
 #include "cuda/common/device_buffer.hpp"
 #include "cuda/common/side_stream.hpp"
 #include "cuda/dense/lt_gemm.hpp"
+#include "cuda/ffn_workspace.hpp"
 #include "cuda/sm80/twell_decode.hpp"
 #include "cuda/sm80/twell_dense_rows.hpp"
 #include "cuda/sm80/twell_hot_neurons.hpp"
@@ -247,7 +248,9 @@ struct ForwardResult {
 
 class FfnContext {
  public:
-  explicit FfnContext(const ContextOptions& opt = {});
+  // ws: the per-call scratch, shared with other layers (null: this context's own).
+  explicit FfnContext(const ContextOptions& opt = {}, std::shared_ptr<FfnWorkspace> ws = nullptr);
+  const FfnWorkspace& workspace() const noexcept { return *ws_; }
   ~FfnContext();
   FfnContext(const FfnContext&) = delete;
   FfnContext& operator=(const FfnContext&) = delete;
@@ -338,7 +341,7 @@ class FfnContext {
   // GEMMs on a second stream (hot_overlap here and in the training context): their own workspace,
   // of gemm()'s size so that the heuristics choose the same algorithms; created on first use.
   LtGemm& side_gemm();
-  std::size_t side_gemm_workspace_bytes() const noexcept { return side_gemm_ ? side_gemm_->workspace_bytes() : 0; }
+  std::size_t side_gemm_workspace_bytes() const noexcept { return ws_->side_gemm ? ws_->side_gemm->workspace_bytes() : 0; }
 
   // Device weights (bf16): [Wg; 0; Wu; 0] as [2·ldn, K] (gated) or [Wu; 0] as [ldn, K]; Wd as
   // [K, ldn] (padding columns zero); Wdᵀ as [N, K].
@@ -352,13 +355,16 @@ class FfnContext {
   // Whether sparse_rest at this M runs the blocked up product (ContextOptions::blocked_up).
   bool use_blocked_up(std::int64_t m) const noexcept;
 
-  // Results of the last gate_twell (valid for its m until the next call); columns in neuron_order().
-  const std::uint32_t* twell_words() const noexcept { return words_.get(); }   // [m, sparse_tiles(m) · S]
-  const __nv_bfloat16* gate_values() const noexcept { return g_.get(); }       // [m, ldn]
-  const std::uint32_t* row_overflow() const noexcept { return row_ovf_.get(); }  // [m]
+  // Results of the last gate_twell (valid for its m until the next call of any layer sharing the
+  // workspace); columns in neuron_order().
+  const std::uint32_t* twell_words() const noexcept { return ws_->words.get(); }   // [m, sparse_tiles(m) · S]
+  const __nv_bfloat16* gate_values() const noexcept { return ws_->g.get(); }       // [m, ldn]
+  const std::uint32_t* row_overflow() const noexcept { return ws_->row_ovf.get(); }  // [m]
 
  private:
   void reserve(std::int64_t m);
+  // The packing writes per-row counts (the split plan's and the dense rows' input).
+  bool needs_row_nnz() const noexcept;
   void check_m(std::int64_t m) const;
   // Packs rows [r0, r0 + rows) of the gate buffer; adds to the counters unless reset_counters.
   // n: the call's sparse_n.
@@ -422,7 +428,8 @@ class FfnContext {
 
   ContextOptions opt_;
   bool gate_sm90_ok_ = false;  // this device runs the sm90 gate kernel (gate_pack_sm90_available)
-  LtGemm gemm_;
+  std::shared_ptr<FfnWorkspace> ws_;  // per-call scratch, possibly shared by many layers
+  LtGemm& gemm_;                      // ws_->gemm
   bool gated_ = true;
   std::int64_t n_ = 0, k_ = 0, ldn_ = 0;
   std::int64_t cap_m_ = 0;
@@ -438,11 +445,6 @@ class FfnContext {
   DeviceBuffer<__nv_bfloat16> w_hot_gu_;
   bool hot_calibrated_ = false;           // hot_neurons_auto: this layer calibrated (or tried)
   // workspaces
-  DeviceBuffer<__nv_bfloat16> g_;     // [m, ldn]  gate (gated) or ReLU(up) (non-gated)
-  DeviceBuffer<__nv_bfloat16> gu_;    // [m, 2·ldn] stacked dense gate|up output; its first half is u in dense_rest
-  DeviceBuffer<__nv_bfloat16> h_;     // [m, ldn]  dense h
-  DeviceBuffer<std::uint32_t> words_;
-  DeviceBuffer<std::uint32_t> row_ovf_;
   struct Dispatch {
     unsigned long long count;  // Σ over sampled rows of the row's cost (count, or the dense-row cost)
     unsigned long long hot;    // sampled rows over the dense-row threshold
@@ -456,27 +458,17 @@ class FfnContext {
   // packing's many small CTAs must not take the SMs ahead of the GEMM's)
   SideStream pack_side_{SideStream::Priority::normal};
   SideStream hot_side_;                // hot_overlap: the hot part's GEMMs beside cold_rest
-  std::unique_ptr<LtGemm> side_gemm_;
   double last_density_ = -1;  // density of the latest call whose count came back (−1: none)
   std::int64_t dense_calls_ = 0;  // dense calls of automatic since upload (for the count periods)
   CountRing counts_;          // counts of sticky calls on their way back (never waited for)
   DeviceBuffer<TwellCounters> counters_;
   PinnedBuffer<TwellCounters> counters_host_;
-  DeviceBuffer<float> decode_partials_;           // [m, tiles, K]
   DeviceBuffer<unsigned int> decode_tickets_;     // row tickets, CTA ticket (kept zero between launches)
   DeviceBuffer<unsigned long long> decode_nnz_;   // [1] (kept zero between launches)
   // Split remainder (twell_split.hpp): row counts from the packing, the plan, the h list.
   int sm_count_ = 0;
   std::size_t smem_optin_ = 0;
-  DeviceBuffer<std::uint32_t> h_words_;   // [m, tiles · S] TwELL of h (blocked up product; allocated on first use)
-  DeviceBuffer<std::uint32_t> row_nnz_;   // [m]; allocated (and filled by the packing) only with split_remainder or dense rows
-  DeviceBuffer<int> split_pos_;           // [m]
-  DeviceBuffer<int> split_tok_;           // [16 · groups]
-  DeviceBuffer<std::int64_t> split_base_; // [groups]
-  DeviceBuffer<int> split_len_;           // [groups]
-  DeviceBuffer<long long> split_chunk_words_;  // [chunks]
   DeviceBuffer<unsigned int> split_ticket_;    // [1], zero between plans
-  DeviceBuffer<std::uint32_t> hlist_;     // [capacity]
   struct SplitState {
     std::uint32_t enable;
     std::uint32_t pad;
@@ -485,10 +477,6 @@ class FfnContext {
   DeviceBuffer<SplitState> split_state_;
   // Dense rows (twell_dense_rows.hpp).
   DeviceBuffer<DenseRowsStats> dense_stats_;  // [1]
-  DeviceBuffer<int> dense_list_;              // [m + 1]: hot rows ascending, then at [m] their count
-  DeviceBuffer<unsigned char> dense_temp_;    // CUB scratch
-  DeviceBuffer<std::uint32_t> row_dense_;     // [m] 1 iff the row ran dense (the fused kernel's filter)
-  DeviceBuffer<__nv_bfloat16> x_h_, y_h_;     // [capacity, K] gathered x rows, their y rows
   CountRing hot_share_;                       // share of rows over the threshold, per call
   double last_hot_share_ = -1;                // newest share that came back (−1: none)
   std::int64_t dense_cap_ = 0;                // current learned capacity (rows)

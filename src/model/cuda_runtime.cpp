@@ -13,6 +13,7 @@
 #include "cuda/common/device_buffer.hpp"
 #include "cuda/dense/lt_gemm.hpp"
 #include "cuda/ffn_context.hpp"
+#include "cuda/ffn_workspace.hpp"
 #include "cuda/ops/model_ops.hpp"
 #include "model/cuda_runtime.hpp"
 #include "model/runtime_checks.hpp"
@@ -105,7 +106,7 @@ class CudaRuntime final : public Runtime {
       d.wqkv = upload_bf16(l.wqkv.data(), l.wqkv.size(), stream_);
       d.wo = upload_bf16(l.wo.data(), l.wo.size(), stream_);
       if (c.act == Activation::relu) {
-        d.ffn = std::make_unique<cuda::FfnContext>();
+        d.ffn = std::make_unique<cuda::FfnContext>(cuda::ContextOptions{}, ws_);
         d.ffn->upload_weights(ffn_weights(l.w_gate.data(), l.w_up.data(), l.w_down.data(), N, K), stream_);
       } else {
         std::vector<float> gu(l.w_gate);
@@ -280,7 +281,10 @@ class CudaRuntime final : public Runtime {
   std::vector<FfnLayerStats> stats_;
   std::string device_;
   cudaStream_t stream_ = nullptr;
-  cuda::LtGemm gemm_;
+  // One scratch for every layer's FFN (sized by the largest call, not by the layer count); its
+  // cuBLASLt handle and workspace serve the runtime's own GEMMs too (one stream: never concurrent).
+  std::shared_ptr<cuda::FfnWorkspace> ws_ = std::make_shared<cuda::FfnWorkspace>();
+  cuda::LtGemm& gemm_ = ws_->gemm;
   DeviceBuffer<bf16_t> embed_, head_;
   DeviceBuffer<float> final_norm_, cos_, sin_;
   std::vector<Layer> layers_;

@@ -1,0 +1,58 @@
+#pragma once
+// The FFN engine's per-call scratch: what one forward of one layer needs and no later call reads.
+// One FfnWorkspace can serve every layer of a model (FfnContext's constructor takes it shared), so
+// device memory for scratch depends on the largest M served, never on the number of layers.
+// Buffers only grow (DeviceBuffer::reserve); contents are not kept between calls.
+// Layers sharing a workspace must run one after another in stream order (one stream, or streams the
+// caller orders): a layer's results in it (FfnContext::twell_words(), gate_values(), ...) are valid
+// until the next call of any layer that shares it.
+#include <cuda_bf16.h>
+
+#include <cstdint>
+#include <memory>
+
+#include "cuda/common/device_buffer.hpp"
+#include "cuda/dense/lt_gemm.hpp"
+
+namespace twell::cuda {
+
+struct FfnWorkspace {
+  explicit FfnWorkspace(bool autotune_gemm = false) : gemm(autotune_gemm), autotune(autotune_gemm) {}
+
+  LtGemm gemm;                        // the layers' GEMMs (plans cached per shape; its own workspace)
+  std::unique_ptr<LtGemm> side_gemm;  // GEMMs on the hot neurons' second stream; created on first use
+  bool autotune;
+
+  DeviceBuffer<__nv_bfloat16> g;      // [m, ldn]  gate (gated) or ReLU(up) (non-gated)
+  DeviceBuffer<__nv_bfloat16> gu;     // [m, 2·ldn] stacked gate|up output; second half: the hot neurons' workspace
+  DeviceBuffer<__nv_bfloat16> h;      // [m, ldn]  dense h
+  DeviceBuffer<std::uint32_t> words;  // [m, tiles · S] TwELL words
+  DeviceBuffer<std::uint32_t> row_ovf;  // [m]
+  DeviceBuffer<std::uint32_t> row_nnz;  // [m] the packing's row counts (split remainder, dense rows)
+  DeviceBuffer<std::uint32_t> h_words;  // [m, tiles · S] TwELL of h (blocked up product)
+  DeviceBuffer<int> split_pos;          // [m]
+  DeviceBuffer<int> split_tok;          // [16 · groups]
+  DeviceBuffer<std::int64_t> split_base;  // [groups]
+  DeviceBuffer<int> split_len;          // [groups]
+  DeviceBuffer<long long> split_chunk_words;  // [chunks]
+  DeviceBuffer<std::uint32_t> hlist;    // [capacity] the split remainder's h list
+  DeviceBuffer<int> dense_list;         // [m + 1]: dense rows ascending, then at [m] their count
+  DeviceBuffer<unsigned char> dense_temp;  // CUB scratch
+  DeviceBuffer<std::uint32_t> row_dense;   // [m] 1 iff the row ran dense
+  DeviceBuffer<__nv_bfloat16> x_h, y_h;    // [capacity, K] gathered x rows, their y rows
+  DeviceBuffer<float> decode_partials;     // [m, tiles, K]
+
+  LtGemm& side() {
+    if (!side_gemm) side_gemm = std::make_unique<LtGemm>(autotune, 8, gemm.workspace_bytes());
+    return *side_gemm;
+  }
+  std::size_t bytes() const noexcept {
+    return gemm.workspace_bytes() + (side_gemm ? side_gemm->workspace_bytes() : 0) + g.bytes() + gu.bytes() +
+           h.bytes() + words.bytes() + row_ovf.bytes() + row_nnz.bytes() + h_words.bytes() + split_pos.bytes() +
+           split_tok.bytes() + split_base.bytes() + split_len.bytes() + split_chunk_words.bytes() + hlist.bytes() +
+           dense_list.bytes() + dense_temp.bytes() + row_dense.bytes() + x_h.bytes() + y_h.bytes() +
+           decode_partials.bytes();
+  }
+};
+
+}  // namespace twell::cuda
