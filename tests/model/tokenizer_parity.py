@@ -302,10 +302,32 @@ def class_tokenizer(pattern):
     return tok
 
 
+# Code points Unicode 15.0 and 15.1 assigned (Python 3.12 and 3.13 know them; PCRE2 10.42 knows
+# Unicode 14, so its classes see them as unassigned): kept out of the sweep where Python is newer.
+UNICODE_15_ADDITIONS = [(0x0CF3, 0x0CF3), (0x0ECE, 0x0ECE), (0x10EFD, 0x10EFF), (0x1123F, 0x11241),
+                        (0x11B00, 0x11B09), (0x11F00, 0x11F59), (0x13439, 0x1345F), (0x1B132, 0x1B132),
+                        (0x1B155, 0x1B155), (0x1D2C0, 0x1D2D3), (0x1DF25, 0x1DF2A), (0x1E030, 0x1E08F),
+                        (0x1E4D0, 0x1E4F9), (0x1F6DC, 0x1F6DC), (0x1F774, 0x1F77F), (0x1F7D9, 0x1F7D9),
+                        (0x1FA75, 0x1FA77), (0x1FA87, 0x1FA88), (0x1FAAD, 0x1FAAF), (0x1FABB, 0x1FABF),
+                        (0x1FACE, 0x1FACF), (0x1FADA, 0x1FADB), (0x1FAE8, 0x1FAE8), (0x1FAF7, 0x1FAF8),
+                        (0x2B739, 0x2B739), (0x31350, 0x323AF), (0x2FFC, 0x2FFF), (0x31EF, 0x31EF),
+                        (0x2EBF0, 0x2EE5D)]
+
+
 def every_code_point_docs(chunk=240):
+    """Every code point assigned in Unicode 14 (what PCRE2 10.42 knows), in documents of `chunk`.
+    Returns None where Python's Unicode tables are newer than 15.1 (the extra code points are not
+    listed here): the sweep is then skipped, and says so."""
     import unicodedata
+    ver = tuple(int(x) for x in unicodedata.unidata_version.split("."))
+    if ver > (15, 1, 0):
+        return None
+    newer = set()
+    if ver > (14, 0, 0):
+        for lo, hi in UNICODE_15_ADDITIONS:
+            newer.update(range(lo, hi + 1))
     cps = [c for c in range(1, 0x110000) if unicodedata.category(chr(c)) not in ("Cn", "Cs")
-           and c not in UNICODE_VERSION_DRIFT]
+           and c not in UNICODE_VERSION_DRIFT and c not in newer]
     docs = []
     for k in range(0, len(cps), chunk):
         docs.append("".join(chr(c) for c in cps[k:k + chunk]))
@@ -430,7 +452,13 @@ def main():
             if name == "smollm2-shape":
                 throughput(name, path, english, args.tool, tmp)
 
-        class_docs = every_code_point_docs() + [
+        sweep = every_code_point_docs()
+        if sweep is None:
+            import unicodedata
+            print(f"skip regex-class sweep over every code point: Python's Unicode {unicodedata.unidata_version} is newer "
+                  "than the 15.1 this script can map to PCRE2's 14.0 (the tokenizer configurations above still ran)")
+            sweep = []
+        class_docs = sweep + [
             d for d in list(SCRIPTS.values()) + generated_docs(random.Random(99))[:400]
             if not any(ord(ch) in UNICODE_VERSION_DRIFT for ch in d)]
         class_total, class_failures = 0, 0
