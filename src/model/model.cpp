@@ -13,6 +13,7 @@
 #include <nlohmann/json.hpp>
 
 #include "twell/error.hpp"
+#include "twell/host_memory.hpp"
 #include "twell/io/safetensors.hpp"
 
 namespace twell::model {
@@ -129,6 +130,10 @@ Model Model::load(const std::string& dir_str, const LoadOptions& opt) {
     m.config.act = parse_activation(*opt.hidden_act);
   }
   const LlamaConfig& c = m.config;
+  // Peak host memory: the file's tensors (≤ 4 bytes a parameter) and their fp32 copies, plus Wdᵀ.
+  check_host_memory(8.0 * static_cast<double>(c.parameters()) +
+                        4.0 * static_cast<double>(c.num_layers * c.hidden_size * c.intermediate_size),
+                    fmt::format("loading {} ({:.2f} B parameters)", dir_str, static_cast<double>(c.parameters()) / 1e9));
   Tensors t = read_checkpoint(dir);
   const std::int64_t K = c.hidden_size, N = c.intermediate_size, V = c.vocab_size;
 

@@ -13,6 +13,7 @@
 
 #include "twell/bf16.hpp"
 #include "twell/error.hpp"
+#include "twell/host_memory.hpp"
 #include "twell/io/safetensors.hpp"
 
 namespace twell::model {
@@ -122,6 +123,9 @@ std::vector<double> target_densities(const SyntheticSpec& s) {
 Model make_synthetic_model(const SyntheticSpec& s, const std::function<void(int, int)>& progress) {
   const std::vector<double> targets = target_densities(s);
   const LlamaConfig& c = s.config;
+  check_host_memory(4.0 * static_cast<double>(c.parameters()) +
+                        4.0 * static_cast<double>(c.num_layers * c.hidden_size * c.intermediate_size),
+                    fmt::format("a synthetic model of {:.2f} B parameters (fp32 on the host)", static_cast<double>(c.parameters()) / 1e9));
   const std::int64_t K = c.hidden_size, N = c.intermediate_size, V = c.vocab_size, L = c.num_layers;
   const float sd = 0.02f, sd_out = 0.02f / std::sqrt(2.0f * static_cast<float>(L));
   const float bias = std::sqrt(static_cast<float>(K));  // channel 0's constant c

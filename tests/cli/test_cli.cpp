@@ -513,6 +513,40 @@ TEST_F(Cli, BadOptions) {
   expect_error("bench ffn --device cpu --reps -1", "--reps");
   expect_error(fmt::format("gen --out '{}' --dtype f64", out), "--dtype");
   expect_error(fmt::format("gen --out '{}'", path("no/dir/x.safetensors")), "does not exist");
+  // Requests larger than the machine are refused up front, not killed by the OOM killer.
+  expect_error("bench ffn --device cpu --n 1000000000 --m 100000", "GB of host memory");
+  expect_error(fmt::format("gen --out '{}' --n 1000000000 --k 100000", out), "GB of host memory");
+  expect_error("stats --n 1000000000 --k 100000", "GB of host memory");
+}
+
+// The model commands' bad input: one line, non-zero exit, nothing written.
+TEST_F(Cli, ModelCommandsRejectBadInput) {
+  const std::string none = path("no_such_model");
+  expect_error(fmt::format("generate --model '{}' --prompt hi --device cpu", none), "not a directory");
+  expect_error("generate --prompt hi", "--model");
+  expect_error(fmt::format("gen model --config 7b --out '{}'", path("m")), "--config");
+  expect_error(fmt::format("gen model --config tiny --density 0.9 --out '{}'", path("m")), "--density");
+  expect_error(fmt::format("gen model --config tiny --dead 1 --out '{}'", path("m")), "--dead");
+  expect_error("bench model --device cpu", "--model DIR or --config NAME");
+  expect_error(fmt::format("bench model --device cpu --config tiny --model '{}'", none), "either");
+}
+
+// A synthetic checkpoint written by `twell gen model` loads and generates, on the CPU, with the sparse
+// FFN path, and reports the densities its layers reached.
+TEST_F(Cli, GenModelThenGenerate) {
+  const std::string dir = path("tiny_model");
+  const RunResult g = run(fmt::format("gen model --config tiny --layers 2 --out '{}'", dir));
+  ASSERT_EQ(g.rc, 0) << g.err;
+  EXPECT_NE(g.err.find("measured/target"), std::string::npos) << g.err;
+  expect_error(fmt::format("gen model --config tiny --out '{}'", dir), "refusing to overwrite");
+  // No tokenizer.json: generate needs one and says so.
+  expect_error(fmt::format("generate --model '{}' --prompt hi --device cpu", dir), "tokenizer.json");
+  const RunResult b = run(fmt::format("bench model --device cpu --model '{}' --reps 1 --prefill-batch 2 --prefill-len 16 "
+                                      "--decode-batch 2 --decode-steps 2 --context 8",
+                                      dir));
+  ASSERT_EQ(b.rc, 0) << b.err;
+  EXPECT_NE(b.out.find("| prefill | 2 | 32 |"), std::string::npos) << b.out;
+  EXPECT_NE(b.out.find("| decode | 2 | 4 |"), std::string::npos) << b.out;
 }
 
 }  // namespace

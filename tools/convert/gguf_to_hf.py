@@ -34,6 +34,7 @@ REPO = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, HERE)
 sys.dont_write_bytecode = True  # no __pycache__ next to the sources (not git-ignored)
 import safetensors_np as stnp  # noqa: E402
+from ref_llama import expected_shapes  # noqa: E402  (the HF Llama tensor names and shapes)
 
 
 def log(msg: str) -> None:
@@ -134,22 +135,6 @@ def read_config(reader) -> dict:
     if pad is not None:
         cfg["pad_token_id"] = int(pad)
     return cfg
-
-
-def expected_shapes(cfg: dict) -> dict:
-    d, f, V = cfg["hidden_size"], cfg["intermediate_size"], cfg["vocab_size"]
-    hd, H, KV = cfg["head_dim"], cfg["num_attention_heads"], cfg["num_key_value_heads"]
-    s = {"model.embed_tokens.weight": (V, d), "model.norm.weight": (d,)}
-    if not cfg["tie_word_embeddings"]:
-        s["lm_head.weight"] = (V, d)
-    for i in range(cfg["num_hidden_layers"]):
-        p = f"model.layers.{i}."
-        s.update({p + "input_layernorm.weight": (d,), p + "post_attention_layernorm.weight": (d,),
-                  p + "self_attn.q_proj.weight": (H * hd, d), p + "self_attn.k_proj.weight": (KV * hd, d),
-                  p + "self_attn.v_proj.weight": (KV * hd, d), p + "self_attn.o_proj.weight": (d, H * hd),
-                  p + "mlp.gate_proj.weight": (f, d), p + "mlp.up_proj.weight": (f, d),
-                  p + "mlp.down_proj.weight": (d, f)})
-    return s
 
 
 _NAME_MAP = {  # GGUF per-block suffix -> HF per-layer suffix

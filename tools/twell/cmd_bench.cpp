@@ -8,6 +8,7 @@
 #include <memory>
 
 #include "common.hpp"
+#include "twell/host_memory.hpp"
 #include "twell/cpu/ffn_ops.hpp"
 #include "twell/cpu/reference.hpp"
 #if defined(TWELL_HAVE_CUDA)
@@ -240,6 +241,11 @@ FfnInputs bench_inputs(BenchArgs& a, bool with_dy) {
     }
     return in;
   }
+  // fp32 host bytes at the peak, roughly: x, y (twice), dy, dx [M, K]; the weights, Wdᵀ, their bf16
+  // copies and the gradients [N, K]; the dense path's g and u [M, N].
+  const double m = static_cast<double>(a.gen.p.m), k = static_cast<double>(a.gen.p.k), n = static_cast<double>(a.gen.p.n);
+  check_host_memory(4.0 * (5 * m * k + 8 * n * k + 2 * m * n),
+                    fmt::format("bench ffn at M={} K={} N={}", a.gen.p.m, a.gen.p.k, a.gen.p.n));
   note(fmt::format("bench: generating inputs M={} K={} N={} density {:g} (seed {})", a.gen.p.m, a.gen.p.k, a.gen.p.n,
                    a.gen.p.density, a.gen.p.seed));
   return generate_inputs(a.gen.p, with_dy);

@@ -1,4 +1,5 @@
 #include "common.hpp"
+#include "twell/host_memory.hpp"
 
 #include <omp.h>
 
@@ -171,6 +172,10 @@ HostTensor random_normal(std::vector<std::int64_t> shape, std::uint64_t seed) {
 }
 
 FfnInputs generate_inputs(const SparsityParams& p, bool with_dy) {
+  // The generator's fp32 tensors: x (and dy) [M, K], the three weights [N, K].
+  const double m = static_cast<double>(p.m), k = static_cast<double>(p.k), n = static_cast<double>(p.n);
+  check_host_memory(4.0 * ((with_dy ? 2 : 1) * m * k + 3 * n * k),
+                    fmt::format("generating FFN inputs at M={} K={} N={}", p.m, p.k, p.n));
   GeneratedFfn g = generate_ffn(p);
   FfnInputs in;
   in.source = "generated";
