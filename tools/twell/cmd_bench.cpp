@@ -219,6 +219,15 @@ nlohmann::json rows_json(const std::vector<Row>& rows) {
   return a;
 }
 
+// The generator's settings, printed with every result so that no reader mistakes one workload for
+// another (neuron skew 0 is uniform neuron popularity; the hot-neuron split gains from skew).
+void print_generator(const FfnInputs& in, const SparsityParams& p) {
+  if (in.source != "generated") return;
+  fmt::print("generator: density {:g}, row spread {:g} (log-normal sigma), hot rows {:g} at {:g}, neuron skew {:g} "
+             "(log-normal sigma; 0 = uniform popularity), dead neurons {:g}, seed {}\n",
+             p.density, p.row_spread, p.hot_rows, p.hot_density, p.neuron_skew, p.dead_neurons, p.seed);
+}
+
 nlohmann::json params_json(const FfnInputs& in, const SparsityParams& p) {
   nlohmann::json j{{"m", in.m}, {"k", in.k}, {"n", in.n}, {"gated", in.gated}, {"source", in.source}};
   if (in.source == "generated")
@@ -386,6 +395,7 @@ int bench_cpu(BenchArgs& a) {
              in.gated ? "gated" : "non-gated", in.m, in.k, in.n, in.source);
   fmt::print("commit {}, {}; time = median of {} reps after {} warm-up; speedup = dense time / path time\n",
              git_commit(), iso_time_utc(), reps, warmup);
+  print_generator(in, a.gen.p);
   fmt::print("activations ({}):\n", in.gated ? "ReLU(x w_gate^T)" : "ReLU(x w_up^T)");
   print_activation_stats(st, stdout);
   print_rows(table);
@@ -634,6 +644,11 @@ int bench_cuda(BenchArgs& a) {
   FfnInputs in = bench_inputs(a, false);
   ffn_check_shapes(in.x_view(), in.weights());
   round_inputs_bf16(in);
+  // The layer's true activation count, on the host from the same bf16 inputs (the GPU's counters
+  // see only the part the TwELL kernels pack: the cold neurons, when hot ones run as dense columns).
+  note("bench: counting the activations on the host...");
+  const TwellMatrix hg = cpu::ffn_gate_twell(in.x_view(), in.gated ? in.weights().w_gate : in.weights().w_up, tcfg);
+  const std::int64_t layer_nnz = twell_stats(hg).nnz;
   double dense_err = -1;
   const SweepPoint r = sweep_cuda(in, tcfg, warmup, reps, a.check_rows, !a.no_check, &dense_err);
   const cuda::DeviceInfo dev = cuda::query_device();
@@ -641,9 +656,12 @@ int bench_cuda(BenchArgs& a) {
              dev.sm_count, in.gated ? "gated" : "non-gated", in.m, in.k, in.n, in.source);
   fmt::print("commit {}, {}; time = median of {} reps after {} warm-up (CUDA events)\n", git_commit(), iso_time_utc(),
              reps, warmup);
-  fmt::print("activations: {} active ({:.1f} per row, {:.3f}% density); overflow {} tiles in {} rows\n", r.nnz,
-             static_cast<double>(r.nnz) / static_cast<double>(in.m),
-             100.0 * static_cast<double>(r.nnz) / static_cast<double>(in.m) / static_cast<double>(in.n),
+  print_generator(in, a.gen.p);
+  const double mn = static_cast<double>(in.m) * static_cast<double>(in.n);
+  fmt::print("activations: {} active ({:.1f} per row, {:.3f}% density, counted on the host); the TwELL part of the "
+             "dispatched path (cold neurons, counted on the GPU): {} ({:.3f}% of M x N), overflow {} tiles in {} rows\n",
+             layer_nnz, static_cast<double>(layer_nnz) / static_cast<double>(in.m),
+             100.0 * static_cast<double>(layer_nnz) / mn, r.nnz, 100.0 * static_cast<double>(r.nnz) / mn,
              r.overflow_tiles, r.overflow_rows);
   std::vector<Row> table;
   Row rd{"inference", "dense (cuBLASLt)", "fp64 reference"};
@@ -680,7 +698,8 @@ int bench_cuda(BenchArgs& a) {
     j["warmup"] = warmup;
     j["results"] = rows_json(table);
     j["dispatched_path"] = r.path;
-    j["nnz"] = r.nnz;
+    j["nnz"] = layer_nnz;
+    j["nnz_twell_part"] = r.nnz;
     j["overflow_tiles"] = r.overflow_tiles;
     j["overflow_rows"] = r.overflow_rows;
     j["check_passed"] = a.no_check ? nlohmann::json(nullptr) : nlohmann::json(ok);
@@ -717,6 +736,7 @@ int bench_cuda_train(BenchArgs& a) {
              dev.name, dev.sm_count, in.gated ? "gated" : "non-gated", in.m, in.k, in.n, in.source);
   fmt::print("commit {}, {}; time = median of {} reps after {} warm-up (CUDA events); l1_coeff {:g}\n", git_commit(),
              iso_time_utc(), reps, warmup, a.l1_coeff);
+  print_generator(in, a.gen.p);
   fmt::print("activations: {} active ({:.1f} per row, {:.3f}% density)\n", t.nnz,
              static_cast<double>(t.nnz) / static_cast<double>(in.m),
              100.0 * static_cast<double>(t.nnz) / static_cast<double>(in.m) / static_cast<double>(in.n));
