@@ -550,3 +550,30 @@ TEST_F(Cli, GenModelThenGenerate) {
 }
 
 }  // namespace
+
+namespace twell::cli_test_model {
+
+// End to end on a real model: SmolLM2-135M-Instruct (scripts/fetch-smollm2; skipped when absent)
+// answers a factual question through `twell generate --chat` on the CPU, greedily; the same ids as
+// the float64 reference (tests/model/model_parity.py) give "The capital of France is Paris."
+TEST(CliSmolLM2, ChatAnswersWithParis) {
+  namespace fs = std::filesystem;
+  const fs::path model = fs::path(TWELL_SOURCE_DIR) / "assets" / "smollm2-135m-instruct";
+  if (!fs::exists(model / ".complete")) GTEST_SKIP() << model << " not present (bash scripts/fetch-smollm2)";
+  const fs::path out = fs::path(TWELL_TEST_TMPDIR) / ("smollm2_" + std::to_string(::getpid()) + ".txt");
+  fs::create_directories(out.parent_path());
+  const std::string cmd = std::string("'") + TWELL_EXE + "' generate --device cpu --model '" + model.string() +
+                          "' --chat --prompt 'What is the capital of France?' -n 24 --json '" + out.string() +
+                          ".json' > '" + out.string() + "' 2>/dev/null";
+  ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
+  std::ifstream f(out);
+  const std::string text((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  EXPECT_NE(text.find("Paris"), std::string::npos) << text;
+  std::ifstream j(out.string() + ".json");
+  const std::string js((std::istreambuf_iterator<char>(j)), std::istreambuf_iterator<char>());
+  EXPECT_NE(js.find("\"stop_reason\": \"eos\""), std::string::npos) << js;  // it ends its turn itself
+  fs::remove(out);
+  fs::remove(out.string() + ".json");
+}
+
+}  // namespace twell::cli_test_model

@@ -11,6 +11,8 @@
 #include "twell/model/generate.hpp"
 #include "twell/model/runtime.hpp"
 
+#include <nlohmann/json.hpp>
+
 namespace twell::test {
 namespace {
 
@@ -282,6 +284,52 @@ TEST(Generate, BatchedEqualsSeparateAndStops) {
   EXPECT_EQ(full[0].stop_reason, "context full");
   EXPECT_EQ(static_cast<std::int64_t>(prompts[1].size() + full[0].tokens.size()), s.max_pos + 1)
       << "the model reads max_pos positions and picks one token after the last";
+}
+
+}  // namespace
+}  // namespace twell::test
+
+namespace twell::test {
+namespace {
+
+std::filesystem::path chat_dir(const std::string& name, const std::string& config_json) {
+  const auto d = tiny_dir("chat_" + name);
+  std::ofstream(d / "tokenizer_config.json") << config_json;
+  return d;
+}
+
+TEST(ChatPrompt, ChatMLWithTheTemplatesDefaultSystemTurn) {
+  // SmolLM2's template (from its GGUF), with real newlines in the Jinja string literals.
+  const std::string tpl =
+      "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}{{ '<|im_start|>system\n"
+      "You are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n' }}{% endif %}"
+      "{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n'}}{% endfor %}"
+      "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}";
+  const auto d = chat_dir("chatml", nlohmann::json{{"chat_template", tpl}}.dump());
+  EXPECT_EQ(model::chat_prompt(d.string(), "Hi?"),
+            "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n"
+            "<|im_start|>user\nHi?<|im_end|>\n<|im_start|>assistant\n");
+  EXPECT_EQ(model::chat_prompt(d.string(), "Hi?", "Be brief."),
+            "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi?<|im_end|>\n<|im_start|>assistant\n");
+  // The same default written with Jinja escapes (\n as two characters) in the template text.
+  std::string escaped = tpl;
+  for (std::size_t p = 0; (p = escaped.find('\n', p)) != std::string::npos; p += 2) escaped.replace(p, 1, "\\n");
+  const auto e = chat_dir("chatml_escaped", nlohmann::json{{"chat_template", escaped}}.dump());
+  EXPECT_EQ(model::chat_prompt(e.string(), "Hi?"), model::chat_prompt(d.string(), "Hi?"));
+}
+
+TEST(ChatPrompt, Llama3AndErrors) {
+  const auto l3 = chat_dir("llama3", R"({"chat_template": "{{ '<|start_header_id|>' + message['role'] + '<|end_header_id|>' }}"})");
+  EXPECT_EQ(model::chat_prompt(l3.string(), "Hi?"),
+            "<|begin_of_text|><|start_header_id|>user<|end_header_id|>\n\nHi?<|eot_id|>"
+            "<|start_header_id|>assistant<|end_header_id|>\n\n");
+  const auto other = chat_dir("other", R"({"chat_template": "[INST] {{ message['content'] }} [/INST]"})");
+  EXPECT_THROW(model::chat_prompt(other.string(), "Hi?"), Error);
+  const auto none = chat_dir("none", R"({"bos_token": "<s>"})");
+  EXPECT_THROW(model::chat_prompt(none.string(), "Hi?"), Error);
+  const auto bad = chat_dir("bad", "{not json");
+  EXPECT_THROW(model::chat_prompt(bad.string(), "Hi?"), Error);
+  EXPECT_THROW(model::chat_prompt((bad / "missing").string(), "Hi?"), Error);
 }
 
 }  // namespace
