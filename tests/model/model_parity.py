@@ -13,10 +13,11 @@ Tolerances (max |logit - ref| / max |ref logit| per sequence):
   sparse path 5e-3, against a reference that rounds act(gate) to bf16 as the TwELL format stores it
       (so the comparison is exact up to fp32 noise): a gate value within fp32 noise of a bf16
       rounding boundary may round the other way, moving one h by one bf16 ulp (2^-8 relative); these
-      random models amplify a single such flip to up to 7e-4 of the logit scale (observed 2e-6 with
-      no flip, 2e-5 to 7e-4 with some). Without the modelled rounding the error is 7e-3 to 1e-2.
+      random models amplify a single such flip through the layers (two layers: up to 9e-4 of the logit
+      scale in 30 runs; three layers reached 3e-3, so these cases keep to two). Without the modelled rounding the error is 7e-3 to 1e-2.
   automatic mode at 50 % density 1e-2: its first call measures through the sparse path, whose bf16
-      gate rounding the (dense) reference does not model: the unmodelled error above.
+      gate rounding the (dense) reference does not model: the unmodelled error above (observed up to
+      2.7e-3 in 30 runs).
 Exit 77 (ctest: skipped) when numpy is missing.
 """
 import os
@@ -45,7 +46,7 @@ CASES = [
     ("gelu-f16-sharded", dict(act="gelu", dtype="f16", shards=3, kv_heads=1), "auto", 3, 2e-5),
     ("gelu-tanh-headdim", dict(act="gelu_pytorch_tanh", dtype="bf16", head_dim=32, heads=4, kv_heads=2), "auto", 0, 2e-5),
     ("relu-dense", dict(act="relu", dtype="bf16", layers=3), "dense", 4, 2e-5),
-    ("relu-sparse-8pct", dict(act="relu", dtype="bf16", layers=3, intermediate=600, sparse_bias=True, density=0.08), "sparse", 4, 5e-3),
+    ("relu-sparse-8pct", dict(act="relu", dtype="bf16", layers=2, intermediate=600, sparse_bias=True, density=0.08), "sparse", 4, 5e-3),
     ("relu-sparse-1pct", dict(act="relu", dtype="bf16", layers=2, intermediate=1100, sparse_bias=True, density=0.01), "sparse", 0, 5e-3),
     ("relu-auto-dense-50pct", dict(act="relu", dtype="f32", layers=2), "auto", 2, 1e-2),
 ]
