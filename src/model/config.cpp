@@ -41,8 +41,8 @@ std::vector<std::int32_t> get_ids(const json& j, const char* key, const std::str
   std::vector<std::int32_t> ids;
   if (!j.contains(key) || j[key].is_null()) return ids;
   auto add = [&](const json& v) {
-    TWELL_CHECK(v.is_number_integer() && v.get<std::int64_t>() >= 0, ErrorCode::corrupt,
-                "{}: \"{}\" must hold non-negative token ids, got {}", what, key, v.dump());
+    TWELL_CHECK(v.is_number_integer() && v.get<std::int64_t>() >= 0 && v.get<std::int64_t>() < (1ll << 31),
+                ErrorCode::corrupt, "{}: \"{}\" must hold token ids in [0, 2^31), got {}", what, key, v.dump());
     ids.push_back(static_cast<std::int32_t>(v.get<std::int64_t>()));
   };
   if (j[key].is_array())

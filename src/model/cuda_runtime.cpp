@@ -94,6 +94,10 @@ class CudaRuntime final : public Runtime {
     TWELL_CHECK(opt.ffn_path != FfnPath::sparse || c.act == Activation::relu, ErrorCode::unsupported,
                 "the sparse FFN path needs a ReLU model; this one uses {}", to_string(c.act));
     TWELL_CHECK(c.head_dim <= 256, ErrorCode::unsupported, "head_dim {} > 256 is not supported on the GPU", c.head_dim);
+    // The GPU's FFN engine dispatches with its own measured thresholds; max_sparse_density is the
+    // CPU runtime's. Still checked, so that a bad value is an error on every device.
+    TWELL_CHECK(opt.max_sparse_density >= 0 && opt.max_sparse_density <= 1, ErrorCode::invalid_argument,
+                "max_sparse_density must lie in [0, 1], got {}", opt.max_sparse_density);
     TWELL_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
     const std::int64_t K = c.hidden_size, N = c.intermediate_size;
     embed_ = upload_bf16(m.embed.data(), m.embed.size(), stream_);
@@ -144,6 +148,12 @@ class CudaRuntime final : public Runtime {
 
   std::unique_ptr<Sequence> new_sequence(std::int64_t capacity) override {
     check_sequence_capacity(model_->config, capacity);
+    // Decode attention keeps a row's scores in shared memory: refuse up front, not mid-generation.
+    const std::int64_t max_keys = cuda::ops::attention_max_keys(model_->config.head_dim);
+    TWELL_CHECK(capacity <= max_keys, ErrorCode::unsupported,
+                "a sequence of {} tokens is longer than the GPU runtime's decode attention takes on this device ({} "
+                "at head_dim {}); use a shorter context",
+                capacity, max_keys, model_->config.head_dim);
     return std::make_unique<CudaSequence>(this, model_->config, capacity);
   }
 
@@ -164,6 +174,8 @@ class CudaRuntime final : public Runtime {
     std::vector<std::int32_t> out(static_cast<std::size_t>(R));
     TWELL_CUDA_CHECK(cudaMemcpyAsync(out.data(), ids, out.size() * sizeof(std::int32_t), cudaMemcpyDeviceToHost, stream_));
     TWELL_CUDA_CHECK(cudaStreamSynchronize(stream_));
+    for (std::size_t i = 0; i < out.size(); ++i)
+      TWELL_CHECK(out[i] >= 0, ErrorCode::non_finite, "forward: step {}'s logits hold NaN or infinity", i);
     return out;
   }
 
@@ -220,6 +232,7 @@ class CudaRuntime final : public Runtime {
     bf16_t* tmp = room(tmp_, T * K);
     cuda::ops::embedding(d_ids, T, embed_.get(), K, x, stream_);
     const auto eps = static_cast<float>(c.rms_eps);
+    std::vector<char> ran_sparse(static_cast<std::size_t>(c.num_layers), 0);
     const cuda::Path path = opt_.ffn_path == FfnPath::dense ? cuda::Path::dense
                             : opt_.ffn_path == FfnPath::sparse ? cuda::Path::sparse
                                                                 : cuda::Path::automatic;
@@ -236,11 +249,9 @@ class CudaRuntime final : public Runtime {
       gemm_.run({T, K, Q, Q, Q, K}, L.wo.get(), att, tmp, stream_);
       cuda::ops::residual_add(x, tmp, T * K, stream_);
       cuda::ops::rmsnorm(x, nullptr, T, K, L.ffn_norm.get(), eps, xn, stream_);
-      FfnLayerStats& st = stats_[static_cast<std::size_t>(l)];
-      st.rows += T;
       if (L.ffn) {
         const cuda::ForwardResult r = L.ffn->forward(xn, T, tmp, path, stream_);
-        if (r.sparse) st.sparse_rows += T;
+        ran_sparse[static_cast<std::size_t>(l)] = r.sparse;
       } else {
         bf16_t* gu = room(gu_, T * 2 * N);
         bf16_t* h = room(h_, T * N);
@@ -264,6 +275,10 @@ class CudaRuntime final : public Runtime {
     ms.c_fp32 = true;
     gemm_.matmul(ms, xs, head_.size() ? head_.get() : embed_.get(), logits, stream_);
     for (std::size_t s = 0; s < steps.size(); ++s) seqs[s]->advance(static_cast<std::int64_t>(steps[s].tokens.size()));
+    for (std::size_t l = 0; l < ran_sparse.size(); ++l) {
+      stats_[l].rows += T;
+      if (ran_sparse[l]) stats_[l].sparse_rows += T;
+    }
     rows_total_ = T;
     return logits;
   }

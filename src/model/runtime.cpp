@@ -66,6 +66,8 @@ std::vector<std::int32_t> Runtime::forward_argmax(std::span<const SeqStep> steps
   std::vector<std::int32_t> out(steps.size());
   for (std::size_t i = 0; i < steps.size(); ++i) {
     const float* row = logits.data() + i * V;
+    TWELL_CHECK(std::all_of(row, row + V, [](float v) { return std::isfinite(v); }), ErrorCode::non_finite,
+                "forward: step {}'s logits hold NaN or infinity", i);
     out[i] = static_cast<std::int32_t>(std::max_element(row, row + V) - row);
   }
   return out;

@@ -171,9 +171,11 @@ Model make_synthetic_model(const SyntheticSpec& s, const std::function<void(int,
   return m;
 }
 
-void save_checkpoint(const Model& m, const std::string& dir_str) {
+namespace {
+
+// save_checkpoint's work; `dir` is normalised (no trailing separator).
+void write_checkpoint_dir(const Model& m, const std::filesystem::path& dir, const std::string& dir_str) {
   namespace fs = std::filesystem;
-  const fs::path dir(dir_str);
   TWELL_CHECK(!fs::exists(dir) || (fs::is_directory(dir) && fs::is_empty(dir)), ErrorCode::io,
               "{} exists and is not an empty directory: refusing to overwrite it", dir_str);
   const LlamaConfig& c = m.config;
@@ -220,7 +222,7 @@ void save_checkpoint(const Model& m, const std::string& dir_str) {
                       {"torch_dtype", "bfloat16"}};
   if (!c.bos_ids.empty()) j["bos_token_id"] = c.bos_ids[0];
   if (!c.eos_ids.empty()) j["eos_token_id"] = c.eos_ids[0];
-  const fs::path tmp = dir.parent_path() / ("." + dir.filename().string() + ".tmp");
+  const fs::path tmp = (dir.has_parent_path() ? dir.parent_path() : fs::path(".")) / ("." + dir.filename().string() + ".tmp");
   fs::remove_all(tmp);
   fs::create_directories(tmp);
   std::vector<io::TensorRef> refs;
@@ -233,6 +235,22 @@ void save_checkpoint(const Model& m, const std::string& dir_str) {
   }
   if (fs::exists(dir)) fs::remove(dir);  // empty, checked above
   fs::rename(tmp, dir);
+}
+
+}  // namespace
+
+void save_checkpoint(const Model& m, const std::string& dir_str) {
+  namespace fs = std::filesystem;
+  TWELL_CHECK(!dir_str.empty(), ErrorCode::invalid_argument, "save_checkpoint: no directory given");
+  fs::path dir = fs::path(dir_str).lexically_normal();
+  if (!dir.has_filename()) dir = dir.parent_path();  // "out/" → "out"
+  TWELL_CHECK(!dir.empty() && dir.filename() != "." && dir.filename() != "..", ErrorCode::invalid_argument,
+              "save_checkpoint: '{}' does not name a directory to create", dir_str);
+  try {
+    write_checkpoint_dir(m, dir, dir_str);
+  } catch (const fs::filesystem_error& e) {
+    fail(ErrorCode::io, "writing the checkpoint {}: {}", dir.string(), e.what());
+  }
 }
 
 }  // namespace twell::model

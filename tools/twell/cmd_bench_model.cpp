@@ -86,7 +86,7 @@ int run_bench_model(BenchModelArgs& a) {
     source = a.model_dir;
   }
   const auto& c = m.config;
-  if (a.prefill_len + 1 > c.max_position || a.context + a.decode_steps > c.max_position)
+  if (a.prefill_len > c.max_position || a.context + a.decode_steps > c.max_position)
     fail(ErrorCode::invalid_argument, "--prefill-len / --context + --decode-steps exceed the model's context ({})", c.max_position);
   note(fmt::format("{}: {} layers, hidden {}, FFN {} ({}), {:.1f} M parameters; device {} ({})", source, c.num_layers,
                    c.hidden_size, c.intermediate_size, model::to_string(c.act), static_cast<double>(c.parameters()) / 1e6,
@@ -177,8 +177,8 @@ int run_bench_model(BenchModelArgs& a) {
   for (std::int64_t b : a.decode_batches) {
     std::vector<std::vector<std::int32_t>> prompts;
     for (std::int64_t i = 0; i < b; ++i) prompts.push_back(random_tokens(rng, a.context, c.vocab_size));
-    time_decode(*dense, prompts, 2);
-    time_decode(*sparse, prompts, 2);
+    time_decode(*dense, prompts, std::min<std::int64_t>(2, a.decode_steps));  // warm-up
+    time_decode(*sparse, prompts, std::min<std::int64_t>(2, a.decode_steps));
     Row r{"decode", b, b * a.decode_steps, {}};
     for (int i = 0; i < a.reps; ++i) {
       progress(fmt::format("decode batch {}", b));
@@ -217,7 +217,7 @@ int run_bench_model(BenchModelArgs& a) {
     fmt::print("\ndevice memory in use after a {} x {} prefill, each runtime alone: dense {:.2f} GB, sparse {:.2f} GB\n",
                a.prefill_batch, a.prefill_len, static_cast<double>(mem_dense) / 1e9, static_cast<double>(mem_sparse) / 1e9);
   fmt::print("(both runtimes run the same attention, norms and LM head; only the FFN path differs. Decode steps include\n"
-             " the host's greedy pick and the logits' copy, as a user's generation does.)\n");
+             " the greedy pick and its copy back to the host, as a user's generation does.)\n");
   if (!a.json.empty()) {
     nlohmann::json j = {{"source", source},
                         {"device", device == "cuda" ? dense->device() : cpu_name()},

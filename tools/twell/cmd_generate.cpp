@@ -98,25 +98,30 @@ int run_generate(GenerateArgs& a) {
   for (std::size_t i = 0; !stream && i < out.size(); ++i)
     fmt::print("--- [{}] {}\n{}{}\n", i, out[i].stop_reason, a.chat ? "" : a.prompts[i], tok.decode(out[i].tokens, true));
 
-  std::int64_t relu_layers = 0, sparse_layers = 0;
+  // Per layer: whether it ran the sparse FFN, and (where the runtime counts them: the CPU) its active neurons.
+  std::int64_t sparse_layers = 0, counted = 0;
   double per_token = 0;
-  for (const auto& s : rt.ffn_stats())
+  for (const auto& s : rt.ffn_stats()) {
+    sparse_layers += s.sparse_rows > 0;
     if (s.active_per_token() >= 0) {
-      ++relu_layers;
+      ++counted;
       per_token += s.active_per_token();
-      if (s.sparse_rows == s.rows) ++sparse_layers;
     }
+  }
   if (!a.quiet) {
     note(fmt::format("prefill: {} tokens in {:.3f} s ({:.1f} tokens/s); decode: {} tokens in {:.3f} s ({:.1f} tokens/s)",
                      t.prefill_tokens, t.prefill_seconds, t.prefill_tokens / std::max(t.prefill_seconds, 1e-9),
                      t.decode_tokens, t.decode_seconds, t.decode_tokens / std::max(t.decode_seconds, 1e-9)));
-    if (relu_layers > 0)
-      note(fmt::format("FFN: {} of {} ReLU layers ran sparse on every call; {:.1f} active neurons per token per layer "
-                       "(of {}, {:.2f} %)",
-                       sparse_layers, relu_layers, per_token / relu_layers, c.intermediate_size,
-                       100.0 * per_token / relu_layers / static_cast<double>(c.intermediate_size)));
-    else
+    if (c.act != model::Activation::relu)
       note(fmt::format("FFN: {} activation, dense path (only ReLU FFNs are sparse)", model::to_string(c.act)));
+    else if (counted > 0)
+      note(fmt::format("FFN: {} of {} ReLU layers ran the sparse path; {:.1f} active neurons per token per layer "
+                       "(of {}, {:.2f} %)",
+                       sparse_layers, c.num_layers, per_token / counted, c.intermediate_size,
+                       100.0 * per_token / counted / static_cast<double>(c.intermediate_size)));
+    else
+      note(fmt::format("FFN: {} of {} ReLU layers ran the sparse path (active neurons are not read back on the GPU)",
+                       sparse_layers, c.num_layers));
   }
   if (!a.json.empty()) {
     nlohmann::json j;

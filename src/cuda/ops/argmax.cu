@@ -13,11 +13,15 @@ __global__ void argmax_kernel(const float* logits, std::int64_t v, std::int32_t*
   const float* row = logits + blockIdx.x * v;
   float best = -INFINITY;
   int idx = 0x7fffffff;
-  for (std::int64_t i = threadIdx.x; i < v; i += kThreads)
+  bool bad = false;
+  for (std::int64_t i = threadIdx.x; i < v; i += kThreads) {
+    bad = bad || !isfinite(row[i]);
     if (better(row[i], static_cast<int>(i), best, idx)) {
       best = row[i];
       idx = static_cast<int>(i);
     }
+  }
+  bad = __syncthreads_or(bad);
   for (int o = 16; o > 0; o >>= 1) {
     const float b2 = __shfl_xor_sync(0xffffffffu, best, o);
     const int i2 = __shfl_xor_sync(0xffffffffu, idx, o);
@@ -39,7 +43,7 @@ __global__ void argmax_kernel(const float* logits, std::int64_t v, std::int32_t*
         best = sb[w];
         idx = si[w];
       }
-    out[blockIdx.x] = idx == 0x7fffffff ? 0 : idx;  // an all-NaN row: 0 (the host checks logits when it samples)
+    out[blockIdx.x] = bad ? -1 : idx;  // −1: a non-finite logit (the caller throws non_finite)
   }
 }
 

@@ -81,6 +81,13 @@ __global__ void __launch_bounds__(kWarps * 32) attention_kernel(const __nv_bfloa
 
 }  // namespace
 
+std::int64_t attention_max_keys(std::int64_t d) {
+  int dev = 0, optin = 0;
+  TWELL_CUDA_CHECK(cudaGetDevice(&dev));
+  TWELL_CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+  return static_cast<std::int64_t>(optin) / static_cast<std::int64_t>(sizeof(float)) - (1 + kWarps) * d - kWarps;
+}
+
 void attention(const __nv_bfloat16* qkv, std::int64_t rows, std::int64_t heads, std::int64_t kv_heads, std::int64_t d,
                const RowKv* rows_kv, std::int64_t layer, std::int64_t max_keys, __nv_bfloat16* out,
                cudaStream_t stream) {

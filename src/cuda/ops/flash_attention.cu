@@ -140,12 +140,9 @@ template <int D>
 void launch(const __nv_bfloat16* qkv, std::int64_t nblocks, std::int64_t heads, std::int64_t kv_heads,
             const FlashBlock* blocks, const RowKv* rows_kv, std::int64_t layer, __nv_bfloat16* out, cudaStream_t stream) {
   const std::size_t smem = sizeof(FlashSmem<D>);
-  static bool configured = false;  // per device in practice: every GPU we run takes the same setting
-  if (!configured) {
-    TWELL_CUDA_CHECK(cudaFuncSetAttribute(flash_attention_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                          static_cast<int>(smem)));
-    configured = true;
-  }
+  // Per device and cheap: set on every launch (a process may run on several GPUs, from several threads).
+  TWELL_CUDA_CHECK(cudaFuncSetAttribute(flash_attention_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                        static_cast<int>(smem)));
   const float scale = 1.0f / sqrtf(static_cast<float>(D));
   flash_attention_kernel<D><<<dim3(static_cast<unsigned>(nblocks), static_cast<unsigned>(heads)), kWarps * 32, smem,
                               stream>>>(qkv, heads, kv_heads, blocks, rows_kv, layer, scale, out);
@@ -154,7 +151,15 @@ void launch(const __nv_bfloat16* qkv, std::int64_t nblocks, std::int64_t heads, 
 
 }  // namespace
 
-bool flash_attention_supported(std::int64_t d) noexcept { return d == 64 || d == 128; }
+bool flash_attention_supported(std::int64_t d) noexcept {
+  if (d != 64 && d != 128) return false;
+  int dev = 0, optin = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess ||
+      cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess)
+    return false;
+  const std::size_t need = d == 64 ? sizeof(FlashSmem<64>) : sizeof(FlashSmem<128>);
+  return need <= static_cast<std::size_t>(optin);  // e.g. not d = 128 on a 99 KB sm_86 / sm_89
+}
 
 void flash_attention(const __nv_bfloat16* qkv, std::int64_t nblocks, std::int64_t heads, std::int64_t kv_heads,
                      std::int64_t d, const FlashBlock* blocks, const RowKv* rows_kv, std::int64_t layer,

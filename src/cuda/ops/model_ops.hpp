@@ -39,6 +39,8 @@ void rope_store_kv(__nv_bfloat16* qkv, std::int64_t rows, std::int64_t heads, st
 // Causal attention of each row's query heads (in qkv) over its sequence's cached keys 0…pos:
 // out[r, h·d:(h+1)·d] = softmax(q·Kᵀ / sqrt(d)) · V, query head h reading KV head h / (heads / kv_heads).
 // max_keys: the largest pos + 1 of the call (sizes the scores' shared memory).
+// The most keys attention() takes at head_dim d on the current device (its scores sit in shared memory).
+std::int64_t attention_max_keys(std::int64_t d);
 void attention(const __nv_bfloat16* qkv, std::int64_t rows, std::int64_t heads, std::int64_t kv_heads,
                std::int64_t d, const RowKv* rows_kv, std::int64_t layer, std::int64_t max_keys, __nv_bfloat16* out,
                cudaStream_t stream);
@@ -50,12 +52,14 @@ struct FlashBlock {
   std::int32_t rows = 0;  // 1 … 64
   std::int32_t pad = 0;
 };
+// Whether flash_attention runs head_dim d on the current device (its shared memory suffices).
 bool flash_attention_supported(std::int64_t d) noexcept;
 void flash_attention(const __nv_bfloat16* qkv, std::int64_t nblocks, std::int64_t heads, std::int64_t kv_heads,
                      std::int64_t d, const FlashBlock* blocks, const RowKv* rows_kv, std::int64_t layer,
                      __nv_bfloat16* out, cudaStream_t stream);
 
 // out[r] = the index of row r's largest value (the lowest index among equal ones); logits [rows, v].
+// A row holding a NaN or an infinity gives −1 (the caller reports it).
 void argmax(const float* logits, std::int64_t rows, std::int64_t v, std::int32_t* out, cudaStream_t stream);
 
 // x += y  (fp32 += bf16), n elements
