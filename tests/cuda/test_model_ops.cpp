@@ -126,3 +126,36 @@ TEST(ModelOps, AttentionKernelsMatchFloat64) {
 
 }  // namespace
 }  // namespace twell::test
+
+namespace twell::test {
+namespace {
+
+// argmax: the lowest index of each row's largest value, as std::max_element on the host; a row
+// holding NaN or an infinity gives −1.
+TEST(ModelOps, ArgmaxMatchesHostAndFlagsNonFinite) {
+  TWELL_REQUIRE_GPU();
+  Rng rng(fresh_seed());
+  const std::int64_t rows = 7, v = 49157;  // not a multiple of the block's threads
+  std::vector<float> logits(static_cast<std::size_t>(rows * v));
+  for (auto& x : logits) x = rng.normal();
+  logits[2 * v + 100] = logits[2 * v + 9000] = 50.0f;  // a tie: the lower index wins
+  logits[4 * v + v - 1] = 60.0f;                       // the last element
+  logits[5 * v + 7] = NAN;
+  logits[6 * v + 3] = INFINITY;
+  auto d = upload(logits);
+  DeviceBuffer<std::int32_t> out(static_cast<std::size_t>(rows));
+  cuda::ops::argmax(d.get(), rows, v, out.get(), nullptr);
+  std::vector<std::int32_t> got(static_cast<std::size_t>(rows));
+  ASSERT_EQ(cudaMemcpy(got.data(), out.get(), out.bytes(), cudaMemcpyDeviceToHost), cudaSuccess);
+  for (std::int64_t r = 0; r < 5; ++r) {
+    const float* row = logits.data() + r * v;
+    EXPECT_EQ(got[static_cast<std::size_t>(r)], std::max_element(row, row + v) - row) << "row " << r;
+  }
+  EXPECT_EQ(got[2], 100);
+  EXPECT_EQ(got[4], v - 1);
+  EXPECT_EQ(got[5], -1);
+  EXPECT_EQ(got[6], -1);
+}
+
+}  // namespace
+}  // namespace twell::test
