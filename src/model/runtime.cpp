@@ -284,6 +284,7 @@ std::vector<float> CpuRuntime::forward(std::span<const SeqStep> steps, bool all_
 #pragma omp parallel for simd schedule(static)
     for (std::int64_t i = 0; i < T * K; ++i) x[static_cast<std::size_t>(i)] += tmp[static_cast<std::size_t>(i)];
     rmsnorm(x.data(), L.ffn_norm.data(), T, K, c.rms_eps, xn.data());
+    if (opt_.ffn_input_hook) opt_.ffn_input_hook(l, CMatrixF(xn.data(), T, K));
     ffn(l, xn.data(), T, tmp.data());
 #pragma omp parallel for simd schedule(static)
     for (std::int64_t i = 0; i < T * K; ++i) x[static_cast<std::size_t>(i)] += tmp[static_cast<std::size_t>(i)];

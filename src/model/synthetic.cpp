@@ -15,6 +15,8 @@
 #include "twell/error.hpp"
 #include "twell/host_memory.hpp"
 #include "twell/io/safetensors.hpp"
+#include "twell/model/runtime.hpp"
+#include "cpu/blas.hpp"
 
 namespace twell::model {
 namespace {
@@ -51,6 +53,96 @@ double inv_phi(double p) {
     (phi(mid) < p ? lo : hi) = mid;
   }
   return 0.5 * (lo + hi);
+}
+
+struct StopProbe {};  // thrown by the probe's hook once it has the layer's FFN input
+
+// Runs the probe batch through layers 0 … l − 1 (already final), captures layer l's normalised FFN
+// input x̂ [T, K] and sets Wg[n, 0] = −(mean(q_n) + std(q_n)·(quantile[n] + δ)) with
+// q_n = Wg[n, 1:]·x̂[1:] / x̂[0] (g_n > 0 ⇔ q_n > −Wg[n, 0], since x̂[0] > 0) and δ the one shift that
+// gives the probe the layer's target density.
+void calibrate_layer(Model& m, std::int64_t l, const std::vector<double>& quantile, double target,
+                     const SyntheticSpec& s) {
+  const LlamaConfig full = m.config;
+  const std::int64_t K = full.hidden_size, N = full.intermediate_size;
+  std::vector<float> xh;
+  std::int64_t T = 0;
+  m.config.num_layers = l + 1;  // the runtime stops at layer l (the hook throws before its FFN)
+  try {
+    RuntimeOptions ro;
+    ro.ffn_path = FfnPath::dense;
+    ro.ffn_input_hook = [&](std::int64_t layer, CMatrixF in) {
+      if (layer != l) return;
+      T = in.rows;
+      xh.assign(in.data, in.data + in.rows * in.cols);
+      throw StopProbe{};
+    };
+    CpuRuntime rt(m, ro);
+    const std::int64_t len = std::min<std::int64_t>(s.calibration_tokens, full.max_position);  // one sequence where it fits
+    std::vector<std::vector<std::int32_t>> seqs;
+    std::mt19937_64 rng(mix(s.seed ^ 0xca11b ^ static_cast<std::uint64_t>(l)));
+    for (std::int64_t done = 0; done < s.calibration_tokens; done += len) {
+      seqs.emplace_back(static_cast<std::size_t>(std::min(len, s.calibration_tokens - done)));
+      for (auto& t : seqs.back()) t = static_cast<std::int32_t>(rng() % static_cast<std::uint64_t>(full.vocab_size));
+    }
+    std::vector<std::unique_ptr<Sequence>> kv;
+    std::vector<SeqStep> steps;
+    for (const auto& q : seqs) kv.push_back(rt.new_sequence(static_cast<std::int64_t>(q.size())));
+    for (std::size_t i = 0; i < seqs.size(); ++i) steps.push_back({kv[i].get(), seqs[i]});
+    try {
+      rt.forward(steps);
+    } catch (const StopProbe&) {
+    }
+  } catch (...) {
+    m.config = full;
+    throw;
+  }
+  m.config = full;
+  TWELL_CHECK(T > 1, ErrorCode::internal, "synthetic model: the calibration probe captured no FFN input");
+  // q [T, N] = x̂ with channel 0 zeroed · Wgᵀ, then row t / x̂[t, 0].
+  std::vector<float> x0(static_cast<std::size_t>(T));
+  for (std::int64_t t = 0; t < T; ++t) {
+    x0[static_cast<std::size_t>(t)] = xh[static_cast<std::size_t>(t * K)];
+    xh[static_cast<std::size_t>(t * K)] = 0.0f;
+  }
+  LayerWeights& w = m.layers[static_cast<std::size_t>(l)];
+  std::vector<float> q(static_cast<std::size_t>(T * N));
+  cpu::gemm(false, true, 1.0f, CMatrixF(xh.data(), T, K), CMatrixF(w.w_gate.data(), N, K), 0.0f, MatrixF(q.data(), T, N));
+  std::vector<double> mean(static_cast<std::size_t>(N)), sd(static_cast<std::size_t>(N));
+#pragma omp parallel for schedule(static)
+  for (std::int64_t n = 0; n < N; ++n) {
+    double sum = 0, sum2 = 0;
+    for (std::int64_t t = 0; t < T; ++t) {
+      const double v = q[static_cast<std::size_t>(t * N + n)] /= x0[static_cast<std::size_t>(t)];
+      sum += v;
+      sum2 += v * v;
+    }
+    mean[static_cast<std::size_t>(n)] = sum / static_cast<double>(T);
+    sd[static_cast<std::size_t>(n)] = std::sqrt(std::max(0.0, sum2 / static_cast<double>(T) - mean[static_cast<std::size_t>(n)] * mean[static_cast<std::size_t>(n)]));
+  }
+  // q_n is not quite Gaussian (a ratio, and the tokens share context): one shift δ (in σ) for the
+  // alive neurons makes the probe's own layer density equal the target, t_n = mean + σ·(Φ⁻¹(1 − d_n) + δ).
+  auto probe_density = [&](double delta) {
+    std::int64_t fired = 0;
+#pragma omp parallel for reduction(+ : fired) schedule(static)
+    for (std::int64_t n = 0; n < N; ++n) {
+      if (quantile[static_cast<std::size_t>(n)] >= 10.0) continue;  // dead
+      const double thr = mean[static_cast<std::size_t>(n)] + sd[static_cast<std::size_t>(n)] * (quantile[static_cast<std::size_t>(n)] + delta);
+      for (std::int64_t t = 0; t < T; ++t) fired += q[static_cast<std::size_t>(t * N + n)] > thr;
+    }
+    return static_cast<double>(fired) / static_cast<double>(T * N);
+  };
+  double lo = -3, hi = 3;  // density falls as δ grows
+  for (int it = 0; it < 40; ++it) {
+    const double mid = 0.5 * (lo + hi);
+    (probe_density(mid) > target ? lo : hi) = mid;
+  }
+  const double delta = 0.5 * (lo + hi);
+  for (std::int64_t n = 0; n < N; ++n) {
+    const double z = quantile[static_cast<std::size_t>(n)];
+    const double t = mean[static_cast<std::size_t>(n)] + sd[static_cast<std::size_t>(n)] * (z >= 10.0 ? z : z + delta);
+    w.w_gate[static_cast<std::size_t>(n * K)] = round_bf16(static_cast<float>(-t));
+  }
 }
 
 }  // namespace
@@ -156,16 +248,19 @@ Model make_synthetic_model(const SyntheticSpec& s, const std::function<void(int,
     std::normal_distribution<double> z;
     std::uniform_real_distribution<double> u;
     const double sg = s.popularity_sigma;
+    std::vector<double> quantile(static_cast<std::size_t>(N));  // Φ⁻¹(1 − d_n); 10 for a dead neuron
     for (std::int64_t n = 0; n < N; ++n) {
       float* row = w.w_gate.data() + n * K;
       double norm2 = 0;
       for (std::int64_t k = 1; k < K; ++k) norm2 += static_cast<double>(row[k]) * row[k];
       const bool dead = u(rng) < s.dead_share;
       const double d = std::min(0.5, alive_mean * std::exp(sg * z(rng) - 0.5 * sg * sg));
-      const double t = std::sqrt(norm2) * (dead ? 10.0 : inv_phi(1.0 - d));
+      quantile[static_cast<std::size_t>(n)] = dead ? 10.0 : inv_phi(1.0 - d);
+      const double t = std::sqrt(norm2) * quantile[static_cast<std::size_t>(n)];
       row[0] = round_bf16(static_cast<float>(-t / bias));
     }
     w.ffn = cpu::prepare_ffn(ffn_weights(w.w_gate.data(), w.w_up.data(), w.w_down.data(), N, K));
+    if (s.calibration_tokens > 0) calibrate_layer(m, l, quantile, targets[static_cast<std::size_t>(l)], s);
     if (progress) progress(static_cast<int>(l + 1), static_cast<int>(L));
   }
   return m;

@@ -6,6 +6,7 @@
 // Precision: fp32 storage and accumulation throughout; on the sparse FFN path the gate values are
 // held in TwELL as bf16 (DESIGN §2), so a sparse layer's h carries one bf16 rounding of g.
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
@@ -35,9 +36,15 @@ enum class FfnPath { automatic, dense, sparse };
 const char* to_string(FfnPath p) noexcept;
 
 struct RuntimeOptions {
+  RuntimeOptions() = default;
+  RuntimeOptions(FfnPath path, double max_density = 0.05) : ffn_path(path), max_sparse_density(max_density) {}
   FfnPath ffn_path = FfnPath::automatic;  // automatic: sparse for ReLU layers measured sparse enough
   // A ReLU layer runs the TwELL path while its latest measured density is at most this.
   double max_sparse_density = 0.05;  // policy constant, see docs/model-runtime.md
+  // CPU runtime only: called with each layer's FFN input (RMSNorm'd, [rows, K]) before its FFN
+  // runs; for capturing activations (synthetic-model calibration, telemetry). May throw to stop
+  // the forward (no sequence changes then).
+  std::function<void(std::int64_t layer, CMatrixF ffn_input)> ffn_input_hook;
 };
 
 // What each layer's FFN did, summed over calls.

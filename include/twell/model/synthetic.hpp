@@ -10,8 +10,11 @@
 // t_n = |Wg[n, 1:]|·Φ⁻¹(1 − d_n) gives neuron n the density d_n. Per layer the d_n follow a
 // log-normal popularity (skewed, as trained models' are) around the layer's target, with a share
 // of dead neurons (t_n at 10 σ); the layer targets follow a profile (quiet early layers, busier
-// middle ones). Residual-branch outputs are scaled by 1/√(2L) (GPT-2's rule) so r stays ≈ N(0, 1)
-// through the depth; the runtime's per-layer counts report the densities reached.
+// middle ones). Residual-branch outputs are scaled by 1/√(2L) (GPT-2's rule). Through the depth r's
+// variance still grows and channel 0 leaks a constant into V, so each layer is then calibrated on a
+// probe batch run through the layers before it: with q_n = Wg[n, 1:]·x̂[1:] / x̂[0] over the probe's
+// tokens (x̂ the layer's normalised FFN input), t_n = mean(q_n) + std(q_n)·Φ⁻¹(1 − d_n) and
+// Wg[n, 0] = −t_n. The runtime's per-layer counts report the densities reached.
 // The result is a valid Hugging Face Llama (hidden_act "relu") that transformers loads.
 #include <cstdint>
 #include <functional>
@@ -35,6 +38,9 @@ struct SyntheticSpec {
   double popularity_sigma = 1.0;      // σ of the log-normal neuron popularity (0: uniform)
   double dead_share = 0.3;            // neurons that never fire (the paper: > 30 %)
   std::uint64_t seed = 1;
+  // Tokens of the probe batch that calibrates each layer's thresholds on the activations the layers
+  // before it produce (0: the analytic thresholds alone, which drift with depth).
+  std::int64_t calibration_tokens = 256;
   void validate() const;              // throws ErrorCode::invalid_argument naming the field
 };
 
