@@ -14,6 +14,7 @@
 #include "cuda/dense/lt_gemm.hpp"
 #include "cuda/ffn_context.hpp"
 #include "cuda/ffn_workspace.hpp"
+#include "cuda/host_util.hpp"
 #include "cuda/ops/model_ops.hpp"
 #include "model/cuda_runtime.hpp"
 #include "model/runtime_checks.hpp"
@@ -24,16 +25,10 @@ namespace twell::model {
 namespace {
 
 using cuda::DeviceBuffer;
-using cuda::PinnedBuffer;
 using bf16_t = __nv_bfloat16;
 
-DeviceBuffer<bf16_t> upload_bf16(const float* src, std::size_t n, cudaStream_t stream) {
-  std::vector<bf16> host(n);
-  for (std::size_t i = 0; i < n; ++i) host[i] = to_bf16(src[i]);
-  DeviceBuffer<bf16_t> d(n);
-  TWELL_CUDA_CHECK(cudaMemcpyAsync(d.get(), host.data(), n * sizeof(bf16), cudaMemcpyHostToDevice, stream));
-  TWELL_CUDA_CHECK(cudaStreamSynchronize(stream));
-  return d;
+DeviceBuffer<bf16_t> upload_bf16(const std::vector<float>& v, cudaStream_t stream) {
+  return cuda::host::upload_x(CMatrixF(v.data(), 1, static_cast<std::int64_t>(v.size())), stream);
 }
 
 DeviceBuffer<float> upload_f32(const std::vector<float>& src, cudaStream_t stream) {
@@ -41,6 +36,13 @@ DeviceBuffer<float> upload_f32(const std::vector<float>& src, cudaStream_t strea
   TWELL_CUDA_CHECK(cudaMemcpyAsync(d.get(), src.data(), src.size() * sizeof(float), cudaMemcpyHostToDevice, stream));
   TWELL_CUDA_CHECK(cudaStreamSynchronize(stream));
   return d;
+}
+
+// The current GPU's name; ErrorCode::unsupported where there is none to use.
+std::string usable_device() {
+  const cuda::DeviceInfo dev = cuda::query_device();
+  TWELL_CHECK(dev.available, ErrorCode::unsupported, "no usable CUDA device: {}", dev.reason);
+  return dev.name;
 }
 
 // Grows a buffer to at least n elements (contents lost).
@@ -51,8 +53,6 @@ T* room(DeviceBuffer<T>& b, std::int64_t n) {
 }
 
 }  // namespace
-
-class CudaRuntime;
 
 namespace {
 
@@ -86,10 +86,8 @@ class CudaRuntime final : public Runtime {
   static constexpr std::int64_t kFlashMinRows = 16;
 
  public:
-  CudaRuntime(const Model& m, RuntimeOptions opt) : model_(&m), opt_(opt), stats_(static_cast<std::size_t>(m.config.num_layers)) {
-    const cuda::DeviceInfo dev = cuda::query_device();
-    TWELL_CHECK(dev.available, ErrorCode::unsupported, "no usable CUDA device: {}", dev.reason);
-    device_ = dev.name;
+  CudaRuntime(const Model& m, RuntimeOptions opt)
+      : model_(&m), opt_(opt), stats_(static_cast<std::size_t>(m.config.num_layers)), device_(usable_device()) {
     const LlamaConfig& c = m.config;
     TWELL_CHECK(opt.ffn_path != FfnPath::sparse || c.act == Activation::relu, ErrorCode::unsupported,
                 "the sparse FFN path needs a ReLU model; this one uses {}", to_string(c.act));
@@ -98,25 +96,24 @@ class CudaRuntime final : public Runtime {
     // CPU runtime's. Still checked, so that a bad value is an error on every device.
     TWELL_CHECK(opt.max_sparse_density >= 0 && opt.max_sparse_density <= 1, ErrorCode::invalid_argument,
                 "max_sparse_density must lie in [0, 1], got {}", opt.max_sparse_density);
-    TWELL_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
     const std::int64_t K = c.hidden_size, N = c.intermediate_size;
-    embed_ = upload_bf16(m.embed.data(), m.embed.size(), stream_);
-    if (!m.lm_head.empty()) head_ = upload_bf16(m.lm_head.data(), m.lm_head.size(), stream_);
+    embed_ = upload_bf16(m.embed, stream_);
+    if (!m.lm_head.empty()) head_ = upload_bf16(m.lm_head, stream_);
     final_norm_ = upload_f32(m.final_norm, stream_);
     for (const LayerWeights& l : m.layers) {
       Layer d;
       d.attn_norm = upload_f32(l.attn_norm, stream_);
       d.ffn_norm = upload_f32(l.ffn_norm, stream_);
-      d.wqkv = upload_bf16(l.wqkv.data(), l.wqkv.size(), stream_);
-      d.wo = upload_bf16(l.wo.data(), l.wo.size(), stream_);
+      d.wqkv = upload_bf16(l.wqkv, stream_);
+      d.wo = upload_bf16(l.wo, stream_);
       if (c.act == Activation::relu) {
         d.ffn = std::make_unique<cuda::FfnContext>(cuda::ContextOptions{}, ws_);
         d.ffn->upload_weights(ffn_weights(l.w_gate.data(), l.w_up.data(), l.w_down.data(), N, K), stream_);
       } else {
         std::vector<float> gu(l.w_gate);
         gu.insert(gu.end(), l.w_up.begin(), l.w_up.end());
-        d.w_gu = upload_bf16(gu.data(), gu.size(), stream_);
-        d.w_down = upload_bf16(l.w_down.data(), l.w_down.size(), stream_);
+        d.w_gu = upload_bf16(gu, stream_);
+        d.w_down = upload_bf16(l.w_down, stream_);
       }
       layers_.push_back(std::move(d));
     }
@@ -131,9 +128,6 @@ class CudaRuntime final : public Runtime {
       }
     cos_ = upload_f32(cs, stream_);
     sin_ = upload_f32(sn, stream_);
-  }
-  ~CudaRuntime() override {
-    if (stream_) cudaStreamDestroy(stream_);
   }
 
   const Model& model() const noexcept override { return *model_; }
@@ -294,8 +288,9 @@ class CudaRuntime final : public Runtime {
   const Model* model_;
   RuntimeOptions opt_;
   std::vector<FfnLayerStats> stats_;
-  std::string device_;
-  cudaStream_t stream_ = nullptr;
+  std::string device_;  // initialised first of the GPU members: no stream or handle without a device
+  cuda::host::Stream owned_stream_;  // non-blocking; outlives the layers' contexts declared below
+  cudaStream_t stream_ = owned_stream_.get();
   // One scratch for every layer's FFN (sized by the largest call, not by the layer count); its
   // cuBLASLt handle and workspace serve the runtime's own GEMMs too (one stream: never concurrent).
   std::shared_ptr<cuda::FfnWorkspace> ws_ = std::make_shared<cuda::FfnWorkspace>();
