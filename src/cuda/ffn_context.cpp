@@ -575,6 +575,40 @@ void FfnContext::dense_forward_counted(const __nv_bfloat16* x, std::int64_t m, _
 }
 
 void FfnContext::decode_forward(const __nv_bfloat16* x, std::int64_t m, __nv_bfloat16* y, cudaStream_t stream) {
+  counts_.push_by(static_cast<double>(m) * static_cast<double>(n_), stream,
+                  [&](unsigned long long* dst) { enqueue_decode(x, m, y, dst, stream); });
+}
+
+bool FfnContext::decode_plan_sparse() {
+  resolve_pending();
+  return last_density_ <= opt_.decode_max_density;  // −1 (nothing measured yet): sparse, as forward
+}
+
+void FfnContext::prepare_decode(std::int64_t m, cudaStream_t stream) {
+  TWELL_CHECK(is_decode(m), ErrorCode::invalid_argument,
+              "prepare_decode: {} rows are not decode rows (at most {}, K ≤ {})", m, opt_.decode_max_rows, kDecodeMaxK);
+  reserve(m);
+  ws_->decode_partials.reserve(static_cast<std::size_t>(m * tiles() * k_));
+  if (decode_tickets_.size() < static_cast<std::size_t>(m + 2)) {
+    decode_tickets_.resize(static_cast<std::size_t>(std::max<std::int64_t>(m, opt_.decode_max_rows) + 2));
+    TWELL_CUDA_CHECK(cudaMemsetAsync(decode_tickets_.get(), 0, decode_tickets_.bytes(), stream));
+    TWELL_CUDA_CHECK(cudaMemsetAsync(decode_nnz_.get(), 0, decode_nnz_.bytes(), stream));
+  }
+}
+
+void FfnContext::decode_step(const __nv_bfloat16* x, std::int64_t m, __nv_bfloat16* y, bool sparse,
+                             cudaStream_t stream) {
+  TWELL_CHECK(is_decode(m) && decode_tickets_.size() >= static_cast<std::size_t>(m + 2) &&
+                  ws_->decode_partials.size() >= static_cast<std::size_t>(m * tiles() * k_),
+              ErrorCode::invalid_argument, "decode_step: {} rows without prepare_decode({})", m, m);
+  if (sparse)
+    enqueue_decode(x, m, y, decode_step_nnz_.get(), stream);
+  else
+    dense_forward(x, m, y, stream);
+}
+
+void FfnContext::enqueue_decode(const __nv_bfloat16* x, std::int64_t m, __nv_bfloat16* y,
+                                unsigned long long* nnz_out, cudaStream_t stream) {
   if (opt_.decode_gemv && m <= std::min(opt_.decode_gemv_max_rows, kGemvMaxRows) && k_ <= kGemvMaxK) {
     reserve(m);
     TwellGemvParams gp;  // the gate (the up GEMM non-gated) as a GEMV: same values as gate_gemm's
@@ -606,10 +640,8 @@ void FfnContext::decode_forward(const __nv_bfloat16* x, std::int64_t m, __nv_bfl
   p.row_tickets = decode_tickets_.get();
   p.cta_ticket = decode_tickets_.get() + decode_tickets_.size() - 2;
   p.nnz = decode_nnz_.get();
-  counts_.push_by(static_cast<double>(m) * static_cast<double>(n_), stream, [&](unsigned long long* dst) {
-    p.nnz_out = dst;
-    launch_twell_decode(p, stream);
-  });
+  p.nnz_out = nnz_out;
+  launch_twell_decode(p, stream);
 }
 
 void FfnContext::resolve_pending() {

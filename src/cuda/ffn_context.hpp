@@ -276,6 +276,17 @@ class FfnContext {
   // wins), the host waits for that one flag and enqueues the matching remainder; later calls follow
   // the latest count without a host wait (sticky_dispatch), decode (M ≤ decode_max_rows) from the first call.
   ForwardResult forward(const __nv_bfloat16* x, std::int64_t m, __nv_bfloat16* y, Path path, cudaStream_t stream);
+  // Decode steps inside a CUDA graph (M ≤ decode_max_rows, see is_decode): decode_plan_sparse()
+  // is the path forward(automatic) would take now (the decode kernel unless the latest count is
+  // over decode_max_density); prepare_decode(m) makes every allocation a step of m rows needs (not
+  // capturable; nothing once done); decode_step then enqueues only that path's kernels, with no
+  // host wait, no allocation and no count read back (the decode kernel stores its count into a
+  // fixed device word instead of the count ring), so it can be captured and replayed. The caller
+  // re-plans from time to time by an ordinary forward(automatic), which counts.
+  bool is_decode(std::int64_t m) const noexcept;
+  bool decode_plan_sparse();  // polls the counts in flight first (never waits)
+  void prepare_decode(std::int64_t m, cudaStream_t stream);
+  void decode_step(const __nv_bfloat16* x, std::int64_t m, __nv_bfloat16* y, bool sparse, cudaStream_t stream);
   // Synchronises `stream` and returns the counters of the last packing (zeros if it was skipped);
   // with gate_rows_direct, nnz of the last sparse_rest and no overflow (there is no capacity).
   // With hot neurons split off (sparse_n(m) < n()), the counts are the cold neurons' only.
@@ -386,7 +397,6 @@ class FfnContext {
   // Dense rows on the sparse remainder at this M (ContextOptions::dense_rows_density); never at
   // decode sizes, whose sparse path is the decode kernel.
   bool use_dense_rows(std::int64_t m) const noexcept;
-  bool is_decode(std::int64_t m) const noexcept;
   // The dense-row capacity for a call of m rows: fixed, or from the newest counted share.
   std::int64_t dense_rows_capacity(std::int64_t m);
   // Of a row over n neurons (the call's sparse_n):
@@ -404,6 +414,9 @@ class FfnContext {
   void resolve_pending();  // folds the newest returned count into last_density_
   // Decode: gate GEMM, then the decode kernel (twell_decode.hpp), its count into counts_.
   void decode_forward(const __nv_bfloat16* x, std::int64_t m, __nv_bfloat16* y, cudaStream_t stream);
+  // decode_forward's kernels with the count stored at nnz_out (device); allocates only if unprepared.
+  void enqueue_decode(const __nv_bfloat16* x, std::int64_t m, __nv_bfloat16* y, unsigned long long* nnz_out,
+                      cudaStream_t stream);
   // Rows of the last dense_forward's gate still in gu_ (its last row chunk), from row 0.
   std::int64_t dense_gate_rows_ = 0;
   // dense_forward, then a sampled count of its gate, read back by a later call (counts_).
@@ -465,6 +478,7 @@ class FfnContext {
   PinnedBuffer<TwellCounters> counters_host_;
   DeviceBuffer<unsigned int> decode_tickets_;     // row tickets, CTA ticket (kept zero between launches)
   DeviceBuffer<unsigned long long> decode_nnz_;   // [1] (kept zero between launches)
+  DeviceBuffer<unsigned long long> decode_step_nnz_{1};  // [1] decode_step's count (not read back)
   // Split remainder (twell_split.hpp): row counts from the packing, the plan, the h list.
   int sm_count_ = 0;
   std::size_t smem_optin_ = 0;

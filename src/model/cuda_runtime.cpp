@@ -8,6 +8,10 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <map>
+#include <utility>
+
+#include <fmt/format.h>
 
 #include "cuda/common/check.hpp"
 #include "cuda/common/device_buffer.hpp"
@@ -17,6 +21,7 @@
 #include "cuda/host_util.hpp"
 #include "cuda/ops/model_ops.hpp"
 #include "model/cuda_runtime.hpp"
+#include "model/nvml_energy.hpp"
 #include "model/runtime_checks.hpp"
 #include "twell/bf16.hpp"
 #include "twell/cuda/ffn_cuda.hpp"
@@ -43,6 +48,15 @@ std::string usable_device() {
   const cuda::DeviceInfo dev = cuda::query_device();
   TWELL_CHECK(dev.available, ErrorCode::unsupported, "no usable CUDA device: {}", dev.reason);
   return dev.name;
+}
+
+// The current GPU's PCI bus id, as NVML takes it.
+std::string pci_bus_id() {
+  int dev = 0;
+  char id[32] = {};
+  TWELL_CUDA_CHECK(cudaGetDevice(&dev));
+  TWELL_CUDA_CHECK(cudaDeviceGetPCIBusId(id, sizeof id, dev));
+  return id;
 }
 
 // Grows a buffer to at least n elements (contents lost).
@@ -139,6 +153,8 @@ class CudaRuntime final : public Runtime {
     TWELL_CUDA_CHECK(cudaMemGetInfo(&free, &total));
     return static_cast<std::int64_t>(total - free);
   }
+  std::int64_t graph_launches() const noexcept override { return graph_launches_; }
+  double device_energy_joules() const override { return energy_.joules(); }
 
   std::unique_ptr<Sequence> new_sequence(std::int64_t capacity) override {
     check_sequence_capacity(model_->config, capacity);
@@ -179,7 +195,6 @@ class CudaRuntime final : public Runtime {
   const float* run(std::span<const SeqStep> steps, bool all_positions) {
     const LlamaConfig& c = model_->config;
     check_forward_steps(c, steps);
-    const std::int64_t K = c.hidden_size, N = c.intermediate_size, V = c.vocab_size, Q = c.q_dim(), KV = c.kv_dim();
     std::vector<CudaSequence*> seqs;
     std::int64_t T = 0, max_keys = 0;
     for (std::size_t s = 0; s < steps.size(); ++s) {
@@ -219,12 +234,63 @@ class CudaRuntime final : public Runtime {
     TWELL_CUDA_CHECK(cudaMemcpyAsync(d_rows, rows.data(), rows.size() * sizeof(cuda::ops::RowKv), cudaMemcpyHostToDevice, stream_));
     TWELL_CUDA_CHECK(cudaMemcpyAsync(d_sel, sel.data(), sel.size() * sizeof(std::int32_t), cudaMemcpyHostToDevice, stream_));
 
-    float* x = room(x_, T * K);
-    bf16_t* xn = room(xn_, T * K);
-    bf16_t* qkv = room(qkv_, T * (Q + 2 * KV));
-    bf16_t* att = room(att_, T * Q);
-    bf16_t* tmp = room(tmp_, T * K);
-    cuda::ops::embedding(d_ids, T, embed_.get(), K, x, stream_);
+    Shape sh;
+    sh.T = T;
+    sh.R = R;
+    sh.max_keys = max_keys;
+    sh.blocks = flash ? static_cast<std::int64_t>(blocks.size()) : 0;
+    std::vector<char> ran_sparse;
+    const bool decode = !all_positions && !flash && T == static_cast<std::int64_t>(steps.size());
+    if (decode && opt_.cuda_graphs && !graphs_failed_ && graphable(T))
+      ran_sparse = run_graph(sh);
+    else
+      ran_sparse = enqueue_forward(sh, nullptr);
+    for (std::size_t s = 0; s < steps.size(); ++s) seqs[s]->advance(static_cast<std::int64_t>(steps[s].tokens.size()));
+    for (std::size_t l = 0; l < ran_sparse.size(); ++l) {
+      stats_[l].rows += T;
+      if (ran_sparse[l]) stats_[l].sparse_rows += T;
+    }
+    rows_total_ = T;
+    return logits_.get();
+  }
+
+  // One call's geometry: token rows, logit rows, the longest sequence's keys, flash blocks (0: the
+  // plain attention kernel).
+  struct Shape {
+    std::int64_t T = 0, R = 0, max_keys = 0, blocks = 0;
+  };
+
+  // Grows every scratch buffer a call of shape `sh` writes (before a capture: none may grow inside).
+  void reserve_scratch(const Shape& sh) {
+    const LlamaConfig& c = model_->config;
+    const std::int64_t K = c.hidden_size, N = c.intermediate_size, Q = c.q_dim(), KV = c.kv_dim();
+    room(x_, sh.T * K);
+    room(xn_, sh.T * K);
+    room(qkv_, sh.T * (Q + 2 * KV));
+    room(att_, sh.T * Q);
+    room(tmp_, sh.T * K);
+    room(xs_, sh.R * K);
+    room(logits_, sh.R * c.vocab_size);
+    if (c.act != Activation::relu) {
+      room(gu_, sh.T * 2 * N);
+      room(h_, sh.T * N);
+    }
+  }
+
+  // Enqueues the forward from the staged ids/rows/sel/blocks to logits_ [R, V]. plan: null for the
+  // FFN engine's own dispatch (automatic, counted); else each ReLU layer's decode path (capturable:
+  // FfnContext::decode_step). Returns which layers ran sparse.
+  std::vector<char> enqueue_forward(const Shape& sh, const std::vector<char>* plan) {
+    const LlamaConfig& c = model_->config;
+    const std::int64_t T = sh.T, R = sh.R, K = c.hidden_size, N = c.intermediate_size, V = c.vocab_size,
+                       Q = c.q_dim(), KV = c.kv_dim();
+    reserve_scratch(sh);
+    float* x = x_.get();
+    bf16_t* xn = xn_.get();
+    bf16_t* qkv = qkv_.get();
+    bf16_t* att = att_.get();
+    bf16_t* tmp = tmp_.get();
+    cuda::ops::embedding(ids_.get(), T, embed_.get(), K, x, stream_);
     const auto eps = static_cast<float>(c.rms_eps);
     std::vector<char> ran_sparse(static_cast<std::size_t>(c.num_layers), 0);
     const cuda::Path path = opt_.ffn_path == FfnPath::dense ? cuda::Path::dense
@@ -234,30 +300,30 @@ class CudaRuntime final : public Runtime {
       Layer& L = layers_[static_cast<std::size_t>(l)];
       cuda::ops::rmsnorm(x, nullptr, T, K, L.attn_norm.get(), eps, xn, stream_);
       gemm_.run({T, Q + 2 * KV, K, K, K, Q + 2 * KV}, L.wqkv.get(), xn, qkv, stream_);
-      cuda::ops::rope_store_kv(qkv, T, c.num_heads, c.num_kv_heads, c.head_dim, cos_.get(), sin_.get(), d_rows, l, stream_);
-      if (flash)
-        cuda::ops::flash_attention(qkv, static_cast<std::int64_t>(blocks.size()), c.num_heads, c.num_kv_heads,
-                                   c.head_dim, d_blocks, d_rows, l, att, stream_);
+      cuda::ops::rope_store_kv(qkv, T, c.num_heads, c.num_kv_heads, c.head_dim, cos_.get(), sin_.get(), rows_.get(), l, stream_);
+      if (sh.blocks > 0)
+        cuda::ops::flash_attention(qkv, sh.blocks, c.num_heads, c.num_kv_heads, c.head_dim, blocks_.get(), rows_.get(),
+                                   l, att, stream_);
       else
-        cuda::ops::attention(qkv, T, c.num_heads, c.num_kv_heads, c.head_dim, d_rows, l, max_keys, att, stream_);
+        cuda::ops::attention(qkv, T, c.num_heads, c.num_kv_heads, c.head_dim, rows_.get(), l, sh.max_keys, att, stream_);
       gemm_.run({T, K, Q, Q, Q, K}, L.wo.get(), att, tmp, stream_);
       cuda::ops::residual_add(x, tmp, T * K, stream_);
       cuda::ops::rmsnorm(x, nullptr, T, K, L.ffn_norm.get(), eps, xn, stream_);
-      if (L.ffn) {
+      if (L.ffn && plan) {
+        const bool sparse = (*plan)[static_cast<std::size_t>(l)] != 0;
+        L.ffn->decode_step(xn, T, tmp, sparse, stream_);
+        ran_sparse[static_cast<std::size_t>(l)] = sparse;
+      } else if (L.ffn) {
         const cuda::ForwardResult r = L.ffn->forward(xn, T, tmp, path, stream_);
         ran_sparse[static_cast<std::size_t>(l)] = r.sparse;
       } else {
-        bf16_t* gu = room(gu_, T * 2 * N);
-        bf16_t* h = room(h_, T * N);
-        gemm_.run({T, 2 * N, K, K, K, 2 * N}, L.w_gu.get(), xn, gu, stream_);
-        cuda::ops::gated_activation(gu, T, N, static_cast<int>(c.act), h, stream_);
-        gemm_.run({T, K, N, N, N, K}, L.w_down.get(), h, tmp, stream_);
+        gemm_.run({T, 2 * N, K, K, K, 2 * N}, L.w_gu.get(), xn, gu_.get(), stream_);
+        cuda::ops::gated_activation(gu_.get(), T, N, static_cast<int>(c.act), h_.get(), stream_);
+        gemm_.run({T, K, N, N, N, K}, L.w_down.get(), h_.get(), tmp, stream_);
       }
       cuda::ops::residual_add(x, tmp, T * K, stream_);
     }
-    bf16_t* xs = room(xs_, R * K);
-    float* logits = room(logits_, R * V);
-    cuda::ops::rmsnorm(x, d_sel, R, K, final_norm_.get(), eps, xs, stream_);
+    cuda::ops::rmsnorm(x, sel_.get(), R, K, final_norm_.get(), eps, xs_.get(), stream_);
     cuda::MatmulShape ms;
     ms.trans_b = true;
     ms.m = R;
@@ -267,14 +333,97 @@ class CudaRuntime final : public Runtime {
     ms.ldb = K;
     ms.ldc = V;
     ms.c_fp32 = true;
-    gemm_.matmul(ms, xs, head_.size() ? head_.get() : embed_.get(), logits, stream_);
-    for (std::size_t s = 0; s < steps.size(); ++s) seqs[s]->advance(static_cast<std::int64_t>(steps[s].tokens.size()));
-    for (std::size_t l = 0; l < ran_sparse.size(); ++l) {
-      stats_[l].rows += T;
-      if (ran_sparse[l]) stats_[l].sparse_rows += T;
+    gemm_.matmul(ms, xs_.get(), head_.size() ? head_.get() : embed_.get(), logits_.get(), stream_);
+    return ran_sparse;
+  }
+
+  // ---- CUDA graphs for decode steps ----
+  // A decode step of T rows replays the graph captured for (T, keys bucket) while every ReLU
+  // layer's plan (FfnContext::decode_plan_sparse) and every scratch address are those it was
+  // captured with; otherwise it captures again. The first step of a shape, and one step in
+  // kReplanPeriod, run eagerly: the engine's own dispatch counts non-zeros then, so that a layer
+  // whose density moves past decode_max_density changes path (both paths are exact; a late switch
+  // costs speed only). The attention kernel reads each row's length from rows_; the captured
+  // max_keys (a power of two ≥ 256) only sizes its shared memory.
+  static constexpr std::int64_t kReplanPeriod = 64;
+  struct Graph {
+    cudaGraphExec_t exec = nullptr;
+    std::vector<char> plan;
+    std::vector<const void*> addresses;
+    Graph() = default;
+    Graph(const Graph&) = delete;
+    Graph& operator=(const Graph&) = delete;
+    ~Graph() {
+      if (exec) cudaGraphExecDestroy(exec);
     }
-    rows_total_ = T;
-    return logits;
+  };
+
+  bool graphable(std::int64_t T) const {
+    for (const Layer& L : layers_)
+      if (L.ffn && (opt_.ffn_path != FfnPath::automatic || !L.ffn->is_decode(T))) return false;
+    return true;
+  }
+
+  std::vector<const void*> scratch_addresses() const {
+    const cuda::FfnWorkspace& w = *ws_;
+    return {x_.get(), xn_.get(), qkv_.get(), att_.get(), tmp_.get(), xs_.get(), logits_.get(), gu_.get(), h_.get(),
+            ids_.get(), rows_.get(), sel_.get(), w.g.get(), w.gu.get(), w.h.get(), w.decode_partials.get()};
+  }
+
+  std::vector<char> run_graph(Shape sh) {
+    const std::int64_t limit = cuda::ops::attention_max_keys(model_->config.head_dim);
+    std::int64_t bucket = 256;
+    while (bucket < sh.max_keys) bucket *= 2;
+    sh.max_keys = std::min(bucket, limit);
+    const auto key = std::make_pair(sh.T, sh.max_keys);
+    auto it = graphs_.find(key);
+    if (it == graphs_.end() || ++decode_steps_ % kReplanPeriod == 0) {
+      if (it == graphs_.end()) graphs_.emplace(key, std::make_unique<Graph>());  // next time: capture
+      return enqueue_forward(sh, nullptr);
+    }
+    Graph& g = *it->second;
+    std::vector<char> plan;
+    for (Layer& L : layers_) {
+      if (L.ffn) L.ffn->prepare_decode(sh.T, stream_);
+      plan.push_back(L.ffn ? static_cast<char>(L.ffn->decode_plan_sparse()) : 0);
+    }
+    reserve_scratch(sh);
+    if (!g.exec || g.plan != plan || g.addresses != scratch_addresses()) {
+      if (g.exec) TWELL_CUDA_CHECK(cudaGraphExecDestroy(std::exchange(g.exec, nullptr)));
+      if (!capture(sh, plan, g)) return enqueue_forward(sh, nullptr);
+    }
+    TWELL_CUDA_CHECK(cudaGraphLaunch(g.exec, stream_));
+    ++graph_launches_;
+    return plan;
+  }
+
+  // Captures the decode forward of `sh` under `plan` into g; false (graphs off from now on, with a
+  // note on stderr) if the driver refuses the capture.
+  bool capture(const Shape& sh, const std::vector<char>& plan, Graph& g) {
+    cudaGraph_t graph = nullptr;
+    TWELL_CUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
+    try {
+      enqueue_forward(sh, &plan);
+    } catch (...) {
+      cudaStreamEndCapture(stream_, &graph);
+      if (graph) cudaGraphDestroy(graph);
+      throw;
+    }
+    cudaError_t e = cudaStreamEndCapture(stream_, &graph);
+    if (e == cudaSuccess) {
+      e = cudaGraphInstantiate(&g.exec, graph, 0);
+      cudaGraphDestroy(graph);
+    }
+    if (e != cudaSuccess) {
+      (void)cudaGetLastError();
+      graphs_failed_ = true;
+      fmt::print(stderr, "twell: CUDA graph capture failed ({}); decode steps run without graphs\n",
+                 cudaGetErrorString(e));
+      return false;
+    }
+    g.plan = plan;
+    g.addresses = scratch_addresses();
+    return true;
   }
 
   struct Layer {
@@ -289,6 +438,7 @@ class CudaRuntime final : public Runtime {
   RuntimeOptions opt_;
   std::vector<FfnLayerStats> stats_;
   std::string device_;  // initialised first of the GPU members: no stream or handle without a device
+  NvmlEnergy energy_{pci_bus_id()};
   cuda::host::Stream owned_stream_;  // non-blocking; outlives the layers' contexts declared below
   cudaStream_t stream_ = owned_stream_.get();
   // One scratch for every layer's FFN (sized by the largest call, not by the layer count); its
@@ -305,6 +455,9 @@ class CudaRuntime final : public Runtime {
   DeviceBuffer<cuda::ops::FlashBlock> blocks_;
   DeviceBuffer<float> x_, logits_;
   DeviceBuffer<bf16_t> xn_, qkv_, att_, tmp_, gu_, h_, xs_;
+  std::map<std::pair<std::int64_t, std::int64_t>, std::unique_ptr<Graph>> graphs_;  // (rows, keys bucket)
+  std::int64_t decode_steps_ = 0, graph_launches_ = 0;
+  bool graphs_failed_ = false;
 };
 
 std::unique_ptr<Runtime> make_cuda_runtime(const Model& model, RuntimeOptions opt) {

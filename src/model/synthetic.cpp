@@ -55,51 +55,14 @@ double inv_phi(double p) {
   return 0.5 * (lo + hi);
 }
 
-struct StopProbe {};  // thrown by the probe's hook once it has the layer's FFN input
-
-// Runs the probe batch through layers 0 … l − 1 (already final), captures layer l's normalised FFN
-// input x̂ [T, K] and sets Wg[n, 0] = −(mean(q_n) + std(q_n)·(quantile[n] + δ)) with
+// Sets layer l's gate biases from its normalised FFN input x̂ [T, K] (the probe's, through the
+// already calibrated layers 0 … l − 1): Wg[n, 0] = −(mean(q_n) + std(q_n)·(quantile[n] + δ)) with
 // q_n = Wg[n, 1:]·x̂[1:] / x̂[0] (g_n > 0 ⇔ q_n > −Wg[n, 0], since x̂[0] > 0) and δ the one shift that
 // gives the probe the layer's target density.
-void calibrate_layer(Model& m, std::int64_t l, const std::vector<double>& quantile, double target,
-                     const SyntheticSpec& s) {
-  const LlamaConfig full = m.config;
-  const std::int64_t K = full.hidden_size, N = full.intermediate_size;
-  std::vector<float> xh;
-  std::int64_t T = 0;
-  m.config.num_layers = l + 1;  // the runtime stops at layer l (the hook throws before its FFN)
-  try {
-    RuntimeOptions ro;
-    ro.ffn_path = FfnPath::dense;
-    ro.ffn_input_hook = [&](std::int64_t layer, CMatrixF in) {
-      if (layer != l) return;
-      T = in.rows;
-      xh.assign(in.data, in.data + in.rows * in.cols);
-      throw StopProbe{};
-    };
-    CpuRuntime rt(m, ro);
-    const std::int64_t len = std::min<std::int64_t>(s.calibration_tokens, full.max_position);  // one sequence where it fits
-    std::vector<std::vector<std::int32_t>> seqs;
-    std::mt19937_64 rng(mix(s.seed ^ 0xca11b ^ static_cast<std::uint64_t>(l)));
-    for (std::int64_t done = 0; done < s.calibration_tokens; done += len) {
-      seqs.emplace_back(static_cast<std::size_t>(std::min(len, s.calibration_tokens - done)));
-      for (auto& t : seqs.back()) t = static_cast<std::int32_t>(rng() % static_cast<std::uint64_t>(full.vocab_size));
-    }
-    std::vector<std::unique_ptr<Sequence>> kv;
-    std::vector<SeqStep> steps;
-    for (const auto& q : seqs) kv.push_back(rt.new_sequence(static_cast<std::int64_t>(q.size())));
-    for (std::size_t i = 0; i < seqs.size(); ++i) steps.push_back({kv[i].get(), seqs[i]});
-    try {
-      rt.forward(steps);
-    } catch (const StopProbe&) {
-    }
-  } catch (...) {
-    m.config = full;
-    throw;
-  }
-  m.config = full;
+void calibrate_layer(Model& m, std::int64_t l, CMatrixF input, const std::vector<double>& quantile, double target) {
+  const std::int64_t K = m.config.hidden_size, N = m.config.intermediate_size, T = input.rows;
   TWELL_CHECK(T > 1, ErrorCode::internal, "synthetic model: the calibration probe captured no FFN input");
-  // q [T, N] = x̂ with channel 0 zeroed · Wgᵀ, then row t / x̂[t, 0].
+  std::vector<float> xh(input.data, input.data + T * K);
   std::vector<float> x0(static_cast<std::size_t>(T));
   for (std::int64_t t = 0; t < T; ++t) {
     x0[static_cast<std::size_t>(t)] = xh[static_cast<std::size_t>(t * K)];
@@ -231,6 +194,7 @@ Model make_synthetic_model(const SyntheticSpec& s, const std::function<void(int,
   if (!c.tied_embeddings) m.lm_head = normal(static_cast<std::size_t>(V * K), sd, s.seed, stream++);
   m.layers.resize(static_cast<std::size_t>(L));
   std::mt19937_64 rng(mix(s.seed ^ 0x5eed));
+  std::vector<std::vector<double>> quantiles(static_cast<std::size_t>(L));  // per layer: Φ⁻¹(1 − d_n); 10 if dead
   for (std::int64_t l = 0; l < L; ++l) {
     LayerWeights& w = m.layers[static_cast<std::size_t>(l)];
     w.attn_norm.assign(static_cast<std::size_t>(K), 1.0f);
@@ -260,9 +224,31 @@ Model make_synthetic_model(const SyntheticSpec& s, const std::function<void(int,
       row[0] = round_bf16(static_cast<float>(-t / bias));
     }
     w.ffn = cpu::prepare_ffn(ffn_weights(w.w_gate.data(), w.w_up.data(), w.w_down.data(), N, K));
-    if (s.calibration_tokens > 0) calibrate_layer(m, l, quantile, targets[static_cast<std::size_t>(l)], s);
-    if (progress) progress(static_cast<int>(l + 1), static_cast<int>(L));
+    quantiles[static_cast<std::size_t>(l)] = std::move(quantile);
+    if (progress && s.calibration_tokens <= 0) progress(static_cast<int>(l + 1), static_cast<int>(L));
   }
+  if (s.calibration_tokens <= 0) return m;
+  // One probe forward through the whole model (O(L), not a re-run per layer): at each layer the hook
+  // calibrates that layer's gate biases from its FFN input before its FFN runs (the dense path reads
+  // w_gate, and PreparedFfn views it), so layer l + 1 sees the calibrated layer l's output.
+  RuntimeOptions ro(FfnPath::dense);
+  ro.ffn_input_hook = [&](std::int64_t layer, CMatrixF in) {
+    calibrate_layer(m, layer, in, quantiles[static_cast<std::size_t>(layer)], targets[static_cast<std::size_t>(layer)]);
+    if (progress) progress(static_cast<int>(layer + 1), static_cast<int>(L));
+  };
+  CpuRuntime rt(m, ro);
+  const std::int64_t len = std::min<std::int64_t>(s.calibration_tokens, c.max_position);  // one sequence where it fits
+  std::mt19937_64 probe_rng(mix(s.seed ^ 0xca11b));
+  std::vector<std::vector<std::int32_t>> seqs;
+  for (std::int64_t done = 0; done < s.calibration_tokens; done += len) {
+    seqs.emplace_back(static_cast<std::size_t>(std::min(len, s.calibration_tokens - done)));
+    for (auto& t : seqs.back()) t = static_cast<std::int32_t>(probe_rng() % static_cast<std::uint64_t>(V));
+  }
+  std::vector<std::unique_ptr<Sequence>> kv;
+  std::vector<SeqStep> steps;
+  for (const auto& q : seqs) kv.push_back(rt.new_sequence(static_cast<std::int64_t>(q.size())));
+  for (std::size_t i = 0; i < seqs.size(); ++i) steps.push_back({kv[i].get(), seqs[i]});
+  rt.forward(steps);
   return m;
 }
 

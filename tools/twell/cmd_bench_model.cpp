@@ -23,12 +23,27 @@ struct BenchModelArgs {
   std::vector<std::int64_t> decode_batches = {1, 8, 64};
   std::int64_t context = 128, decode_steps = 32;
   int reps = 3;
+  bool cuda_graphs = true;
   std::string json;
 };
 
 struct Pair {
-  std::vector<double> dense, sparse;  // seconds per rep
+  std::vector<double> dense, sparse;      // seconds per rep
+  std::vector<double> dense_j, sparse_j;  // joules per rep (NVML; −1: not read)
 };
+
+// One timed run: seconds, and the GPU's energy over the same span (−1 where it cannot be read).
+struct Sample {
+  double s = 0, j = -1;
+};
+
+template <typename F>
+Sample measure(model::Runtime& rt, F&& body) {
+  const double e0 = rt.device_energy_joules(), t0 = now_seconds();
+  body();
+  const double s = now_seconds() - t0, e1 = rt.device_energy_joules();
+  return {s, e0 >= 0 && e1 >= 0 ? e1 - e0 : -1};
+}
 
 std::vector<std::int32_t> random_tokens(std::mt19937_64& rng, std::int64_t n, std::int64_t vocab) {
   std::vector<std::int32_t> t(static_cast<std::size_t>(n));
@@ -36,30 +51,45 @@ std::vector<std::int32_t> random_tokens(std::mt19937_64& rng, std::int64_t n, st
   return t;
 }
 
-// One prefill of `batch` sequences of `len` tokens; seconds.
-double time_prefill(model::Runtime& rt, const std::vector<std::vector<std::int32_t>>& seqs) {
+// One prefill of `batch` sequences of `len` tokens.
+Sample time_prefill(model::Runtime& rt, const std::vector<std::vector<std::int32_t>>& seqs) {
   std::vector<std::unique_ptr<model::Sequence>> kv;
   std::vector<model::SeqStep> steps;
   for (const auto& s : seqs) kv.push_back(rt.new_sequence(static_cast<std::int64_t>(s.size())));
   for (std::size_t i = 0; i < seqs.size(); ++i) steps.push_back({kv[i].get(), seqs[i]});
-  const double t0 = now_seconds();
-  rt.forward(steps);
-  return now_seconds() - t0;
+  return measure(rt, [&] { rt.forward(steps); });
 }
 
-// `steps` greedy decode steps of `prompts.size()` sequences after an untimed prefill; seconds.
-double time_decode(model::Runtime& rt, const std::vector<std::vector<std::int32_t>>& prompts, std::int64_t steps) {
+// `steps` greedy decode steps of `prompts.size()` sequences after an untimed prefill.
+Sample time_decode(model::Runtime& rt, const std::vector<std::vector<std::int32_t>>& prompts, std::int64_t steps) {
   std::vector<std::unique_ptr<model::Sequence>> kv;
   std::vector<model::SeqStep> st;
   for (const auto& p : prompts) kv.push_back(rt.new_sequence(static_cast<std::int64_t>(p.size()) + steps));
   for (std::size_t i = 0; i < prompts.size(); ++i) st.push_back({kv[i].get(), prompts[i]});
   std::vector<std::int32_t> next = rt.forward_argmax(st);
-  const double t0 = now_seconds();
-  for (std::int64_t s = 0; s < steps; ++s) {
-    for (std::size_t i = 0; i < prompts.size(); ++i) st[i] = {kv[i].get(), std::span<const std::int32_t>(&next[i], 1)};
-    next = rt.forward_argmax(st);
+  return measure(rt, [&] {
+    for (std::int64_t s = 0; s < steps; ++s) {
+      for (std::size_t i = 0; i < prompts.size(); ++i) st[i] = {kv[i].get(), std::span<const std::int32_t>(&next[i], 1)};
+      next = rt.forward_argmax(st);
+    }
+  });
+}
+
+void add(Pair& p, const Sample& dense, const Sample& sparse) {
+  p.dense.push_back(dense.s);
+  p.sparse.push_back(sparse.s);
+  p.dense_j.push_back(dense.j);
+  p.sparse_j.push_back(sparse.j);
+}
+
+// Joules per token over all reps (energy counters move in steps of tens of ms: sums, not medians); −1 if unread.
+double joules_per_token(const std::vector<double>& j, std::int64_t tokens_per_rep) {
+  double sum = 0;
+  for (double v : j) {
+    if (v < 0) return -1;
+    sum += v;
   }
-  return now_seconds() - t0;
+  return sum / static_cast<double>(tokens_per_rep * static_cast<std::int64_t>(j.size()));
 }
 
 int run_bench_model(BenchModelArgs& a) {
@@ -117,17 +147,23 @@ int run_bench_model(BenchModelArgs& a) {
     for (std::int64_t b = 0; b < a.prefill_batch; ++b) s.push_back(random_tokens(rng, a.prefill_len, c.vocab_size));
     return s;
   }();
+  auto options = [&](model::FfnPath path) {
+    model::RuntimeOptions o(path, 0.05);
+    o.cuda_graphs = a.cuda_graphs;
+    return o;
+  };
   if (device == "cuda") {
     for (int which = 0; which < 2; ++which) {
-      auto rt = model::make_runtime(m, device, {which ? model::FfnPath::automatic : model::FfnPath::dense, 0.05});
+      auto rt = model::make_runtime(m, device, options(which ? model::FfnPath::automatic : model::FfnPath::dense));
       const std::int64_t before = rt->device_memory_in_use();
       (void)before;
       time_prefill(*rt, prefill_seqs);
       (which ? mem_sparse : mem_dense) = rt->device_memory_in_use();
     }
   }
-  auto dense = model::make_runtime(m, device, {model::FfnPath::dense, 0.05});
-  auto sparse = model::make_runtime(m, device, {c.act == model::Activation::relu ? model::FfnPath::automatic : model::FfnPath::dense, 0.05});
+  auto dense = model::make_runtime(m, device, options(model::FfnPath::dense));
+  auto sparse = model::make_runtime(
+      m, device, options(c.act == model::Activation::relu ? model::FfnPath::automatic : model::FfnPath::dense));
 
   // Agreement of the dense path and the sparse path forced on every layer, all positions of 256
   // tokens (automatic would run dense at this size).
@@ -169,8 +205,8 @@ int run_bench_model(BenchModelArgs& a) {
     Row r{"prefill", a.prefill_batch, a.prefill_batch * a.prefill_len, {}};
     for (int i = 0; i < a.reps; ++i) {
       progress(fmt::format("prefill {} x {}", a.prefill_batch, a.prefill_len));
-      r.t.dense.push_back(time_prefill(*dense, prefill_seqs));
-      r.t.sparse.push_back(time_prefill(*sparse, prefill_seqs));
+      const Sample d = time_prefill(*dense, prefill_seqs);
+      add(r.t, d, time_prefill(*sparse, prefill_seqs));
     }
     rows.push_back(r);
   }
@@ -182,8 +218,8 @@ int run_bench_model(BenchModelArgs& a) {
     Row r{"decode", b, b * a.decode_steps, {}};
     for (int i = 0; i < a.reps; ++i) {
       progress(fmt::format("decode batch {}", b));
-      r.t.dense.push_back(time_decode(*dense, prompts, a.decode_steps));
-      r.t.sparse.push_back(time_decode(*sparse, prompts, a.decode_steps));
+      const Sample d = time_decode(*dense, prompts, a.decode_steps);
+      add(r.t, d, time_decode(*sparse, prompts, a.decode_steps));
     }
     rows.push_back(r);
   }
@@ -200,24 +236,33 @@ int run_bench_model(BenchModelArgs& a) {
   fmt::print("sparse runtime: {} of {} layers ran the sparse FFN at least once; logits of the sparse path (forced) vs the "
              "dense path, 256 positions: max rel diff {:.2e}\n",
              sparse_layers, c.num_layers, agree);
-  fmt::print("\n| phase | batch | tokens per run | dense tokens/s | sparse tokens/s | sparse / dense | dense ms/step | sparse ms/step |\n");
-  fmt::print("|---|---|---|---|---|---|---|---|\n");
+  fmt::print("\n| phase | batch | tokens per run | dense tokens/s | sparse tokens/s | sparse / dense | dense ms/step | sparse ms/step "
+             "| dense mJ/token | sparse mJ/token |\n");
+  fmt::print("|---|---|---|---|---|---|---|---|---|---|\n");
+  auto mj = [](double j) { return j < 0 ? std::string("n/a") : fmt::format("{:.2f}", 1e3 * j); };
   nlohmann::json jr = nlohmann::json::array();
   for (const auto& r : rows) {
     const double td = median(r.t.dense), ts = median(r.t.sparse);
     const double steps = r.phase == "decode" ? static_cast<double>(a.decode_steps) : 1.0;
-    fmt::print("| {} | {} | {} | {:.0f} | {:.0f} | {:.3f}x | {:.3f} | {:.3f} |\n", r.phase, r.batch, r.tokens,
+    const double jd = joules_per_token(r.t.dense_j, r.tokens), js = joules_per_token(r.t.sparse_j, r.tokens);
+    fmt::print("| {} | {} | {} | {:.0f} | {:.0f} | {:.3f}x | {:.3f} | {:.3f} | {} | {} |\n", r.phase, r.batch, r.tokens,
                static_cast<double>(r.tokens) / td, static_cast<double>(r.tokens) / ts, td / ts, 1e3 * td / steps,
-               1e3 * ts / steps);
+               1e3 * ts / steps, mj(jd), mj(js));
     jr.push_back({{"phase", r.phase}, {"batch", r.batch}, {"tokens", r.tokens}, {"dense_s", r.t.dense},
                   {"sparse_s", r.t.sparse}, {"dense_tokens_per_s", static_cast<double>(r.tokens) / td},
-                  {"sparse_tokens_per_s", static_cast<double>(r.tokens) / ts}, {"speedup", td / ts}});
+                  {"sparse_tokens_per_s", static_cast<double>(r.tokens) / ts}, {"speedup", td / ts},
+                  {"dense_joules", r.t.dense_j}, {"sparse_joules", r.t.sparse_j},
+                  {"dense_joules_per_token", jd}, {"sparse_joules_per_token", js}});
   }
   if (mem_dense >= 0)
     fmt::print("\ndevice memory in use after a {} x {} prefill, each runtime alone: dense {:.2f} GB, sparse {:.2f} GB\n",
                a.prefill_batch, a.prefill_len, static_cast<double>(mem_dense) / 1e9, static_cast<double>(mem_sparse) / 1e9);
+  if (device == "cuda")
+    fmt::print("CUDA graphs for decode steps: {} (replays: dense {}, sparse {})\n", a.cuda_graphs ? "on" : "off",
+               dense->graph_launches(), sparse->graph_launches());
   fmt::print("(both runtimes run the same attention, norms and LM head; only the FFN path differs. Decode steps include\n"
-             " the greedy pick and its copy back to the host, as a user's generation does.)\n");
+             " the greedy pick and its copy back to the host, as a user's generation does. Energy: the GPU's NVML\n"
+             " counter over each timed run, summed over the reps; it moves in steps of tens of ms, so short runs read coarse.)\n");
   if (!a.json.empty()) {
     nlohmann::json j = {{"source", source},
                         {"device", device == "cuda" ? dense->device() : cpu_name()},
@@ -231,6 +276,7 @@ int run_bench_model(BenchModelArgs& a) {
                         {"reps", a.reps},
                         {"decode_steps", a.decode_steps},
                         {"context", a.context},
+                        {"cuda_graphs", a.cuda_graphs},
                         {"memory_bytes", {{"dense", mem_dense}, {"sparse", mem_sparse}}},
                         {"rows", jr}};
     write_json_file(a.json, j);
@@ -265,6 +311,7 @@ void add_bench_model_command(CLI::App& bench, std::vector<Command>& out) {
   sub->add_option("--context", a->context, "Prompt tokens before decoding")->check(CLI::Range(1, 1 << 20));
   sub->add_option("--decode-steps", a->decode_steps, "Timed decode steps")->check(CLI::Range(1, 1 << 20));
   sub->add_option("--reps", a->reps, "Timed repetitions of each run (medians)")->check(CLI::Range(1, 1000));
+  sub->add_flag("!--no-cuda-graphs", a->cuda_graphs, "Launch decode steps kernel by kernel (default: CUDA graphs)");
   sub->add_option("--json", a->json, "Write the results here");
   out.push_back({sub, [a] { return run_bench_model(*a); }});
 }

@@ -41,9 +41,14 @@ struct RuntimeOptions {
   FfnPath ffn_path = FfnPath::automatic;  // automatic: sparse for ReLU layers measured sparse enough
   // A ReLU layer runs the TwELL path while its latest measured density is at most this.
   double max_sparse_density = 0.05;  // policy constant, see docs/model-runtime.md
+  // CUDA runtime only: decode steps (one token per sequence, at most 16 sequences for ReLU models)
+  // replay a captured CUDA graph of the whole forward instead of launching ~10 kernels per layer.
+  // Bit-identical to the launches; off for A/B measurement.
+  bool cuda_graphs = true;
   // CPU runtime only: called with each layer's FFN input (RMSNorm'd, [rows, K]) before its FFN
-  // runs; for capturing activations (synthetic-model calibration, telemetry). May throw to stop
-  // the forward (no sequence changes then).
+  // runs; for capturing activations (telemetry) or calibrating: the hook may change that layer's
+  // weights in the Model (not their shapes), and its FFN then runs on the changed ones (synthetic
+  // models set their gate biases so). May throw to stop the forward (no sequence changes then).
   std::function<void(std::int64_t layer, CMatrixF ffn_input)> ffn_input_hook;
 };
 
@@ -84,6 +89,11 @@ class Runtime {
   // Bytes of device memory in use on the runtime's GPU (the whole device, as cudaMemGetInfo says);
   // −1 on the CPU.
   virtual std::int64_t device_memory_in_use() const { return -1; }
+  // Forward calls replayed from a captured CUDA graph (RuntimeOptions::cuda_graphs); 0 on the CPU.
+  virtual std::int64_t graph_launches() const noexcept { return 0; }
+  // The runtime's GPU's energy counter in joules (NVML; monotonic, so take differences), or −1
+  // where it cannot be read (the CPU, no NVML, a GPU without the counter).
+  virtual double device_energy_joules() const { return -1; }
 };
 
 class CpuRuntime final : public Runtime {

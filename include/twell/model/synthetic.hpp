@@ -40,7 +40,7 @@ struct SyntheticSpec {
   std::uint64_t seed = 1;
   // Tokens of the probe batch that calibrates each layer's thresholds on the activations the layers
   // before it produce (0: the analytic thresholds alone, which drift with depth).
-  std::int64_t calibration_tokens = 256;
+  std::int64_t calibration_tokens = 1024;
   void validate() const;              // throws ErrorCode::invalid_argument naming the field
 };
 
