@@ -309,7 +309,9 @@ class CudaRuntime final : public Runtime {
       gemm_.run({T, K, Q, Q, Q, K}, L.wo.get(), att, tmp, stream_);
       cuda::ops::residual_add(x, tmp, T * K, stream_);
       cuda::ops::rmsnorm(x, nullptr, T, K, L.ffn_norm.get(), eps, xn, stream_);
-      if (L.ffn && plan) {
+      if (L.ffn && plan && opt_.ffn_path == FfnPath::dense) {
+        L.ffn->dense_forward(xn, T, tmp, stream_);  // capturable once warm (its scratch reserved)
+      } else if (L.ffn && plan) {
         const bool sparse = (*plan)[static_cast<std::size_t>(l)] != 0;
         L.ffn->decode_step(xn, T, tmp, sparse, stream_);
         ran_sparse[static_cast<std::size_t>(l)] = sparse;
@@ -358,9 +360,12 @@ class CudaRuntime final : public Runtime {
     }
   };
 
+  // Dense FFNs at any batch; the engine's automatic dispatch at decode sizes (its decode kernel);
+  // a forced sparse path never (its TwELL kernels are not made capturable).
   bool graphable(std::int64_t T) const {
     for (const Layer& L : layers_)
-      if (L.ffn && (opt_.ffn_path != FfnPath::automatic || !L.ffn->is_decode(T))) return false;
+      if (L.ffn && opt_.ffn_path != FfnPath::dense && (opt_.ffn_path != FfnPath::automatic || !L.ffn->is_decode(T)))
+        return false;
     return true;
   }
 
@@ -384,8 +389,9 @@ class CudaRuntime final : public Runtime {
     Graph& g = *it->second;
     std::vector<char> plan;
     for (Layer& L : layers_) {
-      if (L.ffn) L.ffn->prepare_decode(sh.T, stream_);
-      plan.push_back(L.ffn ? static_cast<char>(L.ffn->decode_plan_sparse()) : 0);
+      const bool engine = L.ffn && opt_.ffn_path == FfnPath::automatic;
+      if (engine) L.ffn->prepare_decode(sh.T, stream_);
+      plan.push_back(engine ? static_cast<char>(L.ffn->decode_plan_sparse()) : 0);
     }
     reserve_scratch(sh);
     if (!g.exec || g.plan != plan || g.addresses != scratch_addresses()) {

@@ -6,6 +6,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <tuple>
 
 #include "cuda_test_util.hpp"
 #include "model/tiny_model.hpp"
@@ -154,30 +155,31 @@ TEST(ModelCuda, GreedyGenerationMatchesCpu) {
 // Decode steps replayed from CUDA graphs give the same logits, bit for bit, as the same steps
 // launched one kernel at a time: batch 1 and 3 sequences of different lengths, a SiLU model (the
 // runtime's own GEMMs) and ReLU models whose layers decode sparse (≈ 0.5 %) or, once counted, dense
-// (≈ 50 %), over 100 steps (so the first capture, replays, a re-plan after 64 steps and new
+// (≈ 50 %), and the dense FFN path forced, over 100 steps (so the first capture, replays, a re-plan after 64 steps and new
 // key buckets at 256 keys are all crossed).
 TEST(ModelCuda, DecodeGraphsAreBitIdentical) {
   TWELL_REQUIRE_GPU();
-  std::vector<std::pair<const char*, TinySpec>> cases;
+  std::vector<std::tuple<const char*, TinySpec, FfnPath>> cases;
   TinySpec s;
   s.act = "silu";
   s.bf16 = true;
   s.max_pos = 320;
-  cases.emplace_back("silu", s);
+  cases.emplace_back("silu", s, FfnPath::automatic);
   s.act = "relu";
   s.bias_channel = true;
   s.gate_threshold = -0.6f;
   s.intermediate = 600;
-  cases.emplace_back("relu-sparse", s);
+  cases.emplace_back("relu-sparse", s, FfnPath::automatic);
+  cases.emplace_back("relu-dense-path", s, FfnPath::dense);
   s.gate_threshold = 0.0f;
-  cases.emplace_back("relu-50pct", s);
-  for (auto& [name, spec] : cases) {
+  cases.emplace_back("relu-50pct", s, FfnPath::automatic);
+  for (auto& [name, spec, path] : cases) {
     spec.seed = fresh_seed();
     const model::Model m = model::Model::load(write_tiny(std::string("graphs_") + name, spec).string());
-    model::RuntimeOptions eager_opt;
+    model::RuntimeOptions eager_opt(path), graph_opt(path);
     eager_opt.cuda_graphs = false;
     auto eager = model::make_runtime(m, "cuda", eager_opt);
-    auto graphed = model::make_runtime(m, "cuda");
+    auto graphed = model::make_runtime(m, "cuda", graph_opt);
     Rng rng(spec.seed);
     for (std::size_t batch : {1u, 3u}) {
       std::vector<std::vector<std::int32_t>> prompts(batch);

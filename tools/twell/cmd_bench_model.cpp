@@ -2,6 +2,7 @@
 // own dense FFN path in the same process on the same inputs (alternating, medians), with the
 // densities the layers reached and the device memory each needs.
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <memory>
 #include <random>
@@ -28,8 +29,7 @@ struct BenchModelArgs {
 };
 
 struct Pair {
-  std::vector<double> dense, sparse;      // seconds per rep
-  std::vector<double> dense_j, sparse_j;  // joules per rep (NVML; −1: not read)
+  std::vector<double> dense, sparse;  // seconds per rep
 };
 
 // One timed run: seconds, and the GPU's energy over the same span (−1 where it cannot be read).
@@ -78,18 +78,6 @@ Sample time_decode(model::Runtime& rt, const std::vector<std::vector<std::int32_
 void add(Pair& p, const Sample& dense, const Sample& sparse) {
   p.dense.push_back(dense.s);
   p.sparse.push_back(sparse.s);
-  p.dense_j.push_back(dense.j);
-  p.sparse_j.push_back(sparse.j);
-}
-
-// Joules per token over all reps (energy counters move in steps of tens of ms: sums, not medians); −1 if unread.
-double joules_per_token(const std::vector<double>& j, std::int64_t tokens_per_rep) {
-  double sum = 0;
-  for (double v : j) {
-    if (v < 0) return -1;
-    sum += v;
-  }
-  return sum / static_cast<double>(tokens_per_rep * static_cast<std::int64_t>(j.size()));
 }
 
 int run_bench_model(BenchModelArgs& a) {
@@ -223,6 +211,36 @@ int run_bench_model(BenchModelArgs& a) {
     }
     rows.push_back(r);
   }
+  // Energy (GPU): each row once more per runtime, at least ~1 s of work in one counter span (the
+  // NVML counter moves in steps of tens of ms, too coarse for the timed runs above).
+  std::vector<std::pair<double, double>> energy(rows.size(), {-1.0, -1.0});  // J/token: dense, sparse
+  if (device == "cuda" && dense->device_energy_joules() >= 0) {
+    for (std::size_t i = 0; i < rows.size(); ++i) {
+      const Row& r = rows[i];
+      std::fprintf(stderr, "\rtwell: energy run %zu/%zu (%s batch %lld)            ", i + 1, rows.size(), r.phase.c_str(),
+                   static_cast<long long>(r.batch));
+      for (int which = 0; which < 2; ++which) {
+        model::Runtime& rt = which ? *sparse : *dense;
+        const double t = median(which ? r.t.sparse : r.t.dense);
+        double& out = which ? energy[i].second : energy[i].first;
+        if (r.phase == "prefill") {
+          const auto k = static_cast<std::int64_t>(std::ceil(1.0 / t));
+          const Sample e = measure(rt, [&] {
+            for (std::int64_t j = 0; j < k; ++j) time_prefill(rt, prefill_seqs);
+          });
+          if (e.j >= 0) out = e.j / static_cast<double>(k * r.tokens);
+        } else {
+          std::vector<std::vector<std::int32_t>> prompts;
+          for (std::int64_t b = 0; b < r.batch; ++b) prompts.push_back(random_tokens(rng, a.context, c.vocab_size));
+          const double step = t / static_cast<double>(a.decode_steps);
+          const std::int64_t steps =
+              std::clamp<std::int64_t>(static_cast<std::int64_t>(std::ceil(1.0 / step)), 1, c.max_position - a.context);
+          const Sample e = time_decode(rt, prompts, steps);
+          if (e.j >= 0) out = e.j / static_cast<double>(steps * r.batch);
+        }
+      }
+    }
+  }
   std::fputc('\n', stderr);
 
   std::int64_t sparse_layers = 0;
@@ -241,17 +259,17 @@ int run_bench_model(BenchModelArgs& a) {
   fmt::print("|---|---|---|---|---|---|---|---|---|---|\n");
   auto mj = [](double j) { return j < 0 ? std::string("n/a") : fmt::format("{:.2f}", 1e3 * j); };
   nlohmann::json jr = nlohmann::json::array();
-  for (const auto& r : rows) {
+  for (std::size_t i = 0; i < rows.size(); ++i) {
+    const Row& r = rows[i];
     const double td = median(r.t.dense), ts = median(r.t.sparse);
     const double steps = r.phase == "decode" ? static_cast<double>(a.decode_steps) : 1.0;
-    const double jd = joules_per_token(r.t.dense_j, r.tokens), js = joules_per_token(r.t.sparse_j, r.tokens);
+    const auto [jd, js] = energy[i];
     fmt::print("| {} | {} | {} | {:.0f} | {:.0f} | {:.3f}x | {:.3f} | {:.3f} | {} | {} |\n", r.phase, r.batch, r.tokens,
                static_cast<double>(r.tokens) / td, static_cast<double>(r.tokens) / ts, td / ts, 1e3 * td / steps,
                1e3 * ts / steps, mj(jd), mj(js));
     jr.push_back({{"phase", r.phase}, {"batch", r.batch}, {"tokens", r.tokens}, {"dense_s", r.t.dense},
                   {"sparse_s", r.t.sparse}, {"dense_tokens_per_s", static_cast<double>(r.tokens) / td},
                   {"sparse_tokens_per_s", static_cast<double>(r.tokens) / ts}, {"speedup", td / ts},
-                  {"dense_joules", r.t.dense_j}, {"sparse_joules", r.t.sparse_j},
                   {"dense_joules_per_token", jd}, {"sparse_joules_per_token", js}});
   }
   if (mem_dense >= 0)
@@ -261,8 +279,8 @@ int run_bench_model(BenchModelArgs& a) {
     fmt::print("CUDA graphs for decode steps: {} (replays: dense {}, sparse {})\n", a.cuda_graphs ? "on" : "off",
                dense->graph_launches(), sparse->graph_launches());
   fmt::print("(both runtimes run the same attention, norms and LM head; only the FFN path differs. Decode steps include\n"
-             " the greedy pick and its copy back to the host, as a user's generation does. Energy: the GPU's NVML\n"
-             " counter over each timed run, summed over the reps; it moves in steps of tens of ms, so short runs read coarse.)\n");
+             " the greedy pick and its copy back to the host, as a user's generation does. Energy: the whole GPU's NVML\n"
+             " counter over a separate run of each row lasting about a second.)\n");
   if (!a.json.empty()) {
     nlohmann::json j = {{"source", source},
                         {"device", device == "cuda" ? dense->device() : cpu_name()},
