@@ -25,6 +25,7 @@ struct BenchModelArgs {
   std::int64_t context = 128, decode_steps = 32;
   int reps = 3;
   bool cuda_graphs = true;
+  bool energy = true;
   std::string json;
 };
 
@@ -214,7 +215,7 @@ int run_bench_model(BenchModelArgs& a) {
   // Energy (GPU): each row once more per runtime, at least ~1 s of work in one counter span (the
   // NVML counter moves in steps of tens of ms, too coarse for the timed runs above).
   std::vector<std::pair<double, double>> energy(rows.size(), {-1.0, -1.0});  // J/token: dense, sparse
-  if (device == "cuda" && dense->device_energy_joules() >= 0) {
+  if (a.energy && device == "cuda" && dense->device_energy_joules() >= 0) {
     for (std::size_t i = 0; i < rows.size(); ++i) {
       const Row& r = rows[i];
       std::fprintf(stderr, "\rtwell: energy run %zu/%zu (%s batch %lld)            ", i + 1, rows.size(), r.phase.c_str(),
@@ -330,6 +331,7 @@ void add_bench_model_command(CLI::App& bench, std::vector<Command>& out) {
   sub->add_option("--decode-steps", a->decode_steps, "Timed decode steps")->check(CLI::Range(1, 1 << 20));
   sub->add_option("--reps", a->reps, "Timed repetitions of each run (medians)")->check(CLI::Range(1, 1000));
   sub->add_flag("!--no-cuda-graphs", a->cuda_graphs, "Launch decode steps kernel by kernel (default: CUDA graphs)");
+  sub->add_flag("!--no-energy", a->energy, "Skip the energy runs (about a second per row and runtime)");
   sub->add_option("--json", a->json, "Write the results here");
   out.push_back({sub, [a] { return run_bench_model(*a); }});
 }
