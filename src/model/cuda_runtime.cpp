@@ -296,9 +296,10 @@ class CudaRuntime final : public Runtime {
     const cuda::Path path = opt_.ffn_path == FfnPath::dense ? cuda::Path::dense
                             : opt_.ffn_path == FfnPath::sparse ? cuda::Path::sparse
                                                                 : cuda::Path::automatic;
+    // Each residual add is fused with the norm after it (add_rmsnorm); the last layer's stands alone.
+    cuda::ops::rmsnorm(x, nullptr, T, K, layers_[0].attn_norm.get(), eps, xn, stream_);
     for (std::int64_t l = 0; l < c.num_layers; ++l) {
       Layer& L = layers_[static_cast<std::size_t>(l)];
-      cuda::ops::rmsnorm(x, nullptr, T, K, L.attn_norm.get(), eps, xn, stream_);
       gemm_.run({T, Q + 2 * KV, K, K, K, Q + 2 * KV}, L.wqkv.get(), xn, qkv, stream_);
       cuda::ops::rope_store_kv(qkv, T, c.num_heads, c.num_kv_heads, c.head_dim, cos_.get(), sin_.get(), rows_.get(), l, stream_);
       if (sh.blocks > 0)
@@ -307,8 +308,7 @@ class CudaRuntime final : public Runtime {
       else
         cuda::ops::attention(qkv, T, c.num_heads, c.num_kv_heads, c.head_dim, rows_.get(), l, sh.max_keys, att, stream_);
       gemm_.run({T, K, Q, Q, Q, K}, L.wo.get(), att, tmp, stream_);
-      cuda::ops::residual_add(x, tmp, T * K, stream_);
-      cuda::ops::rmsnorm(x, nullptr, T, K, L.ffn_norm.get(), eps, xn, stream_);
+      cuda::ops::add_rmsnorm(x, tmp, T, K, L.ffn_norm.get(), eps, xn, stream_);
       if (L.ffn && plan && opt_.ffn_path == FfnPath::dense) {
         L.ffn->dense_forward(xn, T, tmp, stream_);  // capturable once warm (its scratch reserved)
       } else if (L.ffn && plan) {
@@ -323,7 +323,10 @@ class CudaRuntime final : public Runtime {
         cuda::ops::gated_activation(gu_.get(), T, N, static_cast<int>(c.act), h_.get(), stream_);
         gemm_.run({T, K, N, N, N, K}, L.w_down.get(), h_.get(), tmp, stream_);
       }
-      cuda::ops::residual_add(x, tmp, T * K, stream_);
+      if (l + 1 < c.num_layers)
+        cuda::ops::add_rmsnorm(x, tmp, T, K, layers_[static_cast<std::size_t>(l + 1)].attn_norm.get(), eps, xn, stream_);
+      else
+        cuda::ops::residual_add(x, tmp, T * K, stream_);
     }
     cuda::ops::rmsnorm(x, sel_.get(), R, K, final_norm_.get(), eps, xs_.get(), stream_);
     cuda::MatmulShape ms;

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <type_traits>
 
 #include "cuda/common/device_buffer.hpp"
@@ -155,6 +156,55 @@ TEST(ModelOps, ArgmaxMatchesHostAndFlagsNonFinite) {
   EXPECT_EQ(got[4], v - 1);
   EXPECT_EQ(got[5], -1);
   EXPECT_EQ(got[6], -1);
+}
+
+}  // namespace
+}  // namespace twell::test
+
+namespace twell::test {
+namespace {
+
+// add_rmsnorm equals residual_add then rmsnorm bit for bit (x and y), and rmsnorm equals a float64
+// host reference within bf16 rounding (2⁻⁸ relative per output, the last bit included).
+TEST(ModelOps, AddRmsnormIsResidualAddThenRmsnorm) {
+  TWELL_REQUIRE_GPU();
+  Rng rng(fresh_seed());
+  for (auto [rows, k] : {std::pair<int, int>{1, 2048}, {3, 576}, {17, 1000}, {2, 1}}) {
+    std::vector<float> x(static_cast<std::size_t>(rows * k)), w(static_cast<std::size_t>(k));
+    for (auto& e : x) e = static_cast<float>(rng.normal() * 3);
+    for (auto& e : w) e = static_cast<float>(rng.normal());
+    const auto delta = random_bf16(rng, x.size());
+    auto x1 = upload(x), x2 = upload(x), dw = upload(w);
+    auto dd = upload<__nv_bfloat16>(delta);
+    DeviceBuffer<__nv_bfloat16> y1(x.size()), y2(x.size());
+    cuda::ops::residual_add(x1.get(), dd.get(), rows * k, nullptr);
+    cuda::ops::rmsnorm(x1.get(), nullptr, rows, k, dw.get(), 1e-5f, y1.get(), nullptr);
+    cuda::ops::add_rmsnorm(x2.get(), dd.get(), rows, k, dw.get(), 1e-5f, y2.get(), nullptr);
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    std::vector<float> hx1(x.size()), hx2(x.size());
+    std::vector<bf16> hy1(x.size()), hy2(x.size());
+    cudaMemcpy(hx1.data(), x1.get(), x1.bytes(), cudaMemcpyDeviceToHost);
+    cudaMemcpy(hx2.data(), x2.get(), x2.bytes(), cudaMemcpyDeviceToHost);
+    cudaMemcpy(hy1.data(), y1.get(), y1.bytes(), cudaMemcpyDeviceToHost);
+    cudaMemcpy(hy2.data(), y2.get(), y2.bytes(), cudaMemcpyDeviceToHost);
+    EXPECT_EQ(std::memcmp(hx1.data(), hx2.data(), hx1.size() * sizeof(float)), 0) << rows << "x" << k;
+    EXPECT_EQ(std::memcmp(hy1.data(), hy2.data(), hy1.size() * sizeof(bf16)), 0) << rows << "x" << k;
+    double err = 0;
+    for (int r = 0; r < rows; ++r) {
+      double ss = 0;
+      for (int c = 0; c < k; ++c) {
+        const double v = static_cast<double>(x[static_cast<std::size_t>(r * k + c)]) + to_float(delta[static_cast<std::size_t>(r * k + c)]);
+        ss += v * v;
+      }
+      const double inv = 1.0 / std::sqrt(ss / k + 1e-5);
+      for (int c = 0; c < k; ++c) {
+        const std::size_t i = static_cast<std::size_t>(r * k + c);
+        const double want = (static_cast<double>(x[i]) + to_float(delta[i])) * inv * w[static_cast<std::size_t>(c)];
+        err = std::max(err, std::fabs(to_float(hy2[i]) - want) / std::max(std::fabs(want), 1e-3));
+      }
+    }
+    EXPECT_LT(err, 1.0 / 256) << rows << "x" << k;
+  }
 }
 
 }  // namespace

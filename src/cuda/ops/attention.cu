@@ -1,7 +1,9 @@
 // attention: causal, GQA, each row's query heads over its sequence's KV cache.
-// One block of 4 warps per (row, head); keys split over the warps, a key's d elements over a warp's
-// lanes (coalesced 2·d-byte reads). Plain and exact (fp32 scores and sums); a fused flash kernel
+// One block of 4 warps per (row, head): scores a thread per key, then the weighted sum of V with
+// keys split over the warps and a key's d elements over a warp's lanes (coalesced 2·d-byte reads). Plain and exact (fp32 scores and sums); a fused flash kernel
 // (cuDNN SDPA) is the fast path to come for long prefills.
+#include <cstdint>
+
 #include "cuda/common/check.hpp"
 #include "cuda/ops/model_ops.hpp"
 
@@ -31,15 +33,31 @@ __global__ void __launch_bounds__(kWarps * 32) attention_kernel(const __nv_bfloa
   const __nv_bfloat16* kc = info.k + layer * info.layer_stride + kvh * d;
   const __nv_bfloat16* vc = info.v + layer * info.layer_stride + kvh * d;
 
+  // Scores: a thread per key (a decode row's keys are all in flight at once; a warp per key with
+  // shuffle sums left the loads one latency apart). 16-byte loads where the rows allow them.
   float mx = -INFINITY;
-  for (int t = warp; t < n; t += kWarps) {
+  const bool vec = d % 8 == 0 && reinterpret_cast<std::uintptr_t>(kc) % 16 == 0;
+  for (int t = static_cast<int>(threadIdx.x); t < n; t += kWarps * 32) {
     const __nv_bfloat16* kr = kc + static_cast<std::int64_t>(t) * kv_dim;
     float s = 0.0f;
-    for (std::int64_t i = lane; i < d; i += 32) s += q[i] * __bfloat162float(kr[i]);
-    for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
-    if (lane == 0) score[t] = s;
+    if (vec) {
+      for (std::int64_t i = 0; i < d; i += 8) {
+        const uint4 raw = *reinterpret_cast<const uint4*>(kr + i);
+        const auto* p2 = reinterpret_cast<const __nv_bfloat162*>(&raw);
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const float2 f = __bfloat1622float2(p2[e]);
+          s += q[i + 2 * e] * f.x;
+          s += q[i + 2 * e + 1] * f.y;
+        }
+      }
+    } else {
+      for (std::int64_t i = 0; i < d; ++i) s += q[i] * __bfloat162float(kr[i]);
+    }
+    score[t] = s;
     mx = fmaxf(mx, s);
   }
+  for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
   if (lane == 0) red[warp] = mx;
   __syncthreads();
   mx = red[0];
@@ -60,6 +78,7 @@ __global__ void __launch_bounds__(kWarps * 32) attention_kernel(const __nv_bfloa
   float acc[kMaxD / 32];
 #pragma unroll
   for (int j = 0; j < kMaxD / 32; ++j) acc[j] = 0.0f;
+#pragma unroll 4
   for (int t = warp; t < n; t += kWarps) {
     const float p = score[t];
     const __nv_bfloat16* vr = vc + static_cast<std::int64_t>(t) * kv_dim;

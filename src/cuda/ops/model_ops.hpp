@@ -29,6 +29,11 @@ void embedding(const std::int32_t* ids, std::int64_t rows, const __nv_bfloat16* 
 void rmsnorm(const float* x, const std::int32_t* row_index, std::int64_t rows, std::int64_t k, const float* w,
              float eps, __nv_bfloat16* y, cudaStream_t stream);
 
+// residual_add then rmsnorm in one kernel: x[i, :] += delta[i, :] (fp32 += bf16), then
+// y[i, :] = rmsnorm(x[i, :]) ⊙ w as above; bit-identical to the two ops one after the other.
+void add_rmsnorm(float* x, const __nv_bfloat16* delta, std::int64_t rows, std::int64_t k, const float* w, float eps,
+                 __nv_bfloat16* y, cudaStream_t stream);
+
 // qkv [T, Q + 2·KV] bf16 (q | k | v per row): RoPE (rotate_half; cos/sin from the table
 // [max_pos, d/2] fp32 at the row's position) on q in place and on k, which goes with v into the
 // row's cache for `layer`.

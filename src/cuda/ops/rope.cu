@@ -5,35 +5,40 @@
 namespace twell::cuda::ops {
 namespace {
 
-// One block per row; threads over (head, i < d/2) pairs of q and k, then over v's elements.
-__global__ void rope_store_kv_kernel(__nv_bfloat16* qkv, std::int64_t heads, std::int64_t kv_heads, std::int64_t d,
-                                     const float* cos_table, const float* sin_table, const RowKv* rows_kv,
-                                     std::int64_t layer) {
+constexpr int kThreads = 128;
+
+// Grid (rows, chunks): a row's work items are the (head, i < d/2) pairs of q's and k's heads, then
+// v's kv_dim elements; each thread takes one item (32-bit index math: a row has < 2³¹ items), so
+// a decode step's single row spreads over many CTAs instead of looping in one.
+__global__ void __launch_bounds__(kThreads) rope_store_kv_kernel(__nv_bfloat16* qkv, int heads, int kv_heads, int d,
+                                                                 const float* cos_table, const float* sin_table,
+                                                                 const RowKv* rows_kv, std::int64_t layer) {
   const std::int64_t r = blockIdx.x;
-  const std::int64_t q_dim = heads * d, kv_dim = kv_heads * d, half = d / 2;
+  const int half = d / 2, q_dim = heads * d, kv_dim = kv_heads * d, pairs = (heads + kv_heads) * half;
+  const int j = static_cast<int>(blockIdx.y) * kThreads + static_cast<int>(threadIdx.x);
+  if (j >= pairs + kv_dim) return;
   __nv_bfloat16* row = qkv + r * (q_dim + 2 * kv_dim);
   const RowKv info = rows_kv[r];
-  const float* cs = cos_table + static_cast<std::int64_t>(info.pos) * half;
-  const float* sn = sin_table + static_cast<std::int64_t>(info.pos) * half;
-  __nv_bfloat16* kc = info.k + layer * info.layer_stride + static_cast<std::int64_t>(info.pos) * kv_dim;
-  __nv_bfloat16* vc = info.v + layer * info.layer_stride + static_cast<std::int64_t>(info.pos) * kv_dim;
-  for (std::int64_t j = threadIdx.x; j < (heads + kv_heads) * half; j += blockDim.x) {
-    const std::int64_t h = j / half, i = j % half;
-    const bool is_q = h < heads;
-    __nv_bfloat16* v = is_q ? row + h * d : row + q_dim + (h - heads) * d;
-    const float x1 = __bfloat162float(v[i]), x2 = __bfloat162float(v[i + half]);
-    const float c = cs[i], s = sn[i];
-    const __nv_bfloat16 o1 = __float2bfloat16(x1 * c - x2 * s), o2 = __float2bfloat16(x2 * c + x1 * s);
-    if (is_q) {
-      v[i] = o1;
-      v[i + half] = o2;
-    } else {
-      __nv_bfloat16* dst = kc + (h - heads) * d;
-      dst[i] = o1;
-      dst[i + half] = o2;
-    }
+  const std::int64_t cache = layer * info.layer_stride + static_cast<std::int64_t>(info.pos) * kv_dim;
+  if (j >= pairs) {  // v into the cache
+    info.v[cache + (j - pairs)] = row[q_dim + kv_dim + (j - pairs)];
+    return;
   }
-  for (std::int64_t j = threadIdx.x; j < kv_dim; j += blockDim.x) vc[j] = row[q_dim + kv_dim + j];
+  const int h = j / half, i = j % half;
+  const bool is_q = h < heads;
+  __nv_bfloat16* v = is_q ? row + h * d : row + q_dim + (h - heads) * d;
+  const float x1 = __bfloat162float(v[i]), x2 = __bfloat162float(v[i + half]);
+  const float c = cos_table[static_cast<std::int64_t>(info.pos) * half + i];
+  const float s = sin_table[static_cast<std::int64_t>(info.pos) * half + i];
+  const __nv_bfloat16 o1 = __float2bfloat16(x1 * c - x2 * s), o2 = __float2bfloat16(x2 * c + x1 * s);
+  if (is_q) {
+    v[i] = o1;
+    v[i + half] = o2;
+  } else {
+    __nv_bfloat16* dst = info.k + cache + (h - heads) * d;
+    dst[i] = o1;
+    dst[i + half] = o2;
+  }
 }
 
 }  // namespace
@@ -41,11 +46,14 @@ __global__ void rope_store_kv_kernel(__nv_bfloat16* qkv, std::int64_t heads, std
 void rope_store_kv(__nv_bfloat16* qkv, std::int64_t rows, std::int64_t heads, std::int64_t kv_heads, std::int64_t d,
                    const float* cos_table, const float* sin_table, const RowKv* rows_kv, std::int64_t layer,
                    cudaStream_t stream) {
-  TWELL_CU_REQUIRE(rows > 0 && rows < (1ll << 31) && heads > 0 && kv_heads > 0 && d > 0 && d % 2 == 0,
+  TWELL_CU_REQUIRE(rows > 0 && rows < (1ll << 31) && heads > 0 && kv_heads > 0 && d > 0 && d % 2 == 0 &&
+                       (heads + 2 * kv_heads) * d < (1ll << 30),
                    ErrorCode::invalid_argument, "rope_store_kv: bad shape (rows {}, heads {}/{}, d {})", rows, heads,
                    kv_heads, d);
-  rope_store_kv_kernel<<<static_cast<unsigned>(rows), 128, 0, stream>>>(qkv, heads, kv_heads, d, cos_table, sin_table,
-                                                                         rows_kv, layer);
+  const std::int64_t items = (heads + kv_heads) * (d / 2) + kv_heads * d;
+  const dim3 grid(static_cast<unsigned>(rows), static_cast<unsigned>((items + kThreads - 1) / kThreads));
+  rope_store_kv_kernel<<<grid, kThreads, 0, stream>>>(qkv, static_cast<int>(heads), static_cast<int>(kv_heads),
+                                                      static_cast<int>(d), cos_table, sin_table, rows_kv, layer);
   TWELL_CUDA_CHECK_LAUNCH("rope_store_kv_kernel");
 }
 
