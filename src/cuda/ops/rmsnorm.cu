@@ -6,36 +6,43 @@ namespace twell::cuda::ops {
 namespace {
 
 constexpr int kThreads = 256;
+constexpr int kHeld = 16;  // elements per thread held in registers: rows up to kThreads · kHeld = 4096
 
-__global__ void rmsnorm_kernel(const float* x, const std::int32_t* row_index, std::int64_t k, const float* w, float eps,
-                               __nv_bfloat16* y) {
-  const std::int64_t i = blockIdx.x;
-  const std::int64_t src = row_index ? row_index[i] : i;
-  const float* xr = x + src * k;
+// One block per row. Rows of k ≤ 4096 are loaded into registers first (all loads in flight at once:
+// a decode step's single row is one memory latency, not one per strided iteration), longer rows
+// stream. Sum order: thread t sums elements t, t + 256, … in order, then warps by shuffles, then
+// the 8 warp sums in order; the same in both kernels and both branches (add_rmsnorm is bit-identical
+// to residual_add then rmsnorm).
+template <bool kAdd>
+__device__ void norm_row(float* __restrict__ xr, const __nv_bfloat16* __restrict__ dr, std::int64_t k,
+                         const float* __restrict__ w, float eps, __nv_bfloat16* __restrict__ yr) {
   float ss = 0.0f;
-  for (std::int64_t c = threadIdx.x; c < k; c += kThreads) ss += xr[c] * xr[c];
-  __shared__ float part[kThreads / 32];
-  for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
-  if (threadIdx.x % 32 == 0) part[threadIdx.x / 32] = ss;
-  __syncthreads();
-  float total = 0.0f;
-  for (int j = 0; j < kThreads / 32; ++j) total += part[j];
-  const float inv = rsqrtf(total / static_cast<float>(k) + eps);
-  for (std::int64_t c = threadIdx.x; c < k; c += kThreads) y[i * k + c] = __float2bfloat16(xr[c] * inv * w[c]);
-}
-
-// residual_add then rmsnorm of the same rows in one pass: x[i] += delta[i]; y[i] = rmsnorm(x[i]).
-// The same fp32 operations in the same order as the two kernels (results bit-identical to them).
-__global__ void add_rmsnorm_kernel(float* x, const __nv_bfloat16* delta, std::int64_t k, const float* w, float eps,
-                                   __nv_bfloat16* y) {
-  const std::int64_t i = blockIdx.x;
-  float* xr = x + i * k;
-  const __nv_bfloat16* dr = delta + i * k;
-  float ss = 0.0f;
-  for (std::int64_t c = threadIdx.x; c < k; c += kThreads) {
-    const float v = xr[c] + __bfloat162float(dr[c]);
-    xr[c] = v;
-    ss += v * v;
+  float v[kHeld];
+  const bool held = k <= static_cast<std::int64_t>(kThreads) * kHeld;
+  if (held) {
+#pragma unroll
+    for (int j = 0; j < kHeld; ++j) {
+      const std::int64_t c = threadIdx.x + static_cast<std::int64_t>(j) * kThreads;
+      v[j] = c < k ? xr[c] : 0.0f;
+      if constexpr (kAdd) v[j] += c < k ? __bfloat162float(dr[c]) : 0.0f;
+    }
+#pragma unroll
+    for (int j = 0; j < kHeld; ++j) {
+      const std::int64_t c = threadIdx.x + static_cast<std::int64_t>(j) * kThreads;
+      if (c < k) {
+        if constexpr (kAdd) xr[c] = v[j];
+        ss += v[j] * v[j];
+      }
+    }
+  } else {
+    for (std::int64_t c = threadIdx.x; c < k; c += kThreads) {
+      float e = xr[c];
+      if constexpr (kAdd) {
+        e += __bfloat162float(dr[c]);
+        xr[c] = e;
+      }
+      ss += e * e;
+    }
   }
   __shared__ float part[kThreads / 32];
   for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
@@ -44,7 +51,29 @@ __global__ void add_rmsnorm_kernel(float* x, const __nv_bfloat16* delta, std::in
   float total = 0.0f;
   for (int j = 0; j < kThreads / 32; ++j) total += part[j];
   const float inv = rsqrtf(total / static_cast<float>(k) + eps);
-  for (std::int64_t c = threadIdx.x; c < k; c += kThreads) y[i * k + c] = __float2bfloat16(xr[c] * inv * w[c]);
+  if (held) {
+#pragma unroll
+    for (int j = 0; j < kHeld; ++j) {
+      const std::int64_t c = threadIdx.x + static_cast<std::int64_t>(j) * kThreads;
+      if (c < k) yr[c] = __float2bfloat16(v[j] * inv * w[c]);
+    }
+  } else {
+    for (std::int64_t c = threadIdx.x; c < k; c += kThreads) yr[c] = __float2bfloat16(xr[c] * inv * w[c]);
+  }
+}
+
+__global__ void __launch_bounds__(kThreads) rmsnorm_kernel(const float* x, const std::int32_t* row_index, std::int64_t k,
+                                                           const float* w, float eps, __nv_bfloat16* y) {
+  const std::int64_t i = blockIdx.x;
+  const std::int64_t src = row_index ? row_index[i] : i;
+  norm_row<false>(const_cast<float*>(x + src * k), nullptr, k, w, eps, y + i * k);  // kAdd false: x is only read
+}
+
+// residual_add then rmsnorm of the same rows in one pass: x[i] += delta[i]; y[i] = rmsnorm(x[i]).
+__global__ void __launch_bounds__(kThreads) add_rmsnorm_kernel(float* x, const __nv_bfloat16* delta, std::int64_t k,
+                                                               const float* w, float eps, __nv_bfloat16* y) {
+  const std::int64_t i = blockIdx.x;
+  norm_row<true>(x + i * k, delta + i * k, k, w, eps, y + i * k);
 }
 
 }  // namespace
