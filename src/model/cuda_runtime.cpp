@@ -59,6 +59,25 @@ std::string pci_bus_id() {
   return id;
 }
 
+// The device memory the runtime's weights take (bf16 matrices; the FFN engine's layouts: [Wg; Wu],
+// Wd and Wdᵀ for ReLU layers, [Wg; Wu] and Wd otherwise; fp32 norms and RoPE tables) plus the
+// shared cuBLASLt workspace; refuses with a one-line error where the GPU has less free.
+void check_device_memory(const LlamaConfig& c) {
+  const double K = static_cast<double>(c.hidden_size), N = static_cast<double>(c.intermediate_size),
+               V = static_cast<double>(c.vocab_size), L = static_cast<double>(c.num_layers);
+  const double ffn = c.act == Activation::relu ? 4 * N * K : 3 * N * K;
+  const double elems = V * K * (c.tied_embeddings ? 1 : 2) +
+                       L * (static_cast<double>(c.q_dim() + 2 * c.kv_dim()) * K + K * static_cast<double>(c.q_dim()) + ffn);
+  const double bytes = 2 * elems + 4 * (2 * L * K + K) + 4.0 * static_cast<double>(c.max_position * c.head_dim) +
+                       64.0 * (1 << 20);
+  std::size_t free = 0, total = 0;
+  TWELL_CUDA_CHECK(cudaMemGetInfo(&free, &total));
+  TWELL_CHECK(bytes <= static_cast<double>(free), ErrorCode::unsupported,
+              "the model needs about {:.2f} GB of GPU memory for its weights (bf16) before any KV cache or "
+              "workspace; this GPU has {:.2f} GB free of {:.2f} GB",
+              bytes / 1e9, static_cast<double>(free) / 1e9, static_cast<double>(total) / 1e9);
+}
+
 // Grows a buffer to at least n elements (contents lost).
 template <typename T>
 T* room(DeviceBuffer<T>& b, std::int64_t n) {
@@ -103,6 +122,7 @@ class CudaRuntime final : public Runtime {
   CudaRuntime(const Model& m, RuntimeOptions opt)
       : model_(&m), opt_(opt), stats_(static_cast<std::size_t>(m.config.num_layers)), device_(usable_device()) {
     const LlamaConfig& c = m.config;
+    check_device_memory(c);
     TWELL_CHECK(opt.ffn_path != FfnPath::sparse || c.act == Activation::relu, ErrorCode::unsupported,
                 "the sparse FFN path needs a ReLU model; this one uses {}", to_string(c.act));
     TWELL_CHECK(c.head_dim <= 256, ErrorCode::unsupported, "head_dim {} > 256 is not supported on the GPU", c.head_dim);

@@ -12,6 +12,7 @@
 #include "model/tiny_model.hpp"
 #include "twell/model/generate.hpp"
 #include "twell/model/runtime.hpp"
+#include "twell/model/synthetic.hpp"
 
 namespace twell::test {
 namespace {
@@ -210,6 +211,22 @@ TEST(ModelCuda, DecodeGraphsAreBitIdentical) {
       EXPECT_GE(graphed->graph_launches() - before, 90) << name << ", batch " << batch << ": graphs not replayed";
     }
     EXPECT_EQ(eager->graph_launches(), 0);
+  }
+}
+
+// A model whose weights cannot fit the GPU is refused by a size estimate before any upload (the
+// weights are never read: a 2B config with 100 000 layers claims ≈ 8 TB).
+TEST(ModelCuda, RefusesAModelLargerThanTheGpu) {
+  TWELL_REQUIRE_GPU();
+  model::Model m;
+  m.config = model::preset_config("2b");
+  m.config.num_layers = 100000;
+  try {
+    model::make_runtime(m, "cuda");
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::unsupported);
+    EXPECT_NE(std::string(e.what()).find("GB of GPU memory"), std::string::npos) << e.what();
   }
 }
 

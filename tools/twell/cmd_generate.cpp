@@ -20,6 +20,7 @@ struct GenerateArgs {
   std::string device;
   std::string hidden_act;
   std::string ffn = "auto";
+  bool cuda_graphs = true;
   model::GenerateOptions g;
   std::vector<std::string> stop_tokens;
   std::string json;
@@ -69,6 +70,7 @@ int run_generate(GenerateArgs& a) {
   }
 
   model::RuntimeOptions ro;
+  ro.cuda_graphs = a.cuda_graphs;
   if (a.ffn == "dense") ro.ffn_path = model::FfnPath::dense;
   else if (a.ffn == "sparse") ro.ffn_path = model::FfnPath::sparse;
   auto rt_ptr = model::make_runtime(m, device, ro);
@@ -170,6 +172,7 @@ void add_generate_command(CLI::App& root, std::vector<Command>& out) {
   sub->add_option("--hidden-act", a->hidden_act, "Override config.json's hidden_act (relu, silu, gelu, gelu_pytorch_tanh)");
   sub->add_option("--ffn", a->ffn, "FFN path of ReLU layers: auto (by measured density), dense, sparse")
       ->check(CLI::IsMember({"auto", "dense", "sparse"}));
+  sub->add_flag("!--no-cuda-graphs", a->cuda_graphs, "GPU: launch decode steps kernel by kernel (default: replay CUDA graphs)");
   sub->add_option("--device", a->device, "cpu or cuda (default: cuda when a GPU is usable, else cpu)");
   sub->add_option("--json", a->json, "Write tokens, text, speeds and per-layer FFN counts here");
   sub->add_flag("--quiet,-q", a->quiet, "Print only the generated text");
