@@ -1,0 +1,147 @@
+#!/usr/bin/env python3
+"""Dense PyTorch yardsticks for `twell bench model`, on the same checkpoint and the same GPU.
+
+    python3 bench/model/torch_yardstick.py MODEL_DIR [--json OUT] [--prefill-batch 8 --prefill-len 512]
+                                             [--context 128 --decode-steps 128 --reps 3]
+
+Hugging Face `transformers`' LlamaForCausalLM in bf16 with PyTorch's SDPA attention, three ways:
+  eager       the paper's baseline;
+  compile     torch.compile (default mode) of the forward, for prefill;
+  compile+graphs  decode with a static KV cache and torch.compile(mode="reduce-overhead",
+              fullgraph=True), which replays CUDA graphs: the strongest dense decode PyTorch offers.
+Prefill: one forward of B prompts of L random tokens with only the last position's logits (as
+twell's runtime computes them), medians of --reps after warm-up. Decode: greedy, batch 1, a prompt
+of --context tokens then --decode-steps new tokens; time per new token = (generate(steps) −
+generate(1)) / (steps − 1), so the prompt's prefill is not counted. Same conventions as `twell
+bench model` (random tokens, greedy pick included). Each phase is timed separately and reported as
+it finishes; one that fails (an old transformers, a compile error) is reported with its error and
+the others still run. The JSON holds every number and the versions.
+"""
+import argparse
+import json
+import statistics
+import sys
+import time
+
+try:
+    import torch
+    import transformers
+    from transformers import AutoModelForCausalLM
+except ImportError as e:
+    print(f"skipped: {e}")
+    sys.exit(77)
+
+
+def sync_time(fn):
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    fn()
+    torch.cuda.synchronize()
+    return time.perf_counter() - t0
+
+
+def last_logits_kwargs(model, ids):
+    """The keyword that keeps only the last position's logits, in this transformers version."""
+    for kw in ("logits_to_keep", "num_logits_to_keep"):
+        try:
+            with torch.inference_mode():
+                model(ids[:, :8], use_cache=False, **{kw: 1})
+            return {kw: 1}
+        except TypeError:
+            continue
+    return {}
+
+
+def prefill_rate(fn, tokens, reps):
+    for _ in range(2):
+        sync_time(fn)
+    times = [sync_time(fn) for _ in range(reps)]
+    return tokens / statistics.median(times), times
+
+
+def decode_rate(model, prompt, steps, reps, **gen):
+    def run(n):
+        with torch.inference_mode():
+            return model.generate(prompt, max_new_tokens=n, min_new_tokens=n, do_sample=False,
+                                  pad_token_id=0, **gen)
+    for _ in range(2):
+        run(steps)
+        run(1)
+    per_token = []
+    for _ in range(reps):
+        full = sync_time(lambda: run(steps))
+        one = sync_time(lambda: run(1))
+        per_token.append((full - one) / (steps - 1))
+    return 1.0 / statistics.median(per_token), per_token
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("model")
+    ap.add_argument("--json")
+    ap.add_argument("--prefill-batch", type=int, default=8)
+    ap.add_argument("--prefill-len", type=int, default=512)
+    ap.add_argument("--context", type=int, default=128)
+    ap.add_argument("--decode-steps", type=int, default=128)
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--seed", type=int, default=1)
+    a = ap.parse_args()
+    if not torch.cuda.is_available():
+        print("skipped: no CUDA device")
+        return 77
+    torch.manual_seed(a.seed)
+    out = {"model": a.model, "device": torch.cuda.get_device_name(), "torch": torch.__version__,
+           "transformers": transformers.__version__, "prefill_batch": a.prefill_batch,
+           "prefill_len": a.prefill_len, "context": a.context, "decode_steps": a.decode_steps,
+           "reps": a.reps, "results": {}}
+
+    def report(name, value, extra):
+        out["results"][name] = dict(tokens_per_s=value, **extra)
+        print(f"{name:<32} {value:12.1f} tokens/s", flush=True)
+        if a.json:
+            with open(a.json, "w") as f:
+                json.dump(out, f, indent=1)
+
+    def fail(name, e):
+        out["results"][name] = {"error": f"{type(e).__name__}: {e}"[:500]}
+        print(f"{name:<32} failed: {type(e).__name__}: {str(e)[:300]}", flush=True)
+
+    model = AutoModelForCausalLM.from_pretrained(a.model, dtype=torch.bfloat16, attn_implementation="sdpa")
+    model = model.cuda().eval()
+    vocab = model.config.vocab_size
+    ids = torch.randint(0, vocab, (a.prefill_batch, a.prefill_len), device="cuda")
+    kw = last_logits_kwargs(model, ids)
+    tokens = a.prefill_batch * a.prefill_len
+
+    def prefill(m):
+        with torch.inference_mode():
+            m(ids, use_cache=False, **kw)
+
+    rate, times = prefill_rate(lambda: prefill(model), tokens, a.reps)
+    report("prefill eager", rate, {"seconds": times})
+    try:
+        t0 = time.perf_counter()
+        compiled = torch.compile(model)
+        prefill(compiled)
+        warm = time.perf_counter() - t0
+        rate, times = prefill_rate(lambda: prefill(compiled), tokens, a.reps)
+        report("prefill compile", rate, {"seconds": times, "compile_seconds": warm})
+        del compiled
+    except Exception as e:  # noqa: BLE001 — reported, the other phases still run
+        fail("prefill compile", e)
+
+    prompt = torch.randint(0, vocab, (1, a.context), device="cuda")
+    rate, per = decode_rate(model, prompt, a.decode_steps, a.reps)
+    report("decode b1 eager", rate, {"seconds_per_token": per})
+    try:
+        torch._dynamo.reset()
+        model.forward = torch.compile(model.forward, mode="reduce-overhead", fullgraph=True)
+        rate, per = decode_rate(model, prompt, a.decode_steps, a.reps, cache_implementation="static")
+        report("decode b1 compile+graphs", rate, {"seconds_per_token": per})
+    except Exception as e:  # noqa: BLE001
+        fail("decode b1 compile+graphs", e)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
