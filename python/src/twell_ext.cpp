@@ -1,0 +1,135 @@
+// twell._twell: the CPU FFN ops for Python (nanobind). Tensors cross as DLPack arrays (any framework's
+// CPU float32 C-contiguous 2-D arrays; outputs are caller-allocated, so the caller's allocator owns
+// every buffer); the training state returns as a uint8 tensor (train_state_bytes.hpp). No torch
+// C++ ABI: the PyTorch integration (custom ops, autograd, fake tensors) is Python, twell/torch.py.
+#include <nanobind/nanobind.h>
+#include <nanobind/ndarray.h>
+#include <nanobind/stl/optional.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/tuple.h>
+
+#include <optional>
+
+#include "train_state_bytes.hpp"
+#include "twell/cpu/ffn_ops.hpp"
+#include "twell/error.hpp"
+
+namespace nb = nanobind;
+using namespace nb::literals;
+
+namespace twell::python {
+namespace {
+
+using In = nb::ndarray<const float, nb::ndim<2>, nb::c_contig, nb::device::cpu>;
+using Out = nb::ndarray<float, nb::ndim<2>, nb::c_contig, nb::device::cpu>;
+using Bytes = nb::ndarray<const std::uint8_t, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
+
+CMatrixF view(const In& a) { return {a.data(), static_cast<std::int64_t>(a.shape(0)), static_cast<std::int64_t>(a.shape(1))}; }
+MatrixF view(Out& a) { return {a.data(), static_cast<std::int64_t>(a.shape(0)), static_cast<std::int64_t>(a.shape(1))}; }
+
+// The FFN's weights after the shape checks every op shares (messages name the argument).
+FfnWeights weights(const std::optional<In>& w_gate, const In& w_up, const In& w_down) {
+  const auto N = static_cast<std::int64_t>(w_up.shape(0)), K = static_cast<std::int64_t>(w_up.shape(1));
+  TWELL_CHECK(N > 0 && K > 0, ErrorCode::shape_mismatch, "w_up is [{}, {}]: an FFN needs N, K ≥ 1", N, K);
+  TWELL_CHECK(static_cast<std::int64_t>(w_down.shape(0)) == K && static_cast<std::int64_t>(w_down.shape(1)) == N,
+              ErrorCode::shape_mismatch, "w_down is [{}, {}]; with w_up [{}, {}] it must be [{}, {}]", w_down.shape(0),
+              w_down.shape(1), N, K, K, N);
+  if (w_gate)
+    TWELL_CHECK(static_cast<std::int64_t>(w_gate->shape(0)) == N && static_cast<std::int64_t>(w_gate->shape(1)) == K,
+                ErrorCode::shape_mismatch, "w_gate is [{}, {}]; it must match w_up [{}, {}]", w_gate->shape(0),
+                w_gate->shape(1), N, K);
+  return ffn_weights(w_gate ? w_gate->data() : nullptr, w_up.data(), w_down.data(), N, K);
+}
+
+void check_rows(const char* what, std::int64_t rows, std::int64_t cols, std::int64_t m, std::int64_t k) {
+  TWELL_CHECK(rows == m && cols == k, ErrorCode::shape_mismatch, "{} is [{}, {}]; it must be [{}, {}]", what, rows, cols, m, k);
+}
+
+void ffn_infer(const In& x, const std::optional<In>& w_gate, const In& w_up, const In& w_down, Out& y) {
+  const FfnWeights w = weights(w_gate, w_up, w_down);
+  const CMatrixF xv = view(x);
+  check_rows("x", xv.rows, xv.cols, xv.rows, w.hidden());
+  check_rows("y", static_cast<std::int64_t>(y.shape(0)), static_cast<std::int64_t>(y.shape(1)), xv.rows, w.hidden());
+  nb::gil_scoped_release release;
+  const cpu::PreparedFfn prepared = cpu::prepare_ffn(w);
+  cpu::ffn_sparse(xv, prepared, view(y));
+}
+
+using StateTensor = nb::ndarray<nb::pytorch, std::uint8_t, nb::ndim<1>>;
+
+std::tuple<StateTensor, double, double> ffn_train_forward(const In& x, const std::optional<In>& w_gate, const In& w_up,
+                                                          const In& w_down, Out& y, int ell_width) {
+  const FfnWeights w = weights(w_gate, w_up, w_down);
+  const CMatrixF xv = view(x);
+  check_rows("x", xv.rows, xv.cols, xv.rows, w.hidden());
+  check_rows("y", static_cast<std::int64_t>(y.shape(0)), static_cast<std::int64_t>(y.shape(1)), xv.rows, w.hidden());
+  HybridConfig cfg;
+  cfg.ell_width = ell_width;
+  cfg.validate();
+  std::vector<std::uint8_t>* bytes = nullptr;
+  double l1 = 0, l0 = 0;
+  {
+    nb::gil_scoped_release release;
+    const cpu::PreparedFfn prepared = cpu::prepare_ffn(w);
+    const cpu::TrainState st = cpu::ffn_train_forward(xv, prepared, view(y), cfg);
+    bytes = new std::vector<std::uint8_t>(state_to_bytes(st));
+    l1 = st.scalars.l1;
+    l0 = st.scalars.l0;
+  }
+  nb::capsule owner(bytes, [](void* p) noexcept { delete static_cast<std::vector<std::uint8_t>*>(p); });
+  return {StateTensor(bytes->data(), {bytes->size()}, owner), l1, l0};
+}
+
+void ffn_train_backward(const In& x, const In& dy, const std::optional<In>& w_gate, const In& w_up, const In& w_down,
+                        const Bytes& state, double l1_coeff, Out& dx, std::optional<Out> dw_gate, Out& dw_up,
+                        Out& dw_down) {
+  const FfnWeights w = weights(w_gate, w_up, w_down);
+  const CMatrixF xv = view(x);
+  const std::int64_t M = xv.rows, K = w.hidden(), N = w.intermediate();
+  check_rows("x", xv.rows, xv.cols, M, K);
+  check_rows("dy", static_cast<std::int64_t>(dy.shape(0)), static_cast<std::int64_t>(dy.shape(1)), M, K);
+  check_rows("dx", static_cast<std::int64_t>(dx.shape(0)), static_cast<std::int64_t>(dx.shape(1)), M, K);
+  check_rows("dw_up", static_cast<std::int64_t>(dw_up.shape(0)), static_cast<std::int64_t>(dw_up.shape(1)), N, K);
+  check_rows("dw_down", static_cast<std::int64_t>(dw_down.shape(0)), static_cast<std::int64_t>(dw_down.shape(1)), K, N);
+  TWELL_CHECK(w.gated() == dw_gate.has_value(), ErrorCode::invalid_argument,
+              "dw_gate must be given exactly when w_gate is");
+  if (dw_gate)
+    check_rows("dw_gate", static_cast<std::int64_t>(dw_gate->shape(0)), static_cast<std::int64_t>(dw_gate->shape(1)), N, K);
+  nb::gil_scoped_release release;
+  const cpu::TrainState st = state_from_bytes({state.data(), state.shape(0)});
+  TWELL_CHECK(st.p.rows == M && st.p.cols == N, ErrorCode::shape_mismatch,
+              "the training state is for [{}, {}] activations; these inputs make [{}, {}]", st.p.rows, st.p.cols, M, N);
+  const cpu::PreparedFfn prepared = cpu::prepare_ffn(w);
+  FfnGrads g;
+  g.dx = view(dx);
+  if (dw_gate) g.dw_gate = view(*dw_gate);
+  g.dw_up = view(dw_up);
+  g.dw_down = view(dw_down);
+  cpu::ffn_train_backward(xv, view(dy), prepared, st, l1_coeff, g);
+}
+
+}  // namespace
+}  // namespace twell::python
+
+NB_MODULE(_twell, m) {
+  using namespace twell::python;
+  m.doc() = "twell's CPU FFN ops (float32, C-contiguous, caller-allocated outputs)";
+  // twell::Error → ValueError for bad arguments, RuntimeError otherwise (message kept).
+  nb::register_exception_translator([](const std::exception_ptr& p, void*) {
+    try {
+      std::rethrow_exception(p);
+    } catch (const twell::Error& e) {
+      const auto c = e.code();
+      const bool value = c == twell::ErrorCode::invalid_argument || c == twell::ErrorCode::shape_mismatch ||
+                         c == twell::ErrorCode::dtype_mismatch || c == twell::ErrorCode::corrupt;
+      PyErr_SetString(value ? PyExc_ValueError : PyExc_RuntimeError, e.what());
+    }
+  });
+  m.def("ffn_infer", &ffn_infer, "x"_a, "w_gate"_a.none(), "w_up"_a, "w_down"_a, "y"_a,
+        "y = FFN(x) through TwELL (ReLU gate; exact at any density).");
+  m.def("ffn_train_forward", &ffn_train_forward, "x"_a, "w_gate"_a.none(), "w_up"_a, "w_down"_a, "y"_a, "ell_width"_a,
+        "y = FFN(x); returns (state, l1, l0): the sparse state as a uint8 tensor, l1 = Σ|h| / M, l0 = non-zeros / M.");
+  m.def("ffn_train_backward", &ffn_train_backward, "x"_a, "dy"_a, "w_gate"_a.none(), "w_up"_a, "w_down"_a, "state"_a,
+        "l1_coeff"_a, "dx"_a, "dw_gate"_a.none(), "dw_up"_a, "dw_down"_a,
+        "Gradients of <y, dy> + l1_coeff · l1 into dx, dw_gate (None when non-gated), dw_up, dw_down.");
+}
