@@ -8,6 +8,7 @@
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/tuple.h>
 
+#include <algorithm>
 #include <optional>
 
 #include "train_state_bytes.hpp"
@@ -57,12 +58,18 @@ void ffn_infer(const In& x, const std::optional<In>& w_gate, const In& w_up, con
 
 using StateTensor = nb::ndarray<nb::pytorch, std::uint8_t, nb::ndim<1>>;
 
+using Counts = nb::ndarray<std::int64_t, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
+
 std::tuple<StateTensor, double, double> ffn_train_forward(const In& x, const std::optional<In>& w_gate, const In& w_up,
-                                                          const In& w_down, Out& y, int ell_width) {
+                                                          const In& w_down, Out& y, int ell_width,
+                                                          std::optional<Counts> neuron_counts) {
   const FfnWeights w = weights(w_gate, w_up, w_down);
   const CMatrixF xv = view(x);
   check_rows("x", xv.rows, xv.cols, xv.rows, w.hidden());
   check_rows("y", static_cast<std::int64_t>(y.shape(0)), static_cast<std::int64_t>(y.shape(1)), xv.rows, w.hidden());
+  if (neuron_counts)
+    TWELL_CHECK(static_cast<std::int64_t>(neuron_counts->shape(0)) == w.intermediate(), ErrorCode::shape_mismatch,
+                "neuron_counts has {} elements; it must have N = {}", neuron_counts->shape(0), w.intermediate());
   HybridConfig cfg;
   cfg.ell_width = ell_width;
   cfg.validate();
@@ -73,6 +80,11 @@ std::tuple<StateTensor, double, double> ffn_train_forward(const In& x, const std
     const cpu::PreparedFfn prepared = cpu::prepare_ffn(w);
     const cpu::TrainState st = cpu::ffn_train_forward(xv, prepared, view(y), cfg);
     bytes = new std::vector<std::uint8_t>(state_to_bytes(st));
+    if (neuron_counts) {  // rows in which each neuron fired (the pattern of p)
+      std::int64_t* c = neuron_counts->data();
+      std::fill_n(c, w.intermediate(), 0);
+      for (std::int64_t r = 0; r < st.p.rows; ++r) hybrid_for_each(st.p, r, [&](std::int32_t col, float) { ++c[col]; });
+    }
     l1 = st.scalars.l1;
     l0 = st.scalars.l0;
   }
@@ -128,7 +140,9 @@ NB_MODULE(_twell, m) {
   m.def("ffn_infer", &ffn_infer, "x"_a, "w_gate"_a.none(), "w_up"_a, "w_down"_a, "y"_a,
         "y = FFN(x) through TwELL (ReLU gate; exact at any density).");
   m.def("ffn_train_forward", &ffn_train_forward, "x"_a, "w_gate"_a.none(), "w_up"_a, "w_down"_a, "y"_a, "ell_width"_a,
-        "y = FFN(x); returns (state, l1, l0): the sparse state as a uint8 tensor, l1 = Σ|h| / M, l0 = non-zeros / M.");
+        "neuron_counts"_a.none() = nb::none(),
+        "y = FFN(x); returns (state, l1, l0): the sparse state as a uint8 tensor, l1 = Σ|h| / M, l0 = non-zeros / M;\n"
+        "neuron_counts (int64 [N], optional) receives the rows in which each neuron fired.");
   m.def("ffn_train_backward", &ffn_train_backward, "x"_a, "dy"_a, "w_gate"_a.none(), "w_up"_a, "w_down"_a, "state"_a,
         "l1_coeff"_a, "dx"_a, "dw_gate"_a.none(), "dw_up"_a, "dw_down"_a,
         "Gradients of <y, dy> + l1_coeff · l1 into dx, dw_gate (None when non-gated), dw_up, dw_down.");

@@ -102,3 +102,15 @@ def test_refusals_and_silu_conversion():
     with pytest.raises(RuntimeError, match="no sparsified MLP has run"):
         twell.hf.l1_loss(twell.hf.sparsify(fresh))
 
+
+
+def test_telemetry_per_layer():
+    model = twell.hf.sparsify(tiny(seed=6)).train()
+    assert all(t["neuron_counts"] is None for t in twell.hf.telemetry(model))
+    ids = torch.randint(0, 128, (2, 10), generator=torch.Generator().manual_seed(7))
+    model(ids)
+    tel = twell.hf.telemetry(model)
+    assert len(tel) == 2
+    for t in tel:
+        assert t["neuron_counts"].shape == (176,) and t["neuron_counts"].dtype == torch.int64
+        assert t["nnz_per_token"].item() == pytest.approx(t["neuron_counts"].sum().item() / 20)

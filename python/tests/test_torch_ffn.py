@@ -140,7 +140,7 @@ def test_opcheck_all_ops():
     xn, _, wun, wdn = make(20, 40, 100, False, -1.0)
     torch.library.opcheck(torch.ops.twell.ffn_train.default, (xn.requires_grad_(), None, wun.requires_grad_(),
                                                               wdn.requires_grad_(), 8))
-    y, l1, l0, state = torch.ops.twell.ffn_train(x, wg, wu, wd, 128)
+    y, l1, l0, state, _ = torch.ops.twell.ffn_train(x, wg, wu, wd, 128)
     torch.library.opcheck(torch.ops.twell.ffn_train_backward.default, (x, torch.randn_like(y), wg, wu, wd, state,
                                                                        torch.tensor(0.5)))
 
@@ -196,7 +196,7 @@ def test_bad_input_raises_clear_errors():
     dx, dwg, dwu, dwd = torch.empty_like(x), torch.empty_like(wg), torch.empty_like(wu), torch.empty_like(wd)
     with pytest.raises(ValueError, match="training state"):
         _twell.ffn_train_backward(x, y, wg, wu, wd, torch.zeros(100, dtype=torch.uint8), 0.0, dx, dwg, dwu, dwd)
-    _, _, _, state = torch.ops.twell.ffn_train(x, wg, wu, wd, 128)
+    _, _, _, state, _ = torch.ops.twell.ffn_train(x, wg, wu, wd, 128)
     x2 = torch.randn(9, 64)
     with pytest.raises(ValueError, match="training state is for"):
         _twell.ffn_train_backward(x2, torch.empty(9, 64), wg, wu, wd, state, 0.0, torch.empty(9, 64), dwg, dwu, dwd)
@@ -214,3 +214,16 @@ def test_readme_example_runs_as_written():
     scope = {}
     exec(compile(code, "README.md", "exec"), scope)
     assert scope["x"].grad is not None and scope["y"].shape == (8, 64)
+
+
+@pytest.mark.parametrize("gated,ell", [(True, 128), (True, 4), (False, 8)])
+def test_training_stats_count_nonzeros_and_neurons(gated, ell):
+    x, wg, wu, wd = make(60, 64, 176, gated, -1.0, seed=11)
+    (wg if gated else wu)[:3, 0] = -50.0  # three dead neurons (x[:, 0] = 1)
+    stats = []
+    tt.ffn(x.requires_grad_(), wg, wu, wd, ell_width=ell, stats=stats)
+    _, _, h = reference(x.detach(), wg, wu, wd)
+    fired = h != 0
+    assert stats[0].l0.item() == pytest.approx(fired.sum().item() / 60, rel=1e-6)
+    assert torch.equal(stats[0].neuron_counts, fired.sum(0))
+    assert (stats[0].neuron_counts[:3] == 0).all() and (stats[0].neuron_counts > 0).any()

@@ -18,7 +18,7 @@ import torch
 
 from .torch import SparseMLP
 
-__all__ = ["sparsify", "unsparsify", "l1_loss", "sparse_mlps"]
+__all__ = ["sparsify", "unsparsify", "l1_loss", "sparse_mlps", "telemetry"]
 
 
 def _is_llama_mlp(m: torch.nn.Module) -> bool:
@@ -54,6 +54,7 @@ def sparsify(model: torch.nn.Module, *, convert_silu: bool = False, ell_width: i
         new.gate_proj, new.up_proj, new.down_proj = old.gate_proj, old.up_proj, old.down_proj
         new.ell_width = ell_width
         new.l1 = None
+        new.stats = None
         object.__setattr__(new, "_twell_original", old)  # not a registered submodule: no duplicate keys
         setattr(parent, child_name, new)
     return model
@@ -80,3 +81,15 @@ def l1_loss(model: torch.nn.Module) -> torch.Tensor:
     if not terms:
         raise RuntimeError("twell.hf.l1_loss: no sparsified MLP has run a forward yet")
     return torch.stack(terms).sum()
+
+
+def telemetry(model: torch.nn.Module) -> list[dict]:
+    """Per sparsified MLP, in module order, what its last training forward counted: `nnz_per_token`
+    (0-dim tensor) and `neuron_counts` (int64 [N]: tokens in which each neuron fired; a neuron at 0
+    over a window of steps is dead). Tensors, so collecting them waits for nothing; None entries for
+    MLPs that have not run a training forward."""
+    out = []
+    for m in sparse_mlps(model):
+        s = m.stats
+        out.append({"nnz_per_token": None if s is None else s.l0, "neuron_counts": None if s is None else s.neuron_counts})
+    return out

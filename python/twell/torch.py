@@ -6,8 +6,9 @@
 Three ops in the `twell` namespace, registered through torch.library (schema, fake/meta
 implementation, autograd), so they run under torch.compile(fullgraph=True) without graph breaks:
   twell::ffn_infer      y from x (TwELL sparse inference; exact at any density)
-  twell::ffn_train      y, l1, l0 and the sparse state (the hybrid ELL + tail format, as a uint8
-                        tensor whose length depends on the data) saved for backward
+  twell::ffn_train      y, l1, l0, the sparse state (the hybrid ELL + tail format, as a uint8
+                        tensor whose length depends on the data) saved for backward, and each
+                        neuron's count of rows it fired in (int64 [N], for dead-neuron telemetry)
   twell::ffn_train_backward  dx, dW_gate, dW_up, dW_down of ⟨y, dy⟩ + dl1 · l1, reading the state
 `ffn` runs ffn_train when autograd needs gradients, else ffn_infer (whose l1 is not computed: NaN).
 CPU tensors only in this version (float32 math; float64/bfloat16/float16 inputs are computed in
@@ -23,7 +24,7 @@ from torch import Tensor
 
 from . import _twell
 
-__all__ = ["ffn", "SparseMLP", "ffn_infer", "ffn_train", "ffn_train_backward"]
+__all__ = ["ffn", "FfnStats", "SparseMLP", "ffn_infer", "ffn_train", "ffn_train_backward"]
 
 _FLOATS = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
 
@@ -52,20 +53,21 @@ def _(x, w_gate, w_up, w_down):
 
 @torch.library.custom_op("twell::ffn_train", mutates_args=(), device_types="cpu")
 def ffn_train(x: Tensor, w_gate: Optional[Tensor], w_up: Tensor, w_down: Tensor,
-              ell_width: int) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+              ell_width: int) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
     y = x.new_empty(x.shape[0], w_down.shape[0])
+    counts = torch.zeros(w_up.shape[0], dtype=torch.int64)
     if not x.shape[0]:
         z = x.new_zeros(())
-        return y, z, z.clone(), torch.empty(0, dtype=torch.uint8)
-    state, l1, l0 = _twell.ffn_train_forward(_d(x), _d(w_gate), _d(w_up), _d(w_down), y, ell_width)
-    return y, x.new_tensor(l1), x.new_tensor(l0), state
+        return y, z, z.clone(), torch.empty(0, dtype=torch.uint8), counts
+    state, l1, l0 = _twell.ffn_train_forward(_d(x), _d(w_gate), _d(w_up), _d(w_down), y, ell_width, counts)
+    return y, x.new_tensor(l1), x.new_tensor(l0), state, counts
 
 
 @ffn_train.register_fake
 def _(x, w_gate, w_up, w_down, ell_width):
     n = torch.library.get_ctx().new_dynamic_size()
     return (x.new_empty(x.shape[0], w_down.shape[0]), x.new_empty(()), x.new_empty(()),
-            x.new_empty(n, dtype=torch.uint8))
+            x.new_empty(n, dtype=torch.uint8), x.new_empty(w_up.shape[0], dtype=torch.int64))
 
 
 @torch.library.custom_op("twell::ffn_train_backward", mutates_args=(), device_types="cpu")
@@ -93,7 +95,7 @@ def _setup_context(ctx, inputs, output):
     ctx.gated = w_gate is not None
 
 
-def _backward(ctx, dy, dl1, dl0, dstate):
+def _backward(ctx, dy, dl1, dl0, dstate, dcounts):
     x, w_gate, w_up, w_down, state = ctx.saved_tensors
     dy = torch.zeros_like(x) if dy is None else dy.contiguous()
     dl1 = x.new_zeros(()) if dl1 is None else dl1
@@ -127,9 +129,18 @@ def _check(x: Tensor, w_gate: Optional[Tensor], w_up: Tensor, w_down: Tensor) ->
         raise ValueError(f"twell.torch.ffn: x is {tuple(x.shape)}; its last dimension must be K = {k}")
 
 
-def ffn(x: Tensor, w_gate: Optional[Tensor], w_up: Tensor, w_down: Tensor, *,
-        ell_width: int = 128) -> tuple[Tensor, Tensor]:
+class FfnStats:
+    """What one training forward counted, as tensors (reading them is the only synchronisation):
+    l0 = non-zeros of h per row (token), neuron_counts[n] = rows in which neuron n fired."""
+
+    def __init__(self, l0: Tensor, neuron_counts: Tensor):
+        self.l0, self.neuron_counts = l0, neuron_counts
+
+
+def ffn(x: Tensor, w_gate: Optional[Tensor], w_up: Tensor, w_down: Tensor, *, ell_width: int = 128,
+        stats: Optional[list] = None) -> tuple[Tensor, Tensor]:
     """y = FFN(x) over x's last dimension, and l1 = Σ|h| / rows (NaN when no gradient is needed).
+    With `stats` (a list), a training forward appends its FfnStats to it.
 
     w_gate, w_up: [N, K]; w_down: [K, N] (nn.Linear's weight layouts). ell_width: the training
     state's ELL width E (rows with more than E non-zeros go whole to its dense tail; exact either way).
@@ -142,7 +153,9 @@ def ffn(x: Tensor, w_gate: Optional[Tensor], w_up: Tensor, w_down: Tensor, *,
     needs_grad = torch.is_grad_enabled() and (x.requires_grad or any(w is not None and w.requires_grad for w in
                                                                         (w_gate, w_up, w_down)))
     if needs_grad:
-        y, l1, _, _ = ffn_train(x2, ws[0], ws[1], ws[2], ell_width)
+        y, l1, l0, _, counts = ffn_train(x2, ws[0], ws[1], ws[2], ell_width)
+        if stats is not None:
+            stats.append(FfnStats(l0, counts))
     else:
         y, l1 = ffn_infer(x2, ws[0], ws[1], ws[2]), x2.new_full((), float("nan"))
     return y.reshape(*lead, y.shape[-1]).to(dtype), l1
@@ -152,7 +165,8 @@ class SparseMLP(torch.nn.Module):
     """A Llama MLP with ReLU (gate_proj, up_proj, down_proj without bias) through twell.
 
     forward(x) returns y; the L1 term of the last forward is in `self.l1` (a tensor in the autograd
-    graph: add l1_coeff · mlp.l1 to the loss)."""
+    graph: add l1_coeff · mlp.l1 to the loss) and, after a training forward, its counts in
+    `self.stats` (FfnStats: non-zeros per token, per-neuron fire counts; tensors, no host wait)."""
 
     def __init__(self, hidden_size: int, intermediate_size: int, gated: bool = True, ell_width: int = 128):
         super().__init__()
@@ -161,8 +175,11 @@ class SparseMLP(torch.nn.Module):
         self.down_proj = torch.nn.Linear(intermediate_size, hidden_size, bias=False)
         self.ell_width = ell_width
         self.l1: Optional[Tensor] = None
+        self.stats: Optional[FfnStats] = None
 
     def forward(self, x: Tensor) -> Tensor:
+        got: list = []
         y, self.l1 = ffn(x, None if self.gate_proj is None else self.gate_proj.weight, self.up_proj.weight,
-                         self.down_proj.weight, ell_width=self.ell_width)
+                         self.down_proj.weight, ell_width=self.ell_width, stats=got)
+        self.stats = got[0] if got else None
         return y
