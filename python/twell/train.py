@@ -1,0 +1,348 @@
+"""Train a ReLU Llama with the paper's recipe: cross-entropy + L1 on the FFN activations.
+
+    python -m twell.train CONFIG.json --out RUN_DIR [--resume] [--steps N]
+
+CONFIG is JSON (unknown keys are an error; `python -m twell.train --print-defaults` lists them):
+the model (a preset or explicit sizes), the FFN path ("twell": twell.hf.sparsify, or "dense":
+transformers' own MLP with ReLU), the corpus directories (twell.data), and the optimisation:
+AdamW (β 0.9 / 0.95, weight decay 0.1), cosine schedule with linear warm-up, gradient clipping,
+gradient accumulation, bf16 autocast, activation checkpointing. Every step appends a JSON line to
+RUN_DIR/telemetry.jsonl (loss, L1, non-zeros per token per layer, dead neurons, re-initialised
+neurons, tokens/s; validation loss when due; "dead" counts neurons silent for dead_window tokens). Checkpoints are plain Hugging Face directories
+(RUN_DIR/checkpoint-STEP: save_pretrained + trainer_state.pt with the optimiser, the step and the
+dead-neuron counters), written to a temporary directory and renamed, so a half-written one never
+replaces a good one; RUN_DIR/latest names the newest. --resume continues from it: the data order
+is a function of the step (twell.data.Loader), so the next step equals the uninterrupted run's.
+
+L1 term: per layer Σ|h| / tokens of the micro-batch (h the FFN's hidden activations, input of
+down_proj), summed over layers, times l1_coeff. Dead-neuron re-initialisation (reinit_window > 0):
+a neuron that has not fired for reinit_window tokens gets its gate row redrawn from N(0, init_std²)
+and its AdamW moments zeroed (the paper's targeted gate re-init), counted in telemetry.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import random
+import shutil
+import sys
+import time
+from typing import Any
+
+import numpy as np
+import torch
+
+DEFAULTS: dict[str, Any] = {
+    "model": {"preset": "tiny"},  # or sizes: hidden_size, intermediate_size, num_layers, num_heads, num_kv_heads, vocab_size, max_position
+    "ffn": "twell",
+    "train_data": "",
+    "val_data": "",
+    "seq_len": 128,
+    "micro_batch": 8,
+    "grad_accum": 1,
+    "steps": 100,
+    "lr": 3e-4,
+    "min_lr_ratio": 0.1,
+    "warmup": 10,
+    "weight_decay": 0.1,
+    "betas": [0.9, 0.95],
+    "clip": 1.0,
+    "l1_coeff": 0.0,
+    "bf16": False,
+    "checkpointing": False,
+    "val_every": 0,
+    "val_batches": 4,
+    "save_every": 0,
+    "dead_window": 4096,  # telemetry: a neuron silent for this many tokens counts as dead
+    "reinit_window": 0,
+    "init_std": 0.02,
+    "seed": 0,
+}
+
+PRESETS = {  # hidden, intermediate, layers, heads (MHA), as twell's synthetic presets; vocab from the corpus
+    "tiny": (64, 176, 2, 4),
+    "small": (256, 704, 4, 4),
+    "0.5b": (2048, 5632, 8, 32),
+    "1b": (2048, 5632, 18, 32),
+    "1.5b": (2048, 5632, 28, 32),
+    "2b": (2048, 5632, 38, 32),
+}
+
+
+class ConfigError(ValueError):
+    pass
+
+
+def load_config(path_or_dict) -> dict:
+    raw = path_or_dict
+    if isinstance(path_or_dict, str):
+        try:
+            with open(path_or_dict) as f:
+                raw = json.load(f)
+        except FileNotFoundError:
+            raise ConfigError(f"{path_or_dict}: no such config file") from None
+        except json.JSONDecodeError as e:
+            raise ConfigError(f"{path_or_dict}: not valid JSON ({e})") from None
+    unknown = sorted(set(raw) - set(DEFAULTS))
+    if unknown:
+        raise ConfigError(f"unknown config keys {unknown}; known: {sorted(DEFAULTS)}")
+    cfg = {**DEFAULTS, **raw}
+    if cfg["ffn"] not in ("twell", "dense"):
+        raise ConfigError(f"ffn must be 'twell' or 'dense', got {cfg['ffn']!r}")
+    for k in ("seq_len", "micro_batch", "grad_accum", "steps"):
+        if not isinstance(cfg[k], int) or cfg[k] < 1:
+            raise ConfigError(f"{k} must be an integer ≥ 1, got {cfg[k]!r}")
+    if not cfg["train_data"]:
+        raise ConfigError("train_data (a twell corpus directory) is required")
+    if cfg["l1_coeff"] < 0 or cfg["lr"] <= 0 or cfg["warmup"] < 0:
+        raise ConfigError("l1_coeff ≥ 0, lr > 0 and warmup ≥ 0 are required")
+    m = cfg["model"]
+    if "preset" in m and m["preset"] not in PRESETS:
+        raise ConfigError(f"model preset {m['preset']!r} unknown; presets: {sorted(PRESETS)}")
+    return cfg
+
+
+def build_model(cfg: dict, vocab_size: int):
+    import transformers
+
+    m = dict(cfg["model"])
+    hidden, inter, layers, heads = PRESETS[m.pop("preset")] if "preset" in m else (
+        m.pop("hidden_size"), m.pop("intermediate_size"), m.pop("num_layers"), m.pop("num_heads"))
+    lc = transformers.LlamaConfig(
+        vocab_size=m.pop("vocab_size", vocab_size), hidden_size=hidden, intermediate_size=inter,
+        num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=m.pop("num_kv_heads", heads),
+        max_position_embeddings=m.pop("max_position", max(cfg["seq_len"], 128)), hidden_act="relu",
+        tie_word_embeddings=True, initializer_range=cfg["init_std"])
+    if m:
+        raise ConfigError(f"unknown model keys {sorted(m)}")
+    torch.manual_seed(cfg["seed"])
+    return transformers.LlamaForCausalLM(lc)
+
+
+def lr_at(cfg: dict, step: int) -> float:
+    if step < cfg["warmup"]:
+        return cfg["lr"] * (step + 1) / cfg["warmup"]
+    span = max(1, cfg["steps"] - cfg["warmup"])
+    t = min(1.0, (step - cfg["warmup"]) / span)
+    lo = cfg["lr"] * cfg["min_lr_ratio"]
+    return lo + (cfg["lr"] - lo) * 0.5 * (1 + math.cos(math.pi * t))
+
+
+class FfnProbe:
+    """Per layer, the L1 term and the counts of one forward, for either FFN path: SparseMLP's own
+    (twell) or a hook on down_proj's input h (dense)."""
+
+    def __init__(self, model, path: str):
+        import twell.hf
+
+        self.layers = [layer.mlp for layer in model.model.layers]
+        self.path = path
+        self.dense = [None] * len(self.layers)
+        if path == "dense":
+            for i, mlp in enumerate(self.layers):
+                mlp.down_proj.register_forward_pre_hook(self._hook(i))
+        self._hf = twell.hf
+
+    def _hook(self, i):
+        def hook(module, args):
+            h = args[0].reshape(-1, args[0].shape[-1])
+            fired = h.detach() != 0
+            self.dense[i] = (h.float().abs().sum() / h.shape[0], fired.sum() / h.shape[0], fired.sum(0))
+        return hook
+
+    def l1(self) -> torch.Tensor:
+        if self.path == "twell":
+            return torch.stack([m.l1 for m in self.layers]).sum()
+        return torch.stack([d[0] for d in self.dense]).sum()
+
+    def counts(self) -> list[tuple[float, torch.Tensor]]:
+        """(non-zeros per token, per-neuron fire counts) of each layer's last training forward."""
+        if self.path == "twell":
+            return [(m.stats.l0.item(), m.stats.neuron_counts) for m in self.layers]
+        return [(d[1].item(), d[2].to(torch.int64)) for d in self.dense]
+
+
+def atomic_save(model, opt, state: dict, out: str, step: int) -> str:
+    final = os.path.join(out, f"checkpoint-{step}")
+    tmp = os.path.join(out, f".tmp-checkpoint-{step}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    model.save_pretrained(tmp)
+    torch.save({"optimizer": opt.state_dict(), **state}, os.path.join(tmp, "trainer_state.pt"))
+    if os.path.exists(final):
+        shutil.rmtree(final)
+    os.replace(tmp, final)
+    latest_tmp = os.path.join(out, ".latest.tmp")
+    with open(latest_tmp, "w") as f:
+        f.write(os.path.basename(final) + "\n")
+    os.replace(latest_tmp, os.path.join(out, "latest"))
+    return final
+
+
+def train(cfg: dict, out: str, *, resume: bool = False, progress: bool = True, stop_after: int | None = None) -> dict:
+    """Runs (or resumes) the training of `cfg` into `out`; returns the last step's telemetry record.
+    stop_after: stop after this step (an interruption, for tests) without a final checkpoint."""
+    import transformers
+
+    import twell.hf
+    from twell.data import Loader
+
+    os.makedirs(out, exist_ok=True)
+    torch.manual_seed(cfg["seed"])
+    train_data = Loader(cfg["train_data"], cfg["seq_len"], cfg["micro_batch"], accum=cfg["grad_accum"], seed=cfg["seed"])
+    vocab = train_data.manifest["vocab_size"]
+    val_data = Loader(cfg["val_data"], cfg["seq_len"], cfg["micro_batch"], seed=cfg["seed"] + 1) if cfg["val_data"] else None
+    start, state = 0, {}
+    latest = os.path.join(out, "latest")
+    if resume:
+        if not os.path.exists(latest):
+            raise FileNotFoundError(f"--resume: {out} has no checkpoint (no 'latest')")
+        ckpt = os.path.join(out, open(latest).read().strip())
+        model = transformers.LlamaForCausalLM.from_pretrained(ckpt)
+        state = torch.load(os.path.join(ckpt, "trainer_state.pt"), weights_only=False)
+        changed = sorted(k for k in cfg if k != "steps" and state["config"].get(k) != cfg[k])
+        if changed:  # steps may grow (a longer run); anything else would not continue the same run
+            raise ConfigError(f"--resume: {ckpt} was trained with other values of {changed}")
+        start = state["step"]
+    else:
+        if os.path.exists(latest):
+            raise FileExistsError(f"{out} already holds a run (pass --resume to continue it)")
+        model = build_model(cfg, vocab)
+    if model.config.vocab_size < vocab:
+        raise ConfigError(f"the corpus has ids up to {vocab - 1}; the model's vocabulary is {model.config.vocab_size}")
+    if cfg["ffn"] == "twell":
+        twell.hf.sparsify(model)
+    if cfg["checkpointing"]:
+        model.gradient_checkpointing_enable()
+    model.train()
+    probe = FfnProbe(model, cfg["ffn"])
+    decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
+    no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": cfg["weight_decay"]},
+                             {"params": no_decay, "weight_decay": 0.0}], lr=cfg["lr"], betas=tuple(cfg["betas"]))
+    layers = len(probe.layers)
+    silent = [torch.zeros(model.config.intermediate_size, dtype=torch.int64) for _ in range(layers)]
+    if resume:
+        opt.load_state_dict(state["optimizer"])
+        silent = state["silent_tokens"]
+        torch.set_rng_state(state["torch_rng"])
+        random.setstate(state["python_rng"])
+    log = open(os.path.join(out, "telemetry.jsonl"), "a")
+    bar = None
+    if progress:
+        from tqdm import tqdm
+        bar = tqdm(total=cfg["steps"], initial=start, desc="train", unit="step", file=sys.stderr)
+    record: dict = {}
+    tokens_per_step = cfg["seq_len"] * cfg["micro_batch"] * cfg["grad_accum"]
+    for step in range(start, cfg["steps"]):
+        t0 = time.perf_counter()
+        lr = lr_at(cfg, step)
+        for g in opt.param_groups:
+            g["lr"] = lr
+        ce_sum, l1_sum = 0.0, 0.0
+        fired = [torch.zeros_like(s) for s in silent]
+        nnz = [0.0] * layers
+        for micro in range(cfg["grad_accum"]):
+            ids = torch.from_numpy(train_data.batch(step, micro))
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=cfg["bf16"]):
+                logits = model(input_ids=ids[:, :-1]).logits
+                ce = torch.nn.functional.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), ids[:, 1:].reshape(-1))
+                l1 = probe.l1()
+                loss = (ce + cfg["l1_coeff"] * l1) / cfg["grad_accum"]
+            loss.backward()
+            ce_sum += ce.item() / cfg["grad_accum"]
+            l1_sum += l1.item() / cfg["grad_accum"]
+            for i, (per_token, counts) in enumerate(probe.counts()):
+                nnz[i] += per_token / cfg["grad_accum"]
+                fired[i] += counts
+        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg["clip"]).item()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        # Dead neurons: tokens since each neuron last fired; re-initialise those past the window.
+        reinit = [0] * layers
+        dead = [0] * layers
+        for i in range(layers):
+            silent[i] = torch.where(fired[i] > 0, torch.zeros_like(silent[i]), silent[i] + tokens_per_step)
+            dead[i] = int((silent[i] >= cfg["dead_window"]).sum())
+            if cfg["reinit_window"] > 0:
+                rows = (silent[i] >= cfg["reinit_window"]).nonzero().flatten()
+                if rows.numel():
+                    reinit[i] = reinit_gate_rows(probe.layers[i].gate_proj.weight, rows, cfg["init_std"], opt)
+                    silent[i][rows] = 0
+        dt = time.perf_counter() - t0
+        record = {"step": step + 1, "lr": lr, "loss": ce_sum, "l1": l1_sum, "grad_norm": grad_norm,
+                  "nnz_per_token": nnz, "density": [v / model.config.intermediate_size for v in nnz],
+                  "dead": dead,
+                  "reinit": reinit, "tokens_per_s": tokens_per_step / dt}
+        if val_data is not None and cfg["val_every"] and ((step + 1) % cfg["val_every"] == 0 or step + 1 == cfg["steps"]):
+            record["val_loss"] = evaluate(model, val_data, cfg)
+        log.write(json.dumps(record) + "\n")
+        log.flush()
+        if bar is not None:
+            bar.set_postfix(loss=f"{ce_sum:.3f}", l1=f"{l1_sum:.3g}", nnz=f"{sum(nnz) / layers:.1f}")
+            bar.update(1)
+        last = step + 1 == cfg["steps"]
+        if (cfg["save_every"] and (step + 1) % cfg["save_every"] == 0) or last:
+            atomic_save(model, opt, {"step": step + 1, "config": cfg, "silent_tokens": silent,
+                                     "torch_rng": torch.get_rng_state(), "python_rng": random.getstate()}, out, step + 1)
+        if stop_after is not None and step + 1 >= stop_after:
+            break
+    if bar is not None:
+        bar.close()
+    log.close()
+    return record
+
+
+def reinit_gate_rows(w: torch.Tensor, rows: torch.Tensor, std: float, opt) -> int:
+    """Redraws w[rows] from N(0, std²) and zeroes their AdamW moments. Returns the row count."""
+    with torch.no_grad():
+        w[rows] = torch.randn(rows.numel(), w.shape[1], dtype=w.dtype) * std
+    st = opt.state.get(w)
+    if st:
+        for key in ("exp_avg", "exp_avg_sq"):
+            if key in st:
+                st[key][rows] = 0
+    return int(rows.numel())
+
+
+@torch.no_grad()
+def evaluate(model, data, cfg) -> float:
+    was = model.training
+    model.eval()
+    total = 0.0
+    for b in range(cfg["val_batches"]):
+        ids = torch.from_numpy(data.batch(b))
+        logits = model(input_ids=ids[:, :-1]).logits
+        total += torch.nn.functional.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), ids[:, 1:].reshape(-1)).item()
+    model.train(was)
+    return total / cfg["val_batches"]
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m twell.train", description=__doc__.split("\n")[0])
+    ap.add_argument("config", nargs="?", help="JSON config (see --print-defaults)")
+    ap.add_argument("--out", help="run directory (telemetry.jsonl, checkpoint-STEP/, latest)")
+    ap.add_argument("--resume", action="store_true", help="continue the run in --out from its latest checkpoint")
+    ap.add_argument("--steps", type=int, help="override the config's steps")
+    ap.add_argument("--print-defaults", action="store_true", help="print every config key with its default")
+    a = ap.parse_args(argv)
+    if a.print_defaults:
+        print(json.dumps(DEFAULTS, indent=1))
+        return 0
+    if not a.config or not a.out:
+        ap.error("CONFIG and --out are required")
+    try:
+        cfg = load_config(a.config)
+        if a.steps:
+            cfg["steps"] = a.steps
+        rec = train(cfg, a.out, resume=a.resume, progress=sys.stderr.isatty())
+    except (ConfigError, FileNotFoundError, FileExistsError, ValueError) as e:
+        print(f"twell.train: {e}", file=sys.stderr)
+        return 2
+    print(json.dumps(rec))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
