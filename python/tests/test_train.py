@@ -162,3 +162,19 @@ def test_bad_configs_and_data(tmp_path):
     cfg_path = tmp_path / "c.json"
     cfg_path.write_text("{not json")
     assert train.main([str(cfg_path), "--out", str(tmp_path / "o2")]) == 2
+
+
+def test_plots_from_telemetry(tmp_path):
+    pytest.importorskip("matplotlib")
+    from twell import plot
+
+    cfg = config(tmp_path, steps=4, l1_coeff=1e-2, reinit_window=128)
+    runs = [str(tmp_path / "p1"), str(tmp_path / "p2")]
+    for r in runs:
+        train.train(cfg, r, progress=False)
+    written = plot.plot(runs, str(tmp_path / "fig"))
+    assert [os.path.basename(p) for p in written] == ["loss.png", "sparsity.png", "dead.png"]
+    for p in written:
+        with open(p, "rb") as f:
+            assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+    assert plot.main([str(tmp_path / "nothing")]) == 2
