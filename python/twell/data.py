@@ -26,7 +26,7 @@ import numpy as np
 FORMAT = "twell-tokens-1"
 
 
-def _sha256(path: str) -> str:
+def sha256_file(path: str) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as f:
         for block in iter(lambda: f.read(1 << 20), b""):
@@ -54,7 +54,7 @@ def write_corpus(out_dir: str, documents: Iterable[Iterable[int]], *, eos_id: in
         with open(tmp, "wb") as f:
             np.save(f, arr)
         os.replace(tmp, os.path.join(out_dir, name))
-        shards.append({"file": name, "tokens": int(arr.size), "sha256": _sha256(os.path.join(out_dir, name))})
+        shards.append({"file": name, "tokens": int(arr.size), "sha256": sha256_file(os.path.join(out_dir, name))})
         buf.clear()
 
     held = 0
@@ -99,7 +99,7 @@ class Loader:
         arrays = []
         for s in m["shards"]:
             f = os.path.join(corpus_dir, s["file"])
-            if verify and _sha256(f) != s["sha256"]:
+            if verify and sha256_file(f) != s["sha256"]:
                 raise ValueError(f"{f}: sha256 differs from the manifest (corrupt or changed shard)")
             a = np.load(f, mmap_mode="r")
             if a.dtype != np.uint32 or a.ndim != 1 or a.size != s["tokens"]:
