@@ -178,3 +178,45 @@ def test_plots_from_telemetry(tmp_path):
         with open(p, "rb") as f:
             assert f.read(8) == b"\x89PNG\r\n\x1a\n"
     assert plot.main([str(tmp_path / "nothing")]) == 2
+
+
+def _rank_worker(rank, world, port, cfg, out):
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world))
+    torch.set_num_threads(1)
+    train.train(cfg, out, progress=False)
+
+
+def test_two_ranks_train_like_one_rank_with_twice_the_micro_batch(tmp_path):
+    # DDP averages the ranks' gradients of per-rank token means: the same as the mean over the
+    # doubled batch, up to float32 summation order (1e-5 relative over 5 AdamW steps).
+    import socket
+
+    import torch.distributed as dist
+    import torch.multiprocessing as mp
+
+    if not dist.is_available() or not dist.is_gloo_available():
+        pytest.skip("no gloo backend")
+    base = config(tmp_path, steps=5, l1_coeff=1e-2, reinit_window=128, save_every=5)
+    one, two = str(tmp_path / "one"), str(tmp_path / "two")
+    train.train(base | {"micro_batch": 4}, one, progress=False)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    ctx = mp.get_context("spawn")
+    procs = [ctx.Process(target=_rank_worker, args=(r, 2, port, base | {"micro_batch": 2}, two)) for r in range(2)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(timeout=300)
+        assert p.exitcode == 0
+    a, b = records(one), records(two)
+    assert len(b) == 5  # rank 0 alone writes telemetry
+    for x, y in zip(a, b):
+        assert y["loss"] == pytest.approx(x["loss"], rel=1e-5)
+        assert y["l1"] == pytest.approx(x["l1"], rel=1e-5)
+        assert y["reinit"] == x["reinit"] and y["nnz_per_token"] == pytest.approx(x["nnz_per_token"], rel=1e-5)
+    # The checkpoint the two ranks wrote resumes on one rank.
+    rec = train.train(base | {"micro_batch": 4, "steps": 6}, two, resume=True, progress=False)
+    assert rec["step"] == 6
+    with pytest.raises(train.ConfigError, match="sequences a step"):
+        train.train(base | {"micro_batch": 3, "steps": 7}, two, resume=True, progress=False)

@@ -11,7 +11,11 @@ RUN_DIR/telemetry.jsonl (loss, L1, non-zeros per token per layer, dead neurons, 
 neurons, tokens/s; validation loss when due; "dead" counts neurons silent for dead_window tokens). Checkpoints are plain Hugging Face directories
 (RUN_DIR/checkpoint-STEP: save_pretrained + trainer_state.pt with the optimiser, the step and the
 dead-neuron counters), written to a temporary directory and renamed, so a half-written one never
-replaces a good one; RUN_DIR/latest names the newest. --resume continues from it: the data order
+replaces a good one; RUN_DIR/latest names the newest. Under torchrun (WORLD_SIZE > 1) each rank
+reads its own micro-batches (twell.data.Loader's rank split) and DDP averages the gradients: G ranks
+at micro_batch b train like one rank at G·b; telemetry is reduced over the ranks and written by
+rank 0, which also saves; re-initialisation decisions come from the reduced counts, so every rank
+makes the same ones. --resume continues from it: the data order
 is a function of the step (twell.data.Loader), so the next step equals the uninterrupted run's.
 
 L1 term: per layer Σ|h| / tokens of the micro-batch (h the FFN's hidden activations, input of
@@ -188,9 +192,21 @@ def train(cfg: dict, out: str, *, resume: bool = False, progress: bool = True, s
     import twell.hf
     from twell.data import Loader
 
-    os.makedirs(out, exist_ok=True)
+    import torch.distributed as dist
+
+    # Several ranks: torchrun's environment (WORLD_SIZE, RANK, MASTER_ADDR/PORT) or a process group
+    # the caller made. Each rank reads its own micro-batches; DDP averages the gradients.
+    own_group = False
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1 and not dist.is_initialized():
+        dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+        own_group = True
+    world = dist.get_world_size() if dist.is_initialized() else 1
+    rank = dist.get_rank() if dist.is_initialized() else 0
+    if rank == 0:
+        os.makedirs(out, exist_ok=True)
     torch.manual_seed(cfg["seed"])
-    train_data = Loader(cfg["train_data"], cfg["seq_len"], cfg["micro_batch"], accum=cfg["grad_accum"], seed=cfg["seed"])
+    train_data = Loader(cfg["train_data"], cfg["seq_len"], cfg["micro_batch"], accum=cfg["grad_accum"], seed=cfg["seed"],
+                        rank=rank, world=world)
     vocab = train_data.manifest["vocab_size"]
     val_data = Loader(cfg["val_data"], cfg["seq_len"], cfg["micro_batch"], seed=cfg["seed"] + 1) if cfg["val_data"] else None
     start, state = 0, {}
@@ -201,13 +217,23 @@ def train(cfg: dict, out: str, *, resume: bool = False, progress: bool = True, s
         ckpt = os.path.join(out, open(latest).read().strip())
         model = transformers.LlamaForCausalLM.from_pretrained(ckpt)
         state = torch.load(os.path.join(ckpt, "trainer_state.pt"), weights_only=False)
-        changed = sorted(k for k in cfg if k != "steps" and state["config"].get(k) != cfg[k])
-        if changed:  # steps may grow (a longer run); anything else would not continue the same run
+        # steps may grow (a longer run); micro_batch and grad_accum may change with the rank count as
+        # long as the global batch stays; anything else would not continue the same run.
+        changed = sorted(k for k in cfg if k not in ("steps", "micro_batch", "grad_accum")
+                         and state["config"].get(k) != cfg[k])
+        if changed:
             raise ConfigError(f"--resume: {ckpt} was trained with other values of {changed}")
+        old = state["config"]["micro_batch"] * state["config"]["grad_accum"] * state.get("world", 1)
+        new = cfg["micro_batch"] * cfg["grad_accum"] * world
+        if old != new:
+            raise ConfigError(f"--resume: {ckpt} was trained with {old} sequences a step (micro_batch × grad_accum × "
+                              f"ranks); this run would take {new}")
         start = state["step"]
     else:
         if os.path.exists(latest):
             raise FileExistsError(f"{out} already holds a run (pass --resume to continue it)")
+        if world > 1:
+            dist.barrier()  # every rank has checked before rank 0 writes anything
         model = build_model(cfg, vocab)
     if model.config.vocab_size < vocab:
         raise ConfigError(f"the corpus has ids up to {vocab - 1}; the model's vocabulary is {model.config.vocab_size}")
@@ -217,24 +243,27 @@ def train(cfg: dict, out: str, *, resume: bool = False, progress: bool = True, s
         model.gradient_checkpointing_enable()
     model.train()
     probe = FfnProbe(model, cfg["ffn"])
-    decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
-    no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]
+    core = model  # the HF model itself (saving, re-init); `model` may become its DDP wrapper
+    if world > 1:
+        model = torch.nn.parallel.DistributedDataParallel(model)
+    decay = [p for n, p in core.named_parameters() if p.dim() >= 2]
+    no_decay = [p for n, p in core.named_parameters() if p.dim() < 2]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": cfg["weight_decay"]},
                              {"params": no_decay, "weight_decay": 0.0}], lr=cfg["lr"], betas=tuple(cfg["betas"]))
     layers = len(probe.layers)
-    silent = [torch.zeros(model.config.intermediate_size, dtype=torch.int64) for _ in range(layers)]
+    silent = [torch.zeros(core.config.intermediate_size, dtype=torch.int64) for _ in range(layers)]
     if resume:
         opt.load_state_dict(state["optimizer"])
         silent = state["silent_tokens"]
         torch.set_rng_state(state["torch_rng"])
         random.setstate(state["python_rng"])
-    log = open(os.path.join(out, "telemetry.jsonl"), "a")
+    log = open(os.path.join(out, "telemetry.jsonl"), "a") if rank == 0 else None
     bar = None
-    if progress:
+    if progress and rank == 0:
         from tqdm import tqdm
         bar = tqdm(total=cfg["steps"], initial=start, desc="train", unit="step", file=sys.stderr)
     record: dict = {}
-    tokens_per_step = cfg["seq_len"] * cfg["micro_batch"] * cfg["grad_accum"]
+    tokens_per_step = cfg["seq_len"] * cfg["micro_batch"] * cfg["grad_accum"] * world
     for step in range(start, cfg["steps"]):
         t0 = time.perf_counter()
         lr = lr_at(cfg, step)
@@ -256,6 +285,13 @@ def train(cfg: dict, out: str, *, resume: bool = False, progress: bool = True, s
             for i, (per_token, counts) in enumerate(probe.counts()):
                 nnz[i] += per_token / cfg["grad_accum"]
                 fired[i] += counts
+        if world > 1:  # telemetry over all ranks: means of the scalars, sums of the counts
+            scalars = torch.tensor([ce_sum, l1_sum, *nnz], dtype=torch.float64)
+            dist.all_reduce(scalars)
+            scalars /= world
+            ce_sum, l1_sum, nnz = scalars[0].item(), scalars[1].item(), scalars[2:].tolist()
+            for f in fired:
+                dist.all_reduce(f)
         grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg["clip"]).item()
         opt.step()
         opt.zero_grad(set_to_none=True)
@@ -270,27 +306,36 @@ def train(cfg: dict, out: str, *, resume: bool = False, progress: bool = True, s
                 if rows.numel():
                     reinit[i] = reinit_gate_rows(probe.layers[i].gate_proj.weight, rows, cfg["init_std"], opt)
                     silent[i][rows] = 0
+                    if world > 1:  # the counts were reduced, so every rank chose the same rows; rank 0's draw wins
+                        dist.broadcast(probe.layers[i].gate_proj.weight.data, 0)
         dt = time.perf_counter() - t0
         record = {"step": step + 1, "lr": lr, "loss": ce_sum, "l1": l1_sum, "grad_norm": grad_norm,
-                  "nnz_per_token": nnz, "density": [v / model.config.intermediate_size for v in nnz],
+                  "nnz_per_token": nnz, "density": [v / core.config.intermediate_size for v in nnz],
                   "dead": dead,
                   "reinit": reinit, "tokens_per_s": tokens_per_step / dt}
         if val_data is not None and cfg["val_every"] and ((step + 1) % cfg["val_every"] == 0 or step + 1 == cfg["steps"]):
-            record["val_loss"] = evaluate(model, val_data, cfg)
-        log.write(json.dumps(record) + "\n")
-        log.flush()
+            record["val_loss"] = evaluate(core, val_data, cfg)  # each rank the same batches
+        if log is not None:
+            log.write(json.dumps(record) + "\n")
+            log.flush()
         if bar is not None:
             bar.set_postfix(loss=f"{ce_sum:.3f}", l1=f"{l1_sum:.3g}", nnz=f"{sum(nnz) / layers:.1f}")
             bar.update(1)
         last = step + 1 == cfg["steps"]
         if (cfg["save_every"] and (step + 1) % cfg["save_every"] == 0) or last:
-            atomic_save(model, opt, {"step": step + 1, "config": cfg, "silent_tokens": silent,
-                                     "torch_rng": torch.get_rng_state(), "python_rng": random.getstate()}, out, step + 1)
+            if rank == 0:  # the ranks' weights, optimiser states and counters are identical
+                atomic_save(core, opt, {"step": step + 1, "config": cfg, "world": world, "silent_tokens": silent,
+                                        "torch_rng": torch.get_rng_state(), "python_rng": random.getstate()}, out, step + 1)
+            if world > 1:
+                dist.barrier()
         if stop_after is not None and step + 1 >= stop_after:
             break
     if bar is not None:
         bar.close()
-    log.close()
+    if log is not None:
+        log.close()
+    if own_group:
+        dist.destroy_process_group()
     return record
 
 
