@@ -220,3 +220,26 @@ def test_two_ranks_train_like_one_rank_with_twice_the_micro_batch(tmp_path):
     assert rec["step"] == 6
     with pytest.raises(train.ConfigError, match="sequences a step"):
         train.train(base | {"micro_batch": 3, "steps": 7}, two, resume=True, progress=False)
+
+
+def test_relufy_from_a_silu_checkpoint(tmp_path):
+    import transformers
+
+    torch.manual_seed(0)
+    lc = transformers.LlamaConfig(vocab_size=64, hidden_size=64, intermediate_size=176, num_hidden_layers=2,
+                                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+                                  hidden_act="silu")
+    src = str(tmp_path / "silu")
+    transformers.LlamaForCausalLM(lc).save_pretrained(src)
+    with open(os.path.join(src, "tokenizer.json"), "w") as f:
+        f.write("{}")
+    cfg = config(tmp_path, init_from=src, steps=2, l1_coeff=1e-2)
+    with pytest.raises(train.ConfigError, match="relufy"):
+        train.train(cfg, str(tmp_path / "no"), progress=False)
+    for ffn in ("dense", "twell"):
+        out = str(tmp_path / f"relu-{ffn}")
+        train.train(cfg | {"relufy": True, "ffn": ffn}, out, progress=False)
+        ckpt = os.path.join(out, "checkpoint-2")
+        m = transformers.LlamaForCausalLM.from_pretrained(ckpt)
+        assert m.config.hidden_act == "relu" and os.path.exists(os.path.join(ckpt, "tokenizer.json"))
+        assert all(d < 1.0 for d in records(out)[-1]["density"])  # ReLU: exact zeros

@@ -39,6 +39,8 @@ import numpy as np
 import torch
 
 DEFAULTS: dict[str, Any] = {
+    "init_from": "",  # a Hugging Face Llama checkpoint to start from instead of "model"
+    "relufy": False,  # with init_from: a non-ReLU model's activation becomes ReLU (then fine-tune)
     "model": {"preset": "tiny"},  # or sizes: hidden_size, intermediate_size, num_layers, num_heads, num_kv_heads, vocab_size, max_position
     "ffn": "twell",
     "train_data": "",
@@ -111,6 +113,19 @@ def load_config(path_or_dict) -> dict:
 def build_model(cfg: dict, vocab_size: int):
     import transformers
 
+    if cfg["init_from"]:
+        model = transformers.LlamaForCausalLM.from_pretrained(cfg["init_from"], dtype=torch.float32)
+        act = model.config.hidden_act
+        if act != "relu":
+            if not cfg["relufy"]:
+                raise ConfigError(f"{cfg['init_from']} uses {act!r}; set relufy: true to train it as a ReLU model")
+            from transformers.activations import ACT2FN
+
+            model.config.hidden_act = "relu"  # ReLU-fication: the config and every MLP's activation
+            for layer in model.model.layers:
+                layer.mlp.act_fn = ACT2FN["relu"]
+        return model
+
     m = dict(cfg["model"])
     hidden, inter, layers, heads = PRESETS[m.pop("preset")] if "preset" in m else (
         m.pop("hidden_size"), m.pop("intermediate_size"), m.pop("num_layers"), m.pop("num_heads"))
@@ -168,11 +183,18 @@ class FfnProbe:
         return [(d[1].item(), d[2].to(torch.int64)) for d in self.dense]
 
 
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "generation_config.json")
+
+
 def atomic_save(model, opt, state: dict, out: str, step: int) -> str:
     final = os.path.join(out, f"checkpoint-{step}")
     tmp = os.path.join(out, f".tmp-checkpoint-{step}")
     shutil.rmtree(tmp, ignore_errors=True)
     model.save_pretrained(tmp)
+    src = state["config"].get("init_from")
+    for name in TOKENIZER_FILES if src else ():  # so that `twell generate --model` runs on the checkpoint
+        if os.path.exists(os.path.join(src, name)) and not os.path.exists(os.path.join(tmp, name)):
+            shutil.copy(os.path.join(src, name), os.path.join(tmp, name))
     torch.save({"optimizer": opt.state_dict(), **state}, os.path.join(tmp, "trainer_state.pt"))
     if os.path.exists(final):
         shutil.rmtree(final)
