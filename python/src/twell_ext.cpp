@@ -9,6 +9,7 @@
 #include <nanobind/stl/tuple.h>
 
 #include <algorithm>
+#include <memory>
 #include <optional>
 
 #include "train_state_bytes.hpp"
@@ -28,29 +29,27 @@ using Bytes = nb::ndarray<const std::uint8_t, nb::ndim<1>, nb::c_contig, nb::dev
 CMatrixF view(const In& a) { return {a.data(), static_cast<std::int64_t>(a.shape(0)), static_cast<std::int64_t>(a.shape(1))}; }
 MatrixF view(Out& a) { return {a.data(), static_cast<std::int64_t>(a.shape(0)), static_cast<std::int64_t>(a.shape(1))}; }
 
-// The FFN's weights after the shape checks every op shares (messages name the argument).
+// A 2-D array's shape must be [rows, cols]; the message names the argument.
+template <typename A>
+void check_shape(const char* what, const A& a, std::int64_t rows, std::int64_t cols) {
+  const auto r = static_cast<std::int64_t>(a.shape(0)), c = static_cast<std::int64_t>(a.shape(1));
+  TWELL_CHECK(r == rows && c == cols, ErrorCode::shape_mismatch, "{} is [{}, {}]; it must be [{}, {}]", what, r, c, rows, cols);
+}
+
+// The FFN's weights after the shape checks every op shares.
 FfnWeights weights(const std::optional<In>& w_gate, const In& w_up, const In& w_down) {
   const auto N = static_cast<std::int64_t>(w_up.shape(0)), K = static_cast<std::int64_t>(w_up.shape(1));
   TWELL_CHECK(N > 0 && K > 0, ErrorCode::shape_mismatch, "w_up is [{}, {}]: an FFN needs N, K ≥ 1", N, K);
-  TWELL_CHECK(static_cast<std::int64_t>(w_down.shape(0)) == K && static_cast<std::int64_t>(w_down.shape(1)) == N,
-              ErrorCode::shape_mismatch, "w_down is [{}, {}]; with w_up [{}, {}] it must be [{}, {}]", w_down.shape(0),
-              w_down.shape(1), N, K, K, N);
-  if (w_gate)
-    TWELL_CHECK(static_cast<std::int64_t>(w_gate->shape(0)) == N && static_cast<std::int64_t>(w_gate->shape(1)) == K,
-                ErrorCode::shape_mismatch, "w_gate is [{}, {}]; it must match w_up [{}, {}]", w_gate->shape(0),
-                w_gate->shape(1), N, K);
+  check_shape("w_down", w_down, K, N);
+  if (w_gate) check_shape("w_gate", *w_gate, N, K);
   return ffn_weights(w_gate ? w_gate->data() : nullptr, w_up.data(), w_down.data(), N, K);
-}
-
-void check_rows(const char* what, std::int64_t rows, std::int64_t cols, std::int64_t m, std::int64_t k) {
-  TWELL_CHECK(rows == m && cols == k, ErrorCode::shape_mismatch, "{} is [{}, {}]; it must be [{}, {}]", what, rows, cols, m, k);
 }
 
 void ffn_infer(const In& x, const std::optional<In>& w_gate, const In& w_up, const In& w_down, Out& y) {
   const FfnWeights w = weights(w_gate, w_up, w_down);
   const CMatrixF xv = view(x);
-  check_rows("x", xv.rows, xv.cols, xv.rows, w.hidden());
-  check_rows("y", static_cast<std::int64_t>(y.shape(0)), static_cast<std::int64_t>(y.shape(1)), xv.rows, w.hidden());
+  check_shape("x", x, xv.rows, w.hidden());
+  check_shape("y", y, xv.rows, w.hidden());
   nb::gil_scoped_release release;
   const cpu::PreparedFfn prepared = cpu::prepare_ffn(w);
   cpu::ffn_sparse(xv, prepared, view(y));
@@ -65,21 +64,21 @@ std::tuple<StateTensor, double, double> ffn_train_forward(const In& x, const std
                                                           std::optional<Counts> neuron_counts) {
   const FfnWeights w = weights(w_gate, w_up, w_down);
   const CMatrixF xv = view(x);
-  check_rows("x", xv.rows, xv.cols, xv.rows, w.hidden());
-  check_rows("y", static_cast<std::int64_t>(y.shape(0)), static_cast<std::int64_t>(y.shape(1)), xv.rows, w.hidden());
+  check_shape("x", x, xv.rows, w.hidden());
+  check_shape("y", y, xv.rows, w.hidden());
   if (neuron_counts)
     TWELL_CHECK(static_cast<std::int64_t>(neuron_counts->shape(0)) == w.intermediate(), ErrorCode::shape_mismatch,
                 "neuron_counts has {} elements; it must have N = {}", neuron_counts->shape(0), w.intermediate());
   HybridConfig cfg;
   cfg.ell_width = ell_width;
   cfg.validate();
-  std::vector<std::uint8_t>* bytes = nullptr;
+  std::unique_ptr<std::vector<std::uint8_t>> bytes;  // owned by the returned tensor's capsule
   double l1 = 0, l0 = 0;
   {
     nb::gil_scoped_release release;
     const cpu::PreparedFfn prepared = cpu::prepare_ffn(w);
     const cpu::TrainState st = cpu::ffn_train_forward(xv, prepared, view(y), cfg);
-    bytes = new std::vector<std::uint8_t>(state_to_bytes(st));
+    bytes = std::make_unique<std::vector<std::uint8_t>>(state_to_bytes(st));
     if (neuron_counts) {  // rows in which each neuron fired (the pattern of p)
       std::int64_t* c = neuron_counts->data();
       std::fill_n(c, w.intermediate(), 0);
@@ -88,8 +87,9 @@ std::tuple<StateTensor, double, double> ffn_train_forward(const In& x, const std
     l1 = st.scalars.l1;
     l0 = st.scalars.l0;
   }
-  nb::capsule owner(bytes, [](void* p) noexcept { delete static_cast<std::vector<std::uint8_t>*>(p); });
-  return {StateTensor(bytes->data(), {bytes->size()}, owner), l1, l0};
+  std::vector<std::uint8_t>* raw = bytes.get();
+  nb::capsule owner(bytes.release(), [](void* p) noexcept { delete static_cast<std::vector<std::uint8_t>*>(p); });
+  return {StateTensor(raw->data(), {raw->size()}, owner), l1, l0};
 }
 
 void ffn_train_backward(const In& x, const In& dy, const std::optional<In>& w_gate, const In& w_up, const In& w_down,
@@ -98,15 +98,14 @@ void ffn_train_backward(const In& x, const In& dy, const std::optional<In>& w_ga
   const FfnWeights w = weights(w_gate, w_up, w_down);
   const CMatrixF xv = view(x);
   const std::int64_t M = xv.rows, K = w.hidden(), N = w.intermediate();
-  check_rows("x", xv.rows, xv.cols, M, K);
-  check_rows("dy", static_cast<std::int64_t>(dy.shape(0)), static_cast<std::int64_t>(dy.shape(1)), M, K);
-  check_rows("dx", static_cast<std::int64_t>(dx.shape(0)), static_cast<std::int64_t>(dx.shape(1)), M, K);
-  check_rows("dw_up", static_cast<std::int64_t>(dw_up.shape(0)), static_cast<std::int64_t>(dw_up.shape(1)), N, K);
-  check_rows("dw_down", static_cast<std::int64_t>(dw_down.shape(0)), static_cast<std::int64_t>(dw_down.shape(1)), K, N);
+  check_shape("x", x, M, K);
+  check_shape("dy", dy, M, K);
+  check_shape("dx", dx, M, K);
+  check_shape("dw_up", dw_up, N, K);
+  check_shape("dw_down", dw_down, K, N);
   TWELL_CHECK(w.gated() == dw_gate.has_value(), ErrorCode::invalid_argument,
               "dw_gate must be given exactly when w_gate is");
-  if (dw_gate)
-    check_rows("dw_gate", static_cast<std::int64_t>(dw_gate->shape(0)), static_cast<std::int64_t>(dw_gate->shape(1)), N, K);
+  if (dw_gate) check_shape("dw_gate", *dw_gate, N, K);
   nb::gil_scoped_release release;
   const cpu::TrainState st = state_from_bytes({state.data(), state.shape(0)});
   TWELL_CHECK(st.p.rows == M && st.p.cols == N, ErrorCode::shape_mismatch,
