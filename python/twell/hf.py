@@ -49,12 +49,7 @@ def sparsify(model: torch.nn.Module, *, convert_silu: bool = False, ell_width: i
             if getattr(old, proj).bias is not None:
                 raise ValueError(f"twell.hf.sparsify: {full}.{proj} has a bias; twell's FFN takes none")
     for parent, child_name, old, _ in swaps:
-        new = SparseMLP.__new__(SparseMLP)
-        torch.nn.Module.__init__(new)
-        new.gate_proj, new.up_proj, new.down_proj = old.gate_proj, old.up_proj, old.down_proj
-        new.ell_width = ell_width
-        new.l1 = None
-        new.stats = None
+        new = SparseMLP.of(old.gate_proj, old.up_proj, old.down_proj, ell_width)
         object.__setattr__(new, "_twell_original", old)  # not a registered submodule: no duplicate keys
         setattr(parent, child_name, new)
     return model

@@ -170,9 +170,24 @@ class SparseMLP(torch.nn.Module):
 
     def __init__(self, hidden_size: int, intermediate_size: int, gated: bool = True, ell_width: int = 128):
         super().__init__()
-        self.gate_proj = torch.nn.Linear(hidden_size, intermediate_size, bias=False) if gated else None
-        self.up_proj = torch.nn.Linear(hidden_size, intermediate_size, bias=False)
-        self.down_proj = torch.nn.Linear(intermediate_size, hidden_size, bias=False)
+
+        def linear(i, o):
+            return torch.nn.Linear(i, o, bias=False)
+
+        self._attach(linear(hidden_size, intermediate_size) if gated else None,
+                     linear(hidden_size, intermediate_size), linear(intermediate_size, hidden_size), ell_width)
+
+    @classmethod
+    def of(cls, gate_proj: Optional[torch.nn.Linear], up_proj: torch.nn.Linear, down_proj: torch.nn.Linear,
+           ell_width: int = 128) -> "SparseMLP":
+        """A SparseMLP over existing Linear modules (shared, not copied: same parameters)."""
+        m = cls.__new__(cls)
+        torch.nn.Module.__init__(m)
+        m._attach(gate_proj, up_proj, down_proj, ell_width)
+        return m
+
+    def _attach(self, gate_proj, up_proj, down_proj, ell_width: int) -> None:
+        self.gate_proj, self.up_proj, self.down_proj = gate_proj, up_proj, down_proj
         self.ell_width = ell_width
         self.l1: Optional[Tensor] = None
         self.stats: Optional[FfnStats] = None

@@ -154,15 +154,12 @@ class FfnProbe:
     (twell) or a hook on down_proj's input h (dense)."""
 
     def __init__(self, model, path: str):
-        import twell.hf
-
         self.layers = [layer.mlp for layer in model.model.layers]
         self.path = path
         self.dense = [None] * len(self.layers)
         if path == "dense":
             for i, mlp in enumerate(self.layers):
                 mlp.down_proj.register_forward_pre_hook(self._hook(i))
-        self._hf = twell.hf
 
     def _hook(self, i):
         def hook(module, args):
@@ -176,11 +173,12 @@ class FfnProbe:
             return torch.stack([m.l1 for m in self.layers]).sum()
         return torch.stack([d[0] for d in self.dense]).sum()
 
-    def counts(self) -> list[tuple[float, torch.Tensor]]:
-        """(non-zeros per token, per-neuron fire counts) of each layer's last training forward."""
+    def counts(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """(non-zeros per token, per-neuron fire counts) of each layer's last training forward, as
+        tensors: reading them is left to the caller, once a step."""
         if self.path == "twell":
-            return [(m.stats.l0.item(), m.stats.neuron_counts) for m in self.layers]
-        return [(d[1].item(), d[2].to(torch.int64)) for d in self.dense]
+            return [(m.stats.l0, m.stats.neuron_counts) for m in self.layers]
+        return [(d[1], d[2].to(torch.int64)) for d in self.dense]
 
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "generation_config.json")
@@ -268,8 +266,8 @@ def train(cfg: dict, out: str, *, resume: bool = False, progress: bool = True, s
     core = model  # the HF model itself (saving, re-init); `model` may become its DDP wrapper
     if world > 1:
         model = torch.nn.parallel.DistributedDataParallel(model)
-    decay = [p for n, p in core.named_parameters() if p.dim() >= 2]
-    no_decay = [p for n, p in core.named_parameters() if p.dim() < 2]
+    decay = [p for p in core.parameters() if p.dim() >= 2]
+    no_decay = [p for p in core.parameters() if p.dim() < 2]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": cfg["weight_decay"]},
                              {"params": no_decay, "weight_decay": 0.0}], lr=cfg["lr"], betas=tuple(cfg["betas"]))
     layers = len(probe.layers)
@@ -291,9 +289,9 @@ def train(cfg: dict, out: str, *, resume: bool = False, progress: bool = True, s
         lr = lr_at(cfg, step)
         for g in opt.param_groups:
             g["lr"] = lr
-        ce_sum, l1_sum = 0.0, 0.0
+        # ce, l1 and each layer's non-zeros per token, averaged over the micro-batches; read once a step.
+        sums = torch.zeros(2 + layers, dtype=torch.float64)
         fired = [torch.zeros_like(s) for s in silent]
-        nnz = [0.0] * layers
         for micro in range(cfg["grad_accum"]):
             ids = torch.from_numpy(train_data.batch(step, micro))
             with torch.autocast("cpu", dtype=torch.bfloat16, enabled=cfg["bf16"]):
@@ -302,18 +300,16 @@ def train(cfg: dict, out: str, *, resume: bool = False, progress: bool = True, s
                 l1 = probe.l1()
                 loss = (ce + cfg["l1_coeff"] * l1) / cfg["grad_accum"]
             loss.backward()
-            ce_sum += ce.item() / cfg["grad_accum"]
-            l1_sum += l1.item() / cfg["grad_accum"]
-            for i, (per_token, counts) in enumerate(probe.counts()):
-                nnz[i] += per_token / cfg["grad_accum"]
-                fired[i] += counts
+            counts = probe.counts()
+            sums += torch.stack([t.detach().double() for t in (ce, l1, *(c[0] for c in counts))]) / cfg["grad_accum"]
+            for f, (_, per_neuron) in zip(fired, counts):
+                f += per_neuron
         if world > 1:  # telemetry over all ranks: means of the scalars, sums of the counts
-            scalars = torch.tensor([ce_sum, l1_sum, *nnz], dtype=torch.float64)
-            dist.all_reduce(scalars)
-            scalars /= world
-            ce_sum, l1_sum, nnz = scalars[0].item(), scalars[1].item(), scalars[2:].tolist()
+            dist.all_reduce(sums)
+            sums /= world
             for f in fired:
                 dist.all_reduce(f)
+        ce_sum, l1_sum, *nnz = sums.tolist()
         grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg["clip"]).item()
         opt.step()
         opt.zero_grad(set_to_none=True)
@@ -333,8 +329,7 @@ def train(cfg: dict, out: str, *, resume: bool = False, progress: bool = True, s
         dt = time.perf_counter() - t0
         record = {"step": step + 1, "lr": lr, "loss": ce_sum, "l1": l1_sum, "grad_norm": grad_norm,
                   "nnz_per_token": nnz, "density": [v / core.config.intermediate_size for v in nnz],
-                  "dead": dead,
-                  "reinit": reinit, "tokens_per_s": tokens_per_step / dt}
+                  "dead": dead, "reinit": reinit, "tokens_per_s": tokens_per_step / dt}
         if val_data is not None and cfg["val_every"] and ((step + 1) % cfg["val_every"] == 0 or step + 1 == cfg["steps"]):
             record["val_loss"] = evaluate(core, val_data, cfg)  # each rank the same batches
         if log is not None:
