@@ -13,6 +13,9 @@
 #include <optional>
 
 #include "train_state_bytes.hpp"
+#ifdef TWELL_HAVE_CUDA
+#include "cuda_ffn.hpp"
+#endif
 #include "twell/cpu/ffn_ops.hpp"
 #include "twell/error.hpp"
 
@@ -124,7 +127,14 @@ void ffn_train_backward(const In& x, const In& dy, const std::optional<In>& w_ga
 
 NB_MODULE(_twell, m) {
   using namespace twell::python;
-  m.doc() = "twell's CPU FFN ops (float32, C-contiguous, caller-allocated outputs)";
+  m.doc() = "twell's FFN ops: CPU functions (float32, C-contiguous, caller-allocated outputs) and, in a CUDA build,\n"
+            "the per-layer CUDA classes CudaFfnInfer / CudaFfnTrain (bf16, the caller's stream)";
+#ifdef TWELL_HAVE_CUDA
+  bind_cuda(m);
+  m.attr("has_cuda") = true;
+#else
+  m.attr("has_cuda") = false;
+#endif
   // twell::Error → ValueError for bad arguments, RuntimeError otherwise (message kept).
   nb::register_exception_translator([](const std::exception_ptr& p, void*) {
     try {

@@ -6,101 +6,142 @@
 Three ops in the `twell` namespace, registered through torch.library (schema, fake/meta
 implementation, autograd), so they run under torch.compile(fullgraph=True) without graph breaks:
   twell::ffn_infer      y from x (TwELL sparse inference; exact at any density)
-  twell::ffn_train      y, l1, l0, the sparse state (the hybrid ELL + tail format, as a uint8
-                        tensor whose length depends on the data) saved for backward, and each
+  twell::ffn_train      y, l1, l0 (float32 scalars), the sparse state saved for backward, and each
                         neuron's count of rows it fired in (int64 [N], for dead-neuron telemetry)
   twell::ffn_train_backward  dx, dW_gate, dW_up, dW_down of ⟨y, dy⟩ + dl1 · l1, reading the state
 `ffn` runs ffn_train when autograd needs gradients, else ffn_infer (whose l1 is not computed: NaN).
-CPU tensors only in this version (float32 math; float64/bfloat16/float16 inputs are computed in
-float32 and returned in their own dtype); CUDA tensors raise NotImplementedError. A gated FFN takes w_gate
-[N, K]; pass None for a non-gated one (h = ReLU(x·Wuᵀ)).
+
+CPU tensors run twell's CPU ops (float32 math; other float dtypes are computed in float32 and
+returned in their own dtype); the state is the hybrid ELL + tail format as a uint8 tensor whose
+length depends on the data. CUDA tensors run twell's CUDA kernels on PyTorch's current stream, in
+bf16 with fp32 accumulation (inputs of other float dtypes are rounded to bf16; outputs return in
+the inputs' dtypes; weight gradients are accumulated in fp32); the state stays in a per-layer
+context on the device and the op returns a 16-byte token for it (twell/_cuda.py: a backward whose
+forward was followed by another forward of the same layer recomputes it first, exactly). `layer`
+names that context: SparseMLP passes its own id; -1 is a shared one per device. On CUDA the
+per-neuron counts cost one extra gate GEMM, so they are computed only with count_neurons=True
+(else they are -1); on the CPU they are always exact. A gated FFN takes w_gate [N, K]; pass None
+for a non-gated one (h = ReLU(x·Wuᵀ)).
 """
 from __future__ import annotations
 
+import contextlib
+import itertools
+import weakref
 from typing import Optional
 
 import torch
 from torch import Tensor
 
-from . import _twell
+from . import _cuda, _twell
 
-__all__ = ["ffn", "FfnStats", "SparseMLP", "ffn_infer", "ffn_train", "ffn_train_backward"]
+__all__ = ["ffn", "FfnStats", "SparseMLP", "cuda_path", "ffn_infer", "ffn_train", "ffn_train_backward"]
 
 _FLOATS = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
-
-
-def _d(t: Optional[Tensor]) -> Optional[Tensor]:
-    """A view without autograd history: DLPack refuses tensors that require grad."""
-    return None if t is None else t.detach()
+_layer_ids = itertools.count()  # SparseMLP ids (the CUDA contexts' keys); -1 is the shared one
 
 
 def _empty_like_grad(w: Optional[Tensor]) -> Tensor:
     return torch.empty(0) if w is None else torch.empty_like(w)
 
 
+def _c(t: Optional[Tensor]) -> Optional[Tensor]:
+    """Detached and C-contiguous (what the compiled ops take)."""
+    return None if t is None else t.detach().contiguous()
+
+
 @torch.library.custom_op("twell::ffn_infer", mutates_args=(), device_types="cpu")
-def ffn_infer(x: Tensor, w_gate: Optional[Tensor], w_up: Tensor, w_down: Tensor) -> Tensor:
+def ffn_infer(x: Tensor, w_gate: Optional[Tensor], w_up: Tensor, w_down: Tensor, layer: int = -1) -> Tensor:
     y = x.new_empty(x.shape[0], w_down.shape[0])
     if x.shape[0]:
-        _twell.ffn_infer(_d(x), _d(w_gate), _d(w_up), _d(w_down), y)
+        _twell.ffn_infer(_c(x), _c(w_gate), _c(w_up), _c(w_down), y)
     return y
 
 
+@ffn_infer.register_kernel("cuda")
+def _(x, w_gate, w_up, w_down, layer=-1):
+    if not x.shape[0]:
+        return x.new_empty(0, w_down.shape[0])
+    return _cuda.infer(x, w_gate, w_up, w_down, layer)
+
+
 @ffn_infer.register_fake
-def _(x, w_gate, w_up, w_down):
+def _(x, w_gate, w_up, w_down, layer=-1):
     return x.new_empty(x.shape[0], w_down.shape[0])
 
 
+def _scalar(x: Tensor, v: float) -> Tensor:
+    return torch.tensor(v, dtype=torch.float32, device=x.device)
+
+
 @torch.library.custom_op("twell::ffn_train", mutates_args=(), device_types="cpu")
-def ffn_train(x: Tensor, w_gate: Optional[Tensor], w_up: Tensor, w_down: Tensor,
-              ell_width: int) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+def ffn_train(x: Tensor, w_gate: Optional[Tensor], w_up: Tensor, w_down: Tensor, ell_width: int, layer: int = -1,
+              count_neurons: bool = True) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
     y = x.new_empty(x.shape[0], w_down.shape[0])
     counts = torch.zeros(w_up.shape[0], dtype=torch.int64)
     if not x.shape[0]:
-        z = x.new_zeros(())
-        return y, z, z.clone(), torch.empty(0, dtype=torch.uint8), counts
-    state, l1, l0 = _twell.ffn_train_forward(_d(x), _d(w_gate), _d(w_up), _d(w_down), y, ell_width, counts)
-    return y, x.new_tensor(l1), x.new_tensor(l0), state, counts
+        return y, _scalar(x, 0.0), _scalar(x, 0.0), torch.empty(0, dtype=torch.uint8), counts
+    state, l1, l0 = _twell.ffn_train_forward(_c(x), _c(w_gate), _c(w_up), _c(w_down), y, ell_width, counts)
+    return y, _scalar(x, l1), _scalar(x, l0), state, counts
+
+
+@ffn_train.register_kernel("cuda")
+def _(x, w_gate, w_up, w_down, ell_width, layer=-1, count_neurons=True):
+    if not x.shape[0]:
+        z = _scalar(x, 0.0)
+        return (x.new_empty(0, w_down.shape[0]), z, z.clone(), torch.empty(16, dtype=torch.uint8, device=x.device),
+                torch.zeros(w_up.shape[0], dtype=torch.int64, device=x.device))
+    return _cuda.train_forward(x, w_gate, w_up, w_down, layer, count_neurons)
 
 
 @ffn_train.register_fake
-def _(x, w_gate, w_up, w_down, ell_width):
+def _(x, w_gate, w_up, w_down, ell_width, layer=-1, count_neurons=True):
     n = torch.library.get_ctx().new_dynamic_size()
-    return (x.new_empty(x.shape[0], w_down.shape[0]), x.new_empty(()), x.new_empty(()),
-            x.new_empty(n, dtype=torch.uint8), x.new_empty(w_up.shape[0], dtype=torch.int64))
+    return (x.new_empty(x.shape[0], w_down.shape[0]), x.new_empty((), dtype=torch.float32),
+            x.new_empty((), dtype=torch.float32), x.new_empty(n, dtype=torch.uint8),
+            x.new_empty(w_up.shape[0], dtype=torch.int64))
 
 
 @torch.library.custom_op("twell::ffn_train_backward", mutates_args=(), device_types="cpu")
 def ffn_train_backward(x: Tensor, dy: Tensor, w_gate: Optional[Tensor], w_up: Tensor, w_down: Tensor,
-                       state: Tensor, dl1: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+                       state: Tensor, dl1: Tensor, layer: int = -1) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     dx = torch.empty_like(x)
     dwg = _empty_like_grad(w_gate)
     dwu, dwd = torch.empty_like(w_up), torch.empty_like(w_down)
     if not x.shape[0]:
         dx.zero_(), dwg.zero_(), dwu.zero_(), dwd.zero_()
         return dx, dwg, dwu, dwd
-    _twell.ffn_train_backward(_d(x), _d(dy), _d(w_gate), _d(w_up), _d(w_down), _d(state), float(dl1), dx,
+    _twell.ffn_train_backward(_c(x), _c(dy), _c(w_gate), _c(w_up), _c(w_down), _c(state), float(dl1), dx,
                               dwg if w_gate is not None else None, dwu, dwd)
     return dx, dwg, dwu, dwd
 
 
+@ffn_train_backward.register_kernel("cuda")
+def _(x, dy, w_gate, w_up, w_down, state, dl1, layer=-1):
+    if not x.shape[0]:
+        return (torch.zeros_like(x), torch.zeros_like(w_gate) if w_gate is not None else x.new_empty(0),
+                torch.zeros_like(w_up), torch.zeros_like(w_down))
+    return _cuda.train_backward(x, dy, w_gate, w_up, w_down, state, dl1, layer)
+
+
 @ffn_train_backward.register_fake
-def _(x, dy, w_gate, w_up, w_down, state, dl1):
+def _(x, dy, w_gate, w_up, w_down, state, dl1, layer=-1):
     return torch.empty_like(x), _empty_like_grad(w_gate), torch.empty_like(w_up), torch.empty_like(w_down)
 
 
 def _setup_context(ctx, inputs, output):
-    x, w_gate, w_up, w_down, _ = inputs
+    x, w_gate, w_up, w_down, _, layer, _ = inputs
     ctx.save_for_backward(x, w_gate, w_up, w_down, output[3])
     ctx.gated = w_gate is not None
+    ctx.layer = layer
 
 
 def _backward(ctx, dy, dl1, dl0, dstate, dcounts):
     x, w_gate, w_up, w_down, state = ctx.saved_tensors
     dy = torch.zeros_like(x) if dy is None else dy.contiguous()
-    dl1 = x.new_zeros(()) if dl1 is None else dl1
-    dx, dwg, dwu, dwd = ffn_train_backward(x, dy, w_gate, w_up, w_down, state, dl1)
-    return dx, (dwg if ctx.gated else None), dwu, dwd, None
+    dl1 = _scalar(x, 0.0) if dl1 is None else dl1
+    dx, dwg, dwu, dwd = ffn_train_backward(x, dy, w_gate, w_up, w_down, state, dl1, ctx.layer)
+    return dx, (dwg if ctx.gated else None), dwu, dwd, None, None, None
 
 
 ffn_train.register_autograd(_backward, setup_context=_setup_context)
@@ -115,8 +156,11 @@ def _check(x: Tensor, w_gate: Optional[Tensor], w_up: Tensor, w_down: Tensor) ->
             raise TypeError(f"twell.torch.ffn: {name} has dtype {t.dtype}; a floating-point dtype expected")
         if t.device != x.device:
             raise ValueError(f"twell.torch.ffn: {name} is on {t.device} but x is on {x.device}")
-    if x.device.type != "cpu":
-        raise NotImplementedError(f"twell.torch.ffn: {x.device.type} tensors are not supported yet (CPU only)")
+    if x.device.type == "cuda" and not _cuda.AVAILABLE:
+        raise RuntimeError("twell.torch.ffn: CUDA tensors need twell built with CUDA (this build has the CPU ops "
+                           "only: rebuild where nvcc and a CUDA toolkit are found)")
+    if x.device.type not in ("cpu", "cuda"):
+        raise NotImplementedError(f"twell.torch.ffn: {x.device.type} tensors are not supported (CPU and CUDA only)")
     for name, t in named[1:]:
         if t.dim() != 2:
             raise ValueError(f"twell.torch.ffn: {name} must be 2-D, got shape {tuple(t.shape)}")
@@ -127,6 +171,21 @@ def _check(x: Tensor, w_gate: Optional[Tensor], w_up: Tensor, w_down: Tensor) ->
         raise ValueError(f"twell.torch.ffn: w_gate is {tuple(w_gate.shape)}; it must match w_up {(n, k)}")
     if x.dim() < 1 or x.shape[-1] != k:
         raise ValueError(f"twell.torch.ffn: x is {tuple(x.shape)}; its last dimension must be K = {k}")
+    if x.device.type == "cuda" and k % 8:
+        raise ValueError(f"twell.torch.ffn: the CUDA kernels need the hidden size K to be a multiple of 8 (got {k})")
+
+
+@contextlib.contextmanager
+def cuda_path(path: str):
+    """Within the block, every CUDA call of the ops takes `path` ("sparse", "dense" or "automatic",
+    the default: twell's dispatch by measured density). For tests and benchmarks; exact on any path."""
+    if path not in ("automatic", "sparse", "dense"):
+        raise ValueError(f"twell.torch.cuda_path: path must be 'automatic', 'sparse' or 'dense', got {path!r}")
+    old, _cuda.path = _cuda.path, path
+    try:
+        yield
+    finally:
+        _cuda.path = old
 
 
 class FfnStats:
@@ -138,26 +197,33 @@ class FfnStats:
 
 
 def ffn(x: Tensor, w_gate: Optional[Tensor], w_up: Tensor, w_down: Tensor, *, ell_width: int = 128,
-        stats: Optional[list] = None) -> tuple[Tensor, Tensor]:
+        stats: Optional[list] = None, count_neurons: bool = True, layer: int = -1) -> tuple[Tensor, Tensor]:
     """y = FFN(x) over x's last dimension, and l1 = Σ|h| / rows (NaN when no gradient is needed).
-    With `stats` (a list), a training forward appends its FfnStats to it.
+    With `stats` (a list), a training forward appends its FfnStats to it; its per-neuron counts
+    are computed when count_neurons (on CUDA one extra gate GEMM; without it they are -1 there).
 
-    w_gate, w_up: [N, K]; w_down: [K, N] (nn.Linear's weight layouts). ell_width: the training
-    state's ELL width E (rows with more than E non-zeros go whole to its dense tail; exact either way).
+    w_gate, w_up: [N, K]; w_down: [K, N] (nn.Linear's weight layouts). ell_width: the CPU training
+    state's ELL width E (rows with more than E non-zeros go whole to its dense tail; exact either
+    way). layer: the CUDA context to use (SparseMLP passes its own; -1: one shared per device).
     """
     _check(x, w_gate, w_up, w_down)
     dtype = x.dtype
     lead = x.shape[:-1]
-    x2 = x.reshape(-1, x.shape[-1]).float().contiguous()
-    ws = [None if w is None else w.float().contiguous() for w in (w_gate, w_up, w_down)]
+    if x.device.type == "cuda":  # the op rounds to bf16 itself; the weights pass as they are (loads are cached)
+        x2 = x.reshape(-1, x.shape[-1]).contiguous()
+        ws = [None if w is None else w.contiguous() for w in (w_gate, w_up, w_down)]
+    else:
+        x2 = x.reshape(-1, x.shape[-1]).float().contiguous()
+        ws = [None if w is None else w.float().contiguous() for w in (w_gate, w_up, w_down)]
     needs_grad = torch.is_grad_enabled() and (x.requires_grad or any(w is not None and w.requires_grad for w in
                                                                         (w_gate, w_up, w_down)))
     if needs_grad:
-        y, l1, l0, _, counts = ffn_train(x2, ws[0], ws[1], ws[2], ell_width)
+        y, l1, l0, _, counts = ffn_train(x2, ws[0], ws[1], ws[2], ell_width, layer,
+                                         count_neurons and stats is not None)
         if stats is not None:
             stats.append(FfnStats(l0, counts))
     else:
-        y, l1 = ffn_infer(x2, ws[0], ws[1], ws[2]), x2.new_full((), float("nan"))
+        y, l1 = ffn_infer(x2, ws[0], ws[1], ws[2], layer), x2.new_full((), float("nan"), dtype=torch.float32)
     return y.reshape(*lead, y.shape[-1]).to(dtype), l1
 
 
@@ -189,12 +255,22 @@ class SparseMLP(torch.nn.Module):
     def _attach(self, gate_proj, up_proj, down_proj, ell_width: int) -> None:
         self.gate_proj, self.up_proj, self.down_proj = gate_proj, up_proj, down_proj
         self.ell_width = ell_width
+        self.count_neurons = True  # per-neuron fire counts in self.stats (on CUDA: one more gate GEMM a forward)
         self.l1: Optional[Tensor] = None
         self.stats: Optional[FfnStats] = None
+        self.layer_id = next(_layer_ids)  # this module's CUDA contexts, freed with it
+        weakref.finalize(self, _cuda.forget, self.layer_id)
 
     def forward(self, x: Tensor) -> Tensor:
         got: list = []
         y, self.l1 = ffn(x, None if self.gate_proj is None else self.gate_proj.weight, self.up_proj.weight,
-                         self.down_proj.weight, ell_width=self.ell_width, stats=got)
+                         self.down_proj.weight, ell_width=self.ell_width, stats=got, count_neurons=self.count_neurons,
+                         layer=self.layer_id)
         self.stats = got[0] if got else None
         return y
+
+    @property
+    def last_path(self) -> str:
+        """The path the last CUDA call of this layer dispatched ('' before one, or on the CPU)."""
+        lay = _cuda._layers.get((torch.cuda.current_device() if torch.cuda.is_available() else 0, self.layer_id))
+        return "" if lay is None else lay.path

@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "cuda/common/check.hpp"
+#include "cuda/common/transpose.hpp"
 #include "cuda/sm80/twell_gemv.hpp"
 #include "cuda/sm80/twell_hot_neurons.hpp"
 #include "cuda/sm80/twell_split.hpp"
@@ -71,21 +72,15 @@ void FfnContext::upload_weights(const FfnWeights& w, cudaStream_t stream) {
   w_hot_gu_.release();
   hot_calibrated_ = false;
   TWELL_CHECK(w.w_up.data && w.w_down.data, ErrorCode::invalid_argument, "FFN weights: w_up and w_down are required");
-  gated_ = w.gated();
-  n_ = w.intermediate();
-  k_ = w.hidden();
-  TWELL_CHECK(w.w_up.rows == n_ && w.w_up.cols == k_, ErrorCode::shape_mismatch, "w_up is [{}, {}]", w.w_up.rows,
+  const std::int64_t n = w.intermediate(), k = w.hidden();
+  TWELL_CHECK(w.w_up.rows == n && w.w_up.cols == k, ErrorCode::shape_mismatch, "w_up is [{}, {}]", w.w_up.rows,
               w.w_up.cols);
-  TWELL_CHECK(w.w_down.rows == k_ && w.w_down.cols == n_, ErrorCode::shape_mismatch,
-              "w_down must be [K, N] = [{}, {}] (HF down_proj layout); got [{}, {}]", k_, n_, w.w_down.rows,
+  TWELL_CHECK(w.w_down.rows == k && w.w_down.cols == n, ErrorCode::shape_mismatch,
+              "w_down must be [K, N] = [{}, {}] (HF down_proj layout); got [{}, {}]", k, n, w.w_down.rows,
               w.w_down.cols);
-  TWELL_CHECK(!gated_ || (w.w_gate.rows == n_ && w.w_gate.cols == k_), ErrorCode::shape_mismatch,
-              "w_gate must be [N, K] = [{}, {}]; got [{}, {}]", n_, k_, w.w_gate.rows, w.w_gate.cols);
-  TWELL_CHECK(k_ >= 8 && k_ % 8 == 0, ErrorCode::unsupported,
-              "the CUDA path needs the hidden size K to be a multiple of 8 (got K = {})", k_);
-  TWELL_CHECK(k_ <= 16384, ErrorCode::unsupported, "the CUDA path supports K ≤ 16384 (got K = {})", k_);
-  TWELL_CHECK(n_ >= 1 && n_ < (std::int64_t{1} << 31), ErrorCode::unsupported, "N = {} out of range", n_);
-  ldn_ = round_up(n_, 8);
+  TWELL_CHECK(!w.gated() || (w.w_gate.rows == n && w.w_gate.cols == k), ErrorCode::shape_mismatch,
+              "w_gate must be [N, K] = [{}, {}]; got [{}, {}]", n, k, w.w_gate.rows, w.w_gate.cols);
+  set_shape(w.gated(), n, k);
 
   const std::int64_t gu_rows = gated_ ? 2 * ldn_ : ldn_;
   std::vector<std::uint16_t> gu(static_cast<std::size_t>(gu_rows * k_), 0);
@@ -110,6 +105,50 @@ void FfnContext::upload_weights(const FfnWeights& w, cudaStream_t stream) {
   TWELL_CUDA_CHECK(cudaMemcpyAsync(w_down_t_.get(), down_t.data(), down_t.size() * 2, cudaMemcpyHostToDevice, stream));
   TWELL_CUDA_CHECK(cudaStreamSynchronize(stream));  // the staging vectors die here
   cap_m_ = 0;  // shapes changed: workspaces are re-sized on next use
+}
+
+void FfnContext::set_shape(bool gated, std::int64_t n, std::int64_t k) {
+  TWELL_CHECK(k >= 8 && k % 8 == 0, ErrorCode::unsupported,
+              "the CUDA path needs the hidden size K to be a multiple of 8 (got K = {})", k);
+  TWELL_CHECK(k <= 16384, ErrorCode::unsupported, "the CUDA path supports K ≤ 16384 (got K = {})", k);
+  TWELL_CHECK(n >= 1 && n < (std::int64_t{1} << 31), ErrorCode::unsupported, "N = {} out of range", n);
+  gated_ = gated;
+  n_ = n;
+  k_ = k;
+  ldn_ = round_up(n_, 8);
+}
+
+void FfnContext::load_weights(const DeviceFfnWeights& w, cudaStream_t stream) {
+  TWELL_CHECK(w.w_up && w.w_down, ErrorCode::invalid_argument, "FFN weights: w_up and w_down are required");
+  const bool gated = w.w_gate != nullptr;
+  const bool same = w_gu_.get() != nullptr && gated == gated_ && w.n == n_ && w.k == k_;
+  // A new shape, or densities measured over permuted (hot-split) neurons: measure again.
+  if (!same || !order_.empty()) reset_dispatch_state();
+  hot_n_ = 0;  // the new weights in their own order; hot neurons are calibrated again when due
+  order_.clear();
+  w_hot_gu_.release();
+  hot_calibrated_ = false;
+  if (!same) {
+    set_shape(gated, w.n, w.k);
+    w_gu_.resize(static_cast<std::size_t>((gated_ ? 2 : 1) * ldn_ * k_));
+    w_down_.resize(static_cast<std::size_t>(k_ * ldn_));
+    w_down_t_.resize(static_cast<std::size_t>(n_ * k_));
+    // Padding rows of [Wg; Wu] and columns of Wd stay zero: the copies below never write them.
+    TWELL_CUDA_CHECK(cudaMemsetAsync(w_gu_.get(), 0, w_gu_.bytes(), stream));
+    TWELL_CUDA_CHECK(cudaMemsetAsync(w_down_.get(), 0, w_down_.bytes(), stream));
+    cap_m_ = 0;
+  }
+  const std::size_t rows_bytes = static_cast<std::size_t>(n_ * k_) * sizeof(__nv_bfloat16);
+  if (gated_) {
+    TWELL_CUDA_CHECK(cudaMemcpyAsync(w_gu_.get(), w.w_gate, rows_bytes, cudaMemcpyDeviceToDevice, stream));
+    TWELL_CUDA_CHECK(cudaMemcpyAsync(w_gu_.get() + ldn_ * k_, w.w_up, rows_bytes, cudaMemcpyDeviceToDevice, stream));
+  } else {
+    TWELL_CUDA_CHECK(cudaMemcpyAsync(w_gu_.get(), w.w_up, rows_bytes, cudaMemcpyDeviceToDevice, stream));
+  }
+  const std::size_t row = static_cast<std::size_t>(n_) * sizeof(__nv_bfloat16);
+  TWELL_CUDA_CHECK(cudaMemcpy2DAsync(w_down_.get(), static_cast<std::size_t>(ldn_) * sizeof(__nv_bfloat16), w.w_down,
+                                     row, row, static_cast<std::size_t>(k_), cudaMemcpyDeviceToDevice, stream));
+  launch_transpose_bf16(w.w_down, n_, k_, n_, w_down_t_.get(), k_, stream);  // [K, N] → [N, K]
 }
 
 void FfnContext::check_m(std::int64_t m) const {
@@ -590,6 +629,8 @@ void FfnContext::prepare_decode(std::int64_t m, cudaStream_t stream) {
   reserve(m);
   ws_->decode_partials.reserve(static_cast<std::size_t>(m * tiles() * k_));
   if (decode_tickets_.size() < static_cast<std::size_t>(m + 2)) {
+    // [0, m): row tickets, [m]: CTA ticket, [m + 1]: unused; the count is separate (64-bit).
+    // Zeroed once; every launch leaves them zero again.
     decode_tickets_.resize(static_cast<std::size_t>(std::max<std::int64_t>(m, opt_.decode_max_rows) + 2));
     TWELL_CUDA_CHECK(cudaMemsetAsync(decode_tickets_.get(), 0, decode_tickets_.bytes(), stream));
     TWELL_CUDA_CHECK(cudaMemsetAsync(decode_nnz_.get(), 0, decode_nnz_.bytes(), stream));
@@ -609,8 +650,8 @@ void FfnContext::decode_step(const __nv_bfloat16* x, std::int64_t m, __nv_bfloat
 
 void FfnContext::enqueue_decode(const __nv_bfloat16* x, std::int64_t m, __nv_bfloat16* y,
                                 unsigned long long* nnz_out, cudaStream_t stream) {
+  prepare_decode(m, stream);  // grow-only: no allocation once prepared (a captured step allocates nothing)
   if (opt_.decode_gemv && m <= std::min(opt_.decode_gemv_max_rows, kGemvMaxRows) && k_ <= kGemvMaxK) {
-    reserve(m);
     TwellGemvParams gp;  // the gate (the up GEMM non-gated) as a GEMV: same values as gate_gemm's
     gp.x = x;
     gp.ld_x = k_;
@@ -623,14 +664,6 @@ void FfnContext::enqueue_decode(const __nv_bfloat16* x, std::int64_t m, __nv_bfl
     launch_twell_gemv_relu(gp, stream);
   } else {
     gate_gemm(x, m, stream);
-  }
-  ws_->decode_partials.reserve(static_cast<std::size_t>(m * tiles() * k_));
-  if (decode_tickets_.size() < static_cast<std::size_t>(m + 2)) {
-    // [0, m): row tickets, [m]: CTA ticket, [m + 1]: unused; the count is separate (64-bit).
-    // Zeroed once; every launch leaves them zero again.
-    decode_tickets_.resize(static_cast<std::size_t>(std::max<std::int64_t>(m, opt_.decode_max_rows) + 2));
-    TWELL_CUDA_CHECK(cudaMemsetAsync(decode_tickets_.get(), 0, decode_tickets_.bytes(), stream));
-    TWELL_CUDA_CHECK(cudaMemsetAsync(decode_nnz_.get(), 0, decode_nnz_.bytes(), stream));
   }
   TwellDecodeParams p;
   static_cast<FfnOperands&>(p) = operands(x, m, y, n_);  // decode runs every neuron

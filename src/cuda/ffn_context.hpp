@@ -239,6 +239,15 @@ struct ContextOptions {
   bool hot_product_sm90 = true;
 };
 
+// Device bf16 weights in nn.Linear's layouts, row-major and contiguous: w_gate, w_up [N, K]
+// (w_gate null: a non-gated FFN), w_down [K, N].
+struct DeviceFfnWeights {
+  const __nv_bfloat16* w_gate = nullptr;
+  const __nv_bfloat16* w_up = nullptr;
+  const __nv_bfloat16* w_down = nullptr;
+  std::int64_t n = 0, k = 0;
+};
+
 struct ForwardResult {
   bool sparse = false;              // which remainder ran
   bool counted = false;             // Path::automatic: a sampled count decided
@@ -257,6 +266,10 @@ class FfnContext {
 
   // Converts the fp32 host weights to bf16 and uploads them (synchronous on `stream`).
   void upload_weights(const FfnWeights& w, cudaStream_t stream);
+  // Copies device bf16 weights into this context's layouts on `stream` (no host wait; allocates
+  // only when the shape changes). The same shape keeps the dispatch statistics (unless hot
+  // neurons had been split off); the hot split is dropped and calibrated again when due.
+  void load_weights(const DeviceFfnWeights& w, cudaStream_t stream);
 
   // All x / y are device bf16, row-major: x [m, K] with row stride K, y [m, K] with row stride K.
   // Where the sm90 kernels run (gate_sm90, hot_product_sm90) x must be 16-byte aligned: they read it
@@ -374,6 +387,7 @@ class FfnContext {
 
  private:
   void reserve(std::int64_t m);
+  void set_shape(bool gated, std::int64_t n, std::int64_t k);  // checks the shape; sets gated_, n_, k_ and ldn_
   // The packing writes per-row counts (the split plan's and the dense rows' input).
   bool needs_row_nnz() const noexcept;
   void check_m(std::int64_t m) const;

@@ -126,6 +126,7 @@ class CudaRuntime final : public Runtime {
     TWELL_CHECK(opt.ffn_path != FfnPath::sparse || c.act == Activation::relu, ErrorCode::unsupported,
                 "the sparse FFN path needs a ReLU model; this one uses {}", to_string(c.act));
     TWELL_CHECK(c.head_dim <= 256, ErrorCode::unsupported, "head_dim {} > 256 is not supported on the GPU", c.head_dim);
+    max_keys_ = cuda::ops::attention_max_keys(c.head_dim);  // a device query: once, not per decode step
     // The GPU's FFN engine dispatches with its own measured thresholds; max_sparse_density is the
     // CPU runtime's. Still checked, so that a bad value is an error on every device.
     TWELL_CHECK(opt.max_sparse_density >= 0 && opt.max_sparse_density <= 1, ErrorCode::invalid_argument,
@@ -179,11 +180,10 @@ class CudaRuntime final : public Runtime {
   std::unique_ptr<Sequence> new_sequence(std::int64_t capacity) override {
     check_sequence_capacity(model_->config, capacity);
     // Decode attention keeps a row's scores in shared memory: refuse up front, not mid-generation.
-    const std::int64_t max_keys = cuda::ops::attention_max_keys(model_->config.head_dim);
-    TWELL_CHECK(capacity <= max_keys, ErrorCode::unsupported,
+    TWELL_CHECK(capacity <= max_keys_, ErrorCode::unsupported,
                 "a sequence of {} tokens is longer than the GPU runtime's decode attention takes on this device ({} "
                 "at head_dim {}); use a shorter context",
-                capacity, max_keys, model_->config.head_dim);
+                capacity, max_keys_, model_->config.head_dim);
     return std::make_unique<CudaSequence>(this, model_->config, capacity);
   }
 
@@ -399,7 +399,7 @@ class CudaRuntime final : public Runtime {
   }
 
   std::vector<char> run_graph(Shape sh) {
-    const std::int64_t limit = cuda::ops::attention_max_keys(model_->config.head_dim);
+    const std::int64_t limit = max_keys_;
     std::int64_t bucket = 256;
     while (bucket < sh.max_keys) bucket *= 2;
     sh.max_keys = std::min(bucket, limit);
@@ -486,6 +486,7 @@ class CudaRuntime final : public Runtime {
   DeviceBuffer<bf16_t> xn_, qkv_, att_, tmp_, gu_, h_, xs_;
   std::map<std::pair<std::int64_t, std::int64_t>, std::unique_ptr<Graph>> graphs_;  // (rows, keys bucket)
   std::int64_t decode_steps_ = 0, graph_launches_ = 0;
+  std::int64_t max_keys_ = 0;  // keys the decode attention takes on this device at this head_dim
   bool graphs_failed_ = false;
 };
 

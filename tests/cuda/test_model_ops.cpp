@@ -29,6 +29,15 @@ auto upload(const std::vector<S>& v) {
   return d;
 }
 
+// A host copy of a device buffer as elements of type H (same size: __nv_bfloat16 ↔ bf16).
+template <typename H, typename T>
+std::vector<H> download(const DeviceBuffer<T>& d) {
+  static_assert(sizeof(H) == sizeof(T));
+  std::vector<H> h(d.size());
+  EXPECT_EQ(cudaMemcpy(h.data(), d.get(), d.bytes(), cudaMemcpyDeviceToHost), cudaSuccess);
+  return h;
+}
+
 std::vector<bf16> random_bf16(Rng& rng, std::size_t n) {
   std::vector<bf16> v(n);
   for (auto& e : v) e = to_bf16(rng.normal());
@@ -81,9 +90,7 @@ TEST(ModelOps, AttentionKernelsMatchFloat64) {
     cuda::ops::flash_attention(qkv.get(), static_cast<std::int64_t>(blocks.size()), s.heads, s.kv_heads, s.d,
                                d_blocks.get(), d_rows.get(), layer, o2.get(), nullptr);
     ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-    std::vector<bf16> g1(o1.size()), g2(o2.size());
-    cudaMemcpy(g1.data(), o1.get(), o1.bytes(), cudaMemcpyDeviceToHost);
-    cudaMemcpy(g2.data(), o2.get(), o2.bytes(), cudaMemcpyDeviceToHost);
+    const auto g1 = download<bf16>(o1), g2 = download<bf16>(o2);
     // float64 reference
     double e1 = 0, e2 = 0, scale = 0;
     int r = 0;
@@ -125,11 +132,6 @@ TEST(ModelOps, AttentionKernelsMatchFloat64) {
   }
 }
 
-}  // namespace
-}  // namespace twell::test
-
-namespace twell::test {
-namespace {
 
 // argmax: the lowest index of each row's largest value, as std::max_element on the host; a row
 // holding NaN or an infinity gives −1.
@@ -146,8 +148,7 @@ TEST(ModelOps, ArgmaxMatchesHostAndFlagsNonFinite) {
   auto d = upload(logits);
   DeviceBuffer<std::int32_t> out(static_cast<std::size_t>(rows));
   cuda::ops::argmax(d.get(), rows, v, out.get(), nullptr);
-  std::vector<std::int32_t> got(static_cast<std::size_t>(rows));
-  ASSERT_EQ(cudaMemcpy(got.data(), out.get(), out.bytes(), cudaMemcpyDeviceToHost), cudaSuccess);
+  const auto got = download<std::int32_t>(out);
   for (std::int64_t r = 0; r < 5; ++r) {
     const float* row = logits.data() + r * v;
     EXPECT_EQ(got[static_cast<std::size_t>(r)], std::max_element(row, row + v) - row) << "row " << r;
@@ -158,11 +159,6 @@ TEST(ModelOps, ArgmaxMatchesHostAndFlagsNonFinite) {
   EXPECT_EQ(got[6], -1);
 }
 
-}  // namespace
-}  // namespace twell::test
-
-namespace twell::test {
-namespace {
 
 // add_rmsnorm equals residual_add then rmsnorm bit for bit (x and y), and rmsnorm equals a float64
 // host reference within bf16 rounding (2⁻⁸ relative per output, the last bit included).
@@ -181,12 +177,8 @@ TEST(ModelOps, AddRmsnormIsResidualAddThenRmsnorm) {
     cuda::ops::rmsnorm(x1.get(), nullptr, rows, k, dw.get(), 1e-5f, y1.get(), nullptr);
     cuda::ops::add_rmsnorm(x2.get(), dd.get(), rows, k, dw.get(), 1e-5f, y2.get(), nullptr);
     ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-    std::vector<float> hx1(x.size()), hx2(x.size());
-    std::vector<bf16> hy1(x.size()), hy2(x.size());
-    cudaMemcpy(hx1.data(), x1.get(), x1.bytes(), cudaMemcpyDeviceToHost);
-    cudaMemcpy(hx2.data(), x2.get(), x2.bytes(), cudaMemcpyDeviceToHost);
-    cudaMemcpy(hy1.data(), y1.get(), y1.bytes(), cudaMemcpyDeviceToHost);
-    cudaMemcpy(hy2.data(), y2.get(), y2.bytes(), cudaMemcpyDeviceToHost);
+    const auto hx1 = download<float>(x1), hx2 = download<float>(x2);
+    const auto hy1 = download<bf16>(y1), hy2 = download<bf16>(y2);
     EXPECT_EQ(std::memcmp(hx1.data(), hx2.data(), hx1.size() * sizeof(float)), 0) << rows << "x" << k;
     EXPECT_EQ(std::memcmp(hy1.data(), hy2.data(), hy1.size() * sizeof(bf16)), 0) << rows << "x" << k;
     double err = 0;

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "cuda/common/check.hpp"
+#include "cuda/common/transpose.hpp"
 #include "cuda/sm80/twell_dense_rows.hpp"
 #include "cuda/sm80/twell_hot_neurons.hpp"
 #include "cuda/sm90/gate_pack.hpp"
@@ -106,6 +107,26 @@ std::vector<std::pair<std::string, float>> TrainContext::phase_ms() {
     out.emplace_back(phases_[i], ms);
   }
   return out;
+}
+
+void TrainContext::load_weights(const DeviceFfnWeights& w, cudaStream_t stream) {
+  const bool same_shape = ffn_.w_gate_up() != nullptr && w.n == n() && w.k == k() && (w.w_gate != nullptr) == gated();
+  ffn_.load_weights(w, stream);
+  saved_ = Saved::none;  // a forward over the old weights has no backward over the new ones
+  if (same_shape) {
+    // The dispatch's density and the hot set carry over: one optimizer step barely moves them.
+    gather_hot_weights(stream);
+    return;
+  }
+  hot_.clear();
+  hot_calibrated_ = false;
+  last_density_ = -1;
+  last_dense_rows_ = 0;
+  count_pending_ = false;
+  dw_gu_.release();
+  dw_down_.release();
+  dwd_t_.release();
+  col_offsets_.release();
 }
 
 void TrainContext::upload_weights(const FfnWeights& w, cudaStream_t stream) {
@@ -463,6 +484,20 @@ void TrainContext::backward(const __nv_bfloat16* x, const __nv_bfloat16* dy, std
   }
 }
 
+void TrainContext::backward(const __nv_bfloat16* x, const __nv_bfloat16* dy, std::int64_t m,
+                            const float* l1_coeff_device, __nv_bfloat16* dx, cudaStream_t stream) {
+  TWELL_CHECK(l1_coeff_device != nullptr, ErrorCode::invalid_argument, "TrainContext: null l1_coeff_device");
+  // The kernels read the coefficient when they run: c1 = (1 / m) · *l1_coeff_device.
+  c1_scale_ = l1_coeff_device;
+  try {
+    backward(x, dy, m, 1.0, dx, stream);
+  } catch (...) {
+    c1_scale_ = nullptr;
+    throw;
+  }
+  c1_scale_ = nullptr;
+}
+
 void TrainContext::dense_backward(const __nv_bfloat16* x, const __nv_bfloat16* dy, std::int64_t m, float c1,
                                   __nv_bfloat16* dx, cudaStream_t stream) {
   const std::int64_t kin = gated() ? 2 * ldn() : ldn();  // columns of [dg | du]
@@ -477,6 +512,7 @@ void TrainContext::dense_backward(const __nv_bfloat16* x, const __nv_bfloat16* d
   e.dh = dh_.get();
   e.ld_dh = ldn();
   e.c1 = c1;
+  e.c1_scale = c1_scale_;
   e.ld_d = kin;
   if (gated()) {
     const bool stacked = saved_ == Saved::dense_stacked;
@@ -521,6 +557,7 @@ void TrainContext::sparse_backward(const __nv_bfloat16* x, const __nv_bfloat16* 
   b.w_up = gated() ? ffn_.w_gate_up() + ldn() * k() : ffn_.w_gate_up();
   b.w_down_t = ffn_.w_down_t();
   b.c1 = c1;
+  b.c1_scale = c1_scale_;
   b.d_up = d_up_e_.get();
   b.d_gate = gated() ? d_gate_e_.get() : nullptr;
   b.dx = dx;
@@ -879,6 +916,7 @@ void TrainContext::block_backward(const DenseTrainElementwiseParams& block, cons
   e.dh = dh;
   e.ld_dh = e.ldn;
   e.c1 = c1;
+  e.c1_scale = c1_scale_;
   e.ld_d = (e.gated ? 2 : 1) * e.ldn;
   launch_dense_train_backward(e, stream);
 }

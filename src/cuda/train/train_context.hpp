@@ -156,6 +156,10 @@ class TrainContext {
   TrainContext& operator=(const TrainContext&) = delete;
 
   void upload_weights(const FfnWeights& w, cudaStream_t stream);
+  // Copies device bf16 weights (asynchronous on `stream`, no host wait, no allocation once the
+  // shape is known). The same N and K keep the dispatch statistics and the hot set (a training
+  // step's new weights); the last forward's saved state is dropped either way.
+  void load_weights(const DeviceFfnWeights& w, cudaStream_t stream);
 
   // x, y: device bf16 [m, K], row stride K. Synchronises once (the non-zero count) unless
   // path == Path::dense. x must stay unchanged until backward().
@@ -164,6 +168,12 @@ class TrainContext {
   // [m, K] (row stride K); weight gradients into this context's buffers (dw_gate() etc.).
   void backward(const __nv_bfloat16* x, const __nv_bfloat16* dy, std::int64_t m, double l1_coeff, __nv_bfloat16* dx,
                 cudaStream_t stream);
+  // The same with l1_coeff read on the device when the kernels run (one fp32 value; no host wait).
+  void backward(const __nv_bfloat16* x, const __nv_bfloat16* dy, std::int64_t m, const float* l1_coeff_device,
+                __nv_bfloat16* dx, cudaStream_t stream);
+  // The last forward's scalars on the device: {double Σ|h|, uint64 active}, 16 bytes (a copy from
+  // here on `stream` needs no host wait).
+  const void* scalars_device() const noexcept { return scalars_.get(); }
   // Synchronises `stream`; l1 = Σ|h| / m and l0 = active / m of the last forward.
   FfnTrainScalars read_scalars(cudaStream_t stream);
 
@@ -289,6 +299,7 @@ class TrainContext {
   DeviceBuffer<__nv_bfloat16> w_hot_;
   DeviceBuffer<float> dw_hot_;
   DeviceBuffer<DenseTrainScalars> scalars_, hot_scalars_;  // hot_scalars_: the side stream's sums
+  const float* c1_scale_ = nullptr;  // during a backward with the coefficient on the device
   SideStream side_;  // hot_overlap (its GEMMs: ffn_.side_gemm())
   // dense rows: row_flags_ [m], dense_rows_ [m] (the first saved_rows_ used), n_dense_ [1];
   // rows_gu_ [R, 2·ldn] (saved); rows_x_, rows_dy_, rows_out_ [R, K], rows_h_, rows_dh_ [R, ldn],

@@ -163,6 +163,7 @@ __global__ void __launch_bounds__(MINB > 0 ? kSmallThreads : kMaxThreads, MINB >
   const int kchunks = static_cast<int>(p.k / 8);
   const std::int64_t row = blockIdx.x;
   const std::int64_t beg = p.offsets[row], end = p.offsets[row + 1];
+  const float c1 = p.c1_scale != nullptr ? p.c1 * *p.c1_scale : p.c1;
 
   uint4 dyr[CH];
   dev::load_chunks_stream<CH>(p.dy + row * p.ld, tid, nthreads, kchunks, dyr);
@@ -184,12 +185,12 @@ __global__ void __launch_bounds__(MINB > 0 ? kSmallThreads : kMaxThreads, MINB >
       const float pv = la[j];
       if (p.gated) {
         const float uv = lb[j];
-        dt += p.c1 * sign_of(pv * uv);
+        dt += c1 * sign_of(pv * uv);
         la[j] = dt * pv;  // d_up
         lb[j] = dt * uv;  // d_gate
         p.d_gate[w0 + j] = lb[j];
       } else {
-        dt += p.c1 * sign_of(pv);
+        dt += c1 * sign_of(pv);
         la[j] = dt;
       }
       p.d_up[w0 + j] = la[j];
@@ -380,22 +381,6 @@ __global__ void __launch_bounds__(kGradWarps * 32) weight_grad_fixup_kernel(Spar
   }
 }
 
-constexpr int kTile = 32;
-__global__ void transpose_f32_kernel(const float* in, std::int64_t ld_in, std::int64_t rows, std::int64_t cols,
-                                     float* out, std::int64_t ld_out) {
-  __shared__ float tile[kTile][kTile + 1];  // +1: no bank conflicts on the transposed read
-  const std::int64_t r0 = static_cast<std::int64_t>(blockIdx.y) * kTile, c0 = static_cast<std::int64_t>(blockIdx.x) * kTile;
-  for (int i = threadIdx.y; i < kTile; i += blockDim.y) {
-    const std::int64_t r = r0 + i, c = c0 + threadIdx.x;
-    if (r < rows && c < cols) tile[i][threadIdx.x] = in[r * ld_in + c];
-  }
-  __syncthreads();
-  for (int i = threadIdx.y; i < kTile; i += blockDim.y) {
-    const std::int64_t c = c0 + i, r = r0 + threadIdx.x;
-    if (r < rows && c < cols) out[c * ld_out + r] = tile[threadIdx.x][i];
-  }
-}
-
 // One block per row.
 __global__ void scatter_rows_f32_kernel(const float* src, std::int64_t ld_src, const std::int32_t* idx, std::int64_t cols,
                                         float* dst, std::int64_t ld_dst) {
@@ -504,6 +489,7 @@ __global__ void dense_train_backward_kernel(DenseTrainElementwiseParams p) {
   const std::int64_t per_row = (p.ldn + 7) / 8, total = p.m * per_row;
   const bool vec = p.ld_h % 8 == 0 && p.ld_dh % 8 == 0 && p.ld_d % 8 == 0 &&
                    (!p.gated || (p.ld_g % 8 == 0 && p.ld_u % 8 == 0));
+  const float c1 = p.c1_scale != nullptr ? p.c1 * *p.c1_scale : p.c1;
   for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < total;
        i += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
     const std::int64_t r = i / per_row, c0 = (i % per_row) * 8;
@@ -522,7 +508,7 @@ __global__ void dense_train_backward_kernel(DenseTrainElementwiseParams p) {
       }
 #pragma unroll
       for (int e = 0; e < 8; ++e) {
-        const float dt = dh.v[e] + p.c1 * sign_of(h.v[e]);
+        const float dt = dh.v[e] + c1 * sign_of(h.v[e]);
         const bool on = g.v[e] > 0.0f;  // columns ≥ n read as 0: their gradients are 0
         dup.v[e] = on ? dt * g.v[e] : 0.0f;
         dgate.v[e] = on ? dt * u.v[e] : 0.0f;
@@ -531,7 +517,7 @@ __global__ void dense_train_backward_kernel(DenseTrainElementwiseParams p) {
     } else {
       const Vec8 h = load8(p.h + r * p.ld_h, c0, n, vec);
 #pragma unroll
-      for (int e = 0; e < 8; ++e) dup.v[e] = h.v[e] > 0.0f ? dh.v[e] + p.c1 * sign_of(h.v[e]) : 0.0f;
+      for (int e = 0; e < 8; ++e) dup.v[e] = h.v[e] > 0.0f ? dh.v[e] + c1 * sign_of(h.v[e]) : 0.0f;
     }
     store8(p.d_up + r * p.ld_d, c0, p.ldn, dup, vec);
   }
@@ -651,15 +637,6 @@ void launch_slice_major(const __nv_bfloat16* in, std::int64_t ld, std::int64_t m
   slice_major_kernel<<<grid_stride_blocks(m * (k / 8), 256), 256, 0, stream>>>(
       reinterpret_cast<const uint4*>(in), ld / 8, m, k / 8, w / 8, reinterpret_cast<uint4*>(out));
   TWELL_CUDA_CHECK_LAUNCH("slice_major_kernel");
-}
-
-void launch_transpose_f32(const float* in, std::int64_t ld_in, std::int64_t rows, std::int64_t cols, float* out,
-                          std::int64_t ld_out, cudaStream_t stream) {
-  TWELL_CU_REQUIRE(rows >= 1 && cols >= 1 && (rows + kTile - 1) / kTile <= 65535 && (cols + kTile - 1) / kTile <= 0x7fffffff,
-                   ErrorCode::unsupported, "transpose: shape [{}, {}] out of range", rows, cols);
-  const dim3 grid(static_cast<unsigned>((cols + kTile - 1) / kTile), static_cast<unsigned>((rows + kTile - 1) / kTile));
-  transpose_f32_kernel<<<grid, dim3(kTile, 8), 0, stream>>>(in, ld_in, rows, cols, out, ld_out);
-  TWELL_CUDA_CHECK_LAUNCH("transpose_f32_kernel");
 }
 
 void launch_scatter_rows_f32(const float* src, std::int64_t ld_src, const std::int32_t* idx, std::int64_t rows,

@@ -43,6 +43,7 @@ struct SparseTrainBackwardParams {
   const __nv_bfloat16* w_up = nullptr;
   const __nv_bfloat16* w_down_t = nullptr;
   float c1 = 0;
+  const float* c1_scale = nullptr;    // set: the L1 slope is c1 · *c1_scale (the coefficient on the device)
   float* d_up = nullptr;              // [nnz] out
   float* d_gate = nullptr;            // [nnz] out (gated)
   __nv_bfloat16* dx = nullptr;        // [m, K], row stride ld
@@ -112,10 +113,6 @@ void launch_weight_grad_fixup(const SparseWeightGradParams& p, cudaStream_t stre
 void launch_slice_major(const __nv_bfloat16* in, std::int64_t ld, std::int64_t m, std::int64_t k, std::int64_t w,
                         __nv_bfloat16* out, cudaStream_t stream);
 
-// out[c, r] = in[r, c] for in [rows, cols] fp32 (row stride ld_in), out row stride ld_out.
-void launch_transpose_f32(const float* in, std::int64_t ld_in, std::int64_t rows, std::int64_t cols, float* out,
-                          std::int64_t ld_out, cudaStream_t stream);
-
 // dst[idx[i], 0:cols] = src[i, 0:cols] for i < rows (fp32, row strides ld_src, ld_dst): the hot
 // neurons' weight-gradient rows, computed densely, into the gradient matrices.
 void launch_scatter_rows_f32(const float* src, std::int64_t ld_src, const std::int32_t* idx, std::int64_t rows,
@@ -144,6 +141,7 @@ struct DenseTrainElementwiseParams {
   __nv_bfloat16* d_up = nullptr;      // backward out
   std::int64_t ld_d = 0;
   float c1 = 0;
+  const float* c1_scale = nullptr;  // set: the L1 slope is c1 · *c1_scale (the coefficient on the device)
   DenseTrainScalars* scalars = nullptr;  // forward out
   // Optional [m]: rows with a non-zero flag are treated as all-inactive (h, d_up, d_gate written
   // as 0, nothing counted): the training step's dense rows inside the hot-neuron part.

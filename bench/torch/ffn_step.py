@@ -1,0 +1,214 @@
+#!/usr/bin/env python3
+"""One FFN layer through twell.torch against PyTorch's own dense FFN and twell's native C++ calls,
+in one process on one GPU: the training step (forward + backward) and inference.
+
+    python3 bench/torch/ffn_step.py [--m 16384 --k 2048 --n 5632 --density 0.005] [--out DIR]
+
+Columns (medians of --reps, CUDA events, after --warmup):
+  torch dense          F.linear(gate) → ReLU ⊙ F.linear(up) → F.linear(down), bf16, eager autograd
+  torch dense compiled the same function under torch.compile (default mode; the backward through
+                       AOTAutograd): the strongest dense PyTorch path
+  twell op             twell.torch.ffn (the custom ops, autograd, the L1 term's gradient too);
+                       before each timed training step the weights are updated in place (outside
+                       the timed region), so the op copies them in again, as after an optimizer step
+  twell native         twell's own benchmark of the same layer (the C++ calls without PyTorch:
+                       TrainContext / FfnContext, sparse as dispatched, and its cuBLASLt dense path)
+Memory: a training step's peak of PyTorch's allocator above what was allocated before it, plus for
+twell the device memory its layer context holds (weights in its layouts, workspaces, fp32 weight
+gradients; allocated outside PyTorch's allocator, so counted separately and added).
+Inputs: bf16 x, weights and dy; column 0 of x is 1 and column 0 of the gate a per-neuron bias that
+makes each neuron fire with probability --density (no hot neurons: the uniform case).
+Writes ffn_step.json and ffn_step.md under --out and prints the table.
+"""
+import argparse
+import datetime
+import json
+import math
+import os
+import statistics
+import subprocess
+import sys
+
+try:
+    import torch
+    import torch.nn.functional as F
+    import twell.torch as tt
+    from twell import _cuda, _twell
+except ImportError as e:
+    print(f"skipped: {e}")
+    sys.exit(77)
+
+
+def make(m, k, n, density, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(m, k, generator=g)
+    x[:, 0] = 1.0
+    wg = torch.randn(n, k, generator=g) / math.sqrt(k)
+    wu = torch.randn(n, k, generator=g) / math.sqrt(k)
+    wd = torch.randn(k, n, generator=g) / math.sqrt(n)
+    wg[:, 0] = 0
+    wg[:, 0] = torch.distributions.Normal(0.0, 1.0).icdf(torch.tensor(density)).item() * wg[:, 1:].norm(dim=1).mean()
+    dy = torch.randn(m, k, generator=g) / math.sqrt(k)
+    return [t.bfloat16() for t in (x, wg, wu, wd, dy)]
+
+
+def timed(fn, warmup, reps, before=None):
+    """Median milliseconds of fn() over reps (CUDA events around each call; `before` runs untimed)."""
+    for _ in range(warmup):
+        if before:
+            before()
+        fn()
+    times = []
+    for _ in range(reps):
+        if before:
+            before()
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        fn()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b))
+    return statistics.median(times)
+
+
+def dense_ffn(x, wg, wu, wd):
+    return F.linear(torch.relu(F.linear(x, wg)) * F.linear(x, wu), wd)
+
+
+def peak_bytes(fn):
+    torch.cuda.synchronize()
+    base = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    fn()
+    torch.cuda.synchronize()
+    return torch.cuda.max_memory_allocated() - base
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--m", type=int, default=16384, help="rows (tokens) per step")
+    ap.add_argument("--k", type=int, default=2048, help="hidden size")
+    ap.add_argument("--n", type=int, default=5632, help="intermediate size (neurons)")
+    ap.add_argument("--density", type=float, default=0.005, help="probability that a neuron fires")
+    ap.add_argument("--l1", type=float, default=1e-3, help="the L1 coefficient of the training step")
+    ap.add_argument("--warmup", type=int, default=5)
+    ap.add_argument("--reps", type=int, default=20)
+    ap.add_argument("--out", default=os.environ.get("OUT", "."), help="where ffn_step.json / .md go")
+    args = ap.parse_args()
+    if not torch.cuda.is_available() or not getattr(_twell, "has_cuda", False):
+        print("skipped: needs a CUDA device and twell built with CUDA")
+        sys.exit(77)
+
+    m, k, n = args.m, args.k, args.n
+    host = make(m, k, n, args.density)
+    x, wg, wu, wd, dy = (t.cuda() for t in host)
+    params = [t.clone().requires_grad_() for t in (wg, wu, wd)]
+    xg = x.clone().requires_grad_()
+    coeff = torch.tensor(args.l1, device="cuda")
+    res = {"shape": {"m": m, "k": k, "n": n}, "density_target": args.density, "l1": args.l1,
+           "gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
+           "commit": os.environ.get("TWELL_COMMIT") or subprocess.run(["git", "rev-parse", "--short", "HEAD"],
+                                                                      capture_output=True, text=True).stdout.strip(),
+           "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
+
+    def clear():
+        for t in params + [xg]:
+            t.grad = None
+
+    def bump():  # an optimizer step's in-place update: the op must copy the weights in again
+        with torch.no_grad():
+            for p in params:
+                p.mul_(1.0)
+
+    compiled = torch.compile(dense_ffn)
+
+    def dense_step(f):
+        def run():
+            clear()
+            f(xg, *params).backward(dy)
+        return run
+
+    def twell_step():
+        clear()
+        y, l1 = tt.ffn(xg, *params, stats=None)
+        torch.autograd.backward([y, l1], [dy, coeff])
+
+    print(f"shape M={m} K={k} N={n}, density {args.density}: warming up (torch.compile takes a while)", flush=True)
+    # A twell step first: its layer context exists and its path settles before anything is timed.
+    twell_step()
+    stats = []
+    tt.ffn(xg, *params, stats=stats)  # l0: the measured density
+    torch.cuda.synchronize()
+    res["density_measured"] = stats[0].l0.item() / n
+    res["twell_path_train"] = _cuda._layers[(torch.cuda.current_device(), -1)].path
+
+    train = {}
+    train["torch_dense_ms"] = timed(dense_step(dense_ffn), args.warmup, args.reps)
+    train["torch_dense_compiled_ms"] = timed(dense_step(compiled), args.warmup, args.reps)
+    train["twell_op_ms"] = timed(twell_step, args.warmup, args.reps, before=bump)
+    train["twell_op_cached_weights_ms"] = timed(twell_step, args.warmup, args.reps)
+    nat = _twell.bench_train(*(t.float().numpy() for t in (host[0], host[4], host[1], host[2], host[3])), args.l1,
+                             args.warmup, args.reps)
+    train["twell_native_ms"] = nat["sparse_step_ms"]
+    train["native_dense_cublaslt_ms"] = nat["dense_step_ms"]
+    train["native_path"] = nat["path"]
+    mem = {"torch_dense_peak": peak_bytes(dense_step(dense_ffn)),
+           "twell_op_peak": peak_bytes(twell_step),
+           "twell_context_bytes": _cuda._layers[(torch.cuda.current_device(), -1)].train.device_bytes}
+    mem["twell_total"] = mem["twell_op_peak"] + mem["twell_context_bytes"]
+
+    infer = {}
+    with torch.no_grad():
+        infer["torch_dense_ms"] = timed(lambda: dense_ffn(x, wg, wu, wd), args.warmup, args.reps)
+        infer["torch_dense_compiled_ms"] = timed(lambda: compiled(x, wg, wu, wd), args.warmup, args.reps)
+        infer["twell_op_ms"] = timed(lambda: tt.ffn(x, wg, wu, wd), args.warmup, args.reps)
+        res["twell_path_infer"] = _cuda._layers[(torch.cuda.current_device(), -1)].path
+    nat = _twell.bench_infer(*(t.float().numpy() for t in host[:4]), args.warmup, args.reps)
+    infer["twell_native_ms"] = nat["sparse_ms"]
+    infer["native_dense_cublaslt_ms"] = nat["dense_ms"]
+    infer["native_path"] = nat["path"]
+    res["train"], res["infer"], res["memory"] = train, infer, mem
+
+    best_dense_t = min(train["torch_dense_ms"], train["torch_dense_compiled_ms"])
+    best_dense_i = min(infer["torch_dense_ms"], infer["torch_dense_compiled_ms"])
+    res["ratios"] = {
+        "train_op_vs_native": train["twell_op_ms"] / train["twell_native_ms"],
+        "train_speedup_vs_best_torch_dense": best_dense_t / train["twell_op_ms"],
+        "infer_op_vs_native": infer["twell_op_ms"] / infer["twell_native_ms"],
+        "infer_speedup_vs_best_torch_dense": best_dense_i / infer["twell_op_ms"],
+        "train_memory_twell_over_dense": mem["twell_total"] / mem["torch_dense_peak"],
+    }
+    os.makedirs(args.out, exist_ok=True)
+    with open(os.path.join(args.out, "ffn_step.json"), "w") as f:
+        json.dump(res, f, indent=2)
+    r = res["ratios"]
+    lines = [
+        f"# twell.torch FFN layer vs PyTorch dense ({res['gpu']}, commit {res['commit']}, {res['date']})",
+        "",
+        f"M = {m}, K = {k}, N = {n}; measured density {100 * res['density_measured']:.3f} % "
+        f"(target {100 * args.density:.3f} %); bf16; medians of {args.reps}.",
+        "",
+        "| | training step (ms) | inference (ms) |",
+        "|---|---:|---:|",
+        f"| torch dense (eager) | {train['torch_dense_ms']:.3f} | {infer['torch_dense_ms']:.3f} |",
+        f"| torch dense (torch.compile) | {train['torch_dense_compiled_ms']:.3f} | {infer['torch_dense_compiled_ms']:.3f} |",
+        f"| twell native dense (cuBLASLt) | {train['native_dense_cublaslt_ms']:.3f} | {infer['native_dense_cublaslt_ms']:.3f} |",
+        f"| twell native sparse | {train['twell_native_ms']:.3f} | {infer['twell_native_ms']:.3f} |",
+        f"| **twell.torch op** | **{train['twell_op_ms']:.3f}** | **{infer['twell_op_ms']:.3f}** |",
+        f"| twell.torch op, weights unchanged | {train['twell_op_cached_weights_ms']:.3f} | |",
+        "",
+        f"- op / native: training {r['train_op_vs_native']:.3f} (target ≤ 1.05), inference {r['infer_op_vs_native']:.3f}",
+        f"- speed-up over the best PyTorch dense: training {r['train_speedup_vs_best_torch_dense']:.2f}× "
+        f"(target ≥ 1.8×), inference {r['infer_speedup_vs_best_torch_dense']:.2f}×",
+        f"- training-step memory: torch dense peak {mem['torch_dense_peak'] / 2**20:.0f} MiB; twell op peak "
+        f"{mem['twell_op_peak'] / 2**20:.0f} MiB + its context {mem['twell_context_bytes'] / 2**20:.0f} MiB = "
+        f"{mem['twell_total'] / 2**20:.0f} MiB ({r['train_memory_twell_over_dense']:.2f}× dense)",
+        f"- paths: training {res['twell_path_train']!r}; inference {res['twell_path_infer']!r}",
+    ]
+    with open(os.path.join(args.out, "ffn_step.md"), "w") as f:
+        f.write("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()

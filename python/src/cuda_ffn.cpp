@@ -1,0 +1,315 @@
+// twell._twell's CUDA side: one FFN layer's inference context (CudaFfnInfer) and training context
+// (CudaFfnTrain) on one device. Tensors cross as DLPack arrays on that device (bf16 activations
+// and weights, fp32 weight gradients), outputs are caller-allocated (PyTorch's allocator owns
+// them) and every call runs on the caller's stream, passed as an integer handle (a cudaStream_t).
+// Nothing waits on the host except what the training forward needs (its non-zero count sizes the
+// saved state); weights are copied device to device into the layouts the kernels read.
+#include "cuda_ffn.hpp"
+
+#include <cuda_runtime.h>
+#include <nanobind/ndarray.h>
+#include <nanobind/stl/optional.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/tuple.h>
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "cuda/common/check.hpp"
+#include "cuda/ffn_context.hpp"
+#include "cuda/train/train_context.hpp"
+#include "twell/cuda/ffn_cuda.hpp"
+#include "twell/error.hpp"
+
+namespace nb = nanobind;
+using namespace nb::literals;
+
+namespace twell::python {
+namespace {
+
+using Dev = nb::ndarray<nb::device::cuda, nb::c_contig>;
+
+enum class Kind { bf16, f32, f64 };
+
+const char* name_of(Kind k) { return k == Kind::bf16 ? "bfloat16" : k == Kind::f32 ? "float32" : "float64"; }
+
+bool is(const nb::dlpack::dtype& t, Kind k) {
+  if (t.lanes != 1) return false;
+  switch (k) {
+    case Kind::bf16: return t.code == static_cast<std::uint8_t>(nb::dlpack::dtype_code::Bfloat) && t.bits == 16;
+    case Kind::f32: return t.code == static_cast<std::uint8_t>(nb::dlpack::dtype_code::Float) && t.bits == 32;
+    case Kind::f64: return t.code == static_cast<std::uint8_t>(nb::dlpack::dtype_code::Float) && t.bits == 64;
+  }
+  return false;
+}
+
+// Makes `device` current for the call and restores the caller's device after it.
+class DeviceGuard {
+ public:
+  explicit DeviceGuard(int device) {
+    TWELL_CUDA_CHECK(cudaGetDevice(&prev_));
+    if (prev_ != device) TWELL_CUDA_CHECK(cudaSetDevice(device));
+    set_ = prev_ != device;
+  }
+  ~DeviceGuard() {
+    if (set_) cudaSetDevice(prev_);
+  }
+  DeviceGuard(const DeviceGuard&) = delete;
+  DeviceGuard& operator=(const DeviceGuard&) = delete;
+
+ private:
+  int prev_ = 0;
+  bool set_ = false;
+};
+
+// One argument's checks: on this layer's device, of this dtype, of this shape (rows, cols; cols < 0: 1-D).
+template <typename T>
+T* checked(const char* what, const Dev& a, int device, Kind kind, std::int64_t rows, std::int64_t cols) {
+  TWELL_CHECK(a.device_id() == device, ErrorCode::invalid_argument, "{} is on cuda:{}; this layer lives on cuda:{}", what,
+              a.device_id(), device);
+  TWELL_CHECK(is(a.dtype(), kind), ErrorCode::dtype_mismatch, "{} must be {}", what, name_of(kind));
+  if (cols < 0) {
+    TWELL_CHECK(a.ndim() == 1 && static_cast<std::int64_t>(a.shape(0)) == rows, ErrorCode::shape_mismatch,
+                "{} must be 1-D with {} elements", what, rows);
+  } else {
+    TWELL_CHECK(a.ndim() == 2, ErrorCode::shape_mismatch, "{} must be 2-D, got {} dimensions", what, a.ndim());
+    const auto r = static_cast<std::int64_t>(a.shape(0)), c = static_cast<std::int64_t>(a.shape(1));
+    TWELL_CHECK(r == rows && c == cols, ErrorCode::shape_mismatch, "{} is [{}, {}]; it must be [{}, {}]", what, r, c,
+                rows, cols);
+  }
+  return static_cast<T*>(a.data());
+}
+
+using bf16 = __nv_bfloat16;
+
+cudaStream_t as_stream(std::uintptr_t s) { return reinterpret_cast<cudaStream_t>(s); }
+
+cuda::Path path_of(const std::string& p) {
+  if (p == "automatic") return cuda::Path::automatic;
+  if (p == "sparse") return cuda::Path::sparse;
+  if (p == "dense") return cuda::Path::dense;
+  fail(ErrorCode::invalid_argument, "path must be 'automatic', 'sparse' or 'dense', got '{}'", p);
+}
+
+// The weights' shapes and device pointers (w_up [N, K] gives the shape).
+cuda::DeviceFfnWeights weights_of(const std::optional<Dev>& w_gate, const Dev& w_up, const Dev& w_down, int device) {
+  TWELL_CHECK(w_up.ndim() == 2, ErrorCode::shape_mismatch, "w_up must be 2-D, got {} dimensions", w_up.ndim());
+  cuda::DeviceFfnWeights w;
+  w.n = static_cast<std::int64_t>(w_up.shape(0));
+  w.k = static_cast<std::int64_t>(w_up.shape(1));
+  TWELL_CHECK(w.n >= 1 && w.k >= 1, ErrorCode::shape_mismatch, "w_up is [{}, {}]: an FFN needs N, K ≥ 1", w.n, w.k);
+  w.w_up = checked<const bf16>("w_up", w_up, device, Kind::bf16, w.n, w.k);
+  w.w_down = checked<const bf16>("w_down", w_down, device, Kind::bf16, w.k, w.n);
+  if (w_gate) w.w_gate = checked<const bf16>("w_gate", *w_gate, device, Kind::bf16, w.n, w.k);
+  return w;
+}
+
+class Layer {
+ public:
+  explicit Layer(int device) : device_(device) {
+    int count = 0;
+    TWELL_CUDA_CHECK(cudaGetDeviceCount(&count));
+    TWELL_CHECK(device >= 0 && device < count, ErrorCode::invalid_argument, "no CUDA device {} ({} present)", device,
+                count);
+  }
+  int device() const noexcept { return device_; }
+  std::int64_t n() const noexcept { return n_; }
+  std::int64_t k() const noexcept { return k_; }
+  bool gated() const noexcept { return gated_; }
+
+ protected:
+  // x [m, K] bf16 on this device: its rows.
+  std::int64_t rows_of(const Dev& x) const {
+    TWELL_CHECK(loaded_, ErrorCode::invalid_argument, "load the layer's weights first");
+    TWELL_CHECK(x.ndim() == 2, ErrorCode::shape_mismatch, "x must be 2-D, got {} dimensions", x.ndim());
+    const auto m = static_cast<std::int64_t>(x.shape(0));
+    TWELL_CHECK(m >= 1, ErrorCode::shape_mismatch, "x has no rows");
+    checked<const bf16>("x", x, device_, Kind::bf16, m, k_);
+    return m;
+  }
+  void loaded(const cuda::DeviceFfnWeights& w) {
+    n_ = w.n;
+    k_ = w.k;
+    gated_ = w.w_gate != nullptr;
+    loaded_ = true;
+  }
+  int device_;
+  std::int64_t n_ = 0, k_ = 0;
+  bool gated_ = false, loaded_ = false;
+};
+
+class CudaFfnInfer : public Layer {
+ public:
+  using Layer::Layer;
+  void load(const std::optional<Dev>& w_gate, const Dev& w_up, const Dev& w_down, std::uintptr_t stream) {
+    const cuda::DeviceFfnWeights w = weights_of(w_gate, w_up, w_down, device_);
+    DeviceGuard g(device_);
+    nb::gil_scoped_release release;
+    if (!ctx_) ctx_ = std::make_unique<cuda::FfnContext>();
+    ctx_->load_weights(w, as_stream(stream));
+    loaded(w);
+  }
+  // y = FFN(x); returns the path as dispatched.
+  std::string forward(const Dev& x, const Dev& y, std::uintptr_t stream, const std::string& path) {
+    const std::int64_t m = rows_of(x);
+    bf16* yp = checked<bf16>("y", y, device_, Kind::bf16, m, k_);
+    const cuda::Path p = path_of(path);
+    DeviceGuard g(device_);
+    nb::gil_scoped_release release;
+    return ctx_->forward(static_cast<const bf16*>(x.data()), m, yp, p, as_stream(stream)).path;
+  }
+
+ private:
+  std::unique_ptr<cuda::FfnContext> ctx_;
+};
+
+class CudaFfnTrain : public Layer {
+ public:
+  using Layer::Layer;
+  void load(const std::optional<Dev>& w_gate, const Dev& w_up, const Dev& w_down, std::uintptr_t stream) {
+    const cuda::DeviceFfnWeights w = weights_of(w_gate, w_up, w_down, device_);
+    DeviceGuard g(device_);
+    nb::gil_scoped_release release;
+    if (!ctx_) ctx_ = std::make_unique<cuda::TrainContext>();
+    ctx_->load_weights(w, as_stream(stream));
+    loaded(w);
+  }
+  // y = FFN(x), the state for backward kept in the context; scalars (float64 [2]) receives
+  // {Σ|h|, the active count's bits as an int64} on the stream. Returns the path as dispatched.
+  std::string forward(const Dev& x, const Dev& y, const Dev& scalars, std::uintptr_t stream, const std::string& path) {
+    const std::int64_t m = rows_of(x);
+    bf16* yp = checked<bf16>("y", y, device_, Kind::bf16, m, k_);
+    void* sp = checked<double>("scalars", scalars, device_, Kind::f64, 2, -1);
+    const cuda::Path p = path_of(path);
+    DeviceGuard g(device_);
+    nb::gil_scoped_release release;
+    const cudaStream_t s = as_stream(stream);
+    std::string ran = ctx_->forward(static_cast<const bf16*>(x.data()), m, yp, p, s).path;
+    TWELL_CUDA_CHECK(cudaMemcpyAsync(sp, ctx_->scalars_device(), 16, cudaMemcpyDeviceToDevice, s));
+    return ran;
+  }
+  // Gradients of ⟨y, dy⟩ + l1_coeff · Σ|h| / m for the last forward (which must have been over
+  // these x and weights): dx bf16 [m, K]; dw_gate, dw_up [N, K] and dw_down [K, N] fp32.
+  void backward(const Dev& x, const Dev& dy, const Dev& l1_coeff, const Dev& dx, const std::optional<Dev>& dw_gate, const Dev& dw_up,
+                const Dev& dw_down, std::uintptr_t stream) {
+    const std::int64_t m = rows_of(x);
+    const auto* dyp = checked<const bf16>("dy", dy, device_, Kind::bf16, m, k_);
+    const auto* cp = checked<const float>("l1_coeff", l1_coeff, device_, Kind::f32, 1, -1);
+    bf16* dxp = checked<bf16>("dx", dx, device_, Kind::bf16, m, k_);
+    TWELL_CHECK(dw_gate.has_value() == gated_, ErrorCode::invalid_argument, "dw_gate must be given exactly when the layer is gated");
+    float* dwg = dw_gate ? checked<float>("dw_gate", *dw_gate, device_, Kind::f32, n_, k_) : nullptr;
+    float* dwu = checked<float>("dw_up", dw_up, device_, Kind::f32, n_, k_);
+    float* dwd = checked<float>("dw_down", dw_down, device_, Kind::f32, k_, n_);
+    DeviceGuard g(device_);
+    nb::gil_scoped_release release;
+    const cudaStream_t s = as_stream(stream);
+    ctx_->backward(static_cast<const bf16*>(x.data()), dyp, m, cp, dxp, s);
+    const std::size_t nk = static_cast<std::size_t>(n_ * k_) * sizeof(float);
+    if (dwg) TWELL_CUDA_CHECK(cudaMemcpyAsync(dwg, ctx_->dw_gate(), nk, cudaMemcpyDeviceToDevice, s));
+    TWELL_CUDA_CHECK(cudaMemcpyAsync(dwu, ctx_->dw_up(), nk, cudaMemcpyDeviceToDevice, s));
+    const std::size_t row = static_cast<std::size_t>(n_) * sizeof(float);
+    TWELL_CUDA_CHECK(cudaMemcpy2DAsync(dwd, row, ctx_->dw_down(), static_cast<std::size_t>(ctx_->ldn()) * sizeof(float),
+                                       row, static_cast<std::size_t>(k_), cudaMemcpyDeviceToDevice, s));
+  }
+  std::int64_t device_bytes() const noexcept { return ctx_ ? static_cast<std::int64_t>(ctx_->device_bytes()) : 0; }
+
+ private:
+  std::unique_ptr<cuda::TrainContext> ctx_;
+};
+
+using HostIn = nb::ndarray<const float, nb::ndim<2>, nb::c_contig, nb::device::cpu>;
+
+CMatrixF host_view(const char* what, const HostIn& a, std::int64_t rows, std::int64_t cols) {
+  const auto r = static_cast<std::int64_t>(a.shape(0)), c = static_cast<std::int64_t>(a.shape(1));
+  TWELL_CHECK((rows < 0 || r == rows) && (cols < 0 || c == cols), ErrorCode::shape_mismatch,
+              "{} is [{}, {}]; it must be [{}, {}]", what, r, c, rows, cols);
+  return {a.data(), r, c};
+}
+
+FfnWeights host_weights(const std::optional<HostIn>& w_gate, const HostIn& w_up, const HostIn& w_down) {
+  const CMatrixF up = host_view("w_up", w_up, -1, -1);
+  FfnWeights w;
+  w.w_up = up;
+  w.w_down = host_view("w_down", w_down, up.cols, up.rows);
+  if (w_gate) w.w_gate = host_view("w_gate", *w_gate, up.rows, up.cols);
+  return w;
+}
+
+// twell's own benchmarks of one layer (the native C++ calls, CUDA events, medians), for the
+// PyTorch benchmark's "native" column: inference (sparse as dispatched and dense cuBLASLt) and the
+// training step.
+nb::dict bench_infer(const HostIn& x, const std::optional<HostIn>& w_gate, const HostIn& w_up, const HostIn& w_down,
+                     int warmup, int reps) {
+  const FfnWeights w = host_weights(w_gate, w_up, w_down);
+  const CMatrixF xv = host_view("x", x, -1, w.hidden());
+  cuda::BenchOptions o;
+  o.warmup = warmup;
+  o.reps = reps;
+  cuda::BenchTimes t;
+  {
+    nb::gil_scoped_release release;
+    t = cuda::bench_ffn_host(xv, w, o);
+  }
+  nb::dict d;
+  d["sparse_ms"] = t.total_ms;
+  d["dense_ms"] = t.dense_ms;
+  d["path"] = t.path;
+  d["nnz"] = t.nnz;
+  return d;
+}
+
+nb::dict bench_train(const HostIn& x, const HostIn& dy, const std::optional<HostIn>& w_gate, const HostIn& w_up,
+                     const HostIn& w_down, double l1_coeff, int warmup, int reps) {
+  const FfnWeights w = host_weights(w_gate, w_up, w_down);
+  const CMatrixF xv = host_view("x", x, -1, w.hidden());
+  const CMatrixF dyv = host_view("dy", dy, xv.rows, w.hidden());
+  cuda::BenchOptions o;
+  o.warmup = warmup;
+  o.reps = reps;
+  cuda::TrainBenchTimes t;
+  {
+    nb::gil_scoped_release release;
+    t = cuda::bench_train_host(xv, dyv, w, l1_coeff, o);
+  }
+  nb::dict d;
+  d["sparse_step_ms"] = t.sparse_step_ms;
+  d["dense_step_ms"] = t.dense_step_ms;
+  d["sparse_fwd_ms"] = t.sparse_fwd_ms;
+  d["dense_fwd_ms"] = t.dense_fwd_ms;
+  d["path"] = t.path;
+  d["nnz"] = t.nnz;
+  d["sparse_device_bytes"] = t.sparse_device_bytes;
+  d["dense_device_bytes"] = t.dense_device_bytes;
+  return d;
+}
+
+}  // namespace
+
+void bind_cuda(nb::module_& m) {
+  m.def("bench_infer", &bench_infer, "x"_a, "w_gate"_a.none(), "w_up"_a, "w_down"_a, "warmup"_a = 5, "reps"_a = 20,
+        "twell's native inference benchmark of one layer (float32 host arrays in): sparse_ms, dense_ms, path, nnz.");
+  m.def("bench_train", &bench_train, "x"_a, "dy"_a, "w_gate"_a.none(), "w_up"_a, "w_down"_a, "l1_coeff"_a,
+        "warmup"_a = 5, "reps"_a = 20,
+        "twell's native training-step benchmark of one layer: sparse_step_ms, dense_step_ms, ..., device bytes.");
+  nb::class_<CudaFfnInfer>(m, "CudaFfnInfer", "One FFN layer's inference context on one CUDA device.")
+      .def(nb::init<int>(), "device"_a)
+      .def_prop_ro("device", &CudaFfnInfer::device)
+      .def("load", &CudaFfnInfer::load, "w_gate"_a.none(), "w_up"_a, "w_down"_a, "stream"_a,
+           "Copy bf16 weights (w_gate None: non-gated) into the layer on `stream`.")
+      .def("forward", &CudaFfnInfer::forward, "x"_a, "y"_a, "stream"_a, "path"_a = "automatic",
+           "y = FFN(x) (bf16); path: 'automatic', 'sparse' or 'dense'. Returns the path as dispatched.");
+  nb::class_<CudaFfnTrain>(m, "CudaFfnTrain", "One FFN layer's training context (it keeps the last forward's sparse state).")
+      .def(nb::init<int>(), "device"_a)
+      .def_prop_ro("device", &CudaFfnTrain::device)
+      .def_prop_ro("device_bytes", &CudaFfnTrain::device_bytes)
+      .def("load", &CudaFfnTrain::load, "w_gate"_a.none(), "w_up"_a, "w_down"_a, "stream"_a,
+           "Copy bf16 weights into the layer on `stream` (drops a saved forward).")
+      .def("forward", &CudaFfnTrain::forward, "x"_a, "y"_a, "scalars"_a, "stream"_a, "path"_a = "automatic",
+           "y = FFN(x); scalars (float64 [2]) receives Σ|h| and the active count's int64 bits; returns the path.")
+      .def("backward", &CudaFfnTrain::backward, "x"_a, "dy"_a, "l1_coeff"_a, "dx"_a, "dw_gate"_a.none(), "dw_up"_a,
+           "dw_down"_a, "stream"_a, "Gradients for the last forward: dx (bf16), dw_* (float32).");
+}
+
+}  // namespace twell::python

@@ -1,0 +1,156 @@
+"""The CUDA side of twell.torch's ops: one FFN context pair per (device, layer), weights loaded
+when they change, the training forward's sparse state kept in the context.
+
+A layer id names the context: SparseMLP takes a fresh id each, the functional `twell.torch.ffn`
+uses -1 (one shared context per device). The training forward's state stays in the context (the
+CSR of the non-zeros and what the backward needs beside it); the op returns a 16-byte token tensor
+and the context remembers the token's address. A backward whose token is not the context's last
+(another forward of the same layer ran in between: two micro-batches before their backwards, an
+evaluation forward, activation checkpointing's recomputation) runs its forward again first, over
+the inputs autograd saved — exact, and counted in `recomputes`. The address is a sound identity:
+autograd holds the token alive until the backward, so no other tensor can take its memory.
+
+Weights are copied into the context only when they changed: the context remembers each weight
+tensor (a weak reference) and its version counter, which every in-place update (an optimizer step)
+bumps. Other tensors, or the same tensor after an update, are copied again (device to device, a few
+tens of microseconds for a 2B model's layer).
+"""
+from __future__ import annotations
+
+import weakref
+from dataclasses import dataclass, field
+from typing import Optional
+
+import torch
+from torch import Tensor
+
+from . import _twell
+
+AVAILABLE = bool(getattr(_twell, "has_cuda", False))
+
+
+@dataclass
+class Layer:
+    device: int
+    infer: Optional[object] = None   # _twell.CudaFfnInfer
+    train: Optional[object] = None   # _twell.CudaFfnTrain
+    keys: dict = field(default_factory=dict)  # "infer" / "train" → the weights last loaded
+    state_ptr: int = 0               # the token of the last training forward
+    path: str = ""                   # the path the last call dispatched
+    train_path: str = "automatic"    # the path requested by the last training forward (a recompute repeats it)
+    recomputes: int = 0              # backwards that ran their forward again
+
+
+_layers: dict[tuple[int, int], Layer] = {}
+path = "automatic"  # which path every CUDA call takes: "automatic", "sparse" or "dense" (twell.torch.cuda_path)
+
+
+def layer(device: torch.device, layer_id: int) -> Layer:
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    key = (index, layer_id)
+    got = _layers.get(key)
+    if got is None:
+        got = _layers[key] = Layer(index)
+    return got
+
+
+def forget(layer_id: int) -> None:
+    """Frees a layer's contexts on every device (its module is gone)."""
+    for key in [k for k in _layers if k[1] == layer_id]:
+        del _layers[key]
+
+
+def stream_of(t: Tensor) -> int:
+    return torch.cuda.current_stream(t.device).cuda_stream
+
+
+def bf16(t: Optional[Tensor]) -> Optional[Tensor]:
+    return None if t is None else t.detach().to(torch.bfloat16).contiguous()
+
+
+def _same(old, w: Optional[Tensor]) -> bool:
+    if old is None or w is None:
+        return old is None and w is None
+    ref, version = old
+    return ref() is w and w._version == version
+
+
+def load(lay: Layer, which: str, ctx, ws: tuple, stream: int) -> None:
+    old = lay.keys.get(which)
+    if old is not None and all(_same(o, w) for o, w in zip(old, ws)):
+        return
+    lay.keys.pop(which, None)  # a failed load leaves no stale key behind
+    wg, wu, wd = (bf16(w) for w in ws)
+    ctx.load(wg, wu, wd, stream)
+    lay.keys[which] = tuple(None if w is None else (weakref.ref(w), w._version) for w in ws)
+
+
+def infer(x: Tensor, w_gate, w_up, w_down, layer_id: int) -> Tensor:
+    lay = layer(x.device, layer_id)
+    if lay.infer is None:
+        lay.infer = _twell.CudaFfnInfer(lay.device)
+    s = stream_of(x)
+    load(lay, "infer", lay.infer, (w_gate, w_up, w_down), s)
+    xb = bf16(x)
+    yb = torch.empty_like(xb)
+    lay.path = lay.infer.forward(xb, yb, s, path)
+    return yb.to(x.dtype)
+
+
+def _train_ctx(lay: Layer):
+    if lay.train is None:
+        lay.train = _twell.CudaFfnTrain(lay.device)
+    return lay.train
+
+
+def neuron_counts(xb: Tensor, w_act: Tensor) -> Tensor:
+    """Rows in which each neuron fired (its gate, or its up projection when non-gated, > 0): one bf16
+    GEMM in row chunks (the CUDA training state keeps no per-neuron index in every path)."""
+    w = bf16(w_act)
+    counts = torch.zeros(w.shape[0], dtype=torch.int64, device=xb.device)
+    for r0 in range(0, xb.shape[0], 8192):
+        counts += (xb[r0:r0 + 8192] @ w.T > 0).sum(0)
+    return counts
+
+
+def train_forward(x: Tensor, w_gate, w_up, w_down, layer_id: int, count_neurons: bool):
+    lay = layer(x.device, layer_id)
+    ctx = _train_ctx(lay)
+    s = stream_of(x)
+    load(lay, "train", ctx, (w_gate, w_up, w_down), s)
+    xb = bf16(x)
+    yb = torch.empty_like(xb)
+    scalars = torch.empty(2, dtype=torch.float64, device=x.device)
+    lay.path = ctx.forward(xb, yb, scalars, s, path)
+    lay.train_path = path
+    token = torch.empty(16, dtype=torch.uint8, device=x.device)
+    lay.state_ptr = token.data_ptr()
+    m = x.shape[0]
+    l1 = (scalars[0] / m).float()
+    l0 = (scalars.view(torch.int64)[1].double() / m).float()
+    if count_neurons:
+        counts = neuron_counts(xb, w_gate if w_gate is not None else w_up)
+    else:
+        counts = torch.full((w_up.shape[0],), -1, dtype=torch.int64, device=x.device)
+    return yb.to(x.dtype), l1, l0, token, counts
+
+
+def train_backward(x: Tensor, dy: Tensor, w_gate, w_up, w_down, token: Tensor, dl1: Tensor, layer_id: int):
+    lay = layer(x.device, layer_id)
+    ctx = _train_ctx(lay)
+    s = stream_of(x)
+    xb = bf16(x)
+    if lay.state_ptr != token.data_ptr():  # another forward of this layer ran since: this one again
+        load(lay, "train", ctx, (w_gate, w_up, w_down), s)
+        ctx.forward(xb, torch.empty_like(xb), torch.empty(2, dtype=torch.float64, device=x.device), s, lay.train_path)
+        lay.state_ptr = token.data_ptr()
+        lay.recomputes += 1
+    n, k = w_up.shape
+    f32 = dict(dtype=torch.float32, device=x.device)
+    dxb = torch.empty_like(xb)
+    dwg = torch.empty(n, k, **f32) if w_gate is not None else None
+    dwu, dwd = torch.empty(n, k, **f32), torch.empty(k, n, **f32)
+    coeff = dl1.detach().to(torch.float32).reshape(1).contiguous()
+    ctx.backward(xb, bf16(dy), coeff, dxb, dwg, dwu, dwd, s)
+    return (dxb.to(x.dtype), torch.empty(0, device=x.device) if dwg is None else dwg.to(w_gate.dtype),
+            dwu.to(w_up.dtype), dwd.to(w_down.dtype))

@@ -1,0 +1,188 @@
+// Weights loaded from device bf16 memory (FfnContext / TrainContext::load_weights, the path the
+// PyTorch ops take) give the same bits as the host upload of the same values, for inference and
+// for a training step, gated and non-gated, sparse and dense; a second load of other weights of the
+// same shape equals a fresh context given those weights; and the L1 coefficient read on the device
+// equals the host's (a power of two, so (1/M)·c and c/M round alike).
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <vector>
+
+#include "cuda/common/device_buffer.hpp"
+#include "cuda/ffn_context.hpp"
+#include "cuda/train/train_context.hpp"
+#include "cuda_test_util.hpp"
+
+namespace twell::cuda::test {
+namespace {
+
+using Bits = std::vector<std::uint16_t>;
+
+DeviceBuffer<__nv_bfloat16> upload_bits(const Bits& v) {
+  DeviceBuffer<__nv_bfloat16> d(v.size());
+  EXPECT_EQ(cudaMemcpy(d.get(), v.data(), v.size() * 2, cudaMemcpyHostToDevice), cudaSuccess);
+  return d;
+}
+
+template <typename H, typename T>
+std::vector<H> download(const T* p, std::size_t n) {
+  std::vector<H> h(n);
+  EXPECT_EQ(cudaMemcpy(h.data(), p, n * sizeof(H), cudaMemcpyDeviceToHost), cudaSuccess);
+  return h;
+}
+
+// Device bf16 copies of a case's weights, in nn.Linear layouts.
+struct DeviceWeights {
+  DeviceBuffer<__nv_bfloat16> wg, wu, wd;
+  DeviceFfnWeights view(const FfnData& d) const {
+    return {d.gated ? wg.get() : nullptr, wu.get(), wd.get(), d.n, d.k};
+  }
+};
+DeviceWeights to_device(const FfnData& d) {
+  DeviceWeights w;
+  if (d.gated) w.wg = upload_bits(to_bf16_bits(d.wg));
+  w.wu = upload_bits(to_bf16_bits(d.wu));
+  w.wd = upload_bits(to_bf16_bits(d.wd));
+  return w;
+}
+
+struct StepBits {
+  Bits y, dx;
+  std::vector<float> dwg, dwu, dwd;
+};
+
+// One training step; the coefficient from the host (l1_dev null) or the device.
+StepBits step(TrainContext& ctx, const FfnData& d, const DeviceBuffer<__nv_bfloat16>& x,
+              const DeviceBuffer<__nv_bfloat16>& dy, Path path, double l1, const float* l1_dev) {
+  const std::int64_t M = d.m, K = d.k, N = d.n;
+  DeviceBuffer<__nv_bfloat16> y(static_cast<std::size_t>(M * K)), dx(y.size());
+  ctx.forward(x.get(), M, y.get(), path, nullptr);
+  if (l1_dev)
+    ctx.backward(x.get(), dy.get(), M, l1_dev, dx.get(), nullptr);
+  else
+    ctx.backward(x.get(), dy.get(), M, l1, dx.get(), nullptr);
+  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  StepBits s;
+  s.y = download<std::uint16_t>(y.get(), y.size());
+  s.dx = download<std::uint16_t>(dx.get(), dx.size());
+  if (d.gated) s.dwg = download<float>(ctx.dw_gate(), static_cast<std::size_t>(N * K));
+  s.dwu = download<float>(ctx.dw_up(), static_cast<std::size_t>(N * K));
+  // dw_down has row stride ldn: compare the N meaningful columns of each row.
+  const auto full = download<float>(ctx.dw_down(), static_cast<std::size_t>(K * ctx.ldn()));
+  for (std::int64_t r = 0; r < K; ++r)
+    s.dwd.insert(s.dwd.end(), full.begin() + r * ctx.ldn(), full.begin() + r * ctx.ldn() + N);
+  return s;
+}
+
+template <typename T>
+bool same(const std::vector<T>& a, const std::vector<T>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(T)) == 0;
+}
+
+void expect_same(const StepBits& a, const StepBits& b, const char* what) {
+  EXPECT_TRUE(same(a.y, b.y)) << "y: " << what;
+  EXPECT_TRUE(same(a.dx, b.dx)) << "dx: " << what;
+  EXPECT_TRUE(same(a.dwg, b.dwg)) << "dw_gate: " << what;
+  EXPECT_TRUE(same(a.dwu, b.dwu)) << "dw_up: " << what;
+  EXPECT_TRUE(same(a.dwd, b.dwd)) << "dw_down: " << what;
+}
+
+FfnCase case_of(const char* name, std::int64_t m, std::int64_t n, std::int64_t k, bool gated, std::uint64_t seed) {
+  FfnCase c;
+  c.name = name;
+  c.m = m;
+  c.n = n;
+  c.k = k;
+  c.gated = gated;
+  c.density = 0.01;
+  c.seed = seed;
+  return c;
+}
+
+TEST(DeviceWeights, TrainStepMatchesTheHostUpload) {
+  TWELL_REQUIRE_GPU();
+  const double l1 = 0.5;
+  DeviceBuffer<float> l1_dev(1);
+  const float l1f = static_cast<float>(l1);
+  ASSERT_EQ(cudaMemcpy(l1_dev.get(), &l1f, sizeof l1f, cudaMemcpyHostToDevice), cudaSuccess);
+  for (const FfnCase& c : {case_of("gated", 300, 1003, 264, true, 3), case_of("non-gated", 257, 640, 128, false, 4),
+                           case_of("gated, M = 4096", 4096, 2048, 512, true, 5)}) {
+    SCOPED_TRACE(c.name);
+    const FfnData d = make_ffn(c);
+    FfnCase c2 = c;
+    c2.seed += 100;
+    const FfnData d2 = make_ffn(c2);  // other weights of the same shape
+    const auto x = upload_bits(to_bf16_bits(d.x));
+    Bits dyb(d.x.size());
+    for (std::size_t i = 0; i < dyb.size(); ++i) dyb[i] = to_bf16(static_cast<float>((i * 7919 % 1001) / 500.0 - 1.0)).bits;
+    const auto dy = upload_bits(dyb);
+    const DeviceWeights w = to_device(d), w2 = to_device(d2);
+    for (const Path path : {Path::sparse, Path::dense, Path::automatic}) {
+      SCOPED_TRACE(path == Path::sparse ? "sparse" : path == Path::dense ? "dense" : "automatic");
+      TrainContext host, dev;
+      host.upload_weights(d.weights(), nullptr);
+      dev.load_weights(w.view(d), nullptr);
+      expect_same(step(dev, d, x, dy, path, l1, l1_dev.get()), step(host, d, x, dy, path, l1, nullptr),
+                  "device load and coefficient vs host upload");
+      // New weights of the same shape into the used context == a fresh context given them (on a
+      // fixed path and below the hot-neuron calibration's M: the used context keeps its dispatch
+      // statistics and hot set by design, a fresh one starts without).
+      if (path == Path::automatic || d.m >= 2048) continue;
+      TrainContext fresh;
+      fresh.upload_weights(d2.weights(), nullptr);
+      dev.load_weights(w2.view(d2), nullptr);
+      expect_same(step(dev, d2, x, dy, path, l1, l1_dev.get()), step(fresh, d2, x, dy, path, l1, nullptr),
+                  "a second load of the same shape");
+    }
+    // A backward needs the forward of the weights it is given.
+    TrainContext ctx;
+    ctx.load_weights(w.view(d), nullptr);
+    DeviceBuffer<__nv_bfloat16> y(d.x.size()), dx(d.x.size());
+    ctx.forward(x.get(), d.m, y.get(), Path::sparse, nullptr);
+    ctx.load_weights(w2.view(d2), nullptr);
+    EXPECT_THROW(ctx.backward(x.get(), dy.get(), d.m, l1_dev.get(), dx.get(), nullptr), Error);
+  }
+}
+
+TEST(DeviceWeights, InferenceMatchesTheHostUpload) {
+  TWELL_REQUIRE_GPU();
+  for (const FfnCase& c : {case_of("gated", 300, 1003, 264, true, 6), case_of("non-gated", 5, 640, 128, false, 7),
+                           case_of("gated, M = 8192", 8192, 2048, 512, true, 8)}) {
+    SCOPED_TRACE(c.name);
+    const FfnData d = make_ffn(c);
+    FfnCase c2 = c;
+    c2.seed += 100;
+    const FfnData d2 = make_ffn(c2);
+    const auto x = upload_bits(to_bf16_bits(d.x));
+    const DeviceWeights w = to_device(d), w2 = to_device(d2);
+    for (const Path path : {Path::sparse, Path::dense, Path::automatic}) {
+      FfnContext host, dev;
+      DeviceBuffer<__nv_bfloat16> y1(d.x.size()), y2(d.x.size());
+      host.upload_weights(d.weights(), nullptr);
+      dev.load_weights(w.view(d), nullptr);
+      // Twice: the second call runs after any calibration the first made (hot neurons permuted).
+      for (int rep = 0; rep < 2; ++rep) {
+        host.forward(x.get(), d.m, y1.get(), path, nullptr);
+        dev.forward(x.get(), d.m, y2.get(), path, nullptr);
+        ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+        EXPECT_TRUE(same(download<std::uint16_t>(y1.get(), y1.size()), download<std::uint16_t>(y2.get(), y2.size())))
+            << "call " << rep;
+      }
+      // Reloading (after a calibration may have permuted the rows) equals a fresh upload (on a
+      // fixed path: the used context keeps its dispatch statistics by design).
+      if (path == Path::automatic) continue;
+      FfnContext fresh;
+      fresh.upload_weights(d2.weights(), nullptr);
+      dev.load_weights(w2.view(d2), nullptr);
+      fresh.forward(x.get(), d.m, y1.get(), path, nullptr);
+      dev.forward(x.get(), d.m, y2.get(), path, nullptr);
+      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+      EXPECT_TRUE(same(download<std::uint16_t>(y1.get(), y1.size()), download<std::uint16_t>(y2.get(), y2.size())))
+          << "a second load of the same shape";
+    }
+  }
+}
+
+}  // namespace
+}  // namespace twell::cuda::test
