@@ -18,6 +18,7 @@
 #include <string>
 
 #include "cuda/common/check.hpp"
+#include "cuda/common/convert.hpp"
 #include "cuda/ffn_context.hpp"
 #include "cuda/train/train_context.hpp"
 #include "twell/cuda/ffn_cuda.hpp"
@@ -176,22 +177,25 @@ class CudaFfnTrain : public Layer {
     ctx_->load_weights(w, as_stream(stream));
     loaded(w);
   }
-  // y = FFN(x), the state for backward kept in the context; scalars (float64 [2]) receives
-  // {Σ|h|, the active count's bits as an int64} on the stream. Returns the path as dispatched.
-  std::string forward(const Dev& x, const Dev& y, const Dev& scalars, std::uintptr_t stream, const std::string& path) {
+  // y = FFN(x), the state for backward kept in the context; l1 and l0 (float32, 0-dim) receive
+  // Σ|h| / m and non-zeros / m on the stream. Returns the path as dispatched.
+  std::string forward(const Dev& x, const Dev& y, const Dev& l1, const Dev& l0, std::uintptr_t stream,
+                      const std::string& path) {
     const std::int64_t m = rows_of(x);
     bf16* yp = checked<bf16>("y", y, device_, Kind::bf16, m, k_);
-    void* sp = checked<double>("scalars", scalars, device_, Kind::f64, 2, -1);
+    float* l1p = scalar("l1", l1);
+    float* l0p = scalar("l0", l0);
     const cuda::Path p = path_of(path);
     DeviceGuard g(device_);
     nb::gil_scoped_release release;
     const cudaStream_t s = as_stream(stream);
     std::string ran = ctx_->forward(static_cast<const bf16*>(x.data()), m, yp, p, s).path;
-    TWELL_CUDA_CHECK(cudaMemcpyAsync(sp, ctx_->scalars_device(), 16, cudaMemcpyDeviceToDevice, s));
+    ctx_->write_scalars(l1p, l0p, s);
     return ran;
   }
   // Gradients of ⟨y, dy⟩ + l1_coeff · Σ|h| / m for the last forward (which must have been over
-  // these x and weights): dx bf16 [m, K]; dw_gate, dw_up [N, K] and dw_down [K, N] fp32.
+  // these x and weights): dx bf16 [m, K]; dw_gate, dw_up [N, K] and dw_down [K, N] in float32
+  // (copied) or bfloat16 (rounded from twell's fp32 sums), each as the caller allocated it.
   void backward(const Dev& x, const Dev& dy, const Dev& l1_coeff, const Dev& dx, const std::optional<Dev>& dw_gate, const Dev& dw_up,
                 const Dev& dw_down, std::uintptr_t stream) {
     const std::int64_t m = rows_of(x);
@@ -199,23 +203,44 @@ class CudaFfnTrain : public Layer {
     const auto* cp = checked<const float>("l1_coeff", l1_coeff, device_, Kind::f32, 1, -1);
     bf16* dxp = checked<bf16>("dx", dx, device_, Kind::bf16, m, k_);
     TWELL_CHECK(dw_gate.has_value() == gated_, ErrorCode::invalid_argument, "dw_gate must be given exactly when the layer is gated");
-    float* dwg = dw_gate ? checked<float>("dw_gate", *dw_gate, device_, Kind::f32, n_, k_) : nullptr;
-    float* dwu = checked<float>("dw_up", dw_up, device_, Kind::f32, n_, k_);
-    float* dwd = checked<float>("dw_down", dw_down, device_, Kind::f32, k_, n_);
+    const GradOut dwg = dw_gate ? grad_out("dw_gate", *dw_gate, n_, k_) : GradOut{};
+    const GradOut dwu = grad_out("dw_up", dw_up, n_, k_), dwd = grad_out("dw_down", dw_down, k_, n_);
     DeviceGuard g(device_);
     nb::gil_scoped_release release;
     const cudaStream_t s = as_stream(stream);
     ctx_->backward(static_cast<const bf16*>(x.data()), dyp, m, cp, dxp, s);
-    const std::size_t nk = static_cast<std::size_t>(n_ * k_) * sizeof(float);
-    if (dwg) TWELL_CUDA_CHECK(cudaMemcpyAsync(dwg, ctx_->dw_gate(), nk, cudaMemcpyDeviceToDevice, s));
-    TWELL_CUDA_CHECK(cudaMemcpyAsync(dwu, ctx_->dw_up(), nk, cudaMemcpyDeviceToDevice, s));
-    const std::size_t row = static_cast<std::size_t>(n_) * sizeof(float);
-    TWELL_CUDA_CHECK(cudaMemcpy2DAsync(dwd, row, ctx_->dw_down(), static_cast<std::size_t>(ctx_->ldn()) * sizeof(float),
-                                       row, static_cast<std::size_t>(k_), cudaMemcpyDeviceToDevice, s));
+    if (dwg.p) store(dwg, ctx_->dw_gate(), k_, n_, k_, s);
+    store(dwu, ctx_->dw_up(), k_, n_, k_, s);
+    store(dwd, ctx_->dw_down(), ctx_->ldn(), k_, n_, s);
   }
   std::int64_t device_bytes() const noexcept { return ctx_ ? static_cast<std::int64_t>(ctx_->device_bytes()) : 0; }
 
  private:
+  float* scalar(const char* what, const Dev& a) const {
+    TWELL_CHECK(a.device_id() == device_ && is(a.dtype(), Kind::f32) && a.ndim() == 0, ErrorCode::invalid_argument,
+                "{} must be a 0-dim float32 tensor on cuda:{}", what, device_);
+    return static_cast<float*>(a.data());
+  }
+  struct GradOut {
+    void* p = nullptr;
+    bool bf16 = false;
+  };
+  GradOut grad_out(const char* what, const Dev& a, std::int64_t rows, std::int64_t cols) const {
+    const bool half = is(a.dtype(), Kind::bf16);
+    checked<void>(what, a, device_, half ? Kind::bf16 : Kind::f32, rows, cols);
+    return {a.data(), half};
+  }
+  // out [rows, cols] (contiguous) from twell's fp32 gradient `in` (row stride ld_in).
+  static void store(const GradOut& out, const float* in, std::int64_t ld_in, std::int64_t rows, std::int64_t cols,
+                    cudaStream_t s) {
+    if (out.bf16) {
+      cuda::launch_convert_f32_to_bf16(in, ld_in, rows, cols, static_cast<bf16*>(out.p), cols, s);
+    } else {
+      const std::size_t row = static_cast<std::size_t>(cols) * sizeof(float);
+      TWELL_CUDA_CHECK(cudaMemcpy2DAsync(out.p, row, in, static_cast<std::size_t>(ld_in) * sizeof(float), row,
+                                         static_cast<std::size_t>(rows), cudaMemcpyDeviceToDevice, s));
+    }
+  }
   std::unique_ptr<cuda::TrainContext> ctx_;
 };
 
@@ -306,10 +331,10 @@ void bind_cuda(nb::module_& m) {
       .def_prop_ro("device_bytes", &CudaFfnTrain::device_bytes)
       .def("load", &CudaFfnTrain::load, "w_gate"_a.none(), "w_up"_a, "w_down"_a, "stream"_a,
            "Copy bf16 weights into the layer on `stream` (drops a saved forward).")
-      .def("forward", &CudaFfnTrain::forward, "x"_a, "y"_a, "scalars"_a, "stream"_a, "path"_a = "automatic",
-           "y = FFN(x); scalars (float64 [2]) receives Σ|h| and the active count's int64 bits; returns the path.")
+      .def("forward", &CudaFfnTrain::forward, "x"_a, "y"_a, "l1"_a, "l0"_a, "stream"_a, "path"_a = "automatic",
+           "y = FFN(x); l1, l0 (0-dim float32) receive Σ|h| / rows and non-zeros / rows; returns the path.")
       .def("backward", &CudaFfnTrain::backward, "x"_a, "dy"_a, "l1_coeff"_a, "dx"_a, "dw_gate"_a.none(), "dw_up"_a,
-           "dw_down"_a, "stream"_a, "Gradients for the last forward: dx (bf16), dw_* (float32).");
+           "dw_down"_a, "stream"_a, "Gradients for the last forward: dx (bf16), dw_* (float32 or bfloat16, as given).");
 }
 
 }  // namespace twell::python

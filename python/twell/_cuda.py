@@ -120,14 +120,12 @@ def train_forward(x: Tensor, w_gate, w_up, w_down, layer_id: int, count_neurons:
     load(lay, "train", ctx, (w_gate, w_up, w_down), s)
     xb = bf16(x)
     yb = torch.empty_like(xb)
-    scalars = torch.empty(2, dtype=torch.float64, device=x.device)
-    lay.path = ctx.forward(xb, yb, scalars, s, path)
+    l1 = torch.empty((), dtype=torch.float32, device=x.device)
+    l0 = torch.empty((), dtype=torch.float32, device=x.device)
+    lay.path = ctx.forward(xb, yb, l1, l0, s, path)
     lay.train_path = path
-    token = torch.empty(16, dtype=torch.uint8, device=x.device)
+    token = torch.zeros(16, dtype=torch.uint8, device=x.device)  # its content is never read: its address is the token
     lay.state_ptr = token.data_ptr()
-    m = x.shape[0]
-    l1 = (scalars[0] / m).float()
-    l0 = (scalars.view(torch.int64)[1].double() / m).float()
     if count_neurons:
         counts = neuron_counts(xb, w_gate if w_gate is not None else w_up)
     else:
@@ -142,15 +140,20 @@ def train_backward(x: Tensor, dy: Tensor, w_gate, w_up, w_down, token: Tensor, d
     xb = bf16(x)
     if lay.state_ptr != token.data_ptr():  # another forward of this layer ran since: this one again
         load(lay, "train", ctx, (w_gate, w_up, w_down), s)
-        ctx.forward(xb, torch.empty_like(xb), torch.empty(2, dtype=torch.float64, device=x.device), s, lay.train_path)
+        scratch = torch.empty((), dtype=torch.float32, device=x.device)
+        ctx.forward(xb, torch.empty_like(xb), scratch, scratch.clone(), s, lay.train_path)
         lay.state_ptr = token.data_ptr()
         lay.recomputes += 1
-    n, k = w_up.shape
-    f32 = dict(dtype=torch.float32, device=x.device)
     dxb = torch.empty_like(xb)
-    dwg = torch.empty(n, k, **f32) if w_gate is not None else None
-    dwu, dwd = torch.empty(n, k, **f32), torch.empty(k, n, **f32)
+    # Weight gradients straight in bf16 or fp32 parameters' dtype (twell rounds its fp32 sums once);
+    # other dtypes through fp32.
+    dwg, dwu, dwd = (None if w is None else torch.empty_like(w, dtype=_grad_dtype(w), memory_format=torch.contiguous_format)
+                     for w in (w_gate, w_up, w_down))
     coeff = dl1.detach().to(torch.float32).reshape(1).contiguous()
     ctx.backward(xb, bf16(dy), coeff, dxb, dwg, dwu, dwd, s)
     return (dxb.to(x.dtype), torch.empty(0, device=x.device) if dwg is None else dwg.to(w_gate.dtype),
             dwu.to(w_up.dtype), dwd.to(w_down.dtype))
+
+
+def _grad_dtype(w: Tensor) -> torch.dtype:
+    return w.dtype if w.dtype in (torch.bfloat16, torch.float32) else torch.float32

@@ -89,7 +89,7 @@ def ffn_train(x: Tensor, w_gate: Optional[Tensor], w_up: Tensor, w_down: Tensor,
 def _(x, w_gate, w_up, w_down, ell_width, layer=-1, count_neurons=True):
     if not x.shape[0]:
         z = _scalar(x, 0.0)
-        return (x.new_empty(0, w_down.shape[0]), z, z.clone(), torch.empty(16, dtype=torch.uint8, device=x.device),
+        return (x.new_empty(0, w_down.shape[0]), z, z.clone(), torch.zeros(16, dtype=torch.uint8, device=x.device),
                 torch.zeros(w_up.shape[0], dtype=torch.int64, device=x.device))
     return _cuda.train_forward(x, w_gate, w_up, w_down, layer, count_neurons)
 

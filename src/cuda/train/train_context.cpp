@@ -921,6 +921,11 @@ void TrainContext::block_backward(const DenseTrainElementwiseParams& block, cons
   launch_dense_train_backward(e, stream);
 }
 
+void TrainContext::write_scalars(float* l1, float* l0, cudaStream_t stream) const {
+  TWELL_CHECK(saved_ != Saved::none, ErrorCode::invalid_argument, "TrainContext: write_scalars() needs a forward() first");
+  launch_train_scalars_f32(scalars_.get(), saved_m_, l1, l0, stream);
+}
+
 FfnTrainScalars TrainContext::read_scalars(cudaStream_t stream) {
   TWELL_CUDA_CHECK(cudaMemcpyAsync(scalars_host_.get(), scalars_.get(), sizeof(DenseTrainScalars), cudaMemcpyDeviceToHost,
                                    stream));

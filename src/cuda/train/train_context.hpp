@@ -171,9 +171,8 @@ class TrainContext {
   // The same with l1_coeff read on the device when the kernels run (one fp32 value; no host wait).
   void backward(const __nv_bfloat16* x, const __nv_bfloat16* dy, std::int64_t m, const float* l1_coeff_device,
                 __nv_bfloat16* dx, cudaStream_t stream);
-  // The last forward's scalars on the device: {double Σ|h|, uint64 active}, 16 bytes (a copy from
-  // here on `stream` needs no host wait).
-  const void* scalars_device() const noexcept { return scalars_.get(); }
+  // The last forward's l1 and l0 (as read_scalars) as fp32 into device memory, on `stream`: no host wait.
+  void write_scalars(float* l1, float* l0, cudaStream_t stream) const;
   // Synchronises `stream`; l1 = Σ|h| / m and l0 = active / m of the last forward.
   FfnTrainScalars read_scalars(cudaStream_t stream);
 

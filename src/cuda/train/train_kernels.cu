@@ -647,6 +647,16 @@ void launch_scatter_rows_f32(const float* src, std::int64_t ld_src, const std::i
   TWELL_CUDA_CHECK_LAUNCH("scatter_rows_f32_kernel");
 }
 
+__global__ void train_scalars_f32_kernel(const DenseTrainScalars* s, std::int64_t m, float* l1, float* l0) {
+  *l1 = static_cast<float>(s->l1_sum / static_cast<double>(m));
+  *l0 = static_cast<float>(static_cast<double>(s->active) / static_cast<double>(m));
+}
+
+void launch_train_scalars_f32(const DenseTrainScalars* s, std::int64_t m, float* l1, float* l0, cudaStream_t stream) {
+  train_scalars_f32_kernel<<<1, 1, 0, stream>>>(s, m, l1, l0);
+  TWELL_CUDA_CHECK_LAUNCH("train_scalars_f32_kernel");
+}
+
 void launch_sum_rows(const float* row_l1, std::int64_t m, double* l1_sum, cudaStream_t stream) {
   sum_rows_kernel<<<1, 1024, 0, stream>>>(row_l1, m, l1_sum);
   TWELL_CUDA_CHECK_LAUNCH("sum_rows_kernel");

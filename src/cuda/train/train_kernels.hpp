@@ -127,6 +127,8 @@ struct DenseTrainScalars {
   double l1_sum;
   unsigned long long active;
 };
+// *l1 = l1_sum / m, *l0 = active / m (fp32): a step's L1 term and non-zeros per row on the device.
+void launch_train_scalars_f32(const DenseTrainScalars* s, std::int64_t m, float* l1, float* l0, cudaStream_t stream);
 struct DenseTrainElementwiseParams {
   const __nv_bfloat16* g = nullptr;   // gate pre-activation or ReLU output (gated)
   std::int64_t ld_g = 0;
