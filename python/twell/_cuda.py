@@ -119,18 +119,20 @@ def train_forward(x: Tensor, w_gate, w_up, w_down, layer_id: int, count_neurons:
     s = stream_of(x)
     load(lay, "train", ctx, (w_gate, w_up, w_down), s)
     xb = bf16(x)
+    # Everything but the call itself before it: the call waits on the host (its non-zero count), and
+    # what follows it runs while the GPU has only the forward's tail left.
     yb = torch.empty_like(xb)
     l1 = torch.empty((), dtype=torch.float32, device=x.device)
     l0 = torch.empty((), dtype=torch.float32, device=x.device)
-    lay.path = ctx.forward(xb, yb, l1, l0, s, path)
-    lay.train_path = path
     token = torch.zeros(16, dtype=torch.uint8, device=x.device)  # its content is never read: its address is the token
-    lay.state_ptr = token.data_ptr()
     if count_neurons:
         counts = neuron_counts(xb, w_gate if w_gate is not None else w_up)
     else:
         counts = torch.full((w_up.shape[0],), -1, dtype=torch.int64, device=x.device)
-    return yb.to(x.dtype), l1, l0, token, counts
+    lay.path = ctx.forward(xb, yb, l1, l0, s, path)
+    lay.train_path = path
+    lay.state_ptr = token.data_ptr()
+    return (yb if x.dtype == torch.bfloat16 else yb.to(x.dtype)), l1, l0, token, counts
 
 
 def train_backward(x: Tensor, dy: Tensor, w_gate, w_up, w_down, token: Tensor, dl1: Tensor, layer_id: int):

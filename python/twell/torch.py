@@ -50,19 +50,55 @@ def _c(t: Optional[Tensor]) -> Optional[Tensor]:
     return None if t is None else t.detach().contiguous()
 
 
-@torch.library.custom_op("twell::ffn_infer", mutates_args=(), device_types="cpu")
-def ffn_infer(x: Tensor, w_gate: Optional[Tensor], w_up: Tensor, w_down: Tensor, layer: int = -1) -> Tensor:
+def _scalar(x: Tensor, v: float) -> Tensor:
+    return torch.tensor(v, dtype=torch.float32, device=x.device)
+
+
+# The implementations, shared by the custom ops (what torch.compile sees) and the eager path (a
+# plain autograd.Function: the same calls with less Python dispatch between them).
+
+def _infer_impl(x: Tensor, w_gate: Optional[Tensor], w_up: Tensor, w_down: Tensor, layer: int) -> Tensor:
+    if not x.shape[0]:
+        return x.new_empty(0, w_down.shape[0])
+    if x.device.type == "cuda":
+        return _cuda.infer(x, w_gate, w_up, w_down, layer)
     y = x.new_empty(x.shape[0], w_down.shape[0])
-    if x.shape[0]:
-        _twell.ffn_infer(_c(x), _c(w_gate), _c(w_up), _c(w_down), y)
+    _twell.ffn_infer(_c(x), _c(w_gate), _c(w_up), _c(w_down), y)
     return y
 
 
-@ffn_infer.register_kernel("cuda")
-def _(x, w_gate, w_up, w_down, layer=-1):
+def _train_impl(x: Tensor, w_gate: Optional[Tensor], w_up: Tensor, w_down: Tensor, ell_width: int, layer: int,
+                count_neurons: bool) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
     if not x.shape[0]:
-        return x.new_empty(0, w_down.shape[0])
-    return _cuda.infer(x, w_gate, w_up, w_down, layer)
+        z = _scalar(x, 0.0)
+        return (x.new_empty(0, w_down.shape[0]), z, z.clone(), torch.zeros(16, dtype=torch.uint8, device=x.device),
+                torch.zeros(w_up.shape[0], dtype=torch.int64, device=x.device))
+    if x.device.type == "cuda":
+        return _cuda.train_forward(x, w_gate, w_up, w_down, layer, count_neurons)
+    y = x.new_empty(x.shape[0], w_down.shape[0])
+    counts = torch.zeros(w_up.shape[0], dtype=torch.int64)
+    state, l1, l0 = _twell.ffn_train_forward(_c(x), _c(w_gate), _c(w_up), _c(w_down), y, ell_width, counts)
+    return y, _scalar(x, l1), _scalar(x, l0), state, counts
+
+
+def _backward_impl(x: Tensor, dy: Tensor, w_gate: Optional[Tensor], w_up: Tensor, w_down: Tensor, state: Tensor,
+                   dl1: Tensor, layer: int) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    if not x.shape[0]:
+        return (torch.zeros_like(x), torch.zeros_like(w_gate) if w_gate is not None else x.new_empty(0),
+                torch.zeros_like(w_up), torch.zeros_like(w_down))
+    if x.device.type == "cuda":
+        return _cuda.train_backward(x, dy, w_gate, w_up, w_down, state, dl1, layer)
+    dx = torch.empty_like(x)
+    dwg = _empty_like_grad(w_gate)
+    dwu, dwd = torch.empty_like(w_up), torch.empty_like(w_down)
+    _twell.ffn_train_backward(_c(x), _c(dy), _c(w_gate), _c(w_up), _c(w_down), _c(state), float(dl1), dx,
+                              dwg if w_gate is not None else None, dwu, dwd)
+    return dx, dwg, dwu, dwd
+
+
+@torch.library.custom_op("twell::ffn_infer", mutates_args=(), device_types=("cpu", "cuda"))
+def ffn_infer(x: Tensor, w_gate: Optional[Tensor], w_up: Tensor, w_down: Tensor, layer: int = -1) -> Tensor:
+    return _infer_impl(x, w_gate, w_up, w_down, layer)
 
 
 @ffn_infer.register_fake
@@ -70,28 +106,10 @@ def _(x, w_gate, w_up, w_down, layer=-1):
     return x.new_empty(x.shape[0], w_down.shape[0])
 
 
-def _scalar(x: Tensor, v: float) -> Tensor:
-    return torch.tensor(v, dtype=torch.float32, device=x.device)
-
-
-@torch.library.custom_op("twell::ffn_train", mutates_args=(), device_types="cpu")
+@torch.library.custom_op("twell::ffn_train", mutates_args=(), device_types=("cpu", "cuda"))
 def ffn_train(x: Tensor, w_gate: Optional[Tensor], w_up: Tensor, w_down: Tensor, ell_width: int, layer: int = -1,
               count_neurons: bool = True) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
-    y = x.new_empty(x.shape[0], w_down.shape[0])
-    counts = torch.zeros(w_up.shape[0], dtype=torch.int64)
-    if not x.shape[0]:
-        return y, _scalar(x, 0.0), _scalar(x, 0.0), torch.empty(0, dtype=torch.uint8), counts
-    state, l1, l0 = _twell.ffn_train_forward(_c(x), _c(w_gate), _c(w_up), _c(w_down), y, ell_width, counts)
-    return y, _scalar(x, l1), _scalar(x, l0), state, counts
-
-
-@ffn_train.register_kernel("cuda")
-def _(x, w_gate, w_up, w_down, ell_width, layer=-1, count_neurons=True):
-    if not x.shape[0]:
-        z = _scalar(x, 0.0)
-        return (x.new_empty(0, w_down.shape[0]), z, z.clone(), torch.zeros(16, dtype=torch.uint8, device=x.device),
-                torch.zeros(w_up.shape[0], dtype=torch.int64, device=x.device))
-    return _cuda.train_forward(x, w_gate, w_up, w_down, layer, count_neurons)
+    return _train_impl(x, w_gate, w_up, w_down, ell_width, layer, count_neurons)
 
 
 @ffn_train.register_fake
@@ -102,26 +120,10 @@ def _(x, w_gate, w_up, w_down, ell_width, layer=-1, count_neurons=True):
             x.new_empty(w_up.shape[0], dtype=torch.int64))
 
 
-@torch.library.custom_op("twell::ffn_train_backward", mutates_args=(), device_types="cpu")
+@torch.library.custom_op("twell::ffn_train_backward", mutates_args=(), device_types=("cpu", "cuda"))
 def ffn_train_backward(x: Tensor, dy: Tensor, w_gate: Optional[Tensor], w_up: Tensor, w_down: Tensor,
                        state: Tensor, dl1: Tensor, layer: int = -1) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    dx = torch.empty_like(x)
-    dwg = _empty_like_grad(w_gate)
-    dwu, dwd = torch.empty_like(w_up), torch.empty_like(w_down)
-    if not x.shape[0]:
-        dx.zero_(), dwg.zero_(), dwu.zero_(), dwd.zero_()
-        return dx, dwg, dwu, dwd
-    _twell.ffn_train_backward(_c(x), _c(dy), _c(w_gate), _c(w_up), _c(w_down), _c(state), float(dl1), dx,
-                              dwg if w_gate is not None else None, dwu, dwd)
-    return dx, dwg, dwu, dwd
-
-
-@ffn_train_backward.register_kernel("cuda")
-def _(x, dy, w_gate, w_up, w_down, state, dl1, layer=-1):
-    if not x.shape[0]:
-        return (torch.zeros_like(x), torch.zeros_like(w_gate) if w_gate is not None else x.new_empty(0),
-                torch.zeros_like(w_up), torch.zeros_like(w_down))
-    return _cuda.train_backward(x, dy, w_gate, w_up, w_down, state, dl1, layer)
+    return _backward_impl(x, dy, w_gate, w_up, w_down, state, dl1, layer)
 
 
 @ffn_train_backward.register_fake
@@ -145,6 +147,28 @@ def _backward(ctx, dy, dl1, dl0, dstate, dcounts):
 
 
 ffn_train.register_autograd(_backward, setup_context=_setup_context)
+
+
+class _EagerTrain(torch.autograd.Function):
+    """ffn_train's autograd outside torch.compile: the same implementations, without the custom
+    ops' dispatch (a few hundred microseconds of host time a step, which the GPU waits for after
+    the training forward's host synchronisation)."""
+
+    @staticmethod
+    def forward(ctx, x, w_gate, w_up, w_down, ell_width, layer, count_neurons):
+        y, l1, l0, state, counts = _train_impl(x, w_gate, w_up, w_down, ell_width, layer, count_neurons)
+        ctx.save_for_backward(x, w_gate, w_up, w_down, state)
+        ctx.gated, ctx.layer = w_gate is not None, layer
+        ctx.mark_non_differentiable(l0, state, counts)
+        return y, l1, l0, state, counts
+
+    @staticmethod
+    def backward(ctx, dy, dl1, dl0, dstate, dcounts):
+        x, w_gate, w_up, w_down, state = ctx.saved_tensors
+        dy = torch.zeros_like(x) if dy is None else dy.contiguous()
+        dl1 = _scalar(x, 0.0) if dl1 is None else dl1
+        dx, dwg, dwu, dwd = _backward_impl(x, dy, w_gate, w_up, w_down, state, dl1, ctx.layer)
+        return dx, (dwg if ctx.gated else None), dwu, dwd, None, None, None
 
 
 def _check(x: Tensor, w_gate: Optional[Tensor], w_up: Tensor, w_down: Tensor) -> None:
@@ -217,13 +241,15 @@ def ffn(x: Tensor, w_gate: Optional[Tensor], w_up: Tensor, w_down: Tensor, *, el
         ws = [None if w is None else w.float().contiguous() for w in (w_gate, w_up, w_down)]
     needs_grad = torch.is_grad_enabled() and (x.requires_grad or any(w is not None and w.requires_grad for w in
                                                                         (w_gate, w_up, w_down)))
+    compiling = torch.compiler.is_compiling()  # the custom ops there; their implementations directly in eager
     if needs_grad:
-        y, l1, l0, _, counts = ffn_train(x2, ws[0], ws[1], ws[2], ell_width, layer,
-                                         count_neurons and stats is not None)
+        train = ffn_train if compiling else _EagerTrain.apply
+        y, l1, l0, _, counts = train(x2, ws[0], ws[1], ws[2], ell_width, layer, count_neurons and stats is not None)
         if stats is not None:
             stats.append(FfnStats(l0, counts))
     else:
-        y, l1 = ffn_infer(x2, ws[0], ws[1], ws[2], layer), x2.new_full((), float("nan"), dtype=torch.float32)
+        infer = ffn_infer if compiling else _infer_impl
+        y, l1 = infer(x2, ws[0], ws[1], ws[2], layer), x2.new_full((), float("nan"), dtype=torch.float32)
     return y.reshape(*lead, y.shape[-1]).to(dtype), l1
 
 
