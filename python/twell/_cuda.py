@@ -27,6 +27,11 @@ from torch import Tensor
 from . import _twell
 
 AVAILABLE = bool(getattr(_twell, "has_cuda", False))
+_dl = torch.utils.dlpack.to_dlpack  # a DLPack capsule straight from C++ (Tensor.__dlpack__'s Python wrapper costs µs a tensor)
+
+
+def _caps(*ts):
+    return [None if t is None else _dl(t) for t in ts]
 
 
 @dataclass
@@ -81,7 +86,7 @@ def load(lay: Layer, which: str, ctx, ws: tuple, stream: int) -> None:
         return
     lay.keys.pop(which, None)  # a failed load leaves no stale key behind
     wg, wu, wd = (bf16(w) for w in ws)
-    ctx.load(wg, wu, wd, stream)
+    ctx.load(*_caps(wg, wu, wd), stream)
     lay.keys[which] = tuple(None if w is None else (weakref.ref(w), w._version) for w in ws)
 
 
@@ -93,7 +98,7 @@ def infer(x: Tensor, w_gate, w_up, w_down, layer_id: int) -> Tensor:
     load(lay, "infer", lay.infer, (w_gate, w_up, w_down), s)
     xb = bf16(x)
     yb = torch.empty_like(xb)
-    lay.path = lay.infer.forward(xb, yb, s, path)
+    lay.path = lay.infer.forward(*_caps(xb, yb), s, path)
     return yb.to(x.dtype)
 
 
@@ -129,7 +134,7 @@ def train_forward(x: Tensor, w_gate, w_up, w_down, layer_id: int, count_neurons:
         counts = neuron_counts(xb, w_gate if w_gate is not None else w_up)
     else:
         counts = torch.full((w_up.shape[0],), -1, dtype=torch.int64, device=x.device)
-    lay.path = ctx.forward(xb, yb, l1, l0, s, path)
+    lay.path = ctx.forward(*_caps(xb, yb, l1, l0), s, path)
     lay.train_path = path
     lay.state_ptr = token.data_ptr()
     return (yb if x.dtype == torch.bfloat16 else yb.to(x.dtype)), l1, l0, token, counts
@@ -143,7 +148,7 @@ def train_backward(x: Tensor, dy: Tensor, w_gate, w_up, w_down, token: Tensor, d
     if lay.state_ptr != token.data_ptr():  # another forward of this layer ran since: this one again
         load(lay, "train", ctx, (w_gate, w_up, w_down), s)
         scratch = torch.empty((), dtype=torch.float32, device=x.device)
-        ctx.forward(xb, torch.empty_like(xb), scratch, scratch.clone(), s, lay.train_path)
+        ctx.forward(*_caps(xb, torch.empty_like(xb), scratch, scratch.clone()), s, lay.train_path)
         lay.state_ptr = token.data_ptr()
         lay.recomputes += 1
     dxb = torch.empty_like(xb)
@@ -152,7 +157,7 @@ def train_backward(x: Tensor, dy: Tensor, w_gate, w_up, w_down, token: Tensor, d
     dwg, dwu, dwd = (None if w is None else torch.empty_like(w, dtype=_grad_dtype(w), memory_format=torch.contiguous_format)
                      for w in (w_gate, w_up, w_down))
     coeff = dl1.detach().to(torch.float32).reshape(1).contiguous()
-    ctx.backward(xb, bf16(dy), coeff, dxb, dwg, dwu, dwd, s)
+    ctx.backward(*_caps(xb, bf16(dy), coeff, dxb, dwg, dwu, dwd), s)
     return (dxb.to(x.dtype), torch.empty(0, device=x.device) if dwg is None else dwg.to(w_gate.dtype),
             dwu.to(w_up.dtype), dwd.to(w_down.dtype))
 
