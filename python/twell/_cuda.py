@@ -65,6 +65,11 @@ def forget(layer_id: int) -> None:
         del _layers[key]
 
 
+def context_bytes() -> int:
+    """Device memory twell's training contexts hold (outside PyTorch's allocator)."""
+    return sum(lay.train.device_bytes for lay in _layers.values() if lay.train is not None)
+
+
 def stream_of(t: Tensor) -> int:
     return torch.cuda.current_stream(t.device).cuda_stream
 

@@ -57,6 +57,8 @@ DEFAULTS: dict[str, Any] = {
     "clip": 1.0,
     "l1_coeff": 0.0,
     "bf16": False,
+    "device": "auto",  # "cuda" (under torchrun: cuda:LOCAL_RANK), "cpu", or "auto": cuda when there is one
+    "neuron_counts_every": 1,  # steps between per-neuron fire counts (dead neurons); on CUDA each costs a gate GEMM
     "checkpointing": False,
     "val_every": 0,
     "val_batches": 4,
@@ -104,6 +106,10 @@ def load_config(path_or_dict) -> dict:
         raise ConfigError("train_data (a twell corpus directory) is required")
     if cfg["l1_coeff"] < 0 or cfg["lr"] <= 0 or cfg["warmup"] < 0:
         raise ConfigError("l1_coeff ≥ 0, lr > 0 and warmup ≥ 0 are required")
+    if cfg["device"] not in ("auto", "cpu", "cuda"):
+        raise ConfigError(f"device must be 'auto', 'cpu' or 'cuda', got {cfg['device']!r}")
+    if not isinstance(cfg["neuron_counts_every"], int) or cfg["neuron_counts_every"] < 1:
+        raise ConfigError(f"neuron_counts_every must be an integer ≥ 1, got {cfg['neuron_counts_every']!r}")
     m = cfg["model"]
     if "preset" in m and m["preset"] not in PRESETS:
         raise ConfigError(f"model preset {m['preset']!r} unknown; presets: {sorted(PRESETS)}")
@@ -140,6 +146,17 @@ def build_model(cfg: dict, vocab_size: int):
     return transformers.LlamaForCausalLM(lc)
 
 
+def pick_device(cfg: dict) -> torch.device:
+    want = cfg["device"]
+    if want == "auto":
+        want = "cuda" if torch.cuda.is_available() else "cpu"
+    if want == "cuda":
+        if not torch.cuda.is_available():
+            raise ConfigError("device 'cuda' asked for, but PyTorch sees no CUDA device")
+        return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+    return torch.device("cpu")
+
+
 def lr_at(cfg: dict, step: int) -> float:
     if step < cfg["warmup"]:
         return cfg["lr"] * (step + 1) / cfg["warmup"]
@@ -168,6 +185,12 @@ class FfnProbe:
             self.dense[i] = (h.float().abs().sum() / h.shape[0], fired.sum() / h.shape[0], fired.sum(0))
         return hook
 
+    def count_neurons(self, on: bool) -> None:
+        """Whether the next forwards count each neuron's firings (twell on CUDA: one gate GEMM each)."""
+        for m in self.layers:
+            if hasattr(m, "count_neurons"):
+                m.count_neurons = on
+
     def l1(self) -> torch.Tensor:
         if self.path == "twell":
             return torch.stack([m.l1 for m in self.layers]).sum()
@@ -189,8 +212,10 @@ def atomic_save(model, opt, state: dict, out: str, step: int) -> str:
     tmp = os.path.join(out, f".tmp-checkpoint-{step}")
     shutil.rmtree(tmp, ignore_errors=True)
     model.save_pretrained(tmp)
-    src = state["config"].get("init_from")
-    for name in TOKENIZER_FILES if src else ():  # so that `twell generate --model` runs on the checkpoint
+    # The tokenizer (init_from's, else the one the corpus names, when the corpus holds it), so that
+    # `twell generate --model` runs on the checkpoint.
+    src = state["config"].get("init_from") or state["config"].get("train_data")
+    for name in TOKENIZER_FILES if src else ():
         if os.path.exists(os.path.join(src, name)) and not os.path.exists(os.path.join(tmp, name)):
             shutil.copy(os.path.join(src, name), os.path.join(tmp, name))
     torch.save({"optimizer": opt.state_dict(), **state}, os.path.join(tmp, "trainer_state.pt"))
@@ -210,6 +235,7 @@ def train(cfg: dict, out: str, *, resume: bool = False, progress: bool = True, s
     import transformers
 
     import twell.hf
+    from twell import _cuda as twell_cuda
     from twell.data import Loader
 
     import torch.distributed as dist
@@ -217,8 +243,11 @@ def train(cfg: dict, out: str, *, resume: bool = False, progress: bool = True, s
     # Several ranks: torchrun's environment (WORLD_SIZE, RANK, MASTER_ADDR/PORT) or a process group
     # the caller made. Each rank reads its own micro-batches; DDP averages the gradients.
     own_group = False
+    device = pick_device(cfg)
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
     if int(os.environ.get("WORLD_SIZE", "1")) > 1 and not dist.is_initialized():
-        dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+        dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
         own_group = True
     world = dist.get_world_size() if dist.is_initialized() else 1
     rank = dist.get_rank() if dist.is_initialized() else 0
@@ -236,11 +265,11 @@ def train(cfg: dict, out: str, *, resume: bool = False, progress: bool = True, s
             raise FileNotFoundError(f"--resume: {out} has no checkpoint (no 'latest')")
         ckpt = os.path.join(out, open(latest).read().strip())
         model = transformers.LlamaForCausalLM.from_pretrained(ckpt)
-        state = torch.load(os.path.join(ckpt, "trainer_state.pt"), weights_only=False)
+        state = torch.load(os.path.join(ckpt, "trainer_state.pt"), weights_only=False, map_location="cpu")
         # steps may grow (a longer run); micro_batch and grad_accum may change with the rank count as
         # long as the global batch stays; anything else would not continue the same run.
-        changed = sorted(k for k in cfg if k not in ("steps", "micro_batch", "grad_accum")
-                         and state["config"].get(k) != cfg[k])
+        changed = sorted(k for k in cfg if k not in ("steps", "micro_batch", "grad_accum", "device", "neuron_counts_every")
+                         and state["config"].get(k, DEFAULTS.get(k)) != cfg[k])
         if changed:
             raise ConfigError(f"--resume: {ckpt} was trained with other values of {changed}")
         old = state["config"]["micro_batch"] * state["config"]["grad_accum"] * state.get("world", 1)
@@ -257,6 +286,7 @@ def train(cfg: dict, out: str, *, resume: bool = False, progress: bool = True, s
         model = build_model(cfg, vocab)
     if model.config.vocab_size < vocab:
         raise ConfigError(f"the corpus has ids up to {vocab - 1}; the model's vocabulary is {model.config.vocab_size}")
+    model.to(device)
     if cfg["ffn"] == "twell":
         twell.hf.sparsify(model)
     if cfg["checkpointing"]:
@@ -265,16 +295,16 @@ def train(cfg: dict, out: str, *, resume: bool = False, progress: bool = True, s
     probe = FfnProbe(model, cfg["ffn"])
     core = model  # the HF model itself (saving, re-init); `model` may become its DDP wrapper
     if world > 1:
-        model = torch.nn.parallel.DistributedDataParallel(model)
+        model = torch.nn.parallel.DistributedDataParallel(model, device_ids=[device] if device.type == "cuda" else None)
     decay = [p for p in core.parameters() if p.dim() >= 2]
     no_decay = [p for p in core.parameters() if p.dim() < 2]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": cfg["weight_decay"]},
                              {"params": no_decay, "weight_decay": 0.0}], lr=cfg["lr"], betas=tuple(cfg["betas"]))
     layers = len(probe.layers)
-    silent = [torch.zeros(core.config.intermediate_size, dtype=torch.int64) for _ in range(layers)]
+    silent = [torch.zeros(core.config.intermediate_size, dtype=torch.int64, device=device) for _ in range(layers)]
     if resume:
-        opt.load_state_dict(state["optimizer"])
-        silent = state["silent_tokens"]
+        opt.load_state_dict(state["optimizer"])  # moved to the parameters' device
+        silent = [t.to(device) for t in state["silent_tokens"]]
         torch.set_rng_state(state["torch_rng"])
         random.setstate(state["python_rng"])
     log = open(os.path.join(out, "telemetry.jsonl"), "a") if rank == 0 else None
@@ -290,11 +320,13 @@ def train(cfg: dict, out: str, *, resume: bool = False, progress: bool = True, s
         for g in opt.param_groups:
             g["lr"] = lr
         # ce, l1 and each layer's non-zeros per token, averaged over the micro-batches; read once a step.
-        sums = torch.zeros(2 + layers, dtype=torch.float64)
+        sums = torch.zeros(2 + layers, dtype=torch.float64, device=device)
         fired = [torch.zeros_like(s) for s in silent]
+        counting = step % cfg["neuron_counts_every"] == 0 or step + 1 == cfg["steps"]
+        probe.count_neurons(counting)
         for micro in range(cfg["grad_accum"]):
-            ids = torch.from_numpy(train_data.batch(step, micro))
-            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=cfg["bf16"]):
+            ids = torch.from_numpy(train_data.batch(step, micro)).to(device, non_blocking=True)
+            with torch.autocast(device.type, dtype=torch.bfloat16, enabled=cfg["bf16"]):
                 logits = model(input_ids=ids[:, :-1]).logits
                 ce = torch.nn.functional.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), ids[:, 1:].reshape(-1))
                 l1 = probe.l1()
@@ -302,8 +334,9 @@ def train(cfg: dict, out: str, *, resume: bool = False, progress: bool = True, s
             loss.backward()
             counts = probe.counts()
             sums += torch.stack([t.detach().double() for t in (ce, l1, *(c[0] for c in counts))]) / cfg["grad_accum"]
-            for f, (_, per_neuron) in zip(fired, counts):
-                f += per_neuron
+            if counting:
+                for f, (_, per_neuron) in zip(fired, counts):
+                    f += per_neuron
         if world > 1:  # telemetry over all ranks: means of the scalars, sums of the counts
             dist.all_reduce(sums)
             sums /= world
@@ -313,11 +346,13 @@ def train(cfg: dict, out: str, *, resume: bool = False, progress: bool = True, s
         grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg["clip"]).item()
         opt.step()
         opt.zero_grad(set_to_none=True)
-        # Dead neurons: tokens since each neuron last fired; re-initialise those past the window.
+        # Dead neurons: tokens since each neuron last fired (counted on the steps that count; the
+        # others add nothing); re-initialise those past the window.
         reinit = [0] * layers
         dead = [0] * layers
         for i in range(layers):
-            silent[i] = torch.where(fired[i] > 0, torch.zeros_like(silent[i]), silent[i] + tokens_per_step)
+            if counting:
+                silent[i] = torch.where(fired[i] > 0, torch.zeros_like(silent[i]), silent[i] + tokens_per_step)
             dead[i] = int((silent[i] >= cfg["dead_window"]).sum())
             if cfg["reinit_window"] > 0:
                 rows = (silent[i] >= cfg["reinit_window"]).nonzero().flatten()
@@ -330,6 +365,8 @@ def train(cfg: dict, out: str, *, resume: bool = False, progress: bool = True, s
         record = {"step": step + 1, "lr": lr, "loss": ce_sum, "l1": l1_sum, "grad_norm": grad_norm,
                   "nnz_per_token": nnz, "density": [v / core.config.intermediate_size for v in nnz],
                   "dead": dead, "reinit": reinit, "tokens_per_s": tokens_per_step / dt}
+        if device.type == "cuda":  # PyTorch's allocator peak plus what twell's layer contexts hold beside it
+            record["peak_memory_gib"] = (torch.cuda.max_memory_allocated(device) + twell_cuda.context_bytes()) / 2**30
         if val_data is not None and cfg["val_every"] and ((step + 1) % cfg["val_every"] == 0 or step + 1 == cfg["steps"]):
             record["val_loss"] = evaluate(core, val_data, cfg)  # each rank the same batches
         if log is not None:
@@ -341,7 +378,8 @@ def train(cfg: dict, out: str, *, resume: bool = False, progress: bool = True, s
         last = step + 1 == cfg["steps"]
         if (cfg["save_every"] and (step + 1) % cfg["save_every"] == 0) or last:
             if rank == 0:  # the ranks' weights, optimiser states and counters are identical
-                atomic_save(core, opt, {"step": step + 1, "config": cfg, "world": world, "silent_tokens": silent,
+                atomic_save(core, opt, {"step": step + 1, "config": cfg, "world": world,
+                                        "silent_tokens": [t.cpu() for t in silent],
                                         "torch_rng": torch.get_rng_state(), "python_rng": random.getstate()}, out, step + 1)
             if world > 1:
                 dist.barrier()
@@ -359,7 +397,7 @@ def train(cfg: dict, out: str, *, resume: bool = False, progress: bool = True, s
 def reinit_gate_rows(w: torch.Tensor, rows: torch.Tensor, std: float, opt) -> int:
     """Redraws w[rows] from N(0, std²) and zeroes their AdamW moments. Returns the row count."""
     with torch.no_grad():
-        w[rows] = torch.randn(rows.numel(), w.shape[1], dtype=w.dtype) * std
+        w[rows] = torch.randn(rows.numel(), w.shape[1], dtype=w.dtype, device=w.device) * std
     st = opt.state.get(w)
     if st:
         for key in ("exp_avg", "exp_avg_sq"):
@@ -373,9 +411,11 @@ def evaluate(model, data, cfg) -> float:
     was = model.training
     model.eval()
     total = 0.0
+    device = next(model.parameters()).device
     for b in range(cfg["val_batches"]):
-        ids = torch.from_numpy(data.batch(b))
-        logits = model(input_ids=ids[:, :-1]).logits
+        ids = torch.from_numpy(data.batch(b)).to(device)
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=cfg["bf16"]):
+            logits = model(input_ids=ids[:, :-1]).logits
         total += torch.nn.functional.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), ids[:, 1:].reshape(-1)).item()
     model.train(was)
     return total / cfg["val_batches"]
