@@ -27,8 +27,8 @@ json.dump({**cfg, "ffn": "dense", "steps": int(__import__("os").environ.get("DEN
            "save_every": 0}, open(f"{sys.argv[2]}/dense.json", "w"))
 PY
 t0=$(date +%s)
-timeout 200 python3 -m twell.train "$RUNS/dense.json" --out "$RUNS/dense" > "$OUT/train-dense.log" 2>&1
-echo "dense probe rc=$? ($(( $(date +%s) - t0 )) s)"
+timeout 200 python3 -m twell.train "$RUNS/dense.json" --out "$RUNS/dense" > /tmp/train-dense.log 2>&1
+echo "dense probe rc=$? ($(( $(date +%s) - t0 )) s)"; tail -3 /tmp/train-dense.log
 steps=$(python3 - "$RUNS/dense/telemetry.jsonl" "$SECONDS_BUDGET" "$CONFIG" <<'PY'
 import json, sys, statistics
 recs = [json.loads(l) for l in open(sys.argv[1])]
@@ -45,8 +45,8 @@ n = int(sys.argv[3])
 json.dump({**cfg, "steps": n, "val_every": max(50, n // 4), "save_every": max(50, n // 4)}, open(f"{sys.argv[2]}/twell.json", "w"))
 PY
 t0=$(date +%s)
-timeout $(( SECONDS_BUDGET + 120 )) python3 -m twell.train "$RUNS/twell.json" --out "$RUNS/twell" > "$OUT/train-twell.log" 2>&1
-echo "twell run rc=$? ($(( $(date +%s) - t0 )) s)"
+timeout $(( SECONDS_BUDGET + 120 )) python3 -m twell.train "$RUNS/twell.json" --out "$RUNS/twell" > /tmp/train-twell.log 2>&1
+echo "twell run rc=$? ($(( $(date +%s) - t0 )) s)"; tail -3 /tmp/train-twell.log
 ck="$RUNS/twell/$(cat "$RUNS/twell/latest" 2>/dev/null)"
 if [ -x $BUILD/tools/twell/twell ] && [ -f "$ck/config.json" ]; then
   timeout 60 $BUILD/tools/twell/twell generate --model "$ck" --prompt "The dictionary defines a river as" \
