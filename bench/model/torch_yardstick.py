@@ -85,6 +85,7 @@ def main():
     ap.add_argument("--decode-steps", type=int, default=128)
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--skip-prefill", action="store_true", help="only the decode phases")
     a = ap.parse_args()
     if not torch.cuda.is_available():
         print("skipped: no CUDA device")
@@ -117,18 +118,19 @@ def main():
         with torch.inference_mode():
             m(ids, use_cache=False, **kw)
 
-    rate, times = prefill_rate(lambda: prefill(model), tokens, a.reps)
-    report("prefill eager", rate, {"seconds": times})
-    try:
-        t0 = time.perf_counter()
-        compiled = torch.compile(model)
-        prefill(compiled)
-        warm = time.perf_counter() - t0
-        rate, times = prefill_rate(lambda: prefill(compiled), tokens, a.reps)
-        report("prefill compile", rate, {"seconds": times, "compile_seconds": warm})
-        del compiled
-    except Exception as e:  # noqa: BLE001 — reported, the other phases still run
-        fail("prefill compile", e)
+    if not a.skip_prefill:
+        rate, times = prefill_rate(lambda: prefill(model), tokens, a.reps)
+        report("prefill eager", rate, {"seconds": times})
+        try:
+            t0 = time.perf_counter()
+            compiled = torch.compile(model)
+            prefill(compiled)
+            warm = time.perf_counter() - t0
+            rate, times = prefill_rate(lambda: prefill(compiled), tokens, a.reps)
+            report("prefill compile", rate, {"seconds": times, "compile_seconds": warm})
+            del compiled
+        except Exception as e:  # noqa: BLE001 — reported, the other phases still run
+            fail("prefill compile", e)
 
     prompt = torch.randint(0, vocab, (1, a.context), device="cuda")
     rate, per = decode_rate(model, prompt, a.decode_steps, a.reps)
