@@ -64,7 +64,12 @@ def decode_rate(model, prompt, steps, reps, **gen):
         with torch.inference_mode():
             return model.generate(prompt, max_new_tokens=n, min_new_tokens=n, do_sample=False,
                                   pad_token_id=0, **gen)
-    for _ in range(2):
+    return per_token_rate(run, steps, reps, warmup=2)
+
+
+def per_token_rate(run, steps, reps, warmup):
+    """tokens/s from (T(run(steps)) − T(run(1))) / (steps − 1), medians of reps after warm-up runs."""
+    for _ in range(warmup):
         run(steps)
         run(1)
     per_token = []
@@ -102,15 +107,7 @@ def decode_rate_graphs(model, prompt, steps, reps, mode="reduce-overhead"):
                 nxt = compiled(nxt, torch.tensor([ctx + i], device=prompt.device)).clone()
         return nxt
 
-    for _ in range(3):  # compile and record
-        run(steps)
-        run(1)
-    per_token = []
-    for _ in range(reps):
-        full = sync_time(lambda: run(steps))
-        one = sync_time(lambda: run(1))
-        per_token.append((full - one) / (steps - 1))
-    return 1.0 / statistics.median(per_token), per_token
+    return per_token_rate(run, steps, reps, warmup=3)  # the warm-up compiles and records
 
 
 def main():

@@ -141,17 +141,27 @@ class Layer {
   bool gated_ = false, loaded_ = false;
 };
 
-class CudaFfnInfer : public Layer {
+// A layer over one context type (FfnContext or TrainContext, made on the first load).
+template <typename Ctx>
+class LayerOf : public Layer {
  public:
   using Layer::Layer;
   void load(const std::optional<Dev>& w_gate, const Dev& w_up, const Dev& w_down, std::uintptr_t stream) {
     const cuda::DeviceFfnWeights w = weights_of(w_gate, w_up, w_down, device_);
     DeviceGuard g(device_);
     nb::gil_scoped_release release;
-    if (!ctx_) ctx_ = std::make_unique<cuda::FfnContext>();
+    if (!ctx_) ctx_ = std::make_unique<Ctx>();
     ctx_->load_weights(w, as_stream(stream));
     loaded(w);
   }
+
+ protected:
+  std::unique_ptr<Ctx> ctx_;
+};
+
+class CudaFfnInfer : public LayerOf<cuda::FfnContext> {
+ public:
+  using LayerOf::LayerOf;
   // y = FFN(x); returns the path as dispatched.
   std::string forward(const Dev& x, const Dev& y, std::uintptr_t stream, const std::string& path) {
     const std::int64_t m = rows_of(x);
@@ -161,22 +171,11 @@ class CudaFfnInfer : public Layer {
     nb::gil_scoped_release release;
     return ctx_->forward(static_cast<const bf16*>(x.data()), m, yp, p, as_stream(stream)).path;
   }
-
- private:
-  std::unique_ptr<cuda::FfnContext> ctx_;
 };
 
-class CudaFfnTrain : public Layer {
+class CudaFfnTrain : public LayerOf<cuda::TrainContext> {
  public:
-  using Layer::Layer;
-  void load(const std::optional<Dev>& w_gate, const Dev& w_up, const Dev& w_down, std::uintptr_t stream) {
-    const cuda::DeviceFfnWeights w = weights_of(w_gate, w_up, w_down, device_);
-    DeviceGuard g(device_);
-    nb::gil_scoped_release release;
-    if (!ctx_) ctx_ = std::make_unique<cuda::TrainContext>();
-    ctx_->load_weights(w, as_stream(stream));
-    loaded(w);
-  }
+  using LayerOf::LayerOf;
   // y = FFN(x), the state for backward kept in the context; l1 and l0 (float32, 0-dim) receive
   // Σ|h| / m and non-zeros / m on the stream. Returns the path as dispatched.
   std::string forward(const Dev& x, const Dev& y, const Dev& l1, const Dev& l0, std::uintptr_t stream,
@@ -241,7 +240,6 @@ class CudaFfnTrain : public Layer {
                                          static_cast<std::size_t>(rows), cudaMemcpyDeviceToDevice, s));
     }
   }
-  std::unique_ptr<cuda::TrainContext> ctx_;
 };
 
 using HostIn = nb::ndarray<const float, nb::ndim<2>, nb::c_contig, nb::device::cpu>;
@@ -320,14 +318,14 @@ void bind_cuda(nb::module_& m) {
         "twell's native training-step benchmark of one layer: sparse_step_ms, dense_step_ms, ..., device bytes.");
   nb::class_<CudaFfnInfer>(m, "CudaFfnInfer", "One FFN layer's inference context on one CUDA device.")
       .def(nb::init<int>(), "device"_a)
-      .def_prop_ro("device", &CudaFfnInfer::device)
+      .def_prop_ro("device", [](const CudaFfnInfer& l) { return l.device(); })
       .def("load", &CudaFfnInfer::load, "w_gate"_a.none(), "w_up"_a, "w_down"_a, "stream"_a,
            "Copy bf16 weights (w_gate None: non-gated) into the layer on `stream`.")
       .def("forward", &CudaFfnInfer::forward, "x"_a, "y"_a, "stream"_a, "path"_a = "automatic",
            "y = FFN(x) (bf16); path: 'automatic', 'sparse' or 'dense'. Returns the path as dispatched.");
   nb::class_<CudaFfnTrain>(m, "CudaFfnTrain", "One FFN layer's training context (it keeps the last forward's sparse state).")
       .def(nb::init<int>(), "device"_a)
-      .def_prop_ro("device", &CudaFfnTrain::device)
+      .def_prop_ro("device", [](const CudaFfnTrain& l) { return l.device(); })
       .def_prop_ro("device_bytes", &CudaFfnTrain::device_bytes)
       .def("load", &CudaFfnTrain::load, "w_gate"_a.none(), "w_up"_a, "w_down"_a, "stream"_a,
            "Copy bf16 weights into the layer on `stream` (drops a saved forward).")

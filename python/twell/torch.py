@@ -138,12 +138,17 @@ def _setup_context(ctx, inputs, output):
     ctx.layer = layer
 
 
-def _backward(ctx, dy, dl1, dl0, dstate, dcounts):
+def _grads(ctx, dy, dl1, backward):
+    """ffn_train's input gradients from the saved tensors, through `backward` (the op or its impl)."""
     x, w_gate, w_up, w_down, state = ctx.saved_tensors
     dy = torch.zeros_like(x) if dy is None else dy.contiguous()
     dl1 = _scalar(x, 0.0) if dl1 is None else dl1
-    dx, dwg, dwu, dwd = ffn_train_backward(x, dy, w_gate, w_up, w_down, state, dl1, ctx.layer)
+    dx, dwg, dwu, dwd = backward(x, dy, w_gate, w_up, w_down, state, dl1, ctx.layer)
     return dx, (dwg if ctx.gated else None), dwu, dwd, None, None, None
+
+
+def _backward(ctx, dy, dl1, dl0, dstate, dcounts):
+    return _grads(ctx, dy, dl1, ffn_train_backward)
 
 
 ffn_train.register_autograd(_backward, setup_context=_setup_context)
@@ -164,11 +169,7 @@ class _EagerTrain(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, dy, dl1, dl0, dstate, dcounts):
-        x, w_gate, w_up, w_down, state = ctx.saved_tensors
-        dy = torch.zeros_like(x) if dy is None else dy.contiguous()
-        dl1 = _scalar(x, 0.0) if dl1 is None else dl1
-        dx, dwg, dwu, dwd = _backward_impl(x, dy, w_gate, w_up, w_down, state, dl1, ctx.layer)
-        return dx, (dwg if ctx.gated else None), dwu, dwd, None, None, None
+        return _grads(ctx, dy, dl1, _backward_impl)
 
 
 def _check(x: Tensor, w_gate: Optional[Tensor], w_up: Tensor, w_down: Tensor) -> None:

@@ -120,13 +120,7 @@ void TrainContext::load_weights(const DeviceFfnWeights& w, cudaStream_t stream) 
   }
   hot_.clear();
   hot_calibrated_ = false;
-  last_density_ = -1;
-  last_dense_rows_ = 0;
-  count_pending_ = false;
-  dw_gu_.release();
-  dw_down_.release();
-  dwd_t_.release();
-  col_offsets_.release();
+  forget_measurements();
 }
 
 void TrainContext::upload_weights(const FfnWeights& w, cudaStream_t stream) {
@@ -139,6 +133,10 @@ void TrainContext::upload_weights(const FfnWeights& w, cudaStream_t stream) {
     hot_calibrated_ = false;
   }
   saved_ = Saved::none;
+  forget_measurements();
+}
+
+void TrainContext::forget_measurements() {
   last_density_ = -1;
   last_dense_rows_ = 0;
   count_pending_ = false;

@@ -207,6 +207,7 @@ class TrainContext {
 
  private:
   enum class Saved { none, dense_stacked, dense_split, sparse };
+  void forget_measurements();  // the dispatch's density and row counts; the gradient buffers (a new layer)
   void dense_forward_stacked(const __nv_bfloat16* x, std::int64_t m, __nv_bfloat16* y, cudaStream_t stream);
   void dense_forward_after_gate(const __nv_bfloat16* x, std::int64_t m, __nv_bfloat16* y, cudaStream_t stream);
   void sparse_forward(const __nv_bfloat16* x, std::int64_t m, __nv_bfloat16* y, cudaStream_t stream);
