@@ -230,3 +230,39 @@ def test_training_stats_count_nonzeros_and_neurons(gated, ell):
     assert stats[0].l0.item() == pytest.approx(fired.sum().item() / 60, rel=1e-6)
     assert torch.equal(stats[0].neuron_counts, fired.sum(0))
     assert (stats[0].neuron_counts[:3] == 0).all() and (stats[0].neuron_counts > 0).any()
+
+
+def test_cuda_weight_cache_reloads_exactly_when_weights_change():
+    """twell._cuda.load (the CUDA ops' weight cache; its logic runs anywhere): a copy on the first
+    call, none for the same unchanged tensors, one after an in-place update (the version counter),
+    one for another tensor, and one after weights_changed() (writes through .data)."""
+    from twell import _cuda
+
+    class Ctx:
+        loads = 0
+
+        def load(self, *args):
+            Ctx.loads += 1
+
+    lay = _cuda.Layer(device=0)
+    ctx = Ctx()
+    w = [torch.randn(16, 8), torch.randn(16, 8), torch.randn(8, 16)]
+    steps = [("first", 1), ("same", 0), ("in-place", 1), ("same", 0), ("other", 1), ("data", 0),
+             ("data + weights_changed", 1)]
+    expected = 0
+    for change, copies in steps:
+        if change == "in-place":
+            with torch.no_grad():
+                w[1].mul_(2)
+        elif change == "other":
+            w[2] = w[2].clone()
+        elif change == "data":
+            w[0].data.mul_(2)  # invisible to the version counter
+        elif change == "data + weights_changed":
+            w[0].data.mul_(2)
+            _cuda._layers[(0, -99)] = lay
+            tt.weights_changed()
+            del _cuda._layers[(0, -99)]
+        expected += copies
+        _cuda.load(lay, "train", ctx, tuple(w), 0)
+        assert Ctx.loads == expected, change

@@ -13,7 +13,8 @@ autograd holds the token alive until the backward, so no other tensor can take i
 Weights are copied into the context only when they changed: the context remembers each weight
 tensor (a weak reference) and its version counter, which every in-place update (an optimizer step)
 bumps. Other tensors, or the same tensor after an update, are copied again (device to device, a few
-tens of microseconds for a 2B model's layer).
+tens of microseconds for a 2B model's layer). A write the version counter does not see (through
+`.data`) needs `twell.torch.weights_changed()`.
 """
 from __future__ import annotations
 
@@ -57,6 +58,14 @@ def layer(device: torch.device, layer_id: int) -> Layer:
     if got is None:
         got = _layers[key] = Layer(index)
     return got
+
+
+def weights_changed() -> None:
+    """The next CUDA call of every layer copies its weights in again. For writes PyTorch's version
+    counter does not see (through `.data`, or a collective into `.data`); in-place updates on the
+    parameters themselves (optimizer steps, `load_state_dict`, `torch.nn.init`) need nothing."""
+    for lay in _layers.values():
+        lay.keys.clear()
 
 
 def forget(layer_id: int) -> None:

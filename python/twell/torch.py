@@ -35,7 +35,10 @@ from torch import Tensor
 
 from . import _cuda, _twell
 
-__all__ = ["ffn", "FfnStats", "SparseMLP", "cuda_path", "ffn_infer", "ffn_train", "ffn_train_backward"]
+__all__ = ["ffn", "FfnStats", "SparseMLP", "cuda_path", "weights_changed", "ffn_infer", "ffn_train",
+           "ffn_train_backward"]
+
+weights_changed = _cuda.weights_changed
 
 _FLOATS = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
 _layer_ids = itertools.count()  # SparseMLP ids (the CUDA contexts' keys); -1 is the shared one

@@ -361,6 +361,7 @@ def train(cfg: dict, out: str, *, resume: bool = False, progress: bool = True, s
                     silent[i][rows] = 0
                     if world > 1:  # the counts were reduced, so every rank chose the same rows; rank 0's draw wins
                         dist.broadcast(probe.layers[i].gate_proj.weight.data, 0)
+                        twell_cuda.weights_changed()  # a write through .data: no version bump to see
         dt = time.perf_counter() - t0
         record = {"step": step + 1, "lr": lr, "loss": ce_sum, "l1": l1_sum, "grad_norm": grad_norm,
                   "nnz_per_token": nnz, "density": [v / core.config.intermediate_size for v in nnz],
