@@ -1,7 +1,7 @@
 """twell.torch composed with the rest of PyTorch on the CPU: activation checkpointing (the state is
-recomputed, gradients equal), autocast to bfloat16, and DDP over two gloo processes (gradients
-equal the one-process full batch; averaging is the only difference, so the bound is float32 noise:
-1e-5 of the gradient's scale)."""
+recomputed, gradients equal), autocast to bfloat16, and DDP and FSDP2 (`fully_shard`) over two gloo
+processes (gradients equal the one-process full batch; averaging and FSDP's reduce-scatter are the
+only differences, so the bound is float32 noise: 1e-5 of the gradient's scale)."""
 import os
 
 import pytest
@@ -48,22 +48,39 @@ def test_autocast_bfloat16():
     assert ((y.float() - want).abs().max() / want.abs().max()).item() < 2e-2  # bf16 output rounding
 
 
-def _ddp_worker(rank, world, port, x, out_path):
+def _worker(rank, world, port, x, out_path, kind):
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=world)
     torch.set_num_threads(1)
-    model = torch.nn.parallel.DistributedDataParallel(mlp())
+    if kind == "ddp":
+        model = torch.nn.parallel.DistributedDataParallel(mlp())
+        inner = model.module
+    else:  # FSDP2: parameters sharded across the ranks, gathered for the forward and the backward
+        from torch.distributed.fsdp import fully_shard
+
+        model = inner = fully_shard(mlp())
     shard = x.chunk(world)[rank]
     y = model(shard)
-    (y.square().mean() + 0.05 * model.module.l1).backward()
+    (y.square().mean() + 0.05 * inner.l1).backward()
+    grads = [p.grad.full_tensor() if hasattr(p.grad, "full_tensor") else p.grad.clone() for p in model.parameters()]
     if rank == 0:  # a file, not a queue: the tensors must outlive this process
-        torch.save([p.grad.clone() for p in model.parameters()], out_path)
+        torch.save(grads, out_path)
     dist.barrier()
     dist.destroy_process_group()
 
 
+def _has_fully_shard():
+    try:
+        from torch.distributed.fsdp import fully_shard  # noqa: F401
+        return True
+    except ImportError:
+        return False
+
+
 @pytest.mark.skipif(not dist.is_available() or not dist.is_gloo_available(), reason="no gloo backend")
-def test_ddp_two_ranks_equal_one_process(tmp_path):
+@pytest.mark.parametrize("kind", ["ddp", pytest.param("fsdp2", marks=pytest.mark.skipif(
+    not _has_fully_shard(), reason="this PyTorch has no torch.distributed.fsdp.fully_shard"))])
+def test_two_ranks_equal_one_process(tmp_path, kind):
     x = torch.randn(8, 32)
     ctx = mp.get_context("spawn")
     out_path = str(tmp_path / "grads.pt")
@@ -72,15 +89,15 @@ def test_ddp_two_ranks_equal_one_process(tmp_path):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    procs = [ctx.Process(target=_ddp_worker, args=(r, 2, port, x, out_path)) for r in range(2)]
+    procs = [ctx.Process(target=_worker, args=(r, 2, port, x, out_path, kind)) for r in range(2)]
     for p in procs:
         p.start()
     for p in procs:
         p.join(timeout=300)
         assert p.exitcode == 0
     got = torch.load(out_path)
-    # One process: DDP averages the ranks' gradients, and each rank's loss is a mean over its
-    # half and l1 a mean over its half's rows, so the average equals the full batch's.
+    # One process: DDP and FSDP average the ranks' gradients, and each rank's loss is a mean over
+    # its half and l1 a mean over its half's rows, so the average equals the full batch's.
     m = mlp()
     y = m(x)
     (y.square().mean() + 0.05 * m.l1).backward()
