@@ -1,11 +1,13 @@
 #!/usr/bin/env python3
-"""The table of bench/train/gpu_runs.sh: a dense-MLP run and a twell run of the same config.
+"""Compare twell.train runs from their telemetry: a table (Markdown) and the numbers (JSON).
 
-    python3 bench/train/summarize.py DENSE_TELEMETRY TWELL_TELEMETRY --config TWELL_CONFIG --out DIR
+    python3 bench/train/summarize.py NAME=TELEMETRY.jsonl [NAME=TELEMETRY.jsonl ...] --out DIR [--title T]
 
-Speed is tokens/s (median over the dense run's steps after the 10th, and over the twell run's last
-quarter, when its activations are as sparse as they get); memory is the step's peak (PyTorch's
-allocator plus twell's layer contexts). Writes DIR/train.md and DIR/train.json.
+The first run is the baseline of the relative columns. Per run: steps, tokens/s (median over the
+last quarter, when sparsity has settled), peak memory (PyTorch's allocator plus twell's contexts),
+training loss (mean of the last 100 steps), the last validation loss and its ratio to the
+baseline's, mean FFN density and the sparsity (1 − density) at the end, dead neurons.
+Writes DIR/train.md and DIR/train.json.
 """
 import argparse
 import json
@@ -18,59 +20,55 @@ def read(path):
         return [json.loads(line) for line in f if line.strip()]
 
 
-def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("dense")
-    ap.add_argument("twell")
-    ap.add_argument("--config", required=True)
-    ap.add_argument("--out", required=True)
-    a = ap.parse_args()
-    dense, twell = read(a.dense), read(a.twell)
-    cfg = json.load(open(a.config))
-    tail = twell[len(twell) * 3 // 4:]
-    vals = [r for r in twell if "val_loss" in r]
-    last = twell[-1]
-    res = {
-        "config": cfg, "commit": os.environ.get("TWELL_COMMIT", ""), "gpu": os.environ.get("TWELL_GPU", ""),
-        "dense": {"steps": len(dense), "tokens_per_s": statistics.median(r["tokens_per_s"] for r in dense[10:]),
-                  "peak_memory_gib": max(r.get("peak_memory_gib", 0) for r in dense), "loss_at_end": dense[-1]["loss"],
-                  "density_at_end": statistics.mean(dense[-1]["density"])},
-        "twell": {"steps": len(twell), "tokens_per_s_last_quarter": statistics.median(r["tokens_per_s"] for r in tail),
-                  "peak_memory_gib_last_quarter": max(r.get("peak_memory_gib", 0) for r in tail),
-                  "loss_at_end": last["loss"], "val_loss": [(r["step"], r["val_loss"]) for r in vals],
-                  "density_per_layer_at_end": last["density"], "nnz_per_token_at_end": last["nnz_per_token"],
-                  "dead_at_end": last["dead"], "l1_at_end": last["l1"],
-                  "loss_at_dense_steps": twell[min(len(dense), len(twell)) - 1]["loss"]},
+def summary(recs):
+    tail = recs[len(recs) * 3 // 4:]
+    vals = [r for r in recs if "val_loss" in r]
+    last = recs[-1]
+    return {
+        "steps": last["step"],
+        "tokens_per_s": statistics.median(r["tokens_per_s"] for r in tail),
+        "peak_memory_gib": max(r.get("peak_memory_gib", 0.0) for r in tail),
+        "train_loss": statistics.mean(r["loss"] for r in recs[-100:]),
+        "val_loss": vals[-1]["val_loss"] if vals else None,
+        "val_curve": [(r["step"], r["val_loss"]) for r in vals],
+        "density": statistics.mean(last["density"]),
+        "density_per_layer": last["density"],
+        "dead": sum(last["dead"]),
+        "l1": last["l1"],
     }
-    res["twell_speedup"] = res["twell"]["tokens_per_s_last_quarter"] / res["dense"]["tokens_per_s"]
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("runs", nargs="+", help="NAME=TELEMETRY.jsonl, the baseline first")
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--title", default="twell.train runs")
+    a = ap.parse_args()
+    res = {"commit": os.environ.get("TWELL_COMMIT", ""), "gpu": os.environ.get("TWELL_GPU", ""), "runs": {}}
+    for spec in a.runs:
+        name, path = spec.split("=", 1)
+        res["runs"][name] = summary(read(path))
+    names = list(res["runs"])
+    base = res["runs"][names[0]]
+    lines = [f"# {a.title} ({res['gpu']}, commit {res['commit']})", "",
+             "| run | steps | tokens/s | × baseline | peak GiB | train loss | val loss | val / baseline | density | sparsity | dead |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for n in names:
+        r = res["runs"][n]
+        vr = r["val_loss"] / base["val_loss"] if r["val_loss"] and base["val_loss"] else None
+        r["val_vs_baseline"] = vr
+        r["speed_vs_baseline"] = r["tokens_per_s"] / base["tokens_per_s"]
+        val = "—" if r["val_loss"] is None else f"{r['val_loss']:.3f}"
+        ratio = "—" if vr is None else f"{vr:.3f}"
+        lines.append(f"| {n} | {r['steps']} | {r['tokens_per_s']:.0f} | {r['speed_vs_baseline']:.2f} | "
+                     f"{r['peak_memory_gib']:.2f} | {r['train_loss']:.3f} | {val} | {ratio} | "
+                     f"{100 * r['density']:.2f} % | {100 * (1 - r['density']):.2f} % | {r['dead']} |")
     os.makedirs(a.out, exist_ok=True)
     with open(os.path.join(a.out, "train.json"), "w") as f:
         json.dump(res, f, indent=1)
-    d, t = res["dense"], res["twell"]
-    n = cfg["model"]
-    lines = [
-        f"# Training on the GPU: twell FFN vs PyTorch's dense MLP ({res['gpu']}, commit {res['commit']})",
-        "",
-        f"Llama, hidden {n.get('hidden_size')}, FFN {n.get('intermediate_size')}, {n.get('num_layers')} layers; "
-        f"seq {cfg['seq_len']} × {cfg['micro_batch']} a step; bf16 autocast; l1_coeff {cfg['l1_coeff']}; "
-        f"lr {cfg['lr']} (warm-up {cfg['warmup']}, cosine over {cfg['steps']} steps).",
-        "",
-        "| | steps | tokens/s | peak memory (GiB) | loss |",
-        "|---|---:|---:|---:|---:|",
-        f"| dense MLP (PyTorch) | {d['steps']} | {d['tokens_per_s']:.0f} | {d['peak_memory_gib']:.2f} | "
-        f"{d['loss_at_end']:.3f} (step {d['steps']}) |",
-        f"| twell FFN, last quarter | {t['steps']} | {t['tokens_per_s_last_quarter']:.0f} | "
-        f"{t['peak_memory_gib_last_quarter']:.2f} | {t['loss_at_end']:.3f} (step {t['steps']}); "
-        f"{t['loss_at_dense_steps']:.3f} at step {min(d['steps'], t['steps'])} |",
-        "",
-        f"- twell / dense tokens/s: {res['twell_speedup']:.2f}×",
-        f"- non-zeros per token at the end, per layer: {', '.join(f'{v:.1f}' for v in t['nnz_per_token_at_end'])} "
-        f"of {n.get('intermediate_size')} (mean density {100 * statistics.mean(t['density_per_layer_at_end']):.2f} %)",
-        f"- dead neurons at the end (silent for {cfg['dead_window']} tokens), per layer: {t['dead_at_end']}",
-        f"- validation loss (val-wiki): {', '.join(f'step {s}: {v:.3f}' for s, v in t['val_loss'])}",
-    ]
     with open(os.path.join(a.out, "train.md"), "w") as f:
         f.write("\n".join(lines) + "\n")
+    print("\n".join(lines))
 
 
 if __name__ == "__main__":
