@@ -170,10 +170,12 @@ def test_plots_from_telemetry(tmp_path):
 
     cfg = config(tmp_path, steps=4, l1_coeff=1e-2, reinit_window=128)
     runs = [str(tmp_path / "p1"), str(tmp_path / "p2")]
-    for r in runs:
-        train.train(cfg, r, progress=False)
-    written = plot.plot(runs, str(tmp_path / "fig"))
+    for r, every in zip(runs, (0, 2)):  # the second run profiles positions
+        train.train(cfg | {"position_profile_every": every}, r, progress=False)
+    written = plot.plot(runs[:1], str(tmp_path / "fig1"))
     assert [os.path.basename(p) for p in written] == ["loss.png", "sparsity.png", "dead.png"]
+    written = plot.plot(runs, str(tmp_path / "fig"))
+    assert [os.path.basename(p) for p in written] == ["loss.png", "sparsity.png", "dead.png", "position.png"]
     for p in written:
         with open(p, "rb") as f:
             assert f.read(8) == b"\x89PNG\r\n\x1a\n"
@@ -243,3 +245,22 @@ def test_relufy_from_a_silu_checkpoint(tmp_path):
         m = transformers.LlamaForCausalLM.from_pretrained(ckpt)
         assert m.config.hidden_act == "relu" and os.path.exists(os.path.join(ckpt, "tokenizer.json"))
         assert all(d < 1.0 for d in records(out)[-1]["density"])  # ReLU: exact zeros
+
+
+@pytest.mark.parametrize("ffn", ["twell", "dense"])
+def test_position_profile_averages_to_the_per_token_count(tmp_path, ffn):
+    # The profile (non-zeros per token by position, mean over layers and the batch) averaged over
+    # the positions is the step's mean non-zeros per token over the layers. Dense path: both come
+    # from the same h. twell: the profile from the MLP input's gate GEMM, l0 from twell's kernel,
+    # both float32 on the same inputs: only a pre-activation within rounding of 0 could differ.
+    cfg = config(tmp_path, ffn=ffn, steps=4, position_profile_every=2)
+    out = str(tmp_path / f"pos-{ffn}")
+    train.train(cfg, out, progress=False)
+    r = records(out)
+    assert ["nnz_by_position" in x for x in r] == [False, True, False, True]
+    for x in (r[1], r[3]):
+        prof = x["nnz_by_position"]
+        assert len(prof) == 32
+        assert np.mean(prof) == pytest.approx(np.mean(x["nnz_per_token"]), rel=1e-3 if ffn == "twell" else 1e-4)
+    with pytest.raises(train.ConfigError, match="position_profile_every"):
+        train.load_config(cfg | {"position_profile_every": -1})

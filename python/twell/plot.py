@@ -3,7 +3,9 @@
 Reads each RUN_DIR/telemetry.jsonl (twell.train) and writes into the first RUN_DIR (or --out):
   loss.png      training loss (and validation loss where measured) against the step, one line a run;
   sparsity.png  non-zeros per token per layer and the mean, against the step (log scale);
-  dead.png      dead neurons per layer (silent for the run's dead_window tokens) and re-initialised ones.
+  dead.png      dead neurons per layer (silent for the run's dead_window tokens) and re-initialised ones;
+  position.png  non-zeros per token by position in the sequence (runs with position_profile_every),
+                the first profile dotted, the last solid.
 Several runs on one figure compare them (e.g. dense ReLU against ReLU + L1).
 """
 from __future__ import annotations
@@ -69,6 +71,19 @@ def plot(runs: list[str], out: str) -> list[str]:
     ax.set(xlabel="step", ylabel="neurons", title="dead and re-initialised neurons")
     ax.legend()
     written.append(_save(fig, out, "dead.png"))
+
+    profiled = {name: [r for r in rows if "nnz_by_position" in r] for name, rows in data.items()}
+    if any(profiled.values()):  # runs with position_profile_every > 0
+        fig, ax = plt.subplots(figsize=(7, 4))
+        for name, rows in profiled.items():
+            if not rows:
+                continue
+            for r, style in ((rows[0], ":"), (rows[-1], "-")) if len(rows) > 1 else ((rows[-1], "-"),):
+                ax.plot(range(len(r["nnz_by_position"])), r["nnz_by_position"], style, label=f"{name} step {r['step']}")
+        ax.set(xlabel="position in the sequence", ylabel="non-zeros per token (mean of the layers)", yscale="log",
+               title="FFN activations by position")
+        ax.legend()
+        written.append(_save(fig, out, "position.png"))
     return written
 
 

@@ -59,6 +59,7 @@ DEFAULTS: dict[str, Any] = {
     "bf16": False,
     "device": "auto",  # "cuda" (under torchrun: cuda:LOCAL_RANK), "cpu", or "auto": cuda when there is one
     "neuron_counts_every": 1,  # steps between per-neuron fire counts (dead neurons); on CUDA each costs a gate GEMM
+    "position_profile_every": 0,  # steps between per-position non-zero profiles (0: never); each costs a gate GEMM
     "checkpointing": False,
     "val_every": 0,
     "val_batches": 4,
@@ -110,6 +111,8 @@ def load_config(path_or_dict) -> dict:
         raise ConfigError(f"device must be 'auto', 'cpu' or 'cuda', got {cfg['device']!r}")
     if not isinstance(cfg["neuron_counts_every"], int) or cfg["neuron_counts_every"] < 1:
         raise ConfigError(f"neuron_counts_every must be an integer ≥ 1, got {cfg['neuron_counts_every']!r}")
+    if not isinstance(cfg["position_profile_every"], int) or cfg["position_profile_every"] < 0:
+        raise ConfigError(f"position_profile_every must be an integer ≥ 0, got {cfg['position_profile_every']!r}")
     m = cfg["model"]
     if "preset" in m and m["preset"] not in PRESETS:
         raise ConfigError(f"model preset {m['preset']!r} unknown; presets: {sorted(PRESETS)}")
@@ -168,22 +171,51 @@ def lr_at(cfg: dict, step: int) -> float:
 
 class FfnProbe:
     """Per layer, the L1 term and the counts of one forward, for either FFN path: SparseMLP's own
-    (twell) or a hook on down_proj's input h (dense)."""
+    (twell) or a hook on down_proj's input h (dense); and, when asked (`profile_positions`), each
+    layer's non-zeros per token by position in the sequence, averaged over the batch."""
 
     def __init__(self, model, path: str):
         self.layers = [layer.mlp for layer in model.model.layers]
         self.path = path
         self.dense = [None] * len(self.layers)
-        if path == "dense":
-            for i, mlp in enumerate(self.layers):
+        self.profiling = False
+        self.positions: list = [None] * len(self.layers)
+        for i, mlp in enumerate(self.layers):
+            if path == "dense":
                 mlp.down_proj.register_forward_pre_hook(self._hook(i))
+            else:  # the pattern from the MLP's input: one gate GEMM, only while profiling
+                mlp.register_forward_pre_hook(self._input_hook(i))
 
     def _hook(self, i):
         def hook(module, args):
             h = args[0].reshape(-1, args[0].shape[-1])
             fired = h.detach() != 0
             self.dense[i] = (h.float().abs().sum() / h.shape[0], fired.sum() / h.shape[0], fired.sum(0))
+            if self.profiling and args[0].dim() == 3:
+                self.positions[i] = (args[0].detach() != 0).sum(-1).float().mean(0)
         return hook
+
+    def _input_hook(self, i):
+        def hook(module, args):
+            if self.profiling and args[0].dim() == 3:
+                act = module.gate_proj if module.gate_proj is not None else module.up_proj
+                with torch.no_grad():
+                    pre = torch.nn.functional.linear(args[0].detach(), act.weight.detach().to(args[0].dtype))
+                    self.positions[i] = (pre > 0).sum(-1).float().mean(0)
+        return hook
+
+    def profile_positions(self, on: bool) -> None:
+        """Whether the forwards from now on record each layer's non-zeros by position (on: the
+        previous profile is dropped)."""
+        self.profiling = on
+        if on:
+            self.positions = [None] * len(self.layers)
+
+    def position_profile(self) -> list | None:
+        """Non-zeros per token by position, the mean over the layers, of the last profiled forward."""
+        if any(p is None for p in self.positions):
+            return None
+        return (torch.stack(self.positions).mean(0)).tolist()
 
     def count_neurons(self, on: bool) -> None:
         """Whether the next forwards count each neuron's firings (twell on CUDA: one gate GEMM each)."""
@@ -324,10 +356,14 @@ def train(cfg: dict, out: str, *, resume: bool = False, progress: bool = True, s
         fired = [torch.zeros_like(s) for s in silent]
         counting = step % cfg["neuron_counts_every"] == 0 or step + 1 == cfg["steps"]
         probe.count_neurons(counting)
+        every = cfg["position_profile_every"]
+        profiling = every > 0 and ((step + 1) % every == 0 or step + 1 == cfg["steps"])
         for micro in range(cfg["grad_accum"]):
+            probe.profile_positions(profiling and micro == 0)  # the step's first micro-batch
             ids = torch.from_numpy(train_data.batch(step, micro)).to(device, non_blocking=True)
             with torch.autocast(device.type, dtype=torch.bfloat16, enabled=cfg["bf16"]):
                 logits = model(input_ids=ids[:, :-1]).logits
+                probe.profile_positions(False)  # not again in a checkpointed recomputation
                 ce = torch.nn.functional.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), ids[:, 1:].reshape(-1))
                 l1 = probe.l1()
                 loss = (ce + cfg["l1_coeff"] * l1) / cfg["grad_accum"]
@@ -366,6 +402,8 @@ def train(cfg: dict, out: str, *, resume: bool = False, progress: bool = True, s
         record = {"step": step + 1, "lr": lr, "loss": ce_sum, "l1": l1_sum, "grad_norm": grad_norm,
                   "nnz_per_token": nnz, "density": [v / core.config.intermediate_size for v in nnz],
                   "dead": dead, "reinit": reinit, "tokens_per_s": tokens_per_step / dt}
+        if profiling:
+            record["nnz_by_position"] = [round(v, 3) for v in probe.position_profile()]
         if device.type == "cuda":  # PyTorch's allocator peak plus what twell's layer contexts hold beside it
             record["peak_memory_gib"] = (torch.cuda.max_memory_allocated(device) + twell_cuda.context_bytes()) / 2**30
         if val_data is not None and cfg["val_every"] and ((step + 1) % cfg["val_every"] == 0 or step + 1 == cfg["steps"]):
