@@ -188,9 +188,11 @@ def _rank_worker(rank, world, port, cfg, out):
     train.train(cfg, out, progress=False)
 
 
-def test_two_ranks_train_like_one_rank_with_twice_the_micro_batch(tmp_path):
-    # DDP averages the ranks' gradients of per-rank token means: the same as the mean over the
-    # doubled batch, up to float32 summation order (1e-5 relative over 5 AdamW steps).
+@pytest.mark.parametrize("parallel", ["ddp", "fsdp"])
+def test_two_ranks_train_like_one_rank_with_twice_the_micro_batch(tmp_path, parallel):
+    # DDP averages the ranks' gradients of per-rank token means, FSDP2 reduce-scatters the same
+    # average: the mean over the doubled batch, up to float32 summation order (1e-5 relative over
+    # 5 AdamW steps). FSDP's checkpoint holds the gathered weights and optimiser state.
     import socket
 
     import torch.distributed as dist
@@ -198,7 +200,13 @@ def test_two_ranks_train_like_one_rank_with_twice_the_micro_batch(tmp_path):
 
     if not dist.is_available() or not dist.is_gloo_available():
         pytest.skip("no gloo backend")
-    base = config(tmp_path, steps=5, l1_coeff=1e-2, reinit_window=128, save_every=5)
+    if parallel == "fsdp":
+        pytest.importorskip("torch.distributed.fsdp", reason="FSDP2 (fully_shard)")
+        from torch.distributed import fsdp
+        if not hasattr(fsdp, "fully_shard"):
+            pytest.skip("this PyTorch has no torch.distributed.fsdp.fully_shard")
+    base = config(tmp_path, steps=5, l1_coeff=1e-2, reinit_window=128 if parallel == "ddp" else 0, save_every=5,
+                  parallel=parallel)
     one, two = str(tmp_path / "one"), str(tmp_path / "two")
     train.train(base | {"micro_batch": 4}, one, progress=False)
     with socket.socket() as s:
@@ -217,6 +225,7 @@ def test_two_ranks_train_like_one_rank_with_twice_the_micro_batch(tmp_path):
         assert y["loss"] == pytest.approx(x["loss"], rel=1e-5)
         assert y["l1"] == pytest.approx(x["l1"], rel=1e-5)
         assert y["reinit"] == x["reinit"] and y["nnz_per_token"] == pytest.approx(x["nnz_per_token"], rel=1e-5)
+        assert y["grad_norm"] == pytest.approx(x["grad_norm"], rel=1e-4)
     # The checkpoint the two ranks wrote resumes on one rank.
     rec = train.train(base | {"micro_batch": 4, "steps": 6}, two, resume=True, progress=False)
     assert rec["step"] == 6

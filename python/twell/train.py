@@ -57,7 +57,8 @@ DEFAULTS: dict[str, Any] = {
     "clip": 1.0,
     "l1_coeff": 0.0,
     "bf16": False,
-    "device": "auto",  # "cuda" (under torchrun: cuda:LOCAL_RANK), "cpu", or "auto": cuda when there is one
+    "device": "auto",
+    "parallel": "ddp",  # with several ranks: "ddp" (replicated weights) or "fsdp" (FSDP2: sharded weights and optimiser state)  # "cuda" (under torchrun: cuda:LOCAL_RANK), "cpu", or "auto": cuda when there is one
     "neuron_counts_every": 1,  # steps between per-neuron fire counts (dead neurons); on CUDA each costs a gate GEMM
     "position_profile_every": 0,  # steps between per-position non-zero profiles (0: never); each costs a gate GEMM
     "checkpointing": False,
@@ -107,6 +108,10 @@ def load_config(path_or_dict) -> dict:
         raise ConfigError("train_data (a twell corpus directory) is required")
     if cfg["l1_coeff"] < 0 or cfg["lr"] <= 0 or cfg["warmup"] < 0:
         raise ConfigError("l1_coeff ≥ 0, lr > 0 and warmup ≥ 0 are required")
+    if cfg["parallel"] not in ("ddp", "fsdp"):
+        raise ConfigError(f"parallel must be 'ddp' or 'fsdp', got {cfg['parallel']!r}")
+    if cfg["parallel"] == "fsdp" and cfg["reinit_window"] > 0:
+        raise ConfigError("reinit_window needs parallel 'ddp' (re-initialising rows of FSDP-sharded weights is not done yet)")
     if cfg["device"] not in ("auto", "cpu", "cuda"):
         raise ConfigError(f"device must be 'auto', 'cpu' or 'cuda', got {cfg['device']!r}")
     if not isinstance(cfg["neuron_counts_every"], int) or cfg["neuron_counts_every"] < 1:
@@ -239,18 +244,29 @@ class FfnProbe:
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "generation_config.json")
 
 
-def atomic_save(model, opt, state: dict, out: str, step: int) -> str:
+def full_state(model, opt, sharded: bool):
+    """The model's and the optimiser's whole state, as one process holds it. FSDP: gathered from
+    the ranks (every rank must call this), onto the CPU; the optimiser state keyed by names."""
+    if not sharded:
+        return None, opt.state_dict()
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, get_optimizer_state_dict
+
+    o = StateDictOptions(full_state_dict=True, cpu_offload=True)
+    return get_model_state_dict(model, options=o), get_optimizer_state_dict(model, opt, options=o)
+
+
+def atomic_save(model, opt_state, state: dict, out: str, step: int, model_state=None) -> str:
     final = os.path.join(out, f"checkpoint-{step}")
     tmp = os.path.join(out, f".tmp-checkpoint-{step}")
     shutil.rmtree(tmp, ignore_errors=True)
-    model.save_pretrained(tmp)
+    model.save_pretrained(tmp, state_dict=model_state)
     # The tokenizer (init_from's, else the one the corpus names, when the corpus holds it), so that
     # `twell generate --model` runs on the checkpoint.
     src = state["config"].get("init_from") or state["config"].get("train_data")
     for name in TOKENIZER_FILES if src else ():
         if os.path.exists(os.path.join(src, name)) and not os.path.exists(os.path.join(tmp, name)):
             shutil.copy(os.path.join(src, name), os.path.join(tmp, name))
-    torch.save({"optimizer": opt.state_dict(), **state}, os.path.join(tmp, "trainer_state.pt"))
+    torch.save({"optimizer": opt_state, **state}, os.path.join(tmp, "trainer_state.pt"))
     if os.path.exists(final):
         shutil.rmtree(final)
     os.replace(tmp, final)
@@ -326,7 +342,16 @@ def train(cfg: dict, out: str, *, resume: bool = False, progress: bool = True, s
     model.train()
     probe = FfnProbe(model, cfg["ffn"])
     core = model  # the HF model itself (saving, re-init); `model` may become its DDP wrapper
-    if world > 1:
+    sharded = cfg["parallel"] == "fsdp"
+    if sharded and world > 1:
+        # FSDP2: each decoder layer's parameters sharded over the ranks (gathered for its forward
+        # and backward), then the rest (embeddings, final norm, head) at the root.
+        from torch.distributed.fsdp import fully_shard
+
+        for layer in core.model.layers:
+            fully_shard(layer)
+        fully_shard(core)
+    elif world > 1:
         model = torch.nn.parallel.DistributedDataParallel(model, device_ids=[device] if device.type == "cuda" else None)
     decay = [p for p in core.parameters() if p.dim() >= 2]
     no_decay = [p for p in core.parameters() if p.dim() < 2]
@@ -334,8 +359,14 @@ def train(cfg: dict, out: str, *, resume: bool = False, progress: bool = True, s
                              {"params": no_decay, "weight_decay": 0.0}], lr=cfg["lr"], betas=tuple(cfg["betas"]))
     layers = len(probe.layers)
     silent = [torch.zeros(core.config.intermediate_size, dtype=torch.int64, device=device) for _ in range(layers)]
+    if resume and sharded:
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+
+        set_optimizer_state_dict(core, opt, optim_state_dict=state["optimizer"],
+                                 options=StateDictOptions(full_state_dict=True))
     if resume:
-        opt.load_state_dict(state["optimizer"])  # moved to the parameters' device
+        if not sharded:
+            opt.load_state_dict(state["optimizer"])  # moved to the parameters' device
         silent = [t.to(device) for t in state["silent_tokens"]]
         torch.set_rng_state(state["torch_rng"])
         random.setstate(state["python_rng"])
@@ -347,6 +378,10 @@ def train(cfg: dict, out: str, *, resume: bool = False, progress: bool = True, s
     record: dict = {}
     tokens_per_step = cfg["seq_len"] * cfg["micro_batch"] * cfg["grad_accum"] * world
     for step in range(start, cfg["steps"]):
+        if sharded and world > 1:
+            # FSDP gathers each step's weights into the same unsharded tensors, possibly without a
+            # version bump: twell's CUDA contexts copy them again (a no-op on the CPU).
+            twell_cuda.weights_changed()
         t0 = time.perf_counter()
         lr = lr_at(cfg, step)
         for g in opt.param_groups:
@@ -379,7 +414,8 @@ def train(cfg: dict, out: str, *, resume: bool = False, progress: bool = True, s
             for f in fired:
                 dist.all_reduce(f)
         ce_sum, l1_sum, *nnz = sums.tolist()
-        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg["clip"]).item()
+        norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg["clip"])
+        grad_norm = (norm.full_tensor() if hasattr(norm, "full_tensor") else norm).item()  # FSDP: a DTensor
         opt.step()
         opt.zero_grad(set_to_none=True)
         # Dead neurons: tokens since each neuron last fired (counted on the steps that count; the
@@ -416,10 +452,12 @@ def train(cfg: dict, out: str, *, resume: bool = False, progress: bool = True, s
             bar.update(1)
         last = step + 1 == cfg["steps"]
         if (cfg["save_every"] and (step + 1) % cfg["save_every"] == 0) or last:
-            if rank == 0:  # the ranks' weights, optimiser states and counters are identical
-                atomic_save(core, opt, {"step": step + 1, "config": cfg, "world": world,
-                                        "silent_tokens": [t.cpu() for t in silent],
-                                        "torch_rng": torch.get_rng_state(), "python_rng": random.getstate()}, out, step + 1)
+            model_state, opt_state = full_state(core, opt, sharded)  # FSDP: every rank takes part
+            if rank == 0:  # the ranks' (gathered) weights, optimiser states and counters are identical
+                atomic_save(core, opt_state, {"step": step + 1, "config": cfg, "world": world,
+                                              "silent_tokens": [t.cpu() for t in silent],
+                                              "torch_rng": torch.get_rng_state(), "python_rng": random.getstate()},
+                            out, step + 1, model_state)
             if world > 1:
                 dist.barrier()
         if stop_after is not None and step + 1 >= stop_after:
