@@ -10,7 +10,6 @@
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/string.h>
-#include <nanobind/stl/tuple.h>
 
 #include <cstdint>
 #include <memory>
@@ -21,6 +20,7 @@
 #include "cuda/common/convert.hpp"
 #include "cuda/ffn_context.hpp"
 #include "cuda/train/train_context.hpp"
+#include "host_arrays.hpp"
 #include "twell/cuda/ffn_cuda.hpp"
 #include "twell/error.hpp"
 
@@ -32,16 +32,15 @@ namespace {
 
 using Dev = nb::ndarray<nb::device::cuda, nb::c_contig>;
 
-enum class Kind { bf16, f32, f64 };
+enum class Kind { bf16, f32 };
 
-const char* name_of(Kind k) { return k == Kind::bf16 ? "bfloat16" : k == Kind::f32 ? "float32" : "float64"; }
+const char* name_of(Kind k) { return k == Kind::bf16 ? "bfloat16" : "float32"; }
 
 bool is(const nb::dlpack::dtype& t, Kind k) {
   if (t.lanes != 1) return false;
   switch (k) {
     case Kind::bf16: return t.code == static_cast<std::uint8_t>(nb::dlpack::dtype_code::Bfloat) && t.bits == 16;
     case Kind::f32: return t.code == static_cast<std::uint8_t>(nb::dlpack::dtype_code::Float) && t.bits == 32;
-    case Kind::f64: return t.code == static_cast<std::uint8_t>(nb::dlpack::dtype_code::Float) && t.bits == 64;
   }
   return false;
 }
@@ -116,9 +115,6 @@ class Layer {
                 count);
   }
   int device() const noexcept { return device_; }
-  std::int64_t n() const noexcept { return n_; }
-  std::int64_t k() const noexcept { return k_; }
-  bool gated() const noexcept { return gated_; }
 
  protected:
   // x [m, K] bf16 on this device: its rows.
@@ -242,31 +238,14 @@ class CudaFfnTrain : public LayerOf<cuda::TrainContext> {
   }
 };
 
-using HostIn = nb::ndarray<const float, nb::ndim<2>, nb::c_contig, nb::device::cpu>;
-
-CMatrixF host_view(const char* what, const HostIn& a, std::int64_t rows, std::int64_t cols) {
-  const auto r = static_cast<std::int64_t>(a.shape(0)), c = static_cast<std::int64_t>(a.shape(1));
-  TWELL_CHECK((rows < 0 || r == rows) && (cols < 0 || c == cols), ErrorCode::shape_mismatch,
-              "{} is [{}, {}]; it must be [{}, {}]", what, r, c, rows, cols);
-  return {a.data(), r, c};
-}
-
-FfnWeights host_weights(const std::optional<HostIn>& w_gate, const HostIn& w_up, const HostIn& w_down) {
-  const CMatrixF up = host_view("w_up", w_up, -1, -1);
-  FfnWeights w;
-  w.w_up = up;
-  w.w_down = host_view("w_down", w_down, up.cols, up.rows);
-  if (w_gate) w.w_gate = host_view("w_gate", *w_gate, up.rows, up.cols);
-  return w;
-}
-
 // twell's own benchmarks of one layer (the native C++ calls, CUDA events, medians), for the
 // PyTorch benchmark's "native" column: inference (sparse as dispatched and dense cuBLASLt) and the
 // training step.
-nb::dict bench_infer(const HostIn& x, const std::optional<HostIn>& w_gate, const HostIn& w_up, const HostIn& w_down,
-                     int warmup, int reps) {
-  const FfnWeights w = host_weights(w_gate, w_up, w_down);
-  const CMatrixF xv = host_view("x", x, -1, w.hidden());
+nb::dict bench_infer(const In& x, const std::optional<In>& w_gate, const In& w_up, const In& w_down, int warmup,
+                     int reps) {
+  const FfnWeights w = weights(w_gate, w_up, w_down);
+  const CMatrixF xv = view(x);
+  check_shape("x", x, xv.rows, w.hidden());
   cuda::BenchOptions o;
   o.warmup = warmup;
   o.reps = reps;
@@ -283,11 +262,13 @@ nb::dict bench_infer(const HostIn& x, const std::optional<HostIn>& w_gate, const
   return d;
 }
 
-nb::dict bench_train(const HostIn& x, const HostIn& dy, const std::optional<HostIn>& w_gate, const HostIn& w_up,
-                     const HostIn& w_down, double l1_coeff, int warmup, int reps) {
-  const FfnWeights w = host_weights(w_gate, w_up, w_down);
-  const CMatrixF xv = host_view("x", x, -1, w.hidden());
-  const CMatrixF dyv = host_view("dy", dy, xv.rows, w.hidden());
+nb::dict bench_train(const In& x, const In& dy, const std::optional<In>& w_gate, const In& w_up, const In& w_down,
+                     double l1_coeff, int warmup, int reps) {
+  const FfnWeights w = weights(w_gate, w_up, w_down);
+  const CMatrixF xv = view(x);
+  check_shape("x", x, xv.rows, w.hidden());
+  check_shape("dy", dy, xv.rows, w.hidden());
+  const CMatrixF dyv = view(dy);
   cuda::BenchOptions o;
   o.warmup = warmup;
   o.reps = reps;

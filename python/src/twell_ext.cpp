@@ -12,6 +12,7 @@
 #include <memory>
 #include <optional>
 
+#include "host_arrays.hpp"
 #include "train_state_bytes.hpp"
 #ifdef TWELL_HAVE_CUDA
 #include "cuda_ffn.hpp"
@@ -25,28 +26,7 @@ using namespace nb::literals;
 namespace twell::python {
 namespace {
 
-using In = nb::ndarray<const float, nb::ndim<2>, nb::c_contig, nb::device::cpu>;
-using Out = nb::ndarray<float, nb::ndim<2>, nb::c_contig, nb::device::cpu>;
 using Bytes = nb::ndarray<const std::uint8_t, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
-
-CMatrixF view(const In& a) { return {a.data(), static_cast<std::int64_t>(a.shape(0)), static_cast<std::int64_t>(a.shape(1))}; }
-MatrixF view(Out& a) { return {a.data(), static_cast<std::int64_t>(a.shape(0)), static_cast<std::int64_t>(a.shape(1))}; }
-
-// A 2-D array's shape must be [rows, cols]; the message names the argument.
-template <typename A>
-void check_shape(const char* what, const A& a, std::int64_t rows, std::int64_t cols) {
-  const auto r = static_cast<std::int64_t>(a.shape(0)), c = static_cast<std::int64_t>(a.shape(1));
-  TWELL_CHECK(r == rows && c == cols, ErrorCode::shape_mismatch, "{} is [{}, {}]; it must be [{}, {}]", what, r, c, rows, cols);
-}
-
-// The FFN's weights after the shape checks every op shares.
-FfnWeights weights(const std::optional<In>& w_gate, const In& w_up, const In& w_down) {
-  const auto N = static_cast<std::int64_t>(w_up.shape(0)), K = static_cast<std::int64_t>(w_up.shape(1));
-  TWELL_CHECK(N > 0 && K > 0, ErrorCode::shape_mismatch, "w_up is [{}, {}]: an FFN needs N, K ≥ 1", N, K);
-  check_shape("w_down", w_down, K, N);
-  if (w_gate) check_shape("w_gate", *w_gate, N, K);
-  return ffn_weights(w_gate ? w_gate->data() : nullptr, w_up.data(), w_down.data(), N, K);
-}
 
 void ffn_infer(const In& x, const std::optional<In>& w_gate, const In& w_up, const In& w_down, Out& y) {
   const FfnWeights w = weights(w_gate, w_up, w_down);
