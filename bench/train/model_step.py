@@ -1,0 +1,271 @@
+#!/usr/bin/env python3
+"""A whole model's training step (issue 29's model-level outcome): the same Hugging Face Llama, the
+same step, with its MLPs through twell and through PyTorch's dense path, each in its own process.
+
+    python3 bench/train/model_step.py --model DIR [--seq 2048 --micro-batch 4 --steps 10] [--out DIR]
+
+DIR is a Hugging Face Llama checkpoint with ReLU MLPs, e.g. `twell gen model --config 1b --out DIR`
+(a synthetic checkpoint whose FFNs fire at the paper's per-layer densities on random tokens).
+Modes (--modes, each a fresh process so that memory peaks and compile caches do not mix):
+  hf-eager        transformers' LlamaMLP as it is, eager: the paper's baseline
+  dense-compiled  the same under torch.compile (default mode) of the loss function: the strongest
+                  dense PyTorch step
+  twell           twell.hf.sparsify(model), eager
+  twell-compiled  twell.hf.sparsify(model) under torch.compile (twell's custom ops in the graph)
+Every mode runs the same step: fp32 master weights, bf16 autocast, SDPA attention (flash), loss =
+cross-entropy + l1_coeff · Σ_layers Σ|h| / tokens (the dense modes compute the L1 from h), gradient
+clipping at 1.0, fused AdamW (β 0.9 / 0.95, weight decay 0.1 on matrices). Inputs: random token
+ids (the distribution the synthetic checkpoint was calibrated on); the learning rate is small
+(--lr, default 1e-5) so that the checkpoint's density holds over the timed steps — the optimiser's
+cost does not depend on it.
+Timing: --warmup steps (compilation included), then --steps steps back to back between two
+synchronisations (as a training loop runs; the losses are read after). Memory: the peak of
+PyTorch's allocator over the run plus, for twell, the device memory its layer contexts hold
+beside it (weights in the kernels' layouts, workspaces, fp32 gradient buffers).
+Writes model_step-TAG.json and .md under --out and prints the table.
+"""
+import argparse
+import datetime
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+MODES = ("hf-eager", "dense-compiled", "twell", "twell-compiled")
+
+
+def dense_relu_mlp(mlp):
+    """A module computing LlamaMLP's function, down(relu(gate x) ⊙ up x), over the same Linear
+    modules, that keeps its L1 term (Σ h / tokens; h ≥ 0) in self.l1 as twell's SparseMLP does."""
+    import torch
+
+    class DenseReluMLP(torch.nn.Module):
+        def __init__(self, old):
+            super().__init__()
+            self.gate_proj, self.up_proj, self.down_proj = old.gate_proj, old.up_proj, old.down_proj
+            self.l1 = None
+
+        def forward(self, x):
+            h = torch.relu(self.gate_proj(x)) * self.up_proj(x)
+            self.l1 = h.float().sum() / (h.numel() // h.shape[-1])
+            return self.down_proj(h)
+
+    return DenseReluMLP(mlp)
+
+
+def one(a) -> dict:
+    """Runs one mode in this process; returns its measurements."""
+    import torch
+    import torch.nn.functional as F
+    import transformers
+
+    torch.manual_seed(0)
+    dev = torch.device(a.device)
+    cuda = dev.type == "cuda"
+    model = transformers.LlamaForCausalLM.from_pretrained(a.model, dtype=torch.float32, attn_implementation="sdpa")
+    if model.config.hidden_act != "relu":
+        raise SystemExit(f"{a.model}: hidden_act is {model.config.hidden_act!r}; a ReLU checkpoint is needed")
+    model.to(dev).train()
+    twell_mode = a.mode.startswith("twell")
+    if twell_mode:
+        import twell.hf
+        from twell import _cuda as twell_cuda
+
+        twell.hf.sparsify(model)
+        mlps = twell.hf.sparse_mlps(model)
+        for m in mlps:
+            m.count_neurons = False  # the per-neuron counts cost a gate GEMM; non-zeros per token are free
+    elif a.mode == "hf-eager":
+        mlps = []  # transformers' own module; its L1 from a hook on down_proj's input (h)
+        terms: list = []
+
+        def hook(module, args):
+            h = args[0]
+            terms.append(h.float().abs().sum() / (h.numel() // h.shape[-1]))
+
+        for layer in model.model.layers:
+            layer.mlp.down_proj.register_forward_pre_hook(hook)
+    else:
+        for layer in model.model.layers:
+            layer.mlp = dense_relu_mlp(layer.mlp)
+        mlps = [layer.mlp for layer in model.model.layers]
+    decay = [p for p in model.parameters() if p.dim() >= 2]
+    no_decay = [p for p in model.parameters() if p.dim() < 2]
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}],
+                            lr=a.lr, betas=(0.9, 0.95), fused=True)
+    vocab = model.config.vocab_size
+
+    def loss_fn(ids):
+        with torch.autocast(dev.type, dtype=torch.bfloat16):
+            logits = model(input_ids=ids[:, :-1]).logits
+            ce = F.cross_entropy(logits.float().reshape(-1, vocab), ids[:, 1:].reshape(-1))
+            if a.mode == "hf-eager":
+                l1 = torch.stack(terms).sum()
+                terms.clear()
+            else:
+                l1 = torch.stack([m.l1 for m in mlps]).sum()
+            return ce + a.l1_coeff * l1, ce.detach(), l1.detach()
+
+    fn = torch.compile(loss_fn) if a.mode.endswith("compiled") else loss_fn
+    params = list(model.parameters())
+    g = torch.Generator(device="cpu").manual_seed(1)
+    batches = [torch.randint(0, vocab, (a.micro_batch, a.seq + 1), generator=g).to(dev) for _ in range(4)]
+
+    def step(i):
+        loss, ce, l1 = fn(batches[i % len(batches)])
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, 1.0, foreach=True)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        return ce, l1
+
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
+    if cuda:
+        torch.cuda.reset_peak_memory_stats(dev)
+    t_warm = time.perf_counter()
+    for i in range(a.warmup):
+        step(i)
+    sync()
+    warm_s = time.perf_counter() - t_warm
+    out = []
+    times = []
+    t0 = time.perf_counter()
+    for i in range(a.steps):
+        out.append(step(a.warmup + i))
+    sync()
+    total = time.perf_counter() - t0
+    # Per step, one at a time (the host waits before each): the spread, and a check on the back-to-back mean.
+    for i in range(min(3, a.steps)):
+        sync()
+        t = time.perf_counter()
+        step(a.warmup + a.steps + i)
+        sync()
+        times.append(time.perf_counter() - t)
+    peak = torch.cuda.max_memory_allocated(dev) if cuda else 0
+    ctx = twell_cuda.context_bytes() if twell_mode and cuda else 0
+    # Density of the last weights on one batch (untimed): twell's counts, or h's non-zeros.
+    with torch.no_grad(), torch.autocast(dev.type, dtype=torch.bfloat16):
+        if twell_mode:
+            density = [float(m.stats.l0.float().mean()) / model.config.intermediate_size for m in mlps if m.stats is not None]
+        else:
+            counted = []
+            for layer in model.model.layers:
+                layer.mlp.down_proj.register_forward_pre_hook(
+                    lambda mod, args: counted.append(float((args[0] != 0).sum()) / (args[0].numel() // args[0].shape[-1])))
+            model(input_ids=batches[0][:, :-1])
+            density = [c / model.config.intermediate_size for c in counted]
+    tokens = a.micro_batch * a.seq
+    return {"mode": a.mode, "step_ms": 1e3 * total / a.steps, "tokens_per_s": tokens * a.steps / total,
+            "step_ms_one_at_a_time": [1e3 * t for t in times], "warmup_s": warm_s,
+            "peak_allocated_gib": peak / 2**30, "twell_context_gib": ctx / 2**30, "peak_gib": (peak + ctx) / 2**30,
+            "ce": [float(c) for c, _ in out], "l1": [float(l) for _, l in out],
+            "density_mean": statistics.fmean(density) if density else None, "density_per_layer": density,
+            "path": (mlps[0].last_path if twell_mode and mlps else "")}
+
+
+def table(res: dict) -> str:
+    rows = res["modes"]
+    ok = {r["mode"]: r for r in rows if "error" not in r}
+    dense = [ok[m] for m in ("hf-eager", "dense-compiled") if m in ok]
+    best = min(dense, key=lambda r: r["step_ms"]) if dense else None
+    cfg = res["config"]
+    lines = [f"# Training step of {cfg['name']} ({cfg['layers']} layers, hidden {cfg['hidden']}, FFN {cfg['ffn']}, "
+             f"{cfg['params_m']:.0f} M parameters) — {res['gpu']}, commit {res['commit']}, {res['date']}", "",
+             f"micro-batch {res['micro_batch']} × sequence {res['seq']} = {res['micro_batch'] * res['seq']} tokens a step; "
+             f"bf16 autocast, fp32 master weights, fused AdamW, SDPA attention; l1_coeff {res['l1_coeff']}; "
+             f"{res['steps']} steps back to back after {res['warmup']} warm-up steps.", "",
+             "| mode | step (ms) | tokens/s | vs best dense | peak memory (GiB) | vs dense peak | FFN density | loss (first → last) |",
+             "|---|---:|---:|---:|---:|---:|---:|---|"]
+    for r in rows:
+        if "error" in r:
+            lines.append(f"| {r['mode']} | failed: {r['error'][:120]} | | | | | | |")
+            continue
+        ref = ok.get("dense-compiled" if r["mode"].endswith("compiled") else "hf-eager")
+        speed = f"{best['step_ms'] / r['step_ms']:.2f}×" if best else ""
+        mem = f"{r['peak_gib'] / ref['peak_gib']:.2f}×" if ref and ref["peak_gib"] else ""
+        dens = f"{100 * r['density_mean']:.2f} %" if r["density_mean"] is not None else ""
+        lines.append(f"| {r['mode']} | {r['step_ms']:.1f} | {r['tokens_per_s'] / 1e3:.1f} k | {speed} | "
+                     f"{r['peak_gib']:.2f}" + (f" ({r['twell_context_gib']:.2f} twell contexts)" if r["twell_context_gib"] else "")
+                     + f" | {mem} | {dens} | {r['ce'][0]:.3f} → {r['ce'][-1]:.3f} |")
+    lines += ["", "Memory ratios compare eager with eager (hf-eager) and compiled with compiled (dense-compiled)."]
+    return "\n".join(lines)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter,
+                                 epilog=__doc__.split("\n", 2)[2])
+    ap.add_argument("--model", required=True, help="Hugging Face Llama checkpoint directory (ReLU MLPs)")
+    ap.add_argument("--modes", default=",".join(MODES), help=f"comma-separated, of {', '.join(MODES)}")
+    ap.add_argument("--seq", type=int, default=2048)
+    ap.add_argument("--micro-batch", type=int, default=4)
+    ap.add_argument("--steps", type=int, default=10, help="timed steps")
+    ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--lr", type=float, default=1e-5)
+    ap.add_argument("--l1-coeff", type=float, help="Σ over layers (default: the paper's 2e-5 a layer × layers)")
+    ap.add_argument("--tag", default="", help="name in the output files (default: the model directory's)")
+    ap.add_argument("--out", default=".", help="directory for model_step-TAG.json / .md")
+    ap.add_argument("--mode", help=argparse.SUPPRESS)  # one mode, in a child process: prints its JSON
+    ap.add_argument("--device", default="cuda", help=argparse.SUPPRESS)  # "cpu": a smoke test of the script
+    ap.add_argument("--timeout", type=int, default=300, help="seconds per mode")
+    a = ap.parse_args()
+    if a.mode:
+        if a.l1_coeff is None:
+            a.l1_coeff = 2e-5 * json.load(open(os.path.join(a.model, "config.json")))["num_hidden_layers"]
+        try:
+            print("RESULT " + json.dumps(one(a)), flush=True)
+        except Exception as e:  # reported, not a crash of the whole benchmark (e.g. out of memory)
+            print("RESULT " + json.dumps({"mode": a.mode, "error": f"{type(e).__name__}: {e}"}), flush=True)
+        return 0
+    modes = [m for m in a.modes.split(",") if m]
+    bad = [m for m in modes if m not in MODES]
+    if bad:
+        ap.error(f"unknown modes {bad}; known: {', '.join(MODES)}")
+    if not os.path.isfile(os.path.join(a.model, "config.json")):
+        ap.error(f"{a.model}: no config.json (a Hugging Face checkpoint directory is needed)")
+    try:
+        import torch
+        if a.device == "cuda" and not torch.cuda.is_available():
+            print("skipped: no CUDA device")
+            return 77
+    except ImportError as e:
+        print(f"skipped: {e}")
+        return 77
+    cfg = json.load(open(os.path.join(a.model, "config.json")))
+    K, N, L, V = cfg["hidden_size"], cfg["intermediate_size"], cfg["num_hidden_layers"], cfg["vocab_size"]
+    kv = cfg.get("num_key_value_heads", cfg["num_attention_heads"]) * K // cfg["num_attention_heads"]
+    params = V * K * (1 if cfg.get("tie_word_embeddings", False) else 2) + L * (3 * K * N + 2 * K * K + 2 * K * kv + 2 * K) + K
+    tag = a.tag or os.path.basename(os.path.normpath(a.model))
+    if a.l1_coeff is None:
+        a.l1_coeff = 2e-5 * L
+    res = {"gpu": torch.cuda.get_device_name(0) if a.device == "cuda" else "CPU", "commit": os.environ.get("TWELL_COMMIT", "unknown"),
+           "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+           "config": {"name": tag, "layers": L, "hidden": K, "ffn": N, "vocab": V, "params_m": params / 1e6},
+           "seq": a.seq, "micro_batch": a.micro_batch, "steps": a.steps, "warmup": a.warmup, "lr": a.lr,
+           "l1_coeff": a.l1_coeff, "modes": []}
+    for m in modes:
+        t = time.time()
+        args = [sys.executable, __file__, "--mode", m, "--l1-coeff", repr(a.l1_coeff)] + sys.argv[1:]
+        try:
+            p = subprocess.run(args, capture_output=True, text=True, timeout=a.timeout)
+            line = [s for s in p.stdout.splitlines() if s.startswith("RESULT ")]
+            r = json.loads(line[-1][7:]) if line else {"mode": m, "error": f"exit {p.returncode}: {p.stderr[-400:]}"}
+        except subprocess.TimeoutExpired:
+            r = {"mode": m, "error": f"ran past {a.timeout} s"}
+        res["modes"].append(r)
+        print(f"{m}: {time.time() - t:.0f} s; " + (r.get("error") or f"{r['step_ms']:.1f} ms a step, peak {r['peak_gib']:.2f} GiB"),
+              file=sys.stderr, flush=True)
+    os.makedirs(a.out, exist_ok=True)
+    base = os.path.join(a.out, f"model_step-{tag}")
+    with open(base + ".json", "w") as f:
+        json.dump(res, f, indent=1)
+    md = table(res)
+    with open(base + ".md", "w") as f:
+        f.write(md + "\n")
+    print(md)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
