@@ -15,9 +15,11 @@ Modes (--modes, each a fresh process so that memory peaks and compile caches do 
 Every mode runs the same step: fp32 master weights, bf16 autocast, SDPA attention (flash), loss =
 cross-entropy + l1_coeff · Σ_layers Σ|h| / tokens (the dense modes compute the L1 from h), gradient
 clipping at 1.0, fused AdamW (β 0.9 / 0.95, weight decay 0.1 on matrices). Inputs: random token
-ids (the distribution the synthetic checkpoint was calibrated on); the learning rate is small
-(--lr, default 1e-5) so that the checkpoint's density holds over the timed steps — the optimiser's
-cost does not depend on it.
+ids (the distribution the synthetic checkpoint was calibrated on). The learning rate is 0 by
+default (--lr): the optimiser does all its work (moments, the in-place update that makes twell copy
+the weights again), but the checkpoint's density holds over the timed steps. With lr 1e-5 on the
+synthetic 1b checkpoint (whose loss is huge: random weights) the density rose from 0.5 % to 6–8 %
+within 11 steps and both paths ran dense.
 Timing: --warmup steps (compilation included), then --steps steps back to back between two
 synchronisations (as a training loop runs; the losses are read after). Memory: the peak of
 PyTorch's allocator over the run plus, for twell, the device memory its layer contexts hold
@@ -55,6 +57,21 @@ def dense_relu_mlp(mlp):
     return DenseReluMLP(mlp)
 
 
+def measure_density(model, ids, dev) -> list:
+    """Per layer, the share of h's entries that are non-zero on `ids` (a no-grad forward through
+    transformers' own MLPs, hooked at down_proj's input)."""
+    import torch
+
+    counted = []
+    hooks = [layer.mlp.down_proj.register_forward_pre_hook(
+        lambda mod, args: counted.append(float((args[0] != 0).sum()) / args[0].numel())) for layer in model.model.layers]
+    with torch.no_grad(), torch.autocast(dev.type, dtype=torch.bfloat16):
+        model(input_ids=ids[:, :-1])
+    for h in hooks:
+        h.remove()
+    return counted
+
+
 def one(a) -> dict:
     """Runs one mode in this process; returns its measurements."""
     import torch
@@ -68,6 +85,10 @@ def one(a) -> dict:
     if model.config.hidden_act != "relu":
         raise SystemExit(f"{a.model}: hidden_act is {model.config.hidden_act!r}; a ReLU checkpoint is needed")
     model.to(dev).train()
+    g = torch.Generator(device="cpu").manual_seed(1)
+    vocab = model.config.vocab_size
+    batches = [torch.randint(0, vocab, (a.micro_batch, a.seq + 1), generator=g).to(dev) for _ in range(4)]
+    density_start = measure_density(model, batches[0], dev)
     twell_mode = a.mode.startswith("twell")
     if twell_mode:
         import twell.hf
@@ -95,7 +116,6 @@ def one(a) -> dict:
     no_decay = [p for p in model.parameters() if p.dim() < 2]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}],
                             lr=a.lr, betas=(0.9, 0.95), fused=True)
-    vocab = model.config.vocab_size
 
     def loss_fn(ids):
         with torch.autocast(dev.type, dtype=torch.bfloat16):
@@ -110,8 +130,6 @@ def one(a) -> dict:
 
     fn = torch.compile(loss_fn) if a.mode.endswith("compiled") else loss_fn
     params = list(model.parameters())
-    g = torch.Generator(device="cpu").manual_seed(1)
-    batches = [torch.randint(0, vocab, (a.micro_batch, a.seq + 1), generator=g).to(dev) for _ in range(4)]
 
     def step(i):
         loss, ce, l1 = fn(batches[i % len(batches)])
@@ -145,23 +163,18 @@ def one(a) -> dict:
         times.append(time.perf_counter() - t)
     peak = torch.cuda.max_memory_allocated(dev) if cuda else 0
     ctx = twell_cuda.context_bytes() if twell_mode and cuda else 0
-    # Density of the last weights on one batch (untimed): twell's counts, or h's non-zeros.
-    with torch.no_grad(), torch.autocast(dev.type, dtype=torch.bfloat16):
-        if twell_mode:
-            density = [float(m.stats.l0.float().mean()) / model.config.intermediate_size for m in mlps if m.stats is not None]
-        else:
-            counted = []
-            for layer in model.model.layers:
-                layer.mlp.down_proj.register_forward_pre_hook(
-                    lambda mod, args: counted.append(float((args[0] != 0).sum()) / (args[0].numel() // args[0].shape[-1])))
-            model(input_ids=batches[0][:, :-1])
-            density = [c / model.config.intermediate_size for c in counted]
+    # Density of the last training step: twell's counts, or h's non-zeros on one batch (untimed).
+    if twell_mode:
+        density = [float(m.stats.l0.float().mean()) / model.config.intermediate_size for m in mlps if m.stats is not None]
+    else:
+        density = measure_density(model, batches[0], dev)
     tokens = a.micro_batch * a.seq
     return {"mode": a.mode, "step_ms": 1e3 * total / a.steps, "tokens_per_s": tokens * a.steps / total,
             "step_ms_one_at_a_time": [1e3 * t for t in times], "warmup_s": warm_s,
             "peak_allocated_gib": peak / 2**30, "twell_context_gib": ctx / 2**30, "peak_gib": (peak + ctx) / 2**30,
             "ce": [float(c) for c, _ in out], "l1": [float(l) for _, l in out],
             "density_mean": statistics.fmean(density) if density else None, "density_per_layer": density,
+            "density_start_mean": statistics.fmean(density_start), "density_start_per_layer": density_start,
             "path": (mlps[0].last_path if twell_mode and mlps else "")}
 
 
@@ -174,9 +187,9 @@ def table(res: dict) -> str:
     lines = [f"# Training step of {cfg['name']} ({cfg['layers']} layers, hidden {cfg['hidden']}, FFN {cfg['ffn']}, "
              f"{cfg['params_m']:.0f} M parameters) — {res['gpu']}, commit {res['commit']}, {res['date']}", "",
              f"micro-batch {res['micro_batch']} × sequence {res['seq']} = {res['micro_batch'] * res['seq']} tokens a step; "
-             f"bf16 autocast, fp32 master weights, fused AdamW, SDPA attention; l1_coeff {res['l1_coeff']}; "
+             f"bf16 autocast, fp32 master weights, fused AdamW, SDPA attention; l1_coeff {res['l1_coeff']}, lr {res['lr']}; "
              f"{res['steps']} steps back to back after {res['warmup']} warm-up steps.", "",
-             "| mode | step (ms) | tokens/s | vs best dense | peak memory (GiB) | vs dense peak | FFN density | loss (first → last) |",
+             "| mode | step (ms) | tokens/s | vs best dense | peak memory (GiB) | vs dense peak | FFN density (start → end) | loss (first → last) |",
              "|---|---:|---:|---:|---:|---:|---:|---|"]
     for r in rows:
         if "error" in r:
@@ -185,7 +198,8 @@ def table(res: dict) -> str:
         ref = ok.get("dense-compiled" if r["mode"].endswith("compiled") else "hf-eager")
         speed = f"{best['step_ms'] / r['step_ms']:.2f}×" if best else ""
         mem = f"{r['peak_gib'] / ref['peak_gib']:.2f}×" if ref and ref["peak_gib"] else ""
-        dens = f"{100 * r['density_mean']:.2f} %" if r["density_mean"] is not None else ""
+        dens = (f"{100 * r['density_start_mean']:.2f} → {100 * r['density_mean']:.2f} %"
+                if r["density_mean"] is not None else "")
         lines.append(f"| {r['mode']} | {r['step_ms']:.1f} | {r['tokens_per_s'] / 1e3:.1f} k | {speed} | "
                      f"{r['peak_gib']:.2f}" + (f" ({r['twell_context_gib']:.2f} twell contexts)" if r["twell_context_gib"] else "")
                      + f" | {mem} | {dens} | {r['ce'][0]:.3f} → {r['ce'][-1]:.3f} |")
@@ -202,7 +216,8 @@ def main() -> int:
     ap.add_argument("--micro-batch", type=int, default=4)
     ap.add_argument("--steps", type=int, default=10, help="timed steps")
     ap.add_argument("--warmup", type=int, default=3)
-    ap.add_argument("--lr", type=float, default=1e-5)
+    ap.add_argument("--lr", type=float, default=0.0,
+                    help="AdamW's learning rate (default 0: every step does the same work and the checkpoint's density holds)")
     ap.add_argument("--l1-coeff", type=float, help="Σ over layers (default: the paper's 2e-5 a layer × layers)")
     ap.add_argument("--tag", default="", help="name in the output files (default: the model directory's)")
     ap.add_argument("--out", default=".", help="directory for model_step-TAG.json / .md")

@@ -146,13 +146,28 @@ class LayerOf : public Layer {
     const cuda::DeviceFfnWeights w = weights_of(w_gate, w_up, w_down, device_);
     DeviceGuard g(device_);
     nb::gil_scoped_release release;
-    if (!ctx_) ctx_ = std::make_unique<Ctx>();
+    if (!ctx_) ctx_ = make_context();
     ctx_->load_weights(w, as_stream(stream));
     loaded(w);
   }
 
  protected:
+  virtual std::unique_ptr<Ctx> make_context() { return std::make_unique<Ctx>(); }
   std::unique_ptr<Ctx> ctx_;
+};
+
+// The workspaces the training contexts of one device share (cuda::TrainScratch): layers that run
+// one after another on one stream, as a model's do.
+class CudaTrainScratch {
+ public:
+  explicit CudaTrainScratch(int device) : device_(device), set_(std::make_shared<cuda::TrainScratch>()) {}
+  int device() const noexcept { return device_; }
+  std::int64_t bytes() const noexcept { return static_cast<std::int64_t>(set_->bytes()); }
+  const std::shared_ptr<cuda::TrainScratch>& set() const noexcept { return set_; }
+
+ private:
+  int device_;
+  std::shared_ptr<cuda::TrainScratch> set_;
 };
 
 class CudaFfnInfer : public LayerOf<cuda::FfnContext> {
@@ -171,7 +186,14 @@ class CudaFfnInfer : public LayerOf<cuda::FfnContext> {
 
 class CudaFfnTrain : public LayerOf<cuda::TrainContext> {
  public:
-  using LayerOf::LayerOf;
+  // scratch: the device's shared workspaces (nullptr: the context's own).
+  CudaFfnTrain(int device, const CudaTrainScratch* scratch) : LayerOf(device) {
+    if (scratch) {
+      TWELL_CHECK(scratch->device() == device, ErrorCode::invalid_argument,
+                  "CudaFfnTrain: the scratch set is on cuda:{}, the layer on cuda:{}", scratch->device(), device);
+      scratch_ = scratch->set();
+    }
+  }
   // y = FFN(x), the state for backward kept in the context; l1 and l0 (float32, 0-dim) receive
   // Σ|h| / m and non-zeros / m on the stream. Returns the path as dispatched.
   std::string forward(const Dev& x, const Dev& y, const Dev& l1, const Dev& l0, std::uintptr_t stream,
@@ -209,8 +231,15 @@ class CudaFfnTrain : public LayerOf<cuda::TrainContext> {
     store(dwd, ctx_->dw_down(), ctx_->ldn(), k_, n_, s);
   }
   std::int64_t device_bytes() const noexcept { return ctx_ ? static_cast<std::int64_t>(ctx_->device_bytes()) : 0; }
+  std::int64_t own_bytes() const noexcept { return ctx_ ? static_cast<std::int64_t>(ctx_->own_bytes()) : 0; }
+
+ protected:
+  std::unique_ptr<cuda::TrainContext> make_context() override {
+    return std::make_unique<cuda::TrainContext>(cuda::TrainContextOptions{}, scratch_);
+  }
 
  private:
+  std::shared_ptr<cuda::TrainScratch> scratch_;
   float* scalar(const char* what, const Dev& a) const {
     TWELL_CHECK(a.device_id() == device_ && is(a.dtype(), Kind::f32) && a.ndim() == 0, ErrorCode::invalid_argument,
                 "{} must be a 0-dim float32 tensor on cuda:{}", what, device_);
@@ -304,10 +333,18 @@ void bind_cuda(nb::module_& m) {
            "Copy bf16 weights (w_gate None: non-gated) into the layer on `stream`.")
       .def("forward", &CudaFfnInfer::forward, "x"_a, "y"_a, "stream"_a, "path"_a = "automatic",
            "y = FFN(x) (bf16); path: 'automatic', 'sparse' or 'dense'. Returns the path as dispatched.");
-  nb::class_<CudaFfnTrain>(m, "CudaFfnTrain", "One FFN layer's training context (it keeps the last forward's sparse state).")
+  nb::class_<CudaTrainScratch>(m, "CudaTrainScratch",
+                                "Workspaces shared by the training contexts of one device (layers run one after another on one stream).")
       .def(nb::init<int>(), "device"_a)
+      .def_prop_ro("device", &CudaTrainScratch::device)
+      .def_prop_ro("bytes", &CudaTrainScratch::bytes, "Device memory the set holds now.");
+  nb::class_<CudaFfnTrain>(m, "CudaFfnTrain", "One FFN layer's training context (it keeps the last forward's sparse state).")
+      .def(nb::init<int, const CudaTrainScratch*>(), "device"_a, "scratch"_a.none() = nb::none(),
+           "scratch: workspaces shared with other layers of the device (None: its own). Gradients are read "
+           "inside backward(), so sharing layers only need to run in one stream order.")
       .def_prop_ro("device", [](const CudaFfnTrain& l) { return l.device(); })
-      .def_prop_ro("device_bytes", &CudaFfnTrain::device_bytes)
+      .def_prop_ro("device_bytes", &CudaFfnTrain::device_bytes, "Device memory the context holds, its scratch set included.")
+      .def_prop_ro("own_bytes", &CudaFfnTrain::own_bytes, "Device memory the context holds, without its scratch set.")
       .def("load", &CudaFfnTrain::load, "w_gate"_a.none(), "w_up"_a, "w_down"_a, "stream"_a,
            "Copy bf16 weights into the layer on `stream` (drops a saved forward).")
       .def("forward", &CudaFfnTrain::forward, "x"_a, "y"_a, "l1"_a, "l0"_a, "stream"_a, "path"_a = "automatic",

@@ -72,11 +72,19 @@ def forget(layer_id: int) -> None:
     """Frees a layer's contexts on every device (its module is gone)."""
     for key in [k for k in _layers if k[1] == layer_id]:
         del _layers[key]
+    for device in [d for d in _scratch if not any(k[0] == d for k in _layers)]:
+        del _scratch[device]  # no layer left on the device: its shared workspaces go too
+
+
+_scratch: dict[int, object] = {}  # device → _twell.CudaTrainScratch, shared by its training contexts
 
 
 def context_bytes() -> int:
-    """Device memory twell's training contexts hold (outside PyTorch's allocator)."""
-    return sum(lay.train.device_bytes for lay in _layers.values() if lay.train is not None)
+    """Device memory twell's training contexts hold (outside PyTorch's allocator): each layer's own
+    (weights in the kernels' layouts, the state saved for backward) and once per device the
+    workspaces they share."""
+    own = sum(lay.train.own_bytes for lay in _layers.values() if lay.train is not None)
+    return own + sum(s.bytes for s in _scratch.values())
 
 
 def stream_of(t: Tensor) -> int:
@@ -118,7 +126,12 @@ def infer(x: Tensor, w_gate, w_up, w_down, layer_id: int) -> Tensor:
 
 def _train_ctx(lay: Layer):
     if lay.train is None:
-        lay.train = _twell.CudaFfnTrain(lay.device)
+        # One scratch set per device: the layers of a model run one after another on PyTorch's
+        # stream, and each backward copies its gradients out before the next one runs.
+        scratch = _scratch.get(lay.device)
+        if scratch is None:
+            scratch = _scratch[lay.device] = _twell.CudaTrainScratch(lay.device)
+        lay.train = _twell.CudaFfnTrain(lay.device, scratch)
     return lay.train
 
 

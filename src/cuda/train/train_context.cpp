@@ -59,13 +59,31 @@ WeightGradPasses weight_grad_passes(std::int64_t m, std::int64_t k, std::int64_t
   return w;
 }
 
-TrainContext::TrainContext(const TrainContextOptions& opt)
+std::size_t TrainScratch::bytes() const noexcept {
+  return g.bytes() + h.bytes() + dh.bytes() + dgu.bytes() + row_counts.bytes() + wg_item_counts.bytes() +
+         wg_item_offsets.bytes() + entry_rows.bytes() + order.bytes() + tmp_keys.bytes() + tmp_vals.bytes() +
+         wg_item_neuron.bytes() + d_up_e.bytes() + d_gate_e.bytes() + dwd_t.bytes() + dw_gu.bytes() + dw_down.bytes() +
+         wg_entries.bytes() + wg_work.bytes() + cub_ws.bytes() + twell_words.bytes() + twell_row_ovf.bytes() +
+         twell_counters.bytes();
+}
+
+TrainContext::TrainContext(const TrainContextOptions& opt) : TrainContext(opt, nullptr) {}
+
+TrainContext::TrainContext(const TrainContextOptions& opt, std::shared_ptr<TrainScratch> scratch)
     : opt_(opt), ffn_([&] {
         ContextOptions c;
         c.autotune_gemm = opt.autotune_gemm;
         return c;
       }()),
-      scalars_(1), hot_scalars_(1), n_dense_(1), scalars_host_(1), totals_host_(2) {
+      scratch_(scratch ? std::move(scratch) : std::make_shared<TrainScratch>()),
+      g_(scratch_->g), dh_(scratch_->dh), dgu_(scratch_->dgu), row_counts_(scratch_->row_counts),
+      entry_rows_(scratch_->entry_rows), order_(scratch_->order), tmp_keys_(scratch_->tmp_keys),
+      tmp_vals_(scratch_->tmp_vals), d_up_e_(scratch_->d_up_e), d_gate_e_(scratch_->d_gate_e), dwd_t_(scratch_->dwd_t),
+      wg_entries_(scratch_->wg_entries), wg_work_(scratch_->wg_work), wg_item_counts_(scratch_->wg_item_counts),
+      wg_item_offsets_(scratch_->wg_item_offsets), wg_item_neuron_(scratch_->wg_item_neuron), cub_ws_(scratch_->cub_ws),
+      dw_gu_(scratch_->dw_gu), dw_down_(scratch_->dw_down), scalars_(1), hot_scalars_(1),
+      twell_words_(scratch_->twell_words), twell_row_ovf_(scratch_->twell_row_ovf),
+      twell_counters_(scratch_->twell_counters), n_dense_(1), scalars_host_(1), totals_host_(2) {
   TWELL_CHECK(opt_.token_min_blocks == 0 || opt_.token_min_blocks == 6 || opt_.token_min_blocks == 8,
               ErrorCode::invalid_argument, "TrainContextOptions::token_min_blocks must be 0, 6 or 8 (got {})",
               opt_.token_min_blocks);
@@ -140,23 +158,22 @@ void TrainContext::forget_measurements() {
   last_density_ = -1;
   last_dense_rows_ = 0;
   count_pending_ = false;
-  dw_gu_.release();
-  dw_down_.release();
-  dwd_t_.release();
+  if (scratch_.use_count() == 1) {  // a set of its own: fresh gradient buffers (NaN-filled) for a new shape
+    dw_gu_.release();
+    dw_down_.release();
+    dwd_t_.release();
+  }
   col_offsets_.release();
 }
 
-std::size_t TrainContext::device_bytes() const noexcept {
-  return ffn_.weight_bytes() + ffn_.gemm().workspace_bytes() + gu_.bytes() + g_.bytes() +
-         u_.bytes() + h_.bytes() + dh_.bytes() + dgu_.bytes() + row_counts_.bytes() + offsets_.bytes() +
-         col_offsets_.bytes() + cols_.bytes() + entry_rows_.bytes() + order_.bytes() + tmp_keys_.bytes() +
-         tmp_vals_.bytes() + p_.bytes() + u_e_.bytes() + row_l1_.bytes() + d_up_e_.bytes() + d_gate_e_.bytes() +
-         dwd_t_.bytes() + wg_entries_.bytes() + wg_work_.bytes() + wg_item_counts_.bytes() +
-         wg_item_offsets_.bytes() + wg_item_neuron_.bytes() + cub_ws_.bytes() + dw_gu_.bytes() + dw_down_.bytes() + scalars_.bytes() +
-         hot_scalars_.bytes() + ffn_.side_gemm_workspace_bytes() +
+std::size_t TrainContext::device_bytes() const noexcept { return own_bytes() + scratch_->bytes(); }
+
+std::size_t TrainContext::own_bytes() const noexcept {
+  return ffn_.weight_bytes() + ffn_.gemm().workspace_bytes() + gu_.bytes() + u_.bytes() + own_h_.bytes() +
+         g_saved_.bytes() + offsets_.bytes() + col_offsets_.bytes() + cols_.bytes() + p_.bytes() + u_e_.bytes() +
+         row_l1_.bytes() + scalars_.bytes() + hot_scalars_.bytes() + ffn_.side_gemm_workspace_bytes() +
          hot_idx_.bytes() + hot_base8_.bytes() + skip8_.bytes() + w_hot_.bytes() + dw_hot_.bytes() +
-         twell_words_.bytes() + twell_row_ovf_.bytes() + twell_counters_.bytes() + row_flags_.bytes() +
-         dense_rows_.bytes() + n_dense_.bytes() + rows_gu_.bytes() + rows_x_.bytes() +
+         row_flags_.bytes() + dense_rows_.bytes() + n_dense_.bytes() + rows_gu_.bytes() + rows_x_.bytes() +
          rows_dy_.bytes() + rows_out_.bytes() + rows_h_.bytes() + rows_dh_.bytes() + rows_dgu_.bytes();
 }
 
@@ -233,7 +250,7 @@ TrainForwardResult TrainContext::forward(const __nv_bfloat16* x, std::int64_t m,
     hot_gathered_ = false;
     if (hot_.empty()) return;
     const std::int64_t ld_hot = (gated() ? 2 : 1) * ldh();
-    DeviceBuffer<__nv_bfloat16>& dst = gated() ? gu_ : h_;
+    DeviceBuffer<__nv_bfloat16>& dst = gated() ? gu_ : hbuf();
     dst.reserve(sz(m * ld_hot));
     if (csr_count_can_gather(hot_count(), ld_hot, dst.get())) {
       cp.hot_base8 = hot_base8_.get();
@@ -335,7 +352,7 @@ TrainForwardResult TrainContext::forward(const __nv_bfloat16* x, std::int64_t m,
     // scalars_) and are added after the join.
     const bool overlap = saved_hot_ > 0 && opt_.hot_overlap;
     if (overlap) {
-      h_.reserve(sz(m * ldh()));
+      hbuf().reserve(sz(m * ldh()));
       if (gated()) gu_.reserve(sz(m * 2 * ldh()));
       LtGemm& gemm = ffn_.side_gemm();
       cudaStream_t side = side_.fork(stream);
@@ -412,13 +429,13 @@ void TrainContext::sparse_forward(const __nv_bfloat16* x, std::int64_t m, __nv_b
 }
 
 DenseTrainElementwiseParams TrainContext::elementwise_params(std::int64_t m) {
-  h_.reserve(sz(m * ldn()));
+  hbuf().reserve(sz(m * ldn()));
   DenseTrainElementwiseParams e;
   e.m = m;
   e.n = n();
   e.ldn = ldn();
   e.gated = gated();
-  e.h = h_.get();
+  e.h = hbuf().get();
   e.ld_h = ldn();
   e.scalars = scalars_.get();
   return e;
@@ -434,11 +451,11 @@ void TrainContext::dense_forward_stacked(const __nv_bfloat16* x, std::int64_t m,
     e.ld_g = e.ld_u = 2 * ldn();
     saved_bytes_ = sz(m * 3 * ldn()) * sizeof(__nv_bfloat16);  // g, u and h
   } else {
-    ffn_.gemm().run({m, ldn(), k(), k(), k(), ldn(), GemmEpilogue::relu}, ffn_.w_gate_up(), x, h_.get(), stream);
+    ffn_.gemm().run({m, ldn(), k(), k(), k(), ldn(), GemmEpilogue::relu}, ffn_.w_gate_up(), x, hbuf().get(), stream);
     saved_bytes_ = sz(m * ldn()) * sizeof(__nv_bfloat16);  // h (its sign is the ReLU mask)
   }
   launch_dense_train_forward(e, stream);
-  ffn_.gemm().run({m, k(), ldn(), ldn(), ldn(), k(), GemmEpilogue::none}, ffn_.w_down(), h_.get(), y, stream);
+  ffn_.gemm().run({m, k(), ldn(), ldn(), ldn(), k(), GemmEpilogue::none}, ffn_.w_down(), hbuf().get(), y, stream);
   saved_ = Saved::dense_stacked;
   saved_hot_ = saved_rows_ = 0;
 }
@@ -450,18 +467,27 @@ void TrainContext::dense_forward_after_gate(const __nv_bfloat16* x, std::int64_t
     u_.reserve(sz(m * ldn()));
     ffn_.gemm().run({m, ldn(), k(), k(), k(), ldn(), GemmEpilogue::none}, ffn_.w_gate_up() + ldn() * k(), x, u_.get(),
                     stream);
-    e.g = g_.get();
+    // The backward reads g: a copy of its own when g_ is shared (the next layer's gate overwrites it).
+    const __nv_bfloat16* g = g_.get();
+    if (scratch_.use_count() > 1) {
+      g_saved_.reserve(sz(m * ldn()));
+      TWELL_CUDA_CHECK(cudaMemcpyAsync(g_saved_.get(), g_.get(), sz(m * ldn()) * sizeof(__nv_bfloat16),
+                                       cudaMemcpyDeviceToDevice, stream));
+      g = g_saved_.get();
+    }
+    saved_g_ = g;
+    e.g = g;
     e.u = u_.get();
     e.ld_g = e.ld_u = ldn();
     saved_bytes_ = sz(m * 3 * ldn()) * sizeof(__nv_bfloat16);
   } else {
     // g_ already is h = ReLU(x·Wuᵀ); the kernel zeroes its padding columns and counts.
-    TWELL_CUDA_CHECK(cudaMemcpy2DAsync(h_.get(), sz(ldn()) * 2, g_.get(), sz(ldn()) * 2, sz(n()) * 2, sz(m),
+    TWELL_CUDA_CHECK(cudaMemcpy2DAsync(hbuf().get(), sz(ldn()) * 2, g_.get(), sz(ldn()) * 2, sz(n()) * 2, sz(m),
                                        cudaMemcpyDeviceToDevice, stream));
     saved_bytes_ = sz(m * ldn()) * sizeof(__nv_bfloat16);
   }
   launch_dense_train_forward(e, stream);
-  ffn_.gemm().run({m, k(), ldn(), ldn(), ldn(), k(), GemmEpilogue::none}, ffn_.w_down(), h_.get(), y, stream);
+  ffn_.gemm().run({m, k(), ldn(), ldn(), ldn(), k(), GemmEpilogue::none}, ffn_.w_down(), hbuf().get(), y, stream);
   saved_ = Saved::dense_split;
   saved_hot_ = saved_rows_ = 0;
 }
@@ -514,7 +540,7 @@ void TrainContext::dense_backward(const __nv_bfloat16* x, const __nv_bfloat16* d
   e.ld_d = kin;
   if (gated()) {
     const bool stacked = saved_ == Saved::dense_stacked;
-    e.g = stacked ? gu_.get() : g_.get();
+    e.g = stacked ? gu_.get() : saved_g_;
     e.u = stacked ? gu_.get() + ldn() : u_.get();
     e.ld_g = e.ld_u = stacked ? 2 * ldn() : ldn();
     e.d_gate = dgu_.get();
@@ -529,7 +555,7 @@ void TrainContext::dense_backward(const __nv_bfloat16* x, const __nv_bfloat16* d
   // [dWg; dWu] = [dg | du]ᵀ · x: [kin, m] · [m, K], fp32
   gemm.matmul({true, false, kin, k(), m, kin, k(), k(), true, GemmEpilogue::none}, dgu_.get(), x, dw_gu_.get(), stream);
   // dWd = dyᵀ · h: [K, m] · [m, ldn], fp32
-  gemm.matmul({true, false, k(), ldn(), m, k(), ldn(), ldn(), true, GemmEpilogue::none}, dy, h_.get(), dw_down_.get(),
+  gemm.matmul({true, false, k(), ldn(), m, k(), ldn(), ldn(), true, GemmEpilogue::none}, dy, hbuf().get(), dw_down_.get(),
               stream);
 }
 
@@ -771,10 +797,10 @@ void TrainContext::calibrate_hot_neurons(std::int64_t m, cudaStream_t stream) {
 void TrainContext::hot_forward_up(const __nv_bfloat16* x, std::int64_t m, LtGemm& gemm, DenseTrainScalars* scalars,
                                   bool timed, cudaStream_t stream) {
   const std::int64_t lh = ldh();
-  h_.reserve(sz(m * lh));
+  hbuf().reserve(sz(m * lh));
   if (gated()) gu_.reserve(sz(m * 2 * lh));
   // Dense rows take every neuron themselves: the hot part treats them as inactive.
-  DenseTrainElementwiseParams e = block_params(gated(), m, hot_count(), lh, gated() ? gu_.get() : h_.get(), h_.get(),
+  DenseTrainElementwiseParams e = block_params(gated(), m, hot_count(), lh, gated() ? gu_.get() : hbuf().get(), hbuf().get(),
                                                saved_rows_ > 0 ? row_flags_.get() : nullptr);
   e.scalars = scalars;  // adds (scalars_ after the cold part set it, or hot_scalars_ zeroed for the side stream)
   // The hot gate columns come from the gate GEMM over every neuron (g_, ReLU applied: the same
@@ -783,7 +809,7 @@ void TrainContext::hot_forward_up(const __nv_bfloat16* x, std::int64_t m, LtGemm
   // forward() where it could, else here; only u needs a GEMM. The elementwise kernels read
   // columns < H only.
   if (!hot_gathered_)
-    launch_gather_cols(g_.get(), ldn(), hot_idx_.get(), m, hot_count(), gated() ? gu_.get() : h_.get(),
+    launch_gather_cols(g_.get(), ldn(), hot_idx_.get(), m, hot_count(), gated() ? gu_.get() : hbuf().get(),
                        (gated() ? 2 : 1) * lh, stream);
   if (gated())
     gemm.run({m, lh, k(), k(), k(), 2 * lh, GemmEpilogue::none}, w_hot_.get() + lh * k(), x, gu_.get() + lh, stream);
@@ -796,7 +822,7 @@ void TrainContext::hot_forward_down(std::int64_t m, __nv_bfloat16* y, cudaStream
   const std::int64_t lh = ldh();
   // y += h_hot · Wd_hotᵀ = h_hot · (Wdᵀ_hot rows)
   const __nv_bfloat16* wdt = w_hot_.get() + (gated() ? 2 : 1) * lh * k();
-  ffn_.gemm().matmul({false, false, m, k(), lh, lh, k(), k(), false, GemmEpilogue::none, true}, h_.get(), wdt, y, stream);
+  ffn_.gemm().matmul({false, false, m, k(), lh, lh, k(), k(), false, GemmEpilogue::none, true}, hbuf().get(), wdt, y, stream);
 }
 
 void TrainContext::hot_backward_reserve(std::int64_t m) {
@@ -813,7 +839,7 @@ void TrainContext::hot_backward_grads(const __nv_bfloat16* x, const __nv_bfloat1
   // dh = dy · Wd_hot = dy · (Wdᵀ_hot)ᵀ
   gemm.run({m, lh, k(), k(), k(), lh, GemmEpilogue::none}, wdt, dy, dh_.get(), stream);
   if (timed) mark("bwd: hot neurons: dh GEMM", stream);
-  const DenseTrainElementwiseParams e = block_params(gated(), m, h, lh, gated() ? gu_.get() : h_.get(), h_.get(),
+  const DenseTrainElementwiseParams e = block_params(gated(), m, h, lh, gated() ? gu_.get() : hbuf().get(), hbuf().get(),
                                                      saved_rows_ > 0 ? row_flags_.get() : nullptr);
   block_backward(e, dh_.get(), c1, dgu_.get(), stream);
   if (timed) mark("bwd: hot neurons: elementwise", stream);

@@ -25,6 +25,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
@@ -148,9 +149,29 @@ struct TrainForwardResult {
   std::string path;
 };
 
+// Workspaces through which no state passes from a forward to its backward (the gate output of
+// the sparse step, the backward's temporaries, the weight gradients until the caller reads them):
+// the contexts of a model's layers, which run one after another on one stream, can share one set,
+// so that their memory grows with the largest M and not with the layer count. Sharing contexts
+// must run in one stream order, and a context's dw_gate() / dw_up() / dw_down() hold its gradients
+// only until another context that shares the set runs a backward.
+struct TrainScratch {
+  DeviceBuffer<__nv_bfloat16> g, h, dh, dgu;  // h: gated layers only (a non-gated layer saves h)
+  DeviceBuffer<std::int64_t> row_counts, wg_item_counts, wg_item_offsets;
+  DeviceBuffer<std::int32_t> entry_rows, order, tmp_keys, tmp_vals, wg_item_neuron;
+  DeviceBuffer<float> d_up_e, d_gate_e, dwd_t, dw_gu, dw_down;
+  DeviceBuffer<float4> wg_entries;
+  DeviceBuffer<unsigned char> wg_work, cub_ws;
+  DeviceBuffer<std::uint32_t> twell_words, twell_row_ovf;
+  DeviceBuffer<TwellCounters> twell_counters;
+  std::size_t bytes() const noexcept;
+};
+
 class TrainContext {
  public:
   explicit TrainContext(const TrainContextOptions& opt = {});
+  // With `scratch` shared by other contexts (see TrainScratch); nullptr: a set of its own.
+  TrainContext(const TrainContextOptions& opt, std::shared_ptr<TrainScratch> scratch);
   ~TrainContext();
   TrainContext(const TrainContext&) = delete;
   TrainContext& operator=(const TrainContext&) = delete;
@@ -199,7 +220,9 @@ class TrainContext {
   std::vector<std::pair<std::string, float>> phase_ms();
 
   std::size_t saved_bytes() const noexcept { return saved_bytes_; }  // kept by the last forward beyond x, y
-  std::size_t device_bytes() const noexcept;                          // everything this context holds
+  std::size_t device_bytes() const noexcept;  // everything this context holds, its scratch set included
+  std::size_t own_bytes() const noexcept;     // without the scratch set (shared ones count once, apart)
+  const std::shared_ptr<TrainScratch>& scratch() const noexcept { return scratch_; }
   bool gated() const noexcept { return ffn_.gated(); }
   std::int64_t n() const noexcept { return ffn_.n(); }
   std::int64_t k() const noexcept { return ffn_.k(); }
@@ -273,19 +296,41 @@ class TrainContext {
   // workspace), u_ [m, ldn] (dispatched dense), h_ [m, ldn]; backward dh_ [m, ldn], dgu_ [m, 2·ldn]
   // g_ is free once the CSR is built: the sparse backward never reads it and uses it as the
   // weight-gradient workspace (slice-major x, dy and partials) when it is large enough.
-  DeviceBuffer<__nv_bfloat16> gu_, g_, u_, h_, dh_, dgu_;
+  // The scratch set (declared before the references into it below); own or shared.
+  std::shared_ptr<TrainScratch> scratch_;
+  DeviceBuffer<__nv_bfloat16> gu_, u_, own_h_;
+  DeviceBuffer<__nv_bfloat16>& g_;
+  DeviceBuffer<__nv_bfloat16>& dh_;
+  DeviceBuffer<__nv_bfloat16>& dgu_;
+  // h: scratch for a gated layer (its backward recomputes h from the saved [g | u]); saved state
+  // (own_h_) for a non-gated one, whose h is the activation itself.
+  DeviceBuffer<__nv_bfloat16>& hbuf() noexcept { return gated() ? scratch_->h : own_h_; }
+  // The gate output of a step that turned dense after it (Saved::dense_split, gated): g_ is
+  // scratch when shared, so the step keeps a copy for its backward.
+  DeviceBuffer<__nv_bfloat16> g_saved_;
+  const __nv_bfloat16* saved_g_ = nullptr;  // g of the last Saved::dense_split forward (g_ or g_saved_)
   // sparse state: row_counts_ [m], offsets_ [m + 1], per entry cols_, p_, u_e_; row_l1_ [m]
-  DeviceBuffer<std::int64_t> row_counts_, offsets_, col_offsets_;
-  DeviceBuffer<std::int32_t> cols_, entry_rows_, order_, tmp_keys_, tmp_vals_;
+  DeviceBuffer<std::int64_t> offsets_, col_offsets_;
+  DeviceBuffer<std::int64_t>& row_counts_;
+  DeviceBuffer<std::int32_t> cols_;
+  DeviceBuffer<std::int32_t>& entry_rows_;
+  DeviceBuffer<std::int32_t>& order_;
+  DeviceBuffer<std::int32_t>& tmp_keys_;
+  DeviceBuffer<std::int32_t>& tmp_vals_;
   DeviceBuffer<__nv_bfloat16> p_;
-  DeviceBuffer<float> u_e_, row_l1_, d_up_e_, d_gate_e_, dwd_t_;
-  DeviceBuffer<float4> wg_entries_;  // [nnz] weight-gradient entries, neuron order
-  DeviceBuffer<unsigned char> wg_work_;   // slice-major x, dy + partials when g_ is too small
-  DeviceBuffer<std::int64_t> wg_item_counts_, wg_item_offsets_;
-  DeviceBuffer<std::int32_t> wg_item_neuron_;
-  DeviceBuffer<unsigned char> cub_ws_;
+  DeviceBuffer<float> u_e_, row_l1_;
+  DeviceBuffer<float>& d_up_e_;
+  DeviceBuffer<float>& d_gate_e_;
+  DeviceBuffer<float>& dwd_t_;
+  DeviceBuffer<float4>& wg_entries_;  // [nnz] weight-gradient entries, neuron order
+  DeviceBuffer<unsigned char>& wg_work_;   // slice-major x, dy + partials when g_ is too small
+  DeviceBuffer<std::int64_t>& wg_item_counts_;
+  DeviceBuffer<std::int64_t>& wg_item_offsets_;
+  DeviceBuffer<std::int32_t>& wg_item_neuron_;
+  DeviceBuffer<unsigned char>& cub_ws_;
   // gradients: dw_gu_ [2·ldn (gated) or ldn, K], dw_down_ [K, ldn]
-  DeviceBuffer<float> dw_gu_, dw_down_;
+  DeviceBuffer<float>& dw_gu_;
+  DeviceBuffer<float>& dw_down_;
   // hot neurons: hot_ ascending; hot_idx_ [H]; skip8_ [ceil(N/8)] the CSR's column mask;
   // hot_base8_ [ceil(N/8)] the hot neurons before neuron 8·i;
   // w_hot_ [(gated ? 3 : 2)·ldh, K] = [Wg_hot; Wu_hot; Wdᵀ_hot] (padding rows 0); dw_hot_ the
@@ -308,8 +353,9 @@ class TrainContext {
   // its counters (workspaces of the forward; the gate buffer g_ receives the overflowed blocks).
   bool gate_sm90_ok_ = false;  // this device runs the sm90 gate kernel
   int sm_count_ = 0;
-  DeviceBuffer<std::uint32_t> twell_words_, twell_row_ovf_;
-  DeviceBuffer<TwellCounters> twell_counters_;
+  DeviceBuffer<std::uint32_t>& twell_words_;
+  DeviceBuffer<std::uint32_t>& twell_row_ovf_;
+  DeviceBuffer<TwellCounters>& twell_counters_;
   std::int64_t saved_rows_ = 0;
   DeviceBuffer<unsigned char> row_flags_;
   DeviceBuffer<std::int32_t> dense_rows_;
