@@ -539,6 +539,9 @@ void TrainContext::dense_backward(const __nv_bfloat16* x, const __nv_bfloat16* d
   e.c1_scale = c1_scale_;
   e.ld_d = kin;
   if (gated()) {
+    // h again from the saved [g | u] (the same bits as the forward's), for the dWd GEMM below: h
+    // is scratch for a gated layer, overwritten by the layers whose forwards ran since.
+    e.recompute_h = true;
     const bool stacked = saved_ == Saved::dense_stacked;
     e.g = stacked ? gu_.get() : saved_g_;
     e.u = stacked ? gu_.get() + ldn() : u_.get();
