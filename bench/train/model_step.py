@@ -10,8 +10,13 @@ Modes (--modes, each a fresh process so that memory peaks and compile caches do 
   hf-eager        transformers' LlamaMLP as it is, eager: the paper's baseline
   dense-compiled  the same under torch.compile (default mode) of the loss function: the strongest
                   dense PyTorch step
-  twell           twell.hf.sparsify(model), eager
+  twell           twell.hf.sparsify(model)
+        if a.mode == "twell-dense-compiled":
+            twell_cuda.path = "dense", eager
   twell-compiled  twell.hf.sparsify(model) under torch.compile (twell's custom ops in the graph)
+  twell-dense-compiled  the same with twell's ops held on their dense (cuBLASLt) path: what the
+                  integration costs (weight copies, gradient copies, graph breaks) without the
+                  sparse kernels' gain (not in the default --modes)
 Every mode runs the same step: fp32 master weights, bf16 autocast, SDPA attention (flash), loss =
 cross-entropy + l1_coeff · Σ_layers Σ|h| / tokens (the dense modes compute the L1 from h), gradient
 clipping at 1.0, fused AdamW (β 0.9 / 0.95, weight decay 0.1 on matrices). Inputs: random token
@@ -35,7 +40,7 @@ import subprocess
 import sys
 import time
 
-MODES = ("hf-eager", "dense-compiled", "twell", "twell-compiled")
+MODES = ("hf-eager", "dense-compiled", "twell", "twell-compiled", "twell-dense-compiled")
 
 
 def dense_relu_mlp(mlp):
@@ -129,6 +134,9 @@ def one(a) -> dict:
             return ce + a.l1_coeff * l1, ce.detach(), l1.detach()
 
     fn = torch.compile(loss_fn) if a.mode.endswith("compiled") else loss_fn
+    if a.mode.endswith("compiled"):
+        from torch._dynamo.utils import counters
+
     params = list(model.parameters())
 
     def step(i):
@@ -169,7 +177,14 @@ def one(a) -> dict:
     else:
         density = measure_density(model, batches[0], dev)
     tokens = a.micro_batch * a.seq
-    return {"mode": a.mode, "step_ms": 1e3 * total / a.steps, "tokens_per_s": tokens * a.steps / total,
+    extra = {}
+    if a.mode.endswith("compiled"):
+        extra["dynamo_graphs"] = counters["stats"].get("unique_graphs", 0)
+        extra["graph_breaks"] = sum(counters["graph_break"].values())
+        extra["graph_break_reasons"] = sorted(counters["graph_break"])[:8]
+    if twell_mode:
+        extra["recomputes"] = sum(lay.recomputes for lay in twell_cuda._layers.values())
+    return {**extra, "mode": a.mode, "step_ms": 1e3 * total / a.steps, "tokens_per_s": tokens * a.steps / total,
             "step_ms_one_at_a_time": [1e3 * t for t in times], "warmup_s": warm_s,
             "peak_allocated_gib": peak / 2**30, "twell_context_gib": ctx / 2**30, "peak_gib": (peak + ctx) / 2**30,
             "ce": [float(c) for c, _ in out], "l1": [float(l) for _, l in out],
@@ -211,7 +226,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter,
                                  epilog=__doc__.split("\n", 2)[2])
     ap.add_argument("--model", required=True, help="Hugging Face Llama checkpoint directory (ReLU MLPs)")
-    ap.add_argument("--modes", default=",".join(MODES), help=f"comma-separated, of {', '.join(MODES)}")
+    ap.add_argument("--modes", default=",".join(MODES[:4]), help=f"comma-separated, of {', '.join(MODES)}")
     ap.add_argument("--seq", type=int, default=2048)
     ap.add_argument("--micro-batch", type=int, default=4)
     ap.add_argument("--steps", type=int, default=10, help="timed steps")
