@@ -145,6 +145,27 @@ def test_compile_fullgraph_matches_eager():
         assert torch.equal(a, b)
 
 
+def test_compile_keeps_one_graph_through_the_layers():
+    """Without fullgraph, Dynamo traces through the training op (a fixed-size state on CUDA) rather
+    than breaking the graph at every layer, which would cost a model every fusion across its MLPs."""
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    counters.clear()
+    mlps = torch.nn.ModuleList([tt.SparseMLP(128, 512) for _ in range(3)]).cuda()
+    x = torch.randn(2, 64, 128, device="cuda", requires_grad=True)
+
+    def loss(x):
+        for m in mlps:
+            x = x + m(torch.nn.functional.rms_norm(x, (128,)))
+        return x.square().mean() + 1e-3 * sum(m.l1 for m in mlps)
+
+    torch.compile(loss)(x).backward()
+    assert sum(counters["graph_break"].values()) == 0, dict(counters["graph_break"])
+    assert counters["stats"]["unique_graphs"] == 1
+    assert x.grad is not None and all(m.up_proj.weight.grad is not None for m in mlps)
+
+
 def test_a_second_forward_before_the_backward_recomputes_the_first():
     x, wg, wu, wd = make(256, 128, 640, True, 0.02, seed=6)
     mlp = tt.SparseMLP(128, 640).cuda()

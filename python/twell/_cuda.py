@@ -48,6 +48,7 @@ class Layer:
 
 
 _layers: dict[tuple[int, int], Layer] = {}
+TOKEN_BYTES = 16  # the training forward's state on CUDA: a fixed shape, so torch.compile keeps one graph
 path = "automatic"  # which path every CUDA call takes: "automatic", "sparse" or "dense" (twell.torch.cuda_path)
 
 
@@ -156,7 +157,7 @@ def train_forward(x: Tensor, w_gate, w_up, w_down, layer_id: int, count_neurons:
     yb = torch.empty_like(xb)
     l1 = torch.empty((), dtype=torch.float32, device=x.device)
     l0 = torch.empty((), dtype=torch.float32, device=x.device)
-    token = torch.zeros(16, dtype=torch.uint8, device=x.device)  # its content is never read: its address is the token
+    token = torch.zeros(TOKEN_BYTES, dtype=torch.uint8, device=x.device)  # its content is never read: its address is the token
     if count_neurons:
         counts = neuron_counts(xb, w_gate if w_gate is not None else w_up)
     else:

@@ -117,7 +117,9 @@ def ffn_train(x: Tensor, w_gate: Optional[Tensor], w_up: Tensor, w_down: Tensor,
 
 @ffn_train.register_fake
 def _(x, w_gate, w_up, w_down, ell_width, layer=-1, count_neurons=True):
-    n = torch.library.get_ctx().new_dynamic_size()
+    # CUDA: the state is a token of fixed size (the sparse state stays in the layer's context), so
+    # Dynamo traces through the op without a graph break; CPU: the state itself, of data-dependent size.
+    n = _cuda.TOKEN_BYTES if x.device.type == "cuda" else torch.library.get_ctx().new_dynamic_size()
     return (x.new_empty(x.shape[0], w_down.shape[0]), x.new_empty((), dtype=torch.float32),
             x.new_empty((), dtype=torch.float32), x.new_empty(n, dtype=torch.uint8),
             x.new_empty(w_up.shape[0], dtype=torch.int64))
