@@ -170,9 +170,30 @@ class CudaTrainScratch {
   std::shared_ptr<cuda::TrainScratch> set_;
 };
 
+// The per-call workspaces the inference contexts of one device share (cuda::FfnWorkspace, as the
+// model runtime's layers do): layers that run one after another on one stream.
+class CudaFfnWorkspace {
+ public:
+  explicit CudaFfnWorkspace(int device) : device_(device), set_(std::make_shared<cuda::FfnWorkspace>()) {}
+  int device() const noexcept { return device_; }
+  std::int64_t bytes() const noexcept { return static_cast<std::int64_t>(set_->bytes()); }
+  const std::shared_ptr<cuda::FfnWorkspace>& set() const noexcept { return set_; }
+
+ private:
+  int device_;
+  std::shared_ptr<cuda::FfnWorkspace> set_;
+};
+
 class CudaFfnInfer : public LayerOf<cuda::FfnContext> {
  public:
-  using LayerOf::LayerOf;
+  // workspace: the device's shared per-call workspaces (nullptr: the context's own).
+  CudaFfnInfer(int device, const CudaFfnWorkspace* workspace) : LayerOf(device) {
+    if (workspace) {
+      TWELL_CHECK(workspace->device() == device, ErrorCode::invalid_argument,
+                  "CudaFfnInfer: the workspace is on cuda:{}, the layer on cuda:{}", workspace->device(), device);
+      ws_ = workspace->set();
+    }
+  }
   // y = FFN(x); returns the path as dispatched.
   std::string forward(const Dev& x, const Dev& y, std::uintptr_t stream, const std::string& path) {
     const std::int64_t m = rows_of(x);
@@ -182,6 +203,14 @@ class CudaFfnInfer : public LayerOf<cuda::FfnContext> {
     nb::gil_scoped_release release;
     return ctx_->forward(static_cast<const bf16*>(x.data()), m, yp, p, as_stream(stream)).path;
   }
+
+ protected:
+  std::unique_ptr<cuda::FfnContext> make_context() override {
+    return std::make_unique<cuda::FfnContext>(cuda::ContextOptions{}, ws_);
+  }
+
+ private:
+  std::shared_ptr<cuda::FfnWorkspace> ws_;
 };
 
 class CudaFfnTrain : public LayerOf<cuda::TrainContext> {
@@ -326,8 +355,14 @@ void bind_cuda(nb::module_& m) {
   m.def("bench_train", &bench_train, "x"_a, "dy"_a, "w_gate"_a.none(), "w_up"_a, "w_down"_a, "l1_coeff"_a,
         "warmup"_a = 5, "reps"_a = 20,
         "twell's native training-step benchmark of one layer: sparse_step_ms, dense_step_ms, ..., device bytes.");
-  nb::class_<CudaFfnInfer>(m, "CudaFfnInfer", "One FFN layer's inference context on one CUDA device.")
+  nb::class_<CudaFfnWorkspace>(m, "CudaFfnWorkspace",
+                                "Per-call workspaces shared by the inference contexts of one device (layers run one after another on one stream).")
       .def(nb::init<int>(), "device"_a)
+      .def_prop_ro("device", &CudaFfnWorkspace::device)
+      .def_prop_ro("bytes", &CudaFfnWorkspace::bytes, "Device memory the workspace holds now.");
+  nb::class_<CudaFfnInfer>(m, "CudaFfnInfer", "One FFN layer's inference context on one CUDA device.")
+      .def(nb::init<int, const CudaFfnWorkspace*>(), "device"_a, "workspace"_a.none() = nb::none(),
+           "workspace: per-call workspaces shared with other layers of the device (None: its own).")
       .def_prop_ro("device", [](const CudaFfnInfer& l) { return l.device(); })
       .def("load", &CudaFfnInfer::load, "w_gate"_a.none(), "w_up"_a, "w_down"_a, "stream"_a,
            "Copy bf16 weights (w_gate None: non-gated) into the layer on `stream`.")

@@ -73,11 +73,13 @@ def forget(layer_id: int) -> None:
     """Frees a layer's contexts on every device (its module is gone)."""
     for key in [k for k in _layers if k[1] == layer_id]:
         del _layers[key]
-    for device in [d for d in _scratch if not any(k[0] == d for k in _layers)]:
-        del _scratch[device]  # no layer left on the device: its shared workspaces go too
+    for shared in (_scratch, _workspace):
+        for device in [d for d in shared if not any(k[0] == d for k in _layers)]:
+            del shared[device]  # no layer left on the device: its shared workspaces go too
 
 
 _scratch: dict[int, object] = {}  # device → _twell.CudaTrainScratch, shared by its training contexts
+_workspace: dict[int, object] = {}  # device → _twell.CudaFfnWorkspace, shared by its inference contexts
 
 
 def context_bytes() -> int:
@@ -116,7 +118,10 @@ def load(lay: Layer, which: str, ctx, ws: tuple, stream: int) -> None:
 def infer(x: Tensor, w_gate, w_up, w_down, layer_id: int) -> Tensor:
     lay = layer(x.device, layer_id)
     if lay.infer is None:
-        lay.infer = _twell.CudaFfnInfer(lay.device)
+        ws = _workspace.get(lay.device)  # one per device: the layers run one after another on its stream
+        if ws is None:
+            ws = _workspace[lay.device] = _twell.CudaFfnWorkspace(lay.device)
+        lay.infer = _twell.CudaFfnInfer(lay.device, ws)
     s = stream_of(x)
     load(lay, "infer", lay.infer, (w_gate, w_up, w_down), s)
     xb = bf16(x)

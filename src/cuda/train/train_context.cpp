@@ -64,17 +64,23 @@ std::size_t TrainScratch::bytes() const noexcept {
          wg_item_offsets.bytes() + entry_rows.bytes() + order.bytes() + tmp_keys.bytes() + tmp_vals.bytes() +
          wg_item_neuron.bytes() + d_up_e.bytes() + d_gate_e.bytes() + dwd_t.bytes() + dw_gu.bytes() + dw_down.bytes() +
          wg_entries.bytes() + wg_work.bytes() + cub_ws.bytes() + twell_words.bytes() + twell_row_ovf.bytes() +
-         twell_counters.bytes();
+         twell_counters.bytes() + (ffn ? ffn->bytes() : 0);
 }
 
 TrainContext::TrainContext(const TrainContextOptions& opt) : TrainContext(opt, nullptr) {}
 
 TrainContext::TrainContext(const TrainContextOptions& opt, std::shared_ptr<TrainScratch> scratch)
-    : opt_(opt), ffn_([&] {
-        ContextOptions c;
-        c.autotune_gemm = opt.autotune_gemm;
-        return c;
-      }()),
+    : opt_(opt), ffn_(
+                     [&] {
+                       ContextOptions c;
+                       c.autotune_gemm = opt.autotune_gemm;
+                       return c;
+                     }(),
+                     [&]() -> std::shared_ptr<FfnWorkspace> {  // shared set: one GEMM workspace for all
+                       if (!scratch) return nullptr;
+                       if (!scratch->ffn) scratch->ffn = std::make_shared<FfnWorkspace>(opt.autotune_gemm);
+                       return scratch->ffn;
+                     }()),
       scratch_(scratch ? std::move(scratch) : std::make_shared<TrainScratch>()),
       g_(scratch_->g), dh_(scratch_->dh), dgu_(scratch_->dgu), row_counts_(scratch_->row_counts),
       entry_rows_(scratch_->entry_rows), order_(scratch_->order), tmp_keys_(scratch_->tmp_keys),
@@ -169,11 +175,12 @@ void TrainContext::forget_measurements() {
 std::size_t TrainContext::device_bytes() const noexcept { return own_bytes() + scratch_->bytes(); }
 
 std::size_t TrainContext::own_bytes() const noexcept {
-  return ffn_.weight_bytes() + ffn_.gemm().workspace_bytes() + gu_.bytes() + u_.bytes() + own_h_.bytes() +
+  // The GEMM workspaces belong to the scratch set when it holds them (shared), else to this context.
+  const std::size_t gemm = scratch_->ffn ? 0 : ffn_.gemm().workspace_bytes() + ffn_.side_gemm_workspace_bytes();
+  return gemm + ffn_.weight_bytes() + gu_.bytes() + u_.bytes() + own_h_.bytes() +
          g_saved_.bytes() + offsets_.bytes() + col_offsets_.bytes() + cols_.bytes() + p_.bytes() + u_e_.bytes() +
-         row_l1_.bytes() + scalars_.bytes() + hot_scalars_.bytes() + ffn_.side_gemm_workspace_bytes() +
-         hot_idx_.bytes() + hot_base8_.bytes() + skip8_.bytes() + w_hot_.bytes() + dw_hot_.bytes() +
-         row_flags_.bytes() + dense_rows_.bytes() + n_dense_.bytes() + rows_gu_.bytes() + rows_x_.bytes() +
+         row_l1_.bytes() + scalars_.bytes() + hot_scalars_.bytes() + hot_idx_.bytes() + hot_base8_.bytes() +
+         skip8_.bytes() + w_hot_.bytes() + dw_hot_.bytes() + row_flags_.bytes() + dense_rows_.bytes() + n_dense_.bytes() + rows_gu_.bytes() + rows_x_.bytes() +
          rows_dy_.bytes() + rows_out_.bytes() + rows_h_.bytes() + rows_dh_.bytes() + rows_dgu_.bytes();
 }
 

@@ -164,6 +164,9 @@ struct TrainScratch {
   DeviceBuffer<unsigned char> wg_work, cub_ws;
   DeviceBuffer<std::uint32_t> twell_words, twell_row_ovf;
   DeviceBuffer<TwellCounters> twell_counters;
+  // The inner FfnContexts' workspace: the cuBLASLt handle, its plans and its 64 MB workspace
+  // (made by the first context that shares the set, with its autotune option).
+  std::shared_ptr<FfnWorkspace> ffn;
   std::size_t bytes() const noexcept;
 };
 
