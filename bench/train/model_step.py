@@ -184,6 +184,10 @@ def one(a) -> dict:
         extra["graph_break_reasons"] = sorted(counters["graph_break"])[:8]
     if twell_mode:
         extra["recomputes"] = sum(lay.recomputes for lay in twell_cuda._layers.values())
+        if cuda:  # the contexts' memory: shared by the layers, and each layer's own
+            extra["twell_shared_gib"] = sum(x.bytes for x in twell_cuda._scratch.values()) / 2**30
+            extra["twell_own_gib_per_layer"] = [lay.train.own_bytes / 2**30 for lay in twell_cuda._layers.values()
+                                                if lay.train is not None]
     return {**extra, "mode": a.mode, "step_ms": 1e3 * total / a.steps, "tokens_per_s": tokens * a.steps / total,
             "step_ms_one_at_a_time": [1e3 * t for t in times], "warmup_s": warm_s,
             "peak_allocated_gib": peak / 2**30, "twell_context_gib": ctx / 2**30, "peak_gib": (peak + ctx) / 2**30,
