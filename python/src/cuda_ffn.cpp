@@ -16,13 +16,12 @@
 #include <optional>
 #include <string>
 
-#include "cuda/common/check.hpp"
-#include "cuda/common/convert.hpp"
-#include "cuda/ffn_context.hpp"
-#include "cuda/train/train_context.hpp"
 #include "host_arrays.hpp"
 #include "twell/cuda/ffn_cuda.hpp"
+#include "twell/cuda/ffn_layer.hpp"
 #include "twell/error.hpp"
+
+// Only twell's public headers: the binding is a framework integration like any other.
 
 namespace nb = nanobind;
 using namespace nb::literals;
@@ -45,25 +44,6 @@ bool is(const nb::dlpack::dtype& t, Kind k) {
   return false;
 }
 
-// Makes `device` current for the call and restores the caller's device after it.
-class DeviceGuard {
- public:
-  explicit DeviceGuard(int device) {
-    TWELL_CUDA_CHECK(cudaGetDevice(&prev_));
-    if (prev_ != device) TWELL_CUDA_CHECK(cudaSetDevice(device));
-    set_ = prev_ != device;
-  }
-  ~DeviceGuard() {
-    if (set_) cudaSetDevice(prev_);
-  }
-  DeviceGuard(const DeviceGuard&) = delete;
-  DeviceGuard& operator=(const DeviceGuard&) = delete;
-
- private:
-  int prev_ = 0;
-  bool set_ = false;
-};
-
 // One argument's checks: on this layer's device, of this dtype, of this shape (rows, cols; cols < 0: 1-D).
 template <typename T>
 T* checked(const char* what, const Dev& a, int device, Kind kind, std::int64_t rows, std::int64_t cols) {
@@ -82,9 +62,7 @@ T* checked(const char* what, const Dev& a, int device, Kind kind, std::int64_t r
   return static_cast<T*>(a.data());
 }
 
-using bf16 = __nv_bfloat16;
-
-cudaStream_t as_stream(std::uintptr_t s) { return reinterpret_cast<cudaStream_t>(s); }
+cuda::Stream as_stream(std::uintptr_t s) { return reinterpret_cast<cuda::Stream>(s); }
 
 cuda::Path path_of(const std::string& p) {
   if (p == "automatic") return cuda::Path::automatic;
@@ -94,9 +72,9 @@ cuda::Path path_of(const std::string& p) {
 }
 
 // The weights' shapes and device pointers (w_up [N, K] gives the shape).
-cuda::DeviceFfnWeights weights_of(const std::optional<Dev>& w_gate, const Dev& w_up, const Dev& w_down, int device) {
+cuda::DeviceWeights weights_of(const std::optional<Dev>& w_gate, const Dev& w_up, const Dev& w_down, int device) {
   TWELL_CHECK(w_up.ndim() == 2, ErrorCode::shape_mismatch, "w_up must be 2-D, got {} dimensions", w_up.ndim());
-  cuda::DeviceFfnWeights w;
+  cuda::DeviceWeights w;
   w.n = static_cast<std::int64_t>(w_up.shape(0));
   w.k = static_cast<std::int64_t>(w_up.shape(1));
   TWELL_CHECK(w.n >= 1 && w.k >= 1, ErrorCode::shape_mismatch, "w_up is [{}, {}]: an FFN needs N, K ≥ 1", w.n, w.k);
@@ -106,124 +84,101 @@ cuda::DeviceFfnWeights weights_of(const std::optional<Dev>& w_gate, const Dev& w
   return w;
 }
 
-class Layer {
+void check_device(int device) {
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess) count = 0;
+  TWELL_CHECK(device >= 0 && device < count, ErrorCode::invalid_argument, "no CUDA device {} ({} present)", device,
+              count);
+}
+
+// The per-call workspaces the inference layers of one device share (cuda::InferWorkspace, as the
+// model runtime's layers do): layers that run one after another on one stream.
+class CudaFfnWorkspace {
  public:
-  explicit Layer(int device) : device_(device) {
-    int count = 0;
-    TWELL_CUDA_CHECK(cudaGetDeviceCount(&count));
-    TWELL_CHECK(device >= 0 && device < count, ErrorCode::invalid_argument, "no CUDA device {} ({} present)", device,
-                count);
+  explicit CudaFfnWorkspace(int device) : device_(device) {
+    check_device(device);
+    cuda::DeviceScope on(device);
+    ws_ = std::make_unique<cuda::InferWorkspace>();
   }
   int device() const noexcept { return device_; }
+  std::int64_t bytes() const noexcept { return ws_->bytes(); }
+  const cuda::InferWorkspace* get() const noexcept { return ws_.get(); }
+
+ private:
+  int device_;
+  std::unique_ptr<cuda::InferWorkspace> ws_;
+};
+
+// The workspaces the training layers of one device share (cuda::TrainWorkspace).
+class CudaTrainScratch {
+ public:
+  explicit CudaTrainScratch(int device) : device_(device) { check_device(device); }
+  int device() const noexcept { return device_; }
+  std::int64_t bytes() const noexcept { return ws_.bytes(); }
+  const cuda::TrainWorkspace* get() const noexcept { return &ws_; }
+
+ private:
+  int device_;
+  cuda::TrainWorkspace ws_;
+};
+
+// A layer on one device over one public layer type (cuda::FfnLayer or cuda::FfnTrainLayer, made on
+// the first load with the device current).
+template <typename L, typename Ws>
+class Layer {
+ public:
+  Layer(int device, const Ws* workspace) : device_(device), workspace_(workspace) {
+    check_device(device);
+    TWELL_CHECK(!workspace || workspace->device() == device, ErrorCode::invalid_argument,
+                "the workspace is on cuda:{}, the layer on cuda:{}", workspace ? workspace->device() : -1, device);
+  }
+  int device() const noexcept { return device_; }
+  void load(const std::optional<Dev>& w_gate, const Dev& w_up, const Dev& w_down, std::uintptr_t stream) {
+    const cuda::DeviceWeights w = weights_of(w_gate, w_up, w_down, device_);
+    cuda::DeviceScope on(device_);
+    nb::gil_scoped_release release;
+    if (!layer_) layer_ = std::make_unique<L>(workspace_ ? workspace_->get() : nullptr);
+    layer_->load_weights(w, as_stream(stream));
+    n_ = w.n;
+    k_ = w.k;
+    gated_ = w.w_gate != nullptr;
+  }
 
  protected:
   // x [m, K] bf16 on this device: its rows.
   std::int64_t rows_of(const Dev& x) const {
-    TWELL_CHECK(loaded_, ErrorCode::invalid_argument, "load the layer's weights first");
+    TWELL_CHECK(layer_ != nullptr, ErrorCode::invalid_argument, "load the layer's weights first");
     TWELL_CHECK(x.ndim() == 2, ErrorCode::shape_mismatch, "x must be 2-D, got {} dimensions", x.ndim());
     const auto m = static_cast<std::int64_t>(x.shape(0));
     TWELL_CHECK(m >= 1, ErrorCode::shape_mismatch, "x has no rows");
     checked<const bf16>("x", x, device_, Kind::bf16, m, k_);
     return m;
   }
-  void loaded(const cuda::DeviceFfnWeights& w) {
-    n_ = w.n;
-    k_ = w.k;
-    gated_ = w.w_gate != nullptr;
-    loaded_ = true;
-  }
   int device_;
+  const Ws* workspace_;  // the Python object keeps it alive (keep_alive in the bindings)
+  std::unique_ptr<L> layer_;
   std::int64_t n_ = 0, k_ = 0;
-  bool gated_ = false, loaded_ = false;
+  bool gated_ = false;
 };
 
-// A layer over one context type (FfnContext or TrainContext, made on the first load).
-template <typename Ctx>
-class LayerOf : public Layer {
+class CudaFfnInfer : public Layer<cuda::FfnLayer, CudaFfnWorkspace> {
  public:
   using Layer::Layer;
-  void load(const std::optional<Dev>& w_gate, const Dev& w_up, const Dev& w_down, std::uintptr_t stream) {
-    const cuda::DeviceFfnWeights w = weights_of(w_gate, w_up, w_down, device_);
-    DeviceGuard g(device_);
-    nb::gil_scoped_release release;
-    if (!ctx_) ctx_ = make_context();
-    ctx_->load_weights(w, as_stream(stream));
-    loaded(w);
-  }
-
- protected:
-  virtual std::unique_ptr<Ctx> make_context() { return std::make_unique<Ctx>(); }
-  std::unique_ptr<Ctx> ctx_;
-};
-
-// The workspaces the training contexts of one device share (cuda::TrainScratch): layers that run
-// one after another on one stream, as a model's do.
-class CudaTrainScratch {
- public:
-  explicit CudaTrainScratch(int device) : device_(device), set_(std::make_shared<cuda::TrainScratch>()) {}
-  int device() const noexcept { return device_; }
-  std::int64_t bytes() const noexcept { return static_cast<std::int64_t>(set_->bytes()); }
-  const std::shared_ptr<cuda::TrainScratch>& set() const noexcept { return set_; }
-
- private:
-  int device_;
-  std::shared_ptr<cuda::TrainScratch> set_;
-};
-
-// The per-call workspaces the inference contexts of one device share (cuda::FfnWorkspace, as the
-// model runtime's layers do): layers that run one after another on one stream.
-class CudaFfnWorkspace {
- public:
-  explicit CudaFfnWorkspace(int device) : device_(device), set_(std::make_shared<cuda::FfnWorkspace>()) {}
-  int device() const noexcept { return device_; }
-  std::int64_t bytes() const noexcept { return static_cast<std::int64_t>(set_->bytes()); }
-  const std::shared_ptr<cuda::FfnWorkspace>& set() const noexcept { return set_; }
-
- private:
-  int device_;
-  std::shared_ptr<cuda::FfnWorkspace> set_;
-};
-
-class CudaFfnInfer : public LayerOf<cuda::FfnContext> {
- public:
-  // workspace: the device's shared per-call workspaces (nullptr: the context's own).
-  CudaFfnInfer(int device, const CudaFfnWorkspace* workspace) : LayerOf(device) {
-    if (workspace) {
-      TWELL_CHECK(workspace->device() == device, ErrorCode::invalid_argument,
-                  "CudaFfnInfer: the workspace is on cuda:{}, the layer on cuda:{}", workspace->device(), device);
-      ws_ = workspace->set();
-    }
-  }
   // y = FFN(x); returns the path as dispatched.
   std::string forward(const Dev& x, const Dev& y, std::uintptr_t stream, const std::string& path) {
     const std::int64_t m = rows_of(x);
     bf16* yp = checked<bf16>("y", y, device_, Kind::bf16, m, k_);
     const cuda::Path p = path_of(path);
-    DeviceGuard g(device_);
+    cuda::DeviceScope on(device_);
     nb::gil_scoped_release release;
-    return ctx_->forward(static_cast<const bf16*>(x.data()), m, yp, p, as_stream(stream)).path;
+    return layer_->forward(static_cast<const bf16*>(x.data()), m, yp, p, as_stream(stream));
   }
-
- protected:
-  std::unique_ptr<cuda::FfnContext> make_context() override {
-    return std::make_unique<cuda::FfnContext>(cuda::ContextOptions{}, ws_);
-  }
-
- private:
-  std::shared_ptr<cuda::FfnWorkspace> ws_;
 };
 
-class CudaFfnTrain : public LayerOf<cuda::TrainContext> {
+class CudaFfnTrain : public Layer<cuda::FfnTrainLayer, CudaTrainScratch> {
  public:
-  // scratch: the device's shared workspaces (nullptr: the context's own).
-  CudaFfnTrain(int device, const CudaTrainScratch* scratch) : LayerOf(device) {
-    if (scratch) {
-      TWELL_CHECK(scratch->device() == device, ErrorCode::invalid_argument,
-                  "CudaFfnTrain: the scratch set is on cuda:{}, the layer on cuda:{}", scratch->device(), device);
-      scratch_ = scratch->set();
-    }
-  }
-  // y = FFN(x), the state for backward kept in the context; l1 and l0 (float32, 0-dim) receive
+  using Layer::Layer;
+  // y = FFN(x), the state for backward kept in the layer; l1 and l0 (float32, 0-dim) receive
   // Σ|h| / m and non-zeros / m on the stream. Returns the path as dispatched.
   std::string forward(const Dev& x, const Dev& y, const Dev& l1, const Dev& l0, std::uintptr_t stream,
                       const std::string& path) {
@@ -232,16 +187,17 @@ class CudaFfnTrain : public LayerOf<cuda::TrainContext> {
     float* l1p = scalar("l1", l1);
     float* l0p = scalar("l0", l0);
     const cuda::Path p = path_of(path);
-    DeviceGuard g(device_);
+    cuda::DeviceScope on(device_);
     nb::gil_scoped_release release;
-    const cudaStream_t s = as_stream(stream);
-    std::string ran = ctx_->forward(static_cast<const bf16*>(x.data()), m, yp, p, s).path;
-    ctx_->write_scalars(l1p, l0p, s);
+    const cuda::Stream s = as_stream(stream);
+    std::string ran = layer_->forward(static_cast<const bf16*>(x.data()), m, yp, p, s).path;
+    layer_->write_scalars(l1p, l0p, s);
     return ran;
   }
   // Gradients of ⟨y, dy⟩ + l1_coeff · Σ|h| / m for the last forward (which must have been over
-  // these x and weights): dx bf16 [m, K]; dw_gate, dw_up [N, K] and dw_down [K, N] in float32
-  // (copied) or bfloat16 (rounded from twell's fp32 sums), each as the caller allocated it.
+  // these x and weights): dx bf16 [m, K]; dw_gate, dw_up [N, K] and dw_down [K, N] in float32 or
+  // bfloat16, each as the caller allocated it, written before this call returns to the stream's
+  // order (so layers sharing a scratch set may run their backwards next).
   void backward(const Dev& x, const Dev& dy, const Dev& l1_coeff, const Dev& dx, const std::optional<Dev>& dw_gate, const Dev& dw_up,
                 const Dev& dw_down, std::uintptr_t stream) {
     const std::int64_t m = rows_of(x);
@@ -249,54 +205,30 @@ class CudaFfnTrain : public LayerOf<cuda::TrainContext> {
     const auto* cp = checked<const float>("l1_coeff", l1_coeff, device_, Kind::f32, 1, -1);
     bf16* dxp = checked<bf16>("dx", dx, device_, Kind::bf16, m, k_);
     TWELL_CHECK(dw_gate.has_value() == gated_, ErrorCode::invalid_argument, "dw_gate must be given exactly when the layer is gated");
-    const GradOut dwg = dw_gate ? grad_out("dw_gate", *dw_gate, n_, k_) : GradOut{};
-    const GradOut dwu = grad_out("dw_up", dw_up, n_, k_), dwd = grad_out("dw_down", dw_down, k_, n_);
-    DeviceGuard g(device_);
+    const cuda::GradOut dwg = dw_gate ? grad_out("dw_gate", *dw_gate, n_, k_) : cuda::GradOut{};
+    const cuda::GradOut dwu = grad_out("dw_up", dw_up, n_, k_), dwd = grad_out("dw_down", dw_down, k_, n_);
+    cuda::DeviceScope on(device_);
     nb::gil_scoped_release release;
-    const cudaStream_t s = as_stream(stream);
-    ctx_->backward(static_cast<const bf16*>(x.data()), dyp, m, cp, dxp, s);
-    if (dwg.p) store(dwg, ctx_->dw_gate(), k_, n_, k_, s);
-    store(dwu, ctx_->dw_up(), k_, n_, k_, s);
-    store(dwd, ctx_->dw_down(), ctx_->ldn(), k_, n_, s);
+    const cuda::Stream s = as_stream(stream);
+    layer_->backward(static_cast<const bf16*>(x.data()), dyp, m, cp, dxp, s);
+    layer_->gradients_to(dwg, dwu, dwd, s);
   }
-  std::int64_t device_bytes() const noexcept { return ctx_ ? static_cast<std::int64_t>(ctx_->device_bytes()) : 0; }
-  std::int64_t own_bytes() const noexcept { return ctx_ ? static_cast<std::int64_t>(ctx_->own_bytes()) : 0; }
-
- protected:
-  std::unique_ptr<cuda::TrainContext> make_context() override {
-    return std::make_unique<cuda::TrainContext>(cuda::TrainContextOptions{}, scratch_);
-  }
+  std::int64_t device_bytes() const noexcept { return layer_ ? layer_->device_bytes() : 0; }
+  std::int64_t own_bytes() const noexcept { return layer_ ? layer_->own_bytes() : 0; }
 
  private:
-  std::shared_ptr<cuda::TrainScratch> scratch_;
   float* scalar(const char* what, const Dev& a) const {
     TWELL_CHECK(a.device_id() == device_ && is(a.dtype(), Kind::f32) && a.ndim() == 0, ErrorCode::invalid_argument,
                 "{} must be a 0-dim float32 tensor on cuda:{}", what, device_);
     return static_cast<float*>(a.data());
   }
-  struct GradOut {
-    void* p = nullptr;
-    bool bf16 = false;
-  };
-  GradOut grad_out(const char* what, const Dev& a, std::int64_t rows, std::int64_t cols) const {
+  cuda::GradOut grad_out(const char* what, const Dev& a, std::int64_t rows, std::int64_t cols) const {
     const bool half = is(a.dtype(), Kind::bf16);
     checked<void>(what, a, device_, half ? Kind::bf16 : Kind::f32, rows, cols);
-    return {a.data(), half};
-  }
-  // out [rows, cols] (contiguous) from twell's fp32 gradient `in` (row stride ld_in).
-  static void store(const GradOut& out, const float* in, std::int64_t ld_in, std::int64_t rows, std::int64_t cols,
-                    cudaStream_t s) {
-    if (out.bf16) {
-      cuda::launch_convert_f32_to_bf16(in, ld_in, rows, cols, static_cast<bf16*>(out.p), cols, s);
-    } else {
-      const std::size_t row = static_cast<std::size_t>(cols) * sizeof(float);
-      TWELL_CUDA_CHECK(cudaMemcpy2DAsync(out.p, row, in, static_cast<std::size_t>(ld_in) * sizeof(float), row,
-                                         static_cast<std::size_t>(rows), cudaMemcpyDeviceToDevice, s));
-    }
+    return {a.data(), half ? cuda::GradOut::Type::bf16 : cuda::GradOut::Type::f32};
   }
 };
 
-// twell's own benchmarks of one layer (the native C++ calls, CUDA events, medians), for the
 // PyTorch benchmark's "native" column: inference (sparse as dispatched and dense cuBLASLt) and the
 // training step.
 nb::dict bench_infer(const In& x, const std::optional<In>& w_gate, const In& w_up, const In& w_down, int warmup,
@@ -361,7 +293,7 @@ void bind_cuda(nb::module_& m) {
       .def_prop_ro("device", &CudaFfnWorkspace::device)
       .def_prop_ro("bytes", &CudaFfnWorkspace::bytes, "Device memory the workspace holds now.");
   nb::class_<CudaFfnInfer>(m, "CudaFfnInfer", "One FFN layer's inference context on one CUDA device.")
-      .def(nb::init<int, const CudaFfnWorkspace*>(), "device"_a, "workspace"_a.none() = nb::none(),
+      .def(nb::init<int, const CudaFfnWorkspace*>(), "device"_a, "workspace"_a.none() = nb::none(), nb::keep_alive<1, 3>(),
            "workspace: per-call workspaces shared with other layers of the device (None: its own).")
       .def_prop_ro("device", [](const CudaFfnInfer& l) { return l.device(); })
       .def("load", &CudaFfnInfer::load, "w_gate"_a.none(), "w_up"_a, "w_down"_a, "stream"_a,
@@ -374,7 +306,7 @@ void bind_cuda(nb::module_& m) {
       .def_prop_ro("device", &CudaTrainScratch::device)
       .def_prop_ro("bytes", &CudaTrainScratch::bytes, "Device memory the set holds now.");
   nb::class_<CudaFfnTrain>(m, "CudaFfnTrain", "One FFN layer's training context (it keeps the last forward's sparse state).")
-      .def(nb::init<int, const CudaTrainScratch*>(), "device"_a, "scratch"_a.none() = nb::none(),
+      .def(nb::init<int, const CudaTrainScratch*>(), "device"_a, "scratch"_a.none() = nb::none(), nb::keep_alive<1, 3>(),
            "scratch: workspaces shared with other layers of the device (None: its own). Gradients are read "
            "inside backward(), so sharing layers only need to run in one stream order.")
       .def_prop_ro("device", [](const CudaFfnTrain& l) { return l.device(); })

@@ -1,0 +1,143 @@
+#pragma once
+// The FFN engine as a model runtime, a trainer or a framework binding calls it: one object per
+// layer, the caller's device memory and stream, and workspaces that the layers of a device share.
+// No CUDA types: a stream travels as an opaque handle (a cudaStream_t), device values as twell::bf16
+// / float pointers. Only declared when the library was built with CUDA (TWELL_HAVE_CUDA).
+//
+// Sharing: layers given the same workspace must run one after another in one stream order (the
+// layers of a model do). What a training forward leaves for its backward is the layer's own; the
+// workspace holds only what lives within one call. A layer's fp32 gradients (dw_*) stay valid until
+// another layer of the same workspace runs a backward: read them (gradients_to) before that.
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "twell/bf16.hpp"
+#include "twell/cuda/ffn_cuda.hpp"
+#include "twell/ffn.hpp"
+
+namespace twell::cuda {
+
+class FfnContext;
+class TrainContext;
+struct FfnWorkspace;
+struct TrainScratch;
+
+using Stream = void*;  // a cudaStream_t; nullptr: the legacy default stream
+
+// Makes `device` current for the calls in its scope (and restores the previous one).
+class DeviceScope {
+ public:
+  explicit DeviceScope(int device);
+  ~DeviceScope();
+  DeviceScope(const DeviceScope&) = delete;
+  DeviceScope& operator=(const DeviceScope&) = delete;
+
+ private:
+  int previous_ = -1;
+};
+
+// Device bf16 weights in nn.Linear's layouts, row-major, contiguous: w_gate, w_up [n, k] (w_gate
+// null: a non-gated FFN), w_down [k, n]. A layer copies them into its kernels' layouts.
+struct DeviceWeights {
+  const bf16* w_gate = nullptr;
+  const bf16* w_up = nullptr;
+  const bf16* w_down = nullptr;
+  std::int64_t n = 0, k = 0;
+};
+
+// Per-call workspaces of inference layers (grown to the largest M served, never per layer).
+class InferWorkspace {
+ public:
+  InferWorkspace();
+  std::int64_t bytes() const noexcept;  // device memory held now
+  const std::shared_ptr<FfnWorkspace>& get() const noexcept { return set_; }
+
+ private:
+  std::shared_ptr<FfnWorkspace> set_;
+};
+
+// Workspaces of training layers (the sparse step's gate output, the backward's temporaries, the
+// fp32 weight gradients until read, the cuBLASLt handle and workspace).
+class TrainWorkspace {
+ public:
+  TrainWorkspace();
+  std::int64_t bytes() const noexcept;
+  const std::shared_ptr<TrainScratch>& get() const noexcept { return set_; }
+
+ private:
+  std::shared_ptr<TrainScratch> set_;
+};
+
+// One FFN layer for inference: y = FFN(x), exact on every input.
+class FfnLayer {
+ public:
+  explicit FfnLayer(const InferWorkspace* workspace = nullptr);  // null: a workspace of its own
+  ~FfnLayer();
+  FfnLayer(FfnLayer&&) noexcept;
+  FfnLayer& operator=(FfnLayer&&) noexcept;
+
+  void load_weights(const DeviceWeights& w, Stream stream);  // asynchronous; no host round trip
+  void upload_weights(const FfnWeights& w, Stream stream);   // from host fp32 (rounded to bf16)
+  // x, y: device bf16 [m, k]. Returns the path as dispatched (human-readable).
+  std::string forward(const bf16* x, std::int64_t m, bf16* y, Path path, Stream stream);
+  std::int64_t n() const noexcept;
+  std::int64_t k() const noexcept;
+  bool gated() const noexcept;
+
+ private:
+  std::unique_ptr<FfnContext> ctx_;
+};
+
+struct TrainForwardInfo {
+  bool sparse = false;         // which step ran
+  std::int64_t nnz = -1;       // non-zeros the sparse step's CSR holds (−1: a dense step that did not count)
+  std::int64_t hot_neurons = 0, dense_rows = 0;  // split off the sparse step and run dense
+  std::string path;            // human-readable
+};
+
+// Where a weight gradient goes: caller device memory, contiguous, fp32 or bf16 (rounded from
+// twell's fp32 sums).
+struct GradOut {
+  enum class Type { f32, bf16 };
+  void* data = nullptr;
+  Type type = Type::f32;
+};
+
+// One FFN layer for training: forward keeps what its backward needs; backward gives dx and the
+// weight gradients of ⟨y, dy⟩ + l1_coeff · Σ|h| / m.
+class FfnTrainLayer {
+ public:
+  explicit FfnTrainLayer(const TrainWorkspace* workspace = nullptr);  // null: a workspace of its own
+  ~FfnTrainLayer();
+  FfnTrainLayer(FfnTrainLayer&&) noexcept;
+  FfnTrainLayer& operator=(FfnTrainLayer&&) noexcept;
+
+  // New weights (an optimizer step): the dispatch statistics carry over at the same shape; a
+  // saved forward is dropped.
+  void load_weights(const DeviceWeights& w, Stream stream);
+  void upload_weights(const FfnWeights& w, Stream stream);
+  // x, y: device bf16 [m, k]; x must stay unchanged until backward(). Waits once on the host for
+  // the non-zero count (it sizes the saved state), unless the step runs dense.
+  TrainForwardInfo forward(const bf16* x, std::int64_t m, bf16* y, Path path, Stream stream);
+  // l1 = Σ|h| / m and l0 = non-zeros / m of the last forward, as fp32 into device memory.
+  void write_scalars(float* l1, float* l0, Stream stream) const;
+  // The last forward's backward (same x, m). l1_coeff_device: one fp32 on the device, read when the
+  // kernels run (no host wait). dx: device bf16 [m, k].
+  void backward(const bf16* x, const bf16* dy, std::int64_t m, const float* l1_coeff_device, bf16* dx,
+                Stream stream);
+  void backward(const bf16* x, const bf16* dy, std::int64_t m, double l1_coeff, bf16* dx, Stream stream);
+  // The last backward's weight gradients into caller memory in nn.Linear's layouts: dw_gate,
+  // dw_up [n, k] (dw_gate ignored when non-gated), dw_down [k, n]. Asynchronous on `stream`.
+  void gradients_to(GradOut dw_gate, GradOut dw_up, GradOut dw_down, Stream stream) const;
+  std::int64_t n() const noexcept;
+  std::int64_t k() const noexcept;
+  bool gated() const noexcept;
+  std::int64_t own_bytes() const noexcept;     // device memory of this layer alone
+  std::int64_t device_bytes() const noexcept;  // with its workspace (shared ones counted in each)
+
+ private:
+  std::unique_ptr<TrainContext> ctx_;
+};
+
+}  // namespace twell::cuda

@@ -1,0 +1,133 @@
+// The public per-layer FFN API (twell/cuda/ffn_layer.hpp) over FfnContext and TrainContext.
+#include "twell/cuda/ffn_layer.hpp"
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include "cuda/common/check.hpp"
+#include "cuda/common/convert.hpp"
+#include "cuda/ffn_context.hpp"
+#include "cuda/ffn_workspace.hpp"
+#include "cuda/train/train_context.hpp"
+#include "twell/error.hpp"
+
+namespace twell::cuda {
+namespace {
+
+static_assert(sizeof(bf16) == sizeof(__nv_bfloat16) && alignof(bf16) <= alignof(__nv_bfloat16),
+              "twell::bf16 and __nv_bfloat16 must share their layout");
+
+const __nv_bfloat16* nv(const bf16* p) { return reinterpret_cast<const __nv_bfloat16*>(p); }
+__nv_bfloat16* nv(bf16* p) { return reinterpret_cast<__nv_bfloat16*>(p); }
+cudaStream_t cu(Stream s) { return static_cast<cudaStream_t>(s); }
+
+DeviceFfnWeights internal(const DeviceWeights& w) {
+  TWELL_CHECK(w.w_up != nullptr && w.w_down != nullptr && w.n > 0 && w.k > 0, ErrorCode::invalid_argument,
+              "DeviceWeights: w_up, w_down and positive n, k are required (n = {}, k = {})", w.n, w.k);
+  return {nv(w.w_gate), nv(w.w_up), nv(w.w_down), w.n, w.k};
+}
+
+template <typename Ctx>
+Ctx& loaded(const std::unique_ptr<Ctx>& ctx, std::int64_t n, const char* what) {
+  TWELL_CHECK(n > 0, ErrorCode::invalid_argument, "{}: load_weights() or upload_weights() first", what);
+  return *ctx;
+}
+
+}  // namespace
+
+DeviceScope::DeviceScope(int device) {
+  TWELL_CUDA_CHECK(cudaGetDevice(&previous_));
+  if (device != previous_) TWELL_CUDA_CHECK(cudaSetDevice(device));
+}
+
+DeviceScope::~DeviceScope() {
+  int now = -1;
+  if (cudaGetDevice(&now) == cudaSuccess && now != previous_) cudaSetDevice(previous_);
+}
+
+InferWorkspace::InferWorkspace() : set_(std::make_shared<FfnWorkspace>()) {}
+std::int64_t InferWorkspace::bytes() const noexcept { return static_cast<std::int64_t>(set_->bytes()); }
+
+TrainWorkspace::TrainWorkspace() : set_(std::make_shared<TrainScratch>()) {}
+std::int64_t TrainWorkspace::bytes() const noexcept { return static_cast<std::int64_t>(set_->bytes()); }
+
+// ---- inference ----
+
+FfnLayer::FfnLayer(const InferWorkspace* workspace)
+    : ctx_(std::make_unique<FfnContext>(ContextOptions{}, workspace ? workspace->get() : nullptr)) {}
+FfnLayer::~FfnLayer() = default;
+FfnLayer::FfnLayer(FfnLayer&&) noexcept = default;
+FfnLayer& FfnLayer::operator=(FfnLayer&&) noexcept = default;
+
+void FfnLayer::load_weights(const DeviceWeights& w, Stream stream) { ctx_->load_weights(internal(w), cu(stream)); }
+void FfnLayer::upload_weights(const FfnWeights& w, Stream stream) { ctx_->upload_weights(w, cu(stream)); }
+
+std::string FfnLayer::forward(const bf16* x, std::int64_t m, bf16* y, Path path, Stream stream) {
+  return loaded(ctx_, n(), "FfnLayer").forward(nv(x), m, nv(y), path, cu(stream)).path;
+}
+
+std::int64_t FfnLayer::n() const noexcept { return ctx_->n(); }
+std::int64_t FfnLayer::k() const noexcept { return ctx_->k(); }
+bool FfnLayer::gated() const noexcept { return ctx_->gated(); }
+
+// ---- training ----
+
+FfnTrainLayer::FfnTrainLayer(const TrainWorkspace* workspace)
+    : ctx_(std::make_unique<TrainContext>(TrainContextOptions{}, workspace ? workspace->get() : nullptr)) {}
+FfnTrainLayer::~FfnTrainLayer() = default;
+FfnTrainLayer::FfnTrainLayer(FfnTrainLayer&&) noexcept = default;
+FfnTrainLayer& FfnTrainLayer::operator=(FfnTrainLayer&&) noexcept = default;
+
+void FfnTrainLayer::load_weights(const DeviceWeights& w, Stream stream) { ctx_->load_weights(internal(w), cu(stream)); }
+void FfnTrainLayer::upload_weights(const FfnWeights& w, Stream stream) { ctx_->upload_weights(w, cu(stream)); }
+
+TrainForwardInfo FfnTrainLayer::forward(const bf16* x, std::int64_t m, bf16* y, Path path, Stream stream) {
+  const TrainForwardResult r = loaded(ctx_, n(), "FfnTrainLayer").forward(nv(x), m, nv(y), path, cu(stream));
+  TrainForwardInfo info;
+  info.sparse = r.sparse;
+  info.nnz = r.nnz;
+  info.hot_neurons = r.hot_neurons;
+  info.dense_rows = r.dense_rows;
+  info.path = r.path;
+  return info;
+}
+
+void FfnTrainLayer::write_scalars(float* l1, float* l0, Stream stream) const { ctx_->write_scalars(l1, l0, cu(stream)); }
+
+void FfnTrainLayer::backward(const bf16* x, const bf16* dy, std::int64_t m, const float* l1_coeff_device, bf16* dx,
+                             Stream stream) {
+  TWELL_CHECK(l1_coeff_device != nullptr, ErrorCode::invalid_argument, "FfnTrainLayer::backward: null l1_coeff_device");
+  ctx_->backward(nv(x), nv(dy), m, l1_coeff_device, nv(dx), cu(stream));
+}
+
+void FfnTrainLayer::backward(const bf16* x, const bf16* dy, std::int64_t m, double l1_coeff, bf16* dx, Stream stream) {
+  ctx_->backward(nv(x), nv(dy), m, l1_coeff, nv(dx), cu(stream));
+}
+
+void FfnTrainLayer::gradients_to(GradOut dw_gate, GradOut dw_up, GradOut dw_down, Stream stream) const {
+  TWELL_CHECK(n() > 0 && ctx_->dw_down() != nullptr, ErrorCode::invalid_argument,
+              "FfnTrainLayer::gradients_to: no backward has run");
+  TWELL_CHECK(dw_up.data != nullptr && dw_down.data != nullptr && (dw_gate.data != nullptr || !gated()),
+              ErrorCode::invalid_argument, "FfnTrainLayer::gradients_to: null output (dw_gate is needed for a gated layer)");
+  // out [rows, cols] (contiguous) from twell's fp32 gradient `in` (row stride ld_in).
+  const auto store = [&](GradOut out, const float* in, std::int64_t ld_in, std::int64_t rows, std::int64_t cols) {
+    if (out.type == GradOut::Type::bf16) {
+      launch_convert_f32_to_bf16(in, ld_in, rows, cols, static_cast<__nv_bfloat16*>(out.data), cols, cu(stream));
+    } else {
+      const std::size_t row = static_cast<std::size_t>(cols) * sizeof(float);
+      TWELL_CUDA_CHECK(cudaMemcpy2DAsync(out.data, row, in, static_cast<std::size_t>(ld_in) * sizeof(float), row,
+                                         static_cast<std::size_t>(rows), cudaMemcpyDeviceToDevice, cu(stream)));
+    }
+  };
+  if (gated()) store(dw_gate, ctx_->dw_gate(), k(), n(), k());
+  store(dw_up, ctx_->dw_up(), k(), n(), k());
+  store(dw_down, ctx_->dw_down(), ctx_->ldn(), k(), n());
+}
+
+std::int64_t FfnTrainLayer::n() const noexcept { return ctx_->n(); }
+std::int64_t FfnTrainLayer::k() const noexcept { return ctx_->k(); }
+bool FfnTrainLayer::gated() const noexcept { return ctx_->gated(); }
+std::int64_t FfnTrainLayer::own_bytes() const noexcept { return static_cast<std::int64_t>(ctx_->own_bytes()); }
+std::int64_t FfnTrainLayer::device_bytes() const noexcept { return static_cast<std::int64_t>(ctx_->device_bytes()); }
+
+}  // namespace twell::cuda

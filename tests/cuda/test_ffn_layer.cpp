@@ -1,0 +1,172 @@
+// The public per-layer API (twell/cuda/ffn_layer.hpp), used as a framework would: only public
+// headers, the caller's device memory and stream, layers sharing one workspace in model order.
+// Its results equal the host API's (ffn_infer_host / ffn_train_host, the same kernels through an
+// upload) bit for bit on forced paths; gradients_to writes fp32 as is and bf16 rounded once; bad
+// use is an Error, not a crash.
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <vector>
+
+#include "cuda_test_util.hpp"
+#include "twell/cuda/ffn_layer.hpp"
+#include "twell/error.hpp"
+
+namespace twell::cuda::test {
+namespace {
+
+using Bits = std::vector<std::uint16_t>;
+
+// A device array of T, freed with the object (the test's own: the library's buffers are private).
+template <typename T>
+struct Dev {
+  T* p = nullptr;
+  std::size_t n = 0;
+  explicit Dev(std::size_t count) : n(count) { EXPECT_EQ(cudaMalloc(reinterpret_cast<void**>(&p), n * sizeof(T)), cudaSuccess); }
+  ~Dev() { cudaFree(p); }
+  Dev(const Dev&) = delete;
+  Dev& operator=(const Dev&) = delete;
+};
+
+template <typename T, typename H>
+void up(Dev<T>& d, const std::vector<H>& h) {
+  ASSERT_EQ(h.size() * sizeof(H), d.n * sizeof(T));
+  ASSERT_EQ(cudaMemcpy(d.p, h.data(), d.n * sizeof(T), cudaMemcpyHostToDevice), cudaSuccess);
+}
+
+template <typename H, typename T>
+std::vector<H> down(const Dev<T>& d) {
+  std::vector<H> h(d.n * sizeof(T) / sizeof(H));
+  EXPECT_EQ(cudaMemcpy(h.data(), d.p, d.n * sizeof(T), cudaMemcpyDeviceToHost), cudaSuccess);
+  return h;
+}
+
+std::vector<float> floats_of(const Bits& b) {
+  std::vector<float> f(b.size());
+  for (std::size_t i = 0; i < b.size(); ++i) f[i] = to_float(bf16{b[i]});
+  return f;
+}
+
+FfnCase case_of(std::int64_t m, std::int64_t n, std::int64_t k, bool gated, std::uint64_t seed) {
+  FfnCase c;
+  c.name = "layer";
+  c.m = m;
+  c.n = n;
+  c.k = k;
+  c.gated = gated;
+  c.density = 0.01;
+  c.seed = seed;
+  return c;
+}
+
+// dy for a case: a fixed pattern, bf16-exact.
+std::vector<float> dy_of(const FfnData& d) {
+  std::vector<float> dy(d.x.size());
+  for (std::size_t i = 0; i < dy.size(); ++i) dy[i] = round_bf16(static_cast<float>((i * 7919 % 1001) / 500.0 - 1.0));
+  return dy;
+}
+
+TEST(FfnLayer, SharedWorkspaceInferenceEqualsTheHostApi) {
+  TWELL_REQUIRE_GPU();
+  const std::vector<FfnData> data = {make_ffn(case_of(300, 1003, 264, true, 1)), make_ffn(case_of(257, 640, 128, false, 2))};
+  InferWorkspace ws;
+  for (const Path path : {Path::sparse, Path::dense, Path::automatic}) {
+    std::vector<FfnLayer> layers;
+    for (const FfnData& d : data) {
+      layers.emplace_back(&ws);
+      layers.back().upload_weights(d.weights(), nullptr);
+    }
+    for (std::size_t i = 0; i < data.size(); ++i) {
+      const FfnData& d = data[i];
+      Dev<bf16> x(d.x.size()), y(d.x.size());
+      up(x, to_bf16_bits(d.x));
+      layers[i].forward(x.p, d.m, y.p, path, nullptr);
+      std::vector<float> want(d.x.size());
+      InferenceOptions o;
+      o.path = path;
+      ffn_infer_host(d.xv(), d.weights(), MatrixF(want.data(), d.m, d.k), o);
+      EXPECT_EQ(floats_of(down<std::uint16_t>(y)), want) << "layer " << i;
+    }
+  }
+}
+
+TEST(FfnLayer, SharedWorkspaceTrainingEqualsTheHostApi) {
+  TWELL_REQUIRE_GPU();
+  const std::vector<FfnData> data = {make_ffn(case_of(300, 1003, 264, true, 3)), make_ffn(case_of(257, 640, 128, false, 4)),
+                                     make_ffn(case_of(1024, 2048, 512, true, 5))};
+  const double l1 = 0.5;
+  for (const Path path : {Path::sparse, Path::dense}) {
+    SCOPED_TRACE(path == Path::sparse ? "sparse" : "dense");
+    TrainWorkspace ws;
+    std::vector<FfnTrainLayer> layers;
+    std::vector<std::unique_ptr<Dev<bf16>>> xs, ys;
+    for (const FfnData& d : data) {
+      layers.emplace_back(&ws);
+      layers.back().upload_weights(d.weights(), nullptr);
+      xs.push_back(std::make_unique<Dev<bf16>>(d.x.size()));
+      ys.push_back(std::make_unique<Dev<bf16>>(d.x.size()));
+      up(*xs.back(), to_bf16_bits(d.x));
+    }
+    for (std::size_t i = 0; i < data.size(); ++i) layers[i].forward(xs[i]->p, data[i].m, ys[i]->p, path, nullptr);
+    for (std::size_t i = data.size(); i-- > 0;) {  // model order: the last layer's backward first
+      SCOPED_TRACE(testing::Message() << "layer " << i);
+      const FfnData& d = data[i];
+      const std::size_t nk = static_cast<std::size_t>(d.n * d.k);
+      const std::vector<float> dyv = dy_of(d);
+      Dev<bf16> dy(d.x.size()), dx(d.x.size());
+      up(dy, to_bf16_bits(dyv));
+      layers[i].backward(xs[i]->p, dy.p, d.m, l1, dx.p, nullptr);
+      Dev<float> g32(nk), u32(nk), d32(nk);
+      Dev<bf16> g16(nk), u16(nk), d16(nk);
+      layers[i].gradients_to({g32.p, GradOut::Type::f32}, {u32.p, GradOut::Type::f32}, {d32.p, GradOut::Type::f32}, nullptr);
+      layers[i].gradients_to({g16.p, GradOut::Type::bf16}, {u16.p, GradOut::Type::bf16}, {d16.p, GradOut::Type::bf16},
+                             nullptr);
+      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+      std::vector<float> y(d.x.size()), gx(d.x.size()), gg(nk), gu(nk), gd(nk);
+      TrainOptions o;
+      o.path = path;
+      ffn_train_host(d.xv(), CMatrixF(dyv.data(), d.m, d.k), d.weights(), l1, MatrixF(y.data(), d.m, d.k),
+                     FfnGrads{MatrixF(gx.data(), d.m, d.k), MatrixF(gg.data(), d.n, d.k), MatrixF(gu.data(), d.n, d.k),
+                              MatrixF(gd.data(), d.k, d.n)},
+                     o);
+      EXPECT_EQ(floats_of(down<std::uint16_t>(*ys[i])), y) << "y";
+      EXPECT_EQ(floats_of(down<std::uint16_t>(dx)), gx) << "dx";
+      if (d.gated) {
+        EXPECT_EQ(down<float>(g32), gg) << "dw_gate";
+      }
+      EXPECT_EQ(down<float>(u32), gu) << "dw_up";
+      EXPECT_EQ(down<float>(d32), gd) << "dw_down";
+      // bf16 gradients: each fp32 value rounded once.
+      const auto rounded = [](std::vector<float> v) {
+        for (float& f : v) f = round_bf16(f);
+        return v;
+      };
+      if (d.gated) {
+        EXPECT_EQ(floats_of(down<std::uint16_t>(g16)), rounded(gg)) << "dw_gate bf16";
+      }
+      EXPECT_EQ(floats_of(down<std::uint16_t>(u16)), rounded(gu)) << "dw_up bf16";
+      EXPECT_EQ(floats_of(down<std::uint16_t>(d16)), rounded(gd)) << "dw_down bf16";
+    }
+    EXPECT_GT(ws.bytes(), 0);
+    for (const FfnTrainLayer& l : layers) EXPECT_LT(l.own_bytes(), l.device_bytes());
+  }
+}
+
+TEST(FfnLayer, MisuseIsAnError) {
+  TWELL_REQUIRE_GPU();
+  FfnTrainLayer t;
+  Dev<bf16> x(64 * 128), y(64 * 128);
+  EXPECT_THROW(t.forward(x.p, 64, y.p, Path::automatic, nullptr), Error);  // no weights yet
+  EXPECT_THROW(t.load_weights(DeviceWeights{}, nullptr), Error);            // null weights
+  const FfnData d = make_ffn(case_of(64, 256, 128, true, 6));
+  t.upload_weights(d.weights(), nullptr);
+  Dev<float> g(256 * 128);
+  EXPECT_THROW(t.gradients_to({g.p}, {g.p}, {g.p}, nullptr), Error);  // no backward yet
+  EXPECT_THROW(t.backward(x.p, x.p, 64, 0.0, y.p, nullptr), Error);     // no forward yet
+  FfnLayer f;
+  EXPECT_THROW(f.forward(x.p, 64, y.p, Path::automatic, nullptr), Error);
+}
+
+}  // namespace
+}  // namespace twell::cuda::test
