@@ -10,6 +10,7 @@
 #include <ostream>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "twell/bf16.hpp"
@@ -80,6 +81,20 @@ inline std::vector<std::uint16_t> to_bf16_bits(const std::vector<float>& v) {
   std::vector<std::uint16_t> o(v.size());
   for (std::size_t i = 0; i < v.size(); ++i) o[i] = to_bf16(v[i]).bits;
   return o;
+}
+
+// A case of the default generator settings at this shape and density.
+inline FfnCase ffn_case(std::string name, std::int64_t m, std::int64_t n, std::int64_t k, bool gated, double density,
+                        std::uint64_t seed) {
+  FfnCase c;
+  c.name = std::move(name);
+  c.m = m;
+  c.n = n;
+  c.k = k;
+  c.gated = gated;
+  c.density = density;
+  c.seed = seed;
+  return c;
 }
 
 inline FfnData make_ffn(const FfnCase& c) {

@@ -13,24 +13,14 @@
 #include "cuda/ffn_context.hpp"
 #include "cuda/train/train_context.hpp"
 #include "cuda_test_util.hpp"
+#include "device_test_util.hpp"
 
 namespace twell::cuda::test {
 namespace {
 
 using Bits = std::vector<std::uint16_t>;
 
-DeviceBuffer<__nv_bfloat16> upload_bits(const Bits& v) {
-  DeviceBuffer<__nv_bfloat16> d(v.size());
-  EXPECT_EQ(cudaMemcpy(d.get(), v.data(), v.size() * 2, cudaMemcpyHostToDevice), cudaSuccess);
-  return d;
-}
 
-template <typename H, typename T>
-std::vector<H> download(const T* p, std::size_t n) {
-  std::vector<H> h(n);
-  EXPECT_EQ(cudaMemcpy(h.data(), p, n * sizeof(H), cudaMemcpyDeviceToHost), cudaSuccess);
-  return h;
-}
 
 // Device bf16 copies of a case's weights, in nn.Linear layouts.
 struct DeviceWeights {
@@ -89,15 +79,7 @@ void expect_same(const StepBits& a, const StepBits& b, const char* what) {
 }
 
 FfnCase case_of(const char* name, std::int64_t m, std::int64_t n, std::int64_t k, bool gated, std::uint64_t seed) {
-  FfnCase c;
-  c.name = name;
-  c.m = m;
-  c.n = n;
-  c.k = k;
-  c.gated = gated;
-  c.density = 0.01;
-  c.seed = seed;
-  return c;
+  return ffn_case(name, m, n, k, gated, 0.01, seed);
 }
 
 TEST(DeviceWeights, TrainStepMatchesTheHostUpload) {

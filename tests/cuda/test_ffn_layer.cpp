@@ -49,15 +49,7 @@ std::vector<float> floats_of(const Bits& b) {
 }
 
 FfnCase case_of(std::int64_t m, std::int64_t n, std::int64_t k, bool gated, std::uint64_t seed) {
-  FfnCase c;
-  c.name = "layer";
-  c.m = m;
-  c.n = n;
-  c.k = k;
-  c.gated = gated;
-  c.density = 0.01;
-  c.seed = seed;
-  return c;
+  return ffn_case("layer", m, n, k, gated, 0.01, seed);
 }
 
 // dy for a case: a fixed pattern, bf16-exact.

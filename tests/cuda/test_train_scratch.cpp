@@ -15,24 +15,14 @@
 #include "cuda/common/device_buffer.hpp"
 #include "cuda/train/train_context.hpp"
 #include "cuda_test_util.hpp"
+#include "device_test_util.hpp"
 
 namespace twell::cuda::test {
 namespace {
 
 using Bits = std::vector<std::uint16_t>;
 
-DeviceBuffer<__nv_bfloat16> upload_bits(const Bits& v) {
-  DeviceBuffer<__nv_bfloat16> d(v.size());
-  EXPECT_EQ(cudaMemcpy(d.get(), v.data(), v.size() * 2, cudaMemcpyHostToDevice), cudaSuccess);
-  return d;
-}
 
-template <typename H, typename T>
-std::vector<H> download(const T* p, std::size_t n) {
-  std::vector<H> h(n);
-  EXPECT_EQ(cudaMemcpy(h.data(), p, n * sizeof(H), cudaMemcpyDeviceToHost), cudaSuccess);
-  return h;
-}
 
 struct Layer {
   FfnData d;
@@ -45,15 +35,7 @@ struct LayerBits {
 };
 
 FfnCase case_of(std::int64_t m, std::int64_t n, std::int64_t k, bool gated, double density, std::uint64_t seed) {
-  FfnCase c;
-  c.name = "layer";
-  c.m = m;
-  c.n = n;
-  c.k = k;
-  c.gated = gated;
-  c.density = density;
-  c.seed = seed;
-  return c;
+  return ffn_case("layer", m, n, k, gated, density, seed);
 }
 
 // Two training steps of the model; per step and layer, y, dx and the gradients.
