@@ -145,6 +145,63 @@ TEST(FfnLayer, SharedWorkspaceTrainingEqualsTheHostApi) {
   }
 }
 
+// Issue 26's CUDA-graph outcome: after warm-up calls at a shape (buffers grown, dispatch settled),
+// L layers' inference forwards make no host synchronisation and no allocation, so they can be
+// captured into one graph; replayed on fresh inputs, the graph gives the uncaptured run's bits.
+TEST(FfnLayer, CapturedLayersReplayBitIdentically) {
+  TWELL_REQUIRE_GPU();
+  constexpr int L = 4;
+  cudaStream_t s = nullptr;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
+  for (const std::int64_t m : {std::int64_t{64}, std::int64_t{4096}}) {
+    for (const Path path : {Path::sparse, Path::dense, Path::automatic}) {
+      SCOPED_TRACE(testing::Message() << "M = " << m << ", path " << static_cast<int>(path));
+      const FfnData d = make_ffn(ffn_case("capture", m, 2048, 512, true, 0.005, 21));
+      const FfnData fresh_in = make_ffn(ffn_case("capture", m, 2048, 512, true, 0.005, 22));  // other x, same shape
+      InferWorkspace ws;
+      std::vector<FfnLayer> layers;
+      for (int i = 0; i < L; ++i) {
+        layers.emplace_back(&ws);
+        layers.back().upload_weights(d.weights(), s);  // the same weights each layer: activations stay in range
+      }
+      // acts[0] = x; acts[i + 1] = layer i's output.
+      std::vector<std::unique_ptr<Dev<bf16>>> acts;
+      for (int i = 0; i <= L; ++i) acts.push_back(std::make_unique<Dev<bf16>>(d.x.size()));
+      const auto run = [&] {
+        for (int i = 0; i < L; ++i) layers[i].forward(acts[i]->p, m, acts[i + 1]->p, path, s);
+      };
+      up(*acts[0], to_bf16_bits(d.x));
+      for (int w = 0; w < 3; ++w) run();  // warm-up: buffers, dispatch statistics, cuBLASLt plans
+      ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);
+      cudaGraph_t graph = nullptr;
+      cudaGraphExec_t exec = nullptr;
+      ASSERT_EQ(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal), cudaSuccess);
+      bool threw = false;
+      try {
+        run();
+      } catch (const Error& e) {
+        threw = true;
+        ADD_FAILURE() << "a forward is not capturable: " << e.what();
+      }
+      ASSERT_EQ(cudaStreamEndCapture(s, &graph), cudaSuccess);
+      if (threw) continue;
+      ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
+      // Fresh input: uncaptured, then replayed.
+      up(*acts[0], to_bf16_bits(fresh_in.x));
+      run();
+      ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);
+      const auto want = down<std::uint16_t>(*acts[L]);
+      ASSERT_EQ(cudaMemset(acts[L]->p, 0xff, acts[L]->n * sizeof(bf16)), cudaSuccess);
+      ASSERT_EQ(cudaGraphLaunch(exec, s), cudaSuccess);
+      ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);
+      EXPECT_EQ(down<std::uint16_t>(*acts[L]), want);
+      cudaGraphExecDestroy(exec);
+      cudaGraphDestroy(graph);
+    }
+  }
+  cudaStreamDestroy(s);
+}
+
 TEST(FfnLayer, MisuseIsAnError) {
   TWELL_REQUIRE_GPU();
   FfnTrainLayer t;
