@@ -62,6 +62,7 @@ DEFAULTS: dict[str, Any] = {
     "neuron_counts_every": 1,  # steps between per-neuron fire counts (dead neurons); on CUDA each costs a gate GEMM
     "position_profile_every": 0,  # steps between per-position non-zero profiles (0: never); each costs a gate GEMM
     "checkpointing": False,
+    "compile": False,  # torch.compile the model's forward (and so its backward); the first steps compile
     "val_every": 0,
     "val_batches": 4,
     "save_every": 0,
@@ -112,6 +113,8 @@ def load_config(path_or_dict) -> dict:
         raise ConfigError(f"parallel must be 'ddp' or 'fsdp', got {cfg['parallel']!r}")
     if cfg["parallel"] == "fsdp" and cfg["reinit_window"] > 0:
         raise ConfigError("reinit_window needs parallel 'ddp' (re-initialising rows of FSDP-sharded weights is not done yet)")
+    if not isinstance(cfg["compile"], bool):
+        raise ConfigError(f"compile must be true or false, got {cfg['compile']!r}")
     if cfg["device"] not in ("auto", "cpu", "cuda"):
         raise ConfigError(f"device must be 'auto', 'cpu' or 'cuda', got {cfg['device']!r}")
     if not isinstance(cfg["neuron_counts_every"], int) or cfg["neuron_counts_every"] < 1:
@@ -316,7 +319,7 @@ def train(cfg: dict, out: str, *, resume: bool = False, progress: bool = True, s
         state = torch.load(os.path.join(ckpt, "trainer_state.pt"), weights_only=False, map_location="cpu")
         # steps may grow (a longer run); micro_batch and grad_accum may change with the rank count as
         # long as the global batch stays; anything else would not continue the same run.
-        changed = sorted(k for k in cfg if k not in ("steps", "micro_batch", "grad_accum", "device", "neuron_counts_every")
+        changed = sorted(k for k in cfg if k not in ("steps", "micro_batch", "grad_accum", "device", "neuron_counts_every", "compile")
                          and state["config"].get(k, DEFAULTS.get(k)) != cfg[k])
         if changed:
             raise ConfigError(f"--resume: {ckpt} was trained with other values of {changed}")
@@ -353,6 +356,9 @@ def train(cfg: dict, out: str, *, resume: bool = False, progress: bool = True, s
         fully_shard(core)
     elif world > 1:
         model = torch.nn.parallel.DistributedDataParallel(model, device_ids=[device] if device.type == "cuda" else None)
+    # Compiled after the DDP / FSDP wrapping, as PyTorch recommends; `core` (saving, evaluation,
+    # re-initialisation) stays the plain module, whose parameters the compiled one shares.
+    forward = torch.compile(model) if cfg["compile"] else model
     decay = [p for p in core.parameters() if p.dim() >= 2]
     no_decay = [p for p in core.parameters() if p.dim() < 2]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": cfg["weight_decay"]},
@@ -397,7 +403,7 @@ def train(cfg: dict, out: str, *, resume: bool = False, progress: bool = True, s
             probe.profile_positions(profiling and micro == 0)  # the step's first micro-batch
             ids = torch.from_numpy(train_data.batch(step, micro)).to(device, non_blocking=True)
             with torch.autocast(device.type, dtype=torch.bfloat16, enabled=cfg["bf16"]):
-                logits = model(input_ids=ids[:, :-1]).logits
+                logits = forward(input_ids=ids[:, :-1]).logits
                 probe.profile_positions(False)  # not again in a checkpointed recomputation
                 ce = torch.nn.functional.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), ids[:, 1:].reshape(-1))
                 l1 = probe.l1()
