@@ -130,21 +130,17 @@ void run_train_sweep(bool quick, int warmup, int reps, cudaStream_t s, nlohmann:
       struct Variant {
         double frac;
         std::int64_t run;
-        bool copy;
       };
-      const double f0 = copt.weight_grad_l2_fraction;  // the default's budget with other runs, slice-major copies
-      const Variant variants[] = {{0.0, 0, false}, {1.0, 0, false}, {f0, 64, false}, {f0, 256, false}, {f0, 0, true},
-                                  {1.0, 0, true}};
-      for (const auto& [frac, run, copy] : variants) {
+      const double f0 = copt.weight_grad_l2_fraction;  // the default's budget with other runs
+      const Variant variants[] = {{0.0, 0}, {1.0, 0}, {f0, 64}, {f0, 256}};
+      for (const auto& [frac, run] : variants) {
         TrainContextOptions o = copt;
         o.weight_grad_l2_fraction = frac;
         o.weight_grad_run = run;
-        o.weight_grad_slice_major = copy;
         TrainContext v(o);
         v.upload_weights(w, s);
         char key[48];
-        std::snprintf(key, sizeof key, "%.1f%s%s", frac, run > 0 ? ("/run" + std::to_string(run)).c_str() : "",
-                      copy ? "/slice-major" : "");
+        std::snprintf(key, sizeof key, "%.1f%s", frac, run > 0 ? ("/run" + std::to_string(run)).c_str() : "");
         wg_variants[key] = median_ms(warmup, reps, s, step(v));
       }
     }
@@ -311,7 +307,7 @@ void run_train_sweep(bool quick, int warmup, int reps, cudaStream_t s, nlohmann:
     print_pairs("weight-gradient L2 fraction", std::to_string(copt.weight_grad_l2_fraction).substr(0, 4), wg_alt);
     print_pairs("gate", copt.gate_sm90 ? "sm90 + TwELL where it runs" : "cublaslt", gate_alt);
     if (!wg_variants.empty()) {
-      std::string v = "          sparse step by weight-gradient L2 fraction[/run][/slice-major] (default 0.7, run max(128, nnz/8192), rows read in place):";
+      std::string v = "          sparse step by weight-gradient L2 fraction[/run] (default 0.7, run max(128, nnz/8192), rows read in place):";
       for (const auto& [frac, ms] : wg_variants.items()) {
         char b[64];
         std::snprintf(b, sizeof b, " %s: %.3f;", frac.c_str(), ms.get<double>());

@@ -46,7 +46,6 @@ TrainReport ffn_train_host(CMatrixF x, CMatrixF dy, const FfnWeights& w, double 
   TrainContextOptions copt;
   copt.weight_grad_l2_fraction = opt.weight_grad_l2_fraction;
   copt.weight_grad_run = opt.weight_grad_run;
-  copt.weight_grad_slice_major = opt.weight_grad_slice_major;
   copt.hot_neurons_auto = opt.hot_neurons_auto;
   copt.hot_overlap = opt.hot_overlap;
   copt.gate_sm90 = opt.gate_sm90;

@@ -127,8 +127,7 @@ TEST_P(CudaTrain, MatchesOracle) {
   }
 
   // Every path, then the sparse step with the weight-gradient knobs at their edges: many token
-  // blocks (a tiny L2 budget), one entry per work item (the nnz / 8192 floor still applies), and
-  // slice-major copies of x and dy instead of column slices of their rows.
+  // blocks (a tiny L2 budget) and one entry per work item (the nnz / 8192 floor still applies).
   // Hot neurons: calibrated by the step itself (from M = 4096), none, every third neuron, or all
   // of them (the CSR then holds nothing).
   enum class Hot { automatic, none, third, all };
@@ -137,23 +136,22 @@ TEST_P(CudaTrain, MatchesOracle) {
     Path path;
     double l2_fraction;
     std::int64_t run;
-    bool slice_major;
     Hot hot = Hot::automatic;
     int token_min_blocks = 6;  // the default build
     bool gate_sm90 = true;     // the sm90 TwELL gate where it can serve (TrainContextOptions::gate_sm90)
   };
-  const Run runs[] = {{"sparse", Path::sparse, 0.6, 0, false},
-                      {"dense", Path::dense, 0.6, 0, false},
-                      {"automatic", Path::automatic, 0.6, 0, false},
+  const Run runs[] = {{"sparse", Path::sparse, 0.6, 0},
+                      {"dense", Path::dense, 0.6, 0},
+                      {"automatic", Path::automatic, 0.6, 0},
                       {"sparse, weight-gradient knobs at their edges, token kernels without a register bound, cuBLASLt gate",
-                       Path::sparse, 0.001, 1, true, Hot::automatic, 0, false},
+                       Path::sparse, 0.001, 1, Hot::automatic, 0, false},
                       // No calibration: the TwELL gate serves the first step; above the dispatch
                       // threshold the step then computes the dense gate once more.
-                      {"automatic, no hot neurons", Path::automatic, 0.6, 0, false, Hot::none},
-                      {"sparse, no hot neurons, no dense rows", Path::sparse, 0.6, 0, false, Hot::none},
+                      {"automatic, no hot neurons", Path::automatic, 0.6, 0, Hot::none},
+                      {"sparse, no hot neurons, no dense rows", Path::sparse, 0.6, 0, Hot::none},
                       {"sparse, every third neuron dense, knobs at their edges, token kernels for 8 blocks/SM", Path::sparse,
-                       0.001, 1, true, Hot::third, 8},
-                      {"sparse, every neuron dense", Path::sparse, 0.6, 0, false, Hot::all}};
+                       0.001, 1, Hot::third, 8},
+                      {"sparse, every neuron dense", Path::sparse, 0.6, 0, Hot::all}};
   const bool hopper = gate_pack_sm90_available(0);
   for (const Run& run : runs) {
     const Path path = run.path;
@@ -163,7 +161,6 @@ TEST_P(CudaTrain, MatchesOracle) {
     opt.path = path;
     opt.weight_grad_l2_fraction = run.l2_fraction;
     opt.weight_grad_run = run.run;
-    opt.weight_grad_slice_major = run.slice_major;
     opt.token_min_blocks = run.token_min_blocks;
     opt.gate_sm90 = run.gate_sm90;
     // Dense rows from one row on, except in the first run (the default minimum: small batches keep

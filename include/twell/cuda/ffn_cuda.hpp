@@ -67,11 +67,9 @@ BenchTimes bench_ffn_host(CMatrixF x, const FfnWeights& w, const BenchOptions& o
 struct TrainOptions {
   Path path = Path::automatic;
   // Weight-gradient tuning knobs of the sparse step (exact for any value; for tests and
-  // benchmarks): the L2 budget of a pass, the entries per work item (0: automatic) and whether
-  // the passes read slice-major copies of x and dy.
+  // benchmarks): the L2 budget of a pass and the entries per work item (0: automatic).
   double weight_grad_l2_fraction = 0.7;  // TrainContextOptions::weight_grad_l2_fraction
   std::int64_t weight_grad_run = 0;
-  bool weight_grad_slice_major = false;
   int token_min_blocks = 6;  // the token-major kernels built for 6 or 8 blocks per SM (K ≤ 2048); 0: no bound
   // Hot neurons of the sparse step (neurons run as dense GEMM columns, the rest through the CSR):
   // when set, exactly these (empty: no split); else the context calibrates on the step itself if

@@ -655,14 +655,11 @@ void TrainContext::sparse_backward(const __nv_bfloat16* x, const __nv_bfloat16* 
   ip.item_neuron = wg_item_neuron_.get();
   build_weight_grad_items(ip, cub_ws_, stream);
 
-  // Workspace: slice-major copies of x and dy (optional), then the partials; in the gate
-  // workspace when it is large enough (it is free until the next forward), else in a buffer of
-  // its own.
+  // Workspace for the partials: the gate workspace when it is large enough (it is free until the
+  // next forward), else a buffer of its own.
   const WeightGradPasses passes = weight_grad_passes(m, k(), l2_bytes_, opt_.weight_grad_l2_fraction);
-  const bool copy = opt_.weight_grad_slice_major;
-  const std::int64_t w = passes.slice_cols, slice_elems = copy ? m * k() : 0;
-  const std::size_t slice_bytes = (sz(2 * slice_elems) * sizeof(__nv_bfloat16) + 255) / 256 * 256;
-  const std::size_t need = slice_bytes + sz(extras * 3 * kWeightGradMaxSlice) * sizeof(float);
+  const std::int64_t w = passes.slice_cols;
+  const std::size_t need = sz(extras * 3 * kWeightGradMaxSlice) * sizeof(float);
   unsigned char* work = nullptr;
   if (g_.bytes() >= need) {
     work = reinterpret_cast<unsigned char*>(g_.get());
@@ -670,12 +667,7 @@ void TrainContext::sparse_backward(const __nv_bfloat16* x, const __nv_bfloat16* 
     wg_work_.reserve(need);
     work = wg_work_.get();
   }
-  auto* slices = reinterpret_cast<__nv_bfloat16*>(work);
-  if (copy) {
-    launch_slice_major(x, k(), m, k(), w, slices, stream);
-    launch_slice_major(dy, k(), m, k(), w, slices + slice_elems, stream);
-  }
-  mark("bwd: weight-gradient items (+ slice-major x, dy)", stream);
+  mark("bwd: weight-gradient items", stream);
 
   dwd_t_.reserve(sz(n() * k()));
   SparseWeightGradParams g;
@@ -685,7 +677,7 @@ void TrainContext::sparse_backward(const __nv_bfloat16* x, const __nv_bfloat16* 
   g.item_neuron = wg_item_neuron_.get();
   g.run = run;
   g.items_bound = n() + extras;
-  g.partials = extras > 0 ? reinterpret_cast<float*>(work + slice_bytes) : nullptr;
+  g.partials = extras > 0 ? reinterpret_cast<float*>(work) : nullptr;
   g.dw_gate = gated() ? dw_gu_.get() : nullptr;
   g.dw_up = gated() ? dw_gu_.get() + ldn() * k() : dw_gu_.get();
   g.dw_down_t = dwd_t_.get();
@@ -700,9 +692,9 @@ void TrainContext::sparse_backward(const __nv_bfloat16* x, const __nv_bfloat16* 
   for (std::int64_t c0 = 0; c0 < k(); c0 += w) {
     g.col_begin = c0;
     g.col_end = std::min(k(), c0 + w);
-    g.ld = copy ? g.col_end - c0 : k();
-    g.x = copy ? slices + m * c0 : x + c0;
-    g.dy = copy ? slices + slice_elems + m * c0 : dy + c0;
+    g.ld = k();
+    g.x = x + c0;
+    g.dy = dy + c0;
     for (std::int64_t r0 = 0; r0 < m; r0 += passes.block_rows) {
       g.row_begin = r0;
       g.row_end = std::min(m, r0 + passes.block_rows);

@@ -62,10 +62,6 @@ struct TrainContextOptions {
   // Entries per weight-gradient work item (0: 128); never below nnz / 8192, which bounds the
   // partial sums of split neurons at 48 MB.
   std::int64_t weight_grad_run = 0;
-  // Weight-gradient passes read slice-major copies of x and dy (0.09 ms to make at M = 16384,
-  // K = 2048) instead of column slices of their rows. Off: measured 0.05–0.13 ms faster per step
-  // (401c852), the copies only paid while one warp walked each hot neuron alone.
-  bool weight_grad_slice_major = false;
   // Hot neurons (the hot/cold split by neuron of the inference path, twell_hot_neurons.hpp): the
   // neurons active in more than hot_neurons_density of a batch's tokens run through cuBLASLt
   // GEMMs over their columns (forward and backward), the rest through the CSR path. A neuron
@@ -298,7 +294,7 @@ class TrainContext {
   // dense state: gu_ [m, 2·ldn] (stacked path), g_ [m, ldn] (gate output, also the sparse path's
   // workspace), u_ [m, ldn] (dispatched dense), h_ [m, ldn]; backward dh_ [m, ldn], dgu_ [m, 2·ldn]
   // g_ is free once the CSR is built: the sparse backward never reads it and uses it as the
-  // weight-gradient workspace (slice-major x, dy and partials) when it is large enough.
+  // weight-gradient workspace (the partials) when it is large enough.
   // The scratch set (declared before the references into it below); own or shared.
   std::shared_ptr<TrainScratch> scratch_;
   DeviceBuffer<__nv_bfloat16> gu_, u_, own_h_;
@@ -326,7 +322,7 @@ class TrainContext {
   DeviceBuffer<float>& d_gate_e_;
   DeviceBuffer<float>& dwd_t_;
   DeviceBuffer<float4>& wg_entries_;  // [nnz] weight-gradient entries, neuron order
-  DeviceBuffer<unsigned char>& wg_work_;   // slice-major x, dy + partials when g_ is too small
+  DeviceBuffer<unsigned char>& wg_work_;   // the weight gradients' partials when g_ is too small
   DeviceBuffer<std::int64_t>& wg_item_counts_;
   DeviceBuffer<std::int64_t>& wg_item_offsets_;
   DeviceBuffer<std::int32_t>& wg_item_neuron_;

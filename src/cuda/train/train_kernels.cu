@@ -219,16 +219,6 @@ __global__ void weight_grad_entries_kernel(WeightGradEntriesParams p) {
   }
 }
 
-// One thread per 16-byte chunk of the input.
-__global__ void slice_major_kernel(const uint4* in, std::int64_t ld8, std::int64_t m, std::int64_t k8, std::int64_t w8,
-                                   uint4* out) {
-  for (std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < m * k8;
-       i += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
-    const std::int64_t r = i / k8, c = i % k8, s = c / w8, ws = min(w8, k8 - s * w8);
-    out[s * m * w8 + r * ws + (c - s * w8)] = in[r * ld8 + c];
-  }
-}
-
 // A work item's entries [beg, end): run `sub` of neuron n's entries (ascending rows), restricted
 // to the token block [row_begin, row_end).
 struct ItemRange {
@@ -627,16 +617,6 @@ void launch_weight_grad_fixup(const SparseWeightGradParams& p, cudaStream_t stre
                    ErrorCode::invalid_argument, "weight grad fix-up: bad parameters");
   weight_grad_fixup_kernel<<<static_cast<unsigned>((p.n + kGradWarps - 1) / kGradWarps), kGradWarps * 32, 0, stream>>>(p);
   TWELL_CUDA_CHECK_LAUNCH("weight_grad_fixup_kernel");
-}
-
-void launch_slice_major(const __nv_bfloat16* in, std::int64_t ld, std::int64_t m, std::int64_t k, std::int64_t w,
-                        __nv_bfloat16* out, cudaStream_t stream) {
-  TWELL_CU_REQUIRE(in && out && m >= 1 && k >= 8 && k % 8 == 0 && w >= 8 && w % 8 == 0 && ld % 8 == 0 && ld >= k,
-                   ErrorCode::invalid_argument, "slice-major copy: bad shape m = {}, K = {}, slice {}, stride {}", m, k, w,
-                   ld);
-  slice_major_kernel<<<grid_stride_blocks(m * (k / 8), 256), 256, 0, stream>>>(
-      reinterpret_cast<const uint4*>(in), ld / 8, m, k / 8, w / 8, reinterpret_cast<uint4*>(out));
-  TWELL_CUDA_CHECK_LAUNCH("slice_major_kernel");
 }
 
 void launch_scatter_rows_f32(const float* src, std::int64_t ld_src, const std::int32_t* idx, std::int64_t rows,

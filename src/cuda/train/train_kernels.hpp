@@ -74,8 +74,7 @@ void launch_weight_grad_entries(const WeightGradEntriesParams& p, cudaStream_t s
 inline constexpr std::int64_t kWeightGradMaxSlice = 512;  // columns per pass (2 chunks per lane)
 
 struct SparseWeightGradParams {
-  // The column slice of x and dy: [m, col_end − col_begin], row stride ld (slice-major copies,
-  // launch_slice_major, so that a pass reads one contiguous block).
+  // The column slice of x and dy: [m, col_end − col_begin] at column col_begin of their rows, row stride ld.
   const __nv_bfloat16* x = nullptr;
   const __nv_bfloat16* dy = nullptr;
   const float4* entries = nullptr;    // [nnz] from launch_weight_grad_entries
@@ -107,11 +106,6 @@ void launch_sparse_weight_grads(const SparseWeightGradParams& p, cudaStream_t st
 // After launch_sparse_weight_grads with the same parameters: adds the partial sums of every
 // neuron's items s > 0 to its gradient slice (no-op for neurons with one item).
 void launch_weight_grad_fixup(const SparseWeightGradParams& p, cudaStream_t stream);
-
-// Slice-major copy of in [m, K] (row stride ld): slice s (columns [s·w, s·w + w_s), w_s =
-// min(w, K − s·w)) goes to out + s·m·w as [m, w_s] with row stride w_s. w and K multiples of 8.
-void launch_slice_major(const __nv_bfloat16* in, std::int64_t ld, std::int64_t m, std::int64_t k, std::int64_t w,
-                        __nv_bfloat16* out, cudaStream_t stream);
 
 // dst[idx[i], 0:cols] = src[i, 0:cols] for i < rows (fp32, row strides ld_src, ld_dst): the hot
 // neurons' weight-gradient rows, computed densely, into the gradient matrices.
