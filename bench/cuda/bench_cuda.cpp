@@ -317,34 +317,6 @@ int main(int argc, char** argv) {
             warmup, reps, s, [&] { sctx.sparse_rest(dx.get(), m, y_split.get(), s); },
             [&] { fctx.sparse_rest(dx.get(), m, y_fused.get(), s); });
       }
-      // Diagnostic: the blocked up product (ContextOptions::blocked_up, gated) against this
-      // context's remainder, alternately: whole sparse path and remainder alone; its error.
-      double t_blocked = 0, t_unblocked = 0, t_blocked_rest = 0, t_unblocked_rest = 0, err_blocked = 0;
-      bool blocked_ran = false;
-      if (pt.gated) {
-        ContextOptions bo = copt;
-        bo.blocked_up = true;
-        bo.blocked_up_min_rows = 0;
-        FfnContext bctx(bo);
-        bctx.upload_weights(w, s);
-        bctx.calibrate_if_due(dx.get(), m, s);
-        blocked_ran = bctx.use_blocked_up(m);
-        DeviceBuffer<__nv_bfloat16> y_blocked(xb.size());
-        TWELL_CUDA_CHECK(cudaMemset(y_blocked.get(), 0xff, y_blocked.bytes()));
-        std::tie(t_blocked, t_unblocked) = alternating_medians_ms(
-            warmup, reps, s, [&] { sparse_path(bctx, y_blocked.get()); }, [&] { sparse_path(ctx, y_sp.get()); });
-        bctx.gate_twell(dx.get(), m, s);
-        ctx.gate_twell(dx.get(), m, s);
-        std::tie(t_blocked_rest, t_unblocked_rest) = alternating_medians_ms(
-            warmup, reps, s, [&] { bctx.sparse_rest(dx.get(), m, y_blocked.get(), s); },
-            [&] { ctx.sparse_rest(dx.get(), m, y_sp.get(), s); });
-        std::vector<std::int64_t> erows;
-        for (std::int64_t i = 0; i < std::min<std::int64_t>(m, 16); ++i) erows.push_back(i * m / std::min<std::int64_t>(m, 16));
-        erows.back() = m - 1;
-        std::sort(erows.begin(), erows.end());
-        erows.erase(std::unique(erows.begin(), erows.end()), erows.end());
-        err_blocked = sampled_error(download(y_blocked.get(), xb.size()), xv, w, true, erows);
-      }
       // Diagnostic: dense rows (ContextOptions::dense_rows_density) at other thresholds and off,
       // each whole sparse path alternating with this context's (default threshold); and how many
       // rows this context ran dense.
@@ -512,10 +484,6 @@ int main(int argc, char** argv) {
                   "split %s (h list %.1f MB); err split %.1e fused %.1e\n",
                   t_split, t_fused, t_split_rest, t_fused_rest, split_stats.ran ? "ran" : "did not run",
                   4e-6 * static_cast<double>(split_stats.words_needed), err_split, err_fused);
-      if (pt.gated)
-        std::printf("          blocked up vs this remainder, alternating: whole %.3f / %.3f ms, rest alone %.3f / %.3f ms; "
-                    "blocked %s; err %.1e\n",
-                    t_blocked, t_unblocked, t_blocked_rest, t_unblocked_rest, blocked_ran ? "ran" : "did not run", err_blocked);
       if (!dense_chunks.empty()) {
         std::printf("          dense FFN in row chunks vs one pass, alternating:");
         for (const auto& [rows, t] : dense_chunks.items())
@@ -605,9 +573,6 @@ int main(int argc, char** argv) {
                                {"err_direct", err_direct},
                                {"split_fused_alternating_ms", {t_split, t_fused}},
                                {"split_fused_rest_alternating_ms", {t_split_rest, t_fused_rest}},
-                               {"blocked_up_vs_default_alternating_ms", {t_blocked, t_unblocked}},
-                               {"blocked_up_vs_default_rest_alternating_ms", {t_blocked_rest, t_unblocked_rest}},
-                               {"blocked_up_error", err_blocked},
                                {"decode_gemv_vs_cublaslt_alternating_ms", {t_dec_gemv, t_dec_lt}},
                                {"split_ran", split_stats.ran},
                                {"split_hlist_words", split_stats.words_needed},

@@ -9,7 +9,6 @@
 #include "cuda/sm80/twell_gemv.hpp"
 #include "cuda/sm80/twell_hot_neurons.hpp"
 #include "cuda/sm80/twell_split.hpp"
-#include "cuda/sm80/twell_up_blocked.hpp"
 #include "cuda/sm90/gate_pack.hpp"
 #include "twell/bf16.hpp"
 
@@ -342,36 +341,6 @@ void FfnContext::cold_rest(const __nv_bfloat16* x, std::int64_t m, __nv_bfloat16
     p.nnz = &counters_.get()->nnz;
     TWELL_CUDA_CHECK(cudaMemsetAsync(counters_.get(), 0, sizeof(TwellCounters), stream));
   }
-  if (use_blocked_up(m)) {
-    // Blocked up product for the rows without overflow, then their down product as a non-gated
-    // one over TwELL of h; the overflowed rows through the fused kernel. Disjoint rows of y.
-    ws_->h_words.reserve(ws_->words.size());
-    TwellUpBlockedParams bp;
-    bp.x = x;
-    bp.ld_x = k_;
-    bp.w_up = p.w_up;
-    bp.words = ws_->words.get();
-    bp.row_overflow = ws_->row_ovf.get();
-    bp.h_words = ws_->h_words.get();
-    bp.m = m;
-    bp.n = n;
-    bp.k = k_;
-    bp.words_per_tile = words_per_tile();
-    launch_twell_up_blocked(bp, stream);
-    TwellUpDownParams dp = p;
-    dp.gated = false;
-    dp.x = nullptr;
-    dp.w_up = nullptr;
-    dp.words = ws_->h_words.get();
-    dp.variant = updown_variant(m, false);
-    dp.row_filter = ws_->row_ovf.get();
-    dp.filter_keep_flagged = false;
-    launch_twell_up_down(dp, stream);
-    p.row_filter = ws_->row_ovf.get();
-    p.filter_keep_flagged = true;
-    launch_twell_up_down(p, stream);
-    return;
-  }
   if (!use_split(m)) {
     last_dense_planned_ = use_dense_rows(m);
     if (!last_dense_planned_) {
@@ -430,7 +399,7 @@ bool FfnContext::is_decode(std::int64_t m) const noexcept {
 }
 
 bool FfnContext::use_dense_rows(std::int64_t m) const noexcept {
-  return opt_.dense_rows_density > 0 && !opt_.gate_rows_direct && !use_split(m) && !use_blocked_up(m) &&
+  return opt_.dense_rows_density > 0 && !opt_.gate_rows_direct && !use_split(m) &&
          !is_decode(m) && ws_->row_nnz.size() >= static_cast<std::size_t>(m);
 }
 
@@ -564,7 +533,6 @@ std::string FfnContext::sparse_path_name(std::int64_t m) const {
                   : "twell: cublasLt up, sparse down reading the ReLU rows";
   const char* first = gate_sm90_active() ? (gated_ ? "sm90 gate GEMM with TwELL epilogue" : "sm90 up GEMM with TwELL epilogue")
                                       : (gated_ ? "cublasLt gate + pack" : "cublasLt up + pack");
-  if (use_blocked_up(m)) return fmt::format("twell: {}, blocked up + sparse down (fused for rows with overflow)", first);
   const char* rest = use_split(m) ? (gated_ ? "up + sliced down (fused if the h list overflows)"
                                             : "sliced down (fused if the h list overflows)")
                                   : (gated_ ? "fused up+down" : "sparse down");
@@ -574,11 +542,6 @@ std::string FfnContext::sparse_path_name(std::int64_t m) const {
     return fmt::format("twell: {}, {}; rows over {} non-zeros dense (up to {}){}", first, rest,
                        dense_row_cap(sparse_n(m)), last_dense_cap_, hot);
   return fmt::format("twell: {}, {}{}", first, rest, hot);
-}
-
-bool FfnContext::use_blocked_up(std::int64_t m) const noexcept {
-  return opt_.blocked_up && gated_ && !opt_.gate_rows_direct && !use_split(m) && m >= opt_.blocked_up_min_rows &&
-         up_blocked_smem_bytes() <= smem_optin_;
 }
 
 bool FfnContext::use_split(std::int64_t m) const noexcept {

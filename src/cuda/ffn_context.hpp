@@ -158,17 +158,6 @@ struct ContextOptions {
   // alternating with one pass): 1024 rows 1.672 vs 1.508 ms, 2048 rows 1.718 vs 1.595, 4096 rows
   // 1.605 vs 1.558. The smaller GEMMs lose more than the saved traffic buys.
   std::int64_t dense_chunk_rows = 0;
-  // Gated TwELL remainder as a blocked up product (sm80/twell_up_blocked.hpp: 1024 tokens × 768
-  // neurons per CTA, x and Wu streamed through shared memory once per block, h written as TwELL
-  // words) followed by the non-gated sparse down product; rows with an overflowed block go through
-  // the fused kernel. Used when M ≥ blocked_up_min_rows and the split remainder is not. Exact,
-  // off by default: its first build measured the remainder at 0.709 vs 0.521 ms for the fused
-  // kernel (H200, M = 16384, 0.5 %, alternating, 7001a78): the up kernel alone ran 463 µs against
-  // a 0.15 ms prediction, issue- and latency-bound on CUDA cores (ncu: 210 M warp-instructions,
-  // 0.49 issued per cycle, 44 % of its shared-memory wavefronts bank conflicts;
-  // docs/perf-notes-cuda.md, "Blocked up product").
-  bool blocked_up = false;
-  std::int64_t blocked_up_min_rows = 4096;
   std::int64_t split_min_rows = 1024;
   std::int64_t split_capacity_per_row = 0;  // words; 0: max(64, N / 16) (≈ 6 % density at N = 5632)
   // Dense rows (sm80/twell_dense_rows.hpp), on the TwELL remainder (not with the split, blocked-up
@@ -376,8 +365,6 @@ class FfnContext {
     return w_gu_.bytes() + w_down_.bytes() + w_down_t_.bytes() + w_hot_gu_.bytes();
   }
 
-  // Whether sparse_rest at this M runs the blocked up product (ContextOptions::blocked_up).
-  bool use_blocked_up(std::int64_t m) const noexcept;
 
   // Results of the last gate_twell (valid for its m until the next call of any layer sharing the
   // workspace); columns in neuron_order().

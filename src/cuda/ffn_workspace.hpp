@@ -29,7 +29,6 @@ struct FfnWorkspace {
   DeviceBuffer<std::uint32_t> words;  // [m, tiles · S] TwELL words
   DeviceBuffer<std::uint32_t> row_ovf;  // [m]
   DeviceBuffer<std::uint32_t> row_nnz;  // [m] the packing's row counts (split remainder, dense rows)
-  DeviceBuffer<std::uint32_t> h_words;  // [m, tiles · S] TwELL of h (blocked up product)
   DeviceBuffer<int> split_pos;          // [m]
   DeviceBuffer<int> split_tok;          // [16 · groups]
   DeviceBuffer<std::int64_t> split_base;  // [groups]
@@ -48,7 +47,7 @@ struct FfnWorkspace {
   }
   std::size_t bytes() const noexcept {
     return gemm.workspace_bytes() + (side_gemm ? side_gemm->workspace_bytes() : 0) + g.bytes() + gu.bytes() +
-           h.bytes() + words.bytes() + row_ovf.bytes() + row_nnz.bytes() + h_words.bytes() + split_pos.bytes() +
+           h.bytes() + words.bytes() + row_ovf.bytes() + row_nnz.bytes() + split_pos.bytes() +
            split_tok.bytes() + split_base.bytes() + split_len.bytes() + split_chunk_words.bytes() + hlist.bytes() +
            dense_list.bytes() + dense_temp.bytes() + row_dense.bytes() + x_h.bytes() + y_h.bytes() +
            decode_partials.bytes();

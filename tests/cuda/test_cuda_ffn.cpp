@@ -217,29 +217,6 @@ void check_gate_sm90(const FfnCase& c, const FfnData& d, const FfnWeights& w, co
 // The split remainder (twell_split.hpp: plan, up kernel writing h lists, sliced down): exact,
 // reproducible bit for bit, its plan's size equal to the host's, and the fused fallback exact
 // when the list does not fit (capacity forced to one word per row).
-// The blocked up product (gated, sm80/twell_up_blocked.hpp) at every M: y against the oracle (h is
-// rounded to bf16 once more than in the fused kernel, as in the dense path), reproducible, and a
-// second remainder after one gate (sparse_rest leaves the TwELL of g untouched) gives the same y.
-void check_blocked_up(const FfnCase& c, const FfnWeights& w, const __nv_bfloat16* x, const ContextOptions& opt,
-                      const std::vector<double>& ref_sparse, const std::vector<std::int64_t>& rows, cudaStream_t s) {
-  ContextOptions bo = opt;
-  bo.blocked_up = true;
-  bo.blocked_up_min_rows = 0;
-  FfnContext bc(bo);
-  bc.upload_weights(w, s);
-  if (!bc.use_blocked_up(c.m)) return;  // the device lacks the shared memory
-  ForwardResult fr;
-  const Outputs o1 = run_poisoned(c.m, c.k, s, [&](__nv_bfloat16* y) { fr = bc.forward(x, c.m, y, Path::sparse, s); });
-  const Outputs o2 = run_poisoned(c.m, c.k, s, [&](__nv_bfloat16* y) { bc.sparse_rest(x, c.m, y, s); });
-  EXPECT_TRUE(o1.guard_ok && o2.guard_ok) << "blocked up: write past the end of y";
-  std::int64_t worst_row = -1;
-  const double err = max_err_rows(o1.y, ref_sparse, rows, c.k, &worst_row);
-  EXPECT_LE(err, kTol) << "blocked up (" << fr.path << "): worst row " << worst_row;
-  EXPECT_TRUE(std::memcmp(o1.y.data(), o2.y.data(), o1.y.size() * sizeof(float)) == 0)
-      << "blocked up: a second remainder after one gate differs";
-  std::printf("[case %s] blocked up path \"%s\": max row rel err %.2e\n", c.name.c_str(), fr.path.c_str(), err);
-}
-
 void check_split(const FfnCase& c, const FfnWeights& w, const __nv_bfloat16* x, const ContextOptions& opt,
                  const std::vector<double>& ref_sparse, const std::vector<std::int64_t>& rows, cudaStream_t s) {
   ContextOptions so = opt;
@@ -640,7 +617,6 @@ TEST_P(CudaFfn, MatchesReferenceAndHostEncoder) {
   if (split_supported(c.n)) check_split(c, w, x.get(), opt, ref_sparse, rows, s);
   check_dense_rows(c, d, w, x.get(), opt, ref_sparse, ref_dense, rows, s);
   check_hot_neurons(c, w, x.get(), opt, ref_sparse, ref_dense, rows, s);
-  if (c.gated) check_blocked_up(c, w, x.get(), opt, ref_sparse, rows, s);
   // The dense baseline in row chunks (each chunk's intermediate reused from row 0): exact, and the
   // dispatch count it leaves (its last chunk's gate) still decides an automatic call correctly.
   if (c.m > 128) {

@@ -80,8 +80,8 @@ struct TwellUpDownParams : FfnOperands {
   const std::int64_t* hl_base = nullptr;
   const int* hl_len = nullptr;
   const std::uint32_t* split_enable = nullptr;
-  // Optional row filter (the blocked up product's two halves, twell_up_blocked.hpp): row m is
-  // computed iff (row_filter[m] != 0) == filter_keep_flagged; the other rows' y is left alone.
+  // Optional row filter (the dense rows, which run elsewhere): row m is computed iff
+  // (row_filter[m] != 0) == filter_keep_flagged; the other rows' y is left alone.
   const std::uint32_t* row_filter = nullptr;
   bool filter_keep_flagged = false;
 };
