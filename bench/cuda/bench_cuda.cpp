@@ -294,29 +294,6 @@ int main(int argc, char** argv) {
         direct.gate_twell(dx.get(), m, s);
         t_direct_rest = median_ms(warmup, reps, s, [&] { direct.sparse_rest(dx.get(), m, y_direct.get(), s); });
       }
-      // Diagnostic: the split remainder (h list + sliced down, ContextOptions::split_remainder)
-      // against the fused kernel, alternately: whole sparse path and remainder alone; its error.
-      double t_split = 0, t_fused = 0, t_split_rest = 0, t_fused_rest = 0;
-      DeviceBuffer<__nv_bfloat16> y_fused(xb.size()), y_split(xb.size());
-      TWELL_CUDA_CHECK(cudaMemset(y_fused.get(), 0xff, y_fused.bytes()));
-      TWELL_CUDA_CHECK(cudaMemset(y_split.get(), 0xff, y_split.bytes()));
-      FfnContext::SplitStats split_stats;
-      {
-        const auto split = variant([](ContextOptions& o) { o.split_remainder = true; });
-        const auto fused = variant([](ContextOptions& o) { o.split_remainder = false; });
-        FfnContext& sctx = *split;
-        FfnContext& fctx = *fused;
-        std::tie(t_split, t_fused) = alternating_medians_ms(
-            warmup, reps, s,
-            [&] { sparse_path(sctx, y_split.get()); },
-            [&] { sparse_path(fctx, y_fused.get()); });
-        split_stats = sctx.read_split_stats(s);
-        sctx.gate_twell(dx.get(), m, s);
-        fctx.gate_twell(dx.get(), m, s);
-        std::tie(t_split_rest, t_fused_rest) = alternating_medians_ms(
-            warmup, reps, s, [&] { sctx.sparse_rest(dx.get(), m, y_split.get(), s); },
-            [&] { fctx.sparse_rest(dx.get(), m, y_fused.get(), s); });
-      }
       // Diagnostic: dense rows (ContextOptions::dense_rows_density) at other thresholds and off,
       // each whole sparse path alternating with this context's (default threshold); and how many
       // rows this context ran dense.
@@ -439,8 +416,6 @@ int main(int argc, char** argv) {
       const double err_dn = sampled_error(download(y_dn.get(), xb.size()), xv, w, false, rows);
       const double err_auto = sampled_error(download(y_auto.get(), xb.size()), xv, w, fr.sparse, rows);
       const double err_direct = sampled_error(download(y_direct.get(), xb.size()), xv, w, true, rows);
-      const double err_fused = sampled_error(download(y_fused.get(), xb.size()), xv, w, true, rows);
-      const double err_split = sampled_error(download(y_split.get(), xb.size()), xv, w, true, rows);
 
       // Over every neuron (cnt: the cold neurons only when hot ones are split off).
       const double density = static_cast<double>(cnt_all.nnz) / (static_cast<double>(m) * static_cast<double>(N));
@@ -454,7 +429,7 @@ int main(int argc, char** argv) {
                     "%7lld %-8s %6.3f | %7.3f %7.3f %7.3f %7.3f %7.3f %7.3f | %7.3f %7.3f %7.3f %7.0f | %6.2f %6.2f | %8.1e %8.1e | %6llu %6llu | %s",
                     static_cast<long long>(m), pt.mode.c_str(), 100 * density, t_gemm_alt, t_gate, t_rest,
                     variants["0"].get<double>(), variants["1"].get<double>(), variants["2"].get<double>(), t_sparse, t_auto,
-                    t_dense, tflops, t_dense / t_sparse, t_dense / t_auto, std::max({err_sp, err_auto, err_direct, err_fused, err_split}), err_dn,
+                    t_dense, tflops, t_dense / t_sparse, t_dense / t_auto, std::max({err_sp, err_auto, err_direct}), err_dn,
                     static_cast<unsigned long long>(cnt_all.overflow_tiles), static_cast<unsigned long long>(cnt_all.overflow_rows),
                     fr.path.c_str());
       std::printf("%s\n", line);
@@ -480,10 +455,6 @@ int main(int argc, char** argv) {
                   t_sparse_alt, t_auto_alt, t_auto_fresh);
       std::printf("          gate rows read directly vs TwELL, alternating: %.3f / %.3f ms (rest alone %.3f); err %.1e\n",
                   t_direct, t_twell_alt, t_direct_rest, err_direct);
-      std::printf("          split vs fused remainder, alternating: whole %.3f / %.3f ms, rest alone %.3f / %.3f ms; "
-                  "split %s (h list %.1f MB); err split %.1e fused %.1e\n",
-                  t_split, t_fused, t_split_rest, t_fused_rest, split_stats.ran ? "ran" : "did not run",
-                  4e-6 * static_cast<double>(split_stats.words_needed), err_split, err_fused);
       if (!dense_chunks.empty()) {
         std::printf("          dense FFN in row chunks vs one pass, alternating:");
         for (const auto& [rows, t] : dense_chunks.items())
@@ -571,13 +542,7 @@ int main(int argc, char** argv) {
                                {"direct_twell_alternating_ms", {t_direct, t_twell_alt}},
                                {"direct_rest_ms", t_direct_rest},
                                {"err_direct", err_direct},
-                               {"split_fused_alternating_ms", {t_split, t_fused}},
-                               {"split_fused_rest_alternating_ms", {t_split_rest, t_fused_rest}},
                                {"decode_gemv_vs_cublaslt_alternating_ms", {t_dec_gemv, t_dec_lt}},
-                               {"split_ran", split_stats.ran},
-                               {"split_hlist_words", split_stats.words_needed},
-                               {"err_fused", err_fused},
-                               {"err_split", err_split},
                                {"dense_chunked_vs_plain_ms", dense_chunks},
                                {"dense_rows_threshold_vs_default_alternating_ms", dense_rows_alt},
                                {"dense_rows", {{"hot", dense_rows.hot}, {"dense", dense_rows.dense},

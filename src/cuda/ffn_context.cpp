@@ -8,7 +8,6 @@
 #include "cuda/common/transpose.hpp"
 #include "cuda/sm80/twell_gemv.hpp"
 #include "cuda/sm80/twell_hot_neurons.hpp"
-#include "cuda/sm80/twell_split.hpp"
 #include "cuda/sm90/gate_pack.hpp"
 #include "twell/bf16.hpp"
 
@@ -28,7 +27,7 @@ void to_bf16_rows(CMatrixF src, std::vector<std::uint16_t>& dst, std::int64_t ro
 
 FfnContext::FfnContext(const ContextOptions& opt, std::shared_ptr<FfnWorkspace> ws)
     : opt_(opt), ws_(ws ? std::move(ws) : std::make_shared<FfnWorkspace>(opt.autotune_gemm)), gemm_(ws_->gemm), dispatch_(1), dispatch_host_(1), counters_(1), counters_host_(1),
-      decode_nnz_(1), split_ticket_(1), split_state_(1), dense_stats_(1) {
+      decode_nnz_(1), dense_stats_(1) {
   TWELL_CUDA_CHECK(cudaEventCreateWithFlags(&decided_, cudaEventDisableTiming));
   int dev = 0, sms = 0, optin = 0;
   TWELL_CUDA_CHECK(cudaGetDevice(&dev));
@@ -37,8 +36,6 @@ FfnContext::FfnContext(const ContextOptions& opt, std::shared_ptr<FfnWorkspace> 
   sm_count_ = sms;
   smem_optin_ = static_cast<std::size_t>(optin);
   gate_sm90_ok_ = gate_pack_sm90_available(dev);
-  TWELL_CUDA_CHECK(cudaMemset(split_state_.get(), 0, split_state_.bytes()));
-  TWELL_CUDA_CHECK(cudaMemset(split_ticket_.get(), 0, split_ticket_.bytes()));
   opt_.twell.validate();
   TWELL_CHECK(opt_.updown_variant >= 0 && opt_.updown_variant <= 4 && opt_.updown_variant_nongated >= 0 &&
                   opt_.updown_variant_nongated <= 4,
@@ -157,7 +154,7 @@ void FfnContext::check_m(std::int64_t m) const {
 }
 
 bool FfnContext::needs_row_nnz() const noexcept {
-  return (opt_.split_remainder && split_supported(n_)) || opt_.dense_rows_density > 0;
+  return opt_.dense_rows_density > 0;
 }
 
 void FfnContext::reserve(std::int64_t m) {
@@ -169,23 +166,11 @@ void FfnContext::reserve(std::int64_t m) {
   ws_->h.reserve(um * static_cast<std::size_t>(ldn_));
   ws_->words.reserve(um * static_cast<std::size_t>(tiles() * words_per_tile()));
   ws_->row_ovf.reserve(um);
-  const bool split = opt_.split_remainder && split_supported(n_);
   if (needs_row_nnz()) ws_->row_nnz.reserve(um);
   if (opt_.dense_rows_density > 0) {
     ws_->dense_list.reserve(um + 1);
     ws_->row_dense.reserve(um);
     ws_->dense_temp.reserve(dense_rows_plan_temp_bytes(m));
-  }
-  if (split) {  // only the split remainder uses these
-    const auto groups = static_cast<std::size_t>(split_groups(m));
-    ws_->split_pos.reserve(um);
-    ws_->split_tok.reserve(groups * kHListGroup);
-    ws_->split_base.reserve(groups);
-    ws_->split_len.reserve(groups);
-    ws_->split_chunk_words.reserve(static_cast<std::size_t>(split_chunks(m)));
-    const std::int64_t per_row =
-        opt_.split_capacity_per_row > 0 ? opt_.split_capacity_per_row : std::max<std::int64_t>(64, n_ / 16);
-    ws_->hlist.reserve(um * static_cast<std::size_t>(per_row));
   }
   cap_m_ = std::max(cap_m_, m);
 }
@@ -341,51 +326,17 @@ void FfnContext::cold_rest(const __nv_bfloat16* x, std::int64_t m, __nv_bfloat16
     p.nnz = &counters_.get()->nnz;
     TWELL_CUDA_CHECK(cudaMemsetAsync(counters_.get(), 0, sizeof(TwellCounters), stream));
   }
-  if (!use_split(m)) {
-    last_dense_planned_ = use_dense_rows(m);
-    if (!last_dense_planned_) {
-      launch_twell_up_down(p, stream);
-      return;
-    }
-    const std::int64_t cap = dense_rows_capacity(m);
-    last_dense_cap_ = cap;
-    p.row_filter = dense_rows_begin(x, m, cap, stream);
-    p.filter_keep_flagged = false;
+  last_dense_planned_ = use_dense_rows(m);
+  if (!last_dense_planned_) {
     launch_twell_up_down(p, stream);
-    dense_rows_finish(m, cap, y, stream);
     return;
   }
-  // Split: plan → up half writing the h list → sliced down; if the list does not fit, the plan's
-  // flag turns the up kernel into the fused kernel and the down kernel off.
-  SplitPlanParams pp;
-  pp.row_nnz = ws_->row_nnz.get();
-  pp.m = m;
-  pp.capacity = static_cast<std::int64_t>(ws_->hlist.size());
-  pp.pos = ws_->split_pos.get();
-  pp.tok = ws_->split_tok.get();
-  pp.base = ws_->split_base.get();
-  pp.len = ws_->split_len.get();
-  pp.chunk_words = ws_->split_chunk_words.get();
-  pp.ticket = split_ticket_.get();
-  pp.enable = &split_state_.get()->enable;
-  pp.words_needed = &split_state_.get()->words_needed;
-  launch_split_plan(pp, stream);
-  p.split_enable = pp.enable;
-  p.hl_words = ws_->hlist.get();
-  p.hl_pos = pp.pos;
-  p.hl_base = pp.base;
-  p.hl_len = pp.len;
+  const std::int64_t cap = dense_rows_capacity(m);
+  last_dense_cap_ = cap;
+  p.row_filter = dense_rows_begin(x, m, cap, stream);
+  p.filter_keep_flagged = false;
   launch_twell_up_down(p, stream);
-  TwellDownSlicedParams dp;
-  static_cast<FfnOperands&>(dp) = operands(x, m, y, n);
-  dp.words = ws_->hlist.get();
-  dp.tok = pp.tok;
-  dp.base = pp.base;
-  dp.len = pp.len;
-  dp.groups = split_groups(m);
-  dp.enable = pp.enable;
-  dp.sm_count = sm_count_;
-  launch_twell_down_sliced(dp, stream);
+  dense_rows_finish(m, cap, y, stream);
 }
 
 int FfnContext::updown_variant(std::int64_t m, bool gated) const noexcept {
@@ -399,7 +350,7 @@ bool FfnContext::is_decode(std::int64_t m) const noexcept {
 }
 
 bool FfnContext::use_dense_rows(std::int64_t m) const noexcept {
-  return opt_.dense_rows_density > 0 && !opt_.gate_rows_direct && !use_split(m) &&
+  return opt_.dense_rows_density > 0 && !opt_.gate_rows_direct &&
          !is_decode(m) && ws_->row_nnz.size() >= static_cast<std::size_t>(m);
 }
 
@@ -533,20 +484,13 @@ std::string FfnContext::sparse_path_name(std::int64_t m) const {
                   : "twell: cublasLt up, sparse down reading the ReLU rows";
   const char* first = gate_sm90_active() ? (gated_ ? "sm90 gate GEMM with TwELL epilogue" : "sm90 up GEMM with TwELL epilogue")
                                       : (gated_ ? "cublasLt gate + pack" : "cublasLt up + pack");
-  const char* rest = use_split(m) ? (gated_ ? "up + sliced down (fused if the h list overflows)"
-                                            : "sliced down (fused if the h list overflows)")
-                                  : (gated_ ? "fused up+down" : "sparse down");
+  const char* rest = gated_ ? "fused up+down" : "sparse down";
   const std::string hot =
       sparse_n(m) < n_ ? fmt::format("; {} of {} neurons (the hot ones) dense", n_ - sparse_n(m), n_) : std::string();
   if (use_dense_rows(m) && last_dense_cap_ > 0)
     return fmt::format("twell: {}, {}; rows over {} non-zeros dense (up to {}){}", first, rest,
                        dense_row_cap(sparse_n(m)), last_dense_cap_, hot);
   return fmt::format("twell: {}, {}{}", first, rest, hot);
-}
-
-bool FfnContext::use_split(std::int64_t m) const noexcept {
-  return opt_.split_remainder && !opt_.gate_rows_direct && m >= opt_.split_min_rows && split_supported(n_) &&
-         split_smem_bytes(n_) <= smem_optin_;
 }
 
 void FfnContext::dense_rest(const __nv_bfloat16* x, std::int64_t m, __nv_bfloat16* y, cudaStream_t stream) {
@@ -669,17 +613,6 @@ TwellCounters FfnContext::read_counters(cudaStream_t stream) {
       cudaMemcpyAsync(counters_host_.get(), counters_.get(), sizeof(TwellCounters), cudaMemcpyDeviceToHost, stream));
   TWELL_CUDA_CHECK(cudaStreamSynchronize(stream));
   return counters_host_[0];
-}
-
-FfnContext::SplitStats FfnContext::read_split_stats(cudaStream_t stream) {
-  SplitState st{};
-  TWELL_CUDA_CHECK(cudaStreamSynchronize(stream));
-  TWELL_CUDA_CHECK(cudaMemcpy(&st, split_state_.get(), sizeof st, cudaMemcpyDeviceToHost));
-  SplitStats r;
-  r.ran = st.enable != 0;
-  r.words_needed = st.words_needed;
-  r.capacity = ws_->hlist.size();
-  return r;
 }
 
 std::int64_t FfnContext::sparse_n(std::int64_t m) const noexcept {

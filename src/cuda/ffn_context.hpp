@@ -139,18 +139,6 @@ struct ContextOptions {
   // the fused kernel, which measured as slow or slightly slower (H100, docs/perf-notes-cuda.md), so
   // it is off by default; it is exact at any density, with nothing to overflow.
   bool gate_rows_direct = false;
-  // Sparse remainder split in two (sm80/twell_split.hpp): the up kernel writes each row's h list,
-  // a weight-stationary down kernel (Wdᵀ slices resident in shared memory) reads it, so a non-zero
-  // costs a 32-byte shared-memory read in the down product instead of a 4 KB weight row from L2.
-  // Used on the TwELL path when M ≥ split_min_rows and the slice fits the device's shared memory
-  // (N ≤ 7168 on H100); when a call's h list would exceed split_capacity_per_row·M words the fused
-  // kernel runs instead (decided on the device, exact either way). Off by default: measured on an
-  // H200 at M = 16384, K = 2048, N = 5632 (546cabc, alternating with the fused kernel), the
-  // remainder alone ran 0.561 vs 0.539 ms at 0.5 %, 0.910 vs 0.928 at 1 %, 2.41 vs 2.66 at 3 %,
-  // 1.036 vs 1.033 with hot rows, and 0.334 vs 0.291 non-gated: the up half alone (0.33 ms) is
-  // already at its L2 floor and the sliced down (0.20 ms) has not reached its 0.1 ms prediction
-  // (docs/perf-notes-cuda.md, "Split remainder").
-  bool split_remainder = false;
   // Dense baseline (gated) in row chunks of this many rows (0: one pass): each chunk's stacked
   // [rows, 2N] GEMM output and its h stay in L2 for the product and the down GEMM, instead of a
   // 0.55 GB round trip through DRAM at M = 16384. Row chunks are whole 128-row GEMM tiles.
@@ -158,10 +146,8 @@ struct ContextOptions {
   // alternating with one pass): 1024 rows 1.672 vs 1.508 ms, 2048 rows 1.718 vs 1.595, 4096 rows
   // 1.605 vs 1.558. The smaller GEMMs lose more than the saved traffic buys.
   std::int64_t dense_chunk_rows = 0;
-  std::int64_t split_min_rows = 1024;
-  std::int64_t split_capacity_per_row = 0;  // words; 0: max(64, N / 16) (≈ 6 % density at N = 5632)
-  // Dense rows (sm80/twell_dense_rows.hpp), on the TwELL remainder (not with the split, blocked-up
-  // or direct-gate variants): rows with more than dense_rows_density·N non-zeros (hot tokens,
+  // Dense rows (sm80/twell_dense_rows.hpp), on the TwELL remainder (not with the direct-gate
+  // variant): rows with more than dense_rows_density·N non-zeros (hot tokens,
   // heavy rows, rows with overflowed blocks) run as rows of cuBLASLt GEMMs, gathered, instead of
   // through the fused kernel, up to a capacity sized from the share of such rows an earlier call
   // counted (+10 % + 64 rows; dense_rows_capacity ≥ 0 fixes it instead). Rows past the capacity
@@ -293,14 +279,6 @@ class FfnContext {
   // with gate_rows_direct, nnz of the last sparse_rest and no overflow (there is no capacity).
   // With hot neurons split off (sparse_n(m) < n()), the counts are the cold neurons' only.
   TwellCounters read_counters(cudaStream_t stream);
-  // Synchronises `stream`; the last split plan's outcome (see ContextOptions::split_remainder):
-  // whether the split ran (else the fused kernel did) and the h-list words it needed.
-  struct SplitStats {
-    bool ran = false;
-    std::uint64_t words_needed = 0;
-    std::uint64_t capacity = 0;
-  };
-  SplitStats read_split_stats(cudaStream_t stream);
   // Synchronises `stream`; the last sparse_rest's dense rows (ContextOptions::dense_rows_density):
   // rows over the threshold, rows run dense (≤ capacity), the dispatch cost and nnz it counted.
   struct DenseRowsInfo {
@@ -375,7 +353,7 @@ class FfnContext {
  private:
   void reserve(std::int64_t m);
   void set_shape(bool gated, std::int64_t n, std::int64_t k);  // checks the shape; sets gated_, n_, k_ and ldn_
-  // The packing writes per-row counts (the split plan's and the dense rows' input).
+  // The packing writes per-row counts (the dense rows' input).
   bool needs_row_nnz() const noexcept;
   void check_m(std::int64_t m) const;
   // Packs rows [r0, r0 + rows) of the gate buffer; adds to the counters unless reset_counters.
@@ -393,7 +371,6 @@ class FfnContext {
   // gate_gemm over the first n neurons (the call's sparse_n in gate_twell).
   void gate_gemm_cols(const __nv_bfloat16* x, std::int64_t m, std::int64_t n, cudaStream_t stream);
   __nv_bfloat16* hot_workspace(std::int64_t m) noexcept;  // [m, 2·ldh]: h in its first ldh columns
-  bool use_split(std::int64_t m) const noexcept;
   int updown_variant(std::int64_t m, bool gated) const noexcept;  // TwellUpDownParams::variant for m rows
   // Dense rows on the sparse remainder at this M (ContextOptions::dense_rows_density); never at
   // decode sizes, whose sparse path is the decode kernel.
@@ -480,16 +457,8 @@ class FfnContext {
   DeviceBuffer<unsigned int> decode_tickets_;     // row tickets, CTA ticket (kept zero between launches)
   DeviceBuffer<unsigned long long> decode_nnz_;   // [1] (kept zero between launches)
   DeviceBuffer<unsigned long long> decode_step_nnz_{1};  // [1] decode_step's count (not read back)
-  // Split remainder (twell_split.hpp): row counts from the packing, the plan, the h list.
   int sm_count_ = 0;
   std::size_t smem_optin_ = 0;
-  DeviceBuffer<unsigned int> split_ticket_;    // [1], zero between plans
-  struct SplitState {
-    std::uint32_t enable;
-    std::uint32_t pad;
-    unsigned long long words_needed;
-  };
-  DeviceBuffer<SplitState> split_state_;
   // Dense rows (twell_dense_rows.hpp).
   DeviceBuffer<DenseRowsStats> dense_stats_;  // [1]
   CountRing hot_share_;                       // share of rows over the threshold, per call

@@ -28,13 +28,7 @@ struct FfnWorkspace {
   DeviceBuffer<__nv_bfloat16> h;      // [m, ldn]  dense h
   DeviceBuffer<std::uint32_t> words;  // [m, tiles · S] TwELL words
   DeviceBuffer<std::uint32_t> row_ovf;  // [m]
-  DeviceBuffer<std::uint32_t> row_nnz;  // [m] the packing's row counts (split remainder, dense rows)
-  DeviceBuffer<int> split_pos;          // [m]
-  DeviceBuffer<int> split_tok;          // [16 · groups]
-  DeviceBuffer<std::int64_t> split_base;  // [groups]
-  DeviceBuffer<int> split_len;          // [groups]
-  DeviceBuffer<long long> split_chunk_words;  // [chunks]
-  DeviceBuffer<std::uint32_t> hlist;    // [capacity] the split remainder's h list
+  DeviceBuffer<std::uint32_t> row_nnz;  // [m] the packing's row counts (the dense rows' input)
   DeviceBuffer<int> dense_list;         // [m + 1]: dense rows ascending, then at [m] their count
   DeviceBuffer<unsigned char> dense_temp;  // CUB scratch
   DeviceBuffer<std::uint32_t> row_dense;   // [m] 1 iff the row ran dense
@@ -47,8 +41,7 @@ struct FfnWorkspace {
   }
   std::size_t bytes() const noexcept {
     return gemm.workspace_bytes() + (side_gemm ? side_gemm->workspace_bytes() : 0) + g.bytes() + gu.bytes() +
-           h.bytes() + words.bytes() + row_ovf.bytes() + row_nnz.bytes() + split_pos.bytes() +
-           split_tok.bytes() + split_base.bytes() + split_len.bytes() + split_chunk_words.bytes() + hlist.bytes() +
+           h.bytes() + words.bytes() + row_ovf.bytes() + row_nnz.bytes() +
            dense_list.bytes() + dense_temp.bytes() + row_dense.bytes() + x_h.bytes() + y_h.bytes() +
            decode_partials.bytes();
   }

@@ -26,7 +26,6 @@
 #include "cuda/common/device_buffer.hpp"
 #include "cuda/ffn_context.hpp"
 #include "cuda/sm80/twell_gemv.hpp"
-#include "cuda/sm80/twell_split.hpp"
 #include "cuda_test_util.hpp"
 #include "twell/cpu/reference.hpp"
 #include "twell/twell_format.hpp"
@@ -212,67 +211,6 @@ void check_gate_sm90(const FfnCase& c, const FfnData& d, const FfnWeights& w, co
               c.name.c_str(), opt.gate_sm90_stmatrix ? "stmatrix" : "st.shared", opt.gate_sm90_heavy_rows ? "warp" : "lane",
               opt.gate_sm90_word_masks ? "masks" : "a scan", worst,
               static_cast<long long>(blocks), err);
-}
-
-// The split remainder (twell_split.hpp: plan, up kernel writing h lists, sliced down): exact,
-// reproducible bit for bit, its plan's size equal to the host's, and the fused fallback exact
-// when the list does not fit (capacity forced to one word per row).
-void check_split(const FfnCase& c, const FfnWeights& w, const __nv_bfloat16* x, const ContextOptions& opt,
-                 const std::vector<double>& ref_sparse, const std::vector<std::int64_t>& rows, cudaStream_t s) {
-  ContextOptions so = opt;
-  so.split_remainder = true;
-  so.split_min_rows = 0;
-  so.gate_store_values = true;  // the plan check below recounts rows from the gate buffer
-  FfnContext sc(so);
-  sc.upload_weights(w, s);
-  ForwardResult fr;
-  const Outputs o1 = run_poisoned(c.m, c.k, s, [&](__nv_bfloat16* y) { fr = sc.forward(x, c.m, y, Path::sparse, s); });
-  const FfnContext::SplitStats st = sc.read_split_stats(s);
-  const Outputs o2 = run_poisoned(c.m, c.k, s, [&](__nv_bfloat16* y) { sc.forward(x, c.m, y, Path::sparse, s); });
-  EXPECT_TRUE(o1.guard_ok && o2.guard_ok) << "split: write past the end of y";
-  std::int64_t worst_row = -1;
-  const double err = max_err_rows(o1.y, ref_sparse, rows, c.k, &worst_row);
-  EXPECT_LE(err, kTol) << "split remainder (" << fr.path << ", ran " << st.ran << "): worst row " << worst_row;
-  EXPECT_TRUE(std::memcmp(o1.y.data(), o2.y.data(), o1.y.size() * sizeof(float)) == 0) << "split: not reproducible";
-  // The plan's words, from the row counts of the gate the context packed.
-  const std::vector<float> g = download_gate(sc, c.m);
-  std::vector<std::uint32_t> cnt(static_cast<std::size_t>(c.m));
-  for (std::int64_t r = 0; r < c.m; ++r)
-    for (std::int64_t col = 0; col < c.n; ++col) cnt[static_cast<std::size_t>(r)] += g[static_cast<std::size_t>(r * c.n + col)] > 0;
-  // Per chunk of kSplitChunk tokens and class cls = token mod 4, tokens stably sorted by
-  // min(count, 4095): the class's i-th token sits in the chunk's group i / 4; a group's length is
-  // its longest member's count rounded up to 4, and it holds 16 words per entry.
-  std::uint64_t expect = 0, lower = 0;
-  for (std::int64_t t0 = 0; t0 < c.m; t0 += kSplitChunk) {
-    std::vector<std::uint32_t> glen(kSplitChunkGroups, 0);
-    for (int cls = 0; cls < 4; ++cls) {
-      std::vector<std::uint32_t> v;
-      for (std::int64_t t = t0 + cls; t < std::min<std::int64_t>(c.m, t0 + kSplitChunk); t += 4)
-        v.push_back(cnt[static_cast<std::size_t>(t)]);
-      std::stable_sort(v.begin(), v.end(), [](std::uint32_t a, std::uint32_t b) { return std::min(a, 4095u) < std::min(b, 4095u); });
-      for (std::size_t i = 0; i < v.size(); ++i) {
-        glen[i / 4] = std::max(glen[i / 4], (v[i] + 3) / 4 * 4);
-        lower += (v[i] + 3) / 4 * 4;
-      }
-    }
-    for (std::uint32_t l : glen) expect += 16ull * l;
-  }
-  EXPECT_GE(st.words_needed, lower) << "split plan smaller than the entries it holds";
-  EXPECT_EQ(st.words_needed, expect) << "split plan size";
-  EXPECT_EQ(st.ran, st.words_needed <= st.capacity);
-  std::printf("[case %s] split remainder %s: h list %llu words (capacity %llu), max row rel err %.2e\n", c.name.c_str(),
-              st.ran ? "ran" : "fell back to the fused kernel", static_cast<unsigned long long>(st.words_needed),
-              static_cast<unsigned long long>(st.capacity), err);
-  // Fallback: a capacity the list cannot fit unless every row is empty.
-  so.split_capacity_per_row = 1;
-  FfnContext fc(so);
-  fc.upload_weights(w, s);
-  const Outputs of = run_poisoned(c.m, c.k, s, [&](__nv_bfloat16* y) { fc.forward(x, c.m, y, Path::sparse, s); });
-  const FfnContext::SplitStats fs = fc.read_split_stats(s);
-  EXPECT_EQ(fs.ran, fs.words_needed <= fs.capacity);
-  EXPECT_TRUE(of.guard_ok);
-  const double ef = max_err_rows(of.y, ref_sparse, rows, c.k, &worst_row);
-  EXPECT_LE(ef, kTol) << "split fallback (ran " << fs.ran << "): worst row " << worst_row;
 }
 
 // `calls` automatic forwards of ctx on x into a poisoned y, each in bounds and exact on `rows` (the
@@ -531,7 +469,6 @@ TEST_P(CudaFfn, MatchesReferenceAndHostEncoder) {
   opt.updown_variant = opt.updown_variant_nongated = 0;
   opt.gate_chunks = 1;  // the unchunked gate here; the chunked one is compared with it below
   opt.gate_rows_direct = false;  // TwELL here; the direct read of the gate rows is checked below
-  opt.split_min_rows = 0;  // where check_split turns the split remainder on: at every M
   opt.hot_neurons_auto = false;  // every neuron sparse here; check_hot_neurons splits them
   FfnContext ctx(opt);
   ctx.upload_weights(w, s);
@@ -614,7 +551,6 @@ TEST_P(CudaFfn, MatchesReferenceAndHostEncoder) {
     const double err = max_err_rows(o.y, ref_sparse, rows, c.k, &worst_row);
     EXPECT_LE(err, kTol) << "up/down variant " << v << ": worst row " << worst_row;
   }
-  if (split_supported(c.n)) check_split(c, w, x.get(), opt, ref_sparse, rows, s);
   check_dense_rows(c, d, w, x.get(), opt, ref_sparse, ref_dense, rows, s);
   check_hot_neurons(c, w, x.get(), opt, ref_sparse, ref_dense, rows, s);
   // The dense baseline in row chunks (each chunk's intermediate reused from row 0): exact, and the

@@ -7,7 +7,6 @@
 #include "cuda/common/check.hpp"
 #include "cuda/common/device_math.cuh"
 #include "cuda/sm80/twell_dense_rows.hpp"
-#include "cuda/sm80/twell_split.hpp"
 
 namespace twell::cuda {
 namespace {
@@ -168,16 +167,11 @@ __device__ __forceinline__ int count_dense_tile(const __nv_bfloat16* src, std::i
 // DENSE_G: the row's non-zeros come straight from the dense gate buffer (`backup`), no TwELL:
 // per-tile counts first, then each tile expanded like an overflowed block (no capacity, exact at
 // any density); the row's count is added to *p.nnz.
-// SPLIT: the split remainder's up half (twell_split.hpp) when its plan fits (*split_enable != 0):
-// h goes to the row's h list instead of into the down product; else the usual fused kernel (the
-// fallback costs no extra launch).
-template <int CH, bool GATED, int kUnroll, bool DENSE_G, bool SPLIT, int MINB>
+template <int CH, bool GATED, int kUnroll, bool DENSE_G, int MINB>
 __global__ void __launch_bounds__(MINB > 0 ? kSmallUpDownThreads : kMaxUpDownThreads, MINB > 0 ? MINB : 1)
     twell_up_down_kernel(TwellUpDownParams p) {
   static_assert(CH >= 1 && CH <= 4, "CH: 16-byte chunks per thread");
-  static_assert(!(SPLIT && DENSE_G), "the split remainder reads TwELL");
   if (p.row_filter && (p.row_filter[blockIdx.x] != 0u) != p.filter_keep_flagged) return;  // CTA-uniform
-  const bool emit = SPLIT && *p.split_enable != 0;  // CTA-uniform
   extern __shared__ __align__(16) unsigned char smem_raw[];
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
   const int nthreads = blockDim.x, nwarps = nthreads / 32;
@@ -219,27 +213,6 @@ __global__ void __launch_bounds__(MINB > 0 ? kSmallUpDownThreads : kMaxUpDownThr
       if (DENSE_G && p.nnz && carry > 0) atomicAdd(p.nnz, static_cast<unsigned long long>(carry));
     }
   }
-
-  // emit: the row's place in the h list; its entries are written rotated to start at quarter
-  // q mod 4 (rank `rot` in ascending order), see twell_split.hpp.
-  std::uint32_t* hl_out = nullptr;
-  int hl_rot = 0, hl_total = 0, hl_len = 0, hl_quarter = 0;
-  if (emit) {
-    const int r = p.hl_pos[row], g = r / kHListGroup, q = r % kHListGroup;
-    hl_out = p.hl_words + p.hl_base[g] + q * 4;
-    hl_len = p.hl_len[g];
-    const int qt = split_quarter_tiles(p.n);
-    hl_quarter = qt * kTwellTile;
-    __syncthreads();  // pref complete
-    hl_total = pref[tiles];
-    hl_rot = pref[min((q % 4) * qt, tiles)];
-  }
-  // Entry of global rank `rank` (ascending neuron order) of this row: neuron n, value h.
-  auto emit_entry = [&](int rank, int n, float h) {
-    int o = rank - hl_rot;
-    if (o < 0) o += hl_total;
-    hl_out[split_entry_word(o)] = split_encode(h, split_slot(n, hl_quarter));
-  };
 
   uint4 xr[CH];  // this thread's chunks of x[row, :]
   if constexpr (GATED) dev::load_chunks_stream<CH>(p.x + row * p.ld_x, tid, nthreads, kchunks, xr);
@@ -292,18 +265,13 @@ __global__ void __launch_bounds__(MINB > 0 ? kSmallUpDownThreads : kMaxUpDownThr
         for (int j = tid; j < cnt; j += nthreads) {
           float u = 0.0f;
           for (int q = 0; q < nwarps; ++q) u += part[q * kListCap + j];
-          if (emit)
-            emit_entry(base0 + j, lcol[j], lval[j] * u);
-          else
-            lval[j] *= u;
+          lval[j] *= u;
         }
         __syncthreads();
-      } else if (emit) {
-        for (int j = tid; j < cnt; j += nthreads) emit_entry(base0 + j, lcol[j], lval[j]);
       }
 
       // (4) y += h · Wdᵀ[n, :]
-      for (int j0 = 0; j0 < cnt && !emit; j0 += kUnroll) {
+      for (int j0 = 0; j0 < cnt; j0 += kUnroll) {
         uint4 w[kUnroll][CH];
         float h[kUnroll];
 #pragma unroll
@@ -319,11 +287,6 @@ __global__ void __launch_bounds__(MINB > 0 ? kSmallUpDownThreads : kMaxUpDownThr
     ts = te;
   }
 
-  if (emit) {  // pad the row's entries up to the group's length
-    const std::uint32_t pad = split_pad_word(p.n);
-    for (int o = hl_total + tid; o < hl_len; o += nthreads) hl_out[split_entry_word(o)] = pad;
-    return;
-  }
   __nv_bfloat16* yrow = p.y + row * p.ld_y;
 #pragma unroll
   for (int i = 0; i < CH; ++i) {
@@ -337,13 +300,13 @@ __global__ void __launch_bounds__(MINB > 0 ? kSmallUpDownThreads : kMaxUpDownThr
   }
 }
 
-template <int CH, bool GATED, int U, bool DENSE_G, bool SPLIT = false, int MINB = 0>
+template <int CH, bool GATED, int U, bool DENSE_G, int MINB = 0>
 void launch_up_down_t(const TwellUpDownParams& p, int threads, cudaStream_t stream) {
   const int tiles = static_cast<int>((p.n + kTwellTile - 1) / kTwellTile);
   const int nwarps = threads / 32;
   const std::size_t smem = sizeof(int) * kListCap + sizeof(float) * kListCap +
                            (GATED ? sizeof(float) * nwarps * kListCap : 0) + sizeof(int) * (tiles + 1);
-  auto kernel = twell_up_down_kernel<CH, GATED, U, DENSE_G, SPLIT, MINB>;
+  auto kernel = twell_up_down_kernel<CH, GATED, U, DENSE_G, MINB>;
   if (smem > 48 * 1024)
     TWELL_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
   kernel<<<static_cast<unsigned>(p.m), threads, smem, stream>>>(p);
@@ -423,10 +386,7 @@ void launch_twell_up_down(const TwellUpDownParams& p, cudaStream_t stream) {
   const bool ch2 = threads_for(2) <= kMaxUpDownThreads && p.variant != 2;
   auto launch = [&](auto ch, auto unroll, int threads) {
     constexpr int C = decltype(ch)::value, U = decltype(unroll)::value;
-    if (p.hl_words)
-      p.gated ? launch_up_down_t<C, true, U, false, true>(p, threads, stream)
-              : launch_up_down_t<C, false, U, false, true>(p, threads, stream);
-    else if (p.dense_gate)
+    if (p.dense_gate)
       p.gated ? launch_up_down_t<C, true, U, true>(p, threads, stream) : launch_up_down_t<C, false, U, true>(p, threads, stream);
     else
       p.gated ? launch_up_down_t<C, true, U, false>(p, threads, stream) : launch_up_down_t<C, false, U, false>(p, threads, stream);
@@ -434,23 +394,13 @@ void launch_twell_up_down(const TwellUpDownParams& p, cudaStream_t stream) {
   using I2 = std::integral_constant<int, 2>;
   using I4 = std::integral_constant<int, 4>;
   using I8 = std::integral_constant<int, 8>;
-  if (p.hl_words) {  // the split remainder's up half: one configuration per K range
-    TWELL_CU_REQUIRE(!p.dense_gate && p.words && p.hl_pos && p.hl_base && p.hl_len && p.split_enable &&
-                         split_supported(p.n),
-                     ErrorCode::invalid_argument, "twell up (h list): needs TwELL, a plan and N ≤ 7168 (N = {})", p.n);
-    if (threads_for(2) <= kMaxUpDownThreads)
-      launch(I2{}, I8{}, threads_for(2));
-    else
-      launch(I4{}, I2{}, threads_for(4));
-    return;
-  }
   const bool small = ch2 && threads_for(2) <= kSmallUpDownThreads && !p.dense_gate;
   if (small && p.variant == 3) {
-    p.gated ? launch_up_down_t<2, true, 4, false, false, 6>(p, threads_for(2), stream)
-            : launch_up_down_t<2, false, 4, false, false, 6>(p, threads_for(2), stream);
+    p.gated ? launch_up_down_t<2, true, 4, false, 6>(p, threads_for(2), stream)
+            : launch_up_down_t<2, false, 4, false, 6>(p, threads_for(2), stream);
   } else if (small && p.variant == 4) {
-    p.gated ? launch_up_down_t<2, true, 4, false, false, 8>(p, threads_for(2), stream)
-            : launch_up_down_t<2, false, 4, false, false, 8>(p, threads_for(2), stream);
+    p.gated ? launch_up_down_t<2, true, 4, false, 8>(p, threads_for(2), stream)
+            : launch_up_down_t<2, false, 4, false, 8>(p, threads_for(2), stream);
   } else if (ch2 && p.variant == 1) {
     launch(I2{}, I8{}, threads_for(2));
   } else if (ch2) {

@@ -71,23 +71,13 @@ struct TwellUpDownParams : FfnOperands {
   // is no capacity and nothing overflows; `words` may be null. Adds the kept count to *nnz if set.
   bool dense_gate = false;
   unsigned long long* nnz = nullptr;
-  // Split remainder (twell_split.hpp). With hl_words set and *split_enable != 0 (the plan fitted),
-  // the kernel is the up half only: it writes each row's h list at the plan's position (hl_pos,
-  // hl_base, hl_len) and pads it, instead of the down product; with *split_enable == 0 it is the
-  // usual fused kernel (the fallback), so one launch serves both outcomes.
-  std::uint32_t* hl_words = nullptr;
-  const int* hl_pos = nullptr;
-  const std::int64_t* hl_base = nullptr;
-  const int* hl_len = nullptr;
-  const std::uint32_t* split_enable = nullptr;
   // Optional row filter (the dense rows, which run elsewhere): row m is computed iff
   // (row_filter[m] != 0) == filter_keep_flagged; the other rows' y is left alone.
   const std::uint32_t* row_filter = nullptr;
   bool filter_keep_flagged = false;
 };
 // Gated: y[m,:] = Σ_n g[m,n] · ⟨x[m,:], Wu[n,:]⟩ · Wdᵀ[n,:]; non-gated: y[m,:] = Σ_n h[m,n] · Wdᵀ[n,:].
-// Accumulation in fp32, y rounded to bf16 once. h never leaves the chip (except as the split
-// remainder's h list, see hl_words).
+// Accumulation in fp32, y rounded to bf16 once. h never leaves the chip.
 void launch_twell_up_down(const TwellUpDownParams& p, cudaStream_t stream);
 
 // h = ReLU(g) ⊙ u elementwise on [M, N] bf16 (dense baseline's middle step).
