@@ -360,14 +360,6 @@ int main(int argc, char** argv) {
         masks_sparse_alt = against_ctx(scan, [&](FfnContext& c) { sparse_path(c, y_sp.get()); });
       }
       sparse_path(ctx, y_sp.get());
-      // Diagnostic: the dense baseline in row chunks (ContextOptions::dense_chunk_rows), each
-      // alternating with the one-pass dense FFN of this point's context.
-      nlohmann::json dense_chunks = nlohmann::json::object();
-      if (pt.gated && m >= 16384 && pt.density <= 0.005)
-        for (std::int64_t rows : {1024, 2048, 4096}) {
-          dense_chunks[std::to_string(rows)] = against_ctx([&](ContextOptions& o) { o.dense_chunk_rows = rows; },
-                                                           [&](FfnContext& c) { c.dense_forward(dx.get(), m, y_dn.get(), s); });
-        }
       // The decode kernel beyond the default decode_max_rows (where automatic runs dense today).
       double t_decode_wide = 0;
       if (m > copt.decode_max_rows && m <= 1024) {
@@ -455,12 +447,6 @@ int main(int argc, char** argv) {
                   t_sparse_alt, t_auto_alt, t_auto_fresh);
       std::printf("          gate rows read directly vs TwELL, alternating: %.3f / %.3f ms (rest alone %.3f); err %.1e\n",
                   t_direct, t_twell_alt, t_direct_rest, err_direct);
-      if (!dense_chunks.empty()) {
-        std::printf("          dense FFN in row chunks vs one pass, alternating:");
-        for (const auto& [rows, t] : dense_chunks.items())
-          std::printf(" %s rows %.3f / %.3f;", rows.c_str(), t[0].get<double>(), t[1].get<double>());
-        std::printf("\n");
-      }
       if (!dense_rows_alt.empty()) {
         std::printf("          dense rows: %llu of %llu rows over %.1f %% ran dense (capacity %lld); other thresholds vs %.3f, alternating:",
                     static_cast<unsigned long long>(dense_rows.dense), static_cast<unsigned long long>(dense_rows.hot),
@@ -543,7 +529,6 @@ int main(int argc, char** argv) {
                                {"direct_rest_ms", t_direct_rest},
                                {"err_direct", err_direct},
                                {"decode_gemv_vs_cublaslt_alternating_ms", {t_dec_gemv, t_dec_lt}},
-                               {"dense_chunked_vs_plain_ms", dense_chunks},
                                {"dense_rows_threshold_vs_default_alternating_ms", dense_rows_alt},
                                {"dense_rows", {{"hot", dense_rows.hot}, {"dense", dense_rows.dense},
                                                {"capacity", dense_rows.capacity}, {"threshold", copt.dense_rows_density}}},

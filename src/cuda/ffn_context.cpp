@@ -183,18 +183,11 @@ void FfnContext::dense_forward(const __nv_bfloat16* x, std::int64_t m, __nv_bflo
     dense_gate_rows_ = m;
     return;
   }
-  // Per row chunk: [g | u] = x · [Wg; Wu]ᵀ as one GEMM (2·ldn outputs), then h = ReLU(g) ⊙ u, then
-  // y = h · Wdᵀ; every chunk reuses rows [0, rows) of ws_->gu and ws_->h (so they stay in L2 when chunked).
-  const std::int64_t per = opt_.dense_chunk_rows > 0 && m > opt_.dense_chunk_rows
-                               ? round_up(opt_.dense_chunk_rows, 128)
-                               : m;
-  for (std::int64_t r0 = 0; r0 < m; r0 += per) {
-    const std::int64_t rows = std::min(per, m - r0);
-    gemm_.run({rows, 2 * ldn_, k_, k_, k_, 2 * ldn_, GemmEpilogue::none}, w_gu_.get(), x + r0 * k_, ws_->gu.get(), stream);
-    launch_gated_product(ws_->gu.get(), ws_->gu.get() + ldn_, 2 * ldn_, ws_->h.get(), ldn_, rows, n_, stream);
-    gemm_.run({rows, k_, n_, ldn_, ldn_, k_, GemmEpilogue::none}, w_down_.get(), ws_->h.get(), y + r0 * k_, stream);
-    dense_gate_rows_ = rows;
-  }
+  // [g | u] = x · [Wg; Wu]ᵀ as one GEMM (2·ldn outputs), then h = ReLU(g) ⊙ u, then y = h · Wdᵀ.
+  gemm_.run({m, 2 * ldn_, k_, k_, k_, 2 * ldn_, GemmEpilogue::none}, w_gu_.get(), x, ws_->gu.get(), stream);
+  launch_gated_product(ws_->gu.get(), ws_->gu.get() + ldn_, 2 * ldn_, ws_->h.get(), ldn_, m, n_, stream);
+  gemm_.run({m, k_, n_, ldn_, ldn_, k_, GemmEpilogue::none}, w_down_.get(), ws_->h.get(), y, stream);
+  dense_gate_rows_ = m;
 }
 
 void FfnContext::dense_gate_gemm(const __nv_bfloat16* x, std::int64_t m, cudaStream_t stream) {

@@ -139,13 +139,6 @@ struct ContextOptions {
   // the fused kernel, which measured as slow or slightly slower (H100, docs/perf-notes-cuda.md), so
   // it is off by default; it is exact at any density, with nothing to overflow.
   bool gate_rows_direct = false;
-  // Dense baseline (gated) in row chunks of this many rows (0: one pass): each chunk's stacked
-  // [rows, 2N] GEMM output and its h stay in L2 for the product and the down GEMM, instead of a
-  // 0.55 GB round trip through DRAM at M = 16384. Row chunks are whole 128-row GEMM tiles.
-  // Off: measured slower at every size tried (H200, M = 16384, K = 2048, N = 5632, fa4183c,
-  // alternating with one pass): 1024 rows 1.672 vs 1.508 ms, 2048 rows 1.718 vs 1.595, 4096 rows
-  // 1.605 vs 1.558. The smaller GEMMs lose more than the saved traffic buys.
-  std::int64_t dense_chunk_rows = 0;
   // Dense rows (sm80/twell_dense_rows.hpp), on the TwELL remainder (not with the direct-gate
   // variant): rows with more than dense_rows_density·N non-zeros (hot tokens,
   // heavy rows, rows with overflowed blocks) run as rows of cuBLASLt GEMMs, gathered, instead of

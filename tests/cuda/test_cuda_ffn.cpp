@@ -553,22 +553,6 @@ TEST_P(CudaFfn, MatchesReferenceAndHostEncoder) {
   }
   check_dense_rows(c, d, w, x.get(), opt, ref_sparse, ref_dense, rows, s);
   check_hot_neurons(c, w, x.get(), opt, ref_sparse, ref_dense, rows, s);
-  // The dense baseline in row chunks (each chunk's intermediate reused from row 0): exact, and the
-  // dispatch count it leaves (its last chunk's gate) still decides an automatic call correctly.
-  if (c.m > 128) {
-    ContextOptions dco = opt;
-    dco.dense_chunk_rows = 128;
-    FfnContext dcc(dco);
-    dcc.upload_weights(w, s);
-    for (Path path : {Path::dense, Path::automatic, Path::automatic}) {
-      ForwardResult fr;
-      const Outputs o = run_poisoned(c.m, c.k, s, [&](__nv_bfloat16* y) { fr = dcc.forward(x.get(), c.m, y, path, s); });
-      EXPECT_TRUE(o.guard_ok) << "dense in row chunks: write past the end of y";
-      std::int64_t worst_row = -1;
-      const double err = max_err_rows(o.y, fr.sparse ? ref_sparse : ref_dense, rows, c.k, &worst_row);
-      EXPECT_LE(err, kTol) << "dense in row chunks (" << fr.path << "): worst row " << worst_row;
-    }
-  }
   // The fused kernel reading the gate rows directly (no TwELL, no capacity): exact, and its count
   // equals the host encoder's, with nothing reported as overflowed. Every variant, both directly
   // and through dispatch.
