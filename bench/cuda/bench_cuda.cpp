@@ -274,26 +274,6 @@ int main(int argc, char** argv) {
         t_auto_fresh = median_ms(warmup, reps, s, [&] { fctx.forward(dx.get(), m, y_auto.get(), Path::automatic, s); });
       }
       t_dense = t_dense_alt;
-      // Diagnostic: the fused kernel reading the gate rows directly (gate_rows_direct, no TwELL
-      // packing) against the TwELL path, alternately; and its error on the check rows below.
-      double t_direct = 0, t_twell_alt = 0, t_direct_rest = 0;
-      DeviceBuffer<__nv_bfloat16> y_direct(xb.size());
-      TWELL_CUDA_CHECK(cudaMemset(y_direct.get(), 0xff, y_direct.bytes()));
-      {
-        ContextOptions dro = copt;
-        dro.gate_rows_direct = !copt.gate_rows_direct;
-        FfnContext drx(dro);
-        drx.upload_weights(w, s);
-        drx.calibrate_if_due(dx.get(), m, s);
-        FfnContext& direct = copt.gate_rows_direct ? ctx : drx;
-        FfnContext& twell = copt.gate_rows_direct ? drx : ctx;
-        std::tie(t_direct, t_twell_alt) = alternating_medians_ms(
-            warmup, reps, s,
-            [&] { sparse_path(direct, y_direct.get()); },
-            [&] { sparse_path(twell, y_sp.get()); });
-        direct.gate_twell(dx.get(), m, s);
-        t_direct_rest = median_ms(warmup, reps, s, [&] { direct.sparse_rest(dx.get(), m, y_direct.get(), s); });
-      }
       // Diagnostic: dense rows (ContextOptions::dense_rows_density) at other thresholds and off,
       // each whole sparse path alternating with this context's (default threshold); and how many
       // rows this context ran dense.
@@ -395,7 +375,6 @@ int main(int argc, char** argv) {
                     t_gate_early, t_gate, t_gate_late,
                     ctx.gemm().describe_plans().c_str());
       ctx.gate_twell(dx.get(), m, s);  // exact counts, whichever remainder dispatch chose
-      if (copt.gate_rows_direct) ctx.sparse_rest(dx.get(), m, y_sp.get(), s);  // it counts there
       const TwellCounters cnt = ctx.read_counters(s);
 
       std::vector<std::int64_t> rows;
@@ -407,7 +386,6 @@ int main(int argc, char** argv) {
       const double err_sp = sampled_error(download(y_sp.get(), xb.size()), xv, w, true, rows);
       const double err_dn = sampled_error(download(y_dn.get(), xb.size()), xv, w, false, rows);
       const double err_auto = sampled_error(download(y_auto.get(), xb.size()), xv, w, fr.sparse, rows);
-      const double err_direct = sampled_error(download(y_direct.get(), xb.size()), xv, w, true, rows);
 
       // Over every neuron (cnt: the cold neurons only when hot ones are split off).
       const double density = static_cast<double>(cnt_all.nnz) / (static_cast<double>(m) * static_cast<double>(N));
@@ -421,7 +399,7 @@ int main(int argc, char** argv) {
                     "%7lld %-8s %6.3f | %7.3f %7.3f %7.3f %7.3f %7.3f %7.3f | %7.3f %7.3f %7.3f %7.0f | %6.2f %6.2f | %8.1e %8.1e | %6llu %6llu | %s",
                     static_cast<long long>(m), pt.mode.c_str(), 100 * density, t_gemm_alt, t_gate, t_rest,
                     variants["0"].get<double>(), variants["1"].get<double>(), variants["2"].get<double>(), t_sparse, t_auto,
-                    t_dense, tflops, t_dense / t_sparse, t_dense / t_auto, std::max({err_sp, err_auto, err_direct}), err_dn,
+                    t_dense, tflops, t_dense / t_sparse, t_dense / t_auto, std::max(err_sp, err_auto), err_dn,
                     static_cast<unsigned long long>(cnt_all.overflow_tiles), static_cast<unsigned long long>(cnt_all.overflow_rows),
                     fr.path.c_str());
       std::printf("%s\n", line);
@@ -445,8 +423,6 @@ int main(int argc, char** argv) {
       std::printf("\n");
       std::printf("          alternating sparse / auto: %.3f / %.3f ms; auto deciding every call (not sticky): %.3f ms\n",
                   t_sparse_alt, t_auto_alt, t_auto_fresh);
-      std::printf("          gate rows read directly vs TwELL, alternating: %.3f / %.3f ms (rest alone %.3f); err %.1e\n",
-                  t_direct, t_twell_alt, t_direct_rest, err_direct);
       if (!dense_rows_alt.empty()) {
         std::printf("          dense rows: %llu of %llu rows over %.1f %% ran dense (capacity %lld); other thresholds vs %.3f, alternating:",
                     static_cast<unsigned long long>(dense_rows.dense), static_cast<unsigned long long>(dense_rows.hot),
@@ -525,9 +501,6 @@ int main(int argc, char** argv) {
                                {"sparse_auto_alternating_ms", {t_sparse_alt, t_auto_alt}},
                                {"auto_not_sticky_ms", t_auto_fresh},
                                {"decode_kernel_ms", t_decode_wide},
-                               {"direct_twell_alternating_ms", {t_direct, t_twell_alt}},
-                               {"direct_rest_ms", t_direct_rest},
-                               {"err_direct", err_direct},
                                {"decode_gemv_vs_cublaslt_alternating_ms", {t_dec_gemv, t_dec_lt}},
                                {"dense_rows_threshold_vs_default_alternating_ms", dense_rows_alt},
                                {"dense_rows", {{"hot", dense_rows.hot}, {"dense", dense_rows.dense},

@@ -196,10 +196,6 @@ void FfnContext::dense_gate_gemm(const __nv_bfloat16* x, std::int64_t m, cudaStr
 }
 
 void FfnContext::gate_twell(const __nv_bfloat16* x, std::int64_t m, cudaStream_t stream) {
-  if (opt_.gate_rows_direct) {  // sparse_rest reads the gate rows; nothing to pack
-    gate_gemm(x, m, stream);
-    return;
-  }
   if (gate_sm90_active()) {
     gate_pack_sm90(x, m, stream);
     return;
@@ -313,12 +309,6 @@ void FfnContext::cold_rest(const __nv_bfloat16* x, std::int64_t m, __nv_bfloat16
   p.words_per_tile = words_per_tile();
   p.relu = true;
   p.variant = updown_variant(m, gated_);
-  if (opt_.gate_rows_direct) {
-    p.words = nullptr;
-    p.dense_gate = true;
-    p.nnz = &counters_.get()->nnz;
-    TWELL_CUDA_CHECK(cudaMemsetAsync(counters_.get(), 0, sizeof(TwellCounters), stream));
-  }
   last_dense_planned_ = use_dense_rows(m);
   if (!last_dense_planned_) {
     launch_twell_up_down(p, stream);
@@ -343,7 +333,7 @@ bool FfnContext::is_decode(std::int64_t m) const noexcept {
 }
 
 bool FfnContext::use_dense_rows(std::int64_t m) const noexcept {
-  return opt_.dense_rows_density > 0 && !opt_.gate_rows_direct &&
+  return opt_.dense_rows_density > 0 &&
          !is_decode(m) && ws_->row_nnz.size() >= static_cast<std::size_t>(m);
 }
 
@@ -472,9 +462,6 @@ FfnOperands FfnContext::operands(const __nv_bfloat16* x, std::int64_t m, __nv_bf
 }
 
 std::string FfnContext::sparse_path_name(std::int64_t m) const {
-  if (opt_.gate_rows_direct)
-    return gated_ ? "twell: cublasLt gate, fused up+down reading the gate rows"
-                  : "twell: cublasLt up, sparse down reading the ReLU rows";
   const char* first = gate_sm90_active() ? (gated_ ? "sm90 gate GEMM with TwELL epilogue" : "sm90 up GEMM with TwELL epilogue")
                                       : (gated_ ? "cublasLt gate + pack" : "cublasLt up + pack");
   const char* rest = gated_ ? "fused up+down" : "sparse down";
@@ -863,7 +850,7 @@ ForwardResult FfnContext::forward(const __nv_bfloat16* x, std::int64_t m, __nv_b
   launch_twell_sample_decide(sp, stream);
   TWELL_CUDA_CHECK(cudaMemcpyAsync(dispatch_host_.get(), d, sizeof(Dispatch), cudaMemcpyDeviceToHost, stream));
   TWELL_CUDA_CHECK(cudaEventRecord(decided_, stream));
-  if (!opt_.gate_rows_direct) pack(m, &d->decision, stream);  // runs (or returns at once) while the host reads the flag
+  pack(m, &d->decision, stream);  // runs (or returns at once) while the host reads the flag
   TWELL_CUDA_CHECK(cudaEventSynchronize(decided_));
   r.counted = true;
   r.sparse = dispatch_host_[0].decision != 0;

@@ -132,15 +132,7 @@ struct ContextOptions {
   // Measured (M = 16384): gate+pack 0.589 ms unchunked vs 0.588 / 0.602 / 0.619 with 2 / 4 / 8
   // chunks at 0.5 %, and 0.66–0.73 vs 0.59–0.61 (2 chunks) at 1–10 % (GEMM alone 0.50–0.54).
   int gate_chunks = 2;
-  // Sparse path input: false packs the gate into TwELL (gate_twell) and the fused kernel reads the
-  // TwELL words; true skips the packing and the fused kernel reads each row's non-zeros from the
-  // bf16 gate buffer itself (no capacity, nothing overflows; the row counts still reach the
-  // counters' nnz). It trades the packing (≈ 0.1 ms at M = 16384) for an 11 KB read per row inside
-  // the fused kernel, which measured as slow or slightly slower (H100, docs/perf-notes-cuda.md), so
-  // it is off by default; it is exact at any density, with nothing to overflow.
-  bool gate_rows_direct = false;
-  // Dense rows (sm80/twell_dense_rows.hpp), on the TwELL remainder (not with the direct-gate
-  // variant): rows with more than dense_rows_density·N non-zeros (hot tokens,
+  // Dense rows (sm80/twell_dense_rows.hpp), on the TwELL remainder: rows with more than dense_rows_density·N non-zeros (hot tokens,
   // heavy rows, rows with overflowed blocks) run as rows of cuBLASLt GEMMs, gathered, instead of
   // through the fused kernel, up to a capacity sized from the share of such rows an earlier call
   // counted (+10 % + 64 rows; dense_rows_capacity ≥ 0 fixes it instead). Rows past the capacity
@@ -243,7 +235,7 @@ class FfnContext {
   // Where the sm90 kernels run (gate_sm90, hot_product_sm90) x must be 16-byte aligned: they read it
   // by TMA, and refuse an unaligned x with an error (cudaMalloc'd buffers, and rows of them, are).
   void dense_forward(const __nv_bfloat16* x, std::int64_t m, __nv_bfloat16* y, cudaStream_t stream);
-  // gate GEMM (ReLU epilogue) + TwELL packing (the GEMM alone with gate_rows_direct).
+  // gate GEMM (ReLU epilogue) + TwELL packing.
   void gate_twell(const __nv_bfloat16* x, std::int64_t m, cudaStream_t stream);
   void gate_gemm(const __nv_bfloat16* x, std::int64_t m, cudaStream_t stream);
   void pack(std::int64_t m, const std::uint32_t* enable, cudaStream_t stream);
@@ -268,8 +260,7 @@ class FfnContext {
   bool decode_plan_sparse();  // polls the counts in flight first (never waits)
   void prepare_decode(std::int64_t m, cudaStream_t stream);
   void decode_step(const __nv_bfloat16* x, std::int64_t m, __nv_bfloat16* y, bool sparse, cudaStream_t stream);
-  // Synchronises `stream` and returns the counters of the last packing (zeros if it was skipped);
-  // with gate_rows_direct, nnz of the last sparse_rest and no overflow (there is no capacity).
+  // Synchronises `stream` and returns the counters of the last packing (zeros if it was skipped).
   // With hot neurons split off (sparse_n(m) < n()), the counts are the cold neurons' only.
   TwellCounters read_counters(cudaStream_t stream);
   // Synchronises `stream`; the last sparse_rest's dense rows (ContextOptions::dense_rows_density):
@@ -313,7 +304,7 @@ class FfnContext {
 
   bool gated() const noexcept { return gated_; }
   // gate_twell runs the sm90 gate GEMM with the TwELL epilogue (option on, device and build able).
-  bool gate_sm90_active() const noexcept { return opt_.gate_sm90 && gate_sm90_ok_ && !opt_.gate_rows_direct; }
+  bool gate_sm90_active() const noexcept { return opt_.gate_sm90 && gate_sm90_ok_; }
   std::int64_t n() const noexcept { return n_; }
   std::int64_t k() const noexcept { return k_; }
   std::int64_t ldn() const noexcept { return ldn_; }

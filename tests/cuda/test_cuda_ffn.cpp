@@ -468,7 +468,6 @@ TEST_P(CudaFfn, MatchesReferenceAndHostEncoder) {
   opt.dispatch_min_rows = 0;  // exercise the sampled-count dispatch at every M
   opt.updown_variant = opt.updown_variant_nongated = 0;
   opt.gate_chunks = 1;  // the unchunked gate here; the chunked one is compared with it below
-  opt.gate_rows_direct = false;  // TwELL here; the direct read of the gate rows is checked below
   opt.hot_neurons_auto = false;  // every neuron sparse here; check_hot_neurons splits them
   FfnContext ctx(opt);
   ctx.upload_weights(w, s);
@@ -553,36 +552,6 @@ TEST_P(CudaFfn, MatchesReferenceAndHostEncoder) {
   }
   check_dense_rows(c, d, w, x.get(), opt, ref_sparse, ref_dense, rows, s);
   check_hot_neurons(c, w, x.get(), opt, ref_sparse, ref_dense, rows, s);
-  // The fused kernel reading the gate rows directly (no TwELL, no capacity): exact, and its count
-  // equals the host encoder's, with nothing reported as overflowed. Every variant, both directly
-  // and through dispatch.
-  for (int v = 0; v <= 2; ++v) {
-    ContextOptions dop = opt;
-    dop.updown_variant = dop.updown_variant_nongated = v;
-    dop.updown_occupancy_min_rows = 0;
-    dop.gate_rows_direct = true;
-    FfnContext dc(dop);
-    dc.upload_weights(w, s);
-    ForwardResult fr;
-    const Outputs o = run_poisoned(c.m, c.k, s, [&](__nv_bfloat16* y) { fr = dc.forward(x.get(), c.m, y, Path::sparse, s); });
-    EXPECT_TRUE(o.guard_ok) << "direct gate rows, variant " << v << ": write past the end of y";
-    std::int64_t worst_row = -1;
-    const double err = max_err_rows(o.y, ref_sparse, rows, c.k, &worst_row);
-    EXPECT_LE(err, kTol) << "direct gate rows, variant " << v << " (" << fr.path << "): worst row " << worst_row;
-    const TwellCounters dcnt = dc.read_counters(s);
-    const std::vector<float> gv = download_gate(dc, c.m);
-    const TwellMatrix host = twell_encode(CMatrixF(gv.data(), c.m, c.n), opt.twell, /*relu=*/true);
-    EXPECT_EQ(static_cast<std::int64_t>(dcnt.nnz), host.nnz()) << "direct gate rows, variant " << v;
-    EXPECT_EQ(dcnt.overflow_tiles, 0u);
-    EXPECT_EQ(dcnt.overflow_rows, 0u);
-    if (v == 0) {
-      const Outputs oa =
-          run_poisoned(c.m, c.k, s, [&](__nv_bfloat16* y) { fr = dc.forward(x.get(), c.m, y, Path::automatic, s); });
-      const double ea = max_err_rows(oa.y, fr.sparse ? ref_sparse : ref_dense, rows, c.k, &worst_row);
-      EXPECT_TRUE(oa.guard_ok);
-      EXPECT_LE(ea, kTol) << "direct gate rows, automatic (" << fr.path << "): worst row " << worst_row;
-    }
-  }
   cudaStreamDestroy(s);
 }
 

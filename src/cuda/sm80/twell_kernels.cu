@@ -156,18 +156,7 @@ __device__ __forceinline__ void expand_dense_tile(const __nv_bfloat16* src, std:
   }
 }
 
-// Kept values of one tile of a dense bf16 row (warp-uniform result).
-__device__ __forceinline__ int count_dense_tile(const __nv_bfloat16* src, std::int64_t n, bool vec_ok, int t, bool relu) {
-  const uint4 v = dev::load8_bf16<false>(src, static_cast<std::int64_t>(t) * kTwellTile + (threadIdx.x % 32) * 8, n, vec_ok);
-  int cnt = __popc(dev::keep_mask8(v, relu));
-  cnt = warp_sum(cnt);
-  return cnt;
-}
-
-// DENSE_G: the row's non-zeros come straight from the dense gate buffer (`backup`), no TwELL:
-// per-tile counts first, then each tile expanded like an overflowed block (no capacity, exact at
-// any density); the row's count is added to *p.nnz.
-template <int CH, bool GATED, int kUnroll, bool DENSE_G, int MINB>
+template <int CH, bool GATED, int kUnroll, int MINB>
 __global__ void __launch_bounds__(MINB > 0 ? kSmallUpDownThreads : kMaxUpDownThreads, MINB > 0 ? MINB : 1)
     twell_up_down_kernel(TwellUpDownParams p) {
   static_assert(CH >= 1 && CH <= 4, "CH: 16-byte chunks per thread");
@@ -188,30 +177,20 @@ __global__ void __launch_bounds__(MINB > 0 ? kSmallUpDownThreads : kMaxUpDownThr
   float* part = lval + kListCap;
   int* pref = reinterpret_cast<int*>(part + (GATED ? nwarps * kListCap : 0));
 
-  const std::uint32_t* wrow = DENSE_G ? nullptr : p.words + row * static_cast<std::int64_t>(tiles) * S;
+  const std::uint32_t* wrow = p.words + row * static_cast<std::int64_t>(tiles) * S;
   const __nv_bfloat16* brow = p.backup + row * p.ld_backup;
   const bool b_vec = (p.ld_backup % 8 == 0) && ((reinterpret_cast<std::uintptr_t>(p.backup) & 15) == 0);
-  if constexpr (DENSE_G) {
-    for (int t = warp; t < tiles; t += nwarps) {
-      const int c = count_dense_tile(brow, p.n, b_vec, t, p.relu);
-      if (lane == 0) pref[t + 1] = c;
-    }
-    __syncthreads();
-  }
   if (warp == 0) {
     int carry = 0;
     for (int t0 = 0; t0 < tiles; t0 += 32) {
       const int t = t0 + lane;
       int c = 0;
-      if (t < tiles) c = DENSE_G ? pref[t + 1] : static_cast<int>(__ldcs(wrow + static_cast<std::int64_t>(t) * S));
+      if (t < tiles) c = static_cast<int>(__ldcs(wrow + static_cast<std::int64_t>(t) * S));
       const int incl = warp_inclusive_scan(c, lane);
       if (t < tiles) pref[t + 1] = carry + incl;
       carry += __shfl_sync(0xffffffffu, incl, 31);
     }
-    if (lane == 0) {
-      pref[0] = 0;
-      if (DENSE_G && p.nnz && carry > 0) atomicAdd(p.nnz, static_cast<unsigned long long>(carry));
-    }
+    if (lane == 0) pref[0] = 0;
   }
 
   uint4 xr[CH];  // this thread's chunks of x[row, :]
@@ -233,14 +212,14 @@ __global__ void __launch_bounds__(MINB > 0 ? kSmallUpDownThreads : kMaxUpDownThr
       for (int t = ts + warp; t < te; t += nwarps) {
         const int c = pref[t + 1] - pref[t];
         const int off = pref[t] - base0;
-        if (!DENSE_G && c <= cap) {
+        if (c <= cap) {
           const std::uint32_t* blk = wrow + static_cast<std::int64_t>(t) * S + 1;
           for (int i = lane; i < c; i += 32) {
             const std::uint32_t w = __ldcs(blk + i);
             lcol[off + i] = t * kTwellTile + static_cast<int>(w & 0xffffu);
             lval[off + i] = hi_bf16(w);
           }
-        } else {  // DENSE_G, or an overflowed block: read it whole from the dense backup
+        } else {  // an overflowed block: read it whole from the dense backup
           expand_dense_tile(brow, p.n, b_vec, t, off, c, p.relu, lane, lcol, lval);
         }
       }
@@ -300,13 +279,13 @@ __global__ void __launch_bounds__(MINB > 0 ? kSmallUpDownThreads : kMaxUpDownThr
   }
 }
 
-template <int CH, bool GATED, int U, bool DENSE_G, int MINB = 0>
+template <int CH, bool GATED, int U, int MINB = 0>
 void launch_up_down_t(const TwellUpDownParams& p, int threads, cudaStream_t stream) {
   const int tiles = static_cast<int>((p.n + kTwellTile - 1) / kTwellTile);
   const int nwarps = threads / 32;
   const std::size_t smem = sizeof(int) * kListCap + sizeof(float) * kListCap +
                            (GATED ? sizeof(float) * nwarps * kListCap : 0) + sizeof(int) * (tiles + 1);
-  auto kernel = twell_up_down_kernel<CH, GATED, U, DENSE_G, MINB>;
+  auto kernel = twell_up_down_kernel<CH, GATED, U, MINB>;
   if (smem > 48 * 1024)
     TWELL_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
   kernel<<<static_cast<unsigned>(p.m), threads, smem, stream>>>(p);
@@ -372,7 +351,7 @@ void launch_twell_sample_decide(const TwellSampleParams& p, cudaStream_t stream)
 }
 
 void launch_twell_up_down(const TwellUpDownParams& p, cudaStream_t stream) {
-  TWELL_CU_REQUIRE((p.words || p.dense_gate) && p.backup && p.w_down_t && p.y && (!p.gated || (p.x && p.w_up)), ErrorCode::invalid_argument,
+  TWELL_CU_REQUIRE(p.words && p.backup && p.w_down_t && p.y && (!p.gated || (p.x && p.w_up)), ErrorCode::invalid_argument,
               "twell up/down: null pointer");
   TWELL_CU_REQUIRE(p.m >= 1 && p.n >= 1 && p.k >= 8 && p.k % 8 == 0, ErrorCode::unsupported,
               "twell up/down: K must be a positive multiple of 8 (got K = {})", p.k);
@@ -386,21 +365,18 @@ void launch_twell_up_down(const TwellUpDownParams& p, cudaStream_t stream) {
   const bool ch2 = threads_for(2) <= kMaxUpDownThreads && p.variant != 2;
   auto launch = [&](auto ch, auto unroll, int threads) {
     constexpr int C = decltype(ch)::value, U = decltype(unroll)::value;
-    if (p.dense_gate)
-      p.gated ? launch_up_down_t<C, true, U, true>(p, threads, stream) : launch_up_down_t<C, false, U, true>(p, threads, stream);
-    else
-      p.gated ? launch_up_down_t<C, true, U, false>(p, threads, stream) : launch_up_down_t<C, false, U, false>(p, threads, stream);
+    p.gated ? launch_up_down_t<C, true, U>(p, threads, stream) : launch_up_down_t<C, false, U>(p, threads, stream);
   };
   using I2 = std::integral_constant<int, 2>;
   using I4 = std::integral_constant<int, 4>;
   using I8 = std::integral_constant<int, 8>;
-  const bool small = ch2 && threads_for(2) <= kSmallUpDownThreads && !p.dense_gate;
+  const bool small = ch2 && threads_for(2) <= kSmallUpDownThreads;
   if (small && p.variant == 3) {
-    p.gated ? launch_up_down_t<2, true, 4, false, 6>(p, threads_for(2), stream)
-            : launch_up_down_t<2, false, 4, false, 6>(p, threads_for(2), stream);
+    p.gated ? launch_up_down_t<2, true, 4, 6>(p, threads_for(2), stream)
+            : launch_up_down_t<2, false, 4, 6>(p, threads_for(2), stream);
   } else if (small && p.variant == 4) {
-    p.gated ? launch_up_down_t<2, true, 4, false, 8>(p, threads_for(2), stream)
-            : launch_up_down_t<2, false, 4, false, 8>(p, threads_for(2), stream);
+    p.gated ? launch_up_down_t<2, true, 4, 8>(p, threads_for(2), stream)
+            : launch_up_down_t<2, false, 4, 8>(p, threads_for(2), stream);
   } else if (ch2 && p.variant == 1) {
     launch(I2{}, I8{}, threads_for(2));
   } else if (ch2) {

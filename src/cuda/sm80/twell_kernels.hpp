@@ -67,10 +67,6 @@ struct TwellUpDownParams : FfnOperands {
   bool relu = true;                       // keep rule for backup blocks
   int variant = 0;  // 0: 2 chunks/thread, 4 rows in flight; 1: 2 chunks, 8 rows; 2: 4 chunks, 2 rows;
                     // K ≤ 2048 only (else as 0): 3: as 0, compiled for 6 blocks/SM; 4: as 0, for 8
-  // true: no TwELL; each row's non-zeros are read from `backup` (the dense gate) directly, so there
-  // is no capacity and nothing overflows; `words` may be null. Adds the kept count to *nnz if set.
-  bool dense_gate = false;
-  unsigned long long* nnz = nullptr;
   // Optional row filter (the dense rows, which run elsewhere): row m is computed iff
   // (row_filter[m] != 0) == filter_keep_flagged; the other rows' y is left alone.
   const std::uint32_t* row_filter = nullptr;
