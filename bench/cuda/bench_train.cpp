@@ -189,16 +189,6 @@ void run_train_sweep(bool quick, int warmup, int reps, cudaStream_t s, nlohmann:
       // dense rows off / on, hot neurons on in both
       hot_json["dense_rows_off_on_sparse_alternating_ms"] =
           against_default(on, [](TrainContextOptions& o) { o.dense_rows_density = 0; });
-      {  // the hot part on one stream / beside the CSR part (TrainContextOptions::hot_overlap)
-        TrainContextOptions serial = copt, beside = copt;
-        serial.hot_overlap = false;
-        beside.hot_overlap = true;
-        TrainContext one(serial), two(beside);
-        one.upload_weights(w, s);
-        two.upload_weights(w, s);
-        const auto [one_ms, two_ms] = host::alternating_medians_ms(warmup, reps, s, step(one), step(two));
-        hot_json["overlap_off_on_sparse_alternating_ms"] = {one_ms, two_ms};
-      }
       for (int mb : {0, 6, 8}) {  // the token-major kernels compiled for mb blocks per SM (0: no bound), against the default
         if (mb == copt.token_min_blocks) continue;
         hot_json["token_min_blocks_vs_default_alternating_ms"][std::to_string(mb)] =

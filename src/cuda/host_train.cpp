@@ -47,7 +47,6 @@ TrainReport ffn_train_host(CMatrixF x, CMatrixF dy, const FfnWeights& w, double 
   copt.weight_grad_l2_fraction = opt.weight_grad_l2_fraction;
   copt.weight_grad_run = opt.weight_grad_run;
   copt.hot_neurons_auto = opt.hot_neurons_auto;
-  copt.hot_overlap = opt.hot_overlap;
   copt.gate_sm90 = opt.gate_sm90;
   copt.token_min_blocks = opt.token_min_blocks;
   if (!opt.dense_rows) copt.dense_rows_density = 0;

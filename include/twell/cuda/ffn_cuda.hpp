@@ -76,7 +76,6 @@ struct TrainOptions {
   // hot_neurons_auto and M is large enough (docs/perf-notes-cuda.md).
   std::optional<std::vector<std::int64_t>> hot_neurons;
   bool hot_neurons_auto = true;
-  bool hot_overlap = false;  // the hot neurons' GEMMs on a second stream beside the CSR kernels (same bits)
   bool gate_sm90 = true;  // Hopper: the sparse step's gate through the sm90 TwELL kernel, the CSR from its words
   bool dense_rows = true;  // rows with many non-zeros run dense inside the sparse step
   std::int64_t dense_rows_min = 256;  // ... when there are at least this many of them

@@ -87,7 +87,7 @@ TrainContext::TrainContext(const TrainContextOptions& opt, std::shared_ptr<Train
       tmp_vals_(scratch_->tmp_vals), d_up_e_(scratch_->d_up_e), d_gate_e_(scratch_->d_gate_e), dwd_t_(scratch_->dwd_t),
       wg_entries_(scratch_->wg_entries), wg_work_(scratch_->wg_work), wg_item_counts_(scratch_->wg_item_counts),
       wg_item_offsets_(scratch_->wg_item_offsets), wg_item_neuron_(scratch_->wg_item_neuron), cub_ws_(scratch_->cub_ws),
-      dw_gu_(scratch_->dw_gu), dw_down_(scratch_->dw_down), scalars_(1), hot_scalars_(1),
+      dw_gu_(scratch_->dw_gu), dw_down_(scratch_->dw_down), scalars_(1),
       twell_words_(scratch_->twell_words), twell_row_ovf_(scratch_->twell_row_ovf),
       twell_counters_(scratch_->twell_counters), n_dense_(1), scalars_host_(1), totals_host_(2) {
   TWELL_CHECK(opt_.token_min_blocks == 0 || opt_.token_min_blocks == 6 || opt_.token_min_blocks == 8,
@@ -176,10 +176,10 @@ std::size_t TrainContext::device_bytes() const noexcept { return own_bytes() + s
 
 std::size_t TrainContext::own_bytes() const noexcept {
   // The GEMM workspaces belong to the scratch set when it holds them (shared), else to this context.
-  const std::size_t gemm = scratch_->ffn ? 0 : ffn_.gemm().workspace_bytes() + ffn_.side_gemm_workspace_bytes();
+  const std::size_t gemm = scratch_->ffn ? 0 : ffn_.gemm().workspace_bytes();
   return gemm + ffn_.weight_bytes() + gu_.bytes() + u_.bytes() + own_h_.bytes() +
          g_saved_.bytes() + offsets_.bytes() + col_offsets_.bytes() + cols_.bytes() + p_.bytes() + u_e_.bytes() +
-         row_l1_.bytes() + scalars_.bytes() + hot_scalars_.bytes() + hot_idx_.bytes() + hot_base8_.bytes() +
+         row_l1_.bytes() + scalars_.bytes() + hot_idx_.bytes() + hot_base8_.bytes() +
          skip8_.bytes() + w_hot_.bytes() + dw_hot_.bytes() + row_flags_.bytes() + dense_rows_.bytes() + n_dense_.bytes() + rows_gu_.bytes() + rows_x_.bytes() +
          rows_dy_.bytes() + rows_out_.bytes() + rows_h_.bytes() + rows_dh_.bytes() + rows_dgu_.bytes();
 }
@@ -354,18 +354,6 @@ TrainForwardResult TrainContext::forward(const __nv_bfloat16* x, std::int64_t m,
     reserve_entries(p_, nnz_);
     cp.cols = cols_.get();
     cp.vals = p_.get();
-    // With hot_overlap, the hot part's u GEMM and elementwise pass run on the side stream beside
-    // the fill and the token-major forward; its sums go to hot_scalars_ (sparse_forward sets
-    // scalars_) and are added after the join.
-    const bool overlap = saved_hot_ > 0 && opt_.hot_overlap;
-    if (overlap) {
-      hbuf().reserve(sz(m * ldh()));
-      if (gated()) gu_.reserve(sz(m * 2 * ldh()));
-      LtGemm& gemm = ffn_.side_gemm();
-      cudaStream_t side = side_.fork(stream);
-      TWELL_CUDA_CHECK(cudaMemsetAsync(hot_scalars_.get(), 0, sizeof(DenseTrainScalars), side));
-      hot_forward_up(x, m, gemm, hot_scalars_.get(), /*timed=*/false, side);
-    }
     if (nnz_ > 0) launch_csr_fill(cp, stream);
     mark("fwd: count read-back + CSR fill", stream);
     sparse_forward(x, m, y, stream);
@@ -373,17 +361,10 @@ TrainForwardResult TrainContext::forward(const __nv_bfloat16* x, std::int64_t m,
     r.path = twell_gate ? "twell sparse training (CSR of the sm90 gate's TwELL, exact)"
                         : "twell sparse training (CSR of the gate, exact)";
     if (saved_hot_ > 0) {
-      if (overlap) {
-        side_.join(stream);
-        launch_add_train_scalars(hot_scalars_.get(), scalars_.get(), stream);
-        mark("fwd: hot neurons: wait for the side stream", stream);
-      } else {
-        hot_forward_up(x, m, ffn_.gemm(), scalars_.get(), /*timed=*/true, stream);
-      }
+      hot_forward_up(x, m, scalars_.get(), stream);
       hot_forward_down(m, y, stream);
       mark("fwd: hot neurons: down GEMM", stream);
-      r.path += fmt::format("; {} of {} neurons (the hot ones) dense{}", saved_hot_, n(),
-                            overlap ? ", beside the CSR part" : "");
+      r.path += fmt::format("; {} of {} neurons (the hot ones) dense", saved_hot_, n());
     }
     if (saved_rows_ > 0) {
       dense_rows_forward(x, y, stream);
@@ -573,14 +554,6 @@ void TrainContext::sparse_backward(const __nv_bfloat16* x, const __nv_bfloat16* 
                                    __nv_bfloat16* dx, cudaStream_t stream) {
   reserve_entries(d_up_e_, nnz_);
   reserve_entries(d_gate_e_, gated() ? nnz_ : 0);
-  // With hot_overlap the hot part's GEMMs run on the side stream beside the token-major backward,
-  // the transposed index and the weight-gradient passes; its dx GEMM waits for the token-major dx.
-  const bool overlap = saved_hot_ > 0 && opt_.hot_overlap;
-  if (overlap) {
-    hot_backward_reserve(m);
-    LtGemm& gemm = ffn_.side_gemm();
-    hot_backward_grads(x, dy, m, c1, gemm, /*timed=*/false, side_.fork(stream));
-  }
   SparseTrainBackwardParams b;
   b.dy = dy;
   b.offsets = offsets_.get();
@@ -602,7 +575,6 @@ void TrainContext::sparse_backward(const __nv_bfloat16* x, const __nv_bfloat16* 
   b.min_blocks = opt_.token_min_blocks;
   launch_sparse_train_backward(b, stream);
   mark("bwd: token-major dt, dx", stream);
-  if (overlap) hot_backward_dx(m, dx, ffn_.side_gemm(), side_.fork(stream));
 
   // Per neuron: its entries (tokens ascending), then the three weight-gradient rows.
   reserve_entries(entry_rows_, nnz_);
@@ -705,15 +677,10 @@ void TrainContext::sparse_backward(const __nv_bfloat16* x, const __nv_bfloat16* 
   }
   mark("bwd: weight gradients", stream);
   if (saved_hot_ > 0) {
-    if (overlap) {
-      side_.join(stream);
-      mark("bwd: hot neurons: wait for the side stream", stream);
-    } else {
-      hot_backward_reserve(m);
-      hot_backward_grads(x, dy, m, c1, ffn_.gemm(), /*timed=*/true, stream);
-      hot_backward_dx(m, dx, ffn_.gemm(), stream);
-      mark("bwd: hot neurons: dx GEMM", stream);
-    }
+    hot_backward_reserve(m);
+    hot_backward_grads(x, dy, m, c1, stream);
+    hot_backward_dx(m, dx, stream);
+    mark("bwd: hot neurons: dx GEMM", stream);
     hot_backward_scatter(stream);
     mark("bwd: hot neurons: scatter", stream);
   }
@@ -796,15 +763,15 @@ void TrainContext::calibrate_hot_neurons(std::int64_t m, cudaStream_t stream) {
   set_hot_neurons(c.hot, stream);
 }
 
-void TrainContext::hot_forward_up(const __nv_bfloat16* x, std::int64_t m, LtGemm& gemm, DenseTrainScalars* scalars,
-                                  bool timed, cudaStream_t stream) {
+void TrainContext::hot_forward_up(const __nv_bfloat16* x, std::int64_t m, DenseTrainScalars* scalars, cudaStream_t stream) {
+  LtGemm& gemm = ffn_.gemm();
   const std::int64_t lh = ldh();
   hbuf().reserve(sz(m * lh));
   if (gated()) gu_.reserve(sz(m * 2 * lh));
   // Dense rows take every neuron themselves: the hot part treats them as inactive.
   DenseTrainElementwiseParams e = block_params(gated(), m, hot_count(), lh, gated() ? gu_.get() : hbuf().get(), hbuf().get(),
                                                saved_rows_ > 0 ? row_flags_.get() : nullptr);
-  e.scalars = scalars;  // adds (scalars_ after the cold part set it, or hot_scalars_ zeroed for the side stream)
+  e.scalars = scalars;  // adds (scalars_ after the cold part set it)
   // The hot gate columns come from the gate GEMM over every neuron (g_, ReLU applied: the same
   // ReLU(g) and g > 0 the elementwise kernels need), gathered into the first lh columns of gu_
   // (non-gated: h_, where h_hot = ReLU(x·Wu_hotᵀ) is the gate output itself), by the CSR count in
@@ -815,9 +782,9 @@ void TrainContext::hot_forward_up(const __nv_bfloat16* x, std::int64_t m, LtGemm
                        (gated() ? 2 : 1) * lh, stream);
   if (gated())
     gemm.run({m, lh, k(), k(), k(), 2 * lh, GemmEpilogue::none}, w_hot_.get() + lh * k(), x, gu_.get() + lh, stream);
-  if (timed) mark("fwd: hot neurons: (gather), u GEMM", stream);
+  mark("fwd: hot neurons: (gather), u GEMM", stream);
   launch_dense_train_forward(e, stream);
-  if (timed) mark("fwd: hot neurons: elementwise", stream);
+  mark("fwd: hot neurons: elementwise", stream);
 }
 
 void TrainContext::hot_forward_down(std::int64_t m, __nv_bfloat16* y, cudaStream_t stream) {
@@ -835,25 +802,27 @@ void TrainContext::hot_backward_reserve(std::int64_t m) {
 }
 
 void TrainContext::hot_backward_grads(const __nv_bfloat16* x, const __nv_bfloat16* dy, std::int64_t m, float c1,
-                                      LtGemm& gemm, bool timed, cudaStream_t stream) {
+                                      cudaStream_t stream) {
+  LtGemm& gemm = ffn_.gemm();
   const std::int64_t h = saved_hot_, lh = ldh(), kin = gated() ? 2 * lh : lh;
   const __nv_bfloat16* wdt = w_hot_.get() + kin * k();
   // dh = dy · Wd_hot = dy · (Wdᵀ_hot)ᵀ
   gemm.run({m, lh, k(), k(), k(), lh, GemmEpilogue::none}, wdt, dy, dh_.get(), stream);
-  if (timed) mark("bwd: hot neurons: dh GEMM", stream);
+  mark("bwd: hot neurons: dh GEMM", stream);
   const DenseTrainElementwiseParams e = block_params(gated(), m, h, lh, gated() ? gu_.get() : hbuf().get(), hbuf().get(),
                                                      saved_rows_ > 0 ? row_flags_.get() : nullptr);
   block_backward(e, dh_.get(), c1, dgu_.get(), stream);
-  if (timed) mark("bwd: hot neurons: elementwise", stream);
+  mark("bwd: hot neurons: elementwise", stream);
   // [dWg; dWu]_hot = [dg | du]_hotᵀ · x and dWdᵀ_hot = h_hotᵀ · dy, fp32, scattered into their rows later.
   gemm.matmul({true, false, kin, k(), m, kin, k(), k(), true, GemmEpilogue::none}, dgu_.get(), x, dw_hot_.get(), stream);
-  if (timed) mark("bwd: hot neurons: d[Wg; Wu] GEMM", stream);
+  mark("bwd: hot neurons: d[Wg; Wu] GEMM", stream);
   gemm.matmul({true, false, lh, k(), m, lh, k(), k(), true, GemmEpilogue::none}, e.h, dy, dw_hot_.get() + kin * k(),
               stream);
-  if (timed) mark("bwd: hot neurons: dWd GEMM", stream);
+  mark("bwd: hot neurons: dWd GEMM", stream);
 }
 
-void TrainContext::hot_backward_dx(std::int64_t m, __nv_bfloat16* dx, LtGemm& gemm, cudaStream_t stream) {
+void TrainContext::hot_backward_dx(std::int64_t m, __nv_bfloat16* dx, cudaStream_t stream) {
+  LtGemm& gemm = ffn_.gemm();
   const std::int64_t kin = (gated() ? 2 : 1) * ldh();
   // dx += [dg | du]_hot · [Wg_hot; Wu_hot]
   gemm.matmul({false, false, m, k(), kin, kin, k(), k(), false, GemmEpilogue::none, true}, dgu_.get(), w_hot_.get(), dx,

@@ -31,7 +31,6 @@
 #include <vector>
 
 #include "cuda/common/device_buffer.hpp"
-#include "cuda/common/side_stream.hpp"
 #include "cuda/ffn_context.hpp"
 #include "cuda/sm80/twell_kernels.hpp"
 #include "cuda/train/train_kernels.hpp"
@@ -81,14 +80,6 @@ struct TrainContextOptions {
   // 35fc81d, alternating: 5.140 ms against 6.121 without; the dense step 5.007), and the
   // step dispatches dense there either way.
   bool hot_neurons_densest_share = false;
-  // The hot part's GEMMs and elementwise passes run on a second, high-priority stream
-  // (common/side_stream.hpp) beside the CSR fill, the token-major kernels and the weight-gradient
-  // passes, which are bound by L2 bandwidth on CUDA cores while the GEMMs are bound by tensor
-  // cores; only the two GEMMs that add into y and dx wait for the token-major results. Off: one
-  // stream, in the same order. Same results bit for bit. Off by default: measured slower (H200,
-  // M = 16384, alternating one stream / overlapped: 2.557 / 2.599 ms at 0.5 %, 3.373 / 3.448 at
-  // 1 %; the token-major kernels slow down by what the GEMMs take, docs/perf-notes-cuda.md).
-  bool hot_overlap = false;
   // The token-major kernels compiled for this many resident blocks per SM (6: 80 registers, or
   // 8: 64, with spills) where K ≤ 2048; 0: the build without a bound (up to 128 registers, 4
   // blocks of 128 threads per SM). 6 measured fastest (H200, M = 16384, alternating with 0:
@@ -240,19 +231,15 @@ class TrainContext {
   // The hot part of the sparse step: [g | u] over the hot columns, h, y += h·Wd_hotᵀ (forward);
   // dh, the elementwise gradient, dx += …, the hot gradient rows scattered (backward, before the
   // dWd transpose). Saved between them: [g | u]_hot (gated) or h_hot, in gu_ / h_.
-  // Split in what can run beside the CSR part (on `gemm` and `stream`, the side stream's with
-  // hot_overlap; `timed`: phase marks, on the main stream only) and what adds into its results.
   // hot_forward_up: g_hot gathered if the count did not, u_hot, h_hot and its sums into `scalars`.
   // hot_forward_down: y += h_hot·Wd_hotᵀ. hot_backward_grads: dh_hot, [dg | du]_hot, the hot
   // gradient rows into dw_hot_. hot_backward_dx: dx += [dg | du]_hot·[Wg_hot; Wu_hot].
   // hot_backward_scatter: dw_hot_ into the gradients (after the CSR passes zeroed those rows).
-  void hot_forward_up(const __nv_bfloat16* x, std::int64_t m, LtGemm& gemm, DenseTrainScalars* scalars, bool timed,
-                      cudaStream_t stream);
+  void hot_forward_up(const __nv_bfloat16* x, std::int64_t m, DenseTrainScalars* scalars, cudaStream_t stream);
   void hot_forward_down(std::int64_t m, __nv_bfloat16* y, cudaStream_t stream);
   void hot_backward_reserve(std::int64_t m);
-  void hot_backward_grads(const __nv_bfloat16* x, const __nv_bfloat16* dy, std::int64_t m, float c1, LtGemm& gemm,
-                          bool timed, cudaStream_t stream);
-  void hot_backward_dx(std::int64_t m, __nv_bfloat16* dx, LtGemm& gemm, cudaStream_t stream);
+  void hot_backward_grads(const __nv_bfloat16* x, const __nv_bfloat16* dy, std::int64_t m, float c1, cudaStream_t stream);
+  void hot_backward_dx(std::int64_t m, __nv_bfloat16* dx, cudaStream_t stream);
   void hot_backward_scatter(cudaStream_t stream);
   void calibrate_hot_neurons(std::int64_t m, cudaStream_t stream);  // from the gate output in g_
   // The dense rows of the sparse step (saved_rows_ of them, listed in dense_rows_): forward
@@ -342,9 +329,8 @@ class TrainContext {
   DeviceBuffer<unsigned char> skip8_;
   DeviceBuffer<__nv_bfloat16> w_hot_;
   DeviceBuffer<float> dw_hot_;
-  DeviceBuffer<DenseTrainScalars> scalars_, hot_scalars_;  // hot_scalars_: the side stream's sums
+  DeviceBuffer<DenseTrainScalars> scalars_;
   const float* c1_scale_ = nullptr;  // during a backward with the coefficient on the device
-  SideStream side_;  // hot_overlap (its GEMMs: ffn_.side_gemm())
   // dense rows: row_flags_ [m], dense_rows_ [m] (the first saved_rows_ used), n_dense_ [1];
   // rows_gu_ [R, 2·ldn] (saved); rows_x_, rows_dy_, rows_out_ [R, K], rows_h_, rows_dh_ [R, ldn],
   // rows_dgu_ [R, 2·ldn] workspaces.

@@ -642,16 +642,6 @@ void launch_sum_rows(const float* row_l1, std::int64_t m, double* l1_sum, cudaSt
   TWELL_CUDA_CHECK_LAUNCH("sum_rows_kernel");
 }
 
-__global__ void add_train_scalars_kernel(const DenseTrainScalars* src, DenseTrainScalars* dst) {
-  dst->l1_sum += src->l1_sum;
-  dst->active += src->active;
-}
-
-void launch_add_train_scalars(const DenseTrainScalars* src, DenseTrainScalars* dst, cudaStream_t stream) {
-  add_train_scalars_kernel<<<1, 1, 0, stream>>>(src, dst);
-  TWELL_CUDA_CHECK_LAUNCH("add_train_scalars_kernel");
-}
-
 void launch_dense_train_forward(const DenseTrainElementwiseParams& p, cudaStream_t stream) {
   TWELL_CU_REQUIRE(p.h && p.scalars && (!p.gated || (p.g && p.u)) && p.m >= 1 && p.ldn >= p.n, ErrorCode::invalid_argument,
                    "dense train forward: bad parameters");

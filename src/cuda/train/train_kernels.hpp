@@ -150,8 +150,6 @@ struct DenseTrainElementwiseParams {
 };
 // gated: h = ReLU(g) ⊙ u; both: scalars.
 void launch_dense_train_forward(const DenseTrainElementwiseParams& p, cudaStream_t stream);
-// *dst += *src (both fields; one thread): sums made on another stream, added after the join.
-void launch_add_train_scalars(const DenseTrainScalars* src, DenseTrainScalars* dst, cudaStream_t stream);
 // dt = dh + c1·sign(h); gated: d_up = dt ⊙ ReLU(g), d_gate = dt ⊙ u ⊙ [g > 0]; non-gated: d_up = dt ⊙ [h > 0].
 // With recompute_h (gated), h = ReLU(g) ⊙ u is computed here and written, not read.
 void launch_dense_train_backward(const DenseTrainElementwiseParams& p, cudaStream_t stream);
