@@ -207,21 +207,6 @@ void run_train_sweep(bool quick, int warmup, int reps, cudaStream_t s, nlohmann:
         }
       }
     }
-    // Above 1.5 %: more neurons qualify as hot than the share allows; the densest share of them hot
-    // (TrainContextOptions::hot_neurons_densest_share) against none, sparse steps alternating.
-    if (pt.m >= 16384 && pt.density > 0.015 && pt.density < 0.05) {
-      TrainContext def(copt);
-      def.upload_weights(w, s);
-      TrainContextOptions o = copt;
-      o.hot_neurons_densest_share = !copt.hot_neurons_densest_share;
-      TrainContext v(o);
-      v.upload_weights(w, s);
-      TrainContext& on = copt.hot_neurons_densest_share ? def : v;
-      TrainContext& off = copt.hot_neurons_densest_share ? v : def;
-      const auto [off_ms, on_ms] = host::alternating_medians_ms(warmup, reps, s, step(off), step(on));
-      hot_json["densest_share_off_on_sparse_alternating_ms"] = {off_ms, on_ms};
-      hot_json["densest_share_hot_neurons"] = on.hot_count();
-    }
     const auto dense_step = [&] {
       dense.forward(dev_x.get(), m, dev_y.get(), Path::dense, s);
       dense.backward(dev_x.get(), dev_dy.get(), m, l1_coeff, dev_dx.get(), s);

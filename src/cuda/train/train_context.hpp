@@ -67,19 +67,16 @@ struct TrainContextOptions {
   // costs the sparse step ≈ 5 ns per token it fires in and ≈ 16·M·K flops as dense columns, so
   // the break-even is ≈ 1.4 % of the tokens (docs/perf-notes-cuda.md). 0 turns the split off.
   // With hot_neurons_auto, the first sparse or automatic step of ≥ hot_neurons_min_rows rows
-  // counts its gate per neuron and chooses (when more than hot_neurons_max_share of N qualify, none
-  // or the densest that many: hot_neurons_densest_share).
+  // counts its gate per neuron and chooses (none when more than hot_neurons_max_share of N
+  // qualify: taking the densest share instead brought the sparse step only to the dense step's
+  // speed at 3 %, H100, 35fc81d, 5.140 ms against 6.121 without and 5.007 dense, and the step
+  // dispatches dense there either way; the option to take them left the library in the
+  // twenty-eighth session).
   bool hot_neurons_auto = true;
   double hot_neurons_density = 0.014;
   double hot_neurons_density_nongated = 0.014;
   std::int64_t hot_neurons_min_rows = 4096;
   double hot_neurons_max_share = 0.5;
-  // When more than that share qualify: true takes the densest hot_neurons_max_share of them (the
-  // inference context's default, ContextOptions::hot_neurons_densest_share), false none. Off: at
-  // 3 % it brought the sparse step to the dense step's speed, not past it (H100, M = 16384,
-  // 35fc81d, alternating: 5.140 ms against 6.121 without; the dense step 5.007), and the
-  // step dispatches dense there either way.
-  bool hot_neurons_densest_share = false;
   // The token-major kernels compiled for this many resident blocks per SM (6: 80 registers, or
   // 8: 64, with spills) where K ≤ 2048; 0: the build without a bound (up to 128 registers, 4
   // blocks of 128 threads per SM). 6 measured fastest (H200, M = 16384, alternating with 0:
@@ -201,7 +198,7 @@ class TrainContext {
   std::int64_t hot_count() const noexcept { return static_cast<std::int64_t>(hot_.size()); }
   bool hot_calibrated() const noexcept { return hot_calibrated_; }
   // The calibration's rule: neurons with count > density·m (the option for this FFN kind), none
-  // when the density option is ≤ 0 or (hot_neurons_densest_share off) more than hot_neurons_max_share·N qualify.
+  // when the density option is ≤ 0 or more than hot_neurons_max_share·N qualify.
   std::vector<std::int64_t> choose_hot_neurons(const std::vector<std::uint32_t>& counts, std::int64_t m) const;
 
   // Phase timing (for benchmarks): when on, forward/backward record a CUDA event after each phase;
@@ -259,7 +256,7 @@ class TrainContext {
   // The hot-neuron rule's threshold (share of tokens; ≤ 0: no split) and cap on the hot count.
   double hot_threshold() const noexcept { return gated() ? opt_.hot_neurons_density : opt_.hot_neurons_density_nongated; }
   double max_hot_neurons() const noexcept { return opt_.hot_neurons_max_share * static_cast<double>(n()); }
-  OverShare over_share() const noexcept { return opt_.hot_neurons_densest_share ? OverShare::densest : OverShare::none; }
+  static constexpr OverShare over_share() noexcept { return OverShare::none; }
   void reserve_grads();
   DenseTrainElementwiseParams elementwise_params(std::int64_t m);  // common fields; reserves h_
   void mark(const char* phase, cudaStream_t stream);  // no-op unless phase timing is on
