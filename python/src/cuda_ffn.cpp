@@ -179,20 +179,26 @@ class CudaFfnTrain : public Layer<cuda::FfnTrainLayer, CudaTrainScratch> {
  public:
   using Layer::Layer;
   // y = FFN(x), the state for backward kept in the layer; l1 and l0 (float32, 0-dim) receive
-  // Σ|h| / m and non-zeros / m on the stream. Returns the path as dispatched.
-  std::string forward(const Dev& x, const Dev& y, const Dev& l1, const Dev& l0, std::uintptr_t stream,
-                      const std::string& path) {
+  // Σ|h| / m and non-zeros / m on the stream. Returns what the forward knew on the host anyway (it
+  // waited for the non-zero count): the path as dispatched, whether the sparse step ran, the
+  // non-zeros its CSR holds (−1: a dense step that did not count), and the hot neurons and dense
+  // rows split off the sparse step.
+  nb::tuple forward(const Dev& x, const Dev& y, const Dev& l1, const Dev& l0, std::uintptr_t stream,
+                    const std::string& path) {
     const std::int64_t m = rows_of(x);
     bf16* yp = checked<bf16>("y", y, device_, Kind::bf16, m, k_);
     float* l1p = scalar("l1", l1);
     float* l0p = scalar("l0", l0);
     const cuda::Path p = path_of(path);
     cuda::DeviceScope on(device_);
-    nb::gil_scoped_release release;
     const cuda::Stream s = as_stream(stream);
-    std::string ran = layer_->forward(static_cast<const bf16*>(x.data()), m, yp, p, s).path;
-    layer_->write_scalars(l1p, l0p, s);
-    return ran;
+    cuda::TrainForwardInfo info;
+    {
+      nb::gil_scoped_release release;
+      info = layer_->forward(static_cast<const bf16*>(x.data()), m, yp, p, s);
+      layer_->write_scalars(l1p, l0p, s);
+    }
+    return nb::make_tuple(info.path, info.sparse, info.nnz, info.hot_neurons, info.dense_rows);
   }
   // Gradients of ⟨y, dy⟩ + l1_coeff · Σ|h| / m for the last forward (which must have been over
   // these x and weights): dx bf16 [m, K]; dw_gate, dw_up [N, K] and dw_down [K, N] in float32 or
@@ -315,7 +321,8 @@ void bind_cuda(nb::module_& m) {
       .def("load", &CudaFfnTrain::load, "w_gate"_a.none(), "w_up"_a, "w_down"_a, "stream"_a,
            "Copy bf16 weights into the layer on `stream` (drops a saved forward).")
       .def("forward", &CudaFfnTrain::forward, "x"_a, "y"_a, "l1"_a, "l0"_a, "stream"_a, "path"_a = "automatic",
-           "y = FFN(x); l1, l0 (0-dim float32) receive Σ|h| / rows and non-zeros / rows; returns the path.")
+           "y = FFN(x); l1, l0 (0-dim float32) receive Σ|h| / rows and non-zeros / rows; returns (path, sparse, "
+           "CSR non-zeros or -1, hot neurons, dense rows), host values the forward had anyway.")
       .def("backward", &CudaFfnTrain::backward, "x"_a, "dy"_a, "l1_coeff"_a, "dx"_a, "dw_gate"_a.none(), "dw_up"_a,
            "dw_down"_a, "stream"_a, "Gradients for the last forward: dx (bf16), dw_* (float32 or bfloat16, as given).");
 }

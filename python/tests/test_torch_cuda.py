@@ -145,6 +145,27 @@ def test_compile_fullgraph_matches_eager():
         assert torch.equal(a, b)
 
 
+def test_last_train_info_reports_the_dispatch_without_a_sync():
+    """SparseMLP.last_train_info: the sparse step's CSR non-zeros equal l0 · rows (no hot neurons
+    or dense rows below their minimum sizes); a forced dense step reports sparse False and nnz -1;
+    twell.hf.telemetry carries the same facts."""
+    x, wg, wu, wd = make(300, 128, 640, True, 0.01, seed=9)
+    mlp = tt.SparseMLP(128, 640).cuda()
+    with torch.no_grad():
+        for p, w in zip((mlp.gate_proj.weight, mlp.up_proj.weight, mlp.down_proj.weight), (wg, wu, wd)):
+            p.copy_(w)
+    x = x.to("cuda", torch.float32).requires_grad_()
+    with tt.cuda_path("sparse"):
+        y = mlp(x)
+    info = mlp.last_train_info
+    assert info["sparse"] and info["rows"] == 300 and info["hot_neurons"] == 0 and info["dense_rows"] == 0
+    assert info["nnz"] == round(float(mlp.stats.l0) * 300)
+    y.sum().backward()
+    with tt.cuda_path("dense"):
+        mlp(x)
+    assert mlp.last_train_info["sparse"] is False and mlp.last_train_info["nnz"] == -1
+
+
 def test_compile_keeps_one_graph_through_the_layers():
     """Without fullgraph, Dynamo traces through the training op (a fixed-size state on CUDA) rather
     than breaking the graph at every layer, which would cost a model every fusion across its MLPs."""

@@ -45,6 +45,10 @@ class Layer:
     path: str = ""                   # the path the last call dispatched
     train_path: str = "automatic"    # the path requested by the last training forward (a recompute repeats it)
     recomputes: int = 0              # backwards that ran their forward again
+    # The last training forward's host-side facts (no extra synchronisation: the forward waited for
+    # its non-zero count anyway): sparse (bool), nnz (the CSR's non-zeros, -1 for a dense step that
+    # did not count), hot_neurons and dense_rows (split off the sparse step and run dense), path.
+    info: dict = field(default_factory=dict)
 
 
 _layers: dict[tuple[int, int], Layer] = {}
@@ -167,7 +171,9 @@ def train_forward(x: Tensor, w_gate, w_up, w_down, layer_id: int, count_neurons:
         counts = neuron_counts(xb, w_gate if w_gate is not None else w_up)
     else:
         counts = torch.full((w_up.shape[0],), -1, dtype=torch.int64, device=x.device)
-    lay.path = ctx.forward(*_caps(xb, yb, l1, l0), s, path)
+    lay.path, sparse, nnz, hot, rows = ctx.forward(*_caps(xb, yb, l1, l0), s, path)
+    lay.info = {"sparse": sparse, "nnz": nnz, "hot_neurons": hot, "dense_rows": rows, "rows": xb.shape[0],
+                "path": lay.path}
     lay.train_path = path
     lay.state_ptr = token.data_ptr()
     return (yb if x.dtype == torch.bfloat16 else yb.to(x.dtype)), l1, l0, token, counts

@@ -82,9 +82,15 @@ def telemetry(model: torch.nn.Module) -> list[dict]:
     """Per sparsified MLP, in module order, what its last training forward counted: `nnz_per_token`
     (0-dim tensor) and `neuron_counts` (int64 [N]: tokens in which each neuron fired; a neuron at 0
     over a window of steps is dead). Tensors, so collecting them waits for nothing; None entries for
-    MLPs that have not run a training forward."""
+    MLPs that have not run a training forward. On CUDA also the dispatch facts the forward had on the
+    host anyway (`SparseMLP.last_train_info`): `sparse`, `hot_neurons`, `dense_rows`, `csr_nnz`."""
     out = []
     for m in sparse_mlps(model):
         s = m.stats
-        out.append({"nnz_per_token": None if s is None else s.l0, "neuron_counts": None if s is None else s.neuron_counts})
+        rec = {"nnz_per_token": None if s is None else s.l0, "neuron_counts": None if s is None else s.neuron_counts}
+        info = m.last_train_info
+        if info:
+            rec.update(sparse=info["sparse"], hot_neurons=info["hot_neurons"], dense_rows=info["dense_rows"],
+                       csr_nnz=info["nnz"])
+        out.append(rec)
     return out

@@ -306,3 +306,12 @@ class SparseMLP(torch.nn.Module):
         """The path the last CUDA call of this layer dispatched ('' before one, or on the CPU)."""
         lay = _cuda._layers.get((torch.cuda.current_device() if torch.cuda.is_available() else 0, self.layer_id))
         return "" if lay is None else lay.path
+
+    @property
+    def last_train_info(self) -> dict:
+        """The last CUDA training forward's dispatch facts, host values read without a device
+        synchronisation: sparse (which step ran), nnz (non-zeros in the sparse step's CSR; -1 for
+        a dense step that did not count), hot_neurons and dense_rows (neurons and token rows split
+        off the sparse step and run as dense GEMMs), rows, path. {} before one, or on the CPU."""
+        lay = _cuda._layers.get((torch.cuda.current_device() if torch.cuda.is_available() else 0, self.layer_id))
+        return {} if lay is None else dict(lay.info)

@@ -446,6 +446,11 @@ def train(cfg: dict, out: str, *, resume: bool = False, progress: bool = True, s
                   "dead": dead, "reinit": reinit, "tokens_per_s": tokens_per_step / dt}
         if profiling:
             record["nnz_by_position"] = [round(v, 3) for v in probe.position_profile()]
+        if cfg["ffn"] == "twell" and device.type == "cuda":  # host values the forwards had anyway (this rank's)
+            infos = [m.last_train_info for m in probe.layers]
+            record["hot_neurons"] = [i.get("hot_neurons", 0) for i in infos]
+            record["dense_rows"] = [i.get("dense_rows", 0) for i in infos]
+            record["sparse_step"] = [i.get("sparse", False) for i in infos]
         if device.type == "cuda":  # PyTorch's allocator peak plus what twell's layer contexts hold beside it
             record["peak_memory_gib"] = (torch.cuda.max_memory_allocated(device) + twell_cuda.context_bytes()) / 2**30
         if val_data is not None and cfg["val_every"] and ((step + 1) % cfg["val_every"] == 0 or step + 1 == cfg["steps"]):
