@@ -137,7 +137,7 @@ int run_bench_model(BenchModelArgs& a) {
     return s;
   }();
   auto options = [&](model::FfnPath path) {
-    model::RuntimeOptions o(path, 0.05);
+    model::RuntimeOptions o(path);
     o.cuda_graphs = a.cuda_graphs;
     return o;
   };
@@ -158,7 +158,7 @@ int run_bench_model(BenchModelArgs& a) {
   // tokens (automatic would run dense at this size).
   double agree = 0;
   if (c.act == model::Activation::relu) {
-    auto forced = model::make_runtime(m, device, {model::FfnPath::sparse, 0.05});
+    auto forced = model::make_runtime(m, device, {model::FfnPath::sparse});
     const std::int64_t n = std::min<std::int64_t>(256, c.max_position);
     std::vector<std::vector<std::int32_t>> s = {random_tokens(rng, n, c.vocab_size)};
     std::vector<std::vector<float>> out;

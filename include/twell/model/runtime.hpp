@@ -35,12 +35,17 @@ class Sequence {
 enum class FfnPath { automatic, dense, sparse };
 const char* to_string(FfnPath p) noexcept;
 
+// The CPU FFN's sparse path ran 1.2× dense at 10 % density (M = 64 and 512), 1.04× / 0.93× at 15 %
+// and 2.3× at M = 1 (2B layer shape, 2 cores, bench/results/2026-11-25-cpu-2core-ffn-crossover-*).
+inline constexpr double kCpuMaxSparseDensity = 0.10;
+
 struct RuntimeOptions {
   RuntimeOptions() = default;
-  RuntimeOptions(FfnPath path, double max_density = 0.05) : ffn_path(path), max_sparse_density(max_density) {}
+  RuntimeOptions(FfnPath path, double max_density = kCpuMaxSparseDensity) : ffn_path(path), max_sparse_density(max_density) {}
   FfnPath ffn_path = FfnPath::automatic;  // automatic: sparse for ReLU layers measured sparse enough
-  // A ReLU layer runs the TwELL path while its latest measured density is at most this.
-  double max_sparse_density = 0.05;  // policy constant, see docs/model-runtime.md
+  // CPU runtime: a ReLU layer runs the TwELL path while its latest measured density is at most
+  // this (the GPU's engine dispatches by its own measured thresholds).
+  double max_sparse_density = kCpuMaxSparseDensity;
   // CUDA runtime only: decode steps (one token per sequence, at most 16 sequences for ReLU models)
   // replay a captured CUDA graph of the whole forward instead of launching ~10 kernels per layer.
   // Bit-identical to the launches; off for A/B measurement.
