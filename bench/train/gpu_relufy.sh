@@ -7,8 +7,8 @@
 # first while it stays warm.) Reassembles and converts the GGUF (scripts/fetch-smollm2, sha256
 # checked), evaluates the SiLU model and the same weights with ReLU on val-wiki, fine-tunes with
 # ReLU + L1 through twell (bench/train/gpu_run.sh: telemetry, `twell generate` on the result), and
-# evaluates every checkpoint. Outputs under $OUT: telemetry-relufy.jsonl, generate-relufy.txt,
-# eval-relufy.json.
+# evaluates every checkpoint (EVAL_BATCHES batches of 16 × 512 tokens, default 16). Outputs under
+# $OUT: telemetry-relufy.jsonl, generate-relufy.txt, eval-relufy.json.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-build/train-out}
@@ -25,14 +25,14 @@ if [ ! -f "$M/.complete" ]; then
 fi
 [ -d data/gpu-corpus ] || { mkdir -p data/gpu-corpus && xz -dc .carry/gpu-corpus.tar.xz | tar xf - -C data/gpu-corpus; } || exit 1
 t0=$(date +%s)
-python3 bench/train/eval_checkpoints.py --data data/gpu-corpus/val-wiki --batches 16 --seq-len 512 --micro-batch 16 \
+python3 bench/train/eval_checkpoints.py --data data/gpu-corpus/val-wiki --batches "${EVAL_BATCHES:-16}" --seq-len 512 --micro-batch 16 \
   "$M" --json "$OUT/eval-before-silu.json" || exit 1
-python3 bench/train/eval_checkpoints.py --data data/gpu-corpus/val-wiki --batches 16 --seq-len 512 --micro-batch 16 \
+python3 bench/train/eval_checkpoints.py --data data/gpu-corpus/val-wiki --batches "${EVAL_BATCHES:-16}" --seq-len 512 --micro-batch 16 \
   --as-relu "$M" --json "$OUT/eval-before-relu.json" || exit 1
 echo "evaluation before: $(( $(date +%s) - t0 )) s"
 bash bench/train/gpu_run.sh relufy bench/train/gpu-relufy-smollm2.json "$@"
 rc=$?
-python3 bench/train/eval_checkpoints.py --data data/gpu-corpus/val-wiki --batches 16 build/train-runs/relufy \
+python3 bench/train/eval_checkpoints.py --data data/gpu-corpus/val-wiki --batches "${EVAL_BATCHES:-16}" build/train-runs/relufy \
   --json "$OUT/eval-relufy.json"
 python3 - "$OUT" <<'PY'
 import json, sys
