@@ -101,10 +101,12 @@ int run_generate(GenerateArgs& a) {
     fmt::print("--- [{}] {}\n{}{}\n", i, out[i].stop_reason, a.chat ? "" : a.prompts[i], tok.decode(out[i].tokens, true));
 
   // Per layer: whether it ran the sparse FFN, and (where the runtime counts them: the CPU) its active neurons.
-  std::int64_t sparse_layers = 0, counted = 0;
+  std::int64_t sparse_layers = 0, counted = 0, rows = 0, sparse_rows = 0;
   double per_token = 0;
   for (const auto& s : rt.ffn_stats()) {
     sparse_layers += s.sparse_rows > 0;
+    rows += s.rows;
+    sparse_rows += s.sparse_rows;
     if (s.active_per_token() >= 0) {
       ++counted;
       per_token += s.active_per_token();
@@ -117,10 +119,12 @@ int run_generate(GenerateArgs& a) {
     if (c.act != model::Activation::relu)
       note(fmt::format("FFN: {} activation, dense path (only ReLU FFNs are sparse)", model::to_string(c.act)));
     else if (counted > 0)
-      note(fmt::format("FFN: {} of {} ReLU layers ran the sparse path; {:.1f} active neurons per token per layer "
+      note(fmt::format("FFN: the sparse path ran {:.0f} % of the ReLU layers' token rows ({} of {} layers at least once; "
+                       "a layer measured denser than {:.0f} % runs dense); {:.1f} active neurons per token per layer "
                        "(of {}, {:.2f} %)",
-                       sparse_layers, c.num_layers, per_token / counted, c.intermediate_size,
-                       100.0 * per_token / counted / static_cast<double>(c.intermediate_size)));
+                       100.0 * static_cast<double>(sparse_rows) / static_cast<double>(std::max<std::int64_t>(rows, 1)),
+                       sparse_layers, c.num_layers, 100.0 * model::kCpuMaxSparseDensity, per_token / counted,
+                       c.intermediate_size, 100.0 * per_token / counted / static_cast<double>(c.intermediate_size)));
     else
       note(fmt::format("FFN: {} of {} ReLU layers ran the sparse path (active neurons are not read back on the GPU)",
                        sparse_layers, c.num_layers));
