@@ -20,6 +20,7 @@ import pytest
 torch = pytest.importorskip("torch")
 tt = pytest.importorskip("twell.torch")
 
+import twell.hf  # noqa: E402
 from twell import _cuda, _twell  # noqa: E402
 
 pytestmark = pytest.mark.skipif(not (torch.cuda.is_available() and getattr(_twell, "has_cuda", False)),
@@ -145,21 +146,29 @@ def test_compile_fullgraph_matches_eager():
         assert torch.equal(a, b)
 
 
+def sparse_mlp(wg, wu, wd):
+    """A CUDA SparseMLP holding these (gated) weights."""
+    mlp = tt.SparseMLP(wg.shape[1], wg.shape[0]).cuda()
+    with torch.no_grad():
+        for p, w in zip((mlp.gate_proj.weight, mlp.up_proj.weight, mlp.down_proj.weight), (wg, wu, wd)):
+            p.copy_(w)
+    return mlp
+
+
 def test_last_train_info_reports_the_dispatch_without_a_sync():
     """SparseMLP.last_train_info: the sparse step's CSR non-zeros equal l0 · rows (no hot neurons
     or dense rows below their minimum sizes); a forced dense step reports sparse False and nnz -1;
     twell.hf.telemetry carries the same facts."""
     x, wg, wu, wd = make(300, 128, 640, True, 0.01, seed=9)
-    mlp = tt.SparseMLP(128, 640).cuda()
-    with torch.no_grad():
-        for p, w in zip((mlp.gate_proj.weight, mlp.up_proj.weight, mlp.down_proj.weight), (wg, wu, wd)):
-            p.copy_(w)
+    mlp = sparse_mlp(wg, wu, wd)
     x = x.to("cuda", torch.float32).requires_grad_()
     with tt.cuda_path("sparse"):
         y = mlp(x)
     info = mlp.last_train_info
     assert info["sparse"] and info["rows"] == 300 and info["hot_neurons"] == 0 and info["dense_rows"] == 0
     assert info["nnz"] == round(float(mlp.stats.l0) * 300)
+    rec = twell.hf.telemetry(mlp)[0]
+    assert rec["sparse"] and rec["csr_nnz"] == info["nnz"] and rec["hot_neurons"] == 0
     y.sum().backward()
     with tt.cuda_path("dense"):
         mlp(x)
@@ -189,10 +198,7 @@ def test_compile_keeps_one_graph_through_the_layers():
 
 def test_a_second_forward_before_the_backward_recomputes_the_first():
     x, wg, wu, wd = make(256, 128, 640, True, 0.02, seed=6)
-    mlp = tt.SparseMLP(128, 640).cuda()
-    with torch.no_grad():
-        for p, w in zip((mlp.gate_proj.weight, mlp.up_proj.weight, mlp.down_proj.weight), (wg, wu, wd)):
-            p.copy_(w)
+    mlp = sparse_mlp(wg, wu, wd)
     a = x.to("cuda", torch.float32).requires_grad_()
     b = (x.flip(0) * 0.5).to("cuda", torch.float32).requires_grad_()
     with tt.cuda_path("sparse"):
