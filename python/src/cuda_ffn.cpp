@@ -91,36 +91,27 @@ void check_device(int device) {
               count);
 }
 
-// The per-call workspaces the inference layers of one device share (cuda::InferWorkspace, as the
-// model runtime's layers do): layers that run one after another on one stream.
-class CudaFfnWorkspace {
+// Workspaces that the layers of one device share (cuda::InferWorkspace for inference layers, as
+// the model runtime's layers do; cuda::TrainWorkspace for training layers): layers that run one
+// after another on one stream. Made with the device current (a workspace may hold a cuBLASLt handle).
+template <typename W>
+class DeviceWorkspace {
  public:
-  explicit CudaFfnWorkspace(int device) : device_(device) {
+  explicit DeviceWorkspace(int device) : device_(device) {
     check_device(device);
     cuda::DeviceScope on(device);
-    ws_ = std::make_unique<cuda::InferWorkspace>();
+    ws_ = std::make_unique<W>();
   }
   int device() const noexcept { return device_; }
   std::int64_t bytes() const noexcept { return ws_->bytes(); }
-  const cuda::InferWorkspace* get() const noexcept { return ws_.get(); }
+  const W* get() const noexcept { return ws_.get(); }
 
  private:
   int device_;
-  std::unique_ptr<cuda::InferWorkspace> ws_;
+  std::unique_ptr<W> ws_;
 };
-
-// The workspaces the training layers of one device share (cuda::TrainWorkspace).
-class CudaTrainScratch {
- public:
-  explicit CudaTrainScratch(int device) : device_(device) { check_device(device); }
-  int device() const noexcept { return device_; }
-  std::int64_t bytes() const noexcept { return ws_.bytes(); }
-  const cuda::TrainWorkspace* get() const noexcept { return &ws_; }
-
- private:
-  int device_;
-  cuda::TrainWorkspace ws_;
-};
+using CudaFfnWorkspace = DeviceWorkspace<cuda::InferWorkspace>;
+using CudaTrainScratch = DeviceWorkspace<cuda::TrainWorkspace>;
 
 // A layer on one device over one public layer type (cuda::FfnLayer or cuda::FfnTrainLayer, made on
 // the first load with the device current).

@@ -86,6 +86,16 @@ _scratch: dict[int, object] = {}  # device → _twell.CudaTrainScratch, shared b
 _workspace: dict[int, object] = {}  # device → _twell.CudaFfnWorkspace, shared by its inference contexts
 
 
+def _shared(table: dict, device: int, make):
+    """The device's workspace set in `table`, made on first use. One per device: a model's layers
+    run one after another on PyTorch's stream, and each backward copies its gradients out before
+    the next one runs."""
+    got = table.get(device)
+    if got is None:
+        got = table[device] = make(device)
+    return got
+
+
 def context_bytes() -> int:
     """Device memory twell's training contexts hold (outside PyTorch's allocator): each layer's own
     (weights in the kernels' layouts, the state saved for backward) and once per device the
@@ -122,10 +132,7 @@ def load(lay: Layer, which: str, ctx, ws: tuple, stream: int) -> None:
 def infer(x: Tensor, w_gate, w_up, w_down, layer_id: int) -> Tensor:
     lay = layer(x.device, layer_id)
     if lay.infer is None:
-        ws = _workspace.get(lay.device)  # one per device: the layers run one after another on its stream
-        if ws is None:
-            ws = _workspace[lay.device] = _twell.CudaFfnWorkspace(lay.device)
-        lay.infer = _twell.CudaFfnInfer(lay.device, ws)
+        lay.infer = _twell.CudaFfnInfer(lay.device, _shared(_workspace, lay.device, _twell.CudaFfnWorkspace))
     s = stream_of(x)
     load(lay, "infer", lay.infer, (w_gate, w_up, w_down), s)
     xb = bf16(x)
@@ -136,12 +143,7 @@ def infer(x: Tensor, w_gate, w_up, w_down, layer_id: int) -> Tensor:
 
 def _train_ctx(lay: Layer):
     if lay.train is None:
-        # One scratch set per device: the layers of a model run one after another on PyTorch's
-        # stream, and each backward copies its gradients out before the next one runs.
-        scratch = _scratch.get(lay.device)
-        if scratch is None:
-            scratch = _scratch[lay.device] = _twell.CudaTrainScratch(lay.device)
-        lay.train = _twell.CudaFfnTrain(lay.device, scratch)
+        lay.train = _twell.CudaFfnTrain(lay.device, _shared(_scratch, lay.device, _twell.CudaTrainScratch))
     return lay.train
 
 

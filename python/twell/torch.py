@@ -301,10 +301,14 @@ class SparseMLP(torch.nn.Module):
         self.stats = got[0] if got else None
         return y
 
+    def _cuda_layer(self):
+        """This module's CUDA layer state on the current device (None before a CUDA call)."""
+        return _cuda._layers.get((torch.cuda.current_device() if torch.cuda.is_available() else 0, self.layer_id))
+
     @property
     def last_path(self) -> str:
         """The path the last CUDA call of this layer dispatched ('' before one, or on the CPU)."""
-        lay = _cuda._layers.get((torch.cuda.current_device() if torch.cuda.is_available() else 0, self.layer_id))
+        lay = self._cuda_layer()
         return "" if lay is None else lay.path
 
     @property
@@ -313,5 +317,5 @@ class SparseMLP(torch.nn.Module):
         synchronisation: sparse (which step ran), nnz (non-zeros in the sparse step's CSR; -1 for
         a dense step that did not count), hot_neurons and dense_rows (neurons and token rows split
         off the sparse step and run as dense GEMMs), rows, path. {} before one, or on the CPU."""
-        lay = _cuda._layers.get((torch.cuda.current_device() if torch.cuda.is_available() else 0, self.layer_id))
+        lay = self._cuda_layer()
         return {} if lay is None else dict(lay.info)
