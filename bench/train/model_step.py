@@ -29,6 +29,12 @@ Timing: --warmup steps (compilation included), then --steps steps back to back b
 synchronisations (as a training loop runs; the losses are read after). Memory: the peak of
 PyTorch's allocator over the run plus, for twell, the device memory its layer contexts hold
 beside it (weights in the kernels' layouts, workspaces, fp32 gradient buffers).
+Several GPUs (--gpus G, issue 30): each mode runs under `torchrun --standalone --nproc-per-node G`,
+its model wrapped in DDP (--parallel ddp: replicated weights, gradients all-reduced) or FSDP2
+(--parallel fsdp: each decoder layer and the root `fully_shard`ed, so weights, gradients and AdamW
+state are split over the ranks); each rank reads its own random micro-batches, so a step moves
+G × micro-batch × seq tokens. tokens/s counts all ranks; peak memory is the largest rank's; the
+densities are rank 0's. NCCL_NVLS_ENABLE=0 is set (NVLink multicast stays off).
 Writes model_step-TAG.json and .md under --out and prints the table.
 """
 import argparse
@@ -83,14 +89,23 @@ def one(a) -> dict:
     import torch.nn.functional as F
     import transformers
 
+    import torch.distributed as dist
+
     torch.manual_seed(0)
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    rank = int(os.environ.get("RANK", "0"))
     dev = torch.device(a.device)
+    if world > 1:  # under torchrun: one rank a GPU
+        dev = torch.device("cuda", int(os.environ["LOCAL_RANK"])) if a.device == "cuda" else dev
+        if dev.type == "cuda":
+            torch.cuda.set_device(dev)
+        dist.init_process_group("nccl" if dev.type == "cuda" else "gloo")
     cuda = dev.type == "cuda"
     model = transformers.LlamaForCausalLM.from_pretrained(a.model, dtype=torch.float32, attn_implementation="sdpa")
     if model.config.hidden_act != "relu":
         raise SystemExit(f"{a.model}: hidden_act is {model.config.hidden_act!r}; a ReLU checkpoint is needed")
     model.to(dev).train()
-    g = torch.Generator(device="cpu").manual_seed(1)
+    g = torch.Generator(device="cpu").manual_seed(1 + rank)  # each rank its own micro-batches
     vocab = model.config.vocab_size
     batches = [torch.randint(0, vocab, (a.micro_batch, a.seq + 1), generator=g).to(dev) for _ in range(4)]
     density_start = measure_density(model, batches[0], dev)
@@ -117,8 +132,17 @@ def one(a) -> dict:
         for layer in model.model.layers:
             layer.mlp = dense_relu_mlp(layer.mlp)
         mlps = [layer.mlp for layer in model.model.layers]
-    decay = [p for p in model.parameters() if p.dim() >= 2]
-    no_decay = [p for p in model.parameters() if p.dim() < 2]
+    core = model  # the HF module (its MLPs, its config); `model` may become its DDP wrapper
+    if world > 1 and a.parallel == "fsdp":
+        from torch.distributed.fsdp import fully_shard
+
+        for layer in core.model.layers:
+            fully_shard(layer)
+        fully_shard(core)
+    elif world > 1:
+        model = torch.nn.parallel.DistributedDataParallel(model, device_ids=[dev] if cuda else None)
+    decay = [p for p in core.parameters() if p.dim() >= 2]
+    no_decay = [p for p in core.parameters() if p.dim() < 2]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}],
                             lr=a.lr, betas=(0.9, 0.95), fused=True)
 
@@ -137,9 +161,12 @@ def one(a) -> dict:
     if a.mode.endswith("compiled"):
         from torch._dynamo.utils import counters
 
-    params = list(model.parameters())
+    params = list(core.parameters())
+    fsdp = world > 1 and a.parallel == "fsdp"
 
     def step(i):
+        if fsdp and twell_mode:
+            twell_cuda.weights_changed()  # FSDP refills the gathered weights without a version bump
         loss, ce, l1 = fn(batches[i % len(batches)])
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0, foreach=True)
@@ -147,7 +174,13 @@ def one(a) -> dict:
         opt.zero_grad(set_to_none=True)
         return ce, l1
 
-    sync = torch.cuda.synchronize if cuda else (lambda: None)
+    if world > 1:  # the ranks wait for each other at every collective; start them together
+        def sync():
+            if cuda:
+                torch.cuda.synchronize()
+            dist.barrier()
+    else:
+        sync = torch.cuda.synchronize if cuda else (lambda: None)
     if cuda:
         torch.cuda.reset_peak_memory_stats(dev)
     t_warm = time.perf_counter()
@@ -173,11 +206,16 @@ def one(a) -> dict:
     ctx = twell_cuda.context_bytes() if twell_mode and cuda else 0
     # Density of the last training step: twell's counts, or h's non-zeros on one batch (untimed).
     if twell_mode:
-        density = [float(m.stats.l0.float().mean()) / model.config.intermediate_size for m in mlps if m.stats is not None]
+        density = [float(m.stats.l0.float().mean()) / core.config.intermediate_size for m in mlps if m.stats is not None]
     else:
-        density = measure_density(model, batches[0], dev)
-    tokens = a.micro_batch * a.seq
+        density = measure_density(core, batches[0], dev)  # every rank: under FSDP the forward gathers
+    tokens = a.micro_batch * a.seq * world
     extra = {}
+    if world > 1:  # the largest rank's memory (FSDP's shards differ a little; DDP's replicas not at all)
+        peaks = torch.tensor([float(peak), float(ctx)], dtype=torch.float64, device=dev if cuda else "cpu")
+        dist.all_reduce(peaks, op=dist.ReduceOp.MAX)
+        peak, ctx = int(peaks[0]), int(peaks[1])
+        extra.update(world=world, parallel=a.parallel)
     if a.mode.endswith("compiled"):
         extra["dynamo_graphs"] = counters["stats"].get("unique_graphs", 0)
         extra["graph_breaks"] = sum(counters["graph_break"].values())
@@ -194,7 +232,7 @@ def one(a) -> dict:
             "ce": [float(c) for c, _ in out], "l1": [float(l) for _, l in out],
             "density_mean": statistics.fmean(density) if density else None, "density_per_layer": density,
             "density_start_mean": statistics.fmean(density_start), "density_start_per_layer": density_start,
-            "path": (mlps[0].last_path if twell_mode and mlps else "")}
+            "path": (mlps[0].last_path if twell_mode and mlps else ""), "rank": rank}
 
 
 def table(res: dict) -> str:
@@ -205,7 +243,8 @@ def table(res: dict) -> str:
     cfg = res["config"]
     lines = [f"# Training step of {cfg['name']} ({cfg['layers']} layers, hidden {cfg['hidden']}, FFN {cfg['ffn']}, "
              f"{cfg['params_m']:.0f} M parameters) — {res['gpu']}, commit {res['commit']}, {res['date']}", "",
-             f"micro-batch {res['micro_batch']} × sequence {res['seq']} = {res['micro_batch'] * res['seq']} tokens a step; "
+             (f"{res['gpus']} GPUs ({res['parallel'].upper()}), each " if res.get("gpus", 1) > 1 else "") +
+             f"micro-batch {res['micro_batch']} × sequence {res['seq']} = {res['micro_batch'] * res['seq'] * res.get('gpus', 1)} tokens a step; "
              f"bf16 autocast, fp32 master weights, fused AdamW, SDPA attention; l1_coeff {res['l1_coeff']}, lr {res['lr']}; "
              f"{res['steps']} steps back to back after {res['warmup']} warm-up steps.", "",
              "| mode | step (ms) | tokens/s | vs best dense | peak memory (GiB) | vs dense peak | FFN density (start → end) | loss (first → last) |",
@@ -243,15 +282,25 @@ def main() -> int:
     ap.add_argument("--mode", help=argparse.SUPPRESS)  # one mode, in a child process: prints its JSON
     ap.add_argument("--device", default="cuda", help=argparse.SUPPRESS)  # "cpu": a smoke test of the script
     ap.add_argument("--timeout", type=int, default=300, help="seconds per mode")
+    ap.add_argument("--gpus", type=int, default=1, help="ranks (one GPU each) under torchrun; tokens/s counts them all")
+    ap.add_argument("--parallel", choices=("ddp", "fsdp"), default="ddp", help="how the ranks share the model (with --gpus > 1)")
     a = ap.parse_args()
     if a.mode:
         if a.l1_coeff is None:
             a.l1_coeff = 2e-5 * json.load(open(os.path.join(a.model, "config.json")))["num_hidden_layers"]
         try:
-            print("RESULT " + json.dumps(one(a)), flush=True)
+            r = one(a)
         except Exception as e:  # reported, not a crash of the whole benchmark (e.g. out of memory)
-            print("RESULT " + json.dumps({"mode": a.mode, "error": f"{type(e).__name__}: {e}"}), flush=True)
-        return 0
+            r = {"mode": a.mode, "error": f"{type(e).__name__}: {e}", "rank": int(os.environ.get("RANK", "0"))}
+        if r["rank"] == 0 or "error" in r:
+            print("RESULT " + json.dumps(r), flush=True)
+        # Leave without the interpreter's teardown (NCCL's and the process group's threads): the
+        # result is out; a rank that hangs there would hold the whole torchrun.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
+    if a.gpus < 1:
+        ap.error("--gpus must be ≥ 1")
     modes = [m for m in a.modes.split(",") if m]
     bad = [m for m in modes if m not in MODES]
     if bad:
@@ -276,13 +325,18 @@ def main() -> int:
     res = {"gpu": torch.cuda.get_device_name(0) if a.device == "cuda" else "CPU", "commit": os.environ.get("TWELL_COMMIT", "unknown"),
            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
            "config": {"name": tag, "layers": L, "hidden": K, "ffn": N, "vocab": V, "params_m": params / 1e6},
-           "seq": a.seq, "micro_batch": a.micro_batch, "steps": a.steps, "warmup": a.warmup, "lr": a.lr,
+           "seq": a.seq, "micro_batch": a.micro_batch, "gpus": a.gpus, "parallel": a.parallel if a.gpus > 1 else "",
+           "steps": a.steps, "warmup": a.warmup, "lr": a.lr,
            "l1_coeff": a.l1_coeff, "modes": []}
     for m in modes:
         t = time.time()
         args = [sys.executable, __file__, "--mode", m, "--l1-coeff", repr(a.l1_coeff)] + sys.argv[1:]
+        env = dict(os.environ, NCCL_NVLS_ENABLE="0", TORCH_SYMM_MEM_DISABLE_MULTICAST="1", NVSHMEM_DISABLE_NVLS="1")
+        if a.gpus > 1:  # a rendezvous of its own on a free port (--standalone), so runs may go side by side
+            args = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={a.gpus}"] + args[1:]
+            env.setdefault("OMP_NUM_THREADS", "4")
         try:
-            p = subprocess.run(args, capture_output=True, text=True, timeout=a.timeout)
+            p = subprocess.run(args, capture_output=True, text=True, timeout=a.timeout, env=env)
             line = [s for s in p.stdout.splitlines() if s.startswith("RESULT ")]
             r = json.loads(line[-1][7:]) if line else {"mode": m, "error": f"exit {p.returncode}: {p.stderr[-400:]}"}
         except subprocess.TimeoutExpired:

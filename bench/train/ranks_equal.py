@@ -1,0 +1,254 @@
+#!/usr/bin/env python3
+"""G ranks train like one rank (issue 30's test, on a machine with several GPUs): `twell.train` under
+`torchrun --nproc-per-node G` with micro-batch B/G against one process with micro-batch B, for DDP
+and FSDP2, and a checkpoint written by G ranks resumed on G/2.
+
+    python3 bench/train/ranks_equal.py --corpus data/gpu-corpus --gpus 2,4 --out DIR [--steps 20]
+
+The bound is bf16's own noise, measured in the same call: a second one-process run whose only
+difference is the order of the sums (micro-batch B/Gmax with grad_accum Gmax: the same gradients in
+exact arithmetic, other bf16 roundings). With d_X(t) = |loss_X(t) − loss_ref(t)|, a run passes when,
+at every step t, d_G(t) ≤ 3 · max_{s ≤ t} d_noise(s) + 1e-4 · loss_ref(t) (the floor: fp32 rounding of
+a mean over the batch's tokens where the noise is still exactly zero); the same for the L1 term.
+Dead-neuron re-initialisation runs in the DDP family (reinit_window; the decisions come from counts
+reduced over the ranks, so every rank must make the same ones); FSDP refuses it, so the FSDP family
+runs without it against its own reference. --path sparse holds twell's ops on their sparse path
+(the default: a from-scratch model starts near 50 % density, where automatic dispatch runs dense).
+Writes ranks_equal.json / .md under --out; loss curves: python3 bench/train/ranks_equal.py --plot JSON.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+
+HERE = os.path.abspath(__file__)
+NOISE_FACTOR = 3.0
+REL_FLOOR = 1e-4
+
+
+def worker(argv) -> int:
+    """Inside torchrun (or alone): twell.train.main with twell's CUDA path held."""
+    path, rest = argv[0], argv[1:]
+    import twell.torch as tt
+    from twell.train import main as train_main
+
+    with tt.cuda_path(path):
+        rc = train_main(rest)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(rc)  # past NCCL's teardown: the run's files are written
+
+
+def base_config(a, corpus: str) -> dict:
+    return {"model": {"hidden_size": 256, "intermediate_size": 704, "num_layers": 4, "num_heads": 4, "num_kv_heads": 2,
+                      "max_position": a.seq},
+            "ffn": "twell", "train_data": os.path.join(corpus, "train"), "seq_len": a.seq, "steps": a.steps,
+            "lr": 1e-3, "warmup": 5, "l1_coeff": 1e-3, "bf16": True, "device": a.device, "neuron_counts_every": 1,
+            "dead_window": 4 * a.seq * a.batch, "save_every": a.steps // 2, "seed": 0}
+
+
+def launch(name, cfg, ranks, gpu_ids, a, resume_dir=None):
+    """Starts one run; returns (name, Popen, out_dir)."""
+    out = resume_dir or os.path.join(a.work, name)
+    if resume_dir is None:
+        shutil.rmtree(out, ignore_errors=True)
+    os.makedirs(a.work, exist_ok=True)
+    cfg_path = os.path.join(a.work, name + ".json")
+    with open(cfg_path, "w") as f:
+        json.dump(cfg, f, indent=1)
+    cmd = [sys.executable]
+    if ranks > 1:
+        cmd += ["-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={ranks}"]
+    cmd += [HERE, "--worker", a.path, cfg_path, "--out", out] + (["--resume"] if resume_dir else [])
+    env = dict(os.environ, CUDA_VISIBLE_DEVICES=",".join(map(str, gpu_ids)), NCCL_NVLS_ENABLE="0",
+               TORCH_SYMM_MEM_DISABLE_MULTICAST="1", NVSHMEM_DISABLE_NVLS="1", OMP_NUM_THREADS="4")
+    log = open(os.path.join(a.work, name + ".log"), "w")
+    return name, subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env), out
+
+
+def wait_all(procs, runs):
+    for name, p, out in procs:
+        rc = p.wait()
+        tel = os.path.join(out, "telemetry.jsonl")
+        recs = [json.loads(line) for line in open(tel)] if os.path.exists(tel) else []
+        runs[name] = {"rc": rc, "telemetry": recs}
+        print(f"  {name}: exit {rc}, {len(recs)} steps", file=sys.stderr, flush=True)
+
+
+def compare(run, ref, noise, what) -> dict:
+    """Per step: the difference to ref and the bound from the noise run; steps by number."""
+    r = {x["step"]: x[what] for x in ref}
+    n = {x["step"]: x[what] for x in noise}
+    env, worst, ok, rows = 0.0, 0.0, True, []
+    for x in sorted(run, key=lambda x: x["step"]):
+        s = x["step"]
+        if s not in r or s not in n:
+            ok = False
+            continue
+        env = max(env, abs(n[s] - r[s]))
+        bound = NOISE_FACTOR * env + REL_FLOOR * abs(r[s])
+        d = abs(x[what] - r[s])
+        worst = max(worst, d / bound)
+        ok &= d <= bound
+        rows.append({"step": s, "diff": d, "noise_envelope": env, "bound": bound})
+    return {"ok": ok and bool(rows), "worst_diff_over_bound": worst, "steps": rows}
+
+
+def plot(path: str) -> int:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    res = json.load(open(path))
+    fig, ax = plt.subplots(1, 2, figsize=(11, 4))
+    for name, run in res["runs"].items():
+        t = run["telemetry"]
+        ax[0].plot([x["step"] for x in t], [x["loss"] for x in t], label=name, lw=1)
+    for name, c in res["checks"].items():
+        ax[1].semilogy([s["step"] for s in c["loss"]["steps"]], [max(s["diff"], 1e-9) for s in c["loss"]["steps"]], label=name, lw=1)
+    ax[1].semilogy([s["step"] for s in next(iter(res["checks"].values()))["loss"]["steps"]],
+                   [s["noise_envelope"] for s in next(iter(res["checks"].values()))["loss"]["steps"]], "k--", label="bf16 noise envelope")
+    ax[0].set(xlabel="step", ylabel="training loss", title="loss by run")
+    ax[1].set(xlabel="step", ylabel="|loss − one-rank loss|", title="difference to one rank")
+    ax[0].legend(fontsize=7)
+    ax[1].legend(fontsize=7)
+    fig.suptitle(f"G ranks × B/G vs 1 rank × B — {res['gpu']}, commit {res['commit']}")
+    fig.tight_layout()
+    out = os.path.splitext(path)[0] + ".png"
+    fig.savefig(out, dpi=110)
+    print(out)
+    return 0
+
+
+def table(res) -> str:
+    lines = [f"# G ranks train like one rank — {res['gpu']} × {res['gpus_on_machine']}, commit {res['commit']}, {res['date']}", "",
+             f"twell.train, {res['steps']} steps, global batch {res['batch']} × {res['seq']} tokens, bf16 autocast, "
+             f"twell ops on the {res['path']} path; bound = {NOISE_FACTOR:g} × the bf16 noise envelope "
+             f"(one rank, micro-batch B/{res['gmax']} × grad_accum {res['gmax']}) + {REL_FLOOR:g} × loss.", "",
+             "| run | ranks × micro-batch | reference | loss: max diff | worst diff / bound | L1: worst diff / bound | re-inits (total) | ok |",
+             "|---|---|---|---:|---:|---:|---:|---|"]
+    for name, c in res["checks"].items():
+        run = res["runs"][name]
+        t = run["telemetry"]
+        reinit = sum(sum(x.get("reinit", [])) for x in t)
+        md = max((s["diff"] for s in c["loss"]["steps"]), default=float("nan"))
+        lines.append(f"| {name} | {c['shape']} | {c['reference']} | {md:.2e} | {c['loss']['worst_diff_over_bound']:.2f} | "
+                     f"{c['l1']['worst_diff_over_bound']:.2f} | {reinit} | {'yes' if c['ok'] else '**no**'} |")
+    lines += ["", "Noise runs (the bound's source): " + ", ".join(
+        f"{k}: max |Δloss| {v:.2e}" for k, v in res["noise_max"].items())]
+    return "\n".join(lines)
+
+
+def main() -> int:
+    if len(sys.argv) > 1 and sys.argv[1] == "--worker":
+        return worker(sys.argv[2:])
+    if len(sys.argv) > 2 and sys.argv[1] == "--plot":
+        return plot(sys.argv[2])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter,
+                                 epilog=__doc__.split("\n", 2)[2])
+    ap.add_argument("--corpus", required=True, help="a directory holding the twell corpus train/ (e.g. data/gpu-corpus)")
+    ap.add_argument("--gpus", default="2,4", help="rank counts to compare with one rank")
+    ap.add_argument("--engines", default="ddp,fsdp")
+    ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--seq", type=int, default=512)
+    ap.add_argument("--batch", type=int, default=32, help="global batch (sequences a step)")
+    ap.add_argument("--path", default="sparse", choices=("automatic", "sparse", "dense"))
+    ap.add_argument("--work", default="build/ranks-equal")
+    ap.add_argument("--device", default="cuda", help=argparse.SUPPRESS)  # "cpu": a smoke test of the script (gloo)
+    ap.add_argument("--out", default=".")
+    a = ap.parse_args()
+    import torch
+
+    have = torch.cuda.device_count() if a.device == "cuda" else 4
+    gpus = [g for g in (int(x) for x in a.gpus.split(",")) if g <= have]
+    engines = a.engines.split(",")
+    if have < 2 or not gpus:
+        print(f"skipped: {have} GPU(s); this needs at least 2")
+        return 77
+    gmax = max(gpus)
+    if a.batch % gmax or a.steps % 2:
+        ap.error("--batch must divide by every rank count, --steps must be even")
+    t0 = time.time()
+    base = base_config(a, a.corpus)
+    fam = {"ddp": {**base, "reinit_window": 2 * a.seq * a.batch}, "fsdp": {**base, "parallel": "fsdp"}}
+    runs: dict = {}
+    # Wave 1: the one-process references and noise runs, side by side on separate GPUs.
+    procs, gpu = [], 0
+    for e in engines:
+        for name, cfg in ((f"{e}-ref-1x{a.batch}", {**fam[e], "micro_batch": a.batch}),
+                          (f"{e}-noise-1x{a.batch // gmax}x{gmax}acc", {**fam[e], "micro_batch": a.batch // gmax, "grad_accum": gmax})):
+            procs.append(launch(name, cfg, 1, [gpu % have], a))
+            gpu += 1
+            if len(procs) == have:
+                wait_all(procs, runs)
+                procs = []
+    wait_all(procs, runs)
+    # Then G ranks, each engine; runs of the same G side by side when the GPUs allow.
+    for g in gpus:
+        procs, first = [], 0
+        for e in engines:
+            if first + g > have:
+                wait_all(procs, runs)
+                procs, first = [], 0
+            procs.append(launch(f"{e}-{g}x{a.batch // g}", {**fam[e], "micro_batch": a.batch // g}, g, range(first, first + g), a))
+            first += g
+        wait_all(procs, runs)
+    # Resume: Gmax's checkpoint at the half, on Gmax/2 ranks (one when Gmax is 2), to the end.
+    procs, first = [], 0
+    g2 = max(1, gmax // 2)
+    for e in engines:
+        src = os.path.join(a.work, f"{e}-{gmax}x{a.batch // gmax}")
+        half = f"checkpoint-{a.steps // 2}"
+        name = f"{e}-resume-{gmax}to{g2}x{a.batch // g2}"
+        dst = os.path.join(a.work, name)
+        shutil.rmtree(dst, ignore_errors=True)
+        if not os.path.isdir(os.path.join(src, half)):
+            runs[name] = {"rc": -1, "telemetry": [], "error": f"{src}/{half} missing"}
+            continue
+        os.makedirs(dst)
+        shutil.copytree(os.path.join(src, half), os.path.join(dst, half))
+        with open(os.path.join(dst, "latest"), "w") as f:
+            f.write(half + "\n")
+        if first + g2 > have:
+            wait_all(procs, runs)
+            procs, first = [], 0
+        procs.append(launch(name, {**fam[e], "micro_batch": a.batch // g2}, g2, range(first, first + g2), a, resume_dir=dst))
+        first += g2
+    wait_all(procs, runs)
+
+    name_gpu = torch.cuda.get_device_name(0) if a.device == "cuda" else "CPU"
+    res = {"gpu": name_gpu, "gpus_on_machine": have, "commit": os.environ.get("TWELL_COMMIT", "unknown"),
+           "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), "steps": a.steps,
+           "batch": a.batch, "seq": a.seq, "gmax": gmax, "path": a.path, "runs": runs, "checks": {}, "noise_max": {},
+           "seconds": time.time() - t0}
+    for e in engines:
+        ref = runs[f"{e}-ref-1x{a.batch}"]["telemetry"]
+        noise = runs[f"{e}-noise-1x{a.batch // gmax}x{gmax}acc"]["telemetry"]
+        res["noise_max"][e] = max((abs(x["loss"] - y["loss"]) for x, y in zip(ref, noise)), default=float("nan"))
+        for name, run in runs.items():
+            if not name.startswith(e + "-") or "-ref-" in name or "-noise-" in name:
+                continue
+            tel = run["telemetry"]
+            want = a.steps - (a.steps // 2 if "-resume-" in name else 0)
+            loss, l1 = compare(tel, ref, noise, "loss"), compare(tel, ref, noise, "l1")
+            shape = name.split("-")[-1]
+            res["checks"][name] = {"shape": shape, "reference": f"{e}-ref-1x{a.batch}", "loss": loss, "l1": l1,
+                                   "ok": run["rc"] == 0 and len(tel) == want and loss["ok"] and l1["ok"]}
+    os.makedirs(a.out, exist_ok=True)
+    with open(os.path.join(a.out, "ranks_equal.json"), "w") as f:
+        json.dump(res, f, indent=1)
+    md = table(res)
+    with open(os.path.join(a.out, "ranks_equal.md"), "w") as f:
+        f.write(md + "\n")
+    print(md)
+    return 0 if all(c["ok"] for c in res["checks"].values()) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
