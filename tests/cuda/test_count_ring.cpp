@@ -59,5 +59,45 @@ TEST(CountRing, ReturnsTheNewestCompletedCountOnce) {
   cudaStreamDestroy(s);
 }
 
+// Under graph capture: poll reads what completed before (no capture error), push publishes
+// nothing, push_by's work is captured and writes its count into the sink, never into a slot.
+TEST(CountRing, CaptureBakesNothingIntoTheRing) {
+  TWELL_REQUIRE_GPU();
+  cudaStream_t s;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
+  DeviceBuffer<unsigned long long> d(1), other(1);
+  CountRing ring(2);
+  set(other, 99, s);
+  set(d, 8, s);
+  ring.push(d.get(), 1.0, s);
+  ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);
+  cudaGraph_t graph = nullptr;
+  ASSERT_EQ(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal), cudaSuccess);
+  double v = -1;
+  bool polled = false;
+  EXPECT_NO_THROW(polled = ring.poll(&v));
+  EXPECT_NO_THROW(ring.push(d.get(), 1.0, s));
+  EXPECT_NO_THROW(ring.push_by(1.0, s, [&](unsigned long long* dst) {
+    ASSERT_EQ(cudaMemcpyAsync(dst, other.get(), sizeof *dst, cudaMemcpyDefault, s), cudaSuccess);
+  }));
+  ASSERT_EQ(cudaStreamEndCapture(s, &graph), cudaSuccess);
+  EXPECT_TRUE(polled);
+  EXPECT_EQ(v, 8.0);
+  cudaGraphExec_t exec = nullptr;
+  ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
+  ASSERT_EQ(cudaGraphLaunch(exec, s), cudaSuccess);
+  ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);
+  EXPECT_FALSE(ring.poll(&v));  // the replay published nothing
+  // Outside capture the ring works as before.
+  set(d, 12, s);
+  ring.push(d.get(), 4.0, s);
+  ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);
+  ASSERT_TRUE(ring.poll(&v));
+  EXPECT_EQ(v, 3.0);
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  cudaStreamDestroy(s);
+}
+
 }  // namespace
 }  // namespace twell::cuda::test

@@ -12,9 +12,9 @@ __global__ void publish_count_kernel(const unsigned long long* count, unsigned l
 }  // namespace
 
 CountRing::CountRing(int slots) : slots_(static_cast<std::size_t>(slots < 1 ? 1 : slots)) {
-  TWELL_CUDA_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&values_), slots_.size() * sizeof(unsigned long long),
+  TWELL_CUDA_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&values_), (slots_.size() + 1) * sizeof(unsigned long long),
                                  cudaHostAllocMapped));
-  cudaError_t e = cudaSuccess;
+  cudaError_t e = cudaHostGetDevicePointer(reinterpret_cast<void**>(&sink_), values_ + slots_.size(), 0);
   for (std::size_t i = 0; i < slots_.size() && e == cudaSuccess; ++i) {
     slots_[i].value = values_ + i;
     e = cudaHostGetDevicePointer(reinterpret_cast<void**>(&slots_[i].device_value), slots_[i].value, 0);
@@ -37,7 +37,29 @@ CountRing::~CountRing() {
   cudaFreeHost(values_);
 }
 
+bool CountRing::capturing(cudaStream_t stream) {
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  TWELL_CUDA_CHECK(cudaStreamIsCapturing(stream, &status));
+  return status != cudaStreamCaptureStatusNone;
+}
+
+namespace {
+// Event queries are refused while this thread captures a graph in the global or thread-local
+// mode; the events queried here were recorded outside any capture, so relaxed mode is safe.
+class RelaxedCaptureMode {
+ public:
+  RelaxedCaptureMode() { cudaThreadExchangeStreamCaptureMode(&mode_); }
+  ~RelaxedCaptureMode() { cudaThreadExchangeStreamCaptureMode(&mode_); }
+  RelaxedCaptureMode(const RelaxedCaptureMode&) = delete;
+  RelaxedCaptureMode& operator=(const RelaxedCaptureMode&) = delete;
+
+ private:
+  cudaStreamCaptureMode mode_ = cudaStreamCaptureModeRelaxed;
+};
+}  // namespace
+
 void CountRing::harvest(bool wait_oldest) {
+  const RelaxedCaptureMode relaxed;
   if (wait_oldest) {
     Slot* oldest = nullptr;
     for (Slot& s : slots_)
@@ -76,6 +98,7 @@ void CountRing::commit(Slot& s, double scale, cudaStream_t stream) {
 }
 
 void CountRing::push(const unsigned long long* count, double scale, cudaStream_t stream) {
+  if (capturing(stream)) return;  // nothing to publish from inside a graph
   Slot& s = acquire();
   publish_count_kernel<<<1, 1, 0, stream>>>(count, s.device_value);
   TWELL_CUDA_CHECK_LAUNCH("publish_count_kernel");

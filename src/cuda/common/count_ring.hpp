@@ -6,6 +6,10 @@
 // calls). A kernel rather than cudaMemcpyAsync: a device-to-host copy puts the copy engine on the
 // stream's critical path (measured +6–10 µs per decode call on an H100). Only when all slots are
 // still in flight does push wait, for the oldest.
+// Under CUDA-graph capture (the stream given to push is capturing) nothing is published: the
+// counting work a push_by enqueues writes into a sink that is never read, no event is recorded,
+// and poll only reads what completed before (its event query is made in relaxed capture mode). A
+// captured call so bakes the dispatch it was captured with, and its replays report no counts.
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -27,6 +31,10 @@ class CountRing {
   // that writes the count to dst (a device pointer into this ring's mapped memory).
   template <typename Enqueue>
   void push_by(double scale, cudaStream_t stream, Enqueue&& enqueue) {
+    if (capturing(stream)) {
+      enqueue(sink_);
+      return;
+    }
     Slot& s = acquire();
     enqueue(s.device_value);
     commit(s, scale, stream);
@@ -46,11 +54,13 @@ class CountRing {
     std::uint64_t seq = 0;
     bool busy = false;
   };
+  static bool capturing(cudaStream_t stream);              // a CUDA graph is being captured on it
   void harvest(bool wait_oldest);
   Slot& acquire();                                      // a free slot (waits for the oldest if none)
   void commit(Slot& s, double scale, cudaStream_t stream);  // records its event, marks it in flight
 
-  unsigned long long* values_ = nullptr;  // mapped pinned memory, one element per slot
+  unsigned long long* values_ = nullptr;  // mapped pinned memory, one element per slot, then the sink
+  unsigned long long* sink_ = nullptr;    // device view of the last element: captured work's counts
   std::vector<Slot> slots_;
   std::uint64_t next_seq_ = 1, newest_seq_ = 0;
   double newest_ = 0;
