@@ -38,6 +38,7 @@ densities are rank 0's. NCCL_NVLS_ENABLE=0 is set (NVLink multicast stays off).
 Writes model_step-TAG.json and .md under --out and prints the table.
 """
 import argparse
+import contextlib
 import datetime
 import json
 import os
@@ -164,11 +165,19 @@ def one(a) -> dict:
     params = list(core.parameters())
     fsdp = world > 1 and a.parallel == "fsdp"
 
+    ddp = world > 1 and not fsdp
+    accum = a.grad_accum
+
     def step(i):
         if fsdp and twell_mode:
             twell_cuda.weights_changed()  # FSDP refills the gathered weights without a version bump
-        loss, ce, l1 = fn(batches[i % len(batches)])
-        loss.backward()
+        for micro in range(accum):  # gradients cross the ranks after the last micro-batch only
+            last = micro + 1 == accum
+            if fsdp:
+                core.set_requires_gradient_sync(last)
+            with model.no_sync() if ddp and not last else contextlib.nullcontext():
+                loss, ce, l1 = fn(batches[(i * accum + micro) % len(batches)])
+                (loss / accum if accum > 1 else loss).backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0, foreach=True)
         opt.step()
         opt.zero_grad(set_to_none=True)
@@ -190,11 +199,19 @@ def one(a) -> dict:
     warm_s = time.perf_counter() - t_warm
     out = []
     times = []
+    # Each back-to-back step between two events on the stream (no host wait): their median is
+    # robust to one slow step (an allocator retry near the memory limit moved a 6-step mean by 40 %).
+    marks = [torch.cuda.Event(enable_timing=True) for _ in range(a.steps + 1)] if cuda else []
     t0 = time.perf_counter()
     for i in range(a.steps):
+        if cuda:
+            marks[i].record()
         out.append(step(a.warmup + i))
+    if cuda:
+        marks[-1].record()
     sync()
     total = time.perf_counter() - t0
+    each = [marks[i].elapsed_time(marks[i + 1]) for i in range(a.steps)] if cuda else []
     # Per step, one at a time (the host waits before each): the spread, and a check on the back-to-back mean.
     for i in range(min(3, a.steps)):
         sync()
@@ -209,7 +226,7 @@ def one(a) -> dict:
         density = [float(m.stats.l0.float().mean()) / core.config.intermediate_size for m in mlps if m.stats is not None]
     else:
         density = measure_density(core, batches[0], dev)  # every rank: under FSDP the forward gathers
-    tokens = a.micro_batch * a.seq * world
+    tokens = a.micro_batch * a.seq * world * accum
     extra = {}
     if world > 1:  # the largest rank's memory (FSDP's shards differ a little; DDP's replicas not at all)
         peaks = torch.tensor([float(peak), float(ctx)], dtype=torch.float64, device=dev if cuda else "cpu")
@@ -227,7 +244,8 @@ def one(a) -> dict:
             extra["twell_own_gib_per_layer"] = [lay.train.own_bytes / 2**30 for lay in twell_cuda._layers.values()
                                                 if lay.train is not None]
     return {**extra, "mode": a.mode, "step_ms": 1e3 * total / a.steps, "tokens_per_s": tokens * a.steps / total,
-            "step_ms_one_at_a_time": [1e3 * t for t in times], "warmup_s": warm_s,
+            "step_ms_one_at_a_time": [1e3 * t for t in times], "step_ms_each": each,
+            "step_ms_median": statistics.median(each) if each else 1e3 * total / a.steps, "warmup_s": warm_s,
             "peak_allocated_gib": peak / 2**30, "twell_context_gib": ctx / 2**30, "peak_gib": (peak + ctx) / 2**30,
             "ce": [float(c) for c, _ in out], "l1": [float(l) for _, l in out],
             "density_mean": statistics.fmean(density) if density else None, "density_per_layer": density,
@@ -244,7 +262,9 @@ def table(res: dict) -> str:
     lines = [f"# Training step of {cfg['name']} ({cfg['layers']} layers, hidden {cfg['hidden']}, FFN {cfg['ffn']}, "
              f"{cfg['params_m']:.0f} M parameters) — {res['gpu']}, commit {res['commit']}, {res['date']}", "",
              (f"{res['gpus']} GPUs ({res['parallel'].upper()}), each " if res.get("gpus", 1) > 1 else "") +
-             f"micro-batch {res['micro_batch']} × sequence {res['seq']} = {res['micro_batch'] * res['seq'] * res.get('gpus', 1)} tokens a step; "
+             f"micro-batch {res['micro_batch']} × sequence {res['seq']}"
+             + (f" × {res['grad_accum']} micro-batches" if res.get("grad_accum", 1) > 1 else "")
+             + f" = {res['micro_batch'] * res['seq'] * res.get('gpus', 1) * res.get('grad_accum', 1)} tokens a step; "
              f"bf16 autocast, fp32 master weights, fused AdamW, SDPA attention; l1_coeff {res['l1_coeff']}, lr {res['lr']}; "
              f"{res['steps']} steps back to back after {res['warmup']} warm-up steps.", "",
              "| mode | step (ms) | tokens/s | vs best dense | peak memory (GiB) | vs dense peak | FFN density (start → end) | loss (first → last) |",
@@ -282,6 +302,8 @@ def main() -> int:
     ap.add_argument("--mode", help=argparse.SUPPRESS)  # one mode, in a child process: prints its JSON
     ap.add_argument("--device", default="cuda", help=argparse.SUPPRESS)  # "cpu": a smoke test of the script
     ap.add_argument("--timeout", type=int, default=300, help="seconds per mode")
+    ap.add_argument("--grad-accum", type=int, default=1,
+                    help="micro-batches a step; the ranks exchange gradients after the last one (DDP no_sync)")
     ap.add_argument("--gpus", type=int, default=1, help="ranks (one GPU each) under torchrun; tokens/s counts them all")
     ap.add_argument("--parallel", choices=("ddp", "fsdp"), default="ddp", help="how the ranks share the model (with --gpus > 1)")
     a = ap.parse_args()
@@ -299,8 +321,8 @@ def main() -> int:
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(0)
-    if a.gpus < 1:
-        ap.error("--gpus must be ≥ 1")
+    if a.gpus < 1 or a.grad_accum < 1:
+        ap.error("--gpus and --grad-accum must be ≥ 1")
     modes = [m for m in a.modes.split(",") if m]
     bad = [m for m in modes if m not in MODES]
     if bad:
@@ -325,7 +347,7 @@ def main() -> int:
     res = {"gpu": torch.cuda.get_device_name(0) if a.device == "cuda" else "CPU", "commit": os.environ.get("TWELL_COMMIT", "unknown"),
            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
            "config": {"name": tag, "layers": L, "hidden": K, "ffn": N, "vocab": V, "params_m": params / 1e6},
-           "seq": a.seq, "micro_batch": a.micro_batch, "gpus": a.gpus, "parallel": a.parallel if a.gpus > 1 else "",
+           "seq": a.seq, "micro_batch": a.micro_batch, "grad_accum": a.grad_accum, "gpus": a.gpus, "parallel": a.parallel if a.gpus > 1 else "",
            "steps": a.steps, "warmup": a.warmup, "lr": a.lr,
            "l1_coeff": a.l1_coeff, "modes": []}
     for m in modes:

@@ -81,23 +81,54 @@ def wait_all(procs, runs):
         print(f"  {name}: exit {rc}, {len(recs)} steps", file=sys.stderr, flush=True)
 
 
-def compare(run, ref, noise, what) -> dict:
-    """Per step: the difference to ref and the bound from the noise run; steps by number."""
-    r = {x["step"]: x[what] for x in ref}
-    n = {x["step"]: x[what] for x in noise}
+def compare(run, ref, others, what) -> dict:
+    """Per step: the difference to ref, and the bound from the one-rank runs of the same
+    arithmetic (ref and `others`): the largest difference between any two of them so far."""
+    one = [{x["step"]: x[what] for x in t} for t in [ref] + others]
+    r = one[0]
     env, worst, ok, rows = 0.0, 0.0, True, []
     for x in sorted(run, key=lambda x: x["step"]):
         s = x["step"]
-        if s not in r or s not in n:
+        if any(s not in o for o in one):
             ok = False
             continue
-        env = max(env, abs(n[s] - r[s]))
+        vals = [o[s] for o in one]
+        env = max(env, max(vals) - min(vals))
         bound = NOISE_FACTOR * env + REL_FLOOR * abs(r[s])
         d = abs(x[what] - r[s])
         worst = max(worst, d / bound)
         ok &= d <= bound
         rows.append({"step": s, "diff": d, "noise_envelope": env, "bound": bound})
     return {"ok": ok and bool(rows), "worst_diff_over_bound": worst, "steps": rows}
+
+
+def one_rank(name: str) -> bool:
+    return "-ref-" in name or "-noise-" in name or "-repeat-" in name
+
+
+def analyse(res: dict) -> None:
+    """res["checks"] from res["runs"]: each multi-rank run against its family's one-rank reference,
+    bounded by the spread of the one-rank runs of the same arithmetic: its family's (reference,
+    grad-accumulation run, repeat of the reference), and every family's when no re-initialisation
+    fired in any of them (the families then differ in nothing a one-rank run computes)."""
+    runs, engines = res["runs"], res["engines"]
+    fired = any(sum(map(sum, (x.get("reinit", []) for x in r["telemetry"]))) for n, r in runs.items() if one_rank(n))
+    res["pooled"] = not fired
+    res["checks"], res["noise_max"] = {}, {}
+    for e in engines:
+        ref_name = f"{e}-ref-1x{res['batch']}"
+        ref = runs[ref_name]["telemetry"]
+        pool = [n for n in runs if one_rank(n) and n != ref_name and (n.startswith(e + "-") or res["pooled"])]
+        others = [runs[n]["telemetry"] for n in pool]
+        res["noise_max"][e] = max((abs(x["loss"] - y["loss"]) for o in others for x, y in zip(ref, o)), default=float("nan"))
+        for name, run in runs.items():
+            if not name.startswith(e + "-") or one_rank(name):
+                continue
+            tel = run["telemetry"]
+            want = res["steps"] - (res["steps"] // 2 if "-resume-" in name else 0)
+            loss, l1 = compare(tel, ref, others, "loss"), compare(tel, ref, others, "l1")
+            res["checks"][name] = {"shape": name.split("-")[-1], "reference": ref_name, "noise_runs": pool,
+                                   "loss": loss, "l1": l1, "ok": run["rc"] == 0 and len(tel) == want and loss["ok"] and l1["ok"]}
 
 
 def plot(path: str) -> int:
@@ -129,8 +160,11 @@ def plot(path: str) -> int:
 def table(res) -> str:
     lines = [f"# G ranks train like one rank — {res['gpu']} × {res['gpus_on_machine']}, commit {res['commit']}, {res['date']}", "",
              f"twell.train, {res['steps']} steps, global batch {res['batch']} × {res['seq']} tokens, bf16 autocast, "
-             f"twell ops on the {res['path']} path; bound = {NOISE_FACTOR:g} × the bf16 noise envelope "
-             f"(one rank, micro-batch B/{res['gmax']} × grad_accum {res['gmax']}) + {REL_FLOOR:g} × loss.", "",
+             f"twell ops on the {res['path']} path; bound = {NOISE_FACTOR:g} × the noise envelope (the largest loss "
+             f"difference so far between one-rank runs of the same arithmetic: the reference, micro-batch "
+             f"B/{res['gmax']} × grad_accum {res['gmax']}, a repeat of the reference"
+             + ("; pooled over the engines' families, since no re-initialisation fired" if res.get("pooled") else "")
+             + f") + {REL_FLOOR:g} × loss.", "",
              "| run | ranks × micro-batch | reference | loss: max diff | worst diff / bound | L1: worst diff / bound | re-inits (total) | ok |",
              "|---|---|---|---:|---:|---:|---:|---|"]
     for name, c in res["checks"].items():
@@ -140,8 +174,9 @@ def table(res) -> str:
         md = max((s["diff"] for s in c["loss"]["steps"]), default=float("nan"))
         lines.append(f"| {name} | {c['shape']} | {c['reference']} | {md:.2e} | {c['loss']['worst_diff_over_bound']:.2f} | "
                      f"{c['l1']['worst_diff_over_bound']:.2f} | {reinit} | {'yes' if c['ok'] else '**no**'} |")
-    lines += ["", "Noise runs (the bound's source): " + ", ".join(
-        f"{k}: max |Δloss| {v:.2e}" for k, v in res["noise_max"].items())]
+    lines += ["", "Noise (the bound's source), the largest |Δloss| between the reference and another one-rank run: " + ", ".join(
+        f"{k}: {v:.2e} (over {', '.join(res['checks'][next(n for n in res['checks'] if n.startswith(k + '-'))]['noise_runs'])})"
+        for k, v in res["noise_max"].items())]
     return "\n".join(lines)
 
 
@@ -150,6 +185,17 @@ def main() -> int:
         return worker(sys.argv[2:])
     if len(sys.argv) > 2 and sys.argv[1] == "--plot":
         return plot(sys.argv[2])
+    if len(sys.argv) > 2 and sys.argv[1] == "--analyse":  # the checks of a result again (rewrites its JSON and .md)
+        res = json.load(open(sys.argv[2]))
+        res.setdefault("engines", sorted({n.split("-")[0] for n in res["runs"]}))
+        analyse(res)
+        with open(sys.argv[2], "w") as f:
+            json.dump(res, f, indent=1)
+        md = table(res)
+        with open(os.path.splitext(sys.argv[2])[0] + ".md", "w") as f:
+            f.write(md + "\n")
+        print(md)
+        return 0 if all(c["ok"] for c in res["checks"].values()) else 1
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter,
                                  epilog=__doc__.split("\n", 2)[2])
     ap.add_argument("--corpus", required=True, help="a directory holding the twell corpus train/ (e.g. data/gpu-corpus)")
@@ -182,7 +228,8 @@ def main() -> int:
     procs, gpu = [], 0
     for e in engines:
         for name, cfg in ((f"{e}-ref-1x{a.batch}", {**fam[e], "micro_batch": a.batch}),
-                          (f"{e}-noise-1x{a.batch // gmax}x{gmax}acc", {**fam[e], "micro_batch": a.batch // gmax, "grad_accum": gmax})):
+                          (f"{e}-noise-1x{a.batch // gmax}x{gmax}acc", {**fam[e], "micro_batch": a.batch // gmax, "grad_accum": gmax}),
+                          (f"{e}-repeat-1x{a.batch}", {**fam[e], "micro_batch": a.batch})):
             procs.append(launch(name, cfg, 1, [gpu % have], a))
             gpu += 1
             if len(procs) == have:
@@ -225,21 +272,9 @@ def main() -> int:
     name_gpu = torch.cuda.get_device_name(0) if a.device == "cuda" else "CPU"
     res = {"gpu": name_gpu, "gpus_on_machine": have, "commit": os.environ.get("TWELL_COMMIT", "unknown"),
            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), "steps": a.steps,
-           "batch": a.batch, "seq": a.seq, "gmax": gmax, "path": a.path, "runs": runs, "checks": {}, "noise_max": {},
+           "batch": a.batch, "seq": a.seq, "gmax": gmax, "path": a.path, "engines": engines, "runs": runs,
            "seconds": time.time() - t0}
-    for e in engines:
-        ref = runs[f"{e}-ref-1x{a.batch}"]["telemetry"]
-        noise = runs[f"{e}-noise-1x{a.batch // gmax}x{gmax}acc"]["telemetry"]
-        res["noise_max"][e] = max((abs(x["loss"] - y["loss"]) for x, y in zip(ref, noise)), default=float("nan"))
-        for name, run in runs.items():
-            if not name.startswith(e + "-") or "-ref-" in name or "-noise-" in name:
-                continue
-            tel = run["telemetry"]
-            want = a.steps - (a.steps // 2 if "-resume-" in name else 0)
-            loss, l1 = compare(tel, ref, noise, "loss"), compare(tel, ref, noise, "l1")
-            shape = name.split("-")[-1]
-            res["checks"][name] = {"shape": shape, "reference": f"{e}-ref-1x{a.batch}", "loss": loss, "l1": l1,
-                                   "ok": run["rc"] == 0 and len(tel) == want and loss["ok"] and l1["ok"]}
+    analyse(res)
     os.makedirs(a.out, exist_ok=True)
     with open(os.path.join(a.out, "ranks_equal.json"), "w") as f:
         json.dump(res, f, indent=1)

@@ -22,6 +22,7 @@ import argparse
 import datetime
 import json
 import os
+import statistics
 import subprocess
 import sys
 import time
@@ -51,45 +52,95 @@ def key(g, p, m):
     return f"g{g}-{p}-{m}"
 
 
+def step_ms(r: dict) -> float:
+    """The step time the table reads: the median of the back-to-back steps (CUDA events), or for
+    results from before those were recorded, the median of the steps timed one at a time. Both
+    resist one slow step, which the mean of a few back-to-back steps does not."""
+    if r.get("step_ms_each"):
+        return statistics.median(r["step_ms_each"])
+    return statistics.median(r["step_ms_one_at_a_time"]) if r.get("step_ms_one_at_a_time") else r["step_ms"]
+
+
+def tokens_per_s(r: dict, res: dict) -> float:
+    return r["gpus"] * res["micro_batch"] * res.get("grad_accum", 1) * res["seq"] / (step_ms(r) / 1e3)
+
+
 def table(res: dict) -> str:
     rows = res["runs"]
     ok = {key(r["gpus"], r["parallel"], r["mode"]): r for r in rows if "error" not in r}
     lines = [f"# Training throughput over GPUs — {res['config']} — {res['gpu']} × {res['gpus_on_machine']}, "
              f"commit {res['commit']}, {res['date']}", "",
-             f"Each GPU: micro-batch {res['micro_batch']} × sequence {res['seq']}; bf16 autocast, fp32 master weights, "
+             f"Each GPU: micro-batch {res['micro_batch']} × sequence {res['seq']}"
+             + (f" × {res['grad_accum']} micro-batches a step (gradients exchanged after the last)" if res.get("grad_accum", 1) > 1 else "")
+             + "; bf16 autocast, fp32 master weights, "
              f"fused AdamW, SDPA attention; lr {res['lr']}; {res['steps']} timed steps after {res['warmup']} warm-up. "
+             "tokens/s from the median step (see bench/train/scaling.py: step_ms); \"mean\" is the plain mean of the "
+             "back-to-back steps, which one slow step can move. "
              "Scaling efficiency: tokens/s(G) / (G · tokens/s(1)) of the same mode. "
              "\"beside\": runs of the same G that shared the machine (on other GPUs) while this one ran.", "",
-             "| GPUs | engine | mode | tokens/s | per GPU | scaling eff. | vs best dense | peak GiB / GPU | density | beside |",
-             "|---:|---|---|---:|---:|---:|---:|---:|---:|---:|"]
+             "| GPUs | engine | mode | step ms (median) | step ms (mean) | tokens/s | per GPU | scaling eff. | vs best dense | peak GiB / GPU | density | beside |",
+             "|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
         g, p, m = r["gpus"], r["parallel"], r["mode"]
         if "error" in r:
-            lines.append(f"| {g} | {p} | {m} | failed: {r['error'][:100]} | | | | | | |")
+            lines.append(f"| {g} | {p} | {m} | failed: {r['error'][:100]} | | | | | | | | |")
             continue
+        tps = tokens_per_s(r, res)
         one = ok.get(key(1, "single", m))
-        eff = f"{100 * r['tokens_per_s'] / (g * one['tokens_per_s']):.1f} %" if one else ""
+        eff = f"{100 * tps / (g * tokens_per_s(one, res)):.1f} %" if one else ""
         dense = [ok[key(g, p, d)] for d in DENSE if key(g, p, d) in ok]
-        best = max(dense, key=lambda d: d["tokens_per_s"]) if dense else None
-        vs = f"{r['tokens_per_s'] / best['tokens_per_s']:.2f}×" if best else ""
+        best = max((tokens_per_s(d, res) for d in dense), default=None)
+        vs = f"{tps / best:.2f}×" if best else ""
         dens = f"{100 * r['density_mean']:.2f} %" if r.get("density_mean") is not None else ""
-        lines.append(f"| {g} | {p} | {m} | {r['tokens_per_s'] / 1e3:.1f} k | {r['tokens_per_s'] / g / 1e3:.1f} k | {eff} | "
-                     f"{vs} | {r['peak_gib']:.2f} | {dens} | {r.get('beside', 0)} |")
+        lines.append(f"| {g} | {p} | {m} | {step_ms(r):.1f} | {r['step_ms']:.1f} | {tps / 1e3:.1f} k | {tps / g / 1e3:.1f} k | "
+                     f"{eff} | {vs} | {r['peak_gib']:.2f} | {dens} | {r.get('beside', 0)} |")
     skipped = res.get("not_run", [])
     if skipped:
         lines += ["", "Not run (time budget or GPUs): " + ", ".join(skipped)]
     return "\n".join(lines)
 
 
+def plot(paths: list, out: str) -> None:
+    """tokens/s per GPU against the GPU count, one panel per result, a line per (engine, mode)."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(paths), figsize=(5.5 * len(paths), 4), squeeze=False)
+    for ax, path in zip(axes[0], paths):
+        res = json.load(open(path))
+        lines: dict = {}
+        for r in res["runs"]:
+            if "error" in r:
+                continue
+            engines = ["ddp", "fsdp"] if r["parallel"] == "single" else [r["parallel"]]
+            for e in engines:
+                lines.setdefault((e, r["mode"]), []).append((r["gpus"], tokens_per_s(r, res) / r["gpus"] / 1e3))
+        for (e, m), pts in sorted(lines.items()):
+            if len(pts) < 2:
+                continue
+            pts.sort()
+            ax.plot([g for g, _ in pts], [v for _, v in pts], marker="o", ls="-" if e == "ddp" else "--",
+                    label=f"{m} ({e.upper()})")
+        ax.set(xlabel="GPUs", ylabel="k tokens/s per GPU", title=f"{res['config']}: {res['gpu']}, {res['commit']}")
+        ax.set_xticks(sorted({r["gpus"] for r in res["runs"]}))
+        ax.set_ylim(bottom=0)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter,
                                  epilog=__doc__.split("\n", 2)[2])
-    ap.add_argument("--model", required=True, help="a Hugging Face Llama checkpoint with ReLU MLPs (twell gen model)")
+    ap.add_argument("--model", help="a Hugging Face Llama checkpoint with ReLU MLPs (twell gen model)")
     ap.add_argument("--gpus", default="1,2,4", help="comma-separated GPU counts")
     ap.add_argument("--parallel", default="ddp", help="comma-separated engines for G > 1: ddp, fsdp")
     ap.add_argument("--modes", default="dense-compiled,twell-compiled", help="model_step.py modes")
     ap.add_argument("--micro-batch", type=int, default=8)
     ap.add_argument("--seq", type=int, default=2048)
+    ap.add_argument("--grad-accum", type=int, default=1, help="micro-batches a step (model_step.py --grad-accum)")
     ap.add_argument("--steps", type=int, default=8)
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--lr", type=float, default=0.0)
@@ -98,7 +149,23 @@ def main() -> int:
     ap.add_argument("--timeout", type=int, default=300, help="seconds per run")
     ap.add_argument("--tag", default="")
     ap.add_argument("--out", default=".")
+    ap.add_argument("--table", help="print the table of an existing scaling-TAG.json (rewrites its .md) and exit")
+    ap.add_argument("--plot", nargs="+", metavar="JSON", help="draw existing results into --plot-out and exit")
+    ap.add_argument("--plot-out", default="scaling.png")
     a = ap.parse_args()
+    if a.plot:
+        plot(a.plot, a.plot_out)
+        print(a.plot_out)
+        return 0
+    if a.table:
+        res = json.load(open(a.table))
+        md = table(res)
+        with open(os.path.splitext(a.table)[0] + ".md", "w") as f:
+            f.write(md + "\n")
+        print(md)
+        return 0
+    if not a.model:
+        ap.error("--model is required")
     gpus = [int(g) for g in a.gpus.split(",") if g]
     engines = [p for p in a.parallel.split(",") if p]
     if any(p not in ("ddp", "fsdp") for p in engines) or any(g < 1 for g in gpus):
@@ -115,7 +182,7 @@ def main() -> int:
                           capture_output=True, text=True).stdout.strip()
     res = {"config": tag, "gpu": name, "gpus_on_machine": have, "commit": os.environ.get("TWELL_COMMIT", "unknown"),
            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-           "micro_batch": a.micro_batch, "seq": a.seq, "steps": a.steps, "warmup": a.warmup, "lr": a.lr,
+           "micro_batch": a.micro_batch, "grad_accum": a.grad_accum, "seq": a.seq, "steps": a.steps, "warmup": a.warmup, "lr": a.lr,
            "modes": a.modes.split(","), "runs": [], "not_run": []}
     base = os.path.join(a.out, f"scaling-{tag}")
 
@@ -145,7 +212,7 @@ def main() -> int:
                 ids = ",".join(str(i * g + k) for k in range(g))
                 args = [sys.executable, os.path.join(HERE, "model_step.py"), "--model", a.model, "--modes", m,
                         "--gpus", str(g), "--parallel", "ddp" if p == "single" else p, "--micro-batch", str(a.micro_batch),
-                        "--seq", str(a.seq), "--steps", str(a.steps), "--warmup", str(a.warmup), "--lr", repr(a.lr),
+                        "--seq", str(a.seq), "--grad-accum", str(a.grad_accum), "--steps", str(a.steps), "--warmup", str(a.warmup), "--lr", repr(a.lr),
                         "--timeout", str(a.timeout), "--tag", key(gg, p, m), "--out", scratch]
                 log = open(os.path.join(scratch, key(gg, p, m) + ".log"), "w")
                 procs.append(((gg, p, m), subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT,
@@ -161,7 +228,7 @@ def main() -> int:
                 r.update(gpus=gg, parallel=p, gpu_ids=ids, beside=len(procs) - 1, wall_s=took[m])
                 res["runs"].append(r)
                 print(f"{key(gg, p, m)} on GPUs {ids}: {took[m]:.0f} s; "
-                      + (r.get("error") or f"{r['tokens_per_s'] / 1e3:.1f} k tokens/s, peak {r['peak_gib']:.2f} GiB"),
+                      + (r.get("error") or f"{tokens_per_s(r, res) / 1e3:.1f} k tokens/s, peak {r['peak_gib']:.2f} GiB"),
                       file=sys.stderr, flush=True)
                 save()
     save()

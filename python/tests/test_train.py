@@ -194,11 +194,13 @@ def _rank_worker(rank, world, port, cfg, out):
     os._exit(0)
 
 
-@pytest.mark.parametrize("parallel", ["ddp", "fsdp"])
-def test_two_ranks_train_like_one_rank_with_twice_the_micro_batch(tmp_path, parallel):
+@pytest.mark.parametrize("parallel,accum", [("ddp", 1), ("fsdp", 1), ("ddp", 2), ("fsdp", 2)])
+def test_two_ranks_train_like_one_rank_with_twice_the_micro_batch(tmp_path, parallel, accum):
     # DDP averages the ranks' gradients of per-rank token means, FSDP2 reduce-scatters the same
     # average: the mean over the doubled batch, up to float32 summation order (1e-5 relative over
-    # 5 AdamW steps). FSDP's checkpoint holds the gathered weights and optimiser state.
+    # 5 AdamW steps). FSDP's checkpoint holds the gathered weights and optimiser state. With
+    # gradient accumulation the ranks synchronise after the last micro-batch only (no_sync /
+    # set_requires_gradient_sync): the same sums.
     import socket
 
     import torch.distributed as dist
@@ -211,8 +213,9 @@ def test_two_ranks_train_like_one_rank_with_twice_the_micro_batch(tmp_path, para
         from torch.distributed import fsdp
         if not hasattr(fsdp, "fully_shard"):
             pytest.skip("this PyTorch has no torch.distributed.fsdp.fully_shard")
-    base = config(tmp_path, steps=5, l1_coeff=1e-2, reinit_window=128 if parallel == "ddp" else 0, save_every=5,
-                  parallel=parallel)
+    # Re-initialisation under both engines: the rows come from the counts reduced over the ranks,
+    # the values from a generator seeded by (seed, step, layer); FSDP writes them into the shards.
+    base = config(tmp_path, steps=5, l1_coeff=1e-2, reinit_window=128, save_every=5, parallel=parallel, grad_accum=accum)
     one, two = str(tmp_path / "one"), str(tmp_path / "two")
     train.train(base | {"micro_batch": 4}, one, progress=False)
     with socket.socket() as s:
@@ -227,6 +230,8 @@ def test_two_ranks_train_like_one_rank_with_twice_the_micro_batch(tmp_path, para
         assert p.exitcode == 0
     a, b = records(one), records(two)
     assert len(b) == 5  # rank 0 alone writes telemetry
+    if accum == 1:  # the comparison covers re-initialisations (with twice the tokens a step, none fire)
+        assert sum(sum(x["reinit"]) for x in a) > 0
     for x, y in zip(a, b):
         assert y["loss"] == pytest.approx(x["loss"], rel=1e-5)
         assert y["l1"] == pytest.approx(x["l1"], rel=1e-5)

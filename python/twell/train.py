@@ -21,11 +21,14 @@ is a function of the step (twell.data.Loader), so the next step equals the unint
 L1 term: per layer Σ|h| / tokens of the micro-batch (h the FFN's hidden activations, input of
 down_proj), summed over layers, times l1_coeff. Dead-neuron re-initialisation (reinit_window > 0):
 a neuron that has not fired for reinit_window tokens gets its gate row redrawn from N(0, init_std²)
+(drawn from a generator seeded by the run's seed, the step and the layer: every rank the same)
 and its AdamW moments zeroed (the paper's targeted gate re-init), counted in telemetry.
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
+import hashlib
 import json
 import math
 import os
@@ -111,8 +114,6 @@ def load_config(path_or_dict) -> dict:
         raise ConfigError("l1_coeff ≥ 0, lr > 0 and warmup ≥ 0 are required")
     if cfg["parallel"] not in ("ddp", "fsdp"):
         raise ConfigError(f"parallel must be 'ddp' or 'fsdp', got {cfg['parallel']!r}")
-    if cfg["parallel"] == "fsdp" and cfg["reinit_window"] > 0:
-        raise ConfigError("reinit_window needs parallel 'ddp' (re-initialising rows of FSDP-sharded weights is not done yet)")
     if not isinstance(cfg["compile"], bool):
         raise ConfigError(f"compile must be true or false, got {cfg['compile']!r}")
     if cfg["device"] not in ("auto", "cpu", "cuda"):
@@ -400,15 +401,22 @@ def train(cfg: dict, out: str, *, resume: bool = False, progress: bool = True, s
         every = cfg["position_profile_every"]
         profiling = every > 0 and ((step + 1) % every == 0 or step + 1 == cfg["steps"])
         for micro in range(cfg["grad_accum"]):
+            # Gradients cross the ranks once a step, after the last micro-batch: DDP's no_sync and
+            # FSDP2's set_requires_gradient_sync keep the others local (the sum is the same).
+            last_micro = micro + 1 == cfg["grad_accum"]
+            if sharded and world > 1:
+                core.set_requires_gradient_sync(last_micro)
+            no_sync = model.no_sync() if world > 1 and not sharded and not last_micro else contextlib.nullcontext()
             probe.profile_positions(profiling and micro == 0)  # the step's first micro-batch
             ids = torch.from_numpy(train_data.batch(step, micro)).to(device, non_blocking=True)
-            with torch.autocast(device.type, dtype=torch.bfloat16, enabled=cfg["bf16"]):
-                logits = forward(input_ids=ids[:, :-1]).logits
-                probe.profile_positions(False)  # not again in a checkpointed recomputation
-                ce = torch.nn.functional.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), ids[:, 1:].reshape(-1))
-                l1 = probe.l1()
-                loss = (ce + cfg["l1_coeff"] * l1) / cfg["grad_accum"]
-            loss.backward()
+            with no_sync:
+                with torch.autocast(device.type, dtype=torch.bfloat16, enabled=cfg["bf16"]):
+                    logits = forward(input_ids=ids[:, :-1]).logits
+                    probe.profile_positions(False)  # not again in a checkpointed recomputation
+                    ce = torch.nn.functional.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), ids[:, 1:].reshape(-1))
+                    l1 = probe.l1()
+                    loss = (ce + cfg["l1_coeff"] * l1) / cfg["grad_accum"]
+                loss.backward()
             counts = probe.counts()
             sums += torch.stack([t.detach().double() for t in (ce, l1, *(c[0] for c in counts))]) / cfg["grad_accum"]
             if counting:
@@ -435,11 +443,12 @@ def train(cfg: dict, out: str, *, resume: bool = False, progress: bool = True, s
             if cfg["reinit_window"] > 0:
                 rows = (silent[i] >= cfg["reinit_window"]).nonzero().flatten()
                 if rows.numel():
-                    reinit[i] = reinit_gate_rows(probe.layers[i].gate_proj.weight, rows, cfg["init_std"], opt)
+                    # The counts were reduced over the ranks and the draws are seeded by (seed, step,
+                    # layer): every rank re-initialises the same rows with the same values.
+                    reinit[i] = reinit_gate_rows(probe.layers[i].gate_proj.weight, rows, cfg["init_std"], opt,
+                                                 seed=reinit_seed(cfg["seed"], step, i))
                     silent[i][rows] = 0
-                    if world > 1:  # the counts were reduced, so every rank chose the same rows; rank 0's draw wins
-                        dist.broadcast(probe.layers[i].gate_proj.weight.data, 0)
-                        twell_cuda.weights_changed()  # a write through .data: no version bump to see
+                    twell_cuda.weights_changed()  # FSDP: a write into the shard, not the gathered tensor
         dt = time.perf_counter() - t0
         record = {"step": step + 1, "lr": lr, "loss": ce_sum, "l1": l1_sum, "grad_norm": grad_norm,
                   "nnz_per_token": nnz, "density": [v / core.config.intermediate_size for v in nnz],
@@ -482,15 +491,52 @@ def train(cfg: dict, out: str, *, resume: bool = False, progress: bool = True, s
     return record
 
 
-def reinit_gate_rows(w: torch.Tensor, rows: torch.Tensor, std: float, opt) -> int:
-    """Redraws w[rows] from N(0, std²) and zeroes their AdamW moments. Returns the row count."""
+def reinit_seed(seed: int, step: int, layer: int) -> int:
+    """The seed of one re-initialisation's draws: a function of the run's seed, the step and the
+    layer, so every rank draws the same rows without talking to the others (and a resumed run the
+    same as the uninterrupted one)."""
+    return int.from_bytes(hashlib.sha256(f"twell-reinit/{seed}/{step}/{layer}".encode()).digest()[:8], "little") >> 1
+
+
+def _local_rows(t: torch.Tensor):
+    """(the tensor whose rows this process holds, the global index of its first row): the tensor
+    itself, or for an FSDP2 parameter (a DTensor sharded on dim 0 in torch.chunk's way) the local
+    shard and its offset."""
+    try:
+        from torch.distributed.tensor import DTensor, Shard
+    except ImportError:  # an older PyTorch: no DTensor, nothing sharded
+        return t, 0
+    if not isinstance(t, DTensor):
+        return t, 0
+    if len(t.placements) != 1 or t.placements[0] != Shard(0):
+        raise NotImplementedError(f"re-initialising rows of a DTensor placed as {t.placements} (FSDP2 shards dim 0)")
+    local = t.to_local()
+    world, rank = t.device_mesh.size(), t.device_mesh.get_local_rank()
+    chunk = -(-t.shape[0] // world)
+    first = rank * chunk
+    if local.shape[0] != max(0, min(t.shape[0], first + chunk) - first):
+        raise RuntimeError(f"shard of {local.shape[0]} rows at rank {rank} of {world} is not torch.chunk's split of {t.shape[0]}")
+    return local, first
+
+
+def reinit_gate_rows(w: torch.Tensor, rows: torch.Tensor, std: float, opt, seed: int = 0) -> int:
+    """Redraws w[rows] from N(0, std²) and zeroes their AdamW moments. Returns the row count.
+    The draws come from a generator seeded with `seed` (see reinit_seed): identical on every rank.
+    An FSDP2-sharded w (and its moments) is written where this rank holds the rows."""
+    rows = rows.to("cpu", torch.int64)
+    g = torch.Generator(device="cpu").manual_seed(seed)
+    draws = torch.randn(rows.numel(), w.shape[1], generator=g, dtype=torch.float32) * std
     with torch.no_grad():
-        w[rows] = torch.randn(rows.numel(), w.shape[1], dtype=w.dtype, device=w.device) * std
-    st = opt.state.get(w)
-    if st:
-        for key in ("exp_avg", "exp_avg_sq"):
+        local, first = _local_rows(w)
+        mine = (rows >= first) & (rows < first + local.shape[0])
+        at = (rows[mine] - first).to(local.device)
+        local[at] = draws[mine].to(local.device, local.dtype)
+        st = opt.state.get(w)
+        for key in ("exp_avg", "exp_avg_sq") if st else ():
             if key in st:
-                st[key][rows] = 0
+                moment, m_first = _local_rows(st[key])
+                assert m_first == first
+                moment[at] = 0
     return int(rows.numel())
 
 
