@@ -158,9 +158,12 @@ int main(int argc, char** argv) {
     }
     TWELL_CUDA_CHECK(cudaStreamSynchronize(s));
     const std::int64_t loaded = used_bytes();
-    std::string path;
+    std::string path;  // the automatic path as the last layer dispatched it
     auto model = [&](Path p) {
-      for (auto& l : layers) path = l.forward(dx.get(), M, dyo.get(), p, s);
+      for (auto& l : layers) {
+        std::string got = l.forward(dx.get(), M, dyo.get(), p, s);
+        if (p == Path::automatic) path = std::move(got);
+      }
     };
     model(Path::automatic);  // grows the shared workspace, settles dispatch
     model(Path::dense);
