@@ -507,7 +507,9 @@ void FfnContext::decode_forward(const __nv_bfloat16* x, std::int64_t m, __nv_bfl
 
 bool FfnContext::decode_plan_sparse() {
   resolve_pending();
-  return last_density_ <= opt_.decode_max_density;  // −1 (nothing measured yet): sparse, as forward
+  // As forward(automatic) would plan it (−1, nothing measured yet: sparse).
+  return plan_forward(opt_, {.m = 1, .path = Path::automatic, .decode = true, .gated = gated_,
+                             .last_density = last_density_}).step == ForwardStep::decode;
 }
 
 void FfnContext::prepare_decode(std::int64_t m, cudaStream_t stream) {
@@ -790,57 +792,52 @@ ForwardResult FfnContext::forward(const __nv_bfloat16* x, std::int64_t m, __nv_b
   ForwardResult r;
   const bool decode = is_decode(m);
   if (path != Path::dense) calibrate_if_due(x, m, stream);
-  if (path == Path::dense || (path == Path::automatic && m < opt_.dispatch_min_rows && !decode)) {
-    dense_forward(x, m, y, stream);
-    r.path = path == Path::dense ? "dense cublasLt" : "dense cublasLt (M below the dispatch minimum)";
-    return r;
-  }
-  if (path == Path::sparse) {
-    gate_twell(x, m, stream);
-    sparse_rest(x, m, y, stream);
-    r.sparse = true;
-    r.path = sparse_path_name(m);
-    return r;
-  }
-  // Path::automatic.
-  const double max_density = decode    ? opt_.decode_max_density
-                             : !gated_                        ? opt_.max_sparse_density_nongated
-                             : m >= opt_.dispatch_large_rows ? opt_.max_sparse_density_gated_large
-                                                              : opt_.max_sparse_density_gated;
-  resolve_pending();
-  if (decode || (opt_.sticky_dispatch && last_density_ >= 0)) {
-    // Decided by the latest count of this layer (decode with none yet: sparse); this call counts
-    // in passing for the next one, without a host wait. Both paths are exact: a density jump
-    // costs one call's speed, never a wrong result.
-    const std::string measured =
-        last_density_ < 0 ? std::string("no density measured yet")
-        : use_dense_rows(m)
-            ? fmt::format("the previous call measured a cost of {:.2f}% density, rows over {} non-zeros at {} each",
-                          100.0 * last_density_, dense_row_cap(sparse_n(m)), dense_row_cost(sparse_n(m)))
-            : fmt::format("the previous call measured {:.2f}% density", 100.0 * last_density_);
-    if (last_density_ <= max_density && decode) {
-      decode_forward(x, m, y, stream);  // counts through its own last CTA
-      r.sparse = true;
-      r.path = fmt::format("twell decode kernel ({})", measured);
-    } else if (last_density_ <= max_density) {
-      gate_twell(x, m, stream);
-      sparse_rest(x, m, y, stream);
-      // With dense rows the count is their cost measure (hot rows at their dense cost).
-      counts_.push(use_dense_rows(m) ? &dense_stats_.get()->cost : &counters_.get()->nnz,
-                   static_cast<double>(m) * static_cast<double>(sparse_n(m)), stream);
-      r.sparse = true;
-      r.path = fmt::format("{} ({})", sparse_path_name(m), measured);
-    } else {
-      const std::int64_t period = decode ? opt_.decode_dense_count_period : opt_.dense_count_period;
-      const bool count = dense_calls_++ % std::max<std::int64_t>(1, period) == 0;
-      if (count)
+  if (path == Path::automatic) resolve_pending();  // the newest count that came back
+  // Plan (ffn_plan.hpp: pure host, unit-tested), then execute.
+  const ForwardPlan plan = plan_forward(opt_, {.m = m, .path = path, .decode = decode, .gated = gated_,
+                                               .last_density = last_density_, .dense_calls = dense_calls_});
+  if (plan.sticky && (plan.step == ForwardStep::dense || plan.step == ForwardStep::dense_counted)) ++dense_calls_;
+  // A sticky decision came from the latest count of this layer: say which (before the kernels
+  // grow the workspace, which use_dense_rows reads).
+  const std::string measured =
+      !plan.sticky ? std::string()
+      : last_density_ < 0 ? std::string("no density measured yet")
+      : use_dense_rows(m)
+          ? fmt::format("the previous call measured a cost of {:.2f}% density, rows over {} non-zeros at {} each",
+                        100.0 * last_density_, dense_row_cap(sparse_n(m)), dense_row_cost(sparse_n(m)))
+          : fmt::format("the previous call measured {:.2f}% density", 100.0 * last_density_);
+  switch (plan.step) {
+    case ForwardStep::dense:
+    case ForwardStep::dense_counted:
+      if (plan.step == ForwardStep::dense_counted)
         dense_forward_counted(x, m, y, stream);
       else
         dense_forward(x, m, y, stream);
-      r.path = fmt::format("dense cublasLt ({})", measured);
-    }
-    return r;
+      r.path = path == Path::dense    ? std::string("dense cublasLt")
+               : plan.below_min_rows ? std::string("dense cublasLt (M below the dispatch minimum)")
+                                     : fmt::format("dense cublasLt ({})", measured);
+      return r;
+    case ForwardStep::decode:
+      decode_forward(x, m, y, stream);  // counts through its own last CTA
+      r.sparse = true;
+      r.path = fmt::format("twell decode kernel ({})", measured);
+      return r;
+    case ForwardStep::sparse:
+      gate_twell(x, m, stream);
+      sparse_rest(x, m, y, stream);
+      // Both paths are exact: a density jump costs one call's speed, never a wrong result. The
+      // count goes back in passing, for later calls; with dense rows it is their cost measure
+      // (hot rows at their dense cost).
+      if (plan.counts)
+        counts_.push(use_dense_rows(m) ? &dense_stats_.get()->cost : &counters_.get()->nnz,
+                     static_cast<double>(m) * static_cast<double>(sparse_n(m)), stream);
+      r.sparse = true;
+      r.path = plan.sticky ? fmt::format("{} ({})", sparse_path_name(m), measured) : sparse_path_name(m);
+      return r;
+    case ForwardStep::first_call:
+      break;
   }
+  const double max_density = plan.max_density;
   // First call of the layer (or sticky_dispatch off): gate GEMM, a sampled count decides on the
   // device while the packing runs or is skipped, the host waits for that one flag.
   gate_gemm(x, m, stream);  // every neuron: dense_rest reads the whole gate

@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "cuda/common/count_ring.hpp"
+#include "cuda/ffn_plan.hpp"
 #include "cuda/common/device_buffer.hpp"
 #include "cuda/common/side_stream.hpp"
 #include "cuda/dense/lt_gemm.hpp"
@@ -35,28 +36,13 @@
 
 namespace twell::cuda {
 
-struct ContextOptions {
+// The inference context's options: the dispatch policy (ffn_plan.hpp: thresholds, sticky
+// dispatch, count periods; where each value comes from: docs/perf-notes-cuda.md, "Dispatch
+// policy"), then the kernels' variants and the hot-row / hot-neuron splits.
+struct ContextOptions : DispatchPolicy {
   TwellConfig twell{};
   bool autotune_gemm = false;  // time cuBLASLt's candidate algorithms once per shape
-  // Dispatch: run the sparse remainder iff nnz / (M·N) ≤ this density (see docs/perf-notes.md for
-  // where these come from: the measured crossover of sparse remainder vs dense remainder).
-  double max_sparse_density_gated = 0.009;  // H100, K=2048, N=5632: sparse 1.31x dense at 0.5%, 0.95x at 1%
-  double max_sparse_density_nongated = 0.006;
-  // From dispatch_large_rows rows on, the gated threshold is max_sparse_density_gated_large. The
-  // sparse path timed on its own ran 1.05–1.14× dense at M = 131072 and 1.0 % (H100 4876040, H200
-  // 7cf320e), which suggested 1.05 % there; with it (f948fb7, H200) automatic did run sparse at
-  // 1.0 %, but timed alternately with dense (the headline measurement: each path finds the other's
-  // traffic in L2) it came to 12.98 vs 13.12 ms (1.01×) uniform and 13.20 vs 13.08 (0.99×) with
-  // hot rows: no gain, and the default went back to the general threshold. With dense rows (below)
-  // the measure is their cost, and at M = 131072 the sparse path timed
-  // alternately with dense won at 1 % (cost 0.91 %: 11.52 vs 12.87 ms) and with the reference's
-  // hot rows (cost 0.92 %: 12.28 vs 12.66 ms) (H200, 9deb97b), so 0.95 % there.
-  std::int64_t dispatch_large_rows = 65536;
-  double max_sparse_density_gated_large = 0.0095;
   std::int64_t dispatch_sample_rows = 2048;  // rows the dispatch count reads (all rows when M is smaller)
-  // Below this M, automatic runs the dense path without counting: the host read of the count costs
-  // ~25 µs, more than the sparse path saves there (measured: docs/perf-notes.md).
-  std::int64_t dispatch_min_rows = 2048;
   // TwellUpDownParams::variant of the fused kernel, gated (1 measured fastest or equal at M ≥ 16
   // on H100 and H200) and non-gated (0: 0.224 vs 0.273 ms for variant 1, H200, M = 16384, 0.5 %,
   // timed alternately, 9832d1e).
@@ -69,12 +55,6 @@ struct ContextOptions {
   int updown_variant = 3;
   int updown_variant_nongated = 4;
   std::int64_t updown_occupancy_min_rows = 2048;
-  // Automatic after the first call of a layer: the newest count of this context that has come
-  // back decides (one layer's density drifts slowly); each call counts in passing (the packing's
-  // exact count on the sparse path, a sampled count of the stacked GEMM's gate on the dense path)
-  // and nothing waits for the host, so when the host runs ahead the decision lags a few calls.
-  // Off: every call runs gate GEMM + sampled count + host wait.
-  bool sticky_dispatch = true;
   // Decode (M ≤ decode_max_rows, M < dispatch_min_rows, K ≤ kDecodeMaxK): always sticky; the
   // gate GEMM then the decode kernel (twell_decode.hpp: a token's non-zeros spread over N/256
   // CTAs) until a count measures more than decode_max_density. H100, K = 2048, N = 5632
@@ -90,17 +70,6 @@ struct ContextOptions {
   // dot products per token; cuBLASLt uses tensor cores there). Hence M = 1 only.
   bool decode_gemv = true;
   std::int64_t decode_gemv_max_rows = 1;
-  double decode_max_density = 0.008;
-  // At decode sizes a dense call counts only every this many calls: the count (memset, count,
-  // decide and publish: four small launches) cost 0.015–0.035 ms next to a 0.04 ms dense FFN.
-  std::int64_t decode_dense_count_period = 16;
-  // Above decode sizes, a dense call of automatic counts only every this many calls (the first
-  // always), so a density drop shows up at most this many calls late: the count's six small
-  // launches (two memsets, the sampled count, the decision, two publications) cost ≈ 0.025 ms
-  // next to a 1.7 ms dense FFN at M = 16384. Measured (H100, probe_dispatch, d8be6c5, automatic
-  // alternating with dense, medians): every call 0.983–0.984× dense at 2, 3, 5 and 10 %, every 8th
-  // 0.983×, 1.001×, 0.996×, 0.996× (the mean keeps an eighth of the count's cost). 1: every call.
-  std::int64_t dense_count_period = 8;
   // gate_twell on a compute-capability-9.0 GPU: the sm90 gate GEMM with the TwELL packing in its
   // epilogue (sm90/gate_pack.hpp; the gate buffer then holds only overflowed blocks). false, or
   // another GPU: the cuBLASLt gate GEMM (ReLU epilogue) + twell_pack below. On by default since

@@ -1,0 +1,87 @@
+// The CUDA FFN's dispatch plan (src/cuda/ffn_plan.hpp): pure host rules, checked on every machine.
+#include <gtest/gtest.h>
+
+#include "cuda/ffn_plan.hpp"
+
+namespace twell::cuda {
+namespace {
+
+DispatchState call(std::int64_t m, Path path, double last = -1, bool decode = false, bool gated = true,
+                   std::int64_t dense_calls = 0) {
+  return {.m = m, .path = path, .decode = decode, .gated = gated, .last_density = last, .dense_calls = dense_calls};
+}
+
+TEST(FfnPlan, AskedPathsRunAsAskedAndCountNothing) {
+  const DispatchPolicy p;
+  for (const std::int64_t m : {1, 64, 2048, 16384}) {
+    const ForwardPlan d = plan_forward(p, call(m, Path::dense, 0.001));
+    EXPECT_EQ(d.step, ForwardStep::dense);
+    EXPECT_FALSE(d.counts);
+    const ForwardPlan s = plan_forward(p, call(m, Path::sparse, 0.5));
+    EXPECT_EQ(s.step, ForwardStep::sparse);
+    EXPECT_FALSE(s.counts);
+    EXPECT_FALSE(s.sticky);
+  }
+}
+
+TEST(FfnPlan, SmallCallsRunDenseWithoutCountingExceptDecode) {
+  const DispatchPolicy p;
+  const ForwardPlan small = plan_forward(p, call(p.dispatch_min_rows - 1, Path::automatic, 0.001));
+  EXPECT_EQ(small.step, ForwardStep::dense);
+  EXPECT_TRUE(small.below_min_rows);
+  EXPECT_FALSE(small.counts);
+  // Decode sizes are below the minimum too, but run the decode kernel from the first call.
+  const ForwardPlan first = plan_forward(p, call(1, Path::automatic, -1, true));
+  EXPECT_EQ(first.step, ForwardStep::decode);
+  EXPECT_TRUE(first.counts);
+  EXPECT_TRUE(first.sticky);
+  EXPECT_EQ(plan_forward(p, call(1, Path::automatic, p.decode_max_density, true)).step, ForwardStep::decode);
+  const ForwardPlan dense = plan_forward(p, call(1, Path::automatic, p.decode_max_density * 1.01, true));
+  EXPECT_EQ(dense.step, ForwardStep::dense_counted);  // the first dense call counts
+}
+
+TEST(FfnPlan, FirstCallCountsThenTheNewestCountDecides) {
+  const DispatchPolicy p;
+  const ForwardPlan first = plan_forward(p, call(16384, Path::automatic));
+  EXPECT_EQ(first.step, ForwardStep::first_call);
+  EXPECT_TRUE(first.counts);
+  EXPECT_DOUBLE_EQ(first.max_density, p.max_sparse_density_gated);
+  const ForwardPlan sparse = plan_forward(p, call(16384, Path::automatic, p.max_sparse_density_gated));
+  EXPECT_EQ(sparse.step, ForwardStep::sparse);
+  EXPECT_TRUE(sparse.counts && sparse.sticky);
+  EXPECT_EQ(plan_forward(p, call(16384, Path::automatic, p.max_sparse_density_gated * 1.001)).step,
+            ForwardStep::dense_counted);
+  // Without sticky dispatch every call counts on the device and waits.
+  DispatchPolicy off = p;
+  off.sticky_dispatch = false;
+  EXPECT_EQ(plan_forward(off, call(16384, Path::automatic, 0.001)).step, ForwardStep::first_call);
+}
+
+TEST(FfnPlan, DenseCallsCountEveryPeriod) {
+  const DispatchPolicy p;
+  for (std::int64_t i = 0; i < 3 * p.dense_count_period; ++i) {
+    const ForwardPlan d = plan_forward(p, call(16384, Path::automatic, 0.05, false, true, i));
+    EXPECT_EQ(d.counts, i % p.dense_count_period == 0) << i;
+    EXPECT_EQ(d.step, d.counts ? ForwardStep::dense_counted : ForwardStep::dense);
+  }
+  for (std::int64_t i = 0; i < 2 * p.decode_dense_count_period; ++i)
+    EXPECT_EQ(plan_forward(p, call(4, Path::automatic, 0.05, true, true, i)).counts, i % p.decode_dense_count_period == 0);
+  DispatchPolicy every = p;
+  every.dense_count_period = 0;  // ≤ 1: every call counts
+  EXPECT_TRUE(plan_forward(every, call(16384, Path::automatic, 0.05, false, true, 5)).counts);
+}
+
+TEST(FfnPlan, ThresholdsByShape) {
+  const DispatchPolicy p;
+  EXPECT_DOUBLE_EQ(max_sparse_density(p, 16384, false, true), p.max_sparse_density_gated);
+  EXPECT_DOUBLE_EQ(max_sparse_density(p, p.dispatch_large_rows, false, true), p.max_sparse_density_gated_large);
+  EXPECT_DOUBLE_EQ(max_sparse_density(p, p.dispatch_large_rows, false, false), p.max_sparse_density_nongated);
+  EXPECT_DOUBLE_EQ(max_sparse_density(p, 1, true, false), p.decode_max_density);
+  // Non-gated at a density between its threshold and the gated one: dense there, sparse gated.
+  const double d = 0.5 * (p.max_sparse_density_nongated + p.max_sparse_density_gated);
+  EXPECT_EQ(plan_forward(p, call(16384, Path::automatic, d, false, false)).step, ForwardStep::dense_counted);
+  EXPECT_EQ(plan_forward(p, call(16384, Path::automatic, d, false, true)).step, ForwardStep::sparse);
+}
+
+}  // namespace
+}  // namespace twell::cuda
