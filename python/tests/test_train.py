@@ -194,6 +194,57 @@ def _rank_worker(rank, world, port, cfg, out):
     os._exit(0)
 
 
+def _diverging_worker(rank, world, port, cfg, out, results):
+    # Rank 1 changes a weight just before the save's check: every rank must refuse to save.
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world))
+    torch.set_num_threads(1)
+    check = train.check_replicas
+
+    def perturbed(model, step):
+        if rank == 1:
+            with torch.no_grad():
+                next(model.parameters()).view(-1)[0] += 1e-3
+        check(model, step)
+
+    train.check_replicas = perturbed
+    try:
+        train.train(cfg, out, progress=False)
+        results.put((rank, "saved"))
+    except RuntimeError as e:
+        results.put((rank, str(e)))
+    results.close()
+    results.join_thread()  # the queue's feeder thread has written it (os._exit would drop it)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+
+
+def test_diverged_ddp_replicas_are_refused_not_saved(tmp_path):
+    import socket
+
+    import torch.distributed as dist
+    import torch.multiprocessing as mp
+
+    if not dist.is_available() or not dist.is_gloo_available():
+        pytest.skip("no gloo backend")
+    cfg = config(tmp_path, steps=2, micro_batch=2)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    ctx = mp.get_context("spawn")
+    results = ctx.Queue()
+    out = str(tmp_path / "div")
+    procs = [ctx.Process(target=_diverging_worker, args=(r, 2, port, cfg, out, results)) for r in range(2)]
+    for p in procs:
+        p.start()
+    got = dict(results.get(timeout=120) for _ in procs)
+    for p in procs:
+        p.join(timeout=60)
+    assert set(got) == {0, 1}
+    assert all("ranks [1] differ from rank 0" in msg for msg in got.values()), got
+    assert not os.path.exists(os.path.join(out, "latest"))  # nothing saved
+
+
 @pytest.mark.parametrize("parallel,accum", [("ddp", 1), ("fsdp", 1), ("ddp", 2), ("fsdp", 2)])
 def test_two_ranks_train_like_one_rank_with_twice_the_micro_batch(tmp_path, parallel, accum):
     # DDP averages the ranks' gradients of per-rank token means, FSDP2 reduce-scatters the same

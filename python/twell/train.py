@@ -472,6 +472,8 @@ def train(cfg: dict, out: str, *, resume: bool = False, progress: bool = True, s
             bar.update(1)
         last = step + 1 == cfg["steps"]
         if (cfg["save_every"] and (step + 1) % cfg["save_every"] == 0) or last:
+            if world > 1 and not sharded:  # DDP replicas must be bit-identical before rank 0 saves them
+                check_replicas(core, step + 1)
             model_state, opt_state = full_state(core, opt, sharded)  # FSDP: every rank takes part
             if rank == 0:  # the ranks' (gathered) weights, optimiser states and counters are identical
                 atomic_save(core, opt_state, {"step": step + 1, "config": cfg, "world": world,
@@ -489,6 +491,31 @@ def train(cfg: dict, out: str, *, resume: bool = False, progress: bool = True, s
     if own_group:
         dist.destroy_process_group()
     return record
+
+
+def replica_fingerprint(model) -> torch.Tensor:
+    """Two float64 sums per parameter (plain and position-weighted): equal on every rank iff the
+    replicas agree, in practice (DDP replicas apply the same averaged gradients: bit-identical)."""
+    out = []
+    for p in model.parameters():
+        v = p.detach().reshape(-1).double()
+        out += [v.sum(), (v * torch.arange(1, v.numel() + 1, device=v.device, dtype=torch.float64).remainder(977)).sum()]
+    return torch.stack(out)
+
+
+def check_replicas(model, step: int) -> None:
+    """Raises if the ranks' copies of the model differ (a re-initialisation drawn differently, a
+    write one rank alone made): a silently diverged run would save rank 0's weights as if they were
+    everyone's. Collective: every rank calls it."""
+    import torch.distributed as dist
+
+    mine = replica_fingerprint(model)
+    every = [torch.empty_like(mine) for _ in range(dist.get_world_size())]
+    dist.all_gather(every, mine)
+    bad = [r for r, f in enumerate(every) if not torch.equal(f, every[0])]
+    if bad:
+        raise RuntimeError(f"twell.train: at step {step} the weights of ranks {bad} differ from rank 0's "
+                           "(DDP replicas must stay identical); not saving a diverged model")
 
 
 def reinit_seed(seed: int, step: int, layer: int) -> int:
