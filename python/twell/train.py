@@ -447,8 +447,9 @@ def train(cfg: dict, out: str, *, resume: bool = False, progress: bool = True, s
                     # layer): every rank re-initialises the same rows with the same values.
                     reinit[i] = reinit_gate_rows(probe.layers[i].gate_proj.weight, rows, cfg["init_std"], opt,
                                                  seed=reinit_seed(cfg["seed"], step, i))
+                    # twell's weight caches see the write: the parameter's version counter moves
+                    # (FSDP: the shard changes; every FSDP step drops the caches anyway).
                     silent[i][rows] = 0
-                    twell_cuda.weights_changed()  # FSDP: a write into the shard, not the gathered tensor
         dt = time.perf_counter() - t0
         record = {"step": step + 1, "lr": lr, "loss": ce_sum, "l1": l1_sum, "grad_norm": grad_norm,
                   "nnz_per_token": nnz, "density": [v / core.config.intermediate_size for v in nnz],
