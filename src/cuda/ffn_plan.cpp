@@ -41,15 +41,4 @@ ForwardPlan plan_forward(const DispatchPolicy& p, const DispatchState& s) noexce
   return plan;
 }
 
-const char* to_string(ForwardStep s) noexcept {
-  switch (s) {
-    case ForwardStep::dense: return "dense";
-    case ForwardStep::dense_counted: return "dense (counted)";
-    case ForwardStep::sparse: return "sparse";
-    case ForwardStep::decode: return "decode";
-    case ForwardStep::first_call: return "first call (counted, host waits)";
-  }
-  return "?";
-}
-
 }  // namespace twell::cuda

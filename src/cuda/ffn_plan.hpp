@@ -54,6 +54,4 @@ double max_sparse_density(const DispatchPolicy& p, std::int64_t m, bool decode, 
 
 ForwardPlan plan_forward(const DispatchPolicy& p, const DispatchState& s) noexcept;
 
-const char* to_string(ForwardStep s) noexcept;
-
 }  // namespace twell::cuda
