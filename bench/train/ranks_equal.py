@@ -10,9 +10,12 @@ difference is the order of the sums (micro-batch B/Gmax with grad_accum Gmax: th
 exact arithmetic, other bf16 roundings). With d_X(t) = |loss_X(t) − loss_ref(t)|, a run passes when,
 at every step t, d_G(t) ≤ 3 · max_{s ≤ t} d_noise(s) + 1e-4 · loss_ref(t) (the floor: fp32 rounding of
 a mean over the batch's tokens where the noise is still exactly zero); the same for the L1 term.
-Dead-neuron re-initialisation runs in the DDP family (reinit_window; the decisions come from counts
-reduced over the ranks, so every rank must make the same ones); FSDP refuses it, so the FSDP family
-runs without it against its own reference. --path sparse holds twell's ops on their sparse path
+Dead-neuron re-initialisation: the families "ddp+reinit" and "fsdp+reinit" train with a strong L1
+term and a one-step window, so rows are re-initialised from the first steps on. The decisions come
+from counts reduced over the ranks and the rows from a generator seeded by (seed, step, layer), so
+G ranks (DDP replicas, FSDP2 shards) draw what one rank draws: their runs must stay within the bound
+of their own one-rank runs, and a family whose reference re-initialised nothing fails (it tested
+nothing). DDP runs check that the replicas agree before each save. --path sparse holds twell's ops on their sparse path
 (the default: a from-scratch model starts near 50 % density, where automatic dispatch runs dense).
 Writes ranks_equal.json / .md under --out; loss curves: python3 bench/train/ranks_equal.py --plot JSON.
 """
@@ -112,14 +115,21 @@ def analyse(res: dict) -> None:
     grad-accumulation run, repeat of the reference), and every family's when no re-initialisation
     fired in any of them (the families then differ in nothing a one-rank run computes)."""
     runs, engines = res["runs"], res["engines"]
-    fired = any(sum(map(sum, (x.get("reinit", []) for x in r["telemetry"]))) for n, r in runs.items() if one_rank(n))
-    res["pooled"] = not fired
-    res["checks"], res["noise_max"] = {}, {}
+
+    def fired(e):  # re-initialisations in the family's one-rank runs
+        return sum(reinits(r) for n, r in runs.items() if one_rank(n) and n.startswith(e + "-"))
+
+    plain = [e for e in engines if "+reinit" not in e]  # the same arithmetic (the +reinit families' L1 differs)
+    res["pooled"] = len(plain) > 1 and all(fired(e) == 0 for e in plain)
+    res["checks"], res["noise_max"], res["noise_runs"] = {}, {}, {}
     for e in engines:
         ref_name = f"{e}-ref-1x{res['batch']}"
         ref = runs[ref_name]["telemetry"]
-        pool = [n for n in runs if one_rank(n) and n != ref_name and (n.startswith(e + "-") or res["pooled"])]
+        pooled = res["pooled"] and e in plain
+        pool = [n for n in runs if one_rank(n) and n != ref_name
+                and (n.startswith(e + "-") or (pooled and any(n.startswith(q + "-") for q in plain)))]
         others = [runs[n]["telemetry"] for n in pool]
+        res["noise_runs"][e] = pool
         res["noise_max"][e] = max((abs(x["loss"] - y["loss"]) for o in others for x, y in zip(ref, o)), default=float("nan"))
         for name, run in runs.items():
             if not name.startswith(e + "-") or one_rank(name):
@@ -127,8 +137,14 @@ def analyse(res: dict) -> None:
             tel = run["telemetry"]
             want = res["steps"] - (res["steps"] // 2 if "-resume-" in name else 0)
             loss, l1 = compare(tel, ref, others, "loss"), compare(tel, ref, others, "l1")
+            tested = "+reinit" not in e or (fired(e) > 0 and reinits(run) > 0)
             res["checks"][name] = {"shape": name.split("-")[-1], "reference": ref_name, "noise_runs": pool,
-                                   "loss": loss, "l1": l1, "ok": run["rc"] == 0 and len(tel) == want and loss["ok"] and l1["ok"]}
+                                   "loss": loss, "l1": l1, "reinit_tested": tested,
+                                   "ok": run["rc"] == 0 and len(tel) == want and loss["ok"] and l1["ok"] and tested}
+
+
+def reinits(run: dict) -> int:
+    return sum(sum(x.get("reinit", [])) for x in run["telemetry"])
 
 
 def plot(path: str) -> int:
@@ -163,19 +179,19 @@ def table(res) -> str:
              f"twell ops on the {res['path']} path; bound = {NOISE_FACTOR:g} × the noise envelope (the largest loss "
              f"difference so far between one-rank runs of the same arithmetic: the reference, micro-batch "
              f"B/{res['gmax']} × grad_accum {res['gmax']}, a repeat of the reference"
-             + ("; pooled over the engines' families, since no re-initialisation fired" if res.get("pooled") else "")
+             + ("; pooled over the families in which no re-initialisation fired" if res.get("pooled") else "")
              + f") + {REL_FLOOR:g} × loss.", "",
-             "| run | ranks × micro-batch | reference | loss: max diff | worst diff / bound | L1: worst diff / bound | re-inits (total) | ok |",
+             "| run | ranks × micro-batch | reference | loss: max diff | worst diff / bound | L1: worst diff / bound | re-inits (total; reference) | ok |",
              "|---|---|---|---:|---:|---:|---:|---|"]
     for name, c in res["checks"].items():
         run = res["runs"][name]
         t = run["telemetry"]
-        reinit = sum(sum(x.get("reinit", [])) for x in t)
         md = max((s["diff"] for s in c["loss"]["steps"]), default=float("nan"))
+        verdict = "yes" if c["ok"] else ("**no** (no re-initialisation fired)" if not c.get("reinit_tested", True) else "**no**")
         lines.append(f"| {name} | {c['shape']} | {c['reference']} | {md:.2e} | {c['loss']['worst_diff_over_bound']:.2f} | "
-                     f"{c['l1']['worst_diff_over_bound']:.2f} | {reinit} | {'yes' if c['ok'] else '**no**'} |")
+                     f"{c['l1']['worst_diff_over_bound']:.2f} | {reinits(run)}; {reinits(res['runs'][c['reference']])} | {verdict} |")
     lines += ["", "Noise (the bound's source), the largest |Δloss| between the reference and another one-rank run: " + ", ".join(
-        f"{k}: {v:.2e} (over {', '.join(res['checks'][next(n for n in res['checks'] if n.startswith(k + '-'))]['noise_runs'])})"
+        f"{k}: {v:.2e} (over {', '.join(res['noise_runs'][k])})"
         for k, v in res["noise_max"].items())]
     return "\n".join(lines)
 
@@ -200,7 +216,8 @@ def main() -> int:
                                  epilog=__doc__.split("\n", 2)[2])
     ap.add_argument("--corpus", required=True, help="a directory holding the twell corpus train/ (e.g. data/gpu-corpus)")
     ap.add_argument("--gpus", default="2,4", help="rank counts to compare with one rank")
-    ap.add_argument("--engines", default="ddp,fsdp")
+    ap.add_argument("--engines", default="ddp,fsdp,ddp+reinit,fsdp+reinit",
+                    help="families: ddp, fsdp, and each with +reinit (strong L1, dead rows re-initialised every step)")
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--seq", type=int, default=512)
     ap.add_argument("--batch", type=int, default=32, help="global batch (sequences a step)")
@@ -222,14 +239,22 @@ def main() -> int:
         ap.error("--batch must divide by every rank count, --steps must be even")
     t0 = time.time()
     base = base_config(a, a.corpus)
-    fam = {"ddp": {**base, "reinit_window": 2 * a.seq * a.batch}, "fsdp": {**base, "parallel": "fsdp"}}
+    window = 2 * a.seq * a.batch  # two steps' tokens: a from-scratch model at this L1 re-initialises nothing in 20 steps
+    fam = {"ddp": {**base, "reinit_window": window}, "fsdp": {**base, "parallel": "fsdp", "reinit_window": window}}
+    for e in ("ddp", "fsdp"):  # rows silent for one step's tokens, under an L1 term strong enough to silence them
+        fam[e + "+reinit"] = {**fam[e], "l1_coeff": 0.05, "reinit_window": a.seq * a.batch}
+    unknown = set(engines) - set(fam)
+    if unknown:
+        ap.error(f"unknown --engines {sorted(unknown)}; known: {sorted(fam)}")
     runs: dict = {}
-    # Wave 1: the one-process references and noise runs, side by side on separate GPUs.
+    # Wave 1: the one-process references and noise runs, side by side on separate GPUs (the +reinit
+    # families: the reference and its repeat).
     procs, gpu = [], 0
     for e in engines:
-        for name, cfg in ((f"{e}-ref-1x{a.batch}", {**fam[e], "micro_batch": a.batch}),
-                          (f"{e}-noise-1x{a.batch // gmax}x{gmax}acc", {**fam[e], "micro_batch": a.batch // gmax, "grad_accum": gmax}),
-                          (f"{e}-repeat-1x{a.batch}", {**fam[e], "micro_batch": a.batch})):
+        ones = [(f"{e}-ref-1x{a.batch}", {**fam[e], "micro_batch": a.batch}),
+                (f"{e}-noise-1x{a.batch // gmax}x{gmax}acc", {**fam[e], "micro_batch": a.batch // gmax, "grad_accum": gmax}),
+                (f"{e}-repeat-1x{a.batch}", {**fam[e], "micro_batch": a.batch})]
+        for name, cfg in (ones[::2] if "+reinit" in e else ones):
             procs.append(launch(name, cfg, 1, [gpu % have], a))
             gpu += 1
             if len(procs) == have:
@@ -249,7 +274,7 @@ def main() -> int:
     # Resume: Gmax's checkpoint at the half, on Gmax/2 ranks (one when Gmax is 2), to the end.
     procs, first = [], 0
     g2 = max(1, gmax // 2)
-    for e in engines:
+    for e in (e for e in engines if "+reinit" not in e):
         src = os.path.join(a.work, f"{e}-{gmax}x{a.batch // gmax}")
         half = f"checkpoint-{a.steps // 2}"
         name = f"{e}-resume-{gmax}to{g2}x{a.batch // g2}"

@@ -74,3 +74,26 @@ def test_scaling_reads_the_median_step_and_counts_every_gpu():
     assert "80.0 %" in md  # 4 GPUs at 125 ms against one at 100 ms
     assert "1.20×" in md  # against dense at 150 ms, same G and engine
     assert "failed: boom" in md
+
+
+def test_reinit_families_stand_alone_and_must_fire():
+    re = load("ranks_equal")
+    runs = {"ddp-ref-1x4": {"rc": 0, "telemetry": tel([5.0, 4.0])},
+            "ddp-repeat-1x4": {"rc": 0, "telemetry": tel([5.0, 4.0001])},
+            "fsdp-ref-1x4": {"rc": 0, "telemetry": tel([5.0, 4.01])},
+            "fsdp-repeat-1x4": {"rc": 0, "telemetry": tel([5.0, 4.01])},
+            "ddp-2x2": {"rc": 0, "telemetry": tel([5.0, 4.02])},
+            "ddp+reinit-ref-1x4": {"rc": 0, "telemetry": tel([7.0, 6.0], 3)},
+            "ddp+reinit-repeat-1x4": {"rc": 0, "telemetry": tel([7.0, 6.0001], 3)},
+            "ddp+reinit-2x2": {"rc": 0, "telemetry": tel([7.0, 6.0002], 3)},
+            "fsdp+reinit-ref-1x4": {"rc": 0, "telemetry": tel([7.0, 6.0])},
+            "fsdp+reinit-repeat-1x4": {"rc": 0, "telemetry": tel([7.0, 6.0])},
+            "fsdp+reinit-2x2": {"rc": 0, "telemetry": tel([7.0, 6.0])}}
+    res = {"runs": runs, "engines": ["ddp", "fsdp", "ddp+reinit", "fsdp+reinit"], "batch": 4, "steps": 2, "seq": 8,
+           "gmax": 2, "gpu": "G", "gpus_on_machine": 2, "commit": "c", "date": "d", "path": "sparse"}
+    re.analyse(res)
+    assert res["pooled"] and res["checks"]["ddp-2x2"]["ok"]  # the plain families pool: fsdp's 0.01 spread
+    c = res["checks"]["ddp+reinit-2x2"]
+    assert c["ok"] and all(n.startswith("ddp+reinit-") for n in c["noise_runs"])  # never pooled with other L1
+    assert not res["checks"]["fsdp+reinit-2x2"]["ok"]  # nothing re-initialised: the check tested nothing
+    assert "no re-initialisation fired" in re.table(res)
