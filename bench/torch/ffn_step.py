@@ -19,7 +19,8 @@ around all reps, as a training loop runs; the native column there is the same C+
 binding, without autograd).
 Memory: a training step's peak of PyTorch's allocator above what was allocated before it, plus for
 twell the device memory its layer context holds (weights in its layouts, workspaces, fp32 weight
-gradients; allocated outside PyTorch's allocator, so counted separately and added).
+gradients: allocated before the step, the workspaces from PyTorch's pool and the rest outside it,
+so counted separately and added).
 Inputs: bf16 x, weights and dy; column 0 of x is 1 and column 0 of the gate a per-neuron bias that
 makes each neuron fire with probability --density (no hot neurons: the uniform case).
 Writes ffn_step.json and ffn_step.md under --out and prints the table.

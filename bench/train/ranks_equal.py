@@ -14,8 +14,9 @@ Dead-neuron re-initialisation: the families "ddp+reinit" and "fsdp+reinit" train
 term and a one-step window, so rows are re-initialised from the first steps on. The decisions come
 from counts reduced over the ranks and the rows from a generator seeded by (seed, step, layer), so
 G ranks (DDP replicas, FSDP2 shards) draw what one rank draws: their runs must stay within the bound
-of their own one-rank runs, and a family whose reference re-initialised nothing fails (it tested
-nothing). DDP runs check that the replicas agree before each save. --path sparse holds twell's ops on their sparse path
+of the +reinit families' one-rank runs (the same arithmetic under either engine; --reinit-repeats
+more repeats, since a trajectory branches on single decisions), and a family whose reference
+re-initialised nothing fails (it tested nothing). DDP runs check that the replicas agree before each save. --path sparse holds twell's ops on their sparse path
 (the default: a from-scratch model starts near 50 % density, where automatic dispatch runs dense).
 Writes ranks_equal.json / .md under --out; loss curves: python3 bench/train/ranks_equal.py --plot JSON.
 """
@@ -106,7 +107,7 @@ def compare(run, ref, others, what) -> dict:
 
 
 def one_rank(name: str) -> bool:
-    return "-ref-" in name or "-noise-" in name or "-repeat-" in name
+    return "-ref-" in name or "-noise-" in name or "-repeat" in name
 
 
 def analyse(res: dict) -> None:
@@ -119,15 +120,19 @@ def analyse(res: dict) -> None:
     def fired(e):  # re-initialisations in the family's one-rank runs
         return sum(reinits(r) for n, r in runs.items() if one_rank(n) and n.startswith(e + "-"))
 
-    plain = [e for e in engines if "+reinit" not in e]  # the same arithmetic (the +reinit families' L1 differs)
+    # Families whose one-rank runs compute the same thing pool their noise: the plain ones when no
+    # re-initialisation fired in them (DDP's and FSDP's one-rank runs then differ in nothing), and
+    # the +reinit ones (one L1 coefficient, the same seeded draws; 2d03d93 saw a DDP and an FSDP
+    # one-rank run agree bit for bit through 3318 re-initialisations).
+    plain = [e for e in engines if "+reinit" not in e]
+    reinit = [e for e in engines if "+reinit" in e]
     res["pooled"] = len(plain) > 1 and all(fired(e) == 0 for e in plain)
     res["checks"], res["noise_max"], res["noise_runs"] = {}, {}, {}
     for e in engines:
         ref_name = f"{e}-ref-1x{res['batch']}"
         ref = runs[ref_name]["telemetry"]
-        pooled = res["pooled"] and e in plain
-        pool = [n for n in runs if one_rank(n) and n != ref_name
-                and (n.startswith(e + "-") or (pooled and any(n.startswith(q + "-") for q in plain)))]
+        group = plain if (res["pooled"] and e in plain) else reinit if e in reinit else [e]
+        pool = [n for n in runs if one_rank(n) and n != ref_name and any(n.startswith(q + "-") for q in group)]
         others = [runs[n]["telemetry"] for n in pool]
         res["noise_runs"][e] = pool
         res["noise_max"][e] = max((abs(x["loss"] - y["loss"]) for o in others for x, y in zip(ref, o)), default=float("nan"))
@@ -179,7 +184,8 @@ def table(res) -> str:
              f"twell ops on the {res['path']} path; bound = {NOISE_FACTOR:g} × the noise envelope (the largest loss "
              f"difference so far between one-rank runs of the same arithmetic: the reference, micro-batch "
              f"B/{res['gmax']} × grad_accum {res['gmax']}, a repeat of the reference"
-             + ("; pooled over the families in which no re-initialisation fired" if res.get("pooled") else "")
+             + ("; pooled over the plain families, in which no re-initialisation fired" if res.get("pooled") else "")
+             + ("; the +reinit families pool theirs" if any("+reinit" in e for e in res["engines"]) else "")
              + f") + {REL_FLOOR:g} × loss.", "",
              "| run | ranks × micro-batch | reference | loss: max diff | worst diff / bound | L1: worst diff / bound | re-inits (total; reference) | ok |",
              "|---|---|---|---:|---:|---:|---:|---|"]
@@ -219,6 +225,7 @@ def main() -> int:
     ap.add_argument("--engines", default="ddp,fsdp,ddp+reinit,fsdp+reinit",
                     help="families: ddp, fsdp, and each with +reinit (strong L1, dead rows re-initialised every step)")
     ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--reinit-repeats", type=int, default=3, help="repeats of the reference in the +reinit families")
     ap.add_argument("--seq", type=int, default=512)
     ap.add_argument("--batch", type=int, default=32, help="global batch (sequences a step)")
     ap.add_argument("--path", default="sparse", choices=("automatic", "sparse", "dense"))
@@ -247,14 +254,16 @@ def main() -> int:
     if unknown:
         ap.error(f"unknown --engines {sorted(unknown)}; known: {sorted(fam)}")
     runs: dict = {}
-    # Wave 1: the one-process references and noise runs, side by side on separate GPUs (the +reinit
-    # families: the reference and its repeat).
+    # Wave 1: the one-process references and noise runs, side by side on separate GPUs.
     procs, gpu = [], 0
     for e in engines:
         ones = [(f"{e}-ref-1x{a.batch}", {**fam[e], "micro_batch": a.batch}),
                 (f"{e}-noise-1x{a.batch // gmax}x{gmax}acc", {**fam[e], "micro_batch": a.batch // gmax, "grad_accum": gmax}),
                 (f"{e}-repeat-1x{a.batch}", {**fam[e], "micro_batch": a.batch})]
-        for name, cfg in (ones[::2] if "+reinit" in e else ones):
+        # Re-initialisation makes the trajectories branch on single decisions: more one-rank samples.
+        ones += [(f"{e}-repeat{i}-1x{a.batch}", {**fam[e], "micro_batch": a.batch})
+                 for i in range(2, 1 + (a.reinit_repeats if "+reinit" in e else 1))]
+        for name, cfg in ones:
             procs.append(launch(name, cfg, 1, [gpu % have], a))
             gpu += 1
             if len(procs) == have:

@@ -94,20 +94,61 @@ void check_device(int device) {
 // Workspaces that the layers of one device share (cuda::InferWorkspace for inference layers, as
 // the model runtime's layers do; cuda::TrainWorkspace for training layers): layers that run one
 // after another on one stream. Made with the device current (a workspace may hold a cuBLASLt handle).
+// A cuda::DeviceAllocator over a Python object's allocate(nbytes) -> int (a device pointer) and
+// deallocate(ptr, nbytes) (twell.torch passes PyTorch's caching allocator, on the current stream).
+// twell's calls release the GIL; the allocator takes it back for each call into Python. Once the
+// interpreter is finalising, blocks are left to the process's end rather than handed back.
+class PyAllocator final : public cuda::DeviceAllocator {
+ public:
+  explicit PyAllocator(nb::object obj) : allocate_(obj.attr("allocate")), deallocate_(obj.attr("deallocate")) {}
+  ~PyAllocator() override {
+    if (Py_IsInitialized()) {
+      nb::gil_scoped_acquire gil;
+      allocate_.reset();
+      deallocate_.reset();
+    } else {
+      allocate_.release();
+      deallocate_.release();
+    }
+  }
+  void* allocate(std::size_t bytes) override {
+    nb::gil_scoped_acquire gil;
+    return reinterpret_cast<void*>(nb::cast<std::uintptr_t>(allocate_(bytes)));
+  }
+  void deallocate(void* p, std::size_t bytes) noexcept override {
+    if (!Py_IsInitialized()) return;
+    nb::gil_scoped_acquire gil;
+    try {
+      deallocate_(reinterpret_cast<std::uintptr_t>(p), bytes);
+    } catch (nb::python_error& e) {
+      e.discard_as_unraisable("twell: handing a workspace block back to its allocator");
+    } catch (...) {
+    }
+  }
+
+ private:
+  nb::object allocate_, deallocate_;
+};
+
 template <typename W>
 class DeviceWorkspace {
  public:
-  explicit DeviceWorkspace(int device) : device_(device) {
+  DeviceWorkspace(int device, nb::object allocator) : device_(device) {
     check_device(device);
+    std::shared_ptr<cuda::DeviceAllocator> mem;
+    if (!allocator.is_none()) mem = std::make_shared<PyAllocator>(allocator);
     cuda::DeviceScope on(device);
-    ws_ = std::make_unique<W>();
+    ws_ = std::make_unique<W>(std::move(mem));
+    from_allocator_ = !allocator.is_none();
   }
   int device() const noexcept { return device_; }
   std::int64_t bytes() const noexcept { return ws_->bytes(); }
+  bool from_allocator() const noexcept { return from_allocator_; }
   const W* get() const noexcept { return ws_.get(); }
 
  private:
   int device_;
+  bool from_allocator_ = false;
   std::unique_ptr<W> ws_;
 };
 using CudaFfnWorkspace = DeviceWorkspace<cuda::InferWorkspace>;
@@ -286,8 +327,11 @@ void bind_cuda(nb::module_& m) {
         "twell's native training-step benchmark of one layer: sparse_step_ms, dense_step_ms, ..., device bytes.");
   nb::class_<CudaFfnWorkspace>(m, "CudaFfnWorkspace",
                                 "Per-call workspaces shared by the inference contexts of one device (layers run one after another on one stream).")
-      .def(nb::init<int>(), "device"_a)
+      .def(nb::init<int, nb::object>(), "device"_a, "allocator"_a = nb::none(),
+           "allocator: an object with allocate(nbytes) -> int (a device pointer, 256-byte aligned) and "
+           "deallocate(ptr, nbytes), stream-ordered on the stream of the calls (None: cudaMalloc)")
       .def_prop_ro("device", &CudaFfnWorkspace::device)
+      .def_prop_ro("from_allocator", &CudaFfnWorkspace::from_allocator, "Whether the workspace's memory comes from the allocator given.")
       .def_prop_ro("bytes", &CudaFfnWorkspace::bytes, "Device memory the workspace holds now.");
   nb::class_<CudaFfnInfer>(m, "CudaFfnInfer", "One FFN layer's inference context on one CUDA device.")
       .def(nb::init<int, const CudaFfnWorkspace*>(), "device"_a, "workspace"_a.none() = nb::none(), nb::keep_alive<1, 3>(),
@@ -299,8 +343,11 @@ void bind_cuda(nb::module_& m) {
            "y = FFN(x) (bf16); path: 'automatic', 'sparse' or 'dense'. Returns the path as dispatched.");
   nb::class_<CudaTrainScratch>(m, "CudaTrainScratch",
                                 "Workspaces shared by the training contexts of one device (layers run one after another on one stream).")
-      .def(nb::init<int>(), "device"_a)
+      .def(nb::init<int, nb::object>(), "device"_a, "allocator"_a = nb::none(),
+           "allocator: an object with allocate(nbytes) -> int (a device pointer, 256-byte aligned) and "
+           "deallocate(ptr, nbytes), stream-ordered on the stream of the calls (None: cudaMalloc)")
       .def_prop_ro("device", &CudaTrainScratch::device)
+      .def_prop_ro("from_allocator", &CudaTrainScratch::from_allocator, "Whether the set's memory comes from the allocator given.")
       .def_prop_ro("bytes", &CudaTrainScratch::bytes, "Device memory the set holds now.");
   nb::class_<CudaFfnTrain>(m, "CudaFfnTrain", "One FFN layer's training context (it keeps the last forward's sparse state).")
       .def(nb::init<int, const CudaTrainScratch*>(), "device"_a, "scratch"_a.none() = nb::none(), nb::keep_alive<1, 3>(),

@@ -175,6 +175,50 @@ def test_last_train_info_reports_the_dispatch_without_a_sync():
     assert mlp.last_train_info["sparse"] is False and mlp.last_train_info["nnz"] == -1
 
 
+def test_workspaces_come_from_torchs_allocator():
+    """twell.torch's shared workspaces draw on PyTorch's caching allocator (one pool, counted by
+    torch.cuda.memory_allocated, handed back when the last layer of the device goes); the results
+    are those of twell's own cudaMalloc'd workspaces, bit for bit."""
+    x, wg, wu, wd = make(512, 128, 640, True, 0.02, seed=12)
+    dev = torch.cuda.current_device()
+    outs = {}
+    old = _cuda.workspace_allocator
+    try:
+        for kind in ("cuda", "torch"):
+            _cuda.workspace_allocator = kind
+            for key in list(_cuda._layers):
+                _cuda.forget(key[1])
+            assert not _cuda._scratch and not _cuda._workspace
+            mlp = sparse_mlp(wg, wu, wd)
+            xc = x.to("cuda", torch.float32).requires_grad_()
+            with tt.cuda_path("sparse"):
+                y = mlp(xc)
+            y.square().sum().backward()
+            with torch.no_grad(), tt.cuda_path("sparse"):
+                yi = mlp(xc)
+            torch.cuda.synchronize()
+            scratch, ws = _cuda._scratch[dev], _cuda._workspace[dev]
+            assert scratch.from_allocator == ws.from_allocator == (kind == "torch")
+            assert scratch.bytes > 0 and ws.bytes > 0
+            own = sum(lay.train.own_bytes for lay in _cuda._layers.values() if lay.train is not None)
+            assert _cuda.context_bytes() == own + (0 if kind == "torch" else scratch.bytes)
+            outs[kind] = [t.detach().clone() for t in (y, yi, xc.grad, mlp.gate_proj.weight.grad, mlp.down_proj.weight.grad)]
+            held = scratch.bytes + ws.bytes
+            del scratch, ws
+            before = torch.cuda.memory_allocated(dev)
+            _cuda.forget(mlp.layer_id)  # the layer goes, and with it the device's workspaces
+            freed = before - torch.cuda.memory_allocated(dev)
+            if kind == "torch":  # the caching allocator rounds each block up to 512 bytes
+                assert held <= freed <= held + 512 * 64, (held, freed)
+            else:
+                assert freed == 0
+            del mlp
+    finally:
+        _cuda.workspace_allocator = old
+    for a, b in zip(outs["cuda"], outs["torch"]):
+        assert torch.equal(a, b)
+
+
 def test_compile_keeps_one_graph_through_the_layers():
     """Without fullgraph, Dynamo traces through the training op (a fixed-size state on CUDA) rather
     than breaking the graph at every layer, which would cost a model every fusion across its MLPs."""

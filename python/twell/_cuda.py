@@ -84,6 +84,25 @@ def forget(layer_id: int) -> None:
 
 _scratch: dict[int, object] = {}  # device → _twell.CudaTrainScratch, shared by its training contexts
 _workspace: dict[int, object] = {}  # device → _twell.CudaFfnWorkspace, shared by its inference contexts
+# Where the shared workspaces' memory comes from: "torch" (PyTorch's caching allocator, one pool for
+# both, counted by torch.cuda.memory_allocated) or "cuda" (cudaMalloc, twell's own). Read when a
+# device's workspace is made (after twell.torch.forget of every layer, a new setting takes effect).
+workspace_allocator = "torch"
+
+
+class TorchAllocator:
+    """twell's workspace memory from PyTorch's caching allocator, on the stream current when twell
+    grows a buffer: the stream of the twell call (twell.torch runs on PyTorch's current stream), so
+    a block handed back is reused in that stream's order, as the caching allocator guarantees."""
+
+    def __init__(self, device: int):
+        self.device = device
+
+    def allocate(self, nbytes: int) -> int:
+        return torch.cuda.caching_allocator_alloc(nbytes, self.device, torch.cuda.current_stream(self.device))
+
+    def deallocate(self, ptr: int, nbytes: int) -> None:
+        torch.cuda.caching_allocator_delete(ptr)
 
 
 def _shared(table: dict, device: int, make):
@@ -92,16 +111,18 @@ def _shared(table: dict, device: int, make):
     the next one runs."""
     got = table.get(device)
     if got is None:
-        got = table[device] = make(device)
+        if workspace_allocator not in ("torch", "cuda"):
+            raise ValueError(f"twell._cuda.workspace_allocator must be 'torch' or 'cuda', got {workspace_allocator!r}")
+        got = table[device] = make(device, TorchAllocator(device) if workspace_allocator == "torch" else None)
     return got
 
 
 def context_bytes() -> int:
-    """Device memory twell's training contexts hold (outside PyTorch's allocator): each layer's own
-    (weights in the kernels' layouts, the state saved for backward) and once per device the
-    workspaces they share."""
+    """Device memory twell's training contexts hold outside PyTorch's allocator: each layer's own
+    (weights in the kernels' layouts, the state saved for backward), and the workspaces the layers of
+    a device share when they are not drawn from PyTorch's allocator (workspace_allocator "cuda")."""
     own = sum(lay.train.own_bytes for lay in _layers.values() if lay.train is not None)
-    return own + sum(s.bytes for s in _scratch.values())
+    return own + sum(s.bytes for s in _scratch.values() if not s.from_allocator)
 
 
 def stream_of(t: Tensor) -> int:

@@ -45,10 +45,12 @@ DeviceScope::~DeviceScope() {
   if (cudaGetDevice(&now) == cudaSuccess && now != previous_) cudaSetDevice(previous_);
 }
 
-InferWorkspace::InferWorkspace() : set_(std::make_shared<FfnWorkspace>()) {}
+InferWorkspace::InferWorkspace(std::shared_ptr<DeviceAllocator> allocator)
+    : set_(std::make_shared<FfnWorkspace>(false, std::move(allocator))) {}
 std::int64_t InferWorkspace::bytes() const noexcept { return static_cast<std::int64_t>(set_->bytes()); }
 
-TrainWorkspace::TrainWorkspace() : set_(std::make_shared<TrainScratch>()) {}
+TrainWorkspace::TrainWorkspace(std::shared_ptr<DeviceAllocator> allocator)
+    : set_(std::make_shared<TrainScratch>(std::move(allocator))) {}
 std::int64_t TrainWorkspace::bytes() const noexcept { return static_cast<std::int64_t>(set_->bytes()); }
 
 // ---- inference ----

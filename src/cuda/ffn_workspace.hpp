@@ -10,6 +10,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <utility>
 
 #include "cuda/common/device_buffer.hpp"
 #include "cuda/dense/lt_gemm.hpp"
@@ -17,8 +18,17 @@
 namespace twell::cuda {
 
 struct FfnWorkspace {
-  explicit FfnWorkspace(bool autotune_gemm = false) : gemm(autotune_gemm), autotune(autotune_gemm) {}
+  // mem: where every buffer here comes from (null: cudaMalloc).
+  explicit FfnWorkspace(bool autotune_gemm = false, std::shared_ptr<DeviceAllocator> mem_ = nullptr)
+      : mem(std::move(mem_)), gemm(autotune_gemm, 8, 64u << 20, mem.get()), autotune(autotune_gemm) {
+    for (auto* b : {&g, &gu, &h, &x_h, &y_h}) b->use(mem.get());
+    for (auto* b : {&words, &row_ovf, &row_nnz, &row_dense}) b->use(mem.get());
+    dense_list.use(mem.get());
+    dense_temp.use(mem.get());
+    decode_partials.use(mem.get());
+  }
 
+  std::shared_ptr<DeviceAllocator> mem;  // first: the buffers below give their memory back to it
   LtGemm gemm;                        // the layers' GEMMs (plans cached per shape; its own workspace)
   std::unique_ptr<LtGemm> side_gemm;  // GEMMs on the hot neurons' second stream; created on first use
   bool autotune;
@@ -36,7 +46,7 @@ struct FfnWorkspace {
   DeviceBuffer<float> decode_partials;     // [m, tiles, K]
 
   LtGemm& side() {
-    if (!side_gemm) side_gemm = std::make_unique<LtGemm>(autotune, 8, gemm.workspace_bytes());
+    if (!side_gemm) side_gemm = std::make_unique<LtGemm>(autotune, 8, gemm.workspace_bytes(), mem.get());
     return *side_gemm;
   }
   std::size_t bytes() const noexcept {

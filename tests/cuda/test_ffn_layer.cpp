@@ -7,6 +7,8 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <memory>
+#include <new>
 #include <vector>
 
 #include "cuda_test_util.hpp"
@@ -200,6 +202,93 @@ TEST(FfnLayer, CapturedLayersReplayBitIdentically) {
     }
   }
   cudaStreamDestroy(s);
+}
+
+// A caller's allocator over cudaMalloc that counts what it holds; `skew` bytes past an aligned
+// block (a broken allocator) when set, `refuse` to throw instead.
+class CountingAllocator final : public DeviceAllocator {
+ public:
+  std::size_t skew = 0;
+  bool refuse = false;
+  std::int64_t live = 0, calls = 0;
+
+  void* allocate(std::size_t bytes) override {
+    if (refuse) throw std::bad_alloc();
+    void* p = nullptr;
+    if (cudaMalloc(&p, bytes + skew) != cudaSuccess) throw std::bad_alloc();
+    live += static_cast<std::int64_t>(bytes);
+    ++calls;
+    return static_cast<char*>(p) + skew;
+  }
+  void deallocate(void* p, std::size_t bytes) noexcept override {
+    cudaFree(static_cast<char*>(p) - skew);
+    live -= static_cast<std::int64_t>(bytes);
+  }
+};
+
+// Issue 26 / 28: a framework's allocator can own the shared workspaces. Every byte a workspace
+// holds comes from the caller's allocator and goes back to it; results equal the host API's.
+TEST(FfnLayer, WorkspacesDrawFromTheCallersAllocator) {
+  TWELL_REQUIRE_GPU();
+  auto mem = std::make_shared<CountingAllocator>();
+  const FfnData d = make_ffn(case_of(300, 1003, 264, true, 7));
+  const std::vector<float> dyv = dy_of(d);
+  Dev<bf16> x(d.x.size()), y(d.x.size()), dy(d.x.size()), dx(d.x.size());
+  up(x, to_bf16_bits(d.x));
+  up(dy, to_bf16_bits(dyv));
+  {
+    InferWorkspace ws(mem);
+    FfnLayer a(&ws), b(&ws);
+    a.upload_weights(d.weights(), nullptr);
+    b.upload_weights(d.weights(), nullptr);
+    for (const Path path : {Path::sparse, Path::dense, Path::automatic}) {
+      for (FfnLayer* l : {&a, &b}) {
+        l->forward(x.p, d.m, y.p, path, nullptr);
+        std::vector<float> want(d.x.size());
+        InferenceOptions o;
+        o.path = path;
+        ffn_infer_host(d.xv(), d.weights(), MatrixF(want.data(), d.m, d.k), o);
+        EXPECT_EQ(floats_of(down<std::uint16_t>(y)), want);
+      }
+    }
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    EXPECT_GT(ws.bytes(), 0);
+    EXPECT_EQ(mem->live, ws.bytes());  // all of the workspace, and nothing else
+  }
+  EXPECT_EQ(mem->live, 0);
+  for (const Path path : {Path::sparse, Path::dense}) {
+    TrainWorkspace ws(mem);
+    FfnTrainLayer t(&ws);
+    t.upload_weights(d.weights(), nullptr);
+    t.forward(x.p, d.m, y.p, path, nullptr);
+    t.backward(x.p, dy.p, d.m, 0.5, dx.p, nullptr);
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    std::vector<float> want_y(d.x.size()), gx(d.x.size()), gg(d.n * d.k), gu(d.n * d.k), gd(d.k * d.n);
+    TrainOptions o;
+    o.path = path;
+    ffn_train_host(d.xv(), CMatrixF(dyv.data(), d.m, d.k), d.weights(), 0.5, MatrixF(want_y.data(), d.m, d.k),
+                   FfnGrads{MatrixF(gx.data(), d.m, d.k), MatrixF(gg.data(), d.n, d.k), MatrixF(gu.data(), d.n, d.k),
+                            MatrixF(gd.data(), d.k, d.n)},
+                   o);
+    EXPECT_EQ(floats_of(down<std::uint16_t>(y)), want_y);
+    EXPECT_EQ(floats_of(down<std::uint16_t>(dx)), gx);
+    EXPECT_EQ(mem->live, ws.bytes());
+    EXPECT_LT(t.own_bytes(), t.device_bytes());  // the layer's own memory stays its own
+  }
+  EXPECT_EQ(mem->live, 0);
+  // A broken allocator is an error, never a kernel on misaligned or missing memory.
+  auto skewed = std::make_shared<CountingAllocator>();
+  skewed->skew = 16;
+  EXPECT_THROW(InferWorkspace{skewed}, Error);
+  EXPECT_EQ(skewed->live, 0);
+  auto refusing = std::make_shared<CountingAllocator>();
+  refusing->refuse = true;
+  EXPECT_THROW(
+      {
+        TrainWorkspace ws(refusing);
+        FfnTrainLayer t(&ws);  // the first layer of a set makes its cuBLASLt workspace
+      },
+      std::bad_alloc);
 }
 
 TEST(FfnLayer, MisuseIsAnError) {

@@ -13,6 +13,7 @@
 #include <string>
 
 #include "twell/bf16.hpp"
+#include "twell/cuda/device_allocator.hpp"
 #include "twell/cuda/ffn_cuda.hpp"
 #include "twell/ffn.hpp"
 
@@ -47,9 +48,11 @@ struct DeviceWeights {
 };
 
 // Per-call workspaces of inference layers (grown to the largest M served, never per layer).
+// allocator: where their device memory comes from (see DeviceAllocator; null: cudaMalloc). The
+// layers' own memory (weights in the kernels' layouts, dispatch statistics) is cudaMalloc'd.
 class InferWorkspace {
  public:
-  InferWorkspace();
+  explicit InferWorkspace(std::shared_ptr<DeviceAllocator> allocator = nullptr);
   std::int64_t bytes() const noexcept;  // device memory held now
   const std::shared_ptr<FfnWorkspace>& get() const noexcept { return set_; }
 
@@ -58,10 +61,11 @@ class InferWorkspace {
 };
 
 // Workspaces of training layers (the sparse step's gate output, the backward's temporaries, the
-// fp32 weight gradients until read, the cuBLASLt handle and workspace).
+// fp32 weight gradients until read, the cuBLASLt handle and workspace). allocator: as InferWorkspace's;
+// what a forward saves for its backward is the layer's own (cudaMalloc'd).
 class TrainWorkspace {
  public:
-  TrainWorkspace();
+  explicit TrainWorkspace(std::shared_ptr<DeviceAllocator> allocator = nullptr);
   std::int64_t bytes() const noexcept;
   const std::shared_ptr<TrainScratch>& get() const noexcept { return set_; }
 

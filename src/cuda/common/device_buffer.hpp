@@ -1,11 +1,14 @@
 #pragma once
-// Owning device allocation (cudaMalloc/cudaFree), movable, never copied.
+// Owning device allocation, movable, never copied: cudaMalloc/cudaFree, or a caller's
+// DeviceAllocator (twell/cuda/device_allocator.hpp) set with use() before the first allocation.
 #include <cuda_runtime.h>
 
 #include <cstddef>
+#include <cstdint>
 #include <utility>
 
 #include "cuda/common/check.hpp"
+#include "twell/cuda/device_allocator.hpp"
 
 namespace twell::cuda {
 
@@ -17,14 +20,23 @@ class DeviceBuffer {
   ~DeviceBuffer() { release(); }
   DeviceBuffer(const DeviceBuffer&) = delete;
   DeviceBuffer& operator=(const DeviceBuffer&) = delete;
-  DeviceBuffer(DeviceBuffer&& o) noexcept : ptr_(std::exchange(o.ptr_, nullptr)), count_(std::exchange(o.count_, 0)) {}
+  DeviceBuffer(DeviceBuffer&& o) noexcept
+      : ptr_(std::exchange(o.ptr_, nullptr)), count_(std::exchange(o.count_, 0)), alloc_(o.alloc_) {}
   DeviceBuffer& operator=(DeviceBuffer&& o) noexcept {
     if (this != &o) {
       release();
       ptr_ = std::exchange(o.ptr_, nullptr);
       count_ = std::exchange(o.count_, 0);
+      alloc_ = o.alloc_;
     }
     return *this;
+  }
+
+  // Later allocations come from `a` (null: cudaMalloc). What the buffer holds now is freed first.
+  // `a` must outlive the buffer.
+  void use(DeviceAllocator* a) noexcept {
+    release();
+    alloc_ = a;
   }
 
   // Reallocates (contents lost) unless the buffer already holds at least `count` elements.
@@ -33,11 +45,28 @@ class DeviceBuffer {
   }
   void resize(std::size_t count) {
     release();
-    if (count > 0) TWELL_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&ptr_), count * sizeof(T)));
+    if (count == 0) return;
+    if (!alloc_) {
+      TWELL_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&ptr_), count * sizeof(T)));
+    } else {
+      void* p = alloc_->allocate(count * sizeof(T));
+      if (p == nullptr || reinterpret_cast<std::uintptr_t>(p) % 256 != 0) {
+        if (p) alloc_->deallocate(p, count * sizeof(T));
+        detail::raise(ErrorCode::cuda, "DeviceAllocator::allocate({} bytes) returned {}: twell needs 256-byte aligned memory",
+                      count * sizeof(T), p == nullptr ? "null" : "memory not aligned to 256 bytes");
+      }
+      ptr_ = static_cast<T*>(p);
+    }
     count_ = count;
   }
   void release() noexcept {
-    if (ptr_) cudaFree(ptr_);
+    if (ptr_) {
+      if (alloc_) {
+        alloc_->deallocate(ptr_, count_ * sizeof(T));
+      } else {
+        cudaFree(ptr_);
+      }
+    }
     ptr_ = nullptr;
     count_ = 0;
   }
@@ -48,6 +77,7 @@ class DeviceBuffer {
  private:
   T* ptr_ = nullptr;
   std::size_t count_ = 0;
+  DeviceAllocator* alloc_ = nullptr;
 };
 
 // Owning pinned host allocation (for small asynchronous read-backs such as counters).

@@ -8,8 +8,10 @@
 
 namespace twell::cuda {
 
-LtGemm::LtGemm(bool autotune, int candidates, std::size_t workspace_bytes)
-    : workspace_(workspace_bytes), autotune_(autotune), candidates_(std::max(1, candidates)) {
+LtGemm::LtGemm(bool autotune, int candidates, std::size_t workspace_bytes, DeviceAllocator* mem)
+    : autotune_(autotune), candidates_(std::max(1, candidates)) {
+  workspace_.use(mem);
+  workspace_.resize(workspace_bytes);
   TWELL_CUBLAS_CHECK(cublasLtCreate(&handle_));
 }
 

@@ -47,7 +47,9 @@ class LtGemm {
  public:
   // autotune: on first use of a shape, time up to `candidates` heuristic algorithms on the actual
   // operands and keep the fastest (synchronises once per shape); else take the top heuristic.
-  explicit LtGemm(bool autotune = false, int candidates = 8, std::size_t workspace_bytes = 64u << 20);
+  // mem: where the cuBLASLt workspace comes from (null: cudaMalloc); must outlive the LtGemm.
+  explicit LtGemm(bool autotune = false, int candidates = 8, std::size_t workspace_bytes = 64u << 20,
+                  DeviceAllocator* mem = nullptr);
   ~LtGemm();
   LtGemm(const LtGemm&) = delete;
   LtGemm& operator=(const LtGemm&) = delete;

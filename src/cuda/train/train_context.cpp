@@ -59,6 +59,18 @@ WeightGradPasses weight_grad_passes(std::int64_t m, std::int64_t k, std::int64_t
   return w;
 }
 
+TrainScratch::TrainScratch(std::shared_ptr<DeviceAllocator> mem_) : mem(std::move(mem_)) {
+  DeviceAllocator* a = mem.get();
+  for (auto* b : {&g, &h, &dh, &dgu}) b->use(a);
+  for (auto* b : {&row_counts, &wg_item_counts, &wg_item_offsets}) b->use(a);
+  for (auto* b : {&entry_rows, &order, &tmp_keys, &tmp_vals, &wg_item_neuron}) b->use(a);
+  for (auto* b : {&d_up_e, &d_gate_e, &dwd_t, &dw_gu, &dw_down}) b->use(a);
+  wg_entries.use(a);
+  for (auto* b : {&wg_work, &cub_ws}) b->use(a);
+  for (auto* b : {&twell_words, &twell_row_ovf}) b->use(a);
+  twell_counters.use(a);
+}
+
 std::size_t TrainScratch::bytes() const noexcept {
   return g.bytes() + h.bytes() + dh.bytes() + dgu.bytes() + row_counts.bytes() + wg_item_counts.bytes() +
          wg_item_offsets.bytes() + entry_rows.bytes() + order.bytes() + tmp_keys.bytes() + tmp_vals.bytes() +
@@ -78,7 +90,7 @@ TrainContext::TrainContext(const TrainContextOptions& opt, std::shared_ptr<Train
                      }(),
                      [&]() -> std::shared_ptr<FfnWorkspace> {  // shared set: one GEMM workspace for all
                        if (!scratch) return nullptr;
-                       if (!scratch->ffn) scratch->ffn = std::make_shared<FfnWorkspace>(opt.autotune_gemm);
+                       if (!scratch->ffn) scratch->ffn = std::make_shared<FfnWorkspace>(opt.autotune_gemm, scratch->mem);
                        return scratch->ffn;
                      }()),
       scratch_(scratch ? std::move(scratch) : std::make_shared<TrainScratch>()),

@@ -140,6 +140,12 @@ struct TrainForwardResult {
 // must run in one stream order, and a context's dw_gate() / dw_up() / dw_down() hold its gradients
 // only until another context that shares the set runs a backward.
 struct TrainScratch {
+  // mem: where every buffer of the set comes from, the inner FfnWorkspace's too (null: cudaMalloc).
+  explicit TrainScratch(std::shared_ptr<DeviceAllocator> mem = nullptr);
+  TrainScratch(const TrainScratch&) = delete;
+  TrainScratch& operator=(const TrainScratch&) = delete;
+
+  std::shared_ptr<DeviceAllocator> mem;  // first: the buffers below give their memory back to it
   DeviceBuffer<__nv_bfloat16> g, h, dh, dgu;  // h: gated layers only (a non-gated layer saves h)
   DeviceBuffer<std::int64_t> row_counts, wg_item_counts, wg_item_offsets;
   DeviceBuffer<std::int32_t> entry_rows, order, tmp_keys, tmp_vals, wg_item_neuron;
