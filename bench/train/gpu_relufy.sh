@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # Issue 29's ReLU-fication of SmolLM2-135M on the GPU machine (the second of two device calls):
 #   call 1: carry ".debs" ".carry/gguf.part00", build twell (e.g. with GPU_CHECK_PART=tests scripts/gpu-check)
-#   call 2: carry ".debs" ".carry/gguf.part01" ".carry/gpu-corpus.tar.xz" ".whl", then
-#           bash bench/train/gpu_relufy.sh [KEY=JSON ...]      (overrides of bench/train/gpu-relufy-smollm2.json)
-# (one call carries at most 64 MiB: the 98 MB GGUF travels in two halves; the machine keeps the
-# first while it stays warm.) Reassembles and converts the GGUF (scripts/fetch-smollm2, sha256
+#   call 2: carry ".carry/gguf.part01" ".carry/gpu-corpus.tar.xz" ".whl", then
+#           [TRAIN_TIMEOUT=S] bash bench/train/gpu_relufy.sh [KEY=JSON ...]   (overrides of bench/train/gpu-relufy-smollm2.json)
+# (one call carries at most 64 MiB: the 98 MB GGUF travels in two halves, `split -n 2 -d -a 2 GGUF
+# .carry/gguf.part`; the machine keeps the first while it stays warm, so call 2 must come within its
+# idle window. With the tree's 17 MB, call 2 fits only when bench/results does not travel: untrack it
+# for the calls (git rm -r --cached bench/results, listed in .git/info/exclude), then git reset it.) Reassembles and converts the GGUF (scripts/fetch-smollm2, sha256
 # checked), evaluates the SiLU model and the same weights with ReLU on val-wiki, fine-tunes with
 # ReLU + L1 through twell (bench/train/gpu_run.sh: telemetry, `twell generate` on the result), and
 # evaluates every checkpoint (EVAL_BATCHES batches of 16 × 512 tokens, default 16). Outputs under

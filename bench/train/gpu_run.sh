@@ -29,7 +29,9 @@ json.dump(cfg, open(sys.argv[2], "w"), indent=1)
 print("config:", json.dumps(cfg))
 PY
 t0=$(date +%s)
-python3 -m twell.train "$RUN.json" --out "$RUN" > "/tmp/train-$NAME.log" 2>&1
+# TRAIN_TIMEOUT (seconds, 0: none) stops the training so that what follows still fits the device
+# call; the checkpoints saved by then are what the evaluation and `twell generate` see.
+timeout "${TRAIN_TIMEOUT:-0}" python3 -m twell.train "$RUN.json" --out "$RUN" > "/tmp/train-$NAME.log" 2>&1
 rc=$?
 echo "$NAME: rc=$rc ($(( $(date +%s) - t0 )) s)"; tail -c 700 "/tmp/train-$NAME.log"; echo
 cp "$RUN/telemetry.jsonl" "$OUT/telemetry-$NAME.jsonl" 2>/dev/null
