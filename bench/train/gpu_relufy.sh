@@ -10,7 +10,7 @@
 # checked), evaluates the SiLU model and the same weights with ReLU on val-wiki, fine-tunes with
 # ReLU + L1 through twell (bench/train/gpu_run.sh: telemetry, `twell generate` on the result), and
 # evaluates every checkpoint (EVAL_BATCHES batches of 16 × 512 tokens, default 16). Outputs under
-# $OUT: telemetry-relufy.jsonl, generate-relufy.txt, eval-relufy.json.
+# $OUT: telemetry-NAME.jsonl, generate-NAME.txt, eval-NAME.json (RELUFY_NAME, default relufy).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-build/train-out}
@@ -27,25 +27,31 @@ if [ ! -f "$M/.complete" ]; then
 fi
 [ -d data/gpu-corpus ] || { mkdir -p data/gpu-corpus && xz -dc .carry/gpu-corpus.tar.xz | tar xf - -C data/gpu-corpus; } || exit 1
 t0=$(date +%s)
-python3 bench/train/eval_checkpoints.py --data data/gpu-corpus/val-wiki --batches "${EVAL_BATCHES:-16}" --seq-len 512 --micro-batch 16 \
-  "$M" --json "$OUT/eval-before-silu.json" || exit 1
-python3 bench/train/eval_checkpoints.py --data data/gpu-corpus/val-wiki --batches "${EVAL_BATCHES:-16}" --seq-len 512 --micro-batch 16 \
-  --as-relu "$M" --json "$OUT/eval-before-relu.json" || exit 1
+# Validation before and after on two sets: val-wiki (Wikipedia leads: the pretrained model's kind of
+# text, not the fine-tuning corpus's) and val-heldout (held-out text of the fine-tuning corpus).
+EVAL="python3 bench/train/eval_checkpoints.py --batches ${EVAL_BATCHES:-16} --seq-len 512 --micro-batch 16"
+for v in val-wiki val-heldout; do
+  $EVAL --data data/gpu-corpus/$v "$M" --json "$OUT/eval-before-silu-$v.json" || exit 1
+  $EVAL --data data/gpu-corpus/$v --as-relu "$M" --json "$OUT/eval-before-relu-$v.json" || exit 1
+done
 echo "evaluation before: $(( $(date +%s) - t0 )) s"
-bash bench/train/gpu_run.sh relufy bench/train/gpu-relufy-smollm2.json "$@"
+NAME=${RELUFY_NAME:-relufy}
+bash bench/train/gpu_run.sh "$NAME" bench/train/gpu-relufy-smollm2.json "$@"
 rc=$?
-python3 bench/train/eval_checkpoints.py --data data/gpu-corpus/val-wiki --batches "${EVAL_BATCHES:-16}" build/train-runs/relufy \
-  --json "$OUT/eval-relufy.json"
-python3 - "$OUT" <<'PY'
+for v in val-wiki val-heldout; do
+  $EVAL --data data/gpu-corpus/$v "build/train-runs/$NAME" --json "$OUT/eval-after-$v.json"
+done
+python3 - "$OUT" "$NAME" <<'PY'
 import json, sys
-out = sys.argv[1]
+out, name = sys.argv[1], sys.argv[2]
 parts = {}
-for name in ("eval-before-silu", "eval-before-relu", "eval-relufy"):
-    try:
-        parts[name] = json.load(open(f"{out}/{name}.json"))["runs"]
-    except (OSError, KeyError, ValueError):
-        pass
-json.dump(parts, open(f"{out}/eval-relufy.json", "w"), indent=1)
+for v in ("val-wiki", "val-heldout"):
+    for what in ("before-silu", "before-relu", "after"):
+        try:
+            parts.setdefault(v, {})[what] = json.load(open(f"{out}/eval-{what}-{v}.json"))["runs"]
+        except (OSError, KeyError, ValueError):
+            pass
+json.dump(parts, open(f"{out}/eval-{name}.json", "w"), indent=1)
 PY
-rm -f "$OUT/eval-before-silu.json" "$OUT/eval-before-relu.json"
+for v in val-wiki val-heldout; do rm -f "$OUT/eval-before-silu-$v.json" "$OUT/eval-before-relu-$v.json" "$OUT/eval-after-$v.json"; done
 exit $rc

@@ -6,9 +6,11 @@
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstring>
 #include <memory>
 #include <new>
+#include <string>
 #include <vector>
 
 #include "cuda_test_util.hpp"
@@ -169,8 +171,14 @@ TEST(FfnLayer, CapturedLayersReplayBitIdentically) {
       // acts[0] = x; acts[i + 1] = layer i's output.
       std::vector<std::unique_ptr<Dev<bf16>>> acts;
       for (int i = 0; i <= L; ++i) acts.push_back(std::make_unique<Dev<bf16>>(d.x.size()));
+      std::vector<std::string> paths(L);  // the last run's dispatch, layer by layer
       const auto run = [&] {
-        for (int i = 0; i < L; ++i) layers[i].forward(acts[i]->p, m, acts[i + 1]->p, path, s);
+        for (int i = 0; i < L; ++i) paths[i] = layers[i].forward(acts[i]->p, m, acts[i + 1]->p, path, s);
+      };
+      const auto joined = [&] {
+        std::string j;
+        for (const std::string& p : paths) j += "\n    " + p;
+        return j;
       };
       up(*acts[0], to_bf16_bits(d.x));
       for (int w = 0; w < 3; ++w) run();  // warm-up: buffers, dispatch statistics, cuBLASLt plans
@@ -187,16 +195,27 @@ TEST(FfnLayer, CapturedLayersReplayBitIdentically) {
       }
       ASSERT_EQ(cudaStreamEndCapture(s, &graph), cudaSuccess);
       if (threw) continue;
+      const std::string captured = joined();
       ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
       // Fresh input: uncaptured, then replayed.
       up(*acts[0], to_bf16_bits(fresh_in.x));
       run();
       ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);
       const auto want = down<std::uint16_t>(*acts[L]);
+      const auto want_first = down<std::uint16_t>(*acts[1]);
       ASSERT_EQ(cudaMemset(acts[L]->p, 0xff, acts[L]->n * sizeof(bf16)), cudaSuccess);
       ASSERT_EQ(cudaGraphLaunch(exec, s), cudaSuccess);
       ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);
-      EXPECT_EQ(down<std::uint16_t>(*acts[L]), want);
+      const auto got = down<std::uint16_t>(*acts[L]);
+      std::size_t differ = 0, first = got.size();
+      for (std::size_t i = 0; i < got.size(); ++i)
+        if (got[i] != want[i]) {
+          ++differ;
+          first = std::min(first, i);
+        }
+      EXPECT_EQ(differ, 0u) << differ << " of " << got.size() << " values differ, the first at row " << first / 512
+                            << "; layer 1's output " << (down<std::uint16_t>(*acts[1]) == want_first ? "equal" : "differs")
+                            << "\n  captured with:" << captured << "\n  uncaptured run:" << joined();
       cudaGraphExecDestroy(exec);
       cudaGraphDestroy(graph);
     }
