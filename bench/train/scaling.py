@@ -117,7 +117,7 @@ def plot(paths: list, out: str) -> None:
             for e in engines:
                 lines.setdefault((e, r["mode"]), []).append((r["gpus"], tokens_per_s(r, res) / r["gpus"] / 1e3))
         for (e, m), pts in sorted(lines.items()):
-            if len(pts) < 2:
+            if len(pts) < 2 and e != "ddp":  # a one-GPU point alone is drawn once, on the DDP line
                 continue
             pts.sort()
             ax.plot([g for g, _ in pts], [v for _, v in pts], marker="o", ls="-" if e == "ddp" else "--",

@@ -16,7 +16,8 @@ import statistics
 
 
 def read(path):
-    with open(path) as f:
+    import lzma
+    with (lzma.open(path, "rt") if path.endswith(".xz") else open(path)) as f:  # results are kept xz'd
         return [json.loads(line) for line in f if line.strip()]
 
 
