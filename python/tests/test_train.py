@@ -147,6 +147,22 @@ def test_half_written_checkpoint_never_replaces_a_good_one(tmp_path, monkeypatch
     assert os.path.exists(os.path.join(good, "trainer_state.pt")) and not os.path.exists(os.path.join(out, "checkpoint-4"))
 
 
+def test_l1_ramps_up_over_l1_warmup_steps(tmp_path):
+    cfg = config(tmp_path, steps=6, l1_coeff=2e-3, l1_warmup=4)
+    assert [train.l1_at(cfg, s) for s in range(6)] == pytest.approx([5e-4, 1e-3, 1.5e-3, 2e-3, 2e-3, 2e-3])
+    flat_cfg = train.load_config({**cfg, "l1_warmup": 0})
+    assert train.l1_at(flat_cfg, 0) == 2e-3  # no ramp by default
+    out = str(tmp_path / "ramp")
+    train.train(cfg, out, progress=False)
+    assert [x["l1_coeff"] for x in records(out)] == pytest.approx([5e-4, 1e-3, 1.5e-3, 2e-3, 2e-3, 2e-3])
+    # The coefficient is in the loss: the same run without the ramp moves the weights otherwise.
+    flat = str(tmp_path / "flat")
+    train.train(flat_cfg, flat, progress=False)
+    assert records(out)[1]["loss"] != records(flat)[1]["loss"]
+    with pytest.raises(train.ConfigError, match="l1_warmup"):
+        train.load_config({**cfg, "l1_warmup": -1})
+
+
 def test_bad_configs_and_data(tmp_path):
     with pytest.raises(train.ConfigError, match="unknown config keys"):
         train.load_config({"train_data": "x", "lr_typo": 1})

@@ -19,7 +19,8 @@ makes the same ones. --resume continues from it: the data order
 is a function of the step (twell.data.Loader), so the next step equals the uninterrupted run's.
 
 L1 term: per layer Σ|h| / tokens of the micro-batch (h the FFN's hidden activations, input of
-down_proj), summed over layers, times l1_coeff. Dead-neuron re-initialisation (reinit_window > 0):
+down_proj), summed over layers, times l1_coeff (ramped up from 0 over the first l1_warmup steps when
+that is set: progressive regularisation, as ProSparse). Dead-neuron re-initialisation (reinit_window > 0):
 a neuron that has not fired for reinit_window tokens gets its gate row redrawn from N(0, init_std²)
 (drawn from a generator seeded by the run's seed, the step and the layer: every rank the same)
 and its AdamW moments zeroed (the paper's targeted gate re-init), counted in telemetry.
@@ -59,6 +60,7 @@ DEFAULTS: dict[str, Any] = {
     "betas": [0.9, 0.95],
     "clip": 1.0,
     "l1_coeff": 0.0,
+    "l1_warmup": 0,  # steps over which the L1 coefficient ramps linearly from 0 to l1_coeff (progressive, as ProSparse); 0: full from step 1
     "bf16": False,
     "device": "auto",
     "parallel": "ddp",  # with several ranks: "ddp" (replicated weights) or "fsdp" (FSDP2: sharded weights and optimiser state)  # "cuda" (under torchrun: cuda:LOCAL_RANK), "cpu", or "auto": cuda when there is one
@@ -112,6 +114,8 @@ def load_config(path_or_dict) -> dict:
         raise ConfigError("train_data (a twell corpus directory) is required")
     if cfg["l1_coeff"] < 0 or cfg["lr"] <= 0 or cfg["warmup"] < 0:
         raise ConfigError("l1_coeff ≥ 0, lr > 0 and warmup ≥ 0 are required")
+    if not isinstance(cfg["l1_warmup"], int) or cfg["l1_warmup"] < 0:
+        raise ConfigError(f"l1_warmup must be an integer ≥ 0 (steps), got {cfg['l1_warmup']!r}")
     if cfg["parallel"] not in ("ddp", "fsdp"):
         raise ConfigError(f"parallel must be 'ddp' or 'fsdp', got {cfg['parallel']!r}")
     if not isinstance(cfg["compile"], bool):
@@ -167,6 +171,15 @@ def pick_device(cfg: dict) -> torch.device:
             raise ConfigError("device 'cuda' asked for, but PyTorch sees no CUDA device")
         return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
     return torch.device("cpu")
+
+
+def l1_at(cfg: dict, step: int) -> float:
+    """The L1 coefficient of step `step` (0-based): l1_coeff · (step + 1) / l1_warmup during the
+    ramp, l1_coeff after it. A function of the step alone, so a resumed run continues the ramp."""
+    ramp = cfg["l1_warmup"]
+    if ramp <= 0 or step + 1 >= ramp:
+        return cfg["l1_coeff"]
+    return cfg["l1_coeff"] * (step + 1) / ramp
 
 
 def lr_at(cfg: dict, step: int) -> float:
@@ -395,6 +408,7 @@ def train(cfg: dict, out: str, *, resume: bool = False, progress: bool = True, s
             g["lr"] = lr
         # ce, l1 and each layer's non-zeros per token, averaged over the micro-batches; read once a step.
         sums = torch.zeros(2 + layers, dtype=torch.float64, device=device)
+        l1_coeff = l1_at(cfg, step)
         fired = [torch.zeros_like(s) for s in silent]
         counting = step % cfg["neuron_counts_every"] == 0 or step + 1 == cfg["steps"]
         probe.count_neurons(counting)
@@ -415,7 +429,7 @@ def train(cfg: dict, out: str, *, resume: bool = False, progress: bool = True, s
                     probe.profile_positions(False)  # not again in a checkpointed recomputation
                     ce = torch.nn.functional.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), ids[:, 1:].reshape(-1))
                     l1 = probe.l1()
-                    loss = (ce + cfg["l1_coeff"] * l1) / cfg["grad_accum"]
+                    loss = (ce + l1_coeff * l1) / cfg["grad_accum"]
                 loss.backward()
             counts = probe.counts()
             sums += torch.stack([t.detach().double() for t in (ce, l1, *(c[0] for c in counts))]) / cfg["grad_accum"]
@@ -451,7 +465,7 @@ def train(cfg: dict, out: str, *, resume: bool = False, progress: bool = True, s
                     # (FSDP: the shard changes; every FSDP step drops the caches anyway).
                     silent[i][rows] = 0
         dt = time.perf_counter() - t0
-        record = {"step": step + 1, "lr": lr, "loss": ce_sum, "l1": l1_sum, "grad_norm": grad_norm,
+        record = {"step": step + 1, "lr": lr, "l1_coeff": l1_coeff, "loss": ce_sum, "l1": l1_sum, "grad_norm": grad_norm,
                   "nnz_per_token": nnz, "density": [v / core.config.intermediate_size for v in nnz],
                   "dead": dead, "reinit": reinit, "tokens_per_s": tokens_per_step / dt}
         if profiling:
