@@ -94,13 +94,15 @@ void check_device(int device) {
 // Workspaces that the layers of one device share (cuda::InferWorkspace for inference layers, as
 // the model runtime's layers do; cuda::TrainWorkspace for training layers): layers that run one
 // after another on one stream. Made with the device current (a workspace may hold a cuBLASLt handle).
-// A cuda::DeviceAllocator over a Python object's allocate(nbytes) -> int (a device pointer) and
-// deallocate(ptr, nbytes) (twell.torch passes PyTorch's caching allocator, on the current stream).
-// twell's calls release the GIL; the allocator takes it back for each call into Python. Once the
-// interpreter is finalising, blocks are left to the process's end rather than handed back.
+// A cuda::DeviceAllocator over two Python callables: allocate(nbytes) -> int (a device pointer) and
+// deallocate(ptr). twell's calls release the GIL; each call into Python takes it back. The
+// references held here are invisible to Python's garbage collector: callables that reach the
+// workspace's owner (a closure over the module that keeps it, say) would make a cycle no collector
+// breaks. Once the interpreter is finalising, blocks are left to the process's end.
 class PyAllocator final : public cuda::DeviceAllocator {
  public:
-  explicit PyAllocator(nb::object obj) : allocate_(obj.attr("allocate")), deallocate_(obj.attr("deallocate")) {}
+  PyAllocator(nb::object allocate, nb::object deallocate)
+      : allocate_(std::move(allocate)), deallocate_(std::move(deallocate)) {}
   ~PyAllocator() override {
     if (Py_IsInitialized()) {
       nb::gil_scoped_acquire gil;
@@ -115,11 +117,11 @@ class PyAllocator final : public cuda::DeviceAllocator {
     nb::gil_scoped_acquire gil;
     return reinterpret_cast<void*>(nb::cast<std::uintptr_t>(allocate_(bytes)));
   }
-  void deallocate(void* p, std::size_t bytes) noexcept override {
+  void deallocate(void* p, std::size_t) noexcept override {
     if (!Py_IsInitialized()) return;
     nb::gil_scoped_acquire gil;
     try {
-      deallocate_(reinterpret_cast<std::uintptr_t>(p), bytes);
+      deallocate_(reinterpret_cast<std::uintptr_t>(p));
     } catch (nb::python_error& e) {
       e.discard_as_unraisable("twell: handing a workspace block back to its allocator");
     } catch (...) {
@@ -133,13 +135,15 @@ class PyAllocator final : public cuda::DeviceAllocator {
 template <typename W>
 class DeviceWorkspace {
  public:
-  DeviceWorkspace(int device, nb::object allocator) : device_(device) {
+  DeviceWorkspace(int device, nb::object allocate, nb::object deallocate) : device_(device) {
     check_device(device);
+    TWELL_CHECK(allocate.is_none() == deallocate.is_none(), ErrorCode::invalid_argument,
+                "a workspace's allocate and deallocate come together (one of them is None)");
     std::shared_ptr<cuda::DeviceAllocator> mem;
-    if (!allocator.is_none()) mem = std::make_shared<PyAllocator>(allocator);
+    if (!allocate.is_none()) mem = std::make_shared<PyAllocator>(std::move(allocate), std::move(deallocate));
+    from_allocator_ = mem != nullptr;
     cuda::DeviceScope on(device);
     ws_ = std::make_unique<W>(std::move(mem));
-    from_allocator_ = !allocator.is_none();
   }
   int device() const noexcept { return device_; }
   std::int64_t bytes() const noexcept { return ws_->bytes(); }
@@ -327,9 +331,9 @@ void bind_cuda(nb::module_& m) {
         "twell's native training-step benchmark of one layer: sparse_step_ms, dense_step_ms, ..., device bytes.");
   nb::class_<CudaFfnWorkspace>(m, "CudaFfnWorkspace",
                                 "Per-call workspaces shared by the inference contexts of one device (layers run one after another on one stream).")
-      .def(nb::init<int, nb::object>(), "device"_a, "allocator"_a = nb::none(),
-           "allocator: an object with allocate(nbytes) -> int (a device pointer, 256-byte aligned) and "
-           "deallocate(ptr, nbytes), stream-ordered on the stream of the calls (None: cudaMalloc)")
+      .def(nb::init<int, nb::object, nb::object>(), "device"_a, "allocate"_a = nb::none(), "deallocate"_a = nb::none(),
+           "allocate(nbytes) -> int (a device pointer, 256-byte aligned) and deallocate(ptr): where the memory "
+           "comes from, stream-ordered on the stream of the calls (None: cudaMalloc)")
       .def_prop_ro("device", &CudaFfnWorkspace::device)
       .def_prop_ro("from_allocator", &CudaFfnWorkspace::from_allocator, "Whether the workspace's memory comes from the allocator given.")
       .def_prop_ro("bytes", &CudaFfnWorkspace::bytes, "Device memory the workspace holds now.");
@@ -343,9 +347,9 @@ void bind_cuda(nb::module_& m) {
            "y = FFN(x) (bf16); path: 'automatic', 'sparse' or 'dense'. Returns the path as dispatched.");
   nb::class_<CudaTrainScratch>(m, "CudaTrainScratch",
                                 "Workspaces shared by the training contexts of one device (layers run one after another on one stream).")
-      .def(nb::init<int, nb::object>(), "device"_a, "allocator"_a = nb::none(),
-           "allocator: an object with allocate(nbytes) -> int (a device pointer, 256-byte aligned) and "
-           "deallocate(ptr, nbytes), stream-ordered on the stream of the calls (None: cudaMalloc)")
+      .def(nb::init<int, nb::object, nb::object>(), "device"_a, "allocate"_a = nb::none(), "deallocate"_a = nb::none(),
+           "allocate(nbytes) -> int (a device pointer, 256-byte aligned) and deallocate(ptr): where the memory "
+           "comes from, stream-ordered on the stream of the calls (None: cudaMalloc)")
       .def_prop_ro("device", &CudaTrainScratch::device)
       .def_prop_ro("from_allocator", &CudaTrainScratch::from_allocator, "Whether the set's memory comes from the allocator given.")
       .def_prop_ro("bytes", &CudaTrainScratch::bytes, "Device memory the set holds now.");

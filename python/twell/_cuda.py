@@ -18,6 +18,7 @@ tens of microseconds for a 2B model's layer). A write the version counter does n
 """
 from __future__ import annotations
 
+import functools
 import weakref
 from dataclasses import dataclass, field
 from typing import Optional
@@ -90,19 +91,14 @@ _workspace: dict[int, object] = {}  # device → _twell.CudaFfnWorkspace, shared
 workspace_allocator = "torch"
 
 
-class TorchAllocator:
-    """twell's workspace memory from PyTorch's caching allocator, on the stream current when twell
-    grows a buffer: the stream of the twell call (twell.torch runs on PyTorch's current stream), so
-    a block handed back is reused in that stream's order, as the caching allocator guarantees."""
-
-    def __init__(self, device: int):
-        self.device = device
-
-    def allocate(self, nbytes: int) -> int:
-        return torch.cuda.caching_allocator_alloc(nbytes, self.device, torch.cuda.current_stream(self.device))
-
-    def deallocate(self, ptr: int, nbytes: int) -> None:
-        torch.cuda.caching_allocator_delete(ptr)
+def torch_allocator(device: int) -> tuple:
+    """(allocate, deallocate) for a workspace: PyTorch's caching allocator, on the stream current when
+    twell grows a buffer — the stream of the twell call (twell.torch runs on PyTorch's current
+    stream), so a block handed back is reused in that stream's order, as the caching allocator
+    guarantees. Plain torch functions on purpose: the workspace holds them where Python's garbage
+    collector cannot see, so a closure over this module would make a cycle that keeps every
+    workspace and layer alive until the process ends (nanobind reported them leaked at exit)."""
+    return functools.partial(torch.cuda.caching_allocator_alloc, device=device), torch.cuda.caching_allocator_delete
 
 
 def _shared(table: dict, device: int, make):
@@ -113,7 +109,7 @@ def _shared(table: dict, device: int, make):
     if got is None:
         if workspace_allocator not in ("torch", "cuda"):
             raise ValueError(f"twell._cuda.workspace_allocator must be 'torch' or 'cuda', got {workspace_allocator!r}")
-        got = table[device] = make(device, TorchAllocator(device) if workspace_allocator == "torch" else None)
+        got = table[device] = make(device, *(torch_allocator(device) if workspace_allocator == "torch" else (None, None)))
     return got
 
 
