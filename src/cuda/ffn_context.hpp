@@ -40,132 +40,49 @@ namespace twell::cuda {
 // dispatch, count periods; where each value comes from: docs/perf-notes-cuda.md, "Dispatch
 // policy"), then the kernels' variants and the hot-row / hot-neuron splits.
 struct ContextOptions : DispatchPolicy {
+  // One line each; the measurements behind the values: docs/perf-notes-cuda.md, "Kernel configuration".
   TwellConfig twell{};
-  bool autotune_gemm = false;  // time cuBLASLt's candidate algorithms once per shape
+  bool autotune_gemm = false;                // time cuBLASLt's candidate algorithms once per shape
   std::int64_t dispatch_sample_rows = 2048;  // rows the dispatch count reads (all rows when M is smaller)
-  // TwellUpDownParams::variant of the fused kernel, gated (1 measured fastest or equal at M ≥ 16
-  // on H100 and H200) and non-gated (0: 0.224 vs 0.273 ms for variant 1, H200, M = 16384, 0.5 %,
-  // timed alternately, 9832d1e).
-  // Variants 3 and 4 (as 0, compiled for 6 and 8 resident blocks per SM: 80 and 64 registers
-  // instead of up to 128, so 24–32 warps per SM wait on L2 round trips instead of 16) measured
-  // faster from M = 4096 on (H200, M = 16384, remainder alternating with variant 1 / 0, 9a11918:
-  // gated 3: 0.576 / 0.642 ms at 0.5 %, 0.880 / 0.927 at 1 %, 0.833 / 0.892 hot; non-gated 4:
-  // 0.277 / 0.356) and slower below (M = 1024: 0.052 / 0.045): below updown_occupancy_min_rows
-  // they run as 1 (gated) and 0 (non-gated).
+  // The fused up+down kernel's variant (TwellUpDownParams::variant), gated / non-gated: 6 / 8
+  // resident blocks per SM from updown_occupancy_min_rows rows on, 1 / 0 below (faster there).
   int updown_variant = 3;
   int updown_variant_nongated = 4;
   std::int64_t updown_occupancy_min_rows = 2048;
-  // Decode (M ≤ decode_max_rows, M < dispatch_min_rows, K ≤ kDecodeMaxK): always sticky; the
-  // gate GEMM then the decode kernel (twell_decode.hpp: a token's non-zeros spread over N/256
-  // CTAs) until a count measures more than decode_max_density. H100, K = 2048, N = 5632
-  // (17629ec, dense and automatic alternately): 1.16–1.4x dense at M = 1…16 and 0.3–0.6 %,
-  // 1.05–1.3x at 1 %, 1.0–1.27x at M = 1 and 2.5 %, 0.8–0.9x at M = 4…16 and 3 %. H200 (more
-  // memory bandwidth, so a faster dense GEMV; 4be0c14 and 4011fd1): 1.01–1.12x at ≤ 0.73 %, but
-  // 0.90–0.99x at M = 4…16 and 1.0–1.1 %; so 0.8 %, not the 2 % the H100 alone suggested.
+  // Decode (M ≤ decode_max_rows, M < dispatch_min_rows, K ≤ kDecodeMaxK): gate, then the decode
+  // kernel while counts stay under decode_max_density; always sticky.
   std::int64_t decode_max_rows = 16;
-  // The decode path's gate through the GEMV kernel (sm80/twell_gemv.hpp) instead of the cuBLASLt
-  // ReLU GEMM, for M ≤ decode_gemv_max_rows (and K ≤ 8192). Measured on the H200 (whole decode
-  // path, alternating, 416e007): M = 1 0.023 vs 0.024 ms (three points,
-  // always ~1 µs ahead); M = 4 0.029–0.040 vs 0.024–0.034, M = 8 and 16 up to 2.3x slower (CUDA-core
-  // dot products per token; cuBLASLt uses tensor cores there). Hence M = 1 only.
-  bool decode_gemv = true;
-  std::int64_t decode_gemv_max_rows = 1;
-  // gate_twell on a compute-capability-9.0 GPU: the sm90 gate GEMM with the TwELL packing in its
-  // epilogue (sm90/gate_pack.hpp; the gate buffer then holds only overflowed blocks). false, or
-  // another GPU: the cuBLASLt gate GEMM (ReLU epilogue) + twell_pack below. On by default since
-  // its packers went one lane per row with bulk-copy stores (49dab5b, H200, M = 16384, bench):
-  // gate + pack 0.483 ms at 0.5 % and 0.492 at 1 % against 0.585–0.643 for cuBLASLt + twell_pack
-  // and 0.53 for the cuBLASLt GEMM alone; at 3 % and above it is 1.1–1.6x the GEMM (the packers
-  // fall behind), where dispatch runs dense (docs/perf-notes-cuda.md, "Sixth session"). The first
-  // call of a layer (dispatch's sampled count) always uses the cuBLASLt gate.
+  bool decode_gemv = true;                   // the decode gate by the GEMV kernel (sm80/twell_gemv.hpp) ...
+  std::int64_t decode_gemv_max_rows = 1;     // ... up to this M (tensor-core GEMMs win from M = 4)
+  // The sm90 gate GEMM with the TwELL packing in its epilogue (sm90/gate_pack.hpp) on a
+  // compute-capability-9.0 GPU; false, or another GPU: the cuBLASLt ReLU GEMM + twell_pack. The
+  // first call of a layer (dispatch's sampled count) always uses the cuBLASLt gate.
   bool gate_sm90 = true;
-  // With the sm90 gate: also store every gate value in the gate buffer (tests and diagnostics
-  // that read gate_values() after gate_twell; costs the [M, N] write the epilogue saves).
-  bool gate_store_values = false;
-  // The sm90 gate's cluster size along M (1, 2 or 4): CTAs of a cluster multicast W tiles to each
-  // other, cutting the L2 → SM traffic per stage from 48 KB to 16 + 32/cluster KB.
-  int gate_sm90_cluster = 2;
-  // The sm90 gate's consumers stage tiles by stmatrix (GatePackParams::stage_stmatrix): the same
-  // values in the same places. H100 (6a75e21, probe alternating with the GEMM, cluster 2): whole
-  // gate 1.067x the GEMM vs 1.104x with 32-bit shared stores; false keeps those.
-  bool gate_sm90_stmatrix = true;
-  // The sm90 gate's packers take rows with many non-zero words by the whole warp
-  // (GatePackParams::heavy_rows): the same words; false packs every row by its own lane.
-  bool gate_sm90_heavy_rows = true;
-  // The sm90 gate's consumers write per-row masks of the non-zero 16-byte words for the packers
-  // (GatePackParams::word_masks): the same words; false: the packers scan the staged rows.
-  bool gate_sm90_word_masks = true;
-  // gate_twell in this many row chunks (1: one GEMM, then one packing pass): chunk i's packing
-  // runs on a second stream while chunk i + 1's GEMM runs. At most M / 2048 chunks, each a whole
-  // number of 128-row tiles except the last.
-  // Measured (M = 16384): gate+pack 0.589 ms unchunked vs 0.588 / 0.602 / 0.619 with 2 / 4 / 8
-  // chunks at 0.5 %, and 0.66–0.73 vs 0.59–0.61 (2 chunks) at 1–10 % (GEMM alone 0.50–0.54).
-  int gate_chunks = 2;
-  // Dense rows (sm80/twell_dense_rows.hpp), on the TwELL remainder: rows with more than dense_rows_density·N non-zeros (hot tokens,
-  // heavy rows, rows with overflowed blocks) run as rows of cuBLASLt GEMMs, gathered, instead of
-  // through the fused kernel, up to a capacity sized from the share of such rows an earlier call
-  // counted (+10 % + 64 rows; dense_rows_capacity ≥ 0 fixes it instead). Rows past the capacity
-  // stay sparse: exact either way. 0 turns it off. 0.02 since the seventeenth session: at the hot
-  // point it read 1–3 % faster than 0.015 in three H100 runs, alternating, neutral at the others
-  // (the training step's threshold is 0.02 too).
+  bool gate_store_values = false;            // also store every gate value (tests reading gate_values())
+  int gate_sm90_cluster = 2;                 // CTAs along M that multicast W tiles to each other (1, 2, 4)
+  bool gate_sm90_stmatrix = true;            // consumers stage tiles by stmatrix (same values, faster)
+  bool gate_sm90_heavy_rows = true;          // packers take rows with many words by the whole warp
+  bool gate_sm90_word_masks = true;          // consumers hand the packers per-row masks of non-zero words
+  int gate_chunks = 2;                       // gate in row chunks, each packed beside the next one's GEMM
+  // Dense rows (sm80/twell_dense_rows.hpp): rows with more than dense_rows_density·N non-zeros run
+  // as gathered rows of cuBLASLt GEMMs, up to a capacity learned from an earlier call's count
+  // (dense_rows_capacity ≥ 0 fixes it); rows past it stay sparse (exact either way). 0: off.
   double dense_rows_density = 0.02;
-  // A dense row's weight in the dispatch count, as a density of N: automatic compares
-  // Σ_rows (row dense ? this·N : count) / (M·N) with its thresholds, so a layer whose non-zeros
-  // sit in a few heavy rows still runs sparse.
-  double dense_rows_cost_density = 0.015;
-  // Dense rows engage once an earlier call's share of rows over the threshold, scaled to this
-  // call's M, comes to at least this many rows: small gathered GEMMs run far below the GEMM rate.
-  // Measured (H200, M = 16384, d048c10, alternating): at 0.5 % the 296 heavy rows (capacity 512)
-  // cost 1.058 vs 1.011 ms for the whole sparse path without them; at 1 % 2767 rows saved 0.05 ms,
-  // with the reference's hot rows (1.33 %) 3193 rows 0.40 ms. With hot neurons split off (fewer
-  // non-zeros per row in the cold part) the reference's 492 hot tokens plus ~300 heavy rows fell
-  // under 1024 and ran sparse: whole sparse path 1.425 ms (ef0a7bb) against 1.346 ms when they ran
-  // dense (69c4d08, H200, M = 16384); hence 512 (still above the 296 rows measured at 0.5 %).
-  std::int64_t dense_rows_min = 512;
-  std::int64_t dense_rows_capacity = -1;  // ≥ 0: this fixed capacity (tests, benchmarks)
+  double dense_rows_cost_density = 0.015;    // a dense row's weight in the dispatch count, as a density of N
+  std::int64_t dense_rows_min = 512;         // fewer such rows (scaled to M) run sparse: small GEMMs are slow
+  std::int64_t dense_rows_capacity = -1;     // ≥ 0: this fixed capacity (tests, benchmarks)
   // Hot neurons (sm80/twell_hot_neurons.hpp): neurons active in more than hot_neurons_density of a
-  // calibration batch's tokens run as columns of dense cuBLASLt GEMMs (their gate and up product,
-  // h, and a down GEMM that adds into y), the others through the sparse path, for calls of at least
-  // hot_neurons_min_rows rows (decode and small batches run every neuron through their usual path).
-  // The break-even: a neuron costs ≈ 6·M·K flops as GEMM columns (≈ 0.26 µs per 1000 tokens at
-  // K = 2048 and ~650 TF/s, less the 2·M·K of gate it needs anyway) and ≈ 1.1 ns per non-zero
-  // through the fused kernel, so ≈ 1.2 % (gated) and ≈ 1.3 % (non-gated, ≈ 0.6 ns per non-zero
-  // against 4·M·K flops). Calibration: calibrate_hot_neurons(), or automatically on the first
-  // sparse or automatic call of a layer with at least hot_neurons_min_rows rows (hot_neurons_auto).
-  // Thresholds ≤ 0 turn the split off. Measured (H200, M = 16384, 584ccce, whole sparse path,
-  // alternating with the split off / at other thresholds): gated 0.5 % 0.993 vs 1.020 ms off
-  // (0.008 / 0.016 / 0.024: 1.104 / 1.106 / 1.118 vs 1.065–1.086 at 0.012), 1 % 1.178 vs 1.341
-  // (0.016 / 0.024: 1.353 / 1.315 vs 1.310 / 1.229); non-gated 0.5 %: 0.743 vs 0.722 ms off (its
-  // GEMM columns cost less to skip: the sparse down alone is ≈ 0.65 ns per non-zero), so off.
+  // calibration batch's tokens run as columns of dense GEMMs, for calls of ≥ hot_neurons_min_rows
+  // rows; calibrated on the first sparse or automatic call that large (hot_neurons_auto) or by
+  // calibrate_hot_neurons(). Thresholds ≤ 0 turn the split off.
   bool hot_neurons_auto = true;
-  double hot_neurons_density = 0.012;
-  double hot_neurons_density_nongated = 0;
+  double hot_neurons_density = 0.012;        // gated: the break-even of GEMM columns and fused-kernel non-zeros
+  double hot_neurons_density_nongated = 0;   // off: its sparse down is cheap enough per non-zero
   std::int64_t hot_neurons_min_rows = 2048;
-  // At most this share of the neurons runs hot (the hot part's workspace holds half of them). An
-  // unbounded split measured slower than the dense FFN at 10 % (b47f0fe, H200: 5224 of 5632
-  // neurons hot, 1.79 vs 1.74 ms), where the dispatch's cold-neuron density (the cold few are rare)
-  // would still pick it.
-  double hot_neurons_max_share = 0.5;
-  // When more neurons than that qualify: true takes the densest hot_neurons_max_share of them,
-  // false none (the rule before the eighteenth session). The dispatch then decides on the cold
-  // half's density. Measured (H100, M = 16384, whole sparse path alternating with dense,
-  // probe_dispatch, d8be6c5), the densest 49 % hot against none: 2 % mean density 1.12× dense
-  // (cold 0.61 %) against 0.88×, 3 % 1.03× (cold 0.92 %) against 0.83×; at 5 % and 10 % (cold
-  // 1.58 % and 3.35 %) 0.92× and 0.82×, where the dispatch runs dense.
-  bool hot_neurons_densest_share = true;
-  // The hot neurons' [g | u] GEMM and product run on a second, high-priority stream
-  // (common/side_stream.hpp) beside the cold part's sparse kernels, which are bound by L2
-  // bandwidth on CUDA cores while the GEMM is bound by tensor cores; the down GEMM that adds into
-  // y waits for both. Off: one stream, in the same order. Same results bit for bit.
-  bool hot_overlap = true;
-  // Gated, on a GPU that runs the sm90 gate kernel: the hot neurons' [g | u] GEMM and the product
-  // h = ReLU(g) ⊙ u as one kernel (sm90/gate_pack.hpp, launch_gated_product_sm90: h staged in
-  // shared memory from the accumulators and stored once), instead of a cuBLASLt GEMM writing
-  // [M, 2·hot] and an elementwise pass reading it back (the same arithmetic; the GEMMs' sums in
-  // their own orders). Measured (H100, M = 16384, K = 2048, 323fd30): the phase 0.116 vs 0.133 ms
-  // at 512 hot neurons and 0.27–0.29 vs 0.32–0.34 at 1408 (the kernel as fast as the GEMM alone);
-  // the whole sparse path −1.3…−2.5 % at 0.5–1 %, −4 % at 3 % (docs/perf-notes-cuda.md).
-  bool hot_product_sm90 = true;
+  double hot_neurons_max_share = 0.5;        // at most this share of N runs hot (the hot workspace's size)
+  bool hot_neurons_densest_share = true;     // more qualify: the densest share runs hot (false: none)
+  bool hot_overlap = true;                   // the hot GEMMs on a second stream beside the cold kernels
+  bool hot_product_sm90 = true;              // gated, sm90: hot [g | u] GEMM and product as one kernel
 };
 
 // Device bf16 weights in nn.Linear's layouts, row-major and contiguous: w_gate, w_up [N, K]
