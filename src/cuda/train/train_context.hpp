@@ -45,71 +45,35 @@ namespace twell::cuda {
 inline constexpr int kTrainTwellWords = 32;
 
 struct TrainContextOptions {
-  bool autotune_gemm = false;
-  // Automatic dispatch runs the sparse step iff nnz / (M·N) ≤ this (docs/perf-notes-cuda.md).
-  double max_sparse_density_gated = 0.009;
+  // One line each; the measurements behind the values: docs/perf-notes-cuda.md, "Training step configuration".
+  bool autotune_gemm = false;                   // time cuBLASLt's candidate algorithms once per shape
+  double max_sparse_density_gated = 0.009;      // automatic runs the sparse step iff nnz / (M·N) ≤ this
   double max_sparse_density_nongated = 0.006;
-  // Below this M, automatic runs the dense step without counting: the sparse step's fixed costs
-  // (host read of the count, CSR build, N-row weight-gradient pass) outweigh its savings there
-  // (H100, 0.5 %: 0.50x dense at M = 256, 0.94x at 2048, 1.37x at 16384).
-  std::int64_t dispatch_min_rows = 4096;
-  // Weight gradients run in passes (column slices, then token blocks) whose x and dy columns
-  // take at most this fraction of the L2 (0: widest slices, one block). 0.7 gives the H100's 50 MB
-  // L2 the 512-column slices at M = 16384 that 0.6 gave only the H200's 60 MB: −0.09 … −0.14 ms per
-  // step on the H100 (0f80ae8, alternating with 0.6), the same on the H200 (fd3893b).
-  double weight_grad_l2_fraction = 0.7;
-  // Entries per weight-gradient work item (0: 128); never below nnz / 8192, which bounds the
-  // partial sums of split neurons at 48 MB.
-  std::int64_t weight_grad_run = 0;
-  // Hot neurons (the hot/cold split by neuron of the inference path, twell_hot_neurons.hpp): the
-  // neurons active in more than hot_neurons_density of a batch's tokens run through cuBLASLt
-  // GEMMs over their columns (forward and backward), the rest through the CSR path. A neuron
-  // costs the sparse step ≈ 5 ns per token it fires in and ≈ 16·M·K flops as dense columns, so
-  // the break-even is ≈ 1.4 % of the tokens (docs/perf-notes-cuda.md). 0 turns the split off.
-  // With hot_neurons_auto, the first sparse or automatic step of ≥ hot_neurons_min_rows rows
-  // counts its gate per neuron and chooses (none when more than hot_neurons_max_share of N
-  // qualify: taking the densest share instead brought the sparse step only to the dense step's
-  // speed at 3 %, H100, 35fc81d, 5.140 ms against 6.121 without and 5.007 dense, and the step
-  // dispatches dense there either way; the option to take them left the library in the
-  // twenty-eighth session).
+  std::int64_t dispatch_min_rows = 4096;        // below it automatic runs dense without counting (fixed costs)
+  double weight_grad_l2_fraction = 0.7;         // weight-gradient passes: x and dy columns within this share of L2
+  std::int64_t weight_grad_run = 0;             // entries per weight-gradient work item (0: 128; ≥ nnz / 8192)
+  // Hot neurons (the inference path's split by neuron, twell_hot_neurons.hpp): neurons active in
+  // more than hot_neurons_density of a batch's tokens run through cuBLASLt GEMMs over their columns
+  // (forward and backward), the rest through the CSR path; chosen on the first sparse or automatic
+  // step of ≥ hot_neurons_min_rows rows (hot_neurons_auto); none when more than
+  // hot_neurons_max_share of N qualify. 0 turns the split off.
   bool hot_neurons_auto = true;
-  double hot_neurons_density = 0.014;
+  double hot_neurons_density = 0.014;           // the break-even of CSR entries and dense columns
   double hot_neurons_density_nongated = 0.014;
   std::int64_t hot_neurons_min_rows = 4096;
   double hot_neurons_max_share = 0.5;
-  // The token-major kernels compiled for this many resident blocks per SM (6: 80 registers, or
-  // 8: 64, with spills) where K ≤ 2048; 0: the build without a bound (up to 128 registers, 4
-  // blocks of 128 threads per SM). 6 measured fastest (H200, M = 16384, alternating with 0:
-  // 2.465 / 2.591 ms at 0.5 %, 3.300 / 3.374 at 1 %, 3.390 / 3.479 hot, non-gated 1.955 / 2.018;
-  // 8: 2.526 / 2.581 at 0.5 %): the kernels wait on L2 round trips, and 24 warps hide more of
-  // them than 16.
-  int token_min_blocks = 6;
-  // Dense rows (the hot/cold split by token row of the inference path): inside the sparse step, a
-  // row with more than this fraction of the cold neurons active runs as rows of dense cuBLASLt
-  // GEMMs over every neuron instead of through the CSR. A row costs the CSR path ≈ 5 ns per
-  // non-zero and ≈ 18·K·N flops dense (≈ 0.4 µs at M·K·N of this size), so the break-even is
-  // ≈ 1.5–2 % of the neurons. 0 turns them off.
+  int token_min_blocks = 6;                     // token-major kernels' resident blocks per SM (0: unbounded; 6 or 8)
+  // Dense rows (the inference path's split by token row): inside the sparse step, a row with more
+  // than dense_rows_density of the cold neurons active runs as rows of dense GEMMs. 0: off.
   double dense_rows_density = 0.02;
-  // Fewer such rows than this run through the CSR: the dense rows' GEMMs cost ≈ 0.09 ms whatever
-  // their row count (they read every weight and read-modify-write the fp32 gradients).
-  std::int64_t dense_rows_min = 256;
-  // The sparse step's gate through the sm90 kernel with the TwELL epilogue (Hopper; the inference
-  // path's, sm90/gate_pack.hpp) instead of cuBLASLt + ReLU: the CSR count and fill then read its
-  // TwELL words (46 MB at M = 16384, N = 5632) and the values of overflowed blocks only, not the
-  // 185 MB bf16 gate twice. Used where it can serve: a GPU that runs it, K % 8 == 0, x 16-byte
-  // aligned, no hot-neuron calibration due in this step (it counts the dense gate), the hot
-  // columns (if any) gathered by the count, dense rows in the latest counted step only with
-  // gate_sm90_dense_rows (below), and no dense step expected (automatic,
-  // after a step measured above the threshold; a step that turns dense after a TwELL gate
-  // computes the dense gate once more). Same CSR whichever gate ran, up to the GEMMs' rounding.
+  std::int64_t dense_rows_min = 256;            // fewer such rows run through the CSR (the GEMMs' fixed cost)
+  // The sparse step's gate through the sm90 kernel with the TwELL epilogue (sm90/gate_pack.hpp):
+  // the CSR is built from its words, not from the bf16 gate read twice. Used where it can serve (a
+  // GPU that runs it, K % 8 == 0, x 16-byte aligned, no hot-neuron calibration due in the step, no
+  // dense step expected); the same CSR whichever gate ran, up to the GEMMs' rounding.
   bool gate_sm90 = true;
-  // Also after a step with dense rows (hot tokens): the epilogue packs those rows by the whole warp
-  // (GatePackParams::heavy_rows, seventeenth session), and the CSR build it saves now outweighs
-  // it (H100, hot point, whole step alternating: 3.619 ms against 3.671 without); false: cuBLASLt
-  // after such steps, as before.
-  bool gate_sm90_dense_rows = true;
-  // The sm90 gate's heavy-row packing (GatePackParams::heavy_rows); false: every row by its lane.
-  bool gate_sm90_heavy_rows = true;
+  bool gate_sm90_dense_rows = true;             // also after a step with dense rows (false: cuBLASLt then)
+  bool gate_sm90_heavy_rows = true;             // the sm90 gate's heavy-row packing (false: a lane per row)
 };
 
 // The weight-gradient pass plan for m rows of K columns: slices of slice_cols columns (the last
