@@ -38,6 +38,7 @@ TEST(CountRing, ReturnsTheNewestCompletedCountOnce) {
   DeviceBuffer<unsigned long long> seven(7);
   const unsigned long long vals[7] = {1, 2, 3, 4, 5, 6, 7};
   ASSERT_EQ(cudaMemcpy(seven.get(), vals, sizeof vals, cudaMemcpyHostToDevice), cudaSuccess);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);  // s (non-blocking) does not wait for the copy's DMA
   ASSERT_EQ(cudaLaunchHostFunc(
                 s, [](void*) { std::this_thread::sleep_for(std::chrono::milliseconds(50)); }, nullptr),
             cudaSuccess);

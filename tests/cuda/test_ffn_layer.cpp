@@ -180,7 +180,11 @@ TEST(FfnLayer, CapturedLayersReplayBitIdentically) {
         for (const std::string& p : paths) j += "\n    " + p;
         return j;
       };
+      // s does not wait for the legacy default stream that up() and cudaMemset run on: a pageable
+      // cudaMemcpy may return before its DMA lands, and cudaMemset returns before it runs. So the
+      // device is synchronised after each, before s reads or writes the same memory.
       up(*acts[0], to_bf16_bits(d.x));
+      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
       for (int w = 0; w < 3; ++w) run();  // warm-up: buffers, dispatch statistics, cuBLASLt plans
       ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);
       cudaGraph_t graph = nullptr;
@@ -199,11 +203,12 @@ TEST(FfnLayer, CapturedLayersReplayBitIdentically) {
       ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
       // Fresh input: uncaptured, then replayed.
       up(*acts[0], to_bf16_bits(fresh_in.x));
+      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
       run();
       ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);
       const auto want = down<std::uint16_t>(*acts[L]);
       const auto want_first = down<std::uint16_t>(*acts[1]);
-      ASSERT_EQ(cudaMemset(acts[L]->p, 0xff, acts[L]->n * sizeof(bf16)), cudaSuccess);
+      ASSERT_EQ(cudaMemsetAsync(acts[L]->p, 0xff, acts[L]->n * sizeof(bf16), s), cudaSuccess);  // before the replay, on s
       ASSERT_EQ(cudaGraphLaunch(exec, s), cudaSuccess);
       ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);
       const auto got = down<std::uint16_t>(*acts[L]);
