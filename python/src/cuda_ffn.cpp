@@ -91,9 +91,6 @@ void check_device(int device) {
               count);
 }
 
-// Workspaces that the layers of one device share (cuda::InferWorkspace for inference layers, as
-// the model runtime's layers do; cuda::TrainWorkspace for training layers): layers that run one
-// after another on one stream. Made with the device current (a workspace may hold a cuBLASLt handle).
 // A cuda::DeviceAllocator over two Python callables: allocate(nbytes) -> int (a device pointer) and
 // deallocate(ptr). twell's calls release the GIL; each call into Python takes it back. The
 // references held here are invisible to Python's garbage collector: callables that reach the
@@ -132,6 +129,9 @@ class PyAllocator final : public cuda::DeviceAllocator {
   nb::object allocate_, deallocate_;
 };
 
+// Workspaces that the layers of one device share (cuda::InferWorkspace for inference layers, as
+// the model runtime's layers do; cuda::TrainWorkspace for training layers): layers that run one
+// after another on one stream. Made with the device current (a workspace may hold a cuBLASLt handle).
 template <typename W>
 class DeviceWorkspace {
  public:
