@@ -5,8 +5,8 @@
 # copies its telemetry to $OUT/telemetry-NAME.jsonl and, for a twell run, runs `twell generate` on
 # the last checkpoint ($OUT/generate-NAME.txt). Then `bench/train/summarize.py` compares runs:
 #   python3 bench/train/summarize.py baseline=telemetry-a.jsonl sparse=telemetry-b.jsonl --out DIR
-# Needs the carried corpus (.carry/gpu-corpus.tar.xz: the first 12 M tokens of twell.corpus's train
-# split, val-heldout, val-wiki, the tokenizer) and twell built in $BUILD (default build/gpu).
+# Needs the carried corpus (GPU_CORPUS, default .carry/gpu-corpus.tar.xz: the first 12 M tokens of
+# twell.corpus's train split, val-heldout, val-wiki, the tokenizer; make_gpu_corpus.sh makes it) and twell built in $BUILD (default build/gpu).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 [ $# -ge 2 ] || { sed -n 2,9p "$0"; exit 2; }
@@ -16,7 +16,8 @@ OUT=${OUT:-build/train-out}
 BUILD=${BUILD:-build/gpu}
 export PYTHONPATH=$BUILD/python
 mkdir -p "$OUT" data build/train-runs
-[ -d data/gpu-corpus ] || { mkdir -p data/gpu-corpus && xz -dc .carry/gpu-corpus.tar.xz | tar xf - -C data/gpu-corpus; } || exit 1
+# Unpacked once per machine: a later call with another GPU_CORPUS needs rm -rf data/gpu-corpus.
+[ -d data/gpu-corpus ] || { mkdir -p data/gpu-corpus && xz -dc "${GPU_CORPUS:-.carry/gpu-corpus.tar.xz}" | tar xf - -C data/gpu-corpus; } || exit 1
 RUN=build/train-runs/$NAME
 rm -rf "$RUN"
 python3 - "$CONFIG" "$RUN.json" "$@" <<'PY' || exit 2

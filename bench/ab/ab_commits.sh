@@ -1,0 +1,66 @@
+#!/usr/bin/env bash
+# An A/B of two commits' FFN benchmark on one GPU, alternately (issue 26's "no speed regression":
+# the current tree against an older commit, measured in one run so that clocks and the machine match).
+#
+#   OLD_SRC=.carry/old-src.tar.xz OLD_NAME=eee918c NEW_NAME=<hash> bash bench/ab/ab_commits.sh
+#
+# OLD_SRC: the old commit's source as a tarball (make it here, the GPU machine has no .git:
+#   git archive --prefix=old/ eee918c -- . ':!bench/results' | xz > .carry/old-src.tar.xz), carried.
+# Builds twell_bench_cuda from both trees, then runs rounds until AB_BUDGET seconds (default 520)
+# (counted from the start, builds included) would be passed: each round is old, new, new, old (ABBA, so that a drift of the clocks cancels),
+# each run `--quick --no-train` or `--quick --train-only` (AB_PART: infer, train, both: alternate
+# per round); AB_ARGS: more arguments for both (e.g. "--reps 10"). Every run's JSON lands in $OUT/ab/; bench/ab/ab_summary.py reads them.
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+OUT=${OUT:-build/ab-out}
+mkdir -p "$OUT/ab"
+export PATH="/usr/local/cuda/bin:$PATH"
+source scripts/gpu-env
+CMAKE=$(command -v cmake || echo /opt/torch/.venv/bin/cmake)
+OLD_SRC=${OLD_SRC:?OLD_SRC: the old commit as a tarball (see the header)}
+OLD_NAME=${OLD_NAME:-old}
+NEW_NAME=${NEW_NAME:-new}
+BUDGET=${AB_BUDGET:-520}
+PART=${AB_PART:-both}
+JOBS=$(nproc)
+log() { echo "[ab $(date -u +%T)] $*" | tee -a "$OUT/ab/log.txt"; }
+
+t0=$(date +%s)
+rm -rf build/ab-old-src && mkdir -p build/ab-old-src && tar -xJf "$OLD_SRC" -C build/ab-old-src || exit 1
+old_root=build/ab-old-src/old
+[ -f "$old_root/CMakeLists.txt" ] || { log "no old/CMakeLists.txt in $OLD_SRC"; exit 1; }
+# The old tree's PCRE2 comes from the same unpacked debs (gpu-env's variables are exported).
+cfg="-G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90a;80"
+( "$CMAKE" -S "$old_root" -B build/ab-old $cfg && "$CMAKE" --build build/ab-old -j "$JOBS" --target twell_bench_cuda ) \
+  > "$OUT/ab/build-old.log" 2>&1 &
+old_pid=$!
+( "$CMAKE" -S . -B build/gpu $cfg && "$CMAKE" --build build/gpu -j "$JOBS" --target twell_bench_cuda ) \
+  > "$OUT/ab/build-new.log" 2>&1
+new_rc=$?
+wait $old_pid; old_rc=$?
+log "builds: old rc=$old_rc, new rc=$new_rc ($(( $(date +%s) - t0 )) s)"
+[ $old_rc -ne 0 ] && { tail -20 "$OUT/ab/build-old.log"; exit 1; }
+[ $new_rc -ne 0 ] && { tail -20 "$OUT/ab/build-new.log"; exit 1; }
+bin_old=build/ab-old/bench/cuda/twell_bench_cuda
+bin_new=build/gpu/bench/cuda/twell_bench_cuda
+
+start=$(date +%s); last=0; round=0; seq=0
+run_one() {  # side part
+  local side=$1 part=$2 bin name flags s
+  [ "$side" = old ] && { bin=$bin_old; name=$OLD_NAME; } || { bin=$bin_new; name=$NEW_NAME; }
+  [ "$part" = infer ] && flags="--quick --no-train" || flags="--quick --train-only"
+  s=$(date +%s); seq=$((seq + 1))
+  "$bin" $flags ${AB_ARGS:-} --json "$OUT/ab/r${round}.${seq}-${part}-${side}-${name}.json" \
+    > "$OUT/ab/r${round}.${seq}-${part}-${side}.txt" 2>&1
+  log "round $round $part $side ($name): rc=$? in $(( $(date +%s) - s )) s"
+  last=$(( $(date +%s) - s ))
+}
+while :; do
+  case "$PART" in infer|train) part=$PART ;; *) [ $((round % 2)) = 0 ] && part=infer || part=train ;; esac
+  # A round is four runs; start it only if four of the last run's length fit.
+  elapsed=$(( $(date +%s) - t0 ))
+  [ $round -gt 0 ] && [ $(( elapsed + 4 * last )) -gt "$BUDGET" ] && break
+  for side in old new new old; do run_one $side $part; done
+  round=$((round + 1))
+done
+log "done: $round rounds in $(( $(date +%s) - start )) s"
