@@ -197,6 +197,22 @@ def test_plots_from_telemetry(tmp_path):
         with open(p, "rb") as f:
             assert f.read(8) == b"\x89PNG\r\n\x1a\n"
     assert plot.main([str(tmp_path / "nothing")]) == 2
+    # Kept results are xz'd: telemetry.jsonl.xz reads the same.
+    import lzma
+    xz_run = tmp_path / "xz"
+    xz_run.mkdir()
+    with open(os.path.join(runs[1], "telemetry.jsonl"), "rb") as f, lzma.open(xz_run / "telemetry.jsonl.xz", "wb") as g:
+        g.write(f.read())
+    assert plot.read(str(xz_run)) == plot.read(runs[1])
+    # eval_checkpoints.py's JSON: one figure, and a clear error for one without losses.
+    ev = tmp_path / "eval.json"
+    ev.write_text(json.dumps({"data": "val", "batches": 2, "runs": {"a": {"250": 4.0, "500": 3.0}, "b": {"250": 4.2, "500": 3.1}}}))
+    png = plot.plot_eval(str(ev), str(tmp_path / "fig"))
+    with open(png, "rb") as f:
+        assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+    ev.write_text(json.dumps({"runs": {}}))
+    with pytest.raises(ValueError, match="no run"):
+        plot.plot_eval(str(ev), str(tmp_path / "fig"))
 
 
 def _rank_worker(rank, world, port, cfg, out):

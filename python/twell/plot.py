@@ -1,12 +1,16 @@
 """Plots of a training run's telemetry (PNG): `python -m twell.plot RUN_DIR [RUN_DIR ...]`.
 
-Reads each RUN_DIR/telemetry.jsonl (twell.train) and writes into the first RUN_DIR (or --out):
+Reads each RUN_DIR/telemetry.jsonl (or telemetry.jsonl.xz, as results are kept) of twell.train and
+writes into the first RUN_DIR (or --out):
   loss.png      training loss (and validation loss where measured) against the step, one line a run;
   sparsity.png  non-zeros per token per layer and the mean, against the step (log scale);
   dead.png      dead neurons per layer (silent for the run's dead_window tokens) and re-initialised ones;
   position.png  non-zeros per token by position in the sequence (runs with position_profile_every),
                 the first profile dotted, the last solid.
 Several runs on one figure compare them (e.g. dense ReLU against ReLU + L1).
+--eval EVAL.json (bench/train/eval_checkpoints.py's output) adds
+  val-eval.png  each checkpoint's validation loss, one line a run, and below it each run's ratio to
+                the first run's at the same step.
 """
 from __future__ import annotations
 
@@ -17,10 +21,14 @@ import sys
 
 
 def read(run: str) -> list[dict]:
+    import lzma
+
     path = os.path.join(run, "telemetry.jsonl")
+    if not os.path.exists(path) and os.path.exists(path + ".xz"):
+        path += ".xz"
     if not os.path.exists(path):
         raise FileNotFoundError(f"{run}: no telemetry.jsonl (not a twell.train run directory)")
-    with open(path) as f:
+    with (lzma.open(path, "rt") if path.endswith(".xz") else open(path)) as f:
         rows = [json.loads(line) for line in f if line.strip()]
     if not rows:
         raise ValueError(f"{path} is empty")
@@ -87,6 +95,38 @@ def plot(runs: list[str], out: str) -> list[str]:
     return written
 
 
+def plot_eval(eval_json: str, out: str) -> str:
+    """val-eval.png from eval_checkpoints.py's JSON: {"runs": {name: {step: loss}}, "data": …}."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    with open(eval_json) as f:
+        d = json.load(f)
+    runs = {name: sorted((int(s), v) for s, v in losses.items() if s.isdigit())
+            for name, losses in d.get("runs", {}).items()}
+    runs = {name: pts for name, pts in runs.items() if pts}
+    if not runs:
+        raise ValueError(f"{eval_json}: no run with checkpoint losses")
+    base_name, base = next(iter(runs.items()))
+    base = dict(base)
+    os.makedirs(out, exist_ok=True)
+    fig, (ax, rx) = plt.subplots(2, 1, figsize=(7, 6), sharex=True, height_ratios=(2, 1))
+    for name, pts in runs.items():
+        ax.plot(*zip(*pts), "o-", ms=3, label=name)
+        ratio = [(s, v / base[s]) for s, v in pts if s in base and name != base_name]
+        if ratio:
+            rx.plot(*zip(*ratio), "o-", ms=3, label=f"{name} / {base_name}")
+    ax.set(ylabel="validation loss", title=f"every checkpoint on {d.get('batches', '?')} batches of {d.get('data', '?')}")
+    ax.legend()
+    if len(runs) > 1:
+        rx.axhline(1.02, color="grey", ls=":", lw=1, label="+2 %")
+        rx.legend()
+    rx.set(xlabel="step", ylabel=f"ratio to {base_name}")
+    return _save(fig, out, "val-eval.png")
+
+
 def _save(fig, out: str, name: str) -> str:
     import matplotlib.pyplot as plt
 
@@ -103,10 +143,13 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m twell.plot", description=__doc__.split("\n")[0])
     ap.add_argument("runs", nargs="+", help="twell.train run directories")
     ap.add_argument("--out", help="where the PNGs go (default: the first run directory)")
+    ap.add_argument("--eval", help="bench/train/eval_checkpoints.py's JSON: adds val-eval.png")
     a = ap.parse_args(argv)
     try:
         for p in plot(a.runs, a.out or a.runs[0]):
             print(p)
+        if a.eval:
+            print(plot_eval(a.eval, a.out or a.runs[0]))
     except (FileNotFoundError, ValueError) as e:
         print(f"twell.plot: {e}", file=sys.stderr)
         return 2
