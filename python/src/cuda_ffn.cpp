@@ -209,6 +209,22 @@ class CudaFfnInfer : public Layer<cuda::FfnLayer, CudaFfnWorkspace> {
     nb::gil_scoped_release release;
     return layer_->forward(static_cast<const bf16*>(x.data()), m, yp, p, as_stream(stream));
   }
+  // The layer's dispatch statistics (cuda::LayerStats), read without waiting for the GPU.
+  nb::dict stats() {
+    cuda::DeviceScope on(device_);
+    const cuda::LayerStats s = layer_->stats();
+    nb::dict d;
+    d["calls"] = s.calls;
+    d["sparse_calls"] = s.sparse_calls;
+    d["hot_neurons"] = s.hot_neurons;
+    d["density"] = s.density;
+    d["counted_rows"] = s.counted_rows;
+    d["nnz"] = s.nnz;
+    d["overflow_tiles"] = s.overflow_tiles;
+    d["overflow_rows"] = s.overflow_rows;
+    d["path"] = s.path;
+    return d;
+  }
 };
 
 class CudaFfnTrain : public Layer<cuda::FfnTrainLayer, CudaTrainScratch> {
@@ -234,7 +250,8 @@ class CudaFfnTrain : public Layer<cuda::FfnTrainLayer, CudaTrainScratch> {
       info = layer_->forward(static_cast<const bf16*>(x.data()), m, yp, p, s);
       layer_->write_scalars(l1p, l0p, s);
     }
-    return nb::make_tuple(info.path, info.sparse, info.nnz, info.hot_neurons, info.dense_rows);
+    return nb::make_tuple(info.path, info.sparse, info.nnz, info.hot_neurons, info.dense_rows, info.overflow_tiles,
+                          info.overflow_rows);
   }
   // Gradients of ⟨y, dy⟩ + l1_coeff · Σ|h| / m for the last forward (which must have been over
   // these x and weights): dx bf16 [m, K]; dw_gate, dw_up [N, K] and dw_down [K, N] in float32 or
@@ -344,7 +361,11 @@ void bind_cuda(nb::module_& m) {
       .def("load", &CudaFfnInfer::load, "w_gate"_a.none(), "w_up"_a, "w_down"_a, "stream"_a,
            "Copy bf16 weights (w_gate None: non-gated) into the layer on `stream`.")
       .def("forward", &CudaFfnInfer::forward, "x"_a, "y"_a, "stream"_a, "path"_a = "automatic",
-           "y = FFN(x) (bf16); path: 'automatic', 'sparse' or 'dense'. Returns the path as dispatched.");
+           "y = FFN(x) (bf16); path: 'automatic', 'sparse' or 'dense'. Returns the path as dispatched.")
+      .def("stats", &CudaFfnInfer::stats,
+           "The layer's dispatch statistics, read without waiting for the GPU (twell::cuda::LayerStats): calls, "
+           "sparse_calls, hot_neurons, density (what the automatic dispatch follows; -1: none yet), and the newest "
+           "counted TwELL call's counted_rows, nnz, overflow_tiles, overflow_rows (-1: none came back yet), path.");
   nb::class_<CudaTrainScratch>(m, "CudaTrainScratch",
                                 "Workspaces shared by the training contexts of one device (layers run one after another on one stream).")
       .def(nb::init<int, nb::object, nb::object>(), "device"_a, "allocate"_a = nb::none(), "deallocate"_a = nb::none(),

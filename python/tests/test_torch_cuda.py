@@ -157,8 +157,9 @@ def sparse_mlp(wg, wu, wd):
 
 def test_last_train_info_reports_the_dispatch_without_a_sync():
     """SparseMLP.last_train_info: the sparse step's CSR non-zeros equal l0 · rows (no hot neurons
-    or dense rows below their minimum sizes); a forced dense step reports sparse False and nnz -1;
-    twell.hf.telemetry carries the same facts."""
+    or dense rows below their minimum sizes); the TwELL gate's overflow counts (0 at 1 % density:
+    no tile overflows; -1 where the gate is not TwELL); a forced dense step reports sparse False,
+    nnz -1 and no overflow counts; twell.hf.telemetry carries the same facts."""
     x, wg, wu, wd = make(300, 128, 640, True, 0.01, seed=9)
     mlp = sparse_mlp(wg, wu, wd)
     x = x.to("cuda", torch.float32).requires_grad_()
@@ -167,12 +168,44 @@ def test_last_train_info_reports_the_dispatch_without_a_sync():
     info = mlp.last_train_info
     assert info["sparse"] and info["rows"] == 300 and info["hot_neurons"] == 0 and info["dense_rows"] == 0
     assert info["nnz"] == round(float(mlp.stats.l0) * 300)
+    if "TwELL" in info["path"]:
+        assert info["overflow_rows"] == 0 and info["overflow_tiles"] == 0, info
+    else:
+        assert info["overflow_rows"] == -1 and info["overflow_tiles"] == -1, info
     rec = twell.hf.telemetry(mlp)[0]
     assert rec["sparse"] and rec["csr_nnz"] == info["nnz"] and rec["hot_neurons"] == 0
+    assert rec["overflow_rows"] == info["overflow_rows"]
     y.sum().backward()
     with tt.cuda_path("dense"):
         mlp(x)
     assert mlp.last_train_info["sparse"] is False and mlp.last_train_info["nnz"] == -1
+    assert mlp.last_train_info["overflow_rows"] == -1
+
+
+def test_infer_stats_come_back_without_a_sync():
+    """SparseMLP.infer_stats: the automatic inference path's counts come back through mapped memory
+    (no synchronisation): after three calls and a synchronize, the newest counted TwELL call's rows,
+    non-zeros (about the density asked for) and overflow (none at 0.5 %); a forced dense call
+    counts nothing."""
+    x, wg, wu, wd = make(2048, 128, 640, True, 0.005, seed=10)
+    mlp = sparse_mlp(wg, wu, wd)
+    x = x.to("cuda", torch.bfloat16)
+    assert mlp.infer_stats == {}
+    with torch.no_grad():
+        with tt.cuda_path("dense"):
+            mlp(x)
+        torch.cuda.synchronize()
+        s = mlp.infer_stats
+        assert s["calls"] == 1 and s["sparse_calls"] == 0 and s["nnz"] == -1 and s["density"] == -1, s
+        for _ in range(3):
+            mlp(x)
+    torch.cuda.synchronize()
+    s = mlp.infer_stats
+    assert s["calls"] == 4 and s["sparse_calls"] == 3, s
+    assert s["counted_rows"] == 2048 and s["overflow_rows"] == 0 and s["overflow_tiles"] == 0, s
+    cold = 640 - s["hot_neurons"]
+    assert 0.002 * 2048 * cold < s["nnz"] < 0.01 * 2048 * cold, s
+    assert 0 < s["density"] < 0.01 and s["path"] == mlp.last_path, s
 
 
 def test_workspaces_come_from_torchs_allocator():

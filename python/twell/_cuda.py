@@ -48,7 +48,9 @@ class Layer:
     recomputes: int = 0              # backwards that ran their forward again
     # The last training forward's host-side facts (no extra synchronisation: the forward waited for
     # its non-zero count anyway): sparse (bool), nnz (the CSR's non-zeros, -1 for a dense step that
-    # did not count), hot_neurons and dense_rows (split off the sparse step and run dense), path.
+    # did not count), hot_neurons and dense_rows (split off the sparse step and run dense),
+    # overflow_tiles and overflow_rows (the TwELL gate's blocks and rows beyond its width; -1 without
+    # a TwELL gate), path.
     info: dict = field(default_factory=dict)
 
 
@@ -190,9 +192,9 @@ def train_forward(x: Tensor, w_gate, w_up, w_down, layer_id: int, count_neurons:
         counts = neuron_counts(xb, w_gate if w_gate is not None else w_up)
     else:
         counts = torch.full((w_up.shape[0],), -1, dtype=torch.int64, device=x.device)
-    lay.path, sparse, nnz, hot, rows = ctx.forward(*_caps(xb, yb, l1, l0), s, path)
+    lay.path, sparse, nnz, hot, rows, ovf_tiles, ovf_rows = ctx.forward(*_caps(xb, yb, l1, l0), s, path)
     lay.info = {"sparse": sparse, "nnz": nnz, "hot_neurons": hot, "dense_rows": rows, "rows": xb.shape[0],
-                "path": lay.path}
+                "overflow_tiles": ovf_tiles, "overflow_rows": ovf_rows, "path": lay.path}
     lay.train_path = path
     lay.state_ptr = token.data_ptr()
     return (yb if x.dtype == torch.bfloat16 else yb.to(x.dtype)), l1, l0, token, counts

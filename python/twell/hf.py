@@ -83,7 +83,8 @@ def telemetry(model: torch.nn.Module) -> list[dict]:
     (0-dim tensor) and `neuron_counts` (int64 [N]: tokens in which each neuron fired; a neuron at 0
     over a window of steps is dead). Tensors, so collecting them waits for nothing; None entries for
     MLPs that have not run a training forward. On CUDA also the dispatch facts the forward had on the
-    host anyway (`SparseMLP.last_train_info`): `sparse`, `hot_neurons`, `dense_rows`, `csr_nnz`."""
+    host anyway (`SparseMLP.last_train_info`): `sparse`, `hot_neurons`, `dense_rows`, `csr_nnz`,
+    `overflow_rows`."""
     out = []
     for m in sparse_mlps(model):
         s = m.stats
@@ -91,6 +92,6 @@ def telemetry(model: torch.nn.Module) -> list[dict]:
         info = m.last_train_info
         if info:
             rec.update(sparse=info["sparse"], hot_neurons=info["hot_neurons"], dense_rows=info["dense_rows"],
-                       csr_nnz=info["nnz"])
+                       csr_nnz=info["nnz"], overflow_rows=info.get("overflow_rows", -1))
         out.append(rec)
     return out

@@ -312,10 +312,22 @@ class SparseMLP(torch.nn.Module):
         return "" if lay is None else lay.path
 
     @property
+    def infer_stats(self) -> dict:
+        """The CUDA inference context's dispatch statistics, read without waiting for the GPU: calls,
+        sparse_calls, hot_neurons, density (what the automatic dispatch follows; -1: none yet), and
+        the newest counted TwELL call's counted_rows, nnz, overflow_tiles and overflow_rows (-1: none
+        came back yet; counts come back when their kernels complete, so they may trail the newest
+        call), path. Only the automatic path counts. {} before a CUDA inference call, or on the CPU."""
+        lay = self._cuda_layer()
+        return {} if lay is None or lay.infer is None else lay.infer.stats()
+
+    @property
     def last_train_info(self) -> dict:
         """The last CUDA training forward's dispatch facts, host values read without a device
         synchronisation: sparse (which step ran), nnz (non-zeros in the sparse step's CSR; -1 for
         a dense step that did not count), hot_neurons and dense_rows (neurons and token rows split
-        off the sparse step and run as dense GEMMs), rows, path. {} before one, or on the CPU."""
+        off the sparse step and run as dense GEMMs), overflow_tiles and overflow_rows (the TwELL
+        gate's (row, tile) blocks and rows beyond its width, computed exactly through the fallback;
+        -1 when no TwELL gate ran), rows, path. {} before one, or on the CPU."""
         lay = self._cuda_layer()
         return {} if lay is None else dict(lay.info)

@@ -475,6 +475,7 @@ def train(cfg: dict, out: str, *, resume: bool = False, progress: bool = True, s
             record["hot_neurons"] = [i.get("hot_neurons", 0) for i in infos]
             record["dense_rows"] = [i.get("dense_rows", 0) for i in infos]
             record["sparse_step"] = [i.get("sparse", False) for i in infos]
+            record["overflow_rows"] = [i.get("overflow_rows", -1) for i in infos]
         if device.type == "cuda":  # PyTorch's allocator peak plus what twell's layer contexts hold beside it
             record["peak_memory_gib"] = (torch.cuda.max_memory_allocated(device) + twell_cuda.context_bytes()) / 2**30
         if val_data is not None and cfg["val_every"] and ((step + 1) % cfg["val_every"] == 0 or step + 1 == cfg["steps"]):

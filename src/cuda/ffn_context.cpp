@@ -1,6 +1,7 @@
 #include "cuda/ffn_context.hpp"
 
 #include <algorithm>
+#include <cstddef>
 #include <cstring>
 #include <vector>
 
@@ -12,6 +13,13 @@
 #include "twell/bf16.hpp"
 
 namespace twell::cuda {
+
+// measured(): a counted TwELL call's nnz, overflow tiles and overflow rows travel as the count
+// ring's extra words, read from TwellCounters as three consecutive words.
+static_assert(offsetof(TwellCounters, overflow_tiles) == offsetof(TwellCounters, nnz) + sizeof(unsigned long long) &&
+                  offsetof(TwellCounters, overflow_rows) == offsetof(TwellCounters, nnz) + 2 * sizeof(unsigned long long) &&
+                  CountRing::kExtraWords == 3,
+              "TwellCounters' nnz, overflow_tiles, overflow_rows must be the count ring's three extra words");
 namespace {
 
 std::int64_t round_up(std::int64_t v, std::int64_t m) { return (v + m - 1) / m * m; }
@@ -54,6 +62,7 @@ FfnContext::~FfnContext() {
 
 void FfnContext::reset_dispatch_state() {
   last_density_ = -1;
+  last_counted_ = {};
   dense_calls_ = 0;
   counts_.reset();
   hot_share_.reset();
@@ -568,7 +577,19 @@ void FfnContext::enqueue_decode(const __nv_bfloat16* x, std::int64_t m, __nv_bfl
 
 void FfnContext::resolve_pending() {
   double d = 0;
-  if (counts_.poll(&d)) last_density_ = d;
+  CountRing::Extra e;
+  if (!counts_.poll(&d, &e)) return;
+  last_density_ = d;
+  if (e.present)  // a TwELL call's counters came with it (tag: its M)
+    last_counted_ = {d, e.tag, static_cast<std::int64_t>(e.words[0]), static_cast<std::int64_t>(e.words[1]),
+                     static_cast<std::int64_t>(e.words[2])};
+}
+
+FfnContext::Measured FfnContext::measured() {
+  resolve_pending();
+  Measured r = last_counted_;
+  r.density = last_density_;
+  return r;
 }
 
 TwellSampleParams FfnContext::sample_params(const __nv_bfloat16* src, std::int64_t ld, std::int64_t m, std::int64_t n,
@@ -828,9 +849,10 @@ ForwardResult FfnContext::forward(const __nv_bfloat16* x, std::int64_t m, __nv_b
       // Both paths are exact: a density jump costs one call's speed, never a wrong result. The
       // count goes back in passing, for later calls; with dense rows it is their cost measure
       // (hot rows at their dense cost).
+      // The TwELL counters (nnz, overflow tiles, rows: consecutive) travel with it, for measured().
       if (plan.counts)
         counts_.push(use_dense_rows(m) ? &dense_stats_.get()->cost : &counters_.get()->nnz,
-                     static_cast<double>(m) * static_cast<double>(sparse_n(m)), stream);
+                     static_cast<double>(m) * static_cast<double>(sparse_n(m)), stream, &counters_.get()->nnz, m);
       r.sparse = true;
       r.path = plan.sticky ? fmt::format("{} ({})", sparse_path_name(m), measured) : sparse_path_name(m);
       return r;

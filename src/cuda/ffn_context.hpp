@@ -146,6 +146,14 @@ class FfnContext {
   bool decode_plan_sparse();  // polls the counts in flight first (never waits)
   void prepare_decode(std::int64_t m, cudaStream_t stream);
   void decode_step(const __nv_bfloat16* x, std::int64_t m, __nv_bfloat16* y, bool sparse, cudaStream_t stream);
+  // What the automatic dispatch has measured, never waiting (polls the counts in flight first):
+  // the density it follows (−1: none yet) and the newest counted TwELL call's exact counters
+  // that came back (m −1: none; the cold neurons' when hot ones are split off).
+  struct Measured {
+    double density = -1;
+    std::int64_t m = -1, nnz = -1, overflow_tiles = -1, overflow_rows = -1;
+  };
+  Measured measured();
   // Synchronises `stream` and returns the counters of the last packing (zeros if it was skipped).
   // With hot neurons split off (sparse_n(m) < n()), the counts are the cold neurons' only.
   TwellCounters read_counters(cudaStream_t stream);
@@ -320,6 +328,7 @@ class FfnContext {
   SideStream pack_side_{SideStream::Priority::normal};
   SideStream hot_side_;                // hot_overlap: the hot part's GEMMs beside cold_rest
   double last_density_ = -1;  // density of the latest call whose count came back (−1: none)
+  Measured last_counted_;     // the counters that came back with it (TwELL calls; see measured())
   std::int64_t dense_calls_ = 0;  // dense calls of automatic since upload (for the count periods)
   CountRing counts_;          // counts of sticky calls on their way back (never waited for)
   DeviceBuffer<TwellCounters> counters_;

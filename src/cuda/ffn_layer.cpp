@@ -4,6 +4,8 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
+#include <utility>
+
 #include "cuda/common/check.hpp"
 #include "cuda/common/convert.hpp"
 #include "cuda/ffn_context.hpp"
@@ -65,7 +67,27 @@ void FfnLayer::load_weights(const DeviceWeights& w, Stream stream) { ctx_->load_
 void FfnLayer::upload_weights(const FfnWeights& w, Stream stream) { ctx_->upload_weights(w, cu(stream)); }
 
 std::string FfnLayer::forward(const bf16* x, std::int64_t m, bf16* y, Path path, Stream stream) {
-  return loaded(ctx_, n(), "FfnLayer").forward(nv(x), m, nv(y), path, cu(stream)).path;
+  ForwardResult r = loaded(ctx_, n(), "FfnLayer").forward(nv(x), m, nv(y), path, cu(stream));
+  ++calls_;
+  if (r.sparse) ++sparse_calls_;
+  path_ = r.path;
+  return std::move(r.path);
+}
+
+LayerStats FfnLayer::stats() {
+  LayerStats s;
+  s.calls = calls_;
+  s.sparse_calls = sparse_calls_;
+  s.path = path_;
+  if (n() == 0) return s;  // no weights yet: nothing measured
+  s.hot_neurons = ctx_->hot_count();
+  const FfnContext::Measured c = ctx_->measured();
+  s.density = c.density;
+  s.counted_rows = c.m;
+  s.nnz = c.nnz;
+  s.overflow_tiles = c.overflow_tiles;
+  s.overflow_rows = c.overflow_rows;
+  return s;
 }
 
 std::int64_t FfnLayer::n() const noexcept { return ctx_->n(); }
@@ -90,6 +112,8 @@ TrainForwardInfo FfnTrainLayer::forward(const bf16* x, std::int64_t m, bf16* y, 
   info.nnz = r.nnz;
   info.hot_neurons = r.hot_neurons;
   info.dense_rows = r.dense_rows;
+  info.overflow_tiles = r.overflow_tiles;
+  info.overflow_rows = r.overflow_rows;
   info.path = r.path;
   return info;
 }

@@ -60,6 +60,44 @@ TEST(CountRing, ReturnsTheNewestCompletedCountOnce) {
   cudaStreamDestroy(s);
 }
 
+// Extra words and a tag travel with a count: present for a push that gave them, absent for one
+// that did not and for push_by, and always those of the newest count returned.
+TEST(CountRing, ExtraWordsComeBackWithTheirCount) {
+  TWELL_REQUIRE_GPU();
+  cudaStream_t s;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
+  DeviceBuffer<unsigned long long> d(1 + CountRing::kExtraWords);
+  const unsigned long long vals[1 + CountRing::kExtraWords] = {64, 11, 22, 33};
+  ASSERT_EQ(cudaMemcpy(d.get(), vals, sizeof vals, cudaMemcpyHostToDevice), cudaSuccess);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);  // s (non-blocking) does not wait for the copy's DMA
+  CountRing ring(2);
+  double v = -1;
+  CountRing::Extra e;
+  ring.push(d.get(), 8.0, s, d.get() + 1, 4096);
+  ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);
+  ASSERT_TRUE(ring.poll(&v, &e));
+  EXPECT_EQ(v, 8.0);
+  EXPECT_TRUE(e.present);
+  EXPECT_EQ(e.words[0], 11u);
+  EXPECT_EQ(e.words[1], 22u);
+  EXPECT_EQ(e.words[2], 33u);
+  EXPECT_EQ(e.tag, 4096);
+  ring.push(d.get(), 1.0, s);  // no extra: the next poll says so
+  ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);
+  ASSERT_TRUE(ring.poll(&v, &e));
+  EXPECT_EQ(v, 64.0);
+  EXPECT_FALSE(e.present);
+  ring.push(d.get(), 2.0, s, d.get() + 1, 7);
+  ring.push_by(4.0, s, [&](unsigned long long* dst) {
+    ASSERT_EQ(cudaMemcpyAsync(dst, d.get(), sizeof *dst, cudaMemcpyDefault, s), cudaSuccess);
+  });
+  ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);
+  ASSERT_TRUE(ring.poll(&v, &e));  // the newest is push_by's, without extra words
+  EXPECT_EQ(v, 16.0);
+  EXPECT_FALSE(e.present);
+  cudaStreamDestroy(s);
+}
+
 // Under graph capture: poll reads what completed before (no capture error), push publishes
 // nothing, push_by's work is captured and writes its count into the sink, never into a slot.
 TEST(CountRing, CaptureBakesNothingIntoTheRing) {

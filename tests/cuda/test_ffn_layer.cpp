@@ -315,6 +315,87 @@ TEST(FfnLayer, WorkspacesDrawFromTheCallersAllocator) {
       std::bad_alloc);
 }
 
+// stats(): counts come back without a wait. A forced call counts nothing; the automatic path's
+// counted TwELL calls bring their exact counters, equal to what the host API reads (with a wait)
+// from a fresh layer on the same input. Rows forced all-active overflow every TwELL tile.
+TEST(FfnLayer, StatsComeBackWithoutAWait) {
+  TWELL_REQUIRE_GPU();
+  FfnCase c = ffn_case("stats", 2048, 1024, 256, true, 0.005, 11);
+  c.full_rows = 3;
+  c.exact_preactivation = true;
+  const FfnData d = make_ffn(c);
+  FfnLayer layer;
+  const LayerStats none = layer.stats();  // no weights yet
+  EXPECT_EQ(none.calls, 0);
+  EXPECT_EQ(none.density, -1);
+  EXPECT_EQ(none.nnz, -1);
+  EXPECT_EQ(none.overflow_rows, -1);
+  layer.upload_weights(d.weights(), nullptr);
+  Dev<bf16> x(d.x.size()), y(d.x.size());
+  up(x, to_bf16_bits(d.x));
+  layer.forward(x.p, d.m, y.p, Path::dense, nullptr);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  const LayerStats dense = layer.stats();
+  EXPECT_EQ(dense.calls, 1);
+  EXPECT_EQ(dense.sparse_calls, 0);
+  EXPECT_EQ(dense.density, -1);  // a forced path measures nothing
+  EXPECT_EQ(dense.nnz, -1);
+  EXPECT_EQ(dense.path, "dense cublasLt");
+  // Automatic: the first call counts on the device and waits for its flag; the next two run sticky
+  // and send their counters back through the ring.
+  std::string last;
+  for (int i = 0; i < 3; ++i) last = layer.forward(x.p, d.m, y.p, Path::automatic, nullptr);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  const LayerStats s = layer.stats();
+  std::vector<float> want(d.x.size());
+  InferenceOptions o;
+  o.path = Path::sparse;
+  const InferenceReport rep = ffn_infer_host(d.xv(), d.weights(), MatrixF(want.data(), d.m, d.k), o);
+  EXPECT_EQ(s.calls, 4);
+  EXPECT_EQ(s.sparse_calls, 3) << s.path;
+  EXPECT_EQ(s.path, last);
+  EXPECT_EQ(s.counted_rows, d.m);
+  EXPECT_EQ(s.nnz, rep.nnz);
+  EXPECT_EQ(s.overflow_tiles, rep.overflow_tiles);
+  EXPECT_EQ(s.overflow_rows, rep.overflow_rows);
+  EXPECT_GE(s.overflow_rows, 3) << "the all-active rows overflow";
+  EXPECT_GT(s.density, 0);
+  EXPECT_LT(s.density, 0.05);
+  EXPECT_GE(s.hot_neurons, 0);
+  const LayerStats again = layer.stats();  // nothing new came back: the same measurements
+  EXPECT_EQ(again.nnz, s.nnz);
+  EXPECT_EQ(again.density, s.density);
+  EXPECT_EQ(again.overflow_tiles, s.overflow_tiles);
+}
+
+// The training forward's overflow counts (they travel with the count it waits for anyway): the
+// sm90 TwELL gate reports exactly the all-active rows, every tile of each; a cuBLASLt gate or a
+// dense step reports −1.
+TEST(FfnLayer, TrainingForwardReportsTwellOverflow) {
+  TWELL_REQUIRE_GPU();
+  FfnCase c = ffn_case("train-overflow", 1000, 1024, 256, true, 0.005, 12);
+  c.full_rows = 3;
+  c.exact_preactivation = true;
+  const FfnData d = make_ffn(c);
+  FfnTrainLayer layer;
+  layer.upload_weights(d.weights(), nullptr);
+  Dev<bf16> x(d.x.size()), y(d.x.size());
+  up(x, to_bf16_bits(d.x));
+  const TrainForwardInfo sparse = layer.forward(x.p, d.m, y.p, Path::sparse, nullptr);
+  EXPECT_TRUE(sparse.sparse);
+  if (sparse.path.find("TwELL") != std::string::npos) {
+    EXPECT_EQ(sparse.overflow_rows, 3) << sparse.path;
+    EXPECT_EQ(sparse.overflow_tiles, 3 * (1024 / 256)) << sparse.path;
+  } else {  // no sm90 TwELL gate on this GPU
+    EXPECT_EQ(sparse.overflow_rows, -1) << sparse.path;
+    EXPECT_EQ(sparse.overflow_tiles, -1) << sparse.path;
+  }
+  const TrainForwardInfo dense = layer.forward(x.p, d.m, y.p, Path::dense, nullptr);
+  EXPECT_FALSE(dense.sparse);
+  EXPECT_EQ(dense.overflow_rows, -1);
+  EXPECT_EQ(dense.overflow_tiles, -1);
+}
+
 TEST(FfnLayer, MisuseIsAnError) {
   TWELL_REQUIRE_GPU();
   FfnTrainLayer t;

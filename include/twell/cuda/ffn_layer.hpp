@@ -73,6 +73,23 @@ class TrainWorkspace {
   std::shared_ptr<TrainScratch> set_;
 };
 
+// What an inference layer's calls did and measured, read on the host without waiting for the GPU.
+// Counts come back from the device when their kernels complete (nothing waits for them), so the
+// measured fields describe the newest counted call that has completed, which may trail the newest
+// call issued. The automatic path counts (its TwELL and decode calls, one dense call in a few);
+// forced paths and captured replays count nothing.
+struct LayerStats {
+  std::int64_t calls = 0;         // forwards issued
+  std::int64_t sparse_calls = 0;  // of which ran a sparse path (TwELL or the decode kernel)
+  std::int64_t hot_neurons = 0;   // neurons the layer runs dense as hot (its split now)
+  double density = -1;            // the density the dispatch follows now (non-zeros / (M · cold neurons); −1: none yet)
+  // The newest counted TwELL call's exact counters (−1: none came back yet): its M, the non-zeros of
+  // the cold neurons, and the (row, tile) blocks and rows beyond TwELL's width (computed exactly
+  // through the fallback: a speed figure, not an error).
+  std::int64_t counted_rows = -1, nnz = -1, overflow_tiles = -1, overflow_rows = -1;
+  std::string path;  // the last call's path as dispatched
+};
+
 // One FFN layer for inference: y = FFN(x), exact on every input.
 class FfnLayer {
  public:
@@ -85,18 +102,24 @@ class FfnLayer {
   void upload_weights(const FfnWeights& w, Stream stream);   // from host fp32 (rounded to bf16)
   // x, y: device bf16 [m, k]. Returns the path as dispatched (human-readable).
   std::string forward(const bf16* x, std::int64_t m, bf16* y, Path path, Stream stream);
+  LayerStats stats();  // never waits (folds in the counts that have come back)
   std::int64_t n() const noexcept;
   std::int64_t k() const noexcept;
   bool gated() const noexcept;
 
  private:
   std::unique_ptr<FfnContext> ctx_;
+  std::int64_t calls_ = 0, sparse_calls_ = 0;
+  std::string path_;
 };
 
 struct TrainForwardInfo {
   bool sparse = false;         // which step ran
   std::int64_t nnz = -1;       // non-zeros the sparse step's CSR holds (−1: a dense step that did not count)
   std::int64_t hot_neurons = 0, dense_rows = 0;  // split off the sparse step and run dense
+  // The TwELL gate's (row, tile) blocks and rows beyond the format's width (exact through the dense
+  // gate buffer: a speed figure); −1 when no TwELL gate ran (a cuBLASLt gate, or a dense step).
+  std::int64_t overflow_tiles = -1, overflow_rows = -1;
   std::string path;            // human-readable
 };
 

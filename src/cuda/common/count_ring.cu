@@ -5,18 +5,21 @@
 namespace twell::cuda {
 namespace {
 
-__global__ void publish_count_kernel(const unsigned long long* count, unsigned long long* slot) {
-  *slot = *count;  // mapped host memory; visible to the host once the kernel has completed
+__global__ void publish_count_kernel(const unsigned long long* count, const unsigned long long* extra,
+                                     unsigned long long* slot) {
+  slot[0] = *count;  // mapped host memory; visible to the host once the kernel has completed
+  if (extra != nullptr)
+    for (int i = 0; i < CountRing::kExtraWords; ++i) slot[1 + i] = extra[i];
 }
 
 }  // namespace
 
 CountRing::CountRing(int slots) : slots_(static_cast<std::size_t>(slots < 1 ? 1 : slots)) {
-  TWELL_CUDA_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&values_), (slots_.size() + 1) * sizeof(unsigned long long),
-                                 cudaHostAllocMapped));
-  cudaError_t e = cudaHostGetDevicePointer(reinterpret_cast<void**>(&sink_), values_ + slots_.size(), 0);
+  TWELL_CUDA_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&values_),
+                                 (slots_.size() + 1) * kWords * sizeof(unsigned long long), cudaHostAllocMapped));
+  cudaError_t e = cudaHostGetDevicePointer(reinterpret_cast<void**>(&sink_), values_ + slots_.size() * kWords, 0);
   for (std::size_t i = 0; i < slots_.size() && e == cudaSuccess; ++i) {
-    slots_[i].value = values_ + i;
+    slots_[i].value = values_ + i * kWords;
     e = cudaHostGetDevicePointer(reinterpret_cast<void**>(&slots_[i].device_value), slots_[i].value, 0);
     if (e == cudaSuccess) e = cudaEventCreateWithFlags(&slots_[i].done, cudaEventDisableTiming);
   }
@@ -74,7 +77,10 @@ void CountRing::harvest(bool wait_oldest) {
     s.busy = false;
     if (s.seq > newest_seq_) {
       newest_seq_ = s.seq;
-      newest_ = static_cast<double>(*s.value) / s.scale;
+      newest_ = static_cast<double>(s.value[0]) / s.scale;
+      newest_extra_.present = s.extra;
+      for (int i = 0; i < kExtraWords; ++i) newest_extra_.words[i] = s.extra ? s.value[1 + i] : 0;
+      newest_extra_.tag = s.tag;
       fresh_ = true;
     }
   }
@@ -90,25 +96,29 @@ CountRing::Slot& CountRing::acquire() {
   throw Error(ErrorCode::internal, "CountRing: no slot free after waiting for the oldest");
 }
 
-void CountRing::commit(Slot& s, double scale, cudaStream_t stream) {
+void CountRing::commit(Slot& s, double scale, cudaStream_t stream, std::int64_t tag) {
   TWELL_CUDA_CHECK(cudaEventRecord(s.done, stream));
   s.scale = scale;
+  s.tag = tag;
   s.seq = next_seq_++;
   s.busy = true;
 }
 
-void CountRing::push(const unsigned long long* count, double scale, cudaStream_t stream) {
+void CountRing::push(const unsigned long long* count, double scale, cudaStream_t stream,
+                     const unsigned long long* extra, std::int64_t tag) {
   if (capturing(stream)) return;  // nothing to publish from inside a graph
   Slot& s = acquire();
-  publish_count_kernel<<<1, 1, 0, stream>>>(count, s.device_value);
+  s.extra = extra != nullptr;
+  publish_count_kernel<<<1, 1, 0, stream>>>(count, extra, s.device_value);
   TWELL_CUDA_CHECK_LAUNCH("publish_count_kernel");
-  commit(s, scale, stream);
+  commit(s, scale, stream, tag);
 }
 
-bool CountRing::poll(double* value) {
+bool CountRing::poll(double* value, Extra* extra) {
   harvest(false);
   if (!fresh_) return false;
   *value = newest_;
+  if (extra != nullptr) *extra = newest_extra_;
   fresh_ = false;
   return true;
 }

@@ -10,6 +10,8 @@
 // counting work a push_by enqueues writes into a sink that is never read, no event is recorded,
 // and poll only reads what completed before (its event query is made in relaxed capture mode). A
 // captured call so bakes the dispatch it was captured with, and its replays report no counts.
+// A push may carry three more device words (a call's exact counters, e.g. TwellCounters' nnz,
+// overflow tiles and rows) and a host tag (e.g. its M); poll returns them with the count.
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -25,8 +27,17 @@ class CountRing {
   CountRing(const CountRing&) = delete;
   CountRing& operator=(const CountRing&) = delete;
 
-  // Enqueues on `stream` a copy of *count (device); it is read back as *count / scale.
-  void push(const unsigned long long* count, double scale, cudaStream_t stream);
+  static constexpr int kExtraWords = 3;
+  // What travelled with the newest count: present when its push gave `extra`.
+  struct Extra {
+    bool present = false;
+    unsigned long long words[kExtraWords] = {};
+    std::int64_t tag = 0;
+  };
+  // Enqueues on `stream` a copy of *count (device); it is read back as *count / scale. extra (null,
+  // or kExtraWords consecutive device words) and tag come back with it (poll's Extra).
+  void push(const unsigned long long* count, double scale, cudaStream_t stream,
+            const unsigned long long* extra = nullptr, std::int64_t tag = 0);
   // The same for work that stores the count itself: enqueue(dst) must enqueue on `stream` work
   // that writes the count to dst (a device pointer into this ring's mapped memory).
   template <typename Enqueue>
@@ -36,34 +47,39 @@ class CountRing {
       return;
     }
     Slot& s = acquire();
+    s.extra = false;
     enqueue(s.device_value);
-    commit(s, scale, stream);
+    commit(s, scale, stream, 0);
   }
   // True, with the value of the newest completed push, if one completed since the last poll that
   // returned true and is newer than the value it returned. Never waits.
-  bool poll(double* value);
+  bool poll(double* value, Extra* extra = nullptr);
   // Waits for every push in flight and forgets all values.
   void reset();
 
  private:
   struct Slot {
     cudaEvent_t done = nullptr;
-    unsigned long long* value = nullptr;         // this slot's element of values_ (host view)
-    unsigned long long* device_value = nullptr;  // the same element as the device writes it
+    unsigned long long* value = nullptr;         // this slot's kWords elements of values_ (host view)
+    unsigned long long* device_value = nullptr;  // the same elements as the device writes them
     double scale = 1;
+    bool extra = false;                          // words [1, kWords) were written by its push
+    std::int64_t tag = 0;
     std::uint64_t seq = 0;
     bool busy = false;
   };
   static bool capturing(cudaStream_t stream);              // a CUDA graph is being captured on it
   void harvest(bool wait_oldest);
   Slot& acquire();                                      // a free slot (waits for the oldest if none)
-  void commit(Slot& s, double scale, cudaStream_t stream);  // records its event, marks it in flight
+  void commit(Slot& s, double scale, cudaStream_t stream, std::int64_t tag);  // records its event, marks it in flight
 
-  unsigned long long* values_ = nullptr;  // mapped pinned memory, one element per slot, then the sink
-  unsigned long long* sink_ = nullptr;    // device view of the last element: captured work's counts
+  static constexpr int kWords = 1 + kExtraWords;  // per slot: the count, then the extra words
+  unsigned long long* values_ = nullptr;  // mapped pinned memory, kWords elements per slot, then the sink's
+  unsigned long long* sink_ = nullptr;    // device view of the sink: captured work's counts
   std::vector<Slot> slots_;
   std::uint64_t next_seq_ = 1, newest_seq_ = 0;
   double newest_ = 0;
+  Extra newest_extra_;
   bool fresh_ = false;
 };
 

@@ -278,9 +278,12 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) csr_fill_twell_kernel(Csr
   }
 }
 
-__global__ void publish_totals_kernel(const std::int64_t* total, const int* n_dense, std::int64_t* out) {
+__global__ void publish_totals_kernel(const std::int64_t* total, const int* n_dense, const unsigned long long* overflow,
+                                      std::int64_t* out) {
   out[0] = *total;
   out[1] = n_dense != nullptr ? *n_dense : 0;
+  out[2] = overflow != nullptr ? static_cast<std::int64_t>(overflow[0]) : -1;
+  out[3] = overflow != nullptr ? static_cast<std::int64_t>(overflow[1]) : -1;
 }
 
 // One warp per row: entry_rows[offsets[r] .. offsets[r+1]) = r.
@@ -395,9 +398,10 @@ void launch_csr_fill(const CsrBuildParams& p, cudaStream_t stream) {
   }
 }
 
-void launch_csr_publish_totals(const std::int64_t* total, const int* n_dense, std::int64_t* out, cudaStream_t stream) {
+void launch_csr_publish_totals(const std::int64_t* total, const int* n_dense, const unsigned long long* overflow,
+                               std::int64_t* out, cudaStream_t stream) {
   TWELL_CU_REQUIRE(total && out, ErrorCode::invalid_argument, "CSR totals: null pointer");
-  publish_totals_kernel<<<1, 1, 0, stream>>>(total, n_dense, out);
+  publish_totals_kernel<<<1, 1, 0, stream>>>(total, n_dense, overflow, out);
   TWELL_CUDA_CHECK_LAUNCH("publish_totals_kernel");
 }
 

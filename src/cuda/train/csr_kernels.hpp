@@ -62,11 +62,13 @@ inline bool csr_count_can_gather(std::int64_t hot_count, std::int64_t ld_hot, co
 void csr_count_and_scan(const CsrBuildParams& p, DeviceBuffer<unsigned char>& scratch, cudaStream_t stream);
 // Writes cols/vals at the offsets computed by csr_count_and_scan (same src).
 void launch_csr_fill(const CsrBuildParams& p, cudaStream_t stream);
-// out[0] = *total (the CSR's offsets[m]), out[1] = *n_dense (0 when null), by a one-thread kernel
-// into host memory the device can write (out: its device address): the host reads both after the
-// stream (or an event behind this) completes. A kernel, not cudaMemcpyAsync, so that no copy
+// out[0] = *total (the CSR's offsets[m]), out[1] = *n_dense (0 when null), out[2], out[3] =
+// overflow[0], overflow[1] (the TwELL gate's overflowed tiles and rows; −1 when null), by a
+// one-thread kernel into host memory the device can write (out: its device address): the host reads
+// them after the stream (or an event behind this) completes. A kernel, not cudaMemcpyAsync, so that no copy
 // engine sits on the stream between the count and the fill (count_ring.hpp: 6–10 µs per copy).
-void launch_csr_publish_totals(const std::int64_t* total, const int* n_dense, std::int64_t* out, cudaStream_t stream);
+void launch_csr_publish_totals(const std::int64_t* total, const int* n_dense, const unsigned long long* overflow,
+                               std::int64_t* out, cudaStream_t stream);
 
 // Transposed index of a CSR pattern with `nnz` entries over n columns:
 //   entry_rows[e]  = the row of entry e;

@@ -101,7 +101,7 @@ TrainContext::TrainContext(const TrainContextOptions& opt, std::shared_ptr<Train
       wg_item_offsets_(scratch_->wg_item_offsets), wg_item_neuron_(scratch_->wg_item_neuron), cub_ws_(scratch_->cub_ws),
       dw_gu_(scratch_->dw_gu), dw_down_(scratch_->dw_down), scalars_(1),
       twell_words_(scratch_->twell_words), twell_row_ovf_(scratch_->twell_row_ovf),
-      twell_counters_(scratch_->twell_counters), n_dense_(1), scalars_host_(1), totals_host_(2) {
+      twell_counters_(scratch_->twell_counters), n_dense_(1), scalars_host_(1), totals_host_(4) {
   TWELL_CHECK(opt_.token_min_blocks == 0 || opt_.token_min_blocks == 6 || opt_.token_min_blocks == 8,
               ErrorCode::invalid_argument, "TrainContextOptions::token_min_blocks must be 0, 6 or 8 (got {})",
               opt_.token_min_blocks);
@@ -334,9 +334,13 @@ TrainForwardResult TrainContext::forward(const __nv_bfloat16* x, std::int64_t m,
   }
   csr_count_and_scan(cp, cub_ws_, stream);
   mark("fwd: CSR count + scan", stream);
-  launch_csr_publish_totals(offsets_.get() + m, cp.n_dense, totals_dev_, stream);
+  // The TwELL gate's overflow counts travel with the totals (the same wait, no other).
+  launch_csr_publish_totals(offsets_.get() + m, cp.n_dense, twell_gate ? &twell_counters_.get()->overflow_tiles : nullptr,
+                            totals_dev_, stream);
   TWELL_CUDA_CHECK(cudaStreamSynchronize(stream));
   r.nnz = totals_host_[0];
+  r.overflow_tiles = totals_host_[2];
+  r.overflow_rows = totals_host_[3];
   const std::int64_t n_dense = totals_host_[1];
   const std::int64_t hot_n = hot_count();
   const std::int64_t rows_n = n_dense >= cp.dense_rows_min ? n_dense : 0;  // fewer: the CSR holds them

@@ -94,6 +94,9 @@ struct TrainForwardResult {
   double density = 0;
   std::int64_t hot_neurons = 0;  // H: neurons run dense inside the sparse step (0: no split, or the dense step ran)
   std::int64_t dense_rows = 0;   // R: rows run dense inside the sparse step (their non-zeros are not in nnz)
+  // The TwELL gate's (row, tile) blocks and rows beyond the format's width (exact: those blocks go
+  // through the dense gate buffer); −1 when the gate ran as a cuBLASLt GEMM (no TwELL).
+  std::int64_t overflow_tiles = -1, overflow_rows = -1;
   std::string path;
 };
 
@@ -314,7 +317,7 @@ class TrainContext {
   DeviceBuffer<int> n_dense_;
   DeviceBuffer<__nv_bfloat16> rows_gu_, rows_x_, rows_dy_, rows_out_, rows_h_, rows_dh_, rows_dgu_;
   PinnedBuffer<DenseTrainScalars> scalars_host_;
-  // The count's totals {nnz, dense rows}, written by a kernel into pinned host memory
+  // The count's totals {nnz, dense rows, overflow tiles, overflow rows}, written by a kernel into pinned host memory
   // (launch_csr_publish_totals; totals_dev_ is its device address).
   PinnedBuffer<std::int64_t> totals_host_;
   std::int64_t* totals_dev_ = nullptr;
