@@ -315,15 +315,21 @@ TEST(FfnLayer, WorkspacesDrawFromTheCallersAllocator) {
       std::bad_alloc);
 }
 
+// N = 1024, K = 256, gated, 0.5 % density, with three all-active rows (each overflows every one
+// of the four TwELL tiles); exact pre-activations, so every backend agrees on the pattern.
+FfnData overflow_data(const char* name, std::int64_t m, std::uint64_t seed) {
+  FfnCase c = ffn_case(name, m, 1024, 256, true, 0.005, seed);
+  c.full_rows = 3;
+  c.exact_preactivation = true;
+  return make_ffn(c);
+}
+
 // stats(): counts come back without a wait. A forced call counts nothing; the automatic path's
 // counted TwELL calls bring their exact counters, equal to what the host API reads (with a wait)
 // from a fresh layer on the same input. Rows forced all-active overflow every TwELL tile.
 TEST(FfnLayer, StatsComeBackWithoutAWait) {
   TWELL_REQUIRE_GPU();
-  FfnCase c = ffn_case("stats", 2048, 1024, 256, true, 0.005, 11);
-  c.full_rows = 3;
-  c.exact_preactivation = true;
-  const FfnData d = make_ffn(c);
+  const FfnData d = overflow_data("stats", 2048, 11);
   FfnLayer layer;
   const LayerStats none = layer.stats();  // no weights yet
   EXPECT_EQ(none.calls, 0);
@@ -373,10 +379,7 @@ TEST(FfnLayer, StatsComeBackWithoutAWait) {
 // dense step reports −1.
 TEST(FfnLayer, TrainingForwardReportsTwellOverflow) {
   TWELL_REQUIRE_GPU();
-  FfnCase c = ffn_case("train-overflow", 1000, 1024, 256, true, 0.005, 12);
-  c.full_rows = 3;
-  c.exact_preactivation = true;
-  const FfnData d = make_ffn(c);
+  const FfnData d = overflow_data("train-overflow", 1000, 12);
   FfnTrainLayer layer;
   layer.upload_weights(d.weights(), nullptr);
   Dev<bf16> x(d.x.size()), y(d.x.size());
