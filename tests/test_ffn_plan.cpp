@@ -83,5 +83,55 @@ TEST(FfnPlan, ThresholdsByShape) {
   EXPECT_EQ(plan_forward(p, call(16384, Path::automatic, d, false, true)).step, ForwardStep::sparse);
 }
 
+TrainDispatchState step(std::int64_t m, Path path, double last = -1, bool gated = true, bool hot_split = false) {
+  return {.m = m, .path = path, .gated = gated, .last_density = last, .hot_split = hot_split};
+}
+
+TEST(TrainPlan, AskedPathsRunAsAsked) {
+  const TrainDispatchPolicy p;
+  for (const std::int64_t m : {1, 300, 4096, 16384}) {
+    const TrainPlan d = plan_train_forward(p, step(m, Path::dense, 0.001));
+    EXPECT_EQ(d.step, TrainStep::dense);
+    EXPECT_FALSE(d.runs_sparse(0.0, 0)) << "dense asked: never the sparse step";
+    EXPECT_FALSE(d.below_min_rows);
+    // Sparse asked: counted (the CSR is sized by the count), and sparse whatever the density.
+    const TrainPlan s = plan_train_forward(p, step(m, Path::sparse, 0.5));
+    EXPECT_EQ(s.step, TrainStep::count);
+    EXPECT_TRUE(s.runs_sparse(0.9, 1000));
+  }
+}
+
+TEST(TrainPlan, AutomaticFollowsTheNewestCount) {
+  const TrainDispatchPolicy p;
+  const TrainPlan small = plan_train_forward(p, step(p.dispatch_min_rows - 1, Path::automatic, 0.001));
+  EXPECT_EQ(small.step, TrainStep::dense);
+  EXPECT_TRUE(small.below_min_rows);
+  // No count yet, or one within the limit: count, then the count decides.
+  for (const double last : {-1.0, 0.001, p.max_sparse_density_gated}) {
+    const TrainPlan c = plan_train_forward(p, step(16384, Path::automatic, last));
+    EXPECT_EQ(c.step, TrainStep::count) << last;
+    EXPECT_DOUBLE_EQ(c.limit, p.max_sparse_density_gated);
+    EXPECT_TRUE(c.runs_sparse(p.max_sparse_density_gated, 1000));
+    EXPECT_FALSE(c.runs_sparse(p.max_sparse_density_gated * 1.001, 1000));
+  }
+  // Over the limit: dense, counting for the next step; with hot neurons split off the cold
+  // neurons' measure needs the count, so the step counts instead.
+  EXPECT_EQ(plan_train_forward(p, step(16384, Path::automatic, 0.02)).step, TrainStep::dense_counted);
+  EXPECT_EQ(plan_train_forward(p, step(16384, Path::automatic, 0.02, true, true)).step, TrainStep::count);
+  // The non-gated threshold.
+  const TrainPlan ng = plan_train_forward(p, step(16384, Path::automatic, -1, false));
+  EXPECT_DOUBLE_EQ(ng.limit, p.max_sparse_density_nongated);
+  EXPECT_EQ(plan_train_forward(p, step(16384, Path::automatic, p.max_sparse_density_nongated * 1.01, false)).step,
+            TrainStep::dense_counted);
+}
+
+TEST(TrainPlan, EntriesBeyondTheBackwardsIndicesRunDense) {
+  const TrainPlan c = plan_train_forward(TrainDispatchPolicy{}, step(1 << 20, Path::automatic));
+  EXPECT_TRUE(c.runs_sparse(0.001, kMaxSparseTrainNnz));
+  EXPECT_FALSE(c.runs_sparse(0.001, kMaxSparseTrainNnz + 1));
+  // A forced sparse step beyond them is refused by the context before anything is written.
+  EXPECT_TRUE(plan_train_forward(TrainDispatchPolicy{}, step(1 << 20, Path::sparse)).runs_sparse(0.001, kMaxSparseTrainNnz + 1));
+}
+
 }  // namespace
 }  // namespace twell::cuda

@@ -41,4 +41,23 @@ ForwardPlan plan_forward(const DispatchPolicy& p, const DispatchState& s) noexce
   return plan;
 }
 
+TrainPlan plan_train_forward(const TrainDispatchPolicy& p, const TrainDispatchState& s) noexcept {
+  TrainPlan plan;
+  plan.limit = s.gated ? p.max_sparse_density_gated : p.max_sparse_density_nongated;
+  plan.forced_sparse = s.path == Path::sparse;
+  if (s.path == Path::dense) return plan;
+  if (s.path == Path::automatic && s.m < p.dispatch_min_rows) {
+    plan.below_min_rows = true;
+    return plan;
+  }
+  // Automatic after a step over the limit: dense, counting for the next step, unless hot neurons
+  // are split off (the dispatch compares the cold neurons' measure, which only the count gives).
+  if (s.path == Path::automatic && s.last_density > plan.limit && !s.hot_split) {
+    plan.step = TrainStep::dense_counted;
+    return plan;
+  }
+  plan.step = TrainStep::count;
+  return plan;
+}
+
 }  // namespace twell::cuda

@@ -1,6 +1,7 @@
 #pragma once
-// Plan, then execute: what one inference forward of the CUDA FFN does, decided on the host from the
-// layer's statistics before anything is enqueued (FfnContext::forward executes the plan). Pure host
+// Plan, then execute: what one inference forward (FfnContext::forward) or training forward
+// (TrainContext::forward) of the CUDA FFN does, decided on the host from the layer's statistics
+// before anything is enqueued. Pure host
 // code with no CUDA types, compiled into the host library so that CPU tests check every rule.
 // Every step is exact; the plan only chooses which exact computation is fastest.
 #include <cstdint>
@@ -53,5 +54,47 @@ struct ForwardPlan {
 double max_sparse_density(const DispatchPolicy& p, std::int64_t m, bool decode, bool gated) noexcept;
 
 ForwardPlan plan_forward(const DispatchPolicy& p, const DispatchState& s) noexcept;
+
+// ---- The training forward ----
+
+// The measured thresholds a training step's dispatch reads (TrainContextOptions holds them, with
+// their measurements in docs/perf-notes-cuda.md).
+struct TrainDispatchPolicy {
+  double max_sparse_density_gated = 0.009;  // the sparse step iff the step's measure ≤ this
+  double max_sparse_density_nongated = 0.006;
+  std::int64_t dispatch_min_rows = 4096;    // below: dense without counting (fixed costs)
+};
+
+// What a training layer knows when a step comes.
+struct TrainDispatchState {
+  std::int64_t m = 0;
+  Path path = Path::automatic;
+  bool gated = true;
+  double last_density = -1;  // the newest counted step's measure (< 0: none yet)
+  bool hot_split = false;    // hot neurons are split off: a dense step cannot count the cold ones
+};
+
+enum class TrainStep {
+  dense,          // the stacked cuBLASLt step, no count
+  dense_counted,  // the same, counting every neuron for later steps (read back through an event: no wait)
+  count,          // the gate and the CSR's count; the host waits for the count, then runs_sparse decides
+};
+
+// The 32-bit entry indices of the sparse step's backward address this many CSR entries.
+inline constexpr std::int64_t kMaxSparseTrainNnz = 0x7fffffff;
+
+struct TrainPlan {
+  TrainStep step = TrainStep::dense;
+  double limit = 0;             // the step's density threshold
+  bool forced_sparse = false;   // Path::sparse asked
+  bool below_min_rows = false;  // automatic ran dense because m < dispatch_min_rows
+  // After the count: the sparse step runs if asked, or if the step's measure is within the limit
+  // and the CSR's entries fit the backward's indices (never when the plan is a dense step).
+  bool runs_sparse(double density, std::int64_t nnz) const noexcept {
+    return step == TrainStep::count && (forced_sparse || (density <= limit && nnz <= kMaxSparseTrainNnz));
+  }
+};
+
+TrainPlan plan_train_forward(const TrainDispatchPolicy& p, const TrainDispatchState& s) noexcept;
 
 }  // namespace twell::cuda

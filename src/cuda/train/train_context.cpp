@@ -220,22 +220,21 @@ TrainForwardResult TrainContext::forward(const __nv_bfloat16* x, std::int64_t m,
   TWELL_CUDA_CHECK(cudaMemsetAsync(scalars_.get(), 0, sizeof(DenseTrainScalars), stream));
   saved_m_ = m;
   TrainForwardResult r;
-  const double limit = gated() ? opt_.max_sparse_density_gated : opt_.max_sparse_density_nongated;
   if (path == Path::automatic && count_pending_) {  // the previous dense step's count (long done)
     TWELL_CUDA_CHECK(cudaEventSynchronize(counted_));
     last_density_ = static_cast<double>(scalars_host_[0].active) / (static_cast<double>(pending_m_) * static_cast<double>(n()));
     count_pending_ = false;
   }
-  const bool small = path == Path::automatic && m < opt_.dispatch_min_rows;
-  // The sticky dense step counts every neuron; with hot neurons split off the dispatch compares the
-  // cold neurons' density, so it keeps counting after the gate instead.
-  const bool sticky = path == Path::automatic && last_density_ > limit && hot_.empty();
-  if (path == Path::dense || small || sticky) {
+  // Plan (ffn_plan.hpp: pure host, unit-tested), then execute.
+  const TrainPlan plan = plan_train_forward(
+      opt_, {.m = m, .path = path, .gated = gated(), .last_density = last_density_, .hot_split = !hot_.empty()});
+  const double limit = plan.limit;
+  if (plan.step != TrainStep::count) {
     dense_forward_stacked(x, m, y, stream);
     mark("fwd: dense", stream);
     if (path == Path::dense) {
       r.path = "dense cublasLt (stacked gate|up GEMM)";
-    } else if (small) {
+    } else if (plan.below_min_rows) {
       r.path = "dense cublasLt (M below the training dispatch minimum)";
     } else {
       TWELL_CUDA_CHECK(cudaMemcpyAsync(scalars_host_.get(), scalars_.get(), sizeof(DenseTrainScalars),
@@ -354,13 +353,12 @@ TrainForwardResult TrainContext::forward(const __nv_bfloat16* x, std::int64_t m,
                          hot_density * static_cast<double>(m) * static_cast<double>(hot_n);
   r.density = eff_nnz / (static_cast<double>(m) * static_cast<double>(n()));
   // The backward's transposed index addresses entries with 32 bits: refuse a forced sparse step
-  // beyond that before anything is written; automatic dispatch runs dense there.
-  constexpr std::int64_t kMaxSparseNnz = 0x7fffffff;
-  TWELL_CHECK(path != Path::sparse || r.nnz <= kMaxSparseNnz, ErrorCode::unsupported,
+  // beyond that before anything is written; automatic dispatch runs dense there (runs_sparse).
+  TWELL_CHECK(!plan.forced_sparse || r.nnz <= kMaxSparseTrainNnz, ErrorCode::unsupported,
               "sparse training step: {} non-zeros exceed the 2^31 − 1 its 32-bit entry indices address; split the "
               "batch (M = {}) or use the dense or automatic path",
               r.nnz, m);
-  r.sparse = path == Path::sparse || (r.density <= limit && r.nnz <= kMaxSparseNnz);
+  r.sparse = plan.runs_sparse(r.density, r.nnz);
   last_density_ = r.density;
   nnz_ = r.nnz;
   if (r.sparse) {

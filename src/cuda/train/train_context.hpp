@@ -32,6 +32,7 @@
 
 #include "cuda/common/device_buffer.hpp"
 #include "cuda/ffn_context.hpp"
+#include "cuda/ffn_plan.hpp"
 #include "cuda/sm80/twell_kernels.hpp"
 #include "cuda/train/train_kernels.hpp"
 #include "twell/cuda/ffn_cuda.hpp"
@@ -44,12 +45,11 @@ namespace twell::cuda {
 // at 0.5–1 % mean density hardly ever but in hot rows; an overflowed block is read from g_.
 inline constexpr int kTrainTwellWords = 32;
 
-struct TrainContextOptions {
+// The training context's options: the dispatch policy (ffn_plan.hpp: the sparse step's thresholds
+// and minimum M), then the kernels' configuration and the hot-neuron / dense-row splits.
+struct TrainContextOptions : TrainDispatchPolicy {
   // One line each; the measurements behind the values: docs/perf-notes-cuda.md, "Training step configuration".
   bool autotune_gemm = false;                   // time cuBLASLt's candidate algorithms once per shape
-  double max_sparse_density_gated = 0.009;      // automatic runs the sparse step iff nnz / (M·N) ≤ this
-  double max_sparse_density_nongated = 0.006;
-  std::int64_t dispatch_min_rows = 4096;        // below it automatic runs dense without counting (fixed costs)
   double weight_grad_l2_fraction = 0.7;         // weight-gradient passes: x and dy columns within this share of L2
   std::int64_t weight_grad_run = 0;             // entries per weight-gradient work item (0: 128; ≥ nnz / 8192)
   // Hot neurons (the inference path's split by neuron, twell_hot_neurons.hpp): neurons active in
