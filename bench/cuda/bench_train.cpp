@@ -10,7 +10,10 @@
 #include <cmath>
 #include <cstdio>
 #include <random>
+#include <string>
 #include <tuple>
+#include <utility>
+#include <vector>
 
 #include "bench_util.hpp"
 #include "cuda/common/device_buffer.hpp"
@@ -58,6 +61,45 @@ double sampled_train_error(const std::vector<float>& y, const std::vector<float>
   }
   return worst;
 }
+
+// Times a training step's phases: a CUDA event after each phase's launches (TrainContext's phase
+// observer), then the intervals between them. "start" (a forward's first mark) begins a new list.
+class EventPhases : public TrainContext::PhaseObserver {
+ public:
+  ~EventPhases() override {
+    for (cudaEvent_t e : events_) cudaEventDestroy(e);
+  }
+  void phase_done(const char* phase, cudaStream_t stream) override {
+    if (std::string(phase) == "start") {
+      used_ = 0;
+      names_.clear();
+    }
+    if (used_ == events_.size()) {
+      cudaEvent_t e = nullptr;
+      TWELL_CUDA_CHECK(cudaEventCreate(&e));
+      events_.push_back(e);
+    }
+    TWELL_CUDA_CHECK(cudaEventRecord(events_[used_++], stream));
+    names_.emplace_back(phase);
+  }
+  // Synchronises; (phase, ms) since the previous mark, for every phase after "start".
+  std::vector<std::pair<std::string, float>> ms() {
+    std::vector<std::pair<std::string, float>> out;
+    if (used_ < 2) return out;
+    TWELL_CUDA_CHECK(cudaEventSynchronize(events_[used_ - 1]));
+    for (std::size_t i = 1; i < used_; ++i) {
+      float t = 0;
+      TWELL_CUDA_CHECK(cudaEventElapsedTime(&t, events_[i - 1], events_[i]));
+      out.emplace_back(names_[i], t);
+    }
+    return out;
+  }
+
+ private:
+  std::vector<cudaEvent_t> events_;  // a pool, grown as needed
+  std::vector<std::string> names_;   // names_[i] ends at events_[i]
+  std::size_t used_ = 0;
+};
 
 }  // namespace
 
@@ -113,10 +155,12 @@ void run_train_sweep(bool quick, int warmup, int reps, cudaStream_t s, nlohmann:
       });
       saved_sp = sparse.saved_bytes();
       mem_sp = sparse.device_bytes();
-      sparse.set_phase_timing(true);  // one more step, timed per phase (events between launches)
+      EventPhases timed;  // one more step, timed per phase (events between launches)
+      sparse.set_phase_observer(&timed);
       sparse.forward(dev_x.get(), m, dev_y.get(), Path::sparse, s);
       sparse.backward(dev_x.get(), dev_dy.get(), m, l1_coeff, dev_dx.get(), s);
-      for (const auto& [name, ms] : sparse.phase_ms()) phases[name] = ms;
+      sparse.set_phase_observer(nullptr);
+      for (const auto& [name, ms] : timed.ms()) phases[name] = ms;
     }
     // One whole sparse training step of context c (forward, then backward), as a callable.
     const auto step = [&](TrainContext& c) {

@@ -174,10 +174,16 @@ class TrainContext {
   // when the density option is ≤ 0 or more than hot_neurons_max_share·N qualify.
   std::vector<std::int64_t> choose_hot_neurons(const std::vector<std::uint32_t>& counts, std::int64_t m) const;
 
-  // Phase timing (for benchmarks): when on, forward/backward record a CUDA event after each phase;
-  // phase_ms() synchronises and returns (phase, ms) of the last forward + backward.
-  void set_phase_timing(bool on);
-  std::vector<std::pair<std::string, float>> phase_ms();
+  // Sees the step's phases as they are enqueued: phase_done(name, stream) after each phase's
+  // launches, on the step's stream (a forward begins with "start"). Production installs none; a
+  // benchmark times the phases with events (bench/cuda/bench_train.cpp). The same names go to
+  // profilers as NVTX marks whether or not an observer is installed.
+  class PhaseObserver {
+   public:
+    virtual ~PhaseObserver() = default;
+    virtual void phase_done(const char* phase, cudaStream_t stream) = 0;
+  };
+  void set_phase_observer(PhaseObserver* observer) noexcept { observer_ = observer; }  // null: none
 
   std::size_t saved_bytes() const noexcept { return saved_bytes_; }  // kept by the last forward beyond x, y
   std::size_t device_bytes() const noexcept;  // everything this context holds, its scratch set included
@@ -232,7 +238,7 @@ class TrainContext {
   static constexpr OverShare over_share() noexcept { return OverShare::none; }
   void reserve_grads();
   DenseTrainElementwiseParams elementwise_params(std::int64_t m);  // common fields; reserves h_
-  void mark(const char* phase, cudaStream_t stream);  // no-op unless phase timing is on
+  void mark(const char* phase, cudaStream_t stream);  // an NVTX mark; the observer's phase_done
 
   TrainContextOptions opt_;
   FfnContext ffn_;
@@ -244,10 +250,7 @@ class TrainContext {
   std::int64_t pending_m_ = 0;
   cudaEvent_t counted_ = nullptr;
   std::int64_t l2_bytes_ = 0;
-  bool timing_ = false;
-  std::vector<cudaEvent_t> events_;                 // pool, grown as needed
-  std::vector<std::string> phases_;                 // phases_[i] ends at events_[i + 1]
-  std::size_t used_events_ = 0;
+  PhaseObserver* observer_ = nullptr;
   // dense state: gu_ [m, 2·ldn] (stacked path), g_ [m, ldn] (gate output, also the sparse path's
   // workspace), u_ [m, ldn] (dispatched dense), h_ [m, ldn]; backward dh_ [m, ldn], dgu_ [m, 2·ldn]
   // g_ is free once the CSR is built: the sparse backward never reads it and uses it as the
