@@ -167,7 +167,18 @@ class CudaRuntime final : public Runtime {
 
   const Model& model() const noexcept override { return *model_; }
   std::string device() const override { return device_; }
-  const std::vector<FfnLayerStats>& ffn_stats() const noexcept override { return stats_; }
+  // last_density of a ReLU layer: the newest measure its FFN engine has read back (the count ring;
+  // never waits), so it trails the calls and survives reset_stats. active stays 0 (not summed here).
+  const std::vector<FfnLayerStats>& ffn_stats() const noexcept override {
+    for (std::size_t l = 0; l < layers_.size() && l < stats_.size(); ++l) {
+      if (!layers_[l].ffn) continue;
+      try {
+        stats_[l].last_density = layers_[l].ffn->measured().density;
+      } catch (...) {  // a CUDA error in an event query: leave the last value (the next call reports it)
+      }
+    }
+    return stats_;
+  }
   void reset_stats() override { stats_.assign(stats_.size(), FfnLayerStats{}); }
   std::int64_t device_memory_in_use() const override {
     std::size_t free = 0, total = 0;
@@ -465,7 +476,7 @@ class CudaRuntime final : public Runtime {
   };
   const Model* model_;
   RuntimeOptions opt_;
-  std::vector<FfnLayerStats> stats_;
+  mutable std::vector<FfnLayerStats> stats_;  // ffn_stats() folds in the engine's newest measures
   std::string device_;  // initialised first of the GPU members: no stream or handle without a device
   NvmlEnergy energy_{pci_bus_id()};
   cuda::host::Stream owned_stream_;  // non-blocking; outlives the layers' contexts declared below

@@ -6,6 +6,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <string>
 #include <tuple>
 
 #include "cuda_test_util.hpp"
@@ -211,6 +212,21 @@ TEST(ModelCuda, DecodeGraphsAreBitIdentical) {
       EXPECT_GE(graphed->graph_launches() - before, 90) << name << ", batch " << batch << ": graphs not replayed";
     }
     EXPECT_EQ(eager->graph_launches(), 0);
+    // ffn_stats' last_density: the newest count each layer's engine read back (the automatic
+    // path's decode kernel, or its dense calls' sampled count); none for a forced path or SiLU.
+    for (const Runtime* rt : {eager.get(), graphed.get()})
+      for (std::size_t l = 0; l < rt->ffn_stats().size(); ++l) {
+        const double d = rt->ffn_stats()[l].last_density;
+        if (std::string(name) == "relu-sparse") {
+          EXPECT_GE(d, 0.0) << name << ", layer " << l << ": a count came back";  // 0: a count of none
+          EXPECT_LT(d, 0.05) << name << ", layer " << l;
+        } else if (std::string(name) == "relu-50pct") {
+          EXPECT_GT(d, 0.2) << name << ", layer " << l;
+          EXPECT_LT(d, 0.8) << name << ", layer " << l;
+        } else {
+          EXPECT_EQ(d, -1.0) << name << ", layer " << l << ": nothing counts";
+        }
+      }
   }
 }
 

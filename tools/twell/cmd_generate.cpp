@@ -100,10 +100,15 @@ int run_generate(GenerateArgs& a) {
   for (std::size_t i = 0; !stream && i < out.size(); ++i)
     fmt::print("--- [{}] {}\n{}{}\n", i, out[i].stop_reason, a.chat ? "" : a.prompts[i], tok.decode(out[i].tokens, true));
 
-  // Per layer: whether it ran the sparse FFN, and (where the runtime counts them: the CPU) its active neurons.
-  std::int64_t sparse_layers = 0, counted = 0, rows = 0, sparse_rows = 0;
-  double per_token = 0;
+  // Per layer: whether it ran the sparse FFN, and its active neurons (CPU: summed over every call;
+  // GPU: the newest count the engine read back).
+  std::int64_t sparse_layers = 0, counted = 0, rows = 0, sparse_rows = 0, measured = 0;
+  double per_token = 0, density_sum = 0;  // measured, density_sum: the GPU engine's newest counts
   for (const auto& s : rt.ffn_stats()) {
+    if (s.last_density >= 0) {
+      ++measured;
+      density_sum += s.last_density;
+    }
     sparse_layers += s.sparse_rows > 0;
     rows += s.rows;
     sparse_rows += s.sparse_rows;
@@ -125,9 +130,14 @@ int run_generate(GenerateArgs& a) {
                        100.0 * static_cast<double>(sparse_rows) / static_cast<double>(std::max<std::int64_t>(rows, 1)),
                        sparse_layers, c.num_layers, 100.0 * model::kCpuMaxSparseDensity, per_token / counted,
                        c.intermediate_size, 100.0 * per_token / counted / static_cast<double>(c.intermediate_size)));
+    else if (measured > 0)
+      note(fmt::format("FFN: {} of {} ReLU layers ran the sparse path; the engine's newest counts read {:.1f} active "
+                       "neurons per token per layer (of {}, {:.2f} %; {} of {} layers counted)",
+                       sparse_layers, c.num_layers, density_sum / measured * static_cast<double>(c.intermediate_size),
+                       c.intermediate_size, 100.0 * density_sum / measured, measured, c.num_layers));
     else
-      note(fmt::format("FFN: {} of {} ReLU layers ran the sparse path (active neurons are not read back on the GPU)",
-                       sparse_layers, c.num_layers));
+      note(fmt::format("FFN: {} of {} ReLU layers ran the sparse path (no count has come back yet)", sparse_layers,
+                       c.num_layers));
   }
   if (!a.json.empty()) {
     nlohmann::json j;
@@ -143,7 +153,7 @@ int run_generate(GenerateArgs& a) {
                                   {"stop_reason", g.stop_reason}});
     for (const auto& s : rt.ffn_stats())
       j["ffn_layers"].push_back({{"rows", s.rows}, {"active", s.active}, {"sparse_rows", s.sparse_rows},
-                                 {"overflow_rows", s.overflow_rows}});
+                                 {"overflow_rows", s.overflow_rows}, {"last_density", s.last_density}});
     write_json_file(a.json, j);
   }
   return 0;

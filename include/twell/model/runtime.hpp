@@ -63,7 +63,10 @@ struct FfnLayerStats {
   std::int64_t active = 0;        // non-zeros of h (ReLU layers)
   std::int64_t sparse_rows = 0;   // rows that ran the TwELL path
   std::int64_t overflow_rows = 0; // rows whose tiles overflowed TwELL (exact through the backup)
-  double last_density = -1;       // latest call's active / (rows · N); −1: none yet
+  // Latest measured active / (rows · N); −1: none yet. CPU: the latest call's, exactly. GPU: the
+  // newest count the FFN engine's dispatch has read back (it trails the calls, and follows the
+  // dispatch's measure: dense rows at their cost), with active not summed (0).
+  double last_density = -1;
   double active_per_token() const noexcept;  // non-zeros per token over all calls (−1: not measured)
 };
 
