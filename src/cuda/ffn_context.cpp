@@ -341,6 +341,10 @@ bool FfnContext::is_decode(std::int64_t m) const noexcept {
   return m <= opt_.decode_max_rows && m < opt_.dispatch_min_rows && k_ <= kDecodeMaxK;
 }
 
+bool FfnContext::automatic_is_plain_dense(std::int64_t m) const noexcept {
+  return plan_forward(opt_, {.m = m, .path = Path::automatic, .decode = is_decode(m), .gated = gated_}).below_min_rows;
+}
+
 bool FfnContext::use_dense_rows(std::int64_t m) const noexcept {
   return opt_.dense_rows_density > 0 &&
          !is_decode(m) && ws_->row_nnz.size() >= static_cast<std::size_t>(m);

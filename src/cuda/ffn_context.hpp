@@ -143,6 +143,10 @@ class FfnContext {
   // fixed device word instead of the count ring), so it can be captured and replayed. The caller
   // re-plans from time to time by an ordinary forward(automatic), which counts.
   bool is_decode(std::int64_t m) const noexcept;
+  // True iff forward(automatic) of m rows runs the plain cuBLASLt FFN without a count (m under
+  // dispatch_min_rows and not a decode size): a decision of the shape alone, never of the layer's
+  // statistics, so such calls capture into a graph like dense_forward (which they are).
+  bool automatic_is_plain_dense(std::int64_t m) const noexcept;
   bool decode_plan_sparse();  // polls the counts in flight first (never waits)
   void prepare_decode(std::int64_t m, cudaStream_t stream);
   void decode_step(const __nv_bfloat16* x, std::int64_t m, __nv_bfloat16* y, bool sparse, cudaStream_t stream);

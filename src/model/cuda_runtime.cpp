@@ -309,8 +309,9 @@ class CudaRuntime final : public Runtime {
   }
 
   // Enqueues the forward from the staged ids/rows/sel/blocks to logits_ [R, V]. plan: null for the
-  // FFN engine's own dispatch (automatic, counted); else each ReLU layer's decode path (capturable:
-  // FfnContext::decode_step). Returns which layers ran sparse.
+  // FFN engine's own dispatch (automatic, counted); else each ReLU layer's decode path at decode
+  // sizes (capturable: FfnContext::decode_step), the plain dense FFN above them (graphable()).
+  // Returns which layers ran sparse.
   std::vector<char> enqueue_forward(const Shape& sh, const std::vector<char>* plan) {
     const LlamaConfig& c = model_->config;
     const std::int64_t T = sh.T, R = sh.R, K = c.hidden_size, N = c.intermediate_size, V = c.vocab_size,
@@ -340,8 +341,10 @@ class CudaRuntime final : public Runtime {
         cuda::ops::attention(qkv, T, c.num_heads, c.num_kv_heads, c.head_dim, rows_.get(), l, sh.max_keys, att, stream_);
       gemm_.run({T, K, Q, Q, Q, K}, L.wo.get(), att, tmp, stream_);
       cuda::ops::add_rmsnorm(x, tmp, T, K, L.ffn_norm.get(), eps, xn, stream_);
-      if (L.ffn && plan && opt_.ffn_path == FfnPath::dense) {
-        L.ffn->dense_forward(xn, T, tmp, stream_);  // capturable once warm (its scratch reserved)
+      if (L.ffn && plan && (opt_.ffn_path == FfnPath::dense || !L.ffn->is_decode(T))) {
+        // The dense path, or automatic between decode sizes and the dispatch minimum (graphable):
+        // capturable once warm (its scratch reserved).
+        L.ffn->dense_forward(xn, T, tmp, stream_);
       } else if (L.ffn && plan) {
         const bool sparse = (*plan)[static_cast<std::size_t>(l)] != 0;
         L.ffn->decode_step(xn, T, tmp, sparse, stream_);
@@ -376,7 +379,8 @@ class CudaRuntime final : public Runtime {
   // ---- CUDA graphs for decode steps ----
   // A decode step of T rows replays the graph captured for (T, keys bucket) while every ReLU
   // layer's plan (FfnContext::decode_plan_sparse) and every scratch address are those it was
-  // captured with; otherwise it captures again. The first step of a shape, and one step in
+  // captured with; otherwise it captures again (steps of more rows than decode sizes, up to the
+  // engine's dispatch minimum, run the plain dense FFN: their plan is empty). The first step of a shape, and one step in
   // kReplanPeriod, run eagerly: the engine's own dispatch counts non-zeros then, so that a layer
   // whose density moves past decode_max_density changes path (both paths are exact; a late switch
   // costs speed only). The attention kernel reads each row's length from rows_; the captured
@@ -394,11 +398,14 @@ class CudaRuntime final : public Runtime {
     }
   };
 
-  // Dense FFNs at any batch; the engine's automatic dispatch at decode sizes (its decode kernel);
-  // a forced sparse path never (its TwELL kernels are not made capturable).
+  // Dense FFNs at any batch; the engine's automatic dispatch at decode sizes (its decode kernel)
+  // and from there up to its dispatch minimum (the plain dense FFN, uncounted: the same kernels as
+  // the dense path); a forced sparse path, or automatic at prefill sizes, never (their dispatch
+  // reads the layer's statistics, which a replay would freeze).
   bool graphable(std::int64_t T) const {
     for (const Layer& L : layers_)
-      if (L.ffn && opt_.ffn_path != FfnPath::dense && (opt_.ffn_path != FfnPath::automatic || !L.ffn->is_decode(T)))
+      if (L.ffn && opt_.ffn_path != FfnPath::dense &&
+          (opt_.ffn_path != FfnPath::automatic || !(L.ffn->is_decode(T) || L.ffn->automatic_is_plain_dense(T))))
         return false;
     return true;
   }
@@ -423,7 +430,7 @@ class CudaRuntime final : public Runtime {
     Graph& g = *it->second;
     std::vector<char> plan;
     for (Layer& L : layers_) {
-      const bool engine = L.ffn && opt_.ffn_path == FfnPath::automatic;
+      const bool engine = L.ffn && opt_.ffn_path == FfnPath::automatic && L.ffn->is_decode(sh.T);
       if (engine) L.ffn->prepare_decode(sh.T, stream_);
       plan.push_back(engine ? static_cast<char>(L.ffn->decode_plan_sparse()) : 0);
     }

@@ -155,7 +155,7 @@ TEST(ModelCuda, GreedyGenerationMatchesCpu) {
 }
 
 // Decode steps replayed from CUDA graphs give the same logits, bit for bit, as the same steps
-// launched one kernel at a time: batch 1 and 3 sequences of different lengths, a SiLU model (the
+// launched one kernel at a time: batch 1, 3 and 20 sequences of different lengths, a SiLU model (the
 // runtime's own GEMMs) and ReLU models whose layers decode sparse (≈ 0.5 %) or, once counted, dense
 // (≈ 50 %), and the dense FFN path forced, over 100 steps (so the first capture, replays, a re-plan after 64 steps and new
 // key buckets at 256 keys are all crossed).
@@ -183,10 +183,10 @@ TEST(ModelCuda, DecodeGraphsAreBitIdentical) {
     auto eager = model::make_runtime(m, "cuda", eager_opt);
     auto graphed = model::make_runtime(m, "cuda", graph_opt);
     Rng rng(spec.seed);
-    for (std::size_t batch : {1u, 3u}) {
+    for (std::size_t batch : {1u, 3u, 20u}) {  // 20: above decode sizes (automatic runs the plain dense FFN)
       std::vector<std::vector<std::int32_t>> prompts(batch);
       for (std::size_t i = 0; i < batch; ++i)
-        for (std::size_t j = 0; j < 150 + 7 * i; ++j) prompts[i].push_back(static_cast<std::int32_t>(rng.below(spec.vocab)));
+        for (std::size_t j = 0; j < 150 + 7 * (i % 4); ++j) prompts[i].push_back(static_cast<std::int32_t>(rng.below(spec.vocab)));
       std::vector<std::unique_ptr<Sequence>> a, b;
       std::vector<SeqStep> sa, sb;
       for (std::size_t i = 0; i < batch; ++i) {

@@ -46,8 +46,9 @@ struct RuntimeOptions {
   // CPU runtime: a ReLU layer runs the TwELL path while its latest measured density is at most
   // this (the GPU's engine dispatches by its own measured thresholds).
   double max_sparse_density = kCpuMaxSparseDensity;
-  // CUDA runtime only: decode steps (one token per sequence, at most 16 sequences for ReLU models)
-  // replay a captured CUDA graph of the whole forward instead of launching ~10 kernels per layer.
+  // CUDA runtime only: decode steps (one token per sequence; ReLU models under the automatic path:
+  // up to 2047 sequences, where the FFN engine's dispatch needs no statistics) replay a captured
+  // CUDA graph of the whole forward instead of launching ~10 kernels per layer.
   // Bit-identical to the launches; off for A/B measurement.
   bool cuda_graphs = true;
   // CPU runtime only: called with each layer's FFN input (RMSNorm'd, [rows, K]) before its FFN

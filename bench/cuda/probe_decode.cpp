@@ -1,0 +1,101 @@
+// twell_probe_decode: one decode step of a synthetic model on the GPU, kernel by kernel, for a
+// profiler (diagnostics for issue 27's decode targets).
+//   twell_probe_decode [config [density [batch [steps]]]]   (defaults: 2b 0.005 1 8)
+// Builds the synthetic model (calibrated on 256 tokens), then for the dense FFN path and the
+// automatic path in turn: a runtime without CUDA graphs (every kernel launched, so a profiler sees
+// each one), a prefill of 128 tokens per sequence, `steps` warm-up decode steps, and one decode step
+// between cudaProfilerStart / cudaProfilerStop. Under
+//   ncu --profile-from-start off --clock-control none --metrics gpu__time_duration.sum,dram__bytes_read.sum --csv
+// the first profiled step is the dense path's, the second the automatic one's (each ends with the
+// LM head's argmax kernel); bench/model/decode_profile.py sums them per kernel.
+// Without a profiler it prints each runtime's decode step time (CUDA graphs off and on).
+#include <cuda_profiler_api.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <memory>
+#include <random>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "twell/model/runtime.hpp"
+#include "twell/model/synthetic.hpp"
+
+using namespace twell;
+
+namespace {
+
+struct Decoder {
+  std::unique_ptr<model::Runtime> rt;
+  std::vector<std::unique_ptr<model::Sequence>> kv;
+  std::vector<std::int32_t> next;
+
+  // One decode step of every sequence (greedy); returns the wall time in ms.
+  double step() {
+    std::vector<model::SeqStep> st;
+    for (std::size_t i = 0; i < kv.size(); ++i) st.push_back({kv[i].get(), std::span<const std::int32_t>(&next[i], 1)});
+    const auto t0 = std::chrono::steady_clock::now();
+    next = rt->forward_argmax(st);  // copies the tokens back: synchronous
+    return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  }
+};
+
+Decoder start(const model::Model& m, model::FfnPath path, bool graphs, std::int64_t batch, std::int64_t capacity,
+              std::mt19937_64& rng) {
+  model::RuntimeOptions o(path);
+  o.cuda_graphs = graphs;
+  Decoder d;
+  d.rt = model::make_runtime(m, "cuda", o);
+  std::vector<std::vector<std::int32_t>> prompts(static_cast<std::size_t>(batch));
+  std::vector<model::SeqStep> st;
+  for (auto& p : prompts) {
+    for (int i = 0; i < 128; ++i) p.push_back(static_cast<std::int32_t>(rng() % static_cast<std::uint64_t>(m.config.vocab_size)));
+    d.kv.push_back(d.rt->new_sequence(capacity));
+    st.push_back({d.kv.back().get(), p});
+  }
+  d.next = d.rt->forward_argmax(st);
+  return d;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) try {
+  const std::string config = argc > 1 ? argv[1] : "2b";
+  const double density = argc > 2 ? std::stod(argv[2]) : 0.005;
+  const std::int64_t batch = argc > 3 ? std::stoll(argv[3]) : 1;
+  const int steps = argc > 4 ? std::stoi(argv[4]) : 8;
+  model::SyntheticSpec spec;
+  spec.config = model::preset_config(config);
+  spec.density = density;
+  spec.calibration_tokens = 256;
+  std::fprintf(stderr, "probe_decode: building the synthetic %s model (density %.3f %%)\n", config.c_str(), 100 * density);
+  const model::Model m = model::make_synthetic_model(spec);
+  std::mt19937_64 rng(7);
+  const std::int64_t capacity = 128 + 2 * steps + 64;
+  for (const model::FfnPath path : {model::FfnPath::dense, model::FfnPath::automatic}) {
+    const char* name = path == model::FfnPath::dense ? "dense" : "automatic";
+    for (const bool graphs : {false, true}) {
+      Decoder d = start(m, path, graphs, batch, capacity, rng);
+      for (int s = 0; s < steps; ++s) d.step();
+      std::vector<double> ms;
+      for (int s = 0; s < steps; ++s) ms.push_back(d.step());
+      std::sort(ms.begin(), ms.end());
+      std::printf("%-9s graphs %-3s batch %lld: decode step %.3f ms (median of %d)\n", name, graphs ? "on" : "off",
+                  static_cast<long long>(batch), ms[ms.size() / 2], steps);
+      if (!graphs) {  // the profiled step: every kernel launched on its own
+        cudaDeviceSynchronize();
+        cudaProfilerStart();
+        d.step();
+        cudaDeviceSynchronize();
+        cudaProfilerStop();
+      }
+    }
+  }
+  return 0;
+} catch (const std::exception& e) {
+  std::fprintf(stderr, "probe_decode: %s\n", e.what());
+  return 1;
+}
