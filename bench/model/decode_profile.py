@@ -41,8 +41,10 @@ def read(path):
         except ValueError:
             continue
         unit = row["Metric Unit"]
-        scale = {"nsecond": 1e-3, "usecond": 1.0, "msecond": 1e3, "byte": 1.0, "Kbyte": 1e3, "Mbyte": 1e6,
-                 "Gbyte": 1e9}.get(unit, 1.0)
+        scale = {"ns": 1e-3, "nsecond": 1e-3, "us": 1.0, "usecond": 1.0, "ms": 1e3, "msecond": 1e3, "byte": 1.0,
+                 "Kbyte": 1e3, "Mbyte": 1e6, "Gbyte": 1e9}.get(unit)
+        if scale is None:
+            sys.exit(f"decode_profile: unknown unit {unit!r} of {row['Metric Name']}")
         k[row["Metric Name"]] = val * scale
     return list(launches.values())
 

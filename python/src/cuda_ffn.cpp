@@ -218,6 +218,7 @@ class CudaFfnInfer : public Layer<cuda::FfnLayer, CudaFfnWorkspace> {
     d["sparse_calls"] = s.sparse_calls;
     d["hot_neurons"] = s.hot_neurons;
     d["density"] = s.density;
+    d["active"] = s.active;
     d["counted_rows"] = s.counted_rows;
     d["nnz"] = s.nnz;
     d["overflow_tiles"] = s.overflow_tiles;

@@ -314,7 +314,9 @@ class SparseMLP(torch.nn.Module):
     @property
     def infer_stats(self) -> dict:
         """The CUDA inference context's dispatch statistics, read without waiting for the GPU: calls,
-        sparse_calls, hot_neurons, density (what the automatic dispatch follows; -1: none yet), and
+        sparse_calls, hot_neurons, density (what the automatic dispatch follows, rows the sparse path
+        would run dense weighed at their dense cost; -1: none yet), active (the same count's true share
+        of non-zero activations, exact over the rows it counted; -1: none yet), and
         the newest counted TwELL call's counted_rows, nnz, overflow_tiles and overflow_rows (-1: none
         came back yet; counts come back when their kernels complete, so they may trail the newest
         call), path. Only the automatic path counts. {} before a CUDA inference call, or on the CPU."""

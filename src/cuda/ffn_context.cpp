@@ -62,6 +62,7 @@ FfnContext::~FfnContext() {
 
 void FfnContext::reset_dispatch_state() {
   last_density_ = -1;
+  last_active_ = -1;
   last_counted_ = {};
   dense_calls_ = 0;
   counts_.reset();
@@ -509,7 +510,9 @@ void FfnContext::dense_forward_counted(const __nv_bfloat16* x, std::int64_t m, _
       sample_params(gated_ ? ws_->gu.get() : ws_->h.get(), gated_ ? 2 * ldn_ : ldn_, rows, n, 0.0, use_dense_rows(m));
   launch_twell_sample_decide(sp, stream);
   const double sampled = static_cast<double>((rows + sp.stride - 1) / sp.stride);
-  counts_.push(&dispatch_.get()->count, sampled * static_cast<double>(n), stream);
+  // Tag 0: the extra words are the sampled rows' true count (then zeros), not a TwELL call's counters.
+  counts_.push(&dispatch_.get()->count, sampled * static_cast<double>(n), stream, &dispatch_.get()->nnz, 0,
+               sampled * static_cast<double>(n));
   if (use_dense_rows(m) && opt_.dense_rows_capacity < 0) hot_share_.push(&dispatch_.get()->hot, sampled, stream);
 }
 
@@ -584,15 +587,19 @@ void FfnContext::resolve_pending() {
   CountRing::Extra e;
   if (!counts_.poll(&d, &e)) return;
   last_density_ = d;
-  if (e.present)  // a TwELL call's counters came with it (tag: its M)
-    last_counted_ = {d, e.tag, static_cast<std::int64_t>(e.words[0]), static_cast<std::int64_t>(e.words[1]),
-                     static_cast<std::int64_t>(e.words[2])};
+  // No extra words: the decode kernel's count, a true one. Else words[0] is the true count over
+  // e.scale cells: a TwELL call's counters (tag: its M) or a dense call's sampled count (tag 0).
+  last_active_ = !e.present ? d : e.scale > 0 ? static_cast<double>(e.words[0]) / e.scale : -1;
+  if (e.present && e.tag > 0)
+    last_counted_ = {d, last_active_, e.tag, static_cast<std::int64_t>(e.words[0]),
+                     static_cast<std::int64_t>(e.words[1]), static_cast<std::int64_t>(e.words[2])};
 }
 
 FfnContext::Measured FfnContext::measured() {
   resolve_pending();
   Measured r = last_counted_;
   r.density = last_density_;
+  r.active = last_active_;
   return r;
 }
 
@@ -607,6 +614,7 @@ TwellSampleParams FfnContext::sample_params(const __nv_bfloat16* src, std::int64
   sp.max_density = max_density;
   sp.count = &dispatch_.get()->count;
   sp.hot = &dispatch_.get()->hot;
+  sp.nnz = &dispatch_.get()->nnz;
   sp.decision = &dispatch_.get()->decision;
   if (rows_at_cost) {  // the sparse path would run heavy rows dense: count them at that cost
     sp.row_cap = dense_row_cap(n);
@@ -856,7 +864,8 @@ ForwardResult FfnContext::forward(const __nv_bfloat16* x, std::int64_t m, __nv_b
       // The TwELL counters (nnz, overflow tiles, rows: consecutive) travel with it, for measured().
       if (plan.counts)
         counts_.push(use_dense_rows(m) ? &dense_stats_.get()->cost : &counters_.get()->nnz,
-                     static_cast<double>(m) * static_cast<double>(sparse_n(m)), stream, &counters_.get()->nnz, m);
+                     static_cast<double>(m) * static_cast<double>(sparse_n(m)), stream, &counters_.get()->nnz, m,
+                     static_cast<double>(m) * static_cast<double>(sparse_n(m)));
       r.sparse = true;
       r.path = plan.sticky ? fmt::format("{} ({})", sparse_path_name(m), measured) : sparse_path_name(m);
       return r;
@@ -880,6 +889,7 @@ ForwardResult FfnContext::forward(const __nv_bfloat16* x, std::int64_t m, __nv_b
   const std::int64_t sampled = (m + sp.stride - 1) / sp.stride;
   r.sampled_density = static_cast<double>(dispatch_host_[0].count) / (static_cast<double>(sampled) * static_cast<double>(n));
   last_density_ = r.sampled_density;
+  last_active_ = static_cast<double>(dispatch_host_[0].nnz) / (static_cast<double>(sampled) * static_cast<double>(n));
   if (use_dense_rows(m)) {  // sizes this call's dense-row capacity
     hot_share_.reset();
     last_hot_share_ = static_cast<double>(dispatch_host_[0].hot) / static_cast<double>(sampled);

@@ -151,10 +151,14 @@ class FfnContext {
   void prepare_decode(std::int64_t m, cudaStream_t stream);
   void decode_step(const __nv_bfloat16* x, std::int64_t m, __nv_bfloat16* y, bool sparse, cudaStream_t stream);
   // What the automatic dispatch has measured, never waiting (polls the counts in flight first):
-  // the density it follows (−1: none yet) and the newest counted TwELL call's exact counters
-  // that came back (m −1: none; the cold neurons' when hot ones are split off).
+  // the density it follows (−1: none yet; rows the sparse path would run dense weigh at their
+  // dense cost, so a dense layer reads far below its true density), the same count's true share
+  // of non-zero activations (exact over the rows it counted: all of a TwELL or decode call's, a
+  // dense call's sampled ones), and the newest counted TwELL call's exact counters that came back
+  // (m −1: none). With hot neurons split off, all of these are the cold neurons'.
   struct Measured {
     double density = -1;
+    double active = -1;
     std::int64_t m = -1, nnz = -1, overflow_tiles = -1, overflow_rows = -1;
   };
   Measured measured();
@@ -321,6 +325,10 @@ class FfnContext {
   struct Dispatch {
     unsigned long long count;  // Σ over sampled rows of the row's cost (count, or the dense-row cost)
     unsigned long long hot;    // sampled rows over the dense-row threshold
+    // The sampled rows' true non-zeros, then two words never read: the count ring's three extra
+    // words (a dense counted call's push carries them, tag 0, beside a TwELL call's counters).
+    unsigned long long nnz;
+    unsigned long long unused[2];
     std::uint32_t decision;
     std::uint32_t pad;
   };
@@ -332,6 +340,7 @@ class FfnContext {
   SideStream pack_side_{SideStream::Priority::normal};
   SideStream hot_side_;                // hot_overlap: the hot part's GEMMs beside cold_rest
   double last_density_ = -1;  // density of the latest call whose count came back (−1: none)
+  double last_active_ = -1;   // its true share of non-zeros (last_density_ weighs dense rows at their cost)
   Measured last_counted_;     // the counters that came back with it (TwELL calls; see measured())
   std::int64_t dense_calls_ = 0;  // dense calls of automatic since upload (for the count periods)
   CountRing counts_;          // counts of sticky calls on their way back (never waited for)

@@ -83,6 +83,7 @@ LayerStats FfnLayer::stats() {
   s.hot_neurons = ctx_->hot_count();
   const FfnContext::Measured c = ctx_->measured();
   s.density = c.density;
+  s.active = c.active;
   s.counted_rows = c.m;
   s.nnz = c.nnz;
   s.overflow_tiles = c.overflow_tiles;

@@ -173,7 +173,7 @@ class CudaRuntime final : public Runtime {
     for (std::size_t l = 0; l < layers_.size() && l < stats_.size(); ++l) {
       if (!layers_[l].ffn) continue;
       try {
-        stats_[l].last_density = layers_[l].ffn->measured().density;
+        stats_[l].last_density = layers_[l].ffn->measured().active;
       } catch (...) {  // a CUDA error in an event query: leave the last value (the next call reports it)
       }
     }

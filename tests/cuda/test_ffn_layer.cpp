@@ -334,6 +334,7 @@ TEST(FfnLayer, StatsComeBackWithoutAWait) {
   const LayerStats none = layer.stats();  // no weights yet
   EXPECT_EQ(none.calls, 0);
   EXPECT_EQ(none.density, -1);
+  EXPECT_EQ(none.active, -1);
   EXPECT_EQ(none.nnz, -1);
   EXPECT_EQ(none.overflow_rows, -1);
   layer.upload_weights(d.weights(), nullptr);
@@ -345,6 +346,7 @@ TEST(FfnLayer, StatsComeBackWithoutAWait) {
   EXPECT_EQ(dense.calls, 1);
   EXPECT_EQ(dense.sparse_calls, 0);
   EXPECT_EQ(dense.density, -1);  // a forced path measures nothing
+  EXPECT_EQ(dense.active, -1);
   EXPECT_EQ(dense.nnz, -1);
   EXPECT_EQ(dense.path, "dense cublasLt");
   // Automatic: the first call counts on the device and waits for its flag; the next two run sticky
@@ -368,10 +370,45 @@ TEST(FfnLayer, StatsComeBackWithoutAWait) {
   EXPECT_GT(s.density, 0);
   EXPECT_LT(s.density, 0.05);
   EXPECT_GE(s.hot_neurons, 0);
+  // active: the same count's true share, over the counted rows and the cold neurons.
+  EXPECT_DOUBLE_EQ(s.active, static_cast<double>(s.nnz) / (static_cast<double>(s.counted_rows) *
+                                                           static_cast<double>(d.n - s.hot_neurons)));
   const LayerStats again = layer.stats();  // nothing new came back: the same measurements
   EXPECT_EQ(again.nnz, s.nnz);
   EXPECT_EQ(again.density, s.density);
   EXPECT_EQ(again.overflow_tiles, s.overflow_tiles);
+}
+
+// A dense layer (30 % of activations non-zero): every row is over the dense-row threshold, so the
+// dispatch's measure (density) weighs each at its dense cost and reads far below 30 %, which keeps
+// the layer dense; active reads the true share, from the first call's sampled count (a host wait)
+// and then from the dense calls' sampled counts that come back through the ring.
+TEST(FfnLayer, StatsReadADenseLayersTrueShare) {
+  TWELL_REQUIRE_GPU();
+  const FfnData d = make_ffn(ffn_case("stats-dense", 4096, 2048, 512, true, 0.3, 13));
+  std::vector<float> want(d.x.size());
+  InferenceOptions o;
+  o.path = Path::sparse;
+  const InferenceReport rep = ffn_infer_host(d.xv(), d.weights(), MatrixF(want.data(), d.m, d.k), o);
+  const double share = static_cast<double>(rep.nnz) / (static_cast<double>(d.m) * static_cast<double>(d.n));
+  ASSERT_GT(share, 0.2);
+  FfnLayer layer;
+  layer.upload_weights(d.weights(), nullptr);
+  Dev<bf16> x(d.x.size()), y(d.x.size());
+  up(x, to_bf16_bits(d.x));
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  layer.forward(x.p, d.m, y.p, Path::sparse, nullptr);  // a forced call (no count): the row counts' workspace grows
+  for (int i = 0; i < 2; ++i) {  // the first call counts and waits; after 9 more, a dense call's count came back
+    for (int c = 0; c < (i == 0 ? 1 : 9); ++c) layer.forward(x.p, d.m, y.p, Path::automatic, nullptr);
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    const LayerStats s = layer.stats();
+    SCOPED_TRACE(testing::Message() << "after " << s.calls << " calls, path " << s.path);
+    EXPECT_EQ(s.sparse_calls, 1) << "the forced call only";
+    EXPECT_GT(s.density, 0.009) << "over the dispatch's threshold";
+    EXPECT_LT(s.density, 0.5 * share) << "rows at their dense cost";
+    EXPECT_NEAR(s.active, share, 0.02) << "the sampled rows' true share (half the rows)";
+    EXPECT_EQ(s.nnz, -1) << "no TwELL call counted";
+  }
 }
 
 // The training forward's overflow counts (they travel with the count it waits for anyway): the

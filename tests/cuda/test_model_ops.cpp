@@ -59,6 +59,8 @@ TEST(ModelOps, AttentionKernelsMatchFloat64) {
       {4, 2, 64, {{0, 64}, {0, 1}, {5, 70}, {130, 3}}},
       {8, 8, 64, {{0, 200}, {63, 65}}},
       {2, 1, 128, {{0, 17}, {100, 130}}},
+      {4, 4, 64, {{300, 2}, {600, 1}}},  // more keys than the block's 256 threads: several score rounds
+      {3, 1, 32, {{0, 5}, {40, 2}}},     // a head_dim without a specialised kernel (the generic one)
   };
   Rng rng(fresh_seed());
   for (const Shape& s : shapes) {
@@ -87,11 +89,13 @@ TEST(ModelOps, AttentionKernelsMatchFloat64) {
     auto d_blocks = upload(blocks);
     DeviceBuffer<__nv_bfloat16> o1(static_cast<std::size_t>(T * Q)), o2(o1.size());
     cuda::ops::attention(qkv.get(), T, s.heads, s.kv_heads, s.d, d_rows.get(), layer, max_keys, o1.get(), nullptr);
-    cuda::ops::flash_attention(qkv.get(), static_cast<std::int64_t>(blocks.size()), s.heads, s.kv_heads, s.d,
-                               d_blocks.get(), d_rows.get(), layer, o2.get(), nullptr);
+    const bool flash = cuda::ops::flash_attention_supported(s.d);
+    if (flash)
+      cuda::ops::flash_attention(qkv.get(), static_cast<std::int64_t>(blocks.size()), s.heads, s.kv_heads, s.d,
+                                 d_blocks.get(), d_rows.get(), layer, o2.get(), nullptr);
     ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
     const auto g1 = download<bf16>(o1), g2 = download<bf16>(o2);
-    // float64 reference
+    // float64 reference (the flash kernel: head_dim 64 and 128 only)
     double e1 = 0, e2 = 0, scale = 0;
     int r = 0;
     for (std::size_t q = 0; q < s.seqs.size(); ++q) {
@@ -120,7 +124,7 @@ TEST(ModelOps, AttentionKernelsMatchFloat64) {
             o /= sum;
             const auto idx = static_cast<std::size_t>(r * Q + h * s.d + i);
             e1 = std::max(e1, std::fabs(to_float(g1[idx]) - o));
-            e2 = std::max(e2, std::fabs(to_float(g2[idx]) - o));
+            if (flash) e2 = std::max(e2, std::fabs(to_float(g2[idx]) - o));
             scale = std::max(scale, std::fabs(o));
           }
         }

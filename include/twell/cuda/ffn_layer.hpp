@@ -82,7 +82,11 @@ struct LayerStats {
   std::int64_t calls = 0;         // forwards issued
   std::int64_t sparse_calls = 0;  // of which ran a sparse path (TwELL or the decode kernel)
   std::int64_t hot_neurons = 0;   // neurons the layer runs dense as hot (its split now)
-  double density = -1;            // the density the dispatch follows now (non-zeros / (M · cold neurons); −1: none yet)
+  // The measure the dispatch follows now (non-zeros / (M · cold neurons), rows the sparse path
+  // would run dense weighed at their dense cost; −1: none yet), and the same count's true share of
+  // non-zero activations (exact over the rows it counted: a dense call counts a sample of rows).
+  double density = -1;
+  double active = -1;
   // The newest counted TwELL call's exact counters (−1: none came back yet): its M, the non-zeros of
   // the cold neurons, and the (row, tile) blocks and rows beyond TwELL's width (computed exactly
   // through the fallback: a speed figure, not an error).

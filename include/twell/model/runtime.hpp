@@ -65,8 +65,9 @@ struct FfnLayerStats {
   std::int64_t sparse_rows = 0;   // rows that ran the TwELL path
   std::int64_t overflow_rows = 0; // rows whose tiles overflowed TwELL (exact through the backup)
   // Latest measured active / (rows · N); −1: none yet. CPU: the latest call's, exactly. GPU: the
-  // newest count the FFN engine's dispatch has read back (it trails the calls, and follows the
-  // dispatch's measure: dense rows at their cost), with active not summed (0).
+  // newest count the FFN engine's dispatch has read back (it trails the calls; exact over the rows
+  // it counted: a TwELL or decode call's, or a dense call's sample of rows; the cold neurons' where
+  // hot ones are split off), with active not summed (0).
   double last_density = -1;
   double active_per_token() const noexcept;  // non-zeros per token over all calls (−1: not measured)
 };

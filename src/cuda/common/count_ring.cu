@@ -81,6 +81,7 @@ void CountRing::harvest(bool wait_oldest) {
       newest_extra_.present = s.extra;
       for (int i = 0; i < kExtraWords; ++i) newest_extra_.words[i] = s.extra ? s.value[1 + i] : 0;
       newest_extra_.tag = s.tag;
+      newest_extra_.scale = s.extra_scale;
       fresh_ = true;
     }
   }
@@ -105,10 +106,11 @@ void CountRing::commit(Slot& s, double scale, cudaStream_t stream, std::int64_t 
 }
 
 void CountRing::push(const unsigned long long* count, double scale, cudaStream_t stream,
-                     const unsigned long long* extra, std::int64_t tag) {
+                     const unsigned long long* extra, std::int64_t tag, double extra_scale) {
   if (capturing(stream)) return;  // nothing to publish from inside a graph
   Slot& s = acquire();
   s.extra = extra != nullptr;
+  s.extra_scale = extra_scale;
   publish_count_kernel<<<1, 1, 0, stream>>>(count, extra, s.device_value);
   TWELL_CUDA_CHECK_LAUNCH("publish_count_kernel");
   commit(s, scale, stream, tag);

@@ -11,7 +11,8 @@
 // and poll only reads what completed before (its event query is made in relaxed capture mode). A
 // captured call so bakes the dispatch it was captured with, and its replays report no counts.
 // A push may carry three more device words (a call's exact counters, e.g. TwellCounters' nnz,
-// overflow tiles and rows) and a host tag (e.g. its M); poll returns them with the count.
+// overflow tiles and rows), a host tag (e.g. its M) and a host scale for the first word (e.g. the
+// cells it counted over); poll returns them with the count.
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -33,11 +34,12 @@ class CountRing {
     bool present = false;
     unsigned long long words[kExtraWords] = {};
     std::int64_t tag = 0;
+    double scale = 1;  // the push's extra_scale: words[0] / scale (e.g. a share of non-zeros)
   };
   // Enqueues on `stream` a copy of *count (device); it is read back as *count / scale. extra (null,
-  // or kExtraWords consecutive device words) and tag come back with it (poll's Extra).
+  // or kExtraWords consecutive device words), tag and extra_scale come back with it (poll's Extra).
   void push(const unsigned long long* count, double scale, cudaStream_t stream,
-            const unsigned long long* extra = nullptr, std::int64_t tag = 0);
+            const unsigned long long* extra = nullptr, std::int64_t tag = 0, double extra_scale = 1);
   // The same for work that stores the count itself: enqueue(dst) must enqueue on `stream` work
   // that writes the count to dst (a device pointer into this ring's mapped memory).
   template <typename Enqueue>
@@ -65,6 +67,7 @@ class CountRing {
     double scale = 1;
     bool extra = false;                          // words [1, kWords) were written by its push
     std::int64_t tag = 0;
+    double extra_scale = 1;
     std::uint64_t seq = 0;
     bool busy = false;
   };

@@ -1,7 +1,11 @@
 // attention: causal, GQA, each row's query heads over its sequence's KV cache.
-// One block of 4 warps per (row, head): scores a thread per key, then the weighted sum of V with
-// keys split over the warps and a key's d elements over a warp's lanes (coalesced 2·d-byte reads). Plain and exact (fp32 scores and sums); a fused flash kernel
-// (cuDNN SDPA) is the fast path to come for long prefills.
+// One block of 8 warps per (row, head), exact fp32 scores and sums. head_dim 64 and 128 (the
+// models' sizes) run attention_kernel_d: a thread per key for the scores with the whole key row
+// loaded at once (all 16-byte loads in flight), then the weighted sum of V with D/8 lanes per key
+// row (16 bytes each) and several keys per warp and loop step in flight; decode steps are latency
+// bound (32 CTAs at 2B), so what matters is how many loads each thread has in flight. Other
+// head_dims run attention_kernel (a key's d elements over a warp's lanes). The tensor-core kernel
+// (flash_attention) serves prefill blocks.
 #include <cstdint>
 
 #include "cuda/common/check.hpp"
@@ -10,7 +14,7 @@
 namespace twell::cuda::ops {
 namespace {
 
-constexpr int kWarps = 4;
+constexpr int kWarps = 8;
 constexpr int kMaxD = 256;  // ≤ 8 dims per lane in the output accumulators
 
 __global__ void __launch_bounds__(kWarps * 32) attention_kernel(const __nv_bfloat16* qkv, std::int64_t heads,
@@ -98,6 +102,107 @@ __global__ void __launch_bounds__(kWarps * 32) attention_kernel(const __nv_bfloa
   }
 }
 
+// head_dim D ∈ {64, 128}. Scores: thread t takes keys t, t + 256, …, its key row's D/8 16-byte
+// loads issued together. P·V: lanes in groups of L = D/8, each lane 8 dims (16 bytes) of a key's V
+// row, G = 32/L keys per warp instruction, kUnroll instructions in flight per step; the G groups
+// are summed by shuffles, then the warps through shared memory.
+template <int D>
+__global__ void __launch_bounds__(kWarps * 32) attention_kernel_d(const __nv_bfloat16* qkv, std::int64_t heads,
+                                                                  std::int64_t kv_heads, const RowKv* rows_kv,
+                                                                  std::int64_t layer, float scale, __nv_bfloat16* out) {
+  constexpr int L = D / 8, G = 32 / L, kUnroll = 4, kStep = kWarps * G;  // keys per loop step of all warps
+  extern __shared__ float smem[];
+  const std::int64_t r = blockIdx.x, h = blockIdx.y;
+  const std::int64_t q_dim = heads * D, kv_dim = kv_heads * D, kvh = h / (heads / kv_heads);
+  const RowKv info = rows_kv[r];
+  const int n = info.pos + 1;
+  const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
+  float* q = smem;                 // [D] the query, pre-scaled
+  float* part = q + D;             // [kWarps, D] per-warp output sums
+  float* red = part + kWarps * D;  // [kWarps] reductions
+  float* score = red + kWarps;     // [n] scores, then probabilities (unnormalised)
+  const __nv_bfloat16* qrow = qkv + r * (q_dim + 2 * kv_dim) + h * D;
+  for (int i = static_cast<int>(threadIdx.x); i < D; i += kWarps * 32) q[i] = __bfloat162float(qrow[i]) * scale;
+  __syncthreads();
+  const __nv_bfloat16* kc = info.k + layer * info.layer_stride + kvh * D;
+  const __nv_bfloat16* vc = info.v + layer * info.layer_stride + kvh * D;
+
+  float mx = -INFINITY;
+  for (int t = static_cast<int>(threadIdx.x); t < n; t += kWarps * 32) {
+    const uint4* kr = reinterpret_cast<const uint4*>(kc + static_cast<std::int64_t>(t) * kv_dim);
+    uint4 raw[L];
+#pragma unroll
+    for (int c = 0; c < L; ++c) raw[c] = kr[c];
+    float s = 0.0f;
+#pragma unroll
+    for (int c = 0; c < L; ++c) {
+      const auto* p2 = reinterpret_cast<const __nv_bfloat162*>(&raw[c]);
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const float2 f = __bfloat1622float2(p2[e]);
+        s += q[8 * c + 2 * e] * f.x;
+        s += q[8 * c + 2 * e + 1] * f.y;
+      }
+    }
+    score[t] = s;
+    mx = fmaxf(mx, s);
+  }
+  for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+  if (lane == 0) red[warp] = mx;
+  __syncthreads();
+  mx = red[0];
+  for (int w = 1; w < kWarps; ++w) mx = fmaxf(mx, red[w]);
+  __syncthreads();  // red is reused below
+  float sum = 0.0f;
+  for (int t = static_cast<int>(threadIdx.x); t < n; t += kWarps * 32) {
+    const float e = __expf(score[t] - mx);
+    score[t] = e;
+    sum += e;
+  }
+  for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+  if (lane == 0) red[warp] = sum;
+  __syncthreads();  // also publishes every score
+  sum = 0.0f;
+  for (int w = 0; w < kWarps; ++w) sum += red[w];
+
+  const int g = lane / L, c = lane % L;  // this lane: key group g, dims [8c, 8c + 8)
+  float acc[8] = {};
+  for (int base = warp * G + g; base < n; base += kStep * kUnroll) {
+    uint4 raw[kUnroll];
+    float p[kUnroll];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int t = base + u * kStep;
+      p[u] = t < n ? score[t] : 0.0f;
+      raw[u] = t < n ? reinterpret_cast<const uint4*>(vc + static_cast<std::int64_t>(t) * kv_dim)[c] : make_uint4(0, 0, 0, 0);
+    }
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const auto* p2 = reinterpret_cast<const __nv_bfloat162*>(&raw[u]);
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const float2 f = __bfloat1622float2(p2[e]);
+        acc[2 * e] += p[u] * f.x;
+        acc[2 * e + 1] += p[u] * f.y;
+      }
+    }
+  }
+#pragma unroll
+  for (int o = L; o < 32; o <<= 1)
+#pragma unroll
+    for (int j = 0; j < 8; ++j) acc[j] += __shfl_xor_sync(0xffffffffu, acc[j], o);
+  if (g == 0)
+#pragma unroll
+    for (int j = 0; j < 8; ++j) part[warp * D + 8 * c + j] = acc[j];
+  __syncthreads();
+  const float inv = 1.0f / sum;
+  for (int i = static_cast<int>(threadIdx.x); i < D; i += kWarps * 32) {
+    float o = 0.0f;
+    for (int w = 0; w < kWarps; ++w) o += part[w * D + i];
+    out[r * q_dim + h * D + i] = __float2bfloat16(o * inv);
+  }
+}
+
 }  // namespace
 
 std::int64_t attention_max_keys(std::int64_t d) {
@@ -122,12 +227,21 @@ void attention(const __nv_bfloat16* qkv, std::int64_t rows, std::int64_t heads, 
     TWELL_CU_REQUIRE(smem <= static_cast<std::size_t>(optin), ErrorCode::unsupported,
                      "attention: {} keys need {} bytes of shared memory for the scores; this GPU allows {}", max_keys,
                      smem, optin);
-    TWELL_CUDA_CHECK(cudaFuncSetAttribute(attention_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                          static_cast<int>(smem)));
   }
   const float scale = 1.0f / sqrtf(static_cast<float>(d));
-  attention_kernel<<<dim3(static_cast<unsigned>(rows), static_cast<unsigned>(heads)), kWarps * 32, smem, stream>>>(
-      qkv, heads, kv_heads, d, rows_kv, layer, scale, out);
+  const dim3 grid(static_cast<unsigned>(rows), static_cast<unsigned>(heads));
+  // The D-specialised kernels read K and V rows by 16-byte loads (RowKv's precondition, model_ops.hpp).
+  auto launch = [&](auto kernel, auto... args) {
+    if (smem > 48 * 1024)
+      TWELL_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
+    kernel<<<grid, kWarps * 32, smem, stream>>>(qkv, args...);
+  };
+  if (d == 64)
+    launch(attention_kernel_d<64>, heads, kv_heads, rows_kv, layer, scale, out);
+  else if (d == 128)
+    launch(attention_kernel_d<128>, heads, kv_heads, rows_kv, layer, scale, out);
+  else
+    launch(attention_kernel, heads, kv_heads, d, rows_kv, layer, scale, out);
   TWELL_CUDA_CHECK_LAUNCH("attention_kernel");
 }
 

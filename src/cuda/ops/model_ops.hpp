@@ -43,7 +43,8 @@ void rope_store_kv(__nv_bfloat16* qkv, std::int64_t rows, std::int64_t heads, st
 
 // Causal attention of each row's query heads (in qkv) over its sequence's cached keys 0…pos:
 // out[r, h·d:(h+1)·d] = softmax(q·Kᵀ / sqrt(d)) · V, query head h reading KV head h / (heads / kv_heads).
-// max_keys: the largest pos + 1 of the call (sizes the scores' shared memory).
+// max_keys: the largest pos + 1 of the call (sizes the scores' shared memory). Each RowKv's k and v
+// must be 16-byte aligned (cudaMalloc'd caches are; with d a multiple of 8 so are all their rows).
 // The most keys attention() takes at head_dim d on the current device (its scores sit in shared memory).
 std::int64_t attention_max_keys(std::int64_t d);
 void attention(const __nv_bfloat16* qkv, std::int64_t rows, std::int64_t heads, std::int64_t kv_heads,

@@ -17,13 +17,14 @@ template <bool kAdd>
 __device__ void norm_row(float* __restrict__ xr, const __nv_bfloat16* __restrict__ dr, std::int64_t k,
                          const float* __restrict__ w, float eps, __nv_bfloat16* __restrict__ yr) {
   float ss = 0.0f;
-  float v[kHeld];
+  float v[kHeld], wv[kHeld];
   const bool held = k <= static_cast<std::int64_t>(kThreads) * kHeld;
-  if (held) {
+  if (held) {  // x, delta and w all in flight at once: the weights' latency is not after the sums'
 #pragma unroll
     for (int j = 0; j < kHeld; ++j) {
       const std::int64_t c = threadIdx.x + static_cast<std::int64_t>(j) * kThreads;
       v[j] = c < k ? xr[c] : 0.0f;
+      wv[j] = c < k ? w[c] : 0.0f;
       if constexpr (kAdd) v[j] += c < k ? __bfloat162float(dr[c]) : 0.0f;
     }
 #pragma unroll
@@ -55,7 +56,7 @@ __device__ void norm_row(float* __restrict__ xr, const __nv_bfloat16* __restrict
 #pragma unroll
     for (int j = 0; j < kHeld; ++j) {
       const std::int64_t c = threadIdx.x + static_cast<std::int64_t>(j) * kThreads;
-      if (c < k) yr[c] = __float2bfloat16(v[j] * inv * w[c]);
+      if (c < k) yr[c] = __float2bfloat16(v[j] * inv * wv[j]);
     }
   } else {
     for (std::int64_t c = threadIdx.x; c < k; c += kThreads) yr[c] = __float2bfloat16(xr[c] * inv * w[c]);

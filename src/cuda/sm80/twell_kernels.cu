@@ -111,6 +111,7 @@ __global__ void __launch_bounds__(256) twell_sample_count_kernel(TwellSamplePara
     const unsigned long long weight = dense_row_weight(c, p.row_cap, p.row_cost);
     if (weight) atomicAdd(p.count, weight);
     if (p.hot && dense_row_hot(c, p.row_cap)) atomicAdd(p.hot, 1ull);
+    if (p.nnz && c) atomicAdd(p.nnz, c);
   }
 }
 
@@ -343,6 +344,7 @@ void launch_twell_sample_decide(const TwellSampleParams& p, cudaStream_t stream)
                    "twell sample: bad parameters");
   TWELL_CUDA_CHECK(cudaMemsetAsync(p.count, 0, sizeof(unsigned long long), stream));
   if (p.hot) TWELL_CUDA_CHECK(cudaMemsetAsync(p.hot, 0, sizeof(unsigned long long), stream));
+  if (p.nnz) TWELL_CUDA_CHECK(cudaMemsetAsync(p.nnz, 0, sizeof(unsigned long long), stream));
   const std::int64_t sampled = (p.m + p.stride - 1) / p.stride;
   twell_sample_count_kernel<<<static_cast<unsigned>((sampled + 7) / 8), 256, 0, stream>>>(p);
   TWELL_CUDA_CHECK_LAUNCH("twell_sample_count_kernel");

@@ -53,6 +53,9 @@ struct TwellSampleParams {
   std::uint32_t row_cap = 0xffffffffu;  // default: no row is dense
   std::uint32_t row_cost = 0;
   unsigned long long* hot = nullptr;    // optional [1], zeroed by the launcher
+  // optional [1], zeroed by the launcher: the sampled rows' true non-zeros (count weighs rows over
+  // row_cap at row_cost instead)
+  unsigned long long* nnz = nullptr;
 };
 void launch_twell_sample_decide(const TwellSampleParams& p, cudaStream_t stream);
 
