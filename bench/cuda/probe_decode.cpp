@@ -1,6 +1,6 @@
 // twell_probe_decode: one decode step of a synthetic model on the GPU, kernel by kernel, for a
 // profiler (diagnostics for issue 27's decode targets).
-//   twell_probe_decode [config [density [batch [steps]]]]   (defaults: 2b 0.005 1 8)
+//   twell_probe_decode [config [density [batch [steps [graphs]]]]]   (defaults: 2b 0.005 1 8)
 // Builds the synthetic model (calibrated on 256 tokens), then for the dense FFN path and the
 // automatic path in turn: a runtime without CUDA graphs (every kernel launched, so a profiler sees
 // each one), a prefill of 128 tokens per sequence, `steps` warm-up decode steps, and one decode step
@@ -8,6 +8,8 @@
 //   ncu --profile-from-start off --clock-control none --metrics gpu__time_duration.sum,dram__bytes_read.sum --csv
 // the first profiled step is the dense path's, the second the automatic one's (each ends with the
 // LM head's argmax kernel); bench/model/decode_profile.py sums them per kernel.
+// With a fifth argument `graphs`, the profiled steps are the graph-replayed ones instead (for
+// ncu --graph-profiling graph: the GPU time of a whole step, against its wall time printed here).
 // Without a profiler it prints each runtime's decode step time (CUDA graphs off and on).
 #include <cuda_profiler_api.h>
 #include <cuda_runtime.h>
@@ -67,6 +69,7 @@ int main(int argc, char** argv) try {
   const double density = argc > 2 ? std::stod(argv[2]) : 0.005;
   const std::int64_t batch = argc > 3 ? std::stoll(argv[3]) : 1;
   const int steps = argc > 4 ? std::stoi(argv[4]) : 8;
+  const bool profile_graphs = argc > 5 && std::string(argv[5]) == "graphs";
   model::SyntheticSpec spec;
   spec.config = model::preset_config(config);
   spec.density = density;
@@ -81,11 +84,13 @@ int main(int argc, char** argv) try {
       Decoder d = start(m, path, graphs, batch, capacity, rng);
       for (int s = 0; s < steps; ++s) d.step();
       std::vector<double> ms;
+      const std::int64_t replays = d.rt->graph_launches();
       for (int s = 0; s < steps; ++s) ms.push_back(d.step());
       std::sort(ms.begin(), ms.end());
-      std::printf("%-9s graphs %-3s batch %lld: decode step %.3f ms (median of %d)\n", name, graphs ? "on" : "off",
-                  static_cast<long long>(batch), ms[ms.size() / 2], steps);
-      if (!graphs) {  // the profiled step: every kernel launched on its own
+      std::printf("%-9s graphs %-3s batch %lld: decode step %.3f ms (median of %d; min %.3f, max %.3f; %lld graph replays)\n",
+                  name, graphs ? "on" : "off", static_cast<long long>(batch), ms[ms.size() / 2], steps, ms.front(),
+                  ms.back(), static_cast<long long>(d.rt->graph_launches() - replays));
+      if (graphs == profile_graphs) {  // the profiled step
         cudaDeviceSynchronize();
         cudaProfilerStart();
         d.step();

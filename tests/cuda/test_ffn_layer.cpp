@@ -379,8 +379,8 @@ TEST(FfnLayer, StatsComeBackWithoutAWait) {
   EXPECT_EQ(again.overflow_tiles, s.overflow_tiles);
 }
 
-// A dense layer (30 % of activations non-zero): every row is over the dense-row threshold, so the
-// dispatch's measure (density) weighs each at its dense cost and reads far below 30 %, which keeps
+// A dense layer (the generator at 30 % gives ≈ 12 % non-zeros): every row is over the dense-row
+// threshold (2 %), so the dispatch's measure (density) weighs each at its dense cost (1.5 %) and reads far below that, which keeps
 // the layer dense; active reads the true share, from the first call's sampled count (a host wait)
 // and then from the dense calls' sampled counts that come back through the ring.
 TEST(FfnLayer, StatsReadADenseLayersTrueShare) {
@@ -391,7 +391,7 @@ TEST(FfnLayer, StatsReadADenseLayersTrueShare) {
   o.path = Path::sparse;
   const InferenceReport rep = ffn_infer_host(d.xv(), d.weights(), MatrixF(want.data(), d.m, d.k), o);
   const double share = static_cast<double>(rep.nnz) / (static_cast<double>(d.m) * static_cast<double>(d.n));
-  ASSERT_GT(share, 0.2);
+  ASSERT_GT(share, 0.05) << "the data should be far over the dense-row threshold";
   FfnLayer layer;
   layer.upload_weights(d.weights(), nullptr);
   Dev<bf16> x(d.x.size()), y(d.x.size());
