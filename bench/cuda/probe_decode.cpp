@@ -23,6 +23,7 @@
 #include <string>
 #include <vector>
 
+#include "cuda/sm80/twell_dense_rows.hpp"
 #include "twell/model/runtime.hpp"
 #include "twell/model/synthetic.hpp"
 
@@ -76,6 +77,13 @@ int main(int argc, char** argv) try {
   spec.calibration_tokens = 256;
   std::fprintf(stderr, "probe_decode: building the synthetic %s model (density %.3f %%)\n", config.c_str(), 100 * density);
   const model::Model m = model::make_synthetic_model(spec);
+  {  // host cost of one CUB scratch-size query (FfnContext::reserve made one on every call until it returned early)
+    const auto t0 = std::chrono::steady_clock::now();
+    std::size_t sink = 0;
+    for (int i = 0; i < 1000; ++i) sink += cuda::dense_rows_plan_temp_bytes(1 + i % 16);
+    const double us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count() / 1000;
+    std::printf("host: dense_rows_plan_temp_bytes %.2f us a call (%zu)\n", us, sink % 7);
+  }
   std::mt19937_64 rng(7);
   const std::int64_t capacity = 128 + 2 * steps + 64;
   for (const model::FfnPath path : {model::FfnPath::dense, model::FfnPath::automatic}) {
