@@ -569,7 +569,7 @@ void FfnContext::enqueue_decode(const __nv_bfloat16* x, std::int64_t m, __nv_bfl
     gp.m = m;
     gp.n = n_;
     gp.k = k_;
-    launch_twell_gemv_relu(gp, stream);
+    launch_twell_gemv(gp, stream);
   } else {
     gate_gemm(x, m, stream);
   }

@@ -20,6 +20,7 @@
 #include "cuda/ffn_workspace.hpp"
 #include "cuda/host_util.hpp"
 #include "cuda/ops/model_ops.hpp"
+#include "cuda/sm80/twell_gemv.hpp"
 #include "model/cuda_runtime.hpp"
 #include "model/nvml_energy.hpp"
 #include "model/runtime_checks.hpp"
@@ -332,14 +333,14 @@ class CudaRuntime final : public Runtime {
     cuda::ops::rmsnorm(x, nullptr, T, K, layers_[0].attn_norm.get(), eps, xn, stream_);
     for (std::int64_t l = 0; l < c.num_layers; ++l) {
       Layer& L = layers_[static_cast<std::size_t>(l)];
-      gemm_.run({T, Q + 2 * KV, K, K, K, Q + 2 * KV}, L.wqkv.get(), xn, qkv, stream_);
+      project(L.wqkv.get(), xn, T, Q + 2 * KV, K, qkv);
       cuda::ops::rope_store_kv(qkv, T, c.num_heads, c.num_kv_heads, c.head_dim, cos_.get(), sin_.get(), rows_.get(), l, stream_);
       if (sh.blocks > 0)
         cuda::ops::flash_attention(qkv, sh.blocks, c.num_heads, c.num_kv_heads, c.head_dim, blocks_.get(), rows_.get(),
                                    l, att, stream_);
       else
         cuda::ops::attention(qkv, T, c.num_heads, c.num_kv_heads, c.head_dim, rows_.get(), l, sh.max_keys, att, stream_);
-      gemm_.run({T, K, Q, Q, Q, K}, L.wo.get(), att, tmp, stream_);
+      project(L.wo.get(), att, T, K, Q, tmp);
       cuda::ops::add_rmsnorm(x, tmp, T, K, L.ffn_norm.get(), eps, xn, stream_);
       if (L.ffn && plan && (opt_.ffn_path == FfnPath::dense || !L.ffn->is_decode(T))) {
         // The dense path, or automatic between decode sizes and the dispatch minimum (graphable):
@@ -374,6 +375,27 @@ class CudaRuntime final : public Runtime {
     ms.c_fp32 = true;
     gemm_.matmul(ms, xs_.get(), head_.size() ? head_.get() : embed_.get(), logits_.get(), stream_);
     return ran_sparse;
+  }
+
+  // y[T, n] = x[T, k]·Wᵀ, W [n, k] bf16, all rows contiguous. One token: the decode GEMV (cuBLASLt's
+  // M = 1 tiles read the 2B model's attention output projection, 8 MB, at 1.1 TB/s on an H100 and its
+  // QKV at 2.0); more rows: cuBLASLt. Both accumulate in fp32 and round to bf16 once.
+  void project(const bf16_t* w, const bf16_t* x, std::int64_t T, std::int64_t n, std::int64_t k, bf16_t* y) {
+    if (T == 1 && k % 8 == 0 && k <= cuda::kGemvMaxK) {
+      cuda::TwellGemvParams p;
+      p.x = x;
+      p.ld_x = k;
+      p.w = w;
+      p.g = y;
+      p.ld_g = n;
+      p.m = 1;
+      p.n = n;
+      p.k = k;
+      p.relu = false;
+      cuda::launch_twell_gemv(p, stream_);
+      return;
+    }
+    gemm_.run({T, n, k, k, k, n}, w, x, y, stream_);
   }
 
   // ---- CUDA graphs for decode steps ----

@@ -788,9 +788,10 @@ TEST_F(CudaDispatch, DecodeRunsSparseUntilTheLayerMeasuresDense) {
   EXPECT_LE(back, 17);
 }
 
-// The decode-size gate GEMV against float64 ReLU(x·Wᵀ): every element within the fp32-accumulation
-// + bf16-rounding bound of check_gate_sm90, padding columns of the output rows untouched, at every
-// token count 1 … 16 it serves (the kernel rounds M up to 1, 2, 4, 8 or 16) and ragged N, K.
+// The decode-size GEMV against float64 ReLU(x·Wᵀ), and x·Wᵀ without the ReLU (the model runtime's
+// projections): every element within the fp32-accumulation + bf16-rounding bound of
+// check_gate_sm90, padding columns of the output rows untouched, at every token count 1 … 16 it
+// serves (the kernel rounds M up to 1, 2, 4, 8 or 16) and ragged N, K.
 TEST(CudaGemv, MatchesFloat64WithinBound) {
   TWELL_REQUIRE_GPU();
   struct Shape {
@@ -801,8 +802,9 @@ TEST(CudaGemv, MatchesFloat64WithinBound) {
   std::mt19937_64 rng(20261121);
   std::normal_distribution<float> nd(0.0f, 1.0f);
   for (const Shape sh : {Shape{1, 5632, 2048}, Shape{2, 1003, 520}, Shape{3, 1000, 8192}, Shape{5, 70000, 264},
-                         Shape{8, 17, 8}, Shape{11, 5632, 2048}, Shape{16, 1001, 1024}}) {
-    SCOPED_TRACE(::testing::Message() << "m " << sh.m << " n " << sh.n << " k " << sh.k);
+                         Shape{8, 17, 8}, Shape{11, 5632, 2048}, Shape{16, 1001, 1024}, Shape{1, 2048, 2048}})
+   for (const bool relu : {true, false}) {
+    SCOPED_TRACE(::testing::Message() << "m " << sh.m << " n " << sh.n << " k " << sh.k << (relu ? ", ReLU" : ", no ReLU"));
     std::vector<float> x(static_cast<std::size_t>(sh.m * sh.k)), wt(static_cast<std::size_t>(sh.n * sh.k));
     for (float& v : x) v = round_bf16(nd(rng));
     const float ws = 1.0f / std::sqrt(static_cast<float>(sh.k));
@@ -822,7 +824,8 @@ TEST(CudaGemv, MatchesFloat64WithinBound) {
     p.m = sh.m;
     p.n = sh.n;
     p.k = sh.k;
-    launch_twell_gemv_relu(p, s);
+    p.relu = relu;
+    launch_twell_gemv(p, s);
     ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);
     std::vector<std::uint16_t> gb(static_cast<std::size_t>(sh.m * ldg));
     ASSERT_EQ(cudaMemcpy(gb.data(), dg.get(), gb.size() * 2, cudaMemcpyDeviceToHost), cudaSuccess);
@@ -837,9 +840,9 @@ TEST(CudaGemv, MatchesFloat64WithinBound) {
           acc += t;
           mag += std::abs(t);
         }
-        const double ref = std::max(acc, 0.0);
+        const double ref = relu ? std::max(acc, 0.0) : acc;
         const double got = to_float(bf16{gb[static_cast<std::size_t>(r * ldg + col)]});
-        const double bound = std::ldexp(ref, -8) + static_cast<double>(sh.k) * std::ldexp(mag, -24) + 1e-30;
+        const double bound = std::ldexp(std::abs(ref), -8) + static_cast<double>(sh.k) * std::ldexp(mag, -24) + 1e-30;
         worst = std::max(worst, std::abs(got - ref) / bound);
         bad += !(std::abs(got - ref) <= bound);  // NaN (never written) counts as bad
       }

@@ -14,7 +14,7 @@ constexpr int kWin = 2;                                          // chunk steps 
 // MT ≥ M tokens (a power of two); lane l owns the row chunks l, l + 32, …; the warp's kRows rows
 // are n0 .. n0 + 3. Sums of kRows · MT values per lane, then a butterfly over the lanes.
 template <int MT>
-__global__ void __launch_bounds__(kWarps * 32) twell_gemv_relu_kernel(TwellGemvParams p) {
+__global__ void __launch_bounds__(kWarps * 32) twell_gemv_kernel(TwellGemvParams p) {
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const std::int64_t n0 = (static_cast<std::int64_t>(blockIdx.x) * kWarps + warp) * kRows;
   if (n0 >= p.n) return;
@@ -69,13 +69,14 @@ __global__ void __launch_bounds__(kWarps * 32) twell_gemv_relu_kernel(TwellGemvP
     for (int r = 0; r < kRows; ++r)
 #pragma unroll
       for (int t = 0; t < MT; ++t)
-        if (t < p.m && n0 + r < p.n) p.g[t * p.ld_g + n0 + r] = __float2bfloat16_rn(fmaxf(acc[r][t], 0.0f));
+        if (t < p.m && n0 + r < p.n)
+          p.g[t * p.ld_g + n0 + r] = __float2bfloat16_rn(p.relu ? fmaxf(acc[r][t], 0.0f) : acc[r][t]);
   }
 }
 
 }  // namespace
 
-void launch_twell_gemv_relu(const TwellGemvParams& p, cudaStream_t stream) {
+void launch_twell_gemv(const TwellGemvParams& p, cudaStream_t stream) {
   TWELL_CU_REQUIRE(p.x && p.w && p.g, ErrorCode::invalid_argument, "twell gemv: null pointer");
   TWELL_CU_REQUIRE(p.m >= 1 && p.m <= kGemvMaxRows && p.n >= 1 && p.k >= 8 && p.k % 8 == 0 && p.k <= kGemvMaxK &&
                        p.ld_x % 8 == 0 && (reinterpret_cast<std::uintptr_t>(p.x) & 15) == 0 &&
@@ -87,16 +88,16 @@ void launch_twell_gemv_relu(const TwellGemvParams& p, cudaStream_t stream) {
   TWELL_CU_REQUIRE(ctas <= 0x7fffffff, ErrorCode::unsupported, "twell gemv: N = {} too large", p.n);
   const dim3 grid(static_cast<unsigned>(ctas)), block(kWarps * 32);
   if (p.m <= 1)
-    twell_gemv_relu_kernel<1><<<grid, block, 0, stream>>>(p);
+    twell_gemv_kernel<1><<<grid, block, 0, stream>>>(p);
   else if (p.m <= 2)
-    twell_gemv_relu_kernel<2><<<grid, block, 0, stream>>>(p);
+    twell_gemv_kernel<2><<<grid, block, 0, stream>>>(p);
   else if (p.m <= 4)
-    twell_gemv_relu_kernel<4><<<grid, block, 0, stream>>>(p);
+    twell_gemv_kernel<4><<<grid, block, 0, stream>>>(p);
   else if (p.m <= 8)
-    twell_gemv_relu_kernel<8><<<grid, block, 0, stream>>>(p);
+    twell_gemv_kernel<8><<<grid, block, 0, stream>>>(p);
   else
-    twell_gemv_relu_kernel<16><<<grid, block, 0, stream>>>(p);
-  TWELL_CUDA_CHECK_LAUNCH("twell_gemv_relu_kernel");
+    twell_gemv_kernel<16><<<grid, block, 0, stream>>>(p);
+  TWELL_CUDA_CHECK_LAUNCH("twell_gemv_kernel");
 }
 
 }  // namespace twell::cuda

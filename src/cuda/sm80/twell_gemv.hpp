@@ -1,9 +1,11 @@
 #pragma once
-// Decode-size gate GEMV: g[m, n] = bf16(ReLU(⟨x[m, :], W[n, :]⟩)) for a few tokens (M ≤ 16),
-// fp32 accumulation, rounded to bf16 once — the values the cuBLASLt ReLU GEMM writes into the gate
+// Decode-size GEMV: g[m, n] = bf16(ReLU(⟨x[m, :], W[n, :]⟩)) for a few tokens (M ≤ 16), fp32
+// accumulation, rounded to bf16 once — the values the cuBLASLt ReLU GEMM writes into the gate
 // buffer, at decode sizes where that GEMM runs far below the memory bandwidth (≈ 12 µs for an
-// 11.5 MB Wg at M = 1 on an H200, i.e. ~1 TB/s). Each warp streams 4 rows of W at once (16-byte
-// loads, the whole row in flight) and reuses every x chunk for the 4 rows; x stays in L1.
+// 11.5 MB Wg at M = 1 on an H200, i.e. ~1 TB/s). Without the ReLU (relu = false) it serves the
+// model runtime's projections at one token (the attention output's 8 MB at 2B: cuBLASLt 7.4 µs,
+// 1.1 TB/s). Each warp streams 4 rows of W at once (16-byte loads, the whole row in flight) and
+// reuses every x chunk for the 4 rows; x stays in L1.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -21,9 +23,10 @@ struct TwellGemvParams {
   __nv_bfloat16* g = nullptr;        // [m, n] out, row stride ld_g
   std::int64_t ld_g = 0;
   std::int64_t m = 0, n = 0, k = 0;
+  bool relu = true;  // false: g = bf16(x·Wᵀ)
 };
 
 // Requires 1 ≤ M ≤ kGemvMaxRows, K a multiple of 8 with K ≤ kGemvMaxK, 16-byte aligned rows.
-void launch_twell_gemv_relu(const TwellGemvParams& p, cudaStream_t stream);
+void launch_twell_gemv(const TwellGemvParams& p, cudaStream_t stream);
 
 }  // namespace twell::cuda

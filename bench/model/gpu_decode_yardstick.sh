@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# Issue 27's decode target in one call on the GPU machine: twell's decode at batch 1 against
+# PyTorch's best dense decode (transformers + torch.compile(mode="reduce-overhead") + static cache:
+# CUDA graphs) on the same synthetic checkpoint, same GPU, same call.
+#   [BUILD=build/gpu] [OUT=…] bash bench/model/gpu_decode_yardstick.sh [CONFIG [DENSITY]]   (2b 0.005)
+# Needs a built twell (e.g. scripts/gpu-check earlier in the same call). Writes torch.json,
+# twell.json and decode-yardstick.md (the table) under $OUT.
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+BUILD=${BUILD:-build/gpu}
+OUT=${OUT:-build/yardstick-out}
+CONFIG=${1:-2b}
+DENSITY=${2:-0.005}
+mkdir -p "$OUT"
+M=/tmp/twell-yardstick-$CONFIG
+t0=$(date +%s)
+if [ ! -f "$M/config.json" ]; then
+  rm -rf "$M"
+  "$BUILD/tools/twell/twell" gen model --config "$CONFIG" --density "$DENSITY" --out "$M" > "$OUT/gen.log" 2>&1 ||
+    { echo "gpu_decode_yardstick: twell gen model failed"; tail -5 "$OUT/gen.log"; exit 1; }
+fi
+echo "checkpoint: $(( $(date +%s) - t0 )) s"
+t0=$(date +%s)
+python3 bench/model/torch_yardstick.py "$M" --skip-prefill --context 128 --decode-steps 128 --json "$OUT/torch.json" \
+  > "$OUT/torch.log" 2>&1
+echo "torch yardstick rc=$? ($(( $(date +%s) - t0 )) s)"
+t0=$(date +%s)
+"$BUILD/tools/twell/twell" bench model --model "$M" --decode-batch 1 --context 128 --decode-steps 128 --no-energy \
+  --prefill-batch 1 --prefill-len 128 --json "$OUT/twell.json" > "$OUT/twell.log" 2>&1
+echo "twell bench rc=$? ($(( $(date +%s) - t0 )) s)"
+python3 - "$OUT" <<'PY'
+import json, sys
+out = sys.argv[1]
+rows = []
+try:
+    t = json.load(open(f"{out}/torch.json"))
+    for name, ph in t.get("results", {}).items():
+        if name.startswith("decode") and isinstance(ph, dict) and "tokens_per_s" in ph:
+            rows.append((f"PyTorch (transformers {t.get('transformers')}) {name}", ph["tokens_per_s"]))
+except (OSError, ValueError) as e:
+    print("torch.json:", e)
+try:
+    w = json.load(open(f"{out}/twell.json"))
+    for r in w.get("rows", []):
+        if r.get("phase") == "decode" and r.get("batch") == 1:
+            rows.append(("twell, dense FFN (CUDA graphs)", r["dense_tokens_per_s"]))
+            rows.append(("twell, sparse FFN (CUDA graphs)", r["sparse_tokens_per_s"]))
+except (OSError, ValueError, KeyError) as e:
+    print("twell.json:", e)
+best = max((v for n, v in rows if n.startswith("PyTorch")), default=None)
+lines = ["| decode, batch 1 | tokens/s | against PyTorch's best |", "|---|---:|---:|"]
+for n, v in rows:
+    lines.append(f"| {n} | {v:.1f} | {v / best:.2f}× |" if best else f"| {n} | {v:.1f} | — |")
+open(f"{out}/decode-yardstick.md", "w").write("\n".join(lines) + "\n")
+print("\n".join(lines))
+PY
