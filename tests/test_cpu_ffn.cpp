@@ -3,6 +3,7 @@
 
 #include <cmath>
 
+#include "ffn_cases.hpp"
 #include "test_util.hpp"
 #include "twell/cpu/ffn_ops.hpp"
 #include "twell/cpu/reference.hpp"
@@ -12,37 +13,34 @@ using namespace twell;
 
 namespace {
 
-struct FfnCase {
-  std::string name;
-  SparsityParams gen;
-  TwellConfig twell{};
-};
+using test::FfnCase;
 
 // fp32 accumulation over K terms: relative error ≲ K·2⁻²⁴ in the worst case; 2e-5 is ~30× the
 // typical (√K·2⁻²⁴) error at K ≤ 2048 and still 50× below a single bf16 rounding (2⁻⁸).
 constexpr double kFp32Tol = 2e-5;
 
 struct Inputs {
-  GeneratedFfn g;
+  test::FfnData d;
   FfnWeights w;
   CMatrixF x;
 };
 
-Inputs make(const SparsityParams& p) {
+// The case's generated inputs (tests/ffn_cases.hpp's generator, as the CUDA suite's) with a fresh seed.
+Inputs make(FfnCase c) {
+  c.seed = test::fresh_seed();
   Inputs in;
-  in.g = generate_ffn(p);
-  const std::int64_t M = p.m, K = p.k, N = p.n;
-  in.x = CMatrixF(in.g.x.data<float>(), M, K);
-  in.w = ffn_weights(p.gated ? in.g.w_gate.data<float>() : nullptr, in.g.w_up.data<float>(), in.g.w_down.data<float>(),
-                     N, K);
+  in.d = test::make_ffn(c);
+  in.x = in.d.xv();
+  in.w = in.d.weights();
   return in;
 }
+
+TwellConfig twell_of(const FfnCase& c) { return TwellConfig{c.tile, c.compression}; }
 
 class CpuFfn : public ::testing::TestWithParam<FfnCase> {};
 
 TEST_P(CpuFfn, DenseMatchesReference) {
-  SparsityParams p = GetParam().gen;
-  p.seed = test::fresh_seed();
+  const FfnCase& p = GetParam();
   Inputs in = make(p);
   std::vector<float> y = test::poisoned(static_cast<std::size_t>(p.m * p.k));
   cpu::ffn_dense(in.x, in.w, MatrixF(y.data(), p.m, p.k));
@@ -51,12 +49,11 @@ TEST_P(CpuFfn, DenseMatchesReference) {
 }
 
 TEST_P(CpuFfn, SparseMatchesReferenceOnEveryRow) {
-  SparsityParams p = GetParam().gen;
-  p.seed = test::fresh_seed();
+  const FfnCase& p = GetParam();
   Inputs in = make(p);
   const cpu::PreparedFfn prep = cpu::prepare_ffn(in.w);
   std::vector<float> y = test::poisoned(static_cast<std::size_t>(p.m * p.k));
-  const auto info = cpu::ffn_sparse(in.x, prep, MatrixF(y.data(), p.m, p.k), GetParam().twell);
+  const auto info = cpu::ffn_sparse(in.x, prep, MatrixF(y.data(), p.m, p.k), twell_of(p));
   std::vector<double> bound;
   const auto ref = ref::ffn_forward(in.x, in.w, {}, {}, &bound);
   // Per row: the error may not exceed what storing the activation in bf16 can cause (a rigorous
@@ -83,8 +80,7 @@ TEST_P(CpuFfn, SparseMatchesReferenceOnEveryRow) {
 
 TEST_P(CpuFfn, OverflowRowsAreExact) {
   // Force overflow with a tiny tile capacity and compare overflowed rows alone.
-  SparsityParams p = GetParam().gen;
-  p.seed = test::fresh_seed();
+  const FfnCase& p = GetParam();
   Inputs in = make(p);
   const cpu::PreparedFfn prep = cpu::prepare_ffn(in.w);
   const TwellConfig tiny{16, 8};  // capacity 1 per 16 columns
@@ -118,20 +114,16 @@ TEST_P(CpuFfn, OverflowRowsAreExact) {
   }
 }
 
-SparsityParams sp(std::int64_t m, std::int64_t k, std::int64_t n, double d, bool gated = true, double hot = 0.0) {
-  return test::sparsity(m, k, n, d, gated, hot, /*hot_density=*/0.3);
+// Every case of the shared table (tests/ffn_cases.hpp) that runs on the CPU.
+std::vector<FfnCase> cpu_cases() {
+  std::vector<FfnCase> v;
+  for (FfnCase& c : test::ffn_cases())
+    if (c.cpu) v.push_back(std::move(c));
+  return v;
 }
 
-INSTANTIATE_TEST_SUITE_P(Shapes, CpuFfn,
-                         ::testing::Values(FfnCase{"m1", sp(1, 64, 300, 0.05)}, FfnCase{"m7_n1000", sp(7, 40, 1000, 0.02)},
-                                           FfnCase{"m33_tail_n", sp(33, 48, 257, 0.1)},
-                                           FfnCase{"hot_rows_overflow", sp(64, 64, 600, 0.08, true, 0.1)},
-                                           FfnCase{"nongated", sp(40, 32, 520, 0.05, false)},
-                                           FfnCase{"nongated_hot", sp(64, 24, 300, 0.1, false, 0.2)},
-                                           FfnCase{"dense_10pct", sp(17, 36, 700, 0.2)},
-                                           FfnCase{"wide_n70000", sp(3, 16, 70000, 0.003)},
-                                           FfnCase{"small_tiles", sp(20, 32, 200, 0.1), TwellConfig{32, 4}}),
-                         [](const auto& info) { return info.param.name; });
+INSTANTIATE_TEST_SUITE_P(Shapes, CpuFfn, ::testing::ValuesIn(cpu_cases()),
+                         [](const ::testing::TestParamInfo<FfnCase>& i) { return i.param.name; });
 
 TEST(CpuFfnEdges, AllZeroAndAllActiveRows) {
   // Hand-built inputs: row 0 activates nothing (gate < 0 everywhere), row 1 activates every neuron.

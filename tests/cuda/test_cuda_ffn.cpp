@@ -555,44 +555,11 @@ TEST_P(CudaFfn, MatchesReferenceAndHostEncoder) {
   cudaStreamDestroy(s);
 }
 
+// The cases of the shared table (tests/ffn_cases.hpp) that run on CUDA.
 std::vector<FfnCase> cases() {
   std::vector<FfnCase> v;
-  auto add = [&](FfnCase c) { v.push_back(c); };
-  // Designated initializers: a positional list past `density` silently lands in the wrong field
-  // when FfnCase grows (the "c4" case once set hot_neurons = 4 instead of compression = 4).
-  add({.name = "m1_n5632_k2048_d0p5", .m = 1, .n = 5632, .k = 2048, .density = 0.005});
-  add({.name = "m7_n1000_k520_d5", .m = 7, .n = 1000, .k = 520, .density = 0.05});
-  add({.name = "m64_n8192_k1024_d1", .m = 64, .n = 8192, .k = 1024, .density = 0.01});
-  add({.name = "m255_n11008_k4096_d0p5", .m = 255, .n = 11008, .k = 4096, .density = 0.005});
-  add({.name = "m256_n5632_k2048_d0", .m = 256, .n = 5632, .k = 2048, .density = 0.0});
-  add({.name = "m257_n70000_k520_d2", .m = 257, .n = 70000, .k = 520, .density = 0.02, .hot_density = 0.3, .zero_rows = 2,
-       .full_rows = 1});
-  add({.name = "m1000_n1000_k1024_d20", .m = 1000, .n = 1000, .k = 1024, .density = 0.20});
-  add({.name = "m1000_n5632_k2048_hot", .m = 1000, .n = 5632, .k = 2048, .density = 0.01, .hot_rows = 0.05,
-       .hot_density = 0.3, .zero_rows = 3, .full_rows = 3});
-  // Compression factors C = 4, 2, 64, 128: S = 64, 128, 4, 2 words per block (S = 2 and S ≥ 64
-  // take other paths through the sm90 packers' row stage than S = 32).
-  add({.name = "m300_n5632_k1024_hot_c4", .m = 300, .n = 5632, .k = 1024, .density = 0.01, .hot_rows = 0.1,
-       .hot_density = 0.4, .zero_rows = 1, .full_rows = 1, .compression = 4});
-  add({.name = "m130_n1000_k520_d3_c2", .m = 130, .n = 1000, .k = 520, .density = 0.03, .hot_rows = 0.1,
-       .hot_density = 0.7, .full_rows = 1, .compression = 2});
-  add({.name = "m97_n3000_k520_d1_c64", .m = 97, .n = 3000, .k = 520, .density = 0.01, .hot_rows = 0.1,
-       .hot_density = 0.1, .zero_rows = 1, .full_rows = 1, .compression = 64});
-  add({.name = "m70_n600_k264_d0p5_c128", .m = 70, .n = 600, .k = 264, .density = 0.005, .hot_rows = 0.1,
-       .hot_density = 0.05, .full_rows = 1, .compression = 128});
-  add({.name = "m16384_n5632_k2048_d0p5_hot", .m = 16384, .n = 5632, .k = 2048, .density = 0.005, .hot_rows = 0.03,
-       .hot_density = 0.12});
-  add({.name = "m4097_n5632_k1024_d1", .m = 4097, .n = 5632, .k = 1024, .density = 0.01});  // chunked gate: a ragged last chunk
-  // Hot neurons (5 % of them active in 5 % of tokens) and three columns active in every token.
-  add({.name = "m2048_n5632_k2048_d0p5_hotneurons", .m = 2048, .n = 5632, .k = 2048, .density = 0.005,
-       .hot_neurons = 0.05, .hot_neuron_density = 0.05, .full_cols = 3});
-  add({.name = "nongated_m5000_n1000_k520_d2_hot", .m = 5000, .n = 1000, .k = 520, .density = 0.02, .gated = false,
-       .hot_rows = 0.02, .hot_density = 0.3});
-  add({.name = "nongated_m257_n5632_k2048_d1", .m = 257, .n = 5632, .k = 2048, .density = 0.01, .gated = false});
-  add({.name = "nongated_m64_n1000_k520_d20_full", .m = 64, .n = 1000, .k = 520, .density = 0.20, .gated = false,
-       .hot_density = 0.3, .zero_rows = 2, .full_rows = 2});
-  add({.name = "nongated_m1000_n8192_k4096_hot", .m = 1000, .n = 8192, .k = 4096, .density = 0.005, .gated = false,
-       .hot_rows = 0.05, .hot_density = 0.25});
+  for (FfnCase& c : ffn_cases())
+    if (c.cuda) v.push_back(std::move(c));
   return v;
 }
 
