@@ -351,6 +351,24 @@ TEST_F(Cli, BenchSmall) {
   EXPECT_NE(j.find("\"check_passed\": true"), std::string::npos);
 }
 
+// The FFN case table (tests/ffn_cases.hpp) through `twell bench ffn --cases`: every CPU case
+// checked against float64 (the same cases CpuFfn runs), one timed, and the table listed.
+TEST_F(Cli, BenchCases) {
+  RunResult r = run("bench ffn --cases all --device cpu");
+  ASSERT_EQ(r.rc, 0) << r.out << r.err;
+  EXPECT_NE(r.out.find("PASS: 15 of 15 cases within tolerance"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("| m20_n200_k32_d10_t32_c4 |"), std::string::npos) << r.out;
+  const std::string json = path("cases.json");
+  r = run(fmt::format("bench ffn --cases m1_n300_k64_d5,m7_n1000_k40_d2 --mode perf --reps 2 --device cpu --json '{}'", json));
+  ASSERT_EQ(r.rc, 0) << r.out << r.err;
+  const std::string j = slurp(json);
+  EXPECT_NE(j.find("\"twell_ms\""), std::string::npos) << j;
+  EXPECT_NE(j.find("\"m7_n1000_k40_d2\""), std::string::npos) << j;
+  r = run("bench ffn --list-cases");
+  ASSERT_EQ(r.rc, 0) << r.err;
+  EXPECT_NE(r.out.find("m16384_n5632_k2048_d0p5_hot"), std::string::npos) << r.out;
+}
+
 TEST_F(Cli, HelpOnEveryCommand) {
   for (const char* c : {"--help", "ffn --help", "bench --help", "bench ffn --help", "stats --help", "gen --help"}) {
     const RunResult r = run(c);
@@ -511,6 +529,10 @@ TEST_F(Cli, BadOptions) {
   }
   expect_error(fmt::format("stats --in '{}' --m 5", in), "excludes");
   expect_error("bench ffn --device cpu --reps -1", "--reps");
+  expect_error("bench ffn --device cpu --cases no_such_case", "no case 'no_such_case'");
+  expect_error("bench ffn --device cpu --cases m16384_n5632_k2048_d0p5_hot", "does not run on cpu");
+  expect_error("bench ffn --device cpu --cases all --mode fast", "--mode");
+  expect_error("bench ffn --device cpu --cases all --m 5", "--m");
   expect_error(fmt::format("gen --out '{}' --dtype f64", out), "--dtype");
   expect_error(fmt::format("gen --out '{}'", path("no/dir/x.safetensors")), "does not exist");
   // Requests larger than the machine are refused up front, not killed by the OOM killer.

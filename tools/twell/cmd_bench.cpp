@@ -8,6 +8,7 @@
 #include <memory>
 
 #include "common.hpp"
+#include "ffn_cases.hpp"
 #include "twell/host_memory.hpp"
 #include "twell/cpu/ffn_ops.hpp"
 #include "twell/cpu/reference.hpp"
@@ -45,6 +46,8 @@ struct BenchArgs {
   int check_rows = 64;
   std::vector<std::int64_t> sweep_m;
   std::vector<double> sweep_density;
+  std::string cases, mode = "test";
+  bool list_cases = false;
   CLI::Option* m_opt = nullptr;
 };
 
@@ -636,6 +639,115 @@ int bench_sweep(BenchArgs& a, DeviceKind dev) {
 // ---------------------------------------------------------------------------------------------
 // CUDA: one configuration, inference (training: bench_cuda_train).
 
+
+// ---- The case table (tests/ffn_cases.hpp): the test suites' cases, as a check or timed ----
+
+FfnInputs inputs_of(const test::FfnData& d) {
+  FfnInputs in;
+  in.m = d.m;
+  in.k = d.k;
+  in.n = d.n;
+  in.gated = d.gated;
+  in.source = "case table";
+  auto put = [](HostTensor& t, const std::vector<float>& v, std::int64_t rows, std::int64_t cols) {
+    t = HostTensor(DType::f32, {rows, cols});
+    std::copy(v.begin(), v.end(), t.data<float>());
+  };
+  put(in.x, d.x, d.m, d.k);
+  if (d.gated) put(in.w_gate, d.wg, d.n, d.k);
+  put(in.w_up, d.wu, d.n, d.k);
+  put(in.w_down, d.wd, d.k, d.n);
+  return in;
+}
+
+int list_cases() {
+  std::printf("%-36s %6s %6s %5s %7s %-9s %4s %3s  %s\n", "case", "M", "N", "K", "density", "FFN", "T", "C", "runs on");
+  for (const test::FfnCase& c : test::ffn_cases())
+    std::printf("%-36s %6lld %6lld %5lld %7.4f %-9s %4d %3d  %s%s\n", c.name.c_str(), static_cast<long long>(c.m),
+                static_cast<long long>(c.n), static_cast<long long>(c.k), c.density, c.gated ? "gated" : "nongated",
+                c.tile, c.compression, c.cpu ? "cpu " : "", c.cuda ? "cuda" : "");
+  return 0;
+}
+
+// --cases NAMES|all: each case of the table generated as the tests generate it, then either checked
+// against the float64 oracle on sampled rows (--mode test: one run, exit 1 if any case fails) or
+// timed against the dense path of the same backend (--mode perf: the usual warm-up and reps).
+int bench_cases(BenchArgs& a, DeviceKind dev) {
+  const bool cuda = dev == DeviceKind::cuda, perf = a.mode == "perf";
+  const std::vector<test::FfnCase> table = test::ffn_cases();
+  std::vector<test::FfnCase> picked;
+  if (a.cases == "all") {
+    for (const test::FfnCase& c : table)
+      if (cuda ? c.cuda : c.cpu) picked.push_back(c);
+  } else {
+    for (std::size_t pos = 0; pos <= a.cases.size();) {
+      const std::size_t end = std::min(a.cases.find(',', pos), a.cases.size());
+      const std::string name = a.cases.substr(pos, end - pos);
+      pos = end + 1;
+      if (name.empty()) continue;
+      const auto it = std::find_if(table.begin(), table.end(), [&](const test::FfnCase& c) { return c.name == name; });
+      if (it == table.end()) fail(ErrorCode::invalid_argument, "--cases: no case '{}' (twell bench ffn --list-cases)", name);
+      if (!(cuda ? it->cuda : it->cpu))
+        fail(ErrorCode::unsupported, "--cases: case '{}' does not run on {} (twell bench ffn --list-cases)", name, to_string(dev));
+      picked.push_back(*it);
+    }
+  }
+  if (picked.empty()) fail(ErrorCode::invalid_argument, "--cases: no case selected");
+  const int warmup = perf ? (a.warmup >= 0 ? a.warmup : cuda ? 5 : 1) : 0;
+  const int reps = perf ? (a.reps > 0 ? a.reps : cuda ? 20 : 5) : 1;
+  const bool check = !perf || !a.no_check;
+  nlohmann::json jcases = nlohmann::json::array();
+  int failed = 0, done = 0;
+  std::printf("twell bench ffn --cases, mode %s, device %s: %zu cases\n\n", a.mode.c_str(), to_string(dev),
+              picked.size());
+  std::printf("| case | M | N | K | density | dense ms | twell ms | dense / twell | max row rel err | tolerance | |\n");
+  std::printf("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|\n");
+  for (test::FfnCase c : picked) {
+    std::fprintf(stderr, "\rtwell: [%d/%zu] %s            ", ++done, picked.size(), c.name.c_str());
+    const FfnInputs in = inputs_of(test::make_ffn(c));
+    const TwellConfig tcfg{c.tile, c.compression};
+    tcfg.validate();
+    SweepPoint p;
+#if defined(TWELL_HAVE_CUDA)
+    double dense_err = -1;
+    p = cuda ? sweep_cuda(in, tcfg, warmup, reps, a.check_rows, check, &dense_err)
+             : sweep_cpu(in, tcfg, warmup, reps, a.check_rows, check);
+#else
+    p = sweep_cpu(in, tcfg, warmup, reps, a.check_rows, check);
+#endif
+    const bool ok = !check || (std::isfinite(p.err) && p.err <= p.tol);
+    failed += !ok;
+    const double density = static_cast<double>(p.nnz) / (static_cast<double>(c.m) * static_cast<double>(c.n));
+    // Test mode runs each path once, cold: its times are not measurements, so none are shown.
+    const std::string dense_ms = perf ? fmt::format("{:.3f}", p.dense_ms) : "-",
+                      twell_ms = perf ? fmt::format("{:.3f}", p.total_ms) : "-",
+                      ratio = perf && p.total_ms > 0 ? fmt::format("{:.2f}x", p.dense_ms / p.total_ms) : "-",
+                      err = check ? fmt::format("{:.2e}", p.err) : "-", tol = check ? fmt::format("{:.0e}", p.tol) : "-";
+    std::printf("| %s | %lld | %lld | %lld | %.4f | %s | %s | %s | %s | %s | %s |\n", c.name.c_str(),
+                static_cast<long long>(c.m), static_cast<long long>(c.n), static_cast<long long>(c.k), density,
+                dense_ms.c_str(), twell_ms.c_str(), ratio.c_str(), err.c_str(), tol.c_str(), ok ? "ok" : "FAIL");
+    std::fflush(stdout);
+    nlohmann::json jc{{"case", c.name}, {"m", c.m}, {"n", c.n}, {"k", c.k}, {"gated", c.gated}, {"tile", c.tile},
+                      {"compression", c.compression}, {"density_measured", density}, {"path", p.path}, {"ok", ok}};
+    if (perf) {
+      jc["dense_ms"] = p.dense_ms;
+      jc["twell_ms"] = p.total_ms;
+    }
+    if (check) {
+      jc["err"] = p.err;
+      jc["tol"] = p.tol;
+    }
+    jcases.push_back(std::move(jc));
+  }
+  std::fprintf(stderr, "\n");
+  std::printf("\n%s: %d of %zu cases %s\n", failed ? "FAIL" : "PASS", static_cast<int>(picked.size()) - failed, picked.size(),
+              check ? "within tolerance of the float64 oracle" : "timed (no check)");
+  if (!a.json.empty())
+    write_json_file(a.json, {{"tool", "twell bench ffn --cases"}, {"mode", a.mode}, {"device", to_string(dev)},
+                             {"commit", git_commit()}, {"date", iso_time_utc()}, {"cases", jcases}});
+  return failed ? 1 : 0;
+}
+
 int bench_cuda(BenchArgs& a) {
 #if defined(TWELL_HAVE_CUDA)
   const TwellConfig tcfg = a.fmt.twell();
@@ -830,7 +942,13 @@ int run_bench(BenchArgs& a) {
   if (a.train && a.no_train) fail(ErrorCode::invalid_argument, "--train and --no-train contradict each other");
   if (!a.json.empty()) check_writable(a.json, "--json");
   std::string why;
+  if (a.list_cases) return list_cases();
+  if (a.mode != "test" && a.mode != "perf") fail(ErrorCode::invalid_argument, "--mode is test or perf, not '{}'", a.mode);
   const DeviceKind dev = resolve_device(a.device, &why);
+  if (!a.cases.empty()) {
+    note(fmt::format("bench: device {} ({})", to_string(dev), why));
+    return bench_cases(a, dev);
+  }
   if (a.m_opt->count() == 0) a.gen.p.m = dev == DeviceKind::cuda ? 16384 : 512;
   if (a.in.empty()) a.gen.validate();
   a.fmt.twell();
@@ -888,6 +1006,16 @@ void add_bench_command(CLI::App& root, std::vector<Command>& out) {
   sub->add_flag("--sweep", a->sweep, "Sweep M x density x hot rows (off / --hot-rows or 0.02), one line per point");
   sub->add_option("--sweep-m", a->sweep_m, "M values of the sweep (default cuda: 64 1024 4096 16384; cpu: 64 256 512)");
   sub->add_option("--sweep-density", a->sweep_density, "Densities of the sweep (default 0.005 0.01 0.03)");
+  CLI::Option* cases_opt = sub->add_option(
+      "--cases", a->cases,
+      "Run the FFN case table the test suites use (comma-separated names, or all: the device's cases) instead of one layer");
+  sub->add_option("--mode", a->mode, "With --cases: test (check each case against float64, exit 1 on a failure) or perf (time it)")
+      ->check(CLI::IsMember({"test", "perf"}));
+  sub->add_flag("--list-cases", a->list_cases, "List the case table (name, shape, density, TwELL T and C, backends) and exit");
+  for (CLI::Option* o : a->gen.options)
+    if (o->get_name() != "--seed") cases_opt->excludes(o);
+  cases_opt->excludes(in_opt);
+  cases_opt->excludes(sub->get_option("--sweep"));
   a->fmt.add(sub);
   out.push_back({sub, [a] { return run_bench(*a); }});
 }
