@@ -27,6 +27,16 @@
 using namespace twell;
 using namespace twell::cuda;
 
+namespace {
+// The production kernel, or the lab's build of it where a diagnostic is set (timing_mode, profile).
+void gate(const GatePackParams& p, cudaStream_t s) {
+  if (p.timing_mode != 0 || p.profile != nullptr)
+    launch_twell_gate_pack_sm90_lab(p, s);
+  else
+    launch_twell_gate_pack_sm90(p, s);
+}
+}  // namespace
+
 int main(int argc, char** argv) {
   const std::int64_t m = argc > 1 ? std::stoll(argv[1]) : 16384, n = argc > 2 ? std::stoll(argv[2]) : 5632,
                      k = argc > 3 ? std::stoll(argv[3]) : 2048;
@@ -102,10 +112,10 @@ int main(int argc, char** argv) {
   {
     const GatePackParams on = params(2, 0, true), off = params(2, 0, true, true, false);
     const GatePackParams on3 = params(2, 3, true), off3 = params(2, 3, true, true, false);
-    const auto [t_off, t_on] = host::alternating_medians_ms(3, reps, s, [&] { launch_twell_gate_pack_sm90(off, s); },
-                                                            [&] { launch_twell_gate_pack_sm90(on, s); });
-    const auto [t_off3, t_on3] = host::alternating_medians_ms(3, reps, s, [&] { launch_twell_gate_pack_sm90(off3, s); },
-                                                              [&] { launch_twell_gate_pack_sm90(on3, s); });
+    const auto [t_off, t_on] = host::alternating_medians_ms(3, reps, s, [&] { gate(off, s); },
+                                                            [&] { gate(on, s); });
+    const auto [t_off3, t_on3] = host::alternating_medians_ms(3, reps, s, [&] { gate(off3, s); },
+                                                              [&] { gate(on3, s); });
     std::printf("word masks off / on, cluster 2, stmatrix: %.3f / %.3f ms alternating (%.3fx); packed without stores %.3f / %.3f "
                 "(%.3fx)\n", t_off, t_on, t_on / t_off, t_off3, t_on3, t_on3 / t_off3);
   }
@@ -113,10 +123,10 @@ int main(int argc, char** argv) {
   // against the GEMM.
   {
     const GatePackParams on = params(2, 0, true), off = params(2, 0, true, false);
-    const auto [t_off, t_on] = host::alternating_medians_ms(3, reps, s, [&] { launch_twell_gate_pack_sm90(off, s); },
-                                                            [&] { launch_twell_gate_pack_sm90(on, s); });
+    const auto [t_off, t_on] = host::alternating_medians_ms(3, reps, s, [&] { gate(off, s); },
+                                                            [&] { gate(on, s); });
     const auto [tg, t_on2] = host::alternating_medians_ms(3, reps, s, [&] { lt.run(gs, w.get(), x.get(), g.get(), s); },
-                                                          [&] { launch_twell_gate_pack_sm90(on, s); });
+                                                          [&] { gate(on, s); });
     TwellCounters c{};
     TWELL_CUDA_CHECK(cudaMemcpy(&c, counters.get(), sizeof c, cudaMemcpyDeviceToHost));
     std::printf("heavy rows by lane / by warp, cluster 2, stmatrix: %.3f / %.3f ms alternating (%.3fx); by warp %.3fx the GEMM "
@@ -133,7 +143,7 @@ int main(int argc, char** argv) {
         // Alternating with the GEMM rep by rep, so that clock and power drift over the run weigh
         // on both alike (timed one after the other, the later kernel read up to 0.05 ms slower).
         const auto [tg, t] = host::alternating_medians_ms(
-            3, reps, s, [&] { lt.run(gs, w.get(), x.get(), g.get(), s); }, [&] { launch_twell_gate_pack_sm90(p, s); });
+            3, reps, s, [&] { lt.run(gs, w.get(), x.get(), g.get(), s); }, [&] { gate(p, s); });
         static const char* const kMode[] = {"", ", no epilogue", ", staged, not packed", ", packed, no stores"};
         const std::string name =
             "sm90 gate, cluster " + std::to_string(cl) + (mode == 1 ? "" : stm ? ", stmatrix" : ", st.shared") + kMode[mode];
@@ -190,7 +200,7 @@ int main(int argc, char** argv) {
       TWELL_CUDA_CHECK(cudaMemset(prof.get(), 0, prof.size() * sizeof(unsigned long long)));
       GatePackParams p = params(2, mode, stm, heavy, masks);
       p.profile = prof.get();
-      launch_twell_gate_pack_sm90(p, s);
+      gate(p, s);
       TWELL_CUDA_CHECK(cudaStreamSynchronize(s));
       std::vector<unsigned long long> h(prof.size());
       TWELL_CUDA_CHECK(cudaMemcpy(h.data(), prof.get(), h.size() * sizeof(unsigned long long), cudaMemcpyDeviceToHost));

@@ -89,7 +89,9 @@ __device__ __forceinline__ std::uint32_t relu_bf16x2(float lo, float hi) {
 // outputs travel in fields the packing would use, so that GatePackParams (the kernel's parameter)
 // keeps its size (one more field there made ptxas spill 40 bytes in the TwELL kernels): h in
 // `gate`, ld_h in `ld_gate`, h_cols in `words_per_tile`.
-template <int CM, bool STM, bool GP>
+// LAB: the diagnostics build (timing_mode, profile: launch_twell_gate_pack_sm90_lab); the
+// production instantiation has neither, compiled out.
+template <int CM, bool STM, bool GP, bool LAB>
 __global__ void __launch_bounds__(kThreads, 1)
     twell_gate_pack_sm90_kernel(const __grid_constant__ CUtensorMap tmap_x, const __grid_constant__ CUtensorMap tmap_w,
                                 GatePackParams p) {
@@ -119,7 +121,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     mbar_fence_init();
   }
   cluster_sync();  // every CTA's barriers exist before any multicast or remote arrive
-  const long long t_start = p.profile ? clock64() : 0;
+  const long long t_start = LAB && p.profile ? clock64() : 0;
 
   // Work: groups of CM row tiles (one per CTA of the cluster) × N tiles, dealt n-fastest to the
   // clusters. A CTA whose row tile is past M still loads and multicasts its share of W (its peers
@@ -176,7 +178,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         mbar_arrive(freed);  // this thread's reads of the tile are done
         phase ^= 1;
       }
-    } else if (p.timing_mode != 1) {  // packers: one lane per row
+    } else if (!LAB || p.timing_mode != 1) {  // packers: one lane per row
       const int S = p.words_per_tile, cap = S - 1;
       const int R = S <= 32 ? 32 : 1024 / S;  // rows per pass; a multiple of 32 / S, so R · S % 32 == 0
       const int log2s = __ffs(S) - 1;          // S is a power of two (it divides 256)
@@ -198,13 +200,13 @@ __global__ void __launch_bounds__(kThreads, 1)
         const int ncols = static_cast<int>(p.n - n0 < kBN ? p.n - n0 : kBN);  // this tile's columns < N
         const std::int64_t col0 = n0 + 8 * lane;                              // lane's 8 columns in row copies
         const unsigned word_cols = ncols >= kBN ? 0xffffffffu : (1u << ((ncols + 7) / 8)) - 1u;  // words < N
-        const long long t_wait = p.profile ? clock64() : 0;
+        const long long t_wait = LAB && p.profile ? clock64() : 0;
         mbar_wait(staged, phase);
-        const long long t_busy = p.profile ? clock64() : 0;
+        const long long t_busy = LAB && p.profile ? clock64() : 0;
         unsigned tile_nnz = 0;  // this lane's rows
         // Passes of R consecutive tile rows, dealt round-robin to the packing warps; lane l packs
         // row i0 + l alone, so no cross-lane work is spent on the (mostly empty) rows.
-        for (int i0 = (warp - 1) * R; i0 < kBM && p.timing_mode != 2; i0 += kPackWarps * R) {
+        for (int i0 = (warp - 1) * R; i0 < kBM && (!LAB || p.timing_mode != 2); i0 += kPackWarps * R) {
           const std::int64_t row0 = tm * kBM + i0;
           if (row0 >= p.m) break;  // warp-uniform; later passes are past the end too
           const int i = i0 + lane;
@@ -295,7 +297,7 @@ __global__ void __launch_bounds__(kThreads, 1)
           lim = min(cnt, static_cast<unsigned>(cap));
           // (3) The blocks leave: word 0 = count, then the entries, then zeros (the same words as
           // twell_pack).
-          if (p.timing_mode != 3) {
+          if (!LAB || p.timing_mode != 3) {
             if (bulk) {
               if (mine) {
                 srow[0] = cnt;
@@ -339,7 +341,7 @@ __global__ void __launch_bounds__(kThreads, 1)
           __syncwarp();  // every lane has read the stage before the next pass rewrites it
         }
         mbar_arrive(freed);  // this thread's reads of the tile are done
-        if (p.profile && lane == 0) {
+        if (LAB && p.profile && lane == 0) {
           unsigned long long* pr = p.profile + blockIdx.x * kGatePackProfileSlots;
           pr[warp - 1] += static_cast<unsigned long long>(clock64() - t_busy);
           if (warp == 1) pr[3] += static_cast<unsigned long long>(t_busy - t_wait);
@@ -392,13 +394,13 @@ __global__ void __launch_bounds__(kThreads, 1)
       if (lane == 0) release(prev);
 #pragma unroll
       for (int i = 0; i < 128; ++i) fence_operand(acc[i]);
-      if (p.timing_mode == 1) continue;
+      if (LAB && p.timing_mode == 1) continue;
       // Hand the tile to the packers: ReLU + bf16 into the staging tile once they have read the
       // previous one (the first tile finds it free); they pack while this warpgroup runs the next
       // tile's wgmmas. Fragment half h of this warp: local rows 64·cw + 16·warp + 8h + lane/4.
-      const long long t_wait = p.profile ? clock64() : 0;
+      const long long t_wait = LAB && p.profile ? clock64() : 0;
       mbar_wait(freed, tphase ^ 1);
-      if (p.profile && threadIdx.x == 128) {
+      if (LAB && p.profile && threadIdx.x == 128) {
         p.profile[blockIdx.x * kGatePackProfileSlots + 4] += static_cast<unsigned long long>(clock64() - t_wait);
         p.profile[blockIdx.x * kGatePackProfileSlots + 5] += 1;
       }
@@ -467,7 +469,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
   // No CTA leaves while a peer may still multicast into its shared memory or arrive on its barriers.
   cluster_sync();
-  if (p.profile && threadIdx.x == 0) p.profile[blockIdx.x * kGatePackProfileSlots + 6] = static_cast<unsigned long long>(clock64() - t_start);
+  if (LAB && p.profile && threadIdx.x == 0) p.profile[blockIdx.x * kGatePackProfileSlots + 6] = static_cast<unsigned long long>(clock64() - t_start);
 #else
   __trap();  // launched only where gate_pack_sm90_available() (sm_90a code present)
 #endif
@@ -512,7 +514,7 @@ bool gate_pack_sm90_available(int device) {
     return false;
   if (major != 9 || minor != 0 || static_cast<std::size_t>(optin) < kGatePackSmemBytes) return false;
   cudaFuncAttributes fa{};
-  if (cudaFuncGetAttributes(&fa, twell_gate_pack_sm90_kernel<1, false, false>) != cudaSuccess) return false;
+  if (cudaFuncGetAttributes(&fa, twell_gate_pack_sm90_kernel<1, false, false, false>) != cudaSuccess) return false;
   return fa.binaryVersion == 90;  // the sm_90a cubin (a build without it would run the sm_80 stub)
 }
 
@@ -533,11 +535,11 @@ void check_gemm_shape(const __nv_bfloat16* x, const __nv_bfloat16* w, std::int64
                    "gate pack sm90: cluster size must be 1, 2 or 4 (got {})", cluster);
 }
 
-template <bool STM, bool GP>
+template <bool STM, bool GP, bool LAB = false>
 void launch_kernel(const GatePackParams& p, cudaStream_t stream) {
   const int cm = p.cluster;
-  auto kernel = cm == 1 ? twell_gate_pack_sm90_kernel<1, STM, GP>
-                : cm == 2 ? twell_gate_pack_sm90_kernel<2, STM, GP> : twell_gate_pack_sm90_kernel<4, STM, GP>;
+  auto kernel = cm == 1 ? twell_gate_pack_sm90_kernel<1, STM, GP, LAB>
+                : cm == 2 ? twell_gate_pack_sm90_kernel<2, STM, GP, LAB> : twell_gate_pack_sm90_kernel<4, STM, GP, LAB>;
   // Per launch: the attribute belongs to the current device (a host-side call, no synchronisation).
   TWELL_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kGatePackSmemBytes)));
   const CUtensorMap mx = tile_map(p.x, p.m, p.k, kBM);
@@ -561,9 +563,8 @@ void launch_kernel(const GatePackParams& p, cudaStream_t stream) {
   TWELL_CUDA_CHECK_LAUNCH("twell_gate_pack_sm90_kernel");
 }
 
-}  // namespace
-
-void launch_twell_gate_pack_sm90(const GatePackParams& p, cudaStream_t stream) {
+// The checks and resets both launchers share.
+void prepare_gate_pack(const GatePackParams& p, cudaStream_t stream) {
   check_gemm_shape(p.x, p.w, p.m, p.n, p.k, p.sm_count, p.cluster);
   TWELL_CU_REQUIRE(p.words && p.row_overflow && p.counters && p.gate, ErrorCode::invalid_argument,
                    "gate pack sm90: null pointer");
@@ -576,10 +577,28 @@ void launch_twell_gate_pack_sm90(const GatePackParams& p, cudaStream_t stream) {
   TWELL_CUDA_CHECK(cudaMemsetAsync(p.counters, 0, sizeof(TwellCounters), stream));
   TWELL_CUDA_CHECK(cudaMemsetAsync(p.row_overflow, 0, static_cast<std::size_t>(p.m) * sizeof(std::uint32_t), stream));
   if (p.row_nnz) TWELL_CUDA_CHECK(cudaMemsetAsync(p.row_nnz, 0, static_cast<std::size_t>(p.m) * sizeof(std::uint32_t), stream));
+}
+
+}  // namespace
+
+void launch_twell_gate_pack_sm90(const GatePackParams& p, cudaStream_t stream) {
+  TWELL_CU_REQUIRE(p.timing_mode == 0 && p.profile == nullptr, ErrorCode::invalid_argument,
+                   "gate pack sm90: timing_mode and profile are diagnostics: launch_twell_gate_pack_sm90_lab");
+  prepare_gate_pack(p, stream);
   if (p.stage_stmatrix)
     launch_kernel<true, false>(p, stream);
   else
     launch_kernel<false, false>(p, stream);
+}
+
+void launch_twell_gate_pack_sm90_lab(const GatePackParams& p, cudaStream_t stream) {
+  TWELL_CU_REQUIRE(p.timing_mode >= 0 && p.timing_mode <= 3, ErrorCode::invalid_argument,
+                   "gate pack sm90: timing_mode is 0..3 (got {})", p.timing_mode);
+  prepare_gate_pack(p, stream);
+  if (p.stage_stmatrix)
+    launch_kernel<true, false, true>(p, stream);
+  else
+    launch_kernel<false, false, true>(p, stream);
 }
 
 void pack_gated_product_weights(const __nv_bfloat16* wg, const __nv_bfloat16* wu, std::int64_t hot, std::int64_t k,

@@ -64,10 +64,12 @@ struct GatePackParams {
   // so the packers read one 16-byte mask per row instead of scanning the row's 512 bytes of the
   // staged tile (64 KB per tile of shared-memory reads beside the mainloop's); false: the scan.
   bool word_masks = true;
-  // Diagnostics only (probe_gate_sm90), outputs left undefined unless 0: 1 = no epilogue at all;
-  // 2 = the tile is staged but not packed; 3 = packed without any global store.
+  // Diagnostics only (bench/cuda/probe_gate_sm90 through launch_twell_gate_pack_sm90_lab; the
+  // production launcher refuses them and its kernels have no such code), outputs left undefined
+  // unless 0: 1 = no epilogue at all; 2 = the tile is staged but not packed; 3 = packed without
+  // any global store.
   int timing_mode = 0;
-  // Diagnostics only (probe_gate_sm90): when set, [grid][kGatePackProfileSlots] clock64 sums per
+  // Diagnostics only (as timing_mode): when set, [grid][kGatePackProfileSlots] clock64 sums per
   // CTA, added to: packing warp w's (w = 1, 2, 3) cycles from `staged` to `freed` (slots w − 1),
   // packing warp 1's cycles waiting for `staged` (3), consumer warp 4's cycles waiting for `freed`
   // (4), the CTA's tiles (5) and its cycles from start to end (6).
@@ -85,6 +87,8 @@ inline constexpr std::size_t kGatePackSmemBytes =
 bool gate_pack_sm90_available(int device);
 
 void launch_twell_gate_pack_sm90(const GatePackParams& p, cudaStream_t stream);
+// The lab's build of the same kernel, with timing_mode and profile compiled in (probe_gate_sm90).
+void launch_twell_gate_pack_sm90_lab(const GatePackParams& p, cudaStream_t stream);
 
 // Rows of W for the gated product over `hot` neurons: 256 per block of 128 neurons.
 constexpr std::int64_t gated_product_rows(std::int64_t hot) { return (hot + 127) / 128 * 256; }
