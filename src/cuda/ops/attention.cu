@@ -17,6 +17,31 @@ namespace {
 constexpr int kWarps = 8;
 constexpr int kMaxD = 256;  // ≤ 8 dims per lane in the output accumulators
 
+// The block's scores score[0, n) → exp(score − max) in place; returns their sum. mx: this thread's
+// running max over the scores it wrote; red: kWarps floats of shared scratch. Ends with a barrier,
+// so every probability is visible to every thread.
+__device__ float softmax_in_place(float* score, int n, float mx, float* red) {
+  const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
+  for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+  if (lane == 0) red[warp] = mx;
+  __syncthreads();
+  mx = red[0];
+  for (int w = 1; w < kWarps; ++w) mx = fmaxf(mx, red[w]);
+  __syncthreads();  // red is reused below
+  float sum = 0.0f;
+  for (int t = static_cast<int>(threadIdx.x); t < n; t += kWarps * 32) {
+    const float e = __expf(score[t] - mx);
+    score[t] = e;
+    sum += e;
+  }
+  for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+  if (lane == 0) red[warp] = sum;
+  __syncthreads();
+  sum = 0.0f;
+  for (int w = 0; w < kWarps; ++w) sum += red[w];
+  return sum;
+}
+
 __global__ void __launch_bounds__(kWarps * 32) attention_kernel(const __nv_bfloat16* qkv, std::int64_t heads,
                                                                 std::int64_t kv_heads, std::int64_t d,
                                                                 const RowKv* rows_kv, std::int64_t layer, float scale,
@@ -61,23 +86,7 @@ __global__ void __launch_bounds__(kWarps * 32) attention_kernel(const __nv_bfloa
     score[t] = s;
     mx = fmaxf(mx, s);
   }
-  for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
-  if (lane == 0) red[warp] = mx;
-  __syncthreads();
-  mx = red[0];
-  for (int w = 1; w < kWarps; ++w) mx = fmaxf(mx, red[w]);
-  __syncthreads();  // red is reused below
-  float sum = 0.0f;
-  for (int t = threadIdx.x; t < n; t += blockDim.x) {
-    const float e = __expf(score[t] - mx);
-    score[t] = e;
-    sum += e;
-  }
-  for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
-  if (lane == 0) red[warp] = sum;
-  __syncthreads();
-  sum = 0.0f;
-  for (int w = 0; w < kWarps; ++w) sum += red[w];
+  const float sum = softmax_in_place(score, n, mx, red);  // also publishes every score
 
   float acc[kMaxD / 32];
 #pragma unroll
@@ -147,23 +156,7 @@ __global__ void __launch_bounds__(kWarps * 32) attention_kernel_d(const __nv_bfl
     score[t] = s;
     mx = fmaxf(mx, s);
   }
-  for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
-  if (lane == 0) red[warp] = mx;
-  __syncthreads();
-  mx = red[0];
-  for (int w = 1; w < kWarps; ++w) mx = fmaxf(mx, red[w]);
-  __syncthreads();  // red is reused below
-  float sum = 0.0f;
-  for (int t = static_cast<int>(threadIdx.x); t < n; t += kWarps * 32) {
-    const float e = __expf(score[t] - mx);
-    score[t] = e;
-    sum += e;
-  }
-  for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
-  if (lane == 0) red[warp] = sum;
-  __syncthreads();  // also publishes every score
-  sum = 0.0f;
-  for (int w = 0; w < kWarps; ++w) sum += red[w];
+  const float sum = softmax_in_place(score, n, mx, red);  // also publishes every score
 
   const int g = lane / L, c = lane % L;  // this lane: key group g, dims [8c, 8c + 8)
   float acc[8] = {};
