@@ -2,9 +2,11 @@
 // The FFN's test cases as data, one table for every backend (issue 26's "one name per op"): each
 // case names a shape, the generator's settings (density, hot rows, zero / all-active rows, hot
 // neurons, exact pre-activations), TwELL's tile and compression, and the backends it runs on.
-// tests/test_cpu_ffn.cpp instantiates the CPU ops' suite from the cases with `cpu`,
-// tests/cuda/test_cuda_ffn.cpp the CUDA one from those with `cuda`; every op is checked against
-// the float64 oracle (src/cpu/reference.cpp) on the same generated inputs. Host code only.
+// Inference (ffn_cases): tests/test_cpu_ffn.cpp instantiates the CPU ops' suite from the cases
+// with `cpu`, tests/cuda/test_cuda_ffn.cpp the CUDA one from those with `cuda`, and `twell bench
+// ffn --cases` runs them as a check or timed. Training (ffn_train_cases): tests/test_cpu_train.cpp
+// and tests/cuda/test_cuda_train.cpp likewise. Every op is checked against the float64 oracle
+// (src/cpu/reference.cpp) on the same generated inputs. Host code only.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -223,6 +225,77 @@ inline std::vector<FfnCase> ffn_cases() {
   add({.name = "m3_n70000_k16_d0p3", .m = 3, .n = 70000, .k = 16, .density = 0.003, .cuda = false});
   add({.name = "m20_n200_k32_d10_t32_c4", .m = 20, .n = 200, .k = 32, .density = 0.1, .compression = 4, .tile = 32,
        .cuda = false});
+  return v;
+}
+
+
+// ---- Training (forward + backward) ----
+
+// A training case: the inference case's shape and generator (exact pre-activations for every case,
+// so that fp32, bf16 tensor cores and float64 agree on the ReLU pattern), the L1 coefficient, and
+// per backend what it is checked against. Each case's dy comes from make_dy.
+struct FfnTrainCase {
+  FfnCase f;
+  double l1_coeff = 0.5;
+  bool fp64_oracle = true;  // CUDA: against the float64 oracle; else against the CPU's fp32 sparse step (large shapes)
+  int ell_width = 128;      // CPU: the hybrid format's ELL width (rows past it go to the tail)
+};
+inline void PrintTo(const FfnTrainCase& c, std::ostream* os) { *os << c.f.name; }
+
+// dy of a training case: N(0, 1) rounded to bf16, from the case's seed.
+inline std::vector<float> make_dy(const FfnCase& c) {
+  std::vector<float> dy(static_cast<std::size_t>(c.m * c.k));
+  std::mt19937_64 rng(c.seed ^ 0xD1CEull);
+  std::normal_distribution<double> nd(0.0, 1.0);
+  for (auto& v : dy) v = rb(nd(rng));
+  return dy;
+}
+
+// The training table. `cpu` is on where the float64 oracle of a whole step stays under ≈ 3·10⁸
+// multiply-adds per matrix product; the CPU-only cases at the end exercise the CPU hybrid format's
+// ELL width and tail, which the CUDA step does not have.
+inline std::vector<FfnTrainCase> ffn_train_cases() {
+  std::vector<FfnTrainCase> v;
+  auto add = [&](FfnTrainCase c) {
+    c.f.exact_preactivation = true;
+    c.f.cpu = c.f.cpu && static_cast<double>(c.f.m) * static_cast<double>(c.f.n) * static_cast<double>(c.f.k) <= 3e8;
+    v.push_back(std::move(c));
+  };
+  add({.f = {.name = "m1_n1000_k520", .m = 1, .n = 1000, .k = 520, .density = 0.05}});
+  add({.f = {.name = "m7_n5632_k2048", .m = 7, .n = 5632, .k = 2048, .density = 0.01}});
+  add({.f = {.name = "m64_n1003_k520_d20_edges", .m = 64, .n = 1003, .k = 520, .density = 0.20, .zero_rows = 3,
+             .full_rows = 2}});
+  add({.f = {.name = "m64_n1000_k520_d0", .m = 64, .n = 1000, .k = 520, .density = 0.0}});
+  add({.f = {.name = "m48_n1000_k520_full_and_hot_neurons", .m = 48, .n = 1000, .k = 520, .density = 0.01,
+             .hot_neurons = 0.02, .hot_neuron_density = 0.5, .full_cols = 3}});
+  add({.f = {.name = "nongated_m300_n1000_k520_d3", .m = 300, .n = 1000, .k = 520, .density = 0.03, .gated = false}});
+  add({.f = {.name = "m257_n5632_k2048_d05", .m = 257, .n = 5632, .k = 2048, .density = 0.005}, .fp64_oracle = false});
+  add({.f = {.name = "m2048_n5632_k2048_hot_rows", .m = 2048, .n = 5632, .k = 2048, .density = 0.01, .hot_rows = 0.05,
+             .hot_density = 0.3},
+       .fp64_oracle = false});
+  add({.f = {.name = "m1000_n70000_k520_d05", .m = 1000, .n = 70000, .k = 520, .density = 0.005}, .fp64_oracle = false});
+  // All-active columns of 4096 entries: split into many weight-gradient items.
+  add({.f = {.name = "m4096_n1000_k520_full_cols", .m = 4096, .n = 1000, .k = 520, .density = 0.01, .full_cols = 2},
+       .fp64_oracle = false});
+  add({.f = {.name = "nongated_m1000_n5632_k2048_edges", .m = 1000, .n = 5632, .k = 2048, .density = 0.005, .gated = false,
+             .zero_rows = 4, .full_rows = 1},
+       .fp64_oracle = false});
+  add({.f = {.name = "m70000_n1000_k520_d1", .m = 70000, .n = 1000, .k = 520, .density = 0.01}, .fp64_oracle = false});
+  add({.f = {.name = "m16384_n5632_k2048_d05", .m = 16384, .n = 5632, .k = 2048, .density = 0.005}, .fp64_oracle = false});
+  // CPU only: the hybrid format's ELL width at its edges (rows spilling into the tail; every row
+  // in it at width 1), hot rows and hot neurons, no L1.
+  add({.f = {.name = "m50_n1000_k40_d2", .m = 50, .n = 1000, .k = 40, .density = 0.02, .cuda = false}});
+  add({.f = {.name = "m80_n300_k24_d10_hot_rows_ell16", .m = 80, .n = 300, .k = 24, .density = 0.1, .hot_rows = 0.1,
+             .hot_density = 0.5, .cuda = false},
+       .ell_width = 16});
+  add({.f = {.name = "m60_n256_k24_d5_hot_neurons_ell8", .m = 60, .n = 256, .k = 24, .density = 0.05, .hot_neurons = 0.1,
+             .hot_neuron_density = 0.5, .cuda = false},
+       .ell_width = 8});
+  add({.f = {.name = "m20_n64_k16_d30_ell1", .m = 20, .n = 64, .k = 16, .density = 0.3, .cuda = false}, .ell_width = 1});
+  add({.f = {.name = "nongated_m40_n128_k16_d20_hot_rows_ell4", .m = 40, .n = 128, .k = 16, .density = 0.2, .gated = false,
+             .hot_rows = 0.2, .hot_density = 0.5, .cuda = false},
+       .ell_width = 4});
+  add({.f = {.name = "m30_n150_k20_d5_no_l1", .m = 30, .n = 150, .k = 20, .density = 0.05, .cuda = false}, .l1_coeff = 0.0});
   return v;
 }
 

@@ -4,6 +4,7 @@
 
 #include <cmath>
 
+#include "ffn_cases.hpp"
 #include "test_util.hpp"
 #include "twell/cpu/ffn_ops.hpp"
 #include "twell/cpu/reference.hpp"
@@ -18,12 +19,7 @@ namespace {
 // the active neurons. 1e-4 leaves ~20× margin at the shapes below and is 40× below a bf16 rounding.
 constexpr double kTol = 1e-4;
 
-struct TrainCase {
-  std::string name;
-  SparsityParams gen;
-  int ell_width = 128;
-  double l1_coeff = 0.5;
-};
+using test::FfnTrainCase;
 
 struct Outputs {
   std::vector<float> y, dx, dwg, dwu, dwd;
@@ -59,54 +55,49 @@ void expect_matches(const Outputs& o, const ref::TrainResult& r, bool gated, con
   EXPECT_DOUBLE_EQ(o.l0, r.l0) << what << " l0";  // a count: exact
 }
 
-class CpuTrain : public ::testing::TestWithParam<TrainCase> {};
+class CpuTrain : public ::testing::TestWithParam<FfnTrainCase> {};
 
 TEST_P(CpuTrain, SparseAndDenseMatchReference) {
-  const TrainCase& c = GetParam();
-  SparsityParams p = c.gen;
-  p.seed = test::fresh_seed();
-  const GeneratedFfn g = generate_ffn(p);
-  const std::int64_t M = p.m, K = p.k, N = p.n;
-  const CMatrixF x(g.x.data<float>(), M, K), dy(g.dy.data<float>(), M, K);
-  FfnWeights w{p.gated ? CMatrixF(g.w_gate.data<float>(), N, K) : CMatrixF(), CMatrixF(g.w_up.data<float>(), N, K),
-               CMatrixF(g.w_down.data<float>(), K, N)};
+  FfnTrainCase c = GetParam();
+  c.f.seed = test::fresh_seed();
+  const test::FfnData g = test::make_ffn(c.f);
+  const std::vector<float> dyv = test::make_dy(c.f);
+  const std::int64_t M = g.m, K = g.k, N = g.n;
+  const CMatrixF x = g.xv(), dy(dyv.data(), M, K);
+  const FfnWeights w = g.weights();
   const auto r = ref::ffn_train(x, dy, w, c.l1_coeff);
+  const bool gated = g.gated;
 
   Outputs s = alloc(M, K, N);
   const auto prep = cpu::prepare_ffn(w);
   const cpu::TrainState st = cpu::ffn_train_forward(x, prep, MatrixF(s.y.data(), M, K), HybridConfig{c.ell_width});
   ASSERT_NO_THROW(hybrid_validate(st.p));
-  if (p.gated) {
+  if (gated) {
     ASSERT_NO_THROW(hybrid_validate(st.r));
   }
   cpu::ffn_train_backward(x, dy, prep, st, c.l1_coeff, grads(s, M, K, N));
   s.l1 = st.scalars.l1;
   s.l0 = st.scalars.l0;
-  expect_matches(s, r, p.gated, "sparse");
+  expect_matches(s, r, gated, "sparse");
   EXPECT_EQ(st.p.nnz(), static_cast<std::int64_t>(std::llround(r.l0 * static_cast<double>(M))));
 
   Outputs d = alloc(M, K, N);
   const FfnTrainScalars sc = cpu::ffn_dense_train(x, dy, w, c.l1_coeff, MatrixF(d.y.data(), M, K), grads(d, M, K, N));
   d.l1 = sc.l1;
   d.l0 = sc.l0;
-  expect_matches(d, r, p.gated, "dense");
+  expect_matches(d, r, gated, "dense");
 }
 
-SparsityParams sp(std::int64_t m, std::int64_t k, std::int64_t n, double d, bool gated = true, double hot = 0.0,
-                  double skew = 1.0) {
-  return test::sparsity(m, k, n, d, gated, hot, /*hot_density=*/0.5, skew);
+// Every training case of the shared table (tests/ffn_cases.hpp) that runs on the CPU.
+std::vector<FfnTrainCase> cpu_train_cases() {
+  std::vector<FfnTrainCase> v;
+  for (FfnTrainCase& c : test::ffn_train_cases())
+    if (c.f.cpu) v.push_back(std::move(c));
+  return v;
 }
 
-INSTANTIATE_TEST_SUITE_P(Shapes, CpuTrain,
-                         ::testing::Values(TrainCase{"m1", sp(1, 32, 200, 0.05)},
-                                           TrainCase{"m50_n1000", sp(50, 40, 1000, 0.02)},
-                                           TrainCase{"hot_rows_tail", sp(80, 24, 300, 0.1, true, 0.1), 16},
-                                           TrainCase{"hot_neurons", sp(60, 24, 256, 0.05, true, 0.0, 2.5), 8},
-                                           TrainCase{"all_in_tail", sp(20, 16, 64, 0.3), 1},
-                                           TrainCase{"nongated", sp(40, 32, 300, 0.05, false)},
-                                           TrainCase{"nongated_tail", sp(40, 16, 128, 0.2, false, 0.2), 4},
-                                           TrainCase{"no_l1", sp(30, 20, 150, 0.05), 128, 0.0}),
-                         [](const auto& info) { return info.param.name; });
+INSTANTIATE_TEST_SUITE_P(Shapes, CpuTrain, ::testing::ValuesIn(cpu_train_cases()),
+                         [](const ::testing::TestParamInfo<FfnTrainCase>& i) { return i.param.f.name; });
 
 // The oracle's gradients against central finite differences of its own loss, in float64. Inputs
 // are perturbed in float; the actually applied step (x+ε rounded minus x−ε rounded) is used.
@@ -189,7 +180,7 @@ TEST(CpuTrainGradcheck, ReferenceMatchesFiniteDifferences) {
 }
 
 TEST(CpuTrainEdges, SavedStateIsSparse) {
-  SparsityParams p = sp(512, 64, 2048, 0.005);
+  SparsityParams p = test::sparsity(512, 64, 2048, 0.005, /*gated=*/true, /*hot_rows=*/0.0, /*hot_density=*/0.5);
   p.seed = test::fresh_seed();
   const GeneratedFfn g = generate_ffn(p);
   FfnWeights w{CMatrixF(g.w_gate.data<float>(), p.n, p.k), CMatrixF(g.w_up.data<float>(), p.n, p.k),

@@ -37,11 +37,8 @@ namespace {
 
 constexpr double kTol = 1e-2;
 
-struct TrainCase {
-  FfnCase f;
-  double l1_coeff = 0.5;
-  bool fp64_oracle = true;  // else the CPU fp32 sparse path
-};
+// The training cases of the shared table (tests/ffn_cases.hpp).
+using TrainCase = ::twell::test::FfnTrainCase;
 
 struct Out {
   std::vector<float> y, dx, dwg, dwu, dwd;
@@ -77,9 +74,6 @@ FfnGrads grads_of(Out& o, std::int64_t m, std::int64_t k, std::int64_t n) {
                   MatrixF(o.dwd.data(), k, n)};
 }
 
-// gtest prints a parameter in test listings; the case name says it all.
-void PrintTo(const TrainCase& c, std::ostream* os) { *os << c.f.name; }
-
 class CudaTrain : public ::testing::TestWithParam<TrainCase> {};
 
 // Two steps' outputs are the same bits: y, dx and every weight gradient.
@@ -101,10 +95,7 @@ TEST_P(CudaTrain, MatchesOracle) {
   const TrainCase& c = GetParam();
   const FfnData d = make_ffn(c.f);
   const std::int64_t M = d.m, K = d.k, N = d.n;
-  std::vector<float> dy(static_cast<std::size_t>(M * K));
-  std::mt19937_64 rng(c.f.seed ^ 0xD1CEull);
-  std::normal_distribution<double> nd(0.0, 1.0);
-  for (auto& v : dy) v = rb(nd(rng));
+  const std::vector<float> dy = ::twell::test::make_dy(c.f);
   const CMatrixF xv = d.xv(), dyv(dy.data(), M, K);
   const FfnWeights w = d.weights();
 
@@ -389,55 +380,14 @@ TEST(WeightGradPasses, SlicesThenBlocksWithinTheBudget) {
   EXPECT_EQ(p.block_rows, 16384);
 }
 
-TrainCase tc(const char* name, std::int64_t m, std::int64_t n, std::int64_t k, double density, bool fp64,
-             void (*tweak)(FfnCase&) = nullptr) {
-  TrainCase c;
-  c.f.name = name;
-  c.f.m = m;
-  c.f.n = n;
-  c.f.k = k;
-  c.f.density = density;
-  c.fp64_oracle = fp64;
-  c.f.exact_preactivation = true;
-  if (tweak) tweak(c.f);
-  return c;
+std::vector<TrainCase> cuda_train_cases() {
+  std::vector<TrainCase> v;
+  for (TrainCase& c : ::twell::test::ffn_train_cases())
+    if (c.f.cuda) v.push_back(std::move(c));
+  return v;
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Shapes, CudaTrain,
-    ::testing::Values(
-        tc("m1_n1000_k520", 1, 1000, 520, 0.05, true),
-        tc("m7_n5632_k2048", 7, 5632, 2048, 0.01, true),
-        tc("m64_n1003_k520_d20_edges", 64, 1003, 520, 0.20, true,
-           [](FfnCase& f) {
-             f.zero_rows = 3;
-             f.full_rows = 2;
-           }),
-        tc("m64_n1000_k520_d0", 64, 1000, 520, 0.0, true),
-        tc("m48_n1000_k520_full_and_hot_neurons", 48, 1000, 520, 0.01, true,
-           [](FfnCase& f) {
-             f.full_cols = 3;
-             f.hot_neurons = 0.02;
-             f.hot_neuron_density = 0.5;
-           }),
-        tc("nongated_m300_n1000_k520_d3", 300, 1000, 520, 0.03, true, [](FfnCase& f) { f.gated = false; }),
-        tc("m257_n5632_k2048_d05", 257, 5632, 2048, 0.005, false),
-        tc("m2048_n5632_k2048_hot_rows", 2048, 5632, 2048, 0.01, false,
-           [](FfnCase& f) {
-             f.hot_rows = 0.05;
-             f.hot_density = 0.3;
-           }),
-        tc("m1000_n70000_k520_d05", 1000, 70000, 520, 0.005, false),
-        // All-active columns of 4096 entries: split into many weight-gradient items.
-        tc("m4096_n1000_k520_full_cols", 4096, 1000, 520, 0.01, false, [](FfnCase& f) { f.full_cols = 2; }),
-        tc("nongated_m1000_n5632_k2048_edges", 1000, 5632, 2048, 0.005, false,
-           [](FfnCase& f) {
-             f.gated = false;
-             f.zero_rows = 4;
-             f.full_rows = 1;
-           }),
-        tc("m70000_n1000_k520_d1", 70000, 1000, 520, 0.01, false),
-        tc("m16384_n5632_k2048_d05", 16384, 5632, 2048, 0.005, false)),
+INSTANTIATE_TEST_SUITE_P(Shapes, CudaTrain, ::testing::ValuesIn(cuda_train_cases()),
     [](const ::testing::TestParamInfo<TrainCase>& i) { return i.param.f.name; });
 
 }  // namespace
