@@ -367,6 +367,14 @@ TEST_F(Cli, BenchCases) {
   r = run("bench ffn --list-cases");
   ASSERT_EQ(r.rc, 0) << r.err;
   EXPECT_NE(r.out.find("m16384_n5632_k2048_d0p5_hot"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("m20_n64_k16_d30_ell1"), std::string::npos) << r.out;
+  // The training table: one whole step per case against float64 (the cases CpuTrain runs), and timed.
+  r = run("bench ffn --cases all --op train --device cpu");
+  ASSERT_EQ(r.rc, 0) << r.out << r.err;
+  EXPECT_NE(r.out.find("PASS: 12 of 12 cases within tolerance"), std::string::npos) << r.out;
+  r = run(fmt::format("bench ffn --cases m50_n1000_k40_d2 --op train --mode perf --reps 2 --device cpu --json '{}'", json));
+  ASSERT_EQ(r.rc, 0) << r.out << r.err;
+  EXPECT_NE(slurp(json).find("\"twell_step_ms\""), std::string::npos);
 }
 
 TEST_F(Cli, HelpOnEveryCommand) {
@@ -533,6 +541,8 @@ TEST_F(Cli, BadOptions) {
   expect_error("bench ffn --device cpu --cases m16384_n5632_k2048_d0p5_hot", "does not run on cpu");
   expect_error("bench ffn --device cpu --cases all --mode fast", "--mode");
   expect_error("bench ffn --device cpu --cases all --m 5", "--m");
+  expect_error("bench ffn --device cpu --cases all --op backward", "--op");
+  expect_error("bench ffn --device cpu --cases m16384_n5632_k2048_d05 --op train", "does not run on cpu");
   expect_error(fmt::format("gen --out '{}' --dtype f64", out), "--dtype");
   expect_error(fmt::format("gen --out '{}'", path("no/dir/x.safetensors")), "does not exist");
   // Requests larger than the machine are refused up front, not killed by the OOM killer.

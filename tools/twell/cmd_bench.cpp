@@ -46,7 +46,7 @@ struct BenchArgs {
   int check_rows = 64;
   std::vector<std::int64_t> sweep_m;
   std::vector<double> sweep_density;
-  std::string cases, mode = "test";
+  std::string cases, mode = "test", op = "infer";
   bool list_cases = false;
   CLI::Option* m_opt = nullptr;
 };
@@ -660,12 +660,45 @@ FfnInputs inputs_of(const test::FfnData& d) {
   return in;
 }
 
+// The cases --cases names (comma-separated, or all: every case of the table that runs on `dev`);
+// unknown names and cases that do not run on `dev` are errors. case_of(T) gives a T's FfnCase.
+template <typename T, typename CaseOf>
+std::vector<T> pick_cases(const std::vector<T>& table, const std::string& names, DeviceKind dev, CaseOf case_of) {
+  const bool cuda = dev == DeviceKind::cuda;
+  std::vector<T> picked;
+  if (names == "all") {
+    for (const T& c : table)
+      if (cuda ? case_of(c).cuda : case_of(c).cpu) picked.push_back(c);
+  } else {
+    for (std::size_t pos = 0; pos <= names.size();) {
+      const std::size_t end = std::min(names.find(',', pos), names.size());
+      const std::string name = names.substr(pos, end - pos);
+      pos = end + 1;
+      if (name.empty()) continue;
+      const auto it = std::find_if(table.begin(), table.end(), [&](const T& c) { return case_of(c).name == name; });
+      if (it == table.end()) fail(ErrorCode::invalid_argument, "--cases: no case '{}' (twell bench ffn --list-cases)", name);
+      if (!(cuda ? case_of(*it).cuda : case_of(*it).cpu))
+        fail(ErrorCode::unsupported, "--cases: case '{}' does not run on {} (twell bench ffn --list-cases)", name, to_string(dev));
+      picked.push_back(*it);
+    }
+  }
+  if (picked.empty()) fail(ErrorCode::invalid_argument, "--cases: no case selected");
+  return picked;
+}
+
 int list_cases() {
+  std::printf("--op infer (the default)\n");
   std::printf("%-36s %6s %6s %5s %7s %-9s %4s %3s  %s\n", "case", "M", "N", "K", "density", "FFN", "T", "C", "runs on");
   for (const test::FfnCase& c : test::ffn_cases())
     std::printf("%-36s %6lld %6lld %5lld %7.4f %-9s %4d %3d  %s%s\n", c.name.c_str(), static_cast<long long>(c.m),
                 static_cast<long long>(c.n), static_cast<long long>(c.k), c.density, c.gated ? "gated" : "nongated",
                 c.tile, c.compression, c.cpu ? "cpu " : "", c.cuda ? "cuda" : "");
+  std::printf("\n--op train\n");
+  std::printf("%-40s %6s %6s %5s %7s %-9s %4s %4s  %s\n", "case", "M", "N", "K", "density", "FFN", "L1", "ELL", "runs on");
+  for (const test::FfnTrainCase& c : test::ffn_train_cases())
+    std::printf("%-40s %6lld %6lld %5lld %7.4f %-9s %4g %4d  %s%s\n", c.f.name.c_str(), static_cast<long long>(c.f.m),
+                static_cast<long long>(c.f.n), static_cast<long long>(c.f.k), c.f.density, c.f.gated ? "gated" : "nongated",
+                c.l1_coeff, c.ell_width, c.f.cpu ? "cpu " : "", c.f.cuda ? "cuda" : "");
   return 0;
 }
 
@@ -674,25 +707,7 @@ int list_cases() {
 // timed against the dense path of the same backend (--mode perf: the usual warm-up and reps).
 int bench_cases(BenchArgs& a, DeviceKind dev) {
   const bool cuda = dev == DeviceKind::cuda, perf = a.mode == "perf";
-  const std::vector<test::FfnCase> table = test::ffn_cases();
-  std::vector<test::FfnCase> picked;
-  if (a.cases == "all") {
-    for (const test::FfnCase& c : table)
-      if (cuda ? c.cuda : c.cpu) picked.push_back(c);
-  } else {
-    for (std::size_t pos = 0; pos <= a.cases.size();) {
-      const std::size_t end = std::min(a.cases.find(',', pos), a.cases.size());
-      const std::string name = a.cases.substr(pos, end - pos);
-      pos = end + 1;
-      if (name.empty()) continue;
-      const auto it = std::find_if(table.begin(), table.end(), [&](const test::FfnCase& c) { return c.name == name; });
-      if (it == table.end()) fail(ErrorCode::invalid_argument, "--cases: no case '{}' (twell bench ffn --list-cases)", name);
-      if (!(cuda ? it->cuda : it->cpu))
-        fail(ErrorCode::unsupported, "--cases: case '{}' does not run on {} (twell bench ffn --list-cases)", name, to_string(dev));
-      picked.push_back(*it);
-    }
-  }
-  if (picked.empty()) fail(ErrorCode::invalid_argument, "--cases: no case selected");
+  const std::vector<test::FfnCase> picked = pick_cases(test::ffn_cases(), a.cases, dev, [](const test::FfnCase& c) { return c; });
   const int warmup = perf ? (a.warmup >= 0 ? a.warmup : cuda ? 5 : 1) : 0;
   const int reps = perf ? (a.reps > 0 ? a.reps : cuda ? 20 : 5) : 1;
   const bool check = !perf || !a.no_check;
@@ -744,6 +759,118 @@ int bench_cases(BenchArgs& a, DeviceKind dev) {
               check ? "within tolerance of the float64 oracle" : "timed (no check)");
   if (!a.json.empty())
     write_json_file(a.json, {{"tool", "twell bench ffn --cases"}, {"mode", a.mode}, {"device", to_string(dev)},
+                             {"commit", git_commit()}, {"date", iso_time_utc()}, {"cases", jcases}});
+  return failed ? 1 : 0;
+}
+
+
+// --cases with --op train: the training table (ffn_train_cases), one step per case (forward and
+// backward with the L1 term). test: CPU, the whole step against the float64 oracle; cuda, a
+// sub-batch of ≤ 32 rows through the sparse step against it (as `twell bench ffn --train`). perf:
+// the sparse step (CPU: the hybrid format; cuda: as dispatched) against the same backend's dense step.
+int bench_train_cases(BenchArgs& a, DeviceKind dev) {
+  const bool cuda = dev == DeviceKind::cuda, perf = a.mode == "perf";
+  const std::vector<test::FfnTrainCase> picked =
+      pick_cases(test::ffn_train_cases(), a.cases, dev, [](const test::FfnTrainCase& c) { return c.f; });
+  const int warmup = perf ? (a.warmup >= 0 ? a.warmup : cuda ? 3 : 1) : 0;
+  const int reps = perf ? (a.reps > 0 ? a.reps : cuda ? 10 : 5) : 1;
+  const bool check = !perf || !a.no_check;
+  nlohmann::json jcases = nlohmann::json::array();
+  int failed = 0, done = 0;
+  std::printf("twell bench ffn --cases --op train, mode %s, device %s: %zu cases\n\n", a.mode.c_str(), to_string(dev),
+              picked.size());
+  std::printf("| case | M | N | K | L1 | dense step ms | twell step ms | dense / twell | max rel err | tolerance | |\n");
+  std::printf("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|\n");
+  for (const test::FfnTrainCase& c : picked) {
+    std::fprintf(stderr, "\rtwell: [%d/%zu] %s            ", ++done, picked.size(), c.f.name.c_str());
+    const test::FfnData d = test::make_ffn(c.f);
+    const std::vector<float> dyv = test::make_dy(c.f);
+    const CMatrixF x = d.xv(), dy(dyv.data(), d.m, d.k);
+    const FfnWeights w = d.weights();
+    double dense_ms = 0, twell_ms = 0, err = -1, tol = 0;
+    std::string path;
+    if (!cuda) {
+      const cpu::PreparedFfn prep = cpu::prepare_ffn(w);
+      TrainOut o = make_train_out(d.m, d.k, d.n, d.gated), od = make_train_out(d.m, d.k, d.n, d.gated);
+      const auto sparse_step = [&] {
+        const cpu::TrainState st =
+            cpu::ffn_train_forward(x, prep, MatrixF(o.y.data<float>(), d.m, d.k), HybridConfig{c.ell_width});
+        cpu::ffn_train_backward(x, dy, prep, st, c.l1_coeff, o.grads());
+        o.s = st.scalars;
+      };
+      const auto dense_step = [&] {
+        od.s = cpu::ffn_dense_train(x, dy, w, c.l1_coeff, MatrixF(od.y.data<float>(), d.m, d.k), od.grads());
+      };
+      if (perf) {
+        dense_ms = 1e3 * median(time_reps("dense step", warmup, reps, dense_step));
+        twell_ms = 1e3 * median(time_reps("sparse step", warmup, reps, sparse_step));
+      } else {
+        sparse_step();
+      }
+      if (check) {
+        err = train_sub_error(o, ref::ffn_train(x, dy, w, c.l1_coeff), d.gated);
+        tol = kTolFp32;
+      }
+      path = "cpu hybrid";
+    } else {
+#if defined(TWELL_HAVE_CUDA)
+      if (perf) {
+        cuda::BenchOptions opt;
+        opt.warmup = warmup;
+        opt.reps = reps;
+        const cuda::TrainBenchTimes t = cuda::bench_train_host(x, dy, w, c.l1_coeff, opt);
+        dense_ms = t.dense_step_ms;
+        twell_ms = t.sparse_step_ms;
+        path = t.path;
+      }
+      if (check) {
+        const std::vector<std::int64_t> rows = pick_rows(d.m, {}, std::min(a.check_rows, 32));
+        const auto S = static_cast<std::int64_t>(rows.size());
+        std::vector<float> xs(static_cast<std::size_t>(S * d.k)), dys(xs.size());
+        for (std::int64_t i = 0; i < S; ++i) {
+          const auto from = static_cast<std::ptrdiff_t>(rows[static_cast<std::size_t>(i)] * d.k);
+          std::copy_n(d.x.begin() + from, d.k, xs.begin() + static_cast<std::ptrdiff_t>(i * d.k));
+          std::copy_n(dyv.begin() + from, d.k, dys.begin() + static_cast<std::ptrdiff_t>(i * d.k));
+        }
+        const CMatrixF xsv(xs.data(), S, d.k), dysv(dys.data(), S, d.k);
+        const double l1s = c.l1_coeff * static_cast<double>(S) / static_cast<double>(d.m);
+        TrainOut o = make_train_out(S, d.k, d.n, d.gated);
+        cuda::TrainOptions topt;
+        topt.path = cuda::Path::sparse;
+        const cuda::TrainReport rep = cuda::ffn_train_host(xsv, dysv, w, l1s, MatrixF(o.y.data<float>(), S, d.k), o.grads(), topt);
+        o.s = rep.scalars;
+        err = train_sub_error(o, ref::ffn_train(xsv, dysv, w, l1s), d.gated);
+        tol = kTolCuda;
+        if (path.empty()) path = rep.path;
+      }
+#endif
+    }
+    const bool ok = !check || (std::isfinite(err) && err <= tol);
+    failed += !ok;
+    const std::string dms = perf ? fmt::format("{:.3f}", dense_ms) : "-", tms = perf ? fmt::format("{:.3f}", twell_ms) : "-",
+                      ratio = perf && twell_ms > 0 ? fmt::format("{:.2f}x", dense_ms / twell_ms) : "-",
+                      es = check ? fmt::format("{:.2e}", err) : "-", ts = check ? fmt::format("{:.0e}", tol) : "-";
+    std::printf("| %s | %lld | %lld | %lld | %g | %s | %s | %s | %s | %s | %s |\n", c.f.name.c_str(),
+                static_cast<long long>(c.f.m), static_cast<long long>(c.f.n), static_cast<long long>(c.f.k), c.l1_coeff,
+                dms.c_str(), tms.c_str(), ratio.c_str(), es.c_str(), ts.c_str(), ok ? "ok" : "FAIL");
+    std::fflush(stdout);
+    nlohmann::json jc{{"case", c.f.name}, {"m", c.f.m}, {"n", c.f.n}, {"k", c.f.k}, {"gated", c.f.gated},
+                      {"l1_coeff", c.l1_coeff}, {"path", path}, {"ok", ok}};
+    if (perf) {
+      jc["dense_step_ms"] = dense_ms;
+      jc["twell_step_ms"] = twell_ms;
+    }
+    if (check) {
+      jc["err"] = err;
+      jc["tol"] = tol;
+    }
+    jcases.push_back(std::move(jc));
+  }
+  std::fprintf(stderr, "\n");
+  std::printf("\n%s: %d of %zu cases %s\n", failed ? "FAIL" : "PASS", static_cast<int>(picked.size()) - failed, picked.size(),
+              check ? "within tolerance of the float64 oracle" : "timed (no check)");
+  if (!a.json.empty())
+    write_json_file(a.json, {{"tool", "twell bench ffn --cases --op train"}, {"mode", a.mode}, {"device", to_string(dev)},
                              {"commit", git_commit()}, {"date", iso_time_utc()}, {"cases", jcases}});
   return failed ? 1 : 0;
 }
@@ -944,10 +1071,11 @@ int run_bench(BenchArgs& a) {
   std::string why;
   if (a.list_cases) return list_cases();
   if (a.mode != "test" && a.mode != "perf") fail(ErrorCode::invalid_argument, "--mode is test or perf, not '{}'", a.mode);
+  if (a.op != "infer" && a.op != "train") fail(ErrorCode::invalid_argument, "--op is infer or train, not '{}'", a.op);
   const DeviceKind dev = resolve_device(a.device, &why);
   if (!a.cases.empty()) {
     note(fmt::format("bench: device {} ({})", to_string(dev), why));
-    return bench_cases(a, dev);
+    return a.op == "train" ? bench_train_cases(a, dev) : bench_cases(a, dev);
   }
   if (a.m_opt->count() == 0) a.gen.p.m = dev == DeviceKind::cuda ? 16384 : 512;
   if (a.in.empty()) a.gen.validate();
@@ -1011,7 +1139,9 @@ void add_bench_command(CLI::App& root, std::vector<Command>& out) {
       "Run the FFN case table the test suites use (comma-separated names, or all: the device's cases) instead of one layer");
   sub->add_option("--mode", a->mode, "With --cases: test (check each case against float64, exit 1 on a failure) or perf (time it)")
       ->check(CLI::IsMember({"test", "perf"}));
-  sub->add_flag("--list-cases", a->list_cases, "List the case table (name, shape, density, TwELL T and C, backends) and exit");
+  sub->add_option("--op", a->op, "With --cases: infer (the inference table) or train (the training table: one step each)")
+      ->check(CLI::IsMember({"infer", "train"}));
+  sub->add_flag("--list-cases", a->list_cases, "List the case tables (name, shape, density, TwELL T and C, backends) and exit");
   for (CLI::Option* o : a->gen.options)
     if (o->get_name() != "--seed") cases_opt->excludes(o);
   cases_opt->excludes(in_opt);
