@@ -72,6 +72,7 @@ void FfnContext::reset_dispatch_state() {
 }
 
 void FfnContext::upload_weights(const FfnWeights& w, cudaStream_t stream) {
+  ++weights_epoch_;        // new buffers: graphs that captured this layer are stale
   reset_dispatch_state();  // a new layer: no density measured yet
   hot_n_ = 0;              // in the given order, no neuron split off
   order_.clear();
@@ -128,6 +129,7 @@ void FfnContext::load_weights(const DeviceFfnWeights& w, cudaStream_t stream) {
   TWELL_CHECK(w.w_up && w.w_down, ErrorCode::invalid_argument, "FFN weights: w_up and w_down are required");
   const bool gated = w.w_gate != nullptr;
   const bool same = w_gu_.get() != nullptr && gated == gated_ && w.n == n_ && w.k == k_;
+  ++weights_epoch_;  // buffers or the hot split change: graphs that captured this layer are stale
   // A new shape, or densities measured over permuted (hot-split) neurons: measure again.
   if (!same || !order_.empty()) reset_dispatch_state();
   hot_n_ = 0;  // the new weights in their own order; hot neurons are calibrated again when due
@@ -346,7 +348,10 @@ bool FfnContext::is_decode(std::int64_t m) const noexcept {
 }
 
 bool FfnContext::automatic_is_plain_dense(std::int64_t m) const noexcept {
-  return plan_forward(opt_, {.m = m, .path = Path::automatic, .decode = is_decode(m), .gated = gated_}).below_min_rows;
+  // ... and no hot-neuron calibration is due at m (forward's calibrate_if_due would run one).
+  const bool calibration_due = opt_.hot_neurons_auto && !hot_calibrated_ && m >= std::max<std::int64_t>(1, opt_.hot_neurons_min_rows);
+  return !calibration_due &&
+         plan_forward(opt_, {.m = m, .path = Path::automatic, .decode = is_decode(m), .gated = gated_}).below_min_rows;
 }
 
 bool FfnContext::use_dense_rows(std::int64_t m) const noexcept {
@@ -689,6 +694,7 @@ void FfnContext::set_hot_neurons(const std::vector<std::int64_t>& hot, cudaStrea
   TWELL_CHECK(w_gu_.get() != nullptr, ErrorCode::invalid_argument, "FfnContext: upload_weights() first");
   TWELL_CHECK(!counts || static_cast<std::int64_t>(counts->size()) == n_, ErrorCode::shape_mismatch,
               "set_hot_neurons: {} counts for N = {} neurons", counts ? counts->size() : 0, n_);
+  ++weights_epoch_;  // the weights move to new buffers in a new order
   std::vector<char> is_hot(static_cast<std::size_t>(n_), 0);
   for (const std::int64_t i : hot) {
     TWELL_CHECK(i >= 0 && i < n_, ErrorCode::invalid_argument, "set_hot_neurons: neuron {} out of [0, {})", i, n_);

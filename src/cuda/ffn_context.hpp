@@ -147,6 +147,10 @@ class FfnContext {
   // dispatch_min_rows and not a decode size): a decision of the shape alone, never of the layer's
   // statistics, so such calls capture into a graph like dense_forward (which they are).
   bool automatic_is_plain_dense(std::int64_t m) const noexcept;
+  // Changes whenever the layer's weight buffers or their layout change (upload_weights,
+  // load_weights, a hot-neuron split, which a large automatic or sparse call may make on its own):
+  // a CUDA graph that captured this layer's calls must be captured again once it moved.
+  std::uint64_t weights_epoch() const noexcept { return weights_epoch_; }
   bool decode_plan_sparse();  // polls the counts in flight first (never waits)
   void prepare_decode(std::int64_t m, cudaStream_t stream);
   void decode_step(const __nv_bfloat16* x, std::int64_t m, __nv_bfloat16* y, bool sparse, cudaStream_t stream);
@@ -341,6 +345,7 @@ class FfnContext {
   SideStream hot_side_;                // hot_overlap: the hot part's GEMMs beside cold_rest
   double last_density_ = -1;  // density of the latest call whose count came back (−1: none)
   double last_active_ = -1;   // its true share of non-zeros (last_density_ weighs dense rows at their cost)
+  std::uint64_t weights_epoch_ = 0;  // see weights_epoch()
   Measured last_counted_;     // the counters that came back with it (TwELL calls; see measured())
   std::int64_t dense_calls_ = 0;  // dense calls of automatic since upload (for the count periods)
   CountRing counts_;          // counts of sticky calls on their way back (never waited for)

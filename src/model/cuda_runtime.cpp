@@ -400,8 +400,8 @@ class CudaRuntime final : public Runtime {
 
   // ---- CUDA graphs for decode steps ----
   // A decode step of T rows replays the graph captured for (T, keys bucket) while every ReLU
-  // layer's plan (FfnContext::decode_plan_sparse) and every scratch address are those it was
-  // captured with; otherwise it captures again (steps of more rows than decode sizes, up to the
+  // layer's plan (FfnContext::decode_plan_sparse), weights (weights_epoch) and every scratch
+  // address are those it was captured with; otherwise it captures again (steps of more rows than decode sizes, up to the
   // engine's dispatch minimum, run the plain dense FFN: their plan is empty). The first step of a shape, and one step in
   // kReplanPeriod, run eagerly: the engine's own dispatch counts non-zeros then, so that a layer
   // whose density moves past decode_max_density changes path (both paths are exact; a late switch
@@ -412,6 +412,7 @@ class CudaRuntime final : public Runtime {
     cudaGraphExec_t exec = nullptr;
     std::vector<char> plan;
     std::vector<const void*> addresses;
+    std::vector<std::uint64_t> epochs;  // each ReLU layer's weights_epoch() at capture
     Graph() = default;
     Graph(const Graph&) = delete;
     Graph& operator=(const Graph&) = delete;
@@ -430,6 +431,14 @@ class CudaRuntime final : public Runtime {
           (opt_.ffn_path != FfnPath::automatic || !(L.ffn->is_decode(T) || L.ffn->automatic_is_plain_dense(T))))
         return false;
     return true;
+  }
+
+  // The FFN engine moves a layer's weights when it splits hot neurons off (a call of ≥ 2048 rows,
+  // e.g. a long prefill, calibrates them): a graph captured before must not replay after.
+  std::vector<std::uint64_t> weight_epochs() const {
+    std::vector<std::uint64_t> e;
+    for (const Layer& L : layers_) e.push_back(L.ffn ? L.ffn->weights_epoch() : 0);
+    return e;
   }
 
   std::vector<const void*> scratch_addresses() const {
@@ -457,7 +466,7 @@ class CudaRuntime final : public Runtime {
       plan.push_back(engine ? static_cast<char>(L.ffn->decode_plan_sparse()) : 0);
     }
     reserve_scratch(sh);
-    if (!g.exec || g.plan != plan || g.addresses != scratch_addresses()) {
+    if (!g.exec || g.plan != plan || g.addresses != scratch_addresses() || g.epochs != weight_epochs()) {
       if (g.exec) TWELL_CUDA_CHECK(cudaGraphExecDestroy(std::exchange(g.exec, nullptr)));
       if (!capture(sh, plan, g)) return enqueue_forward(sh, nullptr);
     }
@@ -492,6 +501,7 @@ class CudaRuntime final : public Runtime {
     }
     g.plan = plan;
     g.addresses = scratch_addresses();
+    g.epochs = weight_epochs();
     return true;
   }
 

@@ -230,6 +230,75 @@ TEST(ModelCuda, DecodeGraphsAreBitIdentical) {
   }
 }
 
+// A prefill of ≥ 2048 rows lets the FFN engine split hot neurons off, which moves each layer's
+// weights to new buffers; decode graphs captured before must be captured again, not replayed
+// against the freed ones. A 50 % dense ReLU model (every neuron qualifies as hot, so the split
+// happens): decode steps of 3 sequences (captured, replayed), a prefill of 9 × 240 other tokens
+// (2160 rows), then more decode steps of the first 3, graphed against eager, bit for bit.
+TEST(ModelCuda, DecodeGraphsFollowWeightsThatMove) {
+  TWELL_REQUIRE_GPU();
+  TinySpec spec;
+  spec.bf16 = true;
+  spec.max_pos = 320;
+  spec.act = "relu";
+  spec.bias_channel = true;
+  spec.gate_threshold = 0.0f;
+  spec.intermediate = 600;
+  spec.seed = fresh_seed();
+  const model::Model m = model::Model::load(write_tiny("graphs_moving_weights", spec).string());
+  model::RuntimeOptions eager_opt(FfnPath::automatic), graph_opt(FfnPath::automatic);
+  eager_opt.cuda_graphs = false;
+  auto eager = model::make_runtime(m, "cuda", eager_opt);
+  auto graphed = model::make_runtime(m, "cuda", graph_opt);
+  Rng rng(spec.seed);
+  const auto tokens = [&](std::size_t n) {
+    std::vector<std::int32_t> t(n);
+    for (auto& v : t) v = static_cast<std::int32_t>(rng.below(spec.vocab));
+    return t;
+  };
+  std::vector<std::vector<std::int32_t>> prompts = {tokens(20), tokens(27), tokens(34)};
+  std::vector<std::unique_ptr<Sequence>> a, b;
+  std::vector<SeqStep> sa, sb;
+  for (const auto& p : prompts) {
+    a.push_back(eager->new_sequence(spec.max_pos));
+    b.push_back(graphed->new_sequence(spec.max_pos));
+    sa.push_back({a.back().get(), p});
+    sb.push_back({b.back().get(), p});
+  }
+  ASSERT_EQ(eager->forward(sa), graphed->forward(sb));
+  std::vector<std::int32_t> next(prompts.size());
+  const auto decode = [&](int steps, const char* when) {
+    for (int step = 0; step < steps; ++step) {
+      for (std::size_t i = 0; i < next.size(); ++i) {
+        next[i] = static_cast<std::int32_t>(rng.below(spec.vocab));
+        sa[i].tokens = std::span<const std::int32_t>(&next[i], 1);
+        sb[i].tokens = sa[i].tokens;
+      }
+      const std::vector<float> la = eager->forward(sa), lb = graphed->forward(sb);
+      ASSERT_EQ(la.size(), lb.size());
+      ASSERT_EQ(std::memcmp(la.data(), lb.data(), la.size() * sizeof(float)), 0) << when << ", decode step " << step;
+    }
+  };
+  decode(6, "before the long prefill");
+  const std::int64_t replays = graphed->graph_launches();
+  EXPECT_GE(replays, 3) << "graphs replayed before the prefill";
+  {  // 9 × 240 = 2160 rows in one call: the engine calibrates hot neurons and moves the weights
+    std::vector<std::unique_ptr<Sequence>> la, lb;
+    std::vector<SeqStep> pa, pb;
+    std::vector<std::vector<std::int32_t>> long_prompts;
+    for (int i = 0; i < 9; ++i) long_prompts.push_back(tokens(240));
+    for (const auto& p : long_prompts) {
+      la.push_back(eager->new_sequence(spec.max_pos));
+      lb.push_back(graphed->new_sequence(spec.max_pos));
+      pa.push_back({la.back().get(), p});
+      pb.push_back({lb.back().get(), p});
+    }
+    ASSERT_EQ(eager->forward(pa), graphed->forward(pb)) << "the long prefill";
+  }
+  decode(6, "after the long prefill");
+  EXPECT_GE(graphed->graph_launches() - replays, 3) << "graphs captured again and replayed";
+}
+
 // A model whose weights cannot fit the GPU is refused by a size estimate before any upload (the
 // weights are never read: a 2B config with 100 000 layers claims ≈ 8 TB).
 TEST(ModelCuda, RefusesAModelLargerThanTheGpu) {
