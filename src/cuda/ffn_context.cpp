@@ -518,7 +518,9 @@ void FfnContext::dense_forward_counted(const __nv_bfloat16* x, std::int64_t m, _
       sample_params(gated_ ? ws_->gu.get() : ws_->h.get(), gated_ ? 2 * ldn_ : ldn_, rows, n, 0.0, use_dense_rows(m));
   launch_twell_sample_decide(sp, stream);
   const double sampled = static_cast<double>((rows + sp.stride - 1) / sp.stride);
-  // Tag 0: the extra words are the sampled rows' true count (then zeros), not a TwELL call's counters.
+  // Tag 0: the extra words are the sampled rows' true count (then two unused words, defined here so
+  // that nothing uninitialised travels), not a TwELL call's counters.
+  TWELL_CUDA_CHECK(cudaMemsetAsync(dispatch_.get()->unused, 0, sizeof(Dispatch::unused), stream));
   counts_.push(&dispatch_.get()->count, sampled * static_cast<double>(n), stream, &dispatch_.get()->nnz, 0,
                sampled * static_cast<double>(n));
   if (use_dense_rows(m) && opt_.dense_rows_capacity < 0) hot_share_.push(&dispatch_.get()->hot, sampled, stream);

@@ -16,6 +16,7 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
+#include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -159,7 +160,8 @@ class FfnContext {
   // dense cost, so a dense layer reads far below its true density), the same count's true share
   // of non-zero activations (exact over the rows it counted: all of a TwELL or decode call's, a
   // dense call's sampled ones), and the newest counted TwELL call's exact counters that came back
-  // (m −1: none). With hot neurons split off, all of these are the cold neurons'.
+  // (m −1: none). With hot neurons split off, a TwELL or dense call's counts are the cold
+  // neurons' (per cold neuron); a decode call's (decode sizes never split) cover every neuron.
   struct Measured {
     double density = -1;
     double active = -1;
@@ -332,10 +334,13 @@ class FfnContext {
     // The sampled rows' true non-zeros, then two words never read: the count ring's three extra
     // words (a dense counted call's push carries them, tag 0, beside a TwELL call's counters).
     unsigned long long nnz;
-    unsigned long long unused[2];
+    unsigned long long unused[2];  // zeroed before each push that carries them
     std::uint32_t decision;
     std::uint32_t pad;
   };
+  static_assert(offsetof(Dispatch, unused) == offsetof(Dispatch, nnz) + sizeof(unsigned long long) &&
+                    sizeof(Dispatch::unused) == 2 * sizeof(unsigned long long),
+                "Dispatch's nnz and unused words must be the count ring's three extra words");
   DeviceBuffer<Dispatch> dispatch_;
   PinnedBuffer<Dispatch> dispatch_host_;
   cudaEvent_t decided_ = nullptr;

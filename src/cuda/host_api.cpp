@@ -106,7 +106,7 @@ BenchTimes bench_ffn_host(CMatrixF x, const FfnWeights& w, const BenchOptions& o
   ForwardResult r;
   std::tie(t.dense_ms, t.total_ms) = host::alternating_medians_ms(
       opt.warmup, opt.reps, s, [&] { ctx.dense_forward(dx.get(), m, y_dense.get(), s); },
-      [&] { r = ctx.forward(dx.get(), m, y_sparse.get(), Path::automatic, s); });
+      [&] { r = ctx.forward(dx.get(), m, y_sparse.get(), opt.path, s); });
   t.path = r.path;
   ctx.gate_twell(dx.get(), m, s);  // exact counts for the report, whichever remainder dispatch chose
   const TwellCounters c = ctx.read_counters(s);

@@ -46,6 +46,7 @@ struct BenchOptions {
   TwellConfig twell{};
   int warmup = 5;
   int reps = 20;
+  Path path = Path::automatic;  // the path bench_ffn_host times as `total` and returns as y_sparse
 };
 
 struct BenchTimes {

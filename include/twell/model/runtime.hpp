@@ -66,8 +66,9 @@ struct FfnLayerStats {
   std::int64_t overflow_rows = 0; // rows whose tiles overflowed TwELL (exact through the backup)
   // Latest measured active / (rows · N); −1: none yet. CPU: the latest call's, exactly. GPU: the
   // newest count the FFN engine's dispatch has read back (it trails the calls; exact over the rows
-  // it counted: a TwELL or decode call's, or a dense call's sample of rows; the cold neurons' where
-  // hot ones are split off), with active not summed (0).
+  // it counted: a TwELL or decode call's, or a dense call's sample of rows; where hot neurons are
+  // split off, a TwELL or dense call's count covers the cold ones only, a decode call's all of
+  // them), with active not summed (0).
   double last_density = -1;
   double active_per_token() const noexcept;  // non-zeros per token over all calls (−1: not measured)
 };

@@ -152,9 +152,21 @@ unsigned capacity_blocks(std::int64_t capacity, std::int64_t per_row, const char
 }  // namespace
 
 std::size_t dense_rows_plan_temp_bytes(std::int64_t m) {
+  // CUB's size query costs host time (≈ 10 µs at a repeated M, hundreds at a new one, measured by
+  // bench/cuda/probe_decode); every sparse call with dense rows asks it. The answer depends on M
+  // and the device only: kept per thread for the last (device, M).
+  thread_local int last_device = -1;
+  thread_local std::int64_t last_m = -1;
+  thread_local std::size_t last_bytes = 0;
+  int device = 0;
+  TWELL_CUDA_CHECK(cudaGetDevice(&device));
+  if (device == last_device && m == last_m) return last_bytes;
   std::size_t bytes = 0;
   TWELL_CUDA_CHECK(cub::DeviceSelect::If(nullptr, bytes, thrust::counting_iterator<int>(0), static_cast<int*>(nullptr),
                                          static_cast<int*>(nullptr), static_cast<int>(m), HotRow{nullptr, 0}));
+  last_device = device;
+  last_m = m;
+  last_bytes = bytes;
   return bytes;
 }
 
