@@ -349,7 +349,8 @@ bool FfnContext::is_decode(std::int64_t m) const noexcept {
 
 bool FfnContext::automatic_is_plain_dense(std::int64_t m) const noexcept {
   // ... and no hot-neuron calibration is due at m (forward's calibrate_if_due would run one).
-  const bool calibration_due = opt_.hot_neurons_auto && !hot_calibrated_ && m >= std::max<std::int64_t>(1, opt_.hot_neurons_min_rows);
+  const bool calibration_due =
+      opt_.hot_neurons_auto && !hot_calibrated_ && m >= std::max<std::int64_t>(1, opt_.hot_neurons_min_rows);
   return !calibration_due &&
          plan_forward(opt_, {.m = m, .path = Path::automatic, .decode = is_decode(m), .gated = gated_}).below_min_rows;
 }

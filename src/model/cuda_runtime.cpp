@@ -401,12 +401,13 @@ class CudaRuntime final : public Runtime {
   // ---- CUDA graphs for decode steps ----
   // A decode step of T rows replays the graph captured for (T, keys bucket) while every ReLU
   // layer's plan (FfnContext::decode_plan_sparse), weights (weights_epoch) and every scratch
-  // address are those it was captured with; otherwise it captures again (steps of more rows than decode sizes, up to the
-  // engine's dispatch minimum, run the plain dense FFN: their plan is empty). The first step of a shape, and one step in
-  // kReplanPeriod, run eagerly: the engine's own dispatch counts non-zeros then, so that a layer
-  // whose density moves past decode_max_density changes path (both paths are exact; a late switch
-  // costs speed only). The attention kernel reads each row's length from rows_; the captured
-  // max_keys (a power of two ≥ 256) only sizes its shared memory.
+  // address are those it was captured with; otherwise it captures again (steps of more rows than
+  // decode sizes, up to the engine's dispatch minimum, run the plain dense FFN: their plan is
+  // empty). The first step of a shape, and one step in kReplanPeriod, run eagerly: the engine's
+  // own dispatch counts non-zeros then, so that a layer whose density moves past
+  // decode_max_density changes path (both paths are exact; a late switch costs speed only). The
+  // attention kernel reads each row's length from rows_; the captured max_keys (a power of two
+  // ≥ 256) only sizes its shared memory.
   static constexpr std::int64_t kReplanPeriod = 64;
   struct Graph {
     cudaGraphExec_t exec = nullptr;
