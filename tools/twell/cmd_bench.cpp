@@ -690,6 +690,36 @@ std::vector<T> pick_cases(const std::vector<T>& table, const std::string& names,
   return picked;
 }
 
+// What a --cases run does, from the flags: perf times (defaults per backend), test runs once.
+struct CaseRun {
+  bool cuda = false, perf = false, check = true;
+  int warmup = 0, reps = 1;
+};
+CaseRun case_run(const BenchArgs& a, DeviceKind dev, int cuda_warmup, int cuda_reps) {
+  CaseRun r;
+  r.cuda = dev == DeviceKind::cuda;
+  r.perf = a.mode == "perf";
+  r.check = !r.perf || !a.no_check;
+  if (r.perf) {
+    r.warmup = a.warmup >= 0 ? a.warmup : r.cuda ? cuda_warmup : 1;
+    r.reps = a.reps > 0 ? a.reps : r.cuda ? cuda_reps : 5;
+  }
+  return r;
+}
+
+// The verdict line and the JSON of a --cases run; exit status 3 if a case failed its check, as
+// the other bench modes' failed checks.
+int finish_cases(const BenchArgs& a, DeviceKind dev, const char* tool, std::size_t cases, int failed, bool check,
+                 nlohmann::json jcases) {
+  std::fprintf(stderr, "\n");
+  std::printf("\n%s: %d of %zu cases %s\n", failed ? "FAIL" : "PASS", static_cast<int>(cases) - failed, cases,
+              check ? "within tolerance of the float64 oracle" : "timed (no check)");
+  if (!a.json.empty())
+    write_json_file(a.json, {{"tool", tool}, {"mode", a.mode}, {"device", to_string(dev)}, {"commit", git_commit()},
+                             {"date", iso_time_utc()}, {"cases", std::move(jcases)}});
+  return failed ? 3 : 0;
+}
+
 int list_cases() {
   std::printf("--op infer (the default)\n");
   std::printf("%-36s %6s %6s %5s %7s %-9s %4s %3s  %s\n", "case", "M", "N", "K", "density", "FFN", "T", "C", "runs on");
@@ -712,11 +742,11 @@ int list_cases() {
 // fails) or timed against the dense path of the same backend (--mode perf). Tolerances: CPU 1e-2
 // against the reference that rounds the activation to bf16 as TwELL does; CUDA 1e-2, CudaFfn's.
 int bench_cases(BenchArgs& a, DeviceKind dev) {
-  const bool cuda = dev == DeviceKind::cuda, perf = a.mode == "perf";
   const std::vector<test::FfnCase> picked = pick_cases(test::ffn_cases(), a.cases, dev, [](const test::FfnCase& c) { return c; });
-  const int warmup = perf ? (a.warmup >= 0 ? a.warmup : cuda ? 5 : 1) : 0;
-  const int reps = perf ? (a.reps > 0 ? a.reps : cuda ? 20 : 5) : 1;
-  const bool check = !perf || !a.no_check;
+  const CaseRun run = case_run(a, dev, 5, 20);
+  [[maybe_unused]] const bool cuda = run.cuda;  // used where the build has CUDA
+  const bool perf = run.perf, check = run.check;
+  const int warmup = run.warmup, reps = run.reps;
   nlohmann::json jcases = nlohmann::json::array();
   int failed = 0, done = 0;
   std::printf("twell bench ffn --cases, mode %s, device %s: %zu cases\n\n", a.mode.c_str(), to_string(dev),
@@ -763,13 +793,7 @@ int bench_cases(BenchArgs& a, DeviceKind dev) {
     }
     jcases.push_back(std::move(jc));
   }
-  std::fprintf(stderr, "\n");
-  std::printf("\n%s: %d of %zu cases %s\n", failed ? "FAIL" : "PASS", static_cast<int>(picked.size()) - failed, picked.size(),
-              check ? "within tolerance of the float64 oracle" : "timed (no check)");
-  if (!a.json.empty())
-    write_json_file(a.json, {{"tool", "twell bench ffn --cases"}, {"mode", a.mode}, {"device", to_string(dev)},
-                             {"commit", git_commit()}, {"date", iso_time_utc()}, {"cases", jcases}});
-  return failed ? 3 : 0;  // 3: a failed check, as the other bench modes
+  return finish_cases(a, dev, "twell bench ffn --cases", picked.size(), failed, check, std::move(jcases));
 }
 
 
@@ -778,12 +802,11 @@ int bench_cases(BenchArgs& a, DeviceKind dev) {
 // sub-batch of ≤ 32 rows through the sparse step against it (as `twell bench ffn --train`). perf:
 // the sparse step (CPU: the hybrid format; cuda: as dispatched) against the same backend's dense step.
 int bench_train_cases(BenchArgs& a, DeviceKind dev) {
-  const bool cuda = dev == DeviceKind::cuda, perf = a.mode == "perf";
   const std::vector<test::FfnTrainCase> picked =
       pick_cases(test::ffn_train_cases(), a.cases, dev, [](const test::FfnTrainCase& c) { return c.f; });
-  const int warmup = perf ? (a.warmup >= 0 ? a.warmup : cuda ? 3 : 1) : 0;
-  const int reps = perf ? (a.reps > 0 ? a.reps : cuda ? 10 : 5) : 1;
-  const bool check = !perf || !a.no_check;
+  const CaseRun run = case_run(a, dev, 3, 10);
+  const bool cuda = run.cuda, perf = run.perf, check = run.check;
+  const int warmup = run.warmup, reps = run.reps;
   nlohmann::json jcases = nlohmann::json::array();
   int failed = 0, done = 0;
   std::printf("twell bench ffn --cases --op train, mode %s, device %s: %zu cases\n\n", a.mode.c_str(), to_string(dev),
@@ -875,13 +898,7 @@ int bench_train_cases(BenchArgs& a, DeviceKind dev) {
     }
     jcases.push_back(std::move(jc));
   }
-  std::fprintf(stderr, "\n");
-  std::printf("\n%s: %d of %zu cases %s\n", failed ? "FAIL" : "PASS", static_cast<int>(picked.size()) - failed, picked.size(),
-              check ? "within tolerance of the float64 oracle" : "timed (no check)");
-  if (!a.json.empty())
-    write_json_file(a.json, {{"tool", "twell bench ffn --cases --op train"}, {"mode", a.mode}, {"device", to_string(dev)},
-                             {"commit", git_commit()}, {"date", iso_time_utc()}, {"cases", jcases}});
-  return failed ? 3 : 0;  // 3: a failed check, as the other bench modes
+  return finish_cases(a, dev, "twell bench ffn --cases --op train", picked.size(), failed, check, std::move(jcases));
 }
 
 int bench_cuda(BenchArgs& a) {
