@@ -197,6 +197,7 @@ def test_infer_stats_come_back_without_a_sync():
         torch.cuda.synchronize()
         s = mlp.infer_stats
         assert s["calls"] == 1 and s["sparse_calls"] == 0 and s["nnz"] == -1 and s["density"] == -1, s
+        assert s["active"] == -1, s
         for _ in range(3):
             mlp(x)
     torch.cuda.synchronize()
@@ -206,6 +207,8 @@ def test_infer_stats_come_back_without_a_sync():
     cold = 640 - s["hot_neurons"]
     assert 0.002 * 2048 * cold < s["nnz"] < 0.01 * 2048 * cold, s
     assert 0 < s["density"] < 0.01 and s["path"] == mlp.last_path, s
+    # active: the same count's true share, over the counted rows and the cold neurons
+    assert s["active"] == pytest.approx(s["nnz"] / (s["counted_rows"] * cold), rel=1e-12), s
 
 
 def test_workspaces_come_from_torchs_allocator():
