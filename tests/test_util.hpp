@@ -5,6 +5,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <limits>
 #include <random>
 #include <string>
@@ -24,6 +25,10 @@ inline std::uint64_t fresh_seed() {
   static std::uint64_t counter = 0;
   const std::uint64_t seed = base + 0x9e3779b97f4a7c15ull * ++counter;
   ::testing::Test::RecordProperty("seed", std::to_string(seed));
+  // Also in the log, so that a failure seen in a CI or device log can be repeated.
+  std::fprintf(stderr, "[seed] %llu (base %llu, call %llu: TWELL_TEST_SEED=%llu repeats the run)\n",
+               static_cast<unsigned long long>(seed), static_cast<unsigned long long>(base),
+               static_cast<unsigned long long>(counter), static_cast<unsigned long long>(base));
   return seed;
 }
 

@@ -273,8 +273,8 @@ class CudaRuntime final : public Runtime {
     sh.blocks = flash ? static_cast<std::int64_t>(blocks.size()) : 0;
     std::vector<char> ran_sparse;
     const bool decode = !all_positions && !flash && T == static_cast<std::int64_t>(steps.size());
-    if (decode && opt_.cuda_graphs && !graphs_failed_ && graphable(T))
-      ran_sparse = run_graph(sh);
+    if (decode && plannable(T))
+      ran_sparse = run_decode(sh);
     else
       ran_sparse = enqueue_forward(sh, nullptr);
     for (std::size_t s = 0; s < steps.size(); ++s) seqs[s]->advance(static_cast<std::int64_t>(steps[s].tokens.size()));
@@ -311,7 +311,7 @@ class CudaRuntime final : public Runtime {
 
   // Enqueues the forward from the staged ids/rows/sel/blocks to logits_ [R, V]. plan: null for the
   // FFN engine's own dispatch (automatic, counted); else each ReLU layer's decode path at decode
-  // sizes (capturable: FfnContext::decode_step), the plain dense FFN above them (graphable()).
+  // sizes (capturable: FfnContext::decode_step), the plain dense FFN above them (plannable()).
   // Returns which layers ran sparse.
   std::vector<char> enqueue_forward(const Shape& sh, const std::vector<char>* plan) {
     const LlamaConfig& c = model_->config;
@@ -343,7 +343,7 @@ class CudaRuntime final : public Runtime {
       project(L.wo.get(), att, T, K, Q, tmp);
       cuda::ops::add_rmsnorm(x, tmp, T, K, L.ffn_norm.get(), eps, xn, stream_);
       if (L.ffn && plan && (opt_.ffn_path == FfnPath::dense || !L.ffn->is_decode(T))) {
-        // The dense path, or automatic between decode sizes and the dispatch minimum (graphable):
+        // The dense path, or automatic between decode sizes and the dispatch minimum (plannable):
         // capturable once warm (its scratch reserved).
         L.ffn->dense_forward(xn, T, tmp, stream_);
       } else if (L.ffn && plan) {
@@ -398,16 +398,18 @@ class CudaRuntime final : public Runtime {
     gemm_.run({T, n, k, k, k, n}, w, x, y, stream_);
   }
 
-  // ---- CUDA graphs for decode steps ----
-  // A decode step of T rows replays the graph captured for (T, keys bucket) while every ReLU
-  // layer's plan (FfnContext::decode_plan_sparse), weights (weights_epoch) and every scratch
-  // address are those it was captured with; otherwise it captures again (steps of more rows than
-  // decode sizes, up to the engine's dispatch minimum, run the plain dense FFN: their plan is
-  // empty). The first step of a shape, and one step in kReplanPeriod, run eagerly: the engine's
-  // own dispatch counts non-zeros then, so that a layer whose density moves past
-  // decode_max_density changes path (both paths are exact; a late switch costs speed only). The
-  // attention kernel reads each row's length from rows_; the captured max_keys (a power of two
-  // ≥ 256) only sizes its shared memory.
+  // ---- Decode steps: planned, then replayed from CUDA graphs or launched eagerly ----
+  // A decode step of T rows follows one schedule with graphs on or off, so that both give the same
+  // logits bit for bit and a seeded run repeats: the first step of a (T, keys bucket) shape, and
+  // one step in kReplanPeriod, run the engine's own dispatch (it counts non-zeros then, so that a
+  // layer whose density moves past decode_max_density changes path; both paths are exact, a late
+  // switch costs speed only); every other step runs each ReLU layer's path as planned from that
+  // count (FfnContext::decode_plan_sparse; steps of more rows than decode sizes, up to the engine's
+  // dispatch minimum, run the plain dense FFN: their plan is empty). The count has come back by
+  // then: every forward ends with the host reading its logits. With graphs, the step replays the
+  // graph captured for its shape while every plan, weights (weights_epoch) and scratch address
+  // are those it was captured with; otherwise it captures again. The attention kernel reads each
+  // row's length from rows_; max_keys (a power of two ≥ 256) only sizes its shared memory.
   static constexpr std::int64_t kReplanPeriod = 64;
   struct Graph {
     cudaGraphExec_t exec = nullptr;
@@ -426,7 +428,7 @@ class CudaRuntime final : public Runtime {
   // and from there up to its dispatch minimum (the plain dense FFN, uncounted: the same kernels as
   // the dense path); a forced sparse path, or automatic at prefill sizes, never (their dispatch
   // reads the layer's statistics, which a replay would freeze).
-  bool graphable(std::int64_t T) const {
+  bool plannable(std::int64_t T) const {
     for (const Layer& L : layers_)
       if (L.ffn && opt_.ffn_path != FfnPath::dense &&
           (opt_.ffn_path != FfnPath::automatic || !(L.ffn->is_decode(T) || L.ffn->automatic_is_plain_dense(T))))
@@ -448,7 +450,7 @@ class CudaRuntime final : public Runtime {
             ids_.get(), rows_.get(), sel_.get(), w.g.get(), w.gu.get(), w.h.get(), w.decode_partials.get()};
   }
 
-  std::vector<char> run_graph(Shape sh) {
+  std::vector<char> run_decode(Shape sh) {
     const std::int64_t limit = max_keys_;
     std::int64_t bucket = 256;
     while (bucket < sh.max_keys) bucket *= 2;
@@ -456,10 +458,9 @@ class CudaRuntime final : public Runtime {
     const auto key = std::make_pair(sh.T, sh.max_keys);
     auto it = graphs_.find(key);
     if (it == graphs_.end() || ++decode_steps_ % kReplanPeriod == 0) {
-      if (it == graphs_.end()) graphs_.emplace(key, std::make_unique<Graph>());  // next time: capture
+      if (it == graphs_.end()) graphs_.emplace(key, std::make_unique<Graph>());  // next time: planned
       return enqueue_forward(sh, nullptr);
     }
-    Graph& g = *it->second;
     std::vector<char> plan;
     for (Layer& L : layers_) {
       const bool engine = L.ffn && opt_.ffn_path == FfnPath::automatic && L.ffn->is_decode(sh.T);
@@ -467,9 +468,11 @@ class CudaRuntime final : public Runtime {
       plan.push_back(engine ? static_cast<char>(L.ffn->decode_plan_sparse()) : 0);
     }
     reserve_scratch(sh);
+    if (!opt_.cuda_graphs || graphs_failed_) return enqueue_forward(sh, &plan);
+    Graph& g = *it->second;
     if (!g.exec || g.plan != plan || g.addresses != scratch_addresses() || g.epochs != weight_epochs()) {
       if (g.exec) TWELL_CUDA_CHECK(cudaGraphExecDestroy(std::exchange(g.exec, nullptr)));
-      if (!capture(sh, plan, g)) return enqueue_forward(sh, nullptr);
+      if (!capture(sh, plan, g)) return enqueue_forward(sh, &plan);
     }
     TWELL_CUDA_CHECK(cudaGraphLaunch(g.exec, stream_));
     ++graph_launches_;

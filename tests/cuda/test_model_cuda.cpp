@@ -155,7 +155,8 @@ TEST(ModelCuda, GreedyGenerationMatchesCpu) {
 }
 
 // Decode steps replayed from CUDA graphs give the same logits, bit for bit, as the same steps
-// launched one kernel at a time: batch 1, 3 and 20 sequences of different lengths, a SiLU model (the
+// launched one kernel at a time (one plan schedule either way, so a layer whose count crosses
+// decode_max_density switches path at the same step): batch 1, 3 and 20 sequences of different lengths, a SiLU model (the
 // runtime's own GEMMs) and ReLU models whose layers decode sparse (≈ 0.5 %) or, once counted, dense
 // (≈ 50 %), and the dense FFN path forced, over 100 steps (so the first capture, replays, a re-plan after 64 steps and new
 // key buckets at 256 keys are all crossed).
