@@ -343,6 +343,10 @@ int FfnContext::updown_variant(std::int64_t m, bool gated) const noexcept {
   return gated ? 1 : 0;  // too few CTAs to fill the SMs: more rows in flight per warp instead
 }
 
+bool FfnContext::uses_decode_token(std::int64_t m) const noexcept {
+  return m == 1 && opt_.decode_gemv && opt_.decode_gemv_max_rows >= 1 && k_ <= kDecodeTokenMaxK;
+}
+
 bool FfnContext::is_decode(std::int64_t m) const noexcept {
   return m <= opt_.decode_max_rows && m < opt_.dispatch_min_rows && k_ <= kDecodeMaxK;
 }
@@ -543,6 +547,14 @@ void FfnContext::prepare_decode(std::int64_t m, cudaStream_t stream) {
   TWELL_CHECK(is_decode(m), ErrorCode::invalid_argument,
               "prepare_decode: {} rows are not decode rows (at most {}, K ≤ {})", m, opt_.decode_max_rows, kDecodeMaxK);
   reserve(m);
+  if (uses_decode_token(m)) {
+    if (decode_active_.size() != static_cast<std::size_t>(decode_token_words(n_))) {  // zeroed once; every launch leaves it zero
+      decode_h_.resize(static_cast<std::size_t>(n_));
+      decode_active_.resize(static_cast<std::size_t>(decode_token_words(n_)));
+      TWELL_CUDA_CHECK(cudaMemsetAsync(decode_active_.get(), 0, decode_active_.bytes(), stream));
+    }
+    return;
+  }
   ws_->decode_partials.reserve(static_cast<std::size_t>(m * tiles() * k_));
   if (decode_tickets_.size() < static_cast<std::size_t>(m + 2)) {
     // [0, m): row tickets, [m]: CTA ticket, [m + 1]: unused; the count is separate (64-bit).
@@ -555,8 +567,10 @@ void FfnContext::prepare_decode(std::int64_t m, cudaStream_t stream) {
 
 void FfnContext::decode_step(const __nv_bfloat16* x, std::int64_t m, __nv_bfloat16* y, bool sparse,
                              cudaStream_t stream) {
-  TWELL_CHECK(is_decode(m) && decode_tickets_.size() >= static_cast<std::size_t>(m + 2) &&
-                  ws_->decode_partials.size() >= static_cast<std::size_t>(m * tiles() * k_),
+  TWELL_CHECK(is_decode(m) && (uses_decode_token(m) ? decode_active_.size() > 0
+                                                     : decode_tickets_.size() >= static_cast<std::size_t>(m + 2) &&
+                                                           ws_->decode_partials.size() >=
+                                                               static_cast<std::size_t>(m * tiles() * k_)),
               ErrorCode::invalid_argument, "decode_step: {} rows without prepare_decode({})", m, m);
   if (sparse)
     enqueue_decode(x, m, y, decode_step_nnz_.get(), stream);
@@ -567,6 +581,16 @@ void FfnContext::decode_step(const __nv_bfloat16* x, std::int64_t m, __nv_bfloat
 void FfnContext::enqueue_decode(const __nv_bfloat16* x, std::int64_t m, __nv_bfloat16* y,
                                 unsigned long long* nnz_out, cudaStream_t stream) {
   prepare_decode(m, stream);  // grow-only: no allocation once prepared (a captured step allocates nothing)
+  if (uses_decode_token(m)) {
+    TwellDecodeTokenParams tp;
+    static_cast<FfnOperands&>(tp) = operands(x, m, y, n_);
+    tp.w_first = w_gu_.get();
+    tp.h = decode_h_.get();
+    tp.active = decode_active_.get();
+    tp.nnz_out = nnz_out;
+    launch_twell_decode_token(tp, stream);
+    return;
+  }
   if (opt_.decode_gemv && m <= std::min(opt_.decode_gemv_max_rows, kGemvMaxRows) && k_ <= kGemvMaxK) {
     TwellGemvParams gp;  // the gate (the up GEMM non-gated) as a GEMV: same values as gate_gemm's
     gp.x = x;
@@ -865,7 +889,7 @@ ForwardResult FfnContext::forward(const __nv_bfloat16* x, std::int64_t m, __nv_b
     case ForwardStep::decode:
       decode_forward(x, m, y, stream);  // counts through its own last CTA
       r.sparse = true;
-      r.path = fmt::format("twell decode kernel ({})", measured);
+      r.path = fmt::format("twell decode kernel{} ({})", uses_decode_token(m) ? ", one token, gate fused" : "", measured);
       return r;
     case ForwardStep::sparse:
       gate_twell(x, m, stream);

@@ -29,6 +29,7 @@
 #include "cuda/dense/lt_gemm.hpp"
 #include "cuda/ffn_workspace.hpp"
 #include "cuda/sm80/twell_decode.hpp"
+#include "cuda/sm80/twell_decode_token.hpp"
 #include "cuda/sm80/twell_dense_rows.hpp"
 #include "cuda/sm80/twell_hot_neurons.hpp"
 #include "cuda/sm80/twell_kernels.hpp"
@@ -53,7 +54,7 @@ struct ContextOptions : DispatchPolicy {
   // Decode (M ≤ decode_max_rows, M < dispatch_min_rows, K ≤ kDecodeMaxK): gate, then the decode
   // kernel while counts stay under decode_max_density; always sticky.
   std::int64_t decode_max_rows = 16;
-  bool decode_gemv = true;                   // the decode gate by the GEMV kernel (sm80/twell_gemv.hpp) ...
+  bool decode_gemv = true;                   // the decode gate by the GEMV kernel (sm80/twell_gemv.hpp; one token: the fused twell_decode_token.hpp) ...
   std::int64_t decode_gemv_max_rows = 1;     // ... up to this M (tensor-core GEMMs win from M = 4)
   // The sm90 gate GEMM with the TwELL packing in its epilogue (sm90/gate_pack.hpp) on a
   // compute-capability-9.0 GPU; false, or another GPU: the cuBLASLt ReLU GEMM + twell_pack. The
@@ -282,6 +283,8 @@ class FfnContext {
   FfnOperands operands(const __nv_bfloat16* x, std::int64_t m, __nv_bfloat16* y, std::int64_t n) const noexcept;
   std::string sparse_path_name(std::int64_t m) const;  // the sparse path's description
   void resolve_pending();  // folds the newest returned count into last_density_
+  // One token with decode_gemv: the whole FFN in one kernel (twell_decode_token.hpp).
+  bool uses_decode_token(std::int64_t m) const noexcept;
   // Decode: gate GEMM, then the decode kernel (twell_decode.hpp), its count into counts_.
   void decode_forward(const __nv_bfloat16* x, std::int64_t m, __nv_bfloat16* y, cudaStream_t stream);
   // decode_forward's kernels with the count stored at nnz_out (device); allocates only if unprepared.
@@ -359,6 +362,8 @@ class FfnContext {
   DeviceBuffer<unsigned int> decode_tickets_;     // row tickets, CTA ticket (kept zero between launches)
   DeviceBuffer<unsigned long long> decode_nnz_;   // [1] (kept zero between launches)
   DeviceBuffer<unsigned long long> decode_step_nnz_{1};  // [1] decode_step's count (not read back)
+  DeviceBuffer<float> decode_h_;                  // [N] one-token decode's h (twell_decode_token.hpp)
+  DeviceBuffer<unsigned int> decode_active_;      // its bitmap + ticket (kept zero between launches)
   int sm_count_ = 0;
   std::size_t smem_optin_ = 0;
   // Dense rows (twell_dense_rows.hpp).

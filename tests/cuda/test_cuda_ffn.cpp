@@ -879,6 +879,76 @@ TEST(CudaDecode, MatchesReferenceAtEveryDensity) {
   cudaStreamDestroy(s);
 }
 
+// The one-token decode kernel (the gate fused in; marked neurons listed in order by a ticketed
+// last CTA) through the context's automatic path at M = 1, against the float64 oracle, at
+// densities from 0 to 100 %: lists longer than one pass (N = 70000 at 20 %: 14000 active, passes
+// of 2048, rounds of 1024 bitmap words), K up to 8192, N not a multiple of 8 or 32, non-gated.
+// Twice per context (bitmap and ticket must be left zero) with the same bits; the count that
+// comes back is exact (exact pre-activations: the active set is known on the host).
+TEST(CudaDecodeToken, MatchesReferenceAtEveryDensity) {
+  TWELL_REQUIRE_GPU();
+  std::vector<FfnCase> cases = {
+      ffn_case("tok_n1000_k520_d5", 1, 1000, 520, true, 0.05, 11),
+      ffn_case("tok_n5632_k2048_d0p5", 1, 5632, 2048, true, 0.005, 12),
+      ffn_case("tok_n70000_k520_d20", 1, 70000, 520, true, 0.20, 13),
+      ffn_case("tok_n1003_k8192_d3", 1, 1003, 8192, true, 0.03, 14),
+      ffn_case("tok_n4100_k4096_d1", 1, 4100, 4096, true, 0.01, 15),
+      ffn_case("tok_n1000_k1024_d0", 1, 1000, 1024, true, 0.0, 16),
+      ffn_case("tok_n17_k8_d50", 1, 17, 8, true, 0.5, 17),
+      ffn_case("tok_n5000_k264_d100", 1, 5000, 264, true, 1.0, 18),
+      ffn_case("tok_nongated_n5632_k2048_d1", 1, 5632, 2048, false, 0.01, 19),
+      ffn_case("tok_nongated_n3001_k1032_d60", 1, 3001, 1032, false, 0.6, 20),
+  };
+  cudaStream_t s;
+  ASSERT_EQ(cudaStreamCreate(&s), cudaSuccess);
+  for (FfnCase& c : cases) {
+    SCOPED_TRACE(c.name);
+    c.exact_preactivation = true;
+    const FfnData d = make_ffn(c);
+    const FfnWeights w = d.weights();
+    std::int64_t expect_nnz = 0;  // the first GEMM's positive pre-activations (exact on this grid)
+    const std::vector<float>& w1 = d.gated ? d.wg : d.wu;
+    for (std::int64_t j = 0; j < c.n; ++j) {
+      double a = 0;
+      for (std::int64_t kk = 0; kk < c.k; ++kk)
+        a += static_cast<double>(d.x[static_cast<std::size_t>(kk)]) * w1[static_cast<std::size_t>(j * c.k + kk)];
+      expect_nnz += a > 0;
+    }
+    ContextOptions opt;
+    opt.decode_max_density = 1.0;  // the decode kernel at every density
+    FfnContext ctx(opt);
+    ctx.upload_weights(w, s);
+    const auto xb = to_bf16_bits(d.x);
+    DeviceBuffer<__nv_bfloat16> x(xb.size());
+    ASSERT_EQ(cudaMemcpy(x.get(), xb.data(), xb.size() * 2, cudaMemcpyHostToDevice), cudaSuccess);
+    const std::vector<std::int64_t> rows = {0};
+    ref::Options rounded;
+    rounded.round_activation_bf16 = true;
+    const auto r = ref::ffn_forward(d.xv(), w, rows, rounded);
+    std::vector<float> first;
+    for (int call = 0; call < 2; ++call) {
+      ForwardResult fr;
+      const Outputs o = run_poisoned(1, c.k, s, [&](__nv_bfloat16* y) { fr = ctx.forward(x.get(), 1, y, Path::automatic, s); });
+      EXPECT_TRUE(o.guard_ok);
+      EXPECT_NE(fr.path.find("one token, gate fused"), std::string::npos) << fr.path;
+      std::int64_t worst_row = -1;
+      EXPECT_LE(max_err_rows(o.y, r, rows, c.k, &worst_row), kTol) << fr.path;
+      ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);
+      const FfnContext::Measured me = ctx.measured();
+      EXPECT_NEAR(me.active * static_cast<double>(c.n), static_cast<double>(expect_nnz), 1e-6) << "call " << call;
+      if (call == 0) {
+        first = o.y;
+      } else {
+        EXPECT_TRUE(o.y == first) << "second call differs (deterministic order expected)";
+      }
+    }
+    if (expect_nnz == 0) {
+      for (float v : first) ASSERT_EQ(v, 0.0f);
+    }
+  }
+  cudaStreamDestroy(s);
+}
+
 // The calibration leaves out the rows that will run dense (the training context's test of the
 // same rule: CudaTrainHotNeurons.CalibrationLeavesOutDenseRows), on make_calibration_gate().
 // Over every row neurons 0..90 qualify (over the threshold 0.03 · 512), more than the cap of
