@@ -13,33 +13,44 @@ constexpr int kWin = 8;                // 16-byte chunks per lane in flight: a 2
 constexpr int kListCap = 2048;         // entries of the last CTA's ordered list per pass
 constexpr int kWordsPerThread = 4;     // bitmap words per thread per round (contiguous: the scan's order)
 
-// ⟨x, w⟩ over K = 8 · kchunks by one warp (every lane gets the sum). STREAM: w is read once
-// (evict-first), else kept (a row read again soon).
-template <bool STREAM>
-__device__ __forceinline__ float warp_row_dot(const __nv_bfloat16* w, const __nv_bfloat16* x, int kchunks, int lane) {
-  const uint4* wr = reinterpret_cast<const uint4*>(w);
+// ⟨x, w_r⟩ for R consecutive rows w_r = w + r · K (K = 8 · kchunks) by one warp, every row's
+// loads in flight together (every lane gets the sums). STREAM: the rows are read once
+// (evict-first), else kept (rows read again soon).
+template <int R, bool STREAM>
+__device__ __forceinline__ void warp_rows_dot(const __nv_bfloat16* w, std::int64_t k, const __nv_bfloat16* x,
+                                              int kchunks, int lane, float (&s)[R]) {
   const uint4* xr = reinterpret_cast<const uint4*>(x);
-  float s = 0.0f;
+#pragma unroll
+  for (int r = 0; r < R; ++r) s[r] = 0.0f;
   for (int c0 = 0; c0 < kchunks; c0 += 32 * kWin) {
-    uint4 wv[kWin];
+    uint4 wv[R][kWin];
+#pragma unroll
+    for (int r = 0; r < R; ++r)
+#pragma unroll
+      for (int i = 0; i < kWin; ++i) {
+        const int c = c0 + i * 32 + lane;
+        const uint4* wr = reinterpret_cast<const uint4*>(w + r * k);
+        wv[r][i] = c < kchunks ? (STREAM ? __ldcs(wr + c) : __ldg(wr + c)) : make_uint4(0, 0, 0, 0);
+      }
 #pragma unroll
     for (int i = 0; i < kWin; ++i) {
       const int c = c0 + i * 32 + lane;
-      wv[i] = c < kchunks ? (STREAM ? __ldcs(wr + c) : __ldg(wr + c)) : make_uint4(0, 0, 0, 0);
-    }
+      if (c < kchunks) {
+        const uint4 xv = __ldg(xr + c);
 #pragma unroll
-    for (int i = 0; i < kWin; ++i) {
-      const int c = c0 + i * 32 + lane;
-      if (c < kchunks) s += dev::dot8(__ldg(xr + c), wv[i]);
+        for (int r = 0; r < R; ++r) s[r] += dev::dot8(xv, wv[r][i]);
+      }
     }
   }
-  return dev::warp_sum(s);
+#pragma unroll
+  for (int r = 0; r < R; ++r) s[r] = dev::warp_sum(s[r]);
 }
 
-// CH: 16-byte chunks of y per thread in the last CTA (K ≤ 8 · kThreads · CH).
-// CTAs per SM: 4 at CH = 1 (64 registers), fewer where y's chunks need more.
-template <int CH>
-__global__ void __launch_bounds__(kThreads, CH == 1 ? 4 : 2) twell_decode_token_kernel(TwellDecodeTokenParams p) {
+// CH: 16-byte chunks of y per thread in the last CTA (K ≤ 8 · kThreads · CH); R: neurons per
+// warp; TAIL: false only in the lab (no last-CTA phase: the weight stream's own time).
+template <int CH, int R, bool TAIL>
+__global__ void __launch_bounds__(kThreads, (CH == 1 && R == 1) ? 4 : 2)
+    twell_decode_token_kernel(TwellDecodeTokenParams p) {
   __shared__ int s_n[kListCap];
   __shared__ float s_h[kListCap];
   __shared__ int s_warp[kWarps];
@@ -49,23 +60,32 @@ __global__ void __launch_bounds__(kThreads, CH == 1 ? 4 : 2) twell_decode_token_
   const std::int64_t words = (p.n + 31) / 32;
   unsigned int* ticket = p.active + words;
 
-  // 1. This warp's neuron: g, and for an active one h, its bit and its Wdᵀ row on its way to L2.
-  const std::int64_t n = static_cast<std::int64_t>(blockIdx.x) * kWarps + warp;
-  if (n < p.n) {
-    const float s = warp_row_dot<true>(p.w_first + n * p.k, p.x, kchunks, lane);
-    const float g = __bfloat162float(__float2bfloat16_rn(fmaxf(s, 0.0f)));
-    if (g > 0.0f) {
-      const char* drow = reinterpret_cast<const char*>(p.w_down_t + n * p.k);
-      for (std::int64_t b = static_cast<std::int64_t>(lane) * 128; b < p.k * 2; b += 32 * 128)
-        asm volatile("prefetch.global.L2 [%0];" ::"l"(drow + b));
-      const float h = p.gated ? g * warp_row_dot<false>(p.w_up + n * p.k, p.x, kchunks, lane) : g;
-      if (lane == 0) {
-        p.h[n] = h;
-        atomicOr(p.active + (n >> 5), 1u << (n & 31));
+  // 1. This warp's R neurons: g, and for an active one h, its bit and its Wdᵀ row on its way to L2.
+  const std::int64_t n0 = (static_cast<std::int64_t>(blockIdx.x) * kWarps + warp) * R;
+  if (n0 < p.n) {
+    float s[R];
+    // Rows past N: the last row again (R consecutive rows from a start clamped inside [0, N)).
+    const std::int64_t start = n0 + R <= p.n ? n0 : p.n - R >= 0 ? p.n - R : 0;
+    warp_rows_dot<R, true>(p.w_first + start * p.k, p.k, p.x, kchunks, lane, s);
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      const std::int64_t n = start + r;
+      const float g = __bfloat162float(__float2bfloat16_rn(fmaxf(s[r], 0.0f)));
+      if (n >= n0 && n < p.n && g > 0.0f) {  // rows before n0 belong to another warp
+        const char* drow = reinterpret_cast<const char*>(p.w_down_t + n * p.k);
+        for (std::int64_t b = static_cast<std::int64_t>(lane) * 128; b < p.k * 2; b += 32 * 128)
+          asm volatile("prefetch.global.L2 [%0];" ::"l"(drow + b));
+        float u[1] = {1.0f};
+        if (p.gated) warp_rows_dot<1, false>(p.w_up + n * p.k, p.k, p.x, kchunks, lane, u);
+        if (lane == 0) {
+          p.h[n] = p.gated ? g * u[0] : g;
+          atomicOr(p.active + (n >> 5), 1u << (n & 31));
+          __threadfence();  // h and the bit visible before this CTA's ticket
+        }
       }
     }
   }
-  __threadfence();
+  if constexpr (!TAIL) return;
   __syncthreads();
   if (tid == 0) s_last = atomicAdd(ticket, 1u) == gridDim.x - 1u;
   __syncthreads();
@@ -144,6 +164,10 @@ __global__ void __launch_bounds__(kThreads, CH == 1 ? 4 : 2) twell_decode_token_
 }  // namespace
 
 void launch_twell_decode_token(const TwellDecodeTokenParams& p, cudaStream_t stream) {
+  launch_twell_decode_token_lab(p, 1, true, stream);
+}
+
+void launch_twell_decode_token_lab(const TwellDecodeTokenParams& p, int rows_per_warp, bool tail, cudaStream_t stream) {
   TWELL_CU_REQUIRE(p.x && p.w_first && p.w_down_t && p.y && p.h && p.active && (!p.gated || p.w_up),
                    ErrorCode::invalid_argument, "twell decode_token: null pointer");
   TWELL_CU_REQUIRE(p.m == 1 && p.n >= 1 && p.k >= 8 && p.k % 8 == 0 && p.k <= kDecodeTokenMaxK &&
@@ -152,17 +176,29 @@ void launch_twell_decode_token(const TwellDecodeTokenParams& p, cudaStream_t str
                    ErrorCode::unsupported,
                    "twell decode_token: needs M = 1 (got {}), K a multiple of 8 ≤ {} (got {}), 16-byte aligned x and y",
                    p.m, kDecodeTokenMaxK, p.k);
-  const std::int64_t ctas = (p.n + kWarps - 1) / kWarps;
-  TWELL_CU_REQUIRE(ctas <= 0x7fffffff && p.n <= 0x7fffffff, ErrorCode::unsupported, "twell decode_token: N = {} too large",
-                   p.n);
+  TWELL_CU_REQUIRE(rows_per_warp == 1 || rows_per_warp == 2, ErrorCode::invalid_argument,
+                   "twell decode_token: rows per warp 1 or 2");
+  const std::int64_t per_cta = kWarps * rows_per_warp;
+  const std::int64_t ctas = (p.n + per_cta - 1) / per_cta;
+  TWELL_CU_REQUIRE(ctas <= 0x7fffffff && p.n <= 0x7fffffff && p.n >= rows_per_warp, ErrorCode::unsupported,
+                   "twell decode_token: N = {} not supported", p.n);
   const std::int64_t kchunks = p.k / 8;
   const dim3 grid(static_cast<unsigned>(ctas)), block(kThreads);
-  if (kchunks <= kThreads)
-    twell_decode_token_kernel<1><<<grid, block, 0, stream>>>(p);
-  else if (kchunks <= 2 * kThreads)
-    twell_decode_token_kernel<2><<<grid, block, 0, stream>>>(p);
-  else
-    twell_decode_token_kernel<4><<<grid, block, 0, stream>>>(p);
+  const int ch = kchunks <= kThreads ? 1 : kchunks <= 2 * kThreads ? 2 : 4;
+  auto go = [&](auto kernel) { kernel<<<grid, block, 0, stream>>>(p); };
+  if (rows_per_warp == 1 && tail) {
+    if (ch == 1) go(twell_decode_token_kernel<1, 1, true>);
+    else if (ch == 2) go(twell_decode_token_kernel<2, 1, true>);
+    else go(twell_decode_token_kernel<4, 1, true>);
+  } else if (tail) {
+    if (ch == 1) go(twell_decode_token_kernel<1, 2, true>);
+    else if (ch == 2) go(twell_decode_token_kernel<2, 2, true>);
+    else go(twell_decode_token_kernel<4, 2, true>);
+  } else if (rows_per_warp == 1) {
+    go(twell_decode_token_kernel<1, 1, false>);
+  } else {
+    go(twell_decode_token_kernel<1, 2, false>);
+  }
   TWELL_CUDA_CHECK_LAUNCH("twell_decode_token_kernel");
 }
 

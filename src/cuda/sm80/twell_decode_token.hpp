@@ -30,5 +30,8 @@ constexpr std::int64_t decode_token_words(std::int64_t n) { return (n + 31) / 32
 
 // Requires M = 1, K a multiple of 8 with K ≤ kDecodeTokenMaxK, 16-byte aligned rows.
 void launch_twell_decode_token(const TwellDecodeTokenParams& p, cudaStream_t stream);
+// The lab's variants (bench/cuda/probe_decode_token.cu): 1 or 2 neurons per warp; tail = false
+// skips the last CTA's phase (y is not written, the bitmap not cleared: time only).
+void launch_twell_decode_token_lab(const TwellDecodeTokenParams& p, int rows_per_warp, bool tail, cudaStream_t stream);
 
 }  // namespace twell::cuda

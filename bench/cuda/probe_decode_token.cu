@@ -1,0 +1,180 @@
+// twell_probe_decode_token: one token's decode FFN, kernel against kernel (diagnostics for issue
+// 27's decode targets): the fused one-token kernel (twell_decode_token) against the gate GEMV +
+// decode kernel pair it replaced, and the gate GEMV alone (the weight stream's floor: the
+// fused kernel reads the same gate rows plus ~2 · density of the up/down rows), and the fused
+// kernel's lab variants (2 neurons per warp; without its last-CTA phase).
+//   twell_probe_decode_token [n [k [density [layers]]]]   (defaults: 5632 2048 0.005 16)
+// `layers` weight sets are launched in turn (each larger than L2 together: every launch streams
+// its gate rows from HBM), captured in a CUDA graph and replayed; prints µs per launch and the
+// gate rows' GB/s.
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "cuda/common/device_buffer.hpp"
+#include "cuda/sm80/twell_decode.hpp"
+#include "cuda/sm80/twell_decode_token.hpp"
+#include "cuda/sm80/twell_gemv.hpp"
+
+using namespace twell::cuda;
+
+namespace {
+
+#define CK(e)                                                                              \
+  do {                                                                                     \
+    cudaError_t err_ = (e);                                                                \
+    if (err_ != cudaSuccess) {                                                             \
+      std::fprintf(stderr, "%s:%d: %s\n", __FILE__, __LINE__, cudaGetErrorString(err_)); \
+      std::exit(1);                                                                        \
+    }                                                                                      \
+  } while (0)
+
+__device__ float hash_normal(unsigned long long i, unsigned seed) {
+  // Two uniforms from a 64-bit mix, Box–Muller.
+  unsigned long long z = (i + 1) * 0x9e3779b97f4a7c15ull ^ (static_cast<unsigned long long>(seed) << 32);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  z ^= z >> 31;
+  const float u1 = (static_cast<float>(z & 0xffffff) + 1.0f) / 16777217.0f;
+  const float u2 = static_cast<float>((z >> 24) & 0xffffff) / 16777216.0f;
+  return sqrtf(-2.0f * logf(u1)) * cospif(2.0f * u2);
+}
+
+// w[r, c] = N(0, 1) · scale; column `bias_col` (if ≥ 0) = bias.
+__global__ void fill(__nv_bfloat16* w, long long rows, int cols, float scale, int bias_col, float bias, unsigned seed) {
+  for (long long i = blockIdx.x * 256ll + threadIdx.x; i < rows * cols; i += 256ll * gridDim.x) {
+    const int c = static_cast<int>(i % cols);
+    w[i] = __float2bfloat16_rn(c == bias_col ? bias : hash_normal(i, seed) * scale);
+  }
+}
+
+struct Layer {
+  DeviceBuffer<__nv_bfloat16> wg, wu, wd;
+};
+
+double time_graph(cudaStream_t s, int reps, int launches, const std::function<void()>& body) {
+  cudaGraph_t g;
+  cudaGraphExec_t ge;
+  CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+  body();
+  CK(cudaStreamEndCapture(s, &g));
+  CK(cudaGraphInstantiate(&ge, g, 0));
+  for (int i = 0; i < 3; ++i) CK(cudaGraphLaunch(ge, s));
+  cudaEvent_t a, b;
+  CK(cudaEventCreate(&a));
+  CK(cudaEventCreate(&b));
+  CK(cudaEventRecord(a, s));
+  for (int i = 0; i < reps; ++i) CK(cudaGraphLaunch(ge, s));
+  CK(cudaEventRecord(b, s));
+  CK(cudaEventSynchronize(b));
+  float ms = 0;
+  CK(cudaEventElapsedTime(&ms, a, b));
+  cudaGraphExecDestroy(ge);
+  cudaGraphDestroy(g);
+  return 1000.0 * ms / (reps * launches);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const long long n = argc > 1 ? std::atoll(argv[1]) : 5632;
+  const int k = argc > 2 ? std::atoi(argv[2]) : 2048;
+  const double density = argc > 3 ? std::atof(argv[3]) : 0.005;
+  const int layers = argc > 4 ? std::atoi(argv[4]) : 16;
+  // Pre-activation ≈ N(0, 1) − t with x's last element 1 and the gate's last column −t.
+  const float t = static_cast<float>(std::sqrt(2.0) * erfcinv(2.0 * density));
+  cudaStream_t s;
+  CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  std::vector<Layer> L(static_cast<std::size_t>(layers));
+  const float sc = 1.0f / std::sqrt(static_cast<float>(k - 1));
+  unsigned seed = 1;
+  for (Layer& l : L) {
+    l.wg.resize(static_cast<std::size_t>(n * k));
+    l.wu.resize(static_cast<std::size_t>(n * k));
+    l.wd.resize(static_cast<std::size_t>(n * k));
+    fill<<<1024, 256, 0, s>>>(l.wg.get(), n, k, sc, k - 1, -t, seed++);
+    fill<<<1024, 256, 0, s>>>(l.wu.get(), n, k, sc, -1, 0.0f, seed++);
+    fill<<<1024, 256, 0, s>>>(l.wd.get(), n, k, sc, -1, 0.0f, seed++);
+  }
+  DeviceBuffer<__nv_bfloat16> x(static_cast<std::size_t>(k)), y(static_cast<std::size_t>(k)), g(static_cast<std::size_t>(n + 8));
+  fill<<<8, 256, 0, s>>>(x.get(), 1, k, 1.0f, k - 1, 1.0f, 99);
+  const long long tiles = (n + 255) / 256;
+  DeviceBuffer<float> partials(static_cast<std::size_t>(tiles * k)), h(static_cast<std::size_t>(n));
+  DeviceBuffer<unsigned int> tickets(2), active(static_cast<std::size_t>(decode_token_words(n)));
+  DeviceBuffer<unsigned long long> nnz(1), nnz_out(1);
+  CK(cudaMemsetAsync(tickets.get(), 0, tickets.bytes(), s));
+  CK(cudaMemsetAsync(active.get(), 0, active.bytes(), s));
+  CK(cudaMemsetAsync(nnz.get(), 0, nnz.bytes(), s));
+  CK(cudaStreamSynchronize(s));
+
+  auto gemv = [&](const Layer& l) {
+    TwellGemvParams p;
+    p.x = x.get();
+    p.ld_x = k;
+    p.w = l.wg.get();
+    p.g = g.get();
+    p.ld_g = n + 8;
+    p.m = 1;
+    p.n = n;
+    p.k = k;
+    launch_twell_gemv(p, s);
+  };
+  auto operands = [&](const Layer& l, FfnOperands& o) {
+    o.x = x.get();
+    o.ld_x = k;
+    o.w_up = l.wu.get();
+    o.w_down_t = l.wd.get();
+    o.y = y.get();
+    o.ld_y = k;
+    o.m = 1;
+    o.n = n;
+    o.k = k;
+  };
+  auto decode = [&](const Layer& l) {
+    TwellDecodeParams p;
+    operands(l, p);
+    p.g = g.get();
+    p.ld_g = n + 8;
+    p.partials = partials.get();
+    p.row_tickets = tickets.get();
+    p.cta_ticket = tickets.get() + 1;
+    p.nnz = nnz.get();
+    p.nnz_out = nnz_out.get();
+    launch_twell_decode(p, s);
+  };
+  auto token = [&](const Layer& l, int rows_per_warp = 1, bool tail = true) {
+    TwellDecodeTokenParams p;
+    operands(l, p);
+    p.w_first = l.wg.get();
+    p.h = h.get();
+    p.active = active.get();
+    p.nnz_out = nnz_out.get();
+    launch_twell_decode_token_lab(p, rows_per_warp, tail, s);
+  };
+  // The measured density (the fused kernel's count, layer 0).
+  token(L[0]);
+  unsigned long long cnt = 0;
+  CK(cudaMemcpyAsync(&cnt, nnz_out.get(), sizeof cnt, cudaMemcpyDeviceToHost, s));
+  CK(cudaStreamSynchronize(s));
+  std::printf("n %lld k %d: %llu active (%.3f %%), %d layers of weights, gate rows %.1f MB per launch\n", n, k, cnt,
+              100.0 * static_cast<double>(cnt) / static_cast<double>(n), layers, 2.0 * n * k / 1e6);
+  const int reps = 50;
+  const double bytes = 2.0 * static_cast<double>(n) * k;
+  auto report = [&](const char* name, double us) {
+    std::printf("%-34s %8.2f us  (gate rows at %6.0f GB/s)\n", name, us, bytes / us / 1e3);
+  };
+  report("gemv (gate only)", time_graph(s, reps, layers, [&] { for (const Layer& l : L) gemv(l); }));
+  report("gemv + decode kernel", time_graph(s, reps, layers, [&] { for (const Layer& l : L) { gemv(l); decode(l); } }));
+  report("decode_token (fused, 1 row/warp)", time_graph(s, reps, layers, [&] { for (const Layer& l : L) token(l); }));
+  report("  without the last CTA's phase", time_graph(s, reps, layers, [&] { for (const Layer& l : L) token(l, 1, false); }));
+  CK(cudaMemsetAsync(active.get(), 0, active.bytes(), s));  // the tail-less runs leave bits set
+  report("decode_token, 2 rows/warp", time_graph(s, reps, layers, [&] { for (const Layer& l : L) token(l, 2); }));
+  report("  without the last CTA's phase", time_graph(s, reps, layers, [&] { for (const Layer& l : L) token(l, 2, false); }));
+  return 0;
+}
