@@ -1,8 +1,7 @@
 // twell_probe_decode_token: one token's decode FFN, kernel against kernel (diagnostics for issue
-// 27's decode targets): the fused one-token kernel (twell_decode_token) against the gate GEMV +
-// decode kernel pair it replaced, and the gate GEMV alone (the weight stream's floor: the
-// fused kernel reads the same gate rows plus ~2 · density of the up/down rows), and the fused
-// kernel's lab variants (2 neurons per warp; without its last-CTA phase).
+// 27's decode targets): the one-token kernels (twell_decode_token) against the gate GEMV +
+// decode kernel pair they replaced, and the gate GEMV alone (the weight stream's floor: the
+// fused kernels read the same gate rows plus ~2 · density of the up/down rows).
 //   twell_probe_decode_token [n [k [density [layers]]]]   (defaults: 5632 2048 0.005 16)
 // `layers` weight sets are launched in turn (each larger than L2 together: every launch streams
 // its gate rows from HBM), captured in a CUDA graph and replayed; prints µs per launch and the
@@ -106,10 +105,11 @@ int main(int argc, char** argv) {
   fill<<<8, 256, 0, s>>>(x.get(), 1, k, 1.0f, k - 1, 1.0f, 99);
   const long long tiles = (n + 255) / 256;
   DeviceBuffer<float> partials(static_cast<std::size_t>(tiles * k)), h(static_cast<std::size_t>(n));
-  DeviceBuffer<unsigned int> tickets(2), active(static_cast<std::size_t>(decode_token_words(n)));
+  DeviceBuffer<unsigned int> tickets(2);
+  DeviceBuffer<unsigned char> flags(static_cast<std::size_t>(decode_token_flag_bytes(n)));
   DeviceBuffer<unsigned long long> nnz(1), nnz_out(1);
   CK(cudaMemsetAsync(tickets.get(), 0, tickets.bytes(), s));
-  CK(cudaMemsetAsync(active.get(), 0, active.bytes(), s));
+  CK(cudaMemsetAsync(flags.get(), 0, flags.bytes(), s));
   CK(cudaMemsetAsync(nnz.get(), 0, nnz.bytes(), s));
   CK(cudaStreamSynchronize(s));
 
@@ -148,14 +148,14 @@ int main(int argc, char** argv) {
     p.nnz_out = nnz_out.get();
     launch_twell_decode(p, s);
   };
-  auto token = [&](const Layer& l, int rows_per_warp = 1, bool tail = true) {
+  auto token = [&](const Layer& l) {
     TwellDecodeTokenParams p;
     operands(l, p);
     p.w_first = l.wg.get();
     p.h = h.get();
-    p.active = active.get();
+    p.flags = flags.get();
     p.nnz_out = nnz_out.get();
-    launch_twell_decode_token_lab(p, rows_per_warp, tail, s);
+    launch_twell_decode_token(p, s);
   };
   // The measured density (the fused kernel's count, layer 0).
   token(L[0]);
@@ -171,10 +171,6 @@ int main(int argc, char** argv) {
   };
   report("gemv (gate only)", time_graph(s, reps, layers, [&] { for (const Layer& l : L) gemv(l); }));
   report("gemv + decode kernel", time_graph(s, reps, layers, [&] { for (const Layer& l : L) { gemv(l); decode(l); } }));
-  report("decode_token (fused, 1 row/warp)", time_graph(s, reps, layers, [&] { for (const Layer& l : L) token(l); }));
-  report("  without the last CTA's phase", time_graph(s, reps, layers, [&] { for (const Layer& l : L) token(l, 1, false); }));
-  CK(cudaMemsetAsync(active.get(), 0, active.bytes(), s));  // the tail-less runs leave bits set
-  report("decode_token, 2 rows/warp", time_graph(s, reps, layers, [&] { for (const Layer& l : L) token(l, 2); }));
-  report("  without the last CTA's phase", time_graph(s, reps, layers, [&] { for (const Layer& l : L) token(l, 2, false); }));
+  report("decode_token (gate fused in) + down", time_graph(s, reps, layers, [&] { for (const Layer& l : L) token(l); }));
   return 0;
 }

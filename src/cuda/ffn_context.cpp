@@ -548,10 +548,10 @@ void FfnContext::prepare_decode(std::int64_t m, cudaStream_t stream) {
               "prepare_decode: {} rows are not decode rows (at most {}, K ≤ {})", m, opt_.decode_max_rows, kDecodeMaxK);
   reserve(m);
   if (uses_decode_token(m)) {
-    if (decode_active_.size() != static_cast<std::size_t>(decode_token_words(n_))) {  // zeroed once; every launch leaves it zero
+    if (decode_flags_.size() != static_cast<std::size_t>(decode_token_flag_bytes(n_))) {  // zero past N, set once
       decode_h_.resize(static_cast<std::size_t>(n_));
-      decode_active_.resize(static_cast<std::size_t>(decode_token_words(n_)));
-      TWELL_CUDA_CHECK(cudaMemsetAsync(decode_active_.get(), 0, decode_active_.bytes(), stream));
+      decode_flags_.resize(static_cast<std::size_t>(decode_token_flag_bytes(n_)));
+      TWELL_CUDA_CHECK(cudaMemsetAsync(decode_flags_.get(), 0, decode_flags_.bytes(), stream));
     }
     return;
   }
@@ -567,7 +567,7 @@ void FfnContext::prepare_decode(std::int64_t m, cudaStream_t stream) {
 
 void FfnContext::decode_step(const __nv_bfloat16* x, std::int64_t m, __nv_bfloat16* y, bool sparse,
                              cudaStream_t stream) {
-  TWELL_CHECK(is_decode(m) && (uses_decode_token(m) ? decode_active_.size() > 0
+  TWELL_CHECK(is_decode(m) && (uses_decode_token(m) ? decode_flags_.size() > 0
                                                      : decode_tickets_.size() >= static_cast<std::size_t>(m + 2) &&
                                                            ws_->decode_partials.size() >=
                                                                static_cast<std::size_t>(m * tiles() * k_)),
@@ -586,7 +586,7 @@ void FfnContext::enqueue_decode(const __nv_bfloat16* x, std::int64_t m, __nv_bfl
     static_cast<FfnOperands&>(tp) = operands(x, m, y, n_);
     tp.w_first = w_gu_.get();
     tp.h = decode_h_.get();
-    tp.active = decode_active_.get();
+    tp.flags = decode_flags_.get();
     tp.nnz_out = nnz_out;
     launch_twell_decode_token(tp, stream);
     return;
@@ -889,7 +889,7 @@ ForwardResult FfnContext::forward(const __nv_bfloat16* x, std::int64_t m, __nv_b
     case ForwardStep::decode:
       decode_forward(x, m, y, stream);  // counts through its own last CTA
       r.sparse = true;
-      r.path = fmt::format("twell decode kernel{} ({})", uses_decode_token(m) ? ", one token, gate fused" : "", measured);
+      r.path = fmt::format("twell decode kernel{} ({})", uses_decode_token(m) ? ", one token, gate fused in" : "", measured);
       return r;
     case ForwardStep::sparse:
       gate_twell(x, m, stream);

@@ -283,7 +283,7 @@ class FfnContext {
   FfnOperands operands(const __nv_bfloat16* x, std::int64_t m, __nv_bfloat16* y, std::int64_t n) const noexcept;
   std::string sparse_path_name(std::int64_t m) const;  // the sparse path's description
   void resolve_pending();  // folds the newest returned count into last_density_
-  // One token with decode_gemv: the whole FFN in one kernel (twell_decode_token.hpp).
+  // One token with decode_gemv: the gate fused into the decode kernels (twell_decode_token.hpp).
   bool uses_decode_token(std::int64_t m) const noexcept;
   // Decode: gate GEMM, then the decode kernel (twell_decode.hpp), its count into counts_.
   void decode_forward(const __nv_bfloat16* x, std::int64_t m, __nv_bfloat16* y, cudaStream_t stream);
@@ -363,7 +363,7 @@ class FfnContext {
   DeviceBuffer<unsigned long long> decode_nnz_;   // [1] (kept zero between launches)
   DeviceBuffer<unsigned long long> decode_step_nnz_{1};  // [1] decode_step's count (not read back)
   DeviceBuffer<float> decode_h_;                  // [N] one-token decode's h (twell_decode_token.hpp)
-  DeviceBuffer<unsigned int> decode_active_;      // its bitmap + ticket (kept zero between launches)
+  DeviceBuffer<unsigned char> decode_flags_;      // its active flags (bytes past N zero)
   int sm_count_ = 0;
   std::size_t smem_optin_ = 0;
   // Dense rows (twell_dense_rows.hpp).

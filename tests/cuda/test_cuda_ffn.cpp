@@ -879,12 +879,12 @@ TEST(CudaDecode, MatchesReferenceAtEveryDensity) {
   cudaStreamDestroy(s);
 }
 
-// The one-token decode kernel (the gate fused in; marked neurons listed in order by a ticketed
-// last CTA) through the context's automatic path at M = 1, against the float64 oracle, at
+// The one-token decode kernels (the gate fused in; flagged neurons listed in order by each CTA of
+// the down kernel) through the context's automatic path at M = 1, against the float64 oracle, at
 // densities from 0 to 100 %: lists longer than one pass (N = 70000 at 20 %: 14000 active, passes
-// of 2048, rounds of 1024 bitmap words), K up to 8192, N not a multiple of 8 or 32, non-gated.
-// Twice per context (bitmap and ticket must be left zero) with the same bits; the count that
-// comes back is exact (exact pre-activations: the active set is known on the host).
+// of 2048 entries, rounds of 8192 flags), K up to 8192, N not a multiple of 8 or 32, non-gated.
+// Twice per context, with the same bits; the count that comes back is exact (exact
+// pre-activations: the active set is known on the host).
 TEST(CudaDecodeToken, MatchesReferenceAtEveryDensity) {
   TWELL_REQUIRE_GPU();
   std::vector<FfnCase> cases = {
@@ -930,7 +930,7 @@ TEST(CudaDecodeToken, MatchesReferenceAtEveryDensity) {
       ForwardResult fr;
       const Outputs o = run_poisoned(1, c.k, s, [&](__nv_bfloat16* y) { fr = ctx.forward(x.get(), 1, y, Path::automatic, s); });
       EXPECT_TRUE(o.guard_ok);
-      EXPECT_NE(fr.path.find("one token, gate fused"), std::string::npos) << fr.path;
+      EXPECT_NE(fr.path.find("one token, gate fused in"), std::string::npos) << fr.path;
       std::int64_t worst_row = -1;
       EXPECT_LE(max_err_rows(o.y, r, rows, c.k, &worst_row), kTol) << fr.path;
       ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);
