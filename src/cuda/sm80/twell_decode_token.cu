@@ -1,6 +1,8 @@
 // One-token decode FFN kernels (see twell_decode_token.hpp).
 #include "cuda/sm80/twell_decode_token.hpp"
 
+#include <atomic>
+
 #include "cuda/common/check.hpp"
 #include "cuda/common/device_math.cuh"
 
@@ -38,7 +40,22 @@ __device__ __forceinline__ float warp_row_dot(const __nv_bfloat16* w, const __nv
   return dev::warp_sum(s);
 }
 
+// Programmatic dependent launch (sm_90): the down kernel may be scheduled once every CTA of the
+// first kernel has started (its launch overlaps their work), and waits for the whole first grid to
+// finish and flush before it reads h and the flags. Elsewhere a plain stream dependency.
+__device__ __forceinline__ void allow_dependent_launch() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void wait_for_prerequisite_grid() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
 __global__ void __launch_bounds__(kThreads) twell_decode_token_kernel(TwellDecodeTokenParams p) {
+  allow_dependent_launch();
   const int lane = threadIdx.x % 32;
   const int kchunks = static_cast<int>(p.k / 8);
   const std::int64_t n = static_cast<std::int64_t>(blockIdx.x) * kWarps + threadIdx.x / 32;
@@ -64,6 +81,7 @@ __global__ void __launch_bounds__(kThreads) twell_decode_token_down_kernel(Twell
   __shared__ float s_red[kGroups][kSlots][8];
   __shared__ int s_warp[kWarps];
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32, q = tid / kSlots, slot = tid % kSlots;
+  wait_for_prerequisite_grid();
   const int kchunks = static_cast<int>(p.k / 8);
   const int c = blockIdx.x * kSlots + slot;
   float acc[8];
@@ -130,6 +148,22 @@ __global__ void __launch_bounds__(kThreads) twell_decode_token_down_kernel(Twell
   if (blockIdx.x == 0 && tid == 0 && p.nnz_out) *p.nnz_out = total;
 }
 
+// Whether the current device takes programmatic dependent launches (compute capability ≥ 9),
+// asked once per device.
+bool programmatic_launch_supported() {
+  constexpr int kMaxDevices = 64;
+  static std::atomic<int> cached[kMaxDevices] = {};  // 0: not asked, 1: no, 2: yes (threads may race: same value)
+  int dev = 0;
+  TWELL_CUDA_CHECK(cudaGetDevice(&dev));
+  if (dev < 0 || dev >= kMaxDevices) return false;
+  if (cached[dev].load(std::memory_order_relaxed) == 0) {
+    int major = 0;
+    TWELL_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
+    cached[dev].store(major >= 9 ? 2 : 1, std::memory_order_relaxed);
+  }
+  return cached[dev].load(std::memory_order_relaxed) == 2;
+}
+
 }  // namespace
 
 void launch_twell_decode_token(const TwellDecodeTokenParams& p, cudaStream_t stream) {
@@ -147,7 +181,16 @@ void launch_twell_decode_token(const TwellDecodeTokenParams& p, cudaStream_t str
   twell_decode_token_kernel<<<static_cast<unsigned>(ctas), kThreads, 0, stream>>>(p);
   TWELL_CUDA_CHECK_LAUNCH("twell_decode_token_kernel");
   const std::int64_t down_ctas = (p.k / 8 + kSlots - 1) / kSlots;
-  twell_decode_token_down_kernel<<<static_cast<unsigned>(down_ctas), kThreads, 0, stream>>>(p);
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = dim3(static_cast<unsigned>(down_ctas));
+  cfg.blockDim = dim3(kThreads);
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = programmatic_launch_supported() ? 1 : 0;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  TWELL_CUDA_CHECK(cudaLaunchKernelEx(&cfg, twell_decode_token_down_kernel, p));
   TWELL_CUDA_CHECK_LAUNCH("twell_decode_token_down_kernel");
 }
 
