@@ -22,6 +22,9 @@
 #include "cuda/ops/model_ops.hpp"
 #include "cuda/sm80/twell_gemv.hpp"
 #include "model/cuda_runtime.hpp"
+#if TWELL_HAVE_CUDNN
+#include "model/cudnn_attention.hpp"
+#endif
 #include "model/nvml_energy.hpp"
 #include "model/runtime_checks.hpp"
 #include "twell/bf16.hpp"
@@ -164,6 +167,12 @@ class CudaRuntime final : public Runtime {
       }
     cos_ = upload_f32(cs, stream_);
     sin_ = upload_f32(sn, stream_);
+#if TWELL_HAVE_CUDNN
+    if (opt.cudnn_attention) cudnn_ = CudnnAttention::create(c.num_heads, c.num_kv_heads, c.head_dim, &cudnn_why_);
+#else
+    cudnn_why_ = "not in this build (no cuDNN or cudnn-frontend at configure time)";
+#endif
+    if (!opt.cudnn_attention) cudnn_why_ = "off (RuntimeOptions::cudnn_attention)";
   }
 
   const Model& model() const noexcept override { return *model_; }
@@ -188,6 +197,13 @@ class CudaRuntime final : public Runtime {
   }
   std::int64_t graph_launches() const noexcept override { return graph_launches_; }
   double device_energy_joules() const override { return energy_.joules(); }
+  std::string prefill_attention() const override {
+    const std::string own = "twell's tensor-core kernel";
+#if TWELL_HAVE_CUDNN
+    if (cudnn_) return fmt::format("cuDNN SDPA (cuDNN {}) for prefills from position 0, else {}", cudnn_->version(), own);
+#endif
+    return fmt::format("{} (cuDNN: {})", own, cudnn_why_);
+  }
 
   std::unique_ptr<Sequence> new_sequence(std::int64_t capacity) override {
     check_sequence_capacity(model_->config, capacity);
@@ -254,6 +270,20 @@ class CudaRuntime final : public Runtime {
         rows.push_back(seqs[s]->row(seqs[s]->length() + static_cast<std::int64_t>(j)));
         if (all_positions || j + 1 == steps[s].tokens.size()) sel.push_back(static_cast<std::int32_t>(ids.size() - 1));
       }
+    // cuDNN's attention (where built): every sequence of a tensor-core call starts empty, so the
+    // call's own rows are all the keys.
+    bool fresh = flash;
+    for (CudaSequence* cs : seqs) fresh = fresh && cs->length() == 0;
+    seq_row0_.clear();
+    seq_len_.clear();
+    if (fresh) {
+      std::int64_t r0 = 0;
+      for (const SeqStep& st : steps) {
+        seq_row0_.push_back(r0);
+        seq_len_.push_back(static_cast<std::int64_t>(st.tokens.size()));
+        r0 += static_cast<std::int64_t>(st.tokens.size());
+      }
+    }
     const auto R = static_cast<std::int64_t>(sel.size());
     std::int32_t* d_ids = room(ids_, T);
     cuda::ops::RowKv* d_rows = room(rows_, T);
@@ -271,6 +301,7 @@ class CudaRuntime final : public Runtime {
     sh.R = R;
     sh.max_keys = max_keys;
     sh.blocks = flash ? static_cast<std::int64_t>(blocks.size()) : 0;
+    sh.cudnn = fresh && has_cudnn();
     std::vector<char> ran_sparse;
     const bool decode = !all_positions && !flash && T == static_cast<std::int64_t>(steps.size());
     if (decode && plannable(T))
@@ -290,6 +321,7 @@ class CudaRuntime final : public Runtime {
   // plain attention kernel).
   struct Shape {
     std::int64_t T = 0, R = 0, max_keys = 0, blocks = 0;
+    bool cudnn = false;  // attention by cuDNN (sequences seq_row0_ / seq_len_), flash blocks the fallback
   };
 
   // Grows every scratch buffer a call of shape `sh` writes (before a capture: none may grow inside).
@@ -334,8 +366,11 @@ class CudaRuntime final : public Runtime {
     for (std::int64_t l = 0; l < c.num_layers; ++l) {
       Layer& L = layers_[static_cast<std::size_t>(l)];
       project(L.wqkv.get(), xn, T, Q + 2 * KV, K, qkv);
-      cuda::ops::rope_store_kv(qkv, T, c.num_heads, c.num_kv_heads, c.head_dim, cos_.get(), sin_.get(), rows_.get(), l, stream_);
-      if (sh.blocks > 0)
+      cuda::ops::rope_store_kv(qkv, T, c.num_heads, c.num_kv_heads, c.head_dim, cos_.get(), sin_.get(), rows_.get(), l,
+                               stream_, sh.cudnn);
+      if (sh.cudnn && run_cudnn(qkv, att)) {
+        // done (a shape cuDNN refuses falls through to the tensor-core kernel, every layer alike)
+      } else if (sh.blocks > 0)
         cuda::ops::flash_attention(qkv, sh.blocks, c.num_heads, c.num_kv_heads, c.head_dim, blocks_.get(), rows_.get(),
                                    l, att, stream_);
       else
@@ -542,6 +577,18 @@ class CudaRuntime final : public Runtime {
   std::int64_t decode_steps_ = 0, graph_launches_ = 0;
   std::int64_t max_keys_ = 0;  // keys the decode attention takes on this device at this head_dim
   bool graphs_failed_ = false;
+  std::vector<std::int64_t> seq_row0_, seq_len_;  // a fresh prefill's sequences (first row, rows)
+  std::string cudnn_why_;                         // why cuDNN's attention is not used, if not
+#if TWELL_HAVE_CUDNN
+  std::unique_ptr<CudnnAttention> cudnn_;
+  bool has_cudnn() const noexcept { return cudnn_ != nullptr; }
+  bool run_cudnn(const bf16_t* qkv, bf16_t* att) {
+    return cudnn_->run(qkv, seq_row0_, seq_len_, att, stream_);
+  }
+#else
+  bool has_cudnn() const noexcept { return false; }
+  bool run_cudnn(const bf16_t*, bf16_t*) { return false; }
+#endif
 };
 
 std::unique_ptr<Runtime> make_cuda_runtime(const Model& model, RuntimeOptions opt) {

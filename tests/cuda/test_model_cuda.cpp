@@ -120,6 +120,50 @@ TEST(ModelCuda, LogitsMatchCpuRuntime) {
   }
 }
 
+// Prefill attention by cuDNN's fused SDPA (where this build has it: every sequence of a call
+// starting empty, ≥ 16 tokens each) and by the runtime's own tensor-core kernel, both against the
+// CPU runtime: head_dim 64 with GQA and 128 with MHA (the shapes the tensor-core path takes),
+// sequences of different lengths in one call; fed whole (one fresh call: cuDNN) and in chunks of
+// 32 (a fresh first call, then continuations that read the caches the first call wrote, by the
+// runtime's kernels). The two GPU backends also against each other.
+TEST(ModelCuda, PrefillAttentionBackendsMatchCpu) {
+  TWELL_REQUIRE_GPU();
+  for (const auto [heads, kv_heads] : {std::pair<std::int64_t, std::int64_t>{4, 2}, {2, 2}}) {
+    TinySpec spec;
+    spec.act = "silu";
+    spec.bf16 = true;
+    spec.hidden = 256;
+    spec.heads = heads;
+    spec.kv_heads = kv_heads;
+    spec.max_pos = 160;
+    spec.seed = fresh_seed();
+    SCOPED_TRACE(::testing::Message() << "heads " << heads << "/" << kv_heads << ", head_dim " << spec.hidden / heads);
+    const model::Model m = model::Model::load(write_tiny("cudnn_prefill", spec).string());
+    auto cpu = model::make_runtime(m, "cpu", {FfnPath::dense, 0.05});
+    model::RuntimeOptions with(FfnPath::automatic), without(FfnPath::automatic);
+    without.cudnn_attention = false;
+    auto a = model::make_runtime(m, "cuda", with);
+    auto b = model::make_runtime(m, "cuda", without);
+    RecordProperty("prefill_attention", a->prefill_attention());
+    EXPECT_EQ(b->prefill_attention().find("cuDNN SDPA"), std::string::npos) << b->prefill_attention();
+    Rng rng(spec.seed);
+    std::vector<std::vector<std::int32_t>> seqs;
+    for (std::int64_t n : {16, 70, 128, 33}) {
+      seqs.emplace_back();
+      for (std::int64_t i = 0; i < n; ++i) seqs.back().push_back(static_cast<std::int32_t>(rng.below(spec.vocab)));
+    }
+    const auto want = run_batch(*cpu, seqs, 128);
+    for (std::size_t chunk : {128u, 32u}) {
+      const auto got_a = run_batch(*a, seqs, chunk), got_b = run_batch(*b, seqs, chunk);
+      for (std::size_t i = 0; i < seqs.size(); ++i) {
+        EXPECT_LT(rel_diff(got_a[i], want[i]), kTol) << a->prefill_attention() << ", chunk " << chunk << ", sequence " << i;
+        EXPECT_LT(rel_diff(got_b[i], want[i]), kTol) << "own kernels, chunk " << chunk << ", sequence " << i;
+        EXPECT_LT(rel_diff(got_a[i], got_b[i]), kTol) << "cuDNN against own, chunk " << chunk << ", sequence " << i;
+      }
+    }
+  }
+}
+
 TEST(ModelCuda, GreedyGenerationMatchesCpu) {
   TWELL_REQUIRE_GPU();
   TinySpec s;

@@ -25,6 +25,7 @@ struct BenchModelArgs {
   std::int64_t context = 128, decode_steps = 32;
   int reps = 3;
   bool cuda_graphs = true;
+  bool cudnn_attention = true;
   bool energy = true;
   std::string json;
 };
@@ -139,6 +140,7 @@ int run_bench_model(BenchModelArgs& a) {
   auto options = [&](model::FfnPath path) {
     model::RuntimeOptions o(path);
     o.cuda_graphs = a.cuda_graphs;
+    o.cudnn_attention = a.cudnn_attention;
     return o;
   };
   if (device == "cuda") {
@@ -276,9 +278,11 @@ int run_bench_model(BenchModelArgs& a) {
   if (mem_dense >= 0)
     fmt::print("\ndevice memory in use after a {} x {} prefill, each runtime alone: dense {:.2f} GB, sparse {:.2f} GB\n",
                a.prefill_batch, a.prefill_len, static_cast<double>(mem_dense) / 1e9, static_cast<double>(mem_sparse) / 1e9);
-  if (device == "cuda")
+  if (device == "cuda") {
     fmt::print("CUDA graphs for decode steps: {} (replays: dense {}, sparse {})\n", a.cuda_graphs ? "on" : "off",
                dense->graph_launches(), sparse->graph_launches());
+    fmt::print("prefill attention: {}\n", dense->prefill_attention());
+  }
   fmt::print("(both runtimes run the same attention, norms and LM head; only the FFN path differs. Decode steps include\n"
              " the greedy pick and its copy back to the host, as a user's generation does. Energy: the whole GPU's NVML\n"
              " counter over a separate run of each row lasting about a second.)\n");
@@ -296,6 +300,7 @@ int run_bench_model(BenchModelArgs& a) {
                         {"decode_steps", a.decode_steps},
                         {"context", a.context},
                         {"cuda_graphs", a.cuda_graphs},
+                        {"prefill_attention", dense->prefill_attention()},
                         {"memory_bytes", {{"dense", mem_dense}, {"sparse", mem_sparse}}},
                         {"rows", jr}};
     write_json_file(a.json, j);
@@ -331,6 +336,8 @@ void add_bench_model_command(CLI::App& bench, std::vector<Command>& out) {
   sub->add_option("--decode-steps", a->decode_steps, "Timed decode steps")->check(CLI::Range(1, 1 << 20));
   sub->add_option("--reps", a->reps, "Timed repetitions of each run (medians)")->check(CLI::Range(1, 1000));
   sub->add_flag("!--no-cuda-graphs", a->cuda_graphs, "Launch decode steps kernel by kernel (default: CUDA graphs)");
+  sub->add_flag("!--no-cudnn-attention", a->cudnn_attention,
+                "GPU: prefill attention by twell's own tensor-core kernel even where cuDNN's fused SDPA is built in");
   sub->add_flag("!--no-energy", a->energy, "Skip the energy runs (about a second per row and runtime)");
   sub->add_option("--json", a->json, "Write the results here");
   out.push_back({sub, [a] { return run_bench_model(*a); }});

@@ -51,6 +51,10 @@ struct RuntimeOptions {
   // CUDA graph of the whole forward instead of launching ~10 kernels per layer.
   // Bit-identical to the launches; off for A/B measurement.
   bool cuda_graphs = true;
+  // CUDA runtime only: prefill calls whose every sequence starts empty run their attention through
+  // cuDNN's fused SDPA where this build has cuDNN (see prefill_attention()); off: the runtime's
+  // own tensor-core kernel always (for A/B measurement and checks).
+  bool cudnn_attention = true;
   // CPU runtime only: called with each layer's FFN input (RMSNorm'd, [rows, K]) before its FFN
   // runs; for capturing activations (telemetry) or calibrating: the hook may change that layer's
   // weights in the Model (not their shapes), and its FFN then runs on the changed ones (synthetic
@@ -105,6 +109,9 @@ class Runtime {
   // The runtime's GPU's energy counter in joules (NVML; monotonic, so take differences), or −1
   // where it cannot be read (the CPU, no NVML, a GPU without the counter).
   virtual double device_energy_joules() const { return -1; }
+  // Which kernel runs prefill attention, for reports (e.g. "cuDNN SDPA 91400 for prefills from
+  // position 0, else twell's tensor-core kernel").
+  virtual std::string prefill_attention() const { return "twell (CPU loops)"; }
 };
 
 class CpuRuntime final : public Runtime {

@@ -36,10 +36,11 @@ void add_rmsnorm(float* x, const __nv_bfloat16* delta, std::int64_t rows, std::i
 
 // qkv [T, Q + 2·KV] bf16 (q | k | v per row): RoPE (rotate_half; cos/sin from the table
 // [max_pos, d/2] fp32 at the row's position) on q in place and on k, which goes with v into the
-// row's cache for `layer`.
+// row's cache for `layer` (and, with k_in_place, back into qkv too: for an attention that reads
+// the call's keys from qkv).
 void rope_store_kv(__nv_bfloat16* qkv, std::int64_t rows, std::int64_t heads, std::int64_t kv_heads, std::int64_t d,
                    const float* cos_table, const float* sin_table, const RowKv* rows_kv, std::int64_t layer,
-                   cudaStream_t stream);
+                   cudaStream_t stream, bool k_in_place = false);
 
 // Causal attention of each row's query heads (in qkv) over its sequence's cached keys 0…pos:
 // out[r, h·d:(h+1)·d] = softmax(q·Kᵀ / sqrt(d)) · V, query head h reading KV head h / (heads / kv_heads).

@@ -1,4 +1,4 @@
-// rope_store_kv: RoPE on q (in place) and k, k and v into the row's KV cache.
+// rope_store_kv: RoPE on q (in place) and k, k and v into the row's KV cache (k optionally in place too).
 #include "cuda/common/check.hpp"
 #include "cuda/ops/model_ops.hpp"
 
@@ -12,7 +12,8 @@ constexpr int kThreads = 128;
 // a decode step's single row spreads over many CTAs instead of looping in one.
 __global__ void __launch_bounds__(kThreads) rope_store_kv_kernel(__nv_bfloat16* qkv, int heads, int kv_heads, int d,
                                                                  const float* cos_table, const float* sin_table,
-                                                                 const RowKv* rows_kv, std::int64_t layer) {
+                                                                 const RowKv* rows_kv, std::int64_t layer,
+                                                                 bool k_in_place) {
   const std::int64_t r = blockIdx.x;
   const int half = d / 2, q_dim = heads * d, kv_dim = kv_heads * d, pairs = (heads + kv_heads) * half;
   const int j = static_cast<int>(blockIdx.y) * kThreads + static_cast<int>(threadIdx.x);
@@ -31,10 +32,11 @@ __global__ void __launch_bounds__(kThreads) rope_store_kv_kernel(__nv_bfloat16* 
   const float c = cos_table[static_cast<std::int64_t>(info.pos) * half + i];
   const float s = sin_table[static_cast<std::int64_t>(info.pos) * half + i];
   const __nv_bfloat16 o1 = __float2bfloat16(x1 * c - x2 * s), o2 = __float2bfloat16(x2 * c + x1 * s);
-  if (is_q) {
+  if (is_q || k_in_place) {
     v[i] = o1;
     v[i + half] = o2;
-  } else {
+  }
+  if (!is_q) {
     __nv_bfloat16* dst = info.k + cache + (h - heads) * d;
     dst[i] = o1;
     dst[i + half] = o2;
@@ -45,7 +47,7 @@ __global__ void __launch_bounds__(kThreads) rope_store_kv_kernel(__nv_bfloat16* 
 
 void rope_store_kv(__nv_bfloat16* qkv, std::int64_t rows, std::int64_t heads, std::int64_t kv_heads, std::int64_t d,
                    const float* cos_table, const float* sin_table, const RowKv* rows_kv, std::int64_t layer,
-                   cudaStream_t stream) {
+                   cudaStream_t stream, bool k_in_place) {
   TWELL_CU_REQUIRE(rows > 0 && rows < (1ll << 31) && heads > 0 && kv_heads > 0 && d > 0 && d % 2 == 0 &&
                        (heads + 2 * kv_heads) * d < (1ll << 30),
                    ErrorCode::invalid_argument, "rope_store_kv: bad shape (rows {}, heads {}/{}, d {})", rows, heads,
@@ -53,7 +55,8 @@ void rope_store_kv(__nv_bfloat16* qkv, std::int64_t rows, std::int64_t heads, st
   const std::int64_t items = (heads + kv_heads) * (d / 2) + kv_heads * d;
   const dim3 grid(static_cast<unsigned>(rows), static_cast<unsigned>((items + kThreads - 1) / kThreads));
   rope_store_kv_kernel<<<grid, kThreads, 0, stream>>>(qkv, static_cast<int>(heads), static_cast<int>(kv_heads),
-                                                      static_cast<int>(d), cos_table, sin_table, rows_kv, layer);
+                                                      static_cast<int>(d), cos_table, sin_table, rows_kv, layer,
+                                                      k_in_place);
   TWELL_CUDA_CHECK_LAUNCH("rope_store_kv_kernel");
 }
 

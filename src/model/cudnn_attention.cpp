@@ -1,0 +1,185 @@
+// Prefill attention through cuDNN's fused SDPA (see cudnn_attention.hpp).
+#include "model/cudnn_attention.hpp"
+
+#include <cudnn.h>
+
+#include <algorithm>
+#include <climits>
+#include <cmath>
+#include <map>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include "cuda/common/check.hpp"
+#include "cuda/common/device_buffer.hpp"
+
+#define CUDNN_FRONTEND_SKIP_JSON_LIB 1
+#include <cudnn_frontend.h>
+
+namespace twell::model {
+namespace fe = cudnn_frontend;
+namespace {
+
+// The graph's tensor ids (the variant pack maps them to device pointers at each call).
+enum Uid : fe::graph::Tensor_attributes::uid_t {
+  kQ = 1, kK, kV, kO, kSeqLen, kSeqLenKv, kRaggedQ, kRaggedK, kRaggedV, kRaggedO
+};
+
+// The longest sequence is rounded up (the padding mask covers the rest), so that a few graphs
+// serve every call; the sequence count is not (one graph per count seen).
+std::int64_t bucket(std::int64_t v, std::int64_t least) {
+  std::int64_t b = least;
+  while (b < v) b *= 2;
+  return b;
+}
+
+}  // namespace
+
+struct CudnnAttention::Impl {
+  std::int64_t heads = 0, kv_heads = 0, d = 0;
+  cudnnHandle_t handle = nullptr;
+  struct Plan {
+    std::shared_ptr<fe::graph::Graph> graph;  // null: cuDNN refused this shape
+    std::int64_t workspace = 0;
+  };
+  std::map<std::pair<std::int64_t, std::int64_t>, Plan> plans;  // (sequences, longest) buckets
+  cuda::DeviceBuffer<std::int32_t> seq_len, ragged_qkv, ragged_o;
+  cuda::DeviceBuffer<unsigned char> workspace;
+  std::vector<std::int32_t> host;  // staging for the three int32 arrays
+
+  ~Impl() {
+    if (handle) cudnnDestroy(handle);
+  }
+
+  // Builds the graph for `b` sequences of at most `s` rows; a null graph where cuDNN refuses it.
+  Plan build(std::int64_t b, std::int64_t s) {
+    auto g = std::make_shared<fe::graph::Graph>();
+    g->set_io_data_type(fe::DataType_t::BFLOAT16)
+        .set_intermediate_data_type(fe::DataType_t::FLOAT)
+        .set_compute_data_type(fe::DataType_t::FLOAT);
+    const std::int64_t row = (heads + 2 * kv_heads) * d;  // a qkv row's elements
+    auto int_vec = [&](const char* name, Uid uid, std::int64_t n) {
+      return g->tensor(fe::graph::Tensor_attributes()
+                           .set_name(name)
+                           .set_uid(uid)
+                           .set_dim({n, 1, 1, 1})
+                           .set_stride({1, 1, 1, 1})
+                           .set_data_type(fe::DataType_t::INT32));
+    };
+    auto packed = [&](const char* name, Uid uid, std::int64_t h, Uid ragged_uid, const char* ragged_name) {
+      return g->tensor(fe::graph::Tensor_attributes()
+                           .set_name(name)
+                           .set_uid(uid)
+                           .set_dim({b, h, s, d})
+                           .set_stride({s * row, d, row, 1})
+                           .set_ragged_offset(int_vec(ragged_name, ragged_uid, b + 1)));
+    };
+    auto q = packed("q", kQ, heads, kRaggedQ, "ragged_q");
+    auto k = packed("k", kK, kv_heads, kRaggedK, "ragged_k");
+    auto v = packed("v", kV, kv_heads, kRaggedV, "ragged_v");
+    auto opts = fe::graph::SDPA_attributes()
+                    .set_name("prefill")
+                    .set_generate_stats(false)
+                    .set_attn_scale(1.0f / std::sqrt(static_cast<float>(d)))
+                    .set_causal_mask(true)
+                    .set_padding_mask(true)
+                    .set_seq_len_q(int_vec("seq_len_q", kSeqLen, b))
+                    .set_seq_len_kv(int_vec("seq_len_kv", kSeqLenKv, b));
+    auto outputs = g->sdpa(q, k, v, opts);
+    outputs[0]
+        ->set_output(true)
+        .set_uid(kO)
+        .set_dim({b, heads, s, d})
+        .set_stride({s * heads * d, d, heads * d, 1})
+        .set_ragged_offset(int_vec("ragged_o", kRaggedO, b + 1));
+    Plan p;
+    if (!g->validate().is_good() || !g->build_operation_graph(handle).is_good() ||
+        !g->create_execution_plans({fe::HeurMode_t::A}).is_good() || !g->check_support(handle).is_good() ||
+        !g->build_plans(handle).is_good() || !g->get_workspace_size(p.workspace).is_good())
+      return p;
+    p.graph = std::move(g);
+    return p;
+  }
+};
+
+CudnnAttention::CudnnAttention(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+CudnnAttention::~CudnnAttention() = default;
+
+std::unique_ptr<CudnnAttention> CudnnAttention::create(std::int64_t heads, std::int64_t kv_heads,
+                                                       std::int64_t head_dim, std::string* why) {
+  auto fail = [&](std::string reason) -> std::unique_ptr<CudnnAttention> {
+    if (why) *why = std::move(reason);
+    return nullptr;
+  };
+  if (head_dim > 128 || head_dim % 8 != 0 || heads % kv_heads != 0)
+    return fail("head_dim " + std::to_string(head_dim) + " (cuDNN's prefill here: a multiple of 8 up to 128)");
+  auto impl = std::make_unique<Impl>();
+  impl->heads = heads;
+  impl->kv_heads = kv_heads;
+  impl->d = head_dim;
+  const cudnnStatus_t st = cudnnCreate(&impl->handle);
+  if (st != CUDNN_STATUS_SUCCESS) {
+    impl->handle = nullptr;
+    return fail(std::string("cudnnCreate: ") + cudnnGetErrorString(st));
+  }
+  return std::unique_ptr<CudnnAttention>(new CudnnAttention(std::move(impl)));
+}
+
+std::string CudnnAttention::version() const { return std::to_string(cudnnGetVersion()); }
+
+bool CudnnAttention::run(const __nv_bfloat16* qkv, std::span<const std::int64_t> row0,
+                         std::span<const std::int64_t> len, __nv_bfloat16* out, cudaStream_t stream) {
+  Impl& m = *impl_;
+  const auto n = static_cast<std::int64_t>(row0.size());
+  if (n == 0 || len.size() != row0.size()) return false;
+  const std::int64_t row = (m.heads + 2 * m.kv_heads) * m.d;
+  std::int64_t longest = 0, last_row = 0;
+  for (std::int64_t i = 0; i < n; ++i) {
+    longest = std::max(longest, len[static_cast<std::size_t>(i)]);
+    last_row = std::max(last_row, row0[static_cast<std::size_t>(i)] + len[static_cast<std::size_t>(i)]);
+  }
+  if (longest <= 0 || last_row * row > INT_MAX) return false;  // int32 offsets
+  const std::int64_t b = n, s = bucket(longest, 64);
+  auto it = m.plans.find({b, s});
+  if (it == m.plans.end()) it = m.plans.emplace(std::make_pair(b, s), m.build(b, s)).first;
+  const Impl::Plan& plan = it->second;
+  if (!plan.graph) return false;
+  // seq_len [b], ragged_qkv [b + 1], ragged_o [b + 1] (the last offsets: the end of the rows).
+  m.host.assign(static_cast<std::size_t>(3 * b + 2), 0);
+  std::int32_t* sl = m.host.data();
+  std::int32_t* rq = sl + b;
+  std::int32_t* ro = rq + b + 1;
+  for (std::int64_t i = 0; i <= b; ++i) {
+    const std::int64_t r = i < n ? row0[static_cast<std::size_t>(i)] : last_row;
+    if (i < b) sl[i] = static_cast<std::int32_t>(len[static_cast<std::size_t>(i)]);
+    rq[i] = static_cast<std::int32_t>(r * row);
+    ro[i] = static_cast<std::int32_t>(r * m.heads * m.d);
+  }
+  if (m.seq_len.size() < static_cast<std::size_t>(b)) m.seq_len.resize(static_cast<std::size_t>(b));
+  if (m.ragged_qkv.size() < static_cast<std::size_t>(b + 1)) m.ragged_qkv.resize(static_cast<std::size_t>(b + 1));
+  if (m.ragged_o.size() < static_cast<std::size_t>(b + 1)) m.ragged_o.resize(static_cast<std::size_t>(b + 1));
+  if (m.workspace.size() < static_cast<std::size_t>(plan.workspace))
+    m.workspace.resize(static_cast<std::size_t>(plan.workspace));
+  TWELL_CUDA_CHECK(cudaMemcpyAsync(m.seq_len.get(), sl, static_cast<std::size_t>(b) * 4, cudaMemcpyHostToDevice, stream));
+  TWELL_CUDA_CHECK(cudaMemcpyAsync(m.ragged_qkv.get(), rq, static_cast<std::size_t>(b + 1) * 4, cudaMemcpyHostToDevice, stream));
+  TWELL_CUDA_CHECK(cudaMemcpyAsync(m.ragged_o.get(), ro, static_cast<std::size_t>(b + 1) * 4, cudaMemcpyHostToDevice, stream));
+  auto* base = const_cast<__nv_bfloat16*>(qkv);  // cuDNN's variant pack takes void*; it only reads q, k, v
+  std::unordered_map<fe::graph::Tensor_attributes::uid_t, void*> pack = {
+      {kQ, base},
+      {kK, base + m.heads * m.d},
+      {kV, base + (m.heads + m.kv_heads) * m.d},
+      {kO, out},
+      {kSeqLen, m.seq_len.get()},
+      {kSeqLenKv, m.seq_len.get()},
+      {kRaggedQ, m.ragged_qkv.get()},
+      {kRaggedK, m.ragged_qkv.get()},
+      {kRaggedV, m.ragged_qkv.get()},
+      {kRaggedO, m.ragged_o.get()}};
+  TWELL_CHECK(cudnnSetStream(m.handle, stream) == CUDNN_STATUS_SUCCESS, ErrorCode::cuda, "cudnnSetStream failed");
+  auto e = plan.graph->execute(m.handle, pack, m.workspace.get());
+  TWELL_CHECK(e.is_good(), ErrorCode::cuda, "cuDNN attention: {}", e.get_message());
+  return true;
+}
+
+}  // namespace twell::model

@@ -1,0 +1,43 @@
+#pragma once
+// Prefill attention through cuDNN's fused SDPA (flash attention; cudnn-frontend's graph API), for
+// calls whose every sequence starts at position 0: the keys are then the call's own rows, so cuDNN
+// reads q, k and v straight from the runtime's packed qkv rows (ragged offsets per sequence, a
+// padding mask for the lengths, causal top-left). Built only with cuDNN and cudnn-frontend
+// (TWELL_HAVE_CUDNN); the runtime's own tensor-core kernel serves every other prefill.
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+
+namespace twell::model {
+
+class CudnnAttention {
+ public:
+  // Null, with the reason in *why, where cuDNN cannot serve these heads (no cuDNN in this build,
+  // no handle on this device, head_dim over 128 or not a multiple of 8).
+  static std::unique_ptr<CudnnAttention> create(std::int64_t heads, std::int64_t kv_heads, std::int64_t head_dim,
+                                                std::string* why);
+  ~CudnnAttention();
+  CudnnAttention(const CudnnAttention&) = delete;
+  CudnnAttention& operator=(const CudnnAttention&) = delete;
+
+  // out[r, h·d:(h+1)·d] = softmax(q·Kᵀ / sqrt(d)) · V for every row r of the sequences, sequence b
+  // being rows [row0[b], row0[b] + len[b]) of qkv ([rows, (heads + 2·kv_heads)·d]: q | k | v, q and
+  // k with RoPE applied) and its row i attending to its rows 0…i; out [rows, heads·d]. False, with
+  // nothing enqueued, if cuDNN refuses the shape (then the caller runs its own kernel).
+  // The cuDNN library's version (cudnnGetVersion(), e.g. 91400).
+  std::string version() const;
+
+  bool run(const __nv_bfloat16* qkv, std::span<const std::int64_t> row0, std::span<const std::int64_t> len,
+           __nv_bfloat16* out, cudaStream_t stream);
+
+ private:
+  struct Impl;
+  explicit CudnnAttention(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace twell::model
