@@ -155,6 +155,7 @@ class FfnContext {
   std::uint64_t weights_epoch() const noexcept { return weights_epoch_; }
   bool decode_plan_sparse();  // polls the counts in flight first (never waits)
   void prepare_decode(std::int64_t m, cudaStream_t stream);
+  void prepare_dense(std::int64_t m) { reserve(m); }  // dense_forward of m rows allocates nothing after it
   void decode_step(const __nv_bfloat16* x, std::int64_t m, __nv_bfloat16* y, bool sparse, cudaStream_t stream);
   // What the automatic dispatch has measured, never waiting (polls the counts in flight first):
   // the density it follows (−1: none yet; rows the sparse path would run dense weigh at their

@@ -70,9 +70,48 @@ std::string FfnLayer::forward(const bf16* x, std::int64_t m, bf16* y, Path path,
   ForwardResult r = loaded(ctx_, n(), "FfnLayer").forward(nv(x), m, nv(y), path, cu(stream));
   ++calls_;
   if (r.sparse) ++sparse_calls_;
+  last_sparse_ = r.sparse;
   path_ = r.path;
   return std::move(r.path);
 }
+
+FfnLayer::StepPlan FfnLayer::plan_step(std::int64_t m, Path path) {
+  FfnContext& c = loaded(ctx_, n(), "FfnLayer");
+  TWELL_CHECK(m >= 1, ErrorCode::invalid_argument, "FfnLayer::plan_step: m = {} (at least 1)", m);
+  StepPlan p;
+  p.m = m;
+  if (path == Path::dense) {
+    p.capturable = true;
+  } else if (path == Path::automatic && c.is_decode(m)) {
+    p.capturable = true;
+    p.sparse = c.decode_plan_sparse();
+  } else if (path == Path::automatic && c.automatic_is_plain_dense(m)) {
+    p.capturable = true;
+  }
+  return p;
+}
+
+void FfnLayer::prepare_step(const StepPlan& plan, Stream stream) {
+  FfnContext& c = loaded(ctx_, n(), "FfnLayer");
+  TWELL_CHECK(plan.capturable && plan.m >= 1, ErrorCode::invalid_argument,
+              "FfnLayer::prepare_step: the plan of {} rows is not a capturable one (run forward instead)", plan.m);
+  if (c.is_decode(plan.m))
+    c.prepare_decode(plan.m, cu(stream));  // the dense FFN's scratch too
+  else
+    c.prepare_dense(plan.m);
+}
+
+void FfnLayer::run_step(const bf16* x, bf16* y, const StepPlan& plan, Stream stream) {
+  FfnContext& c = loaded(ctx_, n(), "FfnLayer");
+  TWELL_CHECK(plan.capturable, ErrorCode::invalid_argument,
+              "FfnLayer::run_step: the plan of {} rows is not a capturable one (run forward instead)", plan.m);
+  if (plan.sparse)
+    c.decode_step(nv(x), plan.m, nv(y), true, cu(stream));
+  else
+    c.dense_forward(nv(x), plan.m, nv(y), cu(stream));
+}
+
+std::uint64_t FfnLayer::weights_epoch() const noexcept { return ctx_->weights_epoch(); }
 
 LayerStats FfnLayer::stats() {
   LayerStats s;

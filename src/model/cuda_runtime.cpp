@@ -1,7 +1,7 @@
 // The Llama forward on a CUDA GPU: one layer loop over the engine's ops. bf16 weights and GEMM
 // operands (cuBLASLt, fp32 accumulation), an fp32 residual stream, bf16 KV caches; ReLU FFNs go
-// through the FFN engine (FfnContext: TwELL sparse or dense, dispatched per layer from counted
-// non-zeros), other activations through cuBLASLt GEMMs and an elementwise gated activation.
+// through the FFN engine's public per-layer API (twell/cuda/ffn_layer.hpp: TwELL sparse or dense,
+// dispatched per layer from counted non-zeros), other activations through cuBLASLt GEMMs and an elementwise gated activation.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -16,7 +16,6 @@
 #include "cuda/common/check.hpp"
 #include "cuda/common/device_buffer.hpp"
 #include "cuda/dense/lt_gemm.hpp"
-#include "cuda/ffn_context.hpp"
 #include "cuda/ffn_workspace.hpp"
 #include "cuda/host_util.hpp"
 #include "cuda/ops/model_ops.hpp"
@@ -27,6 +26,7 @@
 #endif
 #include "model/nvml_energy.hpp"
 #include "model/runtime_checks.hpp"
+#include "twell/cuda/ffn_layer.hpp"
 #include "twell/bf16.hpp"
 #include "twell/cuda/ffn_cuda.hpp"
 
@@ -35,6 +35,9 @@ namespace {
 
 using cuda::DeviceBuffer;
 using bf16_t = __nv_bfloat16;
+// The FFN layer's public API names device bf16 as twell::bf16 (the same 16 bits).
+const twell::bf16* tw(const bf16_t* p) { return reinterpret_cast<const twell::bf16*>(p); }
+twell::bf16* tw(bf16_t* p) { return reinterpret_cast<twell::bf16*>(p); }
 
 DeviceBuffer<bf16_t> upload_bf16(const std::vector<float>& v, cudaStream_t stream) {
   return cuda::host::upload_x(CMatrixF(v.data(), 1, static_cast<std::int64_t>(v.size())), stream);
@@ -118,6 +121,7 @@ class CudaSequence final : public Sequence {
 }  // namespace
 
 class CudaRuntime final : public Runtime {
+  using StepPlan = cuda::FfnLayer::StepPlan;
   // Steps of at least this many tokens use the tensor-core attention (a 64-row block per 64
   // tokens); decode steps (one token) the plain kernel.
   static constexpr std::int64_t kFlashMinRows = 16;
@@ -146,7 +150,7 @@ class CudaRuntime final : public Runtime {
       d.wqkv = upload_bf16(l.wqkv, stream_);
       d.wo = upload_bf16(l.wo, stream_);
       if (c.act == Activation::relu) {
-        d.ffn = std::make_unique<cuda::FfnContext>(cuda::ContextOptions{}, ws_);
+        d.ffn = std::make_unique<cuda::FfnLayer>(&infer_ws_);
         d.ffn->upload_weights(ffn_weights(l.w_gate.data(), l.w_up.data(), l.w_down.data(), N, K), stream_);
       } else {
         std::vector<float> gu(l.w_gate);
@@ -183,7 +187,7 @@ class CudaRuntime final : public Runtime {
     for (std::size_t l = 0; l < layers_.size() && l < stats_.size(); ++l) {
       if (!layers_[l].ffn) continue;
       try {
-        stats_[l].last_density = layers_[l].ffn->measured().active;
+        stats_[l].last_density = layers_[l].ffn->stats().active;
       } catch (...) {  // a CUDA error in an event query: leave the last value (the next call reports it)
       }
     }
@@ -303,9 +307,10 @@ class CudaRuntime final : public Runtime {
     sh.blocks = flash ? static_cast<std::int64_t>(blocks.size()) : 0;
     sh.cudnn = fresh && has_cudnn();
     std::vector<char> ran_sparse;
+    std::vector<StepPlan> plans;
     const bool decode = !all_positions && !flash && T == static_cast<std::int64_t>(steps.size());
-    if (decode && plannable(T))
-      ran_sparse = run_decode(sh);
+    if (decode && plan_steps(T, plans))
+      ran_sparse = run_decode(sh, plans);
     else
       ran_sparse = enqueue_forward(sh, nullptr);
     for (std::size_t s = 0; s < steps.size(); ++s) seqs[s]->advance(static_cast<std::int64_t>(steps[s].tokens.size()));
@@ -341,11 +346,11 @@ class CudaRuntime final : public Runtime {
     }
   }
 
-  // Enqueues the forward from the staged ids/rows/sel/blocks to logits_ [R, V]. plan: null for the
-  // FFN engine's own dispatch (automatic, counted); else each ReLU layer's decode path at decode
-  // sizes (capturable: FfnContext::decode_step), the plain dense FFN above them (plannable()).
+  // Enqueues the forward from the staged ids/rows/sel/blocks to logits_ [R, V]. plans: null for the
+  // FFN engine's own dispatch (automatic, counted); else each ReLU layer's planned step
+  // (FfnLayer::plan_step / run_step: capturable).
   // Returns which layers ran sparse.
-  std::vector<char> enqueue_forward(const Shape& sh, const std::vector<char>* plan) {
+  std::vector<char> enqueue_forward(const Shape& sh, const std::vector<StepPlan>* plans) {
     const LlamaConfig& c = model_->config;
     const std::int64_t T = sh.T, R = sh.R, K = c.hidden_size, N = c.intermediate_size, V = c.vocab_size,
                        Q = c.q_dim(), KV = c.kv_dim();
@@ -377,17 +382,13 @@ class CudaRuntime final : public Runtime {
         cuda::ops::attention(qkv, T, c.num_heads, c.num_kv_heads, c.head_dim, rows_.get(), l, sh.max_keys, att, stream_);
       project(L.wo.get(), att, T, K, Q, tmp);
       cuda::ops::add_rmsnorm(x, tmp, T, K, L.ffn_norm.get(), eps, xn, stream_);
-      if (L.ffn && plan && (opt_.ffn_path == FfnPath::dense || !L.ffn->is_decode(T))) {
-        // The dense path, or automatic between decode sizes and the dispatch minimum (plannable):
-        // capturable once warm (its scratch reserved).
-        L.ffn->dense_forward(xn, T, tmp, stream_);
-      } else if (L.ffn && plan) {
-        const bool sparse = (*plan)[static_cast<std::size_t>(l)] != 0;
-        L.ffn->decode_step(xn, T, tmp, sparse, stream_);
-        ran_sparse[static_cast<std::size_t>(l)] = sparse;
+      if (L.ffn && plans) {  // the layer's planned step (FfnLayer::run_step: capturable)
+        const StepPlan& p = (*plans)[static_cast<std::size_t>(l)];
+        L.ffn->run_step(tw(xn), tw(tmp), p, stream_);
+        ran_sparse[static_cast<std::size_t>(l)] = p.sparse;
       } else if (L.ffn) {
-        const cuda::ForwardResult r = L.ffn->forward(xn, T, tmp, path, stream_);
-        ran_sparse[static_cast<std::size_t>(l)] = r.sparse;
+        L.ffn->forward(tw(xn), T, tw(tmp), path, stream_);
+        ran_sparse[static_cast<std::size_t>(l)] = L.ffn->last_sparse();
       } else {
         gemm_.run({T, 2 * N, K, K, K, 2 * N}, L.w_gu.get(), xn, gu_.get(), stream_);
         cuda::ops::gated_activation(gu_.get(), T, N, static_cast<int>(c.act), h_.get(), stream_);
@@ -439,8 +440,8 @@ class CudaRuntime final : public Runtime {
   // one step in kReplanPeriod, run the engine's own dispatch (it counts non-zeros then, so that a
   // layer whose density moves past decode_max_density changes path; both paths are exact, a late
   // switch costs speed only); every other step runs each ReLU layer's path as planned from that
-  // count (FfnContext::decode_plan_sparse; steps of more rows than decode sizes, up to the engine's
-  // dispatch minimum, run the plain dense FFN: their plan is empty). The count has come back by
+  // count (FfnLayer::plan_step: the decode kernels, or the dense FFN once measured dense; steps of
+  // more rows than decode sizes, up to the engine's dispatch minimum, run the plain dense FFN). The count has come back by
   // then: every forward ends with the host reading its logits. With graphs, the step replays the
   // graph captured for its shape while every plan, weights (weights_epoch) and scratch address
   // are those it was captured with; otherwise it captures again. The attention kernel reads each
@@ -448,7 +449,7 @@ class CudaRuntime final : public Runtime {
   static constexpr std::int64_t kReplanPeriod = 64;
   struct Graph {
     cudaGraphExec_t exec = nullptr;
-    std::vector<char> plan;
+    std::vector<StepPlan> plans;
     std::vector<const void*> addresses;
     std::vector<std::uint64_t> epochs;  // each ReLU layer's weights_epoch() at capture
     Graph() = default;
@@ -459,15 +460,19 @@ class CudaRuntime final : public Runtime {
     }
   };
 
-  // Dense FFNs at any batch; the engine's automatic dispatch at decode sizes (its decode kernel)
-  // and from there up to its dispatch minimum (the plain dense FFN, uncounted: the same kernels as
-  // the dense path); a forced sparse path, or automatic at prefill sizes, never (their dispatch
-  // reads the layer's statistics, which a replay would freeze).
-  bool plannable(std::int64_t T) const {
-    for (const Layer& L : layers_)
-      if (L.ffn && opt_.ffn_path != FfnPath::dense &&
-          (opt_.ffn_path != FfnPath::automatic || !(L.ffn->is_decode(T) || L.ffn->automatic_is_plain_dense(T))))
-        return false;
+  // Each ReLU layer's step of T rows as FfnLayer::plan_step plans it now (SiLU layers: unused
+  // entries); false where a layer's cannot be captured (a forced sparse path, or automatic at
+  // prefill sizes: their dispatch reads the layer's statistics, which a replay would freeze).
+  bool plan_steps(std::int64_t T, std::vector<StepPlan>& plans) {
+    const cuda::Path path = opt_.ffn_path == FfnPath::dense ? cuda::Path::dense
+                            : opt_.ffn_path == FfnPath::sparse ? cuda::Path::sparse
+                                                                : cuda::Path::automatic;
+    plans.assign(layers_.size(), StepPlan{});
+    for (std::size_t l = 0; l < layers_.size(); ++l) {
+      if (!layers_[l].ffn) continue;
+      plans[l] = layers_[l].ffn->plan_step(T, path);
+      if (!plans[l].capturable) return false;
+    }
     return true;
   }
 
@@ -485,7 +490,7 @@ class CudaRuntime final : public Runtime {
             ids_.get(), rows_.get(), sel_.get(), w.g.get(), w.gu.get(), w.h.get(), w.decode_partials.get()};
   }
 
-  std::vector<char> run_decode(Shape sh) {
+  std::vector<char> run_decode(Shape sh, const std::vector<StepPlan>& plans) {
     const std::int64_t limit = max_keys_;
     std::int64_t bucket = 256;
     while (bucket < sh.max_keys) bucket *= 2;
@@ -496,31 +501,29 @@ class CudaRuntime final : public Runtime {
       if (it == graphs_.end()) graphs_.emplace(key, std::make_unique<Graph>());  // next time: planned
       return enqueue_forward(sh, nullptr);
     }
-    std::vector<char> plan;
-    for (Layer& L : layers_) {
-      const bool engine = L.ffn && opt_.ffn_path == FfnPath::automatic && L.ffn->is_decode(sh.T);
-      if (engine) L.ffn->prepare_decode(sh.T, stream_);
-      plan.push_back(engine ? static_cast<char>(L.ffn->decode_plan_sparse()) : 0);
-    }
+    for (std::size_t l = 0; l < layers_.size(); ++l)
+      if (layers_[l].ffn) layers_[l].ffn->prepare_step(plans[l], stream_);
     reserve_scratch(sh);
-    if (!opt_.cuda_graphs || graphs_failed_) return enqueue_forward(sh, &plan);
+    if (!opt_.cuda_graphs || graphs_failed_) return enqueue_forward(sh, &plans);
     Graph& g = *it->second;
-    if (!g.exec || g.plan != plan || g.addresses != scratch_addresses() || g.epochs != weight_epochs()) {
+    if (!g.exec || g.plans != plans || g.addresses != scratch_addresses() || g.epochs != weight_epochs()) {
       if (g.exec) TWELL_CUDA_CHECK(cudaGraphExecDestroy(std::exchange(g.exec, nullptr)));
-      if (!capture(sh, plan, g)) return enqueue_forward(sh, &plan);
+      if (!capture(sh, plans, g)) return enqueue_forward(sh, &plans);
     }
     TWELL_CUDA_CHECK(cudaGraphLaunch(g.exec, stream_));
     ++graph_launches_;
-    return plan;
+    std::vector<char> ran_sparse(layers_.size(), 0);
+    for (std::size_t l = 0; l < layers_.size(); ++l) ran_sparse[l] = layers_[l].ffn && plans[l].sparse;
+    return ran_sparse;
   }
 
-  // Captures the decode forward of `sh` under `plan` into g; false (graphs off from now on, with a
+  // Captures the decode forward of `sh` under `plans` into g; false (graphs off from now on, with a
   // note on stderr) if the driver refuses the capture.
-  bool capture(const Shape& sh, const std::vector<char>& plan, Graph& g) {
+  bool capture(const Shape& sh, const std::vector<StepPlan>& plans, Graph& g) {
     cudaGraph_t graph = nullptr;
     TWELL_CUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
     try {
-      enqueue_forward(sh, &plan);
+      enqueue_forward(sh, &plans);
     } catch (...) {
       cudaStreamEndCapture(stream_, &graph);
       if (graph) cudaGraphDestroy(graph);
@@ -538,7 +541,7 @@ class CudaRuntime final : public Runtime {
                  cudaGetErrorString(e));
       return false;
     }
-    g.plan = plan;
+    g.plans = plans;
     g.addresses = scratch_addresses();
     g.epochs = weight_epochs();
     return true;
@@ -548,7 +551,7 @@ class CudaRuntime final : public Runtime {
     DeviceBuffer<float> attn_norm, ffn_norm;  // [K]
     DeviceBuffer<bf16_t> wqkv;                // [Q + 2·KV, K]
     DeviceBuffer<bf16_t> wo;                  // [K, Q]
-    std::unique_ptr<cuda::FfnContext> ffn;    // ReLU: the FFN engine's layer
+    std::unique_ptr<cuda::FfnLayer> ffn;      // ReLU: the FFN engine's layer (the public API)
     DeviceBuffer<bf16_t> w_gu;                // other activations: [Wg; Wu] as [2N, K]
     DeviceBuffer<bf16_t> w_down;              // [K, N]
   };
@@ -561,7 +564,8 @@ class CudaRuntime final : public Runtime {
   cudaStream_t stream_ = owned_stream_.get();
   // One scratch for every layer's FFN (sized by the largest call, not by the layer count); its
   // cuBLASLt handle and workspace serve the runtime's own GEMMs too (one stream: never concurrent).
-  std::shared_ptr<cuda::FfnWorkspace> ws_ = std::make_shared<cuda::FfnWorkspace>();
+  cuda::InferWorkspace infer_ws_;
+  const std::shared_ptr<cuda::FfnWorkspace>& ws_ = infer_ws_.get();
   cuda::LtGemm& gemm_ = ws_->gemm;
   DeviceBuffer<bf16_t> embed_, head_;
   DeviceBuffer<float> final_norm_, cos_, sin_;

@@ -106,14 +106,40 @@ class FfnLayer {
   void upload_weights(const FfnWeights& w, Stream stream);   // from host fp32 (rounded to bf16)
   // x, y: device bf16 [m, k]. Returns the path as dispatched (human-readable).
   std::string forward(const bf16* x, std::int64_t m, bf16* y, Path path, Stream stream);
+  bool last_sparse() const noexcept { return last_sparse_; }  // the last forward() ran a sparse path
   LayerStats stats();  // never waits (folds in the counts that have come back)
   std::int64_t n() const noexcept;
   std::int64_t k() const noexcept;
   bool gated() const noexcept;
 
+  // Steps a caller captures into CUDA graphs (a model runtime's decode steps), in three parts.
+  // plan_step(m, path): what forward(x, m, y, path) would run now (it polls the counts in flight,
+  // never waits), and whether that can be captured — the automatic path at decode sizes (the decode
+  // kernels, or the dense FFN once the layer measured dense) and from there up to the dispatch
+  // minimum (the plain dense FFN, uncounted), and the dense path at any size; else run forward().
+  // prepare_step: the allocations the step needs (not capturable; nothing once done). run_step:
+  // exactly the plan's kernels, with no host wait, no allocation and no count read back, so it can
+  // be captured and replayed once an ordinary forward of m rows has run (cuBLASLt chooses its
+  // algorithms then). A plan goes stale as the layer's counts move (an ordinary automatic forward
+  // now and then counts: plan again after it) and whenever weights_epoch() changes.
+  struct StepPlan {
+    std::int64_t m = 0;
+    bool capturable = false;
+    bool sparse = false;  // the decode kernels; else the dense FFN
+    bool operator==(const StepPlan&) const = default;
+  };
+  StepPlan plan_step(std::int64_t m, Path path);
+  void prepare_step(const StepPlan& plan, Stream stream);
+  void run_step(const bf16* x, bf16* y, const StepPlan& plan, Stream stream);
+  // Changes whenever the layer's weight buffers move (load_weights, upload_weights, a hot-neuron
+  // split that a large automatic or sparse forward may make on its own): a graph holding this
+  // layer's run_step must be captured again.
+  std::uint64_t weights_epoch() const noexcept;
+
  private:
   std::unique_ptr<FfnContext> ctx_;
   std::int64_t calls_ = 0, sparse_calls_ = 0;
+  bool last_sparse_ = false;
   std::string path_;
 };
 
