@@ -453,6 +453,84 @@ TEST(FfnLayer, TrainingForwardReportsTwellOverflow) {
   EXPECT_EQ(dense.overflow_tiles, -1);
 }
 
+// The step API (plan_step / prepare_step / run_step), as the model runtime drives its decode
+// steps: every capturable plan — automatic at decode sizes (1 row: the one-token kernels; 5: gate
+// GEMM + decode kernel), automatic between them and the dispatch minimum (100: the plain dense
+// FFN), the dense path (1, 300) — captured into a graph and replayed on fresh input gives bit for
+// bit the same step run eagerly, and what forward() on the same path gives. A forced sparse path
+// and an automatic size at the dispatch minimum or above are not capturable: prepare_step and
+// run_step refuse them.
+TEST(FfnLayer, PlannedStepsReplayBitIdentically) {
+  TWELL_REQUIRE_GPU();
+  cudaStream_t s = nullptr;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
+  struct Step {
+    std::int64_t m;
+    Path path;
+    bool sparse;
+  };
+  for (const Step c : {Step{1, Path::automatic, true}, Step{5, Path::automatic, true}, Step{100, Path::automatic, false},
+                       Step{1, Path::dense, false}, Step{300, Path::dense, false}}) {
+    SCOPED_TRACE(testing::Message() << "M = " << c.m << ", path " << static_cast<int>(c.path));
+    // 0.2 %: ≈ 11 of 5632 a row, far under the decode kernels' 0.8 % (the plan stays sparse).
+    const FfnData d = make_ffn(ffn_case("steps", c.m, 5632, 2048, true, 0.002, 31));
+    const FfnData fresh = make_ffn(ffn_case("steps", c.m, 5632, 2048, true, 0.002, 32));
+    InferWorkspace ws;
+    FfnLayer layer(&ws);
+    layer.upload_weights(d.weights(), s);
+    Dev<bf16> x(d.x.size()), y(d.x.size());
+    up(x, to_bf16_bits(d.x));
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    for (int w = 0; w < 3; ++w) layer.forward(x.p, c.m, y.p, c.path, s);  // buffers, counts, cuBLASLt plans
+    ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);
+    const FfnLayer::StepPlan plan = layer.plan_step(c.m, c.path);
+    ASSERT_TRUE(plan.capturable);
+    EXPECT_EQ(plan.sparse, c.sparse);
+    EXPECT_EQ(plan.m, c.m);
+    layer.prepare_step(plan, s);
+    ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);
+    cudaGraph_t graph = nullptr;
+    cudaGraphExec_t exec = nullptr;
+    ASSERT_EQ(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal), cudaSuccess);
+    bool threw = false;
+    try {
+      layer.run_step(x.p, y.p, plan, s);
+    } catch (const Error& e) {
+      threw = true;
+      ADD_FAILURE() << "run_step is not capturable: " << e.what();
+    }
+    ASSERT_EQ(cudaStreamEndCapture(s, &graph), cudaSuccess);
+    if (threw) continue;
+    ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
+    up(x, to_bf16_bits(fresh.x));
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    layer.run_step(x.p, y.p, plan, s);
+    ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);
+    const auto want = down<std::uint16_t>(y);
+    layer.forward(x.p, c.m, y.p, c.path, s);
+    ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);
+    EXPECT_TRUE(down<std::uint16_t>(y) == want) << "forward() and run_step differ";
+    ASSERT_EQ(cudaMemsetAsync(y.p, 0xff, y.n * sizeof(bf16), s), cudaSuccess);
+    ASSERT_EQ(cudaGraphLaunch(exec, s), cudaSuccess);
+    ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);
+    EXPECT_TRUE(down<std::uint16_t>(y) == want) << "the replay differs from the eager step";
+    cudaGraphExecDestroy(exec);
+    cudaGraphDestroy(graph);
+  }
+  const FfnData d = make_ffn(ffn_case("steps", 8, 1024, 256, true, 0.01, 33));
+  FfnLayer layer;
+  layer.upload_weights(d.weights(), s);
+  Dev<bf16> x(d.x.size()), y(d.x.size());
+  for (const auto [m, path] : {std::pair<std::int64_t, Path>{1, Path::sparse}, {4096, Path::automatic}}) {
+    const FfnLayer::StepPlan plan = layer.plan_step(m, path);
+    EXPECT_FALSE(plan.capturable) << "M = " << m;
+    EXPECT_THROW(layer.prepare_step(plan, s), Error);
+    EXPECT_THROW(layer.run_step(x.p, y.p, plan, s), Error);
+  }
+  EXPECT_THROW(layer.plan_step(0, Path::automatic), Error);
+  cudaStreamDestroy(s);
+}
+
 TEST(FfnLayer, MisuseIsAnError) {
   TWELL_REQUIRE_GPU();
   FfnTrainLayer t;
