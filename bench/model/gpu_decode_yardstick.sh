@@ -2,9 +2,11 @@
 # Issue 27's decode target in one call on the GPU machine: twell's decode at batch 1 against
 # PyTorch's best dense decode (transformers + torch.compile(mode="reduce-overhead") + static cache:
 # CUDA graphs) on the same synthetic checkpoint, same GPU, same call.
-#   [BUILD=build/gpu] [OUT=…] bash bench/model/gpu_decode_yardstick.sh [CONFIG [DENSITY]]   (2b 0.005)
+#   [BUILD=build/gpu] [OUT=…] [PREFILL=1] bash bench/model/gpu_decode_yardstick.sh [CONFIG [DENSITY]]   (2b 0.005)
 # Needs a built twell (e.g. scripts/gpu-check earlier in the same call). Writes torch.json,
-# twell.json and decode-yardstick.md (the table) under $OUT.
+# twell.json and decode-yardstick.md (the table) under $OUT. PREFILL=1 adds the prefill of 8 × 512
+# tokens on both sides (PyTorch eager and torch.compile; twell with the prefill attention it
+# builds in, and again with --no-cudnn-attention: twell-own-attention.json) to the same table.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 BUILD=${BUILD:-build/gpu}
@@ -21,13 +23,24 @@ if [ ! -f "$M/config.json" ]; then
 fi
 echo "checkpoint: $(( $(date +%s) - t0 )) s"
 t0=$(date +%s)
-python3 bench/model/torch_yardstick.py "$M" --skip-prefill --context 128 --decode-steps 128 --json "$OUT/torch.json" \
+PREFILL=${PREFILL:-0}
+skip=--skip-prefill
+[ "$PREFILL" = 1 ] && skip=
+python3 bench/model/torch_yardstick.py "$M" $skip --context 128 --decode-steps 128 --json "$OUT/torch.json" \
   > "$OUT/torch.log" 2>&1
 echo "torch yardstick rc=$? ($(( $(date +%s) - t0 )) s)"
 t0=$(date +%s)
+pf="--prefill-batch 1 --prefill-len 128"
+[ "$PREFILL" = 1 ] && pf="--prefill-batch 8 --prefill-len 512"
 "$BUILD/tools/twell/twell" bench model --model "$M" --decode-batch 1 --context 128 --decode-steps 128 --no-energy \
-  --prefill-batch 1 --prefill-len 128 --json "$OUT/twell.json" > "$OUT/twell.log" 2>&1
+  $pf --json "$OUT/twell.json" > "$OUT/twell.log" 2>&1
 echo "twell bench rc=$? ($(( $(date +%s) - t0 )) s)"
+if [ "$PREFILL" = 1 ]; then
+  t0=$(date +%s)
+  "$BUILD/tools/twell/twell" bench model --model "$M" --decode-batch 1 --context 128 --decode-steps 8 --no-energy \
+    $pf --no-cudnn-attention --json "$OUT/twell-own-attention.json" > "$OUT/twell-own-attention.log" 2>&1
+  echo "twell bench, own attention, rc=$? ($(( $(date +%s) - t0 )) s)"
+fi
 python3 - "$OUT" <<'PY'
 import json, sys
 out = sys.argv[1]
@@ -51,6 +64,29 @@ best = max((v for n, v in rows if n.startswith("PyTorch")), default=None)
 lines = ["| decode, batch 1 | tokens/s | against PyTorch's best |", "|---|---:|---:|"]
 for n, v in rows:
     lines.append(f"| {n} | {v:.1f} | {v / best:.2f}× |" if best else f"| {n} | {v:.1f} | — |")
+# Prefill (PREFILL=1): PyTorch eager / compiled, twell dense / sparse FFN with each attention.
+pre = []
+try:
+    for name, ph in t.get("results", {}).items():
+        if name.startswith("prefill") and isinstance(ph, dict) and "tokens_per_s" in ph:
+            pre.append((f"PyTorch {name}", ph["tokens_per_s"]))
+except NameError:
+    pass
+for fname, label in (("twell.json", None), ("twell-own-attention.json", "twell's own attention kernel")):
+    try:
+        w = json.load(open(f"{out}/{fname}"))
+    except (OSError, ValueError):
+        continue
+    att = label or w.get("prefill_attention", "?")
+    for r in w.get("rows", []):
+        if r.get("phase") == "prefill" and r.get("batch", 0) > 1:
+            pre.append((f"twell, dense FFN ({att})", r["dense_tokens_per_s"]))
+            pre.append((f"twell, sparse FFN ({att})", r["sparse_tokens_per_s"]))
+if pre:
+    pbest = max((v for n, v in pre if n.startswith("PyTorch")), default=None)
+    lines += ["", "| prefill, 8 × 512 | tokens/s | against PyTorch's best |", "|---|---:|---:|"]
+    for n, v in pre:
+        lines.append(f"| {n} | {v:.0f} | {v / pbest:.2f}× |" if pbest else f"| {n} | {v:.0f} | — |")
 open(f"{out}/decode-yardstick.md", "w").write("\n".join(lines) + "\n")
 print("\n".join(lines))
 PY
