@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "cpu/blas.hpp"
+#include "model/activation.hpp"
 #include "model/runtime_checks.hpp"
 #include "twell/error.hpp"
 
@@ -43,19 +44,6 @@ void rope(float* v, std::int64_t heads, std::int64_t d, std::int64_t pos, const 
       p[i + half] = x2 * c + x1 * s;
     }
   }
-}
-
-float activate(Activation a, float g) {
-  switch (a) {
-    case Activation::relu: return g > 0.0f ? g : 0.0f;
-    case Activation::silu: return g / (1.0f + std::exp(-g));
-    case Activation::gelu: return 0.5f * g * (1.0f + std::erf(g * 0.70710678118654752f));
-    case Activation::gelu_tanh: {
-      const float c = 0.7978845608028654f;  // sqrt(2/π)
-      return 0.5f * g * (1.0f + std::tanh(c * (g + 0.044715f * g * g * g)));
-    }
-  }
-  return g;
 }
 
 }  // namespace

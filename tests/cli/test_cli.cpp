@@ -16,6 +16,8 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "twell/cpu/reference.hpp"
 #include "twell/io/safetensors.hpp"
 #include "twell/sparsity_gen.hpp"
@@ -579,6 +581,44 @@ TEST_F(Cli, GenModelThenGenerate) {
   ASSERT_EQ(b.rc, 0) << b.err;
   EXPECT_NE(b.out.find("| prefill | 2 | 32 |"), std::string::npos) << b.out;
   EXPECT_NE(b.out.find("| decode | 2 | 4 |"), std::string::npos) << b.out;
+}
+
+// twell stats --model --text on the real SmolLM2 (ReLU in place of its SiLU: --hidden-act relu),
+// 48 tokens in sequences of 20 (positions restart): a row per layer, the position buckets, the
+// most / fewest active tokens, the JSON's [layers][tokens] counts, and an SVG; bad combinations of
+// flags are one-line errors.
+TEST_F(Cli, StatsOfAModelOnText) {
+  const fs::path model = fs::path(TWELL_SOURCE_DIR) / "assets" / "smollm2-135m-instruct";
+  expect_error("stats --text README.md", "--text needs --model");
+  if (!fs::exists(model / ".complete")) GTEST_SKIP() << model << " not present (bash scripts/fetch-smollm2)";
+  const std::string text = path("text.txt");
+  std::ofstream(text) << "The quick brown fox jumps over the lazy dog. Sparse models fire few neurons per token; "
+                         "this text runs through every layer of the model, and the counts come back per token.\n";
+  expect_error(fmt::format("stats --model '{}'", model.string()), "--model needs --text");
+  expect_error(fmt::format("stats --model '{}' --text '{}'", model.string(), path("missing.txt")), "cannot open");
+  const RunResult r = run(fmt::format("stats --model '{}' --text '{}' --hidden-act relu --max-tokens 48 --context 20 "
+                                      "--top 3 --json '{}' --svg '{}'",
+                                      model.string(), text, path("s.json"), path("s.svg")));
+  ASSERT_EQ(r.rc, 0) << r.err;
+  EXPECT_NE(r.out.find("| 29 | "), std::string::npos) << r.out;  // 30 layers
+  EXPECT_NE(r.out.find("| all | "), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("| 16–31 |"), std::string::npos) << r.out;  // positions 16..19 exist, 20+ do not
+  EXPECT_EQ(r.out.find("| 32–63 |"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("tokens with the most active neurons"), std::string::npos) << r.out;
+  const nlohmann::json j = nlohmann::json::parse(slurp(path("s.json")));
+  ASSERT_EQ(j["active"].size(), 30u);
+  ASSERT_EQ(j["tokens"].size(), j["active"][0].size());
+  EXPECT_LE(j["tokens"].size(), 48u);
+  EXPECT_EQ(j["sequence"].back(), (j["tokens"].size() - 1) / 20);
+  EXPECT_EQ(j["most_active"].size(), 3u);
+  for (const auto& row : j["active"])
+    for (const auto& v : row) {
+      EXPECT_GE(v.get<int>(), 0);
+      EXPECT_LE(v.get<int>(), 1536);
+    }
+  const std::string svg = slurp(path("s.svg"));
+  EXPECT_EQ(svg.rfind("<svg", 0), 0u);
+  EXPECT_NE(svg.find("</svg>"), std::string::npos);
 }
 
 }  // namespace

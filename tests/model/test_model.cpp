@@ -8,6 +8,7 @@
 #include <fstream>
 
 #include "tiny_model.hpp"
+#include "twell/model/activation_profile.hpp"
 #include "twell/model/generate.hpp"
 #include "twell/model/runtime.hpp"
 
@@ -150,6 +151,69 @@ TEST(ModelCpu, AutomaticDispatchFollowsDensity) {
   const auto& st = rt.ffn_stats()[0];
   EXPECT_EQ(st.sparse_rows, 4) << "first call measures through the sparse path, later calls run dense";
   EXPECT_GT(st.last_density, 0.2);
+}
+
+// The activation profile (`twell stats --model`) counts what the runtime's FFN counts: per layer,
+// its sum over the tokens equals the dense CPU runtime's active count over the same sequences, and
+// at layer 0 (identical inputs on both paths) the TwELL path's too — an independent count, by the
+// sparse kernels' packing. Per-neuron hits add up to the same totals, dead neurons are the ones
+// without a hit, positions restart with each sequence, and a token's count depends only on its
+// prefix (a sequence's first tokens profiled alone count the same). A SiLU model counts act(g) ≠ 0.
+TEST(ActivationProfile, CountsWhatTheRuntimeCounts) {
+  TinySpec s;
+  s.bias_channel = true;
+  s.gate_threshold = -0.3f;  // a few % active
+  s.intermediate = 600;
+  s.seed = fresh_seed();
+  const Model m = Model::load(write_tiny("profile", s).string());
+  Rng rng(s.seed);
+  const std::vector<std::vector<std::int32_t>> seqs = {random_tokens(rng, 5, s.vocab), random_tokens(rng, 17, s.vocab),
+                                                       random_tokens(rng, 1, s.vocab)};
+  const model::ActivationProfile p = model::profile_activations(m, seqs);
+  ASSERT_EQ(p.token_count(), 23);
+  ASSERT_EQ(p.layers, s.layers);
+  ASSERT_EQ(p.neurons, s.intermediate);
+  CpuRuntime dense(m, {model::FfnPath::dense}), sparse(m, {model::FfnPath::sparse});
+  for (const auto& q : seqs) {
+    run(dense, q, q.size());
+    run(sparse, q, q.size());
+  }
+  std::int64_t t = 0;
+  for (std::size_t i = 0; i < seqs.size(); ++i)
+    for (std::size_t j = 0; j < seqs[i].size(); ++j, ++t) {
+      EXPECT_EQ(p.sequence[static_cast<std::size_t>(t)], static_cast<std::int64_t>(i));
+      EXPECT_EQ(p.position[static_cast<std::size_t>(t)], static_cast<std::int64_t>(j));
+      EXPECT_EQ(p.tokens[static_cast<std::size_t>(t)], seqs[i][j]);
+    }
+  for (std::int64_t l = 0; l < p.layers; ++l) {
+    std::int64_t sum = 0, hits = 0, dead = 0;
+    for (std::int64_t k = 0; k < p.token_count(); ++k) sum += p.at(l, k);
+    for (std::int64_t n = 0; n < p.neurons; ++n) {
+      hits += p.neuron_hits[static_cast<std::size_t>(l * p.neurons + n)];
+      dead += p.neuron_hits[static_cast<std::size_t>(l * p.neurons + n)] == 0;
+    }
+    EXPECT_EQ(sum, dense.ffn_stats()[static_cast<std::size_t>(l)].active) << "layer " << l;
+    EXPECT_EQ(hits, sum) << "layer " << l;
+    EXPECT_EQ(p.dead(l), dead) << "layer " << l;
+    EXPECT_GT(sum, 0) << "layer " << l;
+    EXPECT_LT(sum, p.token_count() * p.neurons / 2) << "layer " << l;
+  }
+  std::int64_t layer0 = 0;
+  for (std::int64_t k = 0; k < p.token_count(); ++k) layer0 += p.at(0, k);
+  EXPECT_EQ(layer0, sparse.ffn_stats()[0].active) << "layer 0: the TwELL path's own count";
+  const std::vector<std::vector<std::int32_t>> prefix = {std::vector<std::int32_t>(seqs[1].begin(), seqs[1].begin() + 6)};
+  const model::ActivationProfile q = model::profile_activations(m, prefix);
+  for (std::int64_t l = 0; l < p.layers; ++l)
+    for (std::int64_t k = 0; k < 6; ++k) EXPECT_EQ(q.at(l, k), p.at(l, 5 + k)) << "layer " << l << ", token " << k;
+  // A smooth activation is zero only where its input is: every gate counts.
+  TinySpec silu;
+  silu.act = "silu";
+  silu.seed = fresh_seed();
+  const Model ms = Model::load(write_tiny("profile_silu", silu).string());
+  const model::ActivationProfile ps = model::profile_activations(ms, prefix);
+  for (std::int64_t l = 0; l < ps.layers; ++l)
+    for (std::int64_t k = 0; k < ps.token_count(); ++k) EXPECT_GT(ps.at(l, k), ps.neurons * 9 / 10);
+  EXPECT_THROW(model::profile_activations(m, std::vector<std::vector<std::int32_t>>{{}}), Error);
 }
 
 TEST(ModelCpu, LoadErrorsNameTheProblem) {

@@ -28,19 +28,11 @@ struct GenerateArgs {
   bool quiet = false;
 };
 
-std::string read_file(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  if (!f) fail(ErrorCode::io, "--prompt-file: cannot open '{}'", path);
-  std::ostringstream s;
-  s << f.rdbuf();
-  return s.str();
-}
-
 int run_generate(GenerateArgs& a) {
   if (!a.json.empty()) check_writable(a.json, "--json");
   std::string why;
   const std::string device = resolve_device(a.device, &why) == DeviceKind::cuda ? "cuda" : "cpu";
-  if (!a.prompt_file.empty()) a.prompts.push_back(read_file(a.prompt_file));
+  if (!a.prompt_file.empty()) a.prompts.push_back(read_text_file(a.prompt_file, "--prompt-file"));
   if (a.prompts.empty()) fail(ErrorCode::invalid_argument, "give a prompt with --prompt TEXT or --prompt-file FILE");
 
   model::LoadOptions lo;

@@ -15,6 +15,7 @@
 #include <fstream>
 #include <random>
 #include <set>
+#include <sstream>
 #include <cstring>
 
 #include <fmt/ranges.h>
@@ -480,11 +481,34 @@ void note(const std::string& message) {
   std::fflush(stderr);
 }
 
-void write_json_file(const std::string& path, const nlohmann::json& j) {
-  std::ofstream f(path);
-  if (!f) fail(ErrorCode::io, "cannot write '{}': {}", path, std::strerror(errno));
-  f << j.dump(2) << "\n";
-  if (!f) fail(ErrorCode::io, "cannot write '{}'", path);
+void write_text_file(const std::string& path, const std::string& text) {
+  const std::string tmp = path + ".tmp";
+  {
+    std::ofstream f(tmp, std::ios::binary);
+    if (!f) fail(ErrorCode::io, "cannot write '{}': {}", tmp, std::strerror(errno));
+    f << text;
+    f.flush();
+    if (!f) {
+      std::remove(tmp.c_str());
+      fail(ErrorCode::io, "cannot write '{}'", tmp);
+    }
+  }
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
+    const int e = errno;
+    std::remove(tmp.c_str());
+    fail(ErrorCode::io, "cannot rename '{}' to '{}': {}", tmp, path, std::strerror(e));
+  }
+}
+
+void write_json_file(const std::string& path, const nlohmann::json& j) { write_text_file(path, j.dump(2) + "\n"); }
+
+std::string read_text_file(const std::string& path, const char* flag) {
+  std::ifstream f(path, std::ios::binary);
+  if (!f) fail(ErrorCode::io, "{}: cannot open '{}'", flag, path);
+  std::ostringstream s;
+  s << f.rdbuf();
+  if (f.bad()) fail(ErrorCode::io, "{}: cannot read '{}'", flag, path);
+  return s.str();
 }
 
 }  // namespace twell::cli

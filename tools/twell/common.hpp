@@ -119,7 +119,12 @@ std::string iso_time_utc();
 int host_threads();
 // Prints "twell: <message>" on stderr (progress and notes), flushed.
 void note(const std::string& message);
-void write_json_file(const std::string& path, const nlohmann::json& j);
+// Writes `text` to `path` through a temporary file beside it and a rename: a reader never sees a
+// half-written file, and a failed write leaves the old one.
+void write_text_file(const std::string& path, const std::string& text);
+void write_json_file(const std::string& path, const nlohmann::json& j);  // through write_text_file
+// The whole file; `flag` names the option in the error.
+std::string read_text_file(const std::string& path, const char* flag);
 std::string shape_string(const std::vector<std::int64_t>& shape);
 
 }  // namespace twell::cli

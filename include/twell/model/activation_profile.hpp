@@ -1,0 +1,34 @@
+#pragma once
+// Which FFN neurons fire on real text: per layer and token, the neurons whose activation is non-zero
+// (the paper's §5 analysis: sparsity by layer, by position, by token; dead neurons). Runs a model's
+// CPU forward and counts on each layer's FFN input, exactly (fp32; ReLU: gate > 0, as the FFN
+// engine's count; other activations: act(gate) ≠ 0, which a smooth activation gives almost always).
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "twell/model/model.hpp"
+
+namespace twell::model {
+
+struct ActivationProfile {
+  std::int64_t layers = 0, neurons = 0;
+  std::vector<std::int32_t> tokens;     // every sequence's ids, one after another
+  std::vector<std::int64_t> sequence;   // token t's sequence (its index in the input)
+  std::vector<std::int64_t> position;   // token t's position in its sequence
+  std::vector<std::int32_t> active;     // [layers][tokens]: non-zero activations of layer l at token t
+  std::vector<std::int64_t> neuron_hits;  // [layers][neurons]: tokens at which each neuron fired
+
+  std::int64_t token_count() const noexcept { return static_cast<std::int64_t>(tokens.size()); }
+  std::int32_t at(std::int64_t layer, std::int64_t token) const noexcept {
+    return active[static_cast<std::size_t>(layer * token_count() + token)];
+  }
+  // Neurons of `layer` that never fired on these tokens.
+  std::int64_t dead(std::int64_t layer) const noexcept;
+};
+
+// Runs each sequence from position 0 through a CPU runtime over `model` (one forward call per
+// sequence; each must fit the model's context) and counts as above.
+ActivationProfile profile_activations(const Model& model, std::span<const std::vector<std::int32_t>> sequences);
+
+}  // namespace twell::model
