@@ -548,7 +548,8 @@ void FfnContext::prepare_decode(std::int64_t m, cudaStream_t stream) {
               "prepare_decode: {} rows are not decode rows (at most {}, K ≤ {})", m, opt_.decode_max_rows, kDecodeMaxK);
   reserve(m);
   if (uses_decode_token(m)) {
-    if (decode_flags_.size() != static_cast<std::size_t>(decode_token_flag_bytes(n_))) {  // zero past N, set once
+    if (decode_token_n_ != n_) {  // for this N (a reload may change it); zero once, every launch leaves it so
+      decode_token_n_ = n_;
       decode_h_.resize(static_cast<std::size_t>(n_));
       decode_flags_.resize(static_cast<std::size_t>(decode_token_flag_bytes(n_)));
       TWELL_CUDA_CHECK(cudaMemsetAsync(decode_flags_.get(), 0, decode_flags_.bytes(), stream));
@@ -567,7 +568,7 @@ void FfnContext::prepare_decode(std::int64_t m, cudaStream_t stream) {
 
 void FfnContext::decode_step(const __nv_bfloat16* x, std::int64_t m, __nv_bfloat16* y, bool sparse,
                              cudaStream_t stream) {
-  TWELL_CHECK(is_decode(m) && (uses_decode_token(m) ? decode_flags_.size() > 0
+  TWELL_CHECK(is_decode(m) && (uses_decode_token(m) ? decode_token_n_ == n_
                                                      : decode_tickets_.size() >= static_cast<std::size_t>(m + 2) &&
                                                            ws_->decode_partials.size() >=
                                                                static_cast<std::size_t>(m * tiles() * k_)),

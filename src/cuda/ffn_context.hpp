@@ -364,7 +364,8 @@ class FfnContext {
   DeviceBuffer<unsigned long long> decode_nnz_;   // [1] (kept zero between launches)
   DeviceBuffer<unsigned long long> decode_step_nnz_{1};  // [1] decode_step's count (not read back)
   DeviceBuffer<float> decode_h_;                  // [N] one-token decode's h (twell_decode_token.hpp)
-  DeviceBuffer<unsigned char> decode_flags_;      // its active flags (bytes past N zero)
+  DeviceBuffer<unsigned char> decode_flags_;      // its active flags
+  std::int64_t decode_token_n_ = 0;               // the N decode_h_ and decode_flags_ are sized for
   int sm_count_ = 0;
   std::size_t smem_optin_ = 0;
   // Dense rows (twell_dense_rows.hpp).

@@ -306,6 +306,9 @@ class CudaRuntime final : public Runtime {
     sh.max_keys = max_keys;
     sh.blocks = flash ? static_cast<std::int64_t>(blocks.size()) : 0;
     sh.cudnn = fresh && has_cudnn();
+#if TWELL_HAVE_CUDNN
+    if (sh.cudnn) sh.pad_rows = CudnnAttention::padded_rows(*std::max_element(seq_len_.begin(), seq_len_.end()));
+#endif
     std::vector<char> ran_sparse;
     std::vector<StepPlan> plans;
     const bool decode = !all_positions && !flash && T == static_cast<std::int64_t>(steps.size());
@@ -327,6 +330,7 @@ class CudaRuntime final : public Runtime {
   struct Shape {
     std::int64_t T = 0, R = 0, max_keys = 0, blocks = 0;
     bool cudnn = false;  // attention by cuDNN (sequences seq_row0_ / seq_len_), flash blocks the fallback
+    std::int64_t pad_rows = 0;  // rows of qkv_ and att_ past T that cuDNN's padded extents may touch
   };
 
   // Grows every scratch buffer a call of shape `sh` writes (before a capture: none may grow inside).
@@ -335,8 +339,10 @@ class CudaRuntime final : public Runtime {
     const std::int64_t K = c.hidden_size, N = c.intermediate_size, Q = c.q_dim(), KV = c.kv_dim();
     room(x_, sh.T * K);
     room(xn_, sh.T * K);
-    room(qkv_, sh.T * (Q + 2 * KV));
-    room(att_, sh.T * Q);
+    // cuDNN's ragged attention declares each sequence padded to a bucket of rows: the buffers it
+    // reads and writes get that many rows more, so no tile can reach past their ends.
+    room(qkv_, (sh.T + sh.pad_rows) * (Q + 2 * KV));
+    room(att_, (sh.T + sh.pad_rows) * Q);
     room(tmp_, sh.T * K);
     room(xs_, sh.R * K);
     room(logits_, sh.R * c.vocab_size);

@@ -46,7 +46,9 @@ struct CudnnAttention::Impl {
   std::map<std::pair<std::int64_t, std::int64_t>, Plan> plans;  // (sequences, longest) buckets
   cuda::DeviceBuffer<std::int32_t> seq_len, ragged_qkv, ragged_o;
   cuda::DeviceBuffer<unsigned char> workspace;
-  std::vector<std::int32_t> host;  // staging for the three int32 arrays
+  std::vector<std::int32_t> host;      // staging for the three int32 arrays
+  std::vector<std::int32_t> uploaded;  // what the device arrays hold (at uploaded_to)
+  const std::int32_t* uploaded_to = nullptr;
 
   ~Impl() {
     if (handle) cudnnDestroy(handle);
@@ -126,6 +128,8 @@ std::unique_ptr<CudnnAttention> CudnnAttention::create(std::int64_t heads, std::
   return std::unique_ptr<CudnnAttention>(new CudnnAttention(std::move(impl)));
 }
 
+std::int64_t CudnnAttention::padded_rows(std::int64_t longest) { return bucket(longest, 64); }
+
 std::string CudnnAttention::version() const { return std::to_string(cudnnGetVersion()); }
 
 bool CudnnAttention::run(const __nv_bfloat16* qkv, std::span<const std::int64_t> row0,
@@ -161,9 +165,17 @@ bool CudnnAttention::run(const __nv_bfloat16* qkv, std::span<const std::int64_t>
   if (m.ragged_o.size() < static_cast<std::size_t>(b + 1)) m.ragged_o.resize(static_cast<std::size_t>(b + 1));
   if (m.workspace.size() < static_cast<std::size_t>(plan.workspace))
     m.workspace.resize(static_cast<std::size_t>(plan.workspace));
-  TWELL_CUDA_CHECK(cudaMemcpyAsync(m.seq_len.get(), sl, static_cast<std::size_t>(b) * 4, cudaMemcpyHostToDevice, stream));
-  TWELL_CUDA_CHECK(cudaMemcpyAsync(m.ragged_qkv.get(), rq, static_cast<std::size_t>(b + 1) * 4, cudaMemcpyHostToDevice, stream));
-  TWELL_CUDA_CHECK(cudaMemcpyAsync(m.ragged_o.get(), ro, static_cast<std::size_t>(b + 1) * 4, cudaMemcpyHostToDevice, stream));
+  // The layers of one forward share the arrays: copied when they change (stream order keeps an
+  // earlier layer's reads before a later call's copy).
+  if (m.host != m.uploaded || m.seq_len.get() != m.uploaded_to) {
+    TWELL_CUDA_CHECK(cudaMemcpyAsync(m.seq_len.get(), sl, static_cast<std::size_t>(b) * 4, cudaMemcpyHostToDevice, stream));
+    TWELL_CUDA_CHECK(
+        cudaMemcpyAsync(m.ragged_qkv.get(), rq, static_cast<std::size_t>(b + 1) * 4, cudaMemcpyHostToDevice, stream));
+    TWELL_CUDA_CHECK(
+        cudaMemcpyAsync(m.ragged_o.get(), ro, static_cast<std::size_t>(b + 1) * 4, cudaMemcpyHostToDevice, stream));
+    m.uploaded = m.host;
+    m.uploaded_to = m.seq_len.get();
+  }
   auto* base = const_cast<__nv_bfloat16*>(qkv);  // cuDNN's variant pack takes void*; it only reads q, k, v
   std::unordered_map<fe::graph::Tensor_attributes::uid_t, void*> pack = {
       {kQ, base},

@@ -28,6 +28,10 @@ class CudnnAttention {
   // being rows [row0[b], row0[b] + len[b]) of qkv ([rows, (heads + 2·kv_heads)·d]: q | k | v, q and
   // k with RoPE applied) and its row i attending to its rows 0…i; out [rows, heads·d]. False, with
   // nothing enqueued, if cuDNN refuses the shape (then the caller runs its own kernel).
+  // Rows each sequence is padded to in the graph when the longest has `longest` (the padding mask
+  // covers the rest): callers keep that many rows of qkv and out allocated past their last row.
+  static std::int64_t padded_rows(std::int64_t longest);
+
   // The cuDNN library's version (cudnnGetVersion(), e.g. 91400).
   std::string version() const;
 

@@ -881,16 +881,17 @@ TEST(CudaDecode, MatchesReferenceAtEveryDensity) {
 
 // The one-token decode kernels (the gate fused in; flagged neurons listed in order by each CTA of
 // the down kernel) through the context's automatic path at M = 1, against the float64 oracle, at
-// densities from 0 to 100 %: lists longer than one pass (N = 70000 at 20 %: 14000 active, passes
-// of 2048 entries, rounds of 8192 flags), K up to 8192, N not a multiple of 8 or 32, non-gated.
-// Twice per context, with the same bits; the count that comes back is exact (exact
-// pre-activations: the active set is known on the host).
+// densities from 0 to 100 %: lists longer than one pass (5000 at 100 %: passes of 2048 entries;
+// N = 70000 at 40 %: ≈ 3300 active in each of 9 rounds of 8192 flags), K up to 8192, N not a
+// multiple of 8 or 32, non-gated. Twice per context, with the same bits; the count that comes back
+// is exact (exact pre-activations: the active set is known on the host). Then one context
+// reloaded with N = 1010, then 1000 (the same 32-neuron group: its scratch must follow N).
 TEST(CudaDecodeToken, MatchesReferenceAtEveryDensity) {
   TWELL_REQUIRE_GPU();
   std::vector<FfnCase> cases = {
       ffn_case("tok_n1000_k520_d5", 1, 1000, 520, true, 0.05, 11),
       ffn_case("tok_n5632_k2048_d0p5", 1, 5632, 2048, true, 0.005, 12),
-      ffn_case("tok_n70000_k520_d20", 1, 70000, 520, true, 0.20, 13),
+      ffn_case("tok_n70000_k520_d40", 1, 70000, 520, true, 0.40, 13),
       ffn_case("tok_n1003_k8192_d3", 1, 1003, 8192, true, 0.03, 14),
       ffn_case("tok_n4100_k4096_d1", 1, 4100, 4096, true, 0.01, 15),
       ffn_case("tok_n1000_k1024_d0", 1, 1000, 1024, true, 0.0, 16),
@@ -944,6 +945,31 @@ TEST(CudaDecodeToken, MatchesReferenceAtEveryDensity) {
     }
     if (expect_nnz == 0) {
       for (float v : first) ASSERT_EQ(v, 0.0f);
+    }
+  }
+  {
+    SCOPED_TRACE("reloaded: N = 1010, then 1000");
+    ContextOptions opt;
+    opt.decode_max_density = 1.0;
+    FfnContext ctx(opt);
+    for (const std::int64_t n : {1010, 1000}) {
+      FfnCase c = ffn_case("tok_reload", 1, n, 264, true, 0.3, 40 + static_cast<std::uint64_t>(n));
+      c.exact_preactivation = true;
+      const FfnData d = make_ffn(c);
+      const FfnWeights w = d.weights();
+      ctx.upload_weights(w, s);
+      const auto xb = to_bf16_bits(d.x);
+      DeviceBuffer<__nv_bfloat16> x(xb.size());
+      ASSERT_EQ(cudaMemcpy(x.get(), xb.data(), xb.size() * 2, cudaMemcpyHostToDevice), cudaSuccess);
+      const std::vector<std::int64_t> rows = {0};
+      ref::Options rounded;
+      rounded.round_activation_bf16 = true;
+      const auto r = ref::ffn_forward(d.xv(), w, rows, rounded);
+      ForwardResult fr;
+      const Outputs o = run_poisoned(1, c.k, s, [&](__nv_bfloat16* y) { fr = ctx.forward(x.get(), 1, y, Path::automatic, s); });
+      EXPECT_TRUE(o.guard_ok);
+      std::int64_t worst = -1;
+      EXPECT_LE(max_err_rows(o.y, r, rows, c.k, &worst), kTol) << "N = " << n << ": " << fr.path;
     }
   }
   cudaStreamDestroy(s);

@@ -500,7 +500,10 @@ TEST(FfnLayer, PlannedStepsReplayBitIdentically) {
       ADD_FAILURE() << "run_step is not capturable: " << e.what();
     }
     ASSERT_EQ(cudaStreamEndCapture(s, &graph), cudaSuccess);
-    if (threw) continue;
+    if (threw) {
+      if (graph) cudaGraphDestroy(graph);
+      continue;
+    }
     ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
     up(x, to_bf16_bits(fresh.x));
     ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);

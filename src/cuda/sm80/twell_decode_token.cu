@@ -89,13 +89,22 @@ __global__ void __launch_bounds__(kThreads) twell_decode_token_down_kernel(Twell
   for (int e = 0; e < 8; ++e) acc[e] = 0.0f;
   unsigned long long total = 0;
   for (std::int64_t r0 = 0; r0 < p.n; r0 += static_cast<std::int64_t>(kThreads) * kFlagsPerThread) {
-    // This thread's 32 flags (bytes 0 or 1; zero past N), as 8 words: a word's popcount counts them.
+    // This thread's 32 flags (bytes 0 or 1), as 8 words: a word's popcount counts them. Bytes past
+    // N are masked off here, whatever the buffer holds there.
     const std::int64_t nb = r0 + static_cast<std::int64_t>(tid) * kFlagsPerThread;
     unsigned w[8] = {0, 0, 0, 0, 0, 0, 0, 0};
     if (nb < p.n) {
       const uint4 a = __ldcg(reinterpret_cast<const uint4*>(p.flags + nb));
       const uint4 b = __ldcg(reinterpret_cast<const uint4*>(p.flags + nb) + 1);
       w[0] = a.x, w[1] = a.y, w[2] = a.z, w[3] = a.w, w[4] = b.x, w[5] = b.y, w[6] = b.z, w[7] = b.w;
+      const std::int64_t valid = p.n - nb;  // bytes of these 32 that are neurons
+      if (valid < kFlagsPerThread) {
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {
+          const std::int64_t left = valid - 4 * i;  // this word's bytes that are neurons
+          w[i] &= left >= 4 ? 0xffffffffu : left <= 0 ? 0u : (1u << (8 * left)) - 1u;
+        }
+      }
     }
     int cnt = 0;
 #pragma unroll
@@ -148,8 +157,9 @@ __global__ void __launch_bounds__(kThreads) twell_decode_token_down_kernel(Twell
   if (blockIdx.x == 0 && tid == 0 && p.nnz_out) *p.nnz_out = total;
 }
 
-// Whether the current device takes programmatic dependent launches (compute capability ≥ 9),
-// asked once per device.
+// Whether the down kernel, as loaded on the current device, waits for its prerequisite grid (code
+// compiled for sm_90 or later: its PTX version; a JIT of the compute_80 PTX has no wait, so it must
+// not be launched programmatically), asked once per device.
 bool programmatic_launch_supported() {
   constexpr int kMaxDevices = 64;
   static std::atomic<int> cached[kMaxDevices] = {};  // 0: not asked, 1: no, 2: yes (threads may race: same value)
@@ -159,7 +169,9 @@ bool programmatic_launch_supported() {
   if (cached[dev].load(std::memory_order_relaxed) == 0) {
     int major = 0;
     TWELL_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
-    cached[dev].store(major >= 9 ? 2 : 1, std::memory_order_relaxed);
+    cudaFuncAttributes fa{};
+    TWELL_CUDA_CHECK(cudaFuncGetAttributes(&fa, twell_decode_token_down_kernel));
+    cached[dev].store(major >= 9 && fa.ptxVersion >= 90 ? 2 : 1, std::memory_order_relaxed);
   }
   return cached[dev].load(std::memory_order_relaxed) == 2;
 }
