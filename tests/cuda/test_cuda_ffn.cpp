@@ -888,21 +888,12 @@ TEST(CudaDecode, MatchesReferenceAtEveryDensity) {
 // reloaded with N = 1010, then 1000 (the same 32-neuron group: its scratch must follow N).
 TEST(CudaDecodeToken, MatchesReferenceAtEveryDensity) {
   TWELL_REQUIRE_GPU();
-  std::vector<FfnCase> cases = {
-      ffn_case("tok_n1000_k520_d5", 1, 1000, 520, true, 0.05, 11),
-      ffn_case("tok_n5632_k2048_d0p5", 1, 5632, 2048, true, 0.005, 12),
-      ffn_case("tok_n70000_k520_d40", 1, 70000, 520, true, 0.40, 13),
-      ffn_case("tok_n1003_k8192_d3", 1, 1003, 8192, true, 0.03, 14),
-      ffn_case("tok_n4100_k4096_d1", 1, 4100, 4096, true, 0.01, 15),
-      ffn_case("tok_n1000_k1024_d0", 1, 1000, 1024, true, 0.0, 16),
-      ffn_case("tok_n17_k8_d50", 1, 17, 8, true, 0.5, 17),
-      ffn_case("tok_n5000_k264_d100", 1, 5000, 264, true, 1.0, 18),
-      ffn_case("tok_nongated_n5632_k2048_d1", 1, 5632, 2048, false, 0.01, 19),
-      ffn_case("tok_nongated_n3001_k1032_d60", 1, 3001, 1032, false, 0.6, 20),
-  };
   cudaStream_t s;
   ASSERT_EQ(cudaStreamCreate(&s), cudaSuccess);
-  for (FfnCase& c : cases) {
+  ContextOptions opt;
+  opt.decode_max_density = 1.0;  // the decode kernels at every density
+  // Uploads c's weights into ctx and checks `calls` one-token forwards of its x.
+  const auto check = [&](FfnContext& ctx, FfnCase c, int calls) {
     SCOPED_TRACE(c.name);
     c.exact_preactivation = true;
     const FfnData d = make_ffn(c);
@@ -915,9 +906,6 @@ TEST(CudaDecodeToken, MatchesReferenceAtEveryDensity) {
         a += static_cast<double>(d.x[static_cast<std::size_t>(kk)]) * w1[static_cast<std::size_t>(j * c.k + kk)];
       expect_nnz += a > 0;
     }
-    ContextOptions opt;
-    opt.decode_max_density = 1.0;  // the decode kernel at every density
-    FfnContext ctx(opt);
     ctx.upload_weights(w, s);
     const auto xb = to_bf16_bits(d.x);
     DeviceBuffer<__nv_bfloat16> x(xb.size());
@@ -927,7 +915,7 @@ TEST(CudaDecodeToken, MatchesReferenceAtEveryDensity) {
     rounded.round_activation_bf16 = true;
     const auto r = ref::ffn_forward(d.xv(), w, rows, rounded);
     std::vector<float> first;
-    for (int call = 0; call < 2; ++call) {
+    for (int call = 0; call < calls; ++call) {
       ForwardResult fr;
       const Outputs o = run_poisoned(1, c.k, s, [&](__nv_bfloat16* y) { fr = ctx.forward(x.get(), 1, y, Path::automatic, s); });
       EXPECT_TRUE(o.guard_ok);
@@ -937,41 +925,28 @@ TEST(CudaDecodeToken, MatchesReferenceAtEveryDensity) {
       ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);
       const FfnContext::Measured me = ctx.measured();
       EXPECT_NEAR(me.active * static_cast<double>(c.n), static_cast<double>(expect_nnz), 1e-6) << "call " << call;
-      if (call == 0) {
-        first = o.y;
-      } else {
-        EXPECT_TRUE(o.y == first) << "second call differs (deterministic order expected)";
-      }
+      if (call == 0) first = o.y;
+      else EXPECT_TRUE(o.y == first) << "call " << call << " differs (deterministic order expected)";
     }
-    if (expect_nnz == 0) {
+    if (expect_nnz == 0)
       for (float v : first) ASSERT_EQ(v, 0.0f);
-    }
-  }
-  {
-    SCOPED_TRACE("reloaded: N = 1010, then 1000");
-    ContextOptions opt;
-    opt.decode_max_density = 1.0;
+  };
+  for (const FfnCase& c : {ffn_case("tok_n1000_k520_d5", 1, 1000, 520, true, 0.05, 11),
+                           ffn_case("tok_n5632_k2048_d0p5", 1, 5632, 2048, true, 0.005, 12),
+                           ffn_case("tok_n70000_k520_d40", 1, 70000, 520, true, 0.40, 13),
+                           ffn_case("tok_n1003_k8192_d3", 1, 1003, 8192, true, 0.03, 14),
+                           ffn_case("tok_n4100_k4096_d1", 1, 4100, 4096, true, 0.01, 15),
+                           ffn_case("tok_n1000_k1024_d0", 1, 1000, 1024, true, 0.0, 16),
+                           ffn_case("tok_n17_k8_d50", 1, 17, 8, true, 0.5, 17),
+                           ffn_case("tok_n5000_k264_d100", 1, 5000, 264, true, 1.0, 18),
+                           ffn_case("tok_nongated_n5632_k2048_d1", 1, 5632, 2048, false, 0.01, 19),
+                           ffn_case("tok_nongated_n3001_k1032_d60", 1, 3001, 1032, false, 0.6, 20)}) {
     FfnContext ctx(opt);
-    for (const std::int64_t n : {1010, 1000}) {
-      FfnCase c = ffn_case("tok_reload", 1, n, 264, true, 0.3, 40 + static_cast<std::uint64_t>(n));
-      c.exact_preactivation = true;
-      const FfnData d = make_ffn(c);
-      const FfnWeights w = d.weights();
-      ctx.upload_weights(w, s);
-      const auto xb = to_bf16_bits(d.x);
-      DeviceBuffer<__nv_bfloat16> x(xb.size());
-      ASSERT_EQ(cudaMemcpy(x.get(), xb.data(), xb.size() * 2, cudaMemcpyHostToDevice), cudaSuccess);
-      const std::vector<std::int64_t> rows = {0};
-      ref::Options rounded;
-      rounded.round_activation_bf16 = true;
-      const auto r = ref::ffn_forward(d.xv(), w, rows, rounded);
-      ForwardResult fr;
-      const Outputs o = run_poisoned(1, c.k, s, [&](__nv_bfloat16* y) { fr = ctx.forward(x.get(), 1, y, Path::automatic, s); });
-      EXPECT_TRUE(o.guard_ok);
-      std::int64_t worst = -1;
-      EXPECT_LE(max_err_rows(o.y, r, rows, c.k, &worst), kTol) << "N = " << n << ": " << fr.path;
-    }
+    check(ctx, c, 2);
   }
+  FfnContext reloaded(opt);  // N = 1010, then 1000: the same 32-neuron group
+  check(reloaded, ffn_case("tok_reload_n1010", 1, 1010, 264, true, 0.3, 41), 1);
+  check(reloaded, ffn_case("tok_reload_n1000", 1, 1000, 264, true, 0.3, 42), 1);
   cudaStreamDestroy(s);
 }
 
