@@ -64,6 +64,25 @@ std::vector<float> dy_of(const FfnData& d) {
   return dy;
 }
 
+// What `enqueue` launches on s, captured and instantiated; null (with a test failure naming
+// `what`) if it throws while capturing.
+cudaGraphExec_t capture_graph(cudaStream_t s, const std::function<void()>& enqueue, const char* what) {
+  cudaGraph_t graph = nullptr;
+  cudaGraphExec_t exec = nullptr;
+  EXPECT_EQ(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal), cudaSuccess);
+  bool threw = false;
+  try {
+    enqueue();
+  } catch (const Error& e) {
+    threw = true;
+    ADD_FAILURE() << what << " is not capturable: " << e.what();
+  }
+  EXPECT_EQ(cudaStreamEndCapture(s, &graph), cudaSuccess);
+  if (!threw && graph) EXPECT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
+  if (graph) cudaGraphDestroy(graph);
+  return exec;
+}
+
 TEST(FfnLayer, SharedWorkspaceInferenceEqualsTheHostApi) {
   TWELL_REQUIRE_GPU();
   const std::vector<FfnData> data = {make_ffn(case_of(300, 1003, 264, true, 1)), make_ffn(case_of(257, 640, 128, false, 2))};
@@ -188,20 +207,9 @@ TEST(FfnLayer, CapturedLayersReplayBitIdentically) {
       ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
       for (int w = 0; w < 3; ++w) run();  // warm-up: buffers, dispatch statistics, cuBLASLt plans
       ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);
-      cudaGraph_t graph = nullptr;
-      cudaGraphExec_t exec = nullptr;
-      ASSERT_EQ(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal), cudaSuccess);
-      bool threw = false;
-      try {
-        run();
-      } catch (const Error& e) {
-        threw = true;
-        ADD_FAILURE() << "a forward is not capturable: " << e.what();
-      }
-      ASSERT_EQ(cudaStreamEndCapture(s, &graph), cudaSuccess);
-      if (threw) continue;
+      cudaGraphExec_t exec = capture_graph(s, run, "a forward");
+      if (!exec) continue;
       const std::string captured = joined();
-      ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
       // Fresh input: uncaptured, then replayed.
       up(*acts[0], to_bf16_bits(fresh_in.x));
       ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
@@ -223,7 +231,6 @@ TEST(FfnLayer, CapturedLayersReplayBitIdentically) {
                             << "; layer 1's output " << (down<std::uint16_t>(*acts[1]) == want_first ? "equal" : "differs")
                             << "\n  captured with:" << captured << "\n  uncaptured run:" << joined();
       cudaGraphExecDestroy(exec);
-      cudaGraphDestroy(graph);
     }
   }
   cudaStreamDestroy(s);
@@ -489,22 +496,8 @@ TEST(FfnLayer, PlannedStepsReplayBitIdentically) {
     EXPECT_EQ(plan.m, c.m);
     layer.prepare_step(plan, s);
     ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);
-    cudaGraph_t graph = nullptr;
-    cudaGraphExec_t exec = nullptr;
-    ASSERT_EQ(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal), cudaSuccess);
-    bool threw = false;
-    try {
-      layer.run_step(x.p, y.p, plan, s);
-    } catch (const Error& e) {
-      threw = true;
-      ADD_FAILURE() << "run_step is not capturable: " << e.what();
-    }
-    ASSERT_EQ(cudaStreamEndCapture(s, &graph), cudaSuccess);
-    if (threw) {
-      if (graph) cudaGraphDestroy(graph);
-      continue;
-    }
-    ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
+    cudaGraphExec_t exec = capture_graph(s, [&] { layer.run_step(x.p, y.p, plan, s); }, "run_step");
+    if (!exec) continue;
     up(x, to_bf16_bits(fresh.x));
     ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
     layer.run_step(x.p, y.p, plan, s);
@@ -518,7 +511,6 @@ TEST(FfnLayer, PlannedStepsReplayBitIdentically) {
     ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);
     EXPECT_TRUE(down<std::uint16_t>(y) == want) << "the replay differs from the eager step";
     cudaGraphExecDestroy(exec);
-    cudaGraphDestroy(graph);
   }
   const FfnData d = make_ffn(ffn_case("steps", 8, 1024, 256, true, 0.01, 33));
   FfnLayer layer;
