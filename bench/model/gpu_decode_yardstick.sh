@@ -2,7 +2,7 @@
 # Issue 27's decode target in one call on the GPU machine: twell's decode at batch 1 against
 # PyTorch's best dense decode (transformers + torch.compile(mode="reduce-overhead") + static cache:
 # CUDA graphs) on the same synthetic checkpoint, same GPU, same call.
-#   [BUILD=build/gpu] [OUT=…] [PREFILL=1] bash bench/model/gpu_decode_yardstick.sh [CONFIG [DENSITY]]   (2b 0.005)
+#   [BUILD=build/gpu] [OUT=…] [PREFILL=1] [MODEL=DIR] bash bench/model/gpu_decode_yardstick.sh [CONFIG [DENSITY]]   (2b 0.005)
 # Needs a built twell (e.g. scripts/gpu-check earlier in the same call). Writes torch.json,
 # twell.json and decode-yardstick.md (the table) under $OUT. PREFILL=1 adds the prefill of 8 × 512
 # tokens on both sides (PyTorch eager and torch.compile; twell with the prefill attention it
@@ -14,8 +14,13 @@ OUT=${OUT:-build/yardstick-out}
 CONFIG=${1:-2b}
 DENSITY=${2:-0.005}
 mkdir -p "$OUT"
-M=/tmp/twell-yardstick-$CONFIG
+# MODEL=DIR: an existing checkpoint instead (e.g. the converted SmolLM2: its SiLU FFN runs dense,
+# so twell's two rows measure the same path, against transformers on the same weights).
+M=${MODEL:-/tmp/twell-yardstick-$CONFIG}
 t0=$(date +%s)
+if [ -n "${MODEL:-}" ] && [ ! -f "$M/config.json" ]; then
+  echo "gpu_decode_yardstick: MODEL=$M has no config.json"; exit 1
+fi
 if [ ! -f "$M/config.json" ]; then
   rm -rf "$M"
   "$BUILD/tools/twell/twell" gen model --config "$CONFIG" --density "$DENSITY" --out "$M" > "$OUT/gen.log" 2>&1 ||
