@@ -15,6 +15,7 @@
 
 #include "cuda/common/check.hpp"
 #include "cuda/common/device_buffer.hpp"
+#include "cuda/common/launch.hpp"
 #include "cuda/dense/lt_gemm.hpp"
 #include "cuda/ffn_workspace.hpp"
 #include "cuda/host_util.hpp"
@@ -177,6 +178,7 @@ class CudaRuntime final : public Runtime {
     cudnn_why_ = "not in this build (no cuDNN or cudnn-frontend at configure time)";
 #endif
     if (!opt.cudnn_attention) cudnn_why_ = "off (RuntimeOptions::cudnn_attention)";
+    programmatic_ = opt.programmatic_launch && cuda::programmatic_launch_supported();
   }
 
   const Model& model() const noexcept override { return *model_; }
@@ -305,6 +307,9 @@ class CudaRuntime final : public Runtime {
     sh.R = R;
     sh.max_keys = max_keys;
     sh.blocks = flash ? static_cast<std::int64_t>(blocks.size()) : 0;
+    // Every kernel the forward enqueues below (and a decode step's graph captures) through
+    // launch_kernel is a programmatic dependent launch while this lives (RuntimeOptions::programmatic_launch).
+    const cuda::ProgrammaticLaunch programmatic(programmatic_);
     sh.cudnn = fresh && has_cudnn();
 #if TWELL_HAVE_CUDNN
     if (sh.cudnn) sh.pad_rows = CudnnAttention::padded_rows(*std::max_element(seq_len_.begin(), seq_len_.end()));
@@ -587,6 +592,7 @@ class CudaRuntime final : public Runtime {
   std::int64_t decode_steps_ = 0, graph_launches_ = 0;
   std::int64_t max_keys_ = 0;  // keys the decode attention takes on this device at this head_dim
   bool graphs_failed_ = false;
+  bool programmatic_ = false;  // RuntimeOptions::programmatic_launch, on a device that takes it
   std::vector<std::int64_t> seq_row0_, seq_len_;  // a fresh prefill's sequences (first row, rows)
   std::string cudnn_why_;                         // why cuDNN's attention is not used, if not
 #if TWELL_HAVE_CUDNN

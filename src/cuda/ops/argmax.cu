@@ -1,5 +1,6 @@
 // argmax: greedy sampling on the device, the index of each row's largest logit (lowest on ties).
 #include "cuda/common/check.hpp"
+#include "cuda/common/launch.cuh"
 #include "cuda/ops/model_ops.hpp"
 
 namespace twell::cuda::ops {
@@ -10,6 +11,7 @@ constexpr int kThreads = 512;
 __device__ bool better(float a, int ia, float b, int ib) { return a > b || (a == b && ia < ib); }
 
 __global__ void argmax_kernel(const float* logits, std::int64_t v, std::int32_t* out) {
+  dev::pdl_begin();
   const float* row = logits + blockIdx.x * v;
   float best = -INFINITY;
   int idx = 0x7fffffff;
@@ -52,7 +54,7 @@ __global__ void argmax_kernel(const float* logits, std::int64_t v, std::int32_t*
 void argmax(const float* logits, std::int64_t rows, std::int64_t v, std::int32_t* out, cudaStream_t stream) {
   TWELL_CU_REQUIRE(rows > 0 && rows < (1ll << 31) && v > 0 && v < (1ll << 31), ErrorCode::invalid_argument,
                    "argmax: bad shape [{}, {}]", rows, v);
-  argmax_kernel<<<static_cast<unsigned>(rows), kThreads, 0, stream>>>(logits, v, out);
+  launch_kernel(argmax_kernel, dim3(static_cast<unsigned>(rows)), dim3(kThreads), 0, stream, logits, v, out);
   TWELL_CUDA_CHECK_LAUNCH("argmax_kernel");
 }
 

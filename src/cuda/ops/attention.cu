@@ -9,6 +9,7 @@
 #include <cstdint>
 
 #include "cuda/common/check.hpp"
+#include "cuda/common/launch.cuh"
 #include "cuda/ops/model_ops.hpp"
 
 namespace twell::cuda::ops {
@@ -46,6 +47,7 @@ __global__ void __launch_bounds__(kWarps * 32) attention_kernel(const __nv_bfloa
                                                                 std::int64_t kv_heads, std::int64_t d,
                                                                 const RowKv* rows_kv, std::int64_t layer, float scale,
                                                                 __nv_bfloat16* out) {
+  dev::pdl_begin();
   extern __shared__ float smem[];
   const std::int64_t r = blockIdx.x, h = blockIdx.y;
   const std::int64_t q_dim = heads * d, kv_dim = kv_heads * d, kvh = h / (heads / kv_heads);
@@ -120,6 +122,7 @@ __global__ void __launch_bounds__(kWarps * 32) attention_kernel_d(const __nv_bfl
                                                                   std::int64_t kv_heads, const RowKv* rows_kv,
                                                                   std::int64_t layer, float scale, __nv_bfloat16* out) {
   constexpr int L = D / 8, G = 32 / L, kUnroll = 4, kStep = kWarps * G;  // keys per loop step of all warps
+  dev::pdl_begin();
   extern __shared__ float smem[];
   const std::int64_t r = blockIdx.x, h = blockIdx.y;
   const std::int64_t q_dim = heads * D, kv_dim = kv_heads * D, kvh = h / (heads / kv_heads);
@@ -227,7 +230,7 @@ void attention(const __nv_bfloat16* qkv, std::int64_t rows, std::int64_t heads, 
   auto launch = [&](auto kernel, auto... args) {
     if (smem > 48 * 1024)
       TWELL_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
-    kernel<<<grid, kWarps * 32, smem, stream>>>(qkv, args...);
+    launch_kernel(kernel, grid, dim3(kWarps * 32), smem, stream, qkv, args...);
   };
   if (d == 64)
     launch(attention_kernel_d<64>, heads, kv_heads, rows_kv, layer, scale, out);

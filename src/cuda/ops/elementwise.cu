@@ -1,11 +1,13 @@
 // residual_add and gated_activation: elementwise, grid-stride.
 #include "cuda/common/check.hpp"
+#include "cuda/common/launch.cuh"
 #include "cuda/ops/model_ops.hpp"
 
 namespace twell::cuda::ops {
 namespace {
 
 __global__ void residual_add_kernel(float* x, const __nv_bfloat16* y, std::int64_t n) {
+  dev::pdl_begin();
   for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<std::int64_t>(gridDim.x) * blockDim.x)
     x[i] += __bfloat162float(y[i]);
@@ -22,6 +24,7 @@ __device__ float activate(int act, float g) {
 
 __global__ void gated_activation_kernel(const __nv_bfloat16* gu, std::int64_t rows, std::int64_t n, int act,
                                         __nv_bfloat16* h) {
+  dev::pdl_begin();
   for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < rows * n;
        i += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
     const std::int64_t r = i / n, j = i % n;
@@ -34,7 +37,7 @@ __global__ void gated_activation_kernel(const __nv_bfloat16* gu, std::int64_t ro
 
 void residual_add(float* x, const __nv_bfloat16* y, std::int64_t n, cudaStream_t stream) {
   TWELL_CU_REQUIRE(n > 0, ErrorCode::invalid_argument, "residual_add: n = {}", n);
-  residual_add_kernel<<<grid_stride_blocks(n, 256), 256, 0, stream>>>(x, y, n);
+  launch_kernel(residual_add_kernel, dim3(grid_stride_blocks(n, 256)), dim3(256), 0, stream, x, y, n);
   TWELL_CUDA_CHECK_LAUNCH("residual_add_kernel");
 }
 
@@ -42,7 +45,7 @@ void gated_activation(const __nv_bfloat16* gu, std::int64_t rows, std::int64_t n
                       cudaStream_t stream) {
   TWELL_CU_REQUIRE(rows > 0 && n > 0 && act >= 0 && act <= 3, ErrorCode::invalid_argument,
                    "gated_activation: rows {}, n {}, act {}", rows, n, act);
-  gated_activation_kernel<<<grid_stride_blocks(rows * n, 256), 256, 0, stream>>>(gu, rows, n, act, h);
+  launch_kernel(gated_activation_kernel, dim3(grid_stride_blocks(rows * n, 256)), dim3(256), 0, stream, gu, rows, n, act, h);
   TWELL_CUDA_CHECK_LAUNCH("gated_activation_kernel");
 }
 

@@ -1,5 +1,6 @@
 // rmsnorm: y = bf16(x / sqrt(mean(x²) + eps) ⊙ w), one block per row, fp32 sums.
 #include "cuda/common/check.hpp"
+#include "cuda/common/launch.cuh"
 #include "cuda/ops/model_ops.hpp"
 
 namespace twell::cuda::ops {
@@ -65,6 +66,7 @@ __device__ void norm_row(float* __restrict__ xr, const __nv_bfloat16* __restrict
 
 __global__ void __launch_bounds__(kThreads) rmsnorm_kernel(const float* x, const std::int32_t* row_index, std::int64_t k,
                                                            const float* w, float eps, __nv_bfloat16* y) {
+  dev::pdl_begin();
   const std::int64_t i = blockIdx.x;
   const std::int64_t src = row_index ? row_index[i] : i;
   norm_row<false>(const_cast<float*>(x + src * k), nullptr, k, w, eps, y + i * k);  // kAdd false: x is only read
@@ -73,6 +75,7 @@ __global__ void __launch_bounds__(kThreads) rmsnorm_kernel(const float* x, const
 // residual_add then rmsnorm of the same rows in one pass: x[i] += delta[i]; y[i] = rmsnorm(x[i]).
 __global__ void __launch_bounds__(kThreads) add_rmsnorm_kernel(float* x, const __nv_bfloat16* delta, std::int64_t k,
                                                                const float* w, float eps, __nv_bfloat16* y) {
+  dev::pdl_begin();
   const std::int64_t i = blockIdx.x;
   norm_row<true>(x + i * k, delta + i * k, k, w, eps, y + i * k);
 }
@@ -83,14 +86,14 @@ void add_rmsnorm(float* x, const __nv_bfloat16* delta, std::int64_t rows, std::i
                  __nv_bfloat16* y, cudaStream_t stream) {
   TWELL_CU_REQUIRE(rows > 0 && rows < (1ll << 31) && k > 0, ErrorCode::invalid_argument, "add_rmsnorm: bad shape [{}, {}]",
                    rows, k);
-  add_rmsnorm_kernel<<<static_cast<unsigned>(rows), kThreads, 0, stream>>>(x, delta, k, w, eps, y);
+  launch_kernel(add_rmsnorm_kernel, dim3(static_cast<unsigned>(rows)), dim3(kThreads), 0, stream, x, delta, k, w, eps, y);
   TWELL_CUDA_CHECK_LAUNCH("add_rmsnorm_kernel");
 }
 
 void rmsnorm(const float* x, const std::int32_t* row_index, std::int64_t rows, std::int64_t k, const float* w, float eps,
              __nv_bfloat16* y, cudaStream_t stream) {
   TWELL_CU_REQUIRE(rows > 0 && rows < (1ll << 31) && k > 0, ErrorCode::invalid_argument, "rmsnorm: bad shape [{}, {}]", rows, k);
-  rmsnorm_kernel<<<static_cast<unsigned>(rows), kThreads, 0, stream>>>(x, row_index, k, w, eps, y);
+  launch_kernel(rmsnorm_kernel, dim3(static_cast<unsigned>(rows)), dim3(kThreads), 0, stream, x, row_index, k, w, eps, y);
   TWELL_CUDA_CHECK_LAUNCH("rmsnorm_kernel");
 }
 

@@ -1,5 +1,6 @@
 // rope_store_kv: RoPE on q (in place) and k, k and v into the row's KV cache (k optionally in place too).
 #include "cuda/common/check.hpp"
+#include "cuda/common/launch.cuh"
 #include "cuda/ops/model_ops.hpp"
 
 namespace twell::cuda::ops {
@@ -14,6 +15,7 @@ __global__ void __launch_bounds__(kThreads) rope_store_kv_kernel(__nv_bfloat16* 
                                                                  const float* cos_table, const float* sin_table,
                                                                  const RowKv* rows_kv, std::int64_t layer,
                                                                  bool k_in_place) {
+  dev::pdl_begin();
   const std::int64_t r = blockIdx.x;
   const int half = d / 2, q_dim = heads * d, kv_dim = kv_heads * d, pairs = (heads + kv_heads) * half;
   const int j = static_cast<int>(blockIdx.y) * kThreads + static_cast<int>(threadIdx.x);
@@ -54,9 +56,8 @@ void rope_store_kv(__nv_bfloat16* qkv, std::int64_t rows, std::int64_t heads, st
                    kv_heads, d);
   const std::int64_t items = (heads + kv_heads) * (d / 2) + kv_heads * d;
   const dim3 grid(static_cast<unsigned>(rows), static_cast<unsigned>((items + kThreads - 1) / kThreads));
-  rope_store_kv_kernel<<<grid, kThreads, 0, stream>>>(qkv, static_cast<int>(heads), static_cast<int>(kv_heads),
-                                                      static_cast<int>(d), cos_table, sin_table, rows_kv, layer,
-                                                      k_in_place);
+  launch_kernel(rope_store_kv_kernel, grid, dim3(kThreads), 0, stream, qkv, static_cast<int>(heads),
+                static_cast<int>(kv_heads), static_cast<int>(d), cos_table, sin_table, rows_kv, layer, k_in_place);
   TWELL_CUDA_CHECK_LAUNCH("rope_store_kv_kernel");
 }
 

@@ -2,6 +2,7 @@
 #include "cuda/sm80/twell_gemv.hpp"
 
 #include "cuda/common/check.hpp"
+#include "cuda/common/launch.cuh"
 #include "cuda/common/device_math.cuh"
 
 namespace twell::cuda {
@@ -15,6 +16,7 @@ constexpr int kWin = 2;                                          // chunk steps 
 // are n0 .. n0 + 3. Sums of kRows · MT values per lane, then a butterfly over the lanes.
 template <int MT>
 __global__ void __launch_bounds__(kWarps * 32) twell_gemv_kernel(TwellGemvParams p) {
+  dev::pdl_begin();
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const std::int64_t n0 = (static_cast<std::int64_t>(blockIdx.x) * kWarps + warp) * kRows;
   if (n0 >= p.n) return;
@@ -88,15 +90,15 @@ void launch_twell_gemv(const TwellGemvParams& p, cudaStream_t stream) {
   TWELL_CU_REQUIRE(ctas <= 0x7fffffff, ErrorCode::unsupported, "twell gemv: N = {} too large", p.n);
   const dim3 grid(static_cast<unsigned>(ctas)), block(kWarps * 32);
   if (p.m <= 1)
-    twell_gemv_kernel<1><<<grid, block, 0, stream>>>(p);
+    launch_kernel(twell_gemv_kernel<1>, grid, block, 0, stream, p);
   else if (p.m <= 2)
-    twell_gemv_kernel<2><<<grid, block, 0, stream>>>(p);
+    launch_kernel(twell_gemv_kernel<2>, grid, block, 0, stream, p);
   else if (p.m <= 4)
-    twell_gemv_kernel<4><<<grid, block, 0, stream>>>(p);
+    launch_kernel(twell_gemv_kernel<4>, grid, block, 0, stream, p);
   else if (p.m <= 8)
-    twell_gemv_kernel<8><<<grid, block, 0, stream>>>(p);
+    launch_kernel(twell_gemv_kernel<8>, grid, block, 0, stream, p);
   else
-    twell_gemv_kernel<16><<<grid, block, 0, stream>>>(p);
+    launch_kernel(twell_gemv_kernel<16>, grid, block, 0, stream, p);
   TWELL_CUDA_CHECK_LAUNCH("twell_gemv_kernel");
 }
 

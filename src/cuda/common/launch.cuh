@@ -1,0 +1,44 @@
+#pragma once
+// The kernels' side of programmatic dependent launches (launch.hpp): dev::pdl_begin(), the first
+// statement of every kernel launched through launch_kernel, and launch_kernel itself.
+#include <cuda_runtime.h>
+
+#include <cstddef>
+
+#include "cuda/common/check.hpp"
+#include "cuda/common/launch.hpp"
+
+namespace twell::cuda {
+
+namespace dev {
+// Waits for the previous grid (a no-op unless this grid was launched programmatically), then lets
+// the next one be scheduled.
+__device__ __forceinline__ void pdl_begin() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+}  // namespace dev
+
+// kernel<<<grid, block, smem, stream>>>(args...), programmatic inside a ProgrammaticLaunch scope.
+template <typename... P, typename... A>
+void launch_kernel(void (*kernel)(P...), dim3 grid, dim3 block, std::size_t smem, cudaStream_t stream, A... args) {
+  if (!programmatic_launch_active()) {
+    kernel<<<grid, block, smem, stream>>>(static_cast<P>(args)...);
+    return;
+  }
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = grid;
+  cfg.blockDim = block;
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  TWELL_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, static_cast<P>(args)...));
+}
+
+}  // namespace twell::cuda
