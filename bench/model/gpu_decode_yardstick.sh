@@ -8,12 +8,14 @@
 # tokens on both sides (PyTorch eager and torch.compile; twell with the prefill attention it
 # builds in, and again with --no-cudnn-attention: twell-own-attention.json) to the same table.
 set -uo pipefail
+[ -n "${MODEL:-}" ] && MODEL=$(realpath "$MODEL")  # before the cd: relative to the caller
 cd "$(dirname "$0")/../.."
 BUILD=${BUILD:-build/gpu}
 OUT=${OUT:-build/yardstick-out}
 CONFIG=${1:-2b}
 DENSITY=${2:-0.005}
 mkdir -p "$OUT"
+rm -f "$OUT"/torch.json "$OUT"/twell.json "$OUT"/twell-own-attention.json  # no table from an older run
 # MODEL=DIR: an existing checkpoint instead (e.g. the converted SmolLM2: its SiLU FFN runs dense,
 # so twell's two rows measure the same path, against transformers on the same weights).
 M=${MODEL:-/tmp/twell-yardstick-$CONFIG}

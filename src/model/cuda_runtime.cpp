@@ -203,6 +203,7 @@ class CudaRuntime final : public Runtime {
   }
   std::int64_t graph_launches() const noexcept override { return graph_launches_; }
   double device_energy_joules() const override { return energy_.joules(); }
+  bool programmatic_launch() const noexcept override { return programmatic_; }
   std::string prefill_attention() const override {
     const std::string own = "twell's tensor-core kernel";
 #if TWELL_HAVE_CUDNN
@@ -234,7 +235,10 @@ class CudaRuntime final : public Runtime {
     const float* logits = run(steps, false);
     const auto R = static_cast<std::int64_t>(steps.size());
     std::int32_t* ids = room(argmax_, R);
-    cuda::ops::argmax(logits, R, model_->config.vocab_size, ids, stream_);
+    {
+      const cuda::ProgrammaticLaunch programmatic(programmatic_);
+      cuda::ops::argmax(logits, R, model_->config.vocab_size, ids, stream_);
+    }
     std::vector<std::int32_t> out(static_cast<std::size_t>(R));
     TWELL_CUDA_CHECK(cudaMemcpyAsync(out.data(), ids, out.size() * sizeof(std::int32_t), cudaMemcpyDeviceToHost, stream_));
     TWELL_CUDA_CHECK(cudaStreamSynchronize(stream_));

@@ -62,8 +62,7 @@ std::int32_t Sampler::sample(std::span<const float> logits, std::span<const std:
   const auto n = static_cast<std::int64_t>(c.size());
   double mx = c[0].z;
   for (const Cand& e : c) mx = std::max(mx, e.z);
-  const double inv_t = 1.0 / o_.temperature;
-  const auto weight = [&](const Cand& e) { return std::exp((e.z - mx) * inv_t); };
+  const auto weight = [&](const Cand& e) { return std::exp((e.z - mx) / o_.temperature); };
   double sum = 0;
   for (const Cand& e : c) sum += weight(e);
   // c[0, sorted) is in final order; sort_more() extends it by the next chunk.

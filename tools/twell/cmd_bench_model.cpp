@@ -284,7 +284,9 @@ int run_bench_model(BenchModelArgs& a) {
     fmt::print("CUDA graphs for decode steps: {} (replays: dense {}, sparse {})\n", a.cuda_graphs ? "on" : "off",
                dense->graph_launches(), sparse->graph_launches());
     fmt::print("prefill attention: {}; programmatic launches (--pdl): {}\n", dense->prefill_attention(),
-               a.programmatic_launch ? "requested" : "off");
+               dense->programmatic_launch() ? "on"
+               : a.programmatic_launch     ? "asked for, off (this GPU or build does not take them)"
+                                           : "off");
   }
   fmt::print("(both runtimes run the same attention, norms and LM head; only the FFN path differs. Decode steps include\n"
              " the greedy pick and its copy back to the host, as a user's generation does. Energy: the whole GPU's NVML\n"
@@ -304,7 +306,7 @@ int run_bench_model(BenchModelArgs& a) {
                         {"context", a.context},
                         {"cuda_graphs", a.cuda_graphs},
                         {"prefill_attention", dense->prefill_attention()},
-                        {"programmatic_launch", a.programmatic_launch},
+                        {"programmatic_launch", dense->programmatic_launch()},
                         {"memory_bytes", {{"dense", mem_dense}, {"sparse", mem_sparse}}},
                         {"rows", jr}};
     write_json_file(a.json, j);

@@ -34,6 +34,7 @@ std::string printable(const std::string& bytes) {
     if (ch == '\n') out += "\\n";
     else if (ch == '\t') out += "\\t";
     else if (ch == '|') out += "\\|";
+    else if (ch == '`') out += "\\x60";  // would end the table's code span
     else if (ch < 0x20 || ch == 0x7f) out += fmt::format("\\x{:02x}", ch);
     else out += static_cast<char>(ch);
   }
@@ -284,6 +285,8 @@ void add_stats_command(CLI::App& root, std::vector<Command>& out) {
   sub->add_option("--svg", a->svg, "With --model: also draw the counts (layers x tokens) as an SVG file");
   model_opt->excludes(in_opt);
   for (CLI::Option* o : a->gen.options) model_opt->excludes(o);
+  for (const char* name : {"--tile", "--compression", "--ell-width", "--no-gate"}) model_opt->excludes(name);
+  for (const char* name : {"--max-tokens", "--context", "--hidden-act", "--top", "--svg"}) sub->get_option(name)->needs(model_opt);
   out.push_back({sub, [a] { return run_stats(*a); }});
 }
 

@@ -2,6 +2,7 @@
 #include "twell/host_memory.hpp"
 
 #include <omp.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <bit>
@@ -482,16 +483,25 @@ void note(const std::string& message) {
 }
 
 void write_text_file(const std::string& path, const std::string& text) {
-  const std::string tmp = path + ".tmp";
-  {
-    std::ofstream f(tmp, std::ios::binary);
-    if (!f) fail(ErrorCode::io, "cannot write '{}': {}", tmp, std::strerror(errno));
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  std::fflush(stdout);  // what was printed comes first where the file is stdout itself
+  // A symlink, a device (/dev/stdout) or a pipe is written in place: a rename would replace it.
+  if (fs::exists(fs::symlink_status(path, ec)) && !fs::is_regular_file(fs::symlink_status(path, ec))) {
+    std::ofstream f(path, std::ios::binary);
     f << text;
-    f.flush();
-    if (!f) {
-      std::remove(tmp.c_str());
-      fail(ErrorCode::io, "cannot write '{}'", tmp);
-    }
+    f.close();
+    if (!f) fail(ErrorCode::io, "cannot write '{}'", path);
+    return;
+  }
+  const std::string tmp = fmt::format("{}.tmp.{}", path, static_cast<long long>(::getpid()));
+  std::ofstream f(tmp, std::ios::binary);
+  if (!f) fail(ErrorCode::io, "cannot write '{}': {}", tmp, std::strerror(errno));
+  f << text;
+  f.close();  // flushes; a failure here (a full disk) must not be renamed over a good file
+  if (!f) {
+    std::remove(tmp.c_str());
+    fail(ErrorCode::io, "cannot write '{}'", tmp);
   }
   if (std::rename(tmp.c_str(), path.c_str()) != 0) {
     const int e = errno;
@@ -503,6 +513,8 @@ void write_text_file(const std::string& path, const std::string& text) {
 void write_json_file(const std::string& path, const nlohmann::json& j) { write_text_file(path, j.dump(2) + "\n"); }
 
 std::string read_text_file(const std::string& path, const char* flag) {
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec)) fail(ErrorCode::io, "{}: '{}' is a directory", flag, path);
   std::ifstream f(path, std::ios::binary);
   if (!f) fail(ErrorCode::io, "{}: cannot open '{}'", flag, path);
   std::ostringstream s;

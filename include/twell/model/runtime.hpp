@@ -117,6 +117,8 @@ class Runtime {
   // Which kernel runs prefill attention, for reports (e.g. "cuDNN SDPA 91400 for prefills from
   // position 0, else twell's tensor-core kernel").
   virtual std::string prefill_attention() const { return "twell (CPU loops)"; }
+  // Whether RuntimeOptions::programmatic_launch is in effect (asked for, and the device takes it).
+  virtual bool programmatic_launch() const noexcept { return false; }
 };
 
 class CpuRuntime final : public Runtime {

@@ -22,10 +22,17 @@ __device__ __forceinline__ void pdl_begin() {
 }  // namespace dev
 
 // kernel<<<grid, block, smem, stream>>>(args...), programmatic inside a ProgrammaticLaunch scope.
-template <typename... P, typename... A>
-void launch_kernel(void (*kernel)(P...), dim3 grid, dim3 block, std::size_t smem, cudaStream_t stream, A... args) {
+// The kernel's own parameter types, not deduced from the arguments (they convert as in a call).
+template <class T>
+struct NonDeduced {
+  using type = T;
+};
+
+template <typename... P>
+void launch_kernel(void (*kernel)(P...), dim3 grid, dim3 block, std::size_t smem, cudaStream_t stream,
+                   typename NonDeduced<P>::type... args) {
   if (!programmatic_launch_active()) {
-    kernel<<<grid, block, smem, stream>>>(static_cast<P>(args)...);
+    kernel<<<grid, block, smem, stream>>>(args...);
     return;
   }
   cudaLaunchConfig_t cfg{};
@@ -38,7 +45,11 @@ void launch_kernel(void (*kernel)(P...), dim3 grid, dim3 block, std::size_t smem
   attr[0].val.programmaticStreamSerializationAllowed = 1;
   cfg.attrs = attr;
   cfg.numAttrs = 1;
-  TWELL_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, static_cast<P>(args)...));
+  const cudaError_t e = cudaLaunchKernelEx(&cfg, kernel, args...);
+  if (e != cudaSuccess) {
+    (void)cudaGetLastError();  // not left for the next launch's check to report under its name
+    TWELL_CUDA_CHECK(e);
+  }
 }
 
 }  // namespace twell::cuda

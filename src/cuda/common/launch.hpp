@@ -26,7 +26,8 @@ class ProgrammaticLaunch {
   bool previous_;
 };
 
-// Whether the current device runs twell's sm_90 code, whose kernels wait (compute capability 9.x).
+// Whether the current device runs twell's sm_90 code, whose kernels wait: compute capability 9.x
+// and the loaded code built for it (not a JIT of the compute_80 PTX, which has no wait).
 bool programmatic_launch_supported();
 
 }  // namespace twell::cuda

@@ -1,11 +1,13 @@
-// The thread's programmatic-launch policy (see launch.hpp).
-#include "cuda/common/launch.hpp"
-
-#include "cuda/common/check.hpp"
+// The thread's programmatic-launch policy, and whether the device's loaded code waits (launch.hpp).
+#include "cuda/common/launch.cuh"
 
 namespace twell::cuda {
 namespace {
 thread_local bool t_programmatic = false;
+
+// Built with the same flags as every kernel launch_kernel launches: its loaded code's PTX version
+// says whether theirs has the wait (sm_90 code) or not (a JIT of the compute_80 PTX).
+__global__ void pdl_probe_kernel() { dev::pdl_begin(); }
 }  // namespace
 
 bool programmatic_launch_active() noexcept { return t_programmatic; }
@@ -17,7 +19,9 @@ bool programmatic_launch_supported() {
   int dev = 0, major = 0;
   TWELL_CUDA_CHECK(cudaGetDevice(&dev));
   TWELL_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
-  return major == 9;
+  cudaFuncAttributes fa{};
+  TWELL_CUDA_CHECK(cudaFuncGetAttributes(&fa, pdl_probe_kernel));
+  return major == 9 && fa.ptxVersion >= 90;
 }
 
 }  // namespace twell::cuda
