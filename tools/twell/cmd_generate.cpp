@@ -71,7 +71,12 @@ int run_generate(GenerateArgs& a) {
   else if (a.ffn == "sparse") ro.ffn_path = model::FfnPath::sparse;
   auto rt_ptr = model::make_runtime(m, device, ro);
   model::Runtime& rt = *rt_ptr;
-  if (!a.quiet) note(fmt::format("device: {} ({})", rt.device(), why));
+  if (!a.quiet) {
+    note(fmt::format("device: {} ({})", rt.device(), why));
+    if (device == "cuda")
+      note(fmt::format("prefill attention: {}{}", rt.prefill_attention(),
+                       rt.programmatic_launch() ? "; programmatic launches on" : ""));
+  }
 
   // One prompt streams to stdout; several are printed when all are done.
   const bool stream = ids.size() == 1;
