@@ -15,6 +15,12 @@ std::int64_t ActivationProfile::dead(std::int64_t layer) const noexcept {
   return std::count(first, first + neurons, std::int64_t{0});
 }
 
+std::int64_t ActivationProfile::hot(std::int64_t layer, double share) const noexcept {
+  const auto first = neuron_hits.begin() + layer * neurons;
+  const double t = share * static_cast<double>(token_count());
+  return std::count_if(first, first + neurons, [&](std::int64_t h) { return static_cast<double>(h) >= t; });
+}
+
 ActivationProfile profile_activations(const Model& model, std::span<const std::vector<std::int32_t>> sequences) {
   const LlamaConfig& c = model.config;
   const std::int64_t L = c.num_layers, N = c.intermediate_size, K = c.hidden_size;

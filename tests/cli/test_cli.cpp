@@ -602,6 +602,7 @@ TEST_F(Cli, StatsOfAModelOnText) {
   ASSERT_EQ(r.rc, 0) << r.err;
   EXPECT_NE(r.out.find("| 29 | "), std::string::npos) << r.out;  // 30 layers
   EXPECT_NE(r.out.find("| all | "), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("hot neurons (active on ≥ 50 % of tokens)"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("| 16–31 |"), std::string::npos) << r.out;  // positions 16..19 exist, 20+ do not
   EXPECT_EQ(r.out.find("| 32–63 |"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("tokens with the most active neurons"), std::string::npos) << r.out;

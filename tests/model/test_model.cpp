@@ -197,6 +197,13 @@ TEST(ActivationProfile, CountsWhatTheRuntimeCounts) {
     EXPECT_EQ(sum, dense.ffn_stats()[static_cast<std::size_t>(l)].active) << "layer " << l;
     EXPECT_EQ(hits, sum) << "layer " << l;
     EXPECT_EQ(p.dead(l), dead) << "layer " << l;
+    for (const double share : {0.0, 0.3, 0.5, 1.0}) {
+      std::int64_t hot = 0;
+      for (std::int64_t n = 0; n < p.neurons; ++n)
+        hot += static_cast<double>(p.neuron_hits[static_cast<std::size_t>(l * p.neurons + n)]) >= share * 23.0;
+      EXPECT_EQ(p.hot(l, share), hot) << "layer " << l << ", share " << share;
+    }
+    EXPECT_EQ(p.hot(l, 0.0), p.neurons);
     EXPECT_GT(sum, 0) << "layer " << l;
     EXPECT_LT(sum, p.token_count() * p.neurons / 2) << "layer " << l;
   }

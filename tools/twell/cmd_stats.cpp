@@ -123,7 +123,8 @@ int run_model_stats(StatsArgs& a) {
   fmt::print("twell stats: {} on {} tokens of {} ({} sequence(s) of at most {}); FFN activation {}: {}\n", a.model, T,
              a.text, seqs.size(), ctx, model::to_string(c.act),
              c.act == model::Activation::relu ? "active = gate > 0" : "active = act(gate) != 0 (not a ReLU model)");
-  fmt::print("\n| layer | active per token | density | min | max | dead neurons (never active) |\n|---|---:|---:|---:|---:|---:|\n");
+  fmt::print("\n| layer | active per token | density | min | max | dead neurons (never active) | hot neurons (active on ≥ 50 % of tokens) |\n"
+             "|---|---:|---:|---:|---:|---:|---:|\n");
   nlohmann::json jl = nlohmann::json::array();
   double all = 0;
   for (std::int64_t l = 0; l < L; ++l) {
@@ -136,13 +137,13 @@ int run_model_stats(StatsArgs& a) {
     }
     const double mean = static_cast<double>(sum) / static_cast<double>(T);
     all += mean;
-    const std::int64_t dead = p.dead(l);
-    fmt::print("| {} | {:.1f} | {:.3f} % | {} | {} | {} ({:.1f} %) |\n", l, mean, 100 * mean / dn, lo_v, hi_v, dead,
-               100.0 * static_cast<double>(dead) / dn);
+    const std::int64_t dead = p.dead(l), hot = p.hot(l, 0.5);
+    fmt::print("| {} | {:.1f} | {:.3f} % | {} | {} | {} ({:.1f} %) | {} ({:.1f} %) |\n", l, mean, 100 * mean / dn, lo_v,
+               hi_v, dead, 100.0 * static_cast<double>(dead) / dn, hot, 100.0 * static_cast<double>(hot) / dn);
     jl.push_back({{"layer", l}, {"active_per_token", mean}, {"density", mean / dn}, {"min", lo_v}, {"max", hi_v},
-                  {"dead", dead}});
+                  {"dead", dead}, {"hot_50pct", hot}});
   }
-  fmt::print("| all | {:.1f} | {:.3f} % | | | |\n", all / static_cast<double>(L), 100 * all / static_cast<double>(L) / dn);
+  fmt::print("| all | {:.1f} | {:.3f} % | | | | |\n", all / static_cast<double>(L), 100 * all / static_cast<double>(L) / dn);
 
   // By position (mean over layers and tokens at positions in the bucket).
   std::vector<double> bsum;

@@ -25,6 +25,9 @@ struct ActivationProfile {
   }
   // Neurons of `layer` that never fired on these tokens.
   std::int64_t dead(std::int64_t layer) const noexcept;
+  // Neurons of `layer` that fired on at least `share` of these tokens (the FFN engine's "hot"
+  // neurons, which it runs dense, are of this kind).
+  std::int64_t hot(std::int64_t layer, double share) const noexcept;
 };
 
 // Runs each sequence from position 0 through a CPU runtime over `model` (one forward call per
