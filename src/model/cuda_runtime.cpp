@@ -207,7 +207,11 @@ class CudaRuntime final : public Runtime {
   std::string prefill_attention() const override {
     const std::string own = "twell's tensor-core kernel";
 #if TWELL_HAVE_CUDNN
-    if (cudnn_) return fmt::format("cuDNN SDPA (cuDNN {}) for prefills from position 0, else {}", cudnn_->version(), own);
+    if (cudnn_) {
+      const std::string refused = cudnn_->refusal();
+      return fmt::format("cuDNN SDPA (cuDNN {}) for prefills from position 0, else {}{}", cudnn_->version(), own,
+                         refused.empty() ? "" : "; cuDNN refused " + refused);
+    }
 #endif
     return fmt::format("{} (cuDNN: {})", own, cudnn_why_);
   }

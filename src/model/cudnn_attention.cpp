@@ -46,6 +46,7 @@ struct CudnnAttention::Impl {
   std::map<std::pair<std::int64_t, std::int64_t>, Plan> plans;  // (sequences, longest) buckets
   cuda::DeviceBuffer<std::int32_t> seq_len, ragged_qkv, ragged_o;
   cuda::DeviceBuffer<unsigned char> workspace;
+  std::string refusal;                 // why cuDNN refused the latest shape it refused ("" if none)
   std::vector<std::int32_t> host;      // staging for the three int32 arrays
   std::vector<std::int32_t> uploaded;  // what the device arrays hold (at uploaded_to)
   const std::int32_t* uploaded_to = nullptr;
@@ -96,9 +97,17 @@ struct CudnnAttention::Impl {
         .set_stride({s * heads * d, d, heads * d, 1})
         .set_ragged_offset(int_vec("ragged_o", kRaggedO, b + 1));
     Plan p;
-    if (!g->validate().is_good() || !g->build_operation_graph(handle).is_good() ||
-        !g->create_execution_plans({fe::HeurMode_t::A}).is_good() || !g->check_support(handle).is_good() ||
-        !g->build_plans(handle).is_good() || !g->get_workspace_size(p.workspace).is_good())
+    // The first step that fails says why (kept for prefill_attention()'s report).
+    const auto failed = [&](const char* step, fe::error_t e) {
+      if (e.is_good()) return false;
+      refusal = std::string(step) + " for " + std::to_string(b) + " sequence(s) of ≤ " + std::to_string(s) +
+                " rows: " + e.get_message();
+      return true;
+    };
+    if (failed("validate", g->validate()) || failed("build_operation_graph", g->build_operation_graph(handle)) ||
+        failed("create_execution_plans", g->create_execution_plans({fe::HeurMode_t::A})) ||
+        failed("check_support", g->check_support(handle)) || failed("build_plans", g->build_plans(handle)) ||
+        failed("get_workspace_size", g->get_workspace_size(p.workspace)))
       return p;
     p.graph = std::move(g);
     return p;
@@ -131,6 +140,8 @@ std::unique_ptr<CudnnAttention> CudnnAttention::create(std::int64_t heads, std::
 std::int64_t CudnnAttention::padded_rows(std::int64_t longest) { return bucket(longest, 64); }
 
 std::string CudnnAttention::version() const { return std::to_string(cudnnGetVersion()); }
+
+std::string CudnnAttention::refusal() const { return impl_->refusal; }
 
 bool CudnnAttention::run(const __nv_bfloat16* qkv, std::span<const std::int64_t> row0,
                          std::span<const std::int64_t> len, __nv_bfloat16* out, cudaStream_t stream) {

@@ -34,6 +34,8 @@ class CudnnAttention {
 
   // The cuDNN library's version (cudnnGetVersion(), e.g. 91400).
   std::string version() const;
+  // Why cuDNN refused the latest shape it refused (its frontend's message), or "".
+  std::string refusal() const;
 
   bool run(const __nv_bfloat16* qkv, std::span<const std::int64_t> row0, std::span<const std::int64_t> len,
            __nv_bfloat16* out, cudaStream_t stream);
