@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <string>
 #include <tuple>
@@ -145,6 +146,7 @@ TEST(ModelCuda, PrefillAttentionBackendsMatchCpu) {
     auto a = model::make_runtime(m, "cuda", with);
     auto b = model::make_runtime(m, "cuda", without);
     RecordProperty("prefill_attention", a->prefill_attention());
+    std::fprintf(stderr, "[prefill attention] %s\n", a->prefill_attention().c_str());
     EXPECT_EQ(b->prefill_attention().find("cuDNN SDPA"), std::string::npos) << b->prefill_attention();
     Rng rng(spec.seed);
     std::vector<std::vector<std::int32_t>> seqs;
@@ -158,6 +160,7 @@ TEST(ModelCuda, PrefillAttentionBackendsMatchCpu) {
       // Where cuDNN is said to run (and refused no shape), it did: other kernels cannot agree with
       // the own ones on every bit of every logit (a silent fallback would).
       const std::string att = a->prefill_attention();
+      if (chunk == 32) std::fprintf(stderr, "[prefill attention, after the runs] %s\n", att.c_str());
       if (att.find("cuDNN SDPA") != std::string::npos && att.find("cuDNN refused") == std::string::npos) {
         bool differ = false;
         for (std::size_t i = 0; i < seqs.size(); ++i) differ = differ || got_a[i] != got_b[i];
