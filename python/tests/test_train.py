@@ -181,6 +181,25 @@ def test_bad_configs_and_data(tmp_path):
     assert train.main([str(cfg_path), "--out", str(tmp_path / "o2")]) == 2
 
 
+def test_plot_of_twell_stats(tmp_path):
+    """`python -m twell.plot --stats` draws `twell stats --model --json` output (a hand-made one here:
+    2 layers, 5 tokens in two sequences); a JSON of another kind is a clear error."""
+    pytest.importorskip("matplotlib")
+    from twell import plot
+
+    stats = {"model": "m", "text": "t", "activation": "relu", "layers": 2, "neurons": 10,
+             "tokens": [1, 2, 3, 4, 5], "position": [0, 1, 2, 0, 1], "sequence": [0, 0, 0, 1, 1],
+             "per_layer": [{"layer": 0, "dead": 1, "hot_50pct": 2}, {"layer": 1, "dead": 0, "hot_50pct": 3}],
+             "active": [[1, 2, 3, 4, 5], [5, 4, 3, 2, 1]]}
+    path = tmp_path / "s.json"
+    path.write_text(json.dumps(stats))
+    assert plot.main(["--stats", str(path), "--out", str(tmp_path / "out")]) == 0
+    with open(tmp_path / "out" / "stats.png", "rb") as f:
+        assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+    path.write_text(json.dumps({"rows": []}))
+    assert plot.main(["--stats", str(path)]) == 2
+
+
 def test_plots_from_telemetry(tmp_path):
     pytest.importorskip("matplotlib")
     from twell import plot

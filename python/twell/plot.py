@@ -11,6 +11,10 @@ Several runs on one figure compare them (e.g. dense ReLU against ReLU + L1).
 --eval EVAL.json (bench/train/eval_checkpoints.py's output) adds
   val-eval.png  each checkpoint's validation loss, one line a run, and below it each run's ratio to
                 the first run's at the same step.
+--stats STATS.json (`twell stats --model DIR --text FILE --json STATS.json`) draws, without run
+directories, into --out (default: beside the JSON):
+  stats.png     a model's active FFN neurons on text: per layer (mean, dead and hot neurons), by
+                position in the sequence (mean over layers), and per layer and token (a heat map).
 """
 from __future__ import annotations
 
@@ -127,6 +131,54 @@ def plot_eval(eval_json: str, out: str) -> str:
     return _save(fig, out, "val-eval.png")
 
 
+def plot_stats(stats_json: str, out: str) -> str:
+    """stats.png from `twell stats --model … --json` output (see the module's docstring)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    with open(stats_json) as f:
+        j = json.load(f)
+    for key in ("active", "position", "per_layer", "neurons"):
+        if key not in j:
+            raise ValueError(f"{stats_json}: no '{key}' (not `twell stats --model --json` output)")
+    act = np.asarray(j["active"], dtype=float)  # [layers, tokens]
+    n = float(j["neurons"])
+    layers = np.arange(act.shape[0])
+    fig, axes = plt.subplots(1, 3, figsize=(17, 4.6), gridspec_kw={"width_ratios": [1, 1, 1.6]})
+    ax = axes[0]
+    ax.bar(layers, 100 * act.mean(axis=1) / n, color="#1f77b4", label="active per token")
+    ax.plot(layers, [100 * r["dead"] / n for r in j["per_layer"]], "k.-", label="dead (never active)")
+    if all("hot_50pct" in r for r in j["per_layer"]):
+        ax.plot(layers, [100 * r["hot_50pct"] / n for r in j["per_layer"]], "r.-", label="hot (≥ 50 % of tokens)")
+    ax.set_xlabel("layer")
+    ax.set_ylabel(f"% of the {int(n)} neurons")
+    ax.set_title("per layer")
+    ax.legend(fontsize=8)
+    ax = axes[1]
+    pos = np.asarray(j["position"])
+    mean_tok = act.mean(axis=0)
+    top = int(pos.max()) + 1
+    by_pos = np.array([mean_tok[pos == p].mean() if np.any(pos == p) else np.nan for p in range(top)])
+    ax.plot(np.arange(top), 100 * by_pos / n, lw=0.8)
+    ax.set_xscale("symlog", linthresh=8)
+    ax.set_xlabel("position in the sequence")
+    ax.set_ylabel("% active (mean over layers)")
+    ax.set_title("by position")
+    ax = axes[2]
+    shown = act[:, :512]
+    im = ax.imshow(100 * shown / n, aspect="auto", cmap="viridis", interpolation="nearest")
+    ax.set_xlabel(f"token (first {shown.shape[1]} of {act.shape[1]})")
+    ax.set_ylabel("layer")
+    ax.set_title("per layer and token")
+    fig.colorbar(im, ax=ax, label="% active")
+    fig.suptitle(f"{j.get('model', '?')} ({j.get('activation', '?')}) on {act.shape[1]} tokens of {j.get('text', '?')}",
+                 fontsize=10)
+    return _save(fig, out, "stats.png")
+
+
 def _save(fig, out: str, name: str) -> str:
     import matplotlib.pyplot as plt
 
@@ -141,13 +193,21 @@ def _save(fig, out: str, name: str) -> str:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m twell.plot", description=__doc__.split("\n")[0])
-    ap.add_argument("runs", nargs="+", help="twell.train run directories")
-    ap.add_argument("--out", help="where the PNGs go (default: the first run directory)")
+    ap.add_argument("runs", nargs="*", help="twell.train run directories")
+    ap.add_argument("--out", help="where the PNGs go (default: the first run directory, or beside --stats)")
     ap.add_argument("--eval", help="bench/train/eval_checkpoints.py's JSON: adds val-eval.png")
+    ap.add_argument("--stats", help="`twell stats --model … --json` output: draws stats.png")
     a = ap.parse_args(argv)
+    if not a.runs and not a.stats:
+        ap.error("give run directories, or --stats STATS.json")
     try:
-        for p in plot(a.runs, a.out or a.runs[0]):
-            print(p)
+        if a.stats:
+            out = a.out or os.path.dirname(os.path.abspath(a.stats))
+            os.makedirs(out, exist_ok=True)
+            print(plot_stats(a.stats, out))
+        if a.runs:
+            for p in plot(a.runs, a.out or a.runs[0]):
+                print(p)
         if a.eval:
             print(plot_eval(a.eval, a.out or a.runs[0]))
     except (FileNotFoundError, ValueError) as e:
