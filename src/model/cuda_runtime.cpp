@@ -382,9 +382,7 @@ class CudaRuntime final : public Runtime {
     cuda::ops::embedding(ids_.get(), T, embed_.get(), K, x, stream_);
     const auto eps = static_cast<float>(c.rms_eps);
     std::vector<char> ran_sparse(static_cast<std::size_t>(c.num_layers), 0);
-    const cuda::Path path = opt_.ffn_path == FfnPath::dense ? cuda::Path::dense
-                            : opt_.ffn_path == FfnPath::sparse ? cuda::Path::sparse
-                                                                : cuda::Path::automatic;
+    const cuda::Path path = engine_path();
     // Each residual add is fused with the norm after it (add_rmsnorm); the last layer's stands alone.
     cuda::ops::rmsnorm(x, nullptr, T, K, layers_[0].attn_norm.get(), eps, xn, stream_);
     for (std::int64_t l = 0; l < c.num_layers; ++l) {
@@ -479,13 +477,18 @@ class CudaRuntime final : public Runtime {
     }
   };
 
+  // RuntimeOptions::ffn_path as the FFN engine names it.
+  cuda::Path engine_path() const noexcept {
+    return opt_.ffn_path == FfnPath::dense    ? cuda::Path::dense
+           : opt_.ffn_path == FfnPath::sparse ? cuda::Path::sparse
+                                              : cuda::Path::automatic;
+  }
+
   // Each ReLU layer's step of T rows as FfnLayer::plan_step plans it now (SiLU layers: unused
   // entries); false where a layer's cannot be captured (a forced sparse path, or automatic at
   // prefill sizes: their dispatch reads the layer's statistics, which a replay would freeze).
   bool plan_steps(std::int64_t T, std::vector<StepPlan>& plans) {
-    const cuda::Path path = opt_.ffn_path == FfnPath::dense ? cuda::Path::dense
-                            : opt_.ffn_path == FfnPath::sparse ? cuda::Path::sparse
-                                                                : cuda::Path::automatic;
+    const cuda::Path path = engine_path();
     plans.assign(layers_.size(), StepPlan{});
     for (std::size_t l = 0; l < layers_.size(); ++l) {
       if (!layers_[l].ffn) continue;
