@@ -3,7 +3,8 @@
 #   bash bench/train/gpu_multi.sh check
 #       build; the GPU tests (scripts/gpu-check's tests part, sanitizer skipped) on the machine's
 #       GPUs beside bench/train/ranks_equal.py (G ranks × B/G against one rank × B, DDP and FSDP2,
-#       a G-rank checkpoint resumed on G/2 ranks); carry ".debs" ".carry"
+#       a G-rank checkpoint resumed on G/2 ranks); carry ".debs" ".carry/gpu-corpus.tar.xz"
+#       ".deps/cudnn-frontend"
 #   bash bench/train/gpu_multi.sh scaling CONFIG [SCALING_ARGS...]
 #       build; `twell gen model --config CONFIG` (synthetic sparse checkpoint); bench/train/scaling.py
 #       over 1, 2, 4, 8 GPUs (those the machine has), sparse against dense; carry ".debs"
@@ -12,7 +13,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 PART=${1:-}
-case "$PART" in check|scaling) ;; *) sed -n 2,12p "$0"; exit 2 ;; esac
+case "$PART" in check|scaling) ;; *) sed -n 2,13p "$0"; exit 2 ;; esac
 shift
 OUT=${OUT:-build/gpu-multi-out}
 mkdir -p "$OUT"
@@ -42,7 +43,7 @@ if [ "$PART" = check ]; then
     { note "no .carry/gpu-corpus.tar.xz (bench/train/make_gpu_corpus.sh makes it)"; exit 1; }
   t0=$(date +%s)
   # The tests need no GPU of their own: correctness, not timing.
-  (OUT="$OUT/check" GPU_CHECK_PART=tests GPU_CHECK_SKIP_SANITIZER=1 GPU_CHECK_SKIP_BUILD=1 bash scripts/gpu-check > "$OUT/gpu-check.txt" 2>&1) &
+  (GPU_CHECK_BUILD_LOG="$OUT/build.log" OUT="$OUT/check" GPU_CHECK_PART=tests GPU_CHECK_SKIP_SANITIZER=1 GPU_CHECK_SKIP_BUILD=1 bash scripts/gpu-check > "$OUT/gpu-check.txt" 2>&1) &
   check_pid=$!
   timeout 500 python3 bench/train/ranks_equal.py --corpus data/gpu-corpus --gpus 2,4 --out "$OUT" \
     --work build/ranks-equal > "$OUT/ranks-equal.txt" 2>&1

@@ -14,8 +14,8 @@ Dead-neuron re-initialisation: the families "ddp+reinit" and "fsdp+reinit" train
 term and a one-step window, so rows are re-initialised from the first steps on. The decisions come
 from counts reduced over the ranks and the rows from a generator seeded by (seed, step, layer), so
 G ranks (DDP replicas, FSDP2 shards) draw what one rank draws: their runs must stay within the bound
-of the +reinit families' one-rank runs (the same arithmetic under either engine; --reinit-repeats
-more repeats, since a trajectory branches on single decisions), and a family whose reference
+of the +reinit families' one-rank runs (the same arithmetic under either engine; --reinit-orders
+more, each summing in another order, since a trajectory branches on single decisions), and a family whose reference
 re-initialised nothing fails (it tested nothing). DDP runs check that the replicas agree before each save. --path sparse holds twell's ops on their sparse path
 (the default: a from-scratch model starts near 50 % density, where automatic dispatch runs dense).
 Writes ranks_equal.json / .md under --out; loss curves: python3 bench/train/ranks_equal.py --plot JSON.
@@ -153,23 +153,41 @@ def reinits(run: dict) -> int:
 
 
 def plot(path: str) -> int:
+    """Three panels: the losses (one-rank runs grey), each G-rank run's |Δloss| against the noise
+    envelope, and the L1 term of the +reinit families, where trajectories branch."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     res = json.load(open(path))
-    fig, ax = plt.subplots(1, 2, figsize=(11, 4))
-    for name, run in res["runs"].items():
-        t = run["telemetry"]
-        ax[0].plot([x["step"] for x in t], [x["loss"] for x in t], label=name, lw=1)
+    runs = res["runs"]
+    fig, ax = plt.subplots(1, 3, figsize=(16, 4.5))
+
+    def curve(axis, name, what, **kw):
+        t = runs[name]["telemetry"]
+        axis.plot([x["step"] for x in t], [x[what] for x in t], lw=1, **kw)
+
+    for name in runs:
+        if one_rank(name):
+            curve(ax[0], name, "loss", color="0.7")
+    for name in res["checks"]:
+        curve(ax[0], name, "loss", label=name)
     for name, c in res["checks"].items():
         ax[1].semilogy([s["step"] for s in c["loss"]["steps"]], [max(s["diff"], 1e-9) for s in c["loss"]["steps"]], label=name, lw=1)
-    ax[1].semilogy([s["step"] for s in next(iter(res["checks"].values()))["loss"]["steps"]],
-                   [s["noise_envelope"] for s in next(iter(res["checks"].values()))["loss"]["steps"]], "k--", label="bf16 noise envelope")
-    ax[0].set(xlabel="step", ylabel="training loss", title="loss by run")
+    first = next(iter(res["checks"].values()))["loss"]["steps"]
+    ax[1].semilogy([s["step"] for s in first], [s["noise_envelope"] for s in first], "k--", label="bf16 noise envelope")
+    reinit_runs = [n for n in runs if "+reinit" in n]
+    for name in reinit_runs:
+        if one_rank(name):
+            curve(ax[2], name, "l1", color="0.6", label="one rank" if name == reinit_runs[0] else None)
+    for name in reinit_runs:
+        if not one_rank(name):
+            curve(ax[2], name, "l1", label=name)
+    ax[0].set(xlabel="step", ylabel="training loss", title="loss (grey: one-rank runs)")
     ax[1].set(xlabel="step", ylabel="|loss − one-rank loss|", title="difference to one rank")
-    ax[0].legend(fontsize=7)
-    ax[1].legend(fontsize=7)
+    ax[2].set(xlabel="step", ylabel="L1 term", title="L1, re-initialising families (grey: one rank)")
+    for axis in ax:
+        axis.legend(fontsize=6)
     fig.suptitle(f"G ranks × B/G vs 1 rank × B — {res['gpu']}, commit {res['commit']}")
     fig.tight_layout()
     out = os.path.splitext(path)[0] + ".png"
@@ -184,6 +202,7 @@ def table(res) -> str:
              f"twell ops on the {res['path']} path; bound = {NOISE_FACTOR:g} × the noise envelope (the largest loss "
              f"difference so far between one-rank runs of the same arithmetic: the reference, micro-batch "
              f"B/{res['gmax']} × grad_accum {res['gmax']}, a repeat of the reference"
+             + (", and in the +reinit families micro-batch B/k × grad_accum k for more k" if any("+reinit" in e for e in res["engines"]) else "")
              + ("; pooled over the plain families, in which no re-initialisation fired" if res.get("pooled") else "")
              + ("; the +reinit families pool theirs" if any("+reinit" in e for e in res["engines"]) else "")
              + f") + {REL_FLOOR:g} × loss.", "",
@@ -225,7 +244,9 @@ def main() -> int:
     ap.add_argument("--engines", default="ddp,fsdp,ddp+reinit,fsdp+reinit",
                     help="families: ddp, fsdp, and each with +reinit (strong L1, dead rows re-initialised every step)")
     ap.add_argument("--steps", type=int, default=20)
-    ap.add_argument("--reinit-repeats", type=int, default=3, help="repeats of the reference in the +reinit families")
+    ap.add_argument("--reinit-orders", type=int, default=3,
+                    help="more one-rank runs in the +reinit families, each with another order of the sums "
+                         "(micro-batch B/k × grad_accum k, k = 2, 8, 16, … other than the largest G)")
     ap.add_argument("--seq", type=int, default=512)
     ap.add_argument("--batch", type=int, default=32, help="global batch (sequences a step)")
     ap.add_argument("--path", default="sparse", choices=("automatic", "sparse", "dense"))
@@ -260,9 +281,14 @@ def main() -> int:
         ones = [(f"{e}-ref-1x{a.batch}", {**fam[e], "micro_batch": a.batch}),
                 (f"{e}-noise-1x{a.batch // gmax}x{gmax}acc", {**fam[e], "micro_batch": a.batch // gmax, "grad_accum": gmax}),
                 (f"{e}-repeat-1x{a.batch}", {**fam[e], "micro_batch": a.batch})]
-        # Re-initialisation makes the trajectories branch on single decisions: more one-rank samples.
-        ones += [(f"{e}-repeat{i}-1x{a.batch}", {**fam[e], "micro_batch": a.batch})
-                 for i in range(2, 1 + (a.reinit_repeats if "+reinit" in e else 1))]
+        # Re-initialisation makes the trajectories branch on single decisions: more one-rank samples,
+        # each summing in another order, as G ranks do (f211fd2 ran plain repeats of the reference
+        # instead: 6 of the 10 one-rank runs took the reference's trajectory bit for bit, and the
+        # envelope held 3 branches).
+        if "+reinit" in e:
+            ks = [k for k in (2, 8, 16, 32, 64) if k != gmax and a.batch % k == 0][:a.reinit_orders]
+            ones += [(f"{e}-noise-1x{a.batch // k}x{k}acc", {**fam[e], "micro_batch": a.batch // k, "grad_accum": k})
+                     for k in ks]
         for name, cfg in ones:
             procs.append(launch(name, cfg, 1, [gpu % have], a))
             gpu += 1

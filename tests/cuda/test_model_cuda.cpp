@@ -305,6 +305,7 @@ TEST(ModelCuda, ProgrammaticLaunchesAreBitIdentical) {
     const model::Model m = model::Model::load(write_tiny(std::string("pdl_") + act, spec).string());
     model::RuntimeOptions on(FfnPath::automatic), off(FfnPath::automatic);
     on.programmatic_launch = true;
+    off.programmatic_launch = false;
     auto a = model::make_runtime(m, "cuda", on);
     auto b = model::make_runtime(m, "cuda", off);
     if (!a->programmatic_launch()) GTEST_SKIP() << "this GPU or build does not take programmatic launches";

@@ -26,7 +26,7 @@ struct BenchModelArgs {
   int reps = 3;
   bool cuda_graphs = true;
   bool cudnn_attention = true;
-  bool programmatic_launch = false;
+  bool programmatic_launch = true;
   bool energy = true;
   std::string json;
 };
@@ -283,10 +283,10 @@ int run_bench_model(BenchModelArgs& a) {
   if (device == "cuda") {
     fmt::print("CUDA graphs for decode steps: {} (replays: dense {}, sparse {})\n", a.cuda_graphs ? "on" : "off",
                dense->graph_launches(), sparse->graph_launches());
-    fmt::print("prefill attention: {}; programmatic launches (--pdl): {}\n", dense->prefill_attention(),
+    fmt::print("prefill attention: {}; programmatic launches: {}\n", dense->prefill_attention(),
                dense->programmatic_launch() ? "on"
-               : a.programmatic_launch     ? "asked for, off (this GPU or build does not take them)"
-                                           : "off");
+               : a.programmatic_launch     ? "off (this GPU or build does not take them)"
+                                           : "off (--no-pdl)");
   }
   fmt::print("(both runtimes run the same attention, norms and LM head; only the FFN path differs. Decode steps include\n"
              " the greedy pick and its copy back to the host, as a user's generation does. Energy: the whole GPU's NVML\n"
@@ -344,8 +344,8 @@ void add_bench_model_command(CLI::App& bench, std::vector<Command>& out) {
   sub->add_flag("!--no-cuda-graphs", a->cuda_graphs, "Launch decode steps kernel by kernel (default: CUDA graphs)");
   sub->add_flag("!--no-cudnn-attention", a->cudnn_attention,
                 "GPU: prefill attention by twell's own tensor-core kernel even where cuDNN's fused SDPA is built in");
-  sub->add_flag("--pdl", a->programmatic_launch,
-                "GPU (Hopper), an experiment: the runtime's own kernels as programmatic dependent launches");
+  sub->add_flag("!--no-pdl", a->programmatic_launch,
+                "GPU (Hopper): launch the runtime's own kernels plainly (default: programmatic dependent launches)");
   sub->add_flag("!--no-energy", a->energy, "Skip the energy runs (about a second per row and runtime)");
   sub->add_option("--json", a->json, "Write the results here");
   out.push_back({sub, [a] { return run_bench_model(*a); }});

@@ -22,7 +22,7 @@ struct GenerateArgs {
   std::string ffn = "auto";
   bool cuda_graphs = true;
   bool cudnn_attention = true;
-  bool programmatic_launch = false;
+  bool programmatic_launch = true;
   model::GenerateOptions g;
   std::vector<std::string> stop_tokens;
   std::string json;
@@ -190,8 +190,8 @@ void add_generate_command(CLI::App& root, std::vector<Command>& out) {
   sub->add_flag("!--no-cuda-graphs", a->cuda_graphs, "GPU: launch decode steps kernel by kernel (default: replay CUDA graphs)");
   sub->add_flag("!--no-cudnn-attention", a->cudnn_attention,
                 "GPU: prefill attention by twell's own tensor-core kernel even where cuDNN's fused SDPA is built in");
-  sub->add_flag("--pdl", a->programmatic_launch,
-                "GPU (Hopper), an experiment: the runtime's own kernels as programmatic dependent launches");
+  sub->add_flag("!--no-pdl", a->programmatic_launch,
+                "GPU (Hopper): launch the runtime's own kernels plainly (default: programmatic dependent launches)");
   sub->add_option("--device", a->device, "cpu or cuda (default: cuda when a GPU is usable, else cpu)");
   sub->add_option("--json", a->json, "Write tokens, text, speeds and per-layer FFN counts here");
   sub->add_flag("--quiet,-q", a->quiet, "Print only the generated text");
