@@ -1,6 +1,9 @@
-// twell_bench_cuda: times the CUDA FFN paths against the dense cuBLASLt FFN in one process on the
-// same inputs (twell::generate_ffn, DESIGN §7), and checks every point against the float64 oracle on
-// sampled rows. Prints a table and writes JSON (--json PATH).
+// twell_bench_cuda: the lab's layer sweep. Times the CUDA FFN paths, and the kernel variants and
+// thresholds that lost or are kept under watch, against the dense cuBLASLt FFN in one process on the
+// same inputs, at the sweep's points — named cases of the shared table (tests/ffn_cases.hpp,
+// ffn_sweep_cases: the benchmark generator, twell::generate_ffn, DESIGN §7) — and checks every point
+// against the float64 oracle on sampled rows. Prints a table and writes JSON (--json PATH). A user's
+// question "how fast is the layer here" is `twell bench ffn --cases sweep[-quick] --mode perf`.
 //
 //   twell_bench_cuda [--quick] [--no-train | --train-only] [--json out.json] [--reps 20] [--warmup 5]
 //
@@ -30,6 +33,7 @@
 #include "cuda/sm80/twell_gemv.hpp"
 #include "bench_train.hpp"
 #include "bench_util.hpp"
+#include "ffn_cases.hpp"
 #include "twell/cpu/reference.hpp"
 #include "twell/sparsity_gen.hpp"
 
@@ -38,14 +42,6 @@ using namespace twell::cuda;
 using namespace twell::cuda::bench;
 
 namespace {
-
-struct Point {
-  std::string mode;  // "uni", "hot", "nongated"
-  std::int64_t m;
-  double density;
-  double hot_rows = 0, hot_density = 0.12;
-  bool gated = true;
-};
 
 double sampled_error(const std::vector<float>& y, CMatrixF x, const FfnWeights& w, bool round_act,
                      const std::vector<std::int64_t>& rows) {
@@ -116,20 +112,12 @@ int main(int argc, char** argv) {
     }
 
     const std::int64_t K = 2048, N = 5632;
-    std::vector<Point> pts;
-    std::vector<std::int64_t> ms = quick ? std::vector<std::int64_t>{16384} : std::vector<std::int64_t>{16384, 131072};
-    for (std::int64_t m : ms) {
-      for (double d : {0.005, 0.01, 0.03, 0.10}) pts.push_back({"uni", m, d});
-      // The reference's hot mode: 1 % base with 3 % of tokens at ≈ 12 % (1.33 % mean; issue 3's
-      // hot-row target is set there). Until the seventh session this point ran at 1.0 % mean.
-      pts.push_back({"hot", m, 0.0133, 0.03, 0.12});
-      pts.push_back({"nongated", m, 0.005, 0, 0.12, false});
-      if (!quick) pts.push_back({"nongated", m, 0.01, 0, 0.12, false});
-    }
-    for (std::int64_t m : {1, 4, 8, 16, 64, 256, 1024, 4096}) pts.push_back({"uni", m, 0.005});
-    // Decode: where the sparse path stops paying at one and a few tokens.
-    for (std::int64_t m : {1, 4, 8, 16})
-      for (double d : {0.01, 0.03}) pts.push_back({"uni", m, d});
+    std::vector<test::SweepCase> pts;
+    for (const test::SweepCase& c : test::ffn_sweep_cases())
+      if (c.quick || !quick) {
+        TWELL_CHECK(c.f.k == K && c.f.n == N, ErrorCode::internal, "sweep case {} is not the 2B shape", c.f.name);
+        pts.push_back(c);
+      }
     if (!infer) pts.clear();
 
     std::printf("device %s, %d SMs, L2 %lld MB; D2D copy %.2f TB/s; K=%lld N=%lld; commit %s\n", dev.name.c_str(),
@@ -158,9 +146,9 @@ int main(int argc, char** argv) {
                   "mode", "nnz%", "gemm", "gate", "rest", "rest_v0", "rest_v1", "rest_v2", "sparse", "auto", "dense", "TF/s", "xsprs", "xauto", "err_sp",
                   "err_dn", "ovf_t", "ovf_r", "path");
     lines.push_back(hdr);
-    for (const Point& pt : pts) {
-      const RoundedFfn f = generate_rounded(pt.m, K, N, pt.density, pt.hot_rows, pt.hot_density, pt.gated,
-                                            1234 + static_cast<std::uint64_t>(pt.m));
+    for (const test::SweepCase& sc : pts) {
+      const test::FfnCase& pt = sc.f;
+      const test::FfnData f = test::make_ffn(pt);
       const std::vector<float>& x = f.x;
       const FfnWeights w = f.weights();
       const CMatrixF xv(x.data(), pt.m, K);
@@ -397,7 +385,7 @@ int main(int argc, char** argv) {
       char line[512];
       std::snprintf(line, sizeof line,
                     "%7lld %-8s %6.3f | %7.3f %7.3f %7.3f %7.3f %7.3f %7.3f | %7.3f %7.3f %7.3f %7.0f | %6.2f %6.2f | %8.1e %8.1e | %6llu %6llu | %s",
-                    static_cast<long long>(m), pt.mode.c_str(), 100 * density, t_gemm_alt, t_gate, t_rest,
+                    static_cast<long long>(m), sc.mode.c_str(), 100 * density, t_gemm_alt, t_gate, t_rest,
                     variants["0"].get<double>(), variants["1"].get<double>(), variants["2"].get<double>(), t_sparse, t_auto,
                     t_dense, tflops, t_dense / t_sparse, t_dense / t_auto, std::max(err_sp, err_auto), err_dn,
                     static_cast<unsigned long long>(cnt_all.overflow_tiles), static_cast<unsigned long long>(cnt_all.overflow_rows),
@@ -464,7 +452,9 @@ int main(int argc, char** argv) {
       std::fflush(stdout);
       lines.push_back(line);
       out["points"].push_back({{"m", m},
-                               {"mode", pt.mode},
+                               {"case", pt.name},
+                               {"mode", sc.mode},
+                               {"neuron_skew", pt.neuron_skew},
                                {"gated", pt.gated},
                                {"target_density", pt.density},
                                {"hot_rows", pt.hot_rows},

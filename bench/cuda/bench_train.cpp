@@ -17,20 +17,13 @@
 
 #include "bench_util.hpp"
 #include "cuda/common/device_buffer.hpp"
+#include "ffn_cases.hpp"
 #include "cuda/train/train_context.hpp"
 #include "twell/cpu/reference.hpp"
 #include "twell/sparsity_gen.hpp"
 
 namespace twell::cuda::bench {
 namespace {
-
-struct TrainPoint {
-  std::string mode;  // "uni", "hot", "nongated"
-  std::int64_t m;
-  double density;
-  double hot_rows = 0, hot_density = 0.12;
-  bool gated = true;
-};
 
 DeviceBuffer<__nv_bfloat16> upload(const std::vector<float>& v) {
   std::vector<std::uint16_t> b(v.size());
@@ -106,14 +99,12 @@ class EventPhases : public TrainContext::PhaseObserver {
 void run_train_sweep(bool quick, int warmup, int reps, cudaStream_t s, nlohmann::json& out,
                      std::vector<std::string>& lines) {
   const std::int64_t K = 2048, N = 5632;
-  const double l1_coeff = 1e-3;
-  std::vector<TrainPoint> pts;
-  const std::int64_t M = 16384;
-  for (double d : {0.005, 0.01, 0.03, 0.10}) pts.push_back({"uni", M, d});
-  pts.push_back({"hot", M, 0.0133, 0.03, 0.12});  // the reference's hot mode (1.33 % mean; 1.0 % until the seventh session)
-  pts.push_back({"nongated", M, 0.005, 0, 0.12, false});
-  if (!quick)
-    for (std::int64_t m : {256, 2048, 4096}) pts.push_back({"uni", m, 0.005});
+  std::vector<test::TrainSweepCase> pts;
+  for (const test::TrainSweepCase& c : test::ffn_train_sweep_cases())
+    if (c.quick || !quick) {
+      TWELL_CHECK(c.t.f.k == K && c.t.f.n == N, ErrorCode::internal, "sweep case {} is not the 2B shape", c.t.f.name);
+      pts.push_back(c);
+    }
 
   char hdr[512];
   std::snprintf(hdr, sizeof hdr, "%7s %-8s %6s %5s | %7s %7s | %7s %7s %7s | %6s %6s | %8s %8s %6s | %8s %8s | %8s | %s", "M",
@@ -123,9 +114,10 @@ void run_train_sweep(bool quick, int warmup, int reps, cudaStream_t s, nlohmann:
   lines.push_back(hdr);
   std::printf("%s\n%s\n", lines[lines.size() - 2].c_str(), hdr);
   out["train_points"] = nlohmann::json::array();
-  for (const TrainPoint& pt : pts) {
-    const RoundedFfn f = generate_rounded(pt.m, K, N, pt.density, pt.hot_rows, pt.hot_density, pt.gated,
-                                          4321 + static_cast<std::uint64_t>(pt.m));
+  for (const test::TrainSweepCase& sc : pts) {
+    const test::FfnCase& pt = sc.t.f;
+    const double l1_coeff = sc.t.l1_coeff;
+    const test::FfnData f = test::make_ffn(pt);
     const std::vector<float>&x = f.x, &dy = f.dy;
     const FfnWeights w = f.weights();
     const std::int64_t m = pt.m;
@@ -170,7 +162,7 @@ void run_train_sweep(bool quick, int warmup, int reps, cudaStream_t s, nlohmann:
       };
     };
     // Weight-gradient passes: the sparse step with other L2 fractions (0 = widest slices, one block) and item runs.
-    if (!quick && pt.m >= 16384 && pt.mode == "uni" && pt.density <= 0.01) {
+    if (!quick && pt.m >= 16384 && sc.mode == "uni" && pt.density <= 0.01) {
       struct Variant {
         double frac;
         std::int64_t run;
@@ -293,7 +285,7 @@ void run_train_sweep(bool quick, int warmup, int reps, cudaStream_t s, nlohmann:
     char line[512];
     std::snprintf(line, sizeof line,
                   "%7lld %-8s %6.3f %5lld | %7.3f %7.3f | %7.3f %7.3f %7.3f | %6.2f %6.2f | %8.1f %8.1f %5.1f%% | %8.0f %8.0f | %8.1e | %s",
-                  static_cast<long long>(m), pt.mode.c_str(), 100 * density, static_cast<long long>(fr_sp.hot_neurons), dn_fwd, dn_step, sp_fwd, sp_step, auto_step_ms,
+                  static_cast<long long>(m), sc.mode.c_str(), 100 * density, static_cast<long long>(fr_sp.hot_neurons), dn_fwd, dn_step, sp_fwd, sp_step, auto_step_ms,
                   dn_step / sp_step, dn_step / auto_step_ms, static_cast<double>(saved_sp) * mb, static_cast<double>(saved_dn) * mb,
                   100.0 * static_cast<double>(saved_sp) / static_cast<double>(saved_dn), static_cast<double>(mem_sp) * mb,
                   static_cast<double>(mem_dn) * mb, err, fr_auto.path.c_str());
@@ -337,7 +329,8 @@ void run_train_sweep(bool quick, int warmup, int reps, cudaStream_t s, nlohmann:
     std::fflush(stdout);
     lines.push_back(line);
     out["train_points"].push_back({{"m", m},
-                                   {"mode", pt.mode},
+                                   {"case", pt.name},
+                                   {"mode", sc.mode},
                                    {"gated", pt.gated},
                                    {"target_density", pt.density},
                                    {"hot_rows", pt.hot_rows},

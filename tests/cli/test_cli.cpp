@@ -369,7 +369,15 @@ TEST_F(Cli, BenchCases) {
   r = run("bench ffn --list-cases");
   ASSERT_EQ(r.rc, 0) << r.err;
   EXPECT_NE(r.out.find("m16384_n5632_k2048_d0p5_hot"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("sweep_m131072_nongated_d1"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("m20_n64_k16_d30_ell1"), std::string::npos) << r.out;
+  // The layer sweep's points: the quick group's CPU cases (one to a few tokens at the 2B shape, the
+  // benchmark's generator) against float64; a point that is CUDA's only is refused on the CPU.
+  r = run("bench ffn --cases sweep-quick --device cpu");
+  ASSERT_EQ(r.rc, 0) << r.out << r.err;
+  EXPECT_NE(r.out.find("PASS: 12 of 12 cases within tolerance"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("| sweep_m16_d3 |"), std::string::npos) << r.out;
+  expect_error("bench ffn --cases sweep_m131072_d1 --device cpu", "does not run on cpu");
   // The training table: one whole step per case against float64 (the cases CpuTrain runs), and timed.
   r = run("bench ffn --cases all --op train --device cpu");
   ASSERT_EQ(r.rc, 0) << r.out << r.err;

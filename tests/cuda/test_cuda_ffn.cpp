@@ -928,8 +928,9 @@ TEST(CudaDecodeToken, MatchesReferenceAtEveryDensity) {
       if (call == 0) first = o.y;
       else EXPECT_TRUE(o.y == first) << "call " << call << " differs (deterministic order expected)";
     }
-    if (expect_nnz == 0)
+    if (expect_nnz == 0) {
       for (float v : first) ASSERT_EQ(v, 0.0f);
+    }
   };
   for (const FfnCase& c : {ffn_case("tok_n1000_k520_d5", 1, 1000, 520, true, 0.05, 11),
                            ffn_case("tok_n5632_k2048_d0p5", 1, 5632, 2048, true, 0.005, 12),

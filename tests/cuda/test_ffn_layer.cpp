@@ -78,7 +78,9 @@ cudaGraphExec_t capture_graph(cudaStream_t s, const std::function<void()>& enque
     ADD_FAILURE() << what << " is not capturable: " << e.what();
   }
   EXPECT_EQ(cudaStreamEndCapture(s, &graph), cudaSuccess);
-  if (!threw && graph) EXPECT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
+  if (!threw && graph) {
+    EXPECT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
+  }
   if (graph) cudaGraphDestroy(graph);
   return exec;
 }
@@ -516,7 +518,7 @@ TEST(FfnLayer, PlannedStepsReplayBitIdentically) {
   FfnLayer layer;
   layer.upload_weights(d.weights(), s);
   Dev<bf16> x(d.x.size()), y(d.x.size());
-  for (const auto [m, path] : {std::pair<std::int64_t, Path>{1, Path::sparse}, {4096, Path::automatic}}) {
+  for (const auto& [m, path] : {std::pair<std::int64_t, Path>{1, Path::sparse}, {4096, Path::automatic}}) {
     const FfnLayer::StepPlan plan = layer.plan_step(m, path);
     EXPECT_FALSE(plan.capturable) << "M = " << m;
     EXPECT_THROW(layer.prepare_step(plan, s), Error);

@@ -129,7 +129,7 @@ TEST(ModelCuda, LogitsMatchCpuRuntime) {
 // runtime's kernels). The two GPU backends also against each other.
 TEST(ModelCuda, PrefillAttentionBackendsMatchCpu) {
   TWELL_REQUIRE_GPU();
-  for (const auto [heads, kv_heads] : {std::pair<std::int64_t, std::int64_t>{4, 2}, {2, 2}}) {
+  for (const auto& [heads, kv_heads] : {std::pair<std::int64_t, std::int64_t>{4, 2}, {2, 2}}) {
     TinySpec spec;
     spec.act = "silu";
     spec.bf16 = true;

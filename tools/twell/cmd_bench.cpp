@@ -664,27 +664,23 @@ FfnInputs inputs_of(const test::FfnData& d) {
   return in;
 }
 
-// The cases --cases names (comma-separated, or all: every case of the table that runs on `dev`);
-// unknown names and cases that do not run on `dev` are errors. case_of(T) gives a T's FfnCase.
+// The cases of `table` that `names` (comma-separated, groups already spelled out by
+// expand_case_groups) names, in that order; unknown names and cases that do not run on `dev` are
+// errors. case_of(T) gives a T's FfnCase.
 template <typename T, typename CaseOf>
 std::vector<T> pick_cases(const std::vector<T>& table, const std::string& names, DeviceKind dev, CaseOf case_of) {
   const bool cuda = dev == DeviceKind::cuda;
   std::vector<T> picked;
-  if (names == "all") {
-    for (const T& c : table)
-      if (cuda ? case_of(c).cuda : case_of(c).cpu) picked.push_back(c);
-  } else {
-    for (std::size_t pos = 0; pos <= names.size();) {
-      const std::size_t end = std::min(names.find(',', pos), names.size());
-      const std::string name = names.substr(pos, end - pos);
-      pos = end + 1;
-      if (name.empty()) continue;
-      const auto it = std::find_if(table.begin(), table.end(), [&](const T& c) { return case_of(c).name == name; });
-      if (it == table.end()) fail(ErrorCode::invalid_argument, "--cases: no case '{}' (twell bench ffn --list-cases)", name);
-      if (!(cuda ? case_of(*it).cuda : case_of(*it).cpu))
-        fail(ErrorCode::unsupported, "--cases: case '{}' does not run on {} (twell bench ffn --list-cases)", name, to_string(dev));
-      picked.push_back(*it);
-    }
+  for (std::size_t pos = 0; pos <= names.size();) {
+    const std::size_t end = std::min(names.find(',', pos), names.size());
+    const std::string name = names.substr(pos, end - pos);
+    pos = end + 1;
+    if (name.empty()) continue;
+    const auto it = std::find_if(table.begin(), table.end(), [&](const T& c) { return case_of(c).name == name; });
+    if (it == table.end()) fail(ErrorCode::invalid_argument, "--cases: no case '{}' (twell bench ffn --list-cases)", name);
+    if (!(cuda ? case_of(*it).cuda : case_of(*it).cpu))
+      fail(ErrorCode::unsupported, "--cases: case '{}' does not run on {} (twell bench ffn --list-cases)", name, to_string(dev));
+    picked.push_back(*it);
   }
   if (picked.empty()) fail(ErrorCode::invalid_argument, "--cases: no case selected");
   return picked;
@@ -720,6 +716,34 @@ int finish_cases(const BenchArgs& a, DeviceKind dev, const char* tool, std::size
   return failed ? 3 : 0;
 }
 
+// --cases with its groups spelled out: "all" (the test table's cases), "sweep" (every point of the
+// layer sweep) and "sweep-quick" (the quick sweep's) become the names of their cases that run on
+// `dev`; other names pass through. case_of gives a test or sweep entry's FfnCase.
+template <typename T, typename S, typename CaseOfT, typename CaseOfS>
+std::string expand_case_groups(const std::string& names, DeviceKind dev, const std::vector<T>& tests, CaseOfT test_case,
+                               const std::vector<S>& sweep, CaseOfS case_of) {
+  std::string out;
+  for (std::size_t pos = 0; pos <= names.size();) {
+    const std::size_t end = std::min(names.find(',', pos), names.size());
+    const std::string name = names.substr(pos, end - pos);
+    pos = end + 1;
+    if (name == "all") {
+      for (const T& c : tests)
+        if (dev == DeviceKind::cuda ? test_case(c).cuda : test_case(c).cpu) out += (out.empty() ? "" : ",") + test_case(c).name;
+    } else if (name == "sweep" || name == "sweep-quick") {
+      for (const S& c : sweep)
+        if ((name == "sweep" || c.quick) && (dev == DeviceKind::cuda ? case_of(c).cuda : case_of(c).cpu))
+          out += (out.empty() ? "" : ",") + case_of(c).name;
+    } else if (!name.empty()) {
+      out += (out.empty() ? "" : ",") + name;
+    }
+  }
+  if (out.empty() && !names.empty())
+    fail(ErrorCode::unsupported, "--cases {}: none of its cases runs on {} (twell bench ffn --list-cases)", names,
+         to_string(dev));
+  return out;
+}
+
 int list_cases() {
   std::printf("--op infer (the default)\n");
   std::printf("%-36s %6s %6s %5s %7s %-9s %4s %3s  %s\n", "case", "M", "N", "K", "density", "FFN", "T", "C", "runs on");
@@ -727,12 +751,26 @@ int list_cases() {
     std::printf("%-36s %6lld %6lld %5lld %7.4f %-9s %4d %3d  %s%s\n", c.name.c_str(), static_cast<long long>(c.m),
                 static_cast<long long>(c.n), static_cast<long long>(c.k), c.density, c.gated ? "gated" : "nongated",
                 c.tile, c.compression, c.cpu ? "cpu " : "", c.cuda ? "cuda" : "");
+  std::printf("\n--op infer, the layer sweep (--cases sweep; sweep-quick: those marked q; generator: twell's "
+              "model-like one, neuron skew σ as shown)\n");
+  std::printf("%-36s %6s %6s %5s %7s %-9s %5s %5s  %s\n", "case", "M", "N", "K", "density", "FFN", "hot", "skew", "runs on");
+  for (const test::SweepCase& c : test::ffn_sweep_cases())
+    std::printf("%-36s %6lld %6lld %5lld %7.4f %-9s %5.2f %5.1f  %s%s%s\n", c.f.name.c_str(), static_cast<long long>(c.f.m),
+                static_cast<long long>(c.f.n), static_cast<long long>(c.f.k), c.f.density, c.f.gated ? "gated" : "nongated",
+                c.f.hot_rows, c.f.neuron_skew, c.f.cpu ? "cpu " : "", c.f.cuda ? "cuda" : "", c.quick ? " q" : "");
   std::printf("\n--op train\n");
   std::printf("%-40s %6s %6s %5s %7s %-9s %4s %4s  %s\n", "case", "M", "N", "K", "density", "FFN", "L1", "ELL", "runs on");
   for (const test::FfnTrainCase& c : test::ffn_train_cases())
     std::printf("%-40s %6lld %6lld %5lld %7.4f %-9s %4g %4d  %s%s\n", c.f.name.c_str(), static_cast<long long>(c.f.m),
                 static_cast<long long>(c.f.n), static_cast<long long>(c.f.k), c.f.density, c.f.gated ? "gated" : "nongated",
                 c.l1_coeff, c.ell_width, c.f.cpu ? "cpu " : "", c.f.cuda ? "cuda" : "");
+  std::printf("\n--op train, the training sweep (--cases sweep; sweep-quick: those marked q)\n");
+  std::printf("%-40s %6s %6s %5s %7s %-9s %4s %5s  %s\n", "case", "M", "N", "K", "density", "FFN", "L1", "hot", "runs on");
+  for (const test::TrainSweepCase& s : test::ffn_train_sweep_cases())
+    std::printf("%-40s %6lld %6lld %5lld %7.4f %-9s %4g %5.2f  %s%s%s\n", s.t.f.name.c_str(), static_cast<long long>(s.t.f.m),
+                static_cast<long long>(s.t.f.n), static_cast<long long>(s.t.f.k), s.t.f.density,
+                s.t.f.gated ? "gated" : "nongated", s.t.l1_coeff, s.t.f.hot_rows, s.t.f.cpu ? "cpu " : "",
+                s.t.f.cuda ? "cuda" : "", s.quick ? " q" : "");
   return 0;
 }
 
@@ -742,7 +780,13 @@ int list_cases() {
 // fails) or timed against the dense path of the same backend (--mode perf). Tolerances: CPU 1e-2
 // against the reference that rounds the activation to bf16 as TwELL does; CUDA 1e-2, CudaFfn's.
 int bench_cases(BenchArgs& a, DeviceKind dev) {
-  const std::vector<test::FfnCase> picked = pick_cases(test::ffn_cases(), a.cases, dev, [](const test::FfnCase& c) { return c; });
+  // The test table, then the sweep's points.
+  std::vector<test::FfnCase> table = test::ffn_cases();
+  const std::vector<test::SweepCase> sweep = test::ffn_sweep_cases();
+  const std::string names = expand_case_groups(
+      a.cases, dev, table, [](const test::FfnCase& c) { return c; }, sweep, [](const test::SweepCase& c) { return c.f; });
+  for (const test::SweepCase& c : sweep) table.push_back(c.f);
+  const std::vector<test::FfnCase> picked = pick_cases(table, names, dev, [](const test::FfnCase& c) { return c; });
   const CaseRun run = case_run(a, dev, 5, 20);
   [[maybe_unused]] const bool cuda = run.cuda;  // used where the build has CUDA
   const bool perf = run.perf, check = run.check;
@@ -802,8 +846,15 @@ int bench_cases(BenchArgs& a, DeviceKind dev) {
 // sub-batch of ≤ 32 rows through the sparse step against it (as `twell bench ffn --train`). perf:
 // the sparse step (CPU: the hybrid format; cuda: as dispatched) against the same backend's dense step.
 int bench_train_cases(BenchArgs& a, DeviceKind dev) {
+  // The test table, then the training sweep's points.
+  std::vector<test::FfnTrainCase> table = test::ffn_train_cases();
+  const std::vector<test::TrainSweepCase> sweep = test::ffn_train_sweep_cases();
+  const std::string names = expand_case_groups(
+      a.cases, dev, table, [](const test::FfnTrainCase& c) { return c.f; }, sweep,
+      [](const test::TrainSweepCase& c) { return c.t.f; });
+  for (const test::TrainSweepCase& c : sweep) table.push_back(c.t);
   const std::vector<test::FfnTrainCase> picked =
-      pick_cases(test::ffn_train_cases(), a.cases, dev, [](const test::FfnTrainCase& c) { return c.f; });
+      pick_cases(table, names, dev, [](const test::FfnTrainCase& c) { return c.f; });
   const CaseRun run = case_run(a, dev, 3, 10);
   const bool cuda = run.cuda, perf = run.perf, check = run.check;
   const int warmup = run.warmup, reps = run.reps;
@@ -816,7 +867,7 @@ int bench_train_cases(BenchArgs& a, DeviceKind dev) {
   for (const test::FfnTrainCase& c : picked) {
     std::fprintf(stderr, "\rtwell: [%d/%zu] %s            ", ++done, picked.size(), c.f.name.c_str());
     const test::FfnData d = test::make_ffn(c.f);
-    const std::vector<float> dyv = test::make_dy(c.f);
+    const std::vector<float> dyv = c.f.model_like ? d.dy : test::make_dy(c.f);
     const CMatrixF x = d.xv(), dy(dyv.data(), d.m, d.k);
     const FfnWeights w = d.weights();
     double dense_ms = 0, twell_ms = 0, err = -1, tol = 0;
@@ -1160,8 +1211,9 @@ void add_bench_command(CLI::App& root, std::vector<Command>& out) {
   sub->add_option("--sweep-density", a->sweep_density, "Densities of the sweep (default 0.005 0.01 0.03)");
   CLI::Option* cases_opt = sub->add_option(
       "--cases", a->cases,
-      "Run the FFN case table the test suites use (comma-separated names, or all: the device's cases) instead of one layer");
-  sub->add_option("--mode", a->mode, "With --cases: test (check each case against float64, exit 1 on a failure) or perf (time it)")
+      "Run the FFN case table the test suites use (comma-separated names, or all: the device's cases; sweep, "
+      "sweep-quick: the layer sweep's points) instead of one layer");
+  sub->add_option("--mode", a->mode, "With --cases: test (check each case against float64, exit 3 on a failure) or perf (time it)")
       ->check(CLI::IsMember({"test", "perf"}));
   sub->add_option("--op", a->op, "With --cases: infer (the inference table) or train (the training table: one step each)")
       ->check(CLI::IsMember({"infer", "train"}));
