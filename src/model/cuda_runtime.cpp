@@ -357,6 +357,7 @@ class CudaRuntime final : public Runtime {
     room(qkv_, (sh.T + sh.pad_rows) * (Q + 2 * KV));
     room(att_, (sh.T + sh.pad_rows) * Q);
     room(tmp_, sh.T * K);
+    if (fuse_norms(sh.T)) room(ffn_out_, sh.T * K);
     room(xs_, sh.R * K);
     room(logits_, sh.R * c.vocab_size);
     if (c.act != Activation::relu) {
@@ -383,11 +384,21 @@ class CudaRuntime final : public Runtime {
     const auto eps = static_cast<float>(c.rms_eps);
     std::vector<char> ran_sparse(static_cast<std::size_t>(c.num_layers), 0);
     const cuda::Path path = engine_path();
-    // Each residual add is fused with the norm after it (add_rmsnorm); the last layer's stands alone.
-    cuda::ops::rmsnorm(x, nullptr, T, K, layers_[0].attn_norm.get(), eps, xn, stream_);
+    // Each residual add is fused with the norm after it (add_rmsnorm); the last layer's stands
+    // alone. At one row (fuse_norms) the attention's norm runs inside its projection
+    // (rmsnorm_project), which reads x + the FFN's output without storing it: that add is the
+    // next add_rmsnorm's `first`, so the FFN writes to ffn_out_, which the attention output
+    // projection (into tmp) leaves alone. The same sums in the same order either way.
+    const bool fuse = fuse_norms(T);
+    bf16_t* ffn_y = fuse ? ffn_out_.get() : tmp;
+    const bf16_t* pending = nullptr;  // fused: an FFN output not yet added to x
+    if (!fuse) cuda::ops::rmsnorm(x, nullptr, T, K, layers_[0].attn_norm.get(), eps, xn, stream_);
     for (std::int64_t l = 0; l < c.num_layers; ++l) {
       Layer& L = layers_[static_cast<std::size_t>(l)];
-      project(L.wqkv.get(), xn, T, Q + 2 * KV, K, qkv);
+      if (fuse)
+        cuda::ops::rmsnorm_project(x, pending, K, L.attn_norm.get(), eps, L.wqkv.get(), Q + 2 * KV, qkv, stream_);
+      else
+        project(L.wqkv.get(), xn, T, Q + 2 * KV, K, qkv);
       cuda::ops::rope_store_kv(qkv, T, c.num_heads, c.num_kv_heads, c.head_dim, cos_.get(), sin_.get(), rows_.get(), l,
                                stream_, sh.cudnn);
       if (sh.cudnn && run_cudnn(qkv, att)) {
@@ -398,23 +409,26 @@ class CudaRuntime final : public Runtime {
       else
         cuda::ops::attention(qkv, T, c.num_heads, c.num_kv_heads, c.head_dim, rows_.get(), l, sh.max_keys, att, stream_);
       project(L.wo.get(), att, T, K, Q, tmp);
-      cuda::ops::add_rmsnorm(x, tmp, T, K, L.ffn_norm.get(), eps, xn, stream_);
+      cuda::ops::add_rmsnorm(x, tmp, T, K, L.ffn_norm.get(), eps, xn, stream_, pending);
+      pending = nullptr;
       if (L.ffn && plans) {  // the layer's planned step (FfnLayer::run_step: capturable)
         const StepPlan& p = (*plans)[static_cast<std::size_t>(l)];
-        L.ffn->run_step(tw(xn), tw(tmp), p, stream_);
+        L.ffn->run_step(tw(xn), tw(ffn_y), p, stream_);
         ran_sparse[static_cast<std::size_t>(l)] = p.sparse;
       } else if (L.ffn) {
-        L.ffn->forward(tw(xn), T, tw(tmp), path, stream_);
+        L.ffn->forward(tw(xn), T, tw(ffn_y), path, stream_);
         ran_sparse[static_cast<std::size_t>(l)] = L.ffn->last_sparse();
       } else {
         gemm_.run({T, 2 * N, K, K, K, 2 * N}, L.w_gu.get(), xn, gu_.get(), stream_);
         cuda::ops::gated_activation(gu_.get(), T, N, static_cast<int>(c.act), h_.get(), stream_);
-        gemm_.run({T, K, N, N, N, K}, L.w_down.get(), h_.get(), tmp, stream_);
+        gemm_.run({T, K, N, N, N, K}, L.w_down.get(), h_.get(), ffn_y, stream_);
       }
-      if (l + 1 < c.num_layers)
-        cuda::ops::add_rmsnorm(x, tmp, T, K, layers_[static_cast<std::size_t>(l + 1)].attn_norm.get(), eps, xn, stream_);
+      if (fuse && l + 1 < c.num_layers)
+        pending = ffn_y;
+      else if (l + 1 < c.num_layers)
+        cuda::ops::add_rmsnorm(x, ffn_y, T, K, layers_[static_cast<std::size_t>(l + 1)].attn_norm.get(), eps, xn, stream_);
       else
-        cuda::ops::residual_add(x, tmp, T * K, stream_);
+        cuda::ops::residual_add(x, ffn_y, T * K, stream_);
     }
     cuda::ops::rmsnorm(x, sel_.get(), R, K, final_norm_.get(), eps, xs_.get(), stream_);
     cuda::MatmulShape ms;
@@ -428,6 +442,13 @@ class CudaRuntime final : public Runtime {
     ms.c_fp32 = true;
     gemm_.matmul(ms, xs_.get(), head_.size() ? head_.get() : embed_.get(), logits_.get(), stream_);
     return ran_sparse;
+  }
+
+  // Whether a forward of T rows runs each attention's norm inside its QKV projection (one row: the
+  // decode GEMV's condition, which rmsnorm_project shares).
+  bool fuse_norms(std::int64_t T) const {
+    const std::int64_t K = model_->config.hidden_size;
+    return T == 1 && K % 8 == 0 && K <= cuda::kGemvMaxK;
   }
 
   // y[T, n] = x[T, k]·Wᵀ, W [n, k] bf16, all rows contiguous. One token: the decode GEMV (cuBLASLt's
@@ -508,7 +529,7 @@ class CudaRuntime final : public Runtime {
 
   std::vector<const void*> scratch_addresses() const {
     const cuda::FfnWorkspace& w = *ws_;
-    return {x_.get(), xn_.get(), qkv_.get(), att_.get(), tmp_.get(), xs_.get(), logits_.get(), gu_.get(), h_.get(),
+    return {x_.get(), xn_.get(), qkv_.get(), att_.get(), tmp_.get(), ffn_out_.get(), xs_.get(), logits_.get(), gu_.get(), h_.get(),
             ids_.get(), rows_.get(), sel_.get(), w.g.get(), w.gu.get(), w.h.get(), w.decode_partials.get()};
   }
 
@@ -599,6 +620,7 @@ class CudaRuntime final : public Runtime {
   DeviceBuffer<cuda::ops::FlashBlock> blocks_;
   DeviceBuffer<float> x_, logits_;
   DeviceBuffer<bf16_t> xn_, qkv_, att_, tmp_, gu_, h_, xs_;
+  DeviceBuffer<bf16_t> ffn_out_;  // one-row forwards: the FFN's output until the next layer adds it
   std::map<std::pair<std::int64_t, std::int64_t>, std::unique_ptr<Graph>> graphs_;  // (rows, keys bucket)
   std::int64_t decode_steps_ = 0, graph_launches_ = 0;
   std::int64_t max_keys_ = 0;  // keys the decode attention takes on this device at this head_dim

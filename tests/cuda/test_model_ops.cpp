@@ -10,6 +10,7 @@
 
 #include "cuda/common/device_buffer.hpp"
 #include "cuda/ops/model_ops.hpp"
+#include "cuda/sm80/twell_gemv.hpp"
 #include "cuda_test_util.hpp"
 #include "test_util.hpp"
 #include "twell/bf16.hpp"
@@ -200,6 +201,81 @@ TEST(ModelOps, AddRmsnormIsResidualAddThenRmsnorm) {
       }
     }
     EXPECT_LT(err, 1.0 / 256) << rows << "x" << k;
+    // With a first delta: x += first, then += delta, in that order, as two residual adds.
+    const auto first = random_bf16(rng, x.size());
+    auto x3 = upload(x), x4 = upload(x);
+    auto df = upload<__nv_bfloat16>(first);
+    DeviceBuffer<__nv_bfloat16> y3(x.size()), y4(x.size());
+    cuda::ops::residual_add(x3.get(), df.get(), rows * k, nullptr);
+    cuda::ops::residual_add(x3.get(), dd.get(), rows * k, nullptr);
+    cuda::ops::rmsnorm(x3.get(), nullptr, rows, k, dw.get(), 1e-5f, y3.get(), nullptr);
+    cuda::ops::add_rmsnorm(x4.get(), dd.get(), rows, k, dw.get(), 1e-5f, y4.get(), nullptr, df.get());
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    const auto hx3 = download<float>(x3), hx4 = download<float>(x4);
+    const auto hy3 = download<bf16>(y3), hy4 = download<bf16>(y4);
+    EXPECT_EQ(std::memcmp(hx3.data(), hx4.data(), hx3.size() * sizeof(float)), 0) << rows << "x" << k << " (first)";
+    EXPECT_EQ(std::memcmp(hy3.data(), hy4.data(), hy3.size() * sizeof(bf16)), 0) << rows << "x" << k << " (first)";
+  }
+}
+
+// rmsnorm_project (a decode step's attention norm inside its QKV projection) equals add_rmsnorm on a
+// copy of x (rmsnorm without a delta), then the decode GEMV, bit for bit — at K held in registers
+// (≤ 4096) and streamed, ragged n (a CTA's last rows past n), with and without the delta — and
+// leaves x as it was; y against a float64 product of the normalised row within bf16 rounding.
+TEST(ModelOps, RmsnormProjectIsNormThenGemv) {
+  TWELL_REQUIRE_GPU();
+  Rng rng(fresh_seed());
+  for (auto [k, n] : {std::pair<int, int>{2048, 2560}, {8, 1}, {576, 17}, {4104, 33}, {8192, 100}}) {
+    for (bool with_delta : {true, false}) {
+      SCOPED_TRACE(::testing::Message() << "k " << k << " n " << n << (with_delta ? " with delta" : " without"));
+      std::vector<float> x(static_cast<std::size_t>(k)), w(static_cast<std::size_t>(k));
+      for (auto& e : x) e = static_cast<float>(rng.normal() * 3);
+      for (auto& e : w) e = static_cast<float>(rng.normal());
+      const auto delta = random_bf16(rng, x.size());
+      std::vector<bf16> wp(static_cast<std::size_t>(n) * static_cast<std::size_t>(k));
+      for (auto& e : wp) e = to_bf16(rng.normal() / std::sqrt(static_cast<double>(k)));
+      auto x1 = upload(x), x2 = upload(x), dw = upload(w);
+      auto dd = upload<__nv_bfloat16>(delta);
+      auto dwp = upload<__nv_bfloat16>(wp);
+      DeviceBuffer<__nv_bfloat16> xn(x.size()), y1(static_cast<std::size_t>(n)), y2(static_cast<std::size_t>(n));
+      if (with_delta)
+        cuda::ops::add_rmsnorm(x1.get(), dd.get(), 1, k, dw.get(), 1e-5f, xn.get(), nullptr);
+      else
+        cuda::ops::rmsnorm(x1.get(), nullptr, 1, k, dw.get(), 1e-5f, xn.get(), nullptr);
+      cuda::TwellGemvParams p;
+      p.x = xn.get();
+      p.ld_x = k;
+      p.w = dwp.get();
+      p.g = y1.get();
+      p.ld_g = n;
+      p.m = 1;
+      p.n = n;
+      p.k = k;
+      p.relu = false;
+      cuda::launch_twell_gemv(p, nullptr);
+      cuda::ops::rmsnorm_project(x2.get(), with_delta ? dd.get() : nullptr, k, dw.get(), 1e-5f, dwp.get(), n, y2.get(),
+                                 nullptr);
+      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+      const auto hy1 = download<bf16>(y1), hy2 = download<bf16>(y2), hxn = download<bf16>(xn);
+      const auto hx2 = download<float>(x2);
+      EXPECT_EQ(std::memcmp(hy1.data(), hy2.data(), hy1.size() * sizeof(bf16)), 0);
+      EXPECT_EQ(std::memcmp(hx2.data(), x.data(), x.size() * sizeof(float)), 0) << "x was written";
+      double err = 0, scale = 0;
+      std::vector<double> want(static_cast<std::size_t>(n));
+      for (int j = 0; j < n; ++j) {
+        double acc = 0;
+        for (int c = 0; c < k; ++c)
+          acc += static_cast<double>(to_float(hxn[static_cast<std::size_t>(c)])) *
+                 to_float(wp[static_cast<std::size_t>(j) * static_cast<std::size_t>(k) + static_cast<std::size_t>(c)]);
+        want[static_cast<std::size_t>(j)] = acc;
+        scale = std::max(scale, std::fabs(acc));
+      }
+      for (int j = 0; j < n; ++j) {
+        const double d = std::fabs(to_float(hy2[static_cast<std::size_t>(j)]) - want[static_cast<std::size_t>(j)]);
+        err = std::max(err, d / (std::fabs(want[static_cast<std::size_t>(j)]) + 1e-3 * scale));
+      }
+      EXPECT_LT(err, 1.0 / 128);  // bf16's rounding of y (2⁻⁹) plus fp32 accumulation noise
+    }
   }
 }
 

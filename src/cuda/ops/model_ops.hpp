@@ -29,10 +29,20 @@ void embedding(const std::int32_t* ids, std::int64_t rows, const __nv_bfloat16* 
 void rmsnorm(const float* x, const std::int32_t* row_index, std::int64_t rows, std::int64_t k, const float* w,
              float eps, __nv_bfloat16* y, cudaStream_t stream);
 
-// residual_add then rmsnorm in one kernel: x[i, :] += delta[i, :] (fp32 += bf16), then
-// y[i, :] = rmsnorm(x[i, :]) ⊙ w as above; bit-identical to the two ops one after the other.
+// residual_add then rmsnorm in one kernel: x[i, :] += first[i, :] (when given), then += delta[i, :]
+// (fp32 += bf16, in that order), then y[i, :] = rmsnorm(x[i, :]) ⊙ w as above; bit-identical to the
+// ops one after the other.
 void add_rmsnorm(float* x, const __nv_bfloat16* delta, std::int64_t rows, std::int64_t k, const float* w, float eps,
-                 __nv_bfloat16* y, cudaStream_t stream);
+                 __nv_bfloat16* y, cudaStream_t stream, const __nv_bfloat16* first = nullptr);
+
+// One row, RMSNorm and a projection in one kernel (a decode step's attention input):
+// y[j] = bf16(Σ_c xn[c] · W[j, c]) for j < n, with xn = bf16(rmsnorm(x + delta) ⊙ w) as add_rmsnorm
+// computes it (delta may be null: x alone), fp32 accumulation. x is only read: the residual add
+// stays for a later add_rmsnorm (its `first`). Bit-identical to add_rmsnorm on a copy of x, then
+// the decode GEMV (cuda/sm80/twell_gemv.hpp, relu off). K a multiple of 8, ≤ kGemvMaxK; W [n, k]
+// with 16-byte aligned rows.
+void rmsnorm_project(const float* x, const __nv_bfloat16* delta, std::int64_t k, const float* w, float eps,
+                     const __nv_bfloat16* wproj, std::int64_t n, __nv_bfloat16* y, cudaStream_t stream);
 
 // qkv [T, Q + 2·KV] bf16 (q | k | v per row): RoPE (rotate_half; cos/sin from the table
 // [max_pos, d/2] fp32 at the row's position) on q in place and on k, which goes with v into the
