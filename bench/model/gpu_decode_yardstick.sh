@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Issue 27's decode target in one call on the GPU machine: twell's decode at batch 1 against
-# PyTorch's best dense decode (transformers + torch.compile(mode="reduce-overhead") + static cache:
-# CUDA graphs) on the same synthetic checkpoint, same GPU, same call.
+# PyTorch's best dense decode on the same synthetic checkpoint, same GPU, same call: transformers +
+# torch.compile(mode="reduce-overhead") + static cache (CUDA graphs), and the same weights through
+# a lean gpt-fast-style body (bench/model/fast_llama.py) compiled alike; "best" is the faster.
 #   [BUILD=build/gpu] [OUT=…] [PREFILL=1] [MODEL=DIR] bash bench/model/gpu_decode_yardstick.sh [CONFIG [DENSITY]]   (2b 0.005)
 # Needs a built twell (e.g. scripts/gpu-check earlier in the same call). Writes torch.json,
 # twell.json and decode-yardstick.md (the table) under $OUT. PREFILL=1 adds the prefill of 8 × 512
@@ -56,7 +57,8 @@ try:
     t = json.load(open(f"{out}/torch.json"))
     for name, ph in t.get("results", {}).items():
         if name.startswith("decode") and isinstance(ph, dict) and "tokens_per_s" in ph:
-            rows.append((f"PyTorch (transformers {t.get('transformers')}) {name}", ph["tokens_per_s"]))
+            who = "lean Llama body, bench/model/fast_llama.py" if " fast " in name else f"transformers {t.get('transformers')}"
+            rows.append((f"PyTorch ({who}) {name}", ph["tokens_per_s"]))
 except (OSError, ValueError) as e:
     print("torch.json:", e)
 try:
@@ -76,7 +78,8 @@ pre = []
 try:
     for name, ph in t.get("results", {}).items():
         if name.startswith("prefill") and isinstance(ph, dict) and "tokens_per_s" in ph:
-            pre.append((f"PyTorch {name}", ph["tokens_per_s"]))
+            who = " (lean Llama body, bench/model/fast_llama.py)" if " fast " in name else ""
+            pre.append((f"PyTorch{who} {name}", ph["tokens_per_s"]))
 except NameError:
     pass
 for fname, label in (("twell.json", None), ("twell-own-attention.json", "twell's own attention kernel")):

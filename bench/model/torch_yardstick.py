@@ -8,7 +8,12 @@ Hugging Face `transformers`' LlamaForCausalLM in bf16 with PyTorch's SDPA attent
   eager       the paper's baseline;
   compile     torch.compile (default mode) of the forward, for prefill;
   compile+graphs  decode with a static KV cache and torch.compile(mode="reduce-overhead",
-              fullgraph=True), which replays CUDA graphs: the strongest dense decode PyTorch offers.
+              fullgraph=True), which replays CUDA graphs;
+and the same checkpoint through bench/model/fast_llama.py ("fast"): a lean gpt-fast-style body
+(stacked QKV and gate-up GEMMs, static cache, the greedy pick inside the step), compiled the same
+ways — the strongest dense PyTorch we can write (transformers' general model decodes the 2B shape
+at ≈ 258 tokens/s on an H100, a compiled lean body at ≈ 376: ../shared/reference/model_anchors.md).
+Its greedy tokens are compared with transformers' (agreement reported: bf16 near-ties may differ).
 Prefill: one forward of B prompts of L random tokens with only the last position's logits (as
 twell's runtime computes them), medians of --reps after warm-up. Decode: greedy, batch 1, a prompt
 of --context tokens then --decode-steps new tokens; time per new token = (generate(steps) −
@@ -110,6 +115,37 @@ def decode_rate_graphs(model, prompt, steps, reps, mode="reduce-overhead"):
     return per_token_rate(run, steps, reps, warmup=3)  # the warm-up compiles and records
 
 
+def fast_model(model, max_len, batch):
+    """bench/model/fast_llama.py's FastLlama with a copy of model's weights."""
+    import os
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from fast_llama import FastLlama
+    return FastLlama.from_hf(model, max_len=max_len, batch=batch)
+
+
+def fast_decode_rate(fast, prompt, steps, reps, mode="reduce-overhead"):
+    """Greedy decode through FastLlama, one compiled step (CUDA graphs under "reduce-overhead");
+    time per token as decode_rate. Returns (rate, per-token seconds, the greedy ids of one run)."""
+    ctx = prompt.shape[1]
+    compiled = torch.compile(fast.decode, mode=mode, fullgraph=True)
+    ids = []
+
+    def run(n):
+        ids.clear()
+        with torch.inference_mode():
+            nxt = fast.prefill(prompt)  # the prompt, eagerly
+            ids.append(nxt)
+            for i in range(n - 1):
+                torch.compiler.cudagraph_mark_step_begin()
+                nxt = compiled(nxt[:, None], torch.tensor([ctx + i], device=prompt.device)).clone()
+                ids.append(nxt)
+        return nxt
+
+    rate, per = per_token_rate(run, steps, reps, warmup=3)
+    run(steps)
+    return rate, per, torch.stack(ids, dim=1)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("model")
@@ -122,6 +158,7 @@ def main():
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--skip-prefill", action="store_true", help="only the decode phases")
     ap.add_argument("--decode-compile-mode", default="reduce-overhead", help="torch.compile mode of the decode step")
+    ap.add_argument("--skip-fast", action="store_true", help="leave out the lean body (bench/model/fast_llama.py)")
     a = ap.parse_args()
     if not torch.cuda.is_available():
         print("skipped: no CUDA device")
@@ -168,15 +205,52 @@ def main():
         except Exception as e:  # noqa: BLE001 — reported, the other phases still run
             fail("prefill compile", e)
 
+    if not a.skip_prefill and not a.skip_fast:
+        try:
+            fast = fast_model(model, a.prefill_len, a.prefill_batch)
+            t0 = time.perf_counter()
+            fast_prefill = torch.compile(fast.logits)
+            with torch.inference_mode():
+                fast_prefill(ids)
+            warm = time.perf_counter() - t0
+
+            def run_fast_prefill():
+                with torch.inference_mode():
+                    fast_prefill(ids)
+
+            rate, times = prefill_rate(run_fast_prefill, tokens, a.reps)
+            report("prefill fast compile", rate, {"seconds": times, "compile_seconds": warm})
+            del fast, fast_prefill
+            torch._dynamo.reset()
+            torch.cuda.empty_cache()
+        except Exception as e:  # noqa: BLE001
+            fail("prefill fast compile", e)
+
     prompt = torch.randint(0, vocab, (1, a.context), device="cuda")
     rate, per = decode_rate(model, prompt, a.decode_steps, a.reps)
     report("decode b1 eager", rate, {"seconds_per_token": per})
+    with torch.inference_mode():
+        hf_ids = model.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=a.decode_steps,
+                                min_new_tokens=a.decode_steps, do_sample=False, pad_token_id=0)[:, a.context:]
     try:
         torch._dynamo.reset()
         rate, per = decode_rate_graphs(model, prompt, a.decode_steps, a.reps, mode=a.decode_compile_mode)
         report("decode b1 compile+graphs", rate, {"seconds_per_token": per, "mode": a.decode_compile_mode})
     except Exception as e:  # noqa: BLE001
         fail("decode b1 compile+graphs", e)
+    if not a.skip_fast:
+        try:
+            torch._dynamo.reset()
+            fast = fast_model(model, a.context + a.decode_steps + 1, 1)
+            rate, per, fast_ids = fast_decode_rate(fast, prompt, a.decode_steps, a.reps, mode=a.decode_compile_mode)
+            same = int((fast_ids.cpu() == hf_ids.cpu()).cumprod(dim=1).sum())
+            report("decode b1 fast compile+graphs", rate,
+                   {"seconds_per_token": per, "mode": a.decode_compile_mode,
+                    "greedy_tokens_equal_to_transformers": f"{same} of {a.decode_steps} (leading)"})
+            print(f"  fast decode's greedy tokens: the first {same} of {a.decode_steps} equal transformers' eager",
+                  flush=True)
+        except Exception as e:  # noqa: BLE001
+            fail("decode b1 fast compile+graphs", e)
     return 0
 
 
