@@ -170,7 +170,8 @@ TEST(ModelOps, ArgmaxMatchesHostAndFlagsNonFinite) {
 TEST(ModelOps, AddRmsnormIsResidualAddThenRmsnorm) {
   TWELL_REQUIRE_GPU();
   Rng rng(fresh_seed());
-  for (auto [rows, k] : {std::pair<int, int>{1, 2048}, {3, 576}, {17, 1000}, {2, 1}}) {
+  // k = 4104: rows past the registers' 4096 (norm_row's streamed path, with one delta and two).
+  for (auto [rows, k] : {std::pair<int, int>{1, 2048}, {3, 576}, {17, 1000}, {2, 1}, {2, 4104}}) {
     std::vector<float> x(static_cast<std::size_t>(rows * k)), w(static_cast<std::size_t>(k));
     for (auto& e : x) e = static_cast<float>(rng.normal() * 3);
     for (auto& e : w) e = static_cast<float>(rng.normal());

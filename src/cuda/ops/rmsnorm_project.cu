@@ -3,7 +3,9 @@
 // memory (norm_row: the bits add_rmsnorm writes), then its warps stream their W rows as the decode
 // GEMV does (16-byte loads, a lane's chunks l, l + 32, … in order, fp32 sums, a butterfly over the
 // lanes): the bits launch_twell_gemv writes. Every CTA reads the row (≈ 20 KB from L2 at K = 2048)
-// and sums it again: cheaper than a kernel boundary at one token.
+// and sums it again: cheaper than a kernel boundary at one token. The first window of W rows is
+// loaded before the wait for the previous kernel (programmatic launches): weights, which no kernel
+// writes, so their latency overlaps the previous kernel's tail and the norm.
 #include "cuda/common/check.hpp"
 #include "cuda/common/device_math.cuh"
 #include "cuda/common/launch.cuh"
@@ -18,7 +20,7 @@ using detail::kNormThreads;
 using detail::norm_row;
 
 constexpr int kWarps = kNormThreads / 32;
-constexpr int kWarpRows = 2;  // W rows per warp: 16 a CTA (the 2B model's 2560-row QKV: 160 CTAs)
+constexpr int kWarpRows = 2;  // W rows per warp: 16 a CTA (the synthetic 2B's 6144-row QKV: 384 CTAs)
 constexpr int kWin = 4;       // chunk steps per load window: kWarpRows · kWin 16-byte loads in flight a lane
 
 __global__ void __launch_bounds__(kNormThreads)
@@ -26,29 +28,35 @@ __global__ void __launch_bounds__(kNormThreads)
                            const __nv_bfloat16* w, std::int64_t n, __nv_bfloat16* y) {
   extern __shared__ uint4 xs_raw[];  // the normalised row, bf16 [k] (16-byte aligned)
   __nv_bfloat16* xs = reinterpret_cast<__nv_bfloat16*>(xs_raw);
-  dev::pdl_begin();
-  norm_row<false>(const_cast<float*>(x), delta, nullptr, k, wn, eps, xs);  // x is only read
-  __syncthreads();
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const std::int64_t n0 = (static_cast<std::int64_t>(blockIdx.x) * kWarps + warp) * kWarpRows;
-  if (n0 >= n) return;
+  const bool active = n0 < n;  // warps past n take part in the norm only
   const int kchunks = static_cast<int>(k / 8);
   const uint4* wrow[kWarpRows];
 #pragma unroll
   for (int r = 0; r < kWarpRows; ++r)  // rows past n read row n0 (their sums are dropped)
-    wrow[r] = reinterpret_cast<const uint4*>(w + (n0 + r < n ? n0 + r : n0) * k);
-  float acc[kWarpRows];
-#pragma unroll
-  for (int r = 0; r < kWarpRows; ++r) acc[r] = 0.0f;
-  for (int s0 = 0; s0 * 32 < kchunks; s0 += kWin) {
-    uint4 wv[kWarpRows][kWin];
+    wrow[r] = reinterpret_cast<const uint4*>(w + (active && n0 + r < n ? n0 + r : active ? n0 : 0) * k);
+  // Window s0 of chunk steps: kWarpRows · kWin loads issued together.
+  uint4 wv[kWarpRows][kWin];
+  const auto load_window = [&](int s0) {
 #pragma unroll
     for (int s = 0; s < kWin; ++s)
 #pragma unroll
       for (int r = 0; r < kWarpRows; ++r) {
         const int c = (s0 + s) * 32 + lane;
-        wv[r][s] = c < kchunks ? __ldcs(wrow[r] + c) : make_uint4(0, 0, 0, 0);
+        wv[r][s] = active && c < kchunks ? __ldcs(wrow[r] + c) : make_uint4(0, 0, 0, 0);
       }
+  };
+  load_window(0);  // before the wait: weights only
+  dev::pdl_begin();
+  norm_row<false>(const_cast<float*>(x), delta, nullptr, k, wn, eps, xs);  // x is only read
+  __syncthreads();
+  if (!active) return;
+  float acc[kWarpRows];
+#pragma unroll
+  for (int r = 0; r < kWarpRows; ++r) acc[r] = 0.0f;
+  for (int s0 = 0; s0 * 32 < kchunks; s0 += kWin) {
+    if (s0 > 0) load_window(s0);
 #pragma unroll
     for (int s = 0; s < kWin; ++s) {
       const int c = (s0 + s) * 32 + lane;
