@@ -1,0 +1,67 @@
+#!/usr/bin/env bash
+# An A/B of two commits' model runtime on one GPU, alternately: `twell bench model` of both trees in
+# ABBA rounds (old, new, new, old: a drift of the clocks cancels), for a change to the runtime's own
+# kernels (e.g. a fusion at decode) measured against the commit before it in one call.
+#
+#   OLD_SRC=.carry/old-src.tar.xz OLD_NAME=<hash> NEW_NAME=<hash> bash bench/ab/ab_model.sh
+#
+# OLD_SRC: the old commit's source as a tarball, carried (the GPU machine has no .git):
+#   git archive --prefix=old/ <hash> -- . ':!bench/results' | xz > .carry/old-src.tar.xz
+# Builds twell (the CLI) from both trees, then runs rounds until AB_BUDGET seconds (default 480,
+# counted from the start, builds included) would be passed. AB_ARGS: the `twell bench model`
+# arguments for both (default: the synthetic 2B at 0.5 %, decode at batch 1 after 128 tokens, 128
+# steps, prefill 1 × 128, no energy runs). Each run's JSON lands in $OUT/ab-model/, and the table of
+# medians (bench/ab/ab_model_summary.py) is printed last and written to $OUT/ab-model/summary.md.
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+OUT=${OUT:-build/ab-out}
+D="$OUT/ab-model"
+mkdir -p "$D"
+export PATH="/usr/local/cuda/bin:$PATH"
+source scripts/gpu-env
+CMAKE=$(command -v cmake || echo /opt/torch/.venv/bin/cmake)
+OLD_SRC=${OLD_SRC:?OLD_SRC: the old commit as a tarball (see the header)}
+OLD_NAME=${OLD_NAME:-old}
+NEW_NAME=${NEW_NAME:-new}
+BUDGET=${AB_BUDGET:-480}
+ARGS=${AB_ARGS:---config 2b --density 0.005 --decode-batch 1 --prefill-batch 1 --prefill-len 128 --context 128 --decode-steps 128 --no-energy}
+JOBS=$(nproc)
+log() { echo "[ab-model $(date -u +%T)] $*" | tee -a "$D/log.txt"; }
+
+t0=$(date +%s)
+rm -rf build/ab-old-src && mkdir -p build/ab-old-src && tar -xJf "$OLD_SRC" -C build/ab-old-src || exit 1
+old_root=build/ab-old-src/old
+[ -f "$old_root/CMakeLists.txt" ] || { log "no old/CMakeLists.txt in $OLD_SRC"; exit 1; }
+cfg="-G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90a"
+# Both trees build at once, half the cores each.
+( "$CMAKE" -S "$old_root" -B build/ab-old $cfg && "$CMAKE" --build build/ab-old -j $((JOBS / 2 + 1)) --target twell_cli ) \
+  > "$D/build-old.log" 2>&1 &
+old_pid=$!
+( "$CMAKE" -S . -B build/gpu $cfg && "$CMAKE" --build build/gpu -j $((JOBS / 2 + 1)) --target twell_cli ) \
+  > "$D/build-new.log" 2>&1
+new_rc=$?
+wait $old_pid; old_rc=$?
+log "builds: old rc=$old_rc, new rc=$new_rc ($(( $(date +%s) - t0 )) s)"
+[ $old_rc -ne 0 ] && { tail -20 "$D/build-old.log"; exit 1; }
+[ $new_rc -ne 0 ] && { tail -20 "$D/build-new.log"; exit 1; }
+bin_old=build/ab-old/tools/twell/twell
+bin_new=build/gpu/tools/twell/twell
+
+start=$(date +%s); last=0; round=0; seq=0
+run_one() {  # side
+  local side=$1 bin name s
+  [ "$side" = old ] && { bin=$bin_old; name=$OLD_NAME; } || { bin=$bin_new; name=$NEW_NAME; }
+  s=$(date +%s); seq=$((seq + 1))
+  # shellcheck disable=SC2086
+  "$bin" bench model $ARGS --json "$D/r${round}.${seq}-${side}-${name}.json" > "$D/r${round}.${seq}-${side}.txt" 2>&1
+  log "round $round $side ($name): rc=$? in $(( $(date +%s) - s )) s"
+  last=$(( $(date +%s) - s ))
+}
+while :; do
+  elapsed=$(( $(date +%s) - t0 ))
+  [ $round -gt 0 ] && [ $(( elapsed + 4 * last )) -gt "$BUDGET" ] && break
+  for side in old new new old; do run_one $side; done
+  round=$((round + 1))
+done
+log "done: $round rounds in $(( $(date +%s) - start )) s"
+python3 bench/ab/ab_model_summary.py "$D" | tee "$D/summary.md"
