@@ -395,12 +395,22 @@ class CudaRuntime final : public Runtime {
     if (!fuse) cuda::ops::rmsnorm(x, nullptr, T, K, layers_[0].attn_norm.get(), eps, xn, stream_);
     for (std::int64_t l = 0; l < c.num_layers; ++l) {
       Layer& L = layers_[static_cast<std::size_t>(l)];
-      if (fuse)
-        cuda::ops::rmsnorm_project(x, pending, K, L.attn_norm.get(), eps, L.wqkv.get(), Q + 2 * KV, qkv, stream_);
-      else
+      if (fuse) {  // norm, QKV, RoPE and the cache store in one kernel
+        cuda::ops::RopeStore rope;
+        rope.rows_kv = rows_.get();
+        rope.layer = l;
+        rope.heads = static_cast<int>(c.num_heads);
+        rope.kv_heads = static_cast<int>(c.num_kv_heads);
+        rope.d = static_cast<int>(c.head_dim);
+        rope.cos = cos_.get();
+        rope.sin = sin_.get();
+        rope.k_in_place = sh.cudnn;
+        cuda::ops::rmsnorm_project(x, pending, K, L.attn_norm.get(), eps, L.wqkv.get(), Q + 2 * KV, qkv, stream_, &rope);
+      } else {
         project(L.wqkv.get(), xn, T, Q + 2 * KV, K, qkv);
-      cuda::ops::rope_store_kv(qkv, T, c.num_heads, c.num_kv_heads, c.head_dim, cos_.get(), sin_.get(), rows_.get(), l,
-                               stream_, sh.cudnn);
+        cuda::ops::rope_store_kv(qkv, T, c.num_heads, c.num_kv_heads, c.head_dim, cos_.get(), sin_.get(), rows_.get(), l,
+                                 stream_, sh.cudnn);
+      }
       if (sh.cudnn && run_cudnn(qkv, att)) {
         // done (a shape cuDNN refuses falls through to the tensor-core kernel, every layer alike)
       } else if (sh.blocks > 0)

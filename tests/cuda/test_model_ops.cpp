@@ -280,5 +280,90 @@ TEST(ModelOps, RmsnormProjectIsNormThenGemv) {
   }
 }
 
+// rmsnorm_project with a RopeStore (a decode step's norm, QKV, RoPE and cache store in one kernel)
+// equals add_rmsnorm on a copy of x, the decode GEMV, then rope_store_kv, bit for bit: the whole
+// qkv row and both caches (every layer's slots, so a write to the wrong layer, position or head
+// shows), GQA and MHA, head_dim 64 and 128, k rotated in place or not.
+TEST(ModelOps, RmsnormProjectWithRopeIsNormGemvRope) {
+  TWELL_REQUIRE_GPU();
+  Rng rng(fresh_seed());
+  struct Case {
+    int heads, kv_heads, d, k, pos;
+    bool k_in_place;
+  };
+  for (const Case cs : {Case{4, 2, 64, 256, 5, false}, Case{2, 2, 128, 512, 130, true}, Case{32, 32, 64, 2048, 77, false},
+                        Case{8, 1, 128, 1024, 0, true}}) {
+    SCOPED_TRACE(::testing::Message() << "heads " << cs.heads << "/" << cs.kv_heads << " d " << cs.d << " k " << cs.k
+                                      << " pos " << cs.pos << (cs.k_in_place ? " k in place" : ""));
+    const int k = cs.k, half = cs.d / 2, kv_dim = cs.kv_heads * cs.d;
+    const int n = (cs.heads + 2 * cs.kv_heads) * cs.d;
+    const int layers = 2, layer = 1, capacity = 160;
+    std::vector<float> x(static_cast<std::size_t>(k)), w(static_cast<std::size_t>(k));
+    for (auto& e : x) e = static_cast<float>(rng.normal() * 3);
+    for (auto& e : w) e = static_cast<float>(rng.normal());
+    const auto delta = random_bf16(rng, x.size());
+    std::vector<bf16> wp(static_cast<std::size_t>(n) * static_cast<std::size_t>(k));
+    for (auto& e : wp) e = to_bf16(rng.normal() / std::sqrt(static_cast<double>(k)));
+    std::vector<float> cos_t(static_cast<std::size_t>(capacity * half)), sin_t(cos_t.size());
+    for (int p = 0; p < capacity; ++p)
+      for (int i = 0; i < half; ++i) {
+        const double a = p * std::pow(10000.0, -2.0 * i / cs.d);
+        cos_t[static_cast<std::size_t>(p * half + i)] = static_cast<float>(std::cos(a));
+        sin_t[static_cast<std::size_t>(p * half + i)] = static_cast<float>(std::sin(a));
+      }
+    // Caches prefilled with values, so a slot written by mistake shows.
+    const std::size_t cache_elems = static_cast<std::size_t>(layers) * capacity * kv_dim;
+    const auto kc0 = random_bf16(rng, cache_elems), vc0 = random_bf16(rng, cache_elems);
+    auto x1 = upload(x), x2 = upload(x), dw = upload(w), dcos = upload(cos_t), dsin = upload(sin_t);
+    auto dd = upload<__nv_bfloat16>(delta);
+    auto dwp = upload<__nv_bfloat16>(wp);
+    auto k1 = upload<__nv_bfloat16>(kc0), k2 = upload<__nv_bfloat16>(kc0), v1 = upload<__nv_bfloat16>(vc0),
+         v2 = upload<__nv_bfloat16>(vc0);
+    auto rows_of = [&](DeviceBuffer<__nv_bfloat16>& kc, DeviceBuffer<__nv_bfloat16>& vc) {
+      cuda::ops::RowKv r;
+      r.k = kc.get();
+      r.v = vc.get();
+      r.layer_stride = static_cast<std::int64_t>(capacity) * kv_dim;
+      r.pos = cs.pos;
+      return upload(std::vector<cuda::ops::RowKv>{r});
+    };
+    auto r1 = rows_of(k1, v1), r2 = rows_of(k2, v2);
+    DeviceBuffer<__nv_bfloat16> xn(x.size()), q1(static_cast<std::size_t>(n)), q2(static_cast<std::size_t>(n));
+    cuda::ops::add_rmsnorm(x1.get(), dd.get(), 1, k, dw.get(), 1e-5f, xn.get(), nullptr);
+    cuda::TwellGemvParams p;
+    p.x = xn.get();
+    p.ld_x = k;
+    p.w = dwp.get();
+    p.g = q1.get();
+    p.ld_g = n;
+    p.m = 1;
+    p.n = n;
+    p.k = k;
+    p.relu = false;
+    cuda::launch_twell_gemv(p, nullptr);
+    cuda::ops::rope_store_kv(q1.get(), 1, cs.heads, cs.kv_heads, cs.d, dcos.get(), dsin.get(), r1.get(), layer, nullptr,
+                             cs.k_in_place);
+    cuda::ops::RopeStore rope;
+    rope.rows_kv = r2.get();
+    rope.layer = layer;
+    rope.heads = cs.heads;
+    rope.kv_heads = cs.kv_heads;
+    rope.d = cs.d;
+    rope.cos = dcos.get();
+    rope.sin = dsin.get();
+    rope.k_in_place = cs.k_in_place;
+    cuda::ops::rmsnorm_project(x2.get(), dd.get(), k, dw.get(), 1e-5f, dwp.get(), n, q2.get(), nullptr, &rope);
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    const auto hq1 = download<bf16>(q1), hq2 = download<bf16>(q2);
+    const auto hk1 = download<bf16>(k1), hk2 = download<bf16>(k2), hv1 = download<bf16>(v1), hv2 = download<bf16>(v2);
+    EXPECT_EQ(std::memcmp(hq1.data(), hq2.data(), hq1.size() * sizeof(bf16)), 0) << "qkv";
+    EXPECT_EQ(std::memcmp(hk1.data(), hk2.data(), hk1.size() * sizeof(bf16)), 0) << "k cache";
+    EXPECT_EQ(std::memcmp(hv1.data(), hv2.data(), hv1.size() * sizeof(bf16)), 0) << "v cache";
+    // The reference path did write the slot (the comparison above is not between two untouched caches).
+    const std::size_t slot = (static_cast<std::size_t>(layer) * capacity + static_cast<std::size_t>(cs.pos)) * kv_dim;
+    EXPECT_NE(std::memcmp(hv1.data() + slot, vc0.data() + slot, static_cast<std::size_t>(kv_dim) * sizeof(bf16)), 0);
+  }
+}
+
 }  // namespace
 }  // namespace twell::test

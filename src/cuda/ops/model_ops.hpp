@@ -41,8 +41,20 @@ void add_rmsnorm(float* x, const __nv_bfloat16* delta, std::int64_t rows, std::i
 // stays for a later add_rmsnorm (its `first`). Bit-identical to add_rmsnorm on a copy of x, then
 // the decode GEMV (cuda/sm80/twell_gemv.hpp, relu off). K a multiple of 8, ≤ kGemvMaxK; W [n, k]
 // with 16-byte aligned rows.
+// With `rope` (n = the QKV width, y = the row's qkv) the projection is followed by rope_store_kv's
+// work on it, bit for bit: q rotated in place, k rotated into the row's cache (and into qkv with
+// k_in_place), v into the cache — one kernel for a decode step's norm, QKV, RoPE and cache store.
+struct RopeStore {
+  const RowKv* rows_kv = nullptr;  // the row's cache (one row)
+  std::int64_t layer = 0;
+  int heads = 0, kv_heads = 0, d = 0;
+  const float* cos = nullptr;  // [max_pos, d/2] fp32, as rope_store_kv's tables
+  const float* sin = nullptr;
+  bool k_in_place = false;
+};
 void rmsnorm_project(const float* x, const __nv_bfloat16* delta, std::int64_t k, const float* w, float eps,
-                     const __nv_bfloat16* wproj, std::int64_t n, __nv_bfloat16* y, cudaStream_t stream);
+                     const __nv_bfloat16* wproj, std::int64_t n, __nv_bfloat16* y, cudaStream_t stream,
+                     const RopeStore* rope = nullptr);
 
 // qkv [T, Q + 2·KV] bf16 (q | k | v per row): RoPE (rotate_half; cos/sin from the table
 // [max_pos, d/2] fp32 at the row's position) on q in place and on k, which goes with v into the

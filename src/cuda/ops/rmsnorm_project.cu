@@ -6,11 +6,16 @@
 // and sums it again: cheaper than a kernel boundary at one token. The first window of W rows is
 // loaded before the wait for the previous kernel (programmatic launches): weights, which no kernel
 // writes, so their latency overlaps the previous kernel's tail and the norm.
+// With a RopeStore the projection is the attention's QKV and its epilogue is rope_store_kv's: each
+// warp's two rows are a RoPE pair (i, i + d/2) of one q or k head, or two consecutive v columns, so
+// lane 0 rotates q in place and writes k and v into the row's cache (rope_pair: the bits
+// rope_store_kv writes).
 #include "cuda/common/check.hpp"
 #include "cuda/common/device_math.cuh"
 #include "cuda/common/launch.cuh"
 #include "cuda/ops/model_ops.hpp"
 #include "cuda/ops/norm_row.cuh"
+#include "cuda/ops/rope_pair.cuh"
 #include "cuda/sm80/twell_gemv.hpp"
 
 namespace twell::cuda::ops {
@@ -23,19 +28,58 @@ constexpr int kWarps = kNormThreads / 32;
 constexpr int kWarpRows = 2;  // W rows per warp: 16 a CTA (the synthetic 2B's 6144-row QKV: 384 CTAs)
 constexpr int kWin = 4;       // chunk steps per load window: kWarpRows · kWin 16-byte loads in flight a lane
 
+// Warp p's two output rows: rows 2p, 2p + 1 (the second may be past n), or with RoPE the pair
+// (i, i + d/2) of head h for p < (heads + kv_heads)·d/2 (q heads first, then k heads), then two v
+// columns at a time.
+struct WarpRows {
+  std::int64_t row[kWarpRows];
+  bool valid[kWarpRows];
+  int head = -1, i = 0;  // RoPE: the pair's head and index; head −1: v columns (or no RoPE)
+};
+
+template <bool kRope>
+__device__ WarpRows warp_rows(std::int64_t p, std::int64_t n, const RopeStore& rope) {
+  WarpRows w;
+  if constexpr (kRope) {
+    const int half = rope.d / 2;
+    const std::int64_t pairs = static_cast<std::int64_t>(rope.heads + rope.kv_heads) * half;
+    const std::int64_t q_dim = static_cast<std::int64_t>(rope.heads) * rope.d;
+    const std::int64_t kv_dim = static_cast<std::int64_t>(rope.kv_heads) * rope.d;
+    if (p < pairs) {
+      w.head = static_cast<int>(p / half);
+      w.i = static_cast<int>(p % half);
+      const std::int64_t base = w.head < rope.heads ? static_cast<std::int64_t>(w.head) * rope.d
+                                                    : q_dim + static_cast<std::int64_t>(w.head - rope.heads) * rope.d;
+      w.row[0] = base + w.i;
+      w.row[1] = base + w.i + half;
+    } else {
+      w.row[0] = q_dim + kv_dim + 2 * (p - pairs);
+      w.row[1] = w.row[0] + 1;
+    }
+  } else {
+    w.row[0] = 2 * p;
+    w.row[1] = 2 * p + 1;
+  }
+#pragma unroll
+  for (int r = 0; r < kWarpRows; ++r) w.valid[r] = w.row[r] < n;
+  return w;
+}
+
+template <bool kRope>
 __global__ void __launch_bounds__(kNormThreads)
     rmsnorm_project_kernel(const float* x, const __nv_bfloat16* delta, std::int64_t k, const float* wn, float eps,
-                           const __nv_bfloat16* w, std::int64_t n, __nv_bfloat16* y) {
+                           const __nv_bfloat16* w, std::int64_t n, __nv_bfloat16* y, RopeStore rope) {
+  static_assert(kWarpRows == 2, "a warp's two rows are one RoPE pair");
   extern __shared__ uint4 xs_raw[];  // the normalised row, bf16 [k] (16-byte aligned)
   __nv_bfloat16* xs = reinterpret_cast<__nv_bfloat16*>(xs_raw);
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  const std::int64_t n0 = (static_cast<std::int64_t>(blockIdx.x) * kWarps + warp) * kWarpRows;
-  const bool active = n0 < n;  // warps past n take part in the norm only
+  const WarpRows rows = warp_rows<kRope>(static_cast<std::int64_t>(blockIdx.x) * kWarps + warp, n, rope);
+  const bool active = rows.valid[0];  // warps past n take part in the norm only
   const int kchunks = static_cast<int>(k / 8);
   const uint4* wrow[kWarpRows];
 #pragma unroll
-  for (int r = 0; r < kWarpRows; ++r)  // rows past n read row n0 (their sums are dropped)
-    wrow[r] = reinterpret_cast<const uint4*>(w + (active && n0 + r < n ? n0 + r : active ? n0 : 0) * k);
+  for (int r = 0; r < kWarpRows; ++r)  // a row past n reads row 0 (its sum is dropped)
+    wrow[r] = reinterpret_cast<const uint4*>(w + (rows.valid[r] ? rows.row[r] : 0) * k);
   // Window s0 of chunk steps: kWarpRows · kWin loads issued together.
   uint4 wv[kWarpRows][kWin];
   const auto load_window = [&](int s0) {
@@ -75,26 +119,69 @@ __global__ void __launch_bounds__(kNormThreads)
   }
 #pragma unroll
   for (int r = 0; r < kWarpRows; ++r) acc[r] = dev::warp_sum(acc[r]);
-  if (lane == 0) {
-#pragma unroll
-    for (int r = 0; r < kWarpRows; ++r)
-      if (n0 + r < n) y[n0 + r] = __float2bfloat16_rn(acc[r]);
+  if (lane != 0) return;
+  const __nv_bfloat16 y0 = __float2bfloat16_rn(acc[0]), y1 = __float2bfloat16_rn(acc[1]);
+  if constexpr (!kRope) {
+    y[rows.row[0]] = y0;
+    if (rows.valid[1]) y[rows.row[1]] = y1;
+  } else {
+    const RowKv info = rope.rows_kv[0];
+    const int half = rope.d / 2;
+    const std::int64_t q_dim = static_cast<std::int64_t>(rope.heads) * rope.d;
+    const std::int64_t kv_dim = static_cast<std::int64_t>(rope.kv_heads) * rope.d;
+    const std::int64_t cache = rope.layer * info.layer_stride + static_cast<std::int64_t>(info.pos) * kv_dim;
+    if (rows.head < 0) {  // two v columns: into qkv (as the GEMV writes them) and the cache
+      const std::int64_t col = rows.row[0] - (q_dim + kv_dim);
+      y[rows.row[0]] = y0;
+      y[rows.row[1]] = y1;
+      info.v[cache + col] = y0;
+      info.v[cache + col + 1] = y1;
+      return;
+    }
+    const float c = rope.cos[static_cast<std::int64_t>(info.pos) * half + rows.i];
+    const float s = rope.sin[static_cast<std::int64_t>(info.pos) * half + rows.i];
+    __nv_bfloat16 o1, o2;
+    detail::rope_pair(__bfloat162float(y0), __bfloat162float(y1), c, s, o1, o2);
+    const bool is_q = rows.head < rope.heads;
+    if (is_q || rope.k_in_place) {
+      y[rows.row[0]] = o1;
+      y[rows.row[1]] = o2;
+    } else {  // k as projected, as rope_store_kv leaves it without k_in_place
+      y[rows.row[0]] = y0;
+      y[rows.row[1]] = y1;
+    }
+    if (!is_q) {
+      __nv_bfloat16* dst = info.k + cache + static_cast<std::int64_t>(rows.head - rope.heads) * rope.d;
+      dst[rows.i] = o1;
+      dst[rows.i + half] = o2;
+    }
   }
 }
 
 }  // namespace
 
 void rmsnorm_project(const float* x, const __nv_bfloat16* delta, std::int64_t k, const float* w, float eps,
-                     const __nv_bfloat16* wproj, std::int64_t n, __nv_bfloat16* y, cudaStream_t stream) {
+                     const __nv_bfloat16* wproj, std::int64_t n, __nv_bfloat16* y, cudaStream_t stream,
+                     const RopeStore* rope) {
   TWELL_CU_REQUIRE(x && w && wproj && y, ErrorCode::invalid_argument, "rmsnorm_project: null pointer");
   TWELL_CU_REQUIRE(n >= 1 && k >= 8 && k % 8 == 0 && k <= kGemvMaxK && (reinterpret_cast<std::uintptr_t>(wproj) & 15) == 0,
                    ErrorCode::unsupported,
                    "rmsnorm_project: needs K a multiple of 8 ≤ {} (got {}), n ≥ 1 (got {}), 16-byte aligned W", kGemvMaxK,
                    k, n);
+  if (rope)
+    TWELL_CU_REQUIRE(rope->rows_kv && rope->cos && rope->sin && rope->heads > 0 && rope->kv_heads > 0 && rope->d > 0 &&
+                         rope->d % 2 == 0 && n == static_cast<std::int64_t>(rope->heads + 2 * rope->kv_heads) * rope->d,
+                     ErrorCode::invalid_argument,
+                     "rmsnorm_project: RoPE needs the QKV width n = (heads + 2·kv_heads)·d with d even (got n = {})", n);
   const std::int64_t ctas = (n + kWarps * kWarpRows - 1) / (kWarps * kWarpRows);
   TWELL_CU_REQUIRE(ctas <= 0x7fffffff, ErrorCode::unsupported, "rmsnorm_project: n = {} too large", n);
-  launch_kernel(rmsnorm_project_kernel, dim3(static_cast<unsigned>(ctas)), dim3(kNormThreads),
-                static_cast<std::size_t>(k) * sizeof(__nv_bfloat16), stream, x, delta, k, w, eps, wproj, n, y);
+  const std::size_t smem = static_cast<std::size_t>(k) * sizeof(__nv_bfloat16);
+  if (rope)
+    launch_kernel(rmsnorm_project_kernel<true>, dim3(static_cast<unsigned>(ctas)), dim3(kNormThreads), smem, stream, x,
+                  delta, k, w, eps, wproj, n, y, *rope);
+  else
+    launch_kernel(rmsnorm_project_kernel<false>, dim3(static_cast<unsigned>(ctas)), dim3(kNormThreads), smem, stream, x,
+                  delta, k, w, eps, wproj, n, y, RopeStore{});
   TWELL_CUDA_CHECK_LAUNCH("rmsnorm_project_kernel");
 }
 

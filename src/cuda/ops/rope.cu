@@ -2,6 +2,7 @@
 #include "cuda/common/check.hpp"
 #include "cuda/common/launch.cuh"
 #include "cuda/ops/model_ops.hpp"
+#include "cuda/ops/rope_pair.cuh"
 
 namespace twell::cuda::ops {
 namespace {
@@ -33,7 +34,8 @@ __global__ void __launch_bounds__(kThreads) rope_store_kv_kernel(__nv_bfloat16* 
   const float x1 = __bfloat162float(v[i]), x2 = __bfloat162float(v[i + half]);
   const float c = cos_table[static_cast<std::int64_t>(info.pos) * half + i];
   const float s = sin_table[static_cast<std::int64_t>(info.pos) * half + i];
-  const __nv_bfloat16 o1 = __float2bfloat16(x1 * c - x2 * s), o2 = __float2bfloat16(x2 * c + x1 * s);
+  __nv_bfloat16 o1, o2;
+  detail::rope_pair(x1, x2, c, s, o1, o2);
   if (is_q || k_in_place) {
     v[i] = o1;
     v[i + half] = o2;
