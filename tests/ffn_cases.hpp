@@ -278,20 +278,32 @@ inline std::vector<FfnCase> ffn_cases() {
 }
 
 
-// A sweep case's name: PREFIX<M>_[nongated_](hot|d<density>)[_uniform].
-inline std::string sweep_case_name(const char* prefix, std::int64_t m, double density, bool gated, double hot_rows,
-                                   bool uniform) {
-  std::string name = prefix;
-  name += std::to_string(m);
-  name += gated ? "_" : "_nongated_";
+// A sweep point at the 2B FFN's shape (K = 2048, N = 5632) with the benchmark generator, seed
+// seed0 + M; named PREFIX<M>_[nongated_](hot|d<density>). On the CPU where the float64 oracle over
+// every row stays under ≈ 3·10⁸ multiply-adds, as the test table.
+inline FfnCase sweep_case(const char* prefix, std::int64_t m, double density, bool gated, double hot_rows,
+                          std::uint64_t seed0) {
+  FfnCase c;
+  c.name = prefix;
+  c.name += std::to_string(m);
+  c.name += gated ? "_" : "_nongated_";
   if (hot_rows > 0) {
-    name += "hot";
+    c.name += "hot";
   } else {
-    name += 'd';
-    name += fmt_density(density);
+    c.name += 'd';
+    c.name += fmt_density(density);
   }
-  if (uniform) name += "_uniform";
-  return name;
+  c.m = m;
+  c.n = 5632;
+  c.k = 2048;
+  c.density = density;
+  c.gated = gated;
+  c.hot_rows = hot_rows;
+  c.hot_density = 0.12;
+  c.model_like = true;
+  c.seed = seed0 + static_cast<std::uint64_t>(m);
+  c.cpu = static_cast<double>(m) * 5632.0 * 2048.0 <= 3e8;
+  return c;
 }
 
 // The layer sweep's points (twell_bench_cuda; `twell bench ffn --cases sweep|sweep-quick`): the 2B
@@ -311,19 +323,9 @@ inline std::vector<SweepCase> ffn_sweep_cases() {
   std::vector<SweepCase> v;
   auto add = [&](std::string mode, std::int64_t m, double density, bool quick, bool gated = true, double hot_rows = 0,
                  double neuron_skew = 1.0) {
-    FfnCase c;
-    c.name = sweep_case_name("sweep_m", m, density, gated, hot_rows, neuron_skew == 0);
-    c.m = m;
-    c.n = 5632;
-    c.k = 2048;
-    c.density = density;
-    c.gated = gated;
-    c.hot_rows = hot_rows;
-    c.hot_density = 0.12;
-    c.model_like = true;
+    FfnCase c = sweep_case("sweep_m", m, density, gated, hot_rows, 1234);
     c.neuron_skew = neuron_skew;
-    c.seed = 1234 + static_cast<std::uint64_t>(m);
-    c.cpu = static_cast<double>(m) * 5632.0 * 2048.0 <= 3e8;
+    if (neuron_skew == 0) c.name += "_uniform";
     v.push_back({std::move(c), quick, std::move(mode)});
   };
   for (std::int64_t m : {16384, 131072}) {
@@ -431,18 +433,7 @@ inline std::vector<TrainSweepCase> ffn_train_sweep_cases() {
   std::vector<TrainSweepCase> v;
   auto add = [&](std::string mode, std::int64_t m, double density, bool quick, bool gated = true, double hot_rows = 0) {
     FfnTrainCase t;
-    FfnCase& c = t.f;
-    c.name = sweep_case_name("sweep_train_m", m, density, gated, hot_rows, false);
-    c.m = m;
-    c.n = 5632;
-    c.k = 2048;
-    c.density = density;
-    c.gated = gated;
-    c.hot_rows = hot_rows;
-    c.hot_density = 0.12;
-    c.model_like = true;
-    c.seed = 4321 + static_cast<std::uint64_t>(m);
-    c.cpu = static_cast<double>(m) * 5632.0 * 2048.0 <= 3e8;
+    t.f = sweep_case("sweep_train_m", m, density, gated, hot_rows, 4321);
     t.l1_coeff = 1e-3;
     t.fp64_oracle = false;
     v.push_back({std::move(t), quick, std::move(mode)});

@@ -22,25 +22,13 @@ OLD_NAME=${OLD_NAME:-old}
 NEW_NAME=${NEW_NAME:-new}
 BUDGET=${AB_BUDGET:-520}
 PART=${AB_PART:-both}
-JOBS=$(nproc)
 log() { echo "[ab $(date -u +%T)] $*" | tee -a "$OUT/ab/log.txt"; }
 
 t0=$(date +%s)
-rm -rf build/ab-old-src && mkdir -p build/ab-old-src && tar -xJf "$OLD_SRC" -C build/ab-old-src || exit 1
-old_root=build/ab-old-src/old
-[ -f "$old_root/CMakeLists.txt" ] || { log "no old/CMakeLists.txt in $OLD_SRC"; exit 1; }
-# The old tree's PCRE2 comes from the same unpacked debs (gpu-env's variables are exported).
-cfg="-G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90a;80"
-( "$CMAKE" -S "$old_root" -B build/ab-old $cfg && "$CMAKE" --build build/ab-old -j "$JOBS" --target twell_bench_cuda ) \
-  > "$OUT/ab/build-old.log" 2>&1 &
-old_pid=$!
-( "$CMAKE" -S . -B build/gpu $cfg && "$CMAKE" --build build/gpu -j "$JOBS" --target twell_bench_cuda ) \
-  > "$OUT/ab/build-new.log" 2>&1
-new_rc=$?
-wait $old_pid; old_rc=$?
-log "builds: old rc=$old_rc, new rc=$new_rc ($(( $(date +%s) - t0 )) s)"
-[ $old_rc -ne 0 ] && { tail -20 "$OUT/ab/build-old.log"; exit 1; }
-[ $new_rc -ne 0 ] && { tail -20 "$OUT/ab/build-new.log"; exit 1; }
+source bench/ab/ab_build.sh
+ab_build_trees "$OLD_SRC" twell_bench_cuda "90a;80" "$OUT/ab"; rc=$?
+log "builds rc=$rc ($(( $(date +%s) - t0 )) s)"
+[ $rc -ne 0 ] && exit 1
 bin_old=build/ab-old/bench/cuda/twell_bench_cuda
 bin_new=build/gpu/bench/cuda/twell_bench_cuda
 

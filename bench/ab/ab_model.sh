@@ -25,25 +25,13 @@ OLD_NAME=${OLD_NAME:-old}
 NEW_NAME=${NEW_NAME:-new}
 BUDGET=${AB_BUDGET:-480}
 ARGS=${AB_ARGS:---config 2b --density 0.005 --decode-batch 1 --prefill-batch 1 --prefill-len 128 --context 128 --decode-steps 128 --no-energy}
-JOBS=$(nproc)
 log() { echo "[ab-model $(date -u +%T)] $*" | tee -a "$D/log.txt"; }
 
 t0=$(date +%s)
-rm -rf build/ab-old-src && mkdir -p build/ab-old-src && tar -xJf "$OLD_SRC" -C build/ab-old-src || exit 1
-old_root=build/ab-old-src/old
-[ -f "$old_root/CMakeLists.txt" ] || { log "no old/CMakeLists.txt in $OLD_SRC"; exit 1; }
-cfg="-G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90a"
-# Both trees build at once, half the cores each.
-( "$CMAKE" -S "$old_root" -B build/ab-old $cfg && "$CMAKE" --build build/ab-old -j $((JOBS / 2 + 1)) --target twell_cli ) \
-  > "$D/build-old.log" 2>&1 &
-old_pid=$!
-( "$CMAKE" -S . -B build/gpu $cfg && "$CMAKE" --build build/gpu -j $((JOBS / 2 + 1)) --target twell_cli ) \
-  > "$D/build-new.log" 2>&1
-new_rc=$?
-wait $old_pid; old_rc=$?
-log "builds: old rc=$old_rc, new rc=$new_rc ($(( $(date +%s) - t0 )) s)"
-[ $old_rc -ne 0 ] && { tail -20 "$D/build-old.log"; exit 1; }
-[ $new_rc -ne 0 ] && { tail -20 "$D/build-new.log"; exit 1; }
+source bench/ab/ab_build.sh
+ab_build_trees "$OLD_SRC" twell_cli "90a" "$D"; rc=$?
+log "builds rc=$rc ($(( $(date +%s) - t0 )) s)"
+[ $rc -ne 0 ] && exit 1
 bin_old=build/ab-old/tools/twell/twell
 bin_new=build/gpu/tools/twell/twell
 

@@ -24,6 +24,7 @@
 #include "bench_util.hpp"
 #include "twell/cpu/reference.hpp"
 #include "twell/cuda/ffn_layer.hpp"
+#include "twell/sparsity_gen.hpp"
 
 namespace {
 

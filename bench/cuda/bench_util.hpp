@@ -14,7 +14,6 @@
 #include "cuda/host_util.hpp"
 #include "twell/bf16.hpp"
 #include "twell/ffn.hpp"
-#include "twell/sparsity_gen.hpp"
 
 namespace twell::cuda::bench {
 
@@ -40,38 +39,6 @@ inline std::string git_commit() {
     pclose(f);
   }
   return c;
-}
-
-
-// A generated FFN (twell::generate_ffn) with every tensor rounded to bf16 on the host, so the
-// float64 reference sees exactly what the GPU sees.
-struct RoundedFfn {
-  std::vector<float> x, dy, wg, wu, wd;
-  std::int64_t m = 0, k = 0, n = 0;
-  bool gated = true;
-  FfnWeights weights() const { return ffn_weights(gated ? wg.data() : nullptr, wu.data(), wd.data(), n, k); }
-};
-inline RoundedFfn generate_rounded(std::int64_t m, std::int64_t k, std::int64_t n, double density, double hot_rows,
-                                   double hot_density, bool gated, std::uint64_t seed) {
-  const GeneratedFfn g = generate_ffn({.m = m, .k = k, .n = n, .density = density, .hot_rows = hot_rows,
-                                       .hot_density = hot_density, .gated = gated, .seed = seed});
-  auto rounded = [](const HostTensor& t) {
-    std::vector<float> v(static_cast<std::size_t>(t.numel()));
-    const float* p = t.data<float>();
-    for (std::size_t i = 0; i < v.size(); ++i) v[i] = round_bf16(p[i]);
-    return v;
-  };
-  RoundedFfn r;
-  r.m = m;
-  r.k = k;
-  r.n = n;
-  r.gated = gated;
-  r.x = rounded(g.x);
-  r.dy = rounded(g.dy);
-  r.wu = rounded(g.w_up);
-  r.wd = rounded(g.w_down);
-  if (gated) r.wg = rounded(g.w_gate);
-  return r;
 }
 
 }  // namespace twell::cuda::bench

@@ -22,6 +22,7 @@
 #include "cuda/common/check.hpp"
 #include "cuda/common/device_buffer.hpp"
 #include "cuda/ffn_context.hpp"
+#include "ffn_cases.hpp"
 
 using namespace twell;
 using namespace twell::cuda;
@@ -51,7 +52,16 @@ int main(int argc, char** argv) {
               static_cast<long long>(m), static_cast<long long>(K), static_cast<long long>(N), reps, git_commit().c_str());
   std::printf("%6s %-34s %8s %8s %6s %8s %9s %s\n", "nnz%", "variant", "ms", "dense", "x", "hot", "cold nnz%", "dense rows");
   for (const double d : densities) {
-    const RoundedFfn f = generate_rounded(m, K, N, d, 0, 0.12, gated, 1234 + static_cast<std::uint64_t>(m));
+    test::FfnCase c;  // the sweep's generator and seeds (tests/ffn_cases.hpp)
+    c.m = m;
+    c.n = N;
+    c.k = K;
+    c.density = d;
+    c.gated = gated;
+    c.hot_density = 0.12;
+    c.model_like = true;
+    c.seed = 1234 + static_cast<std::uint64_t>(m);
+    const test::FfnData f = test::make_ffn(c);
     const FfnWeights w = f.weights();
     std::vector<std::uint16_t> xb(f.x.size());
     for (std::size_t i = 0; i < xb.size(); ++i) xb[i] = to_bf16(f.x[i]).bits;

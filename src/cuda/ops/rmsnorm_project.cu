@@ -93,6 +93,19 @@ __global__ void __launch_bounds__(kNormThreads)
   };
   load_window(0);  // before the wait: weights only
   dev::pdl_begin();
+  // RoPE: lane 0's row position and angle, loaded now so that their latency overlaps the norm.
+  RowKv info{};
+  float c = 0.0f, s = 0.0f;
+  if constexpr (kRope) {
+    if (lane == 0 && active) {
+      info = rope.rows_kv[0];
+      if (rows.head >= 0) {
+        const std::int64_t t = static_cast<std::int64_t>(info.pos) * (rope.d / 2) + rows.i;
+        c = rope.cos[t];
+        s = rope.sin[t];
+      }
+    }
+  }
   norm_row<false>(const_cast<float*>(x), delta, nullptr, k, wn, eps, xs);  // x is only read
   __syncthreads();
   if (!active) return;
@@ -125,7 +138,6 @@ __global__ void __launch_bounds__(kNormThreads)
     y[rows.row[0]] = y0;
     if (rows.valid[1]) y[rows.row[1]] = y1;
   } else {
-    const RowKv info = rope.rows_kv[0];
     const int half = rope.d / 2;
     const std::int64_t q_dim = static_cast<std::int64_t>(rope.heads) * rope.d;
     const std::int64_t kv_dim = static_cast<std::int64_t>(rope.kv_heads) * rope.d;
@@ -138,8 +150,6 @@ __global__ void __launch_bounds__(kNormThreads)
       info.v[cache + col + 1] = y1;
       return;
     }
-    const float c = rope.cos[static_cast<std::int64_t>(info.pos) * half + rows.i];
-    const float s = rope.sin[static_cast<std::int64_t>(info.pos) * half + rows.i];
     __nv_bfloat16 o1, o2;
     detail::rope_pair(__bfloat162float(y0), __bfloat162float(y1), c, s, o1, o2);
     const bool is_q = rows.head < rope.heads;
