@@ -18,7 +18,8 @@ DENSITY=${2:-0.005}
 mkdir -p "$OUT"
 rm -f "$OUT"/torch.json "$OUT"/twell.json "$OUT"/twell-own-attention.json  # no table from an older run
 # MODEL=DIR: an existing checkpoint instead (e.g. the converted SmolLM2: its SiLU FFN runs dense,
-# so twell's two rows measure the same path, against transformers on the same weights).
+# so twell's two rows measure the same path, against transformers on the same weights; on the GPU
+# machine scripts/smollm2-from-carry puts it in assets/smollm2-135m-instruct).
 M=${MODEL:-/tmp/twell-yardstick-$CONFIG}
 t0=$(date +%s)
 if [ -n "${MODEL:-}" ] && [ ! -f "$M/config.json" ]; then

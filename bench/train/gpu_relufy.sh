@@ -18,13 +18,7 @@ BUILD=${BUILD:-build/gpu}
 export PYTHONPATH=$BUILD/python
 mkdir -p "$OUT"
 M=assets/smollm2-135m-instruct
-if [ ! -f "$M/.complete" ]; then
-  for p in .carry/gguf.part00 .carry/gguf.part01; do
-    [ -f "$p" ] || { echo "gpu_relufy: $p missing (carry it: see the header)"; exit 2; }
-  done
-  cat .carry/gguf.part00 .carry/gguf.part01 > /tmp/smollm2.gguf
-  bash scripts/fetch-smollm2 --gguf /tmp/smollm2.gguf --out "$M" || exit 1
-fi
+bash scripts/smollm2-from-carry "$M" || exit 1
 [ -d data/gpu-corpus ] || { mkdir -p data/gpu-corpus && xz -dc .carry/gpu-corpus.tar.xz | tar xf - -C data/gpu-corpus; } || exit 1
 t0=$(date +%s)
 # Validation before and after on two sets: val-wiki (Wikipedia leads: the pretrained model's kind of
