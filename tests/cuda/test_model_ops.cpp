@@ -45,6 +45,24 @@ std::vector<bf16> random_bf16(Rng& rng, std::size_t n) {
   return v;
 }
 
+// One row's inputs for rmsnorm_project: the residual x (fp32, N(0, 9)), the norm weight, a bf16
+// delta, and a bf16 projection W [n, k] scaled to keep the outputs O(1).
+struct NormProjectInputs {
+  std::vector<float> x, w;
+  std::vector<bf16> delta, wp;
+};
+NormProjectInputs norm_project_inputs(Rng& rng, int k, int n) {
+  NormProjectInputs in;
+  in.x.resize(static_cast<std::size_t>(k));
+  in.w.resize(static_cast<std::size_t>(k));
+  for (auto& e : in.x) e = static_cast<float>(rng.normal() * 3);
+  for (auto& e : in.w) e = static_cast<float>(rng.normal());
+  in.delta = random_bf16(rng, in.x.size());
+  in.wp.resize(static_cast<std::size_t>(n) * static_cast<std::size_t>(k));
+  for (auto& e : in.wp) e = to_bf16(rng.normal() / std::sqrt(static_cast<double>(k)));
+  return in;
+}
+
 // y[n] = bf16(xn · Wᵀ) for one row by the decode GEMV (relu off): the unfused reference.
 void gemv_row(const __nv_bfloat16* xn, const __nv_bfloat16* w, int n, int k, __nv_bfloat16* y) {
   cuda::TwellGemvParams p;
@@ -244,12 +262,7 @@ TEST(ModelOps, RmsnormProjectIsNormThenGemv) {
   for (auto [k, n] : {std::pair<int, int>{2048, 2560}, {8, 1}, {576, 17}, {4104, 33}, {8192, 100}}) {
     for (bool with_delta : {true, false}) {
       SCOPED_TRACE(::testing::Message() << "k " << k << " n " << n << (with_delta ? " with delta" : " without"));
-      std::vector<float> x(static_cast<std::size_t>(k)), w(static_cast<std::size_t>(k));
-      for (auto& e : x) e = static_cast<float>(rng.normal() * 3);
-      for (auto& e : w) e = static_cast<float>(rng.normal());
-      const auto delta = random_bf16(rng, x.size());
-      std::vector<bf16> wp(static_cast<std::size_t>(n) * static_cast<std::size_t>(k));
-      for (auto& e : wp) e = to_bf16(rng.normal() / std::sqrt(static_cast<double>(k)));
+      const auto [x, w, delta, wp] = norm_project_inputs(rng, k, n);
       auto x1 = upload(x), x2 = upload(x), dw = upload(w);
       auto dd = upload<__nv_bfloat16>(delta);
       auto dwp = upload<__nv_bfloat16>(wp);
@@ -304,12 +317,7 @@ TEST(ModelOps, RmsnormProjectWithRopeIsNormGemvRope) {
     const int k = cs.k, half = cs.d / 2, kv_dim = cs.kv_heads * cs.d;
     const int n = (cs.heads + 2 * cs.kv_heads) * cs.d;
     const int layers = 2, layer = 1, capacity = 160;
-    std::vector<float> x(static_cast<std::size_t>(k)), w(static_cast<std::size_t>(k));
-    for (auto& e : x) e = static_cast<float>(rng.normal() * 3);
-    for (auto& e : w) e = static_cast<float>(rng.normal());
-    const auto delta = random_bf16(rng, x.size());
-    std::vector<bf16> wp(static_cast<std::size_t>(n) * static_cast<std::size_t>(k));
-    for (auto& e : wp) e = to_bf16(rng.normal() / std::sqrt(static_cast<double>(k)));
+    const auto [x, w, delta, wp] = norm_project_inputs(rng, k, n);
     std::vector<float> cos_t(static_cast<std::size_t>(capacity * half)), sin_t(cos_t.size());
     for (int p = 0; p < capacity; ++p)
       for (int i = 0; i < half; ++i) {
