@@ -6,6 +6,7 @@
 #   [BUILD=build/gpu] [OUT=…] [PREFILL=1] [MODEL=DIR] bash bench/model/gpu_decode_yardstick.sh [CONFIG [DENSITY]]   (2b 0.005)
 # Needs a built twell (e.g. scripts/gpu-check earlier in the same call). Writes torch.json,
 # twell.json and decode-yardstick.md (the table) under $OUT. PREFILL=1 adds the prefill of 8 × 512
+# (PREFILL_BATCH × PREFILL_LEN: e.g. the paper's 64 × 2048)
 # tokens on both sides (PyTorch eager and torch.compile; twell with the prefill attention it
 # builds in, and again with --no-cudnn-attention: twell-own-attention.json) to the same table.
 set -uo pipefail
@@ -33,14 +34,17 @@ fi
 echo "checkpoint: $(( $(date +%s) - t0 )) s"
 t0=$(date +%s)
 PREFILL=${PREFILL:-0}
+PB=${PREFILL_BATCH:-8}
+PL=${PREFILL_LEN:-512}
 skip=--skip-prefill
 [ "$PREFILL" = 1 ] && skip=
-python3 bench/model/torch_yardstick.py "$M" $skip --context 128 --decode-steps 128 --json "$OUT/torch.json" \
+python3 bench/model/torch_yardstick.py "$M" $skip --prefill-batch "$PB" --prefill-len "$PL" --context 128 --decode-steps 128 \
+  --json "$OUT/torch.json" \
   > "$OUT/torch.log" 2>&1
 echo "torch yardstick rc=$? ($(( $(date +%s) - t0 )) s)"
 t0=$(date +%s)
 pf="--prefill-batch 1 --prefill-len 128"
-[ "$PREFILL" = 1 ] && pf="--prefill-batch 8 --prefill-len 512"
+[ "$PREFILL" = 1 ] && pf="--prefill-batch $PB --prefill-len $PL"
 "$BUILD/tools/twell/twell" bench model --model "$M" --decode-batch 1 --context 128 --decode-steps 128 --no-energy \
   $pf --json "$OUT/twell.json" > "$OUT/twell.log" 2>&1
 echo "twell bench rc=$? ($(( $(date +%s) - t0 )) s)"
@@ -50,9 +54,9 @@ if [ "$PREFILL" = 1 ]; then
     $pf --no-cudnn-attention --json "$OUT/twell-own-attention.json" > "$OUT/twell-own-attention.log" 2>&1
   echo "twell bench, own attention, rc=$? ($(( $(date +%s) - t0 )) s)"
 fi
-python3 - "$OUT" <<'PY'
+python3 - "$OUT" "$PB" "$PL" <<'PY'
 import json, sys
-out = sys.argv[1]
+out, pb, pl = sys.argv[1], sys.argv[2], sys.argv[3]
 rows = []
 try:
     t = json.load(open(f"{out}/torch.json"))
@@ -95,7 +99,7 @@ for fname, label in (("twell.json", None), ("twell-own-attention.json", "twell's
             pre.append((f"twell, sparse FFN ({att})", r["sparse_tokens_per_s"]))
 if pre:
     pbest = max((v for n, v in pre if n.startswith("PyTorch")), default=None)
-    lines += ["", "| prefill, 8 × 512 | tokens/s | against PyTorch's best |", "|---|---:|---:|"]
+    lines += ["", f"| prefill, {pb} × {pl} | tokens/s | against PyTorch's best |", "|---|---:|---:|"]
     for n, v in pre:
         lines.append(f"| {n} | {v:.0f} | {v / pbest:.2f}× |" if pbest else f"| {n} | {v:.0f} | — |")
 open(f"{out}/decode-yardstick.md", "w").write("\n".join(lines) + "\n")
