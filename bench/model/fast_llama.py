@@ -29,7 +29,7 @@ _ACTS = {"relu": F.relu, "silu": F.silu, "gelu": lambda t: F.gelu(t), "gelu_pyto
 
 
 class FastLlama(torch.nn.Module):
-    def __init__(self, cfg, dtype, device, max_len, batch=1):
+    def __init__(self, cfg, dtype, device, max_len, batch=1, cache=True):
         super().__init__()
         self.k, self.n, self.layers = cfg.hidden_size, cfg.intermediate_size, cfg.num_hidden_layers
         self.heads, self.kv_heads = cfg.num_attention_heads, cfg.num_key_value_heads
@@ -60,9 +60,10 @@ class FastLlama(torch.nn.Module):
         self.wd = torch.nn.Parameter(torch.empty(L, self.k, self.n, **kw), requires_grad=False)
         self.norm1 = torch.nn.Parameter(torch.empty(L, self.k, **kw), requires_grad=False)
         self.norm2 = torch.nn.Parameter(torch.empty(L, self.k, **kw), requires_grad=False)
-        self.max_len, self.batch = max_len, batch
-        self.register_buffer("kc", torch.zeros(L, batch, self.kv_heads, max_len, self.d, **kw), persistent=False)
-        self.register_buffer("vc", torch.zeros(L, batch, self.kv_heads, max_len, self.d, **kw), persistent=False)
+        self.max_len, self.batch, self.cache = max_len, batch, cache
+        if cache:  # without: prompts from position 0 only (a prefill benchmark), nothing kept
+            self.register_buffer("kc", torch.zeros(L, batch, self.kv_heads, max_len, self.d, **kw), persistent=False)
+            self.register_buffer("vc", torch.zeros(L, batch, self.kv_heads, max_len, self.d, **kw), persistent=False)
         # As transformers computes them: inv_freq and the angles in fp32, cos and sin cast to dtype.
         inv = 1.0 / (theta ** (torch.arange(0, self.d, 2, dtype=torch.int64, device=device).float() / self.d))
         ang = torch.arange(max_len, device=device).float()[:, None] * inv[None, :]
@@ -71,11 +72,12 @@ class FastLlama(torch.nn.Module):
         self.register_buffer("sin", ang.sin().to(dtype), persistent=False)
 
     @classmethod
-    def from_hf(cls, hf, max_len, batch=1):
-        """A FastLlama holding a copy of a transformers LlamaForCausalLM's weights (its dtype and device)."""
+    def from_hf(cls, hf, max_len, batch=1, cache=True):
+        """A FastLlama holding a copy of a transformers LlamaForCausalLM's weights (its dtype and
+        device); cache=False: no KV cache (prompts from position 0 only, e.g. a prefill benchmark)."""
         cfg = hf.config
         p = next(hf.parameters())
-        m = cls(cfg, p.dtype, p.device, max_len, batch)
+        m = cls(cfg, p.dtype, p.device, max_len, batch, cache)
         base = hf.model
         with torch.no_grad():
             m.embed.copy_(base.embed_tokens.weight)
@@ -117,13 +119,17 @@ class FastLlama(torch.nn.Module):
             k = qkv[..., self.q:self.q + self.kv].view(B, T, self.kv_heads, self.d).transpose(1, 2)
             v = qkv[..., self.q + self.kv:].view(B, T, self.kv_heads, self.d).transpose(1, 2)
             q, k = self.rotate(q, cos, sin), self.rotate(k, cos, sin)
-            self.kc[i].index_copy_(2, pos, k)
-            self.vc[i].index_copy_(2, pos, v)
             gqa = self.heads != self.kv_heads
-            if mask is None:
-                o = F.scaled_dot_product_attention(q, self.kc[i], self.vc[i], is_causal=True, enable_gqa=gqa)
+            if not self.cache:  # a prompt from position 0, attending to itself
+                o = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
             else:
-                o = F.scaled_dot_product_attention(q, self.kc[i], self.vc[i], attn_mask=mask[None, None], enable_gqa=gqa)
+                self.kc[i].index_copy_(2, pos, k)
+                self.vc[i].index_copy_(2, pos, v)
+                if mask is None:
+                    o = F.scaled_dot_product_attention(q, self.kc[i], self.vc[i], is_causal=True, enable_gqa=gqa)
+                else:
+                    o = F.scaled_dot_product_attention(q, self.kc[i], self.vc[i], attn_mask=mask[None, None],
+                                                       enable_gqa=gqa)
             x = x + o.transpose(1, 2).reshape(B, T, self.q) @ self.wo[i].t()
             h = self.rmsnorm(x, self.norm2[i])
             g, u = (h @ self.wgu[i].t()).split(self.n, dim=-1)
@@ -138,7 +144,9 @@ class FastLlama(torch.nn.Module):
         """Last-position logits of a prompt ids [B, T] written into the cache from position start
         (a prompt that fills the cache runs SDPA's causal kernel, as transformers' prefill does)."""
         pos = torch.arange(start, start + ids.shape[1], device=ids.device)
-        full = start == 0 and ids.shape[1] == self.max_len
+        if not self.cache and (start != 0 or ids.shape[1] > self.max_len):
+            raise ValueError("fast_llama: without a cache, prompts start at 0 and fit max_len")
+        full = start == 0 and (ids.shape[1] == self.max_len or not self.cache)
         return self.body(ids, pos, None if full else self.mask_for(pos))
 
     def prefill(self, ids):

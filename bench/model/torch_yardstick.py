@@ -115,12 +115,13 @@ def decode_rate_graphs(model, prompt, steps, reps, mode="reduce-overhead"):
     return per_token_rate(run, steps, reps, warmup=3)  # the warm-up compiles and records
 
 
-def fast_model(model, max_len, batch):
-    """bench/model/fast_llama.py's FastLlama with a copy of model's weights."""
+def fast_model(model, max_len, batch, cache=True):
+    """bench/model/fast_llama.py's FastLlama with a copy of model's weights (cache=False: for
+    prefill only, as transformers' prefill here runs with use_cache=False)."""
     import os
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     from fast_llama import FastLlama
-    return FastLlama.from_hf(model, max_len=max_len, batch=batch)
+    return FastLlama.from_hf(model, max_len=max_len, batch=batch, cache=cache)
 
 
 def fast_decode_rate(fast, prompt, steps, reps, mode="reduce-overhead"):
@@ -207,7 +208,7 @@ def main():
 
     if not a.skip_prefill and not a.skip_fast:
         try:
-            fast = fast_model(model, a.prefill_len, a.prefill_batch)
+            fast = fast_model(model, a.prefill_len, a.prefill_batch, cache=False)
             t0 = time.perf_counter()
             fast_prefill = torch.compile(fast.logits)
             with torch.inference_mode():

@@ -68,8 +68,12 @@ def test_a_prompt_that_fills_the_cache_runs_causal_attention_alike():
         want = hf(prompt).logits[:, -1]
         full = fl.FastLlama.from_hf(hf, max_len=12).logits(prompt)  # is_causal, no mask
         masked = fl.FastLlama.from_hf(hf, max_len=20).logits(prompt)
+        uncached = fl.FastLlama.from_hf(hf, max_len=12, cache=False).logits(prompt)
     assert torch.allclose(full, want, atol=2e-5, rtol=1e-4)
     assert torch.allclose(masked, want, atol=2e-5, rtol=1e-4)
+    assert torch.allclose(uncached, want, atol=2e-5, rtol=1e-4)
+    with pytest.raises(ValueError, match="without a cache"):
+        fl.FastLlama.from_hf(hf, max_len=8, cache=False).logits(prompt)
 
 
 def test_decode_returns_the_greedy_ids():
