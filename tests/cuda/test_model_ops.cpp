@@ -63,21 +63,6 @@ NormProjectInputs norm_project_inputs(Rng& rng, int k, int n) {
   return in;
 }
 
-// y[n] = bf16(xn · Wᵀ) for one row by the decode GEMV (relu off): the unfused reference.
-void gemv_row(const __nv_bfloat16* xn, const __nv_bfloat16* w, int n, int k, __nv_bfloat16* y) {
-  cuda::TwellGemvParams p;
-  p.x = xn;
-  p.ld_x = k;
-  p.w = w;
-  p.g = y;
-  p.ld_g = n;
-  p.m = 1;
-  p.n = n;
-  p.k = k;
-  p.relu = false;
-  cuda::launch_twell_gemv(p, nullptr);
-}
-
 struct Shape {
   int heads, kv_heads, d;
   std::vector<std::pair<int, int>> seqs;  // (tokens already cached, new rows)
@@ -271,7 +256,7 @@ TEST(ModelOps, RmsnormProjectIsNormThenGemv) {
         cuda::ops::add_rmsnorm(x1.get(), dd.get(), 1, k, dw.get(), 1e-5f, xn.get(), nullptr);
       else
         cuda::ops::rmsnorm(x1.get(), nullptr, 1, k, dw.get(), 1e-5f, xn.get(), nullptr);
-      gemv_row(xn.get(), dwp.get(), n, k, y1.get());
+      cuda::launch_twell_gemv_row(xn.get(), dwp.get(), n, k, y1.get(), nullptr);  // the unfused reference
       cuda::ops::rmsnorm_project(x2.get(), with_delta ? dd.get() : nullptr, k, dw.get(), 1e-5f, dwp.get(), n, y2.get(),
                                  nullptr);
       ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
@@ -345,7 +330,7 @@ TEST(ModelOps, RmsnormProjectWithRopeIsNormGemvRope) {
     DeviceBuffer<__nv_bfloat16> xn(x.size()), q1(static_cast<std::size_t>(n)), q2(static_cast<std::size_t>(n));
     for (auto* q : {&q1, &q2}) ASSERT_EQ(cudaMemset(q->get(), 0xff, q->bytes()), cudaSuccess);  // NaN poison
     cuda::ops::add_rmsnorm(x1.get(), dd.get(), 1, k, dw.get(), 1e-5f, xn.get(), nullptr);
-    gemv_row(xn.get(), dwp.get(), n, k, q1.get());
+    cuda::launch_twell_gemv_row(xn.get(), dwp.get(), n, k, q1.get(), nullptr);
     cuda::ops::rope_store_kv(q1.get(), 1, cs.heads, cs.kv_heads, cs.d, dcos.get(), dsin.get(), r1.get(), layer, nullptr,
                              cs.k_in_place);
     cuda::ops::RopeStore rope;

@@ -29,4 +29,20 @@ struct TwellGemvParams {
 // Requires 1 ≤ M ≤ kGemvMaxRows, K a multiple of 8 with K ≤ kGemvMaxK, 16-byte aligned rows.
 void launch_twell_gemv(const TwellGemvParams& p, cudaStream_t stream);
 
+// One contiguous row, no ReLU: y[n] = bf16(x[k] · W[n, k]ᵀ) (a projection at one token).
+inline void launch_twell_gemv_row(const __nv_bfloat16* x, const __nv_bfloat16* w, std::int64_t n, std::int64_t k,
+                                  __nv_bfloat16* y, cudaStream_t stream) {
+  TwellGemvParams p;
+  p.x = x;
+  p.ld_x = k;
+  p.w = w;
+  p.g = y;
+  p.ld_g = n;
+  p.m = 1;
+  p.n = n;
+  p.k = k;
+  p.relu = false;
+  launch_twell_gemv(p, stream);
+}
+
 }  // namespace twell::cuda
