@@ -95,14 +95,14 @@ __global__ void __launch_bounds__(kNormThreads)
   dev::pdl_begin();
   // RoPE: lane 0's row position and angle, loaded now so that their latency overlaps the norm.
   RowKv info{};
-  float c = 0.0f, s = 0.0f;
+  float cos_a = 0.0f, sin_a = 0.0f;
   if constexpr (kRope) {
     if (lane == 0 && active) {
       info = rope.rows_kv[0];
       if (rows.head >= 0) {
         const std::int64_t t = static_cast<std::int64_t>(info.pos) * (rope.d / 2) + rows.i;
-        c = rope.cos[t];
-        s = rope.sin[t];
+        cos_a = rope.cos[t];
+        sin_a = rope.sin[t];
       }
     }
   }
@@ -151,7 +151,7 @@ __global__ void __launch_bounds__(kNormThreads)
       return;
     }
     __nv_bfloat16 o1, o2;
-    detail::rope_pair(__bfloat162float(y0), __bfloat162float(y1), c, s, o1, o2);
+    detail::rope_pair(__bfloat162float(y0), __bfloat162float(y1), cos_a, sin_a, o1, o2);
     const bool is_q = rows.head < rope.heads;
     if (is_q || rope.k_in_place) {
       y[rows.row[0]] = o1;
