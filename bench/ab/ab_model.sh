@@ -19,7 +19,7 @@ D="$OUT/ab-model"
 mkdir -p "$D"
 export PATH="/usr/local/cuda/bin:$PATH"
 source scripts/gpu-env
-CMAKE=$(command -v cmake || echo /opt/torch/.venv/bin/cmake)
+CMAKE=${CMAKE:-$(command -v cmake || echo /opt/torch/.venv/bin/cmake)}
 OLD_SRC=${OLD_SRC:?OLD_SRC: the old commit as a tarball (see the header)}
 OLD_NAME=${OLD_NAME:-old}
 NEW_NAME=${NEW_NAME:-new}
