@@ -179,6 +179,7 @@ class CudaRuntime final : public Runtime {
 #endif
     if (!opt.cudnn_attention) cudnn_why_ = "off (RuntimeOptions::cudnn_attention)";
     programmatic_ = opt.programmatic_launch && cuda::programmatic_launch_supported();
+    fused_decode_ = opt.fused_decode;
   }
 
   const Model& model() const noexcept override { return *model_; }
@@ -204,6 +205,7 @@ class CudaRuntime final : public Runtime {
   std::int64_t graph_launches() const noexcept override { return graph_launches_; }
   double device_energy_joules() const override { return energy_.joules(); }
   bool programmatic_launch() const noexcept override { return programmatic_; }
+  bool fused_decode() const noexcept override { return fused_decode_; }
   std::string prefill_attention() const override {
     const std::string own = "twell's tensor-core kernel";
 #if TWELL_HAVE_CUDNN
@@ -454,11 +456,11 @@ class CudaRuntime final : public Runtime {
     return ran_sparse;
   }
 
-  // Whether a forward of T rows runs each attention's norm inside its QKV projection (one row: the
-  // decode GEMV's condition, which rmsnorm_project shares).
+  // Whether a forward of T rows runs each attention's norm inside its QKV projection
+  // (RuntimeOptions::fused_decode, one row: the decode GEMV's condition, which rmsnorm_project shares).
   bool fuse_norms(std::int64_t T) const {
     const std::int64_t K = model_->config.hidden_size;
-    return T == 1 && K % 8 == 0 && K <= cuda::kGemvMaxK;
+    return fused_decode_ && T == 1 && K % 8 == 0 && K <= cuda::kGemvMaxK;
   }
 
   // y[T, n] = x[T, k]·Wᵀ, W [n, k] bf16, all rows contiguous. One token: the decode GEMV (cuBLASLt's
@@ -626,6 +628,7 @@ class CudaRuntime final : public Runtime {
   std::int64_t max_keys_ = 0;  // keys the decode attention takes on this device at this head_dim
   bool graphs_failed_ = false;
   bool programmatic_ = false;  // RuntimeOptions::programmatic_launch, on a device that takes it
+  bool fused_decode_ = false;  // RuntimeOptions::fused_decode
   std::vector<std::int64_t> seq_row0_, seq_len_;  // a fresh prefill's sequences (first row, rows)
   std::string cudnn_why_;                         // why cuDNN's attention is not used, if not
 #if TWELL_HAVE_CUDNN

@@ -286,21 +286,55 @@ TEST(ModelCuda, DecodeGraphsAreBitIdentical) {
   }
 }
 
-// RuntimeOptions::programmatic_launch (Hopper; elsewhere it stays off, and the test skips) changes when the runtime's
-// kernels are scheduled, never what they compute: prefill and 60 graphed decode steps of 1 and 3
-// sequences give bit-identical logits with it on and off (a sparse ReLU model and a SiLU one).
+// Two runtimes of one model agree bit for bit: a prefill of 20 tokens, then 60 decode steps
+// (graphed after the first), for 1 and 3 sequences.
+void expect_bit_identical(const TinySpec& spec, model::Runtime& a, model::Runtime& b) {
+  Rng rng(spec.seed);
+  for (std::size_t batch : {1u, 3u}) {
+    std::vector<std::vector<std::int32_t>> prompts(batch);
+    for (auto& p : prompts)
+      for (int j = 0; j < 20; ++j) p.push_back(static_cast<std::int32_t>(rng.below(spec.vocab)));
+    std::vector<std::unique_ptr<Sequence>> ka, kb;
+    std::vector<SeqStep> sa, sb;
+    for (std::size_t i = 0; i < batch; ++i) {
+      ka.push_back(a.new_sequence(spec.max_pos));
+      kb.push_back(b.new_sequence(spec.max_pos));
+      sa.push_back({ka.back().get(), prompts[i]});
+      sb.push_back({kb.back().get(), prompts[i]});
+    }
+    ASSERT_EQ(a.forward(sa, true), b.forward(sb, true)) << "prefill, batch " << batch;
+    std::vector<std::int32_t> next(batch);
+    for (int step = 0; step < 60; ++step) {
+      for (std::size_t i = 0; i < batch; ++i) {
+        next[i] = static_cast<std::int32_t>(rng.below(spec.vocab));
+        sa[i].tokens = std::span<const std::int32_t>(&next[i], 1);
+        sb[i].tokens = sa[i].tokens;
+      }
+      ASSERT_EQ(a.forward(sa), b.forward(sb)) << "decode step " << step << ", batch " << batch;
+    }
+  }
+}
+
+// A sparse ReLU model and a SiLU one, bf16, head_dim 64 (the decode attention's specialised kernel).
+TinySpec agreement_spec(const char* act) {
+  TinySpec spec;
+  spec.act = act;
+  spec.bf16 = true;
+  spec.bias_channel = std::string(act) == "relu";
+  spec.gate_threshold = -0.6f;
+  spec.intermediate = 600;
+  spec.hidden = 256;
+  spec.max_pos = 160;
+  spec.seed = fresh_seed();
+  return spec;
+}
+
+// RuntimeOptions::programmatic_launch (Hopper; elsewhere it stays off, and the test skips) changes
+// when the runtime's kernels are scheduled, never what they compute.
 TEST(ModelCuda, ProgrammaticLaunchesAreBitIdentical) {
   TWELL_REQUIRE_GPU();
   for (const char* act : {"relu", "silu"}) {
-    TinySpec spec;
-    spec.act = act;
-    spec.bf16 = true;
-    spec.bias_channel = std::string(act) == "relu";
-    spec.gate_threshold = -0.6f;
-    spec.intermediate = 600;
-    spec.hidden = 256;  // head_dim 64: the decode attention's specialised kernel
-    spec.max_pos = 160;
-    spec.seed = fresh_seed();
+    const TinySpec spec = agreement_spec(act);
     SCOPED_TRACE(act);
     const model::Model m = model::Model::load(write_tiny(std::string("pdl_") + act, spec).string());
     model::RuntimeOptions on(FfnPath::automatic), off(FfnPath::automatic);
@@ -310,30 +344,28 @@ TEST(ModelCuda, ProgrammaticLaunchesAreBitIdentical) {
     auto b = model::make_runtime(m, "cuda", off);
     if (!a->programmatic_launch()) GTEST_SKIP() << "this GPU or build does not take programmatic launches";
     EXPECT_FALSE(b->programmatic_launch());
-    Rng rng(spec.seed);
-    for (std::size_t batch : {1u, 3u}) {
-      std::vector<std::vector<std::int32_t>> prompts(batch);
-      for (auto& p : prompts)
-        for (int j = 0; j < 20; ++j) p.push_back(static_cast<std::int32_t>(rng.below(spec.vocab)));
-      std::vector<std::unique_ptr<Sequence>> ka, kb;
-      std::vector<SeqStep> sa, sb;
-      for (std::size_t i = 0; i < batch; ++i) {
-        ka.push_back(a->new_sequence(spec.max_pos));
-        kb.push_back(b->new_sequence(spec.max_pos));
-        sa.push_back({ka.back().get(), prompts[i]});
-        sb.push_back({kb.back().get(), prompts[i]});
-      }
-      ASSERT_EQ(a->forward(sa, true), b->forward(sb, true)) << "prefill, batch " << batch;
-      std::vector<std::int32_t> next(batch);
-      for (int step = 0; step < 60; ++step) {
-        for (std::size_t i = 0; i < batch; ++i) {
-          next[i] = static_cast<std::int32_t>(rng.below(spec.vocab));
-          sa[i].tokens = std::span<const std::int32_t>(&next[i], 1);
-          sb[i].tokens = sa[i].tokens;
-        }
-        ASSERT_EQ(a->forward(sa), b->forward(sb)) << "decode step " << step << ", batch " << batch;
-      }
-    }
+    expect_bit_identical(spec, *a, *b);
+    EXPECT_GT(a->graph_launches(), 0);
+  }
+}
+
+// RuntimeOptions::fused_decode (one-row forwards: the attention's add + RMSNorm, QKV, RoPE and cache
+// store in one kernel, the FFN's residual add deferred) computes the same bits as the separate ops:
+// the same logits, prefill and every decode step, on and off.
+TEST(ModelCuda, FusedDecodeIsBitIdentical) {
+  TWELL_REQUIRE_GPU();
+  for (const char* act : {"relu", "silu"}) {
+    const TinySpec spec = agreement_spec(act);
+    SCOPED_TRACE(act);
+    const model::Model m = model::Model::load(write_tiny(std::string("fused_") + act, spec).string());
+    model::RuntimeOptions on(FfnPath::automatic), off(FfnPath::automatic);
+    on.fused_decode = true;
+    off.fused_decode = false;
+    auto a = model::make_runtime(m, "cuda", on);
+    auto b = model::make_runtime(m, "cuda", off);
+    EXPECT_TRUE(a->fused_decode());
+    EXPECT_FALSE(b->fused_decode());
+    expect_bit_identical(spec, *a, *b);
     EXPECT_GT(a->graph_launches(), 0);
   }
 }

@@ -27,6 +27,7 @@ struct BenchModelArgs {
   bool cuda_graphs = true;
   bool cudnn_attention = true;
   bool programmatic_launch = true;
+  bool fused_decode = false;
   bool energy = true;
   std::string json;
 };
@@ -143,6 +144,7 @@ int run_bench_model(BenchModelArgs& a) {
     o.cuda_graphs = a.cuda_graphs;
     o.cudnn_attention = a.cudnn_attention;
     o.programmatic_launch = a.programmatic_launch;
+    o.fused_decode = a.fused_decode;
     return o;
   };
   if (device == "cuda") {
@@ -287,6 +289,7 @@ int run_bench_model(BenchModelArgs& a) {
                dense->programmatic_launch() ? "on"
                : a.programmatic_launch     ? "off (this GPU or build does not take them)"
                                            : "off (--no-pdl)");
+    fmt::print("fused one-row decode (--fused-decode): {}\n", dense->fused_decode() ? "on" : "off");
   }
   fmt::print("(both runtimes run the same attention, norms and LM head; only the FFN path differs. Decode steps include\n"
              " the greedy pick and its copy back to the host, as a user's generation does. Energy: the whole GPU's NVML\n"
@@ -307,6 +310,7 @@ int run_bench_model(BenchModelArgs& a) {
                         {"cuda_graphs", a.cuda_graphs},
                         {"prefill_attention", dense->prefill_attention()},
                         {"programmatic_launch", dense->programmatic_launch()},
+                        {"fused_decode", dense->fused_decode()},
                         {"memory_bytes", {{"dense", mem_dense}, {"sparse", mem_sparse}}},
                         {"rows", jr}};
     write_json_file(a.json, j);
@@ -344,6 +348,8 @@ void add_bench_model_command(CLI::App& bench, std::vector<Command>& out) {
   sub->add_flag("!--no-cuda-graphs", a->cuda_graphs, "Launch decode steps kernel by kernel (default: CUDA graphs)");
   sub->add_flag("!--no-cudnn-attention", a->cudnn_attention,
                 "GPU: prefill attention by twell's own tensor-core kernel even where cuDNN's fused SDPA is built in");
+  sub->add_flag("--fused-decode", a->fused_decode,
+                "GPU, an experiment: one kernel for a one-row step's attention norm, QKV, RoPE and cache store");
   sub->add_flag("!--no-pdl", a->programmatic_launch,
                 "GPU (Hopper): launch the runtime's own kernels plainly (default: programmatic dependent launches)");
   sub->add_flag("!--no-energy", a->energy, "Skip the energy runs (about a second per row and runtime)");

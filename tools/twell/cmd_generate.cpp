@@ -23,6 +23,7 @@ struct GenerateArgs {
   bool cuda_graphs = true;
   bool cudnn_attention = true;
   bool programmatic_launch = true;
+  bool fused_decode = false;
   model::GenerateOptions g;
   std::vector<std::string> stop_tokens;
   std::string json;
@@ -67,6 +68,7 @@ int run_generate(GenerateArgs& a) {
   ro.cuda_graphs = a.cuda_graphs;
   ro.cudnn_attention = a.cudnn_attention;
   ro.programmatic_launch = a.programmatic_launch;
+  ro.fused_decode = a.fused_decode;
   if (a.ffn == "dense") ro.ffn_path = model::FfnPath::dense;
   else if (a.ffn == "sparse") ro.ffn_path = model::FfnPath::sparse;
   auto rt_ptr = model::make_runtime(m, device, ro);
@@ -74,8 +76,9 @@ int run_generate(GenerateArgs& a) {
   if (!a.quiet) {
     note(fmt::format("device: {} ({})", rt.device(), why));
     if (device == "cuda")
-      note(fmt::format("prefill attention: {}{}", rt.prefill_attention(),
-                       rt.programmatic_launch() ? "; programmatic launches on" : ""));
+      note(fmt::format("prefill attention: {}{}{}", rt.prefill_attention(),
+                       rt.programmatic_launch() ? "; programmatic launches on" : "",
+                       rt.fused_decode() ? "; fused one-row decode on" : ""));
   }
 
   // One prompt streams to stdout; several are printed when all are done.
@@ -190,6 +193,8 @@ void add_generate_command(CLI::App& root, std::vector<Command>& out) {
   sub->add_flag("!--no-cuda-graphs", a->cuda_graphs, "GPU: launch decode steps kernel by kernel (default: replay CUDA graphs)");
   sub->add_flag("!--no-cudnn-attention", a->cudnn_attention,
                 "GPU: prefill attention by twell's own tensor-core kernel even where cuDNN's fused SDPA is built in");
+  sub->add_flag("--fused-decode", a->fused_decode,
+                "GPU, an experiment: one kernel for a one-row step's attention norm, QKV, RoPE and cache store");
   sub->add_flag("!--no-pdl", a->programmatic_launch,
                 "GPU (Hopper): launch the runtime's own kernels plainly (default: programmatic dependent launches)");
   sub->add_option("--device", a->device, "cpu or cuda (default: cuda when a GPU is usable, else cpu)");

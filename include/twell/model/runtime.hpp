@@ -61,6 +61,11 @@ struct RuntimeOptions {
   // latency between the ≈ 10 small kernels a layer of a decode step runs. Same results, bit for
   // bit; 2B decode at batch 1 +6.6 % on an H100 (docs/model-runtime.md). Off: for A/B measurement.
   bool programmatic_launch = true;
+  // CUDA runtime only, an experiment until it has run on a GPU (off): at one row (a batch-1 decode
+  // step) the attention's add + RMSNorm, QKV projection, RoPE and KV-cache store run as one kernel
+  // (cuda::ops::rmsnorm_project) and the FFN's residual add joins the next add + RMSNorm: 2 kernels
+  // fewer a layer, the same bits (docs/model-runtime.md).
+  bool fused_decode = false;
   // CPU runtime only: called with each layer's FFN input (RMSNorm'd, [rows, K]) before its FFN
   // runs; for capturing activations (telemetry) or calibrating: the hook may change that layer's
   // weights in the Model (not their shapes), and its FFN then runs on the changed ones (synthetic
@@ -120,6 +125,8 @@ class Runtime {
   virtual std::string prefill_attention() const { return "twell (CPU loops)"; }
   // Whether RuntimeOptions::programmatic_launch is in effect (asked for, and the device takes it).
   virtual bool programmatic_launch() const noexcept { return false; }
+  // Whether RuntimeOptions::fused_decode is in effect.
+  virtual bool fused_decode() const noexcept { return false; }
 };
 
 class CpuRuntime final : public Runtime {
