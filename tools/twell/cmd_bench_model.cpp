@@ -8,6 +8,7 @@
 #include <random>
 
 #include "common.hpp"
+#include "runtime_flags.hpp"
 #include "twell/model/runtime.hpp"
 #include "twell/model/synthetic.hpp"
 
@@ -24,10 +25,7 @@ struct BenchModelArgs {
   std::vector<std::int64_t> decode_batches = {1, 8, 64};
   std::int64_t context = 128, decode_steps = 32;
   int reps = 3;
-  bool cuda_graphs = true;
-  bool cudnn_attention = true;
-  bool programmatic_launch = true;
-  bool fused_decode = false;
+  model::RuntimeOptions runtime;  // the GPU switches (add_runtime_flags); each runtime's FFN path set below
   bool energy = true;
   std::string json;
 };
@@ -140,11 +138,8 @@ int run_bench_model(BenchModelArgs& a) {
     return s;
   }();
   auto options = [&](model::FfnPath path) {
-    model::RuntimeOptions o(path);
-    o.cuda_graphs = a.cuda_graphs;
-    o.cudnn_attention = a.cudnn_attention;
-    o.programmatic_launch = a.programmatic_launch;
-    o.fused_decode = a.fused_decode;
+    model::RuntimeOptions o = a.runtime;
+    o.ffn_path = path;
     return o;
   };
   if (device == "cuda") {
@@ -283,11 +278,11 @@ int run_bench_model(BenchModelArgs& a) {
     fmt::print("\ndevice memory in use after a {} x {} prefill, each runtime alone: dense {:.2f} GB, sparse {:.2f} GB\n",
                a.prefill_batch, a.prefill_len, static_cast<double>(mem_dense) / 1e9, static_cast<double>(mem_sparse) / 1e9);
   if (device == "cuda") {
-    fmt::print("CUDA graphs for decode steps: {} (replays: dense {}, sparse {})\n", a.cuda_graphs ? "on" : "off",
+    fmt::print("CUDA graphs for decode steps: {} (replays: dense {}, sparse {})\n", a.runtime.cuda_graphs ? "on" : "off",
                dense->graph_launches(), sparse->graph_launches());
     fmt::print("prefill attention: {}; programmatic launches: {}\n", dense->prefill_attention(),
                dense->programmatic_launch() ? "on"
-               : a.programmatic_launch     ? "off (this GPU or build does not take them)"
+               : a.runtime.programmatic_launch     ? "off (this GPU or build does not take them)"
                                            : "off (--no-pdl)");
     fmt::print("fused one-row decode (--fused-decode): {}\n", dense->fused_decode() ? "on" : "off");
   }
@@ -307,7 +302,7 @@ int run_bench_model(BenchModelArgs& a) {
                         {"reps", a.reps},
                         {"decode_steps", a.decode_steps},
                         {"context", a.context},
-                        {"cuda_graphs", a.cuda_graphs},
+                        {"cuda_graphs", a.runtime.cuda_graphs},
                         {"prefill_attention", dense->prefill_attention()},
                         {"programmatic_launch", dense->programmatic_launch()},
                         {"fused_decode", dense->fused_decode()},
@@ -345,13 +340,7 @@ void add_bench_model_command(CLI::App& bench, std::vector<Command>& out) {
   sub->add_option("--context", a->context, "Prompt tokens before decoding")->check(CLI::Range(1, 1 << 20));
   sub->add_option("--decode-steps", a->decode_steps, "Timed decode steps")->check(CLI::Range(1, 1 << 20));
   sub->add_option("--reps", a->reps, "Timed repetitions of each run (medians)")->check(CLI::Range(1, 1000));
-  sub->add_flag("!--no-cuda-graphs", a->cuda_graphs, "Launch decode steps kernel by kernel (default: CUDA graphs)");
-  sub->add_flag("!--no-cudnn-attention", a->cudnn_attention,
-                "GPU: prefill attention by twell's own tensor-core kernel even where cuDNN's fused SDPA is built in");
-  sub->add_flag("--fused-decode", a->fused_decode,
-                "GPU, an experiment: one kernel for a one-row step's attention norm, QKV, RoPE and cache store");
-  sub->add_flag("!--no-pdl", a->programmatic_launch,
-                "GPU (Hopper): launch the runtime's own kernels plainly (default: programmatic dependent launches)");
+  add_runtime_flags(sub, a->runtime);
   sub->add_flag("!--no-energy", a->energy, "Skip the energy runs (about a second per row and runtime)");
   sub->add_option("--json", a->json, "Write the results here");
   out.push_back({sub, [a] { return run_bench_model(*a); }});

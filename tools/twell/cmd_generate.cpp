@@ -5,6 +5,7 @@
 #include <sstream>
 
 #include "common.hpp"
+#include "runtime_flags.hpp"
 #include "twell/model/generate.hpp"
 #include "twell/model/tokenizer.hpp"
 
@@ -20,10 +21,7 @@ struct GenerateArgs {
   std::string device;
   std::string hidden_act;
   std::string ffn = "auto";
-  bool cuda_graphs = true;
-  bool cudnn_attention = true;
-  bool programmatic_launch = true;
-  bool fused_decode = false;
+  model::RuntimeOptions runtime;  // the GPU switches (add_runtime_flags); the FFN path from --ffn
   model::GenerateOptions g;
   std::vector<std::string> stop_tokens;
   std::string json;
@@ -64,11 +62,7 @@ int run_generate(GenerateArgs& a) {
     if (ids.back().empty()) fail(ErrorCode::invalid_argument, "a prompt encodes to no tokens");
   }
 
-  model::RuntimeOptions ro;
-  ro.cuda_graphs = a.cuda_graphs;
-  ro.cudnn_attention = a.cudnn_attention;
-  ro.programmatic_launch = a.programmatic_launch;
-  ro.fused_decode = a.fused_decode;
+  model::RuntimeOptions ro = a.runtime;
   if (a.ffn == "dense") ro.ffn_path = model::FfnPath::dense;
   else if (a.ffn == "sparse") ro.ffn_path = model::FfnPath::sparse;
   auto rt_ptr = model::make_runtime(m, device, ro);
@@ -190,13 +184,7 @@ void add_generate_command(CLI::App& root, std::vector<Command>& out) {
   sub->add_option("--hidden-act", a->hidden_act, "Override config.json's hidden_act (relu, silu, gelu, gelu_pytorch_tanh)");
   sub->add_option("--ffn", a->ffn, "FFN path of ReLU layers: auto (by measured density), dense, sparse")
       ->check(CLI::IsMember({"auto", "dense", "sparse"}));
-  sub->add_flag("!--no-cuda-graphs", a->cuda_graphs, "GPU: launch decode steps kernel by kernel (default: replay CUDA graphs)");
-  sub->add_flag("!--no-cudnn-attention", a->cudnn_attention,
-                "GPU: prefill attention by twell's own tensor-core kernel even where cuDNN's fused SDPA is built in");
-  sub->add_flag("--fused-decode", a->fused_decode,
-                "GPU, an experiment: one kernel for a one-row step's attention norm, QKV, RoPE and cache store");
-  sub->add_flag("!--no-pdl", a->programmatic_launch,
-                "GPU (Hopper): launch the runtime's own kernels plainly (default: programmatic dependent launches)");
+  add_runtime_flags(sub, a->runtime);
   sub->add_option("--device", a->device, "cpu or cuda (default: cuda when a GPU is usable, else cpu)");
   sub->add_option("--json", a->json, "Write tokens, text, speeds and per-layer FFN counts here");
   sub->add_flag("--quiet,-q", a->quiet, "Print only the generated text");
