@@ -14,21 +14,13 @@ set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-build/ab-out}
 mkdir -p "$OUT/ab"
-export PATH="/usr/local/cuda/bin:$PATH"
-source scripts/gpu-env
-CMAKE=${CMAKE:-$(command -v cmake || echo /opt/torch/.venv/bin/cmake)}
-OLD_SRC=${OLD_SRC:?OLD_SRC: the old commit as a tarball (see the header)}
-OLD_NAME=${OLD_NAME:-old}
-NEW_NAME=${NEW_NAME:-new}
+source bench/ab/ab_build.sh
 BUDGET=${AB_BUDGET:-520}
 PART=${AB_PART:-both}
 log() { echo "[ab $(date -u +%T)] $*" | tee -a "$OUT/ab/log.txt"; }
 
 t0=$(date +%s)
-source bench/ab/ab_build.sh
-ab_build_trees "$OLD_SRC" twell_bench_cuda "90a;80" "$OUT/ab"; rc=$?
-log "builds rc=$rc ($(( $(date +%s) - t0 )) s)"
-[ $rc -ne 0 ] && exit 1
+ab_build_trees twell_bench_cuda "90a;80" "$OUT/ab" || exit 1
 bin_old=build/ab-old/bench/cuda/twell_bench_cuda
 bin_new=build/gpu/bench/cuda/twell_bench_cuda
 

@@ -17,21 +17,13 @@ cd "$(dirname "$0")/../.."
 OUT=${OUT:-build/ab-out}
 D="$OUT/ab-model"
 mkdir -p "$D"
-export PATH="/usr/local/cuda/bin:$PATH"
-source scripts/gpu-env
-CMAKE=${CMAKE:-$(command -v cmake || echo /opt/torch/.venv/bin/cmake)}
-OLD_SRC=${OLD_SRC:?OLD_SRC: the old commit as a tarball (see the header)}
-OLD_NAME=${OLD_NAME:-old}
-NEW_NAME=${NEW_NAME:-new}
+source bench/ab/ab_build.sh
 BUDGET=${AB_BUDGET:-480}
 ARGS=${AB_ARGS:---config 2b --density 0.005 --decode-batch 1 --prefill-batch 1 --prefill-len 128 --context 128 --decode-steps 128 --no-energy}
 log() { echo "[ab-model $(date -u +%T)] $*" | tee -a "$D/log.txt"; }
 
 t0=$(date +%s)
-source bench/ab/ab_build.sh
-ab_build_trees "$OLD_SRC" twell_cli "90a" "$D"; rc=$?
-log "builds rc=$rc ($(( $(date +%s) - t0 )) s)"
-[ $rc -ne 0 ] && exit 1
+ab_build_trees twell_cli "90a" "$D" || exit 1
 bin_old=build/ab-old/tools/twell/twell
 bin_new=build/gpu/tools/twell/twell
 
