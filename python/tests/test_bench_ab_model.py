@@ -1,18 +1,13 @@
 """bench/ab/ab_model_summary.py on synthetic `twell bench model` results: medians per side and per
 FFN path, NEW / OLD, rows present on one side only left out, and no table from nothing."""
-import importlib.util
 import json
 import os
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-PATH = os.path.join(HERE, "..", "..", "bench", "ab", "ab_model_summary.py")
+from bench_script import load_bench
 
 
 def load():
-    spec = importlib.util.spec_from_file_location("ab_model_summary", PATH)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_bench("ab/ab_model_summary")
 
 
 def write(folder, name, rows):

@@ -3,23 +3,16 @@ transformers' LlamaForCausalLM computes: on CPU in float32, the prompt's last lo
 decode step through its static cache against transformers recomputing the whole sequence, and the
 greedy tokens of generate(); GQA and MHA, ReLU and SiLU, tied and untied heads. Unsupported
 configurations are refused with the reason."""
-import importlib.util
-import os
-
 import pytest
+
+from bench_script import load_bench
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-PATH = os.path.join(HERE, "..", "..", "bench", "model", "fast_llama.py")
-
 
 def load():
-    spec = importlib.util.spec_from_file_location("fast_llama", PATH)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_bench("model/fast_llama")
 
 
 def tiny(act="relu", kv_heads=2, tied=False, seed=0, **extra):

@@ -1,20 +1,14 @@
 """The multi-GPU benchmark scripts' arithmetic (bench/train/ranks_equal.py, scaling.py) on synthetic
 results: the equivalence bound passes what is within the one-rank runs' noise and fails what is
 not; the scaling table reads the median step, counts accumulated micro-batches and every GPU."""
-import importlib.util
-import os
 
 import pytest
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-BENCH = os.path.join(HERE, "..", "..", "bench", "train")
+from bench_script import load_bench
 
 
 def load(name):
-    spec = importlib.util.spec_from_file_location(name, os.path.join(BENCH, name + ".py"))
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_bench("train/" + name)
 
 
 def tel(losses, reinit=0):
