@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""Sums an ncu CSV of twell_probe_decode (one decode step per FFN path) kernel by kernel.
+"""Sums an ncu CSV of twell_probe_decode (one decode step per FFN path) or twell_probe_prefill (one
+prefill per FFN path) kernel by kernel.
 
     ncu --profile-from-start off --clock-control none \
         --metrics gpu__time_duration.sum,dram__bytes_read.sum --csv twell_probe_decode 2b > ncu.csv
@@ -8,7 +9,8 @@
 The profiled launches split into steps at each argmax kernel (the last kernel of a decode step):
 the first step is the dense FFN path's, the second the automatic path's. Per step and kernel name:
 launches, summed kernel time (µs), DRAM bytes read and the rate they were read at. ncu serialises
-the kernels, so the sum is kernel time alone, without the gaps between launches.
+the kernels, so the sum is kernel time alone, without the gaps between launches. --gemm-grids keeps
+cuBLASLt's GEMMs apart by grid size (one row per projection shape: QKV, O, gate/up, down, LM head).
 """
 import argparse
 import csv
@@ -61,10 +63,13 @@ def split_steps(launches):
     return steps
 
 
-def table(step, title):
+def table(step, title, gemm_grids=False):
     agg = OrderedDict()
     for k in step:
-        a = agg.setdefault(short(k["name"]), [0, 0.0, 0.0])
+        name = short(k["name"])
+        if gemm_grids and name == "cuBLASLt GEMM":
+            name += f" grid {k['grid']}"
+        a = agg.setdefault(name, [0, 0.0, 0.0])
         a[0] += 1
         a[1] += k.get("gpu__time_duration.sum", 0.0)
         a[2] += k.get("dram__bytes_read.sum", 0.0)
@@ -82,10 +87,11 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("csv")
     ap.add_argument("--md", help="also write the tables here")
+    ap.add_argument("--gemm-grids", action="store_true", help="a row per GEMM grid size (projection shape)")
     a = ap.parse_args()
     steps = split_steps(read(a.csv))
     titles = ["dense FFN path", "automatic (sparse) path"]
-    out = "\n".join(table(s, titles[i] if i < len(titles) else f"step {i}") for i, s in enumerate(steps))
+    out = "\n".join(table(s, titles[i] if i < len(titles) else f"step {i}", a.gemm_grids) for i, s in enumerate(steps))
     print(out)
     if a.md:
         with open(a.md, "w", encoding="utf-8") as f:

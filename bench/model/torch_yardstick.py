@@ -160,6 +160,10 @@ def main():
     ap.add_argument("--skip-prefill", action="store_true", help="only the decode phases")
     ap.add_argument("--decode-compile-mode", default="reduce-overhead", help="torch.compile mode of the decode step")
     ap.add_argument("--skip-fast", action="store_true", help="leave out the lean body (bench/model/fast_llama.py)")
+    ap.add_argument("--fast-modes", default="reduce-overhead",
+                    help="comma-separated torch.compile modes for the lean body's decode step, one row each "
+                         "(e.g. reduce-overhead,max-autotune: the second autotunes the GEMVs' kernels with "
+                         "coordinate-descent tuning, as gpt-fast does; both replay CUDA graphs)")
     a = ap.parse_args()
     if not torch.cuda.is_available():
         print("skipped: no CUDA device")
@@ -239,19 +243,25 @@ def main():
         report("decode b1 compile+graphs", rate, {"seconds_per_token": per, "mode": a.decode_compile_mode})
     except Exception as e:  # noqa: BLE001
         fail("decode b1 compile+graphs", e)
-    if not a.skip_fast:
+    for mode in ([] if a.skip_fast else [m for m in a.fast_modes.split(",") if m]):
+        name = "decode b1 fast compile+graphs" + ("" if mode == "reduce-overhead" else f" {mode}")
         try:
             torch._dynamo.reset()
+            torch._inductor.config.coordinate_descent_tuning = mode.startswith("max-autotune")
             fast = fast_model(model, a.context + a.decode_steps + 1, 1)
-            rate, per, fast_ids = fast_decode_rate(fast, prompt, a.decode_steps, a.reps, mode=a.decode_compile_mode)
+            rate, per, fast_ids = fast_decode_rate(fast, prompt, a.decode_steps, a.reps, mode=mode)
             same = int((fast_ids.cpu() == hf_ids.cpu()).cumprod(dim=1).sum())
-            report("decode b1 fast compile+graphs", rate,
-                   {"seconds_per_token": per, "mode": a.decode_compile_mode,
+            report(name, rate,
+                   {"seconds_per_token": per, "mode": mode,
                     "greedy_tokens_equal_to_transformers": f"{same} of {a.decode_steps} (leading)"})
-            print(f"  fast decode's greedy tokens: the first {same} of {a.decode_steps} equal transformers' eager",
+            print(f"  fast decode's greedy tokens ({mode}): the first {same} of {a.decode_steps} equal transformers' eager",
                   flush=True)
+            del fast
+            torch.cuda.empty_cache()
         except Exception as e:  # noqa: BLE001
-            fail("decode b1 fast compile+graphs", e)
+            fail(name, e)
+        finally:
+            torch._inductor.config.coordinate_descent_tuning = False
     return 0
 
 

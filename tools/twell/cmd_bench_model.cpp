@@ -284,7 +284,7 @@ int run_bench_model(BenchModelArgs& a) {
                dense->programmatic_launch() ? "on"
                : a.runtime.programmatic_launch     ? "off (this GPU or build does not take them)"
                                            : "off (--no-pdl)");
-    fmt::print("fused one-row decode (--fused-decode): {}\n", dense->fused_decode() ? "on" : "off");
+    fmt::print("fused one-row decode (off: --no-fused-decode): {}\n", dense->fused_decode() ? "on" : "off");
   }
   fmt::print("(both runtimes run the same attention, norms and LM head; only the FFN path differs. Decode steps include\n"
              " the greedy pick and its copy back to the host, as a user's generation does. Energy: the whole GPU's NVML\n"

@@ -11,8 +11,8 @@ inline void add_runtime_flags(CLI::App* sub, model::RuntimeOptions& o) {
   sub->add_flag("!--no-cuda-graphs", o.cuda_graphs, "GPU: launch decode steps kernel by kernel (default: replay CUDA graphs)");
   sub->add_flag("!--no-cudnn-attention", o.cudnn_attention,
                 "GPU: prefill attention by twell's own tensor-core kernel even where cuDNN's fused SDPA is built in");
-  sub->add_flag("--fused-decode", o.fused_decode,
-                "GPU, an experiment: one kernel for a one-row step's attention norm, QKV, RoPE and cache store");
+  sub->add_flag("!--no-fused-decode", o.fused_decode,
+                "GPU: a one-row step's attention norm, QKV, RoPE and cache store as separate kernels (default: one)");
   sub->add_flag("!--no-pdl", o.programmatic_launch,
                 "GPU (Hopper): launch the runtime's own kernels plainly (default: programmatic dependent launches)");
 }

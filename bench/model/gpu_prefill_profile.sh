@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# Where an 8 × 512 prefill's time goes, twell against PyTorch's best, kernel by kernel, in one call on
+# the GPU machine (issue 27's prefill targets): one synthetic checkpoint; twell_probe_prefill on it
+# under ncu (kernel time and DRAM bytes per kernel, dense and automatic FFN paths; GEMMs apart by
+# grid), summed by bench/model/decode_profile.py; the lean compiled PyTorch body's prefill under
+# torch.profiler (bench/model/torch_prefill_profile.py).
+#   [BUILD=build/gpu] [OUT=…] [PREFILL_BATCH=8 PREFILL_LEN=512] bash bench/model/gpu_prefill_profile.sh [CONFIG [DENSITY]]
+# Needs a built twell (twell, twell_probe_prefill). Writes prefill-profile-twell.md,
+# prefill-profile-torch.md and the logs under $OUT. ≈ 4 minutes at 2B on an H100 after the build.
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+BUILD=${BUILD:-build/gpu}
+OUT=${OUT:-build/prefill-profile-out}
+CONFIG=${1:-2b}
+DENSITY=${2:-0.005}
+PB=${PREFILL_BATCH:-8}
+PL=${PREFILL_LEN:-512}
+mkdir -p "$OUT"
+M=/tmp/twell-yardstick-$CONFIG  # shared with gpu_decode_yardstick.sh: made once per machine
+t0=$(date +%s)
+if [ ! -f "$M/config.json" ]; then
+  rm -rf "$M"
+  "$BUILD/tools/twell/twell" gen model --config "$CONFIG" --density "$DENSITY" --out "$M" > "$OUT/gen.log" 2>&1 ||
+    { echo "gpu_prefill_profile: twell gen model failed"; tail -5 "$OUT/gen.log"; exit 1; }
+fi
+echo "checkpoint: $(( $(date +%s) - t0 )) s"
+PROBE="$BUILD/bench/cuda/twell_probe_prefill"
+[ -x "$PROBE" ] || { echo "gpu_prefill_profile: no $PROBE (is cuDNN/the model runtime built?)"; exit 1; }
+t0=$(date +%s)
+"$PROBE" "$M" "$DENSITY" "$PB" "$PL" 3 > "$OUT/probe.log" 2>&1
+echo "probe rc=$? ($(( $(date +%s) - t0 )) s)"; cat "$OUT/probe.log" | grep -v "^probe_prefill:"
+NCU=$(command -v ncu || ls /usr/local/cuda/bin/ncu 2>/dev/null || true)
+if [ -n "$NCU" ]; then
+  t0=$(date +%s)
+  timeout 300 "$NCU" --profile-from-start off --clock-control none \
+    --metrics gpu__time_duration.sum,dram__bytes_read.sum --csv "$PROBE" "$M" "$DENSITY" "$PB" "$PL" 1 \
+    > "$OUT/ncu.csv" 2> "$OUT/ncu.err"
+  echo "ncu rc=$? ($(( $(date +%s) - t0 )) s)"
+  python3 bench/model/decode_profile.py "$OUT/ncu.csv" --gemm-grids --md "$OUT/prefill-profile-twell.md" | head -60
+else
+  echo "gpu_prefill_profile: no ncu on this machine"
+fi
+t0=$(date +%s)
+python3 bench/model/torch_prefill_profile.py "$M" --batch "$PB" --len "$PL" --md "$OUT/prefill-profile-torch.md" \
+  > "$OUT/torch-profile.log" 2>&1
+echo "torch profile rc=$? ($(( $(date +%s) - t0 )) s)"
+cat "$OUT/prefill-profile-torch.md" 2>/dev/null || tail -20 "$OUT/torch-profile.log"
