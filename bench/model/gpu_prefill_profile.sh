@@ -26,19 +26,21 @@ fi
 echo "checkpoint: $(( $(date +%s) - t0 )) s"
 PROBE="$BUILD/bench/cuda/twell_probe_prefill"
 [ -x "$PROBE" ] || { echo "gpu_prefill_profile: no $PROBE (is cuDNN/the model runtime built?)"; exit 1; }
-t0=$(date +%s)
-"$PROBE" "$M" "$DENSITY" "$PB" "$PL" 3 > "$OUT/probe.log" 2>&1
-echo "probe rc=$? ($(( $(date +%s) - t0 )) s)"; cat "$OUT/probe.log" | grep -v "^probe_prefill:"
 NCU=$(command -v ncu || ls /usr/local/cuda/bin/ncu 2>/dev/null || true)
+t0=$(date +%s)
 if [ -n "$NCU" ]; then
-  t0=$(date +%s)
+  # The probe's timed prefills run outside the profiled range, at full speed: its lines (before the
+  # CSV) are the wall-clock times.
   timeout 300 "$NCU" --profile-from-start off --clock-control none \
-    --metrics gpu__time_duration.sum,dram__bytes_read.sum --csv "$PROBE" "$M" "$DENSITY" "$PB" "$PL" 1 \
+    --metrics gpu__time_duration.sum,dram__bytes_read.sum --csv "$PROBE" "$M" "$DENSITY" "$PB" "$PL" 3 \
     > "$OUT/ncu.csv" 2> "$OUT/ncu.err"
-  echo "ncu rc=$? ($(( $(date +%s) - t0 )) s)"
+  echo "probe under ncu rc=$? ($(( $(date +%s) - t0 )) s)"
+  grep -E "^(dense|automatic) +prefill" "$OUT/ncu.csv"
   python3 bench/model/decode_profile.py "$OUT/ncu.csv" --gemm-grids --md "$OUT/prefill-profile-twell.md" | head -60
 else
-  echo "gpu_prefill_profile: no ncu on this machine"
+  "$PROBE" "$M" "$DENSITY" "$PB" "$PL" 3 > "$OUT/probe.log" 2>&1
+  echo "probe rc=$? ($(( $(date +%s) - t0 )) s; no ncu on this machine: times only)"
+  grep -v "^probe_prefill:" "$OUT/probe.log"
 fi
 t0=$(date +%s)
 python3 bench/model/torch_prefill_profile.py "$M" --batch "$PB" --len "$PL" --md "$OUT/prefill-profile-torch.md" \

@@ -355,5 +355,107 @@ TEST(ModelOps, RmsnormProjectWithRopeIsNormGemvRope) {
   }
 }
 
+// rope_store_kv against a host reference, bit for bit: many rows of three sequences at scattered
+// positions, every layer's cache slots compared whole (a write to a wrong slot, head or layer
+// shows), q rotated in place, k rotated into the cache (and into qkv with k_in_place), v copied.
+// Shapes for both kernels: head_dim a multiple of 16 (16-byte accesses) and not (2 bytes a thread),
+// and a qkv pointer off 16-byte alignment, which must fall back to the 2-byte kernel, same bits.
+TEST(ModelOps, RopeStoreKvMatchesHost) {
+  TWELL_REQUIRE_GPU();
+  Rng rng(fresh_seed());
+  struct Case {
+    int heads, kv_heads, d, rows;
+    bool k_in_place, misaligned;
+  };
+  for (const Case cs : {Case{32, 32, 64, 300, true, false}, Case{8, 2, 128, 129, false, false}, Case{4, 1, 16, 37, true, false},
+                        Case{3, 1, 6, 50, false, false}, Case{2, 2, 8, 20, true, false}, Case{2, 1, 2, 5, false, false},
+                        Case{4, 2, 64, 33, true, true}}) {
+    SCOPED_TRACE(::testing::Message() << "heads " << cs.heads << "/" << cs.kv_heads << " d " << cs.d << " rows " << cs.rows
+                                      << (cs.k_in_place ? " k in place" : "") << (cs.misaligned ? " misaligned" : ""));
+    const int half = cs.d / 2, q_dim = cs.heads * cs.d, kv_dim = cs.kv_heads * cs.d, width = q_dim + 2 * kv_dim;
+    const int seqs = 3, layers = 2, layer = 1, capacity = cs.rows / seqs + 40;
+    std::vector<float> cos_t(static_cast<std::size_t>(capacity * half)), sin_t(cos_t.size());
+    for (int p = 0; p < capacity; ++p)
+      for (int i = 0; i < half; ++i) {
+        const double a = p * std::pow(10000.0, -2.0 * i / cs.d);
+        cos_t[static_cast<std::size_t>(p * half + i)] = static_cast<float>(std::cos(a));
+        sin_t[static_cast<std::size_t>(p * half + i)] = static_cast<float>(std::sin(a));
+      }
+    const std::size_t cache_elems = static_cast<std::size_t>(layers) * capacity * kv_dim;
+    std::vector<std::vector<bf16>> kc(seqs), vc(seqs);
+    for (int q = 0; q < seqs; ++q) {
+      kc[static_cast<std::size_t>(q)] = random_bf16(rng, cache_elems);  // prefilled: a stray write shows
+      vc[static_cast<std::size_t>(q)] = random_bf16(rng, cache_elems);
+    }
+    std::vector<DeviceBuffer<__nv_bfloat16>> dk, dv;
+    for (int q = 0; q < seqs; ++q) {
+      dk.push_back(upload<__nv_bfloat16>(kc[static_cast<std::size_t>(q)]));
+      dv.push_back(upload<__nv_bfloat16>(vc[static_cast<std::size_t>(q)]));
+    }
+    // Row r: sequence r % 3 at position 7 + r / 3 (distinct slots, rows of a sequence interleaved).
+    std::vector<cuda::ops::RowKv> rows(static_cast<std::size_t>(cs.rows));
+    for (int r = 0; r < cs.rows; ++r) {
+      auto& rk = rows[static_cast<std::size_t>(r)];
+      rk.k = dk[static_cast<std::size_t>(r % seqs)].get();
+      rk.v = dv[static_cast<std::size_t>(r % seqs)].get();
+      rk.layer_stride = static_cast<std::int64_t>(capacity) * kv_dim;
+      rk.pos = 7 + r / seqs;
+    }
+    const std::vector<bf16> qkv0 = random_bf16(rng, static_cast<std::size_t>(cs.rows) * width);
+    // Host reference: each product and sum rounded to fp32 on its own (rope_pair's contract).
+    auto rounded = [](float v) {
+      volatile float r = v;
+      return static_cast<float>(r);
+    };
+    std::vector<bf16> want_qkv = qkv0;
+    std::vector<std::vector<bf16>> want_k = kc, want_v = vc;
+    for (int r = 0; r < cs.rows; ++r) {
+      const auto& rk = rows[static_cast<std::size_t>(r)];
+      bf16* row = want_qkv.data() + static_cast<std::size_t>(r) * width;
+      const bf16* in = qkv0.data() + static_cast<std::size_t>(r) * width;
+      const std::size_t slot = (static_cast<std::size_t>(layer) * capacity + static_cast<std::size_t>(rk.pos)) * kv_dim;
+      for (int h = 0; h < cs.heads + cs.kv_heads; ++h) {
+        const bool is_q = h < cs.heads;
+        const int off = is_q ? h * cs.d : q_dim + (h - cs.heads) * cs.d;
+        for (int i = 0; i < half; ++i) {
+          const float x1 = to_float(in[off + i]), x2 = to_float(in[off + i + half]);
+          const float c = cos_t[static_cast<std::size_t>(rk.pos * half + i)], sn = sin_t[static_cast<std::size_t>(rk.pos * half + i)];
+          const bf16 o1 = to_bf16(rounded(rounded(x1 * c) - rounded(x2 * sn)));
+          const bf16 o2 = to_bf16(rounded(rounded(x2 * c) + rounded(x1 * sn)));
+          if (is_q || cs.k_in_place) {
+            row[off + i] = o1;
+            row[off + i + half] = o2;
+          }
+          if (!is_q) {
+            bf16* dst = want_k[static_cast<std::size_t>(r % seqs)].data() + slot + (h - cs.heads) * cs.d;
+            dst[i] = o1;
+            dst[i + half] = o2;
+          }
+        }
+      }
+      for (int e = 0; e < kv_dim; ++e) want_v[static_cast<std::size_t>(r % seqs)][slot + static_cast<std::size_t>(e)] = in[q_dim + kv_dim + e];
+    }
+    // The device call (one element in front of qkv when misaligned).
+    const std::size_t lead = cs.misaligned ? 1 : 0;
+    std::vector<bf16> padded(lead, bf16{});
+    padded.insert(padded.end(), qkv0.begin(), qkv0.end());
+    auto dqkv = upload<__nv_bfloat16>(padded);
+    auto drows = upload(rows);
+    auto dcos = upload(cos_t), dsin = upload(sin_t);
+    cuda::ops::rope_store_kv(dqkv.get() + lead, cs.rows, cs.heads, cs.kv_heads, cs.d, dcos.get(), dsin.get(), drows.get(),
+                             layer, nullptr, cs.k_in_place);
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    const auto got = download<bf16>(dqkv);
+    EXPECT_EQ(std::memcmp(got.data() + lead, want_qkv.data(), want_qkv.size() * sizeof(bf16)), 0) << "qkv";
+    for (int q = 0; q < seqs; ++q) {
+      const auto gk = download<bf16>(dk[static_cast<std::size_t>(q)]), gv = download<bf16>(dv[static_cast<std::size_t>(q)]);
+      EXPECT_EQ(std::memcmp(gk.data(), want_k[static_cast<std::size_t>(q)].data(), cache_elems * sizeof(bf16)), 0)
+          << "k cache of sequence " << q;
+      EXPECT_EQ(std::memcmp(gv.data(), want_v[static_cast<std::size_t>(q)].data(), cache_elems * sizeof(bf16)), 0)
+          << "v cache of sequence " << q;
+    }
+  }
+}
+
 }  // namespace
 }  // namespace twell::test

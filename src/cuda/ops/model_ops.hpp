@@ -59,7 +59,10 @@ void rmsnorm_project(const float* x, const __nv_bfloat16* delta, std::int64_t k,
 // qkv [T, Q + 2·KV] bf16 (q | k | v per row): RoPE (rotate_half; cos/sin from the table
 // [max_pos, d/2] fp32 at the row's position) on q in place and on k, which goes with v into the
 // row's cache for `layer` (and, with k_in_place, back into qkv too: for an attention that reads
-// the call's keys from qkv).
+// the call's keys from qkv). With d a multiple of 16 and qkv and the tables 16-byte aligned it moves
+// 16 bytes a thread, and then each RowKv's k and v (and layer_stride, in bytes) must keep 16-byte
+// alignment too, as attention() needs (cudaMalloc'd caches do; a misaligned one is a CUDA error,
+// not a wrong result); else 2 bytes a thread. The same bits either way.
 void rope_store_kv(__nv_bfloat16* qkv, std::int64_t rows, std::int64_t heads, std::int64_t kv_heads, std::int64_t d,
                    const float* cos_table, const float* sin_table, const RowKv* rows_kv, std::int64_t layer,
                    cudaStream_t stream, bool k_in_place = false);
