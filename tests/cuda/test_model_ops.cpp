@@ -188,8 +188,9 @@ TEST(ModelOps, ArgmaxMatchesHostAndFlagsNonFinite) {
 TEST(ModelOps, AddRmsnormIsResidualAddThenRmsnorm) {
   TWELL_REQUIRE_GPU();
   Rng rng(fresh_seed());
-  // k = 4104: rows past the registers' 4096 (norm_row's streamed path, with one delta and two).
-  for (auto [rows, k] : {std::pair<int, int>{1, 2048}, {3, 576}, {17, 1000}, {2, 1}, {2, 4104}}) {
+  // k = 4104: rows past the registers' 4096 (norm_row's streamed path, with one delta and two);
+  // k = 1002 and 1: held rows element by element (k % 4 != 0); the rest 4 elements a load.
+  for (auto [rows, k] : {std::pair<int, int>{1, 2048}, {3, 576}, {17, 1000}, {2, 1}, {2, 4104}, {5, 1002}, {4096, 2048}}) {
     std::vector<float> x(static_cast<std::size_t>(rows * k)), w(static_cast<std::size_t>(k));
     for (auto& e : x) e = static_cast<float>(rng.normal() * 3);
     for (auto& e : w) e = static_cast<float>(rng.normal());
@@ -234,6 +235,11 @@ TEST(ModelOps, AddRmsnormIsResidualAddThenRmsnorm) {
     const auto hy3 = download<bf16>(y3), hy4 = download<bf16>(y4);
     EXPECT_EQ(std::memcmp(hx3.data(), hx4.data(), hx3.size() * sizeof(float)), 0) << rows << "x" << k << " (first)";
     EXPECT_EQ(std::memcmp(hy3.data(), hy4.data(), hy3.size() * sizeof(bf16)), 0) << rows << "x" << k << " (first)";
+    // Rows read 4 elements a load need aligned buffers: an offset x is refused, not misread.
+    if (k % 4 == 0 && k <= 4096) {
+      EXPECT_THROW(cuda::ops::add_rmsnorm(x2.get() + 1, dd.get(), 1, k, dw.get(), 1e-5f, y2.get(), nullptr), Error)
+          << rows << "x" << k;
+    }
   }
 }
 

@@ -1,4 +1,4 @@
-// rmsnorm: y = bf16(x / sqrt(mean(x²) + eps) ⊙ w), one block per row, fp32 sums.
+// rmsnorm: y = bf16(x / sqrt(mean(x²) + eps) ⊙ w), one block per row, fp32 sums (norm_row.cuh).
 #include "cuda/common/check.hpp"
 #include "cuda/common/launch.cuh"
 #include "cuda/ops/model_ops.hpp"
@@ -10,7 +10,7 @@ namespace {
 using detail::kNormThreads;
 using detail::norm_row;
 
-__global__ void __launch_bounds__(kNormThreads) rmsnorm_kernel(const float* x, const std::int32_t* row_index,
+__global__ void __launch_bounds__(kNormThreads, 1) rmsnorm_kernel(const float* x, const std::int32_t* row_index,
                                                                std::int64_t k, const float* w, float eps,
                                                                __nv_bfloat16* y) {
   dev::pdl_begin();
@@ -21,7 +21,7 @@ __global__ void __launch_bounds__(kNormThreads) rmsnorm_kernel(const float* x, c
 
 // residual adds then rmsnorm of the same rows in one pass: x[i] += first[i] (if any), += delta[i];
 // y[i] = rmsnorm(x[i]).
-__global__ void __launch_bounds__(kNormThreads) add_rmsnorm_kernel(float* x, const __nv_bfloat16* first,
+__global__ void __launch_bounds__(kNormThreads, 1) add_rmsnorm_kernel(float* x, const __nv_bfloat16* first,
                                                                    const __nv_bfloat16* delta, std::int64_t k,
                                                                    const float* w, float eps, __nv_bfloat16* y) {
   dev::pdl_begin();
@@ -36,6 +36,8 @@ void add_rmsnorm(float* x, const __nv_bfloat16* delta, std::int64_t rows, std::i
   TWELL_CU_REQUIRE(rows > 0 && rows < (1ll << 31) && k > 0, ErrorCode::invalid_argument, "add_rmsnorm: bad shape [{}, {}]",
                    rows, k);
   TWELL_CU_REQUIRE(delta, ErrorCode::invalid_argument, "add_rmsnorm: null delta");
+  TWELL_CU_REQUIRE(detail::norm_row_aligned(k, x, w, first, delta, y), ErrorCode::invalid_argument,
+                   "add_rmsnorm: rows of k = {} need x and w 16-byte aligned, the deltas and y 8-byte aligned", k);
   launch_kernel(add_rmsnorm_kernel, dim3(static_cast<unsigned>(rows)), dim3(kNormThreads), 0, stream, x, first, delta, k, w,
                 eps, y);
   TWELL_CUDA_CHECK_LAUNCH("add_rmsnorm_kernel");
@@ -44,6 +46,8 @@ void add_rmsnorm(float* x, const __nv_bfloat16* delta, std::int64_t rows, std::i
 void rmsnorm(const float* x, const std::int32_t* row_index, std::int64_t rows, std::int64_t k, const float* w, float eps,
              __nv_bfloat16* y, cudaStream_t stream) {
   TWELL_CU_REQUIRE(rows > 0 && rows < (1ll << 31) && k > 0, ErrorCode::invalid_argument, "rmsnorm: bad shape [{}, {}]", rows, k);
+  TWELL_CU_REQUIRE(detail::norm_row_aligned(k, x, w, nullptr, nullptr, y), ErrorCode::invalid_argument,
+                   "rmsnorm: rows of k = {} need x and w 16-byte aligned and y 8-byte aligned", k);
   launch_kernel(rmsnorm_kernel, dim3(static_cast<unsigned>(rows)), dim3(kNormThreads), 0, stream, x, row_index, k, w, eps,
                 y);
   TWELL_CUDA_CHECK_LAUNCH("rmsnorm_kernel");

@@ -178,6 +178,8 @@ void rmsnorm_project(const float* x, const __nv_bfloat16* delta, std::int64_t k,
                    ErrorCode::unsupported,
                    "rmsnorm_project: needs K a multiple of 8 ≤ {} (got {}), n ≥ 1 (got {}), 16-byte aligned W", kGemvMaxK,
                    k, n);
+  TWELL_CU_REQUIRE(detail::norm_row_aligned(k, x, w, delta, nullptr, nullptr), ErrorCode::invalid_argument,
+                   "rmsnorm_project: x and w must be 16-byte aligned and delta 8-byte aligned");
   if (rope)
     TWELL_CU_REQUIRE(rope->rows_kv && rope->cos && rope->sin && rope->heads > 0 && rope->kv_heads > 0 && rope->d > 0 &&
                          rope->d % 2 == 0 && n == static_cast<std::int64_t>(rope->heads + 2 * rope->kv_heads) * rope->d,
