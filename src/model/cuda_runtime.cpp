@@ -317,6 +317,7 @@ class CudaRuntime final : public Runtime {
     sh.R = R;
     sh.max_keys = max_keys;
     sh.blocks = flash ? static_cast<std::int64_t>(blocks.size()) : 0;
+    sh.one_token = T == static_cast<std::int64_t>(steps.size());
     // Every kernel the forward enqueues below (and a decode step's graph captures) through
     // launch_kernel is a programmatic dependent launch while this lives (RuntimeOptions::programmatic_launch).
     const cuda::ProgrammaticLaunch programmatic(programmatic_);
@@ -346,6 +347,7 @@ class CudaRuntime final : public Runtime {
     std::int64_t T = 0, R = 0, max_keys = 0, blocks = 0;
     bool cudnn = false;  // attention by cuDNN (sequences seq_row0_ / seq_len_), flash blocks the fallback
     std::int64_t pad_rows = 0;  // rows of qkv_ and att_ past T that cuDNN's padded extents may touch
+    bool one_token = false;     // every step one token: each row's earlier keys come from earlier calls
   };
 
   // Grows every scratch buffer a call of shape `sh` writes (before a capture: none may grow inside).
@@ -419,7 +421,8 @@ class CudaRuntime final : public Runtime {
         cuda::ops::flash_attention(qkv, sh.blocks, c.num_heads, c.num_kv_heads, c.head_dim, blocks_.get(), rows_.get(),
                                    l, att, stream_);
       else
-        cuda::ops::attention(qkv, T, c.num_heads, c.num_kv_heads, c.head_dim, rows_.get(), l, sh.max_keys, att, stream_);
+        cuda::ops::attention(qkv, T, c.num_heads, c.num_kv_heads, c.head_dim, rows_.get(), l, sh.max_keys, att, stream_,
+                             sh.one_token);
       project(L.wo.get(), att, T, K, Q, tmp);
       cuda::ops::add_rmsnorm(x, tmp, T, K, L.ffn_norm.get(), eps, xn, stream_, pending);
       pending = nullptr;

@@ -9,6 +9,7 @@
 #include <type_traits>
 
 #include "cuda/common/device_buffer.hpp"
+#include "cuda/common/launch.hpp"
 #include "cuda/ops/model_ops.hpp"
 #include "cuda/sm80/twell_gemv.hpp"
 #include "cuda_test_util.hpp"
@@ -155,6 +156,69 @@ TEST(ModelOps, AttentionKernelsMatchFloat64) {
   }
 }
 
+
+// A decode step's attention (every row its sequence's one new token) with old_keys_ready loads the
+// keys below each row's position before waiting for the kernel before it; the row's own key and
+// value must still be read after. Here that kernel is rope_store_kv writing them, launched
+// programmatically just before (on sm_90; elsewhere plainly), against the same two ops without the
+// flag or programmatic launches: bit for bit, at positions around the first loop step's ends (255,
+// 256, the V step's 64 / 128 keys), head_dim 64 and 128, GQA and MHA.
+TEST(ModelOps, DecodeAttentionReadsOldKeysEarlyAndTheNewOneAfter) {
+  TWELL_REQUIRE_GPU();
+  Rng rng(fresh_seed());
+  struct Case {
+    int heads, kv_heads, d;
+  };
+  const std::vector<int> positions = {0, 1, 63, 64, 127, 128, 129, 255, 256, 300, 700};
+  for (const Case cs : {Case{4, 2, 64}, Case{8, 8, 64}, Case{4, 1, 128}, Case{2, 2, 128}}) {
+    SCOPED_TRACE(::testing::Message() << "heads " << cs.heads << "/" << cs.kv_heads << " d " << cs.d);
+    const int Q = cs.heads * cs.d, KV = cs.kv_heads * cs.d, ld = Q + 2 * KV, half = cs.d / 2;
+    const int layers = 2, layer = 1, T = static_cast<int>(positions.size());
+    int cap = 0;
+    for (int p : positions) cap = std::max(cap, p + 1);
+    std::vector<float> cos_t(static_cast<std::size_t>(cap * half)), sin_t(cos_t.size());
+    for (int p = 0; p < cap; ++p)
+      for (int i = 0; i < half; ++i) {
+        const double a = p * std::pow(10000.0, -2.0 * i / cs.d);
+        cos_t[static_cast<std::size_t>(p * half + i)] = static_cast<float>(std::cos(a));
+        sin_t[static_cast<std::size_t>(p * half + i)] = static_cast<float>(std::sin(a));
+      }
+    auto dcos = upload(cos_t), dsin = upload(sin_t);
+    const auto qkv_h = random_bf16(rng, static_cast<std::size_t>(T) * ld);
+    std::vector<std::vector<bf16>> kh, vh;
+    for (int r = 0; r < T; ++r) {  // one sequence a row; its cache full of other values
+      kh.push_back(random_bf16(rng, static_cast<std::size_t>(layers) * cap * KV));
+      vh.push_back(random_bf16(rng, kh.back().size()));
+    }
+    std::vector<__nv_bfloat16> outs[2];
+    for (int run = 0; run < 2; ++run) {
+      const bool early = run == 1;
+      std::vector<DeviceBuffer<__nv_bfloat16>> kb, vb;
+      std::vector<cuda::ops::RowKv> rows;
+      for (int r = 0; r < T; ++r) {
+        kb.push_back(upload<__nv_bfloat16>(kh[static_cast<std::size_t>(r)]));
+        vb.push_back(upload<__nv_bfloat16>(vh[static_cast<std::size_t>(r)]));
+        rows.push_back({kb.back().get(), vb.back().get(), static_cast<std::int64_t>(cap) * KV,
+                        positions[static_cast<std::size_t>(r)], 0});
+      }
+      auto qkv = upload<__nv_bfloat16>(qkv_h);
+      auto d_rows = upload(rows);
+      DeviceBuffer<__nv_bfloat16> out(static_cast<std::size_t>(T) * Q);
+      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+      {
+        const cuda::ProgrammaticLaunch programmatic(early && cuda::programmatic_launch_supported());
+        cuda::ops::rope_store_kv(qkv.get(), T, cs.heads, cs.kv_heads, cs.d, dcos.get(), dsin.get(), d_rows.get(), layer,
+                                 nullptr);
+        cuda::ops::attention(qkv.get(), T, cs.heads, cs.kv_heads, cs.d, d_rows.get(), layer, cap, out.get(), nullptr,
+                             early);
+      }
+      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+      outs[run].resize(out.size());
+      ASSERT_EQ(cudaMemcpy(outs[run].data(), out.get(), out.bytes(), cudaMemcpyDeviceToHost), cudaSuccess);
+    }
+    EXPECT_EQ(std::memcmp(outs[0].data(), outs[1].data(), outs[0].size() * sizeof(__nv_bfloat16)), 0);
+  }
+}
 
 // argmax: the lowest index of each row's largest value, as std::max_element on the host; a row
 // holding NaN or an infinity gives −1.

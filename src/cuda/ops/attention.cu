@@ -117,18 +117,46 @@ __global__ void __launch_bounds__(kWarps * 32) attention_kernel(const __nv_bfloa
 // loads issued together. P·V: lanes in groups of L = D/8, each lane 8 dims (16 bytes) of a key's V
 // row, G = 32/L keys per warp instruction, kUnroll instructions in flight per step; the G groups
 // are summed by shuffles, then the warps through shared memory.
+// old_keys_ready (a decode step: every row is its sequence's one new token, so every key before a
+// row's own position was written by an earlier call): the first loop step's K and V rows below the
+// row's position are loaded before the kernel waits for the one before it (programmatic launches;
+// the step's QKV projection still runs then), the row's own key and value after. The same values in
+// the same order either way, so the same bits.
 template <int D>
 __global__ void __launch_bounds__(kWarps * 32) attention_kernel_d(const __nv_bfloat16* qkv, std::int64_t heads,
                                                                   std::int64_t kv_heads, const RowKv* rows_kv,
-                                                                  std::int64_t layer, float scale, __nv_bfloat16* out) {
+                                                                  std::int64_t layer, float scale, __nv_bfloat16* out,
+                                                                  bool old_keys_ready) {
   constexpr int L = D / 8, G = 32 / L, kUnroll = 4, kStep = kWarps * G;  // keys per loop step of all warps
-  dev::pdl_begin();
   extern __shared__ float smem[];
   const std::int64_t r = blockIdx.x, h = blockIdx.y;
   const std::int64_t q_dim = heads * D, kv_dim = kv_heads * D, kvh = h / (heads / kv_heads);
-  const RowKv info = rows_kv[r];
-  const int n = info.pos + 1;
   const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
+  const int g = lane / L, c = lane % L;  // P·V: this lane's key group g, dims [8c, 8c + 8)
+  // Before the wait (old_keys_ready only): rows_kv was copied in before the step's first kernel, and
+  // keys t < pos by earlier calls. pre_k: this thread's first key row; pre_v: its first V step.
+  RowKv info{};
+  uint4 pre_k[L], pre_v[kUnroll];
+  int pre_below = 0;  // keys below this position were loaded early (0: none)
+  if (old_keys_ready) {
+    info = rows_kv[r];
+    pre_below = info.pos;
+    const __nv_bfloat16* kc0 = info.k + layer * info.layer_stride + kvh * D;
+    const __nv_bfloat16* vc0 = info.v + layer * info.layer_stride + kvh * D;
+    const int t = static_cast<int>(threadIdx.x);
+    const uint4* kr = reinterpret_cast<const uint4*>(kc0 + static_cast<std::int64_t>(t) * kv_dim);
+#pragma unroll
+    for (int j = 0; j < L; ++j) pre_k[j] = t < pre_below ? kr[j] : make_uint4(0, 0, 0, 0);
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int tv = warp * G + g + u * kStep;
+      pre_v[u] = tv < pre_below ? reinterpret_cast<const uint4*>(vc0 + static_cast<std::int64_t>(tv) * kv_dim)[c]
+                                : make_uint4(0, 0, 0, 0);
+    }
+  }
+  dev::pdl_begin();
+  if (!old_keys_ready) info = rows_kv[r];
+  const int n = info.pos + 1;
   float* q = smem;                 // [D] the query, pre-scaled
   float* part = q + D;             // [kWarps, D] per-warp output sums
   float* red = part + kWarps * D;  // [kWarps] reductions
@@ -143,17 +171,18 @@ __global__ void __launch_bounds__(kWarps * 32) attention_kernel_d(const __nv_bfl
   for (int t = static_cast<int>(threadIdx.x); t < n; t += kWarps * 32) {
     const uint4* kr = reinterpret_cast<const uint4*>(kc + static_cast<std::int64_t>(t) * kv_dim);
     uint4 raw[L];
+    const bool early = t < pre_below && t == static_cast<int>(threadIdx.x);
 #pragma unroll
-    for (int c = 0; c < L; ++c) raw[c] = kr[c];
+    for (int j = 0; j < L; ++j) raw[j] = early ? pre_k[j] : kr[j];
     float s = 0.0f;
 #pragma unroll
-    for (int c = 0; c < L; ++c) {
-      const auto* p2 = reinterpret_cast<const __nv_bfloat162*>(&raw[c]);
+    for (int j = 0; j < L; ++j) {
+      const auto* p2 = reinterpret_cast<const __nv_bfloat162*>(&raw[j]);
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const float2 f = __bfloat1622float2(p2[e]);
-        s += q[8 * c + 2 * e] * f.x;
-        s += q[8 * c + 2 * e + 1] * f.y;
+        s += q[8 * j + 2 * e] * f.x;
+        s += q[8 * j + 2 * e + 1] * f.y;
       }
     }
     score[t] = s;
@@ -161,16 +190,19 @@ __global__ void __launch_bounds__(kWarps * 32) attention_kernel_d(const __nv_bfl
   }
   const float sum = softmax_in_place(score, n, mx, red);  // also publishes every score
 
-  const int g = lane / L, c = lane % L;  // this lane: key group g, dims [8c, 8c + 8)
   float acc[8] = {};
-  for (int base = warp * G + g; base < n; base += kStep * kUnroll) {
+  const int first = warp * G + g;
+  for (int base = first; base < n; base += kStep * kUnroll) {
     uint4 raw[kUnroll];
     float p[kUnroll];
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
       const int t = base + u * kStep;
       p[u] = t < n ? score[t] : 0.0f;
-      raw[u] = t < n ? reinterpret_cast<const uint4*>(vc + static_cast<std::int64_t>(t) * kv_dim)[c] : make_uint4(0, 0, 0, 0);
+      const bool early = base == first && t < pre_below;
+      raw[u] = early    ? pre_v[u]
+               : t < n ? reinterpret_cast<const uint4*>(vc + static_cast<std::int64_t>(t) * kv_dim)[c]
+                       : make_uint4(0, 0, 0, 0);
     }
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
@@ -210,7 +242,7 @@ std::int64_t attention_max_keys(std::int64_t d) {
 
 void attention(const __nv_bfloat16* qkv, std::int64_t rows, std::int64_t heads, std::int64_t kv_heads, std::int64_t d,
                const RowKv* rows_kv, std::int64_t layer, std::int64_t max_keys, __nv_bfloat16* out,
-               cudaStream_t stream) {
+               cudaStream_t stream, bool old_keys_ready) {
   TWELL_CU_REQUIRE(rows > 0 && rows < (1ll << 31) && heads > 0 && heads < 65536 && kv_heads > 0 &&
                        heads % kv_heads == 0 && d > 0 && d <= kMaxD && max_keys > 0,
                    ErrorCode::invalid_argument, "attention: bad shape (rows {}, heads {}/{}, d {}, keys {})", rows,
@@ -233,9 +265,9 @@ void attention(const __nv_bfloat16* qkv, std::int64_t rows, std::int64_t heads, 
     launch_kernel(kernel, grid, dim3(kWarps * 32), smem, stream, qkv, args...);
   };
   if (d == 64)
-    launch(attention_kernel_d<64>, heads, kv_heads, rows_kv, layer, scale, out);
+    launch(attention_kernel_d<64>, heads, kv_heads, rows_kv, layer, scale, out, old_keys_ready);
   else if (d == 128)
-    launch(attention_kernel_d<128>, heads, kv_heads, rows_kv, layer, scale, out);
+    launch(attention_kernel_d<128>, heads, kv_heads, rows_kv, layer, scale, out, old_keys_ready);
   else
     launch(attention_kernel, heads, kv_heads, d, rows_kv, layer, scale, out);
   TWELL_CUDA_CHECK_LAUNCH("attention_kernel");

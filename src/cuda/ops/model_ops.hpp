@@ -73,9 +73,12 @@ void rope_store_kv(__nv_bfloat16* qkv, std::int64_t rows, std::int64_t heads, st
 // must be 16-byte aligned (cudaMalloc'd caches are; with d a multiple of 8 so are all their rows).
 // The most keys attention() takes at head_dim d on the current device (its scores sit in shared memory).
 std::int64_t attention_max_keys(std::int64_t d);
+// old_keys_ready: every row is its sequence's only new token in this call (a decode step), so the
+// keys before each row's position were written by earlier calls and head_dim 64 / 128 load the first
+// of them before waiting for the previous kernel (programmatic launches). Same bits either way.
 void attention(const __nv_bfloat16* qkv, std::int64_t rows, std::int64_t heads, std::int64_t kv_heads,
                std::int64_t d, const RowKv* rows_kv, std::int64_t layer, std::int64_t max_keys, __nv_bfloat16* out,
-               cudaStream_t stream);
+               cudaStream_t stream, bool old_keys_ready = false);
 
 // Prefill attention on tensor cores: the same function as attention() for the rows of `blocks`.
 // A block is up to 64 consecutive rows of one sequence (consecutive positions). head_dim 64 or 128.
