@@ -7,6 +7,7 @@
 #include <climits>
 #include <cmath>
 #include <map>
+#include <tuple>
 #include <unordered_map>
 #include <utility>
 #include <vector>
@@ -43,7 +44,9 @@ struct CudnnAttention::Impl {
     std::shared_ptr<fe::graph::Graph> graph;  // null: cuDNN refused this shape
     std::int64_t workspace = 0;
   };
-  std::map<std::pair<std::int64_t, std::int64_t>, Plan> plans;  // (sequences, longest) buckets
+  // (sequences, rows, ragged): ragged graphs per bucket of the longest sequence, with offsets and a
+  // padding mask; dense ones for b sequences of exactly s rows each, packed back to back.
+  std::map<std::tuple<std::int64_t, std::int64_t, bool>, Plan> plans;
   cuda::DeviceBuffer<std::int32_t> seq_len, ragged_qkv, ragged_o;
   cuda::DeviceBuffer<unsigned char> workspace;
   std::string refusal;                 // why cuDNN refused the latest shape it refused ("" if none)
@@ -55,8 +58,10 @@ struct CudnnAttention::Impl {
     if (handle) cudnnDestroy(handle);
   }
 
-  // Builds the graph for `b` sequences of at most `s` rows; a null graph where cuDNN refuses it.
-  Plan build(std::int64_t b, std::int64_t s) {
+  // Builds the graph for `b` sequences of at most `s` rows (ragged) or of exactly `s` rows each,
+  // sequence i at rows [i·s, (i + 1)·s) (not ragged: no offsets, no padding mask, the layout
+  // PyTorch's SDPA hands cuDNN); a null graph where cuDNN refuses it.
+  Plan build(std::int64_t b, std::int64_t s, bool ragged) {
     auto g = std::make_shared<fe::graph::Graph>();
     g->set_io_data_type(fe::DataType_t::BFLOAT16)
         .set_intermediate_data_type(fe::DataType_t::FLOAT)
@@ -71,12 +76,10 @@ struct CudnnAttention::Impl {
                            .set_data_type(fe::DataType_t::INT32));
     };
     auto packed = [&](const char* name, Uid uid, std::int64_t h, Uid ragged_uid, const char* ragged_name) {
-      return g->tensor(fe::graph::Tensor_attributes()
-                           .set_name(name)
-                           .set_uid(uid)
-                           .set_dim({b, h, s, d})
-                           .set_stride({s * row, d, row, 1})
-                           .set_ragged_offset(int_vec(ragged_name, ragged_uid, b + 1)));
+      auto t = fe::graph::Tensor_attributes().set_name(name).set_uid(uid).set_dim({b, h, s, d}).set_stride(
+          {s * row, d, row, 1});
+      if (ragged) t.set_ragged_offset(int_vec(ragged_name, ragged_uid, b + 1));
+      return g->tensor(t);
     };
     auto q = packed("q", kQ, heads, kRaggedQ, "ragged_q");
     auto k = packed("k", kK, kv_heads, kRaggedK, "ragged_k");
@@ -85,23 +88,20 @@ struct CudnnAttention::Impl {
                     .set_name("prefill")
                     .set_generate_stats(false)
                     .set_attn_scale(1.0f / std::sqrt(static_cast<float>(d)))
-                    .set_causal_mask(true)
-                    .set_padding_mask(true)
-                    .set_seq_len_q(int_vec("seq_len_q", kSeqLen, b))
-                    .set_seq_len_kv(int_vec("seq_len_kv", kSeqLenKv, b));
+                    .set_causal_mask(true);
+    if (ragged)
+      opts.set_padding_mask(true)
+          .set_seq_len_q(int_vec("seq_len_q", kSeqLen, b))
+          .set_seq_len_kv(int_vec("seq_len_kv", kSeqLenKv, b));
     auto outputs = g->sdpa(q, k, v, opts);
-    outputs[0]
-        ->set_output(true)
-        .set_uid(kO)
-        .set_dim({b, heads, s, d})
-        .set_stride({s * heads * d, d, heads * d, 1})
-        .set_ragged_offset(int_vec("ragged_o", kRaggedO, b + 1));
+    outputs[0]->set_output(true).set_uid(kO).set_dim({b, heads, s, d}).set_stride({s * heads * d, d, heads * d, 1});
+    if (ragged) outputs[0]->set_ragged_offset(int_vec("ragged_o", kRaggedO, b + 1));
     Plan p;
     // The first step that fails says why (kept for prefill_attention()'s report).
     const auto failed = [&](const char* step, fe::error_t e) {
       if (e.is_good()) return false;
-      refusal = std::string(step) + " for " + std::to_string(b) + " sequence(s) of ≤ " + std::to_string(s) +
-                " rows: " + e.get_message();
+      refusal = std::string(step) + " for " + std::to_string(b) + " sequence(s) of " + (ragged ? "≤ " : "") +
+                std::to_string(s) + " rows: " + e.get_message();
       return true;
     };
     if (failed("validate", g->validate()) || failed("build_operation_graph", g->build_operation_graph(handle)) ||
@@ -155,11 +155,27 @@ bool CudnnAttention::run(const __nv_bfloat16* qkv, std::span<const std::int64_t>
     last_row = std::max(last_row, row0[static_cast<std::size_t>(i)] + len[static_cast<std::size_t>(i)]);
   }
   if (longest <= 0 || last_row * row > INT_MAX) return false;  // int32 offsets
-  const std::int64_t b = n, s = bucket(longest, 64);
-  auto it = m.plans.find({b, s});
-  if (it == m.plans.end()) it = m.plans.emplace(std::make_pair(b, s), m.build(b, s)).first;
+  // Sequences of one length packed from row 0 (a batch of equal prompts): the plain layout.
+  bool uniform = true;
+  for (std::int64_t i = 0; i < n; ++i)
+    uniform = uniform && len[static_cast<std::size_t>(i)] == longest && row0[static_cast<std::size_t>(i)] == i * longest;
+  const std::int64_t b = n, s = uniform ? longest : bucket(longest, 64);
+  const auto key = std::make_tuple(b, s, !uniform);
+  auto it = m.plans.find(key);
+  if (it == m.plans.end()) it = m.plans.emplace(key, m.build(b, s, !uniform)).first;
   const Impl::Plan& plan = it->second;
   if (!plan.graph) return false;
+  if (m.workspace.size() < static_cast<std::size_t>(plan.workspace))
+    m.workspace.resize(static_cast<std::size_t>(plan.workspace));
+  auto* base = const_cast<__nv_bfloat16*>(qkv);  // cuDNN's variant pack takes void*; it only reads q, k, v
+  TWELL_CHECK(cudnnSetStream(m.handle, stream) == CUDNN_STATUS_SUCCESS, ErrorCode::cuda, "cudnnSetStream failed");
+  if (uniform) {
+    std::unordered_map<fe::graph::Tensor_attributes::uid_t, void*> pack = {
+        {kQ, base}, {kK, base + m.heads * m.d}, {kV, base + (m.heads + m.kv_heads) * m.d}, {kO, out}};
+    auto e = plan.graph->execute(m.handle, pack, m.workspace.get());
+    TWELL_CHECK(e.is_good(), ErrorCode::cuda, "cuDNN attention: {}", e.get_message());
+    return true;
+  }
   // seq_len [b], ragged_qkv [b + 1], ragged_o [b + 1] (the last offsets: the end of the rows).
   m.host.assign(static_cast<std::size_t>(3 * b + 2), 0);
   std::int32_t* sl = m.host.data();
@@ -174,8 +190,6 @@ bool CudnnAttention::run(const __nv_bfloat16* qkv, std::span<const std::int64_t>
   if (m.seq_len.size() < static_cast<std::size_t>(b)) m.seq_len.resize(static_cast<std::size_t>(b));
   if (m.ragged_qkv.size() < static_cast<std::size_t>(b + 1)) m.ragged_qkv.resize(static_cast<std::size_t>(b + 1));
   if (m.ragged_o.size() < static_cast<std::size_t>(b + 1)) m.ragged_o.resize(static_cast<std::size_t>(b + 1));
-  if (m.workspace.size() < static_cast<std::size_t>(plan.workspace))
-    m.workspace.resize(static_cast<std::size_t>(plan.workspace));
   // The layers of one forward share the arrays: copied when they change (stream order keeps an
   // earlier layer's reads before a later call's copy).
   if (m.host != m.uploaded || m.seq_len.get() != m.uploaded_to) {
@@ -187,7 +201,6 @@ bool CudnnAttention::run(const __nv_bfloat16* qkv, std::span<const std::int64_t>
     m.uploaded = m.host;
     m.uploaded_to = m.seq_len.get();
   }
-  auto* base = const_cast<__nv_bfloat16*>(qkv);  // cuDNN's variant pack takes void*; it only reads q, k, v
   std::unordered_map<fe::graph::Tensor_attributes::uid_t, void*> pack = {
       {kQ, base},
       {kK, base + m.heads * m.d},
@@ -199,7 +212,6 @@ bool CudnnAttention::run(const __nv_bfloat16* qkv, std::span<const std::int64_t>
       {kRaggedK, m.ragged_qkv.get()},
       {kRaggedV, m.ragged_qkv.get()},
       {kRaggedO, m.ragged_o.get()}};
-  TWELL_CHECK(cudnnSetStream(m.handle, stream) == CUDNN_STATUS_SUCCESS, ErrorCode::cuda, "cudnnSetStream failed");
   auto e = plan.graph->execute(m.handle, pack, m.workspace.get());
   TWELL_CHECK(e.is_good(), ErrorCode::cuda, "cuDNN attention: {}", e.get_message());
   return true;

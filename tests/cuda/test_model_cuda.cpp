@@ -149,27 +149,32 @@ TEST(ModelCuda, PrefillAttentionBackendsMatchCpu) {
     std::fprintf(stderr, "[prefill attention] %s\n", a->prefill_attention().c_str());
     EXPECT_EQ(b->prefill_attention().find("cuDNN SDPA"), std::string::npos) << b->prefill_attention();
     Rng rng(spec.seed);
-    std::vector<std::vector<std::int32_t>> seqs;
-    for (std::int64_t n : {16, 70, 128, 33}) {
-      seqs.emplace_back();
-      for (std::int64_t i = 0; i < n; ++i) seqs.back().push_back(static_cast<std::int32_t>(rng.below(spec.vocab)));
-    }
-    const auto want = run_batch(*cpu, seqs, 128);
-    for (std::size_t chunk : {128u, 32u}) {
-      const auto got_a = run_batch(*a, seqs, chunk), got_b = run_batch(*b, seqs, chunk);
-      // Where cuDNN is said to run (and refused no shape), it did: other kernels cannot agree with
-      // the own ones on every bit of every logit (a silent fallback would).
-      const std::string att = a->prefill_attention();
-      if (chunk == 32) std::fprintf(stderr, "[prefill attention, after the runs] %s\n", att.c_str());
-      if (att.find("cuDNN SDPA") != std::string::npos && att.find("cuDNN refused") == std::string::npos) {
-        bool differ = false;
-        for (std::size_t i = 0; i < seqs.size(); ++i) differ = differ || got_a[i] != got_b[i];
-        EXPECT_TRUE(differ) << "cuDNN's attention did not run (bit-identical to the own kernels), chunk " << chunk;
+    // Sequences of different lengths (cuDNN's ragged graph), then of one length (its plain one).
+    for (const std::vector<std::int64_t>& lengths :
+         {std::vector<std::int64_t>{16, 70, 128, 33}, std::vector<std::int64_t>{96, 96, 96}}) {
+      SCOPED_TRACE(::testing::Message() << lengths.size() << " sequences, the first of " << lengths[0] << " tokens");
+      std::vector<std::vector<std::int32_t>> seqs;
+      for (std::int64_t n : lengths) {
+        seqs.emplace_back();
+        for (std::int64_t i = 0; i < n; ++i) seqs.back().push_back(static_cast<std::int32_t>(rng.below(spec.vocab)));
       }
-      for (std::size_t i = 0; i < seqs.size(); ++i) {
-        EXPECT_LT(rel_diff(got_a[i], want[i]), kTol) << a->prefill_attention() << ", chunk " << chunk << ", sequence " << i;
-        EXPECT_LT(rel_diff(got_b[i], want[i]), kTol) << "own kernels, chunk " << chunk << ", sequence " << i;
-        EXPECT_LT(rel_diff(got_a[i], got_b[i]), kTol) << "cuDNN against own, chunk " << chunk << ", sequence " << i;
+      const auto want = run_batch(*cpu, seqs, 128);
+      for (std::size_t chunk : {128u, 32u}) {
+        const auto got_a = run_batch(*a, seqs, chunk), got_b = run_batch(*b, seqs, chunk);
+        // Where cuDNN is said to run (and refused no shape), it did: other kernels cannot agree with
+        // the own ones on every bit of every logit (a silent fallback would).
+        const std::string att = a->prefill_attention();
+        if (chunk == 32) std::fprintf(stderr, "[prefill attention, after the runs] %s\n", att.c_str());
+        if (att.find("cuDNN SDPA") != std::string::npos && att.find("cuDNN refused") == std::string::npos) {
+          bool differ = false;
+          for (std::size_t i = 0; i < seqs.size(); ++i) differ = differ || got_a[i] != got_b[i];
+          EXPECT_TRUE(differ) << "cuDNN's attention did not run (bit-identical to the own kernels), chunk " << chunk;
+        }
+        for (std::size_t i = 0; i < seqs.size(); ++i) {
+          EXPECT_LT(rel_diff(got_a[i], want[i]), kTol) << a->prefill_attention() << ", chunk " << chunk << ", sequence " << i;
+          EXPECT_LT(rel_diff(got_b[i], want[i]), kTol) << "own kernels, chunk " << chunk << ", sequence " << i;
+          EXPECT_LT(rel_diff(got_a[i], got_b[i]), kTol) << "cuDNN against own, chunk " << chunk << ", sequence " << i;
+        }
       }
     }
   }

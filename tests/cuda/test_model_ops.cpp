@@ -253,8 +253,10 @@ TEST(ModelOps, AddRmsnormIsResidualAddThenRmsnorm) {
   TWELL_REQUIRE_GPU();
   Rng rng(fresh_seed());
   // k = 4104: rows past the registers' 4096 (norm_row's streamed path, with one delta and two);
-  // k = 1002 and 1: held rows element by element (k % 4 != 0); the rest 4 elements a load.
-  for (auto [rows, k] : {std::pair<int, int>{1, 2048}, {3, 576}, {17, 1000}, {2, 1}, {2, 4104}, {5, 1002}, {4096, 2048}}) {
+  // k = 1002 and 1: held rows element by element (k % 4 != 0); the rest 4 elements a load, k = 4096
+  // and 3076 in every one of a thread's 4 groups (3076: only thread 0's fourth group inside k).
+  for (auto [rows, k] : {std::pair<int, int>{1, 2048}, {3, 576}, {17, 1000}, {2, 1}, {2, 4104}, {5, 1002}, {4096, 2048},
+                         {3, 4096}, {2, 3076}}) {
     std::vector<float> x(static_cast<std::size_t>(rows * k)), w(static_cast<std::size_t>(k));
     for (auto& e : x) e = static_cast<float>(rng.normal() * 3);
     for (auto& e : w) e = static_cast<float>(rng.normal());
@@ -314,7 +316,9 @@ TEST(ModelOps, AddRmsnormIsResidualAddThenRmsnorm) {
 TEST(ModelOps, RmsnormProjectIsNormThenGemv) {
   TWELL_REQUIRE_GPU();
   Rng rng(fresh_seed());
-  for (auto [k, n] : {std::pair<int, int>{2048, 2560}, {8, 1}, {576, 17}, {4104, 33}, {8192, 100}}) {
+  // k = 4096 and 3080: the 4-wide norm's fourth group of a thread (every thread's; threads 0 and 1
+  // only); 4104 and 8192 stream.
+  for (auto [k, n] : {std::pair<int, int>{2048, 2560}, {8, 1}, {576, 17}, {4096, 40}, {3080, 24}, {4104, 33}, {8192, 100}}) {
     for (bool with_delta : {true, false}) {
       SCOPED_TRACE(::testing::Message() << "k " << k << " n " << n << (with_delta ? " with delta" : " without"));
       const auto [x, w, delta, wp] = norm_project_inputs(rng, k, n);
@@ -512,6 +516,8 @@ TEST(ModelOps, RopeStoreKvMatchesHost) {
     auto dqkv = upload<__nv_bfloat16>(padded);
     auto drows = upload(rows);
     auto dcos = upload(cos_t), dsin = upload(sin_t);
+    // Which kernel runs: 16 bytes a thread exactly where d is a multiple of 16 and qkv aligned.
+    EXPECT_EQ(cuda::ops::rope_store_kv_wide(dqkv.get() + lead, cs.d, dcos.get(), dsin.get()), cs.d % 16 == 0 && !cs.misaligned);
     cuda::ops::rope_store_kv(dqkv.get() + lead, cs.rows, cs.heads, cs.kv_heads, cs.d, dcos.get(), dsin.get(), drows.get(),
                              layer, nullptr, cs.k_in_place);
     ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);

@@ -26,6 +26,9 @@ void embedding(const std::int32_t* ids, std::int64_t rows, const __nv_bfloat16* 
                cudaStream_t stream);
 
 // y[i, :] = bf16( x[src_i, :] / sqrt(mean(x[src_i, :]²) + eps) ⊙ w ),  src_i = row_index ? row_index[i] : i
+// The norms (rmsnorm, add_rmsnorm, rmsnorm_project) read rows of k % 4 == 0 up to 4096 four elements a
+// load: there x and w must be 16-byte aligned and the bf16 deltas and y 8-byte aligned (else an
+// invalid_argument error); other k, any alignment.
 void rmsnorm(const float* x, const std::int32_t* row_index, std::int64_t rows, std::int64_t k, const float* w,
              float eps, __nv_bfloat16* y, cudaStream_t stream);
 
@@ -59,10 +62,11 @@ void rmsnorm_project(const float* x, const __nv_bfloat16* delta, std::int64_t k,
 // qkv [T, Q + 2·KV] bf16 (q | k | v per row): RoPE (rotate_half; cos/sin from the table
 // [max_pos, d/2] fp32 at the row's position) on q in place and on k, which goes with v into the
 // row's cache for `layer` (and, with k_in_place, back into qkv too: for an attention that reads
-// the call's keys from qkv). With d a multiple of 16 and qkv and the tables 16-byte aligned it moves
-// 16 bytes a thread, and then each RowKv's k and v (and layer_stride, in bytes) must keep 16-byte
-// alignment too, as attention() needs (cudaMalloc'd caches do; a misaligned one is a CUDA error,
-// not a wrong result); else 2 bytes a thread. The same bits either way.
+// the call's keys from qkv). Where rope_store_kv_wide (d a multiple of 16, qkv and the tables
+// 16-byte aligned) it moves 16 bytes a thread, and then each RowKv's k and v must be 16-byte aligned
+// and its layer_stride a multiple of 8 elements, as attention() needs (cudaMalloc'd caches are; a
+// misaligned one is a CUDA error, not a wrong result); else 2 bytes a thread. The same bits either way.
+bool rope_store_kv_wide(const __nv_bfloat16* qkv, std::int64_t d, const float* cos_table, const float* sin_table);
 void rope_store_kv(__nv_bfloat16* qkv, std::int64_t rows, std::int64_t heads, std::int64_t kv_heads, std::int64_t d,
                    const float* cos_table, const float* sin_table, const RowKv* rows_kv, std::int64_t layer,
                    cudaStream_t stream, bool k_in_place = false);

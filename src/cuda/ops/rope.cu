@@ -107,6 +107,12 @@ bool aligned16(const void* p) { return (reinterpret_cast<std::uintptr_t>(p) & 15
 
 }  // namespace
 
+bool rope_store_kv_wide(const __nv_bfloat16* qkv, std::int64_t d, const float* cos_table, const float* sin_table) {
+  // Every row, head and half-head then starts on 16 bytes (a row is (heads + 2·kv_heads)·d
+  // elements), the tables' rows too (pos · d/2 floats).
+  return d % (2 * kVec) == 0 && aligned16(qkv) && aligned16(cos_table) && aligned16(sin_table);
+}
+
 void rope_store_kv(__nv_bfloat16* qkv, std::int64_t rows, std::int64_t heads, std::int64_t kv_heads, std::int64_t d,
                    const float* cos_table, const float* sin_table, const RowKv* rows_kv, std::int64_t layer,
                    cudaStream_t stream, bool k_in_place) {
@@ -114,17 +120,17 @@ void rope_store_kv(__nv_bfloat16* qkv, std::int64_t rows, std::int64_t heads, st
                        (heads + 2 * kv_heads) * d < (1ll << 30),
                    ErrorCode::invalid_argument, "rope_store_kv: bad shape (rows {}, heads {}/{}, d {})", rows, heads,
                    kv_heads, d);
-  // 16-byte accesses where every row, head and half-head starts on 16 bytes (the tables' rows too:
-  // pos · d/2 floats); else 2 bytes a thread. The same bits either way.
-  const bool vec = d % (2 * kVec) == 0 && (heads + 2 * kv_heads) * d % kVec == 0 && aligned16(qkv) &&
-                   aligned16(cos_table) && aligned16(sin_table);
+  const bool vec = rope_store_kv_wide(qkv, d, cos_table, sin_table);  // else 2 bytes a thread; the same bits
   const std::int64_t items = vec ? ((heads + kv_heads) * (d / 2) + kv_heads * d) / kVec
                                  : (heads + kv_heads) * (d / 2) + kv_heads * d;
   const dim3 grid(static_cast<unsigned>(rows), static_cast<unsigned>((items + kThreads - 1) / kThreads));
   launch_kernel(vec ? rope_store_kv_vec_kernel : rope_store_kv_kernel, grid, dim3(kThreads), 0, stream, qkv,
                 static_cast<int>(heads), static_cast<int>(kv_heads), static_cast<int>(d), cos_table, sin_table, rows_kv,
                 layer, k_in_place);
-  TWELL_CUDA_CHECK_LAUNCH("rope_store_kv_kernel");
+  if (vec)
+    TWELL_CUDA_CHECK_LAUNCH("rope_store_kv_vec_kernel");
+  else
+    TWELL_CUDA_CHECK_LAUNCH("rope_store_kv_kernel");
 }
 
 }  // namespace twell::cuda::ops
