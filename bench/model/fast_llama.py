@@ -29,8 +29,16 @@ _ACTS = {"relu": F.relu, "silu": F.silu, "gelu": lambda t: F.gelu(t), "gelu_pyto
 
 
 class FastLlama(torch.nn.Module):
-    def __init__(self, cfg, dtype, device, max_len, batch=1, cache=True):
+    def __init__(self, cfg, dtype, device, max_len, batch=1, cache=True, attn="sdpa"):
         super().__init__()
+        if attn not in ("sdpa", "math"):
+            raise ValueError(f"fast_llama: attn is 'sdpa' or 'math', not {attn!r}")
+        # Attention over the cache with a position mask (decode steps, prompts into a part-filled
+        # cache): "sdpa" calls scaled_dot_product_attention (with a mask: its memory-efficient or
+        # math kernel, not flash); "math" writes q·Kᵀ, the masked softmax (fp32) and ·V out, which
+        # torch.compile fuses into its own kernels — for one query over a few hundred keys possibly
+        # the faster. The yardstick measures both.
+        self.attn = attn
         self.k, self.n, self.layers = cfg.hidden_size, cfg.intermediate_size, cfg.num_hidden_layers
         self.heads, self.kv_heads = cfg.num_attention_heads, cfg.num_key_value_heads
         self.d = getattr(cfg, "head_dim", None) or self.k // self.heads
@@ -72,12 +80,13 @@ class FastLlama(torch.nn.Module):
         self.register_buffer("sin", ang.sin().to(dtype), persistent=False)
 
     @classmethod
-    def from_hf(cls, hf, max_len, batch=1, cache=True):
+    def from_hf(cls, hf, max_len, batch=1, cache=True, attn="sdpa"):
         """A FastLlama holding a copy of a transformers LlamaForCausalLM's weights (its dtype and
-        device); cache=False: no KV cache (prompts from position 0 only, e.g. a prefill benchmark)."""
+        device); cache=False: no KV cache (prompts from position 0 only, e.g. a prefill benchmark);
+        attn: "sdpa" or "math" for attention over the cache with a mask (see __init__)."""
         cfg = hf.config
         p = next(hf.parameters())
-        m = cls(cfg, p.dtype, p.device, max_len, batch, cache)
+        m = cls(cfg, p.dtype, p.device, max_len, batch, cache, attn)
         base = hf.model
         with torch.no_grad():
             m.embed.copy_(base.embed_tokens.weight)
@@ -127,6 +136,8 @@ class FastLlama(torch.nn.Module):
                 self.vc[i].index_copy_(2, pos, v)
                 if mask is None:
                     o = F.scaled_dot_product_attention(q, self.kc[i], self.vc[i], is_causal=True, enable_gqa=gqa)
+                elif self.attn == "math":
+                    o = self.masked_attention(q, self.kc[i], self.vc[i], mask)
                 else:
                     o = F.scaled_dot_product_attention(q, self.kc[i], self.vc[i], attn_mask=mask[None, None],
                                                        enable_gqa=gqa)
@@ -136,6 +147,17 @@ class FastLlama(torch.nn.Module):
             x = x + (self.act(g) * u) @ self.wd[i].t()
         x = self.rmsnorm(x[:, -1], self.final_norm)
         return x @ self.head.t()
+
+    def masked_attention(self, q, k, v, mask):
+        """softmax(q·Kᵀ / √d, keys where mask) · V written out: q [B, H, T, d], k and v [B, KVH, L, d],
+        mask [T, L]; a KV head's query heads as one matrix (GQA without copying K or V)."""
+        B, H, T, d = q.shape
+        kvh, group = self.kv_heads, H // self.kv_heads
+        qg = q.reshape(B, kvh, group * T, d)
+        s = (qg @ k.transpose(-1, -2)).float() * (1.0 / math.sqrt(d))
+        s = s.view(B, kvh, group, T, -1).masked_fill(~mask, float("-inf"))
+        p = torch.softmax(s, dim=-1).to(q.dtype).view(B, kvh, group * T, -1)
+        return (p @ v).view(B, H, T, d)
 
     def mask_for(self, pos):
         return torch.arange(self.max_len, device=pos.device)[None, :] <= pos[:, None]

@@ -3,7 +3,7 @@
 # PyTorch's best dense decode on the same synthetic checkpoint, same GPU, same call: transformers +
 # torch.compile(mode="reduce-overhead") + static cache (CUDA graphs), and the same weights through
 # a lean gpt-fast-style body (bench/model/fast_llama.py) compiled alike; "best" is the faster.
-#   [BUILD=build/gpu] [OUT=…] [PREFILL=1] [MODEL=DIR] [FAST_MODES=reduce-overhead,max-autotune] bash bench/model/gpu_decode_yardstick.sh [CONFIG [DENSITY]]   (2b 0.005)
+#   [BUILD=build/gpu] [OUT=…] [PREFILL=1] [MODEL=DIR] [FAST_MODES=reduce-overhead,max-autotune] [FAST_ATTN=sdpa,math] bash bench/model/gpu_decode_yardstick.sh [CONFIG [DENSITY]]   (2b 0.005)
 # Needs a built twell (e.g. scripts/gpu-check earlier in the same call). Writes torch.json,
 # twell.json and decode-yardstick.md (the table) under $OUT. PREFILL=1 adds the prefill of 8 × 512
 # (PREFILL_BATCH × PREFILL_LEN: e.g. the paper's 64 × 2048)
@@ -38,12 +38,14 @@ PREFILL=${PREFILL:-0}
 # kernels autotuned, coordinate-descent tuning) adds ≈ 1–2 minutes of compilation; with PREFILL=1
 # the call's 600 s leave no room for it, so there the default is reduce-overhead alone.
 FAST_MODES=${FAST_MODES:-$([ "$PREFILL" = 1 ] && echo reduce-overhead || echo reduce-overhead,max-autotune)}
+# … and with these attentions over the cache, a row each with every mode (fast_llama.py: sdpa, math).
+FAST_ATTN=${FAST_ATTN:-sdpa,math}
 PB=${PREFILL_BATCH:-8}
 PL=${PREFILL_LEN:-512}
 skip=--skip-prefill
 [ "$PREFILL" = 1 ] && skip=
 python3 bench/model/torch_yardstick.py "$M" $skip --prefill-batch "$PB" --prefill-len "$PL" --context 128 --decode-steps 128 \
-  --fast-modes "$FAST_MODES" --json "$OUT/torch.json" \
+  --fast-modes "$FAST_MODES" --fast-attn "$FAST_ATTN" --json "$OUT/torch.json" \
   > "$OUT/torch.log" 2>&1
 echo "torch yardstick rc=$? ($(( $(date +%s) - t0 )) s)"
 t0=$(date +%s)

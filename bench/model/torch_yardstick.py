@@ -115,13 +115,14 @@ def decode_rate_graphs(model, prompt, steps, reps, mode="reduce-overhead"):
     return per_token_rate(run, steps, reps, warmup=3)  # the warm-up compiles and records
 
 
-def fast_model(model, max_len, batch, cache=True):
+def fast_model(model, max_len, batch, cache=True, attn="sdpa"):
     """bench/model/fast_llama.py's FastLlama with a copy of model's weights (cache=False: for
-    prefill only, as transformers' prefill here runs with use_cache=False)."""
+    prefill only, as transformers' prefill here runs with use_cache=False; attn: its attention over
+    the cache, "sdpa" or "math")."""
     import os
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     from fast_llama import FastLlama
-    return FastLlama.from_hf(model, max_len=max_len, batch=batch, cache=cache)
+    return FastLlama.from_hf(model, max_len=max_len, batch=batch, cache=cache, attn=attn)
 
 
 def fast_decode_rate(fast, prompt, steps, reps, mode="reduce-overhead"):
@@ -164,6 +165,10 @@ def main():
                     help="comma-separated torch.compile modes for the lean body's decode step, one row each "
                          "(e.g. reduce-overhead,max-autotune: the second autotunes the GEMVs' kernels with "
                          "coordinate-descent tuning, as gpt-fast does; both replay CUDA graphs)")
+    ap.add_argument("--fast-attn", default="sdpa,math",
+                    help="comma-separated attentions for the lean body's decode, a row each with every mode: "
+                         "sdpa (scaled_dot_product_attention with the position mask) or math (q·Kᵀ, softmax, ·V "
+                         "written out for inductor to fuse)")
     a = ap.parse_args()
     if not torch.cuda.is_available():
         print("skipped: no CUDA device")
@@ -243,18 +248,20 @@ def main():
         report("decode b1 compile+graphs", rate, {"seconds_per_token": per, "mode": a.decode_compile_mode})
     except Exception as e:  # noqa: BLE001
         fail("decode b1 compile+graphs", e)
-    for mode in ([] if a.skip_fast else [m for m in a.fast_modes.split(",") if m]):
-        name = "decode b1 fast compile+graphs" + ("" if mode == "reduce-overhead" else f" {mode}")
+    fast_rows = [(m, at) for m in a.fast_modes.split(",") if m for at in a.fast_attn.split(",") if at]
+    for mode, attn in ([] if a.skip_fast else fast_rows):
+        name = ("decode b1 fast compile+graphs" + ("" if mode == "reduce-overhead" else f" {mode}") +
+                ("" if attn == "sdpa" else f" {attn} attention"))
         try:
             torch._dynamo.reset()
             torch._inductor.config.coordinate_descent_tuning = mode.startswith("max-autotune")
-            fast = fast_model(model, a.context + a.decode_steps + 1, 1)
+            fast = fast_model(model, a.context + a.decode_steps + 1, 1, attn=attn)
             rate, per, fast_ids = fast_decode_rate(fast, prompt, a.decode_steps, a.reps, mode=mode)
             same = int((fast_ids.cpu() == hf_ids.cpu()).cumprod(dim=1).sum())
             report(name, rate,
-                   {"seconds_per_token": per, "mode": mode,
+                   {"seconds_per_token": per, "mode": mode, "attention": attn,
                     "greedy_tokens_equal_to_transformers": f"{same} of {a.decode_steps} (leading)"})
-            print(f"  fast decode's greedy tokens ({mode}): the first {same} of {a.decode_steps} equal transformers' eager",
+            print(f"  fast decode's greedy tokens ({mode}, {attn}): the first {same} of {a.decode_steps} equal transformers' eager",
                   flush=True)
             del fast
             torch.cuda.empty_cache()

@@ -28,11 +28,13 @@ def tiny(act="relu", kv_heads=2, tied=False, seed=0, **extra):
     return m
 
 
-@pytest.mark.parametrize("act,kv_heads,tied", [("relu", 2, False), ("silu", 4, True), ("relu", 1, True)])
-def test_logits_and_greedy_steps_match_transformers(act, kv_heads, tied):
+@pytest.mark.parametrize("act,kv_heads,tied,attn", [("relu", 2, False, "sdpa"), ("silu", 4, True, "sdpa"),
+                                                    ("relu", 1, True, "sdpa"), ("relu", 2, False, "math"),
+                                                    ("silu", 4, True, "math")])
+def test_logits_and_greedy_steps_match_transformers(act, kv_heads, tied, attn):
     fl = load()
     hf = tiny(act, kv_heads, tied)
-    fast = fl.FastLlama.from_hf(hf, max_len=40, batch=2)
+    fast = fl.FastLlama.from_hf(hf, max_len=40, batch=2, attn=attn)
     prompt = torch.randint(0, 96, (2, 9), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
         want = hf(prompt).logits[:, -1]
@@ -91,3 +93,19 @@ def test_refuses_what_it_does_not_compute():
         fl.FastLlama.from_hf(tiny("tanh"), max_len=8)
     with pytest.raises(ValueError, match="biases"):
         fl.FastLlama.from_hf(tiny(attention_bias=True), max_len=8)
+
+
+def test_math_attention_is_sdpa_with_the_mask():
+    """The written-out masked attention against SDPA's on random q, K, V and a ragged causal mask,
+    GQA (two query heads a KV head), two query rows; an unknown attn name is refused."""
+    fl = load()
+    fast = fl.FastLlama.from_hf(tiny("relu", 2), max_len=16, attn="math")
+    g = torch.Generator().manual_seed(5)
+    q = torch.randn(2, 4, 2, 16, generator=g)
+    k = torch.randn(2, 2, 16, 16, generator=g)
+    v = torch.randn(2, 2, 16, 16, generator=g)
+    mask = torch.arange(16)[None, :] <= torch.tensor([6, 7])[:, None]
+    want = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask[None, None], enable_gqa=True)
+    assert torch.allclose(fast.masked_attention(q, k, v, mask), want, atol=1e-5, rtol=1e-5)
+    with pytest.raises(ValueError, match="attn"):
+        fl.FastLlama.from_hf(tiny(), max_len=8, attn="flash")
