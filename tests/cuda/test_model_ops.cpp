@@ -46,6 +46,19 @@ std::vector<bf16> random_bf16(Rng& rng, std::size_t n) {
   return v;
 }
 
+// RoPE's cos and sin tables [positions, d/2] (θ = 10000), as the runtime builds them.
+std::pair<std::vector<float>, std::vector<float>> rope_tables(int positions, int d) {
+  const int half = d / 2;
+  std::vector<float> c(static_cast<std::size_t>(positions * half)), s(c.size());
+  for (int p = 0; p < positions; ++p)
+    for (int i = 0; i < half; ++i) {
+      const double a = p * std::pow(10000.0, -2.0 * i / d);
+      c[static_cast<std::size_t>(p * half + i)] = static_cast<float>(std::cos(a));
+      s[static_cast<std::size_t>(p * half + i)] = static_cast<float>(std::sin(a));
+    }
+  return {c, s};
+}
+
 // One row's inputs for rmsnorm_project: the residual x (fp32, N(0, 9)), the norm weight, a bf16
 // delta, and a bf16 projection W [n, k] scaled to keep the outputs O(1).
 struct NormProjectInputs {
@@ -172,17 +185,11 @@ TEST(ModelOps, DecodeAttentionReadsOldKeysEarlyAndTheNewOneAfter) {
   const std::vector<int> positions = {0, 1, 63, 64, 127, 128, 129, 255, 256, 300, 700};
   for (const Case cs : {Case{4, 2, 64}, Case{8, 8, 64}, Case{4, 1, 128}, Case{2, 2, 128}}) {
     SCOPED_TRACE(::testing::Message() << "heads " << cs.heads << "/" << cs.kv_heads << " d " << cs.d);
-    const int Q = cs.heads * cs.d, KV = cs.kv_heads * cs.d, ld = Q + 2 * KV, half = cs.d / 2;
+    const int Q = cs.heads * cs.d, KV = cs.kv_heads * cs.d, ld = Q + 2 * KV;
     const int layers = 2, layer = 1, T = static_cast<int>(positions.size());
     int cap = 0;
     for (int p : positions) cap = std::max(cap, p + 1);
-    std::vector<float> cos_t(static_cast<std::size_t>(cap * half)), sin_t(cos_t.size());
-    for (int p = 0; p < cap; ++p)
-      for (int i = 0; i < half; ++i) {
-        const double a = p * std::pow(10000.0, -2.0 * i / cs.d);
-        cos_t[static_cast<std::size_t>(p * half + i)] = static_cast<float>(std::cos(a));
-        sin_t[static_cast<std::size_t>(p * half + i)] = static_cast<float>(std::sin(a));
-      }
+    const auto [cos_t, sin_t] = rope_tables(cap, cs.d);
     auto dcos = upload(cos_t), dsin = upload(sin_t);
     const auto qkv_h = random_bf16(rng, static_cast<std::size_t>(T) * ld);
     std::vector<std::vector<bf16>> kh, vh;
@@ -373,17 +380,11 @@ TEST(ModelOps, RmsnormProjectWithRopeIsNormGemvRope) {
                         Case{8, 1, 128, 1024, 0, true}, Case{3, 1, 6, 64, 9, false}, Case{2, 1, 2, 8, 3, true}}) {
     SCOPED_TRACE(::testing::Message() << "heads " << cs.heads << "/" << cs.kv_heads << " d " << cs.d << " k " << cs.k
                                       << " pos " << cs.pos << (cs.k_in_place ? " k in place" : ""));
-    const int k = cs.k, half = cs.d / 2, kv_dim = cs.kv_heads * cs.d;
+    const int k = cs.k, kv_dim = cs.kv_heads * cs.d;
     const int n = (cs.heads + 2 * cs.kv_heads) * cs.d;
     const int layers = 2, layer = 1, capacity = 160;
     const auto [x, w, delta, wp] = norm_project_inputs(rng, k, n);
-    std::vector<float> cos_t(static_cast<std::size_t>(capacity * half)), sin_t(cos_t.size());
-    for (int p = 0; p < capacity; ++p)
-      for (int i = 0; i < half; ++i) {
-        const double a = p * std::pow(10000.0, -2.0 * i / cs.d);
-        cos_t[static_cast<std::size_t>(p * half + i)] = static_cast<float>(std::cos(a));
-        sin_t[static_cast<std::size_t>(p * half + i)] = static_cast<float>(std::sin(a));
-      }
+    const auto [cos_t, sin_t] = rope_tables(capacity, cs.d);
     // Caches prefilled with values, so a slot written by mistake shows.
     const std::size_t cache_elems = static_cast<std::size_t>(layers) * capacity * kv_dim;
     const auto kc0 = random_bf16(rng, cache_elems), vc0 = random_bf16(rng, cache_elems);
@@ -448,13 +449,7 @@ TEST(ModelOps, RopeStoreKvMatchesHost) {
                                       << (cs.k_in_place ? " k in place" : "") << (cs.misaligned ? " misaligned" : ""));
     const int half = cs.d / 2, q_dim = cs.heads * cs.d, kv_dim = cs.kv_heads * cs.d, width = q_dim + 2 * kv_dim;
     const int seqs = 3, layers = 2, layer = 1, capacity = cs.rows / seqs + 40;
-    std::vector<float> cos_t(static_cast<std::size_t>(capacity * half)), sin_t(cos_t.size());
-    for (int p = 0; p < capacity; ++p)
-      for (int i = 0; i < half; ++i) {
-        const double a = p * std::pow(10000.0, -2.0 * i / cs.d);
-        cos_t[static_cast<std::size_t>(p * half + i)] = static_cast<float>(std::cos(a));
-        sin_t[static_cast<std::size_t>(p * half + i)] = static_cast<float>(std::sin(a));
-      }
+    const auto [cos_t, sin_t] = rope_tables(capacity, cs.d);
     const std::size_t cache_elems = static_cast<std::size_t>(layers) * capacity * kv_dim;
     std::vector<std::vector<bf16>> kc(seqs), vc(seqs);
     for (int q = 0; q < seqs; ++q) {
