@@ -770,8 +770,10 @@ TEST(CudaGemv, MatchesFloat64WithinBound) {
   std::normal_distribution<float> nd(0.0f, 1.0f);
   for (const Shape sh : {Shape{1, 5632, 2048}, Shape{2, 1003, 520}, Shape{3, 1000, 8192}, Shape{5, 70000, 264},
                          Shape{8, 17, 8}, Shape{11, 5632, 2048}, Shape{16, 1001, 1024}, Shape{1, 2048, 2048}})
-   for (const bool relu : {true, false}) {
-    SCOPED_TRACE(::testing::Message() << "m " << sh.m << " n " << sh.n << " k " << sh.k << (relu ? ", ReLU" : ", no ReLU"));
+   for (const bool relu : {true, false})
+    for (const bool out32 : {false, true}) {  // bf16 output (g), or the fp32 sums (g32: the LM head's)
+    SCOPED_TRACE(::testing::Message() << "m " << sh.m << " n " << sh.n << " k " << sh.k << (relu ? ", ReLU" : ", no ReLU")
+                                      << (out32 ? ", fp32 out" : ""));
     std::vector<float> x(static_cast<std::size_t>(sh.m * sh.k)), wt(static_cast<std::size_t>(sh.n * sh.k));
     for (float& v : x) v = round_bf16(nd(rng));
     const float ws = 1.0f / std::sqrt(static_cast<float>(sh.k));
@@ -779,14 +781,21 @@ TEST(CudaGemv, MatchesFloat64WithinBound) {
     const auto xb = to_bf16_bits(x), wb = to_bf16_bits(wt);
     const std::int64_t ldg = sh.n + 8;  // 8 padding columns per row must stay as poisoned
     DeviceBuffer<__nv_bfloat16> dx(xb.size()), dw(wb.size()), dg(static_cast<std::size_t>(sh.m * ldg));
+    DeviceBuffer<float> dg32(out32 ? static_cast<std::size_t>(sh.m * ldg) : 0);
     ASSERT_EQ(cudaMemcpy(dx.get(), xb.data(), xb.size() * 2, cudaMemcpyHostToDevice), cudaSuccess);
     ASSERT_EQ(cudaMemcpy(dw.get(), wb.data(), wb.size() * 2, cudaMemcpyHostToDevice), cudaSuccess);
     ASSERT_EQ(cudaMemset(dg.get(), 0xff, dg.bytes()), cudaSuccess);
+    if (out32) {
+      ASSERT_EQ(cudaMemset(dg32.get(), 0xff, dg32.bytes()), cudaSuccess);  // NaN poison
+    }
     TwellGemvParams p;
     p.x = dx.get();
     p.ld_x = sh.k;
     p.w = dw.get();
-    p.g = dg.get();
+    if (out32)
+      p.g32 = dg32.get();
+    else
+      p.g = dg.get();
     p.ld_g = ldg;
     p.m = sh.m;
     p.n = sh.n;
@@ -795,7 +804,11 @@ TEST(CudaGemv, MatchesFloat64WithinBound) {
     launch_twell_gemv(p, s);
     ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);
     std::vector<std::uint16_t> gb(static_cast<std::size_t>(sh.m * ldg));
+    std::vector<float> g32(out32 ? gb.size() : 0);
     ASSERT_EQ(cudaMemcpy(gb.data(), dg.get(), gb.size() * 2, cudaMemcpyDeviceToHost), cudaSuccess);
+    if (out32) {
+      ASSERT_EQ(cudaMemcpy(g32.data(), dg32.get(), g32.size() * 4, cudaMemcpyDeviceToHost), cudaSuccess);
+    }
     std::int64_t bad = 0, touched = 0;
     double worst = 0;
     for (std::int64_t r = 0; r < sh.m; ++r) {
@@ -808,13 +821,22 @@ TEST(CudaGemv, MatchesFloat64WithinBound) {
           mag += std::abs(t);
         }
         const double ref = relu ? std::max(acc, 0.0) : acc;
-        const double got = to_float(bf16{gb[static_cast<std::size_t>(r * ldg + col)]});
-        const double bound = std::ldexp(std::abs(ref), -8) + static_cast<double>(sh.k) * std::ldexp(mag, -24) + 1e-30;
+        const std::size_t at = static_cast<std::size_t>(r * ldg + col);
+        const double got = out32 ? static_cast<double>(g32[at]) : to_float(bf16{gb[at]});
+        // bf16 output: its rounding (2⁻⁹ relative, 2⁻⁸ with slack) plus fp32 accumulation (k · 2⁻²⁴ of
+        // the terms' magnitude); fp32 output: the accumulation alone.
+        const double bound = (out32 ? 0.0 : std::ldexp(std::abs(ref), -8)) + static_cast<double>(sh.k) * std::ldexp(mag, -24) + 1e-30;
         worst = std::max(worst, std::abs(got - ref) / bound);
         bad += !(std::abs(got - ref) <= bound);  // NaN (never written) counts as bad
       }
-      for (std::int64_t col = sh.n; col < ldg; ++col) touched += gb[static_cast<std::size_t>(r * ldg + col)] != 0xffffu;
+      for (std::int64_t col = sh.n; col < ldg; ++col) {
+        const std::size_t at = static_cast<std::size_t>(r * ldg + col);
+        touched += out32 ? !std::isnan(g32[at]) : gb[at] != 0xffffu;
+      }
     }
+    // The other output stays untouched: the bf16 buffer keeps its poison when fp32 sums were asked for.
+    if (out32)
+      for (const std::uint16_t v : gb) touched += v != 0xffffu;
     EXPECT_EQ(bad, 0) << "gemv values outside the bound (worst ratio " << worst << ")";
     EXPECT_EQ(touched, 0) << "gemv wrote past N";
   }

@@ -71,15 +71,20 @@ __global__ void __launch_bounds__(kWarps * 32) twell_gemv_kernel(TwellGemvParams
     for (int r = 0; r < kRows; ++r)
 #pragma unroll
       for (int t = 0; t < MT; ++t)
-        if (t < p.m && n0 + r < p.n)
-          p.g[t * p.ld_g + n0 + r] = __float2bfloat16_rn(p.relu ? fmaxf(acc[r][t], 0.0f) : acc[r][t]);
+        if (t < p.m && n0 + r < p.n) {
+          const float v = p.relu ? fmaxf(acc[r][t], 0.0f) : acc[r][t];
+          if (p.g32)
+            p.g32[t * p.ld_g + n0 + r] = v;
+          else
+            p.g[t * p.ld_g + n0 + r] = __float2bfloat16_rn(v);
+        }
   }
 }
 
 }  // namespace
 
 void launch_twell_gemv(const TwellGemvParams& p, cudaStream_t stream) {
-  TWELL_CU_REQUIRE(p.x && p.w && p.g, ErrorCode::invalid_argument, "twell gemv: null pointer");
+  TWELL_CU_REQUIRE(p.x && p.w && (p.g || p.g32), ErrorCode::invalid_argument, "twell gemv: null pointer");
   TWELL_CU_REQUIRE(p.m >= 1 && p.m <= kGemvMaxRows && p.n >= 1 && p.k >= 8 && p.k % 8 == 0 && p.k <= kGemvMaxK &&
                        p.ld_x % 8 == 0 && (reinterpret_cast<std::uintptr_t>(p.x) & 15) == 0 &&
                        (reinterpret_cast<std::uintptr_t>(p.w) & 15) == 0 && p.ld_g >= p.n,

@@ -21,6 +21,7 @@ struct TwellGemvParams {
   std::int64_t ld_x = 0;
   const __nv_bfloat16* w = nullptr;  // [n, k], row stride k
   __nv_bfloat16* g = nullptr;        // [m, n] out, row stride ld_g
+  float* g32 = nullptr;              // instead of g: the fp32 sums (ReLU'd if relu), not rounded
   std::int64_t ld_g = 0;
   std::int64_t m = 0, n = 0, k = 0;
   bool relu = true;  // false: g = bf16(x·Wᵀ)
@@ -28,6 +29,22 @@ struct TwellGemvParams {
 
 // Requires 1 ≤ M ≤ kGemvMaxRows, K a multiple of 8 with K ≤ kGemvMaxK, 16-byte aligned rows.
 void launch_twell_gemv(const TwellGemvParams& p, cudaStream_t stream);
+
+// m contiguous rows, no ReLU, fp32 out: y[m, n] = x[m, k] · W[n, k]ᵀ (the LM head's logits at decode).
+inline void launch_twell_gemv_f32(const __nv_bfloat16* x, std::int64_t m, const __nv_bfloat16* w, std::int64_t n,
+                                  std::int64_t k, float* y, cudaStream_t stream) {
+  TwellGemvParams p;
+  p.x = x;
+  p.ld_x = k;
+  p.w = w;
+  p.g32 = y;
+  p.ld_g = n;
+  p.m = m;
+  p.n = n;
+  p.k = k;
+  p.relu = false;
+  launch_twell_gemv(p, stream);
+}
 
 // One contiguous row, no ReLU: y[n] = bf16(x[k] · W[n, k]ᵀ) (a projection at one token).
 inline void launch_twell_gemv_row(const __nv_bfloat16* x, const __nv_bfloat16* w, std::int64_t n, std::int64_t k,
