@@ -4,9 +4,11 @@
 # under ncu (kernel time and DRAM bytes per kernel, dense and automatic FFN paths; GEMMs apart by
 # grid), summed by bench/model/decode_profile.py; the lean compiled PyTorch body's prefill under
 # torch.profiler (bench/model/torch_prefill_profile.py).
-#   [BUILD=build/gpu] [OUT=…] [PREFILL_BATCH=8 PREFILL_LEN=512] bash bench/model/gpu_prefill_profile.sh [CONFIG [DENSITY]]
+#   [BUILD=build/gpu] [OUT=…] [PREFILL_BATCH=8 PREFILL_LEN=512] [DECODE=1] bash bench/model/gpu_prefill_profile.sh [CONFIG [DENSITY]]
 # Needs a built twell (twell, twell_probe_prefill). Writes prefill-profile-twell.md,
-# prefill-profile-torch.md and the logs under $OUT. ≈ 4 minutes at 2B on an H100 after the build.
+# prefill-profile-torch.md and the logs under $OUT. ≈ 3.5 minutes at 2B on an H100 after the build.
+# DECODE=1 also profiles one eager decode step at batch 1 (twell_probe_decode, its own synthetic
+# model: ≈ 1.5 minutes more) into decode-profile-twell.md.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 BUILD=${BUILD:-build/gpu}
@@ -47,3 +49,15 @@ python3 bench/model/torch_prefill_profile.py "$M" --batch "$PB" --len "$PL" --md
   > "$OUT/torch-profile.log" 2>&1
 echo "torch profile rc=$? ($(( $(date +%s) - t0 )) s)"
 cat "$OUT/prefill-profile-torch.md" 2>/dev/null || tail -20 "$OUT/torch-profile.log"
+if [ "${DECODE:-0}" = 1 ] && [ -n "$NCU" ] && [ -x "$BUILD/bench/cuda/twell_probe_decode" ]; then
+  t0=$(date +%s)
+  timeout 240 "$NCU" --profile-from-start off --clock-control none \
+    --metrics gpu__time_duration.sum,dram__bytes_read.sum --csv "$BUILD/bench/cuda/twell_probe_decode" "$CONFIG" "$DENSITY" 1 16 \
+    > "$OUT/ncu-decode.csv" 2> "$OUT/ncu-decode.err"
+  echo "decode probe under ncu rc=$? ($(( $(date +%s) - t0 )) s)"
+  grep -E "decode step" "$OUT/ncu-decode.csv"
+  python3 bench/model/decode_profile.py "$OUT/ncu-decode.csv" --md "$OUT/decode-profile-twell.md" | head -50
+fi
+# The device tool returns 8 files: the logs travel as one archive.
+(cd "$OUT" && tar -cJf logs.tar.xz --remove-files $(ls gen.log *.err torch-profile.log 2>/dev/null) 2>/dev/null)
+ls "$OUT"
