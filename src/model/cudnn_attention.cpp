@@ -155,8 +155,10 @@ bool CudnnAttention::run(const __nv_bfloat16* qkv, std::span<const std::int64_t>
     last_row = std::max(last_row, row0[static_cast<std::size_t>(i)] + len[static_cast<std::size_t>(i)]);
   }
   if (longest <= 0 || last_row * row > INT_MAX) return false;  // int32 offsets
-  // Sequences of one length packed from row 0 (a batch of equal prompts): the plain layout.
-  bool uniform = true;
+  // Sequences of one bucket length packed from row 0 (a batch of equal prompts of 64, 128, 256, …
+  // tokens): the plain layout. Other lengths keep the ragged graph of their bucket, so that the
+  // graphs stay few (each costs a build) whatever lengths single prompts have.
+  bool uniform = longest == bucket(longest, 64);
   for (std::int64_t i = 0; i < n; ++i)
     uniform = uniform && len[static_cast<std::size_t>(i)] == longest && row0[static_cast<std::size_t>(i)] == i * longest;
   const std::int64_t b = n, s = uniform ? longest : bucket(longest, 64);

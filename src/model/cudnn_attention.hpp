@@ -2,8 +2,9 @@
 // Prefill attention through cuDNN's fused SDPA (flash attention; cudnn-frontend's graph API), for
 // calls whose every sequence starts at position 0: the keys are then the call's own rows, so cuDNN
 // reads q, k and v straight from the runtime's packed qkv rows (ragged offsets per sequence, a
-// padding mask for the lengths, causal top-left; sequences of one length packed from row 0 — a batch
-// of equal prompts — as plain [b, h, s, d] strides without offsets or mask). Built only with cuDNN and cudnn-frontend
+// padding mask for the lengths, causal top-left; sequences of one bucket length — 64, 128, 256, …
+// — packed from row 0, a batch of equal prompts, as plain [b, h, s, d] strides without offsets or
+// mask). Built only with cuDNN and cudnn-frontend
 // (TWELL_HAVE_CUDNN); the runtime's own tensor-core kernel serves every other prefill.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>

@@ -149,9 +149,10 @@ TEST(ModelCuda, PrefillAttentionBackendsMatchCpu) {
     std::fprintf(stderr, "[prefill attention] %s\n", a->prefill_attention().c_str());
     EXPECT_EQ(b->prefill_attention().find("cuDNN SDPA"), std::string::npos) << b->prefill_attention();
     Rng rng(spec.seed);
-    // Sequences of different lengths (cuDNN's ragged graph), then of one length (its plain one).
-    for (const std::vector<std::int64_t>& lengths :
-         {std::vector<std::int64_t>{16, 70, 128, 33}, std::vector<std::int64_t>{96, 96, 96}}) {
+    // Sequences of different lengths (cuDNN's ragged graph), of one bucket length (its plain graph
+    // in 128-token chunks, ragged ones in 32-token chunks), and one sequence of an odd length.
+    for (const std::vector<std::int64_t>& lengths : {std::vector<std::int64_t>{16, 70, 128, 33},
+                                                     std::vector<std::int64_t>{128, 128, 128}, std::vector<std::int64_t>{77}}) {
       SCOPED_TRACE(::testing::Message() << lengths.size() << " sequences, the first of " << lengths[0] << " tokens");
       std::vector<std::vector<std::int32_t>> seqs;
       for (std::int64_t n : lengths) {
@@ -165,6 +166,9 @@ TEST(ModelCuda, PrefillAttentionBackendsMatchCpu) {
         // the own ones on every bit of every logit (a silent fallback would).
         const std::string att = a->prefill_attention();
         if (chunk == 32) std::fprintf(stderr, "[prefill attention, after the runs] %s\n", att.c_str());
+        // A refusal of a plain graph names its exact row count ("of 128 rows"), a ragged one "of ≤ …".
+        EXPECT_FALSE(att.find("cuDNN refused") != std::string::npos && att.find("≤") == std::string::npos)
+            << "cuDNN refused the plain graph: " << att;
         if (att.find("cuDNN SDPA") != std::string::npos && att.find("cuDNN refused") == std::string::npos) {
           bool differ = false;
           for (std::size_t i = 0; i < seqs.size(); ++i) differ = differ || got_a[i] != got_b[i];

@@ -13,6 +13,7 @@
 #include "cuda/ops/model_ops.hpp"
 #include "cuda/sm80/twell_gemv.hpp"
 #include "cuda_test_util.hpp"
+#include "late_writer.hpp"
 #include "test_util.hpp"
 #include "twell/bf16.hpp"
 
@@ -172,10 +173,13 @@ TEST(ModelOps, AttentionKernelsMatchFloat64) {
 
 // A decode step's attention (every row its sequence's one new token) with old_keys_ready loads the
 // keys below each row's position before waiting for the kernel before it; the row's own key and
-// value must still be read after. Here that kernel is rope_store_kv writing them, launched
-// programmatically just before (on sm_90; elsewhere plainly), against the same two ops without the
-// flag or programmatic launches: bit for bit, at positions around the first loop step's ends (255,
-// 256, the V step's 64 / 128 keys), head_dim 64 and 128, GQA and MHA.
+// value, and q, must still be read after. The kernel before it here is a late writer (late_writer.hpp:
+// it lets the attention start, then spins ≈ 100 µs before copying in the rotated qkv and the caches
+// with the new rows), launched programmatically on a non-blocking stream: an attention that read
+// anything new before its wait would see the old bytes. Against rope_store_kv then attention without
+// the flag or programmatic launches, bit for bit, at positions around the first loop step's ends
+// (255, 256, the V step's 64 / 128 keys), head_dim 64 and 128, GQA and MHA. (Without sm_90 the
+// launches are plain and the test checks the values only.)
 TEST(ModelOps, DecodeAttentionReadsOldKeysEarlyAndTheNewOneAfter) {
   TWELL_REQUIRE_GPU();
   Rng rng(fresh_seed());
@@ -183,6 +187,8 @@ TEST(ModelOps, DecodeAttentionReadsOldKeysEarlyAndTheNewOneAfter) {
     int heads, kv_heads, d;
   };
   const std::vector<int> positions = {0, 1, 63, 64, 127, 128, 129, 255, 256, 300, 700};
+  cudaStream_t stream = nullptr;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
   for (const Case cs : {Case{4, 2, 64}, Case{8, 8, 64}, Case{4, 1, 128}, Case{2, 2, 128}}) {
     SCOPED_TRACE(::testing::Message() << "heads " << cs.heads << "/" << cs.kv_heads << " d " << cs.d);
     const int Q = cs.heads * cs.d, KV = cs.kv_heads * cs.d, ld = Q + 2 * KV;
@@ -191,40 +197,35 @@ TEST(ModelOps, DecodeAttentionReadsOldKeysEarlyAndTheNewOneAfter) {
     for (int p : positions) cap = std::max(cap, p + 1);
     const auto [cos_t, sin_t] = rope_tables(cap, cs.d);
     auto dcos = upload(cos_t), dsin = upload(sin_t);
-    const auto qkv_h = random_bf16(rng, static_cast<std::size_t>(T) * ld);
-    std::vector<std::vector<bf16>> kh, vh;
-    for (int r = 0; r < T; ++r) {  // one sequence a row; its cache full of other values
-      kh.push_back(random_bf16(rng, static_cast<std::size_t>(layers) * cap * KV));
-      vh.push_back(random_bf16(rng, kh.back().size()));
-    }
-    std::vector<__nv_bfloat16> outs[2];
-    for (int run = 0; run < 2; ++run) {
-      const bool early = run == 1;
-      std::vector<DeviceBuffer<__nv_bfloat16>> kb, vb;
+    // One buffer: qkv [T, ld], then each row's K cache, then each row's V cache ([layers, cap, KV]).
+    const std::size_t qkv_n = static_cast<std::size_t>(T) * ld, cache_n = static_cast<std::size_t>(layers) * cap * KV;
+    const std::size_t total = qkv_n + 2 * static_cast<std::size_t>(T) * cache_n;
+    const auto init = random_bf16(rng, total);
+    auto a = upload<__nv_bfloat16>(init), b = upload<__nv_bfloat16>(init);
+    auto rows_in = [&](DeviceBuffer<__nv_bfloat16>& buf) {
       std::vector<cuda::ops::RowKv> rows;
-      for (int r = 0; r < T; ++r) {
-        kb.push_back(upload<__nv_bfloat16>(kh[static_cast<std::size_t>(r)]));
-        vb.push_back(upload<__nv_bfloat16>(vh[static_cast<std::size_t>(r)]));
-        rows.push_back({kb.back().get(), vb.back().get(), static_cast<std::int64_t>(cap) * KV,
+      for (int r = 0; r < T; ++r)
+        rows.push_back({buf.get() + qkv_n + static_cast<std::size_t>(r) * cache_n,
+                        buf.get() + qkv_n + static_cast<std::size_t>(T + r) * cache_n, static_cast<std::int64_t>(cap) * KV,
                         positions[static_cast<std::size_t>(r)], 0});
-      }
-      auto qkv = upload<__nv_bfloat16>(qkv_h);
-      auto d_rows = upload(rows);
-      DeviceBuffer<__nv_bfloat16> out(static_cast<std::size_t>(T) * Q);
-      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-      {
-        const cuda::ProgrammaticLaunch programmatic(early && cuda::programmatic_launch_supported());
-        cuda::ops::rope_store_kv(qkv.get(), T, cs.heads, cs.kv_heads, cs.d, dcos.get(), dsin.get(), d_rows.get(), layer,
-                                 nullptr);
-        cuda::ops::attention(qkv.get(), T, cs.heads, cs.kv_heads, cs.d, d_rows.get(), layer, cap, out.get(), nullptr,
-                             early);
-      }
-      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-      outs[run].resize(out.size());
-      ASSERT_EQ(cudaMemcpy(outs[run].data(), out.get(), out.bytes(), cudaMemcpyDeviceToHost), cudaSuccess);
+      return upload(rows);
+    };
+    auto rows_a = rows_in(a), rows_b = rows_in(b);
+    DeviceBuffer<__nv_bfloat16> out_ref(static_cast<std::size_t>(T) * Q), out_early(out_ref.size());
+    // Reference: a's new rows written, then the attention reads them (plain launches, flag off).
+    cuda::ops::rope_store_kv(a.get(), T, cs.heads, cs.kv_heads, cs.d, dcos.get(), dsin.get(), rows_a.get(), layer, stream);
+    cuda::ops::attention(a.get(), T, cs.heads, cs.kv_heads, cs.d, rows_a.get(), layer, cap, out_ref.get(), stream, false);
+    ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+    {  // b gets a's state late, then the attention with the flag, launched programmatically
+      const cuda::ProgrammaticLaunch programmatic(cuda::programmatic_launch_supported());
+      late_copy(a.get(), b.get(), total * sizeof(__nv_bfloat16), 100, stream);
+      cuda::ops::attention(b.get(), T, cs.heads, cs.kv_heads, cs.d, rows_b.get(), layer, cap, out_early.get(), stream, true);
     }
-    EXPECT_EQ(std::memcmp(outs[0].data(), outs[1].data(), outs[0].size() * sizeof(__nv_bfloat16)), 0);
+    ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+    const auto want = download<bf16>(out_ref), got = download<bf16>(out_early);
+    EXPECT_EQ(std::memcmp(want.data(), got.data(), want.size() * sizeof(bf16)), 0);
   }
+  cudaStreamDestroy(stream);
 }
 
 // argmax: the lowest index of each row's largest value, as std::max_element on the host; a row
