@@ -22,7 +22,7 @@ __global__ void late_copy_kernel(const unsigned char* src, unsigned char* dst, s
 }  // namespace
 
 void late_copy(const void* src, void* dst, std::size_t bytes, unsigned spin_us, cudaStream_t stream) {
-  cuda::launch_kernel(late_copy_kernel, dim3(1), dim3(256), 0, stream, static_cast<const unsigned char*>(src),
+  cuda::launch_kernel(late_copy_kernel, dim3(64), dim3(256), 0, stream, static_cast<const unsigned char*>(src),
                       static_cast<unsigned char*>(dst), bytes, spin_us);
   TWELL_CUDA_CHECK_LAUNCH("late_copy_kernel");
 }
