@@ -12,10 +12,9 @@ using detail::norm_row;
 
 // (kNormThreads, 1): with the thread count alone ptxas held these kernels to 64 registers on sm_90a
 // and spilled norm_row's register-held row (nvcc 13.0); one block a multiprocessor lets it use 75.
-
 __global__ void __launch_bounds__(kNormThreads, 1) rmsnorm_kernel(const float* x, const std::int32_t* row_index,
-                                                               std::int64_t k, const float* w, float eps,
-                                                               __nv_bfloat16* y) {
+                                                                  std::int64_t k, const float* w, float eps,
+                                                                  __nv_bfloat16* y) {
   dev::pdl_begin();
   const std::int64_t i = blockIdx.x;
   const std::int64_t src = row_index ? row_index[i] : i;
@@ -25,8 +24,8 @@ __global__ void __launch_bounds__(kNormThreads, 1) rmsnorm_kernel(const float* x
 // residual adds then rmsnorm of the same rows in one pass: x[i] += first[i] (if any), += delta[i];
 // y[i] = rmsnorm(x[i]).
 __global__ void __launch_bounds__(kNormThreads, 1) add_rmsnorm_kernel(float* x, const __nv_bfloat16* first,
-                                                                   const __nv_bfloat16* delta, std::int64_t k,
-                                                                   const float* w, float eps, __nv_bfloat16* y) {
+                                                                      const __nv_bfloat16* delta, std::int64_t k,
+                                                                      const float* w, float eps, __nv_bfloat16* y) {
   dev::pdl_begin();
   const std::int64_t i = blockIdx.x;
   norm_row<true>(x + i * k, first ? first + i * k : nullptr, delta + i * k, k, w, eps, y + i * k);
