@@ -171,9 +171,13 @@ __global__ void __launch_bounds__(kWarps * 32) attention_kernel_d(const __nv_bfl
   for (int t = static_cast<int>(threadIdx.x); t < n; t += kWarps * 32) {
     const uint4* kr = reinterpret_cast<const uint4*>(kc + static_cast<std::int64_t>(t) * kv_dim);
     uint4 raw[L];
-    const bool early = t < pre_below && t == static_cast<int>(threadIdx.x);
+    if (t < pre_below && t == static_cast<int>(threadIdx.x)) {  // loaded before the wait
 #pragma unroll
-    for (int j = 0; j < L; ++j) raw[j] = early ? pre_k[j] : kr[j];
+      for (int j = 0; j < L; ++j) raw[j] = pre_k[j];
+    } else {
+#pragma unroll
+      for (int j = 0; j < L; ++j) raw[j] = kr[j];
+    }
     float s = 0.0f;
 #pragma unroll
     for (int j = 0; j < L; ++j) {
@@ -199,10 +203,12 @@ __global__ void __launch_bounds__(kWarps * 32) attention_kernel_d(const __nv_bfl
     for (int u = 0; u < kUnroll; ++u) {
       const int t = base + u * kStep;
       p[u] = t < n ? score[t] : 0.0f;
-      const bool early = base == first && t < pre_below;
-      raw[u] = early    ? pre_v[u]
-               : t < n ? reinterpret_cast<const uint4*>(vc + static_cast<std::int64_t>(t) * kv_dim)[c]
-                       : make_uint4(0, 0, 0, 0);
+      if (base == first && t < pre_below)  // loaded before the wait
+        raw[u] = pre_v[u];
+      else if (t < n)
+        raw[u] = reinterpret_cast<const uint4*>(vc + static_cast<std::int64_t>(t) * kv_dim)[c];
+      else
+        raw[u] = make_uint4(0, 0, 0, 0);
     }
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
