@@ -118,16 +118,19 @@ __global__ void __launch_bounds__(kWarps * 32) attention_kernel(const __nv_bfloa
 // row, G = 32/L keys per warp instruction, kUnroll instructions in flight per step; the G groups
 // are summed by shuffles, then the warps through shared memory.
 // old_keys_ready (a decode step: every row is its sequence's one new token, so every key before a
-// row's own position was written by an earlier call): the first loop step's K and V rows below the
-// row's position are loaded before the kernel waits for the one before it (programmatic launches;
-// the step's QKV projection still runs then), the row's own key and value after. The same values in
-// the same order either way, so the same bits.
+// row's own position was written by an earlier call): the first loop step's K (D = 64) and V rows
+// below the row's position are loaded before the kernel waits for the one before it (programmatic
+// launches; the step's QKV projection still runs then), the row's own key and value after. The same
+// values in the same order either way, so the same bits.
 template <int D>
 __global__ void __launch_bounds__(kWarps * 32) attention_kernel_d(const __nv_bfloat16* qkv, std::int64_t heads,
                                                                   std::int64_t kv_heads, const RowKv* rows_kv,
                                                                   std::int64_t layer, float scale, __nv_bfloat16* out,
                                                                   bool old_keys_ready) {
   constexpr int L = D / 8, G = 32 / L, kUnroll = 4, kStep = kWarps * G;  // keys per loop step of all warps
+  // The early key row takes L uint4 registers: at D = 128 (16 of them) the kernel went from 128 to
+  // 170 registers (one CTA an SM), so there only V is loaded early.
+  constexpr bool kEarlyK = D <= 64;
   extern __shared__ float smem[];
   const std::int64_t r = blockIdx.x, h = blockIdx.y;
   const std::int64_t q_dim = heads * D, kv_dim = kv_heads * D, kvh = h / (heads / kv_heads);
@@ -136,7 +139,7 @@ __global__ void __launch_bounds__(kWarps * 32) attention_kernel_d(const __nv_bfl
   // Before the wait (old_keys_ready only): rows_kv was copied in before the step's first kernel, and
   // keys t < pos by earlier calls. pre_k: this thread's first key row; pre_v: its first V step.
   RowKv info{};
-  uint4 pre_k[L], pre_v[kUnroll];
+  uint4 pre_k[kEarlyK ? L : 1], pre_v[kUnroll];
   int pre_below = 0;  // keys below this position were loaded early (0: none)
   if (old_keys_ready) {
     info = rows_kv[r];
@@ -144,9 +147,11 @@ __global__ void __launch_bounds__(kWarps * 32) attention_kernel_d(const __nv_bfl
     const __nv_bfloat16* kc0 = info.k + layer * info.layer_stride + kvh * D;
     const __nv_bfloat16* vc0 = info.v + layer * info.layer_stride + kvh * D;
     const int t = static_cast<int>(threadIdx.x);
-    const uint4* kr = reinterpret_cast<const uint4*>(kc0 + static_cast<std::int64_t>(t) * kv_dim);
+    if constexpr (kEarlyK) {
+      const uint4* kr = reinterpret_cast<const uint4*>(kc0 + static_cast<std::int64_t>(t) * kv_dim);
 #pragma unroll
-    for (int j = 0; j < L; ++j) pre_k[j] = t < pre_below ? kr[j] : make_uint4(0, 0, 0, 0);
+      for (int j = 0; j < L; ++j) pre_k[j] = t < pre_below ? kr[j] : make_uint4(0, 0, 0, 0);
+    }
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
       const int tv = warp * G + g + u * kStep;
@@ -171,9 +176,9 @@ __global__ void __launch_bounds__(kWarps * 32) attention_kernel_d(const __nv_bfl
   for (int t = static_cast<int>(threadIdx.x); t < n; t += kWarps * 32) {
     const uint4* kr = reinterpret_cast<const uint4*>(kc + static_cast<std::int64_t>(t) * kv_dim);
     uint4 raw[L];
-    if (t < pre_below && t == static_cast<int>(threadIdx.x)) {  // loaded before the wait
+    if (kEarlyK && t < pre_below && t == static_cast<int>(threadIdx.x)) {  // loaded before the wait
 #pragma unroll
-      for (int j = 0; j < L; ++j) raw[j] = pre_k[j];
+      for (int j = 0; j < L; ++j) raw[j] = pre_k[kEarlyK ? j : 0];
     } else {
 #pragma unroll
       for (int j = 0; j < L; ++j) raw[j] = kr[j];
