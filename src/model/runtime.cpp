@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "cpu/blas.hpp"
+#include "cpu/gemv_bf16.hpp"
 #include "model/activation.hpp"
 #include "model/runtime_checks.hpp"
 #include "twell/error.hpp"
@@ -134,6 +135,32 @@ CpuRuntime::CpuRuntime(const Model& model, RuntimeOptions opt)
               "the sparse FFN path needs a ReLU model; this one uses {} (override with hidden_act relu only if "
               "the model was trained with ReLU)",
               to_string(model.config.act));
+  const bool bf16 = opt.cpu_bf16_weights && !opt.ffn_input_hook;  // a hook may change the weights
+  auto copy = [&](const std::vector<float>& w) {
+    ++matrices_;
+    std::vector<std::uint16_t> b = bf16 ? cpu::exact_bf16(w) : std::vector<std::uint16_t>{};
+    if (!b.empty()) ++bf16_matrices_;
+    return b;
+  };
+  for (const LayerWeights& L : model.layers)
+    bf16_.push_back({copy(L.wqkv), copy(L.wo), copy(L.w_gate), copy(L.w_up), copy(L.w_down)});
+  bf16_head_ = copy(model.lm_head.empty() ? model.embed : model.lm_head);
+}
+
+std::string CpuRuntime::weight_storage() const {
+  if (bf16_matrices_ == 0)
+    return opt_.cpu_bf16_weights && !opt_.ffn_input_hook ? "fp32 (the weights are not bf16 values)" : "fp32";
+  return fmt::format("fp32, and {} of {} matrices also as bf16 (their values exactly) for steps of ≤ {} rows", bf16_matrices_,
+                     matrices_, cpu::kGemvBf16MaxRows);
+}
+
+void CpuRuntime::project(const float* x, std::int64_t rows, const std::vector<float>& w,
+                         const std::vector<std::uint16_t>& w16, std::int64_t n, std::int64_t k, float* y) const {
+  if (!w16.empty() && rows <= cpu::kGemvBf16MaxRows) {
+    cpu::gemv_bf16(x, rows, w16.data(), n, k, y);
+    return;
+  }
+  gemm(false, true, 1.0f, CMatrixF(x, rows, k), CMatrixF(w.data(), n, k), 0.0f, MatrixF(y, rows, n));
 }
 
 std::unique_ptr<Sequence> CpuRuntime::new_sequence(std::int64_t capacity) {
@@ -164,9 +191,10 @@ void CpuRuntime::ffn(std::int64_t layer, const float* x, std::int64_t rows, floa
     st.last_density = static_cast<double>(info.stats.nnz) / static_cast<double>(rows * N);
     return;
   }
+  const Bf16Layer& B = bf16_[static_cast<std::size_t>(layer)];
   std::vector<float> g(static_cast<std::size_t>(rows * N)), u(g.size());
-  gemm(false, true, 1.0f, CMatrixF(x, rows, K), CMatrixF(L.w_gate.data(), N, K), 0.0f, MatrixF(g.data(), rows, N));
-  gemm(false, true, 1.0f, CMatrixF(x, rows, K), CMatrixF(L.w_up.data(), N, K), 0.0f, MatrixF(u.data(), rows, N));
+  project(x, rows, L.w_gate, B.w_gate, N, K, g.data());
+  project(x, rows, L.w_up, B.w_up, N, K, u.data());
   std::int64_t active = 0;
   const Activation act = c.act;
 #pragma omp parallel for reduction(+ : active) schedule(static)
@@ -175,7 +203,7 @@ void CpuRuntime::ffn(std::int64_t layer, const float* x, std::int64_t rows, floa
     if (g[j] > 0.0f) ++active;
     u[j] *= activate(act, g[j]);
   }
-  gemm(false, true, 1.0f, CMatrixF(u.data(), rows, N), CMatrixF(L.w_down.data(), K, N), 0.0f, MatrixF(y, rows, K));
+  project(u.data(), rows, L.w_down, B.w_down, K, N, y);
   if (relu) {
     st.active += active;
     st.last_density = static_cast<double>(active) / static_cast<double>(rows * N);
@@ -220,8 +248,8 @@ std::vector<float> CpuRuntime::forward(std::span<const SeqStep> steps, bool all_
   for (std::int64_t l = 0; l < c.num_layers; ++l) {
     const LayerWeights& L = model_->layers[static_cast<std::size_t>(l)];
     rmsnorm(x.data(), L.attn_norm.data(), T, K, c.rms_eps, xn.data());
-    gemm(false, true, 1.0f, CMatrixF(xn.data(), T, K), CMatrixF(L.wqkv.data(), Q + 2 * KV, K), 0.0f,
-         MatrixF(qkv.data(), T, Q + 2 * KV));
+    const Bf16Layer& B = bf16_[static_cast<std::size_t>(l)];
+    project(xn.data(), T, L.wqkv, B.wqkv, Q + 2 * KV, K, qkv.data());
     // RoPE on q and k; k and v into their sequence's cache at the row's position.
 #pragma omp parallel for schedule(static)
     for (std::int64_t r = 0; r < T; ++r) {
@@ -268,7 +296,7 @@ std::vector<float> CpuRuntime::forward(std::span<const SeqStep> steps, bool all_
           }
         }
     }
-    gemm(false, true, 1.0f, CMatrixF(att.data(), T, Q), CMatrixF(L.wo.data(), K, Q), 0.0f, MatrixF(tmp.data(), T, K));
+    project(att.data(), T, L.wo, B.wo, K, Q, tmp.data());
 #pragma omp parallel for simd schedule(static)
     for (std::int64_t i = 0; i < T * K; ++i) x[static_cast<std::size_t>(i)] += tmp[static_cast<std::size_t>(i)];
     rmsnorm(x.data(), L.ffn_norm.data(), T, K, c.rms_eps, xn.data());
@@ -292,7 +320,7 @@ std::vector<float> CpuRuntime::forward(std::span<const SeqStep> steps, bool all_
   for (std::int64_t i = 0; i < R; ++i) std::copy_n(x.data() + rows[static_cast<std::size_t>(i)] * K, K, sel.data() + i * K);
   rmsnorm(sel.data(), model_->final_norm.data(), R, K, c.rms_eps, sel.data());
   std::vector<float> logits(static_cast<std::size_t>(R * V));
-  gemm(false, true, 1.0f, CMatrixF(sel.data(), R, K), CMatrixF(model_->head(), V, K), 0.0f, MatrixF(logits.data(), R, V));
+  project(sel.data(), R, model_->lm_head.empty() ? model_->embed : model_->lm_head, bf16_head_, V, K, logits.data());
   return logits;
 }
 

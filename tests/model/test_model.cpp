@@ -72,6 +72,47 @@ TEST(ModelCpu, CacheChunksMatchOneCall) {
   }
 }
 
+// RuntimeOptions::cpu_bf16_weights: a bf16 checkpoint's matrices are bf16 values, so steps of ≤ 8
+// rows read their bf16 copies; the products are the same, only the fp32 sums' order differs (as
+// between chunkings above: 1e-5 relative). Chunks of 1 and 5 tokens take the bf16 copies, a whole
+// 37-token prompt OpenBLAS's fp32 GEMM. Weights that are not bf16 values, or a runtime with an
+// ffn_input_hook (which may change them), keep fp32 alone; weight_storage() says which.
+TEST(ModelCpu, Bf16WeightCopiesGiveTheSameLogits) {
+  for (const char* act : {"silu", "relu"}) {
+    TinySpec s;
+    s.act = act;
+    s.bf16 = true;
+    s.tied = false;
+    s.seed = fresh_seed();
+    SCOPED_TRACE(act);
+    const Model m = Model::load(write_tiny(std::string("bf16_") + act, s).string());
+    model::RuntimeOptions off(model::FfnPath::dense);
+    off.cpu_bf16_weights = false;
+    CpuRuntime with(m, model::RuntimeOptions(model::FfnPath::dense)), without(m, off);
+    const std::string storage = with.weight_storage();
+    EXPECT_NE(storage.find("11 of 11 matrices also as bf16"), std::string::npos) << storage;  // 2 layers × 5 + head
+    EXPECT_EQ(without.weight_storage(), "fp32");
+    Rng rng(s.seed);
+    const auto toks = random_tokens(rng, 37, s.vocab);
+    const auto want = run(without, toks, toks.size());
+    for (std::size_t chunk : {1u, 5u, 37u}) {
+      const auto got = run(with, toks, chunk);
+      ASSERT_EQ(got.size(), want.size());
+      EXPECT_LT(rel_diff(got, want), 1e-5) << "chunk " << chunk;
+    }
+  }
+  TinySpec f32;
+  f32.seed = fresh_seed();
+  const Model m = Model::load(write_tiny("f32_weights", f32).string());
+  EXPECT_EQ(CpuRuntime(m).weight_storage(), "fp32 (the weights are not bf16 values)");
+  TinySpec b;
+  b.bf16 = true;
+  const Model mb = Model::load(write_tiny("bf16_hook", b).string());
+  model::RuntimeOptions hooked;
+  hooked.ffn_input_hook = [](std::int64_t, CMatrixF) {};
+  EXPECT_EQ(CpuRuntime(mb, hooked).weight_storage(), "fp32");
+}
+
 TEST(ModelCpu, BatchMatchesSeparateSequences) {
   TinySpec s;
   s.act = "silu";

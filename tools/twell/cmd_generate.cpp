@@ -73,6 +73,7 @@ int run_generate(GenerateArgs& a) {
       note(fmt::format("prefill attention: {}{}{}", rt.prefill_attention(),
                        rt.programmatic_launch() ? "; programmatic launches on" : "",
                        rt.fused_decode() ? "; fused one-row decode on" : ""));
+    if (!rt.weight_storage().empty()) note(fmt::format("weights: {}", rt.weight_storage()));
   }
 
   // One prompt streams to stdout; several are printed when all are done.

@@ -1,5 +1,5 @@
 #pragma once
-// The GPU runtime switches `twell generate` and `twell bench model` share, bound straight to the
+// The runtime switches `twell generate` and `twell bench model` share, bound straight to the
 // model::RuntimeOptions fields they set (their defaults are the options' own).
 #include <CLI/CLI.hpp>
 
@@ -13,6 +13,8 @@ inline void add_runtime_flags(CLI::App* sub, model::RuntimeOptions& o) {
                 "GPU: prefill attention by twell's own tensor-core kernel even where cuDNN's fused SDPA is built in");
   sub->add_flag("!--no-fused-decode", o.fused_decode,
                 "GPU: a one-row step's attention norm, QKV, RoPE and cache store as separate kernels (default: one)");
+  sub->add_flag("!--no-cpu-bf16", o.cpu_bf16_weights,
+                "CPU: decode steps on the fp32 weights too (default: on bf16 copies of weights whose values are bf16)");
   sub->add_flag("!--no-pdl", o.programmatic_launch,
                 "GPU (Hopper): launch the runtime's own kernels plainly (default: programmatic dependent launches)");
 }

@@ -66,6 +66,12 @@ struct RuntimeOptions {
   // residual add joins the next add + RMSNorm: 2 kernels fewer a layer, the same bits; 2B decode at
   // batch 1 +3.4-3.8 % on an H100 (docs/model-runtime.md). Off: for A/B measurement.
   bool fused_decode = true;
+  // CPU runtime only: the weight matrices whose values are all bf16 exactly (a bf16 checkpoint) are
+  // also kept as bf16, and steps of ≤ 8 rows (decode) read those — half the bytes of the fp32 copy
+  // that bounds a CPU decode step; the same products in fp32 sums (another order than OpenBLAS's).
+  // Costs half the weights' memory again. Only without an ffn_input_hook (a hook may change the
+  // weights); off: fp32 everywhere.
+  bool cpu_bf16_weights = true;
   // CPU runtime only: called with each layer's FFN input (RMSNorm'd, [rows, K]) before its FFN
   // runs; for capturing activations (telemetry) or calibrating: the hook may change that layer's
   // weights in the Model (not their shapes), and its FFN then runs on the changed ones (synthetic
@@ -127,6 +133,8 @@ class Runtime {
   virtual bool programmatic_launch() const noexcept { return false; }
   // Whether RuntimeOptions::fused_decode is in effect.
   virtual bool fused_decode() const noexcept { return false; }
+  // How the weights are held, for reports ("" where there is nothing to say).
+  virtual std::string weight_storage() const { return ""; }
 };
 
 class CpuRuntime final : public Runtime {
@@ -138,12 +146,24 @@ class CpuRuntime final : public Runtime {
   std::vector<float> forward(std::span<const SeqStep> steps, bool all_positions = false) override;
   const std::vector<FfnLayerStats>& ffn_stats() const noexcept override { return stats_; }
   void reset_stats() override;
+  std::string weight_storage() const override;
 
  private:
   void ffn(std::int64_t layer, const float* x, std::int64_t rows, float* y);
+  // y [rows, n] = x [rows, k] · Wᵀ, W [n, k]: through w16 (its bf16 copy, when it has one) at
+  // decode sizes, else OpenBLAS on the fp32 w.
+  void project(const float* x, std::int64_t rows, const std::vector<float>& w, const std::vector<std::uint16_t>& w16,
+               std::int64_t n, std::int64_t k, float* y) const;
   const Model* model_;
   RuntimeOptions opt_;
   std::vector<FfnLayerStats> stats_;
+  // RuntimeOptions::cpu_bf16_weights: each matrix's bf16 copy, empty where it has none.
+  struct Bf16Layer {
+    std::vector<std::uint16_t> wqkv, wo, w_gate, w_up, w_down;
+  };
+  std::vector<Bf16Layer> bf16_;
+  std::vector<std::uint16_t> bf16_head_;
+  std::int64_t bf16_matrices_ = 0, matrices_ = 0;
 };
 
 // The runtime for `device`: "cpu", or "cuda" (throws ErrorCode::unsupported where this build or
