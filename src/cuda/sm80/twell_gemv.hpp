@@ -30,35 +30,34 @@ struct TwellGemvParams {
 // Requires 1 ≤ M ≤ kGemvMaxRows, K a multiple of 8 with K ≤ kGemvMaxK, 16-byte aligned rows.
 void launch_twell_gemv(const TwellGemvParams& p, cudaStream_t stream);
 
-// m contiguous rows, no ReLU, fp32 out: y[m, n] = x[m, k] · W[n, k]ᵀ (the LM head's logits at decode).
-inline void launch_twell_gemv_f32(const __nv_bfloat16* x, std::int64_t m, const __nv_bfloat16* w, std::int64_t n,
-                                  std::int64_t k, float* y, cudaStream_t stream) {
+// Parameters for m contiguous rows of x [m, k] against W [n, k], no ReLU, output [m, n] (set g or g32).
+inline TwellGemvParams gemv_rows(const __nv_bfloat16* x, std::int64_t m, const __nv_bfloat16* w, std::int64_t n,
+                                 std::int64_t k) {
   TwellGemvParams p;
   p.x = x;
   p.ld_x = k;
   p.w = w;
-  p.g32 = y;
   p.ld_g = n;
   p.m = m;
   p.n = n;
   p.k = k;
   p.relu = false;
+  return p;
+}
+
+// m contiguous rows, fp32 out: y[m, n] = x[m, k] · W[n, k]ᵀ (the LM head's logits at decode).
+inline void launch_twell_gemv_f32(const __nv_bfloat16* x, std::int64_t m, const __nv_bfloat16* w, std::int64_t n,
+                                  std::int64_t k, float* y, cudaStream_t stream) {
+  TwellGemvParams p = gemv_rows(x, m, w, n, k);
+  p.g32 = y;
   launch_twell_gemv(p, stream);
 }
 
-// One contiguous row, no ReLU: y[n] = bf16(x[k] · W[n, k]ᵀ) (a projection at one token).
+// One contiguous row: y[n] = bf16(x[k] · W[n, k]ᵀ) (a projection at one token).
 inline void launch_twell_gemv_row(const __nv_bfloat16* x, const __nv_bfloat16* w, std::int64_t n, std::int64_t k,
                                   __nv_bfloat16* y, cudaStream_t stream) {
-  TwellGemvParams p;
-  p.x = x;
-  p.ld_x = k;
-  p.w = w;
+  TwellGemvParams p = gemv_rows(x, 1, w, n, k);
   p.g = y;
-  p.ld_g = n;
-  p.m = 1;
-  p.n = n;
-  p.k = k;
-  p.relu = false;
   launch_twell_gemv(p, stream);
 }
 
