@@ -277,6 +277,10 @@ std::vector<float> CpuRuntime::forward(std::span<const SeqStep> steps, bool all_
           float mx = -INFINITY;
           for (std::int64_t t = 0; t < n; ++t) {
             float s = 0;
+            // A SIMD reduction (the lanes' partial sums, then their sum): without the pragma the
+            // compiler keeps the sum's order and the loop scalar. Measured (SmolLM2, 900-token
+            // prompt, 2 cores): prefill 339 → 431 tokens/s, decode after it 51 → 57 tokens/s.
+#pragma omp simd reduction(+ : s)
             for (std::int64_t i = 0; i < D; ++i) s += q[i] * kc[t * KV + i];
             score[static_cast<std::size_t>(t)] = s * scale;
             mx = std::max(mx, s * scale);
