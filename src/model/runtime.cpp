@@ -210,6 +210,43 @@ void CpuRuntime::ffn(std::int64_t layer, const float* x, std::int64_t rows, floa
   }
 }
 
+namespace {
+
+// A step of at least this many tokens runs its attention as two OpenBLAS GEMMs a head (scores, then
+// probabilities times values) instead of the per-(row, head) loops, whose dot products over a long
+// prompt's keys were most of a CPU prefill (SmolLM2, 900 tokens: see docs/model-runtime.md).
+constexpr std::int64_t kGemmAttentionRows = 16;
+
+// Causal attention of `rows` consecutive query rows (positions p0 …) of one head against its
+// sequence's keys 0 … p0 + rows − 1: S = scale · Q · Kᵀ, each row's softmax over its visible keys (the
+// loops' formula: fp32 exponentials, a double sum), the rest 0, then out = S · V. q / out: the first
+// row's head slice, row strides ld_q / ld_out; k, v: key 0's head slice, row stride ld_kv.
+void attention_gemm(const float* q, std::int64_t ld_q, std::int64_t rows, std::int64_t p0, const float* k, const float* v,
+                    std::int64_t ld_kv, std::int64_t d, float scale, float* out, std::int64_t ld_out, std::vector<float>& s) {
+  const std::int64_t n = p0 + rows;
+  s.resize(static_cast<std::size_t>(rows * n));
+  gemm(false, true, scale, CMatrixF(q, rows, d, ld_q), CMatrixF(k, n, d, ld_kv), 0.0f, MatrixF(s.data(), rows, n));
+#pragma omp parallel for schedule(static)
+  for (std::int64_t j = 0; j < rows; ++j) {
+    float* row = s.data() + j * n;
+    const std::int64_t seen = p0 + j + 1;
+    float mx = -INFINITY;
+    for (std::int64_t t = 0; t < seen; ++t) mx = std::max(mx, row[t]);
+    double sum = 0;
+    for (std::int64_t t = 0; t < seen; ++t) {
+      const float e = std::exp(row[t] - mx);
+      row[t] = e;
+      sum += e;
+    }
+    const auto inv = static_cast<float>(1.0 / sum);
+    for (std::int64_t t = 0; t < seen; ++t) row[t] *= inv;
+    std::fill(row + seen, row + n, 0.0f);
+  }
+  gemm(false, false, 1.0f, CMatrixF(s.data(), rows, n), CMatrixF(v, n, d, ld_kv), 0.0f, MatrixF(out, rows, d, ld_out));
+}
+
+}  // namespace
+
 std::vector<float> CpuRuntime::forward(std::span<const SeqStep> steps, bool all_positions) {
   const LlamaConfig& c = model_->config;
   const std::int64_t K = c.hidden_size, V = c.vocab_size, Q = c.q_dim(), KV = c.kv_dim(), D = c.head_dim;
@@ -238,6 +275,9 @@ std::vector<float> CpuRuntime::forward(std::span<const SeqStep> steps, bool all_
         std::copy_n(model_->embed.data() + steps[s].tokens[j] * K, K, x.data() + r * K);
       }
   }
+  std::vector<std::int64_t> row0(steps.size());  // each step's first row
+  for (std::size_t s = 1; s < steps.size(); ++s) row0[s] = row0[s - 1] + static_cast<std::int64_t>(steps[s - 1].tokens.size());
+  std::vector<float> scores;  // attention_gemm's scratch
   std::vector<double> inv_freq(static_cast<std::size_t>(D / 2));
   for (std::int64_t i = 0; i < D / 2; ++i)
     inv_freq[static_cast<std::size_t>(i)] = std::pow(c.rope_theta, -2.0 * static_cast<double>(i) / static_cast<double>(D));
@@ -262,12 +302,25 @@ std::vector<float> CpuRuntime::forward(std::span<const SeqStep> steps, bool all_
       std::copy_n(row + Q + KV, KV, cache->v(l) + p * KV);
     }
     // Causal attention: row r's query head h against its sequence's keys 0…pos[r] of KV head h / group.
+    // Steps of ≥ kGemmAttentionRows tokens as GEMMs, a head at a time; the other rows in the loops.
+    for (std::size_t s = 0; s < steps.size(); ++s) {
+      const auto rows = static_cast<std::int64_t>(steps[s].tokens.size());
+      if (rows < kGemmAttentionRows) continue;
+      const std::int64_t r0 = row0[s];
+      for (std::int64_t h = 0; h < H; ++h)
+        attention_gemm(qkv.data() + r0 * (Q + 2 * KV) + h * D, Q + 2 * KV, rows, pos[static_cast<std::size_t>(r0)],
+                       seqs[s]->k(l) + (h / group) * D, seqs[s]->v(l) + (h / group) * D, KV, D, scale,
+                       att.data() + r0 * Q + h * D, Q, scores);
+    }
 #pragma omp parallel
     {
       std::vector<float> score;
 #pragma omp for schedule(dynamic) collapse(2)
       for (std::int64_t r = 0; r < T; ++r)
         for (std::int64_t h = 0; h < H; ++h) {
+          if (static_cast<std::int64_t>(steps[static_cast<std::size_t>(seq[static_cast<std::size_t>(r)])].tokens.size()) >=
+              kGemmAttentionRows)
+            continue;  // done above
           CpuSequence* cache = seqs[static_cast<std::size_t>(seq[static_cast<std::size_t>(r)])];
           const std::int64_t n = pos[static_cast<std::size_t>(r)] + 1, kvh = h / group;
           const float* q = qkv.data() + r * (Q + 2 * KV) + h * D;
