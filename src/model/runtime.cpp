@@ -212,6 +212,28 @@ void CpuRuntime::ffn(std::int64_t layer, const float* x, std::int64_t rows, floa
 
 namespace {
 
+// o[0, d) = Σ_t p[t] · v[t · ld + 0 … d), the sums in t order. With d a compile-time 64 or 128 the
+// accumulators stay in registers (the loop over a runtime d loaded and stored o for every key).
+template <int kD>
+void weighted_sum(const float* p, const float* v, std::int64_t ld, std::int64_t n, float* o) {
+  float acc[kD] = {};
+  for (std::int64_t t = 0; t < n; ++t) {
+    const float w = p[t];
+    const float* vr = v + t * ld;
+#pragma omp simd
+    for (int i = 0; i < kD; ++i) acc[i] += w * vr[i];
+  }
+  std::copy_n(acc, kD, o);
+}
+
+void weighted_sum(const float* p, const float* v, std::int64_t ld, std::int64_t n, std::int64_t d, float* o) {
+  if (d == 64) return weighted_sum<64>(p, v, ld, n, o);
+  if (d == 128) return weighted_sum<128>(p, v, ld, n, o);
+  std::fill_n(o, d, 0.0f);
+  for (std::int64_t t = 0; t < n; ++t)
+    for (std::int64_t i = 0; i < d; ++i) o[i] += p[t] * v[t * ld + i];
+}
+
 // A step of at least this many tokens runs its attention as two OpenBLAS GEMMs a head (scores, then
 // probabilities times values) instead of the per-(row, head) loops, whose dot products over a long
 // prompt's keys were most of a CPU prefill (SmolLM2, 900 tokens: see docs/model-runtime.md).
@@ -345,12 +367,8 @@ std::vector<float> CpuRuntime::forward(std::span<const SeqStep> steps, bool all_
             sum += e;
           }
           const auto inv = static_cast<float>(1.0 / sum);
-          float* o = att.data() + r * Q + h * D;
-          std::fill_n(o, D, 0.0f);
-          for (std::int64_t t = 0; t < n; ++t) {
-            const float w = score[static_cast<std::size_t>(t)] * inv;
-            for (std::int64_t i = 0; i < D; ++i) o[i] += w * vc[t * KV + i];
-          }
+          for (std::int64_t t = 0; t < n; ++t) score[static_cast<std::size_t>(t)] *= inv;
+          weighted_sum(score.data(), vc, KV, n, D, att.data() + r * Q + h * D);
         }
     }
     project(att.data(), T, L.wo, B.wo, K, Q, tmp.data());
