@@ -3,12 +3,14 @@
 # PyTorch's best dense decode on the same synthetic checkpoint, same GPU, same call: transformers +
 # torch.compile(mode="reduce-overhead") + static cache (CUDA graphs), and the same weights through
 # a lean gpt-fast-style body (bench/model/fast_llama.py) compiled alike; "best" is the faster.
-#   [BUILD=build/gpu] [OUT=…] [PREFILL=1] [MODEL=DIR] [FAST_MODES=reduce-overhead,max-autotune] [FAST_ATTN=sdpa,math] bash bench/model/gpu_decode_yardstick.sh [CONFIG [DENSITY]]   (2b 0.005)
+#   [BUILD=build/gpu] [OUT=…] [PREFILL=1 [DECODE=0]] [MODEL=DIR] [FAST_MODES=reduce-overhead,max-autotune] [FAST_ATTN=sdpa,math] bash bench/model/gpu_decode_yardstick.sh [CONFIG [DENSITY]]   (2b 0.005)
 # Needs a built twell (e.g. scripts/gpu-check earlier in the same call). Writes torch.json,
 # twell.json and decode-yardstick.md (the table) under $OUT. PREFILL=1 adds the prefill of 8 × 512
 # (PREFILL_BATCH × PREFILL_LEN: e.g. the paper's 64 × 2048)
 # tokens on both sides (PyTorch eager and torch.compile; twell with the prefill attention it
 # builds in, and again with --no-cudnn-attention: twell-own-attention.json) to the same table.
+# DECODE=0 (with PREFILL=1) leaves out PyTorch's decode rows (their compilations take minutes) and
+# twell's own-attention run: a prefill of 64 × 2048 fits a call then.
 set -uo pipefail
 [ -n "${MODEL:-}" ] && MODEL=$(realpath "$MODEL")  # before the cd: relative to the caller
 cd "$(dirname "$0")/../.."
@@ -44,6 +46,7 @@ PB=${PREFILL_BATCH:-8}
 PL=${PREFILL_LEN:-512}
 skip=--skip-prefill
 [ "$PREFILL" = 1 ] && skip=
+[ "$PREFILL" = 1 ] && [ "${DECODE:-1}" = 0 ] && skip=--skip-decode
 python3 bench/model/torch_yardstick.py "$M" $skip --prefill-batch "$PB" --prefill-len "$PL" --context 128 --decode-steps 128 \
   --fast-modes "$FAST_MODES" --fast-attn "$FAST_ATTN" --json "$OUT/torch.json" \
   > "$OUT/torch.log" 2>&1
@@ -54,7 +57,7 @@ pf="--prefill-batch 1 --prefill-len 128"
 "$BUILD/tools/twell/twell" bench model --model "$M" --decode-batch 1 --context 128 --decode-steps 128 --no-energy \
   $pf --json "$OUT/twell.json" > "$OUT/twell.log" 2>&1
 echo "twell bench rc=$? ($(( $(date +%s) - t0 )) s)"
-if [ "$PREFILL" = 1 ]; then
+if [ "$PREFILL" = 1 ] && [ "${DECODE:-1}" != 0 ]; then
   t0=$(date +%s)
   "$BUILD/tools/twell/twell" bench model --model "$M" --decode-batch 1 --context 128 --decode-steps 8 --no-energy \
     $pf --no-cudnn-attention --json "$OUT/twell-own-attention.json" > "$OUT/twell-own-attention.log" 2>&1

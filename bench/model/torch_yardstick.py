@@ -159,6 +159,7 @@ def main():
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--skip-prefill", action="store_true", help="only the decode phases")
+    ap.add_argument("--skip-decode", action="store_true", help="only the prefill phases")
     ap.add_argument("--decode-compile-mode", default="reduce-overhead", help="torch.compile mode of the decode step")
     ap.add_argument("--skip-fast", action="store_true", help="leave out the lean body (bench/model/fast_llama.py)")
     ap.add_argument("--fast-modes", default="reduce-overhead",
@@ -236,6 +237,8 @@ def main():
         except Exception as e:  # noqa: BLE001
             fail("prefill fast compile", e)
 
+    if a.skip_decode:
+        return 0
     prompt = torch.randint(0, vocab, (1, a.context), device="cuda")
     rate, per = decode_rate(model, prompt, a.decode_steps, a.reps)
     report("decode b1 eager", rate, {"seconds_per_token": per})

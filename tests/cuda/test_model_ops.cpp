@@ -11,6 +11,7 @@
 #include "cuda/common/device_buffer.hpp"
 #include "cuda/common/launch.hpp"
 #include "cuda/ops/model_ops.hpp"
+#include "cuda/sm80/twell_decode_token.hpp"
 #include "cuda/sm80/twell_gemv.hpp"
 #include "cuda_test_util.hpp"
 #include "late_writer.hpp"
@@ -224,6 +225,101 @@ TEST(ModelOps, DecodeAttentionReadsOldKeysEarlyAndTheNewOneAfter) {
     ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
     const auto want = download<bf16>(out_ref), got = download<bf16>(out_early);
     EXPECT_EQ(std::memcmp(want.data(), got.data(), want.size() * sizeof(bf16)), 0);
+  }
+  cudaStreamDestroy(stream);
+}
+
+// The kernels that load weights before their programmatic wait — the decode GEMV (twell_gemv: the
+// projections and logits at a few tokens) and the one-token FFN kernel (twell_decode_token) — read
+// x only after it. x arrives late (late_copy spins 100 µs after the kernel before it lets the next
+// one start), and the outputs must equal plain launches' over the final x bit for bit: a kernel
+// that read x before the wait would see the buffer's earlier contents (another random x) every
+// time. Shapes: tails of a warp's rows (N = 2053), rows of several load windows (K = 4096, 8192),
+// 1 and 3 tokens, fp32 and bf16 output; the FFN gated and non-gated (≈ half the neurons active).
+TEST(ModelOps, WeightFirstKernelsReadXAfterTheWait) {
+  TWELL_REQUIRE_GPU();
+  Rng rng(fresh_seed());
+  cudaStream_t stream = nullptr;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
+  const bool pdl = cuda::programmatic_launch_supported();
+  struct GemvCase {
+    std::int64_t m, n, k;
+    bool f32;
+  };
+  for (const GemvCase c : {GemvCase{1, 2053, 2048, false}, GemvCase{3, 2053, 8192, true}, GemvCase{1, 64, 4096, true}}) {
+    SCOPED_TRACE(::testing::Message() << "gemv m " << c.m << " n " << c.n << " k " << c.k);
+    auto w = upload<__nv_bfloat16>(random_bf16(rng, static_cast<std::size_t>(c.n * c.k)));
+    const auto xv = random_bf16(rng, static_cast<std::size_t>(c.m * c.k));
+    auto x = upload<__nv_bfloat16>(xv), late = upload<__nv_bfloat16>(random_bf16(rng, xv.size()));
+    DeviceBuffer<float> ref32(static_cast<std::size_t>(c.m * c.n)), got32(ref32.size());
+    DeviceBuffer<__nv_bfloat16> ref(ref32.size()), got(ref32.size());
+    const auto run = [&](const __nv_bfloat16* xp, float* y32, __nv_bfloat16* y) {
+      if (c.f32)
+        cuda::launch_twell_gemv_f32(xp, c.m, w.get(), c.n, c.k, y32, stream);
+      else
+        cuda::launch_twell_gemv_row(xp, w.get(), c.n, c.k, y, stream);
+    };
+    run(x.get(), ref32.get(), ref.get());
+    {
+      const cuda::ProgrammaticLaunch programmatic(pdl);
+      late_copy(x.get(), late.get(), xv.size() * sizeof(bf16), 100, stream);
+      run(late.get(), got32.get(), got.get());
+    }
+    ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+    if (c.f32) {
+      const auto want = download<float>(ref32), have = download<float>(got32);
+      EXPECT_EQ(std::memcmp(want.data(), have.data(), want.size() * sizeof(float)), 0);
+    } else {
+      const auto want = download<bf16>(ref), have = download<bf16>(got);
+      EXPECT_EQ(std::memcmp(want.data(), have.data(), want.size() * sizeof(bf16)), 0);
+    }
+  }
+  struct TokenCase {
+    std::int64_t n, k;
+    bool gated;
+  };
+  for (const TokenCase c : {TokenCase{5632, 2048, true}, TokenCase{1003, 4096, false}, TokenCase{70, 8192, true}}) {
+    SCOPED_TRACE(::testing::Message() << "decode_token n " << c.n << " k " << c.k << (c.gated ? " gated" : " non-gated"));
+    const auto nk = static_cast<std::size_t>(c.n * c.k);
+    auto w_first = upload<__nv_bfloat16>(random_bf16(rng, nk)), w_up = upload<__nv_bfloat16>(random_bf16(rng, nk)),
+         w_down_t = upload<__nv_bfloat16>(random_bf16(rng, nk));
+    const auto xv = random_bf16(rng, static_cast<std::size_t>(c.k));
+    auto x = upload<__nv_bfloat16>(xv), late = upload<__nv_bfloat16>(random_bf16(rng, xv.size()));
+    DeviceBuffer<__nv_bfloat16> ref(static_cast<std::size_t>(c.k)), got(ref.size());
+    DeviceBuffer<float> h(static_cast<std::size_t>(c.n));
+    DeviceBuffer<unsigned char> flags(static_cast<std::size_t>(cuda::decode_token_flag_bytes(c.n)));
+    ASSERT_EQ(cudaMemset(flags.get(), 0, flags.bytes()), cudaSuccess);
+    DeviceBuffer<unsigned long long> nnz(2);
+    const auto run = [&](const __nv_bfloat16* xp, __nv_bfloat16* y, unsigned long long* count) {
+      cuda::TwellDecodeTokenParams p;
+      p.x = xp;
+      p.ld_x = c.k;
+      p.w_up = c.gated ? w_up.get() : nullptr;
+      p.w_down_t = w_down_t.get();
+      p.y = y;
+      p.ld_y = c.k;
+      p.m = 1;
+      p.n = c.n;
+      p.k = c.k;
+      p.gated = c.gated;
+      p.w_first = w_first.get();
+      p.h = h.get();
+      p.flags = flags.get();
+      p.nnz_out = count;
+      cuda::launch_twell_decode_token(p, stream);
+    };
+    run(x.get(), ref.get(), nnz.get());
+    {
+      const cuda::ProgrammaticLaunch programmatic(pdl);
+      late_copy(x.get(), late.get(), xv.size() * sizeof(bf16), 100, stream);
+      run(late.get(), got.get(), nnz.get() + 1);
+    }
+    ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+    const auto want = download<bf16>(ref), have = download<bf16>(got);
+    EXPECT_EQ(std::memcmp(want.data(), have.data(), want.size() * sizeof(bf16)), 0);
+    const auto counts = download<unsigned long long>(nnz);
+    EXPECT_EQ(counts[0], counts[1]);
+    EXPECT_GT(counts[0], 0u);
   }
   cudaStreamDestroy(stream);
 }
