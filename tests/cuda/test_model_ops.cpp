@@ -229,13 +229,14 @@ TEST(ModelOps, DecodeAttentionReadsOldKeysEarlyAndTheNewOneAfter) {
   cudaStreamDestroy(stream);
 }
 
-// The kernels that load weights before their programmatic wait — the decode GEMV (twell_gemv: the
-// projections and logits at a few tokens) and the one-token FFN kernel (twell_decode_token) — read
-// x only after it. x arrives late (late_copy spins 100 µs after the kernel before it lets the next
-// one start), and the outputs must equal plain launches' over the final x bit for bit: a kernel
-// that read x before the wait would see the buffer's earlier contents (another random x) every
-// time. Shapes: tails of a warp's rows (N = 2053), rows of several load windows (K = 4096, 8192),
-// 1 and 3 tokens, fp32 and bf16 output; the FFN gated and non-gated (≈ half the neurons active).
+// The decode GEMV (twell_gemv: the projections and logits at a few tokens) and the one-token FFN
+// kernels (twell_decode_token) read x only once the kernel before them is done, under programmatic
+// launches too — the guard for any version that moves its weight loads ahead of the wait (one did:
+// a75eded, measured no faster, not kept). x arrives late (late_copy spins 100 µs after the kernel
+// before it lets the next one start), and the outputs must equal plain launches' over the final x
+// bit for bit: a kernel that read x early would see the buffer's earlier contents (another random
+// x) every time. Shapes: tails of a warp's rows (N = 2053), rows of several load windows (K = 4096,
+// 8192), 1 and 3 tokens, fp32 and bf16 output; the FFN gated and non-gated (≈ half the neurons active).
 TEST(ModelOps, WeightFirstKernelsReadXAfterTheWait) {
   TWELL_REQUIRE_GPU();
   Rng rng(fresh_seed());

@@ -4,7 +4,6 @@
 #include <atomic>
 
 #include "cuda/common/check.hpp"
-#include "cuda/common/launch.cuh"
 #include "cuda/common/device_math.cuh"
 
 namespace twell::cuda {
@@ -18,49 +17,27 @@ constexpr int kGroups = kThreads / kSlots;  // ... and thread groups sharing the
 constexpr int kListCap = 2048;         // entries of the ordered list per pass
 constexpr int kFlagsPerThread = 32;    // neurons whose flags a thread lists per round (two 16-byte loads)
 
-// One window of a row: the lane's chunks c0 + i · 32 + lane (i < kWin) of w, all loads issued
-// together. STREAM: the row is read once (evict-first), else kept.
-template <bool STREAM>
-__device__ __forceinline__ void load_window(const uint4* w, int c0, int kchunks, int lane, uint4 (&wv)[kWin]) {
-#pragma unroll
-  for (int i = 0; i < kWin; ++i) {
-    const int c = c0 + i * 32 + lane;
-    wv[i] = c < kchunks ? (STREAM ? __ldcs(w + c) : __ldg(w + c)) : make_uint4(0, 0, 0, 0);
-  }
-}
-
-// The lane's partial sum over one loaded window, added to s in chunk order.
-__device__ __forceinline__ float window_dot(float s, const uint4* x, int c0, int kchunks, int lane,
-                                            const uint4 (&wv)[kWin]) {
-#pragma unroll
-  for (int i = 0; i < kWin; ++i) {
-    const int c = c0 + i * 32 + lane;
-    if (c < kchunks) s += dev::dot8(__ldg(x + c), wv[i]);
-  }
-  return s;
-}
-
-// ⟨x, w⟩ over K = 8 · kchunks by one warp, window after window (every lane gets the sum), the
-// first window given already loaded. The one order of additions for both callers below.
-template <bool STREAM>
-__device__ __forceinline__ float warp_row_dot_from(const uint4 (&first)[kWin], const __nv_bfloat16* w,
-                                                   const __nv_bfloat16* x, int kchunks, int lane) {
-  const uint4* wr = reinterpret_cast<const uint4*>(w);
-  const uint4* xr = reinterpret_cast<const uint4*>(x);
-  float s = window_dot(0.0f, xr, 0, kchunks, lane, first);
-  for (int c0 = 32 * kWin; c0 < kchunks; c0 += 32 * kWin) {
-    uint4 wv[kWin];
-    load_window<STREAM>(wr, c0, kchunks, lane, wv);
-    s = window_dot(s, xr, c0, kchunks, lane, wv);
-  }
-  return dev::warp_sum(s);
-}
-
+// ⟨x, w⟩ over K = 8 · kchunks by one warp, the row's loads in flight together (every lane gets
+// the sum). STREAM: the row is read once (evict-first), else kept.
 template <bool STREAM>
 __device__ __forceinline__ float warp_row_dot(const __nv_bfloat16* w, const __nv_bfloat16* x, int kchunks, int lane) {
-  uint4 first[kWin];
-  load_window<STREAM>(reinterpret_cast<const uint4*>(w), 0, kchunks, lane, first);
-  return warp_row_dot_from<STREAM>(first, w, x, kchunks, lane);
+  const uint4* wr = reinterpret_cast<const uint4*>(w);
+  const uint4* xr = reinterpret_cast<const uint4*>(x);
+  float s = 0.0f;
+  for (int c0 = 0; c0 < kchunks; c0 += 32 * kWin) {
+    uint4 wv[kWin];
+#pragma unroll
+    for (int i = 0; i < kWin; ++i) {
+      const int c = c0 + i * 32 + lane;
+      wv[i] = c < kchunks ? (STREAM ? __ldcs(wr + c) : __ldg(wr + c)) : make_uint4(0, 0, 0, 0);
+    }
+#pragma unroll
+    for (int i = 0; i < kWin; ++i) {
+      const int c = c0 + i * 32 + lane;
+      if (c < kchunks) s += dev::dot8(__ldg(xr + c), wv[i]);
+    }
+  }
+  return dev::warp_sum(s);
 }
 
 // Programmatic dependent launch (sm_90): the down kernel may be scheduled once every CTA of the
@@ -77,20 +54,13 @@ __device__ __forceinline__ void wait_for_prerequisite_grid() {
 #endif
 }
 
-// Launched programmatically inside a ProgrammaticLaunch scope (launch_kernel): the first window
-// of the neuron's row (the whole row for K ≤ 2048) is loaded before the wait for the previous grid
-// — weights, which no kernel writes — so the gate's 2 · N · K bytes stream in while the kernel
-// that writes x (the norm before the FFN) still runs. x, h and the flags only after the wait.
 __global__ void __launch_bounds__(kThreads) twell_decode_token_kernel(TwellDecodeTokenParams p) {
+  allow_dependent_launch();
   const int lane = threadIdx.x % 32;
   const int kchunks = static_cast<int>(p.k / 8);
   const std::int64_t n = static_cast<std::int64_t>(blockIdx.x) * kWarps + threadIdx.x / 32;
-  uint4 first[kWin];
-  if (n < p.n) load_window<true>(reinterpret_cast<const uint4*>(p.w_first + n * p.k), 0, kchunks, lane, first);
-  wait_for_prerequisite_grid();
-  allow_dependent_launch();
   if (n >= p.n) return;
-  const float s = warp_row_dot_from<true>(first, p.w_first + n * p.k, p.x, kchunks, lane);
+  const float s = warp_row_dot<true>(p.w_first + n * p.k, p.x, kchunks, lane);
   const float g = __bfloat162float(__float2bfloat16_rn(fmaxf(s, 0.0f)));
   const bool active = g > 0.0f;
   if (active) {
@@ -190,7 +160,7 @@ __global__ void __launch_bounds__(kThreads) twell_decode_token_down_kernel(Twell
 // Whether the down kernel, as loaded on the current device, waits for its prerequisite grid (code
 // compiled for sm_90 or later: its PTX version; a JIT of the compute_80 PTX has no wait, so it must
 // not be launched programmatically), asked once per device.
-bool down_kernel_waits() {
+bool programmatic_launch_supported() {
   constexpr int kMaxDevices = 64;
   static std::atomic<int> cached[kMaxDevices] = {};  // 0: not asked, 1: no, 2: yes (threads may race: same value)
   int dev = 0;
@@ -220,7 +190,7 @@ void launch_twell_decode_token(const TwellDecodeTokenParams& p, cudaStream_t str
                    "aligned x, y and flags",
                    p.m, kDecodeTokenMaxK, p.k);
   const std::int64_t ctas = (p.n + kWarps - 1) / kWarps;
-  launch_kernel(twell_decode_token_kernel, dim3(static_cast<unsigned>(ctas)), dim3(kThreads), 0, stream, p);
+  twell_decode_token_kernel<<<static_cast<unsigned>(ctas), kThreads, 0, stream>>>(p);
   TWELL_CUDA_CHECK_LAUNCH("twell_decode_token_kernel");
   const std::int64_t down_ctas = (p.k / 8 + kSlots - 1) / kSlots;
   cudaLaunchConfig_t cfg{};
@@ -229,7 +199,7 @@ void launch_twell_decode_token(const TwellDecodeTokenParams& p, cudaStream_t str
   cfg.stream = stream;
   cudaLaunchAttribute attr[1];
   attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = down_kernel_waits() ? 1 : 0;
+  attr[0].val.programmaticStreamSerializationAllowed = programmatic_launch_supported() ? 1 : 0;
   cfg.attrs = attr;
   cfg.numAttrs = 1;
   TWELL_CUDA_CHECK(cudaLaunchKernelEx(&cfg, twell_decode_token_down_kernel, p));

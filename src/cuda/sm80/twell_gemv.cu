@@ -14,21 +14,26 @@ constexpr int kWin = 2;                                          // chunk steps 
 
 // MT ≥ M tokens (a power of two); lane l owns the row chunks l, l + 32, …; the warp's kRows rows
 // are n0 .. n0 + 3. Sums of kRows · MT values per lane, then a butterfly over the lanes.
-// W holds weights, which no kernel writes: the first window of the warp's rows is loaded before
-// the wait for the previous grid (launch.cuh), so it is in flight while that grid (the kernel that
-// writes x) finishes; x only after the wait.
 template <int MT>
 __global__ void __launch_bounds__(kWarps * 32) twell_gemv_kernel(TwellGemvParams p) {
+  dev::pdl_begin();
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const std::int64_t n0 = (static_cast<std::int64_t>(blockIdx.x) * kWarps + warp) * kRows;
+  if (n0 >= p.n) return;
   const int kchunks = static_cast<int>(p.k / 8);
   const uint4* wrow[kRows];
 #pragma unroll
   for (int r = 0; r < kRows; ++r)  // rows past N read row n0 (their sums are dropped)
     wrow[r] = reinterpret_cast<const uint4*>(p.w + (n0 + r < p.n ? n0 + r : n0) * p.k);
+  float acc[kRows][MT];
+#pragma unroll
+  for (int r = 0; r < kRows; ++r)
+#pragma unroll
+    for (int t = 0; t < MT; ++t) acc[r][t] = 0.0f;
   // Windows of kWin chunk steps: the window's kRows · kWin loads are issued together, then used
   // for every token (the unrolled loop lets the next window's loads overlap this one's math).
-  const auto load = [&](int s0, uint4 (&wv)[kRows][kWin]) {
+  for (int s0 = 0; s0 * 32 < kchunks; s0 += kWin) {
+    uint4 wv[kRows][kWin];
 #pragma unroll
     for (int s = 0; s < kWin; ++s)
 #pragma unroll
@@ -36,17 +41,6 @@ __global__ void __launch_bounds__(kWarps * 32) twell_gemv_kernel(TwellGemvParams
         const int c = (s0 + s) * 32 + lane;
         wv[r][s] = c < kchunks ? __ldcs(wrow[r] + c) : make_uint4(0, 0, 0, 0);
       }
-  };
-  uint4 first[kRows][kWin];
-  if (n0 < p.n) load(0, first);
-  dev::pdl_begin();
-  if (n0 >= p.n) return;
-  float acc[kRows][MT];
-#pragma unroll
-  for (int r = 0; r < kRows; ++r)
-#pragma unroll
-    for (int t = 0; t < MT; ++t) acc[r][t] = 0.0f;
-  const auto consume = [&](int s0, const uint4 (&wv)[kRows][kWin]) {
 #pragma unroll
     for (int s = 0; s < kWin; ++s) {
       const int c = (s0 + s) * 32 + lane;
@@ -67,12 +61,6 @@ __global__ void __launch_bounds__(kWarps * 32) twell_gemv_kernel(TwellGemvParams
         }
       }
     }
-  };
-  consume(0, first);
-  for (int s0 = kWin; s0 * 32 < kchunks; s0 += kWin) {
-    uint4 wv[kRows][kWin];
-    load(s0, wv);
-    consume(s0, wv);
   }
 #pragma unroll
   for (int r = 0; r < kRows; ++r)

@@ -19,7 +19,7 @@ inline constexpr std::int64_t kGemvMaxK = 8192;
 struct TwellGemvParams {
   const __nv_bfloat16* x = nullptr;  // [m, k], row stride ld_x
   std::int64_t ld_x = 0;
-  const __nv_bfloat16* w = nullptr;  // [n, k], row stride k: weights (no kernel writes them: read before the PDL wait)
+  const __nv_bfloat16* w = nullptr;  // [n, k], row stride k
   __nv_bfloat16* g = nullptr;        // [m, n] out, row stride ld_g
   float* g32 = nullptr;              // instead of g: the fp32 sums (ReLU'd if relu), not rounded
   std::int64_t ld_g = 0;
