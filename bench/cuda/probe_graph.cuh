@@ -1,0 +1,66 @@
+#pragma once
+// Helpers the GPU probes share: a checked CUDA call that exits on failure (a probe is a lab tool,
+// not the library), seeded normal weights filled on the device, and µs per launch of a body of
+// launches captured once into a CUDA graph and replayed.
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <functional>
+
+namespace twell::probe {
+
+#define CK(e)                                                                              \
+  do {                                                                                     \
+    cudaError_t err_ = (e);                                                                \
+    if (err_ != cudaSuccess) {                                                             \
+      std::fprintf(stderr, "%s:%d: %s\n", __FILE__, __LINE__, cudaGetErrorString(err_)); \
+      std::exit(1);                                                                        \
+    }                                                                                      \
+  } while (0)
+
+static __device__ float hash_normal(unsigned long long i, unsigned seed) {
+  // Two uniforms from a 64-bit mix, Box–Muller.
+  unsigned long long z = (i + 1) * 0x9e3779b97f4a7c15ull ^ (static_cast<unsigned long long>(seed) << 32);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  z ^= z >> 31;
+  const float u1 = (static_cast<float>(z & 0xffffff) + 1.0f) / 16777217.0f;
+  const float u2 = static_cast<float>((z >> 24) & 0xffffff) / 16777216.0f;
+  return sqrtf(-2.0f * logf(u1)) * cospif(2.0f * u2);
+}
+
+// w[r, c] = N(0, 1) · scale; column `bias_col` (if ≥ 0) = bias.
+static __global__ void fill(__nv_bfloat16* w, long long rows, int cols, float scale, int bias_col, float bias, unsigned seed) {
+  for (long long i = blockIdx.x * 256ll + threadIdx.x; i < rows * cols; i += 256ll * gridDim.x) {
+    const int c = static_cast<int>(i % cols);
+    w[i] = __float2bfloat16_rn(c == bias_col ? bias : hash_normal(i, seed) * scale);
+  }
+}
+
+// Captures body (its `launches` kernel launches on s) into a graph, replays it 3 times to warm up,
+// then `reps` times between events: µs per launch.
+inline double time_graph(cudaStream_t s, int reps, int launches, const std::function<void()>& body) {
+  cudaGraph_t g;
+  cudaGraphExec_t ge;
+  CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+  body();
+  CK(cudaStreamEndCapture(s, &g));
+  CK(cudaGraphInstantiate(&ge, g, 0));
+  for (int i = 0; i < 3; ++i) CK(cudaGraphLaunch(ge, s));
+  cudaEvent_t a, b;
+  CK(cudaEventCreate(&a));
+  CK(cudaEventCreate(&b));
+  CK(cudaEventRecord(a, s));
+  for (int i = 0; i < reps; ++i) CK(cudaGraphLaunch(ge, s));
+  CK(cudaEventRecord(b, s));
+  CK(cudaEventSynchronize(b));
+  float ms = 0;
+  CK(cudaEventElapsedTime(&ms, a, b));
+  cudaGraphExecDestroy(ge);
+  cudaGraphDestroy(g);
+  return 1000.0 * ms / (reps * launches);
+}
+
+}  // namespace twell::probe

@@ -1,0 +1,89 @@
+#pragma once
+// The decode GEMV's kernel (twell_gemv.hpp), a template of its shape: kRows W rows per warp, kWin
+// chunk steps per load window. Every shape gives the same bits: a row's sum is one lane's chunks in
+// order, then the same butterfly, whatever the rows a warp holds or the loads it groups; the shape
+// only changes how much is in flight and how many warps share the rows. The library launches it
+// through launch_twell_gemv; bench/cuda/probe_gemv.cu times the shapes against each other.
+#include <cuda_bf16.h>
+
+#include "cuda/common/device_math.cuh"
+#include "cuda/common/launch.cuh"
+#include "cuda/sm80/twell_gemv.hpp"
+
+namespace twell::cuda::detail {
+
+inline constexpr int kGemvWarps = 4;     // warps per CTA
+inline constexpr int kGemvWarpRows = 4;  // W rows per warp (the default shape)
+inline constexpr int kGemvWindow = 2;    // chunk steps per load window (the default shape)
+
+// MT ≥ M tokens (a power of two); lane l owns the row chunks l, l + 32, …; the warp's kRows rows
+// are n0 .. n0 + kRows − 1. Sums of kRows · MT values per lane, then a butterfly over the lanes.
+template <int MT, int kRows = kGemvWarpRows, int kWin = kGemvWindow>
+__global__ void __launch_bounds__(kGemvWarps * 32) twell_gemv_kernel(TwellGemvParams p) {
+  dev::pdl_begin();
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const std::int64_t n0 = (static_cast<std::int64_t>(blockIdx.x) * kGemvWarps + warp) * kRows;
+  if (n0 >= p.n) return;
+  const int kchunks = static_cast<int>(p.k / 8);
+  const uint4* wrow[kRows];
+#pragma unroll
+  for (int r = 0; r < kRows; ++r)  // rows past N read row n0 (their sums are dropped)
+    wrow[r] = reinterpret_cast<const uint4*>(p.w + (n0 + r < p.n ? n0 + r : n0) * p.k);
+  float acc[kRows][MT];
+#pragma unroll
+  for (int r = 0; r < kRows; ++r)
+#pragma unroll
+    for (int t = 0; t < MT; ++t) acc[r][t] = 0.0f;
+  // Windows of kWin chunk steps: the window's kRows · kWin loads are issued together, then used
+  // for every token (the unrolled loop lets the next window's loads overlap this one's math).
+  for (int s0 = 0; s0 * 32 < kchunks; s0 += kWin) {
+    uint4 wv[kRows][kWin];
+#pragma unroll
+    for (int s = 0; s < kWin; ++s)
+#pragma unroll
+      for (int r = 0; r < kRows; ++r) {
+        const int c = (s0 + s) * 32 + lane;
+        wv[r][s] = c < kchunks ? __ldcs(wrow[r] + c) : make_uint4(0, 0, 0, 0);
+      }
+#pragma unroll
+    for (int s = 0; s < kWin; ++s) {
+      const int c = (s0 + s) * 32 + lane;
+      if (c < kchunks) {
+        float wf[kRows][8];  // the rows' chunk in fp32, converted once for all tokens
+#pragma unroll
+        for (int r = 0; r < kRows; ++r) dev::unpack8_bf16(wv[r][s], wf[r]);
+#pragma unroll
+        for (int t = 0; t < MT; ++t) {
+          if (t < p.m) {
+            float xf[8];
+            dev::unpack8_bf16(__ldg(reinterpret_cast<const uint4*>(p.x + t * p.ld_x) + c), xf);
+#pragma unroll
+            for (int r = 0; r < kRows; ++r)
+#pragma unroll
+              for (int e = 0; e < 8; ++e) acc[r][t] = fmaf(xf[e], wf[r][e], acc[r][t]);
+          }
+        }
+      }
+    }
+  }
+#pragma unroll
+  for (int r = 0; r < kRows; ++r)
+#pragma unroll
+    for (int t = 0; t < MT; ++t) acc[r][t] = dev::warp_sum(acc[r][t]);
+  if (lane == 0) {
+#pragma unroll
+    for (int r = 0; r < kRows; ++r)
+#pragma unroll
+      for (int t = 0; t < MT; ++t)
+        if (t < p.m && n0 + r < p.n) {
+          const float v = p.relu ? fmaxf(acc[r][t], 0.0f) : acc[r][t];
+          if (p.g32)
+            p.g32[t * p.ld_g + n0 + r] = v;
+          else
+            p.g[t * p.ld_g + n0 + r] = __float2bfloat16_rn(v);
+        }
+  }
+}
+
+
+}  // namespace twell::cuda::detail
