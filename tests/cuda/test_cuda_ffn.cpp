@@ -758,7 +758,8 @@ TEST_F(CudaDispatch, DecodeRunsSparseUntilTheLayerMeasuresDense) {
 // The decode-size GEMV against float64 ReLU(x·Wᵀ), and x·Wᵀ without the ReLU (the model runtime's
 // projections): every element within the fp32-accumulation + bf16-rounding bound of
 // check_gate_sm90, padding columns of the output rows untouched, at every token count 1 … 16 it
-// serves (the kernel rounds M up to 1, 2, 4, 8 or 16) and ragged N, K.
+// serves (the kernel rounds M up to 1, 2, 4, 8 or 16), ragged N, K, and both shapes the launcher picks
+// (4 rows a warp for one token with N > 4096, else 1: N = 4096 and 4097 at the boundary).
 TEST(CudaGemv, MatchesFloat64WithinBound) {
   TWELL_REQUIRE_GPU();
   struct Shape {
@@ -769,7 +770,8 @@ TEST(CudaGemv, MatchesFloat64WithinBound) {
   std::mt19937_64 rng(20261121);
   std::normal_distribution<float> nd(0.0f, 1.0f);
   for (const Shape sh : {Shape{1, 5632, 2048}, Shape{2, 1003, 520}, Shape{3, 1000, 8192}, Shape{5, 70000, 264},
-                         Shape{8, 17, 8}, Shape{11, 5632, 2048}, Shape{16, 1001, 1024}, Shape{1, 2048, 2048}})
+                         Shape{8, 17, 8}, Shape{11, 5632, 2048}, Shape{16, 1001, 1024}, Shape{1, 2048, 2048},
+                         Shape{1, 4096, 520}, Shape{1, 4097, 520}})
    for (const bool relu : {true, false})
     for (const bool out32 : {false, true}) {  // bf16 output (g), or the fp32 sums (g32: the LM head's)
     SCOPED_TRACE(::testing::Message() << "m " << sh.m << " n " << sh.n << " k " << sh.k << (relu ? ", ReLU" : ", no ReLU")
