@@ -148,6 +148,16 @@ def fast_decode_rate(fast, prompt, steps, reps, mode="reduce-overhead"):
     return rate, per, torch.stack(ids, dim=1)
 
 
+def compile_mode(mode):
+    """A --fast-modes entry → (torch.compile mode, inductor's coordinate_descent_tuning). "X+cdt" is
+    mode X with coordinate-descent tuning of the generated Triton kernels — gpt-fast's setting for its
+    decode step (reduce-overhead, CUDA graphs, tuned GEMV-like reductions); max-autotune tunes too."""
+    base, plus, extra = mode.partition("+")
+    if plus and extra != "cdt":
+        raise ValueError(f"unknown suffix in fast mode {mode!r} (known: +cdt)")
+    return base, bool(plus) or base.startswith("max-autotune")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("model")
@@ -164,8 +174,9 @@ def main():
     ap.add_argument("--skip-fast", action="store_true", help="leave out the lean body (bench/model/fast_llama.py)")
     ap.add_argument("--fast-modes", default="reduce-overhead",
                     help="comma-separated torch.compile modes for the lean body's decode step, one row each "
-                         "(e.g. reduce-overhead,max-autotune: the second autotunes the GEMVs' kernels with "
-                         "coordinate-descent tuning, as gpt-fast does; both replay CUDA graphs)")
+                         "(e.g. reduce-overhead,reduce-overhead+cdt,max-autotune: '+cdt' adds inductor's "
+                         "coordinate-descent tuning of the generated kernels, gpt-fast's decode setting; "
+                         "max-autotune tunes too; all replay CUDA graphs)")
     ap.add_argument("--fast-attn", default="sdpa,math",
                     help="comma-separated attentions for the lean body's decode, a row each with every mode: "
                          "sdpa (scaled_dot_product_attention with the position mask) or math (q·Kᵀ, softmax, ·V "
@@ -257,9 +268,10 @@ def main():
                 ("" if attn == "sdpa" else f" {attn} attention"))
         try:
             torch._dynamo.reset()
-            torch._inductor.config.coordinate_descent_tuning = mode.startswith("max-autotune")
+            base, cdt = compile_mode(mode)
+            torch._inductor.config.coordinate_descent_tuning = cdt
             fast = fast_model(model, a.context + a.decode_steps + 1, 1, attn=attn)
-            rate, per, fast_ids = fast_decode_rate(fast, prompt, a.decode_steps, a.reps, mode=mode)
+            rate, per, fast_ids = fast_decode_rate(fast, prompt, a.decode_steps, a.reps, mode=base)
             same = int((fast_ids.cpu() == hf_ids.cpu()).cumprod(dim=1).sum())
             report(name, rate,
                    {"seconds_per_token": per, "mode": mode, "attention": attn,

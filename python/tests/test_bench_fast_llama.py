@@ -109,3 +109,15 @@ def test_math_attention_is_sdpa_with_the_mask():
     assert torch.allclose(fast.masked_attention(q, k, v, mask), want, atol=1e-5, rtol=1e-5)
     with pytest.raises(ValueError, match="attn"):
         fl.FastLlama.from_hf(tiny(), max_len=8, attn="flash")
+
+
+def test_yardstick_compile_modes():
+    """torch_yardstick.py's --fast-modes entries: a torch.compile mode, and whether inductor's
+    coordinate-descent tuning is on (gpt-fast's "+cdt"; max-autotune tunes too); typos refused."""
+    ty = load_bench("model/torch_yardstick")
+    assert ty.compile_mode("reduce-overhead") == ("reduce-overhead", False)
+    assert ty.compile_mode("reduce-overhead+cdt") == ("reduce-overhead", True)
+    assert ty.compile_mode("max-autotune") == ("max-autotune", True)
+    assert ty.compile_mode("max-autotune-no-cudagraphs") == ("max-autotune-no-cudagraphs", True)
+    with pytest.raises(ValueError, match="unknown suffix"):
+        ty.compile_mode("reduce-overhead+cdtt")
