@@ -26,44 +26,11 @@
 #include "cuda/sm80/twell_dense_rows.hpp"
 #include "twell/model/runtime.hpp"
 #include "twell/model/synthetic.hpp"
+#include "probe_decoder.hpp"
 
 using namespace twell;
-
-namespace {
-
-struct Decoder {
-  std::unique_ptr<model::Runtime> rt;
-  std::vector<std::unique_ptr<model::Sequence>> kv;
-  std::vector<std::int32_t> next;
-
-  // One decode step of every sequence (greedy); returns the wall time in ms.
-  double step() {
-    std::vector<model::SeqStep> st;
-    for (std::size_t i = 0; i < kv.size(); ++i) st.push_back({kv[i].get(), std::span<const std::int32_t>(&next[i], 1)});
-    const auto t0 = std::chrono::steady_clock::now();
-    next = rt->forward_argmax(st);  // copies the tokens back: synchronous
-    return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-  }
-};
-
-Decoder start(const model::Model& m, model::FfnPath path, bool graphs, std::int64_t batch, std::int64_t capacity,
-              std::mt19937_64& rng) {
-  model::RuntimeOptions o(path);
-  o.cuda_graphs = graphs;
-  Decoder d;
-  d.rt = model::make_runtime(m, "cuda", o);
-  std::vector<std::vector<std::int32_t>> prompts(static_cast<std::size_t>(batch));
-  std::vector<model::SeqStep> st;
-  for (auto& p : prompts) {
-    for (int i = 0; i < 128; ++i) p.push_back(static_cast<std::int32_t>(rng() % static_cast<std::uint64_t>(m.config.vocab_size)));
-    d.kv.push_back(d.rt->new_sequence(capacity));
-    st.push_back({d.kv.back().get(), p});
-  }
-  d.next = d.rt->forward_argmax(st);
-  return d;
-}
-
-}  // namespace
+using probe::Decoder;
+using probe::start;
 
 int main(int argc, char** argv) try {
   const std::string config = argc > 1 ? argv[1] : "2b";

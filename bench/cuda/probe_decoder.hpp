@@ -1,0 +1,48 @@
+#pragma once
+// The decode probes' driver (twell_probe_decode, twell_probe_timeline): a runtime over a model with
+// `batch` sequences of 128 random prompt tokens each, prefilled, then greedy decode steps one call
+// at a time.
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <random>
+#include <span>
+#include <vector>
+
+#include "twell/model/runtime.hpp"
+
+namespace twell::probe {
+
+struct Decoder {
+  std::unique_ptr<model::Runtime> rt;
+  std::vector<std::unique_ptr<model::Sequence>> kv;
+  std::vector<std::int32_t> next;
+
+  // One decode step of every sequence (greedy); returns the wall time in ms.
+  double step() {
+    std::vector<model::SeqStep> st;
+    for (std::size_t i = 0; i < kv.size(); ++i) st.push_back({kv[i].get(), std::span<const std::int32_t>(&next[i], 1)});
+    const auto t0 = std::chrono::steady_clock::now();
+    next = rt->forward_argmax(st);  // copies the tokens back: synchronous
+    return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  }
+};
+
+inline Decoder start(const model::Model& m, model::FfnPath path, bool graphs, std::int64_t batch, std::int64_t capacity,
+              std::mt19937_64& rng) {
+  model::RuntimeOptions o(path);
+  o.cuda_graphs = graphs;
+  Decoder d;
+  d.rt = model::make_runtime(m, "cuda", o);
+  std::vector<std::vector<std::int32_t>> prompts(static_cast<std::size_t>(batch));
+  std::vector<model::SeqStep> st;
+  for (auto& p : prompts) {
+    for (int i = 0; i < 128; ++i) p.push_back(static_cast<std::int32_t>(rng() % static_cast<std::uint64_t>(m.config.vocab_size)));
+    d.kv.push_back(d.rt->new_sequence(capacity));
+    st.push_back({d.kv.back().get(), p});
+  }
+  d.next = d.rt->forward_argmax(st);
+  return d;
+}
+
+}  // namespace twell::probe

@@ -1,0 +1,224 @@
+// twell_probe_timeline: where a graph-replayed decode step's time goes, kernel by kernel, from the
+// kernels' own start and end times (CUPTI's concurrent-kernel activity records): nothing is
+// serialised, so programmatic launches' overlap and the gaps between kernels show as they run —
+// what ncu cannot show (it serialises every kernel) and nsys cannot here (not usable on the GPU
+// machines, device KINDS.md). Diagnostics for issue 27's decode targets.
+//   twell_probe_timeline [config [density [batch [steps]]]]   (defaults: 2b 0.005 1 32)
+// For the dense FFN path and the automatic one in turn: a runtime with CUDA graphs, a prefill of
+// 128 tokens a sequence, 8 warm-up decode steps, then `steps` traced steps. A step is the kernels
+// up to and including the LM head's argmax. Prints, per path: the step's GPU span (first kernel's
+// start to the argmax's end, median), the sum of kernel durations, the idle time between kernels
+// and the overlap (a kernel starting before the one before it ended); per kernel name: launches a
+// step, µs a step and a launch, the idle time before it; and one layer's kernels in order (the
+// median step's middle layer) with their start offsets.
+#include <cuda_runtime.h>
+#include <cupti.h>
+#include <cxxabi.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <map>
+#include <mutex>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "probe_decoder.hpp"
+#include "twell/model/synthetic.hpp"
+
+using namespace twell;
+
+namespace {
+
+struct Kernel {
+  std::uint64_t start, end;  // ns
+  std::string name;
+};
+
+std::mutex g_mutex;
+std::vector<Kernel> g_kernels;
+
+#define CUPTI_CK(e)                                                              \
+  do {                                                                           \
+    const CUptiResult r_ = (e);                                                  \
+    if (r_ != CUPTI_SUCCESS) {                                                   \
+      const char* s_ = nullptr;                                                  \
+      cuptiGetResultString(r_, &s_);                                             \
+      std::fprintf(stderr, "%s:%d: CUPTI: %s\n", __FILE__, __LINE__, s_ ? s_ : "?"); \
+      std::exit(1);                                                              \
+    }                                                                            \
+  } while (0)
+
+// "void twell::(anonymous namespace)::twell_gemv_kernel<1>(twell::cuda::TwellGemvParams)" →
+// "twell_gemv_kernel<1>": the demangled name without its namespaces and parameters.
+std::string short_name(const char* mangled) {
+  int status = 0;
+  char* d = abi::__cxa_demangle(mangled, nullptr, nullptr, &status);
+  std::string s = status == 0 && d ? d : mangled;
+  std::free(d);
+  if (!s.empty() && s.back() == ')') {  // the parameter list: back to its matching '('
+    int open = 0;
+    for (std::size_t i = s.size(); i-- > 0;) {
+      if (s[i] == ')') ++open;
+      if (s[i] == '(' && --open == 0) {
+        s.resize(i);
+        break;
+      }
+    }
+  }
+  int depth = 0;
+  std::size_t cut = 0;  // after the last "::" outside template arguments
+  for (std::size_t i = 0; i < s.size(); ++i) {
+    if (s[i] == '<') ++depth;
+    if (s[i] == '>') --depth;
+    if (depth == 0 && s[i] == ':' && i + 1 < s.size() && s[i + 1] == ':') cut = i + 2;
+  }
+  s = s.substr(cut);
+  if (s.rfind("void ", 0) == 0) s = s.substr(5);
+  return s.size() > 60 ? s.substr(0, 60) : s;
+}
+
+void CUPTIAPI buffer_requested(uint8_t** buffer, size_t* size, size_t* max_records) {
+  *size = 16u << 20;
+  *buffer = static_cast<uint8_t*>(std::aligned_alloc(8, *size));
+  *max_records = 0;
+}
+
+void CUPTIAPI buffer_completed(CUcontext, uint32_t, uint8_t* buffer, size_t, size_t valid) {
+  CUpti_Activity* rec = nullptr;
+  std::lock_guard<std::mutex> lock(g_mutex);
+  while (cuptiActivityGetNextRecord(buffer, valid, &rec) == CUPTI_SUCCESS) {
+    if (rec->kind == CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL || rec->kind == CUPTI_ACTIVITY_KIND_KERNEL) {
+      const auto* k = reinterpret_cast<const CUpti_ActivityKernel10*>(rec);
+      g_kernels.push_back({k->start, k->end, short_name(k->name)});
+    }
+  }
+  std::free(buffer);
+}
+
+std::vector<Kernel> take_kernels() {
+  cudaDeviceSynchronize();
+  CUPTI_CK(cuptiActivityFlushAll(1));
+  std::lock_guard<std::mutex> lock(g_mutex);
+  std::vector<Kernel> k;
+  k.swap(g_kernels);
+  std::sort(k.begin(), k.end(), [](const Kernel& a, const Kernel& b) { return a.start < b.start; });
+  return k;
+}
+
+double median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+void report(const char* path, const std::vector<Kernel>& all, std::int64_t layers) {
+  // Steps: the kernels up to and including each argmax.
+  std::vector<std::vector<Kernel>> steps(1);
+  for (const Kernel& k : all) {
+    steps.back().push_back(k);
+    if (k.name.find("argmax") != std::string::npos) steps.emplace_back();
+  }
+  if (steps.back().empty()) steps.pop_back();
+  if (steps.empty()) {
+    std::printf("%s: no kernels traced\n", path);
+    return;
+  }
+  std::vector<double> span, busy, idle, overlap;
+  struct PerName {
+    double us = 0, idle_us = 0;
+    std::int64_t launches = 0;
+  };
+  std::map<std::string, PerName> by_name;
+  for (const auto& st : steps) {
+    double b = 0, i = 0, o = 0;
+    std::uint64_t prev_end = st.front().start;
+    for (const Kernel& k : st) {
+      const double gap = (static_cast<double>(k.start) - static_cast<double>(prev_end)) / 1e3;
+      b += static_cast<double>(k.end - k.start) / 1e3;
+      if (gap >= 0)
+        i += gap;
+      else
+        o -= gap;
+      PerName& p = by_name[k.name];
+      p.us += static_cast<double>(k.end - k.start) / 1e3;
+      p.idle_us += gap > 0 ? gap : 0;
+      ++p.launches;
+      prev_end = std::max(prev_end, k.end);
+    }
+    span.push_back(static_cast<double>(prev_end - st.front().start) / 1e3);
+    busy.push_back(b);
+    idle.push_back(i);
+    overlap.push_back(o);
+  }
+  const double n = static_cast<double>(steps.size());
+  std::printf("\n## %s path: %zu steps traced, %zu kernels a step\n\n", path, steps.size(), steps[steps.size() / 2].size());
+  std::printf("step span (first start to argmax end) %.1f us median; kernels' durations %.1f us; idle between "
+              "kernels %.1f us; overlap %.1f us\n\n",
+              median(span), median(busy), median(idle), median(overlap));
+  std::vector<std::pair<std::string, PerName>> rows(by_name.begin(), by_name.end());
+  std::sort(rows.begin(), rows.end(), [](const auto& a, const auto& b) { return a.second.us > b.second.us; });
+  std::printf("| kernel | launches a step | us a step | us a launch | idle before it, us a step |\n|---|---:|---:|---:|---:|\n");
+  for (const auto& [name, p] : rows)
+    std::printf("| `%s` | %.1f | %.1f | %.2f | %.1f |\n", name.c_str(), static_cast<double>(p.launches) / n, p.us / n,
+                p.us / static_cast<double>(p.launches), p.idle_us / n);
+  // One layer of the median-span step: its kernels from the middle of the step.
+  std::vector<std::size_t> order(steps.size());
+  for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) { return span[a] < span[b]; });
+  const auto& st = steps[order[order.size() / 2]];
+  const std::size_t per_layer = layers > 0 ? st.size() / static_cast<std::size_t>(layers) : st.size();
+  const std::size_t from = st.size() / 2 - st.size() / 2 % std::max<std::size_t>(per_layer, 1);
+  std::printf("\nkernels %zu .. %zu of the median step (≈ %zu a layer), µs from the step's start:\n\n", from,
+              std::min(st.size(), from + 2 * per_layer) - 1, per_layer);
+  std::printf("| kernel | start | duration | gap after the previous one's end |\n|---|---:|---:|---:|\n");
+  for (std::size_t i = from; i < std::min(st.size(), from + 2 * per_layer); ++i) {
+    const double t0 = static_cast<double>(st.front().start);
+    const double gap = i == 0 ? 0 : (static_cast<double>(st[i].start) - static_cast<double>(st[i - 1].end)) / 1e3;
+    std::printf("| `%s` | %.2f | %.2f | %.2f |\n", st[i].name.c_str(), (static_cast<double>(st[i].start) - t0) / 1e3,
+                static_cast<double>(st[i].end - st[i].start) / 1e3, gap);
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) try {
+  const std::string config = argc > 1 ? argv[1] : "2b";
+  const double density = argc > 2 ? std::stod(argv[2]) : 0.005;
+  const std::int64_t batch = argc > 3 ? std::stoll(argv[3]) : 1;
+  const int steps = argc > 4 ? std::stoi(argv[4]) : 32;
+  if (batch < 1 || steps < 1) {
+    std::fprintf(stderr, "usage: twell_probe_timeline [config [density [batch >= 1 [steps >= 1]]]]\n");
+    return 2;
+  }
+  model::SyntheticSpec spec;
+  spec.config = model::preset_config(config);
+  spec.density = density;
+  spec.calibration_tokens = 256;
+  std::fprintf(stderr, "probe_timeline: building the synthetic %s model (density %.3f %%)\n", config.c_str(), 100 * density);
+  const model::Model m = model::make_synthetic_model(spec);
+  // Tracing is on before any graph exists (kernels of graphs made earlier may not be recorded).
+  CUPTI_CK(cuptiActivityRegisterCallbacks(buffer_requested, buffer_completed));
+  CUPTI_CK(cuptiActivityEnable(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL));
+  std::mt19937_64 rng(7);
+  const std::int64_t capacity = 128 + steps + 16;
+  std::printf("# A graph-replayed decode step, kernel by kernel (CUPTI), %s at %.3f %%, batch %lld\n", config.c_str(),
+              100 * density, static_cast<long long>(batch));
+  for (const model::FfnPath path : {model::FfnPath::dense, model::FfnPath::automatic}) {
+    probe::Decoder d = probe::start(m, path, true, batch, capacity, rng);
+    for (int s = 0; s < 8; ++s) d.step();
+    take_kernels();  // the prefill and warm-up steps' records
+    std::vector<double> wall;
+    for (int s = 0; s < steps; ++s) wall.push_back(d.step());
+    const std::vector<Kernel> k = take_kernels();
+    std::printf("\nwall time a step (host, incl. the token's copy back): %.3f ms median\n", median(wall));
+    report(path == model::FfnPath::dense ? "dense FFN" : "automatic (sparse) FFN", k, m.config.num_layers);
+  }
+  CUPTI_CK(cuptiActivityDisable(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL));
+  return 0;
+} catch (const std::exception& e) {
+  std::fprintf(stderr, "probe_timeline: %s\n", e.what());
+  return 1;
+}
