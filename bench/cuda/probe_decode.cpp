@@ -25,7 +25,6 @@
 
 #include "cuda/sm80/twell_dense_rows.hpp"
 #include "twell/model/runtime.hpp"
-#include "twell/model/synthetic.hpp"
 #include "probe_decoder.hpp"
 
 using namespace twell;
@@ -38,12 +37,7 @@ int main(int argc, char** argv) try {
   const std::int64_t batch = argc > 3 ? std::stoll(argv[3]) : 1;
   const int steps = argc > 4 ? std::stoi(argv[4]) : 8;
   const bool profile_graphs = argc > 5 && std::string(argv[5]) == "graphs";
-  model::SyntheticSpec spec;
-  spec.config = model::preset_config(config);
-  spec.density = density;
-  spec.calibration_tokens = 256;
-  std::fprintf(stderr, "probe_decode: building the synthetic %s model (density %.3f %%)\n", config.c_str(), 100 * density);
-  const model::Model m = model::make_synthetic_model(spec);
+  const model::Model m = probe::synthetic_model(config, density, "probe_decode");
   {  // host cost of one CUB scratch-size query (FfnContext::reserve made one on every call until it returned early)
     const auto t0 = std::chrono::steady_clock::now();
     std::size_t sink = 0;

@@ -1,15 +1,18 @@
 #pragma once
 // The decode probes' driver (twell_probe_decode, twell_probe_timeline): a runtime over a model with
 // `batch` sequences of 128 random prompt tokens each, prefilled, then greedy decode steps one call
-// at a time.
+// at a time; the synthetic model they run.
 #include <chrono>
 #include <cstdint>
+#include <cstdio>
 #include <memory>
 #include <random>
 #include <span>
+#include <string>
 #include <vector>
 
 #include "twell/model/runtime.hpp"
+#include "twell/model/synthetic.hpp"
 
 namespace twell::probe {
 
@@ -43,6 +46,16 @@ inline Decoder start(const model::Model& m, model::FfnPath path, bool graphs, st
   }
   d.next = d.rt->forward_argmax(st);
   return d;
+}
+
+// The synthetic model of a preset at a density (calibrated on 256 tokens), announced on stderr.
+inline model::Model synthetic_model(const std::string& config, double density, const char* who) {
+  model::SyntheticSpec spec;
+  spec.config = model::preset_config(config);
+  spec.density = density;
+  spec.calibration_tokens = 256;
+  std::fprintf(stderr, "%s: building the synthetic %s model (density %.3f %%)\n", who, config.c_str(), 100 * density);
+  return model::make_synthetic_model(spec);
 }
 
 }  // namespace twell::probe

@@ -26,7 +26,6 @@
 #include <vector>
 
 #include "probe_decoder.hpp"
-#include "twell/model/synthetic.hpp"
 
 using namespace twell;
 
@@ -193,12 +192,7 @@ int main(int argc, char** argv) try {
     std::fprintf(stderr, "usage: twell_probe_timeline [config [density [batch >= 1 [steps >= 1]]]]\n");
     return 2;
   }
-  model::SyntheticSpec spec;
-  spec.config = model::preset_config(config);
-  spec.density = density;
-  spec.calibration_tokens = 256;
-  std::fprintf(stderr, "probe_timeline: building the synthetic %s model (density %.3f %%)\n", config.c_str(), 100 * density);
-  const model::Model m = model::make_synthetic_model(spec);
+  const model::Model m = probe::synthetic_model(config, density, "probe_timeline");
   // Tracing is on before any graph exists (kernels of graphs made earlier may not be recorded).
   CUPTI_CK(cuptiActivityRegisterCallbacks(buffer_requested, buffer_completed));
   CUPTI_CK(cuptiActivityEnable(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL));
