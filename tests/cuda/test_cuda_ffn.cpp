@@ -758,8 +758,8 @@ TEST_F(CudaDispatch, DecodeRunsSparseUntilTheLayerMeasuresDense) {
 // The decode-size GEMV against float64 ReLU(x·Wᵀ), and x·Wᵀ without the ReLU (the model runtime's
 // projections): every element within the fp32-accumulation + bf16-rounding bound of
 // check_gate_sm90, padding columns of the output rows untouched, at every token count 1 … 16 it
-// serves (the kernel rounds M up to 1, 2, 4, 8 or 16), ragged N, K, and N on either side of 4096
-// (where a shape rule by N would switch: twell_probe_gemv).
+// serves (the kernel rounds M up to 1, 2, 4, 8 or 16), ragged N, K, and both shapes the launcher picks
+// (4 rows a warp for one token with N > 4096, else 1: N = 4096 and 4097 at the boundary).
 TEST(CudaGemv, MatchesFloat64WithinBound) {
   TWELL_REQUIRE_GPU();
   struct Shape {

@@ -18,19 +18,28 @@ void launch_twell_gemv(const TwellGemvParams& p, cudaStream_t stream) {
                    ErrorCode::unsupported,
                    "twell gemv: needs M ≤ {} (got {}), K a multiple of 8 ≤ {} (got {}), 16-byte aligned rows", kGemvMaxRows,
                    p.m, kGemvMaxK, p.k);
-  const std::int64_t ctas = (p.n + kGemvWarps * kGemvWarpRows - 1) / (kGemvWarps * kGemvWarpRows);
+  // The shape (twell_gemv_kernel.cuh; the same bits whatever it is): 4 rows a warp, 2 chunk steps a
+  // window where one token's N is large enough to fill the GPU that way, else 1 row a warp, 4 steps
+  // a window — at one token and N = 2048 4.95 against 5.28 µs (K = 2048) and 10.6 against 11.9
+  // (K = 5632), at 8 tokens 12.9 against 18.8 µs (2048 × 2048); one token at N = 5632 / 6144: 9.9 /
+  // 10.6 against 9.5 / 10.1 (H100, twell_probe_gemv, bench/results/2026-11-27-h100-cuda-91ad801-probe-gemv.txt).
+  const bool wide = p.m == 1 && p.n > 4096;
+  const int rows = wide ? kGemvWarpRows : 1;
+  const std::int64_t ctas = (p.n + kGemvWarps * rows - 1) / (kGemvWarps * rows);
   TWELL_CU_REQUIRE(ctas <= 0x7fffffff, ErrorCode::unsupported, "twell gemv: N = {} too large", p.n);
   const dim3 grid(static_cast<unsigned>(ctas)), block(kGemvWarps * 32);
-  if (p.m <= 1)
+  if (wide)
     launch_kernel(twell_gemv_kernel<1>, grid, block, 0, stream, p);
+  else if (p.m <= 1)
+    launch_kernel(twell_gemv_kernel<1, 1, 4>, grid, block, 0, stream, p);
   else if (p.m <= 2)
-    launch_kernel(twell_gemv_kernel<2>, grid, block, 0, stream, p);
+    launch_kernel(twell_gemv_kernel<2, 1, 4>, grid, block, 0, stream, p);
   else if (p.m <= 4)
-    launch_kernel(twell_gemv_kernel<4>, grid, block, 0, stream, p);
+    launch_kernel(twell_gemv_kernel<4, 1, 4>, grid, block, 0, stream, p);
   else if (p.m <= 8)
-    launch_kernel(twell_gemv_kernel<8>, grid, block, 0, stream, p);
+    launch_kernel(twell_gemv_kernel<8, 1, 4>, grid, block, 0, stream, p);
   else
-    launch_kernel(twell_gemv_kernel<16>, grid, block, 0, stream, p);
+    launch_kernel(twell_gemv_kernel<16, 1, 4>, grid, block, 0, stream, p);
   TWELL_CUDA_CHECK_LAUNCH("twell_gemv_kernel");
 }
 

@@ -4,8 +4,9 @@
 // buffer, at decode sizes where that GEMM runs far below the memory bandwidth (≈ 12 µs for an
 // 11.5 MB Wg at M = 1 on an H200, i.e. ~1 TB/s). Without the ReLU (relu = false) it serves the
 // model runtime's projections at one token (the attention output's 8 MB at 2B: cuBLASLt 7.4 µs,
-// 1.1 TB/s). Each warp streams 4 rows of W at once (16-byte loads, the whole row in flight) and
-// reuses every x chunk for the 4 rows; x stays in L1.
+// 1.1 TB/s). Each warp streams 1 or 4 rows of W (16-byte loads, a window of each row in flight:
+// the shape launch_twell_gemv picks, twell_gemv_kernel.cuh) and reuses every x chunk for its rows;
+// x stays in L1.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
