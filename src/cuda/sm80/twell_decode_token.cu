@@ -5,13 +5,19 @@
 
 #include "cuda/common/check.hpp"
 #include "cuda/common/device_math.cuh"
+#include "cuda/common/launch.hpp"
 
 namespace twell::cuda {
 namespace {
 
 constexpr int kThreads = 256;
-constexpr int kWarps = kThreads / 32;  // = neurons per CTA of the first kernel
-constexpr int kWin = 8;                // 16-byte chunks per lane in flight: a 2048-wide row at once
+constexpr int kWarps = kThreads / 32;
+// First kernel: neurons a warp (kRows · kWarps a CTA) and chunk steps a window (kRows · kWin 16-byte
+// loads a lane in flight; kWin = 8: a 2048-wide row at once). 2 rows with 4-step windows (352 CTAs at
+// N = 5632, one wave, against 704 in 1.33 waves at 55 registers) decoded 1.8 % slower a token on the
+// synthetic 2B (H100, docs/model-runtime.md), so 1 and 8.
+constexpr int kRows = 1;
+constexpr int kWin = 8;
 constexpr int kSlots = 8;              // second kernel: 16-byte y chunks per CTA (64 columns) ...
 constexpr int kGroups = kThreads / kSlots;  // ... and thread groups sharing them
 constexpr int kListCap = 2048;         // entries of the ordered list per pass
@@ -54,23 +60,67 @@ __device__ __forceinline__ void wait_for_prerequisite_grid() {
 #endif
 }
 
+// Warp w of CTA b owns neurons kRows · (b · kWarps + w) + r, r < kRows (a CTA: kRows · kWarps
+// neurons). Its rows' first window (kWin chunk steps each, kRows · kWin 16-byte loads a lane) is
+// loaded before the wait for the previous kernel: weights, which no kernel writes, stream in while
+// the norm before the FFN runs (programmatic launches). A lane sums chunks lane, lane + 32, … in
+// order whatever the window, so g has the bits of warp_row_dot (and of the decode GEMV).
 __global__ void __launch_bounds__(kThreads) twell_decode_token_kernel(TwellDecodeTokenParams p) {
   allow_dependent_launch();
   const int lane = threadIdx.x % 32;
   const int kchunks = static_cast<int>(p.k / 8);
-  const std::int64_t n = static_cast<std::int64_t>(blockIdx.x) * kWarps + threadIdx.x / 32;
-  if (n >= p.n) return;
-  const float s = warp_row_dot<true>(p.w_first + n * p.k, p.x, kchunks, lane);
-  const float g = __bfloat162float(__float2bfloat16_rn(fmaxf(s, 0.0f)));
-  const bool active = g > 0.0f;
-  if (active) {
-    const char* drow = reinterpret_cast<const char*>(p.w_down_t + n * p.k);
-    for (std::int64_t b = static_cast<std::int64_t>(lane) * 128; b < p.k * 2; b += 32 * 128)
-      asm volatile("prefetch.global.L2 [%0];" ::"l"(drow + b));
-    const float h = p.gated ? g * warp_row_dot<false>(p.w_up + n * p.k, p.x, kchunks, lane) : g;
-    if (lane == 0) p.h[n] = h;
+  const std::int64_t n0 = (static_cast<std::int64_t>(blockIdx.x) * kWarps + threadIdx.x / 32) * kRows;
+  if (n0 >= p.n) {
+    wait_for_prerequisite_grid();
+    return;
   }
-  if (lane == 0) p.flags[n] = active ? 1 : 0;
+  const uint4* wrow[kRows];
+#pragma unroll
+  for (int r = 0; r < kRows; ++r)  // a row past N reads row n0 (its sum is dropped)
+    wrow[r] = reinterpret_cast<const uint4*>(p.w_first + (n0 + r < p.n ? n0 + r : n0) * p.k);
+  uint4 wv[kRows][kWin];
+  const auto load_window = [&](int s0) {
+#pragma unroll
+    for (int s = 0; s < kWin; ++s)
+#pragma unroll
+      for (int r = 0; r < kRows; ++r) {
+        const int c = (s0 + s) * 32 + lane;
+        wv[r][s] = c < kchunks ? __ldcs(wrow[r] + c) : make_uint4(0, 0, 0, 0);
+      }
+  };
+  load_window(0);  // before the wait: weights only
+  wait_for_prerequisite_grid();
+  const uint4* xr = reinterpret_cast<const uint4*>(p.x);
+  float acc[kRows];
+#pragma unroll
+  for (int r = 0; r < kRows; ++r) acc[r] = 0.0f;
+  for (int s0 = 0; s0 * 32 < kchunks; s0 += kWin) {
+    if (s0 > 0) load_window(s0);
+#pragma unroll
+    for (int s = 0; s < kWin; ++s) {
+      const int c = (s0 + s) * 32 + lane;
+      if (c < kchunks) {
+        const uint4 xc = __ldg(xr + c);
+#pragma unroll
+        for (int r = 0; r < kRows; ++r) acc[r] += dev::dot8(xc, wv[r][s]);
+      }
+    }
+  }
+#pragma unroll
+  for (int r = 0; r < kRows; ++r) {
+    const std::int64_t n = n0 + r;
+    if (n >= p.n) break;
+    const float g = __bfloat162float(__float2bfloat16_rn(fmaxf(dev::warp_sum(acc[r]), 0.0f)));
+    const bool active = g > 0.0f;
+    if (active) {
+      const char* drow = reinterpret_cast<const char*>(p.w_down_t + n * p.k);
+      for (std::int64_t b = static_cast<std::int64_t>(lane) * 128; b < p.k * 2; b += 32 * 128)
+        asm volatile("prefetch.global.L2 [%0];" ::"l"(drow + b));
+      const float h = p.gated ? g * warp_row_dot<false>(p.w_up + n * p.k, p.x, kchunks, lane) : g;
+      if (lane == 0) p.h[n] = h;
+    }
+    if (lane == 0) p.flags[n] = active ? 1 : 0;
+  }
 }
 
 // y's chunks [blockIdx.x · kSlots, + kSlots): thread (group q = tid / kSlots, slot s) adds the
@@ -81,6 +131,7 @@ __global__ void __launch_bounds__(kThreads) twell_decode_token_down_kernel(Twell
   __shared__ float s_red[kGroups][kSlots][8];
   __shared__ int s_warp[kWarps];
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32, q = tid / kSlots, slot = tid % kSlots;
+  allow_dependent_launch();  // the next kernel (it waits for this grid) may stream its weights meanwhile
   wait_for_prerequisite_grid();
   const int kchunks = static_cast<int>(p.k / 8);
   const int c = blockIdx.x * kSlots + slot;
@@ -160,7 +211,7 @@ __global__ void __launch_bounds__(kThreads) twell_decode_token_down_kernel(Twell
 // Whether the down kernel, as loaded on the current device, waits for its prerequisite grid (code
 // compiled for sm_90 or later: its PTX version; a JIT of the compute_80 PTX has no wait, so it must
 // not be launched programmatically), asked once per device.
-bool programmatic_launch_supported() {
+bool down_kernel_waits() {
   constexpr int kMaxDevices = 64;
   static std::atomic<int> cached[kMaxDevices] = {};  // 0: not asked, 1: no, 2: yes (threads may race: same value)
   int dev = 0;
@@ -189,20 +240,26 @@ void launch_twell_decode_token(const TwellDecodeTokenParams& p, cudaStream_t str
                    "twell decode_token: needs M = 1 (got {}), N < 2³¹, K a multiple of 8 ≤ {} (got {}), 16-byte "
                    "aligned x, y and flags",
                    p.m, kDecodeTokenMaxK, p.k);
-  const std::int64_t ctas = (p.n + kWarps - 1) / kWarps;
-  twell_decode_token_kernel<<<static_cast<unsigned>(ctas), kThreads, 0, stream>>>(p);
+  const bool pdl = down_kernel_waits();
+  const auto launch = [&](void (*kernel)(TwellDecodeTokenParams), std::int64_t ctas, bool programmatic) {
+    cudaLaunchConfig_t cfg{};
+    cfg.gridDim = dim3(static_cast<unsigned>(ctas));
+    cfg.blockDim = dim3(kThreads);
+    cfg.stream = stream;
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[0].val.programmaticStreamSerializationAllowed = programmatic ? 1 : 0;
+    cfg.attrs = attr;
+    cfg.numAttrs = 1;
+    TWELL_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, p));
+  };
+  // The first kernel overlaps the kernel before it only inside the caller's programmatic scope
+  // (launch.hpp: the model runtime's forward, whose kernels all wait); the down kernel always
+  // follows its own first kernel programmatically.
+  constexpr std::int64_t per_cta = static_cast<std::int64_t>(kWarps) * kRows;
+  launch(twell_decode_token_kernel, (p.n + per_cta - 1) / per_cta, pdl && cuda::programmatic_launch_active());
   TWELL_CUDA_CHECK_LAUNCH("twell_decode_token_kernel");
-  const std::int64_t down_ctas = (p.k / 8 + kSlots - 1) / kSlots;
-  cudaLaunchConfig_t cfg{};
-  cfg.gridDim = dim3(static_cast<unsigned>(down_ctas));
-  cfg.blockDim = dim3(kThreads);
-  cfg.stream = stream;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = programmatic_launch_supported() ? 1 : 0;
-  cfg.attrs = attr;
-  cfg.numAttrs = 1;
-  TWELL_CUDA_CHECK(cudaLaunchKernelEx(&cfg, twell_decode_token_down_kernel, p));
+  launch(twell_decode_token_down_kernel, (p.k / 8 + kSlots - 1) / kSlots, pdl);
   TWELL_CUDA_CHECK_LAUNCH("twell_decode_token_down_kernel");
 }
 
