@@ -208,9 +208,10 @@ __global__ void __launch_bounds__(kThreads) twell_decode_token_down_kernel(Twell
   if (blockIdx.x == 0 && tid == 0 && p.nnz_out) *p.nnz_out = total;
 }
 
-// Whether the down kernel, as loaded on the current device, waits for its prerequisite grid (code
-// compiled for sm_90 or later: its PTX version; a JIT of the compute_80 PTX has no wait, so it must
-// not be launched programmatically), asked once per device.
+// Whether this file's kernels, as loaded on the current device, wait for their prerequisite grid
+// (code compiled for sm_90 or later: the down kernel's PTX version, which the first kernel shares;
+// a JIT of the compute_80 PTX has no wait, so neither may be launched programmatically), asked once
+// per device.
 bool down_kernel_waits() {
   constexpr int kMaxDevices = 64;
   static std::atomic<int> cached[kMaxDevices] = {};  // 0: not asked, 1: no, 2: yes (threads may race: same value)

@@ -10,6 +10,10 @@
 //    groups' sums are added in group order: a fixed order for a given set of active neurons
 //    (deterministic), fp32, rounded to bf16 once. CTA 0 stores the exact count to nnz_out.
 // No tiles and no capacity: exact at any density (the lists run in passes).
+// Programmatic launches (Hopper): inside the caller's ProgrammaticLaunch scope the first kernel may
+// start while the kernel before it runs, loading its weight rows before it waits for x; the down
+// kernel always follows the first one programmatically and lets the next kernel start at once (that
+// kernel waits for the whole down grid before it reads y).
 #include <cuda_runtime.h>
 
 #include <cstdint>
