@@ -10,6 +10,7 @@
 #include "cuda/common/convert.hpp"
 #include "cuda/ffn_context.hpp"
 #include "cuda/ffn_workspace.hpp"
+#include "cuda/ops/model_ops.hpp"
 #include "cuda/train/train_context.hpp"
 #include "twell/error.hpp"
 
@@ -109,6 +110,25 @@ void FfnLayer::run_step(const bf16* x, bf16* y, const StepPlan& plan, Stream str
     c.decode_step(nv(x), plan.m, nv(y), true, cu(stream));
   else
     c.dense_forward(nv(x), plan.m, nv(y), cu(stream));
+}
+
+void FfnLayer::run_step(const ResidualNorm& in, bf16* x, bf16* y, const StepPlan& plan, Stream stream) {
+  FfnContext& c = loaded(ctx_, n(), "FfnLayer");
+  TWELL_CHECK(plan.capturable && plan.m == 1, ErrorCode::invalid_argument,
+              "FfnLayer::run_step: a residual norm needs a capturable plan of 1 row (got {} rows{})", plan.m,
+              plan.capturable ? "" : ", not capturable");
+  DecodeTokenNorm d;
+  d.r = in.r;
+  d.first = nv(in.first);
+  d.delta = nv(in.delta);
+  d.w = in.w;
+  d.eps = in.eps;
+  if (c.is_decode(1)) {
+    c.decode_step(d, nv(x), nv(y), plan.sparse, cu(stream));
+    return;
+  }
+  ops::add_rmsnorm(d.r, d.delta, 1, c.k(), d.w, d.eps, nv(x), cu(stream), d.first);
+  run_step(x, y, plan, stream);
 }
 
 std::uint64_t FfnLayer::weights_epoch() const noexcept { return ctx_->weights_epoch(); }

@@ -392,7 +392,8 @@ class CudaRuntime final : public Runtime {
     // alone. At one row (fuse_norms) the attention's norm runs inside its projection
     // (rmsnorm_project), which reads x + the FFN's output without storing it: that add is the
     // next add_rmsnorm's `first`, so the FFN writes to ffn_out_, which the attention output
-    // projection (into tmp) leaves alone. The same sums in the same order either way.
+    // projection (into tmp) leaves alone. On a planned step the norm before the FFN goes into the
+    // FFN's step too (FfnLayer::run_step with a ResidualNorm). The same sums in the same order either way.
     const bool fuse = fuse_norms(T);
     bf16_t* ffn_y = fuse ? ffn_out_.get() : tmp;
     const bf16_t* pending = nullptr;  // fused: an FFN output not yet added to x
@@ -424,20 +425,34 @@ class CudaRuntime final : public Runtime {
         cuda::ops::attention(qkv, T, c.num_heads, c.num_kv_heads, c.head_dim, rows_.get(), l, sh.max_keys, att, stream_,
                              sh.one_token);
       project(L.wo.get(), att, T, K, Q, tmp);
-      cuda::ops::add_rmsnorm(x, tmp, T, K, L.ffn_norm.get(), eps, xn, stream_, pending);
-      pending = nullptr;
-      if (L.ffn && plans) {  // the layer's planned step (FfnLayer::run_step: capturable)
-        const StepPlan& p = (*plans)[static_cast<std::size_t>(l)];
-        L.ffn->run_step(tw(xn), tw(ffn_y), p, stream_);
-        ran_sparse[static_cast<std::size_t>(l)] = p.sparse;
-      } else if (L.ffn) {
-        L.ffn->forward(tw(xn), T, tw(ffn_y), path, stream_);
-        ran_sparse[static_cast<std::size_t>(l)] = L.ffn->last_sparse();
+      const StepPlan* plan = L.ffn && plans ? &(*plans)[static_cast<std::size_t>(l)] : nullptr;
+      if (fuse && plan) {
+        // The add + norm before the FFN inside the layer's planned step: the one-token kernels fold
+        // it in (each CTA normalises, the down kernel stores x); other plans run add_rmsnorm into
+        // xn first. ffn_y may alias `pending` (it does: the same buffer every layer).
+        cuda::FfnLayer::ResidualNorm in;
+        in.r = x;
+        in.first = tw(pending);
+        in.delta = tw(tmp);
+        in.w = L.ffn_norm.get();
+        in.eps = eps;
+        L.ffn->run_step(in, tw(xn), tw(ffn_y), *plan, stream_);
+        ran_sparse[static_cast<std::size_t>(l)] = plan->sparse;
       } else {
-        gemm_.run({T, 2 * N, K, K, K, 2 * N}, L.w_gu.get(), xn, gu_.get(), stream_);
-        cuda::ops::gated_activation(gu_.get(), T, N, static_cast<int>(c.act), h_.get(), stream_);
-        gemm_.run({T, K, N, N, N, K}, L.w_down.get(), h_.get(), ffn_y, stream_);
+        cuda::ops::add_rmsnorm(x, tmp, T, K, L.ffn_norm.get(), eps, xn, stream_, pending);
+        if (plan) {  // the layer's planned step (FfnLayer::run_step: capturable)
+          L.ffn->run_step(tw(xn), tw(ffn_y), *plan, stream_);
+          ran_sparse[static_cast<std::size_t>(l)] = plan->sparse;
+        } else if (L.ffn) {
+          L.ffn->forward(tw(xn), T, tw(ffn_y), path, stream_);
+          ran_sparse[static_cast<std::size_t>(l)] = L.ffn->last_sparse();
+        } else {
+          gemm_.run({T, 2 * N, K, K, K, 2 * N}, L.w_gu.get(), xn, gu_.get(), stream_);
+          cuda::ops::gated_activation(gu_.get(), T, N, static_cast<int>(c.act), h_.get(), stream_);
+          gemm_.run({T, K, N, N, N, K}, L.w_down.get(), h_.get(), ffn_y, stream_);
+        }
       }
+      pending = nullptr;
       if (fuse && l + 1 < c.num_layers)
         pending = ffn_y;
       else if (l + 1 < c.num_layers)

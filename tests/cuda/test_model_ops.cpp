@@ -325,6 +325,114 @@ TEST(ModelOps, WeightFirstKernelsReadXAfterTheWait) {
   cudaStreamDestroy(stream);
 }
 
+// The one-token FFN kernels with the add + RMSNorm before them folded in (DecodeTokenNorm: each CTA
+// of the first kernel normalises r + first + delta, the down kernel stores that sum into r) against
+// add_rmsnorm, then the same kernels on its output: y and r bit for bit, the same count. K on both
+// sides of 4096 (norm_row's 4-wide branch and its element-wise one), K = 8, N smaller than a CTA's
+// warps, gated and non-gated, without `first`, and y aliasing `first` (as the runtime calls it).
+// The folded run goes under programmatic launches with delta arriving late (late_copy): a first
+// kernel that read the residual stream before its wait would see another random delta.
+TEST(ModelOps, DecodeTokenFoldsTheResidualNormBitForBit) {
+  TWELL_REQUIRE_GPU();
+  Rng rng(fresh_seed());
+  cudaStream_t stream = nullptr;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
+  const bool pdl = cuda::programmatic_launch_supported();
+  struct Case {
+    std::int64_t n, k;
+    bool gated, first, alias;
+  };
+  for (const Case c : {Case{5632, 2048, true, true, true}, Case{1003, 4104, false, true, false}, Case{70, 8192, true, false, false},
+                       Case{5, 8, true, true, true}, Case{300, 264, false, true, true}, Case{2053, 4096, true, true, false}}) {
+    SCOPED_TRACE(::testing::Message() << "n " << c.n << " k " << c.k << (c.gated ? " gated" : " non-gated")
+                                      << (c.first ? " first" : "") << (c.alias ? " y = first" : ""));
+    const auto nk = static_cast<std::size_t>(c.n * c.k), k = static_cast<std::size_t>(c.k);
+    auto w_first = upload<__nv_bfloat16>(random_bf16(rng, nk)), w_up = upload<__nv_bfloat16>(random_bf16(rng, nk)),
+         w_down_t = upload<__nv_bfloat16>(random_bf16(rng, nk));
+    std::vector<float> rv(k), wv(k);
+    for (auto& e : rv) e = static_cast<float>(3.0 * rng.normal());
+    for (auto& e : wv) e = static_cast<float>(1.0 + 0.25 * rng.normal());
+    const auto firstv = random_bf16(rng, k), deltav = random_bf16(rng, k);
+    auto r_ref = upload(rv), r_got = upload(rv), w = upload(wv);
+    auto first = upload<__nv_bfloat16>(firstv), delta = upload<__nv_bfloat16>(deltav);
+    auto late = upload<__nv_bfloat16>(random_bf16(rng, k));  // delta's values arrive here late
+    auto first_got = upload<__nv_bfloat16>(firstv);           // y aliases it in the folded run
+    DeviceBuffer<__nv_bfloat16> xn(k), y_ref(k), y_sep(k);
+    DeviceBuffer<float> h(static_cast<std::size_t>(c.n));
+    DeviceBuffer<unsigned char> flags(static_cast<std::size_t>(cuda::decode_token_flag_bytes(c.n)));
+    ASSERT_EQ(cudaMemset(flags.get(), 0, flags.bytes()), cudaSuccess);
+    DeviceBuffer<unsigned long long> nnz(2);
+    const auto params = [&](__nv_bfloat16* y, unsigned long long* count) {
+      cuda::TwellDecodeTokenParams p;
+      p.ld_x = c.k;
+      p.w_up = c.gated ? w_up.get() : nullptr;
+      p.w_down_t = w_down_t.get();
+      p.y = y;
+      p.ld_y = c.k;
+      p.m = 1;
+      p.n = c.n;
+      p.k = c.k;
+      p.gated = c.gated;
+      p.w_first = w_first.get();
+      p.h = h.get();
+      p.flags = flags.get();
+      p.nnz_out = count;
+      return p;
+    };
+    const float eps = 1e-5f;
+    cuda::ops::add_rmsnorm(r_ref.get(), delta.get(), 1, c.k, w.get(), eps, xn.get(), stream, c.first ? first.get() : nullptr);
+    cuda::TwellDecodeTokenParams ref = params(y_ref.get(), nnz.get());
+    ref.x = xn.get();
+    cuda::launch_twell_decode_token(ref, stream);
+    __nv_bfloat16* y_got = c.alias ? first_got.get() : y_sep.get();
+    {
+      const cuda::ProgrammaticLaunch programmatic(pdl);
+      late_copy(delta.get(), late.get(), k * sizeof(bf16), 100, stream);
+      cuda::TwellDecodeTokenParams p = params(y_got, nnz.get() + 1);
+      p.norm.r = r_got.get();
+      p.norm.first = c.first ? first_got.get() : nullptr;
+      p.norm.delta = late.get();
+      p.norm.w = w.get();
+      p.norm.eps = eps;
+      cuda::launch_twell_decode_token(p, stream);
+    }
+    ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+    const auto want = download<bf16>(y_ref), have = download<bf16>(c.alias ? first_got : y_sep);
+    EXPECT_EQ(std::memcmp(want.data(), have.data(), want.size() * sizeof(bf16)), 0) << "y";
+    const auto r_want = download<float>(r_ref), r_have = download<float>(r_got);
+    EXPECT_EQ(std::memcmp(r_want.data(), r_have.data(), r_want.size() * sizeof(float)), 0) << "r";
+    EXPECT_NE(std::memcmp(r_want.data(), rv.data(), rv.size() * sizeof(float)), 0) << "r was not updated";
+    const auto counts = download<unsigned long long>(nnz);
+    EXPECT_EQ(counts[0], counts[1]);
+    EXPECT_GT(counts[0], 0u);
+  }
+  // Bad input: the norm's operands misaligned, or missing.
+  {
+    DeviceBuffer<float> r(64), w(64), h(64);
+    DeviceBuffer<__nv_bfloat16> d(64), y(64), wt(64 * 64);
+    DeviceBuffer<unsigned char> flags(64);
+    cuda::TwellDecodeTokenParams p;
+    p.w_up = wt.get();
+    p.w_down_t = wt.get();
+    p.w_first = wt.get();
+    p.y = y.get();
+    p.ld_y = p.ld_x = 64;
+    p.m = 1;
+    p.n = 64;
+    p.k = 64;
+    p.h = h.get();
+    p.flags = flags.get();
+    p.norm.r = r.get() + 1;  // 4-byte aligned only
+    p.norm.delta = d.get();
+    p.norm.w = w.get();
+    EXPECT_THROW(cuda::launch_twell_decode_token(p, stream), Error);
+    p.norm.r = r.get();
+    p.norm.delta = nullptr;
+    EXPECT_THROW(cuda::launch_twell_decode_token(p, stream), Error);
+  }
+  cudaStreamDestroy(stream);
+}
+
 // argmax: the lowest index of each row's largest value, as std::max_element on the host; a row
 // holding NaN or an infinity gives −1.
 TEST(ModelOps, ArgmaxMatchesHostAndFlagsNonFinite) {

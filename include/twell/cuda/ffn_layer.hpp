@@ -131,6 +131,20 @@ class FfnLayer {
   StepPlan plan_step(std::int64_t m, Path path);
   void prepare_step(const StepPlan& plan, Stream stream);
   void run_step(const bf16* x, bf16* y, const StepPlan& plan, Stream stream);
+  // run_step of one row whose input is the next RMSNorm of a residual stream (a model runtime's
+  // decode step): x = bf16(rmsnorm(r') ⊙ w), r' = r + first + delta (fp32 += bf16, in that order;
+  // first may be null) stored back into r — the bits of a separate add + RMSNorm kernel before
+  // run_step. A plan of the one-token kernels folds that into them (each CTA normalises, x is not
+  // written); any other plan writes x first. r, w: device fp32 [k], 16-byte aligned; first, delta:
+  // bf16 [k], 8-byte aligned; y may alias first.
+  struct ResidualNorm {
+    float* r = nullptr;
+    const bf16* first = nullptr;
+    const bf16* delta = nullptr;
+    const float* w = nullptr;
+    float eps = 0.0f;
+  };
+  void run_step(const ResidualNorm& in, bf16* x, bf16* y, const StepPlan& plan, Stream stream);
   // Changes whenever the layer's weight buffers move (load_weights, upload_weights, a hot-neuron
   // split that a large automatic or sparse forward may make on its own): a graph holding this
   // layer's run_step must be captured again.

@@ -154,4 +154,74 @@ __device__ void norm_row(float* __restrict__ xr, const __nv_bfloat16* __restrict
   }
 }
 
+// norm_row<false>'s bits (x only read) with few registers, for kernels that keep other data in
+// registers across the norm (twell_decode_token's weight window): the sum of squares in norm_row's
+// order (its 4-wide branch where norm_row_wide(k), else element by element: its held and streamed
+// branches share that order), then every element formed again from memory, where the first pass
+// left it cached. y may be in shared memory. Every thread of the block must call it.
+__device__ inline void norm_row_reread(const float* __restrict__ xr, const __nv_bfloat16* __restrict__ d0,
+                                       const __nv_bfloat16* __restrict__ d1, std::int64_t k, const float* __restrict__ w,
+                                       float eps, __nv_bfloat16* __restrict__ yr) {
+  const bool wide = norm_row_wide(k);
+  constexpr int kGroups = kNormHeld / 4;
+  // x' at columns c … c + 3 (wide) or c.
+  const auto value4 = [&](std::int64_t c, float* v) {
+    const float4 xv = *reinterpret_cast<const float4*>(xr + c);
+    v[0] = xv.x;
+    v[1] = xv.y;
+    v[2] = xv.z;
+    v[3] = xv.w;
+    if (d0) add_bf16x4(v, d0 + c);
+    if (d1) add_bf16x4(v, d1 + c);
+  };
+  const auto value = [&](std::int64_t c) {
+    float e = xr[c];
+    if (d0) e += __bfloat162float(d0[c]);
+    if (d1) e += __bfloat162float(d1[c]);
+    return e;
+  };
+  float ss = 0.0f;
+  if (wide) {
+    for (int g = 0; g < kGroups; ++g) {
+      const std::int64_t c = 4 * (threadIdx.x + static_cast<std::int64_t>(g) * kNormThreads);
+      if (c < k) {
+        float v[4];
+        value4(c, v);
+#pragma unroll
+        for (int e = 0; e < 4; ++e) ss += v[e] * v[e];
+      }
+    }
+  } else {
+    for (std::int64_t c = threadIdx.x; c < k; c += kNormThreads) {
+      const float e = value(c);
+      ss += e * e;
+    }
+  }
+  __shared__ float part[kNormThreads / 32];
+  for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+  if (threadIdx.x % 32 == 0) part[threadIdx.x / 32] = ss;
+  __syncthreads();
+  float total = 0.0f;
+  for (int j = 0; j < kNormThreads / 32; ++j) total += part[j];
+  const float inv = rsqrtf(total / static_cast<float>(k) + eps);
+  if (wide) {
+    for (int g = 0; g < kGroups; ++g) {
+      const std::int64_t c = 4 * (threadIdx.x + static_cast<std::int64_t>(g) * kNormThreads);
+      if (c < k) {
+        float a[4];
+        value4(c, a);
+        const float4 b = *reinterpret_cast<const float4*>(w + c);
+        uint2 out;
+        *reinterpret_cast<__nv_bfloat162*>(&out.x) =
+            __halves2bfloat162(__float2bfloat16(a[0] * inv * b.x), __float2bfloat16(a[1] * inv * b.y));
+        *reinterpret_cast<__nv_bfloat162*>(&out.y) =
+            __halves2bfloat162(__float2bfloat16(a[2] * inv * b.z), __float2bfloat16(a[3] * inv * b.w));
+        *reinterpret_cast<uint2*>(yr + c) = out;
+      }
+    }
+  } else {
+    for (std::int64_t c = threadIdx.x; c < k; c += kNormThreads) yr[c] = __float2bfloat16(value(c) * inv * w[c]);
+  }
+}
+
 }  // namespace twell::cuda::ops::detail

@@ -6,6 +6,7 @@
 #include "cuda/common/check.hpp"
 #include "cuda/common/device_math.cuh"
 #include "cuda/common/launch.hpp"
+#include "cuda/ops/norm_row.cuh"
 
 namespace twell::cuda {
 namespace {
@@ -25,7 +26,16 @@ constexpr int kFlagsPerThread = 32;    // neurons whose flags a thread lists per
 
 // ⟨x, w⟩ over K = 8 · kchunks by one warp, the row's loads in flight together (every lane gets
 // the sum). STREAM: the row is read once (evict-first), else kept.
-template <bool STREAM>
+// x in shared memory (kSharedX) or global (read through the read-only path).
+template <bool kSharedX>
+__device__ __forceinline__ uint4 load_x(const uint4* x, int c) {
+  if constexpr (kSharedX)
+    return x[c];
+  else
+    return __ldg(x + c);
+}
+
+template <bool STREAM, bool kSharedX = false>
 __device__ __forceinline__ float warp_row_dot(const __nv_bfloat16* w, const __nv_bfloat16* x, int kchunks, int lane) {
   const uint4* wr = reinterpret_cast<const uint4*>(w);
   const uint4* xr = reinterpret_cast<const uint4*>(x);
@@ -40,7 +50,7 @@ __device__ __forceinline__ float warp_row_dot(const __nv_bfloat16* w, const __nv
 #pragma unroll
     for (int i = 0; i < kWin; ++i) {
       const int c = c0 + i * 32 + lane;
-      if (c < kchunks) s += dev::dot8(__ldg(xr + c), wv[i]);
+      if (c < kchunks) s += dev::dot8(load_x<kSharedX>(xr, c), wv[i]);
     }
   }
   return dev::warp_sum(s);
@@ -65,15 +75,20 @@ __device__ __forceinline__ void wait_for_prerequisite_grid() {
 // loaded before the wait for the previous kernel: weights, which no kernel writes, stream in while
 // the norm before the FFN runs (programmatic launches). A lane sums chunks lane, lane + 32, … in
 // order whatever the window, so g has the bits of warp_row_dot (and of the decode GEMV).
+// kNorm: x formed from the residual stream in shared memory (DecodeTokenNorm); every warp of the
+// CTA takes part in the norm, those past N included.
+template <bool kNorm>
 __global__ void __launch_bounds__(kThreads) twell_decode_token_kernel(TwellDecodeTokenParams p) {
+  extern __shared__ uint4 xs_raw[];  // kNorm: the normalised row, bf16 [k]
   allow_dependent_launch();
   const int lane = threadIdx.x % 32;
   const int kchunks = static_cast<int>(p.k / 8);
   const std::int64_t n0 = (static_cast<std::int64_t>(blockIdx.x) * kWarps + threadIdx.x / 32) * kRows;
-  if (n0 >= p.n) {
+  if (!kNorm && n0 >= p.n) {
     wait_for_prerequisite_grid();
     return;
   }
+  const bool has_rows = n0 < p.n;
   const uint4* wrow[kRows];
 #pragma unroll
   for (int r = 0; r < kRows; ++r)  // a row past N reads row n0 (its sum is dropped)
@@ -85,12 +100,20 @@ __global__ void __launch_bounds__(kThreads) twell_decode_token_kernel(TwellDecod
 #pragma unroll
       for (int r = 0; r < kRows; ++r) {
         const int c = (s0 + s) * 32 + lane;
-        wv[r][s] = c < kchunks ? __ldcs(wrow[r] + c) : make_uint4(0, 0, 0, 0);
+        wv[r][s] = has_rows && c < kchunks ? __ldcs(wrow[r] + c) : make_uint4(0, 0, 0, 0);
       }
   };
   load_window(0);  // before the wait: weights only
   wait_for_prerequisite_grid();
   const uint4* xr = reinterpret_cast<const uint4*>(p.x);
+  if constexpr (kNorm) {
+    // r is only read here; the weight window stays in registers across the norm
+    ops::detail::norm_row_reread(p.norm.r, p.norm.first, p.norm.delta, p.k, p.norm.w, p.norm.eps,
+                                 reinterpret_cast<__nv_bfloat16*>(xs_raw));
+    __syncthreads();
+    if (!has_rows) return;
+    xr = xs_raw;
+  }
   float acc[kRows];
 #pragma unroll
   for (int r = 0; r < kRows; ++r) acc[r] = 0.0f;
@@ -100,7 +123,7 @@ __global__ void __launch_bounds__(kThreads) twell_decode_token_kernel(TwellDecod
     for (int s = 0; s < kWin; ++s) {
       const int c = (s0 + s) * 32 + lane;
       if (c < kchunks) {
-        const uint4 xc = __ldg(xr + c);
+        const uint4 xc = load_x<kNorm>(xr, c);
 #pragma unroll
         for (int r = 0; r < kRows; ++r) acc[r] += dev::dot8(xc, wv[r][s]);
       }
@@ -116,7 +139,9 @@ __global__ void __launch_bounds__(kThreads) twell_decode_token_kernel(TwellDecod
       const char* drow = reinterpret_cast<const char*>(p.w_down_t + n * p.k);
       for (std::int64_t b = static_cast<std::int64_t>(lane) * 128; b < p.k * 2; b += 32 * 128)
         asm volatile("prefetch.global.L2 [%0];" ::"l"(drow + b));
-      const float h = p.gated ? g * warp_row_dot<false>(p.w_up + n * p.k, p.x, kchunks, lane) : g;
+      const float h =
+          p.gated ? g * warp_row_dot<false, kNorm>(p.w_up + n * p.k, reinterpret_cast<const __nv_bfloat16*>(xr), kchunks, lane)
+                  : g;
       if (lane == 0) p.h[n] = h;
     }
     if (lane == 0) p.flags[n] = active ? 1 : 0;
@@ -133,6 +158,18 @@ __global__ void __launch_bounds__(kThreads) twell_decode_token_down_kernel(Twell
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32, q = tid / kSlots, slot = tid % kSlots;
   allow_dependent_launch();  // the next kernel (it waits for this grid) may stream its weights meanwhile
   wait_for_prerequisite_grid();
+  if (p.norm.w) {  // r' = r + first + delta for this CTA's columns (norm_row's adds, in its order)
+    for (int e = tid; e < kSlots * 8; e += kThreads) {
+      const std::int64_t col = static_cast<std::int64_t>(blockIdx.x) * kSlots * 8 + e;
+      if (col < p.k) {
+        float v = p.norm.r[col];
+        if (p.norm.first) v += __bfloat162float(p.norm.first[col]);
+        v += __bfloat162float(p.norm.delta[col]);
+        p.norm.r[col] = v;
+      }
+    }
+    // Ordered before this CTA's y stores (after the barriers below): y may alias `first`.
+  }
   const int kchunks = static_cast<int>(p.k / 8);
   const int c = blockIdx.x * kSlots + slot;
   float acc[8];
@@ -231,10 +268,15 @@ bool down_kernel_waits() {
 }  // namespace
 
 void launch_twell_decode_token(const TwellDecodeTokenParams& p, cudaStream_t stream) {
-  TWELL_CU_REQUIRE(p.x && p.w_first && p.w_down_t && p.y && p.h && p.flags && (!p.gated || p.w_up),
+  const bool norm = p.norm.w != nullptr;
+  TWELL_CU_REQUIRE((norm ? p.norm.r != nullptr && p.norm.delta != nullptr : p.x != nullptr) && p.w_first && p.w_down_t && p.y && p.h && p.flags &&
+                       (!p.gated || p.w_up),
                    ErrorCode::invalid_argument, "twell decode_token: null pointer");
+  TWELL_CU_REQUIRE(!norm || ops::detail::norm_row_aligned(p.k, p.norm.r, p.norm.w, p.norm.first, p.norm.delta, nullptr),
+                   ErrorCode::invalid_argument,
+                   "twell decode_token: the norm needs r and w 16-byte aligned, first and delta 8-byte aligned");
   TWELL_CU_REQUIRE(p.m == 1 && p.n >= 1 && p.n <= 0x7fffffff && p.k >= 8 && p.k % 8 == 0 && p.k <= kDecodeTokenMaxK &&
-                       (reinterpret_cast<std::uintptr_t>(p.x) & 15) == 0 &&
+                       (norm || (reinterpret_cast<std::uintptr_t>(p.x) & 15) == 0) &&
                        (reinterpret_cast<std::uintptr_t>(p.y) & 15) == 0 &&
                        (reinterpret_cast<std::uintptr_t>(p.flags) & 15) == 0,
                    ErrorCode::unsupported,
@@ -242,10 +284,12 @@ void launch_twell_decode_token(const TwellDecodeTokenParams& p, cudaStream_t str
                    "aligned x, y and flags",
                    p.m, kDecodeTokenMaxK, p.k);
   const bool pdl = down_kernel_waits();
-  const auto launch = [&](void (*kernel)(TwellDecodeTokenParams), std::int64_t ctas, bool programmatic) {
+  const auto launch = [&](void (*kernel)(TwellDecodeTokenParams), std::int64_t ctas, bool programmatic,
+                          std::size_t smem) {
     cudaLaunchConfig_t cfg{};
     cfg.gridDim = dim3(static_cast<unsigned>(ctas));
     cfg.blockDim = dim3(kThreads);
+    cfg.dynamicSmemBytes = smem;
     cfg.stream = stream;
     cudaLaunchAttribute attr[1];
     attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
@@ -258,9 +302,14 @@ void launch_twell_decode_token(const TwellDecodeTokenParams& p, cudaStream_t str
   // (launch.hpp: the model runtime's forward, whose kernels all wait); the down kernel always
   // follows its own first kernel programmatically.
   constexpr std::int64_t per_cta = static_cast<std::int64_t>(kWarps) * kRows;
-  launch(twell_decode_token_kernel, (p.n + per_cta - 1) / per_cta, pdl && cuda::programmatic_launch_active());
+  const std::int64_t ctas = (p.n + per_cta - 1) / per_cta;
+  const bool early = pdl && cuda::programmatic_launch_active();
+  if (norm)  // the normalised row in shared memory: ≤ 16 KB (K ≤ 8192)
+    launch(twell_decode_token_kernel<true>, ctas, early, static_cast<std::size_t>(p.k) * sizeof(__nv_bfloat16));
+  else
+    launch(twell_decode_token_kernel<false>, ctas, early, 0);
   TWELL_CUDA_CHECK_LAUNCH("twell_decode_token_kernel");
-  launch(twell_decode_token_down_kernel, (p.k / 8 + kSlots - 1) / kSlots, pdl);
+  launch(twell_decode_token_down_kernel, (p.k / 8 + kSlots - 1) / kSlots, pdl, 0);
   TWELL_CUDA_CHECK_LAUNCH("twell_decode_token_down_kernel");
 }
 

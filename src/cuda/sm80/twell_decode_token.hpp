@@ -24,17 +24,33 @@ namespace twell::cuda {
 
 inline constexpr std::int64_t kDecodeTokenMaxK = 8192;
 
+// The FFN's input from the residual stream, folded into the kernels (a model runtime's one-token
+// step: the add + RMSNorm before the FFN without a kernel of its own). x = bf16(rmsnorm(r') ⊙ w) with
+// r' = r + first + delta (fp32 += bf16, in that order: ops::add_rmsnorm's bits, cuda/ops/norm_row.cuh).
+// Each CTA of the first kernel forms x in shared memory and reads nothing at FfnOperands::x; the down
+// kernel stores r' into r for its 64 columns (r is read by every first-kernel CTA, so only once that
+// grid is done), before it writes y there: y may alias `first` (the runtime's previous FFN output).
+struct DecodeTokenNorm {
+  float* r = nullptr;                    // [K] fp32, 16-byte aligned: the residual, updated in place
+  const __nv_bfloat16* first = nullptr;  // [K] optional, 8-byte aligned
+  const __nv_bfloat16* delta = nullptr;  // [K], 8-byte aligned
+  const float* w = nullptr;              // [K] the norm's weight, 16-byte aligned
+  float eps = 0.0f;
+};
+
 struct TwellDecodeTokenParams : FfnOperands {  // m must be 1
   const __nv_bfloat16* w_first = nullptr;  // [N, K] (row stride K): Wg gated, Wu non-gated
   float* h = nullptr;                      // [N] scratch (only the active neurons' entries are written)
   unsigned char* flags = nullptr;          // [decode_token_flag_bytes(N)] scratch, zero past N (set once)
   unsigned long long* nnz_out = nullptr;   // optional: receives the count of active neurons
+  DecodeTokenNorm norm;                    // with norm.w set: x from the residual stream (x unused)
 };
 
 // Bytes of the flags buffer for N neurons (whole 32-byte groups; the bytes past N stay zero).
 constexpr std::int64_t decode_token_flag_bytes(std::int64_t n) { return (n + 31) / 32 * 32; }
 
-// Requires M = 1, K a multiple of 8 with K ≤ kDecodeTokenMaxK, 16-byte aligned x and y.
+// Requires M = 1, K a multiple of 8 with K ≤ kDecodeTokenMaxK, 16-byte aligned x (or the norm's
+// operands aligned as DecodeTokenNorm says) and y.
 void launch_twell_decode_token(const TwellDecodeTokenParams& p, cudaStream_t stream);
 
 }  // namespace twell::cuda
