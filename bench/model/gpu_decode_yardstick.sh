@@ -3,7 +3,10 @@
 # PyTorch's best dense decode on the same synthetic checkpoint, same GPU, same call: transformers +
 # torch.compile(mode="reduce-overhead") + static cache (CUDA graphs), and the same weights through
 # a lean gpt-fast-style body (bench/model/fast_llama.py) compiled alike; "best" is the faster.
-#   [BUILD=build/gpu] [OUT=…] [PREFILL=1 [DECODE=0]] [MODEL=DIR] [FAST_MODES=reduce-overhead+cdt,reduce-overhead,max-autotune] [FAST_ATTN=sdpa,math] bash bench/model/gpu_decode_yardstick.sh [CONFIG [DENSITY]]   (2b 0.005)
+#   [BUILD=build/gpu] [OUT=…] [PREFILL=1 [DECODE=0]] [MODEL=DIR] [FAST_MODES=reduce-overhead+cdt,reduce-overhead,max-autotune] [FAST_ATTN=sdpa,math] [HF_DECODE=0] bash bench/model/gpu_decode_yardstick.sh [CONFIG [DENSITY]]   (2b 0.005)
+# HF_DECODE=0 leaves out transformers' decode rows (its compiled row takes minutes): with
+# FAST_MODES=reduce-overhead+cdt the gpt-fast row has the call to itself (its compilation outlasted
+# the ≈ 5 minutes left after transformers' rows at 8c8578f).
 # Needs a built twell (e.g. scripts/gpu-check earlier in the same call). Writes torch.json,
 # twell.json and decode-yardstick.md (the table) under $OUT. PREFILL=1 adds the prefill of 8 × 512
 # (PREFILL_BATCH × PREFILL_LEN: e.g. the paper's 64 × 2048)
@@ -52,7 +55,7 @@ skip=--skip-prefill
 [ "$PREFILL" = 1 ] && skip=
 [ "$PREFILL" = 1 ] && [ "${DECODE:-1}" = 0 ] && skip=--skip-decode
 python3 bench/model/torch_yardstick.py "$M" $skip --prefill-batch "$PB" --prefill-len "$PL" --context 128 --decode-steps 128 \
-  --fast-modes "$FAST_MODES" --fast-attn "$FAST_ATTN" --json "$OUT/torch.json" \
+  --fast-modes "$FAST_MODES" --fast-attn "$FAST_ATTN" $([ "${HF_DECODE:-1}" = 0 ] && echo --skip-hf-decode) --json "$OUT/torch.json" \
   > "$OUT/torch.log" 2>&1
 echo "torch yardstick rc=$? ($(( $(date +%s) - t0 )) s)"
 t0=$(date +%s)

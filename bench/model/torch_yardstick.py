@@ -172,6 +172,9 @@ def main():
     ap.add_argument("--skip-decode", action="store_true", help="only the prefill phases")
     ap.add_argument("--decode-compile-mode", default="reduce-overhead", help="torch.compile mode of the decode step")
     ap.add_argument("--skip-fast", action="store_true", help="leave out the lean body (bench/model/fast_llama.py)")
+    ap.add_argument("--skip-hf-decode", action="store_true",
+                    help="leave out transformers' decode rows (eager, compiled + graphs; minutes of compilation): "
+                         "the lean body's rows alone, e.g. its slow-compiling +cdt mode in a call of its own")
     ap.add_argument("--fast-modes", default="reduce-overhead",
                     help="comma-separated torch.compile modes for the lean body's decode step, one row each "
                          "(e.g. reduce-overhead,reduce-overhead+cdt,max-autotune: '+cdt' adds inductor's "
@@ -251,17 +254,19 @@ def main():
     if a.skip_decode:
         return 0
     prompt = torch.randint(0, vocab, (1, a.context), device="cuda")
-    rate, per = decode_rate(model, prompt, a.decode_steps, a.reps)
-    report("decode b1 eager", rate, {"seconds_per_token": per})
-    with torch.inference_mode():
+    if not a.skip_hf_decode:
+        rate, per = decode_rate(model, prompt, a.decode_steps, a.reps)
+        report("decode b1 eager", rate, {"seconds_per_token": per})
+    with torch.inference_mode():  # the lean body's greedy tokens are checked against these
         hf_ids = model.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=a.decode_steps,
                                 min_new_tokens=a.decode_steps, do_sample=False, pad_token_id=0)[:, a.context:]
-    try:
-        torch._dynamo.reset()
-        rate, per = decode_rate_graphs(model, prompt, a.decode_steps, a.reps, mode=a.decode_compile_mode)
-        report("decode b1 compile+graphs", rate, {"seconds_per_token": per, "mode": a.decode_compile_mode})
-    except Exception as e:  # noqa: BLE001
-        fail("decode b1 compile+graphs", e)
+    if not a.skip_hf_decode:
+        try:
+            torch._dynamo.reset()
+            rate, per = decode_rate_graphs(model, prompt, a.decode_steps, a.reps, mode=a.decode_compile_mode)
+            report("decode b1 compile+graphs", rate, {"seconds_per_token": per, "mode": a.decode_compile_mode})
+        except Exception as e:  # noqa: BLE001
+            fail("decode b1 compile+graphs", e)
     fast_rows = [(m, at) for m in a.fast_modes.split(",") if m for at in a.fast_attn.split(",") if at]
     for mode, attn in ([] if a.skip_fast else fast_rows):
         name = ("decode b1 fast compile+graphs" + ("" if mode == "reduce-overhead" else f" {mode}") +
