@@ -48,6 +48,30 @@ std::vector<bf16> random_bf16(Rng& rng, std::size_t n) {
   return v;
 }
 
+// A one-token FFN launch (twell_decode_token) over these weights and scratch; x (or the norm) unset.
+cuda::TwellDecodeTokenParams token_params(std::int64_t n, std::int64_t k, bool gated,
+                                          const DeviceBuffer<__nv_bfloat16>& w_first,
+                                          const DeviceBuffer<__nv_bfloat16>& w_up,
+                                          const DeviceBuffer<__nv_bfloat16>& w_down_t, DeviceBuffer<float>& h,
+                                          DeviceBuffer<unsigned char>& flags, __nv_bfloat16* y,
+                                          unsigned long long* count) {
+  cuda::TwellDecodeTokenParams p;
+  p.ld_x = k;
+  p.w_up = gated ? w_up.get() : nullptr;
+  p.w_down_t = w_down_t.get();
+  p.y = y;
+  p.ld_y = k;
+  p.m = 1;
+  p.n = n;
+  p.k = k;
+  p.gated = gated;
+  p.w_first = w_first.get();
+  p.h = h.get();
+  p.flags = flags.get();
+  p.nnz_out = count;
+  return p;
+}
+
 // RoPE's cos and sin tables [positions, d/2] (θ = 10000), as the runtime builds them.
 std::pair<std::vector<float>, std::vector<float>> rope_tables(int positions, int d) {
   const int half = d / 2;
@@ -292,21 +316,8 @@ TEST(ModelOps, WeightFirstKernelsReadXAfterTheWait) {
     ASSERT_EQ(cudaMemset(flags.get(), 0, flags.bytes()), cudaSuccess);
     DeviceBuffer<unsigned long long> nnz(2);
     const auto run = [&](const __nv_bfloat16* xp, __nv_bfloat16* y, unsigned long long* count) {
-      cuda::TwellDecodeTokenParams p;
+      cuda::TwellDecodeTokenParams p = token_params(c.n, c.k, c.gated, w_first, w_up, w_down_t, h, flags, y, count);
       p.x = xp;
-      p.ld_x = c.k;
-      p.w_up = c.gated ? w_up.get() : nullptr;
-      p.w_down_t = w_down_t.get();
-      p.y = y;
-      p.ld_y = c.k;
-      p.m = 1;
-      p.n = c.n;
-      p.k = c.k;
-      p.gated = c.gated;
-      p.w_first = w_first.get();
-      p.h = h.get();
-      p.flags = flags.get();
-      p.nnz_out = count;
       cuda::launch_twell_decode_token(p, stream);
     };
     run(x.get(), ref.get(), nnz.get());
@@ -363,21 +374,7 @@ TEST(ModelOps, DecodeTokenFoldsTheResidualNormBitForBit) {
     ASSERT_EQ(cudaMemset(flags.get(), 0, flags.bytes()), cudaSuccess);
     DeviceBuffer<unsigned long long> nnz(2);
     const auto params = [&](__nv_bfloat16* y, unsigned long long* count) {
-      cuda::TwellDecodeTokenParams p;
-      p.ld_x = c.k;
-      p.w_up = c.gated ? w_up.get() : nullptr;
-      p.w_down_t = w_down_t.get();
-      p.y = y;
-      p.ld_y = c.k;
-      p.m = 1;
-      p.n = c.n;
-      p.k = c.k;
-      p.gated = c.gated;
-      p.w_first = w_first.get();
-      p.h = h.get();
-      p.flags = flags.get();
-      p.nnz_out = count;
-      return p;
+      return token_params(c.n, c.k, c.gated, w_first, w_up, w_down_t, h, flags, y, count);
     };
     const float eps = 1e-5f;
     cuda::ops::add_rmsnorm(r_ref.get(), delta.get(), 1, c.k, w.get(), eps, xn.get(), stream, c.first ? first.get() : nullptr);

@@ -49,18 +49,44 @@ __device__ __forceinline__ void add_bf16x4(float* v, const __nv_bfloat16* p) {
   v[3] += b.y;
 }
 
+// 1 / sqrt(mean + eps) of the block's squares, each thread holding its partial sum ss: the warps'
+// butterflies, then the 8 warp sums in order (synchronises the block).
+__device__ __forceinline__ float inv_rms(float ss, std::int64_t k, float eps) {
+  __shared__ float part[kNormThreads / 32];
+  for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+  if (threadIdx.x % 32 == 0) part[threadIdx.x / 32] = ss;
+  __syncthreads();
+  float total = 0.0f;
+  for (int j = 0; j < kNormThreads / 32; ++j) total += part[j];
+  return rsqrtf(total / static_cast<float>(k) + eps);
+}
+
+// x[c] (+ d0[c]) (+ d1[c]): the residual adds at one column, in that order.
+__device__ __forceinline__ float residual_at(const float* x, const __nv_bfloat16* d0, const __nv_bfloat16* d1,
+                                             std::int64_t c) {
+  float e = x[c];
+  if (d0) e += __bfloat162float(d0[c]);
+  if (d1) e += __bfloat162float(d1[c]);
+  return e;
+}
+
+// y[0..3] = bf16(a[e] · inv · b[e]) (y 8-byte aligned).
+__device__ __forceinline__ void store_norm4(__nv_bfloat16* y, const float* a, float inv, const float* b) {
+  uint2 out;
+  *reinterpret_cast<__nv_bfloat162*>(&out.x) =
+      __halves2bfloat162(__float2bfloat16(a[0] * inv * b[0]), __float2bfloat16(a[1] * inv * b[1]));
+  *reinterpret_cast<__nv_bfloat162*>(&out.y) =
+      __halves2bfloat162(__float2bfloat16(a[2] * inv * b[2]), __float2bfloat16(a[3] * inv * b[3]));
+  *reinterpret_cast<uint2*>(y) = out;
+}
+
 template <bool kStore>
 __device__ void norm_row(float* __restrict__ xr, const __nv_bfloat16* __restrict__ d0,
                          const __nv_bfloat16* __restrict__ d1, std::int64_t k, const float* __restrict__ w, float eps,
                          __nv_bfloat16* __restrict__ yr) {
   const bool add = d0 || d1;
   // x' at column c, read from memory (for the streamed path).
-  const auto value = [&](std::int64_t c) {
-    float e = xr[c];
-    if (d0) e += __bfloat162float(d0[c]);
-    if (d1) e += __bfloat162float(d1[c]);
-    return e;
-  };
+  const auto value = [&](std::int64_t c) { return residual_at(xr, d0, d1, c); };
   float ss = 0.0f;
   float v[kNormHeld], wv[kNormHeld];
   const bool held = k <= static_cast<std::int64_t>(kNormThreads) * kNormHeld;
@@ -119,27 +145,12 @@ __device__ void norm_row(float* __restrict__ xr, const __nv_bfloat16* __restrict
       ss += e * e;
     }
   }
-  __shared__ float part[kNormThreads / 32];
-  for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
-  if (threadIdx.x % 32 == 0) part[threadIdx.x / 32] = ss;
-  __syncthreads();
-  float total = 0.0f;
-  for (int j = 0; j < kNormThreads / 32; ++j) total += part[j];
-  const float inv = rsqrtf(total / static_cast<float>(k) + eps);
+  const float inv = inv_rms(ss, k, eps);
   if (wide) {
 #pragma unroll
     for (int g = 0; g < kGroups; ++g) {
       const std::int64_t c = 4 * (threadIdx.x + static_cast<std::int64_t>(g) * kNormThreads);
-      if (c < k) {
-        const float* a = v + 4 * g;
-        const float* b = wv + 4 * g;
-        uint2 out;
-        *reinterpret_cast<__nv_bfloat162*>(&out.x) =
-            __halves2bfloat162(__float2bfloat16(a[0] * inv * b[0]), __float2bfloat16(a[1] * inv * b[1]));
-        *reinterpret_cast<__nv_bfloat162*>(&out.y) =
-            __halves2bfloat162(__float2bfloat16(a[2] * inv * b[2]), __float2bfloat16(a[3] * inv * b[3]));
-        *reinterpret_cast<uint2*>(yr + c) = out;
-      }
+      if (c < k) store_norm4(yr + c, v + 4 * g, inv, wv + 4 * g);
     }
   } else if (held) {
 #pragma unroll
@@ -174,12 +185,7 @@ __device__ inline void norm_row_reread(const float* __restrict__ xr, const __nv_
     if (d0) add_bf16x4(v, d0 + c);
     if (d1) add_bf16x4(v, d1 + c);
   };
-  const auto value = [&](std::int64_t c) {
-    float e = xr[c];
-    if (d0) e += __bfloat162float(d0[c]);
-    if (d1) e += __bfloat162float(d1[c]);
-    return e;
-  };
+  const auto value = [&](std::int64_t c) { return residual_at(xr, d0, d1, c); };
   float ss = 0.0f;
   if (wide) {
     for (int g = 0; g < kGroups; ++g) {
@@ -197,26 +203,16 @@ __device__ inline void norm_row_reread(const float* __restrict__ xr, const __nv_
       ss += e * e;
     }
   }
-  __shared__ float part[kNormThreads / 32];
-  for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
-  if (threadIdx.x % 32 == 0) part[threadIdx.x / 32] = ss;
-  __syncthreads();
-  float total = 0.0f;
-  for (int j = 0; j < kNormThreads / 32; ++j) total += part[j];
-  const float inv = rsqrtf(total / static_cast<float>(k) + eps);
+  const float inv = inv_rms(ss, k, eps);
   if (wide) {
     for (int g = 0; g < kGroups; ++g) {
       const std::int64_t c = 4 * (threadIdx.x + static_cast<std::int64_t>(g) * kNormThreads);
       if (c < k) {
         float a[4];
         value4(c, a);
-        const float4 b = *reinterpret_cast<const float4*>(w + c);
-        uint2 out;
-        *reinterpret_cast<__nv_bfloat162*>(&out.x) =
-            __halves2bfloat162(__float2bfloat16(a[0] * inv * b.x), __float2bfloat16(a[1] * inv * b.y));
-        *reinterpret_cast<__nv_bfloat162*>(&out.y) =
-            __halves2bfloat162(__float2bfloat16(a[2] * inv * b.z), __float2bfloat16(a[3] * inv * b.w));
-        *reinterpret_cast<uint2*>(yr + c) = out;
+        const float4 b4 = *reinterpret_cast<const float4*>(w + c);
+        const float b[4] = {b4.x, b4.y, b4.z, b4.w};
+        store_norm4(yr + c, a, inv, b);
       }
     }
   } else {
