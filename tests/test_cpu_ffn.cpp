@@ -2,7 +2,9 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 
+#include "cpu/blas.hpp"
 #include "ffn_cases.hpp"
 #include "test_util.hpp"
 #include "twell/cpu/ffn_ops.hpp"
@@ -76,6 +78,26 @@ TEST_P(CpuFfn, SparseMatchesReferenceOnEveryRow) {
   const auto ref_rounded = ref::ffn_forward(in.x, in.w, {}, opt);
   EXPECT_LE(test::rel_err(y, ref_rounded), 1e-3);
   EXPECT_EQ(info.stats.rows, p.m);
+}
+
+// The sparse FFN from a first GEMM's output computed by the caller (the runtime's decode steps
+// compute it from bf16 weight copies): given the gate GEMM's own values, ffn_sparse's bits exactly,
+// with the same TwELL statistics; a pre of the wrong shape is refused.
+TEST_P(CpuFfn, SparseFromGateIsTheWholeOp) {
+  const FfnCase& p = GetParam();
+  Inputs in = make(p);
+  const cpu::PreparedFfn prep = cpu::prepare_ffn(in.w);
+  std::vector<float> pre(static_cast<std::size_t>(p.m * p.n));
+  cpu::gemm(false, true, 1.0f, in.x, p.gated ? in.w.w_gate : in.w.w_up, 0.0f, MatrixF(pre.data(), p.m, p.n));
+  std::vector<float> want = test::poisoned(static_cast<std::size_t>(p.m * p.k)), got = want;
+  const auto a = cpu::ffn_sparse(in.x, prep, MatrixF(want.data(), p.m, p.k), twell_of(p));
+  const auto b = cpu::ffn_sparse_from_gate(in.x, CMatrixF(pre.data(), p.m, p.n), prep, MatrixF(got.data(), p.m, p.k),
+                                           twell_of(p));
+  EXPECT_EQ(std::memcmp(want.data(), got.data(), want.size() * sizeof(float)), 0);
+  EXPECT_EQ(a.stats.nnz, b.stats.nnz);
+  EXPECT_EQ(a.stats.overflow_rows, b.stats.overflow_rows);
+  EXPECT_THROW(cpu::ffn_sparse_from_gate(in.x, CMatrixF(pre.data(), p.m, p.n - 1), prep, MatrixF(got.data(), p.m, p.k)),
+               Error);
 }
 
 TEST_P(CpuFfn, OverflowRowsAreExact) {

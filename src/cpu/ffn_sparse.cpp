@@ -37,6 +37,17 @@ void for_each_active(const TwellMatrix& m, std::int64_t r, F&& f) {
 
 }  // namespace
 
+namespace {
+
+// ReLU of rows [r0, r0 + blk.rows) of the first GEMM's output packed by builder, 16 rows a task.
+void pack_relu_rows(TwellBuilder& builder, std::int64_t r0, CMatrixF blk) {
+#pragma omp parallel for schedule(dynamic)
+  for (std::int64_t i = 0; i < blk.rows; i += 16)
+    builder.pack_rows(r0 + i, CMatrixF(blk.row(i), std::min<std::int64_t>(16, blk.rows - i), blk.cols, blk.ld), /*relu=*/true);
+}
+
+}  // namespace
+
 TwellMatrix ffn_gate_twell(CMatrixF x, CMatrixF w, TwellConfig config) {
   TWELL_CHECK(x.cols == w.cols, ErrorCode::shape_mismatch, "gate: x is [{}, {}] but the weight is [{}, {}]", x.rows, x.cols,
               w.rows, w.cols);
@@ -48,11 +59,14 @@ TwellMatrix ffn_gate_twell(CMatrixF x, CMatrixF w, TwellConfig config) {
     const std::int64_t n = std::min(B, M - r0);
     MatrixF blk(scratch.data(), n, N);
     gemm(false, true, 1.0f, CMatrixF(x.row(r0), n, x.cols, x.ld), w, 0.0f, blk);
-    // Pack in parallel, 16 rows per task (ReLU fused into the packing).
-#pragma omp parallel for schedule(dynamic)
-    for (std::int64_t i = 0; i < n; i += 16)
-      builder.pack_rows(r0 + i, CMatrixF(blk.row(i), std::min<std::int64_t>(16, n - i), N), /*relu=*/true);
+    pack_relu_rows(builder, r0, blk);
   }
+  return builder.finish();
+}
+
+TwellMatrix ffn_pack_gate(CMatrixF pre, TwellConfig config) {
+  TwellBuilder builder(pre.rows, pre.cols, config);
+  pack_relu_rows(builder, 0, pre);
   return builder.finish();
 }
 
@@ -128,24 +142,49 @@ void ffn_down_twell(const TwellMatrix& h, CMatrixF down_t, MatrixF y) {
   down_neuron_major(neuron_major(h), down_t, y);
 }
 
-SparseInferenceInfo ffn_sparse(CMatrixF x, const PreparedFfn& p, MatrixF y, TwellConfig config) {
+namespace {
+
+void check_sparse_call(CMatrixF x, const PreparedFfn& p, MatrixF y) {
   ffn_check_shapes(x, p.w);
   TWELL_CHECK(y.rows == x.rows && y.cols == x.cols, ErrorCode::shape_mismatch, "y is [{}, {}], expected [{}, {}]", y.rows,
               y.cols, x.rows, x.cols);
   TWELL_CHECK(static_cast<std::int64_t>(p.down_t.size()) == p.w.intermediate() * p.w.hidden(), ErrorCode::invalid_argument,
               "PreparedFfn was not built by prepare_ffn for these weights");
-  SparseInferenceInfo info;
+}
+
+// The products after the gate (up + down gated, down alone non-gated), timed into info.
+void sparse_rest(CMatrixF x, const TwellMatrix& g, const PreparedFfn& p, MatrixF y, SparseInferenceInfo& info) {
   const double t0 = now_seconds();
-  const TwellMatrix g = ffn_gate_twell(x, p.w.gated() ? p.w.w_gate : p.w.w_up, config);
-  const double t1 = now_seconds();
   if (p.w.gated())
     ffn_up_down_twell(x, g, p.w.w_up, p.down_t_view(), y);
   else
     ffn_down_twell(g, p.down_t_view(), y);
-  const double t2 = now_seconds();
-  info.gate_seconds = t1 - t0;
-  info.sparse_seconds = t2 - t1;
+  info.sparse_seconds = now_seconds() - t0;
   info.stats = twell_stats(g);
+}
+
+}  // namespace
+
+SparseInferenceInfo ffn_sparse(CMatrixF x, const PreparedFfn& p, MatrixF y, TwellConfig config) {
+  check_sparse_call(x, p, y);
+  SparseInferenceInfo info;
+  const double t0 = now_seconds();
+  const TwellMatrix g = ffn_gate_twell(x, p.w.gated() ? p.w.w_gate : p.w.w_up, config);
+  info.gate_seconds = now_seconds() - t0;
+  sparse_rest(x, g, p, y, info);
+  return info;
+}
+
+SparseInferenceInfo ffn_sparse_from_gate(CMatrixF x, CMatrixF pre, const PreparedFfn& p, MatrixF y, TwellConfig config) {
+  check_sparse_call(x, p, y);
+  TWELL_CHECK(pre.rows == x.rows && pre.cols == p.w.intermediate(), ErrorCode::shape_mismatch,
+              "sparse FFN: the first GEMM's output is [{}, {}], expected [{}, {}]", pre.rows, pre.cols, x.rows,
+              p.w.intermediate());
+  SparseInferenceInfo info;
+  const double t0 = now_seconds();
+  const TwellMatrix g = ffn_pack_gate(pre, config);
+  info.gate_seconds = now_seconds() - t0;
+  sparse_rest(x, g, p, y, info);
   return info;
 }
 

@@ -183,15 +183,27 @@ void CpuRuntime::ffn(std::int64_t layer, const float* x, std::int64_t rows, floa
       sparse = st.last_density < 0 || st.last_density <= opt_.max_sparse_density;
   }
   st.rows += rows;
+  const Bf16Layer& B = bf16_[static_cast<std::size_t>(layer)];
   if (sparse) {
-    const auto info = cpu::ffn_sparse(CMatrixF(x, rows, K), L.ffn, MatrixF(y, rows, K));
+    // A decode step's gate streams the whole first matrix for a few products: from its bf16 copy
+    // where there is one (half the bytes; the same products summed in gemv_bf16's order), then the
+    // TwELL packing and the sparse products as ffn_sparse runs them.
+    const bool gated = L.ffn.w.gated();
+    const std::vector<std::uint16_t>& first16 = gated ? B.w_gate : B.w_up;
+    cpu::SparseInferenceInfo info;
+    if (!first16.empty() && rows <= cpu::kGemvBf16MaxRows) {
+      std::vector<float> pre(static_cast<std::size_t>(rows * N));
+      cpu::gemv_bf16(x, rows, first16.data(), N, K, pre.data());
+      info = cpu::ffn_sparse_from_gate(CMatrixF(x, rows, K), CMatrixF(pre.data(), rows, N), L.ffn, MatrixF(y, rows, K));
+    } else {
+      info = cpu::ffn_sparse(CMatrixF(x, rows, K), L.ffn, MatrixF(y, rows, K));
+    }
     st.active += info.stats.nnz;
     st.sparse_rows += rows;
     st.overflow_rows += info.stats.overflow_rows;
     st.last_density = static_cast<double>(info.stats.nnz) / static_cast<double>(rows * N);
     return;
   }
-  const Bf16Layer& B = bf16_[static_cast<std::size_t>(layer)];
   std::vector<float> g(static_cast<std::size_t>(rows * N)), u(g.size());
   project(x, rows, L.w_gate, B.w_gate, N, K, g.data());
   project(x, rows, L.w_up, B.w_up, N, K, u.data());

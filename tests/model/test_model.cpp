@@ -113,6 +113,39 @@ TEST(ModelCpu, Bf16WeightCopiesGiveTheSameLogits) {
   EXPECT_EQ(CpuRuntime(mb, hooked).weight_storage(), "fp32");
 }
 
+// The sparse FFN path's decode steps (≤ 8 rows) compute the gate from the bf16 copy too (half the
+// bytes of the step's largest read), then pack and multiply as before. Against the same runtime
+// on fp32 weights alone: the gate's pre-activations are the same products summed in another order
+// (≈ 1e-6 relative), so a stored bf16 gate value differs only where that moves it across a bf16
+// rounding boundary (one ulp, 2⁻⁸ relative, for a few of the ≈ 450 active values here); each such
+// flip moves one neuron's share of one FFN output by 2⁻⁸, a few 1e-4 of the logits' scale at most.
+// A wrong gate (another matrix, rows swapped) moves them by O(1). The ReLU pattern of layer 0,
+// whose inputs are identical, is the same on both (a sign flip needs a sum within 1e-6 of 0).
+TEST(ModelCpu, SparseDecodeReadsTheGateFromBf16Copies) {
+  TinySpec s;
+  s.bf16 = true;
+  s.tied = false;
+  s.bias_channel = true;
+  s.gate_threshold = -0.45f;  // ≈ 1 % density
+  s.intermediate = 600;
+  s.seed = fresh_seed();
+  const Model m = Model::load(write_tiny("bf16_sparse", s).string());
+  model::RuntimeOptions on(model::FfnPath::sparse), off(model::FfnPath::sparse);
+  off.cpu_bf16_weights = false;
+  CpuRuntime with(m, on), without(m, off);
+  Rng rng(s.seed);
+  const auto toks = random_tokens(rng, 37, s.vocab);
+  const auto want = run(without, toks, 1);
+  for (std::size_t chunk : {1u, 5u}) {
+    with.reset_stats();
+    const auto got = run(with, toks, chunk);
+    ASSERT_EQ(got.size(), want.size());
+    EXPECT_LT(rel_diff(got, want), 2e-3) << "chunk " << chunk;
+    EXPECT_EQ(with.ffn_stats()[0].active, without.ffn_stats()[0].active) << "chunk " << chunk;
+    EXPECT_EQ(with.ffn_stats()[0].sparse_rows, 37);
+  }
+}
+
 TEST(ModelCpu, BatchMatchesSeparateSequences) {
   TinySpec s;
   s.act = "silu";

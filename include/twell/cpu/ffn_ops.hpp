@@ -24,6 +24,9 @@ void ffn_dense(CMatrixF x, const FfnWeights& w, MatrixF y);
 // ---- inference through TwELL ----
 // ReLU(x·wᵀ) packed into TwELL, a block of rows at a time (the gate GEMM with its packing epilogue).
 TwellMatrix ffn_gate_twell(CMatrixF x, CMatrixF w, TwellConfig config = {});
+// ReLU(pre) packed into TwELL, for a first GEMM's output computed elsewhere: the same matrix as
+// ffn_gate_twell when pre = x·wᵀ.
+TwellMatrix ffn_pack_gate(CMatrixF pre, TwellConfig config = {});
 // y = (g ⊙ (x·Wuᵀ))·Wdᵀ reading g from TwELL; h never materialised. Overflowed rows use the backup.
 void ffn_up_down_twell(CMatrixF x, const TwellMatrix& gate, CMatrixF w_up, CMatrixF down_t, MatrixF y);
 // y = h·Wdᵀ for h in TwELL (non-gated FFN down product).
@@ -36,6 +39,11 @@ struct SparseInferenceInfo {
 };
 // The whole sparse FFN: gated or not according to w.
 SparseInferenceInfo ffn_sparse(CMatrixF x, const PreparedFfn& w, MatrixF y, TwellConfig config = {});
+// The same from the first GEMM's output pre = x·Wgᵀ (x·Wuᵀ non-gated) [M, N], computed by the caller
+// (a decode step's GEMV over bf16 weight copies): ffn_sparse's result whenever pre holds the values
+// its gate GEMM would compute.
+SparseInferenceInfo ffn_sparse_from_gate(CMatrixF x, CMatrixF pre, const PreparedFfn& w, MatrixF y,
+                                         TwellConfig config = {});
 
 // ---- training ----
 // State saved by the forward for the backward: the pattern and values in hybrid form, never a
