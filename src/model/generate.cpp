@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <exception>
 #include <filesystem>
 #include <fstream>
 #include <regex>
@@ -68,7 +69,28 @@ std::vector<Generation> generate(Runtime& rt, const std::vector<std::vector<std:
       out[i].stop_reason = "context full";
     }
   };
-  auto choose = [&](std::size_t i, std::span<const float> logits) { choose_id(i, samplers[i].sample(logits, history[i])); };
+  // Rows of logits [who.size(), V] → each sequence's pick. The samplers are independent (each its
+  // own RNG and history), so several sequences sample at once (a 49 k vocabulary costs ≈ 0.3 ms a
+  // row with top-p or a temperature); the picks are applied in order. An error of any row (a
+  // non-finite logit) is rethrown here, outside the parallel region.
+  auto choose_rows = [&](const std::vector<float>& logits, const std::vector<std::size_t>& who) {
+    const auto n = static_cast<std::int64_t>(who.size());
+    std::vector<std::int32_t> ids(who.size());
+    std::vector<std::exception_ptr> err(who.size());
+#pragma omp parallel for schedule(dynamic) if (n > 1)
+    for (std::int64_t j = 0; j < n; ++j) {
+      const auto u = static_cast<std::size_t>(j);
+      try {
+        ids[u] = samplers[who[u]].sample(
+            std::span<const float>(logits.data() + j * c.vocab_size, static_cast<std::size_t>(c.vocab_size)), history[who[u]]);
+      } catch (...) {
+        err[u] = std::current_exception();
+      }
+    }
+    for (const auto& e : err)
+      if (e) std::rethrow_exception(e);
+    for (std::size_t j = 0; j < who.size(); ++j) choose_id(who[j], ids[j]);
+  };
 
   // Prefill: every prompt in one batch.
   {
@@ -82,9 +104,9 @@ std::vector<Generation> generate(Runtime& rt, const std::vector<std::vector<std:
     } else {
       const std::vector<float> logits = rt.forward(steps);
       t.prefill_seconds = now() - t0;
-      for (std::size_t i = 0; i < B; ++i)
-        choose(i, std::span<const float>(logits.data() + static_cast<std::int64_t>(i) * c.vocab_size,
-                                         static_cast<std::size_t>(c.vocab_size)));
+      std::vector<std::size_t> all(B);
+      for (std::size_t i = 0; i < B; ++i) all[i] = i;
+      choose_rows(logits, all);
     }
     for (std::size_t i = 0; i < B; ++i) t.prefill_tokens += static_cast<std::int64_t>(prompts[i].size());
   }
@@ -103,10 +125,7 @@ std::vector<Generation> generate(Runtime& rt, const std::vector<std::vector<std:
       const auto ids = rt.forward_argmax(steps);
       for (std::size_t j = 0; j < who.size(); ++j) choose_id(who[j], ids[j]);
     } else {
-      const std::vector<float> logits = rt.forward(steps);
-      for (std::size_t j = 0; j < who.size(); ++j)
-        choose(who[j], std::span<const float>(logits.data() + static_cast<std::int64_t>(j) * c.vocab_size,
-                                              static_cast<std::size_t>(c.vocab_size)));
+      choose_rows(rt.forward(steps), who);
     }
     t.decode_tokens += static_cast<std::int64_t>(who.size());
   }

@@ -509,6 +509,60 @@ TEST(Generate, BatchedEqualsSeparateAndStops) {
       << "the model reads max_pos positions and picks one token after the last";
 }
 
+// A runtime that returns the CPU runtime's logits with one row's first logit made NaN from the
+// n-th forward on (the sampler must report it as an error, from whichever thread samples that row).
+class NanRowRuntime : public model::Runtime {
+ public:
+  NanRowRuntime(model::Runtime& inner, std::size_t row, int from_call) : in_(inner), row_(row), from_(from_call) {}
+  const Model& model() const noexcept override { return in_.model(); }
+  std::string device() const override { return in_.device(); }
+  std::unique_ptr<Sequence> new_sequence(std::int64_t capacity) override { return in_.new_sequence(capacity); }
+  std::vector<float> forward(std::span<const SeqStep> steps, bool all_positions = false) override {
+    auto logits = in_.forward(steps, all_positions);
+    if (++calls_ >= from_ && row_ < steps.size())
+      logits[row_ * static_cast<std::size_t>(in_.model().config.vocab_size)] = std::nanf("");
+    return logits;
+  }
+  const std::vector<model::FfnLayerStats>& ffn_stats() const noexcept override { return in_.ffn_stats(); }
+  void reset_stats() override { in_.reset_stats(); }
+
+ private:
+  model::Runtime& in_;
+  std::size_t row_;
+  int from_, calls_ = 0;
+};
+
+// Several sequences sample at once (generate runs their samplers in parallel: each has its own RNG,
+// seeded seed + i, and history): the same tokens as each prompt generated alone with its seed, with
+// top-p, top-k, a temperature and a repetition penalty. A NaN logit in one row of a decode step is
+// an Error from generate, not a crash of the parallel region.
+TEST(Generate, BatchedSamplingEqualsSeparate) {
+  TinySpec s;
+  s.act = "silu";
+  s.seed = fresh_seed();
+  const Model m = Model::load(write_tiny("gen_sample", s).string());
+  CpuRuntime rt(m);
+  Rng rng(s.seed);
+  std::vector<std::vector<std::int32_t>> prompts;
+  for (int i = 0; i < 5; ++i) prompts.push_back(random_tokens(rng, 3 + 2 * i, s.vocab));
+  model::GenerateOptions o;
+  o.max_new_tokens = 12;
+  o.ignore_eos = true;
+  o.sampling.temperature = 0.9;
+  o.sampling.top_p = 0.95;
+  o.sampling.top_k = 40;
+  o.sampling.repetition_penalty = 1.1;
+  o.sampling.seed = 1234;
+  const auto all = model::generate(rt, prompts, o);
+  for (std::size_t i = 0; i < prompts.size(); ++i) {
+    model::GenerateOptions one = o;
+    one.sampling.seed = o.sampling.seed + i;
+    EXPECT_EQ(model::generate(rt, {prompts[i]}, one)[0].tokens, all[i].tokens) << "prompt " << i;
+  }
+  NanRowRuntime bad(rt, 3, 2);  // the first decode step's row 3
+  EXPECT_THROW(model::generate(bad, prompts, o), Error);
+}
+
 }  // namespace
 }  // namespace twell::test
 
