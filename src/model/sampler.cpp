@@ -24,21 +24,6 @@ Sampler::Sampler(const SamplingOptions& o) : o_(o), rng_(o.seed) { check_samplin
 std::int32_t Sampler::sample(std::span<const float> logits, std::span<const std::int32_t> history) {
   const auto V = static_cast<std::int64_t>(logits.size());
   TWELL_CHECK(V > 0, ErrorCode::invalid_argument, "sample: empty logits");
-  std::vector<double> z(logits.begin(), logits.end());
-  for (std::int64_t i = 0; i < V; ++i)
-    TWELL_CHECK(std::isfinite(z[static_cast<std::size_t>(i)]), ErrorCode::non_finite,
-                "sample: logit of token {} is {}", i, z[static_cast<std::size_t>(i)]);
-  if (o_.repetition_penalty != 1.0) {
-    std::vector<char> seen(static_cast<std::size_t>(V), 0);
-    for (auto id : history)
-      if (id >= 0 && id < V) seen[static_cast<std::size_t>(id)] = 1;
-    for (std::int64_t i = 0; i < V; ++i) {
-      auto& v = z[static_cast<std::size_t>(i)];
-      if (seen[static_cast<std::size_t>(i)]) v = v > 0 ? v / o_.repetition_penalty : v * o_.repetition_penalty;
-    }
-  }
-  if (o_.temperature == 0.0) return static_cast<std::int32_t>(std::max_element(z.begin(), z.end()) - z.begin());
-
   // Candidates by decreasing logit (ties: lower id first), cut by top-k, then softmax, then top-p,
   // then u ~ U(0, kept mass) walks the kept ones in that order. Only the prefix of that order that
   // the top-p cut and the walk reach is sorted: chunks of doubling size are selected and sorted
@@ -50,12 +35,38 @@ std::int32_t Sampler::sample(std::span<const float> logits, std::span<const std:
   // same value to double rounding).
   struct Cand {
     double z;
-    std::int32_t id;
     double w = 0;  // exp((z − max) / T), once the top-k cut is made
+    std::int32_t id;
+    std::int32_t bucket = 0;  // the mass buckets' index (below)
   };
+  // Scratch kept per thread across calls: a 49 k vocabulary's 1.2 MB of candidates would otherwise
+  // be mapped and faulted in afresh for every token (generate samples a batch's rows on several threads).
+  thread_local std::vector<Cand> c;
+  thread_local std::vector<char> seen;
+  c.resize(static_cast<std::size_t>(V));
+  for (std::int64_t i = 0; i < V; ++i) {
+    const float v = logits[static_cast<std::size_t>(i)];
+    TWELL_CHECK(std::isfinite(v), ErrorCode::non_finite, "sample: logit of token {} is {}", i, v);
+    Cand& e = c[static_cast<std::size_t>(i)];
+    e.z = v;
+    e.id = static_cast<std::int32_t>(i);
+  }
+  if (o_.repetition_penalty != 1.0) {  // each token of the history once
+    seen.assign(static_cast<std::size_t>(V), 0);
+    for (auto id : history)
+      if (id >= 0 && id < V && !seen[static_cast<std::size_t>(id)]) {
+        seen[static_cast<std::size_t>(id)] = 1;
+        double& v = c[static_cast<std::size_t>(id)].z;
+        v = v > 0 ? v / o_.repetition_penalty : v * o_.repetition_penalty;
+      }
+  }
+  if (o_.temperature == 0.0) {  // the first largest: the lowest id among ties
+    std::int64_t best = 0;
+    for (std::int64_t i = 1; i < V; ++i)
+      if (c[static_cast<std::size_t>(i)].z > c[static_cast<std::size_t>(best)].z) best = i;
+    return static_cast<std::int32_t>(best);
+  }
   const auto before = [](const Cand& a, const Cand& b) { return a.z > b.z || (a.z == b.z && a.id < b.id); };
-  std::vector<Cand> c(static_cast<std::size_t>(V));
-  for (std::int64_t i = 0; i < V; ++i) c[static_cast<std::size_t>(i)] = {z[static_cast<std::size_t>(i)], static_cast<std::int32_t>(i)};
   const std::int64_t k = o_.top_k > 0 ? std::min(o_.top_k, V) : V;
   if (k < V) {  // the k best, in order (as the old full sort's first k)
     std::partial_sort(c.begin(), c.begin() + k, c.end(), before);
@@ -87,17 +98,18 @@ std::int32_t Sampler::sample(std::span<const float> logits, std::span<const std:
   if (k == V && n > 4096) {
     constexpr int kBuckets = 128;
     constexpr double kStep = 0.25;
-    const auto bucket = [&](const Cand& e) {
-      const double t = (mx - e.z) / o_.temperature / kStep;
-      return t < kBuckets - 1 ? static_cast<int>(t) : kBuckets - 1;
-    };
+    const double scale = 1.0 / (o_.temperature * kStep);  // monotone in z: all a bucket index needs
     double mass[kBuckets] = {};
-    for (const Cand& e : c) mass[bucket(e)] += weight(e);
+    for (Cand& e : c) {
+      const double t = (mx - e.z) * scale;
+      e.bucket = t < kBuckets - 1 ? static_cast<std::int32_t>(t) : kBuckets - 1;
+      mass[e.bucket] += e.w;
+    }
     const double need = (o_.top_p < 1.0 ? o_.top_p * sum : (u = std::uniform_real_distribution<double>(0.0, sum)(rng_))) *
                         (1 + 1e-9);
     int last = 0;
     for (double acc = mass[0]; acc < need && last < kBuckets - 1;) acc += mass[++last];
-    const auto front = std::partition(c.begin(), c.end(), [&](const Cand& e) { return bucket(e) <= last; });
+    const auto front = std::partition(c.begin(), c.end(), [&](const Cand& e) { return e.bucket <= last; });
     std::sort(c.begin(), front, before);
     sorted = front - c.begin();
   }
