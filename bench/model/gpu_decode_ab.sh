@@ -1,0 +1,74 @@
+#!/usr/bin/env bash
+# Decode tokens/s of several twell builds on the same checkpoint, in one device call, alternating
+# (A B … A B …) so that the machine's drift falls on every build alike; a markdown table of each
+# run's dense and sparse tokens/s per decode batch, then the medians, into $OUT/decode-ab.md.
+#   [OUT=…] [MODEL=DIR] [CONFIG=2b] [BATCHES="1 8"] [ROUNDS=2] [REPS=3] bash bench/model/gpu_decode_ab.sh TWELL_A TWELL_B [...]
+# TWELL_*: paths of `twell` binaries (e.g. carried as xz and unpacked: build/cuda/tools/twell/twell.<commit>).
+# Without MODEL, the first binary writes `twell gen model --config $CONFIG` to /tmp/twell-ab-$CONFIG
+# once (≈ 1 minute at 2B); each run loads it (≈ 40–50 s a run at 2B with batches 1 and 8).
+# Every run is `twell bench model --decode-batch $BATCHES --prefill-batch 1 --prefill-len 16
+# --context 128 --decode-steps 32 --reps $REPS --no-energy`: both FFN paths in one process.
+set -uo pipefail
+[ $# -ge 2 ] || { sed -n 2,10p "$0"; exit 2; }
+OUT=${OUT:-build/decode-ab-out}
+CONFIG=${CONFIG:-2b}
+BATCHES=${BATCHES:-1 8}
+ROUNDS=${ROUNDS:-2}
+REPS=${REPS:-3}
+mkdir -p "$OUT"
+for b in "$@"; do [ -x "$b" ] || { echo "gpu_decode_ab: $b is not an executable"; exit 2; }; done
+M=${MODEL:-/tmp/twell-ab-$CONFIG}
+if [ ! -f "$M/config.json" ]; then
+  t0=$(date +%s)
+  rm -rf "$M"
+  OMP_NUM_THREADS=$(nproc) "$1" gen model --config "$CONFIG" --out "$M" > "$OUT/gen.log" 2>&1 ||
+    { echo "gpu_decode_ab: twell gen model failed"; tail -3 "$OUT/gen.log"; exit 1; }
+  echo "checkpoint $M: $(( $(date +%s) - t0 )) s"
+fi
+rows=()
+for r in $(seq 1 "$ROUNDS"); do
+  for b in "$@"; do
+    name=$(basename "$b")
+    j="$OUT/ab-$name-$r.json"
+    t0=$(date +%s)
+    # shellcheck disable=SC2086  # BATCHES is a list
+    "$b" bench model --model "$M" --decode-batch $BATCHES --prefill-batch 1 --prefill-len 16 --context 128 \
+      --decode-steps 32 --reps "$REPS" --no-energy --json "$j" > "$OUT/ab-$name-$r.log" 2>&1
+    echo "$name round $r: rc=$? ($(( $(date +%s) - t0 )) s)"
+    rows+=("$name|$r|$j")
+  done
+done
+python3 - "$OUT/decode-ab.md" "${rows[@]}" <<'PY'
+import json, statistics, sys
+out, rows = sys.argv[1], sys.argv[2:]
+runs, names = [], []
+for row in rows:
+    name, rnd, path = row.split("|")
+    if name not in names:
+        names.append(name)
+    try:
+        j = json.load(open(path))
+    except (OSError, ValueError) as e:
+        print(f"{path}: {e}")
+        continue
+    for r in j.get("rows", []):
+        if r.get("phase") == "decode":
+            runs.append((name, int(rnd), r["batch"], r["dense_tokens_per_s"], r["sparse_tokens_per_s"]))
+lines = ["| build | round | decode batch | dense tokens/s | sparse tokens/s | sparse / dense |", "|---|---:|---:|---:|---:|---:|"]
+for name, rnd, b, d, s in runs:
+    lines.append(f"| {name} | {rnd} | {b} | {d:.0f} | {s:.0f} | {s / d:.3f}× |")
+lines += ["", "Medians over the rounds:", "", "| build | decode batch | dense | sparse | sparse / dense | sparse / first build's |",
+          "|---|---:|---:|---:|---:|---:|"]
+base = {}
+for name in names:
+    for b in sorted({r[2] for r in runs}):
+        mine = [r for r in runs if r[0] == name and r[2] == b]
+        if not mine:
+            continue
+        d = statistics.median(r[3] for r in mine)
+        s = statistics.median(r[4] for r in mine)
+        base.setdefault(b, s)
+        lines.append(f"| {name} | {b} | {d:.0f} | {s:.0f} | {s / d:.3f}× | {s / base[b]:.3f}× |")
+open(out, "w").write("\n".join(lines) + "\n")
+print("\n".join(lines))
+PY
