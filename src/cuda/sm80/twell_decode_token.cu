@@ -12,12 +12,10 @@ namespace twell::cuda {
 namespace {
 
 constexpr int kThreads = 256;
-constexpr int kWarps = kThreads / 32;
-// First kernel: neurons a warp (kRows · kWarps a CTA) and chunk steps a window (kRows · kWin 16-byte
-// loads a lane in flight; kWin = 8: a 2048-wide row at once). 2 rows with 4-step windows (352 CTAs at
-// N = 5632, one wave, against 704 in 1.33 waves at 55 registers) decoded 1.8 % slower a token on the
-// synthetic 2B (H100, docs/model-runtime.md), so 1 and 8.
-constexpr int kRows = 1;
+constexpr int kWarps = kThreads / 32;  // = neurons per CTA of the first kernel
+// 16-byte chunks per lane in flight: a 2048-wide row at once. (2 neurons a warp with 4-step windows,
+// 352 CTAs at N = 5632 in one wave against 704 in 1.33 waves, decoded 1.8 % slower a token on the
+// synthetic 2B: H100, docs/model-runtime.md.)
 constexpr int kWin = 8;
 constexpr int kSlots = 8;              // second kernel: 16-byte y chunks per CTA (64 columns) ...
 constexpr int kGroups = kThreads / kSlots;  // ... and thread groups sharing them
@@ -70,11 +68,10 @@ __device__ __forceinline__ void wait_for_prerequisite_grid() {
 #endif
 }
 
-// Warp w of CTA b owns neurons kRows · (b · kWarps + w) + r, r < kRows (a CTA: kRows · kWarps
-// neurons). Its rows' first window (kWin chunk steps each, kRows · kWin 16-byte loads a lane) is
-// loaded before the wait for the previous kernel: weights, which no kernel writes, stream in while
-// the norm before the FFN runs (programmatic launches). A lane sums chunks lane, lane + 32, … in
-// order whatever the window, so g has the bits of warp_row_dot (and of the decode GEMV).
+// Warp w of CTA b owns neuron b · kWarps + w. Its row's first window (kWin chunk steps) is loaded
+// before the wait for the previous kernel: weights, which no kernel writes, stream in while the
+// norm before the FFN runs (programmatic launches). A lane sums chunks lane, lane + 32, … in order
+// whatever the window, so g has the bits of warp_row_dot (and of the decode GEMV).
 // kNorm: x formed from the residual stream in shared memory (DecodeTokenNorm); every warp of the
 // CTA takes part in the norm, those past N included.
 template <bool kNorm>
@@ -83,25 +80,20 @@ __global__ void __launch_bounds__(kThreads) twell_decode_token_kernel(TwellDecod
   allow_dependent_launch();
   const int lane = threadIdx.x % 32;
   const int kchunks = static_cast<int>(p.k / 8);
-  const std::int64_t n0 = (static_cast<std::int64_t>(blockIdx.x) * kWarps + threadIdx.x / 32) * kRows;
-  if (!kNorm && n0 >= p.n) {
+  const std::int64_t n = static_cast<std::int64_t>(blockIdx.x) * kWarps + threadIdx.x / 32;
+  if (!kNorm && n >= p.n) {
     wait_for_prerequisite_grid();
     return;
   }
-  const bool has_rows = n0 < p.n;
-  const uint4* wrow[kRows];
-#pragma unroll
-  for (int r = 0; r < kRows; ++r)  // a row past N reads row n0 (its sum is dropped)
-    wrow[r] = reinterpret_cast<const uint4*>(p.w_first + (n0 + r < p.n ? n0 + r : n0) * p.k);
-  uint4 wv[kRows][kWin];
+  const bool has_row = n < p.n;
+  const uint4* wrow = reinterpret_cast<const uint4*>(p.w_first + n * p.k);  // read only where has_row
+  uint4 wv[kWin];
   const auto load_window = [&](int s0) {
 #pragma unroll
-    for (int s = 0; s < kWin; ++s)
-#pragma unroll
-      for (int r = 0; r < kRows; ++r) {
-        const int c = (s0 + s) * 32 + lane;
-        wv[r][s] = has_rows && c < kchunks ? __ldcs(wrow[r] + c) : make_uint4(0, 0, 0, 0);
-      }
+    for (int s = 0; s < kWin; ++s) {
+      const int c = (s0 + s) * 32 + lane;
+      wv[s] = has_row && c < kchunks ? __ldcs(wrow + c) : make_uint4(0, 0, 0, 0);
+    }
   };
   load_window(0);  // before the wait: weights only
   wait_for_prerequisite_grid();
@@ -111,41 +103,30 @@ __global__ void __launch_bounds__(kThreads) twell_decode_token_kernel(TwellDecod
     ops::detail::norm_row_reread(p.norm.r, p.norm.first, p.norm.delta, p.k, p.norm.w, p.norm.eps,
                                  reinterpret_cast<__nv_bfloat16*>(xs_raw));
     __syncthreads();
-    if (!has_rows) return;
+    if (!has_row) return;
     xr = xs_raw;
   }
-  float acc[kRows];
-#pragma unroll
-  for (int r = 0; r < kRows; ++r) acc[r] = 0.0f;
+  float acc = 0.0f;
   for (int s0 = 0; s0 * 32 < kchunks; s0 += kWin) {
     if (s0 > 0) load_window(s0);
 #pragma unroll
     for (int s = 0; s < kWin; ++s) {
       const int c = (s0 + s) * 32 + lane;
-      if (c < kchunks) {
-        const uint4 xc = load_x<kNorm>(xr, c);
-#pragma unroll
-        for (int r = 0; r < kRows; ++r) acc[r] += dev::dot8(xc, wv[r][s]);
-      }
+      if (c < kchunks) acc += dev::dot8(load_x<kNorm>(xr, c), wv[s]);
     }
   }
-#pragma unroll
-  for (int r = 0; r < kRows; ++r) {
-    const std::int64_t n = n0 + r;
-    if (n >= p.n) break;
-    const float g = __bfloat162float(__float2bfloat16_rn(fmaxf(dev::warp_sum(acc[r]), 0.0f)));
-    const bool active = g > 0.0f;
-    if (active) {
-      const char* drow = reinterpret_cast<const char*>(p.w_down_t + n * p.k);
-      for (std::int64_t b = static_cast<std::int64_t>(lane) * 128; b < p.k * 2; b += 32 * 128)
-        asm volatile("prefetch.global.L2 [%0];" ::"l"(drow + b));
-      const float h =
-          p.gated ? g * warp_row_dot<false, kNorm>(p.w_up + n * p.k, reinterpret_cast<const __nv_bfloat16*>(xr), kchunks, lane)
-                  : g;
-      if (lane == 0) p.h[n] = h;
-    }
-    if (lane == 0) p.flags[n] = active ? 1 : 0;
+  const float g = __bfloat162float(__float2bfloat16_rn(fmaxf(dev::warp_sum(acc), 0.0f)));
+  const bool active = g > 0.0f;
+  if (active) {
+    const char* drow = reinterpret_cast<const char*>(p.w_down_t + n * p.k);
+    for (std::int64_t b = static_cast<std::int64_t>(lane) * 128; b < p.k * 2; b += 32 * 128)
+      asm volatile("prefetch.global.L2 [%0];" ::"l"(drow + b));
+    const float h =
+        p.gated ? g * warp_row_dot<false, kNorm>(p.w_up + n * p.k, reinterpret_cast<const __nv_bfloat16*>(xr), kchunks, lane)
+                : g;
+    if (lane == 0) p.h[n] = h;
   }
+  if (lane == 0) p.flags[n] = active ? 1 : 0;
 }
 
 // y's chunks [blockIdx.x · kSlots, + kSlots): thread (group q = tid / kSlots, slot s) adds the
@@ -301,8 +282,7 @@ void launch_twell_decode_token(const TwellDecodeTokenParams& p, cudaStream_t str
   // The first kernel overlaps the kernel before it only inside the caller's programmatic scope
   // (launch.hpp: the model runtime's forward, whose kernels all wait); the down kernel always
   // follows its own first kernel programmatically.
-  constexpr std::int64_t per_cta = static_cast<std::int64_t>(kWarps) * kRows;
-  const std::int64_t ctas = (p.n + per_cta - 1) / per_cta;
+  const std::int64_t ctas = (p.n + kWarps - 1) / kWarps;
   const bool early = pdl && cuda::programmatic_launch_active();
   if (norm)  // the normalised row in shared memory: ≤ 16 KB (K ≤ 8192)
     launch(twell_decode_token_kernel<true>, ctas, early, static_cast<std::size_t>(p.k) * sizeof(__nv_bfloat16));
