@@ -7,7 +7,6 @@
 
 #include "cuda/common/check.hpp"
 #include "cuda/common/transpose.hpp"
-#include "cuda/ops/model_ops.hpp"
 #include "cuda/sm80/twell_gemv.hpp"
 #include "cuda/sm80/twell_hot_neurons.hpp"
 #include "cuda/sm90/gate_pack.hpp"
@@ -580,22 +579,16 @@ void FfnContext::decode_step(const __nv_bfloat16* x, std::int64_t m, __nv_bfloat
     dense_forward(x, m, y, stream);
 }
 
-void FfnContext::decode_step(const DecodeTokenNorm& in, __nv_bfloat16* x, __nv_bfloat16* y, bool sparse,
-                             cudaStream_t stream) {
+void FfnContext::decode_step_folded(const DecodeTokenNorm& in, __nv_bfloat16* y, cudaStream_t stream) {
   TWELL_CHECK(in.r && in.delta && in.w, ErrorCode::invalid_argument, "decode_step: the residual norm needs r, delta and w");
-  if (sparse && uses_decode_token(1)) {
-    TWELL_CHECK(decode_token_n_ == n_, ErrorCode::invalid_argument, "decode_step: 1 row without prepare_decode(1)");
-    enqueue_decode(nullptr, 1, y, decode_step_nnz_.get(), stream, &in);
-    return;
-  }
-  ops::add_rmsnorm(in.r, in.delta, 1, k_, in.w, in.eps, x, stream, in.first);
-  decode_step(x, 1, y, sparse, stream);
+  TWELL_CHECK(folds_norm() && decode_token_n_ == n_, ErrorCode::invalid_argument,
+              "decode_step: a folded norm needs the one-token kernels, prepared (prepare_decode(1))");
+  enqueue_decode(nullptr, 1, y, decode_step_nnz_.get(), stream, &in);
 }
 
 void FfnContext::enqueue_decode(const __nv_bfloat16* x, std::int64_t m, __nv_bfloat16* y,
                                 unsigned long long* nnz_out, cudaStream_t stream, const DecodeTokenNorm* norm) {
   prepare_decode(m, stream);  // grow-only: no allocation once prepared (a captured step allocates nothing)
-  TWELL_CHECK(!norm || uses_decode_token(m), ErrorCode::internal, "enqueue_decode: a folded norm needs the one-token kernels");
   if (uses_decode_token(m)) {
     TwellDecodeTokenParams tp;
     static_cast<FfnOperands&>(tp) = operands(x, m, y, n_);

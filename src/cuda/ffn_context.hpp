@@ -157,10 +157,11 @@ class FfnContext {
   void prepare_decode(std::int64_t m, cudaStream_t stream);
   void prepare_dense(std::int64_t m) { reserve(m); }  // dense_forward of m rows allocates nothing after it
   void decode_step(const __nv_bfloat16* x, std::int64_t m, __nv_bfloat16* y, bool sparse, cudaStream_t stream);
-  // decode_step of one row whose input is the residual stream's next norm (DecodeTokenNorm): the
-  // one-token kernels fold the add + norm in (x untouched); any other path runs ops::add_rmsnorm
-  // into x first, then reads it. The same bits either way.
-  void decode_step(const DecodeTokenNorm& in, __nv_bfloat16* x, __nv_bfloat16* y, bool sparse, cudaStream_t stream);
+  // A sparse decode step of one row whose input is the residual stream's next norm (DecodeTokenNorm),
+  // folded into the one-token kernels: only where folds_norm() (else the caller runs
+  // ops::add_rmsnorm, then decode_step on its output).
+  bool folds_norm() const noexcept { return uses_decode_token(1); }
+  void decode_step_folded(const DecodeTokenNorm& in, __nv_bfloat16* y, cudaStream_t stream);
   // What the automatic dispatch has measured, never waiting (polls the counts in flight first):
   // the density it follows (−1: none yet; rows the sparse path would run dense weigh at their
   // dense cost, so a dense layer reads far below its true density), the same count's true share
@@ -293,7 +294,7 @@ class FfnContext {
   // Decode: gate GEMM, then the decode kernel (twell_decode.hpp), its count into counts_.
   void decode_forward(const __nv_bfloat16* x, std::int64_t m, __nv_bfloat16* y, cudaStream_t stream);
   // decode_forward's kernels with the count stored at nnz_out (device); allocates only if unprepared.
-  // norm (one token with the one-token kernels only): x from the residual stream, folded in.
+  // norm (decode_step_folded only: one token, the one-token kernels): x from the residual stream.
   void enqueue_decode(const __nv_bfloat16* x, std::int64_t m, __nv_bfloat16* y, unsigned long long* nnz_out,
                       cudaStream_t stream, const DecodeTokenNorm* norm = nullptr);
   // Rows of the last dense_forward's gate still in gu_ (its last row chunk), from row 0.

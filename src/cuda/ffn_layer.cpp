@@ -123,8 +123,8 @@ void FfnLayer::run_step(const ResidualNorm& in, bf16* x, bf16* y, const StepPlan
   d.delta = nv(in.delta);
   d.w = in.w;
   d.eps = in.eps;
-  if (c.is_decode(1)) {
-    c.decode_step(d, nv(x), nv(y), plan.sparse, cu(stream));
+  if (plan.sparse && c.folds_norm()) {
+    c.decode_step_folded(d, nv(y), cu(stream));
     return;
   }
   ops::add_rmsnorm(d.r, d.delta, 1, c.k(), d.w, d.eps, nv(x), cu(stream), d.first);
