@@ -35,10 +35,6 @@ void for_each_active(const TwellMatrix& m, std::int64_t r, F&& f) {
   }
 }
 
-}  // namespace
-
-namespace {
-
 // ReLU of rows [r0, r0 + blk.rows) of the first GEMM's output packed by builder, 16 rows a task.
 void pack_relu_rows(TwellBuilder& builder, std::int64_t r0, CMatrixF blk) {
 #pragma omp parallel for schedule(dynamic)
