@@ -75,7 +75,6 @@ std::int32_t Sampler::sample(std::span<const float> logits, std::span<const std:
   const auto n = static_cast<std::int64_t>(c.size());
   double mx = c[0].z;
   for (const Cand& e : c) mx = std::max(mx, e.z);
-  const auto weight = [](const Cand& e) { return e.w; };
   double sum = 0;
   for (Cand& e : c) sum += e.w = std::exp((e.z - mx) / o_.temperature);
   // c[0, sorted) is in final order; sort_more() extends it by the next chunk.
@@ -118,7 +117,7 @@ std::int32_t Sampler::sample(std::span<const float> logits, std::span<const std:
     double acc = 0;
     for (std::int64_t i = 0; i < n && keep == n; ++i) {
       if (i == sorted) sort_more();
-      acc += weight(c[static_cast<std::size_t>(i)]) / sum;
+      acc += c[static_cast<std::size_t>(i)].w / sum;
       if (acc >= o_.top_p) keep = i + 1;
     }
   }
@@ -126,12 +125,12 @@ std::int32_t Sampler::sample(std::span<const float> logits, std::span<const std:
   if (keep == n) {
     total = sum;
   } else {
-    for (std::int64_t i = 0; i < keep; ++i) total += weight(c[static_cast<std::size_t>(i)]);
+    for (std::int64_t i = 0; i < keep; ++i) total += c[static_cast<std::size_t>(i)].w;
   }
   if (u < 0) u = std::uniform_real_distribution<double>(0.0, total)(rng_);
   for (std::int64_t i = 0; i < keep; ++i) {
     if (i == sorted) sort_more();
-    const double w = weight(c[static_cast<std::size_t>(i)]);
+    const double w = c[static_cast<std::size_t>(i)].w;
     if (u < w) return c[static_cast<std::size_t>(i)].id;
     u -= w;
   }
