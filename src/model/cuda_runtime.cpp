@@ -253,6 +253,54 @@ class CudaRuntime final : public Runtime {
     return out;
   }
 
+  std::vector<Candidate> forward_top(std::span<const SeqStep> steps, std::int64_t k, double repetition_penalty,
+                                     std::span<const std::span<const std::int32_t>> histories) override {
+    const std::int64_t V = model_->config.vocab_size;
+    if (V > cuda::ops::kTopMaxVocab) return Runtime::forward_top(steps, k, repetition_penalty, histories);
+    TWELL_CHECK(k >= 1 && k <= V, ErrorCode::invalid_argument, "forward_top: k = {} outside 1 … {}", k, V);
+    TWELL_CHECK(histories.size() == steps.size(), ErrorCode::invalid_argument,
+                "forward_top: {} histories for {} steps", histories.size(), steps.size());
+    const auto R = static_cast<std::int64_t>(steps.size());
+    // The histories (with a penalty) go over before the forward is enqueued: a copy from pageable
+    // memory waits for the stream, and here that is the previous step, long done.
+    const std::int32_t* d_hist = nullptr;
+    const std::int64_t* d_off = nullptr;
+    if (repetition_penalty != 1.0) {
+      std::vector<std::int64_t> off(static_cast<std::size_t>(R) + 1, 0);
+      for (std::size_t i = 0; i < histories.size(); ++i) off[i + 1] = off[i] + static_cast<std::int64_t>(histories[i].size());
+      std::vector<std::int32_t> ids;
+      ids.reserve(static_cast<std::size_t>(off.back()));
+      for (const auto& h : histories) ids.insert(ids.end(), h.begin(), h.end());
+      std::int32_t* dh = room(top_hist_, std::max<std::int64_t>(1, off.back()));
+      std::int64_t* doff = room(top_hist_off_, R + 1);
+      if (!ids.empty())
+        TWELL_CUDA_CHECK(cudaMemcpyAsync(dh, ids.data(), ids.size() * sizeof(std::int32_t), cudaMemcpyHostToDevice, stream_));
+      TWELL_CUDA_CHECK(cudaMemcpyAsync(doff, off.data(), off.size() * sizeof(std::int64_t), cudaMemcpyHostToDevice, stream_));
+      d_hist = dh;
+      d_off = doff;
+    }
+    const float* logits = run(steps, false);
+    float* z = room(top_z_, R * k);
+    std::int32_t* id = room(top_id_, R * k);
+    std::int32_t* bad = room(top_bad_, R);
+    {
+      const cuda::ProgrammaticLaunch programmatic(programmatic_);
+      cuda::ops::top_candidates(logits, R, V, k, static_cast<float>(repetition_penalty), d_hist, d_off, z, id, bad,
+                                stream_);
+    }
+    std::vector<float> hz(static_cast<std::size_t>(R * k));
+    std::vector<std::int32_t> hid(hz.size()), hbad(static_cast<std::size_t>(R));
+    TWELL_CUDA_CHECK(cudaMemcpyAsync(hz.data(), z, hz.size() * sizeof(float), cudaMemcpyDeviceToHost, stream_));
+    TWELL_CUDA_CHECK(cudaMemcpyAsync(hid.data(), id, hid.size() * sizeof(std::int32_t), cudaMemcpyDeviceToHost, stream_));
+    TWELL_CUDA_CHECK(cudaMemcpyAsync(hbad.data(), bad, hbad.size() * sizeof(std::int32_t), cudaMemcpyDeviceToHost, stream_));
+    TWELL_CUDA_CHECK(cudaStreamSynchronize(stream_));
+    for (std::size_t i = 0; i < hbad.size(); ++i)
+      TWELL_CHECK(hbad[i] < 0, ErrorCode::non_finite, "forward: step {}'s logit of token {} is NaN or infinite", i, hbad[i]);
+    std::vector<Candidate> out(hz.size());
+    for (std::size_t i = 0; i < out.size(); ++i) out[i] = {hz[i], hid[i]};
+    return out;
+  }
+
  private:
   // Enqueues the forward of `steps` and returns the device logits [rows, V] (one row per step, or
   // per token with all_positions); advances the sequences (their caches are written in stream order).
@@ -642,6 +690,9 @@ class CudaRuntime final : public Runtime {
   std::vector<Layer> layers_;
   // scratch, grown to the largest call
   DeviceBuffer<std::int32_t> ids_, sel_, argmax_;
+  DeviceBuffer<std::int32_t> top_hist_, top_id_, top_bad_;  // forward_top's histories and candidates
+  DeviceBuffer<std::int64_t> top_hist_off_;
+  DeviceBuffer<float> top_z_;
   std::int64_t rows_total_ = 0;  // token rows of the last run
   DeviceBuffer<cuda::ops::RowKv> rows_;
   DeviceBuffer<cuda::ops::FlashBlock> blocks_;

@@ -52,8 +52,11 @@ std::vector<Generation> generate(Runtime& rt, const std::vector<std::vector<std:
   GenerateTimes t;
   std::vector<bool> running(B, true);
   std::vector<std::int32_t> last(B);
-  // Greedy without a repetition penalty needs no logits on the host: the runtime picks the argmax.
+  // Greedy without a repetition penalty needs no logits on the host: the runtime picks the argmax;
+  // top-k sampling (and greedy with a penalty) needs only each row's k best candidates, which the
+  // runtime selects where the logits are (Sampler::sample_top picks what sample() would).
   const bool argmax_only = opt.sampling.temperature == 0.0 && opt.sampling.repetition_penalty == 1.0;
+  const std::int64_t top_k = candidates_needed(opt.sampling, c.vocab_size);
   auto choose_id = [&](std::size_t i, std::int32_t id) {
     out[i].tokens.push_back(id);
     history[i].push_back(id);
@@ -93,6 +96,18 @@ std::vector<Generation> generate(Runtime& rt, const std::vector<std::vector<std:
     for (std::size_t j = 0; j < who.size(); ++j) choose_id(who[j], ids[j]);
   };
 
+  // The runtime's top-k candidates [who.size() × top_k] → each sequence's pick (cheap: in order).
+  auto forward_top = [&](std::span<const SeqStep> steps, const std::vector<std::size_t>& who) {
+    std::vector<std::span<const std::int32_t>> hist;
+    for (std::size_t i : who) hist.emplace_back(history[i]);
+    const std::vector<Candidate> top = rt.forward_top(steps, top_k, opt.sampling.repetition_penalty, hist);
+    std::vector<std::int32_t> ids(who.size());
+    for (std::size_t j = 0; j < who.size(); ++j)
+      ids[j] = samplers[who[j]].sample_top(std::span<const Candidate>(top.data() + j * static_cast<std::size_t>(top_k),
+                                                                      static_cast<std::size_t>(top_k)));
+    for (std::size_t j = 0; j < who.size(); ++j) choose_id(who[j], ids[j]);
+  };
+
   // Prefill: every prompt in one batch.
   {
     std::vector<SeqStep> steps(B);
@@ -103,11 +118,16 @@ std::vector<Generation> generate(Runtime& rt, const std::vector<std::vector<std:
       t.prefill_seconds = now() - t0;
       for (std::size_t i = 0; i < B; ++i) choose_id(i, ids[i]);
     } else {
-      const std::vector<float> logits = rt.forward(steps);
-      t.prefill_seconds = now() - t0;
       std::vector<std::size_t> all(B);
       std::iota(all.begin(), all.end(), std::size_t{0});
-      choose_rows(logits, all);
+      if (top_k > 0) {
+        forward_top(steps, all);
+        t.prefill_seconds = now() - t0;
+      } else {
+        const std::vector<float> logits = rt.forward(steps);
+        t.prefill_seconds = now() - t0;
+        choose_rows(logits, all);
+      }
     }
     for (std::size_t i = 0; i < B; ++i) t.prefill_tokens += static_cast<std::int64_t>(prompts[i].size());
   }
@@ -125,6 +145,8 @@ std::vector<Generation> generate(Runtime& rt, const std::vector<std::vector<std:
     if (argmax_only) {
       const auto ids = rt.forward_argmax(steps);
       for (std::size_t j = 0; j < who.size(); ++j) choose_id(who[j], ids[j]);
+    } else if (top_k > 0) {
+      forward_top(steps, who);
     } else {
       choose_rows(rt.forward(steps), who);
     }

@@ -62,6 +62,24 @@ std::vector<std::int32_t> Runtime::forward_argmax(std::span<const SeqStep> steps
   return out;
 }
 
+std::vector<Candidate> Runtime::forward_top(std::span<const SeqStep> steps, std::int64_t k, double repetition_penalty,
+                                            std::span<const std::span<const std::int32_t>> histories) {
+  const std::int64_t V = model().config.vocab_size;
+  TWELL_CHECK(k >= 1 && k <= V, ErrorCode::invalid_argument, "forward_top: k = {} outside 1 … {}", k, V);
+  TWELL_CHECK(histories.size() == steps.size(), ErrorCode::invalid_argument,
+              "forward_top: {} histories for {} steps", histories.size(), steps.size());
+  const std::vector<float> logits = forward(steps);
+  std::vector<Candidate> out;
+  out.reserve(steps.size() * static_cast<std::size_t>(k));
+  for (std::size_t i = 0; i < steps.size(); ++i) {
+    const auto top = top_candidates(std::span<const float>(logits.data() + i * static_cast<std::size_t>(V),
+                                                           static_cast<std::size_t>(V)),
+                                    histories[i], k, repetition_penalty);
+    out.insert(out.end(), top.begin(), top.end());
+  }
+  return out;
+}
+
 const char* to_string(FfnPath p) noexcept {
   switch (p) {
     case FfnPath::automatic: return "automatic";

@@ -218,6 +218,70 @@ TEST(ModelCuda, GreedyGenerationMatchesCpu) {
   }
 }
 
+// Sampled generation that selects each row's top-k candidates on the GPU (Runtime::forward_top)
+// picks exactly the tokens that the whole logits copied back and sampled on the host pick
+// (forward + Sampler::sample over the same batch of steps on another runtime of the same model:
+// the same logits bit for bit), for top-k + top-p + temperature with a repetition penalty, and
+// for greedy with a penalty (k = 1); a vocabulary above the selection kernel's block and one that
+// is not a multiple of it.
+TEST(ModelCuda, TopKSamplingOnTheDevicePicksWhatTheHostPicks) {
+  TWELL_REQUIRE_GPU();
+  for (const std::int64_t vocab : {97, 3001}) {
+    TinySpec s;
+    s.vocab = vocab;
+    s.seed = fresh_seed();
+    const model::Model m = model::Model::load(write_tiny("cuda_topk", s).string());
+    auto gpu = model::make_runtime(m, "cuda");
+    auto ref = model::make_runtime(m, "cuda");
+    Rng rng(s.seed);
+    std::vector<std::vector<std::int32_t>> prompts(3);
+    for (std::size_t i = 0; i < prompts.size(); ++i)
+      for (std::size_t j = 0; j < 2 + 7 * i; ++j) prompts[i].push_back(static_cast<std::int32_t>(rng.below(vocab)));
+    model::SamplingOptions topk;
+    topk.temperature = 1.3;
+    topk.top_k = 20;
+    topk.top_p = 0.9;
+    topk.repetition_penalty = 1.4;
+    topk.seed = 11;
+    model::SamplingOptions greedy;
+    greedy.repetition_penalty = 2.0;
+    for (const auto& so : {topk, greedy}) {
+      ASSERT_GT(model::candidates_needed(so, vocab), 0);
+      model::GenerateOptions o;
+      o.max_new_tokens = 24;
+      o.ignore_eos = true;
+      o.sampling = so;
+      const auto got = model::generate(*gpu, prompts, o);
+      // The reference: generate's whole-row path written out, every sequence stepped together.
+      std::vector<model::Sampler> samplers;
+      std::vector<std::unique_ptr<Sequence>> kv;
+      std::vector<std::vector<std::int32_t>> hist = prompts, out(prompts.size());
+      for (std::size_t i = 0; i < prompts.size(); ++i) {
+        model::SamplingOptions si = so;
+        si.seed += i;
+        samplers.emplace_back(si);
+        kv.push_back(ref->new_sequence(static_cast<std::int64_t>(prompts[i].size()) + o.max_new_tokens));
+      }
+      std::vector<std::int32_t> last(prompts.size());
+      for (int t = 0; t < o.max_new_tokens; ++t) {
+        std::vector<SeqStep> steps;
+        for (std::size_t i = 0; i < prompts.size(); ++i)
+          steps.push_back({kv[i].get(), t == 0 ? std::span<const std::int32_t>(prompts[i])
+                                               : std::span<const std::int32_t>(&last[i], 1)});
+        const auto l = ref->forward(steps);
+        for (std::size_t i = 0; i < prompts.size(); ++i) {
+          const auto V = static_cast<std::size_t>(vocab);
+          last[i] = samplers[i].sample(std::span<const float>(l.data() + i * V, V), hist[i]);
+          hist[i].push_back(last[i]);
+          out[i].push_back(last[i]);
+        }
+      }
+      for (std::size_t i = 0; i < prompts.size(); ++i)
+        EXPECT_EQ(got[i].tokens, out[i]) << "vocab " << vocab << ", prompt " << i << ", T " << so.temperature;
+    }
+  }
+}
+
 // Decode steps replayed from CUDA graphs give the same logits, bit for bit, as the same steps
 // launched one kernel at a time (one plan schedule either way, so a layer whose count crosses
 // decode_max_density switches path at the same step): batch 1, 3 and 20 sequences of different lengths, a SiLU model (the

@@ -4,6 +4,8 @@
 // partial blocks.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstring>
 #include <type_traits>
@@ -17,6 +19,7 @@
 #include "late_writer.hpp"
 #include "test_util.hpp"
 #include "twell/bf16.hpp"
+#include "twell/model/sampler.hpp"
 
 namespace twell::test {
 namespace {
@@ -456,6 +459,92 @@ TEST(ModelOps, ArgmaxMatchesHostAndFlagsNonFinite) {
   EXPECT_EQ(got[6], -1);
 }
 
+
+// top_candidates: each row's k best (z, id) under the repetition penalty, as the host's
+// model::top_candidates selects them (the same set, z bit for bit), at vocabularies around the
+// block's width and the real ones, k from 1 to V, logits with heavy ties (small integers, ±0, the
+// same value across a whole row) or continuous, histories with repeats and out-of-range ids, with
+// and without a penalty; a row holding NaN or an infinity reports its lowest such index.
+TEST(ModelOps, TopCandidatesAreTheHostsSet) {
+  TWELL_REQUIRE_GPU();
+  Rng rng(fresh_seed());
+  const std::int64_t vs[] = {1, 2, 1023, 1025, 5000, 49152, 50257, 128256};
+  int checked = 0;
+  for (int trial = 0; trial < 48; ++trial) {
+    const std::int64_t v = vs[trial % 8];
+    const std::int64_t rows = 1 + rng.below(5);
+    const std::int64_t ks[] = {1, 2, 50, std::max<std::int64_t>(1, v / 3), v};
+    const std::int64_t k = std::min(v, ks[rng.below(5)]);
+    const int shape = trial / 8 % 3;  // 0: continuous, 1: small integers and ±0, 2: one value a row
+    std::vector<float> logits(static_cast<std::size_t>(rows * v));
+    for (auto& x : logits)
+      x = shape == 0 ? rng.normal(4.0f) : shape == 1 ? static_cast<float>(rng.below(5)) - 2.0f : 1.5f;
+    if (shape == 1)
+      for (std::int64_t i = 0; i < rows * v; i += 7) logits[static_cast<std::size_t>(i)] = -0.0f;
+    const bool penalty = trial % 2 == 1;
+    const float p = 1.3f;
+    std::vector<std::int64_t> off(static_cast<std::size_t>(rows) + 1, 0);
+    std::vector<std::int32_t> hist;
+    for (std::int64_t r = 0; r < rows; ++r) {
+      const int n = static_cast<int>(rng.below(3)) * 40;  // some rows with an empty history
+      for (int i = 0; i < n; ++i) hist.push_back(static_cast<std::int32_t>(rng.below(v)));
+      if (n) {
+        hist.push_back(hist.back());                         // a repeat: penalised once
+        hist.push_back(static_cast<std::int32_t>(v + 3));    // out of range: ignored
+        hist.push_back(-1);
+      }
+      off[static_cast<std::size_t>(r) + 1] = static_cast<std::int64_t>(hist.size());
+    }
+    auto d_logits = upload(logits);
+    auto d_hist = upload(hist.empty() ? std::vector<std::int32_t>{0} : hist);
+    auto d_off = upload(off);
+    DeviceBuffer<float> z(static_cast<std::size_t>(rows * k));
+    DeviceBuffer<std::int32_t> id(static_cast<std::size_t>(rows * k)), bad(static_cast<std::size_t>(rows));
+    cuda::ops::top_candidates(d_logits.get(), rows, v, k, p, penalty ? d_hist.get() : nullptr,
+                              penalty ? d_off.get() : nullptr, z.get(), id.get(), bad.get(), nullptr);
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    const auto hz = download<float>(z);
+    const auto hid = download<std::int32_t>(id);
+    const auto hbad = download<std::int32_t>(bad);
+    for (std::int64_t r = 0; r < rows; ++r) {
+      ASSERT_EQ(hbad[static_cast<std::size_t>(r)], -1);
+      const std::span<const float> row(logits.data() + r * v, static_cast<std::size_t>(v));
+      const std::span<const std::int32_t> h(hist.data() + off[static_cast<std::size_t>(r)],
+                                            static_cast<std::size_t>(off[r + 1] - off[r]));
+      const auto want = model::top_candidates(row, h, k, penalty ? p : 1.0);
+      std::vector<model::Candidate> got(static_cast<std::size_t>(k));
+      for (std::int64_t j = 0; j < k; ++j)
+        got[static_cast<std::size_t>(j)] = {hz[static_cast<std::size_t>(r * k + j)], hid[static_cast<std::size_t>(r * k + j)]};
+      std::sort(got.begin(), got.end(), [](auto a, auto b) { return a.z > b.z || (a.z == b.z && a.id < b.id); });
+      for (std::int64_t j = 0; j < k; ++j) {
+        const auto& g = got[static_cast<std::size_t>(j)];
+        const auto& w = want[static_cast<std::size_t>(j)];
+        ASSERT_EQ(g.id, w.id) << "V " << v << ", k " << k << ", shape " << shape << ", penalty " << penalty << ", row "
+                              << r << ", rank " << j;
+        ASSERT_EQ(std::bit_cast<std::uint32_t>(g.z), std::bit_cast<std::uint32_t>(w.z)) << "token " << g.id;
+      }
+      ++checked;
+    }
+  }
+  RecordProperty("rows", std::to_string(checked));
+  // Non-finite logits: the lowest such index of the row.
+  const std::int64_t v = 3000;
+  std::vector<float> logits(static_cast<std::size_t>(3 * v), 1.0f);
+  logits[static_cast<std::size_t>(v + 2500)] = NAN;
+  logits[static_cast<std::size_t>(v + 2600)] = INFINITY;
+  logits[static_cast<std::size_t>(2 * v + 17)] = -INFINITY;
+  auto d_logits = upload(logits);
+  DeviceBuffer<float> z(static_cast<std::size_t>(3 * 4));
+  DeviceBuffer<std::int32_t> id(static_cast<std::size_t>(3 * 4)), bad(3);
+  cuda::ops::top_candidates(d_logits.get(), 3, v, 4, 1.0f, nullptr, nullptr, z.get(), id.get(), bad.get(), nullptr);
+  const auto hbad = download<std::int32_t>(bad);
+  EXPECT_EQ(hbad[0], -1);
+  EXPECT_EQ(hbad[1], 2500);
+  EXPECT_EQ(hbad[2], 17);
+  EXPECT_THROW(cuda::ops::top_candidates(d_logits.get(), 3, v, v + 1, 1.0f, nullptr, nullptr, z.get(), id.get(),
+                                         bad.get(), nullptr),
+               Error);
+}
 
 // add_rmsnorm equals residual_add then rmsnorm bit for bit (x and y), and rmsnorm equals a float64
 // host reference within bf16 rounding (2⁻⁸ relative per output, the last bit included).

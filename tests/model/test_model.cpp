@@ -4,8 +4,10 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <numeric>
+#include <random>
 #include <filesystem>
 #include <fstream>
 
@@ -369,8 +371,8 @@ std::int32_t full_sort_sample(std::span<const float> logits, std::span<const std
   if (o.repetition_penalty != 1.0)
     for (std::int64_t i = 0; i < V; ++i)
       if (std::find(history.begin(), history.end(), static_cast<std::int32_t>(i)) != history.end()) {
-        double& v = z[static_cast<std::size_t>(i)];
-        v = v > 0 ? v / o.repetition_penalty : v * o.repetition_penalty;
+        const float l = logits[static_cast<std::size_t>(i)], p = static_cast<float>(o.repetition_penalty);
+        z[static_cast<std::size_t>(i)] = l > 0 ? l / p : l * p;  // fp32, as transformers on fp32 logits
       }
   std::vector<std::int32_t> idx(static_cast<std::size_t>(V));
   std::iota(idx.begin(), idx.end(), 0);
@@ -435,6 +437,66 @@ TEST(Sampler, PicksWhatAFullSortPicks) {
           << o.repetition_penalty << ", draw " << d;
   }
   RecordProperty("draws", std::to_string(draws));
+}
+
+// A draw from a row's best candidates (what a GPU selects and copies back) picks what the draw from
+// the whole row picks, generator state included: top-k cuts below V and greedy with a penalty, the
+// candidates handed over in a shuffled order. top_candidates against a full sort by (z, id).
+TEST(Sampler, SampleTopPicksWhatSamplePicks) {
+  Rng rng(fresh_seed());
+  std::int64_t draws = 0;
+  for (int trial = 0; trial < 200; ++trial) {
+    const std::int64_t V = 2 + rng.below(trial < 180 ? 3000 : 60000);
+    std::vector<float> logits(static_cast<std::size_t>(V));
+    for (auto& v : logits) v = trial % 4 == 0 ? static_cast<float>(rng.below(7)) - 3.0f : rng.normal(3.0f);  // ties, zeros
+    if (trial % 5 == 0) logits[static_cast<std::size_t>(rng.below(V))] = -0.0f;
+    std::vector<std::int32_t> history;
+    for (int i = 0; i < 40; ++i) history.push_back(static_cast<std::int32_t>(rng.below(V)));
+    model::SamplingOptions o;
+    const double temps[] = {0.0, 0.3, 1.0, 1.6};
+    o.temperature = temps[rng.below(4)];
+    const std::int64_t ks[] = {1, 2, 50, V - 1};
+    o.top_k = ks[rng.below(4)];
+    const double ps[] = {1.0, 0.9, 1e-3};
+    o.top_p = ps[rng.below(3)];
+    o.repetition_penalty = rng.below(3) ? 1.3 : 1.0;
+    o.seed = static_cast<std::uint64_t>(rng.below(1 << 30));
+    const std::int64_t k = model::candidates_needed(o, V);
+    if (k == 0) {  // greedy without a penalty (the argmax path) or no cut below V: the whole row
+      ASSERT_TRUE(o.temperature == 0.0 ? o.repetition_penalty == 1.0 : o.top_k >= V);
+      continue;
+    }
+    ASSERT_EQ(k, o.temperature == 0.0 ? 1 : o.top_k);
+    const auto top = model::top_candidates(logits, history, k, o.repetition_penalty);
+    // The reference set: every token's z by the same rule, fully sorted.
+    std::vector<model::Candidate> all(static_cast<std::size_t>(V));
+    for (std::int64_t i = 0; i < V; ++i) {
+      float z = logits[static_cast<std::size_t>(i)];
+      if (o.repetition_penalty != 1.0 &&
+          std::find(history.begin(), history.end(), static_cast<std::int32_t>(i)) != history.end())
+        z = z > 0 ? z / 1.3f : z * 1.3f;
+      all[static_cast<std::size_t>(i)] = {z == 0 ? 0.0f : z, static_cast<std::int32_t>(i)};
+    }
+    std::sort(all.begin(), all.end(), [](auto a, auto b) { return a.z > b.z || (a.z == b.z && a.id < b.id); });
+    ASSERT_EQ(top.size(), static_cast<std::size_t>(k));
+    for (std::size_t i = 0; i < top.size(); ++i) {
+      ASSERT_EQ(top[i].id, all[i].id) << "V " << V << ", k " << k << ", rank " << i;
+      ASSERT_EQ(std::bit_cast<std::uint32_t>(top[i].z), std::bit_cast<std::uint32_t>(all[i].z));
+    }
+    model::Sampler whole(o), part(o);
+    for (int d = 0; d < 8; ++d, ++draws) {
+      auto shuffled = top;
+      std::shuffle(shuffled.begin(), shuffled.end(), std::mt19937(static_cast<unsigned>(d)));
+      ASSERT_EQ(part.sample_top(shuffled), whole.sample(logits, history))
+          << "V " << V << ", T " << o.temperature << ", top-k " << o.top_k << ", top-p " << o.top_p << ", draw " << d;
+    }
+  }
+  RecordProperty("draws", std::to_string(draws));
+  std::vector<float> nan = {0.0f, NAN};
+  EXPECT_THROW(model::top_candidates(nan, {}, 1, 1.0), Error);
+  EXPECT_THROW(model::top_candidates(nan, {}, 3, 1.0), Error);
+  model::Sampler s({});
+  EXPECT_THROW(s.sample_top({}), Error);
 }
 
 TEST(Sampler, GreedyTopKTopPAndSeeds) {

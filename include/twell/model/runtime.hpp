@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "twell/model/model.hpp"
+#include "twell/model/sampler.hpp"
 
 namespace twell::model {
 
@@ -116,6 +117,13 @@ class Runtime {
   // Greedy decoding's forward: the argmax token of each step's last position (lowest id on ties),
   // computed where the logits are (the GPU copies back one id per step instead of V floats).
   virtual std::vector<std::int32_t> forward_argmax(std::span<const SeqStep> steps);
+  // Top-k sampling's forward: each step's k best candidates by z, the logits of its last position
+  // after the repetition penalty over histories[i] (top_candidates' rule and set), k a step in no
+  // particular order, [steps × k]; computed where the logits are (the GPU copies back k candidates
+  // a step instead of V floats). 1 ≤ k ≤ V; histories: one per step (read only with a penalty).
+  // A non-finite logit is an Error.
+  virtual std::vector<Candidate> forward_top(std::span<const SeqStep> steps, std::int64_t k, double repetition_penalty,
+                                             std::span<const std::span<const std::int32_t>> histories);
   virtual const std::vector<FfnLayerStats>& ffn_stats() const noexcept = 0;
   virtual void reset_stats() = 0;
   // Bytes of device memory in use on the runtime's GPU (the whole device, as cudaMemGetInfo says);

@@ -101,6 +101,18 @@ void flash_attention(const __nv_bfloat16* qkv, std::int64_t nblocks, std::int64_
 // A row holding a NaN or an infinity gives −1 (the caller reports it).
 void argmax(const float* logits, std::int64_t rows, std::int64_t v, std::int32_t* out, cudaStream_t stream);
 
+// Top-k sampling's selection where the logits are: row r's k best tokens by z — its logits with
+// the repetition penalty applied to the tokens in hist[hist_off[r], hist_off[r + 1]) (z = l / p
+// where l > 0, else l · p, fp32; −0 becomes 0), the lower id first among equal z — into z_out and
+// id_out [rows, k], in no particular order within a row: twell::model::top_candidates' set.
+// bad[r] = the lowest index of a non-finite logit in row r, else −1 (the row's candidates are then
+// meaningless: the caller reports it). hist null: no penalty. 1 ≤ k ≤ v ≤ kTopMaxVocab (its bitmap
+// of the history lives in shared memory).
+inline constexpr std::int64_t kTopMaxVocab = std::int64_t{1} << 18;
+void top_candidates(const float* logits, std::int64_t rows, std::int64_t v, std::int64_t k, float penalty,
+                    const std::int32_t* hist, const std::int64_t* hist_off, float* z_out, std::int32_t* id_out,
+                    std::int32_t* bad, cudaStream_t stream);
+
 // x += y  (fp32 += bf16), n elements
 void residual_add(float* x, const __nv_bfloat16* y, std::int64_t n, cudaStream_t stream);
 
