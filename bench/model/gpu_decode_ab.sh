@@ -16,15 +16,11 @@ BATCHES=${BATCHES:-1 8}
 ROUNDS=${ROUNDS:-2}
 REPS=${REPS:-3}
 mkdir -p "$OUT"
-for b in "$@"; do [ -x "$b" ] || { echo "gpu_decode_ab: $b is not an executable"; exit 2; }; done
+# shellcheck source=bench/model/ab_common.sh
+source "$(dirname "$0")/ab_common.sh"
+ab_check_binaries gpu_decode_ab "$@"
 M=${MODEL:-/tmp/twell-ab-$CONFIG}
-if [ ! -f "$M/config.json" ]; then
-  t0=$(date +%s)
-  rm -rf "$M"
-  OMP_NUM_THREADS=$(nproc) "$1" gen model --config "$CONFIG" --out "$M" > "$OUT/gen.log" 2>&1 ||
-    { echo "gpu_decode_ab: twell gen model failed"; tail -3 "$OUT/gen.log"; exit 1; }
-  echo "checkpoint $M: $(( $(date +%s) - t0 )) s"
-fi
+ab_checkpoint gpu_decode_ab "$1" "$CONFIG" "$M" "$OUT/gen.log"
 rows=()
 for r in $(seq 1 "$ROUNDS"); do
   for b in "$@"; do

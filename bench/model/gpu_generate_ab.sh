@@ -17,15 +17,11 @@ ROUNDS=${ROUNDS:-2}
 NEW=${NEW:-128}
 TOKENIZER=${TOKENIZER:-assets/smollm2-135m-instruct/tokenizer.json}
 mkdir -p "$OUT"
-for b in "$@"; do [ -x "$b" ] || { echo "gpu_generate_ab: $b is not an executable"; exit 2; }; done
+# shellcheck source=bench/model/ab_common.sh
+source "$(dirname "$0")/ab_common.sh"
+ab_check_binaries gpu_generate_ab "$@"
 M=${MODEL:-/tmp/twell-ab-$CONFIG}
-if [ ! -f "$M/config.json" ]; then
-  t0=$(date +%s)
-  rm -rf "$M"
-  OMP_NUM_THREADS=$(nproc) "$1" gen model --config "$CONFIG" --out "$M" > "$OUT/gen.log" 2>&1 ||
-    { echo "gpu_generate_ab: twell gen model failed"; tail -3 "$OUT/gen.log"; exit 1; }
-  echo "checkpoint $M: $(( $(date +%s) - t0 )) s"
-fi
+ab_checkpoint gpu_generate_ab "$1" "$CONFIG" "$M" "$OUT/gen.log"
 if [ ! -f "$M/tokenizer.json" ]; then
   [ -f "$TOKENIZER" ] || { echo "gpu_generate_ab: $M has no tokenizer.json and TOKENIZER=$TOKENIZER is missing"; exit 1; }
   cp "$TOKENIZER" "$M/tokenizer.json"
