@@ -271,6 +271,10 @@ class CudaRuntime final : public Runtime {
       std::vector<std::int32_t> ids;
       ids.reserve(static_cast<std::size_t>(off.back()));
       for (const auto& h : histories) ids.insert(ids.end(), h.begin(), h.end());
+      // The histories grow by a token a step: doubling keeps reallocations (a cudaFree waits for the
+      // device) to a handful over a generation.
+      if (static_cast<std::size_t>(off.back()) > top_hist_.size())
+        top_hist_.reserve(std::max(static_cast<std::size_t>(off.back()), 2 * top_hist_.size()));
       std::int32_t* dh = room(top_hist_, std::max<std::int64_t>(1, off.back()));
       std::int64_t* doff = room(top_hist_off_, R + 1);
       if (!ids.empty())

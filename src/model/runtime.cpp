@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <exception>
 #include <set>
 #include <vector>
 
@@ -69,14 +70,25 @@ std::vector<Candidate> Runtime::forward_top(std::span<const SeqStep> steps, std:
   TWELL_CHECK(histories.size() == steps.size(), ErrorCode::invalid_argument,
               "forward_top: {} histories for {} steps", histories.size(), steps.size());
   const std::vector<float> logits = forward(steps);
-  std::vector<Candidate> out;
-  out.reserve(steps.size() * static_cast<std::size_t>(k));
-  for (std::size_t i = 0; i < steps.size(); ++i) {
-    const auto top = top_candidates(std::span<const float>(logits.data() + i * static_cast<std::size_t>(V),
-                                                           static_cast<std::size_t>(V)),
-                                    histories[i], k, repetition_penalty);
-    out.insert(out.end(), top.begin(), top.end());
+  // Rows in parallel (each selection is independent); an error of any row (a non-finite logit) is
+  // rethrown here, outside the parallel region.
+  std::vector<Candidate> out(steps.size() * static_cast<std::size_t>(k));
+  std::vector<std::exception_ptr> err(steps.size());
+  const auto n = static_cast<std::int64_t>(steps.size());
+#pragma omp parallel for schedule(dynamic) if (n > 1)
+  for (std::int64_t i = 0; i < n; ++i) {
+    const auto r = static_cast<std::size_t>(i);
+    try {
+      const auto top = top_candidates(
+          std::span<const float>(logits.data() + r * static_cast<std::size_t>(V), static_cast<std::size_t>(V)),
+          histories[r], k, repetition_penalty);
+      std::copy(top.begin(), top.end(), out.begin() + static_cast<std::ptrdiff_t>(r * static_cast<std::size_t>(k)));
+    } catch (...) {
+      err[r] = std::current_exception();
+    }
   }
+  for (const auto& e : err)
+    if (e) std::rethrow_exception(e);
   return out;
 }
 

@@ -86,7 +86,9 @@ std::int32_t draw_by_buckets(const SamplingOptions& o, std::mt19937_64& rng, std
   thread_local std::vector<char> in_order;
   const auto n = static_cast<std::int64_t>(c.size());
   const auto at = [](auto& v, auto i) -> auto& { return v[static_cast<std::size_t>(i)]; };
-  const double span = (mx - zmin) / o.temperature;  // log-weights run over [0, span]
+  // Log-weights run over [0, span]; past 750 every weight is 0 (exp underflows at −745), so a far
+  // outlier only joins the last bucket instead of widening every bucket.
+  const double span = std::min((mx - zmin) / o.temperature, 750.0);
   const double scale = span > 0 ? (kBuckets - 1) / span / o.temperature : 0.0;
   start.assign(kBuckets + 1, 0);
   mass.assign(kBuckets, 0.0);
@@ -281,7 +283,10 @@ std::int32_t Sampler::sample(std::span<const float> logits, std::span<const std:
 }
 
 std::int32_t Sampler::sample_top(std::span<const Candidate> top) {
-  TWELL_CHECK(!top.empty(), ErrorCode::invalid_argument, "sample_top: no candidates");
+  const std::int64_t want = o_.temperature == 0.0 ? 1 : o_.top_k;  // candidates_needed's k, whatever V
+  TWELL_CHECK(static_cast<std::int64_t>(top.size()) == want && want > 0, ErrorCode::invalid_argument,
+              "sample_top: {} candidates for a draw that reads {} (top-k {}, temperature {})", top.size(), want, o_.top_k,
+              o_.temperature);
   std::vector<Cand>& c = t_cands;
   c.resize(top.size());
   for (std::size_t i = 0; i < top.size(); ++i) {

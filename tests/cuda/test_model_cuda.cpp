@@ -222,8 +222,8 @@ TEST(ModelCuda, GreedyGenerationMatchesCpu) {
 // picks exactly the tokens that the whole logits copied back and sampled on the host pick
 // (forward + Sampler::sample over the same batch of steps on another runtime of the same model:
 // the same logits bit for bit), for top-k + top-p + temperature with a repetition penalty, and
-// for greedy with a penalty (k = 1); a vocabulary above the selection kernel's block and one that
-// is not a multiple of it.
+// for top-k alone without a penalty, and for greedy with a penalty (k = 1); a vocabulary above the
+// selection kernel's block and one that is not a multiple of it.
 TEST(ModelCuda, TopKSamplingOnTheDevicePicksWhatTheHostPicks) {
   TWELL_REQUIRE_GPU();
   for (const std::int64_t vocab : {97, 3001}) {
@@ -243,9 +243,12 @@ TEST(ModelCuda, TopKSamplingOnTheDevicePicksWhatTheHostPicks) {
     topk.top_p = 0.9;
     topk.repetition_penalty = 1.4;
     topk.seed = 11;
+    model::SamplingOptions plain = topk;  // no penalty: no history goes to the device
+    plain.repetition_penalty = 1.0;
+    plain.top_p = 1.0;
     model::SamplingOptions greedy;
     greedy.repetition_penalty = 2.0;
-    for (const auto& so : {topk, greedy}) {
+    for (const auto& so : {topk, plain, greedy}) {
       ASSERT_GT(model::candidates_needed(so, vocab), 0);
       model::GenerateOptions o;
       o.max_new_tokens = 24;

@@ -404,8 +404,9 @@ std::int32_t full_sort_sample(std::span<const float> logits, std::span<const std
 }
 
 // Trials 300 … 339 draw vocabularies of 4 097 … 60 000 tokens: without a top-k cut the sampler
-// then finds the prefix it reads by mass buckets (sampler.cpp), with flat (σ 0.3) and spread
-// (σ 3) logits, so the buckets reached run from the first to the last.
+// then draws by log-weight buckets (sampler.cpp), with flat (σ 0.3) and spread (σ 3) logits, so
+// the buckets reached run from the first to the last, a far outlier (past the buckets' span cap)
+// and rows of one value (every token in one bucket).
 TEST(Sampler, PicksWhatAFullSortPicks) {
   Rng rng(fresh_seed());
   std::int64_t draws = 0;
@@ -418,6 +419,8 @@ TEST(Sampler, PicksWhatAFullSortPicks) {
     for (std::int64_t i = 0; i < V / 10; ++i)  // ties
       logits[static_cast<std::size_t>(rng.below(V))] = logits[static_cast<std::size_t>(rng.below(V))];
     if (trial % 3 == 0) logits[static_cast<std::size_t>(rng.below(V))] = 20.0f;  // a peaked head
+    if (large && trial % 5 == 0) logits[static_cast<std::size_t>(rng.below(V))] = -1e4f;  // an outlier far below
+    if (large && trial % 7 == 0) std::fill(logits.begin(), logits.end(), 0.5f);    // one value: a single bucket
     std::vector<std::int32_t> history;
     for (int i = 0; i < 30; ++i) history.push_back(static_cast<std::int32_t>(rng.below(V)));
     model::SamplingOptions o;
@@ -612,22 +615,26 @@ TEST(Generate, BatchedSamplingEqualsSeparate) {
   Rng rng(s.seed);
   std::vector<std::vector<std::int32_t>> prompts;
   for (int i = 0; i < 5; ++i) prompts.push_back(random_tokens(rng, 3 + 2 * i, s.vocab));
-  model::GenerateOptions o;
-  o.max_new_tokens = 12;
-  o.ignore_eos = true;
-  o.sampling.temperature = 0.9;
-  o.sampling.top_p = 0.95;
-  o.sampling.top_k = 40;
-  o.sampling.repetition_penalty = 1.1;
-  o.sampling.seed = 1234;
-  const auto all = model::generate(rt, prompts, o);
-  for (std::size_t i = 0; i < prompts.size(); ++i) {
-    model::GenerateOptions one = o;
-    one.sampling.seed = o.sampling.seed + i;
-    EXPECT_EQ(model::generate(rt, {prompts[i]}, one)[0].tokens, all[i].tokens) << "prompt " << i;
+  // top-k 40 < V: the runtime's k best a row (forward_top); top-k 0: whole rows, sampled in parallel.
+  for (const std::int64_t top_k : {40, 0}) {
+    model::GenerateOptions o;
+    o.max_new_tokens = 12;
+    o.ignore_eos = true;
+    o.sampling.temperature = 0.9;
+    o.sampling.top_p = 0.95;
+    o.sampling.top_k = top_k;
+    o.sampling.repetition_penalty = 1.1;
+    o.sampling.seed = 1234;
+    ASSERT_EQ(model::candidates_needed(o.sampling, s.vocab), top_k);
+    const auto all = model::generate(rt, prompts, o);
+    for (std::size_t i = 0; i < prompts.size(); ++i) {
+      model::GenerateOptions one = o;
+      one.sampling.seed = o.sampling.seed + i;
+      EXPECT_EQ(model::generate(rt, {prompts[i]}, one)[0].tokens, all[i].tokens) << "top-k " << top_k << ", prompt " << i;
+    }
+    NanRowRuntime bad(rt, 3, 2);  // the first decode step's row 3
+    EXPECT_THROW(model::generate(bad, prompts, o), Error);
   }
-  NanRowRuntime bad(rt, 3, 2);  // the first decode step's row 3
-  EXPECT_THROW(model::generate(bad, prompts, o), Error);
 }
 
 }  // namespace

@@ -20,7 +20,9 @@ struct SamplingOptions {
 void check_sampling(const SamplingOptions& o);
 
 // One token of a draw: its logit after the repetition penalty, z = l / p where l > 0 else l · p,
-// in fp32 as transformers' RepetitionPenaltyLogitsProcessor computes it on fp32 logits (−0 is 0).
+// each a correctly rounded fp32 operation (transformers' RepetitionPenaltyLogitsProcessor on fp32
+// logits; PyTorch on CUDA divides as l · (1/p), up to 1 ulp away), −0 made 0: the host and the GPU
+// (cuda::ops::top_candidates) agree bit for bit.
 struct Candidate {
   float z;
   std::int32_t id;
@@ -43,8 +45,9 @@ class Sampler {
   // Picks the next token from logits [V]; `history` (prompt and generated tokens) feeds the
   // repetition penalty. Non-finite logits are an error.
   std::int32_t sample(std::span<const float> logits, std::span<const std::int32_t> history);
-  // The same pick from the row's candidates_needed() best (any order; the penalty already in z),
-  // e.g. a GPU's selection: sample_top(top_candidates(l, h, k, p)) == sample(l, h), RNG state included.
+  // The same pick from the row's candidates_needed() best (exactly that many, any order; the
+  // penalty already in z), e.g. a GPU's selection: sample_top(top_candidates(l, h, k, p)) == sample(l, h),
+  // RNG state included. Only for draws candidates_needed() serves (top-k < V, or greedy).
   std::int32_t sample_top(std::span<const Candidate> top);
 
  private:
