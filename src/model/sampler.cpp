@@ -6,6 +6,8 @@
 #include <numeric>
 #include <vector>
 
+#include <omp.h>
+
 #include "twell/error.hpp"
 
 namespace twell::model {
@@ -33,6 +35,13 @@ float logit_checked(std::span<const float> logits, std::size_t i) {
   return v;
 }
 
+// A row this long has its O(V) passes (candidates, max, weights) split over the cores when the
+// sampler is not already one of several running at once (generate samples a batch's rows in
+// parallel): the one-row decode of a GPU waits for them. The weights' sum is taken over fixed
+// blocks of kSumBlock in order, whatever the thread count, so a seed draws the same tokens anywhere.
+constexpr std::int64_t kParallelRow = 16384;
+constexpr std::int64_t kSumBlock = 4096;
+
 // Scratch kept per thread across calls: a 49 k vocabulary's 1.2 MB of candidates would otherwise
 // be mapped and faulted in afresh for every token (generate samples a batch's rows on several threads).
 thread_local std::vector<Cand> t_cands;
@@ -44,11 +53,16 @@ std::vector<Cand>& candidates(std::span<const float> logits, std::span<const std
   TWELL_CHECK(V > 0, ErrorCode::invalid_argument, "sample: empty logits");
   std::vector<Cand>& c = t_cands;
   c.resize(static_cast<std::size_t>(V));
+  std::int64_t bad = V;  // the first non-finite logit (thrown outside the parallel region)
+#pragma omp parallel for reduction(min : bad) if (V >= kParallelRow && !omp_in_parallel())
   for (std::int64_t i = 0; i < V; ++i) {
     Cand& e = c[static_cast<std::size_t>(i)];
-    e.z = logit_checked(logits, static_cast<std::size_t>(i));
+    const float v = logits[static_cast<std::size_t>(i)];
+    if (!std::isfinite(v)) bad = std::min(bad, i);
+    e.z = v;
     e.id = static_cast<std::int32_t>(i);
   }
+  if (bad < V) logit_checked(logits, static_cast<std::size_t>(bad));
   if (penalty != 1.0) {
     const auto p = static_cast<float>(penalty);
     t_seen.assign(static_cast<std::size_t>(V), 0);
@@ -185,13 +199,28 @@ std::int32_t draw_by_buckets(const SamplingOptions& o, std::mt19937_64& rng, std
 // contiguous candidates: most fail at the heap's top); large uncut rows go by buckets instead.
 std::int32_t draw(const SamplingOptions& o, std::mt19937_64& rng, std::vector<Cand>& c, bool cut) {
   const auto n = static_cast<std::int64_t>(c.size());
+  const bool parallel = n >= kParallelRow && !omp_in_parallel();
   double mx = c[0].z, zmin = c[0].z;
-  for (const Cand& e : c) {
-    mx = std::max(mx, e.z);
-    zmin = std::min(zmin, e.z);
+#pragma omp parallel for reduction(max : mx) reduction(min : zmin) if (parallel)
+  for (std::int64_t i = 0; i < n; ++i) {
+    mx = std::max(mx, c[static_cast<std::size_t>(i)].z);
+    zmin = std::min(zmin, c[static_cast<std::size_t>(i)].z);
+  }
+  thread_local std::vector<double> block_sum;
+  std::vector<double>& part = block_sum;
+  const std::int64_t blocks = (n + kSumBlock - 1) / kSumBlock;
+  part.assign(static_cast<std::size_t>(blocks), 0.0);
+#pragma omp parallel for schedule(static) if (parallel)
+  for (std::int64_t b = 0; b < blocks; ++b) {
+    double s = 0;
+    for (std::int64_t i = b * kSumBlock; i < std::min(n, (b + 1) * kSumBlock); ++i) {
+      Cand& e = c[static_cast<std::size_t>(i)];
+      s += e.w = std::exp((e.z - mx) / o.temperature);
+    }
+    part[static_cast<std::size_t>(b)] = s;
   }
   double sum = 0;
-  for (Cand& e : c) sum += e.w = std::exp((e.z - mx) / o.temperature);
+  for (const double s : part) sum += s;
   if (!cut && n > kBucketRows) return draw_by_buckets(o, rng, c, mx, zmin, sum);
   // c[0, sorted) is in final order; sort_more() extends it by the next chunk.
   std::int64_t sorted = cut ? n : 0, chunk = 64;  // a top-k cut left its k in order

@@ -541,6 +541,17 @@ TEST(Sampler, GreedyTopKTopPAndSeeds) {
   EXPECT_THROW(model::Sampler{bad}, Error);
   std::vector<float> nan = {0.0f, NAN};
   EXPECT_THROW(greedy.sample(nan, {}), Error);
+  std::vector<float> long_nan(20000, 0.5f);  // a row long enough for the parallel passes
+  long_nan[12345] = NAN;
+  long_nan[17000] = INFINITY;
+  EXPECT_THROW(greedy.sample(long_nan, {}), Error);
+  o.top_k = 0;
+  o.top_p = 0.9;
+  model::Sampler flat(o);
+  EXPECT_THROW(flat.sample(long_nan, {}), Error);
+  long_nan[12345] = long_nan[17000] = 0.5f;
+  const auto id = flat.sample(long_nan, {});
+  EXPECT_TRUE(id >= 0 && id < 20000);
 }
 
 TEST(Generate, BatchedEqualsSeparateAndStops) {
