@@ -13,7 +13,9 @@
 #include <optional>
 
 #include "host_arrays.hpp"
+#ifdef TWELL_PY_MODEL
 #include "model_api.hpp"
+#endif
 #include "train_state_bytes.hpp"
 #ifdef TWELL_HAVE_CUDA
 #include "cuda_ffn.hpp"
@@ -127,7 +129,9 @@ NB_MODULE(_twell, m) {
       PyErr_SetString(value ? PyExc_ValueError : PyExc_RuntimeError, e.what());
     }
   });
+#ifdef TWELL_PY_MODEL
   bind_model(m);
+#endif
   m.def("ffn_infer", &ffn_infer, "x"_a, "w_gate"_a.none(), "w_up"_a, "w_down"_a, "y"_a,
         "y = FFN(x) through TwELL (ReLU gate; exact at any density).");
   m.def("ffn_train_forward", &ffn_train_forward, "x"_a, "w_gate"_a.none(), "w_up"_a, "w_down"_a, "y"_a, "ell_width"_a,

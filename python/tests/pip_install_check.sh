@@ -17,5 +17,7 @@ x, wg, wu, wd = torch.randn(5, 16), torch.randn(40, 16), torch.randn(40, 16), to
 y, l1 = tt.ffn(x.requires_grad_(), wg, wu, wd)
 want = (torch.relu(x @ wg.T) * (x @ wu.T)) @ wd.T
 assert (y - want).abs().max() <= 1e-4 * want.abs().max(), "wrong result from the installed package"
+import twell.model  # the native runtime is in the wheel
+assert hasattr(twell._twell, "NativeModel"), "the wheel has no model runtime"
 print("pip install . ok:", twell.__file__)
 PY

@@ -11,7 +11,11 @@ import os
 import numpy as np
 import pytest
 
+import twell
 import twell.model as tm
+
+if not hasattr(twell._twell, "NativeModel"):
+    pytest.skip("twell built without the model runtime (TWELL_BUILD_RUNTIME=OFF)", allow_module_level=True)
 
 SMOLLM2 = os.path.join(os.path.dirname(__file__), "..", "..", "assets", "smollm2-135m-instruct")
 

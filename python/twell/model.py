@@ -59,6 +59,9 @@ class Model:
     """
 
     def __init__(self, path: str, device: str = "auto", hidden_act: Optional[str] = None, ffn: str = "auto"):
+        if not hasattr(_twell, "NativeModel"):
+            raise RuntimeError("twell.model: this twell was built without the model runtime "
+                               "(configure with -DTWELL_BUILD_RUNTIME=ON)")
         self.path = str(path)
         self._m = _twell.NativeModel(self.path, device, hidden_act, ffn)
         self.last_stats = GenerateStats()
