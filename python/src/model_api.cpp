@@ -98,6 +98,7 @@ class NativeModel {
     return nb::bytes(s.data(), s.size());
   }
   std::optional<std::int32_t> token_id(const std::string& token) const { return tok().token_id(token); }
+  model::StreamDecoder stream_decoder(bool skip_special) const { return model::StreamDecoder(tok(), skip_special); }
   std::string chat_prompt(const std::string& user, const std::string& system) const {
     return model::chat_prompt(dir_, user, system);
   }
@@ -167,6 +168,19 @@ class NativeModel {
 }  // namespace
 
 void bind_model(nb::module_& m) {
+  nb::class_<model::StreamDecoder>(m, "StreamDecoder",
+                                   "Token ids to text as they come: push(id) returns the bytes that are complete UTF-8 so "
+                                   "far, flush() the rest (an incomplete character as U+FFFD).")
+      .def("push",
+           [](model::StreamDecoder& d, std::int32_t id) {
+             const std::string s = d.push(id);
+             return nb::bytes(s.data(), s.size());
+           },
+           "id"_a)
+      .def("flush", [](model::StreamDecoder& d) {
+        const std::string s = d.flush();
+        return nb::bytes(s.data(), s.size());
+      });
   nb::class_<NativeModel>(m, "NativeModel",
                           "A Hugging Face Llama checkpoint directory on twell's native runtime (see twell.model.Model).")
       .def(nb::init<const std::string&, const std::string&, const std::optional<std::string>&, const std::string&>(),
@@ -179,6 +193,7 @@ void bind_model(nb::module_& m) {
       .def("decode", &NativeModel::decode, "ids"_a, "skip_special"_a = false)
       .def("token_id", &NativeModel::token_id, "token"_a)
       .def("chat_prompt", &NativeModel::chat_prompt, "user"_a, "system"_a = "")
+      .def("stream_decoder", &NativeModel::stream_decoder, "skip_special"_a = true, nb::keep_alive<0, 1>())
       .def("logits", &NativeModel::logits, "ids"_a)
       .def("generate", &NativeModel::generate, "prompts"_a, "max_new_tokens"_a, "temperature"_a, "top_k"_a, "top_p"_a,
            "repetition_penalty"_a, "seed"_a, "stop_ids"_a, "ignore_eos"_a, "on_token"_a.none());

@@ -85,6 +85,10 @@ def test_smollm2_chat_streaming_and_stop_tokens():
                         on_token=lambda i, t: streamed.append((i, t)), return_tokens=True)
     assert "Paris" in answer.text and answer.stop_reason == "eos"
     assert [t for _, t in streamed] == answer.tokens and {i for i, _ in streamed} == {0}
+    pieces = {0: [], 1: []}
+    both = m.generate(["Write one word in French:", "Ecris un mot: é, à,"], max_new_tokens=12,
+                      on_text=lambda i, p: pieces[i].append(p))
+    assert ["".join(pieces[i]) for i in (0, 1)] == both
     assert m.last_stats.decode_tokens > 0 and m.last_stats.decode_tokens_per_s > 0
     texts = m.generate(["The sky is", "One, two, three,"], max_new_tokens=6, temperature=0.7, top_k=40, seed=1)
     assert len(texts) == 2 and all(isinstance(t, str) and t for t in texts)

@@ -96,14 +96,17 @@ class Model:
                  max_new_tokens: int = 128, temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0,
                  repetition_penalty: float = 1.0, seed: int = 0, stop: Sequence[Union[str, int]] = (),
                  ignore_eos: bool = False, chat: bool = False, system: str = "",
-                 on_token: Optional[Callable[[int, int], None]] = None, return_tokens: bool = False):
+                 on_token: Optional[Callable[[int, int], None]] = None,
+                 on_text: Optional[Callable[[int, str], None]] = None, return_tokens: bool = False):
         """Continue one prompt or a batch of them (generated together).
 
         A prompt is text (needs the tokenizer; chat=True wraps it in the chat template, else the
         tokenizer's special-token template applies, as `twell generate` does) or a list of token ids.
         temperature 0 is greedy; otherwise top_k (0: all), top_p (1: all), repetition_penalty (1: off)
         and seed (prompt i samples with seed + i) as in `twell generate`. stop: extra stop tokens (ids
-        or token strings such as "<|im_end|>"). on_token(i, id) is called as prompt i's tokens come.
+        or token strings such as "<|im_end|>"). on_token(i, id) is called as prompt i's tokens come,
+        on_text(i, piece) with their text as soon as it is whole UTF-8 (special tokens left out; the
+        pieces of a prompt join into its returned text).
         Returns the continuation's text for text prompts (a list of them for a batch), or Generation
         objects with return_tokens=True or id prompts. Timing of the call: `last_stats`.
         """
@@ -129,8 +132,24 @@ class Model:
                 stop_ids.append(t)
             else:
                 stop_ids.append(int(s))
+        callback = on_token
+        if on_text is not None:
+            decoders = [self._m.stream_decoder(True) for _ in ids]
+
+            def callback(i, t):
+                if on_token is not None:
+                    on_token(i, t)
+                piece = decoders[i].push(t)
+                if piece:
+                    on_text(i, _text(piece))
+
         out, times = self._m.generate(ids, max_new_tokens, temperature, top_k, top_p, repetition_penalty, seed,
-                                      stop_ids, ignore_eos, on_token)
+                                      stop_ids, ignore_eos, callback)
+        if on_text is not None:
+            for i, d in enumerate(decoders):
+                rest = d.flush()
+                if rest:
+                    on_text(i, _text(rest))
         self.last_stats = GenerateStats(times["prefill_seconds"], times["decode_seconds"], times["prefill_tokens"],
                                         times["decode_tokens"])
         gens = [Generation(list(t), r, self.decode(t, skip_special=True) if self._m.has_tokenizer else None)
