@@ -263,26 +263,7 @@ class CudaRuntime final : public Runtime {
     const auto R = static_cast<std::int64_t>(steps.size());
     // The histories (with a penalty) go over before the forward is enqueued: a copy from pageable
     // memory waits for the stream, and here that is the previous step, long done.
-    const std::int32_t* d_hist = nullptr;
-    const std::int64_t* d_off = nullptr;
-    if (repetition_penalty != 1.0) {
-      std::vector<std::int64_t> off(static_cast<std::size_t>(R) + 1, 0);
-      for (std::size_t i = 0; i < histories.size(); ++i) off[i + 1] = off[i] + static_cast<std::int64_t>(histories[i].size());
-      std::vector<std::int32_t> ids;
-      ids.reserve(static_cast<std::size_t>(off.back()));
-      for (const auto& h : histories) ids.insert(ids.end(), h.begin(), h.end());
-      // The histories grow by a token a step: doubling keeps reallocations (a cudaFree waits for the
-      // device) to a handful over a generation.
-      if (static_cast<std::size_t>(off.back()) > top_hist_.size())
-        top_hist_.reserve(std::max(static_cast<std::size_t>(off.back()), 2 * top_hist_.size()));
-      std::int32_t* dh = room(top_hist_, std::max<std::int64_t>(1, off.back()));
-      std::int64_t* doff = room(top_hist_off_, R + 1);
-      if (!ids.empty())
-        TWELL_CUDA_CHECK(cudaMemcpyAsync(dh, ids.data(), ids.size() * sizeof(std::int32_t), cudaMemcpyHostToDevice, stream_));
-      TWELL_CUDA_CHECK(cudaMemcpyAsync(doff, off.data(), off.size() * sizeof(std::int64_t), cudaMemcpyHostToDevice, stream_));
-      d_hist = dh;
-      d_off = doff;
-    }
+    const auto [d_hist, d_off] = upload_histories(histories, repetition_penalty != 1.0);
     const float* logits = run(steps, false);
     float* z = room(top_z_, R * k);
     std::int32_t* id = room(top_id_, R * k);
@@ -305,7 +286,64 @@ class CudaRuntime final : public Runtime {
     return out;
   }
 
+  bool samples_on_device() const noexcept override { return model_->config.vocab_size <= cuda::ops::kTopMaxVocab; }
+
+  std::vector<std::int32_t> forward_sample(std::span<const SeqStep> steps, const SamplingOptions& o,
+                                           std::span<const std::span<const std::int32_t>> histories,
+                                           std::span<const double> r) override {
+    if (!samples_on_device()) return Runtime::forward_sample(steps, o, histories, r);
+    TWELL_CHECK(histories.size() == steps.size() && r.size() == steps.size(), ErrorCode::invalid_argument,
+                "forward_sample: {} histories and {} draws for {} steps", histories.size(), r.size(), steps.size());
+    check_sampling(o);
+    TWELL_CHECK(o.temperature > 0, ErrorCode::invalid_argument, "forward_sample: greedy is forward_argmax");
+    for (const double x : r)
+      TWELL_CHECK(x >= 0 && x < 1, ErrorCode::invalid_argument, "forward_sample: a draw r = {} outside [0, 1)", x);
+    const auto R = static_cast<std::int64_t>(steps.size());
+    // Inputs before the forward is enqueued (a copy from pageable memory waits for the stream).
+    const auto [d_hist, d_off] = upload_histories(histories, o.repetition_penalty != 1.0);
+    double* d_r = room(draws_, R);
+    TWELL_CUDA_CHECK(cudaMemcpyAsync(d_r, r.data(), r.size() * sizeof(double), cudaMemcpyHostToDevice, stream_));
+    const float* logits = run(steps, false);
+    std::int32_t* ids = room(argmax_, R);
+    std::int32_t* bad = room(top_bad_, R);
+    {
+      const cuda::ProgrammaticLaunch programmatic(programmatic_);
+      cuda::ops::sample_rows(logits, R, model_->config.vocab_size,
+                             {o.temperature, o.top_k, o.top_p, o.repetition_penalty}, d_hist, d_off, d_r, ids, bad,
+                             stream_);
+    }
+    std::vector<std::int32_t> out(static_cast<std::size_t>(R)), hbad(out.size());
+    TWELL_CUDA_CHECK(cudaMemcpyAsync(out.data(), ids, out.size() * sizeof(std::int32_t), cudaMemcpyDeviceToHost, stream_));
+    TWELL_CUDA_CHECK(cudaMemcpyAsync(hbad.data(), bad, hbad.size() * sizeof(std::int32_t), cudaMemcpyDeviceToHost, stream_));
+    TWELL_CUDA_CHECK(cudaStreamSynchronize(stream_));
+    for (std::size_t i = 0; i < hbad.size(); ++i)
+      TWELL_CHECK(hbad[i] < 0, ErrorCode::non_finite, "forward: step {}'s logit of token {} is NaN or infinite", i, hbad[i]);
+    return out;
+  }
+
  private:
+  // The histories as one device array and its row offsets (both null without a penalty).
+  std::pair<const std::int32_t*, const std::int64_t*> upload_histories(std::span<const std::span<const std::int32_t>> histories,
+                                                                        bool penalty) {
+    if (!penalty) return {nullptr, nullptr};
+    const auto R = static_cast<std::int64_t>(histories.size());
+    std::vector<std::int64_t> off(static_cast<std::size_t>(R) + 1, 0);
+    for (std::size_t i = 0; i < histories.size(); ++i) off[i + 1] = off[i] + static_cast<std::int64_t>(histories[i].size());
+    std::vector<std::int32_t> ids;
+    ids.reserve(static_cast<std::size_t>(off.back()));
+    for (const auto& h : histories) ids.insert(ids.end(), h.begin(), h.end());
+    // The histories grow by a token a step: doubling keeps reallocations (a cudaFree waits for the
+    // device) to a handful over a generation.
+    if (static_cast<std::size_t>(off.back()) > top_hist_.size())
+      top_hist_.reserve(std::max(static_cast<std::size_t>(off.back()), 2 * top_hist_.size()));
+    std::int32_t* dh = room(top_hist_, std::max<std::int64_t>(1, off.back()));
+    std::int64_t* doff = room(top_hist_off_, R + 1);
+    if (!ids.empty())
+      TWELL_CUDA_CHECK(cudaMemcpyAsync(dh, ids.data(), ids.size() * sizeof(std::int32_t), cudaMemcpyHostToDevice, stream_));
+    TWELL_CUDA_CHECK(cudaMemcpyAsync(doff, off.data(), off.size() * sizeof(std::int64_t), cudaMemcpyHostToDevice, stream_));
+    return {dh, doff};
+  }
+
   // Enqueues the forward of `steps` and returns the device logits [rows, V] (one row per step, or
   // per token with all_positions); advances the sequences (their caches are written in stream order).
   const float* run(std::span<const SeqStep> steps, bool all_positions) {
@@ -697,6 +735,7 @@ class CudaRuntime final : public Runtime {
   DeviceBuffer<std::int32_t> top_hist_, top_id_, top_bad_;  // forward_top's histories and candidates
   DeviceBuffer<std::int64_t> top_hist_off_;
   DeviceBuffer<float> top_z_;
+  DeviceBuffer<double> draws_;  // forward_sample's r
   std::int64_t rows_total_ = 0;  // token rows of the last run
   DeviceBuffer<cuda::ops::RowKv> rows_;
   DeviceBuffer<cuda::ops::FlashBlock> blocks_;

@@ -57,6 +57,9 @@ std::vector<Generation> generate(Runtime& rt, const std::vector<std::vector<std:
   // runtime selects where the logits are (Sampler::sample_top picks what sample() would).
   const bool argmax_only = opt.sampling.temperature == 0.0 && opt.sampling.repetition_penalty == 1.0;
   const std::int64_t top_k = candidates_needed(opt.sampling, c.vocab_size);
+  // A runtime that draws where the logits are (the GPU) takes every temperature > 0 step: one id a
+  // row comes back, by sample_fixed_point's rule, from each sequence's own draw r.
+  const bool device_draw = opt.sampling.temperature > 0 && rt.samples_on_device();
   auto choose_id = [&](std::size_t i, std::int32_t id) {
     out[i].tokens.push_back(id);
     history[i].push_back(id);
@@ -108,6 +111,17 @@ std::vector<Generation> generate(Runtime& rt, const std::vector<std::vector<std:
     for (std::size_t j = 0; j < who.size(); ++j) choose_id(who[j], ids[j]);
   };
 
+  auto forward_draw = [&](std::span<const SeqStep> steps, const std::vector<std::size_t>& who) {
+    std::vector<std::span<const std::int32_t>> hist;
+    std::vector<double> r;
+    for (std::size_t i : who) {
+      hist.emplace_back(history[i]);
+      r.push_back(samplers[i].next_draw());
+    }
+    const std::vector<std::int32_t> ids = rt.forward_sample(steps, opt.sampling, hist, r);
+    for (std::size_t j = 0; j < who.size(); ++j) choose_id(who[j], ids[j]);
+  };
+
   // Prefill: every prompt in one batch.
   {
     std::vector<SeqStep> steps(B);
@@ -120,7 +134,10 @@ std::vector<Generation> generate(Runtime& rt, const std::vector<std::vector<std:
     } else {
       std::vector<std::size_t> all(B);
       std::iota(all.begin(), all.end(), std::size_t{0});
-      if (top_k > 0) {
+      if (device_draw) {
+        forward_draw(steps, all);
+        t.prefill_seconds = now() - t0;
+      } else if (top_k > 0) {
         forward_top(steps, all);
         t.prefill_seconds = now() - t0;
       } else {
@@ -145,6 +162,8 @@ std::vector<Generation> generate(Runtime& rt, const std::vector<std::vector<std:
     if (argmax_only) {
       const auto ids = rt.forward_argmax(steps);
       for (std::size_t j = 0; j < who.size(); ++j) choose_id(who[j], ids[j]);
+    } else if (device_draw) {
+      forward_draw(steps, who);
     } else if (top_k > 0) {
       forward_top(steps, who);
     } else {

@@ -92,6 +92,19 @@ std::vector<Candidate> Runtime::forward_top(std::span<const SeqStep> steps, std:
   return out;
 }
 
+std::vector<std::int32_t> Runtime::forward_sample(std::span<const SeqStep> steps, const SamplingOptions& o,
+                                                  std::span<const std::span<const std::int32_t>> histories,
+                                                  std::span<const double> r) {
+  TWELL_CHECK(histories.size() == steps.size() && r.size() == steps.size(), ErrorCode::invalid_argument,
+              "forward_sample: {} histories and {} draws for {} steps", histories.size(), r.size(), steps.size());
+  const std::vector<float> logits = forward(steps);
+  const auto V = static_cast<std::size_t>(model().config.vocab_size);
+  std::vector<std::int32_t> out(steps.size());
+  for (std::size_t i = 0; i < steps.size(); ++i)
+    out[i] = sample_fixed_point(std::span<const float>(logits.data() + i * V, V), histories[i], o, r[i]);
+  return out;
+}
+
 const char* to_string(FfnPath p) noexcept {
   switch (p) {
     case FfnPath::automatic: return "automatic";

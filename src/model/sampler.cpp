@@ -311,6 +311,8 @@ std::int32_t Sampler::sample(std::span<const float> logits, std::span<const std:
   return draw(o_, rng_, c, k < V);
 }
 
+double Sampler::next_draw() { return std::uniform_real_distribution<double>(0.0, 1.0)(rng_); }
+
 std::int32_t Sampler::sample_top(std::span<const Candidate> top) {
   const std::int64_t want = o_.temperature == 0.0 ? 1 : o_.top_k;  // candidates_needed's k, whatever V
   TWELL_CHECK(static_cast<std::int64_t>(top.size()) == want && want > 0, ErrorCode::invalid_argument,
@@ -325,6 +327,41 @@ std::int32_t Sampler::sample_top(std::span<const Candidate> top) {
   std::sort(c.begin(), c.end(), before);  // as sample()'s cut leaves them: the same sums, the same walk
   if (o_.temperature == 0.0) return c[0].id;
   return draw(o_, rng_, c, true);
+}
+
+std::int32_t sample_fixed_point(std::span<const float> logits, std::span<const std::int32_t> history,
+                                const SamplingOptions& o, double r) {
+  check_sampling(o);
+  TWELL_CHECK(o.temperature > 0, ErrorCode::invalid_argument, "sample_fixed_point: greedy is argmax, not this rule");
+  TWELL_CHECK(r >= 0 && r < 1, ErrorCode::invalid_argument, "sample_fixed_point: r = {} outside [0, 1)", r);
+  const auto V = static_cast<std::int64_t>(logits.size());
+  std::vector<Candidate> c = top_candidates(logits, history, V, o.repetition_penalty);  // every token, in order
+  const std::int64_t k = o.top_k > 0 ? std::min(o.top_k, V) : V;
+  const double mx = c[0].z;
+  std::vector<std::uint64_t> w(static_cast<std::size_t>(k));
+  std::uint64_t S = 0;
+  for (std::int64_t i = 0; i < k; ++i) {
+    const double e = std::exp((static_cast<double>(c[static_cast<std::size_t>(i)].z) - mx) / o.temperature);
+    S += w[static_cast<std::size_t>(i)] = static_cast<std::uint64_t>(std::floor(e * kFixedPointWeight));
+  }
+  std::int64_t keep = k;
+  std::uint64_t kept = S;
+  if (o.top_p < 1.0) {
+    const auto need = static_cast<std::uint64_t>(std::ceil(o.top_p * static_cast<double>(S)));
+    std::uint64_t acc = 0;
+    for (std::int64_t i = 0; i < k; ++i)
+      if ((acc += w[static_cast<std::size_t>(i)]) >= need) {
+        keep = i + 1;
+        kept = acc;
+        break;
+      }
+  }
+  auto u = static_cast<std::uint64_t>(std::floor(r * static_cast<double>(kept)));
+  if (u >= kept) u = kept - 1;
+  std::uint64_t acc = 0;
+  for (std::int64_t i = 0; i < keep; ++i)
+    if ((acc += w[static_cast<std::size_t>(i)]) > u) return c[static_cast<std::size_t>(i)].id;
+  return c[static_cast<std::size_t>(keep - 1)].id;  // not reached: the kept W sum to kept > u
 }
 
 }  // namespace twell::model

@@ -218,13 +218,14 @@ TEST(ModelCuda, GreedyGenerationMatchesCpu) {
   }
 }
 
-// Sampled generation that selects each row's top-k candidates on the GPU (Runtime::forward_top)
-// picks exactly the tokens that the whole logits copied back and sampled on the host pick
-// (forward + Sampler::sample over the same batch of steps on another runtime of the same model:
-// the same logits bit for bit), for top-k + top-p + temperature with a repetition penalty, and
-// for top-k alone without a penalty, and for greedy with a penalty (k = 1); a vocabulary above the
-// selection kernel's block and one that is not a multiple of it.
-TEST(ModelCuda, TopKSamplingOnTheDevicePicksWhatTheHostPicks) {
+// Sampled generation on the GPU picks exactly the tokens that the whole logits copied back pick on
+// the host (forward over the same batch of steps on another runtime of the same model: the same
+// logits bit for bit): temperature > 0 draws on the device (Runtime::forward_sample) against
+// sample_fixed_point with the sequence's own draws — top-k + top-p with a repetition penalty, and
+// top-k alone without one — and greedy with a penalty (the top candidate on the device,
+// Runtime::forward_top) against Sampler::sample; a vocabulary above the kernels' block and one
+// that is not a multiple of it.
+TEST(ModelCuda, SamplingOnTheDevicePicksWhatTheHostPicks) {
   TWELL_REQUIRE_GPU();
   for (const std::int64_t vocab : {97, 3001}) {
     TinySpec s;
@@ -248,8 +249,12 @@ TEST(ModelCuda, TopKSamplingOnTheDevicePicksWhatTheHostPicks) {
     plain.top_p = 1.0;
     model::SamplingOptions greedy;
     greedy.repetition_penalty = 2.0;
-    for (const auto& so : {topk, plain, greedy}) {
-      ASSERT_GT(model::candidates_needed(so, vocab), 0);
+    model::SamplingOptions nucleus;  // top-p alone: no top-k cut
+    nucleus.temperature = 0.9;
+    nucleus.top_p = 0.8;
+    nucleus.seed = 5;
+    for (const auto& so : {topk, plain, nucleus, greedy}) {
+      ASSERT_TRUE(gpu->samples_on_device());
       model::GenerateOptions o;
       o.max_new_tokens = 24;
       o.ignore_eos = true;
@@ -274,7 +279,9 @@ TEST(ModelCuda, TopKSamplingOnTheDevicePicksWhatTheHostPicks) {
         const auto l = ref->forward(steps);
         for (std::size_t i = 0; i < prompts.size(); ++i) {
           const auto V = static_cast<std::size_t>(vocab);
-          last[i] = samplers[i].sample(std::span<const float>(l.data() + i * V, V), hist[i]);
+          const std::span<const float> row(l.data() + i * V, V);
+          last[i] = so.temperature > 0 ? model::sample_fixed_point(row, hist[i], so, samplers[i].next_draw())
+                                       : samplers[i].sample(row, hist[i]);
           hist[i].push_back(last[i]);
           out[i].push_back(last[i]);
         }

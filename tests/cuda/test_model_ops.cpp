@@ -546,6 +546,83 @@ TEST(ModelOps, TopCandidatesAreTheHostsSet) {
                Error);
 }
 
+// sample_rows: the device's draw equals model::sample_fixed_point's on the same logits, history
+// and r, row by row, at vocabularies around the block's width and the real ones, with heavy ties
+// (small integers and ±0), peaked and flat rows, every combination of top-k (none, 1, 50, V − 1),
+// top-p (1, 0.9, 0.3) and the penalty, r from 0 to just below 1; a non-finite logit reports its
+// lowest index. (W = ⌊exp(·) · 2⁴⁰⌋ uses the device's exp: a 1-ulp difference from the host's moves
+// a W by 1 at most, which changes a pick only if r lands within 2⁻⁴⁰ of a boundary.)
+TEST(ModelOps, SampleRowsDrawsWhatTheHostRuleDraws) {
+  TWELL_REQUIRE_GPU();
+  Rng rng(fresh_seed());
+  const std::int64_t vs[] = {1, 2, 1023, 1025, 5000, 49152, 50257, 128256};
+  int checked = 0;
+  for (int trial = 0; trial < 64; ++trial) {
+    const std::int64_t v = vs[trial % 8];
+    const std::int64_t rows = 1 + rng.below(6);
+    const int shape = trial / 8 % 3;  // 0: N(0, 3²), 1: small integers and ±0, 2: N(0, 0.3²)
+    std::vector<float> logits(static_cast<std::size_t>(rows * v));
+    for (auto& x : logits)
+      x = shape == 0 ? rng.normal(3.0f) : shape == 1 ? static_cast<float>(rng.below(5)) - 2.0f : rng.normal(0.3f);
+    if (shape == 1)
+      for (std::int64_t i = 0; i < rows * v; i += 7) logits[static_cast<std::size_t>(i)] = -0.0f;
+    model::SamplingOptions o;
+    const double temps[] = {0.3, 0.8, 1.5};
+    o.temperature = temps[rng.below(3)];
+    const std::int64_t ks[] = {0, 1, 50, std::max<std::int64_t>(1, v - 1)};
+    o.top_k = ks[rng.below(4)];
+    const double ps[] = {1.0, 0.9, 0.3};
+    o.top_p = ps[rng.below(3)];
+    o.repetition_penalty = trial / 8 % 2 ? 1.3 : 1.0;
+    std::vector<std::int64_t> off(static_cast<std::size_t>(rows) + 1, 0);
+    std::vector<std::int32_t> hist;
+    std::vector<double> r(static_cast<std::size_t>(rows));
+    for (std::int64_t i = 0; i < rows; ++i) {
+      for (int j = 0; j < 30; ++j) hist.push_back(static_cast<std::int32_t>(rng.below(v)));
+      off[static_cast<std::size_t>(i) + 1] = static_cast<std::int64_t>(hist.size());
+      r[static_cast<std::size_t>(i)] = i == 0 ? 0.0 : i == 1 ? std::nextafter(1.0, 0.0) : rng.uniform();
+    }
+    auto d_logits = upload(logits);
+    auto d_hist = upload(hist);
+    auto d_off = upload(off);
+    auto d_r = upload(r);
+    DeviceBuffer<std::int32_t> out(static_cast<std::size_t>(rows)), bad(static_cast<std::size_t>(rows));
+    cuda::ops::SampleRowsOptions so{o.temperature, o.top_k, o.top_p, o.repetition_penalty};
+    const bool penalty = o.repetition_penalty != 1.0;
+    cuda::ops::sample_rows(d_logits.get(), rows, v, so, penalty ? d_hist.get() : nullptr, penalty ? d_off.get() : nullptr,
+                           d_r.get(), out.get(), bad.get(), nullptr);
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    const auto got = download<std::int32_t>(out);
+    const auto got_bad = download<std::int32_t>(bad);
+    for (std::int64_t i = 0; i < rows; ++i) {
+      ASSERT_EQ(got_bad[static_cast<std::size_t>(i)], -1);
+      const std::span<const float> row(logits.data() + i * v, static_cast<std::size_t>(v));
+      const std::span<const std::int32_t> h(hist.data() + off[static_cast<std::size_t>(i)], 30);
+      EXPECT_EQ(got[static_cast<std::size_t>(i)], model::sample_fixed_point(row, h, o, r[static_cast<std::size_t>(i)]))
+          << "V " << v << ", shape " << shape << ", T " << o.temperature << ", top-k " << o.top_k << ", top-p " << o.top_p
+          << ", penalty " << o.repetition_penalty << ", row " << i << ", r " << r[static_cast<std::size_t>(i)];
+      ++checked;
+    }
+  }
+  RecordProperty("rows", std::to_string(checked));
+  const std::int64_t v = 3000;
+  std::vector<float> logits(static_cast<std::size_t>(2 * v), 1.0f);
+  logits[static_cast<std::size_t>(v + 2500)] = NAN;
+  logits[static_cast<std::size_t>(v + 2600)] = INFINITY;
+  auto d_logits = upload(logits);
+  auto d_r = upload(std::vector<double>{0.5, 0.5});
+  DeviceBuffer<std::int32_t> out(2), bad(2);
+  cuda::ops::sample_rows(d_logits.get(), 2, v, {}, nullptr, nullptr, d_r.get(), out.get(), bad.get(), nullptr);
+  const auto got_bad = download<std::int32_t>(bad);
+  EXPECT_EQ(got_bad[0], -1);
+  EXPECT_EQ(got_bad[1], 2500);
+  EXPECT_EQ(download<std::int32_t>(out)[1], -1);
+  cuda::ops::SampleRowsOptions greedy{0.0, 0, 1.0, 1.0};
+  EXPECT_THROW(cuda::ops::sample_rows(d_logits.get(), 2, v, greedy, nullptr, nullptr, d_r.get(), out.get(), bad.get(),
+                                      nullptr),
+               Error);
+}
+
 // add_rmsnorm equals residual_add then rmsnorm bit for bit (x and y), and rmsnorm equals a float64
 // host reference within bf16 rounding (2⁻⁸ relative per output, the last bit included).
 TEST(ModelOps, AddRmsnormIsResidualAddThenRmsnorm) {

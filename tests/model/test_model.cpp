@@ -502,6 +502,56 @@ TEST(Sampler, SampleTopPicksWhatSamplePicks) {
   EXPECT_THROW(s.sample_top({}), Error);
 }
 
+// The device sampler's rule on the host (sample_fixed_point): r walks the kept tokens in order by
+// their integer weights. Over a grid of N evenly spaced draws r = (j + ½)/N each token is picked
+// ⌊its share of the kept weight · N⌉ times up to one draw either way (the grid, not chance: this
+// cannot flake), the share being softmax(z/T) renormalised over the top-k and top-p cut; r = 0
+// picks the first token, r just below 1 the last kept one; the cuts keep what they should.
+TEST(Sampler, FixedPointRuleDrawsTheSoftmaxOverTheCut) {
+  const std::vector<float> logits = {1.0f, 3.0f, -2.0f, 2.5f, 0.0f, 2.5f, -0.0f};  // a tie (3, 5), ±0
+  model::SamplingOptions o;
+  o.temperature = 0.7;
+  const auto share = [&](const model::SamplingOptions& so, const std::vector<int>& kept) {
+    std::vector<double> p(logits.size(), 0.0);
+    double sum = 0;
+    for (int i : kept) sum += p[static_cast<std::size_t>(i)] = std::exp((logits[static_cast<std::size_t>(i)] - 3.0) / so.temperature);
+    for (auto& x : p) x /= sum;
+    return p;
+  };
+  struct Case {
+    std::int64_t top_k;
+    double top_p;
+    std::vector<int> kept;  // in order: z descending, the lower id first
+  };
+  // Shares at T = 0.7 over all: 1: 0.484, 3 and 5: 0.237 each, 0: 0.028, 4 and 6: 0.0067, 2:
+  // 0.0004; the top-p 0.6 cut keeps 1 and 3 (0.721 ≥ 0.6).
+  const Case cases[] = {{0, 1.0, {1, 3, 5, 0, 4, 6, 2}}, {3, 1.0, {1, 3, 5}}, {0, 0.6, {1, 3}}, {2, 1.0, {1, 3}},
+                        {1, 1.0, {1}}};
+  for (const auto& cs : cases) {
+    model::SamplingOptions so = o;
+    so.top_k = cs.top_k;
+    so.top_p = cs.top_p;
+    const auto want = share(so, cs.kept);
+    constexpr int N = 20000;
+    std::vector<int> got(logits.size(), 0);
+    for (int j = 0; j < N; ++j) ++got[static_cast<std::size_t>(model::sample_fixed_point(logits, {}, so, (j + 0.5) / N))];
+    for (std::size_t i = 0; i < logits.size(); ++i)
+      EXPECT_NEAR(got[i], want[i] * N, 1.5) << "top-k " << cs.top_k << ", top-p " << cs.top_p << ", token " << i;
+    EXPECT_EQ(model::sample_fixed_point(logits, {}, so, 0.0), cs.kept.front());
+    EXPECT_EQ(model::sample_fixed_point(logits, {}, so, std::nextafter(1.0, 0.0)), cs.kept.back());
+  }
+  // The penalty moves token 1 (3 → 3 / 2) below 3 and 5: r = 0 picks 3 (the lower id of the tie).
+  o.repetition_penalty = 2.0;
+  const std::int32_t seen = 1;
+  EXPECT_EQ(model::sample_fixed_point(logits, std::span<const std::int32_t>(&seen, 1), o, 0.0), 3);
+  std::vector<float> nan = logits;
+  nan[4] = NAN;
+  EXPECT_THROW(model::sample_fixed_point(nan, {}, o, 0.5), Error);
+  EXPECT_THROW(model::sample_fixed_point(logits, {}, o, 1.0), Error);
+  model::SamplingOptions greedy;
+  EXPECT_THROW(model::sample_fixed_point(logits, {}, greedy, 0.5), Error);
+}
+
 TEST(Sampler, GreedyTopKTopPAndSeeds) {
   std::vector<float> logits = {0.1f, 2.0f, -1.0f, 1.9f, 0.0f};
   model::Sampler greedy({});

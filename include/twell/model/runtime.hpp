@@ -124,6 +124,15 @@ class Runtime {
   // A non-finite logit is an Error.
   virtual std::vector<Candidate> forward_top(std::span<const SeqStep> steps, std::int64_t k, double repetition_penalty,
                                              std::span<const std::span<const std::int32_t>> histories);
+  // Whether forward_sample draws where the logits are (the GPU runtime, at vocabularies its
+  // sampling kernel takes); generate then samples every temperature > 0 step through it.
+  virtual bool samples_on_device() const noexcept { return false; }
+  // A sampled step's forward: each step's token by sample_fixed_point's rule from its last
+  // position's logits, histories[i] and the sequence's draw r[i] ∈ [0, 1) (one id a step comes
+  // back). temperature > 0. The base implementation copies the logits and applies the rule here.
+  virtual std::vector<std::int32_t> forward_sample(std::span<const SeqStep> steps, const SamplingOptions& o,
+                                                   std::span<const std::span<const std::int32_t>> histories,
+                                                   std::span<const double> r);
   virtual const std::vector<FfnLayerStats>& ffn_stats() const noexcept = 0;
   virtual void reset_stats() = 0;
   // Bytes of device memory in use on the runtime's GPU (the whole device, as cudaMemGetInfo says);

@@ -39,6 +39,18 @@ std::int64_t candidates_needed(const SamplingOptions& o, std::int64_t vocab) noe
 std::vector<Candidate> top_candidates(std::span<const float> logits, std::span<const std::int32_t> history,
                                       std::int64_t k, double repetition_penalty);
 
+// Device sampling's rule (cuda::ops::sample_rows: one id a row comes back), written plainly: the
+// reference its tests compare with. Candidates by z (Candidate's penalty) descending, the lower id
+// first; the top-k cut (top_k 0: none); weights W = ⌊exp((z − z_max)/T) · 2⁴⁰⌋ as integers, so
+// every sum is exact in any order (a token whose weight is below 2⁻⁴⁰ of the best one's is never
+// drawn); the top-p cut keeps the shortest prefix whose W reach ⌈top_p · S⌉ (S: the cut's total,
+// both in double as written); u = ⌊r · S_kept⌋ (r ∈ [0, 1), the sequence's one draw a token) picks
+// the first token whose running W exceeds u. temperature > 0; r outside [0, 1) or a non-finite
+// logit is an Error.
+inline constexpr double kFixedPointWeight = 1099511627776.0;  // 2⁴⁰
+std::int32_t sample_fixed_point(std::span<const float> logits, std::span<const std::int32_t> history,
+                                const SamplingOptions& o, double r);
+
 class Sampler {
  public:
   explicit Sampler(const SamplingOptions& o);
@@ -49,6 +61,9 @@ class Sampler {
   // penalty already in z), e.g. a GPU's selection: sample_top(top_candidates(l, h, k, p)) == sample(l, h),
   // RNG state included. Only for draws candidates_needed() serves (top-k < V, or greedy).
   std::int32_t sample_top(std::span<const Candidate> top);
+  // The sequence's next draw r ∈ [0, 1) for sample_fixed_point's rule (one call on the generator,
+  // as a sample() is).
+  double next_draw();
 
  private:
   SamplingOptions o_;

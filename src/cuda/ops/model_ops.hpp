@@ -113,6 +113,20 @@ void top_candidates(const float* logits, std::int64_t rows, std::int64_t v, std:
                     const std::int32_t* hist, const std::int64_t* hist_off, float* z_out, std::int32_t* id_out,
                     std::int32_t* bad, cudaStream_t stream);
 
+// A sampled decode step's draw on the device: out[r] = the token twell::model::sample_fixed_point
+// picks from row r of logits [rows, v] with the history hist[hist_off[r], hist_off[r + 1]) (null:
+// none) and the sequence's draw r[r] ∈ [0, 1); bad[r] = the lowest index of a non-finite logit of
+// the row (out[r] then −1), else −1. temperature > 0 (greedy is argmax); v ≤ kTopMaxVocab.
+struct SampleRowsOptions {
+  double temperature = 1.0;
+  std::int64_t top_k = 0;  // 0: no cut
+  double top_p = 1.0;
+  double repetition_penalty = 1.0;
+};
+void sample_rows(const float* logits, std::int64_t rows, std::int64_t v, const SampleRowsOptions& o,
+                 const std::int32_t* hist, const std::int64_t* hist_off, const double* r, std::int32_t* out,
+                 std::int32_t* bad, cudaStream_t stream);
+
 // x += y  (fp32 += bf16), n elements
 void residual_add(float* x, const __nv_bfloat16* y, std::int64_t n, cudaStream_t stream);
 

@@ -12,6 +12,7 @@
 #include "cuda/common/check.hpp"
 #include "cuda/common/launch.cuh"
 #include "cuda/ops/model_ops.hpp"
+#include "cuda/ops/sample_row.cuh"
 
 namespace twell::cuda::ops {
 namespace {
@@ -19,18 +20,8 @@ namespace {
 constexpr int kThreads = 1024;
 constexpr int kWarps = kThreads / 32;
 
-// Larger z → larger key (−0 was made 0 before: ties of zeros are ties of keys).
-__device__ __forceinline__ unsigned key_of(float z) {
-  const unsigned u = __float_as_uint(z);
-  return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
-}
-
-// Token i's z: its logit, penalised (fp32, correctly rounded: the host's rule) when it is in the history.
-__device__ __forceinline__ float z_of(const float* row, const unsigned* seen, std::int64_t i, float p) {
-  float l = row[i];
-  if (seen && ((seen[i >> 5] >> (i & 31)) & 1u)) l = l > 0.0f ? __fdiv_rn(l, p) : __fmul_rn(l, p);
-  return l == 0.0f ? 0.0f : l;
-}
+using detail::key_of;
+using detail::z_of;
 
 __global__ void __launch_bounds__(kThreads)
     top_candidates_kernel(const float* logits, std::int64_t v, std::int64_t k, float p, const std::int32_t* hist,
@@ -44,16 +35,7 @@ __global__ void __launch_bounds__(kThreads)
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
   const std::int64_t r = blockIdx.x;
   const float* row = logits + r * v;
-  const unsigned* seen = nullptr;
-  if (hist) {
-    for (std::int64_t w = tid; w < (v + 31) / 32; w += kThreads) seen_bits[w] = 0;
-    __syncthreads();
-    for (std::int64_t j = hist_off[r] + tid; j < hist_off[r + 1]; j += kThreads) {
-      const std::int32_t id = hist[j];
-      if (id >= 0 && id < v) atomicOr(&seen_bits[id >> 5], 1u << (id & 31));
-    }
-    seen = seen_bits;
-  }
+  const unsigned* seen = detail::load_seen<kThreads>(seen_bits, v, hist, hist_off, r);
   if (tid == 0) s_bad = INT_MAX;
   __syncthreads();
   // Radix select: after the pass of `shift`, T's digits above it are known (prefix under mask), and
