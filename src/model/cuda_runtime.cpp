@@ -316,8 +316,13 @@ class CudaRuntime final : public Runtime {
     TWELL_CUDA_CHECK(cudaMemcpyAsync(out.data(), ids, out.size() * sizeof(std::int32_t), cudaMemcpyDeviceToHost, stream_));
     TWELL_CUDA_CHECK(cudaMemcpyAsync(hbad.data(), bad, hbad.size() * sizeof(std::int32_t), cudaMemcpyDeviceToHost, stream_));
     TWELL_CUDA_CHECK(cudaStreamSynchronize(stream_));
-    for (std::size_t i = 0; i < hbad.size(); ++i)
-      TWELL_CHECK(hbad[i] < 0, ErrorCode::non_finite, "forward: step {}'s logit of token {} is NaN or infinite", i, hbad[i]);
+    const std::int64_t V = model_->config.vocab_size;
+    for (std::size_t i = 0; i < hbad.size(); ++i) {
+      TWELL_CHECK(hbad[i] != V, ErrorCode::internal, "forward_sample: step {}'s draw found no token", i);
+      TWELL_CHECK(hbad[i] < 0, ErrorCode::non_finite, "forward: step {}'s logit of token {} is NaN or infinite (or becomes "
+                  "so with the repetition penalty)", i, hbad[i]);
+      TWELL_CHECK(out[i] >= 0 && out[i] < V, ErrorCode::internal, "forward_sample: step {} drew token {}", i, out[i]);
+    }
     return out;
   }
 

@@ -57,9 +57,12 @@ std::vector<Generation> generate(Runtime& rt, const std::vector<std::vector<std:
   // runtime selects where the logits are (Sampler::sample_top picks what sample() would).
   const bool argmax_only = opt.sampling.temperature == 0.0 && opt.sampling.repetition_penalty == 1.0;
   const std::int64_t top_k = candidates_needed(opt.sampling, c.vocab_size);
-  // A runtime that draws where the logits are (the GPU) takes every temperature > 0 step: one id a
-  // row comes back, by sample_fixed_point's rule, from each sequence's own draw r.
-  const bool device_draw = opt.sampling.temperature > 0 && rt.samples_on_device();
+  // Draws that read the whole row (temperature and top-p without a top-k cut) go where the logits
+  // are on a runtime that can (the GPU): one id a row comes back, by sample_fixed_point's rule from
+  // the sequence's own draw r — the pick sample() makes from the same draw, up to its weights'
+  // rounding (2⁻⁴⁰ of the largest; the RNG is used alike). A top-k cut below V keeps forward_top:
+  // the very picks of sample().
+  const bool device_draw = opt.sampling.temperature > 0 && top_k == 0 && rt.samples_on_device();
   auto choose_id = [&](std::size_t i, std::int32_t id) {
     out[i].tokens.push_back(id);
     history[i].push_back(id);

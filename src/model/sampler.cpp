@@ -311,7 +311,9 @@ std::int32_t Sampler::sample(std::span<const float> logits, std::span<const std:
   return draw(o_, rng_, c, k < V);
 }
 
-double Sampler::next_draw() { return std::uniform_real_distribution<double>(0.0, 1.0)(rng_); }
+double Sampler::next_draw() {  // below 1 whatever the library (generate_canonical may return 1: LWG 2524)
+  return std::min(std::uniform_real_distribution<double>(0.0, 1.0)(rng_), std::nextafter(1.0, 0.0));
+}
 
 std::int32_t Sampler::sample_top(std::span<const Candidate> top) {
   const std::int64_t want = o_.temperature == 0.0 ? 1 : o_.top_k;  // candidates_needed's k, whatever V
@@ -336,6 +338,9 @@ std::int32_t sample_fixed_point(std::span<const float> logits, std::span<const s
   TWELL_CHECK(r >= 0 && r < 1, ErrorCode::invalid_argument, "sample_fixed_point: r = {} outside [0, 1)", r);
   const auto V = static_cast<std::int64_t>(logits.size());
   std::vector<Candidate> c = top_candidates(logits, history, V, o.repetition_penalty);  // every token, in order
+  for (const Candidate& e : c)  // a penalty < 1 can carry a finite logit past the float range
+    TWELL_CHECK(std::isfinite(e.z), ErrorCode::non_finite, "sample: logit of token {} becomes {} with the penalty",
+                e.id, e.z);
   const std::int64_t k = o.top_k > 0 ? std::min(o.top_k, V) : V;
   const double mx = c[0].z;
   std::vector<std::uint64_t> w(static_cast<std::size_t>(k));
@@ -347,7 +352,7 @@ std::int32_t sample_fixed_point(std::span<const float> logits, std::span<const s
   std::int64_t keep = k;
   std::uint64_t kept = S;
   if (o.top_p < 1.0) {
-    const auto need = static_cast<std::uint64_t>(std::ceil(o.top_p * static_cast<double>(S)));
+    const auto need = std::min(S, static_cast<std::uint64_t>(std::ceil(o.top_p * static_cast<double>(S))));
     std::uint64_t acc = 0;
     for (std::int64_t i = 0; i < k; ++i)
       if ((acc += w[static_cast<std::size_t>(i)]) >= need) {

@@ -220,11 +220,10 @@ TEST(ModelCuda, GreedyGenerationMatchesCpu) {
 
 // Sampled generation on the GPU picks exactly the tokens that the whole logits copied back pick on
 // the host (forward over the same batch of steps on another runtime of the same model: the same
-// logits bit for bit): temperature > 0 draws on the device (Runtime::forward_sample) against
-// sample_fixed_point with the sequence's own draws — top-k + top-p with a repetition penalty, and
-// top-k alone without one — and greedy with a penalty (the top candidate on the device,
-// Runtime::forward_top) against Sampler::sample; a vocabulary above the kernels' block and one
-// that is not a multiple of it.
+// logits bit for bit): top-k draws (with top-p and a penalty, and alone) and greedy with a penalty
+// select their candidates on the device (Runtime::forward_top) against Sampler::sample; top-p
+// without a top-k cut draws on the device (Runtime::forward_sample) against sample_fixed_point with
+// the sequence's own draws; a vocabulary above the kernels' block and one that is not a multiple of it.
 TEST(ModelCuda, SamplingOnTheDevicePicksWhatTheHostPicks) {
   TWELL_REQUIRE_GPU();
   for (const std::int64_t vocab : {97, 3001}) {
@@ -280,8 +279,9 @@ TEST(ModelCuda, SamplingOnTheDevicePicksWhatTheHostPicks) {
         for (std::size_t i = 0; i < prompts.size(); ++i) {
           const auto V = static_cast<std::size_t>(vocab);
           const std::span<const float> row(l.data() + i * V, V);
-          last[i] = so.temperature > 0 ? model::sample_fixed_point(row, hist[i], so, samplers[i].next_draw())
-                                       : samplers[i].sample(row, hist[i]);
+          const bool whole_row = so.temperature > 0 && model::candidates_needed(so, vocab) == 0;  // drawn on the device
+          last[i] = whole_row ? model::sample_fixed_point(row, hist[i], so, samplers[i].next_draw())
+                              : samplers[i].sample(row, hist[i]);
           hist[i].push_back(last[i]);
           out[i].push_back(last[i]);
         }

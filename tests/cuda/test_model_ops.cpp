@@ -557,10 +557,10 @@ TEST(ModelOps, SampleRowsDrawsWhatTheHostRuleDraws) {
   Rng rng(fresh_seed());
   const std::int64_t vs[] = {1, 2, 1023, 1025, 5000, 49152, 50257, 128256};
   int checked = 0;
-  for (int trial = 0; trial < 64; ++trial) {
+  for (int trial = 0; trial < 8 * 12; ++trial) {  // every (top-k, top-p) pair at every vocabulary
     const std::int64_t v = vs[trial % 8];
-    const std::int64_t rows = 1 + rng.below(6);
-    const int shape = trial / 8 % 3;  // 0: N(0, 3²), 1: small integers and ±0, 2: N(0, 0.3²)
+    const std::int64_t rows = 1 + rng.below(4);
+    const int shape = rng.below(3);  // 0: N(0, 3²), 1: small integers and ±0, 2: N(0, 0.3²)
     std::vector<float> logits(static_cast<std::size_t>(rows * v));
     for (auto& x : logits)
       x = shape == 0 ? rng.normal(3.0f) : shape == 1 ? static_cast<float>(rng.below(5)) - 2.0f : rng.normal(0.3f);
@@ -570,10 +570,10 @@ TEST(ModelOps, SampleRowsDrawsWhatTheHostRuleDraws) {
     const double temps[] = {0.3, 0.8, 1.5};
     o.temperature = temps[rng.below(3)];
     const std::int64_t ks[] = {0, 1, 50, std::max<std::int64_t>(1, v - 1)};
-    o.top_k = ks[rng.below(4)];
+    o.top_k = ks[trial / 8 % 4];
     const double ps[] = {1.0, 0.9, 0.3};
-    o.top_p = ps[rng.below(3)];
-    o.repetition_penalty = trial / 8 % 2 ? 1.3 : 1.0;
+    o.top_p = ps[trial / 32];
+    o.repetition_penalty = rng.below(2) ? 1.3 : 1.0;
     std::vector<std::int64_t> off(static_cast<std::size_t>(rows) + 1, 0);
     std::vector<std::int32_t> hist;
     std::vector<double> r(static_cast<std::size_t>(rows));
@@ -616,7 +616,17 @@ TEST(ModelOps, SampleRowsDrawsWhatTheHostRuleDraws) {
   const auto got_bad = download<std::int32_t>(bad);
   EXPECT_EQ(got_bad[0], -1);
   EXPECT_EQ(got_bad[1], 2500);
+  EXPECT_EQ(download<std::int32_t>(out)[0], 1500);  // equal weights: r = ½ picks the middle token
   EXPECT_EQ(download<std::int32_t>(out)[1], -1);
+  // A finite logit that a penalty below 1 carries past the float range (history: token 7).
+  std::vector<float> big(static_cast<std::size_t>(v), 1.0f);
+  big[7] = 3e38f;
+  auto d_big = upload(big);
+  auto d_h = upload(std::vector<std::int32_t>{7});
+  auto d_o = upload(std::vector<std::int64_t>{0, 1});
+  cuda::ops::sample_rows(d_big.get(), 1, v, {1.0, 0, 1.0, 0.5}, d_h.get(), d_o.get(), d_r.get(), out.get(), bad.get(),
+                         nullptr);
+  EXPECT_EQ(download<std::int32_t>(bad)[0], 7);
   cuda::ops::SampleRowsOptions greedy{0.0, 0, 1.0, 1.0};
   EXPECT_THROW(cuda::ops::sample_rows(d_logits.get(), 2, v, greedy, nullptr, nullptr, d_r.get(), out.get(), bad.get(),
                                       nullptr),

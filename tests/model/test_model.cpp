@@ -552,6 +552,36 @@ TEST(Sampler, FixedPointRuleDrawsTheSoftmaxOverTheCut) {
   EXPECT_THROW(model::sample_fixed_point(logits, {}, greedy, 0.5), Error);
 }
 
+// The device's rule picks what Sampler::sample picks from the same generator: both use one
+// canonical draw a token (sample's u = draw · kept mass), and their weights differ only by the
+// fixed point's rounding (2⁻⁴⁰ of the largest), so a pick differs only where a draw falls within
+// that of a boundary — never, over these rows (flat and peaked, 2 … 60 000 tokens, top-p cuts,
+// penalties, with the bucket draw of large rows on sample's side).
+TEST(Sampler, FixedPointRulePicksWhatSamplePicks) {
+  Rng rng(fresh_seed());
+  std::int64_t draws = 0;
+  for (int trial = 0; trial < 120; ++trial) {
+    const std::int64_t V = 2 + rng.below(trial < 100 ? 3000 : 60000);
+    std::vector<float> logits(static_cast<std::size_t>(V));
+    const float sigma = trial % 2 ? 0.3f : 3.0f;
+    for (auto& v : logits) v = rng.normal(sigma);
+    std::vector<std::int32_t> history;
+    for (int i = 0; i < 30; ++i) history.push_back(static_cast<std::int32_t>(rng.below(V)));
+    model::SamplingOptions o;
+    const double temps[] = {0.3, 0.8, 1.6};
+    o.temperature = temps[rng.below(3)];
+    const double ps[] = {1.0, 0.9, 0.37, 1e-3};
+    o.top_p = ps[rng.below(4)];
+    o.repetition_penalty = rng.below(2) ? 1.3 : 1.0;
+    o.seed = static_cast<std::uint64_t>(rng.below(1 << 30));
+    model::Sampler a(o), b(o);
+    for (int d = 0; d < 8; ++d, ++draws)
+      ASSERT_EQ(model::sample_fixed_point(logits, history, o, b.next_draw()), a.sample(logits, history))
+          << "V " << V << ", σ " << sigma << ", T " << o.temperature << ", top-p " << o.top_p << ", draw " << d;
+  }
+  RecordProperty("draws", std::to_string(draws));
+}
+
 TEST(Sampler, GreedyTopKTopPAndSeeds) {
   std::vector<float> logits = {0.1f, 2.0f, -1.0f, 1.9f, 0.0f};
   model::Sampler greedy({});

@@ -115,8 +115,9 @@ void top_candidates(const float* logits, std::int64_t rows, std::int64_t v, std:
 
 // A sampled decode step's draw on the device: out[r] = the token twell::model::sample_fixed_point
 // picks from row r of logits [rows, v] with the history hist[hist_off[r], hist_off[r + 1]) (null:
-// none) and the sequence's draw r[r] ∈ [0, 1); bad[r] = the lowest index of a non-finite logit of
-// the row (out[r] then −1), else −1. temperature > 0 (greedy is argmax); v ≤ kTopMaxVocab.
+// none) and the sequence's draw r[r] ∈ [0, 1) (the caller checks it; the kernel clamps); bad[r] =
+// the lowest index of a logit that is non-finite or becomes so with the penalty (out[r] then −1),
+// v if no token was found (a fault), else −1. temperature > 0 (greedy is argmax); v ≤ kTopMaxVocab.
 struct SampleRowsOptions {
   double temperature = 1.0;
   std::int64_t top_k = 0;  // 0: no cut

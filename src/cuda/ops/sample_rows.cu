@@ -47,10 +47,13 @@ __device__ __forceinline__ u64 warp_inclusive_scan_u64(u64 v, int lane) {
 }
 
 // The key K and the token of key K (lowest ids first) at which the running sum of value(i) over the
-// tokens in order first reaches target (1 ≤ target ≤ the row's total); value(i, key) → (the
-// token's value, its key). Returns the token; *through = the running sum through it.
-template <class Value>
-__device__ int select_in_order(Scratch& s, std::int64_t v, u64 target, Value value, u64* through) {
+// tokens in order first reaches target (1 ≤ target ≤ the row's total): key_z(i) → the token's key
+// and z, value(i, key, z) → its value, asked only of the tokens a pass counts. Returns the token
+// (−1 if none: not reached while every pass sees the same values; the caller reports it);
+// *key_out = K, *through = the running sum through the token.
+template <class KeyZ, class Value>
+__device__ int select_in_order(Scratch& s, std::int64_t v, u64 target, KeyZ key_z, Value value, unsigned* key_out,
+                               u64* through) {
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
   unsigned prefix = 0, mask = 0;
   u64 left = target;
@@ -58,9 +61,11 @@ __device__ int select_in_order(Scratch& s, std::int64_t v, u64 target, Value val
     for (int b = tid; b < 256; b += kThreads) s.bins[b] = 0;
     __syncthreads();
     for (std::int64_t i = tid; i < v; i += kThreads) {
-      unsigned key;
-      const u64 x = value(i, key);
-      if (x && (key & mask) == prefix) atomicAdd(&s.bins[(key >> shift) & 255u], x);
+      float z;
+      const unsigned key = key_z(i, z);
+      if ((key & mask) != prefix) continue;
+      const u64 x = value(i, key, z);
+      if (x) atomicAdd(&s.bins[(key >> shift) & 255u], x);
     }
     __syncthreads();
     if (tid == 0) {  // the digit where the sum from the top reaches `left`
@@ -78,14 +83,17 @@ __device__ int select_in_order(Scratch& s, std::int64_t v, u64 target, Value val
   const u64 above_key = target - left;  // the sum over keys above K
   // K's tokens in id order: the first whose running sum reaches `left`.
   u64 running = 0;  // the same in every thread
-  if (tid == 0) s.id = -1;
+  if (tid == 0) {
+    s.id = -1;
+    s.incl = 0;
+  }
   for (std::int64_t base = 0; base < v && running < left; base += kThreads) {
     const std::int64_t i = base + tid;
     u64 x = 0;
     if (i < v) {
-      unsigned key;
-      x = value(i, key);
-      if (key != prefix) x = 0;
+      float z;
+      const unsigned key = key_z(i, z);
+      if (key == prefix) x = value(i, key, z);
     }
     const u64 incl_warp = warp_inclusive_scan_u64(x, lane);
     if (lane == 31) s.warp[warp] = incl_warp;
@@ -104,6 +112,7 @@ __device__ int select_in_order(Scratch& s, std::int64_t v, u64 target, Value val
     __syncthreads();  // s.warp is rewritten next tile; s.id is read after the loop
   }
   *through = above_key + s.incl;
+  *key_out = prefix;
   const int id = s.id;
   __syncthreads();  // s is reused by the next selection
   return id;
@@ -125,8 +134,9 @@ __global__ void __launch_bounds__(kThreads)
   __syncthreads();
   float mz = -INFINITY;
   for (std::int64_t i = tid; i < v; i += kThreads) {
-    if (!isfinite(row[i])) atomicMin(&s.bad, static_cast<int>(i));
-    mz = fmaxf(mz, z_of(row, seen, i, p));
+    const float z = z_of(row, seen, i, p);  // a finite logit penalised past the float range counts too
+    if (!isfinite(row[i]) || !isfinite(z)) atomicMin(&s.bad, static_cast<int>(i));
+    mz = fmaxf(mz, z);
   }
   for (int o = 16; o > 0; o >>= 1) mz = fmaxf(mz, __shfl_xor_sync(0xffffffffu, mz, o));
   if (lane == 0) s.max[warp] = mz;
@@ -142,28 +152,29 @@ __global__ void __launch_bounds__(kThreads)
   for (int w = 1; w < kWarps; ++w) zmax = fmaxf(zmax, s.max[w]);
   const double mx = zmax;
   // The top-k cut: tokens of key > k_key, and of key k_key up to id k_id.
+  const auto key_z = [&](std::int64_t i, float& z) {
+    z = z_of(row, seen, i, p);
+    return key_of(z);
+  };
   unsigned k_key = 0;
   std::int64_t k_id = v;
   u64 through = 0;
+  bool lost = false;  // a selection found no token (see select_in_order)
   if (top_k > 0 && top_k < v) {
-    const auto count = [&](std::int64_t i, unsigned& key) -> u64 {
-      key = key_of(z_of(row, seen, i, p));
-      return 1;
-    };
-    k_id = select_in_order(s, v, static_cast<u64>(top_k), count, &through);
-    k_key = key_of(z_of(row, seen, k_id, p));
+    const auto one = [](std::int64_t, unsigned, float) -> u64 { return 1; };
+    k_id = select_in_order(s, v, static_cast<u64>(top_k), key_z, one, &k_key, &through);
+    lost = k_id < 0;
   }
-  const auto weight = [&](std::int64_t i, unsigned& key) -> u64 {
-    const float z = z_of(row, seen, i, p);
-    key = key_of(z);
+  const auto weight = [&](std::int64_t i, unsigned key, float z) -> u64 {
     if (key < k_key || (key == k_key && i > k_id)) return 0;
     return static_cast<u64>(floor(exp((static_cast<double>(z) - mx) / t) * kScale));
   };
   // S: the cut's total weight.
   u64 mine = 0;
-  for (std::int64_t i = tid; i < v; i += kThreads) {
-    unsigned key;
-    mine += weight(i, key);
+  for (std::int64_t i = tid; i < v && !lost; i += kThreads) {
+    float z;
+    const unsigned key = key_z(i, z);
+    mine += weight(i, key, z);
   }
   for (int o = 16; o > 0; o >>= 1) mine += __shfl_xor_sync(0xffffffffu, mine, o);
   if (lane == 0) s.warp[warp] = mine;
@@ -173,17 +184,22 @@ __global__ void __launch_bounds__(kThreads)
   __syncthreads();  // s.warp is reused below
   // The top-p cut, then the draw.
   u64 kept = S;
-  if (top_p < 1.0) {
+  unsigned key = 0;
+  if (top_p < 1.0 && !lost) {
     u64 need = static_cast<u64>(ceil(top_p * static_cast<double>(S)));
-    if (need > S) need = S;  // (not reached: top_p < 1)
-    select_in_order(s, v, need, weight, &kept);
+    if (need > S) need = S;  // (double)S may round above S past 2⁵³
+    lost = select_in_order(s, v, need, key_z, weight, &key, &kept) < 0;
   }
-  u64 u = static_cast<u64>(floor(r_in[r] * static_cast<double>(kept)));
-  if (u >= kept) u = kept - 1;
-  const int id = select_in_order(s, v, u + 1, weight, &through);
+  int id = -1;
+  if (!lost && S > 0) {
+    const double rr = r_in[r] >= 0 ? fmin(r_in[r], 0x1.fffffffffffffp-1) : 0.0;  // the caller checks [0, 1)
+    u64 u = static_cast<u64>(floor(rr * static_cast<double>(kept)));
+    if (u >= kept) u = kept - 1;
+    id = select_in_order(s, v, u + 1, key_z, weight, &key, &through);
+  }
   if (tid == 0) {
     out[r] = id;
-    bad[r] = -1;
+    bad[r] = id < 0 ? static_cast<int>(v) : -1;  // v: no token found (a fault, not an input's)
   }
 }
 
