@@ -113,12 +113,12 @@ def cuda_model(path, **kw):
 
 @pytest.mark.parametrize("act,kv_heads,tied", [("relu", 2, False), ("silu", 4, True)])
 def test_cuda_logits_and_generation(tmp_path, act, kv_heads, tied):
-    """On a GPU (device="auto" takes it): logits against transformers within 3e-2 of the logit scale
-    (the GPU holds weights and activations as bf16, 2⁻⁹ relative each, compounding over 2 layers:
-    the bound tests/cuda/test_model_cuda.cpp derives; a wrong head, position or cache slot moves
+    """On a GPU (device="auto" takes it): logits against transformers (fp32) within 6e-2 of the logit
+    scale (the GPU holds weights, activations and the KV cache as bf16, 2⁻⁹ relative each,
+    compounding: tests/model/hf_parity.py's CUDA bound; a wrong head, position or cache slot moves
     them by O(1)); greedy continuations equal the argmax of the GPU's own logits over the grown
-    sequence (the KV-cache decode against a full recompute), up to a first difference where the top
-    two logits lie within that bf16 noise; sampling on the device (whole rows, top-k, top-p,
+    sequence (the KV-cache decode against a full recompute, bf16 both: 3e-2 as test_model_cuda's
+    GPU-against-CPU bound), up to a first difference where the top two logits lie within that noise; sampling on the device (whole rows, top-k, top-p,
     penalties) streams what it returns and repeats with its seed, alone and in a batch."""
     torch = pytest.importorskip("torch")
     ref = tiny_checkpoint(str(tmp_path), act, kv_heads, tied)
@@ -129,7 +129,7 @@ def test_cuda_logits_and_generation(tmp_path, act, kv_heads, tied):
         m = cuda_model(str(tmp_path), ffn=ffn)
         got = m.logits(ids)
         assert got.shape == (23, 96) and got.dtype == np.float32
-        assert np.abs(got - want).max() / np.abs(want).max() < 3e-2, ffn
+        assert np.abs(got - want).max() / np.abs(want).max() < 6e-2, ffn
         g = m.generate(ids, max_new_tokens=12, ignore_eos=True)
         full = m.logits(ids + g.tokens[:-1])
         for i, t in enumerate(g.tokens):
