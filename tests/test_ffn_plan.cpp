@@ -40,6 +40,22 @@ TEST(FfnPlan, SmallCallsRunDenseWithoutCountingExceptDecode) {
   EXPECT_EQ(dense.step, ForwardStep::dense_counted);  // the first dense call counts
 }
 
+// One token on the fused one-token kernel keeps the decode path up to its own, higher threshold
+// (measured at model level: docs/perf-notes-cuda.md); other decode sizes switch at decode_max_density.
+TEST(FfnPlan, OneTokenDecodeHasItsOwnThreshold) {
+  const DispatchPolicy p;
+  ASSERT_GT(p.decode_token_max_density, p.decode_max_density);
+  const double between = 0.5 * (p.decode_max_density + p.decode_token_max_density);
+  DispatchState one = call(1, Path::automatic, between, true);
+  one.one_token = true;
+  EXPECT_EQ(plan_forward(p, one).step, ForwardStep::decode);
+  EXPECT_DOUBLE_EQ(plan_forward(p, one).max_density, p.decode_token_max_density);
+  EXPECT_EQ(plan_forward(p, call(4, Path::automatic, between, true)).step, ForwardStep::dense_counted);
+  EXPECT_EQ(plan_forward(p, call(1, Path::automatic, between, true)).step, ForwardStep::dense_counted);  // not fused
+  one.last_density = p.decode_token_max_density * 1.01;
+  EXPECT_EQ(plan_forward(p, one).step, ForwardStep::dense_counted);
+}
+
 TEST(FfnPlan, FirstCallCountsThenTheNewestCountDecides) {
   const DispatchPolicy p;
   const ForwardPlan first = plan_forward(p, call(16384, Path::automatic));
@@ -77,6 +93,7 @@ TEST(FfnPlan, ThresholdsByShape) {
   EXPECT_DOUBLE_EQ(max_sparse_density(p, p.dispatch_large_rows, false, true), p.max_sparse_density_gated_large);
   EXPECT_DOUBLE_EQ(max_sparse_density(p, p.dispatch_large_rows, false, false), p.max_sparse_density_nongated);
   EXPECT_DOUBLE_EQ(max_sparse_density(p, 1, true, false), p.decode_max_density);
+  EXPECT_DOUBLE_EQ(max_sparse_density(p, 1, true, true, true), p.decode_token_max_density);
   // Non-gated at a density between its threshold and the gated one: dense there, sparse gated.
   const double d = 0.5 * (p.max_sparse_density_nongated + p.max_sparse_density_gated);
   EXPECT_EQ(plan_forward(p, call(16384, Path::automatic, d, false, false)).step, ForwardStep::dense_counted);

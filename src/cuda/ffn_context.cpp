@@ -536,11 +536,11 @@ void FfnContext::decode_forward(const __nv_bfloat16* x, std::int64_t m, __nv_bfl
                   [&](unsigned long long* dst) { enqueue_decode(x, m, y, dst, stream); });
 }
 
-bool FfnContext::decode_plan_sparse() {
+bool FfnContext::decode_plan_sparse(std::int64_t m) {
   resolve_pending();
   // As forward(automatic) would plan it (−1, nothing measured yet: sparse).
-  return plan_forward(opt_, {.m = 1, .path = Path::automatic, .decode = true, .gated = gated_,
-                             .last_density = last_density_}).step == ForwardStep::decode;
+  return plan_forward(opt_, {.m = m, .path = Path::automatic, .decode = true, .one_token = uses_decode_token(m),
+                             .gated = gated_, .last_density = last_density_}).step == ForwardStep::decode;
 }
 
 void FfnContext::prepare_decode(std::int64_t m, cudaStream_t stream) {
@@ -872,7 +872,8 @@ ForwardResult FfnContext::forward(const __nv_bfloat16* x, std::int64_t m, __nv_b
   if (path != Path::dense) calibrate_if_due(x, m, stream);
   if (path == Path::automatic) resolve_pending();  // the newest count that came back
   // Plan (ffn_plan.hpp: pure host, unit-tested), then execute.
-  const ForwardPlan plan = plan_forward(opt_, {.m = m, .path = path, .decode = decode, .gated = gated_,
+  const ForwardPlan plan = plan_forward(opt_, {.m = m, .path = path, .decode = decode,
+                                               .one_token = decode && uses_decode_token(m), .gated = gated_,
                                                .last_density = last_density_, .dense_calls = dense_calls_});
   if (plan.sticky && (plan.step == ForwardStep::dense || plan.step == ForwardStep::dense_counted)) ++dense_calls_;
   // A sticky decision came from the latest count of this layer: say which (before the kernels

@@ -52,7 +52,8 @@ struct ContextOptions : DispatchPolicy {
   int updown_variant_nongated = 4;
   std::int64_t updown_occupancy_min_rows = 2048;
   // Decode (M ≤ decode_max_rows, M < dispatch_min_rows, K ≤ kDecodeMaxK): gate, then the decode
-  // kernel while counts stay under decode_max_density; always sticky.
+  // kernel while counts stay under decode_max_density (decode_token_max_density for one token on
+  // the fused one-token kernel); always sticky.
   std::int64_t decode_max_rows = 16;
   bool decode_gemv = true;                   // the decode gate by the GEMV kernel (sm80/twell_gemv.hpp; one token: the fused twell_decode_token.hpp) ...
   std::int64_t decode_gemv_max_rows = 1;     // ... up to this M (tensor-core GEMMs win from M = 4)
@@ -138,8 +139,8 @@ class FfnContext {
   // the latest count without a host wait (sticky_dispatch), decode (M ≤ decode_max_rows) from the first call.
   ForwardResult forward(const __nv_bfloat16* x, std::int64_t m, __nv_bfloat16* y, Path path, cudaStream_t stream);
   // Decode steps inside a CUDA graph (M ≤ decode_max_rows, see is_decode): decode_plan_sparse()
-  // is the path forward(automatic) would take now (the decode kernel unless the latest count is
-  // over decode_max_density); prepare_decode(m) makes every allocation a step of m rows needs (not
+  // is the path forward(automatic) of m rows would take now (the decode kernel unless the latest
+  // count is over decode_max_density, or decode_token_max_density for one token); prepare_decode(m) makes every allocation a step of m rows needs (not
   // capturable; nothing once done); decode_step then enqueues only that path's kernels, with no
   // host wait, no allocation and no count read back (the decode kernel stores its count into a
   // fixed device word instead of the count ring), so it can be captured and replayed. The caller
@@ -153,7 +154,7 @@ class FfnContext {
   // load_weights, a hot-neuron split, which a large automatic or sparse call may make on its own):
   // a CUDA graph that captured this layer's calls must be captured again once it moved.
   std::uint64_t weights_epoch() const noexcept { return weights_epoch_; }
-  bool decode_plan_sparse();  // polls the counts in flight first (never waits)
+  bool decode_plan_sparse(std::int64_t m);  // polls the counts in flight first (never waits)
   void prepare_decode(std::int64_t m, cudaStream_t stream);
   void prepare_dense(std::int64_t m) { reserve(m); }  // dense_forward of m rows allocates nothing after it
   void decode_step(const __nv_bfloat16* x, std::int64_t m, __nv_bfloat16* y, bool sparse, cudaStream_t stream);
@@ -226,6 +227,10 @@ class FfnContext {
   std::int64_t tiles() const noexcept { return (n_ + kTwellTile - 1) / kTwellTile; }
   int words_per_tile() const noexcept { return opt_.twell.words_per_tile(); }
   const ContextOptions& options() const noexcept { return opt_; }
+  void set_decode_max_density(double d) noexcept {  // both decode thresholds; the next plans follow them
+    opt_.decode_max_density = d;
+    opt_.decode_token_max_density = d;
+  }
   LtGemm& gemm() noexcept { return gemm_; }
   const LtGemm& gemm() const noexcept { return gemm_; }
   // GEMMs on a second stream (hot_overlap here and in the training context): their own workspace,

@@ -85,7 +85,7 @@ FfnLayer::StepPlan FfnLayer::plan_step(std::int64_t m, Path path) {
     p.capturable = true;
   } else if (path == Path::automatic && c.is_decode(m)) {
     p.capturable = true;
-    p.sparse = c.decode_plan_sparse();
+    p.sparse = c.decode_plan_sparse(m);
   } else if (path == Path::automatic && c.automatic_is_plain_dense(m)) {
     p.capturable = true;
   }
@@ -130,6 +130,13 @@ void FfnLayer::run_step(const ResidualNorm& in, bf16* x, bf16* y, const StepPlan
   ops::add_rmsnorm(d.r, d.delta, 1, c.k(), d.w, d.eps, nv(x), cu(stream), d.first);
   run_step(x, y, plan, stream);
 }
+
+void FfnLayer::set_decode_max_density(double density) {
+  TWELL_CHECK(density >= 0 && density <= 1, ErrorCode::invalid_argument,
+              "FfnLayer::set_decode_max_density: {} is not a density in [0, 1]", density);
+  ctx_->set_decode_max_density(density);
+}
+double FfnLayer::decode_max_density() const noexcept { return ctx_->options().decode_max_density; }
 
 std::uint64_t FfnLayer::weights_epoch() const noexcept { return ctx_->weights_epoch(); }
 

@@ -4,8 +4,8 @@
 
 namespace twell::cuda {
 
-double max_sparse_density(const DispatchPolicy& p, std::int64_t m, bool decode, bool gated) noexcept {
-  if (decode) return p.decode_max_density;
+double max_sparse_density(const DispatchPolicy& p, std::int64_t m, bool decode, bool gated, bool one_token) noexcept {
+  if (decode) return one_token ? p.decode_token_max_density : p.decode_max_density;
   if (!gated) return p.max_sparse_density_nongated;
   return m >= p.dispatch_large_rows ? p.max_sparse_density_gated_large : p.max_sparse_density_gated;
 }
@@ -23,7 +23,7 @@ ForwardPlan plan_forward(const DispatchPolicy& p, const DispatchState& s) noexce
   }
   // Automatic: decode from its first call, others once a count has come back, follow the newest
   // count; a first call (or sticky dispatch off) counts on the device and waits for the flag.
-  plan.max_density = max_sparse_density(p, s.m, s.decode, s.gated);
+  plan.max_density = max_sparse_density(p, s.m, s.decode, s.gated, s.one_token);
   if (s.decode || (p.sticky_dispatch && s.last_density >= 0)) {
     plan.sticky = true;
     if (s.last_density <= plan.max_density) {  // decode with no count yet (-1): sparse

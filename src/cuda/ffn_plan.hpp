@@ -19,6 +19,7 @@ struct DispatchPolicy {
   double max_sparse_density_gated_large = 0.0095;
   std::int64_t dispatch_min_rows = 2048;          // below: dense without counting (a count's read costs more)
   double decode_max_density = 0.008;              // decode kernel up to this density
+  double decode_token_max_density = 0.02;         // the same for one token on the fused one-token kernel
   bool sticky_dispatch = true;                    // later calls follow the newest count, no host wait
   std::int64_t dense_count_period = 8;            // a dense call counts every this many calls
   std::int64_t decode_dense_count_period = 16;    // the same at decode sizes
@@ -29,6 +30,7 @@ struct DispatchState {
   std::int64_t m = 0;           // rows of this call
   Path path = Path::automatic;  // what the caller asked for
   bool decode = false;          // a decode-sized call (FfnContext::is_decode)
+  bool one_token = false;       // ... of one row on the fused one-token kernel (FfnContext::uses_decode_token)
   bool gated = true;
   double last_density = -1;     // the newest count that came back (< 0: none yet)
   std::int64_t dense_calls = 0; // automatic dense calls so far (spaces out their counts)
@@ -50,8 +52,8 @@ struct ForwardPlan {
   double max_density = 0;       // the threshold of this call (automatic)
 };
 
-// The density threshold of a call: decode, non-gated, large-M gated or gated.
-double max_sparse_density(const DispatchPolicy& p, std::int64_t m, bool decode, bool gated) noexcept;
+// The density threshold of a call: one-token decode, decode, non-gated, large-M gated or gated.
+double max_sparse_density(const DispatchPolicy& p, std::int64_t m, bool decode, bool gated, bool one_token = false) noexcept;
 
 ForwardPlan plan_forward(const DispatchPolicy& p, const DispatchState& s) noexcept;
 

@@ -152,6 +152,7 @@ class CudaRuntime final : public Runtime {
       d.wo = upload_bf16(l.wo, stream_);
       if (c.act == Activation::relu) {
         d.ffn = std::make_unique<cuda::FfnLayer>(&infer_ws_);
+        if (opt_.decode_max_density >= 0) d.ffn->set_decode_max_density(opt_.decode_max_density);
         d.ffn->upload_weights(ffn_weights(l.w_gate.data(), l.w_up.data(), l.w_down.data(), N, K), stream_);
       } else {
         std::vector<float> gu(l.w_gate);

@@ -21,6 +21,7 @@
 #include <cstring>
 #include <memory>
 #include <random>
+#include <utility>
 #include <vector>
 
 #include "cuda/common/device_buffer.hpp"
@@ -753,6 +754,29 @@ TEST_F(CudaDispatch, DecodeRunsSparseUntilTheLayerMeasuresDense) {
   const int back = calls_until_sparse(ContextOptions{});
   EXPECT_GE(back, 0) << "never returned to the decode kernel";
   EXPECT_LE(back, 17);
+}
+
+// One token on the fused one-token kernel follows decode_token_max_density, other decode sizes
+// decode_max_density: at 20 % density, between the two thresholds set here, one token keeps the
+// decode kernel call after call while four tokens go dense once their first call has counted.
+TEST_F(CudaDispatch, OneTokenDecodeFollowsItsOwnThreshold) {
+  for (const std::int64_t m : {1, 4}) {
+    SCOPED_TRACE(::testing::Message() << "m " << m);
+    const FfnCase c{"decode_token_threshold", m, 1000, 1024, 0.20};
+    ContextOptions opt;
+    opt.decode_max_density = 0.1;
+    opt.decode_token_max_density = 0.3;
+    ctx_.reset();  // a second set_up: the first layer and its stream go first
+    if (s_) {
+      ASSERT_EQ(cudaStreamDestroy(std::exchange(s_, nullptr)), cudaSuccess);
+    }
+    ASSERT_NO_FATAL_FAILURE(set_up(c, opt, c.m, c.seed));
+    for (int i = 0; i < 4; ++i) {
+      const ForwardResult fr = automatic(x_.get());
+      EXPECT_EQ(fr.sparse, m == 1 || i == 0) << "call " << i << ": " << fr.path;
+      ASSERT_EQ(cudaStreamSynchronize(s_), cudaSuccess);  // its count is back before the next call
+    }
+  }
 }
 
 // The decode-size GEMV against float64 ReLU(x·Wᵀ), and x·Wᵀ without the ReLU (the model runtime's

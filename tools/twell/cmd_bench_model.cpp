@@ -286,6 +286,17 @@ int run_bench_model(BenchModelArgs& a) {
                                            : "off (--no-pdl)");
     fmt::print("fused one-row decode (off: --no-fused-decode): {}\n", dense->fused_decode() ? "on" : "off");
   }
+  // Which path the sparse runtime's FFN rows took (over every run above: prefill and decode).
+  std::int64_t ffn_rows = 0, ffn_sparse_rows = 0;
+  for (const auto& s : sparse->ffn_stats()) {
+    ffn_rows += s.rows;
+    ffn_sparse_rows += s.sparse_rows;
+  }
+  if (ffn_rows > 0)
+    fmt::print("sparse runtime: {:.1f} % of FFN rows on the sparse path (decode steps sparse up to a layer density of {})\n",
+               100.0 * static_cast<double>(ffn_sparse_rows) / static_cast<double>(ffn_rows),
+               a.runtime.decode_max_density >= 0 ? fmt::format("{:g} %", 100 * a.runtime.decode_max_density)
+                                                 : std::string("the engine's default"));
   fmt::print("(both runtimes run the same attention, norms and LM head; only the FFN path differs. Decode steps include\n"
              " the greedy pick and its copy back to the host, as a user's generation does. Energy: the whole GPU's NVML\n"
              " counter over a separate run of each row lasting about a second.)\n");
@@ -306,6 +317,8 @@ int run_bench_model(BenchModelArgs& a) {
                         {"prefill_attention", dense->prefill_attention()},
                         {"programmatic_launch", dense->programmatic_launch()},
                         {"fused_decode", dense->fused_decode()},
+                        {"decode_max_density", a.runtime.decode_max_density},  // < 0: the engine's default
+                        {"sparse_runtime_ffn_rows", {{"all", ffn_rows}, {"sparse", ffn_sparse_rows}}},
                         {"memory_bytes", {{"dense", mem_dense}, {"sparse", mem_sparse}}},
                         {"rows", jr}};
     write_json_file(a.json, j);

@@ -15,6 +15,10 @@ inline void add_runtime_flags(CLI::App* sub, model::RuntimeOptions& o) {
                 "GPU: a one-row step's attention norm, QKV, RoPE and cache store as separate kernels (default: one)");
   sub->add_flag("!--no-cpu-bf16", o.cpu_bf16_weights,
                 "CPU: decode steps on the fp32 weights too (default: on bf16 copies of weights whose values are bf16)");
+  sub->add_option("--decode-max-density", o.decode_max_density,
+                  "GPU: run a ReLU layer's decode steps sparse while its newest count is at most this density "
+                  "(default: the engine's measured threshold)")
+      ->check(CLI::Range(0.0, 1.0));
   sub->add_flag("!--no-pdl", o.programmatic_launch,
                 "GPU (Hopper): launch the runtime's own kernels plainly (default: programmatic dependent launches)");
 }

@@ -111,6 +111,11 @@ class FfnLayer {
   std::int64_t n() const noexcept;
   std::int64_t k() const noexcept;
   bool gated() const noexcept;
+  // Decode-sized steps (≤ 16 rows) run the decode kernels while the layer's newest count is at
+  // most this density, else the dense FFN (default: the engine's measured thresholds, one for one
+  // token on the fused kernel and one for more rows; this sets both). Both paths exact.
+  void set_decode_max_density(double density);
+  double decode_max_density() const noexcept;
 
   // Steps a caller captures into CUDA graphs (a model runtime's decode steps), in three parts.
   // plan_step(m, path): what forward(x, m, y, path) would run now (it polls the counts in flight,

@@ -67,6 +67,9 @@ struct RuntimeOptions {
   // residual add joins the next add + RMSNorm: 2 kernels fewer a layer, the same bits; 2B decode at
   // batch 1 +3.4-3.8 % on an H100 (docs/model-runtime.md). Off: for A/B measurement.
   bool fused_decode = true;
+  // CUDA runtime only: the density up to which a ReLU layer's decode steps run the sparse decode
+  // kernels (the layer's newest count decides; both paths exact); < 0: the engine's measured default.
+  double decode_max_density = -1;
   // CPU runtime only: the weight matrices whose values are all bf16 exactly (a bf16 checkpoint) are
   // also kept as bf16, and steps of ≤ 8 rows (decode) read those — half the bytes of the fp32 copy
   // that bounds a CPU decode step; the same products in fp32 sums (another order than OpenBLAS's).
