@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -12,6 +13,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "twell/bf16.hpp"
 #include "twell/error.hpp"
 #include "twell/host_memory.hpp"
 #include "twell/io/safetensors.hpp"
@@ -99,9 +101,15 @@ std::vector<float> take(Tensors& t, const std::string& name, std::vector<std::in
               t.file_of[name], h.shape_string(), shape_str(shape));
   TWELL_CHECK(h.dtype() == DType::f32 || h.dtype() == DType::bf16, ErrorCode::dtype_mismatch,
               "{} in {} is {}, expected a floating-point tensor", name, t.file_of[name], to_string(h.dtype()));
-  HostTensor f = h.dtype() == DType::f32 ? std::move(it->second) : h.to_f32();
-  const float* p = f.data<float>();
-  std::vector<float> v(p, p + f.numel());
+  // Straight into the fp32 vector (no fp32 tensor in between: loading is mostly the kernel's
+  // zeroing of fresh pages, so every copy avoided shows), then the file's bytes are released.
+  std::vector<float> v(static_cast<std::size_t>(h.numel()));
+  if (h.dtype() == DType::f32) {
+    std::memcpy(v.data(), h.bytes(), v.size() * sizeof(float));
+  } else {
+    const bf16* in = h.data<bf16>();
+    for (std::size_t i = 0; i < v.size(); ++i) v[i] = to_float(in[i]);
+  }
   for (std::size_t i = 0; i < v.size(); ++i)
     TWELL_CHECK(std::isfinite(v[i]), ErrorCode::non_finite, "{} in {} holds a non-finite value at flat index {}", name,
                 t.file_of[name], i);
