@@ -123,7 +123,7 @@ std::int64_t Model::weight_bytes() const noexcept {
   std::size_t n = embed.size() + final_norm.size() + lm_head.size();
   for (const auto& l : layers)
     n += l.attn_norm.size() + l.wqkv.size() + l.wo.size() + l.ffn_norm.size() + l.w_gate.size() + l.w_up.size() +
-         l.w_down.size() + l.ffn.down_t.size();
+         l.w_down.size();
   return static_cast<std::int64_t>(n * sizeof(float));
 }
 
@@ -138,9 +138,8 @@ Model Model::load(const std::string& dir_str, const LoadOptions& opt) {
     m.config.act = parse_activation(*opt.hidden_act);
   }
   const LlamaConfig& c = m.config;
-  // Peak host memory: the file's tensors (≤ 4 bytes a parameter) and their fp32 copies, plus Wdᵀ.
-  check_host_memory(8.0 * static_cast<double>(c.parameters()) +
-                        4.0 * static_cast<double>(c.num_layers * c.hidden_size * c.intermediate_size),
+  // Peak host memory: the file's tensors (≤ 4 bytes a parameter) and their fp32 copies.
+  check_host_memory(8.0 * static_cast<double>(c.parameters()),
                     fmt::format("loading {} ({:.2f} B parameters)", dir_str, static_cast<double>(c.parameters()) / 1e9));
   Tensors t = read_checkpoint(dir);
   const std::int64_t K = c.hidden_size, N = c.intermediate_size, V = c.vocab_size;
@@ -174,7 +173,6 @@ Model Model::load(const std::string& dir_str, const LoadOptions& opt) {
     l.w_gate = take(t, p + "mlp.gate_proj.weight", {N, K});
     l.w_up = take(t, p + "mlp.up_proj.weight", {N, K});
     l.w_down = take(t, p + "mlp.down_proj.weight", {K, N});
-    l.ffn = cpu::prepare_ffn(ffn_weights(l.w_gate.data(), l.w_up.data(), l.w_down.data(), N, K));
     // RoPE's frequency table, which older exports saved; computed here from rope_theta instead.
     t.by_name.erase(p + "self_attn.rotary_emb.inv_freq");
   }

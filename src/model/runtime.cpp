@@ -187,6 +187,11 @@ CpuRuntime::CpuRuntime(const Model& model, RuntimeOptions opt)
   };
   for (const LayerWeights& L : model.layers)
     bf16_.push_back({copy(L.wqkv), copy(L.wo), copy(L.w_gate), copy(L.w_up), copy(L.w_down)});
+  if (model.config.act == Activation::relu && opt.ffn_path != FfnPath::dense) {
+    const std::int64_t N = model.config.intermediate_size, K = model.config.hidden_size;
+    for (const LayerWeights& L : model.layers)
+      prepared_.push_back(cpu::prepare_ffn(ffn_weights(L.w_gate.data(), L.w_up.data(), L.w_down.data(), N, K)));
+  }
   bf16_head_ = copy(model.lm_head.empty() ? model.embed : model.lm_head);
 }
 
@@ -231,15 +236,16 @@ void CpuRuntime::ffn(std::int64_t layer, const float* x, std::int64_t rows, floa
     // A decode step's gate streams the whole first matrix for a few products: from its bf16 copy
     // where there is one (half the bytes; the same products summed in gemv_bf16's order), then the
     // TwELL packing and the sparse products as ffn_sparse runs them.
-    const bool gated = L.ffn.w.gated();
+    const cpu::PreparedFfn& P = prepared_[static_cast<std::size_t>(layer)];
+    const bool gated = P.w.gated();
     const std::vector<std::uint16_t>& first16 = gated ? B.w_gate : B.w_up;
     cpu::SparseInferenceInfo info;
     if (!first16.empty() && rows <= cpu::kGemvBf16MaxRows) {
       std::vector<float> pre(static_cast<std::size_t>(rows * N));
       cpu::gemv_bf16(x, rows, first16.data(), N, K, pre.data());
-      info = cpu::ffn_sparse_from_gate(CMatrixF(x, rows, K), CMatrixF(pre.data(), rows, N), L.ffn, MatrixF(y, rows, K));
+      info = cpu::ffn_sparse_from_gate(CMatrixF(x, rows, K), CMatrixF(pre.data(), rows, N), P, MatrixF(y, rows, K));
     } else {
-      info = cpu::ffn_sparse(CMatrixF(x, rows, K), L.ffn, MatrixF(y, rows, K));
+      info = cpu::ffn_sparse(CMatrixF(x, rows, K), P, MatrixF(y, rows, K));
     }
     st.active += info.stats.nnz;
     st.sparse_rows += rows;
@@ -430,7 +436,13 @@ std::vector<float> CpuRuntime::forward(std::span<const SeqStep> steps, bool all_
 #pragma omp parallel for simd schedule(static)
     for (std::int64_t i = 0; i < T * K; ++i) x[static_cast<std::size_t>(i)] += tmp[static_cast<std::size_t>(i)];
     rmsnorm(x.data(), L.ffn_norm.data(), T, K, c.rms_eps, xn.data());
-    if (opt_.ffn_input_hook) opt_.ffn_input_hook(l, CMatrixF(xn.data(), T, K));
+    if (opt_.ffn_input_hook) {
+      opt_.ffn_input_hook(l, CMatrixF(xn.data(), T, K));
+      // The hook may have changed the layer's weights: the sparse path's Wdᵀ follows them.
+      if (!prepared_.empty())
+        prepared_[static_cast<std::size_t>(l)] =
+            cpu::prepare_ffn(ffn_weights(L.w_gate.data(), L.w_up.data(), L.w_down.data(), c.intermediate_size, K));
+    }
     ffn(l, xn.data(), T, tmp.data());
 #pragma omp parallel for simd schedule(static)
     for (std::int64_t i = 0; i < T * K; ++i) x[static_cast<std::size_t>(i)] += tmp[static_cast<std::size_t>(i)];

@@ -223,14 +223,13 @@ Model make_synthetic_model(const SyntheticSpec& s, const std::function<void(int,
       const double t = std::sqrt(norm2) * quantile[static_cast<std::size_t>(n)];
       row[0] = round_bf16(static_cast<float>(-t / bias));
     }
-    w.ffn = cpu::prepare_ffn(ffn_weights(w.w_gate.data(), w.w_up.data(), w.w_down.data(), N, K));
     quantiles[static_cast<std::size_t>(l)] = std::move(quantile);
     if (progress && s.calibration_tokens <= 0) progress(static_cast<int>(l + 1), static_cast<int>(L));
   }
   if (s.calibration_tokens <= 0) return m;
   // One probe forward through the whole model (O(L), not a re-run per layer): at each layer the hook
   // calibrates that layer's gate biases from its FFN input before its FFN runs (the dense path reads
-  // w_gate, and PreparedFfn views it), so layer l + 1 sees the calibrated layer l's output.
+  // w_gate), so layer l + 1 sees the calibrated layer l's output.
   RuntimeOptions ro(FfnPath::dense);
   ro.ffn_input_hook = [&](std::int64_t layer, CMatrixF in) {
     calibrate_layer(m, layer, in, quantiles[static_cast<std::size_t>(layer)], targets[static_cast<std::size_t>(layer)]);

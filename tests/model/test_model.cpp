@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <bit>
 #include <cmath>
+#include <cstring>
 #include <numeric>
 #include <random>
 #include <filesystem>
@@ -214,6 +215,33 @@ TEST(ModelCpu, SparsePathMatchesDense) {
     }
     RecordProperty("density_" + std::to_string(thr), std::to_string(st[0].last_density));
   }
+}
+
+// An ffn_input_hook may change a layer's weights before its FFN runs, and the FFN runs on the
+// changed ones, also on the sparse path (whose Wdᵀ copy the runtime prepares itself): doubling
+// layer 1's w_down from the hook gives the logits of a runtime built on the doubled weights.
+TEST(ModelCpu, HookChangesReachTheSparsePath) {
+  TinySpec s;
+  s.bias_channel = true;
+  s.gate_threshold = -0.45f;
+  s.seed = fresh_seed();
+  const auto dir = write_tiny("hook", s).string();
+  Model hooked_model = Model::load(dir), doubled = Model::load(dir);
+  for (auto& w : doubled.layers[1].w_down) w *= 2.0f;
+  model::RuntimeOptions ro(model::FfnPath::sparse);
+  bool done = false;
+  ro.ffn_input_hook = [&](std::int64_t layer, CMatrixF) {
+    if (layer != 1 || done) return;
+    for (auto& w : hooked_model.layers[1].w_down) w *= 2.0f;
+    done = true;
+  };
+  CpuRuntime hooked(hooked_model, ro), want(doubled, {model::FfnPath::sparse});
+  Rng rng(s.seed);
+  const auto toks = random_tokens(rng, 12, s.vocab);
+  const auto a = run(hooked, toks, 12), b = run(want, toks, 12);
+  ASSERT_TRUE(done);
+  ASSERT_EQ(a.size(), b.size());
+  EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)), 0) << "max rel diff " << rel_diff(a, b);
 }
 
 TEST(ModelCpu, AutomaticDispatchFollowsDensity) {

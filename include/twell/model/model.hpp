@@ -22,10 +22,11 @@ struct LayerWeights {
   std::vector<float> w_gate;     // [N, K]
   std::vector<float> w_up;       // [N, K]
   std::vector<float> w_down;     // [K, N]
-  cpu::PreparedFfn ffn;          // views of the three above plus Wdᵀ for the sparse path
+  // (The CPU runtime's sparse path also needs Wdᵀ: it prepares its own, so a model bound for the
+  // GPU never holds that copy.)
 
   LayerWeights() = default;
-  LayerWeights(LayerWeights&&) = default;  // vectors move their buffers: ffn's views stay valid
+  LayerWeights(LayerWeights&&) = default;  // vectors move their buffers: views into them stay valid
   LayerWeights& operator=(LayerWeights&&) = default;
   LayerWeights(const LayerWeights&) = delete;
   LayerWeights& operator=(const LayerWeights&) = delete;
@@ -45,7 +46,7 @@ struct Model {
   std::vector<LayerWeights> layers;
 
   const float* head() const noexcept { return lm_head.empty() ? embed.data() : lm_head.data(); }
-  std::int64_t weight_bytes() const noexcept;  // fp32 bytes held (Wdᵀ copies included)
+  std::int64_t weight_bytes() const noexcept;  // fp32 bytes held
 
   static Model load(const std::string& dir, const LoadOptions& opt = {});
 };

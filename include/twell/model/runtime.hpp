@@ -182,6 +182,9 @@ class CpuRuntime final : public Runtime {
     std::vector<std::uint16_t> wqkv, wo, w_gate, w_up, w_down;
   };
   std::vector<Bf16Layer> bf16_;
+  // Each ReLU layer's FFN prepared for the sparse path (views of the model's matrices plus Wdᵀ);
+  // empty where the sparse path never runs (the dense path asked, or not ReLU).
+  std::vector<cpu::PreparedFfn> prepared_;
   std::vector<std::uint16_t> bf16_head_;
   std::int64_t bf16_matrices_ = 0, matrices_ = 0;
 };
