@@ -47,6 +47,9 @@ class NativeModel {
                 "device must be 'auto', 'cpu' or 'cuda', got '{}'", device);
     {
       nb::gil_scoped_release release;
+      // The GPU holds bf16 weights: a model bound for it is loaded as bf16 only (half the host memory).
+      const bool gpu = device == "cuda" || (device == "auto" && model::cuda_usable());
+      lo.bf16_only = gpu;
       model_ = std::make_unique<model::Model>(model::Model::load(dir, lo));
       const std::string tok = (std::filesystem::path(dir) / "tokenizer.json").string();
       if (std::filesystem::exists(tok)) {
@@ -55,14 +58,14 @@ class NativeModel {
                     "tokenizer.json has {} tokens but the model's vocabulary holds {}", tokenizer_->vocab_size(),
                     model_->config.vocab_size);
       }
-      if (device == "auto") {  // the GPU where this build has CUDA and one is usable, else the CPU
-        try {
-          runtime_ = model::make_runtime(*model_, "cuda", ro);
-        } catch (const Error&) {
-          runtime_ = model::make_runtime(*model_, "cpu", ro);
-        }
-      } else {
-        runtime_ = model::make_runtime(*model_, device, ro);
+      // "auto": the GPU where this build has CUDA and one is usable (and the model fits), else the CPU.
+      try {
+        runtime_ = model::make_runtime(*model_, gpu ? "cuda" : "cpu", ro);
+      } catch (const Error&) {
+        if (device != "auto" || !gpu) throw;
+        lo.bf16_only = false;  // the CPU computes in fp32: load again
+        model_ = std::make_unique<model::Model>(model::Model::load(dir, lo));
+        runtime_ = model::make_runtime(*model_, "cpu", ro);
       }
     }
     dir_ = dir;

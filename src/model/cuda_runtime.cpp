@@ -44,6 +44,28 @@ DeviceBuffer<bf16_t> upload_bf16(const std::vector<float>& v, cudaStream_t strea
   return cuda::host::upload_x(CMatrixF(v.data(), 1, static_cast<std::int64_t>(v.size())), stream);
 }
 
+// bf16 bits as they are (a model loaded with LoadOptions::bf16_only).
+DeviceBuffer<bf16_t> upload_bits(const std::vector<std::uint16_t>& v, cudaStream_t stream) {
+  DeviceBuffer<bf16_t> d(v.size());
+  TWELL_CUDA_CHECK(cudaMemcpyAsync(d.get(), v.data(), v.size() * sizeof(std::uint16_t), cudaMemcpyHostToDevice, stream));
+  TWELL_CUDA_CHECK(cudaStreamSynchronize(stream));
+  return d;
+}
+
+// A weight matrix in whichever form the model holds it (fp32, rounded here; or bf16 bits, rounded
+// alike at load), as bf16 on the device: the same bits either way.
+DeviceBuffer<bf16_t> upload_matrix(const std::vector<float>& f32, const std::vector<std::uint16_t>& b16,
+                                   cudaStream_t stream) {
+  return f32.empty() && !b16.empty() ? upload_bits(b16, stream) : upload_bf16(f32, stream);
+}
+
+template <class T>
+std::vector<T> concat(const std::vector<T>& a, const std::vector<T>& b) {
+  std::vector<T> v(a);
+  v.insert(v.end(), b.begin(), b.end());
+  return v;
+}
+
 DeviceBuffer<float> upload_f32(const std::vector<float>& src, cudaStream_t stream) {
   DeviceBuffer<float> d(src.size());
   TWELL_CUDA_CHECK(cudaMemcpyAsync(d.get(), src.data(), src.size() * sizeof(float), cudaMemcpyHostToDevice, stream));
@@ -141,23 +163,31 @@ class CudaRuntime final : public Runtime {
     TWELL_CHECK(opt.max_sparse_density >= 0 && opt.max_sparse_density <= 1, ErrorCode::invalid_argument,
                 "max_sparse_density must lie in [0, 1], got {}", opt.max_sparse_density);
     const std::int64_t K = c.hidden_size, N = c.intermediate_size;
-    embed_ = upload_bf16(m.embed, stream_);
-    if (!m.lm_head.empty()) head_ = upload_bf16(m.lm_head, stream_);
+    embed_ = upload_matrix(m.embed, m.embed16, stream_);
+    if (!m.lm_head.empty() || !m.lm_head16.empty()) head_ = upload_matrix(m.lm_head, m.lm_head16, stream_);
     final_norm_ = upload_f32(m.final_norm, stream_);
     for (const LayerWeights& l : m.layers) {
       Layer d;
       d.attn_norm = upload_f32(l.attn_norm, stream_);
       d.ffn_norm = upload_f32(l.ffn_norm, stream_);
-      d.wqkv = upload_bf16(l.wqkv, stream_);
-      d.wo = upload_bf16(l.wo, stream_);
+      d.wqkv = upload_matrix(l.wqkv, l.wqkv16, stream_);
+      d.wo = upload_matrix(l.wo, l.wo16, stream_);
       if (c.act == Activation::relu) {
         d.ffn = std::make_unique<cuda::FfnLayer>(&infer_ws_);
         if (opt_.decode_max_density >= 0) d.ffn->set_decode_max_density(opt_.decode_max_density);
-        d.ffn->upload_weights(ffn_weights(l.w_gate.data(), l.w_up.data(), l.w_down.data(), N, K), stream_);
+        if (m.bf16_only) {  // the bits on the device, then the layer's own layouts from them
+          const DeviceBuffer<bf16_t> g = upload_bits(l.w_gate16, stream_), u = upload_bits(l.w_up16, stream_),
+                                     dn = upload_bits(l.w_down16, stream_);
+          d.ffn->load_weights({tw(g.get()), tw(u.get()), tw(dn.get()), N, K}, stream_);
+          TWELL_CUDA_CHECK(cudaStreamSynchronize(stream_));  // before g, u, dn are freed
+        } else {
+          d.ffn->upload_weights(ffn_weights(l.w_gate.data(), l.w_up.data(), l.w_down.data(), N, K), stream_);
+        }
+      } else if (m.bf16_only) {
+        d.w_gu = upload_bits(concat(l.w_gate16, l.w_up16), stream_);
+        d.w_down = upload_bits(l.w_down16, stream_);
       } else {
-        std::vector<float> gu(l.w_gate);
-        gu.insert(gu.end(), l.w_up.begin(), l.w_up.end());
-        d.w_gu = upload_bf16(gu, stream_);
+        d.w_gu = upload_bf16(concat(l.w_gate, l.w_up), stream_);
         d.w_down = upload_bf16(l.w_down, stream_);
       }
       layers_.push_back(std::move(d));

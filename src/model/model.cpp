@@ -92,7 +92,8 @@ std::string shape_str(const std::vector<std::int64_t>& s) {
 }
 
 // Takes `name` out of t as fp32 values of exactly `shape`.
-std::vector<float> take(Tensors& t, const std::string& name, std::vector<std::int64_t> shape) {
+// The tensor `name` of `shape` (checked), floating-point and finite, as fp32 or as bf16 bits.
+const HostTensor& find(Tensors& t, const std::string& name, const std::vector<std::int64_t>& shape) {
   auto it = t.by_name.find(name);
   TWELL_CHECK(it != t.by_name.end(), ErrorCode::corrupt, "checkpoint has no tensor {} (expected shape {})", name,
               shape_str(shape));
@@ -101,6 +102,15 @@ std::vector<float> take(Tensors& t, const std::string& name, std::vector<std::in
               t.file_of[name], h.shape_string(), shape_str(shape));
   TWELL_CHECK(h.dtype() == DType::f32 || h.dtype() == DType::bf16, ErrorCode::dtype_mismatch,
               "{} in {} is {}, expected a floating-point tensor", name, t.file_of[name], to_string(h.dtype()));
+  return h;
+}
+
+void check_finite(Tensors& t, const std::string& name, bool finite, std::size_t i) {
+  TWELL_CHECK(finite, ErrorCode::non_finite, "{} in {} holds a non-finite value at flat index {}", name, t.file_of[name], i);
+}
+
+std::vector<float> take(Tensors& t, const std::string& name, std::vector<std::int64_t> shape) {
+  const HostTensor& h = find(t, name, shape);
   // Straight into the fp32 vector (no fp32 tensor in between: loading is mostly the kernel's
   // zeroing of fresh pages, so every copy avoided shows), then the file's bytes are released.
   std::vector<float> v(static_cast<std::size_t>(h.numel()));
@@ -110,21 +120,37 @@ std::vector<float> take(Tensors& t, const std::string& name, std::vector<std::in
     const bf16* in = h.data<bf16>();
     for (std::size_t i = 0; i < v.size(); ++i) v[i] = to_float(in[i]);
   }
-  for (std::size_t i = 0; i < v.size(); ++i)
-    TWELL_CHECK(std::isfinite(v[i]), ErrorCode::non_finite, "{} in {} holds a non-finite value at flat index {}", name,
-                t.file_of[name], i);
-  t.by_name.erase(it);
+  for (std::size_t i = 0; i < v.size(); ++i) check_finite(t, name, std::isfinite(v[i]), i);
+  t.by_name.erase(name);
+  return v;
+}
+
+// As take, as bf16 bits: a bf16 tensor's own, an fp32 one's rounded to nearest even (to_bf16, the
+// rounding of the GPU's upload of fp32 weights). A finite fp32 value that rounds to ±Inf is non-finite.
+std::vector<std::uint16_t> take16(Tensors& t, const std::string& name, std::vector<std::int64_t> shape) {
+  const HostTensor& h = find(t, name, shape);
+  std::vector<std::uint16_t> v(static_cast<std::size_t>(h.numel()));
+  if (h.dtype() == DType::bf16) {
+    std::memcpy(v.data(), h.bytes(), v.size() * sizeof(std::uint16_t));
+  } else {
+    const float* in = h.data<float>();
+    for (std::size_t i = 0; i < v.size(); ++i) v[i] = to_bf16(in[i]).bits;
+  }
+  for (std::size_t i = 0; i < v.size(); ++i) check_finite(t, name, (v[i] & 0x7f80u) != 0x7f80u, i);
+  t.by_name.erase(name);
   return v;
 }
 
 }  // namespace
 
 std::int64_t Model::weight_bytes() const noexcept {
-  std::size_t n = embed.size() + final_norm.size() + lm_head.size();
-  for (const auto& l : layers)
+  std::size_t n = embed.size() + final_norm.size() + lm_head.size(), n16 = embed16.size() + lm_head16.size();
+  for (const auto& l : layers) {
     n += l.attn_norm.size() + l.wqkv.size() + l.wo.size() + l.ffn_norm.size() + l.w_gate.size() + l.w_up.size() +
          l.w_down.size();
-  return static_cast<std::int64_t>(n * sizeof(float));
+    n16 += l.wqkv16.size() + l.wo16.size() + l.w_gate16.size() + l.w_up16.size() + l.w_down16.size();
+  }
+  return static_cast<std::int64_t>(n * sizeof(float) + n16 * sizeof(std::uint16_t));
 }
 
 Model Model::load(const std::string& dir_str, const LoadOptions& opt) {
@@ -138,23 +164,35 @@ Model Model::load(const std::string& dir_str, const LoadOptions& opt) {
     m.config.act = parse_activation(*opt.hidden_act);
   }
   const LlamaConfig& c = m.config;
-  // Peak host memory: the file's tensors (≤ 4 bytes a parameter) and their fp32 copies.
-  check_host_memory(8.0 * static_cast<double>(c.parameters()),
+  // Peak host memory: the file's tensors (≤ 4 bytes a parameter) and their fp32 copies (bf16_only:
+  // 2-byte copies).
+  m.bf16_only = opt.bf16_only;
+  check_host_memory((opt.bf16_only ? 6.0 : 8.0) * static_cast<double>(c.parameters()),
                     fmt::format("loading {} ({:.2f} B parameters)", dir_str, static_cast<double>(c.parameters()) / 1e9));
   Tensors t = read_checkpoint(dir);
   const std::int64_t K = c.hidden_size, N = c.intermediate_size, V = c.vocab_size;
+  // A weight matrix into its fp32 vector, or (bf16_only) its bf16 one.
+  auto matrix = [&](const std::string& name, std::vector<std::int64_t> shape, std::vector<float>& f32,
+                    std::vector<std::uint16_t>& b16) {
+    if (opt.bf16_only)
+      b16 = take16(t, name, std::move(shape));
+    else
+      f32 = take(t, name, std::move(shape));
+  };
 
-  m.embed = take(t, "model.embed_tokens.weight", {V, K});
+  matrix("model.embed_tokens.weight", {V, K}, m.embed, m.embed16);
   m.final_norm = take(t, "model.norm.weight", {K});
   if (c.tied_embeddings) {
     // Some exporters also write the tied head; it must then equal the embedding.
     if (t.by_name.count("lm_head.weight")) {
-      auto head = take(t, "lm_head.weight", {V, K});
-      TWELL_CHECK(head == m.embed, ErrorCode::corrupt,
+      std::vector<float> head;
+      std::vector<std::uint16_t> head16;
+      matrix("lm_head.weight", {V, K}, head, head16);
+      TWELL_CHECK(head == m.embed && head16 == m.embed16, ErrorCode::corrupt,
                   "config.json says tie_word_embeddings but lm_head.weight differs from model.embed_tokens.weight");
     }
   } else {
-    m.lm_head = take(t, "lm_head.weight", {V, K});
+    matrix("lm_head.weight", {V, K}, m.lm_head, m.lm_head16);
   }
   m.layers.resize(static_cast<std::size_t>(c.num_layers));
   for (std::int64_t i = 0; i < c.num_layers; ++i) {
@@ -162,17 +200,22 @@ Model Model::load(const std::string& dir_str, const LoadOptions& opt) {
     const std::string p = fmt::format("model.layers.{}.", i);
     l.attn_norm = take(t, p + "input_layernorm.weight", {K});
     l.ffn_norm = take(t, p + "post_attention_layernorm.weight", {K});
-    auto q = take(t, p + "self_attn.q_proj.weight", {c.q_dim(), K});
-    auto k = take(t, p + "self_attn.k_proj.weight", {c.kv_dim(), K});
-    auto v = take(t, p + "self_attn.v_proj.weight", {c.kv_dim(), K});
-    l.wqkv.reserve(q.size() + k.size() + v.size());
-    l.wqkv.insert(l.wqkv.end(), q.begin(), q.end());
-    l.wqkv.insert(l.wqkv.end(), k.begin(), k.end());
-    l.wqkv.insert(l.wqkv.end(), v.begin(), v.end());
-    l.wo = take(t, p + "self_attn.o_proj.weight", {K, c.q_dim()});
-    l.w_gate = take(t, p + "mlp.gate_proj.weight", {N, K});
-    l.w_up = take(t, p + "mlp.up_proj.weight", {N, K});
-    l.w_down = take(t, p + "mlp.down_proj.weight", {K, N});
+    // q_proj, k_proj and v_proj rows stacked into one matrix.
+    auto stack = [&](auto& out, auto&& q, auto&& k, auto&& v) {
+      out.reserve(q.size() + k.size() + v.size());
+      out.insert(out.end(), q.begin(), q.end());
+      out.insert(out.end(), k.begin(), k.end());
+      out.insert(out.end(), v.begin(), v.end());
+    };
+    const std::string q = p + "self_attn.q_proj.weight", k = p + "self_attn.k_proj.weight", v = p + "self_attn.v_proj.weight";
+    if (opt.bf16_only)
+      stack(l.wqkv16, take16(t, q, {c.q_dim(), K}), take16(t, k, {c.kv_dim(), K}), take16(t, v, {c.kv_dim(), K}));
+    else
+      stack(l.wqkv, take(t, q, {c.q_dim(), K}), take(t, k, {c.kv_dim(), K}), take(t, v, {c.kv_dim(), K}));
+    matrix(p + "self_attn.o_proj.weight", {K, c.q_dim()}, l.wo, l.wo16);
+    matrix(p + "mlp.gate_proj.weight", {N, K}, l.w_gate, l.w_gate16);
+    matrix(p + "mlp.up_proj.weight", {N, K}, l.w_up, l.w_up16);
+    matrix(p + "mlp.down_proj.weight", {K, N}, l.w_down, l.w_down16);
     // RoPE's frequency table, which older exports saved; computed here from rope_theta instead.
     t.by_name.erase(p + "self_attn.rotary_emb.inv_freq");
   }

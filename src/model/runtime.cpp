@@ -178,6 +178,9 @@ CpuRuntime::CpuRuntime(const Model& model, RuntimeOptions opt)
               "the sparse FFN path needs a ReLU model; this one uses {} (override with hidden_act relu only if "
               "the model was trained with ReLU)",
               to_string(model.config.act));
+  TWELL_CHECK(!model.bf16_only, ErrorCode::invalid_argument,
+              "{}: this model was loaded with bf16 weights only (for the GPU); the CPU runtime computes in fp32: "
+              "load it without LoadOptions::bf16_only", model.dir.empty() ? std::string("model") : model.dir);
   const bool bf16 = opt.cpu_bf16_weights && !opt.ffn_input_hook;  // a hook may change the weights
   auto copy = [&](const std::vector<float>& w) {
     ++matrices_;

@@ -121,6 +121,52 @@ TEST(ModelCuda, LogitsMatchCpuRuntime) {
   }
 }
 
+// A model loaded with bf16 weights only (LoadOptions::bf16_only: what `twell generate` and
+// twell.model load for the GPU) gives the CUDA runtime the very weights the fp32 load's upload
+// gives it: the same logits bit for bit, prefill and decode, ReLU (the FFN engine's device load) and
+// SiLU (the runtime's own matrices), tied and untied heads, fp32 and bf16 files.
+TEST(ModelCuda, Bf16OnlyLoadGivesTheSameLogits) {
+  TWELL_REQUIRE_GPU();
+  std::vector<Case> cases;
+  {
+    TinySpec s;
+    s.act = "silu";
+    cases.push_back({"silu-fp32-tied", s, FfnPath::automatic});
+    s.bf16 = true;
+    s.tied = false;
+    cases.push_back({"silu-bf16-untied", s, FfnPath::automatic});
+    TinySpec r;
+    r.bias_channel = true;
+    r.gate_threshold = -0.45f;  // ≈ 1 % density
+    r.intermediate = 600;
+    cases.push_back({"relu-fp32-auto", r, FfnPath::automatic});
+    r.bf16 = true;
+    cases.push_back({"relu-bf16-sparse", r, FfnPath::sparse});
+  }
+  for (auto& c : cases) {
+    c.spec.seed = fresh_seed();
+    const std::string dir = write_tiny(std::string("cuda_bf16_only_") + c.name, c.spec).string();
+    model::LoadOptions lo;
+    lo.bf16_only = true;
+    const model::Model a = model::Model::load(dir), b = model::Model::load(dir, lo);
+    auto ra = model::make_runtime(a, "cuda", {c.path}), rb = model::make_runtime(b, "cuda", {c.path});
+    Rng rng(c.spec.seed);
+    std::vector<std::vector<std::int32_t>> seqs;
+    for (std::int64_t n : {1, 9, 40}) {
+      seqs.emplace_back();
+      for (std::int64_t i = 0; i < n; ++i) seqs.back().push_back(static_cast<std::int32_t>(rng.below(c.spec.vocab)));
+    }
+    for (std::size_t chunk : {40u, 1u}) {  // one prefill call; then token by token (decode steps)
+      const auto x = run_batch(*ra, seqs, chunk), y = run_batch(*rb, seqs, chunk);
+      for (std::size_t i = 0; i < seqs.size(); ++i) {
+        ASSERT_EQ(x[i].size(), y[i].size());
+        EXPECT_EQ(std::memcmp(x[i].data(), y[i].data(), x[i].size() * sizeof(float)), 0)
+            << c.name << ", sequence " << i << ", chunk " << chunk << ": max rel diff " << rel_diff(y[i], x[i]);
+      }
+    }
+  }
+}
+
 // Prefill attention by cuDNN's fused SDPA (where this build has it: every sequence of a call
 // starting empty, ≥ 16 tokens each) and by the runtime's own tensor-core kernel, both against the
 // CPU runtime: head_dim 64 with GQA and 128 with MHA (the shapes the tensor-core path takes),

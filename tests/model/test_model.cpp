@@ -329,6 +329,57 @@ TEST(ActivationProfile, CountsWhatTheRuntimeCounts) {
   EXPECT_THROW(model::profile_activations(m, std::vector<std::vector<std::int32_t>>{{}}), Error);
 }
 
+// LoadOptions::bf16_only keeps the matrices as bf16 bits — a bf16 file's as they are, an fp32
+// file's rounded to nearest even, which is what the GPU's upload of the fp32 load holds — and the
+// norms in fp32, at about half the host bytes; the CPU runtime refuses such a model. (That the CUDA
+// runtime then computes the same logits bit for bit: ModelCuda.Bf16OnlyLoadGivesTheSameLogits.)
+TEST(ModelCpu, Bf16OnlyLoadKeepsTheBitsTheGpuHolds) {
+  auto bits = [](const std::vector<float>& v) {
+    std::vector<std::uint16_t> r;
+    for (const float x : v) r.push_back(to_bf16(x).bits);
+    return r;
+  };
+  for (const bool bf16_file : {false, true})
+    for (const bool tied : {false, true}) {
+      SCOPED_TRACE(::testing::Message() << (bf16_file ? "bf16" : "fp32") << " file, " << (tied ? "tied" : "untied"));
+      TinySpec s;
+      s.bf16 = bf16_file;
+      s.tied = tied;
+      s.seed = fresh_seed();
+      const auto dir = write_tiny("bf16_only", s).string();
+      const Model a = Model::load(dir);
+      model::LoadOptions lo;
+      lo.bf16_only = true;
+      const Model b = Model::load(dir, lo);
+      EXPECT_TRUE(b.bf16_only);
+      EXPECT_FALSE(a.bf16_only);
+      EXPECT_TRUE(b.embed.empty() && b.lm_head.empty());
+      EXPECT_EQ(b.embed16, bits(a.embed));
+      EXPECT_EQ(b.lm_head16, bits(a.lm_head));  // both empty when tied
+      EXPECT_EQ(b.lm_head16.empty(), tied);
+      EXPECT_EQ(b.final_norm, a.final_norm);
+      ASSERT_EQ(b.layers.size(), a.layers.size());
+      for (std::size_t l = 0; l < a.layers.size(); ++l) {
+        const model::LayerWeights &x = a.layers[l], &y = b.layers[l];
+        EXPECT_TRUE(y.wqkv.empty() && y.wo.empty() && y.w_gate.empty() && y.w_up.empty() && y.w_down.empty());
+        EXPECT_EQ(y.wqkv16, bits(x.wqkv)) << "layer " << l;
+        EXPECT_EQ(y.wo16, bits(x.wo)) << "layer " << l;
+        EXPECT_EQ(y.w_gate16, bits(x.w_gate)) << "layer " << l;
+        EXPECT_EQ(y.w_up16, bits(x.w_up)) << "layer " << l;
+        EXPECT_EQ(y.w_down16, bits(x.w_down)) << "layer " << l;
+        EXPECT_EQ(y.attn_norm, x.attn_norm);
+        EXPECT_EQ(y.ffn_norm, x.ffn_norm);
+      }
+      EXPECT_LT(b.weight_bytes(), 0.51 * static_cast<double>(a.weight_bytes()));
+      try {
+        CpuRuntime rt(b);
+        ADD_FAILURE() << "the CPU runtime took a bf16-only model";
+      } catch (const Error& e) {
+        EXPECT_NE(std::string(e.what()).find("bf16 weights only"), std::string::npos) << e.what();
+      }
+    }
+}
+
 TEST(ModelCpu, LoadErrorsNameTheProblem) {
   TinySpec s;
   auto expect_error = [](const std::filesystem::path& dir, const std::string& needle) {

@@ -37,6 +37,7 @@ int run_generate(GenerateArgs& a) {
 
   model::LoadOptions lo;
   if (!a.hidden_act.empty()) lo.hidden_act = a.hidden_act;
+  lo.bf16_only = device == "cuda";  // the GPU holds bf16: no fp32 copy on the host
   const double t0 = now_seconds();
   const model::Model m = model::Model::load(a.model, lo);
   const model::Tokenizer tok = model::Tokenizer::from_file(a.model + "/tokenizer.json");

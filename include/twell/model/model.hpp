@@ -9,7 +9,6 @@
 #include <string>
 #include <vector>
 
-#include "twell/cpu/ffn_ops.hpp"
 #include "twell/model/config.hpp"
 
 namespace twell::model {
@@ -24,6 +23,9 @@ struct LayerWeights {
   std::vector<float> w_down;     // [K, N]
   // (The CPU runtime's sparse path also needs Wdᵀ: it prepares its own, so a model bound for the
   // GPU never holds that copy.)
+  // A model loaded with LoadOptions::bf16_only holds the five matrices as bf16 bits here instead
+  // (the fp32 vectors above stay empty; the norms stay fp32).
+  std::vector<std::uint16_t> wqkv16, wo16, w_gate16, w_up16, w_down16;
 
   LayerWeights() = default;
   LayerWeights(LayerWeights&&) = default;  // vectors move their buffers: views into them stay valid
@@ -35,6 +37,11 @@ struct LayerWeights {
 struct LoadOptions {
   // Overrides config.json's hidden_act (the paper's released ReLU models say "silu").
   std::optional<std::string> hidden_act;
+  // Keep the weight matrices (embedding, head, projections, FFN) as bf16 only, rounded to nearest
+  // even from an fp32 file as the GPU's upload rounds: the bits the CUDA runtime holds either way,
+  // with 2 bytes a parameter on the host instead of 4 (plus the file's) and no conversions. The
+  // CPU runtime refuses such a model (it computes in fp32).
+  bool bf16_only = false;
 };
 
 struct Model {
@@ -44,9 +51,12 @@ struct Model {
   std::vector<float> final_norm;  // [K]
   std::vector<float> lm_head;     // [V, K]; empty when tied to embed
   std::vector<LayerWeights> layers;
+  bool bf16_only = false;              // LoadOptions::bf16_only: the matrices are in the *16 fields
+  std::vector<std::uint16_t> embed16;  // [V, K] bf16 bits (bf16_only)
+  std::vector<std::uint16_t> lm_head16;  // [V, K]; empty when tied (bf16_only)
 
   const float* head() const noexcept { return lm_head.empty() ? embed.data() : lm_head.data(); }
-  std::int64_t weight_bytes() const noexcept;  // fp32 bytes held
+  std::int64_t weight_bytes() const noexcept;  // host bytes of the weights held
 
   static Model load(const std::string& dir, const LoadOptions& opt = {});
 };

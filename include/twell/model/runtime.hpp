@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "twell/cpu/ffn_ops.hpp"
 #include "twell/model/model.hpp"
 #include "twell/model/sampler.hpp"
 
@@ -188,6 +189,9 @@ class CpuRuntime final : public Runtime {
   std::vector<std::uint16_t> bf16_head_;
   std::int64_t bf16_matrices_ = 0, matrices_ = 0;
 };
+
+// Whether make_runtime(…, "cuda") can run here: a CUDA build and a usable GPU (else why not).
+bool cuda_usable(std::string* why = nullptr);
 
 // The runtime for `device`: "cpu", or "cuda" (throws ErrorCode::unsupported where this build or
 // machine has no usable GPU).
