@@ -46,10 +46,12 @@ __device__ __forceinline__ unsigned keep_mask8(const uint4& v, bool relu = true)
   return m;
 }
 
-__device__ __forceinline__ int warp_inclusive_scan(int v, int lane) {
+// The sum of v over lanes 0 … lane (T: int or unsigned long long, as __shfl_up_sync takes).
+template <class T>
+__device__ __forceinline__ T warp_inclusive_scan(T v, int lane) {
 #pragma unroll
   for (int d = 1; d < 32; d <<= 1) {
-    const int o = __shfl_up_sync(0xffffffffu, v, d);
+    const T o = __shfl_up_sync(0xffffffffu, v, d);
     if (lane >= d) v += o;
   }
   return v;

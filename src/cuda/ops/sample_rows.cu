@@ -13,6 +13,7 @@
 #include <cmath>
 
 #include "cuda/common/check.hpp"
+#include "cuda/common/device_math.cuh"
 #include "cuda/common/launch.cuh"
 #include "cuda/ops/model_ops.hpp"
 #include "cuda/ops/sample_row.cuh"
@@ -36,15 +37,6 @@ struct Scratch {
   int id, bad;
   float max[kWarps];
 };
-
-__device__ __forceinline__ u64 warp_inclusive_scan_u64(u64 v, int lane) {
-#pragma unroll
-  for (int o = 1; o < 32; o <<= 1) {
-    const u64 n = __shfl_up_sync(0xffffffffu, v, o);
-    if (lane >= o) v += n;
-  }
-  return v;
-}
 
 // The key K and the token of key K (lowest ids first) at which the running sum of value(i) over the
 // tokens in order first reaches target (1 ≤ target ≤ the row's total): key_z(i) → the token's key
@@ -95,7 +87,7 @@ __device__ int select_in_order(Scratch& s, std::int64_t v, u64 target, KeyZ key_
       const unsigned key = key_z(i, z);
       if (key == prefix) x = value(i, key, z);
     }
-    const u64 incl_warp = warp_inclusive_scan_u64(x, lane);
+    const u64 incl_warp = dev::warp_inclusive_scan(x, lane);
     if (lane == 31) s.warp[warp] = incl_warp;
     __syncthreads();
     u64 before = 0, total = 0;
