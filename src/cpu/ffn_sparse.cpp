@@ -6,6 +6,7 @@
 
 #include "cpu/blas.hpp"
 #include "cpu/kernels.hpp"
+#include "cpu/parallel.hpp"
 #include "twell/cpu/ffn_ops.hpp"
 
 namespace twell::cpu {
@@ -37,7 +38,7 @@ void for_each_active(const TwellMatrix& m, std::int64_t r, F&& f) {
 
 // ReLU of rows [r0, r0 + blk.rows) of the first GEMM's output packed by builder, 16 rows a task.
 void pack_relu_rows(TwellBuilder& builder, std::int64_t r0, CMatrixF blk) {
-#pragma omp parallel for schedule(dynamic)
+#pragma omp parallel for schedule(dynamic) if (blk.rows * blk.cols >= kParallelMinWork)
   for (std::int64_t i = 0; i < blk.rows; i += 16)
     builder.pack_rows(r0 + i, CMatrixF(blk.row(i), std::min<std::int64_t>(16, blk.rows - i), blk.cols, blk.ld), /*relu=*/true);
 }
@@ -98,7 +99,7 @@ NeuronMajor neuron_major(const TwellMatrix& m) {
 void down_neuron_major(const NeuronMajor& nm, CMatrixF down_t, MatrixF y) {
   const std::int64_t K = down_t.cols, N = down_t.rows;
   constexpr std::int64_t kSlice = 256;
-#pragma omp parallel for schedule(dynamic)
+#pragma omp parallel for schedule(dynamic) if (static_cast<std::int64_t>(nm.token.size()) * K >= kParallelMinWork)
   for (std::int64_t k0 = 0; k0 < K; k0 += kSlice) {
     const std::int64_t len = std::min(kSlice, K - k0);
     for (std::int64_t m = 0; m < y.rows; ++m) std::fill(y.row(m) + k0, y.row(m) + k0 + len, 0.0f);
@@ -122,7 +123,7 @@ void ffn_up_down_twell(CMatrixF x, const TwellMatrix& gate, CMatrixF w_up, CMatr
   // replaces g in place; h lives only in this scratch list, never as a dense [M, N]).
   NeuronMajor nm = neuron_major(gate);
   const auto N = static_cast<std::int64_t>(nm.offsets.size()) - 1;
-#pragma omp parallel for schedule(dynamic, 16)
+#pragma omp parallel for schedule(dynamic, 16) if (static_cast<std::int64_t>(nm.token.size()) * K >= kParallelMinWork)
   for (std::int64_t n = 0; n < N; ++n) {
     const float* wu = w_up.row(n);
     for (std::int64_t e = nm.offsets[static_cast<std::size_t>(n)]; e < nm.offsets[static_cast<std::size_t>(n + 1)]; ++e)

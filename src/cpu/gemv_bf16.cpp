@@ -11,6 +11,7 @@
 #endif
 #include <cstring>
 
+#include "cpu/parallel.hpp"
 #include "twell/error.hpp"
 
 namespace twell::cpu {
@@ -93,7 +94,7 @@ void gemv_bf16(const float* x, std::int64_t rows, const std::uint16_t* w, std::i
   TWELL_CHECK(rows >= 1 && rows <= kGemvBf16MaxRows && n >= 0 && k >= 0, ErrorCode::internal,
               "gemv_bf16: {} rows (1 … {}), n {}, k {}", rows, kGemvBf16MaxRows, n, k);
   const std::int64_t quads = n / 4;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (rows * n * k >= kParallelMinWork)
   for (std::int64_t q = 0; q < quads; ++q)
     for (std::int64_t r = 0; r < rows; ++r) {
       float out[4];

@@ -10,6 +10,7 @@
 
 #include "cpu/blas.hpp"
 #include "cpu/gemv_bf16.hpp"
+#include "cpu/parallel.hpp"
 #include "model/activation.hpp"
 #include "model/runtime_checks.hpp"
 #include "twell/error.hpp"
@@ -21,7 +22,7 @@ using cpu::gemm;
 
 // y[r, :] = x[r, :] / sqrt(mean(x[r, :]²) + eps) ⊙ w   (mean in double)
 void rmsnorm(const float* x, const float* w, std::int64_t rows, std::int64_t k, double eps, float* y) {
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (rows * k >= cpu::kParallelMinWork)
   for (std::int64_t r = 0; r < rows; ++r) {
     const float* xr = x + r * k;
     double ss = 0;
@@ -261,7 +262,7 @@ void CpuRuntime::ffn(std::int64_t layer, const float* x, std::int64_t rows, floa
   project(x, rows, L.w_up, B.w_up, N, K, u.data());
   std::int64_t active = 0;
   const Activation act = c.act;
-#pragma omp parallel for reduction(+ : active) schedule(static)
+#pragma omp parallel for reduction(+ : active) schedule(static) if (rows * N >= cpu::kParallelMinWork)
   for (std::int64_t i = 0; i < rows * N; ++i) {
     const auto j = static_cast<std::size_t>(i);
     if (g[j] > 0.0f) ++active;
@@ -312,7 +313,7 @@ void attention_gemm(const float* q, std::int64_t ld_q, std::int64_t rows, std::i
   const std::int64_t n = p0 + rows;
   s.resize(static_cast<std::size_t>(rows * n));
   gemm(false, true, scale, CMatrixF(q, rows, d, ld_q), CMatrixF(k, n, d, ld_kv), 0.0f, MatrixF(s.data(), rows, n));
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (rows * n >= cpu::kParallelMinWork)
   for (std::int64_t j = 0; j < rows; ++j) {
     float* row = s.data() + j * n;
     const std::int64_t seen = p0 + j + 1;
@@ -361,6 +362,7 @@ std::vector<float> CpuRuntime::forward(std::span<const SeqStep> steps, bool all_
         std::copy_n(model_->embed.data() + steps[s].tokens[j] * K, K, x.data() + r * K);
       }
   }
+  const std::int64_t max_pos = T > 0 ? *std::max_element(pos.begin(), pos.end()) : 0;
   std::vector<std::int64_t> row0(steps.size());  // each step's first row
   for (std::size_t s = 1; s < steps.size(); ++s) row0[s] = row0[s - 1] + static_cast<std::int64_t>(steps[s - 1].tokens.size());
   std::vector<float> scores;  // attention_gemm's scratch
@@ -377,7 +379,7 @@ std::vector<float> CpuRuntime::forward(std::span<const SeqStep> steps, bool all_
     const Bf16Layer& B = bf16_[static_cast<std::size_t>(l)];
     project(xn.data(), T, L.wqkv, B.wqkv, Q + 2 * KV, K, qkv.data());
     // RoPE on q and k; k and v into their sequence's cache at the row's position.
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (T * (Q + 2 * KV) >= cpu::kParallelMinWork)
     for (std::int64_t r = 0; r < T; ++r) {
       float* row = qkv.data() + r * (Q + 2 * KV);
       const std::int64_t p = pos[static_cast<std::size_t>(r)];
@@ -398,7 +400,7 @@ std::vector<float> CpuRuntime::forward(std::span<const SeqStep> steps, bool all_
                        seqs[s]->k(l) + (h / group) * D, seqs[s]->v(l) + (h / group) * D, KV, D, scale,
                        att.data() + r0 * Q + h * D, Q, scores);
     }
-#pragma omp parallel
+#pragma omp parallel if (T * H * (max_pos + 1) * D >= cpu::kParallelMinWork)
     {
       std::vector<float> score;
 #pragma omp for schedule(dynamic) collapse(2)
@@ -436,7 +438,7 @@ std::vector<float> CpuRuntime::forward(std::span<const SeqStep> steps, bool all_
         }
     }
     project(att.data(), T, L.wo, B.wo, K, Q, tmp.data());
-#pragma omp parallel for simd schedule(static)
+#pragma omp parallel for simd schedule(static) if (T * K >= cpu::kParallelMinWork)
     for (std::int64_t i = 0; i < T * K; ++i) x[static_cast<std::size_t>(i)] += tmp[static_cast<std::size_t>(i)];
     rmsnorm(x.data(), L.ffn_norm.data(), T, K, c.rms_eps, xn.data());
     if (opt_.ffn_input_hook) {
@@ -447,7 +449,7 @@ std::vector<float> CpuRuntime::forward(std::span<const SeqStep> steps, bool all_
             cpu::prepare_ffn(ffn_weights(L.w_gate.data(), L.w_up.data(), L.w_down.data(), c.intermediate_size, K));
     }
     ffn(l, xn.data(), T, tmp.data());
-#pragma omp parallel for simd schedule(static)
+#pragma omp parallel for simd schedule(static) if (T * K >= cpu::kParallelMinWork)
     for (std::int64_t i = 0; i < T * K; ++i) x[static_cast<std::size_t>(i)] += tmp[static_cast<std::size_t>(i)];
   }
   for (std::size_t s = 0; s < steps.size(); ++s) seqs[s]->advance(static_cast<std::int64_t>(steps[s].tokens.size()));
