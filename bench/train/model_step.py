@@ -219,6 +219,14 @@ def one(a) -> dict:
         step(a.warmup + a.steps + i)
         sync()
         times.append(time.perf_counter() - t)
+    if a.profile:  # one more step under torch.profiler: where the device waits (after the timing)
+        from torch.profiler import ProfilerActivity, profile
+        acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+        sync()
+        with profile(activities=acts) as prof:
+            step(a.warmup + a.steps + 3)
+            sync()
+        extra_profile = profile_summary(prof)
     peak = torch.cuda.max_memory_allocated(dev) if cuda else 0
     ctx = twell_cuda.context_bytes() if twell_mode and cuda else 0
     # Density of the last training step: twell's counts, or h's non-zeros on one batch (untimed).
@@ -233,6 +241,8 @@ def one(a) -> dict:
         dist.all_reduce(peaks, op=dist.ReduceOp.MAX)
         peak, ctx = int(peaks[0]), int(peaks[1])
         extra.update(world=world, parallel=a.parallel)
+    if a.profile:
+        extra["profile"] = extra_profile
     if a.mode.endswith("compiled"):
         extra["dynamo_graphs"] = counters["stats"].get("unique_graphs", 0)
         extra["graph_breaks"] = sum(counters["graph_break"].values())
@@ -251,6 +261,41 @@ def one(a) -> dict:
             "density_mean": statistics.fmean(density) if density else None, "density_per_layer": density,
             "density_start_mean": statistics.fmean(density_start), "density_start_per_layer": density_start,
             "path": (mlps[0].last_path if twell_mode and mlps else ""), "rank": rank}
+
+
+# Host calls that wait for the device (a synchronisation the step makes, or a blocking copy).
+SYNC_CALLS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize", "cudaMemcpy")
+
+
+def profile_summary(prof, top: int = 8) -> dict:
+    """One profiled step: the device's busy time (the union of its kernels and copies) against the
+    span from the first to the last, the largest idle gaps with the operations on either side, and
+    the host's synchronising calls by name (cudaMemcpy counts the blocking, non-Async copies)."""
+    from torch.autograd import DeviceType
+
+    events = list(prof.events())
+    dev = sorted((e.time_range.start, e.time_range.end, e.name) for e in events if e.device_type == DeviceType.CUDA)
+    syncs: dict = {}
+    for e in events:
+        if e.device_type == DeviceType.CPU and e.name in SYNC_CALLS:
+            syncs[e.name] = syncs.get(e.name, 0) + 1
+    out = {"host_syncs": syncs}
+    if not dev:
+        return out
+    busy, gaps, end = 0.0, [], dev[0][0]
+    prev = ""
+    for s, e, name in dev:
+        if s > end:
+            gaps.append((s - end, prev, name))
+        busy += max(0.0, e - max(s, end))
+        if e > end:
+            end, prev = e, name
+    span = end - dev[0][0]
+    gaps.sort(reverse=True)
+    out.update(span_ms=span / 1e3, busy_ms=busy / 1e3, idle_ms=(span - busy) / 1e3, device_ops=len(dev),
+               gaps_over_50us=sum(1 for g in gaps if g[0] > 50),
+               largest_gaps=[{"us": round(g, 1), "after": a[:80], "before": b[:80]} for g, a, b in gaps[:top]])
+    return out
 
 
 def table(res: dict) -> str:
@@ -282,6 +327,17 @@ def table(res: dict) -> str:
                      f"{r['peak_gib']:.2f}" + (f" ({r['twell_context_gib']:.2f} twell contexts)" if r["twell_context_gib"] else "")
                      + f" | {mem} | {dens} | {r['ce'][0]:.3f} → {r['ce'][-1]:.3f} |")
     lines += ["", "Memory ratios compare eager with eager (hf-eager) and compiled with compiled (dense-compiled)."]
+    prof = [r for r in rows if "profile" in r and "span_ms" in r["profile"]]
+    if prof:
+        lines += ["", "One profiled step (torch.profiler; slower than the timed ones):", "",
+                  "| mode | span (ms) | device busy (ms) | device idle (ms) | gaps > 50 µs | host syncs | largest gap |",
+                  "|---|---:|---:|---:|---:|---|---|"]
+        for r in prof:
+            p = r["profile"]
+            g = p["largest_gaps"][0] if p["largest_gaps"] else None
+            syncs = ", ".join(f"{k} {v}" for k, v in sorted(p["host_syncs"].items())) or "none"
+            lines.append(f"| {r['mode']} | {p['span_ms']:.1f} | {p['busy_ms']:.1f} | {p['idle_ms']:.1f} | {p['gaps_over_50us']} | "
+                         f"{syncs} | " + (f"{g['us']:.0f} µs after {g['after'][:40]}" if g else "") + " |")
     return "\n".join(lines)
 
 
@@ -302,6 +358,9 @@ def main() -> int:
     ap.add_argument("--mode", help=argparse.SUPPRESS)  # one mode, in a child process: prints its JSON
     ap.add_argument("--device", default="cuda", help=argparse.SUPPRESS)  # "cpu": a smoke test of the script
     ap.add_argument("--timeout", type=int, default=300, help="seconds per mode")
+    ap.add_argument("--profile", action="store_true",
+                    help="profile one more step (torch.profiler): the device's idle time in it, its largest gaps and "
+                         "the host's synchronising calls, into the JSON and a table")
     ap.add_argument("--grad-accum", type=int, default=1,
                     help="micro-batches a step; the ranks exchange gradients after the last one (DDP no_sync)")
     ap.add_argument("--gpus", type=int, default=1, help="ranks (one GPU each) under torchrun; tokens/s counts them all")
