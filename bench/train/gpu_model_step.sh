@@ -5,7 +5,8 @@
 # in /tmp/syn-CONFIG: ≈ 20 s for 1b, ≈ 45 s for 2b on 16 cores). MICRO_BATCH defaults to 8 (1b) or
 # 4 (2b: fp32 master weights and AdamW take 33 GB before activations). MODES: model_step.py's
 # --modes (default: its four). Needs twell built in $BUILD (default build/gpu) with the Python
-# extension; writes model_step-CONFIG.{json,md} to $OUT.
+# extension; writes model_step-CONFIG.{json,md} to $OUT. PROFILE=1: model_step.py --profile (one
+# more step of each mode under torch.profiler: the device's idle time and the host's syncs).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 [ $# -ge 1 ] || { sed -n 2,8p "$0"; exit 2; }
@@ -24,4 +25,4 @@ if [ ! -f "$DIR/config.json" ]; then
   echo "gen model --config $CONFIG: $(( $(date +%s) - t0 )) s"
 fi
 python3 bench/train/model_step.py --model "$DIR" --tag "$CONFIG" --micro-batch "$MB" --steps 8 --warmup 3 \
-  --timeout 170 ${MODES:+--modes "$MODES"} --out "$OUT"
+  --timeout 170 ${MODES:+--modes "$MODES"} ${PROFILE:+--profile} --out "$OUT"
