@@ -66,7 +66,9 @@ int run_generate(GenerateArgs& a) {
   model::RuntimeOptions ro = a.runtime;
   if (a.ffn == "dense") ro.ffn_path = model::FfnPath::dense;
   else if (a.ffn == "sparse") ro.ffn_path = model::FfnPath::sparse;
+  const double t1 = now_seconds();
   auto rt_ptr = model::make_runtime(m, device, ro);
+  const double t_runtime = now_seconds() - t1;  // the weights onto the device, the workspaces
   model::Runtime& rt = *rt_ptr;
   if (!a.quiet) {
     note(fmt::format("device: {} ({})", rt.device(), why));
@@ -146,6 +148,8 @@ int run_generate(GenerateArgs& a) {
     j["commit"] = git_commit();
     j["date"] = iso_time_utc();
     j["activation"] = model::to_string(c.act);
+    j["load_seconds"] = t_load;        // checkpoint and tokenizer read into host memory
+    j["runtime_seconds"] = t_runtime;  // the runtime built over them (a GPU's upload included)
     j["prefill"] = {{"tokens", t.prefill_tokens}, {"seconds", t.prefill_seconds}};
     j["decode"] = {{"tokens", t.decode_tokens}, {"seconds", t.decode_seconds}};
     for (const auto& g : out)
