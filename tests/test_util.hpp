@@ -16,6 +16,18 @@
 
 namespace twell::test {
 
+// The largest vocabulary a test of the sampling ops takes: TWELL_TEST_MAX_VOCAB when set (the
+// sanitizer runs of scripts/gpu-check, where racecheck instruments every shared-memory access and a
+// 128 k vocabulary at every option takes minutes), else no limit. The kernels' code paths are the
+// same from a few blocks' width on; the smaller vocabularies stay.
+inline std::int64_t test_max_vocab() {
+  static const std::int64_t v = [] {
+    const char* s = std::getenv("TWELL_TEST_MAX_VOCAB");
+    return s ? static_cast<std::int64_t>(std::stoll(s)) : std::numeric_limits<std::int64_t>::max();
+  }();
+  return v;
+}
+
 // A fresh seed per call (time-based unless TWELL_TEST_SEED is set), recorded in the test output.
 inline std::uint64_t fresh_seed() {
   static std::uint64_t base = [] {
