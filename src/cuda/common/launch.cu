@@ -1,6 +1,10 @@
 // The thread's programmatic-launch policy, and whether the device's loaded code waits (launch.hpp).
 #include "cuda/common/launch.cuh"
 
+#include <map>
+#include <mutex>
+#include <utility>
+
 namespace twell::cuda {
 namespace {
 thread_local bool t_programmatic = false;
@@ -15,13 +19,20 @@ bool programmatic_launch_active() noexcept { return t_programmatic; }
 ProgrammaticLaunch::ProgrammaticLaunch(bool enabled) noexcept : previous_(t_programmatic) { t_programmatic = enabled; }
 ProgrammaticLaunch::~ProgrammaticLaunch() { t_programmatic = previous_; }
 
-bool programmatic_launch_supported() {
-  int dev = 0, major = 0;
+bool programmatic_launch_supported(const void* kernel) {
+  if (!kernel) kernel = reinterpret_cast<const void*>(pdl_probe_kernel);
+  int dev = 0;
   TWELL_CUDA_CHECK(cudaGetDevice(&dev));
+  static std::mutex mu;
+  static std::map<std::pair<int, const void*>, bool> asked;
+  const std::lock_guard<std::mutex> lock(mu);
+  const auto key = std::make_pair(dev, kernel);
+  if (const auto it = asked.find(key); it != asked.end()) return it->second;
+  int major = 0;
   TWELL_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
   cudaFuncAttributes fa{};
-  TWELL_CUDA_CHECK(cudaFuncGetAttributes(&fa, pdl_probe_kernel));
-  return major == 9 && fa.ptxVersion >= 90;
+  TWELL_CUDA_CHECK(cudaFuncGetAttributes(&fa, kernel));
+  return asked[key] = major >= 9 && fa.ptxVersion >= 90;
 }
 
 }  // namespace twell::cuda

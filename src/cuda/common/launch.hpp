@@ -26,8 +26,10 @@ class ProgrammaticLaunch {
   bool previous_;
 };
 
-// Whether the current device runs twell's sm_90 code, whose kernels wait: compute capability 9.x
-// and the loaded code built for it (not a JIT of the compute_80 PTX, which has no wait).
-bool programmatic_launch_supported();
+// Whether the current device runs twell's sm_90 code, whose kernels wait: compute capability ≥ 9
+// and the loaded code of `kernel` built for sm_90 or later (not a JIT of the compute_80 PTX, which
+// has no wait). Without a kernel: a probe compiled with the flags of every launch_kernel kernel.
+// Asked once per device and kernel (cached), so a launch path may call it every time.
+bool programmatic_launch_supported(const void* kernel = nullptr);
 
 }  // namespace twell::cuda

@@ -1,8 +1,6 @@
 // One-token decode FFN kernels (see twell_decode_token.hpp).
 #include "cuda/sm80/twell_decode_token.hpp"
 
-#include <atomic>
-
 #include "cuda/common/check.hpp"
 #include "cuda/common/device_math.cuh"
 #include "cuda/common/launch.hpp"
@@ -226,24 +224,10 @@ __global__ void __launch_bounds__(kThreads) twell_decode_token_down_kernel(Twell
   if (blockIdx.x == 0 && tid == 0 && p.nnz_out) *p.nnz_out = total;
 }
 
-// Whether this file's kernels, as loaded on the current device, wait for their prerequisite grid
-// (code compiled for sm_90 or later: the down kernel's PTX version, which the first kernel shares;
-// a JIT of the compute_80 PTX has no wait, so neither may be launched programmatically), asked once
-// per device.
+// Whether this file's kernels, as loaded on the current device, wait for their prerequisite grid:
+// the down kernel's image (which the first kernel shares) asked through launch.hpp.
 bool down_kernel_waits() {
-  constexpr int kMaxDevices = 64;
-  static std::atomic<int> cached[kMaxDevices] = {};  // 0: not asked, 1: no, 2: yes (threads may race: same value)
-  int dev = 0;
-  TWELL_CUDA_CHECK(cudaGetDevice(&dev));
-  if (dev < 0 || dev >= kMaxDevices) return false;
-  if (cached[dev].load(std::memory_order_relaxed) == 0) {
-    int major = 0;
-    TWELL_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
-    cudaFuncAttributes fa{};
-    TWELL_CUDA_CHECK(cudaFuncGetAttributes(&fa, twell_decode_token_down_kernel));
-    cached[dev].store(major >= 9 && fa.ptxVersion >= 90 ? 2 : 1, std::memory_order_relaxed);
-  }
-  return cached[dev].load(std::memory_order_relaxed) == 2;
+  return programmatic_launch_supported(reinterpret_cast<const void*>(twell_decode_token_down_kernel));
 }
 
 }  // namespace
