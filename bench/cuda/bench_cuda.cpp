@@ -333,7 +333,7 @@ int main(int argc, char** argv) {
       if (m > copt.decode_max_rows && m <= 1024) {
         ContextOptions dop = copt;
         dop.decode_max_rows = 1024;
-        dop.decode_max_density = 1.0;
+        dop.decode_max_density = dop.decode_token_max_density = 1.0;
         FfnContext dctx(dop);
         dctx.upload_weights(w, s);
         t_decode_wide =
@@ -344,12 +344,12 @@ int main(int argc, char** argv) {
       double t_dec_gemv = 0, t_dec_lt = 0;
       if (m <= copt.decode_max_rows) {
         const auto gemv = variant([](ContextOptions& o) {
-          o.decode_max_density = 1.0;
+          o.decode_max_density = o.decode_token_max_density = 1.0;
           o.decode_gemv = true;
           o.decode_gemv_max_rows = kGemvMaxRows;
         });
         const auto lt = variant([](ContextOptions& o) {
-          o.decode_max_density = 1.0;
+          o.decode_max_density = o.decode_token_max_density = 1.0;
           o.decode_gemv = false;
         });
         std::tie(t_dec_gemv, t_dec_lt) = alternating_medians_ms(

@@ -50,6 +50,7 @@ class NativeModel {
       // The GPU holds bf16 weights: a model bound for it is loaded as bf16 only (half the host memory).
       const bool gpu = device == "cuda" || (device == "auto" && model::cuda_usable());
       lo.bf16_only = gpu;
+      // (A weight that bf16 cannot hold, ±Inf once rounded, is refused here: the GPU could not hold it.)
       model_ = std::make_unique<model::Model>(model::Model::load(dir, lo));
       const std::string tok = (std::filesystem::path(dir) / "tokenizer.json").string();
       if (std::filesystem::exists(tok)) {
@@ -63,7 +64,8 @@ class NativeModel {
         runtime_ = model::make_runtime(*model_, gpu ? "cuda" : "cpu", ro);
       } catch (const Error&) {
         if (device != "auto" || !gpu) throw;
-        lo.bf16_only = false;  // the CPU computes in fp32: load again
+        lo.bf16_only = false;  // the CPU computes in fp32: load again (the bf16 copy freed first)
+        model_.reset();
         model_ = std::make_unique<model::Model>(model::Model::load(dir, lo));
         runtime_ = model::make_runtime(*model_, "cpu", ro);
       }

@@ -92,7 +92,7 @@ std::string shape_str(const std::vector<std::int64_t>& s) {
 }
 
 // Takes `name` out of t as fp32 values of exactly `shape`.
-// The tensor `name` of `shape` (checked), floating-point and finite, as fp32 or as bf16 bits.
+// The tensor `name`, its shape and dtype (fp32 or bf16) checked.
 const HostTensor& find(Tensors& t, const std::string& name, const std::vector<std::int64_t>& shape) {
   auto it = t.by_name.find(name);
   TWELL_CHECK(it != t.by_name.end(), ErrorCode::corrupt, "checkpoint has no tensor {} (expected shape {})", name,
@@ -109,10 +109,10 @@ void check_finite(Tensors& t, const std::string& name, bool finite, std::size_t 
   TWELL_CHECK(finite, ErrorCode::non_finite, "{} in {} holds a non-finite value at flat index {}", name, t.file_of[name], i);
 }
 
-std::vector<float> take(Tensors& t, const std::string& name, std::vector<std::int64_t> shape) {
+// The tensor's values as fp32, the tensor left in t. Straight into the vector (no fp32 tensor in
+// between: loading is mostly the kernel's zeroing of fresh pages, so every copy avoided shows).
+std::vector<float> values(Tensors& t, const std::string& name, const std::vector<std::int64_t>& shape) {
   const HostTensor& h = find(t, name, shape);
-  // Straight into the fp32 vector (no fp32 tensor in between: loading is mostly the kernel's
-  // zeroing of fresh pages, so every copy avoided shows), then the file's bytes are released.
   std::vector<float> v(static_cast<std::size_t>(h.numel()));
   if (h.dtype() == DType::f32) {
     std::memcpy(v.data(), h.bytes(), v.size() * sizeof(float));
@@ -120,6 +120,12 @@ std::vector<float> take(Tensors& t, const std::string& name, std::vector<std::in
     const bf16* in = h.data<bf16>();
     for (std::size_t i = 0; i < v.size(); ++i) v[i] = to_float(in[i]);
   }
+  return v;
+}
+
+// The tensor as fp32, finite, then released from t.
+std::vector<float> take(Tensors& t, const std::string& name, std::vector<std::int64_t> shape) {
+  std::vector<float> v = values(t, name, shape);
   for (std::size_t i = 0; i < v.size(); ++i) check_finite(t, name, std::isfinite(v[i]), i);
   t.by_name.erase(name);
   return v;
@@ -180,18 +186,16 @@ Model Model::load(const std::string& dir_str, const LoadOptions& opt) {
       f32 = take(t, name, std::move(shape));
   };
 
+  if (c.tied_embeddings && t.by_name.count("lm_head.weight")) {
+    // Some exporters also write the tied head; it must then equal the embedding (as the file's
+    // values, whatever the model keeps).
+    TWELL_CHECK(values(t, "lm_head.weight", {V, K}) == values(t, "model.embed_tokens.weight", {V, K}), ErrorCode::corrupt,
+                "config.json says tie_word_embeddings but lm_head.weight differs from model.embed_tokens.weight");
+    t.by_name.erase("lm_head.weight");
+  }
   matrix("model.embed_tokens.weight", {V, K}, m.embed, m.embed16);
   m.final_norm = take(t, "model.norm.weight", {K});
-  if (c.tied_embeddings) {
-    // Some exporters also write the tied head; it must then equal the embedding.
-    if (t.by_name.count("lm_head.weight")) {
-      std::vector<float> head;
-      std::vector<std::uint16_t> head16;
-      matrix("lm_head.weight", {V, K}, head, head16);
-      TWELL_CHECK(head == m.embed && head16 == m.embed16, ErrorCode::corrupt,
-                  "config.json says tie_word_embeddings but lm_head.weight differs from model.embed_tokens.weight");
-    }
-  } else {
+  if (!c.tied_embeddings) {
     matrix("lm_head.weight", {V, K}, m.lm_head, m.lm_head16);
   }
   m.layers.resize(static_cast<std::size_t>(c.num_layers));

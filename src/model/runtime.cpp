@@ -438,7 +438,7 @@ std::vector<float> CpuRuntime::forward(std::span<const SeqStep> steps, bool all_
         }
     }
     project(att.data(), T, L.wo, B.wo, K, Q, tmp.data());
-#pragma omp parallel for simd schedule(static) if (T * K >= cpu::kParallelMinWork)
+#pragma omp parallel for simd schedule(static) if (parallel : T * K >= cpu::kParallelMinWork)
     for (std::int64_t i = 0; i < T * K; ++i) x[static_cast<std::size_t>(i)] += tmp[static_cast<std::size_t>(i)];
     rmsnorm(x.data(), L.ffn_norm.data(), T, K, c.rms_eps, xn.data());
     if (opt_.ffn_input_hook) {
@@ -449,7 +449,7 @@ std::vector<float> CpuRuntime::forward(std::span<const SeqStep> steps, bool all_
             cpu::prepare_ffn(ffn_weights(L.w_gate.data(), L.w_up.data(), L.w_down.data(), c.intermediate_size, K));
     }
     ffn(l, xn.data(), T, tmp.data());
-#pragma omp parallel for simd schedule(static) if (T * K >= cpu::kParallelMinWork)
+#pragma omp parallel for simd schedule(static) if (parallel : T * K >= cpu::kParallelMinWork)
     for (std::int64_t i = 0; i < T * K; ++i) x[static_cast<std::size_t>(i)] += tmp[static_cast<std::size_t>(i)];
   }
   for (std::size_t s = 0; s < steps.size(); ++s) seqs[s]->advance(static_cast<std::int64_t>(steps[s].tokens.size()));

@@ -322,6 +322,8 @@ void write_checkpoint_dir(const Model& m, const std::filesystem::path& dir, cons
 void save_checkpoint(const Model& m, const std::string& dir_str) {
   namespace fs = std::filesystem;
   TWELL_CHECK(!dir_str.empty(), ErrorCode::invalid_argument, "save_checkpoint: no directory given");
+  TWELL_CHECK(!m.bf16_only, ErrorCode::invalid_argument,
+              "save_checkpoint: the model was loaded with bf16 weights only (for the GPU); save an fp32-loaded one");
   fs::path dir = fs::path(dir_str).lexically_normal();
   if (!dir.has_filename()) dir = dir.parent_path();  // "out/" → "out"
   TWELL_CHECK(!dir.empty() && dir.filename() != "." && dir.filename() != "..", ErrorCode::invalid_argument,

@@ -894,7 +894,7 @@ TEST(CudaDecode, MatchesReferenceAtEveryDensity) {
     const FfnWeights w = d.weights();
     ContextOptions opt;
     opt.decode_max_rows = 16;
-    opt.decode_max_density = 1.0;  // the decode kernel at every density
+    opt.decode_max_density = opt.decode_token_max_density = 1.0;  // the decode kernel at every density
     opt.decode_gemv_max_rows = (c.m % 2 == 0) ? kGemvMaxRows : 0;  // its gate by the GEMV kernel, or by cuBLASLt
     FfnContext ctx(opt);
     ctx.upload_weights(w, s);
@@ -939,7 +939,7 @@ TEST(CudaDecodeToken, MatchesReferenceAtEveryDensity) {
   cudaStream_t s;
   ASSERT_EQ(cudaStreamCreate(&s), cudaSuccess);
   ContextOptions opt;
-  opt.decode_max_density = 1.0;  // the decode kernels at every density
+  opt.decode_max_density = opt.decode_token_max_density = 1.0;  // the decode kernels at every density
   // Uploads c's weights into ctx and checks `calls` one-token forwards of its x.
   const auto check = [&](FfnContext& ctx, FfnCase c, int calls) {
     SCOPED_TRACE(c.name);

@@ -378,6 +378,21 @@ TEST(ModelCpu, Bf16OnlyLoadKeepsTheBitsTheGpuHolds) {
         EXPECT_NE(std::string(e.what()).find("bf16 weights only"), std::string::npos) << e.what();
       }
     }
+  // A config that says tied over a checkpoint whose lm_head differs: refused either way (the file's
+  // values compared, before any rounding).
+  TinySpec s;
+  s.tied = false;
+  const auto dir = write_tiny("tie_mismatch", s, "", "", R"(, "tie_word_embeddings": true)").string();
+  for (const bool b16 : {false, true}) {
+    model::LoadOptions lo;
+    lo.bf16_only = b16;
+    try {
+      (void)Model::load(dir, lo);
+      ADD_FAILURE() << "a differing tied head was accepted (bf16_only " << b16 << ")";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("differs from model.embed_tokens.weight"), std::string::npos) << e.what();
+    }
+  }
 }
 
 TEST(ModelCpu, LoadErrorsNameTheProblem) {

@@ -55,6 +55,7 @@ struct Model {
   std::vector<std::uint16_t> embed16;  // [V, K] bf16 bits (bf16_only)
   std::vector<std::uint16_t> lm_head16;  // [V, K]; empty when tied (bf16_only)
 
+  // The fp32 head (an fp32 model's; null for a bf16_only one).
   const float* head() const noexcept { return lm_head.empty() ? embed.data() : lm_head.data(); }
   std::int64_t weight_bytes() const noexcept;  // host bytes of the weights held
 
