@@ -52,11 +52,11 @@ DeviceBuffer<bf16_t> upload_bits(const std::vector<std::uint16_t>& v, cudaStream
   return d;
 }
 
-// A weight matrix in whichever form the model holds it (fp32, rounded here; or bf16 bits, rounded
-// alike at load), as bf16 on the device: the same bits either way.
-DeviceBuffer<bf16_t> upload_matrix(const std::vector<float>& f32, const std::vector<std::uint16_t>& b16,
+// A weight matrix in the form the model holds it (fp32, rounded here; or, bf16_only, bf16 bits
+// rounded alike at load), as bf16 on the device: the same bits either way.
+DeviceBuffer<bf16_t> upload_matrix(const Model& m, const std::vector<float>& f32, const std::vector<std::uint16_t>& b16,
                                    cudaStream_t stream) {
-  return f32.empty() && !b16.empty() ? upload_bits(b16, stream) : upload_bf16(f32, stream);
+  return m.bf16_only ? upload_bits(b16, stream) : upload_bf16(f32, stream);
 }
 
 template <class T>
@@ -163,15 +163,15 @@ class CudaRuntime final : public Runtime {
     TWELL_CHECK(opt.max_sparse_density >= 0 && opt.max_sparse_density <= 1, ErrorCode::invalid_argument,
                 "max_sparse_density must lie in [0, 1], got {}", opt.max_sparse_density);
     const std::int64_t K = c.hidden_size, N = c.intermediate_size;
-    embed_ = upload_matrix(m.embed, m.embed16, stream_);
-    if (!m.lm_head.empty() || !m.lm_head16.empty()) head_ = upload_matrix(m.lm_head, m.lm_head16, stream_);
+    embed_ = upload_matrix(m, m.embed, m.embed16, stream_);
+    if (!m.lm_head.empty() || !m.lm_head16.empty()) head_ = upload_matrix(m, m.lm_head, m.lm_head16, stream_);
     final_norm_ = upload_f32(m.final_norm, stream_);
     for (const LayerWeights& l : m.layers) {
       Layer d;
       d.attn_norm = upload_f32(l.attn_norm, stream_);
       d.ffn_norm = upload_f32(l.ffn_norm, stream_);
-      d.wqkv = upload_matrix(l.wqkv, l.wqkv16, stream_);
-      d.wo = upload_matrix(l.wo, l.wo16, stream_);
+      d.wqkv = upload_matrix(m, l.wqkv, l.wqkv16, stream_);
+      d.wo = upload_matrix(m, l.wo, l.wo16, stream_);
       if (c.act == Activation::relu) {
         d.ffn = std::make_unique<cuda::FfnLayer>(&infer_ws_);
         if (opt_.decode_max_density >= 0) d.ffn->set_decode_max_density(opt_.decode_max_density);
