@@ -301,46 +301,105 @@ SafetensorsFile parse_safetensors(std::span<const std::byte> bytes, const std::s
   return f;
 }
 
-SafetensorsFile read_safetensors(const std::string& path, ReadOptions opt) {
+struct SafetensorsReader::Impl {
+  std::string path;
+  std::ifstream in;
+  std::uint64_t data_start = 0;  // the data buffer's offset in the file
+  std::vector<Entry> entries;    // sorted by data offset
+  std::vector<Info> infos;       // the same order
+  std::map<std::string, std::size_t> index;
+  std::map<std::string, std::string> metadata;
+  std::vector<std::byte> raw;  // an F16 tensor's file bytes before conversion
+
+  const Entry& entry(const std::string& name) const {
+    const auto it = index.find(name);
+    if (it == index.end()) fail(ErrorCode::invalid_argument, "'{}' has no tensor '{}'", path, name);
+    return entries[it->second];
+  }
+};
+
+SafetensorsReader::SafetensorsReader(const std::string& path, ReadOptions opt) : impl_(std::make_unique<Impl>()) {
   namespace fs = std::filesystem;
+  Impl& m = *impl_;
+  m.path = path;
   std::error_code ec;
   const auto st = fs::status(path, ec);
   if (ec || !fs::exists(st)) fail(ErrorCode::io, "cannot open '{}': no such file", path);
   if (fs::is_directory(st)) fail(ErrorCode::io, "cannot read '{}': it is a directory", path);
-  std::ifstream in(path, std::ios::binary);
-  if (!in) fail(ErrorCode::io, "cannot open '{}': {}", path, errno_text());
-  in.seekg(0, std::ios::end);
-  const std::streamoff size = in.tellg();
+  m.in.open(path, std::ios::binary);
+  if (!m.in) fail(ErrorCode::io, "cannot open '{}': {}", path, errno_text());
+  m.in.seekg(0, std::ios::end);
+  const std::streamoff size = m.in.tellg();
   if (size < 0) fail(ErrorCode::io, "cannot read '{}': not a regular file", path);
-  in.seekg(0);
+  m.in.seekg(0);
   const std::uint64_t total = static_cast<std::uint64_t>(size);
 
   std::byte prefix[8] = {};
-  if (total >= 8 && !in.read(reinterpret_cast<char*>(prefix), 8)) fail(ErrorCode::io, "cannot read '{}'", path);
+  if (total >= 8 && !m.in.read(reinterpret_cast<char*>(prefix), 8)) fail(ErrorCode::io, "cannot read '{}'", path);
   const std::uint64_t n = header_length(prefix, total, path);
   std::string text(n, '\0');
-  if (!in.read(text.data(), static_cast<std::streamsize>(n)))
+  if (!m.in.read(text.data(), static_cast<std::streamsize>(n)))
     fail(ErrorCode::io, "cannot read the header of '{}'", path);
   Header h = parse_header(text, total - 8 - n, path, opt);
-
-  // Entries are sorted and cover the data buffer without gaps, so one sequential pass reads them.
-  SafetensorsFile f;
-  f.metadata = std::move(h.metadata);
-  std::vector<std::byte> raw;
-  for (const Entry& e : h.entries) {
-    const std::uint64_t len = e.end - e.begin;
-    if (e.file_dtype == "F16") {
-      raw.resize(len);
-      if (len && !in.read(reinterpret_cast<char*>(raw.data()), static_cast<std::streamsize>(len)))
-        fail(ErrorCode::io, "cannot read tensor '{}' of '{}'", e.name, path);
-      f.tensors.push_back({e.name, make_tensor(e, raw.data())});
-    } else {
-      HostTensor t(e.dtype, e.shape);
-      if (len && !in.read(reinterpret_cast<char*>(t.bytes()), static_cast<std::streamsize>(len)))
-        fail(ErrorCode::io, "cannot read tensor '{}' of '{}'", e.name, path);
-      f.tensors.push_back({e.name, std::move(t)});
-    }
+  m.data_start = 8 + n;
+  m.metadata = std::move(h.metadata);
+  m.entries = std::move(h.entries);
+  for (std::size_t i = 0; i < m.entries.size(); ++i) {
+    const Entry& e = m.entries[i];
+    std::uint64_t numel = 1;
+    for (const std::int64_t d : e.shape) numel *= static_cast<std::uint64_t>(d);
+    m.infos.push_back({e.name, e.dtype, e.shape, numel * dtype_size(e.dtype)});
+    m.index.emplace(e.name, i);
   }
+}
+
+SafetensorsReader::~SafetensorsReader() = default;
+SafetensorsReader::SafetensorsReader(SafetensorsReader&&) noexcept = default;
+SafetensorsReader& SafetensorsReader::operator=(SafetensorsReader&&) noexcept = default;
+
+const std::string& SafetensorsReader::path() const noexcept { return impl_->path; }
+const std::map<std::string, std::string>& SafetensorsReader::metadata() const noexcept { return impl_->metadata; }
+const std::vector<SafetensorsReader::Info>& SafetensorsReader::tensors() const noexcept { return impl_->infos; }
+
+const SafetensorsReader::Info* SafetensorsReader::find(const std::string& name) const noexcept {
+  const auto it = impl_->index.find(name);
+  return it == impl_->index.end() ? nullptr : &impl_->infos[it->second];
+}
+
+void SafetensorsReader::read_into(const std::string& name, std::span<std::byte> dst) {
+  Impl& m = *impl_;
+  const Entry& e = m.entry(name);
+  const Info& info = m.infos[m.index.at(name)];
+  TWELL_CHECK(dst.size() == info.bytes, ErrorCode::invalid_argument, "'{}': tensor '{}' holds {} bytes, not {}", m.path,
+              name, info.bytes, dst.size());
+  const std::uint64_t len = e.end - e.begin;
+  const bool f16 = e.file_dtype == "F16";
+  if (f16) m.raw.resize(len);
+  std::byte* into = f16 ? m.raw.data() : dst.data();
+  m.in.clear();
+  m.in.seekg(static_cast<std::streamoff>(m.data_start + e.begin));
+  if (len && !m.in.read(reinterpret_cast<char*>(into), static_cast<std::streamsize>(len)))
+    fail(ErrorCode::io, "cannot read tensor '{}' of '{}'", e.name, m.path);
+  if (f16) {
+    const HostTensor t = make_tensor(e, m.raw.data());
+    std::memcpy(dst.data(), t.bytes(), dst.size());
+  }
+}
+
+HostTensor SafetensorsReader::read(const std::string& name) {
+  const Entry& e = impl_->entry(name);
+  HostTensor t(e.dtype, e.shape);
+  read_into(name, std::span<std::byte>(t.bytes(), t.nbytes()));
+  return t;
+}
+
+SafetensorsFile read_safetensors(const std::string& path, ReadOptions opt) {
+  // Entries are sorted and cover the data buffer without gaps, so reading them in order is one
+  // sequential pass.
+  SafetensorsReader r(path, opt);
+  SafetensorsFile f;
+  f.metadata = r.metadata();
+  for (const auto& info : r.tensors()) f.tensors.push_back({info.name, r.read(info.name)});
   return f;
 }
 

@@ -24,21 +24,25 @@ namespace {
 namespace fs = std::filesystem;
 using nlohmann::json;
 
-// The checkpoint's tensors by name, each with the file it came from (for messages).
+// The checkpoint's files, opened (headers validated), and the tensors not yet taken by name, each
+// with its file. Tensors are read one at a time as they are taken, straight into the model's
+// vectors where the dtype allows (no copy of the whole file is ever held).
 struct Tensors {
-  std::map<std::string, HostTensor> by_name;
+  std::vector<io::SafetensorsReader> files;
+  std::map<std::string, std::size_t> by_name;  // → files[i]
   std::map<std::string, std::string> file_of;
+  std::vector<std::byte> scratch;  // a tensor's file bytes before conversion
 };
 
 void add_file(Tensors& t, const std::string& path) {
   io::ReadOptions ro;
   ro.f16_to_f32 = true;
-  io::SafetensorsFile f = io::read_safetensors(path, ro);
-  for (auto& nt : f.tensors) {
-    TWELL_CHECK(!t.by_name.count(nt.name), ErrorCode::corrupt, "{}: tensor {} also appears in {}", path, nt.name,
-                t.file_of[nt.name]);
-    t.file_of[nt.name] = path;
-    t.by_name.emplace(nt.name, std::move(nt.tensor));
+  t.files.emplace_back(path, ro);
+  for (const auto& info : t.files.back().tensors()) {
+    TWELL_CHECK(!t.by_name.count(info.name), ErrorCode::corrupt, "{}: tensor {} also appears in {}", path, info.name,
+                t.file_of[info.name]);
+    t.file_of[info.name] = path;
+    t.by_name.emplace(info.name, t.files.size() - 1);
   }
 }
 
@@ -92,17 +96,26 @@ std::string shape_str(const std::vector<std::int64_t>& s) {
 }
 
 // Takes `name` out of t as fp32 values of exactly `shape`.
-// The tensor `name`, its shape and dtype (fp32 or bf16) checked.
-const HostTensor& find(Tensors& t, const std::string& name, const std::vector<std::int64_t>& shape) {
+// The tensor `name`'s file, its shape and dtype (fp32 or bf16) checked.
+io::SafetensorsReader& find(Tensors& t, const std::string& name, const std::vector<std::int64_t>& shape) {
   auto it = t.by_name.find(name);
   TWELL_CHECK(it != t.by_name.end(), ErrorCode::corrupt, "checkpoint has no tensor {} (expected shape {})", name,
               shape_str(shape));
-  const HostTensor& h = it->second;
-  TWELL_CHECK(h.shape() == shape, ErrorCode::shape_mismatch, "{} in {} has shape {}, the config implies {}", name,
-              t.file_of[name], h.shape_string(), shape_str(shape));
-  TWELL_CHECK(h.dtype() == DType::f32 || h.dtype() == DType::bf16, ErrorCode::dtype_mismatch,
-              "{} in {} is {}, expected a floating-point tensor", name, t.file_of[name], to_string(h.dtype()));
-  return h;
+  io::SafetensorsReader& f = t.files[it->second];
+  const io::SafetensorsReader::Info& h = *f.find(name);
+  TWELL_CHECK(h.shape == shape, ErrorCode::shape_mismatch, "{} in {} has shape {}, the config implies {}", name,
+              t.file_of[name], shape_str(h.shape), shape_str(shape));
+  TWELL_CHECK(h.dtype == DType::f32 || h.dtype == DType::bf16, ErrorCode::dtype_mismatch,
+              "{} in {} is {}, expected a floating-point tensor", name, t.file_of[name], to_string(h.dtype));
+  return f;
+}
+
+// The tensor's bytes into t.scratch (its dtype as the file holds it, F16 as f32).
+DType read_scratch(Tensors& t, io::SafetensorsReader& f, const std::string& name) {
+  const io::SafetensorsReader::Info& h = *f.find(name);
+  t.scratch.resize(h.bytes);
+  f.read_into(name, t.scratch);
+  return h.dtype;
 }
 
 void check_finite(Tensors& t, const std::string& name, bool finite, std::size_t i) {
@@ -112,12 +125,14 @@ void check_finite(Tensors& t, const std::string& name, bool finite, std::size_t 
 // The tensor's values as fp32, the tensor left in t. Straight into the vector (no fp32 tensor in
 // between: loading is mostly the kernel's zeroing of fresh pages, so every copy avoided shows).
 std::vector<float> values(Tensors& t, const std::string& name, const std::vector<std::int64_t>& shape) {
-  const HostTensor& h = find(t, name, shape);
-  std::vector<float> v(static_cast<std::size_t>(h.numel()));
-  if (h.dtype() == DType::f32) {
-    std::memcpy(v.data(), h.bytes(), v.size() * sizeof(float));
+  io::SafetensorsReader& f = find(t, name, shape);
+  const io::SafetensorsReader::Info& h = *f.find(name);
+  std::vector<float> v(h.bytes / dtype_size(h.dtype));
+  if (h.dtype == DType::f32) {
+    f.read_into(name, std::as_writable_bytes(std::span(v)));
   } else {
-    const bf16* in = h.data<bf16>();
+    read_scratch(t, f, name);
+    const auto* in = reinterpret_cast<const bf16*>(t.scratch.data());
     for (std::size_t i = 0; i < v.size(); ++i) v[i] = to_float(in[i]);
   }
   return v;
@@ -134,12 +149,14 @@ std::vector<float> take(Tensors& t, const std::string& name, std::vector<std::in
 // As take, as bf16 bits: a bf16 tensor's own, an fp32 one's rounded to nearest even (to_bf16, the
 // rounding of the GPU's upload of fp32 weights). A finite fp32 value that rounds to ±Inf is non-finite.
 std::vector<std::uint16_t> take16(Tensors& t, const std::string& name, std::vector<std::int64_t> shape) {
-  const HostTensor& h = find(t, name, shape);
-  std::vector<std::uint16_t> v(static_cast<std::size_t>(h.numel()));
-  if (h.dtype() == DType::bf16) {
-    std::memcpy(v.data(), h.bytes(), v.size() * sizeof(std::uint16_t));
+  io::SafetensorsReader& f = find(t, name, shape);
+  const io::SafetensorsReader::Info& h = *f.find(name);
+  std::vector<std::uint16_t> v(h.bytes / dtype_size(h.dtype));
+  if (h.dtype == DType::bf16) {
+    f.read_into(name, std::as_writable_bytes(std::span(v)));
   } else {
-    const float* in = h.data<float>();
+    read_scratch(t, f, name);
+    const auto* in = reinterpret_cast<const float*>(t.scratch.data());
     for (std::size_t i = 0; i < v.size(); ++i) v[i] = to_bf16(in[i]).bits;
   }
   for (std::size_t i = 0; i < v.size(); ++i) check_finite(t, name, (v[i] & 0x7f80u) != 0x7f80u, i);

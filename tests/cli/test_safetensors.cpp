@@ -2,6 +2,7 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <span>
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -123,6 +124,55 @@ TEST(Safetensors, FileRoundTripAndIoErrors) {
   } catch (const Error& e) {
     EXPECT_EQ(e.code(), ErrorCode::io);
   }
+  fs::remove_all(dir);
+}
+
+// The reader: tensors read in any order, into a HostTensor or a caller's buffer of the exact size
+// (F16 converted when asked), the same bits read_safetensors gives; an unknown name or a buffer of
+// another size is an error naming it.
+TEST(Safetensors, ReaderReadsTensorsOneAtATime) {
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::temp_directory_path() / ("twell_st_reader_" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  const std::string path = (dir / "r.safetensors").string();
+  const HostTensor a = iota_f32({4, 2}), b = iota_f32({3}), empty(DType::f32, {0});
+  io::write_safetensors(path, {{"a", &a}, {"b", &b}, {"e", &empty}}, {{"format", "pt"}});
+  io::SafetensorsReader r(path);
+  EXPECT_EQ(r.path(), path);
+  EXPECT_EQ(r.metadata().at("format"), "pt");
+  ASSERT_EQ(r.tensors().size(), 3u);
+  ASSERT_NE(r.find("b"), nullptr);
+  EXPECT_EQ(r.find("b")->bytes, 3 * sizeof(float));
+  EXPECT_EQ(r.find("nope"), nullptr);
+  expect_same(r.read("b"), b);  // out of file order
+  expect_same(r.read("a"), a);
+  std::vector<float> into(8);
+  r.read_into("a", std::as_writable_bytes(std::span(into)));
+  EXPECT_EQ(std::memcmp(into.data(), a.bytes(), a.nbytes()), 0);
+  EXPECT_EQ(r.read("e").numel(), 0);
+  std::vector<float> small(7);
+  EXPECT_THROW(r.read_into("a", std::as_writable_bytes(std::span(small))), Error);
+  try {
+    (void)r.read("nope");
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("nope"), std::string::npos) << e.what();
+  }
+  // F16 on disk, converted to f32 as it is read (1.0, -2.0, 65504).
+  const std::uint16_t h[] = {0x3c00, 0xc000, 0x7bff};
+  const std::string header = R"({"h":{"dtype":"F16","shape":[3],"data_offsets":[0,6]}})";
+  auto bytes = raw_file(header, 6);
+  std::memcpy(bytes.data() + 8 + header.size(), h, 6);
+  const std::string f16 = (dir / "h.safetensors").string();
+  std::ofstream(f16, std::ios::binary).write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
+  io::ReadOptions opt;
+  opt.f16_to_f32 = true;
+  io::SafetensorsReader rh(f16, opt);
+  EXPECT_EQ(rh.find("h")->dtype, DType::f32);
+  EXPECT_EQ(rh.find("h")->bytes, 3 * sizeof(float));
+  std::vector<float> hv(3);
+  rh.read_into("h", std::as_writable_bytes(std::span(hv)));
+  EXPECT_EQ(hv, (std::vector<float>{1.0f, -2.0f, 65504.0f}));
   fs::remove_all(dir);
 }
 

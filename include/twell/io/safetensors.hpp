@@ -21,6 +21,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <span>
 #include <string>
 #include <utility>
@@ -51,6 +52,36 @@ struct ReadOptions {
 
 // Reads and validates a whole file. `path` is used in every message.
 SafetensorsFile read_safetensors(const std::string& path, ReadOptions opt = {});
+
+// A file opened for reading one tensor at a time: the header read and validated at open as
+// read_safetensors validates it, each tensor's bytes read when asked — into a HostTensor, or
+// straight into a caller's buffer (no copy held for the whole file: a checkpoint loader converts
+// tensor by tensor).
+class SafetensorsReader {
+ public:
+  struct Info {
+    std::string name;
+    DType dtype;  // as held in memory (F16 files: f32 with ReadOptions::f16_to_f32)
+    std::vector<std::int64_t> shape;
+    std::uint64_t bytes = 0;  // in memory
+  };
+  explicit SafetensorsReader(const std::string& path, ReadOptions opt = {});
+  ~SafetensorsReader();
+  SafetensorsReader(SafetensorsReader&&) noexcept;
+  SafetensorsReader& operator=(SafetensorsReader&&) noexcept;
+
+  const std::string& path() const noexcept;
+  const std::map<std::string, std::string>& metadata() const noexcept;
+  const std::vector<Info>& tensors() const noexcept;  // in data-offset order
+  const Info* find(const std::string& name) const noexcept;  // nullptr when absent
+  HostTensor read(const std::string& name);
+  // The tensor's bytes as held in memory into dst (exactly find(name)->bytes of them).
+  void read_into(const std::string& name, std::span<std::byte> dst);
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
 // The same from bytes already in memory; `what` names the source in messages.
 SafetensorsFile parse_safetensors(std::span<const std::byte> bytes, const std::string& what = "buffer",
                                   ReadOptions opt = {});
