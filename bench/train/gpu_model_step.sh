@@ -16,6 +16,8 @@ MODES=${3:-}
 OUT=${OUT:-build/model-step-out}
 BUILD=${BUILD:-build/gpu}
 export PYTHONPATH=$BUILD/python
+# The device copy of the tree has no .git: TWELL_COMMIT=<hash> names the commit in the results.
+export TWELL_COMMIT=${TWELL_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
 mkdir -p "$OUT"
 DIR=/tmp/syn-$CONFIG
 if [ ! -f "$DIR/config.json" ]; then
