@@ -156,6 +156,8 @@ class CudaRuntime final : public Runtime {
     check_device_memory(c);
     TWELL_CHECK(opt.ffn_path != FfnPath::sparse || c.act == Activation::relu, ErrorCode::unsupported,
                 "the sparse FFN path needs a ReLU model; this one uses {}", to_string(c.act));
+    TWELL_CHECK(opt.cudnn_build_at >= 1, ErrorCode::invalid_argument, "cudnn_build_at must be at least 1, not {}",
+                opt.cudnn_build_at);
     TWELL_CHECK(c.head_dim <= 256, ErrorCode::unsupported, "head_dim {} > 256 is not supported on the GPU", c.head_dim);
     max_keys_ = cuda::ops::attention_max_keys(c.head_dim);  // a device query: once, not per decode step
     // The GPU's FFN engine dispatches with its own measured thresholds; max_sparse_density is the
@@ -242,7 +244,9 @@ class CudaRuntime final : public Runtime {
 #if TWELL_HAVE_CUDNN
     if (cudnn_) {
       const std::string refused = cudnn_->refusal();
-      return fmt::format("cuDNN SDPA (cuDNN {}) for prefills from position 0, else {}{}", cudnn_->version(), own,
+      return fmt::format("cuDNN SDPA (cuDNN {}) for prefills from position 0 from a shape's call {} on ({} graphs built), "
+                         "else {}{}",
+                         cudnn_->version(), opt_.cudnn_build_at, cudnn_->graphs(), own,
                          refused.empty() ? "" : "; cuDNN refused " + refused);
     }
 #endif
@@ -447,7 +451,7 @@ class CudaRuntime final : public Runtime {
     // Every kernel the forward enqueues below (and a decode step's graph captures) through
     // launch_kernel is a programmatic dependent launch while this lives (RuntimeOptions::programmatic_launch).
     const cuda::ProgrammaticLaunch programmatic(programmatic_);
-    sh.cudnn = fresh && has_cudnn();
+    sh.cudnn = fresh && has_cudnn() && cudnn_wanted();
 #if TWELL_HAVE_CUDNN
     if (sh.cudnn) sh.pad_rows = CudnnAttention::padded_rows(*std::max_element(seq_len_.begin(), seq_len_.end()));
 #endif
@@ -789,11 +793,21 @@ class CudaRuntime final : public Runtime {
 #if TWELL_HAVE_CUDNN
   std::unique_ptr<CudnnAttention> cudnn_;
   bool has_cudnn() const noexcept { return cudnn_ != nullptr; }
+  // Whether this fresh prefill (seq_row0_ / seq_len_) takes cuDNN (CudnnAttention::wanted): its
+  // own-kernel attention, Σ 2·len²·q_dim a layer causal at ≈ 20 TFLOP/s, past 1e13 FLOP (≈ 0.5 s)
+  // pays for a graph build at once.
+  bool cudnn_wanted() {
+    double flop = 0;
+    for (const std::int64_t n : seq_len_) flop += 2.0 * static_cast<double>(n) * static_cast<double>(n);
+    flop *= static_cast<double>(model_->config.q_dim()) * static_cast<double>(model_->config.num_layers);
+    return cudnn_->wanted(seq_row0_, seq_len_, opt_.cudnn_build_at, flop >= 1e13);
+  }
   bool run_cudnn(const bf16_t* qkv, bf16_t* att) {
     return cudnn_->run(qkv, seq_row0_, seq_len_, att, stream_);
   }
 #else
   bool has_cudnn() const noexcept { return false; }
+  bool cudnn_wanted() { return false; }
   bool run_cudnn(const bf16_t*, bf16_t*) { return false; }
 #endif
 };

@@ -35,6 +35,27 @@ std::int64_t bucket(std::int64_t v, std::int64_t least) {
   return b;
 }
 
+// A call's graph key: (sequences, rows, ragged). Sequences of one bucket length packed from row 0
+// (a batch of equal prompts of 64, 128, 256, … tokens) take the plain layout; other lengths the
+// ragged graph of their bucket, so that the graphs stay few (each costs a build) whatever lengths
+// single prompts have. rows 0: nothing to attend (or int32 offsets would overflow: `row` values a
+// row of qkv).
+using Key = std::tuple<std::int64_t, std::int64_t, bool>;
+Key key_of(std::span<const std::int64_t> row0, std::span<const std::int64_t> len, std::int64_t row) {
+  const auto n = static_cast<std::int64_t>(row0.size());
+  if (n == 0 || len.size() != row0.size()) return {0, 0, false};
+  std::int64_t longest = 0, last_row = 0;
+  for (std::int64_t i = 0; i < n; ++i) {
+    longest = std::max(longest, len[static_cast<std::size_t>(i)]);
+    last_row = std::max(last_row, row0[static_cast<std::size_t>(i)] + len[static_cast<std::size_t>(i)]);
+  }
+  if (longest <= 0 || last_row * row > INT_MAX) return {0, 0, false};  // int32 offsets
+  bool uniform = longest == bucket(longest, 64);
+  for (std::int64_t i = 0; i < n; ++i)
+    uniform = uniform && len[static_cast<std::size_t>(i)] == longest && row0[static_cast<std::size_t>(i)] == i * longest;
+  return {n, uniform ? longest : bucket(longest, 64), !uniform};
+}
+
 }  // namespace
 
 struct CudnnAttention::Impl {
@@ -46,7 +67,8 @@ struct CudnnAttention::Impl {
   };
   // (sequences, rows, ragged): ragged graphs per bucket of the longest sequence, with offsets and a
   // padding mask; dense ones for b sequences of exactly s rows each, packed back to back.
-  std::map<std::tuple<std::int64_t, std::int64_t, bool>, Plan> plans;
+  std::map<Key, Plan> plans;
+  std::map<Key, int> seen;  // calls of each key without a graph yet (wanted())
   cuda::DeviceBuffer<std::int32_t> seq_len, ragged_qkv, ragged_o;
   cuda::DeviceBuffer<unsigned char> workspace;
   std::string refusal;                 // why cuDNN refused the latest shape it refused ("" if none)
@@ -139,6 +161,17 @@ std::unique_ptr<CudnnAttention> CudnnAttention::create(std::int64_t heads, std::
 
 std::int64_t CudnnAttention::padded_rows(std::int64_t longest) { return bucket(longest, 64); }
 
+bool CudnnAttention::wanted(std::span<const std::int64_t> row0, std::span<const std::int64_t> len, int build_at,
+                            bool build_now) {
+  Impl& m = *impl_;
+  const Key key = key_of(row0, len, (m.heads + 2 * m.kv_heads) * m.d);
+  if (std::get<1>(key) == 0) return false;
+  if (m.plans.count(key) != 0) return true;  // built (or refused: run() says so and the caller falls back)
+  return build_now || ++m.seen[key] >= build_at;
+}
+
+std::int64_t CudnnAttention::graphs() const { return static_cast<std::int64_t>(impl_->plans.size()); }
+
 std::string CudnnAttention::version() const { return std::to_string(cudnnGetVersion()); }
 
 std::string CudnnAttention::refusal() const { return impl_->refusal; }
@@ -147,24 +180,19 @@ bool CudnnAttention::run(const __nv_bfloat16* qkv, std::span<const std::int64_t>
                          std::span<const std::int64_t> len, __nv_bfloat16* out, cudaStream_t stream) {
   Impl& m = *impl_;
   const auto n = static_cast<std::int64_t>(row0.size());
-  if (n == 0 || len.size() != row0.size()) return false;
   const std::int64_t row = (m.heads + 2 * m.kv_heads) * m.d;
-  std::int64_t longest = 0, last_row = 0;
-  for (std::int64_t i = 0; i < n; ++i) {
-    longest = std::max(longest, len[static_cast<std::size_t>(i)]);
-    last_row = std::max(last_row, row0[static_cast<std::size_t>(i)] + len[static_cast<std::size_t>(i)]);
-  }
-  if (longest <= 0 || last_row * row > INT_MAX) return false;  // int32 offsets
-  // Sequences of one bucket length packed from row 0 (a batch of equal prompts of 64, 128, 256, …
-  // tokens): the plain layout. Other lengths keep the ragged graph of their bucket, so that the
-  // graphs stay few (each costs a build) whatever lengths single prompts have.
-  bool uniform = longest == bucket(longest, 64);
+  const Key key = key_of(row0, len, row);
+  const auto [b, s, ragged] = key;
+  if (s == 0) return false;
+  const bool uniform = !ragged;
+  std::int64_t last_row = 0;
   for (std::int64_t i = 0; i < n; ++i)
-    uniform = uniform && len[static_cast<std::size_t>(i)] == longest && row0[static_cast<std::size_t>(i)] == i * longest;
-  const std::int64_t b = n, s = uniform ? longest : bucket(longest, 64);
-  const auto key = std::make_tuple(b, s, !uniform);
+    last_row = std::max(last_row, row0[static_cast<std::size_t>(i)] + len[static_cast<std::size_t>(i)]);
   auto it = m.plans.find(key);
-  if (it == m.plans.end()) it = m.plans.emplace(key, m.build(b, s, !uniform)).first;
+  if (it == m.plans.end()) {
+    it = m.plans.emplace(key, m.build(b, s, ragged)).first;
+    m.seen.erase(key);
+  }
   const Impl::Plan& plan = it->second;
   if (!plan.graph) return false;
   if (m.workspace.size() < static_cast<std::size_t>(plan.workspace))

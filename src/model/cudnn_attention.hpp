@@ -34,6 +34,15 @@ class CudnnAttention {
   // covers the rest): callers keep that many rows of qkv and out allocated past their last row.
   static std::int64_t padded_rows(std::int64_t longest);
 
+  // Whether a fresh prefill of these sequences should run here: yes where its graph is built (or
+  // was refused: run() then says so), or at the `build_at`-th call of its graph's shape, or at once
+  // with build_now. A graph build costs 0.2–1.7 s on an H100 (cuDNN 9.14) against microseconds of
+  // the runtime's own kernel for a short prompt: a one-off prompt of a new length keeps the own
+  // kernel, a shape that comes back (a server, a benchmark) gets cuDNN. Counts the call.
+  bool wanted(std::span<const std::int64_t> row0, std::span<const std::int64_t> len, int build_at, bool build_now);
+  // Graphs built so far (refused shapes included).
+  std::int64_t graphs() const;
+
   // The cuDNN library's version (cudnnGetVersion(), e.g. 91400).
   std::string version() const;
   // Why cuDNN refused the latest shape it refused (its frontend's message), or "".

@@ -189,6 +189,7 @@ TEST(ModelCuda, PrefillAttentionBackendsMatchCpu) {
     auto cpu = model::make_runtime(m, "cpu", {FfnPath::dense, 0.05});
     model::RuntimeOptions with(FfnPath::automatic), without(FfnPath::automatic);
     without.cudnn_attention = false;
+    with.cudnn_build_at = 1;  // every shape on cuDNN from its first call
     auto a = model::make_runtime(m, "cuda", with);
     auto b = model::make_runtime(m, "cuda", without);
     RecordProperty("prefill_attention", a->prefill_attention());
@@ -228,6 +229,45 @@ TEST(ModelCuda, PrefillAttentionBackendsMatchCpu) {
       }
     }
   }
+}
+
+// By default a prefill shape's cuDNN graph is built at its second call (a build takes 0.2–1.7 s, a
+// one-off prompt's attention microseconds): the first call runs the own kernels (bit-identical to a
+// runtime without cuDNN), the second builds and runs cuDNN's (other bits, same values), a call of
+// another shape starts over.
+TEST(ModelCuda, CudnnGraphIsBuiltAtAShapesSecondCall) {
+  TWELL_REQUIRE_GPU();
+  TinySpec spec;
+  spec.act = "silu";
+  spec.bf16 = true;
+  spec.hidden = 256;
+  spec.heads = 4;
+  spec.kv_heads = 2;
+  spec.max_pos = 160;
+  spec.seed = fresh_seed();
+  const model::Model m = model::Model::load(write_tiny("cudnn_build_at", spec).string());
+  model::RuntimeOptions without(FfnPath::automatic);
+  without.cudnn_attention = false;
+  auto a = model::make_runtime(m, "cuda", model::RuntimeOptions(FfnPath::automatic));
+  auto b = model::make_runtime(m, "cuda", without);
+  if (a->prefill_attention().find("cuDNN SDPA") == std::string::npos)
+    GTEST_SKIP() << "no cuDNN attention here: " << a->prefill_attention();
+  EXPECT_NE(a->prefill_attention().find("0 graphs built"), std::string::npos) << a->prefill_attention();
+  Rng rng(spec.seed);
+  for (const std::int64_t n : {77, 130}) {
+    SCOPED_TRACE(::testing::Message() << "a prompt of " << n << " tokens");
+    std::vector<std::vector<std::int32_t>> seqs(1);
+    for (std::int64_t i = 0; i < n; ++i) seqs[0].push_back(static_cast<std::int32_t>(rng.below(spec.vocab)));
+    const auto own = run_batch(*b, seqs, 256);
+    const auto first = run_batch(*a, seqs, 256);
+    EXPECT_EQ(first, own) << "the first call of a shape ran cuDNN: " << a->prefill_attention();
+    const auto second = run_batch(*a, seqs, 256);
+    EXPECT_NE(second, own) << "the second call of a shape did not run cuDNN: " << a->prefill_attention();
+    EXPECT_LT(rel_diff(second[0], own[0]), kTol);
+    const auto third = run_batch(*a, seqs, 256);
+    EXPECT_EQ(third, second) << "a built graph's calls differ";
+  }
+  EXPECT_NE(a->prefill_attention().find("2 graphs built"), std::string::npos) << a->prefill_attention();
 }
 
 TEST(ModelCuda, GreedyGenerationMatchesCpu) {

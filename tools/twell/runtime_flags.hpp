@@ -13,6 +13,11 @@ inline void add_runtime_flags(CLI::App* sub, model::RuntimeOptions& o) {
                 "GPU: prefill attention by twell's own tensor-core kernel even where cuDNN's fused SDPA is built in");
   sub->add_flag("!--no-fused-decode", o.fused_decode,
                 "GPU: a one-row step's attention norm, QKV, RoPE and cache store as separate kernels (default: one)");
+  sub->add_option("--cudnn-build-at", o.cudnn_build_at,
+                  "GPU: a prefill shape's cuDNN attention graph is built at its N-th call (a build takes 0.2-1.7 s; "
+                  "earlier calls run twell's own kernel)")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 1 << 20));
   sub->add_flag("!--no-cpu-bf16", o.cpu_bf16_weights,
                 "CPU: decode steps on the fp32 weights too (default: on bf16 copies of weights whose values are bf16)");
   sub->add_option("--decode-max-density", o.decode_max_density,

@@ -57,6 +57,12 @@ struct RuntimeOptions {
   // cuDNN's fused SDPA where this build has cuDNN (see prefill_attention()); off: the runtime's
   // own tensor-core kernel always (for A/B measurement and checks).
   bool cudnn_attention = true;
+  // CUDA runtime only: cuDNN builds a graph per prefill shape (sequence count, longest length's
+  // bucket), 0.2–1.7 s each on an H100. A shape's prefills run the runtime's own kernel until its
+  // `cudnn_build_at`-th call, which builds the graph (1: at the first; a call whose attention would
+  // keep the own kernel busy ≈ 0.5 s or more builds at once). Default 2: a one-off prompt answers in
+  // milliseconds, a shape that recurs (a server, a benchmark's repetitions) gets cuDNN.
+  int cudnn_build_at = 2;
   // CUDA runtime only: the runtime's own kernels (norms, RoPE, attention, the one-token
   // projections, embedding, argmax) as programmatic dependent launches on Hopper — each may be
   // scheduled while the one before it still runs and waits for it on the device — to hide launch
