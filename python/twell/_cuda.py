@@ -123,12 +123,23 @@ def context_bytes() -> int:
     return own + sum(s.bytes for s in _scratch.values() if not s.from_allocator)
 
 
+# PyTorch's current stream of a device as a raw cudaStream_t, without a torch.cuda.Stream object
+# (microseconds of Python each, on the host path between a training forward's synchronisation
+# and its backward's first launch, where the GPU waits); the public call where the private one is gone.
+_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+
+
 def stream_of(t: Tensor) -> int:
+    if _raw_stream is not None:
+        return _raw_stream(t.device.index if t.device.index is not None else torch.cuda.current_device())
     return torch.cuda.current_stream(t.device).cuda_stream
 
 
 def bf16(t: Optional[Tensor]) -> Optional[Tensor]:
-    return None if t is None else t.detach().to(torch.bfloat16).contiguous()
+    if t is None:
+        return None
+    t = t.detach()
+    return t if t.dtype == torch.bfloat16 and t.is_contiguous() else t.to(torch.bfloat16).contiguous()
 
 
 def _same(old, w: Optional[Tensor]) -> bool:
@@ -216,7 +227,9 @@ def train_backward(x: Tensor, dy: Tensor, w_gate, w_up, w_down, token: Tensor, d
     # other dtypes through fp32.
     dwg, dwu, dwd = (None if w is None else torch.empty_like(w, dtype=_grad_dtype(w), memory_format=torch.contiguous_format)
                      for w in (w_gate, w_up, w_down))
-    coeff = dl1.detach().to(torch.float32).reshape(1).contiguous()
+    coeff = dl1.detach().reshape(1)
+    if coeff.dtype != torch.float32:
+        coeff = coeff.to(torch.float32)
     ctx.backward(*_caps(xb, bf16(dy), coeff, dxb, dwg, dwu, dwd), s)
     return (dxb.to(x.dtype), torch.empty(0, device=x.device) if dwg is None else dwg.to(w_gate.dtype),
             dwu.to(w_up.dtype), dwd.to(w_down.dtype))
