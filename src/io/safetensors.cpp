@@ -8,6 +8,9 @@
 #include <fstream>
 #include <limits>
 #include <set>
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <nlohmann/json.hpp>
@@ -310,6 +313,9 @@ struct SafetensorsReader::Impl {
   std::map<std::string, std::size_t> index;
   std::map<std::string, std::string> metadata;
   std::vector<std::byte> raw;  // an F16 tensor's file bytes before conversion
+  std::uint64_t total = 0;     // the file's size
+  std::shared_ptr<const std::byte> mapped;  // the whole file, read-only (view()); null until then
+  bool unmappable = false;                  // mmap failed once: views stay empty
 
   const Entry& entry(const std::string& name) const {
     const auto it = index.find(name);
@@ -333,6 +339,7 @@ SafetensorsReader::SafetensorsReader(const std::string& path, ReadOptions opt) :
   if (size < 0) fail(ErrorCode::io, "cannot read '{}': not a regular file", path);
   m.in.seekg(0);
   const std::uint64_t total = static_cast<std::uint64_t>(size);
+  m.total = total;
 
   std::byte prefix[8] = {};
   if (total >= 8 && !m.in.read(reinterpret_cast<char*>(prefix), 8)) fail(ErrorCode::io, "cannot read '{}'", path);
@@ -384,6 +391,32 @@ void SafetensorsReader::read_into(const std::string& name, std::span<std::byte> 
     const HostTensor t = make_tensor(e, m.raw.data());
     std::memcpy(dst.data(), t.bytes(), dst.size());
   }
+}
+
+SafetensorsReader::View SafetensorsReader::view(const std::string& name) {
+  Impl& m = *impl_;
+  const Entry& e = m.entry(name);
+  if (e.file_dtype == "F16" || e.end == e.begin) return {};
+  if (!m.mapped && !m.unmappable) {
+    const int fd = ::open(m.path.c_str(), O_RDONLY | O_CLOEXEC);
+    struct stat st {};
+    const bool same = fd >= 0 && ::fstat(fd, &st) == 0 && static_cast<std::uint64_t>(st.st_size) == m.total;
+    if (fd >= 0 && !same) {
+      ::close(fd);
+      fail(ErrorCode::io, "'{}' changed size since it was opened (written while being read?)", m.path);
+    }
+    void* p = fd < 0 ? MAP_FAILED : ::mmap(nullptr, m.total, PROT_READ, MAP_PRIVATE, fd, 0);
+    if (fd >= 0) ::close(fd);  // the mapping keeps the file
+    if (p == MAP_FAILED) {
+      m.unmappable = true;
+    } else {
+      const std::size_t len = m.total;
+      m.mapped = std::shared_ptr<const std::byte>(static_cast<const std::byte*>(p),
+                                                  [len](const std::byte* q) { ::munmap(const_cast<std::byte*>(q), len); });
+    }
+  }
+  if (!m.mapped) return {};
+  return {m.mapped, std::span<const std::byte>(m.mapped.get() + m.data_start + e.begin, e.end - e.begin)};
 }
 
 HostTensor SafetensorsReader::read(const std::string& name) {

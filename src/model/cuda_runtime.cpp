@@ -44,17 +44,22 @@ DeviceBuffer<bf16_t> upload_bf16(const std::vector<float>& v, cudaStream_t strea
   return cuda::host::upload_x(CMatrixF(v.data(), 1, static_cast<std::int64_t>(v.size())), stream);
 }
 
-// bf16 bits as they are (a model loaded with LoadOptions::bf16_only).
-DeviceBuffer<bf16_t> upload_bits(const std::vector<std::uint16_t>& v, cudaStream_t stream) {
+// bf16 bits as they are (a model loaded with LoadOptions::bf16_only), its pieces end to end (read
+// straight from the checkpoint's mapped file where the model views it).
+DeviceBuffer<bf16_t> upload_bits(const Bf16Matrix& v, cudaStream_t stream) {
   DeviceBuffer<bf16_t> d(v.size());
-  TWELL_CUDA_CHECK(cudaMemcpyAsync(d.get(), v.data(), v.size() * sizeof(std::uint16_t), cudaMemcpyHostToDevice, stream));
+  std::size_t at = 0;
+  for (const Bf16Matrix::Piece& p : v.pieces) {
+    TWELL_CUDA_CHECK(cudaMemcpyAsync(d.get() + at, p.bits, p.size * sizeof(std::uint16_t), cudaMemcpyHostToDevice, stream));
+    at += p.size;
+  }
   TWELL_CUDA_CHECK(cudaStreamSynchronize(stream));
   return d;
 }
 
 // A weight matrix in the form the model holds it (fp32, rounded here; or, bf16_only, bf16 bits
 // rounded alike at load), as bf16 on the device: the same bits either way.
-DeviceBuffer<bf16_t> upload_matrix(const Model& m, const std::vector<float>& f32, const std::vector<std::uint16_t>& b16,
+DeviceBuffer<bf16_t> upload_matrix(const Model& m, const std::vector<float>& f32, const Bf16Matrix& b16,
                                    cudaStream_t stream) {
   return m.bf16_only ? upload_bits(b16, stream) : upload_bf16(f32, stream);
 }
@@ -186,7 +191,7 @@ class CudaRuntime final : public Runtime {
           d.ffn->upload_weights(ffn_weights(l.w_gate.data(), l.w_up.data(), l.w_down.data(), N, K), stream_);
         }
       } else if (m.bf16_only) {
-        d.w_gu = upload_bits(concat(l.w_gate16, l.w_up16), stream_);
+        d.w_gu = upload_bits(l.w_gate16.then(l.w_up16), stream_);
         d.w_down = upload_bits(l.w_down16, stream_);
       } else {
         d.w_gu = upload_bf16(concat(l.w_gate, l.w_up), stream_);

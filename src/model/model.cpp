@@ -146,25 +146,78 @@ std::vector<float> take(Tensors& t, const std::string& name, std::vector<std::in
   return v;
 }
 
-// As take, as bf16 bits: a bf16 tensor's own, an fp32 one's rounded to nearest even (to_bf16, the
-// rounding of the GPU's upload of fp32 weights). A finite fp32 value that rounds to ±Inf is non-finite.
-std::vector<std::uint16_t> take16(Tensors& t, const std::string& name, std::vector<std::int64_t> shape) {
+// The index of the first non-finite bf16 value (exponent all ones) of v, or v.size(): a branch-free
+// scan in blocks (vectorised), the index looked for only in a block that has one.
+std::size_t first_nonfinite16(const std::uint16_t* v, std::size_t n) {
+  constexpr std::size_t kBlock = 4096;
+  for (std::size_t b = 0; b < n; b += kBlock) {
+    const std::size_t e = std::min(n, b + kBlock);
+    unsigned bad = 0;
+    for (std::size_t i = b; i < e; ++i) bad |= static_cast<unsigned>((v[i] & 0x7f80u) == 0x7f80u);
+    if (bad)
+      for (std::size_t i = b; i < e; ++i)
+        if ((v[i] & 0x7f80u) == 0x7f80u) return i;
+  }
+  return n;
+}
+
+// As take, as bf16 bits: a bf16 tensor's own — viewed in the mapped file where it can be (no copy,
+// no fresh pages: most of a load's time was the kernel zeroing pages for copies), else read — an
+// fp32 one's rounded to nearest even (to_bf16, the rounding of the GPU's upload of fp32 weights).
+// A finite fp32 value that rounds to ±Inf is non-finite.
+Bf16Matrix take16(Tensors& t, const std::string& name, std::vector<std::int64_t> shape) {
   io::SafetensorsReader& f = find(t, name, shape);
   const io::SafetensorsReader::Info& h = *f.find(name);
-  std::vector<std::uint16_t> v(h.bytes / dtype_size(h.dtype));
+  const std::size_t n = h.bytes / dtype_size(h.dtype);
+  Bf16Matrix::Piece piece;
+  piece.size = n;
   if (h.dtype == DType::bf16) {
-    f.read_into(name, std::as_writable_bytes(std::span(v)));
-  } else {
-    read_scratch(t, f, name);
-    const auto* in = reinterpret_cast<const float*>(t.scratch.data());
-    for (std::size_t i = 0; i < v.size(); ++i) v[i] = to_bf16(in[i]).bits;
+    io::SafetensorsReader::View view = f.view(name);
+    if (!view.bytes.empty() && reinterpret_cast<std::uintptr_t>(view.bytes.data()) % alignof(std::uint16_t) == 0) {
+      piece.bits = reinterpret_cast<const std::uint16_t*>(view.bytes.data());
+      piece.owner = std::move(view.owner);
+    }
   }
-  for (std::size_t i = 0; i < v.size(); ++i) check_finite(t, name, (v[i] & 0x7f80u) != 0x7f80u, i);
+  if (!piece.owner) {  // read (an unaligned or unmappable bf16 tensor) or converted (fp32)
+    auto own = std::make_shared<std::vector<std::uint16_t>>(n);
+    if (h.dtype == DType::bf16) {
+      f.read_into(name, std::as_writable_bytes(std::span(*own)));
+    } else {
+      read_scratch(t, f, name);
+      const auto* in = reinterpret_cast<const float*>(t.scratch.data());
+      for (std::size_t i = 0; i < n; ++i) (*own)[i] = to_bf16(in[i]).bits;
+    }
+    piece.bits = own->data();
+    piece.owner = std::move(own);
+  }
+  const std::size_t bad = first_nonfinite16(piece.bits, n);
+  check_finite(t, name, bad == n, bad);
   t.by_name.erase(name);
-  return v;
+  Bf16Matrix m;
+  m.pieces.push_back(std::move(piece));
+  return m;
 }
 
 }  // namespace
+
+std::size_t Bf16Matrix::size() const noexcept {
+  std::size_t n = 0;
+  for (const Piece& p : pieces) n += p.size;
+  return n;
+}
+
+std::vector<std::uint16_t> Bf16Matrix::to_vector() const {
+  std::vector<std::uint16_t> v;
+  v.reserve(size());
+  for (const Piece& p : pieces) v.insert(v.end(), p.bits, p.bits + p.size);
+  return v;
+}
+
+Bf16Matrix Bf16Matrix::then(const Bf16Matrix& b) const {
+  Bf16Matrix m = *this;
+  m.pieces.insert(m.pieces.end(), b.pieces.begin(), b.pieces.end());
+  return m;
+}
 
 std::int64_t Model::weight_bytes() const noexcept {
   std::size_t n = embed.size() + final_norm.size() + lm_head.size(), n16 = embed16.size() + lm_head16.size();
@@ -187,16 +240,17 @@ Model Model::load(const std::string& dir_str, const LoadOptions& opt) {
     m.config.act = parse_activation(*opt.hidden_act);
   }
   const LlamaConfig& c = m.config;
-  // Peak host memory: the file's tensors (≤ 4 bytes a parameter) and their fp32 copies (bf16_only:
-  // 2-byte copies).
+  // Peak host memory: the fp32 copies (4 bytes a parameter; bf16_only: at most 2, none for a bf16
+  // file's tensors, which stay in the page cache) and one tensor's file bytes at a time (the
+  // embedding's, at most a few % of a model; 1 byte a parameter bounds it with room).
   m.bf16_only = opt.bf16_only;
-  check_host_memory((opt.bf16_only ? 6.0 : 8.0) * static_cast<double>(c.parameters()),
+  check_host_memory((opt.bf16_only ? 3.0 : 5.0) * static_cast<double>(c.parameters()),
                     fmt::format("loading {} ({:.2f} B parameters)", dir_str, static_cast<double>(c.parameters()) / 1e9));
   Tensors t = read_checkpoint(dir);
   const std::int64_t K = c.hidden_size, N = c.intermediate_size, V = c.vocab_size;
   // A weight matrix into its fp32 vector, or (bf16_only) its bf16 one.
   auto matrix = [&](const std::string& name, std::vector<std::int64_t> shape, std::vector<float>& f32,
-                    std::vector<std::uint16_t>& b16) {
+                    Bf16Matrix& b16) {
     if (opt.bf16_only)
       b16 = take16(t, name, std::move(shape));
     else
@@ -230,7 +284,7 @@ Model Model::load(const std::string& dir_str, const LoadOptions& opt) {
     };
     const std::string q = p + "self_attn.q_proj.weight", k = p + "self_attn.k_proj.weight", v = p + "self_attn.v_proj.weight";
     if (opt.bf16_only)
-      stack(l.wqkv16, take16(t, q, {c.q_dim(), K}), take16(t, k, {c.kv_dim(), K}), take16(t, v, {c.kv_dim(), K}));
+      l.wqkv16 = take16(t, q, {c.q_dim(), K}).then(take16(t, k, {c.kv_dim(), K})).then(take16(t, v, {c.kv_dim(), K}));
     else
       stack(l.wqkv, take(t, q, {c.q_dim(), K}), take(t, k, {c.kv_dim(), K}), take(t, v, {c.kv_dim(), K}));
     matrix(p + "self_attn.o_proj.weight", {K, c.q_dim()}, l.wo, l.wo16);

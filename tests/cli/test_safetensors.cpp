@@ -173,7 +173,33 @@ TEST(Safetensors, ReaderReadsTensorsOneAtATime) {
   std::vector<float> hv(3);
   rh.read_into("h", std::as_writable_bytes(std::span(hv)));
   EXPECT_EQ(hv, (std::vector<float>{1.0f, -2.0f, 65504.0f}));
+  EXPECT_TRUE(rh.view("h").bytes.empty());  // converted as read: no view of the file's bytes
   fs::remove_all(dir);
+}
+
+// A view is the tensor's bytes in the mapped file: equal to what read_into gives, outliving the
+// reader and the file's name; an empty tensor has none; an unknown name is an error.
+TEST(Safetensors, ReaderViewsTensorsInTheMappedFile) {
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::temp_directory_path() / ("twell_st_view_" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  const std::string path = (dir / "v.safetensors").string();
+  const HostTensor a = iota_f32({4, 2}), b = iota_f32({3}), empty(DType::f32, {0});
+  io::write_safetensors(path, {{"a", &a}, {"b", &b}, {"e", &empty}});
+  io::SafetensorsReader::View va, vb;
+  {
+    io::SafetensorsReader r(path);
+    va = r.view("a");
+    vb = r.view("b");
+    EXPECT_TRUE(r.view("e").bytes.empty());
+    EXPECT_THROW((void)r.view("nope"), Error);
+  }
+  fs::remove_all(dir);
+  ASSERT_EQ(va.bytes.size(), a.nbytes());
+  ASSERT_EQ(vb.bytes.size(), b.nbytes());
+  EXPECT_EQ(std::memcmp(va.bytes.data(), a.bytes(), a.nbytes()), 0);
+  EXPECT_EQ(std::memcmp(vb.bytes.data(), b.bytes(), b.nbytes()), 0);
+  EXPECT_EQ(va.owner, vb.owner);  // one mapping for the file
 }
 
 TEST(Safetensors, F16RejectedOrConverted) {

@@ -354,23 +354,32 @@ TEST(ModelCpu, Bf16OnlyLoadKeepsTheBitsTheGpuHolds) {
       EXPECT_TRUE(b.bf16_only);
       EXPECT_FALSE(a.bf16_only);
       EXPECT_TRUE(b.embed.empty() && b.lm_head.empty());
-      EXPECT_EQ(b.embed16, bits(a.embed));
-      EXPECT_EQ(b.lm_head16, bits(a.lm_head));  // both empty when tied
+      EXPECT_EQ(b.embed16.to_vector(), bits(a.embed));
+      EXPECT_EQ(b.lm_head16.to_vector(), bits(a.lm_head));  // both empty when tied
       EXPECT_EQ(b.lm_head16.empty(), tied);
       EXPECT_EQ(b.final_norm, a.final_norm);
       ASSERT_EQ(b.layers.size(), a.layers.size());
       for (std::size_t l = 0; l < a.layers.size(); ++l) {
         const model::LayerWeights &x = a.layers[l], &y = b.layers[l];
         EXPECT_TRUE(y.wqkv.empty() && y.wo.empty() && y.w_gate.empty() && y.w_up.empty() && y.w_down.empty());
-        EXPECT_EQ(y.wqkv16, bits(x.wqkv)) << "layer " << l;
-        EXPECT_EQ(y.wo16, bits(x.wo)) << "layer " << l;
-        EXPECT_EQ(y.w_gate16, bits(x.w_gate)) << "layer " << l;
-        EXPECT_EQ(y.w_up16, bits(x.w_up)) << "layer " << l;
-        EXPECT_EQ(y.w_down16, bits(x.w_down)) << "layer " << l;
+        EXPECT_EQ(y.wqkv16.to_vector(), bits(x.wqkv)) << "layer " << l;
+        EXPECT_EQ(y.wo16.to_vector(), bits(x.wo)) << "layer " << l;
+        EXPECT_EQ(y.w_gate16.to_vector(), bits(x.w_gate)) << "layer " << l;
+        EXPECT_EQ(y.w_up16.to_vector(), bits(x.w_up)) << "layer " << l;
+        EXPECT_EQ(y.w_down16.to_vector(), bits(x.w_down)) << "layer " << l;
         EXPECT_EQ(y.attn_norm, x.attn_norm);
         EXPECT_EQ(y.ffn_norm, x.ffn_norm);
       }
       EXPECT_LT(b.weight_bytes(), 0.51 * static_cast<double>(a.weight_bytes()));
+      if (bf16_file) {
+        // The bits view the mapped file: they outlive the file's name (the mapping keeps it) — and
+        // the pieces of the QKV matrix are the file's three tensors, not a copy.
+        EXPECT_EQ(b.layers[0].wqkv16.pieces.size(), 3u);
+        const std::vector<std::uint16_t> before = b.embed16.to_vector();
+        std::filesystem::remove_all(dir);
+        EXPECT_EQ(b.embed16.to_vector(), before);
+        EXPECT_EQ(b.layers.back().w_down16.to_vector(), bits(a.layers.back().w_down));
+      }
       try {
         CpuRuntime rt(b);
         ADD_FAILURE() << "the CPU runtime took a bf16-only model";

@@ -77,6 +77,16 @@ class SafetensorsReader {
   HostTensor read(const std::string& name);
   // The tensor's bytes as held in memory into dst (exactly find(name)->bytes of them).
   void read_into(const std::string& name, std::span<std::byte> dst);
+  // The tensor's bytes in the file, mapped read-only (the whole file is mapped at the first call and
+  // stays mapped while any view's owner lives, the reader gone or not): no copy, no fresh pages —
+  // a loader hands them on as they are. Empty where the file holds other bytes than memory would
+  // (F16 converted) or cannot be mapped; then read_into. The file must not be truncated or
+  // rewritten in place while a view is read (writers that replace the file, as twell's do, are safe).
+  struct View {
+    std::shared_ptr<const void> owner;  // keeps the mapping
+    std::span<const std::byte> bytes;
+  };
+  View view(const std::string& name);
 
  private:
   struct Impl;

@@ -1,10 +1,12 @@
 #pragma once
 // A Llama model's weights on the host, loaded from a Hugging Face checkpoint directory
 // (config.json + model.safetensors, or shards listed by model.safetensors.index.json).
-// Tensors may be bf16, fp16 or fp32; they are held as fp32. Every tensor's name and shape is
+// Tensors may be bf16, fp16 or fp32; they are held as fp32 (or, bf16_only, as bf16 bits viewing the
+// file where it holds bf16). Every tensor's name and shape is
 // checked against the config at load time: a missing, extra or misshaped tensor is an error
 // naming it, never a silently wrong model.
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -12,6 +14,25 @@
 #include "twell/model/config.hpp"
 
 namespace twell::model {
+
+// A weight matrix as bf16 bits, row-major, in pieces laid end to end (a QKV projection: q, k and
+// v as the file holds them). A piece views the checkpoint's file mapped read-only (a bf16 tensor:
+// no copy, no fresh pages) or a vector of its own (rounded from fp32); its owner keeps either
+// alive, so copies share and nothing is ever written through a piece.
+struct Bf16Matrix {
+  struct Piece {
+    std::shared_ptr<const void> owner;
+    const std::uint16_t* bits = nullptr;
+    std::size_t size = 0;
+  };
+  std::vector<Piece> pieces;
+
+  std::size_t size() const noexcept;
+  bool empty() const noexcept { return size() == 0; }
+  std::vector<std::uint16_t> to_vector() const;  // the pieces concatenated
+  // This matrix's pieces, then b's: [a; b] stacked by rows (no bits copied).
+  Bf16Matrix then(const Bf16Matrix& b) const;
+};
 
 struct LayerWeights {
   std::vector<float> attn_norm;  // [K]
@@ -25,7 +46,7 @@ struct LayerWeights {
   // GPU never holds that copy.)
   // A model loaded with LoadOptions::bf16_only holds the five matrices as bf16 bits here instead
   // (the fp32 vectors above stay empty; the norms stay fp32).
-  std::vector<std::uint16_t> wqkv16, wo16, w_gate16, w_up16, w_down16;
+  Bf16Matrix wqkv16, wo16, w_gate16, w_up16, w_down16;
 
   LayerWeights() = default;
   LayerWeights(LayerWeights&&) = default;  // vectors move their buffers: views into them stay valid
@@ -52,8 +73,8 @@ struct Model {
   std::vector<float> lm_head;     // [V, K]; empty when tied to embed
   std::vector<LayerWeights> layers;
   bool bf16_only = false;              // LoadOptions::bf16_only: the matrices are in the *16 fields
-  std::vector<std::uint16_t> embed16;  // [V, K] bf16 bits (bf16_only)
-  std::vector<std::uint16_t> lm_head16;  // [V, K]; empty when tied (bf16_only)
+  Bf16Matrix embed16;    // [V, K] bf16 bits (bf16_only)
+  Bf16Matrix lm_head16;  // [V, K]; empty when tied (bf16_only)
 
   // The fp32 head (an fp32 model's; null for a bf16_only one).
   const float* head() const noexcept { return lm_head.empty() ? embed.data() : lm_head.data(); }
