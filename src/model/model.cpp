@@ -2,6 +2,7 @@
 #include "twell/model/model.hpp"
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
@@ -127,7 +128,22 @@ void check_finite(Tensors& t, const std::string& name, bool finite, std::size_t 
 std::vector<float> values(Tensors& t, const std::string& name, const std::vector<std::int64_t>& shape) {
   io::SafetensorsReader& f = find(t, name, shape);
   const io::SafetensorsReader::Info& h = *f.find(name);
-  std::vector<float> v(h.bytes / dtype_size(h.dtype));
+  const std::size_t n = h.bytes / dtype_size(h.dtype);
+  // Where the file's bytes can be viewed in place (mapped), the vector is built from them directly:
+  // no zero-filled vector overwritten afterwards, no copy of the tensor into scratch first.
+  const io::SafetensorsReader::View view = f.view(name);
+  if (!view.bytes.empty() && reinterpret_cast<std::uintptr_t>(view.bytes.data()) % alignof(float) == 0) {
+    if (h.dtype == DType::f32) {
+      const auto* p = reinterpret_cast<const float*>(view.bytes.data());
+      return std::vector<float>(p, p + n);
+    }
+    const auto* p = reinterpret_cast<const bf16*>(view.bytes.data());
+    std::vector<float> v;
+    v.reserve(n);
+    for (std::size_t i = 0; i < n; ++i) v.push_back(to_float(p[i]));
+    return v;
+  }
+  std::vector<float> v(n);
   if (h.dtype == DType::f32) {
     f.read_into(name, std::as_writable_bytes(std::span(v)));
   } else {
@@ -138,10 +154,28 @@ std::vector<float> values(Tensors& t, const std::string& name, const std::vector
   return v;
 }
 
+// The index of the first non-finite value of v (exponent all ones), or v.size(): a branch-free scan
+// in blocks (vectorised), the index looked for only in a block that has one.
+std::size_t first_nonfinite(const std::vector<float>& v) {
+  constexpr std::size_t kBlock = 4096;
+  const std::size_t n = v.size();
+  for (std::size_t b = 0; b < n; b += kBlock) {
+    const std::size_t e = std::min(n, b + kBlock);
+    unsigned bad = 0;
+    for (std::size_t i = b; i < e; ++i)
+      bad |= static_cast<unsigned>((std::bit_cast<std::uint32_t>(v[i]) & 0x7f800000u) == 0x7f800000u);
+    if (bad)
+      for (std::size_t i = b; i < e; ++i)
+        if (!std::isfinite(v[i])) return i;
+  }
+  return n;
+}
+
 // The tensor as fp32, finite, then released from t.
 std::vector<float> take(Tensors& t, const std::string& name, std::vector<std::int64_t> shape) {
   std::vector<float> v = values(t, name, shape);
-  for (std::size_t i = 0; i < v.size(); ++i) check_finite(t, name, std::isfinite(v[i]), i);
+  const std::size_t bad = first_nonfinite(v);
+  check_finite(t, name, bad == v.size(), bad);
   t.by_name.erase(name);
   return v;
 }

@@ -404,6 +404,53 @@ TEST(ModelCpu, Bf16OnlyLoadKeepsTheBitsTheGpuHolds) {
   }
 }
 
+// A non-finite weight is refused by name and flat index, in either load form and file dtype; a
+// finite fp32 value that rounds to ±Inf in bf16 is refused by the bf16-only load only (the GPU
+// could not hold it) — at every position of a scan block, the block's edges included.
+TEST(ModelCpu, NonFiniteWeightsAreRefusedWhereTheyAre) {
+  for (const bool bf16_file : {false, true})
+    for (const std::int64_t at : {0, 4095, 4096, 5000, 176 * 64 - 1}) {
+      SCOPED_TRACE(::testing::Message() << (bf16_file ? "bf16" : "fp32") << " file, flat index " << at);
+      TinySpec s;
+      s.bf16 = bf16_file;
+      const auto dir = write_tiny("nonfinite", s);
+      const std::string path = (dir / "model.safetensors").string();
+      io::SafetensorsFile f = io::read_safetensors(path);
+      const std::string name = "model.layers.1.mlp.up_proj.weight";  // [176, 64]
+      std::vector<io::TensorRef> refs;
+      for (auto& [n, h] : f.tensors) {
+        if (n == name) {
+          if (bf16_file)
+            h.data<bf16>()[at] = to_bf16(NAN);
+          else
+            h.data<float>()[at] = -INFINITY;
+        }
+        refs.push_back({n, &h});
+      }
+      io::write_safetensors(path, refs);
+      for (const bool b16 : {false, true}) {
+        model::LoadOptions lo;
+        lo.bf16_only = b16;
+        try {
+          (void)Model::load(dir.string(), lo);
+          ADD_FAILURE() << "a non-finite weight was accepted (bf16_only " << b16 << ")";
+        } catch (const Error& e) {
+          EXPECT_NE(std::string(e.what()).find(name + " in"), std::string::npos) << e.what();
+          EXPECT_NE(std::string(e.what()).find(fmt::format("at flat index {}", at)), std::string::npos) << e.what();
+        }
+      }
+      if (!bf16_file) {  // a finite fp32 weight past bf16's range
+        for (auto& [n, h] : f.tensors)
+          if (n == name) h.data<float>()[at] = 3.4e38f;
+        io::write_safetensors(path, refs);
+        EXPECT_NO_THROW((void)Model::load(dir.string()));
+        model::LoadOptions lo;
+        lo.bf16_only = true;
+        EXPECT_THROW((void)Model::load(dir.string(), lo), Error);
+      }
+    }
+}
+
 TEST(ModelCpu, LoadErrorsNameTheProblem) {
   TinySpec s;
   auto expect_error = [](const std::filesystem::path& dir, const std::string& needle) {
