@@ -210,6 +210,7 @@ Bf16Matrix take16(Tensors& t, const std::string& name, std::vector<std::int64_t>
     if (!view.bytes.empty() && reinterpret_cast<std::uintptr_t>(view.bytes.data()) % alignof(std::uint16_t) == 0) {
       piece.bits = reinterpret_cast<const std::uint16_t*>(view.bytes.data());
       piece.owner = std::move(view.owner);
+      piece.mapped = true;
     }
   }
   if (!piece.owner) {  // read (an unaligned or unmappable bf16 tensor) or converted (fp32)
@@ -229,6 +230,20 @@ Bf16Matrix take16(Tensors& t, const std::string& name, std::vector<std::int64_t>
   t.by_name.erase(name);
   Bf16Matrix m;
   m.pieces.push_back(std::move(piece));
+  return m;
+}
+
+// A bf16 tensor's bits viewed in the mapped file (an fp32 load's companion views), or empty where
+// the file holds another dtype or cannot be viewed. Not checked for finite values: take() checks
+// the fp32 values, which hold the same bits.
+Bf16Matrix view16(Tensors& t, const std::string& name, const std::vector<std::int64_t>& shape) {
+  io::SafetensorsReader& f = find(t, name, shape);
+  if (f.find(name)->dtype != DType::bf16) return {};
+  io::SafetensorsReader::View view = f.view(name);
+  if (view.bytes.empty() || reinterpret_cast<std::uintptr_t>(view.bytes.data()) % alignof(std::uint16_t) != 0) return {};
+  Bf16Matrix m;
+  m.pieces.push_back({std::move(view.owner), reinterpret_cast<const std::uint16_t*>(view.bytes.data()),
+                      view.bytes.size() / sizeof(std::uint16_t), true});
   return m;
 }
 
@@ -254,11 +269,16 @@ Bf16Matrix Bf16Matrix::then(const Bf16Matrix& b) const {
 }
 
 std::int64_t Model::weight_bytes() const noexcept {
-  std::size_t n = embed.size() + final_norm.size() + lm_head.size(), n16 = embed16.size() + lm_head16.size();
+  auto own16 = [](const Bf16Matrix& b) {
+    std::size_t n = 0;
+    for (const Bf16Matrix::Piece& p : b.pieces) n += p.mapped ? 0 : p.size;
+    return n;
+  };
+  std::size_t n = embed.size() + final_norm.size() + lm_head.size(), n16 = own16(embed16) + own16(lm_head16);
   for (const auto& l : layers) {
     n += l.attn_norm.size() + l.wqkv.size() + l.wo.size() + l.ffn_norm.size() + l.w_gate.size() + l.w_up.size() +
          l.w_down.size();
-    n16 += l.wqkv16.size() + l.wo16.size() + l.w_gate16.size() + l.w_up16.size() + l.w_down16.size();
+    n16 += own16(l.wqkv16) + own16(l.wo16) + own16(l.w_gate16) + own16(l.w_up16) + own16(l.w_down16);
   }
   return static_cast<std::int64_t>(n * sizeof(float) + n16 * sizeof(std::uint16_t));
 }
@@ -285,10 +305,12 @@ Model Model::load(const std::string& dir_str, const LoadOptions& opt) {
   // A weight matrix into its fp32 vector, or (bf16_only) its bf16 one.
   auto matrix = [&](const std::string& name, std::vector<std::int64_t> shape, std::vector<float>& f32,
                     Bf16Matrix& b16) {
-    if (opt.bf16_only)
+    if (opt.bf16_only) {
       b16 = take16(t, name, std::move(shape));
-    else
+    } else {
+      b16 = view16(t, name, shape);
       f32 = take(t, name, std::move(shape));
+    }
   };
 
   if (c.tied_embeddings && t.by_name.count("lm_head.weight")) {
@@ -319,8 +341,12 @@ Model Model::load(const std::string& dir_str, const LoadOptions& opt) {
     const std::string q = p + "self_attn.q_proj.weight", k = p + "self_attn.k_proj.weight", v = p + "self_attn.v_proj.weight";
     if (opt.bf16_only)
       l.wqkv16 = take16(t, q, {c.q_dim(), K}).then(take16(t, k, {c.kv_dim(), K})).then(take16(t, v, {c.kv_dim(), K}));
-    else
+    else {
+      const Bf16Matrix vq = view16(t, q, {c.q_dim(), K}), vk = view16(t, k, {c.kv_dim(), K}),
+                       vv = view16(t, v, {c.kv_dim(), K});
+      if (!vq.empty() && !vk.empty() && !vv.empty()) l.wqkv16 = vq.then(vk).then(vv);
       stack(l.wqkv, take(t, q, {c.q_dim(), K}), take(t, k, {c.kv_dim(), K}), take(t, v, {c.kv_dim(), K}));
+    }
     matrix(p + "self_attn.o_proj.weight", {K, c.q_dim()}, l.wo, l.wo16);
     matrix(p + "mlp.gate_proj.weight", {N, K}, l.w_gate, l.w_gate16);
     matrix(p + "mlp.up_proj.weight", {N, K}, l.w_up, l.w_up16);

@@ -183,20 +183,39 @@ CpuRuntime::CpuRuntime(const Model& model, RuntimeOptions opt)
               "{}: this model was loaded with bf16 weights only (for the GPU); the CPU runtime computes in fp32: "
               "load it without LoadOptions::bf16_only", model.dir.empty() ? std::string("model") : model.dir);
   const bool bf16 = opt.cpu_bf16_weights && !opt.ffn_input_hook;  // a hook may change the weights
-  auto copy = [&](const std::vector<float>& w) {
+  // A matrix's bf16 form: the model's view of the file where it is one piece whose bits are still
+  // w's (a read-only check; no fresh pages), the file's pieces joined, else w's values if they are
+  // all bf16 (exact_bf16); none otherwise.
+  auto copy = [&](const std::vector<float>& w, const Bf16Matrix& file) {
     ++matrices_;
-    std::vector<std::uint16_t> b = bf16 ? cpu::exact_bf16(w) : std::vector<std::uint16_t>{};
+    Bf16Matrix b;
+    if (!bf16) return b;
+    std::vector<std::uint16_t> own;
+    if (file.size() == w.size()) {
+      if (cpu::same_bits(w, file.contiguous())) {
+        b = file;
+      } else if (file.pieces.size() > 1) {
+        own = file.to_vector();
+        if (!cpu::same_bits(w, own.data())) own.clear();
+      }
+    }
+    if (b.empty() && own.empty()) own = cpu::exact_bf16(w);
+    if (b.empty() && !own.empty()) {
+      auto v = std::make_shared<std::vector<std::uint16_t>>(std::move(own));
+      b.pieces.push_back({v, v->data(), v->size(), false});
+    }
     if (!b.empty()) ++bf16_matrices_;
     return b;
   };
   for (const LayerWeights& L : model.layers)
-    bf16_.push_back({copy(L.wqkv), copy(L.wo), copy(L.w_gate), copy(L.w_up), copy(L.w_down)});
+    bf16_.push_back({copy(L.wqkv, L.wqkv16), copy(L.wo, L.wo16), copy(L.w_gate, L.w_gate16), copy(L.w_up, L.w_up16),
+                     copy(L.w_down, L.w_down16)});
   if (model.config.act == Activation::relu && opt.ffn_path != FfnPath::dense) {
     const std::int64_t N = model.config.intermediate_size, K = model.config.hidden_size;
     for (const LayerWeights& L : model.layers)
       prepared_.push_back(cpu::prepare_ffn(ffn_weights(L.w_gate.data(), L.w_up.data(), L.w_down.data(), N, K)));
   }
-  bf16_head_ = copy(model.lm_head.empty() ? model.embed : model.lm_head);
+  bf16_head_ = model.lm_head.empty() ? copy(model.embed, model.embed16) : copy(model.lm_head, model.lm_head16);
 }
 
 std::string CpuRuntime::weight_storage() const {
@@ -207,9 +226,9 @@ std::string CpuRuntime::weight_storage() const {
 }
 
 void CpuRuntime::project(const float* x, std::int64_t rows, const std::vector<float>& w,
-                         const std::vector<std::uint16_t>& w16, std::int64_t n, std::int64_t k, float* y) const {
-  if (!w16.empty() && rows <= cpu::kGemvBf16MaxRows) {
-    cpu::gemv_bf16(x, rows, w16.data(), n, k, y);
+                         const Bf16Matrix& w16, std::int64_t n, std::int64_t k, float* y) const {
+  if (w16.contiguous() && rows <= cpu::kGemvBf16MaxRows) {
+    cpu::gemv_bf16(x, rows, w16.contiguous(), n, k, y);
     return;
   }
   gemm(false, true, 1.0f, CMatrixF(x, rows, k), CMatrixF(w.data(), n, k), 0.0f, MatrixF(y, rows, n));
@@ -242,11 +261,11 @@ void CpuRuntime::ffn(std::int64_t layer, const float* x, std::int64_t rows, floa
     // TwELL packing and the sparse products as ffn_sparse runs them.
     const cpu::PreparedFfn& P = prepared_[static_cast<std::size_t>(layer)];
     const bool gated = P.w.gated();
-    const std::vector<std::uint16_t>& first16 = gated ? B.w_gate : B.w_up;
+    const std::uint16_t* first16 = (gated ? B.w_gate : B.w_up).contiguous();
     cpu::SparseInferenceInfo info;
-    if (!first16.empty() && rows <= cpu::kGemvBf16MaxRows) {
+    if (first16 && rows <= cpu::kGemvBf16MaxRows) {
       std::vector<float> pre(static_cast<std::size_t>(rows * N));
-      cpu::gemv_bf16(x, rows, first16.data(), N, K, pre.data());
+      cpu::gemv_bf16(x, rows, first16, N, K, pre.data());
       info = cpu::ffn_sparse_from_gate(CMatrixF(x, rows, K), CMatrixF(pre.data(), rows, N), P, MatrixF(y, rows, K));
     } else {
       info = cpu::ffn_sparse(CMatrixF(x, rows, K), P, MatrixF(y, rows, K));

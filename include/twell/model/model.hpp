@@ -24,11 +24,14 @@ struct Bf16Matrix {
     std::shared_ptr<const void> owner;
     const std::uint16_t* bits = nullptr;
     std::size_t size = 0;
+    bool mapped = false;  // a view of the file (page cache), not memory of the process's own
   };
   std::vector<Piece> pieces;
 
   std::size_t size() const noexcept;
   bool empty() const noexcept { return size() == 0; }
+  // The bits as one row-major array: the only piece's, or null (none, or several).
+  const std::uint16_t* contiguous() const noexcept { return pieces.size() == 1 ? pieces[0].bits : nullptr; }
   std::vector<std::uint16_t> to_vector() const;  // the pieces concatenated
   // This matrix's pieces, then b's: [a; b] stacked by rows (no bits copied).
   Bf16Matrix then(const Bf16Matrix& b) const;
@@ -45,7 +48,9 @@ struct LayerWeights {
   // (The CPU runtime's sparse path also needs Wdᵀ: it prepares its own, so a model bound for the
   // GPU never holds that copy.)
   // A model loaded with LoadOptions::bf16_only holds the five matrices as bf16 bits here instead
-  // (the fp32 vectors above stay empty; the norms stay fp32).
+  // (the fp32 vectors above stay empty; the norms stay fp32). An fp32 load of a bf16 file keeps
+  // views of the file's bits here beside the fp32 vectors (no copy: the CPU runtime's bf16 decode
+  // weights, after it has checked that they still equal the fp32 values); empty otherwise.
   Bf16Matrix wqkv16, wo16, w_gate16, w_up16, w_down16;
 
   LayerWeights() = default;
@@ -73,12 +78,14 @@ struct Model {
   std::vector<float> lm_head;     // [V, K]; empty when tied to embed
   std::vector<LayerWeights> layers;
   bool bf16_only = false;              // LoadOptions::bf16_only: the matrices are in the *16 fields
-  Bf16Matrix embed16;    // [V, K] bf16 bits (bf16_only)
-  Bf16Matrix lm_head16;  // [V, K]; empty when tied (bf16_only)
+  Bf16Matrix embed16;    // [V, K] bf16 bits (bf16_only; an fp32 load of a bf16 file: views, as the layers')
+  Bf16Matrix lm_head16;  // [V, K]; empty when tied (as embed16)
 
   // The fp32 head (an fp32 model's; null for a bf16_only one).
   const float* head() const noexcept { return lm_head.empty() ? embed.data() : lm_head.data(); }
-  std::int64_t weight_bytes() const noexcept;  // host bytes of the weights held
+  // Host bytes of the weights the process holds (views of the mapped file not counted: the page
+  // cache holds those).
+  std::int64_t weight_bytes() const noexcept;
 
   static Model load(const std::string& dir, const LoadOptions& opt = {});
 };
