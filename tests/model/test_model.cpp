@@ -116,6 +116,47 @@ TEST(ModelCpu, Bf16WeightCopiesGiveTheSameLogits) {
   EXPECT_EQ(CpuRuntime(mb, hooked).weight_storage(), "fp32");
 }
 
+// An fp32 load of a bf16 file keeps views of the file's bits; the CPU runtime decodes from them
+// only while they equal the fp32 values. Weights changed after the load (here doubled: still bf16
+// values) must be read as changed: the runtime on the changed model gives the bits of a runtime on
+// a model loaded from a file that holds the changed weights (both decode from bf16 bits, one from
+// its own copies, the other from views), and not those of the unchanged model.
+TEST(ModelCpu, Bf16ViewsOfChangedWeightsAreNotUsed) {
+  TinySpec s;
+  s.bf16 = true;
+  s.tied = false;
+  s.seed = fresh_seed();
+  const auto dir = write_tiny("bf16_views", s);
+  Model changed = Model::load(dir.string());
+  const Model original = Model::load(dir.string());
+  ASSERT_FALSE(changed.layers[0].w_gate16.empty());
+  EXPECT_EQ(changed.layers[0].wqkv16.pieces.size(), 3u);
+  EXPECT_EQ(changed.weight_bytes(), original.weight_bytes());  // views are not the process's memory
+  // Double layer 0's gate and layer 1's QKV (a single-piece view and a joined one), in the model
+  // and in a second file.
+  for (float& v : changed.layers[0].w_gate) v *= 2.0f;
+  for (float& v : changed.layers[1].wqkv) v *= 2.0f;
+  io::SafetensorsFile f = io::read_safetensors((dir / "model.safetensors").string());
+  std::vector<io::TensorRef> refs;
+  for (auto& [n, h] : f.tensors) {
+    if (n == "model.layers.0.mlp.gate_proj.weight" || n.starts_with("model.layers.1.self_attn.q_proj") ||
+        n.starts_with("model.layers.1.self_attn.k_proj") || n.starts_with("model.layers.1.self_attn.v_proj"))
+      for (std::int64_t i = 0; i < h.numel(); ++i) h.data<bf16>()[i] = to_bf16(2.0f * to_float(h.data<bf16>()[i]));
+    refs.push_back({n, &h});
+  }
+  const auto dir2 = tiny_dir("bf16_views_changed");
+  std::filesystem::copy_file(dir / "config.json", dir2 / "config.json");
+  io::write_safetensors((dir2 / "model.safetensors").string(), refs);
+  const Model reloaded = Model::load(dir2.string());
+  CpuRuntime a(changed), b(reloaded), c(original);
+  EXPECT_NE(a.weight_storage().find("11 of 11 matrices also as bf16"), std::string::npos) << a.weight_storage();
+  Rng rng(s.seed);
+  const auto toks = random_tokens(rng, 12, s.vocab);
+  const auto got = run(a, toks, 1), want = run(b, toks, 1), old = run(c, toks, 1);
+  EXPECT_EQ(got, want);
+  EXPECT_NE(got, old);
+}
+
 // The sparse FFN path's decode steps (≤ 8 rows) compute the gate from the bf16 copy too (half the
 // bytes of the step's largest read), then pack and multiply as before. Against the same runtime
 // on fp32 weights alone: the gate's pre-activations are the same products summed in another order
