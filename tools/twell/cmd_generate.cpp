@@ -71,7 +71,7 @@ int run_generate(GenerateArgs& a) {
   const double t_runtime = now_seconds() - t1;  // the weights onto the device, the workspaces
   model::Runtime& rt = *rt_ptr;
   if (!a.quiet) {
-    note(fmt::format("device: {} ({})", rt.device(), why));
+    note(fmt::format("device: {} ({}), runtime ready in {:.2f} s", rt.device(), why, t_runtime));
     if (device == "cuda")
       note(fmt::format("prefill attention: {}{}{}", rt.prefill_attention(),
                        rt.programmatic_launch() ? "; programmatic launches on" : "",
