@@ -116,6 +116,55 @@ TEST(ModelCpu, Bf16WeightCopiesGiveTheSameLogits) {
   EXPECT_EQ(CpuRuntime(mb, hooked).weight_storage(), "fp32");
 }
 
+// A file whose data buffer starts at an odd offset (a writer that does not pad its header, as the
+// format allows): its bf16 and fp32 tensors cannot be viewed in place (misaligned), so both load
+// forms read them instead — the same model either way.
+TEST(ModelCpu, MisalignedTensorsAreReadNotViewed) {
+  for (const bool bf16_file : {false, true}) {
+    SCOPED_TRACE(bf16_file ? "bf16 file" : "fp32 file");
+    TinySpec s;
+    s.bf16 = bf16_file;
+    s.seed = fresh_seed();
+    const auto dir = write_tiny("aligned", s);
+    const auto odd = tiny_dir("misaligned");
+    std::filesystem::copy_file(dir / "config.json", odd / "config.json");
+    // The same bytes with one more space at the header's end: every tensor one byte further on.
+    std::ifstream in(dir / "model.safetensors", std::ios::binary);
+    std::vector<char> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    std::uint64_t n = 0;
+    std::memcpy(&n, bytes.data(), 8);
+    ASSERT_EQ(n % 2, 0u);
+    bytes.insert(bytes.begin() + static_cast<long>(8 + n), ' ');
+    ++n;
+    std::memcpy(bytes.data(), &n, 8);
+    std::ofstream(odd / "model.safetensors", std::ios::binary).write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+    for (const bool b16 : {false, true}) {
+      model::LoadOptions lo;
+      lo.bf16_only = b16;
+      const Model a = Model::load(dir.string(), lo), b = Model::load(odd.string(), lo);
+      EXPECT_EQ(a.embed, b.embed);
+      for (std::size_t l = 0; l < a.layers.size(); ++l) {
+        EXPECT_EQ(a.layers[l].w_down, b.layers[l].w_down) << "layer " << l;
+        EXPECT_EQ(a.layers[l].wqkv, b.layers[l].wqkv) << "layer " << l;
+      }
+      if (b16) {
+        EXPECT_EQ(a.embed16.to_vector(), b.embed16.to_vector());
+        for (std::size_t l = 0; l < a.layers.size(); ++l) {
+          EXPECT_EQ(a.layers[l].wqkv16.to_vector(), b.layers[l].wqkv16.to_vector()) << "layer " << l;
+          EXPECT_EQ(a.layers[l].w_down16.to_vector(), b.layers[l].w_down16.to_vector()) << "layer " << l;
+          for (const auto& p : b.layers[l].w_down16.pieces) EXPECT_FALSE(p.mapped) << "layer " << l;
+          for (const auto& p : a.layers[l].w_down16.pieces) EXPECT_EQ(p.mapped, bf16_file) << "layer " << l;
+        }
+      } else {
+        // An fp32 load keeps views of a bf16 file's bits where they are aligned; the misaligned
+        // file's cannot be viewed (and the CPU runtime copies them from the fp32 values instead).
+        EXPECT_EQ(a.layers[0].w_down16.empty(), !bf16_file);
+        EXPECT_TRUE(b.layers[0].w_down16.empty());
+      }
+    }
+  }
+}
+
 // An fp32 load of a bf16 file keeps views of the file's bits; the CPU runtime decodes from them
 // only while they equal the fp32 values. Weights changed after the load (here doubled: still bf16
 // values) must be read as changed: the runtime on the changed model gives the bits of a runtime on
