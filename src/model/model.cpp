@@ -154,45 +154,33 @@ std::vector<float> values(Tensors& t, const std::string& name, const std::vector
   return v;
 }
 
-// The index of the first non-finite value of v (exponent all ones), or v.size(): a branch-free scan
-// in blocks (vectorised), the index looked for only in a block that has one.
-std::size_t first_nonfinite(const std::vector<float>& v) {
+// The index of the first element of v[0, n) for which bad() holds, or n: a branch-free scan in
+// blocks (the compiler vectorises it), the index looked for only in a block that has one.
+template <class T, class Bad>
+std::size_t first_where(const T* v, std::size_t n, Bad bad) {
   constexpr std::size_t kBlock = 4096;
-  const std::size_t n = v.size();
   for (std::size_t b = 0; b < n; b += kBlock) {
     const std::size_t e = std::min(n, b + kBlock);
-    unsigned bad = 0;
-    for (std::size_t i = b; i < e; ++i)
-      bad |= static_cast<unsigned>((std::bit_cast<std::uint32_t>(v[i]) & 0x7f800000u) == 0x7f800000u);
-    if (bad)
+    unsigned any = 0;
+    for (std::size_t i = b; i < e; ++i) any |= static_cast<unsigned>(bad(v[i]));
+    if (any)
       for (std::size_t i = b; i < e; ++i)
-        if (!std::isfinite(v[i])) return i;
+        if (bad(v[i])) return i;
   }
   return n;
 }
+
+// Non-finite: the exponent all ones (Inf, NaN), in fp32 and in bf16 bits.
+bool nonfinite(float x) { return (std::bit_cast<std::uint32_t>(x) & 0x7f800000u) == 0x7f800000u; }
+bool nonfinite16(std::uint16_t b) { return (b & 0x7f80u) == 0x7f80u; }
 
 // The tensor as fp32, finite, then released from t.
 std::vector<float> take(Tensors& t, const std::string& name, std::vector<std::int64_t> shape) {
   std::vector<float> v = values(t, name, shape);
-  const std::size_t bad = first_nonfinite(v);
+  const std::size_t bad = first_where(v.data(), v.size(), nonfinite);
   check_finite(t, name, bad == v.size(), bad);
   t.by_name.erase(name);
   return v;
-}
-
-// The index of the first non-finite bf16 value (exponent all ones) of v, or v.size(): a branch-free
-// scan in blocks (vectorised), the index looked for only in a block that has one.
-std::size_t first_nonfinite16(const std::uint16_t* v, std::size_t n) {
-  constexpr std::size_t kBlock = 4096;
-  for (std::size_t b = 0; b < n; b += kBlock) {
-    const std::size_t e = std::min(n, b + kBlock);
-    unsigned bad = 0;
-    for (std::size_t i = b; i < e; ++i) bad |= static_cast<unsigned>((v[i] & 0x7f80u) == 0x7f80u);
-    if (bad)
-      for (std::size_t i = b; i < e; ++i)
-        if ((v[i] & 0x7f80u) == 0x7f80u) return i;
-  }
-  return n;
 }
 
 // As take, as bf16 bits: a bf16 tensor's own — viewed in the mapped file where it can be (no copy,
@@ -225,7 +213,7 @@ Bf16Matrix take16(Tensors& t, const std::string& name, std::vector<std::int64_t>
     piece.bits = own->data();
     piece.owner = std::move(own);
   }
-  const std::size_t bad = first_nonfinite16(piece.bits, n);
+  const std::size_t bad = first_where(piece.bits, n, nonfinite16);
   check_finite(t, name, bad == n, bad);
   t.by_name.erase(name);
   Bf16Matrix m;
