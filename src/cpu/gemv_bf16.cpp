@@ -113,19 +113,6 @@ void gemv_bf16(const float* x, std::int64_t rows, const std::uint16_t* w, std::i
     }
 }
 
-bool same_bits(const std::vector<float>& w, const std::uint16_t* b) {
-  if (b == nullptr) return false;
-  constexpr std::size_t kBlock = 4096;
-  const std::size_t n = w.size();
-  for (std::size_t s = 0; s < n; s += kBlock) {
-    std::uint32_t diff = 0;
-    for (std::size_t i = s, e = std::min(n, s + kBlock); i < e; ++i)
-      diff |= std::bit_cast<std::uint32_t>(w[i]) ^ (static_cast<std::uint32_t>(b[i]) << 16);
-    if (diff != 0) return false;
-  }
-  return true;
-}
-
 std::vector<std::uint16_t> exact_bf16(const std::vector<float>& w) {
   // First whether every value is bf16 (low halves all zero: a branch-free scan in blocks, which the
   // compiler vectorises), then the high halves into a vector built by appending (no zero fill of

@@ -17,7 +17,5 @@ void gemv_bf16(const float* x, std::int64_t rows, const std::uint16_t* w, std::i
 // The bf16 bits of w when every value is a bf16 exactly (a bf16 checkpoint read into fp32), so the
 // copy loses nothing; empty otherwise.
 std::vector<std::uint16_t> exact_bf16(const std::vector<float>& w);
-// Whether b (w.size() bf16 bits; null: no) holds exactly w's values (w all bf16 values, b their bits).
-bool same_bits(const std::vector<float>& w, const std::uint16_t* b);
 
 }  // namespace twell::cpu

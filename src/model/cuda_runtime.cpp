@@ -170,6 +170,7 @@ class CudaRuntime final : public Runtime {
     TWELL_CHECK(opt.max_sparse_density >= 0 && opt.max_sparse_density <= 1, ErrorCode::invalid_argument,
                 "max_sparse_density must lie in [0, 1], got {}", opt.max_sparse_density);
     const std::int64_t K = c.hidden_size, N = c.intermediate_size;
+    m.check_mapped_files();  // the bf16 matrices view those files: not if one changed in place
     embed_ = upload_matrix(m, m.embed, m.embed16, stream_);
     if (!m.lm_head.empty() || !m.lm_head16.empty()) head_ = upload_matrix(m, m.lm_head, m.lm_head16, stream_);
     final_norm_ = upload_f32(m.final_norm, stream_);

@@ -11,6 +11,8 @@
 #include <set>
 #include <sstream>
 
+#include <sys/stat.h>
+
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
@@ -221,20 +223,6 @@ Bf16Matrix take16(Tensors& t, const std::string& name, std::vector<std::int64_t>
   return m;
 }
 
-// A bf16 tensor's bits viewed in the mapped file (an fp32 load's companion views), or empty where
-// the file holds another dtype or cannot be viewed. Not checked for finite values: take() checks
-// the fp32 values, which hold the same bits.
-Bf16Matrix view16(Tensors& t, const std::string& name, const std::vector<std::int64_t>& shape) {
-  io::SafetensorsReader& f = find(t, name, shape);
-  if (f.find(name)->dtype != DType::bf16) return {};
-  io::SafetensorsReader::View view = f.view(name);
-  if (view.bytes.empty() || reinterpret_cast<std::uintptr_t>(view.bytes.data()) % alignof(std::uint16_t) != 0) return {};
-  Bf16Matrix m;
-  m.pieces.push_back({std::move(view.owner), reinterpret_cast<const std::uint16_t*>(view.bytes.data()),
-                      view.bytes.size() / sizeof(std::uint16_t), true});
-  return m;
-}
-
 }  // namespace
 
 std::size_t Bf16Matrix::size() const noexcept {
@@ -254,6 +242,29 @@ Bf16Matrix Bf16Matrix::then(const Bf16Matrix& b) const {
   Bf16Matrix m = *this;
   m.pieces.insert(m.pieces.end(), b.pieces.begin(), b.pieces.end());
   return m;
+}
+
+namespace {
+// The file's identity and state now (false: it cannot be stat'ed).
+bool stamp(const std::string& path, Model::MappedFile& f) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) return false;
+  f.path = path;
+  f.inode = static_cast<std::uint64_t>(st.st_ino);
+  f.size = static_cast<std::uint64_t>(st.st_size);
+  f.mtime_ns = static_cast<std::int64_t>(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec;
+  return true;
+}
+}  // namespace
+
+void Model::check_mapped_files() const {
+  for (const MappedFile& was : mapped_files) {
+    MappedFile now;
+    if (!stamp(was.path, now) || now.inode != was.inode) continue;  // gone or replaced: the mapping holds the old file
+    TWELL_CHECK(now.size == was.size && now.mtime_ns == was.mtime_ns, ErrorCode::io,
+                "{} was changed in place since the model was loaded from it ({} → {} bytes): load the model again",
+                was.path, was.size, now.size);
+  }
 }
 
 std::int64_t Model::weight_bytes() const noexcept {
@@ -293,12 +304,10 @@ Model Model::load(const std::string& dir_str, const LoadOptions& opt) {
   // A weight matrix into its fp32 vector, or (bf16_only) its bf16 one.
   auto matrix = [&](const std::string& name, std::vector<std::int64_t> shape, std::vector<float>& f32,
                     Bf16Matrix& b16) {
-    if (opt.bf16_only) {
+    if (opt.bf16_only)
       b16 = take16(t, name, std::move(shape));
-    } else {
-      b16 = view16(t, name, shape);
+    else
       f32 = take(t, name, std::move(shape));
-    }
   };
 
   if (c.tied_embeddings && t.by_name.count("lm_head.weight")) {
@@ -329,12 +338,8 @@ Model Model::load(const std::string& dir_str, const LoadOptions& opt) {
     const std::string q = p + "self_attn.q_proj.weight", k = p + "self_attn.k_proj.weight", v = p + "self_attn.v_proj.weight";
     if (opt.bf16_only)
       l.wqkv16 = take16(t, q, {c.q_dim(), K}).then(take16(t, k, {c.kv_dim(), K})).then(take16(t, v, {c.kv_dim(), K}));
-    else {
-      const Bf16Matrix vq = view16(t, q, {c.q_dim(), K}), vk = view16(t, k, {c.kv_dim(), K}),
-                       vv = view16(t, v, {c.kv_dim(), K});
-      if (!vq.empty() && !vk.empty() && !vv.empty()) l.wqkv16 = vq.then(vk).then(vv);
+    else
       stack(l.wqkv, take(t, q, {c.q_dim(), K}), take(t, k, {c.kv_dim(), K}), take(t, v, {c.kv_dim(), K}));
-    }
     matrix(p + "self_attn.o_proj.weight", {K, c.q_dim()}, l.wo, l.wo16);
     matrix(p + "mlp.gate_proj.weight", {N, K}, l.w_gate, l.w_gate16);
     matrix(p + "mlp.up_proj.weight", {N, K}, l.w_up, l.w_up16);
@@ -342,6 +347,11 @@ Model Model::load(const std::string& dir_str, const LoadOptions& opt) {
     // RoPE's frequency table, which older exports saved; computed here from rope_theta instead.
     t.by_name.erase(p + "self_attn.rotary_emb.inv_freq");
   }
+  if (opt.bf16_only)
+    for (const io::SafetensorsReader& f : t.files) {
+      MappedFile mf;
+      if (stamp(f.path(), mf)) m.mapped_files.push_back(std::move(mf));
+    }
   if (!t.by_name.empty()) {
     std::string names;
     int shown = 0;

@@ -183,39 +183,29 @@ CpuRuntime::CpuRuntime(const Model& model, RuntimeOptions opt)
               "{}: this model was loaded with bf16 weights only (for the GPU); the CPU runtime computes in fp32: "
               "load it without LoadOptions::bf16_only", model.dir.empty() ? std::string("model") : model.dir);
   const bool bf16 = opt.cpu_bf16_weights && !opt.ffn_input_hook;  // a hook may change the weights
-  // A matrix's bf16 form: the model's view of the file where it is one piece whose bits are still
-  // w's (a read-only check; no fresh pages), the file's pieces joined, else w's values if they are
-  // all bf16 (exact_bf16); none otherwise.
-  auto copy = [&](const std::vector<float>& w, const Bf16Matrix& file) {
+  // A matrix's bf16 form: w's values as bf16 bits of the runtime's own, if they are all bf16
+  // (exact_bf16; a bf16 checkpoint's are); none otherwise. Not the bf16 file's bits viewed in
+  // place: the runtime reads these at every decode step for as long as it lives, and a file
+  // rewritten in place under a mapping faults on access.
+  auto copy = [&](const std::vector<float>& w) {
     ++matrices_;
     Bf16Matrix b;
     if (!bf16) return b;
-    std::vector<std::uint16_t> own;
-    if (file.size() == w.size()) {
-      if (cpu::same_bits(w, file.contiguous())) {
-        b = file;
-      } else if (file.pieces.size() > 1) {
-        own = file.to_vector();
-        if (!cpu::same_bits(w, own.data())) own.clear();
-      }
+    auto own = std::make_shared<std::vector<std::uint16_t>>(cpu::exact_bf16(w));
+    if (!own->empty()) {
+      b.pieces.push_back({own, own->data(), own->size(), false});
+      ++bf16_matrices_;
     }
-    if (b.empty() && own.empty()) own = cpu::exact_bf16(w);
-    if (b.empty() && !own.empty()) {
-      auto v = std::make_shared<std::vector<std::uint16_t>>(std::move(own));
-      b.pieces.push_back({v, v->data(), v->size(), false});
-    }
-    if (!b.empty()) ++bf16_matrices_;
     return b;
   };
   for (const LayerWeights& L : model.layers)
-    bf16_.push_back({copy(L.wqkv, L.wqkv16), copy(L.wo, L.wo16), copy(L.w_gate, L.w_gate16), copy(L.w_up, L.w_up16),
-                     copy(L.w_down, L.w_down16)});
+    bf16_.push_back({copy(L.wqkv), copy(L.wo), copy(L.w_gate), copy(L.w_up), copy(L.w_down)});
   if (model.config.act == Activation::relu && opt.ffn_path != FfnPath::dense) {
     const std::int64_t N = model.config.intermediate_size, K = model.config.hidden_size;
     for (const LayerWeights& L : model.layers)
       prepared_.push_back(cpu::prepare_ffn(ffn_weights(L.w_gate.data(), L.w_up.data(), L.w_down.data(), N, K)));
   }
-  bf16_head_ = model.lm_head.empty() ? copy(model.embed, model.embed16) : copy(model.lm_head, model.lm_head16);
+  bf16_head_ = copy(model.lm_head.empty() ? model.embed : model.lm_head);
 }
 
 std::string CpuRuntime::weight_storage() const {

@@ -18,7 +18,9 @@ namespace twell::model {
 // A weight matrix as bf16 bits, row-major, in pieces laid end to end (a QKV projection: q, k and
 // v as the file holds them). A piece views the checkpoint's file mapped read-only (a bf16 tensor:
 // no copy, no fresh pages) or a vector of its own (rounded from fp32); its owner keeps either
-// alive, so copies share and nothing is ever written through a piece.
+// alive, so copies share and nothing is ever written through a piece. Views are for reading soon
+// after the load (the GPU's upload): a file truncated in place while mapped faults on access, so
+// nothing that lives on (the CPU runtime's weights) keeps reading them.
 struct Bf16Matrix {
   struct Piece {
     std::shared_ptr<const void> owner;
@@ -48,9 +50,7 @@ struct LayerWeights {
   // (The CPU runtime's sparse path also needs Wdᵀ: it prepares its own, so a model bound for the
   // GPU never holds that copy.)
   // A model loaded with LoadOptions::bf16_only holds the five matrices as bf16 bits here instead
-  // (the fp32 vectors above stay empty; the norms stay fp32). An fp32 load of a bf16 file keeps
-  // views of the file's bits here beside the fp32 vectors (no copy: the CPU runtime's bf16 decode
-  // weights, after it has checked that they still equal the fp32 values); empty otherwise.
+  // (the fp32 vectors above stay empty; the norms stay fp32).
   Bf16Matrix wqkv16, wo16, w_gate16, w_up16, w_down16;
 
   LayerWeights() = default;
@@ -78,8 +78,8 @@ struct Model {
   std::vector<float> lm_head;     // [V, K]; empty when tied to embed
   std::vector<LayerWeights> layers;
   bool bf16_only = false;              // LoadOptions::bf16_only: the matrices are in the *16 fields
-  Bf16Matrix embed16;    // [V, K] bf16 bits (bf16_only; an fp32 load of a bf16 file: views, as the layers')
-  Bf16Matrix lm_head16;  // [V, K]; empty when tied (as embed16)
+  Bf16Matrix embed16;    // [V, K] bf16 bits (bf16_only)
+  Bf16Matrix lm_head16;  // [V, K]; empty when tied (bf16_only)
 
   // The fp32 head (an fp32 model's; null for a bf16_only one).
   const float* head() const noexcept { return lm_head.empty() ? embed.data() : lm_head.data(); }
@@ -88,6 +88,19 @@ struct Model {
   std::int64_t weight_bytes() const noexcept;
 
   static Model load(const std::string& dir, const LoadOptions& opt = {});
+
+  // The files whose mapped bytes the bf16 matrices view (bf16_only loads), as they were when mapped.
+  struct MappedFile {
+    std::string path;
+    std::uint64_t inode = 0, size = 0;
+    std::int64_t mtime_ns = 0;
+  };
+  std::vector<MappedFile> mapped_files;
+  // Throws ErrorCode::io naming the file if one of mapped_files was changed in place since the load
+  // (the same inode, another size or time: reading its mapping could fault or give other bytes). A
+  // file replaced by another (renamed over it) is fine: the mapping keeps the old one. Callers that
+  // read the views (the CUDA runtime's upload) check first.
+  void check_mapped_files() const;
 };
 
 }  // namespace twell::model

@@ -184,8 +184,8 @@ class CpuRuntime final : public Runtime {
   const Model* model_;
   RuntimeOptions opt_;
   std::vector<FfnLayerStats> stats_;
-  // RuntimeOptions::cpu_bf16_weights: each matrix as bf16, one piece (the model's view of a bf16
-  // file where its bits still equal the fp32 values, else a copy of its own), empty where it has none.
+  // RuntimeOptions::cpu_bf16_weights: each matrix's bf16 copy (one piece of its own), empty where
+  // it has none.
   struct Bf16Layer {
     Bf16Matrix wqkv, wo, w_gate, w_up, w_down;
   };
