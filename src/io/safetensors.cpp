@@ -316,6 +316,12 @@ struct SafetensorsReader::Impl {
   std::uint64_t total = 0;     // the file's size
   std::shared_ptr<const std::byte> mapped;  // the whole file, read-only (view()); null until then
   bool unmappable = false;                  // mmap failed once: views stay empty
+  int fd = -1;       // the file the header was read from (checked at open), mapped by view()
+  FileId id;         // its identity and state at open
+
+  ~Impl() {
+    if (fd >= 0) ::close(fd);
+  }
 
   const Entry& entry(const std::string& name) const {
     const auto it = index.find(name);
@@ -332,8 +338,20 @@ SafetensorsReader::SafetensorsReader(const std::string& path, ReadOptions opt) :
   const auto st = fs::status(path, ec);
   if (ec || !fs::exists(st)) fail(ErrorCode::io, "cannot open '{}': no such file", path);
   if (fs::is_directory(st)) fail(ErrorCode::io, "cannot read '{}': it is a directory", path);
+  // A descriptor for view()'s mapping and the file's identity, opened before the stream; the
+  // stream must then name the same file (not one renamed over it in between).
+  m.fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (m.fd < 0) fail(ErrorCode::io, "cannot open '{}': {}", path, errno_text());
+  struct stat fst {};
+  if (::fstat(m.fd, &fst) != 0) fail(ErrorCode::io, "cannot stat '{}': {}", path, errno_text());
+  m.id = {static_cast<std::uint64_t>(fst.st_dev), static_cast<std::uint64_t>(fst.st_ino),
+          static_cast<std::uint64_t>(fst.st_size),
+          static_cast<std::int64_t>(fst.st_mtim.tv_sec) * 1000000000 + fst.st_mtim.tv_nsec};
   m.in.open(path, std::ios::binary);
   if (!m.in) fail(ErrorCode::io, "cannot open '{}': {}", path, errno_text());
+  struct stat pst {};
+  if (::stat(path.c_str(), &pst) != 0 || pst.st_ino != fst.st_ino || pst.st_dev != fst.st_dev)
+    fail(ErrorCode::io, "'{}' was replaced while being opened: read it again", path);
   m.in.seekg(0, std::ios::end);
   const std::streamoff size = m.in.tellg();
   if (size < 0) fail(ErrorCode::io, "cannot read '{}': not a regular file", path);
@@ -393,20 +411,22 @@ void SafetensorsReader::read_into(const std::string& name, std::span<std::byte> 
   }
 }
 
+const SafetensorsReader::FileId& SafetensorsReader::file_id() const noexcept { return impl_->id; }
+
+bool SafetensorsReader::viewed() const noexcept { return impl_->mapped && impl_->mapped.use_count() > 1; }
+
 SafetensorsReader::View SafetensorsReader::view(const std::string& name) {
   Impl& m = *impl_;
   const Entry& e = m.entry(name);
   if (e.file_dtype == "F16" || e.end == e.begin) return {};
   if (!m.mapped && !m.unmappable) {
-    const int fd = ::open(m.path.c_str(), O_RDONLY | O_CLOEXEC);
+    // The file the header was read from; not if it was changed in place since (its offsets would
+    // not hold, and a shorter file faults where the mapping passes its end).
     struct stat st {};
-    const bool same = fd >= 0 && ::fstat(fd, &st) == 0 && static_cast<std::uint64_t>(st.st_size) == m.total;
-    if (fd >= 0 && !same) {
-      ::close(fd);
-      fail(ErrorCode::io, "'{}' changed size since it was opened (written while being read?)", m.path);
-    }
-    void* p = fd < 0 ? MAP_FAILED : ::mmap(nullptr, m.total, PROT_READ, MAP_PRIVATE, fd, 0);
-    if (fd >= 0) ::close(fd);  // the mapping keeps the file
+    if (::fstat(m.fd, &st) != 0 || static_cast<std::uint64_t>(st.st_size) != m.id.size ||
+        static_cast<std::int64_t>(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec != m.id.mtime_ns)
+      fail(ErrorCode::io, "'{}' was changed in place since it was opened: read it again", m.path);
+    void* p = ::mmap(nullptr, m.total, PROT_READ, MAP_PRIVATE, m.fd, 0);
     if (p == MAP_FAILED) {
       m.unmappable = true;
     } else {

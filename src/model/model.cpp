@@ -244,26 +244,19 @@ Bf16Matrix Bf16Matrix::then(const Bf16Matrix& b) const {
   return m;
 }
 
-namespace {
-// The file's identity and state now (false: it cannot be stat'ed).
-bool stamp(const std::string& path, Model::MappedFile& f) {
-  struct stat st {};
-  if (::stat(path.c_str(), &st) != 0) return false;
-  f.path = path;
-  f.inode = static_cast<std::uint64_t>(st.st_ino);
-  f.size = static_cast<std::uint64_t>(st.st_size);
-  f.mtime_ns = static_cast<std::int64_t>(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec;
-  return true;
-}
-}  // namespace
-
 void Model::check_mapped_files() const {
   for (const MappedFile& was : mapped_files) {
-    MappedFile now;
-    if (!stamp(was.path, now) || now.inode != was.inode) continue;  // gone or replaced: the mapping holds the old file
-    TWELL_CHECK(now.size == was.size && now.mtime_ns == was.mtime_ns, ErrorCode::io,
+    struct stat st {};
+    // Gone, or another file under the name (replaced): the mapping keeps the file it maps, whose
+    // inode cannot be reused while mapped.
+    if (::stat(was.path.c_str(), &st) != 0 || static_cast<std::uint64_t>(st.st_ino) != was.inode ||
+        static_cast<std::uint64_t>(st.st_dev) != was.device)
+      continue;
+    const auto size = static_cast<std::uint64_t>(st.st_size);
+    const std::int64_t mtime = static_cast<std::int64_t>(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec;
+    TWELL_CHECK(size == was.size && mtime == was.mtime_ns, ErrorCode::io,
                 "{} was changed in place since the model was loaded from it ({} → {} bytes): load the model again",
-                was.path, was.size, now.size);
+                was.path, was.size, size);
   }
 }
 
@@ -294,12 +287,15 @@ Model Model::load(const std::string& dir_str, const LoadOptions& opt) {
   }
   const LlamaConfig& c = m.config;
   // Peak host memory: the fp32 copies (4 bytes a parameter; bf16_only: at most 2, none for a bf16
-  // file's tensors, which stay in the page cache) and one tensor's file bytes at a time (the
-  // embedding's, at most a few % of a model; 1 byte a parameter bounds it with room).
+  // file's tensors, which stay in the page cache) and one tensor's bytes at a time in the reading
+  // scratch (the largest tensor, as fp32).
   m.bf16_only = opt.bf16_only;
-  check_host_memory((opt.bf16_only ? 3.0 : 5.0) * static_cast<double>(c.parameters()),
+  Tensors t = read_checkpoint(dir);  // the headers
+  std::uint64_t largest = 0;
+  for (const io::SafetensorsReader& f : t.files)
+    for (const io::SafetensorsReader::Info& info : f.tensors()) largest = std::max(largest, info.bytes);
+  check_host_memory((opt.bf16_only ? 2.0 : 4.0) * static_cast<double>(c.parameters()) + static_cast<double>(largest),
                     fmt::format("loading {} ({:.2f} B parameters)", dir_str, static_cast<double>(c.parameters()) / 1e9));
-  Tensors t = read_checkpoint(dir);
   const std::int64_t K = c.hidden_size, N = c.intermediate_size, V = c.vocab_size;
   // A weight matrix into its fp32 vector, or (bf16_only) its bf16 one.
   auto matrix = [&](const std::string& name, std::vector<std::int64_t> shape, std::vector<float>& f32,
@@ -347,10 +343,11 @@ Model Model::load(const std::string& dir_str, const LoadOptions& opt) {
     // RoPE's frequency table, which older exports saved; computed here from rope_theta instead.
     t.by_name.erase(p + "self_attn.rotary_emb.inv_freq");
   }
-  if (opt.bf16_only)
-    for (const io::SafetensorsReader& f : t.files) {
-      MappedFile mf;
-      if (stamp(f.path(), mf)) m.mapped_files.push_back(std::move(mf));
+  // The files the model's matrices still view, as they were when opened (the header's file).
+  for (const io::SafetensorsReader& f : t.files)
+    if (f.viewed()) {
+      const io::SafetensorsReader::FileId& id = f.file_id();
+      m.mapped_files.push_back({f.path(), id.device, id.inode, id.size, id.mtime_ns});
     }
   if (!t.by_name.empty()) {
     std::string names;

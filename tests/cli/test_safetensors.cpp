@@ -202,6 +202,39 @@ TEST(Safetensors, ReaderViewsTensorsInTheMappedFile) {
   EXPECT_EQ(va.owner, vb.owner);  // one mapping for the file
 }
 
+// Views come from the file the header was read from: one replaced under the name afterwards (a
+// new file renamed over it) does not leak in; one changed in place is refused, not mapped.
+TEST(Safetensors, ReaderViewsTheFileItOpened) {
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::temp_directory_path() / ("twell_st_view_file_" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  const std::string path = (dir / "v.safetensors").string();
+  const HostTensor a = iota_f32({4, 2});
+  HostTensor other = iota_f32({4, 2});
+  for (std::int64_t i = 0; i < other.numel(); ++i) other.data<float>()[i] += 100.0f;
+  io::write_safetensors(path, {{"a", &a}});
+  {
+    io::SafetensorsReader r(path);
+    EXPECT_FALSE(r.viewed());
+    io::write_safetensors(path, {{"a", &other}});  // a temporary file renamed over the name
+    const io::SafetensorsReader::View v = r.view("a");
+    ASSERT_EQ(v.bytes.size(), a.nbytes());
+    EXPECT_EQ(std::memcmp(v.bytes.data(), a.bytes(), a.nbytes()), 0);
+    EXPECT_TRUE(r.viewed());
+  }
+  {
+    io::SafetensorsReader r(path);
+    std::ofstream(path, std::ios::binary | std::ios::app) << ' ';  // the same file, one byte longer
+    try {
+      (void)r.view("a");
+      ADD_FAILURE() << "a file changed in place was mapped";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("changed in place"), std::string::npos) << e.what();
+    }
+  }
+  fs::remove_all(dir);
+}
+
 TEST(Safetensors, F16RejectedOrConverted) {
   // 1.0, -2.0, 65504 (max), 2^-24 (smallest subnormal), +Inf in binary16.
   const std::uint16_t h[] = {0x3c00, 0xc000, 0x7bff, 0x0001, 0x7c00};

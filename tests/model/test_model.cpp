@@ -151,6 +151,10 @@ TEST(ModelCpu, MappedFilesChangedInPlaceAreRefused) {
   EXPECT_NO_THROW(m.check_mapped_files());
   EXPECT_EQ(m.embed16.to_vector(), before);
   EXPECT_TRUE(Model::load(dir.string()).mapped_files.empty());  // an fp32 load maps nothing it keeps
+  TinySpec f32 = s;
+  f32.bf16 = false;
+  const auto dir32 = write_tiny("mapped_fp32", f32);
+  EXPECT_TRUE(Model::load(dir32.string(), lo).mapped_files.empty());  // bf16-only of an fp32 file: its own copies
 }
 
 // A file whose data buffer starts at an odd offset (a writer that does not pad its header, as the

@@ -87,6 +87,14 @@ class SafetensorsReader {
     std::span<const std::byte> bytes;
   };
   View view(const std::string& name);
+  // The file's identity and state when it was opened (the file the header and every view come from).
+  struct FileId {
+    std::uint64_t device = 0, inode = 0, size = 0;
+    std::int64_t mtime_ns = 0;
+  };
+  const FileId& file_id() const noexcept;
+  // Whether a view of this file is alive beyond the reader (its mapping is still in use).
+  bool viewed() const noexcept;
 
  private:
   struct Impl;

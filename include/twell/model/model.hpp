@@ -92,7 +92,7 @@ struct Model {
   // The files whose mapped bytes the bf16 matrices view (bf16_only loads), as they were when mapped.
   struct MappedFile {
     std::string path;
-    std::uint64_t inode = 0, size = 0;
+    std::uint64_t device = 0, inode = 0, size = 0;
     std::int64_t mtime_ns = 0;
   };
   std::vector<MappedFile> mapped_files;
