@@ -304,6 +304,14 @@ SafetensorsFile parse_safetensors(std::span<const std::byte> bytes, const std::s
   return f;
 }
 
+namespace {
+SafetensorsReader::FileId file_id_of(const struct stat& st) {
+  return {static_cast<std::uint64_t>(st.st_dev), static_cast<std::uint64_t>(st.st_ino),
+          static_cast<std::uint64_t>(st.st_size),
+          static_cast<std::int64_t>(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec};
+}
+}  // namespace
+
 struct SafetensorsReader::Impl {
   std::string path;
   std::ifstream in;
@@ -344,13 +352,11 @@ SafetensorsReader::SafetensorsReader(const std::string& path, ReadOptions opt) :
   if (m.fd < 0) fail(ErrorCode::io, "cannot open '{}': {}", path, errno_text());
   struct stat fst {};
   if (::fstat(m.fd, &fst) != 0) fail(ErrorCode::io, "cannot stat '{}': {}", path, errno_text());
-  m.id = {static_cast<std::uint64_t>(fst.st_dev), static_cast<std::uint64_t>(fst.st_ino),
-          static_cast<std::uint64_t>(fst.st_size),
-          static_cast<std::int64_t>(fst.st_mtim.tv_sec) * 1000000000 + fst.st_mtim.tv_nsec};
+  m.id = file_id_of(fst);
   m.in.open(path, std::ios::binary);
   if (!m.in) fail(ErrorCode::io, "cannot open '{}': {}", path, errno_text());
-  struct stat pst {};
-  if (::stat(path.c_str(), &pst) != 0 || pst.st_ino != fst.st_ino || pst.st_dev != fst.st_dev)
+  const std::optional<FileId> now = stat_file(path);
+  if (!now || now->inode != m.id.inode || now->device != m.id.device)
     fail(ErrorCode::io, "'{}' was replaced while being opened: read it again", path);
   m.in.seekg(0, std::ios::end);
   const std::streamoff size = m.in.tellg();
@@ -413,6 +419,12 @@ void SafetensorsReader::read_into(const std::string& name, std::span<std::byte> 
 
 const SafetensorsReader::FileId& SafetensorsReader::file_id() const noexcept { return impl_->id; }
 
+std::optional<SafetensorsReader::FileId> SafetensorsReader::stat_file(const std::string& path) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) return std::nullopt;
+  return file_id_of(st);
+}
+
 bool SafetensorsReader::viewed() const noexcept { return impl_->mapped && impl_->mapped.use_count() > 1; }
 
 SafetensorsReader::View SafetensorsReader::view(const std::string& name) {
@@ -423,8 +435,7 @@ SafetensorsReader::View SafetensorsReader::view(const std::string& name) {
     // The file the header was read from; not if it was changed in place since (its offsets would
     // not hold, and a shorter file faults where the mapping passes its end).
     struct stat st {};
-    if (::fstat(m.fd, &st) != 0 || static_cast<std::uint64_t>(st.st_size) != m.id.size ||
-        static_cast<std::int64_t>(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec != m.id.mtime_ns)
+    if (::fstat(m.fd, &st) != 0 || file_id_of(st).size != m.id.size || file_id_of(st).mtime_ns != m.id.mtime_ns)
       fail(ErrorCode::io, "'{}' was changed in place since it was opened: read it again", m.path);
     void* p = ::mmap(nullptr, m.total, PROT_READ, MAP_PRIVATE, m.fd, 0);
     if (p == MAP_FAILED) {

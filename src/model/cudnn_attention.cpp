@@ -39,21 +39,25 @@ std::int64_t bucket(std::int64_t v, std::int64_t least) {
 // (a batch of equal prompts of 64, 128, 256, … tokens) take the plain layout; other lengths the
 // ragged graph of their bucket, so that the graphs stay few (each costs a build) whatever lengths
 // single prompts have. rows 0: nothing to attend (or int32 offsets would overflow: `row` values a
-// row of qkv).
+// row of qkv). With it, the end of the call's last row (the ragged offsets' end).
 using Key = std::tuple<std::int64_t, std::int64_t, bool>;
-Key key_of(std::span<const std::int64_t> row0, std::span<const std::int64_t> len, std::int64_t row) {
+struct Shape {
+  Key key{0, 0, false};
+  std::int64_t last_row = 0;
+};
+Shape shape_of(std::span<const std::int64_t> row0, std::span<const std::int64_t> len, std::int64_t row) {
   const auto n = static_cast<std::int64_t>(row0.size());
-  if (n == 0 || len.size() != row0.size()) return {0, 0, false};
+  if (n == 0 || len.size() != row0.size()) return {};
   std::int64_t longest = 0, last_row = 0;
   for (std::int64_t i = 0; i < n; ++i) {
     longest = std::max(longest, len[static_cast<std::size_t>(i)]);
     last_row = std::max(last_row, row0[static_cast<std::size_t>(i)] + len[static_cast<std::size_t>(i)]);
   }
-  if (longest <= 0 || last_row * row > INT_MAX) return {0, 0, false};  // int32 offsets
+  if (longest <= 0 || last_row * row > INT_MAX) return {};  // int32 offsets
   bool uniform = longest == bucket(longest, 64);
   for (std::int64_t i = 0; i < n; ++i)
     uniform = uniform && len[static_cast<std::size_t>(i)] == longest && row0[static_cast<std::size_t>(i)] == i * longest;
-  return {n, uniform ? longest : bucket(longest, 64), !uniform};
+  return {{n, uniform ? longest : bucket(longest, 64), !uniform}, last_row};
 }
 
 }  // namespace
@@ -164,7 +168,7 @@ std::int64_t CudnnAttention::padded_rows(std::int64_t longest) { return bucket(l
 bool CudnnAttention::wanted(std::span<const std::int64_t> row0, std::span<const std::int64_t> len, int build_at,
                             bool build_now) {
   Impl& m = *impl_;
-  const Key key = key_of(row0, len, (m.heads + 2 * m.kv_heads) * m.d);
+  const Key key = shape_of(row0, len, (m.heads + 2 * m.kv_heads) * m.d).key;
   if (std::get<1>(key) == 0) return false;
   if (m.plans.count(key) != 0) return true;  // built (or refused: run() says so and the caller falls back)
   return build_now || ++m.seen[key] >= build_at;
@@ -181,13 +185,10 @@ bool CudnnAttention::run(const __nv_bfloat16* qkv, std::span<const std::int64_t>
   Impl& m = *impl_;
   const auto n = static_cast<std::int64_t>(row0.size());
   const std::int64_t row = (m.heads + 2 * m.kv_heads) * m.d;
-  const Key key = key_of(row0, len, row);
+  const auto [key, last_row] = shape_of(row0, len, row);
   const auto [b, s, ragged] = key;
   if (s == 0) return false;
   const bool uniform = !ragged;
-  std::int64_t last_row = 0;
-  for (std::int64_t i = 0; i < n; ++i)
-    last_row = std::max(last_row, row0[static_cast<std::size_t>(i)] + len[static_cast<std::size_t>(i)]);
   auto it = m.plans.find(key);
   if (it == m.plans.end()) {
     it = m.plans.emplace(key, m.build(b, s, ragged)).first;

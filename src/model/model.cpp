@@ -11,8 +11,6 @@
 #include <set>
 #include <sstream>
 
-#include <sys/stat.h>
-
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
@@ -125,34 +123,39 @@ void check_finite(Tensors& t, const std::string& name, bool finite, std::size_t 
   TWELL_CHECK(finite, ErrorCode::non_finite, "{} in {} holds a non-finite value at flat index {}", name, t.file_of[name], i);
 }
 
+// The tensor's bytes viewed in the mapped file where they are aligned for `align`-byte elements;
+// else empty (then they are read).
+io::SafetensorsReader::View aligned_view(io::SafetensorsReader& f, const std::string& name, std::size_t align) {
+  io::SafetensorsReader::View v = f.view(name);
+  if (v.bytes.empty() || reinterpret_cast<std::uintptr_t>(v.bytes.data()) % align != 0) return {};
+  return v;
+}
+
 // The tensor's values as fp32, the tensor left in t. Straight into the vector (no fp32 tensor in
 // between: loading is mostly the kernel's zeroing of fresh pages, so every copy avoided shows).
 std::vector<float> values(Tensors& t, const std::string& name, const std::vector<std::int64_t>& shape) {
   io::SafetensorsReader& f = find(t, name, shape);
   const io::SafetensorsReader::Info& h = *f.find(name);
   const std::size_t n = h.bytes / dtype_size(h.dtype);
-  // Where the file's bytes can be viewed in place (mapped), the vector is built from them directly:
-  // no zero-filled vector overwritten afterwards, no copy of the tensor into scratch first.
-  const io::SafetensorsReader::View view = f.view(name);
-  if (!view.bytes.empty() && reinterpret_cast<std::uintptr_t>(view.bytes.data()) % alignof(float) == 0) {
-    if (h.dtype == DType::f32) {
-      const auto* p = reinterpret_cast<const float*>(view.bytes.data());
-      return std::vector<float>(p, p + n);
-    }
-    const auto* p = reinterpret_cast<const bf16*>(view.bytes.data());
-    std::vector<float> v;
-    v.reserve(n);
-    for (std::size_t i = 0; i < n; ++i) v.push_back(to_float(p[i]));
+  // The vector is built from the file's bytes viewed in place (mapped) where they can be: no
+  // zero-filled vector overwritten afterwards. Else an fp32 (or F16) tensor is read straight into
+  // it, a bf16 one into scratch first.
+  const io::SafetensorsReader::View view = aligned_view(f, name, alignof(float));
+  if (view.bytes.empty() && h.dtype == DType::f32) {
+    std::vector<float> v(n);
+    f.read_into(name, std::as_writable_bytes(std::span(v)));
     return v;
   }
-  std::vector<float> v(n);
+  if (view.bytes.empty()) read_scratch(t, f, name);
+  const std::byte* bytes = view.bytes.empty() ? t.scratch.data() : view.bytes.data();
   if (h.dtype == DType::f32) {
-    f.read_into(name, std::as_writable_bytes(std::span(v)));
-  } else {
-    read_scratch(t, f, name);
-    const auto* in = reinterpret_cast<const bf16*>(t.scratch.data());
-    for (std::size_t i = 0; i < v.size(); ++i) v[i] = to_float(in[i]);
+    const auto* p = reinterpret_cast<const float*>(bytes);
+    return std::vector<float>(p, p + n);
   }
+  const auto* p = reinterpret_cast<const bf16*>(bytes);
+  std::vector<float> v;
+  v.reserve(n);
+  for (std::size_t i = 0; i < n; ++i) v.push_back(to_float(p[i]));
   return v;
 }
 
@@ -196,8 +199,8 @@ Bf16Matrix take16(Tensors& t, const std::string& name, std::vector<std::int64_t>
   Bf16Matrix::Piece piece;
   piece.size = n;
   if (h.dtype == DType::bf16) {
-    io::SafetensorsReader::View view = f.view(name);
-    if (!view.bytes.empty() && reinterpret_cast<std::uintptr_t>(view.bytes.data()) % alignof(std::uint16_t) == 0) {
+    io::SafetensorsReader::View view = aligned_view(f, name, alignof(std::uint16_t));
+    if (!view.bytes.empty()) {
       piece.bits = reinterpret_cast<const std::uint16_t*>(view.bytes.data());
       piece.owner = std::move(view.owner);
       piece.mapped = true;
@@ -246,17 +249,13 @@ Bf16Matrix Bf16Matrix::then(const Bf16Matrix& b) const {
 
 void Model::check_mapped_files() const {
   for (const MappedFile& was : mapped_files) {
-    struct stat st {};
+    const std::optional<io::SafetensorsReader::FileId> now = io::SafetensorsReader::stat_file(was.path);
     // Gone, or another file under the name (replaced): the mapping keeps the file it maps, whose
     // inode cannot be reused while mapped.
-    if (::stat(was.path.c_str(), &st) != 0 || static_cast<std::uint64_t>(st.st_ino) != was.inode ||
-        static_cast<std::uint64_t>(st.st_dev) != was.device)
-      continue;
-    const auto size = static_cast<std::uint64_t>(st.st_size);
-    const std::int64_t mtime = static_cast<std::int64_t>(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec;
-    TWELL_CHECK(size == was.size && mtime == was.mtime_ns, ErrorCode::io,
+    if (!now || now->inode != was.id.inode || now->device != was.id.device) continue;
+    TWELL_CHECK(now->size == was.id.size && now->mtime_ns == was.id.mtime_ns, ErrorCode::io,
                 "{} was changed in place since the model was loaded from it ({} → {} bytes): load the model again",
-                was.path, was.size, size);
+                was.path, was.id.size, now->size);
   }
 }
 
@@ -345,10 +344,7 @@ Model Model::load(const std::string& dir_str, const LoadOptions& opt) {
   }
   // The files the model's matrices still view, as they were when opened (the header's file).
   for (const io::SafetensorsReader& f : t.files)
-    if (f.viewed()) {
-      const io::SafetensorsReader::FileId& id = f.file_id();
-      m.mapped_files.push_back({f.path(), id.device, id.inode, id.size, id.mtime_ns});
-    }
+    if (f.viewed()) m.mapped_files.push_back({f.path(), f.file_id()});
   if (!t.by_name.empty()) {
     std::string names;
     int shown = 0;

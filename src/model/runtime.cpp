@@ -183,19 +183,14 @@ CpuRuntime::CpuRuntime(const Model& model, RuntimeOptions opt)
               "{}: this model was loaded with bf16 weights only (for the GPU); the CPU runtime computes in fp32: "
               "load it without LoadOptions::bf16_only", model.dir.empty() ? std::string("model") : model.dir);
   const bool bf16 = opt.cpu_bf16_weights && !opt.ffn_input_hook;  // a hook may change the weights
-  // A matrix's bf16 form: w's values as bf16 bits of the runtime's own, if they are all bf16
-  // (exact_bf16; a bf16 checkpoint's are); none otherwise. Not the bf16 file's bits viewed in
-  // place: the runtime reads these at every decode step for as long as it lives, and a file
+  // A matrix's bf16 copy: w's values as bf16 bits, if they are all bf16 (exact_bf16; a bf16
+  // checkpoint's are); none otherwise. A copy of the runtime's own, not the bf16 file's bits viewed
+  // in place: the runtime reads these at every decode step for as long as it lives, and a file
   // rewritten in place under a mapping faults on access.
   auto copy = [&](const std::vector<float>& w) {
     ++matrices_;
-    Bf16Matrix b;
-    if (!bf16) return b;
-    auto own = std::make_shared<std::vector<std::uint16_t>>(cpu::exact_bf16(w));
-    if (!own->empty()) {
-      b.pieces.push_back({own, own->data(), own->size(), false});
-      ++bf16_matrices_;
-    }
+    std::vector<std::uint16_t> b = bf16 ? cpu::exact_bf16(w) : std::vector<std::uint16_t>{};
+    if (!b.empty()) ++bf16_matrices_;
     return b;
   };
   for (const LayerWeights& L : model.layers)
@@ -216,9 +211,9 @@ std::string CpuRuntime::weight_storage() const {
 }
 
 void CpuRuntime::project(const float* x, std::int64_t rows, const std::vector<float>& w,
-                         const Bf16Matrix& w16, std::int64_t n, std::int64_t k, float* y) const {
-  if (w16.contiguous() && rows <= cpu::kGemvBf16MaxRows) {
-    cpu::gemv_bf16(x, rows, w16.contiguous(), n, k, y);
+                         const std::vector<std::uint16_t>& w16, std::int64_t n, std::int64_t k, float* y) const {
+  if (!w16.empty() && rows <= cpu::kGemvBf16MaxRows) {
+    cpu::gemv_bf16(x, rows, w16.data(), n, k, y);
     return;
   }
   gemm(false, true, 1.0f, CMatrixF(x, rows, k), CMatrixF(w.data(), n, k), 0.0f, MatrixF(y, rows, n));
@@ -251,11 +246,11 @@ void CpuRuntime::ffn(std::int64_t layer, const float* x, std::int64_t rows, floa
     // TwELL packing and the sparse products as ffn_sparse runs them.
     const cpu::PreparedFfn& P = prepared_[static_cast<std::size_t>(layer)];
     const bool gated = P.w.gated();
-    const std::uint16_t* first16 = (gated ? B.w_gate : B.w_up).contiguous();
+    const std::vector<std::uint16_t>& first16 = gated ? B.w_gate : B.w_up;
     cpu::SparseInferenceInfo info;
-    if (first16 && rows <= cpu::kGemvBf16MaxRows) {
+    if (!first16.empty() && rows <= cpu::kGemvBf16MaxRows) {
       std::vector<float> pre(static_cast<std::size_t>(rows * N));
-      cpu::gemv_bf16(x, rows, first16, N, K, pre.data());
+      cpu::gemv_bf16(x, rows, first16.data(), N, K, pre.data());
       info = cpu::ffn_sparse_from_gate(CMatrixF(x, rows, K), CMatrixF(pre.data(), rows, N), P, MatrixF(y, rows, K));
     } else {
       info = cpu::ffn_sparse(CMatrixF(x, rows, K), P, MatrixF(y, rows, K));

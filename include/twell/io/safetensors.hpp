@@ -22,6 +22,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <utility>
@@ -93,6 +94,8 @@ class SafetensorsReader {
     std::int64_t mtime_ns = 0;
   };
   const FileId& file_id() const noexcept;
+  // The identity and state of the file at `path` now; nullopt where it cannot be stat'ed.
+  static std::optional<FileId> stat_file(const std::string& path);
   // Whether a view of this file is alive beyond the reader (its mapping is still in use).
   bool viewed() const noexcept;
 

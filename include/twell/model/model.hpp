@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "twell/io/safetensors.hpp"
 #include "twell/model/config.hpp"
 
 namespace twell::model {
@@ -32,8 +33,6 @@ struct Bf16Matrix {
 
   std::size_t size() const noexcept;
   bool empty() const noexcept { return size() == 0; }
-  // The bits as one row-major array: the only piece's, or null (none, or several).
-  const std::uint16_t* contiguous() const noexcept { return pieces.size() == 1 ? pieces[0].bits : nullptr; }
   std::vector<std::uint16_t> to_vector() const;  // the pieces concatenated
   // This matrix's pieces, then b's: [a; b] stacked by rows (no bits copied).
   Bf16Matrix then(const Bf16Matrix& b) const;
@@ -92,8 +91,7 @@ struct Model {
   // The files whose mapped bytes the bf16 matrices view (bf16_only loads), as they were when mapped.
   struct MappedFile {
     std::string path;
-    std::uint64_t device = 0, inode = 0, size = 0;
-    std::int64_t mtime_ns = 0;
+    io::SafetensorsReader::FileId id;
   };
   std::vector<MappedFile> mapped_files;
   // Throws ErrorCode::io naming the file if one of mapped_files was changed in place since the load

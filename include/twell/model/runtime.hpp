@@ -179,21 +179,20 @@ class CpuRuntime final : public Runtime {
   void ffn(std::int64_t layer, const float* x, std::int64_t rows, float* y);
   // y [rows, n] = x [rows, k] · Wᵀ, W [n, k]: through w16 (its bf16 copy, when it has one) at
   // decode sizes, else OpenBLAS on the fp32 w.
-  void project(const float* x, std::int64_t rows, const std::vector<float>& w, const Bf16Matrix& w16, std::int64_t n,
-               std::int64_t k, float* y) const;
+  void project(const float* x, std::int64_t rows, const std::vector<float>& w, const std::vector<std::uint16_t>& w16,
+               std::int64_t n, std::int64_t k, float* y) const;
   const Model* model_;
   RuntimeOptions opt_;
   std::vector<FfnLayerStats> stats_;
-  // RuntimeOptions::cpu_bf16_weights: each matrix's bf16 copy (one piece of its own), empty where
-  // it has none.
+  // RuntimeOptions::cpu_bf16_weights: each matrix's bf16 copy, empty where it has none.
   struct Bf16Layer {
-    Bf16Matrix wqkv, wo, w_gate, w_up, w_down;
+    std::vector<std::uint16_t> wqkv, wo, w_gate, w_up, w_down;
   };
   std::vector<Bf16Layer> bf16_;
   // Each ReLU layer's FFN prepared for the sparse path (views of the model's matrices plus Wdᵀ);
   // empty where the sparse path never runs (the dense path asked, or not ReLU).
   std::vector<cpu::PreparedFfn> prepared_;
-  Bf16Matrix bf16_head_;
+  std::vector<std::uint16_t> bf16_head_;
   std::int64_t bf16_matrices_ = 0, matrices_ = 0;
 };
 
