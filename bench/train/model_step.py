@@ -52,7 +52,8 @@ MODES = ("hf-eager", "dense-compiled", "twell", "twell-compiled", "twell-dense-c
 
 def dense_relu_mlp(mlp):
     """A module computing LlamaMLP's function, down(relu(gate x) ⊙ up x), over the same Linear
-    modules, that keeps its L1 term (Σ h / tokens; h ≥ 0) in self.l1 as twell's SparseMLP does."""
+    modules, that keeps its L1 term (Σ|h| / tokens: h = ReLU(g) ⊙ u has either sign) in self.l1 as
+    twell's SparseMLP does."""
     import torch
 
     class DenseReluMLP(torch.nn.Module):
@@ -63,7 +64,7 @@ def dense_relu_mlp(mlp):
 
         def forward(self, x):
             h = torch.relu(self.gate_proj(x)) * self.up_proj(x)
-            self.l1 = h.float().sum() / (h.numel() // h.shape[-1])
+            self.l1 = h.float().abs().sum() / (h.numel() // h.shape[-1])
             return self.down_proj(h)
 
     return DenseReluMLP(mlp)

@@ -1,0 +1,29 @@
+"""bench/train/model_step.py's dense modes compute the same loss as its twell modes: the dense MLP's
+L1 term equals twell.torch.ffn's (Σ|h| / rows, h = ReLU(x·Wgᵀ) ⊙ x·Wuᵀ of either sign) and a
+float64 hand computation, and its output equals transformers' LlamaMLP with ReLU (CPU)."""
+import pytest
+
+from bench_script import load_bench
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+tt = pytest.importorskip("twell.torch")
+
+
+def test_dense_mlp_l1_is_twells_l1():
+    ms = load_bench("train/model_step")
+    torch.manual_seed(0)
+    cfg = transformers.LlamaConfig(hidden_size=32, intermediate_size=96, hidden_act="relu")
+    mlp = transformers.models.llama.modeling_llama.LlamaMLP(cfg)
+    x = torch.randn(2, 7, 32)
+    dense = ms.dense_relu_mlp(mlp)
+    y = dense(x)
+    torch.testing.assert_close(y, mlp(x), rtol=0, atol=0)
+    x64 = x.reshape(-1, 32).double()
+    wg, wu = mlp.gate_proj.weight.double(), mlp.up_proj.weight.double()
+    h = torch.relu(x64 @ wg.T) * (x64 @ wu.T)
+    assert (h < 0).any(), "the check needs h of both signs"
+    want = h.abs().sum() / h.shape[0]
+    torch.testing.assert_close(dense.l1.double(), want, rtol=1e-5, atol=0)
+    _, l1 = tt.ffn(x.reshape(-1, 32), mlp.gate_proj.weight, mlp.up_proj.weight, mlp.down_proj.weight.detach().requires_grad_())
+    torch.testing.assert_close(dense.l1, l1, rtol=1e-5, atol=0)
