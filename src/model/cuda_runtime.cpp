@@ -25,6 +25,7 @@
 #if TWELL_HAVE_CUDNN
 #include "model/cudnn_attention.hpp"
 #endif
+#include "model/staged_upload.hpp"
 #include "model/nvml_energy.hpp"
 #include "model/runtime_checks.hpp"
 #include "twell/cuda/ffn_layer.hpp"
@@ -44,24 +45,32 @@ DeviceBuffer<bf16_t> upload_bf16(const std::vector<float>& v, cudaStream_t strea
   return cuda::host::upload_x(CMatrixF(v.data(), 1, static_cast<std::int64_t>(v.size())), stream);
 }
 
+// Where a bf16-only model's matrices are read from, for errors: its mapped files, or its own memory.
+std::string bits_source(const Model& m) {
+  if (m.mapped_files.empty()) return "the model's weights";
+  std::string s = m.mapped_files[0].path;
+  for (std::size_t i = 1; i < m.mapped_files.size(); ++i) s += ", " + m.mapped_files[i].path;
+  return s;
+}
+
 // bf16 bits as they are (a model loaded with LoadOptions::bf16_only), its pieces end to end (read
-// straight from the checkpoint's mapped file where the model views it).
-DeviceBuffer<bf16_t> upload_bits(const Bf16Matrix& v, cudaStream_t stream) {
+// straight from the checkpoint's mapped file where the model views it), through the pinned staging
+// of `up` (queued on its stream: written once the stream gets there).
+DeviceBuffer<bf16_t> upload_bits(const Bf16Matrix& v, StagedUpload& up, const std::string& source) {
   DeviceBuffer<bf16_t> d(v.size());
   std::size_t at = 0;
   for (const Bf16Matrix::Piece& p : v.pieces) {
-    TWELL_CUDA_CHECK(cudaMemcpyAsync(d.get() + at, p.bits, p.size * sizeof(std::uint16_t), cudaMemcpyHostToDevice, stream));
+    up.copy(d.get() + at, p.bits, p.size * sizeof(std::uint16_t), source);
     at += p.size;
   }
-  TWELL_CUDA_CHECK(cudaStreamSynchronize(stream));
   return d;
 }
 
 // A weight matrix in the form the model holds it (fp32, rounded here; or, bf16_only, bf16 bits
 // rounded alike at load), as bf16 on the device: the same bits either way.
 DeviceBuffer<bf16_t> upload_matrix(const Model& m, const std::vector<float>& f32, const Bf16Matrix& b16,
-                                   cudaStream_t stream) {
-  return m.bf16_only ? upload_bits(b16, stream) : upload_bf16(f32, stream);
+                                   StagedUpload& up, const std::string& source, cudaStream_t stream) {
+  return m.bf16_only ? upload_bits(b16, up, source) : upload_bf16(f32, stream);
 }
 
 template <class T>
@@ -171,35 +180,39 @@ class CudaRuntime final : public Runtime {
                 "max_sparse_density must lie in [0, 1], got {}", opt.max_sparse_density);
     const std::int64_t K = c.hidden_size, N = c.intermediate_size;
     m.check_mapped_files();  // the bf16 matrices view those files: not if one changed in place
-    embed_ = upload_matrix(m, m.embed, m.embed16, stream_);
-    if (!m.lm_head.empty() || !m.lm_head16.empty()) head_ = upload_matrix(m, m.lm_head, m.lm_head16, stream_);
+    StagedUpload up(stream_);  // (reads of a file truncated after the check are errors too)
+    const std::string source = bits_source(m);
+    embed_ = upload_matrix(m, m.embed, m.embed16, up, source, stream_);
+    if (!m.lm_head.empty() || !m.lm_head16.empty())
+      head_ = upload_matrix(m, m.lm_head, m.lm_head16, up, source, stream_);
     final_norm_ = upload_f32(m.final_norm, stream_);
     for (const LayerWeights& l : m.layers) {
       Layer d;
       d.attn_norm = upload_f32(l.attn_norm, stream_);
       d.ffn_norm = upload_f32(l.ffn_norm, stream_);
-      d.wqkv = upload_matrix(m, l.wqkv, l.wqkv16, stream_);
-      d.wo = upload_matrix(m, l.wo, l.wo16, stream_);
+      d.wqkv = upload_matrix(m, l.wqkv, l.wqkv16, up, source, stream_);
+      d.wo = upload_matrix(m, l.wo, l.wo16, up, source, stream_);
       if (c.act == Activation::relu) {
         d.ffn = std::make_unique<cuda::FfnLayer>(&infer_ws_);
         if (opt_.decode_max_density >= 0) d.ffn->set_decode_max_density(opt_.decode_max_density);
         if (m.bf16_only) {  // the bits on the device, then the layer's own layouts from them
-          const DeviceBuffer<bf16_t> g = upload_bits(l.w_gate16, stream_), u = upload_bits(l.w_up16, stream_),
-                                     dn = upload_bits(l.w_down16, stream_);
+          const DeviceBuffer<bf16_t> g = upload_bits(l.w_gate16, up, source), u = upload_bits(l.w_up16, up, source),
+                                     dn = upload_bits(l.w_down16, up, source);
           d.ffn->load_weights({tw(g.get()), tw(u.get()), tw(dn.get()), N, K}, stream_);
           TWELL_CUDA_CHECK(cudaStreamSynchronize(stream_));  // before g, u, dn are freed
         } else {
           d.ffn->upload_weights(ffn_weights(l.w_gate.data(), l.w_up.data(), l.w_down.data(), N, K), stream_);
         }
       } else if (m.bf16_only) {
-        d.w_gu = upload_bits(l.w_gate16.then(l.w_up16), stream_);
-        d.w_down = upload_bits(l.w_down16, stream_);
+        d.w_gu = upload_bits(l.w_gate16.then(l.w_up16), up, source);
+        d.w_down = upload_bits(l.w_down16, up, source);
       } else {
         d.w_gu = upload_bf16(concat(l.w_gate, l.w_up), stream_);
         d.w_down = upload_bf16(l.w_down, stream_);
       }
       layers_.push_back(std::move(d));
     }
+    up.finish();
     // RoPE tables [max_pos, d/2], angles in double.
     const std::int64_t half = c.head_dim / 2;
     std::vector<float> cs(static_cast<std::size_t>(c.max_position * half)), sn(cs.size());

@@ -17,6 +17,7 @@
 #include "twell/bf16.hpp"
 #include "twell/error.hpp"
 #include "twell/host_memory.hpp"
+#include "twell/io/mapped_reads.hpp"
 #include "twell/io/safetensors.hpp"
 
 namespace twell::model {
@@ -123,6 +124,12 @@ void check_finite(Tensors& t, const std::string& name, bool finite, std::size_t 
   TWELL_CHECK(finite, ErrorCode::non_finite, "{} in {} holds a non-finite value at flat index {}", name, t.file_of[name], i);
 }
 
+// read: whether the reads of the tensor's mapped bytes ran to the end (io::read_guarded).
+void check_read(Tensors& t, const std::string& name, bool read) {
+  TWELL_CHECK(read, ErrorCode::io, "{} changed while {} was read from it (truncated in place?): load the model again",
+              t.file_of[name], name);
+}
+
 // The tensor's bytes viewed in the mapped file where they are aligned for `align`-byte elements;
 // else empty (then they are read).
 io::SafetensorsReader::View aligned_view(io::SafetensorsReader& f, const std::string& name, std::size_t align) {
@@ -148,14 +155,20 @@ std::vector<float> values(Tensors& t, const std::string& name, const std::vector
   }
   if (view.bytes.empty()) read_scratch(t, f, name);
   const std::byte* bytes = view.bytes.empty() ? t.scratch.data() : view.bytes.data();
-  if (h.dtype == DType::f32) {
-    const auto* p = reinterpret_cast<const float*>(bytes);
-    return std::vector<float>(p, p + n);
-  }
-  const auto* p = reinterpret_cast<const bf16*>(bytes);
   std::vector<float> v;
-  v.reserve(n);
-  for (std::size_t i = 0; i < n; ++i) v.push_back(to_float(p[i]));
+  if (h.dtype != DType::f32) v.reserve(n);
+  // Reads of the mapping under the guard: a file truncated in place meanwhile is an error, not a
+  // SIGBUS (the vector's buffer then leaks: the load fails anyway).
+  const bool read = io::read_guarded([&] {
+    if (h.dtype == DType::f32) {
+      const auto* p = reinterpret_cast<const float*>(bytes);
+      v = std::vector<float>(p, p + n);  // no zero-filled buffer overwritten afterwards
+    } else {
+      const auto* p = reinterpret_cast<const bf16*>(bytes);
+      for (std::size_t i = 0; i < n; ++i) v.push_back(to_float(p[i]));  // within the reserved capacity
+    }
+  });
+  check_read(t, name, read);
   return v;
 }
 
@@ -218,7 +231,8 @@ Bf16Matrix take16(Tensors& t, const std::string& name, std::vector<std::int64_t>
     piece.bits = own->data();
     piece.owner = std::move(own);
   }
-  const std::size_t bad = first_where(piece.bits, n, nonfinite16);
+  std::size_t bad = n;
+  check_read(t, name, io::read_guarded([&] { bad = first_where(piece.bits, n, nonfinite16); }));
   check_finite(t, name, bad == n, bad);
   t.by_name.erase(name);
   Bf16Matrix m;
@@ -235,9 +249,13 @@ std::size_t Bf16Matrix::size() const noexcept {
 }
 
 std::vector<std::uint16_t> Bf16Matrix::to_vector() const {
-  std::vector<std::uint16_t> v;
-  v.reserve(size());
-  for (const Piece& p : pieces) v.insert(v.end(), p.bits, p.bits + p.size);
+  std::vector<std::uint16_t> v(size());
+  std::size_t at = 0;
+  for (const Piece& p : pieces) {
+    TWELL_CHECK(io::copy_guarded(v.data() + at, p.bits, p.size * sizeof(std::uint16_t)), ErrorCode::io,
+                "a mapped checkpoint file changed while it was read (truncated in place?): load the model again");
+    at += p.size;
+  }
   return v;
 }
 

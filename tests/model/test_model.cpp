@@ -157,6 +157,30 @@ TEST(ModelCpu, MappedFilesChangedInPlaceAreRefused) {
   EXPECT_TRUE(Model::load(dir32.string(), lo).mapped_files.empty());  // bf16-only of an fp32 file: its own copies
 }
 
+// A mapped file truncated in place under a bf16-only model: reading the views (to_vector, as the
+// runtimes' copies do) is an io Error naming the change, not a SIGBUS that ends the process.
+TEST(ModelCpu, TruncatedMappedFileIsAnErrorNotACrash) {
+  TinySpec s;
+  s.bf16 = true;
+  s.seed = fresh_seed();
+  const auto dir = write_tiny("mapped_truncated", s);
+  const std::string path = (dir / "model.safetensors").string();
+  model::LoadOptions lo;
+  lo.bf16_only = true;
+  const Model m = Model::load(dir.string(), lo);
+  ASSERT_EQ(m.mapped_files.size(), 1u);
+  ASSERT_TRUE(m.embed16.pieces.at(0).mapped);
+  EXPECT_NO_THROW((void)m.layers.back().w_down16.to_vector());
+  std::filesystem::resize_file(path, 0);
+  try {
+    (void)m.layers.back().w_down16.to_vector();
+    ADD_FAILURE() << "a read past the truncated file's end did not fail";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::io) << e.what();
+    EXPECT_NE(std::string(e.what()).find("truncated"), std::string::npos) << e.what();
+  }
+}
+
 // A file whose data buffer starts at an odd offset (a writer that does not pad its header, as the
 // format allows): its bf16 and fp32 tensors cannot be viewed in place (misaligned), so both load
 // forms read them instead — the same model either way.
