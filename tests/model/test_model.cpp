@@ -598,6 +598,37 @@ TEST(ModelCpu, NonFiniteWeightsAreRefusedWhereTheyAre) {
     }
 }
 
+// A tensor large enough that its finite scan is split over threads (≥ 2 blocks of 4 Mi elements):
+// the error names the first non-finite element, whichever block's thread finds one first.
+TEST(ModelCpu, NonFiniteScanOverThreadsNamesTheFirst) {
+  TinySpec s;
+  s.bf16 = true;
+  s.vocab = 140000;  // the tied embedding [140000, 64]: 8.96 M elements
+  const auto dir = write_tiny("nonfinite_threads", s);
+  const std::string path = (dir / "model.safetensors").string();
+  const io::SafetensorsFile clean = io::read_safetensors(path);
+  const std::string name = "model.embed_tokens.weight";
+  for (const std::vector<std::int64_t>& at : {std::vector<std::int64_t>{8'000'000}, {8'000'000, 3'000'000}, {8'959'999, 4'480'000}}) {
+    io::SafetensorsFile f = clean;
+    std::vector<io::TensorRef> refs;
+    for (auto& [n, h] : f.tensors) {
+      if (n == name)
+        for (std::int64_t i : at) h.data<bf16>()[i] = to_bf16(i % 2 ? INFINITY : NAN);
+      refs.push_back({n, &h});
+    }
+    io::write_safetensors(path, refs);
+    const std::int64_t first = *std::min_element(at.begin(), at.end());
+    model::LoadOptions lo;
+    lo.bf16_only = true;
+    try {
+      (void)Model::load(dir.string(), lo);
+      ADD_FAILURE() << "a non-finite weight was accepted";
+    } catch (const Error& e) {
+      EXPECT_TRUE(std::string(e.what()).ends_with(fmt::format("at flat index {}", first))) << e.what();
+    }
+  }
+}
+
 TEST(ModelCpu, LoadErrorsNameTheProblem) {
   TinySpec s;
   auto expect_error = [](const std::filesystem::path& dir, const std::string& needle) {
