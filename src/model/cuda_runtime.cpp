@@ -642,7 +642,7 @@ class CudaRuntime final : public Runtime {
   // QKV at 2.0); more rows: cuBLASLt. Both accumulate in fp32 and round to bf16 once.
   void project(const bf16_t* w, const bf16_t* x, std::int64_t T, std::int64_t n, std::int64_t k, bf16_t* y) {
     if (T == 1 && k % 8 == 0 && k <= cuda::kGemvMaxK) {
-      cuda::launch_twell_gemv_row(x, w, n, k, y, stream_);
+      cuda::launch_twell_gemv_row(x, w, n, k, y, stream_, /*w_before_wait=*/true);  // the model's weights
       return;
     }
     gemm_.run({T, n, k, k, k, n}, w, x, y, stream_);

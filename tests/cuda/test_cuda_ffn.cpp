@@ -795,7 +795,8 @@ TEST(CudaGemv, MatchesFloat64WithinBound) {
   std::normal_distribution<float> nd(0.0f, 1.0f);
   for (const Shape sh : {Shape{1, 5632, 2048}, Shape{2, 1003, 520}, Shape{3, 1000, 8192}, Shape{5, 70000, 264},
                          Shape{8, 17, 8}, Shape{11, 5632, 2048}, Shape{16, 1001, 1024}, Shape{1, 2048, 2048},
-                         Shape{1, 4096, 520}, Shape{1, 4097, 520}})
+                         Shape{1, 4096, 520}, Shape{1, 4097, 520}, Shape{1, 2048, 5632}, Shape{1, 999, 4096},
+                         Shape{1, 3, 8}})
    for (const bool relu : {true, false})
     for (const bool out32 : {false, true}) {  // bf16 output (g), or the fp32 sums (g32: the LM head's)
     SCOPED_TRACE(::testing::Message() << "m " << sh.m << " n " << sh.n << " k " << sh.k << (relu ? ", ReLU" : ", no ReLU")
@@ -865,6 +866,23 @@ TEST(CudaGemv, MatchesFloat64WithinBound) {
       for (const std::uint16_t v : gb) touched += v != 0xffffu;
     EXPECT_EQ(bad, 0) << "gemv values outside the bound (worst ratio " << worst << ")";
     EXPECT_EQ(touched, 0) << "gemv wrote past N";
+    // W loaded before the programmatic wait (w_before_wait; its own shape at one token): the same
+    // bits, padding untouched.
+    ASSERT_EQ(cudaMemset(dg.get(), 0xff, dg.bytes()), cudaSuccess);
+    if (out32) {
+      ASSERT_EQ(cudaMemset(dg32.get(), 0xff, dg32.bytes()), cudaSuccess);
+    }
+    p.w_before_wait = true;
+    launch_twell_gemv(p, s);
+    ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);
+    std::vector<std::uint16_t> gb2(gb.size());
+    std::vector<float> g32b(g32.size());
+    ASSERT_EQ(cudaMemcpy(gb2.data(), dg.get(), gb2.size() * 2, cudaMemcpyDeviceToHost), cudaSuccess);
+    if (out32) {
+      ASSERT_EQ(cudaMemcpy(g32b.data(), dg32.get(), g32b.size() * 4, cudaMemcpyDeviceToHost), cudaSuccess);
+    }
+    EXPECT_EQ(gb2, gb) << "w_before_wait changed the bf16 output";
+    EXPECT_EQ(std::memcmp(g32b.data(), g32.data(), g32.size() * sizeof(float)), 0) << "w_before_wait changed the fp32 sums";
   }
   cudaStreamDestroy(s);
 }

@@ -30,6 +30,8 @@ void launch_twell_gemv(const TwellGemvParams& p, cudaStream_t stream) {
   const dim3 grid(static_cast<unsigned>(ctas)), block(kGemvWarps * 32);
   if (wide)
     launch_kernel(twell_gemv_kernel<1>, grid, block, 0, stream, p);
+  else if (p.m <= 1 && p.w_before_wait)  // the whole row (K ≤ 2048) in flight before the wait
+    launch_kernel(twell_gemv_kernel<1, 1, 8>, grid, block, 0, stream, p);
   else if (p.m <= 1)
     launch_kernel(twell_gemv_kernel<1, 1, 4>, grid, block, 0, stream, p);
   else if (p.m <= 2)

@@ -26,6 +26,11 @@ struct TwellGemvParams {
   std::int64_t ld_g = 0;
   std::int64_t m = 0, n = 0, k = 0;
   bool relu = true;  // false: g = bf16(x·Wᵀ)
+  // W is written by no kernel that this launch may overlap (a model's weights): under programmatic
+  // launches its first loads (the whole row at K ≤ 2048 and one token) are issued before the wait
+  // for the previous kernel. Leave false where W may come from the kernel before (the FFN engine's
+  // weights under an optimiser): the loads then follow the wait.
+  bool w_before_wait = false;
 };
 
 // Requires 1 ≤ M ≤ kGemvMaxRows, K a multiple of 8 with K ≤ kGemvMaxK, 16-byte aligned rows.
@@ -54,11 +59,13 @@ inline void launch_twell_gemv_f32(const __nv_bfloat16* x, std::int64_t m, const 
   launch_twell_gemv(p, stream);
 }
 
-// One contiguous row: y[n] = bf16(x[k] · W[n, k]ᵀ) (a projection at one token).
+// One contiguous row: y[n] = bf16(x[k] · W[n, k]ᵀ) (a projection at one token). w_before_wait: see
+// TwellGemvParams.
 inline void launch_twell_gemv_row(const __nv_bfloat16* x, const __nv_bfloat16* w, std::int64_t n, std::int64_t k,
-                                  __nv_bfloat16* y, cudaStream_t stream) {
+                                  __nv_bfloat16* y, cudaStream_t stream, bool w_before_wait = false) {
   TwellGemvParams p = gemv_rows(x, 1, w, n, k);
   p.g = y;
+  p.w_before_wait = w_before_wait;
   launch_twell_gemv(p, stream);
 }
 

@@ -20,24 +20,18 @@ inline constexpr int kGemvWindow = 2;    // chunk steps per load window (the def
 // are n0 .. n0 + kRows − 1. Sums of kRows · MT values per lane, then a butterfly over the lanes.
 template <int MT, int kRows = kGemvWarpRows, int kWin = kGemvWindow>
 __global__ void __launch_bounds__(kGemvWarps * 32) twell_gemv_kernel(TwellGemvParams p) {
-  dev::pdl_begin();
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const std::int64_t n0 = (static_cast<std::int64_t>(blockIdx.x) * kGemvWarps + warp) * kRows;
-  if (n0 >= p.n) return;
+  const bool active = n0 < p.n;
   const int kchunks = static_cast<int>(p.k / 8);
   const uint4* wrow[kRows];
 #pragma unroll
   for (int r = 0; r < kRows; ++r)  // rows past N read row n0 (their sums are dropped)
     wrow[r] = reinterpret_cast<const uint4*>(p.w + (n0 + r < p.n ? n0 + r : n0) * p.k);
-  float acc[kRows][MT];
-#pragma unroll
-  for (int r = 0; r < kRows; ++r)
-#pragma unroll
-    for (int t = 0; t < MT; ++t) acc[r][t] = 0.0f;
   // Windows of kWin chunk steps: the window's kRows · kWin loads are issued together, then used
   // for every token (the unrolled loop lets the next window's loads overlap this one's math).
-  for (int s0 = 0; s0 * 32 < kchunks; s0 += kWin) {
-    uint4 wv[kRows][kWin];
+  uint4 wv[kRows][kWin];
+  const auto load_window = [&](int s0) {
 #pragma unroll
     for (int s = 0; s < kWin; ++s)
 #pragma unroll
@@ -45,6 +39,20 @@ __global__ void __launch_bounds__(kGemvWarps * 32) twell_gemv_kernel(TwellGemvPa
         const int c = (s0 + s) * 32 + lane;
         wv[r][s] = c < kchunks ? __ldcs(wrow[r] + c) : make_uint4(0, 0, 0, 0);
       }
+  };
+  // W that no kernel this one may overlap writes (w_before_wait): its first window is in flight
+  // while the previous kernel finishes.
+  if (p.w_before_wait && active) load_window(0);
+  dev::pdl_begin();
+  if (!active) return;
+  if (!p.w_before_wait) load_window(0);
+  float acc[kRows][MT];
+#pragma unroll
+  for (int r = 0; r < kRows; ++r)
+#pragma unroll
+    for (int t = 0; t < MT; ++t) acc[r][t] = 0.0f;
+  for (int s0 = 0; s0 * 32 < kchunks; s0 += kWin) {
+    if (s0 > 0) load_window(s0);
 #pragma unroll
     for (int s = 0; s < kWin; ++s) {
       const int c = (s0 + s) * 32 + lane;
