@@ -157,13 +157,13 @@ std::vector<float> values(Tensors& t, const std::string& name, const std::vector
   if (view.bytes.empty()) read_scratch(t, f, name);
   const std::byte* bytes = view.bytes.empty() ? t.scratch.data() : view.bytes.data();
   std::vector<float> v;
-  if (h.dtype != DType::f32) v.reserve(n);
+  v.reserve(n);  // outside the guard: nothing is allocated where a fault may abandon the copy
   // Reads of the mapping under the guard: a file truncated in place meanwhile is an error, not a
-  // SIGBUS (the vector's buffer then leaks: the load fails anyway).
+  // SIGBUS.
   const bool read = io::read_guarded([&] {
     if (h.dtype == DType::f32) {
       const auto* p = reinterpret_cast<const float*>(bytes);
-      v = std::vector<float>(p, p + n);  // no zero-filled buffer overwritten afterwards
+      v.insert(v.end(), p, p + n);  // within the capacity; no zero-filled buffer overwritten afterwards
     } else {
       const auto* p = reinterpret_cast<const bf16*>(bytes);
       for (std::size_t i = 0; i < n; ++i) v.push_back(to_float(p[i]));  // within the reserved capacity

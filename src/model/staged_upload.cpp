@@ -23,32 +23,39 @@ constexpr std::size_t kMinPerThread = std::size_t{1} << 20;
 
 StagedUpload::StagedUpload(cudaStream_t stream, std::size_t chunk_bytes)
     : stream_(stream), chunk_(std::max<std::size_t>(chunk_bytes, 4096)),
-      threads_(std::clamp(omp_get_max_threads(), 1, kMaxThreads)) {
+      threads_(std::clamp(omp_get_max_threads(), 1, kMaxThreads)) {}
+
+StagedUpload::~StagedUpload() {
+  bool busy = false;
+  for (const Slot& s : slots_) busy = busy || s.busy;
+  if (busy) cudaStreamSynchronize(stream_);  // the copy engine may still read a buffer
+  release();
+}
+
+void StagedUpload::release() noexcept {
+  for (Slot& s : slots_) {
+    if (s.done) cudaEventDestroy(s.done);
+    if (s.host) cudaFreeHost(s.host);
+    s = Slot{};
+  }
+}
+
+void StagedUpload::allocate() {
   try {
     for (Slot& s : slots_) {
       TWELL_CUDA_CHECK(cudaHostAlloc(&s.host, chunk_, cudaHostAllocDefault));
       TWELL_CUDA_CHECK(cudaEventCreateWithFlags(&s.done, cudaEventDisableTiming));
     }
   } catch (...) {
-    for (Slot& s : slots_) {
-      if (s.done) cudaEventDestroy(s.done);
-      if (s.host) cudaFreeHost(s.host);
-    }
+    release();
     throw;
-  }
-}
-
-StagedUpload::~StagedUpload() {
-  for (Slot& s : slots_) {
-    if (s.busy) cudaEventSynchronize(s.done);  // the copy engine may still read the buffer
-    cudaEventDestroy(s.done);
-    cudaFreeHost(s.host);
   }
 }
 
 void StagedUpload::copy(void* dst, const void* src, std::size_t n, const std::string& what) {
   auto* d = static_cast<std::byte*>(dst);
   const auto* h = static_cast<const std::byte*>(src);
+  if (n > 0 && !slots_[0].host) allocate();  // the first copy pins the buffers (none for none)
   for (std::size_t off = 0; off < n; off += chunk_) {
     Slot& s = slots_[next_];
     next_ ^= 1;
@@ -64,11 +71,16 @@ void StagedUpload::copy(void* dst, const void* src, std::size_t n, const std::st
       if (b < e && !io::copy_guarded(static_cast<std::byte*>(s.host) + b, h + off + b, e - b))
         faulted.store(true, std::memory_order_relaxed);
     }
-    TWELL_CHECK(!faulted.load(), ErrorCode::io, "{} changed while it was read for the upload (truncated in place?): load the model again",
-                what);
+    if (faulted.load()) {
+      // The copies in flight finish before the error unwinds the caller's device buffers.
+      cudaStreamSynchronize(stream_);
+      for (Slot& o : slots_) o.busy = false;
+      TWELL_CHECK(false, ErrorCode::io, "{} changed while it was read for the upload (truncated in place?): load the model again",
+                  what);
+    }
     TWELL_CUDA_CHECK(cudaMemcpyAsync(d + off, s.host, len, cudaMemcpyHostToDevice, stream_));
+    s.busy = true;  // before the record: a failed record still leaves the destructor waiting
     TWELL_CUDA_CHECK(cudaEventRecord(s.done, stream_));
-    s.busy = true;
   }
 }
 

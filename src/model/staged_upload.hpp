@@ -14,9 +14,9 @@ namespace twell::model {
 
 class StagedUpload {
  public:
-  // chunk_bytes: each staging buffer's size (two are allocated, pinned).
+  // chunk_bytes: each staging buffer's size (two, pinned, allocated at the first copy).
   explicit StagedUpload(cudaStream_t stream, std::size_t chunk_bytes = std::size_t{32} << 20);
-  ~StagedUpload();  // waits for the copies in flight, then frees the staging buffers
+  ~StagedUpload();  // waits for the stream if copies are in flight, then frees the staging buffers
   StagedUpload(const StagedUpload&) = delete;
   StagedUpload& operator=(const StagedUpload&) = delete;
 
@@ -28,6 +28,9 @@ class StagedUpload {
   void finish();
 
  private:
+  void allocate();
+  void release() noexcept;
+
   struct Slot {
     void* host = nullptr;
     cudaEvent_t done = nullptr;

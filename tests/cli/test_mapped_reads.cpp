@@ -3,6 +3,7 @@
 // any guard still ends the process as it would without twell.
 #include <gtest/gtest.h>
 #include <fcntl.h>
+#include <pthread.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -97,6 +98,49 @@ TEST(MappedReads, GuardsNestAndBelongToTheirThread) {
   EXPECT_FALSE(got[1]);
   EXPECT_TRUE(got[2]);
   EXPECT_FALSE(got[3]);
+}
+
+TEST(MappedReads, AGuardWorksWithSigbusBlockedAndKeepsTheMask) {
+  const MappedFile f(4 * kPage);
+  f.truncate(0);
+  sigset_t bus, was, now;
+  sigemptyset(&bus);
+  sigaddset(&bus, SIGBUS);
+  ASSERT_EQ(pthread_sigmask(SIG_BLOCK, &bus, &was), 0);
+  EXPECT_FALSE(copy_guarded(std::vector<unsigned char>(kPage).data(), f.p, kPage));
+  ASSERT_EQ(pthread_sigmask(SIG_SETMASK, &was, &now), 0);
+  EXPECT_EQ(sigismember(&now, SIGBUS), 1) << "the caller's mask (SIGBUS blocked) was not restored";
+}
+
+void exit_42(int) { std::_Exit(42); }
+
+TEST(MappedReadsDeathTest, AFaultOutsideAGuardGoesToTheHandlerBeforeTwells) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_EXIT(
+      {
+        struct sigaction sa {};
+        sa.sa_handler = exit_42;
+        sigemptyset(&sa.sa_mask);
+        sigaction(SIGBUS, &sa, nullptr);
+        const MappedFile f(4 * kPage);
+        EXPECT_TRUE(copy_guarded(std::vector<unsigned char>(kPage).data(), f.p, kPage));  // twell's installed
+        f.truncate(0);
+        EXPECT_FALSE(copy_guarded(std::vector<unsigned char>(kPage).data(), f.p, kPage));  // still guarded
+        volatile unsigned char c = f.p[2 * kPage];  // unguarded: the handler twell replaced
+        (void)c;
+        std::_Exit(0);
+      },
+      testing::ExitedWithCode(42), "");
+}
+
+TEST(MappedReadsDeathTest, ASentSigbusIsNotTakenForAFault) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_EXIT(
+      {
+        (void)read_guarded([] { raise(SIGBUS); });  // not the kernel's: the default action, even in a guard
+        std::_Exit(0);
+      },
+      testing::KilledBySignal(SIGBUS), "");
 }
 
 TEST(MappedReadsDeathTest, AFaultOutsideAGuardStillEndsTheProcess) {

@@ -83,7 +83,7 @@ TEST(StagedUpload, ATruncatedMappedSourceIsAnIoError) {
   TWELL_REQUIRE_GPU();
   namespace fs = std::filesystem;
   const std::string path = (fs::temp_directory_path() / ("twell_staged_" + std::to_string(::getpid()))).string();
-  const std::size_t n = std::size_t{4} << 20;
+  const std::size_t n = std::size_t{8} << 20;  // two 4 MiB chunks, each copied by a team of threads
   const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_TRUNC, 0600);
   ASSERT_GE(fd, 0);
   ASSERT_EQ(::ftruncate(fd, static_cast<off_t>(n)), 0);
@@ -91,7 +91,7 @@ TEST(StagedUpload, ATruncatedMappedSourceIsAnIoError) {
   ASSERT_NE(p, MAP_FAILED);
   ASSERT_EQ(::ftruncate(fd, 4096), 0);
   DeviceBuffer<unsigned char> d(n);
-  StagedUpload up(nullptr, std::size_t{1} << 20);
+  StagedUpload up(nullptr, std::size_t{4} << 20);
   try {
     up.copy(d.get(), p, n, path);
     ADD_FAILURE() << "a read past the truncated file's end did not fail";

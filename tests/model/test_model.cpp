@@ -2,6 +2,7 @@
 // path against the dense one, sampling and generation. Parity with an independent float64
 // reference is in model_parity.py.
 #include <gtest/gtest.h>
+#include <omp.h>
 
 #include <algorithm>
 #include <bit>
@@ -601,6 +602,8 @@ TEST(ModelCpu, NonFiniteWeightsAreRefusedWhereTheyAre) {
 // A tensor large enough that its finite scan is split over threads (≥ 2 blocks of 4 Mi elements):
 // the error names the first non-finite element, whichever block's thread finds one first.
 TEST(ModelCpu, NonFiniteScanOverThreadsNamesTheFirst) {
+  const int threads = omp_get_max_threads();
+  omp_set_num_threads(std::max(threads, 2));  // at least two blocks scanned by two threads
   TinySpec s;
   s.bf16 = true;
   s.vocab = 140000;  // the tied embedding [140000, 64]: 8.96 M elements
@@ -627,6 +630,7 @@ TEST(ModelCpu, NonFiniteScanOverThreadsNamesTheFirst) {
       EXPECT_TRUE(std::string(e.what()).ends_with(fmt::format("at flat index {}", first))) << e.what();
     }
   }
+  omp_set_num_threads(threads);
 }
 
 TEST(ModelCpu, LoadErrorsNameTheProblem) {

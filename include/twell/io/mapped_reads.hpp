@@ -9,10 +9,15 @@
 // read_guarded returns false so that the caller can report an error naming the file.
 //
 // Invariants for the function run under the guard: it may be abandoned at any read of the mapping,
-// so no lock may be held and no exception thrown there, and no destructor it owns will run (memory
-// allocated inside before the reads leaks on a fault; the load fails anyway).
-// The guard is per thread; a SIGBUS on a thread with no guard armed goes to the handler that was
-// installed before twell's (by default: the process dies, as without twell).
+// so it must hold no lock, allocate nothing, throw nothing and own nothing with a destructor there,
+// and open no OpenMP region (a fault on a worker thread would be unguarded; guard inside each
+// worker's iteration instead, as the callers do).
+// The guard is per thread (SIGBUS unblocked for the region); a SIGBUS on a thread with no guard
+// armed, or one sent by kill(), goes to the disposition twell's handler replaced when it was
+// installed (at the first guarded read; by default the process dies, as without twell). A handler
+// installed later by someone else and not chaining to the one it replaced takes the faults
+// inside guarded regions too (Python's faulthandler, for one, reports and re-raises them: the
+// guard then still catches the re-raised fault, after its report).
 #include <cstddef>
 #include <type_traits>
 

@@ -27,8 +27,8 @@ struct TwellGemvParams {
   std::int64_t m = 0, n = 0, k = 0;
   bool relu = true;  // false: g = bf16(x·Wᵀ)
   // W is written by no kernel that this launch may overlap (a model's weights): under programmatic
-  // launches its first loads (the whole row at K ≤ 2048 and one token) are issued before the wait
-  // for the previous kernel. Leave false where W may come from the kernel before (the FFN engine's
+  // launches its first load window (every shape; at one token and K ≤ 2048 the whole row) is issued
+  // before the wait for the previous kernel. Leave false where W may come from the kernel before (the FFN engine's
   // weights under an optimiser): the loads then follow the wait.
   bool w_before_wait = false;
 };

@@ -26,8 +26,8 @@ __global__ void __launch_bounds__(kGemvWarps * 32) twell_gemv_kernel(TwellGemvPa
   const int kchunks = static_cast<int>(p.k / 8);
   const uint4* wrow[kRows];
 #pragma unroll
-  for (int r = 0; r < kRows; ++r)  // rows past N read row n0 (their sums are dropped)
-    wrow[r] = reinterpret_cast<const uint4*>(p.w + (n0 + r < p.n ? n0 + r : n0) * p.k);
+  for (int r = 0; r < kRows; ++r)  // rows past N read row n0 (their sums are dropped); none for idle warps
+    wrow[r] = reinterpret_cast<const uint4*>(p.w + (!active ? 0 : n0 + r < p.n ? n0 + r : n0) * p.k);
   // Windows of kWin chunk steps: the window's kRows · kWin loads are issued together, then used
   // for every token (the unrolled loop lets the next window's loads overlap this one's math).
   uint4 wv[kRows][kWin];
