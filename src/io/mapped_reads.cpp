@@ -1,12 +1,13 @@
 // read_guarded (twell/io/mapped_reads.hpp): a SIGBUS handler installed once per process, and per
 // thread the innermost armed region's jump buffer. The handler jumps back into read_guarded's
-// frame when the fault is the kernel's (not a SIGBUS sent by kill) and this thread has a region
-// armed; otherwise it hands the signal to the disposition it replaced (that handler is called; a
+// frame when this thread has a region armed and the signal is a fault (not a SIGBUS another
+// process sent with kill); otherwise it hands the signal to the disposition it replaced (that handler is called; a
 // default disposition is restored and the signal raised again, which ends the process as it would
 // have without twell).
 #include "twell/io/mapped_reads.hpp"
 
 #include <pthread.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <csetjmp>
@@ -23,15 +24,20 @@ namespace {
 __attribute__((tls_model("initial-exec"))) thread_local sigjmp_buf* g_armed = nullptr;
 struct sigaction g_previous {};
 
+// A fault: raised by the kernel, or raised again inside this process (a handler installed over
+// twell's, as Python's faulthandler, reports a fault and raises it again) — not a SIGBUS that
+// another process sent with kill().
+bool is_fault(const siginfo_t* info) { return info && (info->si_code > 0 || info->si_pid == getpid()); }
+
 void on_sigbus(int sig, siginfo_t* info, void* ctx) {
-  if (sigjmp_buf* to = g_armed; to && info && info->si_code > 0) siglongjmp(*to, 1);
+  if (sigjmp_buf* to = g_armed; to && is_fault(info)) siglongjmp(*to, 1);
   // Not ours: what would have happened without twell.
   if (g_previous.sa_flags & SA_SIGINFO) {
     if (g_previous.sa_sigaction) return g_previous.sa_sigaction(sig, info, ctx);
   } else if (g_previous.sa_handler != SIG_DFL && g_previous.sa_handler != SIG_IGN && g_previous.sa_handler) {
     return g_previous.sa_handler(sig);
   }
-  if (g_previous.sa_handler == SIG_IGN && !(info && info->si_code > 0)) return;  // a sent signal, ignored
+  if (g_previous.sa_handler == SIG_IGN && !(info && info->si_code > 0)) return;  // not the kernel's: ignored
   struct sigaction dfl {};
   dfl.sa_handler = SIG_DFL;
   sigemptyset(&dfl.sa_mask);

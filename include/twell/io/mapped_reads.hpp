@@ -13,7 +13,7 @@
 // and open no OpenMP region (a fault on a worker thread would be unguarded; guard inside each
 // worker's iteration instead, as the callers do).
 // The guard is per thread (SIGBUS unblocked for the region); a SIGBUS on a thread with no guard
-// armed, or one sent by kill(), goes to the disposition twell's handler replaced when it was
+// armed, or one another process sent with kill(), goes to the disposition twell's handler replaced when it was
 // installed (at the first guarded read; by default the process dies, as without twell). A handler
 // installed later by someone else and not chaining to the one it replaced takes the faults
 // inside guarded regions too (Python's faulthandler, for one, reports and re-raises them: the
