@@ -165,16 +165,7 @@ std::vector<float> values(Tensors& t, const std::string& name, const std::vector
       const auto* p = reinterpret_cast<const float*>(bytes);
       v.insert(v.end(), p, p + n);  // within the capacity; no zero-filled buffer overwritten afterwards
     } else {
-      // Converted a block at a time into a buffer on the stack (a loop the compiler vectorises), then
-      // appended within the reserved capacity: the fresh pages are written once.
-      const auto* p = reinterpret_cast<const bf16*>(bytes);
-      constexpr std::size_t kBlock = 2048;
-      float buf[kBlock];
-      for (std::size_t b = 0; b < n; b += kBlock) {
-        const std::size_t e = std::min(n, b + kBlock);
-        for (std::size_t i = b; i < e; ++i) buf[i - b] = to_float(p[i]);
-        v.insert(v.end(), buf, buf + (e - b));
-      }
+      append_converted(v, reinterpret_cast<const bf16*>(bytes), n, [](bf16 b) { return to_float(b); });
     }
   });
   check_read(t, name, read);
