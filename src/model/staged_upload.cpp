@@ -75,8 +75,7 @@ void StagedUpload::copy(void* dst, const void* src, std::size_t n, const std::st
       // The copies in flight finish before the error unwinds the caller's device buffers.
       cudaStreamSynchronize(stream_);
       for (Slot& o : slots_) o.busy = false;
-      TWELL_CHECK(false, ErrorCode::io, "{} changed while it was read for the upload (truncated in place?): load the model again",
-                  what);
+      fail(ErrorCode::io, "{} changed while it was read for the upload (truncated in place?): load the model again", what);
     }
     TWELL_CUDA_CHECK(cudaMemcpyAsync(d + off, s.host, len, cudaMemcpyHostToDevice, stream_));
     s.busy = true;  // before the record: a failed record still leaves the destructor waiting
