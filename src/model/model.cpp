@@ -218,7 +218,8 @@ bool nonfinite16(std::uint16_t b) { return (b & 0x7f80u) == 0x7f80u; }
 // The tensor as fp32, finite, then released from t.
 std::vector<float> take(Tensors& t, const std::string& name, std::vector<std::int64_t> shape) {
   std::vector<float> v = values(t, name, shape);
-  const std::size_t bad = first_where(v.data(), v.size(), nonfinite);
+  bool read = true;  // (the model's own memory: always read to the end)
+  const std::size_t bad = first_where_parallel(v.data(), v.size(), [](float x) { return nonfinite(x); }, read);
   check_finite(t, name, bad == v.size(), bad);
   t.by_name.erase(name);
   return v;
