@@ -53,28 +53,64 @@ std::vector<std::int32_t> random_tokens(std::mt19937_64& rng, std::int64_t n, st
   return t;
 }
 
-// One prefill of `batch` sequences of `len` tokens.
-Sample time_prefill(model::Runtime& rt, const std::vector<std::vector<std::int32_t>>& seqs) {
+// Per layer, the FFN rows of timed runs and those that took the sparse path (the runtime's own
+// counts: which path ran, not what the layer's density was).
+struct PathRows {
+  std::vector<std::int64_t> rows, sparse;
+};
+
+// Adds what rt's FFN counted since `before` (a copy of its ffn_stats()) to acc.
+void add_path_rows(PathRows& acc, const model::Runtime& rt, const std::vector<model::FfnLayerStats>& before) {
+  const auto& after = rt.ffn_stats();
+  acc.rows.resize(after.size(), 0);
+  acc.sparse.resize(after.size(), 0);
+  for (std::size_t l = 0; l < after.size() && l < before.size(); ++l) {
+    acc.rows[l] += after[l].rows - before[l].rows;
+    acc.sparse[l] += after[l].sparse_rows - before[l].sparse_rows;
+  }
+}
+
+// One prefill of `batch` sequences of `len` tokens (path: where its FFN rows went, if asked).
+Sample time_prefill(model::Runtime& rt, const std::vector<std::vector<std::int32_t>>& seqs, PathRows* path = nullptr) {
   std::vector<std::unique_ptr<model::Sequence>> kv;
   std::vector<model::SeqStep> steps;
   for (const auto& s : seqs) kv.push_back(rt.new_sequence(static_cast<std::int64_t>(s.size())));
   for (std::size_t i = 0; i < seqs.size(); ++i) steps.push_back({kv[i].get(), seqs[i]});
-  return measure(rt, [&] { rt.forward(steps); });
+  const auto before = rt.ffn_stats();
+  const Sample t = measure(rt, [&] { rt.forward(steps); });
+  if (path) add_path_rows(*path, rt, before);
+  return t;
 }
 
-// `steps` greedy decode steps of `prompts.size()` sequences after an untimed prefill.
-Sample time_decode(model::Runtime& rt, const std::vector<std::vector<std::int32_t>>& prompts, std::int64_t steps) {
+// `steps` greedy decode steps of `prompts.size()` sequences after an untimed prefill (path: where
+// the timed steps' FFN rows went, if asked).
+Sample time_decode(model::Runtime& rt, const std::vector<std::vector<std::int32_t>>& prompts, std::int64_t steps,
+                   PathRows* path = nullptr) {
   std::vector<std::unique_ptr<model::Sequence>> kv;
   std::vector<model::SeqStep> st;
   for (const auto& p : prompts) kv.push_back(rt.new_sequence(static_cast<std::int64_t>(p.size()) + steps));
   for (std::size_t i = 0; i < prompts.size(); ++i) st.push_back({kv[i].get(), prompts[i]});
   std::vector<std::int32_t> next = rt.forward_argmax(st);
-  return measure(rt, [&] {
+  const auto before = rt.ffn_stats();
+  const Sample t = measure(rt, [&] {
     for (std::int64_t s = 0; s < steps; ++s) {
       for (std::size_t i = 0; i < prompts.size(); ++i) st[i] = {kv[i].get(), std::span<const std::int32_t>(&next[i], 1)};
       next = rt.forward_argmax(st);
     }
   });
+  if (path) add_path_rows(*path, rt, before);
+  return t;
+}
+
+nlohmann::json path_json(const PathRows& p) {
+  std::int64_t all = 0, sp = 0;
+  std::vector<double> share;
+  for (std::size_t l = 0; l < p.rows.size(); ++l) {
+    all += p.rows[l];
+    sp += p.sparse[l];
+    share.push_back(p.rows[l] > 0 ? static_cast<double>(p.sparse[l]) / static_cast<double>(p.rows[l]) : -1.0);
+  }
+  return {{"ffn_rows", all}, {"sparse_rows", sp}, {"sparse_share_per_layer", share}};
 }
 
 void add(Pair& p, const Sample& dense, const Sample& sparse) {
@@ -180,6 +216,7 @@ int run_bench_model(BenchModelArgs& a) {
     std::string phase;
     std::int64_t batch, tokens;  // tokens per rep
     Pair t;
+    PathRows path;  // the sparse runtime's timed runs
   };
   std::vector<Row> rows;
   const int total = static_cast<int>(1 + a.decode_batches.size()) * a.reps;
@@ -192,11 +229,11 @@ int run_bench_model(BenchModelArgs& a) {
   time_prefill(*dense, prefill_seqs);
   time_prefill(*sparse, prefill_seqs);
   {
-    Row r{"prefill", a.prefill_batch, a.prefill_batch * a.prefill_len, {}};
+    Row r{"prefill", a.prefill_batch, a.prefill_batch * a.prefill_len, {}, {}};
     for (int i = 0; i < a.reps; ++i) {
       progress(fmt::format("prefill {} x {}", a.prefill_batch, a.prefill_len));
       const Sample d = time_prefill(*dense, prefill_seqs);
-      add(r.t, d, time_prefill(*sparse, prefill_seqs));
+      add(r.t, d, time_prefill(*sparse, prefill_seqs, &r.path));
     }
     rows.push_back(r);
   }
@@ -205,11 +242,11 @@ int run_bench_model(BenchModelArgs& a) {
     for (std::int64_t i = 0; i < b; ++i) prompts.push_back(random_tokens(rng, a.context, c.vocab_size));
     time_decode(*dense, prompts, std::min<std::int64_t>(2, a.decode_steps));  // warm-up
     time_decode(*sparse, prompts, std::min<std::int64_t>(2, a.decode_steps));
-    Row r{"decode", b, b * a.decode_steps, {}};
+    Row r{"decode", b, b * a.decode_steps, {}, {}};
     for (int i = 0; i < a.reps; ++i) {
       progress(fmt::format("decode batch {}", b));
       const Sample d = time_decode(*dense, prompts, a.decode_steps);
-      add(r.t, d, time_decode(*sparse, prompts, a.decode_steps));
+      add(r.t, d, time_decode(*sparse, prompts, a.decode_steps, &r.path));
     }
     rows.push_back(r);
   }
@@ -272,7 +309,24 @@ int run_bench_model(BenchModelArgs& a) {
     jr.push_back({{"phase", r.phase}, {"batch", r.batch}, {"tokens", r.tokens}, {"dense_s", r.t.dense},
                   {"sparse_s", r.t.sparse}, {"dense_tokens_per_s", static_cast<double>(r.tokens) / td},
                   {"sparse_tokens_per_s", static_cast<double>(r.tokens) / ts}, {"speedup", td / ts},
-                  {"dense_joules_per_token", jd}, {"sparse_joules_per_token", js}});
+                  {"dense_joules_per_token", jd}, {"sparse_joules_per_token", js},
+                  {"sparse_runtime_path", path_json(r.path)}});
+  }
+  // Where the sparse runtime's FFN rows went in each row's timed runs, and the layers that did not
+  // always take the sparse path (the dispatch's choice per layer and call).
+  fmt::print("\nsparse runtime, timed runs: share of FFN rows on the sparse path\n");
+  for (const Row& r : rows) {
+    std::int64_t all = 0, sp = 0;
+    std::string mixed;
+    for (std::size_t l = 0; l < r.path.rows.size(); ++l) {
+      all += r.path.rows[l];
+      sp += r.path.sparse[l];
+      if (r.path.sparse[l] < r.path.rows[l])
+        mixed += fmt::format(" {}:{:.0f}%", l, 100.0 * static_cast<double>(r.path.sparse[l]) / static_cast<double>(r.path.rows[l]));
+    }
+    if (all > 0)
+      fmt::print("  {} batch {}: {:.1f} %{}\n", r.phase, r.batch, 100.0 * static_cast<double>(sp) / static_cast<double>(all),
+                 mixed.empty() ? std::string(", every layer sparse") : ", layers not always sparse (layer:share)" + mixed);
   }
   if (mem_dense >= 0)
     fmt::print("\ndevice memory in use after a {} x {} prefill, each runtime alone: dense {:.2f} GB, sparse {:.2f} GB\n",

@@ -1,6 +1,9 @@
 // rmsnorm_project (model_ops.hpp): one row's RMSNorm, then its projection, in one kernel — a decode
 // step's attention input without the norm's own launch. Each CTA normalises the row into shared
-// memory (norm_row: the bits add_rmsnorm writes), then its warps stream their W rows as the decode
+// memory (norm_row_reread: the bits add_rmsnorm writes, without holding the row in registers beside
+// the weight window — 80 registers a thread with RoPE, so 3 CTAs an SM and the 2B's 384 CTAs one
+// wave on 132 SMs; norm_row's held row took 127: 2 an SM, 1.45 waves, the second wave's window not
+// loaded before the wait), then its warps stream their W rows as the decode
 // GEMV does (16-byte loads, a lane's chunks l, l + 32, … in order, fp32 sums, a butterfly over the
 // lanes): the bits launch_twell_gemv writes. Every CTA reads the row (≈ 20 KB from L2 at K = 2048)
 // and sums it again: cheaper than a kernel boundary at one token. The first window of W rows is
@@ -22,7 +25,7 @@ namespace twell::cuda::ops {
 namespace {
 
 using detail::kNormThreads;
-using detail::norm_row;
+using detail::norm_row_reread;
 
 constexpr int kWarps = kNormThreads / 32;
 constexpr int kWarpRows = 2;  // W rows per warp: 16 a CTA (the synthetic 2B's 6144-row QKV: 384 CTAs)
@@ -106,7 +109,7 @@ __global__ void __launch_bounds__(kNormThreads)
       }
     }
   }
-  norm_row<false>(const_cast<float*>(x), delta, nullptr, k, wn, eps, xs);  // x is only read
+  norm_row_reread(x, delta, nullptr, k, wn, eps, xs);  // norm_row<false>'s bits, few registers beside the window
   __syncthreads();
   if (!active) return;
   float acc[kWarpRows];
