@@ -584,11 +584,23 @@ TEST_F(Cli, GenModelThenGenerate) {
   // No tokenizer.json: generate needs one and says so.
   expect_error(fmt::format("generate --model '{}' --prompt hi --device cpu", dir), "tokenizer.json");
   const RunResult b = run(fmt::format("bench model --device cpu --model '{}' --reps 1 --prefill-batch 2 --prefill-len 16 "
-                                      "--decode-batch 2 --decode-steps 2 --context 8",
-                                      dir));
+                                      "--decode-batch 2 --decode-steps 2 --context 8 --json '{}'",
+                                      dir, path("bench.json")));
   ASSERT_EQ(b.rc, 0) << b.err;
   EXPECT_NE(b.out.find("| prefill | 2 | 32 |"), std::string::npos) << b.out;
   EXPECT_NE(b.out.find("| decode | 2 | 4 |"), std::string::npos) << b.out;
+  // Where the sparse runtime's timed rows went, per row and layer: the timed rows' counts (32
+  // prefill rows; 2 steps of 2 sequences), not the warm-ups' or the untimed prompts'.
+  EXPECT_NE(b.out.find("share of FFN rows on the sparse path"), std::string::npos) << b.out;
+  const nlohmann::json j = nlohmann::json::parse(slurp(path("bench.json")));
+  ASSERT_EQ(j["rows"].size(), 2u);
+  for (const auto& [row, rows] : {std::pair<int, int>{0, 32}, {1, 4}}) {
+    const auto& p = j["rows"][static_cast<std::size_t>(row)]["sparse_runtime_path"];
+    EXPECT_EQ(p["ffn_rows"].get<int>(), 2 * rows) << row;  // 2 layers
+    EXPECT_LE(p["sparse_rows"].get<int>(), p["ffn_rows"].get<int>()) << row;
+    EXPECT_EQ(p["sparse_share_per_layer"].size(), 2u) << row;
+  }
+  EXPECT_EQ(j["peak_memory_bytes"]["dense"].get<long long>(), -1);  // no device memory on the CPU
 }
 
 // twell stats --model --text on the real SmolLM2 (ReLU in place of its SiLU: --hidden-act relu),

@@ -70,8 +70,15 @@ void add_path_rows(PathRows& acc, const model::Runtime& rt, const std::vector<mo
   }
 }
 
-// One prefill of `batch` sequences of `len` tokens (path: where its FFN rows went, if asked).
-Sample time_prefill(model::Runtime& rt, const std::vector<std::vector<std::int32_t>>& seqs, PathRows* path = nullptr) {
+// Raises *peak to the device memory in use now (where asked and readable).
+void note_memory(const model::Runtime& rt, std::int64_t* peak) {
+  if (peak) *peak = std::max(*peak, rt.device_memory_in_use());
+}
+
+// One prefill of `batch` sequences of `len` tokens (path: where its FFN rows went; peak: the device
+// memory in use after it, its KV caches alive; each where asked).
+Sample time_prefill(model::Runtime& rt, const std::vector<std::vector<std::int32_t>>& seqs, PathRows* path = nullptr,
+                    std::int64_t* peak = nullptr) {
   std::vector<std::unique_ptr<model::Sequence>> kv;
   std::vector<model::SeqStep> steps;
   for (const auto& s : seqs) kv.push_back(rt.new_sequence(static_cast<std::int64_t>(s.size())));
@@ -79,13 +86,14 @@ Sample time_prefill(model::Runtime& rt, const std::vector<std::vector<std::int32
   const auto before = rt.ffn_stats();
   const Sample t = measure(rt, [&] { rt.forward(steps); });
   if (path) add_path_rows(*path, rt, before);
+  note_memory(rt, peak);
   return t;
 }
 
 // `steps` greedy decode steps of `prompts.size()` sequences after an untimed prefill (path: where
-// the timed steps' FFN rows went, if asked).
+// the timed steps' FFN rows went; peak: the device memory in use after them, KV caches alive).
 Sample time_decode(model::Runtime& rt, const std::vector<std::vector<std::int32_t>>& prompts, std::int64_t steps,
-                   PathRows* path = nullptr) {
+                   PathRows* path = nullptr, std::int64_t* peak = nullptr) {
   std::vector<std::unique_ptr<model::Sequence>> kv;
   std::vector<model::SeqStep> st;
   for (const auto& p : prompts) kv.push_back(rt.new_sequence(static_cast<std::int64_t>(p.size()) + steps));
@@ -99,6 +107,7 @@ Sample time_decode(model::Runtime& rt, const std::vector<std::vector<std::int32_
     }
   });
   if (path) add_path_rows(*path, rt, before);
+  note_memory(rt, peak);
   return t;
 }
 
@@ -166,7 +175,9 @@ int run_bench_model(BenchModelArgs& a) {
   double mean_density = 0;
   for (double d : density) mean_density += d / static_cast<double>(density.size());
 
-  // Memory: each runtime alone, after its largest call (weights, KV caches, workspaces).
+  // Memory: each runtime alone, the most in use (the whole device, as cudaMemGetInfo says) after its
+  // prefill and after decode steps at the largest batch, their KV caches alive: weights, caches,
+  // workspaces grown to those calls.
   std::int64_t mem_dense = -1, mem_sparse = -1;
   const auto prefill_seqs = [&] {
     std::vector<std::vector<std::int32_t>> s;
@@ -181,10 +192,14 @@ int run_bench_model(BenchModelArgs& a) {
   if (device == "cuda") {
     for (int which = 0; which < 2; ++which) {
       auto rt = model::make_runtime(m, device, options(which ? model::FfnPath::automatic : model::FfnPath::dense));
-      const std::int64_t before = rt->device_memory_in_use();
-      (void)before;
-      time_prefill(*rt, prefill_seqs);
-      (which ? mem_sparse : mem_dense) = rt->device_memory_in_use();
+      std::int64_t& peak = which ? mem_sparse : mem_dense;
+      time_prefill(*rt, prefill_seqs, nullptr, &peak);
+      if (!a.decode_batches.empty()) {
+        std::vector<std::vector<std::int32_t>> prompts;
+        const std::int64_t b = *std::max_element(a.decode_batches.begin(), a.decode_batches.end());
+        for (std::int64_t i = 0; i < b; ++i) prompts.push_back(random_tokens(rng, a.context, c.vocab_size));
+        time_decode(*rt, prompts, std::min<std::int64_t>(2, a.decode_steps), nullptr, &peak);
+      }
     }
   }
   auto dense = model::make_runtime(m, device, options(model::FfnPath::dense));
@@ -329,8 +344,11 @@ int run_bench_model(BenchModelArgs& a) {
                  mixed.empty() ? std::string(", every layer sparse") : ", layers not always sparse (layer:share)" + mixed);
   }
   if (mem_dense >= 0)
-    fmt::print("\ndevice memory in use after a {} x {} prefill, each runtime alone: dense {:.2f} GB, sparse {:.2f} GB\n",
-               a.prefill_batch, a.prefill_len, static_cast<double>(mem_dense) / 1e9, static_cast<double>(mem_sparse) / 1e9);
+    fmt::print("\npeak device memory in use, each runtime alone (the whole device; KV caches of the {} x {} prefill and of "
+               "decode at batch {} alive): dense {:.2f} GB, sparse {:.2f} GB\n",
+               a.prefill_batch, a.prefill_len,
+               a.decode_batches.empty() ? 0 : *std::max_element(a.decode_batches.begin(), a.decode_batches.end()),
+               static_cast<double>(mem_dense) / 1e9, static_cast<double>(mem_sparse) / 1e9);
   if (device == "cuda") {
     fmt::print("CUDA graphs for decode steps: {} (replays: dense {}, sparse {})\n", a.runtime.cuda_graphs ? "on" : "off",
                dense->graph_launches(), sparse->graph_launches());
@@ -373,7 +391,7 @@ int run_bench_model(BenchModelArgs& a) {
                         {"fused_decode", dense->fused_decode()},
                         {"decode_max_density", a.runtime.decode_max_density},  // < 0: the engine's default
                         {"sparse_runtime_ffn_rows", {{"all", ffn_rows}, {"sparse", ffn_sparse_rows}}},
-                        {"memory_bytes", {{"dense", mem_dense}, {"sparse", mem_sparse}}},
+                        {"peak_memory_bytes", {{"dense", mem_dense}, {"sparse", mem_sparse}}},  // −1 on the CPU
                         {"rows", jr}};
     write_json_file(a.json, j);
   }
