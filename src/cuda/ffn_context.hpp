@@ -231,6 +231,7 @@ class FfnContext {
     opt_.decode_max_density = d;
     opt_.decode_token_max_density = d;
   }
+  void set_decode_max_rows(std::int64_t m) noexcept { opt_.decode_max_rows = m; }  // the next plans follow it
   LtGemm& gemm() noexcept { return gemm_; }
   const LtGemm& gemm() const noexcept { return gemm_; }
   // GEMMs on a second stream (hot_overlap here and in the training context): their own workspace,

@@ -138,6 +138,14 @@ void FfnLayer::set_decode_max_density(double density) {
 }
 double FfnLayer::decode_max_density() const noexcept { return ctx_->options().decode_max_density; }
 
+void FfnLayer::set_decode_max_rows(std::int64_t rows) {
+  const std::int64_t limit = ctx_->options().dispatch_min_rows - 1;
+  TWELL_CHECK(rows >= 1 && rows <= limit, ErrorCode::invalid_argument,
+              "FfnLayer::set_decode_max_rows: {} rows (1 … {}: decode sizes lie below the dispatch minimum)", rows, limit);
+  ctx_->set_decode_max_rows(rows);
+}
+std::int64_t FfnLayer::decode_max_rows() const noexcept { return ctx_->options().decode_max_rows; }
+
 std::uint64_t FfnLayer::weights_epoch() const noexcept { return ctx_->weights_epoch(); }
 
 LayerStats FfnLayer::stats() {

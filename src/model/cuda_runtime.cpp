@@ -195,6 +195,7 @@ class CudaRuntime final : public Runtime {
       if (c.act == Activation::relu) {
         d.ffn = std::make_unique<cuda::FfnLayer>(&infer_ws_);
         if (opt_.decode_max_density >= 0) d.ffn->set_decode_max_density(opt_.decode_max_density);
+        if (opt_.decode_max_rows >= 0) d.ffn->set_decode_max_rows(opt_.decode_max_rows);
         if (m.bf16_only) {  // the bits on the device, then the layer's own layouts from them
           const DeviceBuffer<bf16_t> g = upload_bits(l.w_gate16, up, source), u = upload_bits(l.w_up16, up, source),
                                      dn = upload_bits(l.w_down16, up, source);

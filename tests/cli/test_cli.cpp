@@ -570,6 +570,7 @@ TEST_F(Cli, ModelCommandsRejectBadInput) {
   expect_error(fmt::format("gen model --config tiny --density 0.9 --out '{}'", path("m")), "--density");
   expect_error(fmt::format("gen model --config tiny --dead 1 --out '{}'", path("m")), "--dead");
   expect_error("bench model --device cpu", "--model DIR or --config NAME");
+  expect_error("bench model --device cpu --config tiny --decode-max-rows 0", "--decode-max-rows");  // 1 … 2047
   expect_error(fmt::format("bench model --device cpu --config tiny --model '{}'", none), "either");
 }
 

@@ -888,7 +888,8 @@ TEST(CudaGemv, MatchesFloat64WithinBound) {
 }
 
 // The decode kernel (a token's non-zeros spread over N/256 CTAs, partials added in tile order by a
-// ticketed last CTA) against the float64 oracle, at decode sizes and densities from 0 to 100 %,
+// ticketed last CTA) against the float64 oracle, at decode sizes (up to 200 rows with
+// decode_max_rows raised) and densities from 0 to 100 %,
 // twice per context (its tickets and count must be left zero for the next launch).
 TEST(CudaDecode, MatchesReferenceAtEveryDensity) {
   TWELL_REQUIRE_GPU();
@@ -903,6 +904,9 @@ TEST(CudaDecode, MatchesReferenceAtEveryDensity) {
       {"dec_nongated_m6_n5632_k2048_d1_full", 6, 5632, 2048, 0.01, false, 0.0, 0.3, 1, 1},
       {"dec_m16_n5632_k2048_d1", 16, 5632, 2048, 0.01},
       {"dec_m11_n1003_k8192_d3_full", 11, 1003, 8192, 0.03, true, 0.0, 0.3, 1, 1},
+      // past the default decode size (FfnLayer::set_decode_max_rows: batched decode measured)
+      {"dec_m64_n5632_k2048_d0p5", 64, 5632, 2048, 0.005},
+      {"dec_nongated_m200_n1003_k1024_d3_full", 200, 1003, 1024, 0.03, false, 0.0, 0.3, 1, 1},
   };
   cudaStream_t s;
   ASSERT_EQ(cudaStreamCreate(&s), cudaSuccess);
@@ -911,7 +915,7 @@ TEST(CudaDecode, MatchesReferenceAtEveryDensity) {
     const FfnData d = make_ffn(c);
     const FfnWeights w = d.weights();
     ContextOptions opt;
-    opt.decode_max_rows = 16;
+    opt.decode_max_rows = std::max<std::int64_t>(16, c.m);
     opt.decode_max_density = opt.decode_token_max_density = 1.0;  // the decode kernel at every density
     opt.decode_gemv_max_rows = (c.m % 2 == 0) ? kGemvMaxRows : 0;  // its gate by the GEMV kernel, or by cuBLASLt
     FfnContext ctx(opt);

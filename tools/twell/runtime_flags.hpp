@@ -24,6 +24,10 @@ inline void add_runtime_flags(CLI::App* sub, model::RuntimeOptions& o) {
                   "GPU: run a ReLU layer's decode steps sparse while its newest count is at most this density "
                   "(default: the engine's measured threshold)")
       ->check(CLI::Range(0.0, 1.0));
+  sub->add_option("--decode-max-rows", o.decode_max_rows,
+                  "GPU: steps of up to this many rows run the ReLU layers' decode kernels (default: the engine's 16; "
+                  "for measuring batched decode)")
+      ->check(CLI::Range(1, 2047));
   sub->add_flag("!--no-pdl", o.programmatic_launch,
                 "GPU (Hopper): launch the runtime's own kernels plainly (default: programmatic dependent launches)");
 }

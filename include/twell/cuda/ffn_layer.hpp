@@ -111,11 +111,15 @@ class FfnLayer {
   std::int64_t n() const noexcept;
   std::int64_t k() const noexcept;
   bool gated() const noexcept;
-  // Decode-sized steps (≤ 16 rows) run the decode kernels while the layer's newest count is at
+  // Decode-sized steps (≤ 16 rows by default) run the decode kernels while the layer's newest count is at
   // most this density, else the dense FFN (default: the engine's measured thresholds, one for one
   // token on the fused kernel and one for more rows; this sets both). Both paths exact.
   void set_decode_max_density(double density);
   double decode_max_density() const noexcept;
+  // Steps of up to this many rows are decode-sized (default 16, the measured crossover at the
+  // engine's densities; at most 2047, below the dispatch minimum): for measuring batched decode.
+  void set_decode_max_rows(std::int64_t rows);
+  std::int64_t decode_max_rows() const noexcept;
 
   // Steps a caller captures into CUDA graphs (a model runtime's decode steps), in three parts.
   // plan_step(m, path): what forward(x, m, y, path) would run now (it polls the counts in flight,

@@ -77,6 +77,9 @@ struct RuntimeOptions {
   // CUDA runtime only: the density up to which a ReLU layer's decode steps run the sparse decode
   // kernels (the layer's newest count decides; both paths exact); < 0: the engine's measured default.
   double decode_max_density = -1;
+  // CUDA runtime only: steps of up to this many rows run as decode steps (the decode kernels while
+  // a layer's count allows); < 0: the engine's default (16). For measuring batched decode.
+  std::int64_t decode_max_rows = -1;
   // CPU runtime only: the weight matrices whose values are all bf16 exactly (a bf16 checkpoint) are
   // also kept as bf16, and steps of ≤ 8 rows (decode) read those — half the bytes of the fp32 copy
   // that bounds a CPU decode step; the same products in fp32 sums (another order than OpenBLAS's).
