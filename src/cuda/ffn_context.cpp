@@ -586,6 +586,21 @@ void FfnContext::decode_step_folded(const DecodeTokenNorm& in, __nv_bfloat16* y,
   enqueue_decode(nullptr, 1, y, decode_step_nnz_.get(), stream, &in);
 }
 
+void FfnContext::decode_step_fixed(const DecodeTokenNorm& in, long long* y_fixed, unsigned* overflow,
+                                   cudaStream_t stream) {
+  TWELL_CHECK(in.r && in.w && !in.first && !in.delta && y_fixed && overflow, ErrorCode::invalid_argument,
+              "decode_step: the fixed-point output needs r, w, the accumulator and the flag, and no first or delta");
+  TWELL_CHECK(folds_norm() && decode_token_n_ == n_, ErrorCode::invalid_argument,
+              "decode_step: the fixed-point output needs the one-token kernels, prepared (prepare_decode(1))");
+  TwellDecodeTokenParams tp;
+  static_cast<FfnOperands&>(tp) = operands(nullptr, 1, nullptr, n_);
+  tp.w_first = w_gu_.get();
+  tp.norm = in;
+  tp.y_fixed = y_fixed;
+  tp.overflow = overflow;
+  launch_twell_decode_token(tp, stream);
+}
+
 void FfnContext::enqueue_decode(const __nv_bfloat16* x, std::int64_t m, __nv_bfloat16* y,
                                 unsigned long long* nnz_out, cudaStream_t stream, const DecodeTokenNorm* norm) {
   prepare_decode(m, stream);  // grow-only: no allocation once prepared (a captured step allocates nothing)

@@ -163,6 +163,9 @@ class FfnContext {
   // ops::add_rmsnorm, then decode_step on its output).
   bool folds_norm() const noexcept { return uses_decode_token(1); }
   void decode_step_folded(const DecodeTokenNorm& in, __nv_bfloat16* y, cudaStream_t stream);
+  // The same step with its output added into a fixed-point accumulator (one kernel:
+  // TwellDecodeTokenParams::y_fixed): in holds r and w only (r is current; nothing stores it).
+  void decode_step_fixed(const DecodeTokenNorm& in, long long* y_fixed, unsigned* overflow, cudaStream_t stream);
   // What the automatic dispatch has measured, never waiting (polls the counts in flight first):
   // the density it follows (−1: none yet; rows the sparse path would run dense weigh at their
   // dense cost, so a dense layer reads far below its true density), the same count's true share

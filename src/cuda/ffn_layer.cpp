@@ -123,12 +123,33 @@ void FfnLayer::run_step(const ResidualNorm& in, bf16* x, bf16* y, const StepPlan
   d.delta = nv(in.delta);
   d.w = in.w;
   d.eps = in.eps;
-  if (plan.sparse && c.folds_norm()) {
+  TWELL_CHECK(d.delta || !d.first, ErrorCode::invalid_argument, "FfnLayer::run_step: a residual norm with first needs delta");
+  if (plan.sparse && c.folds_norm() && d.delta) {
     c.decode_step_folded(d, nv(y), cu(stream));
     return;
   }
-  ops::add_rmsnorm(d.r, d.delta, 1, c.k(), d.w, d.eps, nv(x), cu(stream), d.first);
+  if (d.delta)
+    ops::add_rmsnorm(d.r, d.delta, 1, c.k(), d.w, d.eps, nv(x), cu(stream), d.first);
+  else
+    ops::rmsnorm(d.r, nullptr, 1, c.k(), d.w, d.eps, nv(x), cu(stream));
   run_step(x, y, plan, stream);
+}
+
+bool FfnLayer::folds_fixed_point(const StepPlan& plan) const {
+  return ctx_ && plan.capturable && plan.sparse && plan.m == 1 && ctx_->folds_norm();
+}
+
+void FfnLayer::run_step(const ResidualNorm& in, const FixedPointOut& out, const StepPlan& plan, Stream stream) {
+  FfnContext& c = loaded(ctx_, n(), "FfnLayer");
+  TWELL_CHECK(folds_fixed_point(plan), ErrorCode::invalid_argument,
+              "FfnLayer::run_step: a fixed-point output needs a capturable sparse plan of 1 row on the one-token kernels");
+  TWELL_CHECK(!in.first && !in.delta, ErrorCode::invalid_argument,
+              "FfnLayer::run_step: with a fixed-point output the residual r must be current (no first or delta)");
+  DecodeTokenNorm d;
+  d.r = in.r;
+  d.w = in.w;
+  d.eps = in.eps;
+  c.decode_step_fixed(d, reinterpret_cast<long long*>(out.acc), out.overflow, cu(stream));
 }
 
 void FfnLayer::set_decode_max_density(double density) {

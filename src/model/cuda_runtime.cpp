@@ -148,6 +148,7 @@ class CudaSequence final : public Sequence {
     return {k_.get(), v_.get(), capacity_ * kv_dim_, static_cast<std::int32_t>(pos), 0};
   }
   void advance(std::int64_t n) noexcept { length_ += n; }
+  void rewind(std::int64_t n) noexcept { length_ -= n; }  // a step run again (its cache rows rewritten)
 
  private:
   const void* owner_;
@@ -233,6 +234,18 @@ class CudaRuntime final : public Runtime {
     if (!opt.cudnn_attention) cudnn_why_ = "off (RuntimeOptions::cudnn_attention)";
     programmatic_ = opt.programmatic_launch && cuda::programmatic_launch_supported();
     fused_decode_ = opt.fused_decode;
+    // The one-token FFN's fixed-point output goes through the attention output projection's GEMV
+    // (its residual add): Q within the GEMV's K. Zero once; every forward leaves it zero.
+    fixed_decode_ = fused_decode_ && opt.fixed_point_decode && c.act == Activation::relu && c.q_dim() % 8 == 0 &&
+                    c.q_dim() <= cuda::kGemvMaxK;
+    if (fixed_decode_) {
+      ffn_fixed_ = DeviceBuffer<std::int64_t>(static_cast<std::size_t>(K));
+      TWELL_CUDA_CHECK(cudaMemsetAsync(ffn_fixed_.get(), 0, ffn_fixed_.bytes(), stream_));
+      fixed_overflow_ = cuda::PinnedBuffer<unsigned>(1);
+      fixed_overflow_[0] = 0;
+      TWELL_CUDA_CHECK(cudaHostGetDevicePointer(reinterpret_cast<void**>(&fixed_overflow_dev_), fixed_overflow_.get(), 0));
+    }
+    TWELL_CUDA_CHECK(cudaStreamSynchronize(stream_));
   }
 
   const Model& model() const noexcept override { return *model_; }
@@ -259,6 +272,7 @@ class CudaRuntime final : public Runtime {
   double device_energy_joules() const override { return energy_.joules(); }
   bool programmatic_launch() const noexcept override { return programmatic_; }
   bool fused_decode() const noexcept override { return fused_decode_; }
+  bool fixed_point_decode() const noexcept override { return fixed_decode_; }
   std::string prefill_attention() const override {
     const std::string own = "twell's tensor-core kernel";
 #if TWELL_HAVE_CUDNN
@@ -284,6 +298,57 @@ class CudaRuntime final : public Runtime {
   }
 
   std::vector<float> forward(std::span<const SeqStep> steps, bool all_positions) override {
+    return unless_fixed_overflow(steps, [&] { return forward_once(steps, all_positions); });
+  }
+  std::vector<std::int32_t> forward_argmax(std::span<const SeqStep> steps) override {
+    return unless_fixed_overflow(steps, [&] { return forward_argmax_once(steps); });
+  }
+  std::vector<Candidate> forward_top(std::span<const SeqStep> steps, std::int64_t k, double repetition_penalty,
+                                     std::span<const std::span<const std::int32_t>> histories) override {
+    return unless_fixed_overflow(steps, [&] { return forward_top_once(steps, k, repetition_penalty, histories); });
+  }
+  std::vector<std::int32_t> forward_sample(std::span<const SeqStep> steps, const SamplingOptions& o,
+                                           std::span<const std::span<const std::int32_t>> histories,
+                                           std::span<const double> r) override {
+    return unless_fixed_overflow(steps, [&] { return forward_sample_once(steps, o, histories, r); });
+  }
+
+  bool samples_on_device() const noexcept override { return model_->config.vocab_size <= cuda::ops::kTopMaxVocab; }
+
+ private:
+  // Runs body (one forward and what reads its logits, synchronised); where a one-token FFN's
+  // fixed-point output overflowed in it (a term past its range: fixed_point.hpp), the step again
+  // with the fixed-point output off from now on (graphs captured again): the sequences rewound,
+  // the statistics as before. body's own errors (e.g. non-finite logits) count only where nothing
+  // overflowed.
+  template <class Body>
+  auto unless_fixed_overflow(std::span<const SeqStep> steps, Body&& body) -> decltype(body()) {
+    if (!fixed_decode_) return body();
+    const std::vector<FfnLayerStats> stats = stats_;
+    const std::int64_t total = rows_total_, decode_steps = decode_steps_;
+    try {
+      auto out = body();
+      if (!fixed_overflowed()) return out;
+    } catch (...) {
+      if (!fixed_overflowed()) throw;
+    }
+    fixed_overflow_[0] = 0;
+    fixed_decode_ = false;
+    // Graphs captured with the fixed point are captured again at their next planned step (the
+    // map's entries stay: the same schedule of planned and counting steps as before).
+    for (auto& [shape, g] : graphs_)
+      if (g->exec) TWELL_CUDA_CHECK(cudaGraphExecDestroy(std::exchange(g->exec, nullptr)));
+    fmt::print(stderr, "twell: a one-token FFN output left the fixed-point range; this step ran again, and decode "
+                       "steps run the two-kernel FFN from now on\n");
+    stats_ = stats;
+    rows_total_ = total;
+    decode_steps_ = decode_steps;  // the same planning schedule as a runtime that never used the fixed point
+    for (const SeqStep& st : steps) static_cast<CudaSequence*>(st.seq)->rewind(static_cast<std::int64_t>(st.tokens.size()));
+    return body();
+  }
+  bool fixed_overflowed() const { return *static_cast<volatile unsigned*>(fixed_overflow_.get()) != 0; }
+
+  std::vector<float> forward_once(std::span<const SeqStep> steps, bool all_positions) {
     const float* logits = run(steps, all_positions);
     const std::int64_t R = all_positions ? rows_total_ : static_cast<std::int64_t>(steps.size());
     std::vector<float> out(static_cast<std::size_t>(R * model_->config.vocab_size));
@@ -292,7 +357,7 @@ class CudaRuntime final : public Runtime {
     return out;
   }
 
-  std::vector<std::int32_t> forward_argmax(std::span<const SeqStep> steps) override {
+  std::vector<std::int32_t> forward_argmax_once(std::span<const SeqStep> steps) {
     const float* logits = run(steps, false);
     const auto R = static_cast<std::int64_t>(steps.size());
     std::int32_t* ids = room(argmax_, R);
@@ -308,8 +373,8 @@ class CudaRuntime final : public Runtime {
     return out;
   }
 
-  std::vector<Candidate> forward_top(std::span<const SeqStep> steps, std::int64_t k, double repetition_penalty,
-                                     std::span<const std::span<const std::int32_t>> histories) override {
+  std::vector<Candidate> forward_top_once(std::span<const SeqStep> steps, std::int64_t k, double repetition_penalty,
+                                          std::span<const std::span<const std::int32_t>> histories) {
     const std::int64_t V = model_->config.vocab_size;
     if (V > cuda::ops::kTopMaxVocab) return Runtime::forward_top(steps, k, repetition_penalty, histories);
     TWELL_CHECK(k >= 1 && k <= V, ErrorCode::invalid_argument, "forward_top: k = {} outside 1 … {}", k, V);
@@ -341,11 +406,9 @@ class CudaRuntime final : public Runtime {
     return out;
   }
 
-  bool samples_on_device() const noexcept override { return model_->config.vocab_size <= cuda::ops::kTopMaxVocab; }
-
-  std::vector<std::int32_t> forward_sample(std::span<const SeqStep> steps, const SamplingOptions& o,
-                                           std::span<const std::span<const std::int32_t>> histories,
-                                           std::span<const double> r) override {
+  std::vector<std::int32_t> forward_sample_once(std::span<const SeqStep> steps, const SamplingOptions& o,
+                                                std::span<const std::span<const std::int32_t>> histories,
+                                                std::span<const double> r) {
     if (!samples_on_device()) return Runtime::forward_sample(steps, o, histories, r);
     TWELL_CHECK(histories.size() == steps.size() && r.size() == steps.size(), ErrorCode::invalid_argument,
                 "forward_sample: {} histories and {} draws for {} steps", histories.size(), r.size(), steps.size());
@@ -381,7 +444,6 @@ class CudaRuntime final : public Runtime {
     return out;
   }
 
- private:
   // The histories as one device array and its row offsets (both null without a penalty).
   std::pair<const std::int32_t*, const std::int64_t*> upload_histories(std::span<const std::span<const std::int32_t>> histories,
                                                                         bool penalty) {
@@ -544,9 +606,17 @@ class CudaRuntime final : public Runtime {
     // next add_rmsnorm's `first`, so the FFN writes to ffn_out_, which the attention output
     // projection (into tmp) leaves alone. On a planned step the norm before the FFN goes into the
     // FFN's step too (FfnLayer::run_step with a ResidualNorm). The same sums in the same order either way.
+    // A planned one-token step whose layer runs the one-token FFN kernels may take the FFN's output
+    // as a fixed-point sum (RuntimeOptions::fixed_point_decode; FfnLayer::FixedPointOut): no down
+    // kernel. Then x is stored by the next layer's attention output projection (its GEMV's
+    // residual add: x ← (x + y) + o, the same sums in the same order), the FFN normalises x as
+    // stored, and the next QKV reads x + bf16(y) from the accumulator (the last layer:
+    // residual_add_fixed). The projection stores x wherever the FFN before it or after it is
+    // fixed-point; a layer between a fixed-point one and a two-kernel one normalises x alone.
     const bool fuse = fuse_norms(T);
     bf16_t* ffn_y = fuse ? ffn_out_.get() : tmp;
     const bf16_t* pending = nullptr;  // fused: an FFN output not yet added to x
+    bool pending_fixed = false;       // ... that output as the fixed-point sum in ffn_fixed_
     if (!fuse) cuda::ops::rmsnorm(x, nullptr, T, K, layers_[0].attn_norm.get(), eps, xn, stream_);
     for (std::int64_t l = 0; l < c.num_layers; ++l) {
       Layer& L = layers_[static_cast<std::size_t>(l)];
@@ -560,7 +630,11 @@ class CudaRuntime final : public Runtime {
         rope.cos = cos_.get();
         rope.sin = sin_.get();
         rope.k_in_place = sh.cudnn;
-        cuda::ops::rmsnorm_project(x, pending, K, L.attn_norm.get(), eps, L.wqkv.get(), Q + 2 * KV, qkv, stream_, &rope);
+        if (pending_fixed)
+          cuda::ops::rmsnorm_project(x, ffn_fixed_.get(), K, L.attn_norm.get(), eps, L.wqkv.get(), Q + 2 * KV, qkv, stream_,
+                                     &rope);
+        else
+          cuda::ops::rmsnorm_project(x, pending, K, L.attn_norm.get(), eps, L.wqkv.get(), Q + 2 * KV, qkv, stream_, &rope);
       } else {
         project(L.wqkv.get(), xn, T, Q + 2 * KV, K, qkv);
         cuda::ops::rope_store_kv(qkv, T, c.num_heads, c.num_kv_heads, c.head_dim, cos_.get(), sin_.get(), rows_.get(), l,
@@ -574,22 +648,38 @@ class CudaRuntime final : public Runtime {
       else
         cuda::ops::attention(qkv, T, c.num_heads, c.num_kv_heads, c.head_dim, rows_.get(), l, sh.max_keys, att, stream_,
                              sh.one_token);
-      project(L.wo.get(), att, T, K, Q, tmp);
       const StepPlan* plan = L.ffn && plans ? &(*plans)[static_cast<std::size_t>(l)] : nullptr;
-      if (fuse && plan) {
+      const bool fixed = fuse && plan && fixed_decode_ && L.ffn->folds_fixed_point(*plan);
+      const bool stores_x = fixed || pending_fixed;  // the projection's GEMV adds pending + o into x
+      if (stores_x)
+        cuda::launch_twell_gemv_row_residual(att, L.wo.get(), K, Q, tmp, x, pending_fixed ? nullptr : pending,
+                                             pending_fixed ? ffn_fixed_.get() : nullptr, stream_, /*w_before_wait=*/true);
+      else
+        project(L.wo.get(), att, T, K, Q, tmp);
+      if (fixed) {
+        cuda::FfnLayer::ResidualNorm in;  // x is current
+        in.r = x;
+        in.w = L.ffn_norm.get();
+        in.eps = eps;
+        L.ffn->run_step(in, cuda::FfnLayer::FixedPointOut{ffn_fixed_.get(), fixed_overflow_dev_}, *plan, stream_);
+        ran_sparse[static_cast<std::size_t>(l)] = 1;
+      } else if (fuse && plan) {
         // The add + norm before the FFN inside the layer's planned step: the one-token kernels fold
         // it in (each CTA normalises, the down kernel stores x); other plans run add_rmsnorm into
         // xn first. ffn_y may alias `pending` (it does: the same buffer every layer).
         cuda::FfnLayer::ResidualNorm in;
         in.r = x;
-        in.first = tw(pending);
-        in.delta = tw(tmp);
+        in.first = stores_x ? nullptr : tw(pending);
+        in.delta = stores_x ? nullptr : tw(tmp);
         in.w = L.ffn_norm.get();
         in.eps = eps;
         L.ffn->run_step(in, tw(xn), tw(ffn_y), *plan, stream_);
         ran_sparse[static_cast<std::size_t>(l)] = plan->sparse;
       } else {
-        cuda::ops::add_rmsnorm(x, tmp, T, K, L.ffn_norm.get(), eps, xn, stream_, pending);
+        if (stores_x)
+          cuda::ops::rmsnorm(x, nullptr, T, K, L.ffn_norm.get(), eps, xn, stream_);
+        else
+          cuda::ops::add_rmsnorm(x, tmp, T, K, L.ffn_norm.get(), eps, xn, stream_, pending);
         if (plan) {  // the layer's planned step (FfnLayer::run_step: capturable)
           L.ffn->run_step(tw(xn), tw(ffn_y), *plan, stream_);
           ran_sparse[static_cast<std::size_t>(l)] = plan->sparse;
@@ -603,7 +693,12 @@ class CudaRuntime final : public Runtime {
         }
       }
       pending = nullptr;
-      if (fuse && l + 1 < c.num_layers)
+      pending_fixed = false;
+      if (fixed && l + 1 < c.num_layers)
+        pending_fixed = true;
+      else if (fixed)
+        cuda::ops::residual_add_fixed(x, ffn_fixed_.get(), K, stream_);
+      else if (fuse && l + 1 < c.num_layers)
         pending = ffn_y;
       else if (l + 1 < c.num_layers)
         cuda::ops::add_rmsnorm(x, ffn_y, T, K, layers_[static_cast<std::size_t>(l + 1)].attn_norm.get(), eps, xn, stream_);
@@ -808,6 +903,12 @@ class CudaRuntime final : public Runtime {
   bool graphs_failed_ = false;
   bool programmatic_ = false;  // RuntimeOptions::programmatic_launch, on a device that takes it
   bool fused_decode_ = false;  // RuntimeOptions::fused_decode
+  // RuntimeOptions::fixed_point_decode where the model allows it; off for good once a step's sum
+  // overflowed (unless_fixed_overflow).
+  bool fixed_decode_ = false;
+  DeviceBuffer<std::int64_t> ffn_fixed_;              // [K] the one-token FFN's fixed-point output, zero between uses
+  cuda::PinnedBuffer<unsigned> fixed_overflow_;       // its overflow flag (the device raises it, the host reads it)
+  unsigned* fixed_overflow_dev_ = nullptr;            // the flag's device address
   std::vector<std::int64_t> seq_row0_, seq_len_;  // a fresh prefill's sequences (first row, rows)
   std::string cudnn_why_;                         // why cuDNN's attention is not used, if not
 #if TWELL_HAVE_CUDNN

@@ -533,6 +533,7 @@ TEST(ModelCuda, FusedDecodeIsBitIdentical) {
     const model::Model m = model::Model::load(write_tiny(std::string("fused_") + act, spec).string());
     model::RuntimeOptions on(FfnPath::automatic), off(FfnPath::automatic);
     on.fused_decode = true;
+    on.fixed_point_decode = false;  // another summation of the FFN's output (FixedPointDecode... below)
     off.fused_decode = false;
     auto a = model::make_runtime(m, "cuda", on);
     auto b = model::make_runtime(m, "cuda", off);
@@ -541,6 +542,67 @@ TEST(ModelCuda, FusedDecodeIsBitIdentical) {
     expect_bit_identical(spec, *a, *b);
     EXPECT_GT(a->graph_launches(), 0);
   }
+}
+
+// RuntimeOptions::fixed_point_decode: the one-token FFN's output as an exact fixed-point sum (one
+// kernel a layer fewer) against the two-kernel FFN. Not the same bits: the fixed-point sum is
+// exact before y's bf16 rounding where the down kernel rounds fp32 partial sums, so a column of y
+// may land one bf16 step (2⁻⁸ relative) away, and that moves the next layers' inputs as any bf16
+// rounding does; the logits stay within the GPU tests' bound (kTol, above). Prefill (many rows)
+// is untouched: equal bits. The sparse layers took the one-token kernels on both.
+TEST(ModelCuda, FixedPointDecodeAgreesWithTheTwoKernelFfn) {
+  TWELL_REQUIRE_GPU();
+  TinySpec spec = agreement_spec("relu");
+  spec.layers = 3;
+  const model::Model m = model::Model::load(write_tiny("fixed_decode", spec).string());
+  model::RuntimeOptions on(FfnPath::automatic), off(FfnPath::automatic);
+  off.fixed_point_decode = false;
+  auto a = model::make_runtime(m, "cuda", on);
+  auto b = model::make_runtime(m, "cuda", off);
+  ASSERT_TRUE(a->fixed_point_decode());
+  EXPECT_FALSE(b->fixed_point_decode());
+  Rng rng(spec.seed);
+  std::vector<std::int32_t> prompt;
+  for (int j = 0; j < 20; ++j) prompt.push_back(static_cast<std::int32_t>(rng.below(spec.vocab)));
+  auto ka = a->new_sequence(spec.max_pos), kb = b->new_sequence(spec.max_pos);
+  std::vector<SeqStep> sa{{ka.get(), prompt}}, sb{{kb.get(), prompt}};
+  ASSERT_EQ(a->forward(sa, true), b->forward(sb, true)) << "prefill";
+  double worst = 0;
+  int differ = 0;
+  std::int32_t next = 0;
+  for (int step = 0; step < 100; ++step) {
+    next = static_cast<std::int32_t>(rng.below(spec.vocab));
+    sa[0].tokens = sb[0].tokens = std::span<const std::int32_t>(&next, 1);
+    const auto la = a->forward(sa), lb = b->forward(sb);
+    worst = std::max(worst, rel_diff(la, lb));
+    differ += la != lb;
+  }
+  EXPECT_LE(worst, kTol);
+  EXPECT_TRUE(a->fixed_point_decode()) << "a step overflowed";
+  EXPECT_GT(a->graph_launches(), 50);
+  for (const Runtime* rt : {a.get(), b.get()})
+    for (const auto& s : rt->ffn_stats()) EXPECT_GE(s.sparse_rows, 90) << "the one-token kernels did not run";
+  std::printf("fixed-point against two-kernel decode: %d of 100 steps' logits differ, worst %.2e of the logit scale\n",
+              differ, worst);
+}
+
+// A one-token FFN output past the fixed-point range (down projections scaled by 2³⁰: terms of
+// ≈ 10⁷, past 2^(31 − ⌈log2 600⌉) = 2²¹) raises the flag; the runtime runs that step again the two-kernel way
+// and keeps to it: every logit equals the runtime that never used the fixed point, bit for bit
+// (the sequences rewound, their cache rows rewritten), and nothing is lost.
+TEST(ModelCuda, FixedPointOverflowRunsTheStepAgain) {
+  TWELL_REQUIRE_GPU();
+  TinySpec spec = agreement_spec("relu");
+  spec.down_scale = 1073741824.0f;
+  const model::Model m = model::Model::load(write_tiny("fixed_overflow", spec).string());
+  model::RuntimeOptions on(FfnPath::automatic), off(FfnPath::automatic);
+  off.fixed_point_decode = false;
+  auto a = model::make_runtime(m, "cuda", on);
+  auto b = model::make_runtime(m, "cuda", off);
+  ASSERT_TRUE(a->fixed_point_decode());
+  expect_bit_identical(spec, *a, *b);
+  EXPECT_FALSE(a->fixed_point_decode()) << "no step overflowed: the test's model does not reach the range";
+  EXPECT_GT(a->graph_launches(), 0);
 }
 
 // A prefill of ≥ 2048 rows lets the FFN engine split hot neurons off, which moves each layer's

@@ -11,6 +11,7 @@
 #include <type_traits>
 
 #include "cuda/common/device_buffer.hpp"
+#include "cuda/common/fixed_point.hpp"
 #include "cuda/common/launch.hpp"
 #include "cuda/ops/model_ops.hpp"
 #include "cuda/sm80/twell_decode_token.hpp"
@@ -906,6 +907,255 @@ TEST(ModelOps, RopeStoreKvMatchesHost) {
       EXPECT_EQ(std::memcmp(gv.data(), want_v[static_cast<std::size_t>(q)].data(), cache_elems * sizeof(bf16)), 0)
           << "v cache of sequence " << q;
     }
+  }
+}
+
+// ---- The one-token FFN's fixed-point output (cuda/common/fixed_point.hpp) and its readers ----
+
+// The host's sum of one column: Σ over the active neurons of round(fl(h · w) · 2³²), exactly as
+// the kernel forms each term (one fp32 product, a power-of-two scale, round to nearest even).
+std::vector<std::int64_t> fixed_sums(const std::vector<float>& h, const std::vector<unsigned char>& flags,
+                                     const std::vector<bf16>& w_down_t, std::int64_t n, std::int64_t k) {
+  std::vector<std::int64_t> acc(static_cast<std::size_t>(k), 0);
+  for (std::int64_t j = 0; j < n; ++j) {
+    if (!flags[static_cast<std::size_t>(j)]) continue;
+    for (std::int64_t c = 0; c < k; ++c) {
+      const float t = h[static_cast<std::size_t>(j)] * to_float(w_down_t[static_cast<std::size_t>(j * k + c)]);
+      acc[static_cast<std::size_t>(c)] += static_cast<std::int64_t>(std::llrint(t * 4294967296.0f));
+    }
+  }
+  return acc;
+}
+
+// TwellDecodeTokenParams::y_fixed: one kernel adds every active neuron's h · Wdᵀ[n, :] into the
+// accumulator, and the sum is the host's sum of the same terms exactly (integers: any order), for
+// the h and the active set the two-kernel path computes (its scratch, read back). Gated and not,
+// x given or formed from the residual stream (a norm without deltas), K past 4096 (the norm's
+// streamed branch) and K = 8, N below a CTA's warps. A second launch adds to what the
+// accumulator holds. Terms past the range (huge down weights) raise the flag.
+TEST(ModelOps, DecodeTokenFixedPointIsTheExactSumOfItsTerms) {
+  TWELL_REQUIRE_GPU();
+  Rng rng(fresh_seed());
+  cudaStream_t stream = nullptr;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
+  struct Case {
+    std::int64_t n, k;
+    bool gated, norm;
+  };
+  for (const Case c : {Case{5632, 2048, true, true}, Case{1003, 4104, false, true}, Case{70, 8192, true, false},
+                       Case{5, 8, true, true}, Case{300, 264, false, false}, Case{2053, 4096, true, false}}) {
+    SCOPED_TRACE(::testing::Message() << "n " << c.n << " k " << c.k << (c.gated ? " gated" : " non-gated")
+                                      << (c.norm ? " norm" : " x"));
+    const auto nk = static_cast<std::size_t>(c.n * c.k), k = static_cast<std::size_t>(c.k);
+    const auto wd = random_bf16(rng, nk);
+    auto w_first = upload<__nv_bfloat16>(random_bf16(rng, nk)), w_up = upload<__nv_bfloat16>(random_bf16(rng, nk)),
+         w_down_t = upload<__nv_bfloat16>(wd);
+    std::vector<float> rv(k), wv(k);
+    for (auto& e : rv) e = static_cast<float>(3.0 * rng.normal());
+    for (auto& e : wv) e = static_cast<float>(1.0 + 0.25 * rng.normal());
+    auto r = upload(rv), w = upload(wv);
+    auto x = upload<__nv_bfloat16>(random_bf16(rng, k));
+    const float eps = 1e-5f;
+    if (c.norm) cuda::ops::rmsnorm(r.get(), nullptr, 1, c.k, w.get(), eps, x.get(), stream);  // the two-kernel run's x
+    DeviceBuffer<__nv_bfloat16> y(k);
+    DeviceBuffer<float> h(static_cast<std::size_t>(c.n));
+    DeviceBuffer<unsigned char> flags(static_cast<std::size_t>(cuda::decode_token_flag_bytes(c.n)));
+    ASSERT_EQ(cudaMemset(flags.get(), 0, flags.bytes()), cudaSuccess);
+    ASSERT_EQ(cudaMemset(h.get(), 0, h.bytes()), cudaSuccess);
+    cuda::TwellDecodeTokenParams ref = token_params(c.n, c.k, c.gated, w_first, w_up, w_down_t, h, flags, y.get(), nullptr);
+    ref.x = x.get();
+    cuda::launch_twell_decode_token(ref, stream);
+    ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+    const auto want = fixed_sums(download<float>(h), download<unsigned char>(flags), wd, c.n, c.k);
+    DeviceBuffer<long long> acc(k);
+    DeviceBuffer<unsigned> overflow(1);
+    ASSERT_EQ(cudaMemset(acc.get(), 0, acc.bytes()), cudaSuccess);
+    ASSERT_EQ(cudaMemset(overflow.get(), 0, overflow.bytes()), cudaSuccess);
+    cuda::TwellDecodeTokenParams p = token_params(c.n, c.k, c.gated, w_first, w_up, w_down_t, h, flags, nullptr, nullptr);
+    p.h = nullptr;
+    p.flags = nullptr;
+    p.y_fixed = acc.get();
+    p.overflow = overflow.get();
+    if (c.norm) {
+      p.norm.r = r.get();
+      p.norm.w = w.get();
+      p.norm.eps = eps;
+    } else {
+      p.x = x.get();
+    }
+    for (int launch = 1; launch <= 2; ++launch) {
+      cuda::launch_twell_decode_token(p, stream);
+      ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+      const auto have = download<long long>(acc);
+      std::int64_t bad = -1;
+      for (std::size_t i = 0; i < k && bad < 0; ++i)
+        if (have[i] != launch * want[i]) bad = static_cast<std::int64_t>(i);
+      EXPECT_EQ(bad, -1) << "launch " << launch << ": column " << bad << " differs";
+      EXPECT_EQ(download<unsigned>(overflow)[0], 0u);
+    }
+    EXPECT_EQ(std::memcmp(download<float>(r).data(), rv.data(), k * sizeof(float)), 0) << "r was written";
+  }
+  // Out of range: down weights of 2³⁰ make every active term reach past 2^(31 − ⌈log2 300⌉) = 2²².
+  {
+    const std::int64_t n = 300, kk = 264;
+    const auto nk = static_cast<std::size_t>(n * kk);
+    std::vector<bf16> big(nk, to_bf16(1073741824.0f));
+    auto w_first = upload<__nv_bfloat16>(random_bf16(rng, nk)), w_down_t = upload<__nv_bfloat16>(big);
+    auto x = upload<__nv_bfloat16>(random_bf16(rng, static_cast<std::size_t>(kk)));
+    DeviceBuffer<float> h(static_cast<std::size_t>(n));
+    DeviceBuffer<unsigned char> flags(static_cast<std::size_t>(cuda::decode_token_flag_bytes(n)));
+    DeviceBuffer<long long> acc(static_cast<std::size_t>(kk));
+    DeviceBuffer<unsigned> overflow(1);
+    ASSERT_EQ(cudaMemset(acc.get(), 0, acc.bytes()), cudaSuccess);
+    ASSERT_EQ(cudaMemset(overflow.get(), 0, overflow.bytes()), cudaSuccess);
+    cuda::TwellDecodeTokenParams p = token_params(n, kk, false, w_first, w_first, w_down_t, h, flags, nullptr, nullptr);
+    p.x = x.get();
+    p.y_fixed = acc.get();
+    p.overflow = overflow.get();
+    cuda::launch_twell_decode_token(p, stream);
+    ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+    EXPECT_EQ(download<unsigned>(overflow)[0], 1u);
+    // Bad input: a norm with a delta (nothing would store r'), a misaligned accumulator.
+    DeviceBuffer<float> r(static_cast<std::size_t>(kk)), w(static_cast<std::size_t>(kk));
+    p.norm.r = r.get();
+    p.norm.w = w.get();
+    p.norm.delta = x.get();
+    EXPECT_THROW(cuda::launch_twell_decode_token(p, stream), Error);
+    p.norm = {};
+    p.y_fixed = acc.get() + 1;
+    EXPECT_THROW(cuda::launch_twell_decode_token(p, stream), Error);
+  }
+  cudaStreamDestroy(stream);
+}
+
+// Fixed-point values for the readers: sums of a few terms of normal-sized y, zero, ±1, and values
+// past 2⁵³ (the double's rounding first).
+std::vector<long long> random_fixed(Rng& rng, std::size_t k) {
+  std::vector<long long> v(k);
+  for (std::size_t i = 0; i < k; ++i) v[i] = std::llrint(rng.normal() * 3 * 4294967296.0);
+  if (k >= 6) {
+    v[0] = 0;
+    v[1] = 1;
+    v[2] = -1;
+    v[3] = (1ll << 60) + 12345;
+    v[4] = -(1ll << 55) - 7;
+    v[5] = 3ll << 31;  // 1.5: a bf16 value exactly
+  }
+  return v;
+}
+
+// The fixed-point values as the bf16 deltas the readers must add.
+std::vector<bf16> fixed_as_bf16(const std::vector<long long>& v) {
+  std::vector<bf16> b(v.size());
+  for (std::size_t i = 0; i < v.size(); ++i) b[i] = to_bf16(cuda::fixed_to_float_bf16(v[i]));
+  return b;
+}
+
+// The host's conversion is the nearest bf16 of acc · 2⁻³² (ties to even): against to_bf16 (round
+// to nearest even from a float) on values whose float is exact (24 significant bits), halfway
+// cases included, and a few by hand.
+TEST(ModelOps, FixedPointConversionRoundsToNearestEven) {
+  Rng rng(fresh_seed());
+  for (int i = 0; i < 20000; ++i) {
+    const auto m = static_cast<long long>(rng.below(1u << 24)) * (rng.below(2) ? 1 : -1);
+    const long long v = m * (1ll << rng.below(39));  // < 2⁶³
+    const float exact = static_cast<float>(std::ldexp(static_cast<double>(v), -32));
+    ASSERT_EQ(cuda::fixed_to_float_bf16(v), to_float(to_bf16(exact))) << v;
+  }
+  EXPECT_EQ(cuda::fixed_to_float_bf16(0), 0.0f);
+  EXPECT_EQ(cuda::fixed_to_float_bf16(3ll << 31), 1.5f);
+  // 1 + 2⁻⁸ is halfway between 1 and 1 + 2⁻⁷: to even (1); 1 + 3 · 2⁻⁸ to 1 + 2⁻⁶.
+  EXPECT_EQ(cuda::fixed_to_float_bf16((1ll << 32) + (1ll << 24)), 1.0f);
+  EXPECT_EQ(cuda::fixed_to_float_bf16((1ll << 32) + 3 * (1ll << 24)), 1.0f + 0.015625f);
+  EXPECT_EQ(cuda::fixed_to_float_bf16(-((1ll << 32) + 3 * (1ll << 24))), -(1.0f + 0.015625f));
+  // Past 2⁵³ the double rounds first (both sides alike): 2⁶⁰ + 12345 is 2²⁸.
+  EXPECT_EQ(cuda::fixed_to_float_bf16((1ll << 60) + 12345), 268435456.0f);
+}
+
+// rmsnorm_project with the fixed-point delta equals rmsnorm_project with that delta as bf16 (the
+// host's conversion), bit for bit: both norm branches (4-wide, and the streamed one at k = 4104).
+TEST(ModelOps, RmsnormProjectTakesTheFixedPointDelta) {
+  TWELL_REQUIRE_GPU();
+  Rng rng(fresh_seed());
+  for (auto [k, n] : {std::pair<int, int>{2048, 2560}, {8, 1}, {576, 17}, {4104, 33}, {8192, 100}}) {
+    SCOPED_TRACE(::testing::Message() << "k " << k << " n " << n);
+    const auto [x, w, delta, wp] = norm_project_inputs(rng, k, n);
+    const auto fixed = random_fixed(rng, x.size());
+    auto dx = upload(x), dw = upload(w);
+    auto dfixed = upload(fixed);
+    auto dd = upload<__nv_bfloat16>(fixed_as_bf16(fixed));
+    auto dwp = upload<__nv_bfloat16>(wp);
+    DeviceBuffer<__nv_bfloat16> y1(static_cast<std::size_t>(n)), y2(static_cast<std::size_t>(n));
+    cuda::ops::rmsnorm_project(dx.get(), dd.get(), k, dw.get(), 1e-5f, dwp.get(), n, y1.get(), nullptr);
+    cuda::ops::rmsnorm_project(dx.get(), reinterpret_cast<const std::int64_t*>(dfixed.get()), k, dw.get(), 1e-5f,
+                               dwp.get(), n, y2.get(), nullptr);
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    const auto a = download<bf16>(y1), b = download<bf16>(y2);
+    EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * sizeof(bf16)), 0);
+    EXPECT_EQ(download<long long>(dfixed), fixed) << "the delta was written";
+  }
+}
+
+// The GEMV's residual add (launch_twell_gemv_row_residual: a decode step's attention output
+// projection storing the residual stream): y as the plain GEMV's bits, r = (r + first) + y in
+// fp32 in that order, first bf16, fixed-point (then zeroed) or none; residual_add_fixed adds the
+// fixed-point values as residual_add adds bf16 ones and zeroes them.
+TEST(ModelOps, ResidualAddsTakeTheFixedPointOutput) {
+  TWELL_REQUIRE_GPU();
+  Rng rng(fresh_seed());
+  for (auto [k, n] : {std::pair<int, int>{2048, 2048}, {8, 17}, {4096, 2560}}) {
+    for (int mode = 0; mode < 3; ++mode) {  // first: none, bf16, fixed
+      SCOPED_TRACE(::testing::Message() << "k " << k << " n " << n << " first " << (mode == 0 ? "none" : mode == 1 ? "bf16" : "fixed"));
+      const auto [xin, w, delta, wp] = norm_project_inputs(rng, k, n);
+      const auto xb = random_bf16(rng, static_cast<std::size_t>(k));
+      std::vector<float> rv(static_cast<std::size_t>(n));
+      for (auto& e : rv) e = static_cast<float>(3.0 * rng.normal());
+      const auto fixed = random_fixed(rng, rv.size());
+      const auto first = mode == 2 ? fixed_as_bf16(fixed) : random_bf16(rng, rv.size());
+      auto dx = upload<__nv_bfloat16>(xb), dwp = upload<__nv_bfloat16>(wp);
+      auto dr = upload(rv);
+      auto dfirst = upload<__nv_bfloat16>(first);
+      auto dfixed = upload(fixed);
+      DeviceBuffer<__nv_bfloat16> y1(rv.size()), y2(rv.size());
+      cuda::launch_twell_gemv_row(dx.get(), dwp.get(), n, k, y1.get(), nullptr, true);
+      cuda::launch_twell_gemv_row_residual(dx.get(), dwp.get(), n, k, y2.get(), dr.get(), mode == 1 ? dfirst.get() : nullptr,
+                                           mode == 2 ? reinterpret_cast<std::int64_t*>(dfixed.get()) : nullptr, nullptr, true);
+      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+      const auto ya = download<bf16>(y1), yb = download<bf16>(y2);
+      EXPECT_EQ(std::memcmp(ya.data(), yb.data(), ya.size() * sizeof(bf16)), 0) << "y";
+      const auto r = download<float>(dr);
+      std::int64_t bad = -1;
+      for (std::size_t j = 0; j < rv.size() && bad < 0; ++j) {
+        float e = rv[j];
+        if (mode > 0) e += to_float(first[j]);
+        e += to_float(ya[j]);
+        if (std::memcmp(&e, &r[j], sizeof(float)) != 0) bad = static_cast<std::int64_t>(j);
+      }
+      EXPECT_EQ(bad, -1) << "r differs at column " << bad;
+      const auto after = download<long long>(dfixed);
+      if (mode == 2)
+        EXPECT_EQ(std::count(after.begin(), after.end(), 0ll), static_cast<long>(after.size())) << "not zeroed";
+      else
+        EXPECT_EQ(after, fixed);
+    }
+  }
+  for (std::int64_t n : {1, 2048, 100003}) {
+    SCOPED_TRACE(n);
+    std::vector<float> xv(static_cast<std::size_t>(n));
+    for (auto& e : xv) e = static_cast<float>(3.0 * rng.normal());
+    const auto fixed = random_fixed(rng, xv.size());
+    const auto fb = fixed_as_bf16(fixed);
+    auto dx = upload(xv);
+    auto dfixed = upload(fixed);
+    cuda::ops::residual_add_fixed(dx.get(), reinterpret_cast<std::int64_t*>(dfixed.get()), n, nullptr);
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    const auto x = download<float>(dx);
+    for (std::size_t i = 0; i < xv.size(); ++i) {
+      const float e = xv[i] + to_float(fb[i]);
+      ASSERT_EQ(std::memcmp(&e, &x[i], sizeof(float)), 0) << i;
+    }
+    const auto after = download<long long>(dfixed);
+    EXPECT_EQ(std::count(after.begin(), after.end(), 0ll), static_cast<long>(after.size()));
   }
 }
 

@@ -22,6 +22,7 @@ struct TinySpec {
   bool bias_channel = false;
   float gate_threshold = 0.0f;  // with bias_channel: gate rows' weight on channel 0 (negative: sparser)
   bool bf16 = false;
+  float down_scale = 1.0f;  // the FFN down projections' scale (large: outputs past a fixed-point range)
   std::uint64_t seed = 1;
 };
 
@@ -64,7 +65,7 @@ inline std::filesystem::path write_tiny(const std::string& name, const TinySpec&
     mat(p + "self_attn.o_proj.weight", s.hidden, s.heads * D, sd * 0.5f);
     mat(p + "mlp.gate_proj.weight", s.intermediate, s.hidden, sd);
     mat(p + "mlp.up_proj.weight", s.intermediate, s.hidden, sd);
-    mat(p + "mlp.down_proj.weight", s.hidden, s.intermediate, 0.5f / std::sqrt(static_cast<float>(s.intermediate)));
+    mat(p + "mlp.down_proj.weight", s.hidden, s.intermediate, s.down_scale * 0.5f / std::sqrt(static_cast<float>(s.intermediate)));
     // Channel 0 stays a large constant: attention and FFN outputs leave it alone.
     if (s.bias_channel) {
       float* o = t[p + "self_attn.o_proj.weight"].data<float>();

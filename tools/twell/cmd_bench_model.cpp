@@ -356,7 +356,9 @@ int run_bench_model(BenchModelArgs& a) {
                dense->programmatic_launch() ? "on"
                : a.runtime.programmatic_launch     ? "off (this GPU or build does not take them)"
                                            : "off (--no-pdl)");
-    fmt::print("fused one-row decode (off: --no-fused-decode): {}\n", dense->fused_decode() ? "on" : "off");
+    fmt::print("fused one-row decode (off: --no-fused-decode): {}; the sparse runtime's fixed-point one-token FFN "
+               "output (off: --no-fixed-point-decode): {}\n",
+               dense->fused_decode() ? "on" : "off", sparse->fixed_point_decode() ? "on" : "off");
   }
   // Which path the sparse runtime's FFN rows took (over every run above: prefill and decode).
   std::int64_t ffn_rows = 0, ffn_sparse_rows = 0;
@@ -389,6 +391,7 @@ int run_bench_model(BenchModelArgs& a) {
                         {"prefill_attention", dense->prefill_attention()},
                         {"programmatic_launch", dense->programmatic_launch()},
                         {"fused_decode", dense->fused_decode()},
+                        {"fixed_point_decode", sparse->fixed_point_decode()},
                         {"decode_max_density", a.runtime.decode_max_density},  // < 0: the engine's default
                         {"sparse_runtime_ffn_rows", {{"all", ffn_rows}, {"sparse", ffn_sparse_rows}}},
                         {"peak_memory_bytes", {{"dense", mem_dense}, {"sparse", mem_sparse}}},  // −1 on the CPU

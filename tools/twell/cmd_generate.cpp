@@ -76,9 +76,10 @@ int run_generate(GenerateArgs& a) {
   if (!a.quiet) {
     note(fmt::format("device: {} ({}), runtime ready in {:.2f} s", rt.device(), why, t_runtime));
     if (device == "cuda")
-      note(fmt::format("prefill attention: {}{}{}", rt.prefill_attention(),
+      note(fmt::format("prefill attention: {}{}{}{}", rt.prefill_attention(),
                        rt.programmatic_launch() ? "; programmatic launches on" : "",
-                       rt.fused_decode() ? "; fused one-row decode on" : ""));
+                       rt.fused_decode() ? "; fused one-row decode on" : "",
+                       rt.fixed_point_decode() ? " (fixed-point FFN output)" : ""));
     if (!rt.weight_storage().empty()) note(fmt::format("weights: {}", rt.weight_storage()));
   }
 

@@ -13,6 +13,9 @@ inline void add_runtime_flags(CLI::App* sub, model::RuntimeOptions& o) {
                 "GPU: prefill attention by twell's own tensor-core kernel even where cuDNN's fused SDPA is built in");
   sub->add_flag("!--no-fused-decode", o.fused_decode,
                 "GPU: a one-row step's attention norm, QKV, RoPE and cache store as separate kernels (default: one)");
+  sub->add_flag("!--no-fixed-point-decode", o.fixed_point_decode,
+                "GPU: a batch-1 decode step's sparse FFN runs its down kernel (default: its output as an exact "
+                "fixed-point sum, one kernel fewer a layer)");
   sub->add_option("--cudnn-build-at", o.cudnn_build_at,
                   "GPU: a prefill shape's cuDNN attention graph is built at its N-th call (a build takes 0.2-1.7 s; "
                   "earlier calls run twell's own kernel)")

@@ -145,7 +145,7 @@ class FfnLayer {
   // first may be null) stored back into r — the bits of a separate add + RMSNorm kernel before
   // run_step. A plan of the one-token kernels folds that into them (each CTA normalises, x is not
   // written); any other plan writes x first. r, w: device fp32 [k], 16-byte aligned; first, delta:
-  // bf16 [k], 8-byte aligned; y may alias first.
+  // bf16 [k], 8-byte aligned (both null: x = rmsnorm(r), r unchanged); y may alias first.
   struct ResidualNorm {
     float* r = nullptr;
     const bf16* first = nullptr;
@@ -154,6 +154,21 @@ class FfnLayer {
     float eps = 0.0f;
   };
   void run_step(const ResidualNorm& in, bf16* x, bf16* y, const StepPlan& plan, Stream stream);
+  // The one-token step without its down kernel (a model runtime's decode step): each active
+  // neuron's warp adds round(h · Wdᵀ[n, c] · 2³²) into acc[c] (int64, exact in any order), so
+  // that y = bf16(acc · 2⁻³²) for acc zero before (the reader converts: the model runtime's next
+  // kernels do; src/cuda/common/fixed_point.hpp states the rounding). A term that is not finite or
+  // past the range (|term| ≥ 2^(31 − ⌈log2 N⌉)) is left out and *overflow set to 1: acc is then
+  // not y, and the caller must run the step again through run_step above. in: r and w only (r
+  // current: first and delta null). acc: device [k], 16-byte aligned; overflow: a word the device
+  // can write (mapped host memory lets the host read it without a copy). Only where
+  // folds_fixed_point(plan).
+  struct FixedPointOut {
+    std::int64_t* acc = nullptr;
+    unsigned* overflow = nullptr;
+  };
+  bool folds_fixed_point(const StepPlan& plan) const;
+  void run_step(const ResidualNorm& in, const FixedPointOut& out, const StepPlan& plan, Stream stream);
   // Changes whenever the layer's weight buffers move (load_weights, upload_weights, a hot-neuron
   // split that a large automatic or sparse forward may make on its own): a graph holding this
   // layer's run_step must be captured again.

@@ -74,6 +74,14 @@ struct RuntimeOptions {
   // residual add joins the next add + RMSNorm: 2 kernels fewer a layer, the same bits; 2B decode at
   // batch 1 +3.4-3.8 % on an H100 (docs/model-runtime.md). Off: for A/B measurement.
   bool fused_decode = true;
+  // CUDA runtime only, with fused_decode: a batch-1 decode step's ReLU FFN on the one-token kernels
+  // leaves its output as a fixed-point sum (int64 reductions, exact in any order, rounded to bf16
+  // by its readers) instead of running its down kernel, and the attention output projection after
+  // it stores the residual stream: one kernel fewer a layer (docs/model-runtime.md). Deterministic;
+  // not the two-kernel path's bits (another summation of the same products, exact before the bf16
+  // rounding). A term past the range (cuda/common/fixed_point.hpp) reruns the step the two-kernel
+  // way and turns this off. Off: for A/B measurement.
+  bool fixed_point_decode = true;
   // CUDA runtime only: the density up to which a ReLU layer's decode steps run the sparse decode
   // kernels (the layer's newest count decides; both paths exact); < 0: the engine's measured default.
   double decode_max_density = -1;
@@ -163,6 +171,8 @@ class Runtime {
   virtual bool programmatic_launch() const noexcept { return false; }
   // Whether RuntimeOptions::fused_decode is in effect.
   virtual bool fused_decode() const noexcept { return false; }
+  // Whether RuntimeOptions::fixed_point_decode is in effect (false once a step overflowed it).
+  virtual bool fixed_point_decode() const noexcept { return false; }
   // How the weights are held, for reports ("" where there is nothing to say).
   virtual std::string weight_storage() const { return ""; }
 };

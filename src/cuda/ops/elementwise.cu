@@ -1,5 +1,6 @@
 // residual_add and gated_activation: elementwise, grid-stride.
 #include "cuda/common/check.hpp"
+#include "cuda/common/fixed_point.cuh"
 #include "cuda/common/launch.cuh"
 #include "cuda/ops/model_ops.hpp"
 
@@ -11,6 +12,15 @@ __global__ void residual_add_kernel(float* x, const __nv_bfloat16* y, std::int64
   for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<std::int64_t>(gridDim.x) * blockDim.x)
     x[i] += __bfloat162float(y[i]);
+}
+
+__global__ void residual_add_fixed_kernel(float* x, long long* y, std::int64_t n) {
+  dev::pdl_begin();
+  for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
+    x[i] += dev::fixed_to_float_bf16(y[i]);
+    y[i] = 0;
+  }
 }
 
 __device__ float activate(int act, float g) {
@@ -39,6 +49,13 @@ void residual_add(float* x, const __nv_bfloat16* y, std::int64_t n, cudaStream_t
   TWELL_CU_REQUIRE(n > 0, ErrorCode::invalid_argument, "residual_add: n = {}", n);
   launch_kernel(residual_add_kernel, dim3(grid_stride_blocks(n, 256)), dim3(256), 0, stream, x, y, n);
   TWELL_CUDA_CHECK_LAUNCH("residual_add_kernel");
+}
+
+void residual_add_fixed(float* x, std::int64_t* y_fixed, std::int64_t n, cudaStream_t stream) {
+  TWELL_CU_REQUIRE(n > 0 && x && y_fixed, ErrorCode::invalid_argument, "residual_add_fixed: n = {} or a null pointer", n);
+  launch_kernel(residual_add_fixed_kernel, dim3(grid_stride_blocks(n, 256)), dim3(256), 0, stream, x,
+                reinterpret_cast<long long*>(y_fixed), n);
+  TWELL_CUDA_CHECK_LAUNCH("residual_add_fixed_kernel");
 }
 
 void gated_activation(const __nv_bfloat16* gu, std::int64_t rows, std::int64_t n, int act, __nv_bfloat16* h,

@@ -58,6 +58,11 @@ struct RopeStore {
 void rmsnorm_project(const float* x, const __nv_bfloat16* delta, std::int64_t k, const float* w, float eps,
                      const __nv_bfloat16* wproj, std::int64_t n, __nv_bfloat16* y, cudaStream_t stream,
                      const RopeStore* rope = nullptr);
+// The same with delta the one-token FFN's fixed-point output (int64 [k], 16-byte aligned; added as
+// bf16(delta · 2⁻³²), cuda/common/fixed_point.hpp): the bits of the bf16 form given that value.
+void rmsnorm_project(const float* x, const std::int64_t* delta_fixed, std::int64_t k, const float* w, float eps,
+                     const __nv_bfloat16* wproj, std::int64_t n, __nv_bfloat16* y, cudaStream_t stream,
+                     const RopeStore* rope = nullptr);
 
 // qkv [T, Q + 2·KV] bf16 (q | k | v per row): RoPE (rotate_half; cos/sin from the table
 // [max_pos, d/2] fp32 at the row's position) on q in place and on k, which goes with v into the
@@ -130,6 +135,10 @@ void sample_rows(const float* logits, std::int64_t rows, std::int64_t v, const S
 
 // x += y  (fp32 += bf16), n elements
 void residual_add(float* x, const __nv_bfloat16* y, std::int64_t n, cudaStream_t stream);
+// x[i] += bf16(y_fixed[i] · 2⁻³²), then y_fixed[i] = 0 (the one-token FFN's fixed-point output,
+// cuda/common/fixed_point.hpp, added as residual_add adds its bf16 value; the buffer left ready
+// for the next sum).
+void residual_add_fixed(float* x, std::int64_t* y_fixed, std::int64_t n, cudaStream_t stream);
 
 // h[r, j] = bf16( act(g[r, j]) · u[r, j] ) with [g | u] = gu[r, :] ([rows, 2n] bf16); act per
 // twell::model::Activation's order: 0 relu, 1 silu, 2 gelu (erf), 3 gelu (tanh).

@@ -19,6 +19,8 @@
 
 #include <cstdint>
 
+#include "cuda/common/fixed_point.cuh"
+
 namespace twell::cuda::ops::detail {
 
 inline constexpr int kNormThreads = 256;
@@ -49,6 +51,19 @@ __device__ __forceinline__ void add_bf16x4(float* v, const __nv_bfloat16* p) {
   v[3] += b.y;
 }
 
+// norm_row_reread's first delta may also be the fixed-point FFN output (int64, fixed_point.hpp:
+// bf16(acc · 2⁻³²), then added as the bf16 delta would be; 4 at p 16-byte aligned).
+__device__ __forceinline__ void add_delta4(float* v, const __nv_bfloat16* p) { add_bf16x4(v, p); }
+__device__ __forceinline__ void add_delta4(float* v, const long long* p) {
+  const longlong2 a = *reinterpret_cast<const longlong2*>(p), b = *reinterpret_cast<const longlong2*>(p + 2);
+  v[0] += dev::fixed_to_float_bf16(a.x);
+  v[1] += dev::fixed_to_float_bf16(a.y);
+  v[2] += dev::fixed_to_float_bf16(b.x);
+  v[3] += dev::fixed_to_float_bf16(b.y);
+}
+__device__ __forceinline__ float delta_at(const __nv_bfloat16* p, std::int64_t c) { return __bfloat162float(p[c]); }
+__device__ __forceinline__ float delta_at(const long long* p, std::int64_t c) { return dev::fixed_to_float_bf16(p[c]); }
+
 // 1 / sqrt(mean + eps) of the block's squares, each thread holding its partial sum ss: the warps'
 // butterflies, then the 8 warp sums in order (synchronises the block).
 __device__ __forceinline__ float inv_rms(float ss, std::int64_t k, float eps) {
@@ -62,10 +77,10 @@ __device__ __forceinline__ float inv_rms(float ss, std::int64_t k, float eps) {
 }
 
 // x[c] (+ d0[c]) (+ d1[c]): the residual adds at one column, in that order.
-__device__ __forceinline__ float residual_at(const float* x, const __nv_bfloat16* d0, const __nv_bfloat16* d1,
-                                             std::int64_t c) {
+template <typename D0>
+__device__ __forceinline__ float residual_at(const float* x, const D0* d0, const __nv_bfloat16* d1, std::int64_t c) {
   float e = x[c];
-  if (d0) e += __bfloat162float(d0[c]);
+  if (d0) e += delta_at(d0, c);
   if (d1) e += __bfloat162float(d1[c]);
   return e;
 }
@@ -170,7 +185,9 @@ __device__ void norm_row(float* __restrict__ xr, const __nv_bfloat16* __restrict
 // order (its 4-wide branch where norm_row_wide(k), else element by element: its held and streamed
 // branches share that order), then every element formed again from memory, where the first pass
 // left it cached. y may be in shared memory. Every thread of the block must call it.
-__device__ inline void norm_row_reread(const float* __restrict__ xr, const __nv_bfloat16* __restrict__ d0,
+// D0: bf16, or long long for the fixed-point FFN output (add_delta4).
+template <typename D0>
+__device__ inline void norm_row_reread(const float* __restrict__ xr, const D0* __restrict__ d0,
                                        const __nv_bfloat16* __restrict__ d1, std::int64_t k, const float* __restrict__ w,
                                        float eps, __nv_bfloat16* __restrict__ yr) {
   const bool wide = norm_row_wide(k);
@@ -182,7 +199,7 @@ __device__ inline void norm_row_reread(const float* __restrict__ xr, const __nv_
     v[1] = xv.y;
     v[2] = xv.z;
     v[3] = xv.w;
-    if (d0) add_bf16x4(v, d0 + c);
+    if (d0) add_delta4(v, d0 + c);
     if (d1) add_bf16x4(v, d1 + c);
   };
   const auto value = [&](std::int64_t c) { return residual_at(xr, d0, d1, c); };

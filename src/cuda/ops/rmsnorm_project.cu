@@ -68,9 +68,9 @@ __device__ WarpRows warp_rows(std::int64_t p, std::int64_t n, const RopeStore& r
   return w;
 }
 
-template <bool kRope>
+template <bool kRope, typename D0>
 __global__ void __launch_bounds__(kNormThreads)
-    rmsnorm_project_kernel(const float* x, const __nv_bfloat16* delta, std::int64_t k, const float* wn, float eps,
+    rmsnorm_project_kernel(const float* x, const D0* delta, std::int64_t k, const float* wn, float eps,
                            const __nv_bfloat16* w, std::int64_t n, __nv_bfloat16* y, RopeStore rope) {
   static_assert(kWarpRows == 2, "a warp's two rows are one RoPE pair");
   extern __shared__ uint4 xs_raw[];  // the normalised row, bf16 [k] (16-byte aligned)
@@ -173,16 +173,24 @@ __global__ void __launch_bounds__(kNormThreads)
 
 }  // namespace
 
-void rmsnorm_project(const float* x, const __nv_bfloat16* delta, std::int64_t k, const float* w, float eps,
-                     const __nv_bfloat16* wproj, std::int64_t n, __nv_bfloat16* y, cudaStream_t stream,
-                     const RopeStore* rope) {
+namespace {
+
+// Both public forms: delta bf16, or the fixed-point FFN output (D0 = long long).
+template <typename D0>
+void launch_rmsnorm_project(const float* x, const D0* delta, std::int64_t k, const float* w, float eps,
+                            const __nv_bfloat16* wproj, std::int64_t n, __nv_bfloat16* y, cudaStream_t stream,
+                            const RopeStore* rope) {
   TWELL_CU_REQUIRE(x && w && wproj && y, ErrorCode::invalid_argument, "rmsnorm_project: null pointer");
   TWELL_CU_REQUIRE(n >= 1 && k >= 8 && k % 8 == 0 && k <= kGemvMaxK && (reinterpret_cast<std::uintptr_t>(wproj) & 15) == 0,
                    ErrorCode::unsupported,
                    "rmsnorm_project: needs K a multiple of 8 ≤ {} (got {}), n ≥ 1 (got {}), 16-byte aligned W", kGemvMaxK,
                    k, n);
-  TWELL_CU_REQUIRE(detail::norm_row_aligned(k, x, w, delta, nullptr, nullptr), ErrorCode::invalid_argument,
-                   "rmsnorm_project: x and w must be 16-byte aligned and delta 8-byte aligned");
+  // A fixed-point delta: 16-byte aligned where norm_row's 4-wide branch reads it (add_delta4), else its own size.
+  const bool delta_ok = sizeof(D0) == 2 ? detail::norm_row_aligned(k, x, w, delta, nullptr, nullptr)
+                                        : (reinterpret_cast<std::uintptr_t>(delta) & (detail::norm_row_wide(k) ? 15 : 7)) == 0;
+  TWELL_CU_REQUIRE(detail::norm_row_aligned(k, x, w, nullptr, nullptr, nullptr) && delta_ok, ErrorCode::invalid_argument,
+                   "rmsnorm_project: x and w must be 16-byte aligned, a bf16 delta 8-byte aligned and a fixed-point one "
+                   "16-byte aligned");
   if (rope)
     TWELL_CU_REQUIRE(rope->rows_kv && rope->cos && rope->sin && rope->heads > 0 && rope->kv_heads > 0 && rope->d > 0 &&
                          rope->d % 2 == 0 && n == static_cast<std::int64_t>(rope->heads + 2 * rope->kv_heads) * rope->d,
@@ -192,12 +200,27 @@ void rmsnorm_project(const float* x, const __nv_bfloat16* delta, std::int64_t k,
   TWELL_CU_REQUIRE(ctas <= 0x7fffffff, ErrorCode::unsupported, "rmsnorm_project: n = {} too large", n);
   const std::size_t smem = static_cast<std::size_t>(k) * sizeof(__nv_bfloat16);
   if (rope)
-    launch_kernel(rmsnorm_project_kernel<true>, dim3(static_cast<unsigned>(ctas)), dim3(kNormThreads), smem, stream, x,
+    launch_kernel(rmsnorm_project_kernel<true, D0>, dim3(static_cast<unsigned>(ctas)), dim3(kNormThreads), smem, stream, x,
                   delta, k, w, eps, wproj, n, y, *rope);
   else
-    launch_kernel(rmsnorm_project_kernel<false>, dim3(static_cast<unsigned>(ctas)), dim3(kNormThreads), smem, stream, x,
-                  delta, k, w, eps, wproj, n, y, RopeStore{});
+    launch_kernel(rmsnorm_project_kernel<false, D0>, dim3(static_cast<unsigned>(ctas)), dim3(kNormThreads), smem, stream,
+                  x, delta, k, w, eps, wproj, n, y, RopeStore{});
   TWELL_CUDA_CHECK_LAUNCH("rmsnorm_project_kernel");
+}
+
+}  // namespace
+
+void rmsnorm_project(const float* x, const __nv_bfloat16* delta, std::int64_t k, const float* w, float eps,
+                     const __nv_bfloat16* wproj, std::int64_t n, __nv_bfloat16* y, cudaStream_t stream,
+                     const RopeStore* rope) {
+  launch_rmsnorm_project(x, delta, k, w, eps, wproj, n, y, stream, rope);
+}
+
+void rmsnorm_project(const float* x, const std::int64_t* delta_fixed, std::int64_t k, const float* w, float eps,
+                     const __nv_bfloat16* wproj, std::int64_t n, __nv_bfloat16* y, cudaStream_t stream,
+                     const RopeStore* rope) {
+  TWELL_CU_REQUIRE(delta_fixed, ErrorCode::invalid_argument, "rmsnorm_project: null fixed-point delta");
+  launch_rmsnorm_project(x, reinterpret_cast<const long long*>(delta_fixed), k, w, eps, wproj, n, y, stream, rope);
 }
 
 }  // namespace twell::cuda::ops

@@ -3,6 +3,7 @@
 
 #include "cuda/common/check.hpp"
 #include "cuda/common/device_math.cuh"
+#include "cuda/common/fixed_point.cuh"
 #include "cuda/common/launch.hpp"
 #include "cuda/ops/norm_row.cuh"
 
@@ -71,9 +72,11 @@ __device__ __forceinline__ void wait_for_prerequisite_grid() {
 // norm before the FFN runs (programmatic launches). A lane sums chunks lane, lane + 32, … in order
 // whatever the window, so g has the bits of warp_row_dot (and of the decode GEMV).
 // kNorm: x formed from the residual stream in shared memory (DecodeTokenNorm); every warp of the
-// CTA takes part in the norm, those past N included.
-template <bool kNorm>
-__global__ void __launch_bounds__(kThreads) twell_decode_token_kernel(TwellDecodeTokenParams p) {
+// CTA takes part in the norm, those past N included. kFixed: an active neuron's warp adds its
+// h · Wdᵀ[n, :] into y_fixed itself (no flags, no h, no down kernel); lane l owns the Wdᵀ chunks
+// l, l + 32, … (8 columns each).
+template <bool kNorm, bool kFixed>
+__global__ void __launch_bounds__(kThreads) twell_decode_token_kernel(TwellDecodeTokenParams p, float fixed_limit) {
   extern __shared__ uint4 xs_raw[];  // kNorm: the normalised row, bf16 [k]
   allow_dependent_launch();
   const int lane = threadIdx.x % 32;
@@ -122,9 +125,46 @@ __global__ void __launch_bounds__(kThreads) twell_decode_token_kernel(TwellDecod
     const float h =
         p.gated ? g * warp_row_dot<false, kNorm>(p.w_up + n * p.k, reinterpret_cast<const __nv_bfloat16*>(xr), kchunks, lane)
                 : g;
-    if (lane == 0) p.h[n] = h;
+    if constexpr (kFixed) {
+      // Wdᵀ[n, :] in windows of kWin chunk steps (2048 columns), every load in flight before the
+      // window's reductions; each step's 256 products go through shared memory so that lane l
+      // reduces columns 32e + l (e = 0 … 7): 256 contiguous bytes a reduction instruction, not 32
+      // lines 64 bytes apart.
+      __shared__ float s_terms[kWarps][32 * 8];
+      float* terms = s_terms[threadIdx.x / 32];
+      const uint4* dr = reinterpret_cast<const uint4*>(p.w_down_t + n * p.k);
+      bool in_range = true;
+      for (int c0 = 0; c0 < kchunks; c0 += 32 * kWin) {
+        uint4 wd[kWin];
+#pragma unroll
+        for (int i = 0; i < kWin; ++i) {
+          const int c = c0 + i * 32 + lane;
+          wd[i] = c < kchunks ? __ldg(dr + c) : make_uint4(0, 0, 0, 0);
+        }
+#pragma unroll
+        for (int i = 0; i < kWin; ++i) {
+          const int step0 = c0 + i * 32;  // the step's first chunk
+          if (step0 >= kchunks) break;
+          float wf[8];
+          dev::unpack8_bf16(wd[i], wf);
+          __syncwarp();  // the previous step's terms are read
+#pragma unroll
+          for (int e = 0; e < 8; ++e) terms[8 * lane + e] = h * wf[e];
+          __syncwarp();
+          const std::int64_t col0 = 8 * static_cast<std::int64_t>(step0);
+#pragma unroll
+          for (int e = 0; e < 8; ++e) {
+            const std::int64_t col = col0 + 32 * e + lane;
+            if (col < p.k) in_range &= dev::fixed_add(p.y_fixed + col, terms[32 * e + lane], fixed_limit);
+          }
+        }
+      }
+      if (!in_range) atomicOr(p.overflow, 1u);
+    } else {
+      if (lane == 0) p.h[n] = h;
+    }
   }
-  if (lane == 0) p.flags[n] = active ? 1 : 0;
+  if (!kFixed && lane == 0) p.flags[n] = active ? 1 : 0;
 }
 
 // y's chunks [blockIdx.x · kSlots, + kSlots): thread (group q = tid / kSlots, slot s) adds the
@@ -234,23 +274,28 @@ bool down_kernel_waits() {
 
 void launch_twell_decode_token(const TwellDecodeTokenParams& p, cudaStream_t stream) {
   const bool norm = p.norm.w != nullptr;
-  TWELL_CU_REQUIRE((norm ? p.norm.r != nullptr && p.norm.delta != nullptr : p.x != nullptr) && p.w_first && p.w_down_t && p.y && p.h && p.flags &&
-                       (!p.gated || p.w_up),
+  const bool fixed = p.y_fixed != nullptr;
+  TWELL_CU_REQUIRE((norm ? p.norm.r != nullptr && (fixed || p.norm.delta != nullptr) : p.x != nullptr) && p.w_first &&
+                       p.w_down_t && (fixed ? p.overflow != nullptr : p.y && p.h && p.flags) && (!p.gated || p.w_up),
                    ErrorCode::invalid_argument, "twell decode_token: null pointer");
+  TWELL_CU_REQUIRE(!fixed || (!p.norm.first && !p.norm.delta && (reinterpret_cast<std::uintptr_t>(p.y_fixed) & 15) == 0),
+                   ErrorCode::invalid_argument,
+                   "twell decode_token: the fixed-point output needs a 16-byte aligned y_fixed and a norm without "
+                   "first or delta (no down kernel stores r')");
   TWELL_CU_REQUIRE(!norm || ops::detail::norm_row_aligned(p.k, p.norm.r, p.norm.w, p.norm.first, p.norm.delta, nullptr),
                    ErrorCode::invalid_argument,
                    "twell decode_token: the norm needs r and w 16-byte aligned, first and delta 8-byte aligned");
   TWELL_CU_REQUIRE(p.m == 1 && p.n >= 1 && p.n <= 0x7fffffff && p.k >= 8 && p.k % 8 == 0 && p.k <= kDecodeTokenMaxK &&
                        (norm || (reinterpret_cast<std::uintptr_t>(p.x) & 15) == 0) &&
-                       (reinterpret_cast<std::uintptr_t>(p.y) & 15) == 0 &&
-                       (reinterpret_cast<std::uintptr_t>(p.flags) & 15) == 0,
+                       (fixed || ((reinterpret_cast<std::uintptr_t>(p.y) & 15) == 0 &&
+                                  (reinterpret_cast<std::uintptr_t>(p.flags) & 15) == 0)),
                    ErrorCode::unsupported,
                    "twell decode_token: needs M = 1 (got {}), N < 2³¹, K a multiple of 8 ≤ {} (got {}), 16-byte "
                    "aligned x, y and flags",
                    p.m, kDecodeTokenMaxK, p.k);
   const bool pdl = down_kernel_waits();
-  const auto launch = [&](void (*kernel)(TwellDecodeTokenParams), std::int64_t ctas, bool programmatic,
-                          std::size_t smem) {
+  const float limit = fixed_term_limit(p.n);
+  const auto launch = [&](auto kernel, std::int64_t ctas, bool programmatic, std::size_t smem, auto... extra) {
     cudaLaunchConfig_t cfg{};
     cfg.gridDim = dim3(static_cast<unsigned>(ctas));
     cfg.blockDim = dim3(kThreads);
@@ -261,17 +306,26 @@ void launch_twell_decode_token(const TwellDecodeTokenParams& p, cudaStream_t str
     attr[0].val.programmaticStreamSerializationAllowed = programmatic ? 1 : 0;
     cfg.attrs = attr;
     cfg.numAttrs = 1;
-    TWELL_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, p));
+    TWELL_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, p, extra...));
   };
   // The first kernel overlaps the kernel before it only inside the caller's programmatic scope
   // (launch.hpp: the model runtime's forward, whose kernels all wait); the down kernel always
   // follows its own first kernel programmatically.
   const std::int64_t ctas = (p.n + kWarps - 1) / kWarps;
   const bool early = pdl && cuda::programmatic_launch_active();
-  if (norm)  // the normalised row in shared memory: ≤ 16 KB (K ≤ 8192)
-    launch(twell_decode_token_kernel<true>, ctas, early, static_cast<std::size_t>(p.k) * sizeof(__nv_bfloat16));
+  const std::size_t xs_bytes = norm ? static_cast<std::size_t>(p.k) * sizeof(__nv_bfloat16) : 0;  // ≤ 16 KB
+  if (fixed) {  // the whole FFN in this one kernel
+    if (norm)
+      launch(twell_decode_token_kernel<true, true>, ctas, early, xs_bytes, limit);
+    else
+      launch(twell_decode_token_kernel<false, true>, ctas, early, xs_bytes, limit);
+    TWELL_CUDA_CHECK_LAUNCH("twell_decode_token_kernel");
+    return;
+  }
+  if (norm)  // the normalised row in shared memory
+    launch(twell_decode_token_kernel<true, false>, ctas, early, xs_bytes, limit);
   else
-    launch(twell_decode_token_kernel<false>, ctas, early, 0);
+    launch(twell_decode_token_kernel<false, false>, ctas, early, xs_bytes, limit);
   TWELL_CUDA_CHECK_LAUNCH("twell_decode_token_kernel");
   launch(twell_decode_token_down_kernel, (p.k / 8 + kSlots - 1) / kSlots, pdl, 0);
   TWELL_CUDA_CHECK_LAUNCH("twell_decode_token_down_kernel");

@@ -14,6 +14,9 @@
 // start while the kernel before it runs, loading its weight rows before it waits for x; the down
 // kernel always follows the first one programmatically and lets the next kernel start at once (that
 // kernel waits for the whole down grid before it reads y).
+// Fixed-point output (y_fixed set): no down kernel. Each active neuron's warp adds its h · Wdᵀ[n, :]
+// into y_fixed as int64 reductions (cuda/common/fixed_point.hpp: exact in any order, so
+// deterministic); the reader converts. One kernel a token instead of two.
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -44,6 +47,13 @@ struct TwellDecodeTokenParams : FfnOperands {  // m must be 1
   unsigned char* flags = nullptr;          // [decode_token_flag_bytes(N)] scratch, zero past N (set once)
   unsigned long long* nnz_out = nullptr;   // optional: receives the count of active neurons
   DecodeTokenNorm norm;                    // with norm.w set: x from the residual stream (x unused)
+  // Fixed-point output instead of y (y, h, flags and nnz_out unused): y_fixed [K] int64, 16-byte
+  // aligned, receives Σ round(h_n · Wdᵀ[n, c] · 2^32) added to what it holds (zeros for y alone).
+  // A term that is not finite or reaches fixed_term_limit(N) is left out and *overflow set to 1:
+  // y_fixed is then not the sum and the caller must run the step the other way. The norm (if
+  // any) must have no first or delta (nothing would store r' back).
+  long long* y_fixed = nullptr;
+  unsigned* overflow = nullptr;
 };
 
 // Bytes of the flags buffer for N neurons (whole 32-byte groups; the bytes past N stay zero).

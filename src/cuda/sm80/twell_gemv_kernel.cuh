@@ -7,6 +7,7 @@
 #include <cuda_bf16.h>
 
 #include "cuda/common/device_math.cuh"
+#include "cuda/common/fixed_point.cuh"
 #include "cuda/common/launch.cuh"
 #include "cuda/sm80/twell_gemv.hpp"
 
@@ -85,10 +86,22 @@ __global__ void __launch_bounds__(kGemvWarps * 32) twell_gemv_kernel(TwellGemvPa
       for (int t = 0; t < MT; ++t)
         if (t < p.m && n0 + r < p.n) {
           const float v = p.relu ? fmaxf(acc[r][t], 0.0f) : acc[r][t];
-          if (p.g32)
+          if (p.g32) {
             p.g32[t * p.ld_g + n0 + r] = v;
-          else
-            p.g[t * p.ld_g + n0 + r] = __float2bfloat16_rn(v);
+          } else {
+            const __nv_bfloat16 o = __float2bfloat16_rn(v);
+            p.g[t * p.ld_g + n0 + r] = o;
+            if (p.residual) {  // one token (launch_twell_gemv checks): the residual add at column n0 + r
+              const std::int64_t j = n0 + r;
+              float e = p.residual[j];
+              if (p.residual_first) e += __bfloat162float(p.residual_first[j]);
+              if (p.residual_first_fixed) {
+                e += dev::fixed_to_float_bf16(p.residual_first_fixed[j]);
+                p.residual_first_fixed[j] = 0;
+              }
+              p.residual[j] = e + __bfloat162float(o);
+            }
+          }
         }
   }
 }
