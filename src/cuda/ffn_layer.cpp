@@ -123,15 +123,11 @@ void FfnLayer::run_step(const ResidualNorm& in, bf16* x, bf16* y, const StepPlan
   d.delta = nv(in.delta);
   d.w = in.w;
   d.eps = in.eps;
-  TWELL_CHECK(d.delta || !d.first, ErrorCode::invalid_argument, "FfnLayer::run_step: a residual norm with first needs delta");
-  if (plan.sparse && c.folds_norm() && d.delta) {
+  if (plan.sparse && c.folds_norm()) {
     c.decode_step_folded(d, nv(y), cu(stream));
     return;
   }
-  if (d.delta)
-    ops::add_rmsnorm(d.r, d.delta, 1, c.k(), d.w, d.eps, nv(x), cu(stream), d.first);
-  else
-    ops::rmsnorm(d.r, nullptr, 1, c.k(), d.w, d.eps, nv(x), cu(stream));
+  ops::add_rmsnorm(d.r, d.delta, 1, c.k(), d.w, d.eps, nv(x), cu(stream), d.first);
   run_step(x, y, plan, stream);
 }
 

@@ -611,12 +611,16 @@ class CudaRuntime final : public Runtime {
     // kernel. Then x is stored by the next layer's attention output projection (its GEMV's
     // residual add: x ← (x + y) + o, the same sums in the same order), the FFN normalises x as
     // stored, and the next QKV reads x + bf16(y) from the accumulator (the last layer:
-    // residual_add_fixed). The projection stores x wherever the FFN before it or after it is
-    // fixed-point; a layer between a fixed-point one and a two-kernel one normalises x alone.
+    // residual_add_fixed). All or nothing: only on a step whose every layer's plan takes it (a
+    // step of mixed plans runs the two-kernel FFN throughout), so the chain never switches kinds
+    // mid-step.
     const bool fuse = fuse_norms(T);
     bf16_t* ffn_y = fuse ? ffn_out_.get() : tmp;
     const bf16_t* pending = nullptr;  // fused: an FFN output not yet added to x
     bool pending_fixed = false;       // ... that output as the fixed-point sum in ffn_fixed_
+    bool fixed = fuse && plans && fixed_decode_;  // this step's FFNs give fixed-point sums
+    for (std::size_t l = 0; fixed && l < layers_.size(); ++l)
+      fixed = layers_[l].ffn && layers_[l].ffn->folds_fixed_point((*plans)[l]);
     if (!fuse) cuda::ops::rmsnorm(x, nullptr, T, K, layers_[0].attn_norm.get(), eps, xn, stream_);
     for (std::int64_t l = 0; l < c.num_layers; ++l) {
       Layer& L = layers_[static_cast<std::size_t>(l)];
@@ -649,9 +653,7 @@ class CudaRuntime final : public Runtime {
         cuda::ops::attention(qkv, T, c.num_heads, c.num_kv_heads, c.head_dim, rows_.get(), l, sh.max_keys, att, stream_,
                              sh.one_token);
       const StepPlan* plan = L.ffn && plans ? &(*plans)[static_cast<std::size_t>(l)] : nullptr;
-      const bool fixed = fuse && plan && fixed_decode_ && L.ffn->folds_fixed_point(*plan);
-      const bool stores_x = fixed || pending_fixed;  // the projection's GEMV adds pending + o into x
-      if (stores_x)
+      if (fixed)  // the projection's GEMV adds the pending FFN output and o into x
         cuda::launch_twell_gemv_row_residual(att, L.wo.get(), K, Q, tmp, x, pending_fixed ? nullptr : pending,
                                              pending_fixed ? ffn_fixed_.get() : nullptr, stream_, /*w_before_wait=*/true);
       else
@@ -669,17 +671,14 @@ class CudaRuntime final : public Runtime {
         // xn first. ffn_y may alias `pending` (it does: the same buffer every layer).
         cuda::FfnLayer::ResidualNorm in;
         in.r = x;
-        in.first = stores_x ? nullptr : tw(pending);
-        in.delta = stores_x ? nullptr : tw(tmp);
+        in.first = tw(pending);
+        in.delta = tw(tmp);
         in.w = L.ffn_norm.get();
         in.eps = eps;
         L.ffn->run_step(in, tw(xn), tw(ffn_y), *plan, stream_);
         ran_sparse[static_cast<std::size_t>(l)] = plan->sparse;
       } else {
-        if (stores_x)
-          cuda::ops::rmsnorm(x, nullptr, T, K, L.ffn_norm.get(), eps, xn, stream_);
-        else
-          cuda::ops::add_rmsnorm(x, tmp, T, K, L.ffn_norm.get(), eps, xn, stream_, pending);
+        cuda::ops::add_rmsnorm(x, tmp, T, K, L.ffn_norm.get(), eps, xn, stream_, pending);
         if (plan) {  // the layer's planned step (FfnLayer::run_step: capturable)
           L.ffn->run_step(tw(xn), tw(ffn_y), *plan, stream_);
           ran_sparse[static_cast<std::size_t>(l)] = plan->sparse;

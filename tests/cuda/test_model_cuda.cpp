@@ -586,6 +586,27 @@ TEST(ModelCuda, FixedPointDecodeAgreesWithTheTwoKernelFfn) {
               differ, worst);
 }
 
+// A step takes the fixed point only where every layer's plan does (all or nothing): a model whose
+// first and last layers measure ≈ 50 % dense (dense plans) and whose middle one is sparse never
+// does, and its decode equals the two-kernel runtime's bit for bit.
+TEST(ModelCuda, FixedPointDecodeStaysOffForMixedPlans) {
+  TWELL_REQUIRE_GPU();
+  TinySpec spec = agreement_spec("relu");
+  spec.layers = 3;
+  spec.layer_gate_threshold = {0.0f, -0.6f, 0.0f};
+  const model::Model m = model::Model::load(write_tiny("fixed_mixed", spec).string());
+  model::RuntimeOptions on(FfnPath::automatic), off(FfnPath::automatic);
+  off.fixed_point_decode = false;
+  auto a = model::make_runtime(m, "cuda", on);
+  auto b = model::make_runtime(m, "cuda", off);
+  expect_bit_identical(spec, *a, *b);
+  EXPECT_TRUE(a->fixed_point_decode());
+  const auto stats = a->ffn_stats();
+  ASSERT_EQ(stats.size(), 3u);
+  EXPECT_GT(stats[1].sparse_rows, 0) << "the middle layer ran its one-token kernels";
+  EXPECT_LT(stats[0].sparse_rows, stats[0].rows / 2) << "the first layer measured dense";
+}
+
 // A one-token FFN output past the fixed-point range (down projections scaled by 2³⁰: terms of
 // ≈ 10⁷, past 2^(31 − ⌈log2 600⌉) = 2²¹) raises the flag; the runtime runs that step again the two-kernel way
 // and keeps to it: every logit equals the runtime that never used the fixed point, bit for bit

@@ -7,6 +7,7 @@
 #include <fstream>
 #include <map>
 #include <string>
+#include <vector>
 
 #include <fmt/format.h>
 
@@ -21,6 +22,7 @@ struct TinySpec {
   bool tied = true;
   bool bias_channel = false;
   float gate_threshold = 0.0f;  // with bias_channel: gate rows' weight on channel 0 (negative: sparser)
+  std::vector<float> layer_gate_threshold;  // per layer where given (else gate_threshold)
   bool bf16 = false;
   float down_scale = 1.0f;  // the FFN down projections' scale (large: outputs past a fixed-point range)
   std::uint64_t seed = 1;
@@ -73,7 +75,10 @@ inline std::filesystem::path write_tiny(const std::string& name, const TinySpec&
       for (std::int64_t c = 0; c < s.heads * D; ++c) o[c] = 0.0f;
       for (std::int64_t c = 0; c < s.intermediate; ++c) d[c] = 0.0f;
       float* g = t[p + "mlp.gate_proj.weight"].data<float>();
-      for (std::int64_t n = 0; n < s.intermediate; ++n) g[n * s.hidden] = s.gate_threshold * (1.0f + 0.2f * rng.normal());
+      const float th = i < static_cast<std::int64_t>(s.layer_gate_threshold.size())
+                           ? s.layer_gate_threshold[static_cast<std::size_t>(i)]
+                           : s.gate_threshold;
+      for (std::int64_t n = 0; n < s.intermediate; ++n) g[n * s.hidden] = th * (1.0f + 0.2f * rng.normal());
     }
   }
   if (!drop.empty()) t.erase(drop);

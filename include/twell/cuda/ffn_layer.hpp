@@ -145,7 +145,7 @@ class FfnLayer {
   // first may be null) stored back into r — the bits of a separate add + RMSNorm kernel before
   // run_step. A plan of the one-token kernels folds that into them (each CTA normalises, x is not
   // written); any other plan writes x first. r, w: device fp32 [k], 16-byte aligned; first, delta:
-  // bf16 [k], 8-byte aligned (both null: x = rmsnorm(r), r unchanged); y may alias first.
+  // bf16 [k], 8-byte aligned; y may alias first.
   struct ResidualNorm {
     float* r = nullptr;
     const bf16* first = nullptr;
