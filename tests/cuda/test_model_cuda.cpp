@@ -544,6 +544,13 @@ TEST(ModelCuda, FusedDecodeIsBitIdentical) {
   }
 }
 
+// The CUDA runtime of m with the fixed-point one-token FFN output (default) and without it.
+std::pair<std::unique_ptr<Runtime>, std::unique_ptr<Runtime>> fixed_point_on_off(const model::Model& m) {
+  model::RuntimeOptions on(FfnPath::automatic), off(FfnPath::automatic);
+  off.fixed_point_decode = false;
+  return {model::make_runtime(m, "cuda", on), model::make_runtime(m, "cuda", off)};
+}
+
 // RuntimeOptions::fixed_point_decode: the one-token FFN's output as an exact fixed-point sum (one
 // kernel a layer fewer) against the two-kernel FFN. Not the same bits: the fixed-point sum is
 // exact before y's bf16 rounding where the down kernel rounds fp32 partial sums, so a column of y
@@ -555,10 +562,7 @@ TEST(ModelCuda, FixedPointDecodeAgreesWithTheTwoKernelFfn) {
   TinySpec spec = agreement_spec("relu");
   spec.layers = 3;
   const model::Model m = model::Model::load(write_tiny("fixed_decode", spec).string());
-  model::RuntimeOptions on(FfnPath::automatic), off(FfnPath::automatic);
-  off.fixed_point_decode = false;
-  auto a = model::make_runtime(m, "cuda", on);
-  auto b = model::make_runtime(m, "cuda", off);
+  auto [a, b] = fixed_point_on_off(m);
   ASSERT_TRUE(a->fixed_point_decode());
   EXPECT_FALSE(b->fixed_point_decode());
   Rng rng(spec.seed);
@@ -595,10 +599,7 @@ TEST(ModelCuda, FixedPointDecodeStaysOffForMixedPlans) {
   spec.layers = 3;
   spec.layer_gate_threshold = {0.0f, -0.6f, 0.0f};
   const model::Model m = model::Model::load(write_tiny("fixed_mixed", spec).string());
-  model::RuntimeOptions on(FfnPath::automatic), off(FfnPath::automatic);
-  off.fixed_point_decode = false;
-  auto a = model::make_runtime(m, "cuda", on);
-  auto b = model::make_runtime(m, "cuda", off);
+  auto [a, b] = fixed_point_on_off(m);
   expect_bit_identical(spec, *a, *b);
   EXPECT_TRUE(a->fixed_point_decode());
   const auto stats = a->ffn_stats();
@@ -608,18 +609,15 @@ TEST(ModelCuda, FixedPointDecodeStaysOffForMixedPlans) {
 }
 
 // A one-token FFN output past the fixed-point range (down projections scaled by 2³⁰: terms of
-// ≈ 10⁷, past 2^(31 − ⌈log2 600⌉) = 2²¹) raises the flag; the runtime runs that step again the two-kernel way
-// and keeps to it: every logit equals the runtime that never used the fixed point, bit for bit
-// (the sequences rewound, their cache rows rewritten), and nothing is lost.
+// ≈ 10⁷, past 2^(31 − ⌈log2 600⌉) = 2²¹) raises the flag; the runtime runs that step again the
+// two-kernel way and keeps to it: every logit equals the runtime that never used the fixed point,
+// bit for bit (the sequences rewound, their cache rows rewritten), and nothing is lost.
 TEST(ModelCuda, FixedPointOverflowRunsTheStepAgain) {
   TWELL_REQUIRE_GPU();
   TinySpec spec = agreement_spec("relu");
   spec.down_scale = 1073741824.0f;
   const model::Model m = model::Model::load(write_tiny("fixed_overflow", spec).string());
-  model::RuntimeOptions on(FfnPath::automatic), off(FfnPath::automatic);
-  off.fixed_point_decode = false;
-  auto a = model::make_runtime(m, "cuda", on);
-  auto b = model::make_runtime(m, "cuda", off);
+  auto [a, b] = fixed_point_on_off(m);
   ASSERT_TRUE(a->fixed_point_decode());
   expect_bit_identical(spec, *a, *b);
   EXPECT_FALSE(a->fixed_point_decode()) << "no step overflowed: the test's model does not reach the range";
