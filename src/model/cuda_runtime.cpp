@@ -654,8 +654,8 @@ class CudaRuntime final : public Runtime {
                              sh.one_token);
       const StepPlan* plan = L.ffn && plans ? &(*plans)[static_cast<std::size_t>(l)] : nullptr;
       if (fixed)  // the projection's GEMV adds the pending FFN output and o into x
-        cuda::launch_twell_gemv_row_residual(att, L.wo.get(), K, Q, tmp, x, pending_fixed ? nullptr : pending,
-                                             pending_fixed ? ffn_fixed_.get() : nullptr, stream_, /*w_before_wait=*/true);
+        cuda::launch_twell_gemv_row_residual(att, L.wo.get(), K, Q, tmp, x, pending_fixed ? ffn_fixed_.get() : nullptr,
+                                             stream_, /*w_before_wait=*/true);
       else
         project(L.wo.get(), att, T, K, Q, tmp);
       if (fixed) {

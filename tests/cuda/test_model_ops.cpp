@@ -1077,28 +1077,27 @@ TEST(ModelOps, RmsnormProjectTakesTheFixedPointDelta) {
 
 // The GEMV's residual add (launch_twell_gemv_row_residual: a decode step's attention output
 // projection storing the residual stream): y as the plain GEMV's bits, r = (r + first) + y in
-// fp32 in that order, first bf16, fixed-point (then zeroed) or none; residual_add_fixed adds the
+// fp32 in that order, first fixed-point (then zeroed) or none; residual_add_fixed adds the
 // fixed-point values as residual_add adds bf16 ones and zeroes them.
 TEST(ModelOps, ResidualAddsTakeTheFixedPointOutput) {
   TWELL_REQUIRE_GPU();
   Rng rng(fresh_seed());
   for (auto [k, n] : {std::pair<int, int>{2048, 2048}, {8, 17}, {4096, 2560}}) {
-    for (int mode = 0; mode < 3; ++mode) {  // first: none, bf16, fixed
-      SCOPED_TRACE(::testing::Message() << "k " << k << " n " << n << " first " << (mode == 0 ? "none" : mode == 1 ? "bf16" : "fixed"));
+    for (const bool with_first : {false, true}) {
+      SCOPED_TRACE(::testing::Message() << "k " << k << " n " << n << (with_first ? " first" : " without first"));
       const auto [xin, w, delta, wp] = norm_project_inputs(rng, k, n);
       const auto xb = random_bf16(rng, static_cast<std::size_t>(k));
       std::vector<float> rv(static_cast<std::size_t>(n));
       for (auto& e : rv) e = static_cast<float>(3.0 * rng.normal());
       const auto fixed = random_fixed(rng, rv.size());
-      const auto first = mode == 2 ? fixed_as_bf16(fixed) : random_bf16(rng, rv.size());
+      const auto first = fixed_as_bf16(fixed);
       auto dx = upload<__nv_bfloat16>(xb), dwp = upload<__nv_bfloat16>(wp);
       auto dr = upload(rv);
-      auto dfirst = upload<__nv_bfloat16>(first);
       auto dfixed = upload(fixed);
       DeviceBuffer<__nv_bfloat16> y1(rv.size()), y2(rv.size());
       cuda::launch_twell_gemv_row(dx.get(), dwp.get(), n, k, y1.get(), nullptr, true);
-      cuda::launch_twell_gemv_row_residual(dx.get(), dwp.get(), n, k, y2.get(), dr.get(), mode == 1 ? dfirst.get() : nullptr,
-                                           mode == 2 ? reinterpret_cast<std::int64_t*>(dfixed.get()) : nullptr, nullptr, true);
+      cuda::launch_twell_gemv_row_residual(dx.get(), dwp.get(), n, k, y2.get(), dr.get(),
+                                           with_first ? reinterpret_cast<std::int64_t*>(dfixed.get()) : nullptr, nullptr, true);
       ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
       const auto ya = download<bf16>(y1), yb = download<bf16>(y2);
       EXPECT_EQ(std::memcmp(ya.data(), yb.data(), ya.size() * sizeof(bf16)), 0) << "y";
@@ -1106,13 +1105,13 @@ TEST(ModelOps, ResidualAddsTakeTheFixedPointOutput) {
       std::int64_t bad = -1;
       for (std::size_t j = 0; j < rv.size() && bad < 0; ++j) {
         float e = rv[j];
-        if (mode > 0) e += to_float(first[j]);
+        if (with_first) e += to_float(first[j]);
         e += to_float(ya[j]);
         if (std::memcmp(&e, &r[j], sizeof(float)) != 0) bad = static_cast<std::int64_t>(j);
       }
       EXPECT_EQ(bad, -1) << "r differs at column " << bad;
       const auto after = download<long long>(dfixed);
-      if (mode == 2)
+      if (with_first)
         EXPECT_EQ(std::count(after.begin(), after.end(), 0ll), static_cast<long>(after.size())) << "not zeroed";
       else
         EXPECT_EQ(after, fixed);

@@ -18,9 +18,10 @@ void launch_twell_gemv(const TwellGemvParams& p, cudaStream_t stream) {
                    ErrorCode::unsupported,
                    "twell gemv: needs M ≤ {} (got {}), K a multiple of 8 ≤ {} (got {}), 16-byte aligned rows", kGemvMaxRows,
                    p.m, kGemvMaxK, p.k);
-  TWELL_CU_REQUIRE(!p.residual || (p.m == 1 && p.g && !p.g32 && !(p.residual_first && p.residual_first_fixed)),
-                   ErrorCode::invalid_argument,
-                   "twell gemv: the residual add needs one token, bf16 output and at most one of first, first_fixed");
+  TWELL_CU_REQUIRE(!p.residual || (p.m == 1 && p.g && !p.g32), ErrorCode::invalid_argument,
+                   "twell gemv: the residual add needs one token and bf16 output");
+  TWELL_CU_REQUIRE(!p.residual_first_fixed || p.residual, ErrorCode::invalid_argument,
+                   "twell gemv: a fixed-point first term without the residual add");
   // The shape (twell_gemv_kernel.cuh; the same bits whatever it is): 4 rows a warp, 2 chunk steps a
   // window where one token's N is large enough to fill the GPU that way, else 1 row a warp, 4 steps
   // a window — at one token and N = 2048 4.95 against 5.28 µs (K = 2048) and 10.6 against 11.9

@@ -33,11 +33,10 @@ struct TwellGemvParams {
   bool w_before_wait = false;
   // One token with bf16 output only (m = 1, g set): also the residual add after a projection, at
   // the output columns j < n: r[j] = (r[j] + first[j]) + g[j] (fp32 += bf16, in that order: the
-  // adds norm_row makes), `first` the bf16 residual_first, the fixed-point residual_first_fixed
-  // (cuda/common/fixed_point.hpp; zeroed once read: this kernel is its last reader), or neither.
-  // A model runtime's attention output projection storing the residual stream at one token.
+  // adds norm_row makes), `first` the fixed-point residual_first_fixed (cuda/common/fixed_point.hpp,
+  // bf16(first · 2⁻³²); zeroed once read: this kernel is its last reader) or none. A model
+  // runtime's attention output projection storing the residual stream at one token.
   float* residual = nullptr;
-  const __nv_bfloat16* residual_first = nullptr;
   long long* residual_first_fixed = nullptr;
 };
 
@@ -78,15 +77,14 @@ inline void launch_twell_gemv_row(const __nv_bfloat16* x, const __nv_bfloat16* w
 }
 
 // launch_twell_gemv_row with the residual add after it (TwellGemvParams::residual): y = bf16(x · Wᵀ),
-// then r = (r + first) + y with first bf16 (first_fixed null) or fixed-point (zeroed), or neither.
+// then r = (r + first) + y with first the fixed-point sum (zeroed), or r += y where first_fixed is null.
 inline void launch_twell_gemv_row_residual(const __nv_bfloat16* x, const __nv_bfloat16* w, std::int64_t n,
-                                           std::int64_t k, __nv_bfloat16* y, float* r, const __nv_bfloat16* first,
-                                           std::int64_t* first_fixed, cudaStream_t stream, bool w_before_wait = false) {
+                                           std::int64_t k, __nv_bfloat16* y, float* r, std::int64_t* first_fixed,
+                                           cudaStream_t stream, bool w_before_wait = false) {
   TwellGemvParams p = gemv_rows(x, 1, w, n, k);
   p.g = y;
   p.w_before_wait = w_before_wait;
   p.residual = r;
-  p.residual_first = first;
   p.residual_first_fixed = reinterpret_cast<long long*>(first_fixed);
   launch_twell_gemv(p, stream);
 }

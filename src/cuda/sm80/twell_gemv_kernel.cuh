@@ -94,7 +94,6 @@ __global__ void __launch_bounds__(kGemvWarps * 32) twell_gemv_kernel(TwellGemvPa
             if (p.residual) {  // one token (launch_twell_gemv checks): the residual add at column n0 + r
               const std::int64_t j = n0 + r;
               float e = p.residual[j];
-              if (p.residual_first) e += __bfloat162float(p.residual_first[j]);
               if (p.residual_first_fixed) {
                 e += dev::fixed_to_float_bf16(p.residual_first_fixed[j]);
                 p.residual_first_fixed[j] = 0;
