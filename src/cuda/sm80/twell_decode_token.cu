@@ -73,8 +73,9 @@ __device__ __forceinline__ void wait_for_prerequisite_grid() {
 // whatever the window, so g has the bits of warp_row_dot (and of the decode GEMV).
 // kNorm: x formed from the residual stream in shared memory (DecodeTokenNorm); every warp of the
 // CTA takes part in the norm, those past N included. kFixed: an active neuron's warp adds its
-// h · Wdᵀ[n, :] into y_fixed itself (no flags, no h, no down kernel); lane l owns the Wdᵀ chunks
-// l, l + 32, … (8 columns each).
+// h · Wdᵀ[n, :] into y_fixed itself (no flags, no h, no down kernel): lane l loads the Wdᵀ chunks
+// l, l + 32, … (8 columns each) and, after a transpose through shared memory, reduces columns
+// 32e + l of each 256-column step.
 template <bool kNorm, bool kFixed>
 __global__ void __launch_bounds__(kThreads) twell_decode_token_kernel(TwellDecodeTokenParams p, float fixed_limit) {
   extern __shared__ uint4 xs_raw[];  // kNorm: the normalised row, bf16 [k]
