@@ -156,6 +156,14 @@ class CudaSequence final : public Sequence {
   DeviceBuffer<bf16_t> k_, v_;
 };
 
+// The GPU runtime counts rows, not non-zeros (the engine's counts trail the calls and cover sampled
+// rows): `active` says so, and ffn_stats() fills last_density from the engine.
+FfnLayerStats unsummed_stats() {
+  FfnLayerStats s;
+  s.active = -1;
+  return s;
+}
+
 }  // namespace
 
 class CudaRuntime final : public Runtime {
@@ -166,7 +174,7 @@ class CudaRuntime final : public Runtime {
 
  public:
   CudaRuntime(const Model& m, RuntimeOptions opt)
-      : model_(&m), opt_(opt), stats_(static_cast<std::size_t>(m.config.num_layers)), device_(usable_device()) {
+      : model_(&m), opt_(opt), stats_(static_cast<std::size_t>(m.config.num_layers), unsummed_stats()), device_(usable_device()) {
     const LlamaConfig& c = m.config;
     check_device_memory(c);
     TWELL_CHECK(opt.ffn_path != FfnPath::sparse || c.act == Activation::relu, ErrorCode::unsupported,
@@ -262,7 +270,7 @@ class CudaRuntime final : public Runtime {
     }
     return stats_;
   }
-  void reset_stats() override { stats_.assign(stats_.size(), FfnLayerStats{}); }
+  void reset_stats() override { stats_.assign(stats_.size(), unsummed_stats()); }
   std::int64_t device_memory_in_use() const override {
     std::size_t free = 0, total = 0;
     TWELL_CUDA_CHECK(cudaMemGetInfo(&free, &total));

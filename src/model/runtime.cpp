@@ -116,7 +116,7 @@ const char* to_string(FfnPath p) noexcept {
 }
 
 double FfnLayerStats::active_per_token() const noexcept {
-  return rows > 0 && last_density >= 0 ? static_cast<double>(active) / static_cast<double>(rows) : -1;
+  return rows > 0 && active >= 0 && last_density >= 0 ? static_cast<double>(active) / static_cast<double>(rows) : -1;
 }
 
 namespace {

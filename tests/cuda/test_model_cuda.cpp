@@ -115,6 +115,8 @@ TEST(ModelCuda, LogitsMatchCpuRuntime) {
     if (c.path == FfnPath::sparse) {
       EXPECT_EQ(gpu->ffn_stats()[0].sparse_rows, gpu->ffn_stats()[0].rows) << c.name;
     }
+    EXPECT_EQ(gpu->ffn_stats()[0].active, -1) << c.name << ": the GPU runtime sums no counts";
+    EXPECT_EQ(gpu->ffn_stats()[0].active_per_token(), -1) << c.name;
     if (c.path == FfnPath::dense) {
       EXPECT_EQ(gpu->ffn_stats()[0].sparse_rows, 0) << c.name;
     }

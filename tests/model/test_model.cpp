@@ -405,6 +405,20 @@ TEST(ModelCpu, AutomaticDispatchFollowsDensity) {
   const auto& st = rt.ffn_stats()[0];
   EXPECT_EQ(st.sparse_rows, 4) << "first call measures through the sparse path, later calls run dense";
   EXPECT_GT(st.last_density, 0.2);
+  EXPECT_DOUBLE_EQ(st.active_per_token(), static_cast<double>(st.active) / static_cast<double>(st.rows));
+}
+
+// A runtime that sums no counts (the GPU's: active −1) reports none per token, not 0 (which
+// `twell generate` once printed as "0.0 active neurons per token" on the GPU).
+TEST(Model, ActivePerTokenNeedsSummedCounts) {
+  model::FfnLayerStats s;
+  EXPECT_EQ(s.active_per_token(), -1) << "nothing measured";
+  s.rows = 8;
+  s.active = 24;
+  s.last_density = 0.1;
+  EXPECT_DOUBLE_EQ(s.active_per_token(), 3.0);
+  s.active = -1;
+  EXPECT_EQ(s.active_per_token(), -1) << "measured (last_density) but not summed";
 }
 
 // The activation profile (`twell stats --model`) counts what the runtime's FFN counts: per layer,

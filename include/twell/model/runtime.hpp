@@ -104,7 +104,7 @@ struct RuntimeOptions {
 // What each layer's FFN did, summed over calls.
 struct FfnLayerStats {
   std::int64_t rows = 0;          // token rows
-  std::int64_t active = 0;        // non-zeros of h (ReLU layers)
+  std::int64_t active = 0;        // non-zeros of h summed over the calls (ReLU layers); −1: not summed (GPU)
   std::int64_t sparse_rows = 0;   // rows that ran the TwELL path
   std::int64_t overflow_rows = 0; // rows whose tiles overflowed TwELL (exact through the backup)
   // Latest measured active / (rows · N); −1: none yet. CPU: the latest call's, exactly. GPU: the
@@ -113,7 +113,9 @@ struct FfnLayerStats {
   // split off, a TwELL or dense call's count covers the cold ones only, a decode call's all of
   // them), with active not summed (0).
   double last_density = -1;
-  double active_per_token() const noexcept;  // non-zeros per token over all calls (−1: not measured)
+  // Non-zeros per token over all calls; −1: not measured, or not summed (the GPU runtime sums no
+  // counts: read last_density there).
+  double active_per_token() const noexcept;
 };
 
 // One sequence's part of a forward call: its tokens are appended to its cache.
