@@ -98,6 +98,27 @@ def test_inference_matches_bf16_gate_reference(m, k, n, gated, bias, ell):
     assert rel(y, yr) < 2e-3  # and the whole stays within a few flips of the output scale
 
 
+def test_backward_op_with_non_contiguous_operands():
+    """The public backward op called on tensors stored transposed (`ffn` makes its operands
+    contiguous first; a direct caller need not): it reads them through contiguous copies and writes
+    its gradients into contiguous buffers of its own, never into a copy that would take them away.
+    Against the same op on contiguous operands, each computed into memory poisoned with NaN first, so
+    a gradient left unwritten cannot pass by holding a freed buffer's bits."""
+    x, wg, wu, wd = make(24, 64, 176, True, -1.0)
+    _, _, _, state, _ = tt.ffn_train(x, wg, wu, wd, 128)
+    dy = torch.randn(24, 64, generator=torch.Generator().manual_seed(1))
+    dl1 = torch.tensor(0.5)
+    want = tt.ffn_train_backward(x, dy, wg, wu, wd, state, dl1)
+    for _ in range(4):  # NaN into whatever the allocator hands out next
+        torch.full((176 * 64,), float("nan"))
+    strided = [t.T.contiguous().T for t in (x, dy, wg, wu, wd)]
+    assert not any(t.is_contiguous() for t in strided)
+    sx, sdy, swg, swu, swd = strided
+    got = tt.ffn_train_backward(sx, sdy, swg, swu, swd, state, dl1)
+    for g, w in zip(got, want):
+        assert g.is_contiguous() and torch.equal(g, w)
+
+
 def test_leading_dimensions_dtypes_and_empty_batches():
     x, wg, wu, wd = make(24, 64, 176, True, -1.0)
     y2, _ = tt.ffn(x, wg, wu, wd)
