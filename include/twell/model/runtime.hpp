@@ -111,7 +111,7 @@ struct FfnLayerStats {
   // newest count the FFN engine's dispatch has read back (it trails the calls; exact over the rows
   // it counted: a TwELL or decode call's, or a dense call's sample of rows; where hot neurons are
   // split off, a TwELL or dense call's count covers the cold ones only, a decode call's all of
-  // them), with active not summed (0).
+  // them), with active not summed (−1).
   double last_density = -1;
   // Non-zeros per token over all calls; −1: not measured, or not summed (the GPU runtime sums no
   // counts: read last_density there).
