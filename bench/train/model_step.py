@@ -10,9 +10,7 @@ Modes (--modes, each a fresh process so that memory peaks and compile caches do 
   hf-eager        transformers' LlamaMLP as it is, eager: the paper's baseline
   dense-compiled  the same under torch.compile (default mode) of the loss function: the strongest
                   dense PyTorch step
-  twell           twell.hf.sparsify(model)
-        if a.mode == "twell-dense-compiled":
-            twell_cuda.path = "dense", eager
+  twell           twell.hf.sparsify(model), eager
   twell-compiled  twell.hf.sparsify(model) under torch.compile (twell's custom ops in the graph)
   twell-dense-compiled  the same with twell's ops held on their dense (cuBLASLt) path: what the
                   integration costs (weight copies, gradient copies, graph breaks) without the
@@ -48,6 +46,17 @@ import sys
 import time
 
 MODES = ("hf-eager", "dense-compiled", "twell", "twell-compiled", "twell-dense-compiled")
+
+
+def hold_twell_path(mode: str) -> str:
+    """The path every CUDA call of twell's ops takes in this mode's process: "dense" for
+    twell-dense-compiled (the integration's cost without the sparse kernels' gain), else
+    "automatic". (Until session 44 this line sat in the module's docstring instead of the code, so
+    twell-dense-compiled ran exactly what twell-compiled ran.)"""
+    from twell import _cuda as twell_cuda
+
+    twell_cuda.path = "dense" if mode == "twell-dense-compiled" else "automatic"
+    return twell_cuda.path
 
 
 def dense_relu_mlp(mlp):
@@ -117,6 +126,7 @@ def one(a) -> dict:
         from twell import _cuda as twell_cuda
 
         twell.hf.sparsify(model)
+        hold_twell_path(a.mode)
         mlps = twell.hf.sparse_mlps(model)
         for m in mlps:
             m.count_neurons = False  # the per-neuron counts cost a gate GEMM; non-zeros per token are free
@@ -250,6 +260,7 @@ def one(a) -> dict:
         extra["graph_break_reasons"] = sorted(counters["graph_break"])[:8]
     if twell_mode:
         extra["recomputes"] = sum(lay.recomputes for lay in twell_cuda._layers.values())
+        extra["twell_path"] = twell_cuda.path  # what every CUDA call of the ops was asked for
         if cuda:  # the contexts' memory: shared by the layers, and each layer's own
             extra["twell_shared_gib"] = sum(x.bytes for x in twell_cuda._scratch.values()) / 2**30
             extra["twell_own_gib_per_layer"] = [lay.train.own_bytes / 2**30 for lay in twell_cuda._layers.values()

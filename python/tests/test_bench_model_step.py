@@ -1,6 +1,7 @@
 """bench/train/model_step.py's dense modes compute the same loss as its twell modes: the dense MLP's
 L1 term equals twell.torch.ffn's (Σ|h| / rows, h = ReLU(x·Wgᵀ) ⊙ x·Wuᵀ of either sign) and a
-float64 hand computation, and its output equals transformers' LlamaMLP with ReLU (CPU)."""
+float64 hand computation, and its output equals transformers' LlamaMLP with ReLU (CPU). Its
+twell-dense-compiled mode holds twell's CUDA calls on their dense path, the other twell modes not."""
 import pytest
 
 from bench_script import load_bench
@@ -27,3 +28,15 @@ def test_dense_mlp_l1_is_twells_l1():
     torch.testing.assert_close(dense.l1.double(), want, rtol=1e-5, atol=0)
     _, l1 = tt.ffn(x.reshape(-1, 32), mlp.gate_proj.weight, mlp.up_proj.weight, mlp.down_proj.weight.detach().requires_grad_())
     torch.testing.assert_close(dense.l1, l1, rtol=1e-5, atol=0)
+
+
+def test_twell_dense_compiled_holds_the_dense_path():
+    ms = load_bench("train/model_step")
+    from twell import _cuda
+
+    try:
+        assert ms.hold_twell_path("twell-dense-compiled") == "dense" and _cuda.path == "dense"
+        for mode in ("twell", "twell-compiled"):
+            assert ms.hold_twell_path(mode) == "automatic" and _cuda.path == "automatic"
+    finally:
+        _cuda.path = "automatic"
