@@ -44,8 +44,13 @@ _FLOATS = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
 _layer_ids = itertools.count()  # SparseMLP ids (the CUDA contexts' keys); -1 is the shared one
 
 
+def _contiguous_like(t: Tensor) -> Tensor:
+    """A buffer the op writes: t's shape and dtype, C-contiguous whatever t's strides."""
+    return torch.empty_like(t, memory_format=torch.contiguous_format)
+
+
 def _empty_like_grad(w: Optional[Tensor]) -> Tensor:
-    return torch.empty(0) if w is None else torch.empty_like(w, memory_format=torch.contiguous_format)
+    return torch.empty(0) if w is None else _contiguous_like(w)
 
 
 _dl = torch.utils.dlpack.to_dlpack
@@ -104,10 +109,7 @@ def _backward_impl(x: Tensor, dy: Tensor, w_gate: Optional[Tensor], w_up: Tensor
                 torch.zeros_like(w_up), torch.zeros_like(w_down))
     if x.device.type == "cuda":
         return _cuda.train_backward(x, dy, w_gate, w_up, w_down, state, dl1, layer)
-    cf = torch.contiguous_format  # what the op writes (an input's strides may be any)
-    dx = torch.empty_like(x, memory_format=cf)
-    dwg = _empty_like_grad(w_gate)
-    dwu, dwd = torch.empty_like(w_up, memory_format=cf), torch.empty_like(w_down, memory_format=cf)
+    dx, dwg, dwu, dwd = _contiguous_like(x), _empty_like_grad(w_gate), _contiguous_like(w_up), _contiguous_like(w_down)
     _twell.ffn_train_backward(_c(x), _c(dy), _c(w_gate), _c(w_up), _c(w_down), _c(state), float(dl1), _out(dx),
                               _out(dwg) if w_gate is not None else None, _out(dwu), _out(dwd))
     return dx, dwg, dwu, dwd
@@ -147,9 +149,7 @@ def ffn_train_backward(x: Tensor, dy: Tensor, w_gate: Optional[Tensor], w_up: Te
 
 @ffn_train_backward.register_fake
 def _(x, dy, w_gate, w_up, w_down, state, dl1, layer=-1):
-    cf = torch.contiguous_format  # as the implementations allocate them
-    return (torch.empty_like(x, memory_format=cf), _empty_like_grad(w_gate), torch.empty_like(w_up, memory_format=cf),
-            torch.empty_like(w_down, memory_format=cf))
+    return _contiguous_like(x), _empty_like_grad(w_gate), _contiguous_like(w_up), _contiguous_like(w_down)
 
 
 def _setup_context(ctx, inputs, output):
