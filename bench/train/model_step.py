@@ -15,6 +15,10 @@ Modes (--modes, each a fresh process so that memory peaks and compile caches do 
   twell-dense-compiled  the same with twell's ops held on their dense (cuBLASLt) path: what the
                   integration costs (weight copies, gradient copies, graph breaks) without the
                   sparse kernels' gain (not in the default --modes)
+  no-ffn-compiled the bound any FFN can reach: dense-compiled with every MLP returning zeros (no
+                  forward, no backward, nothing saved), its weights kept with zero gradients so that
+                  clipping and AdamW do the same work and hold the same state (not in the default
+                  --modes)
 Every mode runs the same step: fp32 master weights, bf16 autocast, SDPA attention (flash), loss =
 cross-entropy + l1_coeff · Σ_layers Σ|h| / tokens (the dense modes compute the L1 from h), gradient
 clipping at 1.0, fused AdamW (β 0.9 / 0.95, weight decay 0.1 on matrices). Inputs: random token
@@ -45,7 +49,7 @@ import subprocess
 import sys
 import time
 
-MODES = ("hf-eager", "dense-compiled", "twell", "twell-compiled", "twell-dense-compiled")
+MODES = ("hf-eager", "dense-compiled", "twell", "twell-compiled", "twell-dense-compiled", "no-ffn-compiled")
 
 
 def hold_twell_path(mode: str) -> str:
@@ -77,6 +81,31 @@ def dense_relu_mlp(mlp):
             return self.down_proj(h)
 
     return DenseReluMLP(mlp)
+
+
+def no_ffn_mlp(mlp):
+    """A module over the same Linear modules that computes nothing: zeros of x's shape (the layer's
+    residual add keeps x), an L1 term of 0. What a step costs without any FFN work: the bound of
+    every FFN implementation's step time and memory (the weights stay: zero_grads gives them their
+    gradients, so the optimiser's work and state are the other modes')."""
+    import torch
+
+    class NoFFN(torch.nn.Module):
+        def __init__(self, old):
+            super().__init__()
+            self.gate_proj, self.up_proj, self.down_proj = old.gate_proj, old.up_proj, old.down_proj
+            self.l1 = None
+
+        def forward(self, x):
+            self.l1 = x.new_zeros((), dtype=torch.float32)
+            return torch.zeros_like(x)
+
+        def zero_grads(self):
+            for p in self.parameters():
+                if p.grad is None:
+                    p.grad = torch.zeros_like(p)
+
+    return NoFFN(mlp)
 
 
 def measure_density(model, ids, dev) -> list:
@@ -141,8 +170,9 @@ def one(a) -> dict:
         for layer in model.model.layers:
             layer.mlp.down_proj.register_forward_pre_hook(hook)
     else:
+        wrap = no_ffn_mlp if a.mode == "no-ffn-compiled" else dense_relu_mlp
         for layer in model.model.layers:
-            layer.mlp = dense_relu_mlp(layer.mlp)
+            layer.mlp = wrap(layer.mlp)
         mlps = [layer.mlp for layer in model.model.layers]
     core = model  # the HF module (its MLPs, its config); `model` may become its DDP wrapper
     if world > 1 and a.parallel == "fsdp":
@@ -189,6 +219,9 @@ def one(a) -> dict:
             with model.no_sync() if ddp and not last else contextlib.nullcontext():
                 loss, ce, l1 = fn(batches[(i * accum + micro) % len(batches)])
                 (loss / accum if accum > 1 else loss).backward()
+        if a.mode == "no-ffn-compiled":
+            for m in mlps:
+                m.zero_grads()
         torch.nn.utils.clip_grad_norm_(params, 1.0, foreach=True)
         opt.step()
         opt.zero_grad(set_to_none=True)

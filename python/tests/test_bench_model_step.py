@@ -1,7 +1,8 @@
 """bench/train/model_step.py's dense modes compute the same loss as its twell modes: the dense MLP's
 L1 term equals twell.torch.ffn's (Σ|h| / rows, h = ReLU(x·Wgᵀ) ⊙ x·Wuᵀ of either sign) and a
 float64 hand computation, and its output equals transformers' LlamaMLP with ReLU (CPU). Its
-twell-dense-compiled mode holds twell's CUDA calls on their dense path, the other twell modes not."""
+twell-dense-compiled mode holds twell's CUDA calls on their dense path, the other twell modes not.
+Its no-ffn-compiled MLP computes nothing and leaves the optimiser the same parameters to update."""
 import pytest
 
 from bench_script import load_bench
@@ -40,3 +41,20 @@ def test_twell_dense_compiled_holds_the_dense_path():
             assert ms.hold_twell_path(mode) == "automatic" and _cuda.path == "automatic"
     finally:
         _cuda.path = "automatic"
+
+
+def test_no_ffn_mlp_computes_nothing_and_keeps_its_weights_in_the_step():
+    ms = load_bench("train/model_step")
+    torch.manual_seed(0)
+    cfg = transformers.LlamaConfig(hidden_size=32, intermediate_size=40, hidden_act="relu")
+    mlp = transformers.models.llama.modeling_llama.LlamaMLP(cfg)
+    none = ms.no_ffn_mlp(mlp)
+    assert [id(p) for p in none.parameters()] == [id(p) for p in mlp.parameters()]
+    x = torch.randn(3, 5, 32, requires_grad=True)
+    y = none(x)
+    assert y.shape == x.shape and not y.any() and float(none.l1) == 0.0
+    (x + y).sum().backward()  # the layer's residual add: x's gradient passes, the MLP's weights get none
+    assert all(p.grad is None for p in none.parameters())
+    none.zero_grads()
+    for p in none.parameters():
+        assert p.grad is not None and p.grad.shape == p.shape and not p.grad.any()
