@@ -110,6 +110,33 @@ def test_float32_inputs_and_leading_dimensions():
         assert frob(got.grad, want.grad) < TOL
 
 
+def test_bf16_autocast_keeps_y_in_bf16_with_the_same_values():
+    """Under bf16 autocast, fp32 x gives y in bf16 (as a Linear's output there) with the bits of the
+    plain call's fp32 y, and the same gradients (x is rounded to bf16 either way, outside the op),
+    eager and under torch.compile(fullgraph=True)."""
+    x, wg, wu, wd = make(256, 128, 640, True, 0.02, seed=5)
+
+    def run(autocast, compiled):
+        leaves = [t.to("cuda", torch.float32).requires_grad_() for t in (x, wg, wu, wd)]
+
+        def f(*ts):
+            with torch.autocast("cuda", torch.bfloat16, enabled=autocast):
+                return tt.ffn(*ts)
+
+        y, l1 = (torch.compile(f, fullgraph=True) if compiled else f)(*leaves)
+        (y.float().square().sum() + l1).backward()
+        return y, [t.grad for t in leaves]
+
+    y0, g0 = run(False, False)
+    assert y0.dtype == torch.float32
+    for compiled in (False, True):
+        y, g = run(True, compiled)
+        assert y.dtype == torch.bfloat16
+        assert torch.equal(y.float(), y0)
+        for a, b in zip(g, g0):
+            assert a.dtype == torch.float32 and torch.equal(a, b)
+
+
 def test_neuron_counts_and_l0():
     x, wg, wu, wd = make(512, 128, 700, True, 0.03, seed=4)
     dev = [t.to("cuda", torch.bfloat16).requires_grad_() for t in (x, wg, wu, wd)]

@@ -242,12 +242,24 @@ class FfnStats:
         self.l0, self.neuron_counts = l0, neuron_counts
 
 
+if hasattr(torch, "get_autocast_dtype"):  # torch ≥ 2.4
+    def _autocast_bf16(device_type: str) -> bool:
+        """Whether autocast to bfloat16 is on for `device_type` here."""
+        return torch.is_autocast_enabled(device_type) and torch.get_autocast_dtype(device_type) == torch.bfloat16
+else:
+    def _autocast_bf16(device_type: str) -> bool:
+        """Whether autocast to bfloat16 is on for `device_type` (CUDA only before torch 2.4)."""
+        return device_type == "cuda" and torch.is_autocast_enabled() and torch.get_autocast_gpu_dtype() == torch.bfloat16
+
+
 def ffn(x: Tensor, w_gate: Optional[Tensor], w_up: Tensor, w_down: Tensor, *, ell_width: int = 128,
         stats: Optional[list] = None, count_neurons: bool = True, layer: int = -1) -> tuple[Tensor, Tensor]:
     """y = FFN(x) over x's last dimension, and l1 = Σ|h| / rows (NaN when no gradient is needed).
     With `stats` (a list), a training forward appends its FfnStats to it; its per-neuron counts
     are computed when count_neurons (on CUDA one extra gate GEMM; without it they are -1 there).
 
+    y has x's dtype, except on CUDA under bf16 autocast, where it is bf16 (as a Linear's output is
+    there; the op computes in bf16 either way, with the same values).
     w_gate, w_up: [N, K]; w_down: [K, N] (nn.Linear's weight layouts). ell_width: the CPU training
     state's ELL width E (rows with more than E non-zeros go whole to its dense tail; exact either
     way). layer: the CUDA context to use (SparseMLP passes its own; -1: one shared per device).
@@ -255,9 +267,16 @@ def ffn(x: Tensor, w_gate: Optional[Tensor], w_up: Tensor, w_down: Tensor, *, el
     _check(x, w_gate, w_up, w_down)
     dtype = x.dtype
     lead = x.shape[:-1]
-    if x.device.type == "cuda":  # the op rounds to bf16 itself; the weights pass as they are (loads are cached)
-        x2 = x.reshape(-1, x.shape[-1]).contiguous()
+    if x.device.type == "cuda":
+        # x rounded to bf16 here, in the caller's graph, not inside the op (the same rounding): under
+        # torch.compile the cast joins the kernel that makes x (an RMSNorm's) and its gradient's cast
+        # the backward's neighbours, and the op saves x in bf16 for its backward. Under bf16 autocast
+        # y stays bf16, as a Linear's output does there. The weights pass as they are (the context
+        # copies them into its layouts only when they change).
+        x2 = x.reshape(-1, x.shape[-1]).to(torch.bfloat16).contiguous()
         ws = [None if w is None else w.contiguous() for w in (w_gate, w_up, w_down)]
+        if _autocast_bf16("cuda"):
+            dtype = torch.bfloat16
     else:
         x2 = x.reshape(-1, x.shape[-1]).float().contiguous()
         ws = [None if w is None else w.float().contiguous() for w in (w_gate, w_up, w_down)]
