@@ -63,24 +63,33 @@ def hold_twell_path(mode: str) -> str:
     return twell_cuda.path
 
 
+def _over_linears(old):
+    """A module base holding `old`'s gate_proj, up_proj and down_proj (the same Linear modules, so
+    the same parameters) and an L1 term of its last forward in self.l1, as twell's SparseMLP."""
+    import torch
+
+    class OverLinears(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.gate_proj, self.up_proj, self.down_proj = old.gate_proj, old.up_proj, old.down_proj
+            self.l1 = None
+
+    return OverLinears
+
+
 def dense_relu_mlp(mlp):
     """A module computing LlamaMLP's function, down(relu(gate x) ⊙ up x), over the same Linear
     modules, that keeps its L1 term (Σ|h| / tokens: h = ReLU(g) ⊙ u has either sign) in self.l1 as
     twell's SparseMLP does."""
     import torch
 
-    class DenseReluMLP(torch.nn.Module):
-        def __init__(self, old):
-            super().__init__()
-            self.gate_proj, self.up_proj, self.down_proj = old.gate_proj, old.up_proj, old.down_proj
-            self.l1 = None
-
+    class DenseReluMLP(_over_linears(mlp)):
         def forward(self, x):
             h = torch.relu(self.gate_proj(x)) * self.up_proj(x)
             self.l1 = h.float().abs().sum() / (h.numel() // h.shape[-1])
             return self.down_proj(h)
 
-    return DenseReluMLP(mlp)
+    return DenseReluMLP()
 
 
 def no_ffn_mlp(mlp):
@@ -90,12 +99,7 @@ def no_ffn_mlp(mlp):
     gradients, so the optimiser's work and state are the other modes')."""
     import torch
 
-    class NoFFN(torch.nn.Module):
-        def __init__(self, old):
-            super().__init__()
-            self.gate_proj, self.up_proj, self.down_proj = old.gate_proj, old.up_proj, old.down_proj
-            self.l1 = None
-
+    class NoFFN(_over_linears(mlp)):
         def forward(self, x):
             self.l1 = x.new_zeros((), dtype=torch.float32)
             return torch.zeros_like(x)
@@ -105,7 +109,7 @@ def no_ffn_mlp(mlp):
                 if p.grad is None:
                     p.grad = torch.zeros_like(p)
 
-    return NoFFN(mlp)
+    return NoFFN()
 
 
 def measure_density(model, ids, dev) -> list:
