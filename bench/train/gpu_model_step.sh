@@ -8,6 +8,7 @@
 # --modes (default: its four). Needs twell built in $BUILD (default build/gpu) with the Python
 # extension; writes model_step-CONFIG.{json,md} to $OUT. PROFILE=1: model_step.py --profile (one
 # more step of each mode under torch.profiler: the device's idle time and the host's syncs).
+# REPEAT=N: every mode N times, interleaved, a process each (model_step.py --repeat).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 [ $# -ge 1 ] || { sed -n 2,8p "$0"; exit 2; }
@@ -28,4 +29,4 @@ if [ ! -f "$DIR/config.json" ]; then
   echo "gen model --config $CONFIG: $(( $(date +%s) - t0 )) s"
 fi
 python3 bench/train/model_step.py --model "$DIR" --tag "$CONFIG" --micro-batch "$MB" --steps 8 --warmup 3 \
-  --timeout 170 ${MODES:+--modes "$MODES"} ${PROFILE:+--profile} --out "$OUT"
+  --timeout 170 ${MODES:+--modes "$MODES"} ${PROFILE:+--profile} ${REPEAT:+--repeat "$REPEAT"} --out "$OUT"

@@ -37,7 +37,8 @@ its model wrapped in DDP (--parallel ddp: replicated weights, gradients all-redu
 state are split over the ranks); each rank reads its own random micro-batches, so a step moves
 G × micro-batch × seq tokens. tokens/s counts all ranks; peak memory is the largest rank's; the
 densities are rank 0's. NCCL_NVLS_ENABLE=0 is set (NVLink multicast stays off).
-Writes model_step-TAG.json and .md under --out and prints the table.
+Writes model_step-TAG.json and .md under --out and prints the table. --repeat N runs every mode N
+times, interleaved, each run a process of its own (ratios against the dense modes' medians).
 """
 import argparse
 import contextlib
@@ -349,9 +350,14 @@ def profile_summary(prof, top: int = 8) -> dict:
 
 def table(res: dict) -> str:
     rows = res["modes"]
-    ok = {r["mode"]: r for r in rows if "error" not in r}
-    dense = [ok[m] for m in ("hf-eager", "dense-compiled") if m in ok]
-    best = min(dense, key=lambda r: r["step_ms"]) if dense else None
+    runs: dict = {}  # mode → its runs without an error (several with --repeat)
+    for r in rows:
+        if "error" not in r:
+            runs.setdefault(r["mode"], []).append(r)
+    med = {m: (statistics.median(r["step_ms"] for r in rs), statistics.median(r["peak_gib"] for r in rs))
+           for m, rs in runs.items()}  # mode → (median step, median peak)
+    dense = [med[m][0] for m in ("hf-eager", "dense-compiled") if m in med]
+    best = min(dense) if dense else None
     cfg = res["config"]
     lines = [f"# Training step of {cfg['name']} ({cfg['layers']} layers, hidden {cfg['hidden']}, FFN {cfg['ffn']}, "
              f"{cfg['params_m']:.0f} M parameters) — {res['gpu']}, commit {res['commit']}, {res['date']}", "",
@@ -364,18 +370,29 @@ def table(res: dict) -> str:
              "| mode | step (ms) | tokens/s | vs best dense | peak memory (GiB) | vs dense peak | FFN density (start → end) | loss (first → last) |",
              "|---|---:|---:|---:|---:|---:|---:|---|"]
     for r in rows:
+        name = r["mode"] + (f" (run {r.get('run', 0) + 1})" if res.get("repeat", 1) > 1 else "")
         if "error" in r:
-            lines.append(f"| {r['mode']} | failed: {r['error'][:120]} | | | | | | |")
+            lines.append(f"| {name} | failed: {r['error'][:120]} | | | | | | |")
             continue
-        ref = ok.get("dense-compiled" if r["mode"].endswith("compiled") else "hf-eager")
-        speed = f"{best['step_ms'] / r['step_ms']:.2f}×" if best else ""
-        mem = f"{r['peak_gib'] / ref['peak_gib']:.2f}×" if ref and ref["peak_gib"] else ""
+        ref = med.get("dense-compiled" if r["mode"].endswith("compiled") else "hf-eager")
+        speed = f"{best / r['step_ms']:.2f}×" if best else ""
+        mem = f"{r['peak_gib'] / ref[1]:.2f}×" if ref and ref[1] else ""
         dens = (f"{100 * r['density_start_mean']:.2f} → {100 * r['density_mean']:.2f} %"
                 if r["density_mean"] is not None else "")
-        lines.append(f"| {r['mode']} | {r['step_ms']:.1f} | {r['tokens_per_s'] / 1e3:.1f} k | {speed} | "
+        lines.append(f"| {name} | {r['step_ms']:.1f} | {r['tokens_per_s'] / 1e3:.1f} k | {speed} | "
                      f"{r['peak_gib']:.2f}" + (f" ({r['twell_context_gib']:.2f} twell contexts)" if r["twell_context_gib"] else "")
                      + f" | {mem} | {dens} | {r['ce'][0]:.3f} → {r['ce'][-1]:.3f} |")
-    lines += ["", "Memory ratios compare eager with eager (hf-eager) and compiled with compiled (dense-compiled)."]
+    if res.get("repeat", 1) > 1:
+        lines += ["", f"Each mode {res['repeat']} times, interleaved, a process each; the ratios above are against the dense modes' "
+                  "medians. Per mode:", "",
+                  "| mode | runs | median step (ms) | fastest – slowest | vs best dense (median) | median peak (GiB) |",
+                  "|---|---:|---:|---:|---:|---:|"]
+        for m, rs in runs.items():
+            steps = [r["step_ms"] for r in rs]
+            lines.append(f"| {m} | {len(rs)} | {med[m][0]:.1f} | {min(steps):.1f} – {max(steps):.1f} | "
+                         + (f"{best / med[m][0]:.2f}×" if best else "") + f" | {med[m][1]:.2f} |")
+    lines += ["", "Memory ratios compare eager with eager (hf-eager) and compiled with compiled (dense-compiled), "
+              "against the reference mode's median peak."]
     prof = [r for r in rows if "profile" in r and "span_ms" in r["profile"]]
     if prof:
         lines += ["", "One profiled step (torch.profiler; slower than the timed ones):", "",
@@ -407,6 +424,10 @@ def main() -> int:
     ap.add_argument("--mode", help=argparse.SUPPRESS)  # one mode, in a child process: prints its JSON
     ap.add_argument("--device", default="cuda", help=argparse.SUPPRESS)  # "cpu": a smoke test of the script
     ap.add_argument("--timeout", type=int, default=300, help="seconds per mode")
+    ap.add_argument("--repeat", type=int, default=1,
+                    help="runs of every mode, interleaved (m1, m2, …, m1, m2, …), each a process of its own: compiled "
+                         "steps of small models were seen to differ ≈ 1.7× between processes; ratios then use each "
+                         "mode's median")
     ap.add_argument("--profile", action="store_true",
                     help="profile one more step (torch.profiler): the device's idle time in it, its largest gaps and "
                          "the host's synchronising calls, into the JSON and a table")
@@ -429,8 +450,8 @@ def main() -> int:
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(0)
-    if a.gpus < 1 or a.grad_accum < 1:
-        ap.error("--gpus and --grad-accum must be ≥ 1")
+    if a.gpus < 1 or a.grad_accum < 1 or a.repeat < 1:
+        ap.error("--gpus, --grad-accum and --repeat must be ≥ 1")
     modes = [m for m in a.modes.split(",") if m]
     bad = [m for m in modes if m not in MODES]
     if bad:
@@ -457,8 +478,8 @@ def main() -> int:
            "config": {"name": tag, "layers": L, "hidden": K, "ffn": N, "vocab": V, "params_m": params / 1e6},
            "seq": a.seq, "micro_batch": a.micro_batch, "grad_accum": a.grad_accum, "gpus": a.gpus, "parallel": a.parallel if a.gpus > 1 else "",
            "steps": a.steps, "warmup": a.warmup, "lr": a.lr,
-           "l1_coeff": a.l1_coeff, "modes": []}
-    for m in modes:
+           "l1_coeff": a.l1_coeff, "repeat": a.repeat, "modes": []}
+    for run, m in ((run, m) for run in range(a.repeat) for m in modes):
         t = time.time()
         args = [sys.executable, __file__, "--mode", m, "--l1-coeff", repr(a.l1_coeff)] + sys.argv[1:]
         env = dict(os.environ, NCCL_NVLS_ENABLE="0", TORCH_SYMM_MEM_DISABLE_MULTICAST="1", NVSHMEM_DISABLE_NVLS="1")
@@ -471,9 +492,10 @@ def main() -> int:
             r = json.loads(line[-1][7:]) if line else {"mode": m, "error": f"exit {p.returncode}: {p.stderr[-400:]}"}
         except subprocess.TimeoutExpired:
             r = {"mode": m, "error": f"ran past {a.timeout} s"}
+        r["run"] = run
         res["modes"].append(r)
-        print(f"{m}: {time.time() - t:.0f} s; " + (r.get("error") or f"{r['step_ms']:.1f} ms a step, peak {r['peak_gib']:.2f} GiB"),
-              file=sys.stderr, flush=True)
+        what = r.get("error") or f"{r['step_ms']:.1f} ms a step, peak {r['peak_gib']:.2f} GiB"
+        print(f"{m}{f' (run {run + 1})' if a.repeat > 1 else ''}: {time.time() - t:.0f} s; {what}", file=sys.stderr, flush=True)
     os.makedirs(a.out, exist_ok=True)
     base = os.path.join(a.out, f"model_step-{tag}")
     with open(base + ".json", "w") as f:

@@ -58,3 +58,24 @@ def test_no_ffn_mlp_computes_nothing_and_keeps_its_weights_in_the_step():
     none.zero_grads()
     for p in none.parameters():
         assert p.grad is not None and p.grad.shape == p.shape and not p.grad.any()
+
+
+def test_repeated_runs_compare_medians():
+    """With --repeat, every run gets its row, the ratios are against the dense modes' medians, and a
+    per-mode summary gives each mode's median and range."""
+    ms = load_bench("train/model_step")
+
+    def run(mode, i, step, peak):
+        return {"mode": mode, "run": i, "step_ms": step, "tokens_per_s": 1e6, "peak_gib": peak, "twell_context_gib": 0.0,
+                "density_start_mean": None, "density_mean": None, "ce": [1.0, 1.0]}
+
+    res = {"gpu": "test", "commit": "x", "date": "d", "seq": 8, "micro_batch": 1, "steps": 2, "warmup": 1, "lr": 0.0,
+           "l1_coeff": 0.0, "repeat": 3,
+           "config": {"name": "t", "layers": 1, "hidden": 8, "ffn": 16, "vocab": 10, "params_m": 0.1},
+           "modes": [run("dense-compiled", 0, 100.0, 10.0), run("twell-compiled", 0, 50.0, 5.0),
+                     run("dense-compiled", 1, 300.0, 10.0), run("twell-compiled", 1, 80.0, 6.0),
+                     run("dense-compiled", 2, 120.0, 12.0), run("twell-compiled", 2, 60.0, 7.0)]}
+    md = ms.table(res)
+    assert "| twell-compiled (run 1) | 50.0 |" in md and "| 2.40× |" in md  # 120 (dense median) / 50
+    assert "| twell-compiled | 3 | 60.0 | 50.0 – 80.0 | 2.00× | 6.00 |" in md
+    assert "| dense-compiled | 3 | 120.0 | 100.0 – 300.0 | 1.00× | 10.00 |" in md
