@@ -17,6 +17,8 @@ Each training column is timed one step at a time (events around each step, the G
 it: the host's own time before the first kernel counts) and back to back (one pair of events
 around all reps, as a training loop runs; the native column there is the same C++ through the
 binding, without autograd).
+Mixed precision (as models train): fp32 master weights under bf16 autocast with an update each step
+on both sides, back to back; and the weights' load alone, fp32 as they are against cast first.
 Memory: a training step's peak of PyTorch's allocator above what was allocated before it, plus for
 twell the device memory its layer context holds (weights in its layouts, workspaces, fp32 weight
 gradients: allocated before the step, the workspaces from PyTorch's pool and the rest outside it,
@@ -202,6 +204,60 @@ def main():
         "twell_native_binding_bump_reload_ms": throughput(native_step_reload, args.warmup, args.reps, before=bump),
     }
     del lay
+
+    # Mixed precision, as models train: fp32 master weights under bf16 autocast, and an update of the
+    # weights each step on both sides (an optimizer's, inside the timed loop), back to back. PyTorch
+    # casts the weights to bf16 in each forward; the op hands them to its layer as they are, which
+    # rounds them while copying them into its layouts ("cast then load": the op as it was before,
+    # PyTorch's bf16 temporaries first).
+    p32 = [p.detach().float().requires_grad_() for p in params]
+
+    def bump32():
+        with torch.no_grad():
+            for p in p32:
+                p.mul_(1.0)
+
+    def clear32():
+        for t in p32 + [xg]:
+            t.grad = None
+
+    def dense32(f):
+        def run():
+            clear32()
+            with torch.autocast("cuda", torch.bfloat16):
+                y = f(xg, *p32)
+            y.backward(dy)
+        return run
+
+    def twell32():
+        clear32()
+        with torch.autocast("cuda", torch.bfloat16):
+            y, l1 = tt.ffn(xg, *p32, stats=None)
+        torch.autograd.backward([y, l1], [dy, coeff])
+
+    def cast_then_load(ws):
+        return tuple(_cuda.bf16(w) for w in ws)
+
+    mixed = {"torch_dense_ms": throughput(dense32(dense_ffn), args.warmup, args.reps, before=bump32),
+             "torch_dense_compiled_ms": throughput(dense32(compiled), args.warmup, args.reps, before=bump32),
+             "twell_op_ms": throughput(twell32, args.warmup, args.reps, before=bump32)}
+    direct, _cuda._as_loaded = _cuda._as_loaded, cast_then_load
+    try:
+        mixed["twell_op_cast_then_load_ms"] = throughput(twell32, args.warmup, args.reps, before=bump32)
+    finally:
+        _cuda._as_loaded = direct
+    # The load alone (a layer of its own): fp32 weights as they are, cast to bf16 first, bf16 weights.
+    lay = _twell.CudaFfnTrain(torch.cuda.current_device())
+    w32 = [p.detach() for p in p32]
+    w16 = [p.detach() for p in params]
+    mixed["load"] = {
+        "fp32_ms": throughput(lambda: lay.load(*(dl(w) for w in w32), s), args.warmup, args.reps),
+        "fp32_cast_then_load_ms": throughput(lambda: lay.load(*(dl(w) for w in cast_then_load(w32)), s), args.warmup,
+                                             args.reps),
+        "bf16_ms": throughput(lambda: lay.load(*(dl(w) for w in w16), s), args.warmup, args.reps),
+    }
+    del lay
+    train["mixed"] = mixed
     nat = _twell.bench_train(*(t.float().numpy() for t in (host[0], host[4], host[1], host[2], host[3])), args.l1,
                              args.warmup, args.reps)
     train["twell_native_ms"] = nat["sparse_step_ms"]
@@ -236,6 +292,8 @@ def main():
         "train_op_vs_native_back_to_back_bump_reload":
             train["back_to_back"]["twell_op_ms"] / train["back_to_back"]["twell_native_binding_bump_reload_ms"],
         "train_speedup_vs_best_torch_dense": best_dense_t / train["twell_op_ms"],
+        "train_mixed_speedup_vs_best_torch_dense":
+            min(train["mixed"]["torch_dense_ms"], train["mixed"]["torch_dense_compiled_ms"]) / train["mixed"]["twell_op_ms"],
         "infer_op_vs_native": infer["twell_op_ms"] / infer["twell_native_ms"],
         "infer_speedup_vs_best_torch_dense": best_dense_i / infer["twell_op_ms"],
         "train_memory_twell_over_dense": mem["twell_total"] / mem["torch_dense_peak"],
@@ -244,6 +302,7 @@ def main():
     with open(os.path.join(args.out, "ffn_step.json"), "w") as f:
         json.dump(res, f, indent=2)
     r = res["ratios"]
+    mx = train["mixed"]
     lines = [
         f"# twell.torch FFN layer vs PyTorch dense ({res['gpu']}, commit {res['commit']}, {res['date']})",
         "",
@@ -269,6 +328,12 @@ def main():
         f"inference {r['infer_op_vs_native']:.3f}",
         f"- speed-up over the best PyTorch dense: training {r['train_speedup_vs_best_torch_dense']:.2f}× "
         f"(target ≥ 1.8×), inference {r['infer_speedup_vs_best_torch_dense']:.2f}×",
+        f"- mixed precision (fp32 master weights, bf16 autocast, an update each step on both sides; back to back, "
+        f"ms a step): torch dense {mx['torch_dense_ms']:.3f}, compiled {mx['torch_dense_compiled_ms']:.3f}, "
+        f"**twell op {mx['twell_op_ms']:.3f}** ({mx['twell_op_cast_then_load_ms']:.3f} with the weights cast to bf16 "
+        f"before the load): **{r['train_mixed_speedup_vs_best_torch_dense']:.2f}×** the best dense",
+        f"- the weights' load alone, ms: fp32 {mx['load']['fp32_ms']:.3f} (cast to bf16 first "
+        f"{mx['load']['fp32_cast_then_load_ms']:.3f}), bf16 {mx['load']['bf16_ms']:.3f}",
         f"- training-step memory: torch dense peak {mem['torch_dense_peak'] / 2**20:.0f} MiB; twell op peak "
         f"{mem['twell_op_peak'] / 2**20:.0f} MiB + its context {mem['twell_context_bytes'] / 2**20:.0f} MiB = "
         f"{mem['twell_total'] / 2**20:.0f} MiB ({r['train_memory_twell_over_dense']:.2f}× dense)",

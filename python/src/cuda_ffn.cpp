@@ -71,16 +71,26 @@ cuda::Path path_of(const std::string& p) {
   fail(ErrorCode::invalid_argument, "path must be 'automatic', 'sparse' or 'dense', got '{}'", p);
 }
 
-// The weights' shapes and device pointers (w_up [N, K] gives the shape).
+// The weights' shapes, device pointers and element type (w_up [N, K] gives the shape, w_up's dtype
+// the type: bf16, or fp32 rounded to bf16 as the layer copies it in; all three alike).
 cuda::DeviceWeights weights_of(const std::optional<Dev>& w_gate, const Dev& w_up, const Dev& w_down, int device) {
   TWELL_CHECK(w_up.ndim() == 2, ErrorCode::shape_mismatch, "w_up must be 2-D, got {} dimensions", w_up.ndim());
   cuda::DeviceWeights w;
   w.n = static_cast<std::int64_t>(w_up.shape(0));
   w.k = static_cast<std::int64_t>(w_up.shape(1));
   TWELL_CHECK(w.n >= 1 && w.k >= 1, ErrorCode::shape_mismatch, "w_up is [{}, {}]: an FFN needs N, K ≥ 1", w.n, w.k);
-  w.w_up = checked<const bf16>("w_up", w_up, device, Kind::bf16, w.n, w.k);
-  w.w_down = checked<const bf16>("w_down", w_down, device, Kind::bf16, w.k, w.n);
-  if (w_gate) w.w_gate = checked<const bf16>("w_gate", *w_gate, device, Kind::bf16, w.n, w.k);
+  const Kind kind = is(w_up.dtype(), Kind::f32) ? Kind::f32 : Kind::bf16;
+  TWELL_CHECK(is(w_up.dtype(), kind), ErrorCode::dtype_mismatch, "w_up must be bfloat16 or float32");
+  const auto alike = [&](const char* what, const Dev& a) {
+    TWELL_CHECK(is(a.dtype(), kind), ErrorCode::dtype_mismatch,
+                "the weights must share one dtype, bfloat16 or float32: w_up is {}, {} is not", name_of(kind), what);
+  };
+  alike("w_down", w_down);
+  if (w_gate) alike("w_gate", *w_gate);
+  w.type = kind == Kind::f32 ? cuda::WeightType::f32 : cuda::WeightType::bf16;
+  w.w_up = checked<const void>("w_up", w_up, device, kind, w.n, w.k);
+  w.w_down = checked<const void>("w_down", w_down, device, kind, w.k, w.n);
+  if (w_gate) w.w_gate = checked<const void>("w_gate", *w_gate, device, kind, w.n, w.k);
   return w;
 }
 

@@ -137,6 +137,39 @@ def test_bf16_autocast_keeps_y_in_bf16_with_the_same_values():
             assert a.dtype == torch.float32 and torch.equal(a, b)
 
 
+@pytest.mark.parametrize("path", ["sparse", "dense"])
+@pytest.mark.parametrize("gated", [True, False])
+def test_fp32_weights_load_as_their_bf16_rounding(path, gated):
+    """fp32 weights (a trainer's master weights) go into the layer as they are and are rounded there:
+    y, l1, dx equal, bit for bit, those of the same weights rounded by .to(torch.bfloat16) first, and
+    the fp32 weight gradients round to the bf16 ones (both come from the same fp32 sums). The weights
+    are off the bf16 grid, N = 1003 is no multiple of 8 (padding rows) and the inference op too."""
+    g = torch.Generator().manual_seed(7)
+    m, k, n = 300, 264, 1003
+    x = torch.randn(m, k, generator=g).bfloat16().cuda()
+    w32 = [torch.randn(n, k, generator=g).cuda() / 16, torch.randn(n, k, generator=g).cuda() / 16,
+           torch.randn(k, n, generator=g).cuda() / 32]
+    if not gated:
+        w32[0] = None
+    assert not torch.equal(w32[1], w32[1].bfloat16().float())  # off the grid: the load must round
+
+    def run(ws):
+        leaves = [x.clone().requires_grad_()] + [None if w is None else w.clone().requires_grad_() for w in ws]
+        with tt.cuda_path(path):
+            y, l1 = tt.ffn(*leaves)
+            (y.float().square().sum() + l1).backward()
+            yi = tt.ffn_infer(*(t.detach() if t is not None else None for t in leaves))
+        return y, l1, yi, [None if t is None else t.grad for t in leaves]
+
+    y32, l132, yi32, g32 = run(w32)
+    y16, l116, yi16, g16 = run([None if w is None else w.bfloat16() for w in w32])
+    assert torch.equal(y32, y16) and torch.equal(l132, l116) and torch.equal(yi32, yi16)
+    assert torch.equal(g32[0], g16[0])  # dx
+    for a, b in zip(g32[1:], g16[1:]):
+        if a is not None:
+            assert a.dtype == torch.float32 and b.dtype == torch.bfloat16 and torch.equal(a.bfloat16(), b)
+
+
 def test_neuron_counts_and_l0():
     x, wg, wu, wd = make(512, 128, 700, True, 0.03, seed=4)
     dev = [t.to("cuda", torch.bfloat16).requires_grad_() for t in (x, wg, wu, wd)]
@@ -350,8 +383,10 @@ def test_bad_input_raises_clear_errors():
     with pytest.raises(ValueError, match="load the layer's weights first"):
         s = torch.empty((), device="cuda")
         layer.forward(x.bfloat16(), x.bfloat16(), s, s, 0)
-    with pytest.raises(ValueError, match="must be bfloat16"):
+    with pytest.raises(ValueError, match="share one dtype"):
         layer.load(None, w, wd.bfloat16(), 0)
+    with pytest.raises(ValueError, match="bfloat16 or float32"):
+        layer.load(None, w.half(), wd.half(), 0)
 
 
 def test_hf_llama_trains_like_the_dense_model():

@@ -149,13 +149,23 @@ def _same(old, w: Optional[Tensor]) -> bool:
     return ref() is w and w._version == version
 
 
+def _as_loaded(ws: tuple) -> tuple:
+    """The weights as a layer takes them: all bf16 or all fp32, contiguous. fp32 weights (a trainer's
+    master weights) go in as they are, and the layer rounds them to bf16 while it copies them into
+    its layouts (the bits of .to(torch.bfloat16), without the bf16 temporaries); anything else is
+    rounded to bf16 here."""
+    present = [w.detach() for w in ws if w is not None]
+    if all(w.dtype == torch.float32 and w.is_contiguous() for w in present):
+        return tuple(None if w is None else w.detach() for w in ws)
+    return tuple(bf16(w) for w in ws)
+
+
 def load(lay: Layer, which: str, ctx, ws: tuple, stream: int) -> None:
     old = lay.keys.get(which)
     if old is not None and all(_same(o, w) for o, w in zip(old, ws)):
         return
     lay.keys.pop(which, None)  # a failed load leaves no stale key behind
-    wg, wu, wd = (bf16(w) for w in ws)
-    ctx.load(*_caps(wg, wu, wd), stream)
+    ctx.load(*_caps(*_as_loaded(ws)), stream)
     lay.keys[which] = tuple(None if w is None else (weakref.ref(w), w._version) for w in ws)
 
 

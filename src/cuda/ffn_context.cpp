@@ -6,7 +6,7 @@
 #include <vector>
 
 #include "cuda/common/check.hpp"
-#include "cuda/common/transpose.hpp"
+#include "cuda/common/weight_load.hpp"
 #include "cuda/sm80/twell_gemv.hpp"
 #include "cuda/sm80/twell_hot_neurons.hpp"
 #include "cuda/sm90/gate_pack.hpp"
@@ -146,17 +146,20 @@ void FfnContext::load_weights(const DeviceFfnWeights& w, cudaStream_t stream) {
     TWELL_CUDA_CHECK(cudaMemsetAsync(w_down_.get(), 0, w_down_.bytes(), stream));
     cap_m_ = 0;
   }
-  const std::size_t rows_bytes = static_cast<std::size_t>(n_ * k_) * sizeof(__nv_bfloat16);
-  if (gated_) {
-    TWELL_CUDA_CHECK(cudaMemcpyAsync(w_gu_.get(), w.w_gate, rows_bytes, cudaMemcpyDeviceToDevice, stream));
-    TWELL_CUDA_CHECK(cudaMemcpyAsync(w_gu_.get() + ldn_ * k_, w.w_up, rows_bytes, cudaMemcpyDeviceToDevice, stream));
-  } else {
-    TWELL_CUDA_CHECK(cudaMemcpyAsync(w_gu_.get(), w.w_up, rows_bytes, cudaMemcpyDeviceToDevice, stream));
-  }
-  const std::size_t row = static_cast<std::size_t>(n_) * sizeof(__nv_bfloat16);
-  TWELL_CUDA_CHECK(cudaMemcpy2DAsync(w_down_.get(), static_cast<std::size_t>(ldn_) * sizeof(__nv_bfloat16), w.w_down,
-                                     row, row, static_cast<std::size_t>(k_), cudaMemcpyDeviceToDevice, stream));
-  launch_transpose_bf16(w.w_down, n_, k_, n_, w_down_t_.get(), k_, stream);  // [K, N] → [N, K]
+  WeightLoadParams p;
+  p.w_gate = w.w_gate;
+  p.w_up = w.w_up;
+  p.w_down = w.w_down;
+  TWELL_CHECK(w.type == WeightType::bf16 || w.type == WeightType::f32, ErrorCode::dtype_mismatch,
+              "FFN weights: bf16 or fp32 only");
+  p.fp32 = w.type == WeightType::f32;
+  p.n = n_;
+  p.k = k_;
+  p.ldn = ldn_;
+  p.gu = w_gu_.get();
+  p.down = w_down_.get();
+  p.down_t = w_down_t_.get();
+  launch_load_ffn_weights(p, stream);  // one pass: [Wg; Wu], Wd padded, Wdᵀ (fp32 rounded to bf16)
 }
 
 void FfnContext::check_m(std::int64_t m) const {

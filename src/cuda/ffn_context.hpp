@@ -34,6 +34,7 @@
 #include "cuda/sm80/twell_hot_neurons.hpp"
 #include "cuda/sm80/twell_kernels.hpp"
 #include "twell/cuda/ffn_cuda.hpp"
+#include "twell/cuda/weight_type.hpp"
 #include "twell/ffn.hpp"
 
 namespace twell::cuda {
@@ -88,13 +89,14 @@ struct ContextOptions : DispatchPolicy {
   bool hot_product_sm90 = true;              // gated, sm90: hot [g | u] GEMM and product as one kernel
 };
 
-// Device bf16 weights in nn.Linear's layouts, row-major and contiguous: w_gate, w_up [N, K]
-// (w_gate null: a non-gated FFN), w_down [K, N].
+// Device weights (bf16 or fp32) in nn.Linear's layouts, row-major and contiguous: w_gate, w_up
+// [N, K] (w_gate null: a non-gated FFN), w_down [K, N].
 struct DeviceFfnWeights {
-  const __nv_bfloat16* w_gate = nullptr;
-  const __nv_bfloat16* w_up = nullptr;
-  const __nv_bfloat16* w_down = nullptr;
+  const void* w_gate = nullptr;  // [n, k] or null (non-gated)
+  const void* w_up = nullptr;    // [n, k]
+  const void* w_down = nullptr;  // [k, n]
   std::int64_t n = 0, k = 0;
+  WeightType type = WeightType::bf16;  // of all three
 };
 
 struct ForwardResult {

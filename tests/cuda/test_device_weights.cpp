@@ -6,7 +6,12 @@
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
+#include <bit>
+#include <cmath>
 #include <cstring>
+#include <iterator>
+#include <limits>
+#include <random>
 #include <vector>
 
 #include "cuda/common/device_buffer.hpp"
@@ -163,6 +168,124 @@ TEST(DeviceWeights, InferenceMatchesTheHostUpload) {
       EXPECT_TRUE(same(download<std::uint16_t>(y1.get(), y1.size()), download<std::uint16_t>(y2.get(), y2.size())))
           << "a second load of the same shape";
     }
+  }
+}
+
+// fp32 values that exercise every rounding case: full mantissas, exact ties (either parity),
+// ±0, subnormals, values that round up to the next binade and to infinity, ±infinity.
+std::vector<float> rounding_values(std::size_t count, std::uint64_t seed) {
+  std::mt19937_64 gen(seed);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::uniform_real_distribution<double> uniform(0.0, 1.0);
+  const float specials[] = {0.0f, -0.0f, 1e-40f, -3e-39f, std::bit_cast<float>(0x3f808000u),
+                            std::bit_cast<float>(0x3f818000u), std::bit_cast<float>(0x3fffffffu),
+                            std::bit_cast<float>(0x7f7fffffu), -std::numeric_limits<float>::infinity(),
+                            std::numeric_limits<float>::infinity()};
+  std::vector<float> v(count);
+  for (std::size_t i = 0; i < count; ++i)
+    v[i] = i % 97 < std::size(specials) ? specials[i % 97] : static_cast<float>(normal(gen) * std::exp2(uniform(gen) * 40 - 20));
+  return v;
+}
+
+template <typename T>
+DeviceBuffer<T> upload_at(const std::vector<T>& v, std::size_t offset) {  // offset elements in: misaligned sources
+  DeviceBuffer<T> d(v.size() + offset);
+  EXPECT_EQ(cudaMemcpy(d.get() + offset, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice), cudaSuccess);
+  return d;
+}
+
+// The context's layouts ([Wg; Wu] with its zero padding rows, Wd with its zero padding columns, Wdᵀ)
+// after a load from device fp32, from device bf16 and (fp32, bf16) from misaligned addresses: the
+// bits of the host upload of the same fp32 values, which rounds on the host (to_bf16).
+TEST(DeviceWeights, LoadsFp32AndBf16IntoTheHostUploadsLayouts) {
+  TWELL_REQUIRE_GPU();
+  struct Shape {
+    std::int64_t n, k;
+    bool gated;
+  };
+  for (const Shape sh : {Shape{1003, 264, true}, Shape{5, 8, false}, Shape{640, 128, true}, Shape{33, 40, false},
+                         Shape{2048, 72, true}}) {
+    SCOPED_TRACE(::testing::Message() << "n = " << sh.n << ", k = " << sh.k << (sh.gated ? ", gated" : ""));
+    const auto nk = static_cast<std::size_t>(sh.n * sh.k);
+    const std::vector<float> wg = rounding_values(nk, 11), wu = rounding_values(nk, 12), wd = rounding_values(nk, 13);
+    const FfnWeights host_w = ffn_weights(sh.gated ? wg.data() : nullptr, wu.data(), wd.data(), sh.n, sh.k);
+    FfnContext host;
+    host.upload_weights(host_w, nullptr);
+    const auto layouts = [&](const FfnContext& c) {
+      return std::vector<Bits>{
+          download<std::uint16_t>(c.w_gate_up(), static_cast<std::size_t>((sh.gated ? 2 : 1) * c.ldn() * c.k())),
+          download<std::uint16_t>(c.w_down(), static_cast<std::size_t>(c.k() * c.ldn())),
+          download<std::uint16_t>(c.w_down_t(), nk)};
+    };
+    const std::vector<Bits> want = layouts(host);
+    const auto bits = [](const std::vector<float>& v) { return to_bf16_bits(v); };
+    for (const std::size_t offset : {std::size_t{0}, std::size_t{1}}) {
+      SCOPED_TRACE(::testing::Message() << "sources " << offset << " element(s) past an allocation");
+      const auto g32 = upload_at(wg, offset), u32 = upload_at(wu, offset), d32 = upload_at(wd, offset);
+      const auto g16 = upload_at(bits(wg), offset), u16 = upload_at(bits(wu), offset), d16 = upload_at(bits(wd), offset);
+      FfnContext f32_ctx, bf16_ctx;
+      f32_ctx.load_weights({sh.gated ? g32.get() + offset : nullptr, u32.get() + offset, d32.get() + offset, sh.n, sh.k,
+                            WeightType::f32},
+                           nullptr);
+      bf16_ctx.load_weights({sh.gated ? g16.get() + offset : nullptr, u16.get() + offset, d16.get() + offset, sh.n,
+                             sh.k, WeightType::bf16},
+                            nullptr);
+      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+      const std::vector<Bits> got32 = layouts(f32_ctx), got16 = layouts(bf16_ctx);
+      for (std::size_t i = 0; i < want.size(); ++i) {
+        EXPECT_TRUE(same(got32[i], want[i])) << "fp32 source, layout " << i << " ([Wg; Wu], Wd, Wdᵀ)";
+        EXPECT_TRUE(same(got16[i], want[i])) << "bf16 source, layout " << i << " ([Wg; Wu], Wd, Wdᵀ)";
+      }
+      // A second load of the same shape into the used context (no padding reset) gives the same.
+      f32_ctx.load_weights({sh.gated ? g32.get() + offset : nullptr, u32.get() + offset, d32.get() + offset, sh.n,
+                            sh.k, WeightType::f32},
+                           nullptr);
+      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+      EXPECT_TRUE(same(layouts(f32_ctx)[0], want[0])) << "reload";
+    }
+  }
+}
+
+// A NaN weight stays a NaN (its payload is the device's canonical one, not the host's).
+TEST(DeviceWeights, Fp32NanStaysNan) {
+  TWELL_REQUIRE_GPU();
+  std::vector<float> w(8 * 16, 0.5f);
+  w[3] = std::numeric_limits<float>::quiet_NaN();
+  const auto u = upload_at(w, 0);
+  std::vector<float> wdv(16 * 8, 0.25f);
+  const auto d = upload_at(wdv, 0);
+  FfnContext ctx;
+  ctx.load_weights({nullptr, u.get(), d.get(), 8, 16, WeightType::f32}, nullptr);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  const Bits got = download<std::uint16_t>(ctx.w_gate_up(), static_cast<std::size_t>(ctx.ldn() * 16));
+  EXPECT_TRUE(std::isnan(to_float(bf16{got[3]})));
+  EXPECT_EQ(got[4], to_bf16(0.5f).bits);
+}
+
+// A training step over weights loaded from device fp32 equals the host upload's, on every path.
+TEST(DeviceWeights, TrainStepFromFp32MatchesTheHostUpload) {
+  TWELL_REQUIRE_GPU();
+  const FfnCase c = case_of("gated", 300, 1003, 264, true, 21);
+  const FfnData d = make_ffn(c);
+  const auto x = upload_bits(to_bf16_bits(d.x));
+  Bits dyb(d.x.size());
+  for (std::size_t i = 0; i < dyb.size(); ++i) dyb[i] = to_bf16(static_cast<float>((i * 7919 % 1001) / 500.0 - 1.0)).bits;
+  const auto dy = upload_bits(dyb);
+  // fp32 weights off the bf16 grid (the case's are on it): the rounding happens in the load.
+  std::vector<float> wg = d.wg, wu = d.wu, wd = d.wd;
+  for (std::vector<float>* v : {&wg, &wu, &wd})
+    for (std::size_t i = 0; i < v->size(); ++i) (*v)[i] *= 1.0f + 1e-3f * static_cast<float>(i % 7);
+  FfnData d32 = d;
+  d32.wg = wg;
+  d32.wu = wu;
+  d32.wd = wd;
+  const auto g = upload_at(wg, 0), u = upload_at(wu, 0), w = upload_at(wd, 0);
+  for (const Path path : {Path::sparse, Path::dense}) {
+    TrainContext host, dev;
+    host.upload_weights(d32.weights(), nullptr);
+    dev.load_weights({g.get(), u.get(), w.get(), d.n, d.k, WeightType::f32}, nullptr);
+    expect_same(step(dev, d32, x, dy, path, 0.5, nullptr), step(host, d32, x, dy, path, 0.5, nullptr),
+                path == Path::sparse ? "sparse" : "dense");
   }
 }
 

@@ -15,6 +15,7 @@
 #include "twell/bf16.hpp"
 #include "twell/cuda/device_allocator.hpp"
 #include "twell/cuda/ffn_cuda.hpp"
+#include "twell/cuda/weight_type.hpp"
 #include "twell/ffn.hpp"
 
 namespace twell::cuda {
@@ -38,13 +39,14 @@ class DeviceScope {
   int previous_ = -1;
 };
 
-// Device bf16 weights in nn.Linear's layouts, row-major, contiguous: w_gate, w_up [n, k] (w_gate
-// null: a non-gated FFN), w_down [k, n]. A layer copies them into its kernels' layouts.
+// Device weights in nn.Linear's layouts, row-major, contiguous, all three of one type: w_gate, w_up
+// [n, k] (w_gate null: a non-gated FFN), w_down [k, n]. A layer copies them into its kernels' layouts.
 struct DeviceWeights {
-  const bf16* w_gate = nullptr;
-  const bf16* w_up = nullptr;
-  const bf16* w_down = nullptr;
+  const void* w_gate = nullptr;
+  const void* w_up = nullptr;
+  const void* w_down = nullptr;
   std::int64_t n = 0, k = 0;
+  WeightType type = WeightType::bf16;
 };
 
 // Per-call workspaces of inference layers (grown to the largest M served, never per layer).
