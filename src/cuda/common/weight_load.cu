@@ -37,7 +37,8 @@ __global__ void __launch_bounds__(kThreads) load_ffn_weights_kernel(const T* wg,
                                                                     std::int64_t row_blocks) {
   if (static_cast<std::int64_t>(blockIdx.x) < row_blocks) {
     const std::int64_t per_row = k / 8, rows = (wg != nullptr ? 2 : 1) * n, chunks = rows * per_row;
-    for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(kThreads) + threadIdx.x; i < chunks;
+    const int thread = threadIdx.y * kTile + threadIdx.x;  // the block is [kThreads / kTile, kTile]
+    for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(kThreads) + thread; i < chunks;
          i += row_blocks * kThreads) {
       const std::int64_t r = i / per_row, c = (i % per_row) * 8;
       const bool up = wg == nullptr || r >= n;
