@@ -1,0 +1,109 @@
+#!/usr/bin/env python3
+"""Where twell.torch's training step spends its host time on CUDA (lab; one layer, as ffn_step.py).
+
+    python3 bench/torch/op_host_profile.py [--m 16384 --k 2048 --n 5632 --density 0.005] [--steps 50]
+
+Runs the op's training step back to back under cProfile (an in-place update of the weights before
+each step, as an optimizer makes, so the layer copies them in again) and prints the functions by
+their own time. The extension's forward waits on the host for its non-zero count (the GPU's work
+queued before it), so its own time is mostly that wait; the rest is the host's Python and
+launches, which the GPU waits for after that wait until the backward's first kernel. Also times,
+without the profiler, the host alone from the forward's return to the backward's call into the
+extension (perf_counter, median over the steps)."""
+import argparse
+import cProfile
+import io
+import math
+import pstats
+import statistics
+import sys
+import time
+
+try:
+    import torch
+    import twell.torch as tt
+    from twell import _cuda
+except ImportError as e:
+    print(f"skipped: {e}")
+    sys.exit(77)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--m", type=int, default=16384)
+    ap.add_argument("--k", type=int, default=2048)
+    ap.add_argument("--n", type=int, default=5632)
+    ap.add_argument("--density", type=float, default=0.005)
+    ap.add_argument("--steps", type=int, default=50)
+    ap.add_argument("--top", type=int, default=30)
+    args = ap.parse_args()
+    if not (torch.cuda.is_available() and _cuda.AVAILABLE):
+        print("skipped: needs a CUDA device and twell built with CUDA")
+        sys.exit(77)
+    m, k, n = args.m, args.k, args.n
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(m, k, generator=g)
+    x[:, 0] = 1.0
+    wg = torch.randn(n, k, generator=g) / math.sqrt(k)
+    wg[:, 0] = 0
+    wg[:, 0] = torch.distributions.Normal(0.0, 1.0).icdf(torch.tensor(args.density)).item() * wg[:, 1:].norm(dim=1).mean()
+    wu = torch.randn(n, k, generator=g) / math.sqrt(k)
+    wd = torch.randn(k, n, generator=g) / math.sqrt(n)
+    dy = (torch.randn(m, k, generator=g) / math.sqrt(k)).bfloat16().cuda()
+    xg = x.bfloat16().cuda().requires_grad_()
+    params = [t.bfloat16().cuda().requires_grad_() for t in (wg, wu, wd)]
+    coeff = torch.tensor(1e-3, device="cuda")
+    marks = {}
+    real_fwd, real_bwd = _cuda.train_forward, _cuda.train_backward
+
+    def fwd(*a, **kw):  # the forward's return: the host's clock starts
+        out = real_fwd(*a, **kw)
+        marks["fwd_return"] = time.perf_counter()
+        return out
+
+    def bwd(*a, **kw):
+        marks["bwd_enter"] = time.perf_counter()
+        return real_bwd(*a, **kw)
+
+    def step():
+        for t in params + [xg]:
+            t.grad = None
+        with torch.no_grad():
+            for p in params:
+                p.mul_(1.0)
+        y, l1 = tt.ffn(xg, *params, stats=None)
+        torch.autograd.backward([y, l1], [dy, coeff])
+
+    for _ in range(5):
+        step()
+    torch.cuda.synchronize()
+    _cuda.train_forward, _cuda.train_backward = fwd, bwd
+    gaps = []
+    try:
+        for _ in range(args.steps):
+            step()
+            gaps.append(1e6 * (marks["bwd_enter"] - marks["fwd_return"]))
+    finally:
+        _cuda.train_forward, _cuda.train_backward = real_fwd, real_bwd
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(args.steps):
+        step()
+    torch.cuda.synchronize()
+    wall = 1e3 * (time.perf_counter() - t0) / args.steps
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(args.steps):
+        step()
+    torch.cuda.synchronize()
+    prof.disable()
+    out = io.StringIO()
+    pstats.Stats(prof, stream=out).sort_stats("tottime").print_stats(args.top)
+    print(f"{torch.cuda.get_device_name()}; M = {m}, K = {k}, N = {n}, density {args.density}; {args.steps} steps")
+    print(f"step, back to back: {wall:.3f} ms; host from the forward's return (after its wait) to the backward's call: "
+          f"median {statistics.median(gaps):.0f} µs (min {min(gaps):.0f}, max {max(gaps):.0f}); the path: {_cuda._layers[(torch.cuda.current_device(), -1)].path}")
+    print(out.getvalue())
+
+
+if __name__ == "__main__":
+    main()
