@@ -54,16 +54,41 @@ def main():
     params = [t.bfloat16().cuda().requires_grad_() for t in (wg, wu, wd)]
     coeff = torch.tensor(1e-3, device="cuda")
     marks = {}
-    real_fwd, real_bwd = _cuda.train_forward, _cuda.train_backward
+    real_fwd, real_bwd, real_caps = _cuda.train_forward, _cuda.train_backward, _cuda._caps
+    real_fn_fwd, real_grads, real_ffn = tt._EagerTrain.forward, tt._grads, tt.ffn
 
     def fwd(*a, **kw):  # the forward's return: the host's clock starts
         out = real_fwd(*a, **kw)
         marks["fwd_return"] = time.perf_counter()
         return out
 
+    def fn_fwd(*a, **kw):
+        out = real_fn_fwd(*a, **kw)
+        marks["function_forward_return"] = time.perf_counter()
+        return out
+
+    def ffn(*a, **kw):
+        out = real_ffn(*a, **kw)
+        marks["ffn_return"] = time.perf_counter()
+        return out
+
+    def grads(*a, **kw):
+        marks["engine_calls_backward"] = time.perf_counter()
+        return real_grads(*a, **kw)
+
     def bwd(*a, **kw):
         marks["bwd_enter"] = time.perf_counter()
         return real_bwd(*a, **kw)
+
+    def caps(*a):  # its last call in a step: the backward's, right before the extension's backward
+        out = real_caps(*a)
+        marks["caps"] = time.perf_counter()
+        return out
+
+    def patch(on):
+        _cuda.train_forward, _cuda.train_backward, _cuda._caps = (fwd, bwd, caps) if on else (real_fwd, real_bwd, real_caps)
+        tt._EagerTrain.forward = staticmethod(fn_fwd if on else real_fn_fwd)
+        tt._grads, tt.ffn = (grads, ffn) if on else (real_grads, real_ffn)
 
     def step():
         for t in params + [xg]:
@@ -72,19 +97,24 @@ def main():
             for p in params:
                 p.mul_(1.0)
         y, l1 = tt.ffn(xg, *params, stats=None)
+        marks["backward_called"] = time.perf_counter()
         torch.autograd.backward([y, l1], [dy, coeff])
 
     for _ in range(5):
         step()
     torch.cuda.synchronize()
-    _cuda.train_forward, _cuda.train_backward = fwd, bwd
-    gaps = []
+    order = ["fwd_return", "function_forward_return", "ffn_return", "backward_called", "engine_calls_backward",
+             "bwd_enter", "caps"]
+    gaps, segments = [], {b: [] for b in order[1:]}
+    patch(True)
     try:
         for _ in range(args.steps):
             step()
             gaps.append(1e6 * (marks["bwd_enter"] - marks["fwd_return"]))
+            for a, b in zip(order, order[1:]):
+                segments[b].append(1e6 * (marks[b] - marks[a]))
     finally:
-        _cuda.train_forward, _cuda.train_backward = real_fwd, real_bwd
+        patch(False)
     torch.cuda.synchronize()
     t0 = time.perf_counter()
     for _ in range(args.steps):
@@ -102,6 +132,8 @@ def main():
     print(f"{torch.cuda.get_device_name()}; M = {m}, K = {k}, N = {n}, density {args.density}; {args.steps} steps")
     print(f"step, back to back: {wall:.3f} ms; host from the forward's return (after its wait) to the backward's call: "
           f"median {statistics.median(gaps):.0f} µs (min {min(gaps):.0f}, max {max(gaps):.0f}); the path: {_cuda._layers[(torch.cuda.current_device(), -1)].path}")
+    print("host segments after the forward's wait, median µs (each from the mark before): " + ", ".join(
+        f"{b} {statistics.median(v):.0f}" for b, v in segments.items()))
     print(out.getvalue())
 
 
