@@ -132,6 +132,35 @@ def main():
     print(f"{torch.cuda.get_device_name()}; M = {m}, K = {k}, N = {n}, density {args.density}; {args.steps} steps")
     print(f"step, back to back: {wall:.3f} ms; host from the forward's return (after its wait) to the backward's call: "
           f"median {statistics.median(gaps):.0f} µs (min {min(gaps):.0f}, max {max(gaps):.0f}); the path: {_cuda._layers[(torch.cuda.current_device(), -1)].path}")
+    # PyTorch's own latency from torch.autograd.backward to a Function's backward, for comparison: a
+    # trivial Function over a CUDA tensor, with the GPU idle and with ≈ 2 ms of GEMMs still queued.
+    ref_marks = {}
+
+    class Twice(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, a):
+            return a * 2
+
+        @staticmethod
+        def backward(ctx, g):
+            ref_marks["backward"] = time.perf_counter()
+            return g * 2
+
+    a = xg.detach().clone().requires_grad_()
+    w = params[0].detach()
+    ref = {"gpu idle": [], "gpu busy": []}
+    for busy in (False, True):
+        for _ in range(args.steps):
+            b = Twice.apply(a)
+            torch.cuda.synchronize()
+            if busy:
+                for _ in range(4):
+                    xg.detach() @ w.T  # ≈ 0.5 ms each at the default shape
+            t = time.perf_counter()
+            b.backward(dy)
+            ref["gpu busy" if busy else "gpu idle"].append(1e6 * (ref_marks["backward"] - t))
+    print("PyTorch alone, torch.autograd.backward → a trivial Function's backward, median µs: " + ", ".join(
+        f"{k} {statistics.median(v):.0f}" for k, v in ref.items()))
     print("host segments after the forward's wait, median µs (each from the mark before): " + ", ".join(
         f"{b} {statistics.median(v):.0f}" for b, v in segments.items()))
     print(out.getvalue())
