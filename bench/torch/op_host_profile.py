@@ -13,7 +13,7 @@ extension (perf_counter, median over the steps)."""
 import argparse
 import cProfile
 import io
-import math
+import os
 import pstats
 import statistics
 import sys
@@ -23,6 +23,9 @@ try:
     import torch
     import twell.torch as tt
     from twell import _cuda
+
+    sys.path.insert(0, os.path.dirname(__file__))
+    from ffn_step import make  # the same layer and inputs as the benchmark
 except ImportError as e:
     print(f"skipped: {e}")
     sys.exit(77)
@@ -41,17 +44,9 @@ def main():
         print("skipped: needs a CUDA device and twell built with CUDA")
         sys.exit(77)
     m, k, n = args.m, args.k, args.n
-    g = torch.Generator().manual_seed(0)
-    x = torch.randn(m, k, generator=g)
-    x[:, 0] = 1.0
-    wg = torch.randn(n, k, generator=g) / math.sqrt(k)
-    wg[:, 0] = 0
-    wg[:, 0] = torch.distributions.Normal(0.0, 1.0).icdf(torch.tensor(args.density)).item() * wg[:, 1:].norm(dim=1).mean()
-    wu = torch.randn(n, k, generator=g) / math.sqrt(k)
-    wd = torch.randn(k, n, generator=g) / math.sqrt(n)
-    dy = (torch.randn(m, k, generator=g) / math.sqrt(k)).bfloat16().cuda()
-    xg = x.bfloat16().cuda().requires_grad_()
-    params = [t.bfloat16().cuda().requires_grad_() for t in (wg, wu, wd)]
+    x, wg, wu, wd, dy = (t.cuda() for t in make(m, k, n, args.density))
+    xg = x.requires_grad_()
+    params = [t.requires_grad_() for t in (wg, wu, wd)]
     coeff = torch.tensor(1e-3, device="cuda")
     marks = {}
     real_fwd, real_bwd, real_caps = _cuda.train_forward, _cuda.train_backward, _cuda._caps
