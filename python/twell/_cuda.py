@@ -154,9 +154,9 @@ def _as_loaded(ws: tuple) -> tuple:
     master weights) go in as they are, and the layer rounds them to bf16 while it copies them into
     its layouts (the bits of .to(torch.bfloat16), without the bf16 temporaries); anything else is
     rounded to bf16 here."""
-    present = [w.detach() for w in ws if w is not None]
-    if all(w.dtype == torch.float32 and w.is_contiguous() for w in present):
-        return tuple(None if w is None else w.detach() for w in ws)
+    ws = tuple(None if w is None else w.detach() for w in ws)
+    if all(w is None or (w.dtype == torch.float32 and w.is_contiguous()) for w in ws):
+        return ws
     return tuple(bf16(w) for w in ws)
 
 

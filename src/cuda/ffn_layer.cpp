@@ -27,8 +27,6 @@ cudaStream_t cu(Stream s) { return static_cast<cudaStream_t>(s); }
 DeviceFfnWeights internal(const DeviceWeights& w) {
   TWELL_CHECK(w.w_up != nullptr && w.w_down != nullptr && w.n > 0 && w.k > 0, ErrorCode::invalid_argument,
               "DeviceWeights: w_up, w_down and positive n, k are required (n = {}, k = {})", w.n, w.k);
-  TWELL_CHECK(w.type == WeightType::bf16 || w.type == WeightType::f32, ErrorCode::dtype_mismatch,
-              "DeviceWeights: type must be WeightType::bf16 or WeightType::f32");
   return {w.w_gate, w.w_up, w.w_down, w.n, w.k, w.type};
 }
 

@@ -14,11 +14,11 @@ constexpr std::int64_t kMaxBlocks = 8192;  // per part; both parts stride over t
 __device__ __forceinline__ __nv_bfloat16 as_bf16(const float* p, std::int64_t i) { return __float2bfloat16_rn(p[i]); }
 __device__ __forceinline__ __nv_bfloat16 as_bf16(const __nv_bfloat16* p, std::int64_t i) { return p[i]; }
 
-// 8 consecutive elements at p[i] (16-byte aligned sources) as 8 bf16 in one uint4.
 __device__ __forceinline__ unsigned two_bf16(float lo, float hi) {
   __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);  // .x = lo at the lower address
   return *reinterpret_cast<unsigned*>(&h);
 }
+// 8 consecutive elements at p[i] (16-byte aligned sources) as 8 bf16 in one uint4.
 __device__ __forceinline__ uint4 eight_bf16(const float* p, std::int64_t i) {
   const float4 a = *reinterpret_cast<const float4*>(p + i), b = *reinterpret_cast<const float4*>(p + i + 4);
   return make_uint4(two_bf16(a.x, a.y), two_bf16(a.z, a.w), two_bf16(b.x, b.y), two_bf16(b.z, b.w));
