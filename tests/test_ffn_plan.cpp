@@ -1,6 +1,9 @@
 // The CUDA FFN's dispatch plan (src/cuda/ffn_plan.hpp): pure host rules, checked on every machine.
 #include <gtest/gtest.h>
 
+#include <cstdint>
+#include <vector>
+
 #include "cuda/ffn_plan.hpp"
 
 namespace twell::cuda {
@@ -148,6 +151,17 @@ TEST(TrainPlan, EntriesBeyondTheBackwardsIndicesRunDense) {
   EXPECT_FALSE(c.runs_sparse(0.001, kMaxSparseTrainNnz + 1));
   // A forced sparse step beyond them is refused by the context before anything is written.
   EXPECT_TRUE(plan_train_forward(TrainDispatchPolicy{}, step(1 << 20, Path::sparse)).runs_sparse(0.001, kMaxSparseTrainNnz + 1));
+}
+
+// The one-token kernel's neurons are reordered at steps 8, 16, …, 256, then every 256th step.
+TEST(FfnPlan, DecodeReorderSchedule) {
+  std::vector<std::int64_t> due;
+  for (std::int64_t s = 0; s <= 1024; ++s)
+    if (decode_reorder_due(s)) due.push_back(s);
+  EXPECT_EQ(due, (std::vector<std::int64_t>{8, 16, 32, 64, 128, 256, 512, 768, 1024}));
+  EXPECT_FALSE(decode_reorder_due(-256));
+  EXPECT_TRUE(decode_reorder_due(std::int64_t{1} << 40));
+  EXPECT_FALSE(decode_reorder_due((std::int64_t{1} << 40) + 1));
 }
 
 }  // namespace

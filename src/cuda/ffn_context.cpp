@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstring>
+#include <numeric>
 #include <vector>
 
 #include "cuda/common/check.hpp"
@@ -535,6 +536,10 @@ void FfnContext::dense_forward_counted(const __nv_bfloat16* x, std::int64_t m, _
 }
 
 void FfnContext::decode_forward(const __nv_bfloat16* x, std::int64_t m, __nv_bfloat16* y, cudaStream_t stream) {
+  if (uses_decode_token(m)) {
+    prepare_decode(m, stream);  // (resets the call count on new weights)
+    if (decode_reorder_due(++decode_token_calls_)) reorder_decode(stream);
+  }
   counts_.push_by(static_cast<double>(m) * static_cast<double>(n_), stream,
                   [&](unsigned long long* dst) { enqueue_decode(x, m, y, dst, stream); });
 }
@@ -556,6 +561,21 @@ void FfnContext::prepare_decode(std::int64_t m, cudaStream_t stream) {
       decode_h_.resize(static_cast<std::size_t>(n_));
       decode_flags_.resize(static_cast<std::size_t>(decode_token_flag_bytes(n_)));
       TWELL_CUDA_CHECK(cudaMemsetAsync(decode_flags_.get(), 0, decode_flags_.bytes(), stream));
+    }
+    if (decode_order_epoch_ != weights_epoch_ || decode_order_.size() != static_cast<std::size_t>(n_)) {
+      // New weights (or a new layout of them, as a hot split makes): the counts start again from
+      // the identity order. The buffers keep their addresses once sized (a captured step reads them).
+      decode_order_epoch_ = weights_epoch_;
+      decode_token_calls_ = 0;
+      if (decode_order_.size() != static_cast<std::size_t>(n_)) {
+        decode_order_.resize(static_cast<std::size_t>(n_));
+        decode_hits_.resize(static_cast<std::size_t>(n_));
+      }
+      std::vector<std::int32_t> identity(static_cast<std::size_t>(n_));
+      std::iota(identity.begin(), identity.end(), 0);
+      // (from pageable memory: the call returns once `identity` is staged, so it may go)
+      TWELL_CUDA_CHECK(cudaMemcpyAsync(decode_order_.get(), identity.data(), decode_order_.bytes(), cudaMemcpyHostToDevice, stream));
+      TWELL_CUDA_CHECK(cudaMemsetAsync(decode_hits_.get(), 0, decode_hits_.bytes(), stream));
     }
     return;
   }
@@ -601,7 +621,21 @@ void FfnContext::decode_step_fixed(const DecodeTokenNorm& in, long long* y_fixed
   tp.norm = in;
   tp.y_fixed = y_fixed;
   tp.overflow = overflow;
+  tp.order = decode_order_.get();
+  tp.hits = decode_hits_.get();
   launch_twell_decode_token(tp, stream);
+}
+
+void FfnContext::set_decode_reorder(bool on, cudaStream_t stream) {
+  opt_.decode_reorder = on;
+  if (!on) decode_order_epoch_ = ~std::uint64_t{0};  // the next prepare_decode restores the identity
+  if (!on && n_ > 0 && decode_token_n_ == n_) prepare_decode(1, stream);
+}
+
+void FfnContext::reorder_decode(cudaStream_t stream) {
+  if (!opt_.decode_reorder || decode_token_n_ != n_ || decode_order_epoch_ != weights_epoch_ || decode_order_.size() != static_cast<std::size_t>(n_))
+    return;  // not prepared for these weights: the identity order stands
+  launch_decode_token_reorder(decode_hits_.get(), decode_order_.get(), n_, stream);
 }
 
 void FfnContext::enqueue_decode(const __nv_bfloat16* x, std::int64_t m, __nv_bfloat16* y,
@@ -614,6 +648,8 @@ void FfnContext::enqueue_decode(const __nv_bfloat16* x, std::int64_t m, __nv_bfl
     tp.h = decode_h_.get();
     tp.flags = decode_flags_.get();
     tp.nnz_out = nnz_out;
+    tp.order = decode_order_.get();
+    tp.hits = decode_hits_.get();
     if (norm) tp.norm = *norm;
     launch_twell_decode_token(tp, stream);
     return;

@@ -58,6 +58,7 @@ struct ContextOptions : DispatchPolicy {
   std::int64_t decode_max_rows = 16;
   bool decode_gemv = true;                   // the decode gate by the GEMV kernel (sm80/twell_gemv.hpp; one token: the fused twell_decode_token.hpp) ...
   std::int64_t decode_gemv_max_rows = 1;     // ... up to this M (tensor-core GEMMs win from M = 4)
+  bool decode_reorder = true;                // the one-token kernel's neurons most active first (reorder_decode); off: identity
   // The sm90 gate GEMM with the TwELL packing in its epilogue (sm90/gate_pack.hpp) on a
   // compute-capability-9.0 GPU; false, or another GPU: the cuBLASLt ReLU GEMM + twell_pack. The
   // first call of a layer (dispatch's sampled count) always uses the cuBLASLt gate.
@@ -168,6 +169,11 @@ class FfnContext {
   // The same step with its output added into a fixed-point accumulator (one kernel:
   // TwellDecodeTokenParams::y_fixed): in holds r and w only (r is current; nothing stores it).
   void decode_step_fixed(const DecodeTokenNorm& in, long long* y_fixed, unsigned* overflow, cudaStream_t stream);
+  // Sorts the one-token kernel's neurons by their activity so far, the most active first
+  // (launch_decode_token_reorder): the same results, a schedule. forward() does it itself on
+  // decode_reorder_due's steps; a caller replaying decode_step graphs calls it between steps. No-op
+  // before prepare_decode(1). Not capturable (nothing stops it; it belongs between replays).
+  void reorder_decode(cudaStream_t stream);
   // What the automatic dispatch has measured, never waiting (polls the counts in flight first):
   // the density it follows (−1: none yet; rows the sparse path would run dense weigh at their
   // dense cost, so a dense layer reads far below its true density), the same count's true share
@@ -237,6 +243,7 @@ class FfnContext {
     opt_.decode_token_max_density = d;
   }
   void set_decode_max_rows(std::int64_t m) noexcept { opt_.decode_max_rows = m; }  // the next plans follow it
+  void set_decode_reorder(bool on, cudaStream_t stream);  // off: back to the identity order at once
   LtGemm& gemm() noexcept { return gemm_; }
   const LtGemm& gemm() const noexcept { return gemm_; }
   // GEMMs on a second stream (hot_overlap here and in the training context): their own workspace,
@@ -383,6 +390,12 @@ class FfnContext {
   DeviceBuffer<float> decode_h_;                  // [N] one-token decode's h (twell_decode_token.hpp)
   DeviceBuffer<unsigned char> decode_flags_;      // its active flags
   std::int64_t decode_token_n_ = 0;               // the N decode_h_ and decode_flags_ are sized for
+  // The one-token kernel's schedule (TwellDecodeTokenParams::order, hits): a permutation of the
+  // neurons, most active first, and each neuron's activity since the weights of decode_order_epoch_.
+  DeviceBuffer<std::int32_t> decode_order_;
+  DeviceBuffer<std::uint32_t> decode_hits_;
+  std::uint64_t decode_order_epoch_ = ~std::uint64_t{0};
+  std::int64_t decode_token_calls_ = 0;           // one-token forward() calls since that epoch
   int sm_count_ = 0;
   std::size_t smem_optin_ = 0;
   // Dense rows (twell_dense_rows.hpp).

@@ -131,6 +131,9 @@ void FfnLayer::run_step(const ResidualNorm& in, bf16* x, bf16* y, const StepPlan
   run_step(x, y, plan, stream);
 }
 
+void FfnLayer::reorder_decode_neurons(Stream stream) { loaded(ctx_, n(), "FfnLayer").reorder_decode(cu(stream)); }
+void FfnLayer::set_decode_reorder(bool on, Stream stream) { ctx_->set_decode_reorder(on, cu(stream)); }
+
 bool FfnLayer::folds_fixed_point(const StepPlan& plan) const {
   return ctx_ && plan.capturable && plan.sparse && plan.m == 1 && ctx_->folds_norm();
 }

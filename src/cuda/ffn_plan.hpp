@@ -57,6 +57,14 @@ double max_sparse_density(const DispatchPolicy& p, std::int64_t m, bool decode, 
 
 ForwardPlan plan_forward(const DispatchPolicy& p, const DispatchState& s) noexcept;
 
+// Whether the one-token decode kernel's neurons are reordered by their activity (FfnLayer::
+// reorder_decode_neurons) before one-token step number `step` (1, 2, … since the layer's weights
+// came): at steps 8, 16, 32, 64, 128 and 256, as the counts first say something, then every 256th
+// (a reorder is one small kernel; the counts accumulate, so the order settles).
+constexpr bool decode_reorder_due(std::int64_t step) noexcept {
+  return step >= 8 && (step % 256 == 0 || (step < 256 && (step & (step - 1)) == 0));
+}
+
 // ---- The training forward ----
 
 // The measured thresholds a training step's dispatch reads (TrainContextOptions holds them, with

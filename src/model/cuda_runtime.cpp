@@ -17,6 +17,7 @@
 #include "cuda/common/device_buffer.hpp"
 #include "cuda/common/launch.hpp"
 #include "cuda/dense/lt_gemm.hpp"
+#include "cuda/ffn_plan.hpp"
 #include "cuda/ffn_workspace.hpp"
 #include "cuda/host_util.hpp"
 #include "cuda/ops/model_ops.hpp"
@@ -205,6 +206,7 @@ class CudaRuntime final : public Runtime {
         d.ffn = std::make_unique<cuda::FfnLayer>(&infer_ws_);
         if (opt_.decode_max_density >= 0) d.ffn->set_decode_max_density(opt_.decode_max_density);
         if (opt_.decode_max_rows >= 0) d.ffn->set_decode_max_rows(opt_.decode_max_rows);
+        if (!opt_.decode_neuron_order) d.ffn->set_decode_reorder(false, stream_);
         if (m.bf16_only) {  // the bits on the device, then the layer's own layouts from them
           const DeviceBuffer<bf16_t> g = upload_bits(l.w_gate16, up, source), u = upload_bits(l.w_up16, up, source),
                                      dn = upload_bits(l.w_down16, up, source);
@@ -813,6 +815,11 @@ class CudaRuntime final : public Runtime {
   }
 
   std::vector<char> run_decode(Shape sh, const std::vector<StepPlan>& plans) {
+    // The one-token FFN kernels' neuron order, most active first (FfnLayer::reorder_decode_neurons),
+    // on the engine's schedule: between steps, outside any graph.
+    if (sh.T == 1 && cuda::decode_reorder_due(++one_token_steps_))
+      for (Layer& L : layers_)
+        if (L.ffn) L.ffn->reorder_decode_neurons(stream_);
     const std::int64_t limit = max_keys_;
     std::int64_t bucket = 256;
     while (bucket < sh.max_keys) bucket *= 2;
@@ -906,6 +913,7 @@ class CudaRuntime final : public Runtime {
   DeviceBuffer<bf16_t> ffn_out_;  // one-row forwards: the FFN's output until the next layer adds it
   std::map<std::pair<std::int64_t, std::int64_t>, std::unique_ptr<Graph>> graphs_;  // (rows, keys bucket)
   std::int64_t decode_steps_ = 0, graph_launches_ = 0;
+  std::int64_t one_token_steps_ = 0;  // planned one-row decode steps (decode_reorder_due's count)
   std::int64_t max_keys_ = 0;  // keys the decode attention takes on this device at this head_dim
   bool graphs_failed_ = false;
   bool programmatic_ = false;  // RuntimeOptions::programmatic_launch, on a device that takes it

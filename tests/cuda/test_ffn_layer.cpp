@@ -528,6 +528,53 @@ TEST(FfnLayer, PlannedStepsReplayBitIdentically) {
   cudaStreamDestroy(s);
 }
 
+// The one-token kernel's neuron order (reorder_decode_neurons: forward() reorders at calls 8, 16,
+// …, 256 by the counts so far) changes the schedule, not the bits: 300 one-token calls on
+// different rows give the same y as a layer with the order off, and so does a captured run_step
+// replayed after an explicit reorder.
+TEST(FfnLayer, DecodeNeuronOrderKeepsTheBits) {
+  TWELL_REQUIRE_GPU();
+  cudaStream_t s = nullptr;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
+  const std::int64_t rows = 300, n = 5632, k = 2048;
+  const FfnData d = make_ffn(ffn_case("order", rows, n, k, true, 0.005, 41));
+  FfnLayer on, off;
+  on.upload_weights(d.weights(), s);
+  off.upload_weights(d.weights(), s);
+  off.set_decode_reorder(false, s);
+  Dev<bf16> x(d.x.size()), y_on(d.x.size()), y_off(d.x.size());
+  up(x, to_bf16_bits(d.x));
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  for (std::int64_t r = 0; r < rows; ++r) {
+    on.forward(x.p + r * k, 1, y_on.p + r * k, Path::automatic, s);
+    off.forward(x.p + r * k, 1, y_off.p + r * k, Path::automatic, s);
+  }
+  ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);
+  EXPECT_TRUE(on.last_sparse()) << "the one-token kernels did not run";
+  const auto want = down<std::uint16_t>(y_off);
+  const auto have = down<std::uint16_t>(y_on);
+  std::int64_t bad = -1;
+  for (std::size_t i = 0; i < want.size() && bad < 0; ++i)
+    if (want[i] != have[i]) bad = static_cast<std::int64_t>(i);
+  EXPECT_EQ(bad, -1) << "row " << bad / k << " differs";
+  const FfnLayer::StepPlan plan = on.plan_step(1, Path::automatic);
+  ASSERT_TRUE(plan.capturable && plan.sparse);
+  on.prepare_step(plan, s);
+  ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);
+  cudaGraphExec_t exec = capture_graph(s, [&] { on.run_step(x.p, y_on.p, plan, s); }, "run_step");
+  ASSERT_NE(exec, nullptr);
+  for (int replay = 0; replay < 3; ++replay) {
+    on.reorder_decode_neurons(s);
+    ASSERT_EQ(cudaMemsetAsync(y_on.p, 0xff, static_cast<std::size_t>(k) * sizeof(bf16), s), cudaSuccess);
+    ASSERT_EQ(cudaGraphLaunch(exec, s), cudaSuccess);
+  }
+  ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);
+  const auto replayed = down<std::uint16_t>(y_on);
+  EXPECT_TRUE(std::equal(want.begin(), want.begin() + k, replayed.begin())) << "the replay after a reorder differs";
+  cudaGraphExecDestroy(exec);
+  cudaStreamDestroy(s);
+}
+
 TEST(FfnLayer, MisuseIsAnError) {
   TWELL_REQUIRE_GPU();
   FfnTrainLayer t;

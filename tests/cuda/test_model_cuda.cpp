@@ -546,6 +546,26 @@ TEST(ModelCuda, FusedDecodeIsBitIdentical) {
   }
 }
 
+// RuntimeOptions::decode_neuron_order (the one-token FFN kernels' neurons most active first,
+// reordered at decode steps 8, 16 and 32 of the 60 here) is a schedule: the same logits as the
+// identity order, prefill and every decode step, with the fixed-point output and without it.
+TEST(ModelCuda, DecodeNeuronOrderIsBitIdentical) {
+  TWELL_REQUIRE_GPU();
+  const TinySpec spec = agreement_spec("relu");
+  const model::Model m = model::Model::load(write_tiny("neuron_order", spec).string());
+  for (const bool fixed : {true, false}) {
+    SCOPED_TRACE(fixed ? "fixed-point output" : "two kernels");
+    model::RuntimeOptions on(FfnPath::automatic), off(FfnPath::automatic);
+    on.fixed_point_decode = off.fixed_point_decode = fixed;
+    off.decode_neuron_order = false;
+    auto a = model::make_runtime(m, "cuda", on);
+    auto b = model::make_runtime(m, "cuda", off);
+    expect_bit_identical(spec, *a, *b);
+    EXPECT_GT(a->graph_launches(), 0);
+    EXPECT_EQ(a->fixed_point_decode(), fixed);
+  }
+}
+
 // The CUDA runtime of m with the fixed-point one-token FFN output (default) and without it.
 std::pair<std::unique_ptr<Runtime>, std::unique_ptr<Runtime>> fixed_point_on_off(const model::Model& m) {
   model::RuntimeOptions on(FfnPath::automatic), off(FfnPath::automatic);

@@ -1028,6 +1028,168 @@ TEST(ModelOps, DecodeTokenFixedPointIsTheExactSumOfItsTerms) {
   cudaStreamDestroy(stream);
 }
 
+// decode_token_reorder's order on the host: the neurons by ⌊log2 hits⌋ descending, hits 0 last,
+// ascending index within a class.
+std::vector<std::int32_t> reorder_on_host(const std::vector<std::uint32_t>& hits) {
+  std::vector<std::int32_t> order(hits.size());
+  for (std::size_t i = 0; i < order.size(); ++i) order[i] = static_cast<std::int32_t>(i);
+  std::stable_sort(order.begin(), order.end(), [&](std::int32_t a, std::int32_t b) {
+    return std::bit_width(hits[static_cast<std::size_t>(a)]) > std::bit_width(hits[static_cast<std::size_t>(b)]);
+  });
+  return order;
+}
+
+// decode_token_reorder against the host's stable sort: N within one round of the CTA, at its edges
+// and over many rounds; hits all zero, all one class, spread over every class (0 and 2³² − 1
+// included), and skewed as decode counts are (most zero, a few large). hits is left as it was.
+TEST(ModelOps, DecodeTokenReorderIsAStableSortByActivity) {
+  TWELL_REQUIRE_GPU();
+  Rng rng(fresh_seed());
+  cudaStream_t stream = nullptr;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
+  for (const std::int64_t n : {1, 5, 31, 1023, 1024, 1025, 5632, 14336, 70001}) {
+    for (int kind = 0; kind < 4; ++kind) {
+      SCOPED_TRACE(::testing::Message() << "n " << n << " kind " << kind);
+      std::vector<std::uint32_t> hits(static_cast<std::size_t>(n));
+      for (auto& h : hits) {
+        switch (kind) {
+          case 0: h = 0; break;
+          case 1: h = 5 + static_cast<std::uint32_t>(rng.below(3)); break;  // one class: [4, 8)
+          case 2: {
+            const int bits = static_cast<int>(rng.below(33));
+            h = bits == 0 ? 0u : bits == 32 ? 0xffffffffu - static_cast<std::uint32_t>(rng.below(1000))
+                                            : static_cast<std::uint32_t>(rng.below(std::int64_t{1} << bits));
+            break;
+          }
+          default: h = rng.uniform() < 0.7 ? 0u : static_cast<std::uint32_t>(rng.below(64) * rng.below(64));
+        }
+      }
+      auto d_hits = upload(hits);
+      DeviceBuffer<std::int32_t> order(hits.size());
+      ASSERT_EQ(cudaMemset(order.get(), 0xff, order.bytes()), cudaSuccess);
+      cuda::launch_decode_token_reorder(d_hits.get(), order.get(), n, stream);
+      ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+      EXPECT_EQ(download<std::int32_t>(order), reorder_on_host(hits));
+      EXPECT_EQ(download<std::uint32_t>(d_hits), hits);
+    }
+  }
+  DeviceBuffer<std::uint32_t> hits(4);
+  DeviceBuffer<std::int32_t> order(4);
+  EXPECT_THROW(cuda::launch_decode_token_reorder(hits.get(), order.get(), 0, stream), Error);
+  EXPECT_THROW(cuda::launch_decode_token_reorder(nullptr, order.get(), 4, stream), Error);
+  cudaStreamDestroy(stream);
+}
+
+// The one-token kernels' neuron order (TwellDecodeTokenParams::order) is a schedule only: under a
+// random permutation, the reverse, and the order decode_token_reorder makes from the counts, y,
+// the flags, the active neurons' h, the count and the fixed-point sums equal the identity order's
+// bit for bit, and hits gains one for each active neuron a launch. x given and normalised from r,
+// gated and non-gated, N smaller than a CTA's warps and not a multiple of them.
+TEST(ModelOps, DecodeTokenNeuronOrderIsASchedule) {
+  TWELL_REQUIRE_GPU();
+  Rng rng(fresh_seed());
+  cudaStream_t stream = nullptr;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
+  struct Case {
+    std::int64_t n, k;
+    bool gated, norm;
+  };
+  for (const Case c : {Case{5632, 2048, true, true}, Case{1003, 4104, false, false}, Case{5, 8, true, true},
+                       Case{2053, 264, true, false}}) {
+    SCOPED_TRACE(::testing::Message() << "n " << c.n << " k " << c.k << (c.gated ? " gated" : " non-gated")
+                                      << (c.norm ? " norm" : " x"));
+    const auto nk = static_cast<std::size_t>(c.n * c.k), k = static_cast<std::size_t>(c.k), n = static_cast<std::size_t>(c.n);
+    auto w_first = upload<__nv_bfloat16>(random_bf16(rng, nk)), w_up = upload<__nv_bfloat16>(random_bf16(rng, nk)),
+         w_down_t = upload<__nv_bfloat16>(random_bf16(rng, nk));
+    std::vector<float> rv(k), wv(k);
+    for (auto& e : rv) e = static_cast<float>(3.0 * rng.normal());
+    for (auto& e : wv) e = static_cast<float>(1.0 + 0.25 * rng.normal());
+    auto r = upload(rv), w = upload(wv);
+    auto x = upload<__nv_bfloat16>(random_bf16(rng, k));
+    const float eps = 1e-5f;
+    if (c.norm) cuda::ops::rmsnorm(r.get(), nullptr, 1, c.k, w.get(), eps, x.get(), stream);  // the fixed run's x
+    DeviceBuffer<std::uint32_t> hits(n);
+    ASSERT_EQ(cudaMemset(hits.get(), 0, hits.bytes()), cudaSuccess);
+    struct Out {
+      std::vector<bf16> y;
+      std::vector<unsigned char> flags;
+      std::vector<float> h;
+      unsigned long long count;
+      std::vector<long long> acc;
+    };
+    // Both kernels' outputs under `order` (null: the identity), counting into hits if given.
+    const auto run = [&](const std::int32_t* order, std::uint32_t* hit) {
+      DeviceBuffer<__nv_bfloat16> y(k);
+      DeviceBuffer<float> h(n);
+      DeviceBuffer<unsigned char> flags(static_cast<std::size_t>(cuda::decode_token_flag_bytes(c.n)));
+      DeviceBuffer<unsigned long long> nnz(1);
+      DeviceBuffer<long long> acc(k);
+      DeviceBuffer<unsigned> overflow(1);
+      EXPECT_EQ(cudaMemset(flags.get(), 0, flags.bytes()), cudaSuccess);
+      EXPECT_EQ(cudaMemset(h.get(), 0, h.bytes()), cudaSuccess);
+      EXPECT_EQ(cudaMemset(acc.get(), 0, acc.bytes()), cudaSuccess);
+      EXPECT_EQ(cudaMemset(overflow.get(), 0, overflow.bytes()), cudaSuccess);
+      cuda::TwellDecodeTokenParams p = token_params(c.n, c.k, c.gated, w_first, w_up, w_down_t, h, flags, y.get(), nnz.get());
+      p.x = x.get();
+      p.order = order;
+      p.hits = hit;
+      cuda::launch_twell_decode_token(p, stream);
+      p.h = nullptr;
+      p.flags = nullptr;
+      p.y = nullptr;
+      p.nnz_out = nullptr;
+      p.y_fixed = acc.get();
+      p.overflow = overflow.get();
+      if (c.norm) {
+        p.x = nullptr;
+        p.norm.r = r.get();
+        p.norm.w = w.get();
+        p.norm.eps = eps;
+      }
+      cuda::launch_twell_decode_token(p, stream);
+      EXPECT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+      EXPECT_EQ(download<unsigned>(overflow)[0], 0u);
+      Out o{download<bf16>(y), download<unsigned char>(flags), download<float>(h), download<unsigned long long>(nnz)[0],
+            download<long long>(acc)};
+      for (std::size_t i = 0; i < n; ++i)
+        if (!o.flags[i]) o.h[i] = 0;  // scratch: only the active neurons' entries are written
+      return o;
+    };
+    const Out want = run(nullptr, nullptr);
+    ASSERT_GT(want.count, 0u);
+    std::vector<std::int32_t> perm(n);
+    for (std::size_t i = 0; i < n; ++i) perm[i] = static_cast<std::int32_t>(i);
+    for (std::size_t i = n; i > 1; --i) std::swap(perm[i - 1], perm[static_cast<std::size_t>(rng.below(static_cast<std::int64_t>(i)))]);
+    std::vector<std::int32_t> reversed(perm.rbegin(), perm.rend());
+    int launches = 0;
+    const auto expect_same = [&](const std::vector<std::int32_t>& order, const char* what) {
+      SCOPED_TRACE(what);
+      auto d_order = upload(order);
+      const Out have = run(d_order.get(), hits.get());
+      launches += 2;
+      EXPECT_EQ(std::memcmp(have.y.data(), want.y.data(), k * sizeof(bf16)), 0) << "y";
+      EXPECT_EQ(std::memcmp(have.flags.data(), want.flags.data(), n), 0) << "flags";
+      EXPECT_EQ(std::memcmp(have.h.data(), want.h.data(), n * sizeof(float)), 0) << "h";
+      EXPECT_EQ(have.count, want.count);
+      EXPECT_EQ(have.acc, want.acc) << "the fixed-point sums";
+      const auto hv = download<std::uint32_t>(hits);
+      std::int64_t bad = -1;
+      for (std::size_t i = 0; i < n && bad < 0; ++i)
+        if (hv[i] != static_cast<std::uint32_t>(launches * want.flags[i])) bad = static_cast<std::int64_t>(i);
+      EXPECT_EQ(bad, -1) << "hits of neuron " << bad;
+    };
+    expect_same(perm, "random permutation");
+    expect_same(reversed, "reversed");
+    DeviceBuffer<std::int32_t> sorted(n);
+    cuda::launch_decode_token_reorder(hits.get(), sorted.get(), c.n, stream);
+    ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+    const auto order = download<std::int32_t>(sorted);
+    EXPECT_EQ(order, reorder_on_host(download<std::uint32_t>(hits)));
+    expect_same(order, "by activity");
+  }
+  cudaStreamDestroy(stream);
+}
+
 // Fixed-point values for the readers: sums of a few terms of normal-sized y, zero, ±1, and values
 // past 2⁵³ (the double's rounding first).
 std::vector<long long> random_fixed(Rng& rng, std::size_t k) {

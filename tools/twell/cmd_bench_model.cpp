@@ -24,6 +24,7 @@ struct BenchModelArgs {
   std::int64_t prefill_batch = 8, prefill_len = 512;
   std::vector<std::int64_t> decode_batches = {1, 8, 64};
   std::int64_t context = 128, decode_steps = 32;
+  std::int64_t decode_warmup = 2;  // untimed decode steps of each runtime before a batch's timed ones
   int reps = 3;
   model::RuntimeOptions runtime;  // the GPU switches (add_runtime_flags); each runtime's FFN path set below
   bool energy = true;
@@ -255,8 +256,14 @@ int run_bench_model(BenchModelArgs& a) {
   for (std::int64_t b : a.decode_batches) {
     std::vector<std::vector<std::int32_t>> prompts;
     for (std::int64_t i = 0; i < b; ++i) prompts.push_back(random_tokens(rng, a.context, c.vocab_size));
-    time_decode(*dense, prompts, std::min<std::int64_t>(2, a.decode_steps));  // warm-up
-    time_decode(*sparse, prompts, std::min<std::int64_t>(2, a.decode_steps));
+    // Warm-up (in sequences that fit the context): graphs captured, and with --decode-warmup the
+    // state a long-running server has (the one-token FFN's neuron order, the dispatch's counts).
+    for (std::int64_t left = a.decode_warmup; left > 0;) {
+      const std::int64_t steps = std::min(left, c.max_position - a.context);
+      time_decode(*dense, prompts, steps);
+      time_decode(*sparse, prompts, steps);
+      left -= steps;
+    }
     Row r{"decode", b, b * a.decode_steps, {}, {}};
     for (int i = 0; i < a.reps; ++i) {
       progress(fmt::format("decode batch {}", b));
@@ -357,8 +364,10 @@ int run_bench_model(BenchModelArgs& a) {
                : a.runtime.programmatic_launch     ? "off (this GPU or build does not take them)"
                                            : "off (--no-pdl)");
     fmt::print("fused one-row decode (off: --no-fused-decode): {}; the sparse runtime's fixed-point one-token FFN "
-               "output (off: --no-fixed-point-decode): {}\n",
-               dense->fused_decode() ? "on" : "off", sparse->fixed_point_decode() ? "on" : "off");
+               "output (off: --no-fixed-point-decode): {}; its neurons most active first (off: "
+               "--no-decode-neuron-order): {}\n",
+               dense->fused_decode() ? "on" : "off", sparse->fixed_point_decode() ? "on" : "off",
+               a.runtime.decode_neuron_order ? "on" : "off");
   }
   // Which path the sparse runtime's FFN rows took (over every run above: prefill and decode).
   std::int64_t ffn_rows = 0, ffn_sparse_rows = 0;
@@ -386,12 +395,14 @@ int run_bench_model(BenchModelArgs& a) {
                         {"logits_rel_diff_sparse_vs_dense", agree},
                         {"reps", a.reps},
                         {"decode_steps", a.decode_steps},
+                        {"decode_warmup", a.decode_warmup},
                         {"context", a.context},
                         {"cuda_graphs", a.runtime.cuda_graphs},
                         {"prefill_attention", dense->prefill_attention()},
                         {"programmatic_launch", dense->programmatic_launch()},
                         {"fused_decode", dense->fused_decode()},
                         {"fixed_point_decode", sparse->fixed_point_decode()},
+                        {"decode_neuron_order", a.runtime.decode_neuron_order},
                         {"decode_max_density", a.runtime.decode_max_density},  // < 0: the engine's default
                         {"sparse_runtime_ffn_rows", {{"all", ffn_rows}, {"sparse", ffn_sparse_rows}}},
                         {"peak_memory_bytes", {{"dense", mem_dense}, {"sparse", mem_sparse}}},  // −1 on the CPU
@@ -428,6 +439,11 @@ void add_bench_model_command(CLI::App& bench, std::vector<Command>& out) {
   sub->add_option("--context", a->context, "Prompt tokens before decoding")->check(CLI::Range(1, 1 << 20));
   sub->add_option("--decode-steps", a->decode_steps, "Timed decode steps")->check(CLI::Range(1, 1 << 20));
   sub->add_option("--reps", a->reps, "Timed repetitions of each run (medians)")->check(CLI::Range(1, 1000));
+  sub->add_option("--decode-warmup", a->decode_warmup,
+                  "Untimed decode steps of each runtime before each batch's timed ones (a long-running server's state: "
+                  "the sparse FFN's neuron order settles over ~1000 steps)")
+      ->capture_default_str()
+      ->check(CLI::Range(0, 1 << 20));
   // A benchmark measures a server's steady state: its warm-up call builds the cuDNN graph.
   a->runtime.cudnn_build_at = 1;
   add_runtime_flags(sub, a->runtime);

@@ -16,6 +16,9 @@ inline void add_runtime_flags(CLI::App* sub, model::RuntimeOptions& o) {
   sub->add_flag("!--no-fixed-point-decode", o.fixed_point_decode,
                 "GPU: a batch-1 decode step's sparse FFN runs its down kernel (default: its output as an exact "
                 "fixed-point sum, one kernel fewer a layer)");
+  sub->add_flag("!--no-decode-neuron-order", o.decode_neuron_order,
+                "GPU: a batch-1 decode step's sparse FFN runs its neurons in index order (default: the most active "
+                "first, as counted so far; the same results)");
   sub->add_option("--cudnn-build-at", o.cudnn_build_at,
                   "GPU: a prefill shape's cuDNN attention graph is built at its N-th call (a build takes 0.2-1.7 s; "
                   "earlier calls run twell's own kernel)")

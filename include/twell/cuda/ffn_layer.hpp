@@ -171,6 +171,16 @@ class FfnLayer {
   };
   bool folds_fixed_point(const StepPlan& plan) const;
   void run_step(const ResidualNorm& in, const FixedPointOut& out, const StepPlan& plan, Stream stream);
+  // The one-token kernel runs its neurons in an order of its own (a schedule: the results are the
+  // same bits in any order). Its grid is more than one wave, and the neurons it lists first run
+  // their up and down products while the gate's later rows still stream in. It counts each
+  // neuron's activations, and this sorts the neurons by that count, the most active first. forward()
+  // calls it itself now and then (at one-token calls 8, 16, …, 256, then every 256th). A caller that
+  // replays run_step from CUDA graphs calls it between replays, on the same schedule. It may not be
+  // captured. It does nothing before the layer's first one-token step.
+  void reorder_decode_neurons(Stream stream);
+  // Off: the identity order from now on (reorder_decode_neurons does nothing); for A/B measurement.
+  void set_decode_reorder(bool on, Stream stream);
   // Changes whenever the layer's weight buffers move (load_weights, upload_weights, a hot-neuron
   // split that a large automatic or sparse forward may make on its own): a graph holding this
   // layer's run_step must be captured again.

@@ -82,6 +82,11 @@ struct RuntimeOptions {
   // rounding). A term past the range (cuda/common/fixed_point.hpp) reruns the step the two-kernel
   // way and turns this off. Off: for A/B measurement.
   bool fixed_point_decode = true;
+  // CUDA runtime only: the one-token FFN kernels run their neurons most active first, as counted
+  // over the decode steps so far (cuda::FfnLayer::reorder_decode_neurons), so that the active ones'
+  // work overlaps the gate's stream instead of trailing it. A schedule: the same bits either way.
+  // Off: for A/B measurement.
+  bool decode_neuron_order = true;
   // CUDA runtime only: the density up to which a ReLU layer's decode steps run the sparse decode
   // kernels (the layer's newest count decides; both paths exact); < 0: the engine's measured default.
   double decode_max_density = -1;

@@ -67,7 +67,8 @@ __device__ __forceinline__ void wait_for_prerequisite_grid() {
 #endif
 }
 
-// Warp w of CTA b owns neuron b · kWarps + w. Its row's first window (kWin chunk steps) is loaded
+// Warp w of CTA b owns neuron n = order[i] of slot i = b · kWarps + w (n = i without an order: the
+// order is read before the wait, as no kernel of the chain writes it). Its row's first window (kWin chunk steps) is loaded
 // before the wait for the previous kernel: weights, which no kernel writes, stream in while the
 // norm before the FFN runs (programmatic launches). A lane sums chunks lane, lane + 32, … in order
 // whatever the window, so g has the bits of warp_row_dot (and of the decode GEMV).
@@ -82,12 +83,13 @@ __global__ void __launch_bounds__(kThreads) twell_decode_token_kernel(TwellDecod
   allow_dependent_launch();
   const int lane = threadIdx.x % 32;
   const int kchunks = static_cast<int>(p.k / 8);
-  const std::int64_t n = static_cast<std::int64_t>(blockIdx.x) * kWarps + threadIdx.x / 32;
-  if (!kNorm && n >= p.n) {
+  const std::int64_t slot = static_cast<std::int64_t>(blockIdx.x) * kWarps + threadIdx.x / 32;
+  if (!kNorm && slot >= p.n) {
     wait_for_prerequisite_grid();
     return;
   }
-  const bool has_row = n < p.n;
+  const bool has_row = slot < p.n;
+  const std::int64_t n = has_row && p.order ? static_cast<std::int64_t>(__ldcg(p.order + slot)) : slot;
   const uint4* wrow = reinterpret_cast<const uint4*>(p.w_first + n * p.k);  // read only where has_row
   uint4 wv[kWin];
   const auto load_window = [&](int s0) {
@@ -120,6 +122,7 @@ __global__ void __launch_bounds__(kThreads) twell_decode_token_kernel(TwellDecod
   const float g = __bfloat162float(__float2bfloat16_rn(fmaxf(dev::warp_sum(acc), 0.0f)));
   const bool active = g > 0.0f;
   if (active) {
+    if (p.hits && lane == 0) atomicAdd(p.hits + n, 1u);
     const char* drow = reinterpret_cast<const char*>(p.w_down_t + n * p.k);
     for (std::int64_t b = static_cast<std::int64_t>(lane) * 128; b < p.k * 2; b += 32 * 128)
       asm volatile("prefetch.global.L2 [%0];" ::"l"(drow + b));
@@ -265,6 +268,63 @@ __global__ void __launch_bounds__(kThreads) twell_decode_token_down_kernel(Twell
   if (blockIdx.x == 0 && tid == 0 && p.nnz_out) *p.nnz_out = total;
 }
 
+// decode_token_reorder: a stable counting sort over the activity classes, in one CTA. Pass 1
+// counts each class; pass 2 places kReorderThreads neurons a round, each at its class's next free
+// position plus its rank among the round's earlier neurons of the class (warp ranks by match_any,
+// then the warps' counts in order), so neurons keep their index order within a class.
+constexpr int kReorderThreads = 1024;
+constexpr int kReorderWarps = kReorderThreads / 32;
+constexpr int kClasses = 33;  // hits 0, then ⌊log2 hits⌋ = 0 … 31
+
+__device__ __forceinline__ int activity_class(unsigned h) { return h == 0 ? 0 : 32 - __clz(static_cast<int>(h)); }
+
+__global__ void __launch_bounds__(kReorderThreads) decode_token_reorder_kernel(const unsigned* hits, int* order, int n) {
+  __shared__ unsigned s_next[kClasses];                  // the class's next free position
+  __shared__ unsigned s_round[kClasses];                 // the class's neurons: all (pass 1), then this round's
+  __shared__ unsigned s_warp[kReorderWarps][kClasses];   // a round's count per warp, then its exclusive prefix
+  const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+  if (tid < kClasses) s_round[tid] = 0;
+  __syncthreads();
+  for (int i = tid; i < n; i += kReorderThreads) atomicAdd(&s_round[activity_class(hits[i])], 1u);
+  __syncthreads();
+  if (tid == 0) {  // the most active class first
+    unsigned pos = 0;
+    for (int c = kClasses - 1; c >= 0; --c) {
+      s_next[c] = pos;
+      pos += s_round[c];
+    }
+  }
+  __syncthreads();
+  for (int r0 = 0; r0 < n; r0 += kReorderThreads) {
+    const int i = r0 + tid;
+    const bool valid = i < n;
+    const int c = valid ? activity_class(hits[i]) : kClasses;  // kClasses: no neuron
+    const unsigned peers = __match_any_sync(0xffffffffu, c);
+    const unsigned rank = __popc(peers & ((1u << lane) - 1u));
+    for (int e = tid; e < kReorderWarps * kClasses; e += kReorderThreads) (&s_warp[0][0])[e] = 0;
+    __syncthreads();
+    if (valid && rank == 0) s_warp[warp][c] = __popc(peers);
+    __syncthreads();
+    if (tid < kClasses) {
+      unsigned acc = 0;
+      for (int w = 0; w < kReorderWarps; ++w) {
+        const unsigned k = s_warp[w][tid];
+        s_warp[w][tid] = acc;
+        acc += k;
+      }
+      s_round[tid] = acc;
+    }
+    __syncthreads();
+    if (valid) order[s_next[c] + s_warp[warp][c] + rank] = i;
+    __syncthreads();
+    if (tid < kClasses) s_next[tid] += s_round[tid];
+    // (the next round's first barrier orders this before s_next is read again)
+  }
+  // The order is performed before the grid ends: a programmatic launch after this one starts at its
+  // end (no early trigger here), and the one-token kernel reads the order before its own wait.
+  __threadfence();
+}
+
 // Whether this file's kernels, as loaded on the current device, wait for their prerequisite grid:
 // the down kernel's image (which the first kernel shares) asked through launch.hpp.
 bool down_kernel_waits() {
@@ -330,6 +390,13 @@ void launch_twell_decode_token(const TwellDecodeTokenParams& p, cudaStream_t str
   TWELL_CUDA_CHECK_LAUNCH("twell_decode_token_kernel");
   launch(twell_decode_token_down_kernel, (p.k / 8 + kSlots - 1) / kSlots, pdl, 0);
   TWELL_CUDA_CHECK_LAUNCH("twell_decode_token_down_kernel");
+}
+
+void launch_decode_token_reorder(const std::uint32_t* hits, std::int32_t* order, std::int64_t n, cudaStream_t stream) {
+  TWELL_CU_REQUIRE(hits && order, ErrorCode::invalid_argument, "twell decode_token_reorder: null pointer");
+  TWELL_CU_REQUIRE(n >= 1 && n <= 0x7fffffff, ErrorCode::invalid_argument, "twell decode_token_reorder: N = {} outside [1, 2³¹)", n);
+  decode_token_reorder_kernel<<<1, kReorderThreads, 0, stream>>>(hits, order, static_cast<int>(n));
+  TWELL_CUDA_CHECK_LAUNCH("decode_token_reorder_kernel");
 }
 
 }  // namespace twell::cuda

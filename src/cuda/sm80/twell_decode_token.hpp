@@ -54,6 +54,14 @@ struct TwellDecodeTokenParams : FfnOperands {  // m must be 1
   // any) must have no first or delta (nothing would store r' back).
   long long* y_fixed = nullptr;
   unsigned* overflow = nullptr;
+  // The first kernel's schedule (the results are the same bits with or without it): its warp i
+  // (CTA i / 8) computes neuron order[i]; order must be a permutation of 0 … N − 1 (null: neuron i).
+  // Its CTAs start in index order, and the grid is more than one wave (4 CTAs an SM), so the
+  // neurons listed first run their chains (gate row, up row, h, the down terms) while the gate's
+  // later rows still stream in: decode_token_reorder puts the most active ones there.
+  const std::int32_t* order = nullptr;
+  // optional [N]: hits[n] += 1 for each active neuron n (the activity decode_token_reorder sorts by)
+  std::uint32_t* hits = nullptr;
 };
 
 // Bytes of the flags buffer for N neurons (whole 32-byte groups; the bytes past N stay zero).
@@ -62,5 +70,11 @@ constexpr std::int64_t decode_token_flag_bytes(std::int64_t n) { return (n + 31)
 // Requires M = 1, K a multiple of 8 with K ≤ kDecodeTokenMaxK, 16-byte aligned x (or the norm's
 // operands aligned as DecodeTokenNorm says) and y.
 void launch_twell_decode_token(const TwellDecodeTokenParams& p, cudaStream_t stream);
+
+// order ← 0 … N − 1 sorted by activity, the most active first: by ⌊log2 hits[n]⌋ descending (hits
+// 0 last), ascending n within a class (a stable sort). One CTA; any N ≥ 1. order is a permutation
+// whatever hits holds; hits is read only. For TwellDecodeTokenParams::order; launched plainly (no
+// programmatic overlap), so that every kernel after it reads the new order, even before its wait.
+void launch_decode_token_reorder(const std::uint32_t* hits, std::int32_t* order, std::int64_t n, cudaStream_t stream);
 
 }  // namespace twell::cuda
