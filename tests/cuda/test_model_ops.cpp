@@ -1066,7 +1066,7 @@ TEST(ModelOps, DecodeTokenReorderIsAStableSortByActivity) {
       }
       auto d_hits = upload(hits);
       DeviceBuffer<std::int32_t> order(hits.size());
-      ASSERT_EQ(cudaMemset(order.get(), 0xff, order.bytes()), cudaSuccess);
+      ASSERT_EQ(cudaMemsetAsync(order.get(), 0xff, order.bytes(), stream), cudaSuccess);
       cuda::launch_decode_token_reorder(d_hits.get(), order.get(), n, stream);
       ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
       EXPECT_EQ(download<std::int32_t>(order), reorder_on_host(hits));
@@ -1109,7 +1109,7 @@ TEST(ModelOps, DecodeTokenNeuronOrderIsASchedule) {
     const float eps = 1e-5f;
     if (c.norm) cuda::ops::rmsnorm(r.get(), nullptr, 1, c.k, w.get(), eps, x.get(), stream);  // the fixed run's x
     DeviceBuffer<std::uint32_t> hits(n);
-    ASSERT_EQ(cudaMemset(hits.get(), 0, hits.bytes()), cudaSuccess);
+    ASSERT_EQ(cudaMemsetAsync(hits.get(), 0, hits.bytes(), stream), cudaSuccess);
     struct Out {
       std::vector<bf16> y;
       std::vector<unsigned char> flags;
@@ -1125,10 +1125,10 @@ TEST(ModelOps, DecodeTokenNeuronOrderIsASchedule) {
       DeviceBuffer<unsigned long long> nnz(1);
       DeviceBuffer<long long> acc(k);
       DeviceBuffer<unsigned> overflow(1);
-      EXPECT_EQ(cudaMemset(flags.get(), 0, flags.bytes()), cudaSuccess);
-      EXPECT_EQ(cudaMemset(h.get(), 0, h.bytes()), cudaSuccess);
-      EXPECT_EQ(cudaMemset(acc.get(), 0, acc.bytes()), cudaSuccess);
-      EXPECT_EQ(cudaMemset(overflow.get(), 0, overflow.bytes()), cudaSuccess);
+      EXPECT_EQ(cudaMemsetAsync(flags.get(), 0, flags.bytes(), stream), cudaSuccess);
+      EXPECT_EQ(cudaMemsetAsync(h.get(), 0, h.bytes(), stream), cudaSuccess);
+      EXPECT_EQ(cudaMemsetAsync(acc.get(), 0, acc.bytes(), stream), cudaSuccess);
+      EXPECT_EQ(cudaMemsetAsync(overflow.get(), 0, overflow.bytes(), stream), cudaSuccess);
       cuda::TwellDecodeTokenParams p = token_params(c.n, c.k, c.gated, w_first, w_up, w_down_t, h, flags, y.get(), nnz.get());
       p.x = x.get();
       p.order = order;
