@@ -317,7 +317,7 @@ TEST(ModelOps, WeightFirstKernelsReadXAfterTheWait) {
     DeviceBuffer<__nv_bfloat16> ref(static_cast<std::size_t>(c.k)), got(ref.size());
     DeviceBuffer<float> h(static_cast<std::size_t>(c.n));
     DeviceBuffer<unsigned char> flags(static_cast<std::size_t>(cuda::decode_token_flag_bytes(c.n)));
-    ASSERT_EQ(cudaMemset(flags.get(), 0, flags.bytes()), cudaSuccess);
+    ASSERT_EQ(cudaMemsetAsync(flags.get(), 0, flags.bytes(), stream), cudaSuccess);
     DeviceBuffer<unsigned long long> nnz(2);
     const auto run = [&](const __nv_bfloat16* xp, __nv_bfloat16* y, unsigned long long* count) {
       cuda::TwellDecodeTokenParams p = token_params(c.n, c.k, c.gated, w_first, w_up, w_down_t, h, flags, y, count);
@@ -375,7 +375,7 @@ TEST(ModelOps, DecodeTokenFoldsTheResidualNormBitForBit) {
     DeviceBuffer<__nv_bfloat16> xn(k), y_ref(k), y_sep(k);
     DeviceBuffer<float> h(static_cast<std::size_t>(c.n));
     DeviceBuffer<unsigned char> flags(static_cast<std::size_t>(cuda::decode_token_flag_bytes(c.n)));
-    ASSERT_EQ(cudaMemset(flags.get(), 0, flags.bytes()), cudaSuccess);
+    ASSERT_EQ(cudaMemsetAsync(flags.get(), 0, flags.bytes(), stream), cudaSuccess);
     DeviceBuffer<unsigned long long> nnz(2);
     const auto params = [&](__nv_bfloat16* y, unsigned long long* count) {
       return token_params(c.n, c.k, c.gated, w_first, w_up, w_down_t, h, flags, y, count);
@@ -960,8 +960,8 @@ TEST(ModelOps, DecodeTokenFixedPointIsTheExactSumOfItsTerms) {
     DeviceBuffer<__nv_bfloat16> y(k);
     DeviceBuffer<float> h(static_cast<std::size_t>(c.n));
     DeviceBuffer<unsigned char> flags(static_cast<std::size_t>(cuda::decode_token_flag_bytes(c.n)));
-    ASSERT_EQ(cudaMemset(flags.get(), 0, flags.bytes()), cudaSuccess);
-    ASSERT_EQ(cudaMemset(h.get(), 0, h.bytes()), cudaSuccess);
+    ASSERT_EQ(cudaMemsetAsync(flags.get(), 0, flags.bytes(), stream), cudaSuccess);
+    ASSERT_EQ(cudaMemsetAsync(h.get(), 0, h.bytes(), stream), cudaSuccess);
     cuda::TwellDecodeTokenParams ref = token_params(c.n, c.k, c.gated, w_first, w_up, w_down_t, h, flags, y.get(), nullptr);
     ref.x = x.get();
     cuda::launch_twell_decode_token(ref, stream);
@@ -969,8 +969,8 @@ TEST(ModelOps, DecodeTokenFixedPointIsTheExactSumOfItsTerms) {
     const auto want = fixed_sums(download<float>(h), download<unsigned char>(flags), wd, c.n, c.k);
     DeviceBuffer<long long> acc(k);
     DeviceBuffer<unsigned> overflow(1);
-    ASSERT_EQ(cudaMemset(acc.get(), 0, acc.bytes()), cudaSuccess);
-    ASSERT_EQ(cudaMemset(overflow.get(), 0, overflow.bytes()), cudaSuccess);
+    ASSERT_EQ(cudaMemsetAsync(acc.get(), 0, acc.bytes(), stream), cudaSuccess);
+    ASSERT_EQ(cudaMemsetAsync(overflow.get(), 0, overflow.bytes(), stream), cudaSuccess);
     cuda::TwellDecodeTokenParams p = token_params(c.n, c.k, c.gated, w_first, w_up, w_down_t, h, flags, nullptr, nullptr);
     p.h = nullptr;
     p.flags = nullptr;
@@ -1006,8 +1006,8 @@ TEST(ModelOps, DecodeTokenFixedPointIsTheExactSumOfItsTerms) {
     DeviceBuffer<unsigned char> flags(static_cast<std::size_t>(cuda::decode_token_flag_bytes(n)));
     DeviceBuffer<long long> acc(static_cast<std::size_t>(kk));
     DeviceBuffer<unsigned> overflow(1);
-    ASSERT_EQ(cudaMemset(acc.get(), 0, acc.bytes()), cudaSuccess);
-    ASSERT_EQ(cudaMemset(overflow.get(), 0, overflow.bytes()), cudaSuccess);
+    ASSERT_EQ(cudaMemsetAsync(acc.get(), 0, acc.bytes(), stream), cudaSuccess);
+    ASSERT_EQ(cudaMemsetAsync(overflow.get(), 0, overflow.bytes(), stream), cudaSuccess);
     cuda::TwellDecodeTokenParams p = token_params(n, kk, false, w_first, w_first, w_down_t, h, flags, nullptr, nullptr);
     p.x = x.get();
     p.y_fixed = acc.get();
