@@ -67,10 +67,10 @@ __device__ __forceinline__ void wait_for_prerequisite_grid() {
 #endif
 }
 
-// Warp w of CTA b owns neuron n = order[i] of slot i = b · kWarps + w (n = i without an order: the
-// order is read before the wait, as no kernel of the chain writes it). Its row's first window (kWin chunk steps) is loaded
-// before the wait for the previous kernel: weights, which no kernel writes, stream in while the
-// norm before the FFN runs (programmatic launches). A lane sums chunks lane, lane + 32, … in order
+// Warp w of CTA b owns neuron n = order[i] of slot i = b · kWarps + w (n = i without an order; the
+// order is read before the wait, as no kernel of the chain writes it). Its row's first window (kWin
+// chunk steps) is loaded before the wait for the previous kernel: weights, which no kernel writes,
+// stream in while the norm before the FFN runs (programmatic launches). A lane sums chunks lane, lane + 32, … in order
 // whatever the window, so g has the bits of warp_row_dot (and of the decode GEMV).
 // kNorm: x formed from the residual stream in shared memory (DecodeTokenNorm); every warp of the
 // CTA takes part in the norm, those past N included. kFixed: an active neuron's warp adds its
