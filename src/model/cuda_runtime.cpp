@@ -816,17 +816,10 @@ class CudaRuntime final : public Runtime {
 
   std::vector<char> run_decode(Shape sh, const std::vector<StepPlan>& plans) {
     // The one-token FFN kernels' neuron order, most active first (FfnLayer::reorder_decode_neurons),
-    // on the engine's schedule: between steps, outside any graph. New weights (or a hot split, which
-    // a long prefill may make) start a layer's counts again, and the schedule with them.
-    if (sh.T == 1) {
-      if (std::vector<std::uint64_t> e = weight_epochs(); e != order_epochs_) {
-        order_epochs_ = std::move(e);
-        one_token_steps_ = 0;
-      }
-      if (cuda::decode_reorder_due(++one_token_steps_))
-        for (Layer& L : layers_)
-          if (L.ffn) L.ffn->reorder_decode_neurons(stream_);
-    }
+    // on the engine's schedule: between steps, outside any graph.
+    if (sh.T == 1 && cuda::decode_reorder_due(++one_token_steps_))
+      for (Layer& L : layers_)
+        if (L.ffn) L.ffn->reorder_decode_neurons(stream_);
     const std::int64_t limit = max_keys_;
     std::int64_t bucket = 256;
     while (bucket < sh.max_keys) bucket *= 2;
@@ -920,8 +913,7 @@ class CudaRuntime final : public Runtime {
   DeviceBuffer<bf16_t> ffn_out_;  // one-row forwards: the FFN's output until the next layer adds it
   std::map<std::pair<std::int64_t, std::int64_t>, std::unique_ptr<Graph>> graphs_;  // (rows, keys bucket)
   std::int64_t decode_steps_ = 0, graph_launches_ = 0;
-  std::int64_t one_token_steps_ = 0;          // planned one-row decode steps since order_epochs_ (decode_reorder_due's count)
-  std::vector<std::uint64_t> order_epochs_;  // the layers' weights_epoch() those steps ran on
+  std::int64_t one_token_steps_ = 0;  // planned one-row decode steps (decode_reorder_due's count)
   std::int64_t max_keys_ = 0;  // keys the decode attention takes on this device at this head_dim
   bool graphs_failed_ = false;
   bool programmatic_ = false;  // RuntimeOptions::programmatic_launch, on a device that takes it
