@@ -536,10 +536,10 @@ void FfnContext::dense_forward_counted(const __nv_bfloat16* x, std::int64_t m, _
 }
 
 void FfnContext::decode_forward(const __nv_bfloat16* x, std::int64_t m, __nv_bfloat16* y, cudaStream_t stream) {
-  if (uses_decode_token(m)) {
-    prepare_decode(m, stream);  // (resets the call count on new weights)
-    if (decode_reorder_due(++decode_token_calls_)) reorder_decode(stream);
-  }
+  if (uses_decode_token(m))
+    advance_decode_order(stream);  // prepares the step (and restarts the order on new weights)
+  else
+    prepare_decode(m, stream);
   counts_.push_by(static_cast<double>(m) * static_cast<double>(n_), stream,
                   [&](unsigned long long* dst) { enqueue_decode(x, m, y, dst, stream); });
 }
@@ -562,7 +562,7 @@ void FfnContext::prepare_decode(std::int64_t m, cudaStream_t stream) {
       decode_flags_.resize(static_cast<std::size_t>(decode_token_flag_bytes(n_)));
       TWELL_CUDA_CHECK(cudaMemsetAsync(decode_flags_.get(), 0, decode_flags_.bytes(), stream));
     }
-    if (decode_order_epoch_ != weights_epoch_ || decode_order_.size() != static_cast<std::size_t>(n_)) {
+    if (!decode_order_current()) {
       // New weights (or a new layout of them, as a hot split makes): the counts start again from
       // the identity order. The buffers keep their addresses once sized (a captured step reads them).
       decode_order_epoch_ = weights_epoch_;
@@ -589,13 +589,16 @@ void FfnContext::prepare_decode(std::int64_t m, cudaStream_t stream) {
   }
 }
 
+bool FfnContext::decode_prepared(std::int64_t m) const noexcept {
+  if (!is_decode(m) || m > cap_m_) return false;
+  if (uses_decode_token(m)) return decode_token_n_ == n_;  // (prepare_decode sizes the order with it)
+  return decode_tickets_.size() >= static_cast<std::size_t>(m + 2) &&
+         ws_->decode_partials.size() >= static_cast<std::size_t>(m * tiles() * k_);
+}
+
 void FfnContext::decode_step(const __nv_bfloat16* x, std::int64_t m, __nv_bfloat16* y, bool sparse,
                              cudaStream_t stream) {
-  TWELL_CHECK(is_decode(m) && (uses_decode_token(m) ? decode_token_n_ == n_
-                                                     : decode_tickets_.size() >= static_cast<std::size_t>(m + 2) &&
-                                                           ws_->decode_partials.size() >=
-                                                               static_cast<std::size_t>(m * tiles() * k_)),
-              ErrorCode::invalid_argument, "decode_step: {} rows without prepare_decode({})", m, m);
+  TWELL_CHECK(decode_prepared(m), ErrorCode::invalid_argument, "decode_step: {} rows without prepare_decode({})", m, m);
   if (sparse)
     enqueue_decode(x, m, y, decode_step_nnz_.get(), stream);
   else
@@ -604,7 +607,7 @@ void FfnContext::decode_step(const __nv_bfloat16* x, std::int64_t m, __nv_bfloat
 
 void FfnContext::decode_step_folded(const DecodeTokenNorm& in, __nv_bfloat16* y, cudaStream_t stream) {
   TWELL_CHECK(in.r && in.delta && in.w, ErrorCode::invalid_argument, "decode_step: the residual norm needs r, delta and w");
-  TWELL_CHECK(folds_norm() && decode_token_n_ == n_, ErrorCode::invalid_argument,
+  TWELL_CHECK(folds_norm() && decode_prepared(1), ErrorCode::invalid_argument,
               "decode_step: a folded norm needs the one-token kernels, prepared (prepare_decode(1))");
   enqueue_decode(nullptr, 1, y, decode_step_nnz_.get(), stream, &in);
 }
@@ -613,7 +616,7 @@ void FfnContext::decode_step_fixed(const DecodeTokenNorm& in, long long* y_fixed
                                    cudaStream_t stream) {
   TWELL_CHECK(in.r && in.w && !in.first && !in.delta && y_fixed && overflow, ErrorCode::invalid_argument,
               "decode_step: the fixed-point output needs r, w, the accumulator and the flag, and no first or delta");
-  TWELL_CHECK(folds_norm() && decode_token_n_ == n_, ErrorCode::invalid_argument,
+  TWELL_CHECK(folds_norm() && decode_prepared(1), ErrorCode::invalid_argument,
               "decode_step: the fixed-point output needs the one-token kernels, prepared (prepare_decode(1))");
   TwellDecodeTokenParams tp;
   static_cast<FfnOperands&>(tp) = operands(nullptr, 1, nullptr, n_);
@@ -632,16 +635,24 @@ void FfnContext::set_decode_reorder(bool on, cudaStream_t stream) {
   if (!on && n_ > 0 && decode_token_n_ == n_) prepare_decode(1, stream);
 }
 
+bool FfnContext::decode_order_current() const noexcept {
+  return decode_order_epoch_ == weights_epoch_ && decode_order_.size() == static_cast<std::size_t>(n_);
+}
+
 void FfnContext::reorder_decode(cudaStream_t stream) {
-  if (!opt_.decode_reorder || decode_token_n_ != n_ || decode_order_epoch_ != weights_epoch_ || decode_order_.size() != static_cast<std::size_t>(n_))
-    return;  // not prepared for these weights: the identity order stands
+  if (!opt_.decode_reorder || !decode_order_current()) return;  // not prepared for these weights: the identity stands
   launch_decode_token_reorder(decode_hits_.get(), decode_order_.get(), n_, stream);
+}
+
+void FfnContext::advance_decode_order(cudaStream_t stream) {
+  if (!uses_decode_token(1)) return;
+  prepare_decode(1, stream);  // new weights: the identity order, and the count from zero
+  if (decode_reorder_due(++decode_token_calls_)) reorder_decode(stream);
 }
 
 void FfnContext::enqueue_decode(const __nv_bfloat16* x, std::int64_t m, __nv_bfloat16* y,
                                 unsigned long long* nnz_out, cudaStream_t stream, const DecodeTokenNorm* norm) {
-  prepare_decode(m, stream);  // grow-only: no allocation once prepared (a captured step allocates nothing)
-  if (uses_decode_token(m)) {
+  if (uses_decode_token(m)) {  // (prepared: decode_forward prepares, decode_step checks)
     TwellDecodeTokenParams tp;
     static_cast<FfnOperands&>(tp) = operands(x, m, y, n_);
     tp.w_first = w_gu_.get();

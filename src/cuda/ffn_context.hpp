@@ -174,6 +174,17 @@ class FfnContext {
   // decode_reorder_due's steps; a caller replaying decode_step graphs calls it between steps. No-op
   // before prepare_decode(1). Not capturable (nothing stops it; it belongs between replays).
   void reorder_decode(cudaStream_t stream);
+  // One one-token step is about to run (forward() counts its own; a caller replaying decode_step
+  // graphs calls this before each one-token step, outside the capture): counts it toward
+  // decode_reorder_due's schedule and reorders when due. New weights (a hot split among them, which
+  // renumbers the neurons) restart the identity order and the count. Prepares the step too. No-op
+  // where the one-token kernels do not serve this layer.
+  void advance_decode_order(cudaStream_t stream);
+  // One-token steps counted since the order's weights came, the order itself (device [N], neuron
+  // indices) and the activations counted since (valid once prepared): what tests read.
+  std::int64_t decode_order_steps() const noexcept { return decode_token_calls_; }
+  const std::int32_t* decode_order() const noexcept { return decode_order_.get(); }
+  const std::uint32_t* decode_hits() const noexcept { return decode_hits_.get(); }  // device [N]: each neuron's count
   // What the automatic dispatch has measured, never waiting (polls the counts in flight first):
   // the density it follows (−1: none yet; rows the sparse path would run dense weigh at their
   // dense cost, so a dense layer reads far below its true density), the same count's true share
@@ -395,7 +406,11 @@ class FfnContext {
   DeviceBuffer<std::int32_t> decode_order_;
   DeviceBuffer<std::uint32_t> decode_hits_;
   std::uint64_t decode_order_epoch_ = ~std::uint64_t{0};
-  std::int64_t decode_token_calls_ = 0;           // one-token forward() calls since that epoch
+  std::int64_t decode_token_calls_ = 0;           // one-token steps (advance_decode_order) since that epoch
+  // The order and counts are those of the current weights (else the next prepare_decode restarts them).
+  bool decode_order_current() const noexcept;
+  // decode_step of m rows may run: prepare_decode(m) made everything it needs (for these weights' shape).
+  bool decode_prepared(std::int64_t m) const noexcept;
   int sm_count_ = 0;
   std::size_t smem_optin_ = 0;
   // Dense rows (twell_dense_rows.hpp).

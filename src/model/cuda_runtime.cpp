@@ -17,7 +17,6 @@
 #include "cuda/common/device_buffer.hpp"
 #include "cuda/common/launch.hpp"
 #include "cuda/dense/lt_gemm.hpp"
-#include "cuda/ffn_plan.hpp"
 #include "cuda/ffn_workspace.hpp"
 #include "cuda/host_util.hpp"
 #include "cuda/ops/model_ops.hpp"
@@ -815,11 +814,6 @@ class CudaRuntime final : public Runtime {
   }
 
   std::vector<char> run_decode(Shape sh, const std::vector<StepPlan>& plans) {
-    // The one-token FFN kernels' neuron order, most active first (FfnLayer::reorder_decode_neurons),
-    // on the engine's schedule: between steps, outside any graph.
-    if (sh.T == 1 && cuda::decode_reorder_due(++one_token_steps_))
-      for (Layer& L : layers_)
-        if (L.ffn) L.ffn->reorder_decode_neurons(stream_);
     const std::int64_t limit = max_keys_;
     std::int64_t bucket = 256;
     while (bucket < sh.max_keys) bucket *= 2;
@@ -830,8 +824,14 @@ class CudaRuntime final : public Runtime {
       if (it == graphs_.end()) graphs_.emplace(key, std::make_unique<Graph>());  // next time: planned
       return enqueue_forward(sh, nullptr);
     }
-    for (std::size_t l = 0; l < layers_.size(); ++l)
-      if (layers_[l].ffn) layers_[l].ffn->prepare_step(plans[l], stream_);
+    for (std::size_t l = 0; l < layers_.size(); ++l) {
+      if (!layers_[l].ffn) continue;
+      // The one-token FFN kernels' neuron order, most active first, on the engine's schedule:
+      // counted here, outside any graph (the counted steps above, forward()'s own, count themselves).
+      // A layer's new weights (a long prefill's hot split) restart it.
+      if (sh.T == 1) layers_[l].ffn->advance_decode_order(stream_);
+      layers_[l].ffn->prepare_step(plans[l], stream_);
+    }
     reserve_scratch(sh);
     if (!opt_.cuda_graphs || graphs_failed_) return enqueue_forward(sh, &plans);
     Graph& g = *it->second;
@@ -913,7 +913,6 @@ class CudaRuntime final : public Runtime {
   DeviceBuffer<bf16_t> ffn_out_;  // one-row forwards: the FFN's output until the next layer adds it
   std::map<std::pair<std::int64_t, std::int64_t>, std::unique_ptr<Graph>> graphs_;  // (rows, keys bucket)
   std::int64_t decode_steps_ = 0, graph_launches_ = 0;
-  std::int64_t one_token_steps_ = 0;  // planned one-row decode steps (decode_reorder_due's count)
   std::int64_t max_keys_ = 0;  // keys the decode attention takes on this device at this head_dim
   bool graphs_failed_ = false;
   bool programmatic_ = false;  // RuntimeOptions::programmatic_launch, on a device that takes it

@@ -17,10 +17,13 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstring>
 #include <memory>
+#include <numeric>
 #include <random>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -1018,6 +1021,114 @@ TEST(CudaDecodeToken, MatchesReferenceAtEveryDensity) {
   FfnContext reloaded(opt);  // N = 1010, then 1000: the same 32-neuron group
   check(reloaded, ffn_case("tok_reload_n1010", 1, 1010, 264, true, 0.3, 41), 1);
   check(reloaded, ffn_case("tok_reload_n1000", 1, 1000, 264, true, 0.3, 42), 1);
+  cudaStreamDestroy(s);
+}
+
+// The one-token kernel's neuron order follows its schedule and restarts with new weights. 20
+// one-token forward() calls count 20 steps; the order is then the stable sort of the neurons by
+// ⌊log2⌋ of their activations in the 15 steps before the reorder at step 16 (exact
+// pre-activations: the host knows every active set). A hot split renumbers the neurons: the steps
+// that follow (advance_decode_order + decode_step, as a graph-replaying caller runs them) count from
+// 1 on the identity order with the counts started again (their sum is the new steps' activations,
+// whatever the numbering), and step 8 sorts by the counts of steps 1–7. A new upload restarts them
+// once more, through forward().
+TEST(CudaDecodeToken, NeuronOrderRestartsWithNewWeights) {
+  TWELL_REQUIRE_GPU();
+  cudaStream_t s = nullptr;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
+  const std::int64_t rows = 30, n = 5632, k = 2048;
+  FfnCase c = ffn_case("order_epoch", rows, n, k, true, 0.02, 44);
+  c.exact_preactivation = true;
+  const FfnData d = make_ffn(c);
+  const FfnWeights w = d.weights();
+  // The host's active sets: row r, neuron j active iff its exact pre-activation is positive.
+  std::vector<std::vector<char>> active(static_cast<std::size_t>(rows), std::vector<char>(static_cast<std::size_t>(n)));
+  for (std::int64_t r = 0; r < rows; ++r)
+    for (std::int64_t j = 0; j < n; ++j) {
+      double a = 0;
+      for (std::int64_t kk = 0; kk < k; ++kk)
+        a += static_cast<double>(d.x[static_cast<std::size_t>(r * k + kk)]) * d.wg[static_cast<std::size_t>(j * k + kk)];
+      active[static_cast<std::size_t>(r)][static_cast<std::size_t>(j)] = a > 0;
+    }
+  const auto actives = [&](std::int64_t from, std::int64_t to) {  // activations of rows [from, to)
+    std::uint64_t t = 0;
+    for (std::int64_t r = from; r < to; ++r)
+      for (char a : active[static_cast<std::size_t>(r)]) t += a != 0;
+    return t;
+  };
+  const auto sorted_by = [&](const std::vector<std::uint32_t>& hits) {  // launch_decode_token_reorder's order
+    std::vector<std::int32_t> o(static_cast<std::size_t>(n));
+    std::iota(o.begin(), o.end(), 0);
+    std::stable_sort(o.begin(), o.end(), [&](std::int32_t a, std::int32_t b) {
+      return std::bit_width(hits[static_cast<std::size_t>(a)]) > std::bit_width(hits[static_cast<std::size_t>(b)]);
+    });
+    return o;
+  };
+  std::vector<std::int32_t> identity(static_cast<std::size_t>(n));
+  std::iota(identity.begin(), identity.end(), 0);
+
+  ContextOptions opt;
+  opt.decode_max_density = opt.decode_token_max_density = 1.0;  // the one-token kernels at any count
+  FfnContext ctx(opt);
+  ctx.upload_weights(w, s);
+  const auto xb = to_bf16_bits(d.x);
+  DeviceBuffer<__nv_bfloat16> x(xb.size()), y(static_cast<std::size_t>(k));
+  ASSERT_EQ(cudaMemcpy(x.get(), xb.data(), xb.size() * 2, cudaMemcpyHostToDevice), cudaSuccess);
+  const auto order = [&] {
+    std::vector<std::int32_t> o(static_cast<std::size_t>(n));
+    EXPECT_EQ(cudaStreamSynchronize(s), cudaSuccess);
+    EXPECT_EQ(cudaMemcpy(o.data(), ctx.decode_order(), o.size() * 4, cudaMemcpyDeviceToHost), cudaSuccess);
+    return o;
+  };
+  const auto hits = [&] {
+    std::vector<std::uint32_t> h(static_cast<std::size_t>(n));
+    EXPECT_EQ(cudaStreamSynchronize(s), cudaSuccess);
+    EXPECT_EQ(cudaMemcpy(h.data(), ctx.decode_hits(), h.size() * 4, cudaMemcpyDeviceToHost), cudaSuccess);
+    return h;
+  };
+  const auto sum = [](const std::vector<std::uint32_t>& h) { return std::accumulate(h.begin(), h.end(), std::uint64_t{0}); };
+
+  for (std::int64_t r = 0; r < 20; ++r) {
+    const ForwardResult fr = ctx.forward(x.get() + r * k, 1, y.get(), Path::automatic, s);
+    ASSERT_NE(fr.path.find("one token"), std::string::npos) << fr.path;
+  }
+  EXPECT_EQ(ctx.decode_order_steps(), 20);
+  std::vector<std::uint32_t> first15(static_cast<std::size_t>(n), 0);
+  for (std::int64_t r = 0; r < 15; ++r)
+    for (std::int64_t j = 0; j < n; ++j) first15[static_cast<std::size_t>(j)] += active[static_cast<std::size_t>(r)][static_cast<std::size_t>(j)];
+  const std::vector<std::int32_t> sorted15 = sorted_by(first15);
+  ASSERT_NE(sorted15, identity) << "the case's activity does not move the order: the test would not see a restart";
+  EXPECT_EQ(order(), sorted15) << "the order after 20 steps is not the sort by the counts of steps 1–15";
+  EXPECT_EQ(sum(hits()), actives(0, 20));
+
+  std::vector<std::int64_t> hot;  // split the 64 most active neurons off: the neurons are renumbered
+  for (std::int64_t i = 0; i < 64; ++i) hot.push_back(sorted15[static_cast<std::size_t>(i)]);
+  const std::uint64_t epoch = ctx.weights_epoch();
+  ctx.set_hot_neurons(hot, s);
+  ASSERT_NE(ctx.weights_epoch(), epoch);
+  ASSERT_GT(ctx.hot_count(), 0);
+  const auto replay_step = [&](std::int64_t r) {  // a graph-replaying caller's step (here launched plainly)
+    ctx.advance_decode_order(s);
+    ctx.decode_step(x.get() + r * k, 1, y.get(), true, s);
+  };
+  for (std::int64_t r = 20; r < 25; ++r) replay_step(r);
+  EXPECT_EQ(ctx.decode_order_steps(), 5);
+  EXPECT_EQ(order(), identity) << "a hot split must restart the order";
+  EXPECT_EQ(sum(hits()), actives(20, 25)) << "a hot split must restart the counts";
+  replay_step(25);
+  replay_step(26);
+  const std::vector<std::uint32_t> seven = hits();
+  replay_step(27);  // step 8: sorted by the counts of steps 1–7
+  EXPECT_EQ(ctx.decode_order_steps(), 8);
+  EXPECT_EQ(order(), sorted_by(seven));
+  EXPECT_NE(sorted_by(seven), identity);
+
+  ctx.upload_weights(w, s);
+  const ForwardResult fr = ctx.forward(x.get() + 28 * k, 1, y.get(), Path::automatic, s);
+  ASSERT_NE(fr.path.find("one token"), std::string::npos) << fr.path;
+  EXPECT_EQ(ctx.decode_order_steps(), 1);
+  EXPECT_EQ(order(), identity) << "new weights must restart the order";
+  EXPECT_EQ(sum(hits()), actives(28, 29));
   cudaStreamDestroy(s);
 }
 

@@ -175,10 +175,13 @@ class FfnLayer {
   // same bits in any order). Its grid is more than one wave, and the neurons it lists first run
   // their up and down products while the gate's later rows still stream in. It counts each
   // neuron's activations, and this sorts the neurons by that count, the most active first. forward()
-  // calls it itself now and then (at one-token calls 8, 16, …, 256, then every 256th). A caller that
-  // replays run_step from CUDA graphs calls it between replays, on the same schedule. It may not be
+  // calls it itself now and then (at one-token calls 8, 16, …, 256, then every 256th). It may not be
   // captured. It does nothing before the layer's first one-token step.
   void reorder_decode_neurons(Stream stream);
+  // For a caller that replays run_step from CUDA graphs: call it before each one-token step, outside
+  // the capture. It counts the step and reorders on forward()'s schedule. New weights, including a
+  // hot-neuron split (which renumbers the neurons), start the order and its schedule again.
+  void advance_decode_order(Stream stream);
   // Off: the identity order from now on (reorder_decode_neurons does nothing); for A/B measurement.
   void set_decode_reorder(bool on, Stream stream);
   // Changes whenever the layer's weight buffers move (load_weights, upload_weights, a hot-neuron

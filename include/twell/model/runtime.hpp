@@ -83,7 +83,7 @@ struct RuntimeOptions {
   // way and turns this off. Off: for A/B measurement.
   bool fixed_point_decode = true;
   // CUDA runtime only: the one-token FFN kernels run their neurons most active first, as counted
-  // over the decode steps so far (cuda::FfnLayer::reorder_decode_neurons), so that the active ones'
+  // over the decode steps so far (cuda::FfnLayer::advance_decode_order), so that the active ones'
   // work overlaps the gate's stream instead of trailing it. A schedule: the same bits either way.
   // Off: for A/B measurement.
   bool decode_neuron_order = true;
