@@ -3,7 +3,9 @@
 # PyTorch's best dense decode on the same synthetic checkpoint, same GPU, same call: transformers +
 # torch.compile(mode="reduce-overhead") + static cache (CUDA graphs), and the same weights through
 # a lean gpt-fast-style body (bench/model/fast_llama.py) compiled alike; "best" is the faster.
-#   [BUILD=build/gpu] [OUT=…] [PREFILL=1 [DECODE=0]] [MODEL=DIR] [FAST_MODES=reduce-overhead+cdt,reduce-overhead,max-autotune] [FAST_ATTN=sdpa,math] [HF_DECODE=0] bash bench/model/gpu_decode_yardstick.sh [CONFIG [DENSITY]]   (2b 0.005)
+#   [BUILD=build/gpu] [OUT=…] [PREFILL=1 [DECODE=0]] [MODEL=DIR] [FAST_MODES=reduce-overhead+cdt,reduce-overhead,max-autotune] [FAST_ATTN=sdpa,math] [HF_DECODE=0] [DECODE_WARMUP=N] bash bench/model/gpu_decode_yardstick.sh [CONFIG [DENSITY]]   (2b 0.005)
+# DECODE_WARMUP=N: twell's untimed decode steps before its timed ones (default 2; 600 lets the
+# one-token FFN's neuron order settle, as a server's would in its first ≈ 1 000 tokens).
 # HF_DECODE=0 leaves out transformers' decode rows (its compiled row takes minutes): with
 # FAST_MODES=reduce-overhead+cdt the gpt-fast row has the call to itself (its compilation outlasted
 # the ≈ 5 minutes left after transformers' rows at 8c8578f).
@@ -62,7 +64,7 @@ t0=$(date +%s)
 pf="--prefill-batch 1 --prefill-len 128"
 [ "$PREFILL" = 1 ] && pf="--prefill-batch $PB --prefill-len $PL"
 "$BUILD/tools/twell/twell" bench model --model "$M" --decode-batch 1 --context 128 --decode-steps 128 --no-energy \
-  $pf --json "$OUT/twell.json" > "$OUT/twell.log" 2>&1
+  --decode-warmup "${DECODE_WARMUP:-2}" $pf --json "$OUT/twell.json" > "$OUT/twell.log" 2>&1
 echo "twell bench rc=$? ($(( $(date +%s) - t0 )) s)"
 if [ "$PREFILL" = 1 ] && [ "${DECODE:-1}" != 0 ]; then
   t0=$(date +%s)

@@ -642,7 +642,11 @@ TEST(ModelCuda, FixedPointOverflowRunsTheStepAgain) {
   auto [a, b] = fixed_point_on_off(m);
   ASSERT_TRUE(a->fixed_point_decode());
   expect_bit_identical(spec, *a, *b);
-  EXPECT_FALSE(a->fixed_point_decode()) << "no step overflowed: the test's model does not reach the range";
+  std::string layers;  // what each layer ran, for a failure's message
+  for (const auto& st : a->ffn_stats())
+    layers += " [" + std::to_string(st.sparse_rows) + " of " + std::to_string(st.rows) + " rows sparse, density " +
+              std::to_string(st.last_density) + "]";
+  EXPECT_FALSE(a->fixed_point_decode()) << "no step overflowed: the test's model does not reach the range;" << layers;
   EXPECT_GT(a->graph_launches(), 0);
 }
 
