@@ -570,14 +570,12 @@ void FfnContext::prepare_decode(std::int64_t m, cudaStream_t stream) {
       if (decode_order_.size() != static_cast<std::size_t>(n_)) {
         decode_order_.resize(static_cast<std::size_t>(n_));
         decode_hits_.resize(static_cast<std::size_t>(n_));
-        decode_peaks_.resize(static_cast<std::size_t>(n_));
       }
       std::vector<std::int32_t> identity(static_cast<std::size_t>(n_));
       std::iota(identity.begin(), identity.end(), 0);
       // (from pageable memory: the call returns once `identity` is staged, so it may go)
       TWELL_CUDA_CHECK(cudaMemcpyAsync(decode_order_.get(), identity.data(), decode_order_.bytes(), cudaMemcpyHostToDevice, stream));
       TWELL_CUDA_CHECK(cudaMemsetAsync(decode_hits_.get(), 0, decode_hits_.bytes(), stream));
-      TWELL_CUDA_CHECK(cudaMemsetAsync(decode_peaks_.get(), 0, decode_peaks_.bytes(), stream));
     }
     return;
   }
@@ -628,7 +626,6 @@ void FfnContext::decode_step_fixed(const DecodeTokenNorm& in, long long* y_fixed
   tp.overflow = overflow;
   tp.order = decode_order_.get();
   tp.hits = decode_hits_.get();
-  tp.peaks = decode_peaks_.get();
   launch_twell_decode_token(tp, stream);
 }
 
@@ -644,7 +641,7 @@ bool FfnContext::decode_order_current() const noexcept {
 
 void FfnContext::reorder_decode(cudaStream_t stream) {
   if (!opt_.decode_reorder || !decode_order_current()) return;  // not prepared for these weights: the identity stands
-  launch_decode_token_reorder(decode_hits_.get(), decode_peaks_.get(), decode_order_.get(), n_, stream);
+  launch_decode_token_reorder(decode_hits_.get(), decode_order_.get(), n_, stream);
 }
 
 void FfnContext::advance_decode_order(cudaStream_t stream) {
@@ -664,7 +661,6 @@ void FfnContext::enqueue_decode(const __nv_bfloat16* x, std::int64_t m, __nv_bfl
     tp.nnz_out = nnz_out;
     tp.order = decode_order_.get();
     tp.hits = decode_hits_.get();
-    tp.peaks = decode_peaks_.get();
     if (norm) tp.norm = *norm;
     launch_twell_decode_token(tp, stream);
     return;

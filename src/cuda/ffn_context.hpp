@@ -184,8 +184,7 @@ class FfnContext {
   // indices) and the activations counted since (valid once prepared): what tests read.
   std::int64_t decode_order_steps() const noexcept { return decode_token_calls_; }
   const std::int32_t* decode_order() const noexcept { return decode_order_.get(); }
-  const std::uint32_t* decode_hits() const noexcept { return decode_hits_.get(); }    // device [N]: each neuron's count
-  const std::uint32_t* decode_peaks() const noexcept { return decode_peaks_.get(); }  // device [N]: TwellDecodeTokenParams::peaks
+  const std::uint32_t* decode_hits() const noexcept { return decode_hits_.get(); }  // device [N]: each neuron's count
   // What the automatic dispatch has measured, never waiting (polls the counts in flight first):
   // the density it follows (−1: none yet; rows the sparse path would run dense weigh at their
   // dense cost, so a dense layer reads far below its true density), the same count's true share
@@ -406,7 +405,6 @@ class FfnContext {
   // neurons, most active first, and each neuron's activity since the weights of decode_order_epoch_.
   DeviceBuffer<std::int32_t> decode_order_;
   DeviceBuffer<std::uint32_t> decode_hits_;
-  DeviceBuffer<std::uint32_t> decode_peaks_;  // each neuron's peak pre-activation (decode_token_peak_key) since then
   std::uint64_t decode_order_epoch_ = ~std::uint64_t{0};
   std::int64_t decode_token_calls_ = 0;           // one-token steps (advance_decode_order) since that epoch
   // The order and counts are those of the current weights (else the next prepare_decode restarts them).

@@ -29,7 +29,6 @@
 
 #include "cuda/common/device_buffer.hpp"
 #include "cuda/ffn_context.hpp"
-#include "cuda/sm80/twell_decode_token.hpp"
 #include "cuda/sm80/twell_gemv.hpp"
 #include "cuda_test_util.hpp"
 #include "twell/cpu/reference.hpp"
@@ -1027,12 +1026,12 @@ TEST(CudaDecodeToken, MatchesReferenceAtEveryDensity) {
 
 // The one-token kernel's neuron order follows its schedule and restarts with new weights. 20
 // one-token forward() calls count 20 steps; the order is then the stable sort of the neurons by
-// ⌊log2⌋ of their activations, then (no activations) by their peak pre-activation, in the 15 steps
-// before the reorder at step 16 (exact pre-activations: the host knows every one). A hot split
-// renumbers the neurons: the steps that follow (advance_decode_order + decode_step, as a
-// graph-replaying caller runs them) count from 1 on the identity order with the counts and peaks
-// started again (as multisets they are the new steps' own, whatever the numbering), and step 8
-// sorts by those of steps 1–7. A new upload restarts them once more, through forward().
+// ⌊log2⌋ of their activations in the 15 steps before the reorder at step 16 (exact
+// pre-activations: the host knows every active set). A hot split renumbers the neurons: the steps
+// that follow (advance_decode_order + decode_step, as a graph-replaying caller runs them) count from
+// 1 on the identity order with the counts started again (their sum is the new steps' activations,
+// whatever the numbering), and step 8 sorts by the counts of steps 1–7. A new upload restarts them
+// once more, through forward().
 TEST(CudaDecodeToken, NeuronOrderRestartsWithNewWeights) {
   TWELL_REQUIRE_GPU();
   cudaStream_t s = nullptr;
@@ -1042,45 +1041,27 @@ TEST(CudaDecodeToken, NeuronOrderRestartsWithNewWeights) {
   c.exact_preactivation = true;
   const FfnData d = make_ffn(c);
   const FfnWeights w = d.weights();
-  // The host's pre-activations (exact in fp32 on this grid, as the kernel sums them).
-  std::vector<float> pre(static_cast<std::size_t>(rows * n));
+  // The host's active sets: row r, neuron j active iff its exact pre-activation is positive.
+  std::vector<std::vector<char>> active(static_cast<std::size_t>(rows), std::vector<char>(static_cast<std::size_t>(n)));
   for (std::int64_t r = 0; r < rows; ++r)
     for (std::int64_t j = 0; j < n; ++j) {
       double a = 0;
       for (std::int64_t kk = 0; kk < k; ++kk)
         a += static_cast<double>(d.x[static_cast<std::size_t>(r * k + kk)]) * d.wg[static_cast<std::size_t>(j * k + kk)];
-      pre[static_cast<std::size_t>(r * n + j)] = static_cast<float>(a);
+      active[static_cast<std::size_t>(r)][static_cast<std::size_t>(j)] = a > 0;
     }
-  const auto key = [](float v) { return decode_token_peak_key(std::bit_cast<std::uint32_t>(v)); };
-  // Rows [from, to): each neuron's activations and peak key, as the kernels count them.
-  const auto counted = [&](std::int64_t from, std::int64_t to) {
-    std::pair<std::vector<std::uint32_t>, std::vector<std::uint32_t>> hp;
-    hp.first.assign(static_cast<std::size_t>(n), 0);
-    hp.second.assign(static_cast<std::size_t>(n), 0);
+  const auto actives = [&](std::int64_t from, std::int64_t to) {  // activations of rows [from, to)
+    std::uint64_t t = 0;
     for (std::int64_t r = from; r < to; ++r)
-      for (std::size_t j = 0; j < static_cast<std::size_t>(n); ++j) {
-        const float v = pre[static_cast<std::size_t>(r * n) + j];
-        hp.first[j] += v > 0;
-        hp.second[j] = std::max(hp.second[j], key(v));
-      }
-    return hp;
+      for (char a : active[static_cast<std::size_t>(r)]) t += a != 0;
+    return t;
   };
-  // launch_decode_token_reorder's order: ⌊log2 hits⌋ descending, then no hits by peak (nearest
-  // zero first, half-octave classes from 2⁻⁸ to 2⁹), then no peak; stable.
-  const auto sorted_by = [&](const std::vector<std::uint32_t>& hits, const std::vector<std::uint32_t>& peaks) {
-    const auto cls = [&](std::int32_t i) {
-      const auto u = static_cast<std::size_t>(i);
-      if (hits[u]) return 1000 + static_cast<int>(std::bit_width(hits[u]));
-      if (peaks[u] == 0) return -1000;
-      const float p = std::bit_cast<float>((peaks[u] >> 31) ? peaks[u] & 0x7fffffffu : ~peaks[u]);
-      if (!(p < 0)) return 500;
-      int e = 0;
-      const double m = std::frexp(-static_cast<double>(p), &e);
-      return 500 - std::clamp(2 * (e - 1) + (2 * m >= 1.5 ? 1 : 0) + 16, 0, 33);
-    };
+  const auto sorted_by = [&](const std::vector<std::uint32_t>& hits) {  // launch_decode_token_reorder's order
     std::vector<std::int32_t> o(static_cast<std::size_t>(n));
     std::iota(o.begin(), o.end(), 0);
-    std::stable_sort(o.begin(), o.end(), [&](std::int32_t a, std::int32_t b) { return cls(a) > cls(b); });
+    std::stable_sort(o.begin(), o.end(), [&](std::int32_t a, std::int32_t b) {
+      return std::bit_width(hits[static_cast<std::size_t>(a)]) > std::bit_width(hits[static_cast<std::size_t>(b)]);
+    });
     return o;
   };
   std::vector<std::int32_t> identity(static_cast<std::size_t>(n));
@@ -1099,28 +1080,26 @@ TEST(CudaDecodeToken, NeuronOrderRestartsWithNewWeights) {
     EXPECT_EQ(cudaMemcpy(o.data(), ctx.decode_order(), o.size() * 4, cudaMemcpyDeviceToHost), cudaSuccess);
     return o;
   };
-  const auto device_words = [&](const std::uint32_t* p) {
+  const auto hits = [&] {
     std::vector<std::uint32_t> h(static_cast<std::size_t>(n));
     EXPECT_EQ(cudaStreamSynchronize(s), cudaSuccess);
-    EXPECT_EQ(cudaMemcpy(h.data(), p, h.size() * 4, cudaMemcpyDeviceToHost), cudaSuccess);
+    EXPECT_EQ(cudaMemcpy(h.data(), ctx.decode_hits(), h.size() * 4, cudaMemcpyDeviceToHost), cudaSuccess);
     return h;
   };
-  const auto sorted_copy = [](std::vector<std::uint32_t> v) {
-    std::sort(v.begin(), v.end());
-    return v;
-  };
+  const auto sum = [](const std::vector<std::uint32_t>& h) { return std::accumulate(h.begin(), h.end(), std::uint64_t{0}); };
 
   for (std::int64_t r = 0; r < 20; ++r) {
     const ForwardResult fr = ctx.forward(x.get() + r * k, 1, y.get(), Path::automatic, s);
     ASSERT_NE(fr.path.find("one token"), std::string::npos) << fr.path;
   }
   EXPECT_EQ(ctx.decode_order_steps(), 20);
-  const auto [hits15, peaks15] = counted(0, 15);
-  const std::vector<std::int32_t> sorted15 = sorted_by(hits15, peaks15);
+  std::vector<std::uint32_t> first15(static_cast<std::size_t>(n), 0);
+  for (std::int64_t r = 0; r < 15; ++r)
+    for (std::int64_t j = 0; j < n; ++j) first15[static_cast<std::size_t>(j)] += active[static_cast<std::size_t>(r)][static_cast<std::size_t>(j)];
+  const std::vector<std::int32_t> sorted15 = sorted_by(first15);
   ASSERT_NE(sorted15, identity) << "the case's activity does not move the order: the test would not see a restart";
   EXPECT_EQ(order(), sorted15) << "the order after 20 steps is not the sort by the counts of steps 1–15";
-  EXPECT_EQ(device_words(ctx.decode_hits()), counted(0, 20).first);
-  EXPECT_EQ(device_words(ctx.decode_peaks()), counted(0, 20).second);
+  EXPECT_EQ(sum(hits()), actives(0, 20));
 
   std::vector<std::int64_t> hot;  // split the 64 most active neurons off: the neurons are renumbered
   for (std::int64_t i = 0; i < 64; ++i) hot.push_back(sorted15[static_cast<std::size_t>(i)]);
@@ -1135,23 +1114,21 @@ TEST(CudaDecodeToken, NeuronOrderRestartsWithNewWeights) {
   for (std::int64_t r = 20; r < 25; ++r) replay_step(r);
   EXPECT_EQ(ctx.decode_order_steps(), 5);
   EXPECT_EQ(order(), identity) << "a hot split must restart the order";
-  EXPECT_EQ(sorted_copy(device_words(ctx.decode_hits())), sorted_copy(counted(20, 25).first)) << "a hot split must restart the counts";
-  EXPECT_EQ(sorted_copy(device_words(ctx.decode_peaks())), sorted_copy(counted(20, 25).second)) << "... and the peaks";
+  EXPECT_EQ(sum(hits()), actives(20, 25)) << "a hot split must restart the counts";
   replay_step(25);
   replay_step(26);
-  const std::vector<std::uint32_t> hits7 = device_words(ctx.decode_hits()), peaks7 = device_words(ctx.decode_peaks());
+  const std::vector<std::uint32_t> seven = hits();
   replay_step(27);  // step 8: sorted by the counts of steps 1–7
   EXPECT_EQ(ctx.decode_order_steps(), 8);
-  EXPECT_EQ(order(), sorted_by(hits7, peaks7));
-  EXPECT_NE(sorted_by(hits7, peaks7), identity);
+  EXPECT_EQ(order(), sorted_by(seven));
+  EXPECT_NE(sorted_by(seven), identity);
 
   ctx.upload_weights(w, s);
   const ForwardResult fr = ctx.forward(x.get() + 28 * k, 1, y.get(), Path::automatic, s);
   ASSERT_NE(fr.path.find("one token"), std::string::npos) << fr.path;
   EXPECT_EQ(ctx.decode_order_steps(), 1);
   EXPECT_EQ(order(), identity) << "new weights must restart the order";
-  EXPECT_EQ(device_words(ctx.decode_hits()), counted(28, 29).first);
-  EXPECT_EQ(device_words(ctx.decode_peaks()), counted(28, 29).second);
+  EXPECT_EQ(sum(hits()), actives(28, 29));
   cudaStreamDestroy(s);
 }
 

@@ -1028,38 +1028,20 @@ TEST(ModelOps, DecodeTokenFixedPointIsTheExactSumOfItsTerms) {
   cudaStreamDestroy(stream);
 }
 
-// decode_token_reorder's order on the host: the neurons by ⌊log2 hits⌋ descending; then those
-// without hits by their peak pre-activation p (peaks given, as decode_token_peak_key keys it): nearest
-// zero first, a class per half octave of −p (below or from 1.5 · 2^e), −p ≤ 2⁻⁸ one class, ≥ 2⁹ one;
-// then those without a peak; ascending index within a class.
-int host_activity_class(std::uint32_t hits, std::uint32_t key) {
-  if (hits != 0) return 1000 + static_cast<int>(std::bit_width(hits));
-  if (key == 0) return -1000;
-  const std::uint32_t bits = (key >> 31) ? key & 0x7fffffffu : ~key;
-  const float p = std::bit_cast<float>(bits);
-  if (!(p < 0)) return 500;
-  int e = 0;
-  const double m = std::frexp(-static_cast<double>(p), &e);  // −p = m · 2^e, m in [0.5, 1)
-  const int half = 2 * (e - 1) + (2 * m >= 1.5 ? 1 : 0);      // of 2^(e − 1): below 1.5 or from it
-  return 500 - std::clamp(half + 16, 0, 33);                    // −p ≤ 2⁻⁸ (half ≤ −16): 500
-}
-
-std::vector<std::int32_t> reorder_on_host(const std::vector<std::uint32_t>& hits, const std::vector<std::uint32_t>* peaks = nullptr) {
+// decode_token_reorder's order on the host: the neurons by ⌊log2 hits⌋ descending, hits 0 last,
+// ascending index within a class.
+std::vector<std::int32_t> reorder_on_host(const std::vector<std::uint32_t>& hits) {
   std::vector<std::int32_t> order(hits.size());
   for (std::size_t i = 0; i < order.size(); ++i) order[i] = static_cast<std::int32_t>(i);
-  const auto cls = [&](std::int32_t i) {
-    const auto u = static_cast<std::size_t>(i);
-    return host_activity_class(hits[u], peaks ? (*peaks)[u] : 0u);
-  };
-  std::stable_sort(order.begin(), order.end(), [&](std::int32_t a, std::int32_t b) { return cls(a) > cls(b); });
+  std::stable_sort(order.begin(), order.end(), [&](std::int32_t a, std::int32_t b) {
+    return std::bit_width(hits[static_cast<std::size_t>(a)]) > std::bit_width(hits[static_cast<std::size_t>(b)]);
+  });
   return order;
 }
 
 // decode_token_reorder against the host's stable sort: N within one round of the CTA, at its edges
 // and over many rounds; hits all zero, all one class, spread over every class (0 and 2³² − 1
-// included), and skewed as decode counts are (most zero, a few large); without peaks, and with
-// peaks: none yet, ±0, positive, and negative from 2⁻¹² to 2¹², the class edges (2⁻⁸, 1.5 · 2^e,
-// 2⁹) and their neighbours, subnormals. hits and peaks are left as they were.
+// included), and skewed as decode counts are (most zero, a few large). hits is left as it was.
 TEST(ModelOps, DecodeTokenReorderIsAStableSortByActivity) {
   TWELL_REQUIRE_GPU();
   Rng rng(fresh_seed());
@@ -1082,54 +1064,26 @@ TEST(ModelOps, DecodeTokenReorderIsAStableSortByActivity) {
           default: h = rng.uniform() < 0.7 ? 0u : static_cast<std::uint32_t>(rng.below(64) * rng.below(64));
         }
       }
-      std::vector<std::uint32_t> peaks(static_cast<std::size_t>(n));
-      for (auto& k : peaks) {
-        const double u = rng.uniform();
-        float p = 0;
-        if (u < 0.15) {
-          k = 0;  // none yet
-          continue;
-        } else if (u < 0.2) {
-          p = rng.uniform() < 0.5 ? -0.0f : 0.0f;
-        } else if (u < 0.25) {
-          p = static_cast<float>(std::ldexp(rng.uniform(), static_cast<int>(rng.below(10)) - 5));  // positive
-        } else if (u < 0.4) {  // a class edge, or one float either side of it
-          const int e = static_cast<int>(rng.below(20)) - 9;
-          const float edge = static_cast<float>(rng.uniform() < 0.5 ? std::ldexp(1.0, e) : std::ldexp(1.5, e));
-          const int side = static_cast<int>(rng.below(3)) - 1;
-          p = -(side == 0 ? edge : std::nextafter(edge, side < 0 ? 0.0f : 1e30f));
-        } else if (u < 0.45) {
-          p = -std::bit_cast<float>(static_cast<std::uint32_t>(1 + rng.below(0x7fffff)));  // subnormal
-        } else {
-          p = -static_cast<float>(std::exp2(24.0 * rng.uniform() - 12.0));
-        }
-        k = cuda::decode_token_peak_key(std::bit_cast<std::uint32_t>(p));
-      }
       auto d_hits = upload(hits);
-      auto d_peaks = upload(peaks);
-      for (const bool with_peaks : {false, true}) {
-        DeviceBuffer<std::int32_t> order(hits.size());
-        ASSERT_EQ(cudaMemsetAsync(order.get(), 0xff, order.bytes(), stream), cudaSuccess);
-        cuda::launch_decode_token_reorder(d_hits.get(), with_peaks ? d_peaks.get() : nullptr, order.get(), n, stream);
-        ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
-        EXPECT_EQ(download<std::int32_t>(order), reorder_on_host(hits, with_peaks ? &peaks : nullptr))
-            << (with_peaks ? "with peaks" : "without peaks");
-      }
+      DeviceBuffer<std::int32_t> order(hits.size());
+      ASSERT_EQ(cudaMemsetAsync(order.get(), 0xff, order.bytes(), stream), cudaSuccess);
+      cuda::launch_decode_token_reorder(d_hits.get(), order.get(), n, stream);
+      ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+      EXPECT_EQ(download<std::int32_t>(order), reorder_on_host(hits));
       EXPECT_EQ(download<std::uint32_t>(d_hits), hits);
-      EXPECT_EQ(download<std::uint32_t>(d_peaks), peaks);
     }
   }
   DeviceBuffer<std::uint32_t> hits(4);
   DeviceBuffer<std::int32_t> order(4);
-  EXPECT_THROW(cuda::launch_decode_token_reorder(hits.get(), nullptr, order.get(), 0, stream), Error);
-  EXPECT_THROW(cuda::launch_decode_token_reorder(nullptr, nullptr, order.get(), 4, stream), Error);
+  EXPECT_THROW(cuda::launch_decode_token_reorder(hits.get(), order.get(), 0, stream), Error);
+  EXPECT_THROW(cuda::launch_decode_token_reorder(nullptr, order.get(), 4, stream), Error);
   cudaStreamDestroy(stream);
 }
 
 // The one-token kernels' neuron order (TwellDecodeTokenParams::order) is a schedule only: under a
 // random permutation, the reverse, and the order decode_token_reorder makes from the counts, y,
 // the flags, the active neurons' h, the count and the fixed-point sums equal the identity order's
-// bit for bit, hits gains one for each active neuron a launch, and peaks hold the same pre-activations. x given and normalised from r,
+// bit for bit, and hits gains one for each active neuron a launch. x given and normalised from r,
 // gated and non-gated, N smaller than a CTA's warps and not a multiple of them.
 TEST(ModelOps, DecodeTokenNeuronOrderIsASchedule) {
   TWELL_REQUIRE_GPU();
@@ -1154,9 +1108,8 @@ TEST(ModelOps, DecodeTokenNeuronOrderIsASchedule) {
     auto x = upload<__nv_bfloat16>(random_bf16(rng, k));
     const float eps = 1e-5f;
     if (c.norm) cuda::ops::rmsnorm(r.get(), nullptr, 1, c.k, w.get(), eps, x.get(), stream);  // the fixed run's x
-    DeviceBuffer<std::uint32_t> hits(n), peaks(n);
+    DeviceBuffer<std::uint32_t> hits(n);
     ASSERT_EQ(cudaMemsetAsync(hits.get(), 0, hits.bytes(), stream), cudaSuccess);
-    ASSERT_EQ(cudaMemsetAsync(peaks.get(), 0, peaks.bytes(), stream), cudaSuccess);
     struct Out {
       std::vector<bf16> y;
       std::vector<unsigned char> flags;
@@ -1164,8 +1117,8 @@ TEST(ModelOps, DecodeTokenNeuronOrderIsASchedule) {
       unsigned long long count;
       std::vector<long long> acc;
     };
-    // Both kernels' outputs under `order` (null: the identity), counting into hits and peaks if given.
-    const auto run = [&](const std::int32_t* order, std::uint32_t* hit, std::uint32_t* peak) {
+    // Both kernels' outputs under `order` (null: the identity), counting into hits if given.
+    const auto run = [&](const std::int32_t* order, std::uint32_t* hit) {
       DeviceBuffer<__nv_bfloat16> y(k);
       DeviceBuffer<float> h(n);
       DeviceBuffer<unsigned char> flags(static_cast<std::size_t>(cuda::decode_token_flag_bytes(c.n)));
@@ -1180,7 +1133,6 @@ TEST(ModelOps, DecodeTokenNeuronOrderIsASchedule) {
       p.x = x.get();
       p.order = order;
       p.hits = hit;
-      p.peaks = peak;
       cuda::launch_twell_decode_token(p, stream);
       p.h = nullptr;
       p.flags = nullptr;
@@ -1203,18 +1155,17 @@ TEST(ModelOps, DecodeTokenNeuronOrderIsASchedule) {
         if (!o.flags[i]) o.h[i] = 0;  // scratch: only the active neurons' entries are written
       return o;
     };
-    const Out want = run(nullptr, nullptr, nullptr);
+    const Out want = run(nullptr, nullptr);
     ASSERT_GT(want.count, 0u);
     std::vector<std::int32_t> perm(n);
     for (std::size_t i = 0; i < n; ++i) perm[i] = static_cast<std::int32_t>(i);
     for (std::size_t i = n; i > 1; --i) std::swap(perm[i - 1], perm[static_cast<std::size_t>(rng.below(static_cast<std::int64_t>(i)))]);
     std::vector<std::int32_t> reversed(perm.rbegin(), perm.rend());
     int launches = 0;
-    std::vector<std::uint32_t> peaks_seen;
     const auto expect_same = [&](const std::vector<std::int32_t>& order, const char* what) {
       SCOPED_TRACE(what);
       auto d_order = upload(order);
-      const Out have = run(d_order.get(), hits.get(), peaks.get());
+      const Out have = run(d_order.get(), hits.get());
       launches += 2;
       EXPECT_EQ(std::memcmp(have.y.data(), want.y.data(), k * sizeof(bf16)), 0) << "y";
       EXPECT_EQ(std::memcmp(have.flags.data(), want.flags.data(), n), 0) << "flags";
@@ -1226,24 +1177,14 @@ TEST(ModelOps, DecodeTokenNeuronOrderIsASchedule) {
       for (std::size_t i = 0; i < n && bad < 0; ++i)
         if (hv[i] != static_cast<std::uint32_t>(launches * want.flags[i])) bad = static_cast<std::int64_t>(i);
       EXPECT_EQ(bad, -1) << "hits of neuron " << bad;
-      // Every launch computes the same pre-activations, in any order: the peaks are one launch's,
-      // positive exactly where the neuron fired.
-      const auto pv = download<std::uint32_t>(peaks);
-      if (peaks_seen.empty()) peaks_seen = pv;
-      EXPECT_EQ(pv, peaks_seen) << "the peaks moved with the order";
-      bad = -1;
-      for (std::size_t i = 0; i < n && bad < 0; ++i)
-        if (pv[i] == 0 || ((pv[i] >> 31) && (pv[i] & 0x7fffffffu) != 0) != (want.flags[i] != 0)) bad = static_cast<std::int64_t>(i);
-      EXPECT_EQ(bad, -1) << "peak of neuron " << bad;
     };
     expect_same(perm, "random permutation");
     expect_same(reversed, "reversed");
     DeviceBuffer<std::int32_t> sorted(n);
-    cuda::launch_decode_token_reorder(hits.get(), peaks.get(), sorted.get(), c.n, stream);
+    cuda::launch_decode_token_reorder(hits.get(), sorted.get(), c.n, stream);
     ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
     const auto order = download<std::int32_t>(sorted);
-    const auto pv = download<std::uint32_t>(peaks);
-    EXPECT_EQ(order, reorder_on_host(download<std::uint32_t>(hits), &pv));
+    EXPECT_EQ(order, reorder_on_host(download<std::uint32_t>(hits)));
     expect_same(order, "by activity");
   }
   cudaStreamDestroy(stream);

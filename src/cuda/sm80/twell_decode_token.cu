@@ -119,9 +119,7 @@ __global__ void __launch_bounds__(kThreads) twell_decode_token_kernel(TwellDecod
       if (c < kchunks) acc += dev::dot8(load_x<kNorm>(xr, c), wv[s]);
     }
   }
-  const float pre = dev::warp_sum(acc);
-  if (p.peaks && lane == 0) atomicMax(p.peaks + n, decode_token_peak_key(__float_as_uint(pre)));
-  const float g = __bfloat162float(__float2bfloat16_rn(fmaxf(pre, 0.0f)));
+  const float g = __bfloat162float(__float2bfloat16_rn(fmaxf(dev::warp_sum(acc), 0.0f)));
   const bool active = g > 0.0f;
   if (active) {
     if (p.hits && lane == 0) atomicAdd(p.hits + n, 1u);
@@ -276,32 +274,18 @@ __global__ void __launch_bounds__(kThreads) twell_decode_token_down_kernel(Twell
 // then the warps' counts in order), so neurons keep their index order within a class.
 constexpr int kReorderThreads = 1024;
 constexpr int kReorderWarps = kReorderThreads / 32;
-// The neurons without hits by their peak p: a class per half octave of −p (its float's exponent and
-// first mantissa bit: bits >> 22), 2⁻⁸ and nearer the top one, 2⁹ and farther the lowest.
-constexpr int kPeakLo = (127 - 8) << 1;  // (bits of 2⁻⁸) >> 22
-constexpr int kPeakClasses = 2 * 17;     // 2⁻⁸ … 2⁹
-// Ascending: no hits and no peak (0), no hits by peak (1 … kPeakClasses, nearest zero last), then
-// ⌊log2 hits⌋ = 0 … 31. The order lists the highest class first.
-constexpr int kClasses = 1 + kPeakClasses + 32;
+constexpr int kClasses = 33;  // hits 0, then ⌊log2 hits⌋ = 0 … 31
 
-__device__ __forceinline__ int activity_class(unsigned h, unsigned peak) {
-  if (h != 0) return kPeakClasses + 32 - __clz(static_cast<int>(h));  // 1 + kPeakClasses + ⌊log2 h⌋
-  if (peak == 0) return 0;
-  const unsigned bits = (peak & 0x80000000u) ? peak & 0x7fffffffu : ~peak;  // the key's float
-  if (!(bits & 0x80000000u) || (bits & 0x7fffffffu) == 0) return kPeakClasses;  // p ≥ 0 (or −0): as near as it gets
-  const int q = static_cast<int>((bits & 0x7fffffffu) >> 22) - kPeakLo;         // −p's half octave from 2⁻⁸
-  return kPeakClasses - min(max(q, 0), kPeakClasses - 1);
-}
+__device__ __forceinline__ int activity_class(unsigned h) { return h == 0 ? 0 : 32 - __clz(static_cast<int>(h)); }
 
-__global__ void __launch_bounds__(kReorderThreads)
-    decode_token_reorder_kernel(const unsigned* hits, const unsigned* peaks, int* order, int n) {
+__global__ void __launch_bounds__(kReorderThreads) decode_token_reorder_kernel(const unsigned* hits, int* order, int n) {
   __shared__ unsigned s_next[kClasses];                  // the class's next free position
   __shared__ unsigned s_round[kClasses];                 // the class's neurons: all (pass 1), then this round's
   __shared__ unsigned s_warp[kReorderWarps][kClasses];   // a round's count per warp, then its exclusive prefix
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
   if (tid < kClasses) s_round[tid] = 0;
   __syncthreads();
-  for (int i = tid; i < n; i += kReorderThreads) atomicAdd(&s_round[activity_class(hits[i], peaks ? peaks[i] : 0u)], 1u);
+  for (int i = tid; i < n; i += kReorderThreads) atomicAdd(&s_round[activity_class(hits[i])], 1u);
   __syncthreads();
   if (tid == 0) {  // the most active class first
     unsigned pos = 0;
@@ -314,7 +298,7 @@ __global__ void __launch_bounds__(kReorderThreads)
   for (int r0 = 0; r0 < n; r0 += kReorderThreads) {
     const int i = r0 + tid;
     const bool valid = i < n;
-    const int c = valid ? activity_class(hits[i], peaks ? peaks[i] : 0u) : kClasses;  // kClasses: no neuron
+    const int c = valid ? activity_class(hits[i]) : kClasses;  // kClasses: no neuron
     const unsigned peers = __match_any_sync(0xffffffffu, c);
     const unsigned rank = __popc(peers & ((1u << lane) - 1u));
     for (int e = tid; e < kReorderWarps * kClasses; e += kReorderThreads) (&s_warp[0][0])[e] = 0;
@@ -408,11 +392,10 @@ void launch_twell_decode_token(const TwellDecodeTokenParams& p, cudaStream_t str
   TWELL_CUDA_CHECK_LAUNCH("twell_decode_token_down_kernel");
 }
 
-void launch_decode_token_reorder(const std::uint32_t* hits, const std::uint32_t* peaks, std::int32_t* order, std::int64_t n,
-                                 cudaStream_t stream) {
+void launch_decode_token_reorder(const std::uint32_t* hits, std::int32_t* order, std::int64_t n, cudaStream_t stream) {
   TWELL_CU_REQUIRE(hits && order, ErrorCode::invalid_argument, "twell decode_token_reorder: null pointer");
   TWELL_CU_REQUIRE(n >= 1 && n <= 0x7fffffff, ErrorCode::invalid_argument, "twell decode_token_reorder: N = {} outside [1, 2³¹)", n);
-  decode_token_reorder_kernel<<<1, kReorderThreads, 0, stream>>>(hits, peaks, order, static_cast<int>(n));
+  decode_token_reorder_kernel<<<1, kReorderThreads, 0, stream>>>(hits, order, static_cast<int>(n));
   TWELL_CUDA_CHECK_LAUNCH("decode_token_reorder_kernel");
 }
 

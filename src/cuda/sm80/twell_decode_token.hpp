@@ -62,17 +62,7 @@ struct TwellDecodeTokenParams : FfnOperands {  // m must be 1
   const std::int32_t* order = nullptr;
   // optional [N]: hits[n] += 1 for each active neuron n (the activity decode_token_reorder sorts by)
   std::uint32_t* hits = nullptr;
-  // optional [N]: peaks[n] = max(peaks[n], decode_token_peak_key(s)), s the neuron's fp32
-  // pre-activation ⟨x, W[n]⟩ before the ReLU, every neuron every launch. It ranks the neurons that
-  // have not fired yet: a live one's peak sits near zero, a dead one's far below (zero: none yet).
-  std::uint32_t* peaks = nullptr;
 };
-
-// An order-preserving key of a float: a < b ⇔ key(a) < key(b) for non-NaN a, b (−0 just below +0);
-// never 0 for a number, so zero stands for "no value yet".
-__host__ __device__ constexpr std::uint32_t decode_token_peak_key(std::uint32_t float_bits) {
-  return (float_bits & 0x80000000u) ? ~float_bits : float_bits | 0x80000000u;
-}
 
 // Bytes of the flags buffer for N neurons (whole 32-byte groups; the bytes past N stay zero).
 constexpr std::int64_t decode_token_flag_bytes(std::int64_t n) { return (n + 31) / 32 * 32; }
@@ -81,13 +71,10 @@ constexpr std::int64_t decode_token_flag_bytes(std::int64_t n) { return (n + 31)
 // operands aligned as DecodeTokenNorm says) and y.
 void launch_twell_decode_token(const TwellDecodeTokenParams& p, cudaStream_t stream);
 
-// order ← 0 … N − 1 sorted by activity, the most active first: by ⌊log2 hits[n]⌋ descending, then
-// the neurons with no hits by their peak pre-activation p (peaks, optional): nearest zero first, in
-// classes of half an octave of −p from 2⁻⁸ (and nearer) to 2⁹ (and farther), then those with no peak
-// (or all of them, peaks null); ascending n within a class (a stable sort). One CTA; any N ≥ 1.
-// order is a permutation whatever hits and peaks hold; both are read only. For TwellDecodeTokenParams::order; launched plainly (no
+// order ← 0 … N − 1 sorted by activity, the most active first: by ⌊log2 hits[n]⌋ descending (hits
+// 0 last), ascending n within a class (a stable sort). One CTA; any N ≥ 1. order is a permutation
+// whatever hits holds; hits is read only. For TwellDecodeTokenParams::order; launched plainly (no
 // programmatic overlap), so that every kernel after it reads the new order, even before its wait.
-void launch_decode_token_reorder(const std::uint32_t* hits, const std::uint32_t* peaks, std::int32_t* order, std::int64_t n,
-                                 cudaStream_t stream);
+void launch_decode_token_reorder(const std::uint32_t* hits, std::int32_t* order, std::int64_t n, cudaStream_t stream);
 
 }  // namespace twell::cuda
