@@ -566,7 +566,7 @@ void FfnContext::prepare_decode(std::int64_t m, cudaStream_t stream) {
       // New weights (or a new layout of them, as a hot split makes): the counts start again from
       // the identity order. The buffers keep their addresses once sized (a captured step reads them).
       decode_order_epoch_ = weights_epoch_;
-      decode_token_calls_ = 0;
+      decode_order_steps_ = 0;
       if (decode_order_.size() != static_cast<std::size_t>(n_)) {
         decode_order_.resize(static_cast<std::size_t>(n_));
         decode_hits_.resize(static_cast<std::size_t>(n_));
@@ -647,7 +647,7 @@ void FfnContext::reorder_decode(cudaStream_t stream) {
 void FfnContext::advance_decode_order(cudaStream_t stream) {
   if (!uses_decode_token(1)) return;
   prepare_decode(1, stream);  // new weights: the identity order, and the count from zero
-  if (decode_reorder_due(++decode_token_calls_)) reorder_decode(stream);
+  if (decode_reorder_due(++decode_order_steps_)) reorder_decode(stream);
 }
 
 void FfnContext::enqueue_decode(const __nv_bfloat16* x, std::int64_t m, __nv_bfloat16* y,

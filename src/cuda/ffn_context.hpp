@@ -171,8 +171,9 @@ class FfnContext {
   void decode_step_fixed(const DecodeTokenNorm& in, long long* y_fixed, unsigned* overflow, cudaStream_t stream);
   // Sorts the one-token kernel's neurons by their activity so far, the most active first
   // (launch_decode_token_reorder): the same results, a schedule. forward() does it itself on
-  // decode_reorder_due's steps; a caller replaying decode_step graphs calls it between steps. No-op
-  // before prepare_decode(1). Not capturable (nothing stops it; it belongs between replays).
+  // decode_reorder_due's steps, and advance_decode_order does for a caller replaying decode_step
+  // graphs. No-op before prepare_decode(1). Not capturable (nothing stops it; it belongs between
+  // replays).
   void reorder_decode(cudaStream_t stream);
   // One one-token step is about to run (forward() counts its own; a caller replaying decode_step
   // graphs calls this before each one-token step, outside the capture): counts it toward
@@ -182,7 +183,7 @@ class FfnContext {
   void advance_decode_order(cudaStream_t stream);
   // One-token steps counted since the order's weights came, the order itself (device [N], neuron
   // indices) and the activations counted since (valid once prepared): what tests read.
-  std::int64_t decode_order_steps() const noexcept { return decode_token_calls_; }
+  std::int64_t decode_order_steps() const noexcept { return decode_order_steps_; }
   const std::int32_t* decode_order() const noexcept { return decode_order_.get(); }
   const std::uint32_t* decode_hits() const noexcept { return decode_hits_.get(); }  // device [N]: each neuron's count
   // What the automatic dispatch has measured, never waiting (polls the counts in flight first):
@@ -406,7 +407,7 @@ class FfnContext {
   DeviceBuffer<std::int32_t> decode_order_;
   DeviceBuffer<std::uint32_t> decode_hits_;
   std::uint64_t decode_order_epoch_ = ~std::uint64_t{0};
-  std::int64_t decode_token_calls_ = 0;           // one-token steps (advance_decode_order) since that epoch
+  std::int64_t decode_order_steps_ = 0;           // one-token steps (advance_decode_order) since that epoch
   // The order and counts are those of the current weights (else the next prepare_decode restarts them).
   bool decode_order_current() const noexcept;
   // decode_step of m rows may run: prepare_decode(m) made everything it needs (for these weights' shape).
