@@ -4,8 +4,9 @@
 # torch.compile(mode="reduce-overhead") + static cache (CUDA graphs), and the same weights through
 # a lean gpt-fast-style body (bench/model/fast_llama.py) compiled alike; "best" is the faster.
 #   [BUILD=build/gpu] [OUT=…] [PREFILL=1 [DECODE=0]] [MODEL=DIR] [FAST_MODES=reduce-overhead+cdt,reduce-overhead,max-autotune] [FAST_ATTN=sdpa,math] [HF_DECODE=0] [DECODE_WARMUP=N] bash bench/model/gpu_decode_yardstick.sh [CONFIG [DENSITY]]   (2b 0.005)
-# DECODE_WARMUP=N: twell's untimed decode steps before its timed ones (default 2; 600 lets the
-# one-token FFN's neuron order settle, as a server's would in its first ≈ 1 000 tokens).
+# DECODE_WARMUP=N: twell's untimed decode steps before its timed ones (default 2; 600 is a server's
+# state past its first tokens: the one-token FFN's neuron order sorted by counts over hundreds of
+# steps; it pays from its first reorders at steps 8–32 already, fcdba84's A/B).
 # HF_DECODE=0 leaves out transformers' decode rows (its compiled row takes minutes): with
 # FAST_MODES=reduce-overhead+cdt the gpt-fast row has the call to itself (its compilation outlasted
 # the ≈ 5 minutes left after transformers' rows at 8c8578f).

@@ -441,7 +441,7 @@ void add_bench_model_command(CLI::App& bench, std::vector<Command>& out) {
   sub->add_option("--reps", a->reps, "Timed repetitions of each run (medians)")->check(CLI::Range(1, 1000));
   sub->add_option("--decode-warmup", a->decode_warmup,
                   "Untimed decode steps of each runtime before each batch's timed ones (a long-running server's state: "
-                  "the sparse FFN's neuron order settles over ~1000 steps)")
+                  "graphs captured, the sparse FFN's neuron order sorted by its counts at steps 8, 16, 32, ...)")
       ->capture_default_str()
       ->check(CLI::Range(0, 1 << 20));
   // A benchmark measures a server's steady state: its warm-up call builds the cuDNN graph.
