@@ -369,6 +369,49 @@ def test_relufy_from_a_silu_checkpoint(tmp_path):
         assert all(d < 1.0 for d in records(out)[-1]["density"])  # ReLU: exact zeros
 
 
+def test_native_runtime_reads_what_the_trainer_saves(tmp_path):
+    """The round trip: a SiLU checkpoint with θ = 1e5 (SmolLM2's) and llama3 RoPE scaling, ReLU-fied and
+    trained 2 steps by twell.train, saved by its save_pretrained (transformers 5 writes RoPE inside
+    rope_parameters), then run by the native CPU runtime: transformers' float64 logits within 1e-4
+    of the logit scale on the dense path (fp32 sums over K = 64; measured ~1e-6) and 1e-2 on the
+    automatic one (the TwELL path holds gate values as bf16, 2^-9 each). θ read as 1e4 moves them by
+    O(0.1) (the bug this guards against)."""
+    import transformers
+
+    twell = pytest.importorskip("twell")
+    if not hasattr(twell._twell, "NativeModel"):
+        pytest.skip("twell built without the model runtime")
+    import twell.model as tm
+
+    torch.manual_seed(0)
+    lc = transformers.LlamaConfig(vocab_size=64, hidden_size=64, intermediate_size=176, num_hidden_layers=2,
+                                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+                                  hidden_act="silu", initializer_range=0.1,
+                                  rope_parameters={"rope_type": "llama3", "rope_theta": 1e5, "factor": 8.0,
+                                                   "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                                                   "original_max_position_embeddings": 32})
+    src = str(tmp_path / "silu")
+    transformers.LlamaForCausalLM(lc).save_pretrained(src)
+    with open(os.path.join(src, "tokenizer.json"), "w") as f:
+        f.write("{}")
+    out = str(tmp_path / "relu")
+    train.train(config(tmp_path, init_from=src, steps=2, relufy=True, ffn="twell"), out, progress=False)
+    ckpt = os.path.join(out, "checkpoint-2")
+    with open(os.path.join(ckpt, "config.json")) as f:
+        saved = json.load(f)
+    assert saved["hidden_act"] == "relu" and "rope_parameters" in saved
+    os.remove(os.path.join(ckpt, "tokenizer.json"))  # the placeholder; ids need no tokenizer
+    ref = transformers.LlamaForCausalLM.from_pretrained(ckpt, dtype=torch.float64).eval()
+    ids = [int(t) for t in torch.randint(1, 64, (200,), generator=torch.Generator().manual_seed(2))]
+    with torch.no_grad():
+        want = ref(torch.tensor([ids])).logits[0].numpy()
+    for ffn, bound in (("dense", 1e-4), ("auto", 1e-2)):
+        got = tm.Model(ckpt, device="cpu", ffn=ffn).logits(ids)
+        err = np.abs(got - want).max() / np.abs(want).max()
+        print(f"{ffn}: {err:.2e}")
+        assert err < bound, (ffn, err)
+
+
 @pytest.mark.parametrize("ffn", ["twell", "dense"])
 def test_position_profile_averages_to_the_per_token_count(tmp_path, ffn):
     # The profile (non-zeros per token by position, mean over layers and the batch) averaged over

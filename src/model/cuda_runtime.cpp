@@ -224,14 +224,16 @@ class CudaRuntime final : public Runtime {
       layers_.push_back(std::move(d));
     }
     up.finish();
-    // RoPE tables [max_pos, d/2], angles in double.
+    // RoPE tables [max_pos, d/2], angles in double, times the rope type's attention scaling. Sequences
+    // end at most at max_position, where dynamic RoPE is still plain: one table serves every call.
     const std::int64_t half = c.head_dim / 2;
+    const RopeFrequencies freq = c.rope(c.max_position);
     std::vector<float> cs(static_cast<std::size_t>(c.max_position * half)), sn(cs.size());
     for (std::int64_t p = 0; p < c.max_position; ++p)
       for (std::int64_t i = 0; i < half; ++i) {
-        const double a = static_cast<double>(p) * std::pow(c.rope_theta, -2.0 * static_cast<double>(i) / static_cast<double>(c.head_dim));
-        cs[static_cast<std::size_t>(p * half + i)] = static_cast<float>(std::cos(a));
-        sn[static_cast<std::size_t>(p * half + i)] = static_cast<float>(std::sin(a));
+        const double a = static_cast<double>(p) * freq.inv_freq[static_cast<std::size_t>(i)];
+        cs[static_cast<std::size_t>(p * half + i)] = static_cast<float>(std::cos(a) * freq.attention_scaling);
+        sn[static_cast<std::size_t>(p * half + i)] = static_cast<float>(std::sin(a) * freq.attention_scaling);
       }
     cos_ = upload_f32(cs, stream_);
     sin_ = upload_f32(sn, stream_);
@@ -498,6 +500,9 @@ class CudaRuntime final : public Runtime {
     std::vector<cuda::ops::FlashBlock> blocks;
     bool flash = cuda::ops::flash_attention_supported(c.head_dim);
     for (const SeqStep& st : steps) flash = flash && static_cast<std::int64_t>(st.tokens.size()) >= kFlashMinRows;
+    // A sliding window that a row of this call passes: the plain kernel, which applies it (the
+    // tensor-core kernels and cuDNN's attend to every key).
+    if (c.sliding_window > 0 && max_keys > c.sliding_window) flash = false;
     for (std::size_t s = 0; s < steps.size(); ++s)
       for (std::size_t j = 0; j < steps[s].tokens.size(); ++j) {
         if (flash && j % 64 == 0)
@@ -660,7 +665,7 @@ class CudaRuntime final : public Runtime {
                                    l, att, stream_);
       else
         cuda::ops::attention(qkv, T, c.num_heads, c.num_kv_heads, c.head_dim, rows_.get(), l, sh.max_keys, att, stream_,
-                             sh.one_token);
+                             sh.one_token, c.sliding_window);
       const StepPlan* plan = L.ffn && plans ? &(*plans)[static_cast<std::size_t>(l)] : nullptr;
       if (fixed)  // the projection's GEMV adds the pending FFN output and o into x
         cuda::launch_twell_gemv_row_residual(att, L.wo.get(), K, Q, tmp, x, pending_fixed ? ffn_fixed_.get() : nullptr,

@@ -33,13 +33,15 @@ void rmsnorm(const float* x, const float* w, std::int64_t rows, std::int64_t k, 
   }
 }
 
-// HF's RoPE (rotate_half, non-interleaved): for i < d/2, with a = pos · θ^(−2i/d),
-//   (v[i], v[i + d/2]) ← (v[i]·cos a − v[i + d/2]·sin a,  v[i + d/2]·cos a + v[i]·sin a).
-void rope(float* v, std::int64_t heads, std::int64_t d, std::int64_t pos, const std::vector<double>& inv_freq) {
+// HF's RoPE (rotate_half, non-interleaved): for i < d/2, with a = pos · inv_freq[i] and c, s =
+// cos a, sin a times the rope type's attention scaling (rope.hpp),
+//   (v[i], v[i + d/2]) ← (v[i]·c − v[i + d/2]·s,  v[i + d/2]·c + v[i]·s).
+void rope(float* v, std::int64_t heads, std::int64_t d, std::int64_t pos, const RopeFrequencies& f) {
   const std::int64_t half = d / 2;
   for (std::int64_t i = 0; i < half; ++i) {
-    const double a = static_cast<double>(pos) * inv_freq[static_cast<std::size_t>(i)];
-    const auto c = static_cast<float>(std::cos(a)), s = static_cast<float>(std::sin(a));
+    const double a = static_cast<double>(pos) * f.inv_freq[static_cast<std::size_t>(i)];
+    const auto c = static_cast<float>(std::cos(a) * f.attention_scaling),
+               s = static_cast<float>(std::sin(a) * f.attention_scaling);
     for (std::int64_t h = 0; h < heads; ++h) {
       float* p = v + h * d;
       const float x1 = p[i], x2 = p[i + half];
@@ -313,24 +315,27 @@ constexpr std::int64_t kGemmAttentionRows = 16;
 // loops' formula: fp32 exponentials, a double sum), the rest 0, then out = S · V. q / out: the first
 // row's head slice, row strides ld_q / ld_out; k, v: key 0's head slice, row stride ld_kv.
 void attention_gemm(const float* q, std::int64_t ld_q, std::int64_t rows, std::int64_t p0, const float* k, const float* v,
-                    std::int64_t ld_kv, std::int64_t d, float scale, float* out, std::int64_t ld_out, std::vector<float>& s) {
+                    std::int64_t ld_kv, std::int64_t d, float scale, std::int64_t window, float* out, std::int64_t ld_out,
+                    std::vector<float>& s) {
   const std::int64_t n = p0 + rows;
   s.resize(static_cast<std::size_t>(rows * n));
   gemm(false, true, scale, CMatrixF(q, rows, d, ld_q), CMatrixF(k, n, d, ld_kv), 0.0f, MatrixF(s.data(), rows, n));
 #pragma omp parallel for schedule(static) if (rows * n >= cpu::kParallelMinWork)
   for (std::int64_t j = 0; j < rows; ++j) {
     float* row = s.data() + j * n;
-    const std::int64_t seen = p0 + j + 1;
+    // Keys [first, seen): causal, and within the last `window` positions when window > 0.
+    const std::int64_t seen = p0 + j + 1, first = window > 0 && seen > window ? seen - window : 0;
     float mx = -INFINITY;
-    for (std::int64_t t = 0; t < seen; ++t) mx = std::max(mx, row[t]);
+    for (std::int64_t t = first; t < seen; ++t) mx = std::max(mx, row[t]);
     double sum = 0;
-    for (std::int64_t t = 0; t < seen; ++t) {
+    for (std::int64_t t = first; t < seen; ++t) {
       const float e = std::exp(row[t] - mx);
       row[t] = e;
       sum += e;
     }
     const auto inv = static_cast<float>(1.0 / sum);
-    for (std::int64_t t = 0; t < seen; ++t) row[t] *= inv;
+    for (std::int64_t t = first; t < seen; ++t) row[t] *= inv;
+    std::fill(row, row + first, 0.0f);
     std::fill(row + seen, row + n, 0.0f);
   }
   gemm(false, false, 1.0f, CMatrixF(s.data(), rows, n), CMatrixF(v, n, d, ld_kv), 0.0f, MatrixF(out, rows, d, ld_out));
@@ -370,9 +375,9 @@ std::vector<float> CpuRuntime::forward(std::span<const SeqStep> steps, bool all_
   std::vector<std::int64_t> row0(steps.size());  // each step's first row
   for (std::size_t s = 1; s < steps.size(); ++s) row0[s] = row0[s - 1] + static_cast<std::int64_t>(steps[s - 1].tokens.size());
   std::vector<float> scores;  // attention_gemm's scratch
-  std::vector<double> inv_freq(static_cast<std::size_t>(D / 2));
-  for (std::int64_t i = 0; i < D / 2; ++i)
-    inv_freq[static_cast<std::size_t>(i)] = std::pow(c.rope_theta, -2.0 * static_cast<double>(i) / static_cast<double>(D));
+  // Sequences end at most at max_position (check_forward_steps), where dynamic RoPE is still plain:
+  // the frequencies at seq_len = max_position are every call's.
+  const RopeFrequencies inv_freq = c.rope(c.max_position);
 
   std::vector<float> xn(x.size()), qkv(static_cast<std::size_t>(T * (Q + 2 * KV))), att(static_cast<std::size_t>(T * Q)),
       tmp(x.size());
@@ -393,7 +398,8 @@ std::vector<float> CpuRuntime::forward(std::span<const SeqStep> steps, bool all_
       std::copy_n(row + Q, KV, cache->k(l) + p * KV);
       std::copy_n(row + Q + KV, KV, cache->v(l) + p * KV);
     }
-    // Causal attention: row r's query head h against its sequence's keys 0…pos[r] of KV head h / group.
+    // Causal attention: row r's query head h against its sequence's keys first_key(pos[r])…pos[r] of KV head
+    // h / group (all keys 0…pos[r] without a sliding window).
     // Steps of ≥ kGemmAttentionRows tokens as GEMMs, a head at a time; the other rows in the loops.
     for (std::size_t s = 0; s < steps.size(); ++s) {
       const auto rows = static_cast<std::int64_t>(steps[s].tokens.size());
@@ -402,7 +408,7 @@ std::vector<float> CpuRuntime::forward(std::span<const SeqStep> steps, bool all_
       for (std::int64_t h = 0; h < H; ++h)
         attention_gemm(qkv.data() + r0 * (Q + 2 * KV) + h * D, Q + 2 * KV, rows, pos[static_cast<std::size_t>(r0)],
                        seqs[s]->k(l) + (h / group) * D, seqs[s]->v(l) + (h / group) * D, KV, D, scale,
-                       att.data() + r0 * Q + h * D, Q, scores);
+                       c.sliding_window, att.data() + r0 * Q + h * D, Q, scores);
     }
 #pragma omp parallel if (T * H * (max_pos + 1) * D >= cpu::kParallelMinWork)
     {
@@ -414,10 +420,12 @@ std::vector<float> CpuRuntime::forward(std::span<const SeqStep> steps, bool all_
               kGemmAttentionRows)
             continue;  // done above
           CpuSequence* cache = seqs[static_cast<std::size_t>(seq[static_cast<std::size_t>(r)])];
-          const std::int64_t n = pos[static_cast<std::size_t>(r)] + 1, kvh = h / group;
+          // Keys first … pos (the sliding window's, else all), as a cache of n from `first`.
+          const std::int64_t first = c.first_key(pos[static_cast<std::size_t>(r)]);
+          const std::int64_t n = pos[static_cast<std::size_t>(r)] + 1 - first, kvh = h / group;
           const float* q = qkv.data() + r * (Q + 2 * KV) + h * D;
-          const float* kc = cache->k(l) + kvh * D;
-          const float* vc = cache->v(l) + kvh * D;
+          const float* kc = cache->k(l) + first * KV + kvh * D;
+          const float* vc = cache->v(l) + first * KV + kvh * D;
           score.resize(static_cast<std::size_t>(n));
           float mx = -INFINITY;
           for (std::int64_t t = 0; t < n; ++t) {

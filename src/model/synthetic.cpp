@@ -141,7 +141,23 @@ LlamaConfig preset_config(const std::string& name) {
   else if (name == "1b") c.num_layers = 18;
   else if (name == "1.5b") c.num_layers = 28;
   else if (name == "2b") c.num_layers = 38;
-  else if (name == "tiny") {
+  else if (name == "7b" || name == "7b-gqa") {
+    // Llama-2-7B's shape (MHA, FFN 11008, vocabulary 32000, untied head, θ 1e4); "7b-gqa" is
+    // Mistral-7B's (8 KV heads, FFN 14336, θ 1e6). Context 4096, as Llama 2's.
+    const bool gqa = name == "7b-gqa";
+    c.vocab_size = 32000;
+    c.hidden_size = 4096;
+    c.intermediate_size = gqa ? 14336 : 11008;
+    c.num_heads = 32;
+    c.num_kv_heads = gqa ? 8 : 32;
+    c.head_dim = 128;
+    c.num_layers = 32;
+    c.max_position = 4096;
+    c.rope_theta = gqa ? 1e6 : 1e4;
+    c.tied_embeddings = false;
+    c.bos_ids = {1};
+    c.eos_ids = {2};
+  } else if (name == "tiny") {
     c.vocab_size = 512;
     c.hidden_size = 256;
     c.intermediate_size = 704;
@@ -150,7 +166,7 @@ LlamaConfig preset_config(const std::string& name) {
     c.num_layers = 4;
     c.max_position = 512;
   } else {
-    fail(ErrorCode::invalid_argument, "unknown model preset '{}' (tiny, 0.5b, 1b, 1.5b, 2b)", name);
+    fail(ErrorCode::invalid_argument, "unknown model preset '{}' (tiny, 0.5b, 1b, 1.5b, 2b, 7b, 7b-gqa)", name);
   }
   return c;
 }
@@ -303,8 +319,10 @@ void write_checkpoint_dir(const Model& m, const std::filesystem::path& dir, cons
                       {"head_dim", c.head_dim},
                       {"max_position_embeddings", c.max_position},
                       {"rms_norm_eps", c.rms_eps},
+                      // transformers ≥ 5 reads rope_parameters, 4.x the top-level rope_theta (and
+                      // does not know rope_parameters): both, equal, so that every version reads θ.
+                      {"rope_parameters", nlohmann::json::parse(rope_parameters_json(c))},
                       {"rope_theta", c.rope_theta},
-                      {"rope_scaling", nullptr},
                       {"hidden_act", to_string(c.act)},
                       {"tie_word_embeddings", m.lm_head.empty()},
                       {"attention_bias", false},

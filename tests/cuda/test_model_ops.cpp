@@ -110,6 +110,7 @@ NormProjectInputs norm_project_inputs(Rng& rng, int k, int n) {
 struct Shape {
   int heads, kv_heads, d;
   std::vector<std::pair<int, int>> seqs;  // (tokens already cached, new rows)
+  int window = 0;                         // sliding window (0: none); the plain kernel only
 };
 
 // Bounds: the plain kernel sums in fp32 and rounds once to bf16 (2⁻⁹ relative of the output's
@@ -124,6 +125,12 @@ TEST(ModelOps, AttentionKernelsMatchFloat64) {
       {2, 1, 128, {{0, 17}, {100, 130}}},
       {4, 4, 64, {{300, 2}, {600, 1}}},  // more keys than the block's 256 threads: several score rounds
       {3, 1, 32, {{0, 5}, {40, 2}}},     // a head_dim without a specialised kernel (the generic one)
+      // Sliding windows (Mistral): rows before, at and past the window's end, a window of 1.
+      {4, 2, 64, {{0, 64}, {100, 3}}, 16},
+      {2, 1, 128, {{300, 2}, {0, 40}}, 33},
+      {4, 4, 64, {{600, 1}, {10, 1}}, 300},
+      {3, 1, 32, {{40, 2}, {0, 9}}, 4},
+      {2, 2, 64, {{7, 2}}, 1},
   };
   Rng rng(fresh_seed());
   for (const Shape& s : shapes) {
@@ -151,8 +158,9 @@ TEST(ModelOps, AttentionKernelsMatchFloat64) {
     auto d_rows = upload(rows);
     auto d_blocks = upload(blocks);
     DeviceBuffer<__nv_bfloat16> o1(static_cast<std::size_t>(T * Q)), o2(o1.size());
-    cuda::ops::attention(qkv.get(), T, s.heads, s.kv_heads, s.d, d_rows.get(), layer, max_keys, o1.get(), nullptr);
-    const bool flash = cuda::ops::flash_attention_supported(s.d);
+    cuda::ops::attention(qkv.get(), T, s.heads, s.kv_heads, s.d, d_rows.get(), layer, max_keys, o1.get(), nullptr,
+                         false, s.window);
+    const bool flash = s.window == 0 && cuda::ops::flash_attention_supported(s.d);
     if (flash)
       cuda::ops::flash_attention(qkv.get(), static_cast<std::int64_t>(blocks.size()), s.heads, s.kv_heads, s.d,
                                  d_blocks.get(), d_rows.get(), layer, o2.get(), nullptr);
@@ -169,9 +177,10 @@ TEST(ModelOps, AttentionKernelsMatchFloat64) {
       for (int j = 0; j < n; ++j, ++r)
         for (int h = 0; h < s.heads; ++h) {
           const int kvh = h / (s.heads / s.kv_heads), keys = cached + j + 1;
-          std::vector<double> w(static_cast<std::size_t>(keys));
+          const int first = s.window > 0 && keys > s.window ? keys - s.window : 0;  // keys [first, keys)
+          std::vector<double> w(static_cast<std::size_t>(keys), -INFINITY);
           double mx = -1e300;
-          for (int t = 0; t < keys; ++t) {
+          for (int t = first; t < keys; ++t) {
             double dot = 0;
             for (int i = 0; i < s.d; ++i)
               dot += static_cast<double>(to_float(qkv_h[static_cast<std::size_t>(r * ld + h * s.d + i)])) *
@@ -180,10 +189,10 @@ TEST(ModelOps, AttentionKernelsMatchFloat64) {
             mx = std::max(mx, w[static_cast<std::size_t>(t)]);
           }
           double sum = 0;
-          for (auto& x : w) sum += x = std::exp(x - mx);
+          for (auto& x : w) sum += x = std::exp(x - mx);  // exp(−inf) = 0 outside the window
           for (int i = 0; i < s.d; ++i) {
             double o = 0;
-            for (int t = 0; t < keys; ++t) o += w[static_cast<std::size_t>(t)] * to_float(V[t * KV + kvh * s.d + i]);
+            for (int t = first; t < keys; ++t) o += w[static_cast<std::size_t>(t)] * to_float(V[t * KV + kvh * s.d + i]);
             o /= sum;
             const auto idx = static_cast<std::size_t>(r * Q + h * s.d + i);
             e1 = std::max(e1, std::fabs(to_float(g1[idx]) - o));
@@ -192,7 +201,8 @@ TEST(ModelOps, AttentionKernelsMatchFloat64) {
           }
         }
     }
-    EXPECT_LT(e1 / scale, 1.5e-2) << "plain kernel, heads " << s.heads << "/" << s.kv_heads << " d " << s.d;
+    EXPECT_LT(e1 / scale, 1.5e-2) << "plain kernel, heads " << s.heads << "/" << s.kv_heads << " d " << s.d
+                                  << " window " << s.window;
     EXPECT_LT(e2 / scale, 1.5e-2) << "flash kernel, heads " << s.heads << "/" << s.kv_heads << " d " << s.d;
     RecordProperty("err_plain_d" + std::to_string(s.d), std::to_string(e1 / scale));
     RecordProperty("err_flash_d" + std::to_string(s.d), std::to_string(e2 / scale));

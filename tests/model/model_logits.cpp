@@ -24,6 +24,7 @@ int main(int argc, char** argv) {
     model::LoadOptions lo;
     if (argc > 6 && std::string(argv[6]) != "-") lo.hidden_act = argv[6];
     const model::Model m = model::Model::load(argv[1], lo);
+    if (const auto w = model::unknown_keys_warning(m.config); !w.empty()) std::fprintf(stderr, "warning: %s\n", w.c_str());
     model::RuntimeOptions ro;
     const std::string mode = argc > 4 ? argv[4] : "auto";
     ro.ffn_path = mode == "dense" ? model::FfnPath::dense : mode == "sparse" ? model::FfnPath::sparse : model::FfnPath::automatic;

@@ -659,7 +659,7 @@ TEST(ModelCpu, LoadErrorsNameTheProblem) {
   };
   expect_error(write_tiny("e1", s, "model.layers.1.mlp.up_proj.weight"), "model.layers.1.mlp.up_proj.weight");
   expect_error(write_tiny("e2", s, "", "model.layers.0.mlp.extra"), "model.layers.0.mlp.extra");
-  expect_error(write_tiny("e3", s, "", "", R"(, "rope_scaling": {"type": "linear", "factor": 2.0})"), "rope_scaling");
+  expect_error(write_tiny("e3", s, "", "", R"(, "rope_scaling": {"type": "longrope", "factor": 2.0})"), "longrope");
   expect_error(write_tiny("e4", s, "", "", R"(, "attention_bias": true)"), "attention_bias");
   expect_error(std::filesystem::temp_directory_path() / "twell_no_such_model_dir", "not a directory");
   {
@@ -682,6 +682,85 @@ TEST(ModelCpu, LoadErrorsNameTheProblem) {
     std::filesystem::resize_file(d / "model.safetensors", 100);
     EXPECT_THROW(Model::load(d.string()), Error);
   }
+}
+
+// config.json's two RoPE layouts (transformers ≥ 5's rope_parameters, the legacy top-level keys)
+// read identically; a value given in both that disagrees, and every unimplemented setting, is
+// refused naming the key; unknown keys are listed, not silently dropped.
+TEST(ModelConfig, BothRopeLayoutsReadIdentically) {
+  const std::string base = R"("vocab_size": 50, "hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 1,
+      "num_attention_heads": 2, "max_position_embeddings": 4096)";
+  auto parse = [&](const std::string& extra) { return model::parse_llama_config("{" + base + extra + "}"); };
+  struct Pair {
+    const char* legacy;
+    const char* current;
+  };
+  const Pair pairs[] = {
+      {R"(, "rope_theta": 50000.0)", R"(, "rope_parameters": {"rope_type": "default", "rope_theta": 50000.0})"},
+      {R"(, "rope_theta": 1e6, "rope_scaling": {"type": "linear", "factor": 4.0})",
+       R"(, "rope_parameters": {"rope_type": "linear", "factor": 4.0, "rope_theta": 1e6})"},
+      {R"(, "rope_theta": 5e5, "rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+           "high_freq_factor": 4.0, "original_max_position_embeddings": 1024})",
+       R"(, "rope_parameters": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+           "original_max_position_embeddings": 1024, "rope_theta": 5e5})"},
+      {R"(, "rope_theta": 1e4, "rope_scaling": {"type": "yarn", "factor": 4.0, "original_max_position_embeddings": 1024,
+           "beta_fast": 16, "mscale": 0.707, "mscale_all_dim": 1.0})",
+       R"(, "rope_parameters": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 1024,
+           "beta_fast": 16, "mscale": 0.707, "mscale_all_dim": 1.0, "rope_theta": 1e4})"},
+  };
+  for (const auto& p : pairs) {
+    const auto a = parse(p.legacy), b = parse(p.current);
+    EXPECT_EQ(a.rope_theta, b.rope_theta) << p.current;
+    const auto fa = a.rope(a.max_position), fb = b.rope(b.max_position);
+    EXPECT_EQ(fa.inv_freq, fb.inv_freq) << p.current;
+    EXPECT_EQ(fa.attention_scaling, fb.attention_scaling) << p.current;
+    EXPECT_TRUE(a.unknown_keys.empty() && b.unknown_keys.empty()) << p.current;
+  }
+  // Plain RoPE: θ^(−2i/d); linear divides it by the factor; yarn's default attention factor.
+  const auto plain = parse(R"(, "rope_parameters": {"rope_type": "default", "rope_theta": 50000.0})").rope(4096);
+  EXPECT_DOUBLE_EQ(plain.inv_freq[3], std::pow(50000.0, -6.0 / 32.0));
+  const auto lin = parse(pairs[1].current).rope(4096);
+  EXPECT_DOUBLE_EQ(lin.inv_freq[5], std::pow(1e6, -10.0 / 32.0) / 4.0);
+  const auto y = parse(R"(, "rope_parameters": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 1024})");
+  EXPECT_DOUBLE_EQ(y.rope(4096).attention_scaling, 0.1 * std::log(4.0) + 1.0);
+  // Dynamic RoPE is plain up to max_position and grows θ past it.
+  const auto dyn = parse(R"(, "rope_parameters": {"rope_type": "dynamic", "factor": 2.0, "rope_theta": 1e4})");
+  EXPECT_EQ(dyn.rope(100).inv_freq, dyn.rope(4096).inv_freq);
+  EXPECT_DOUBLE_EQ(dyn.rope(4096).inv_freq[1], std::pow(1e4, -2.0 / 32.0));
+  EXPECT_LT(dyn.rope(8192).inv_freq[1], dyn.rope(4096).inv_freq[1]);
+
+  auto refused = [&](const std::string& extra, const std::string& needle) {
+    try {
+      (void)parse(extra);
+      ADD_FAILURE() << "accepted: " << extra;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+    }
+  };
+  refused(R"(, "rope_theta": 1e4, "rope_parameters": {"rope_type": "default", "rope_theta": 5e5})", "rope_theta");
+  refused(R"(, "rope_parameters": {"rope_type": "linear", "factor": 2.0}, "rope_scaling": {"type": "linear", "factor": 4.0})",
+          "factor");
+  refused(R"(, "rope_parameters": {"rope_type": "longrope", "short_factor": [1], "long_factor": [1]})", "longrope");
+  refused(R"(, "rope_parameters": {"rope_type": "default", "partial_rotary_factor": 0.5})", "partial_rotary_factor");
+  refused(R"(, "partial_rotary_factor": 0.5)", "partial_rotary_factor");
+  refused(R"(, "rope_parameters": {"rope_type": "llama3", "factor": 8.0, "high_freq_factor": 4.0})", "low_freq_factor");
+  refused(R"(, "rope_parameters": {"rope_type": "linear"})", "factor");
+  refused(R"(, "final_logit_softcapping": 30.0)", "final_logit_softcapping");
+  refused(R"(, "quantization_config": {"quant_method": "awq"})", "quantization_config");
+  refused(R"(, "mlp_bias": true)", "mlp_bias");
+  refused(R"(, "model_type": "gemma")", "gemma");
+
+  // Keys nobody reads are listed; inert ones and explicit defaults are not.
+  const auto u = parse(R"(, "use_cache": true, "pad_token_id": null, "my_extension": 3, "layer_types": null,
+      "rope_parameters": {"rope_type": "default", "rope_theta": 1e4, "factor": 2.0}, "sliding_window": 16)");
+  EXPECT_EQ(u.unknown_keys, (std::vector<std::string>{"my_extension", "rope_parameters.factor", "sliding_window"}));
+  EXPECT_EQ(u.sliding_window, 0);  // LlamaForCausalLM does not apply a window (nor does transformers)
+  EXPECT_NE(model::unknown_keys_warning(u).find("my_extension"), std::string::npos);
+  const auto mis = parse(R"(, "model_type": "mistral", "architectures": ["MistralForCausalLM"], "sliding_window": 16)");
+  EXPECT_EQ(mis.sliding_window, 16);
+  EXPECT_EQ(mis.first_key(15), 0);
+  EXPECT_EQ(mis.first_key(16), 1);
+  EXPECT_EQ(mis.first_key(100), 85);
 }
 
 TEST(ModelCpu, ForwardRejectsBadCallsWithoutChangingCaches) {

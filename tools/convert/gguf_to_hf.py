@@ -34,7 +34,8 @@ REPO = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, HERE)
 sys.dont_write_bytecode = True  # no __pycache__ next to the sources (not git-ignored)
 import safetensors_np as stnp  # noqa: E402
-from ref_llama import expected_shapes  # noqa: E402  (the HF Llama tensor names and shapes)
+import hf_rope_keys  # noqa: E402
+from ref_llama import expected_shapes, rope_theta  # noqa: E402  (the HF Llama tensor names and shapes; θ from either layout)
 
 
 def log(msg: str) -> None:
@@ -116,8 +117,7 @@ def read_config(reader) -> dict:
         "head_dim": head_dim,
         # float32 in the GGUF: print the shortest decimal that round-trips through float32 (1e-05)
         "rms_norm_eps": float(np.format_float_positional(np.float32(eps), unique=True, trim="-")),
-        "rope_theta": float(np.float32(field(reader, p + "rope.freq_base", 10000.0, required=False))),
-        "rope_scaling": None,
+        **hf_rope_keys.rope_keys(float(np.float32(field(reader, p + "rope.freq_base", 10000.0, required=False)))),
         "max_position_embeddings": int(field(reader, p + "context_length")),
         "vocab_size": vocab,
         "tie_word_embeddings": tied,
@@ -273,7 +273,7 @@ def convert(gguf_path: str, out_dir: str, dtype: str = "bf16", tokenizer: bool =
     cfg["torch_dtype"] = {"BF16": "bfloat16", "F32": "float32", "F16": "float16"}[st_dtype]
     log(f"config: {cfg['num_hidden_layers']} layers, d {cfg['hidden_size']}, ffn {cfg['intermediate_size']}, "
         f"{cfg['num_attention_heads']} heads / {cfg['num_key_value_heads']} KV, head_dim {cfg['head_dim']}, "
-        f"vocab {cfg['vocab_size']}, theta {cfg['rope_theta']:g}, eps {cfg['rms_norm_eps']:g}, "
+        f"vocab {cfg['vocab_size']}, theta {rope_theta(cfg):g}, eps {cfg['rms_norm_eps']:g}, "
         f"tied {cfg['tie_word_embeddings']}")
     qtypes: dict = {}
     for t in reader.tensors:

@@ -49,6 +49,7 @@ import numpy as np
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.dont_write_bytecode = True  # no __pycache__ next to the sources (not git-ignored)
+import hf_rope_keys  # noqa: E402
 import ref_llama  # noqa: E402
 import safetensors_np as stnp  # noqa: E402
 
@@ -104,7 +105,7 @@ def make_model(out, layers=2, hidden=64, intermediate=176, heads=4, kv_heads=2, 
         "architectures": ["LlamaForCausalLM"], "model_type": "llama",
         "hidden_size": hidden, "intermediate_size": intermediate, "num_hidden_layers": layers,
         "num_attention_heads": heads, "num_key_value_heads": kv_heads, "head_dim": hd,
-        "hidden_act": act, "rms_norm_eps": eps, "rope_theta": float(rope_theta), "rope_scaling": None,
+        "hidden_act": act, "rms_norm_eps": eps, **hf_rope_keys.rope_keys(rope_theta),
         "max_position_embeddings": max_pos, "vocab_size": vocab, "tie_word_embeddings": bool(tied),
         "attention_bias": False, "attention_dropout": 0.0, "mlp_bias": False, "initializer_range": 0.02,
         "pretraining_tp": 1, "use_cache": True, "bos_token_id": 0, "eos_token_id": 0,

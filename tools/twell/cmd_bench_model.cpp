@@ -149,6 +149,7 @@ int run_bench_model(BenchModelArgs& a) {
     model::LoadOptions lo;
     if (!a.hidden_act.empty()) lo.hidden_act = a.hidden_act;
     m = model::Model::load(a.model_dir, lo);
+    if (const auto w = model::unknown_keys_warning(m.config); !w.empty()) fmt::print(stderr, "warning: {}\n", w);
     source = a.model_dir;
   }
   const auto& c = m.config;
@@ -424,7 +425,7 @@ void add_bench_model_command(CLI::App& bench, std::vector<Command>& out) {
       "memory at the paper's shapes (--config, see `twell gen model --help` for the density options).\n"
       "Example: twell bench model --config 2b --density 0.005");
   sub->add_option("--model", a->model_dir, "Checkpoint directory (Hugging Face layout)");
-  sub->add_option("--config", a->config, "Synthetic model: tiny, 0.5b, 1b, 1.5b, 2b")
+  sub->add_option("--config", a->config, "Synthetic model: tiny, 0.5b, 1b, 1.5b, 2b (the paper's shapes), 7b (Llama-2-7B), 7b-gqa (Mistral-7B)")
       ->check(CLI::IsMember({"tiny", "0.5b", "1b", "1.5b", "2b"}));
   sub->add_option("--density", a->spec.density, "Synthetic: mean FFN density");
   sub->add_option("--profile", a->spec.profile, "Synthetic: paper or flat")->check(CLI::IsMember({"paper", "flat"}));

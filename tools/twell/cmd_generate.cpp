@@ -43,6 +43,7 @@ int run_generate(GenerateArgs& a) {
   // The tokenizer (≈ 0.1 s of JSON and merges at a 49 k vocabulary) is read beside the checkpoint.
   auto tok_read = std::async(std::launch::async, [&] { return model::Tokenizer::from_file(a.model + "/tokenizer.json"); });
   const model::Model m = model::Model::load(a.model, lo);
+  if (const auto w = model::unknown_keys_warning(m.config); !w.empty()) fmt::print(stderr, "warning: {}\n", w);
   const model::Tokenizer tok = tok_read.get();
   const double t_load = now_seconds() - t0;
   const auto& c = m.config;

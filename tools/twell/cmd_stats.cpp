@@ -98,6 +98,7 @@ int run_model_stats(StatsArgs& a) {
   model::LoadOptions lo;
   if (!a.hidden_act.empty()) lo.hidden_act = a.hidden_act;
   const model::Model m = model::Model::load(a.model, lo);
+  if (const auto w = model::unknown_keys_warning(m.config); !w.empty()) fmt::print(stderr, "warning: {}\n", w);
   const model::Tokenizer tok = model::Tokenizer::from_file(a.model + "/tokenizer.json");
   const auto& c = m.config;
   TWELL_CHECK(tok.vocab_size() <= c.vocab_size, ErrorCode::corrupt,

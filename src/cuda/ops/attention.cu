@@ -18,6 +18,10 @@ namespace {
 constexpr int kWarps = 8;
 constexpr int kMaxD = 256;  // ≤ 8 dims per lane in the output accumulators
 
+// The first key a query at position pos sees: pos − window + 1 within a sliding window (window > 0),
+// else 0 (LlamaConfig::first_key).
+__device__ __forceinline__ int first_key(int pos, int window) { return window > 0 && pos >= window ? pos - window + 1 : 0; }
+
 // The block's scores score[0, n) → exp(score − max) in place; returns their sum. mx: this thread's
 // running max over the scores it wrote; red: kWarps floats of shared scratch. Ends with a barrier,
 // so every probability is visible to every thread.
@@ -46,13 +50,14 @@ __device__ float softmax_in_place(float* score, int n, float mx, float* red) {
 __global__ void __launch_bounds__(kWarps * 32) attention_kernel(const __nv_bfloat16* qkv, std::int64_t heads,
                                                                 std::int64_t kv_heads, std::int64_t d,
                                                                 const RowKv* rows_kv, std::int64_t layer, float scale,
-                                                                __nv_bfloat16* out) {
+                                                                int window, __nv_bfloat16* out) {
   dev::pdl_begin();
   extern __shared__ float smem[];
   const std::int64_t r = blockIdx.x, h = blockIdx.y;
   const std::int64_t q_dim = heads * d, kv_dim = kv_heads * d, kvh = h / (heads / kv_heads);
   const RowKv info = rows_kv[r];
-  const int n = info.pos + 1;
+  const int first = first_key(info.pos, window);
+  const int n = info.pos + 1 - first;  // keys first … pos, as n keys from `first`
   const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
   float* q = smem;                 // [d] the query, pre-scaled
   float* part = q + d;             // [kWarps, d] per-warp output sums
@@ -61,8 +66,8 @@ __global__ void __launch_bounds__(kWarps * 32) attention_kernel(const __nv_bfloa
   const __nv_bfloat16* qrow = qkv + r * (q_dim + 2 * kv_dim) + h * d;
   for (std::int64_t i = threadIdx.x; i < d; i += blockDim.x) q[i] = __bfloat162float(qrow[i]) * scale;
   __syncthreads();
-  const __nv_bfloat16* kc = info.k + layer * info.layer_stride + kvh * d;
-  const __nv_bfloat16* vc = info.v + layer * info.layer_stride + kvh * d;
+  const __nv_bfloat16* kc = info.k + layer * info.layer_stride + (first * kv_dim + kvh * d);
+  const __nv_bfloat16* vc = info.v + layer * info.layer_stride + (first * kv_dim + kvh * d);
 
   // Scores: a thread per key (a decode row's keys are all in flight at once; a warp per key with
   // shuffle sums left the loads one latency apart). 16-byte loads where the rows allow them.
@@ -125,8 +130,8 @@ __global__ void __launch_bounds__(kWarps * 32) attention_kernel(const __nv_bfloa
 template <int D>
 __global__ void __launch_bounds__(kWarps * 32) attention_kernel_d(const __nv_bfloat16* qkv, std::int64_t heads,
                                                                   std::int64_t kv_heads, const RowKv* rows_kv,
-                                                                  std::int64_t layer, float scale, __nv_bfloat16* out,
-                                                                  bool old_keys_ready) {
+                                                                  std::int64_t layer, float scale, int window,
+                                                                  __nv_bfloat16* out, bool old_keys_ready) {
   constexpr int L = D / 8, G = 32 / L, kUnroll = 4, kStep = kWarps * G;  // keys per loop step of all warps
   // The early key row takes L uint4 registers: at D = 128 (16 of them) the kernel went from 128 to
   // 170 registers (one CTA an SM), so there only V is loaded early.
@@ -140,12 +145,14 @@ __global__ void __launch_bounds__(kWarps * 32) attention_kernel_d(const __nv_bfl
   // keys t < pos by earlier calls. pre_k: this thread's first key row; pre_v: its first V step.
   RowKv info{};
   uint4 pre_k[kEarlyK ? L : 1], pre_v[kUnroll];
-  int pre_below = 0;  // keys below this position were loaded early (0: none)
+  int pre_below = 0;  // keys below this one (counted from the window's first) were loaded early (0: none)
+  int first = 0;      // the window's first key; key t of the loops below is cache row first + t
   if (old_keys_ready) {
     info = rows_kv[r];
-    pre_below = info.pos;
-    const __nv_bfloat16* kc0 = info.k + layer * info.layer_stride + kvh * D;
-    const __nv_bfloat16* vc0 = info.v + layer * info.layer_stride + kvh * D;
+    first = first_key(info.pos, window);
+    pre_below = info.pos - first;
+    const __nv_bfloat16* kc0 = info.k + layer * info.layer_stride + (first * kv_dim + kvh * D);
+    const __nv_bfloat16* vc0 = info.v + layer * info.layer_stride + (first * kv_dim + kvh * D);
     const int t = static_cast<int>(threadIdx.x);
     if constexpr (kEarlyK) {
       const uint4* kr = reinterpret_cast<const uint4*>(kc0 + static_cast<std::int64_t>(t) * kv_dim);
@@ -160,8 +167,11 @@ __global__ void __launch_bounds__(kWarps * 32) attention_kernel_d(const __nv_bfl
     }
   }
   dev::pdl_begin();
-  if (!old_keys_ready) info = rows_kv[r];
-  const int n = info.pos + 1;
+  if (!old_keys_ready) {
+    info = rows_kv[r];
+    first = first_key(info.pos, window);
+  }
+  const int n = info.pos + 1 - first;
   float* q = smem;                 // [D] the query, pre-scaled
   float* part = q + D;             // [kWarps, D] per-warp output sums
   float* red = part + kWarps * D;  // [kWarps] reductions
@@ -169,8 +179,8 @@ __global__ void __launch_bounds__(kWarps * 32) attention_kernel_d(const __nv_bfl
   const __nv_bfloat16* qrow = qkv + r * (q_dim + 2 * kv_dim) + h * D;
   for (int i = static_cast<int>(threadIdx.x); i < D; i += kWarps * 32) q[i] = __bfloat162float(qrow[i]) * scale;
   __syncthreads();
-  const __nv_bfloat16* kc = info.k + layer * info.layer_stride + kvh * D;
-  const __nv_bfloat16* vc = info.v + layer * info.layer_stride + kvh * D;
+  const __nv_bfloat16* kc = info.k + layer * info.layer_stride + (first * kv_dim + kvh * D);
+  const __nv_bfloat16* vc = info.v + layer * info.layer_stride + (first * kv_dim + kvh * D);
 
   float mx = -INFINITY;
   for (int t = static_cast<int>(threadIdx.x); t < n; t += kWarps * 32) {
@@ -200,15 +210,15 @@ __global__ void __launch_bounds__(kWarps * 32) attention_kernel_d(const __nv_bfl
   const float sum = softmax_in_place(score, n, mx, red);  // also publishes every score
 
   float acc[8] = {};
-  const int first = warp * G + g;
-  for (int base = first; base < n; base += kStep * kUnroll) {
+  const int first_t = warp * G + g;
+  for (int base = first_t; base < n; base += kStep * kUnroll) {
     uint4 raw[kUnroll];
     float p[kUnroll];
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
       const int t = base + u * kStep;
       p[u] = t < n ? score[t] : 0.0f;
-      if (base == first && t < pre_below)  // loaded before the wait
+      if (base == first_t && t < pre_below)  // loaded before the wait
         raw[u] = pre_v[u];
       else if (t < n)
         raw[u] = reinterpret_cast<const uint4*>(vc + static_cast<std::int64_t>(t) * kv_dim)[c];
@@ -253,9 +263,10 @@ std::int64_t attention_max_keys(std::int64_t d) {
 
 void attention(const __nv_bfloat16* qkv, std::int64_t rows, std::int64_t heads, std::int64_t kv_heads, std::int64_t d,
                const RowKv* rows_kv, std::int64_t layer, std::int64_t max_keys, __nv_bfloat16* out,
-               cudaStream_t stream, bool old_keys_ready) {
+               cudaStream_t stream, bool old_keys_ready, std::int64_t window) {
   TWELL_CU_REQUIRE(rows > 0 && rows < (1ll << 31) && heads > 0 && heads < 65536 && kv_heads > 0 &&
-                       heads % kv_heads == 0 && d > 0 && d <= kMaxD && max_keys > 0,
+                       heads % kv_heads == 0 && d > 0 && d <= kMaxD && max_keys > 0 && window >= 0 &&
+                       window < (1ll << 31),
                    ErrorCode::invalid_argument, "attention: bad shape (rows {}, heads {}/{}, d {}, keys {})", rows,
                    heads, kv_heads, d, max_keys);
   const std::size_t smem = static_cast<std::size_t>((1 + kWarps) * d + kWarps + max_keys) * sizeof(float);
@@ -268,6 +279,7 @@ void attention(const __nv_bfloat16* qkv, std::int64_t rows, std::int64_t heads, 
                      smem, optin);
   }
   const float scale = 1.0f / sqrtf(static_cast<float>(d));
+  const int win = static_cast<int>(window);
   const dim3 grid(static_cast<unsigned>(rows), static_cast<unsigned>(heads));
   // The D-specialised kernels read K and V rows by 16-byte loads (RowKv's precondition, model_ops.hpp).
   auto launch = [&](auto kernel, auto... args) {
@@ -276,11 +288,11 @@ void attention(const __nv_bfloat16* qkv, std::int64_t rows, std::int64_t heads, 
     launch_kernel(kernel, grid, dim3(kWarps * 32), smem, stream, qkv, args...);
   };
   if (d == 64)
-    launch(attention_kernel_d<64>, heads, kv_heads, rows_kv, layer, scale, out, old_keys_ready);
+    launch(attention_kernel_d<64>, heads, kv_heads, rows_kv, layer, scale, win, out, old_keys_ready);
   else if (d == 128)
-    launch(attention_kernel_d<128>, heads, kv_heads, rows_kv, layer, scale, out, old_keys_ready);
+    launch(attention_kernel_d<128>, heads, kv_heads, rows_kv, layer, scale, win, out, old_keys_ready);
   else
-    launch(attention_kernel, heads, kv_heads, d, rows_kv, layer, scale, out);
+    launch(attention_kernel, heads, kv_heads, d, rows_kv, layer, scale, win, out);
   TWELL_CUDA_CHECK_LAUNCH("attention_kernel");
 }
 

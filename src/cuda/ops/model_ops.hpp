@@ -76,9 +76,10 @@ void rope_store_kv(__nv_bfloat16* qkv, std::int64_t rows, std::int64_t heads, st
                    const float* cos_table, const float* sin_table, const RowKv* rows_kv, std::int64_t layer,
                    cudaStream_t stream, bool k_in_place = false);
 
-// Causal attention of each row's query heads (in qkv) over its sequence's cached keys 0…pos:
+// Causal attention of each row's query heads (in qkv) over its sequence's cached keys 0…pos
+// (pos − window + 1 … pos with a sliding window, window > 0):
 // out[r, h·d:(h+1)·d] = softmax(q·Kᵀ / sqrt(d)) · V, query head h reading KV head h / (heads / kv_heads).
-// max_keys: the largest pos + 1 of the call (sizes the scores' shared memory). Each RowKv's k and v
+// max_keys: the most keys a row of the call sees (sizes the scores' shared memory). Each RowKv's k and v
 // must be 16-byte aligned (cudaMalloc'd caches are; with d a multiple of 8 so are all their rows).
 // The most keys attention() takes at head_dim d on the current device (its scores sit in shared memory).
 std::int64_t attention_max_keys(std::int64_t d);
@@ -87,7 +88,7 @@ std::int64_t attention_max_keys(std::int64_t d);
 // of them before waiting for the previous kernel (programmatic launches). Same bits either way.
 void attention(const __nv_bfloat16* qkv, std::int64_t rows, std::int64_t heads, std::int64_t kv_heads,
                std::int64_t d, const RowKv* rows_kv, std::int64_t layer, std::int64_t max_keys, __nv_bfloat16* out,
-               cudaStream_t stream, bool old_keys_ready = false);
+               cudaStream_t stream, bool old_keys_ready = false, std::int64_t window = 0);
 
 // Prefill attention on tensor cores: the same function as attention() for the rows of `blocks`.
 // A block is up to 64 consecutive rows of one sequence (consecutive positions). head_dim 64 or 128.
