@@ -566,7 +566,7 @@ TEST_F(Cli, ModelCommandsRejectBadInput) {
   const std::string none = path("no_such_model");
   expect_error(fmt::format("generate --model '{}' --prompt hi --device cpu", none), "not a directory");
   expect_error("generate --prompt hi", "--model");
-  expect_error(fmt::format("gen model --config 7b --out '{}'", path("m")), "--config");
+  expect_error(fmt::format("gen model --config 13b --out '{}'", path("m")), "--config");
   expect_error(fmt::format("gen model --config tiny --density 0.9 --out '{}'", path("m")), "--density");
   expect_error(fmt::format("gen model --config tiny --dead 1 --out '{}'", path("m")), "--dead");
   expect_error("bench model --device cpu", "--model DIR or --config NAME");
