@@ -345,7 +345,10 @@ TEST(ModelOps, WeightFirstKernelsReadXAfterTheWait) {
     EXPECT_EQ(std::memcmp(want.data(), have.data(), want.size() * sizeof(bf16)), 0);
     const auto counts = download<unsigned long long>(nnz);
     EXPECT_EQ(counts[0], counts[1]);
-    EXPECT_GT(counts[0], 0u);
+    // Some neuron fired (else the comparison above proves little). With n = 5 random gates none
+    // fires in 1 run of 32 (TWELL_TEST_SEED=5547865905559125050 did so): there the all-zero row is
+    // the edge case checked above; from n = 70 up the chance of no active neuron is below 2^-70.
+    if (c.n >= 64) EXPECT_GT(counts[0], 0u);
   }
   cudaStreamDestroy(stream);
 }
@@ -415,7 +418,10 @@ TEST(ModelOps, DecodeTokenFoldsTheResidualNormBitForBit) {
     EXPECT_NE(std::memcmp(r_want.data(), rv.data(), rv.size() * sizeof(float)), 0) << "r was not updated";
     const auto counts = download<unsigned long long>(nnz);
     EXPECT_EQ(counts[0], counts[1]);
-    EXPECT_GT(counts[0], 0u);
+    // Some neuron fired (else the comparison above proves little). With n = 5 random gates none
+    // fires in 1 run of 32 (TWELL_TEST_SEED=5547865905559125050 did so): there the all-zero row is
+    // the edge case checked above; from n = 70 up the chance of no active neuron is below 2^-70.
+    if (c.n >= 64) EXPECT_GT(counts[0], 0u);
   }
   // Bad input: the norm's operands misaligned, or missing.
   {

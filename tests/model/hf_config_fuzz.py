@@ -114,6 +114,9 @@ def divisors(n):
     return [d for d in range(1, n + 1) if n % d == 0]
 
 
+HIDDEN_MULTIPLE = 1  # hidden sizes are drawn as multiples of this (8 for --device cuda: see draw)
+
+
 def draw(seed, ov=None):
     """One case from its seed; `ov` overrides named draws (the other draws are unchanged: every
     draw consumes the generator whether or not it is overridden)."""
@@ -134,6 +137,9 @@ def draw(seed, ov=None):
     c["kv_heads"] = pick("kv_heads", lambda: r.choice(divisors(c["heads"])))
     # transformers requires hidden_size % num_attention_heads == 0 even with an explicit head_dim.
     c["hidden"] = pick("hidden", lambda: c["heads"] * r.randint(-(-64 // c["heads"]), 256 // c["heads"]))
+    if HIDDEN_MULTIPLE > 1:  # the CUDA runtime refuses K not a multiple of 8 by name (16-byte row loads)
+        m = math.lcm(c["heads"], HIDDEN_MULTIPLE)
+        c["hidden"] = -(-c["hidden"] // m) * m
     c["intermediate"] = pick("intermediate", lambda: r.randint(128, 512))
     c["vocab"] = pick("vocab", lambda: r.randint(97, 1000))
     c["tied"] = pick("tied", lambda: r.random() < 0.5)
@@ -565,6 +571,8 @@ def main():
     ap.add_argument("--keep", help="write the checkpoints under this directory and keep them")
     ap.add_argument("--list", action="store_true", help="list the named cases and exit")
     args = ap.parse_args()
+    global HIDDEN_MULTIPLE
+    HIDDEN_MULTIPLE = 8 if args.device == "cuda" else 1
     if args.list:
         for name, seed, ov in CASES:
             print(f"{name:30s} seed {seed:3d}  {draw(seed, ov)}")
