@@ -180,11 +180,15 @@ std::vector<Generation> generate(Runtime& rt, const std::vector<std::vector<std:
   return out;
 }
 
-std::string chat_prompt(const std::string& model_dir, const std::string& user, const std::string& system) {
+std::string chat_prompt(const std::string& model_dir, std::span<const ChatMessage> messages) {
   namespace fs = std::filesystem;
+  TWELL_CHECK(!messages.empty(), ErrorCode::invalid_argument, "a chat needs at least one message");
+  for (const auto& m : messages)
+    TWELL_CHECK(m.role == "system" || m.role == "user" || m.role == "assistant", ErrorCode::invalid_argument,
+                "chat message role \"{}\" is not supported (system, user, assistant)", m.role);
   const fs::path p = fs::path(model_dir) / "tokenizer_config.json";
   std::ifstream f(p);
-  TWELL_CHECK(f.good(), ErrorCode::io, "--chat needs {} (with a chat_template); it cannot be opened", p.string());
+  TWELL_CHECK(f.good(), ErrorCode::io, "a chat needs {} (with a chat_template); it cannot be opened", p.string());
   nlohmann::json j;
   try {
     j = nlohmann::json::parse(f);
@@ -192,30 +196,43 @@ std::string chat_prompt(const std::string& model_dir, const std::string& user, c
     fail(ErrorCode::corrupt, "{}: not valid JSON ({})", p.string(), e.what());
   }
   TWELL_CHECK(j.contains("chat_template") && j["chat_template"].is_string(), ErrorCode::unsupported,
-              "{} has no chat_template: this model has no chat format (drop --chat)", p.string());
+              "{} has no chat_template: this model has no chat format", p.string());
   const std::string tpl = j["chat_template"].get<std::string>();
+  const bool has_system = messages.front().role == "system";
   if (tpl.find("<|im_start|>") != std::string::npos) {
-    std::string sys = system;
-    if (sys.empty()) {
+    std::string s;
+    if (!has_system) {
       // A default system turn written literally in the template, e.g. SmolLM2's
       // '<|im_start|>system\nYou are a helpful AI assistant ...<|im_end|>\n'.
       // The newline may be a real one or a Jinja escape (\n) in the template's string literal.
       static const std::regex def(R"(<\|im_start\|>system(?:\\n|\n)([^'"{}]*?)<\|im_end\|>)");
       std::smatch m;
-      if (std::regex_search(tpl, m, def)) sys = std::regex_replace(m[1].str(), std::regex(R"(\\n)"), "\n");
+      if (std::regex_search(tpl, m, def))
+        s += "<|im_start|>system\n" + std::regex_replace(m[1].str(), std::regex(R"(\\n)"), "\n") + "<|im_end|>\n";
     }
-    std::string s;
-    if (!sys.empty()) s += "<|im_start|>system\n" + sys + "<|im_end|>\n";
-    return s + "<|im_start|>user\n" + user + "<|im_end|>\n<|im_start|>assistant\n";
+    for (const auto& m : messages) s += "<|im_start|>" + m.role + "\n" + m.content + "<|im_end|>\n";
+    return s + "<|im_start|>assistant\n";
   }
   if (tpl.find("<|start_header_id|>") != std::string::npos) {
     std::string s = "<|begin_of_text|>";
-    if (!system.empty()) s += "<|start_header_id|>system<|end_header_id|>\n\n" + system + "<|eot_id|>";
-    return s + "<|start_header_id|>user<|end_header_id|>\n\n" + user +
-           "<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n";
+    for (const auto& m : messages) s += "<|start_header_id|>" + m.role + "<|end_header_id|>\n\n" + m.content + "<|eot_id|>";
+    return s + "<|start_header_id|>assistant<|end_header_id|>\n\n";
   }
-  fail(ErrorCode::unsupported, "{}: this chat template is not one twell knows (ChatML, Llama-3); pass the formatted "
-       "prompt with --prompt instead of --chat", p.string());
+  fail(ErrorCode::unsupported, "{}: this chat template is not one twell knows (ChatML, Llama-3)", p.string());
+}
+
+std::string chat_prompt(const std::string& model_dir, const std::string& user, const std::string& system) {
+  std::vector<ChatMessage> m;
+  if (!system.empty()) m.push_back({"system", system});
+  m.push_back({"user", user});
+  try {
+    return chat_prompt(model_dir, m);
+  } catch (const Error& e) {
+    // The CLI's wording: --chat is what asked for the template.
+    if (e.code() == ErrorCode::unsupported && std::string(e.what()).find("chat_template") != std::string::npos)
+      fail(ErrorCode::unsupported, "{} (drop --chat)", e.what());
+    throw;
+  }
 }
 
 }  // namespace twell::model

@@ -1183,6 +1183,14 @@ TEST(ChatPrompt, ChatMLWithTheTemplatesDefaultSystemTurn) {
   for (std::size_t p = 0; (p = escaped.find('\n', p)) != std::string::npos; p += 2) escaped.replace(p, 1, "\\n");
   const auto e = chat_dir("chatml_escaped", nlohmann::json{{"chat_template", escaped}}.dump());
   EXPECT_EQ(model::chat_prompt(e.string(), "Hi?"), model::chat_prompt(d.string(), "Hi?"));
+  // A conversation (the server's messages): the default system turn once, then every turn in order.
+  const std::vector<model::ChatMessage> conv = {{"user", "Hi?"}, {"assistant", "Hello."}, {"user", "Bye?"}};
+  EXPECT_EQ(model::chat_prompt(d.string(), conv),
+            "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n"
+            "<|im_start|>user\nHi?<|im_end|>\n<|im_start|>assistant\nHello.<|im_end|>\n"
+            "<|im_start|>user\nBye?<|im_end|>\n<|im_start|>assistant\n");
+  const std::vector<model::ChatMessage> bad_role = {{"tool", "x"}};
+  EXPECT_THROW(model::chat_prompt(d.string(), bad_role), Error);
 }
 
 TEST(ChatPrompt, Llama3AndErrors) {

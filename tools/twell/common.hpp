@@ -30,6 +30,7 @@ void add_bench_command(CLI::App& root, std::vector<Command>& out);
 void add_stats_command(CLI::App& root, std::vector<Command>& out);
 void add_gen_command(CLI::App& root, std::vector<Command>& out);
 void add_generate_command(CLI::App& root, std::vector<Command>& out);
+void add_serve_command(CLI::App& root, std::vector<Command>& out);  // only where cpp-httplib was found (TWELL_HAVE_SERVE)
 void add_gen_model_command(CLI::App& gen, std::vector<Command>& out);
 void add_bench_model_command(CLI::App& bench, std::vector<Command>& out);
 

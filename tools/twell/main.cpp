@@ -35,6 +35,9 @@ int main(int argc, char** argv) {
   twell::cli::add_stats_command(app, commands);
   twell::cli::add_gen_command(app, commands);
   twell::cli::add_generate_command(app, commands);
+#if TWELL_HAVE_SERVE
+  twell::cli::add_serve_command(app, commands);
+#endif
 
   // CLI11 reports a mistyped command as "A subcommand is required"; name it instead.
   {

@@ -3,6 +3,7 @@
 // over the sequences still running, each with its own seeded sampler; streaming through a callback.
 #include <cstdint>
 #include <functional>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -43,5 +44,10 @@ std::vector<Generation> generate(Runtime& rt, const std::vector<std::vector<std:
 // ChatML (<|im_start|>…, SmolLM2, Qwen; its default system message is kept when the template has
 // one) and Llama-3 (<|start_header_id|>…). Other templates: ErrorCode::unsupported.
 std::string chat_prompt(const std::string& model_dir, const std::string& user, const std::string& system = "");
+// The same for a conversation: roles system (first only), user and assistant, in order.
+struct ChatMessage {
+  std::string role, content;
+};
+std::string chat_prompt(const std::string& model_dir, std::span<const ChatMessage> messages);
 
 }  // namespace twell::model
