@@ -38,7 +38,7 @@ void send_error(httplib::Response& res, int status, const std::string& msg, cons
                      : status >= 500 ? "server_error" : "invalid_request_error";
   json e = {{"message", msg}, {"type", type}, {"param", param.empty() ? json(nullptr) : json(param)}, {"code", nullptr}};
   res.status = status;
-  res.set_content(json{{"error", e}}.dump(), "application/json");
+  res.set_content(json{{"error", e}}.dump(-1, ' ', false, json::error_handler_t::replace), "application/json");
 }
 
 double number(const json& b, const char* key, double fallback, double lo, double hi) {
@@ -430,8 +430,11 @@ HttpServer::HttpServer(const ServerOptions& o) : impl_(std::make_unique<Impl>(o)
   });
   svr.set_error_handler([](const httplib::Request& req, httplib::Response& res) {
     if (!res.body.empty()) return;
-    if (res.status == 413)
-      send_error(res, 413, "the request body is too large");
+    if (res.status == 413 && req.get_header_value("Content-Type").starts_with("application/x-www-form-urlencoded"))
+      // cpp-httplib parses such bodies as forms and caps them at 8 KB (CPPHTTPLIB_FORM_URL_ENCODED_PAYLOAD_MAX_LENGTH).
+      send_error(res, 413, "a form-encoded body over 8 KB is refused: send the JSON with Content-Type: application/json");
+    else if (res.status == 413)
+      send_error(res, 413, "the request body is too large (--max-body)");
     else if (res.status == 404)
       send_error(res, 404, fmt::format("no endpoint {} {}", req.method, req.path));
     else if (res.status >= 400)

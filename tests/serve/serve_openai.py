@@ -1,0 +1,277 @@
+#!/usr/bin/env python3
+"""`twell serve` driven by the official `openai` client and by raw HTTP (loopback only).
+
+    python3 tests/serve/serve_openai.py TWELL_BINARY MODEL_DIR
+
+On SmolLM2-135M-Instruct (scripts/fetch-smollm2) on the CPU: the server is started by this test on a
+free port; models, completions and chat, streaming and not (a stream's pieces join to the
+non-streamed text; include_usage); 24 concurrent greedy requests each equal to the same request
+served alone; stop strings; the errors of bad requests (JSON error bodies with the right status,
+never a crash); a bounded fuzz of request bodies; the API key; a full queue answered 503 at once; a
+client that goes away mid-stream frees its KV cache (read from /metrics); SIGTERM while requests run
+drains them and exits 0. Every loop is bounded in count and time.
+Exit 77 (ctest: skipped) without the openai package or the model.
+"""
+import json
+import os
+import random
+import re
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+
+try:
+    import openai
+except ImportError as e:
+    print(f"skipped: {e} (pip install -r scripts/requirements.txt)")
+    sys.exit(77)
+
+TWELL, MODEL = sys.argv[1], sys.argv[2]
+if not os.path.exists(os.path.join(MODEL, "tokenizer.json")):
+    print(f"skipped: no model at {MODEL} (bash scripts/fetch-smollm2)")
+    sys.exit(77)
+NAME = os.path.basename(os.path.normpath(MODEL))
+FAILS = []
+
+
+def check(cond, what):
+    print(("ok   " if cond else "FAIL ") + what, flush=True)
+    if not cond:
+        FAILS.append(what)
+
+
+class Server:
+    def __init__(self, *args):
+        self.p = subprocess.Popen([TWELL, "serve", "--model", MODEL, "--device", "cpu", "--port", "0", *args],
+                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        line = self.p.stdout.readline()
+        m = re.search(r"http://127\.0\.0\.1:(\d+)", line)
+        if not m:
+            raise SystemExit(f"serve did not start: {line}{self.p.stdout.read()}")
+        self.port = int(m.group(1))
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.lines = []
+        threading.Thread(target=self._drain, daemon=True).start()
+        t0 = time.time()
+        while time.time() - t0 < 60:
+            if self.get("/health")[0] == 200:
+                return
+            time.sleep(0.1)
+        raise SystemExit("serve did not become ready in 60 s")
+
+    def _drain(self):
+        for line in self.p.stdout:
+            self.lines.append(line)
+
+    def request(self, method, path, body=None, headers=None, raw=None):
+        data = raw if raw is not None else (json.dumps(body).encode() if body is not None else None)
+        headers = {"Content-Type": "application/json", **(headers or {})}
+        req = urllib.request.Request(self.url + path, data=data, method=method, headers=headers)
+        try:
+            with urllib.request.urlopen(req, timeout=60) as r:
+                return r.status, r.read().decode()
+        except urllib.error.HTTPError as e:
+            return e.code, e.read().decode()
+
+    def get(self, path, headers=None):
+        try:
+            return self.request("GET", path, headers=headers)
+        except OSError:
+            return 0, ""
+
+    def post(self, path, body=None, raw=None, headers=None):
+        return self.request("POST", path, body, headers, raw)
+
+    def metric(self, name):
+        _, text = self.get("/metrics")
+        m = re.search(rf"^{name} ([0-9.e+-]+)$", text, re.M)
+        return float(m.group(1)) if m else None
+
+    def stop(self, timeout=60):
+        self.p.send_signal(signal.SIGTERM)
+        try:
+            return self.p.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.p.kill()
+            return None
+
+
+def main():
+    t_start = time.time()
+    s = Server()
+    client = openai.OpenAI(base_url=s.url + "/v1", api_key="unused", max_retries=0, timeout=120)
+
+    # Models, completions and chat.
+    ids = [m.id for m in client.models.list().data]
+    check(ids == [NAME], f"models.list: {ids}")
+    chat = client.chat.completions.create(model=NAME, messages=[{"role": "user", "content": "What is the capital of France?"}],
+                                          max_tokens=24, temperature=0)
+    text = chat.choices[0].message.content
+    check("Paris" in text and chat.choices[0].finish_reason in ("stop", "length"), f"chat answers {text!r}")
+    check(chat.usage.prompt_tokens > 0 and chat.usage.completion_tokens > 0, f"chat usage {chat.usage}")
+    pieces, finish, usage = [], None, None
+    for ch in client.chat.completions.create(model=NAME, messages=[{"role": "user", "content": "What is the capital of France?"}],
+                                             max_tokens=24, temperature=0, stream=True,
+                                             stream_options={"include_usage": True}):
+        if ch.choices:
+            pieces.append(ch.choices[0].delta.content or "")
+            finish = ch.choices[0].finish_reason or finish
+        if ch.usage:
+            usage = ch.usage
+    check("".join(pieces) == text and finish == chat.choices[0].finish_reason, "a stream's pieces join to the same answer")
+    check(usage is not None and usage.completion_tokens == chat.usage.completion_tokens, "stream_options.include_usage")
+
+    # Concurrency: each greedy request equals the same request alone (continuous batching with
+    # prompts of different lengths joining and leaving).
+    prompts = [f"Write a short note number {i} about {w}." for i, w in
+               enumerate(["rivers", "bread", "stars", "music", "trains", "cats", "rain", "paper"] * 3)]
+    def complete(p, n=10):
+        return client.completions.create(model=NAME, prompt=p, max_tokens=n, temperature=0).choices[0].text
+    solo = [complete(p) for p in prompts[:8]]
+    got = [None] * len(prompts)
+    def worker(i):
+        got[i] = complete(prompts[i])
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(len(prompts))]
+    t0 = time.time()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(180)
+    dt = time.time() - t0
+    same = all(got[i] == solo[i % 8] for i in range(len(prompts)))
+    check(same, f"24 concurrent greedy completions each equal to their solo run ({dt:.1f} s)")
+    if not same:
+        for i in range(len(prompts)):
+            if got[i] != solo[i % 8]:
+                print(f"     {i}: batched {got[i]!r} vs solo {solo[i % 8]!r}")
+    check(s.metric("twell_kv_tokens_used") == 0 and s.metric("twell_requests_running") == 0, "all caches freed after")
+
+    # Stop strings, across token boundaries: stop at a piece of the solo answer.
+    full = complete("Once upon a time", 24)
+    cut = full[len(full) // 2: len(full) // 2 + 3]
+    check(len(cut) == 3, f"a 24-token continuation to cut: {full!r}")
+    r = client.completions.create(model=NAME, prompt="Once upon a time", max_tokens=24, temperature=0, stop=["\u2603", cut])
+    check(r.choices[0].text == full[:full.index(cut)] and r.choices[0].finish_reason == "stop",
+          f"stop {cut!r}: {r.choices[0].text!r}")
+
+    # Seeded sampling is reproducible.
+    a = client.completions.create(model=NAME, prompt="Hello", max_tokens=8, temperature=0.9, top_p=0.9, seed=5).choices[0].text
+    b = client.completions.create(model=NAME, prompt="Hello", max_tokens=8, temperature=0.9, top_p=0.9, seed=5).choices[0].text
+    check(a == b, "the same seed samples the same text")
+
+    # Bad requests: a JSON error with the right status, never a crash.
+    cases = [
+        ("invalid JSON", dict(raw=b"{not json"), 400, None),
+        ("invalid UTF-8", dict(raw=b'{"prompt": "\xff\xfe", "max_tokens": 2}'), 400, None),
+        ("wrong type", dict(body={"prompt": "a", "max_tokens": "ten"}), 400, "max_tokens"),
+        ("unknown parameter", dict(body={"prompt": "a", "frobnicate": 1}), 400, "frobnicate"),
+        ("unsupported parameter", dict(body={"prompt": "a", "presence_penalty": 0.5}), 400, "presence_penalty"),
+        ("unknown model", dict(body={"model": "gpt-9", "prompt": "a"}), 404, "model"),
+        ("max_tokens past the context", dict(body={"prompt": "a", "max_tokens": 10 ** 6}), 400, "max_tokens"),
+        ("prompt past the context", dict(body={"prompt": list(range(1, 9000))}), 413, "prompt"),
+        ("token id outside the vocabulary", dict(body={"prompt": [1, 10 ** 7]}), 400, "prompt"),
+        ("no messages", dict(body={"messages": []}, path="/v1/chat/completions"), 400, "messages"),
+        ("bad role", dict(body={"messages": [{"role": "tool", "content": "x"}]}, path="/v1/chat/completions"), 400, "messages"),
+        ("body too large", dict(raw=b'{"prompt": "' + b"a" * (2 << 20) + b'"}'), 413, None),
+        ("no such endpoint", dict(body={}, path="/v1/embeddings"), 404, None),
+    ]
+    for what, kw, status, param in cases:
+        path = kw.pop("path", "/v1/completions")
+        code, body = s.post(path, **kw)
+        try:
+            err = json.loads(body)["error"]
+            ok = code == status and (param is None or err.get("param") == param)
+        except (ValueError, KeyError, TypeError):
+            ok, err = False, body[:200]
+        check(ok, f"{what}: HTTP {code} {err}")
+
+    # A bounded fuzz of bodies: mutated valid requests; every answer is JSON, the server stays up.
+    rng = random.Random(1234)
+    base = {"prompt": "Hi", "max_tokens": 2, "temperature": 0.5, "top_p": 0.9, "stop": ["x"], "stream": False, "seed": 1}
+    junk = [None, True, -1, 0, 1.5, 1e308, "", "a" * 300, [], [1, "a"], {}, {"a": 1}, -2 ** 63, "\u00e9"]
+    bad_answers = 0
+    for _ in range(150):
+        b = dict(base)
+        for _ in range(rng.randint(1, 3)):
+            k = rng.choice(list(base) + ["model", "messages", "n", "echo", rng.choice(["zz", "prompt"])])
+            b[k] = rng.choice(junk)
+        code, body = s.post(rng.choice(["/v1/completions", "/v1/chat/completions"]), body=b)
+        try:
+            json.loads(body)
+            good = code in (200, 400, 404, 413)
+        except ValueError:
+            good = False
+        if not good:
+            bad_answers += 1
+            print(f"     fuzz: {b} -> {code} {body[:120]!r}")
+    check(bad_answers == 0 and s.get("/health")[0] == 200, "150 fuzzed bodies: JSON answers, the server alive")
+
+    # A client that goes away mid-stream: its request is cancelled and its cache freed.
+    cancelled0 = s.metric("twell_requests_cancelled_total")
+    sock = socket.create_connection(("127.0.0.1", s.port))
+    body = json.dumps({"prompt": "Tell me a long story", "max_tokens": 400, "temperature": 0, "stream": True}).encode()
+    sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                 + f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
+    got = b""
+    t0 = time.time()
+    while got.count(b"data: ") < 3 and time.time() - t0 < 30:
+        got += sock.recv(4096)
+    sock.close()
+    t0 = time.time()
+    while time.time() - t0 < 30 and not (s.metric("twell_requests_cancelled_total") > cancelled0
+                                         and s.metric("twell_kv_tokens_used") == 0):
+        time.sleep(0.2)
+    check(s.metric("twell_requests_cancelled_total") > cancelled0 and s.metric("twell_kv_tokens_used") == 0,
+          "a client gone mid-stream: cancelled, its KV cache freed")
+    text = s.get("/metrics")[1]
+    for name in ("twell_time_to_first_token_seconds_count", "twell_inter_token_latency_seconds_bucket",
+                 "twell_generation_tokens_total", "twell_ffn_sparse_row_share", "twell_requests_queued"):
+        check(name in text, f"/metrics has {name}")
+
+    # SIGTERM while requests run: they end (finished or told), the server exits 0.
+    results = []
+    def streamer():
+        try:
+            n = 0
+            for ch in client.completions.create(model=NAME, prompt="Count slowly:", max_tokens=60, temperature=0, stream=True):
+                n += 1
+            results.append(("done", n))
+        except Exception as e:  # noqa: BLE001 (any ending is fine, a hang is not)
+            results.append(("error", type(e).__name__))
+    ts = [threading.Thread(target=streamer) for _ in range(4)]
+    for t in ts:
+        t.start()
+    time.sleep(1.0)
+    rc = s.stop(timeout=90)
+    for t in ts:
+        t.join(30)
+    check(rc == 0, f"SIGTERM with 4 streams running: exit {rc}; streams {results}")
+    check(len(results) == 4 and all(r[0] == "done" for r in results), "the running streams were drained to their end")
+
+    # The API key, and a full queue answered at once.
+    s2 = Server("--api-key", "sekrit", "--max-running", "1", "--max-queue", "1")
+    check(s2.get("/health")[0] == 200 and s2.get("/v1/models")[0] == 401, "API key: /health open, /v1/models 401 without it")
+    check(s2.get("/v1/models", headers={"Authorization": "Bearer sekrit"})[0] == 200, "API key: 200 with it")
+    auth = {"Authorization": "Bearer sekrit", "Content-Type": "application/json"}
+    codes = []
+    def long_req():
+        codes.append(s2.post("/v1/completions", body={"prompt": "a", "max_tokens": 40, "temperature": 0}, headers=auth)[0])
+    ts = [threading.Thread(target=long_req) for _ in range(4)]
+    for t in ts:
+        t.start()
+        time.sleep(0.05)
+    for t in ts:
+        t.join(120)
+    check(sorted(codes).count(200) >= 2 and 503 in codes, f"max-running 1, max-queue 1, 4 at once: {sorted(codes)}")
+    check(s2.stop() == 0, "second server exits 0")
+    print(f"{'FAILED: ' + str(len(FAILS)) + ' check(s)' if FAILS else 'passed'} ({time.time() - t_start:.0f} s)")
+    return 1 if FAILS else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
