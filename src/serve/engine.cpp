@@ -240,9 +240,19 @@ void Engine::step(std::vector<std::unique_ptr<Active>>& running) {
     budget -= take;
   }
   if (steps.empty()) return;
+  // Greedy picks without a penalty need no logits on the host: the runtime's argmax (on the GPU, one
+  // id a row comes back instead of a row of logits). Its rule is the sampler's (the lowest id of equal maxima).
+  bool argmax_only = true;
+  for (std::size_t j = 0; j < who.size(); ++j)
+    if (samples[j] && !(who[j]->p.sampling.temperature == 0 && who[j]->p.sampling.repetition_penalty == 1.0))
+      argmax_only = false;
   std::vector<float> logits;
+  std::vector<std::int32_t> argmax;
   try {
-    logits = rt_.forward(steps);
+    if (argmax_only)
+      argmax = rt_.forward_argmax(steps);
+    else
+      logits = rt_.forward(steps);
   } catch (const std::exception& e) {
     // The runtime refused or failed the step: its requests end with the error; the others go on.
     for (Active* a : who) {
@@ -264,9 +274,14 @@ void Engine::step(std::vector<std::unique_ptr<Active>>& running) {
     if (!samples[j]) continue;
     std::int32_t id = 0;
     try {
-      id = a.sampler.sample(std::span<const float>(logits.data() + j * static_cast<std::size_t>(c.vocab_size),
+      if (argmax_only) {
+        id = argmax[j];
+        if (id < 0) throw Error(ErrorCode::non_finite, "the step's logits hold NaN or infinity");
+      } else {
+        id = a.sampler.sample(std::span<const float>(logits.data() + j * static_cast<std::size_t>(c.vocab_size),
                                                    static_cast<std::size_t>(c.vocab_size)),
                             a.history);
+      }
     } catch (const std::exception& e) {
       a.req->push({Event::Kind::error, e.what(), "", 0, 0});
       a.done = true;
