@@ -91,6 +91,11 @@ class NativeModel {
     d["eos_ids"] = c.eos_ids;
     d["bos_ids"] = c.bos_ids;
     d["parameters"] = c.parameters();
+    d["architecture"] = c.architecture;
+    d["rope_theta"] = c.rope_theta;
+    d["rope_type"] = std::string(model::to_string(c.rope_scaling.type));
+    d["sliding_window"] = c.sliding_window;
+    d["unknown_keys"] = c.unknown_keys;  // config.json keys twell does not read (ignored)
     return d;
   }
   bool has_tokenizer() const { return tokenizer_.has_value(); }

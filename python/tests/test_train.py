@@ -405,6 +405,8 @@ def test_native_runtime_reads_what_the_trainer_saves(tmp_path):
     ids = [int(t) for t in torch.randint(1, 64, (200,), generator=torch.Generator().manual_seed(2))]
     with torch.no_grad():
         want = ref(torch.tensor([ids])).logits[0].numpy()
+    m = tm.Model(ckpt, device="cpu", ffn="dense")
+    assert m.config["rope_theta"] == 1e5 and m.config["rope_type"] == "llama3", m.config
     for ffn, bound in (("dense", 1e-4), ("auto", 1e-2)):
         got = tm.Model(ckpt, device="cpu", ffn=ffn).logits(ids)
         err = np.abs(got - want).max() / np.abs(want).max()
