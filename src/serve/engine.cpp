@@ -204,7 +204,17 @@ void Engine::loop() {
       for (auto& a : running) a->req->cancel();
     for (auto& a : running)
       if (!a->done && a->req->cancelled()) finish(*a, "cancelled");
-    step(running);
+    try {
+      step(running);
+    } catch (const std::exception& e) {
+      // Nothing in a step should throw past its own handlers; if something does, the step's requests
+      // end with the error and the server goes on (a dead scheduler would hang every reader).
+      for (auto& a : running)
+        if (!a->done) {
+          a->req->push({Event::Kind::error, fmt::format("internal error: {}", e.what()), "", 0, 0});
+          a->done = true;
+        }
+    }
     // Leave: free the caches of the requests that ended.
     std::int64_t freed = 0;
     std::erase_if(running, [&](const std::unique_ptr<Active>& a) {
