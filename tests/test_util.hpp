@@ -1,6 +1,6 @@
 #pragma once
-// Shared helpers for the CPU tests: fresh random inputs per run (seeded from the test name and a
-// per-process counter, printed on failure), adversarial patterns, and comparisons.
+// Shared helpers for the CPU tests: random inputs seeded from the test name (the same in every run
+// unless TWELL_TEST_FRESH=1; every seed printed), adversarial patterns, and comparisons.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -28,13 +28,27 @@ inline std::int64_t test_max_vocab() {
   return v;
 }
 
-// A fresh seed per call (time-based unless TWELL_TEST_SEED is set), recorded in the test output.
+// A seed per call, printed and recorded in the test output. The base is TWELL_TEST_SEED when set;
+// a fresh draw with TWELL_TEST_FRESH=1; else a hash of the running test's full name, so that a CI run
+// draws the same inputs every time and one test name means one input (its k-th call gets the same
+// seed in every run). A failure prints the base that repeats it.
 inline std::uint64_t fresh_seed() {
-  static std::uint64_t base = [] {
-    if (const char* s = std::getenv("TWELL_TEST_SEED")) return static_cast<std::uint64_t>(std::stoull(s));
-    return static_cast<std::uint64_t>(std::random_device{}()) << 32 | std::random_device{}();
-  }();
-  static std::uint64_t counter = 0;
+  const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
+  const std::string name = info ? std::string(info->test_suite_name()) + "." + info->name() : "";
+  static std::string last_name;
+  static std::uint64_t base = 0, counter = 0;
+  if (counter == 0 || name != last_name) {
+    last_name = name;
+    counter = 0;
+    if (const char* s = std::getenv("TWELL_TEST_SEED")) {
+      base = static_cast<std::uint64_t>(std::stoull(s));
+    } else if (const char* f = std::getenv("TWELL_TEST_FRESH"); f && std::string(f) == "1") {
+      base = static_cast<std::uint64_t>(std::random_device{}()) << 32 | std::random_device{}();
+    } else {
+      base = 1469598103934665603ull;  // FNV-1a of the test's name
+      for (unsigned char c : name) base = (base ^ c) * 1099511628211ull;
+    }
+  }
   const std::uint64_t seed = base + 0x9e3779b97f4a7c15ull * ++counter;
   ::testing::Test::RecordProperty("seed", std::to_string(seed));
   // Also in the log, so that a failure seen in a CI or device log can be repeated.
