@@ -269,6 +269,34 @@ def main():
         t.join(120)
     check(sorted(codes).count(200) >= 2 and 503 in codes, f"max-running 1, max-queue 1, 4 at once: {sorted(codes)}")
     check(s2.stop() == 0, "second server exits 0")
+
+    # Admission by KV positions: a budget of 150 positions holds two requests of 10 + 60 at once, never
+    # three; a request that can never fit is refused up front.
+    s3 = Server("--kv-tokens", "150", "--max-running", "8")
+    peak, stop_poll = [0.0], threading.Event()
+    def poll():
+        while not stop_poll.is_set():
+            v = s3.metric("twell_kv_tokens_used")
+            if v is not None:
+                peak[0] = max(peak[0], v)
+            time.sleep(0.02)
+    poller = threading.Thread(target=poll)
+    poller.start()
+    codes3 = []
+    def kv_req(i):
+        codes3.append(s3.post("/v1/completions", body={"prompt": list(range(10 + i, 20 + i)), "max_tokens": 60,
+                                                       "temperature": 0, "ignore_eos": True})[0])
+    ts = [threading.Thread(target=kv_req, args=(i,)) for i in range(5)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join(180)
+    stop_poll.set()
+    poller.join()
+    check(codes3 == [200] * 5 and 0 < peak[0] <= 150, f"KV budget 150: 5 requests of 70 positions all served, peak {peak[0]:.0f} used")
+    code, body = s3.post("/v1/completions", body={"prompt": "a", "max_tokens": 200})
+    check(code == 400 and "KV budget" in body, f"a request past the KV budget: HTTP {code} {body[:120]}")
+    check(s3.stop() == 0, "third server exits 0")
     print(f"{'FAILED: ' + str(len(FAILS)) + ' check(s)' if FAILS else 'passed'} ({time.time() - t_start:.0f} s)")
     return 1 if FAILS else 0
 
