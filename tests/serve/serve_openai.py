@@ -45,24 +45,38 @@ def check(cond, what):
         FAILS.append(what)
 
 
+SERVERS = []  # every server this test started: main() kills any still running when it ends
+
+
 class Server:
+    """`twell serve` on a free loopback port (its default --host 127.0.0.1), ready within 60 s."""
+
     def __init__(self, *args):
         self.p = subprocess.Popen([TWELL, "serve", "--model", MODEL, "--device", "cpu", "--port", "0", *args],
                                   stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        line = self.p.stdout.readline()
-        m = re.search(r"http://127\.0\.0\.1:(\d+)", line)
-        if not m:
-            raise SystemExit(f"serve did not start: {line}{self.p.stdout.read()}")
-        self.port = int(m.group(1))
-        self.url = f"http://127.0.0.1:{self.port}"
+        SERVERS.append(self)
         self.lines = []
         threading.Thread(target=self._drain, daemon=True).start()
-        t0 = time.time()
+        t0, m = time.time(), None
+        while m is None and time.time() - t0 < 60 and self.p.poll() is None:
+            m = next((re.search(r"http://127\.0\.0\.1:(\d+)", x) for x in self.lines if "listening" in x), None)
+            time.sleep(0.05)
+        if m is None:
+            self.kill()
+            raise SystemExit(f"serve did not start in 60 s: {''.join(self.lines)}")
+        self.port = int(m.group(1))
+        self.url = f"http://127.0.0.1:{self.port}"
         while time.time() - t0 < 60:
             if self.get("/health")[0] == 200:
                 return
             time.sleep(0.1)
+        self.kill()
         raise SystemExit("serve did not become ready in 60 s")
+
+    def kill(self):
+        if self.p.poll() is None:
+            self.p.kill()
+            self.p.wait(10)
 
     def _drain(self):
         for line in self.p.stdout:
@@ -213,14 +227,20 @@ def main():
 
     # A client that goes away mid-stream: its request is cancelled and its cache freed.
     cancelled0 = s.metric("twell_requests_cancelled_total")
-    sock = socket.create_connection(("127.0.0.1", s.port))
+    sock = socket.create_connection(("127.0.0.1", s.port), timeout=10)  # every recv below waits 10 s at most
     body = json.dumps({"prompt": "Tell me a long story", "max_tokens": 400, "temperature": 0, "stream": True}).encode()
     sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
                  + f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
     got = b""
     t0 = time.time()
     while got.count(b"data: ") < 3 and time.time() - t0 < 30:
-        got += sock.recv(4096)
+        try:
+            chunk = sock.recv(4096)
+        except socket.timeout:
+            break
+        if not chunk:
+            break
+        got += chunk
     sock.close()
     t0 = time.time()
     while time.time() - t0 < 30 and not (s.metric("twell_requests_cancelled_total") > cancelled0
@@ -302,4 +322,9 @@ def main():
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        rc = main()
+    finally:
+        for srv in SERVERS:  # a check that raised leaves no server behind
+            srv.kill()
+    sys.exit(rc)
