@@ -225,14 +225,7 @@ std::string chat_prompt(const std::string& model_dir, const std::string& user, c
   std::vector<ChatMessage> m;
   if (!system.empty()) m.push_back({"system", system});
   m.push_back({"user", user});
-  try {
-    return chat_prompt(model_dir, m);
-  } catch (const Error& e) {
-    // The CLI's wording: --chat is what asked for the template.
-    if (e.code() == ErrorCode::unsupported && std::string(e.what()).find("chat_template") != std::string::npos)
-      fail(ErrorCode::unsupported, "{} (drop --chat)", e.what());
-    throw;
-  }
+  return chat_prompt(model_dir, m);
 }
 
 }  // namespace twell::model

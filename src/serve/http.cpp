@@ -41,6 +41,13 @@ void send_error(httplib::Response& res, int status, const std::string& msg, cons
   res.set_content(json{{"error", e}}.dump(-1, ' ', false, json::error_handler_t::replace), "application/json");
 }
 
+// Distinct values for request ids and unseeded requests' seeds: a Weyl sequence from a random start
+// (thread-safe, never the same value twice in 2⁶⁴ calls).
+std::uint64_t next_random() {
+  static std::atomic<std::uint64_t> n{static_cast<std::uint64_t>(std::random_device{}()) << 32 | std::random_device{}()};
+  return n.fetch_add(0x9E3779B97F4A7C15ull);
+}
+
 double number(const json& b, const char* key, double fallback, double lo, double hi) {
   if (!b.contains(key) || b[key].is_null()) return fallback;
   if (!b[key].is_number()) bad(fmt::format("'{}' must be a number", key), key);
@@ -116,8 +123,7 @@ void common(const json& b, Parsed& out, std::int64_t max_tokens_default, std::in
     if (!b["seed"].is_number_integer()) bad("'seed' must be an integer", "seed");
     s.seed = static_cast<std::uint64_t>(b["seed"].get<std::int64_t>());
   } else {
-    static std::atomic<std::uint64_t> counter{std::random_device{}()};
-    s.seed = counter.fetch_add(0x9E3779B97F4A7C15ull);
+    s.seed = next_random();
   }
   if (b.contains("stop") && !b["stop"].is_null()) {
     const json& st = b["stop"];
@@ -142,10 +148,7 @@ void common(const json& b, Parsed& out, std::int64_t max_tokens_default, std::in
   }
 }
 
-std::string random_id(const char* prefix) {
-  static std::atomic<std::uint64_t> n{std::random_device{}()};
-  return fmt::format("{}-{:016x}", prefix, n.fetch_add(0x9E3779B97F4A7C15ull));
-}
+std::string random_id(const char* prefix) { return fmt::format("{}-{:016x}", prefix, next_random()); }
 
 }  // namespace
 

@@ -21,8 +21,7 @@ struct GenerateArgs {
   std::string system;
   std::string device;
   std::string hidden_act;
-  std::string ffn = "auto";
-  model::RuntimeOptions runtime;  // the GPU switches (add_runtime_flags); the FFN path from --ffn
+  model::RuntimeOptions runtime;  // the GPU switches (add_runtime_flags) and the FFN path (--ffn)
   model::GenerateOptions g;
   std::vector<std::string> stop_tokens;
   std::string json;
@@ -62,16 +61,20 @@ int run_generate(GenerateArgs& a) {
   }
   std::vector<std::vector<std::int32_t>> ids;
   for (const auto& p : a.prompts) {
-    const std::string text = a.chat ? model::chat_prompt(a.model, p, a.system) : p;
+    std::string text = p;
+    if (a.chat) {
+      try {
+        text = model::chat_prompt(a.model, p, a.system);
+      } catch (const Error& e) {
+        fail(e.code(), "--chat: {} (drop --chat, or pass the formatted prompt)", e.what());
+      }
+    }
     ids.push_back(tok.encode(text, /*add_special=*/!a.chat));
     if (ids.back().empty()) fail(ErrorCode::invalid_argument, "a prompt encodes to no tokens");
   }
 
-  model::RuntimeOptions ro = a.runtime;
-  if (a.ffn == "dense") ro.ffn_path = model::FfnPath::dense;
-  else if (a.ffn == "sparse") ro.ffn_path = model::FfnPath::sparse;
   const double t1 = now_seconds();
-  auto rt_ptr = model::make_runtime(m, device, ro);
+  auto rt_ptr = model::make_runtime(m, device, a.runtime);
   const double t_runtime = now_seconds() - t1;  // the weights onto the device, the workspaces
   model::Runtime& rt = *rt_ptr;
   if (!a.quiet) {
@@ -193,8 +196,7 @@ void add_generate_command(CLI::App& root, std::vector<Command>& out) {
   sub->add_option("--stop-token", a->stop_tokens, "Also stop at this token (its text, e.g. '<|im_end|>'; repeatable)");
   sub->add_flag("--ignore-eos", a->g.ignore_eos, "Do not stop at the model's end-of-sequence tokens");
   sub->add_option("--hidden-act", a->hidden_act, "Override config.json's hidden_act (relu, silu, gelu, gelu_pytorch_tanh)");
-  sub->add_option("--ffn", a->ffn, "FFN path of ReLU layers: auto (by measured density), dense, sparse")
-      ->check(CLI::IsMember({"auto", "dense", "sparse"}));
+  add_ffn_path_option(sub, a->runtime.ffn_path);
   add_runtime_flags(sub, a->runtime);
   sub->add_option("--device", a->device, "cpu or cuda (default: cuda when a GPU is usable, else cpu)");
   sub->add_option("--json", a->json, "Write tokens, text, speeds and per-layer FFN counts here");

@@ -10,6 +10,7 @@
 #include <thread>
 
 #include "common.hpp"
+#include "runtime_flags.hpp"
 #include "twell/model/runtime.hpp"
 #include "twell/serve/http.hpp"
 
@@ -17,7 +18,8 @@ namespace twell::cli {
 namespace {
 
 struct ServeArgs {
-  std::string model, model_name, device, hidden_act, ffn = "auto";
+  std::string model, model_name, device, hidden_act;
+  model::FfnPath ffn = model::FfnPath::automatic;
   serve::ServerOptions server;
   serve::EngineOptions engine;
   double drain_seconds = 30;
@@ -78,7 +80,7 @@ int run_serve(ServeArgs& a) {
   TWELL_CHECK(tok.vocab_size() <= m.config.vocab_size, ErrorCode::corrupt,
               "tokenizer.json has {} tokens but the model's vocabulary holds {}", tok.vocab_size(), m.config.vocab_size);
   model::RuntimeOptions ro;
-  ro.ffn_path = a.ffn == "dense" ? model::FfnPath::dense : a.ffn == "sparse" ? model::FfnPath::sparse : model::FfnPath::automatic;
+  ro.ffn_path = a.ffn;
   auto rt = model::make_runtime(m, device, ro);
   {
     serve::Engine engine(*rt, tok, a.engine);
@@ -123,7 +125,7 @@ void add_serve_command(CLI::App& root, std::vector<Command>& out) {
   sub->add_option("--api-key", a->server.api_key, "Require 'Authorization: Bearer KEY' on every endpoint but /health");
   sub->add_option("--device", a->device, "cpu or cuda (default: cuda when a GPU is usable, else cpu)");
   sub->add_option("--hidden-act", a->hidden_act, "Override config.json's hidden_act");
-  sub->add_option("--ffn", a->ffn, "FFN path of ReLU layers: auto, dense, sparse")->check(CLI::IsMember({"auto", "dense", "sparse"}));
+  add_ffn_path_option(sub, a->ffn);
   sub->add_option("--max-running", a->engine.max_running, "Requests batched at once")->check(CLI::Range(1, 4096));
   sub->add_option("--max-queue", a->engine.max_queue, "Requests waiting beyond those (more: HTTP 503)")->check(CLI::Range(0, 1 << 16));
   sub->add_option("--step-tokens", a->engine.step_tokens, "Prompt tokens prefilled a step (chunked prefill)")->check(CLI::Range(1, 1 << 20));

@@ -1,11 +1,25 @@
 #pragma once
 // The runtime switches `twell generate` and `twell bench model` share, bound straight to the
 // model::RuntimeOptions fields they set (their defaults are the options' own).
+#include <string>
+
 #include <CLI/CLI.hpp>
 
 #include "twell/model/runtime.hpp"
 
 namespace twell::cli {
+
+// --ffn auto|dense|sparse: the FFN path of ReLU layers, bound to a RuntimeOptions::ffn_path.
+inline void add_ffn_path_option(CLI::App* sub, model::FfnPath& path) {
+  sub->add_option_function<std::string>(
+         "--ffn",
+         [&path](const std::string& s) {
+           path = s == "dense" ? model::FfnPath::dense : s == "sparse" ? model::FfnPath::sparse : model::FfnPath::automatic;
+         },
+         "FFN path of ReLU layers: auto (by measured density), dense, sparse")
+      ->check(CLI::IsMember({"auto", "dense", "sparse"}))
+      ->default_str("auto");
+}
 
 inline void add_runtime_flags(CLI::App* sub, model::RuntimeOptions& o) {
   sub->add_flag("!--no-cuda-graphs", o.cuda_graphs, "GPU: launch decode steps kernel by kernel (default: replay CUDA graphs)");
