@@ -27,7 +27,7 @@ struct Inputs {
   CMatrixF x;
 };
 
-// The case's generated inputs (tests/ffn_cases.hpp's generator, as the CUDA suite's) with a fresh seed.
+// The case's generated inputs (bench/ffn/ffn_cases.hpp's generator, as the CUDA suite's) with a fresh seed.
 Inputs make(FfnCase c) {
   c.seed = test::fresh_seed();
   Inputs in;
@@ -136,7 +136,7 @@ TEST_P(CpuFfn, OverflowRowsAreExact) {
   }
 }
 
-// Every case of the shared table (tests/ffn_cases.hpp) that runs on the CPU.
+// Every case of the shared table (bench/ffn/ffn_cases.hpp) that runs on the CPU.
 std::vector<FfnCase> cpu_cases() {
   std::vector<FfnCase> v;
   for (FfnCase& c : test::ffn_cases())

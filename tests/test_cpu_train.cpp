@@ -88,7 +88,7 @@ TEST_P(CpuTrain, SparseAndDenseMatchReference) {
   expect_matches(d, r, gated, "dense");
 }
 
-// Every training case of the shared table (tests/ffn_cases.hpp) that runs on the CPU.
+// Every training case of the shared table (bench/ffn/ffn_cases.hpp) that runs on the CPU.
 std::vector<FfnTrainCase> cpu_train_cases() {
   std::vector<FfnTrainCase> v;
   for (FfnTrainCase& c : test::ffn_train_cases())

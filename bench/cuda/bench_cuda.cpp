@@ -1,6 +1,6 @@
 // twell_bench_cuda: the lab's layer sweep. Times the CUDA FFN paths, and the kernel variants and
 // thresholds that lost or are kept under watch, against the dense cuBLASLt FFN in one process on the
-// same inputs, at the sweep's points — named cases of the shared table (tests/ffn_cases.hpp,
+// same inputs, at the sweep's points — named cases of the shared table (bench/ffn/ffn_cases.hpp,
 // ffn_sweep_cases: the benchmark generator, twell::generate_ffn, DESIGN §7) — and checks every point
 // against the float64 oracle on sampled rows. Prints a table and writes JSON (--json PATH). A user's
 // question "how fast is the layer here" is `twell bench ffn --cases sweep[-quick] --mode perf`.

@@ -52,7 +52,7 @@ int main(int argc, char** argv) {
               static_cast<long long>(m), static_cast<long long>(K), static_cast<long long>(N), reps, git_commit().c_str());
   std::printf("%6s %-34s %8s %8s %6s %8s %9s %s\n", "nnz%", "variant", "ms", "dense", "x", "hot", "cold nnz%", "dense rows");
   for (const double d : densities) {
-    test::FfnCase c;  // the sweep's generator and seeds (tests/ffn_cases.hpp)
+    test::FfnCase c;  // the sweep's generator and seeds (bench/ffn/ffn_cases.hpp)
     c.m = m;
     c.n = N;
     c.k = K;

@@ -353,7 +353,7 @@ TEST_F(Cli, BenchSmall) {
   EXPECT_NE(j.find("\"check_passed\": true"), std::string::npos);
 }
 
-// The FFN case table (tests/ffn_cases.hpp) through `twell bench ffn --cases`: every CPU case
+// The FFN case table (bench/ffn/ffn_cases.hpp) through `twell bench ffn --cases`: every CPU case
 // checked against float64 (the same cases CpuFfn runs), one timed, and the table listed.
 TEST_F(Cli, BenchCases) {
   RunResult r = run("bench ffn --cases all --device cpu");

@@ -1,6 +1,6 @@
 #pragma once
 // Helpers shared by the CUDA tests: a GPU check that skips cleanly, the FFN case table's
-// generator (tests/ffn_cases.hpp), and device buffers with NaN poison and guard sentinels.
+// generator (bench/ffn/ffn_cases.hpp), and device buffers with NaN poison and guard sentinels.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
@@ -33,7 +33,7 @@ inline std::vector<std::uint16_t> to_bf16_bits(const std::vector<float>& v) {
   return o;
 }
 
-// The FFN case table and its generator (tests/ffn_cases.hpp), shared with the CPU tests.
+// The FFN case table and its generator (bench/ffn/ffn_cases.hpp), shared with the CPU tests.
 using ::twell::test::FfnCase;
 using ::twell::test::FfnData;
 using ::twell::test::ffn_case;

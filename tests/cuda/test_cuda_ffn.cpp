@@ -559,7 +559,7 @@ TEST_P(CudaFfn, MatchesReferenceAndHostEncoder) {
   cudaStreamDestroy(s);
 }
 
-// The cases of the shared table (tests/ffn_cases.hpp) that run on CUDA.
+// The cases of the shared table (bench/ffn/ffn_cases.hpp) that run on CUDA.
 std::vector<FfnCase> cases() {
   std::vector<FfnCase> v;
   for (FfnCase& c : ffn_cases())

@@ -37,7 +37,7 @@ namespace {
 
 constexpr double kTol = 1e-2;
 
-// The training cases of the shared table (tests/ffn_cases.hpp).
+// The training cases of the shared table (bench/ffn/ffn_cases.hpp).
 using TrainCase = ::twell::test::FfnTrainCase;
 
 struct Out {

@@ -644,7 +644,7 @@ int bench_sweep(BenchArgs& a, DeviceKind dev) {
 // CUDA: one configuration, inference (training: bench_cuda_train).
 
 
-// ---- The case table (tests/ffn_cases.hpp): the test suites' cases, as a check or timed ----
+// ---- The case table (bench/ffn/ffn_cases.hpp): the test suites' cases, as a check or timed ----
 
 FfnInputs inputs_of(const test::FfnData& d) {
   FfnInputs in;

@@ -8,7 +8,9 @@
 // and tests/cuda/test_cuda_train.cpp likewise. Every op is checked against the float64 oracle
 // (src/cpu/reference.cpp) on the same generated inputs. The layer sweep's points (ffn_sweep_cases:
 // the 2B shape at the benchmark's generator) are named cases too: `twell bench ffn --cases sweep`
-// checks or times them, and twell_bench_cuda runs its variant comparisons over them. Host code only.
+// checks or times them, and twell_bench_cuda runs its variant comparisons over them. Host code only,
+// in bench/ rather than tests/ because the CLI runs it and includes nothing from tests/ (target
+// twell_ffn_cases). The seeds are part of each case: a case's name means one input everywhere.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
