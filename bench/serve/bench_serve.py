@@ -3,7 +3,7 @@
 
     python3 bench/serve/bench_serve.py --url http://127.0.0.1:8080 --model NAME
         [--concurrency 1,8,32,64] [--rate inf] [--requests 64] [--prompt-len 128] [--max-tokens 128]
-        [--json out.json] [--md out.md] [--label twell-sparse]
+        [--warmup N] [--json out.json] [--md out.md] [--label twell-sparse]
 
 Each point sends --requests streamed completions with prompts of --prompt-len tokens (random token ids,
 so every server sees the same token counts whatever its tokenizer; a server that takes only text gets
@@ -15,7 +15,9 @@ so every server sees the same token counts whatever its tokenizer; a server that
   ITL   inter-token latency: every gap between consecutive streamed chunks, over all requests
   E2E   end-to-end latency of a request
   throughput: requests/s, output tokens/s and total (prompt + output) tokens/s over the point's wall time
-mean, median and p99 of each latency. Output tokens are the server's usage count (include_usage), else
+mean, median and p99 of each latency. --requests may list one count per concurrency point; --warmup N
+first sends N requests at the largest concurrency, unrecorded (CUDA graph captures, cuDNN plans, a
+compiler's first shapes). Output tokens are the server's usage count (include_usage), else
 the number of streamed chunks. Needs only the Python standard library.
 """
 import argparse
@@ -66,20 +68,20 @@ def one_request(url, headers, body, timeout):
     return (times[0] - t0 if times else float("nan")), t1 - t0, [t - t0 for t in times], n, err
 
 
-def run_point(a, concurrency, rate, vocab):
+def run_point(a, concurrency, rate, vocab, requests):
     rng = random.Random(a.seed)
     headers = {"Content-Type": "application/json"}
     if a.api_key:
         headers["Authorization"] = f"Bearer {a.api_key}"
     bodies = []
-    for _ in range(a.requests):
+    for _ in range(requests):
         if a.text_prompts:
             prompt = " ".join(rng.choice(["the", "a", "river", "house", "light", "city", "runs", "old"]) for _ in range(a.prompt_len))
         else:
             prompt = [rng.randrange(100, vocab) for _ in range(a.prompt_len)]
         bodies.append({"model": a.model, "prompt": prompt, "max_tokens": a.max_tokens, "temperature": 0,
                        "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}})
-    results = [None] * a.requests
+    results = [None] * requests
     sem = threading.Semaphore(concurrency)
     threads = []
     t_start = time.perf_counter()
@@ -110,8 +112,8 @@ def run_point(a, concurrency, rate, vocab):
     def stats(xs):
         return {"mean": statistics.fmean(xs) if xs else float("nan"), "median": percentile(xs, 50), "p99": percentile(xs, 99)}
 
-    return {"concurrency": concurrency, "rate": None if rate == math.inf else rate, "requests": a.requests,
-            "completed": len(ok), "failed": a.requests - len(ok),
+    return {"concurrency": concurrency, "rate": None if rate == math.inf else rate, "requests": requests,
+            "completed": len(ok), "failed": requests - len(ok),
             "errors": sorted({r[4] for r in results if r and r[4]})[:3], "wall_s": wall,
             "request_throughput": len(ok) / wall, "output_throughput": out_tokens / wall,
             "total_token_throughput": (out_tokens + a.prompt_len * len(ok)) / wall,
@@ -125,7 +127,8 @@ def main():
     ap.add_argument("--api-key", default="")
     ap.add_argument("--concurrency", default="1,8,32,64", help="comma-separated points")
     ap.add_argument("--rate", default="inf", help="requests/s (Poisson arrivals), comma-separated, or inf")
-    ap.add_argument("--requests", type=int, default=64)
+    ap.add_argument("--requests", default="64", help="requests a point: one count, or one per concurrency point")
+    ap.add_argument("--warmup", type=int, default=0, help="unrecorded requests sent first, at the largest concurrency")
     ap.add_argument("--prompt-len", type=int, default=128)
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--vocab", type=int, default=32000, help="random prompt ids are drawn from [100, vocab)")
@@ -136,12 +139,21 @@ def main():
     ap.add_argument("--json")
     ap.add_argument("--md")
     a = ap.parse_args()
-    if a.requests < 1 or a.prompt_len < 1 or a.max_tokens < 1:
-        ap.error("--requests, --prompt-len and --max-tokens must be positive")
+    conc = [int(x) for x in a.concurrency.split(",")]
+    reqs = [int(x) for x in a.requests.split(",")]
+    if len(reqs) == 1:
+        reqs *= len(conc)
+    if len(reqs) != len(conc):
+        ap.error("--requests lists one count, or one per --concurrency point")
+    if min(reqs) < 1 or min(conc) < 1 or a.prompt_len < 1 or a.max_tokens < 1 or a.warmup < 0:
+        ap.error("--requests, --concurrency, --prompt-len and --max-tokens must be positive")
+    if a.warmup:
+        w = run_point(a, max(conc), math.inf, a.vocab, a.warmup)
+        print(f"warm-up: {w['completed']}/{w['requests']} ok in {w['wall_s']:.1f} s" + (f"  errors: {w['errors']}" if w["errors"] else ""), flush=True)
     points = []
-    for c in [int(x) for x in a.concurrency.split(",")]:
+    for c, n in zip(conc, reqs):
         for r in [float(x) for x in a.rate.split(",")]:
-            p = run_point(a, c, r, a.vocab)
+            p = run_point(a, c, r, a.vocab, n)
             points.append(p)
             print(f"concurrency {c:3d} rate {r:>5}: {p['completed']}/{p['requests']} ok, {p['output_throughput']:8.1f} out tok/s, "
                   f"TTFT median {1e3 * p['ttft_s']['median']:7.1f} ms p99 {1e3 * p['ttft_s']['p99']:7.1f}, "
