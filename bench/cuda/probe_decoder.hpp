@@ -33,10 +33,10 @@ struct Decoder {
 
 inline Decoder start(const model::Model& m, model::FfnPath path, bool graphs, std::int64_t batch, std::int64_t capacity,
               std::mt19937_64& rng) {
-  model::RuntimeOptions o(path);
-  o.cuda_graphs = graphs;
+  model::RuntimeTuning t = model::RuntimeTuning::from_env();  // TWELL_TUNING's other switches
+  t.cuda_graphs = graphs;
   Decoder d;
-  d.rt = model::make_runtime(m, "cuda", o);
+  d.rt = model::make_runtime(m, "cuda", {path}, t);
   std::vector<std::vector<std::int32_t>> prompts(static_cast<std::size_t>(batch));
   std::vector<model::SeqStep> st;
   for (auto& p : prompts) {

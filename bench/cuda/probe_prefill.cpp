@@ -72,9 +72,9 @@ int main(int argc, char** argv) try {
       p.push_back(static_cast<std::int32_t>(rng() % static_cast<std::uint64_t>(m.config.vocab_size)));
   for (const model::FfnPath path : {model::FfnPath::dense, model::FfnPath::automatic}) {
     const char* name = path == model::FfnPath::dense ? "dense" : "automatic";
-    model::RuntimeOptions o(path);
-    o.cudnn_build_at = 1;  // the warm-up call builds cuDNN's graph
-    auto rt = model::make_runtime(m, "cuda", o);
+    model::RuntimeTuning t = model::RuntimeTuning::from_env();  // TWELL_TUNING's other switches
+    t.cudnn_build_at = 1;  // the warm-up call builds cuDNN's graph
+    auto rt = model::make_runtime(m, "cuda", {path}, t);
     std::vector<double> ms;
     for (int r = 0; r < reps; ++r) {
       prefill(*rt, prompts);  // warm-up: workspaces grown, cuDNN graphs built

@@ -14,7 +14,7 @@
 # twell.json and decode-yardstick.md (the table) under $OUT. PREFILL=1 adds the prefill of 8 × 512
 # (PREFILL_BATCH × PREFILL_LEN: e.g. the paper's 64 × 2048)
 # tokens on both sides (PyTorch eager and torch.compile; twell with the prefill attention it
-# builds in, and again with --no-cudnn-attention: twell-own-attention.json) to the same table.
+# builds in, and again with TWELL_TUNING=no-cudnn-attention: twell-own-attention.json) to the same table.
 # DECODE=0 (with PREFILL=1) leaves out PyTorch's decode rows (their compilations take minutes) and
 # twell's own-attention run: a prefill of 64 × 2048 fits a call then.
 set -uo pipefail
@@ -69,8 +69,9 @@ pf="--prefill-batch 1 --prefill-len 128"
 echo "twell bench rc=$? ($(( $(date +%s) - t0 )) s)"
 if [ "$PREFILL" = 1 ] && [ "${DECODE:-1}" != 0 ]; then
   t0=$(date +%s)
-  "$BUILD/tools/twell/twell" bench model --model "$M" --decode-batch 1 --context 128 --decode-steps 8 --no-energy \
-    $pf --no-cudnn-attention --json "$OUT/twell-own-attention.json" > "$OUT/twell-own-attention.log" 2>&1
+  TWELL_TUNING="${TWELL_TUNING:+$TWELL_TUNING,}no-cudnn-attention" \
+    "$BUILD/tools/twell/twell" bench model --model "$M" --decode-batch 1 --context 128 --decode-steps 8 --no-energy \
+    $pf --json "$OUT/twell-own-attention.json" > "$OUT/twell-own-attention.log" 2>&1
   echo "twell bench, own attention, rc=$? ($(( $(date +%s) - t0 )) s)"
 fi
 python3 - "$OUT" "$PB" "$PL" <<'PY'

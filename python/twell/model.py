@@ -55,6 +55,8 @@ class Model:
     device: "auto" (CUDA where this build has it and a GPU is usable, else the CPU), "cpu" or "cuda".
     hidden_act: overrides config.json's (the paper's released ReLU models say "silu").
     ffn: "auto" (twell's dispatch by measured density), "dense" or "sparse" for ReLU FFNs.
+    The runtime's A/B switches (CUDA graphs, cuDNN attention, ...) are no arguments: the environment
+    variable TWELL_TUNING sets them, as for `twell generate` (docs/model-runtime.md).
     Errors in the checkpoint or the arguments raise ValueError (bad input) or RuntimeError.
     """
 

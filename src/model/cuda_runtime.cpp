@@ -173,14 +173,14 @@ class CudaRuntime final : public Runtime {
   static constexpr std::int64_t kFlashMinRows = 16;
 
  public:
-  CudaRuntime(const Model& m, RuntimeOptions opt)
-      : model_(&m), opt_(opt), stats_(static_cast<std::size_t>(m.config.num_layers), unsummed_stats()), device_(usable_device()) {
+  CudaRuntime(const Model& m, RuntimeOptions opt, const RuntimeTuning& tuning)
+      : model_(&m), opt_(opt), tuning_(tuning), stats_(static_cast<std::size_t>(m.config.num_layers), unsummed_stats()), device_(usable_device()) {
     const LlamaConfig& c = m.config;
     check_device_memory(c);
     TWELL_CHECK(opt.ffn_path != FfnPath::sparse || c.act == Activation::relu, ErrorCode::unsupported,
                 "the sparse FFN path needs a ReLU model; this one uses {}", to_string(c.act));
-    TWELL_CHECK(opt.cudnn_build_at >= 1, ErrorCode::invalid_argument, "cudnn_build_at must be at least 1, not {}",
-                opt.cudnn_build_at);
+    TWELL_CHECK(tuning.cudnn_build_at >= 1, ErrorCode::invalid_argument, "cudnn_build_at must be at least 1, not {}",
+                tuning.cudnn_build_at);
     TWELL_CHECK(c.head_dim <= 256, ErrorCode::unsupported, "head_dim {} > 256 is not supported on the GPU", c.head_dim);
     max_keys_ = cuda::ops::attention_max_keys(c.head_dim);  // a device query: once, not per decode step
     // The GPU's FFN engine dispatches with its own measured thresholds; max_sparse_density is the
@@ -203,9 +203,9 @@ class CudaRuntime final : public Runtime {
       d.wo = upload_matrix(m, l.wo, l.wo16, up, source, stream_);
       if (c.act == Activation::relu) {
         d.ffn = std::make_unique<cuda::FfnLayer>(&infer_ws_);
-        if (opt_.decode_max_density >= 0) d.ffn->set_decode_max_density(opt_.decode_max_density);
-        if (opt_.decode_max_rows >= 0) d.ffn->set_decode_max_rows(opt_.decode_max_rows);
-        if (!opt_.decode_neuron_order) d.ffn->set_decode_reorder(false, stream_);
+        if (tuning_.decode_max_density >= 0) d.ffn->set_decode_max_density(tuning_.decode_max_density);
+        if (tuning_.decode_max_rows >= 0) d.ffn->set_decode_max_rows(tuning_.decode_max_rows);
+        if (!tuning_.decode_neuron_order) d.ffn->set_decode_reorder(false, stream_);
         if (m.bf16_only) {  // the bits on the device, then the layer's own layouts from them
           const DeviceBuffer<bf16_t> g = upload_bits(l.w_gate16, up, source), u = upload_bits(l.w_up16, up, source),
                                      dn = upload_bits(l.w_down16, up, source);
@@ -238,16 +238,16 @@ class CudaRuntime final : public Runtime {
     cos_ = upload_f32(cs, stream_);
     sin_ = upload_f32(sn, stream_);
 #if TWELL_HAVE_CUDNN
-    if (opt.cudnn_attention) cudnn_ = CudnnAttention::create(c.num_heads, c.num_kv_heads, c.head_dim, &cudnn_why_);
+    if (tuning.cudnn_attention) cudnn_ = CudnnAttention::create(c.num_heads, c.num_kv_heads, c.head_dim, &cudnn_why_);
 #else
     cudnn_why_ = "not in this build (no cuDNN or cudnn-frontend at configure time)";
 #endif
-    if (!opt.cudnn_attention) cudnn_why_ = "off (RuntimeOptions::cudnn_attention)";
-    programmatic_ = opt.programmatic_launch && cuda::programmatic_launch_supported();
-    fused_decode_ = opt.fused_decode;
+    if (!tuning.cudnn_attention) cudnn_why_ = "off (TWELL_TUNING=no-cudnn-attention)";
+    programmatic_ = tuning.programmatic_launch && cuda::programmatic_launch_supported();
+    fused_decode_ = tuning.fused_decode;
     // The one-token FFN's fixed-point output goes through the attention output projection's GEMV
     // (its residual add): Q within the GEMV's K. Zero once; every forward leaves it zero.
-    fixed_decode_ = fused_decode_ && opt.fixed_point_decode && c.act == Activation::relu && c.q_dim() % 8 == 0 &&
+    fixed_decode_ = fused_decode_ && tuning.fixed_point_decode && c.act == Activation::relu && c.q_dim() % 8 == 0 &&
                     c.q_dim() <= cuda::kGemvMaxK;
     if (fixed_decode_) {
       ffn_fixed_ = DeviceBuffer<std::int64_t>(static_cast<std::size_t>(K));
@@ -291,7 +291,7 @@ class CudaRuntime final : public Runtime {
       const std::string refused = cudnn_->refusal();
       return fmt::format("cuDNN SDPA (cuDNN {}) for prefills from position 0 from a shape's call {} on ({} graphs built), "
                          "else {}{}",
-                         cudnn_->version(), opt_.cudnn_build_at, cudnn_->graphs(), own,
+                         cudnn_->version(), tuning_.cudnn_build_at, cudnn_->graphs(), own,
                          refused.empty() ? "" : "; cuDNN refused " + refused);
     }
 #endif
@@ -545,7 +545,7 @@ class CudaRuntime final : public Runtime {
     sh.blocks = flash ? static_cast<std::int64_t>(blocks.size()) : 0;
     sh.one_token = T == static_cast<std::int64_t>(steps.size());
     // Every kernel the forward enqueues below (and a decode step's graph captures) through
-    // launch_kernel is a programmatic dependent launch while this lives (RuntimeOptions::programmatic_launch).
+    // launch_kernel is a programmatic dependent launch while this lives (RuntimeTuning::programmatic_launch).
     const cuda::ProgrammaticLaunch programmatic(programmatic_);
     sh.cudnn = fresh && has_cudnn() && cudnn_wanted();
 #if TWELL_HAVE_CUDNN
@@ -621,7 +621,7 @@ class CudaRuntime final : public Runtime {
     // projection (into tmp) leaves alone. On a planned step the norm before the FFN goes into the
     // FFN's step too (FfnLayer::run_step with a ResidualNorm). The same sums in the same order either way.
     // A planned one-token step whose layer runs the one-token FFN kernels may take the FFN's output
-    // as a fixed-point sum (RuntimeOptions::fixed_point_decode; FfnLayer::FixedPointOut): no down
+    // as a fixed-point sum (RuntimeTuning::fixed_point_decode; FfnLayer::FixedPointOut): no down
     // kernel. Then x is stored by the next layer's attention output projection (its GEMV's
     // residual add: x ← (x + y) + o, the same sums in the same order), the FFN normalises x as
     // stored, and the next QKV reads x + bf16(y) from the accumulator (the last layer:
@@ -740,7 +740,7 @@ class CudaRuntime final : public Runtime {
   }
 
   // Whether a forward of T rows runs each attention's norm inside its QKV projection
-  // (RuntimeOptions::fused_decode, one row: the decode GEMV's condition, which rmsnorm_project shares).
+  // (RuntimeTuning::fused_decode, one row: the decode GEMV's condition, which rmsnorm_project shares).
   bool fuse_norms(std::int64_t T) const {
     const std::int64_t K = model_->config.hidden_size;
     return fused_decode_ && T == 1 && K % 8 == 0 && K <= cuda::kGemvMaxK;
@@ -838,7 +838,7 @@ class CudaRuntime final : public Runtime {
       layers_[l].ffn->prepare_step(plans[l], stream_);
     }
     reserve_scratch(sh);
-    if (!opt_.cuda_graphs || graphs_failed_) return enqueue_forward(sh, &plans);
+    if (!tuning_.cuda_graphs || graphs_failed_) return enqueue_forward(sh, &plans);
     Graph& g = *it->second;
     if (!g.exec || g.plans != plans || g.addresses != scratch_addresses() || g.epochs != weight_epochs()) {
       if (g.exec) TWELL_CUDA_CHECK(cudaGraphExecDestroy(std::exchange(g.exec, nullptr)));
@@ -891,6 +891,7 @@ class CudaRuntime final : public Runtime {
   };
   const Model* model_;
   RuntimeOptions opt_;
+  RuntimeTuning tuning_;
   mutable std::vector<FfnLayerStats> stats_;  // ffn_stats() folds in the engine's newest measures
   std::string device_;  // initialised first of the GPU members: no stream or handle without a device
   NvmlEnergy energy_{pci_bus_id()};
@@ -920,9 +921,9 @@ class CudaRuntime final : public Runtime {
   std::int64_t decode_steps_ = 0, graph_launches_ = 0;
   std::int64_t max_keys_ = 0;  // keys the decode attention takes on this device at this head_dim
   bool graphs_failed_ = false;
-  bool programmatic_ = false;  // RuntimeOptions::programmatic_launch, on a device that takes it
-  bool fused_decode_ = false;  // RuntimeOptions::fused_decode
-  // RuntimeOptions::fixed_point_decode where the model allows it; off for good once a step's sum
+  bool programmatic_ = false;  // RuntimeTuning::programmatic_launch, on a device that takes it
+  bool fused_decode_ = false;  // RuntimeTuning::fused_decode
+  // RuntimeTuning::fixed_point_decode where the model allows it; off for good once a step's sum
   // overflowed (unless_fixed_overflow).
   bool fixed_decode_ = false;
   DeviceBuffer<std::int64_t> ffn_fixed_;              // [K] the one-token FFN's fixed-point output, zero between uses
@@ -940,7 +941,7 @@ class CudaRuntime final : public Runtime {
     double flop = 0;
     for (const std::int64_t n : seq_len_) flop += 2.0 * static_cast<double>(n) * static_cast<double>(n);
     flop *= static_cast<double>(model_->config.q_dim()) * static_cast<double>(model_->config.num_layers);
-    return cudnn_->wanted(seq_row0_, seq_len_, opt_.cudnn_build_at, flop >= 1e13);
+    return cudnn_->wanted(seq_row0_, seq_len_, tuning_.cudnn_build_at, flop >= 1e13);
   }
   bool run_cudnn(const bf16_t* qkv, bf16_t* att) {
     return cudnn_->run(qkv, seq_row0_, seq_len_, att, stream_);
@@ -952,8 +953,8 @@ class CudaRuntime final : public Runtime {
 #endif
 };
 
-std::unique_ptr<Runtime> make_cuda_runtime(const Model& model, RuntimeOptions opt) {
-  return std::make_unique<CudaRuntime>(model, opt);
+std::unique_ptr<Runtime> make_cuda_runtime(const Model& model, RuntimeOptions opt, const RuntimeTuning& tuning) {
+  return std::make_unique<CudaRuntime>(model, opt, tuning);
 }
 
 }  // namespace twell::model

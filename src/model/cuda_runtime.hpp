@@ -7,6 +7,6 @@
 namespace twell::model {
 
 // Uploads the model's weights as bf16 to the current GPU and returns a runtime over them.
-std::unique_ptr<Runtime> make_cuda_runtime(const Model& model, RuntimeOptions opt);
+std::unique_ptr<Runtime> make_cuda_runtime(const Model& model, RuntimeOptions opt, const RuntimeTuning& tuning);
 
 }  // namespace twell::model

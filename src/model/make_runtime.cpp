@@ -19,11 +19,12 @@ bool cuda_usable(std::string* why) {
 #endif
 }
 
-std::unique_ptr<Runtime> make_runtime(const Model& model, const std::string& device, RuntimeOptions opt) {
-  if (device == "cpu") return std::make_unique<CpuRuntime>(model, opt);
+std::unique_ptr<Runtime> make_runtime(const Model& model, const std::string& device, RuntimeOptions opt,
+                                      const RuntimeTuning& tuning) {
+  if (device == "cpu") return std::make_unique<CpuRuntime>(model, opt, tuning);
   if (device == "cuda") {
 #if defined(TWELL_MODEL_CUDA)
-    return make_cuda_runtime(model, opt);
+    return make_cuda_runtime(model, opt, tuning);
 #else
     fail(ErrorCode::unsupported, "this twell was built without CUDA: use the cpu device, or rebuild with nvcc present");
 #endif

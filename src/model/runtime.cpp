@@ -173,8 +173,11 @@ void check_forward_steps(const LlamaConfig& c, std::span<const SeqStep> steps) {
   }
 }
 
-CpuRuntime::CpuRuntime(const Model& model, RuntimeOptions opt)
-    : model_(&model), opt_(opt), stats_(static_cast<std::size_t>(model.config.num_layers)) {
+CpuRuntime::CpuRuntime(const Model& model, RuntimeOptions opt, const RuntimeTuning& tuning)
+    : model_(&model),
+      opt_(opt),
+      bf16_wanted_(tuning.cpu_bf16_weights && !opt.ffn_input_hook),  // a hook may change the weights
+      stats_(static_cast<std::size_t>(model.config.num_layers)) {
   TWELL_CHECK(opt.max_sparse_density >= 0 && opt.max_sparse_density <= 1, ErrorCode::invalid_argument,
               "max_sparse_density must lie in [0, 1], got {}", opt.max_sparse_density);
   TWELL_CHECK(opt.ffn_path != FfnPath::sparse || model.config.act == Activation::relu, ErrorCode::unsupported,
@@ -184,14 +187,13 @@ CpuRuntime::CpuRuntime(const Model& model, RuntimeOptions opt)
   TWELL_CHECK(!model.bf16_only, ErrorCode::invalid_argument,
               "{}: this model was loaded with bf16 weights only (for the GPU); the CPU runtime computes in fp32: "
               "load it without LoadOptions::bf16_only", model.dir.empty() ? std::string("model") : model.dir);
-  const bool bf16 = opt.cpu_bf16_weights && !opt.ffn_input_hook;  // a hook may change the weights
   // A matrix's bf16 copy: w's values as bf16 bits, if they are all bf16 (exact_bf16; a bf16
   // checkpoint's are); none otherwise. A copy of the runtime's own, not the bf16 file's bits viewed
   // in place: the runtime reads these at every decode step for as long as it lives, and a file
   // rewritten in place under a mapping faults on access.
   auto copy = [&](const std::vector<float>& w) {
     ++matrices_;
-    std::vector<std::uint16_t> b = bf16 ? cpu::exact_bf16(w) : std::vector<std::uint16_t>{};
+    std::vector<std::uint16_t> b = bf16_wanted_ ? cpu::exact_bf16(w) : std::vector<std::uint16_t>{};
     if (!b.empty()) ++bf16_matrices_;
     return b;
   };
@@ -207,7 +209,7 @@ CpuRuntime::CpuRuntime(const Model& model, RuntimeOptions opt)
 
 std::string CpuRuntime::weight_storage() const {
   if (bf16_matrices_ == 0)
-    return opt_.cpu_bf16_weights && !opt_.ffn_input_hook ? "fp32 (the weights are not bf16 values)" : "fp32";
+    return bf16_wanted_ ? "fp32 (the weights are not bf16 values)" : "fp32";
   return fmt::format("fp32, and {} of {} matrices also as bf16 (their values exactly) for steps of ≤ {} rows", bf16_matrices_,
                      matrices_, cpu::kGemvBf16MaxRows);
 }

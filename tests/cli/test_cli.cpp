@@ -395,6 +395,27 @@ TEST_F(Cli, HelpOnEveryCommand) {
   }
   EXPECT_NE(run("ffn --help").out.find("--op"), std::string::npos);
   EXPECT_NE(run("bench ffn --help").out.find("--density"), std::string::npos);
+  // The model commands list user choices only: the runtime's A/B switches are TWELL_TUNING's, named
+  // in the epilogue; generate keeps to 18 options (issue 57; its lines "  -x…" / "  --x…", beside
+  // CLI11's own "-h,--help").
+  for (const char* c : {"generate --help", "bench model --help", "serve --help"}) {
+    const RunResult r = run(c);
+    if (std::string(c) == "serve --help" && r.err.find("unknown command 'serve'") != std::string::npos) continue;  // not built
+    EXPECT_EQ(r.rc, 0) << c;
+    EXPECT_NE(r.out.find("A/B switches of the GPU runtime's optimizations: TWELL_TUNING (docs/model-runtime.md)"),
+              std::string::npos) << c << ": " << r.out;
+    for (const char* gone : {"--no-cuda-graphs", "--no-cudnn-attention", "--cudnn-build-at", "--no-pdl", "--no-fused-decode",
+                             "--no-fixed-point-decode", "--no-decode-neuron-order", "--decode-max-density",
+                             "--decode-max-rows", "--no-cpu-bf16"})
+      EXPECT_EQ(r.out.find(gone), std::string::npos) << c << " lists " << gone;
+  }
+  const RunResult g = run("generate --help");
+  int options = 0;
+  std::istringstream is(g.out);
+  for (std::string line; std::getline(is, line);)
+    options += line.rfind("  -", 0) == 0 && line.rfind("  -h,--help", 0) != 0;
+  EXPECT_GT(options, 0) << g.out;
+  EXPECT_LE(options, 18) << g.out;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -570,7 +591,15 @@ TEST_F(Cli, ModelCommandsRejectBadInput) {
   expect_error(fmt::format("gen model --config tiny --density 0.9 --out '{}'", path("m")), "--density");
   expect_error(fmt::format("gen model --config tiny --dead 1 --out '{}'", path("m")), "--dead");
   expect_error("bench model --device cpu", "--model DIR or --config NAME");
-  expect_error("bench model --device cpu --config tiny --decode-max-rows 0", "--decode-max-rows");  // 1 … 2047
+  // The runtimes' A/B switches are no flags; TWELL_TUNING sets them, and a bad item is refused by name.
+  expect_error("bench model --device cpu --config tiny --decode-max-rows 8", "--decode-max-rows");
+  expect_error("generate --model x --prompt hi --no-cuda-graphs", "--no-cuda-graphs");
+  ::setenv("TWELL_TUNING", "decode-max-rows=0", 1);
+  expect_error("bench model --device cpu --config tiny", "decode-max-rows takes an integer from 1 to 2047");
+  expect_error(fmt::format("generate --model '{}' --prompt hi --device cpu", none), "decode-max-rows takes an integer");
+  ::setenv("TWELL_TUNING", "no-cuda-graphs,fast", 1);
+  expect_error("bench model --device cpu --config tiny", "TWELL_TUNING: unknown item 'fast'");
+  ::unsetenv("TWELL_TUNING");
   expect_error(fmt::format("bench model --device cpu --config tiny --model '{}'", none), "either");
 }
 

@@ -189,11 +189,11 @@ TEST(ModelCuda, PrefillAttentionBackendsMatchCpu) {
     SCOPED_TRACE(::testing::Message() << "heads " << heads << "/" << kv_heads << ", head_dim " << spec.hidden / heads);
     const model::Model m = model::Model::load(write_tiny("cudnn_prefill", spec).string());
     auto cpu = model::make_runtime(m, "cpu", {FfnPath::dense, 0.05});
-    model::RuntimeOptions with(FfnPath::automatic), without(FfnPath::automatic);
+    model::RuntimeTuning with, without;  // explicit: not TWELL_TUNING's
     without.cudnn_attention = false;
     with.cudnn_build_at = 1;  // every shape on cuDNN from its first call
-    auto a = model::make_runtime(m, "cuda", with);
-    auto b = model::make_runtime(m, "cuda", without);
+    auto a = model::make_runtime(m, "cuda", {FfnPath::automatic}, with);
+    auto b = model::make_runtime(m, "cuda", {FfnPath::automatic}, without);
     RecordProperty("prefill_attention", a->prefill_attention());
     std::fprintf(stderr, "[prefill attention] %s\n", a->prefill_attention().c_str());
     EXPECT_EQ(b->prefill_attention().find("cuDNN SDPA"), std::string::npos) << b->prefill_attention();
@@ -248,10 +248,10 @@ TEST(ModelCuda, CudnnGraphIsBuiltAtAShapesSecondCall) {
   spec.max_pos = 160;
   spec.seed = fresh_seed();
   const model::Model m = model::Model::load(write_tiny("cudnn_build_at", spec).string());
-  model::RuntimeOptions without(FfnPath::automatic);
+  model::RuntimeTuning without;  // and the defaults (not TWELL_TUNING's) for a
   without.cudnn_attention = false;
-  auto a = model::make_runtime(m, "cuda", model::RuntimeOptions(FfnPath::automatic));
-  auto b = model::make_runtime(m, "cuda", without);
+  auto a = model::make_runtime(m, "cuda", {FfnPath::automatic}, model::RuntimeTuning{});
+  auto b = model::make_runtime(m, "cuda", {FfnPath::automatic}, without);
   if (a->prefill_attention().find("cuDNN SDPA") == std::string::npos)
     GTEST_SKIP() << "no cuDNN attention here: " << a->prefill_attention();
   EXPECT_NE(a->prefill_attention().find("0 graphs built"), std::string::npos) << a->prefill_attention();
@@ -405,10 +405,10 @@ TEST(ModelCuda, DecodeGraphsAreBitIdentical) {
   for (auto& [name, spec, path] : cases) {
     spec.seed = fresh_seed();
     const model::Model m = model::Model::load(write_tiny(std::string("graphs_") + name, spec).string());
-    model::RuntimeOptions eager_opt(path), graph_opt(path);
-    eager_opt.cuda_graphs = false;
-    auto eager = model::make_runtime(m, "cuda", eager_opt);
-    auto graphed = model::make_runtime(m, "cuda", graph_opt);
+    model::RuntimeTuning eager_tuning, graph_tuning;  // explicit: not TWELL_TUNING's
+    eager_tuning.cuda_graphs = false;
+    auto eager = model::make_runtime(m, "cuda", {path}, eager_tuning);
+    auto graphed = model::make_runtime(m, "cuda", {path}, graph_tuning);
     Rng rng(spec.seed);
     for (std::size_t batch : {1u, 3u, 20u}) {  // 20: above decode sizes (automatic runs the plain dense FFN)
       std::vector<std::vector<std::int32_t>> prompts(batch);
@@ -500,7 +500,7 @@ TinySpec agreement_spec(const char* act) {
   return spec;
 }
 
-// RuntimeOptions::programmatic_launch (Hopper; elsewhere it stays off, and the test skips) changes
+// RuntimeTuning::programmatic_launch (Hopper; elsewhere it stays off, and the test skips) changes
 // when the runtime's kernels are scheduled, never what they compute.
 TEST(ModelCuda, ProgrammaticLaunchesAreBitIdentical) {
   TWELL_REQUIRE_GPU();
@@ -508,11 +508,11 @@ TEST(ModelCuda, ProgrammaticLaunchesAreBitIdentical) {
     const TinySpec spec = agreement_spec(act);
     SCOPED_TRACE(act);
     const model::Model m = model::Model::load(write_tiny(std::string("pdl_") + act, spec).string());
-    model::RuntimeOptions on(FfnPath::automatic), off(FfnPath::automatic);
+    model::RuntimeTuning on, off;  // explicit: not TWELL_TUNING's
     on.programmatic_launch = true;
     off.programmatic_launch = false;
-    auto a = model::make_runtime(m, "cuda", on);
-    auto b = model::make_runtime(m, "cuda", off);
+    auto a = model::make_runtime(m, "cuda", {FfnPath::automatic}, on);
+    auto b = model::make_runtime(m, "cuda", {FfnPath::automatic}, off);
     if (!a->programmatic_launch()) GTEST_SKIP() << "this GPU or build does not take programmatic launches";
     EXPECT_FALSE(b->programmatic_launch());
     expect_bit_identical(spec, *a, *b);
@@ -520,7 +520,7 @@ TEST(ModelCuda, ProgrammaticLaunchesAreBitIdentical) {
   }
 }
 
-// RuntimeOptions::fused_decode (one-row forwards: the attention's add + RMSNorm, QKV, RoPE and cache
+// RuntimeTuning::fused_decode (one-row forwards: the attention's add + RMSNorm, QKV, RoPE and cache
 // store in one kernel, the FFN's residual add deferred, and on planned steps the add + RMSNorm
 // before the FFN inside its step: folded into the one-token FFN kernels on a sparse ReLU layer, a
 // separate add_rmsnorm before a dense plan) computes the same bits as the separate ops: the same
@@ -533,12 +533,12 @@ TEST(ModelCuda, FusedDecodeIsBitIdentical) {
     if (std::string(act) == "relu-50pct") spec.gate_threshold = 0.0f;
     SCOPED_TRACE(act);
     const model::Model m = model::Model::load(write_tiny(std::string("fused_") + act, spec).string());
-    model::RuntimeOptions on(FfnPath::automatic), off(FfnPath::automatic);
+    model::RuntimeTuning on, off;  // explicit: not TWELL_TUNING's
     on.fused_decode = true;
     on.fixed_point_decode = false;  // another summation of the FFN's output (FixedPointDecode... below)
     off.fused_decode = false;
-    auto a = model::make_runtime(m, "cuda", on);
-    auto b = model::make_runtime(m, "cuda", off);
+    auto a = model::make_runtime(m, "cuda", {FfnPath::automatic}, on);
+    auto b = model::make_runtime(m, "cuda", {FfnPath::automatic}, off);
     EXPECT_TRUE(a->fused_decode());
     EXPECT_FALSE(b->fused_decode());
     expect_bit_identical(spec, *a, *b);
@@ -546,7 +546,7 @@ TEST(ModelCuda, FusedDecodeIsBitIdentical) {
   }
 }
 
-// RuntimeOptions::decode_neuron_order (the one-token FFN kernels' neurons most active first,
+// RuntimeTuning::decode_neuron_order (the one-token FFN kernels' neurons most active first,
 // reordered at decode steps 8, 16 and 32 of the 60 here) is a schedule: the same logits as the
 // identity order, prefill and every decode step, with the fixed-point output and without it.
 TEST(ModelCuda, DecodeNeuronOrderIsBitIdentical) {
@@ -555,11 +555,11 @@ TEST(ModelCuda, DecodeNeuronOrderIsBitIdentical) {
   const model::Model m = model::Model::load(write_tiny("neuron_order", spec).string());
   for (const bool fixed : {true, false}) {
     SCOPED_TRACE(fixed ? "fixed-point output" : "two kernels");
-    model::RuntimeOptions on(FfnPath::automatic), off(FfnPath::automatic);
+    model::RuntimeTuning on, off;  // explicit: not TWELL_TUNING's
     on.fixed_point_decode = off.fixed_point_decode = fixed;
     off.decode_neuron_order = false;
-    auto a = model::make_runtime(m, "cuda", on);
-    auto b = model::make_runtime(m, "cuda", off);
+    auto a = model::make_runtime(m, "cuda", {FfnPath::automatic}, on);
+    auto b = model::make_runtime(m, "cuda", {FfnPath::automatic}, off);
     expect_bit_identical(spec, *a, *b);
     EXPECT_GT(a->graph_launches(), 0);
     EXPECT_EQ(a->fixed_point_decode(), fixed);
@@ -568,12 +568,12 @@ TEST(ModelCuda, DecodeNeuronOrderIsBitIdentical) {
 
 // The CUDA runtime of m with the fixed-point one-token FFN output (default) and without it.
 std::pair<std::unique_ptr<Runtime>, std::unique_ptr<Runtime>> fixed_point_on_off(const model::Model& m) {
-  model::RuntimeOptions on(FfnPath::automatic), off(FfnPath::automatic);
+  model::RuntimeTuning on, off;  // explicit: not TWELL_TUNING's
   off.fixed_point_decode = false;
-  return {model::make_runtime(m, "cuda", on), model::make_runtime(m, "cuda", off)};
+  return {model::make_runtime(m, "cuda", {FfnPath::automatic}, on), model::make_runtime(m, "cuda", {FfnPath::automatic}, off)};
 }
 
-// RuntimeOptions::fixed_point_decode: the one-token FFN's output as an exact fixed-point sum (one
+// RuntimeTuning::fixed_point_decode: the one-token FFN's output as an exact fixed-point sum (one
 // kernel a layer fewer) against the two-kernel FFN. Not the same bits: the fixed-point sum is
 // exact before y's bf16 rounding where the down kernel rounds fp32 partial sums, so a column of y
 // may land one bf16 step (2⁻⁸ relative) away, and that moves the next layers' inputs as any bf16
@@ -642,11 +642,11 @@ TEST(ModelCuda, FixedPointOverflowRunsTheStepAgain) {
   TinySpec spec = agreement_spec("relu");
   spec.down_scale = 1073741824.0f;
   const model::Model m = model::Model::load(write_tiny("fixed_overflow", spec).string());
-  model::RuntimeOptions on(FfnPath::automatic), off(FfnPath::automatic);
+  model::RuntimeTuning on, off;  // explicit: not TWELL_TUNING's
   on.decode_max_density = off.decode_max_density = 1.0;  // every layer's decode steps sparse
   off.fixed_point_decode = false;
-  auto a = model::make_runtime(m, "cuda", on);
-  auto b = model::make_runtime(m, "cuda", off);
+  auto a = model::make_runtime(m, "cuda", {FfnPath::automatic}, on);
+  auto b = model::make_runtime(m, "cuda", {FfnPath::automatic}, off);
   ASSERT_TRUE(a->fixed_point_decode());
   expect_bit_identical(spec, *a, *b);
   std::string layers;  // what each layer ran, for a failure's message
@@ -673,10 +673,10 @@ TEST(ModelCuda, DecodeGraphsFollowWeightsThatMove) {
   spec.intermediate = 600;
   spec.seed = fresh_seed();
   const model::Model m = model::Model::load(write_tiny("graphs_moving_weights", spec).string());
-  model::RuntimeOptions eager_opt(FfnPath::automatic), graph_opt(FfnPath::automatic);
-  eager_opt.cuda_graphs = false;
-  auto eager = model::make_runtime(m, "cuda", eager_opt);
-  auto graphed = model::make_runtime(m, "cuda", graph_opt);
+  model::RuntimeTuning eager_tuning, graph_tuning;  // explicit: not TWELL_TUNING's
+  eager_tuning.cuda_graphs = false;
+  auto eager = model::make_runtime(m, "cuda", {FfnPath::automatic}, eager_tuning);
+  auto graphed = model::make_runtime(m, "cuda", {FfnPath::automatic}, graph_tuning);
   Rng rng(spec.seed);
   const auto tokens = [&](std::size_t n) {
     std::vector<std::int32_t> t(n);

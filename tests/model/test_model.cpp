@@ -76,7 +76,7 @@ TEST(ModelCpu, CacheChunksMatchOneCall) {
   }
 }
 
-// RuntimeOptions::cpu_bf16_weights: a bf16 checkpoint's matrices are bf16 values, so steps of ≤ 8
+// RuntimeTuning::cpu_bf16_weights: a bf16 checkpoint's matrices are bf16 values, so steps of ≤ 8
 // rows read their bf16 copies; the products are the same, only the fp32 sums' order differs (as
 // between chunkings above: 1e-5 relative). Chunks of 1 and 5 tokens take the bf16 copies, a whole
 // 37-token prompt OpenBLAS's fp32 GEMM. Weights that are not bf16 values, or a runtime with an
@@ -90,9 +90,10 @@ TEST(ModelCpu, Bf16WeightCopiesGiveTheSameLogits) {
     s.seed = fresh_seed();
     SCOPED_TRACE(act);
     const Model m = Model::load(write_tiny(std::string("bf16_") + act, s).string());
-    model::RuntimeOptions off(model::FfnPath::dense);
+    model::RuntimeTuning on, off;  // explicit: not TWELL_TUNING's
     off.cpu_bf16_weights = false;
-    CpuRuntime with(m, model::RuntimeOptions(model::FfnPath::dense)), without(m, off);
+    const model::RuntimeOptions dense(model::FfnPath::dense);
+    CpuRuntime with(m, dense, on), without(m, dense, off);
     const std::string storage = with.weight_storage();
     EXPECT_NE(storage.find("11 of 11 matrices also as bf16"), std::string::npos) << storage;  // 2 layers × 5 + head
     EXPECT_EQ(without.weight_storage(), "fp32");
@@ -108,13 +109,13 @@ TEST(ModelCpu, Bf16WeightCopiesGiveTheSameLogits) {
   TinySpec f32;
   f32.seed = fresh_seed();
   const Model m = Model::load(write_tiny("f32_weights", f32).string());
-  EXPECT_EQ(CpuRuntime(m).weight_storage(), "fp32 (the weights are not bf16 values)");
+  EXPECT_EQ(CpuRuntime(m, {}, model::RuntimeTuning{}).weight_storage(), "fp32 (the weights are not bf16 values)");
   TinySpec b;
   b.bf16 = true;
   const Model mb = Model::load(write_tiny("bf16_hook", b).string());
   model::RuntimeOptions hooked;
   hooked.ffn_input_hook = [](std::int64_t, CMatrixF) {};
-  EXPECT_EQ(CpuRuntime(mb, hooked).weight_storage(), "fp32");
+  EXPECT_EQ(CpuRuntime(mb, hooked, model::RuntimeTuning{}).weight_storage(), "fp32");
 }
 
 // A bf16-only load's matrices view the mapped file; a reader of the views (the CUDA runtime's
@@ -281,9 +282,10 @@ TEST(ModelCpu, SparseDecodeReadsTheGateFromBf16Copies) {
   s.intermediate = 600;
   s.seed = fresh_seed();
   const Model m = Model::load(write_tiny("bf16_sparse", s).string());
-  model::RuntimeOptions on(model::FfnPath::sparse), off(model::FfnPath::sparse);
+  const model::RuntimeOptions sparse(model::FfnPath::sparse);
+  model::RuntimeTuning on, off;  // explicit: not TWELL_TUNING's
   off.cpu_bf16_weights = false;
-  CpuRuntime with(m, on), without(m, off);
+  CpuRuntime with(m, sparse, on), without(m, sparse, off);
   Rng rng(s.seed);
   const auto toks = random_tokens(rng, 37, s.vocab);
   const auto want = run(without, toks, 1);

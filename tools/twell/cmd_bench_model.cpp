@@ -26,7 +26,6 @@ struct BenchModelArgs {
   std::int64_t context = 128, decode_steps = 32;
   std::int64_t decode_warmup = 2;  // untimed decode steps of each runtime before a batch's timed ones
   int reps = 3;
-  model::RuntimeOptions runtime;  // the GPU switches (add_runtime_flags); each runtime's FFN path set below
   bool energy = true;
   std::string json;
 };
@@ -132,6 +131,11 @@ int run_bench_model(BenchModelArgs& a) {
   if (a.model_dir.empty() == a.config.empty()) fail(ErrorCode::invalid_argument, "give either --model DIR or --config NAME");
   if (!a.json.empty()) check_writable(a.json, "--json");
   if (a.reps < 1) fail(ErrorCode::invalid_argument, "--reps must be ≥ 1");
+  // The A/B switches in effect: TWELL_TUNING's. A benchmark measures a server's steady state: its
+  // warm-up call builds a shape's cuDNN graph (cudnn-build-at=1), unless TWELL_TUNING sets a build
+  // call other than the runtime's default (2).
+  model::RuntimeTuning tuning = model::RuntimeTuning::from_env();
+  if (tuning.cudnn_build_at == model::RuntimeTuning{}.cudnn_build_at) tuning.cudnn_build_at = 1;
   std::string why;
   const std::string device = resolve_device(a.device, &why) == DeviceKind::cuda ? "cuda" : "cpu";
   model::Model m;
@@ -186,14 +190,10 @@ int run_bench_model(BenchModelArgs& a) {
     for (std::int64_t b = 0; b < a.prefill_batch; ++b) s.push_back(random_tokens(rng, a.prefill_len, c.vocab_size));
     return s;
   }();
-  auto options = [&](model::FfnPath path) {
-    model::RuntimeOptions o = a.runtime;
-    o.ffn_path = path;
-    return o;
-  };
+  auto make = [&](model::FfnPath path) { return model::make_runtime(m, device, {path}, tuning); };
   if (device == "cuda") {
     for (int which = 0; which < 2; ++which) {
-      auto rt = model::make_runtime(m, device, options(which ? model::FfnPath::automatic : model::FfnPath::dense));
+      auto rt = make(which ? model::FfnPath::automatic : model::FfnPath::dense);
       std::int64_t& peak = which ? mem_sparse : mem_dense;
       time_prefill(*rt, prefill_seqs, nullptr, &peak);
       if (!a.decode_batches.empty()) {
@@ -204,15 +204,14 @@ int run_bench_model(BenchModelArgs& a) {
       }
     }
   }
-  auto dense = model::make_runtime(m, device, options(model::FfnPath::dense));
-  auto sparse = model::make_runtime(
-      m, device, options(c.act == model::Activation::relu ? model::FfnPath::automatic : model::FfnPath::dense));
+  auto dense = make(model::FfnPath::dense);
+  auto sparse = make(c.act == model::Activation::relu ? model::FfnPath::automatic : model::FfnPath::dense);
 
   // Agreement of the dense path and the sparse path forced on every layer, all positions of 256
   // tokens (automatic would run dense at this size).
   double agree = 0;
   if (c.act == model::Activation::relu) {
-    auto forced = model::make_runtime(m, device, {model::FfnPath::sparse});
+    auto forced = model::make_runtime(m, device, {model::FfnPath::sparse});  // TWELL_TUNING's switches as they are
     const std::int64_t n = std::min<std::int64_t>(256, c.max_position);
     std::vector<std::vector<std::int32_t>> s = {random_tokens(rng, n, c.vocab_size)};
     std::vector<std::vector<float>> out;
@@ -357,18 +356,20 @@ int run_bench_model(BenchModelArgs& a) {
                a.prefill_batch, a.prefill_len,
                a.decode_batches.empty() ? 0 : *std::max_element(a.decode_batches.begin(), a.decode_batches.end()),
                static_cast<double>(mem_dense) / 1e9, static_cast<double>(mem_sparse) / 1e9);
+  fmt::print("A/B switches in effect (TWELL_TUNING; cudnn-build-at=1 is this benchmark's default): {}\n",
+             tuning.describe().empty() ? "every one at its default" : tuning.describe());
   if (device == "cuda") {
-    fmt::print("CUDA graphs for decode steps: {} (replays: dense {}, sparse {})\n", a.runtime.cuda_graphs ? "on" : "off",
+    fmt::print("CUDA graphs for decode steps: {} (replays: dense {}, sparse {})\n", tuning.cuda_graphs ? "on" : "off",
                dense->graph_launches(), sparse->graph_launches());
     fmt::print("prefill attention: {}; programmatic launches: {}\n", dense->prefill_attention(),
                dense->programmatic_launch() ? "on"
-               : a.runtime.programmatic_launch     ? "off (this GPU or build does not take them)"
-                                           : "off (--no-pdl)");
-    fmt::print("fused one-row decode (off: --no-fused-decode): {}; the sparse runtime's fixed-point one-token FFN "
-               "output (off: --no-fixed-point-decode): {}; its neurons most active first (off: "
-               "--no-decode-neuron-order): {}\n",
+               : tuning.programmatic_launch ? "off (this GPU or build does not take them)"
+                                            : "off (TWELL_TUNING=no-pdl)");
+    fmt::print("fused one-row decode (off: no-fused-decode): {}; the sparse runtime's fixed-point one-token FFN "
+               "output (off: no-fixed-point-decode): {}; its neurons most active first (off: "
+               "no-decode-neuron-order): {}\n",
                dense->fused_decode() ? "on" : "off", sparse->fixed_point_decode() ? "on" : "off",
-               a.runtime.decode_neuron_order ? "on" : "off");
+               tuning.decode_neuron_order ? "on" : "off");
   }
   // Which path the sparse runtime's FFN rows took (over every run above: prefill and decode).
   std::int64_t ffn_rows = 0, ffn_sparse_rows = 0;
@@ -379,8 +380,8 @@ int run_bench_model(BenchModelArgs& a) {
   if (ffn_rows > 0)
     fmt::print("sparse runtime: {:.1f} % of FFN rows on the sparse path (decode steps sparse up to a layer density of {})\n",
                100.0 * static_cast<double>(ffn_sparse_rows) / static_cast<double>(ffn_rows),
-               a.runtime.decode_max_density >= 0 ? fmt::format("{:g} %", 100 * a.runtime.decode_max_density)
-                                                 : std::string("the engine's default"));
+               tuning.decode_max_density >= 0 ? fmt::format("{:g} %", 100 * tuning.decode_max_density)
+                                              : std::string("the engine's default"));
   fmt::print("(both runtimes run the same attention, norms and LM head; only the FFN path differs. Decode steps include\n"
              " the greedy pick and its copy back to the host, as a user's generation does. Energy: the whole GPU's NVML\n"
              " counter over a separate run of each row lasting about a second.)\n");
@@ -398,13 +399,15 @@ int run_bench_model(BenchModelArgs& a) {
                         {"decode_steps", a.decode_steps},
                         {"decode_warmup", a.decode_warmup},
                         {"context", a.context},
-                        {"cuda_graphs", a.runtime.cuda_graphs},
+                        {"tuning", tuning.describe()},  // TWELL_TUNING's items in effect ("": every default)
+                        {"cuda_graphs", tuning.cuda_graphs},
                         {"prefill_attention", dense->prefill_attention()},
                         {"programmatic_launch", dense->programmatic_launch()},
                         {"fused_decode", dense->fused_decode()},
                         {"fixed_point_decode", sparse->fixed_point_decode()},
-                        {"decode_neuron_order", a.runtime.decode_neuron_order},
-                        {"decode_max_density", a.runtime.decode_max_density},  // < 0: the engine's default
+                        {"decode_neuron_order", tuning.decode_neuron_order},
+                        {"decode_max_density", tuning.decode_max_density},  // < 0: the engine's default
+                        {"decode_max_rows", tuning.decode_max_rows},        // < 0: the engine's default
                         {"sparse_runtime_ffn_rows", {{"all", ffn_rows}, {"sparse", ffn_sparse_rows}}},
                         {"peak_memory_bytes", {{"dense", mem_dense}, {"sparse", mem_sparse}}},  // −1 on the CPU
                         {"rows", jr}};
@@ -423,7 +426,8 @@ void add_bench_model_command(CLI::App& bench, std::vector<Command>& out) {
       "two runtimes over the same weights: the dense FFN path and twell's automatic sparse/dense dispatch.\n"
       "Runs alternate rep by rep; medians are reported. A checkpoint (--model) or a synthetic model built in\n"
       "memory at the paper's shapes (--config, see `twell gen model --help` for the density options).\n"
-      "Example: twell bench model --config 2b --density 0.005");
+      "Example: twell bench model --config 2b --density 0.005\n" +
+      std::string(kTuningHelp));
   sub->add_option("--model", a->model_dir, "Checkpoint directory (Hugging Face layout)");
   sub->add_option("--config", a->config, "Synthetic model: tiny, 0.5b, 1b, 1.5b, 2b (the paper's shapes), 7b (Llama-2-7B), 7b-gqa (Mistral-7B)")
       ->check(CLI::IsMember({"tiny", "0.5b", "1b", "1.5b", "2b", "7b", "7b-gqa"}));
@@ -445,9 +449,6 @@ void add_bench_model_command(CLI::App& bench, std::vector<Command>& out) {
                   "graphs captured, the sparse FFN's neuron order sorted by its counts at steps 8, 16, 32, ...)")
       ->capture_default_str()
       ->check(CLI::Range(0, 1 << 20));
-  // A benchmark measures a server's steady state: its warm-up call builds the cuDNN graph.
-  a->runtime.cudnn_build_at = 1;
-  add_runtime_flags(sub, a->runtime);
   sub->add_flag("!--no-energy", a->energy, "Skip the energy runs (about a second per row and runtime)");
   sub->add_option("--json", a->json, "Write the results here");
   out.push_back({sub, [a] { return run_bench_model(*a); }});

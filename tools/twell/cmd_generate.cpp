@@ -21,7 +21,7 @@ struct GenerateArgs {
   std::string system;
   std::string device;
   std::string hidden_act;
-  model::RuntimeOptions runtime;  // the GPU switches (add_runtime_flags) and the FFN path (--ffn)
+  model::RuntimeOptions runtime;  // the FFN path (--ffn); the A/B switches come from TWELL_TUNING
   model::GenerateOptions g;
   std::vector<std::string> stop_tokens;
   std::string json;
@@ -30,6 +30,7 @@ struct GenerateArgs {
 
 int run_generate(GenerateArgs& a) {
   if (!a.json.empty()) check_writable(a.json, "--json");
+  model::RuntimeTuning::from_env();  // a malformed TWELL_TUNING is refused before the checkpoint loads
   std::string why;
   const std::string device = resolve_device(a.device, &why) == DeviceKind::cuda ? "cuda" : "cpu";
   if (!a.prompt_file.empty()) a.prompts.push_back(read_text_file(a.prompt_file, "--prompt-file"));
@@ -181,7 +182,8 @@ void add_generate_command(CLI::App& root, std::vector<Command>& out) {
       "and prints the continuation as it is generated, then the prefill and decode speeds (stderr).\n"
       "ReLU-gated FFNs run through twell's sparse path when a layer measures sparse enough; other\n"
       "activations run the dense path. Several --prompt flags generate as one batch.\n"
-      "Example: twell generate --model assets/smollm2-135m-instruct --chat --prompt 'What is the capital of France?'");
+      "Example: twell generate --model assets/smollm2-135m-instruct --chat --prompt 'What is the capital of France?'\n" +
+      std::string(kTuningHelp));
   sub->add_option("--model", a->model, "Checkpoint directory (Hugging Face layout)")->required();
   sub->add_option("--prompt", a->prompts, "Prompt text (repeat for a batch)");
   sub->add_option("--prompt-file", a->prompt_file, "Read one prompt from this file");
@@ -197,7 +199,6 @@ void add_generate_command(CLI::App& root, std::vector<Command>& out) {
   sub->add_flag("--ignore-eos", a->g.ignore_eos, "Do not stop at the model's end-of-sequence tokens");
   sub->add_option("--hidden-act", a->hidden_act, "Override config.json's hidden_act (relu, silu, gelu, gelu_pytorch_tanh)");
   add_ffn_path_option(sub, a->runtime.ffn_path);
-  add_runtime_flags(sub, a->runtime);
   sub->add_option("--device", a->device, "cpu or cuda (default: cuda when a GPU is usable, else cpu)");
   sub->add_option("--json", a->json, "Write tokens, text, speeds and per-layer FFN counts here");
   sub->add_flag("--quiet,-q", a->quiet, "Print only the generated text");

@@ -49,6 +49,7 @@ int run_serve(ServeArgs& a) {
     }
   } join_waiter{waiter};
 
+  model::RuntimeTuning::from_env();  // a malformed TWELL_TUNING is refused before the server starts
   std::string why;
   const std::string device = resolve_device(a.device, &why) == DeviceKind::cuda ? "cuda" : "cpu";
   namespace fs = std::filesystem;
@@ -117,7 +118,8 @@ void add_serve_command(CLI::App& root, std::vector<Command>& out) {
       "continuously: each step runs every running request's next token plus chunks of waiting prompts.\n"
       "Parameters: max_tokens, temperature, top_p, top_k, repetition_penalty, seed, stop, stream,\n"
       "stream_options.include_usage; others are refused with a 400 that names them. SIGTERM drains.\n"
-      "Example: twell serve --model assets/smollm2-135m-instruct --port 8080");
+      "Example: twell serve --model assets/smollm2-135m-instruct --port 8080\n" +
+      std::string(kTuningHelp));
   sub->add_option("--model", a->model, "Checkpoint directory (Hugging Face layout, with tokenizer.json)")->required();
   sub->add_option("--model-name", a->model_name, "The model id clients name (default: the directory's name)");
   sub->add_option("--host", a->server.host, "Address to bind (default loopback only; 0.0.0.0 for every interface)");

@@ -15,6 +15,7 @@
 #include "twell/cpu/ffn_ops.hpp"
 #include "twell/model/model.hpp"
 #include "twell/model/sampler.hpp"
+#include "twell/model/tuning.hpp"
 
 namespace twell::model {
 
@@ -41,6 +42,8 @@ const char* to_string(FfnPath p) noexcept;
 // and 2.3× at M = 1 (2B layer shape, 2 cores, bench/results/2026-11-25-cpu-2core-ffn-crossover-*).
 inline constexpr double kCpuMaxSparseDensity = 0.10;
 
+// The user's choices for a runtime. The A/B switches of its optimizations are not among them: they
+// are a RuntimeTuning (twell/model/tuning.hpp; TWELL_TUNING in the environment), passed beside.
 struct RuntimeOptions {
   RuntimeOptions() = default;
   RuntimeOptions(FfnPath path, double max_density = kCpuMaxSparseDensity) : ffn_path(path), max_sparse_density(max_density) {}
@@ -48,57 +51,6 @@ struct RuntimeOptions {
   // CPU runtime: a ReLU layer runs the TwELL path while its latest measured density is at most
   // this (the GPU's engine dispatches by its own measured thresholds).
   double max_sparse_density = kCpuMaxSparseDensity;
-  // CUDA runtime only: decode steps (one token per sequence; ReLU models under the automatic path:
-  // up to 2047 sequences, where the FFN engine's dispatch needs no statistics) replay a captured
-  // CUDA graph of the whole forward instead of launching ~10 kernels per layer.
-  // Bit-identical to the launches; off for A/B measurement.
-  bool cuda_graphs = true;
-  // CUDA runtime only: prefill calls whose every sequence starts empty run their attention through
-  // cuDNN's fused SDPA where this build has cuDNN (see prefill_attention()); off: the runtime's
-  // own tensor-core kernel always (for A/B measurement and checks).
-  bool cudnn_attention = true;
-  // CUDA runtime only: cuDNN builds a graph per prefill shape (sequence count, longest length's
-  // bucket), 0.2–1.7 s each on an H100. A shape's prefills run the runtime's own kernel until its
-  // `cudnn_build_at`-th call, which builds the graph (1: at the first; a call whose attention would
-  // keep the own kernel busy ≈ 0.5 s or more builds at once). Default 2: a one-off prompt answers in
-  // milliseconds, a shape that recurs (a server, a benchmark's repetitions) gets cuDNN.
-  int cudnn_build_at = 2;
-  // CUDA runtime only: the runtime's own kernels (norms, RoPE, attention, the one-token
-  // projections, embedding, argmax) as programmatic dependent launches on Hopper — each may be
-  // scheduled while the one before it still runs and waits for it on the device — to hide launch
-  // latency between the ≈ 10 small kernels a layer of a decode step runs. Same results, bit for
-  // bit; 2B decode at batch 1 +6.6 % on an H100 (docs/model-runtime.md). Off: for A/B measurement.
-  bool programmatic_launch = true;
-  // CUDA runtime only: at one row (a batch-1 decode step) the attention's add + RMSNorm, QKV
-  // projection, RoPE and KV-cache store run as one kernel (cuda::ops::rmsnorm_project) and the FFN's
-  // residual add joins the next add + RMSNorm: 2 kernels fewer a layer, the same bits; 2B decode at
-  // batch 1 +3.4-3.8 % on an H100 (docs/model-runtime.md). Off: for A/B measurement.
-  bool fused_decode = true;
-  // CUDA runtime only, with fused_decode: a batch-1 decode step's ReLU FFN on the one-token kernels
-  // leaves its output as a fixed-point sum (int64 reductions, exact in any order, rounded to bf16
-  // by its readers) instead of running its down kernel, and the attention output projection after
-  // it stores the residual stream: one kernel fewer a layer (docs/model-runtime.md). Deterministic;
-  // not the two-kernel path's bits (another summation of the same products, exact before the bf16
-  // rounding). A term past the range (cuda/common/fixed_point.hpp) reruns the step the two-kernel
-  // way and turns this off. Off: for A/B measurement.
-  bool fixed_point_decode = true;
-  // CUDA runtime only: the one-token FFN kernels run their neurons most active first, as counted
-  // over the decode steps so far (cuda::FfnLayer::advance_decode_order), so that the active ones'
-  // work overlaps the gate's stream instead of trailing it. A schedule: the same bits either way.
-  // Off: for A/B measurement.
-  bool decode_neuron_order = true;
-  // CUDA runtime only: the density up to which a ReLU layer's decode steps run the sparse decode
-  // kernels (the layer's newest count decides; both paths exact); < 0: the engine's measured default.
-  double decode_max_density = -1;
-  // CUDA runtime only: steps of up to this many rows run as decode steps (the decode kernels while
-  // a layer's count allows); < 0: the engine's default (16). For measuring batched decode.
-  std::int64_t decode_max_rows = -1;
-  // CPU runtime only: the weight matrices whose values are all bf16 exactly (a bf16 checkpoint) are
-  // also kept as bf16, and steps of ≤ 8 rows (decode) read those — half the bytes of the fp32 copy
-  // that bounds a CPU decode step; the same products in fp32 sums (another order than OpenBLAS's).
-  // Costs half the weights' memory again. Only without an ffn_input_hook (a hook may change the
-  // weights); off: fp32 everywhere.
-  bool cpu_bf16_weights = true;
   // CPU runtime only: called with each layer's FFN input (RMSNorm'd, [rows, K]) before its FFN
   // runs; for capturing activations (telemetry) or calibrating: the hook may change that layer's
   // weights in the Model (not their shapes), and its FFN then runs on the changed ones (synthetic
@@ -166,7 +118,7 @@ class Runtime {
   // Bytes of device memory in use on the runtime's GPU (the whole device, as cudaMemGetInfo says);
   // −1 on the CPU.
   virtual std::int64_t device_memory_in_use() const { return -1; }
-  // Forward calls replayed from a captured CUDA graph (RuntimeOptions::cuda_graphs); 0 on the CPU.
+  // Forward calls replayed from a captured CUDA graph (RuntimeTuning::cuda_graphs); 0 on the CPU.
   virtual std::int64_t graph_launches() const noexcept { return 0; }
   // The runtime's GPU's energy counter in joules (NVML; monotonic, so take differences), or −1
   // where it cannot be read (the CPU, no NVML, a GPU without the counter).
@@ -174,11 +126,11 @@ class Runtime {
   // Which kernel runs prefill attention, for reports (e.g. "cuDNN SDPA 91400 for prefills from
   // position 0, else twell's tensor-core kernel").
   virtual std::string prefill_attention() const { return "twell (CPU loops)"; }
-  // Whether RuntimeOptions::programmatic_launch is in effect (asked for, and the device takes it).
+  // Whether RuntimeTuning::programmatic_launch is in effect (asked for, and the device takes it).
   virtual bool programmatic_launch() const noexcept { return false; }
-  // Whether RuntimeOptions::fused_decode is in effect.
+  // Whether RuntimeTuning::fused_decode is in effect.
   virtual bool fused_decode() const noexcept { return false; }
-  // Whether RuntimeOptions::fixed_point_decode is in effect (false once a step overflowed it).
+  // Whether RuntimeTuning::fixed_point_decode is in effect (false once a step overflowed it).
   virtual bool fixed_point_decode() const noexcept { return false; }
   // How the weights are held, for reports ("" where there is nothing to say).
   virtual std::string weight_storage() const { return ""; }
@@ -186,7 +138,8 @@ class Runtime {
 
 class CpuRuntime final : public Runtime {
  public:
-  explicit CpuRuntime(const Model& model, RuntimeOptions opt = {});
+  // tuning: its cpu_bf16_weights is the one switch the CPU runtime reads.
+  explicit CpuRuntime(const Model& model, RuntimeOptions opt = {}, const RuntimeTuning& tuning = RuntimeTuning::from_env());
   const Model& model() const noexcept override { return *model_; }
   std::string device() const override { return "cpu"; }
   std::unique_ptr<Sequence> new_sequence(std::int64_t capacity) override;
@@ -203,8 +156,9 @@ class CpuRuntime final : public Runtime {
                std::int64_t n, std::int64_t k, float* y) const;
   const Model* model_;
   RuntimeOptions opt_;
+  bool bf16_wanted_ = false;  // RuntimeTuning::cpu_bf16_weights, and no ffn_input_hook
   std::vector<FfnLayerStats> stats_;
-  // RuntimeOptions::cpu_bf16_weights: each matrix's bf16 copy, empty where it has none.
+  // RuntimeTuning::cpu_bf16_weights: each matrix's bf16 copy, empty where it has none.
   struct Bf16Layer {
     std::vector<std::uint16_t> wqkv, wo, w_gate, w_up, w_down;
   };
@@ -220,7 +174,8 @@ class CpuRuntime final : public Runtime {
 bool cuda_usable(std::string* why = nullptr);
 
 // The runtime for `device`: "cpu", or "cuda" (throws ErrorCode::unsupported where this build or
-// machine has no usable GPU).
-std::unique_ptr<Runtime> make_runtime(const Model& model, const std::string& device, RuntimeOptions opt = {});
+// machine has no usable GPU). tuning: the A/B switches, by default this process's TWELL_TUNING.
+std::unique_ptr<Runtime> make_runtime(const Model& model, const std::string& device, RuntimeOptions opt = {},
+                                      const RuntimeTuning& tuning = RuntimeTuning::from_env());
 
 }  // namespace twell::model

@@ -4,7 +4,7 @@
 // first statement) until that one has finished and its writes are visible, and only then touches
 // memory, so results are those of ordinary launches. What it saves is the launch's own latency
 // between dependent kernels. Off unless a ProgrammaticLaunch scope is active on the calling thread
-// (the model runtime's forward, RuntimeOptions::programmatic_launch) — and that scope must only be
+// (the model runtime's forward, RuntimeTuning::programmatic_launch) — and that scope must only be
 // opened on a device whose code has the wait (compute capability 9.x: twell's sm_90a code; a JIT of
 // its compute_80 PTX has no wait). The kernels' side is launch.cuh: every kernel launched through
 // launch_kernel starts with dev::pdl_begin(). This header is the host's (no device code).

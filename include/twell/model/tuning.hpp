@@ -1,0 +1,88 @@
+#pragma once
+// The runtimes' A/B switches: each turns one optimization off (or moves one threshold) for
+// measurement and checks. Not user choices (those are RuntimeOptions): a process takes them from
+// the environment variable TWELL_TUNING, read once and logged once (RuntimeTuning::from_env), and
+// tests that compare both sides in one process pass a RuntimeTuning of their own.
+//
+//   TWELL_TUNING=no-cuda-graphs,no-cudnn-attention,cudnn-build-at=1,decode-max-rows=8 twell bench model ...
+//
+// The items are listed in docs/model-runtime.md ("A/B switches: TWELL_TUNING").
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+namespace twell::model {
+
+struct RuntimeTuning {
+  // CUDA runtime only: decode steps (one token per sequence; ReLU models under the automatic path:
+  // up to 2047 sequences, where the FFN engine's dispatch needs no statistics) replay a captured
+  // CUDA graph of the whole forward instead of launching ~10 kernels per layer.
+  // Bit-identical to the launches; off for A/B measurement.
+  bool cuda_graphs = true;  // no-cuda-graphs
+  // CUDA runtime only: prefill calls whose every sequence starts empty run their attention through
+  // cuDNN's fused SDPA where this build has cuDNN (see Runtime::prefill_attention()); off: the
+  // runtime's own tensor-core kernel always (for A/B measurement and checks).
+  bool cudnn_attention = true;  // no-cudnn-attention
+  // CUDA runtime only: cuDNN builds a graph per prefill shape (sequence count, longest length's
+  // bucket), 0.2–1.7 s each on an H100. A shape's prefills run the runtime's own kernel until its
+  // `cudnn_build_at`-th call, which builds the graph (1: at the first; a call whose attention would
+  // keep the own kernel busy ≈ 0.5 s or more builds at once). Default 2: a one-off prompt answers in
+  // milliseconds, a shape that recurs (a server, a benchmark's repetitions) gets cuDNN.
+  int cudnn_build_at = 2;  // cudnn-build-at=N
+  // CUDA runtime only: the runtime's own kernels (norms, RoPE, attention, the one-token
+  // projections, embedding, argmax) as programmatic dependent launches on Hopper — each may be
+  // scheduled while the one before it still runs and waits for it on the device — to hide launch
+  // latency between the ≈ 10 small kernels a layer of a decode step runs. Same results, bit for
+  // bit; 2B decode at batch 1 +6.6 % on an H100 (docs/model-runtime.md). Off: for A/B measurement.
+  bool programmatic_launch = true;  // no-pdl
+  // CUDA runtime only: at one row (a batch-1 decode step) the attention's add + RMSNorm, QKV
+  // projection, RoPE and KV-cache store run as one kernel (cuda::ops::rmsnorm_project) and the FFN's
+  // residual add joins the next add + RMSNorm: 2 kernels fewer a layer, the same bits; 2B decode at
+  // batch 1 +3.4-3.8 % on an H100 (docs/model-runtime.md). Off: for A/B measurement.
+  bool fused_decode = true;  // no-fused-decode
+  // CUDA runtime only, with fused_decode: a batch-1 decode step's ReLU FFN on the one-token kernels
+  // leaves its output as a fixed-point sum (int64 reductions, exact in any order, rounded to bf16
+  // by its readers) instead of running its down kernel, and the attention output projection after
+  // it stores the residual stream: one kernel fewer a layer (docs/model-runtime.md). Deterministic;
+  // not the two-kernel path's bits (another summation of the same products, exact before the bf16
+  // rounding). A term past the range (cuda/common/fixed_point.hpp) reruns the step the two-kernel
+  // way and turns this off. Off: for A/B measurement.
+  bool fixed_point_decode = true;  // no-fixed-point-decode
+  // CUDA runtime only: the one-token FFN kernels run their neurons most active first, as counted
+  // over the decode steps so far (cuda::FfnLayer::advance_decode_order), so that the active ones'
+  // work overlaps the gate's stream instead of trailing it. A schedule: the same bits either way.
+  // Off: for A/B measurement.
+  bool decode_neuron_order = true;  // no-decode-neuron-order
+  // CUDA runtime only: the density up to which a ReLU layer's decode steps run the sparse decode
+  // kernels (the layer's newest count decides; both paths exact); < 0: the engine's measured default.
+  double decode_max_density = -1;  // decode-max-density=X
+  // CUDA runtime only: steps of up to this many rows run as decode steps (the decode kernels while
+  // a layer's count allows); < 0: the engine's default (16). For measuring batched decode.
+  std::int64_t decode_max_rows = -1;  // decode-max-rows=N
+  // CPU runtime only: the weight matrices whose values are all bf16 exactly (a bf16 checkpoint) are
+  // also kept as bf16, and steps of ≤ 8 rows (decode) read those — half the bytes of the fp32 copy
+  // that bounds a CPU decode step; the same products in fp32 sums (another order than OpenBLAS's).
+  // Costs half the weights' memory again. Only without an ffn_input_hook (a hook may change the
+  // weights); off: fp32 everywhere.
+  bool cpu_bf16_weights = true;  // no-cpu-bf16
+
+  // The settings that differ from the defaults, as TWELL_TUNING items in a fixed order
+  // ("no-cuda-graphs,decode-max-rows=8"; parse_tuning reads them back to this value); "" when
+  // every setting is the default.
+  std::string describe() const;
+
+  // The tuning this process runs with: TWELL_TUNING parsed by parse_tuning at the first call (the
+  // defaults where it is unset), and, where it is set, the result logged once to stderr
+  // ("twell: TWELL_TUNING: ..."). Thread-safe. A malformed TWELL_TUNING throws at every call.
+  static const RuntimeTuning& from_env();
+
+  bool operator==(const RuntimeTuning&) const = default;
+};
+
+// TWELL_TUNING's value: items separated by commas (blanks around them and empty items ignored),
+// each a switch (`no-cuda-graphs`) or a setting (`decode-max-rows=8`); a later item overrides an
+// earlier one. An unknown item, a value on a switch, or a setting's value that is not a number in
+// its range throws Error(invalid_argument) naming the item and listing the valid ones.
+RuntimeTuning parse_tuning(std::string_view items);
+
+}  // namespace twell::model
