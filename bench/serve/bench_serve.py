@@ -16,8 +16,9 @@ so every server sees the same token counts whatever its tokenizer; a server that
   E2E   end-to-end latency of a request
   throughput: requests/s, output tokens/s and total (prompt + output) tokens/s over the point's wall time
 mean, median and p99 of each latency. --requests may list one count per concurrency point; --warmup N
-first sends N requests at the largest concurrency, unrecorded (CUDA graph captures, cuDNN plans, a
-compiler's first shapes). Output tokens are the server's usage count (include_usage), else
+sends N unrecorded requests before each point, at its concurrency (CUDA graph captures, cuDNN plans and
+a compiler's first shapes are per batch shape: one warm-up at the largest concurrency leaves the
+batch-1 shapes cold for the first point). Output tokens are the server's usage count (include_usage), else
 the number of streamed chunks. Needs only the Python standard library.
 """
 import argparse
@@ -128,7 +129,7 @@ def main():
     ap.add_argument("--concurrency", default="1,8,32,64", help="comma-separated points")
     ap.add_argument("--rate", default="inf", help="requests/s (Poisson arrivals), comma-separated, or inf")
     ap.add_argument("--requests", default="64", help="requests a point: one count, or one per concurrency point")
-    ap.add_argument("--warmup", type=int, default=0, help="unrecorded requests sent first, at the largest concurrency")
+    ap.add_argument("--warmup", type=int, default=0, help="unrecorded requests sent before each point, at its concurrency")
     ap.add_argument("--prompt-len", type=int, default=128)
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--vocab", type=int, default=32000, help="random prompt ids are drawn from [100, vocab)")
@@ -147,11 +148,12 @@ def main():
         ap.error("--requests lists one count, or one per --concurrency point")
     if min(reqs) < 1 or min(conc) < 1 or a.prompt_len < 1 or a.max_tokens < 1 or a.warmup < 0:
         ap.error("--requests, --concurrency, --prompt-len and --max-tokens must be positive")
-    if a.warmup:
-        w = run_point(a, max(conc), math.inf, a.vocab, a.warmup)
-        print(f"warm-up: {w['completed']}/{w['requests']} ok in {w['wall_s']:.1f} s" + (f"  errors: {w['errors']}" if w["errors"] else ""), flush=True)
     points = []
     for c, n in zip(conc, reqs):
+        if a.warmup:
+            w = run_point(a, c, math.inf, a.vocab, max(a.warmup, c))
+            print(f"warm-up at {c}: {w['completed']}/{w['requests']} ok in {w['wall_s']:.1f} s"
+                  + (f"  errors: {w['errors']}" if w["errors"] else ""), flush=True)
         for r in [float(x) for x in a.rate.split(",")]:
             p = run_point(a, c, r, a.vocab, n)
             points.append(p)

@@ -35,7 +35,8 @@ def main():
     pl, mt = shape.pop()
     lines = [f"# Serving: {a.title or runs[0]['model']} — prompts {pl} tokens, {mt} out, all requests at once\n",
              "Each cell: output tokens/s · TTFT median ms · TPOT median ms · ITL p99 ms. "
-             f"Ratio: {labels[0]}'s output throughput over the column's.\n",
+             f"Ratios: {labels[0]}'s output throughput over the other server's, and the other's TPOT median over "
+             f"{labels[0]}'s (its per-token speed-up, which a slow first request does not move).\n",
              "| concurrency | " + " | ".join(labels) + " | " + " | ".join(f"{labels[0]} / {l}" for l in labels[1:]) + " |",
              "|---:|" + "---|" * len(labels) + "---:|" * (len(labels) - 1)]
     for c in conc:
@@ -52,7 +53,8 @@ def main():
         for r in runs[1:]:
             p = point(r, c)
             ok = ref and p and ref["completed"] and p["completed"]
-            ratios.append(f"{ref['output_throughput'] / p['output_throughput']:.2f}×" if ok else "—")
+            ratios.append(f"{ref['output_throughput'] / p['output_throughput']:.2f}× · "
+                          f"{p['tpot_s']['median'] / ref['tpot_s']['median']:.2f}×" if ok else "—")
         lines.append(f"| {c} | " + " | ".join(cells) + " | " + " | ".join(ratios) + " |")
     with open(a.md, "w") as f:
         f.write("\n".join(lines) + "\n")

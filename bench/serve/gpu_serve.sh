@@ -24,7 +24,7 @@ CONC=${CONCURRENCY:-1,8,32,64}
 REQS=${REQUESTS:-16,32,64,128}
 PL=${PROMPT_LEN:-128}
 MT=${MAX_TOKENS:-128}
-WARMUP=${WARMUP:-64}
+WARMUP=${WARMUP:-16}  # before each point (at least its concurrency)
 PORT=${PORT:-18600}
 DEVICE=${DEVICE:-cuda}  # cpu: a dry run of this script on a small model
 mkdir -p "$OUT"
