@@ -44,7 +44,7 @@ TEST(FfnPlan, SmallCallsRunDenseWithoutCountingExceptDecode) {
 }
 
 // One token on the fused one-token kernel keeps the decode path up to its own, higher threshold
-// (measured at model level: docs/perf-notes-cuda.md); other decode sizes switch at decode_max_density.
+// (measured at model level: docs/engine.md); other decode sizes switch at decode_max_density.
 TEST(FfnPlan, OneTokenDecodeHasItsOwnThreshold) {
   const DispatchPolicy p;
   ASSERT_GT(p.decode_token_max_density, p.decode_max_density);

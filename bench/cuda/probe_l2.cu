@@ -1,7 +1,7 @@
 // twell_probe_l2: how fast the SMs can pull random 4 KB weight rows out of L2, against how many
 // bytes each SM keeps in flight. The token-major kernels (the fused up+down, the training forward
 // and backward) read one 4 KB row (K = 2048 bf16) per non-zero at random, and measured faster
-// with more warps per SM (docs/perf-notes-cuda.md, twelfth session): this probe says where the
+// with more warps per SM (lab/notes/2026-11-cuda-perf-log.md, twelfth session): this probe says where the
 // ceiling is and whether bulk copies (cp.async.bulk into a shared-memory ring, rows in flight
 // costing no registers) get closer to it than loads through registers.
 //   twell_probe_l2 [reps]        (default 10; prints nothing to time without a GPU)

@@ -6,7 +6,7 @@
 Two CPU processes (gloo) train a small MLP with DDP, eager and `torch.compile`d, one step of one
 micro-batch and one of --accum micro-batches (all but the last under `no_sync`, as twell.train and
 model_step.py do), and count gloo all-reduce calls in each step with the PyTorch profiler. Equal
-counts: the exchange happens once a step. (Written for docs/multi-gpu.md: a 4-GPU step of 8
+counts: the exchange happens once a step. (Written for lab/notes/2026-11-multi-gpu-log.md: a 4-GPU step of 8
 micro-batches costs ≈ 17–28 ms a micro-batch more than one GPU's; this rules communication in or out.)
 """
 import argparse

@@ -56,7 +56,7 @@ class Model:
     hidden_act: overrides config.json's (the paper's released ReLU models say "silu").
     ffn: "auto" (twell's dispatch by measured density), "dense" or "sparse" for ReLU FFNs.
     The runtime's A/B switches (CUDA graphs, cuDNN attention, ...) are no arguments: the environment
-    variable TWELL_TUNING sets them, as for `twell generate` (docs/model-runtime.md).
+    variable TWELL_TUNING sets them, as for `twell generate` (docs/runtime.md).
     Errors in the checkpoint or the arguments raise ValueError (bad input) or RuntimeError.
     """
 

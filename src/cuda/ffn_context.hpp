@@ -40,10 +40,10 @@
 namespace twell::cuda {
 
 // The inference context's options: the dispatch policy (ffn_plan.hpp: thresholds, sticky
-// dispatch, count periods; where each value comes from: docs/perf-notes-cuda.md, "Dispatch
-// policy"), then the kernels' variants and the hot-row / hot-neuron splits.
+// dispatch, count periods; where each value comes from: docs/engine.md, "Plan and
+// dispatch"), then the kernels' variants and the hot-row / hot-neuron splits.
 struct ContextOptions : DispatchPolicy {
-  // One line each; the measurements behind the values: docs/perf-notes-cuda.md, "Kernel configuration".
+  // One line each; the measurements behind the values: docs/engine.md, "Kernel configuration".
   TwellConfig twell{};
   bool autotune_gemm = false;                // time cuBLASLt's candidate algorithms once per shape
   std::int64_t dispatch_sample_rows = 2048;  // rows the dispatch count reads (all rows when M is smaller)

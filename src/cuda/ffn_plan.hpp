@@ -68,7 +68,7 @@ constexpr bool decode_reorder_due(std::int64_t step) noexcept {
 // ---- The training forward ----
 
 // The measured thresholds a training step's dispatch reads (TrainContextOptions holds them, with
-// their measurements in docs/perf-notes-cuda.md).
+// their measurements in docs/engine.md).
 struct TrainDispatchPolicy {
   double max_sparse_density_gated = 0.009;  // the sparse step iff the step's measure ≤ this
   double max_sparse_density_nongated = 0.006;

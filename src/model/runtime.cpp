@@ -309,7 +309,7 @@ void weighted_sum(const float* p, const float* v, std::int64_t ld, std::int64_t 
 
 // A step of at least this many tokens runs its attention as two OpenBLAS GEMMs a head (scores, then
 // probabilities times values) instead of the per-(row, head) loops, whose dot products over a long
-// prompt's keys were most of a CPU prefill (SmolLM2, 900 tokens: see docs/model-runtime.md).
+// prompt's keys were most of a CPU prefill (SmolLM2, 900 tokens: see lab/notes/2026-11-runtime-log.md).
 constexpr std::int64_t kGemmAttentionRows = 16;
 
 // Causal attention of `rows` consecutive query rows (positions p0 …) of one head against its

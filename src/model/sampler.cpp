@@ -88,7 +88,7 @@ constexpr std::int64_t kBucketRows = 4096;
 // another order (double rounding only, as the normaliser's already did: continuous logits never
 // sit on a boundary); one call on the generator, as in draw. A peaked row reaches a few buckets;
 // a flat row's nucleus (most of a 49 k vocabulary) is no longer sorted whole: 3.0 → 0.5 ms a row at
-// σ = 0.3 with top-p 0.9 (twell_probe_sampler, docs/model-runtime.md).
+// σ = 0.3 with top-p 0.9 (twell_probe_sampler, lab/notes/2026-11-runtime-log.md).
 std::int32_t draw_by_buckets(const SamplingOptions& o, std::mt19937_64& rng, std::vector<Cand>& c, double mx,
                              double zmin, double sum) {
   constexpr int kBuckets = 2048;

@@ -402,7 +402,7 @@ TEST_F(Cli, HelpOnEveryCommand) {
     const RunResult r = run(c);
     if (std::string(c) == "serve --help" && r.err.find("unknown command 'serve'") != std::string::npos) continue;  // not built
     EXPECT_EQ(r.rc, 0) << c;
-    EXPECT_NE(r.out.find("A/B switches of the GPU runtime's optimizations: TWELL_TUNING (docs/model-runtime.md)"),
+    EXPECT_NE(r.out.find("A/B switches of the GPU runtime's optimizations: TWELL_TUNING (docs/runtime.md)"),
               std::string::npos) << c << ": " << r.out;
     for (const char* gone : {"--no-cuda-graphs", "--no-cudnn-attention", "--cudnn-build-at", "--no-pdl", "--no-fused-decode",
                              "--no-fixed-point-decode", "--no-decode-neuron-order", "--decode-max-density",

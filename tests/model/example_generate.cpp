@@ -1,4 +1,4 @@
-// The C++ example of docs/model-runtime.md, compiled and run by ctest (example_generate) on
+// The C++ example of docs/runtime.md, compiled and run by ctest (example_generate) on
 // SmolLM2 when scripts/fetch-smollm2 has fetched it (exit 77, skipped, otherwise).
 #include <filesystem>
 #include <iostream>

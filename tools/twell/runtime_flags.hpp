@@ -24,6 +24,6 @@ inline void add_ffn_path_option(CLI::App* sub, model::FfnPath& path) {
 
 // The help epilogue's line for the runtime's A/B switches, which are not flags (RuntimeTuning).
 inline constexpr const char* kTuningHelp =
-    "A/B switches of the GPU runtime's optimizations: TWELL_TUNING (docs/model-runtime.md)";
+    "A/B switches of the GPU runtime's optimizations: TWELL_TUNING (docs/runtime.md)";
 
 }  // namespace twell::cli

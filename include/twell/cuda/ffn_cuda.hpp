@@ -74,7 +74,7 @@ struct TrainOptions {
   int token_min_blocks = 6;  // the token-major kernels built for 6 or 8 blocks per SM (K ≤ 2048); 0: no bound
   // Hot neurons of the sparse step (neurons run as dense GEMM columns, the rest through the CSR):
   // when set, exactly these (empty: no split); else the context calibrates on the step itself if
-  // hot_neurons_auto and M is large enough (docs/perf-notes-cuda.md).
+  // hot_neurons_auto and M is large enough (docs/engine.md).
   std::optional<std::vector<std::int64_t>> hot_neurons;
   bool hot_neurons_auto = true;
   bool gate_sm90 = true;  // Hopper: the sparse step's gate through the sm90 TwELL kernel, the CSR from its words

@@ -6,7 +6,7 @@
 //
 //   TWELL_TUNING=no-cuda-graphs,no-cudnn-attention,cudnn-build-at=1,decode-max-rows=8 twell bench model ...
 //
-// The items are listed in docs/model-runtime.md ("A/B switches: TWELL_TUNING").
+// The items are listed in docs/runtime.md ("A/B switches: TWELL_TUNING").
 #include <cstdint>
 #include <string>
 #include <string_view>
@@ -33,17 +33,17 @@ struct RuntimeTuning {
   // projections, embedding, argmax) as programmatic dependent launches on Hopper — each may be
   // scheduled while the one before it still runs and waits for it on the device — to hide launch
   // latency between the ≈ 10 small kernels a layer of a decode step runs. Same results, bit for
-  // bit; 2B decode at batch 1 +6.6 % on an H100 (docs/model-runtime.md). Off: for A/B measurement.
+  // bit; 2B decode at batch 1 +6.6 % on an H100 (docs/runtime.md). Off: for A/B measurement.
   bool programmatic_launch = true;  // no-pdl
   // CUDA runtime only: at one row (a batch-1 decode step) the attention's add + RMSNorm, QKV
   // projection, RoPE and KV-cache store run as one kernel (cuda::ops::rmsnorm_project) and the FFN's
   // residual add joins the next add + RMSNorm: 2 kernels fewer a layer, the same bits; 2B decode at
-  // batch 1 +3.4-3.8 % on an H100 (docs/model-runtime.md). Off: for A/B measurement.
+  // batch 1 +3.4-3.8 % on an H100 (docs/runtime.md). Off: for A/B measurement.
   bool fused_decode = true;  // no-fused-decode
   // CUDA runtime only, with fused_decode: a batch-1 decode step's ReLU FFN on the one-token kernels
   // leaves its output as a fixed-point sum (int64 reductions, exact in any order, rounded to bf16
   // by its readers) instead of running its down kernel, and the attention output projection after
-  // it stores the residual stream: one kernel fewer a layer (docs/model-runtime.md). Deterministic;
+  // it stores the residual stream: one kernel fewer a layer (docs/runtime.md). Deterministic;
   // not the two-kernel path's bits (another summation of the same products, exact before the bf16
   // rounding). A term past the range (cuda/common/fixed_point.hpp) reruns the step the two-kernel
   // way and turns this off. Off: for A/B measurement.

@@ -14,7 +14,7 @@ constexpr int kThreads = 256;
 constexpr int kWarps = kThreads / 32;  // = neurons per CTA of the first kernel
 // 16-byte chunks per lane in flight: a 2048-wide row at once. (2 neurons a warp with 4-step windows,
 // 352 CTAs at N = 5632 in one wave against 704 in 1.33 waves, decoded 1.8 % slower a token on the
-// synthetic 2B: H100, docs/model-runtime.md.)
+// synthetic 2B: H100, lab/notes/2026-11-runtime-log.md.)
 constexpr int kWin = 8;
 constexpr int kSlots = 8;              // second kernel: 16-byte y chunks per CTA (64 columns) ...
 constexpr int kGroups = kThreads / kSlots;  // ... and thread groups sharing them

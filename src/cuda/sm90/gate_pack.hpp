@@ -53,7 +53,7 @@ struct GatePackParams {
   int cluster = 2;                      // CTAs per cluster along M sharing each W tile by TMA multicast: 1, 2 or 4
   // The consumers stage the tile with 16 stmatrix.x4 per thread instead of 64 32-bit shared
   // stores (the same bytes at the same places; the staging is ≈ 5 % of the kernel, section
-  // "Thirteenth session" of docs/perf-notes-cuda.md): 1.067x vs 1.104x the GEMM on the H100
+  // "Thirteenth session" of lab/notes/2026-11-cuda-perf-log.md): 1.067x vs 1.104x the GEMM on the H100
   // (section "Fourteenth session").
   bool stage_stmatrix = true;
   // Rows with many non-zero 16-byte words in a tile (hot tokens, high density) are packed by the

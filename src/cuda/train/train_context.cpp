@@ -653,7 +653,7 @@ void TrainContext::sparse_backward(const __nv_bfloat16* x, const __nv_bfloat16* 
   // fit the L2 budget: each pass's x, dy reads then hit L2 whichever item asks. A slice costs
   // nothing extra beyond re-reading the entries (16 B each); an extra token block costs one
   // read-modify-write of the fp32 gradient slice, so slices shrink to 256 columns before blocks
-  // appear (docs/perf-notes-cuda.md).
+  // appear (lab/notes/2026-11-cuda-perf-log.md).
   for (std::int64_t c0 = 0; c0 < k(); c0 += w) {
     g.col_begin = c0;
     g.col_end = std::min(k(), c0 + w);

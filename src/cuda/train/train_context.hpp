@@ -48,7 +48,7 @@ inline constexpr int kTrainTwellWords = 32;
 // The training context's options: the dispatch policy (ffn_plan.hpp: the sparse step's thresholds
 // and minimum M), then the kernels' configuration and the hot-neuron / dense-row splits.
 struct TrainContextOptions : TrainDispatchPolicy {
-  // One line each; the measurements behind the values: docs/perf-notes-cuda.md, "Training step configuration".
+  // One line each; the measurements behind the values: docs/engine.md, "The training step (CUDA)".
   bool autotune_gemm = false;                   // time cuBLASLt's candidate algorithms once per shape
   double weight_grad_l2_fraction = 0.7;         // weight-gradient passes: x and dy columns within this share of L2
   std::int64_t weight_grad_run = 0;             // entries per weight-gradient work item (0: 128; ≥ nnz / 8192)

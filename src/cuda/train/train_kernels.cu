@@ -268,7 +268,7 @@ __device__ __forceinline__ void store_item_sums(const SparseWeightGradParams& p,
 // copied by cp.async into a per-warp shared-memory ring, and the registers stay few (≤ 64: eight
 // CTAs of four warps per SM, as many as 8 · 25 KB of ring allows). Warps count more than stages
 // (H200, 0.5 %, the passes of one step: registers with 4 tokens per round trip 0.57 ms; 8 stages,
-// 6 CTAs 0.51; 12 stages, 4 CTAs 0.61; 6 stages, 8 CTAs 0.49; docs/perf-notes-cuda.md). Each lane
+// 6 CTAs 0.51; 12 stages, 4 CTAs 0.61; 6 stages, 8 CTAs 0.49; lab/notes/2026-11-cuda-perf-log.md). Each lane
 // copies and reads back only its own 16-byte chunks, so the ring needs no warp synchronisation;
 // stage (t mod kGradStages) is refilled only after the token that used it has been summed. The
 // entries (row, coefficients) arrive 32 at a time, one float4 per lane, broadcast by shuffles.
