@@ -5,6 +5,8 @@
 #include <algorithm>
 #include <cmath>
 #include <exception>
+#include <memory>
+#include <mutex>
 #include <set>
 #include <vector>
 
@@ -108,6 +110,14 @@ std::vector<std::int32_t> Runtime::forward_sample(std::span<const SeqStep> steps
   return out;
 }
 
+std::shared_ptr<KvPool> Runtime::make_kv_pool(std::int64_t) {
+  throw Error(ErrorCode::unsupported, fmt::format("the {} runtime has no paged KV cache yet", device()));
+}
+
+std::unique_ptr<Sequence> Runtime::new_paged_sequence(const std::shared_ptr<KvPool>&) {
+  throw Error(ErrorCode::unsupported, fmt::format("the {} runtime has no paged KV cache yet", device()));
+}
+
 const char* to_string(FfnPath p) noexcept {
   switch (p) {
     case FfnPath::automatic: return "automatic";
@@ -123,26 +133,124 @@ double FfnLayerStats::active_per_token() const noexcept {
 
 namespace {
 
-// One sequence's keys and values for every layer: [layers][capacity, kv_dim] each, fp32.
-class CpuSequence final : public Sequence {
+// A pool of KV blocks: keys and values [layers][blocks][kKvBlockTokens][kv_dim] each, fp32, and
+// the free list. Used by the scheduler's one thread (and the sequences it destroys), under a mutex
+// all the same, since a sequence may outlive its user's thread.
+class CpuKvPool final : public KvPool {
  public:
-  CpuSequence(const CpuRuntime* owner, const LlamaConfig& c, std::int64_t capacity) : owner_(owner), kv_dim_(c.kv_dim()) {
-    capacity_ = capacity;
-    const auto n = static_cast<std::size_t>(c.num_layers * capacity * kv_dim_);
+  CpuKvPool(const CpuRuntime* owner, const LlamaConfig& c, std::int64_t blocks)
+      : owner_(owner), layers_(c.num_layers), kv_dim_(c.kv_dim()), blocks_(blocks) {
+    const auto n = static_cast<std::size_t>(layers_ * blocks_ * kKvBlockTokens * kv_dim_);
     k_.assign(n, 0.0f);
     v_.assign(n, 0.0f);
+    free_.reserve(static_cast<std::size_t>(blocks_));
+    for (std::int64_t b = blocks_ - 1; b >= 0; --b) free_.push_back(static_cast<std::int32_t>(b));  // 0 first
   }
-  std::int64_t bytes() const noexcept override { return static_cast<std::int64_t>((k_.size() + v_.size()) * sizeof(float)); }
-  float* k(std::int64_t layer) noexcept { return k_.data() + layer * capacity_ * kv_dim_; }
-  float* v(std::int64_t layer) noexcept { return v_.data() + layer * capacity_ * kv_dim_; }
+  std::int64_t total_blocks() const noexcept override { return blocks_; }
+  std::int64_t free_blocks() const noexcept override {
+    std::lock_guard lk(m_);
+    return static_cast<std::int64_t>(free_.size());
+  }
+  std::int64_t block_bytes() const noexcept override {
+    return 2 * layers_ * kKvBlockTokens * kv_dim_ * static_cast<std::int64_t>(sizeof(float));
+  }
+  // Takes n blocks into `out` (appended), or none when fewer are free.
+  bool take(std::int64_t n, std::vector<std::int32_t>& out) {
+    std::lock_guard lk(m_);
+    if (n > static_cast<std::int64_t>(free_.size())) return false;
+    for (std::int64_t i = 0; i < n; ++i) {
+      out.push_back(free_.back());
+      free_.pop_back();
+    }
+    return true;
+  }
+  void give(const std::vector<std::int32_t>& ids) {
+    std::lock_guard lk(m_);
+    free_.insert(free_.end(), ids.rbegin(), ids.rend());
+  }
+  // Row 0 of block b in layer l.
+  float* k(std::int64_t l, std::int32_t b) noexcept { return k_.data() + (l * blocks_ + b) * kKvBlockTokens * kv_dim_; }
+  float* v(std::int64_t l, std::int32_t b) noexcept { return v_.data() + (l * blocks_ + b) * kKvBlockTokens * kv_dim_; }
   const CpuRuntime* owner() const noexcept { return owner_; }
-  void advance(std::int64_t n) noexcept { length_ += n; }
-  std::int64_t room() const noexcept { return capacity_ - length_; }
 
  private:
   const CpuRuntime* owner_;
-  std::int64_t kv_dim_;
+  std::int64_t layers_, kv_dim_, blocks_;
   std::vector<float> k_, v_;
+  mutable std::mutex m_;
+  std::vector<std::int32_t> free_;
+};
+
+// One sequence's keys and values: the blocks of its block table, position p in block table[p / B]
+// at row p % B. A sequence of fixed capacity owns a pool of its own whose blocks it holds in order
+// (so its keys are one contiguous run per layer); a paged one takes blocks from a shared pool as it
+// grows (reserve) and gives them back when destroyed.
+class CpuSequence final : public Sequence {
+ public:
+  // Fixed capacity: a private pool, every block taken.
+  CpuSequence(const CpuRuntime* owner, const LlamaConfig& c, std::int64_t capacity)
+      : pool_(std::make_shared<CpuKvPool>(owner, c, KvPool::blocks_for(capacity))), kv_dim_(c.kv_dim()),
+        max_position_(c.max_position), paged_(false) {
+    capacity_ = capacity;
+    pool_->take(pool_->total_blocks(), table_);
+  }
+  // Paged: empty, grows from `pool`.
+  CpuSequence(std::shared_ptr<CpuKvPool> pool, const LlamaConfig& c)
+      : pool_(std::move(pool)), kv_dim_(c.kv_dim()), max_position_(c.max_position), paged_(true) {}
+  ~CpuSequence() override {
+    if (paged_) pool_->give(table_);
+  }
+  std::int64_t bytes() const noexcept override {
+    return static_cast<std::int64_t>(table_.size()) * pool_->block_bytes();
+  }
+  bool reserve(std::int64_t tokens) override {
+    if (tokens < 0 || length_ + tokens > max_position_) return false;
+    if (length_ + tokens <= capacity_) return true;
+    if (!paged_) return false;
+    const std::int64_t need = KvPool::blocks_for(length_ + tokens) - static_cast<std::int64_t>(table_.size());
+    if (!pool_->take(need, table_)) return false;
+    capacity_ = std::min(static_cast<std::int64_t>(table_.size()) * kKvBlockTokens, max_position_);
+    return true;
+  }
+  std::int64_t blocks() const noexcept override { return paged_ ? static_cast<std::int64_t>(table_.size()) : 0; }
+  float* k_row(std::int64_t l, std::int64_t p) noexcept { return pool_->k(l, block(p)) + (p % kKvBlockTokens) * kv_dim_; }
+  float* v_row(std::int64_t l, std::int64_t p) noexcept { return pool_->v(l, block(p)) + (p % kKvBlockTokens) * kv_dim_; }
+  // Keys and values of positions [p0, p1) as runs within blocks: f(first position, its key row,
+  // its value row, run length), in position order.
+  template <class F>
+  void for_each_run(std::int64_t l, std::int64_t p0, std::int64_t p1, F&& f) {
+    for (std::int64_t p = p0; p < p1;) {
+      const std::int64_t n = std::min(p1, (p / kKvBlockTokens + 1) * kKvBlockTokens) - p;
+      f(p, k_row(l, p), v_row(l, p), n);
+      p += n;
+    }
+  }
+  // Keys and values of positions [0, n) of layer l as contiguous rows [n, kv_dim]: the blocks' own
+  // memory when they lie in order (a fixed-capacity sequence's always do), else gathered into
+  // kbuf / vbuf.
+  std::pair<const float*, const float*> contiguous(std::int64_t l, std::int64_t n, std::vector<float>& kbuf,
+                                                   std::vector<float>& vbuf) {
+    const std::int64_t nb = KvPool::blocks_for(n);
+    bool in_order = true;
+    for (std::int64_t i = 1; i < nb && in_order; ++i) in_order = table_[i] == table_[i - 1] + 1;
+    if (in_order) return {k_row(l, 0), v_row(l, 0)};
+    kbuf.resize(static_cast<std::size_t>(n * kv_dim_));
+    vbuf.resize(kbuf.size());
+    for_each_run(l, 0, n, [&](std::int64_t p, const float* k, const float* v, std::int64_t m) {
+      std::copy_n(k, m * kv_dim_, kbuf.data() + p * kv_dim_);
+      std::copy_n(v, m * kv_dim_, vbuf.data() + p * kv_dim_);
+    });
+    return {kbuf.data(), vbuf.data()};
+  }
+  const CpuRuntime* owner() const noexcept { return pool_->owner(); }
+  void advance(std::int64_t n) noexcept { length_ += n; }
+
+ private:
+  std::int32_t block(std::int64_t p) const noexcept { return table_[static_cast<std::size_t>(p / kKvBlockTokens)]; }
+  std::shared_ptr<CpuKvPool> pool_;
+  std::vector<std::int32_t> table_;
+  std::int64_t kv_dim_, max_position_;
+  bool paged_;
 };
 
 }  // namespace
@@ -228,6 +336,18 @@ std::unique_ptr<Sequence> CpuRuntime::new_sequence(std::int64_t capacity) {
   return std::make_unique<CpuSequence>(this, model_->config, capacity);
 }
 
+std::shared_ptr<KvPool> CpuRuntime::make_kv_pool(std::int64_t blocks) {
+  TWELL_CHECK(blocks > 0, ErrorCode::invalid_argument, "a KV pool needs at least one block, got {}", blocks);
+  return std::make_shared<CpuKvPool>(this, model_->config, blocks);
+}
+
+std::unique_ptr<Sequence> CpuRuntime::new_paged_sequence(const std::shared_ptr<KvPool>& pool) {
+  auto p = std::dynamic_pointer_cast<CpuKvPool>(pool);
+  TWELL_CHECK(p != nullptr && p->owner() == this, ErrorCode::invalid_argument,
+              "new_paged_sequence: the pool was made by another runtime");
+  return std::make_unique<CpuSequence>(std::move(p), model_->config);
+}
+
 void CpuRuntime::reset_stats() { stats_.assign(stats_.size(), FfnLayerStats{}); }
 
 void CpuRuntime::ffn(std::int64_t layer, const float* x, std::int64_t rows, float* y) {
@@ -285,11 +405,13 @@ void CpuRuntime::ffn(std::int64_t layer, const float* x, std::int64_t rows, floa
 
 namespace {
 
-// o[0, d) = Σ_t p[t] · v[t · ld + 0 … d), the sums in t order. With d a compile-time 64 or 128 the
+// o[0, d) += Σ_t p[t] · v[t · ld + 0 … d), the sums in t order after what o holds (so runs of keys
+// block by block add up in the order one run of them would). With d a compile-time 64 or 128 the
 // accumulators stay in registers (the loop over a runtime d loaded and stored o for every key).
 template <int kD>
 void weighted_sum(const float* p, const float* v, std::int64_t ld, std::int64_t n, float* o) {
-  float acc[kD] = {};
+  float acc[kD];
+  std::copy_n(o, kD, acc);
   for (std::int64_t t = 0; t < n; ++t) {
     const float w = p[t];
     const float* vr = v + t * ld;
@@ -302,7 +424,6 @@ void weighted_sum(const float* p, const float* v, std::int64_t ld, std::int64_t 
 void weighted_sum(const float* p, const float* v, std::int64_t ld, std::int64_t n, std::int64_t d, float* o) {
   if (d == 64) return weighted_sum<64>(p, v, ld, n, o);
   if (d == 128) return weighted_sum<128>(p, v, ld, n, o);
-  std::fill_n(o, d, 0.0f);
   for (std::int64_t t = 0; t < n; ++t)
     for (std::int64_t i = 0; i < d; ++i) o[i] += p[t] * v[t * ld + i];
 }
@@ -376,7 +497,7 @@ std::vector<float> CpuRuntime::forward(std::span<const SeqStep> steps, bool all_
   const std::int64_t max_pos = T > 0 ? *std::max_element(pos.begin(), pos.end()) : 0;
   std::vector<std::int64_t> row0(steps.size());  // each step's first row
   for (std::size_t s = 1; s < steps.size(); ++s) row0[s] = row0[s - 1] + static_cast<std::int64_t>(steps[s - 1].tokens.size());
-  std::vector<float> scores;  // attention_gemm's scratch
+  std::vector<float> scores, kbuf, vbuf;  // attention_gemm's scratch, and a paged sequence's gathered keys
   // Sequences end at most at max_position (check_forward_steps), where dynamic RoPE is still plain:
   // the frequencies at seq_len = max_position are every call's.
   const RopeFrequencies inv_freq = c.rope(c.max_position);
@@ -397,8 +518,8 @@ std::vector<float> CpuRuntime::forward(std::span<const SeqStep> steps, bool all_
       rope(row, H, D, p, inv_freq);
       rope(row + Q, c.num_kv_heads, D, p, inv_freq);
       CpuSequence* cache = seqs[static_cast<std::size_t>(seq[static_cast<std::size_t>(r)])];
-      std::copy_n(row + Q, KV, cache->k(l) + p * KV);
-      std::copy_n(row + Q + KV, KV, cache->v(l) + p * KV);
+      std::copy_n(row + Q, KV, cache->k_row(l, p));
+      std::copy_n(row + Q + KV, KV, cache->v_row(l, p));
     }
     // Causal attention: row r's query head h against its sequence's keys first_key(pos[r])…pos[r] of KV head
     // h / group (all keys 0…pos[r] without a sliding window).
@@ -407,10 +528,11 @@ std::vector<float> CpuRuntime::forward(std::span<const SeqStep> steps, bool all_
       const auto rows = static_cast<std::int64_t>(steps[s].tokens.size());
       if (rows < kGemmAttentionRows) continue;
       const std::int64_t r0 = row0[s];
+      const auto [ks, vs] = seqs[s]->contiguous(l, pos[static_cast<std::size_t>(r0)] + rows, kbuf, vbuf);
       for (std::int64_t h = 0; h < H; ++h)
         attention_gemm(qkv.data() + r0 * (Q + 2 * KV) + h * D, Q + 2 * KV, rows, pos[static_cast<std::size_t>(r0)],
-                       seqs[s]->k(l) + (h / group) * D, seqs[s]->v(l) + (h / group) * D, KV, D, scale,
-                       c.sliding_window, att.data() + r0 * Q + h * D, Q, scores);
+                       ks + (h / group) * D, vs + (h / group) * D, KV, D, scale, c.sliding_window,
+                       att.data() + r0 * Q + h * D, Q, scores);
     }
 #pragma omp parallel if (T * H * (max_pos + 1) * D >= cpu::kParallelMinWork)
     {
@@ -422,24 +544,25 @@ std::vector<float> CpuRuntime::forward(std::span<const SeqStep> steps, bool all_
               kGemmAttentionRows)
             continue;  // done above
           CpuSequence* cache = seqs[static_cast<std::size_t>(seq[static_cast<std::size_t>(r)])];
-          // Keys first … pos (the sliding window's, else all), as a cache of n from `first`.
+          // Keys first … pos (the sliding window's, else all): n of them, block run by block run.
           const std::int64_t first = c.first_key(pos[static_cast<std::size_t>(r)]);
-          const std::int64_t n = pos[static_cast<std::size_t>(r)] + 1 - first, kvh = h / group;
+          const std::int64_t end = pos[static_cast<std::size_t>(r)] + 1, n = end - first, kvh = h / group;
           const float* q = qkv.data() + r * (Q + 2 * KV) + h * D;
-          const float* kc = cache->k(l) + first * KV + kvh * D;
-          const float* vc = cache->v(l) + first * KV + kvh * D;
           score.resize(static_cast<std::size_t>(n));
           float mx = -INFINITY;
-          for (std::int64_t t = 0; t < n; ++t) {
-            float s = 0;
-            // A SIMD reduction (the lanes' partial sums, then their sum): without the pragma the
-            // compiler keeps the sum's order and the loop scalar. Measured (SmolLM2, 900-token
-            // prompt, 2 cores): prefill 339 → 431 tokens/s, decode after it 51 → 57 tokens/s.
+          cache->for_each_run(l, first, end, [&](std::int64_t p0, const float* kr, const float*, std::int64_t m) {
+            const float* kc = kr + kvh * D;
+            for (std::int64_t t = 0; t < m; ++t) {
+              float s = 0;
+              // A SIMD reduction (the lanes' partial sums, then their sum): without the pragma the
+              // compiler keeps the sum's order and the loop scalar. Measured (SmolLM2, 900-token
+              // prompt, 2 cores): prefill 339 → 431 tokens/s, decode after it 51 → 57 tokens/s.
 #pragma omp simd reduction(+ : s)
-            for (std::int64_t i = 0; i < D; ++i) s += q[i] * kc[t * KV + i];
-            score[static_cast<std::size_t>(t)] = s * scale;
-            mx = std::max(mx, s * scale);
-          }
+              for (std::int64_t i = 0; i < D; ++i) s += q[i] * kc[t * KV + i];
+              score[static_cast<std::size_t>(p0 - first + t)] = s * scale;
+              mx = std::max(mx, s * scale);
+            }
+          });
           double sum = 0;
           for (std::int64_t t = 0; t < n; ++t) {
             const float e = std::exp(score[static_cast<std::size_t>(t)] - mx);
@@ -448,7 +571,11 @@ std::vector<float> CpuRuntime::forward(std::span<const SeqStep> steps, bool all_
           }
           const auto inv = static_cast<float>(1.0 / sum);
           for (std::int64_t t = 0; t < n; ++t) score[static_cast<std::size_t>(t)] *= inv;
-          weighted_sum(score.data(), vc, KV, n, D, att.data() + r * Q + h * D);
+          float* o = att.data() + r * Q + h * D;
+          std::fill_n(o, D, 0.0f);
+          cache->for_each_run(l, first, end, [&](std::int64_t p0, const float*, const float* vr, std::int64_t m) {
+            weighted_sum(score.data() + (p0 - first), vr + kvh * D, KV, m, D, o);
+          });
         }
     }
     project(att.data(), T, L.wo, B.wo, K, Q, tmp.data());

@@ -332,6 +332,99 @@ TEST(ModelCpu, BatchMatchesSeparateSequences) {
             1e-5);
 }
 
+// The paged KV cache: sequences that grow block by block from one pool, their blocks interleaved
+// with another sequence's (so no sequence's keys lie in order), give the logits of sequences of
+// fixed capacity bit for bit: the same products in the same order (runs of a block add up as one
+// run would; a prefill of ≥ 16 rows gathers the keys for its GEMMs). Prompts of 37 and 21 tokens
+// in chunks of 16 (the GEMM path) and 5 (the loops), then 20 decode steps past block boundaries,
+// batched together; with and without a sliding window smaller than the prompts.
+TEST(ModelCpu, PagedSequencesMatchFixedOnesBitForBit) {
+  for (const bool window : {false, true}) {
+    TinySpec s;
+    s.act = "silu";
+    s.seed = fresh_seed();
+    Model m = Model::load(write_tiny(window ? "paged-window" : "paged", s).string());
+    if (window) m.config.sliding_window = 13;  // a window smaller than the prompts
+    CpuRuntime rt(m);
+    Rng rng(s.seed);
+    const std::vector<std::vector<std::int32_t>> prompts = {random_tokens(rng, 37, s.vocab), random_tokens(rng, 21, s.vocab)};
+    auto pool = rt.make_kv_pool(12);
+    std::vector<std::unique_ptr<Sequence>> fixed, paged;
+    for (std::size_t i = 0; i < 2; ++i) {
+      fixed.push_back(rt.new_sequence(64));
+      paged.push_back(rt.new_paged_sequence(pool));
+    }
+    auto both = [&](std::vector<std::unique_ptr<Sequence>>& kv, const std::vector<std::span<const std::int32_t>>& toks) {
+      std::vector<SeqStep> steps;
+      for (std::size_t i = 0; i < kv.size(); ++i)
+        if (!toks[i].empty()) {
+          EXPECT_TRUE(kv[i]->reserve(static_cast<std::int64_t>(toks[i].size())));
+          steps.push_back({kv[i].get(), toks[i]});
+        }
+      return rt.forward(steps, /*all_positions=*/true);
+    };
+    // Chunks taken in turn, so the two paged sequences' blocks interleave in the pool.
+    for (std::size_t at : {0u, 16u, 32u}) {
+      std::vector<std::span<const std::int32_t>> toks(2);
+      for (std::size_t i = 0; i < 2; ++i) {
+        const std::size_t n = prompts[i].size();
+        const std::size_t len = at < n ? std::min<std::size_t>(at == 32 ? 5 : 16, n - at) : 0;
+        toks[i] = std::span<const std::int32_t>(prompts[i].data() + std::min(at, n), len);
+      }
+      const auto a = both(fixed, toks), b = both(paged, toks);
+      ASSERT_EQ(a.size(), b.size());
+      EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)), 0) << "prefill from " << at;
+    }
+    // Decode steps of both over block boundaries.
+    for (int step = 0; step < 20; ++step) {
+      const std::int32_t t0 = static_cast<std::int32_t>(rng.below(s.vocab)), t1 = static_cast<std::int32_t>(rng.below(s.vocab));
+      const std::vector<std::span<const std::int32_t>> toks = {std::span<const std::int32_t>(&t0, 1), std::span<const std::int32_t>(&t1, 1)};
+      const auto a = both(fixed, toks), b = both(paged, toks);
+      ASSERT_EQ(a.size(), b.size());
+      EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)), 0) << "decode step " << step;
+    }
+    EXPECT_EQ(paged[0]->length(), 57);
+    EXPECT_EQ(paged[0]->blocks(), 4);  // 57 positions in blocks of 16
+    EXPECT_EQ(paged[1]->blocks(), 3);  // 41
+    EXPECT_EQ(pool->free_blocks(), 12 - 7);
+  }
+}
+
+// The pool's accounting: a reserve the pool cannot meet fails and takes nothing; blocks come back
+// when a sequence is destroyed; a sequence never grows past the context; a pool is its runtime's.
+TEST(ModelCpu, KvPoolRefusesWhatItCannotHoldAndTakesBlocksBack) {
+  TinySpec s;
+  s.act = "silu";
+  s.seed = fresh_seed();
+  const Model m = Model::load(write_tiny("pool", s).string());
+  CpuRuntime rt(m), other(m);
+  auto pool = rt.make_kv_pool(3);
+  EXPECT_EQ(pool->total_blocks(), 3);
+  EXPECT_GT(pool->block_bytes(), 0);
+  auto a = rt.new_paged_sequence(pool), b = rt.new_paged_sequence(pool);
+  EXPECT_EQ(a->capacity(), 0);
+  EXPECT_TRUE(a->reserve(17));  // two blocks
+  EXPECT_EQ(a->blocks(), 2);
+  EXPECT_EQ(a->capacity(), 32);
+  EXPECT_FALSE(b->reserve(17));  // needs two, one is free: takes none
+  EXPECT_EQ(b->blocks(), 0);
+  EXPECT_EQ(pool->free_blocks(), 1);
+  EXPECT_TRUE(b->reserve(16));
+  EXPECT_EQ(pool->free_blocks(), 0);
+  // forward without a reserve is refused before anything changes
+  const std::int32_t t[17] = {};
+  SeqStep st{b.get(), std::span<const std::int32_t>(t, 17)};
+  EXPECT_THROW(rt.forward(std::span<const SeqStep>(&st, 1)), Error);
+  EXPECT_EQ(b->length(), 0);
+  a.reset();
+  EXPECT_EQ(pool->free_blocks(), 2);
+  EXPECT_TRUE(b->reserve(40));  // 40 positions: three blocks in all
+  EXPECT_EQ(b->blocks(), 3);
+  EXPECT_FALSE(b->reserve(m.config.max_position + 1));  // never past the context
+  EXPECT_THROW(other.new_paged_sequence(pool), Error);
+  EXPECT_THROW(rt.make_kv_pool(0), Error);
+}
+
 // Sparse (TwELL) against dense FFN path on a ReLU model: the TwELL path holds each gate value as
 // bf16 (relative rounding ≤ 2⁻⁹), so each active h = g·u moves by ≤ 2⁻⁹ relative and each FFN
 // output by ≤ 2⁻⁹ of Σ|h·wd|; through two layers and the head the logits move by a few 2⁻⁹ of

@@ -25,14 +25,39 @@ class Sequence {
  public:
   virtual ~Sequence() = default;
   std::int64_t length() const noexcept { return length_; }      // tokens the cache holds
-  std::int64_t capacity() const noexcept { return capacity_; }  // tokens it can hold
+  std::int64_t capacity() const noexcept { return capacity_; }  // tokens it can hold now
   virtual std::int64_t bytes() const noexcept = 0;               // memory of its cache
   void clear() noexcept { length_ = 0; }
+  // Room for `tokens` more tokens. A paged sequence (Runtime::new_paged_sequence) takes the blocks
+  // they need from its pool and grows its capacity; false, taking none, when the pool has too few
+  // free blocks or the model's context would be passed. A sequence of fixed capacity: whether it
+  // has the room. forward() never takes blocks: reserve first.
+  virtual bool reserve(std::int64_t tokens) { return tokens >= 0 && length_ + tokens <= capacity_; }
+  // KV blocks this sequence holds (0 for a sequence of fixed capacity); they go back to the pool
+  // when the sequence is destroyed.
+  virtual std::int64_t blocks() const noexcept { return 0; }
 
  protected:
   std::int64_t length_ = 0, capacity_ = 0;
   friend class CpuRuntime;
   friend class CudaRuntime;
+};
+
+// The paged KV cache: fixed-size blocks of kKvBlockTokens positions (every layer's keys and values
+// of those positions), all from one pool per runtime, a block table per sequence. A sequence holds
+// only the blocks of the tokens written so far, so sequences of mixed lengths share one memory
+// budget instead of each reserving its maximum.
+inline constexpr std::int64_t kKvBlockTokens = 16;
+
+class KvPool {
+ public:
+  virtual ~KvPool() = default;
+  virtual std::int64_t total_blocks() const noexcept = 0;
+  virtual std::int64_t free_blocks() const noexcept = 0;
+  virtual std::int64_t block_bytes() const noexcept = 0;  // one block's keys and values, every layer
+  static constexpr std::int64_t blocks_for(std::int64_t tokens) noexcept {
+    return (tokens + kKvBlockTokens - 1) / kKvBlockTokens;
+  }
 };
 
 enum class FfnPath { automatic, dense, sparse };
@@ -89,6 +114,11 @@ class Runtime {
   virtual std::string device() const = 0;  // "cpu", or the GPU's name
   // A sequence whose cache holds up to `capacity` tokens (≤ the model's context).
   virtual std::unique_ptr<Sequence> new_sequence(std::int64_t capacity) = 0;
+  // A pool of `blocks` KV blocks, and an empty sequence that grows from it block by block
+  // (Sequence::reserve). The pool lives while any of its sequences does. Throws
+  // ErrorCode::unsupported where the runtime has no paged cache (the GPU runtime, so far: issue 58).
+  virtual std::shared_ptr<KvPool> make_kv_pool(std::int64_t blocks);
+  virtual std::unique_ptr<Sequence> new_paged_sequence(const std::shared_ptr<KvPool>& pool);
   // Runs the model on every step's tokens (appended to its sequence, at positions length()…) and
   // returns logits [rows, V] on the host: one row per step (its last token), or one per token with
   // all_positions. Throws before changing any sequence if a step does not fit its cache, a token
@@ -143,6 +173,8 @@ class CpuRuntime final : public Runtime {
   const Model& model() const noexcept override { return *model_; }
   std::string device() const override { return "cpu"; }
   std::unique_ptr<Sequence> new_sequence(std::int64_t capacity) override;
+  std::shared_ptr<KvPool> make_kv_pool(std::int64_t blocks) override;
+  std::unique_ptr<Sequence> new_paged_sequence(const std::shared_ptr<KvPool>& pool) override;
   std::vector<float> forward(std::span<const SeqStep> steps, bool all_positions = false) override;
   const std::vector<FfnLayerStats>& ffn_stats() const noexcept override { return stats_; }
   void reset_stats() override;
