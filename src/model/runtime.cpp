@@ -140,9 +140,11 @@ class CpuKvPool final : public KvPool {
  public:
   CpuKvPool(const CpuRuntime* owner, const LlamaConfig& c, std::int64_t blocks)
       : owner_(owner), layers_(c.num_layers), kv_dim_(c.kv_dim()), blocks_(blocks) {
+    // Left uninitialized: a position is read only after it was written, and the pages of blocks
+    // never taken are never touched (a large pool costs address space, not memory, until used).
     const auto n = static_cast<std::size_t>(layers_ * blocks_ * kKvBlockTokens * kv_dim_);
-    k_.assign(n, 0.0f);
-    v_.assign(n, 0.0f);
+    k_.reset(new float[n]);
+    v_.reset(new float[n]);
     free_.reserve(static_cast<std::size_t>(blocks_));
     for (std::int64_t b = blocks_ - 1; b >= 0; --b) free_.push_back(static_cast<std::int32_t>(b));  // 0 first
   }
@@ -169,14 +171,14 @@ class CpuKvPool final : public KvPool {
     free_.insert(free_.end(), ids.rbegin(), ids.rend());
   }
   // Row 0 of block b in layer l.
-  float* k(std::int64_t l, std::int32_t b) noexcept { return k_.data() + (l * blocks_ + b) * kKvBlockTokens * kv_dim_; }
-  float* v(std::int64_t l, std::int32_t b) noexcept { return v_.data() + (l * blocks_ + b) * kKvBlockTokens * kv_dim_; }
+  float* k(std::int64_t l, std::int32_t b) noexcept { return k_.get() + (l * blocks_ + b) * kKvBlockTokens * kv_dim_; }
+  float* v(std::int64_t l, std::int32_t b) noexcept { return v_.get() + (l * blocks_ + b) * kKvBlockTokens * kv_dim_; }
   const CpuRuntime* owner() const noexcept { return owner_; }
 
  private:
   const CpuRuntime* owner_;
   std::int64_t layers_, kv_dim_, blocks_;
-  std::vector<float> k_, v_;
+  std::unique_ptr<float[]> k_, v_;
   mutable std::mutex m_;
   std::vector<std::int32_t> free_;
 };

@@ -33,6 +33,12 @@ struct Engine::Active {
   std::unique_ptr<model::Sequence> seq;
   model::Sampler sampler;
   std::vector<std::int32_t> history;  // prompt, then generated ids (the repetition penalty's)
+  // The tokens to prefill: the prompt, or after a preemption the prompt and every generated token
+  // but the last (which the next decode step feeds); a token is sampled after them only when none
+  // was generated yet.
+  std::vector<std::int32_t> feed;
+  bool sample_after_feed = true;
+  bool preempted = false;  // in this step: its blocks were freed, it goes back to the queue
   std::int64_t prefilled = 0, generated = 0;
   std::int32_t last = 0;
   model::StreamDecoder dec;
@@ -42,7 +48,7 @@ struct Engine::Active {
 
   Active(std::shared_ptr<Request> r, RequestParams params, std::int64_t cap, const model::Tokenizer& tok)
       : req(std::move(r)), p(std::move(params)), capacity(cap), sampler(p.sampling), history(p.prompt),
-        dec(tok, /*skip_special=*/true), submitted(Clock::now()) {}
+        feed(p.prompt), dec(tok, /*skip_special=*/true), submitted(Clock::now()) {}
 };
 
 Engine::Engine(model::Runtime& rt, const model::Tokenizer& tok, const EngineOptions& opt)
@@ -51,7 +57,13 @@ Engine::Engine(model::Runtime& rt, const model::Tokenizer& tok, const EngineOpti
   TWELL_CHECK(opt_.max_running >= 1 && opt_.max_queue >= 0 && opt_.step_tokens >= 1 && opt_.kv_tokens >= 0,
               ErrorCode::invalid_argument, "serve: max_running ≥ 1, max_queue ≥ 0, step_tokens ≥ 1 and kv_tokens ≥ 0");
   if (opt_.kv_tokens == 0) opt_.kv_tokens = opt_.max_running * ctx;
-  metrics_.kv_tokens_total = opt_.kv_tokens;
+  try {
+    pool_ = rt_.make_kv_pool(model::KvPool::blocks_for(opt_.kv_tokens));
+  } catch (const Error& e) {
+    if (e.code() != ErrorCode::unsupported) throw;  // no paged cache here: fixed caches
+  }
+  metrics_.kv_tokens_total = pool_ ? pool_->total_blocks() * model::kKvBlockTokens : opt_.kv_tokens;
+  metrics_.kv_blocks_total = pool_ ? pool_->total_blocks() : 0;
   metrics_.ttft_seconds.assign(std::size(kLatencyBuckets), 0);
   metrics_.itl_seconds.assign(std::size(kLatencyBuckets), 0);
   thread_ = std::thread([this] { loop(); });
@@ -174,15 +186,20 @@ void Engine::loop() {
       // Admission: in arrival order while a running slot and the KV budget allow (a request that
       // does not fit waits; the ones behind it wait too, so a large request is not starved).
       while (!queue_.empty() && static_cast<std::int64_t>(running.size()) < opt_.max_running &&
-             kv_used_ + queue_.front()->capacity <= opt_.kv_tokens) {
+             fits(*queue_.front(), running)) {
         running.push_back(std::move(queue_.front()));
         queue_.pop_front();
-        kv_used_ += running.back()->capacity;
+        if (!pool_) kv_used_ += running.back()->capacity;
         fresh.push_back(running.back().get());
       }
       metrics_.running = static_cast<std::int64_t>(running.size());
       metrics_.queued = static_cast<std::int64_t>(queue_.size());
-      metrics_.kv_tokens_used = kv_used_;
+      if (pool_) {
+        metrics_.kv_blocks_used = pool_->total_blocks() - pool_->free_blocks();
+        metrics_.kv_tokens_used = metrics_.kv_blocks_used * model::kKvBlockTokens;
+      } else {
+        metrics_.kv_tokens_used = kv_used_;
+      }
       if (running.empty()) {
         busy_ = false;
         idle_cv_.notify_all();
@@ -194,7 +211,7 @@ void Engine::loop() {
     }
     for (Active* a : fresh) {
       try {
-        a->seq = rt_.new_sequence(a->capacity);
+        a->seq = pool_ ? rt_.new_paged_sequence(pool_) : rt_.new_sequence(a->capacity);
       } catch (const std::exception& e) {
         a->req->push({Event::Kind::error, e.what(), "", 0, 0});
         a->done = true;
@@ -215,15 +232,55 @@ void Engine::loop() {
           a->done = true;
         }
     }
-    // Leave: free the caches of the requests that ended.
+    // Leave: free the caches of the requests that ended; the preempted go back to the head of the
+    // queue in their admission order (their blocks are already free).
     std::int64_t freed = 0;
-    std::erase_if(running, [&](const std::unique_ptr<Active>& a) {
-      if (!a->done) return false;
-      freed += a->capacity;
-      return true;
+    std::vector<std::unique_ptr<Active>> back;
+    std::erase_if(running, [&](std::unique_ptr<Active>& a) {
+      if (a->done) {
+        if (!pool_) freed += a->capacity;
+        return true;
+      }
+      if (a->preempted) {
+        a->preempted = false;
+        back.push_back(std::move(a));
+        return true;
+      }
+      return false;
     });
     std::lock_guard lk(m_);
     kv_used_ -= freed;
+    for (auto it = back.rbegin(); it != back.rend(); ++it) queue_.push_front(std::move(*it));
+    metrics_.preemptions_total += static_cast<std::int64_t>(back.size());
+  }
+}
+
+// Whether a waiting request may start now. Fixed caches: its prompt + max_tokens positions within
+// the budget. Paged: blocks for its feed plus one token, beyond the blocks the running requests
+// still prefilling will take for theirs (so an admission does not just preempt the one before it).
+bool Engine::fits(const Active& a, const std::vector<std::unique_ptr<Active>>& running) const {
+  if (!pool_) return kv_used_ + a.capacity <= opt_.kv_tokens;
+  std::int64_t promised = 0;
+  for (const auto& r : running) {
+    if (r->done) continue;
+    const std::int64_t want = model::KvPool::blocks_for(static_cast<std::int64_t>(r->feed.size()) + 1);
+    promised += std::max<std::int64_t>(0, want - (r->seq ? r->seq->blocks() : 0));
+  }
+  return pool_->free_blocks() - promised >= model::KvPool::blocks_for(static_cast<std::int64_t>(a.feed.size()) + 1);
+}
+
+// Frees a request's blocks and makes it start again from its prompt and what it generated: the
+// tokens it sent stay sent, its sampler, history, decoder and stop state stay as they are.
+void Engine::preempt(Active& a) {
+  a.seq.reset();
+  a.preempted = true;
+  a.prefilled = 0;
+  if (a.generated > 0) {
+    a.feed.assign(a.history.begin(), a.history.end() - 1);  // the last generated token is fed by decode
+    a.sample_after_feed = false;
+  } else {
+    a.feed = a.p.prompt;
+    a.sample_after_feed = true;
   }
 }
 
@@ -234,20 +291,46 @@ void Engine::step(std::vector<std::unique_ptr<Active>>& running) {
   std::vector<bool> samples;  // whether the step's last row gives the request its next token
   // Decode tokens first (one a request), then prompt chunks within the step's token budget.
   for (auto& a : running)
-    if (!a->done && a->prefilled == static_cast<std::int64_t>(a->p.prompt.size())) {
+    if (!a->done && a->prefilled == static_cast<std::int64_t>(a->feed.size())) {
       steps.push_back({a->seq.get(), std::span<const std::int32_t>(&a->last, 1)});
       who.push_back(a.get());
       samples.push_back(true);
     }
   std::int64_t budget = opt_.step_tokens;
   for (auto& a : running) {
-    const auto n = static_cast<std::int64_t>(a->p.prompt.size());
+    const auto n = static_cast<std::int64_t>(a->feed.size());
     if (a->done || a->prefilled == n || budget == 0) continue;
     const std::int64_t take = std::min(n - a->prefilled, budget);
-    steps.push_back({a->seq.get(), std::span<const std::int32_t>(a->p.prompt.data() + a->prefilled, static_cast<std::size_t>(take))});
+    steps.push_back({a->seq.get(), std::span<const std::int32_t>(a->feed.data() + a->prefilled, static_cast<std::size_t>(take))});
     who.push_back(a.get());
-    samples.push_back(a->prefilled + take == n);
+    samples.push_back(a->prefilled + take == n && a->sample_after_feed);
     budget -= take;
+  }
+  if (pool_) {
+    // Blocks for the step's tokens, in admission order; where the pool runs out, the most recently
+    // admitted request still running gives its blocks back (possibly the one asking) and leaves the step.
+    for (std::size_t j = 0; j < who.size(); ++j) {
+      if (who[j]->preempted) continue;
+      while (!who[j]->seq->reserve(static_cast<std::int64_t>(steps[j].tokens.size()))) {
+        Active* victim = nullptr;
+        for (auto it = running.rbegin(); it != running.rend() && !victim; ++it)
+          if (!(*it)->done && !(*it)->preempted && (*it)->seq) victim = it->get();
+        if (victim == nullptr) break;  // cannot happen: submit() bounds a request by the whole pool
+        preempt(*victim);
+        if (victim == who[j]) break;
+      }
+    }
+    std::size_t k = 0;
+    for (std::size_t j = 0; j < who.size(); ++j)
+      if (!who[j]->preempted) {
+        steps[k] = steps[j];
+        who[k] = who[j];
+        samples[k] = samples[j];
+        ++k;
+      }
+    steps.resize(k);
+    who.resize(k);
+    samples.resize(k);
   }
   if (steps.empty()) return;
   // Greedy picks without a penalty need no logits on the host: the runtime's argmax (on the GPU, one
@@ -277,7 +360,7 @@ void Engine::step(std::vector<std::unique_ptr<Active>>& running) {
   for (std::size_t j = 0; j < who.size(); ++j) {
     Active& a = *who[j];
     const auto n = static_cast<std::int64_t>(steps[j].tokens.size());
-    if (a.prefilled < static_cast<std::int64_t>(a.p.prompt.size())) {
+    if (a.prefilled < static_cast<std::int64_t>(a.feed.size())) {
       a.prefilled += n;
       prompt_tokens += n;
     }

@@ -367,6 +367,12 @@ struct HttpServer::Impl {
     gauge("twell_steps_total", "Scheduler steps (forward calls).", static_cast<double>(m.steps_total), "counter");
     gauge("twell_kv_tokens_used", "KV-cache positions held by running requests.", static_cast<double>(m.kv_tokens_used));
     gauge("twell_kv_tokens_total", "KV-cache positions the server may hold.", static_cast<double>(m.kv_tokens_total));
+    gauge("twell_kv_blocks_used", "Paged KV-cache blocks held by running requests (0 without a paged cache).",
+          static_cast<double>(m.kv_blocks_used));
+    gauge("twell_kv_blocks_total", "Paged KV-cache blocks in the pool (0 without a paged cache).",
+          static_cast<double>(m.kv_blocks_total));
+    gauge("twell_preemptions_total", "Requests preempted for want of KV blocks (recomputed later).",
+          static_cast<double>(m.preemptions_total), "counter");
     gauge("twell_ffn_sparse_row_share", "Share of FFN rows (ReLU layers) on the sparse path so far.",
           m.ffn_rows_total > 0 ? static_cast<double>(m.ffn_rows_sparse) / static_cast<double>(m.ffn_rows_total) : 0.0);
     auto hist = [&](const char* name, const char* help, const std::vector<double>& b, double sum, std::int64_t count) {

@@ -307,9 +307,20 @@ def main():
           f"max-running 1, max-queue 1: the third and fourth refused at once ({early}), the first two served ({sorted(codes)})")
     check(s2.stop() == 0, "second server exits 0")
 
-    # Admission by KV positions: a budget of 150 positions holds two requests of 10 + 60 at once, never
-    # three; a request that can never fit is refused up front.
+    # The paged KV cache: a budget of 150 positions is 10 blocks of 16. Five requests of 10 + 60
+    # positions (5 blocks each when done) are all admitted on their prompts' blocks and grow: the
+    # pool runs out, the most recent ones are preempted (their blocks freed) and recomputed later,
+    # and each answer still equals the same request served alone. The blocks held never pass the
+    # pool; a request that could never fit is refused up front.
     s3 = Server("--kv-tokens", "150", "--max-running", "8")
+    total3 = s3.metric("twell_kv_tokens_total")
+    check(total3 == 160 and s3.metric("twell_kv_blocks_total") == 10, f"KV budget 150: a pool of 10 blocks of 16 ({total3})")
+    kv_body = lambda i: {"prompt": list(range(10 + i, 20 + i)), "max_tokens": 60, "temperature": 0, "ignore_eos": True}
+    solo3 = []
+    for i in range(5):
+        code, body = s3.post("/v1/completions", body=kv_body(i))
+        solo3.append(json.loads(body)["choices"][0]["text"] if code == 200 else None)
+    pre0 = s3.metric("twell_preemptions_total")
     peak, stop_poll = [0.0], threading.Event()
     def poll():
         while not stop_poll.is_set():
@@ -319,10 +330,9 @@ def main():
             time.sleep(0.02)
     poller = threading.Thread(target=poll)
     poller.start()
-    codes3 = []
+    res3 = [None] * 5
     def kv_req(i):
-        codes3.append(s3.post("/v1/completions", body={"prompt": list(range(10 + i, 20 + i)), "max_tokens": 60,
-                                                       "temperature": 0, "ignore_eos": True})[0])
+        res3[i] = s3.post("/v1/completions", body=kv_body(i))
     ts = [threading.Thread(target=kv_req, args=(i,)) for i in range(5)]
     for t in ts:
         t.start()
@@ -330,7 +340,20 @@ def main():
         t.join(180)
     stop_poll.set()
     poller.join()
-    check(codes3 == [200] * 5 and 0 < peak[0] <= 150, f"KV budget 150: 5 requests of 70 positions all served, peak {peak[0]:.0f} used")
+    codes3 = [r[0] if r else None for r in res3]
+    texts3 = [json.loads(r[1])["choices"][0]["text"] if r and r[0] == 200 else None for r in res3]
+    preempted = s3.metric("twell_preemptions_total") - pre0
+    check(codes3 == [200] * 5 and 0 < peak[0] <= 160, f"KV pool of 160 positions: 5 requests of 70 all served, peak {peak[0]:.0f} held")
+    check(preempted > 0, f"the pool ran out: {preempted:.0f} preemption(s)")
+    check(texts3 == solo3, "each preempted-and-recomputed answer equals its solo run")
+    if texts3 != solo3:
+        for i in range(5):
+            if texts3[i] != solo3[i]:
+                print(f"     {i}: served {texts3[i]!r} vs solo {solo3[i]!r}")
+    t0 = time.time()
+    while time.time() - t0 < 30 and s3.metric("twell_kv_blocks_used") != 0:
+        time.sleep(0.02)
+    check(s3.metric("twell_kv_blocks_used") == 0, "every block back in the pool after")
     code, body = s3.post("/v1/completions", body={"prompt": "a", "max_tokens": 200})
     check(code == 400 and "KV budget" in body, f"a request past the KV budget: HTTP {code} {body[:120]}")
     check(s3.stop() == 0, "third server exits 0")

@@ -86,10 +86,13 @@ int run_serve(ServeArgs& a) {
   {
     serve::Engine engine(*rt, tok, a.engine);
     http.ready(&engine, &tok, &m.config);
+    const auto em = engine.metrics();
     fmt::print("twell serve: ready: model '{}' ({} layers, context {}), {} running / {} queued requests at most, "
-               "KV budget {} tokens\n",
+               "KV budget {} tokens{}\n",
                a.server.model_name, m.config.num_layers, m.config.max_position, engine.options().max_running,
-               engine.options().max_queue, engine.options().kv_tokens);
+               engine.options().max_queue, em.kv_tokens_total,
+               em.kv_blocks_total > 0 ? fmt::format(" (paged: {} blocks of {})", em.kv_blocks_total, model::kKvBlockTokens)
+                                      : std::string(" (a cache of prompt + max_tokens per request)"));
     std::fflush(stdout);
     const int s = signalled.get_future().get();
     fmt::print("twell serve: {}: draining (up to {} s), then cancelling what still runs\n", s == SIGINT ? "SIGINT" : "SIGTERM",

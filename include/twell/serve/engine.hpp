@@ -5,9 +5,16 @@
 // long prompt never stalls the others); requests join and leave between steps. HTTP threads only
 // submit requests and read their events.
 //
-// KV memory: each admitted request holds a cache of prompt + max_tokens positions; the sum over the
-// running requests stays within kv_tokens (admission control: a request that does not fit waits in
-// the queue, a full queue is refused at once). A request's cache is freed when it ends, is cancelled
+// KV memory, paged (where the runtime has a paged cache: the CPU so far): one pool of kv_tokens
+// positions in blocks of model::kKvBlockTokens; a request holds only the blocks of the tokens written
+// so far. It is admitted when the pool has blocks for its prompt plus one token beyond what the
+// requests still prefilling will take; when a step's tokens find the pool empty, the most recently
+// admitted request is preempted: its blocks are freed and it goes back to the head of the queue, to
+// be recomputed (prompt and the tokens it generated, prefilled again) when it is admitted again,
+// its stream going on where it stopped. Elsewhere (the GPU runtime, until its kernels read block
+// tables) each admitted request holds a cache of prompt + max_tokens positions and the sum over the
+// running requests stays within kv_tokens. Either way a request that does not fit waits in the
+// queue, a full queue is refused at once, and a request's cache is freed when it ends, is cancelled
 // or its client goes away.
 #include <atomic>
 #include <chrono>
@@ -71,6 +78,8 @@ struct EngineOptions {
 // Counters for /metrics (read at any time).
 struct Metrics {
   std::int64_t running = 0, queued = 0, kv_tokens_used = 0, kv_tokens_total = 0;
+  std::int64_t kv_blocks_used = 0, kv_blocks_total = 0;  // the paged cache's (0 without one)
+  std::int64_t preemptions_total = 0;                     // requests preempted for want of KV blocks
   std::int64_t requests_total = 0, requests_finished = 0, requests_cancelled = 0, requests_rejected = 0;
   std::int64_t prompt_tokens_total = 0, generation_tokens_total = 0, steps_total = 0;
   std::vector<double> ttft_seconds, itl_seconds;  // bucket counts for the histograms (see kLatencyBuckets)
@@ -107,6 +116,8 @@ class Engine {
   void loop();
   void step(std::vector<std::unique_ptr<Active>>& running);
   void finish(Active& a, const std::string& reason);
+  bool fits(const Active& a, const std::vector<std::unique_ptr<Active>>& running) const;
+  void preempt(Active& a);
 
   model::Runtime& rt_;
   const model::Tokenizer& tok_;
@@ -116,7 +127,8 @@ class Engine {
   std::deque<std::unique_ptr<Active>> queue_;
   bool stop_ = false, draining_ = false, busy_ = false;
   std::atomic<bool> cancel_all_{false};  // drain(true): the scheduler cancels what runs
-  std::int64_t kv_used_ = 0;
+  std::int64_t kv_used_ = 0;                 // without a paged cache: the running requests' positions
+  std::shared_ptr<model::KvPool> pool_;      // the paged cache, or null
   Metrics metrics_;
   std::thread thread_;
 };
