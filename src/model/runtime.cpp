@@ -287,6 +287,7 @@ CpuRuntime::CpuRuntime(const Model& model, RuntimeOptions opt, const RuntimeTuni
     : model_(&model),
       opt_(opt),
       bf16_wanted_(tuning.cpu_bf16_weights && !opt.ffn_input_hook),  // a hook may change the weights
+      paged_kv_(tuning.paged_kv),
       stats_(static_cast<std::size_t>(model.config.num_layers)) {
   TWELL_CHECK(opt.max_sparse_density >= 0 && opt.max_sparse_density <= 1, ErrorCode::invalid_argument,
               "max_sparse_density must lie in [0, 1], got {}", opt.max_sparse_density);
@@ -339,6 +340,7 @@ std::unique_ptr<Sequence> CpuRuntime::new_sequence(std::int64_t capacity) {
 }
 
 std::shared_ptr<KvPool> CpuRuntime::make_kv_pool(std::int64_t blocks) {
+  if (!paged_kv_) return Runtime::make_kv_pool(blocks);  // TWELL_TUNING=no-paged-kv: refused as unsupported
   TWELL_CHECK(blocks > 0, ErrorCode::invalid_argument, "a KV pool needs at least one block, got {}", blocks);
   return std::make_shared<CpuKvPool>(this, model_->config, blocks);
 }

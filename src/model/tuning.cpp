@@ -38,6 +38,7 @@ const Item kItems[] = {
     {"decode-max-density", &RuntimeTuning::decode_max_density, 0, 1},
     {"decode-max-rows", &RuntimeTuning::decode_max_rows, 1, 2047},
     {"no-cpu-bf16", &RuntimeTuning::cpu_bf16_weights},
+    {"no-paged-kv", &RuntimeTuning::paged_kv},
 };
 
 template <typename T>

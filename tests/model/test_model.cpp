@@ -423,6 +423,16 @@ TEST(ModelCpu, KvPoolRefusesWhatItCannotHoldAndTakesBlocksBack) {
   EXPECT_FALSE(b->reserve(m.config.max_position + 1));  // never past the context
   EXPECT_THROW(other.new_paged_sequence(pool), Error);
   EXPECT_THROW(rt.make_kv_pool(0), Error);
+  // TWELL_TUNING=no-paged-kv: pools refused as unsupported (the server's fallback to fixed caches).
+  model::RuntimeTuning fixed_only;
+  fixed_only.paged_kv = false;
+  CpuRuntime nopaged(m, {}, fixed_only);
+  try {
+    (void)nopaged.make_kv_pool(4);
+    ADD_FAILURE() << "no-paged-kv made a pool";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::unsupported);
+  }
 }
 
 // Sparse (TwELL) against dense FFN path on a ReLU model: the TwELL path holds each gate value as

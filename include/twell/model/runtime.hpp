@@ -189,6 +189,7 @@ class CpuRuntime final : public Runtime {
   const Model* model_;
   RuntimeOptions opt_;
   bool bf16_wanted_ = false;  // RuntimeTuning::cpu_bf16_weights, and no ffn_input_hook
+  bool paged_kv_ = true;      // RuntimeTuning::paged_kv
   std::vector<FfnLayerStats> stats_;
   // RuntimeTuning::cpu_bf16_weights: each matrix's bf16 copy, empty where it has none.
   struct Bf16Layer {
