@@ -19,8 +19,8 @@
 #include "cuda/dense/lt_gemm.hpp"
 #include "cuda/ffn_workspace.hpp"
 #include "cuda/host_util.hpp"
+#include "cuda/ops/gemv.hpp"
 #include "cuda/ops/model_ops.hpp"
-#include "cuda/sm80/twell_gemv.hpp"
 #include "model/cuda_runtime.hpp"
 #if TWELL_HAVE_CUDNN
 #include "model/cudnn_attention.hpp"
