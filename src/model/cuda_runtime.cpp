@@ -16,9 +16,10 @@
 #include "cuda/common/check.hpp"
 #include "cuda/common/device_buffer.hpp"
 #include "cuda/common/launch.hpp"
+#include "cuda/common/stream.hpp"
+#include "cuda/common/transfer.hpp"
 #include "cuda/dense/lt_gemm.hpp"
 #include "cuda/ffn_workspace.hpp"
-#include "cuda/host_util.hpp"
 #include "cuda/ops/gemv.hpp"
 #include "cuda/ops/model_ops.hpp"
 #include "model/cuda_runtime.hpp"
@@ -42,7 +43,7 @@ const twell::bf16* tw(const bf16_t* p) { return reinterpret_cast<const twell::bf
 twell::bf16* tw(bf16_t* p) { return reinterpret_cast<twell::bf16*>(p); }
 
 DeviceBuffer<bf16_t> upload_bf16(const std::vector<float>& v, cudaStream_t stream) {
-  return cuda::host::upload_x(CMatrixF(v.data(), 1, static_cast<std::int64_t>(v.size())), stream);
+  return cuda::upload_bf16(CMatrixF(v.data(), 1, static_cast<std::int64_t>(v.size())), stream);
 }
 
 // Where a bf16-only model's matrices are read from, for errors: its mapped files, or its own memory.
@@ -895,7 +896,7 @@ class CudaRuntime final : public Runtime {
   mutable std::vector<FfnLayerStats> stats_;  // ffn_stats() folds in the engine's newest measures
   std::string device_;  // initialised first of the GPU members: no stream or handle without a device
   NvmlEnergy energy_{pci_bus_id()};
-  cuda::host::Stream owned_stream_;  // non-blocking; outlives the layers' contexts declared below
+  cuda::OwnedStream owned_stream_;  // non-blocking; outlives the layers' contexts declared below
   cudaStream_t stream_ = owned_stream_.get();
   // One scratch for every layer's FFN (sized by the largest call, not by the layer count); its
   // cuBLASLt handle and workspace serve the runtime's own GEMMs too (one stream: never concurrent).
