@@ -19,7 +19,6 @@
 #include "cuda/common/stream.hpp"
 #include "cuda/common/transfer.hpp"
 #include "cuda/dense/lt_gemm.hpp"
-#include "cuda/ffn_workspace.hpp"
 #include "cuda/ops/gemv.hpp"
 #include "cuda/ops/model_ops.hpp"
 #include "model/cuda_runtime.hpp"
@@ -814,9 +813,11 @@ class CudaRuntime final : public Runtime {
   }
 
   std::vector<const void*> scratch_addresses() const {
-    const cuda::FfnWorkspace& w = *ws_;
-    return {x_.get(), xn_.get(), qkv_.get(), att_.get(), tmp_.get(), ffn_out_.get(), xs_.get(), logits_.get(), gu_.get(), h_.get(),
-            ids_.get(), rows_.get(), sel_.get(), w.g.get(), w.gu.get(), w.h.get(), w.decode_partials.get()};
+    std::vector<const void*> a = {x_.get(), xn_.get(), qkv_.get(), att_.get(), tmp_.get(), ffn_out_.get(), xs_.get(),
+                                  logits_.get(), gu_.get(), h_.get(), ids_.get(), rows_.get(), sel_.get()};
+    const std::vector<const void*> ffn = infer_ws_.step_addresses();  // the layers' run_step scratch
+    a.insert(a.end(), ffn.begin(), ffn.end());
+    return a;
   }
 
   std::vector<char> run_decode(Shape sh, const std::vector<StepPlan>& plans) {
@@ -901,8 +902,7 @@ class CudaRuntime final : public Runtime {
   // One scratch for every layer's FFN (sized by the largest call, not by the layer count); its
   // cuBLASLt handle and workspace serve the runtime's own GEMMs too (one stream: never concurrent).
   cuda::InferWorkspace infer_ws_;
-  const std::shared_ptr<cuda::FfnWorkspace>& ws_ = infer_ws_.get();
-  cuda::LtGemm& gemm_ = ws_->gemm;
+  cuda::LtGemm& gemm_ = infer_ws_.gemm();
   DeviceBuffer<bf16_t> embed_, head_;
   DeviceBuffer<float> final_norm_, cos_, sin_;
   std::vector<Layer> layers_;
