@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """scripts/check-includes on small trees made to pass or fail (a cycle, the model including the
-engine, the CLI including tests/, the library including the lab), and on this repository.
+engine, an op including the engine, the CLI including tests/, the library including the lab), and on
+this repository.
 Standard library only: ctest runs it as `check_includes` (label cpu)."""
 import contextlib
 import importlib.machinery
@@ -15,15 +16,18 @@ import unittest
 REPO = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 SCRIPT = os.path.join(REPO, "scripts", "check-includes")
 
-# A tree that passes: a public header, the model on it and on its own files, the CLI on the case
-# table (through a CMake include directory), a test on everything.
+# A tree that passes: a public header, the model on it and on its own files and ops, the ops on
+# common/ and public headers, the engine on the ops, the CLI on the case table (through a CMake
+# include directory), a test on everything.
 CLEAN = {
     "include/twell/ffn.hpp": "#pragma once\n",
     "include/twell/model/runtime.hpp": '#pragma once\n#include "twell/ffn.hpp"\n',
     "src/model/own.hpp": '#pragma once\n#include "twell/model/runtime.hpp"\n',
     "src/model/runtime.cpp": '#include "model/own.hpp"\n#include "cuda/ops/model_ops.hpp"\n',
     "src/cuda/ops/model_ops.hpp": "#pragma once\n",
-    "src/cuda/ffn_context.hpp": '#pragma once\n#include "twell/ffn.hpp"\n',
+    "src/cuda/ops/gemv.cu": '#include "cuda/common/check.hpp"\n#include "twell/ffn.hpp"\n',
+    "src/cuda/common/check.hpp": "#pragma once\n",
+    "src/cuda/ffn_context.hpp": '#pragma once\n#include "twell/ffn.hpp"\n#include "cuda/ops/model_ops.hpp"\n',
     "bench/ffn/CMakeLists.txt": "target_include_directories(cases INTERFACE ${CMAKE_CURRENT_SOURCE_DIR})\n",
     "bench/ffn/ffn_cases.hpp": '#pragma once\n#include "twell/ffn.hpp"\n',
     "tools/twell/cmd_bench.cpp": '#include "ffn_cases.hpp"\n',
@@ -104,6 +108,24 @@ class CheckIncludes(unittest.TestCase):
                 rc, out = check({"src/model/cuda_runtime.cpp": f'#include "{inc}"\n', target: "#pragma once\n"})
                 self.assertEqual(rc, 1, out)
                 self.assertIn(f"error: src/model/cuda_runtime.cpp includes {target}", out)
+
+    def test_ops_including_the_engine_or_the_model_fails(self):
+        # rmsnorm_project.cu included the engine's GEMV (sm80/) before issue 57 moved it to ops/.
+        engine = {"src/cuda/sm80/twell_gemv.hpp": "#pragma once\n", "src/cuda/ffn_workspace.hpp": "#pragma once\n",
+                  "src/cuda/host_util.hpp": "#pragma once\n", "src/cuda/sm90/gate_pack.hpp": "#pragma once\n",
+                  "include/twell/cuda/ffn_layer.hpp": "#pragma once\n"}
+        for path, inc, target in (
+                ("src/cuda/ops/rmsnorm_project.cu", "cuda/sm80/twell_gemv.hpp", "src/cuda/sm80/twell_gemv.hpp"),
+                ("src/cuda/ops/gemv.cu", "cuda/sm90/gate_pack.hpp", "src/cuda/sm90/gate_pack.hpp"),
+                ("src/cuda/common/transfer.hpp", "cuda/host_util.hpp", "src/cuda/host_util.hpp"),
+                ("src/cuda/common/launch.hpp", "../ffn_workspace.hpp", "src/cuda/ffn_workspace.hpp"),
+                ("src/cuda/dense/lt_gemm.hpp", "cuda/ffn_context.hpp", "src/cuda/ffn_context.hpp"),
+                ("src/cuda/ops/model_ops.hpp", "twell/cuda/ffn_layer.hpp", "include/twell/cuda/ffn_layer.hpp"),
+                ("src/cuda/ops/attention.cu", "twell/model/runtime.hpp", "include/twell/model/runtime.hpp")):
+            with self.subTest(path=path, inc=inc):
+                rc, out = check({**engine, path: f'#include "{inc}"\n'})
+                self.assertEqual(rc, 1, out)
+                self.assertIn(f"error: {path} includes {target}: the ops", out)
 
     def test_known_violation_is_a_note(self):
         files = {"src/model/cuda_runtime.cpp": '#include "cuda/ffn_workspace.hpp"\n',
