@@ -30,7 +30,7 @@
 #include "cuda/common/check.hpp"
 #include "cuda/common/device_buffer.hpp"
 #include "cuda/ffn_context.hpp"
-#include "cuda/sm80/twell_gemv.hpp"
+#include "cuda/ops/gemv.hpp"
 #include "bench_train.hpp"
 #include "bench_util.hpp"
 #include "ffn_cases.hpp"

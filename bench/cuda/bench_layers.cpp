@@ -22,6 +22,7 @@
 #include <nlohmann/json.hpp>
 
 #include "bench_util.hpp"
+#include "cuda/common/device_buffer.hpp"
 #include "twell/cpu/reference.hpp"
 #include "twell/cuda/ffn_layer.hpp"
 #include "twell/sparsity_gen.hpp"

@@ -17,9 +17,9 @@
 #include <vector>
 
 #include "cuda/common/device_buffer.hpp"
+#include "cuda/ops/gemv.hpp"
 #include "cuda/sm80/twell_decode.hpp"
 #include "cuda/sm80/twell_decode_token.hpp"
-#include "cuda/sm80/twell_gemv.hpp"
 #include "probe_graph.cuh"
 
 using namespace twell::cuda;

@@ -1,7 +1,7 @@
 // twell_probe_gemv: the decode GEMV's shapes against each other (issue 27's decode step: the
 // attention output's projection, 2048 × 2048 at 2B, ran at ≈ 1.1 TB/s in a kernel-by-kernel
 // profile, the QKV and gate GEMVs near 2 TB/s). For each weight shape, the kernel template
-// (twell_gemv_kernel.cuh) with kRows W rows a warp and kWin chunk steps a load window, at 1 and 8
+// (cuda/ops/gemv_kernel.cuh) with kRows W rows a warp and kWin chunk steps a load window, at 1 and 8
 // tokens: µs a launch and GB/s of W, `layers` weight copies launched in turn (together larger than
 // L2: every launch streams W from HBM), captured into a CUDA graph and replayed, with programmatic
 // launches on (as the model runtime's decode steps run) and off. Every shape's output is compared
@@ -17,8 +17,8 @@
 
 #include "cuda/common/device_buffer.hpp"
 #include "cuda/common/launch.hpp"
-#include "cuda/sm80/twell_gemv.hpp"
-#include "cuda/sm80/twell_gemv_kernel.cuh"
+#include "cuda/ops/gemv.hpp"
+#include "cuda/ops/gemv_kernel.cuh"
 #include "probe_graph.cuh"
 
 using namespace twell::cuda;

@@ -8,7 +8,7 @@
 
 #include "cuda/common/check.hpp"
 #include "cuda/common/weight_load.hpp"
-#include "cuda/sm80/twell_gemv.hpp"
+#include "cuda/ops/gemv.hpp"
 #include "cuda/sm80/twell_hot_neurons.hpp"
 #include "cuda/sm90/gate_pack.hpp"
 #include "twell/bf16.hpp"

@@ -56,7 +56,7 @@ struct ContextOptions : DispatchPolicy {
   // kernel while counts stay under decode_max_density (decode_token_max_density for one token on
   // the fused one-token kernel); always sticky.
   std::int64_t decode_max_rows = 16;
-  bool decode_gemv = true;                   // the decode gate by the GEMV kernel (sm80/twell_gemv.hpp; one token: the fused twell_decode_token.hpp) ...
+  bool decode_gemv = true;                   // the decode gate by the GEMV kernel (ops/gemv.hpp; one token: the fused twell_decode_token.hpp) ...
   std::int64_t decode_gemv_max_rows = 1;     // ... up to this M (tensor-core GEMMs win from M = 4)
   bool decode_reorder = true;                // the one-token kernel's neurons most active first (reorder_decode); off: identity
   // The sm90 gate GEMM with the TwELL packing in its epilogue (sm90/gate_pack.hpp) on a

@@ -51,6 +51,12 @@ DeviceScope::~DeviceScope() {
 InferWorkspace::InferWorkspace(std::shared_ptr<DeviceAllocator> allocator)
     : set_(std::make_shared<FfnWorkspace>(false, std::move(allocator))) {}
 std::int64_t InferWorkspace::bytes() const noexcept { return static_cast<std::int64_t>(set_->bytes()); }
+LtGemm& InferWorkspace::gemm() const noexcept { return set_->gemm; }
+// run_step's shared buffers: the decode kernel's gate and partials, the dense FFN's gu and h (the
+// one-token kernels' buffers are the layer's own; cuBLASLt's workspace never moves).
+std::vector<const void*> InferWorkspace::step_addresses() const {
+  return {set_->g.get(), set_->gu.get(), set_->h.get(), set_->decode_partials.get()};
+}
 
 TrainWorkspace::TrainWorkspace(std::shared_ptr<DeviceAllocator> allocator)
     : set_(std::make_shared<TrainScratch>(std::move(allocator))) {}

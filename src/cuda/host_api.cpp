@@ -6,18 +6,17 @@
 #include <vector>
 
 #include "cuda/common/check.hpp"
+#include "cuda/common/stream.hpp"
+#include "cuda/common/transfer.hpp"
 #include "cuda/ffn_context.hpp"
 #include "cuda/host_util.hpp"
 #include "twell/cuda/ffn_cuda.hpp"
 
 namespace twell::cuda {
 
-using host::download_y;
 using host::median_ms;
 using host::poison;
 using host::require_device;
-using host::Stream;
-using host::upload_x;
 
 DeviceInfo query_device() noexcept {
   DeviceInfo d;
@@ -54,16 +53,16 @@ InferenceReport ffn_infer_host(CMatrixF x, const FfnWeights& w, MatrixF y, const
   ffn_check_shapes(x, w);
   TWELL_CHECK(y.rows == x.rows && y.cols == w.hidden(), ErrorCode::shape_mismatch,
               "y must be [M, K] = [{}, {}]; got [{}, {}]", x.rows, w.hidden(), y.rows, y.cols);
-  Stream stream;
+  OwnedStream stream;
   ContextOptions copt;
   copt.twell = opt.twell;
   FfnContext ctx(copt);
   ctx.upload_weights(w, stream.get());
-  auto dx = upload_x(x, stream.get());
+  auto dx = upload_bf16(x, stream.get());
   DeviceBuffer<__nv_bfloat16> dy(static_cast<std::size_t>(x.rows * w.hidden()));
   poison(dy.get(), dy.size(), stream.get());
   const ForwardResult r = ctx.forward(dx.get(), x.rows, dy.get(), opt.path, stream.get());
-  const auto out = download_y(dy.get(), x.rows, w.hidden(), stream.get());
+  const auto out = download_bf16(dy.get(), x.rows, w.hidden(), stream.get());
   for (std::int64_t i = 0; i < y.rows; ++i)
     std::memcpy(y.row(i), out.data() + i * w.hidden(), static_cast<std::size_t>(w.hidden()) * sizeof(float));
   InferenceReport rep;
@@ -83,7 +82,7 @@ InferenceReport ffn_infer_host(CMatrixF x, const FfnWeights& w, MatrixF y, const
 BenchTimes bench_ffn_host(CMatrixF x, const FfnWeights& w, const BenchOptions& opt) {
   require_device();
   ffn_check_shapes(x, w);
-  Stream stream;
+  OwnedStream stream;
   cudaStream_t s = stream.get();
   ContextOptions copt;
   copt.twell = opt.twell;
@@ -91,7 +90,7 @@ BenchTimes bench_ffn_host(CMatrixF x, const FfnWeights& w, const BenchOptions& o
   FfnContext ctx(copt);
   ctx.upload_weights(w, s);
   const std::int64_t m = x.rows, k = w.hidden();
-  auto dx = upload_x(x, s);
+  auto dx = upload_bf16(x, s);
   DeviceBuffer<__nv_bfloat16> y_sparse(static_cast<std::size_t>(m * k)), y_dense(static_cast<std::size_t>(m * k));
 
   BenchTimes t;
@@ -113,8 +112,8 @@ BenchTimes bench_ffn_host(CMatrixF x, const FfnWeights& w, const BenchOptions& o
   t.nnz = static_cast<std::int64_t>(c.nnz);
   t.overflow_tiles = static_cast<std::int64_t>(c.overflow_tiles);
   t.overflow_rows = static_cast<std::int64_t>(c.overflow_rows);
-  t.y_sparse = download_y(y_sparse.get(), m, k, s);
-  t.y_dense = download_y(y_dense.get(), m, k, s);
+  t.y_sparse = download_bf16(y_sparse.get(), m, k, s);
+  t.y_dense = download_bf16(y_dense.get(), m, k, s);
   return t;
 }
 

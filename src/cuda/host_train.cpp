@@ -5,6 +5,8 @@
 #include <cstring>
 #include <vector>
 
+#include "cuda/common/stream.hpp"
+#include "cuda/common/transfer.hpp"
 #include "cuda/host_util.hpp"
 #include "cuda/train/train_context.hpp"
 #include "twell/cuda/ffn_cuda.hpp"
@@ -41,7 +43,7 @@ TrainReport ffn_train_host(CMatrixF x, CMatrixF dy, const FfnWeights& w, double 
                   grads.dw_up.cols == k && grads.dw_down.rows == k && grads.dw_down.cols == n &&
                   (!w.gated() || (grads.dw_gate.rows == n && grads.dw_gate.cols == k)),
               ErrorCode::shape_mismatch, "output buffers do not match x [{}, {}] and N = {}", m, k, n);
-  host::Stream stream;
+  OwnedStream stream;
   cudaStream_t s = stream.get();
   TrainContextOptions copt;
   copt.weight_grad_l2_fraction = opt.weight_grad_l2_fraction;
@@ -54,8 +56,8 @@ TrainReport ffn_train_host(CMatrixF x, CMatrixF dy, const FfnWeights& w, double 
   TrainContext ctx(copt);
   ctx.upload_weights(w, s);
   if (opt.hot_neurons) ctx.set_hot_neurons(*opt.hot_neurons, s);
-  auto dx_in = host::upload_x(x, s);
-  auto ddy = host::upload_x(dy, s);
+  auto dx_in = upload_bf16(x, s);
+  auto ddy = upload_bf16(dy, s);
   DeviceBuffer<__nv_bfloat16> dev_y(static_cast<std::size_t>(m * k)), dev_dx(static_cast<std::size_t>(m * k));
   host::poison(dev_y.get(), dev_y.size(), s);
   host::poison(dev_dx.get(), dev_dx.size(), s);
@@ -69,8 +71,8 @@ TrainReport ffn_train_host(CMatrixF x, CMatrixF dy, const FfnWeights& w, double 
   rep.nnz = static_cast<std::int64_t>(std::llround(rep.scalars.l0 * static_cast<double>(m)));  // every path counts
   rep.saved_bytes = static_cast<std::int64_t>(ctx.saved_bytes());
   rep.device_bytes = static_cast<std::int64_t>(ctx.device_bytes());
-  copy_rows(host::download_y(dev_y.get(), m, k, s), y);
-  copy_rows(host::download_y(dev_dx.get(), m, k, s), grads.dx);
+  copy_rows(download_bf16(dev_y.get(), m, k, s), y);
+  copy_rows(download_bf16(dev_dx.get(), m, k, s), grads.dx);
   if (w.gated()) download_f32_rows(ctx.dw_gate(), k, grads.dw_gate, s);
   download_f32_rows(ctx.dw_up(), k, grads.dw_up, s);
   download_f32_rows(ctx.dw_down(), ctx.ldn(), grads.dw_down, s);
@@ -82,10 +84,10 @@ TrainBenchTimes bench_train_host(CMatrixF x, CMatrixF dy, const FfnWeights& w, d
   host::require_device();
   check_train_args(x, dy, w);
   const std::int64_t m = x.rows, k = w.hidden();
-  host::Stream stream;
+  OwnedStream stream;
   cudaStream_t s = stream.get();
-  auto dx_in = host::upload_x(x, s);
-  auto ddy = host::upload_x(dy, s);
+  auto dx_in = upload_bf16(x, s);
+  auto ddy = upload_bf16(dy, s);
   DeviceBuffer<__nv_bfloat16> dev_y(static_cast<std::size_t>(m * k)), dev_dx(static_cast<std::size_t>(m * k));
   TrainContextOptions copt;
   copt.autotune_gemm = true;  // the dense yardstick gets cuBLASLt's best algorithm per shape
@@ -118,8 +120,8 @@ TrainBenchTimes bench_train_host(CMatrixF x, CMatrixF dy, const FfnWeights& w, d
   t.nnz = static_cast<std::int64_t>(std::llround(sparse.read_scalars(s).l0 * static_cast<double>(m)));
   t.sparse_saved_bytes = static_cast<std::int64_t>(sparse.saved_bytes());
   t.sparse_device_bytes = static_cast<std::int64_t>(sparse.device_bytes());
-  t.y_sparse = host::download_y(dev_y.get(), m, k, s);
-  t.dx_sparse = host::download_y(dev_dx.get(), m, k, s);
+  t.y_sparse = download_bf16(dev_y.get(), m, k, s);
+  t.dx_sparse = download_bf16(dev_dx.get(), m, k, s);
   return t;
 }
 

@@ -1,32 +1,19 @@
 #pragma once
-// Helpers of the host-facing entry points (host_api.cpp, host_train.cpp): a private stream, event
-// timing, fp32 ⇄ bf16 transfers and NaN poison.
+// Helpers of the host-facing entry points (host_api.cpp, host_train.cpp) and the engine's benchmarks:
+// the device check, event timing and NaN poison. Their streams and fp32 ⇄ bf16 transfers are
+// cuda/common/'s (stream.hpp, transfer.hpp).
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cstddef>
 #include <utility>
 #include <vector>
 
 #include "cuda/common/check.hpp"
-#include "cuda/common/device_buffer.hpp"
-#include "twell/bf16.hpp"
 #include "twell/cuda/ffn_cuda.hpp"
-#include "twell/tensor.hpp"
 
 namespace twell::cuda::host {
-
-class Stream {
- public:
-  Stream() { TWELL_CUDA_CHECK(cudaStreamCreateWithFlags(&s_, cudaStreamNonBlocking)); }
-  ~Stream() { cudaStreamDestroy(s_); }
-  Stream(const Stream&) = delete;
-  Stream& operator=(const Stream&) = delete;
-  cudaStream_t get() const noexcept { return s_; }
-
- private:
-  cudaStream_t s_ = nullptr;
-};
 
 class Events {
  public:
@@ -53,25 +40,6 @@ inline void require_device() {
   TWELL_CHECK(d.cc_major >= 8, ErrorCode::unsupported,
               "the CUDA path needs compute capability ≥ 8.0 (found {}.{} on {}); use --device cpu", d.cc_major,
               d.cc_minor, d.name);
-}
-
-inline DeviceBuffer<__nv_bfloat16> upload_x(CMatrixF x, cudaStream_t stream) {
-  std::vector<std::uint16_t> xb(static_cast<std::size_t>(x.rows * x.cols));
-  for (std::int64_t r = 0; r < x.rows; ++r)
-    for (std::int64_t c = 0; c < x.cols; ++c) xb[static_cast<std::size_t>(r * x.cols + c)] = to_bf16(x(r, c)).bits;
-  DeviceBuffer<__nv_bfloat16> d(xb.size());
-  TWELL_CUDA_CHECK(cudaMemcpyAsync(d.get(), xb.data(), xb.size() * 2, cudaMemcpyHostToDevice, stream));
-  TWELL_CUDA_CHECK(cudaStreamSynchronize(stream));
-  return d;
-}
-
-inline std::vector<float> download_y(const __nv_bfloat16* y, std::int64_t m, std::int64_t k, cudaStream_t stream) {
-  std::vector<std::uint16_t> yb(static_cast<std::size_t>(m * k));
-  TWELL_CUDA_CHECK(cudaMemcpyAsync(yb.data(), y, yb.size() * 2, cudaMemcpyDeviceToHost, stream));
-  TWELL_CUDA_CHECK(cudaStreamSynchronize(stream));
-  std::vector<float> out(yb.size());
-  for (std::size_t i = 0; i < yb.size(); ++i) out[i] = to_float(bf16{yb[i]});
-  return out;
 }
 
 inline void poison(__nv_bfloat16* p, std::size_t count, cudaStream_t stream) {

@@ -16,11 +16,11 @@
 #include "cuda/common/check.hpp"
 #include "cuda/common/device_buffer.hpp"
 #include "cuda/common/launch.hpp"
+#include "cuda/common/stream.hpp"
+#include "cuda/common/transfer.hpp"
 #include "cuda/dense/lt_gemm.hpp"
-#include "cuda/ffn_workspace.hpp"
-#include "cuda/host_util.hpp"
+#include "cuda/ops/gemv.hpp"
 #include "cuda/ops/model_ops.hpp"
-#include "cuda/sm80/twell_gemv.hpp"
 #include "model/cuda_runtime.hpp"
 #if TWELL_HAVE_CUDNN
 #include "model/cudnn_attention.hpp"
@@ -42,7 +42,7 @@ const twell::bf16* tw(const bf16_t* p) { return reinterpret_cast<const twell::bf
 twell::bf16* tw(bf16_t* p) { return reinterpret_cast<twell::bf16*>(p); }
 
 DeviceBuffer<bf16_t> upload_bf16(const std::vector<float>& v, cudaStream_t stream) {
-  return cuda::host::upload_x(CMatrixF(v.data(), 1, static_cast<std::int64_t>(v.size())), stream);
+  return cuda::upload_bf16(CMatrixF(v.data(), 1, static_cast<std::int64_t>(v.size())), stream);
 }
 
 // Where a bf16-only model's matrices are read from, for errors: its mapped files, or its own memory.
@@ -813,9 +813,11 @@ class CudaRuntime final : public Runtime {
   }
 
   std::vector<const void*> scratch_addresses() const {
-    const cuda::FfnWorkspace& w = *ws_;
-    return {x_.get(), xn_.get(), qkv_.get(), att_.get(), tmp_.get(), ffn_out_.get(), xs_.get(), logits_.get(), gu_.get(), h_.get(),
-            ids_.get(), rows_.get(), sel_.get(), w.g.get(), w.gu.get(), w.h.get(), w.decode_partials.get()};
+    std::vector<const void*> a = {x_.get(), xn_.get(), qkv_.get(), att_.get(), tmp_.get(), ffn_out_.get(), xs_.get(),
+                                  logits_.get(), gu_.get(), h_.get(), ids_.get(), rows_.get(), sel_.get()};
+    const std::vector<const void*> ffn = infer_ws_.step_addresses();  // the layers' run_step scratch
+    a.insert(a.end(), ffn.begin(), ffn.end());
+    return a;
   }
 
   std::vector<char> run_decode(Shape sh, const std::vector<StepPlan>& plans) {
@@ -895,13 +897,12 @@ class CudaRuntime final : public Runtime {
   mutable std::vector<FfnLayerStats> stats_;  // ffn_stats() folds in the engine's newest measures
   std::string device_;  // initialised first of the GPU members: no stream or handle without a device
   NvmlEnergy energy_{pci_bus_id()};
-  cuda::host::Stream owned_stream_;  // non-blocking; outlives the layers' contexts declared below
+  cuda::OwnedStream owned_stream_;  // non-blocking; outlives the layers' contexts declared below
   cudaStream_t stream_ = owned_stream_.get();
   // One scratch for every layer's FFN (sized by the largest call, not by the layer count); its
   // cuBLASLt handle and workspace serve the runtime's own GEMMs too (one stream: never concurrent).
   cuda::InferWorkspace infer_ws_;
-  const std::shared_ptr<cuda::FfnWorkspace>& ws_ = infer_ws_.get();
-  cuda::LtGemm& gemm_ = ws_->gemm;
+  cuda::LtGemm& gemm_ = infer_ws_.gemm();
   DeviceBuffer<bf16_t> embed_, head_;
   DeviceBuffer<float> final_norm_, cos_, sin_;
   std::vector<Layer> layers_;

@@ -29,7 +29,7 @@
 
 #include "cuda/common/device_buffer.hpp"
 #include "cuda/ffn_context.hpp"
-#include "cuda/sm80/twell_gemv.hpp"
+#include "cuda/ops/gemv.hpp"
 #include "cuda_test_util.hpp"
 #include "twell/cpu/reference.hpp"
 #include "twell/twell_format.hpp"

@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "twell/bf16.hpp"
 #include "twell/cuda/device_allocator.hpp"
@@ -21,6 +22,7 @@
 namespace twell::cuda {
 
 class FfnContext;
+class LtGemm;
 class TrainContext;
 struct FfnWorkspace;
 struct TrainScratch;
@@ -56,6 +58,15 @@ class InferWorkspace {
  public:
   explicit InferWorkspace(std::shared_ptr<DeviceAllocator> allocator = nullptr);
   std::int64_t bytes() const noexcept;  // device memory held now
+  // The cuBLASLt GEMM (handle, plans cached per shape, its workspace) that the layers' GEMMs run
+  // on. A caller's own GEMMs issued in the layers' stream order may run on it too: one cuBLASLt
+  // handle and workspace per device (a model runtime's projections). Opaque here: the library's
+  // own type (src/cuda/dense/lt_gemm.hpp).
+  LtGemm& gemm() const noexcept;
+  // The device scratch that a layer's run_step reads and writes (see FfnLayer), in a fixed order.
+  // It moves when a larger call grows the workspace: a CUDA graph holding run_step of a layer over
+  // this workspace must be captured again once these addresses changed.
+  std::vector<const void*> step_addresses() const;
   const std::shared_ptr<FfnWorkspace>& get() const noexcept { return set_; }
 
  private:

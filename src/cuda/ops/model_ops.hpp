@@ -42,7 +42,7 @@ void add_rmsnorm(float* x, const __nv_bfloat16* delta, std::int64_t rows, std::i
 // y[j] = bf16(Σ_c xn[c] · W[j, c]) for j < n, with xn = bf16(rmsnorm(x + delta) ⊙ w) as add_rmsnorm
 // computes it (delta may be null: x alone), fp32 accumulation. x is only read: the residual add
 // stays for a later add_rmsnorm (its `first`). Bit-identical to add_rmsnorm on a copy of x, then
-// the decode GEMV (cuda/sm80/twell_gemv.hpp, relu off). K a multiple of 8, ≤ kGemvMaxK; W [n, k]
+// the decode GEMV (cuda/ops/gemv.hpp, relu off). K a multiple of 8, ≤ kGemvMaxK; W [n, k]
 // with 16-byte aligned rows.
 // With `rope` (n = the QKV width, y = the row's qkv) the projection is followed by rope_store_kv's
 // work on it, bit for bit: q rotated in place, k rotated into the row's cache (and into qkv with

@@ -16,10 +16,10 @@
 #include "cuda/common/check.hpp"
 #include "cuda/common/device_math.cuh"
 #include "cuda/common/launch.cuh"
+#include "cuda/ops/gemv.hpp"
 #include "cuda/ops/model_ops.hpp"
 #include "cuda/ops/norm_row.cuh"
 #include "cuda/ops/rope_pair.cuh"
-#include "cuda/sm80/twell_gemv.hpp"
 
 namespace twell::cuda::ops {
 namespace {

@@ -2,7 +2,7 @@
 // Decode FFN of one token in two kernels (the GEMV + decode kernel pair's job at M = 1, without
 // the round trip through g and the per-tile partials).
 // 1. One warp per neuron streams the neuron's first-GEMM row (Wg gated, Wu non-gated) with all
-//    of its loads in flight: g = bf16(ReLU(⟨x, W[n]⟩)) (the value twell_gemv writes). It stores
+//    of its loads in flight: g = bf16(ReLU(⟨x, W[n]⟩)) (the value ops/gemv.hpp writes). It stores
 //    the neuron's flag (g > 0); an active neuron's warp computes h at once (gated:
 //    g · ⟨x, Wu[n]⟩ in fp32; non-gated: g), stores it and prefetches the neuron's Wdᵀ row into L2.
 // 2. Each CTA owns 64 columns of y: it lists the flagged neurons in ascending order, then 32

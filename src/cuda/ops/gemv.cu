@@ -1,8 +1,8 @@
-// Decode-size gate GEMV (twell_gemv.hpp).
-#include "cuda/sm80/twell_gemv.hpp"
+// The decode-size GEMV (gemv.hpp).
+#include "cuda/ops/gemv.hpp"
 
 #include "cuda/common/check.hpp"
-#include "cuda/sm80/twell_gemv_kernel.cuh"
+#include "cuda/ops/gemv_kernel.cuh"
 
 namespace twell::cuda {
 
@@ -22,7 +22,7 @@ void launch_twell_gemv(const TwellGemvParams& p, cudaStream_t stream) {
                    "twell gemv: the residual add needs one token and bf16 output");
   TWELL_CU_REQUIRE(!p.residual_first_fixed || p.residual, ErrorCode::invalid_argument,
                    "twell gemv: a fixed-point first term without the residual add");
-  // The shape (twell_gemv_kernel.cuh; the same bits whatever it is): 4 rows a warp, 2 chunk steps a
+  // The shape (gemv_kernel.cuh; the same bits whatever it is): 4 rows a warp, 2 chunk steps a
   // window where one token's N is large enough to fill the GPU that way, else 1 row a warp, 4 steps
   // a window — at one token and N = 2048 4.95 against 5.28 µs (K = 2048) and 10.6 against 11.9
   // (K = 5632), at 8 tokens 12.9 against 18.8 µs (2048 × 2048); one token at N = 5632 / 6144: 9.9 /

@@ -1,5 +1,5 @@
 #pragma once
-// The decode GEMV's kernel (twell_gemv.hpp), a template of its shape: kRows W rows per warp, kWin
+// The decode GEMV's kernel (gemv.hpp), a template of its shape: kRows W rows per warp, kWin
 // chunk steps per load window. Every shape gives the same bits: a row's sum is one lane's chunks in
 // order, then the same butterfly, whatever the rows a warp holds or the loads it groups; the shape
 // only changes how much is in flight and how many warps share the rows. The library launches it
@@ -9,7 +9,7 @@
 #include "cuda/common/device_math.cuh"
 #include "cuda/common/fixed_point.cuh"
 #include "cuda/common/launch.cuh"
-#include "cuda/sm80/twell_gemv.hpp"
+#include "cuda/ops/gemv.hpp"
 
 namespace twell::cuda::detail {
 

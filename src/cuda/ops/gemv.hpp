@@ -1,11 +1,12 @@
 #pragma once
-// Decode-size GEMV: g[m, n] = bf16(ReLU(⟨x[m, :], W[n, :]⟩)) for a few tokens (M ≤ 16), fp32
-// accumulation, rounded to bf16 once — the values the cuBLASLt ReLU GEMM writes into the gate
-// buffer, at decode sizes where that GEMM runs far below the memory bandwidth (≈ 12 µs for an
-// 11.5 MB Wg at M = 1 on an H200, i.e. ~1 TB/s). Without the ReLU (relu = false) it serves the
-// model runtime's projections at one token (the attention output's 8 MB at 2B: cuBLASLt 7.4 µs,
-// 1.1 TB/s). Each warp streams 1 or 4 rows of W (16-byte loads, a window of each row in flight:
-// the shape launch_twell_gemv picks, twell_gemv_kernel.cuh) and reuses every x chunk for its rows;
+// Decode-size GEMV: g[m, n] = bf16(⟨x[m, :], W[n, :]⟩), ReLU'd where relu, for a few tokens
+// (M ≤ 16), fp32 accumulation, rounded to bf16 once (or the fp32 sums). An op of the model runtime
+// and of the FFN engine. Without the ReLU it serves the runtime's projections and logits at decode
+// sizes (the attention output's 8 MB at 2B: cuBLASLt 7.4 µs, 1.1 TB/s); with it, the engine's
+// decode gate: the values the cuBLASLt ReLU GEMM writes into the gate buffer, at decode sizes where
+// that GEMM runs far below the memory bandwidth (≈ 12 µs for an 11.5 MB Wg at M = 1 on an H200,
+// i.e. ~1 TB/s). Each warp streams 1 or 4 rows of W (16-byte loads, a window of each row in flight:
+// the shape launch_twell_gemv picks, gemv_kernel.cuh) and reuses every x chunk for its rows;
 // x stays in L1.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
