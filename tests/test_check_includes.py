@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """scripts/check-includes on small trees made to pass or fail (a cycle, the model including the
-engine, an op including the engine, the CLI including tests/, the library including the lab), and on
-this repository.
+engine, an op including the engine, the CLI including tests/, the library or a face including the lab, the
+library's CMake building from the lab), and on this repository.
 Standard library only: ctest runs it as `check_includes` (label cpu)."""
 import contextlib
 import importlib.machinery
@@ -149,10 +149,31 @@ class CheckIncludes(unittest.TestCase):
         self.assertIn("error: tools/twell/cmd_bench.cpp includes tests/test_util.hpp", out)
 
     def test_library_including_the_lab_fails(self):
-        rc, out = check({"bench/cuda/probe_util.hpp": "#pragma once\n",
-                         "src/cuda/ffn_context.hpp": '#pragma once\n#include "../../bench/cuda/probe_util.hpp"\n'})
+        rc, out = check({"lab/probes/probe_util.hpp": "#pragma once\n",
+                         "src/cuda/ffn_context.hpp": '#pragma once\n#include "../../lab/probes/probe_util.hpp"\n'})
         self.assertEqual(rc, 1, out)
-        self.assertIn("error: src/cuda/ffn_context.hpp includes bench/cuda/probe_util.hpp", out)
+        self.assertIn("error: src/cuda/ffn_context.hpp includes lab/probes/probe_util.hpp", out)
+
+    def test_faces_including_the_lab_fail(self):
+        # The lab's folder on the CLI's include path, as bench/cuda was on the probes'.
+        rc, out = check({"lab/probes/probe_graph.cuh": "#pragma once\n",
+                         "tools/twell/CMakeLists.txt":
+                         "target_include_directories(twell_cli PRIVATE ${PROJECT_SOURCE_DIR}/lab/probes)\n",
+                         "tools/twell/cmd_bench.cpp": '#include "ffn_cases.hpp"\n#include "probe_graph.cuh"\n',
+                         "python/src/module.cpp": '#include "../../lab/probes/probe_graph.cuh"\n'})
+        self.assertEqual(rc, 1, out)
+        self.assertIn("error: tools/twell/cmd_bench.cpp includes lab/probes/probe_graph.cuh", out)
+        self.assertIn("error: python/src/module.cpp includes lab/probes/probe_graph.cuh", out)
+
+    def test_library_cmake_naming_the_lab_fails(self):
+        rc, out = check({"lab/probes/probe_l2.cu": "\n",
+                         "src/cuda/CMakeLists.txt": "# lab/ is not ours\n"
+                                                    "add_library(twell_cuda ffn.cu ${PROJECT_SOURCE_DIR}/lab/probes/probe_l2.cu)\n",
+                         "lab/CMakeLists.txt": "add_executable(p ${PROJECT_SOURCE_DIR}/lab/probes/probe_l2.cu)\n"})
+        self.assertEqual(rc, 1, out)
+        self.assertIn("error: src/cuda/CMakeLists.txt:2 names the lab", out)
+        self.assertNotIn("CMakeLists.txt:1 names the lab", out)  # a comment; and lab/ may name itself
+        self.assertIn("1 CMake path(s) into lab/", out)
 
     def test_public_header_including_src_fails(self):
         rc, out = check({"include/twell/ffn.hpp": '#pragma once\n#include "../../src/cuda/ffn_context.hpp"\n',

@@ -3,7 +3,7 @@
 // chunk steps per load window. Every shape gives the same bits: a row's sum is one lane's chunks in
 // order, then the same butterfly, whatever the rows a warp holds or the loads it groups; the shape
 // only changes how much is in flight and how many warps share the rows. The library launches it
-// through launch_twell_gemv; bench/cuda/probe_gemv.cu times the shapes against each other.
+// through launch_twell_gemv; lab/probes/probe_gemv.cu times the shapes against each other.
 #include <cuda_bf16.h>
 
 #include "cuda/common/device_math.cuh"

@@ -153,7 +153,7 @@ unsigned capacity_blocks(std::int64_t capacity, std::int64_t per_row, const char
 
 std::size_t dense_rows_plan_temp_bytes(std::int64_t m) {
   // CUB's size query costs host time (≈ 10 µs at a repeated M, hundreds at a new one, measured by
-  // bench/cuda/probe_decode); every sparse call with dense rows asks it. The answer depends on M
+  // lab/probes/probe_decode.cpp); every sparse call with dense rows asks it. The answer depends on M
   // and the device only: kept per thread for the last (device, M).
   thread_local int last_device = -1;
   thread_local std::int64_t last_m = -1;

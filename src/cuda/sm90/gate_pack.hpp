@@ -64,7 +64,7 @@ struct GatePackParams {
   // so the packers read one 16-byte mask per row instead of scanning the row's 512 bytes of the
   // staged tile (64 KB per tile of shared-memory reads beside the mainloop's); false: the scan.
   bool word_masks = true;
-  // Diagnostics only (bench/cuda/probe_gate_sm90 through launch_twell_gate_pack_sm90_lab; the
+  // Diagnostics only (lab/probes/probe_gate_sm90.cpp through launch_twell_gate_pack_sm90_lab; the
   // production launcher refuses them and its kernels have no such code), outputs left undefined
   // unless 0: 1 = no epilogue at all; 2 = the tile is staged but not packed; 3 = packed without
   // any global store.

@@ -4,7 +4,7 @@ prefill per FFN path) kernel by kernel.
 
     ncu --profile-from-start off --clock-control none \
         --metrics gpu__time_duration.sum,dram__bytes_read.sum --csv twell_probe_decode 2b > ncu.csv
-    python3 bench/model/decode_profile.py ncu.csv [--md OUT.md]
+    python3 lab/profiles/decode_profile.py ncu.csv [--md OUT.md]
 
 The profiled launches split into steps at each argmax kernel (the last kernel of a decode step):
 the first step is the dense FFN path's, the second the automatic path's. Per step and kernel name:

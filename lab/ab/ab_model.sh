@@ -3,7 +3,7 @@
 # ABBA rounds (old, new, new, old: a drift of the clocks cancels), for a change to the runtime's own
 # kernels (e.g. a fusion at decode) measured against the commit before it in one call.
 #
-#   OLD_SRC=.carry/old-src.tar.xz OLD_NAME=<hash> NEW_NAME=<hash> bash bench/ab/ab_model.sh
+#   OLD_SRC=.carry/old-src.tar.xz OLD_NAME=<hash> NEW_NAME=<hash> bash lab/ab/ab_model.sh
 #
 # OLD_SRC: the old commit's source as a tarball, carried (the GPU machine has no .git):
 #   git archive --prefix=old/ <hash> -- . ':!bench/results' | xz > .carry/old-src.tar.xz
@@ -11,13 +11,13 @@
 # counted from the start, builds included) would be passed. AB_ARGS: the `twell bench model`
 # arguments for both (default: the synthetic 2B at 0.5 %, decode at batch 1 after 128 tokens, 128
 # steps, prefill 1 × 128, no energy runs). Each run's JSON lands in $OUT/ab-model/, and the table of
-# medians (bench/ab/ab_model_summary.py) is printed last and written to $OUT/ab-model/summary.md.
+# medians (lab/ab/ab_model_summary.py) is printed last and written to $OUT/ab-model/summary.md.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-build/ab-out}
 D="$OUT/ab-model"
 mkdir -p "$D"
-source bench/ab/ab_build.sh
+source lab/ab/ab_build.sh
 BUDGET=${AB_BUDGET:-480}
 ARGS=${AB_ARGS:---config 2b --density 0.005 --decode-batch 1 --prefill-batch 1 --prefill-len 128 --context 128 --decode-steps 128 --no-energy}
 log() { echo "[ab-model $(date -u +%T)] $*" | tee -a "$D/log.txt"; }
@@ -44,4 +44,4 @@ while :; do
   round=$((round + 1))
 done
 log "done: $round rounds in $(( $(date +%s) - start )) s"
-python3 bench/ab/ab_model_summary.py "$D" | tee "$D/summary.md"
+python3 lab/ab/ab_model_summary.py "$D" | tee "$D/summary.md"

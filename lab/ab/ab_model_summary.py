@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
-"""Summarise bench/ab/ab_model.sh's runs: per (phase, batch) row of `twell bench model`, the median
+"""Summarise lab/ab/ab_model.sh's runs: per (phase, batch) row of `twell bench model`, the median
 tokens/s of each side's runs, dense and sparse FFN, and NEW / OLD, as a Markdown table.
 
-usage: bench/ab/ab_model_summary.py DIR [--json OUT.json]
+usage: lab/ab/ab_model_summary.py DIR [--json OUT.json]
 
 DIR holds r<round>.<run>-<old|new>-<name>.json (twell bench model --json). Both FFN paths run the
 same attention, norms and LM head, so a change to those moves both columns alike; a change to the

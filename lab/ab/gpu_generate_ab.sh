@@ -3,7 +3,7 @@
 # `twell generate` on one checkpoint, greedy and sampled (top-k, top-k + top-p + a repetition
 # penalty), batches of 1 and 8 prompts, into $OUT/generate-ab.md (a table: median of ROUNDS runs).
 #   [OUT=…] [MODEL=DIR] [CONFIG=2b] [TOKENIZER=assets/smollm2-135m-instruct/tokenizer.json] [ROUNDS=2] [NEW=128]
-#   bash bench/model/gpu_generate_ab.sh TWELL_A TWELL_B [...]
+#   bash lab/ab/gpu_generate_ab.sh TWELL_A TWELL_B [...]
 # Without MODEL, the first binary writes `twell gen model --config $CONFIG` to /tmp/twell-ab-$CONFIG
 # (as gpu_decode_ab.sh does); the synthetic checkpoint has no tokenizer, so TOKENIZER (a
 # tokenizer.json of the same vocabulary size: SmolLM2's 49152 for the synthetic configs) is copied
@@ -17,7 +17,7 @@ ROUNDS=${ROUNDS:-2}
 NEW=${NEW:-128}
 TOKENIZER=${TOKENIZER:-assets/smollm2-135m-instruct/tokenizer.json}
 mkdir -p "$OUT"
-# shellcheck source=bench/model/ab_common.sh
+# shellcheck source=lab/ab/ab_common.sh
 source "$(dirname "$0")/ab_common.sh"
 ab_check_binaries gpu_generate_ab "$@"
 M=${MODEL:-/tmp/twell-ab-$CONFIG}

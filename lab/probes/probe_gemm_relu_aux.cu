@@ -1,6 +1,6 @@
 // Probe (not part of the library): does cuBLASLt's RELU_AUX epilogue (ReLU + a 1-bit-per-element
 // sign mask) cost anything over the plain RELU epilogue for the gate GEMM's shape, and what is the
-// mask's bit layout? Build: nvcc -O2 -arch=sm_90a -lcublasLt gemm_relu_aux.cu -o probe
+// mask's bit layout? Built as twell_probe_gemm_relu_aux with -DTWELL_BUILD_LAB=ON.
 #include <cublasLt.h>
 #include <cuda_bf16.h>
 #include <cstdio>

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Probe: does DDP under torch.compile skip the gradient all-reduce in `no_sync` micro-batches?
 
-    python3 bench/train/probe_ddp_no_sync.py [--ranks 2] [--accum 4]
+    python3 lab/probes/probe_ddp_no_sync.py [--ranks 2] [--accum 4]
 
 Two CPU processes (gloo) train a small MLP with DDP, eager and `torch.compile`d, one step of one
 micro-batch and one of --accum micro-batches (all but the last under `no_sync`, as twell.train and

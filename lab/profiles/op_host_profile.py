@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Where twell.torch's training step spends its host time on CUDA (lab; one layer, as ffn_step.py).
 
-    python3 bench/torch/op_host_profile.py [--m 16384 --k 2048 --n 5632 --density 0.005] [--steps 50]
+    python3 lab/profiles/op_host_profile.py [--m 16384 --k 2048 --n 5632 --density 0.005] [--steps 50]
 
 Runs the op's training step back to back under cProfile (an in-place update of the weights before
 each step, as an optimizer makes, so the layer copies them in again) and prints the functions by
@@ -24,7 +24,7 @@ try:
     import twell.torch as tt
     from twell import _cuda
 
-    sys.path.insert(0, os.path.dirname(__file__))
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "bench", "torch"))
     from ffn_step import make  # the same layer and inputs as the benchmark
 except ImportError as e:
     print(f"skipped: {e}")

@@ -1,4 +1,4 @@
-# Sourced (from the repository root) by bench/ab/ab_commits.sh and ab_model.sh: what both A/B
+# Sourced (from the repository root) by lab/ab/ab_commits.sh and ab_model.sh: what both A/B
 # scripts set up, and the two trees built.
 #   OLD_SRC   the old commit's source as a tarball of old/ (required; see the scripts' headers)
 #   OLD_NAME, NEW_NAME   the two sides' names in the results (default old, new)

@@ -7,7 +7,7 @@
 // between cudaProfilerStart / cudaProfilerStop. Under
 //   ncu --profile-from-start off --clock-control none --metrics gpu__time_duration.sum,dram__bytes_read.sum --csv
 // the first profiled step is the dense path's, the second the automatic one's (each ends with the
-// LM head's argmax kernel); bench/model/decode_profile.py sums them per kernel.
+// LM head's argmax kernel); lab/profiles/decode_profile.py sums them per kernel.
 // With a fifth argument `graphs`, the profiled steps are the graph-replayed ones instead (for
 // ncu --graph-profiling graph: the GPU time of a whole step, against its wall time printed here).
 // Without a profiler it prints each runtime's decode step time (CUDA graphs off and on).

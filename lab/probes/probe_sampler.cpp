@@ -3,7 +3,7 @@
 // row: a small nucleus) and σ = 1, 0.3 (flat rows: the nucleus holds most of the vocabulary, as on
 // the synthetic checkpoints' random weights) — and the sum of the picked ids (the same sum before
 // and after a change that must keep the picks).
-//   build/cpu/tests/model/twell_probe_sampler
+//   build/cpu/lab/twell_probe_sampler   (configured with -DTWELL_BUILD_LAB=ON)
 #include <chrono>
 #include <cstdint>
 #include <cstdio>

@@ -3,7 +3,7 @@
 op and of the same layer's native calls through _twell.CudaFfnTrain, no autograd): GPU kernel time
 per kernel, the GPU's busy time against the wall time of a step, and the host time per step.
 
-    python3 bench/torch/profile_step.py [--m 16384 --k 2048 --n 5632 --density 0.005]
+    python3 lab/profiles/profile_step.py [--m 16384 --k 2048 --n 5632 --density 0.005]
 """
 import argparse
 import os
@@ -13,7 +13,7 @@ import time
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-sys.path.insert(0, os.path.dirname(__file__))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "bench", "torch"))
 from ffn_step import make  # noqa: E402
 
 import twell.torch as tt  # noqa: E402

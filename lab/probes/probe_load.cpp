@@ -2,7 +2,7 @@
 // CPU runtime's form) and bf16 only (the GPU's), then, where a GPU is usable, the CUDA runtime's
 // construction from the bf16 model (the upload) and its first forward calls. Each load REPS times (the page cache warm after
 // the first); prints seconds and the model's host bytes.
-//   build/…/tests/model/twell_probe_load DIR [REPS]
+//   build/…/lab/twell_probe_load DIR [REPS]   (configured with -DTWELL_BUILD_LAB=ON)
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>

@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
-"""Summarise bench/ab/ab_commits.sh's runs: per benchmark point, the median of each side's runs and
+"""Summarise lab/ab/ab_commits.sh's runs: per benchmark point, the median of each side's runs and
 NEW / OLD, as a Markdown table (and JSON with --json).
 
-usage: bench/ab/ab_summary.py DIR [--json OUT.json] [--m 16384]
+usage: lab/ab/ab_summary.py DIR [--json OUT.json] [--m 16384]
 
 DIR holds r<round>.<run>-<infer|train>-<old|new>-<name>.json (twell_bench_cuda --json). Points are matched
 by (mode, gated, M, target density). Inference compares the dispatched layer (auto_total_ms), the

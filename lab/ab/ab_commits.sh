@@ -2,19 +2,19 @@
 # An A/B of two commits' FFN benchmark on one GPU, alternately (issue 26's "no speed regression":
 # the current tree against an older commit, measured in one run so that clocks and the machine match).
 #
-#   OLD_SRC=.carry/old-src.tar.xz OLD_NAME=eee918c NEW_NAME=<hash> bash bench/ab/ab_commits.sh
+#   OLD_SRC=.carry/old-src.tar.xz OLD_NAME=eee918c NEW_NAME=<hash> bash lab/ab/ab_commits.sh
 #
 # OLD_SRC: the old commit's source as a tarball (make it here, the GPU machine has no .git:
 #   git archive --prefix=old/ eee918c -- . ':!bench/results' | xz > .carry/old-src.tar.xz), carried.
 # Builds twell_bench_cuda from both trees, then runs rounds until AB_BUDGET seconds (default 520)
 # (counted from the start, builds included) would be passed: each round is old, new, new, old (ABBA, so that a drift of the clocks cancels),
 # each run `--quick --no-train` or `--quick --train-only` (AB_PART: infer, train, both: alternate
-# per round); AB_ARGS: more arguments for both (e.g. "--reps 10"). Every run's JSON lands in $OUT/ab/; bench/ab/ab_summary.py reads them.
+# per round); AB_ARGS: more arguments for both (e.g. "--reps 10"). Every run's JSON lands in $OUT/ab/; lab/ab/ab_summary.py reads them.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-build/ab-out}
 mkdir -p "$OUT/ab"
-source bench/ab/ab_build.sh
+source lab/ab/ab_build.sh
 BUDGET=${AB_BUDGET:-520}
 PART=${AB_PART:-both}
 log() { echo "[ab $(date -u +%T)] $*" | tee -a "$OUT/ab/log.txt"; }

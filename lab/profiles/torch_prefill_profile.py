@@ -2,7 +2,7 @@
 """Where the time of PyTorch's best dense prefill goes, kernel by kernel (the counterpart of
 twell_probe_prefill under ncu, for issue 27's prefill targets).
 
-    python3 bench/model/torch_prefill_profile.py MODEL_DIR [--batch 8] [--len 512] [--md OUT.md]
+    python3 lab/profiles/torch_prefill_profile.py MODEL_DIR [--batch 8] [--len 512] [--md OUT.md]
 
 Loads the checkpoint with transformers (bf16, CUDA), copies it into bench/model/fast_llama.py's lean
 body without a KV cache, compiles its prefill (torch.compile, default mode, as the yardstick's
@@ -41,7 +41,7 @@ def main():
         print("skipped: no CUDA device")
         return 77
     from transformers import AutoModelForCausalLM
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "bench", "model"))
     from fast_llama import FastLlama
 
     hf = AutoModelForCausalLM.from_pretrained(a.model, dtype=torch.bfloat16).cuda().eval()

@@ -1,11 +1,11 @@
-"""The kernel-profile summaries of bench/model/ (decode_profile.py for twell's probes under ncu,
+"""The kernel-profile summaries of lab/profiles/ (decode_profile.py for twell's probes under ncu,
 torch_prefill_profile.py's kernel kinds) on hand-made inputs: steps split at each argmax kernel,
 times and bytes summed per kernel, units scaled, GEMMs apart by grid on request."""
 import pytest
 
-from bench_script import load_bench
+from bench_script import load_lab
 
-profile = load_bench("model/decode_profile")
+profile = load_lab("profiles/decode_profile")
 
 HEADER = '"ID","Kernel Name","Grid Size","Metric Name","Metric Unit","Metric Value"\n'
 
@@ -58,7 +58,7 @@ def test_nanoseconds_scale_and_unknown_units_stop(tmp_path):
 
 
 def test_torch_kernel_kinds():
-    torch_profile = load_bench("model/torch_prefill_profile")
+    torch_profile = load_lab("profiles/torch_prefill_profile")
     assert torch_profile.kind("nvjet_hsh_256x128_64x4_2x1_v_bz_coopB_TNT") == "GEMM"
     assert torch_profile.kind("sm90_xmma_gemm_bf16bf16_bf16f32") == "GEMM"
     assert torch_profile.kind("flash_fwd_kernel<Flash_fwd_kernel_traits<64, 128>>") == "attention"

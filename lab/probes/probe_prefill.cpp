@@ -8,7 +8,7 @@
 // cudaProfilerStop. Under
 //   ncu --profile-from-start off --clock-control none --metrics gpu__time_duration.sum,dram__bytes_read.sum --csv
 // the first profiled prefill is the dense path's, the second the automatic one's (each ends with the
-// LM head's argmax kernel); bench/model/decode_profile.py sums them per kernel, as it does decode
+// LM head's argmax kernel); lab/profiles/decode_profile.py sums them per kernel, as it does decode
 // steps. Without a profiler it prints each runtime's prefill time and tokens/s.
 #include <cuda_profiler_api.h>
 #include <cuda_runtime.h>

@@ -2,7 +2,7 @@
 # Decode tokens/s of several twell builds on the same checkpoint, in one device call, alternating
 # (A B … A B …) so that the machine's drift falls on every build alike; a markdown table of each
 # run's dense and sparse tokens/s per decode batch, then the medians, into $OUT/decode-ab.md.
-#   [OUT=…] [MODEL=DIR] [CONFIG=2b] [BATCHES="1 8"] [ROUNDS=2] [REPS=3] bash bench/model/gpu_decode_ab.sh TWELL_A TWELL_B [...]
+#   [OUT=…] [MODEL=DIR] [CONFIG=2b] [BATCHES="1 8"] [ROUNDS=2] [REPS=3] bash lab/ab/gpu_decode_ab.sh TWELL_A TWELL_B [...]
 # TWELL_*: paths of `twell` binaries (e.g. carried as xz and unpacked: build/cuda/tools/twell/twell.<commit>).
 # Without MODEL, the first binary writes `twell gen model --config $CONFIG` to /tmp/twell-ab-$CONFIG
 # once (≈ 1 minute at 2B); each run loads it (≈ 40–50 s a run at 2B with batches 1 and 8).
@@ -16,7 +16,7 @@ BATCHES=${BATCHES:-1 8}
 ROUNDS=${ROUNDS:-2}
 REPS=${REPS:-3}
 mkdir -p "$OUT"
-# shellcheck source=bench/model/ab_common.sh
+# shellcheck source=lab/ab/ab_common.sh
 source "$(dirname "$0")/ab_common.sh"
 ab_check_binaries gpu_decode_ab "$@"
 M=${MODEL:-/tmp/twell-ab-$CONFIG}

@@ -1,13 +1,13 @@
-"""bench/ab/ab_model_summary.py on synthetic `twell bench model` results: medians per side and per
+"""lab/ab/ab_model_summary.py on synthetic `twell bench model` results: medians per side and per
 FFN path, NEW / OLD, rows present on one side only left out, and no table from nothing."""
 import json
 import os
 
-from bench_script import load_bench
+from bench_script import load_lab
 
 
 def load():
-    return load_bench("ab/ab_model_summary")
+    return load_lab("ab/ab_model_summary")
 
 
 def write(folder, name, rows):
