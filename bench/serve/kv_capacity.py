@@ -20,11 +20,12 @@ import json
 import os
 import random
 import re
-import subprocess
 import sys
 import threading
 import time
 import urllib.request
+
+from twell_server import TwellServer
 
 
 def metric(url, name):
@@ -62,22 +63,9 @@ def run(a, paged):
     if not paged:
         items.append("no-paged-kv")
     env["TWELL_TUNING"] = ",".join(items)
-    srv = subprocess.Popen([a.twell, "serve", "--model", a.model, "--device", a.device, "--port", "0",
-                            "--kv-tokens", str(a.kv_tokens), "--max-running", str(a.max_running),
-                            "--max-queue", str(a.requests + 8), "--model-name", "m"],
-                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
-    try:
-        url, t0 = None, time.time()
-        while url is None and time.time() - t0 < 120:
-            line = srv.stdout.readline()
-            m = re.search(r"listening on (http://[0-9.]+:\d+)", line or "")
-            if m:
-                url = m.group(1)
-            if not line and srv.poll() is not None:
-                raise SystemExit("kv_capacity: the server exited at start")
-        while time.time() - t0 < 300 and metric(url, "twell_requests_running") is None:
-            time.sleep(0.2)
-        threading.Thread(target=lambda: [None for _ in srv.stdout], daemon=True).start()  # drain its log
+    with TwellServer(a.twell, a.model, "--kv-tokens", str(a.kv_tokens), "--max-running", str(a.max_running),
+                     "--max-queue", str(a.requests + 8), "--model-name", "m", device=a.device, env=env, timeout=300) as srv:
+        url = srv.url
         rng = random.Random(a.seed)
         vocab = a.vocab
         bodies, stops = [], []
@@ -117,12 +105,6 @@ def run(a, paged):
                 "preemptions": (metric(url, "twell_preemptions_total") or 0) - pre0,
                 "tokens": tokens, "wall_s": wall, "tokens_per_s": tokens / wall,
                 "completed": sum(1 for o in out if o and not o[1]), "errors": errors}
-    finally:
-        srv.terminate()
-        try:
-            srv.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            srv.kill()
 
 
 def main():

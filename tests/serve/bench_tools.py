@@ -11,6 +11,8 @@
   requests × max_tokens (ignore_eos), and its latencies are positive and ordered (TTFT ≤ E2E).
 - bench/serve/compare.py: one result against itself gives 1.00× in every ratio and a row per point;
   results of different workloads are refused.
+- bench/serve/kv_capacity.py: in a 128-position budget fixed caches run one request of up to 128
+  tokens at a time, the paged cache several, and every request completes either way.
 Exit 77 (ctest: skipped) without the `tokenizers` package or SmolLM2's tokenizer.
 """
 import json
@@ -21,6 +23,9 @@ import sys
 import tempfile
 import time
 import urllib.request
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "bench", "serve"))
+from twell_server import TwellServer  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TWELL, SMOL = sys.argv[1], sys.argv[2]
@@ -81,27 +86,13 @@ def test_bench(tmp):
     vocab = json.load(open(os.path.join(model, "config.json")))["vocab_size"]
     r = tool("trim_tokenizer.py", TOK, vocab, model)
     check(r.returncode == 0, f"tokenizer trimmed to the tiny model's {vocab} ids")
-    srv = subprocess.Popen([TWELL, "serve", "--model", model, "--device", "cpu", "--port", "0", "--model-name", "tiny"],
-                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
-        port, t0 = None, time.time()
-        while port is None and time.time() - t0 < 60:
-            line = srv.stdout.readline()
-            m = re.search(r"listening on http://127\.0\.0\.1:(\d+)", line or "")
-            if m:
-                port = int(m.group(1))
-            if not line and srv.poll() is not None:
-                break
-        check(port is not None, "twell serve starts on a free port")
-        if port is None:
-            return
-        url = f"http://127.0.0.1:{port}"
-        while time.time() - t0 < 60:
-            try:
-                if urllib.request.urlopen(url + "/health", timeout=5).status == 200:
-                    break
-            except Exception:  # noqa: BLE001 (503 while loading)
-                time.sleep(0.2)
+        srv = TwellServer(TWELL, model, "--model-name", "tiny", timeout=60)
+    except RuntimeError as e:
+        check(False, f"twell serve starts on a free port ({e})")
+        return
+    with srv:
+        url = srv.url
         js = os.path.join(tmp, "run.json")
         r = tool("bench_serve.py", "--url", url, "--model", "tiny", "--concurrency", "1,3", "--requests", "2,5",
                  "--prompt-len", "9", "--max-tokens", "6", "--vocab", vocab, "--warmup", "1", "--label", "tiny",
@@ -125,12 +116,19 @@ def test_bench(tmp):
         json.dump(other, open(p2, "w"))
         r = tool("compare.py", js, p2, "--md", md)
         check(r.returncode != 0 and "not one workload" in r.stderr, "compare refuses results of different workloads")
-    finally:
-        srv.terminate()
-        try:
-            srv.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            srv.kill()
+    # kv_capacity.py: fixed caches hold one request of up to 128 tokens in a 128-position budget at a
+    # time; the paged cache runs several at once and preempts; every request completes either way.
+    # (/metrics is polled every 20 ms over a run of about a second.)
+    r = tool("kv_capacity.py", "--twell", TWELL, "--model", model, "--kv-tokens", 128, "--requests", 8,
+             "--max-running", 8, "--prompt-len", 8, "--min-len", 48, "--max-len", 128, "--json",
+             os.path.join(tmp, "kv.json"), timeout=300)
+    check(r.returncode == 0, f"kv_capacity runs ({(r.stdout + r.stderr).strip()[-300:]})")
+    if r.returncode == 0:
+        fixed, paged = json.load(open(os.path.join(tmp, "kv.json")))["runs"]
+        check(fixed["peak_running"] == 1 and fixed["preemptions"] == 0 and fixed["completed"] == 8,
+              f"fixed caches: one 128-token request at a time in 128 positions ({fixed['peak_running']:.0f})")
+        check(paged["peak_running"] > 1 and paged["completed"] == 8,
+              f"paged: {paged['peak_running']:.0f} at once in the same budget, all 8 complete ({paged['preemptions']:.0f} preemptions)")
 
 
 def main():
