@@ -19,22 +19,12 @@ import argparse
 import json
 import os
 import random
-import re
 import sys
 import threading
 import time
 import urllib.request
 
 from twell_server import TwellServer
-
-
-def metric(url, name):
-    try:
-        text = urllib.request.urlopen(url + "/metrics", timeout=5).read().decode()
-    except Exception:  # noqa: BLE001 (the server may be busy; the next poll reads it)
-        return None
-    m = re.search(rf"^{name} ([0-9.e+-]+)$", text, re.M)
-    return float(m.group(1)) if m else None
 
 
 def client(url, body, stop_at, out, i):
@@ -77,13 +67,13 @@ def run(a, paged):
         running, held, done = [], [], threading.Event()
         def poll():
             while not done.is_set():
-                r, k = metric(url, "twell_requests_running"), metric(url, "twell_kv_tokens_used")
+                r, k = srv.metric("twell_requests_running"), srv.metric("twell_kv_tokens_used")
                 if r is not None:
                     running.append(r)
                     held.append(k)
                 time.sleep(0.02)
         poller = threading.Thread(target=poll)
-        pre0 = metric(url, "twell_preemptions_total") or 0
+        pre0 = srv.metric("twell_preemptions_total") or 0
         t1 = time.time()
         poller.start()
         ts = [threading.Thread(target=client, args=(url, bodies[i], stops[i], out, i)) for i in range(a.requests)]
@@ -98,11 +88,11 @@ def run(a, paged):
         errors = sorted({o[1] for o in out if o and o[1]})[:3]
         busy = [r for r in running if r > 0]
         return {"mode": "paged" if paged else "fixed (prompt + max_tokens reserved)",
-                "kv_tokens_total": metric(url, "twell_kv_tokens_total"),
+                "kv_tokens_total": srv.metric("twell_kv_tokens_total"),
                 "peak_running": max(running) if running else 0,
                 "mean_running": sum(busy) / len(busy) if busy else 0,
                 "peak_positions_held": max(held) if held else 0,
-                "preemptions": (metric(url, "twell_preemptions_total") or 0) - pre0,
+                "preemptions": (srv.metric("twell_preemptions_total") or 0) - pre0,
                 "tokens": tokens, "wall_s": wall, "tokens_per_s": tokens / wall,
                 "completed": sum(1 for o in out if o and not o[1]), "errors": errors}
 

@@ -21,13 +21,11 @@ import re
 import subprocess
 import sys
 import tempfile
-import time
-import urllib.request
-
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "bench", "serve"))
-from twell_server import TwellServer  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.join(ROOT, "bench", "serve"))
+from twell_server import TwellServer  # noqa: E402
+
 TWELL, SMOL = sys.argv[1], sys.argv[2]
 TOK = os.path.join(SMOL, "tokenizer.json")
 try:

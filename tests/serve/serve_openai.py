@@ -15,15 +15,15 @@ Exit 77 (ctest: skipped) without the openai package or the model.
 import json
 import os
 import random
-import re
-import signal
 import socket
-import subprocess
 import sys
 import threading
 import time
 import urllib.error
 import urllib.request
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "bench", "serve"))
+from twell_server import TwellServer  # noqa: E402
 
 try:
     import openai
@@ -48,39 +48,12 @@ def check(cond, what):
 SERVERS = []  # every server this test started: main() kills any still running when it ends
 
 
-class Server:
-    """`twell serve` on a free loopback port (its default --host 127.0.0.1), ready within 60 s."""
+class Server(TwellServer):
+    """`twell serve` on SmolLM2 on a free loopback port, ready within 60 s, with the test's HTTP helpers."""
 
     def __init__(self, *args):
-        self.p = subprocess.Popen([TWELL, "serve", "--model", MODEL, "--device", "cpu", "--port", "0", *args],
-                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        super().__init__(TWELL, MODEL, *args, timeout=60)
         SERVERS.append(self)
-        self.lines = []
-        threading.Thread(target=self._drain, daemon=True).start()
-        t0, m = time.time(), None
-        while m is None and time.time() - t0 < 60 and self.p.poll() is None:
-            m = next((re.search(r"http://127\.0\.0\.1:(\d+)", x) for x in self.lines if "listening" in x), None)
-            time.sleep(0.05)
-        if m is None:
-            self.kill()
-            raise SystemExit(f"serve did not start in 60 s: {''.join(self.lines)}")
-        self.port = int(m.group(1))
-        self.url = f"http://127.0.0.1:{self.port}"
-        while time.time() - t0 < 60:
-            if self.get("/health")[0] == 200:
-                return
-            time.sleep(0.1)
-        self.kill()
-        raise SystemExit("serve did not become ready in 60 s")
-
-    def kill(self):
-        if self.p.poll() is None:
-            self.p.kill()
-            self.p.wait(10)
-
-    def _drain(self):
-        for line in self.p.stdout:
-            self.lines.append(line)
 
     def request(self, method, path, body=None, headers=None, raw=None):
         data = raw if raw is not None else (json.dumps(body).encode() if body is not None else None)
@@ -100,19 +73,6 @@ class Server:
 
     def post(self, path, body=None, raw=None, headers=None):
         return self.request("POST", path, body, headers, raw)
-
-    def metric(self, name, headers=None):
-        _, text = self.get("/metrics", headers=headers)
-        m = re.search(rf"^{name} ([0-9.e+-]+)$", text, re.M)
-        return float(m.group(1)) if m else None
-
-    def stop(self, timeout=60):
-        self.p.send_signal(signal.SIGTERM)
-        try:
-            return self.p.wait(timeout)
-        except subprocess.TimeoutExpired:
-            self.p.kill()
-            return None
 
 
 def main():
