@@ -22,6 +22,7 @@
 #include "cuda/ops/gemv.hpp"
 #include "cuda/ops/model_ops.hpp"
 #include "model/cuda_runtime.hpp"
+#include "model/kv_blocks.hpp"
 #if TWELL_HAVE_CUDNN
 #include "model/cudnn_attention.hpp"
 #endif
@@ -133,27 +134,101 @@ T* room(DeviceBuffer<T>& b, std::int64_t n) {
 
 namespace {
 
-// One sequence's KV cache on the GPU: K and V [layers, capacity, kv_dim] bf16 each.
+static_assert(cuda::ops::kKvBlockRows == kKvBlockTokens, "the GPU ops' KV block is the runtime's");
+
+// A pool of KV blocks on the GPU: keys and values [layers, blocks, kKvBlockTokens, kv_dim] bf16 each
+// (the layout cuda::ops::RowKv addresses), allocated whole up front, and their free list.
+class CudaKvPool final : public KvPool {
+ public:
+  CudaKvPool(const void* owner, const LlamaConfig& c, std::int64_t blocks)
+      : owner_(owner), layers_(c.num_layers), kv_dim_(c.kv_dim()), blocks_(blocks), list_(blocks),
+        k_(static_cast<std::size_t>(layers_ * blocks * kKvBlockTokens * kv_dim_)),
+        v_(static_cast<std::size_t>(layers_ * blocks * kKvBlockTokens * kv_dim_)) {}
+  std::int64_t total_blocks() const noexcept override { return blocks_; }
+  std::int64_t free_blocks() const noexcept override { return list_.free(); }
+  std::int64_t block_bytes() const noexcept override {
+    return 2 * layers_ * kKvBlockTokens * kv_dim_ * static_cast<std::int64_t>(sizeof(bf16_t));
+  }
+  bool take(std::int64_t n, std::vector<std::int32_t>& out) { return list_.take(n, out); }
+  void give(const std::vector<std::int32_t>& ids) { list_.give(ids); }
+  const void* owner() const noexcept { return owner_; }
+  bf16_t* k() const noexcept { return k_.get(); }
+  bf16_t* v() const noexcept { return v_.get(); }
+  std::int64_t layer_stride() const noexcept { return blocks_ * kKvBlockTokens * kv_dim_; }
+
+ private:
+  const void* owner_;
+  std::int64_t layers_, kv_dim_, blocks_;
+  KvBlockList list_;
+  DeviceBuffer<bf16_t> k_, v_;
+};
+
+// One sequence's KV cache on the GPU. Fixed capacity: its own keys and values [layers, capacity,
+// kv_dim] bf16 each (blocks in order: no table). Paged: blocks of a CudaKvPool, taken as it grows
+// (reserve) and given back when destroyed, and its block table on the device, which forward()
+// brings up to date before a step reads it (upload_table).
 class CudaSequence final : public Sequence {
  public:
   CudaSequence(const void* owner, const LlamaConfig& c, std::int64_t capacity)
-      : owner_(owner), kv_dim_(c.kv_dim()),
+      : owner_(owner), kv_dim_(c.kv_dim()), max_position_(c.max_position),
         k_(static_cast<std::size_t>(c.num_layers * capacity * c.kv_dim())),
         v_(static_cast<std::size_t>(c.num_layers * capacity * c.kv_dim())) {
     capacity_ = capacity;
   }
-  std::int64_t bytes() const noexcept override { return static_cast<std::int64_t>(k_.bytes() + v_.bytes()); }
+  // Paged: empty; the table's device copy has room for the model's context (one int a block).
+  CudaSequence(std::shared_ptr<CudaKvPool> pool, const LlamaConfig& c, std::int64_t max_position)
+      : owner_(pool->owner()), kv_dim_(c.kv_dim()), max_position_(max_position), pool_(std::move(pool)),
+        d_table_(static_cast<std::size_t>(KvPool::blocks_for(max_position))) {
+    table_.reserve(d_table_.size());
+  }
+  ~CudaSequence() override {
+    if (pool_) pool_->give(table_);
+  }
+  std::int64_t bytes() const noexcept override {
+    return pool_ ? static_cast<std::int64_t>(table_.size()) * pool_->block_bytes()
+                 : static_cast<std::int64_t>(k_.bytes() + v_.bytes());
+  }
+  bool reserve(std::int64_t tokens) override {
+    if (tokens < 0 || length_ + tokens > max_position_) return false;
+    if (length_ + tokens <= capacity_) return true;
+    if (!pool_) return false;
+    const std::int64_t need = KvPool::blocks_for(length_ + tokens) - static_cast<std::int64_t>(table_.size());
+    if (!pool_->take(need, table_)) return false;
+    capacity_ = std::min(static_cast<std::int64_t>(table_.size()) * kKvBlockTokens, max_position_);
+    return true;
+  }
+  std::int64_t blocks() const noexcept override { return pool_ ? static_cast<std::int64_t>(table_.size()) : 0; }
   const void* owner() const noexcept { return owner_; }
+  // The table entries taken since the last upload, to the device (stream order: before the step
+  // that reads them; from pageable memory, so the copy is staged before this returns).
+  void upload_table(cudaStream_t stream) {
+    const auto n = static_cast<std::int64_t>(table_.size());
+    if (!pool_ || uploaded_ == n) return;
+    TWELL_CUDA_CHECK(cudaMemcpyAsync(d_table_.get() + uploaded_, table_.data() + uploaded_,
+                                     static_cast<std::size_t>(n - uploaded_) * sizeof(std::int32_t),
+                                     cudaMemcpyHostToDevice, stream));
+    uploaded_ = n;
+  }
   cuda::ops::RowKv row(std::int64_t pos) const noexcept {
-    return {k_.get(), v_.get(), capacity_ * kv_dim_, static_cast<std::int32_t>(pos), 0};
+    cuda::ops::RowKv r;
+    r.k = pool_ ? pool_->k() : k_.get();
+    r.v = pool_ ? pool_->v() : v_.get();
+    r.layer_stride = pool_ ? pool_->layer_stride() : capacity_ * kv_dim_;
+    r.table = pool_ ? d_table_.get() : nullptr;
+    r.pos = static_cast<std::int32_t>(pos);
+    return r;
   }
   void advance(std::int64_t n) noexcept { length_ += n; }
   void rewind(std::int64_t n) noexcept { length_ -= n; }  // a step run again (its cache rows rewritten)
 
  private:
   const void* owner_;
-  std::int64_t kv_dim_;
-  DeviceBuffer<bf16_t> k_, v_;
+  std::int64_t kv_dim_, max_position_;
+  DeviceBuffer<bf16_t> k_, v_;         // fixed capacity
+  std::shared_ptr<CudaKvPool> pool_;   // paged
+  std::vector<std::int32_t> table_;    // paged: block of positions [16·i, 16·i + 16)
+  DeviceBuffer<std::int32_t> d_table_;
+  std::int64_t uploaded_ = 0;          // entries of table_ the device copy holds (a table only grows)
 };
 
 // The GPU runtime counts rows, not non-zeros (the engine's counts trail the calls and cover sampled
@@ -306,6 +381,33 @@ class CudaRuntime final : public Runtime {
                 "at head_dim {}); use a shorter context",
                 capacity, max_keys_, model_->config.head_dim);
     return std::make_unique<CudaSequence>(this, model_->config, capacity);
+  }
+
+  std::shared_ptr<KvPool> make_kv_pool(std::int64_t blocks) override {
+    if (!tuning_.paged_kv) return Runtime::make_kv_pool(blocks);  // TWELL_TUNING=no-paged-kv: refused as unsupported
+    const LlamaConfig& c = model_->config;
+    TWELL_CHECK(blocks > 0, ErrorCode::invalid_argument, "a KV pool needs at least one block, got {}", blocks);
+    // A paged sequence may grow to the model's context; decode attention keeps a row's scores in
+    // shared memory (then: sequences of fixed capacity, each refused up front if too long).
+    TWELL_CHECK(c.max_position <= max_keys_, ErrorCode::unsupported,
+                "no paged KV cache for a context of {} tokens: the GPU's decode attention takes {} keys at head_dim {}",
+                c.max_position, max_keys_, c.head_dim);
+    const double bytes = 4.0 * static_cast<double>(c.num_layers * kKvBlockTokens * c.kv_dim()) * static_cast<double>(blocks);
+    std::size_t free = 0, total = 0;
+    TWELL_CUDA_CHECK(cudaMemGetInfo(&free, &total));
+    TWELL_CHECK(bytes <= static_cast<double>(free), ErrorCode::invalid_argument,
+                "a KV pool of {} blocks ({} positions) needs {:.2f} GB of GPU memory; {:.2f} GB of {:.2f} GB are free "
+                "(ask for fewer positions, e.g. twell serve --kv-tokens)",
+                blocks, blocks * kKvBlockTokens, bytes / 1e9, static_cast<double>(free) / 1e9,
+                static_cast<double>(total) / 1e9);
+    return std::make_shared<CudaKvPool>(this, c, blocks);
+  }
+
+  std::unique_ptr<Sequence> new_paged_sequence(const std::shared_ptr<KvPool>& pool) override {
+    auto p = std::dynamic_pointer_cast<CudaKvPool>(pool);
+    TWELL_CHECK(p != nullptr && p->owner() == this, ErrorCode::invalid_argument,
+                "new_paged_sequence: the pool was made by another runtime");
+    return std::make_unique<CudaSequence>(std::move(p), model_->config, model_->config.max_position);
   }
 
   std::vector<float> forward(std::span<const SeqStep> steps, bool all_positions) override {
@@ -488,6 +590,7 @@ class CudaRuntime final : public Runtime {
       auto* cs = dynamic_cast<CudaSequence*>(steps[s].seq);
       TWELL_CHECK(cs != nullptr && cs->owner() == this, ErrorCode::invalid_argument,
                   "forward: step {}'s sequence was made by another runtime", s);
+      cs->upload_table(stream_);  // a paged sequence's blocks taken since its last step
       seqs.push_back(cs);
       T += static_cast<std::int64_t>(steps[s].tokens.size());
       max_keys = std::max(max_keys, cs->length() + static_cast<std::int64_t>(steps[s].tokens.size()));

@@ -6,7 +6,6 @@
 #include <cmath>
 #include <exception>
 #include <memory>
-#include <mutex>
 #include <set>
 #include <vector>
 
@@ -14,6 +13,7 @@
 #include "cpu/gemv_bf16.hpp"
 #include "cpu/parallel.hpp"
 #include "model/activation.hpp"
+#include "model/kv_blocks.hpp"
 #include "model/runtime_checks.hpp"
 #include "twell/error.hpp"
 
@@ -111,11 +111,11 @@ std::vector<std::int32_t> Runtime::forward_sample(std::span<const SeqStep> steps
 }
 
 std::shared_ptr<KvPool> Runtime::make_kv_pool(std::int64_t) {
-  throw Error(ErrorCode::unsupported, fmt::format("the {} runtime has no paged KV cache yet", device()));
+  throw Error(ErrorCode::unsupported, fmt::format("the {} runtime gives no paged KV cache here", device()));
 }
 
 std::unique_ptr<Sequence> Runtime::new_paged_sequence(const std::shared_ptr<KvPool>&) {
-  throw Error(ErrorCode::unsupported, fmt::format("the {} runtime has no paged KV cache yet", device()));
+  throw Error(ErrorCode::unsupported, fmt::format("the {} runtime gives no paged KV cache here", device()));
 }
 
 const char* to_string(FfnPath p) noexcept {
@@ -134,42 +134,24 @@ double FfnLayerStats::active_per_token() const noexcept {
 namespace {
 
 // A pool of KV blocks: keys and values [layers][blocks][kKvBlockTokens][kv_dim] each, fp32, and
-// the free list. Used by the scheduler's one thread (and the sequences it destroys), under a mutex
-// all the same, since a sequence may outlive its user's thread.
+// their free list.
 class CpuKvPool final : public KvPool {
  public:
   CpuKvPool(const CpuRuntime* owner, const LlamaConfig& c, std::int64_t blocks)
-      : owner_(owner), layers_(c.num_layers), kv_dim_(c.kv_dim()), blocks_(blocks) {
+      : owner_(owner), layers_(c.num_layers), kv_dim_(c.kv_dim()), blocks_(blocks), list_(blocks) {
     // Left uninitialized: a position is read only after it was written, and the pages of blocks
     // never taken are never touched (a large pool costs address space, not memory, until used).
     const auto n = static_cast<std::size_t>(layers_ * blocks_ * kKvBlockTokens * kv_dim_);
     k_.reset(new float[n]);
     v_.reset(new float[n]);
-    free_.reserve(static_cast<std::size_t>(blocks_));
-    for (std::int64_t b = blocks_ - 1; b >= 0; --b) free_.push_back(static_cast<std::int32_t>(b));  // 0 first
   }
   std::int64_t total_blocks() const noexcept override { return blocks_; }
-  std::int64_t free_blocks() const noexcept override {
-    std::lock_guard lk(m_);
-    return static_cast<std::int64_t>(free_.size());
-  }
+  std::int64_t free_blocks() const noexcept override { return list_.free(); }
   std::int64_t block_bytes() const noexcept override {
     return 2 * layers_ * kKvBlockTokens * kv_dim_ * static_cast<std::int64_t>(sizeof(float));
   }
-  // Takes n blocks into `out` (appended), or none when fewer are free.
-  bool take(std::int64_t n, std::vector<std::int32_t>& out) {
-    std::lock_guard lk(m_);
-    if (n > static_cast<std::int64_t>(free_.size())) return false;
-    for (std::int64_t i = 0; i < n; ++i) {
-      out.push_back(free_.back());
-      free_.pop_back();
-    }
-    return true;
-  }
-  void give(const std::vector<std::int32_t>& ids) {
-    std::lock_guard lk(m_);
-    free_.insert(free_.end(), ids.rbegin(), ids.rend());
-  }
+  bool take(std::int64_t n, std::vector<std::int32_t>& out) { return list_.take(n, out); }
+  void give(const std::vector<std::int32_t>& ids) { list_.give(ids); }
   // Row 0 of block b in layer l.
   float* k(std::int64_t l, std::int32_t b) noexcept { return k_.get() + (l * blocks_ + b) * kKvBlockTokens * kv_dim_; }
   float* v(std::int64_t l, std::int32_t b) noexcept { return v_.get() + (l * blocks_ + b) * kKvBlockTokens * kv_dim_; }
@@ -178,9 +160,8 @@ class CpuKvPool final : public KvPool {
  private:
   const CpuRuntime* owner_;
   std::int64_t layers_, kv_dim_, blocks_;
+  KvBlockList list_;
   std::unique_ptr<float[]> k_, v_;
-  mutable std::mutex m_;
-  std::vector<std::int32_t> free_;
 };
 
 // One sequence's keys and values: the blocks of its block table, position p in block table[p / B]

@@ -742,6 +742,116 @@ TEST(ModelCuda, RefusesAModelLargerThanTheGpu) {
   }
 }
 
+// A paged sequence (blocks from a pool, in whatever order the pool hands them out) computes what a
+// sequence of fixed capacity computes, bit for bit: the same kernels read and write the same values
+// through its block table. Two runtimes given the same calls (so the FFN engine dispatches alike),
+// one with fixed caches, one with three paged sequences whose blocks interleave: a fresh prefill by
+// cuDNN (built at a shape's first call; the runtime's tensor-core kernel where there is no cuDNN),
+// chunks of 16 (tensor-core attention) and 5 (the plain kernel) over block boundaries, then 60
+// decode steps (planned and graph-captured). ReLU (the FFN engine), SiLU, and SiLU with a sliding
+// window shorter than the prompts.
+TEST(ModelCuda, PagedSequencesMatchFixedOnesBitForBit) {
+  TWELL_REQUIRE_GPU();
+  for (const char* act : {"relu", "silu", "silu-window"}) {
+    SCOPED_TRACE(act);
+    const TinySpec spec = agreement_spec(std::string(act) == "relu" ? "relu" : "silu");
+    model::Model m = model::Model::load(write_tiny(std::string("paged_") + act, spec).string());
+    if (std::string(act) == "silu-window") m.config.sliding_window = 13;
+    model::RuntimeTuning t;  // explicit: not TWELL_TUNING's
+    t.cudnn_build_at = 1;
+    auto a = model::make_runtime(m, "cuda", {FfnPath::automatic}, t);
+    auto b = model::make_runtime(m, "cuda", {FfnPath::automatic}, t);
+    auto pool = b->make_kv_pool(40);
+    constexpr std::size_t kSeqs = 3;
+    std::vector<std::unique_ptr<Sequence>> fixed, paged;
+    for (std::size_t i = 0; i < kSeqs; ++i) {
+      fixed.push_back(a->new_sequence(spec.max_pos));
+      paged.push_back(b->new_paged_sequence(pool));
+    }
+    auto step = [&](const std::vector<std::span<const std::int32_t>>& toks, bool all) {
+      std::vector<SeqStep> sa, sb;
+      for (std::size_t i = 0; i < kSeqs; ++i) {
+        if (toks[i].empty()) continue;
+        EXPECT_TRUE(paged[i]->reserve(static_cast<std::int64_t>(toks[i].size())));
+        sa.push_back({fixed[i].get(), toks[i]});
+        sb.push_back({paged[i].get(), toks[i]});
+      }
+      return std::pair(a->forward(sa, all), b->forward(sb, all));
+    };
+    Rng rng(spec.seed);
+    std::vector<std::vector<std::int32_t>> prompts(kSeqs);
+    for (std::size_t i = 0; i < kSeqs; ++i)
+      for (std::size_t j = 0; j < 32 + 11 * i; ++j) prompts[i].push_back(static_cast<std::int32_t>(rng.below(spec.vocab)));
+    // 32 / 43 / 54 tokens: a fresh chunk of 16 each, then 16, 16 and 5 as far as each prompt goes.
+    std::size_t at = 0;
+    for (const std::size_t len : {16u, 16u, 16u, 5u}) {
+      std::vector<std::span<const std::int32_t>> toks(kSeqs);
+      for (std::size_t i = 0; i < kSeqs; ++i) {
+        const std::size_t n = prompts[i].size();
+        toks[i] = std::span<const std::int32_t>(prompts[i].data() + std::min(at, n), at < n ? std::min(len, n - at) : 0);
+      }
+      const auto [x, y] = step(toks, true);
+      ASSERT_EQ(x.size(), y.size());
+      EXPECT_EQ(std::memcmp(x.data(), y.data(), x.size() * sizeof(float)), 0) << "prefill chunk from " << at;
+      at += len;
+    }
+    std::vector<std::int32_t> next(kSeqs);
+    for (int s = 0; s < 60; ++s) {
+      std::vector<std::span<const std::int32_t>> toks(kSeqs);
+      for (std::size_t i = 0; i < kSeqs; ++i) {
+        next[i] = static_cast<std::int32_t>(rng.below(spec.vocab));
+        toks[i] = std::span<const std::int32_t>(&next[i], 1);
+      }
+      const auto [x, y] = step(toks, false);
+      ASSERT_EQ(x, y) << "decode step " << s;
+    }
+    EXPECT_GT(b->graph_launches(), 0);
+    // 92 / 103 / 114 positions: 6 + 7 + 8 blocks of 16.
+    EXPECT_EQ(paged[0]->blocks() + paged[1]->blocks() + paged[2]->blocks(), 21);
+    EXPECT_EQ(pool->free_blocks(), 40 - 21);
+    paged.clear();
+    EXPECT_EQ(pool->free_blocks(), 40);
+  }
+}
+
+// The GPU pool's accounting and refusals: a reserve the pool cannot meet takes nothing; a pool
+// larger than the GPU's free memory is an error that says so; another runtime's pool is refused;
+// TWELL_TUNING=no-paged-kv refuses pools as unsupported (the server's fallback).
+TEST(ModelCuda, KvPoolRefusesWhatItCannotHold) {
+  TWELL_REQUIRE_GPU();
+  TinySpec s;
+  const model::Model m = model::Model::load(write_tiny("cuda_pool", s).string());
+  auto gpu = model::make_runtime(m, "cuda", {}, model::RuntimeTuning{});
+  auto other = model::make_runtime(m, "cuda", {}, model::RuntimeTuning{});
+  auto pool = gpu->make_kv_pool(3);
+  EXPECT_EQ(pool->total_blocks(), 3);
+  auto x = gpu->new_paged_sequence(pool), y = gpu->new_paged_sequence(pool);
+  EXPECT_TRUE(x->reserve(17));
+  EXPECT_EQ(x->blocks(), 2);
+  EXPECT_EQ(x->capacity(), 32);
+  EXPECT_FALSE(y->reserve(17));
+  EXPECT_EQ(y->blocks(), 0);
+  EXPECT_EQ(pool->free_blocks(), 1);
+  EXPECT_FALSE(x->reserve(s.max_pos + 1));  // past the context
+  EXPECT_THROW(other->new_paged_sequence(pool), Error);
+  try {
+    (void)gpu->make_kv_pool(std::int64_t{1} << 40);
+    ADD_FAILURE() << "a pool larger than the GPU was made";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::invalid_argument);
+    EXPECT_NE(std::string(e.what()).find("GB of GPU memory"), std::string::npos) << e.what();
+  }
+  model::RuntimeTuning fixed_only;
+  fixed_only.paged_kv = false;
+  auto nopage = model::make_runtime(m, "cuda", {}, fixed_only);
+  try {
+    (void)nopage->make_kv_pool(3);
+    ADD_FAILURE() << "no-paged-kv made a pool";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::unsupported);
+  }
+}
+
 TEST(ModelCuda, RejectsForeignSequencesAndBadTokens) {
   TWELL_REQUIRE_GPU();
   TinySpec s;

@@ -116,7 +116,9 @@ class Runtime {
   virtual std::unique_ptr<Sequence> new_sequence(std::int64_t capacity) = 0;
   // A pool of `blocks` KV blocks, and an empty sequence that grows from it block by block
   // (Sequence::reserve). The pool lives while any of its sequences does. Throws
-  // ErrorCode::unsupported where the runtime has no paged cache (the GPU runtime, so far: issue 58).
+  // ErrorCode::unsupported where the runtime has no paged cache (TWELL_TUNING=no-paged-kv; the GPU
+  // runtime for a context longer than its decode attention takes), ErrorCode::invalid_argument where
+  // the blocks do not fit the device's free memory (the GPU's pool is allocated whole).
   virtual std::shared_ptr<KvPool> make_kv_pool(std::int64_t blocks);
   virtual std::unique_ptr<Sequence> new_paged_sequence(const std::shared_ptr<KvPool>& pool);
   // Runs the model on every step's tokens (appended to its sequence, at positions length()…) and

@@ -65,9 +65,9 @@ struct RuntimeTuning {
   // Costs half the weights' memory again. Only without an ffn_input_hook (a hook may change the
   // weights); off: fp32 everywhere.
   bool cpu_bf16_weights = true;  // no-cpu-bf16
-  // CPU runtime only: make_kv_pool gives a paged KV cache; off, it refuses as the GPU runtime does
-  // (so far), and `twell serve` falls back to one cache of prompt + max_tokens per request. For the
-  // A/B count of docs/serving.md (sequences that fit a memory budget).
+  // make_kv_pool gives a paged KV cache (CPU and GPU); off, it refuses as unsupported, and `twell
+  // serve` falls back to one cache of prompt + max_tokens per request. For the A/B count of
+  // docs/serving.md (sequences that fit a memory budget).
   bool paged_kv = true;  // no-paged-kv
 
   // The settings that differ from the defaults, as TWELL_TUNING items in a fixed order

@@ -66,15 +66,16 @@ __global__ void __launch_bounds__(kWarps * 32) attention_kernel(const __nv_bfloa
   const __nv_bfloat16* qrow = qkv + r * (q_dim + 2 * kv_dim) + h * d;
   for (std::int64_t i = threadIdx.x; i < d; i += blockDim.x) q[i] = __bfloat162float(qrow[i]) * scale;
   __syncthreads();
-  const __nv_bfloat16* kc = info.k + layer * info.layer_stride + (first * kv_dim + kvh * d);
-  const __nv_bfloat16* vc = info.v + layer * info.layer_stride + (first * kv_dim + kvh * d);
+  // Key t (cache position first + t) of this head: kc + info.slot(first + t)·kv_dim.
+  const __nv_bfloat16* kc = info.k + layer * info.layer_stride + kvh * d;
+  const __nv_bfloat16* vc = info.v + layer * info.layer_stride + kvh * d;
 
   // Scores: a thread per key (a decode row's keys are all in flight at once; a warp per key with
   // shuffle sums left the loads one latency apart). 16-byte loads where the rows allow them.
   float mx = -INFINITY;
   const bool vec = d % 8 == 0 && reinterpret_cast<std::uintptr_t>(kc) % 16 == 0;
   for (int t = static_cast<int>(threadIdx.x); t < n; t += kWarps * 32) {
-    const __nv_bfloat16* kr = kc + static_cast<std::int64_t>(t) * kv_dim;
+    const __nv_bfloat16* kr = kc + info.slot(first + t) * kv_dim;
     float s = 0.0f;
     if (vec) {
       for (std::int64_t i = 0; i < d; i += 8) {
@@ -101,7 +102,7 @@ __global__ void __launch_bounds__(kWarps * 32) attention_kernel(const __nv_bfloa
 #pragma unroll 4
   for (int t = warp; t < n; t += kWarps) {
     const float p = score[t];
-    const __nv_bfloat16* vr = vc + static_cast<std::int64_t>(t) * kv_dim;
+    const __nv_bfloat16* vr = vc + info.slot(first + t) * kv_dim;
 #pragma unroll
     for (int j = 0; j < kMaxD / 32; ++j)
       if (lane + 32 * j < d) acc[j] += p * __bfloat162float(vr[lane + 32 * j]);
@@ -151,18 +152,24 @@ __global__ void __launch_bounds__(kWarps * 32) attention_kernel_d(const __nv_bfl
     info = rows_kv[r];
     first = first_key(info.pos, window);
     pre_below = info.pos - first;
-    const __nv_bfloat16* kc0 = info.k + layer * info.layer_stride + (first * kv_dim + kvh * D);
-    const __nv_bfloat16* vc0 = info.v + layer * info.layer_stride + (first * kv_dim + kvh * D);
+    // A paged sequence's block table was written before the step too.
+    const __nv_bfloat16* kc0 = info.k + layer * info.layer_stride + kvh * D;
+    const __nv_bfloat16* vc0 = info.v + layer * info.layer_stride + kvh * D;
     const int t = static_cast<int>(threadIdx.x);
     if constexpr (kEarlyK) {
-      const uint4* kr = reinterpret_cast<const uint4*>(kc0 + static_cast<std::int64_t>(t) * kv_dim);
+      if (t < pre_below) {
+        const uint4* kr = reinterpret_cast<const uint4*>(kc0 + info.slot(first + t) * kv_dim);
 #pragma unroll
-      for (int j = 0; j < L; ++j) pre_k[j] = t < pre_below ? kr[j] : make_uint4(0, 0, 0, 0);
+        for (int j = 0; j < L; ++j) pre_k[j] = kr[j];
+      } else {
+#pragma unroll
+        for (int j = 0; j < L; ++j) pre_k[j] = make_uint4(0, 0, 0, 0);
+      }
     }
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
       const int tv = warp * G + g + u * kStep;
-      pre_v[u] = tv < pre_below ? reinterpret_cast<const uint4*>(vc0 + static_cast<std::int64_t>(tv) * kv_dim)[c]
+      pre_v[u] = tv < pre_below ? reinterpret_cast<const uint4*>(vc0 + info.slot(first + tv) * kv_dim)[c]
                                 : make_uint4(0, 0, 0, 0);
     }
   }
@@ -179,12 +186,13 @@ __global__ void __launch_bounds__(kWarps * 32) attention_kernel_d(const __nv_bfl
   const __nv_bfloat16* qrow = qkv + r * (q_dim + 2 * kv_dim) + h * D;
   for (int i = static_cast<int>(threadIdx.x); i < D; i += kWarps * 32) q[i] = __bfloat162float(qrow[i]) * scale;
   __syncthreads();
-  const __nv_bfloat16* kc = info.k + layer * info.layer_stride + (first * kv_dim + kvh * D);
-  const __nv_bfloat16* vc = info.v + layer * info.layer_stride + (first * kv_dim + kvh * D);
+  // Key t (cache position first + t) of this head: kc + info.slot(first + t)·kv_dim.
+  const __nv_bfloat16* kc = info.k + layer * info.layer_stride + kvh * D;
+  const __nv_bfloat16* vc = info.v + layer * info.layer_stride + kvh * D;
 
   float mx = -INFINITY;
   for (int t = static_cast<int>(threadIdx.x); t < n; t += kWarps * 32) {
-    const uint4* kr = reinterpret_cast<const uint4*>(kc + static_cast<std::int64_t>(t) * kv_dim);
+    const uint4* kr = reinterpret_cast<const uint4*>(kc + info.slot(first + t) * kv_dim);
     uint4 raw[L];
     if (kEarlyK && t < pre_below && t == static_cast<int>(threadIdx.x)) {  // loaded before the wait
 #pragma unroll
@@ -221,7 +229,7 @@ __global__ void __launch_bounds__(kWarps * 32) attention_kernel_d(const __nv_bfl
       if (base == first_t && t < pre_below)  // loaded before the wait
         raw[u] = pre_v[u];
       else if (t < n)
-        raw[u] = reinterpret_cast<const uint4*>(vc + static_cast<std::int64_t>(t) * kv_dim)[c];
+        raw[u] = reinterpret_cast<const uint4*>(vc + info.slot(first + t) * kv_dim)[c];
       else
         raw[u] = make_uint4(0, 0, 0, 0);
     }

@@ -68,7 +68,7 @@ __global__ void __launch_bounds__(kWarps * 32) flash_attention_kernel(const __nv
     for (int i = tid; i < kBN * kChunks; i += blockDim.x) {
       const int r = i / kChunks, c = (i % kChunks) * kVec;
       const bool in = k0 + r < keys;
-      const std::int64_t off = static_cast<std::int64_t>(k0 + r) * kv_dim + c;
+      const std::int64_t off = (in ? info.slot(k0 + r) : 0) * kv_dim + c;  // key k0 + r's cache row
       *reinterpret_cast<uint4*>(&sm.k[r][c]) = in ? *reinterpret_cast<const uint4*>(kc + off) : zero;
       *reinterpret_cast<uint4*>(&sm.v[r][c]) = in ? *reinterpret_cast<const uint4*>(vc + off) : zero;
     }

@@ -11,14 +11,26 @@
 
 namespace twell::cuda::ops {
 
-// Where one token row's keys and values go / come from: its sequence's cache for layer 0
-// ([capacity, kv_dim] bf16 each), layer l at + l·layer_stride elements, and its position.
+// Rows of a KV block (model::kKvBlockTokens: the runtime checks they agree).
+inline constexpr int kKvBlockRows = 16;
+
+// Where one token row's keys and values go / come from. A cache is keys and values
+// [layers, blocks, kKvBlockRows, kv_dim] bf16 each: layer l at + l·layer_stride elements, position p
+// of the row's sequence in cache row slot(p) of its layer. A paged sequence's positions go through
+// its block table (device memory, one entry per kKvBlockRows positions: table[p / 16]·16 + p % 16);
+// a cache whose blocks lie in order (a sequence of fixed capacity) has no table, and slot(p) = p.
 struct RowKv {
   __nv_bfloat16* k = nullptr;
   __nv_bfloat16* v = nullptr;
   std::int64_t layer_stride = 0;
+  const std::int32_t* table = nullptr;  // null: blocks in order
   std::int32_t pos = 0;
   std::int32_t pad = 0;
+  __host__ __device__ std::int64_t slot(std::int32_t p) const {
+    const auto u = static_cast<std::uint32_t>(p);  // p ≥ 0
+    return table ? static_cast<std::int64_t>(table[u / kKvBlockRows]) * kKvBlockRows + u % kKvBlockRows
+                 : static_cast<std::int64_t>(p);
+  }
 };
 
 // x[r, :] = table[ids[r], :]  (bf16 → fp32)

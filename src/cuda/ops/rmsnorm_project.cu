@@ -98,10 +98,12 @@ __global__ void __launch_bounds__(kNormThreads)
   dev::pdl_begin();
   // RoPE: lane 0's row position and angle, loaded now so that their latency overlaps the norm.
   RowKv info{};
+  std::int64_t slot = 0;  // the row's cache row (through a paged sequence's block table)
   float cos_a = 0.0f, sin_a = 0.0f;
   if constexpr (kRope) {
     if (lane == 0 && active) {
       info = rope.rows_kv[0];
+      slot = info.slot(info.pos);
       if (rows.head >= 0) {
         const std::int64_t t = static_cast<std::int64_t>(info.pos) * (rope.d / 2) + rows.i;
         cos_a = rope.cos[t];
@@ -144,7 +146,7 @@ __global__ void __launch_bounds__(kNormThreads)
     const int half = rope.d / 2;
     const std::int64_t q_dim = static_cast<std::int64_t>(rope.heads) * rope.d;
     const std::int64_t kv_dim = static_cast<std::int64_t>(rope.kv_heads) * rope.d;
-    const std::int64_t cache = rope.layer * info.layer_stride + static_cast<std::int64_t>(info.pos) * kv_dim;
+    const std::int64_t cache = rope.layer * info.layer_stride + slot * kv_dim;
     if (rows.head < 0) {  // two v columns: into qkv (as the GEMV writes them) and the cache
       const std::int64_t col = rows.row[0] - (q_dim + kv_dim);
       y[rows.row[0]] = y0;

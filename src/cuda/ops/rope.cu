@@ -26,7 +26,7 @@ __global__ void __launch_bounds__(kThreads) rope_store_kv_kernel(__nv_bfloat16* 
   if (j >= pairs + kv_dim) return;
   __nv_bfloat16* row = qkv + r * (q_dim + 2 * kv_dim);
   const RowKv info = rows_kv[r];
-  const std::int64_t cache = layer * info.layer_stride + static_cast<std::int64_t>(info.pos) * kv_dim;
+  const std::int64_t cache = layer * info.layer_stride + info.slot(info.pos) * kv_dim;
   if (j >= pairs) {  // v into the cache
     info.v[cache + (j - pairs)] = row[q_dim + kv_dim + (j - pairs)];
     return;
@@ -68,7 +68,7 @@ __global__ void __launch_bounds__(kThreads) rope_store_kv_vec_kernel(__nv_bfloat
   if (j >= pairs + kv_dim / kVec) return;
   __nv_bfloat16* row = qkv + r * (q_dim + 2 * kv_dim);
   const RowKv info = rows_kv[r];
-  const std::int64_t cache = layer * info.layer_stride + static_cast<std::int64_t>(info.pos) * kv_dim;
+  const std::int64_t cache = layer * info.layer_stride + info.slot(info.pos) * kv_dim;
   if (j >= pairs) {  // v into the cache
     const int e = (j - pairs) * kVec;
     *reinterpret_cast<uint4*>(info.v + cache + e) = *reinterpret_cast<const uint4*>(row + q_dim + kv_dim + e);
