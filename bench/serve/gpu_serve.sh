@@ -5,7 +5,7 @@
 # bench/serve/bench_serve.py (vLLM's bench-serve metrics), compared by bench/serve/compare.py.
 #   [BUILD=build/gpu] [OUT=build/serve-out] [MODEL=DIR] [SERVERS=auto,dense,torch]
 #   [CONCURRENCY=1,8,32,64] [REQUESTS=16,32,64,128] [PROMPT_LEN=128] [MAX_TOKENS=128] [WARMUP=64]
-#   [TOKENIZER=FILE] bash bench/serve/gpu_serve.sh [CONFIG [DENSITY]]   (2b 0.005)
+#   [TOKENIZER=FILE] [LABEL_SUFFIX=" (fixed KV)"] bash bench/serve/gpu_serve.sh [CONFIG [DENSITY]]   (2b 0.005)
 # Needs a built twell with the server (scripts/gpu-check with GPU_CHECK_PART=build in the same call,
 # .debs carried for cpp-httplib). Without MODEL, `twell gen model` writes CONFIG at DENSITY; a
 # synthetic checkpoint has no tokenizer, so TOKENIZER (default assets/smollm2-135m-instruct's, or
@@ -66,7 +66,7 @@ for s in ${SERVERS//,/ }; do
   PORT=$((PORT + 1))
   case $s in
     auto|dense|sparse)
-      label="twell $s"
+      label="twell $s${LABEL_SUFFIX:-}"  # e.g. a run under TWELL_TUNING=no-paged-kv
       "$TWELL" serve --model "$M" --model-name bench --device "$DEVICE" --ffn "$s" --port "$PORT" \
         --max-running "$MAXC" --max-queue 4096 > "$OUT/$s.log" 2>&1 &
       pid=$! ;;

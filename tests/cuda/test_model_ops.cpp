@@ -27,6 +27,16 @@ namespace {
 
 using cuda::DeviceBuffer;
 
+// A row of a cache whose blocks lie in order (no block table): layer l at + l·layer_stride.
+cuda::ops::RowKv row_kv(__nv_bfloat16* k, __nv_bfloat16* v, std::int64_t layer_stride, std::int32_t pos) {
+  cuda::ops::RowKv r;
+  r.k = k;
+  r.v = v;
+  r.layer_stride = layer_stride;
+  r.pos = pos;
+  return r;
+}
+
 // A device copy of v as elements of type D (same size: bf16 ↔ __nv_bfloat16).
 template <typename D = void, typename S>
 auto upload(const std::vector<S>& v) {
@@ -149,7 +159,7 @@ TEST(ModelOps, AttentionKernelsMatchFloat64) {
       vbuf.push_back(upload<__nv_bfloat16>(vh.back()));
       for (int j = 0; j < n; j += 64) blocks.push_back({T + j, std::min(64, n - j), 0});
       for (int j = 0; j < n; ++j)
-        rows.push_back({kbuf.back().get(), vbuf.back().get(), static_cast<std::int64_t>(cap) * KV, cached + j, 0});
+        rows.push_back(row_kv(kbuf.back().get(), vbuf.back().get(), static_cast<std::int64_t>(cap) * KV, cached + j));
       T += n;
       max_keys = std::max(max_keys, cap);
     }
@@ -244,9 +254,9 @@ TEST(ModelOps, DecodeAttentionReadsOldKeysEarlyAndTheNewOneAfter) {
     auto rows_in = [&](DeviceBuffer<__nv_bfloat16>& buf) {
       std::vector<cuda::ops::RowKv> rows;
       for (int r = 0; r < T; ++r)
-        rows.push_back({buf.get() + qkv_n + static_cast<std::size_t>(r) * cache_n,
-                        buf.get() + qkv_n + static_cast<std::size_t>(T + r) * cache_n, static_cast<std::int64_t>(cap) * KV,
-                        positions[static_cast<std::size_t>(r)], 0});
+        rows.push_back(row_kv(buf.get() + qkv_n + static_cast<std::size_t>(r) * cache_n,
+                              buf.get() + qkv_n + static_cast<std::size_t>(T + r) * cache_n,
+                              static_cast<std::int64_t>(cap) * KV, positions[static_cast<std::size_t>(r)]));
       return upload(rows);
     };
     auto rows_a = rows_in(a), rows_b = rows_in(b);
