@@ -31,7 +31,7 @@ def client(url, body, stop_at, out, i):
     """Streams one completion and closes the connection after stop_at tokens (or at its end)."""
     req = urllib.request.Request(url + "/v1/completions", data=json.dumps(body).encode(),
                                  headers={"Content-Type": "application/json"}, method="POST")
-    got = 0
+    got, t0 = 0, time.time()
     try:
         with urllib.request.urlopen(req, timeout=600) as r:
             for raw in r:
@@ -45,6 +45,8 @@ def client(url, body, stop_at, out, i):
         out[i] = (got, None)
     except Exception as e:  # noqa: BLE001 (counted, not fatal)
         out[i] = (got, f"{type(e).__name__}: {e}")
+        print(f"kv_capacity: request {i} failed after {got} tokens and {time.time() - t0:.1f} s: "
+              f"{type(e).__name__}: {e}", file=sys.stderr)
 
 
 def run(a, paged):
@@ -84,6 +86,8 @@ def run(a, paged):
         wall = time.time() - t1
         done.set()
         poller.join()
+        if any(o is None or o[1] for o in out):  # the server's side of it
+            print("kv_capacity: the server's last log lines:\n" + "".join(srv.lines[-20:]), file=sys.stderr)
         tokens = sum(o[0] for o in out if o)
         errors = sorted({o[1] for o in out if o and o[1]})[:3]
         busy = [r for r in running if r > 0]

@@ -9,6 +9,10 @@
 #include <set>
 
 #include <fmt/format.h>
+// cpp-httplib listens with a backlog of 5 unless told otherwise: a burst of clients connecting at
+// once (a benchmark's, a restarted load balancer's) would overflow the accept queue. The kernel
+// caps this at net.core.somaxconn.
+#define CPPHTTPLIB_LISTEN_BACKLOG 1024
 #include <httplib.h>
 #include <nlohmann/json.hpp>
 
