@@ -32,7 +32,10 @@ run_one() {  # side part
   s=$(date +%s); seq=$((seq + 1))
   "$bin" $flags ${AB_ARGS:-} --json "$OUT/ab/r${round}.${seq}-${part}-${side}-${name}.json" \
     > "$OUT/ab/r${round}.${seq}-${part}-${side}.txt" 2>&1
-  log "round $round $part $side ($name): rc=$? in $(( $(date +%s) - s )) s"
+  local rc=$?
+  log "round $round $part $side ($name): rc=$rc in $(( $(date +%s) - s )) s"
+  # A run that fails fails every round alike (a bad argument, a crash): stop, not loop.
+  [ $rc -ne 0 ] && { echo "ab: a run failed (rc=$rc):"; tail -5 "$OUT/ab/r${round}.${seq}-${part}-${side}.txt"; exit 1; }
   last=$(( $(date +%s) - s ))
 }
 while :; do

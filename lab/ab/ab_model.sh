@@ -34,7 +34,10 @@ run_one() {  # side
   s=$(date +%s); seq=$((seq + 1))
   # shellcheck disable=SC2086
   "$bin" bench model $ARGS --json "$D/r${round}.${seq}-${side}-${name}.json" > "$D/r${round}.${seq}-${side}.txt" 2>&1
-  log "round $round $side ($name): rc=$? in $(( $(date +%s) - s )) s"
+  local rc=$?
+  log "round $round $side ($name): rc=$rc in $(( $(date +%s) - s )) s"
+  # A run that fails fails every round alike (a bad argument, a crash): stop, not loop.
+  [ $rc -ne 0 ] && { echo "ab: a run failed (rc=$rc):"; tail -5 "$D/r${round}.${seq}-${side}.txt"; exit 1; }
   last=$(( $(date +%s) - s ))
 }
 while :; do

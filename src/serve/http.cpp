@@ -9,11 +9,8 @@
 #include <set>
 
 #include <fmt/format.h>
-// cpp-httplib listens with a backlog of 5 unless told otherwise: a burst of clients connecting at
-// once (a benchmark's, a restarted load balancer's) would overflow the accept queue. The kernel
-// caps this at net.core.somaxconn.
-#define CPPHTTPLIB_LISTEN_BACKLOG 1024
 #include <httplib.h>
+#include <sys/socket.h>
 #include <nlohmann/json.hpp>
 
 #include "twell/error.hpp"
@@ -156,14 +153,26 @@ std::string random_id(const char* prefix) { return fmt::format("{}-{:016x}", pre
 
 }  // namespace
 
+// Connections waiting to be accepted (cpp-httplib's own is 5).
+constexpr int kListenBacklog = 1024;
+
 struct HttpServer::Impl {
   ServerOptions opt;
   httplib::Server svr;
   std::atomic<Engine*> engine{nullptr};
   const model::Tokenizer* tok = nullptr;
   const model::LlamaConfig* config = nullptr;
+  int listen_fd = -1;  // the socket bind() bound last (set by the socket options below)
 
-  explicit Impl(const ServerOptions& o) : opt(o) {}
+  explicit Impl(const ServerOptions& o) : opt(o) {
+    // SO_REUSEADDR only: cpp-httplib's default adds SO_REUSEPORT, which lets a second server bind
+    // the same port and silently take half its connections; here that second bind fails.
+    svr.set_socket_options([this](socket_t s) {
+      int yes = 1;
+      setsockopt(s, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof(yes));
+      listen_fd = s;
+    });
+  }
 
   void check_model(const json& b) const {
     if (b.contains("model") && !b["model"].is_null()) {
@@ -467,6 +476,12 @@ int HttpServer::bind() {
   }
   TWELL_CHECK(port > 0, ErrorCode::io, "serve: cannot listen on {}:{} (in use, or not an address of this machine)",
               I.opt.host, I.opt.port);
+  // Debian's cpp-httplib is a compiled library that listens with a backlog of 5: a burst of clients
+  // connecting at once (a benchmark's, a load balancer's after a restart) overflowed that accept
+  // queue and some were reset after a second (measured: 2–6 of 128 at once on the GPU machine).
+  // listen() again on the bound socket sets a deeper queue (the kernel caps it at somaxconn).
+  TWELL_CHECK(I.listen_fd >= 0 && ::listen(I.listen_fd, kListenBacklog) == 0, ErrorCode::io,
+              "serve: cannot set the listen backlog on {}:{}", I.opt.host, port);
   return port;
 }
 
