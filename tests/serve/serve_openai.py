@@ -16,6 +16,7 @@ import json
 import os
 import random
 import socket
+import subprocess
 import sys
 import threading
 import time
@@ -83,6 +84,16 @@ def main():
     # Models, completions and chat.
     ids = [m.id for m in client.models.list().data]
     check(ids == [NAME], f"models.list: {ids}")
+
+    # The listening socket: a backlog deeper than cpp-httplib's 5 (beyond it, clients connecting at
+    # once were reset), and no SO_REUSEPORT: a second server on the port is refused, not let in.
+    ss = subprocess.run(["ss", "-ltnH", f"sport = :{s.port}"], capture_output=True, text=True, timeout=10)
+    backlog = [int(f.split()[2]) for f in ss.stdout.splitlines() if f.split()]
+    check(ss.returncode == 0 and backlog and min(backlog) >= 128, f"listen backlog {backlog} (ss: {ss.stderr.strip()})")
+    second = subprocess.run([TWELL, "serve", "--model", MODEL, "--device", "cpu", "--port", str(s.port)],
+                            capture_output=True, text=True, timeout=60)
+    check(second.returncode != 0 and "cannot listen" in second.stderr,
+          f"a second server on port {s.port}: rc {second.returncode}, {second.stderr.strip()[-200:]!r}")
     chat = client.chat.completions.create(model=NAME, messages=[{"role": "user", "content": "What is the capital of France?"}],
                                           max_tokens=24, temperature=0)
     text = chat.choices[0].message.content
