@@ -4,6 +4,7 @@
 // and ReLU (the FFN engine: dense, sparse, automatic), MHA and GQA; greedy generation; bad calls.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -739,6 +740,61 @@ TEST(ModelCuda, RefusesAModelLargerThanTheGpu) {
   } catch (const Error& e) {
     EXPECT_EQ(e.code(), ErrorCode::unsupported);
     EXPECT_NE(std::string(e.what()).find("GB of GPU memory"), std::string::npos) << e.what();
+  }
+}
+
+// How much a sequence's logits move with the company it is decoded in (the server batches whatever
+// requests are running): one sequence decoded alone, and the same sequence with the same tokens
+// decoded among 7 and among 19 others (batch 20: past the one-token FFN kernels' row limit, so the
+// batched GEMM paths), in runtimes of their own (the same dispatch history). The GPU runs other
+// kernels by batch size with bf16 activations, so the bits may differ; they must stay within the
+// bf16 bound that holds against the CPU runtime (kTol). Prints the largest difference and how many
+// steps were bit-identical (docs/serving.md "Determinism" quotes them).
+TEST(ModelCuda, BatchCompanyMovesLogitsWithinTheBf16Bound) {
+  TWELL_REQUIRE_GPU();
+  for (const char* act : {"relu", "silu"}) {
+    SCOPED_TRACE(act);
+    const TinySpec spec = agreement_spec(act);
+    const model::Model m = model::Model::load(write_tiny(std::string("company_") + act, spec).string());
+    const auto V = static_cast<std::size_t>(spec.vocab);
+    for (const std::size_t batch : {8u, 20u}) {
+      auto solo = model::make_runtime(m, "cuda", {FfnPath::automatic}, model::RuntimeTuning{});
+      auto crowd = model::make_runtime(m, "cuda", {FfnPath::automatic}, model::RuntimeTuning{});
+      Rng rng(spec.seed + batch);
+      std::vector<std::vector<std::int32_t>> prompts(batch);
+      for (std::size_t i = 0; i < batch; ++i)
+        for (std::size_t j = 0; j < 24 + 5 * i; ++j) prompts[i].push_back(static_cast<std::int32_t>(rng.below(spec.vocab)));
+      auto alone = solo->new_sequence(spec.max_pos);
+      std::vector<std::unique_ptr<Sequence>> kv;
+      std::vector<SeqStep> steps;
+      for (std::size_t i = 0; i < batch; ++i) {
+        kv.push_back(crowd->new_sequence(spec.max_pos));
+        steps.push_back({kv.back().get(), prompts[i]});
+      }
+      SeqStep one{alone.get(), prompts[0]};
+      double worst = 0;
+      int identical = 0, same_argmax = 0;
+      constexpr int kSteps = 60;
+      std::vector<std::int32_t> next(batch);
+      for (int s = 0; s <= kSteps; ++s) {  // s = 0: the prefill
+        if (s > 0)
+          for (std::size_t i = 0; i < batch; ++i) {
+            next[i] = static_cast<std::int32_t>(rng.below(spec.vocab));
+            steps[i].tokens = std::span<const std::int32_t>(&next[i], 1);
+          }
+        one.tokens = steps[0].tokens;
+        const std::vector<float> a = solo->forward(std::span<const SeqStep>(&one, 1));
+        const std::vector<float> all = crowd->forward(steps);
+        const std::vector<float> b(all.begin(), all.begin() + static_cast<long>(V));  // sequence 0's row
+        worst = std::max(worst, rel_diff(a, b));
+        identical += a == b;
+        same_argmax += std::max_element(a.begin(), a.end()) - a.begin() == std::max_element(b.begin(), b.end()) - b.begin();
+      }
+      std::printf("[company] %s, batch %zu: %d of %d calls bit-identical to the solo run, argmax equal in %d, largest "
+                  "difference %.3g of the logit scale\n",
+                  act, batch, identical, kSteps + 1, same_argmax, worst);
+      EXPECT_LE(worst, kTol) << "batch " << batch;
+    }
   }
 }
 
