@@ -189,13 +189,7 @@ class CudaSequence final : public Sequence {
                  : static_cast<std::int64_t>(k_.bytes() + v_.bytes());
   }
   bool reserve(std::int64_t tokens) override {
-    if (tokens < 0 || length_ + tokens > max_position_) return false;
-    if (length_ + tokens <= capacity_) return true;
-    if (!pool_) return false;
-    const std::int64_t need = KvPool::blocks_for(length_ + tokens) - static_cast<std::int64_t>(table_.size());
-    if (!pool_->take(need, table_)) return false;
-    capacity_ = std::min(static_cast<std::int64_t>(table_.size()) * kKvBlockTokens, max_position_);
-    return true;
+    return reserve_blocks(pool_.get(), table_, length_, tokens, max_position_, capacity_);
   }
   std::int64_t blocks() const noexcept override { return pool_ ? static_cast<std::int64_t>(table_.size()) : 0; }
   const void* owner() const noexcept { return owner_; }

@@ -3,9 +3,12 @@
 // the blocks' memory). Block ids are 0 … total − 1; a fresh list hands them out in order. Used by
 // the scheduler's thread and by the sequences it destroys, under a mutex all the same, since a
 // sequence may outlive its user's thread.
+#include <algorithm>
 #include <cstdint>
 #include <mutex>
 #include <vector>
+
+#include "twell/model/runtime.hpp"
 
 namespace twell::model {
 
@@ -41,5 +44,21 @@ class KvBlockList {
   mutable std::mutex m_;
   std::vector<std::int32_t> free_;
 };
+
+// Sequence::reserve as both runtimes' sequences implement it: room for `tokens` more positions after
+// `length` within the model's context. A paged sequence (pool non-null: anything with take(n, out))
+// takes the blocks the new length needs, appended to its block table, and its capacity grows to what
+// they hold; a sequence of fixed capacity (pool null) only says whether it has the room.
+template <class Pool>
+bool reserve_blocks(Pool* pool, std::vector<std::int32_t>& table, std::int64_t length, std::int64_t tokens,
+                    std::int64_t max_position, std::int64_t& capacity) {
+  if (tokens < 0 || length + tokens > max_position) return false;
+  if (length + tokens <= capacity) return true;
+  if (pool == nullptr) return false;
+  const std::int64_t need = KvPool::blocks_for(length + tokens) - static_cast<std::int64_t>(table.size());
+  if (!pool->take(need, table)) return false;
+  capacity = std::min(static_cast<std::int64_t>(table.size()) * kKvBlockTokens, max_position);
+  return true;
+}
 
 }  // namespace twell::model

@@ -187,13 +187,7 @@ class CpuSequence final : public Sequence {
     return static_cast<std::int64_t>(table_.size()) * pool_->block_bytes();
   }
   bool reserve(std::int64_t tokens) override {
-    if (tokens < 0 || length_ + tokens > max_position_) return false;
-    if (length_ + tokens <= capacity_) return true;
-    if (!paged_) return false;
-    const std::int64_t need = KvPool::blocks_for(length_ + tokens) - static_cast<std::int64_t>(table_.size());
-    if (!pool_->take(need, table_)) return false;
-    capacity_ = std::min(static_cast<std::int64_t>(table_.size()) * kKvBlockTokens, max_position_);
-    return true;
+    return reserve_blocks(paged_ ? pool_.get() : nullptr, table_, length_, tokens, max_position_, capacity_);
   }
   std::int64_t blocks() const noexcept override { return paged_ ? static_cast<std::int64_t>(table_.size()) : 0; }
   float* k_row(std::int64_t l, std::int64_t p) noexcept { return pool_->k(l, block(p)) + (p % kKvBlockTokens) * kv_dim_; }
