@@ -3,7 +3,7 @@
 
     python3 bench/serve/kv_capacity.py --twell BIN --model DIR [--device cpu] [--kv-tokens 32768]
         [--max-running 256] [--requests 128] [--prompt-len 64] [--max-len 2048] [--min-len 128]
-        [--seed 0] [--json out.json] [--md out.md]
+        [--seed 0] [--kv-headroom 0,1,4] [--json out.json] [--md out.md]
 
 Every request may grow to --max-len tokens (max_tokens = max-len − prompt-len, so a server must be
 ready to hold all of them), but each client stops reading at a length drawn uniformly from
@@ -49,14 +49,16 @@ def client(url, body, stop_at, out, i):
               f"{type(e).__name__}: {e}", file=sys.stderr)
 
 
-def run(a, paged):
+def run(a, paged, headroom=None):
     env = dict(os.environ)
     items = [x for x in env.get("TWELL_TUNING", "").split(",") if x and x != "no-paged-kv"]
     if not paged:
         items.append("no-paged-kv")
     env["TWELL_TUNING"] = ",".join(items)
+    extra = ["--kv-headroom", str(headroom)] if paged and headroom is not None else []
     with TwellServer(a.twell, a.model, "--kv-tokens", str(a.kv_tokens), "--max-running", str(a.max_running),
-                     "--max-queue", str(a.requests + 8), "--model-name", "m", device=a.device, env=env, timeout=300) as srv:
+                     "--max-queue", str(a.requests + 8), "--model-name", "m", *extra, device=a.device, env=env,
+                     timeout=300) as srv:
         url = srv.url
         rng = random.Random(a.seed)
         vocab = a.vocab
@@ -91,7 +93,10 @@ def run(a, paged):
         tokens = sum(o[0] for o in out if o)
         errors = sorted({o[1] for o in out if o and o[1]})[:3]
         busy = [r for r in running if r > 0]
-        return {"mode": "paged" if paged else "fixed (prompt + max_tokens reserved)",
+        mode = "fixed (prompt + max_tokens reserved)"
+        if paged:
+            mode = "paged" if headroom is None else f"paged, headroom {headroom} block(s) a request"
+        return {"mode": mode,
                 "kv_tokens_total": srv.metric("twell_kv_tokens_total"),
                 "peak_running": max(running) if running else 0,
                 "mean_running": sum(busy) / len(busy) if busy else 0,
@@ -114,6 +119,8 @@ def main():
     ap.add_argument("--min-len", type=int, default=128)
     ap.add_argument("--vocab", type=int, default=0, help="prompt ids from [100, vocab) (0: the model's config)")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--kv-headroom", default="", help="paged runs at these `twell serve --kv-headroom` values, "
+                    "comma-separated (default: one run at the server's default)")
     ap.add_argument("--json")
     ap.add_argument("--md")
     a = ap.parse_args()
@@ -123,7 +130,8 @@ def main():
     if cfg.get("max_position_embeddings", 0) < a.max_len:
         ap.error(f"the model's context ({cfg.get('max_position_embeddings')}) is shorter than --max-len {a.max_len}")
     a.vocab = a.vocab or cfg["vocab_size"]
-    rows = [run(a, paged=False), run(a, paged=True)]
+    heads = [int(h) for h in a.kv_headroom.split(",")] if a.kv_headroom else [None]
+    rows = [run(a, paged=False)] + [run(a, paged=True, headroom=h) for h in heads]
     for r in rows:
         print(json.dumps(r), flush=True)
     res = {"model": a.model, "device": a.device, "kv_tokens": a.kv_tokens, "requests": a.requests,

@@ -54,8 +54,10 @@ struct Engine::Active {
 Engine::Engine(model::Runtime& rt, const model::Tokenizer& tok, const EngineOptions& opt)
     : rt_(rt), tok_(tok), opt_(opt) {
   const std::int64_t ctx = rt_.model().config.max_position;
-  TWELL_CHECK(opt_.max_running >= 1 && opt_.max_queue >= 0 && opt_.step_tokens >= 1 && opt_.kv_tokens >= 0,
-              ErrorCode::invalid_argument, "serve: max_running ≥ 1, max_queue ≥ 0, step_tokens ≥ 1 and kv_tokens ≥ 0");
+  TWELL_CHECK(opt_.max_running >= 1 && opt_.max_queue >= 0 && opt_.step_tokens >= 1 && opt_.kv_tokens >= 0 &&
+                  opt_.kv_headroom >= 0,
+              ErrorCode::invalid_argument,
+              "serve: max_running ≥ 1, max_queue ≥ 0, step_tokens ≥ 1, kv_tokens ≥ 0 and kv_headroom ≥ 0");
   if (opt_.kv_tokens == 0) opt_.kv_tokens = opt_.max_running * ctx;
   try {
     pool_ = rt_.make_kv_pool(model::KvPool::blocks_for(opt_.kv_tokens));
@@ -257,14 +259,16 @@ void Engine::loop() {
 
 // Whether a waiting request may start now. Fixed caches: its prompt + max_tokens positions within
 // the budget. Paged: blocks for its feed plus one token, beyond the blocks the running requests
-// still prefilling will take for theirs (so an admission does not just preempt the one before it).
+// still prefilling will take for theirs (so an admission does not just preempt the one before it)
+// and kv_headroom blocks for each running request to grow into (so that requests admitted on their
+// prompts alone do not all outgrow the pool at once and preempt each other in turn).
 bool Engine::fits(const Active& a, const std::vector<std::unique_ptr<Active>>& running) const {
   if (!pool_) return kv_used_ + a.capacity <= opt_.kv_tokens;
   std::int64_t promised = 0;
   for (const auto& r : running) {
     if (r->done) continue;
     const std::int64_t want = model::KvPool::blocks_for(static_cast<std::int64_t>(r->feed.size()) + 1);
-    promised += std::max<std::int64_t>(0, want - (r->seq ? r->seq->blocks() : 0));
+    promised += std::max<std::int64_t>(0, want - (r->seq ? r->seq->blocks() : 0)) + opt_.kv_headroom;
   }
   return pool_->free_blocks() - promised >= model::KvPool::blocks_for(static_cast<std::int64_t>(a.feed.size()) + 1);
 }

@@ -12,7 +12,8 @@
 - bench/serve/compare.py: one result against itself gives 1.00× in every ratio and a row per point;
   results of different workloads are refused.
 - bench/serve/kv_capacity.py: in a 128-position budget fixed caches run one request of up to 128
-  tokens at a time, the paged cache several, and every request completes either way.
+  tokens at a time, the paged cache several (one at a time with `--kv-headroom 7`), and every request
+  completes either way.
 Exit 77 (ctest: skipped) without the `tokenizers` package or SmolLM2's tokenizer.
 """
 import json
@@ -115,18 +116,23 @@ def test_bench(tmp):
         r = tool("compare.py", js, p2, "--md", md)
         check(r.returncode != 0 and "not one workload" in r.stderr, "compare refuses results of different workloads")
     # kv_capacity.py: fixed caches hold one request of up to 128 tokens in a 128-position budget at a
-    # time; the paged cache runs several at once and preempts; every request completes either way.
-    # (/metrics is polled every 20 ms over a run of about a second.)
+    # time; the paged cache without admission headroom runs several at once and preempts; with 7
+    # blocks of headroom a request in that 8-block pool leaves no room for a second one, so they run
+    # one at a time and never preempt. Every request completes either way. (/metrics is polled every
+    # 20 ms over runs of about a second.)
     r = tool("kv_capacity.py", "--twell", TWELL, "--model", model, "--kv-tokens", 128, "--requests", 8,
-             "--max-running", 8, "--prompt-len", 8, "--min-len", 48, "--max-len", 128, "--json",
-             os.path.join(tmp, "kv.json"), timeout=300)
+             "--max-running", 8, "--prompt-len", 8, "--min-len", 48, "--max-len", 128, "--kv-headroom", "0,7",
+             "--json", os.path.join(tmp, "kv.json"), timeout=300)
     check(r.returncode == 0, f"kv_capacity runs ({(r.stdout + r.stderr).strip()[-300:]})")
     if r.returncode == 0:
-        fixed, paged = json.load(open(os.path.join(tmp, "kv.json")))["runs"]
+        fixed, paged, roomy = json.load(open(os.path.join(tmp, "kv.json")))["runs"]
         check(fixed["peak_running"] == 1 and fixed["preemptions"] == 0 and fixed["completed"] == 8,
               f"fixed caches: one 128-token request at a time in 128 positions ({fixed['peak_running']:.0f})")
         check(paged["peak_running"] > 1 and paged["completed"] == 8,
               f"paged: {paged['peak_running']:.0f} at once in the same budget, all 8 complete ({paged['preemptions']:.0f} preemptions)")
+        check(roomy["peak_running"] == 1 and roomy["preemptions"] == 0 and roomy["completed"] == 8,
+              f"paged, headroom 7 of 8 blocks: one at a time, no preemption ({roomy['peak_running']:.0f} at once, "
+              f"{roomy['preemptions']:.0f} preemptions)")
 
 
 def main():

@@ -136,6 +136,9 @@ void add_serve_command(CLI::App& root, std::vector<Command>& out) {
   sub->add_option("--step-tokens", a->engine.step_tokens, "Prompt tokens prefilled a step (chunked prefill)")->check(CLI::Range(1, 1 << 20));
   sub->add_option("--kv-tokens", a->engine.kv_tokens, "KV-cache positions over all running requests (0: max-running x context)")
       ->check(CLI::NonNegativeNumber);
+  sub->add_option("--kv-headroom", a->engine.kv_headroom,
+                  "Paged cache: KV blocks (16 tokens) kept free per running request when admitting another (fewer preemptions)")
+      ->check(CLI::Range(0, 1 << 20));
   sub->add_option("--max-body", a->server.max_body_bytes, "Largest request body in bytes (more: HTTP 413)")->check(CLI::Range(1024, 1 << 30));
   sub->add_option("--max-tokens-default", a->server.max_tokens_default, "A chat request's max_tokens when it gives none")
       ->check(CLI::Range(1, 1 << 20));
