@@ -149,8 +149,7 @@ class CudaKvPool final : public KvPool {
   std::int64_t block_bytes() const noexcept override {
     return 2 * layers_ * kKvBlockTokens * kv_dim_ * static_cast<std::int64_t>(sizeof(bf16_t));
   }
-  bool take(std::int64_t n, std::vector<std::int32_t>& out) { return list_.take(n, out); }
-  void give(const std::vector<std::int32_t>& ids) { list_.give(ids); }
+  KvBlockList& list() noexcept { return list_; }
   const void* owner() const noexcept { return owner_; }
   bf16_t* k() const noexcept { return k_.get(); }
   bf16_t* v() const noexcept { return v_.get(); }
@@ -164,9 +163,10 @@ class CudaKvPool final : public KvPool {
 };
 
 // One sequence's KV cache on the GPU. Fixed capacity: its own keys and values [layers, capacity,
-// kv_dim] bf16 each (blocks in order: no table). Paged: blocks of a CudaKvPool, taken as it grows
-// (reserve) and given back when destroyed, and its block table on the device, which forward()
-// brings up to date before a step reads it (upload_table).
+// kv_dim] bf16 each (blocks in order: no table). Paged: blocks of a CudaKvPool, starting from the
+// published blocks of its prompt's prefix (prefix sharing, kv_blocks.hpp), taken as it grows
+// (reserve) and given back when destroyed or cleared, and its block table on the device, which
+// forward() brings up to date before a step reads it (upload_table).
 class CudaSequence final : public Sequence {
  public:
   CudaSequence(const void* owner, const LlamaConfig& c, std::int64_t capacity)
@@ -175,30 +175,46 @@ class CudaSequence final : public Sequence {
         v_(static_cast<std::size_t>(c.num_layers * capacity * c.kv_dim())) {
     capacity_ = capacity;
   }
-  // Paged: empty; the table's device copy has room for the model's context (one int a block).
-  CudaSequence(std::shared_ptr<CudaKvPool> pool, const LlamaConfig& c, std::int64_t max_position)
+  // Paged: holds the shared blocks of prefix's first full blocks that the pool has; the table's
+  // device copy has room for the model's context (one int a block).
+  CudaSequence(std::shared_ptr<CudaKvPool> pool, const LlamaConfig& c, std::int64_t max_position,
+               std::span<const std::int32_t> prefix)
       : owner_(pool->owner()), kv_dim_(c.kv_dim()), max_position_(max_position), pool_(std::move(pool)),
         d_table_(static_cast<std::size_t>(KvPool::blocks_for(max_position))) {
-    table_.reserve(d_table_.size());
+    table_.ids.reserve(d_table_.size());
+    length_ = capacity_ = table_.share_prefix(pool_->list(), prefix);
   }
   ~CudaSequence() override {
-    if (pool_) pool_->give(table_);
+    if (pool_) pool_->list().give(table_.ids);
   }
   std::int64_t bytes() const noexcept override {
-    return pool_ ? static_cast<std::int64_t>(table_.size()) * pool_->block_bytes()
+    return pool_ ? static_cast<std::int64_t>(table_.ids.size()) * pool_->block_bytes()
                  : static_cast<std::int64_t>(k_.bytes() + v_.bytes());
   }
   bool reserve(std::int64_t tokens) override {
-    return reserve_blocks(pool_.get(), table_, length_, tokens, max_position_, capacity_);
+    return reserve_blocks(pool_ ? &pool_->list() : nullptr, table_.ids, length_, tokens, max_position_, capacity_);
   }
-  std::int64_t blocks() const noexcept override { return pool_ ? static_cast<std::int64_t>(table_.size()) : 0; }
+  std::int64_t blocks() const noexcept override { return pool_ ? static_cast<std::int64_t>(table_.ids.size()) : 0; }
+  void clear() override {  // a paged sequence's blocks may be shared: give them back, never rewrite them
+    if (pool_) {
+      table_.release(pool_->list());
+      uploaded_ = 0;
+      capacity_ = 0;
+    }
+    length_ = 0;
+  }
+  // A forward call wrote `tokens` at the positions before length() for good (after any step run
+  // again): a paged sequence records them and publishes the blocks they filled.
+  void written(std::span<const std::int32_t> tokens) {
+    if (pool_) table_.append(pool_->list(), tokens);
+  }
   const void* owner() const noexcept { return owner_; }
   // The table entries taken since the last upload, to the device (stream order: before the step
   // that reads them; from pageable memory, so the copy is staged before this returns).
   void upload_table(cudaStream_t stream) {
-    const auto n = static_cast<std::int64_t>(table_.size());
+    const auto n = static_cast<std::int64_t>(table_.ids.size());
     if (!pool_ || uploaded_ == n) return;
-    TWELL_CUDA_CHECK(cudaMemcpyAsync(d_table_.get() + uploaded_, table_.data() + uploaded_,
+    TWELL_CUDA_CHECK(cudaMemcpyAsync(d_table_.get() + uploaded_, table_.ids.data() + uploaded_,
                                      static_cast<std::size_t>(n - uploaded_) * sizeof(std::int32_t),
                                      cudaMemcpyHostToDevice, stream));
     uploaded_ = n;
@@ -220,7 +236,7 @@ class CudaSequence final : public Sequence {
   std::int64_t kv_dim_, max_position_;
   DeviceBuffer<bf16_t> k_, v_;         // fixed capacity
   std::shared_ptr<CudaKvPool> pool_;   // paged
-  std::vector<std::int32_t> table_;    // paged: block of positions [16·i, 16·i + 16)
+  PagedBlocks table_;                  // paged: block ids[i] holds positions [16·i, 16·i + 16)
   DeviceBuffer<std::int32_t> d_table_;
   std::int64_t uploaded_ = 0;          // entries of table_ the device copy holds (a table only grows)
 };
@@ -397,11 +413,12 @@ class CudaRuntime final : public Runtime {
     return std::make_shared<CudaKvPool>(this, c, blocks);
   }
 
-  std::unique_ptr<Sequence> new_paged_sequence(const std::shared_ptr<KvPool>& pool) override {
+  std::unique_ptr<Sequence> new_paged_sequence(const std::shared_ptr<KvPool>& pool,
+                                               std::span<const std::int32_t> prefix = {}) override {
     auto p = std::dynamic_pointer_cast<CudaKvPool>(pool);
     TWELL_CHECK(p != nullptr && p->owner() == this, ErrorCode::invalid_argument,
                 "new_paged_sequence: the pool was made by another runtime");
-    return std::make_unique<CudaSequence>(std::move(p), model_->config, model_->config.max_position);
+    return std::make_unique<CudaSequence>(std::move(p), model_->config, model_->config.max_position, prefix);
   }
 
   std::vector<float> forward(std::span<const SeqStep> steps, bool all_positions) override {
@@ -427,9 +444,16 @@ class CudaRuntime final : public Runtime {
   // fixed-point output overflowed in it (a term past its range: fixed_point.hpp), the step again
   // with the fixed-point output off from now on (graphs captured again): the sequences rewound,
   // the statistics as before. body's own errors (e.g. non-finite logits) count only where nothing
-  // overflowed.
+  // overflowed. Then the steps' tokens are written for good: paged sequences publish the blocks
+  // they filled (never before a step that may run again).
   template <class Body>
   auto unless_fixed_overflow(std::span<const SeqStep> steps, Body&& body) -> decltype(body()) {
+    auto out = body_unless_fixed_overflow(steps, body);
+    for (const SeqStep& st : steps) static_cast<CudaSequence*>(st.seq)->written(st.tokens);
+    return out;
+  }
+  template <class Body>
+  auto body_unless_fixed_overflow(std::span<const SeqStep> steps, Body& body) -> decltype(body()) {
     if (!fixed_decode_) return body();
     const std::vector<FfnLayerStats> stats = stats_;
     const std::int64_t total = rows_total_, decode_steps = decode_steps_;

@@ -1,11 +1,23 @@
 #pragma once
-// The free list of a paged KV pool's blocks, shared by the CPU and GPU runtimes' pools (which own
-// the blocks' memory). Block ids are 0 … total − 1; a fresh list hands them out in order. Used by
-// the scheduler's thread and by the sequences it destroys, under a mutex all the same, since a
-// sequence may outlive its user's thread.
+// A paged KV pool's bookkeeping, shared by the CPU and GPU runtimes' pools (which own the blocks'
+// memory): the free list, each block's reference count, and the prefix index that lets sequences
+// share full blocks of the same tokens. And a paged sequence's side of it (PagedBlocks).
+//
+// Prefix sharing. A block is full when all kKvBlockTokens of its positions are written; its keys
+// and values are then a function of the tokens at positions 0 … its end (and never written again:
+// a paged sequence only appends, and gives its blocks back rather than rewrite them). A full block
+// is published under those tokens; a new sequence whose prompt starts with the same tokens takes
+// the published blocks (one more reference each) instead of computing them. A lookup compares the
+// block's own tokens and its predecessor's block id, not only a hash, so a hash collision can never
+// hand out another prefix's keys. A block leaves the index when its last holder gives it back.
+//
+// Used by the scheduler's thread and by the sequences it destroys, under a mutex all the same,
+// since a sequence may outlive its user's thread.
 #include <algorithm>
 #include <cstdint>
 #include <mutex>
+#include <span>
+#include <unordered_map>
 #include <vector>
 
 #include "twell/model/runtime.hpp"
@@ -14,7 +26,9 @@ namespace twell::model {
 
 class KvBlockList {
  public:
-  explicit KvBlockList(std::int64_t total) : total_(total) {
+  explicit KvBlockList(std::int64_t total)
+      : total_(total), refs_(static_cast<std::size_t>(total), 0), key_(refs_.size(), 0), parent_(refs_.size(), kUnpublished),
+        tokens_(refs_.size() * kKvBlockTokens, 0) {
     free_.reserve(static_cast<std::size_t>(total));
     for (std::int64_t b = total - 1; b >= 0; --b) free_.push_back(static_cast<std::int32_t>(b));  // 0 first
   }
@@ -23,26 +37,120 @@ class KvBlockList {
     std::lock_guard lk(m_);
     return static_cast<std::int64_t>(free_.size());
   }
-  // Takes n blocks, appended to `out`, or none (false) when fewer than n are free.
+  // Takes n blocks (one reference each), appended to `out`, or none (false) when fewer are free.
   bool take(std::int64_t n, std::vector<std::int32_t>& out) {
     std::lock_guard lk(m_);
     if (n > static_cast<std::int64_t>(free_.size())) return false;
     for (std::int64_t i = 0; i < n; ++i) {
-      out.push_back(free_.back());
+      const std::int32_t b = free_.back();
       free_.pop_back();
+      refs_[static_cast<std::size_t>(b)] = 1;
+      out.push_back(b);
     }
     return true;
   }
-  // Gives blocks back (each taken from this list and not given back since).
-  void give(const std::vector<std::int32_t>& ids) {
+  // Drops one reference to each block; a block nobody holds leaves the prefix index and is free.
+  void give(std::span<const std::int32_t> ids) {
     std::lock_guard lk(m_);
-    free_.insert(free_.end(), ids.rbegin(), ids.rend());
+    for (auto it = ids.rbegin(); it != ids.rend(); ++it) {
+      const auto b = static_cast<std::size_t>(*it);
+      if (--refs_[b] > 0) continue;
+      if (parent_[b] != kUnpublished) {
+        index_.erase(key_[b]);
+        parent_[b] = kUnpublished;
+      }
+      free_.push_back(*it);
+    }
+  }
+  // Publishes block b, now full of `tokens` (kKvBlockTokens of them) after block `parent` (-1: the
+  // sequence's first), under `key` (KvBlockList::key of the two). A key already published keeps its
+  // block (the same tokens after the same blocks: the same keys and values).
+  void publish(std::int32_t b, std::int32_t parent, std::span<const std::int32_t> tokens, std::uint64_t key) {
+    std::lock_guard lk(m_);
+    const auto i = static_cast<std::size_t>(b);
+    if (parent_[i] != kUnpublished || !index_.emplace(key, b).second) return;
+    key_[i] = key;
+    parent_[i] = parent;
+    std::copy(tokens.begin(), tokens.end(), tokens_.begin() + static_cast<std::ptrdiff_t>(i * kKvBlockTokens));
+  }
+  // The published block of `tokens` after block `parent`, with one more reference, or -1.
+  std::int32_t share(std::int32_t parent, std::span<const std::int32_t> tokens, std::uint64_t key) {
+    std::lock_guard lk(m_);
+    const auto it = index_.find(key);
+    if (it == index_.end()) return -1;
+    const auto i = static_cast<std::size_t>(it->second);
+    if (parent_[i] != parent ||
+        !std::equal(tokens.begin(), tokens.end(), tokens_.begin() + static_cast<std::ptrdiff_t>(i * kKvBlockTokens)))
+      return -1;  // a hash collision: not these tokens
+    ++refs_[i];
+    return it->second;
+  }
+  // The key of a full block: its tokens after the key of the block before it (0 for the first).
+  static std::uint64_t key(std::uint64_t before, std::span<const std::int32_t> tokens) noexcept {
+    std::uint64_t h = before ^ 0x9e3779b97f4a7c15ull;
+    for (const std::int32_t t : tokens) {  // splitmix64 steps over the ids
+      h += static_cast<std::uint64_t>(static_cast<std::uint32_t>(t)) + 0x9e3779b97f4a7c15ull;
+      h = (h ^ (h >> 30)) * 0xbf58476d1ce4e5b9ull;
+      h = (h ^ (h >> 27)) * 0x94d049bb133111ebull;
+      h ^= h >> 31;
+    }
+    return h;
   }
 
  private:
+  static constexpr std::int32_t kUnpublished = -2;  // parent_ of a block not in the index
   std::int64_t total_;
   mutable std::mutex m_;
   std::vector<std::int32_t> free_;
+  std::vector<std::int32_t> refs_;
+  std::vector<std::uint64_t> key_;
+  std::vector<std::int32_t> parent_;  // kUnpublished, or the published block's predecessor (-1: none)
+  std::vector<std::int32_t> tokens_;  // [total, kKvBlockTokens]: a published block's tokens
+  std::unordered_map<std::uint64_t, std::int32_t> index_;
+};
+
+// A paged sequence's blocks (both runtimes): its block table (positions [16·i, 16·i + 16) in block
+// ids[i]), the tokens written so far, and how many of its full blocks are published.
+struct PagedBlocks {
+  std::vector<std::int32_t> ids;
+  std::vector<std::int32_t> tokens;
+  std::vector<std::uint64_t> keys;  // the published full blocks' keys
+
+  // Takes the published blocks of `prefix`'s first full blocks, as far as they match, leaving at
+  // least one token of prefix uncovered (the caller computes that one for its logits). Returns the
+  // positions the blocks hold (the sequence's starting length).
+  std::int64_t share_prefix(KvBlockList& list, std::span<const std::int32_t> prefix) {
+    const auto n = static_cast<std::int64_t>(prefix.size());
+    for (std::int64_t b = 0; (b + 1) * kKvBlockTokens < n; ++b) {
+      const auto blk = prefix.subspan(static_cast<std::size_t>(b * kKvBlockTokens), kKvBlockTokens);
+      const std::uint64_t k = KvBlockList::key(keys.empty() ? 0 : keys.back(), blk);
+      const std::int32_t id = list.share(ids.empty() ? -1 : ids.back(), blk, k);
+      if (id < 0) break;
+      ids.push_back(id);
+      keys.push_back(k);
+      tokens.insert(tokens.end(), blk.begin(), blk.end());
+    }
+    return static_cast<std::int64_t>(tokens.size());
+  }
+  // Records the tokens written at the next positions and publishes each block they fill. Called once
+  // a forward call has written them for good (after a step run again, not before it), so a published
+  // block is final: its sequence writes only past it, and so does every sequence that shares it.
+  void append(KvBlockList& list, std::span<const std::int32_t> written) {
+    tokens.insert(tokens.end(), written.begin(), written.end());
+    while (static_cast<std::int64_t>(keys.size() + 1) * kKvBlockTokens <= static_cast<std::int64_t>(tokens.size())) {
+      const std::size_t b = keys.size();
+      const std::span<const std::int32_t> blk(tokens.data() + b * kKvBlockTokens, kKvBlockTokens);
+      keys.push_back(KvBlockList::key(b == 0 ? 0 : keys[b - 1], blk));
+      list.publish(ids[b], b == 0 ? -1 : ids[b - 1], blk, keys.back());
+    }
+  }
+  // Gives every block back (the sequence empty).
+  void release(KvBlockList& list) {
+    list.give(ids);
+    ids.clear();
+    tokens.clear();
+    keys.clear();
+  }
 };
 
 // Sequence::reserve as both runtimes' sequences implement it: room for `tokens` more positions after

@@ -114,7 +114,7 @@ std::shared_ptr<KvPool> Runtime::make_kv_pool(std::int64_t) {
   throw Error(ErrorCode::unsupported, fmt::format("the {} runtime gives no paged KV cache here", device()));
 }
 
-std::unique_ptr<Sequence> Runtime::new_paged_sequence(const std::shared_ptr<KvPool>&) {
+std::unique_ptr<Sequence> Runtime::new_paged_sequence(const std::shared_ptr<KvPool>&, std::span<const std::int32_t>) {
   throw Error(ErrorCode::unsupported, fmt::format("the {} runtime gives no paged KV cache here", device()));
 }
 
@@ -150,8 +150,7 @@ class CpuKvPool final : public KvPool {
   std::int64_t block_bytes() const noexcept override {
     return 2 * layers_ * kKvBlockTokens * kv_dim_ * static_cast<std::int64_t>(sizeof(float));
   }
-  bool take(std::int64_t n, std::vector<std::int32_t>& out) { return list_.take(n, out); }
-  void give(const std::vector<std::int32_t>& ids) { list_.give(ids); }
+  KvBlockList& list() noexcept { return list_; }
   // Row 0 of block b in layer l.
   float* k(std::int64_t l, std::int32_t b) noexcept { return k_.get() + (l * blocks_ + b) * kKvBlockTokens * kv_dim_; }
   float* v(std::int64_t l, std::int32_t b) noexcept { return v_.get() + (l * blocks_ + b) * kKvBlockTokens * kv_dim_; }
@@ -167,7 +166,8 @@ class CpuKvPool final : public KvPool {
 // One sequence's keys and values: the blocks of its block table, position p in block table[p / B]
 // at row p % B. A sequence of fixed capacity owns a pool of its own whose blocks it holds in order
 // (so its keys are one contiguous run per layer); a paged one takes blocks from a shared pool as it
-// grows (reserve) and gives them back when destroyed.
+// grows (reserve), starting from the published blocks of its prompt's prefix (prefix sharing,
+// kv_blocks.hpp), and gives them back when destroyed or cleared.
 class CpuSequence final : public Sequence {
  public:
   // Fixed capacity: a private pool, every block taken.
@@ -175,21 +175,30 @@ class CpuSequence final : public Sequence {
       : pool_(std::make_shared<CpuKvPool>(owner, c, KvPool::blocks_for(capacity))), kv_dim_(c.kv_dim()),
         max_position_(c.max_position), paged_(false) {
     capacity_ = capacity;
-    pool_->take(pool_->total_blocks(), table_);
+    pool_->list().take(pool_->total_blocks(), table_.ids);
   }
-  // Paged: empty, grows from `pool`.
-  CpuSequence(std::shared_ptr<CpuKvPool> pool, const LlamaConfig& c)
-      : pool_(std::move(pool)), kv_dim_(c.kv_dim()), max_position_(c.max_position), paged_(true) {}
+  // Paged: holds the shared blocks of prefix's first full blocks that the pool has, grows from `pool`.
+  CpuSequence(std::shared_ptr<CpuKvPool> pool, const LlamaConfig& c, std::span<const std::int32_t> prefix)
+      : pool_(std::move(pool)), kv_dim_(c.kv_dim()), max_position_(c.max_position), paged_(true) {
+    length_ = capacity_ = table_.share_prefix(pool_->list(), prefix);
+  }
   ~CpuSequence() override {
-    if (paged_) pool_->give(table_);
+    if (paged_) pool_->list().give(table_.ids);
   }
   std::int64_t bytes() const noexcept override {
-    return static_cast<std::int64_t>(table_.size()) * pool_->block_bytes();
+    return static_cast<std::int64_t>(table_.ids.size()) * pool_->block_bytes();
   }
   bool reserve(std::int64_t tokens) override {
-    return reserve_blocks(paged_ ? pool_.get() : nullptr, table_, length_, tokens, max_position_, capacity_);
+    return reserve_blocks(paged_ ? &pool_->list() : nullptr, table_.ids, length_, tokens, max_position_, capacity_);
   }
-  std::int64_t blocks() const noexcept override { return paged_ ? static_cast<std::int64_t>(table_.size()) : 0; }
+  std::int64_t blocks() const noexcept override { return paged_ ? static_cast<std::int64_t>(table_.ids.size()) : 0; }
+  void clear() override {  // a paged sequence's blocks may be shared: give them back, never rewrite them
+    if (paged_) {
+      table_.release(pool_->list());
+      capacity_ = 0;
+    }
+    length_ = 0;
+  }
   float* k_row(std::int64_t l, std::int64_t p) noexcept { return pool_->k(l, block(p)) + (p % kKvBlockTokens) * kv_dim_; }
   float* v_row(std::int64_t l, std::int64_t p) noexcept { return pool_->v(l, block(p)) + (p % kKvBlockTokens) * kv_dim_; }
   // Keys and values of positions [p0, p1) as runs within blocks: f(first position, its key row,
@@ -209,7 +218,7 @@ class CpuSequence final : public Sequence {
                                                    std::vector<float>& vbuf) {
     const std::int64_t nb = KvPool::blocks_for(n);
     bool in_order = true;
-    for (std::int64_t i = 1; i < nb && in_order; ++i) in_order = table_[i] == table_[i - 1] + 1;
+    for (std::int64_t i = 1; i < nb && in_order; ++i) in_order = table_.ids[i] == table_.ids[i - 1] + 1;
     if (in_order) return {k_row(l, 0), v_row(l, 0)};
     kbuf.resize(static_cast<std::size_t>(n * kv_dim_));
     vbuf.resize(kbuf.size());
@@ -220,12 +229,17 @@ class CpuSequence final : public Sequence {
     return {kbuf.data(), vbuf.data()};
   }
   const CpuRuntime* owner() const noexcept { return pool_->owner(); }
-  void advance(std::int64_t n) noexcept { length_ += n; }
+  // The step's tokens are written at positions length() …: a paged sequence records them (and
+  // publishes the blocks they fill).
+  void advance(std::span<const std::int32_t> tokens) {
+    length_ += static_cast<std::int64_t>(tokens.size());
+    if (paged_) table_.append(pool_->list(), tokens);
+  }
 
  private:
-  std::int32_t block(std::int64_t p) const noexcept { return table_[static_cast<std::size_t>(p / kKvBlockTokens)]; }
+  std::int32_t block(std::int64_t p) const noexcept { return table_.ids[static_cast<std::size_t>(p / kKvBlockTokens)]; }
   std::shared_ptr<CpuKvPool> pool_;
-  std::vector<std::int32_t> table_;
+  PagedBlocks table_;  // a fixed-capacity sequence uses only its ids
   std::int64_t kv_dim_, max_position_;
   bool paged_;
 };
@@ -320,11 +334,12 @@ std::shared_ptr<KvPool> CpuRuntime::make_kv_pool(std::int64_t blocks) {
   return std::make_shared<CpuKvPool>(this, model_->config, blocks);
 }
 
-std::unique_ptr<Sequence> CpuRuntime::new_paged_sequence(const std::shared_ptr<KvPool>& pool) {
+std::unique_ptr<Sequence> CpuRuntime::new_paged_sequence(const std::shared_ptr<KvPool>& pool,
+                                                         std::span<const std::int32_t> prefix) {
   auto p = std::dynamic_pointer_cast<CpuKvPool>(pool);
   TWELL_CHECK(p != nullptr && p->owner() == this, ErrorCode::invalid_argument,
               "new_paged_sequence: the pool was made by another runtime");
-  return std::make_unique<CpuSequence>(std::move(p), model_->config);
+  return std::make_unique<CpuSequence>(std::move(p), model_->config, prefix);
 }
 
 void CpuRuntime::reset_stats() { stats_.assign(stats_.size(), FfnLayerStats{}); }
@@ -572,7 +587,7 @@ std::vector<float> CpuRuntime::forward(std::span<const SeqStep> steps, bool all_
 #pragma omp parallel for simd schedule(static) if (parallel : T * K >= cpu::kParallelMinWork)
     for (std::int64_t i = 0; i < T * K; ++i) x[static_cast<std::size_t>(i)] += tmp[static_cast<std::size_t>(i)];
   }
-  for (std::size_t s = 0; s < steps.size(); ++s) seqs[s]->advance(static_cast<std::int64_t>(steps[s].tokens.size()));
+  for (std::size_t s = 0; s < steps.size(); ++s) seqs[s]->advance(steps[s].tokens);
 
   // Final norm and LM head over the rows asked for.
   std::vector<std::int64_t> rows;

@@ -211,13 +211,22 @@ void Engine::loop() {
       }
       busy_ = true;
     }
+    std::int64_t cached = 0;
     for (Active* a : fresh) {
       try {
-        a->seq = pool_ ? rt_.new_paged_sequence(pool_) : rt_.new_sequence(a->capacity);
+        // Paged: the sequence starts on the published blocks of the feed's prefix (another running
+        // request's identical prompt start, e.g. a system prompt), which need no prefill.
+        a->seq = pool_ ? rt_.new_paged_sequence(pool_, a->feed) : rt_.new_sequence(a->capacity);
+        a->prefilled = a->seq->length();
+        cached += a->prefilled;
       } catch (const std::exception& e) {
         a->req->push({Event::Kind::error, e.what(), "", 0, 0});
         a->done = true;
       }
+    }
+    if (cached > 0) {
+      std::lock_guard lk(m_);
+      metrics_.prompt_tokens_cached_total += cached;
     }
     if (cancel_all_)
       for (auto& a : running) a->req->cancel();

@@ -376,6 +376,9 @@ struct HttpServer::Impl {
     gauge("twell_requests_cancelled_total", "Requests cancelled (client gone, shutdown).", static_cast<double>(m.requests_cancelled), "counter");
     gauge("twell_requests_rejected_total", "Requests refused with a full queue or while shutting down.", static_cast<double>(m.requests_rejected), "counter");
     gauge("twell_prompt_tokens_total", "Prompt tokens prefilled.", static_cast<double>(m.prompt_tokens_total), "counter");
+    gauge("twell_prompt_tokens_cached_total",
+          "Prompt tokens whose keys and values came from another request's shared KV blocks (not prefilled).",
+          static_cast<double>(m.prompt_tokens_cached_total), "counter");
     gauge("twell_generation_tokens_total", "Tokens generated.", static_cast<double>(m.generation_tokens_total), "counter");
     gauge("twell_steps_total", "Scheduler steps (forward calls).", static_cast<double>(m.steps_total), "counter");
     gauge("twell_kv_tokens_used", "KV-cache positions held by running requests.", static_cast<double>(m.kv_tokens_used));

@@ -870,6 +870,50 @@ TEST(ModelCuda, PagedSequencesMatchFixedOnesBitForBit) {
   }
 }
 
+// Prefix sharing on the GPU (the CPU test's case, ModelCpu.PagedSequencesShareFullPrefixBlocks): B
+// starts on A's two full blocks of the same 32 tokens and computes, bit for bit, what a fixed
+// sequence fed the same calls computes; the shared blocks reach the device through B's block table.
+TEST(ModelCuda, PagedSequencesShareFullPrefixBlocks) {
+  TWELL_REQUIRE_GPU();
+  const TinySpec spec = agreement_spec("silu");
+  const model::Model m = model::Model::load(write_tiny("cuda_prefix", spec).string());
+  // One prefill attention for A's and C's 32-token calls (cuDNN would take a shape's second call
+  // only, and its outputs differ from the own kernel's in the last bits, so would later layers' keys).
+  model::RuntimeTuning t;
+  t.cudnn_attention = false;
+  auto rt = model::make_runtime(m, "cuda", {FfnPath::automatic}, t);
+  Rng rng(spec.seed);
+  std::vector<std::int32_t> pa, pb;
+  for (int i = 0; i < 32; ++i) pa.push_back(static_cast<std::int32_t>(rng.below(spec.vocab)));
+  pb = pa;
+  for (int i = 0; i < 8; ++i) {
+    pa.push_back(static_cast<std::int32_t>(rng.below(spec.vocab)));
+    pb.push_back(static_cast<std::int32_t>(rng.below(spec.vocab)));
+  }
+  auto pool = rt->make_kv_pool(16);
+  auto feed = [&](Sequence& q, std::span<const std::int32_t> toks) {
+    EXPECT_TRUE(q.reserve(static_cast<std::int64_t>(toks.size())));
+    SeqStep st{&q, toks};
+    return rt->forward(std::span<const SeqStep>(&st, 1), /*all_positions=*/true);
+  };
+  auto a = rt->new_paged_sequence(pool, pa);
+  feed(*a, std::span<const std::int32_t>(pa).first(32));
+  feed(*a, std::span<const std::int32_t>(pa).subspan(32));
+  auto b = rt->new_paged_sequence(pool, pb);
+  EXPECT_EQ(b->length(), 32);
+  EXPECT_EQ(pool->free_blocks(), 16 - 3);
+  auto c = rt->new_sequence(64);
+  feed(*c, std::span<const std::int32_t>(pb).first(32));
+  const auto lb = feed(*b, std::span<const std::int32_t>(pb).subspan(32));
+  const auto lc = feed(*c, std::span<const std::int32_t>(pb).subspan(32));
+  ASSERT_EQ(lb.size(), lc.size());
+  EXPECT_EQ(std::memcmp(lb.data(), lc.data(), lb.size() * sizeof(float)), 0) << "B on A's blocks vs C computing them";
+  a.reset();
+  b.reset();
+  EXPECT_EQ(pool->free_blocks(), 16);
+  EXPECT_EQ(rt->new_paged_sequence(pool, pb)->length(), 0);
+}
+
 // The GPU pool's accounting and refusals: a reserve the pool cannot meet takes nothing; a pool
 // larger than the GPU's free memory is an error that says so; another runtime's pool is refused;
 // TWELL_TUNING=no-paged-kv refuses pools as unsupported (the server's fallback).

@@ -390,6 +390,63 @@ TEST(ModelCpu, PagedSequencesMatchFixedOnesBitForBit) {
   }
 }
 
+// Prefix sharing: a paged sequence whose prompt starts with the tokens of another's full blocks
+// starts on those blocks (one more reference each, no new blocks, no prefill of them) and computes
+// what a fixed sequence fed the same calls computes, bit for bit: A and the fixed C prefill the same
+// 32 tokens in one call (the same keys and values), B takes A's two blocks and feeds its own 8 tokens
+// as C does. Sharing stops at the first block that differs and leaves at least one token to compute;
+// a block leaves the index when its last holder lets it go, and cleared sequences give blocks back.
+TEST(ModelCpu, PagedSequencesShareFullPrefixBlocks) {
+  TinySpec s;
+  s.act = "silu";
+  s.seed = fresh_seed();
+  const Model m = Model::load(write_tiny("prefix", s).string());
+  CpuRuntime rt(m);
+  Rng rng(s.seed);
+  const auto head = random_tokens(rng, 32, s.vocab), tail_a = random_tokens(rng, 8, s.vocab),
+             tail_b = random_tokens(rng, 8, s.vocab);
+  std::vector<std::int32_t> pa = head, pb = head;
+  pa.insert(pa.end(), tail_a.begin(), tail_a.end());
+  pb.insert(pb.end(), tail_b.begin(), tail_b.end());
+  auto pool = rt.make_kv_pool(16);
+  auto a = rt.new_paged_sequence(pool, pa);
+  EXPECT_EQ(a->length(), 0);  // nothing published yet
+  auto feed = [&](Sequence& q, std::span<const std::int32_t> toks) {
+    EXPECT_TRUE(q.reserve(static_cast<std::int64_t>(toks.size())));
+    SeqStep st{&q, toks};
+    return rt.forward(std::span<const SeqStep>(&st, 1), /*all_positions=*/true);
+  };
+  feed(*a, std::span<const std::int32_t>(pa).first(32));
+  feed(*a, std::span<const std::int32_t>(pa).subspan(32));
+  EXPECT_EQ(pool->free_blocks(), 16 - 3);  // 40 positions
+  auto b = rt.new_paged_sequence(pool, pb);
+  EXPECT_EQ(b->length(), 32);  // A's two full blocks (the third differs, and is not full)
+  EXPECT_EQ(b->blocks(), 2);
+  EXPECT_EQ(pool->free_blocks(), 16 - 3);  // shared, not taken
+  auto c = rt.new_sequence(64);
+  feed(*c, std::span<const std::int32_t>(pb).first(32));
+  const auto lb = feed(*b, std::span<const std::int32_t>(pb).subspan(32));
+  const auto lc = feed(*c, std::span<const std::int32_t>(pb).subspan(32));
+  ASSERT_EQ(lb.size(), lc.size());
+  EXPECT_EQ(std::memcmp(lb.data(), lc.data(), lb.size() * sizeof(float)), 0) << "B on A's blocks vs C computing them";
+  EXPECT_EQ(pool->free_blocks(), 16 - 4);  // B's own third block
+  // At least one token is left to compute: a prefix of exactly 32 shares one block; one that
+  // differs in its first block shares none.
+  EXPECT_EQ(rt.new_paged_sequence(pool, std::span<const std::int32_t>(pa).first(32))->length(), 16);
+  std::vector<std::int32_t> other = pa;
+  other[3] = (other[3] + 1) % static_cast<std::int32_t>(s.vocab);
+  EXPECT_EQ(rt.new_paged_sequence(pool, other)->length(), 0);
+  // A goes: its blocks stay while B holds them; B cleared: they leave the index and come back.
+  a.reset();
+  EXPECT_EQ(pool->free_blocks(), 16 - 3);  // A's third block back
+  EXPECT_EQ(rt.new_paged_sequence(pool, pb)->length(), 32);
+  b->clear();
+  EXPECT_EQ(b->length(), 0);
+  EXPECT_EQ(b->blocks(), 0);
+  EXPECT_EQ(pool->free_blocks(), 16);
+  EXPECT_EQ(rt.new_paged_sequence(pool, pb)->length(), 0);
+}
+
 // The pool's accounting: a reserve the pool cannot meet fails and takes nothing; blocks come back
 // when a sequence is destroyed; a sequence never grows past the context; a pool is its runtime's.
 TEST(ModelCpu, KvPoolRefusesWhatItCannotHoldAndTakesBlocksBack) {

@@ -111,6 +111,28 @@ def main():
     check("".join(pieces) == text and finish == chat.choices[0].finish_reason, "a stream's pieces join to the same answer")
     check(usage is not None and usage.completion_tokens == chat.usage.completion_tokens, "stream_options.include_usage")
 
+    # Prefix sharing: a request whose prompt starts with a running request's full KV blocks (here the
+    # same 50-token prompt) takes those blocks instead of prefilling them: the cached-prompt counter
+    # grows by 48 (three blocks of 16; the last token is always computed), and its greedy answer
+    # equals the same request served alone.
+    long_prompt = list(range(300, 350))
+    lbody = lambda n, stream=False: {"model": NAME, "prompt": long_prompt, "max_tokens": n, "temperature": 0,
+                                     "ignore_eos": True, "stream": stream}
+    code, solo_body = s.post("/v1/completions", body=lbody(8))
+    solo_text = json.loads(solo_body)["choices"][0]["text"] if code == 200 else None
+    c0 = s.metric("twell_prompt_tokens_cached_total")
+    req = urllib.request.Request(s.url + "/v1/completions", data=json.dumps(lbody(400, True)).encode(),
+                                 headers={"Content-Type": "application/json"}, method="POST")
+    with urllib.request.urlopen(req, timeout=60) as first:
+        for raw in first:  # its first token: its prompt's blocks are written and published
+            if raw.startswith(b"data: ") and b'"text"' in raw:
+                break
+        code, shared_body = s.post("/v1/completions", body=lbody(8))
+    shared_text = json.loads(shared_body)["choices"][0]["text"] if code == 200 else None
+    cached = s.metric("twell_prompt_tokens_cached_total") - c0
+    check(cached == 48, f"a running request's prompt blocks shared: {cached:.0f} prompt tokens not prefilled")
+    check(shared_text == solo_text and solo_text, f"the request on shared blocks answers as alone ({shared_text!r} vs {solo_text!r})")
+
     # Concurrency: each greedy request equals the same request alone (continuous batching with
     # prompts of different lengths joining and leaving).
     prompts = [f"Write a short note number {i} about {w}." for i, w in

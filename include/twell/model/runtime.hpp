@@ -27,7 +27,8 @@ class Sequence {
   std::int64_t length() const noexcept { return length_; }      // tokens the cache holds
   std::int64_t capacity() const noexcept { return capacity_; }  // tokens it can hold now
   virtual std::int64_t bytes() const noexcept = 0;               // memory of its cache
-  void clear() noexcept { length_ = 0; }
+  // Empties the sequence (a paged one gives its blocks back: they may be shared).
+  virtual void clear() { length_ = 0; }
   // Room for `tokens` more tokens. A paged sequence (Runtime::new_paged_sequence) takes the blocks
   // they need from its pool and grows its capacity; false, taking none, when the pool has too few
   // free blocks or the model's context would be passed. A sequence of fixed capacity: whether it
@@ -114,13 +115,19 @@ class Runtime {
   virtual std::string device() const = 0;  // "cpu", or the GPU's name
   // A sequence whose cache holds up to `capacity` tokens (≤ the model's context).
   virtual std::unique_ptr<Sequence> new_sequence(std::int64_t capacity) = 0;
-  // A pool of `blocks` KV blocks, and an empty sequence that grows from it block by block
-  // (Sequence::reserve). The pool lives while any of its sequences does. Throws
+  // A pool of `blocks` KV blocks, and a sequence that grows from it block by block
+  // (Sequence::reserve). The pool lives while any of its sequences does. Prefix sharing: a paged
+  // sequence starts holding the pool's published blocks of `prefix`'s first full blocks of
+  // kKvBlockTokens tokens (blocks that other sequences of the pool filled with the same tokens from
+  // position 0; never all of prefix: at least its last token is left to compute), so its length()
+  // starts at the tokens they hold; the caller feeds prefix from there. Its own blocks are published
+  // as forward() fills them. Throws
   // ErrorCode::unsupported where the runtime has no paged cache (TWELL_TUNING=no-paged-kv; the GPU
   // runtime for a context longer than its decode attention takes), ErrorCode::invalid_argument where
   // the blocks do not fit the device's free memory (the GPU's pool is allocated whole).
   virtual std::shared_ptr<KvPool> make_kv_pool(std::int64_t blocks);
-  virtual std::unique_ptr<Sequence> new_paged_sequence(const std::shared_ptr<KvPool>& pool);
+  virtual std::unique_ptr<Sequence> new_paged_sequence(const std::shared_ptr<KvPool>& pool,
+                                                       std::span<const std::int32_t> prefix = {});
   // Runs the model on every step's tokens (appended to its sequence, at positions length()…) and
   // returns logits [rows, V] on the host: one row per step (its last token), or one per token with
   // all_positions. Throws before changing any sequence if a step does not fit its cache, a token
@@ -176,7 +183,8 @@ class CpuRuntime final : public Runtime {
   std::string device() const override { return "cpu"; }
   std::unique_ptr<Sequence> new_sequence(std::int64_t capacity) override;
   std::shared_ptr<KvPool> make_kv_pool(std::int64_t blocks) override;
-  std::unique_ptr<Sequence> new_paged_sequence(const std::shared_ptr<KvPool>& pool) override;
+  std::unique_ptr<Sequence> new_paged_sequence(const std::shared_ptr<KvPool>& pool,
+                                               std::span<const std::int32_t> prefix = {}) override;
   std::vector<float> forward(std::span<const SeqStep> steps, bool all_positions = false) override;
   const std::vector<FfnLayerStats>& ffn_stats() const noexcept override { return stats_; }
   void reset_stats() override;

@@ -88,6 +88,7 @@ struct Metrics {
   std::int64_t preemptions_total = 0;                     // requests preempted for want of KV blocks
   std::int64_t requests_total = 0, requests_finished = 0, requests_cancelled = 0, requests_rejected = 0;
   std::int64_t prompt_tokens_total = 0, generation_tokens_total = 0, steps_total = 0;
+  std::int64_t prompt_tokens_cached_total = 0;  // prompt tokens taken from shared KV blocks (not prefilled)
   std::vector<double> ttft_seconds, itl_seconds;  // bucket counts for the histograms (see kLatencyBuckets)
   double ttft_sum = 0, itl_sum = 0;
   std::int64_t ttft_count = 0, itl_count = 0;
