@@ -167,53 +167,29 @@ class CudaKvPool final : public KvPool {
 // published blocks of its prompt's prefix (prefix sharing, kv_blocks.hpp), taken as it grows
 // (reserve) and given back when destroyed or cleared, and its block table on the device, which
 // forward() brings up to date before a step reads it (upload_table).
-class CudaSequence final : public Sequence {
+class CudaSequence final : public BlockSequence {
  public:
   CudaSequence(const void* owner, const LlamaConfig& c, std::int64_t capacity)
-      : owner_(owner), kv_dim_(c.kv_dim()), max_position_(c.max_position),
+      : BlockSequence(nullptr, capacity, c.max_position), owner_(owner), kv_dim_(c.kv_dim()),
         k_(static_cast<std::size_t>(c.num_layers * capacity * c.kv_dim())),
-        v_(static_cast<std::size_t>(c.num_layers * capacity * c.kv_dim())) {
-    capacity_ = capacity;
-  }
-  // Paged: holds the shared blocks of prefix's first full blocks that the pool has; the table's
-  // device copy has room for the model's context (one int a block).
-  CudaSequence(std::shared_ptr<CudaKvPool> pool, const LlamaConfig& c, std::int64_t max_position,
-               std::span<const std::int32_t> prefix)
-      : owner_(pool->owner()), kv_dim_(c.kv_dim()), max_position_(max_position), pool_(std::move(pool)),
-        d_table_(static_cast<std::size_t>(KvPool::blocks_for(max_position))) {
-    table_.ids.reserve(d_table_.size());
-    length_ = capacity_ = table_.share_prefix(pool_->list(), prefix);
-  }
-  ~CudaSequence() override {
-    if (pool_) pool_->list().give(table_.ids);
-  }
+        v_(static_cast<std::size_t>(c.num_layers * capacity * c.kv_dim())) {}
+  // Paged: starts on the published blocks of prefix's first full blocks that the pool has; the
+  // table's device copy has room for the model's context (one int a block).
+  CudaSequence(const std::shared_ptr<CudaKvPool>& pool, const LlamaConfig& c, std::span<const std::int32_t> prefix)
+      : BlockSequence(pool, pool->list(), c.max_position, prefix), owner_(pool->owner()), kv_dim_(c.kv_dim()),
+        d_table_(static_cast<std::size_t>(KvPool::blocks_for(c.max_position))) {}
   std::int64_t bytes() const noexcept override {
-    return pool_ ? static_cast<std::int64_t>(table_.ids.size()) * pool_->block_bytes()
-                 : static_cast<std::int64_t>(k_.bytes() + v_.bytes());
+    return paged() ? static_cast<std::int64_t>(table_.ids.size()) * pool_->block_bytes()
+                   : static_cast<std::int64_t>(k_.bytes() + v_.bytes());
   }
-  bool reserve(std::int64_t tokens) override {
-    return reserve_blocks(pool_ ? &pool_->list() : nullptr, table_.ids, length_, tokens, max_position_, capacity_);
-  }
-  std::int64_t blocks() const noexcept override { return pool_ ? static_cast<std::int64_t>(table_.ids.size()) : 0; }
-  void clear() override {  // a paged sequence's blocks may be shared: give them back, never rewrite them
-    if (pool_) {
-      table_.release(pool_->list());
-      uploaded_ = 0;
-      capacity_ = 0;
-    }
-    length_ = 0;
-  }
-  // A forward call wrote `tokens` at the positions before length() for good (after any step run
-  // again): a paged sequence records them and publishes the blocks they filled.
-  void written(std::span<const std::int32_t> tokens) {
-    if (pool_) table_.append(pool_->list(), tokens);
-  }
+  // A forward call wrote the steps' tokens for good (after any step run again).
+  using BlockSequence::written;
   const void* owner() const noexcept { return owner_; }
   // The table entries taken since the last upload, to the device (stream order: before the step
   // that reads them; from pageable memory, so the copy is staged before this returns).
   void upload_table(cudaStream_t stream) {
     const auto n = static_cast<std::int64_t>(table_.ids.size());
-    if (!pool_ || uploaded_ == n) return;
+    if (!paged() || uploaded_ == n) return;
     TWELL_CUDA_CHECK(cudaMemcpyAsync(d_table_.get() + uploaded_, table_.ids.data() + uploaded_,
                                      static_cast<std::size_t>(n - uploaded_) * sizeof(std::int32_t),
                                      cudaMemcpyHostToDevice, stream));
@@ -221,10 +197,11 @@ class CudaSequence final : public Sequence {
   }
   cuda::ops::RowKv row(std::int64_t pos) const noexcept {
     cuda::ops::RowKv r;
-    r.k = pool_ ? pool_->k() : k_.get();
-    r.v = pool_ ? pool_->v() : v_.get();
-    r.layer_stride = pool_ ? pool_->layer_stride() : capacity_ * kv_dim_;
-    r.table = pool_ ? d_table_.get() : nullptr;
+    const auto* pool = paged() ? static_cast<const CudaKvPool*>(pool_.get()) : nullptr;
+    r.k = pool ? pool->k() : k_.get();
+    r.v = pool ? pool->v() : v_.get();
+    r.layer_stride = pool ? pool->layer_stride() : capacity_ * kv_dim_;
+    r.table = pool ? d_table_.get() : nullptr;
     r.pos = static_cast<std::int32_t>(pos);
     return r;
   }
@@ -232,13 +209,12 @@ class CudaSequence final : public Sequence {
   void rewind(std::int64_t n) noexcept { length_ -= n; }  // a step run again (its cache rows rewritten)
 
  private:
+  void released() override { uploaded_ = 0; }
   const void* owner_;
-  std::int64_t kv_dim_, max_position_;
-  DeviceBuffer<bf16_t> k_, v_;         // fixed capacity
-  std::shared_ptr<CudaKvPool> pool_;   // paged
-  PagedBlocks table_;                  // paged: block ids[i] holds positions [16·i, 16·i + 16)
-  DeviceBuffer<std::int32_t> d_table_;
-  std::int64_t uploaded_ = 0;          // entries of table_ the device copy holds (a table only grows)
+  std::int64_t kv_dim_;
+  DeviceBuffer<bf16_t> k_, v_;          // fixed capacity
+  DeviceBuffer<std::int32_t> d_table_;  // paged: the block table on the device
+  std::int64_t uploaded_ = 0;           // entries of table_.ids the device copy holds (a table only grows)
 };
 
 // The GPU runtime counts rows, not non-zeros (the engine's counts trail the calls and cover sampled
@@ -418,7 +394,7 @@ class CudaRuntime final : public Runtime {
     auto p = std::dynamic_pointer_cast<CudaKvPool>(pool);
     TWELL_CHECK(p != nullptr && p->owner() == this, ErrorCode::invalid_argument,
                 "new_paged_sequence: the pool was made by another runtime");
-    return std::make_unique<CudaSequence>(std::move(p), model_->config, model_->config.max_position, prefix);
+    return std::make_unique<CudaSequence>(p, model_->config, prefix);
   }
 
   std::vector<float> forward(std::span<const SeqStep> steps, bool all_positions) override {

@@ -154,19 +154,66 @@ struct PagedBlocks {
 };
 
 // Sequence::reserve as both runtimes' sequences implement it: room for `tokens` more positions after
-// `length` within the model's context. A paged sequence (pool non-null: anything with take(n, out))
-// takes the blocks the new length needs, appended to its block table, and its capacity grows to what
-// they hold; a sequence of fixed capacity (pool null) only says whether it has the room.
-template <class Pool>
-bool reserve_blocks(Pool* pool, std::vector<std::int32_t>& table, std::int64_t length, std::int64_t tokens,
-                    std::int64_t max_position, std::int64_t& capacity) {
+// `length` within the model's context. A paged sequence (list non-null) takes the blocks the new
+// length needs, appended to its block table, and its capacity grows to what they hold; a sequence
+// of fixed capacity (list null) only says whether it has the room.
+inline bool reserve_blocks(KvBlockList* list, std::vector<std::int32_t>& table, std::int64_t length,
+                           std::int64_t tokens, std::int64_t max_position, std::int64_t& capacity) {
   if (tokens < 0 || length + tokens > max_position) return false;
   if (length + tokens <= capacity) return true;
-  if (pool == nullptr) return false;
+  if (list == nullptr) return false;
   const std::int64_t need = KvPool::blocks_for(length + tokens) - static_cast<std::int64_t>(table.size());
-  if (!pool->take(need, table)) return false;
+  if (!list->take(need, table)) return false;
   capacity = std::min(static_cast<std::int64_t>(table.size()) * kKvBlockTokens, max_position);
   return true;
 }
+
+// The block side of both runtimes' sequences. Paged: blocks of a shared pool (kept alive here), the
+// first ones the published blocks of its prompt's prefix, taken as it grows, given back when it is
+// destroyed or cleared. Fixed capacity: whatever storage the runtime gives it (table_.ids may list a
+// private pool's blocks, in order); reserve only says whether it has the room.
+class BlockSequence : public Sequence {
+ public:
+  ~BlockSequence() override {
+    if (list_) list_->give(table_.ids);
+  }
+  bool reserve(std::int64_t tokens) override {
+    return reserve_blocks(list_, table_.ids, length_, tokens, max_position_, capacity_);
+  }
+  std::int64_t blocks() const noexcept override { return list_ ? static_cast<std::int64_t>(table_.ids.size()) : 0; }
+  void clear() override {  // a paged sequence's blocks may be shared: give them back, never rewrite them
+    if (list_) {
+      table_.release(*list_);
+      capacity_ = 0;
+      released();
+    }
+    length_ = 0;
+  }
+
+ protected:
+  // Fixed capacity (pool: its private storage's owner, or null).
+  BlockSequence(std::shared_ptr<KvPool> pool, std::int64_t capacity, std::int64_t max_position)
+      : pool_(std::move(pool)), max_position_(max_position) {
+    capacity_ = capacity;
+  }
+  // Paged, from `list` (pool's), starting on the published blocks of prefix.
+  BlockSequence(std::shared_ptr<KvPool> pool, KvBlockList& list, std::int64_t max_position,
+                std::span<const std::int32_t> prefix)
+      : pool_(std::move(pool)), list_(&list), max_position_(max_position) {
+    length_ = capacity_ = table_.share_prefix(list, prefix);
+  }
+  // Tokens written for good at the positions before length(): a paged sequence records them and
+  // publishes the blocks they filled (PagedBlocks::append).
+  void written(std::span<const std::int32_t> tokens) {
+    if (list_) table_.append(*list_, tokens);
+  }
+  virtual void released() {}  // clear() gave the blocks back (a device copy of the table is stale)
+  bool paged() const noexcept { return list_ != nullptr; }
+
+  std::shared_ptr<KvPool> pool_;
+  KvBlockList* list_ = nullptr;  // paged: pool_'s block list
+  PagedBlocks table_;
+  std::int64_t max_position_;
+};
 
 }  // namespace twell::model

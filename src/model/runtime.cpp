@@ -168,39 +168,22 @@ class CpuKvPool final : public KvPool {
 // (so its keys are one contiguous run per layer); a paged one takes blocks from a shared pool as it
 // grows (reserve), starting from the published blocks of its prompt's prefix (prefix sharing,
 // kv_blocks.hpp), and gives them back when destroyed or cleared.
-class CpuSequence final : public Sequence {
+class CpuSequence final : public BlockSequence {
  public:
   // Fixed capacity: a private pool, every block taken.
   CpuSequence(const CpuRuntime* owner, const LlamaConfig& c, std::int64_t capacity)
-      : pool_(std::make_shared<CpuKvPool>(owner, c, KvPool::blocks_for(capacity))), kv_dim_(c.kv_dim()),
-        max_position_(c.max_position), paged_(false) {
-    capacity_ = capacity;
-    pool_->list().take(pool_->total_blocks(), table_.ids);
+      : BlockSequence(std::make_shared<CpuKvPool>(owner, c, KvPool::blocks_for(capacity)), capacity, c.max_position),
+        kv_dim_(c.kv_dim()) {
+    pool().list().take(pool_->total_blocks(), table_.ids);
   }
-  // Paged: holds the shared blocks of prefix's first full blocks that the pool has, grows from `pool`.
-  CpuSequence(std::shared_ptr<CpuKvPool> pool, const LlamaConfig& c, std::span<const std::int32_t> prefix)
-      : pool_(std::move(pool)), kv_dim_(c.kv_dim()), max_position_(c.max_position), paged_(true) {
-    length_ = capacity_ = table_.share_prefix(pool_->list(), prefix);
-  }
-  ~CpuSequence() override {
-    if (paged_) pool_->list().give(table_.ids);
-  }
+  // Paged: from `pool`, starting on the published blocks of prefix's first full blocks.
+  CpuSequence(const std::shared_ptr<CpuKvPool>& pool, const LlamaConfig& c, std::span<const std::int32_t> prefix)
+      : BlockSequence(pool, pool->list(), c.max_position, prefix), kv_dim_(c.kv_dim()) {}
   std::int64_t bytes() const noexcept override {
     return static_cast<std::int64_t>(table_.ids.size()) * pool_->block_bytes();
   }
-  bool reserve(std::int64_t tokens) override {
-    return reserve_blocks(paged_ ? &pool_->list() : nullptr, table_.ids, length_, tokens, max_position_, capacity_);
-  }
-  std::int64_t blocks() const noexcept override { return paged_ ? static_cast<std::int64_t>(table_.ids.size()) : 0; }
-  void clear() override {  // a paged sequence's blocks may be shared: give them back, never rewrite them
-    if (paged_) {
-      table_.release(pool_->list());
-      capacity_ = 0;
-    }
-    length_ = 0;
-  }
-  float* k_row(std::int64_t l, std::int64_t p) noexcept { return pool_->k(l, block(p)) + (p % kKvBlockTokens) * kv_dim_; }
-  float* v_row(std::int64_t l, std::int64_t p) noexcept { return pool_->v(l, block(p)) + (p % kKvBlockTokens) * kv_dim_; }
+  float* k_row(std::int64_t l, std::int64_t p) noexcept { return pool().k(l, block(p)) + (p % kKvBlockTokens) * kv_dim_; }
+  float* v_row(std::int64_t l, std::int64_t p) noexcept { return pool().v(l, block(p)) + (p % kKvBlockTokens) * kv_dim_; }
   // Keys and values of positions [p0, p1) as runs within blocks: f(first position, its key row,
   // its value row, run length), in position order.
   template <class F>
@@ -228,20 +211,18 @@ class CpuSequence final : public Sequence {
     });
     return {kbuf.data(), vbuf.data()};
   }
-  const CpuRuntime* owner() const noexcept { return pool_->owner(); }
+  const CpuRuntime* owner() const noexcept { return static_cast<const CpuKvPool&>(*pool_).owner(); }
   // The step's tokens are written at positions length() …: a paged sequence records them (and
   // publishes the blocks they fill).
   void advance(std::span<const std::int32_t> tokens) {
     length_ += static_cast<std::int64_t>(tokens.size());
-    if (paged_) table_.append(pool_->list(), tokens);
+    written(tokens);
   }
 
  private:
+  CpuKvPool& pool() noexcept { return static_cast<CpuKvPool&>(*pool_); }
   std::int32_t block(std::int64_t p) const noexcept { return table_.ids[static_cast<std::size_t>(p / kKvBlockTokens)]; }
-  std::shared_ptr<CpuKvPool> pool_;
-  PagedBlocks table_;  // a fixed-capacity sequence uses only its ids
-  std::int64_t kv_dim_, max_position_;
-  bool paged_;
+  std::int64_t kv_dim_;
 };
 
 }  // namespace
@@ -339,7 +320,7 @@ std::unique_ptr<Sequence> CpuRuntime::new_paged_sequence(const std::shared_ptr<K
   auto p = std::dynamic_pointer_cast<CpuKvPool>(pool);
   TWELL_CHECK(p != nullptr && p->owner() == this, ErrorCode::invalid_argument,
               "new_paged_sequence: the pool was made by another runtime");
-  return std::make_unique<CpuSequence>(std::move(p), model_->config, prefix);
+  return std::make_unique<CpuSequence>(p, model_->config, prefix);
 }
 
 void CpuRuntime::reset_stats() { stats_.assign(stats_.size(), FfnLayerStats{}); }
