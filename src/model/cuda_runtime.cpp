@@ -146,8 +146,10 @@ class CudaKvPool final : public KvPool {
         v_(static_cast<std::size_t>(layers_ * blocks * kKvBlockTokens * kv_dim_)) {}
   std::int64_t total_blocks() const noexcept override { return blocks_; }
   std::int64_t free_blocks() const noexcept override { return list_.free(); }
-  std::int64_t block_bytes() const noexcept override {
-    return 2 * layers_ * kKvBlockTokens * kv_dim_ * static_cast<std::int64_t>(sizeof(bf16_t));
+  std::int64_t block_bytes() const noexcept override { return bytes_per_block(layers_, kv_dim_); }
+  // One block's keys and values, every layer (what make_kv_pool checks against free memory).
+  static std::int64_t bytes_per_block(std::int64_t layers, std::int64_t kv_dim) noexcept {
+    return 2 * layers * kKvBlockTokens * kv_dim * static_cast<std::int64_t>(sizeof(bf16_t));
   }
   KvBlockList& list() noexcept { return list_; }
   const void* owner() const noexcept { return owner_; }
@@ -182,8 +184,11 @@ class CudaSequence final : public BlockSequence {
     return paged() ? static_cast<std::int64_t>(table_.ids.size()) * pool_->block_bytes()
                    : static_cast<std::int64_t>(k_.bytes() + v_.bytes());
   }
-  // A forward call wrote the steps' tokens for good (after any step run again).
-  using BlockSequence::written;
+  // advance after a step's writes, rewind before the step runs again, publish once a call's writes
+  // are final (after any step run again).
+  using BlockSequence::advance;
+  using BlockSequence::publish;
+  using BlockSequence::rewind;
   const void* owner() const noexcept { return owner_; }
   // The table entries taken since the last upload, to the device (stream order: before the step
   // that reads them; from pageable memory, so the copy is staged before this returns).
@@ -205,8 +210,6 @@ class CudaSequence final : public BlockSequence {
     r.pos = static_cast<std::int32_t>(pos);
     return r;
   }
-  void advance(std::int64_t n) noexcept { length_ += n; }
-  void rewind(std::int64_t n) noexcept { length_ -= n; }  // a step run again (its cache rows rewritten)
 
  private:
   void released() override { uploaded_ = 0; }
@@ -378,7 +381,7 @@ class CudaRuntime final : public Runtime {
     TWELL_CHECK(c.max_position <= max_keys_, ErrorCode::unsupported,
                 "no paged KV cache for a context of {} tokens: the GPU's decode attention takes {} keys at head_dim {}",
                 c.max_position, max_keys_, c.head_dim);
-    const double bytes = 4.0 * static_cast<double>(c.num_layers * kKvBlockTokens * c.kv_dim()) * static_cast<double>(blocks);
+    const double bytes = static_cast<double>(CudaKvPool::bytes_per_block(c.num_layers, c.kv_dim())) * static_cast<double>(blocks);
     std::size_t free = 0, total = 0;
     TWELL_CUDA_CHECK(cudaMemGetInfo(&free, &total));
     TWELL_CHECK(bytes <= static_cast<double>(free), ErrorCode::invalid_argument,
@@ -425,7 +428,7 @@ class CudaRuntime final : public Runtime {
   template <class Body>
   auto unless_fixed_overflow(std::span<const SeqStep> steps, Body&& body) -> decltype(body()) {
     auto out = body_unless_fixed_overflow(steps, body);
-    for (const SeqStep& st : steps) static_cast<CudaSequence*>(st.seq)->written(st.tokens);
+    for (const SeqStep& st : steps) static_cast<CudaSequence*>(st.seq)->publish();
     return out;
   }
   template <class Body>
@@ -655,7 +658,7 @@ class CudaRuntime final : public Runtime {
       ran_sparse = run_decode(sh, plans);
     else
       ran_sparse = enqueue_forward(sh, nullptr);
-    for (std::size_t s = 0; s < steps.size(); ++s) seqs[s]->advance(static_cast<std::int64_t>(steps[s].tokens.size()));
+    for (std::size_t s = 0; s < steps.size(); ++s) seqs[s]->advance(steps[s].tokens);
     for (std::size_t l = 0; l < ran_sparse.size(); ++l) {
       stats_[l].rows += T;
       if (ran_sparse[l]) stats_[l].sparse_rows += T;

@@ -110,11 +110,11 @@ class KvBlockList {
 };
 
 // A paged sequence's blocks (both runtimes): its block table (positions [16·i, 16·i + 16) in block
-// ids[i]), the tokens written so far, and how many of its full blocks are published.
+// ids[i]), the tokens at its positions (always as many as its length), and its full blocks' keys.
 struct PagedBlocks {
   std::vector<std::int32_t> ids;
   std::vector<std::int32_t> tokens;
-  std::vector<std::uint64_t> keys;  // the published full blocks' keys
+  std::vector<std::uint64_t> keys;  // the published full blocks' keys, in order
 
   // Takes the published blocks of `prefix`'s first full blocks, as far as they match, leaving at
   // least one token of prefix uncovered (the caller computes that one for its logits). Returns the
@@ -132,11 +132,15 @@ struct PagedBlocks {
     }
     return static_cast<std::int64_t>(tokens.size());
   }
-  // Records the tokens written at the next positions and publishes each block they fill. Called once
-  // a forward call has written them for good (after a step run again, not before it), so a published
-  // block is final: its sequence writes only past it, and so does every sequence that shares it.
-  void append(KvBlockList& list, std::span<const std::int32_t> written) {
-    tokens.insert(tokens.end(), written.begin(), written.end());
+  // The tokens written at the next positions (with the sequence's length, so the two never part).
+  void record(std::span<const std::int32_t> written) { tokens.insert(tokens.end(), written.begin(), written.end()); }
+  // The last n positions are to be written again (a GPU step run again): never a published block's,
+  // since publish() runs only once a call's writes are final.
+  void drop(std::int64_t n) { tokens.resize(tokens.size() - static_cast<std::size_t>(n)); }
+  // Publishes every full block not yet published. Called once a forward call has written its tokens
+  // for good (after a step run again, not before it), so a published block is final: its sequence
+  // writes only past it, and so does every sequence that shares it.
+  void publish(KvBlockList& list) {
     while (static_cast<std::int64_t>(keys.size() + 1) * kKvBlockTokens <= static_cast<std::int64_t>(tokens.size())) {
       const std::size_t b = keys.size();
       const std::span<const std::int32_t> blk(tokens.data() + b * kKvBlockTokens, kKvBlockTokens);
@@ -202,10 +206,18 @@ class BlockSequence : public Sequence {
       : pool_(std::move(pool)), list_(&list), max_position_(max_position) {
     length_ = capacity_ = table_.share_prefix(list, prefix);
   }
-  // Tokens written for good at the positions before length(): a paged sequence records them and
-  // publishes the blocks they filled (PagedBlocks::append).
-  void written(std::span<const std::int32_t> tokens) {
-    if (list_) table_.append(*list_, tokens);
+  // A paged sequence keeps its tokens beside its length (PagedBlocks::record / drop), and publishes
+  // its full blocks once a call's writes are final (publish).
+  void advance(std::span<const std::int32_t> tokens) {
+    length_ += static_cast<std::int64_t>(tokens.size());
+    if (list_) table_.record(tokens);
+  }
+  void rewind(std::int64_t n) {
+    length_ -= n;
+    if (list_) table_.drop(n);
+  }
+  void publish() {
+    if (list_) table_.publish(*list_);
   }
   virtual void released() {}  // clear() gave the blocks back (a device copy of the table is stale)
   bool paged() const noexcept { return list_ != nullptr; }

@@ -212,11 +212,10 @@ class CpuSequence final : public BlockSequence {
     return {kbuf.data(), vbuf.data()};
   }
   const CpuRuntime* owner() const noexcept { return static_cast<const CpuKvPool&>(*pool_).owner(); }
-  // The step's tokens are written at positions length() …: a paged sequence records them (and
-  // publishes the blocks they fill).
+  // The step's tokens are written at positions length() … for good (a CPU step never runs again).
   void advance(std::span<const std::int32_t> tokens) {
-    length_ += static_cast<std::int64_t>(tokens.size());
-    written(tokens);
+    BlockSequence::advance(tokens);
+    publish();
   }
 
  private:

@@ -5,18 +5,19 @@
 // long prompt never stalls the others); requests join and leave between steps. HTTP threads only
 // submit requests and read their events.
 //
-// KV memory, paged (both runtimes; the GPU's pool is allocated whole at start): one pool of kv_tokens
-// positions in blocks of model::kKvBlockTokens; a request holds only the blocks of the tokens written
-// so far. It is admitted when the pool has blocks for its prompt plus one token beyond what the
-// requests still prefilling will take and kv_headroom blocks for each running request to grow into;
-// when a step's tokens find the pool empty, the most recently
-// admitted request is preempted: its blocks are freed and it goes back to the head of the queue, to
-// be recomputed (prompt and the tokens it generated, prefilled again) when it is admitted again,
-// its stream going on where it stopped. Where the runtime refuses a pool (TWELL_TUNING=no-paged-kv;
-// a GPU context longer than its decode attention takes) each admitted request holds a cache of
-// prompt + max_tokens positions and the sum over the running requests stays within kv_tokens. Either way a request that does not fit waits in the
-// queue, a full queue is refused at once, and a request's cache is freed when it ends, is cancelled
-// or its client goes away.
+// KV memory, paged (both runtimes; the GPU's pool is allocated whole at start): one pool of
+// kv_tokens positions in blocks of model::kKvBlockTokens; a request holds only the blocks of the
+// tokens written so far, starting on the shared blocks of a running request's identical prompt
+// start. It is admitted when the pool has blocks for its prompt plus one token beyond what the
+// requests still prefilling will take, and kv_headroom blocks for each running request to grow
+// into. When a step's tokens find the pool empty, the most recently admitted request is preempted:
+// its blocks are freed and it goes back to the head of the queue, to be recomputed (prompt and the
+// tokens it generated, prefilled again) when it is admitted again, its stream going on where it
+// stopped. Where the runtime refuses a pool (TWELL_TUNING=no-paged-kv; a GPU context longer than its
+// decode attention takes) each admitted request holds a cache of prompt + max_tokens positions and
+// the sum over the running requests stays within kv_tokens. Either way a request that does not fit
+// waits in the queue, a full queue is refused at once, and a request's cache is freed when it ends,
+// is cancelled or its client goes away.
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
