@@ -20,6 +20,9 @@ ab_build_trees() {
   jobs=$(( $(nproc) / 2 + 1 ))
   rm -rf build/ab-old-src && mkdir -p build/ab-old-src && tar -xJf "$OLD_SRC" -C build/ab-old-src || return 1
   [ -f build/ab-old-src/old/CMakeLists.txt ] || { echo "ab: no old/CMakeLists.txt in $OLD_SRC"; return 1; }
+  # The old tree sees this tree's fetched dependencies (cudnn-frontend under .deps/): without them it
+  # configures without cuDNN attention and its prefill is not comparable.
+  [ -d .deps ] && ln -sfn "$PWD/.deps" build/ab-old-src/old/.deps
   local cfg=(-G Ninja -DCMAKE_BUILD_TYPE=Release "-DCMAKE_CUDA_ARCHITECTURES=$archs")
   ( "$CMAKE" -S build/ab-old-src/old -B build/ab-old "${cfg[@]}" && "$CMAKE" --build build/ab-old -j "$jobs" --target "$target" ) \
     > "$logs/build-old.log" 2>&1 &

@@ -48,3 +48,8 @@ while :; do
 done
 log "done: $round rounds in $(( $(date +%s) - start )) s"
 python3 lab/ab/ab_model_summary.py "$D" | tee "$D/summary.md"
+# Both sides must run the same prefill attention (a build without cuDNN is not comparable).
+att_old=$(grep -h "^prefill attention" "$D"/r0.1-old.txt | cut -d';' -f1)
+att_new=$(grep -h "^prefill attention" "$D"/r0.2-new.txt | cut -d';' -f1)
+{ echo; echo "old: $att_old"; echo "new: $att_new"; } | tee -a "$D/summary.md"
+[ "${att_old%% (*}" = "${att_new%% (*}" ] || echo "ab: WARNING: the two sides run different prefill attention" | tee -a "$D/summary.md"
