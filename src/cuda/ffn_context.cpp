@@ -25,13 +25,6 @@ namespace {
 
 std::int64_t round_up(std::int64_t v, std::int64_t m) { return (v + m - 1) / m * m; }
 
-// Copies rows of an fp32 host matrix into a bf16 host staging buffer with row stride `ld`.
-void to_bf16_rows(CMatrixF src, std::vector<std::uint16_t>& dst, std::int64_t row0, std::int64_t ld) {
-  for (std::int64_t r = 0; r < src.rows; ++r)
-    for (std::int64_t c = 0; c < src.cols; ++c)
-      dst[static_cast<std::size_t>((row0 + r) * ld + c)] = to_bf16(src(r, c)).bits;
-}
-
 }  // namespace
 
 FfnContext::FfnContext(const ContextOptions& opt, std::shared_ptr<FfnWorkspace> ws)
@@ -73,98 +66,28 @@ void FfnContext::reset_dispatch_state() {
 }
 
 void FfnContext::upload_weights(const FfnWeights& w, cudaStream_t stream) {
-  ++weights_epoch_;        // new buffers: graphs that captured this layer are stale
-  reset_dispatch_state();  // a new layer: no density measured yet
-  hot_n_ = 0;              // in the given order, no neuron split off
-  order_.clear();
-  w_hot_gu_.release();
-  hot_calibrated_ = false;
-  TWELL_CHECK(w.w_up.data && w.w_down.data, ErrorCode::invalid_argument, "FFN weights: w_up and w_down are required");
-  const std::int64_t n = w.intermediate(), k = w.hidden();
-  TWELL_CHECK(w.w_up.rows == n && w.w_up.cols == k, ErrorCode::shape_mismatch, "w_up is [{}, {}]", w.w_up.rows,
-              w.w_up.cols);
-  TWELL_CHECK(w.w_down.rows == k && w.w_down.cols == n, ErrorCode::shape_mismatch,
-              "w_down must be [K, N] = [{}, {}] (HF down_proj layout); got [{}, {}]", k, n, w.w_down.rows,
-              w.w_down.cols);
-  TWELL_CHECK(!w.gated() || (w.w_gate.rows == n && w.w_gate.cols == k), ErrorCode::shape_mismatch,
-              "w_gate must be [N, K] = [{}, {}]; got [{}, {}]", n, k, w.w_gate.rows, w.w_gate.cols);
-  set_shape(w.gated(), n, k);
-
-  const std::int64_t gu_rows = gated_ ? 2 * ldn_ : ldn_;
-  std::vector<std::uint16_t> gu(static_cast<std::size_t>(gu_rows * k_), 0);
-  if (gated_) {
-    to_bf16_rows(w.w_gate, gu, 0, k_);
-    to_bf16_rows(w.w_up, gu, ldn_, k_);
-  } else {
-    to_bf16_rows(w.w_up, gu, 0, k_);
-  }
-  std::vector<std::uint16_t> down(static_cast<std::size_t>(k_ * ldn_), 0);
-  to_bf16_rows(w.w_down, down, 0, ldn_);
-  std::vector<std::uint16_t> down_t(static_cast<std::size_t>(n_ * k_));
-  for (std::int64_t kk = 0; kk < k_; ++kk)
-    for (std::int64_t nn = 0; nn < n_; ++nn)
-      down_t[static_cast<std::size_t>(nn * k_ + kk)] = to_bf16(w.w_down(kk, nn)).bits;
-
-  w_gu_.resize(gu.size());
-  w_down_.resize(down.size());
-  w_down_t_.resize(down_t.size());
-  TWELL_CUDA_CHECK(cudaMemcpyAsync(w_gu_.get(), gu.data(), gu.size() * 2, cudaMemcpyHostToDevice, stream));
-  TWELL_CUDA_CHECK(cudaMemcpyAsync(w_down_.get(), down.data(), down.size() * 2, cudaMemcpyHostToDevice, stream));
-  TWELL_CUDA_CHECK(cudaMemcpyAsync(w_down_t_.get(), down_t.data(), down_t.size() * 2, cudaMemcpyHostToDevice, stream));
-  TWELL_CUDA_CHECK(cudaStreamSynchronize(stream));  // the staging vectors die here
-  cap_m_ = 0;  // shapes changed: workspaces are re-sized on next use
-}
-
-void FfnContext::set_shape(bool gated, std::int64_t n, std::int64_t k) {
-  TWELL_CHECK(k >= 8 && k % 8 == 0, ErrorCode::unsupported,
-              "the CUDA path needs the hidden size K to be a multiple of 8 (got K = {})", k);
-  TWELL_CHECK(k <= 16384, ErrorCode::unsupported, "the CUDA path supports K ≤ 16384 (got K = {})", k);
-  TWELL_CHECK(n >= 1 && n < (std::int64_t{1} << 31), ErrorCode::unsupported, "N = {} out of range", n);
-  gated_ = gated;
-  n_ = n;
-  k_ = k;
-  ldn_ = round_up(n_, 8);
+  const bool same = w_.upload(w, stream);
+  weights_changed(same, /*keep_measurements=*/false);  // a new layer: no density measured yet
 }
 
 void FfnContext::load_weights(const DeviceFfnWeights& w, cudaStream_t stream) {
-  TWELL_CHECK(w.w_up && w.w_down, ErrorCode::invalid_argument, "FFN weights: w_up and w_down are required");
-  const bool gated = w.w_gate != nullptr;
-  const bool same = w_gu_.get() != nullptr && gated == gated_ && w.n == n_ && w.k == k_;
-  ++weights_epoch_;  // buffers or the hot split change: graphs that captured this layer are stale
-  // A new shape, or densities measured over permuted (hot-split) neurons: measure again.
-  if (!same || !order_.empty()) reset_dispatch_state();
+  const bool permuted = !order_.empty();  // densities were measured over hot-split neurons
+  const bool same = w_.load(w, stream);
+  weights_changed(same, same && !permuted);
+}
+
+void FfnContext::weights_changed(bool same_shape, bool keep_measurements) {
+  ++weights_epoch_;  // buffers or their order changed: graphs that captured this layer are stale
+  if (!keep_measurements) reset_dispatch_state();
   hot_n_ = 0;  // the new weights in their own order; hot neurons are calibrated again when due
   order_.clear();
   w_hot_gu_.release();
   hot_calibrated_ = false;
-  if (!same) {
-    set_shape(gated, w.n, w.k);
-    w_gu_.resize(static_cast<std::size_t>((gated_ ? 2 : 1) * ldn_ * k_));
-    w_down_.resize(static_cast<std::size_t>(k_ * ldn_));
-    w_down_t_.resize(static_cast<std::size_t>(n_ * k_));
-    // Padding rows of [Wg; Wu] and columns of Wd stay zero: the copies below never write them.
-    TWELL_CUDA_CHECK(cudaMemsetAsync(w_gu_.get(), 0, w_gu_.bytes(), stream));
-    TWELL_CUDA_CHECK(cudaMemsetAsync(w_down_.get(), 0, w_down_.bytes(), stream));
-    cap_m_ = 0;
-  }
-  WeightLoadParams p;
-  p.w_gate = w.w_gate;
-  p.w_up = w.w_up;
-  p.w_down = w.w_down;
-  TWELL_CHECK(w.type == WeightType::bf16 || w.type == WeightType::f32, ErrorCode::dtype_mismatch,
-              "FFN weights: bf16 or fp32 only");
-  p.fp32 = w.type == WeightType::f32;
-  p.n = n_;
-  p.k = k_;
-  p.ldn = ldn_;
-  p.gu = w_gu_.get();
-  p.down = w_down_.get();
-  p.down_t = w_down_t_.get();
-  launch_load_ffn_weights(p, stream);  // one pass: [Wg; Wu], Wd padded, Wdᵀ (fp32 rounded to bf16)
+  if (!same_shape) cap_m_ = 0;  // workspaces are sized again on next use
 }
 
 void FfnContext::check_m(std::int64_t m) const {
-  TWELL_CHECK(w_gu_.get() != nullptr, ErrorCode::invalid_argument, "FfnContext: upload_weights() first");
+  TWELL_CHECK(!w_.empty(), ErrorCode::invalid_argument, "FfnContext: upload_weights() first");
   TWELL_CHECK(m >= 1, ErrorCode::invalid_argument, "FfnContext: M must be ≥ 1 (got {})", m);
   TWELL_CHECK(m <= 0x7fffffff, ErrorCode::unsupported, "FfnContext: M = {} too large", m);
 }
@@ -180,9 +103,9 @@ void FfnContext::reserve(std::int64_t m) {
   if (m <= cap_m_) return;
   // Grow-only: the workspace may be shared with layers of other shapes or larger calls.
   const auto um = static_cast<std::size_t>(m);
-  ws_->g.reserve(um * static_cast<std::size_t>(ldn_));
-  ws_->gu.reserve(um * static_cast<std::size_t>(2 * ldn_));
-  ws_->h.reserve(um * static_cast<std::size_t>(ldn_));
+  ws_->g.reserve(um * static_cast<std::size_t>(ldn()));
+  ws_->gu.reserve(um * static_cast<std::size_t>(2 * ldn()));
+  ws_->h.reserve(um * static_cast<std::size_t>(ldn()));
   ws_->words.reserve(um * static_cast<std::size_t>(tiles() * words_per_tile()));
   ws_->row_ovf.reserve(um);
   if (needs_row_nnz()) ws_->row_nnz.reserve(um);
@@ -196,22 +119,22 @@ void FfnContext::reserve(std::int64_t m) {
 
 void FfnContext::dense_forward(const __nv_bfloat16* x, std::int64_t m, __nv_bfloat16* y, cudaStream_t stream) {
   reserve(m);
-  if (!gated_) {
-    gemm_.run({m, n_, k_, k_, k_, ldn_, GemmEpilogue::relu}, w_gu_.get(), x, ws_->h.get(), stream);
-    gemm_.run({m, k_, n_, ldn_, ldn_, k_, GemmEpilogue::none}, w_down_.get(), ws_->h.get(), y, stream);
+  if (!gated()) {
+    gemm_.run({m, n(), k(), k(), k(), ldn(), GemmEpilogue::relu}, w_.gate_up(), x, ws_->h.get(), stream);
+    gemm_.run({m, k(), n(), ldn(), ldn(), k(), GemmEpilogue::none}, w_.down(), ws_->h.get(), y, stream);
     dense_gate_rows_ = m;
     return;
   }
   // [g | u] = x · [Wg; Wu]ᵀ as one GEMM (2·ldn outputs), then h = ReLU(g) ⊙ u, then y = h · Wdᵀ.
-  gemm_.run({m, 2 * ldn_, k_, k_, k_, 2 * ldn_, GemmEpilogue::none}, w_gu_.get(), x, ws_->gu.get(), stream);
-  launch_gated_product(ws_->gu.get(), ws_->gu.get() + ldn_, 2 * ldn_, ws_->h.get(), ldn_, m, n_, stream);
-  gemm_.run({m, k_, n_, ldn_, ldn_, k_, GemmEpilogue::none}, w_down_.get(), ws_->h.get(), y, stream);
+  gemm_.run({m, 2 * ldn(), k(), k(), k(), 2 * ldn(), GemmEpilogue::none}, w_.gate_up(), x, ws_->gu.get(), stream);
+  launch_gated_product(ws_->gu.get(), ws_->gu.get() + ldn(), 2 * ldn(), ws_->h.get(), ldn(), m, n(), stream);
+  gemm_.run({m, k(), n(), ldn(), ldn(), k(), GemmEpilogue::none}, w_.down(), ws_->h.get(), y, stream);
   dense_gate_rows_ = m;
 }
 
 void FfnContext::dense_gate_gemm(const __nv_bfloat16* x, std::int64_t m, cudaStream_t stream) {
   reserve(m);
-  gemm_.run({m, n_, k_, k_, k_, ldn_, GemmEpilogue::none}, w_gu_.get(), x, ws_->g.get(), stream);
+  gemm_.run({m, n(), k(), k(), k(), ldn(), GemmEpilogue::none}, w_.gate_up(), x, ws_->g.get(), stream);
 }
 
 void FfnContext::gate_twell(const __nv_bfloat16* x, std::int64_t m, cudaStream_t stream) {
@@ -231,7 +154,7 @@ void FfnContext::gate_twell(const __nv_bfloat16* x, std::int64_t m, cudaStream_t
   const std::int64_t per = round_up((m + chunks - 1) / chunks, 128);  // whole 128-row GEMM tiles
   for (std::int64_t r0 = 0; r0 < m; r0 += per) {
     const std::int64_t rows = std::min(per, m - r0);
-    gemm_.run({rows, n, k_, k_, k_, ldn_, GemmEpilogue::relu}, w_gu_.get(), x + r0 * k_, ws_->g.get() + r0 * ldn_, stream);
+    gemm_.run({rows, n, k(), k(), k(), ldn(), GemmEpilogue::relu}, w_.gate_up(), x + r0 * k(), ws_->g.get() + r0 * ldn(), stream);
     // After this chunk's GEMM (and the counters' reset), beside the next chunk's GEMM.
     pack_rows(r0, rows, n, nullptr, /*reset_counters=*/false, pack_side_.fork(stream));
   }
@@ -242,17 +165,17 @@ void FfnContext::gate_pack_sm90(const __nv_bfloat16* x, std::int64_t m, cudaStre
   reserve(m);
   GatePackParams p;
   p.x = x;
-  p.w = w_gu_.get();  // rows [0, N): Wg (gated) or Wu (non-gated)
+  p.w = w_.gate_up();  // rows [0, N): Wg (gated) or Wu (non-gated)
   p.m = m;
   p.n = sparse_n(m);
-  p.k = k_;
+  p.k = k();
   p.words_per_tile = words_per_tile();
   p.words = ws_->words.get();
   p.row_overflow = ws_->row_ovf.get();
   p.row_nnz = needs_row_nnz() ? ws_->row_nnz.get() : nullptr;  // the split plan's and dense rows' input
   p.counters = counters_.get();
   p.gate = ws_->g.get();
-  p.ld_gate = ldn_;
+  p.ld_gate = ldn();
   p.store_gate = opt_.gate_store_values;
   p.sm_count = sm_count_;
   p.cluster = opt_.gate_sm90_cluster;
@@ -262,12 +185,12 @@ void FfnContext::gate_pack_sm90(const __nv_bfloat16* x, std::int64_t m, cudaStre
   launch_twell_gate_pack_sm90(p, stream);
 }
 
-void FfnContext::gate_gemm(const __nv_bfloat16* x, std::int64_t m, cudaStream_t stream) { gate_gemm_cols(x, m, n_, stream); }
+void FfnContext::gate_gemm(const __nv_bfloat16* x, std::int64_t m, cudaStream_t stream) { gate_gemm_cols(x, m, n(), stream); }
 
 void FfnContext::gate_gemm_cols(const __nv_bfloat16* x, std::int64_t m, std::int64_t n, cudaStream_t stream) {
   reserve(m);
   // ReLU in the GEMM epilogue: g ≥ 0 in the buffer, so the overflow backup and dense_rest read it as is.
-  gemm_.run({m, n, k_, k_, k_, ldn_, GemmEpilogue::relu}, w_gu_.get(), x, ws_->g.get(), stream);
+  gemm_.run({m, n, k(), k(), k(), ldn(), GemmEpilogue::relu}, w_.gate_up(), x, ws_->g.get(), stream);
 }
 
 void FfnContext::pack(std::int64_t m, const std::uint32_t* enable, cudaStream_t stream) {
@@ -280,8 +203,8 @@ void FfnContext::pack_rows(std::int64_t r0, std::int64_t rows, std::int64_t n, c
               "pack: rows [{}, {}) not produced by gate_gemm for this context", r0, r0 + rows);
   TwellPackParams p;
   p.enable = enable;
-  p.src = ws_->g.get() + r0 * ldn_;
-  p.ld_src = ldn_;
+  p.src = ws_->g.get() + r0 * ldn();
+  p.ld_src = ldn();
   p.m = rows;
   p.n = n;
   p.words_per_tile = words_per_tile();
@@ -296,7 +219,7 @@ void FfnContext::pack_rows(std::int64_t r0, std::int64_t rows, std::int64_t n, c
 
 void FfnContext::sparse_rest(const __nv_bfloat16* x, std::int64_t m, __nv_bfloat16* y, cudaStream_t stream) {
   TWELL_CHECK(m <= cap_m_, ErrorCode::invalid_argument, "sparse_rest: run gate_twell for these {} rows first", m);
-  if (sparse_n(m) == n_) {
+  if (sparse_n(m) == n()) {
     cold_rest(x, m, y, stream);
     return;
   }
@@ -324,10 +247,10 @@ void FfnContext::cold_rest(const __nv_bfloat16* x, std::int64_t m, __nv_bfloat16
   static_cast<FfnOperands&>(p) = operands(x, m, y, n);
   p.words = ws_->words.get();
   p.backup = ws_->g.get();
-  p.ld_backup = ldn_;
+  p.ld_backup = ldn();
   p.words_per_tile = words_per_tile();
   p.relu = true;
-  p.variant = updown_variant(m, gated_);
+  p.variant = updown_variant(m, gated());
   last_dense_planned_ = use_dense_rows(m);
   if (!last_dense_planned_) {
     launch_twell_up_down(p, stream);
@@ -348,11 +271,11 @@ int FfnContext::updown_variant(std::int64_t m, bool gated) const noexcept {
 }
 
 bool FfnContext::uses_decode_token(std::int64_t m) const noexcept {
-  return m == 1 && opt_.decode_gemv && opt_.decode_gemv_max_rows >= 1 && k_ <= kDecodeTokenMaxK;
+  return m == 1 && opt_.decode_gemv && opt_.decode_gemv_max_rows >= 1 && k() <= kDecodeTokenMaxK;
 }
 
 bool FfnContext::is_decode(std::int64_t m) const noexcept {
-  return m <= opt_.decode_max_rows && m < opt_.dispatch_min_rows && k_ <= kDecodeMaxK;
+  return m <= opt_.decode_max_rows && m < opt_.dispatch_min_rows && k() <= kDecodeMaxK;
 }
 
 bool FfnContext::automatic_is_plain_dense(std::int64_t m) const noexcept {
@@ -360,7 +283,7 @@ bool FfnContext::automatic_is_plain_dense(std::int64_t m) const noexcept {
   const bool calibration_due =
       opt_.hot_neurons_auto && !hot_calibrated_ && m >= std::max<std::int64_t>(1, opt_.hot_neurons_min_rows);
   return !calibration_due &&
-         plan_forward(opt_, {.m = m, .path = Path::automatic, .decode = is_decode(m), .gated = gated_}).below_min_rows;
+         plan_forward(opt_, {.m = m, .path = Path::automatic, .decode = is_decode(m), .gated = gated()}).below_min_rows;
 }
 
 bool FfnContext::use_dense_rows(std::int64_t m) const noexcept {
@@ -414,11 +337,11 @@ const std::uint32_t* FfnContext::dense_rows_begin(const __nv_bfloat16* x, std::i
   gp.m = m;
   gp.row_dense = ws_->row_dense.get();
   gp.stats = dense_stats_.get();
-  if (gated_) {
-    ws_->x_h.reserve(static_cast<std::size_t>(cap * k_));
+  if (gated()) {
+    ws_->x_h.reserve(static_cast<std::size_t>(cap * k()));
     gp.x = x;
-    gp.ld_x = k_;
-    gp.k = k_;
+    gp.ld_x = k();
+    gp.k = k();
     gp.x_h = ws_->x_h.get();
   }
   launch_dense_rows_gather(gp, stream);
@@ -437,27 +360,27 @@ void FfnContext::dense_rows_finish(std::int64_t m, std::int64_t cap, __nv_bfloat
   hp.words = ws_->words.get();
   hp.words_per_tile = words_per_tile();
   hp.backup = ws_->g.get();
-  hp.ld_backup = ldn_;
+  hp.ld_backup = ldn();
   hp.relu = true;
   hp.n = n;
   hp.h = ws_->h.get();  // [m, ldn] workspace, its first cap rows
-  hp.ld_h = ldn_;
-  if (gated_) {  // u of the gathered rows into the stacked buffer's first cap·ldn elements
-    gemm_.run({cap, n, k_, k_, k_, ldn_, GemmEpilogue::none}, w_gu_.get() + ldn_ * k_, ws_->x_h.get(), ws_->gu.get(), stream);
+  hp.ld_h = ldn();
+  if (gated()) {  // u of the gathered rows into the stacked buffer's first cap·ldn elements
+    gemm_.run({cap, n, k(), k(), k(), ldn(), GemmEpilogue::none}, w_.gate_up() + ldn() * k(), ws_->x_h.get(), ws_->gu.get(), stream);
     hp.u = ws_->gu.get();
-    hp.ld_u = ldn_;
+    hp.ld_u = ldn();
   }
   launch_dense_rows_h(hp, stream);
-  ws_->y_h.reserve(static_cast<std::size_t>(cap * k_));
-  gemm_.run({cap, k_, n, ldn_, ldn_, k_, GemmEpilogue::none}, w_down_.get(), ws_->h.get(), ws_->y_h.get(), stream);
+  ws_->y_h.reserve(static_cast<std::size_t>(cap * k()));
+  gemm_.run({cap, k(), n, ldn(), ldn(), k(), GemmEpilogue::none}, w_.down(), ws_->h.get(), ws_->y_h.get(), stream);
   DenseRowsScatterParams sp;
   sp.list = list;
   sp.selected = selected;
   sp.capacity = cap;
   sp.y_h = ws_->y_h.get();
   sp.y = y;
-  sp.ld_y = k_;
-  sp.k = k_;
+  sp.ld_y = k();
+  sp.k = k();
   launch_dense_rows_scatter(sp, stream);
 }
 
@@ -480,24 +403,24 @@ FfnOperands FfnContext::operands(const __nv_bfloat16* x, std::int64_t m, __nv_bf
                                  std::int64_t n) const noexcept {
   FfnOperands o;
   o.x = x;
-  o.ld_x = k_;
-  o.w_up = gated_ ? w_gu_.get() + ldn_ * k_ : nullptr;
-  o.w_down_t = w_down_t_.get();
+  o.ld_x = k();
+  o.w_up = gated() ? w_.gate_up() + ldn() * k() : nullptr;
+  o.w_down_t = w_.down_t();
   o.y = y;
-  o.ld_y = k_;
+  o.ld_y = k();
   o.m = m;
   o.n = n;
-  o.k = k_;
-  o.gated = gated_;
+  o.k = k();
+  o.gated = gated();
   return o;
 }
 
 std::string FfnContext::sparse_path_name(std::int64_t m) const {
-  const char* first = gate_sm90_active() ? (gated_ ? "sm90 gate GEMM with TwELL epilogue" : "sm90 up GEMM with TwELL epilogue")
-                                      : (gated_ ? "cublasLt gate + pack" : "cublasLt up + pack");
-  const char* rest = gated_ ? "fused up+down" : "sparse down";
+  const char* first = gate_sm90_active() ? (gated() ? "sm90 gate GEMM with TwELL epilogue" : "sm90 up GEMM with TwELL epilogue")
+                                      : (gated() ? "cublasLt gate + pack" : "cublasLt up + pack");
+  const char* rest = gated() ? "fused up+down" : "sparse down";
   const std::string hot =
-      sparse_n(m) < n_ ? fmt::format("; {} of {} neurons (the hot ones) dense", n_ - sparse_n(m), n_) : std::string();
+      sparse_n(m) < n() ? fmt::format("; {} of {} neurons (the hot ones) dense", n() - sparse_n(m), n()) : std::string();
   if (use_dense_rows(m) && last_dense_cap_ > 0)
     return fmt::format("twell: {}, {}; rows over {} non-zeros dense (up to {}){}", first, rest,
                        dense_row_cap(sparse_n(m)), last_dense_cap_, hot);
@@ -507,13 +430,13 @@ std::string FfnContext::sparse_path_name(std::int64_t m) const {
 void FfnContext::dense_rest(const __nv_bfloat16* x, std::int64_t m, __nv_bfloat16* y, cudaStream_t stream) {
   TWELL_CHECK(m <= cap_m_, ErrorCode::invalid_argument, "dense_rest: run gate_twell for these {} rows first", m);
   const __nv_bfloat16* h = ws_->g.get();
-  if (gated_) {
+  if (gated()) {
     __nv_bfloat16* u = ws_->gu.get();  // [m, ldn] view of the stacked buffer
-    gemm_.run({m, n_, k_, k_, k_, ldn_, GemmEpilogue::none}, w_gu_.get() + ldn_ * k_, x, u, stream);
-    launch_gated_product(ws_->g.get(), u, ldn_, ws_->h.get(), ldn_, m, n_, stream);
+    gemm_.run({m, n(), k(), k(), k(), ldn(), GemmEpilogue::none}, w_.gate_up() + ldn() * k(), x, u, stream);
+    launch_gated_product(ws_->g.get(), u, ldn(), ws_->h.get(), ldn(), m, n(), stream);
     h = ws_->h.get();
   }
-  gemm_.run({m, k_, n_, ldn_, ldn_, k_, GemmEpilogue::none}, w_down_.get(), h, y, stream);
+  gemm_.run({m, k(), n(), ldn(), ldn(), k(), GemmEpilogue::none}, w_.down(), h, y, stream);
 }
 
 void FfnContext::dense_forward_counted(const __nv_bfloat16* x, std::int64_t m, __nv_bfloat16* y, cudaStream_t stream) {
@@ -524,7 +447,7 @@ void FfnContext::dense_forward_counted(const __nv_bfloat16* x, std::int64_t m, _
   // Only the cold neurons (the first sparse_n(m) columns) count: their density decides.
   const std::int64_t n = sparse_n(m);
   const TwellSampleParams sp =
-      sample_params(gated_ ? ws_->gu.get() : ws_->h.get(), gated_ ? 2 * ldn_ : ldn_, rows, n, 0.0, use_dense_rows(m));
+      sample_params(gated() ? ws_->gu.get() : ws_->h.get(), gated() ? 2 * ldn() : ldn(), rows, n, 0.0, use_dense_rows(m));
   launch_twell_sample_decide(sp, stream);
   const double sampled = static_cast<double>((rows + sp.stride - 1) / sp.stride);
   // Tag 0: the extra words are the sampled rows' true count (then two unused words, defined here so
@@ -540,7 +463,7 @@ void FfnContext::decode_forward(const __nv_bfloat16* x, std::int64_t m, __nv_bfl
     advance_decode_order(stream);  // prepares the step (and restarts the order on new weights)
   else
     prepare_decode(m, stream);
-  counts_.push_by(static_cast<double>(m) * static_cast<double>(n_), stream,
+  counts_.push_by(static_cast<double>(m) * static_cast<double>(n()), stream,
                   [&](unsigned long long* dst) { enqueue_decode(x, m, y, dst, stream); });
 }
 
@@ -548,7 +471,7 @@ bool FfnContext::decode_plan_sparse(std::int64_t m) {
   resolve_pending();
   // As forward(automatic) would plan it (−1, nothing measured yet: sparse).
   return plan_forward(opt_, {.m = m, .path = Path::automatic, .decode = true, .one_token = uses_decode_token(m),
-                             .gated = gated_, .last_density = last_density_}).step == ForwardStep::decode;
+                             .gated = gated(), .last_density = last_density_}).step == ForwardStep::decode;
 }
 
 void FfnContext::prepare_decode(std::int64_t m, cudaStream_t stream) {
@@ -556,10 +479,10 @@ void FfnContext::prepare_decode(std::int64_t m, cudaStream_t stream) {
               "prepare_decode: {} rows are not decode rows (at most {}, K ≤ {})", m, opt_.decode_max_rows, kDecodeMaxK);
   reserve(m);
   if (uses_decode_token(m)) {
-    if (decode_token_n_ != n_) {  // for this N (a reload may change it); zero once, every launch leaves it so
-      decode_token_n_ = n_;
-      decode_h_.resize(static_cast<std::size_t>(n_));
-      decode_flags_.resize(static_cast<std::size_t>(decode_token_flag_bytes(n_)));
+    if (decode_token_n_ != n()) {  // for this N (a reload may change it); zero once, every launch leaves it so
+      decode_token_n_ = n();
+      decode_h_.resize(static_cast<std::size_t>(n()));
+      decode_flags_.resize(static_cast<std::size_t>(decode_token_flag_bytes(n())));
       TWELL_CUDA_CHECK(cudaMemsetAsync(decode_flags_.get(), 0, decode_flags_.bytes(), stream));
     }
     if (!decode_order_current()) {
@@ -567,11 +490,11 @@ void FfnContext::prepare_decode(std::int64_t m, cudaStream_t stream) {
       // the identity order. The buffers keep their addresses once sized (a captured step reads them).
       decode_order_epoch_ = weights_epoch_;
       decode_order_steps_ = 0;
-      if (decode_order_.size() != static_cast<std::size_t>(n_)) {
-        decode_order_.resize(static_cast<std::size_t>(n_));
-        decode_hits_.resize(static_cast<std::size_t>(n_));
+      if (decode_order_.size() != static_cast<std::size_t>(n())) {
+        decode_order_.resize(static_cast<std::size_t>(n()));
+        decode_hits_.resize(static_cast<std::size_t>(n()));
       }
-      std::vector<std::int32_t> identity(static_cast<std::size_t>(n_));
+      std::vector<std::int32_t> identity(static_cast<std::size_t>(n()));
       std::iota(identity.begin(), identity.end(), 0);
       // (from pageable memory: the call returns once `identity` is staged, so it may go)
       TWELL_CUDA_CHECK(cudaMemcpyAsync(decode_order_.get(), identity.data(), decode_order_.bytes(), cudaMemcpyHostToDevice, stream));
@@ -579,7 +502,7 @@ void FfnContext::prepare_decode(std::int64_t m, cudaStream_t stream) {
     }
     return;
   }
-  ws_->decode_partials.reserve(static_cast<std::size_t>(m * tiles() * k_));
+  ws_->decode_partials.reserve(static_cast<std::size_t>(m * tiles() * k()));
   if (decode_tickets_.size() < static_cast<std::size_t>(m + 2)) {
     // [0, m): row tickets, [m]: CTA ticket, [m + 1]: unused; the count is separate (64-bit).
     // Zeroed once; every launch leaves them zero again.
@@ -591,9 +514,9 @@ void FfnContext::prepare_decode(std::int64_t m, cudaStream_t stream) {
 
 bool FfnContext::decode_prepared(std::int64_t m) const noexcept {
   if (!is_decode(m) || m > cap_m_) return false;
-  if (uses_decode_token(m)) return decode_token_n_ == n_;  // (prepare_decode sizes the order with it)
+  if (uses_decode_token(m)) return decode_token_n_ == n();  // (prepare_decode sizes the order with it)
   return decode_tickets_.size() >= static_cast<std::size_t>(m + 2) &&
-         ws_->decode_partials.size() >= static_cast<std::size_t>(m * tiles() * k_);
+         ws_->decode_partials.size() >= static_cast<std::size_t>(m * tiles() * k());
 }
 
 void FfnContext::decode_step(const __nv_bfloat16* x, std::int64_t m, __nv_bfloat16* y, bool sparse,
@@ -619,8 +542,8 @@ void FfnContext::decode_step_fixed(const DecodeTokenNorm& in, long long* y_fixed
   TWELL_CHECK(folds_norm() && decode_prepared(1), ErrorCode::invalid_argument,
               "decode_step: the fixed-point output needs the one-token kernels, prepared (prepare_decode(1))");
   TwellDecodeTokenParams tp;
-  static_cast<FfnOperands&>(tp) = operands(nullptr, 1, nullptr, n_);
-  tp.w_first = w_gu_.get();
+  static_cast<FfnOperands&>(tp) = operands(nullptr, 1, nullptr, n());
+  tp.w_first = w_.gate_up();
   tp.norm = in;
   tp.y_fixed = y_fixed;
   tp.overflow = overflow;
@@ -632,16 +555,16 @@ void FfnContext::decode_step_fixed(const DecodeTokenNorm& in, long long* y_fixed
 void FfnContext::set_decode_reorder(bool on, cudaStream_t stream) {
   opt_.decode_reorder = on;
   if (!on) decode_order_epoch_ = ~std::uint64_t{0};  // the next prepare_decode restores the identity
-  if (!on && n_ > 0 && decode_token_n_ == n_) prepare_decode(1, stream);
+  if (!on && n() > 0 && decode_token_n_ == n()) prepare_decode(1, stream);
 }
 
 bool FfnContext::decode_order_current() const noexcept {
-  return decode_order_epoch_ == weights_epoch_ && decode_order_.size() == static_cast<std::size_t>(n_);
+  return decode_order_epoch_ == weights_epoch_ && decode_order_.size() == static_cast<std::size_t>(n());
 }
 
 void FfnContext::reorder_decode(cudaStream_t stream) {
   if (!opt_.decode_reorder || !decode_order_current()) return;  // not prepared for these weights: the identity stands
-  launch_decode_token_reorder(decode_hits_.get(), decode_order_.get(), n_, stream);
+  launch_decode_token_reorder(decode_hits_.get(), decode_order_.get(), n(), stream);
 }
 
 void FfnContext::advance_decode_order(cudaStream_t stream) {
@@ -654,8 +577,8 @@ void FfnContext::enqueue_decode(const __nv_bfloat16* x, std::int64_t m, __nv_bfl
                                 unsigned long long* nnz_out, cudaStream_t stream, const DecodeTokenNorm* norm) {
   if (uses_decode_token(m)) {  // (prepared: decode_forward prepares, decode_step checks)
     TwellDecodeTokenParams tp;
-    static_cast<FfnOperands&>(tp) = operands(x, m, y, n_);
-    tp.w_first = w_gu_.get();
+    static_cast<FfnOperands&>(tp) = operands(x, m, y, n());
+    tp.w_first = w_.gate_up();
     tp.h = decode_h_.get();
     tp.flags = decode_flags_.get();
     tp.nnz_out = nnz_out;
@@ -665,24 +588,24 @@ void FfnContext::enqueue_decode(const __nv_bfloat16* x, std::int64_t m, __nv_bfl
     launch_twell_decode_token(tp, stream);
     return;
   }
-  if (opt_.decode_gemv && m <= std::min(opt_.decode_gemv_max_rows, kGemvMaxRows) && k_ <= kGemvMaxK) {
+  if (opt_.decode_gemv && m <= std::min(opt_.decode_gemv_max_rows, kGemvMaxRows) && k() <= kGemvMaxK) {
     TwellGemvParams gp;  // the gate (the up GEMM non-gated) as a GEMV: same values as gate_gemm's
     gp.x = x;
-    gp.ld_x = k_;
-    gp.w = w_gu_.get();
+    gp.ld_x = k();
+    gp.w = w_.gate_up();
     gp.g = ws_->g.get();
-    gp.ld_g = ldn_;
+    gp.ld_g = ldn();
     gp.m = m;
-    gp.n = n_;
-    gp.k = k_;
+    gp.n = n();
+    gp.k = k();
     launch_twell_gemv(gp, stream);
   } else {
     gate_gemm(x, m, stream);
   }
   TwellDecodeParams p;
-  static_cast<FfnOperands&>(p) = operands(x, m, y, n_);  // decode runs every neuron
+  static_cast<FfnOperands&>(p) = operands(x, m, y, n());  // decode runs every neuron
   p.g = ws_->g.get();
-  p.ld_g = ldn_;
+  p.ld_g = ldn();
   p.partials = ws_->decode_partials.get();
   p.row_tickets = decode_tickets_.get();
   p.cta_ticket = decode_tickets_.get() + decode_tickets_.size() - 2;
@@ -740,8 +663,8 @@ TwellCounters FfnContext::read_counters(cudaStream_t stream) {
 }
 
 std::int64_t FfnContext::sparse_n(std::int64_t m) const noexcept {
-  const bool split = hot_n_ > 0 && hot_n_ < n_ && !is_decode(m) && m >= std::max<std::int64_t>(1, opt_.hot_neurons_min_rows);
-  return split ? n_ - hot_n_ : n_;
+  const bool split = hot_n_ > 0 && hot_n_ < n() && !is_decode(m) && m >= std::max<std::int64_t>(1, opt_.hot_neurons_min_rows);
+  return split ? n() - hot_n_ : n();
 }
 
 std::vector<std::uint32_t> FfnContext::count_neurons(const __nv_bfloat16* x, std::int64_t m, cudaStream_t stream) {
@@ -753,26 +676,26 @@ std::vector<std::uint32_t> FfnContext::neuron_counts_of_gate(std::int64_t m, con
                                                              std::int64_t* rows_left_out, cudaStream_t stream) {
   std::vector<std::uint32_t> pos;  // by position
   if (cold) {  // rows with more than dense_row_cap(cold count) non-zeros in the cold neurons are skipped
-    std::vector<unsigned char> mask(static_cast<std::size_t>(n_));
+    std::vector<unsigned char> mask(static_cast<std::size_t>(n()));
     std::int64_t nc = 0;
-    for (std::int64_t j = 0; j < n_; ++j) {  // by position
+    for (std::int64_t j = 0; j < n(); ++j) {  // by position
       mask[static_cast<std::size_t>(j)] = (*cold)[static_cast<std::size_t>(order_.empty() ? j : order_[static_cast<std::size_t>(j)])];
       nc += mask[static_cast<std::size_t>(j)];
     }
-    pos = read_neuron_counts_sparse_rows(ws_->g.get(), ldn_, m, n_, mask, dense_row_cap(nc), ws_->row_nnz.get(), rows_left_out,
+    pos = read_neuron_counts_sparse_rows(ws_->g.get(), ldn(), m, n(), mask, dense_row_cap(nc), ws_->row_nnz.get(), rows_left_out,
                                          stream);
   } else {
-    pos = read_neuron_counts(ws_->g.get(), ldn_, m, n_, nullptr, 0, stream);
+    pos = read_neuron_counts(ws_->g.get(), ldn(), m, n(), nullptr, 0, stream);
   }
   if (order_.empty()) return pos;
-  std::vector<std::uint32_t> orig(static_cast<std::size_t>(n_));
-  for (std::int64_t j = 0; j < n_; ++j) orig[static_cast<std::size_t>(order_[static_cast<std::size_t>(j)])] = pos[static_cast<std::size_t>(j)];
+  std::vector<std::uint32_t> orig(static_cast<std::size_t>(n()));
+  for (std::int64_t j = 0; j < n(); ++j) orig[static_cast<std::size_t>(order_[static_cast<std::size_t>(j)])] = pos[static_cast<std::size_t>(j)];
   return orig;
 }
 
 std::vector<std::int64_t> FfnContext::choose_hot_neurons(const std::vector<std::uint32_t>& counts, std::int64_t m) const {
-  TWELL_CHECK(static_cast<std::int64_t>(counts.size()) == n_, ErrorCode::shape_mismatch,
-              "choose_hot_neurons: {} counts for N = {} neurons", counts.size(), n_);
+  TWELL_CHECK(static_cast<std::int64_t>(counts.size()) == n(), ErrorCode::shape_mismatch,
+              "choose_hot_neurons: {} counts for N = {} neurons", counts.size(), n());
   TWELL_CHECK(m >= 1, ErrorCode::invalid_argument, "choose_hot_neurons: M must be ≥ 1 (got {})", m);
   return neurons_over(counts, hot_threshold(), m, max_hot_neurons(), over_share());
 }
@@ -780,89 +703,82 @@ std::vector<std::int64_t> FfnContext::choose_hot_neurons(const std::vector<std::
 double FfnContext::max_hot_neurons() const noexcept {
   // At most half of the neurons (less the up to 7 that set_hot_neurons may add, and rounding): the
   // hot part's workspace is half of the stacked buffer.
-  return std::min(opt_.hot_neurons_max_share * static_cast<double>(n_), static_cast<double>(ldn_ / 2 - 16));
+  return std::min(opt_.hot_neurons_max_share * static_cast<double>(n()), static_cast<double>(ldn() / 2 - 16));
 }
 
 std::vector<std::int64_t> FfnContext::hot_neurons() const {
   std::vector<std::int64_t> hot;
-  for (std::int64_t j = n_ - hot_n_; j < n_; ++j) hot.push_back(order_.empty() ? j : order_[static_cast<std::size_t>(j)]);
+  for (std::int64_t j = n() - hot_n_; j < n(); ++j) hot.push_back(order_.empty() ? j : order_[static_cast<std::size_t>(j)]);
   std::sort(hot.begin(), hot.end());
   return hot;
 }
 
 void FfnContext::set_hot_neurons(const std::vector<std::int64_t>& hot, cudaStream_t stream,
                                  const std::vector<std::uint32_t>* counts) {
-  TWELL_CHECK(w_gu_.get() != nullptr, ErrorCode::invalid_argument, "FfnContext: upload_weights() first");
-  TWELL_CHECK(!counts || static_cast<std::int64_t>(counts->size()) == n_, ErrorCode::shape_mismatch,
-              "set_hot_neurons: {} counts for N = {} neurons", counts ? counts->size() : 0, n_);
+  TWELL_CHECK(!w_.empty(), ErrorCode::invalid_argument, "FfnContext: upload_weights() first");
+  TWELL_CHECK(!counts || static_cast<std::int64_t>(counts->size()) == n(), ErrorCode::shape_mismatch,
+              "set_hot_neurons: {} counts for N = {} neurons", counts ? counts->size() : 0, n());
   ++weights_epoch_;  // the weights move to new buffers in a new order
-  std::vector<char> is_hot(static_cast<std::size_t>(n_), 0);
+  std::vector<char> is_hot(static_cast<std::size_t>(n()), 0);
   for (const std::int64_t i : hot) {
-    TWELL_CHECK(i >= 0 && i < n_, ErrorCode::invalid_argument, "set_hot_neurons: neuron {} out of [0, {})", i, n_);
+    TWELL_CHECK(i >= 0 && i < n(), ErrorCode::invalid_argument, "set_hot_neurons: neuron {} out of [0, {})", i, n());
     is_hot[static_cast<std::size_t>(i)] = 1;
   }
   std::vector<std::int64_t> cold;
-  for (std::int64_t i = 0; i < n_; ++i)
+  for (std::int64_t i = 0; i < n(); ++i)
     if (!is_hot[static_cast<std::size_t>(i)]) cold.push_back(i);
   // Whole groups of 8 cold neurons: the hot part of Wd then starts 16-byte aligned. The extra hot
   // ones are the hottest cold neurons by `counts` (else the last ones); exact either way.
-  if (cold.size() != static_cast<std::size_t>(n_) && counts) {
+  if (cold.size() != static_cast<std::size_t>(n()) && counts) {
     std::stable_sort(cold.begin(), cold.end(), [&](std::int64_t a, std::int64_t b) {
       return (*counts)[static_cast<std::size_t>(a)] < (*counts)[static_cast<std::size_t>(b)];
     });
   }
-  if (cold.size() != static_cast<std::size_t>(n_)) cold.resize(cold.size() / 8 * 8);
-  if (cold.empty() || cold.size() == static_cast<std::size_t>(n_)) {  // nothing to split: every neuron sparse
+  if (cold.size() != static_cast<std::size_t>(n())) cold.resize(cold.size() / 8 * 8);
+  if (cold.empty() || cold.size() == static_cast<std::size_t>(n())) {  // nothing to split: every neuron sparse
     cold.clear();
-    for (std::int64_t i = 0; i < n_; ++i) cold.push_back(i);
+    for (std::int64_t i = 0; i < n(); ++i) cold.push_back(i);
   }
   std::sort(cold.begin(), cold.end());
-  std::vector<char> in_cold(static_cast<std::size_t>(n_), 0);
+  std::vector<char> in_cold(static_cast<std::size_t>(n()), 0);
   for (const std::int64_t i : cold) in_cold[static_cast<std::size_t>(i)] = 1;
   std::vector<std::int64_t> order = cold;  // position → original neuron
-  for (std::int64_t i = 0; i < n_; ++i)
+  for (std::int64_t i = 0; i < n(); ++i)
     if (!in_cold[static_cast<std::size_t>(i)]) order.push_back(i);
   // Gather index: new position j takes the row / column now at the current position of order[j].
-  std::vector<std::int64_t> cur_pos(static_cast<std::size_t>(n_));
-  for (std::int64_t j = 0; j < n_; ++j) cur_pos[static_cast<std::size_t>(order_.empty() ? j : order_[static_cast<std::size_t>(j)])] = j;
-  std::vector<int> idx(static_cast<std::size_t>(n_));
-  for (std::int64_t j = 0; j < n_; ++j) idx[static_cast<std::size_t>(j)] = static_cast<int>(cur_pos[static_cast<std::size_t>(order[static_cast<std::size_t>(j)])]);
+  std::vector<std::int64_t> cur_pos(static_cast<std::size_t>(n()));
+  for (std::int64_t j = 0; j < n(); ++j) cur_pos[static_cast<std::size_t>(order_.empty() ? j : order_[static_cast<std::size_t>(j)])] = j;
+  std::vector<int> idx(static_cast<std::size_t>(n()));
+  for (std::int64_t j = 0; j < n(); ++j) idx[static_cast<std::size_t>(j)] = static_cast<int>(cur_pos[static_cast<std::size_t>(order[static_cast<std::size_t>(j)])]);
 
   DeviceBuffer<int> d_idx(idx.size());
   TWELL_CUDA_CHECK(cudaMemcpyAsync(d_idx.get(), idx.data(), idx.size() * sizeof(int), cudaMemcpyHostToDevice, stream));
-  DeviceBuffer<__nv_bfloat16> gu(w_gu_.size()), down(w_down_.size()), down_t(w_down_t_.size());
-  TWELL_CUDA_CHECK(cudaMemsetAsync(gu.get(), 0, gu.bytes(), stream));  // padding rows and columns stay zero
-  TWELL_CUDA_CHECK(cudaMemsetAsync(down.get(), 0, down.bytes(), stream));
-  launch_gather_rows(w_gu_.get(), k_, d_idx.get(), n_, k_, gu.get(), k_, stream);
-  if (gated_) launch_gather_rows(w_gu_.get() + ldn_ * k_, k_, d_idx.get(), n_, k_, gu.get() + ldn_ * k_, k_, stream);
-  launch_gather_rows(w_down_t_.get(), k_, d_idx.get(), n_, k_, down_t.get(), k_, stream);
-  launch_gather_cols(w_down_.get(), ldn_, d_idx.get(), k_, n_, down.get(), ldn_, stream);
+  PackedWeights permuted = w_.gathered(d_idx.get(), stream);
+  const __nv_bfloat16* gu = permuted.gate_up();
   const std::int64_t nc = static_cast<std::int64_t>(cold.size());
   // The hot part's workspace is the second half of ws_->gu ([m, ldn] ⊇ [m, 2·ldh]).
-  TWELL_CHECK(2 * round_up(n_ - nc, 8) <= ldn_, ErrorCode::unsupported,
-              "set_hot_neurons: {} of {} neurons hot; at most half of them can be split off", n_ - nc, n_);
-  hot_n_ = n_ - nc;
+  TWELL_CHECK(2 * round_up(n() - nc, 8) <= ldn(), ErrorCode::unsupported,
+              "set_hot_neurons: {} of {} neurons hot; at most half of them can be split off", n() - nc, n());
+  hot_n_ = n() - nc;
   w_hot_gu_.release();
   if (hot_sm90()) {  // blocks of [Wg rows; Wu rows] of 128 hot neurons each
-    w_hot_gu_.resize(static_cast<std::size_t>(gated_product_rows(hot_n_) * k_));
-    pack_gated_product_weights(gu.get() + nc * k_, gu.get() + (ldn_ + nc) * k_, hot_n_, k_, w_hot_gu_.get(), stream);
+    w_hot_gu_.resize(static_cast<std::size_t>(gated_product_rows(hot_n_) * k()));
+    pack_gated_product_weights(gu + nc * k(), gu + (ldn() + nc) * k(), hot_n_, k(), w_hot_gu_.get(), stream);
   } else if (hot_n_ > 0) {  // [Wg_hot; 0; Wu_hot; 0] (gated) or [Wu_hot; 0]: their stacked GEMM's weight
     const std::int64_t ldh = round_up(hot_n_, 8);
-    w_hot_gu_.resize(static_cast<std::size_t>((gated_ ? 2 : 1) * ldh * k_));
+    w_hot_gu_.resize(static_cast<std::size_t>((gated() ? 2 : 1) * ldh * k()));
     TWELL_CUDA_CHECK(cudaMemsetAsync(w_hot_gu_.get(), 0, w_hot_gu_.bytes(), stream));
-    const std::size_t bytes = static_cast<std::size_t>(hot_n_ * k_) * sizeof(__nv_bfloat16);  // whole rows
-    TWELL_CUDA_CHECK(cudaMemcpyAsync(w_hot_gu_.get(), gu.get() + nc * k_, bytes, cudaMemcpyDeviceToDevice, stream));
-    if (gated_)
-      TWELL_CUDA_CHECK(cudaMemcpyAsync(w_hot_gu_.get() + ldh * k_, gu.get() + (ldn_ + nc) * k_, bytes,
+    const std::size_t bytes = static_cast<std::size_t>(hot_n_ * k()) * sizeof(__nv_bfloat16);  // whole rows
+    TWELL_CUDA_CHECK(cudaMemcpyAsync(w_hot_gu_.get(), gu + nc * k(), bytes, cudaMemcpyDeviceToDevice, stream));
+    if (gated())
+      TWELL_CUDA_CHECK(cudaMemcpyAsync(w_hot_gu_.get() + ldh * k(), gu + (ldn() + nc) * k(), bytes,
                                        cudaMemcpyDeviceToDevice, stream));
   }
   TWELL_CUDA_CHECK(cudaStreamSynchronize(stream));  // the old buffers die below
-  w_gu_ = std::move(gu);
-  w_down_ = std::move(down);
-  w_down_t_ = std::move(down_t);
+  w_ = std::move(permuted);
   order_ = std::move(order);
   bool identity = true;
-  for (std::int64_t j = 0; j < n_ && identity; ++j) identity = order_[static_cast<std::size_t>(j)] == j;
+  for (std::int64_t j = 0; j < n() && identity; ++j) identity = order_[static_cast<std::size_t>(j)] == j;
   if (identity) order_.clear();
   reset_dispatch_state();  // densities measured before were over other neurons
   hot_calibrated_ = true;  // an explicit choice: hot_neurons_auto leaves it alone
@@ -896,7 +812,7 @@ std::int64_t FfnContext::calibrate_hot_neurons(const __nv_bfloat16* x, std::int6
 __nv_bfloat16* FfnContext::hot_workspace(std::int64_t m) noexcept {
   // The second half of ws_->gu ([m, 2·ldn]): m·ldn elements ⊇ [m, 2·ldh] since hot_n_ ≤ N/2 (rounded,
   // checked in set_hot_neurons). The cold part's dense rows use only ws_->gu's first cap·ldn ≤ m·ldn.
-  return ws_->gu.get() + m * ldn_;
+  return ws_->gu.get() + m * ldn();
 }
 
 void FfnContext::hot_up(const __nv_bfloat16* x, std::int64_t m, LtGemm& gemm, cudaStream_t stream) {
@@ -908,26 +824,26 @@ void FfnContext::hot_up(const __nv_bfloat16* x, std::int64_t m, LtGemm& gemm, cu
     p.w = w_hot_gu_.get();
     p.m = m;
     p.n = gated_product_rows(hn);
-    p.k = k_;
+    p.k = k();
     p.h = ws;
     p.ld_h = 2 * ldh;
     p.h_cols = hn;
     p.sm_count = sm_count_;
     p.cluster = opt_.gate_sm90_cluster;
     launch_gated_product_sm90(p, stream);
-  } else if (gated_) {  // [g | u] into ws, then h = ReLU(g) ⊙ u in place of g (element by element)
-    gemm.run({m, 2 * ldh, k_, k_, k_, 2 * ldh, GemmEpilogue::none}, w_hot_gu_.get(), x, ws, stream);
+  } else if (gated()) {  // [g | u] into ws, then h = ReLU(g) ⊙ u in place of g (element by element)
+    gemm.run({m, 2 * ldh, k(), k(), k(), 2 * ldh, GemmEpilogue::none}, w_hot_gu_.get(), x, ws, stream);
     launch_gated_product(ws, ws + ldh, 2 * ldh, ws, 2 * ldh, m, hn, stream);
   } else {
-    gemm.run({m, hn, k_, k_, k_, 2 * ldh, GemmEpilogue::relu}, w_hot_gu_.get(), x, ws, stream);
+    gemm.run({m, hn, k(), k(), k(), 2 * ldh, GemmEpilogue::relu}, w_hot_gu_.get(), x, ws, stream);
   }
 }
 
 void FfnContext::hot_down(std::int64_t m, __nv_bfloat16* y, cudaStream_t stream) {
-  const std::int64_t hn = hot_n_, ldh = round_up(hn, 8), nc = n_ - hn;
-  GemmShape down{m, k_, hn, 2 * ldh, ldn_, k_, GemmEpilogue::none};
+  const std::int64_t hn = hot_n_, ldh = round_up(hn, 8), nc = n() - hn;
+  GemmShape down{m, k(), hn, 2 * ldh, ldn(), k(), GemmEpilogue::none};
   down.accumulate = true;  // y += h_hot · Wd[:, hot]ᵀ (Wd's last hn columns, row stride ldn)
-  gemm_.run(down, w_down_.get() + nc, hot_workspace(m), y, stream);
+  gemm_.run(down, w_.down() + nc, hot_workspace(m), y, stream);
 }
 
 ForwardResult FfnContext::forward(const __nv_bfloat16* x, std::int64_t m, __nv_bfloat16* y, Path path,
@@ -938,7 +854,7 @@ ForwardResult FfnContext::forward(const __nv_bfloat16* x, std::int64_t m, __nv_b
   if (path == Path::automatic) resolve_pending();  // the newest count that came back
   // Plan (ffn_plan.hpp: pure host, unit-tested), then execute.
   const ForwardPlan plan = plan_forward(opt_, {.m = m, .path = path, .decode = decode,
-                                               .one_token = decode && uses_decode_token(m), .gated = gated_,
+                                               .one_token = decode && uses_decode_token(m), .gated = gated(),
                                                .last_density = last_density_, .dense_calls = dense_calls_});
   if (plan.sticky && (plan.step == ForwardStep::dense || plan.step == ForwardStep::dense_counted)) ++dense_calls_;
   // A sticky decision came from the latest count of this layer: say which (before the kernels
@@ -988,7 +904,7 @@ ForwardResult FfnContext::forward(const __nv_bfloat16* x, std::int64_t m, __nv_b
   // device while the packing runs or is skipped, the host waits for that one flag.
   gate_gemm(x, m, stream);  // every neuron: dense_rest reads the whole gate
   const std::int64_t n = sparse_n(m);
-  TwellSampleParams sp = sample_params(ws_->g.get(), ldn_, m, n, max_density, use_dense_rows(m));
+  TwellSampleParams sp = sample_params(ws_->g.get(), ldn(), m, n, max_density, use_dense_rows(m));
   Dispatch* d = dispatch_.get();
   launch_twell_sample_decide(sp, stream);
   TWELL_CUDA_CHECK(cudaMemcpyAsync(dispatch_host_.get(), d, sizeof(Dispatch), cudaMemcpyDeviceToHost, stream));
@@ -1010,7 +926,7 @@ ForwardResult FfnContext::forward(const __nv_bfloat16* x, std::int64_t m, __nv_b
     r.path = sparse_path_name(m);
   } else {
     dense_rest(x, m, y, stream);
-    r.path = gated_ ? "twell gate + dense cublasLt up/down (density above threshold)"
+    r.path = gated() ? "twell gate + dense cublasLt up/down (density above threshold)"
                     : "twell up + dense cublasLt down (density above threshold)";
   }
   return r;

@@ -28,6 +28,7 @@
 #include "cuda/common/side_stream.hpp"
 #include "cuda/dense/lt_gemm.hpp"
 #include "cuda/ffn_workspace.hpp"
+#include "cuda/packed_weights.hpp"
 #include "cuda/sm80/twell_decode.hpp"
 #include "cuda/sm80/twell_decode_token.hpp"
 #include "cuda/sm80/twell_dense_rows.hpp"
@@ -88,16 +89,6 @@ struct ContextOptions : DispatchPolicy {
   bool hot_neurons_densest_share = true;     // more qualify: the densest share runs hot (false: none)
   bool hot_overlap = true;                   // the hot GEMMs on a second stream beside the cold kernels
   bool hot_product_sm90 = true;              // gated, sm90: hot [g | u] GEMM and product as one kernel
-};
-
-// Device weights (bf16 or fp32) in nn.Linear's layouts, row-major and contiguous: w_gate, w_up
-// [N, K] (w_gate null: a non-gated FFN), w_down [K, N].
-struct DeviceFfnWeights {
-  const void* w_gate = nullptr;  // [n, k] or null (non-gated)
-  const void* w_up = nullptr;    // [n, k]
-  const void* w_down = nullptr;  // [k, n]
-  std::int64_t n = 0, k = 0;
-  WeightType type = WeightType::bf16;  // of all three
 };
 
 struct ForwardResult {
@@ -241,13 +232,13 @@ class FfnContext {
   std::int64_t sparse_n(std::int64_t m) const noexcept;
   std::int64_t sparse_tiles(std::int64_t m) const noexcept { return (sparse_n(m) + kTwellTile - 1) / kTwellTile; }
 
-  bool gated() const noexcept { return gated_; }
+  bool gated() const noexcept { return w_.gated(); }
   // gate_twell runs the sm90 gate GEMM with the TwELL epilogue (option on, device and build able).
   bool gate_sm90_active() const noexcept { return opt_.gate_sm90 && gate_sm90_ok_; }
-  std::int64_t n() const noexcept { return n_; }
-  std::int64_t k() const noexcept { return k_; }
-  std::int64_t ldn() const noexcept { return ldn_; }
-  std::int64_t tiles() const noexcept { return (n_ + kTwellTile - 1) / kTwellTile; }
+  std::int64_t n() const noexcept { return w_.n(); }
+  std::int64_t k() const noexcept { return w_.k(); }
+  std::int64_t ldn() const noexcept { return w_.ldn(); }
+  std::int64_t tiles() const noexcept { return (n() + kTwellTile - 1) / kTwellTile; }
   int words_per_tile() const noexcept { return opt_.twell.words_per_tile(); }
   const ContextOptions& options() const noexcept { return opt_; }
   void set_decode_max_density(double d) noexcept {  // both decode thresholds; the next plans follow them
@@ -263,15 +254,12 @@ class FfnContext {
   LtGemm& side_gemm();
   std::size_t side_gemm_workspace_bytes() const noexcept { return ws_->side_gemm ? ws_->side_gemm->workspace_bytes() : 0; }
 
-  // Device weights (bf16): [Wg; 0; Wu; 0] as [2·ldn, K] (gated) or [Wu; 0] as [ldn, K]; Wd as
-  // [K, ldn] (padding columns zero); Wdᵀ as [N, K].
-  const __nv_bfloat16* w_gate_up() const noexcept { return w_gu_.get(); }
-  const __nv_bfloat16* w_down() const noexcept { return w_down_.get(); }
-  const __nv_bfloat16* w_down_t() const noexcept { return w_down_t_.get(); }
-  std::size_t weight_bytes() const noexcept {
-    return w_gu_.bytes() + w_down_.bytes() + w_down_t_.bytes() + w_hot_gu_.bytes();
-  }
-
+  // The device weights in the kernels' layouts (packed_weights.hpp), in neuron_order().
+  const PackedWeights& weights() const noexcept { return w_; }
+  const __nv_bfloat16* w_gate_up() const noexcept { return w_.gate_up(); }
+  const __nv_bfloat16* w_down() const noexcept { return w_.down(); }
+  const __nv_bfloat16* w_down_t() const noexcept { return w_.down_t(); }
+  std::size_t weight_bytes() const noexcept { return w_.bytes() + w_hot_gu_.bytes(); }
 
   // Results of the last gate_twell (valid for its m until the next call of any layer sharing the
   // workspace); columns in neuron_order().
@@ -281,7 +269,9 @@ class FfnContext {
 
  private:
   void reserve(std::int64_t m);
-  void set_shape(bool gated, std::int64_t n, std::int64_t k);  // checks the shape; sets gated_, n_, k_ and ldn_
+  // After new weights (same_shape: of the held shape): a new epoch, no hot split, and unless
+  // keep_measurements the dispatch measures again.
+  void weights_changed(bool same_shape, bool keep_measurements);
   // The packing writes per-row counts (the dense rows' input).
   bool needs_row_nnz() const noexcept;
   void check_m(std::int64_t m) const;
@@ -343,24 +333,19 @@ class FfnContext {
                                                    std::int64_t* rows_left_out, cudaStream_t stream);
   double max_hot_neurons() const noexcept;  // choose_hot_neurons' cap on the hot count
   // hot_up runs the sm90 gated-product kernel (and w_hot_gu_ has its layout): fixed from
-  // set_hot_neurons on, since the options, the device and gated_ are.
-  bool hot_sm90() const noexcept { return gated_ && hot_n_ > 0 && opt_.hot_product_sm90 && gate_sm90_ok_; }
+  // set_hot_neurons on, since the options, the device and gated() are.
+  bool hot_sm90() const noexcept { return gated() && hot_n_ > 0 && opt_.hot_product_sm90 && gate_sm90_ok_; }
   OverShare over_share() const noexcept { return opt_.hot_neurons_densest_share ? OverShare::densest : OverShare::none; }
   // choose_hot_neurons' threshold (share of tokens; ≤ 0: no split)
-  double hot_threshold() const noexcept { return gated_ ? opt_.hot_neurons_density : opt_.hot_neurons_density_nongated; }
+  double hot_threshold() const noexcept { return gated() ? opt_.hot_neurons_density : opt_.hot_neurons_density_nongated; }
 
   ContextOptions opt_;
   bool gate_sm90_ok_ = false;  // this device runs the sm90 gate kernel (gate_pack_sm90_available)
   std::shared_ptr<FfnWorkspace> ws_;  // per-call scratch, possibly shared by many layers
   LtGemm& gemm_;                      // ws_->gemm
-  bool gated_ = true;
-  std::int64_t n_ = 0, k_ = 0, ldn_ = 0;
+  PackedWeights w_;
   std::int64_t cap_m_ = 0;
-  // weights
-  DeviceBuffer<__nv_bfloat16> w_gu_;      // gated: [2·ldn, K] = [Wg; 0; Wu; 0]; non-gated: [ldn, K] = [Wu; 0]
-  DeviceBuffer<__nv_bfloat16> w_down_;    // [K, ldn] = Wd (padding columns zero)
-  DeviceBuffer<__nv_bfloat16> w_down_t_;  // [N, K] = Wdᵀ
-  // All three in neuron_order(): cold neurons first, the hot_n_ hot ones last.
+  // w_ in neuron_order(): cold neurons first, the hot_n_ hot ones last.
   std::int64_t hot_n_ = 0;
   std::vector<std::int64_t> order_;       // position → original neuron (empty: identity)
   // gated [2·ldh, K] = [Wg_hot; 0; Wu_hot; 0], non-gated [ldh, K] = [Wu_hot; 0]; with hot_sm90()

@@ -26,6 +26,7 @@
 #include <random>
 #include <vector>
 
+#include "cuda/ffn_context.hpp"
 #include "cuda/sm90/gate_pack.hpp"
 #include "cuda/train/train_context.hpp"
 #include "cuda_test_util.hpp"

@@ -78,23 +78,18 @@ std::size_t TrainScratch::bytes() const noexcept {
          wg_item_offsets.bytes() + entry_rows.bytes() + order.bytes() + tmp_keys.bytes() + tmp_vals.bytes() +
          wg_item_neuron.bytes() + d_up_e.bytes() + d_gate_e.bytes() + dwd_t.bytes() + dw_gu.bytes() + dw_down.bytes() +
          wg_entries.bytes() + wg_work.bytes() + cub_ws.bytes() + twell_words.bytes() + twell_row_ovf.bytes() +
-         twell_counters.bytes() + (ffn ? ffn->bytes() : 0);
+         twell_counters.bytes() + (gemm ? gemm->workspace_bytes() : 0);
 }
 
 TrainContext::TrainContext(const TrainContextOptions& opt) : TrainContext(opt, nullptr) {}
 
 TrainContext::TrainContext(const TrainContextOptions& opt, std::shared_ptr<TrainScratch> scratch)
-    : opt_(opt), ffn_(
-                     [&] {
-                       ContextOptions c;
-                       c.autotune_gemm = opt.autotune_gemm;
-                       return c;
-                     }(),
-                     [&]() -> std::shared_ptr<FfnWorkspace> {  // shared set: one GEMM workspace for all
-                       if (!scratch) return nullptr;
-                       if (!scratch->ffn) scratch->ffn = std::make_shared<FfnWorkspace>(opt.autotune_gemm, scratch->mem);
-                       return scratch->ffn;
-                     }()),
+    : opt_(opt), gemm_([&] {  // a shared set: one GEMM workspace for all its contexts
+        auto make = [&](DeviceAllocator* mem) { return std::make_shared<LtGemm>(opt.autotune_gemm, 8, 64u << 20, mem); };
+        if (!scratch) return make(nullptr);
+        if (!scratch->gemm) scratch->gemm = make(scratch->mem.get());
+        return scratch->gemm;
+      }()),
       scratch_(scratch ? std::move(scratch) : std::make_shared<TrainScratch>()),
       g_(scratch_->g), dh_(scratch_->dh), dgu_(scratch_->dgu), row_counts_(scratch_->row_counts),
       entry_rows_(scratch_->entry_rows), order_(scratch_->order), tmp_keys_(scratch_->tmp_keys),
@@ -127,8 +122,7 @@ void TrainContext::mark(const char* phase, cudaStream_t stream) {
 }
 
 void TrainContext::load_weights(const DeviceFfnWeights& w, cudaStream_t stream) {
-  const bool same_shape = ffn_.w_gate_up() != nullptr && w.n == n() && w.k == k() && (w.w_gate != nullptr) == gated();
-  ffn_.load_weights(w, stream);
+  const bool same_shape = w_.load(w, stream);
   saved_ = Saved::none;  // a forward over the old weights has no backward over the new ones
   if (same_shape) {
     // The dispatch's density and the hot set carry over: one optimizer step barely moves them.
@@ -141,8 +135,7 @@ void TrainContext::load_weights(const DeviceFfnWeights& w, cudaStream_t stream) 
 }
 
 void TrainContext::upload_weights(const FfnWeights& w, cudaStream_t stream) {
-  const bool same_shape = ffn_.w_gate_up() != nullptr && w.intermediate() == n() && w.hidden() == k() && w.gated() == gated();
-  ffn_.upload_weights(w, stream);
+  const bool same_shape = w_.upload(w, stream);
   if (same_shape) {
     gather_hot_weights(stream);  // the same hot set, the new weights
   } else {
@@ -169,8 +162,8 @@ std::size_t TrainContext::device_bytes() const noexcept { return own_bytes() + s
 
 std::size_t TrainContext::own_bytes() const noexcept {
   // The GEMM workspaces belong to the scratch set when it holds them (shared), else to this context.
-  const std::size_t gemm = scratch_->ffn ? 0 : ffn_.gemm().workspace_bytes();
-  return gemm + ffn_.weight_bytes() + gu_.bytes() + u_.bytes() + own_h_.bytes() +
+  const std::size_t gemm = scratch_->gemm ? 0 : gemm_->workspace_bytes();
+  return gemm + w_.bytes() + gu_.bytes() + u_.bytes() + own_h_.bytes() +
          g_saved_.bytes() + offsets_.bytes() + col_offsets_.bytes() + cols_.bytes() + p_.bytes() + u_e_.bytes() +
          row_l1_.bytes() + scalars_.bytes() + hot_idx_.bytes() + hot_base8_.bytes() +
          skip8_.bytes() + w_hot_.bytes() + dw_hot_.bytes() + row_flags_.bytes() + dense_rows_.bytes() + n_dense_.bytes() + rows_gu_.bytes() + rows_x_.bytes() +
@@ -192,7 +185,7 @@ void TrainContext::reserve_grads() {
 
 TrainForwardResult TrainContext::forward(const __nv_bfloat16* x, std::int64_t m, __nv_bfloat16* y, Path path,
                                          cudaStream_t stream) {
-  TWELL_CHECK(ffn_.w_gate_up() != nullptr, ErrorCode::invalid_argument, "TrainContext: upload_weights() first");
+  TWELL_CHECK(!w_.empty(), ErrorCode::invalid_argument, "TrainContext: upload_weights() first");
   TWELL_CHECK(m >= 1 && m <= 0x7fffffff, ErrorCode::invalid_argument, "TrainContext: M = {} out of range", m);
   TWELL_CHECK(x != nullptr && y != nullptr, ErrorCode::invalid_argument, "TrainContext: null x or y");
   mark("start", stream);
@@ -266,7 +259,7 @@ TrainForwardResult TrainContext::forward(const __nv_bfloat16* x, std::int64_t m,
   cp.src = g_.get();
   // Every ReLU gate value into g_ by cuBLASLt: the gate here, or after a TwELL gate on a density jump.
   const auto dense_gate = [&] {
-    ffn_.gemm().run({m, n(), k(), k(), k(), ldn(), GemmEpilogue::relu}, ffn_.w_gate_up(), x, g_.get(), stream);
+    gemm_->run({m, n(), k(), k(), k(), ldn(), GemmEpilogue::relu}, w_.gate_up(), x, g_.get(), stream);
   };
   if (twell_gate) {
     const std::int64_t tiles = (n() + kTwellTile - 1) / kTwellTile;
@@ -275,7 +268,7 @@ TrainForwardResult TrainContext::forward(const __nv_bfloat16* x, std::int64_t m,
     twell_counters_.reserve(1);
     GatePackParams gp;
     gp.x = x;
-    gp.w = ffn_.w_gate_up();  // rows [0, N): Wg (gated) or Wu (non-gated)
+    gp.w = w_.gate_up();  // rows [0, N): Wg (gated) or Wu (non-gated)
     gp.m = m;
     gp.n = n();
     gp.k = k();
@@ -385,8 +378,8 @@ void TrainContext::sparse_forward(const __nv_bfloat16* x, std::int64_t m, __nv_b
   p.cols = cols_.get();
   p.p = p_.get();
   p.u = u_e_.get();
-  p.w_up = gated() ? ffn_.w_gate_up() + ldn() * k() : nullptr;
-  p.w_down_t = ffn_.w_down_t();
+  p.w_up = gated() ? w_.gate_up() + ldn() * k() : nullptr;
+  p.w_down_t = w_.down_t();
   p.y = y;
   p.row_l1 = row_l1_.get();
   p.ld = k();
@@ -426,17 +419,17 @@ void TrainContext::dense_forward_stacked(const __nv_bfloat16* x, std::int64_t m,
   DenseTrainElementwiseParams e = elementwise_params(m);
   if (gated()) {
     gu_.reserve(sz(m * 2 * ldn()));
-    ffn_.gemm().run({m, 2 * ldn(), k(), k(), k(), 2 * ldn(), GemmEpilogue::none}, ffn_.w_gate_up(), x, gu_.get(), stream);
+    gemm_->run({m, 2 * ldn(), k(), k(), k(), 2 * ldn(), GemmEpilogue::none}, w_.gate_up(), x, gu_.get(), stream);
     e.g = gu_.get();
     e.u = gu_.get() + ldn();
     e.ld_g = e.ld_u = 2 * ldn();
     saved_bytes_ = sz(m * 3 * ldn()) * sizeof(__nv_bfloat16);  // g, u and h
   } else {
-    ffn_.gemm().run({m, ldn(), k(), k(), k(), ldn(), GemmEpilogue::relu}, ffn_.w_gate_up(), x, hbuf().get(), stream);
+    gemm_->run({m, ldn(), k(), k(), k(), ldn(), GemmEpilogue::relu}, w_.gate_up(), x, hbuf().get(), stream);
     saved_bytes_ = sz(m * ldn()) * sizeof(__nv_bfloat16);  // h (its sign is the ReLU mask)
   }
   launch_dense_train_forward(e, stream);
-  ffn_.gemm().run({m, k(), ldn(), ldn(), ldn(), k(), GemmEpilogue::none}, ffn_.w_down(), hbuf().get(), y, stream);
+  gemm_->run({m, k(), ldn(), ldn(), ldn(), k(), GemmEpilogue::none}, w_.down(), hbuf().get(), y, stream);
   saved_ = Saved::dense_stacked;
   saved_hot_ = saved_rows_ = 0;
 }
@@ -446,7 +439,7 @@ void TrainContext::dense_forward_after_gate(const __nv_bfloat16* x, std::int64_t
   DenseTrainElementwiseParams e = elementwise_params(m);
   if (gated()) {
     u_.reserve(sz(m * ldn()));
-    ffn_.gemm().run({m, ldn(), k(), k(), k(), ldn(), GemmEpilogue::none}, ffn_.w_gate_up() + ldn() * k(), x, u_.get(),
+    gemm_->run({m, ldn(), k(), k(), k(), ldn(), GemmEpilogue::none}, w_.gate_up() + ldn() * k(), x, u_.get(),
                     stream);
     // The backward reads g: a copy of its own when g_ is shared (the next layer's gate overwrites it).
     const __nv_bfloat16* g = g_.get();
@@ -468,7 +461,7 @@ void TrainContext::dense_forward_after_gate(const __nv_bfloat16* x, std::int64_t
     saved_bytes_ = sz(m * ldn()) * sizeof(__nv_bfloat16);
   }
   launch_dense_train_forward(e, stream);
-  ffn_.gemm().run({m, k(), ldn(), ldn(), ldn(), k(), GemmEpilogue::none}, ffn_.w_down(), hbuf().get(), y, stream);
+  gemm_->run({m, k(), ldn(), ldn(), ldn(), k(), GemmEpilogue::none}, w_.down(), hbuf().get(), y, stream);
   saved_ = Saved::dense_split;
   saved_hot_ = saved_rows_ = 0;
 }
@@ -508,9 +501,9 @@ void TrainContext::dense_backward(const __nv_bfloat16* x, const __nv_bfloat16* d
   const std::int64_t kin = gated() ? 2 * ldn() : ldn();  // columns of [dg | du]
   dh_.reserve(sz(m * ldn()));
   dgu_.reserve(sz(m * kin));
-  LtGemm& gemm = ffn_.gemm();
+  LtGemm& gemm = *gemm_;
   // dh = dy · Wd: [m, K] · [K, ldn]
-  gemm.matmul({false, false, m, ldn(), k(), k(), ldn(), ldn(), false, GemmEpilogue::none}, dy, ffn_.w_down(), dh_.get(),
+  gemm.matmul({false, false, m, ldn(), k(), k(), ldn(), ldn(), false, GemmEpilogue::none}, dy, w_.down(), dh_.get(),
               stream);
   DenseTrainElementwiseParams e = elementwise_params(m);
   e.scalars = nullptr;
@@ -534,7 +527,7 @@ void TrainContext::dense_backward(const __nv_bfloat16* x, const __nv_bfloat16* d
   }
   launch_dense_train_backward(e, stream);
   // dx = [dg | du] · [Wg; Wu]: [m, kin] · [kin, K]
-  gemm.matmul({false, false, m, k(), kin, kin, k(), k(), false, GemmEpilogue::none}, dgu_.get(), ffn_.w_gate_up(), dx,
+  gemm.matmul({false, false, m, k(), kin, kin, k(), k(), false, GemmEpilogue::none}, dgu_.get(), w_.gate_up(), dx,
               stream);
   // [dWg; dWu] = [dg | du]ᵀ · x: [kin, m] · [m, K], fp32
   gemm.matmul({true, false, kin, k(), m, kin, k(), k(), true, GemmEpilogue::none}, dgu_.get(), x, dw_gu_.get(), stream);
@@ -553,9 +546,9 @@ void TrainContext::sparse_backward(const __nv_bfloat16* x, const __nv_bfloat16* 
   b.cols = cols_.get();
   b.p = p_.get();
   b.u = gated() ? u_e_.get() : nullptr;
-  b.w_gate = gated() ? ffn_.w_gate_up() : nullptr;
-  b.w_up = gated() ? ffn_.w_gate_up() + ldn() * k() : ffn_.w_gate_up();
-  b.w_down_t = ffn_.w_down_t();
+  b.w_gate = gated() ? w_.gate_up() : nullptr;
+  b.w_up = gated() ? w_.gate_up() + ldn() * k() : w_.gate_up();
+  b.w_down_t = w_.down_t();
   b.c1 = c1;
   b.c1_scale = c1_scale_;
   b.d_up = d_up_e_.get();
@@ -693,7 +686,7 @@ std::vector<std::int64_t> TrainContext::choose_hot_neurons(const std::vector<std
 }
 
 void TrainContext::set_hot_neurons(const std::vector<std::int64_t>& hot, cudaStream_t stream) {
-  TWELL_CHECK(ffn_.w_gate_up() != nullptr, ErrorCode::invalid_argument, "TrainContext: upload_weights() first");
+  TWELL_CHECK(!w_.empty(), ErrorCode::invalid_argument, "TrainContext: upload_weights() first");
   std::vector<char> is_hot(sz(n()), 0);
   for (const std::int64_t i : hot) {
     TWELL_CHECK(i >= 0 && i < n(), ErrorCode::invalid_argument, "set_hot_neurons: neuron {} out of [0, {})", i, n());
@@ -729,11 +722,11 @@ void TrainContext::gather_hot_weights(cudaStream_t stream) {
   const int* idx = hot_idx_.get();
   __nv_bfloat16* dst = w_hot_.get();
   if (gated()) {
-    launch_gather_rows(ffn_.w_gate_up(), k(), idx, h, k(), dst, k(), stream);  // Wg rows
+    launch_gather_rows(w_.gate_up(), k(), idx, h, k(), dst, k(), stream);  // Wg rows
     dst += lh * k();
   }
-  launch_gather_rows(ffn_.w_gate_up() + (gated() ? ldn() * k() : 0), k(), idx, h, k(), dst, k(), stream);  // Wu rows
-  launch_gather_rows(ffn_.w_down_t(), k(), idx, h, k(), dst + lh * k(), k(), stream);                      // Wdᵀ rows
+  launch_gather_rows(w_.gate_up() + (gated() ? ldn() * k() : 0), k(), idx, h, k(), dst, k(), stream);  // Wu rows
+  launch_gather_rows(w_.down_t(), k(), idx, h, k(), dst + lh * k(), k(), stream);                      // Wdᵀ rows
 }
 
 void TrainContext::calibrate_hot_neurons(std::int64_t m, cudaStream_t stream) {
@@ -757,7 +750,7 @@ void TrainContext::calibrate_hot_neurons(std::int64_t m, cudaStream_t stream) {
 }
 
 void TrainContext::hot_forward_up(const __nv_bfloat16* x, std::int64_t m, DenseTrainScalars* scalars, cudaStream_t stream) {
-  LtGemm& gemm = ffn_.gemm();
+  LtGemm& gemm = *gemm_;
   const std::int64_t lh = ldh();
   hbuf().reserve(sz(m * lh));
   if (gated()) gu_.reserve(sz(m * 2 * lh));
@@ -784,7 +777,7 @@ void TrainContext::hot_forward_down(std::int64_t m, __nv_bfloat16* y, cudaStream
   const std::int64_t lh = ldh();
   // y += h_hot · Wd_hotᵀ = h_hot · (Wdᵀ_hot rows)
   const __nv_bfloat16* wdt = w_hot_.get() + (gated() ? 2 : 1) * lh * k();
-  ffn_.gemm().matmul({false, false, m, k(), lh, lh, k(), k(), false, GemmEpilogue::none, true}, hbuf().get(), wdt, y, stream);
+  gemm_->matmul({false, false, m, k(), lh, lh, k(), k(), false, GemmEpilogue::none, true}, hbuf().get(), wdt, y, stream);
 }
 
 void TrainContext::hot_backward_reserve(std::int64_t m) {
@@ -796,7 +789,7 @@ void TrainContext::hot_backward_reserve(std::int64_t m) {
 
 void TrainContext::hot_backward_grads(const __nv_bfloat16* x, const __nv_bfloat16* dy, std::int64_t m, float c1,
                                       cudaStream_t stream) {
-  LtGemm& gemm = ffn_.gemm();
+  LtGemm& gemm = *gemm_;
   const std::int64_t h = saved_hot_, lh = ldh(), kin = gated() ? 2 * lh : lh;
   const __nv_bfloat16* wdt = w_hot_.get() + kin * k();
   // dh = dy · Wd_hot = dy · (Wdᵀ_hot)ᵀ
@@ -815,7 +808,7 @@ void TrainContext::hot_backward_grads(const __nv_bfloat16* x, const __nv_bfloat1
 }
 
 void TrainContext::hot_backward_dx(std::int64_t m, __nv_bfloat16* dx, cudaStream_t stream) {
-  LtGemm& gemm = ffn_.gemm();
+  LtGemm& gemm = *gemm_;
   const std::int64_t kin = (gated() ? 2 : 1) * ldh();
   // dx += [dg | du]_hot · [Wg_hot; Wu_hot]
   gemm.matmul({false, false, m, k(), kin, kin, k(), k(), false, GemmEpilogue::none, true}, dgu_.get(), w_hot_.get(), dx,
@@ -832,7 +825,7 @@ void TrainContext::hot_backward_scatter(cudaStream_t stream) {
 
 void TrainContext::dense_rows_forward(const __nv_bfloat16* x, __nv_bfloat16* y, cudaStream_t stream) {
   const std::int64_t r = saved_rows_, kin = gated() ? 2 * ldn() : ldn();
-  LtGemm& gemm = ffn_.gemm();
+  LtGemm& gemm = *gemm_;
   rows_x_.reserve(sz(r * k()));
   rows_out_.reserve(sz(r * k()));
   rows_gu_.reserve(sz(r * kin));
@@ -841,17 +834,17 @@ void TrainContext::dense_rows_forward(const __nv_bfloat16* x, __nv_bfloat16* y, 
   DenseTrainElementwiseParams e = block_params(gated(), r, n(), ldn(), rows_gu_.get(), rows_h_.get(), nullptr);
   e.scalars = scalars_.get();  // adds the rows' sums (the CSR and the hot part skip them)
   // [g | u]_R (non-gated: h_R, what its backward keeps) over every neuron
-  gemm.run({r, kin, k(), k(), k(), kin, gated() ? GemmEpilogue::none : GemmEpilogue::relu}, ffn_.w_gate_up(),
+  gemm.run({r, kin, k(), k(), k(), kin, gated() ? GemmEpilogue::none : GemmEpilogue::relu}, w_.gate_up(),
            rows_x_.get(), rows_gu_.get(), stream);
   launch_dense_train_forward(e, stream);
-  gemm.run({r, k(), ldn(), ldn(), ldn(), k(), GemmEpilogue::none}, ffn_.w_down(), e.h, rows_out_.get(), stream);
+  gemm.run({r, k(), ldn(), ldn(), ldn(), k(), GemmEpilogue::none}, w_.down(), e.h, rows_out_.get(), stream);
   scatter_dense_rows(y, stream);
 }
 
 void TrainContext::dense_rows_backward(const __nv_bfloat16* x, const __nv_bfloat16* dy, float c1, __nv_bfloat16* dx,
                                        cudaStream_t stream) {
   const std::int64_t r = saved_rows_, kin = gated() ? 2 * ldn() : ldn();
-  LtGemm& gemm = ffn_.gemm();
+  LtGemm& gemm = *gemm_;
   rows_x_.reserve(sz(r * k()));
   rows_dy_.reserve(sz(r * k()));
   rows_out_.reserve(sz(r * k()));
@@ -863,12 +856,12 @@ void TrainContext::dense_rows_backward(const __nv_bfloat16* x, const __nv_bfloat
   launch_gather_rows(x, k(), dense_rows_.get(), r, k(), rows_x_.get(), k(), stream);
   launch_gather_rows(dy, k(), dense_rows_.get(), r, k(), rows_dy_.get(), k(), stream);
   // dh_R = dy_R · Wd
-  gemm.matmul({false, false, r, ldn(), k(), k(), ldn(), ldn(), false, GemmEpilogue::none}, rows_dy_.get(), ffn_.w_down(),
+  gemm.matmul({false, false, r, ldn(), k(), k(), ldn(), ldn(), false, GemmEpilogue::none}, rows_dy_.get(), w_.down(),
               rows_dh_.get(), stream);
   const DenseTrainElementwiseParams e = block_params(gated(), r, n(), ldn(), rows_gu_.get(), rows_h_.get(), nullptr);
   block_backward(e, rows_dh_.get(), c1, rows_dgu_.get(), stream);
   // dx_R = [dg | du]_R · [Wg; Wu], into dx's rows (the CSR and hot parts left them 0)
-  gemm.matmul({false, false, r, k(), kin, kin, k(), k(), false, GemmEpilogue::none}, rows_dgu_.get(), ffn_.w_gate_up(),
+  gemm.matmul({false, false, r, k(), kin, kin, k(), k(), false, GemmEpilogue::none}, rows_dgu_.get(), w_.gate_up(),
               rows_out_.get(), stream);
   scatter_dense_rows(dx, stream);
   // [dWg; dWu] += [dg | du]_Rᵀ · x_R; dWd += dy_Rᵀ · h_R (fp32, β = 1)

@@ -31,8 +31,10 @@
 #include <vector>
 
 #include "cuda/common/device_buffer.hpp"
-#include "cuda/ffn_context.hpp"
+#include "cuda/dense/lt_gemm.hpp"
 #include "cuda/ffn_plan.hpp"
+#include "cuda/packed_weights.hpp"
+#include "cuda/sm80/twell_hot_neurons.hpp"
 #include "cuda/sm80/twell_kernels.hpp"
 #include "cuda/train/train_kernels.hpp"
 #include "twell/cuda/ffn_cuda.hpp"
@@ -107,7 +109,7 @@ struct TrainForwardResult {
 // must run in one stream order, and a context's dw_gate() / dw_up() / dw_down() hold its gradients
 // only until another context that shares the set runs a backward.
 struct TrainScratch {
-  // mem: where every buffer of the set comes from, the inner FfnWorkspace's too (null: cudaMalloc).
+  // mem: where every buffer of the set comes from, the GEMM workspace's too (null: cudaMalloc).
   explicit TrainScratch(std::shared_ptr<DeviceAllocator> mem = nullptr);
   TrainScratch(const TrainScratch&) = delete;
   TrainScratch& operator=(const TrainScratch&) = delete;
@@ -121,9 +123,9 @@ struct TrainScratch {
   DeviceBuffer<unsigned char> wg_work, cub_ws;
   DeviceBuffer<std::uint32_t> twell_words, twell_row_ovf;
   DeviceBuffer<TwellCounters> twell_counters;
-  // The inner FfnContexts' workspace: the cuBLASLt handle, its plans and its 64 MB workspace
-  // (made by the first context that shares the set, with its autotune option).
-  std::shared_ptr<FfnWorkspace> ffn;
+  // The contexts' GEMMs: the cuBLASLt handle, its plans and its 64 MB workspace (made by the first
+  // context that shares the set, with its autotune option).
+  std::shared_ptr<LtGemm> gemm;
   std::size_t bytes() const noexcept;
 };
 
@@ -189,10 +191,10 @@ class TrainContext {
   std::size_t device_bytes() const noexcept;  // everything this context holds, its scratch set included
   std::size_t own_bytes() const noexcept;     // without the scratch set (shared ones count once, apart)
   const std::shared_ptr<TrainScratch>& scratch() const noexcept { return scratch_; }
-  bool gated() const noexcept { return ffn_.gated(); }
-  std::int64_t n() const noexcept { return ffn_.n(); }
-  std::int64_t k() const noexcept { return ffn_.k(); }
-  std::int64_t ldn() const noexcept { return ffn_.ldn(); }
+  bool gated() const noexcept { return w_.gated(); }
+  std::int64_t n() const noexcept { return w_.n(); }
+  std::int64_t k() const noexcept { return w_.k(); }
+  std::int64_t ldn() const noexcept { return w_.ldn(); }
 
  private:
   enum class Saved { none, dense_stacked, dense_split, sparse };
@@ -241,7 +243,8 @@ class TrainContext {
   void mark(const char* phase, cudaStream_t stream);  // an NVTX mark; the observer's phase_done
 
   TrainContextOptions opt_;
-  FfnContext ffn_;
+  PackedWeights w_;              // this layer's weights (bf16, the kernels' layouts)
+  std::shared_ptr<LtGemm> gemm_;  // the shared set's, or this context's own
   Saved saved_ = Saved::none;
   std::int64_t saved_m_ = 0, nnz_ = 0;
   std::size_t saved_bytes_ = 0;
