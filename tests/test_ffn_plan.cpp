@@ -164,5 +164,67 @@ TEST(FfnPlan, DecodeReorderSchedule) {
   EXPECT_FALSE(decode_reorder_due((std::int64_t{1} << 40) + 1));
 }
 
+// describe_call: the text of each kind of call, from its record alone.
+TEST(FfnPlan, DescribeCallNamesWhatRan) {
+  CallRecord dense;
+  dense.asked = Path::dense;
+  dense.n = dense.sparse_n = 5632;
+  EXPECT_EQ(describe_call(dense), "dense cublasLt");
+  CallRecord small = dense;
+  small.asked = Path::automatic;
+  small.below_min_rows = true;
+  EXPECT_EQ(describe_call(small), "dense cublasLt (M below the dispatch minimum)");
+  CallRecord sticky = small;
+  sticky.below_min_rows = false;
+  sticky.sticky = true;
+  sticky.step = ForwardStep::dense_counted;
+  sticky.followed_density = 0.0123;
+  EXPECT_EQ(describe_call(sticky), "dense cublasLt (the previous call measured 1.23% density)");
+  sticky.followed_row_costs = true;
+  sticky.row_cap = 112;
+  sticky.row_cost = 84;
+  EXPECT_EQ(describe_call(sticky),
+            "dense cublasLt (the previous call measured a cost of 1.23% density, rows over 112 non-zeros at 84 each)");
+
+  CallRecord decode = small;
+  decode.below_min_rows = false;
+  decode.step = ForwardStep::decode;
+  decode.sticky = true;
+  decode.one_token = true;
+  EXPECT_EQ(describe_call(decode), "twell decode kernel, one token, gate fused in (no density measured yet)");
+  decode.one_token = false;
+  decode.followed_density = 0.005;
+  EXPECT_EQ(describe_call(decode), "twell decode kernel (the previous call measured 0.50% density)");
+
+  CallRecord sparse = small;
+  sparse.below_min_rows = false;
+  sparse.step = ForwardStep::sparse;
+  sparse.asked = Path::sparse;
+  sparse.gate_sm90 = true;
+  EXPECT_EQ(describe_call(sparse), "twell: sm90 gate GEMM with TwELL epilogue, fused up+down");
+  sparse.gated = false;
+  sparse.gate_sm90 = false;
+  sparse.sparse_n = 5600;
+  EXPECT_EQ(describe_call(sparse), "twell: cublasLt up + pack, sparse down; 32 of 5632 neurons (the hot ones) dense");
+  sparse.gated = true;
+  sparse.row_cap = 112;
+  sparse.dense_rows_capacity = 640;
+  sparse.sticky = true;
+  sparse.followed_density = 0.004;
+  EXPECT_EQ(describe_call(sparse),
+            "twell: cublasLt gate + pack, fused up+down; rows over 112 non-zeros dense (up to 640); 32 of 5632 "
+            "neurons (the hot ones) dense (the previous call measured 0.40% density)");
+
+  CallRecord first = small;
+  first.below_min_rows = false;
+  first.step = ForwardStep::first_call;
+  EXPECT_EQ(describe_call(first), "twell gate + dense cublasLt up/down (density above threshold)");
+  first.gated = false;
+  EXPECT_EQ(describe_call(first), "twell up + dense cublasLt down (density above threshold)");
+  first.sparse = true;
+  first.gate_sm90 = true;
+  EXPECT_EQ(describe_call(first), "twell: sm90 up GEMM with TwELL epilogue, sparse down");
+}
+
 }  // namespace
 }  // namespace twell::cuda

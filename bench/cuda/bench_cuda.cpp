@@ -389,7 +389,7 @@ int main(int argc, char** argv) {
                     variants["0"].get<double>(), variants["1"].get<double>(), variants["2"].get<double>(), t_sparse, t_auto,
                     t_dense, tflops, t_dense / t_sparse, t_dense / t_auto, std::max(err_sp, err_auto), err_dn,
                     static_cast<unsigned long long>(cnt_all.overflow_tiles), static_cast<unsigned long long>(cnt_all.overflow_rows),
-                    fr.path.c_str());
+                    fr.path().c_str());
       std::printf("%s\n", line);
       if (!gate_chunks.empty()) {
         std::printf("          cublasLt gate + twell_pack (ms) by row chunks (packing overlapped with the next chunk's GEMM):");
@@ -497,7 +497,7 @@ int main(int argc, char** argv) {
                                                {"capacity", dense_rows.capacity}, {"threshold", copt.dense_rows_density}}},
                                {"sparse_total_ms", t_sparse},
                                {"auto_total_ms", t_auto},
-                               {"auto_path", fr.path},
+                               {"auto_path", fr.path()},
                                {"dense_ms", t_dense},
                                {"dense_tflops", tflops},
                                {"speedup_sparse", t_dense / t_sparse},

@@ -165,7 +165,7 @@ def main():
     tt.ffn(xg, *params, stats=stats)  # l0: the measured density
     torch.cuda.synchronize()
     res["density_measured"] = stats[0].l0.item() / n
-    res["twell_path_train"] = _cuda._layers[(torch.cuda.current_device(), -1)].path
+    res["twell_path_train"] = _cuda._layers[(torch.cuda.current_device(), -1)].last_path()
 
     train = {}
     train["torch_dense_ms"] = timed(dense_step(dense_ffn), args.warmup, args.reps)
@@ -273,7 +273,7 @@ def main():
         infer["torch_dense_ms"] = timed(lambda: dense_ffn(x, wg, wu, wd), args.warmup, args.reps)
         infer["torch_dense_compiled_ms"] = timed(lambda: compiled(x, wg, wu, wd), args.warmup, args.reps)
         infer["twell_op_ms"] = timed(lambda: tt.ffn(x, wg, wu, wd), args.warmup, args.reps)
-        res["twell_path_infer"] = _cuda._layers[(torch.cuda.current_device(), -1)].path
+        res["twell_path_infer"] = _cuda._layers[(torch.cuda.current_device(), -1)].last_path()
     nat = _twell.bench_infer(*(t.float().numpy() for t in host[:4]), args.warmup, args.reps)
     infer["twell_native_ms"] = nat["sparse_ms"]
     infer["native_dense_cublaslt_ms"] = nat["dense_ms"]

@@ -95,7 +95,7 @@ int main(int argc, char** argv) {
       char what[64];
       std::snprintf(what, sizeof what, "auto, count period %lld, limit %.1f%%", static_cast<long long>(a.period),
                     100 * (gated ? o.max_sparse_density_gated : o.max_sparse_density_nongated));
-      line(what, ta, td, c.hot_count(), -1, fr.path);
+      line(what, ta, td, c.hot_count(), -1, fr.path());
     }
     // The neurons' counts over this batch (original numbering), densest first.
     std::vector<std::uint32_t> counts;

@@ -126,7 +126,7 @@ def main():
     pstats.Stats(prof, stream=out).sort_stats("tottime").print_stats(args.top)
     print(f"{torch.cuda.get_device_name()}; M = {m}, K = {k}, N = {n}, density {args.density}; {args.steps} steps")
     print(f"step, back to back: {wall:.3f} ms; host from the forward's return (after its wait) to the backward's call: "
-          f"median {statistics.median(gaps):.0f} µs (min {min(gaps):.0f}, max {max(gaps):.0f}); the path: {_cuda._layers[(torch.cuda.current_device(), -1)].path}")
+          f"median {statistics.median(gaps):.0f} µs (min {min(gaps):.0f}, max {max(gaps):.0f}); the path: {_cuda._layers[(torch.cuda.current_device(), -1)].last_path()}")
     # PyTorch's own latency from torch.autograd.backward to a Function's backward, for comparison: a
     # trivial Function over a CUDA tensor, with the GPU idle and with ≈ 2 ms of GEMMs still queued.
     ref_marks = {}

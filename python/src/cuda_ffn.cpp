@@ -210,15 +210,16 @@ class Layer {
 class CudaFfnInfer : public Layer<cuda::FfnLayer, CudaFfnWorkspace> {
  public:
   using Layer::Layer;
-  // y = FFN(x); returns the path as dispatched.
-  std::string forward(const Dev& x, const Dev& y, std::uintptr_t stream, const std::string& path) {
+  // y = FFN(x); last_path() describes the call when asked.
+  void forward(const Dev& x, const Dev& y, std::uintptr_t stream, const std::string& path) {
     const std::int64_t m = rows_of(x);
     bf16* yp = checked<bf16>("y", y, device_, Kind::bf16, m, k_);
     const cuda::Path p = path_of(path);
     cuda::DeviceScope on(device_);
     nb::gil_scoped_release release;
-    return layer_->forward(static_cast<const bf16*>(x.data()), m, yp, p, as_stream(stream));
+    layer_->forward(static_cast<const bf16*>(x.data()), m, yp, p, as_stream(stream));
   }
+  std::string last_path() const { return layer_->last_path(); }
   // The layer's dispatch statistics (cuda::LayerStats), read without waiting for the GPU.
   nb::dict stats() {
     cuda::DeviceScope on(device_);
@@ -372,7 +373,9 @@ void bind_cuda(nb::module_& m) {
       .def("load", &CudaFfnInfer::load, "w_gate"_a.none(), "w_up"_a, "w_down"_a, "stream"_a,
            "Copy bf16 weights (w_gate None: non-gated) into the layer on `stream`.")
       .def("forward", &CudaFfnInfer::forward, "x"_a, "y"_a, "stream"_a, "path"_a = "automatic",
-           "y = FFN(x) (bf16); path: 'automatic', 'sparse' or 'dense'. Returns the path as dispatched.")
+           "y = FFN(x) (bf16); path: 'automatic', 'sparse' or 'dense'. last_path() says what ran.")
+      .def("last_path", &CudaFfnInfer::last_path,
+           "The last forward's path as dispatched, human-readable ('' before one); formatted when asked.")
       .def("stats", &CudaFfnInfer::stats,
            "The layer's dispatch statistics, read without waiting for the GPU (twell::cuda::LayerStats): calls, "
            "sparse_calls, hot_neurons, density (what the automatic dispatch follows; -1: none yet), and the newest "

@@ -43,7 +43,7 @@ class Layer:
     train: Optional[object] = None   # _twell.CudaFfnTrain
     keys: dict = field(default_factory=dict)  # "infer" / "train" → the weights last loaded
     state_ptr: int = 0               # the token of the last training forward
-    path: str = ""                   # the path the last call dispatched
+    last: str = ""                   # which context ran the last call: "infer", "train" or ""
     train_path: str = "automatic"    # the path requested by the last training forward (a recompute repeats it)
     recomputes: int = 0              # backwards that ran their forward again
     # The last training forward's host-side facts (no extra synchronisation: the forward waited for
@@ -52,6 +52,12 @@ class Layer:
     # overflow_tiles and overflow_rows (the TwELL gate's blocks and rows beyond its width; -1 without
     # a TwELL gate), path.
     info: dict = field(default_factory=dict)
+
+    def last_path(self) -> str:
+        """The path the last call dispatched ('' before one); the inference text is made on request."""
+        if self.last == "infer":
+            return self.infer.last_path()
+        return self.info.get("path", "") if self.last == "train" else ""
 
 
 _layers: dict[tuple[int, int], Layer] = {}
@@ -177,7 +183,8 @@ def infer(x: Tensor, w_gate, w_up, w_down, layer_id: int) -> Tensor:
     load(lay, "infer", lay.infer, (w_gate, w_up, w_down), s)
     xb = bf16(x)
     yb = torch.empty_like(xb)
-    lay.path = lay.infer.forward(*_caps(xb, yb), s, path)
+    lay.infer.forward(*_caps(xb, yb), s, path)
+    lay.last = "infer"
     return yb.to(x.dtype)
 
 
@@ -213,9 +220,10 @@ def train_forward(x: Tensor, w_gate, w_up, w_down, layer_id: int, count_neurons:
         counts = neuron_counts(xb, w_gate if w_gate is not None else w_up)
     else:
         counts = torch.full((w_up.shape[0],), -1, dtype=torch.int64, device=x.device)
-    lay.path, sparse, nnz, hot, rows, ovf_tiles, ovf_rows = ctx.forward(*_caps(xb, yb, l1, l0), s, path)
+    took, sparse, nnz, hot, rows, ovf_tiles, ovf_rows = ctx.forward(*_caps(xb, yb, l1, l0), s, path)
     lay.info = {"sparse": sparse, "nnz": nnz, "hot_neurons": hot, "dense_rows": rows, "rows": xb.shape[0],
-                "overflow_tiles": ovf_tiles, "overflow_rows": ovf_rows, "path": lay.path}
+                "overflow_tiles": ovf_tiles, "overflow_rows": ovf_rows, "path": took}
+    lay.last = "train"
     lay.train_path = path
     lay.state_ptr = token.data_ptr()
     return (yb if x.dtype == torch.bfloat16 else yb.to(x.dtype)), l1, l0, token, counts

@@ -344,7 +344,7 @@ class SparseMLP(torch.nn.Module):
     def last_path(self) -> str:
         """The path the last CUDA call of this layer dispatched ('' before one, or on the CPU)."""
         lay = self._cuda_layer()
-        return "" if lay is None else lay.path
+        return "" if lay is None else lay.last_path()
 
     @property
     def infer_stats(self) -> dict:

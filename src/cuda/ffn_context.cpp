@@ -415,18 +415,6 @@ FfnOperands FfnContext::operands(const __nv_bfloat16* x, std::int64_t m, __nv_bf
   return o;
 }
 
-std::string FfnContext::sparse_path_name(std::int64_t m) const {
-  const char* first = gate_sm90_active() ? (gated() ? "sm90 gate GEMM with TwELL epilogue" : "sm90 up GEMM with TwELL epilogue")
-                                      : (gated() ? "cublasLt gate + pack" : "cublasLt up + pack");
-  const char* rest = gated() ? "fused up+down" : "sparse down";
-  const std::string hot =
-      sparse_n(m) < n() ? fmt::format("; {} of {} neurons (the hot ones) dense", n() - sparse_n(m), n()) : std::string();
-  if (use_dense_rows(m) && last_dense_cap_ > 0)
-    return fmt::format("twell: {}, {}; rows over {} non-zeros dense (up to {}){}", first, rest,
-                       dense_row_cap(sparse_n(m)), last_dense_cap_, hot);
-  return fmt::format("twell: {}, {}{}", first, rest, hot);
-}
-
 void FfnContext::dense_rest(const __nv_bfloat16* x, std::int64_t m, __nv_bfloat16* y, cudaStream_t stream) {
   TWELL_CHECK(m <= cap_m_, ErrorCode::invalid_argument, "dense_rest: run gate_twell for these {} rows first", m);
   const __nv_bfloat16* h = ws_->g.get();
@@ -857,15 +845,29 @@ ForwardResult FfnContext::forward(const __nv_bfloat16* x, std::int64_t m, __nv_b
                                                .one_token = decode && uses_decode_token(m), .gated = gated(),
                                                .last_density = last_density_, .dense_calls = dense_calls_});
   if (plan.sticky && (plan.step == ForwardStep::dense || plan.step == ForwardStep::dense_counted)) ++dense_calls_;
-  // A sticky decision came from the latest count of this layer: say which (before the kernels
-  // grow the workspace, which use_dense_rows reads).
-  const std::string measured =
-      !plan.sticky ? std::string()
-      : last_density_ < 0 ? std::string("no density measured yet")
-      : use_dense_rows(m)
-          ? fmt::format("the previous call measured a cost of {:.2f}% density, rows over {} non-zeros at {} each",
-                        100.0 * last_density_, dense_row_cap(sparse_n(m)), dense_row_cost(sparse_n(m)))
-          : fmt::format("the previous call measured {:.2f}% density", 100.0 * last_density_);
+  // The call's record (describe_call makes text of it when asked). What a sticky decision followed
+  // is read before the kernels grow the workspace, which use_dense_rows reads.
+  CallRecord& c = r.call;
+  c.step = plan.step;
+  c.asked = path;
+  c.sticky = plan.sticky;
+  c.below_min_rows = plan.below_min_rows;
+  c.gated = gated();
+  c.gate_sm90 = gate_sm90_active();
+  c.one_token = decode && uses_decode_token(m);
+  c.n = n();
+  c.sparse_n = sparse_n(m);
+  c.row_cap = dense_row_cap(c.sparse_n);
+  c.row_cost = dense_row_cost(c.sparse_n);
+  c.followed_density = last_density_;
+  c.followed_row_costs = use_dense_rows(m);
+  const auto finish = [&](ForwardResult& res) {
+    res.call.sparse = res.sparse;
+    last_call_ = res.call;
+    return res;
+  };
+  // After a sparse remainder: the dense-row capacity it used (0: none).
+  const auto note_dense_rows = [&] { c.dense_rows_capacity = use_dense_rows(m) ? last_dense_cap_ : 0; };
   switch (plan.step) {
     case ForwardStep::dense:
     case ForwardStep::dense_counted:
@@ -873,15 +875,11 @@ ForwardResult FfnContext::forward(const __nv_bfloat16* x, std::int64_t m, __nv_b
         dense_forward_counted(x, m, y, stream);
       else
         dense_forward(x, m, y, stream);
-      r.path = path == Path::dense    ? std::string("dense cublasLt")
-               : plan.below_min_rows ? std::string("dense cublasLt (M below the dispatch minimum)")
-                                     : fmt::format("dense cublasLt ({})", measured);
-      return r;
+      return finish(r);
     case ForwardStep::decode:
       decode_forward(x, m, y, stream);  // counts through its own last CTA
       r.sparse = true;
-      r.path = fmt::format("twell decode kernel{} ({})", uses_decode_token(m) ? ", one token, gate fused in" : "", measured);
-      return r;
+      return finish(r);
     case ForwardStep::sparse:
       gate_twell(x, m, stream);
       sparse_rest(x, m, y, stream);
@@ -894,8 +892,8 @@ ForwardResult FfnContext::forward(const __nv_bfloat16* x, std::int64_t m, __nv_b
                      static_cast<double>(m) * static_cast<double>(sparse_n(m)), stream, &counters_.get()->nnz, m,
                      static_cast<double>(m) * static_cast<double>(sparse_n(m)));
       r.sparse = true;
-      r.path = plan.sticky ? fmt::format("{} ({})", sparse_path_name(m), measured) : sparse_path_name(m);
-      return r;
+      note_dense_rows();
+      return finish(r);
     case ForwardStep::first_call:
       break;
   }
@@ -923,13 +921,11 @@ ForwardResult FfnContext::forward(const __nv_bfloat16* x, std::int64_t m, __nv_b
   }
   if (r.sparse) {
     sparse_rest(x, m, y, stream);
-    r.path = sparse_path_name(m);
+    note_dense_rows();
   } else {
     dense_rest(x, m, y, stream);
-    r.path = gated() ? "twell gate + dense cublasLt up/down (density above threshold)"
-                    : "twell up + dense cublasLt down (density above threshold)";
   }
-  return r;
+  return finish(r);
 }
 
 }  // namespace twell::cuda

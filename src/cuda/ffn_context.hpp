@@ -95,7 +95,8 @@ struct ForwardResult {
   bool sparse = false;              // which remainder ran
   bool counted = false;             // Path::automatic: a sampled count decided
   double sampled_density = 0;       // nnz / (rows · N) over the sampled rows
-  std::string path;
+  CallRecord call;                  // what ran, as values
+  std::string path() const { return describe_call(call); }  // ... as text (formatted here, on request)
 };
 
 class FfnContext {
@@ -140,6 +141,8 @@ class FfnContext {
   // fixed device word instead of the count ring), so it can be captured and replayed. The caller
   // re-plans from time to time by an ordinary forward(automatic), which counts.
   bool is_decode(std::int64_t m) const noexcept;
+  // The record of the last forward() (its text: describe_call); a default record before one.
+  const CallRecord& last_call() const noexcept { return last_call_; }
   // True iff forward(automatic) of m rows runs the plain cuBLASLt FFN without a count (m under
   // dispatch_min_rows and not a decode size): a decision of the shape alone, never of the layer's
   // statistics, so such calls capture into a graph like dense_forward (which they are).
@@ -307,7 +310,6 @@ class FfnContext {
   // This layer's operands for a call on x [m, K] → y [m, K] (both row stride K).
   // n: the neurons [0, n) the kernel runs (the call's sparse_n, or N for decode).
   FfnOperands operands(const __nv_bfloat16* x, std::int64_t m, __nv_bfloat16* y, std::int64_t n) const noexcept;
-  std::string sparse_path_name(std::int64_t m) const;  // the sparse path's description
   void resolve_pending();  // folds the newest returned count into last_density_
   // One token with decode_gemv: the gate fused into the decode kernels (twell_decode_token.hpp).
   bool uses_decode_token(std::int64_t m) const noexcept;
@@ -376,6 +378,7 @@ class FfnContext {
   double last_density_ = -1;  // density of the latest call whose count came back (−1: none)
   double last_active_ = -1;   // its true share of non-zeros (last_density_ weighs dense rows at their cost)
   std::uint64_t weights_epoch_ = 0;  // see weights_epoch()
+  CallRecord last_call_;             // see last_call()
   Measured last_counted_;     // the counters that came back with it (TwELL calls; see measured())
   std::int64_t dense_calls_ = 0;  // dense calls of automatic since upload (for the count periods)
   CountRing counts_;          // counts of sticky calls on their way back (never waited for)

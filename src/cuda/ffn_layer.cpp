@@ -73,14 +73,14 @@ FfnLayer& FfnLayer::operator=(FfnLayer&&) noexcept = default;
 void FfnLayer::load_weights(const DeviceWeights& w, Stream stream) { ctx_->load_weights(internal(w), cu(stream)); }
 void FfnLayer::upload_weights(const FfnWeights& w, Stream stream) { ctx_->upload_weights(w, cu(stream)); }
 
-std::string FfnLayer::forward(const bf16* x, std::int64_t m, bf16* y, Path path, Stream stream) {
-  ForwardResult r = loaded(ctx_, n(), "FfnLayer").forward(nv(x), m, nv(y), path, cu(stream));
+void FfnLayer::forward(const bf16* x, std::int64_t m, bf16* y, Path path, Stream stream) {
+  const ForwardResult r = loaded(ctx_, n(), "FfnLayer").forward(nv(x), m, nv(y), path, cu(stream));
   ++calls_;
   if (r.sparse) ++sparse_calls_;
   last_sparse_ = r.sparse;
-  path_ = r.path;
-  return std::move(r.path);
 }
+
+std::string FfnLayer::last_path() const { return calls_ == 0 ? std::string() : describe_call(ctx_->last_call()); }
 
 FfnLayer::StepPlan FfnLayer::plan_step(std::int64_t m, Path path) {
   FfnContext& c = loaded(ctx_, n(), "FfnLayer");
@@ -179,7 +179,7 @@ LayerStats FfnLayer::stats() {
   LayerStats s;
   s.calls = calls_;
   s.sparse_calls = sparse_calls_;
-  s.path = path_;
+  s.path = last_path();
   if (n() == 0) return s;  // no weights yet: nothing measured
   s.hot_neurons = ctx_->hot_count();
   const FfnContext::Measured c = ctx_->measured();

@@ -1,5 +1,7 @@
 #include "cuda/ffn_plan.hpp"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 
 namespace twell::cuda {
@@ -58,6 +60,52 @@ TrainPlan plan_train_forward(const TrainDispatchPolicy& p, const TrainDispatchSt
   }
   plan.step = TrainStep::count;
   return plan;
+}
+
+namespace {
+
+// The count a sticky decision followed.
+std::string followed(const CallRecord& c) {
+  if (c.followed_density < 0) return "no density measured yet";
+  if (c.followed_row_costs)
+    return fmt::format("the previous call measured a cost of {:.2f}% density, rows over {} non-zeros at {} each",
+                       100.0 * c.followed_density, c.row_cap, c.row_cost);
+  return fmt::format("the previous call measured {:.2f}% density", 100.0 * c.followed_density);
+}
+
+std::string sparse_name(const CallRecord& c) {
+  const char* first = c.gate_sm90 ? (c.gated ? "sm90 gate GEMM with TwELL epilogue" : "sm90 up GEMM with TwELL epilogue")
+                                   : (c.gated ? "cublasLt gate + pack" : "cublasLt up + pack");
+  const char* rest = c.gated ? "fused up+down" : "sparse down";
+  const std::string hot = c.sparse_n < c.n
+                              ? fmt::format("; {} of {} neurons (the hot ones) dense", c.n - c.sparse_n, c.n)
+                              : std::string();
+  if (c.dense_rows_capacity > 0)
+    return fmt::format("twell: {}, {}; rows over {} non-zeros dense (up to {}){}", first, rest, c.row_cap,
+                       c.dense_rows_capacity, hot);
+  return fmt::format("twell: {}, {}{}", first, rest, hot);
+}
+
+}  // namespace
+
+std::string describe_call(const CallRecord& c) {
+  switch (c.step) {
+    case ForwardStep::dense:
+    case ForwardStep::dense_counted:
+      if (c.asked == Path::dense) return "dense cublasLt";
+      if (c.below_min_rows) return "dense cublasLt (M below the dispatch minimum)";
+      return fmt::format("dense cublasLt ({})", c.sticky ? followed(c) : std::string());
+    case ForwardStep::decode:
+      return fmt::format("twell decode kernel{} ({})", c.one_token ? ", one token, gate fused in" : "",
+                         c.sticky ? followed(c) : std::string());
+    case ForwardStep::sparse:
+      return c.sticky ? fmt::format("{} ({})", sparse_name(c), followed(c)) : sparse_name(c);
+    case ForwardStep::first_call:
+      if (c.sparse) return sparse_name(c);
+      return c.gated ? "twell gate + dense cublasLt up/down (density above threshold)"
+                     : "twell up + dense cublasLt down (density above threshold)";
+  }
+  return "unknown step";
 }
 
 }  // namespace twell::cuda

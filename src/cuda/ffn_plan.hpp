@@ -52,6 +52,30 @@ struct ForwardPlan {
   double max_density = 0;       // the threshold of this call (automatic)
 };
 
+// What one forward ran, as values: the plan, the facts the executor added (the device's decision
+// of a first call, the dense-row capacity it used) and the measurement a sticky decision followed.
+// Filling it is a few stores; describe_call turns it into text only when someone asks (the last
+// path of a layer, a benchmark's report), so no call formats a string.
+struct CallRecord {
+  ForwardStep step = ForwardStep::dense;
+  Path asked = Path::automatic;
+  bool sticky = false;                // ForwardPlan::sticky
+  bool below_min_rows = false;        // ForwardPlan::below_min_rows
+  bool sparse = false;                // a sparse path ran (first_call: the device's decision)
+  bool gated = true;
+  bool gate_sm90 = false;             // the sparse path's gate is the sm90 GEMM with the TwELL epilogue
+  bool one_token = false;             // decode: the one-token kernels, the gate fused in
+  double followed_density = -1;       // sticky: the count the decision followed (< 0: none yet)
+  bool followed_row_costs = false;    // ... which weighed rows over row_cap non-zeros at row_cost each
+  std::uint32_t row_cap = 0, row_cost = 0;  // dense rows: the row threshold and its cost, of sparse_n neurons
+  std::int64_t dense_rows_capacity = 0;     // the sparse remainder ran dense rows, up to this many (0: none)
+  std::int64_t n = 0, sparse_n = 0;   // neurons; of them the sparse path's (the rest hot, run dense)
+};
+
+// The human-readable path of a call ("twell: sm90 gate GEMM with TwELL epilogue, fused up+down",
+// "dense cublasLt (the previous call measured 1.20% density)", …).
+std::string describe_call(const CallRecord& c);
+
 // The density threshold of a call: one-token decode, decode, non-gated, large-M gated or gated.
 double max_sparse_density(const DispatchPolicy& p, std::int64_t m, bool decode, bool gated, bool one_token = false) noexcept;
 

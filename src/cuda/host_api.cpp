@@ -66,7 +66,7 @@ InferenceReport ffn_infer_host(CMatrixF x, const FfnWeights& w, MatrixF y, const
   for (std::int64_t i = 0; i < y.rows; ++i)
     std::memcpy(y.row(i), out.data() + i * w.hidden(), static_cast<std::size_t>(w.hidden()) * sizeof(float));
   InferenceReport rep;
-  rep.path = r.path;
+  rep.path = r.path();
   if (r.sparse) {
     const TwellCounters c = ctx.read_counters(stream.get());
     rep.nnz = static_cast<std::int64_t>(c.nnz);
@@ -106,7 +106,7 @@ BenchTimes bench_ffn_host(CMatrixF x, const FfnWeights& w, const BenchOptions& o
   std::tie(t.dense_ms, t.total_ms) = host::alternating_medians_ms(
       opt.warmup, opt.reps, s, [&] { ctx.dense_forward(dx.get(), m, y_dense.get(), s); },
       [&] { r = ctx.forward(dx.get(), m, y_sparse.get(), opt.path, s); });
-  t.path = r.path;
+  t.path = r.path();
   ctx.gate_twell(dx.get(), m, s);  // exact counts for the report, whichever remainder dispatch chose
   const TwellCounters c = ctx.read_counters(s);
   t.nnz = static_cast<std::int64_t>(c.nnz);

@@ -210,7 +210,7 @@ void check_gate_sm90(const FfnCase& c, const FfnData& d, const FfnWeights& w, co
   EXPECT_TRUE(o.guard_ok) << "sm90 gate: write past the end of y";
   std::int64_t worst_row = -1;
   const double err = max_err_rows(o.y, ref_sparse, rows, c.k, &worst_row);
-  EXPECT_LE(err, kTol) << "sparse path with the sm90 gate (" << fr.path << "): worst row " << worst_row;
+  EXPECT_LE(err, kTol) << "sparse path with the sm90 gate (" << fr.path() << "): worst row " << worst_row;
   std::printf("[case %s] sm90 gate (%s staging, heavy rows by %s, words from %s): values within bound (worst ratio %.3f), words as the host encoder's, %lld overflowed blocks backed up; y max row rel err %.2e\n",
               c.name.c_str(), opt.gate_sm90_stmatrix ? "stmatrix" : "st.shared", opt.gate_sm90_heavy_rows ? "warp" : "lane",
               opt.gate_sm90_word_masks ? "masks" : "a scan", worst,
@@ -228,9 +228,9 @@ std::string check_automatic_calls(const FfnCase& c, FfnContext& ctx, const __nv_
     std::int64_t worst_row = -1;
     const double err = max_err_rows(o.y, fr.sparse ? ref_sparse : ref_dense, rows, c.k, &worst_row);
     EXPECT_TRUE(o.guard_ok) << what << ": write past the end of y";
-    EXPECT_LE(err, kTol) << what << ", call " << call << " (" << fr.path << "): worst row " << worst_row;
+    EXPECT_LE(err, kTol) << what << ", call " << call << " (" << fr.path() << "): worst row " << worst_row;
   }
-  return fr.path;
+  return fr.path();
 }
 
 // Dense rows (sm80/twell_dense_rows.hpp) with the threshold at ~0 (every non-empty row is hot) and
@@ -263,7 +263,7 @@ void check_dense_rows(const FfnCase& c, const FfnData& d, const FfnWeights& w, c
         if (cnt > row_cap) hot.push_back(r);
       }
       const auto dense = std::min<std::int64_t>(static_cast<std::int64_t>(hot.size()), cap);
-      EXPECT_TRUE(info.counted) << "dense rows not planned (" << fr.path << ")";
+      EXPECT_TRUE(info.counted) << "dense rows not planned (" << fr.path() << ")";
       EXPECT_EQ(info.capacity, std::min(cap, c.m));
       EXPECT_EQ(info.hot, hot.size()) << "rows over " << row_cap << " non-zeros";
       EXPECT_EQ(static_cast<std::int64_t>(info.dense), dense);
@@ -285,7 +285,7 @@ void check_dense_rows(const FfnCase& c, const FfnData& d, const FfnWeights& w, c
         }
       }
       EXPECT_TRUE(o1.guard_ok) << "dense rows: write past the end of y";
-      EXPECT_LE(err, kTol) << "dense rows (threshold " << row_cap << ", capacity " << cap << ", " << fr.path
+      EXPECT_LE(err, kTol) << "dense rows (threshold " << row_cap << ", capacity " << cap << ", " << fr.path()
                            << "): worst row " << worst_row;
       const Outputs o2 = run_poisoned(c.m, c.k, s, [&](__nv_bfloat16* y) { ctx.forward(x, c.m, y, Path::sparse, s); });
       EXPECT_TRUE(std::memcmp(o1.y.data(), o2.y.data(), o1.y.size() * sizeof(float)) == 0) << "dense rows: not reproducible";
@@ -392,14 +392,14 @@ void check_hot_neurons(const FfnCase& c, const FfnWeights& w, const __nv_bfloat1
       EXPECT_TRUE(out.guard_ok) << "hot neurons (" << set.name << "): write past the end of y";
       std::int64_t worst_row = -1;
       const double err = max_err_rows(out.y, fr.sparse ? ref_sparse : ref_dense, rows, c.k, &worst_row);
-      EXPECT_LE(err, kTol) << "hot neurons (" << set.name << ", " << fr.path << "): worst row " << worst_row;
+      EXPECT_LE(err, kTol) << "hot neurons (" << set.name << ", " << fr.path() << "): worst row " << worst_row;
       if (path == Path::sparse) {
         sparse_y.push_back(out.y);
         if (sparse_y.size() == 1) {
           EXPECT_EQ(ctx.sparse_n(c.m), c.n - want_hot);
-          EXPECT_EQ(fr.path.find("neurons (the hot ones) dense") != std::string::npos, want_hot > 0) << fr.path;
+          EXPECT_EQ(fr.path().find("neurons (the hot ones) dense") != std::string::npos, want_hot > 0) << fr.path();
           std::printf("[case %s] hot neurons (%s): %lld hot, \"%s\", max row rel err %.2e\n", c.name.c_str(), set.name,
-                      static_cast<long long>(want_hot), fr.path.c_str(), err);
+                      static_cast<long long>(want_hot), fr.path().c_str(), err);
         }
       }
     }
@@ -522,9 +522,9 @@ TEST_P(CudaFfn, MatchesReferenceAndHostEncoder) {
     const std::vector<double>& r = p.ref ? *p.ref : (fr.sparse ? ref_sparse : ref_dense);
     std::int64_t worst_row = -1;
     const double err = max_err_rows(o.y, r, rows, c.k, &worst_row);
-    EXPECT_LE(err, kTol) << p.name << " path (" << fr.path << "): worst row " << worst_row;
+    EXPECT_LE(err, kTol) << p.name << " path (" << fr.path() << "): worst row " << worst_row;
     std::printf("[case %s] %-9s path \"%s\": max row rel err %.2e over %zu rows\n", c.name.c_str(), p.name,
-                fr.path.c_str(), err, rows.size());
+                fr.path().c_str(), err, rows.size());
   }
   // The sm90 gate GEMM with the TwELL epilogue, where the GPU runs it: values, words, counters,
   // flags, backup blocks, and y through the sparse path with only the overflowed blocks backed up.
@@ -620,7 +620,7 @@ class CudaDispatch : public ::testing::Test {
     ForwardResult fr;
     const Outputs o =
         run_poisoned(c_.m, c_.k, s_, [&](__nv_bfloat16* y) { fr = ctx_->forward(in, c_.m, y, Path::automatic, s_); });
-    EXPECT_TRUE(o.guard_ok) << fr.path;
+    EXPECT_TRUE(o.guard_ok) << fr.path();
     expect_exact(o.y, fr, in);
     return fr;
   }
@@ -643,9 +643,9 @@ class CudaDispatch : public ::testing::Test {
     if (in == x_.get()) {
       std::int64_t worst_row = -1;
       EXPECT_LE(max_err_rows(y, fr.sparse ? ref_sparse_ : ref_dense_, rows_, c_.k, &worst_row), kTol)
-          << fr.path << ": worst row " << worst_row;
+          << fr.path() << ": worst row " << worst_row;
     } else {
-      for (float v : y) ASSERT_EQ(v, 0.0f) << fr.path;
+      for (float v : y) ASSERT_EQ(v, 0.0f) << fr.path();
     }
   }
 
@@ -681,8 +681,8 @@ TEST_F(CudaDispatch, StickyFollowsTheMeasuredDensity) {
   for (const Step& st : steps) {
     SCOPED_TRACE(::testing::Message() << "call " << i++);
     const ForwardResult fr = automatic(st.in);
-    EXPECT_EQ(fr.counted, st.counted) << fr.path;
-    EXPECT_EQ(fr.sparse, st.sparse) << fr.path;
+    EXPECT_EQ(fr.counted, st.counted) << fr.path();
+    EXPECT_EQ(fr.sparse, st.sparse) << fr.path();
   }
   // Back-to-back calls without a host wait (the host runs ahead; the count ring fills and waits
   // for its oldest slot): the last result is still exact.
@@ -719,14 +719,14 @@ TEST_F(CudaDispatch, LargeBatchesUseTheirOwnThreshold) {
   ASSERT_NO_FATAL_FAILURE(set_up(c, opt, 32, c.seed + 5));
   const ForwardResult large = automatic(x_.get());
   EXPECT_TRUE(large.counted);
-  EXPECT_TRUE(large.sparse) << large.path;
+  EXPECT_TRUE(large.sparse) << large.path();
   ContextOptions below = opt;
   below.dispatch_large_rows = 1001;
   ctx_ = std::make_unique<FfnContext>(below);
   ctx_->upload_weights(w_, s_);
   const ForwardResult small = automatic(x_.get());
   EXPECT_TRUE(small.counted);
-  EXPECT_FALSE(small.sparse) << small.path;
+  EXPECT_FALSE(small.sparse) << small.path();
 }
 
 // Decode (M ≤ decode_max_rows, default options): sparse without a host wait until a count shows
@@ -749,8 +749,8 @@ TEST_F(CudaDispatch, DecodeRunsSparseUntilTheLayerMeasuresDense) {
   for (const Step& st : steps) {
     SCOPED_TRACE(::testing::Message() << "call " << i++);
     const ForwardResult fr = automatic(st.in);
-    EXPECT_EQ(fr.sparse, st.sparse) << fr.path;
-    EXPECT_FALSE(fr.counted) << fr.path;  // no host wait in decode
+    EXPECT_EQ(fr.sparse, st.sparse) << fr.path();
+    EXPECT_FALSE(fr.counted) << fr.path();  // no host wait in decode
   }
   // With the default count period a dense decode layer counts every 16th call: a layer that
   // turns sparse is back on the decode kernel within 17 calls.
@@ -776,7 +776,7 @@ TEST_F(CudaDispatch, OneTokenDecodeFollowsItsOwnThreshold) {
     ASSERT_NO_FATAL_FAILURE(set_up(c, opt, c.m, c.seed));
     for (int i = 0; i < 4; ++i) {
       const ForwardResult fr = automatic(x_.get());
-      EXPECT_EQ(fr.sparse, m == 1 || i == 0) << "call " << i << ": " << fr.path;
+      EXPECT_EQ(fr.sparse, m == 1 || i == 0) << "call " << i << ": " << fr.path();
       ASSERT_EQ(cudaStreamSynchronize(s_), cudaSuccess);  // its count is back before the next call
     }
   }
@@ -936,9 +936,9 @@ TEST(CudaDecode, MatchesReferenceAtEveryDensity) {
       ForwardResult fr;
       const Outputs o = run_poisoned(c.m, c.k, s, [&](__nv_bfloat16* y) { fr = ctx.forward(x.get(), c.m, y, Path::automatic, s); });
       EXPECT_TRUE(o.guard_ok);
-      EXPECT_NE(fr.path.find("decode kernel"), std::string::npos) << fr.path;
+      EXPECT_NE(fr.path().find("decode kernel"), std::string::npos) << fr.path();
       std::int64_t worst_row = -1;
-      EXPECT_LE(max_err_rows(o.y, r, rows, c.k, &worst_row), kTol) << fr.path << ": worst row " << worst_row;
+      EXPECT_LE(max_err_rows(o.y, r, rows, c.k, &worst_row), kTol) << fr.path() << ": worst row " << worst_row;
       if (call == 0) {
         first = o.y;
       } else {
@@ -992,9 +992,9 @@ TEST(CudaDecodeToken, MatchesReferenceAtEveryDensity) {
       ForwardResult fr;
       const Outputs o = run_poisoned(1, c.k, s, [&](__nv_bfloat16* y) { fr = ctx.forward(x.get(), 1, y, Path::automatic, s); });
       EXPECT_TRUE(o.guard_ok);
-      EXPECT_NE(fr.path.find("one token, gate fused in"), std::string::npos) << fr.path;
+      EXPECT_NE(fr.path().find("one token, gate fused in"), std::string::npos) << fr.path();
       std::int64_t worst_row = -1;
-      EXPECT_LE(max_err_rows(o.y, r, rows, c.k, &worst_row), kTol) << fr.path;
+      EXPECT_LE(max_err_rows(o.y, r, rows, c.k, &worst_row), kTol) << fr.path();
       ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);
       const FfnContext::Measured me = ctx.measured();
       EXPECT_NEAR(me.active * static_cast<double>(c.n), static_cast<double>(expect_nnz), 1e-6) << "call " << call;
@@ -1090,7 +1090,7 @@ TEST(CudaDecodeToken, NeuronOrderRestartsWithNewWeights) {
 
   for (std::int64_t r = 0; r < 20; ++r) {
     const ForwardResult fr = ctx.forward(x.get() + r * k, 1, y.get(), Path::automatic, s);
-    ASSERT_NE(fr.path.find("one token"), std::string::npos) << fr.path;
+    ASSERT_NE(fr.path().find("one token"), std::string::npos) << fr.path();
   }
   EXPECT_EQ(ctx.decode_order_steps(), 20);
   std::vector<std::uint32_t> first15(static_cast<std::size_t>(n), 0);
@@ -1125,7 +1125,7 @@ TEST(CudaDecodeToken, NeuronOrderRestartsWithNewWeights) {
 
   ctx.upload_weights(w, s);
   const ForwardResult fr = ctx.forward(x.get() + 28 * k, 1, y.get(), Path::automatic, s);
-  ASSERT_NE(fr.path.find("one token"), std::string::npos) << fr.path;
+  ASSERT_NE(fr.path().find("one token"), std::string::npos) << fr.path();
   EXPECT_EQ(ctx.decode_order_steps(), 1);
   EXPECT_EQ(order(), identity) << "new weights must restart the order";
   EXPECT_EQ(sum(hits()), actives(28, 29));
@@ -1166,9 +1166,9 @@ TEST(CudaHotNeurons, CalibrationLeavesOutDenseRows) {
     ctx.upload_weights(w, nullptr);
     ForwardResult fr;
     const Outputs out = run_poisoned(M, K, nullptr, [&](__nv_bfloat16* y) { fr = ctx.forward(xd.get(), M, y, Path::sparse, nullptr); });
-    EXPECT_TRUE(out.guard_ok) << fr.path;
+    EXPECT_TRUE(out.guard_ok) << fr.path();
     std::int64_t worst_row = -1;
-    EXPECT_LE(max_err_rows(out.y, ref, all_rows, K, &worst_row), kTol) << fr.path << ": worst row " << worst_row;
+    EXPECT_LE(max_err_rows(out.y, ref, all_rows, K, &worst_row), kTol) << fr.path() << ": worst row " << worst_row;
     return ctx.hot_neurons();
   };
   std::vector<std::int64_t> want;

@@ -195,7 +195,10 @@ TEST(FfnLayer, CapturedLayersReplayBitIdentically) {
       for (int i = 0; i <= L; ++i) acts.push_back(std::make_unique<Dev<bf16>>(d.x.size()));
       std::vector<std::string> paths(L);  // the last run's dispatch, layer by layer
       const auto run = [&] {
-        for (int i = 0; i < L; ++i) paths[i] = layers[i].forward(acts[i]->p, m, acts[i + 1]->p, path, s);
+        for (int i = 0; i < L; ++i) {
+          layers[i].forward(acts[i]->p, m, acts[i + 1]->p, path, s);
+          paths[i] = layers[i].last_path();
+        }
       };
       const auto joined = [&] {
         std::string j;
@@ -347,6 +350,8 @@ TEST(FfnLayer, StatsComeBackWithoutAWait) {
   EXPECT_EQ(none.active, -1);
   EXPECT_EQ(none.nnz, -1);
   EXPECT_EQ(none.overflow_rows, -1);
+  EXPECT_EQ(none.path, "");
+  EXPECT_EQ(layer.last_path(), "");
   layer.upload_weights(d.weights(), nullptr);
   Dev<bf16> x(d.x.size()), y(d.x.size());
   up(x, to_bf16_bits(d.x));
@@ -361,8 +366,10 @@ TEST(FfnLayer, StatsComeBackWithoutAWait) {
   EXPECT_EQ(dense.path, "dense cublasLt");
   // Automatic: the first call counts on the device and waits for its flag; the next two run sticky
   // and send their counters back through the ring.
-  std::string last;
-  for (int i = 0; i < 3; ++i) last = layer.forward(x.p, d.m, y.p, Path::automatic, nullptr);
+  EXPECT_EQ(layer.last_path(), "dense cublasLt");
+  for (int i = 0; i < 3; ++i) layer.forward(x.p, d.m, y.p, Path::automatic, nullptr);
+  const std::string last = layer.last_path();
+  EXPECT_NE(last.find("(the previous call measured"), std::string::npos) << last;  // the third call ran sticky
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   const LayerStats s = layer.stats();
   std::vector<float> want(d.x.size());

@@ -104,7 +104,7 @@ struct LayerStats {
   // the cold neurons, and the (row, tile) blocks and rows beyond TwELL's width (computed exactly
   // through the fallback: a speed figure, not an error).
   std::int64_t counted_rows = -1, nnz = -1, overflow_tiles = -1, overflow_rows = -1;
-  std::string path;  // the last call's path as dispatched
+  std::string path;  // the last forward()'s path as dispatched (last_path())
 };
 
 // One FFN layer for inference: y = FFN(x), exact on every input.
@@ -117,9 +117,10 @@ class FfnLayer {
 
   void load_weights(const DeviceWeights& w, Stream stream);  // asynchronous; no host round trip
   void upload_weights(const FfnWeights& w, Stream stream);   // from host fp32 (rounded to bf16)
-  // x, y: device bf16 [m, k]. Returns the path as dispatched (human-readable).
-  std::string forward(const bf16* x, std::int64_t m, bf16* y, Path path, Stream stream);
+  // x, y: device bf16 [m, k]. Formats no text: last_path() describes the call when asked.
+  void forward(const bf16* x, std::int64_t m, bf16* y, Path path, Stream stream);
   bool last_sparse() const noexcept { return last_sparse_; }  // the last forward() ran a sparse path
+  std::string last_path() const;  // the last forward()'s path as dispatched, human-readable ("" before one)
   LayerStats stats();  // never waits (folds in the counts that have come back)
   std::int64_t n() const noexcept;
   std::int64_t k() const noexcept;
@@ -204,7 +205,6 @@ class FfnLayer {
   std::unique_ptr<FfnContext> ctx_;
   std::int64_t calls_ = 0, sparse_calls_ = 0;
   bool last_sparse_ = false;
-  std::string path_;
 };
 
 struct TrainForwardInfo {
