@@ -146,6 +146,7 @@ class CudaKvPool final : public KvPool {
         v_(static_cast<std::size_t>(layers_ * blocks * kKvBlockTokens * kv_dim_)) {}
   std::int64_t total_blocks() const noexcept override { return blocks_; }
   std::int64_t free_blocks() const noexcept override { return list_.free(); }
+  std::int64_t cached_blocks() const noexcept override { return list_.cached(); }
   std::int64_t block_bytes() const noexcept override { return bytes_per_block(layers_, kv_dim_); }
   // One block's keys and values, every layer (what make_kv_pool checks against free memory).
   static std::int64_t bytes_per_block(std::int64_t layers, std::int64_t kv_dim) noexcept {

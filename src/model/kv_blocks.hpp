@@ -8,8 +8,15 @@
 // a paged sequence only appends, and gives its blocks back rather than rewrite them). A full block
 // is published under those tokens; a new sequence whose prompt starts with the same tokens takes
 // the published blocks (one more reference each) instead of computing them. A lookup compares the
-// block's own tokens and its predecessor's block id, not only a hash, so a hash collision can never
-// hand out another prefix's keys. A block leaves the index when its last holder gives it back.
+// block's own tokens and its predecessor's block id and generation, not only a hash, so a hash
+// collision can never hand out another prefix's keys.
+//
+// Prefix cache. A published block that its last holder gives back stays in the index, cached (a
+// finished request's system prompt serves the next request that starts with it), until a take()
+// finds no free block: then the least recently given back cached block leaves the index and is
+// taken. Cached blocks count as free (free()), so admission and reservations see them as room. A
+// block taken fresh starts a new generation, which invalidates blocks published after its old
+// contents (their predecessor check fails) without finding them.
 //
 // Used by the scheduler's thread and by the sequences it destroys, under a mutex all the same,
 // since a sequence may outlive its user's thread.
@@ -28,60 +35,80 @@ class KvBlockList {
  public:
   explicit KvBlockList(std::int64_t total)
       : total_(total), refs_(static_cast<std::size_t>(total), 0), key_(refs_.size(), 0), parent_(refs_.size(), kUnpublished),
+        parent_gen_(refs_.size(), 0), gen_(refs_.size(), 0), prev_(refs_.size(), -1), next_(refs_.size(), -1),
         tokens_(refs_.size() * kKvBlockTokens, 0) {
     free_.reserve(static_cast<std::size_t>(total));
     for (std::int64_t b = total - 1; b >= 0; --b) free_.push_back(static_cast<std::int32_t>(b));  // 0 first
   }
   std::int64_t total() const noexcept { return total_; }
+  // Blocks a take() can have: the free ones and the cached ones.
   std::int64_t free() const noexcept {
     std::lock_guard lk(m_);
-    return static_cast<std::int64_t>(free_.size());
+    return static_cast<std::int64_t>(free_.size()) + cached_;
   }
-  // Takes n blocks (one reference each), appended to `out`, or none (false) when fewer are free.
+  // Published blocks nobody holds (kept for their prefix until their memory is needed).
+  std::int64_t cached() const noexcept {
+    std::lock_guard lk(m_);
+    return cached_;
+  }
+  // Takes n blocks (one reference each), appended to `out`, or none (false) when fewer are free:
+  // free blocks first, then cached ones, the least recently given back first.
   bool take(std::int64_t n, std::vector<std::int32_t>& out) {
     std::lock_guard lk(m_);
-    if (n > static_cast<std::int64_t>(free_.size())) return false;
+    if (n > static_cast<std::int64_t>(free_.size()) + cached_) return false;
     for (std::int64_t i = 0; i < n; ++i) {
+      if (free_.empty()) evict_oldest();
       const std::int32_t b = free_.back();
       free_.pop_back();
       refs_[static_cast<std::size_t>(b)] = 1;
+      ++gen_[static_cast<std::size_t>(b)];  // new contents: blocks published after the old ones no longer follow it
       out.push_back(b);
     }
     return true;
   }
-  // Drops one reference to each block; a block nobody holds leaves the prefix index and is free.
+  // Drops one reference to each block; a block nobody holds is cached if published, else free.
+  // Given in reverse, so that a sequence's later blocks are evicted before the prefix they extend.
   void give(std::span<const std::int32_t> ids) {
     std::lock_guard lk(m_);
     for (auto it = ids.rbegin(); it != ids.rend(); ++it) {
       const auto b = static_cast<std::size_t>(*it);
       if (--refs_[b] > 0) continue;
-      if (parent_[b] != kUnpublished) {
-        index_.erase(key_[b]);
-        parent_[b] = kUnpublished;
-      }
-      free_.push_back(*it);
+      if (parent_[b] != kUnpublished)
+        link_newest(*it);
+      else
+        free_.push_back(*it);
     }
   }
   // Publishes block b, now full of `tokens` (kKvBlockTokens of them) after block `parent` (-1: the
-  // sequence's first), under `key` (KvBlockList::key of the two). A key already published keeps its
-  // block (the same tokens after the same blocks: the same keys and values).
+  // sequence's first), under `key` (KvBlockList::key of the two). A key whose block someone holds
+  // keeps it (the same tokens after the same blocks: the same keys and values); a cached one gives
+  // way (it may follow contents its predecessor no longer holds) and is free.
   void publish(std::int32_t b, std::int32_t parent, std::span<const std::int32_t> tokens, std::uint64_t key) {
     std::lock_guard lk(m_);
     const auto i = static_cast<std::size_t>(b);
-    if (parent_[i] != kUnpublished || !index_.emplace(key, b).second) return;
+    if (parent_[i] != kUnpublished) return;
+    const auto [it, fresh] = index_.try_emplace(key, b);
+    if (!fresh) {
+      if (refs_[static_cast<std::size_t>(it->second)] > 0) return;
+      uncache(it->second);
+      it->second = b;
+    }
     key_[i] = key;
     parent_[i] = parent;
+    parent_gen_[i] = generation(parent);
     std::copy(tokens.begin(), tokens.end(), tokens_.begin() + static_cast<std::ptrdiff_t>(i * kKvBlockTokens));
   }
-  // The published block of `tokens` after block `parent`, with one more reference, or -1.
+  // The published block of `tokens` after block `parent`, with one more reference (a cached one
+  // leaves the cache), or -1.
   std::int32_t share(std::int32_t parent, std::span<const std::int32_t> tokens, std::uint64_t key) {
     std::lock_guard lk(m_);
     const auto it = index_.find(key);
     if (it == index_.end()) return -1;
     const auto i = static_cast<std::size_t>(it->second);
-    if (parent_[i] != parent ||
+    if (parent_[i] != parent || parent_gen_[i] != generation(parent) ||
         !std::equal(tokens.begin(), tokens.end(), tokens_.begin() + static_cast<std::ptrdiff_t>(i * kKvBlockTokens)))
-      return -1;  // a hash collision: not these tokens
+      return -1;  // a hash collision, or published after contents its predecessor no longer holds
+    if (refs_[i] == 0) unlink(it->second);
     ++refs_[i];
     return it->second;
   }
@@ -99,12 +126,47 @@ class KvBlockList {
 
  private:
   static constexpr std::int32_t kUnpublished = -2;  // parent_ of a block not in the index
+  std::uint32_t generation(std::int32_t b) const noexcept { return b < 0 ? 0 : gen_[static_cast<std::size_t>(b)]; }
+  // The cache: a list over block ids through prev_ / next_, oldest_ the next to go.
+  void link_newest(std::int32_t b) {
+    const auto i = static_cast<std::size_t>(b);
+    prev_[i] = newest_;
+    next_[i] = -1;
+    (newest_ < 0 ? oldest_ : next_[static_cast<std::size_t>(newest_)]) = b;
+    newest_ = b;
+    ++cached_;
+  }
+  void unlink(std::int32_t b) {
+    const auto i = static_cast<std::size_t>(b);
+    (prev_[i] < 0 ? oldest_ : next_[static_cast<std::size_t>(prev_[i])]) = next_[i];
+    (next_[i] < 0 ? newest_ : prev_[static_cast<std::size_t>(next_[i])]) = prev_[i];
+    prev_[i] = next_[i] = -1;
+    --cached_;
+  }
+  // A cached block leaves the cache and the index (its entry is the caller's to erase or reuse) and is free.
+  void uncache(std::int32_t b) {
+    unlink(b);
+    parent_[static_cast<std::size_t>(b)] = kUnpublished;
+    free_.push_back(b);
+  }
+  // The oldest cached block leaves the index and becomes free.
+  void evict_oldest() {
+    const std::int32_t b = oldest_;
+    index_.erase(key_[static_cast<std::size_t>(b)]);  // a published block owns its key's entry
+    uncache(b);
+  }
+
   std::int64_t total_;
   mutable std::mutex m_;
   std::vector<std::int32_t> free_;
   std::vector<std::int32_t> refs_;
   std::vector<std::uint64_t> key_;
-  std::vector<std::int32_t> parent_;  // kUnpublished, or the published block's predecessor (-1: none)
+  std::vector<std::int32_t> parent_;       // kUnpublished, or the published block's predecessor (-1: none)
+  std::vector<std::uint32_t> parent_gen_;  // the predecessor's generation when the block was published
+  std::vector<std::uint32_t> gen_;         // bumped each time the block is taken (its contents change)
+  std::vector<std::int32_t> prev_, next_;  // the cache's list (-1: none)
+  std::int32_t oldest_ = -1, newest_ = -1;
+  std::int64_t cached_ = 0;
   std::vector<std::int32_t> tokens_;  // [total, kKvBlockTokens]: a published block's tokens
   std::unordered_map<std::uint64_t, std::int32_t> index_;
 };

@@ -147,6 +147,7 @@ class CpuKvPool final : public KvPool {
   }
   std::int64_t total_blocks() const noexcept override { return blocks_; }
   std::int64_t free_blocks() const noexcept override { return list_.free(); }
+  std::int64_t cached_blocks() const noexcept override { return list_.cached(); }
   std::int64_t block_bytes() const noexcept override {
     return 2 * layers_ * kKvBlockTokens * kv_dim_ * static_cast<std::int64_t>(sizeof(float));
   }

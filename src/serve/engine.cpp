@@ -198,6 +198,7 @@ void Engine::loop() {
       metrics_.queued = static_cast<std::int64_t>(queue_.size());
       if (pool_) {
         metrics_.kv_blocks_used = pool_->total_blocks() - pool_->free_blocks();
+        metrics_.kv_blocks_cached = pool_->cached_blocks();
         metrics_.kv_tokens_used = metrics_.kv_blocks_used * model::kKvBlockTokens;
       } else {
         metrics_.kv_tokens_used = kv_used_;

@@ -387,6 +387,9 @@ struct HttpServer::Impl {
           static_cast<double>(m.kv_blocks_used));
     gauge("twell_kv_blocks_total", "Paged KV-cache blocks in the pool (0 without a paged cache).",
           static_cast<double>(m.kv_blocks_total));
+    gauge("twell_kv_blocks_cached",
+          "Paged KV-cache blocks no request holds, kept for the prompts that start with their tokens (free for reuse).",
+          static_cast<double>(m.kv_blocks_cached));
     gauge("twell_preemptions_total", "Requests preempted for want of KV blocks (recomputed later).",
           static_cast<double>(m.preemptions_total), "counter");
     gauge("twell_ffn_sparse_row_share", "Share of FFN rows (ReLU layers) on the sparse path so far.",

@@ -911,7 +911,24 @@ TEST(ModelCuda, PagedSequencesShareFullPrefixBlocks) {
   EXPECT_EQ(std::memcmp(lb.data(), lc.data(), lb.size() * sizeof(float)), 0) << "B on A's blocks vs C computing them";
   a.reset();
   b.reset();
+  // Both gone: A's two full blocks stay published and free (the prefix cache), and a sequence that
+  // starts on them computes what C computed, bit for bit.
   EXPECT_EQ(pool->free_blocks(), 16);
+  EXPECT_EQ(pool->cached_blocks(), 2);
+  auto d = rt->new_paged_sequence(pool, pb);
+  EXPECT_EQ(d->length(), 32);
+  const auto ld = feed(*d, std::span<const std::int32_t>(pb).subspan(32));
+  EXPECT_EQ(std::memcmp(ld.data(), lc.data(), ld.size() * sizeof(float)), 0) << "D on cached blocks vs C";
+  d.reset();
+  // Sequences that need every block take the cached ones too: the prefix is gone.
+  std::vector<std::unique_ptr<Sequence>> all;
+  for (int i = 0; i < 4; ++i) {
+    all.push_back(rt->new_paged_sequence(pool));
+    EXPECT_TRUE(all.back()->reserve(4 * model::kKvBlockTokens));
+  }
+  EXPECT_EQ(pool->free_blocks(), 0);
+  all.clear();
+  EXPECT_EQ(pool->cached_blocks(), 0);
   EXPECT_EQ(rt->new_paged_sequence(pool, pb)->length(), 0);
 }
 

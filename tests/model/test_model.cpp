@@ -436,7 +436,8 @@ TEST(ModelCpu, PagedSequencesShareFullPrefixBlocks) {
   std::vector<std::int32_t> other = pa;
   other[3] = (other[3] + 1) % static_cast<std::int32_t>(s.vocab);
   EXPECT_EQ(rt.new_paged_sequence(pool, other)->length(), 0);
-  // A goes: its blocks stay while B holds them; B cleared: they leave the index and come back.
+  // A goes: its blocks stay while B holds them. B cleared: they stay published but free (the prefix
+  // cache), and serve the next prompt that starts with them, until their memory is needed.
   a.reset();
   EXPECT_EQ(pool->free_blocks(), 16 - 3);  // A's third block back
   EXPECT_EQ(rt.new_paged_sequence(pool, pb)->length(), 32);
@@ -444,6 +445,22 @@ TEST(ModelCpu, PagedSequencesShareFullPrefixBlocks) {
   EXPECT_EQ(b->length(), 0);
   EXPECT_EQ(b->blocks(), 0);
   EXPECT_EQ(pool->free_blocks(), 16);
+  EXPECT_EQ(pool->cached_blocks(), 2);
+  auto d = rt.new_paged_sequence(pool, pb);
+  EXPECT_EQ(d->length(), 32) << "a finished sequence's prefix";
+  EXPECT_EQ(pool->cached_blocks(), 0);
+  const auto ld = feed(*d, std::span<const std::int32_t>(pb).subspan(32));
+  EXPECT_EQ(std::memcmp(ld.data(), lc.data(), ld.size() * sizeof(float)), 0) << "D on cached blocks vs C computing them";
+  d.reset();
+  // Sequences that need every block take the cached ones too: the prefix is gone.
+  std::vector<std::unique_ptr<Sequence>> all;
+  for (int i = 0; i < 4; ++i) {
+    all.push_back(rt.new_paged_sequence(pool));
+    EXPECT_TRUE(all.back()->reserve(4 * model::kKvBlockTokens));
+  }
+  EXPECT_EQ(pool->free_blocks(), 0);
+  EXPECT_EQ(pool->cached_blocks(), 0);
+  all.clear();
   EXPECT_EQ(rt.new_paged_sequence(pool, pb)->length(), 0);
 }
 

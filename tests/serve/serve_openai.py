@@ -111,26 +111,34 @@ def main():
     check("".join(pieces) == text and finish == chat.choices[0].finish_reason, "a stream's pieces join to the same answer")
     check(usage is not None and usage.completion_tokens == chat.usage.completion_tokens, "stream_options.include_usage")
 
-    # Prefix sharing: a request whose prompt starts with a running request's full KV blocks (here the
-    # same 50-token prompt) takes those blocks instead of prefilling them: the cached-prompt counter
-    # grows by 48 (three blocks of 16; the last token is always computed), and its greedy answer
-    # equals the same request served alone.
+    # Prefix sharing and the prefix cache. A finished request's full prompt blocks stay cached: the
+    # same 50-token prompt again takes three blocks of 16 (48 tokens; the last token is always
+    # computed) instead of prefilling them. So does a request whose prompt starts with a running
+    # request's blocks. Each answers as the first request did alone.
     long_prompt = list(range(300, 350))
     lbody = lambda n, stream=False: {"model": NAME, "prompt": long_prompt, "max_tokens": n, "temperature": 0,
                                      "ignore_eos": True, "stream": stream}
+    c0 = s.metric("twell_prompt_tokens_cached_total")
     code, solo_body = s.post("/v1/completions", body=lbody(8))
     solo_text = json.loads(solo_body)["choices"][0]["text"] if code == 200 else None
-    c0 = s.metric("twell_prompt_tokens_cached_total")
+    c1 = s.metric("twell_prompt_tokens_cached_total")
+    check(c1 == c0, f"a new prompt computes every block: {c1 - c0:.0f} prompt tokens taken from the cache")
+    t0 = time.time()  # the scheduler gives a finished request's blocks back at the end of its last step
+    while time.time() - t0 < 30 and s.metric("twell_kv_blocks_cached") < 3:
+        time.sleep(0.05)
+    check(s.metric("twell_kv_blocks_cached") >= 3, f"the finished request's blocks cached: {s.metric('twell_kv_blocks_cached'):.0f}")
     req = urllib.request.Request(s.url + "/v1/completions", data=json.dumps(lbody(400, True)).encode(),
                                  headers={"Content-Type": "application/json"}, method="POST")
     with urllib.request.urlopen(req, timeout=60) as first:
-        for raw in first:  # its first token: its prompt's blocks are written and published
+        for raw in first:  # its first token: it runs, on the cached blocks
             if raw.startswith(b"data: ") and b'"text"' in raw:
                 break
+        c2 = s.metric("twell_prompt_tokens_cached_total")
         code, shared_body = s.post("/v1/completions", body=lbody(8))
     shared_text = json.loads(shared_body)["choices"][0]["text"] if code == 200 else None
-    cached = s.metric("twell_prompt_tokens_cached_total") - c0
-    check(cached == 48, f"a running request's prompt blocks shared: {cached:.0f} prompt tokens not prefilled")
+    c3 = s.metric("twell_prompt_tokens_cached_total")
+    check(c2 - c1 == 48, f"a finished request's prompt blocks reused from the cache: {c2 - c1:.0f} prompt tokens not prefilled")
+    check(c3 - c2 == 48, f"a running request's prompt blocks shared: {c3 - c2:.0f} prompt tokens not prefilled")
     check(shared_text == solo_text and solo_text, f"the request on shared blocks answers as alone ({shared_text!r} vs {solo_text!r})")
 
     # Concurrency: each greedy request equals the same request alone (continuous batching with

@@ -54,7 +54,10 @@ class KvPool {
  public:
   virtual ~KvPool() = default;
   virtual std::int64_t total_blocks() const noexcept = 0;
+  // Blocks a sequence can take: the free ones and the cached ones (published blocks of finished
+  // sequences, kept for the next prompt that starts with their tokens until their memory is needed).
   virtual std::int64_t free_blocks() const noexcept = 0;
+  virtual std::int64_t cached_blocks() const noexcept = 0;  // of free_blocks(), the cached ones
   virtual std::int64_t block_bytes() const noexcept = 0;  // one block's keys and values, every layer
   static constexpr std::int64_t blocks_for(std::int64_t tokens) noexcept {
     return (tokens + kKvBlockTokens - 1) / kKvBlockTokens;

@@ -86,6 +86,7 @@ struct EngineOptions {
 struct Metrics {
   std::int64_t running = 0, queued = 0, kv_tokens_used = 0, kv_tokens_total = 0;
   std::int64_t kv_blocks_used = 0, kv_blocks_total = 0;  // the paged cache's (0 without one)
+  std::int64_t kv_blocks_cached = 0;  // of the free ones, published blocks kept for their prefix
   std::int64_t preemptions_total = 0;                     // requests preempted for want of KV blocks
   std::int64_t requests_total = 0, requests_finished = 0, requests_cancelled = 0, requests_rejected = 0;
   std::int64_t prompt_tokens_total = 0, generation_tokens_total = 0, steps_total = 0;
