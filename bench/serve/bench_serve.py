@@ -3,11 +3,14 @@
 
     python3 bench/serve/bench_serve.py --url http://127.0.0.1:8080 --model NAME
         [--concurrency 1,8,32,64] [--rate inf] [--requests 64] [--prompt-len 128] [--max-tokens 128]
-        [--warmup N] [--json out.json] [--md out.md] [--label twell-sparse]
+        [--shared-prefix 0] [--warmup N] [--json out.json] [--md out.md] [--label twell-sparse]
 
 Each point sends --requests streamed completions with prompts of --prompt-len tokens (random token ids,
 so every server sees the same token counts whatever its tokenizer; a server that takes only text gets
---text-prompts) and max_tokens = --max-tokens with ignore_eos. Requests start as a Poisson process at
+--text-prompts) and max_tokens = --max-tokens with ignore_eos. --shared-prefix N puts the same N tokens
+(a system prompt) before every request's own --prompt-len: what a server's prefix cache can reuse.
+Every point and every warm-up draws prompts of its own (a server that caches prefixes must not find
+the measured prompts cached by a warm-up or an earlier point); the shared prefix is the same in all. Requests start as a Poisson process at
 --rate requests/s (inf: all at once), at most --concurrency in flight. Metrics as vLLM's
 `bench serve` defines them:
   TTFT  time to first token: from sending the request to its first streamed token
@@ -69,8 +72,10 @@ def one_request(url, headers, body, timeout):
     return (times[0] - t0 if times else float("nan")), t1 - t0, [t - t0 for t in times], n, err
 
 
-def run_point(a, concurrency, rate, vocab, requests):
-    rng = random.Random(a.seed)
+def run_point(a, concurrency, rate, vocab, requests, draw):
+    """draw: which draw of prompts (each point and each warm-up its own)."""
+    rng = random.Random(a.seed * 1_000_003 + draw)
+    shared = [random.Random(a.seed - 1).randrange(100, vocab) for _ in range(a.shared_prefix)]
     headers = {"Content-Type": "application/json"}
     if a.api_key:
         headers["Authorization"] = f"Bearer {a.api_key}"
@@ -79,7 +84,7 @@ def run_point(a, concurrency, rate, vocab, requests):
         if a.text_prompts:
             prompt = " ".join(rng.choice(["the", "a", "river", "house", "light", "city", "runs", "old"]) for _ in range(a.prompt_len))
         else:
-            prompt = [rng.randrange(100, vocab) for _ in range(a.prompt_len)]
+            prompt = shared + [rng.randrange(100, vocab) for _ in range(a.prompt_len)]
         bodies.append({"model": a.model, "prompt": prompt, "max_tokens": a.max_tokens, "temperature": 0,
                        "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}})
     results = [None] * requests
@@ -117,7 +122,7 @@ def run_point(a, concurrency, rate, vocab, requests):
             "completed": len(ok), "failed": requests - len(ok),
             "errors": sorted({r[4] for r in results if r and r[4]})[:3], "wall_s": wall,
             "request_throughput": len(ok) / wall, "output_throughput": out_tokens / wall,
-            "total_token_throughput": (out_tokens + a.prompt_len * len(ok)) / wall,
+            "total_token_throughput": (out_tokens + (a.shared_prefix + a.prompt_len) * len(ok)) / wall,
             "ttft_s": stats(ttft), "tpot_s": stats(tpot), "itl_s": stats(itl), "e2e_s": stats(e2e)}
 
 
@@ -132,6 +137,8 @@ def main():
     ap.add_argument("--warmup", type=int, default=0, help="unrecorded requests sent before each point, at its concurrency")
     ap.add_argument("--prompt-len", type=int, default=128)
     ap.add_argument("--max-tokens", type=int, default=128)
+    ap.add_argument("--shared-prefix", type=int, default=0,
+                    help="tokens of one prefix (a system prompt) before every prompt (random ids only)")
     ap.add_argument("--vocab", type=int, default=32000, help="random prompt ids are drawn from [100, vocab)")
     ap.add_argument("--text-prompts", action="store_true", help="send words instead of token ids")
     ap.add_argument("--seed", type=int, default=0)
@@ -148,27 +155,34 @@ def main():
         ap.error("--requests lists one count, or one per --concurrency point")
     if min(reqs) < 1 or min(conc) < 1 or a.prompt_len < 1 or a.max_tokens < 1 or a.warmup < 0:
         ap.error("--requests, --concurrency, --prompt-len and --max-tokens must be positive")
+    if a.shared_prefix < 0 or (a.shared_prefix and a.text_prompts):
+        ap.error("--shared-prefix: a count of tokens ≥ 0, with token-id prompts (not --text-prompts)")
     points = []
+    draw = 0
     for c, n in zip(conc, reqs):
         if a.warmup:
-            w = run_point(a, c, math.inf, a.vocab, max(a.warmup, c))
+            draw += 1
+            w = run_point(a, c, math.inf, a.vocab, max(a.warmup, c), draw)
             print(f"warm-up at {c}: {w['completed']}/{w['requests']} ok in {w['wall_s']:.1f} s"
                   + (f"  errors: {w['errors']}" if w["errors"] else ""), flush=True)
         for r in [float(x) for x in a.rate.split(",")]:
-            p = run_point(a, c, r, a.vocab, n)
+            draw += 1
+            p = run_point(a, c, r, a.vocab, n, draw)
             points.append(p)
             print(f"concurrency {c:3d} rate {r:>5}: {p['completed']}/{p['requests']} ok, {p['output_throughput']:8.1f} out tok/s, "
                   f"TTFT median {1e3 * p['ttft_s']['median']:7.1f} ms p99 {1e3 * p['ttft_s']['p99']:7.1f}, "
                   f"TPOT median {1e3 * p['tpot_s']['median']:6.2f} ms, ITL p99 {1e3 * p['itl_s']['p99']:6.2f} ms"
                   + (f"  errors: {p['errors']}" if p["errors"] else ""), flush=True)
     out = {"label": a.label, "url": a.url, "model": a.model, "prompt_len": a.prompt_len, "max_tokens": a.max_tokens,
+           "shared_prefix": a.shared_prefix,
            "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "points": points}
     if a.json:
         with open(a.json, "w") as f:
             json.dump(out, f, indent=1)
     if a.md:
         with open(a.md, "w") as f:
-            f.write(f"# bench_serve {a.label}: {a.model} at {a.url}, prompts {a.prompt_len} tokens, {a.max_tokens} out ({out['date']})\n\n")
+            pre = f"a shared prefix of {a.shared_prefix} + " if a.shared_prefix else ""
+            f.write(f"# bench_serve {a.label}: {a.model} at {a.url}, prompts {pre}{a.prompt_len} tokens, {a.max_tokens} out ({out['date']})\n\n")
             f.write("| concurrency | rate | ok | req/s | out tok/s | TTFT mean / median / p99 ms | TPOT median ms | ITL median / p99 ms | E2E median s |\n")
             f.write("|---:|---:|---:|---:|---:|---|---:|---|---:|\n")
             for p in points:

@@ -140,8 +140,8 @@ static_assert(cuda::ops::kKvBlockRows == kKvBlockTokens, "the GPU ops' KV block 
 // (the layout cuda::ops::RowKv addresses), allocated whole up front, and their free list.
 class CudaKvPool final : public KvPool {
  public:
-  CudaKvPool(const void* owner, const LlamaConfig& c, std::int64_t blocks)
-      : owner_(owner), layers_(c.num_layers), kv_dim_(c.kv_dim()), blocks_(blocks), list_(blocks),
+  CudaKvPool(const void* owner, const LlamaConfig& c, std::int64_t blocks, bool prefix_cache)
+      : owner_(owner), layers_(c.num_layers), kv_dim_(c.kv_dim()), blocks_(blocks), list_(blocks, prefix_cache),
         k_(static_cast<std::size_t>(layers_ * blocks * kKvBlockTokens * kv_dim_)),
         v_(static_cast<std::size_t>(layers_ * blocks * kKvBlockTokens * kv_dim_)) {}
   std::int64_t total_blocks() const noexcept override { return blocks_; }
@@ -390,7 +390,7 @@ class CudaRuntime final : public Runtime {
                 "(ask for fewer positions, e.g. twell serve --kv-tokens)",
                 blocks, blocks * kKvBlockTokens, bytes / 1e9, static_cast<double>(free) / 1e9,
                 static_cast<double>(total) / 1e9);
-    return std::make_shared<CudaKvPool>(this, c, blocks);
+    return std::make_shared<CudaKvPool>(this, c, blocks, tuning_.prefix_cache);
   }
 
   std::unique_ptr<Sequence> new_paged_sequence(const std::shared_ptr<KvPool>& pool,

@@ -33,8 +33,10 @@ namespace twell::model {
 
 class KvBlockList {
  public:
-  explicit KvBlockList(std::int64_t total)
-      : total_(total), refs_(static_cast<std::size_t>(total), 0), key_(refs_.size(), 0), parent_(refs_.size(), kUnpublished),
+  // cache: keep published blocks nobody holds (the prefix cache); false: they leave the index and are
+  // free at once (TWELL_TUNING=no-prefix-cache).
+  explicit KvBlockList(std::int64_t total, bool cache = true)
+      : total_(total), cache_(cache), refs_(static_cast<std::size_t>(total), 0), key_(refs_.size(), 0), parent_(refs_.size(), kUnpublished),
         parent_gen_(refs_.size(), 0), gen_(refs_.size(), 0), prev_(refs_.size(), -1), next_(refs_.size(), -1),
         tokens_(refs_.size() * kKvBlockTokens, 0) {
     free_.reserve(static_cast<std::size_t>(total));
@@ -73,10 +75,15 @@ class KvBlockList {
     for (auto it = ids.rbegin(); it != ids.rend(); ++it) {
       const auto b = static_cast<std::size_t>(*it);
       if (--refs_[b] > 0) continue;
-      if (parent_[b] != kUnpublished)
-        link_newest(*it);
-      else
+      if (parent_[b] == kUnpublished) {
         free_.push_back(*it);
+      } else if (cache_) {
+        link_newest(*it);
+      } else {
+        index_.erase(key_[b]);
+        parent_[b] = kUnpublished;
+        free_.push_back(*it);
+      }
     }
   }
   // Publishes block b, now full of `tokens` (kKvBlockTokens of them) after block `parent` (-1: the
@@ -157,6 +164,7 @@ class KvBlockList {
   }
 
   std::int64_t total_;
+  bool cache_;
   mutable std::mutex m_;
   std::vector<std::int32_t> free_;
   std::vector<std::int32_t> refs_;

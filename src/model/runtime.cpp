@@ -137,8 +137,8 @@ namespace {
 // their free list.
 class CpuKvPool final : public KvPool {
  public:
-  CpuKvPool(const CpuRuntime* owner, const LlamaConfig& c, std::int64_t blocks)
-      : owner_(owner), layers_(c.num_layers), kv_dim_(c.kv_dim()), blocks_(blocks), list_(blocks) {
+  CpuKvPool(const CpuRuntime* owner, const LlamaConfig& c, std::int64_t blocks, bool prefix_cache = true)
+      : owner_(owner), layers_(c.num_layers), kv_dim_(c.kv_dim()), blocks_(blocks), list_(blocks, prefix_cache) {
     // Left uninitialized: a position is read only after it was written, and the pages of blocks
     // never taken are never touched (a large pool costs address space, not memory, until used).
     const auto n = static_cast<std::size_t>(layers_ * blocks_ * kKvBlockTokens * kv_dim_);
@@ -258,6 +258,7 @@ CpuRuntime::CpuRuntime(const Model& model, RuntimeOptions opt, const RuntimeTuni
       opt_(opt),
       bf16_wanted_(tuning.cpu_bf16_weights && !opt.ffn_input_hook),  // a hook may change the weights
       paged_kv_(tuning.paged_kv),
+      prefix_cache_(tuning.prefix_cache),
       stats_(static_cast<std::size_t>(model.config.num_layers)) {
   TWELL_CHECK(opt.max_sparse_density >= 0 && opt.max_sparse_density <= 1, ErrorCode::invalid_argument,
               "max_sparse_density must lie in [0, 1], got {}", opt.max_sparse_density);
@@ -312,7 +313,7 @@ std::unique_ptr<Sequence> CpuRuntime::new_sequence(std::int64_t capacity) {
 std::shared_ptr<KvPool> CpuRuntime::make_kv_pool(std::int64_t blocks) {
   if (!paged_kv_) return Runtime::make_kv_pool(blocks);  // TWELL_TUNING=no-paged-kv: refused as unsupported
   TWELL_CHECK(blocks > 0, ErrorCode::invalid_argument, "a KV pool needs at least one block, got {}", blocks);
-  return std::make_shared<CpuKvPool>(this, model_->config, blocks);
+  return std::make_shared<CpuKvPool>(this, model_->config, blocks, prefix_cache_);
 }
 
 std::unique_ptr<Sequence> CpuRuntime::new_paged_sequence(const std::shared_ptr<KvPool>& pool,

@@ -39,6 +39,7 @@ const Item kItems[] = {
     {"decode-max-rows", &RuntimeTuning::decode_max_rows, 1, 2047},
     {"no-cpu-bf16", &RuntimeTuning::cpu_bf16_weights},
     {"no-paged-kv", &RuntimeTuning::paged_kv},
+    {"no-prefix-cache", &RuntimeTuning::prefix_cache},
 };
 
 template <typename T>

@@ -143,6 +143,19 @@ TEST(KvBlockList, APublishReplacesACachedBlockOfItsKey) {
   EXPECT_EQ(list.free(), 4);
 }
 
+TEST(KvBlockList, WithoutTheCacheAFinishedPrefixIsGone) {
+  KvBlockList list(4, /*cache=*/false);
+  PagedBlocks a = filled(list, 0, 2);
+  PagedBlocks b;
+  EXPECT_EQ(b.share_prefix(list, prompt(0, 2)), 2 * kKvBlockTokens) << "running sequences still share";
+  b.release(list);
+  a.release(list);
+  EXPECT_EQ(list.cached(), 0);
+  EXPECT_EQ(list.free(), 4);
+  PagedBlocks c;
+  EXPECT_EQ(c.share_prefix(list, prompt(0, 2)), 0);
+}
+
 TEST(KvBlockList, AHashCollisionIsNotShared) {
   KvBlockList list(4);
   PagedBlocks a = filled(list, 50, 1);

@@ -36,7 +36,7 @@ TEST(RuntimeTuning, DefaultsDescribeAsNothing) {
 TEST(RuntimeTuning, EveryItemParses) {
   const RuntimeTuning t = parse_tuning(
       "no-cuda-graphs,no-cudnn-attention,cudnn-build-at=1,decode-max-rows=8,decode-max-density=0.02,no-pdl,"
-      "no-fused-decode,no-fixed-point-decode,no-decode-neuron-order,no-cpu-bf16,no-paged-kv");
+      "no-fused-decode,no-fixed-point-decode,no-decode-neuron-order,no-cpu-bf16,no-paged-kv,no-prefix-cache");
   EXPECT_FALSE(t.cuda_graphs);
   EXPECT_FALSE(t.cudnn_attention);
   EXPECT_EQ(t.cudnn_build_at, 1);
@@ -48,10 +48,11 @@ TEST(RuntimeTuning, EveryItemParses) {
   EXPECT_EQ(t.decode_max_rows, 8);
   EXPECT_FALSE(t.cpu_bf16_weights);
   EXPECT_FALSE(t.paged_kv);
+  EXPECT_FALSE(t.prefix_cache);
   // describe(): every non-default setting, in the struct's order, read back to the same value.
   EXPECT_EQ(t.describe(),
             "no-cuda-graphs,no-cudnn-attention,cudnn-build-at=1,no-pdl,no-fused-decode,no-fixed-point-decode,"
-            "no-decode-neuron-order,decode-max-density=0.02,decode-max-rows=8,no-cpu-bf16,no-paged-kv");
+            "no-decode-neuron-order,decode-max-density=0.02,decode-max-rows=8,no-cpu-bf16,no-paged-kv,no-prefix-cache");
   EXPECT_EQ(parse_tuning(t.describe()), t);
 }
 

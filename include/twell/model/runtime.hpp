@@ -203,6 +203,7 @@ class CpuRuntime final : public Runtime {
   RuntimeOptions opt_;
   bool bf16_wanted_ = false;  // RuntimeTuning::cpu_bf16_weights, and no ffn_input_hook
   bool paged_kv_ = true;      // RuntimeTuning::paged_kv
+  bool prefix_cache_ = true;  // RuntimeTuning::prefix_cache
   std::vector<FfnLayerStats> stats_;
   // RuntimeTuning::cpu_bf16_weights: each matrix's bf16 copy, empty where it has none.
   struct Bf16Layer {

@@ -69,6 +69,10 @@ struct RuntimeTuning {
   // serve` falls back to one cache of prompt + max_tokens per request. For the A/B count of
   // docs/serving.md (sequences that fit a memory budget).
   bool paged_kv = true;  // no-paged-kv
+  // A paged pool keeps the published blocks of finished sequences for the next prompt that starts
+  // with their tokens (the prefix cache, docs/serving.md); off, a block leaves the index when its
+  // last holder gives it back (sharing among running sequences only). For the A/B of the cache.
+  bool prefix_cache = true;  // no-prefix-cache
 
   // The settings that differ from the defaults, as TWELL_TUNING items in a fixed order
   // ("no-cuda-graphs,decode-max-rows=8"; parse_tuning reads them back to this value); "" when
