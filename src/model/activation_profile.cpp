@@ -2,6 +2,7 @@
 #include "twell/model/activation_profile.hpp"
 
 #include <algorithm>
+#include <bit>
 
 #include "cpu/blas.hpp"
 #include "model/activation.hpp"
@@ -21,7 +22,22 @@ std::int64_t ActivationProfile::hot(std::int64_t layer, double share) const noex
   return std::count_if(first, first + neurons, [&](std::int64_t h) { return static_cast<double>(h) >= t; });
 }
 
-ActivationProfile profile_activations(const Model& model, std::span<const std::vector<std::int32_t>> sequences) {
+std::int64_t ActivationProfile::fired_union(std::int64_t layer, std::int64_t first, std::int64_t count) const {
+  const std::int64_t T = token_count(), W = (neurons + 63) / 64;
+  TWELL_CHECK(!fired.empty(), ErrorCode::invalid_argument, "fired_union: the profile kept no sets (keep_sets)");
+  TWELL_CHECK(layer >= 0 && layer < layers && count >= 1 && first >= 0 && first + count <= T, ErrorCode::invalid_argument,
+              "fired_union: layer {} tokens [{}, {}) outside {} layers, {} tokens", layer, first, first + count, layers, T);
+  std::int64_t n = 0;
+  for (std::int64_t w = 0; w < W; ++w) {
+    std::uint64_t any = 0;
+    for (std::int64_t t = first; t < first + count; ++t) any |= fired[static_cast<std::size_t>((layer * T + t) * W + w)];
+    n += std::popcount(any);
+  }
+  return n;
+}
+
+ActivationProfile profile_activations(const Model& model, std::span<const std::vector<std::int32_t>> sequences,
+                                      bool keep_sets) {
   const LlamaConfig& c = model.config;
   const std::int64_t L = c.num_layers, N = c.intermediate_size, K = c.hidden_size;
   ActivationProfile p;
@@ -39,6 +55,8 @@ ActivationProfile profile_activations(const Model& model, std::span<const std::v
   TWELL_CHECK(T > 0, ErrorCode::invalid_argument, "profile_activations: no tokens");
   p.active.assign(static_cast<std::size_t>(L * T), 0);
   p.neuron_hits.assign(static_cast<std::size_t>(L * N), 0);
+  const std::int64_t W = (N + 63) / 64;
+  if (keep_sets) p.fired.assign(static_cast<std::size_t>(L * T * W), 0);
   std::int64_t row0 = 0;  // the current sequence's first token
   std::vector<float> g;
   RuntimeOptions opt(FfnPath::dense);
@@ -50,11 +68,13 @@ ActivationProfile profile_activations(const Model& model, std::span<const std::v
     std::int64_t* hits = p.neuron_hits.data() + layer * N;
     for (std::int64_t r = 0; r < rows; ++r) {
       const float* gr = g.data() + r * N;
+      std::uint64_t* set = keep_sets ? p.fired.data() + (layer * T + row0 + r) * W : nullptr;
       std::int32_t n = 0;
       for (std::int64_t j = 0; j < N; ++j)
         if (c.act == Activation::relu ? gr[j] > 0.0f : activate(c.act, gr[j]) != 0.0f) {
           ++n;
           ++hits[j];
+          if (set) set[j / 64] |= std::uint64_t{1} << (j % 64);
         }
       p.active[static_cast<std::size_t>(layer * T + row0 + r)] = n;
     }

@@ -2,8 +2,13 @@
 // OpenBLAS GEMMs over every token row of the batch at once, attention runs per (row, head).
 #include "twell/model/runtime.hpp"
 
+#include <omp.h>
+
 #include <algorithm>
+#include <chrono>
 #include <cmath>
+#include <cstddef>
+#include <cstring>
 #include <exception>
 #include <memory>
 #include <set>
@@ -108,6 +113,30 @@ std::vector<std::int32_t> Runtime::forward_sample(std::span<const SeqStep> steps
   for (std::size_t i = 0; i < steps.size(); ++i)
     out[i] = sample_fixed_point(std::span<const float>(logits.data() + i * V, V), histories[i], o, r[i]);
   return out;
+}
+
+double Runtime::copy_bandwidth() const {
+  // 256 MiB copied into another 256 MiB, each thread its slice; pages touched first, 1 copy of warm-up.
+  constexpr std::size_t kBytes = std::size_t{256} << 20;
+  const std::vector<std::byte> src(kBytes, std::byte{1});
+  std::vector<std::byte> dst(kBytes, std::byte{0});
+  const auto copy = [&] {
+    const auto t0 = std::chrono::steady_clock::now();
+    const int parts = omp_get_max_threads();
+#pragma omp parallel for schedule(static)
+    for (int p = 0; p < parts; ++p) {
+      const std::size_t a = kBytes / static_cast<std::size_t>(parts) * static_cast<std::size_t>(p);
+      const std::size_t b = p + 1 == parts ? kBytes : a + kBytes / static_cast<std::size_t>(parts);
+      std::memcpy(dst.data() + a, src.data() + a, b - a);
+    }
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  };
+  copy();
+  std::vector<double> t;
+  for (int i = 0; i < 5; ++i) t.push_back(copy());
+  std::nth_element(t.begin(), t.begin() + 2, t.end());
+  TWELL_CHECK(dst[kBytes - 1] == std::byte{1}, ErrorCode::internal, "copy_bandwidth: the copy did not arrive");
+  return 2.0 * static_cast<double>(kBytes) / t[2];
 }
 
 std::shared_ptr<KvPool> Runtime::make_kv_pool(std::int64_t) {

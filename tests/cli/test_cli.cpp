@@ -631,6 +631,17 @@ TEST_F(Cli, GenModelThenGenerate) {
     EXPECT_EQ(p["sparse_share_per_layer"].size(), 2u) << row;
   }
   EXPECT_EQ(j["peak_memory_bytes"]["dense"].get<long long>(), -1);  // no device memory on the CPU
+  // The decode row's byte floor: the sparse step reads fewer bytes than the dense one (the gate whole,
+  // up and down only for the batch's fired neurons), each achieved bandwidth over the copy's.
+  EXPECT_NE(b.out.find("byte floor of a decode step"), std::string::npos) << b.out;
+  EXPECT_GT(j["copy_bandwidth"].get<double>(), 0);
+  ASSERT_EQ(j["decode_byte_floor"].size(), 1u);
+  const auto& f = j["decode_byte_floor"][0];
+  EXPECT_EQ(f["batch"].get<int>(), 2);
+  EXPECT_EQ(f["fired_per_layer"].size(), 2u);
+  EXPECT_GT(f["ceiling_ratio"].get<double>(), 1.0);
+  EXPECT_LT(f["sparse_bytes_per_step"].get<double>(), f["dense_bytes_per_step"].get<double>());
+  EXPECT_GT(f["dense_bandwidth"].get<double>(), 0);
 }
 
 // twell stats --model --text on the real SmolLM2 (ReLU in place of its SiLU: --hidden-act relu),

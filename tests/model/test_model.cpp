@@ -655,6 +655,22 @@ TEST(ActivationProfile, CountsWhatTheRuntimeCounts) {
   std::int64_t layer0 = 0;
   for (std::int64_t k = 0; k < p.token_count(); ++k) layer0 += p.at(0, k);
   EXPECT_EQ(layer0, sparse.ffn_stats()[0].active) << "layer 0: the TwELL path's own count";
+  // keep_sets: each token's set of fired neurons; a union over tokens (the rows a batched step reads).
+  const model::ActivationProfile ks = model::profile_activations(m, seqs, /*keep_sets=*/true);
+  EXPECT_TRUE(p.fired.empty());
+  for (std::int64_t l = 0; l < ks.layers; ++l) {
+    std::int64_t most = 0, sum = 0;
+    for (std::int64_t k = 0; k < ks.token_count(); ++k) {
+      EXPECT_EQ(ks.fired_union(l, k, 1), ks.at(l, k)) << "layer " << l << ", token " << k;
+      if (k >= 3 && k < 11) most = std::max<std::int64_t>(most, ks.at(l, k)), sum += ks.at(l, k);
+    }
+    EXPECT_EQ(ks.fired_union(l, 0, ks.token_count()), ks.neurons - ks.dead(l)) << "layer " << l << ": every neuron that fired";
+    const std::int64_t u = ks.fired_union(l, 3, 8);
+    EXPECT_GE(u, most) << "layer " << l;
+    EXPECT_LE(u, sum) << "layer " << l;
+  }
+  EXPECT_THROW((void)p.fired_union(0, 0, 1), Error);    // no sets kept
+  EXPECT_THROW((void)ks.fired_union(0, 20, 4), Error);  // past the tokens
   const std::vector<std::vector<std::int32_t>> prefix = {std::vector<std::int32_t>(seqs[1].begin(), seqs[1].begin() + 6)};
   const model::ActivationProfile q = model::profile_activations(m, prefix);
   for (std::int64_t l = 0; l < p.layers; ++l)

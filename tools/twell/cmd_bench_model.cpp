@@ -4,12 +4,15 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <map>
 #include <memory>
 #include <random>
 
 #include "common.hpp"
 #include "runtime_flags.hpp"
+#include "twell/model/activation_profile.hpp"
 #include "twell/model/runtime.hpp"
+#include "twell/model/step_bytes.hpp"
 #include "twell/model/synthetic.hpp"
 
 namespace twell::cli {
@@ -163,20 +166,36 @@ int run_bench_model(BenchModelArgs& a) {
                    c.hidden_size, c.intermediate_size, model::to_string(c.act), static_cast<double>(c.parameters()) / 1e6,
                    device, why));
 
-  // Densities the layers reach on these inputs, counted exactly by the CPU runtime's dense path.
+  // Densities the layers reach on these inputs, counted exactly on the CPU (profile_activations: the
+  // dense forward, fp32), and per decode batch the union of fired neurons over groups of that many
+  // tokens: the up and down rows a sparse step of that batch must read (the byte floor below).
   std::mt19937_64 rng(a.spec.seed + 17);
   std::vector<double> density;
+  std::map<std::int64_t, std::vector<double>> fired;  // decode batch → per layer, mean union over groups
   std::int64_t density_tokens = 0;
   if (c.act == model::Activation::relu) {
-    model::CpuRuntime cpu(m, {model::FfnPath::dense, 0});
-    // 128 tokens (32 for models over 1 B parameters: the CPU's dense forward of 2 B is ≈ 4 GFLOP a token)
-    const std::int64_t n = std::min<std::int64_t>(c.parameters() > 1000000000 ? 32 : 128, c.max_position);
-    const auto toks = random_tokens(rng, n, c.vocab_size);
+    // 128 tokens (32 for models over 1 B parameters: the CPU's dense forward of 2 B is ≈ 4 GFLOP a
+    // token), at least the largest decode batch (one group of it).
+    const std::int64_t most = a.decode_batches.empty() ? 1 : *std::max_element(a.decode_batches.begin(), a.decode_batches.end());
+    const std::int64_t n = std::min<std::int64_t>(std::max<std::int64_t>(c.parameters() > 1000000000 ? 32 : 128, most),
+                                                  c.max_position);
+    const std::vector<std::vector<std::int32_t>> toks = {random_tokens(rng, n, c.vocab_size)};
     density_tokens = n;
-    auto seq = cpu.new_sequence(static_cast<std::int64_t>(toks.size()));
-    model::SeqStep st{seq.get(), toks};
-    cpu.forward(std::span<const model::SeqStep>(&st, 1));
-    for (const auto& s : cpu.ffn_stats()) density.push_back(s.last_density);
+    const model::ActivationProfile p = model::profile_activations(m, toks, /*keep_sets=*/true);
+    for (std::int64_t l = 0; l < c.num_layers; ++l) {
+      double sum = 0;
+      for (std::int64_t t = 0; t < n; ++t) sum += p.at(l, t);
+      density.push_back(sum / static_cast<double>(n * c.intermediate_size));
+    }
+    for (const std::int64_t b : a.decode_batches) {
+      if (b > n) continue;  // more rows than tokens measured (the model's context): no measure
+      auto& f = fired[b];
+      for (std::int64_t l = 0; l < c.num_layers; ++l) {
+        double u = 0;
+        for (std::int64_t g = 0; g + b <= n; g += b) u += static_cast<double>(p.fired_union(l, g, b));
+        f.push_back(u / static_cast<double>(n / b));
+      }
+    }
   }
   double mean_density = 0;
   for (double d : density) mean_density += d / static_cast<double>(density.size());
@@ -334,6 +353,56 @@ int run_bench_model(BenchModelArgs& a) {
                   {"dense_joules_per_token", jd}, {"sparse_joules_per_token", js},
                   {"sparse_runtime_path", path_json(r.path)}});
   }
+  // The byte floor of each decode row (step_bytes.hpp): what a step must read and write at least,
+  // the bandwidth the measured steps reached on it, and the copy bandwidth of the same memory
+  // measured now; the ceiling ratio is dense bytes over sparse bytes (the sparse step reading the
+  // up and down rows of the batch's union of fired neurons, measured above).
+  double copy_bw = -1;
+  try {
+    copy_bw = sparse->copy_bandwidth();
+  } catch (const Error& e) {
+    note(fmt::format("copy bandwidth not measured: {}", e.what()));
+  }
+  const double kv_position = static_cast<double>(a.context) + static_cast<double>(a.decode_steps - 1) / 2;
+  nlohmann::json jbytes = nlohmann::json::array();
+  bool header = false;
+  for (const Row& r : rows) {
+    if (r.phase != "decode") continue;
+    model::StepShape sh;
+    sh.batch = r.batch;
+    sh.kv_positions = kv_position;
+    // GPU: bf16 weights and caches. CPU: fp32 caches; bf16 weights for steps of ≤ 8 rows where kept
+    // (RuntimeTuning::cpu_bf16_weights), else fp32.
+    sh.weight_bytes = device == "cuda" || (tuning.cpu_bf16_weights && r.batch <= 8) ? 2 : 4;
+    sh.kv_bytes = device == "cuda" ? 2 : 4;
+    const double bd = model::decode_step_bytes(c, sh).total();
+    const auto f = fired.find(r.batch);
+    double bs = -1;
+    if (f != fired.end()) {
+      sh.fired = f->second;
+      bs = model::decode_step_bytes(c, sh).total();
+    }
+    const double steps_d = static_cast<double>(a.decode_steps) / median(r.t.dense);
+    const double steps_s = static_cast<double>(a.decode_steps) / median(r.t.sparse);
+    if (!header) {
+      fmt::print("\nbyte floor of a decode step (weights, KV cache of {:.0f} positions, each read once); copy bandwidth {}\n",
+                 kv_position, copy_bw > 0 ? fmt::format("{:.0f} GB/s (measured now)", copy_bw / 1e9) : "n/a");
+      fmt::print("| batch | dense MB/step | sparse MB/step (union of the batch's fired rows) | speed ceiling sparse / dense (bytes dense / sparse) | "
+                 "dense GB/s | of copy | sparse GB/s | of copy | sparse / own dense, measured |\n");
+      fmt::print("|---|---|---|---|---|---|---|---|---|\n");
+      header = true;
+    }
+    const auto pct = [&](double bw) { return copy_bw > 0 ? fmt::format("{:.0f} %", 100 * bw / copy_bw) : std::string("n/a"); };
+    const auto opt = [](double v, const char* f) { return v > 0 ? fmt::format(fmt::runtime(f), v) : std::string("n/a"); };
+    fmt::print("| {} | {:.1f} | {} | {} | {:.0f} | {} | {} | {} | {:.3f}x |\n", r.batch, bd / 1e6, opt(bs / 1e6, "{:.1f}"),
+               opt(bs > 0 ? bd / bs : -1, "{:.3f}x"), bd * steps_d / 1e9, pct(bd * steps_d),
+               opt(bs > 0 ? bs * steps_s / 1e9 : -1, "{:.0f}"), bs > 0 ? pct(bs * steps_s) : std::string("n/a"),
+               steps_s / steps_d);
+    jbytes.push_back({{"batch", r.batch}, {"kv_positions", kv_position}, {"dense_bytes_per_step", bd},
+                      {"sparse_bytes_per_step", bs}, {"ceiling_ratio", bs > 0 ? bd / bs : -1.0},
+                      {"dense_bandwidth", bd * steps_d}, {"sparse_bandwidth", bs > 0 ? bs * steps_s : -1.0},
+                      {"fired_per_layer", f != fired.end() ? nlohmann::json(f->second) : nlohmann::json()}});
+  }
   // Where the sparse runtime's FFN rows went in each row's timed runs, and the layers that did not
   // always take the sparse path (the dispatch's choice per layer and call).
   fmt::print("\nsparse runtime, timed runs: share of FFN rows on the sparse path\n");
@@ -394,6 +463,8 @@ int run_bench_model(BenchModelArgs& a) {
                         {"hidden", c.hidden_size},
                         {"intermediate", c.intermediate_size},
                         {"density_per_layer", density},
+                        {"copy_bandwidth", copy_bw},  // bytes read + written per second; < 0: not measured
+                        {"decode_byte_floor", jbytes},
                         {"logits_rel_diff_sparse_vs_dense", agree},
                         {"reps", a.reps},
                         {"decode_steps", a.decode_steps},

@@ -18,6 +18,9 @@ struct ActivationProfile {
   std::vector<std::int64_t> position;   // token t's position in its sequence
   std::vector<std::int32_t> active;     // [layers][tokens]: non-zero activations of layer l at token t
   std::vector<std::int64_t> neuron_hits;  // [layers][neurons]: tokens at which each neuron fired
+  // With keep_sets: which neurons fired, [layers][tokens][words] bits (words = ⌈neurons / 64⌉);
+  // else empty.
+  std::vector<std::uint64_t> fired;
 
   std::int64_t token_count() const noexcept { return static_cast<std::int64_t>(tokens.size()); }
   std::int32_t at(std::int64_t layer, std::int64_t token) const noexcept {
@@ -28,10 +31,15 @@ struct ActivationProfile {
   // Neurons of `layer` that fired on at least `share` of these tokens (the FFN engine's "hot"
   // neurons, which it runs dense, are of this kind).
   std::int64_t hot(std::int64_t layer, double share) const noexcept;
+  // Neurons of `layer` that fired at any of tokens [first, first + count): the rows a step over those
+  // tokens must read once for all of them (needs keep_sets; count ≥ 1, within the tokens).
+  std::int64_t fired_union(std::int64_t layer, std::int64_t first, std::int64_t count) const;
 };
 
 // Runs each sequence from position 0 through a CPU runtime over `model` (one forward call per
-// sequence; each must fit the model's context) and counts as above.
-ActivationProfile profile_activations(const Model& model, std::span<const std::vector<std::int32_t>> sequences);
+// sequence; each must fit the model's context) and counts as above; keep_sets also keeps each
+// token's set of fired neurons (fired_union; layers · tokens · neurons / 8 bytes).
+ActivationProfile profile_activations(const Model& model, std::span<const std::vector<std::int32_t>> sequences,
+                                      bool keep_sets = false);
 
 }  // namespace twell::model

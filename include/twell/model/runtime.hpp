@@ -165,6 +165,11 @@ class Runtime {
   // The runtime's GPU's energy counter in joules (NVML; monotonic, so take differences), or −1
   // where it cannot be read (the CPU, no NVML, a GPU without the counter).
   virtual double device_energy_joules() const { return -1; }
+  // The bandwidth of a large copy in the memory the runtime's weights live in, measured when called
+  // (a few hundred ms; bytes read plus bytes written per second, the median of several copies):
+  // the ceiling a decode step's bytes (step_bytes.hpp) are set against. CPU: every core copying its
+  // share of host memory; GPU: a device-to-device copy.
+  virtual double copy_bandwidth() const;
   // Which kernel runs prefill attention, for reports (e.g. "cuDNN SDPA 91400 for prefills from
   // position 0, else twell's tensor-core kernel").
   virtual std::string prefill_attention() const { return "twell (CPU loops)"; }
