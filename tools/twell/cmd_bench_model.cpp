@@ -497,6 +497,9 @@ void add_bench_model_command(CLI::App& bench, std::vector<Command>& out) {
       "two runtimes over the same weights: the dense FFN path and twell's automatic sparse/dense dispatch.\n"
       "Runs alternate rep by rep; medians are reported. A checkpoint (--model) or a synthetic model built in\n"
       "memory at the paper's shapes (--config, see `twell gen model --help` for the density options).\n"
+      "Each decode row also gets its byte floor (weights and KV cache read once; a sparse step reads the up\n"
+      "and down rows of the neurons its batch fired, counted on the CPU), the bandwidth each runtime reached\n"
+      "on it, and the memory's copy bandwidth measured in the same process.\n"
       "Example: twell bench model --config 2b --density 0.005\n" +
       std::string(kTuningHelp));
   sub->add_option("--model", a->model_dir, "Checkpoint directory (Hugging Face layout)");
