@@ -219,11 +219,11 @@ class CudaFfnInfer : public Layer<cuda::FfnLayer, CudaFfnWorkspace> {
     nb::gil_scoped_release release;
     layer_->forward(static_cast<const bf16*>(x.data()), m, yp, p, as_stream(stream));
   }
-  std::string last_path() const { return layer_->last_path(); }
+  std::string last_path() const { return layer_ ? layer_->last_path() : std::string(); }
   // The layer's dispatch statistics (cuda::LayerStats), read without waiting for the GPU.
   nb::dict stats() {
     cuda::DeviceScope on(device_);
-    const cuda::LayerStats s = layer_->stats();
+    const cuda::LayerStats s = layer_ ? layer_->stats() : cuda::LayerStats{};  // before a load: nothing counted
     nb::dict d;
     d["calls"] = s.calls;
     d["sparse_calls"] = s.sparse_calls;

@@ -65,25 +65,29 @@ void FfnContext::reset_dispatch_state() {
   dense_cap_ = 0;
 }
 
+// The bookkeeping runs before the weights change, so that a load that fails halfway leaves no graph
+// or workspace size believing the old weights are still there.
 void FfnContext::upload_weights(const FfnWeights& w, cudaStream_t stream) {
-  const bool same = w_.upload(w, stream);
-  weights_changed(same, /*keep_measurements=*/false);  // a new layer: no density measured yet
+  weights_changing(/*keep_measurements=*/false);  // a new layer: no density measured yet
+  w_.upload(w, stream);
 }
 
 void FfnContext::load_weights(const DeviceFfnWeights& w, cudaStream_t stream) {
-  const bool permuted = !order_.empty();  // densities were measured over hot-split neurons
-  const bool same = w_.load(w, stream);
-  weights_changed(same, same && !permuted);
+  // The same shape in the same neuron order (no hot split, whose densities were measured over
+  // permuted neurons) keeps the dispatch's measurements: one optimizer step barely moves them.
+  const bool same = !w_.empty() && (w.w_gate != nullptr) == w_.gated() && w.n == w_.n() && w.k == w_.k();
+  weights_changing(same && order_.empty());
+  w_.load(w, stream);
 }
 
-void FfnContext::weights_changed(bool same_shape, bool keep_measurements) {
-  ++weights_epoch_;  // buffers or their order changed: graphs that captured this layer are stale
+void FfnContext::weights_changing(bool keep_measurements) {
+  ++weights_epoch_;  // buffers or their order change: graphs that captured this layer are stale
   if (!keep_measurements) reset_dispatch_state();
   hot_n_ = 0;  // the new weights in their own order; hot neurons are calibrated again when due
   order_.clear();
   w_hot_gu_.release();
   hot_calibrated_ = false;
-  if (!same_shape) cap_m_ = 0;  // workspaces are sized again on next use
+  cap_m_ = 0;  // workspaces are sized again on next use (they only grow: nothing is reallocated for the same shape)
 }
 
 void FfnContext::check_m(std::int64_t m) const {
@@ -741,12 +745,13 @@ void FfnContext::set_hot_neurons(const std::vector<std::int64_t>& hot, cudaStrea
 
   DeviceBuffer<int> d_idx(idx.size());
   TWELL_CUDA_CHECK(cudaMemcpyAsync(d_idx.get(), idx.data(), idx.size() * sizeof(int), cudaMemcpyHostToDevice, stream));
-  PackedWeights permuted = w_.gathered(d_idx.get(), stream);
-  const __nv_bfloat16* gu = permuted.gate_up();
   const std::int64_t nc = static_cast<std::int64_t>(cold.size());
-  // The hot part's workspace is the second half of ws_->gu ([m, ldn] ⊇ [m, 2·ldh]).
+  // The hot part's workspace is the second half of ws_->gu ([m, ldn] ⊇ [m, 2·ldh]); checked before
+  // anything is enqueued.
   TWELL_CHECK(2 * round_up(n() - nc, 8) <= ldn(), ErrorCode::unsupported,
               "set_hot_neurons: {} of {} neurons hot; at most half of them can be split off", n() - nc, n());
+  PackedWeights permuted = w_.gathered(d_idx.get(), stream);
+  const __nv_bfloat16* gu = permuted.gate_up();
   hot_n_ = n() - nc;
   w_hot_gu_.release();
   if (hot_sm90()) {  // blocks of [Wg rows; Wu rows] of 128 hot neurons each

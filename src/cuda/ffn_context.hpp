@@ -272,9 +272,9 @@ class FfnContext {
 
  private:
   void reserve(std::int64_t m);
-  // After new weights (same_shape: of the held shape): a new epoch, no hot split, and unless
+  // Before new weights arrive: a new epoch, no hot split, workspaces sized again, and unless
   // keep_measurements the dispatch measures again.
-  void weights_changed(bool same_shape, bool keep_measurements);
+  void weights_changing(bool keep_measurements);
   // The packing writes per-row counts (the dense rows' input).
   bool needs_row_nnz() const noexcept;
   void check_m(std::int64_t m) const;

@@ -34,7 +34,8 @@ struct DeviceFfnWeights {
 class PackedWeights {
  public:
   // Converts fp32 host weights to bf16 and uploads them (synchronous on `stream`). Returns whether
-  // the shape (gated, N, K) is the one held before.
+  // the shape (gated, N, K) is the one held before; then the same buffers are written, in `stream`'s
+  // order: work on other streams that reads the old weights must be ordered before it by the caller.
   bool upload(const FfnWeights& w, cudaStream_t stream);
   // Copies device weights into the layouts on `stream` (no host wait; allocates only when the shape
   // changes). Returns whether the shape is the one held before.

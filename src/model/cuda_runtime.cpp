@@ -351,9 +351,16 @@ class CudaRuntime final : public Runtime {
     constexpr std::size_t kBytes = std::size_t{1} << 30;
     DeviceBuffer<std::byte> src(kBytes), dst(kBytes);
     TWELL_CUDA_CHECK(cudaMemsetAsync(src.get(), 1, kBytes, stream_));
-    cudaEvent_t e0 = nullptr, e1 = nullptr;
-    TWELL_CUDA_CHECK(cudaEventCreate(&e0));
-    TWELL_CUDA_CHECK(cudaEventCreate(&e1));
+    struct Events {  // destroyed on every way out
+      cudaEvent_t a = nullptr, b = nullptr;
+      ~Events() {
+        if (a) cudaEventDestroy(a);
+        if (b) cudaEventDestroy(b);
+      }
+    } ev;
+    TWELL_CUDA_CHECK(cudaEventCreate(&ev.a));
+    TWELL_CUDA_CHECK(cudaEventCreate(&ev.b));
+    cudaEvent_t e0 = ev.a, e1 = ev.b;
     std::vector<float> ms;
     for (int i = 0; i < 10; ++i) {
       TWELL_CUDA_CHECK(cudaEventRecord(e0, stream_));
@@ -364,8 +371,6 @@ class CudaRuntime final : public Runtime {
       TWELL_CUDA_CHECK(cudaEventElapsedTime(&t, e0, e1));
       if (i > 0) ms.push_back(t);
     }
-    cudaEventDestroy(e0);
-    cudaEventDestroy(e1);
     std::nth_element(ms.begin(), ms.begin() + 4, ms.end());
     return 2.0 * static_cast<double>(kBytes) / (1e-3 * static_cast<double>(ms[4]));
   }

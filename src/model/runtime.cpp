@@ -116,26 +116,34 @@ std::vector<std::int32_t> Runtime::forward_sample(std::span<const SeqStep> steps
 }
 
 double Runtime::copy_bandwidth() const {
-  // 256 MiB copied into another 256 MiB, each thread its slice; pages touched first, 1 copy of warm-up.
+  // 256 MiB copied into another 256 MiB, each thread its slice (the same slices touch the pages
+  // first, so each lands near its thread); one copy of warm-up.
   constexpr std::size_t kBytes = std::size_t{256} << 20;
-  const std::vector<std::byte> src(kBytes, std::byte{1});
-  std::vector<std::byte> dst(kBytes, std::byte{0});
-  const auto copy = [&] {
-    const auto t0 = std::chrono::steady_clock::now();
-    const int parts = omp_get_max_threads();
+  const std::unique_ptr<std::byte[]> src(new std::byte[kBytes]), dst(new std::byte[kBytes]);
+  const int parts = omp_get_max_threads();
+  const auto each_slice = [&](auto&& f) {
 #pragma omp parallel for schedule(static)
     for (int p = 0; p < parts; ++p) {
       const std::size_t a = kBytes / static_cast<std::size_t>(parts) * static_cast<std::size_t>(p);
       const std::size_t b = p + 1 == parts ? kBytes : a + kBytes / static_cast<std::size_t>(parts);
-      std::memcpy(dst.data() + a, src.data() + a, b - a);
+      f(a, b - a);
     }
+  };
+  each_slice([&](std::size_t a, std::size_t n) {
+    std::memset(src.get() + a, 1, n);
+    std::memset(dst.get() + a, 0, n);
+  });
+  const auto copy = [&] {
+    const auto t0 = std::chrono::steady_clock::now();
+    each_slice([&](std::size_t a, std::size_t n) { std::memcpy(dst.get() + a, src.get() + a, n); });
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   };
   copy();
   std::vector<double> t;
   for (int i = 0; i < 5; ++i) t.push_back(copy());
   std::nth_element(t.begin(), t.begin() + 2, t.end());
-  TWELL_CHECK(dst[kBytes - 1] == std::byte{1}, ErrorCode::internal, "copy_bandwidth: the copy did not arrive");
+  TWELL_CHECK(dst[kBytes - 1] == std::byte{1} && dst[0] == std::byte{1}, ErrorCode::internal,
+              "copy_bandwidth: the copy did not arrive");
   return 2.0 * static_cast<double>(kBytes) / t[2];
 }
 
@@ -316,6 +324,21 @@ CpuRuntime::CpuRuntime(const Model& model, RuntimeOptions opt, const RuntimeTuni
       prepared_.push_back(cpu::prepare_ffn(ffn_weights(L.w_gate.data(), L.w_up.data(), L.w_down.data(), N, K)));
   }
   bf16_head_ = copy(model.lm_head.empty() ? model.embed : model.lm_head);
+}
+
+StepShape Runtime::decode_step_shape(std::int64_t rows) const {
+  StepShape s;
+  s.batch = rows;
+  return s;
+}
+
+StepShape CpuRuntime::decode_step_shape(std::int64_t rows) const {
+  StepShape s;
+  s.batch = rows;
+  s.weight_bytes = bf16_matrices_ == matrices_ && matrices_ > 0 && rows <= cpu::kGemvBf16MaxRows ? 2 : 4;
+  s.kv_bytes = 4;
+  s.sparse_row_bytes = 4;
+  return s;
 }
 
 std::string CpuRuntime::weight_storage() const {

@@ -7,7 +7,8 @@
 namespace twell::model {
 
 StepBytes decode_step_bytes(const LlamaConfig& c, const StepShape& s) {
-  TWELL_CHECK(s.batch >= 1 && s.kv_positions >= 0 && s.weight_bytes > 0 && s.kv_bytes > 0, ErrorCode::invalid_argument,
+  TWELL_CHECK(s.batch >= 1 && s.kv_positions >= 0 && s.weight_bytes > 0 && s.kv_bytes > 0 && s.sparse_row_bytes >= 0,
+              ErrorCode::invalid_argument,
               "decode_step_bytes: batch {}, {} cached positions, {} / {} bytes per element", s.batch, s.kv_positions,
               s.weight_bytes, s.kv_bytes);
   TWELL_CHECK(s.fired.empty() || static_cast<std::int64_t>(s.fired.size()) == c.num_layers, ErrorCode::invalid_argument,
@@ -23,7 +24,8 @@ StepBytes decode_step_bytes(const LlamaConfig& c, const StepShape& s) {
     TWELL_CHECK(f >= 0 && f <= N, ErrorCode::invalid_argument, "decode_step_bytes: layer {} fires {} of {} neurons", l, f, N);
     rows += f;
   }
-  b.ffn_weights = w * K * (L * N + 2 * rows);
+  const double rw = s.fired.empty() || s.sparse_row_bytes == 0 ? w : s.sparse_row_bytes;
+  b.ffn_weights = w * K * L * N + rw * K * 2 * rows;
   // The keys a query sees: all cached ones and its own, or the window's.
   double keys = s.kv_positions + 1;
   if (c.sliding_window > 0) keys = std::min(keys, static_cast<double>(c.sliding_window));

@@ -31,6 +31,9 @@ TEST(StepBytes, CountsEachWeightAndCachedValueOnce) {
   const std::vector<double> fired = {10, 0, 704, 35.5};
   s.fired = fired;
   EXPECT_DOUBLE_EQ(decode_step_bytes(c, s).ffn_weights, 2.0 * 256 * (4 * 704 + 2 * (10 + 0 + 704 + 35.5)));
+  s.sparse_row_bytes = 4;  // the CPU's sparse rows are fp32 beside a bf16 gate
+  EXPECT_DOUBLE_EQ(decode_step_bytes(c, s).ffn_weights, 2.0 * 256 * 4 * 704 + 4.0 * 256 * 2 * (10 + 0 + 704 + 35.5));
+  s.sparse_row_bytes = 0;
   // fp32 caches (the CPU runtime), and a window shorter than the context.
   s.kv_bytes = 4;
   LlamaConfig w = c;

@@ -360,7 +360,7 @@ int run_bench_model(BenchModelArgs& a) {
   double copy_bw = -1;
   try {
     copy_bw = sparse->copy_bandwidth();
-  } catch (const Error& e) {
+  } catch (const std::exception& e) {  // a device or host too full for the copy's buffers
     note(fmt::format("copy bandwidth not measured: {}", e.what()));
   }
   const double kv_position = static_cast<double>(a.context) + static_cast<double>(a.decode_steps - 1) / 2;
@@ -368,19 +368,15 @@ int run_bench_model(BenchModelArgs& a) {
   bool header = false;
   for (const Row& r : rows) {
     if (r.phase != "decode") continue;
-    model::StepShape sh;
-    sh.batch = r.batch;
-    sh.kv_positions = kv_position;
-    // GPU: bf16 weights and caches. CPU: fp32 caches; bf16 weights for steps of ≤ 8 rows where kept
-    // (RuntimeTuning::cpu_bf16_weights), else fp32.
-    sh.weight_bytes = device == "cuda" || (tuning.cpu_bf16_weights && r.batch <= 8) ? 2 : 4;
-    sh.kv_bytes = device == "cuda" ? 2 : 4;
-    const double bd = model::decode_step_bytes(c, sh).total();
+    // Each runtime's element sizes at this batch (bf16 on the GPU; the CPU's fp32 and bf16 copies).
+    model::StepShape sd = dense->decode_step_shape(r.batch), ss = sparse->decode_step_shape(r.batch);
+    sd.kv_positions = ss.kv_positions = kv_position;
+    const double bd = model::decode_step_bytes(c, sd).total();
     const auto f = fired.find(r.batch);
     double bs = -1;
     if (f != fired.end()) {
-      sh.fired = f->second;
-      bs = model::decode_step_bytes(c, sh).total();
+      ss.fired = f->second;
+      bs = model::decode_step_bytes(c, ss).total();
     }
     const double steps_d = static_cast<double>(a.decode_steps) / median(r.t.dense);
     const double steps_s = static_cast<double>(a.decode_steps) / median(r.t.sparse);

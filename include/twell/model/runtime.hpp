@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "twell/cpu/ffn_ops.hpp"
+#include "twell/model/step_bytes.hpp"
 #include "twell/model/model.hpp"
 #include "twell/model/sampler.hpp"
 #include "twell/model/tuning.hpp"
@@ -181,6 +182,9 @@ class Runtime {
   virtual bool fixed_point_decode() const noexcept { return false; }
   // How the weights are held, for reports ("" where there is nothing to say).
   virtual std::string weight_storage() const { return ""; }
+  // The element sizes a decode step of `rows` rows reads (step_bytes.hpp; batch and KV length left
+  // to the caller): bf16 weights and caches here (the GPU runtime).
+  virtual StepShape decode_step_shape(std::int64_t rows) const;
 };
 
 class CpuRuntime final : public Runtime {
@@ -197,6 +201,9 @@ class CpuRuntime final : public Runtime {
   const std::vector<FfnLayerStats>& ffn_stats() const noexcept override { return stats_; }
   void reset_stats() override;
   std::string weight_storage() const override;
+  // fp32 caches; bf16 weights at steps of ≤ cpu::kGemvBf16MaxRows rows where every matrix has its
+  // bf16 copy, else fp32; the sparse FFN's up and down rows fp32.
+  StepShape decode_step_shape(std::int64_t rows) const override;
 
  private:
   void ffn(std::int64_t layer, const float* x, std::int64_t rows, float* y);

@@ -19,6 +19,7 @@ struct StepShape {
   double kv_positions = 0;       // positions already in each sequence's cache (mean over the timed steps)
   int weight_bytes = 2;          // bytes per weight as the runtime holds them (bf16: 2)
   int kv_bytes = 2;              // bytes per cached key or value element (GPU bf16: 2; CPU fp32: 4)
+  int sparse_row_bytes = 0;      // bytes per weight of the up and down rows a sparse step reads (0: weight_bytes)
   // Per layer, the neurons whose up and down rows the step reads (the batch's union of fired
   // neurons); empty: every neuron (the dense step).
   std::span<const double> fired;

@@ -85,9 +85,14 @@ TrainContext::TrainContext(const TrainContextOptions& opt) : TrainContext(opt, n
 
 TrainContext::TrainContext(const TrainContextOptions& opt, std::shared_ptr<TrainScratch> scratch)
     : opt_(opt), gemm_([&] {  // a shared set: one GEMM workspace for all its contexts
-        auto make = [&](DeviceAllocator* mem) { return std::make_shared<LtGemm>(opt.autotune_gemm, 8, 64u << 20, mem); };
-        if (!scratch) return make(nullptr);
-        if (!scratch->gemm) scratch->gemm = make(scratch->mem.get());
+        if (!scratch) return std::make_shared<LtGemm>(opt.autotune_gemm, 8, 64u << 20, nullptr);
+        if (!scratch->gemm) {
+          // The GEMM's workspace comes from the set's allocator, which the GEMM keeps alive: a
+          // context may outlive its set (and the allocator's last other owner).
+          std::shared_ptr<DeviceAllocator> mem = scratch->mem;
+          scratch->gemm = std::shared_ptr<LtGemm>(new LtGemm(opt.autotune_gemm, 8, 64u << 20, mem.get()),
+                                                  [mem](LtGemm* g) { delete g; });
+        }
         return scratch->gemm;
       }()),
       scratch_(scratch ? std::move(scratch) : std::make_shared<TrainScratch>()),
@@ -122,8 +127,8 @@ void TrainContext::mark(const char* phase, cudaStream_t stream) {
 }
 
 void TrainContext::load_weights(const DeviceFfnWeights& w, cudaStream_t stream) {
-  const bool same_shape = w_.load(w, stream);
   saved_ = Saved::none;  // a forward over the old weights has no backward over the new ones
+  const bool same_shape = w_.load(w, stream);
   if (same_shape) {
     // The dispatch's density and the hot set carry over: one optimizer step barely moves them.
     gather_hot_weights(stream);
@@ -135,6 +140,8 @@ void TrainContext::load_weights(const DeviceFfnWeights& w, cudaStream_t stream) 
 }
 
 void TrainContext::upload_weights(const FfnWeights& w, cudaStream_t stream) {
+  saved_ = Saved::none;
+  forget_measurements();
   const bool same_shape = w_.upload(w, stream);
   if (same_shape) {
     gather_hot_weights(stream);  // the same hot set, the new weights
@@ -142,8 +149,6 @@ void TrainContext::upload_weights(const FfnWeights& w, cudaStream_t stream) {
     hot_.clear();
     hot_calibrated_ = false;
   }
-  saved_ = Saved::none;
-  forget_measurements();
 }
 
 void TrainContext::forget_measurements() {
