@@ -215,8 +215,8 @@ void Engine::loop() {
     std::int64_t cached = 0;
     for (Active* a : fresh) {
       try {
-        // Paged: the sequence starts on the published blocks of the feed's prefix (another running
-        // request's identical prompt start, e.g. a system prompt), which need no prefill.
+        // Paged: the sequence starts on the published blocks of the feed's prefix (a running or
+        // finished request's identical start, e.g. a system prompt; kv_blocks.hpp), which need no prefill.
         a->seq = pool_ ? rt_.new_paged_sequence(pool_, a->feed) : rt_.new_sequence(a->capacity);
         a->prefilled = a->seq->length();
         cached += a->prefilled;
