@@ -23,14 +23,23 @@ std::int64_t ActivationProfile::hot(std::int64_t layer, double share) const noex
 }
 
 std::int64_t ActivationProfile::fired_union(std::int64_t layer, std::int64_t first, std::int64_t count) const {
+  TWELL_CHECK(count >= 1 && first >= 0, ErrorCode::invalid_argument, "fired_union: tokens [{}, {})", first, first + count);
+  std::vector<std::int64_t> which(static_cast<std::size_t>(count));
+  for (std::int64_t i = 0; i < count; ++i) which[static_cast<std::size_t>(i)] = first + i;
+  return fired_union(layer, which);
+}
+
+std::int64_t ActivationProfile::fired_union(std::int64_t layer, std::span<const std::int64_t> which) const {
   const std::int64_t T = token_count(), W = (neurons + 63) / 64;
   TWELL_CHECK(!fired.empty(), ErrorCode::invalid_argument, "fired_union: the profile kept no sets (keep_sets)");
-  TWELL_CHECK(layer >= 0 && layer < layers && count >= 1 && first >= 0 && first + count <= T, ErrorCode::invalid_argument,
-              "fired_union: layer {} tokens [{}, {}) outside {} layers, {} tokens", layer, first, first + count, layers, T);
+  TWELL_CHECK(layer >= 0 && layer < layers && !which.empty(), ErrorCode::invalid_argument,
+              "fired_union: layer {} of {}, {} tokens", layer, layers, which.size());
+  for (const std::int64_t t : which)
+    TWELL_CHECK(t >= 0 && t < T, ErrorCode::invalid_argument, "fired_union: token {} outside the {} tokens", t, T);
   std::int64_t n = 0;
   for (std::int64_t w = 0; w < W; ++w) {
     std::uint64_t any = 0;
-    for (std::int64_t t = first; t < first + count; ++t) any |= fired[static_cast<std::size_t>((layer * T + t) * W + w)];
+    for (const std::int64_t t : which) any |= fired[static_cast<std::size_t>((layer * T + t) * W + w)];
     n += std::popcount(any);
   }
   return n;

@@ -669,6 +669,23 @@ TEST(ActivationProfile, CountsWhatTheRuntimeCounts) {
     EXPECT_GE(u, most) << "layer " << l;
     EXPECT_LE(u, sum) << "layer " << l;
   }
+  {  // any tokens: the union of tokens 2, 9 and 20 (three sequences) is the neurons any of them fired
+    const std::vector<std::int64_t> which = {2, 9, 20};
+    std::int64_t want = 0;  // neuron by neuron: fired at any of the three
+    const std::int64_t T = ks.token_count(), W = (ks.neurons + 63) / 64;
+    for (std::int64_t j = 0; j < ks.neurons; ++j) {
+      bool any = false;
+      for (const std::int64_t t : which) any |= (ks.fired[static_cast<std::size_t>((1 * T + t) * W + j / 64)] >> (j % 64)) & 1;
+      want += any;
+    }
+    EXPECT_EQ(ks.fired_union(1, which), want);
+    EXPECT_GE(want, std::max({ks.at(1, 2), ks.at(1, 9), ks.at(1, 20)}));
+    std::vector<std::int64_t> all(static_cast<std::size_t>(ks.token_count()));
+    for (std::size_t i = 0; i < all.size(); ++i) all[i] = static_cast<std::int64_t>(all.size() - 1 - i);  // any order
+    EXPECT_EQ(ks.fired_union(1, all), ks.neurons - ks.dead(1));
+    const std::vector<std::int64_t> past = {0, 23};
+    EXPECT_THROW((void)ks.fired_union(1, past), Error);
+  }
   EXPECT_THROW((void)p.fired_union(0, 0, 1), Error);    // no sets kept
   EXPECT_THROW((void)ks.fired_union(0, 20, 4), Error);  // past the tokens
   const std::vector<std::vector<std::int32_t>> prefix = {std::vector<std::int32_t>(seqs[1].begin(), seqs[1].begin() + 6)};

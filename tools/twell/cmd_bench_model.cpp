@@ -167,33 +167,40 @@ int run_bench_model(BenchModelArgs& a) {
                    device, why));
 
   // Densities the layers reach on these inputs, counted exactly on the CPU (profile_activations: the
-  // dense forward, fp32), and per decode batch the union of fired neurons over groups of that many
-  // tokens: the up and down rows a sparse step of that batch must read (the byte floor below).
+  // dense forward, fp32), and per decode batch the union of fired neurons over that many independent
+  // sequences' last tokens (as a decode step's rows are): the up and down rows a sparse step of that
+  // batch must read (the byte floor below).
   std::mt19937_64 rng(a.spec.seed + 17);
   std::vector<double> density;
   std::map<std::int64_t, std::vector<double>> fired;  // decode batch → per layer, mean union over groups
-  std::int64_t density_tokens = 0;
+  std::int64_t density_tokens = 0, density_seqs = 0;
   if (c.act == model::Activation::relu) {
-    // 128 tokens (32 for models over 1 B parameters: the CPU's dense forward of 2 B is ≈ 4 GFLOP a
-    // token), at least the largest decode batch (one group of it).
+    // As many sequences as the largest decode batch, together ≈ 128 tokens (32 for models over 1 B
+    // parameters: the CPU's dense forward of 2 B is ≈ 4 GFLOP a token), each of at least 2.
     const std::int64_t most = a.decode_batches.empty() ? 1 : *std::max_element(a.decode_batches.begin(), a.decode_batches.end());
-    const std::int64_t n = std::min<std::int64_t>(std::max<std::int64_t>(c.parameters() > 1000000000 ? 32 : 128, most),
-                                                  c.max_position);
-    const std::vector<std::vector<std::int32_t>> toks = {random_tokens(rng, n, c.vocab_size)};
+    const std::int64_t budget = c.parameters() > 1000000000 ? 32 : 128;
+    const std::int64_t len = std::min<std::int64_t>(std::max<std::int64_t>(2, budget / most), c.max_position);
+    std::vector<std::vector<std::int32_t>> seqs;
+    for (std::int64_t s = 0; s < most; ++s) seqs.push_back(random_tokens(rng, len, c.vocab_size));
+    const std::int64_t n = most * len;
     density_tokens = n;
-    const model::ActivationProfile p = model::profile_activations(m, toks, /*keep_sets=*/true);
+    density_seqs = most;
+    const model::ActivationProfile p = model::profile_activations(m, seqs, /*keep_sets=*/true);
     for (std::int64_t l = 0; l < c.num_layers; ++l) {
       double sum = 0;
       for (std::int64_t t = 0; t < n; ++t) sum += p.at(l, t);
       density.push_back(sum / static_cast<double>(n * c.intermediate_size));
     }
     for (const std::int64_t b : a.decode_batches) {
-      if (b > n) continue;  // more rows than tokens measured (the model's context): no measure
       auto& f = fired[b];
+      std::vector<std::int64_t> last(static_cast<std::size_t>(b));  // sequences g·b … g·b + b − 1: their last tokens
       for (std::int64_t l = 0; l < c.num_layers; ++l) {
         double u = 0;
-        for (std::int64_t g = 0; g + b <= n; g += b) u += static_cast<double>(p.fired_union(l, g, b));
-        f.push_back(u / static_cast<double>(n / b));
+        for (std::int64_t g = 0; g + b <= most; g += b) {
+          for (std::int64_t i = 0; i < b; ++i) last[static_cast<std::size_t>(i)] = (g + i + 1) * len - 1;
+          u += static_cast<double>(p.fired_union(l, last));
+        }
+        f.push_back(u / static_cast<double>(most / b));
       }
     }
   }
@@ -328,8 +335,9 @@ int run_bench_model(BenchModelArgs& a) {
   fmt::print("twell bench model: {}\n", source);
   fmt::print("device {} | commit {} | {}\n", device == "cuda" ? dense->device() : cpu_name(), git_commit(), iso_time_utc());
   if (!density.empty())
-    fmt::print("FFN density measured on {} random tokens: mean {:.3f} % ({:.1f} of {} per token), layers {:.2f}–{:.2f} %\n",
-               density_tokens, 100 * mean_density, mean_density * static_cast<double>(c.intermediate_size), c.intermediate_size,
+    fmt::print("FFN density measured on {} random tokens ({} sequences): mean {:.3f} % ({:.1f} of {} per token), layers "
+               "{:.2f}–{:.2f} %\n",
+               density_tokens, density_seqs, 100 * mean_density, mean_density * static_cast<double>(c.intermediate_size), c.intermediate_size,
                100 * *std::min_element(density.begin(), density.end()), 100 * *std::max_element(density.begin(), density.end()));
   fmt::print("sparse runtime: {} of {} layers ran the sparse FFN at least once; logits of the sparse path (forced) vs the "
              "dense path, 256 positions: max rel diff {:.2e}\n",

@@ -34,6 +34,8 @@ struct ActivationProfile {
   // Neurons of `layer` that fired at any of tokens [first, first + count): the rows a step over those
   // tokens must read once for all of them (needs keep_sets; count ≥ 1, within the tokens).
   std::int64_t fired_union(std::int64_t layer, std::int64_t first, std::int64_t count) const;
+  // The same over any tokens (indices into tokens; at least one, each within them).
+  std::int64_t fired_union(std::int64_t layer, std::span<const std::int64_t> which) const;
 };
 
 // Runs each sequence from position 0 through a CPU runtime over `model` (one forward call per
