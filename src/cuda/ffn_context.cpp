@@ -370,7 +370,7 @@ void FfnContext::dense_rows_finish(std::int64_t m, std::int64_t cap, __nv_bfloat
   hp.h = ws_->h.get();  // [m, ldn] workspace, its first cap rows
   hp.ld_h = ldn();
   if (gated()) {  // u of the gathered rows into the stacked buffer's first cap·ldn elements
-    gemm_.run({cap, n, k(), k(), k(), ldn(), GemmEpilogue::none}, w_.gate_up() + ldn() * k(), ws_->x_h.get(), ws_->gu.get(), stream);
+    gemm_.run({cap, n, k(), k(), k(), ldn(), GemmEpilogue::none}, w_.up(), ws_->x_h.get(), ws_->gu.get(), stream);
     hp.u = ws_->gu.get();
     hp.ld_u = ldn();
   }
@@ -408,7 +408,7 @@ FfnOperands FfnContext::operands(const __nv_bfloat16* x, std::int64_t m, __nv_bf
   FfnOperands o;
   o.x = x;
   o.ld_x = k();
-  o.w_up = gated() ? w_.gate_up() + ldn() * k() : nullptr;
+  o.w_up = gated() ? w_.up() : nullptr;
   o.w_down_t = w_.down_t();
   o.y = y;
   o.ld_y = k();
@@ -424,7 +424,7 @@ void FfnContext::dense_rest(const __nv_bfloat16* x, std::int64_t m, __nv_bfloat1
   const __nv_bfloat16* h = ws_->g.get();
   if (gated()) {
     __nv_bfloat16* u = ws_->gu.get();  // [m, ldn] view of the stacked buffer
-    gemm_.run({m, n(), k(), k(), k(), ldn(), GemmEpilogue::none}, w_.gate_up() + ldn() * k(), x, u, stream);
+    gemm_.run({m, n(), k(), k(), k(), ldn(), GemmEpilogue::none}, w_.up(), x, u, stream);
     launch_gated_product(ws_->g.get(), u, ldn(), ws_->h.get(), ldn(), m, n(), stream);
     h = ws_->h.get();
   }
@@ -846,8 +846,9 @@ ForwardResult FfnContext::forward(const __nv_bfloat16* x, std::int64_t m, __nv_b
   if (path != Path::dense) calibrate_if_due(x, m, stream);
   if (path == Path::automatic) resolve_pending();  // the newest count that came back
   // Plan (ffn_plan.hpp: pure host, unit-tested), then execute.
+  const bool one_token = decode && uses_decode_token(m);
   const ForwardPlan plan = plan_forward(opt_, {.m = m, .path = path, .decode = decode,
-                                               .one_token = decode && uses_decode_token(m), .gated = gated(),
+                                               .one_token = one_token, .gated = gated(),
                                                .last_density = last_density_, .dense_calls = dense_calls_});
   if (plan.sticky && (plan.step == ForwardStep::dense || plan.step == ForwardStep::dense_counted)) ++dense_calls_;
   // The call's record (describe_call makes text of it when asked). What a sticky decision followed
@@ -859,7 +860,7 @@ ForwardResult FfnContext::forward(const __nv_bfloat16* x, std::int64_t m, __nv_b
   c.below_min_rows = plan.below_min_rows;
   c.gated = gated();
   c.gate_sm90 = gate_sm90_active();
-  c.one_token = decode && uses_decode_token(m);
+  c.one_token = one_token;
   c.n = n();
   c.sparse_n = sparse_n(m);
   c.row_cap = dense_row_cap(c.sparse_n);

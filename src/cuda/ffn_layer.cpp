@@ -77,9 +77,9 @@ void FfnLayer::forward(const bf16* x, std::int64_t m, bf16* y, Path path, Stream
   const ForwardResult r = loaded(ctx_, n(), "FfnLayer").forward(nv(x), m, nv(y), path, cu(stream));
   ++calls_;
   if (r.sparse) ++sparse_calls_;
-  last_sparse_ = r.sparse;
 }
 
+bool FfnLayer::last_sparse() const noexcept { return calls_ > 0 && ctx_->last_call().sparse; }
 std::string FfnLayer::last_path() const { return calls_ == 0 ? std::string() : describe_call(ctx_->last_call()); }
 
 FfnLayer::StepPlan FfnLayer::plan_step(std::int64_t m, Path path) {

@@ -119,7 +119,7 @@ class FfnLayer {
   void upload_weights(const FfnWeights& w, Stream stream);   // from host fp32 (rounded to bf16)
   // x, y: device bf16 [m, k]. Formats no text: last_path() describes the call when asked.
   void forward(const bf16* x, std::int64_t m, bf16* y, Path path, Stream stream);
-  bool last_sparse() const noexcept { return last_sparse_; }  // the last forward() ran a sparse path
+  bool last_sparse() const noexcept;  // the last forward() ran a sparse path (false before one)
   std::string last_path() const;  // the last forward()'s path as dispatched, human-readable ("" before one)
   LayerStats stats();  // never waits (folds in the counts that have come back)
   std::int64_t n() const noexcept;
@@ -204,7 +204,6 @@ class FfnLayer {
  private:
   std::unique_ptr<FfnContext> ctx_;
   std::int64_t calls_ = 0, sparse_calls_ = 0;
-  bool last_sparse_ = false;
 };
 
 struct TrainForwardInfo {

@@ -383,7 +383,7 @@ void TrainContext::sparse_forward(const __nv_bfloat16* x, std::int64_t m, __nv_b
   p.cols = cols_.get();
   p.p = p_.get();
   p.u = u_e_.get();
-  p.w_up = gated() ? w_.gate_up() + ldn() * k() : nullptr;
+  p.w_up = gated() ? w_.up() : nullptr;
   p.w_down_t = w_.down_t();
   p.y = y;
   p.row_l1 = row_l1_.get();
@@ -444,7 +444,7 @@ void TrainContext::dense_forward_after_gate(const __nv_bfloat16* x, std::int64_t
   DenseTrainElementwiseParams e = elementwise_params(m);
   if (gated()) {
     u_.reserve(sz(m * ldn()));
-    gemm_->run({m, ldn(), k(), k(), k(), ldn(), GemmEpilogue::none}, w_.gate_up() + ldn() * k(), x, u_.get(),
+    gemm_->run({m, ldn(), k(), k(), k(), ldn(), GemmEpilogue::none}, w_.up(), x, u_.get(),
                     stream);
     // The backward reads g: a copy of its own when g_ is shared (the next layer's gate overwrites it).
     const __nv_bfloat16* g = g_.get();
@@ -552,7 +552,7 @@ void TrainContext::sparse_backward(const __nv_bfloat16* x, const __nv_bfloat16* 
   b.p = p_.get();
   b.u = gated() ? u_e_.get() : nullptr;
   b.w_gate = gated() ? w_.gate_up() : nullptr;
-  b.w_up = gated() ? w_.gate_up() + ldn() * k() : w_.gate_up();
+  b.w_up = w_.up();
   b.w_down_t = w_.down_t();
   b.c1 = c1;
   b.c1_scale = c1_scale_;
@@ -730,7 +730,7 @@ void TrainContext::gather_hot_weights(cudaStream_t stream) {
     launch_gather_rows(w_.gate_up(), k(), idx, h, k(), dst, k(), stream);  // Wg rows
     dst += lh * k();
   }
-  launch_gather_rows(w_.gate_up() + (gated() ? ldn() * k() : 0), k(), idx, h, k(), dst, k(), stream);  // Wu rows
+  launch_gather_rows(w_.up(), k(), idx, h, k(), dst, k(), stream);  // Wu rows
   launch_gather_rows(w_.down_t(), k(), idx, h, k(), dst + lh * k(), k(), stream);                      // Wdᵀ rows
 }
 
