@@ -103,6 +103,84 @@ TEST(FfnPlan, ThresholdsByShape) {
   EXPECT_EQ(plan_forward(p, call(16384, Path::automatic, d, false, true)).step, ForwardStep::sparse);
 }
 
+// A 2B-like gated layer (N 5632, K 2048) on an sm90 GPU, 512 hot neurons split off.
+LayerFacts layer(std::int64_t hot_n = 512, bool gated = true) {
+  return {.n = 5632, .hot_n = hot_n, .gated = gated, .decode_k = true, .token_k = true, .gate_sm90 = true,
+          .gemv_max_rows = 16};
+}
+
+// The shape of a call is every decision of its size and the layer, written out case by case from
+// the policy's comments: decode sizes never split and never run dense rows; the hot split from
+// hot_neurons_min_rows on; the gate kernel; the up+down variant by occupancy.
+TEST(FfnPlan, ShapeOfACallFollowsItsSize) {
+  const DispatchPolicy p;
+  const CallShape one = shape_call(p, layer(), 1);
+  EXPECT_TRUE(one.decode && one.one_token);
+  EXPECT_EQ(one.sparse_n, 5632);
+  EXPECT_FALSE(one.hot() || one.dense_rows || one.hot_overlap);
+  const CallShape eight = shape_call(p, layer(), 8);
+  EXPECT_TRUE(eight.decode);
+  EXPECT_FALSE(eight.one_token);
+  EXPECT_FALSE(eight.gate_gemv) << "decode_gemv_max_rows is 1: the cuBLASLt gate from 2 rows";
+  EXPECT_EQ(shape_call(p, layer(), p.decode_max_rows + 1).decode, false);
+  const CallShape mid = shape_call(p, layer(), 1024);  // above decode, below the split's minimum
+  EXPECT_FALSE(mid.decode);
+  EXPECT_EQ(mid.sparse_n, 5632);
+  EXPECT_TRUE(mid.dense_rows);
+  EXPECT_EQ(mid.gate, GateKernel::sm90);
+  EXPECT_EQ(mid.updown_variant, 1) << "below updown_occupancy_min_rows: more rows in flight per warp";
+  const CallShape big = shape_call(p, layer(), 16384);
+  EXPECT_EQ(big.sparse_n, 5632 - 512);
+  EXPECT_TRUE(big.hot() && big.hot_overlap && big.dense_rows);
+  EXPECT_EQ(big.updown_variant, p.updown_variant);
+  EXPECT_EQ(shape_call(p, layer(512, false), 16384).updown_variant, p.updown_variant_nongated);
+  EXPECT_EQ(shape_call(p, layer(512, false), 1024).updown_variant, 0);
+  // Off sm90: the cuBLASLt gate, in row chunks (one per 2048 rows, at most gate_chunks).
+  LayerFacts lt = layer();
+  lt.gate_sm90 = false;
+  EXPECT_EQ(shape_call(p, lt, 2048).gate, GateKernel::lt);
+  const CallShape chunked = shape_call(p, lt, 16384);
+  EXPECT_EQ(chunked.gate, GateKernel::lt_chunked);
+  EXPECT_EQ(chunked.gate_chunks, p.gate_chunks);
+  DispatchPolicy no_sm90 = p;
+  no_sm90.gate_sm90 = false;
+  EXPECT_EQ(shape_call(no_sm90, layer(), 16384).gate, GateKernel::lt_chunked);
+  // Each switch of the policy shows in the shape.
+  DispatchPolicy q = p;
+  q.dense_rows_density = 0;
+  q.hot_overlap = false;
+  q.decode_gemv_max_rows = 4;
+  EXPECT_FALSE(shape_call(q, layer(), 16384).dense_rows);
+  EXPECT_FALSE(shape_call(q, layer(), 16384).hot_overlap);
+  EXPECT_TRUE(shape_call(q, layer(), 4).gate_gemv);
+  EXPECT_FALSE(shape_call(q, layer(), 5).gate_gemv);
+  // The layer's K decides too: too wide for the decode kernels (or the GEMV), no decode shape.
+  LayerFacts wide = layer();
+  wide.decode_k = wide.token_k = false;
+  wide.gemv_max_rows = 0;
+  EXPECT_FALSE(shape_call(p, wide, 1).decode);
+  EXPECT_FALSE(shape_call(p, wide, 1).one_token);
+  EXPECT_FALSE(shape_call(q, wide, 1).gate_gemv);
+  // No split chosen, or a "split" of every neuron: all neurons sparse.
+  EXPECT_FALSE(shape_call(p, layer(0), 16384).hot());
+  EXPECT_FALSE(shape_call(p, layer(5632), 16384).hot());
+}
+
+// plan_call is shape_call then plan_forward on the shape's decode facts.
+TEST(FfnPlan, PlanCallCarriesTheShape) {
+  const DispatchPolicy p;
+  const ForwardPlan one = plan_call(p, layer(), 1, Path::automatic, -1, 0);
+  EXPECT_EQ(one.step, ForwardStep::decode);
+  EXPECT_TRUE(one.shape.one_token);
+  const double between = 0.5 * (p.decode_max_density + p.decode_token_max_density);
+  EXPECT_EQ(plan_call(p, layer(), 1, Path::automatic, between, 0).step, ForwardStep::decode);
+  EXPECT_EQ(plan_call(p, layer(), 2, Path::automatic, between, 0).step, ForwardStep::dense_counted);
+  const ForwardPlan big = plan_call(p, layer(), 16384, Path::automatic, 0.001, 0);
+  EXPECT_EQ(big.step, ForwardStep::sparse);
+  EXPECT_EQ(big.shape.sparse_n, 5632 - 512);
+  EXPECT_TRUE(plan_call(p, layer(), 1024, Path::automatic, -1, 0).below_min_rows);
+}
+
 TrainDispatchState step(std::int64_t m, Path path, double last = -1, bool gated = true, bool hot_split = false) {
   return {.m = m, .path = path, .gated = gated, .last_density = last, .hot_split = hot_split};
 }

@@ -141,20 +141,20 @@ void FfnContext::dense_gate_gemm(const __nv_bfloat16* x, std::int64_t m, cudaStr
   gemm_.run({m, n(), k(), k(), k(), ldn(), GemmEpilogue::none}, w_.gate_up(), x, ws_->g.get(), stream);
 }
 
-void FfnContext::gate_twell(const __nv_bfloat16* x, std::int64_t m, cudaStream_t stream) {
-  if (gate_sm90_active()) {
-    gate_pack_sm90(x, m, stream);
+void FfnContext::gate_twell(const __nv_bfloat16* x, std::int64_t m, const CallShape& s, cudaStream_t stream) {
+  const std::int64_t n = s.sparse_n;  // the hot neurons' gate is part of their dense GEMM
+  if (s.gate == GateKernel::sm90) {
+    gate_pack_sm90(x, m, n, stream);
     return;
   }
-  const std::int64_t chunks = std::min<std::int64_t>(opt_.gate_chunks, m / 2048);
-  const std::int64_t n = sparse_n(m);  // the hot neurons' gate is part of their dense GEMM
-  if (chunks <= 1) {
+  if (s.gate == GateKernel::lt) {
     gate_gemm_cols(x, m, n, stream);
-    pack(m, nullptr, stream);
+    pack_rows(0, m, n, nullptr, /*reset_counters=*/true, stream);
     return;
   }
   reserve(m);
   TWELL_CUDA_CHECK(cudaMemsetAsync(counters_.get(), 0, sizeof(TwellCounters), stream));
+  const std::int64_t chunks = s.gate_chunks;
   const std::int64_t per = round_up((m + chunks - 1) / chunks, 128);  // whole 128-row GEMM tiles
   for (std::int64_t r0 = 0; r0 < m; r0 += per) {
     const std::int64_t rows = std::min(per, m - r0);
@@ -165,13 +165,13 @@ void FfnContext::gate_twell(const __nv_bfloat16* x, std::int64_t m, cudaStream_t
   pack_side_.join(stream);
 }
 
-void FfnContext::gate_pack_sm90(const __nv_bfloat16* x, std::int64_t m, cudaStream_t stream) {
+void FfnContext::gate_pack_sm90(const __nv_bfloat16* x, std::int64_t m, std::int64_t n, cudaStream_t stream) {
   reserve(m);
   GatePackParams p;
   p.x = x;
   p.w = w_.gate_up();  // rows [0, N): Wg (gated) or Wu (non-gated)
   p.m = m;
-  p.n = sparse_n(m);
+  p.n = n;
   p.k = k();
   p.words_per_tile = words_per_tile();
   p.words = ws_->words.get();
@@ -198,7 +198,7 @@ void FfnContext::gate_gemm_cols(const __nv_bfloat16* x, std::int64_t m, std::int
 }
 
 void FfnContext::pack(std::int64_t m, const std::uint32_t* enable, cudaStream_t stream) {
-  pack_rows(0, m, sparse_n(m), enable, /*reset_counters=*/true, stream);
+  pack_rows(0, m, shape(m).sparse_n, enable, /*reset_counters=*/true, stream);
 }
 
 void FfnContext::pack_rows(std::int64_t r0, std::int64_t rows, std::int64_t n, const std::uint32_t* enable,
@@ -221,19 +221,20 @@ void FfnContext::pack_rows(std::int64_t r0, std::int64_t rows, std::int64_t n, c
   launch_twell_pack(p, stream);
 }
 
-void FfnContext::sparse_rest(const __nv_bfloat16* x, std::int64_t m, __nv_bfloat16* y, cudaStream_t stream) {
+void FfnContext::sparse_rest(const __nv_bfloat16* x, std::int64_t m, __nv_bfloat16* y, const CallShape& s,
+                             cudaStream_t stream) {
   TWELL_CHECK(m <= cap_m_, ErrorCode::invalid_argument, "sparse_rest: run gate_twell for these {} rows first", m);
-  if (sparse_n(m) == n()) {
-    cold_rest(x, m, y, stream);
+  if (!s.hot()) {
+    cold_rest(x, m, y, s, stream);
     return;
   }
-  if (opt_.hot_overlap) {
+  if (s.hot_overlap) {
     LtGemm& gemm = side_gemm();
     hot_up(x, m, gemm, hot_side_.fork(stream));
-    cold_rest(x, m, y, stream);
+    cold_rest(x, m, y, s, stream);
     hot_side_.join(stream);
   } else {
-    cold_rest(x, m, y, stream);
+    cold_rest(x, m, y, s, stream);
     hot_up(x, m, gemm_, stream);
   }
   hot_down(m, y, stream);  // adds into the y the cold part wrote
@@ -243,10 +244,11 @@ LtGemm& FfnContext::side_gemm() {
   return ws_->side();
 }
 
-void FfnContext::cold_rest(const __nv_bfloat16* x, std::int64_t m, __nv_bfloat16* y, cudaStream_t stream) {
+void FfnContext::cold_rest(const __nv_bfloat16* x, std::int64_t m, __nv_bfloat16* y, const CallShape& s,
+                           cudaStream_t stream) {
   last_dense_planned_ = false;  // set below where this call plans dense rows (read_dense_rows)
   last_dense_cap_ = 0;
-  const std::int64_t n = sparse_n(m);
+  const std::int64_t n = s.sparse_n;
   TwellUpDownParams p;
   static_cast<FfnOperands&>(p) = operands(x, m, y, n);
   p.words = ws_->words.get();
@@ -254,45 +256,30 @@ void FfnContext::cold_rest(const __nv_bfloat16* x, std::int64_t m, __nv_bfloat16
   p.ld_backup = ldn();
   p.words_per_tile = words_per_tile();
   p.relu = true;
-  p.variant = updown_variant(m, gated());
-  last_dense_planned_ = use_dense_rows(m);
+  p.variant = s.updown_variant;
+  last_dense_planned_ = s.dense_rows;
   if (!last_dense_planned_) {
     launch_twell_up_down(p, stream);
     return;
   }
   const std::int64_t cap = dense_rows_capacity(m);
   last_dense_cap_ = cap;
-  p.row_filter = dense_rows_begin(x, m, cap, stream);
+  p.row_filter = dense_rows_begin(x, m, n, cap, stream);
   p.filter_keep_flagged = false;
   launch_twell_up_down(p, stream);
-  dense_rows_finish(m, cap, y, stream);
+  dense_rows_finish(m, n, cap, y, stream);
 }
 
-int FfnContext::updown_variant(std::int64_t m, bool gated) const noexcept {
-  const int v = gated ? opt_.updown_variant : opt_.updown_variant_nongated;
-  if (m >= opt_.updown_occupancy_min_rows || v < 3) return v;
-  return gated ? 1 : 0;  // too few CTAs to fill the SMs: more rows in flight per warp instead
-}
-
-bool FfnContext::uses_decode_token(std::int64_t m) const noexcept {
-  return m == 1 && opt_.decode_gemv && opt_.decode_gemv_max_rows >= 1 && k() <= kDecodeTokenMaxK;
-}
-
-bool FfnContext::is_decode(std::int64_t m) const noexcept {
-  return m <= opt_.decode_max_rows && m < opt_.dispatch_min_rows && k() <= kDecodeMaxK;
+LayerFacts FfnContext::facts() const noexcept {
+  return {.n = n(), .hot_n = hot_n_, .gated = gated(), .decode_k = k() <= kDecodeMaxK, .token_k = k() <= kDecodeTokenMaxK,
+          .gate_sm90 = gate_sm90_ok_, .gemv_max_rows = k() <= kGemvMaxK ? kGemvMaxRows : 0};
 }
 
 bool FfnContext::automatic_is_plain_dense(std::int64_t m) const noexcept {
   // ... and no hot-neuron calibration is due at m (forward's calibrate_if_due would run one).
   const bool calibration_due =
       opt_.hot_neurons_auto && !hot_calibrated_ && m >= std::max<std::int64_t>(1, opt_.hot_neurons_min_rows);
-  return !calibration_due &&
-         plan_forward(opt_, {.m = m, .path = Path::automatic, .decode = is_decode(m), .gated = gated()}).below_min_rows;
-}
-
-bool FfnContext::use_dense_rows(std::int64_t m) const noexcept {
-  return opt_.dense_rows_density > 0 &&
-         !is_decode(m) && ws_->row_nnz.size() >= static_cast<std::size_t>(m);
+  return !calibration_due && plan_call(opt_, facts(), m, Path::automatic, -1, 0).below_min_rows;
 }
 
 std::uint32_t FfnContext::dense_row_cap(std::int64_t n) const noexcept {
@@ -316,13 +303,13 @@ std::int64_t FfnContext::dense_rows_capacity(std::int64_t m) {
   return std::min(dense_cap_, m);
 }
 
-const std::uint32_t* FfnContext::dense_rows_begin(const __nv_bfloat16* x, std::int64_t m, std::int64_t cap,
-                                                  cudaStream_t stream) {
+const std::uint32_t* FfnContext::dense_rows_begin(const __nv_bfloat16* x, std::int64_t m, std::int64_t n,
+                                                  std::int64_t cap, cudaStream_t stream) {
   DenseRowsPlanParams pp;
   pp.row_nnz = ws_->row_nnz.get();
   pp.m = m;
-  pp.row_cap = dense_row_cap(sparse_n(m));
-  pp.row_cost = dense_row_cost(sparse_n(m));
+  pp.row_cap = dense_row_cap(n);
+  pp.row_cost = dense_row_cost(n);
   pp.stats = dense_stats_.get();
   if (cap > 0) {
     pp.list = ws_->dense_list.get();
@@ -352,9 +339,9 @@ const std::uint32_t* FfnContext::dense_rows_begin(const __nv_bfloat16* x, std::i
   return ws_->row_dense.get();
 }
 
-void FfnContext::dense_rows_finish(std::int64_t m, std::int64_t cap, __nv_bfloat16* y, cudaStream_t stream) {
+void FfnContext::dense_rows_finish(std::int64_t m, std::int64_t n, std::int64_t cap, __nv_bfloat16* y,
+                                   cudaStream_t stream) {
   if (cap == 0) return;
-  const std::int64_t n = sparse_n(m);
   const int* list = ws_->dense_list.get();
   const int* selected = ws_->dense_list.get() + m;
   DenseRowsHParams hp;
@@ -431,15 +418,16 @@ void FfnContext::dense_rest(const __nv_bfloat16* x, std::int64_t m, __nv_bfloat1
   gemm_.run({m, k(), n(), ldn(), ldn(), k(), GemmEpilogue::none}, w_.down(), h, y, stream);
 }
 
-void FfnContext::dense_forward_counted(const __nv_bfloat16* x, std::int64_t m, __nv_bfloat16* y, cudaStream_t stream) {
+void FfnContext::dense_forward_counted(const __nv_bfloat16* x, std::int64_t m, __nv_bfloat16* y, const CallShape& s,
+                                       cudaStream_t stream) {
   dense_forward(x, m, y, stream);
   // The gate's sign pattern is in the stacked output (gated) or in h = ReLU(up) (non-gated); with
   // row chunks only the last chunk's rows are still there, and those are counted.
   const std::int64_t rows = dense_gate_rows_;
-  // Only the cold neurons (the first sparse_n(m) columns) count: their density decides.
-  const std::int64_t n = sparse_n(m);
+  // Only the cold neurons (the first s.sparse_n columns) count: their density decides.
+  const std::int64_t n = s.sparse_n;
   const TwellSampleParams sp =
-      sample_params(gated() ? ws_->gu.get() : ws_->h.get(), gated() ? 2 * ldn() : ldn(), rows, n, 0.0, use_dense_rows(m));
+      sample_params(gated() ? ws_->gu.get() : ws_->h.get(), gated() ? 2 * ldn() : ldn(), rows, n, 0.0, s.dense_rows);
   launch_twell_sample_decide(sp, stream);
   const double sampled = static_cast<double>((rows + sp.stride - 1) / sp.stride);
   // Tag 0: the extra words are the sampled rows' true count (then two unused words, defined here so
@@ -447,30 +435,31 @@ void FfnContext::dense_forward_counted(const __nv_bfloat16* x, std::int64_t m, _
   TWELL_CUDA_CHECK(cudaMemsetAsync(dispatch_.get()->unused, 0, sizeof(Dispatch::unused), stream));
   counts_.push(&dispatch_.get()->count, sampled * static_cast<double>(n), stream, &dispatch_.get()->nnz, 0,
                sampled * static_cast<double>(n));
-  if (use_dense_rows(m) && opt_.dense_rows_capacity < 0) hot_share_.push(&dispatch_.get()->hot, sampled, stream);
+  if (s.dense_rows && opt_.dense_rows_capacity < 0) hot_share_.push(&dispatch_.get()->hot, sampled, stream);
 }
 
-void FfnContext::decode_forward(const __nv_bfloat16* x, std::int64_t m, __nv_bfloat16* y, cudaStream_t stream) {
-  if (uses_decode_token(m))
+void FfnContext::decode_forward(const __nv_bfloat16* x, std::int64_t m, __nv_bfloat16* y, const CallShape& s,
+                                cudaStream_t stream) {
+  if (s.one_token)
     advance_decode_order(stream);  // prepares the step (and restarts the order on new weights)
   else
     prepare_decode(m, stream);
   counts_.push_by(static_cast<double>(m) * static_cast<double>(n()), stream,
-                  [&](unsigned long long* dst) { enqueue_decode(x, m, y, dst, stream); });
+                  [&](unsigned long long* dst) { enqueue_decode(x, m, y, s, dst, stream); });
 }
 
 bool FfnContext::decode_plan_sparse(std::int64_t m) {
   resolve_pending();
   // As forward(automatic) would plan it (−1, nothing measured yet: sparse).
-  return plan_forward(opt_, {.m = m, .path = Path::automatic, .decode = true, .one_token = uses_decode_token(m),
-                             .gated = gated(), .last_density = last_density_}).step == ForwardStep::decode;
+  return plan_call(opt_, facts(), m, Path::automatic, last_density_, dense_calls_).step == ForwardStep::decode;
 }
 
 void FfnContext::prepare_decode(std::int64_t m, cudaStream_t stream) {
-  TWELL_CHECK(is_decode(m), ErrorCode::invalid_argument,
+  const CallShape s = shape(m);
+  TWELL_CHECK(s.decode, ErrorCode::invalid_argument,
               "prepare_decode: {} rows are not decode rows (at most {}, K ≤ {})", m, opt_.decode_max_rows, kDecodeMaxK);
   reserve(m);
-  if (uses_decode_token(m)) {
+  if (s.one_token) {
     if (decode_token_n_ != n()) {  // for this N (a reload may change it); zero once, every launch leaves it so
       decode_token_n_ = n();
       decode_h_.resize(static_cast<std::size_t>(n()));
@@ -505,8 +494,9 @@ void FfnContext::prepare_decode(std::int64_t m, cudaStream_t stream) {
 }
 
 bool FfnContext::decode_prepared(std::int64_t m) const noexcept {
-  if (!is_decode(m) || m > cap_m_) return false;
-  if (uses_decode_token(m)) return decode_token_n_ == n();  // (prepare_decode sizes the order with it)
+  const CallShape s = shape(m);
+  if (!s.decode || m > cap_m_) return false;
+  if (s.one_token) return decode_token_n_ == n();  // (prepare_decode sizes the order with it)
   return decode_tickets_.size() >= static_cast<std::size_t>(m + 2) &&
          ws_->decode_partials.size() >= static_cast<std::size_t>(m * tiles() * k());
 }
@@ -515,7 +505,7 @@ void FfnContext::decode_step(const __nv_bfloat16* x, std::int64_t m, __nv_bfloat
                              cudaStream_t stream) {
   TWELL_CHECK(decode_prepared(m), ErrorCode::invalid_argument, "decode_step: {} rows without prepare_decode({})", m, m);
   if (sparse)
-    enqueue_decode(x, m, y, decode_step_nnz_.get(), stream);
+    enqueue_decode(x, m, y, shape(m), decode_step_nnz_.get(), stream);
   else
     dense_forward(x, m, y, stream);
 }
@@ -524,7 +514,7 @@ void FfnContext::decode_step_folded(const DecodeTokenNorm& in, __nv_bfloat16* y,
   TWELL_CHECK(in.r && in.delta && in.w, ErrorCode::invalid_argument, "decode_step: the residual norm needs r, delta and w");
   TWELL_CHECK(folds_norm() && decode_prepared(1), ErrorCode::invalid_argument,
               "decode_step: a folded norm needs the one-token kernels, prepared (prepare_decode(1))");
-  enqueue_decode(nullptr, 1, y, decode_step_nnz_.get(), stream, &in);
+  enqueue_decode(nullptr, 1, y, shape(1), decode_step_nnz_.get(), stream, &in);
 }
 
 void FfnContext::decode_step_fixed(const DecodeTokenNorm& in, long long* y_fixed, unsigned* overflow,
@@ -560,14 +550,14 @@ void FfnContext::reorder_decode(cudaStream_t stream) {
 }
 
 void FfnContext::advance_decode_order(cudaStream_t stream) {
-  if (!uses_decode_token(1)) return;
+  if (!shape(1).one_token) return;
   prepare_decode(1, stream);  // new weights: the identity order, and the count from zero
   if (decode_reorder_due(++decode_order_steps_)) reorder_decode(stream);
 }
 
-void FfnContext::enqueue_decode(const __nv_bfloat16* x, std::int64_t m, __nv_bfloat16* y,
+void FfnContext::enqueue_decode(const __nv_bfloat16* x, std::int64_t m, __nv_bfloat16* y, const CallShape& s,
                                 unsigned long long* nnz_out, cudaStream_t stream, const DecodeTokenNorm* norm) {
-  if (uses_decode_token(m)) {  // (prepared: decode_forward prepares, decode_step checks)
+  if (s.one_token) {  // (prepared: decode_forward prepares, decode_step checks)
     TwellDecodeTokenParams tp;
     static_cast<FfnOperands&>(tp) = operands(x, m, y, n());
     tp.w_first = w_.gate_up();
@@ -580,7 +570,7 @@ void FfnContext::enqueue_decode(const __nv_bfloat16* x, std::int64_t m, __nv_bfl
     launch_twell_decode_token(tp, stream);
     return;
   }
-  if (opt_.decode_gemv && m <= std::min(opt_.decode_gemv_max_rows, kGemvMaxRows) && k() <= kGemvMaxK) {
+  if (s.gate_gemv) {
     TwellGemvParams gp;  // the gate (the up GEMM non-gated) as a GEMV: same values as gate_gemm's
     gp.x = x;
     gp.ld_x = k();
@@ -652,11 +642,6 @@ TwellCounters FfnContext::read_counters(cudaStream_t stream) {
       cudaMemcpyAsync(counters_host_.get(), counters_.get(), sizeof(TwellCounters), cudaMemcpyDeviceToHost, stream));
   TWELL_CUDA_CHECK(cudaStreamSynchronize(stream));
   return counters_host_[0];
-}
-
-std::int64_t FfnContext::sparse_n(std::int64_t m) const noexcept {
-  const bool split = hot_n_ > 0 && hot_n_ < n() && !is_decode(m) && m >= std::max<std::int64_t>(1, opt_.hot_neurons_min_rows);
-  return split ? n() - hot_n_ : n();
 }
 
 std::vector<std::uint32_t> FfnContext::count_neurons(const __nv_bfloat16* x, std::int64_t m, cudaStream_t stream) {
@@ -778,7 +763,7 @@ void FfnContext::set_hot_neurons(const std::vector<std::int64_t>& hot, cudaStrea
 }
 
 bool FfnContext::calibrate_if_due(const __nv_bfloat16* x, std::int64_t m, cudaStream_t stream) {
-  if (!opt_.hot_neurons_auto || hot_calibrated_ || is_decode(m) || m < std::max<std::int64_t>(1, opt_.hot_neurons_min_rows))
+  if (!opt_.hot_neurons_auto || hot_calibrated_ || shape(m).decode || m < std::max<std::int64_t>(1, opt_.hot_neurons_min_rows))
     return false;
   hot_calibrated_ = true;  // once per layer, whatever it finds
   calibrate_hot_neurons(x, m, stream);
@@ -791,7 +776,7 @@ std::int64_t FfnContext::calibrate_hot_neurons(const __nv_bfloat16* x, std::int6
   // the cold neurons: hot tokens, when at least dense_rows_min of them) cost nothing per neuron;
   // counted without them, choose again. The training context calibrates by the same rule.
   SparseRowsRecount recount;
-  if (use_dense_rows(m)) {
+  if (shape(m).dense_rows) {
     recount = [&](const std::vector<unsigned char>& cold, std::int64_t* left_out) {
       return neuron_counts_of_gate(m, &cold, left_out, stream);
     };
@@ -842,78 +827,74 @@ void FfnContext::hot_down(std::int64_t m, __nv_bfloat16* y, cudaStream_t stream)
 ForwardResult FfnContext::forward(const __nv_bfloat16* x, std::int64_t m, __nv_bfloat16* y, Path path,
                                   cudaStream_t stream) {
   ForwardResult r;
-  const bool decode = is_decode(m);
-  if (path != Path::dense) calibrate_if_due(x, m, stream);
+  if (path != Path::dense) calibrate_if_due(x, m, stream);  // may split hot neurons off: before the plan
   if (path == Path::automatic) resolve_pending();  // the newest count that came back
-  // Plan (ffn_plan.hpp: pure host, unit-tested), then execute.
-  const bool one_token = decode && uses_decode_token(m);
-  const ForwardPlan plan = plan_forward(opt_, {.m = m, .path = path, .decode = decode,
-                                               .one_token = one_token, .gated = gated(),
-                                               .last_density = last_density_, .dense_calls = dense_calls_});
+  // Plan (ffn_plan.hpp: pure host, unit-tested), then execute what it says.
+  const ForwardPlan plan = plan_call(opt_, facts(), m, path, last_density_, dense_calls_);
+  const CallShape& s = plan.shape;
   if (plan.sticky && (plan.step == ForwardStep::dense || plan.step == ForwardStep::dense_counted)) ++dense_calls_;
-  // The call's record (describe_call makes text of it when asked). What a sticky decision followed
-  // is read before the kernels grow the workspace, which use_dense_rows reads.
+  // The call's record (describe_call makes text of it when asked).
   CallRecord& c = r.call;
   c.step = plan.step;
   c.asked = path;
   c.sticky = plan.sticky;
   c.below_min_rows = plan.below_min_rows;
   c.gated = gated();
-  c.gate_sm90 = gate_sm90_active();
-  c.one_token = one_token;
+  c.gate_sm90 = s.gate == GateKernel::sm90;
+  c.one_token = s.decode && s.one_token;
   c.n = n();
-  c.sparse_n = sparse_n(m);
+  c.sparse_n = s.sparse_n;
   c.row_cap = dense_row_cap(c.sparse_n);
   c.row_cost = dense_row_cost(c.sparse_n);
   c.followed_density = last_density_;
-  c.followed_row_costs = use_dense_rows(m);
+  c.followed_row_costs = s.dense_rows;
   const auto finish = [&](ForwardResult& res) {
     res.call.sparse = res.sparse;
     last_call_ = res.call;
     return res;
   };
   // After a sparse remainder: the dense-row capacity it used (0: none).
-  const auto note_dense_rows = [&] { c.dense_rows_capacity = use_dense_rows(m) ? last_dense_cap_ : 0; };
+  const auto note_dense_rows = [&] { c.dense_rows_capacity = s.dense_rows ? last_dense_cap_ : 0; };
+  const double cells = static_cast<double>(m) * static_cast<double>(s.sparse_n);  // a count's denominator
   switch (plan.step) {
     case ForwardStep::dense:
     case ForwardStep::dense_counted:
       if (plan.step == ForwardStep::dense_counted)
-        dense_forward_counted(x, m, y, stream);
+        dense_forward_counted(x, m, y, s, stream);
       else
         dense_forward(x, m, y, stream);
       return finish(r);
     case ForwardStep::decode:
-      decode_forward(x, m, y, stream);  // counts through its own last CTA
+      decode_forward(x, m, y, s, stream);  // counts through its own last CTA
       r.sparse = true;
       return finish(r);
     case ForwardStep::sparse:
-      gate_twell(x, m, stream);
-      sparse_rest(x, m, y, stream);
+      gate_twell(x, m, s, stream);
+      sparse_rest(x, m, y, s, stream);
       // Both paths are exact: a density jump costs one call's speed, never a wrong result. The
       // count goes back in passing, for later calls; with dense rows it is their cost measure
       // (hot rows at their dense cost).
       // The TwELL counters (nnz, overflow tiles, rows: consecutive) travel with it, for measured().
       if (plan.counts)
-        counts_.push(use_dense_rows(m) ? &dense_stats_.get()->cost : &counters_.get()->nnz,
-                     static_cast<double>(m) * static_cast<double>(sparse_n(m)), stream, &counters_.get()->nnz, m,
-                     static_cast<double>(m) * static_cast<double>(sparse_n(m)));
+        counts_.push(s.dense_rows ? &dense_stats_.get()->cost : &counters_.get()->nnz, cells, stream,
+                     &counters_.get()->nnz, m, cells);
       r.sparse = true;
       note_dense_rows();
       return finish(r);
     case ForwardStep::first_call:
       break;
   }
-  const double max_density = plan.max_density;
-  // First call of the layer (or sticky_dispatch off): gate GEMM, a sampled count decides on the
-  // device while the packing runs or is skipped, the host waits for that one flag.
-  gate_gemm(x, m, stream);  // every neuron: dense_rest reads the whole gate
-  const std::int64_t n = sparse_n(m);
-  TwellSampleParams sp = sample_params(ws_->g.get(), ldn(), m, n, max_density, use_dense_rows(m));
+  // First call of the layer (or sticky_dispatch off): gate GEMM (cuBLASLt, every neuron: dense_rest
+  // reads the whole gate), a sampled count decides on the device while the packing runs or is
+  // skipped, the host waits for that one flag.
+  gate_gemm(x, m, stream);
+  const std::int64_t n = s.sparse_n;
+  TwellSampleParams sp = sample_params(ws_->g.get(), ldn(), m, n, plan.max_density, s.dense_rows);
   Dispatch* d = dispatch_.get();
   launch_twell_sample_decide(sp, stream);
   TWELL_CUDA_CHECK(cudaMemcpyAsync(dispatch_host_.get(), d, sizeof(Dispatch), cudaMemcpyDeviceToHost, stream));
   TWELL_CUDA_CHECK(cudaEventRecord(decided_, stream));
-  pack(m, &d->decision, stream);  // runs (or returns at once) while the host reads the flag
+  pack_rows(0, m, n, &d->decision, /*reset_counters=*/true, stream);  // runs (or returns at once) while the host reads the flag
   TWELL_CUDA_CHECK(cudaEventSynchronize(decided_));
   r.counted = true;
   r.sparse = dispatch_host_[0].decision != 0;
@@ -921,12 +902,12 @@ ForwardResult FfnContext::forward(const __nv_bfloat16* x, std::int64_t m, __nv_b
   r.sampled_density = static_cast<double>(dispatch_host_[0].count) / (static_cast<double>(sampled) * static_cast<double>(n));
   last_density_ = r.sampled_density;
   last_active_ = static_cast<double>(dispatch_host_[0].nnz) / (static_cast<double>(sampled) * static_cast<double>(n));
-  if (use_dense_rows(m)) {  // sizes this call's dense-row capacity
+  if (s.dense_rows) {  // sizes this call's dense-row capacity
     hot_share_.reset();
     last_hot_share_ = static_cast<double>(dispatch_host_[0].hot) / static_cast<double>(sampled);
   }
   if (r.sparse) {
-    sparse_rest(x, m, y, stream);
+    sparse_rest(x, m, y, s, stream);
     note_dense_rows();
   } else {
     dense_rest(x, m, y, stream);

@@ -40,54 +40,36 @@
 
 namespace twell::cuda {
 
-// The inference context's options: the dispatch policy (ffn_plan.hpp: thresholds, sticky
-// dispatch, count periods; where each value comes from: docs/engine.md, "Plan and
-// dispatch"), then the kernels' variants and the hot-row / hot-neuron splits.
+// The inference context's options: the plan's policy (ffn_plan.hpp: thresholds, sticky dispatch,
+// count periods, and which kernels and splits a call's shape runs; where each value comes from:
+// docs/engine.md, "Plan and dispatch"), then the kernels' settings and the hot-row / hot-neuron
+// splits' thresholds.
 struct ContextOptions : DispatchPolicy {
   // One line each; the measurements behind the values: docs/engine.md, "Kernel configuration".
   TwellConfig twell{};
   bool autotune_gemm = false;                // time cuBLASLt's candidate algorithms once per shape
   std::int64_t dispatch_sample_rows = 2048;  // rows the dispatch count reads (all rows when M is smaller)
-  // The fused up+down kernel's variant (TwellUpDownParams::variant), gated / non-gated: 6 / 8
-  // resident blocks per SM from updown_occupancy_min_rows rows on, 1 / 0 below (faster there).
-  int updown_variant = 3;
-  int updown_variant_nongated = 4;
-  std::int64_t updown_occupancy_min_rows = 2048;
-  // Decode (M ≤ decode_max_rows, M < dispatch_min_rows, K ≤ kDecodeMaxK): gate, then the decode
-  // kernel while counts stay under decode_max_density (decode_token_max_density for one token on
-  // the fused one-token kernel); always sticky.
-  std::int64_t decode_max_rows = 16;
-  bool decode_gemv = true;                   // the decode gate by the GEMV kernel (ops/gemv.hpp; one token: the fused twell_decode_token.hpp) ...
-  std::int64_t decode_gemv_max_rows = 1;     // ... up to this M (tensor-core GEMMs win from M = 4)
   bool decode_reorder = true;                // the one-token kernel's neurons most active first (reorder_decode); off: identity
-  // The sm90 gate GEMM with the TwELL packing in its epilogue (sm90/gate_pack.hpp) on a
-  // compute-capability-9.0 GPU; false, or another GPU: the cuBLASLt ReLU GEMM + twell_pack. The
-  // first call of a layer (dispatch's sampled count) always uses the cuBLASLt gate.
-  bool gate_sm90 = true;
   bool gate_store_values = false;            // also store every gate value (tests reading gate_values())
   int gate_sm90_cluster = 2;                 // CTAs along M that multicast W tiles to each other (1, 2, 4)
   bool gate_sm90_stmatrix = true;            // consumers stage tiles by stmatrix (same values, faster)
   bool gate_sm90_heavy_rows = true;          // packers take rows with many words by the whole warp
   bool gate_sm90_word_masks = true;          // consumers hand the packers per-row masks of non-zero words
-  int gate_chunks = 2;                       // gate in row chunks, each packed beside the next one's GEMM
-  // Dense rows (sm80/twell_dense_rows.hpp): rows with more than dense_rows_density·N non-zeros run
-  // as gathered rows of cuBLASLt GEMMs, up to a capacity learned from an earlier call's count
-  // (dense_rows_capacity ≥ 0 fixes it); rows past it stay sparse (exact either way). 0: off.
-  double dense_rows_density = 0.02;
+  // Dense rows (sm80/twell_dense_rows.hpp; on where DispatchPolicy::dense_rows_density > 0): heavy
+  // rows run as gathered rows of cuBLASLt GEMMs, up to a capacity learned from an earlier call's
+  // count (dense_rows_capacity ≥ 0 fixes it); rows past it stay sparse (exact either way).
   double dense_rows_cost_density = 0.015;    // a dense row's weight in the dispatch count, as a density of N
   std::int64_t dense_rows_min = 512;         // fewer such rows (scaled to M) run sparse: small GEMMs are slow
   std::int64_t dense_rows_capacity = -1;     // ≥ 0: this fixed capacity (tests, benchmarks)
   // Hot neurons (sm80/twell_hot_neurons.hpp): neurons active in more than hot_neurons_density of a
   // calibration batch's tokens run as columns of dense GEMMs, for calls of ≥ hot_neurons_min_rows
-  // rows; calibrated on the first sparse or automatic call that large (hot_neurons_auto) or by
+  // rows (DispatchPolicy); calibrated on the first sparse or automatic call that large (hot_neurons_auto) or by
   // calibrate_hot_neurons(). Thresholds ≤ 0 turn the split off.
   bool hot_neurons_auto = true;
   double hot_neurons_density = 0.012;        // gated: the break-even of GEMM columns and fused-kernel non-zeros
   double hot_neurons_density_nongated = 0;   // off: its sparse down is cheap enough per non-zero
-  std::int64_t hot_neurons_min_rows = 2048;
   double hot_neurons_max_share = 0.5;        // at most this share of N runs hot (the hot workspace's size)
   bool hot_neurons_densest_share = true;     // more qualify: the densest share runs hot (false: none)
-  bool hot_overlap = true;                   // the hot GEMMs on a second stream beside the cold kernels
   bool hot_product_sm90 = true;              // gated, sm90: hot [g | u] GEMM and product as one kernel
 };
 
@@ -119,12 +101,14 @@ class FfnContext {
   // Where the sm90 kernels run (gate_sm90, hot_product_sm90) x must be 16-byte aligned: they read it
   // by TMA, and refuse an unaligned x with an error (cudaMalloc'd buffers, and rows of them, are).
   void dense_forward(const __nv_bfloat16* x, std::int64_t m, __nv_bfloat16* y, cudaStream_t stream);
-  // gate GEMM (ReLU epilogue) + TwELL packing.
-  void gate_twell(const __nv_bfloat16* x, std::int64_t m, cudaStream_t stream);
+  // gate GEMM (ReLU epilogue) + TwELL packing, over the sparse path's neurons (shape(m)).
+  void gate_twell(const __nv_bfloat16* x, std::int64_t m, cudaStream_t stream) { gate_twell(x, m, shape(m), stream); }
   void gate_gemm(const __nv_bfloat16* x, std::int64_t m, cudaStream_t stream);
   void pack(std::int64_t m, const std::uint32_t* enable, cudaStream_t stream);
 
-  void sparse_rest(const __nv_bfloat16* x, std::int64_t m, __nv_bfloat16* y, cudaStream_t stream);
+  void sparse_rest(const __nv_bfloat16* x, std::int64_t m, __nv_bfloat16* y, cudaStream_t stream) {
+    sparse_rest(x, m, y, shape(m), stream);
+  }
   void dense_rest(const __nv_bfloat16* x, std::int64_t m, __nv_bfloat16* y, cudaStream_t stream);
   // The cuBLASLt GEMM of the gate's shape alone ([m, K]·[N, K]ᵀ, no epilogue), for benchmarks.
   void dense_gate_gemm(const __nv_bfloat16* x, std::int64_t m, cudaStream_t stream);
@@ -140,7 +124,10 @@ class FfnContext {
   // host wait, no allocation and no count read back (the decode kernel stores its count into a
   // fixed device word instead of the count ring), so it can be captured and replayed. The caller
   // re-plans from time to time by an ordinary forward(automatic), which counts.
-  bool is_decode(std::int64_t m) const noexcept;
+  bool is_decode(std::int64_t m) const noexcept { return shape(m).decode; }
+  // Every decision a call of m rows takes from its size and the layer alone (shape_call: kernels,
+  // splits, variants); forward() plans with it, and the executors read only it.
+  CallShape shape(std::int64_t m) const noexcept { return shape_call(opt_, facts(), m); }
   // The record of the last forward() (its text: describe_call); a default record before one.
   const CallRecord& last_call() const noexcept { return last_call_; }
   // True iff forward(automatic) of m rows runs the plain cuBLASLt FFN without a count (m under
@@ -158,7 +145,7 @@ class FfnContext {
   // A sparse decode step of one row whose input is the residual stream's next norm (DecodeTokenNorm),
   // folded into the one-token kernels: only where folds_norm() (else the caller runs
   // ops::add_rmsnorm, then decode_step on its output).
-  bool folds_norm() const noexcept { return uses_decode_token(1); }
+  bool folds_norm() const noexcept { return shape(1).one_token; }
   void decode_step_folded(const DecodeTokenNorm& in, __nv_bfloat16* y, cudaStream_t stream);
   // The same step with its output added into a fixed-point accumulator (one kernel:
   // TwellDecodeTokenParams::y_fixed): in holds r and w only (r is current; nothing stores it).
@@ -232,7 +219,7 @@ class FfnContext {
   // Neurons the sparse path of a call of m rows runs (the first sparse_n(m) positions): N − hot
   // neurons when the split is used at this m, else N. The TwELL words of gate_twell(x, m) are
   // [m, sparse_tiles(m) · S].
-  std::int64_t sparse_n(std::int64_t m) const noexcept;
+  std::int64_t sparse_n(std::int64_t m) const noexcept { return shape(m).sparse_n; }
   std::int64_t sparse_tiles(std::int64_t m) const noexcept { return (sparse_n(m) + kTwellTile - 1) / kTwellTile; }
 
   bool gated() const noexcept { return w_.gated(); }
@@ -282,8 +269,12 @@ class FfnContext {
   // n: the call's sparse_n.
   void pack_rows(std::int64_t r0, std::int64_t rows, std::int64_t n, const std::uint32_t* enable, bool reset_counters,
                  cudaStream_t stream);
-  // sparse_rest over the cold neurons [0, sparse_n(m)) (all of them without the split).
-  void cold_rest(const __nv_bfloat16* x, std::int64_t m, __nv_bfloat16* y, cudaStream_t stream);
+  LayerFacts facts() const noexcept;  // what shape_call reads of this layer
+  // The executors: each runs what the call's shape says and decides nothing.
+  void gate_twell(const __nv_bfloat16* x, std::int64_t m, const CallShape& s, cudaStream_t stream);
+  void sparse_rest(const __nv_bfloat16* x, std::int64_t m, __nv_bfloat16* y, const CallShape& s, cudaStream_t stream);
+  // sparse_rest over the cold neurons [0, s.sparse_n) (all of them without the split).
+  void cold_rest(const __nv_bfloat16* x, std::int64_t m, __nv_bfloat16* y, const CallShape& s, cudaStream_t stream);
   // The hot neurons' dense part. hot_up: [g | u] = x·[Wg; Wu]ᵀ over them, h = ReLU(g) ⊙ u
   // (non-gated h = ReLU(x·Wuᵀ)) into hot_workspace (one sm90 kernel where hot_sm90()), on
   // `gemm` (the side stream's with hot_overlap, beside cold_rest); hot_down: y += h·Wd[:, hot]ᵀ,
@@ -293,10 +284,6 @@ class FfnContext {
   // gate_gemm over the first n neurons (the call's sparse_n in gate_twell).
   void gate_gemm_cols(const __nv_bfloat16* x, std::int64_t m, std::int64_t n, cudaStream_t stream);
   __nv_bfloat16* hot_workspace(std::int64_t m) noexcept;  // [m, 2·ldh]: h in its first ldh columns
-  int updown_variant(std::int64_t m, bool gated) const noexcept;  // TwellUpDownParams::variant for m rows
-  // Dense rows on the sparse remainder at this M (ContextOptions::dense_rows_density); never at
-  // decode sizes, whose sparse path is the decode kernel.
-  bool use_dense_rows(std::int64_t m) const noexcept;
   // The dense-row capacity for a call of m rows: fixed, or from the newest counted share.
   std::int64_t dense_rows_capacity(std::int64_t m);
   // Of a row over n neurons (the call's sparse_n):
@@ -304,28 +291,30 @@ class FfnContext {
   std::uint32_t dense_row_cost(std::int64_t n) const noexcept;  // a hot row's weight in the dispatch count
   // The sparse remainder's dense rows: plan (always), then with capacity > 0 the gathered GEMMs;
   // returns the row filter for the fused kernel (null: every row sparse).
-  const std::uint32_t* dense_rows_begin(const __nv_bfloat16* x, std::int64_t m, std::int64_t cap, cudaStream_t stream);
-  void dense_rows_finish(std::int64_t m, std::int64_t cap, __nv_bfloat16* y, cudaStream_t stream);
-  void gate_pack_sm90(const __nv_bfloat16* x, std::int64_t m, cudaStream_t stream);
+  // n: the call's sparse_n.
+  const std::uint32_t* dense_rows_begin(const __nv_bfloat16* x, std::int64_t m, std::int64_t n, std::int64_t cap,
+                                        cudaStream_t stream);
+  void dense_rows_finish(std::int64_t m, std::int64_t n, std::int64_t cap, __nv_bfloat16* y, cudaStream_t stream);
+  void gate_pack_sm90(const __nv_bfloat16* x, std::int64_t m, std::int64_t n, cudaStream_t stream);
   // This layer's operands for a call on x [m, K] → y [m, K] (both row stride K).
   // n: the neurons [0, n) the kernel runs (the call's sparse_n, or N for decode).
   FfnOperands operands(const __nv_bfloat16* x, std::int64_t m, __nv_bfloat16* y, std::int64_t n) const noexcept;
   void resolve_pending();  // folds the newest returned count into last_density_
-  // One token with decode_gemv: the gate fused into the decode kernels (twell_decode_token.hpp).
-  bool uses_decode_token(std::int64_t m) const noexcept;
-  // Decode: gate GEMM, then the decode kernel (twell_decode.hpp), its count into counts_.
-  void decode_forward(const __nv_bfloat16* x, std::int64_t m, __nv_bfloat16* y, cudaStream_t stream);
+  // Decode: gate GEMM, then the decode kernel (twell_decode.hpp; one token: the fused one-token
+  // kernels, twell_decode_token.hpp), its count into counts_.
+  void decode_forward(const __nv_bfloat16* x, std::int64_t m, __nv_bfloat16* y, const CallShape& s, cudaStream_t stream);
   // decode_forward's kernels with the count stored at nnz_out (device); allocates only if unprepared.
   // norm (decode_step_folded only: one token, the one-token kernels): x from the residual stream.
-  void enqueue_decode(const __nv_bfloat16* x, std::int64_t m, __nv_bfloat16* y, unsigned long long* nnz_out,
+  void enqueue_decode(const __nv_bfloat16* x, std::int64_t m, __nv_bfloat16* y, const CallShape& s, unsigned long long* nnz_out,
                       cudaStream_t stream, const DecodeTokenNorm* norm = nullptr);
   // Rows of the last dense_forward's gate still in gu_ (its last row chunk), from row 0.
   std::int64_t dense_gate_rows_ = 0;
   // dense_forward, then a sampled count of its gate, read back by a later call (counts_).
-  void dense_forward_counted(const __nv_bfloat16* x, std::int64_t m, __nv_bfloat16* y, cudaStream_t stream);
+  void dense_forward_counted(const __nv_bfloat16* x, std::int64_t m, __nv_bfloat16* y, const CallShape& s,
+                             cudaStream_t stream);
   // Dispatch count over ≤ dispatch_sample_rows evenly spaced rows of src [m, n] (row stride ld),
   // n the call's sparse_n (its cold neurons: their density is what the thresholds compare).
-  // rows_at_cost: rows over the dense-row threshold count at their dense cost (use_dense_rows of the call).
+  // rows_at_cost: rows over the dense-row threshold count at their dense cost (the call's dense_rows).
   TwellSampleParams sample_params(const __nv_bfloat16* src, std::int64_t ld, std::int64_t m, std::int64_t n,
                                   double max_density, bool rows_at_cost);
   void reset_dispatch_state();  // forget measured densities and hot-row shares (new weights or order)

@@ -12,6 +12,35 @@ double max_sparse_density(const DispatchPolicy& p, std::int64_t m, bool decode, 
   return m >= p.dispatch_large_rows ? p.max_sparse_density_gated_large : p.max_sparse_density_gated;
 }
 
+CallShape shape_call(const DispatchPolicy& p, const LayerFacts& f, std::int64_t m) noexcept {
+  CallShape c;
+  c.n = f.n;
+  c.decode = m <= p.decode_max_rows && m < p.dispatch_min_rows && f.decode_k;
+  c.one_token = m == 1 && p.decode_gemv && p.decode_gemv_max_rows >= 1 && f.token_k;
+  c.gate_gemv = p.decode_gemv && m <= std::min(p.decode_gemv_max_rows, f.gemv_max_rows);
+  // Decode sizes never split (their kernel reads every neuron's rows the tokens fire).
+  const bool split = f.hot_n > 0 && f.hot_n < f.n && !c.decode && m >= std::max<std::int64_t>(1, p.hot_neurons_min_rows);
+  c.sparse_n = split ? f.n - f.hot_n : f.n;
+  c.hot_overlap = split && p.hot_overlap;
+  c.dense_rows = p.dense_rows_density > 0 && !c.decode;
+  c.gate_chunks = std::max<std::int64_t>(1, std::min<std::int64_t>(p.gate_chunks, m / 2048));
+  c.gate = p.gate_sm90 && f.gate_sm90 ? GateKernel::sm90 : c.gate_chunks > 1 ? GateKernel::lt_chunked : GateKernel::lt;
+  if (c.gate != GateKernel::lt_chunked) c.gate_chunks = 1;
+  // Too few CTAs to fill the SMs below updown_occupancy_min_rows: more rows in flight per warp.
+  const int v = f.gated ? p.updown_variant : p.updown_variant_nongated;
+  c.updown_variant = m >= p.updown_occupancy_min_rows || v < 3 ? v : (f.gated ? 1 : 0);
+  return c;
+}
+
+ForwardPlan plan_call(const DispatchPolicy& p, const LayerFacts& f, std::int64_t m, Path path, double last_density,
+                      std::int64_t dense_calls) noexcept {
+  const CallShape shape = shape_call(p, f, m);
+  ForwardPlan plan = plan_forward(p, {.m = m, .path = path, .decode = shape.decode, .one_token = shape.decode && shape.one_token,
+                                      .gated = f.gated, .last_density = last_density, .dense_calls = dense_calls});
+  plan.shape = shape;
+  return plan;
+}
+
 ForwardPlan plan_forward(const DispatchPolicy& p, const DispatchState& s) noexcept {
   ForwardPlan plan;
   if (s.path == Path::dense) return plan;  // dense, no count

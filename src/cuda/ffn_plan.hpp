@@ -23,14 +23,73 @@ struct DispatchPolicy {
   bool sticky_dispatch = true;                    // later calls follow the newest count, no host wait
   std::int64_t dense_count_period = 8;            // a dense call counts every this many calls
   std::int64_t decode_dense_count_period = 16;    // the same at decode sizes
+  // The call's shape: which kernels and splits a call of M rows runs (shape_call). Where each value
+  // comes from: docs/engine.md, "Kernel configuration".
+  // The fused up+down kernel's variant (TwellUpDownParams::variant), gated / non-gated: 6 / 8
+  // resident blocks per SM from updown_occupancy_min_rows rows on, 1 / 0 below (faster there).
+  int updown_variant = 3;
+  int updown_variant_nongated = 4;
+  std::int64_t updown_occupancy_min_rows = 2048;
+  // Decode (M ≤ decode_max_rows, M < dispatch_min_rows, K within the decode kernel's): gate, then
+  // the decode kernel while counts stay under decode_max_density (decode_token_max_density for one
+  // token on the fused one-token kernel); always sticky.
+  std::int64_t decode_max_rows = 16;
+  bool decode_gemv = true;                   // the decode gate by the GEMV kernel (ops/gemv.hpp; one token: the fused twell_decode_token.hpp) ...
+  std::int64_t decode_gemv_max_rows = 1;     // ... up to this M (tensor-core GEMMs win from M = 4)
+  // The sm90 gate GEMM with the TwELL packing in its epilogue (sm90/gate_pack.hpp) on a
+  // compute-capability-9.0 GPU; false, or another GPU: the cuBLASLt ReLU GEMM + twell_pack. The
+  // first call of a layer (dispatch's sampled count) always uses the cuBLASLt gate.
+  bool gate_sm90 = true;
+  int gate_chunks = 2;                       // cuBLASLt gate in row chunks (one per 2048 rows at most), each packed beside the next one's GEMM
+  // Dense rows (sm80/twell_dense_rows.hpp): rows with more than dense_rows_density·N non-zeros run
+  // as gathered rows of cuBLASLt GEMMs on the sparse remainder (never at decode sizes). 0: off.
+  double dense_rows_density = 0.02;
+  std::int64_t hot_neurons_min_rows = 2048;  // hot neurons split off (when chosen) from this M on, never at decode sizes
+  bool hot_overlap = true;                   // the hot part's GEMMs on a second stream beside the cold kernels
 };
+
+// What the layer is when a call comes (fixed between weight changes): the facts shape_call reads
+// besides the policy.
+struct LayerFacts {
+  std::int64_t n = 0;           // neurons
+  std::int64_t hot_n = 0;       // of them split off as hot (the last ones; 0: no split)
+  bool gated = true;
+  bool decode_k = true;         // K fits the decode kernel (kDecodeMaxK)
+  bool token_k = true;          // ... and the one-token kernel (kDecodeTokenMaxK)
+  bool gate_sm90 = false;       // this device and build run the sm90 gate kernel
+  std::int64_t gemv_max_rows = 0;  // rows the decode gate's GEMV kernel takes at this K (0: K too large)
+};
+
+enum class GateKernel {
+  sm90,        // the sm90 gate GEMM with the TwELL epilogue (one kernel)
+  lt,          // the cuBLASLt ReLU GEMM, then twell_pack
+  lt_chunked,  // the same in gate_chunks row chunks, each packing beside the next chunk's GEMM
+};
+
+// Every decision of a call that follows from its size and the layer alone (never from measured
+// counts): the executors read these and ask nothing again.
+struct CallShape {
+  bool decode = false;          // decode-sized: the decode kernel is its sparse path
+  bool one_token = false;       // one row the fused one-token kernels serve (gate fused in) when decode
+  bool gate_gemv = false;       // decode, not one_token: the gate by the GEMV kernel (else the cuBLASLt GEMM)
+  std::int64_t sparse_n = 0;    // neurons the sparse path runs (the first ones; the rest hot, dense)
+  bool hot() const noexcept { return sparse_n < n; }
+  std::int64_t n = 0;
+  bool dense_rows = false;      // the sparse remainder runs heavy rows dense; counts weigh them at their cost
+  GateKernel gate = GateKernel::lt;
+  std::int64_t gate_chunks = 1; // lt_chunked: the number of row chunks
+  int updown_variant = 0;       // TwellUpDownParams::variant of the fused up+down kernel
+  bool hot_overlap = false;     // hot(): the hot GEMMs on the side stream beside the cold kernels
+};
+
+CallShape shape_call(const DispatchPolicy& p, const LayerFacts& f, std::int64_t m) noexcept;
 
 // What the layer knows when a call comes.
 struct DispatchState {
   std::int64_t m = 0;           // rows of this call
   Path path = Path::automatic;  // what the caller asked for
-  bool decode = false;          // a decode-sized call (FfnContext::is_decode)
-  bool one_token = false;       // ... of one row on the fused one-token kernel (FfnContext::uses_decode_token)
+  bool decode = false;          // a decode-sized call (CallShape::decode)
+  bool one_token = false;       // ... of one row on the fused one-token kernel (CallShape::one_token)
   bool gated = true;
   double last_density = -1;     // the newest count that came back (< 0: none yet)
   std::int64_t dense_calls = 0; // automatic dense calls so far (spaces out their counts)
@@ -45,6 +104,7 @@ enum class ForwardStep {
 };
 
 struct ForwardPlan {
+  CallShape shape;              // plan_call: the call's kernels and splits
   ForwardStep step = ForwardStep::dense;
   bool counts = false;          // the call publishes a count for later calls (never waited for)
   bool sticky = false;          // decided from last_density (no host wait); false: asked, or first call
@@ -80,6 +140,11 @@ std::string describe_call(const CallRecord& c);
 double max_sparse_density(const DispatchPolicy& p, std::int64_t m, bool decode, bool gated, bool one_token = false) noexcept;
 
 ForwardPlan plan_forward(const DispatchPolicy& p, const DispatchState& s) noexcept;
+
+// The whole plan of a forward of m rows: its shape (shape_call), then its step (plan_forward on
+// that shape's decode facts), in one value. last_density and dense_calls: as in DispatchState.
+ForwardPlan plan_call(const DispatchPolicy& p, const LayerFacts& f, std::int64_t m, Path path, double last_density,
+                      std::int64_t dense_calls) noexcept;
 
 // Whether the one-token decode kernel's neurons are reordered by their activity (FfnLayer::
 // reorder_decode_neurons) before one-token step number `step` (1, 2, … since the layer's weights

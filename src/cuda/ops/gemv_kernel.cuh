@@ -10,6 +10,7 @@
 #include "cuda/common/fixed_point.cuh"
 #include "cuda/common/launch.cuh"
 #include "cuda/ops/gemv.hpp"
+#include "cuda/ops/weight_window.cuh"
 
 namespace twell::cuda::detail {
 
@@ -25,42 +26,32 @@ __global__ void __launch_bounds__(kGemvWarps * 32) twell_gemv_kernel(TwellGemvPa
   const std::int64_t n0 = (static_cast<std::int64_t>(blockIdx.x) * kGemvWarps + warp) * kRows;
   const bool active = n0 < p.n;
   const int kchunks = static_cast<int>(p.k / 8);
-  const uint4* wrow[kRows];
+  const __nv_bfloat16* rows[kRows];
 #pragma unroll
   for (int r = 0; r < kRows; ++r)  // rows past N read row n0 (their sums are dropped); none for idle warps
-    wrow[r] = reinterpret_cast<const uint4*>(p.w + (!active ? 0 : n0 + r < p.n ? n0 + r : n0) * p.k);
-  // Windows of kWin chunk steps: the window's kRows · kWin loads are issued together, then used
-  // for every token (the unrolled loop lets the next window's loads overlap this one's math).
-  uint4 wv[kRows][kWin];
-  const auto load_window = [&](int s0) {
-#pragma unroll
-    for (int s = 0; s < kWin; ++s)
-#pragma unroll
-      for (int r = 0; r < kRows; ++r) {
-        const int c = (s0 + s) * 32 + lane;
-        wv[r][s] = c < kchunks ? __ldcs(wrow[r] + c) : make_uint4(0, 0, 0, 0);
-      }
-  };
+    rows[r] = p.w + (!active ? 0 : n0 + r < p.n ? n0 + r : n0) * p.k;
+  // Windows of kWin chunk steps (weight_window.cuh), used for every token once loaded.
+  WeightWindow<kRows, kWin> wv(rows, p.k, active);
   // W that no kernel this one may overlap writes (w_before_wait): its first window is in flight
   // while the previous kernel finishes.
-  if (p.w_before_wait && active) load_window(0);
+  if (p.w_before_wait && active) wv.load(0, lane);
   dev::pdl_begin();
   if (!active) return;
-  if (!p.w_before_wait) load_window(0);
+  if (!p.w_before_wait) wv.load(0, lane);
   float acc[kRows][MT];
 #pragma unroll
   for (int r = 0; r < kRows; ++r)
 #pragma unroll
     for (int t = 0; t < MT; ++t) acc[r][t] = 0.0f;
   for (int s0 = 0; s0 * 32 < kchunks; s0 += kWin) {
-    if (s0 > 0) load_window(s0);
+    if (s0 > 0) wv.load(s0, lane);
 #pragma unroll
     for (int s = 0; s < kWin; ++s) {
       const int c = (s0 + s) * 32 + lane;
       if (c < kchunks) {
         float wf[kRows][8];  // the rows' chunk in fp32, converted once for all tokens
 #pragma unroll
-        for (int r = 0; r < kRows; ++r) dev::unpack8_bf16(wv[r][s], wf[r]);
+        for (int r = 0; r < kRows; ++r) dev::unpack8_bf16(wv.v[r][s], wf[r]);
 #pragma unroll
         for (int t = 0; t < MT; ++t) {
           if (t < p.m) {

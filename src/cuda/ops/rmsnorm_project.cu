@@ -20,6 +20,7 @@
 #include "cuda/ops/model_ops.hpp"
 #include "cuda/ops/norm_row.cuh"
 #include "cuda/ops/rope_pair.cuh"
+#include "cuda/ops/weight_window.cuh"
 
 namespace twell::cuda::ops {
 namespace {
@@ -79,22 +80,12 @@ __global__ void __launch_bounds__(kNormThreads)
   const WarpRows rows = warp_rows<kRope>(static_cast<std::int64_t>(blockIdx.x) * kWarps + warp, n, rope);
   const bool active = rows.valid[0];  // warps past n take part in the norm only
   const int kchunks = static_cast<int>(k / 8);
-  const uint4* wrow[kWarpRows];
+  const __nv_bfloat16* wrows[kWarpRows];
 #pragma unroll
   for (int r = 0; r < kWarpRows; ++r)  // a row past n reads row 0 (its sum is dropped)
-    wrow[r] = reinterpret_cast<const uint4*>(w + (rows.valid[r] ? rows.row[r] : 0) * k);
-  // Window s0 of chunk steps: kWarpRows · kWin loads issued together.
-  uint4 wv[kWarpRows][kWin];
-  const auto load_window = [&](int s0) {
-#pragma unroll
-    for (int s = 0; s < kWin; ++s)
-#pragma unroll
-      for (int r = 0; r < kWarpRows; ++r) {
-        const int c = (s0 + s) * 32 + lane;
-        wv[r][s] = active && c < kchunks ? __ldcs(wrow[r] + c) : make_uint4(0, 0, 0, 0);
-      }
-  };
-  load_window(0);  // before the wait: weights only
+    wrows[r] = w + (rows.valid[r] ? rows.row[r] : 0) * k;
+  cuda::detail::WeightWindow<kWarpRows, kWin> wv(wrows, k, active);  // windows of kWin chunk steps (weight_window.cuh)
+  wv.load(0, lane);  // before the wait: weights only
   dev::pdl_begin();
   // RoPE: lane 0's row position and angle, loaded now so that their latency overlaps the norm.
   RowKv info{};
@@ -118,7 +109,7 @@ __global__ void __launch_bounds__(kNormThreads)
 #pragma unroll
   for (int r = 0; r < kWarpRows; ++r) acc[r] = 0.0f;
   for (int s0 = 0; s0 * 32 < kchunks; s0 += kWin) {
-    if (s0 > 0) load_window(s0);
+    if (s0 > 0) wv.load(s0, lane);
 #pragma unroll
     for (int s = 0; s < kWin; ++s) {
       const int c = (s0 + s) * 32 + lane;
@@ -128,7 +119,7 @@ __global__ void __launch_bounds__(kNormThreads)
 #pragma unroll
         for (int r = 0; r < kWarpRows; ++r) {
           float wf[8];
-          dev::unpack8_bf16(wv[r][s], wf);
+          dev::unpack8_bf16(wv.v[r][s], wf);
 #pragma unroll
           for (int e = 0; e < 8; ++e) acc[r] = fmaf(xf[e], wf[e], acc[r]);
         }
