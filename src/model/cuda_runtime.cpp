@@ -685,8 +685,10 @@ class CudaRuntime final : public Runtime {
     const bool decode = !all_positions && !flash && T == static_cast<std::int64_t>(steps.size());
     if (decode && plan_steps(T, plans))
       ran_sparse = run_decode(sh, plans);
+    else if (sh.one_token)
+      ran_sparse = enqueue_decode(sh, nullptr);  // counted by the engine (or every position's logits)
     else
-      ran_sparse = enqueue_forward(sh, nullptr);
+      ran_sparse = enqueue_prefill(sh);
     for (std::size_t s = 0; s < steps.size(); ++s) seqs[s]->advance(steps[s].tokens);
     for (std::size_t l = 0; l < ran_sparse.size(); ++l) {
       stats_[l].rows += T;
@@ -725,30 +727,79 @@ class CudaRuntime final : public Runtime {
     }
   }
 
-  // Enqueues the forward from the staged ids/rows/sel/blocks to logits_ [R, V]. plans: null for the
-  // FFN engine's own dispatch (automatic, counted); else each ReLU layer's planned step
-  // (FfnLayer::plan_step / run_step: capturable).
-  // Returns which layers ran sparse.
-  std::vector<char> enqueue_forward(const Shape& sh, const std::vector<StepPlan>* plans) {
+  // ---- One loop per call shape ----
+  // Both loops enqueue the forward from the staged ids/rows/sel/blocks to logits_ [R, V] and return
+  // which layers ran sparse. A call is one or the other (run() decides by Shape::one_token):
+  //   enqueue_prefill: some step has more than one token (prompts, prefill chunks, mixed calls). One
+  //     unfused chain a layer; attention by cuDNN, the tensor-core kernel or the plain one; the FFN
+  //     engine's own dispatch (automatic: counted).
+  //   enqueue_decode: every step one token (a decode step of T sequences). The plain attention
+  //     kernel; at one row the norms fused into the projections; each ReLU layer's planned step
+  //     (plans: FfnLayer::plan_step / run_step, capturable into a CUDA graph) or, with plans null,
+  //     the engine's counted dispatch; the one-token FFN's fixed-point chain.
+  // Every residual add is fused with the norm after it (add_rmsnorm); the last layer's stands alone.
+
+  std::vector<char> enqueue_prefill(const Shape& sh) {
     const LlamaConfig& c = model_->config;
-    const std::int64_t T = sh.T, R = sh.R, K = c.hidden_size, N = c.intermediate_size, V = c.vocab_size,
-                       Q = c.q_dim(), KV = c.kv_dim();
-    reserve_scratch(sh);
-    float* x = x_.get();
+    const std::int64_t T = sh.T, K = c.hidden_size, Q = c.q_dim(), KV = c.kv_dim();
+    TWELL_CHECK(!sh.one_token, ErrorCode::internal, "enqueue_prefill: a call of one-token steps is a decode step");
+    float* x = begin_forward(sh);
     bf16_t* xn = xn_.get();
     bf16_t* qkv = qkv_.get();
     bf16_t* att = att_.get();
     bf16_t* tmp = tmp_.get();
-    cuda::ops::embedding(ids_.get(), T, embed_.get(), K, x, stream_);
     const auto eps = static_cast<float>(c.rms_eps);
     std::vector<char> ran_sparse(static_cast<std::size_t>(c.num_layers), 0);
     const cuda::Path path = engine_path();
-    // Each residual add is fused with the norm after it (add_rmsnorm); the last layer's stands
-    // alone. At one row (fuse_norms) the attention's norm runs inside its projection
-    // (rmsnorm_project), which reads x + the FFN's output without storing it: that add is the
-    // next add_rmsnorm's `first`, so the FFN writes to ffn_out_, which the attention output
-    // projection (into tmp) leaves alone. On a planned step the norm before the FFN goes into the
-    // FFN's step too (FfnLayer::run_step with a ResidualNorm). The same sums in the same order either way.
+    cuda::ops::rmsnorm(x, nullptr, T, K, layers_[0].attn_norm.get(), eps, xn, stream_);
+    for (std::int64_t l = 0; l < c.num_layers; ++l) {
+      Layer& L = layers_[static_cast<std::size_t>(l)];
+      project(L.wqkv.get(), xn, T, Q + 2 * KV, K, qkv);
+      cuda::ops::rope_store_kv(qkv, T, c.num_heads, c.num_kv_heads, c.head_dim, cos_.get(), sin_.get(), rows_.get(), l,
+                               stream_, sh.cudnn);
+      if (sh.cudnn && run_cudnn(qkv, att)) {
+        // done (a shape cuDNN refuses falls through to the tensor-core kernel, every layer alike)
+      } else if (sh.blocks > 0)
+        cuda::ops::flash_attention(qkv, sh.blocks, c.num_heads, c.num_kv_heads, c.head_dim, blocks_.get(), rows_.get(),
+                                   l, att, stream_);
+      else
+        cuda::ops::attention(qkv, T, c.num_heads, c.num_kv_heads, c.head_dim, rows_.get(), l, sh.max_keys, att, stream_,
+                             /*one_token=*/false, c.sliding_window);
+      project(L.wo.get(), att, T, K, Q, tmp);
+      cuda::ops::add_rmsnorm(x, tmp, T, K, L.ffn_norm.get(), eps, xn, stream_);
+      if (L.ffn) {
+        L.ffn->forward(tw(xn), T, tw(tmp), path, stream_);
+        ran_sparse[static_cast<std::size_t>(l)] = L.ffn->last_sparse();
+      } else {
+        dense_ffn(L.w_gu.get(), L.w_down.get(), xn, T, tmp);
+      }
+      if (l + 1 < c.num_layers)
+        cuda::ops::add_rmsnorm(x, tmp, T, K, layers_[static_cast<std::size_t>(l + 1)].attn_norm.get(), eps, xn, stream_);
+      else
+        cuda::ops::residual_add(x, tmp, T * K, stream_);
+    }
+    enqueue_head(sh.R);
+    return ran_sparse;
+  }
+
+  std::vector<char> enqueue_decode(const Shape& sh, const std::vector<StepPlan>* plans) {
+    const LlamaConfig& c = model_->config;
+    const std::int64_t T = sh.T, K = c.hidden_size, Q = c.q_dim(), KV = c.kv_dim();
+    TWELL_CHECK(sh.one_token && !sh.cudnn && sh.blocks == 0, ErrorCode::internal,
+                "enqueue_decode: a decode step is one token a sequence, on the plain attention kernel");
+    float* x = begin_forward(sh);
+    bf16_t* xn = xn_.get();
+    bf16_t* qkv = qkv_.get();
+    bf16_t* att = att_.get();
+    bf16_t* tmp = tmp_.get();
+    const auto eps = static_cast<float>(c.rms_eps);
+    std::vector<char> ran_sparse(static_cast<std::size_t>(c.num_layers), 0);
+    const cuda::Path path = engine_path();
+    // At one row (fuse_norms) the attention's norm runs inside its projection (rmsnorm_project),
+    // which reads x + the FFN's output without storing it: that add is the next add_rmsnorm's
+    // `first`, so the FFN writes to ffn_out_, which the attention output projection (into tmp)
+    // leaves alone. On a planned step the norm before the FFN goes into the FFN's step too
+    // (FfnLayer::run_step with a ResidualNorm). The same sums in the same order either way.
     // A planned one-token step whose layer runs the one-token FFN kernels may take the FFN's output
     // as a fixed-point sum (RuntimeTuning::fixed_point_decode; FfnLayer::FixedPointOut): no down
     // kernel. Then x is stored by the next layer's attention output projection (its GEMV's
@@ -776,7 +827,7 @@ class CudaRuntime final : public Runtime {
         rope.d = static_cast<int>(c.head_dim);
         rope.cos = cos_.get();
         rope.sin = sin_.get();
-        rope.k_in_place = sh.cudnn;
+        rope.k_in_place = false;
         if (pending_fixed)
           cuda::ops::rmsnorm_project(x, ffn_fixed_.get(), K, L.attn_norm.get(), eps, L.wqkv.get(), Q + 2 * KV, qkv, stream_,
                                      &rope);
@@ -785,16 +836,10 @@ class CudaRuntime final : public Runtime {
       } else {
         project(L.wqkv.get(), xn, T, Q + 2 * KV, K, qkv);
         cuda::ops::rope_store_kv(qkv, T, c.num_heads, c.num_kv_heads, c.head_dim, cos_.get(), sin_.get(), rows_.get(), l,
-                                 stream_, sh.cudnn);
+                                 stream_, /*k_in_place=*/false);
       }
-      if (sh.cudnn && run_cudnn(qkv, att)) {
-        // done (a shape cuDNN refuses falls through to the tensor-core kernel, every layer alike)
-      } else if (sh.blocks > 0)
-        cuda::ops::flash_attention(qkv, sh.blocks, c.num_heads, c.num_kv_heads, c.head_dim, blocks_.get(), rows_.get(),
-                                   l, att, stream_);
-      else
-        cuda::ops::attention(qkv, T, c.num_heads, c.num_kv_heads, c.head_dim, rows_.get(), l, sh.max_keys, att, stream_,
-                             sh.one_token, c.sliding_window);
+      cuda::ops::attention(qkv, T, c.num_heads, c.num_kv_heads, c.head_dim, rows_.get(), l, sh.max_keys, att, stream_,
+                           /*one_token=*/true, c.sliding_window);
       const StepPlan* plan = L.ffn && plans ? &(*plans)[static_cast<std::size_t>(l)] : nullptr;
       if (fixed)  // the projection's GEMV adds the pending FFN output and o into x
         cuda::launch_twell_gemv_row_residual(att, L.wo.get(), K, Q, tmp, x, pending_fixed ? ffn_fixed_.get() : nullptr,
@@ -829,9 +874,7 @@ class CudaRuntime final : public Runtime {
           L.ffn->forward(tw(xn), T, tw(ffn_y), path, stream_);
           ran_sparse[static_cast<std::size_t>(l)] = L.ffn->last_sparse();
         } else {
-          gemm_.run({T, 2 * N, K, K, K, 2 * N}, L.w_gu.get(), xn, gu_.get(), stream_);
-          cuda::ops::gated_activation(gu_.get(), T, N, static_cast<int>(c.act), h_.get(), stream_);
-          gemm_.run({T, K, N, N, N, K}, L.w_down.get(), h_.get(), ffn_y, stream_);
+          dense_ffn(L.w_gu.get(), L.w_down.get(), xn, T, ffn_y);
         }
       }
       pending = nullptr;
@@ -847,13 +890,39 @@ class CudaRuntime final : public Runtime {
       else
         cuda::ops::residual_add(x, ffn_y, T * K, stream_);
     }
-    cuda::ops::rmsnorm(x, sel_.get(), R, K, final_norm_.get(), eps, xs_.get(), stream_);
+    enqueue_head(sh.R);
+    return ran_sparse;
+  }
+
+  // What both loops do first: every scratch buffer sized for the call, the token embeddings into x.
+  float* begin_forward(const Shape& sh) {
+    const LlamaConfig& c = model_->config;
+    reserve_scratch(sh);
+    cuda::ops::embedding(ids_.get(), sh.T, embed_.get(), c.hidden_size, x_.get(), stream_);
+    return x_.get();
+  }
+
+  // A non-ReLU layer's FFN (the runtime's own: no engine): [g | u] = x·[Wg; Wu]ᵀ (w_gu [2N, K]),
+  // h = act(g) ⊙ u, y = h·Wdᵀ (w_down [K, N]), for T rows of xn.
+  void dense_ffn(const bf16_t* w_gu, const bf16_t* w_down, const bf16_t* xn, std::int64_t T, bf16_t* y) {
+    const LlamaConfig& c = model_->config;
+    const std::int64_t K = c.hidden_size, N = c.intermediate_size;
+    gemm_.run({T, 2 * N, K, K, K, 2 * N}, w_gu, xn, gu_.get(), stream_);
+    cuda::ops::gated_activation(gu_.get(), T, N, static_cast<int>(c.act), h_.get(), stream_);
+    gemm_.run({T, K, N, N, N, K}, w_down, h_.get(), y, stream_);
+  }
+
+  // The final norm of the R selected rows of x, then their logits [R, V] (fp32).
+  void enqueue_head(std::int64_t R) {
+    const LlamaConfig& c = model_->config;
+    const std::int64_t K = c.hidden_size, V = c.vocab_size;
+    cuda::ops::rmsnorm(x_.get(), sel_.get(), R, K, final_norm_.get(), static_cast<float>(c.rms_eps), xs_.get(), stream_);
     const bf16_t* head = head_.size() ? head_.get() : embed_.get();
     if (R <= cuda::kGemvMaxRows && K % 8 == 0 && K <= cuda::kGemvMaxK) {
       // Decode-size logits: the GEMV streams the [V, K] head near the bandwidth (cuBLASLt's small-M
       // tiles read it at ≈ 1.8 TB/s on an H100); fp32 sums, not rounded, as cuBLASLt's fp32 output.
       cuda::launch_twell_gemv_f32(xs_.get(), R, head, V, K, logits_.get(), stream_);
-      return ran_sparse;
+      return;
     }
     cuda::MatmulShape ms;
     ms.trans_b = true;
@@ -865,7 +934,6 @@ class CudaRuntime final : public Runtime {
     ms.ldc = V;
     ms.c_fp32 = true;
     gemm_.matmul(ms, xs_.get(), head, logits_.get(), stream_);
-    return ran_sparse;
   }
 
   // Whether a forward of T rows runs each attention's norm inside its QKV projection
@@ -958,7 +1026,7 @@ class CudaRuntime final : public Runtime {
     auto it = graphs_.find(key);
     if (it == graphs_.end() || ++decode_steps_ % kReplanPeriod == 0) {
       if (it == graphs_.end()) graphs_.emplace(key, std::make_unique<Graph>());  // next time: planned
-      return enqueue_forward(sh, nullptr);
+      return enqueue_decode(sh, nullptr);
     }
     for (std::size_t l = 0; l < layers_.size(); ++l) {
       if (!layers_[l].ffn) continue;
@@ -969,11 +1037,11 @@ class CudaRuntime final : public Runtime {
       layers_[l].ffn->prepare_step(plans[l], stream_);
     }
     reserve_scratch(sh);
-    if (!tuning_.cuda_graphs || graphs_failed_) return enqueue_forward(sh, &plans);
+    if (!tuning_.cuda_graphs || graphs_failed_) return enqueue_decode(sh, &plans);
     Graph& g = *it->second;
     if (!g.exec || g.plans != plans || g.addresses != scratch_addresses() || g.epochs != weight_epochs()) {
       if (g.exec) TWELL_CUDA_CHECK(cudaGraphExecDestroy(std::exchange(g.exec, nullptr)));
-      if (!capture(sh, plans, g)) return enqueue_forward(sh, &plans);
+      if (!capture(sh, plans, g)) return enqueue_decode(sh, &plans);
     }
     TWELL_CUDA_CHECK(cudaGraphLaunch(g.exec, stream_));
     ++graph_launches_;
@@ -988,7 +1056,7 @@ class CudaRuntime final : public Runtime {
     cudaGraph_t graph = nullptr;
     TWELL_CUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
     try {
-      enqueue_forward(sh, &plans);
+      enqueue_decode(sh, &plans);
     } catch (...) {
       cudaStreamEndCapture(stream_, &graph);
       if (graph) cudaGraphDestroy(graph);
