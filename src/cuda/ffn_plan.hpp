@@ -70,8 +70,9 @@ enum class GateKernel {
 // counts): the executors read these and ask nothing again.
 struct CallShape {
   bool decode = false;          // decode-sized: the decode kernel is its sparse path
-  bool one_token = false;       // one row the fused one-token kernels serve (gate fused in) when decode
-  bool gate_gemv = false;       // decode, not one_token: the gate by the GEMV kernel (else the cuBLASLt GEMM)
+  // Read only where decode holds (the decode path's kernels): one_token alone does not imply decode.
+  bool one_token = false;       // one row, which the fused one-token kernels serve (gate fused in)
+  bool gate_gemv = false;       // not one_token: the decode gate by the GEMV kernel (else the cuBLASLt GEMM)
   std::int64_t sparse_n = 0;    // neurons the sparse path runs (the first ones; the rest hot, dense)
   bool hot() const noexcept { return sparse_n < n; }
   std::int64_t n = 0;
