@@ -155,7 +155,7 @@ class CheckIncludes(unittest.TestCase):
         self.assertIn("error: src/cuda/ffn_context.hpp includes lab/probes/probe_util.hpp", out)
 
     def test_faces_including_the_lab_fail(self):
-        # The lab's folder on the CLI's include path, as bench/cuda was on the probes'.
+        # The lab's folder on the CLI's include path, as lab/bench is on the probes'.
         rc, out = check({"lab/probes/probe_graph.cuh": "#pragma once\n",
                          "tools/twell/CMakeLists.txt":
                          "target_include_directories(twell_cli PRIVATE ${PROJECT_SOURCE_DIR}/lab/probes)\n",

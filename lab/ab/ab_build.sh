@@ -23,7 +23,9 @@ ab_build_trees() {
   # The old tree sees this tree's fetched dependencies (cudnn-frontend under .deps/): without them it
   # configures without cuDNN attention and its prefill is not comparable.
   [ -d .deps ] && ln -sfn "$PWD/.deps" build/ab-old-src/old/.deps
-  local cfg=(-G Ninja -DCMAKE_BUILD_TYPE=Release "-DCMAKE_CUDA_ARCHITECTURES=$archs")
+  # The lab on in both trees (twell_bench_cuda is a lab bench now; an older tree, which
+  # lacks the option, only warns about it).
+  local cfg=(-G Ninja -DCMAKE_BUILD_TYPE=Release "-DCMAKE_CUDA_ARCHITECTURES=$archs" -DTWELL_BUILD_LAB=ON)
   ( "$CMAKE" -S build/ab-old-src/old -B build/ab-old "${cfg[@]}" && "$CMAKE" --build build/ab-old -j "$jobs" --target "$target" ) \
     > "$logs/build-old.log" 2>&1 &
   old_pid=$!

@@ -21,8 +21,10 @@ log() { echo "[ab $(date -u +%T)] $*" | tee -a "$OUT/ab/log.txt"; }
 
 t0=$(date +%s)
 ab_build_trees twell_bench_cuda "90a;80" "$OUT/ab" || exit 1
-bin_old=build/ab-old/bench/cuda/twell_bench_cuda
-bin_new=build/gpu/bench/cuda/twell_bench_cuda
+# In the lab build (lab/bench) since it moved there; an older tree has it under bench/cuda.
+bin_old=build/ab-old/lab/twell_bench_cuda
+[ -x "$bin_old" ] || bin_old=build/ab-old/bench/cuda/twell_bench_cuda
+bin_new=build/gpu/lab/twell_bench_cuda
 
 start=$(date +%s); last=0; round=0; seq=0
 run_one() {  # side part

@@ -100,7 +100,7 @@ bool ok(cudaError_t e, const char* what) {
 }
 
 // Median time (ms) of `reps` launches after two warm-up launches. (Not host::median_ms: this .cu
-// builds as C++17 under CMake 3.25.1, see bench/cuda/CMakeLists.txt, where the twell headers it
+// builds as C++17 under CMake 3.25.1, see lab/CMakeLists.txt, where the twell headers it
 // would pull in do not compile.)
 template <typename Launch>
 double median_ms(int reps, Launch&& launch) {

@@ -178,7 +178,7 @@ class TrainContext {
 
   // Sees the step's phases as they are enqueued: phase_done(name, stream) after each phase's
   // launches, on the step's stream (a forward begins with "start"). Production installs none; a
-  // benchmark times the phases with events (bench/cuda/bench_train.cpp). The same names go to
+  // benchmark times the phases with events (lab/bench/bench_train.cpp). The same names go to
   // profilers as NVTX marks whether or not an observer is installed.
   class PhaseObserver {
    public:
