@@ -21,9 +21,14 @@ log() { echo "[ab $(date -u +%T)] $*" | tee -a "$OUT/ab/log.txt"; }
 
 t0=$(date +%s)
 ab_build_trees twell_bench_cuda "90a;80" "$OUT/ab" || exit 1
-# In the lab build (lab/bench) since it moved there; an older tree has it under bench/cuda.
-bin_old=build/ab-old/lab/twell_bench_cuda
-[ -x "$bin_old" ] || bin_old=build/ab-old/bench/cuda/twell_bench_cuda
+# In the lab build (lab/bench) since it moved there; an older tree has it under bench/cuda. Decided
+# by the old tree's source (build/ab-old may hold a binary of another commit's layout from an
+# earlier A/B on the same machine).
+if [ -f build/ab-old-src/old/lab/bench/bench_cuda.cpp ]; then
+  bin_old=build/ab-old/lab/twell_bench_cuda
+else
+  bin_old=build/ab-old/bench/cuda/twell_bench_cuda
+fi
 bin_new=build/gpu/lab/twell_bench_cuda
 
 start=$(date +%s); last=0; round=0; seq=0
