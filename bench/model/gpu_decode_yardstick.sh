@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
-# Issue 27's decode target in one call on the GPU machine: twell's decode at batch 1 against
+# Issues 27 and 59's decode targets in one call on the GPU machine: twell's decode (batch 1, or DECODE_BATCHES) against
 # PyTorch's best dense decode on the same synthetic checkpoint, same GPU, same call: transformers +
 # torch.compile(mode="reduce-overhead") + static cache (CUDA graphs), and the same weights through
 # a lean gpt-fast-style body (bench/model/fast_llama.py) compiled alike; "best" is the faster.
-#   [BUILD=build/gpu] [OUT=…] [PREFILL=1 [DECODE=0]] [MODEL=DIR] [FAST_MODES=reduce-overhead+cdt,reduce-overhead,max-autotune] [FAST_ATTN=sdpa,math] [HF_DECODE=0] [DECODE_WARMUP=N] bash bench/model/gpu_decode_yardstick.sh [CONFIG [DENSITY]]   (2b 0.005)
+#   [BUILD=build/gpu] [OUT=…] [PREFILL=1 [DECODE=0]] [MODEL=DIR] [DECODE_BATCHES="1 8"] [FAST_MODES=reduce-overhead+cdt,reduce-overhead,max-autotune] [FAST_ATTN=sdpa,math] [HF_DECODE=0] [DECODE_WARMUP=N] bash bench/model/gpu_decode_yardstick.sh [CONFIG [DENSITY]]   (2b 0.005)
+# DECODE_BATCHES="1 8 32 64": the decode batches on both sides (default 1; above 1 PyTorch runs the lean
+# body's rows only), one table row each: issue 59's "twell dense ≥ 1.0×, sparse ≥ 1.1× PyTorch".
 # DECODE_WARMUP=N: twell's untimed decode steps before its timed ones (default 2; 600 is a server's
 # state past its first tokens: the one-token FFN's neuron order sorted by counts over hundreds of
 # steps; it pays from its first reorders at steps 8–32 already, fcdba84's A/B).
@@ -24,6 +26,7 @@ BUILD=${BUILD:-build/gpu}
 OUT=${OUT:-build/yardstick-out}
 CONFIG=${1:-2b}
 DENSITY=${2:-0.005}
+DECODE_BATCHES=${DECODE_BATCHES:-1}
 mkdir -p "$OUT"
 rm -f "$OUT"/torch.json "$OUT"/twell.json "$OUT"/twell-own-attention.json  # no table from an older run
 # MODEL=DIR: an existing checkpoint instead (e.g. the converted SmolLM2: its SiLU FFN runs dense,
@@ -58,13 +61,14 @@ skip=--skip-prefill
 [ "$PREFILL" = 1 ] && skip=
 [ "$PREFILL" = 1 ] && [ "${DECODE:-1}" = 0 ] && skip=--skip-decode
 python3 bench/model/torch_yardstick.py "$M" $skip --prefill-batch "$PB" --prefill-len "$PL" --context 128 --decode-steps 128 \
+  --decode-batch $DECODE_BATCHES \
   --fast-modes "$FAST_MODES" --fast-attn "$FAST_ATTN" $([ "${HF_DECODE:-1}" = 0 ] && echo --skip-hf-decode) --json "$OUT/torch.json" \
   > "$OUT/torch.log" 2>&1
 echo "torch yardstick rc=$? ($(( $(date +%s) - t0 )) s)"
 t0=$(date +%s)
 pf="--prefill-batch 1 --prefill-len 128"
 [ "$PREFILL" = 1 ] && pf="--prefill-batch $PB --prefill-len $PL"
-"$BUILD/tools/twell/twell" bench model --model "$M" --decode-batch 1 --context 128 --decode-steps 128 --no-energy \
+"$BUILD/tools/twell/twell" bench model --model "$M" --decode-batch $DECODE_BATCHES --context 128 --decode-steps 128 --no-energy \
   --decode-warmup "${DECODE_WARMUP:-2}" $pf --json "$OUT/twell.json" > "$OUT/twell.log" 2>&1
 echo "twell bench rc=$? ($(( $(date +%s) - t0 )) s)"
 if [ "$PREFILL" = 1 ] && [ "${DECODE:-1}" != 0 ]; then
@@ -74,54 +78,4 @@ if [ "$PREFILL" = 1 ] && [ "${DECODE:-1}" != 0 ]; then
     $pf --json "$OUT/twell-own-attention.json" > "$OUT/twell-own-attention.log" 2>&1
   echo "twell bench, own attention, rc=$? ($(( $(date +%s) - t0 )) s)"
 fi
-python3 - "$OUT" "$PB" "$PL" <<'PY'
-import json, sys
-out, pb, pl = sys.argv[1], sys.argv[2], sys.argv[3]
-rows = []
-try:
-    t = json.load(open(f"{out}/torch.json"))
-    for name, ph in t.get("results", {}).items():
-        if name.startswith("decode") and isinstance(ph, dict) and "tokens_per_s" in ph:
-            who = "lean Llama body, bench/model/fast_llama.py" if " fast " in name else f"transformers {t.get('transformers')}"
-            rows.append((f"PyTorch ({who}) {name}", ph["tokens_per_s"]))
-except (OSError, ValueError) as e:
-    print("torch.json:", e)
-try:
-    w = json.load(open(f"{out}/twell.json"))
-    for r in w.get("rows", []):
-        if r.get("phase") == "decode" and r.get("batch") == 1:
-            rows.append(("twell, dense FFN (CUDA graphs)", r["dense_tokens_per_s"]))
-            rows.append(("twell, sparse FFN (CUDA graphs)", r["sparse_tokens_per_s"]))
-except (OSError, ValueError, KeyError) as e:
-    print("twell.json:", e)
-best = max((v for n, v in rows if n.startswith("PyTorch")), default=None)
-lines = ["| decode, batch 1 | tokens/s | against PyTorch's best |", "|---|---:|---:|"]
-for n, v in rows:
-    lines.append(f"| {n} | {v:.1f} | {v / best:.2f}× |" if best else f"| {n} | {v:.1f} | — |")
-# Prefill (PREFILL=1): PyTorch eager / compiled, twell dense / sparse FFN with each attention.
-pre = []
-try:
-    for name, ph in t.get("results", {}).items():
-        if name.startswith("prefill") and isinstance(ph, dict) and "tokens_per_s" in ph:
-            who = " (lean Llama body, bench/model/fast_llama.py)" if " fast " in name else ""
-            pre.append((f"PyTorch{who} {name}", ph["tokens_per_s"]))
-except NameError:
-    pass
-for fname, label in (("twell.json", None), ("twell-own-attention.json", "twell's own attention kernel")):
-    try:
-        w = json.load(open(f"{out}/{fname}"))
-    except (OSError, ValueError):
-        continue
-    att = label or w.get("prefill_attention", "?")
-    for r in w.get("rows", []):
-        if r.get("phase") == "prefill" and r.get("batch", 0) > 1:
-            pre.append((f"twell, dense FFN ({att})", r["dense_tokens_per_s"]))
-            pre.append((f"twell, sparse FFN ({att})", r["sparse_tokens_per_s"]))
-if pre:
-    pbest = max((v for n, v in pre if n.startswith("PyTorch")), default=None)
-    lines += ["", f"| prefill, {pb} × {pl} | tokens/s | against PyTorch's best |", "|---|---:|---:|"]
-    for n, v in pre:
-        lines.append(f"| {n} | {v:.0f} | {v / pbest:.2f}× |" if pbest else f"| {n} | {v:.0f} | — |")
-open(f"{out}/decode-yardstick.md", "w").write("\n".join(lines) + "\n")
-print("\n".join(lines))
-PY
+python3 bench/model/yardstick_table.py "$OUT" "$PB" "$PL"

@@ -2,7 +2,7 @@
 """Dense PyTorch yardsticks for `twell bench model`, on the same checkpoint and the same GPU.
 
     python3 bench/model/torch_yardstick.py MODEL_DIR [--json OUT] [--prefill-batch 8 --prefill-len 512]
-                                             [--context 128 --decode-steps 128 --reps 3]
+                                             [--context 128 --decode-steps 128 --reps 3] [--decode-batch 1 8 32 64]
 
 Hugging Face `transformers`' LlamaForCausalLM in bf16 with PyTorch's SDPA attention, three ways:
   eager       the paper's baseline;
@@ -15,9 +15,12 @@ ways — the strongest dense PyTorch we can write (transformers' general model d
 at ≈ 258 tokens/s on an H100, a compiled lean body at ≈ 376: ../shared/reference/model_anchors.md).
 Its greedy tokens are compared with transformers' (agreement reported: bf16 near-ties may differ).
 Prefill: one forward of B prompts of L random tokens with only the last position's logits (as
-twell's runtime computes them), medians of --reps after warm-up. Decode: greedy, batch 1, a prompt
-of --context tokens then --decode-steps new tokens; time per new token = (generate(steps) −
-generate(1)) / (steps − 1), so the prompt's prefill is not counted. Same conventions as `twell
+twell's runtime computes them), medians of --reps after warm-up. Decode: greedy, a prompt of
+--context tokens then --decode-steps new tokens; time per step = (generate(steps) − generate(1)) /
+(steps − 1), so the prompt's prefill is not counted. Batch 1 runs every row; larger batches
+(--decode-batch) run the lean body's rows (B prompts of random tokens, one static cache of B
+sequences, B tokens a step: tokens/s = B / time per step), as `twell bench model --decode-batch B`
+decodes B sequences of the same context. Same conventions as `twell
 bench model` (random tokens, greedy pick included). Each phase is timed separately and reported as
 it finishes; one that fails (an old transformers, a compile error) is reported with its error and
 the others still run. The JSON holds every number and the versions.
@@ -167,6 +170,8 @@ def main():
     ap.add_argument("--context", type=int, default=128)
     ap.add_argument("--decode-steps", type=int, default=128)
     ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--decode-batch", type=int, nargs="+", default=[1],
+                    help="decode batch sizes (default 1); batches above 1 run the lean body's rows only")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--skip-prefill", action="store_true", help="only the decode phases")
     ap.add_argument("--skip-decode", action="store_true", help="only the prefill phases")
@@ -185,6 +190,8 @@ def main():
                          "sdpa (scaled_dot_product_attention with the position mask) or math (q·Kᵀ, softmax, ·V "
                          "written out for inductor to fuse)")
     a = ap.parse_args()
+    if any(b < 1 for b in a.decode_batch):
+        ap.error(f"--decode-batch: batch sizes are at least 1, not {a.decode_batch}")
     if not torch.cuda.is_available():
         print("skipped: no CUDA device")
         return 77
@@ -192,7 +199,7 @@ def main():
     out = {"model": a.model, "device": torch.cuda.get_device_name(), "torch": torch.__version__,
            "transformers": transformers.__version__, "prefill_batch": a.prefill_batch,
            "prefill_len": a.prefill_len, "context": a.context, "decode_steps": a.decode_steps,
-           "reps": a.reps, "results": {}}
+           "reps": a.reps, "decode_batches": a.decode_batch, "results": {}}
 
     def report(name, value, extra):
         out["results"][name] = dict(tokens_per_s=value, **extra)
@@ -268,27 +275,30 @@ def main():
         except Exception as e:  # noqa: BLE001
             fail("decode b1 compile+graphs", e)
     fast_rows = [(m, at) for m in a.fast_modes.split(",") if m for at in a.fast_attn.split(",") if at]
-    for mode, attn in ([] if a.skip_fast else fast_rows):
-        name = ("decode b1 fast compile+graphs" + ("" if mode == "reduce-overhead" else f" {mode}") +
-                ("" if attn == "sdpa" else f" {attn} attention"))
-        try:
-            torch._dynamo.reset()
-            base, cdt = compile_mode(mode)
-            torch._inductor.config.coordinate_descent_tuning = cdt
-            fast = fast_model(model, a.context + a.decode_steps + 1, 1, attn=attn)
-            rate, per, fast_ids = fast_decode_rate(fast, prompt, a.decode_steps, a.reps, mode=base)
-            same = int((fast_ids.cpu() == hf_ids.cpu()).cumprod(dim=1).sum())
-            report(name, rate,
-                   {"seconds_per_token": per, "mode": mode, "attention": attn,
-                    "greedy_tokens_equal_to_transformers": f"{same} of {a.decode_steps} (leading)"})
-            print(f"  fast decode's greedy tokens ({mode}, {attn}): the first {same} of {a.decode_steps} equal transformers' eager",
-                  flush=True)
-            del fast
-            torch.cuda.empty_cache()
-        except Exception as e:  # noqa: BLE001
-            fail(name, e)
-        finally:
-            torch._inductor.config.coordinate_descent_tuning = False
+    for batch in sorted(set(a.decode_batch)):
+        prompts = prompt if batch == 1 else torch.randint(0, vocab, (batch, a.context), device="cuda")
+        for mode, attn in ([] if a.skip_fast else fast_rows):
+            name = (f"decode b{batch} fast compile+graphs" + ("" if mode == "reduce-overhead" else f" {mode}") +
+                    ("" if attn == "sdpa" else f" {attn} attention"))
+            try:
+                torch._dynamo.reset()
+                base, cdt = compile_mode(mode)
+                torch._inductor.config.coordinate_descent_tuning = cdt
+                fast = fast_model(model, a.context + a.decode_steps + 1, batch, attn=attn)
+                rate, per, fast_ids = fast_decode_rate(fast, prompts, a.decode_steps, a.reps, mode=base)
+                extra = {"seconds_per_step": per, "batch": batch, "mode": mode, "attention": attn}
+                if batch == 1:  # transformers' greedy tokens are of the batch-1 prompt
+                    same = int((fast_ids.cpu() == hf_ids.cpu()).cumprod(dim=1).sum())
+                    extra["greedy_tokens_equal_to_transformers"] = f"{same} of {a.decode_steps} (leading)"
+                    print(f"  fast decode's greedy tokens ({mode}, {attn}): the first {same} of {a.decode_steps} "
+                          "equal transformers' eager", flush=True)
+                report(name, batch * rate, extra)  # steps/s × tokens a step
+                del fast
+                torch.cuda.empty_cache()
+            except Exception as e:  # noqa: BLE001
+                fail(name, e)
+            finally:
+                torch._inductor.config.coordinate_descent_tuning = False
     return 0
 
 

@@ -1,0 +1,128 @@
+#!/usr/bin/env python3
+"""The decode yardstick's tables, from one GPU call's torch.json (bench/model/torch_yardstick.py) and
+twell.json (`twell bench model`), on the same checkpoint and GPU (bench/model/gpu_decode_yardstick.sh):
+
+- per decode batch: PyTorch's best dense decode (the fastest of its rows at that batch: transformers
+  compiled with CUDA graphs at batch 1, the lean body bench/model/fast_llama.py compiled alike at
+  every batch), twell's dense and sparse FFN runtimes, and their ratios to it (issue 59's outcome:
+  twell dense ≥ 1.0× and sparse ≥ 1.1× PyTorch at every batch);
+- every decode row of every batch against that batch's best, and the prefill rows where both ran.
+
+    python3 bench/model/yardstick_table.py OUT_DIR [PREFILL_BATCH PREFILL_LEN]
+
+writes OUT_DIR/decode-yardstick.md and prints it; twell-own-attention.json (twell's prefill with its
+own attention kernel) joins the prefill table where present.
+"""
+import json
+import os
+import re
+import sys
+
+DECODE = re.compile(r"^decode b(\d+) ")
+
+
+def pytorch_decode(torch_json):
+    """{batch: [(row name, tokens/s), ...]} of the decode rows that finished (errors left out)."""
+    rows = {}
+    for name, ph in (torch_json or {}).get("results", {}).items():
+        m = DECODE.match(name)
+        if m and isinstance(ph, dict) and "tokens_per_s" in ph:
+            rows.setdefault(int(m.group(1)), []).append((name, float(ph["tokens_per_s"])))
+    return rows
+
+
+def twell_decode(twell_json):
+    """{batch: (dense tokens/s, sparse tokens/s)} of twell bench model's decode rows."""
+    out = {}
+    for r in (twell_json or {}).get("rows", []):
+        if r.get("phase") == "decode" and "dense_tokens_per_s" in r and "sparse_tokens_per_s" in r:
+            out[int(r["batch"])] = (float(r["dense_tokens_per_s"]), float(r["sparse_tokens_per_s"]))
+    return out
+
+
+def ratio(a, b):
+    return f"{a / b:.2f}×" if a is not None and b else "—"
+
+
+def num(v, digits=1):
+    return "—" if v is None else f"{v:.{digits}f}"
+
+
+def who(name, torch_json):
+    return "lean body" if " fast " in name else f"transformers {(torch_json or {}).get('transformers', '')}".strip()
+
+
+def decode_tables(torch_json, twell_json):
+    """The summary table (one row a batch) and the detail table (every row against its batch's best)."""
+    pt, tw = pytorch_decode(torch_json), twell_decode(twell_json)
+    batches = sorted(set(pt) | set(tw))
+    lines = ["| decode batch | PyTorch's best dense, tokens/s | twell dense | dense / PyTorch | twell sparse | "
+             "sparse / PyTorch | sparse / dense |", "|---:|---|---:|---:|---:|---:|---:|"]
+    detail = ["| decode batch | row | tokens/s | against PyTorch's best at that batch |", "|---:|---|---:|---:|"]
+    for b in batches:
+        best_name, best = max(pt.get(b, []), key=lambda r: r[1], default=(None, None))
+        dense, sparse = tw.get(b, (None, None))
+        best_text = f"{best:.1f} ({best_name}, {who(best_name, torch_json)})" if best_name else "— (not measured)"
+        lines.append(f"| {b} | {best_text} | {num(dense)} | {ratio(dense, best)} | {num(sparse)} | {ratio(sparse, best)} | "
+                     f"{ratio(sparse, dense)} |")
+        for name, v in sorted(pt.get(b, []), key=lambda r: -r[1]):
+            detail.append(f"| {b} | PyTorch ({who(name, torch_json)}) {name} | {v:.1f} | {ratio(v, best)} |")
+        if dense is not None:
+            detail.append(f"| {b} | twell, dense FFN (CUDA graphs) | {dense:.1f} | {ratio(dense, best)} |")
+            detail.append(f"| {b} | twell, sparse FFN (CUDA graphs) | {sparse:.1f} | {ratio(sparse, best)} |")
+    return lines, detail
+
+
+def prefill_table(torch_json, twell_runs, pb, pl):
+    """Prefill rows: PyTorch's (eager, compiled, the lean body) and twell's dense and sparse FFN with
+    each attention it ran (twell_runs: [(twell.json, attention label or None for its own record)])."""
+    pre = []
+    for name, ph in (torch_json or {}).get("results", {}).items():
+        if name.startswith("prefill") and isinstance(ph, dict) and "tokens_per_s" in ph:
+            label = " (lean Llama body, bench/model/fast_llama.py)" if " fast " in name else ""
+            pre.append((f"PyTorch{label} {name}", float(ph["tokens_per_s"])))
+    for w, label in twell_runs:
+        att = label or w.get("prefill_attention", "?")
+        for r in w.get("rows", []):
+            if r.get("phase") == "prefill" and r.get("batch", 0) > 1:
+                pre.append((f"twell, dense FFN ({att})", float(r["dense_tokens_per_s"])))
+                pre.append((f"twell, sparse FFN ({att})", float(r["sparse_tokens_per_s"])))
+    if not pre:
+        return []
+    best = max((v for n, v in pre if n.startswith("PyTorch")), default=None)
+    lines = [f"| prefill, {pb} × {pl} | tokens/s | against PyTorch's best |", "|---|---:|---:|"]
+    lines += [f"| {n} | {v:.0f} | {ratio(v, best)} |" for n, v in pre]
+    return lines
+
+
+def load(path):
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (OSError, ValueError) as e:
+        print(f"{os.path.basename(path)}: {e}", file=sys.stderr)
+        return None
+
+
+def main(argv):
+    if len(argv) not in (2, 4):
+        print(__doc__, file=sys.stderr)
+        return 2
+    out = argv[1]
+    pb, pl = (argv[2], argv[3]) if len(argv) == 4 else ("?", "?")
+    t, w = load(os.path.join(out, "torch.json")), load(os.path.join(out, "twell.json"))
+    summary, detail = decode_tables(t, w)
+    runs = [(w, None)] if w else []
+    own = load(os.path.join(out, "twell-own-attention.json")) if os.path.exists(os.path.join(out, "twell-own-attention.json")) else None
+    if own:
+        runs.append((own, "twell's own attention kernel"))
+    pre = prefill_table(t, runs, pb, pl)
+    text = "\n".join(summary + [""] + detail + ([""] + pre if pre else [])) + "\n"
+    with open(os.path.join(out, "decode-yardstick.md"), "w") as f:
+        f.write(text)
+    print(text, end="")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

@@ -1,0 +1,76 @@
+"""bench/model/yardstick_table.py: the decode yardstick's tables from a torch.json and a twell.json of
+one call. Per batch, PyTorch's best is the fastest finished decode row of that batch (failed rows and
+other batches' rows never count), and twell's dense and sparse rows are divided by it; a batch one
+side did not measure shows a dash, not a ratio."""
+import json
+
+from bench_script import load_bench
+
+
+def torch_json():
+    return {"transformers": "5.0", "results": {
+        "decode b1 eager": {"tokens_per_s": 100.0},
+        "decode b1 compile+graphs": {"tokens_per_s": 400.0},
+        "decode b1 fast compile+graphs": {"tokens_per_s": 500.0},
+        "decode b1 fast compile+graphs math attention": {"error": "RuntimeError: boom"},
+        "decode b8 fast compile+graphs": {"tokens_per_s": 3000.0},
+        "decode b8 fast compile+graphs math attention": {"tokens_per_s": 3200.0},
+        "decode b64 fast compile+graphs": {"tokens_per_s": 12000.0},
+        "prefill eager": {"tokens_per_s": 90000.0},
+        "prefill fast compile": {"tokens_per_s": 150000.0},
+    }}
+
+
+def twell_json():
+    return {"prefill_attention": "cuDNN SDPA", "rows": [
+        {"phase": "prefill", "batch": 8, "dense_tokens_per_s": 148000.0, "sparse_tokens_per_s": 172000.0},
+        {"phase": "decode", "batch": 1, "dense_tokens_per_s": 533.0, "sparse_tokens_per_s": 776.0},
+        {"phase": "decode", "batch": 8, "dense_tokens_per_s": 3371.0, "sparse_tokens_per_s": 3584.0},
+        {"phase": "decode", "batch": 32, "dense_tokens_per_s": 9000.0, "sparse_tokens_per_s": 9100.0},
+    ]}
+
+
+def test_best_per_batch_and_ratios():
+    yt = load_bench("model/yardstick_table")
+    pt = yt.pytorch_decode(torch_json())
+    assert sorted(pt) == [1, 8, 64]
+    assert ("decode b1 fast compile+graphs math attention", 0) not in [(n, 0) for n, _ in pt[1]]  # the failed row
+    assert len(pt[1]) == 3
+    summary, detail = yt.decode_tables(torch_json(), twell_json())
+    rows = {int(line.split("|")[1]): line for line in summary[2:]}
+    assert sorted(rows) == [1, 8, 32, 64]
+    # Batch 1: the lean body's 500 is the best; 533 / 500 and 776 / 500.
+    assert "500.0 (decode b1 fast compile+graphs, lean body)" in rows[1]
+    assert "| 1.07× |" in rows[1] and "| 1.55× |" in rows[1] and "| 1.46× |" in rows[1]
+    # Batch 8: the math-attention row (3200) beats sdpa's 3000.
+    assert "3200.0 (decode b8 fast compile+graphs math attention" in rows[8]
+    assert f"| {3371 / 3200:.2f}× |" in rows[8] and f"| {3584 / 3200:.2f}× |" in rows[8]
+    # Batch 32: twell only; batch 64: PyTorch only. Dashes, no invented ratio.
+    assert "— (not measured)" in rows[32] and rows[32].count("—") == 3
+    assert "| — | — | — | — | — |" in rows[64]
+    # The detail table: every finished row of a batch, best first, against that batch's best.
+    b1 = [line for line in detail[2:] if line.startswith("| 1 |")]
+    assert [line.split("|")[3].strip() for line in b1] == ["500.0", "400.0", "100.0", "533.0", "776.0"]
+    assert "| 0.20× |" in b1[2]
+
+
+def test_prefill_table_and_main_write_the_file(tmp_path):
+    yt = load_bench("model/yardstick_table")
+    (tmp_path / "torch.json").write_text(json.dumps(torch_json()))
+    (tmp_path / "twell.json").write_text(json.dumps(twell_json()))
+    own = {"rows": [{"phase": "prefill", "batch": 8, "dense_tokens_per_s": 60000.0, "sparse_tokens_per_s": 70000.0}]}
+    (tmp_path / "twell-own-attention.json").write_text(json.dumps(own))
+    assert yt.main(["yardstick_table.py", str(tmp_path), "8", "512"]) == 0
+    text = (tmp_path / "decode-yardstick.md").read_text()
+    assert "| prefill, 8 × 512 | tokens/s | against PyTorch's best |" in text
+    assert f"| twell, sparse FFN (cuDNN SDPA) | 172000 | {172000 / 150000:.2f}× |" in text
+    assert "| twell, dense FFN (twell's own attention kernel) | 60000 | 0.40× |" in text
+
+
+def test_missing_files_give_empty_tables_not_a_crash(tmp_path):
+    yt = load_bench("model/yardstick_table")
+    assert yt.main(["yardstick_table.py", str(tmp_path)]) == 0
+    text = (tmp_path / "decode-yardstick.md").read_text()
+    assert text.splitlines()[0].startswith("| decode batch |")
+    assert len([line for line in text.splitlines() if line.startswith("|")]) == 4  # two headers, two separators, no rows
+    assert yt.main(["yardstick_table.py"]) == 2
