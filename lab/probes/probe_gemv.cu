@@ -1,15 +1,21 @@
-// twell_probe_gemv: the decode GEMV's shapes against each other (issue 27's decode step: the
-// attention output's projection, 2048 × 2048 at 2B, ran at ≈ 1.1 TB/s in a kernel-by-kernel
-// profile, the QKV and gate GEMVs near 2 TB/s). For each weight shape, the kernel template
-// (cuda/ops/gemv_kernel.cuh) with kRows W rows a warp and kWin chunk steps a load window, at 1 and 8
-// tokens: µs a launch and GB/s of W, `layers` weight copies launched in turn (together larger than
-// L2: every launch streams W from HBM), captured into a CUDA graph and replayed, with programmatic
-// launches on (as the model runtime's decode steps run) and off. Every shape's output is compared
-// with the library's (launch_twell_gemv) bit for bit: the shapes differ in speed only.
+// twell_probe_gemv: the decode GEMV at 1–16 tokens against cuBLASLt (issue 59's batched decode: at 8
+// tokens the 2B model's projections ran through cuBLASLt's small-M tiles at 1.4–2.8 TB/s and its LM
+// head through the CUDA-core GEMV at 1.0 TB/s, H200 timeline at 1017613). For each weight shape of
+// the synthetic 2B (hidden 2048, FFN 5632, 32 heads of 64, vocabulary 32000) and M = 1, 2, 4, 8, 16:
+// µs a launch and GB/s of W for the library's GEMV (launch_twell_gemv: the CUDA-core kernel at one
+// token, the tensor-core kernel from 2, gemv_mma_kernel.cuh), the CUDA-core kernel at M tokens
+// (gemv_kernel.cuh, <MT, 1, 4>: the library's shape for 2–16 tokens before the tensor-core one), and
+// cuBLASLt (autotuned, bf16 out; fp32 out for the head) — `layers` weight copies launched in turn
+// (together larger than L2), captured into a CUDA graph and replayed with programmatic launches.
+// Checks: the library against cuBLASLt within the fp32 accumulation bound (K · 2⁻²⁴ · Σ|x·w|, plus one
+// bf16 step of the result for bf16 output), and each token's bits at M equal to its bits at M = 16
+// (a token's sums do not depend on the batch).
 //   twell_probe_gemv [layers]   (default 16)
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -17,6 +23,7 @@
 
 #include "cuda/common/device_buffer.hpp"
 #include "cuda/common/launch.hpp"
+#include "cuda/dense/lt_gemm.hpp"
 #include "cuda/ops/gemv.hpp"
 #include "cuda/ops/gemv_kernel.cuh"
 #include "probe_graph.cuh"
@@ -26,24 +33,26 @@ using namespace twell::probe;
 
 namespace {
 
-using Kernel = void (*)(TwellGemvParams);
-
-struct Shape {
-  const char* name;
-  int rows, win;
-  Kernel k1, k8;  // the kernel at MT = 1 and MT = 8
-};
-
-template <int R, int W>
-Shape shape(const char* name) {
-  return {name, R, W, detail::twell_gemv_kernel<1, R, W>, detail::twell_gemv_kernel<8, R, W>};
+void launch_cuda_cores(const TwellGemvParams& p, cudaStream_t s) {
+  const dim3 grid(static_cast<unsigned>((p.n + detail::kGemvWarps - 1) / detail::kGemvWarps)), block(detail::kGemvWarps * 32);
+  if (p.m <= 1)
+    launch_kernel(detail::twell_gemv_kernel<1, 1, 4>, grid, block, 0, s, p);
+  else if (p.m <= 2)
+    launch_kernel(detail::twell_gemv_kernel<2, 1, 4>, grid, block, 0, s, p);
+  else if (p.m <= 4)
+    launch_kernel(detail::twell_gemv_kernel<4, 1, 4>, grid, block, 0, s, p);
+  else if (p.m <= 8)
+    launch_kernel(detail::twell_gemv_kernel<8, 1, 4>, grid, block, 0, s, p);
+  else
+    launch_kernel(detail::twell_gemv_kernel<16, 1, 4>, grid, block, 0, s, p);
+  CK(cudaGetLastError());
 }
 
-void launch_shape(const Shape& sh, const TwellGemvParams& p, cudaStream_t s) {
-  const long long per_cta = static_cast<long long>(detail::kGemvWarps) * sh.rows;
-  const dim3 grid(static_cast<unsigned>((p.n + per_cta - 1) / per_cta)), block(detail::kGemvWarps * 32);
-  launch_kernel(p.m <= 1 ? sh.k1 : sh.k8, grid, block, 0, s, p);
-  CK(cudaGetLastError());
+float bf16_to_float(unsigned short b) {
+  const unsigned u = static_cast<unsigned>(b) << 16;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
 }
 
 }  // namespace
@@ -58,66 +67,119 @@ int main(int argc, char** argv) {
   CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
   cudaDeviceProp prop{};
   CK(cudaGetDeviceProperties(&prop, 0));
-  std::printf("device %s, %d SMs; %d weight copies a shape\n", prop.name, prop.multiProcessorCount, layers);
-  const std::vector<Shape> shapes = {shape<4, 2>("4 rows, window 2 (library)"), shape<4, 1>("4 rows, window 1"),
-                                     shape<2, 2>("2 rows, window 2"),           shape<2, 4>("2 rows, window 4"),
-                                     shape<1, 4>("1 row, window 4"),            shape<1, 8>("1 row, window 8")};
+  std::printf("device %s, %d SMs; %d weight copies a shape; programmatic launches %s\n", prop.name,
+              prop.multiProcessorCount, layers, programmatic_launch_supported() ? "on" : "unsupported");
+  LtGemm lt(/*autotune=*/true);
   struct Wshape {
     const char* what;
     long long n;
     int k;
+    bool f32;
   };
-  // The synthetic 2B's decode projections (hidden 2048, FFN 5632, 32 heads of 64) and a 1B-like
-  // output projection.
-  for (const Wshape ws : {Wshape{"attention output 2048 x 2048", 2048, 2048}, Wshape{"QKV 6144 x 2048", 6144, 2048},
-                          Wshape{"gate 5632 x 2048", 5632, 2048}, Wshape{"down-like 2048 x 5632", 2048, 5632}}) {
-    std::vector<DeviceBuffer<__nv_bfloat16>> w(static_cast<std::size_t>(layers));
+  bool all_ok = true;
+  for (const Wshape ws : {Wshape{"attention output 2048 x 2048", 2048, 2048, false},
+                          Wshape{"QKV 6144 x 2048", 6144, 2048, false}, Wshape{"gate 5632 x 2048", 5632, 2048, false},
+                          Wshape{"down-like 2048 x 5632", 2048, 5632, false},
+                          Wshape{"LM head 32000 x 2048, fp32 out", 32000, 2048, true}}) {
+    const int copies = ws.n * ws.k > 20'000'000 ? std::max(2, layers / 4) : layers;
+    std::vector<DeviceBuffer<__nv_bfloat16>> w(static_cast<std::size_t>(copies));
     unsigned seed = 1;
     for (auto& b : w) {
       b.resize(static_cast<std::size_t>(ws.n * ws.k));
       fill<<<1024, 256, 0, s>>>(b.get(), ws.n, ws.k, 0.02f, -1, 0.0f, seed++);
     }
-    DeviceBuffer<__nv_bfloat16> x(static_cast<std::size_t>(8 * ws.k));
-    fill<<<64, 256, 0, s>>>(x.get(), 8, ws.k, 1.0f, -1, 0.0f, 99);
-    DeviceBuffer<__nv_bfloat16> ref(static_cast<std::size_t>(8 * ws.n)), out(ref.size());
+    DeviceBuffer<__nv_bfloat16> x(static_cast<std::size_t>(16 * ws.k));
+    fill<<<64, 256, 0, s>>>(x.get(), 16, ws.k, 1.0f, -1, 0.0f, 99);
+    const std::size_t out_elems = static_cast<std::size_t>(16 * ws.n), esz = ws.f32 ? 4 : 2;
+    DeviceBuffer<unsigned char> out(out_elems * esz), out16(out_elems * esz), ref(out_elems * esz);
     const double bytes = 2.0 * static_cast<double>(ws.n) * ws.k;
-    std::printf("\n%s (%.1f MB a copy)\n%-28s %4s %10s %8s %10s %8s  %s\n", ws.what, bytes / 1e6, "shape", "M", "us PDL",
-                "GB/s", "us plain", "GB/s", "bits");
-    for (const int m : {1, 8}) {
-      auto params = [&](const __nv_bfloat16* wp, __nv_bfloat16* g) {
-        TwellGemvParams p;
-        p.x = x.get();
-        p.ld_x = ws.k;
-        p.w = wp;
-        p.g = g;
-        p.ld_g = ws.n;
-        p.m = m;
-        p.n = ws.n;
-        p.k = ws.k;
-        p.relu = false;
-        return p;
-      };
-      launch_twell_gemv(params(w[0].get(), ref.get()), s);
-      CK(cudaStreamSynchronize(s));
-      std::vector<unsigned short> want(ref.size()), got(ref.size());
-      CK(cudaMemcpy(want.data(), ref.get(), ref.bytes(), cudaMemcpyDeviceToHost));
-      for (const Shape& sh : shapes) {
-        CK(cudaMemset(out.get(), 0xff, out.bytes()));
-        launch_shape(sh, params(w[0].get(), out.get()), s);
-        CK(cudaStreamSynchronize(s));
-        CK(cudaMemcpy(got.data(), out.get(), out.bytes(), cudaMemcpyDeviceToHost));
-        const bool same = std::memcmp(want.data(), got.data(), static_cast<std::size_t>(m * ws.n) * 2) == 0;
-        double us[2];
-        for (const bool pdl : {true, false}) {
-          const ProgrammaticLaunch programmatic(pdl && programmatic_launch_supported());
-          us[pdl ? 0 : 1] = time_graph(s, 50, layers, [&] {
-            for (const auto& b : w) launch_shape(sh, params(b.get(), out.get()), s);
-          });
-        }
-        std::printf("%-28s %4d %10.2f %8.0f %10.2f %8.0f  %s\n", sh.name, m, us[0], bytes / us[0] / 1e3, us[1],
-                    bytes / us[1] / 1e3, same ? "same" : "DIFFER");
+    std::printf("\n%s (%.1f MB a copy, %d copies)\n%4s %12s %8s %12s %8s %12s %8s  %s\n", ws.what, bytes / 1e6, copies, "M",
+                "library us", "GB/s", "CUDA-core us", "GB/s", "cuBLASLt us", "GB/s", "checks");
+    const auto params = [&](int m, const __nv_bfloat16* wp, void* o) {
+      TwellGemvParams p = gemv_rows(x.get(), m, wp, ws.n, ws.k);
+      if (ws.f32)
+        p.g32 = static_cast<float*>(o);
+      else
+        p.g = static_cast<__nv_bfloat16*>(o);
+      p.w_before_wait = true;
+      return p;
+    };
+    const auto lt_run = [&](int m, const __nv_bfloat16* wp, void* o) {
+      if (ws.f32) {
+        MatmulShape ms;
+        ms.trans_b = true;
+        ms.m = m;
+        ms.n = ws.n;
+        ms.k = ws.k;
+        ms.lda = ws.k;
+        ms.ldb = ws.k;
+        ms.ldc = ws.n;
+        ms.c_fp32 = true;
+        lt.matmul(ms, x.get(), wp, o, s);
+      } else {
+        lt.run({m, ws.n, ws.k, ws.k, ws.k, ws.n}, wp, x.get(), static_cast<__nv_bfloat16*>(o), s);
       }
+    };
+    // Every token's bits at M = 16, the batch-independence reference.
+    launch_twell_gemv(params(16, w[0].get(), out16.get()), s);
+    CK(cudaStreamSynchronize(s));
+    std::vector<unsigned char> h16(out_elems * esz), hout(h16.size()), href(h16.size());
+    CK(cudaMemcpy(h16.data(), out16.get(), h16.size(), cudaMemcpyDeviceToHost));
+    std::vector<unsigned short> hx(static_cast<std::size_t>(16 * ws.k)), hw(static_cast<std::size_t>(ws.n * ws.k));
+    CK(cudaMemcpy(hx.data(), x.get(), hx.size() * 2, cudaMemcpyDeviceToHost));
+    CK(cudaMemcpy(hw.data(), w[0].get(), hw.size() * 2, cudaMemcpyDeviceToHost));
+    for (const int m : {1, 2, 4, 8, 16}) {
+      launch_twell_gemv(params(m, w[0].get(), out.get()), s);
+      lt_run(m, w[0].get(), ref.get());
+      CK(cudaStreamSynchronize(s));
+      CK(cudaMemcpy(hout.data(), out.get(), hout.size(), cudaMemcpyDeviceToHost));
+      CK(cudaMemcpy(href.data(), ref.get(), href.size(), cudaMemcpyDeviceToHost));
+      // Batch independence (M ≥ 2: the tensor-core kernel; M = 1 is the CUDA-core kernel's own order).
+      const bool same = m == 1 || std::memcmp(hout.data(), h16.data(), static_cast<std::size_t>(m * ws.n) * esz) == 0;
+      // Both against the float64 sums, for a sample of outputs.
+      long long bad = 0;
+      for (int t = 0; t < m; ++t)
+        for (long long j = 0; j < ws.n; j += 7) {
+          double acc = 0, mag = 0;
+          for (int kk = 0; kk < ws.k; ++kk) {
+            const double v = static_cast<double>(bf16_to_float(hx[static_cast<std::size_t>(t * ws.k + kk)])) *
+                             bf16_to_float(hw[static_cast<std::size_t>(j * ws.k + kk)]);
+            acc += v;
+            mag += std::abs(v);
+          }
+          const std::size_t at = static_cast<std::size_t>(t * ws.n + j);
+          const auto value = [&](const std::vector<unsigned char>& h) {
+            if (ws.f32) {
+              float f;
+              std::memcpy(&f, h.data() + at * 4, 4);
+              return static_cast<double>(f);
+            }
+            unsigned short b;
+            std::memcpy(&b, h.data() + at * 2, 2);
+            return static_cast<double>(bf16_to_float(b));
+          };
+          const double bound = (ws.f32 ? 0.0 : std::ldexp(std::abs(acc), -8)) + ws.k * std::ldexp(mag, -24) + 1e-30;
+          bad += !(std::abs(value(hout) - acc) <= bound);
+          bad += !(std::abs(value(href) - acc) <= bound);
+        }
+      const bool ok = same && bad == 0;
+      all_ok = all_ok && ok;
+      double us[3];
+      const ProgrammaticLaunch programmatic(programmatic_launch_supported());
+      us[0] = time_graph(s, 30, copies, [&] {
+        for (const auto& b : w) launch_twell_gemv(params(m, b.get(), out.get()), s);
+      });
+      us[1] = time_graph(s, 30, copies, [&] {
+        for (const auto& b : w) launch_cuda_cores(params(m, b.get(), out.get()), s);
+      });
+      us[2] = time_graph(s, 30, copies, [&] {
+        for (const auto& b : w) lt_run(m, b.get(), ref.get());
+      });
+      std::printf("%4d %12.2f %8.0f %12.2f %8.0f %12.2f %8.0f  %s%s\n", m, us[0], bytes / us[0] / 1e3, us[1],
+                  bytes / us[1] / 1e3, us[2], bytes / us[2] / 1e3, same ? "bits = at M 16" : "BITS DIFFER from M 16",
+                  bad ? ", OUTSIDE THE BOUND" : ", within the bound");
     }
   }
-  return 0;
+  std::printf("\nchecks: %s\n", all_ok ? "pass" : "FAIL");
+  return all_ok ? 0 : 1;
 }

@@ -918,7 +918,7 @@ class CudaRuntime final : public Runtime {
     const std::int64_t K = c.hidden_size, V = c.vocab_size;
     cuda::ops::rmsnorm(x_.get(), sel_.get(), R, K, final_norm_.get(), static_cast<float>(c.rms_eps), xs_.get(), stream_);
     const bf16_t* head = head_.size() ? head_.get() : embed_.get();
-    if (R <= cuda::kGemvMaxRows && K % 8 == 0 && K <= cuda::kGemvMaxK) {
+    if (gemv_rows(R) && K % 8 == 0 && K <= cuda::kGemvMaxK) {
       // Decode-size logits: the GEMV streams the [V, K] head near the bandwidth (cuBLASLt's small-M
       // tiles read it at ≈ 1.8 TB/s on an H100); fp32 sums, not rounded, as cuBLASLt's fp32 output.
       cuda::launch_twell_gemv_f32(xs_.get(), R, head, V, K, logits_.get(), stream_);
@@ -943,12 +943,20 @@ class CudaRuntime final : public Runtime {
     return fused_decode_ && T == 1 && K % 8 == 0 && K <= cuda::kGemvMaxK;
   }
 
-  // y[T, n] = x[T, k]·Wᵀ, W [n, k] bf16, all rows contiguous. One token: the decode GEMV (cuBLASLt's
-  // M = 1 tiles read the 2B model's attention output projection, 8 MB, at 1.1 TB/s on an H100 and its
-  // QKV at 2.0); more rows: cuBLASLt. Both accumulate in fp32 and round to bf16 once.
+  // Whether T rows' projections and logits run on the decode GEMV (ops/gemv.hpp: one token on CUDA
+  // cores, 2–16 on tensor cores) rather than cuBLASLt (RuntimeTuning::batched_gemv above one row).
+  bool gemv_rows(std::int64_t T) const { return T == 1 || (T <= cuda::kGemvMaxRows && tuning_.batched_gemv); }
+
+  // y[T, n] = x[T, k]·Wᵀ, W [n, k] bf16, all rows contiguous. Decode sizes: the decode GEMV
+  // (cuBLASLt's M = 1 tiles read the 2B model's attention output projection, 8 MB, at 1.1 TB/s on
+  // an H100 and its QKV at 2.0; its M = 8 tiles 1.4 and 2.8 TB/s on an H200); more rows: cuBLASLt.
+  // Both accumulate in fp32 and round to bf16 once.
   void project(const bf16_t* w, const bf16_t* x, std::int64_t T, std::int64_t n, std::int64_t k, bf16_t* y) {
-    if (T == 1 && k % 8 == 0 && k <= cuda::kGemvMaxK) {
-      cuda::launch_twell_gemv_row(x, w, n, k, y, stream_, /*w_before_wait=*/true);  // the model's weights
+    if (gemv_rows(T) && k % 8 == 0 && k <= cuda::kGemvMaxK) {
+      cuda::TwellGemvParams p = cuda::gemv_rows(x, T, w, n, k);
+      p.g = y;
+      p.w_before_wait = true;  // the model's weights
+      cuda::launch_twell_gemv(p, stream_);
       return;
     }
     gemm_.run({T, n, k, k, k, n}, w, x, y, stream_);

@@ -35,6 +35,7 @@ const Item kItems[] = {
     {"no-fused-decode", &RuntimeTuning::fused_decode},
     {"no-fixed-point-decode", &RuntimeTuning::fixed_point_decode},
     {"no-decode-neuron-order", &RuntimeTuning::decode_neuron_order},
+    {"no-batched-gemv", &RuntimeTuning::batched_gemv},
     {"decode-max-density", &RuntimeTuning::decode_max_density, 0, 1},
     {"decode-max-rows", &RuntimeTuning::decode_max_rows, 1, 2047},
     {"no-cpu-bf16", &RuntimeTuning::cpu_bf16_weights},

@@ -785,8 +785,9 @@ TEST_F(CudaDispatch, OneTokenDecodeFollowsItsOwnThreshold) {
 // The decode-size GEMV against float64 ReLU(x·Wᵀ), and x·Wᵀ without the ReLU (the model runtime's
 // projections): every element within the fp32-accumulation + bf16-rounding bound of
 // check_gate_sm90, padding columns of the output rows untouched, at every token count 1 … 16 it
-// serves (the kernel rounds M up to 1, 2, 4, 8 or 16), ragged N, K, and both shapes the launcher picks
-// (4 rows a warp for one token with N > 4096, else 1: N = 4096 and 4097 at the boundary).
+// serves (one token on the CUDA-core kernel, 2–8 and 9–16 on the tensor-core one's two widths),
+// ragged N, K (K not a multiple of the tensor-core kernel's 64-element blocks), and both one-token
+// shapes (4 rows a warp for N > 4096, else 1: N = 4096 and 4097 at the boundary).
 TEST(CudaGemv, MatchesFloat64WithinBound) {
   TWELL_REQUIRE_GPU();
   struct Shape {
@@ -886,6 +887,68 @@ TEST(CudaGemv, MatchesFloat64WithinBound) {
     }
     EXPECT_EQ(gb2, gb) << "w_before_wait changed the bf16 output";
     EXPECT_EQ(std::memcmp(g32b.data(), g32.data(), g32.size() * sizeof(float)), 0) << "w_before_wait changed the fp32 sums";
+  }
+  cudaStreamDestroy(s);
+}
+
+// The tensor-core GEMV (2–16 tokens) gives each token the same bits whatever the batch around it:
+// token t's outputs at M tokens equal its outputs at 16 tokens, with the other tokens' x
+// different random values (a kernel that mixed tokens, or summed in an order that depended on M,
+// would differ), bf16 and fp32 output, K with a partial last block.
+TEST(CudaGemv, ATokensBitsDoNotDependOnTheBatch) {
+  TWELL_REQUIRE_GPU();
+  cudaStream_t s;
+  ASSERT_EQ(cudaStreamCreate(&s), cudaSuccess);
+  std::mt19937_64 rng(20261129);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  const std::int64_t n = 1037, k = 2056;
+  std::vector<float> w(static_cast<std::size_t>(n * k));
+  for (float& v : w) v = round_bf16(nd(rng) * 0.03f);
+  DeviceBuffer<__nv_bfloat16> dw(w.size()), dx(static_cast<std::size_t>(16 * k)), dg(static_cast<std::size_t>(16 * n));
+  DeviceBuffer<float> dg32(static_cast<std::size_t>(16 * n));
+  const auto wb = to_bf16_bits(w);
+  ASSERT_EQ(cudaMemcpy(dw.get(), wb.data(), wb.size() * 2, cudaMemcpyHostToDevice), cudaSuccess);
+  const auto run = [&](std::int64_t m, const std::vector<float>& x, bool out32) {
+    const auto xb = to_bf16_bits(x);
+    EXPECT_EQ(cudaMemcpy(dx.get(), xb.data(), xb.size() * 2, cudaMemcpyHostToDevice), cudaSuccess);
+    TwellGemvParams p = gemv_rows(dx.get(), m, dw.get(), n, k);
+    if (out32)
+      p.g32 = dg32.get();
+    else
+      p.g = dg.get();
+    launch_twell_gemv(p, s);
+    EXPECT_EQ(cudaStreamSynchronize(s), cudaSuccess);
+    std::vector<std::uint32_t> out(static_cast<std::size_t>(m * n));
+    for (std::size_t i = 0; i < out.size(); ++i) out[i] = 0;
+    if (out32) {
+      EXPECT_EQ(cudaMemcpy(out.data(), dg32.get(), out.size() * 4, cudaMemcpyDeviceToHost), cudaSuccess);
+    } else {
+      std::vector<std::uint16_t> o16(out.size());
+      EXPECT_EQ(cudaMemcpy(o16.data(), dg.get(), o16.size() * 2, cudaMemcpyDeviceToHost), cudaSuccess);
+      for (std::size_t i = 0; i < out.size(); ++i) out[i] = o16[i];
+    }
+    return out;
+  };
+  const auto random_x = [&](std::int64_t m) {
+    std::vector<float> x(static_cast<std::size_t>(m * k));
+    for (float& v : x) v = round_bf16(nd(rng));
+    return x;
+  };
+  for (const bool out32 : {false, true}) {
+    const std::vector<float> x16 = random_x(16);
+    const auto want = run(16, x16, out32);
+    for (const std::int64_t m : {2, 3, 8, 9, 15}) {
+      SCOPED_TRACE(::testing::Message() << "m " << m << (out32 ? ", fp32 out" : ", bf16 out"));
+      // Token t of x16 sits at row t % m among other random tokens.
+      for (const std::int64_t t : {std::int64_t{0}, m - 1, std::int64_t{15}}) {
+        std::vector<float> x = random_x(m);
+        const std::int64_t at = t % m;
+        std::copy_n(x16.begin() + t * k, k, x.begin() + at * k);
+        const auto got = run(m, x, out32);
+        EXPECT_TRUE(std::equal(got.begin() + at * n, got.begin() + (at + 1) * n, want.begin() + t * n))
+            << "token " << t << " at row " << at << " changed with the batch";
+      }
+    }
   }
   cudaStreamDestroy(s);
 }

@@ -3,12 +3,16 @@
 
 #include "cuda/common/check.hpp"
 #include "cuda/ops/gemv_kernel.cuh"
+#include "cuda/ops/gemv_mma_kernel.cuh"
 
 namespace twell::cuda {
 
 using detail::kGemvWarpRows;
 using detail::kGemvWarps;
+using detail::kGemvMmaRows;
+using detail::kGemvMmaWarps;
 using detail::twell_gemv_kernel;
+using detail::twell_gemv_mma_kernel;
 
 void launch_twell_gemv(const TwellGemvParams& p, cudaStream_t stream) {
   TWELL_CU_REQUIRE(p.x && p.w && (p.g || p.g32), ErrorCode::invalid_argument, "twell gemv: null pointer");
@@ -22,30 +26,36 @@ void launch_twell_gemv(const TwellGemvParams& p, cudaStream_t stream) {
                    "twell gemv: the residual add needs one token and bf16 output");
   TWELL_CU_REQUIRE(!p.residual_first_fixed || p.residual, ErrorCode::invalid_argument,
                    "twell gemv: a fixed-point first term without the residual add");
-  // The shape (gemv_kernel.cuh; the same bits whatever it is): 4 rows a warp, 2 chunk steps a
-  // window where one token's N is large enough to fill the GPU that way, else 1 row a warp, 4 steps
-  // a window — at one token and N = 2048 4.95 against 5.28 µs (K = 2048) and 10.6 against 11.9
-  // (K = 5632), at 8 tokens 12.9 against 18.8 µs (2048 × 2048); one token at N = 5632 / 6144: 9.9 /
-  // 10.6 against 9.5 / 10.1 (H100, twell_probe_gemv, bench/results/2026-11-27-h100-cuda-91ad801-probe-gemv.txt).
-  const bool wide = p.m == 1 && p.n > 4096;
+  if (p.m >= 2) {
+    // Two or more tokens: the tensor-core kernel (gemv_mma_kernel.cuh), 16 outputs a CTA. The
+    // CUDA-core kernel's math grows with M per weight byte: at 8 tokens it read a 131 MB LM head at
+    // 1.0 TB/s (H200); lab/probes/probe_gemv.cu times both against cuBLASLt.
+    const std::int64_t ctas = (p.n + kGemvMmaRows - 1) / kGemvMmaRows;
+    TWELL_CU_REQUIRE(ctas <= 0x7fffffff, ErrorCode::unsupported, "twell gemv: N = {} too large", p.n);
+    const dim3 grid(static_cast<unsigned>(ctas)), block(kGemvMmaWarps * 32);
+    if (p.m <= 8)
+      launch_kernel(twell_gemv_mma_kernel<1>, grid, block, 0, stream, p);
+    else
+      launch_kernel(twell_gemv_mma_kernel<2>, grid, block, 0, stream, p);
+    TWELL_CUDA_CHECK_LAUNCH("twell_gemv_mma_kernel");
+    return;
+  }
+  // One token, the CUDA-core kernel (gemv_kernel.cuh; the same bits whatever its shape): 4 rows a
+  // warp, 2 chunk steps a window where N is large enough to fill the GPU that way, else 1 row a warp,
+  // 4 or 8 steps a window — at N = 2048 4.95 against 5.28 µs (K = 2048) and 10.6 against 11.9
+  // (K = 5632); at N = 5632 / 6144: 9.9 / 10.6 against 9.5 / 10.1 (H100, twell_probe_gemv,
+  // bench/results/2026-11-27-h100-cuda-91ad801-probe-gemv.txt).
+  const bool wide = p.n > 4096;
   const int rows = wide ? kGemvWarpRows : 1;
   const std::int64_t ctas = (p.n + kGemvWarps * rows - 1) / (kGemvWarps * rows);
   TWELL_CU_REQUIRE(ctas <= 0x7fffffff, ErrorCode::unsupported, "twell gemv: N = {} too large", p.n);
   const dim3 grid(static_cast<unsigned>(ctas)), block(kGemvWarps * 32);
   if (wide)
     launch_kernel(twell_gemv_kernel<1>, grid, block, 0, stream, p);
-  else if (p.m <= 1 && p.w_before_wait)  // the whole row (K ≤ 2048) in flight before the wait
+  else if (p.w_before_wait)  // the whole row (K ≤ 2048) in flight before the wait
     launch_kernel(twell_gemv_kernel<1, 1, 8>, grid, block, 0, stream, p);
-  else if (p.m <= 1)
-    launch_kernel(twell_gemv_kernel<1, 1, 4>, grid, block, 0, stream, p);
-  else if (p.m <= 2)
-    launch_kernel(twell_gemv_kernel<2, 1, 4>, grid, block, 0, stream, p);
-  else if (p.m <= 4)
-    launch_kernel(twell_gemv_kernel<4, 1, 4>, grid, block, 0, stream, p);
-  else if (p.m <= 8)
-    launch_kernel(twell_gemv_kernel<8, 1, 4>, grid, block, 0, stream, p);
   else
-    launch_kernel(twell_gemv_kernel<16, 1, 4>, grid, block, 0, stream, p);
+    launch_kernel(twell_gemv_kernel<1, 1, 4>, grid, block, 0, stream, p);
   TWELL_CUDA_CHECK_LAUNCH("twell_gemv_kernel");
 }
 

@@ -1,0 +1,142 @@
+#pragma once
+// The decode GEMV at 2–16 tokens on tensor cores (gemv.hpp; launch_twell_gemv picks it from M = 2).
+// The CUDA-core kernel (gemv_kernel.cuh) spends M FMAs, and M unpacks of x, per weight it loads: at
+// 8 tokens it reads the 2B model's 131 MB LM head at 1.0 TB/s (131 µs a step, H200 timeline at
+// 1017613). Here W is mma's A operand and xᵀ its B (y ᵀ = W · xᵀ, "swap AB"): one
+// mma.m16n8k16 takes 16 W rows × 16 k against 8 tokens, so the math no longer grows with the
+// weights' bytes times M, and the kernel can stream W at the memory's pace.
+//
+// A CTA owns 16 rows of W (16 outputs) for every token; its kWarps warps split K in 64-element
+// blocks, warp w taking blocks w, w + kWarps, …; a block is two 16-byte chunks per lane per row
+// (lane 4g + t loads chunks t and t + 4 of rows g and g + 8, and of tokens g and g + 8's x). The
+// k order inside mma is the hardware's; A and B map a lane's registers to mma's k slots the same
+// way (register 2s to slots 2t, 2t + 1 and register 2s + 1 to slots 2t + 8, 2t + 9 of step s), so
+// each product pairs W[n][k] with x[t][k]. Invariants:
+// - a token's sums never see another token's x: mma computes each column of D from its own column of
+//   B, tokens past M load as zeros, and the warps' partial sums are added in warp order 0, 1, …;
+//   so a token's bits do not depend on M (2–16) or on the other tokens' values;
+// - fp32 accumulation throughout, rounded to bf16 once (or stored as fp32);
+// - W loaded before the programmatic wait only where w_before_wait says no kernel it overlaps
+//   writes it; x always after.
+#include <cuda_bf16.h>
+
+#include <cstdint>
+
+#include "cuda/common/launch.cuh"
+#include "cuda/ops/gemv.hpp"
+
+namespace twell::cuda::detail {
+
+inline constexpr int kGemvMmaWarps = 8;  // warps per CTA, each a share of K
+inline constexpr int kGemvMmaRows = 16;  // W rows (outputs) per CTA: mma's M
+inline constexpr int kGemvMmaWin = 2;    // 64-element K blocks a warp has in flight
+
+// D (16 × 8, fp32) += A (16 × 16, bf16, row) · B (16 × 8, bf16, col).
+__device__ __forceinline__ void mma_16816_bf16(float (&d)[4], unsigned a0, unsigned a1, unsigned a2, unsigned a3,
+                                               unsigned b0, unsigned b1) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%0, %1, %2, %3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+#endif
+}
+
+__device__ __forceinline__ unsigned word(const uint4& v, int i) {
+  return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
+}
+
+// NT token tiles of 8 (M ≤ 8 · NT).
+template <int NT>
+__global__ void __launch_bounds__(kGemvMmaWarps * 32) twell_gemv_mma_kernel(TwellGemvParams p) {
+  __shared__ float part[kGemvMmaWarps][kGemvMmaRows][8 * NT];
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const int g = lane / 4, t = lane % 4;  // mma's groupID and thread-in-group
+  const std::int64_t n0 = static_cast<std::int64_t>(blockIdx.x) * kGemvMmaRows;
+  const int kchunks = static_cast<int>(p.k / 8), blocks = (kchunks + 7) / 8;
+  // Rows past N read row n0 (their sums are dropped).
+  const uint4* wrow[2];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const std::int64_t r = n0 + g + 8 * h;
+    wrow[h] = reinterpret_cast<const uint4*>(p.w + (r < p.n ? r : n0) * p.k);
+  }
+  uint4 wv[kGemvMmaWin][2][2];  // [block of the window][row g, g + 8][chunk t, t + 4]
+  const auto load_w = [&](int b0) {
+#pragma unroll
+    for (int i = 0; i < kGemvMmaWin; ++i)
+#pragma unroll
+      for (int h = 0; h < 2; ++h)
+#pragma unroll
+        for (int c = 0; c < 2; ++c) {
+          const int b = b0 + i * kGemvMmaWarps, ch = b * 8 + t + 4 * c;
+          wv[i][h][c] = b < blocks && ch < kchunks ? __ldcs(wrow[h] + ch) : make_uint4(0, 0, 0, 0);
+        }
+  };
+  if (p.w_before_wait) load_w(warp);
+  dev::pdl_begin();
+  if (!p.w_before_wait) load_w(warp);
+  float acc[NT][4];
+#pragma unroll
+  for (int j = 0; j < NT; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) acc[j][e] = 0.0f;
+  for (int b0 = warp; b0 < blocks; b0 += kGemvMmaWin * kGemvMmaWarps) {
+    uint4 xv[kGemvMmaWin][NT][2];  // token g + 8j's chunks t, t + 4 of each block
+#pragma unroll
+    for (int i = 0; i < kGemvMmaWin; ++i)
+#pragma unroll
+      for (int j = 0; j < NT; ++j)
+#pragma unroll
+        for (int c = 0; c < 2; ++c) {
+          const int b = b0 + i * kGemvMmaWarps, ch = b * 8 + t + 4 * c, tok = g + 8 * j;
+          xv[i][j][c] = b < blocks && ch < kchunks && tok < p.m
+                            ? __ldg(reinterpret_cast<const uint4*>(p.x + tok * p.ld_x) + ch)
+                            : make_uint4(0, 0, 0, 0);
+        }
+    uint4 cur[kGemvMmaWin][2][2];
+#pragma unroll
+    for (int i = 0; i < kGemvMmaWin; ++i)
+#pragma unroll
+      for (int h = 0; h < 2; ++h)
+#pragma unroll
+        for (int c = 0; c < 2; ++c) cur[i][h][c] = wv[i][h][c];
+    if (b0 + kGemvMmaWin * kGemvMmaWarps < blocks) load_w(b0 + kGemvMmaWin * kGemvMmaWarps);  // the next window in flight
+#pragma unroll
+    for (int i = 0; i < kGemvMmaWin; ++i)
+#pragma unroll
+      for (int s = 0; s < 4; ++s) {  // mma step s: registers 2s and 2s + 1 of the lane's 8 (chunk s / 2)
+        const int c = s / 2, r0 = (2 * s) % 4;
+        const unsigned a0 = word(cur[i][0][c], r0), a1 = word(cur[i][1][c], r0);
+        const unsigned a2 = word(cur[i][0][c], r0 + 1), a3 = word(cur[i][1][c], r0 + 1);
+#pragma unroll
+        for (int j = 0; j < NT; ++j)
+          mma_16816_bf16(acc[j], a0, a1, a2, a3, word(xv[i][j][c], r0), word(xv[i][j][c], r0 + 1));
+      }
+  }
+  // D's fragment: acc[j][0..1] row g, tokens 8j + 2t, + 1; acc[j][2..3] row g + 8, the same tokens.
+#pragma unroll
+  for (int j = 0; j < NT; ++j) {
+    part[warp][g][8 * j + 2 * t] = acc[j][0];
+    part[warp][g][8 * j + 2 * t + 1] = acc[j][1];
+    part[warp][g + 8][8 * j + 2 * t] = acc[j][2];
+    part[warp][g + 8][8 * j + 2 * t + 1] = acc[j][3];
+  }
+  __syncthreads();
+  for (int o = threadIdx.x; o < kGemvMmaRows * 8 * NT; o += kGemvMmaWarps * 32) {
+    const int row = o % kGemvMmaRows, tok = o / kGemvMmaRows;
+    const std::int64_t n = n0 + row;
+    if (tok >= p.m || n >= p.n) continue;
+    float v = 0.0f;
+#pragma unroll
+    for (int w = 0; w < kGemvMmaWarps; ++w) v += part[w][row][tok];
+    if (p.relu) v = fmaxf(v, 0.0f);
+    if (p.g32)
+      p.g32[tok * p.ld_g + n] = v;
+    else
+      p.g[tok * p.ld_g + n] = __float2bfloat16_rn(v);
+  }
+}
+
+}  // namespace twell::cuda::detail
