@@ -918,9 +918,11 @@ class CudaRuntime final : public Runtime {
     const std::int64_t K = c.hidden_size, V = c.vocab_size;
     cuda::ops::rmsnorm(x_.get(), sel_.get(), R, K, final_norm_.get(), static_cast<float>(c.rms_eps), xs_.get(), stream_);
     const bf16_t* head = head_.size() ? head_.get() : embed_.get();
-    if (gemv_rows(R) && K % 8 == 0 && K <= cuda::kGemvMaxK) {
-      // Decode-size logits: the GEMV streams the [V, K] head near the bandwidth (cuBLASLt's small-M
+    if (R == 1 && K % 8 == 0 && K <= cuda::kGemvMaxK) {
+      // One row's logits: the GEMV streams the [V, K] head near the bandwidth (cuBLASLt's M = 1
       // tiles read it at ≈ 1.8 TB/s on an H100); fp32 sums, not rounded, as cuBLASLt's fp32 output.
+      // From 2 rows cuBLASLt's tiles read the 2B head (131 MB) at 3.8–3.9 TB/s, the tensor-core
+      // GEMV at 3.1–3.9 (H200, lab/probes/probe_gemv.cu, bench/results/2026-11-29-h200-probe-gemv-4b0c082.txt).
       cuda::launch_twell_gemv_f32(xs_.get(), R, head, V, K, logits_.get(), stream_);
       return;
     }
@@ -943,8 +945,11 @@ class CudaRuntime final : public Runtime {
     return fused_decode_ && T == 1 && K % 8 == 0 && K <= cuda::kGemvMaxK;
   }
 
-  // Whether T rows' projections and logits run on the decode GEMV (ops/gemv.hpp: one token on CUDA
+  // Whether T rows' attention projections run on the decode GEMV (ops/gemv.hpp: one token on CUDA
   // cores, 2–16 on tensor cores) rather than cuBLASLt (RuntimeTuning::batched_gemv above one row).
+  // At 2–8 rows it reads the 2B QKV at 2.9–3.0 TB/s against cuBLASLt's 2.7–2.8 and the attention
+  // output at 2.0–2.2 against 1.4; at 16 the QKV 1.7 µs slower, the output 3.9 µs faster (H200,
+  // bench/results/2026-11-29-h200-probe-gemv-4b0c082.txt).
   bool gemv_rows(std::int64_t T) const { return T == 1 || (T <= cuda::kGemvMaxRows && tuning_.batched_gemv); }
 
   // y[T, n] = x[T, k]·Wᵀ, W [n, k] bf16, all rows contiguous. Decode sizes: the decode GEMV
