@@ -3,7 +3,7 @@
 # PyTorch's best dense decode on the same synthetic checkpoint, same GPU, same call: transformers +
 # torch.compile(mode="reduce-overhead") + static cache (CUDA graphs), and the same weights through
 # a lean gpt-fast-style body (bench/model/fast_llama.py) compiled alike; "best" is the faster.
-#   [BUILD=build/gpu] [OUT=…] [PREFILL=1 [DECODE=0]] [MODEL=DIR] [DECODE_BATCHES="1 8"] [FAST_MODES=reduce-overhead+cdt,reduce-overhead,max-autotune] [FAST_ATTN=sdpa,math] [HF_DECODE=0] [DECODE_WARMUP=N] bash bench/model/gpu_decode_yardstick.sh [CONFIG [DENSITY]]   (2b 0.005)
+#   [BUILD=build/gpu] [OUT=…] [TORCH_TIMEOUT=420] [PREFILL=1 [DECODE=0]] [MODEL=DIR] [DECODE_BATCHES="1 8"] [FAST_MODES=reduce-overhead+cdt,reduce-overhead,max-autotune] [FAST_ATTN=sdpa,math] [HF_DECODE=0] [DECODE_WARMUP=N] bash bench/model/gpu_decode_yardstick.sh [CONFIG [DENSITY]]   (2b 0.005)
 # DECODE_BATCHES="1 8 32 64": the decode batches on both sides (default 1; above 1 PyTorch runs the lean
 # body's rows only), one table row each: issue 59's "twell dense ≥ 1.0×, sparse ≥ 1.1× PyTorch".
 # DECODE_WARMUP=N: twell's untimed decode steps before its timed ones (default 2; 600 is a server's
@@ -51,7 +51,10 @@ PREFILL=${PREFILL:-0}
 # reduce-overhead alone: 252–268 here). max-autotune adds minutes of compilation and did not finish
 # inside a call (7967f30): name it in FAST_MODES to have it. With PREFILL=1 the call's 600 s leave
 # room for reduce-overhead alone.
-FAST_MODES=${FAST_MODES:-$([ "$PREFILL" = 1 ] && echo reduce-overhead || echo reduce-overhead+cdt,reduce-overhead)}
+# Several decode batches: reduce-overhead alone (each batch is a compilation of its own; with
+# reduce-overhead+cdt, DECODE_BATCHES="1 8 32 64" printed nothing in 570 s on an H200, 4b0c082's call).
+nb=$(echo $DECODE_BATCHES | wc -w)
+FAST_MODES=${FAST_MODES:-$([ "$PREFILL" = 1 ] || [ "$nb" -gt 1 ] && echo reduce-overhead || echo reduce-overhead+cdt,reduce-overhead)}
 # … and with these attentions over the cache, a row each with every mode (fast_llama.py: sdpa, math;
 # math ran 0.66–0.90× sdpa in every call so far, so it is left out unless named).
 FAST_ATTN=${FAST_ATTN:-sdpa}
@@ -60,17 +63,19 @@ PL=${PREFILL_LEN:-512}
 skip=--skip-prefill
 [ "$PREFILL" = 1 ] && skip=
 [ "$PREFILL" = 1 ] && [ "${DECODE:-1}" = 0 ] && skip=--skip-decode
-python3 bench/model/torch_yardstick.py "$M" $skip --prefill-batch "$PB" --prefill-len "$PL" --context 128 --decode-steps 128 \
-  --decode-batch $DECODE_BATCHES \
-  --fast-modes "$FAST_MODES" --fast-attn "$FAST_ATTN" $([ "${HF_DECODE:-1}" = 0 ] && echo --skip-hf-decode) --json "$OUT/torch.json" \
-  > "$OUT/torch.log" 2>&1
-echo "torch yardstick rc=$? ($(( $(date +%s) - t0 )) s)"
-t0=$(date +%s)
 pf="--prefill-batch 1 --prefill-len 128"
 [ "$PREFILL" = 1 ] && pf="--prefill-batch $PB --prefill-len $PL"
 "$BUILD/tools/twell/twell" bench model --model "$M" --decode-batch $DECODE_BATCHES --context 128 --decode-steps 128 --no-energy \
   --decode-warmup "${DECODE_WARMUP:-2}" $pf --json "$OUT/twell.json" > "$OUT/twell.log" 2>&1
 echo "twell bench rc=$? ($(( $(date +%s) - t0 )) s)"
+# twell first (a minute), then PyTorch under TORCH_TIMEOUT (default 420 s): its JSON is written row
+# by row, so the rows that finished make the table even when a compilation outlasts the call.
+t0=$(date +%s)
+timeout "${TORCH_TIMEOUT:-420}" python3 bench/model/torch_yardstick.py "$M" $skip --prefill-batch "$PB" --prefill-len "$PL" --context 128 --decode-steps 128 \
+  --decode-batch $DECODE_BATCHES \
+  --fast-modes "$FAST_MODES" --fast-attn "$FAST_ATTN" $([ "${HF_DECODE:-1}" = 0 ] && echo --skip-hf-decode) --json "$OUT/torch.json" \
+  > "$OUT/torch.log" 2>&1
+echo "torch yardstick rc=$? ($(( $(date +%s) - t0 )) s)"
 if [ "$PREFILL" = 1 ] && [ "${DECODE:-1}" != 0 ]; then
   t0=$(date +%s)
   TWELL_TUNING="${TWELL_TUNING:+$TWELL_TUNING,}no-cudnn-attention" \

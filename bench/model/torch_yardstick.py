@@ -280,6 +280,7 @@ def main():
         for mode, attn in ([] if a.skip_fast else fast_rows):
             name = (f"decode b{batch} fast compile+graphs" + ("" if mode == "reduce-overhead" else f" {mode}") +
                     ("" if attn == "sdpa" else f" {attn} attention"))
+            print(f"{name}: compiling and timing ...", flush=True)  # compilations take minutes: say which
             try:
                 torch._dynamo.reset()
                 base, cdt = compile_mode(mode)
