@@ -176,7 +176,7 @@ int main(int argc, char** argv) {
         for (const auto& b : w) lt_run(m, b.get(), ref.get());
       });
       std::printf("%4d %12.2f %8.0f %12.2f %8.0f %12.2f %8.0f  %s%s\n", m, us[0], bytes / us[0] / 1e3, us[1],
-                  bytes / us[1] / 1e3, us[2], bytes / us[2] / 1e3, same ? "bits = at M 16" : "BITS DIFFER from M 16",
+                  bytes / us[1] / 1e3, us[2], bytes / us[2] / 1e3, m == 1 ? "bits: n/a (CUDA cores)" : same ? "bits = at M 16" : "BITS DIFFER from M 16",
                   bad ? ", OUTSIDE THE BOUND" : ", within the bound");
     }
   }

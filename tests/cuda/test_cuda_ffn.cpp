@@ -25,6 +25,7 @@
 #include <random>
 #include <string>
 #include <utility>
+#include <limits>
 #include <vector>
 
 #include "cuda/common/device_buffer.hpp"
@@ -894,7 +895,8 @@ TEST(CudaGemv, MatchesFloat64WithinBound) {
 // The tensor-core GEMV (2–16 tokens) gives each token the same bits whatever the batch around it:
 // token t's outputs at M tokens equal its outputs at 16 tokens, with the other tokens' x
 // different random values (a kernel that mixed tokens, or summed in an order that depended on M,
-// would differ), bf16 and fp32 output, K with a partial last block.
+// would differ), bf16 and fp32 output, K with a partial last block, x rows with a stride past K
+// whose padding is NaN (a read of it would show as a non-finite output).
 TEST(CudaGemv, ATokensBitsDoNotDependOnTheBatch) {
   TWELL_REQUIRE_GPU();
   cudaStream_t s;
@@ -904,14 +906,18 @@ TEST(CudaGemv, ATokensBitsDoNotDependOnTheBatch) {
   const std::int64_t n = 1037, k = 2056;
   std::vector<float> w(static_cast<std::size_t>(n * k));
   for (float& v : w) v = round_bf16(nd(rng) * 0.03f);
-  DeviceBuffer<__nv_bfloat16> dw(w.size()), dx(static_cast<std::size_t>(16 * k)), dg(static_cast<std::size_t>(16 * n));
+  const std::int64_t ldx = k + 24;
+  DeviceBuffer<__nv_bfloat16> dw(w.size()), dx(static_cast<std::size_t>(16 * ldx)), dg(static_cast<std::size_t>(16 * n));
   DeviceBuffer<float> dg32(static_cast<std::size_t>(16 * n));
   const auto wb = to_bf16_bits(w);
   ASSERT_EQ(cudaMemcpy(dw.get(), wb.data(), wb.size() * 2, cudaMemcpyHostToDevice), cudaSuccess);
   const auto run = [&](std::int64_t m, const std::vector<float>& x, bool out32) {
-    const auto xb = to_bf16_bits(x);
+    std::vector<float> padded(static_cast<std::size_t>(m * ldx), std::numeric_limits<float>::quiet_NaN());
+    for (std::int64_t r = 0; r < m; ++r) std::copy_n(x.begin() + r * k, k, padded.begin() + r * ldx);
+    const auto xb = to_bf16_bits(padded);
     EXPECT_EQ(cudaMemcpy(dx.get(), xb.data(), xb.size() * 2, cudaMemcpyHostToDevice), cudaSuccess);
     TwellGemvParams p = gemv_rows(dx.get(), m, dw.get(), n, k);
+    p.ld_x = ldx;
     if (out32)
       p.g32 = dg32.get();
     else
@@ -937,6 +943,10 @@ TEST(CudaGemv, ATokensBitsDoNotDependOnTheBatch) {
   for (const bool out32 : {false, true}) {
     const std::vector<float> x16 = random_x(16);
     const auto want = run(16, x16, out32);
+    for (const std::uint32_t b : want) {  // finite: the padding was not read
+      const bool finite = out32 ? (b & 0x7f800000u) != 0x7f800000u : (b & 0x7f80u) != 0x7f80u;
+      ASSERT_TRUE(finite) << "a non-finite output: the kernel read x's padding";
+    }
     for (const std::int64_t m : {2, 3, 8, 9, 15}) {
       SCOPED_TRACE(::testing::Message() << "m " << m << (out32 ? ", fp32 out" : ", bf16 out"));
       // Token t of x16 sits at row t % m among other random tokens.

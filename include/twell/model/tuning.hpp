@@ -53,10 +53,12 @@ struct RuntimeTuning {
   // work overlaps the gate's stream instead of trailing it. A schedule: the same bits either way.
   // Off: for A/B measurement.
   bool decode_neuron_order = true;  // no-decode-neuron-order
-  // CUDA runtime only: steps of 2–16 rows (batched decode) run their attention projections on the
-  // decode GEMV's tensor-core kernel (cuda/ops/gemv.hpp), which streams the weights once for all
-  // rows; off: cuBLASLt's small-M GEMMs. Exact either way (fp32 sums, rounded once), not the same
-  // bits. 2B decode +8.6–9.8 % dense at batches 2–8 on an H200 (docs/runtime.md). For A/B measurement.
+  // CUDA runtime only: calls of 2–16 rows (batched decode steps, short prompts and chunks) run their
+  // attention projections on the decode GEMV's tensor-core kernel (cuda/ops/gemv.hpp), which streams
+  // the weights once for all rows; off: cuBLASLt's small-M GEMMs. Exact either way (fp32 sums,
+  // rounded once), not the same bits. 2B decode +8.6–10.0 % dense at batches 2–8 on an H200
+  // (docs/runtime.md; measured with the LM head on the same kernel, which now runs on cuBLASLt at
+  // 2–16 rows in both settings). For A/B measurement.
   bool batched_gemv = true;  // no-batched-gemv
   // CUDA runtime only: the density up to which a ReLU layer's decode steps run the sparse decode
   // kernels (the layer's newest count decides; both paths exact); < 0: the engine's measured default.

@@ -5,9 +5,10 @@
 // sizes (the attention output's 8 MB at 2B: cuBLASLt 7.4 µs, 1.1 TB/s); with it, the engine's
 // decode gate: the values the cuBLASLt ReLU GEMM writes into the gate buffer, at decode sizes where
 // that GEMM runs far below the memory bandwidth (≈ 12 µs for an 11.5 MB Wg at M = 1 on an H200,
-// i.e. ~1 TB/s). Each warp streams 1 or 4 rows of W (16-byte loads, a window of each row in flight:
-// the shape launch_twell_gemv picks, gemv_kernel.cuh) and reuses every x chunk for its rows;
-// x stays in L1.
+// i.e. ~1 TB/s). One token: each warp streams 1 or 4 rows of W on CUDA cores (16-byte loads, a
+// window of each row in flight: the shape launch_twell_gemv picks, gemv_kernel.cuh) and reuses
+// every x chunk for its rows; x stays in L1. 2–16 tokens: tensor cores, 16 rows of W a CTA, K split
+// over its warps (gemv_mma_kernel.cuh); within 2–16 a token's bits do not depend on the others.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 

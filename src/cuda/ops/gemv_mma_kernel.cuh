@@ -15,7 +15,8 @@
 // - a token's sums never see another token's x: mma computes each column of D from its own column of
 //   B, tokens past M load as zeros, and the warps' partial sums are added in warp order 0, 1, …;
 //   so a token's bits do not depend on M (2–16) or on the other tokens' values;
-// - fp32 accumulation throughout, rounded to bf16 once (or stored as fp32);
+// - exact products and fp32 sums, rounded to bf16 once (or stored as fp32); inside one k16 step the
+//   tensor cores align and truncate rather than round to nearest (as in cuBLASLt's kernels);
 // - W loaded before the programmatic wait only where w_before_wait says no kernel it overlaps
 //   writes it; x always after.
 #include <cuda_bf16.h>
@@ -40,6 +41,8 @@ __device__ __forceinline__ void mma_16816_bf16(float (&d)[4], unsigned a0, unsig
       "{%0, %1, %2, %3};\n"
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
       : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+#elif defined(__CUDA_ARCH__)
+  __trap();  // no bf16 mma below sm_80: fail loudly rather than leave zeros
 #endif
 }
 
