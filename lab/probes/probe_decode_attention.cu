@@ -5,8 +5,10 @@
 // For each shape: µs a launch, graph-replayed over `layers` caches launched in turn (together past
 // the L2), the KV bytes a launch must read (rows × keys × KV heads × D × 2 × 2 B; query heads of a
 // GQA group read their KV head's rows again, from L2 at best) and the bandwidth on them, beside the
-// device-to-device copy bandwidth measured in the same process. Checks: every output finite, and one
-// (row, head) per shape against a float64 softmax over the same bf16 values (within 2⁻⁸ relative of
+// device-to-device copy bandwidth measured in the same process; beside it a candidate, split-KV
+// attention (split_attention_kernel below: chunks of 128 keys, a CTA each, combined by the last).
+// Checks: every output finite, and one
+// (row, head) per shape, of both kernels, against a float64 softmax over the same bf16 values (within 2⁻⁸ relative of
 // the largest |output| — the output is bf16 — plus the fp32 sums' own error).
 //   twell_probe_decode_attention [max GB of caches (default 12)]
 #include <cuda_bf16.h>
@@ -20,7 +22,7 @@
 #include <vector>
 
 #include "cuda/common/device_buffer.hpp"
-#include "cuda/common/launch.hpp"
+#include "cuda/common/launch.cuh"
 #include "cuda/ops/model_ops.hpp"
 #include "probe_graph.cuh"
 
@@ -53,6 +55,125 @@ double copy_gbps(cudaStream_t s) {
   return 2.0 * bytes * 10 / (ms * 1e-3) / 1e9;  // read + write
 }
 
+// The candidate: split-KV decode attention (flash-decoding). One CTA of kSplitThreads per (row,
+// query head, chunk of kChunk keys): the chunk's scores (a thread a key), their max m and
+// Σ exp(s − m) = l, and o = Σ exp(s − m)·v over the chunk (D/8 lanes a value row, the warps' key
+// groups summed in a fixed order); the last CTA of a (row, head) (a ticket) combines the chunks in
+// chunk order: out = Σ o_c·e^(m_c − M) / Σ l_c·e^(m_c − M). More CTAs than the library's one per
+// (row, head) where rows × heads is small (batch 1: 32 at 2B), the same bytes. Deterministic: the
+// combination's order is fixed, whatever order the chunks finish in.
+constexpr int kChunk = 128, kSplitThreads = 128, kSplitWarps = kSplitThreads / 32;
+
+template <int D>
+__global__ void __launch_bounds__(kSplitThreads) split_attention_kernel(const __nv_bfloat16* qkv, int heads, int kv_heads,
+                                                                        const ops::RowKv* rows_kv, long long layer,
+                                                                        float scale, float* work, unsigned* tickets,
+                                                                        int max_chunks, __nv_bfloat16* out) {
+  constexpr int L = D / 8, G = 32 / L;  // P·V: L lanes a value row, G rows a warp at a time
+  __shared__ float q[D], sc[kChunk], red[kSplitWarps], part[kSplitWarps][D];
+  __shared__ bool last;
+  const int r = blockIdx.x, h = blockIdx.y, chunk = blockIdx.z;
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+  const long long q_dim = static_cast<long long>(heads) * D, kv_dim = static_cast<long long>(kv_heads) * D;
+  const int kvh = h / (heads / kv_heads);
+  twell::cuda::dev::pdl_begin();
+  const ops::RowKv info = rows_kv[r];
+  const int n = info.pos + 1, chunks = (n + kChunk - 1) / kChunk;
+  if (chunk >= chunks) return;  // grid sized for the longest row
+  const int t0 = chunk * kChunk, cnt = min(kChunk, n - t0);
+  const __nv_bfloat16* qrow = qkv + r * (q_dim + 2 * kv_dim) + h * D;
+  for (int i = tid; i < D; i += kSplitThreads) q[i] = __bfloat162float(qrow[i]) * scale;
+  __syncthreads();
+  const __nv_bfloat16* kc = info.k + layer * info.layer_stride + kvh * D;
+  const __nv_bfloat16* vc = info.v + layer * info.layer_stride + kvh * D;
+  float mx = -INFINITY;
+  if (tid < cnt) {
+    const uint4* kr = reinterpret_cast<const uint4*>(kc + info.slot(t0 + tid) * kv_dim);
+    uint4 raw[L];
+#pragma unroll
+    for (int j = 0; j < L; ++j) raw[j] = kr[j];
+    float a = 0.0f;
+#pragma unroll
+    for (int j = 0; j < L; ++j) {
+      const auto* p2 = reinterpret_cast<const __nv_bfloat162*>(&raw[j]);
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const float2 f = __bfloat1622float2(p2[e]);
+        a += q[8 * j + 2 * e] * f.x;
+        a += q[8 * j + 2 * e + 1] * f.y;
+      }
+    }
+    sc[tid] = a;
+    mx = a;
+  }
+  for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+  if (lane == 0) red[warp] = mx;
+  __syncthreads();
+  mx = red[0];
+  for (int w = 1; w < kSplitWarps; ++w) mx = fmaxf(mx, red[w]);
+  __syncthreads();
+  float l = 0.0f;
+  if (tid < cnt) l = sc[tid] = __expf(sc[tid] - mx);
+  for (int o = 16; o > 0; o >>= 1) l += __shfl_xor_sync(0xffffffffu, l, o);
+  if (lane == 0) red[warp] = l;
+  __syncthreads();
+  l = 0.0f;
+  for (int w = 0; w < kSplitWarps; ++w) l += red[w];
+  // o over the chunk: warp w's key group g takes keys w·G + g, + kSplitWarps·G, …
+  const int g = lane / L, c = lane % L;
+  float acc[8] = {};
+  for (int t = warp * G + g; t < cnt; t += kSplitWarps * G) {
+    const uint4 raw = reinterpret_cast<const uint4*>(vc + info.slot(t0 + t) * kv_dim)[c];
+    const float pr = sc[t];
+    const auto* p2 = reinterpret_cast<const __nv_bfloat162*>(&raw);
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const float2 f = __bfloat1622float2(p2[e]);
+      acc[2 * e] += pr * f.x;
+      acc[2 * e + 1] += pr * f.y;
+    }
+  }
+#pragma unroll
+  for (int o = L; o < 32; o <<= 1)
+#pragma unroll
+    for (int j = 0; j < 8; ++j) acc[j] += __shfl_xor_sync(0xffffffffu, acc[j], o);
+  if (g == 0)
+#pragma unroll
+    for (int j = 0; j < 8; ++j) part[warp][8 * c + j] = acc[j];
+  __syncthreads();
+  // This chunk's (m, l, o[D]) into the work area [rows, heads, max_chunks, D + 2].
+  float* mine = work + ((static_cast<long long>(r) * heads + h) * max_chunks + chunk) * (D + 2);
+  for (int i = tid; i < D; i += kSplitThreads) {
+    float o = 0.0f;
+    for (int w = 0; w < kSplitWarps; ++w) o += part[w][i];
+    mine[i] = o;
+  }
+  if (tid == 0) {
+    mine[D] = mx;
+    mine[D + 1] = l;
+  }
+  __threadfence();
+  __syncthreads();
+  if (tid == 0) {
+    unsigned* tk = tickets + static_cast<long long>(r) * heads + h;
+    last = atomicAdd(tk, 1u) == static_cast<unsigned>(chunks - 1);
+    if (last) *tk = 0;  // ready for the next launch
+  }
+  __syncthreads();
+  if (!last) return;
+  __threadfence();
+  const float* all = work + (static_cast<long long>(r) * heads + h) * max_chunks * (D + 2);
+  float big = -INFINITY;
+  for (int cc = 0; cc < chunks; ++cc) big = fmaxf(big, __ldcg(all + cc * (D + 2) + D));
+  float den = 0.0f;
+  for (int cc = 0; cc < chunks; ++cc) den += __ldcg(all + cc * (D + 2) + D + 1) * __expf(__ldcg(all + cc * (D + 2) + D) - big);
+  for (int i = tid; i < D; i += kSplitThreads) {
+    float o = 0.0f;
+    for (int cc = 0; cc < chunks; ++cc) o += __ldcg(all + cc * (D + 2) + i) * __expf(__ldcg(all + cc * (D + 2) + D) - big);
+    out[r * q_dim + h * D + i] = __float2bfloat16(o / den);
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -75,8 +196,8 @@ int main(int argc, char** argv) {
   bool all_ok = true;
   for (const Model md : {Model{"2B (MHA, 32 heads of 64)", 32, 32, 64}, Model{"GQA 32/8 heads of 64", 32, 8, 64},
                          Model{"7B-GQA (32/8 heads of 128)", 32, 8, 128}}) {
-    std::printf("\n%s\n%5s %6s %7s %10s %10s %8s %8s  %s\n", md.name, "rows", "keys", "layers", "us", "KV MB", "GB/s",
-                "of copy", "checks");
+    std::printf("\n%s\n%5s %6s %7s %10s %10s %8s %8s %10s %8s  %s\n", md.name, "rows", "keys", "layers", "us", "KV MB",
+                "GB/s", "of copy", "split us", "GB/s", "checks");
     const std::int64_t kv_dim = static_cast<std::int64_t>(md.kv_heads) * md.d, q_dim = static_cast<std::int64_t>(md.heads) * md.d;
     for (const int rows : {1, 8, 32, 64})
       for (const int ctx : {144, 512, 2048}) {
@@ -113,9 +234,31 @@ int main(int argc, char** argv) {
           ops::attention(qkv.get(), rows, md.heads, md.kv_heads, md.d, drows.get(), l, keys, out.get(), s,
                          /*old_keys_ready=*/true);
         };
+        // The candidate's work area and tickets (zero; each (row, head)'s last CTA leaves its ticket zero).
+        const int max_chunks = (keys + kChunk - 1) / kChunk;
+        DeviceBuffer<float> work(static_cast<std::size_t>(rows) * md.heads * max_chunks * (md.d + 2));
+        DeviceBuffer<unsigned> tickets(static_cast<std::size_t>(rows) * md.heads);
+        CK(cudaMemset(tickets.get(), 0, tickets.bytes()));
+        DeviceBuffer<__nv_bfloat16> out_split(out.size());
+        const float scale = 1.0f / std::sqrt(static_cast<float>(md.d));
+        const auto launch_split = [&](int l) {
+          const dim3 grid(static_cast<unsigned>(rows), static_cast<unsigned>(md.heads), static_cast<unsigned>(max_chunks));
+          if (md.d == 64)
+            launch_kernel(split_attention_kernel<64>, grid, dim3(kSplitThreads), 0, s, qkv.get(), md.heads, md.kv_heads,
+                          drows.get(), static_cast<long long>(l), scale, work.get(), tickets.get(), max_chunks,
+                          out_split.get());
+          else
+            launch_kernel(split_attention_kernel<128>, grid, dim3(kSplitThreads), 0, s, qkv.get(), md.heads, md.kv_heads,
+                          drows.get(), static_cast<long long>(l), scale, work.get(), tickets.get(), max_chunks,
+                          out_split.get());
+          CK(cudaGetLastError());
+        };
         // Check: layer 0, the last row, the last head, against float64.
         launch(0);
+        launch_split(0);
         CK(cudaStreamSynchronize(s));
+        std::vector<unsigned short> hsplit(out.size());
+        CK(cudaMemcpy(hsplit.data(), out_split.get(), out_split.bytes(), cudaMemcpyDeviceToHost));
         std::vector<unsigned short> ho(out.size()), hq(qkv.size()), hk(static_cast<std::size_t>(keys * kv_dim)),
             hv(hk.size());
         CK(cudaMemcpy(ho.data(), out.get(), out.bytes(), cudaMemcpyDeviceToHost));
@@ -125,6 +268,7 @@ int main(int argc, char** argv) {
         CK(cudaMemcpy(hv.data(), vc[r].get(), hv.size() * 2, cudaMemcpyDeviceToHost));
         bool finite = true;
         for (const unsigned short b : ho) finite = finite && (b & 0x7f80u) != 0x7f80u;
+        for (const unsigned short b : hsplit) finite = finite && (b & 0x7f80u) != 0x7f80u;
         std::vector<double> sc(static_cast<std::size_t>(keys));
         double mx = -1e300;
         for (int t = 0; t < keys; ++t) {
@@ -143,8 +287,11 @@ int main(int argc, char** argv) {
           for (int t = 0; t < keys; ++t) want[i] += sc[t] / z * bf16_to_float(hv[static_cast<std::size_t>(t * kv_dim + kvh * md.d + i)]);
           big = std::max(big, std::abs(want[i]));
         }
-        for (int i = 0; i < md.d; ++i)
-          worst = std::max(worst, std::abs(bf16_to_float(ho[static_cast<std::size_t>(r * q_dim + h * md.d + i)]) - want[i]));
+        for (int i = 0; i < md.d; ++i) {
+          const std::size_t at = static_cast<std::size_t>(r * q_dim + h * md.d + i);
+          worst = std::max(worst, std::abs(bf16_to_float(ho[at]) - want[i]));
+          worst = std::max(worst, std::abs(bf16_to_float(hsplit[at]) - want[i]));
+        }
         const bool close = worst <= std::ldexp(big, -8) + keys * std::ldexp(1.0, -20);
         const bool ok = finite && close;
         all_ok = all_ok && ok;
@@ -152,9 +299,12 @@ int main(int argc, char** argv) {
         const double us = time_graph(s, 20, layers, [&] {
           for (int l = 0; l < layers; ++l) launch(l);
         });
-        std::printf("%5d %6d %7d %10.2f %10.2f %8.0f %7.0f%%  %s (worst %.2e of max %.2e)\n", rows, keys, layers, us,
-                    kv_bytes / 1e6, kv_bytes / us / 1e3, 100.0 * kv_bytes / us / 1e3 / copy, ok ? "ok" : "FAIL",
-                    worst, big);
+        const double us_split = time_graph(s, 20, layers, [&] {
+          for (int l = 0; l < layers; ++l) launch_split(l);
+        });
+        std::printf("%5d %6d %7d %10.2f %10.2f %8.0f %7.0f%% %10.2f %8.0f  %s (worst %.2e of max %.2e)\n", rows, keys,
+                    layers, us, kv_bytes / 1e6, kv_bytes / us / 1e3, 100.0 * kv_bytes / us / 1e3 / copy, us_split,
+                    kv_bytes / us_split / 1e3, ok ? "ok" : "FAIL", worst, big);
       }
   }
   std::printf("\nchecks: %s\n", all_ok ? "pass" : "FAIL");
