@@ -7,7 +7,7 @@
 // GQA group read their KV head's rows again, from L2 at best) and the bandwidth on them, beside the
 // device-to-device copy bandwidth measured in the same process; beside it a candidate, split-KV
 // attention (split_attention_kernel below: chunks of 128 keys, a CTA each, combined by the last).
-// Checks: every output finite, and one
+// For GQA shapes a second candidate, grouped_attention_kernel: a CTA a (row, KV head). Checks: every output finite, and one
 // (row, head) per shape, of both kernels, against a float64 softmax over the same bf16 values (within 2⁻⁸ relative of
 // the largest |output| — the output is bf16 — plus the fp32 sums' own error).
 //   twell_probe_decode_attention [max GB of caches (default 12)]
@@ -174,6 +174,131 @@ __global__ void __launch_bounds__(kSplitThreads) split_attention_kernel(const __
   }
 }
 
+// The GQA candidate: one CTA of 8 warps per (row, KV head) serves the GRP query heads that read
+// that KV head, so each key and value row is loaded once for all of them (the library's kernel runs
+// a CTA per query head, each loading the rows again: from L2 at best). Scores [GRP][n] in shared
+// memory; the softmax per query head; P·V with each value chunk loaded once and used GRP times.
+constexpr int kGroupWarps = 8;
+
+template <int D, int GRP>
+__global__ void __launch_bounds__(kGroupWarps * 32) grouped_attention_kernel(const __nv_bfloat16* qkv, int heads,
+                                                                             int kv_heads, const ops::RowKv* rows_kv,
+                                                                             long long layer, float scale,
+                                                                             __nv_bfloat16* out) {
+  constexpr int L = D / 8, G = 32 / L, kStep = kGroupWarps * G, kThreads = kGroupWarps * 32;
+  extern __shared__ float smem[];
+  const int r = blockIdx.x, kvh = blockIdx.y;
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+  const long long q_dim = static_cast<long long>(heads) * D, kv_dim = static_cast<long long>(kv_heads) * D;
+  twell::cuda::dev::pdl_begin();
+  const ops::RowKv info = rows_kv[r];
+  const int n = info.pos + 1;
+  float* q = smem;                          // [GRP][D], pre-scaled
+  float* red = q + GRP * D;                 // [GRP][kGroupWarps]
+  float* part = red + GRP * kGroupWarps;    // [kGroupWarps][GRP][D]
+  float* score = part + kGroupWarps * GRP * D;  // [GRP][n]
+  const __nv_bfloat16* qrow = qkv + r * (q_dim + 2 * kv_dim) + static_cast<long long>(kvh) * GRP * D;
+  for (int i = tid; i < GRP * D; i += kThreads) q[i] = __bfloat162float(qrow[i]) * scale;
+  __syncthreads();
+  const __nv_bfloat16* kc = info.k + layer * info.layer_stride + static_cast<long long>(kvh) * D;
+  const __nv_bfloat16* vc = info.v + layer * info.layer_stride + static_cast<long long>(kvh) * D;
+  float mx[GRP];
+#pragma unroll
+  for (int a = 0; a < GRP; ++a) mx[a] = -INFINITY;
+  for (int t = tid; t < n; t += kThreads) {
+    const uint4* kr = reinterpret_cast<const uint4*>(kc + info.slot(t) * kv_dim);
+    uint4 raw[L];
+#pragma unroll
+    for (int j = 0; j < L; ++j) raw[j] = kr[j];
+    float a_s[GRP] = {};
+#pragma unroll
+    for (int j = 0; j < L; ++j) {
+      const auto* p2 = reinterpret_cast<const __nv_bfloat162*>(&raw[j]);
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const float2 f = __bfloat1622float2(p2[e]);
+#pragma unroll
+        for (int a = 0; a < GRP; ++a) {
+          a_s[a] += q[a * D + 8 * j + 2 * e] * f.x;
+          a_s[a] += q[a * D + 8 * j + 2 * e + 1] * f.y;
+        }
+      }
+    }
+#pragma unroll
+    for (int a = 0; a < GRP; ++a) {
+      score[a * n + t] = a_s[a];
+      mx[a] = fmaxf(mx[a], a_s[a]);
+    }
+  }
+  // Softmax per query head: the block's max, then exp and the sum.
+#pragma unroll
+  for (int a = 0; a < GRP; ++a) {
+    for (int o = 16; o > 0; o >>= 1) mx[a] = fmaxf(mx[a], __shfl_xor_sync(0xffffffffu, mx[a], o));
+    if (lane == 0) red[a * kGroupWarps + warp] = mx[a];
+  }
+  __syncthreads();
+#pragma unroll
+  for (int a = 0; a < GRP; ++a) {
+    mx[a] = red[a * kGroupWarps];
+    for (int w = 1; w < kGroupWarps; ++w) mx[a] = fmaxf(mx[a], red[a * kGroupWarps + w]);
+  }
+  __syncthreads();  // red is reused for the sums
+  float sum[GRP] = {};
+  for (int t = tid; t < n; t += kThreads)
+#pragma unroll
+    for (int a = 0; a < GRP; ++a) {
+      const float e = __expf(score[a * n + t] - mx[a]);
+      score[a * n + t] = e;
+      sum[a] += e;
+    }
+#pragma unroll
+  for (int a = 0; a < GRP; ++a) {
+    for (int o = 16; o > 0; o >>= 1) sum[a] += __shfl_xor_sync(0xffffffffu, sum[a], o);
+    if (lane == 0) red[a * kGroupWarps + warp] = sum[a];
+  }
+  __syncthreads();
+#pragma unroll
+  for (int a = 0; a < GRP; ++a) {
+    sum[a] = 0.0f;
+    for (int w = 0; w < kGroupWarps; ++w) sum[a] += red[a * kGroupWarps + w];
+  }
+  // P·V: lane group g of warp w takes keys w·G + g, + kStep, …; dims [8c, 8c + 8).
+  const int g = lane / L, c = lane % L;
+  float acc[GRP][8] = {};
+  for (int t = warp * G + g; t < n; t += kStep) {
+    const uint4 raw = reinterpret_cast<const uint4*>(vc + info.slot(t) * kv_dim)[c];
+    const auto* p2 = reinterpret_cast<const __nv_bfloat162*>(&raw);
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const float2 f = __bfloat1622float2(p2[e]);
+#pragma unroll
+      for (int a = 0; a < GRP; ++a) {
+        const float pr = score[a * n + t];
+        acc[a][2 * e] += pr * f.x;
+        acc[a][2 * e + 1] += pr * f.y;
+      }
+    }
+  }
+#pragma unroll
+  for (int a = 0; a < GRP; ++a)
+#pragma unroll
+    for (int o = L; o < 32; o <<= 1)
+#pragma unroll
+      for (int j = 0; j < 8; ++j) acc[a][j] += __shfl_xor_sync(0xffffffffu, acc[a][j], o);
+  if (g == 0)
+#pragma unroll
+    for (int a = 0; a < GRP; ++a)
+#pragma unroll
+      for (int j = 0; j < 8; ++j) part[(warp * GRP + a) * D + 8 * c + j] = acc[a][j];
+  __syncthreads();
+  for (int i = tid; i < GRP * D; i += kThreads) {
+    const int a = i / D, d = i % D;
+    float o = 0.0f;
+    for (int w = 0; w < kGroupWarps; ++w) o += part[(w * GRP + a) * D + d];
+    out[r * q_dim + (static_cast<long long>(kvh) * GRP + a) * D + d] = __float2bfloat16(o / sum[a]);
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -196,8 +321,8 @@ int main(int argc, char** argv) {
   bool all_ok = true;
   for (const Model md : {Model{"2B (MHA, 32 heads of 64)", 32, 32, 64}, Model{"GQA 32/8 heads of 64", 32, 8, 64},
                          Model{"7B-GQA (32/8 heads of 128)", 32, 8, 128}}) {
-    std::printf("\n%s\n%5s %6s %7s %10s %10s %8s %8s %10s %8s  %s\n", md.name, "rows", "keys", "layers", "us", "KV MB",
-                "GB/s", "of copy", "split us", "GB/s", "checks");
+    std::printf("\n%s\n%5s %6s %7s %10s %10s %8s %8s %10s %8s %10s  %s\n", md.name, "rows", "keys", "layers", "us", "KV MB",
+                "GB/s", "of copy", "split us", "GB/s", "GQA-CTA us", "checks");
     const std::int64_t kv_dim = static_cast<std::int64_t>(md.kv_heads) * md.d, q_dim = static_cast<std::int64_t>(md.heads) * md.d;
     for (const int rows : {1, 8, 32, 64})
       for (const int ctx : {144, 512, 2048}) {
@@ -241,6 +366,26 @@ int main(int argc, char** argv) {
         CK(cudaMemset(tickets.get(), 0, tickets.bytes()));
         DeviceBuffer<__nv_bfloat16> out_split(out.size());
         const float scale = 1.0f / std::sqrt(static_cast<float>(md.d));
+        // The GQA candidate (4 query heads a KV head only): scores [4][keys] in shared memory.
+        const bool grouped = md.heads == 4 * md.kv_heads;
+        bool capturing = false;
+        DeviceBuffer<__nv_bfloat16> out_group(out.size());
+        const std::size_t group_smem = sizeof(float) * (4 * md.d + 4 * kGroupWarps + kGroupWarps * 4 * md.d + 4 * keys);
+        const auto launch_group = [&](int l) {
+          const dim3 grid(static_cast<unsigned>(rows), static_cast<unsigned>(md.kv_heads));
+          const auto go = [&](auto kernel) {
+            if (l == 0 && !capturing)  // set once, before the graphs capture the launches
+              CK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(group_smem)));
+            launch_kernel(kernel, grid, dim3(kGroupWarps * 32), group_smem, s, qkv.get(), md.heads, md.kv_heads,
+                          drows.get(), static_cast<long long>(l), scale, out_group.get());
+          };
+          if (md.d == 64)
+            go(grouped_attention_kernel<64, 4>);
+          else
+            go(grouped_attention_kernel<128, 4>);
+          CK(cudaGetLastError());
+        };
+        const bool group_fits = grouped && group_smem <= static_cast<std::size_t>(prop.sharedMemPerBlockOptin);
         const auto launch_split = [&](int l) {
           const dim3 grid(static_cast<unsigned>(rows), static_cast<unsigned>(md.heads), static_cast<unsigned>(max_chunks));
           if (md.d == 64)
@@ -256,9 +401,11 @@ int main(int argc, char** argv) {
         // Check: layer 0, the last row, the last head, against float64.
         launch(0);
         launch_split(0);
+        if (group_fits) launch_group(0);
         CK(cudaStreamSynchronize(s));
-        std::vector<unsigned short> hsplit(out.size());
+        std::vector<unsigned short> hsplit(out.size()), hgroup(out.size());
         CK(cudaMemcpy(hsplit.data(), out_split.get(), out_split.bytes(), cudaMemcpyDeviceToHost));
+        if (group_fits) CK(cudaMemcpy(hgroup.data(), out_group.get(), out_group.bytes(), cudaMemcpyDeviceToHost));
         std::vector<unsigned short> ho(out.size()), hq(qkv.size()), hk(static_cast<std::size_t>(keys * kv_dim)),
             hv(hk.size());
         CK(cudaMemcpy(ho.data(), out.get(), out.bytes(), cudaMemcpyDeviceToHost));
@@ -269,6 +416,8 @@ int main(int argc, char** argv) {
         bool finite = true;
         for (const unsigned short b : ho) finite = finite && (b & 0x7f80u) != 0x7f80u;
         for (const unsigned short b : hsplit) finite = finite && (b & 0x7f80u) != 0x7f80u;
+        if (group_fits)
+          for (const unsigned short b : hgroup) finite = finite && (b & 0x7f80u) != 0x7f80u;
         std::vector<double> sc(static_cast<std::size_t>(keys));
         double mx = -1e300;
         for (int t = 0; t < keys; ++t) {
@@ -291,6 +440,7 @@ int main(int argc, char** argv) {
           const std::size_t at = static_cast<std::size_t>(r * q_dim + h * md.d + i);
           worst = std::max(worst, std::abs(bf16_to_float(ho[at]) - want[i]));
           worst = std::max(worst, std::abs(bf16_to_float(hsplit[at]) - want[i]));
+          if (group_fits) worst = std::max(worst, std::abs(bf16_to_float(hgroup[at]) - want[i]));
         }
         const bool close = worst <= std::ldexp(big, -8) + keys * std::ldexp(1.0, -20);
         const bool ok = finite && close;
@@ -302,9 +452,13 @@ int main(int argc, char** argv) {
         const double us_split = time_graph(s, 20, layers, [&] {
           for (int l = 0; l < layers; ++l) launch_split(l);
         });
-        std::printf("%5d %6d %7d %10.2f %10.2f %8.0f %7.0f%% %10.2f %8.0f  %s (worst %.2e of max %.2e)\n", rows, keys,
-                    layers, us, kv_bytes / 1e6, kv_bytes / us / 1e3, 100.0 * kv_bytes / us / 1e3 / copy, us_split,
-                    kv_bytes / us_split / 1e3, ok ? "ok" : "FAIL", worst, big);
+        capturing = true;
+        const double us_group = group_fits ? time_graph(s, 20, layers, [&] {
+          for (int l = 0; l < layers; ++l) launch_group(l);
+        }) : 0.0;
+        std::printf("%5d %6d %7d %10.2f %10.2f %8.0f %7.0f%% %10.2f %8.0f %10.2f  %s (worst %.2e of max %.2e)\n", rows,
+                    keys, layers, us, kv_bytes / 1e6, kv_bytes / us / 1e3, 100.0 * kv_bytes / us / 1e3 / copy, us_split,
+                    kv_bytes / us_split / 1e3, us_group, ok ? "ok" : "FAIL", worst, big);
       }
   }
   std::printf("\nchecks: %s\n", all_ok ? "pass" : "FAIL");
