@@ -106,7 +106,7 @@ TEST(FfnPlan, ThresholdsByShape) {
 // A 2B-like gated layer (N 5632, K 2048) on an sm90 GPU, 512 hot neurons split off.
 LayerFacts layer(std::int64_t hot_n = 512, bool gated = true) {
   return {.n = 5632, .hot_n = hot_n, .gated = gated, .decode_k = true, .token_k = true, .gate_sm90 = true,
-          .gemv_max_rows = 16};
+          .gemv_max_rows = 16, .down_gemv_max_rows = 16};
 }
 
 // The shape of a call is every decision of its size and the layer, written out case by case from
@@ -122,6 +122,10 @@ TEST(FfnPlan, ShapeOfACallFollowsItsSize) {
   EXPECT_TRUE(eight.decode);
   EXPECT_FALSE(eight.one_token);
   EXPECT_FALSE(eight.gate_gemv) << "decode_gemv_max_rows is 1: the cuBLASLt gate from 2 rows";
+  EXPECT_TRUE(eight.down_gemv) << "the dense down projection on the GEMV at 2–16 rows";
+  EXPECT_FALSE(one.down_gemv) << "one row: cuBLASLt's down GEMM (the one-token kernels carry the sparse path)";
+  EXPECT_TRUE(shape_call(p, layer(), 16).down_gemv);
+  EXPECT_FALSE(shape_call(p, layer(), 17).down_gemv);
   EXPECT_EQ(shape_call(p, layer(), p.decode_max_rows + 1).decode, false);
   const CallShape mid = shape_call(p, layer(), 1024);  // above decode, below the split's minimum
   EXPECT_FALSE(mid.decode);
@@ -154,6 +158,11 @@ TEST(FfnPlan, ShapeOfACallFollowsItsSize) {
   EXPECT_FALSE(shape_call(q, layer(), 16384).hot_overlap);
   EXPECT_TRUE(shape_call(q, layer(), 4).gate_gemv);
   EXPECT_FALSE(shape_call(q, layer(), 5).gate_gemv);
+  q.down_gemv_max_rows = 0;
+  EXPECT_FALSE(shape_call(q, layer(), 8).down_gemv);
+  LayerFacts padded = layer();
+  padded.down_gemv_max_rows = 0;  // N past the GEMV's reduction, or padded rows
+  EXPECT_FALSE(shape_call(p, padded, 8).down_gemv);
   // The layer's K decides too: too wide for the decode kernels (or the GEMV), no decode shape.
   LayerFacts wide = layer();
   wide.decode_k = wide.token_k = false;

@@ -121,19 +121,30 @@ void FfnContext::reserve(std::int64_t m) {
   cap_m_ = std::max(cap_m_, m);
 }
 
-void FfnContext::dense_forward(const __nv_bfloat16* x, std::int64_t m, __nv_bfloat16* y, cudaStream_t stream) {
+void FfnContext::dense_forward(const __nv_bfloat16* x, std::int64_t m, __nv_bfloat16* y, const CallShape& s,
+                               cudaStream_t stream) {
   reserve(m);
   if (!gated()) {
     gemm_.run({m, n(), k(), k(), k(), ldn(), GemmEpilogue::relu}, w_.gate_up(), x, ws_->h.get(), stream);
-    gemm_.run({m, k(), n(), ldn(), ldn(), k(), GemmEpilogue::none}, w_.down(), ws_->h.get(), y, stream);
-    dense_gate_rows_ = m;
+  } else {
+    // [g | u] = x · [Wg; Wu]ᵀ as one GEMM (2·ldn outputs), then h = ReLU(g) ⊙ u.
+    gemm_.run({m, 2 * ldn(), k(), k(), k(), 2 * ldn(), GemmEpilogue::none}, w_.gate_up(), x, ws_->gu.get(), stream);
+    launch_gated_product(ws_->gu.get(), ws_->gu.get() + ldn(), 2 * ldn(), ws_->h.get(), ldn(), m, n(), stream);
+  }
+  down_product(ws_->h.get(), m, y, s, stream);  // y = h · Wdᵀ
+  dense_gate_rows_ = m;
+}
+
+void FfnContext::down_product(const __nv_bfloat16* h, std::int64_t m, __nv_bfloat16* y, const CallShape& s,
+                              cudaStream_t stream) {
+  if (s.down_gemv) {  // Wd [K, N] unpadded (facts()): the GEMV's W with N as its reduction
+    TwellGemvParams p = gemv_rows(h, m, w_.down(), k(), n());
+    p.ld_x = ldn();
+    p.g = y;
+    launch_twell_gemv(p, stream);
     return;
   }
-  // [g | u] = x · [Wg; Wu]ᵀ as one GEMM (2·ldn outputs), then h = ReLU(g) ⊙ u, then y = h · Wdᵀ.
-  gemm_.run({m, 2 * ldn(), k(), k(), k(), 2 * ldn(), GemmEpilogue::none}, w_.gate_up(), x, ws_->gu.get(), stream);
-  launch_gated_product(ws_->gu.get(), ws_->gu.get() + ldn(), 2 * ldn(), ws_->h.get(), ldn(), m, n(), stream);
-  gemm_.run({m, k(), n(), ldn(), ldn(), k(), GemmEpilogue::none}, w_.down(), ws_->h.get(), y, stream);
-  dense_gate_rows_ = m;
+  gemm_.run({m, k(), n(), ldn(), ldn(), k(), GemmEpilogue::none}, w_.down(), h, y, stream);
 }
 
 void FfnContext::dense_gate_gemm(const __nv_bfloat16* x, std::int64_t m, cudaStream_t stream) {
@@ -272,7 +283,9 @@ void FfnContext::cold_rest(const __nv_bfloat16* x, std::int64_t m, __nv_bfloat16
 
 LayerFacts FfnContext::facts() const noexcept {
   return {.n = n(), .hot_n = hot_n_, .gated = gated(), .decode_k = k() <= kDecodeMaxK, .token_k = k() <= kDecodeTokenMaxK,
-          .gate_sm90 = gate_sm90_ok_, .gemv_max_rows = k() <= kGemvMaxK ? kGemvMaxRows : 0};
+          .gate_sm90 = gate_sm90_ok_, .gemv_max_rows = k() <= kGemvMaxK ? kGemvMaxRows : 0,
+          // The GEMV reads W's rows at stride N and h's at ldn: unpadded rows only.
+          .down_gemv_max_rows = ldn() == n() && n() % 8 == 0 && n() <= kGemvMaxK ? kGemvMaxRows : 0};
 }
 
 bool FfnContext::automatic_is_plain_dense(std::int64_t m) const noexcept {
@@ -406,7 +419,8 @@ FfnOperands FfnContext::operands(const __nv_bfloat16* x, std::int64_t m, __nv_bf
   return o;
 }
 
-void FfnContext::dense_rest(const __nv_bfloat16* x, std::int64_t m, __nv_bfloat16* y, cudaStream_t stream) {
+void FfnContext::dense_rest(const __nv_bfloat16* x, std::int64_t m, __nv_bfloat16* y, const CallShape& s,
+                            cudaStream_t stream) {
   TWELL_CHECK(m <= cap_m_, ErrorCode::invalid_argument, "dense_rest: run gate_twell for these {} rows first", m);
   const __nv_bfloat16* h = ws_->g.get();
   if (gated()) {
@@ -415,12 +429,12 @@ void FfnContext::dense_rest(const __nv_bfloat16* x, std::int64_t m, __nv_bfloat1
     launch_gated_product(ws_->g.get(), u, ldn(), ws_->h.get(), ldn(), m, n(), stream);
     h = ws_->h.get();
   }
-  gemm_.run({m, k(), n(), ldn(), ldn(), k(), GemmEpilogue::none}, w_.down(), h, y, stream);
+  down_product(h, m, y, s, stream);
 }
 
 void FfnContext::dense_forward_counted(const __nv_bfloat16* x, std::int64_t m, __nv_bfloat16* y, const CallShape& s,
                                        cudaStream_t stream) {
-  dense_forward(x, m, y, stream);
+  dense_forward(x, m, y, s, stream);
   // The gate's sign pattern is in the stacked output (gated) or in h = ReLU(up) (non-gated); with
   // row chunks only the last chunk's rows are still there, and those are counted.
   const std::int64_t rows = dense_gate_rows_;
@@ -507,7 +521,7 @@ void FfnContext::decode_step(const __nv_bfloat16* x, std::int64_t m, __nv_bfloat
   if (sparse)
     enqueue_decode(x, m, y, shape(m), decode_step_nnz_.get(), stream);
   else
-    dense_forward(x, m, y, stream);
+    dense_forward(x, m, y, shape(m), stream);
 }
 
 void FfnContext::decode_step_folded(const DecodeTokenNorm& in, __nv_bfloat16* y, cudaStream_t stream) {
@@ -862,7 +876,7 @@ ForwardResult FfnContext::forward(const __nv_bfloat16* x, std::int64_t m, __nv_b
       if (plan.step == ForwardStep::dense_counted)
         dense_forward_counted(x, m, y, s, stream);
       else
-        dense_forward(x, m, y, stream);
+        dense_forward(x, m, y, s, stream);
       return finish(r);
     case ForwardStep::decode:
       decode_forward(x, m, y, s, stream);  // counts through its own last CTA
@@ -910,7 +924,7 @@ ForwardResult FfnContext::forward(const __nv_bfloat16* x, std::int64_t m, __nv_b
     sparse_rest(x, m, y, s, stream);
     note_dense_rows();
   } else {
-    dense_rest(x, m, y, stream);
+    dense_rest(x, m, y, s, stream);
   }
   return finish(r);
 }

@@ -100,7 +100,10 @@ class FfnContext {
   // All x / y are device bf16, row-major: x [m, K] with row stride K, y [m, K] with row stride K.
   // Where the sm90 kernels run (gate_sm90, hot_product_sm90) x must be 16-byte aligned: they read it
   // by TMA, and refuse an unaligned x with an error (cudaMalloc'd buffers, and rows of them, are).
-  void dense_forward(const __nv_bfloat16* x, std::int64_t m, __nv_bfloat16* y, cudaStream_t stream);
+  void dense_forward(const __nv_bfloat16* x, std::int64_t m, __nv_bfloat16* y, cudaStream_t stream) {
+    dense_forward(x, m, y, shape(m), stream);
+  }
+  void dense_forward(const __nv_bfloat16* x, std::int64_t m, __nv_bfloat16* y, const CallShape& s, cudaStream_t stream);
   // gate GEMM (ReLU epilogue) + TwELL packing, over the sparse path's neurons (shape(m)).
   void gate_twell(const __nv_bfloat16* x, std::int64_t m, cudaStream_t stream) { gate_twell(x, m, shape(m), stream); }
   void gate_gemm(const __nv_bfloat16* x, std::int64_t m, cudaStream_t stream);
@@ -109,7 +112,10 @@ class FfnContext {
   void sparse_rest(const __nv_bfloat16* x, std::int64_t m, __nv_bfloat16* y, cudaStream_t stream) {
     sparse_rest(x, m, y, shape(m), stream);
   }
-  void dense_rest(const __nv_bfloat16* x, std::int64_t m, __nv_bfloat16* y, cudaStream_t stream);
+  void dense_rest(const __nv_bfloat16* x, std::int64_t m, __nv_bfloat16* y, cudaStream_t stream) {
+    dense_rest(x, m, y, shape(m), stream);
+  }
+  void dense_rest(const __nv_bfloat16* x, std::int64_t m, __nv_bfloat16* y, const CallShape& s, cudaStream_t stream);
   // The cuBLASLt GEMM of the gate's shape alone ([m, K]·[N, K]ᵀ, no epilogue), for benchmarks.
   void dense_gate_gemm(const __nv_bfloat16* x, std::int64_t m, cudaStream_t stream);
   // Path::dense: the cuBLASLt FFN. Path::sparse: gate_twell + sparse_rest. Path::automatic: gate
@@ -295,6 +301,8 @@ class FfnContext {
   const std::uint32_t* dense_rows_begin(const __nv_bfloat16* x, std::int64_t m, std::int64_t n, std::int64_t cap,
                                         cudaStream_t stream);
   void dense_rows_finish(std::int64_t m, std::int64_t n, std::int64_t cap, __nv_bfloat16* y, cudaStream_t stream);
+  // y = h · Wdᵀ for m rows of h [m, ldn]: the GEMV's tensor-core kernel where s.down_gemv, else cuBLASLt.
+  void down_product(const __nv_bfloat16* h, std::int64_t m, __nv_bfloat16* y, const CallShape& s, cudaStream_t stream);
   void gate_pack_sm90(const __nv_bfloat16* x, std::int64_t m, std::int64_t n, cudaStream_t stream);
   // This layer's operands for a call on x [m, K] → y [m, K] (both row stride K).
   // n: the neurons [0, n) the kernel runs (the call's sparse_n, or N for decode).

@@ -18,6 +18,7 @@ CallShape shape_call(const DispatchPolicy& p, const LayerFacts& f, std::int64_t 
   c.decode = m <= p.decode_max_rows && m < p.dispatch_min_rows && f.decode_k;
   c.one_token = m == 1 && p.decode_gemv && p.decode_gemv_max_rows >= 1 && f.token_k;
   c.gate_gemv = p.decode_gemv && m <= std::min(p.decode_gemv_max_rows, f.gemv_max_rows);
+  c.down_gemv = m >= 2 && m <= std::min(p.down_gemv_max_rows, f.down_gemv_max_rows);
   // Decode sizes never split (their kernel reads every neuron's rows the tokens fire).
   const bool split = f.hot_n > 0 && f.hot_n < f.n && !c.decode && m >= std::max<std::int64_t>(1, p.hot_neurons_min_rows);
   c.sparse_n = split ? f.n - f.hot_n : f.n;

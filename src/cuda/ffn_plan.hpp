@@ -36,6 +36,11 @@ struct DispatchPolicy {
   std::int64_t decode_max_rows = 16;
   bool decode_gemv = true;                   // the decode gate by the GEMV kernel (ops/gemv.hpp; one token: the fused twell_decode_token.hpp) ...
   std::int64_t decode_gemv_max_rows = 1;     // ... up to this M (from 2 rows the GEMV's tensor-core kernel: it ties cuBLASLt's ReLU GEMM on the 2B gate, 8.1–8.7 against 8.3–8.4 µs at 2–8 rows, H200)
+  // The dense FFN's down projection (y = h·Wdᵀ) by the GEMV's tensor-core kernel from 2 rows up to
+  // this M (0: never): 2048 × 5632 at 2 / 4 / 8 / 16 rows 8.9 / 8.9 / 9.2 / 10.8 µs against
+  // cuBLASLt's 10.9 (split-K, plus its reduce kernel, 1.9 µs in the step), H200,
+  // bench/results/2026-11-29-h200-probe-gemv-4b0c082.txt.
+  std::int64_t down_gemv_max_rows = 16;
   // The sm90 gate GEMM with the TwELL packing in its epilogue (sm90/gate_pack.hpp) on a
   // compute-capability-9.0 GPU; false, or another GPU: the cuBLASLt ReLU GEMM + twell_pack. The
   // first call of a layer (dispatch's sampled count) always uses the cuBLASLt gate.
@@ -58,6 +63,7 @@ struct LayerFacts {
   bool token_k = true;          // ... and the one-token kernel (kDecodeTokenMaxK)
   bool gate_sm90 = false;       // this device and build run the sm90 gate kernel
   std::int64_t gemv_max_rows = 0;  // rows the decode gate's GEMV kernel takes at this K (0: K too large)
+  std::int64_t down_gemv_max_rows = 0;  // rows the down projection's GEMV takes over N (0: N too large, or padded)
 };
 
 enum class GateKernel {
@@ -73,6 +79,7 @@ struct CallShape {
   // Read only where decode holds (the decode path's kernels): one_token alone does not imply decode.
   bool one_token = false;       // one row, which the fused one-token kernels serve (gate fused in)
   bool gate_gemv = false;       // not one_token: the decode gate by the GEMV kernel (else the cuBLASLt GEMM)
+  bool down_gemv = false;       // the dense FFN's down projection by the GEMV's tensor-core kernel (else cuBLASLt)
   std::int64_t sparse_n = 0;    // neurons the sparse path runs (the first ones; the rest hot, dense)
   bool hot() const noexcept { return sparse_n < n; }
   std::int64_t n = 0;

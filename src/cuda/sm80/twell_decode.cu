@@ -3,6 +3,7 @@
 
 #include "cuda/common/check.hpp"
 #include "cuda/common/device_math.cuh"
+#include "cuda/common/launch.cuh"
 
 namespace twell::cuda {
 namespace {
@@ -19,6 +20,9 @@ __global__ void __launch_bounds__(kThreads) twell_decode_kernel(TwellDecodeParam
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
   const std::int64_t tile = blockIdx.x, m = blockIdx.y, tiles = gridDim.x;
   const int kchunks = static_cast<int>(p.k / 8);
+  // Under a programmatic launch: wait for the gate before reading g, and let the kernel after this
+  // one (the runtime's add + norm) be scheduled now; it waits for this grid's end in turn.
+  dev::pdl_begin();
 
   // 1. The tile's active neurons, ascending: s_col[0, cnt), their values in s_h.
   const std::int64_t n = tile * kThreads + tid;
@@ -140,7 +144,8 @@ void launch_twell_decode(const TwellDecodeParams& p, cudaStream_t stream) {
                    p.m, p.k, kDecodeMaxK);
   const std::int64_t tiles = (p.n + kThreads - 1) / kThreads;
   TWELL_CU_REQUIRE(tiles <= 0x7fffffff, ErrorCode::unsupported, "twell decode: N = {} too large", p.n);
-  twell_decode_kernel<<<dim3(static_cast<unsigned>(tiles), static_cast<unsigned>(p.m)), kThreads, 0, stream>>>(p);
+  launch_kernel(twell_decode_kernel, dim3(static_cast<unsigned>(tiles), static_cast<unsigned>(p.m)), dim3(kThreads), 0,
+                stream, p);
   TWELL_CUDA_CHECK_LAUNCH("twell_decode_kernel");
 }
 
