@@ -122,10 +122,10 @@ TEST(FfnPlan, ShapeOfACallFollowsItsSize) {
   EXPECT_TRUE(eight.decode);
   EXPECT_FALSE(eight.one_token);
   EXPECT_FALSE(eight.gate_gemv) << "decode_gemv_max_rows is 1: the cuBLASLt gate from 2 rows";
-  EXPECT_TRUE(eight.down_gemv) << "the dense down projection on the GEMV at 2–16 rows";
+  EXPECT_TRUE(eight.down_gemv) << "the dense down projection on the GEMV at 2–8 rows";
   EXPECT_FALSE(one.down_gemv) << "one row: cuBLASLt's down GEMM (the one-token kernels carry the sparse path)";
-  EXPECT_TRUE(shape_call(p, layer(), 16).down_gemv);
-  EXPECT_FALSE(shape_call(p, layer(), 17).down_gemv);
+  EXPECT_TRUE(shape_call(p, layer(), 2).down_gemv);
+  EXPECT_FALSE(shape_call(p, layer(), 9).down_gemv) << "9–16 rows: cuBLASLt (the GEMV's second token tile loses)";
   EXPECT_EQ(shape_call(p, layer(), p.decode_max_rows + 1).decode, false);
   const CallShape mid = shape_call(p, layer(), 1024);  // above decode, below the split's minimum
   EXPECT_FALSE(mid.decode);

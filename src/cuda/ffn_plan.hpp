@@ -37,10 +37,10 @@ struct DispatchPolicy {
   bool decode_gemv = true;                   // the decode gate by the GEMV kernel (ops/gemv.hpp; one token: the fused twell_decode_token.hpp) ...
   std::int64_t decode_gemv_max_rows = 1;     // ... up to this M (from 2 rows the GEMV's tensor-core kernel: it ties cuBLASLt's ReLU GEMM on the 2B gate, 8.1–8.7 against 8.3–8.4 µs at 2–8 rows, H200)
   // The dense FFN's down projection (y = h·Wdᵀ) by the GEMV's tensor-core kernel from 2 rows up to
-  // this M (0: never): 2048 × 5632 at 2 / 4 / 8 / 16 rows 8.9 / 8.9 / 9.2 / 10.8 µs against
-  // cuBLASLt's 10.9 (split-K, plus its reduce kernel, 1.9 µs in the step), H200,
-  // bench/results/2026-11-29-h200-probe-gemv-4b0c082.txt.
-  std::int64_t down_gemv_max_rows = 16;
+  // this M (0: never): 2048 × 5632 at 2 / 4 / 8 / 16 rows 8.8 / 8.9 / 9.1 / 10.8 µs against
+  // cuBLASLt's 10.3 / 10.8 / 10.8 / 10.2 (its split-K reduce kernel included), H200 at a90ce72,
+  // bench/results/2026-11-29-h200-probe-gemv-a90ce72.txt: 16 rows (a second token tile) lose.
+  std::int64_t down_gemv_max_rows = 8;
   // The sm90 gate GEMM with the TwELL packing in its epilogue (sm90/gate_pack.hpp) on a
   // compute-capability-9.0 GPU; false, or another GPU: the cuBLASLt ReLU GEMM + twell_pack. The
   // first call of a layer (dispatch's sampled count) always uses the cuBLASLt gate.

@@ -26,6 +26,15 @@ namespace twell::cuda::test {
     if (!twell_dev_.available) GTEST_SKIP() << "no CUDA device: " << twell_dev_.reason; \
   } while (0)
 
+// A host-to-device copy whose bytes are on the device when it returns. cudaMemcpy from pageable
+// memory returns once the bytes are staged, before their DMA lands, and a kernel on a non-blocking
+// stream is not ordered after it (a 280 KB upload raced a decode_token_reorder launch on the H200:
+// the kernel read zeros). The tests that launch on such streams copy through here.
+inline cudaError_t h2d(void* dst, const void* src, std::size_t bytes) {
+  const cudaError_t e = cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice);
+  return e != cudaSuccess ? e : cudaDeviceSynchronize();
+}
+
 // The bf16 bit patterns of v (round to nearest even), for upload as __nv_bfloat16.
 inline std::vector<std::uint16_t> to_bf16_bits(const std::vector<float>& v) {
   std::vector<std::uint16_t> o(v.size());

@@ -37,7 +37,7 @@ TEST(CountRing, ReturnsTheNewestCompletedCountOnce) {
   // must wait for its oldest slot, and the newest value wins.
   DeviceBuffer<unsigned long long> seven(7);
   const unsigned long long vals[7] = {1, 2, 3, 4, 5, 6, 7};
-  ASSERT_EQ(cudaMemcpy(seven.get(), vals, sizeof vals, cudaMemcpyHostToDevice), cudaSuccess);
+  ASSERT_EQ(::twell::cuda::test::h2d(seven.get(), vals, sizeof vals), cudaSuccess);
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);  // s (non-blocking) does not wait for the copy's DMA
   ASSERT_EQ(cudaLaunchHostFunc(
                 s, [](void*) { std::this_thread::sleep_for(std::chrono::milliseconds(50)); }, nullptr),
@@ -68,7 +68,7 @@ TEST(CountRing, ExtraWordsComeBackWithTheirCount) {
   ASSERT_EQ(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
   DeviceBuffer<unsigned long long> d(1 + CountRing::kExtraWords);
   const unsigned long long vals[1 + CountRing::kExtraWords] = {64, 11, 22, 33};
-  ASSERT_EQ(cudaMemcpy(d.get(), vals, sizeof vals, cudaMemcpyHostToDevice), cudaSuccess);
+  ASSERT_EQ(::twell::cuda::test::h2d(d.get(), vals, sizeof vals), cudaSuccess);
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);  // s (non-blocking) does not wait for the copy's DMA
   CountRing ring(2);
   double v = -1;

@@ -55,7 +55,7 @@ Outputs run_poisoned(std::int64_t m, std::int64_t k, cudaStream_t s, F&& body) {
   DeviceBuffer<__nv_bfloat16> y(n + kGuard);
   std::vector<std::uint16_t> init(n + kGuard, kPoisonBits);
   std::fill(init.begin() + static_cast<std::ptrdiff_t>(n), init.end(), kGuardBits);
-  EXPECT_EQ(cudaMemcpy(y.get(), init.data(), init.size() * 2, cudaMemcpyHostToDevice), cudaSuccess);
+  EXPECT_EQ(::twell::cuda::test::h2d(y.get(), init.data(), init.size() * 2), cudaSuccess);
   body(y.get());
   EXPECT_EQ(cudaStreamSynchronize(s), cudaSuccess);
   std::vector<std::uint16_t> out(n + kGuard);
@@ -478,7 +478,7 @@ TEST_P(CudaFfn, MatchesReferenceAndHostEncoder) {
   ctx.upload_weights(w, s);
   const auto xb = to_bf16_bits(d.x);
   DeviceBuffer<__nv_bfloat16> x(xb.size());
-  ASSERT_EQ(cudaMemcpy(x.get(), xb.data(), xb.size() * 2, cudaMemcpyHostToDevice), cudaSuccess);
+  ASSERT_EQ(::twell::cuda::test::h2d(x.get(), xb.data(), xb.size() * 2), cudaSuccess);
 
   // --- gate → TwELL: words, counts and overflow flags must equal the host encoder's on the same g,
   // for the cuBLASLt gate + twell_pack and (on sm_90) the gate GEMM with the packing in its epilogue ---
@@ -608,7 +608,7 @@ class CudaDispatch : public ::testing::Test {
     const auto xb = to_bf16_bits(d_.x);
     x_.resize(xb.size());
     zero_.resize(xb.size());
-    ASSERT_EQ(cudaMemcpy(x_.get(), xb.data(), xb.size() * 2, cudaMemcpyHostToDevice), cudaSuccess);
+    ASSERT_EQ(::twell::cuda::test::h2d(x_.get(), xb.data(), xb.size() * 2), cudaSuccess);
     ASSERT_EQ(cudaMemset(zero_.get(), 0, xb.size() * 2), cudaSuccess);  // every gate inactive: density 0
     rows_ = sample_rows(d_, max_rows, seed);
     ref::Options rounded;
@@ -814,8 +814,8 @@ TEST(CudaGemv, MatchesFloat64WithinBound) {
     const std::int64_t ldg = sh.n + 8;  // 8 padding columns per row must stay as poisoned
     DeviceBuffer<__nv_bfloat16> dx(xb.size()), dw(wb.size()), dg(static_cast<std::size_t>(sh.m * ldg));
     DeviceBuffer<float> dg32(out32 ? static_cast<std::size_t>(sh.m * ldg) : 0);
-    ASSERT_EQ(cudaMemcpy(dx.get(), xb.data(), xb.size() * 2, cudaMemcpyHostToDevice), cudaSuccess);
-    ASSERT_EQ(cudaMemcpy(dw.get(), wb.data(), wb.size() * 2, cudaMemcpyHostToDevice), cudaSuccess);
+    ASSERT_EQ(::twell::cuda::test::h2d(dx.get(), xb.data(), xb.size() * 2), cudaSuccess);
+    ASSERT_EQ(::twell::cuda::test::h2d(dw.get(), wb.data(), wb.size() * 2), cudaSuccess);
     ASSERT_EQ(cudaMemset(dg.get(), 0xff, dg.bytes()), cudaSuccess);
     if (out32) {
       ASSERT_EQ(cudaMemset(dg32.get(), 0xff, dg32.bytes()), cudaSuccess);  // NaN poison
@@ -910,12 +910,12 @@ TEST(CudaGemv, ATokensBitsDoNotDependOnTheBatch) {
   DeviceBuffer<__nv_bfloat16> dw(w.size()), dx(static_cast<std::size_t>(16 * ldx)), dg(static_cast<std::size_t>(16 * n));
   DeviceBuffer<float> dg32(static_cast<std::size_t>(16 * n));
   const auto wb = to_bf16_bits(w);
-  ASSERT_EQ(cudaMemcpy(dw.get(), wb.data(), wb.size() * 2, cudaMemcpyHostToDevice), cudaSuccess);
+  ASSERT_EQ(::twell::cuda::test::h2d(dw.get(), wb.data(), wb.size() * 2), cudaSuccess);
   const auto run = [&](std::int64_t m, const std::vector<float>& x, bool out32) {
     std::vector<float> padded(static_cast<std::size_t>(m * ldx), std::numeric_limits<float>::quiet_NaN());
     for (std::int64_t r = 0; r < m; ++r) std::copy_n(x.begin() + r * k, k, padded.begin() + r * ldx);
     const auto xb = to_bf16_bits(padded);
-    EXPECT_EQ(cudaMemcpy(dx.get(), xb.data(), xb.size() * 2, cudaMemcpyHostToDevice), cudaSuccess);
+    EXPECT_EQ(::twell::cuda::test::h2d(dx.get(), xb.data(), xb.size() * 2), cudaSuccess);
     TwellGemvParams p = gemv_rows(dx.get(), m, dw.get(), n, k);
     p.ld_x = ldx;
     if (out32)
@@ -998,7 +998,7 @@ TEST(CudaDecode, MatchesReferenceAtEveryDensity) {
     ctx.upload_weights(w, s);
     const auto xb = to_bf16_bits(d.x);
     DeviceBuffer<__nv_bfloat16> x(xb.size());
-    ASSERT_EQ(cudaMemcpy(x.get(), xb.data(), xb.size() * 2, cudaMemcpyHostToDevice), cudaSuccess);
+    ASSERT_EQ(::twell::cuda::test::h2d(x.get(), xb.data(), xb.size() * 2), cudaSuccess);
     std::vector<std::int64_t> rows(static_cast<std::size_t>(c.m));
     for (std::int64_t r = 0; r < c.m; ++r) rows[static_cast<std::size_t>(r)] = r;
     ref::Options rounded;
@@ -1055,7 +1055,7 @@ TEST(CudaDecodeToken, MatchesReferenceAtEveryDensity) {
     ctx.upload_weights(w, s);
     const auto xb = to_bf16_bits(d.x);
     DeviceBuffer<__nv_bfloat16> x(xb.size());
-    ASSERT_EQ(cudaMemcpy(x.get(), xb.data(), xb.size() * 2, cudaMemcpyHostToDevice), cudaSuccess);
+    ASSERT_EQ(::twell::cuda::test::h2d(x.get(), xb.data(), xb.size() * 2), cudaSuccess);
     const std::vector<std::int64_t> rows = {0};
     ref::Options rounded;
     rounded.round_activation_bf16 = true;
@@ -1146,7 +1146,7 @@ TEST(CudaDecodeToken, NeuronOrderRestartsWithNewWeights) {
   ctx.upload_weights(w, s);
   const auto xb = to_bf16_bits(d.x);
   DeviceBuffer<__nv_bfloat16> x(xb.size()), y(static_cast<std::size_t>(k));
-  ASSERT_EQ(cudaMemcpy(x.get(), xb.data(), xb.size() * 2, cudaMemcpyHostToDevice), cudaSuccess);
+  ASSERT_EQ(::twell::cuda::test::h2d(x.get(), xb.data(), xb.size() * 2), cudaSuccess);
   const auto order = [&] {
     std::vector<std::int32_t> o(static_cast<std::size_t>(n));
     EXPECT_EQ(cudaStreamSynchronize(s), cudaSuccess);
@@ -1227,7 +1227,7 @@ TEST(CudaHotNeurons, CalibrationLeavesOutDenseRows) {
   std::vector<std::uint16_t> xb(x.size());
   for (std::size_t i = 0; i < x.size(); ++i) xb[i] = to_bf16(x[i]).bits;
   DeviceBuffer<__nv_bfloat16> xd(xb.size());
-  ASSERT_EQ(cudaMemcpy(xd.get(), xb.data(), xb.size() * 2, cudaMemcpyHostToDevice), cudaSuccess);
+  ASSERT_EQ(::twell::cuda::test::h2d(xd.get(), xb.data(), xb.size() * 2), cudaSuccess);
   auto calibrate = [&](double dense_rows_density, bool densest = true) {
     ContextOptions o;
     o.hot_neurons_densest_share = densest;

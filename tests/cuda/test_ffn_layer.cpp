@@ -37,7 +37,7 @@ struct Dev {
 template <typename T, typename H>
 void up(Dev<T>& d, const std::vector<H>& h) {
   ASSERT_EQ(h.size() * sizeof(H), d.n * sizeof(T));
-  ASSERT_EQ(cudaMemcpy(d.p, h.data(), d.n * sizeof(T), cudaMemcpyHostToDevice), cudaSuccess);
+  ASSERT_EQ(::twell::cuda::test::h2d(d.p, h.data(), d.n * sizeof(T)), cudaSuccess);
 }
 
 template <typename H, typename T>

@@ -43,7 +43,7 @@ auto upload(const std::vector<S>& v) {
   using T = std::conditional_t<std::is_void_v<D>, S, D>;
   static_assert(sizeof(T) == sizeof(S));
   DeviceBuffer<T> d(v.size());
-  EXPECT_EQ(cudaMemcpy(d.get(), v.data(), v.size() * sizeof(S), cudaMemcpyHostToDevice), cudaSuccess);
+  EXPECT_EQ(::twell::cuda::test::h2d(d.get(), v.data(), v.size() * sizeof(S)), cudaSuccess);
   return d;
 }
 

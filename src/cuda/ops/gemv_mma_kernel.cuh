@@ -50,9 +50,8 @@ __device__ __forceinline__ unsigned word(const uint4& v, int i) {
   return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
 }
 
-// NT token tiles of 8 (M ≤ 8 · NT). kXAhead: x's chunks for the next window are loaded with W's
-// (double-buffered in registers), not when the window starts; the same sums in the same order.
-template <int NT, bool kXAhead = false>
+// NT token tiles of 8 (M ≤ 8 · NT).
+template <int NT>
 __global__ void __launch_bounds__(kGemvMmaWarps * 32) twell_gemv_mma_kernel(TwellGemvParams p) {
   __shared__ float part[kGemvMmaWarps][kGemvMmaRows][8 * NT];
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
@@ -78,8 +77,16 @@ __global__ void __launch_bounds__(kGemvMmaWarps * 32) twell_gemv_mma_kernel(Twel
           wv[i][h][c] = b < blocks && ch < kchunks ? __ldcs(wrow[h] + ch) : make_uint4(0, 0, 0, 0);
         }
   };
-  uint4 xv[kGemvMmaWin][NT][2];  // token g + 8j's chunks t, t + 4 of each block of the window
-  const auto load_x = [&](int b0) {
+  if (p.w_before_wait) load_w(warp);
+  dev::pdl_begin();
+  if (!p.w_before_wait) load_w(warp);
+  float acc[NT][4];
+#pragma unroll
+  for (int j = 0; j < NT; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) acc[j][e] = 0.0f;
+  for (int b0 = warp; b0 < blocks; b0 += kGemvMmaWin * kGemvMmaWarps) {
+    uint4 xv[kGemvMmaWin][NT][2];  // token g + 8j's chunks t, t + 4 of each block
 #pragma unroll
     for (int i = 0; i < kGemvMmaWin; ++i)
 #pragma unroll
@@ -91,35 +98,14 @@ __global__ void __launch_bounds__(kGemvMmaWarps * 32) twell_gemv_mma_kernel(Twel
                             ? __ldg(reinterpret_cast<const uint4*>(p.x + tok * p.ld_x) + ch)
                             : make_uint4(0, 0, 0, 0);
         }
-  };
-  if (p.w_before_wait) load_w(warp);
-  dev::pdl_begin();
-  if (!p.w_before_wait) load_w(warp);
-  if (kXAhead) load_x(warp);
-  float acc[NT][4];
+    uint4 cur[kGemvMmaWin][2][2];
 #pragma unroll
-  for (int j = 0; j < NT; ++j)
-#pragma unroll
-    for (int e = 0; e < 4; ++e) acc[j][e] = 0.0f;
-  constexpr int kStride = kGemvMmaWin * kGemvMmaWarps;  // blocks from one window of a warp to its next
-  for (int b0 = warp; b0 < blocks; b0 += kStride) {
-    if (!kXAhead) load_x(b0);
-    uint4 cur[kGemvMmaWin][2][2], curx[kGemvMmaWin][NT][2];
-#pragma unroll
-    for (int i = 0; i < kGemvMmaWin; ++i) {
+    for (int i = 0; i < kGemvMmaWin; ++i)
 #pragma unroll
       for (int h = 0; h < 2; ++h)
 #pragma unroll
         for (int c = 0; c < 2; ++c) cur[i][h][c] = wv[i][h][c];
-#pragma unroll
-      for (int j = 0; j < NT; ++j)
-#pragma unroll
-        for (int c = 0; c < 2; ++c) curx[i][j][c] = xv[i][j][c];
-    }
-    if (b0 + kStride < blocks) {  // the next window in flight while this one's mma run
-      load_w(b0 + kStride);
-      if (kXAhead) load_x(b0 + kStride);
-    }
+    if (b0 + kGemvMmaWin * kGemvMmaWarps < blocks) load_w(b0 + kGemvMmaWin * kGemvMmaWarps);  // the next window in flight
 #pragma unroll
     for (int i = 0; i < kGemvMmaWin; ++i)
 #pragma unroll
@@ -129,7 +115,7 @@ __global__ void __launch_bounds__(kGemvMmaWarps * 32) twell_gemv_mma_kernel(Twel
         const unsigned a2 = word(cur[i][0][c], r0 + 1), a3 = word(cur[i][1][c], r0 + 1);
 #pragma unroll
         for (int j = 0; j < NT; ++j)
-          mma_16816_bf16(acc[j], a0, a1, a2, a3, word(curx[i][j][c], r0), word(curx[i][j][c], r0 + 1));
+          mma_16816_bf16(acc[j], a0, a1, a2, a3, word(xv[i][j][c], r0), word(xv[i][j][c], r0 + 1));
       }
   }
   // D's fragment: acc[j][0..1] row g, tokens 8j + 2t, + 1; acc[j][2..3] row g + 8, the same tokens.
