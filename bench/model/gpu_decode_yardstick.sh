@@ -3,7 +3,7 @@
 # PyTorch's best dense decode on the same synthetic checkpoint, same GPU, same call: transformers +
 # torch.compile(mode="reduce-overhead") + static cache (CUDA graphs), and the same weights through
 # a lean gpt-fast-style body (bench/model/fast_llama.py) compiled alike; "best" is the faster.
-#   [BUILD=build/gpu] [OUT=…] [TORCH_TIMEOUT=420] [PREFILL=1 [DECODE=0]] [MODEL=DIR] [DECODE_BATCHES="1 8"] [FAST_MODES=reduce-overhead+cdt,reduce-overhead,max-autotune] [FAST_ATTN=sdpa,math] [HF_DECODE=0] [DECODE_WARMUP=N] bash bench/model/gpu_decode_yardstick.sh [CONFIG [DENSITY]]   (2b 0.005)
+#   [BUILD=build/gpu] [OUT=…] [TORCH_TIMEOUT=420] [PREFILL=1 [DECODE=0]] [MODEL=DIR] [DECODE_BATCHES="1 8"] [FAST_MODES=reduce-overhead+cdt,reduce-overhead,max-autotune] [FAST_ATTN=sdpa,math] [HF_DECODE=0] [DECODE_WARMUP=N] [CONTEXT=128] bash bench/model/gpu_decode_yardstick.sh [CONFIG [DENSITY]]   (2b 0.005)
 # DECODE_BATCHES="1 8 32 64": the decode batches on both sides (default 1; above 1 PyTorch runs the lean
 # body's rows only), one table row each: issue 59's "twell dense ≥ 1.0×, sparse ≥ 1.1× PyTorch".
 # DECODE_WARMUP=N: twell's untimed decode steps before its timed ones (default 2; 600 is a server's
@@ -27,6 +27,7 @@ OUT=${OUT:-build/yardstick-out}
 CONFIG=${1:-2b}
 DENSITY=${2:-0.005}
 DECODE_BATCHES=${DECODE_BATCHES:-1}
+CONTEXT=${CONTEXT:-128}  # prompt tokens before the timed decode steps, both sides (issue 59: 512)
 mkdir -p "$OUT"
 rm -f "$OUT"/torch.json "$OUT"/twell.json "$OUT"/twell-own-attention.json  # no table from an older run
 # MODEL=DIR: an existing checkpoint instead (e.g. the converted SmolLM2: its SiLU FFN runs dense,
@@ -65,13 +66,13 @@ skip=--skip-prefill
 [ "$PREFILL" = 1 ] && [ "${DECODE:-1}" = 0 ] && skip=--skip-decode
 pf="--prefill-batch 1 --prefill-len 128"
 [ "$PREFILL" = 1 ] && pf="--prefill-batch $PB --prefill-len $PL"
-"$BUILD/tools/twell/twell" bench model --model "$M" --decode-batch $DECODE_BATCHES --context 128 --decode-steps 128 --no-energy \
+"$BUILD/tools/twell/twell" bench model --model "$M" --decode-batch $DECODE_BATCHES --context "$CONTEXT" --decode-steps 128 --no-energy \
   --decode-warmup "${DECODE_WARMUP:-2}" $pf --json "$OUT/twell.json" > "$OUT/twell.log" 2>&1
 echo "twell bench rc=$? ($(( $(date +%s) - t0 )) s)"
 # twell first (a minute), then PyTorch under TORCH_TIMEOUT (default 420 s): its JSON is written row
 # by row, so the rows that finished make the table even when a compilation outlasts the call.
 t0=$(date +%s)
-timeout "${TORCH_TIMEOUT:-420}" python3 bench/model/torch_yardstick.py "$M" $skip --prefill-batch "$PB" --prefill-len "$PL" --context 128 --decode-steps 128 \
+timeout "${TORCH_TIMEOUT:-420}" python3 bench/model/torch_yardstick.py "$M" $skip --prefill-batch "$PB" --prefill-len "$PL" --context "$CONTEXT" --decode-steps 128 \
   --decode-batch $DECODE_BATCHES \
   --fast-modes "$FAST_MODES" --fast-attn "$FAST_ATTN" $([ "${HF_DECODE:-1}" = 0 ] && echo --skip-hf-decode) --json "$OUT/torch.json" \
   > "$OUT/torch.log" 2>&1
