@@ -34,6 +34,7 @@ import time
 try:
     import torch
     import transformers
+    from torch._dynamo.utils import counters
     from transformers import AutoModelForCausalLM
 except ImportError as e:
     print(f"skipped: {e}")
@@ -104,8 +105,7 @@ def decode_rate_graphs(model, prompt, steps, reps, mode="reduce-overhead"):
                     use_cache=True)
         return out.logits[:, -1].argmax(-1, keepdim=True)
 
-    torch._dynamo.reset()  # see fast_decode_rate
-    compiled = torch.compile(step, mode=mode, fullgraph=True, dynamic=False)
+    compiled = torch.compile(step, mode=mode, fullgraph=True, dynamic=False)  # static shapes (fast_decode_rate)
 
     def run(n):
         with torch.inference_mode():
@@ -133,10 +133,10 @@ def fast_decode_rate(fast, prompt, steps, reps, mode="reduce-overhead"):
     """Greedy decode through FastLlama, one compiled step (CUDA graphs under "reduce-overhead");
     time per token as decode_rate. Returns (rate, per-token seconds, the greedy ids of one run)."""
     ctx = prompt.shape[1]
-    # A fresh compilation with static shapes for each batch: FastLlama.decode is one code object for
-    # every instance, so the second batch's compilation used to be a recompilation that dynamo's
-    # automatic dynamic shapes made symbolic in the batch (ids.size(0), self.batch), and the
-    # step at batch 8 took 25.6 ms against 4.4 at batch 1 (H200, 963fe7d: 312 tokens/s).
+    # Static shapes, whatever dynamo's automatic-dynamic state holds: FastLlama.decode is one code
+    # object for every instance, and without the reset a second batch's compilation is a
+    # recompilation with the batch made symbolic (TORCH_LOGS=dynamic on the CPU: "marking L['ids'] as
+    # dynamic"). The caller resets before each row already.
     torch._dynamo.reset()
     compiled = torch.compile(fast.decode, mode=mode, fullgraph=True, dynamic=False)
     ids = []
@@ -292,8 +292,16 @@ def main():
                 base, cdt = compile_mode(mode)
                 torch._inductor.config.coordinate_descent_tuning = cdt
                 fast = fast_model(model, a.context + a.decode_steps + 1, batch, attn=attn)
+                skips = counters["inductor"]["cudagraph_skips"]
                 rate, per, fast_ids = fast_decode_rate(fast, prompts, a.decode_steps, a.reps, mode=base)
-                extra = {"seconds_per_step": per, "batch": batch, "mode": mode, "attention": attn}
+                # Inductor falls back to plain launches where it cannot capture a graph, and says so
+                # only in the perf_hints log: a row whose step was not one CUDA graph is no yardstick.
+                skipped = counters["inductor"]["cudagraph_skips"] - skips
+                extra = {"seconds_per_step": per, "batch": batch, "mode": mode, "attention": attn,
+                         "cudagraph_skips": skipped}
+                if skipped:
+                    print(f"  WARNING: inductor skipped CUDA graphs {skipped} time(s) in this row: its step ran "
+                          "as plain launches (TORCH_LOGS=perf_hints says why)", flush=True)
                 if batch == 1:  # transformers' greedy tokens are of the batch-1 prompt
                     same = int((fast_ids.cpu() == hf_ids.cpu()).cumprod(dim=1).sum())
                     extra["greedy_tokens_equal_to_transformers"] = f"{same} of {a.decode_steps} (leading)"
