@@ -10,7 +10,7 @@
 // Gated (DESIGN §3):  gate_twell: g = ReLU(x·Wgᵀ) by a cuBLASLt GEMM into a bf16 [M, N] buffer,
 //                     packed to TwELL by twell_pack (counts nnz, flags overflowed blocks/rows);
 //                     sparse_rest: fused up+down reading TwELL (h stays on chip);
-//                     dense_rest:  u = x·Wuᵀ, h = g ⊙ u, y = h·Wdᵀ (cuBLASLt), reusing g.
+//                     dense_rest:  u = x·Wuᵀ, h = g ⊙ u, y = h·Wdᵀ (cuBLASLt; y by the GEMV at 2–8 rows), reusing g.
 // Non-gated:          gate_twell packs h = ReLU(x·Wuᵀ); sparse_rest = sparse down; dense_rest = y = h·Wdᵀ.
 // Overflowed TwELL blocks are read whole from the bf16 [M, N] gate buffer, so every row is exact.
 #include <cuda_bf16.h>
