@@ -3,7 +3,7 @@
 # PyTorch's best dense decode on the same synthetic checkpoint, same GPU, same call: transformers +
 # torch.compile(mode="reduce-overhead") + static cache (CUDA graphs), and the same weights through
 # a lean gpt-fast-style body (bench/model/fast_llama.py) compiled alike; "best" is the faster.
-#   [BUILD=build/gpu] [OUT=…] [TORCH_TIMEOUT=420] [PREFILL=1 [DECODE=0]] [MODEL=DIR] [DECODE_BATCHES="1 8"] [FAST_MODES=reduce-overhead+cdt,reduce-overhead,max-autotune] [FAST_ATTN=sdpa,math] [HF_DECODE=0] [DECODE_WARMUP=N] [CONTEXT=128] bash bench/model/gpu_decode_yardstick.sh [CONFIG [DENSITY]]   (2b 0.005)
+#   [BUILD=build/gpu] [OUT=…] [TORCH_TIMEOUT=420] [PREFILL=1 [DECODE=0]] [MODEL=DIR] [DECODE_BATCHES="1 8"] [FAST_MODES=reduce-overhead+cdt,reduce-overhead,default+graph,max-autotune] [FAST_ATTN=sdpa,math] [HF_DECODE=0] [DECODE_WARMUP=N] [CONTEXT=128] bash bench/model/gpu_decode_yardstick.sh [CONFIG [DENSITY]]   (2b 0.005)
 # DECODE_BATCHES="1 8 32 64": the decode batches on both sides (default 1; above 1 PyTorch runs the lean
 # body's rows only), one table row each: issue 59's "twell dense ≥ 1.0×, sparse ≥ 1.1× PyTorch".
 # DECODE_WARMUP=N: twell's untimed decode steps before its timed ones (default 2; 600 is a server's

@@ -129,9 +129,12 @@ def fast_model(model, max_len, batch, cache=True, attn="sdpa"):
     return FastLlama.from_hf(model, max_len=max_len, batch=batch, cache=cache, attn=attn)
 
 
-def fast_decode_rate(fast, prompt, steps, reps, mode="reduce-overhead"):
+def fast_decode_rate(fast, prompt, steps, reps, mode="reduce-overhead", graph=False):
     """Greedy decode through FastLlama, one compiled step (CUDA graphs under "reduce-overhead");
-    time per token as decode_rate. Returns (rate, per-token seconds, the greedy ids of one run)."""
+    time per token as decode_rate. graph: the compiled step (a mode without CUDA graphs) captured
+    once into a torch.cuda.CUDAGraph of our own over static id and position buffers and replayed
+    each step, rather than inductor's graph trees. Returns (rate, per-token seconds, the greedy ids
+    of one run)."""
     ctx = prompt.shape[1]
     # Static shapes, whatever dynamo's automatic-dynamic state holds: FastLlama.decode is one code
     # object for every instance, and without the reset a second batch's compilation is a
@@ -140,6 +143,30 @@ def fast_decode_rate(fast, prompt, steps, reps, mode="reduce-overhead"):
     torch._dynamo.reset()
     compiled = torch.compile(fast.decode, mode=mode, fullgraph=True, dynamic=False)
     ids = []
+    step = compiled
+    if graph:
+        ids_in = torch.zeros(prompt.shape[0], 1, dtype=torch.long, device=prompt.device)
+        pos_in = torch.zeros(1, dtype=torch.long, device=prompt.device)
+        held = {}  # the captured graph and its output buffer, made at the first step
+
+        def step(nxt_col, pos):
+            ids_in.copy_(nxt_col)
+            pos_in.copy_(pos)
+            if "graph" not in held:
+                # Compile and warm up on a side stream, then capture. The warm-up steps write the
+                # cache at this position with these ids, as the step itself does: the same bytes.
+                side = torch.cuda.Stream()
+                side.wait_stream(torch.cuda.current_stream())
+                with torch.cuda.stream(side):
+                    for _ in range(3):
+                        compiled(ids_in, pos_in)
+                torch.cuda.current_stream().wait_stream(side)
+                g = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(g):
+                    held["out"] = compiled(ids_in, pos_in)
+                held["graph"] = g
+            held["graph"].replay()
+            return held["out"]
 
     def run(n):
         ids.clear()
@@ -147,8 +174,9 @@ def fast_decode_rate(fast, prompt, steps, reps, mode="reduce-overhead"):
             nxt = fast.prefill(prompt)  # the prompt, eagerly
             ids.append(nxt)
             for i in range(n - 1):
-                torch.compiler.cudagraph_mark_step_begin()
-                nxt = compiled(nxt[:, None], torch.tensor([ctx + i], device=prompt.device)).clone()
+                if not graph:
+                    torch.compiler.cudagraph_mark_step_begin()
+                nxt = step(nxt[:, None], torch.tensor([ctx + i], device=prompt.device)).clone()
                 ids.append(nxt)
         return nxt
 
@@ -158,13 +186,20 @@ def fast_decode_rate(fast, prompt, steps, reps, mode="reduce-overhead"):
 
 
 def compile_mode(mode):
-    """A --fast-modes entry → (torch.compile mode, inductor's coordinate_descent_tuning). "X+cdt" is
-    mode X with coordinate-descent tuning of the generated Triton kernels — gpt-fast's setting for its
-    decode step (reduce-overhead, CUDA graphs, tuned GEMV-like reductions); max-autotune tunes too."""
-    base, plus, extra = mode.partition("+")
-    if plus and extra != "cdt":
-        raise ValueError(f"unknown suffix in fast mode {mode!r} (known: +cdt)")
-    return base, bool(plus) or base.startswith("max-autotune")
+    """A --fast-modes entry → (torch.compile mode, inductor's coordinate_descent_tuning, own graph).
+    "X+cdt" is mode X with coordinate-descent tuning of the generated Triton kernels — gpt-fast's
+    setting for its decode step (reduce-overhead, CUDA graphs, tuned GEMV-like reductions);
+    max-autotune tunes too. "X+graph" captures mode X's compiled step into a CUDA graph of our own
+    (fast_decode_rate); X must not make graphs itself (default or max-autotune-no-cudagraphs)."""
+    base, *suffixes = mode.split("+")
+    unknown = [x for x in suffixes if x not in ("cdt", "graph")]
+    if unknown or len(set(suffixes)) != len(suffixes):
+        raise ValueError(f"unknown or repeated suffix in fast mode {mode!r} (known: +cdt, +graph)")
+    graph = "graph" in suffixes
+    if graph and base not in ("default", "max-autotune-no-cudagraphs"):
+        raise ValueError(f"fast mode {mode!r}: +graph captures a step compiled without CUDA graphs "
+                         "(default or max-autotune-no-cudagraphs)")
+    return base, "cdt" in suffixes or base.startswith("max-autotune"), graph
 
 
 def main():
@@ -190,7 +225,8 @@ def main():
                     help="comma-separated torch.compile modes for the lean body's decode step, one row each "
                          "(e.g. reduce-overhead,reduce-overhead+cdt,max-autotune: '+cdt' adds inductor's "
                          "coordinate-descent tuning of the generated kernels, gpt-fast's decode setting; "
-                         "max-autotune tunes too; all replay CUDA graphs)")
+                         "max-autotune tunes too; '+graph' on default or max-autotune-no-cudagraphs captures "
+                         "the compiled step into a CUDA graph of our own; all replay CUDA graphs)")
     ap.add_argument("--fast-attn", default="sdpa,math",
                     help="comma-separated attentions for the lean body's decode, a row each with every mode: "
                          "sdpa (scaled_dot_product_attention with the position mask) or math (q·Kᵀ, softmax, ·V "
@@ -289,11 +325,11 @@ def main():
             print(f"{name}: compiling and timing ...", flush=True)  # compilations take minutes: say which
             try:
                 torch._dynamo.reset()
-                base, cdt = compile_mode(mode)
+                base, cdt, own_graph = compile_mode(mode)
                 torch._inductor.config.coordinate_descent_tuning = cdt
                 fast = fast_model(model, a.context + a.decode_steps + 1, batch, attn=attn)
                 skips = counters["inductor"]["cudagraph_skips"]
-                rate, per, fast_ids = fast_decode_rate(fast, prompts, a.decode_steps, a.reps, mode=base)
+                rate, per, fast_ids = fast_decode_rate(fast, prompts, a.decode_steps, a.reps, mode=base, graph=own_graph)
                 # Inductor falls back to plain launches where it cannot capture a graph, and says so
                 # only in the perf_hints log: a row whose step was not one CUDA graph is no yardstick.
                 skipped = counters["inductor"]["cudagraph_skips"] - skips

@@ -115,9 +115,15 @@ def test_yardstick_compile_modes():
     """torch_yardstick.py's --fast-modes entries: a torch.compile mode, and whether inductor's
     coordinate-descent tuning is on (gpt-fast's "+cdt"; max-autotune tunes too); typos refused."""
     ty = load_bench("model/torch_yardstick")
-    assert ty.compile_mode("reduce-overhead") == ("reduce-overhead", False)
-    assert ty.compile_mode("reduce-overhead+cdt") == ("reduce-overhead", True)
-    assert ty.compile_mode("max-autotune") == ("max-autotune", True)
-    assert ty.compile_mode("max-autotune-no-cudagraphs") == ("max-autotune-no-cudagraphs", True)
-    with pytest.raises(ValueError, match="unknown suffix"):
+    assert ty.compile_mode("reduce-overhead") == ("reduce-overhead", False, False)
+    assert ty.compile_mode("reduce-overhead+cdt") == ("reduce-overhead", True, False)
+    assert ty.compile_mode("max-autotune") == ("max-autotune", True, False)
+    assert ty.compile_mode("max-autotune-no-cudagraphs") == ("max-autotune-no-cudagraphs", True, False)
+    assert ty.compile_mode("default+graph") == ("default", False, True)
+    assert ty.compile_mode("default+cdt+graph") == ("default", True, True)
+    with pytest.raises(ValueError, match="unknown or repeated suffix"):
         ty.compile_mode("reduce-overhead+cdtt")
+    with pytest.raises(ValueError, match="unknown or repeated suffix"):
+        ty.compile_mode("default+graph+graph")
+    with pytest.raises(ValueError, match=r"\+graph captures"):
+        ty.compile_mode("reduce-overhead+graph")  # graphs twice
