@@ -136,11 +136,10 @@ def fast_decode_rate(fast, prompt, steps, reps, mode="reduce-overhead", graph=Fa
     each step, rather than inductor's graph trees. Returns (rate, per-token seconds, the greedy ids
     of one run)."""
     ctx = prompt.shape[1]
-    # Static shapes, whatever dynamo's automatic-dynamic state holds: FastLlama.decode is one code
-    # object for every instance, and without the reset a second batch's compilation is a
-    # recompilation with the batch made symbolic (TORCH_LOGS=dynamic on the CPU: "marking L['ids'] as
-    # dynamic"). The caller resets before each row already.
-    torch._dynamo.reset()
+    # Static shapes: FastLlama.decode is one code object for every instance, and a compilation after
+    # another batch's without torch._dynamo.reset() (the caller resets before each row) would be a
+    # recompilation with the batch made symbolic (TORCH_LOGS=dynamic on the CPU: "marking L['ids']
+    # as dynamic").
     compiled = torch.compile(fast.decode, mode=mode, fullgraph=True, dynamic=False)
     ids = []
     step = compiled

@@ -112,9 +112,6 @@ class FfnContext {
   void sparse_rest(const __nv_bfloat16* x, std::int64_t m, __nv_bfloat16* y, cudaStream_t stream) {
     sparse_rest(x, m, y, shape(m), stream);
   }
-  void dense_rest(const __nv_bfloat16* x, std::int64_t m, __nv_bfloat16* y, cudaStream_t stream) {
-    dense_rest(x, m, y, shape(m), stream);
-  }
   void dense_rest(const __nv_bfloat16* x, std::int64_t m, __nv_bfloat16* y, const CallShape& s, cudaStream_t stream);
   // The cuBLASLt GEMM of the gate's shape alone ([m, K]·[N, K]ᵀ, no epilogue), for benchmarks.
   void dense_gate_gemm(const __nv_bfloat16* x, std::int64_t m, cudaStream_t stream);
