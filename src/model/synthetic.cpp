@@ -141,6 +141,12 @@ LlamaConfig preset_config(const std::string& name) {
   else if (name == "1b") c.num_layers = 18;
   else if (name == "1.5b") c.num_layers = 28;
   else if (name == "2b") c.num_layers = 38;
+  else if (name == "2b-gqa") {
+    // The 2B with grouped-query attention: 8 KV heads for its 32 query heads (groups of 4, as
+    // Llama-3's), everything else the 2B's. Its KV cache is a quarter of the 2B's.
+    c.num_layers = 38;
+    c.num_kv_heads = 8;
+  }
   else if (name == "7b" || name == "7b-gqa") {
     // Llama-2-7B's shape (MHA, FFN 11008, vocabulary 32000, untied head, θ 1e4); "7b-gqa" is
     // Mistral-7B's (8 KV heads, FFN 14336, θ 1e6). Context 4096, as Llama 2's.
@@ -166,7 +172,7 @@ LlamaConfig preset_config(const std::string& name) {
     c.num_layers = 4;
     c.max_position = 512;
   } else {
-    fail(ErrorCode::invalid_argument, "unknown model preset '{}' (tiny, 0.5b, 1b, 1.5b, 2b, 7b, 7b-gqa)", name);
+    fail(ErrorCode::invalid_argument, "unknown model preset '{}' (tiny, 0.5b, 1b, 1.5b, 2b, 2b-gqa, 7b, 7b-gqa)", name);
   }
   return c;
 }

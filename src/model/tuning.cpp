@@ -36,6 +36,7 @@ const Item kItems[] = {
     {"no-fixed-point-decode", &RuntimeTuning::fixed_point_decode},
     {"no-decode-neuron-order", &RuntimeTuning::decode_neuron_order},
     {"no-batched-gemv", &RuntimeTuning::batched_gemv},
+    {"no-grouped-attention", &RuntimeTuning::grouped_attention},
     {"decode-max-density", &RuntimeTuning::decode_max_density, 0, 1},
     {"decode-max-rows", &RuntimeTuning::decode_max_rows, 1, 2047},
     {"no-cpu-bf16", &RuntimeTuning::cpu_bf16_weights},

@@ -220,6 +220,90 @@ TEST(ModelOps, AttentionKernelsMatchFloat64) {
 }
 
 
+// GQA calls of 32 rows or more run the grouped kernel (a CTA a (row, KV head)); fewer rows the
+// per-head one. A row's result must not depend on the batch it comes in: each row of a 33-row call
+// equals, bit for bit, the same row attended alone, and the call is within the float64 bound of
+// AttentionKernelsMatchFloat64. Groups 2, 4 and 8 at head_dim 64 and 128, a sliding window, one
+// group the grouped kernel does not take (3: the per-head kernel at any rows), every row its own
+// sequence of 0–600 cached keys (several score rounds of the 256 threads), decode and not.
+TEST(ModelOps, GroupedAttentionHasThePerHeadBits) {
+  TWELL_REQUIRE_GPU();
+  struct G {
+    int heads, kv_heads, d, window;
+  };
+  Rng rng(fresh_seed());
+  for (const G s : {G{8, 4, 64, 0}, G{8, 2, 64, 0}, G{16, 2, 64, 0}, G{8, 2, 128, 0}, G{16, 2, 128, 0},
+                    G{8, 4, 128, 0}, G{8, 2, 64, 40}, G{6, 2, 64, 0}}) {
+    SCOPED_TRACE(::testing::Message() << "heads " << s.heads << "/" << s.kv_heads << " d " << s.d << " window " << s.window);
+    const int Q = s.heads * s.d, KV = s.kv_heads * s.d, ld = Q + 2 * KV, layers = 2, layer = 1, R = 33;
+    std::vector<DeviceBuffer<__nv_bfloat16>> kbuf, vbuf;
+    std::vector<std::vector<bf16>> kh, vh;
+    std::vector<cuda::ops::RowKv> rows;
+    int max_keys = 0;
+    for (int r = 0; r < R; ++r) {
+      const int pos = static_cast<int>(rng.below(601)), cap = pos + 1;
+      kh.push_back(random_bf16(rng, static_cast<std::size_t>(layers * cap * KV)));
+      vh.push_back(random_bf16(rng, kh.back().size()));
+      kbuf.push_back(upload<__nv_bfloat16>(kh.back()));
+      vbuf.push_back(upload<__nv_bfloat16>(vh.back()));
+      rows.push_back(row_kv(kbuf.back().get(), vbuf.back().get(), static_cast<std::int64_t>(cap) * KV, pos));
+      max_keys = std::max(max_keys, cap);
+    }
+    const auto qkv_h = random_bf16(rng, static_cast<std::size_t>(R * ld));
+    auto qkv = upload<__nv_bfloat16>(qkv_h);
+    auto d_rows = upload(rows);
+    // The 33-row call must take the grouped kernel (groups 2, 4, 8), else both sides are per-head.
+    EXPECT_EQ(cuda::ops::attention_runs_grouped(R, s.heads, s.kv_heads, s.d, max_keys), s.heads / s.kv_heads != 3);
+    EXPECT_FALSE(cuda::ops::attention_runs_grouped(1, s.heads, s.kv_heads, s.d, max_keys));
+    for (const bool decode : {false, true}) {
+      DeviceBuffer<__nv_bfloat16> all(static_cast<std::size_t>(R * Q)), one(all.size());
+      ASSERT_EQ(cudaMemset(all.get(), 0xff, all.bytes()), cudaSuccess);  // NaN: an unwritten output fails
+      ASSERT_EQ(cudaMemset(one.get(), 0xff, one.bytes()), cudaSuccess);
+      cuda::ops::attention(qkv.get(), R, s.heads, s.kv_heads, s.d, d_rows.get(), layer, max_keys, all.get(), nullptr,
+                           decode, s.window);
+      for (int r = 0; r < R; ++r)
+        cuda::ops::attention(qkv.get() + static_cast<std::size_t>(r * ld), 1, s.heads, s.kv_heads, s.d, d_rows.get() + r,
+                             layer, max_keys, one.get() + static_cast<std::size_t>(r * Q), nullptr, decode, s.window);
+      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+      const auto ga = download<std::uint16_t>(all), go = download<std::uint16_t>(one);
+      EXPECT_EQ(ga, go) << "a row's bits depend on the call's rows (decode " << decode << ")";
+      // float64, as AttentionKernelsMatchFloat64 (its bound: 1.5e-2 of the largest output).
+      double err = 0, scale = 0;
+      for (int r = 0; r < R; ++r) {
+        const int keys = rows[static_cast<std::size_t>(r)].pos + 1, cap = keys;
+        const int first = s.window > 0 && keys > s.window ? keys - s.window : 0;
+        const bf16* K = kh[static_cast<std::size_t>(r)].data() + static_cast<std::size_t>(layer * cap * KV);
+        const bf16* V = vh[static_cast<std::size_t>(r)].data() + static_cast<std::size_t>(layer * cap * KV);
+        for (int h = 0; h < s.heads; ++h) {
+          const int kvh = h / (s.heads / s.kv_heads);
+          std::vector<double> w(static_cast<std::size_t>(keys), 0.0);
+          double mx = -1e300, sum = 0;
+          for (int t = first; t < keys; ++t) {
+            double dot = 0;
+            for (int i = 0; i < s.d; ++i)
+              dot += static_cast<double>(to_float(qkv_h[static_cast<std::size_t>(r * ld + h * s.d + i)])) *
+                     to_float(K[t * KV + kvh * s.d + i]);
+            w[static_cast<std::size_t>(t)] = dot / std::sqrt(static_cast<double>(s.d));
+            mx = std::max(mx, w[static_cast<std::size_t>(t)]);
+          }
+          for (int t = first; t < keys; ++t) sum += w[static_cast<std::size_t>(t)] = std::exp(w[static_cast<std::size_t>(t)] - mx);
+          for (int i = 0; i < s.d; ++i) {
+            double o = 0;
+            for (int t = first; t < keys; ++t) o += w[static_cast<std::size_t>(t)] * to_float(V[t * KV + kvh * s.d + i]);
+            o /= sum;
+            const std::uint16_t b = ga[static_cast<std::size_t>(r * Q + h * s.d + i)];
+            bf16 v;
+            v.bits = b;
+            err = std::max(err, std::isnan(to_float(v)) ? INFINITY : std::fabs(to_float(v) - o));
+            scale = std::max(scale, std::fabs(o));
+          }
+        }
+      }
+      EXPECT_LT(err / scale, 1.5e-2) << "decode " << decode;
+    }
+  }
+}
+
 // A decode step's attention (every row its sequence's one new token) with old_keys_ready loads the
 // keys below each row's position before waiting for the kernel before it; the row's own key and
 // value, and q, must still be read after. The kernel before it here is a late writer (late_writer.hpp:

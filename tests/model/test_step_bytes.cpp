@@ -42,6 +42,26 @@ TEST(StepBytes, CountsEachWeightAndCachedValueOnce) {
   EXPECT_DOUBLE_EQ(decode_step_bytes(c, s).kv_read, 2 * d.kv_read);
 }
 
+// The 2b-gqa preset is the 2B with 8 KV heads for its 32 query heads: its K and V projections and its
+// KV cache are a quarter of the 2B's, everything else the same bytes.
+TEST(StepBytes, GqaPresetQuartersOnlyTheKeysAndValues) {
+  const LlamaConfig m = preset_config("2b"), g = preset_config("2b-gqa");
+  ASSERT_EQ(m.num_kv_heads, 32);
+  ASSERT_EQ(g.num_kv_heads, 8);
+  ASSERT_EQ(g.num_heads, m.num_heads);
+  StepShape s;
+  s.batch = 8;
+  s.kv_positions = 512;
+  const StepBytes a = decode_step_bytes(m, s), b = decode_step_bytes(g, s);
+  EXPECT_DOUBLE_EQ(b.kv_read, a.kv_read / 4);
+  EXPECT_DOUBLE_EQ(b.kv_write, a.kv_write / 4);
+  // Q and O: 2 × 2048 × 2048 a layer; K and V: 2 × 2048 × 512 (GQA) against 2 × 2048 × 2048.
+  EXPECT_DOUBLE_EQ(a.attention_weights - b.attention_weights, 38.0 * 2 * 2 * 2048 * (2048 - 512));
+  EXPECT_DOUBLE_EQ(b.ffn_weights, a.ffn_weights);
+  EXPECT_DOUBLE_EQ(b.embedding_and_head, a.embedding_and_head);
+  EXPECT_DOUBLE_EQ(b.norms, a.norms);
+}
+
 TEST(StepBytes, RefusesWhatIsNoStep) {
   const LlamaConfig c = preset_config("tiny");
   StepShape s;

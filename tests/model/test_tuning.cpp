@@ -36,8 +36,8 @@ TEST(RuntimeTuning, DefaultsDescribeAsNothing) {
 TEST(RuntimeTuning, EveryItemParses) {
   const RuntimeTuning t = parse_tuning(
       "no-cuda-graphs,no-cudnn-attention,cudnn-build-at=1,decode-max-rows=8,decode-max-density=0.02,no-pdl,"
-      "no-fused-decode,no-fixed-point-decode,no-decode-neuron-order,no-batched-gemv,no-cpu-bf16,no-paged-kv,"
-      "no-prefix-cache");
+      "no-fused-decode,no-fixed-point-decode,no-decode-neuron-order,no-batched-gemv,no-grouped-attention,no-cpu-bf16,"
+      "no-paged-kv,no-prefix-cache");
   EXPECT_FALSE(t.cuda_graphs);
   EXPECT_FALSE(t.cudnn_attention);
   EXPECT_EQ(t.cudnn_build_at, 1);
@@ -46,6 +46,7 @@ TEST(RuntimeTuning, EveryItemParses) {
   EXPECT_FALSE(t.fixed_point_decode);
   EXPECT_FALSE(t.decode_neuron_order);
   EXPECT_FALSE(t.batched_gemv);
+  EXPECT_FALSE(t.grouped_attention);
   EXPECT_EQ(t.decode_max_density, 0.02);
   EXPECT_EQ(t.decode_max_rows, 8);
   EXPECT_FALSE(t.cpu_bf16_weights);
@@ -54,8 +55,8 @@ TEST(RuntimeTuning, EveryItemParses) {
   // describe(): every non-default setting, in the struct's order, read back to the same value.
   EXPECT_EQ(t.describe(),
             "no-cuda-graphs,no-cudnn-attention,cudnn-build-at=1,no-pdl,no-fused-decode,no-fixed-point-decode,"
-            "no-decode-neuron-order,no-batched-gemv,decode-max-density=0.02,decode-max-rows=8,no-cpu-bf16,no-paged-kv,"
-            "no-prefix-cache");
+            "no-decode-neuron-order,no-batched-gemv,no-grouped-attention,decode-max-density=0.02,decode-max-rows=8,"
+            "no-cpu-bf16,no-paged-kv,no-prefix-cache");
   EXPECT_EQ(parse_tuning(t.describe()), t);
 }
 

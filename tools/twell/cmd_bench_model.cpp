@@ -507,8 +507,8 @@ void add_bench_model_command(CLI::App& bench, std::vector<Command>& out) {
       "Example: twell bench model --config 2b --density 0.005\n" +
       std::string(kTuningHelp));
   sub->add_option("--model", a->model_dir, "Checkpoint directory (Hugging Face layout)");
-  sub->add_option("--config", a->config, "Synthetic model: tiny, 0.5b, 1b, 1.5b, 2b (the paper's shapes), 7b (Llama-2-7B), 7b-gqa (Mistral-7B)")
-      ->check(CLI::IsMember({"tiny", "0.5b", "1b", "1.5b", "2b", "7b", "7b-gqa"}));
+  sub->add_option("--config", a->config, "Synthetic model: tiny, 0.5b, 1b, 1.5b, 2b (the paper's shapes), 2b-gqa (the 2B with 8 KV heads), 7b (Llama-2-7B), 7b-gqa (Mistral-7B)")
+      ->check(CLI::IsMember({"tiny", "0.5b", "1b", "1.5b", "2b", "2b-gqa", "7b", "7b-gqa"}));
   sub->add_option("--density", a->spec.density, "Synthetic: mean FFN density");
   sub->add_option("--profile", a->spec.profile, "Synthetic: paper or flat")->check(CLI::IsMember({"paper", "flat"}));
   sub->add_option("--skew", a->spec.popularity_sigma, "Synthetic: log-normal sigma of neuron popularity");

@@ -59,8 +59,8 @@ void add_gen_model_command(CLI::App& gen, std::vector<Command>& out) {
       "inputs (a constant residual channel acts as a per-neuron threshold, as the 'massive activations' of\n"
       "trained models do), with skewed neuron popularity and dead neurons. For benchmarks at the paper's\n"
       "shapes: twell bench model --model DIR. transformers loads it as any LlamaForCausalLM.");
-  sub->add_option("--config", a->config, "Shape: tiny, 0.5b, 1b, 1.5b, 2b (the paper's SparseLM shapes), 7b (Llama-2-7B), 7b-gqa (Mistral-7B)")
-      ->check(CLI::IsMember({"tiny", "0.5b", "1b", "1.5b", "2b", "7b", "7b-gqa"}));
+  sub->add_option("--config", a->config, "Shape: tiny, 0.5b, 1b, 1.5b, 2b (the paper's SparseLM shapes), 2b-gqa (the 2B with 8 KV heads), 7b (Llama-2-7B), 7b-gqa (Mistral-7B)")
+      ->check(CLI::IsMember({"tiny", "0.5b", "1b", "1.5b", "2b", "2b-gqa", "7b", "7b-gqa"}));
   sub->add_option("--out", a->out, "Output directory (must not exist, or be empty)")->required();
   sub->add_option("--layers", a->layers, "Override the preset's layer count")->check(CLI::Range(1, 1000));
   sub->add_option("--density", a->spec.density, "Mean FFN density over the layers (0.0051: 29 of 5632)");

@@ -5,7 +5,9 @@
 // row (16 bytes each) and several keys per warp and loop step in flight; decode steps are latency
 // bound (32 CTAs at 2B), so what matters is how many loads each thread has in flight. Other
 // head_dims run attention_kernel (a key's d elements over a warp's lanes). The tensor-core kernel
-// (flash_attention) serves prefill blocks.
+// (flash_attention) serves prefill blocks. GQA calls of 32 rows or more (batched decode steps) run
+// attention_grouped_kernel: a CTA a (row, KV head), each K and V row loaded once for its query heads,
+// with attention_kernel_d's bits.
 #include <cstdint>
 
 #include "cuda/common/check.hpp"
@@ -17,6 +19,13 @@ namespace {
 
 constexpr int kWarps = 8;
 constexpr int kMaxD = 256;  // ≤ 8 dims per lane in the output accumulators
+// attention_grouped_kernel from this many rows (GQA). The probe's form of it (groups of 4, shared
+// memory for the exact key count) is 1.4–2.7× faster at 32 and 64 rows at every context measured
+// and slower at 1–8 (lab/probes/probe_decode_attention.cu at 963fe7d, H200,
+// bench/results/2026-11-29-h200-probe-decode-attention-963fe7d.md). Not yet measured: 16 rows,
+// groups of 2 and 8, and the runtime's max_keys (a power of two ≥ 256: up to 2× the scores'
+// shared memory, so fewer CTAs an SM).
+constexpr std::int64_t kGroupedMinRows = 32;
 
 // The first key a query at position pos sees: pos − window + 1 within a sliding window (window > 0),
 // else 0 (LlamaConfig::first_key).
@@ -260,7 +269,174 @@ __global__ void __launch_bounds__(kWarps * 32) attention_kernel_d(const __nv_bfl
   }
 }
 
+// GQA, GRP query heads on each KV head, D ∈ {64, 128}: one CTA a (row, KV head) loads each key and
+// value row once for its GRP query heads, where attention_kernel_d loads them once a query head (its
+// GRP CTAs of a KV head meet in L2 at best: 19–26 % of the copy bandwidth on the KV bytes at 8–64
+// rows, lab/probes/probe_decode_attention.cu). For every query head it does attention_kernel_d's
+// arithmetic in the same order — the scores, the max and the sum over the same thread strides and
+// shuffles, P·V's loop and its shuffles, the warps in order, o · (1 / sum) — so the same bits; it
+// loads nothing before its wait (old_keys_ready changes only when loads issue, never the values).
+// Shared memory: q [GRP][D] (pre-scaled), red [GRP][kWarps], part [kWarps][GRP][D], scores [GRP][n].
+template <int D, int GRP>
+__global__ void __launch_bounds__(kWarps * 32) attention_grouped_kernel(const __nv_bfloat16* qkv, std::int64_t heads,
+                                                                        std::int64_t kv_heads, const RowKv* rows_kv,
+                                                                        std::int64_t layer, float scale, int window,
+                                                                        __nv_bfloat16* out) {
+  constexpr int L = D / 8, G = 32 / L, kUnroll = 4, kStep = kWarps * G, kThreads = kWarps * 32;
+  extern __shared__ float smem[];
+  dev::pdl_begin();
+  const std::int64_t r = blockIdx.x, kvh = blockIdx.y;
+  const int tid = static_cast<int>(threadIdx.x), warp = tid / 32, lane = tid % 32;
+  const int g = lane / L, c = lane % L;  // P·V: this lane's key group g, dims [8c, 8c + 8)
+  const std::int64_t q_dim = heads * D, kv_dim = kv_heads * D;
+  const RowKv info = rows_kv[r];
+  const int first = first_key(info.pos, window);
+  const int n = info.pos + 1 - first;  // keys first … pos, as n keys from `first`
+  float* q = smem;
+  float* red = q + GRP * D;
+  float* part = red + GRP * kWarps;
+  float* score = part + kWarps * GRP * D;
+  // This KV head's query heads kvh·GRP … kvh·GRP + GRP − 1 lie side by side in the row.
+  const __nv_bfloat16* qrow = qkv + r * (q_dim + 2 * kv_dim) + kvh * GRP * D;
+  for (int i = tid; i < GRP * D; i += kThreads) q[i] = __bfloat162float(qrow[i]) * scale;
+  __syncthreads();
+  const __nv_bfloat16* kc = info.k + layer * info.layer_stride + kvh * D;
+  const __nv_bfloat16* vc = info.v + layer * info.layer_stride + kvh * D;
+
+  float mx[GRP];
+#pragma unroll
+  for (int a = 0; a < GRP; ++a) mx[a] = -INFINITY;
+  for (int t = tid; t < n; t += kThreads) {
+    const uint4* kr = reinterpret_cast<const uint4*>(kc + info.slot(first + t) * kv_dim);
+    uint4 raw[L];
+#pragma unroll
+    for (int j = 0; j < L; ++j) raw[j] = kr[j];
+    float s[GRP];
+#pragma unroll
+    for (int a = 0; a < GRP; ++a) s[a] = 0.0f;
+#pragma unroll
+    for (int j = 0; j < L; ++j) {
+      const auto* p2 = reinterpret_cast<const __nv_bfloat162*>(&raw[j]);
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const float2 f = __bfloat1622float2(p2[e]);
+#pragma unroll
+        for (int a = 0; a < GRP; ++a) {
+          s[a] += q[a * D + 8 * j + 2 * e] * f.x;
+          s[a] += q[a * D + 8 * j + 2 * e + 1] * f.y;
+        }
+      }
+    }
+#pragma unroll
+    for (int a = 0; a < GRP; ++a) {
+      score[a * n + t] = s[a];
+      mx[a] = fmaxf(mx[a], s[a]);
+    }
+  }
+  // softmax_in_place's steps, for each query head.
+#pragma unroll
+  for (int a = 0; a < GRP; ++a) {
+    for (int o = 16; o > 0; o >>= 1) mx[a] = fmaxf(mx[a], __shfl_xor_sync(0xffffffffu, mx[a], o));
+    if (lane == 0) red[a * kWarps + warp] = mx[a];
+  }
+  __syncthreads();
+#pragma unroll
+  for (int a = 0; a < GRP; ++a) {
+    mx[a] = red[a * kWarps];
+    for (int w = 1; w < kWarps; ++w) mx[a] = fmaxf(mx[a], red[a * kWarps + w]);
+  }
+  __syncthreads();  // red is reused for the sums
+  float sum[GRP];
+#pragma unroll
+  for (int a = 0; a < GRP; ++a) sum[a] = 0.0f;
+  for (int t = tid; t < n; t += kThreads)
+#pragma unroll
+    for (int a = 0; a < GRP; ++a) {
+      const float e = __expf(score[a * n + t] - mx[a]);
+      score[a * n + t] = e;
+      sum[a] += e;
+    }
+#pragma unroll
+  for (int a = 0; a < GRP; ++a) {
+    for (int o = 16; o > 0; o >>= 1) sum[a] += __shfl_xor_sync(0xffffffffu, sum[a], o);
+    if (lane == 0) red[a * kWarps + warp] = sum[a];
+  }
+  __syncthreads();  // also publishes every probability
+#pragma unroll
+  for (int a = 0; a < GRP; ++a) {
+    sum[a] = 0.0f;
+    for (int w = 0; w < kWarps; ++w) sum[a] += red[a * kWarps + w];
+  }
+
+  float acc[GRP][8];
+#pragma unroll
+  for (int a = 0; a < GRP; ++a)
+#pragma unroll
+    for (int j = 0; j < 8; ++j) acc[a][j] = 0.0f;
+  for (int base = warp * G + g; base < n; base += kStep * kUnroll) {
+    uint4 raw[kUnroll];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int t = base + u * kStep;
+      raw[u] = t < n ? reinterpret_cast<const uint4*>(vc + info.slot(first + t) * kv_dim)[c] : make_uint4(0, 0, 0, 0);
+    }
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int t = base + u * kStep;
+      const auto* p2 = reinterpret_cast<const __nv_bfloat162*>(&raw[u]);
+#pragma unroll
+      for (int a = 0; a < GRP; ++a) {
+        const float p = t < n ? score[a * n + t] : 0.0f;
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const float2 f = __bfloat1622float2(p2[e]);
+          acc[a][2 * e] += p * f.x;
+          acc[a][2 * e + 1] += p * f.y;
+        }
+      }
+    }
+  }
+#pragma unroll
+  for (int a = 0; a < GRP; ++a)
+#pragma unroll
+    for (int o = L; o < 32; o <<= 1)
+#pragma unroll
+      for (int j = 0; j < 8; ++j) acc[a][j] += __shfl_xor_sync(0xffffffffu, acc[a][j], o);
+  if (g == 0)
+#pragma unroll
+    for (int a = 0; a < GRP; ++a)
+#pragma unroll
+      for (int j = 0; j < 8; ++j) part[(warp * GRP + a) * D + 8 * c + j] = acc[a][j];
+  __syncthreads();
+  for (int i = tid; i < GRP * D; i += kThreads) {
+    const int a = i / D, dd = i % D;
+    float s_a = sum[0];
+#pragma unroll
+    for (int b = 1; b < GRP; ++b) s_a = b == a ? sum[b] : s_a;  // a select: sum[] stays in registers
+    float o = 0.0f;
+    for (int w = 0; w < kWarps; ++w) o += part[(w * GRP + a) * D + dd];
+    const float inv = 1.0f / s_a;
+    out[r * q_dim + (kvh * GRP + a) * D + dd] = __float2bfloat16(o * inv);
+  }
+}
+
+// attention_grouped_kernel's dynamic shared memory: q, red, part and the scores of `group` heads.
+std::size_t grouped_smem(std::int64_t group, std::int64_t d, std::int64_t max_keys) {
+  return static_cast<std::size_t>(group * d + group * kWarps + kWarps * group * d + group * max_keys) * sizeof(float);
+}
+
 }  // namespace
+
+bool attention_runs_grouped(std::int64_t rows, std::int64_t heads, std::int64_t kv_heads, std::int64_t d,
+                            std::int64_t max_keys) {
+  if (kv_heads <= 0 || heads % kv_heads != 0) return false;
+  const std::int64_t group = heads / kv_heads;
+  if (rows < kGroupedMinRows || (d != 64 && d != 128) || (group != 2 && group != 4 && group != 8)) return false;
+  int dev = 0, optin = 0;
+  TWELL_CUDA_CHECK(cudaGetDevice(&dev));
+  TWELL_CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+  return grouped_smem(group, d, max_keys) <= static_cast<std::size_t>(optin);  // else group × fewer scores fit
+}
 
 std::int64_t attention_max_keys(std::int64_t d) {
   int dev = 0, optin = 0;
@@ -271,7 +447,7 @@ std::int64_t attention_max_keys(std::int64_t d) {
 
 void attention(const __nv_bfloat16* qkv, std::int64_t rows, std::int64_t heads, std::int64_t kv_heads, std::int64_t d,
                const RowKv* rows_kv, std::int64_t layer, std::int64_t max_keys, __nv_bfloat16* out,
-               cudaStream_t stream, bool old_keys_ready, std::int64_t window) {
+               cudaStream_t stream, bool old_keys_ready, std::int64_t window, bool grouped) {
   TWELL_CU_REQUIRE(rows > 0 && rows < (1ll << 31) && heads > 0 && heads < 65536 && kv_heads > 0 &&
                        heads % kv_heads == 0 && d > 0 && d <= kMaxD && max_keys > 0 && window >= 0 &&
                        window < (1ll << 31),
@@ -288,6 +464,31 @@ void attention(const __nv_bfloat16* qkv, std::int64_t rows, std::int64_t heads, 
   }
   const float scale = 1.0f / sqrtf(static_cast<float>(d));
   const int win = static_cast<int>(window);
+  // GQA at kGroupedMinRows rows or more: a CTA a (row, KV head), the same bits (attention_grouped_kernel).
+  const std::int64_t group = heads / kv_heads;
+  if (grouped && attention_runs_grouped(rows, heads, kv_heads, d, max_keys)) {
+    const std::size_t gsmem = grouped_smem(group, d, max_keys);
+    const dim3 ggrid(static_cast<unsigned>(rows), static_cast<unsigned>(kv_heads));
+    auto go = [&](auto kernel) {
+      if (gsmem > 48 * 1024)
+        TWELL_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(gsmem)));
+      launch_kernel(kernel, ggrid, dim3(kWarps * 32), gsmem, stream, qkv, heads, kv_heads, rows_kv, layer, scale, win, out);
+    };
+    if (d == 64 && group == 2)
+      go(attention_grouped_kernel<64, 2>);
+    else if (d == 64 && group == 4)
+      go(attention_grouped_kernel<64, 4>);
+    else if (d == 64)
+      go(attention_grouped_kernel<64, 8>);
+    else if (group == 2)
+      go(attention_grouped_kernel<128, 2>);
+    else if (group == 4)
+      go(attention_grouped_kernel<128, 4>);
+    else
+      go(attention_grouped_kernel<128, 8>);
+    TWELL_CUDA_CHECK_LAUNCH("attention_grouped_kernel");
+    return;
+  }
   const dim3 grid(static_cast<unsigned>(rows), static_cast<unsigned>(heads));
   // The D-specialised kernels read K and V rows by 16-byte loads (RowKv's precondition, model_ops.hpp).
   auto launch = [&](auto kernel, auto... args) {
