@@ -52,10 +52,11 @@ PREFILL=${PREFILL:-0}
 # reduce-overhead alone: 252–268 here). max-autotune adds minutes of compilation and did not finish
 # inside a call (7967f30): name it in FAST_MODES to have it. With PREFILL=1 the call's 600 s leave
 # room for reduce-overhead alone.
-# Several decode batches: reduce-overhead alone (each batch is a compilation of its own; with
-# reduce-overhead+cdt, DECODE_BATCHES="1 8 32 64" printed nothing in 570 s on an H200, 4b0c082's call).
+# Several decode batches: default+graph alone (each batch is a compilation of its own, ≈ 60 s on an
+# H200 at 3898bfa; with reduce-overhead+cdt, DECODE_BATCHES="1 8 32 64" printed nothing in 570 s,
+# 4b0c082's call). default+graph is issue 59's setup: the step compiled, captured into one CUDA graph.
 nb=$(echo $DECODE_BATCHES | wc -w)
-FAST_MODES=${FAST_MODES:-$([ "$PREFILL" = 1 ] || [ "$nb" -gt 1 ] && echo reduce-overhead || echo reduce-overhead+cdt,reduce-overhead)}
+FAST_MODES=${FAST_MODES:-$([ "$PREFILL" = 1 ] && echo reduce-overhead || { [ "$nb" -gt 1 ] && echo default+graph || echo reduce-overhead+cdt,reduce-overhead; })}
 # … and with these attentions over the cache, a row each with every mode (fast_llama.py: sdpa, math;
 # math ran 0.66–0.90× sdpa in every call so far, so it is left out unless named).
 FAST_ATTN=${FAST_ATTN:-sdpa}

@@ -19,12 +19,11 @@ namespace {
 
 constexpr int kWarps = 8;
 constexpr int kMaxD = 256;  // ≤ 8 dims per lane in the output accumulators
-// attention_grouped_kernel from this many rows (GQA). The probe's form of it (groups of 4, shared
-// memory for the exact key count) is 1.4–2.7× faster at 32 and 64 rows at every context measured
-// and slower at 1–8 (lab/probes/probe_decode_attention.cu at 963fe7d, H200,
-// bench/results/2026-11-29-h200-probe-decode-attention-963fe7d.md). Not yet measured: 16 rows,
-// groups of 2 and 8, and the runtime's max_keys (a power of two ≥ 256: up to 2× the scores'
-// shared memory, so fewer CTAs an SM).
+// attention_grouped_kernel from this many rows (GQA). Measured on an H200 at cac9a4e: the 2b-gqa
+// model (groups of 4, head_dim 64, the runtime's max_keys) decodes 1.28× / 1.34× faster at 32 / 64
+// rows (bench/results/model/2026-11-29-h200-2b-gqa-grouped-attention-ab-cac9a4e/); the probe's form
+// of it is slower than the per-head kernel at 1–8 rows (lab/probes/probe_decode_attention.cu).
+// Not measured: 16 rows, groups of 2 and 8.
 constexpr std::int64_t kGroupedMinRows = 32;
 
 // The first key a query at position pos sees: pos − window + 1 within a sliding window (window > 0),
