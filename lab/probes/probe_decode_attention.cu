@@ -1,5 +1,6 @@
-// twell_probe_decode_attention: the decode attention (cuda::ops::attention, one CTA of 8 warps per
-// (row, query head), scores then P·V, exact fp32) against the bytes it must read, at the batches and
+// twell_probe_decode_attention: the decode attention (cuda::ops::attention: one CTA of 8 warps per
+// (row, query head), or at 32 rows or more of a GQA call one per (row, KV head) that loads nothing
+// before its wait; scores then P·V, exact fp32) against the bytes it must read, at the batches and
 // contexts a server runs (issue 59: at batch 64 and context 512 the 2B model's KV cache is most of a
 // step's bytes, and PyTorch moved a step's bytes at ≈ 3.1 TB/s where twell moved them at ≈ 2.6).
 // For each shape: µs a launch, graph-replayed over `layers` caches launched in turn (together past

@@ -270,7 +270,7 @@ __global__ void __launch_bounds__(kWarps * 32) attention_kernel_d(const __nv_bfl
 
 // GQA, GRP query heads on each KV head, D ∈ {64, 128}: one CTA a (row, KV head) loads each key and
 // value row once for its GRP query heads, where attention_kernel_d loads them once a query head (its
-// GRP CTAs of a KV head meet in L2 at best: 19–26 % of the copy bandwidth on the KV bytes at 8–64
+// GRP CTAs of a KV head meet in L2 at best: 12–26 % of the copy bandwidth on the KV bytes at 8–64
 // rows, lab/probes/probe_decode_attention.cu). For every query head it does attention_kernel_d's
 // arithmetic in the same order — the scores, the max and the sum over the same thread strides and
 // shuffles, P·V's loop and its shuffles, the warps in order, o · (1 / sum) — so the same bits; it
