@@ -6,7 +6,10 @@ twell.json (`twell bench model`), on the same checkpoint and GPU (bench/model/gp
   compiled with CUDA graphs at batch 1, the lean body bench/model/fast_llama.py compiled alike at
   every batch), twell's dense and sparse FFN runtimes, and their ratios to it (issue 59's outcome:
   twell dense ≥ 1.0× and sparse ≥ 1.1× PyTorch at every batch);
-- every decode row of every batch against that batch's best, and the prefill rows where both ran.
+- every decode row of every batch against that batch's best, and the prefill rows where both ran;
+- per batch, the bandwidth each side reached on the bytes a step must read (twell's byte floor:
+  PyTorch's and twell's dense step on the dense floor, twell's sparse step on the sparse one) beside
+  the copy bandwidth twell measured in its process, so each number shows how far it is from the limit.
 
     python3 bench/model/yardstick_table.py OUT_DIR [PREFILL_BATCH PREFILL_LEN]
 
@@ -73,6 +76,35 @@ def decode_tables(torch_json, twell_json):
     return lines, detail
 
 
+def bandwidth_table(torch_json, twell_json):
+    """TB/s on the byte floor of twell.json's decode_byte_floor (bytes a step × steps a second), one row
+    a batch that has a floor; [] without one (an older twell.json)."""
+    floors = {int(f["batch"]): f for f in (twell_json or {}).get("decode_byte_floor", []) if "batch" in f}
+    if not floors:
+        return []
+    pt, tw = pytorch_decode(torch_json), twell_decode(twell_json)
+    copy = (twell_json or {}).get("copy_bandwidth")
+
+    def tbs(tokens_per_s, batch, nbytes):
+        return None if tokens_per_s is None or not nbytes else tokens_per_s / batch * nbytes / 1e12
+
+    def cell(v):
+        return "—" if v is None else (f"{v:.2f} ({100 * v * 1e12 / copy:.0f} %)" if copy else f"{v:.2f}")
+
+    lines = ["| decode batch | dense GB a step | sparse GB a step | PyTorch TB/s on the dense bytes (of copy) | "
+             "twell dense, same | twell sparse, on the sparse bytes | copy TB/s (twell's process) |",
+             "|---:|---:|---:|---:|---:|---:|---:|"]
+    for b in sorted(floors):
+        f = floors[b]
+        dense_bytes, sparse_bytes = f.get("dense_bytes_per_step"), f.get("sparse_bytes_per_step")
+        best = max((v for _, v in pt.get(b, [])), default=None)
+        dense, sparse = tw.get(b, (None, None))
+        lines.append(f"| {b} | {num(dense_bytes and dense_bytes / 1e9, 2)} | {num(sparse_bytes and sparse_bytes / 1e9, 2)} | "
+                     f"{cell(tbs(best, b, dense_bytes))} | {cell(tbs(dense, b, dense_bytes))} | "
+                     f"{cell(tbs(sparse, b, sparse_bytes))} | {num(copy and copy / 1e12, 2)} |")
+    return lines
+
+
 def prefill_table(torch_json, twell_runs, pb, pl):
     """Prefill rows: PyTorch's (eager, compiled, the lean body) and twell's dense and sparse FFN with
     each attention it ran (twell_runs: [(twell.json, attention label or None for its own record)])."""
@@ -117,7 +149,8 @@ def main(argv):
     if own:
         runs.append((own, "twell's own attention kernel"))
     pre = prefill_table(t, runs, pb, pl)
-    text = "\n".join(summary + [""] + detail + ([""] + pre if pre else [])) + "\n"
+    bw = bandwidth_table(t, w)
+    text = "\n".join(summary + [""] + detail + ([""] + bw if bw else []) + ([""] + pre if pre else [])) + "\n"
     with open(os.path.join(out, "decode-yardstick.md"), "w") as f:
         f.write(text)
     print(text, end="")

@@ -54,6 +54,24 @@ def test_best_per_batch_and_ratios():
     assert "| 0.20× |" in b1[2]
 
 
+def test_bandwidth_on_the_byte_floor():
+    yt = load_bench("model/yardstick_table")
+    w = twell_json()
+    w["copy_bandwidth"] = 4.0e12
+    w["decode_byte_floor"] = [{"batch": 1, "dense_bytes_per_step": 4.0e9, "sparse_bytes_per_step": 2.0e9},
+                              {"batch": 8, "dense_bytes_per_step": 5.0e9, "sparse_bytes_per_step": 3.0e9}]
+    lines = yt.bandwidth_table(torch_json(), w)
+    rows = {int(line.split("|")[1]): [c.strip() for c in line.split("|")[2:-1]] for line in lines[2:]}
+    assert sorted(rows) == [1, 8]  # the batches with a floor; 32 and 64 have none
+    # Batch 1: PyTorch's best 500 steps/s × 4 GB = 2.00 TB/s (50 % of 4); twell dense 533 × 4 GB,
+    # sparse 776 × 2 GB on its own floor.
+    assert rows[1] == ["4.00", "2.00", "2.00 (50 %)", "2.13 (53 %)", "1.55 (39 %)", "4.00"]
+    # Batch 8: 3200 / 8 steps/s × 5 GB = 2.00 TB/s; twell 3371 / 8 × 5 GB, 3584 / 8 × 3 GB.
+    assert rows[8][2:5] == ["2.00 (50 %)", f"{3371 / 8 * 5e9 / 1e12:.2f} ({100 * 3371 / 8 * 5e9 / 4e12:.0f} %)",
+                            f"{3584 / 8 * 3e9 / 1e12:.2f} ({100 * 3584 / 8 * 3e9 / 4e12:.0f} %)"]
+    assert yt.bandwidth_table(torch_json(), twell_json()) == []  # no floor in an older twell.json
+
+
 def test_prefill_table_and_main_write_the_file(tmp_path):
     yt = load_bench("model/yardstick_table")
     (tmp_path / "torch.json").write_text(json.dumps(torch_json()))
