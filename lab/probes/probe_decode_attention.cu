@@ -10,15 +10,17 @@
 // attention (split_attention_kernel below: chunks of 128 keys, a CTA each, combined by the last).
 // The library's kernel runs as in a decode step (old_keys_ready: its first K and V rows load before
 // the programmatic wait, overlapping the launch before it); the candidates wait first, so they are
-// understated where that overlap matters; the "plain" columns time the library and both split
-// candidates with plain launches, where no launch overlaps the one before it. A second candidate, cluster_attention_kernel: split-KV in a
-// thread-block cluster of 8 CTAs a (row, head), combined through distributed shared memory, with the
-// library's early loads. For GQA shapes a third, grouped_attention_kernel: a CTA a (row, KV head).
+// understated where that overlap matters; the "plain" columns time the library, the split and the pipelined
+// candidates with plain launches, where no launch overlaps the one before it. A second candidate,
+// pipelined_attention_kernel: the library's per-head kernel with its loads issued a loop step ahead
+// (its bits must equal the library's: checked), as ptxas chooses ("pipe") and bounded to 3 CTAs an
+// SM ("pipe3"). (The cluster split-KV candidate of 963fe7d lost at every shape and is gone:
+// bench/results/2026-11-29-h200-probe-decode-attention-963fe7d.md.) For GQA shapes a third,
+// grouped_attention_kernel: a CTA a (row, KV head).
 // Checks: every output finite, and every head of the last row, of each kernel, against a float64
 // softmax over the same bf16 values (the bound derived at the checks below).
 //   twell_probe_decode_attention [max GB of caches (default 12)]
 #include <cuda_bf16.h>
-#include <cooperative_groups.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -191,121 +193,138 @@ __global__ void __launch_bounds__(kSplitThreads) split_attention_kernel(const __
   }
 }
 
-// The third candidate: split-KV inside a thread-block cluster (sm90). kClusterCtas CTAs of 8 warps
-// a (row, query head); CTA c takes the keys [c·per, (c + 1)·per), per = ⌈n / kClusterCtas⌉, a
-// thread a key for the scores and the library's P·V loop over its range, and leaves (o[D], m, l)
-// in its shared memory; after the cluster's barrier CTA 0 reads the partials through distributed
-// shared memory and combines them in rank order (no global round trip, no ticket; the same bits
-// whatever order the CTAs finish in). Like the library's kernel in a decode step, each thread's
-// key row and its first V rows below the row's position load before the programmatic wait.
-constexpr int kClusterCtas = 8, kClusterWarps = 8, kClusterThreads = kClusterWarps * 32;
-constexpr int kClusterMaxPer = 512;  // keys a CTA holds scores for: n ≤ 4096
+// The third candidate: the library's per-head kernel (attention_kernel_d: a CTA of 8 warps a (row,
+// query head), the same arithmetic in the same order, so the same bits), with its loads pipelined:
+// the score loop issues the next key step's row (D = 64 only: at 128 the second row would take 16
+// more registers of 16 bytes) before it works on this one's, and the P·V loop issues the next step's
+// kUnroll value chunks before this step's products. The library's loop waits for each step's loads
+// before it issues the next: ≈ 3 + 5 dependent round trips a CTA at 513 keys, which at 64 rows
+// (2048 CTAs, 2 an SM) is a fixed cost of ≈ 26 µs a launch (the fit in docs/runtime.md). kMinBlocks:
+// 0 lets ptxas choose the registers (as the library), 3 bounds it to 3 CTAs an SM. Loads nothing
+// before its wait (its overlapped column credits it with no early loads; the plain column is the
+// fair comparison).
+constexpr int kPipeWarps = 8, kPipeThreads = kPipeWarps * 32;
 
-template <int D>
-__global__ void __cluster_dims__(kClusterCtas, 1, 1) __launch_bounds__(kClusterThreads)
-    cluster_attention_kernel(const __nv_bfloat16* qkv, int heads, int kv_heads, const ops::RowKv* rows_kv,
-                             long long layer, float scale, __nv_bfloat16* out) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
-  __trap();  // clusters are sm90's; the probe's host side launches it on sm90 only
-#else
-  namespace cg = cooperative_groups;
-  constexpr int L = D / 8, G = 32 / L, kUnroll = 4, kStep = kClusterWarps * G;
-  __shared__ float q[D], sc[kClusterMaxPer], red[kClusterWarps], part[kClusterWarps][D];
-  __shared__ float mine[D + 2];  // this CTA's o[D], m, l: CTA 0 reads them
-  const cg::cluster_group cluster = cg::this_cluster();
-  const int rank = static_cast<int>(cluster.block_rank()), h = blockIdx.y, r = blockIdx.z;
-  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / L, c = lane % L;
+template <int D, int kMinBlocks>
+__global__ void __launch_bounds__(kPipeThreads, kMinBlocks)
+    pipelined_attention_kernel(const __nv_bfloat16* qkv, int heads, int kv_heads, const ops::RowKv* rows_kv,
+                               long long layer, float scale, __nv_bfloat16* out) {
+  constexpr int L = D / 8, G = 32 / L, kUnroll = 4, kStep = kPipeWarps * G;
+  constexpr bool kPipeK = D <= 64;
+  extern __shared__ float smem[];
+  const int r = blockIdx.x, h = blockIdx.y;
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+  const int g = lane / L, c = lane % L;
   const long long q_dim = static_cast<long long>(heads) * D, kv_dim = static_cast<long long>(kv_heads) * D;
   const int kvh = h / (heads / kv_heads);
-  // Before the wait: rows_kv and the keys below the row's position were written before the step.
-  const ops::RowKv info = rows_kv[r];
-  const int n = info.pos + 1, per = (n + kClusterCtas - 1) / kClusterCtas;
-  const int t0 = min(n, rank * per), cnt = min(per, n - t0), below = info.pos - t0;  // keys t < below: early
-  const __nv_bfloat16* kc = info.k + layer * info.layer_stride + kvh * D;
-  const __nv_bfloat16* vc = info.v + layer * info.layer_stride + kvh * D;
-  uint4 kraw[L], vraw[kUnroll];
-#pragma unroll
-  for (int j = 0; j < L; ++j) kraw[j] = make_uint4(0, 0, 0, 0);
-  if (tid < cnt && tid < below) {
-    const uint4* kr = reinterpret_cast<const uint4*>(kc + info.slot(t0 + tid) * kv_dim);
-#pragma unroll
-    for (int j = 0; j < L; ++j) kraw[j] = kr[j];
-  }
-#pragma unroll
-  for (int u = 0; u < kUnroll; ++u) {
-    const int t = warp * G + g + u * kStep;
-    vraw[u] = t < cnt && t < below ? reinterpret_cast<const uint4*>(vc + info.slot(t0 + t) * kv_dim)[c]
-                                   : make_uint4(0, 0, 0, 0);
-  }
   twell::cuda::dev::pdl_begin();
-  const __nv_bfloat16* qrow = qkv + r * (q_dim + 2 * kv_dim) + h * D;
-  for (int i = tid; i < D; i += kClusterThreads) q[i] = __bfloat162float(qrow[i]) * scale;
-  if (tid < cnt && tid >= below) {  // the row's own key, written by this step
-    const uint4* kr = reinterpret_cast<const uint4*>(kc + info.slot(t0 + tid) * kv_dim);
+  const ops::RowKv info = rows_kv[r];
+  const int n = info.pos + 1;
+  float* q = smem;                   // [D]
+  float* part = q + D;               // [kPipeWarps, D]
+  float* red = part + kPipeWarps * D;  // [kPipeWarps]
+  float* score = red + kPipeWarps;   // [n]
+  const __nv_bfloat16* qrow = qkv + r * (q_dim + 2 * kv_dim) + static_cast<long long>(h) * D;
+  const __nv_bfloat16* kc = info.k + layer * info.layer_stride + static_cast<long long>(kvh) * D;
+  const __nv_bfloat16* vc = info.v + layer * info.layer_stride + static_cast<long long>(kvh) * D;
+  // This thread's first key row is in flight while q loads.
+  uint4 cur[L];
+  if (tid < n) {
+    const uint4* kr = reinterpret_cast<const uint4*>(kc + info.slot(tid) * kv_dim);
 #pragma unroll
-    for (int j = 0; j < L; ++j) kraw[j] = kr[j];
+    for (int j = 0; j < L; ++j) cur[j] = kr[j];
   }
+  for (int i = tid; i < D; i += kPipeThreads) q[i] = __bfloat162float(qrow[i]) * scale;
   __syncthreads();
   float mx = -INFINITY;
-  for (int t = tid; t < cnt; t += kClusterThreads) {  // one pass where per ≤ 256 (n ≤ 2048)
-    uint4 raw[L];
-    if (t == tid) {
+  for (int t = tid; t < n; t += kPipeThreads) {
+    uint4 nxt[kPipeK ? L : 1];
+    const int tn = t + kPipeThreads;
+    if constexpr (kPipeK) {
+      if (tn < n) {
+        const uint4* kr = reinterpret_cast<const uint4*>(kc + info.slot(tn) * kv_dim);
 #pragma unroll
-      for (int j = 0; j < L; ++j) raw[j] = kraw[j];
-    } else {
-      const uint4* kr = reinterpret_cast<const uint4*>(kc + info.slot(t0 + t) * kv_dim);
-#pragma unroll
-      for (int j = 0; j < L; ++j) raw[j] = kr[j];
+        for (int j = 0; j < L; ++j) nxt[j] = kr[j];
+      }
     }
-    float a = 0.0f;
+    float s = 0.0f;
 #pragma unroll
     for (int j = 0; j < L; ++j) {
-      const auto* p2 = reinterpret_cast<const __nv_bfloat162*>(&raw[j]);
+      const auto* p2 = reinterpret_cast<const __nv_bfloat162*>(&cur[j]);
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const float2 f = __bfloat1622float2(p2[e]);
-        a += q[8 * j + 2 * e] * f.x;
-        a += q[8 * j + 2 * e + 1] * f.y;
+        s += q[8 * j + 2 * e] * f.x;
+        s += q[8 * j + 2 * e + 1] * f.y;
       }
     }
-    sc[t] = a;
-    mx = fmaxf(mx, a);
+    score[t] = s;
+    mx = fmaxf(mx, s);
+    if (tn < n) {
+      if constexpr (kPipeK) {
+#pragma unroll
+        for (int j = 0; j < L; ++j) cur[j] = nxt[j];
+      } else {
+        const uint4* kr = reinterpret_cast<const uint4*>(kc + info.slot(tn) * kv_dim);
+#pragma unroll
+        for (int j = 0; j < L; ++j) cur[j] = kr[j];
+      }
+    }
   }
+  // The library's softmax_in_place, step for step.
   for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
   if (lane == 0) red[warp] = mx;
+  // The first P·V step's values are in flight across the softmax's barriers.
+  const int first_t = warp * G + g;
+  uint4 raw[kUnroll];
+#pragma unroll
+  for (int u = 0; u < kUnroll; ++u) {
+    const int t = first_t + u * kStep;
+    raw[u] = t < n ? reinterpret_cast<const uint4*>(vc + info.slot(t) * kv_dim)[c] : make_uint4(0, 0, 0, 0);
+  }
   __syncthreads();
   mx = red[0];
-  for (int w = 1; w < kClusterWarps; ++w) mx = fmaxf(mx, red[w]);
-  __syncthreads();  // red is reused for the sums
-  float l = 0.0f;
-  for (int t = tid; t < cnt; t += kClusterThreads) l += sc[t] = __expf(sc[t] - mx);
-  for (int o = 16; o > 0; o >>= 1) l += __shfl_xor_sync(0xffffffffu, l, o);
-  if (lane == 0) red[warp] = l;
-  __syncthreads();  // also publishes every probability
-  l = 0.0f;
-  for (int w = 0; w < kClusterWarps; ++w) l += red[w];
+  for (int w = 1; w < kPipeWarps; ++w) mx = fmaxf(mx, red[w]);
+  __syncthreads();
+  float sum = 0.0f;
+  for (int t = tid; t < n; t += kPipeThreads) {
+    const float e = __expf(score[t] - mx);
+    score[t] = e;
+    sum += e;
+  }
+  for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+  if (lane == 0) red[warp] = sum;
+  __syncthreads();
+  sum = 0.0f;
+  for (int w = 0; w < kPipeWarps; ++w) sum += red[w];
+
   float acc[8] = {};
-  for (int base = warp * G + g; base < cnt; base += kStep * kUnroll) {
-    const bool first_step = base == warp * G + g;
+  for (int base = first_t; base < n; base += kStep * kUnroll) {
+    uint4 nraw[kUnroll];
+    const int nb = base + kStep * kUnroll;
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int t = nb + u * kStep;
+      nraw[u] = t < n ? reinterpret_cast<const uint4*>(vc + info.slot(t) * kv_dim)[c] : make_uint4(0, 0, 0, 0);
+    }
+    float p[kUnroll];
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
       const int t = base + u * kStep;
-      if (!(first_step && t < below)) {  // else loaded before the wait
-        vraw[u] = t < cnt ? reinterpret_cast<const uint4*>(vc + info.slot(t0 + t) * kv_dim)[c] : make_uint4(0, 0, 0, 0);
-      }
+      p[u] = t < n ? score[t] : 0.0f;
     }
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
-      const int t = base + u * kStep;
-      const float pr = t < cnt ? sc[t] : 0.0f;
-      const auto* p2 = reinterpret_cast<const __nv_bfloat162*>(&vraw[u]);
+      const auto* p2 = reinterpret_cast<const __nv_bfloat162*>(&raw[u]);
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const float2 f = __bfloat1622float2(p2[e]);
-        acc[2 * e] += pr * f.x;
-        acc[2 * e + 1] += pr * f.y;
+        acc[2 * e] += p[u] * f.x;
+        acc[2 * e + 1] += p[u] * f.y;
       }
     }
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) raw[u] = nraw[u];
   }
 #pragma unroll
   for (int o = L; o < 32; o <<= 1)
@@ -313,35 +332,14 @@ __global__ void __cluster_dims__(kClusterCtas, 1, 1) __launch_bounds__(kClusterT
     for (int j = 0; j < 8; ++j) acc[j] += __shfl_xor_sync(0xffffffffu, acc[j], o);
   if (g == 0)
 #pragma unroll
-    for (int j = 0; j < 8; ++j) part[warp][8 * c + j] = acc[j];
+    for (int j = 0; j < 8; ++j) part[warp * D + 8 * c + j] = acc[j];
   __syncthreads();
-  for (int i = tid; i < D; i += kClusterThreads) {
+  const float inv = 1.0f / sum;
+  for (int i = tid; i < D; i += kPipeThreads) {
     float o = 0.0f;
-    for (int w = 0; w < kClusterWarps; ++w) o += part[w][i];
-    mine[i] = o;
+    for (int w = 0; w < kPipeWarps; ++w) o += part[w * D + i];
+    out[r * q_dim + static_cast<long long>(h) * D + i] = __float2bfloat16(o * inv);
   }
-  if (tid == 0) {
-    mine[D] = mx;  // −∞ where the CTA has no keys (l = 0 then)
-    mine[D + 1] = l;
-  }
-  cluster.sync();  // every CTA's partials written and visible to the cluster
-  if (rank == 0) {
-    float big = -INFINITY;
-    for (int cc = 0; cc < kClusterCtas; ++cc) big = fmaxf(big, cluster.map_shared_rank(mine, cc)[D]);
-    for (int i = tid; i < D; i += kClusterThreads) {
-      float o = 0.0f, den = 0.0f;
-      for (int cc = 0; cc < kClusterCtas; ++cc) {
-        const float* peer = cluster.map_shared_rank(mine, cc);
-        if (peer[D + 1] == 0.0f) continue;  // no keys
-        const float f = __expf(peer[D] - big);
-        o += peer[i] * f;
-        den += peer[D + 1] * f;
-      }
-      out[r * q_dim + h * D + i] = __float2bfloat16(o / den);
-    }
-  }
-  cluster.sync();  // CTA 0 has read every peer's shared memory before any of them exits
-#endif
 }
 
 // The GQA candidate: one CTA of 8 warps per (row, KV head) serves the GRP query heads that read
@@ -501,9 +499,9 @@ int main(int argc, char** argv) {
   bool all_ok = true;
   for (const Model md : {Model{"2B (MHA, 32 heads of 64)", 32, 32, 64}, Model{"GQA 32/8 heads of 64", 32, 8, 64},
                          Model{"7B-GQA (32/8 heads of 128)", 32, 8, 128}}) {
-    std::printf("\n%s\n%5s %6s %7s %10s %10s %8s %8s %10s %8s %10s %8s %10s %26s  %s\n", md.name, "rows", "keys", "layers",
-                "us", "KV MB", "GB/s", "of copy", "split us", "GB/s", "cluster us", "GB/s", "GQA-CTA us",
-                "plain us lib / split / clu", "checks (library / split / cluster / GQA-CTA)");
+    std::printf("\n%s\n%5s %6s %7s %10s %10s %8s %8s %10s %8s %8s %8s %8s %10s %34s  %s\n", md.name, "rows", "keys", "layers",
+                "us", "KV MB", "GB/s", "of copy", "split us", "GB/s", "pipe us", "pipe3 us", "GB/s", "GQA-CTA us",
+                "plain us lib / split / pipe / pipe3", "checks (library / split / pipe / pipe3 / GQA-CTA)");
     const std::int64_t kv_dim = static_cast<std::int64_t>(md.kv_heads) * md.d, q_dim = static_cast<std::int64_t>(md.heads) * md.d;
     for (const int rows : {1, 8, 32, 64})
       for (const int ctx : {144, 512, 2048}) {
@@ -580,16 +578,20 @@ int main(int argc, char** argv) {
                           out_split.get());
           CK(cudaGetLastError());
         };
-        DeviceBuffer<__nv_bfloat16> out_cluster(out.size());
-        const bool cluster_fits = prop.major >= 9 && (keys + kClusterCtas - 1) / kClusterCtas <= kClusterMaxPer;
-        const auto launch_cluster = [&](int l) {
-          const dim3 grid(kClusterCtas, static_cast<unsigned>(md.heads), static_cast<unsigned>(rows));
+        // The pipelined per-head candidate, as ptxas chooses (pipe) and bounded to 3 CTAs an SM (pipe3).
+        DeviceBuffer<__nv_bfloat16> out_pipe(out.size()), out_pipe3(out.size());
+        const std::size_t pipe_smem = sizeof(float) * ((1 + kPipeWarps) * md.d + kPipeWarps + keys);  // < 48 KB here
+        const auto launch_pipe = [&](int l, bool bounded) {
+          const dim3 grid(static_cast<unsigned>(rows), static_cast<unsigned>(md.heads));
+          __nv_bfloat16* o = bounded ? out_pipe3.get() : out_pipe.get();
+          const auto go = [&](auto kernel) {
+            launch_kernel(kernel, grid, dim3(kPipeThreads), pipe_smem, s, qkv.get(), md.heads, md.kv_heads,
+                          drows.get(), static_cast<long long>(l), scale, o);
+          };
           if (md.d == 64)
-            launch_kernel(cluster_attention_kernel<64>, grid, dim3(kClusterThreads), 0, s, qkv.get(), md.heads,
-                          md.kv_heads, drows.get(), static_cast<long long>(l), scale, out_cluster.get());
+            bounded ? go(pipelined_attention_kernel<64, 3>) : go(pipelined_attention_kernel<64, 0>);
           else
-            launch_kernel(cluster_attention_kernel<128>, grid, dim3(kClusterThreads), 0, s, qkv.get(), md.heads,
-                          md.kv_heads, drows.get(), static_cast<long long>(l), scale, out_cluster.get());
+            bounded ? go(pipelined_attention_kernel<128, 3>) : go(pipelined_attention_kernel<128, 0>);
           CK(cudaGetLastError());
         };
         // Checks: the last layer (a kernel that ignored the layer would fail), every head of the last
@@ -602,26 +604,29 @@ int main(int argc, char** argv) {
         // A kernel that dropped one key of 2049 is off by ≈ 1 / 2049 of a value (≈ 5e-4).
         const int lc = layers - 1, r = rows - 1;
         bool finite = true;
-        double worst[4] = {0, 0, 0, 0};  // library, split, cluster, GQA-CTA: the largest error over its bound
+        double worst[5] = {0, 0, 0, 0, 0};  // library, split, pipe, pipe3, GQA-CTA: the largest error over its bound
+        bool pipe_bits = true;             // pipe and pipe3 return the library's bits, every row and head
         for (const float qs : {1.0f, 40.0f}) {
           fill<<<64, 256, 0, s>>>(qkv.get(), rows, static_cast<int>(q_dim + 2 * kv_dim), qs, -1, 0.0f, 99);
-          for (auto* o : {&out, &out_split, &out_cluster, &out_group}) CK(cudaMemsetAsync(o->get(), 0xff, o->bytes(), s));
+          for (auto* o : {&out, &out_split, &out_pipe, &out_pipe3, &out_group}) CK(cudaMemsetAsync(o->get(), 0xff, o->bytes(), s));
           launch(lc);
           launch_split(lc);
-          if (cluster_fits) launch_cluster(lc);
+          launch_pipe(lc, false);
+          launch_pipe(lc, true);
           if (group_fits) launch_group(lc);
           CK(cudaStreamSynchronize(s));
-          std::vector<unsigned short> ho(out.size()), hsplit(out.size()), hcluster(out.size()), hgroup(out.size()),
+          std::vector<unsigned short> ho(out.size()), hsplit(out.size()), hpipe(out.size()), hpipe3(out.size()), hgroup(out.size()),
               hq(qkv.size()), hk(static_cast<std::size_t>(keys * kv_dim)), hv(hk.size());
           CK(cudaMemcpy(ho.data(), out.get(), out.bytes(), cudaMemcpyDeviceToHost));
           CK(cudaMemcpy(hsplit.data(), out_split.get(), out_split.bytes(), cudaMemcpyDeviceToHost));
-          if (cluster_fits) CK(cudaMemcpy(hcluster.data(), out_cluster.get(), out_cluster.bytes(), cudaMemcpyDeviceToHost));
+          CK(cudaMemcpy(hpipe.data(), out_pipe.get(), out_pipe.bytes(), cudaMemcpyDeviceToHost));
+          CK(cudaMemcpy(hpipe3.data(), out_pipe3.get(), out_pipe3.bytes(), cudaMemcpyDeviceToHost));
+          pipe_bits = pipe_bits && hpipe == ho && hpipe3 == ho;
           if (group_fits) CK(cudaMemcpy(hgroup.data(), out_group.get(), out_group.bytes(), cudaMemcpyDeviceToHost));
           CK(cudaMemcpy(hq.data(), qkv.get(), qkv.bytes(), cudaMemcpyDeviceToHost));
           CK(cudaMemcpy(hk.data(), kc[r].get() + lc * layer_stride, hk.size() * 2, cudaMemcpyDeviceToHost));
           CK(cudaMemcpy(hv.data(), vc[r].get() + lc * layer_stride, hv.size() * 2, cudaMemcpyDeviceToHost));
-          const std::vector<unsigned short>* outputs[4] = {&ho, &hsplit, cluster_fits ? &hcluster : nullptr,
-                                                           group_fits ? &hgroup : nullptr};
+          const std::vector<unsigned short>* outputs[5] = {&ho, &hsplit, &hpipe, &hpipe3, group_fits ? &hgroup : nullptr};
           for (int h = 0; h < md.heads; ++h) {
             const int kvh = h / (md.heads / md.kv_heads);
             std::vector<double> sc(static_cast<std::size_t>(keys));
@@ -653,7 +658,7 @@ int main(int argc, char** argv) {
                 mag += std::abs(pv);
               }
               const double bound = std::ldexp(std::abs(want), -8) + mag * (keys * std::ldexp(1.0, -24) + 2 * e_score + e_exp) + 1e-30;
-              for (int k = 0; k < 4; ++k) {
+              for (int k = 0; k < 5; ++k) {
                 if (!outputs[k]) continue;
                 const unsigned short b = (*outputs[k])[static_cast<std::size_t>(r * q_dim + h * md.d + i)];
                 const double err = std::abs(bf16_to_float(b) - want) / bound;
@@ -666,7 +671,7 @@ int main(int argc, char** argv) {
               for (const unsigned short b : *hout) finite = finite && (b & 0x7f80u) != 0x7f80u;
         }
         fill<<<64, 256, 0, s>>>(qkv.get(), rows, static_cast<int>(q_dim + 2 * kv_dim), 1.0f, -1, 0.0f, 99);
-        const bool ok = finite && *std::max_element(worst, worst + 4) <= 1.0;
+        const bool ok = finite && pipe_bits && *std::max_element(worst, worst + 5) <= 1.0;
         all_ok = all_ok && ok;
         const ProgrammaticLaunch programmatic(programmatic_launch_supported());
         const double us = time_graph(s, 20, layers, [&] {
@@ -678,14 +683,17 @@ int main(int argc, char** argv) {
         const double us_group = group_fits ? time_graph(s, 20, layers, [&] {
           for (int l = 0; l < layers; ++l) launch_group(l);
         }) : 0.0;
-        const double us_cluster = cluster_fits ? time_graph(s, 20, layers, [&] {
-          for (int l = 0; l < layers; ++l) launch_cluster(l);
-        }) : 0.0;
+        const double us_pipe = time_graph(s, 20, layers, [&] {
+          for (int l = 0; l < layers; ++l) launch_pipe(l, false);
+        });
+        const double us_pipe3 = time_graph(s, 20, layers, [&] {
+          for (int l = 0; l < layers; ++l) launch_pipe(l, true);
+        });
         // Plain launches: each starts after the one before it ends, so nothing overlaps across
         // launches (a launch's own latency, plus the graph's launch gap): the candidates and the
         // library on equal terms, where the numbers above credit the library's early loads with the
         // previous launch's time.
-        double plain[3] = {0, 0, 0};  // library, split, cluster
+        double plain[4] = {0, 0, 0, 0};  // library, split, pipe, pipe3
         {
           const ProgrammaticLaunch off(false);
           plain[0] = time_graph(s, 20, layers, [&] {
@@ -694,17 +702,20 @@ int main(int argc, char** argv) {
           plain[1] = time_graph(s, 20, layers, [&] {
             for (int l = 0; l < layers; ++l) launch_split(l);
           });
-          if (cluster_fits)
-            plain[2] = time_graph(s, 20, layers, [&] {
-              for (int l = 0; l < layers; ++l) launch_cluster(l);
-            });
+          plain[2] = time_graph(s, 20, layers, [&] {
+            for (int l = 0; l < layers; ++l) launch_pipe(l, false);
+          });
+          plain[3] = time_graph(s, 20, layers, [&] {
+            for (int l = 0; l < layers; ++l) launch_pipe(l, true);
+          });
         }
         char group_us[16] = "-";
         if (group_fits) std::snprintf(group_us, sizeof group_us, "%.2f", us_group);
-        std::printf("%5d %6d %7d %10.2f %10.2f %8.0f %7.0f%% %10.2f %8.0f %10.2f %8.0f %10s %7.2f / %5.2f / %6.2f  %s (worst error of its bound: %.2f / %.2f / %.2f / %.2f)\n",
+        std::printf("%5d %6d %7d %10.2f %10.2f %8.0f %7.0f%% %10.2f %8.0f %8.2f %8.2f %8.0f %10s %7.2f / %5.2f / %5.2f / %5.2f  %s%s (worst error of its bound: %.2f / %.2f / %.2f / %.2f / %.2f)\n",
                     rows, keys, layers, us, kv_bytes / 1e6, kv_bytes / us / 1e3, 100.0 * kv_bytes / us / 1e3 / copy,
-                    us_split, kv_bytes / us_split / 1e3, us_cluster, us_cluster > 0 ? kv_bytes / us_cluster / 1e3 : 0.0,
-                    group_us, plain[0], plain[1], plain[2], ok ? "ok" : "FAIL", worst[0], worst[1], worst[2], worst[3]);
+                    us_split, kv_bytes / us_split / 1e3, us_pipe, us_pipe3, kv_bytes / std::min(us_pipe, us_pipe3) / 1e3,
+                    group_us, plain[0], plain[1], plain[2], plain[3], ok ? "ok" : "FAIL",
+                    pipe_bits ? "" : " (pipe's bits differ from the library's)", worst[0], worst[1], worst[2], worst[3], worst[4]);
       }
   }
   std::printf("\nchecks: %s\n", all_ok ? "pass" : "FAIL");
