@@ -499,7 +499,7 @@ int main(int argc, char** argv) {
   bool all_ok = true;
   for (const Model md : {Model{"2B (MHA, 32 heads of 64)", 32, 32, 64}, Model{"GQA 32/8 heads of 64", 32, 8, 64},
                          Model{"7B-GQA (32/8 heads of 128)", 32, 8, 128}}) {
-    std::printf("\n%s\n%5s %6s %7s %10s %10s %8s %8s %10s %8s %8s %8s %8s %10s %34s  %s\n", md.name, "rows", "keys", "layers",
+    std::printf("\n%s\n%5s %6s %7s %10s %10s %8s %8s %10s %8s %8s %8s %8s %10s %35s  %s\n", md.name, "rows", "keys", "layers",
                 "us", "KV MB", "GB/s", "of copy", "split us", "GB/s", "pipe us", "pipe3 us", "GB/s", "GQA-CTA us",
                 "plain us lib / split / pipe / pipe3", "checks (library / split / pipe / pipe3 / GQA-CTA)");
     const std::int64_t kv_dim = static_cast<std::int64_t>(md.kv_heads) * md.d, q_dim = static_cast<std::int64_t>(md.heads) * md.d;
@@ -711,7 +711,7 @@ int main(int argc, char** argv) {
         }
         char group_us[16] = "-";
         if (group_fits) std::snprintf(group_us, sizeof group_us, "%.2f", us_group);
-        std::printf("%5d %6d %7d %10.2f %10.2f %8.0f %7.0f%% %10.2f %8.0f %8.2f %8.2f %8.0f %10s %7.2f / %5.2f / %5.2f / %5.2f  %s%s (worst error of its bound: %.2f / %.2f / %.2f / %.2f / %.2f)\n",
+        std::printf("%5d %6d %7d %10.2f %10.2f %8.0f %7.0f%% %10.2f %8.0f %8.2f %8.2f %8.0f %10s %11.2f / %5.2f / %5.2f / %5.2f  %s%s (worst error of its bound: %.2f / %.2f / %.2f / %.2f / %.2f)\n",
                     rows, keys, layers, us, kv_bytes / 1e6, kv_bytes / us / 1e3, 100.0 * kv_bytes / us / 1e3 / copy,
                     us_split, kv_bytes / us_split / 1e3, us_pipe, us_pipe3, kv_bytes / std::min(us_pipe, us_pipe3) / 1e3,
                     group_us, plain[0], plain[1], plain[2], plain[3], ok ? "ok" : "FAIL",
