@@ -419,6 +419,14 @@ __global__ void __launch_bounds__(kWarps * 32) attention_grouped_kernel(const __
   }
 }
 
+// The current device's opt-in shared memory a block (bytes).
+std::size_t smem_optin() {
+  int dev = 0, optin = 0;
+  TWELL_CUDA_CHECK(cudaGetDevice(&dev));
+  TWELL_CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+  return static_cast<std::size_t>(optin);
+}
+
 // attention_grouped_kernel's dynamic shared memory: q, red, part and the scores of `group` heads.
 std::size_t grouped_smem(std::int64_t group, std::int64_t d, std::int64_t max_keys) {
   return static_cast<std::size_t>(group * d + group * kWarps + kWarps * group * d + group * max_keys) * sizeof(float);
@@ -431,17 +439,11 @@ bool attention_runs_grouped(std::int64_t rows, std::int64_t heads, std::int64_t 
   if (kv_heads <= 0 || heads % kv_heads != 0) return false;
   const std::int64_t group = heads / kv_heads;
   if (rows < kGroupedMinRows || (d != 64 && d != 128) || (group != 2 && group != 4 && group != 8)) return false;
-  int dev = 0, optin = 0;
-  TWELL_CUDA_CHECK(cudaGetDevice(&dev));
-  TWELL_CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
-  return grouped_smem(group, d, max_keys) <= static_cast<std::size_t>(optin);  // else group × fewer scores fit
+  return grouped_smem(group, d, max_keys) <= smem_optin();  // else group × fewer scores fit
 }
 
 std::int64_t attention_max_keys(std::int64_t d) {
-  int dev = 0, optin = 0;
-  TWELL_CUDA_CHECK(cudaGetDevice(&dev));
-  TWELL_CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
-  return static_cast<std::int64_t>(optin) / static_cast<std::int64_t>(sizeof(float)) - (1 + kWarps) * d - kWarps;
+  return static_cast<std::int64_t>(smem_optin() / sizeof(float)) - (1 + kWarps) * d - kWarps;
 }
 
 void attention(const __nv_bfloat16* qkv, std::int64_t rows, std::int64_t heads, std::int64_t kv_heads, std::int64_t d,
@@ -454,10 +456,8 @@ void attention(const __nv_bfloat16* qkv, std::int64_t rows, std::int64_t heads, 
                    heads, kv_heads, d, max_keys);
   const std::size_t smem = static_cast<std::size_t>((1 + kWarps) * d + kWarps + max_keys) * sizeof(float);
   if (smem > 48 * 1024) {
-    int dev = 0, optin = 0;
-    TWELL_CUDA_CHECK(cudaGetDevice(&dev));
-    TWELL_CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
-    TWELL_CU_REQUIRE(smem <= static_cast<std::size_t>(optin), ErrorCode::unsupported,
+    const std::size_t optin = smem_optin();
+    TWELL_CU_REQUIRE(smem <= optin, ErrorCode::unsupported,
                      "attention: {} keys need {} bytes of shared memory for the scores; this GPU allows {}", max_keys,
                      smem, optin);
   }
