@@ -127,6 +127,29 @@ struct Shape {
 // scale, plus fp32 noise); the flash kernel also rounds each probability to bf16 (2⁻⁹ relative per
 // weight, which averages out over the keys): 1.5e-2 of the largest output bounds both; a wrong key,
 // position, head or mask moves outputs by O(1) (values are N(0, 1)).
+// One query head's attention in float64: softmax(q·Kᵀ / √d over the keys [first, keys)) · V, d values.
+// q: the head's d query values; K and V: a layer's cached rows of kv_dim elements, this head's KV head
+// from column kv_col.
+std::vector<double> attention_f64(const bf16* q, const bf16* K, const bf16* V, int first, int keys, int d, int kv_dim,
+                                  int kv_col) {
+  std::vector<double> w(static_cast<std::size_t>(keys), 0.0);
+  double mx = -1e300, sum = 0;
+  for (int t = first; t < keys; ++t) {
+    double dot = 0;
+    for (int i = 0; i < d; ++i) dot += static_cast<double>(to_float(q[i])) * to_float(K[t * kv_dim + kv_col + i]);
+    w[static_cast<std::size_t>(t)] = dot / std::sqrt(static_cast<double>(d));
+    mx = std::max(mx, w[static_cast<std::size_t>(t)]);
+  }
+  for (int t = first; t < keys; ++t) sum += w[static_cast<std::size_t>(t)] = std::exp(w[static_cast<std::size_t>(t)] - mx);
+  std::vector<double> o(static_cast<std::size_t>(d));
+  for (int i = 0; i < d; ++i) {
+    double acc = 0;
+    for (int t = first; t < keys; ++t) acc += w[static_cast<std::size_t>(t)] * to_float(V[t * kv_dim + kv_col + i]);
+    o[static_cast<std::size_t>(i)] = acc / sum;
+  }
+  return o;
+}
+
 TEST(ModelOps, AttentionKernelsMatchFloat64) {
   TWELL_REQUIRE_GPU();
   const std::vector<Shape> shapes = {
@@ -188,22 +211,10 @@ TEST(ModelOps, AttentionKernelsMatchFloat64) {
         for (int h = 0; h < s.heads; ++h) {
           const int kvh = h / (s.heads / s.kv_heads), keys = cached + j + 1;
           const int first = s.window > 0 && keys > s.window ? keys - s.window : 0;  // keys [first, keys)
-          std::vector<double> w(static_cast<std::size_t>(keys), -INFINITY);
-          double mx = -1e300;
-          for (int t = first; t < keys; ++t) {
-            double dot = 0;
-            for (int i = 0; i < s.d; ++i)
-              dot += static_cast<double>(to_float(qkv_h[static_cast<std::size_t>(r * ld + h * s.d + i)])) *
-                     to_float(K[t * KV + kvh * s.d + i]);
-            w[static_cast<std::size_t>(t)] = dot / std::sqrt(static_cast<double>(s.d));
-            mx = std::max(mx, w[static_cast<std::size_t>(t)]);
-          }
-          double sum = 0;
-          for (auto& x : w) sum += x = std::exp(x - mx);  // exp(−inf) = 0 outside the window
+          const auto want = attention_f64(qkv_h.data() + static_cast<std::size_t>(r * ld + h * s.d), K, V, first, keys,
+                                          s.d, KV, kvh * s.d);
           for (int i = 0; i < s.d; ++i) {
-            double o = 0;
-            for (int t = first; t < keys; ++t) o += w[static_cast<std::size_t>(t)] * to_float(V[t * KV + kvh * s.d + i]);
-            o /= sum;
+            const double o = want[static_cast<std::size_t>(i)];
             const auto idx = static_cast<std::size_t>(r * Q + h * s.d + i);
             e1 = std::max(e1, std::fabs(to_float(g1[idx]) - o));
             if (flash) e2 = std::max(e2, std::fabs(to_float(g2[idx]) - o));
@@ -276,21 +287,10 @@ TEST(ModelOps, GroupedAttentionHasThePerHeadBits) {
         const bf16* V = vh[static_cast<std::size_t>(r)].data() + static_cast<std::size_t>(layer * cap * KV);
         for (int h = 0; h < s.heads; ++h) {
           const int kvh = h / (s.heads / s.kv_heads);
-          std::vector<double> w(static_cast<std::size_t>(keys), 0.0);
-          double mx = -1e300, sum = 0;
-          for (int t = first; t < keys; ++t) {
-            double dot = 0;
-            for (int i = 0; i < s.d; ++i)
-              dot += static_cast<double>(to_float(qkv_h[static_cast<std::size_t>(r * ld + h * s.d + i)])) *
-                     to_float(K[t * KV + kvh * s.d + i]);
-            w[static_cast<std::size_t>(t)] = dot / std::sqrt(static_cast<double>(s.d));
-            mx = std::max(mx, w[static_cast<std::size_t>(t)]);
-          }
-          for (int t = first; t < keys; ++t) sum += w[static_cast<std::size_t>(t)] = std::exp(w[static_cast<std::size_t>(t)] - mx);
+          const auto want = attention_f64(qkv_h.data() + static_cast<std::size_t>(r * ld + h * s.d), K, V, first, keys,
+                                          s.d, KV, kvh * s.d);
           for (int i = 0; i < s.d; ++i) {
-            double o = 0;
-            for (int t = first; t < keys; ++t) o += w[static_cast<std::size_t>(t)] * to_float(V[t * KV + kvh * s.d + i]);
-            o /= sum;
+            const double o = want[static_cast<std::size_t>(i)];
             const std::uint16_t b = ga[static_cast<std::size_t>(r * Q + h * s.d + i)];
             bf16 v;
             v.bits = b;
