@@ -276,9 +276,10 @@ __global__ void __launch_bounds__(kWarps * 32) attention_kernel_d(const __nv_bfl
 // shuffles, P·V's loop and its shuffles, the warps in order, o · (1 / sum) — so the same bits; it
 // loads nothing before its wait (old_keys_ready changes only when loads issue, never the values).
 // Shared memory: q [GRP][D] (pre-scaled), red [GRP][kWarps], part [kWarps][GRP][D], scores [GRP][n].
-// Occupancy: at D = 64, GRP = 4 the kernel took 72 registers (3 CTAs an SM) where the probe's form
-// took 64 (4 CTAs) and ran 35 against 49 µs at 64 rows × 513 keys (cac9a4e); bounded to 4 CTAs it
-// takes 64 registers and spills 60 bytes. UNMEASURED.
+// Occupancy: at D = 64, GRP = 4 the kernel is bounded to 4 CTAs an SM (64 registers, 100 bytes
+// spilled; unbounded 72 registers, 3 CTAs): 48.4 → 33.9 µs at 64 rows × 513 keys on an H200
+// (bench/results/2026-11-30-h200-probe-decode-attention-8c77323.md). P·V loads its GRP scores once a
+// key step: with the loads inside the e loop instead, head_dim 128 ran 10 % slower.
 template <int D, int GRP>
 __global__ void __launch_bounds__(kWarps * 32, D == 64 && GRP == 4 ? 4 : 0) attention_grouped_kernel(const __nv_bfloat16* qkv, std::int64_t heads,
                                                                         std::int64_t kv_heads, const RowKv* rows_kv,
