@@ -50,10 +50,14 @@ __device__ __forceinline__ unsigned word(const uint4& v, int i) {
   return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
 }
 
-// NT token tiles of 8 (M ≤ 8 · NT).
+// The CTA's sums before their last step: part[w][row][tok] = warp w's share of K of
+// ⟨W[16 · blockIdx.x + row], x[tok]⟩ (tokens past M and rows past N hold sums the caller drops).
+// NT token tiles of 8 (M ≤ 8 · NT). Every thread of the CTA calls it; the caller syncs before it
+// reads part. The kernel below and the decode FFN's fused gate (lab/probes/probe_decode_rows.cu)
+// share it, so their g has the same bits.
 template <int NT>
-__global__ void __launch_bounds__(kGemvMmaWarps * 32) twell_gemv_mma_kernel(TwellGemvParams p) {
-  __shared__ float part[kGemvMmaWarps][kGemvMmaRows][8 * NT];
+__device__ __forceinline__ void gemv_mma_partials(const TwellGemvParams& p,
+                                                  float (&part)[kGemvMmaWarps][kGemvMmaRows][8 * NT]) {
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const int g = lane / 4, t = lane % 4;  // mma's groupID and thread-in-group
   const std::int64_t n0 = static_cast<std::int64_t>(blockIdx.x) * kGemvMmaRows;
@@ -126,7 +130,15 @@ __global__ void __launch_bounds__(kGemvMmaWarps * 32) twell_gemv_mma_kernel(Twel
     part[warp][g + 8][8 * j + 2 * t] = acc[j][2];
     part[warp][g + 8][8 * j + 2 * t + 1] = acc[j][3];
   }
+}
+
+// NT token tiles of 8 (M ≤ 8 · NT).
+template <int NT>
+__global__ void __launch_bounds__(kGemvMmaWarps * 32) twell_gemv_mma_kernel(TwellGemvParams p) {
+  __shared__ float part[kGemvMmaWarps][kGemvMmaRows][8 * NT];
+  gemv_mma_partials<NT>(p, part);
   __syncthreads();
+  const std::int64_t n0 = static_cast<std::int64_t>(blockIdx.x) * kGemvMmaRows;
   for (int o = threadIdx.x; o < kGemvMmaRows * 8 * NT; o += kGemvMmaWarps * 32) {
     const int row = o % kGemvMmaRows, tok = o / kGemvMmaRows;
     const std::int64_t n = n0 + row;
