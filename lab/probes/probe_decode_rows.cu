@@ -1,30 +1,36 @@
-// twell_probe_decode_rows: the decode FFN at 2–16 rows, today's pair against a pair shaped like the
-// one-token kernels (docs/runtime.md, "Where a decode step's time goes", the plan's 2–16 row step).
-//   today's  the gate GEMV on tensor cores (launch_twell_gemv, ReLU: g [M, N] bf16 to memory), then
-//            launch_twell_decode: one CTA a (256-neuron tile, row) reads the row's g, forms h and a
-//            partial y per tile in fp32; the row's last CTA (a ticket) adds the partials in tile order.
-//   rows     kernel 1, a CTA a block of 16 neurons for every row (the gate GEMV's own partial sums,
-//            gemv_mma_partials, so the same g bits): g kept on chip, each neuron's fired rows as a
-//            mask; a warp a fired neuron forms h for each row that fired it in the decode kernel's
-//            order (the same h bits as today's), stores the neuron's h for 16 rows (0 where a row did
-//            not fire) and its mask (0 for a neuron no row fired), and prefetches its Wdᵀ row to L2.
-//            Kernel 2, a CTA 64 columns of y for 8 rows: lists the fired neurons in ascending order;
-//            its 32 thread groups own contiguous neuron ranges, a thread 8 columns of 8 rows summed
-//            over its range's fired neurons in ascending order (every load of a step in flight), the
-//            ranges' sums added in range order, y rounded once. A row's terms are its own fired
-//            neurons plus exact zeros, so its bits do not depend on the batch.
-// What it removes: g's round trip through memory and its re-read, the per-tile partials and the
-// tickets; Wd's load no longer waits for h (the prefetch). What it adds: kernel 2 reads every
-// neuron's mask (4 bytes each) once a CTA.
-// Synthetic layer: x [16, K] N(0, 1) with column 0 = 1; Wg N(0, 1/K) with column 0 = −z(d_n), so
+// twell_probe_decode_rows: the decode FFN at 2–64 rows, today's path against a pair shaped like the
+// one-token kernels (docs/runtime.md, "Where a decode step's time goes", the plan's row steps).
+//   today's  2–16 rows: the gate GEMV on tensor cores (launch_twell_gemv, ReLU: g [M, N] bf16 to
+//            memory), then launch_twell_decode: one CTA a (256-neuron tile, row) reads the row's g,
+//            forms h and a partial y per tile in fp32; the row's last CTA (a ticket) adds the
+//            partials in tile order. 17–64 rows: the dense FFN, as the runtime dispatches there
+//            (cuBLASLt: gate and up in one GEMM over the stacked [Wg; Wu], bf16(ReLU(g) · u), the
+//            down GEMM).
+//   rows     kernel 1 (2–16 rows), a CTA a block of 16 neurons for every row: the gate GEMV's own
+//            partial sums (gemv_mma_partials, so the same g bits) with g kept on chip; each neuron's
+//            fired rows as a mask; a warp a fired neuron forms h for each row that fired it in the
+//            decode kernel's order (the same h bits as today's), stores the neuron's h for the rows
+//            (0 where a row did not fire) and its mask (0 for a neuron no row fired), and prefetches
+//            its Wdᵀ row to L2. 17–64 rows: the cuBLASLt ReLU GEMM writes g and kernel 1 reads it
+//            (the same steps after the gate).
+//            Kernel 2, a CTA 64 columns of y for 8 rows: lists the neurons its rows fired in
+//            ascending order; its 32 thread groups own contiguous neuron ranges, a thread 8 columns
+//            of 8 rows summed over its range's listed neurons in ascending order (every load of a
+//            step in flight), the ranges' sums added in range order, y rounded once. A row's terms
+//            are its own fired neurons plus exact zeros, so its bits do not depend on the batch.
+// What it removes at 2–16 rows: g's round trip through memory, the per-tile partials and the
+// tickets; Wd's load no longer waits for h (the prefetch). At 17–64 rows: the up and down rows of
+// the neurons no row fired (the union's bytes instead of the matrices').
+// Synthetic layer: x [64, K] N(0, 1) with column 0 = 1; Wg N(0, 1/K) with column 0 = −z(d_n), so
 // neuron n fires on a row with probability ≈ d_n, d_n log-normal around `density` (sigma `skew`:
 // popular neurons, as a trained model has; 0 = every neuron alike, the largest union); Wu and Wdᵀ
 // N(0, 1/K). `layers` weight sets are launched in turn, captured in a CUDA graph and replayed, so
-// the gate's rows are past the L2.
-// Checks, each M: the rows pair's g equals the GEMV's bit for bit; both pairs' y within a derived
-// bound of a float64 reference on the host (from the bf16 g, x and weights: one bf16 step of
-// |y_ref| for the final rounding, plus (K + terms) · 2^-24 · Σ|h||Wd| for the fp32 sums); equal
-// counts of fired (row, neuron) pairs; row 0's bits alone against in the batch (rows pair).
+// the weights are past the L2.
+// Checks, each M: at 2–16 rows the rows pair's g equals the GEMV's bit for bit, today's y is within
+// the float64 bound too, and the counts of fired (row, neuron) pairs agree; at every M the rows
+// pair's y within a derived bound of a float64 reference on the host (from the bf16 g, x and
+// weights: one bf16 step of |y_ref| for the final rounding, plus the fp32 sums' first-order error),
+// and row 0's bits alone against in the batch (the rows pair's kernels on the same g).
 //   twell_probe_decode_rows [n [k [density [skew [layers]]]]]   (defaults: 5632 2048 0.005 1.0 64)
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -39,6 +45,7 @@
 
 #include "cuda/common/device_buffer.hpp"
 #include "cuda/common/device_math.cuh"
+#include "cuda/dense/lt_gemm.hpp"
 #include "cuda/ops/gemv.hpp"
 #include "cuda/ops/gemv_mma_kernel.cuh"
 #include "cuda/sm80/twell_decode.hpp"
@@ -49,36 +56,85 @@ using namespace twell::probe;
 
 namespace {
 
-constexpr int kMaxRows = 16;               // rows (tokens) a mask and an h record hold
+constexpr int kMaxRows = 64;               // rows (tokens) a mask and an h record hold
+constexpr int kFusedRows = 16;             // kernel 1 computes the gate itself up to here (the GEMV's rows)
 constexpr int kMaxN = 8192;                // neurons kernel 2 lists in shared memory
 constexpr int kThreads = 256;
 constexpr int kGroups = 32, kSlots = 8;    // kernel 2: thread (group tid / 8, 16-byte column chunk tid % 8)
 constexpr int kRowBlock = 8;               // kernel 2: rows a CTA
 
 struct RowsParams {
-  TwellGemvParams gate;       // x, Wg, m, n, k (relu); g unused unless g_out
+  TwellGemvParams gate;       // x, Wg, m, n, k (relu); its g unused
+  const __nv_bfloat16* g_in;  // the gate after ReLU [m, n] (required past kFusedRows rows; null: kernel 1 computes it)
   const __nv_bfloat16* w_up;  // [n, k]
   const __nv_bfloat16* w_down_t;  // [n, k]
   __nv_bfloat16* y;           // [m, k]
-  __nv_bfloat16* g_out;       // optional [m, n]: the gate as the GEMV writes it (the check)
-  unsigned* masks;            // [n] rows that fired neuron j (0: none), every neuron every launch
-  float* h;                   // [n, kMaxRows] h of the fired neurons (0 where a row did not fire)
+  __nv_bfloat16* g_out;       // optional, m ≤ kFusedRows: the gate as the GEMV writes it [m, n] (the check)
+  unsigned long long* masks;  // [n] rows that fired neuron j (0: none), every neuron every launch
+  float* h;                   // [n, hs] h of the fired neurons (0 where a row did not fire)
+  int hs;                     // h's row stride: m rounded up to 8
   unsigned long long* nnz;    // [1] zero on entry, left zero
   unsigned long long* nnz_out;  // [1] the fired pairs' count
 };
 
+// After the gate, for the CTA's 16 neurons n0 + row (s_g[row][t]: row t's g, 0 past m): the masks
+// (stored for every neuron, 0 for none), the fired pairs' count, then a warp a fired neuron: its Wdᵀ
+// row prefetched to L2 and h for each row that fired it, in twell_decode_kernel's order.
+__device__ __forceinline__ void form_h(const RowsParams& p, const float (&s_g)[detail::kGemvMmaRows][kMaxRows],
+                                       unsigned long long (&s_mask)[detail::kGemvMmaRows], long long n0) {
+  const TwellGemvParams& gp = p.gate;
+  const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+  if (warp == 0) {
+    unsigned long long mask = 0;
+    if (lane < detail::kGemvMmaRows && n0 + lane < gp.n) {
+      for (int t = 0; t < gp.m; ++t)
+        if (s_g[lane][t] > 0.0f) mask |= 1ull << t;
+      p.masks[n0 + lane] = mask;
+    }
+    if (lane < detail::kGemvMmaRows) s_mask[lane] = mask;
+    const unsigned pairs = dev::warp_sum(static_cast<unsigned>(__popcll(mask)));
+    if (lane == 0 && pairs) atomicAdd(p.nnz, static_cast<unsigned long long>(pairs));
+  }
+  __syncthreads();
+  const int kchunks = static_cast<int>(gp.k / 8);
+  for (int row = warp; row < detail::kGemvMmaRows; row += detail::kGemvMmaWarps) {
+    const unsigned long long mask = s_mask[row];
+    if (!mask) continue;
+    const long long n = n0 + row;
+    const char* drow = reinterpret_cast<const char*>(p.w_down_t + n * gp.k);
+    for (long long b = static_cast<long long>(lane) * 128; b < gp.k * 2; b += 32 * 128)
+      asm volatile("prefetch.global.L2 [%0];" ::"l"(drow + b));
+    const uint4* wr = reinterpret_cast<const uint4*>(p.w_up + n * gp.k);
+    float hv[kMaxRows / 32] = {};  // lane l: rows l, l + 32
+    for (unsigned long long mk = mask; mk; mk &= mk - 1) {
+      const int t = __ffsll(static_cast<long long>(mk)) - 1;
+      const uint4* xr = reinterpret_cast<const uint4*>(gp.x + t * gp.ld_x);
+      float s = 0.0f;
+#pragma unroll 8  // twell_decode_kernel's loop: the same sum in the same order
+      for (int c = lane; c < kchunks; c += 32) s += dev::dot8(__ldg(xr + c), __ldg(wr + c));
+      s = dev::warp_sum(s);
+#pragma unroll
+      for (int i = 0; i < kMaxRows / 32; ++i)
+        if (lane + 32 * i == t) hv[i] = s_g[row][t] * s;  // today's s_h[j] *= s with s_h[j] = g
+    }
+#pragma unroll
+    for (int i = 0; i < kMaxRows / 32; ++i)
+      if (lane + 32 * i < p.hs) p.h[n * p.hs + lane + 32 * i] = hv[i];
+  }
+}
+
+// Kernel 1 at 2–16 rows: the gate's 16 neurons on tensor cores (the GEMV's sums and epilogue), then form_h.
 template <int NT>
 __global__ void __launch_bounds__(kThreads) rows_gate_up_kernel(RowsParams p) {
   __shared__ float part[detail::kGemvMmaWarps][detail::kGemvMmaRows][8 * NT];
   __shared__ float s_g[detail::kGemvMmaRows][kMaxRows];
-  __shared__ unsigned s_mask[detail::kGemvMmaRows];
+  __shared__ unsigned long long s_mask[detail::kGemvMmaRows];
   const TwellGemvParams& gp = p.gate;
   detail::gemv_mma_partials<NT>(gp, part);
   __syncthreads();
-  const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
   const long long n0 = static_cast<long long>(blockIdx.x) * detail::kGemvMmaRows;
   // The GEMV's epilogue: the warps' sums in warp order, ReLU, bf16 once.
-  for (int o = tid; o < detail::kGemvMmaRows * kMaxRows; o += kThreads) {
+  for (int o = threadIdx.x; o < detail::kGemvMmaRows * kMaxRows; o += kThreads) {
     const int row = o % detail::kGemvMmaRows, tok = o / detail::kGemvMmaRows;
     float g = 0.0f;
     if (tok < gp.m && tok < 8 * NT) {
@@ -91,39 +147,21 @@ __global__ void __launch_bounds__(kThreads) rows_gate_up_kernel(RowsParams p) {
     s_g[row][tok] = g;
   }
   __syncthreads();
-  if (warp == 0) {
-    unsigned mask = 0;
-    if (lane < detail::kGemvMmaRows && n0 + lane < gp.n) {
-      for (int t = 0; t < gp.m; ++t)
-        if (s_g[lane][t] > 0.0f) mask |= 1u << t;
-      p.masks[n0 + lane] = mask;
-    }
-    if (lane < detail::kGemvMmaRows) s_mask[lane] = mask;
-    const unsigned pairs = dev::warp_sum(static_cast<unsigned>(__popc(mask)));
-    if (lane == 0 && pairs) atomicAdd(p.nnz, static_cast<unsigned long long>(pairs));
+  form_h(p, s_g, s_mask, n0);
+}
+
+// Kernel 1 at 17–64 rows: g from memory (the cuBLASLt ReLU GEMM's), then form_h.
+__global__ void __launch_bounds__(kThreads) rows_up_kernel(RowsParams p) {
+  __shared__ float s_g[detail::kGemvMmaRows][kMaxRows];
+  __shared__ unsigned long long s_mask[detail::kGemvMmaRows];
+  const TwellGemvParams& gp = p.gate;
+  const long long n0 = static_cast<long long>(blockIdx.x) * detail::kGemvMmaRows;
+  for (int o = threadIdx.x; o < detail::kGemvMmaRows * kMaxRows; o += kThreads) {
+    const int row = o % detail::kGemvMmaRows, tok = o / detail::kGemvMmaRows;
+    s_g[row][tok] = tok < gp.m && n0 + row < gp.n ? __bfloat162float(p.g_in[tok * gp.n + n0 + row]) : 0.0f;
   }
   __syncthreads();
-  const int kchunks = static_cast<int>(gp.k / 8);
-  for (int row = warp; row < detail::kGemvMmaRows; row += detail::kGemvMmaWarps) {
-    const unsigned mask = s_mask[row];
-    if (!mask) continue;
-    const long long n = n0 + row;
-    const char* drow = reinterpret_cast<const char*>(p.w_down_t + n * gp.k);
-    for (long long b = static_cast<long long>(lane) * 128; b < gp.k * 2; b += 32 * 128)
-      asm volatile("prefetch.global.L2 [%0];" ::"l"(drow + b));
-    const uint4* wr = reinterpret_cast<const uint4*>(p.w_up + n * gp.k);
-    float hv = 0.0f;  // lane t < kMaxRows: row t's h
-    for (unsigned mk = mask; mk; mk &= mk - 1) {
-      const int t = __ffs(static_cast<int>(mk)) - 1;
-      const uint4* xr = reinterpret_cast<const uint4*>(gp.x + t * gp.ld_x);
-      float s = 0.0f;
-#pragma unroll 8  // twell_decode_kernel's loop: the same sum in the same order
-      for (int c = lane; c < kchunks; c += 32) s += dev::dot8(__ldg(xr + c), __ldg(wr + c));
-      s = dev::warp_sum(s);
-      if (lane == t) hv = s_g[row][t] * s;  // today's s_h[j] *= s with s_h[j] = g
-    }
-    if (lane < kMaxRows) p.h[n * kMaxRows + lane] = hv;
-  }
+  form_h(p, s_g, s_mask, n0);
 }
 
 __global__ void __launch_bounds__(kThreads) rows_down_kernel(RowsParams p) {
@@ -135,11 +173,15 @@ __global__ void __launch_bounds__(kThreads) rows_down_kernel(RowsParams p) {
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
   const long long n = gp.n;
   const int k = static_cast<int>(gp.k), kchunks = k / 8;
-  // Thread tid lists neurons [tid · span, + span): group q's range is its 8 threads' spans.
+  // Listed: the neurons that a row of this CTA's block fired (a neuron only other rows fired would
+  // add exact zeros). Thread tid lists neurons [tid · span, + span): group q's range is its 8
+  // threads' spans.
+  const int t0 = blockIdx.y * kRowBlock;
+  const auto fired_here = [&](long long j) { return ((__ldcg(p.masks + j) >> t0) & ((1ull << kRowBlock) - 1ull)) != 0ull; };
   const int span = static_cast<int>((n + kThreads - 1) / kThreads);
   const long long lo = static_cast<long long>(tid) * span, hi = std::min<long long>(n, lo + span);
   int cnt = 0;
-  for (long long j = lo; j < hi; ++j) cnt += __ldcg(p.masks + j) != 0u;
+  for (long long j = lo; j < hi; ++j) cnt += fired_here(j);
   const int incl = dev::warp_inclusive_scan(cnt, lane);
   if (lane == 31) s_warp[warp] = incl;
   __syncthreads();
@@ -148,11 +190,10 @@ __global__ void __launch_bounds__(kThreads) rows_down_kernel(RowsParams p) {
   s_off[tid] = off;
   if (tid == kThreads - 1) s_off[kThreads] = off + cnt;
   for (long long j = lo; j < hi; ++j)
-    if (__ldcg(p.masks + j) != 0u) s_list[off++] = static_cast<int>(j);
+    if (fired_here(j)) s_list[off++] = static_cast<int>(j);
   __syncthreads();
   const int q = tid / kSlots, slot = tid % kSlots;
   const int c = blockIdx.x * kSlots + slot;  // this thread's 16-byte chunk of y's row
-  const int t0 = blockIdx.y * kRowBlock;
   float acc[kRowBlock][8];
 #pragma unroll
   for (int t = 0; t < kRowBlock; ++t)
@@ -164,8 +205,8 @@ __global__ void __launch_bounds__(kThreads) rows_down_kernel(RowsParams p) {
     for (int j = s_off[kSlots * q]; j < end; ++j) {
       const long long nn = s_list[j];
       const uint4 w = __ldg(reinterpret_cast<const uint4*>(p.w_down_t + nn * k) + c);
-      const float4 ha = __ldcg(reinterpret_cast<const float4*>(p.h + nn * kMaxRows + t0));
-      const float4 hb = __ldcg(reinterpret_cast<const float4*>(p.h + nn * kMaxRows + t0) + 1);
+      const float4 ha = __ldcg(reinterpret_cast<const float4*>(p.h + nn * p.hs + t0));
+      const float4 hb = __ldcg(reinterpret_cast<const float4*>(p.h + nn * p.hs + t0) + 1);
       const float hv[kRowBlock] = {ha.x, ha.y, ha.z, ha.w, hb.x, hb.y, hb.z, hb.w};
 #pragma unroll
       for (int t = 0; t < kRowBlock; ++t) dev::axpy8(hv[t], w, acc[t]);
@@ -190,9 +231,12 @@ __global__ void __launch_bounds__(kThreads) rows_down_kernel(RowsParams p) {
   }
 }
 
+// Kernel 1 (g from g_in where set, else the fused gate, m ≤ kFusedRows), then kernel 2.
 void launch_rows(const RowsParams& p, cudaStream_t s) {
   const unsigned ctas = static_cast<unsigned>((p.gate.n + detail::kGemvMmaRows - 1) / detail::kGemvMmaRows);
-  if (p.gate.m <= 8)
+  if (p.g_in)
+    rows_up_kernel<<<ctas, kThreads, 0, s>>>(p);
+  else if (p.gate.m <= 8)
     rows_gate_up_kernel<1><<<ctas, kThreads, 0, s>>>(p);
   else
     rows_gate_up_kernel<2><<<ctas, kThreads, 0, s>>>(p);
@@ -201,6 +245,15 @@ void launch_rows(const RowsParams& p, cudaStream_t s) {
                   static_cast<unsigned>((p.gate.m + kRowBlock - 1) / kRowBlock));
   rows_down_kernel<<<grid, kThreads, 0, s>>>(p);
   CK(cudaGetLastError());
+}
+
+// h[m, n] = bf16(ReLU(gu[:, j]) · gu[:, n + j]): the dense FFN's gated product (gu = [g | u], [m, 2n]).
+__global__ void gated_product(const __nv_bfloat16* gu, __nv_bfloat16* h, int m, long long n) {
+  for (long long i = blockIdx.x * 256ll + threadIdx.x; i < m * n; i += 256ll * gridDim.x) {
+    const long long t = i / n, j = i % n;
+    const float g = fmaxf(__bfloat162float(gu[t * 2 * n + j]), 0.0f);
+    h[i] = __float2bfloat16_rn(g * __bfloat162float(gu[t * 2 * n + n + j]));
+  }
 }
 
 // Wg's column 0 = −z(d_n): neuron n fires where N(0, σ≈1) > z(d_n), d_n = density · e^(skew·u − skew²/2), u ~ N(0, 1).
@@ -212,7 +265,9 @@ __global__ void set_gate_thresholds(__nv_bfloat16* wg, long long n, int k, float
 }
 
 struct Layer {
-  DeviceBuffer<__nv_bfloat16> wg, wu, wd;
+  DeviceBuffer<__nv_bfloat16> gu, wd;  // gu = [Wg; Wu] stacked [2n, k] (the dense FFN's one GEMM); wd = Wdᵀ [n, k]
+  const __nv_bfloat16* wg(long long) const { return gu.get(); }
+  const __nv_bfloat16* wu(long long n, int k) const { return gu.get() + n * k; }
 };
 
 // One bf16 step (2^-7 of the leading power of two) at |v|.
@@ -258,33 +313,35 @@ int main(int argc, char** argv) {
   const float sc = 1.0f / std::sqrt(static_cast<float>(k));
   unsigned seed = 1;
   for (Layer& l : L) {
-    for (auto* b : {&l.wg, &l.wu, &l.wd}) {
-      b->resize(static_cast<std::size_t>(n * k));
-      fill<<<1024, 256, 0, s>>>(b->get(), n, k, sc, -1, 0.0f, seed++);
-    }
-    set_gate_thresholds<<<32, 256, 0, s>>>(l.wg.get(), n, k, static_cast<float>(density), static_cast<float>(skew), 7);
+    l.gu.resize(static_cast<std::size_t>(2 * n * k));
+    l.wd.resize(static_cast<std::size_t>(n * k));
+    fill<<<1024, 256, 0, s>>>(l.gu.get(), 2 * n, k, sc, -1, 0.0f, seed++);
+    fill<<<1024, 256, 0, s>>>(l.wd.get(), n, k, sc, -1, 0.0f, seed++);
+    set_gate_thresholds<<<32, 256, 0, s>>>(l.gu.get(), n, k, static_cast<float>(density), static_cast<float>(skew), 7);
   }
   CK(cudaGetLastError());
   DeviceBuffer<__nv_bfloat16> x(static_cast<std::size_t>(kMaxRows * k));
   fill<<<64, 256, 0, s>>>(x.get(), kMaxRows, k, 1.0f, 0, 1.0f, 99);
-  DeviceBuffer<__nv_bfloat16> g_today(static_cast<std::size_t>(kMaxRows * n)), g_rows(static_cast<std::size_t>(kMaxRows * n));
+  DeviceBuffer<__nv_bfloat16> g_today(static_cast<std::size_t>(kMaxRows * 2 * n)), g_rows(static_cast<std::size_t>(kMaxRows * n));
+  DeviceBuffer<__nv_bfloat16> h_dense(static_cast<std::size_t>(kMaxRows * n));
   DeviceBuffer<__nv_bfloat16> y_today(static_cast<std::size_t>(kMaxRows * k)), y_rows(static_cast<std::size_t>(kMaxRows * k));
   const long long tiles = (n + 255) / 256;
-  DeviceBuffer<float> partials(static_cast<std::size_t>(kMaxRows * tiles * k)), h(static_cast<std::size_t>(n * kMaxRows));
-  DeviceBuffer<unsigned int> tickets(static_cast<std::size_t>(kMaxRows + 2));
+  DeviceBuffer<float> partials(static_cast<std::size_t>(kFusedRows * tiles * k)), h(static_cast<std::size_t>(n * kMaxRows));
+  DeviceBuffer<unsigned int> tickets(static_cast<std::size_t>(kFusedRows + 2));
   DeviceBuffer<unsigned long long> nnz(1), nnz_out(1), nnz_r(1), nnz_r_out(1);
-  DeviceBuffer<unsigned> masks(static_cast<std::size_t>(n));
+  DeviceBuffer<unsigned long long> masks(static_cast<std::size_t>(n));
   CK(cudaMemsetAsync(tickets.get(), 0, tickets.bytes(), s));
   CK(cudaMemsetAsync(nnz.get(), 0, nnz.bytes(), s));
   CK(cudaMemsetAsync(nnz_r.get(), 0, nnz_r.bytes(), s));
   CK(cudaMemsetAsync(h.get(), 0, h.bytes(), s));
   CK(cudaStreamSynchronize(s));
+  LtGemm lt(/*autotune=*/true);
 
   auto gate_params = [&](const Layer& l, int m) {
     TwellGemvParams g;
     g.x = x.get();
     g.ld_x = k;
-    g.w = l.wg.get();
+    g.w = l.wg(n);
     g.ld_g = n;
     g.m = m;
     g.n = n;
@@ -293,16 +350,48 @@ int main(int argc, char** argv) {
     g.w_before_wait = true;
     return g;
   };
-  auto today = [&](const Layer& l, int m, bool gate) {
-    if (gate) {
-      TwellGemvParams g = gate_params(l, m);
-      g.g = g_today.get();
-      launch_twell_gemv(g, s);
+  // The cuBLASLt gate at 17–64 rows: g [m, n] = ReLU(x · Wgᵀ) (the rows pair's first step there).
+  auto lt_gate = [&](const Layer& l, int m, __nv_bfloat16* g) {
+    GemmShape gs;
+    gs.m = m;
+    gs.n_out = n;
+    gs.k = k;
+    gs.ldx = k;
+    gs.ldw = k;
+    gs.ldc = n;
+    gs.epilogue = GemmEpilogue::relu;
+    lt.run(gs, l.wg(n), x.get(), g, s);
+  };
+  // Today's FFN: 2–16 rows the GEMV gate + decode kernel; 17–64 the dense FFN.
+  auto today = [&](const Layer& l, int m) {
+    if (m > kFusedRows) {
+      GemmShape gs;
+      gs.m = m;
+      gs.n_out = 2 * n;
+      gs.k = k;
+      gs.ldx = k;
+      gs.ldw = k;
+      gs.ldc = 2 * n;
+      lt.run(gs, l.gu.get(), x.get(), g_today.get(), s);
+      gated_product<<<512, 256, 0, s>>>(g_today.get(), h_dense.get(), m, n);
+      CK(cudaGetLastError());
+      MatmulShape ds;  // y [m, k] = h [m, n] · Wdᵀ [n, k]
+      ds.m = m;
+      ds.n = k;
+      ds.k = n;
+      ds.lda = n;
+      ds.ldb = k;
+      ds.ldc = k;
+      lt.matmul(ds, h_dense.get(), l.wd.get(), y_today.get(), s);
+      return;
     }
+    TwellGemvParams g = gate_params(l, m);
+    g.g = g_today.get();
+    launch_twell_gemv(g, s);
     TwellDecodeParams p;
     p.x = x.get();
     p.ld_x = k;
-    p.w_up = l.wu.get();
+    p.w_up = l.wu(n, k);
     p.w_down_t = l.wd.get();
     p.y = y_today.get();
     p.ld_y = k;
@@ -319,12 +408,19 @@ int main(int argc, char** argv) {
     p.nnz_out = nnz_out.get();
     launch_twell_decode(p, s);
   };
-  auto rows = [&](const Layer& l, int m, bool check) {
-    RowsParams p{gate_params(l, m), l.wu.get(), l.wd.get(), y_rows.get(), check ? g_rows.get() : nullptr, masks.get(), h.get(),
-                 nnz_r.get(), nnz_r_out.get()};
+  // The rows pair. m > kFusedRows: the cuBLASLt gate first, unless gate_done (g_rows already holds it).
+  auto rows = [&](const Layer& l, int m, bool check, bool gate_done = false) {
+    const bool fused = m <= kFusedRows && !gate_done;
+    if (!fused && !gate_done) lt_gate(l, m, g_rows.get());
+    RowsParams p{gate_params(l, m), fused ? nullptr : g_rows.get(), l.wu(n, k), l.wd.get(), y_rows.get(),
+                 check && fused ? g_rows.get() : nullptr, masks.get(), h.get(), (m + 7) / 8 * 8, nnz_r.get(), nnz_r_out.get()};
     launch_rows(p, s);
   };
   auto gate_only = [&](const Layer& l, int m) {
+    if (m > kFusedRows) {
+      lt_gate(l, m, g_rows.get());
+      return;
+    }
     TwellGemvParams g = gate_params(l, m);
     g.g = g_today.get();
     launch_twell_gemv(g, s);
@@ -338,39 +434,48 @@ int main(int argc, char** argv) {
 
   // The float64 reference's inputs (layer 0).
   const std::vector<float> hx = to_host(x.get(), static_cast<std::size_t>(kMaxRows * k), s);
-  const std::vector<float> hwu = to_host(L[0].wu.get(), static_cast<std::size_t>(n * k), s);
+  const std::vector<float> hwu = to_host(L[0].wu(n, k), static_cast<std::size_t>(n * k), s);
   const std::vector<float> hwd = to_host(L[0].wd.get(), static_cast<std::size_t>(n * k), s);
 
   std::printf("n %lld k %d density %.4f skew %.2f, %d weight sets (%.1f GB of Wg, Wu and Wd^T)\n", n, k, density, skew, layers,
               6.0 * n * k * layers / 1e9);
-  std::printf("%3s %7s %7s %9s %10s %10s %9s   %s\n", "M", "pairs", "union", "gate us", "today us", "rows us", "today/rows",
-              "checks (g bits; y within the float64 bound, worst error / bound; counts; row 0 alone = in the batch)");
+  std::printf("%3s %7s %7s %9s %10s %10s %10s   %s\n", "M", "pairs", "union", "gate us", "today us", "rows us", "today/rows",
+              "checks (rows: y within the float64 bound, worst error / bound; row 0 alone = in the batch; "
+              "2-16 rows also: g bits as the GEMV's, today's y, counts)");
   const int reps = 20;
   bool ok = true;
-  for (const int m : {2, 4, 8, 16}) {
-    today(L[0], m, true);
-    const std::vector<float> gt = to_host(g_today.get(), static_cast<std::size_t>(m * n), s);
+  for (const int m : {2, 4, 8, 16, 32, 64}) {
+    const bool fused = m <= kFusedRows;
+    // The rows pair on layer 0, then row 0 alone on the same g (at 17–64 rows the cuBLASLt gate
+    // may round differently at another M, so row 0 reuses the batch's g there).
+    today(L[0], m);
     const std::vector<float> yt = to_host(y_today.get(), static_cast<std::size_t>(m * k), s);
-    const unsigned long long c_today = read_count(nnz_out);
-    rows(L[0], 1, true);  // row 0 alone (its x is the batch's first)
-    const std::vector<float> solo = to_host(y_rows.get(), static_cast<std::size_t>(k), s);
+    const unsigned long long c_today = fused ? read_count(nnz_out) : 0;
+    std::vector<float> gt;
+    if (fused) gt = to_host(g_today.get(), static_cast<std::size_t>(m * n), s);
     rows(L[0], m, true);
     const std::vector<float> gr = to_host(g_rows.get(), static_cast<std::size_t>(m * n), s);
     const std::vector<float> yr = to_host(y_rows.get(), static_cast<std::size_t>(m * k), s);
     const unsigned long long c_rows = read_count(nnz_r_out);
-    std::vector<unsigned> hm(static_cast<std::size_t>(n));
-    CK(cudaMemcpyAsync(hm.data(), masks.get(), hm.size() * sizeof(unsigned), cudaMemcpyDeviceToHost, s));
+    std::vector<unsigned long long> hm(static_cast<std::size_t>(n));
+    CK(cudaMemcpyAsync(hm.data(), masks.get(), hm.size() * sizeof(unsigned long long), cudaMemcpyDeviceToHost, s));
     CK(cudaStreamSynchronize(s));
     long long uni = 0;
-    for (const unsigned v : hm) uni += v != 0u;
-    // The reference from the GEMV's g (bf16 values), x and the weights, in float64.
-    const bool g_same = std::memcmp(gt.data(), gr.data(), gt.size() * sizeof(float)) == 0;
-    double worst_today = 0, worst_rows = 0;
+    for (const unsigned long long v : hm) uni += v != 0ull;
+    if (fused)
+      rows(L[0], 1, false);  // row 0 alone (its x is the batch's first; kernel 1 forms its g)
+    else
+      rows(L[0], 1, false, /*gate_done=*/true);  // row 0 of the batch's g
+    const std::vector<float> solo = to_host(y_rows.get(), static_cast<std::size_t>(k), s);
+    (void)read_count(nnz_r_out);
+    if (!fused) gt = gr;  // the reference's g: the one the rows pair used
+    const bool g_same = !fused || std::memcmp(gt.data(), gr.data(), gt.size() * sizeof(float)) == 0;
     // Bound, first order in u = 2^-24: h = g · s with s an fp32 sum of K products, so
     // |δh| ≤ (K + 1) · u · |g| · Σ|x · wu|; y sums the terms h · wd over at most terms + max(tiles,
     // kGroups) + 1 fp32 additions (a path's partial sums, then theirs); one bf16 step of |y| for the
-    // final rounding.
+    // final rounding. (Today's dense path at 17–64 rows rounds h to bf16 first: not held to it.)
     const double adds = static_cast<double>(std::max<long long>(tiles, kGroups) + 1);
+    double worst_today = 0, worst_rows = 0;
     for (int t = 0; t < m; ++t) {
       std::vector<double> hr(static_cast<std::size_t>(n), 0.0), hd(static_cast<std::size_t>(n), 0.0);
       long long terms = 0;
@@ -398,23 +503,30 @@ int main(int argc, char** argv) {
           dh += hd[static_cast<std::size_t>(j)] * std::fabs(w);
         }
         const double bound = bf16_step(ref) + (static_cast<double>(terms) + adds) * std::ldexp(mag, -24) + dh + 1e-30;
-        worst_today = std::max(worst_today, std::fabs(yt[static_cast<std::size_t>(t * k + c)] - ref) / bound);
+        if (fused) worst_today = std::max(worst_today, std::fabs(yt[static_cast<std::size_t>(t * k + c)] - ref) / bound);
         worst_rows = std::max(worst_rows, std::fabs(yr[static_cast<std::size_t>(t * k + c)] - ref) / bound);
       }
     }
     const bool same_row0 = std::memcmp(solo.data(), yr.data(), static_cast<std::size_t>(k) * sizeof(float)) == 0;
-    const bool pass = g_same && worst_today <= 1 && worst_rows <= 1 && c_today == c_rows && same_row0;
+    const bool pass = g_same && worst_today <= 1 && worst_rows <= 1 && (!fused || c_today == c_rows) && same_row0;
     ok = ok && pass;
     char verdict[256];
-    std::snprintf(verdict, sizeof verdict, "%s (g %s; worst today %.2f, rows %.2f; counts %llu / %llu; row 0 %s)", pass ? "ok" : "FAIL",
-                  g_same ? "same" : "DIFFERS", worst_today, worst_rows, c_today, c_rows, same_row0 ? "same" : "DIFFERS");
+    if (fused)
+      std::snprintf(verdict, sizeof verdict, "%s (g %s; worst today %.2f, rows %.2f; counts %llu / %llu; row 0 %s)",
+                    pass ? "ok" : "FAIL", g_same ? "same" : "DIFFERS", worst_today, worst_rows, c_today, c_rows,
+                    same_row0 ? "same" : "DIFFERS");
+    else
+      std::snprintf(verdict, sizeof verdict, "%s (worst rows %.2f; row 0 %s)", pass ? "ok" : "FAIL", worst_rows,
+                    same_row0 ? "same" : "DIFFERS");
     const double t_gate = time_graph(s, reps, layers, [&] { for (const Layer& l : L) gate_only(l, m); });
-    const double t_today = time_graph(s, reps, layers, [&] { for (const Layer& l : L) today(l, m, true); });
+    const double t_today = time_graph(s, reps, layers, [&] { for (const Layer& l : L) today(l, m); });
     const double t_rows = time_graph(s, reps, layers, [&] { for (const Layer& l : L) rows(l, m, false); });
-    std::printf("%3d %7llu %7lld %9.2f %10.2f %10.2f %9.2fx  %s\n", m, c_today, uni, t_gate, t_today, t_rows, t_today / t_rows,
+    std::printf("%3d %7llu %7lld %9.2f %10.2f %10.2f %9.2fx  %s\n", m, c_rows, uni, t_gate, t_today, t_rows, t_today / t_rows,
                 verdict);
   }
-  std::printf("(µs a layer: today = gate GEMV + decode kernel, rows = its two kernels; launched plainly in a graph)\n");
+  std::printf("(µs a layer, launched plainly in a graph: today = 2-16 rows the gate GEMV + decode kernel, 17-64 the dense\n"
+              " FFN (cuBLASLt gate+up, gated product, down); rows = its kernels, 17-64 with the cuBLASLt ReLU gate first;\n"
+              " gate = the GEMV, 17-64 the cuBLASLt ReLU gate alone)\n");
   std::printf("%s\n", ok ? "checks: pass" : "checks: FAIL");
   return ok ? 0 : 1;
 }
