@@ -297,13 +297,6 @@ struct Layer {
   const __nv_bfloat16* wu(long long n, int k) const { return gu.get() + n * k; }
 };
 
-// One bf16 step (2^-7 of the leading power of two) at |v|.
-double bf16_step(double v) {
-  int e = 0;
-  std::frexp(std::max(std::fabs(v), 1e-30), &e);  // v = f · 2^e, f in [0.5, 1)
-  return std::ldexp(1.0, e - 8);
-}
-
 std::vector<float> to_host(const __nv_bfloat16* d, std::size_t count, cudaStream_t s) {
   std::vector<__nv_bfloat16> v(count);
   CK(cudaMemcpyAsync(v.data(), d, count * sizeof(__nv_bfloat16), cudaMemcpyDeviceToHost, s));
@@ -365,14 +358,7 @@ int main(int argc, char** argv) {
   LtGemm lt(/*autotune=*/true);
 
   auto gate_params = [&](const Layer& l, int m, int r0 = 0) {  // rows r0 … r0 + m − 1 of x
-    TwellGemvParams g;
-    g.x = x.get() + static_cast<long long>(r0) * k;
-    g.ld_x = k;
-    g.w = l.wg(n);
-    g.ld_g = n;
-    g.m = m;
-    g.n = n;
-    g.k = k;
+    TwellGemvParams g = gemv_rows(x.get() + static_cast<long long>(r0) * k, m, l.wg(n), n, k);
     g.relu = true;
     g.w_before_wait = true;
     return g;

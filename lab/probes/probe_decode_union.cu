@@ -181,13 +181,6 @@ struct Layer {
   DeviceBuffer<__nv_bfloat16> wu, wd, g;  // g: this layer's gate [kMaxRows, ld_g] (its own fired neurons)
 };
 
-// One bf16 step (2^-7 of the leading power of two) at |v|.
-double bf16_step(double v) {
-  int e = 0;
-  std::frexp(std::max(std::fabs(v), 1e-30), &e);  // v = f · 2^e, f in [0.5, 1)
-  return std::ldexp(1.0, e - 8);
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {

@@ -5,6 +5,8 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <functional>
@@ -37,6 +39,13 @@ static __global__ void fill(__nv_bfloat16* w, long long rows, int cols, float sc
     const int c = static_cast<int>(i % cols);
     w[i] = __float2bfloat16_rn(c == bias_col ? bias : hash_normal(i, seed) * scale);
   }
+}
+
+// One bf16 step (2^-7 of the leading power of two) at |v|: a bound of one bf16 rounding near v.
+inline double bf16_step(double v) {
+  int e = 0;
+  std::frexp(std::max(std::fabs(v), 1e-30), &e);  // v = f · 2^e, f in [0.5, 1)
+  return std::ldexp(1.0, e - 8);
 }
 
 // Captures body (its `launches` kernel launches on s) into a graph, replays it 3 times to warm up,
