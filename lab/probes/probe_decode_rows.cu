@@ -365,37 +365,16 @@ int main(int argc, char** argv) {
   };
   // The cuBLASLt gate at 17–64 rows: g [m, n] = ReLU(x · Wgᵀ) (the rows pair's first step there).
   auto lt_gate = [&](const Layer& l, int m, __nv_bfloat16* g) {
-    GemmShape gs;
-    gs.m = m;
-    gs.n_out = n;
-    gs.k = k;
-    gs.ldx = k;
-    gs.ldw = k;
-    gs.ldc = n;
-    gs.epilogue = GemmEpilogue::relu;
-    lt.run(gs, l.wg(n), x.get(), g, s);
+    lt.run(GemmShape{m, n, k, k, k, n, GemmEpilogue::relu}, l.wg(n), x.get(), g, s);  // m, n_out, k, ldx, ldw, ldc
   };
   // Today's FFN: 2–16 rows the GEMV gate + decode kernel; 17–64 the dense FFN.
   auto today = [&](const Layer& l, int m) {
     if (m > kFusedRows) {
-      GemmShape gs;
-      gs.m = m;
-      gs.n_out = 2 * n;
-      gs.k = k;
-      gs.ldx = k;
-      gs.ldw = k;
-      gs.ldc = 2 * n;
-      lt.run(gs, l.gu.get(), x.get(), g_today.get(), s);
+      lt.run(GemmShape{m, 2 * n, k, k, k, 2 * n}, l.gu.get(), x.get(), g_today.get(), s);  // [g | u] = x · [Wg; Wu]ᵀ
       gated_product<<<512, 256, 0, s>>>(g_today.get(), h_dense.get(), m, n);
       CK(cudaGetLastError());
-      MatmulShape ds;  // y [m, k] = h [m, n] · Wdᵀ [n, k]
-      ds.m = m;
-      ds.n = k;
-      ds.k = n;
-      ds.lda = n;
-      ds.ldb = k;
-      ds.ldc = k;
-      lt.matmul(ds, h_dense.get(), l.wd.get(), y_today.get(), s);
+      // y [m, k] = h [m, n] · Wdᵀ [n, k]: trans_a, trans_b, m, n, k, lda, ldb, ldc
+      lt.matmul(MatmulShape{false, false, m, k, n, n, k, k}, h_dense.get(), l.wd.get(), y_today.get(), s);
       return;
     }
     TwellGemvParams g = gate_params(l, m);
