@@ -277,9 +277,11 @@ __global__ void __launch_bounds__(kWarps * 32) attention_kernel_d(const __nv_bfl
 // loads nothing before its wait (old_keys_ready changes only when loads issue, never the values).
 // Shared memory: q [GRP][D] (pre-scaled), red [GRP][kWarps], part [kWarps][GRP][D], scores [GRP][n].
 // Occupancy: at D = 64, GRP = 4 the kernel is bounded to 4 CTAs an SM (64 registers, 100 bytes
-// spilled; unbounded 72 registers, 3 CTAs): 48.4 → 33.9 µs at 64 rows × 513 keys on an H200
-// (bench/results/2026-11-30-h200-probe-decode-attention-8c77323.md). P·V loads its GRP scores once a
-// key step: with the loads inside the e loop instead, head_dim 128 ran 10 % slower.
+// spilled; 72 registers and 3 CTAs at 21b5fb5's loop order): 48.4 → 33.9 µs at 64 rows × 513 keys on
+// an H200 (bench/results/2026-11-30-h200-probe-decode-attention-8c77323.md). The fourth CTA needs the
+// scores to fit: with max_keys > 2048 (rounded up to a power of two by the runtime) shared memory
+// holds 3 CTAs an SM whatever the bound. P·V loads its GRP scores once a key step: with the loads
+// inside the e loop instead, head_dim 128 ran ≈ 9–15 % slower.
 template <int D, int GRP>
 __global__ void __launch_bounds__(kWarps * 32, D == 64 && GRP == 4 ? 4 : 0) attention_grouped_kernel(const __nv_bfloat16* qkv, std::int64_t heads,
                                                                         std::int64_t kv_heads, const RowKv* rows_kv,
