@@ -9,7 +9,8 @@ twell.json (`twell bench model`), on the same checkpoint and GPU (bench/model/gp
 - every decode row of every batch against that batch's best, and the prefill rows where both ran;
 - per batch, the bandwidth each side reached on the bytes a step must read (twell's byte floor:
   PyTorch's and twell's dense step on the dense floor, twell's sparse step on the sparse one) beside
-  the copy bandwidth twell measured in its process, so each number shows how far it is from the limit.
+  the copy bandwidth twell measured in its process, so each number shows how far it is from the limit;
+- per batch, issue 59's outcomes, each a number and whether it meets its target (OUTCOMES).
 
     python3 bench/model/yardstick_table.py OUT_DIR [PREFILL_BATCH PREFILL_LEN]
 
@@ -22,6 +23,12 @@ import re
 import sys
 
 DECODE = re.compile(r"^decode b(\d+) ")
+
+# Issue 59's decode targets (H200): twell against the same call's PyTorch at every batch; sparse
+# against its own dense against the byte ceiling (dense bytes / sparse bytes a step) from 2 rows on;
+# at one row, the share of the copy bandwidth each path reaches on its own bytes.
+OUTCOMES = {"dense_vs_pytorch": 1.0, "sparse_vs_pytorch": 1.1, "sparse_vs_dense": 1.0, "of_ceiling": 0.9,
+            "b1_sparse_of_copy": 0.60, "b1_dense_of_copy": 0.65, "b1_sparse_vs_pytorch": 2.0}
 
 
 def pytorch_decode(torch_json):
@@ -105,6 +112,51 @@ def bandwidth_table(torch_json, twell_json):
     return lines
 
 
+def outcomes_table(torch_json, twell_json):
+    """Issue 59's outcomes a batch (OUTCOMES): each cell the measured value and "yes" or "no" against its
+    target, or a dash where a side or the byte floor is missing."""
+    pt, tw = pytorch_decode(torch_json), twell_decode(twell_json)
+    floors = {int(f["batch"]): f for f in (twell_json or {}).get("decode_byte_floor", []) if "batch" in f}
+    copy = (twell_json or {}).get("copy_bandwidth")
+    if not tw:
+        return []
+    o = OUTCOMES
+
+    def verdict(v, target, text):
+        return "—" if v is None else f"{text} {'yes' if v >= target else 'no'}"
+
+    lines = [f"| decode batch | dense ≥ {o['dense_vs_pytorch']:.1f}× PyTorch | sparse ≥ {o['sparse_vs_pytorch']:.1f}× PyTorch | "
+             f"sparse / dense ≥ {o['sparse_vs_dense']:.1f} | sparse / dense ≥ {o['of_ceiling']} × byte ceiling | "
+             f"batch 1: sparse ≥ {100 * o['b1_sparse_of_copy']:.0f} %, dense ≥ {100 * o['b1_dense_of_copy']:.0f} % of copy; "
+             f"sparse ≥ {o['b1_sparse_vs_pytorch']:.0f}× PyTorch |", "|---:|---|---|---|---|---|"]
+    for b in sorted(tw):
+        dense, sparse = tw[b]
+        best = max((v for _, v in pt.get(b, [])), default=None)
+        f = floors.get(b, {})
+        ceiling = f.get("ceiling_ratio")
+        if ceiling is None and f.get("dense_bytes_per_step") and f.get("sparse_bytes_per_step"):
+            ceiling = f["dense_bytes_per_step"] / f["sparse_bytes_per_step"]
+        sd = sparse / dense if dense else None
+        cells = [verdict(best and dense / best, o["dense_vs_pytorch"], f"{dense / best:.2f}×" if best else ""),
+                 verdict(best and sparse / best, o["sparse_vs_pytorch"], f"{sparse / best:.2f}×" if best else ""),
+                 verdict(sd, o["sparse_vs_dense"], f"{sd:.3f}" if sd else "")]
+        if b > 1 and ceiling and sd:
+            need = o["of_ceiling"] * ceiling
+            cells.append(f"{sd:.2f} of {need:.2f} needed {'yes' if sd >= need else 'no'}")
+        else:
+            cells.append("—")
+        if b == 1 and copy and f.get("dense_bytes_per_step") and f.get("sparse_bytes_per_step"):
+            s_share = sparse * f["sparse_bytes_per_step"] / copy
+            d_share = dense * f["dense_bytes_per_step"] / copy
+            ok = s_share >= o["b1_sparse_of_copy"] and d_share >= o["b1_dense_of_copy"]
+            vs = f"; {sparse / best:.2f}× {'yes' if sparse / best >= o['b1_sparse_vs_pytorch'] else 'no'}" if best else "; —"
+            cells.append(f"{100 * s_share:.0f} % / {100 * d_share:.0f} % {'yes' if ok else 'no'}{vs}")
+        else:
+            cells.append("—")
+        lines.append(f"| {b} | " + " | ".join(cells) + " |")
+    return lines
+
+
 def prefill_table(torch_json, twell_runs, pb, pl):
     """Prefill rows: PyTorch's (eager, compiled, the lean body) and twell's dense and sparse FFN with
     each attention it ran (twell_runs: [(twell.json, attention label or None for its own record)])."""
@@ -150,7 +202,9 @@ def main(argv):
         runs.append((own, "twell's own attention kernel"))
     pre = prefill_table(t, runs, pb, pl)
     bw = bandwidth_table(t, w)
-    text = "\n".join(summary + [""] + detail + ([""] + bw if bw else []) + ([""] + pre if pre else [])) + "\n"
+    oc = outcomes_table(t, w)
+    text = "\n".join(summary + [""] + detail + ([""] + bw if bw else []) + ([""] + oc if oc else []) +
+                     ([""] + pre if pre else [])) + "\n"
     with open(os.path.join(out, "decode-yardstick.md"), "w") as f:
         f.write(text)
     print(text, end="")

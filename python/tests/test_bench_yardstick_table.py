@@ -92,3 +92,31 @@ def test_missing_files_give_empty_tables_not_a_crash(tmp_path):
     assert text.splitlines()[0].startswith("| decode batch |")
     assert len([line for line in text.splitlines() if line.startswith("|")]) == 4  # two headers, two separators, no rows
     assert yt.main(["yardstick_table.py"]) == 2
+
+
+def test_outcomes_against_issue_59s_targets():
+    """Each cell is the value and yes / no against its target: PyTorch ratios at every batch, sparse /
+    dense ≥ 1.0, ≥ 0.9 × the byte ceiling from 2 rows on, and at one row the copy-bandwidth shares and
+    2× PyTorch. A missing side or floor gives a dash."""
+    yt = load_bench("model/yardstick_table")
+    w = twell_json()
+    w["copy_bandwidth"] = 4.0e12
+    w["decode_byte_floor"] = [{"batch": 1, "dense_bytes_per_step": 4.0e9, "sparse_bytes_per_step": 2.0e9},
+                              {"batch": 8, "dense_bytes_per_step": 5.0e9, "sparse_bytes_per_step": 3.0e9,
+                               "ceiling_ratio": 5.0 / 3.0}]
+    lines = yt.outcomes_table(torch_json(), w)
+    rows = {int(line.split("|")[1]): [c.strip() for c in line.split("|")[2:-1]] for line in lines[2:]}
+    assert sorted(rows) == [1, 8, 32]  # twell's batches; 64 is PyTorch's alone
+    # Batch 1: 533 / 500 = 1.07 ≥ 1.0, 776 / 500 = 1.55 ≥ 1.1; sparse / dense 1.456; shares 776 × 2 GB / 4 TB/s
+    # = 39 % (< 60) and 533 × 4 GB / 4 TB/s = 53 % (< 65); 1.55× < 2×.
+    assert rows[1] == ["1.07× yes", "1.55× yes", f"{776 / 533:.3f} yes", "—", "39 % / 53 % no; 1.55× no"]
+    # Batch 8: against the math-attention row's 3200; 3584 / 3371 = 1.063 against 0.9 × 5/3 = 1.50 needed.
+    assert rows[8][:2] == [f"{3371 / 3200:.2f}× yes", f"{3584 / 3200:.2f}× yes"]  # 1.05 ≥ 1.0, 1.12 ≥ 1.1
+    assert rows[8][3] == f"{3584 / 3371:.2f} of 1.50 needed no" and rows[8][4] == "—"
+    # Batch 32: no PyTorch row and no floor: dashes; sparse / dense still judged.
+    assert rows[32] == ["—", "—", f"{9100 / 9000:.3f} yes", "—", "—"]
+    # The ceiling from the floor's bytes when the JSON has no ceiling_ratio (an older twell.json).
+    del w["decode_byte_floor"][1]["ceiling_ratio"]
+    again = {int(line.split("|")[1]): line for line in yt.outcomes_table(torch_json(), w)[2:]}
+    assert "of 1.50 needed no" in again[8]
+    assert yt.outcomes_table(torch_json(), {}) == []  # no twell rows: no table
