@@ -32,6 +32,7 @@
 
 #include "cuda/common/device_buffer.hpp"
 #include "cuda/common/launch.cuh"
+#include "cuda/ops/attention_softmax.cuh"
 #include "cuda/ops/model_ops.hpp"
 #include "probe_graph.cuh"
 
@@ -271,9 +272,6 @@ __global__ void __launch_bounds__(kPipeThreads, kMinBlocks)
       }
     }
   }
-  // The library's softmax_in_place, step for step.
-  for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
-  if (lane == 0) red[warp] = mx;
   // The first P·V step's values are in flight across the softmax's barriers.
   const int first_t = warp * G + g;
   uint4 raw[kUnroll];
@@ -282,21 +280,7 @@ __global__ void __launch_bounds__(kPipeThreads, kMinBlocks)
     const int t = first_t + u * kStep;
     raw[u] = t < n ? reinterpret_cast<const uint4*>(vc + info.slot(t) * kv_dim)[c] : make_uint4(0, 0, 0, 0);
   }
-  __syncthreads();
-  mx = red[0];
-  for (int w = 1; w < kPipeWarps; ++w) mx = fmaxf(mx, red[w]);
-  __syncthreads();
-  float sum = 0.0f;
-  for (int t = tid; t < n; t += kPipeThreads) {
-    const float e = __expf(score[t] - mx);
-    score[t] = e;
-    sum += e;
-  }
-  for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
-  if (lane == 0) red[warp] = sum;
-  __syncthreads();
-  sum = 0.0f;
-  for (int w = 0; w < kPipeWarps; ++w) sum += red[w];
+  const float sum = ops::detail::softmax_in_place<kPipeWarps>(score, n, mx, red);  // the library's softmax
 
   float acc[8] = {};
   for (int base = first_t; base < n; base += kStep * kUnroll) {

@@ -12,6 +12,7 @@
 
 #include "cuda/common/check.hpp"
 #include "cuda/common/launch.cuh"
+#include "cuda/ops/attention_softmax.cuh"
 #include "cuda/ops/model_ops.hpp"
 
 namespace twell::cuda::ops {
@@ -29,31 +30,6 @@ constexpr std::int64_t kGroupedMinRows = 32;
 // The first key a query at position pos sees: pos − window + 1 within a sliding window (window > 0),
 // else 0 (LlamaConfig::first_key).
 __device__ __forceinline__ int first_key(int pos, int window) { return window > 0 && pos >= window ? pos - window + 1 : 0; }
-
-// The block's scores score[0, n) → exp(score − max) in place; returns their sum. mx: this thread's
-// running max over the scores it wrote; red: kWarps floats of shared scratch. Ends with a barrier,
-// so every probability is visible to every thread.
-__device__ float softmax_in_place(float* score, int n, float mx, float* red) {
-  const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
-  for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
-  if (lane == 0) red[warp] = mx;
-  __syncthreads();
-  mx = red[0];
-  for (int w = 1; w < kWarps; ++w) mx = fmaxf(mx, red[w]);
-  __syncthreads();  // red is reused below
-  float sum = 0.0f;
-  for (int t = static_cast<int>(threadIdx.x); t < n; t += kWarps * 32) {
-    const float e = __expf(score[t] - mx);
-    score[t] = e;
-    sum += e;
-  }
-  for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
-  if (lane == 0) red[warp] = sum;
-  __syncthreads();
-  sum = 0.0f;
-  for (int w = 0; w < kWarps; ++w) sum += red[w];
-  return sum;
-}
 
 __global__ void __launch_bounds__(kWarps * 32) attention_kernel(const __nv_bfloat16* qkv, std::int64_t heads,
                                                                 std::int64_t kv_heads, std::int64_t d,
@@ -102,7 +78,7 @@ __global__ void __launch_bounds__(kWarps * 32) attention_kernel(const __nv_bfloa
     score[t] = s;
     mx = fmaxf(mx, s);
   }
-  const float sum = softmax_in_place(score, n, mx, red);  // also publishes every score
+  const float sum = detail::softmax_in_place<kWarps>(score, n, mx, red);  // also publishes every score
 
   float acc[kMaxD / 32];
 #pragma unroll
@@ -223,7 +199,7 @@ __global__ void __launch_bounds__(kWarps * 32) attention_kernel_d(const __nv_bfl
     score[t] = s;
     mx = fmaxf(mx, s);
   }
-  const float sum = softmax_in_place(score, n, mx, red);  // also publishes every score
+  const float sum = detail::softmax_in_place<kWarps>(score, n, mx, red);  // also publishes every score
 
   float acc[8] = {};
   const int first_t = warp * G + g;
