@@ -174,21 +174,33 @@ __global__ void __launch_bounds__(kWarps * 32) attention_kernel_d(const __nv_bfl
   const __nv_bfloat16* kc = info.k + layer * info.layer_stride + kvh * D;
   const __nv_bfloat16* vc = info.v + layer * info.layer_stride + kvh * D;
 
+  // Both loops are pipelined: a loop step's rows are loaded before the previous step's math (the
+  // score loop at D = 64 only: at 128 a second key row takes 16 more 16-byte registers), so a CTA
+  // waits for one round trip a loop rather than one a step.
+  const auto key_row = [&](int t) { return reinterpret_cast<const uint4*>(kc + info.slot(first + t) * kv_dim); };
   float mx = -INFINITY;
+  uint4 cur[L];
+  {
+    const int t = static_cast<int>(threadIdx.x);
+    if (kEarlyK && t < pre_below) {  // loaded before the wait
+#pragma unroll
+      for (int j = 0; j < L; ++j) cur[j] = pre_k[kEarlyK ? j : 0];
+    } else if (t < n) {
+#pragma unroll
+      for (int j = 0; j < L; ++j) cur[j] = key_row(t)[j];
+    }
+  }
   for (int t = static_cast<int>(threadIdx.x); t < n; t += kWarps * 32) {
-    const uint4* kr = reinterpret_cast<const uint4*>(kc + info.slot(first + t) * kv_dim);
-    uint4 raw[L];
-    if (kEarlyK && t < pre_below && t == static_cast<int>(threadIdx.x)) {  // loaded before the wait
+    const int tn = t + kWarps * 32;
+    uint4 nxt[kEarlyK ? L : 1];
+    if (kEarlyK && tn < n) {
 #pragma unroll
-      for (int j = 0; j < L; ++j) raw[j] = pre_k[kEarlyK ? j : 0];
-    } else {
-#pragma unroll
-      for (int j = 0; j < L; ++j) raw[j] = kr[j];
+      for (int j = 0; j < L; ++j) nxt[kEarlyK ? j : 0] = key_row(tn)[j];
     }
     float s = 0.0f;
 #pragma unroll
     for (int j = 0; j < L; ++j) {
-      const auto* p2 = reinterpret_cast<const __nv_bfloat162*>(&raw[j]);
+      const auto* p2 = reinterpret_cast<const __nv_bfloat162*>(&cur[j]);
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const float2 f = __bfloat1622float2(p2[e]);
@@ -198,24 +210,34 @@ __global__ void __launch_bounds__(kWarps * 32) attention_kernel_d(const __nv_bfl
     }
     score[t] = s;
     mx = fmaxf(mx, s);
+    if (tn < n) {
+#pragma unroll
+      for (int j = 0; j < L; ++j) cur[j] = kEarlyK ? nxt[kEarlyK ? j : 0] : key_row(tn)[j];
+    }
+  }
+  // P·V's first step: its rows are in flight across the softmax's barriers.
+  const int first_t = warp * G + g;
+  const auto load_v = [&](int t) {
+    return t < n ? reinterpret_cast<const uint4*>(vc + info.slot(first + t) * kv_dim)[c] : make_uint4(0, 0, 0, 0);
+  };
+  uint4 raw[kUnroll];
+#pragma unroll
+  for (int u = 0; u < kUnroll; ++u) {
+    const int t = first_t + u * kStep;
+    raw[u] = t < pre_below ? pre_v[u] : load_v(t);  // below pre_below: loaded before the wait
   }
   const float sum = detail::softmax_in_place<kWarps>(score, n, mx, red);  // also publishes every score
 
   float acc[8] = {};
-  const int first_t = warp * G + g;
   for (int base = first_t; base < n; base += kStep * kUnroll) {
-    uint4 raw[kUnroll];
+    uint4 nraw[kUnroll];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) nraw[u] = load_v(base + kStep * kUnroll + u * kStep);
     float p[kUnroll];
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
       const int t = base + u * kStep;
       p[u] = t < n ? score[t] : 0.0f;
-      if (base == first_t && t < pre_below)  // loaded before the wait
-        raw[u] = pre_v[u];
-      else if (t < n)
-        raw[u] = reinterpret_cast<const uint4*>(vc + info.slot(first + t) * kv_dim)[c];
-      else
-        raw[u] = make_uint4(0, 0, 0, 0);
     }
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
@@ -227,6 +249,8 @@ __global__ void __launch_bounds__(kWarps * 32) attention_kernel_d(const __nv_bfl
         acc[2 * e + 1] += p[u] * f.y;
       }
     }
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) raw[u] = nraw[u];
   }
 #pragma unroll
   for (int o = L; o < 32; o <<= 1)
