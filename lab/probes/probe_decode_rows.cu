@@ -258,16 +258,20 @@ __global__ void __launch_bounds__(kThreads) rows_down_kernel(RowsParams p) {
   }
 }
 
-// Kernel 1 (g from g_in where set, else the fused gate, m ≤ kFusedRows), then kernel 2.
-void launch_rows(const RowsParams& p, cudaStream_t s) {
+// Kernel 1 (g from g_in where set, else the fused gate, m ≤ kFusedRows), then kernel 2. parts: bit 0
+// kernel 1, bit 1 kernel 2 (one alone: the timing split; kernel 2 alone reads the last kernel 1's masks and h).
+void launch_rows(const RowsParams& p, cudaStream_t s, int parts = 3) {
   const unsigned ctas = static_cast<unsigned>((p.gate.n + detail::kGemvMmaRows - 1) / detail::kGemvMmaRows);
-  if (p.g_in)
-    rows_up_kernel<<<ctas, kThreads, 0, s>>>(p);
-  else if (p.gate.m <= 8)
-    rows_gate_up_kernel<1><<<ctas, kThreads, 0, s>>>(p);
-  else
-    rows_gate_up_kernel<2><<<ctas, kThreads, 0, s>>>(p);
-  CK(cudaGetLastError());
+  if (parts & 1) {
+    if (p.g_in)
+      rows_up_kernel<<<ctas, kThreads, 0, s>>>(p);
+    else if (p.gate.m <= 8)
+      rows_gate_up_kernel<1><<<ctas, kThreads, 0, s>>>(p);
+    else
+      rows_gate_up_kernel<2><<<ctas, kThreads, 0, s>>>(p);
+    CK(cudaGetLastError());
+  }
+  if (!(parts & 2)) return;
   const dim3 grid(static_cast<unsigned>((p.gate.k / 8 + kSlots - 1) / kSlots),
                   static_cast<unsigned>((p.gate.m + kRowBlock - 1) / kRowBlock));
   rows_down_kernel<<<grid, kThreads, 0, s>>>(p);
@@ -402,13 +406,13 @@ int main(int argc, char** argv) {
   };
   // The rows pair on rows r0 … r0 + m − 1 of x. m > kFusedRows: the cuBLASLt gate first, unless
   // gate_done (g_rows already holds the batch's g, whose row r0 it starts from).
-  auto rows = [&](const Layer& l, int m, bool check, bool gate_done = false, int r0 = 0) {
+  auto rows = [&](const Layer& l, int m, bool check, bool gate_done = false, int r0 = 0, int parts = 3) {
     const bool fused = m <= kFusedRows && !gate_done;
     if (!fused && !gate_done) lt_gate(l, m, g_rows.get());
     RowsParams p{gate_params(l, m, r0), fused ? nullptr : g_rows.get() + static_cast<long long>(r0) * n, l.wu(n, k),
                  l.wd.get(), y_rows.get(), check && fused ? g_rows.get() : nullptr, masks.get(), h.get(), (m + 7) / 8 * 8,
                  nnz_r.get(), nnz_r_out.get()};
-    launch_rows(p, s);
+    launch_rows(p, s, parts);
   };
   // Before a check's launches: y and g NaN (0xFFFF), the counts a sentinel, so a write a kernel
   // skips shows.
@@ -439,12 +443,24 @@ int main(int argc, char** argv) {
 
   std::printf("n %lld k %d density %.4f skew %.2f, %d weight sets (%.1f GB of Wg, Wu and Wd^T)\n", n, k, density, skew, layers,
               6.0 * n * k * layers / 1e9);
-  std::printf("%3s %7s %7s %9s %10s %10s %10s   %s\n", "M", "pairs", "union", "gate us", "today us", "rows us", "today/rows",
+  std::printf("%3s %7s %7s %9s %10s %10s %10s %7s %7s   %s\n", "M", "pairs", "union", "gate us", "today us", "rows us",
+              "today/rows", "k1 us", "k2 us",
               "checks (rows: y within the float64 bound, worst error / bound; row 0 alone = in the batch; "
               "2-16 rows also: g bits as the GEMV's, today's y, counts)");
   const int reps = 20;
   bool ok = true;
-  for (const int m : {2, 4, 8, 16, 32, 64}) {
+  // PROBE_ROWS_M (e.g. "8,64"): only those batch sizes (a profiler's run).
+  std::vector<int> ms{2, 4, 8, 16, 32, 64};
+  if (const char* e = std::getenv("PROBE_ROWS_M")) {
+    ms.clear();
+    for (const char* c = e; *c;) {
+      const int v = std::atoi(c);
+      if (v >= 2 && v <= kMaxRows) ms.push_back(v);
+      while (*c && *c != ',') ++c;
+      if (*c) ++c;
+    }
+  }
+  for (const int m : ms) {
     const bool fused = m <= kFusedRows;
     // The rows pair on layer 0, then row 0 alone on the same g (at 17–64 rows the cuBLASLt gate
     // may round differently at another M, so row 0 reuses the batch's g there).
@@ -547,8 +563,11 @@ int main(int argc, char** argv) {
     const double t_gate = time_graph(s, reps, layers, [&] { for (const Layer& l : L) gate_only(l, m); });
     const double t_today = time_graph(s, reps, layers, [&] { for (const Layer& l : L) today(l, m); });
     const double t_rows = time_graph(s, reps, layers, [&] { for (const Layer& l : L) rows(l, m, false); });
-    std::printf("%3d %7llu %7lld %9.2f %10.2f %10.2f %9.2fx  %s\n", m, c_rows, uni, t_gate, t_today, t_rows, t_today / t_rows,
-                verdict);
+    // The split: kernel 1 alone (17–64 rows: on the g the last cuBLASLt gate left), kernel 2 alone.
+    const double t_k1 = time_graph(s, reps, layers, [&] { for (const Layer& l : L) rows(l, m, false, !fused, 0, 1); });
+    const double t_k2 = time_graph(s, reps, layers, [&] { for (const Layer& l : L) rows(l, m, false, !fused, 0, 2); });
+    std::printf("%3d %7llu %7lld %9.2f %10.2f %10.2f %9.2fx %7.2f %7.2f  %s\n", m, c_rows, uni, t_gate, t_today, t_rows,
+                t_today / t_rows, t_k1, t_k2, verdict);
   }
   std::printf("(µs a layer, launched plainly in a graph: today = 2-16 rows the gate GEMV + decode kernel, 17-64 the dense\n"
               " FFN (cuBLASLt gate+up, gated product, down); rows = its kernels, 17-64 with the cuBLASLt ReLU gate first;\n"
