@@ -167,4 +167,13 @@ __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
 }
 
+// Asks L2 for `bytes` from p on (whole 128-byte lines; p 128-byte aligned): a hint that loads
+// nothing into registers and changes no value, for rows a later loop reads.
+template <int Bytes>
+__device__ __forceinline__ void prefetch_l2(const void* p) {
+  const char* c = static_cast<const char*>(p);
+#pragma unroll
+  for (int b = 0; b < Bytes; b += 128) asm volatile("prefetch.global.L2 [%0];" ::"l"(c + b));
+}
+
 }  // namespace twell::cuda::dev

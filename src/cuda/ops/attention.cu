@@ -11,6 +11,7 @@
 #include <cstdint>
 
 #include "cuda/common/check.hpp"
+#include "cuda/common/device_math.cuh"
 #include "cuda/common/launch.cuh"
 #include "cuda/ops/attention_softmax.cuh"
 #include "cuda/ops/model_ops.hpp"
@@ -112,11 +113,16 @@ __global__ void __launch_bounds__(kWarps * 32) attention_kernel(const __nv_bfloa
 // below the row's position are loaded before the kernel waits for the one before it (programmatic
 // launches; the step's QKV projection still runs then), the row's own key and value after. The same
 // values in the same order either way, so the same bits.
+// prefetch_v (the launcher sets it while the grid has no more CTAs than the GPU has SMs): the score
+// loop asks L2 for each key's value row, which P·V reads after the softmax. With 1 row (32 CTAs at
+// 2B) 3–20 % faster on an H200; on a full grid (8 rows and more at 513–2049 keys) the prefetches
+// compete with the key loads and cost 5–21 % (bench/results/2026-11-30-h200-attention-prefetch-v-9483100.md).
 template <int D>
 __global__ void __launch_bounds__(kWarps * 32) attention_kernel_d(const __nv_bfloat16* qkv, std::int64_t heads,
                                                                   std::int64_t kv_heads, const RowKv* rows_kv,
                                                                   std::int64_t layer, float scale, int window,
-                                                                  __nv_bfloat16* out, bool old_keys_ready) {
+                                                                  __nv_bfloat16* out, bool old_keys_ready,
+                                                                  bool prefetch_v) {
   constexpr int L = D / 8, G = 32 / L, kUnroll = 4, kStep = kWarps * G;  // keys per loop step of all warps
   // The early key row takes L uint4 registers: at D = 128 (16 of them) the kernel went from 128 to
   // 170 registers (one CTA an SM), so there only V is loaded early.
@@ -191,6 +197,7 @@ __global__ void __launch_bounds__(kWarps * 32) attention_kernel_d(const __nv_bfl
     }
   }
   for (int t = static_cast<int>(threadIdx.x); t < n; t += kWarps * 32) {
+    if (prefetch_v) dev::prefetch_l2<D * 2>(vc + info.slot(first + t) * kv_dim);  // P·V's rows of key t
     const int tn = t + kWarps * 32;
     uint4 nxt[kEarlyK ? L : 1];
     if (kEarlyK && tn < n) {
@@ -427,6 +434,14 @@ __global__ void __launch_bounds__(kWarps * 32, D == 64 && GRP == 4 ? 4 : 0) atte
   }
 }
 
+// The current device's multiprocessors.
+int sm_count() {
+  int dev = 0, sms = 0;
+  TWELL_CUDA_CHECK(cudaGetDevice(&dev));
+  TWELL_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+  return sms;
+}
+
 // The current device's opt-in shared memory a block (bytes).
 std::size_t smem_optin() {
   int dev = 0, optin = 0;
@@ -503,10 +518,11 @@ void attention(const __nv_bfloat16* qkv, std::int64_t rows, std::int64_t heads, 
       TWELL_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
     launch_kernel(kernel, grid, dim3(kWarps * 32), smem, stream, qkv, args...);
   };
+  const bool prefetch_v = rows * heads <= sm_count();  // a grid of one partial wave: idle memory slots
   if (d == 64)
-    launch(attention_kernel_d<64>, heads, kv_heads, rows_kv, layer, scale, win, out, old_keys_ready);
+    launch(attention_kernel_d<64>, heads, kv_heads, rows_kv, layer, scale, win, out, old_keys_ready, prefetch_v);
   else if (d == 128)
-    launch(attention_kernel_d<128>, heads, kv_heads, rows_kv, layer, scale, win, out, old_keys_ready);
+    launch(attention_kernel_d<128>, heads, kv_heads, rows_kv, layer, scale, win, out, old_keys_ready, prefetch_v);
   else
     launch(attention_kernel, heads, kv_heads, d, rows_kv, layer, scale, win, out);
   TWELL_CUDA_CHECK_LAUNCH("attention_kernel");
