@@ -115,8 +115,8 @@ __global__ void __launch_bounds__(kWarps * 32) attention_kernel(const __nv_bfloa
 // values in the same order either way, so the same bits.
 // prefetch_v (the launcher sets it while the grid has no more CTAs than the GPU has SMs): the score
 // loop asks L2 for each key's value row, which P·V reads after the softmax. With 1 row (32 CTAs at
-// 2B) 3–20 % faster on an H200; on a full grid (8 rows and more at 513–2049 keys) the prefetches
-// compete with the key loads and cost 5–21 % (bench/results/2026-11-30-h200-attention-prefetch-v-9483100.md).
+// 2B) 1.02–1.20× faster on an H200; on a full grid (8 rows and more at 513–2049 keys) the prefetches
+// compete with the key loads: 4–26 % slower (bench/results/2026-11-30-h200-attention-prefetch-v-9483100.md).
 template <int D>
 __global__ void __launch_bounds__(kWarps * 32) attention_kernel_d(const __nv_bfloat16* qkv, std::int64_t heads,
                                                                   std::int64_t kv_heads, const RowKv* rows_kv,
