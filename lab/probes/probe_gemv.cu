@@ -3,13 +3,15 @@
 // head through the CUDA-core GEMV at 1.0 TB/s, H200 timeline at 1017613). For each weight shape of
 // the synthetic 2B (hidden 2048, FFN 5632, 32 heads of 64, vocabulary 32000) and M = 1, 2, 4, 8, 16:
 // µs a launch and GB/s of W for the library's GEMV (launch_twell_gemv: the CUDA-core kernel at one
-// token, the tensor-core kernel from 2, gemv_mma_kernel.cuh), the CUDA-core kernel at M tokens
-// (gemv_kernel.cuh, <MT, 1, 4>: the library's shape for 2–16 tokens before the tensor-core one), and
-// cuBLASLt (autotuned, bf16 out; fp32 out for the head) — `layers` weight copies launched in turn
-// (together larger than L2), captured into a CUDA graph and replayed with programmatic launches.
+// token, the tensor-core kernel from 2, gemv_mma_kernel.cuh), the same tensor-core kernel bounded to
+// 3 and to 4 CTAs an SM (from 2 tokens: does a whole wave of CTAs take the fixed ≈ 2–3 µs a launch
+// above bytes / bandwidth? the gate's 352 CTAs are 1.33 waves at the library's 2 an SM; ptxas spills
+// 96–352 bytes a thread to fit), and cuBLASLt (autotuned, bf16 out; fp32 out for the head) —
+// `layers` weight copies launched in turn (together larger than L2), captured into a CUDA graph and
+// replayed with programmatic launches.
 // Checks: the library against cuBLASLt within the fp32 accumulation bound (K · 2⁻²⁴ · Σ|x·w|, plus one
-// bf16 step of the result for bf16 output), and each token's bits at M equal to its bits at M = 16
-// (a token's sums do not depend on the batch).
+// bf16 step of the result for bf16 output), each token's bits at M equal to its bits at M = 16 (a
+// token's sums do not depend on the batch), and the bounded kernels' bits equal to the library's.
 //   twell_probe_gemv [layers]   (default 16)
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -25,7 +27,7 @@
 #include "cuda/common/launch.hpp"
 #include "cuda/dense/lt_gemm.hpp"
 #include "cuda/ops/gemv.hpp"
-#include "cuda/ops/gemv_kernel.cuh"
+#include "cuda/ops/gemv_mma_kernel.cuh"
 #include "probe_graph.cuh"
 
 using namespace twell::cuda;
@@ -33,18 +35,15 @@ using namespace twell::probe;
 
 namespace {
 
-void launch_cuda_cores(const TwellGemvParams& p, cudaStream_t s) {
-  const dim3 grid(static_cast<unsigned>((p.n + detail::kGemvWarps - 1) / detail::kGemvWarps)), block(detail::kGemvWarps * 32);
-  if (p.m <= 1)
-    launch_kernel(detail::twell_gemv_kernel<1, 1, 4>, grid, block, 0, s, p);
-  else if (p.m <= 2)
-    launch_kernel(detail::twell_gemv_kernel<2, 1, 4>, grid, block, 0, s, p);
-  else if (p.m <= 4)
-    launch_kernel(detail::twell_gemv_kernel<4, 1, 4>, grid, block, 0, s, p);
-  else if (p.m <= 8)
-    launch_kernel(detail::twell_gemv_kernel<8, 1, 4>, grid, block, 0, s, p);
+// The library's tensor-core kernel bounded to MinCtas CTAs an SM (M ≥ 2), on the library's grid.
+template <int MinCtas>
+void launch_bounded(const TwellGemvParams& p, cudaStream_t s) {
+  const dim3 grid(static_cast<unsigned>((p.n + detail::kGemvMmaRows - 1) / detail::kGemvMmaRows)),
+      block(detail::kGemvMmaWarps * 32);
+  if (p.m <= 8)
+    launch_kernel(detail::twell_gemv_mma_kernel<1, MinCtas>, grid, block, 0, s, p);
   else
-    launch_kernel(detail::twell_gemv_kernel<16, 1, 4>, grid, block, 0, s, p);
+    launch_kernel(detail::twell_gemv_mma_kernel<2, MinCtas>, grid, block, 0, s, p);
   CK(cudaGetLastError());
 }
 
@@ -93,8 +92,8 @@ int main(int argc, char** argv) {
     const std::size_t out_elems = static_cast<std::size_t>(16 * ws.n), esz = ws.f32 ? 4 : 2;
     DeviceBuffer<unsigned char> out(out_elems * esz), out16(out_elems * esz), ref(out_elems * esz);
     const double bytes = 2.0 * static_cast<double>(ws.n) * ws.k;
-    std::printf("\n%s (%.1f MB a copy, %d copies)\n%4s %12s %8s %12s %8s %12s %8s  %s\n", ws.what, bytes / 1e6, copies, "M",
-                "library us", "GB/s", "CUDA-core us", "GB/s", "cuBLASLt us", "GB/s", "checks");
+    std::printf("\n%s (%.1f MB a copy, %d copies)\n%4s %12s %8s %12s %8s %12s %8s %12s %8s  %s\n", ws.what, bytes / 1e6, copies,
+                "M", "library us", "GB/s", "3 CTAs/SM us", "GB/s", "4 CTAs/SM us", "GB/s", "cuBLASLt us", "GB/s", "checks");
     const auto params = [&](int m, const __nv_bfloat16* wp, void* o) {
       TwellGemvParams p = gemv_rows(x.get(), m, wp, ws.n, ws.k);
       if (ws.f32)
@@ -162,22 +161,40 @@ int main(int argc, char** argv) {
           bad += !(std::abs(value(hout) - acc) <= bound);
           bad += !(std::abs(value(href) - acc) <= bound);
         }
-      const bool ok = same && bad == 0;
+      // The bounded kernels: the same arithmetic, so the library's bits.
+      bool bounded_same = true;
+      if (m >= 2)
+        for (const auto launch : {&launch_bounded<3>, &launch_bounded<4>}) {
+          CK(cudaMemsetAsync(out16.get(), 0xFF, out16.bytes(), s));
+          launch(params(m, w[0].get(), out16.get()), s);
+          CK(cudaStreamSynchronize(s));
+          std::vector<unsigned char> hb(hout.size());
+          CK(cudaMemcpy(hb.data(), out16.get(), hb.size(), cudaMemcpyDeviceToHost));
+          bounded_same = bounded_same && std::memcmp(hb.data(), hout.data(), static_cast<std::size_t>(m * ws.n) * esz) == 0;
+        }
+      const bool ok = same && bad == 0 && bounded_same;
       all_ok = all_ok && ok;
-      double us[3];
+      double us[4] = {};
       const ProgrammaticLaunch programmatic(programmatic_launch_supported());
       us[0] = time_graph(s, 30, copies, [&] {
         for (const auto& b : w) launch_twell_gemv(params(m, b.get(), out.get()), s);
       });
-      us[1] = time_graph(s, 30, copies, [&] {
-        for (const auto& b : w) launch_cuda_cores(params(m, b.get(), out.get()), s);
-      });
-      us[2] = time_graph(s, 30, copies, [&] {
+      if (m >= 2) {
+        us[1] = time_graph(s, 30, copies, [&] {
+          for (const auto& b : w) launch_bounded<3>(params(m, b.get(), out.get()), s);
+        });
+        us[2] = time_graph(s, 30, copies, [&] {
+          for (const auto& b : w) launch_bounded<4>(params(m, b.get(), out.get()), s);
+        });
+      }
+      us[3] = time_graph(s, 30, copies, [&] {
         for (const auto& b : w) lt_run(m, b.get(), ref.get());
       });
-      std::printf("%4d %12.2f %8.0f %12.2f %8.0f %12.2f %8.0f  %s%s\n", m, us[0], bytes / us[0] / 1e3, us[1],
-                  bytes / us[1] / 1e3, us[2], bytes / us[2] / 1e3, m == 1 ? "bits: n/a (CUDA cores)" : same ? "bits = at M 16" : "BITS DIFFER from M 16",
-                  bad ? ", OUTSIDE THE BOUND" : ", within the bound");
+      const auto gbs = [&](double t) { return t > 0 ? bytes / t / 1e3 : 0.0; };
+      std::printf("%4d %12.2f %8.0f %12.2f %8.0f %12.2f %8.0f %12.2f %8.0f  %s%s%s\n", m, us[0], gbs(us[0]), us[1], gbs(us[1]),
+                  us[2], gbs(us[2]), us[3], gbs(us[3]),
+                  m == 1 ? "bits: n/a (CUDA cores)" : same ? "bits = at M 16" : "BITS DIFFER from M 16",
+                  bad ? ", OUTSIDE THE BOUND" : ", within the bound", bounded_same ? "" : ", BOUNDED KERNELS' BITS DIFFER");
     }
   }
   std::printf("\nchecks: %s\n", all_ok ? "pass" : "FAIL");

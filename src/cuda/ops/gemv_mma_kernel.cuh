@@ -132,9 +132,11 @@ __device__ __forceinline__ void gemv_mma_partials(const TwellGemvParams& p,
   }
 }
 
-// NT token tiles of 8 (M ≤ 8 · NT).
-template <int NT>
-__global__ void __launch_bounds__(kGemvMmaWarps * 32) twell_gemv_mma_kernel(TwellGemvParams p) {
+// NT token tiles of 8 (M ≤ 8 · NT). MinCtas: the CTAs an SM that ptxas must leave registers for (the
+// library launches 0, no bound; lab/probes/probe_gemv.cu measures 3 and 4, a whole wave of the
+// gate's 352 CTAs on 132 SMs instead of 1.33).
+template <int NT, int MinCtas = 0>
+__global__ void __launch_bounds__(kGemvMmaWarps * 32, MinCtas) twell_gemv_mma_kernel(TwellGemvParams p) {
   __shared__ float part[kGemvMmaWarps][kGemvMmaRows][8 * NT];
   gemv_mma_partials<NT>(p, part);
   __syncthreads();
