@@ -48,23 +48,6 @@ float bf16_to_float(unsigned short b) {
   return f;
 }
 
-double copy_gbps(cudaStream_t s) {
-  const std::size_t bytes = 1ull << 30;
-  DeviceBuffer<unsigned char> a(bytes), b(bytes);
-  CK(cudaMemsetAsync(a.get(), 1, bytes, s));
-  for (int i = 0; i < 2; ++i) CK(cudaMemcpyAsync(b.get(), a.get(), bytes, cudaMemcpyDeviceToDevice, s));
-  cudaEvent_t e0, e1;
-  CK(cudaEventCreate(&e0));
-  CK(cudaEventCreate(&e1));
-  CK(cudaEventRecord(e0, s));
-  for (int i = 0; i < 10; ++i) CK(cudaMemcpyAsync(b.get(), a.get(), bytes, cudaMemcpyDeviceToDevice, s));
-  CK(cudaEventRecord(e1, s));
-  CK(cudaEventSynchronize(e1));
-  float ms = 0;
-  CK(cudaEventElapsedTime(&ms, e0, e1));
-  return 2.0 * bytes * 10 / (ms * 1e-3) / 1e9;  // read + write
-}
-
 // The candidate: split-KV decode attention (flash-decoding). One CTA of kSplitThreads per (row,
 // query head, chunk of kChunk keys): the chunk's scores (a thread a key), their max m and
 // Σ exp(s − m) = l, and o = Σ exp(s − m)·v over the chunk (D/8 lanes a value row, the warps' key

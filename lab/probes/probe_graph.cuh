@@ -1,12 +1,13 @@
 #pragma once
 // Helpers the GPU probes share: a checked CUDA call that exits on failure (a probe is a lab tool,
-// not the library), seeded normal weights filled on the device, and µs per launch of a body of
-// launches captured once into a CUDA graph and replayed.
+// not the library), seeded normal weights filled on the device, µs per launch of a body of
+// launches captured once into a CUDA graph and replayed, and the device-to-device copy bandwidth.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
 #include <cmath>
+#include <cstddef>
 #include <cstdio>
 #include <cstdlib>
 #include <functional>
@@ -70,6 +71,29 @@ inline double time_graph(cudaStream_t s, int reps, int launches, const std::func
   cudaGraphExecDestroy(ge);
   cudaGraphDestroy(g);
   return 1000.0 * ms / (reps * launches);
+}
+
+// The device-to-device copy bandwidth in GB/s, bytes read + written a second (as twell bench model
+// reports it): 10 copies of 1 GiB after 2 to warm up.
+inline double copy_gbps(cudaStream_t s) {
+  const std::size_t bytes = 1ull << 30;
+  void *a = nullptr, *b = nullptr;
+  CK(cudaMalloc(&a, bytes));
+  CK(cudaMalloc(&b, bytes));
+  CK(cudaMemsetAsync(a, 1, bytes, s));
+  for (int i = 0; i < 2; ++i) CK(cudaMemcpyAsync(b, a, bytes, cudaMemcpyDeviceToDevice, s));
+  cudaEvent_t e0, e1;
+  CK(cudaEventCreate(&e0));
+  CK(cudaEventCreate(&e1));
+  CK(cudaEventRecord(e0, s));
+  for (int i = 0; i < 10; ++i) CK(cudaMemcpyAsync(b, a, bytes, cudaMemcpyDeviceToDevice, s));
+  CK(cudaEventRecord(e1, s));
+  CK(cudaEventSynchronize(e1));
+  float ms = 0;
+  CK(cudaEventElapsedTime(&ms, e0, e1));
+  CK(cudaFree(a));
+  CK(cudaFree(b));
+  return 2.0 * bytes * 10 / (ms * 1e-3) / 1e9;
 }
 
 }  // namespace twell::probe
