@@ -4,7 +4,8 @@
 // each phase depends on the one before (a CTA folds another CTA's result of the previous phase into
 // its own, read after the wait or the barrier). `layers` layers lie side by side (together past the
 // L2), read in turn. Forms, each timed as µs a layer:
-//   kernels        one kernel a phase, a full wave of CTAs (the SMs × the CTAs an SM fits), launched
+//   kernels        one kernel a phase on the persistent kernel's grid (the SMs × the CTAs an SM that
+//                  every form fits, 4 at its 62 registers: one full wave), launched
 //                  programmatically in a CUDA graph: a kernel waits for the previous one
 //                  (griddepcontrol.wait), then lets the next one be scheduled (as twell's kernels do);
 //   kernels+early  the same, each kernel's first window of loads issued before its wait (allowed:
@@ -15,10 +16,11 @@
 //   stream         the persistent kernel with no barrier and no dependency: the bytes alone.
 // Printed: µs a layer, the read bandwidth, its share of the copy bandwidth measured in the same
 // process (HBM traffic both), and the cost a phase boundary above `stream` ((t − t_stream) / phases).
-// Check: in every form CTA b's result of phase p is the XOR of its words of phase p and CTA
-// (b + 1) mod G's result of phase p − 1, so the last phase's results chain through every word of
-// every phase; each form's must equal the `kernels` form's (each form runs once on zeroed results
-// first: a word skipped, or a dependency read before the barrier released it, changes them).
+// Check: in every form CTA b's result of phase p is the XOR of its words of phase p and (added once,
+// by thread 0) CTA (b + 1) mod G's result of phase p − 1, so the last phase's results chain through
+// every word of every phase; each form's must equal the `kernels` form's (stream-ordered). Each form
+// runs once on results zeroed just before it: a word skipped, or a dependency read before the
+// barrier released it (a zero), changes them.
 //   twell_probe_step_chain [layers [MB,MB,...]]   (defaults: 8 and the two presets below)
 #include <cuda_runtime.h>
 
@@ -26,6 +28,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -83,7 +86,7 @@ __global__ void __launch_bounds__(kThreads) phase_kernel(const uint4* w, long lo
   if (kEarly) load_window(v, w, i, s, n);
   dev::pdl_begin();
   if (!kEarly) load_window(v, w, i, s, n);
-  unsigned acc = prev ? __ldcg(prev + (blockIdx.x + 1) % gridDim.x) : 0u;
+  unsigned acc = threadIdx.x == 0 && prev ? __ldcg(prev + (blockIdx.x + 1) % gridDim.x) : 0u;  // once a CTA
   acc ^= stream_rest(v, w, i, s, n);
   store_fold(acc, out + blockIdx.x);
 }
@@ -122,7 +125,9 @@ __global__ void __launch_bounds__(kThreads) persistent_kernel(const uint4* base,
     const long long n = off[p + 1] - off[p];
     uint4 v[kWin];
     load_window(v, w, i, s, n);
-    unsigned acc = kBarrier && p > 0 ? __ldcg(out + static_cast<long long>(p - 1) * gridDim.x + (blockIdx.x + 1) % gridDim.x) : 0u;
+    unsigned acc = kBarrier && p > 0 && threadIdx.x == 0  // once a CTA
+                       ? __ldcg(out + static_cast<long long>(p - 1) * gridDim.x + (blockIdx.x + 1) % gridDim.x)
+                       : 0u;
     acc ^= stream_rest(v, w, i, s, n);
     store_fold(acc, out + static_cast<long long>(p) * gridDim.x + blockIdx.x);
     if (kPrefetch && p + 1 < phases && i % 8 == 0) {
@@ -230,7 +235,8 @@ int main(int argc, char** argv) {
           launch_kernel(phase_kernel<false>, dim3(grid), dim3(kThreads), 0, s, base + off[static_cast<std::size_t>(p)], n, prev, o);
       }
     };
-    const auto persistent = [&](auto kernel) {
+    // cooperative: all CTAs resident, which the grid barrier needs (the barrier-free stream does not).
+    const auto persistent = [&](auto kernel, bool cooperative = true) {
       cudaLaunchConfig_t cfg{};
       cfg.gridDim = dim3(grid);
       cfg.blockDim = dim3(kThreads);
@@ -239,15 +245,17 @@ int main(int argc, char** argv) {
       attr.id = cudaLaunchAttributeCooperative;
       attr.val.cooperative = 1;
       cfg.attrs = &attr;
-      cfg.numAttrs = 1;
+      cfg.numAttrs = cooperative ? 1 : 0;
       CK(cudaLaunchKernelEx(&cfg, kernel, static_cast<const uint4*>(base), static_cast<const long long*>(d_off), phases, out, bar));
     };
-    // The last phase's CTA results of a form (the check: each CTA's fold chains through every phase).
-    const auto last = [&] {
+    // One run of a form on zeroed results; its last phase's CTA results (each chains through every phase).
+    const auto checked = [&](const std::function<void()>& body) {
+      CK(cudaMemsetAsync(out, 0, static_cast<std::size_t>(phases) * grid * sizeof(unsigned), s));
+      body();
       std::vector<unsigned> h(static_cast<std::size_t>(grid));
+      CK(cudaMemcpyAsync(h.data(), out + static_cast<long long>(phases - 1) * grid, h.size() * sizeof(unsigned),
+                         cudaMemcpyDeviceToHost, s));
       CK(cudaStreamSynchronize(s));
-      CK(cudaMemcpy(h.data(), out + static_cast<long long>(phases - 1) * grid, h.size() * sizeof(unsigned), cudaMemcpyDeviceToHost));
-      CK(cudaMemset(out, 0, static_cast<std::size_t>(phases) * grid * sizeof(unsigned)));
       return h;
     };
     const auto time_events = [&](int reps, const std::function<void()>& body) {
@@ -261,6 +269,8 @@ int main(int argc, char** argv) {
       CK(cudaEventSynchronize(b));
       float ms = 0;
       CK(cudaEventElapsedTime(&ms, a, b));
+      CK(cudaEventDestroy(a));
+      CK(cudaEventDestroy(b));
       return 1000.0 * ms / (reps * layers);
     };
     std::printf("\n%s: %.1f MB a layer in %d phases; a grid of %d CTAs (%d an SM)\n", pr.name.c_str(), layer_bytes / 1e6, per,
@@ -274,22 +284,18 @@ int main(int argc, char** argv) {
     std::vector<Row> rows;
     {
       const ProgrammaticLaunch programmatic(programmatic_launch_supported());
-      kernels(false);
-      std::vector<unsigned> f = last();
+      std::vector<unsigned> f = checked([&] { kernels(false); });
       rows.push_back({"kernels", time_graph(s, 20, layers, [&] { kernels(false); }), f});
-      kernels(true);
-      f = last();
+      f = checked([&] { kernels(true); });
       rows.push_back({"kernels+early", time_graph(s, 20, layers, [&] { kernels(true); }), f});
     }
     if (coop) {
-      persistent(persistent_kernel<true, false>);
-      std::vector<unsigned> f = last();
+      std::vector<unsigned> f = checked([&] { persistent(persistent_kernel<true, false>); });
       rows.push_back({"persistent", time_events(20, [&] { persistent(persistent_kernel<true, false>); }), f});
-      persistent(persistent_kernel<true, true>);
-      f = last();
+      f = checked([&] { persistent(persistent_kernel<true, true>); });
       rows.push_back({"persistent+pf", time_events(20, [&] { persistent(persistent_kernel<true, true>); }), f});
     }
-    const double t_stream = time_events(20, [&] { persistent(persistent_kernel<false, false>); });
+    const double t_stream = time_events(20, [&] { persistent(persistent_kernel<false, false>, false); });
     for (const Row& r : rows) {
       const bool same = r.fold == rows[0].fold;
       ok = ok && same;

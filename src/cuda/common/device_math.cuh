@@ -167,8 +167,9 @@ __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
 }
 
-// Asks L2 for `bytes` from p on (whole 128-byte lines; p 128-byte aligned): a hint that loads
-// nothing into registers and changes no value, for rows a later loop reads.
+// Asks L2 for the 128-byte lines holding p, p + 128, … below p + Bytes (where p is not line-aligned
+// the range's last line may go unasked: speed, not values): a hint that loads nothing into
+// registers and changes no value, for rows a later loop reads.
 template <int Bytes>
 __device__ __forceinline__ void prefetch_l2(const void* p) {
   const char* c = static_cast<const char*>(p);
