@@ -246,6 +246,13 @@ class CudaRuntime final : public Runtime {
                 "the sparse FFN path needs a ReLU model; this one uses {}", to_string(c.act));
     TWELL_CHECK(tuning.cudnn_build_at >= 1, ErrorCode::invalid_argument, "cudnn_build_at must be at least 1, not {}",
                 tuning.cudnn_build_at);
+    TWELL_CHECK(tuning.gemm_autotune == 0 || (tuning.gemm_autotune >= 2 && tuning.gemm_autotune <= 16),
+                ErrorCode::invalid_argument, "gemm_autotune must be 0 (off) or 2 to 16 candidates, not {}",
+                tuning.gemm_autotune);
+    if (tuning.gemm_autotune > 0) {  // cuBLASLt's shapes timed on first (eager) use, never inside a capture
+      gemm_.set_candidates(tuning.gemm_autotune);
+      gemm_.set_autotune(true);
+    }
     TWELL_CHECK(c.head_dim <= 256, ErrorCode::unsupported, "head_dim {} > 256 is not supported on the GPU", c.head_dim);
     max_keys_ = cuda::ops::attention_max_keys(c.head_dim);  // a device query: once, not per decode step
     // The GPU's FFN engine dispatches with its own measured thresholds; max_sparse_density is the

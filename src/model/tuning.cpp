@@ -42,6 +42,7 @@ const Item kItems[] = {
     {"no-cpu-bf16", &RuntimeTuning::cpu_bf16_weights},
     {"no-paged-kv", &RuntimeTuning::paged_kv},
     {"no-prefix-cache", &RuntimeTuning::prefix_cache},
+    {"gemm-autotune", &RuntimeTuning::gemm_autotune, 2, 16},
 };
 
 template <typename T>

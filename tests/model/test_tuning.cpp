@@ -37,7 +37,7 @@ TEST(RuntimeTuning, EveryItemParses) {
   const RuntimeTuning t = parse_tuning(
       "no-cuda-graphs,no-cudnn-attention,cudnn-build-at=1,decode-max-rows=8,decode-max-density=0.02,no-pdl,"
       "no-fused-decode,no-fixed-point-decode,no-decode-neuron-order,no-batched-gemv,no-grouped-attention,no-cpu-bf16,"
-      "no-paged-kv,no-prefix-cache");
+      "no-paged-kv,no-prefix-cache,gemm-autotune=8");
   EXPECT_FALSE(t.cuda_graphs);
   EXPECT_FALSE(t.cudnn_attention);
   EXPECT_EQ(t.cudnn_build_at, 1);
@@ -52,11 +52,12 @@ TEST(RuntimeTuning, EveryItemParses) {
   EXPECT_FALSE(t.cpu_bf16_weights);
   EXPECT_FALSE(t.paged_kv);
   EXPECT_FALSE(t.prefix_cache);
+  EXPECT_EQ(t.gemm_autotune, 8);
   // describe(): every non-default setting, in the struct's order, read back to the same value.
   EXPECT_EQ(t.describe(),
             "no-cuda-graphs,no-cudnn-attention,cudnn-build-at=1,no-pdl,no-fused-decode,no-fixed-point-decode,"
             "no-decode-neuron-order,no-batched-gemv,no-grouped-attention,decode-max-density=0.02,decode-max-rows=8,"
-            "no-cpu-bf16,no-paged-kv,no-prefix-cache");
+            "no-cpu-bf16,no-paged-kv,no-prefix-cache,gemm-autotune=8");
   EXPECT_EQ(parse_tuning(t.describe()), t);
 }
 
@@ -73,6 +74,8 @@ TEST(RuntimeTuning, OneItemChangesOneSetting) {
   EXPECT_EQ(parse_tuning("decode-max-density=1").decode_max_density, 1.0);
   EXPECT_EQ(parse_tuning("decode-max-rows=2047").decode_max_rows, 2047);
   EXPECT_EQ(parse_tuning("cudnn-build-at=1048576").cudnn_build_at, 1 << 20);
+  EXPECT_EQ(parse_tuning("gemm-autotune=2").gemm_autotune, 2);
+  EXPECT_EQ(parse_tuning("gemm-autotune=16").gemm_autotune, 16);
   // A negative decode setting is the engine's default, as the field says: nothing to describe.
   RuntimeTuning negative;
   negative.decode_max_rows = -5;
@@ -98,6 +101,9 @@ TEST(RuntimeTuning, MalformedValueIsRefusedByName) {
     const char* phrase;  // what the message must hold
   };
   for (const Case& c : {
+           Case{"gemm-autotune=1", "gemm-autotune takes an integer from 2 to 16"},
+           Case{"gemm-autotune=17", "gemm-autotune takes an integer from 2 to 16"},
+           Case{"gemm-autotune", "gemm-autotune takes an integer"},
            Case{"decode-max-rows=abc", "item 'decode-max-rows=abc': decode-max-rows takes an integer from 1 to 2047"},
            Case{"decode-max-rows=0", "decode-max-rows takes an integer from 1 to 2047"},
            Case{"decode-max-rows=2048", "decode-max-rows takes an integer from 1 to 2047"},

@@ -84,6 +84,14 @@ struct RuntimeTuning {
   // with their tokens (the prefix cache, docs/serving.md); off, a block leaves the index when its
   // last holder gives it back (sharing among running sequences only). For the A/B of the cache.
   bool prefix_cache = true;  // no-prefix-cache
+  // CUDA runtime only: the cuBLASLt GEMMs (the projections and the dense FFN past the GEMV's 16 rows,
+  // prefill's) take the fastest of N heuristic candidates, timed on a shape's first use outside a
+  // CUDA graph capture (a shape first met inside a capture keeps the first candidate), instead of
+  // the first candidate. 0: off (the default). The timing reuses one weight, so it may favour
+  // algorithms that shine with the weight in L2 (lab/probes/probe_gemv.cu times both on weights past
+  // the L2). For A/B measurement at batches 17–64, where cuBLASLt's first candidates reach 31–67 %
+  // of the copy bandwidth (docs/runtime.md).
+  int gemm_autotune = 0;  // gemm-autotune=N
 
   // The settings that differ from the defaults, as TWELL_TUNING items in a fixed order
   // ("no-cuda-graphs,decode-max-rows=8"; parse_tuning reads them back to this value); "" when

@@ -74,8 +74,12 @@ LtGemm::Plan& LtGemm::plan_for(const MatmulShape& s, const __nv_bfloat16* first,
   TWELL_CHECK(st == CUBLAS_STATUS_SUCCESS && found > 0, ErrorCode::unsupported,
               "cuBLASLt has no bf16 algorithm for m={} n={} k={} (status {})", s.m, s.n, s.k, static_cast<int>(st));
   p.algo = heur[0].algo;
-  // Not for accumulating shapes: the timed launches would add into C again and again.
-  if (autotune_ && !s.accumulate && found > 1 && heur[0].state == CUBLAS_STATUS_SUCCESS) {
+  // Not for accumulating shapes: the timed launches would add into C again and again; not inside a
+  // graph capture: the timing synchronises.
+  cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
+  if (autotune_) TWELL_CUDA_CHECK(cudaStreamIsCapturing(stream, &capturing));
+  if (autotune_ && capturing == cudaStreamCaptureStatusNone && !s.accumulate && found > 1 &&
+      heur[0].state == CUBLAS_STATUS_SUCCESS) {
     // Candidates are timed in interleaved rounds after a warm-up that brings the clocks up, and
     // each keeps its best round: one pass over them in a fixed order (the first ones timed while
     // the GPU ramps up from idle) picked algorithms up to 20 % slower than the best (measured,

@@ -46,7 +46,9 @@ struct MatmulShape {
 class LtGemm {
  public:
   // autotune: on first use of a shape, time up to `candidates` heuristic algorithms on the actual
-  // operands and keep the fastest (synchronises once per shape); else take the top heuristic.
+  // operands and keep the fastest (synchronises once per shape); else take the top heuristic. A
+  // shape first used while its stream is capturing a CUDA graph takes the top heuristic (timing
+  // would synchronise inside the capture).
   // mem: where the cuBLASLt workspace comes from (null: cudaMalloc); must outlive the LtGemm.
   explicit LtGemm(bool autotune = false, int candidates = 8, std::size_t workspace_bytes = 64u << 20,
                   DeviceAllocator* mem = nullptr);
@@ -58,6 +60,8 @@ class LtGemm {
   // C = op(A)·op(B) (see MatmulShape); c points to bf16 or float per s.c_fp32.
   void matmul(const MatmulShape& s, const __nv_bfloat16* a, const __nv_bfloat16* b, void* c, cudaStream_t stream);
   void set_autotune(bool on) noexcept { autotune_ = on; }
+  // How many heuristic candidates autotune times (≥ 1) for shapes not planned yet.
+  void set_candidates(int n) noexcept { candidates_ = n < 1 ? 1 : n; }
   // One line per cached plan: shape (m n k), cuBLASLt algorithm id, tile, stages, split-K and
   // cluster-shape ids, and the autotuned time (ms, 0 without autotune). For benchmarks.
   std::string describe_plans() const;
