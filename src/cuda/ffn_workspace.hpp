@@ -9,6 +9,7 @@
 #include <cuda_bf16.h>
 
 #include <cstdint>
+#include <limits>
 #include <memory>
 #include <utility>
 
@@ -32,6 +33,8 @@ struct FfnWorkspace {
   LtGemm gemm;                        // the layers' GEMMs (plans cached per shape; its own workspace)
   std::unique_ptr<LtGemm> side_gemm;  // GEMMs on the hot neurons' second stream; created on first use
   bool autotune;
+  int autotune_candidates = 8;  // with autotune: the candidates timed, and the most rows a timed shape has
+  std::int64_t autotune_max_m = std::numeric_limits<std::int64_t>::max();
 
   DeviceBuffer<__nv_bfloat16> g;      // [m, ldn]  gate (gated) or ReLU(up) (non-gated)
   DeviceBuffer<__nv_bfloat16> gu;     // [m, 2·ldn] stacked gate|up output; second half: the hot neurons' workspace
@@ -46,7 +49,10 @@ struct FfnWorkspace {
   DeviceBuffer<float> decode_partials;     // [m, tiles, K]
 
   LtGemm& side() {
-    if (!side_gemm) side_gemm = std::make_unique<LtGemm>(autotune, 8, gemm.workspace_bytes(), mem.get());
+    if (!side_gemm) {
+      side_gemm = std::make_unique<LtGemm>(autotune, 8, gemm.workspace_bytes(), mem.get());
+      side_gemm->set_autotune(autotune, autotune_candidates, autotune_max_m);
+    }
     return *side_gemm;
   }
   std::size_t bytes() const noexcept {

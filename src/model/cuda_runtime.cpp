@@ -19,6 +19,7 @@
 #include "cuda/common/stream.hpp"
 #include "cuda/common/transfer.hpp"
 #include "cuda/dense/lt_gemm.hpp"
+#include "cuda/ffn_workspace.hpp"
 #include "cuda/ops/gemv.hpp"
 #include "cuda/ops/model_ops.hpp"
 #include "model/cuda_runtime.hpp"
@@ -249,9 +250,15 @@ class CudaRuntime final : public Runtime {
     TWELL_CHECK(tuning.gemm_autotune == 0 || (tuning.gemm_autotune >= 2 && tuning.gemm_autotune <= 16),
                 ErrorCode::invalid_argument, "gemm_autotune must be 0 (off) or 2 to 16 candidates, not {}",
                 tuning.gemm_autotune);
-    if (tuning.gemm_autotune > 0) {  // cuBLASLt's shapes timed on first (eager) use, never inside a capture
-      gemm_.set_candidates(tuning.gemm_autotune);
-      gemm_.set_autotune(true);
+    if (tuning.gemm_autotune > 0) {
+      // cuBLASLt's shapes of up to kAutotuneMaxRows rows (decode steps; a prefill meets a new m at
+      // every prompt length) timed on first use outside a capture, the FFN's side stream's alike.
+      constexpr std::int64_t kAutotuneMaxRows = 64;
+      cuda::FfnWorkspace& ws = *infer_ws_.get();
+      ws.autotune = true;
+      ws.autotune_candidates = tuning.gemm_autotune;
+      ws.autotune_max_m = kAutotuneMaxRows;
+      gemm_.set_autotune(true, tuning.gemm_autotune, kAutotuneMaxRows);
     }
     TWELL_CHECK(c.head_dim <= 256, ErrorCode::unsupported, "head_dim {} > 256 is not supported on the GPU", c.head_dim);
     max_keys_ = cuda::ops::attention_max_keys(c.head_dim);  // a device query: once, not per decode step

@@ -1,8 +1,8 @@
 // LtGemm's autotune (the dense yardstick's, and the model runtime's under TWELL_TUNING=gemm-autotune=N):
-// a shape first met while its stream captures a CUDA graph takes cuBLASLt's first candidate without
-// timing (the timing synchronises, which a capture refuses), and the captured product is right; a
-// shape first met outside a capture is timed. Both products against float64 sums within the fp32
-// accumulation bound and one bf16 step.
+// a shape first met outside a capture, of up to its max_m rows, is timed; one first met while its
+// stream captures a CUDA graph takes cuBLASLt's first candidate untimed (the timing synchronises,
+// which a capture refuses), and so does one past max_m rows. Every product against float64 sums
+// within the fp32 accumulation bound and one bf16 step.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -52,56 +52,65 @@ int outside(const DeviceBuffer<__nv_bfloat16>& y, const Reference& r) {
   return bad;
 }
 
-TEST(LtGemm, AutotuneInsideACaptureTakesTheFirstCandidateAndOutsideTimes) {
+// The plan line of shape m × n × k in describe_plans().
+std::string plan_line(const LtGemm& g, int m, int n, int k) {
+  const std::string all = g.describe_plans(), key = "m=" + std::to_string(m) + " n=" + std::to_string(n) + " k=" + std::to_string(k) + " ";
+  const std::size_t at = all.find(key);
+  return at == std::string::npos ? std::string() : all.substr(at, all.find('\n', at) - at);
+}
+
+TEST(LtGemm, AutotuneTimesOutsideACaptureOnlyAndUpToItsRows) {
   TWELL_REQUIRE_GPU();
-  const int m = 48, n = 1024, k = 512;
+  const int n = 1024, k = 512;
   std::mt19937 rng(7);
   std::normal_distribution<float> nd(0.0f, 1.0f);
-  std::vector<float> xf(static_cast<std::size_t>(m * k)), wf(static_cast<std::size_t>(n * k));
+  std::vector<float> xf(static_cast<std::size_t>(64 * k)), wf(static_cast<std::size_t>(n * k));
   for (float& v : xf) v = nd(rng);
   for (float& v : wf) v = 0.05f * nd(rng);
   const auto xb = to_bf16_bits(xf), wb = to_bf16_bits(wf);
-  DeviceBuffer<__nv_bfloat16> x(xb.size()), w(wb.size()), y(static_cast<std::size_t>(m * n));
+  DeviceBuffer<__nv_bfloat16> x(xb.size()), w(wb.size()), y(static_cast<std::size_t>(64 * n));
   ASSERT_EQ(h2d(x.get(), xb.data(), xb.size() * 2), cudaSuccess);
   ASSERT_EQ(h2d(w.get(), wb.data(), wb.size() * 2), cudaSuccess);
   cudaStream_t s = nullptr;
   ASSERT_EQ(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
   LtGemm tuned(/*autotune=*/true, 8);
-
-  // Inside a capture: planned without timing ("tuned 0.0000 ms"), and the graph's product is right.
-  const Reference r = reference(xb, wb, m, n, k);
-  ASSERT_EQ(cudaMemsetAsync(y.get(), 0xFF, y.bytes(), s), cudaSuccess);  // NaN: a product never written shows
-  ASSERT_EQ(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal), cudaSuccess);
-  EXPECT_NO_THROW(tuned.run({m, n, k, k, k, n}, w.get(), x.get(), y.get(), s));
-  cudaGraph_t g = nullptr;
-  ASSERT_EQ(cudaStreamEndCapture(s, &g), cudaSuccess);
-  cudaGraphExec_t ge = nullptr;
-  ASSERT_EQ(cudaGraphInstantiate(&ge, g, 0), cudaSuccess);
-  ASSERT_EQ(cudaGraphLaunch(ge, s), cudaSuccess);
-  ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);
-  EXPECT_EQ(outside(y, r), 0);
-  const std::string captured = tuned.describe_plans();
-  EXPECT_NE(captured.find("m=48 n=1024 k=512"), std::string::npos) << captured;
-  EXPECT_NE(captured.find("tuned 0.0000 ms"), std::string::npos) << captured;
-
-  // Outside a capture, a new shape (another m) is timed: its plan records the winner's time.
-  const int m2 = 40;
-  const std::vector<std::uint16_t> x2(xb.begin(), xb.begin() + m2 * k);
-  const Reference r2 = reference(x2, wb, m2, n, k);
-  ASSERT_EQ(cudaMemsetAsync(y.get(), 0xFF, y.bytes(), s), cudaSuccess);
-  EXPECT_NO_THROW(tuned.run({m2, n, k, k, k, n}, w.get(), x.get(), y.get(), s));
-  ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);
-  EXPECT_EQ(outside(y, r2), 0);
-  const std::string both = tuned.describe_plans();
-  const std::size_t at = both.find("m=40 n=1024 k=512");
-  ASSERT_NE(at, std::string::npos) << both;
-  const std::string line = both.substr(at, both.find('\n', at) - at);
-  // (Timed only where cuBLASLt offers more than one candidate: on sm_80/sm_90 it offers several for
-  // bf16 shapes like this one.)
-  EXPECT_EQ(line.find("tuned 0.0000 ms"), std::string::npos) << line;
-
-  cudaGraphExecDestroy(ge);
-  cudaGraphDestroy(g);
+  tuned.set_autotune(true, 8, /*max_m=*/56);
+  // y = x[:m] · wᵀ, eagerly or captured into a graph and replayed; NaN first, so a product never
+  // written shows; then the product against float64.
+  const auto product = [&](int m, bool captured) {
+    ASSERT_EQ(cudaMemsetAsync(y.get(), 0xFF, y.bytes(), s), cudaSuccess);
+    cudaGraph_t g = nullptr;
+    cudaGraphExec_t ge = nullptr;
+    if (captured) ASSERT_EQ(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal), cudaSuccess);
+    EXPECT_NO_THROW(tuned.run({m, n, k, k, k, n}, w.get(), x.get(), y.get(), s));
+    if (captured) {
+      ASSERT_EQ(cudaStreamEndCapture(s, &g), cudaSuccess);
+      ASSERT_EQ(cudaGraphInstantiate(&ge, g, 0), cudaSuccess);
+      ASSERT_EQ(cudaGraphLaunch(ge, s), cudaSuccess);
+    }
+    ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);
+    const std::vector<std::uint16_t> xm(xb.begin(), xb.begin() + m * k);
+    EXPECT_EQ(outside(y, reference(xm, wb, m, n, k)), 0) << "m = " << m << (captured ? ", captured" : ", eager");
+    if (ge) cudaGraphExecDestroy(ge);
+    if (g) cudaGraphDestroy(g);
+  };
+  // Eager, up to max_m rows: timed (the plan records the winner's time; cuBLASLt offers several
+  // candidates for bf16 shapes like this one on sm_80 and sm_90).
+  product(40, false);
+  const std::string eager = plan_line(tuned, 40, n, k);
+  ASSERT_FALSE(eager.empty()) << tuned.describe_plans();
+  EXPECT_EQ(eager.find("tuned 0.0000 ms"), std::string::npos) << eager;
+  // First met inside a capture: planned without timing (the timing would synchronise there), and
+  // the graph's product is right.
+  product(48, true);
+  const std::string in_capture = plan_line(tuned, 48, n, k);
+  ASSERT_FALSE(in_capture.empty()) << tuned.describe_plans();
+  EXPECT_NE(in_capture.find("tuned 0.0000 ms"), std::string::npos) << in_capture;
+  // Eager past max_m rows: not timed.
+  product(64, false);
+  const std::string past = plan_line(tuned, 64, n, k);
+  ASSERT_FALSE(past.empty()) << tuned.describe_plans();
+  EXPECT_NE(past.find("tuned 0.0000 ms"), std::string::npos) << past;
   cudaStreamDestroy(s);
 }
 

@@ -84,13 +84,15 @@ struct RuntimeTuning {
   // with their tokens (the prefix cache, docs/serving.md); off, a block leaves the index when its
   // last holder gives it back (sharing among running sequences only). For the A/B of the cache.
   bool prefix_cache = true;  // no-prefix-cache
-  // CUDA runtime only: the cuBLASLt GEMMs (the projections and the dense FFN past the GEMV's 16 rows,
-  // prefill's) take the fastest of N heuristic candidates, timed on a shape's first use outside a
-  // CUDA graph capture (a shape first met inside a capture keeps the first candidate), instead of
-  // the first candidate. 0: off (the default). The timing reuses one weight, so it may favour
-  // algorithms that shine with the weight in L2 (lab/probes/probe_gemv.cu times both on weights past
-  // the L2). For A/B measurement at batches 17–64, where cuBLASLt's first candidates reach 31–67 %
-  // of the copy bandwidth (docs/runtime.md).
+  // CUDA runtime only: every GEMM on the runtime's cuBLASLt (the projections, the dense FFN and its
+  // side stream's, the LM head) of up to 64 rows takes the fastest of N heuristic candidates, timed
+  // on the shape's first use, instead of the first candidate; a shape first met inside a CUDA graph
+  // capture keeps the first candidate for good, and larger shapes (prefills) are not timed. 0: off
+  // (the default). The timing reuses one weight, so it may favour algorithms that shine with the
+  // weight in L2 (lab/probes/probe_gemv.cu times both on weights past the L2 and checks them
+  // against float64), and the choice depends on timing: two processes may pick different
+  // algorithms (not the same bits). For A/B measurement at batches 17–64, where cuBLASLt's first
+  // candidates reach 31–67 % of the copy bandwidth (docs/runtime.md).
   int gemm_autotune = 0;  // gemm-autotune=N
 
   // The settings that differ from the defaults, as TWELL_TUNING items in a fixed order

@@ -66,7 +66,12 @@ LtGemm::Plan& LtGemm::plan_for(const MatmulShape& s, const __nv_bfloat16* first,
   const std::size_t ws = workspace_.bytes();
   TWELL_CUBLAS_CHECK(
       cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws)));
-  std::vector<cublasLtMatmulHeuristicResult_t> heur(static_cast<std::size_t>(autotune_ ? candidates_ : 1));
+  // Whether this shape is timed: not accumulating (the timed launches would add into C again and
+  // again), not inside a graph capture (the timing synchronises), not past autotune_max_m_ rows.
+  cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
+  if (autotune_) TWELL_CUDA_CHECK(cudaStreamIsCapturing(stream, &capturing));
+  const bool tune = autotune_ && capturing == cudaStreamCaptureStatusNone && !s.accumulate && s.m <= autotune_max_m_;
+  std::vector<cublasLtMatmulHeuristicResult_t> heur(static_cast<std::size_t>(tune ? candidates_ : 1));
   int found = 0;
   const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(handle_, p.desc, p.a, p.b, p.c, p.c, pref,
                                                            static_cast<int>(heur.size()), heur.data(), &found);
@@ -74,12 +79,7 @@ LtGemm::Plan& LtGemm::plan_for(const MatmulShape& s, const __nv_bfloat16* first,
   TWELL_CHECK(st == CUBLAS_STATUS_SUCCESS && found > 0, ErrorCode::unsupported,
               "cuBLASLt has no bf16 algorithm for m={} n={} k={} (status {})", s.m, s.n, s.k, static_cast<int>(st));
   p.algo = heur[0].algo;
-  // Not for accumulating shapes: the timed launches would add into C again and again; not inside a
-  // graph capture: the timing synchronises.
-  cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
-  if (autotune_) TWELL_CUDA_CHECK(cudaStreamIsCapturing(stream, &capturing));
-  if (autotune_ && capturing == cudaStreamCaptureStatusNone && !s.accumulate && found > 1 &&
-      heur[0].state == CUBLAS_STATUS_SUCCESS) {
+  if (tune && found > 1 && heur[0].state == CUBLAS_STATUS_SUCCESS) {
     // Candidates are timed in interleaved rounds after a warm-up that brings the clocks up, and
     // each keeps its best round: one pass over them in a fixed order (the first ones timed while
     // the GPU ramps up from idle) picked algorithms up to 20 % slower than the best (measured,

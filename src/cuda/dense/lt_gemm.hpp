@@ -9,6 +9,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <limits>
 #include <map>
 #include <string>
 #include <tuple>
@@ -47,8 +48,9 @@ class LtGemm {
  public:
   // autotune: on first use of a shape, time up to `candidates` heuristic algorithms on the actual
   // operands and keep the fastest (synchronises once per shape); else take the top heuristic. A
-  // shape first used while its stream is capturing a CUDA graph takes the top heuristic (timing
-  // would synchronise inside the capture).
+  // shape first used while its stream is capturing a CUDA graph takes the top heuristic for good
+  // (timing would synchronise inside the capture). The choice depends on timing: two processes may
+  // pick different algorithms (not the same bits).
   // mem: where the cuBLASLt workspace comes from (null: cudaMalloc); must outlive the LtGemm.
   explicit LtGemm(bool autotune = false, int candidates = 8, std::size_t workspace_bytes = 64u << 20,
                   DeviceAllocator* mem = nullptr);
@@ -59,9 +61,14 @@ class LtGemm {
   void run(const GemmShape& s, const __nv_bfloat16* w, const __nv_bfloat16* x, __nv_bfloat16* c, cudaStream_t stream);
   // C = op(A)·op(B) (see MatmulShape); c points to bf16 or float per s.c_fp32.
   void matmul(const MatmulShape& s, const __nv_bfloat16* a, const __nv_bfloat16* b, void* c, cudaStream_t stream);
-  void set_autotune(bool on) noexcept { autotune_ = on; }
-  // How many heuristic candidates autotune times (≥ 1) for shapes not planned yet.
-  void set_candidates(int n) noexcept { candidates_ = n < 1 ? 1 : n; }
+  // For shapes not planned yet: autotune on or off, how many heuristic candidates it times (≥ 1),
+  // and the most rows (m) a shape may have to be timed (larger ones take the top heuristic: a
+  // runtime's prefills meet a new m at every prompt length).
+  void set_autotune(bool on, int candidates = 8, std::int64_t max_m = std::numeric_limits<std::int64_t>::max()) noexcept {
+    autotune_ = on;
+    candidates_ = candidates < 1 ? 1 : candidates;
+    autotune_max_m_ = max_m;
+  }
   // One line per cached plan: shape (m n k), cuBLASLt algorithm id, tile, stages, split-K and
   // cluster-shape ids, and the autotuned time (ms, 0 without autotune). For benchmarks.
   std::string describe_plans() const;
@@ -86,6 +93,7 @@ class LtGemm {
   DeviceBuffer<unsigned char> workspace_;
   bool autotune_;
   int candidates_;
+  std::int64_t autotune_max_m_ = std::numeric_limits<std::int64_t>::max();
   std::map<decltype(MatmulShape{}.key()), Plan> plans_;
 };
 
