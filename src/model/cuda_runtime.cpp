@@ -19,7 +19,6 @@
 #include "cuda/common/stream.hpp"
 #include "cuda/common/transfer.hpp"
 #include "cuda/dense/lt_gemm.hpp"
-#include "cuda/ffn_workspace.hpp"
 #include "cuda/ops/gemv.hpp"
 #include "cuda/ops/model_ops.hpp"
 #include "model/cuda_runtime.hpp"
@@ -254,11 +253,7 @@ class CudaRuntime final : public Runtime {
       // cuBLASLt's shapes of up to kAutotuneMaxRows rows (decode steps; a prefill meets a new m at
       // every prompt length) timed on first use outside a capture, the FFN's side stream's alike.
       constexpr std::int64_t kAutotuneMaxRows = 64;
-      cuda::FfnWorkspace& ws = *infer_ws_.get();
-      ws.autotune = true;
-      ws.autotune_candidates = tuning.gemm_autotune;
-      ws.autotune_max_m = kAutotuneMaxRows;
-      gemm_.set_autotune(true, tuning.gemm_autotune, kAutotuneMaxRows);
+      infer_ws_.set_gemm_autotune(tuning.gemm_autotune, kAutotuneMaxRows);
     }
     TWELL_CHECK(c.head_dim <= 256, ErrorCode::unsupported, "head_dim {} > 256 is not supported on the GPU", c.head_dim);
     max_keys_ = cuda::ops::attention_max_keys(c.head_dim);  // a device query: once, not per decode step

@@ -63,6 +63,10 @@ class InferWorkspace {
   // handle and workspace per device (a model runtime's projections). Opaque here: the library's
   // own type (src/cuda/dense/lt_gemm.hpp).
   LtGemm& gemm() const noexcept;
+  // For shapes not planned yet, on gemm() and the layers' side-stream GEMMs: cuBLASLt's fastest of
+  // `candidates` heuristic algorithms, timed on a shape's first use outside a graph capture, for
+  // shapes of up to max_rows rows (candidates ≤ 1: the first candidate, the default).
+  void set_gemm_autotune(int candidates, std::int64_t max_rows);
   // The device scratch that a layer's run_step reads and writes (see FfnLayer), in a fixed order.
   // It moves when a larger call grows the workspace: a CUDA graph holding run_step of a layer over
   // this workspace must be captured again once these addresses changed.
