@@ -1,7 +1,8 @@
 #pragma once
 // Helpers the GPU probes share: a checked CUDA call that exits on failure (a probe is a lab tool,
 // not the library), seeded normal weights filled on the device, µs per launch of a body of
-// launches captured once into a CUDA graph and replayed, and the device-to-device copy bandwidth.
+// launches captured once into a CUDA graph and replayed (events around a body: elapsed_ms), and the
+// device-to-device copy bandwidth.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -49,6 +50,22 @@ inline double bf16_step(double v) {
   return std::ldexp(1.0, e - 8);
 }
 
+// Milliseconds between two events on s around what body enqueues there (events freed after).
+inline double elapsed_ms(cudaStream_t s, const std::function<void()>& body) {
+  cudaEvent_t a, b;
+  CK(cudaEventCreate(&a));
+  CK(cudaEventCreate(&b));
+  CK(cudaEventRecord(a, s));
+  body();
+  CK(cudaEventRecord(b, s));
+  CK(cudaEventSynchronize(b));
+  float ms = 0;
+  CK(cudaEventElapsedTime(&ms, a, b));
+  CK(cudaEventDestroy(a));
+  CK(cudaEventDestroy(b));
+  return ms;
+}
+
 // Captures body (its `launches` kernel launches on s) into a graph, replays it 3 times to warm up,
 // then `reps` times between events: µs per launch.
 inline double time_graph(cudaStream_t s, int reps, int launches, const std::function<void()>& body) {
@@ -59,15 +76,9 @@ inline double time_graph(cudaStream_t s, int reps, int launches, const std::func
   CK(cudaStreamEndCapture(s, &g));
   CK(cudaGraphInstantiate(&ge, g, 0));
   for (int i = 0; i < 3; ++i) CK(cudaGraphLaunch(ge, s));
-  cudaEvent_t a, b;
-  CK(cudaEventCreate(&a));
-  CK(cudaEventCreate(&b));
-  CK(cudaEventRecord(a, s));
-  for (int i = 0; i < reps; ++i) CK(cudaGraphLaunch(ge, s));
-  CK(cudaEventRecord(b, s));
-  CK(cudaEventSynchronize(b));
-  float ms = 0;
-  CK(cudaEventElapsedTime(&ms, a, b));
+  const double ms = elapsed_ms(s, [&] {
+    for (int i = 0; i < reps; ++i) CK(cudaGraphLaunch(ge, s));
+  });
   cudaGraphExecDestroy(ge);
   cudaGraphDestroy(g);
   return 1000.0 * ms / (reps * launches);
@@ -82,15 +93,9 @@ inline double copy_gbps(cudaStream_t s) {
   CK(cudaMalloc(&b, bytes));
   CK(cudaMemsetAsync(a, 1, bytes, s));
   for (int i = 0; i < 2; ++i) CK(cudaMemcpyAsync(b, a, bytes, cudaMemcpyDeviceToDevice, s));
-  cudaEvent_t e0, e1;
-  CK(cudaEventCreate(&e0));
-  CK(cudaEventCreate(&e1));
-  CK(cudaEventRecord(e0, s));
-  for (int i = 0; i < 10; ++i) CK(cudaMemcpyAsync(b, a, bytes, cudaMemcpyDeviceToDevice, s));
-  CK(cudaEventRecord(e1, s));
-  CK(cudaEventSynchronize(e1));
-  float ms = 0;
-  CK(cudaEventElapsedTime(&ms, e0, e1));
+  const double ms = elapsed_ms(s, [&] {
+    for (int i = 0; i < 10; ++i) CK(cudaMemcpyAsync(b, a, bytes, cudaMemcpyDeviceToDevice, s));
+  });
   CK(cudaFree(a));
   CK(cudaFree(b));
   return 2.0 * bytes * 10 / (ms * 1e-3) / 1e9;

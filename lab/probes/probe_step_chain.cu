@@ -258,20 +258,13 @@ int main(int argc, char** argv) {
       CK(cudaStreamSynchronize(s));
       return h;
     };
+    // µs a layer of body (one launch for every layer), after one launch to warm up.
     const auto time_events = [&](int reps, const std::function<void()>& body) {
       body();
-      cudaEvent_t a, b;
-      CK(cudaEventCreate(&a));
-      CK(cudaEventCreate(&b));
-      CK(cudaEventRecord(a, s));
-      for (int r = 0; r < reps; ++r) body();
-      CK(cudaEventRecord(b, s));
-      CK(cudaEventSynchronize(b));
-      float ms = 0;
-      CK(cudaEventElapsedTime(&ms, a, b));
-      CK(cudaEventDestroy(a));
-      CK(cudaEventDestroy(b));
-      return 1000.0 * ms / (reps * layers);
+      return 1000.0 * elapsed_ms(s, [&] {
+               for (int r = 0; r < reps; ++r) body();
+             }) /
+             (reps * layers);
     };
     std::printf("\n%s: %.1f MB a layer in %d phases; a grid of %d CTAs (%d an SM)\n", pr.name.c_str(), layer_bytes / 1e6, per,
                 grid, occ);
