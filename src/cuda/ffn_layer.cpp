@@ -53,12 +53,9 @@ InferWorkspace::InferWorkspace(std::shared_ptr<DeviceAllocator> allocator)
 std::int64_t InferWorkspace::bytes() const noexcept { return static_cast<std::int64_t>(set_->bytes()); }
 LtGemm& InferWorkspace::gemm() const noexcept { return set_->gemm; }
 void InferWorkspace::set_gemm_autotune(int candidates, std::int64_t max_rows) {
-  const bool on = candidates > 1;
-  set_->autotune = on;
-  set_->autotune_candidates = candidates;
-  set_->autotune_max_m = max_rows;
-  set_->gemm.set_autotune(on, candidates, max_rows);
-  if (set_->side_gemm) set_->side_gemm->set_autotune(on, candidates, max_rows);
+  const LtGemm::Autotune a{candidates > 1, candidates, max_rows};
+  set_->gemm.set_autotune(a);
+  if (set_->side_gemm) set_->side_gemm->set_autotune(a);  // else side() takes gemm's when made
 }
 // run_step's shared buffers: the decode kernel's gate and partials, the dense FFN's gu and h (the
 // one-token kernels' buffers are the layer's own; cuBLASLt's workspace never moves).

@@ -9,7 +9,6 @@
 #include <cuda_bf16.h>
 
 #include <cstdint>
-#include <limits>
 #include <memory>
 #include <utility>
 
@@ -21,7 +20,7 @@ namespace twell::cuda {
 struct FfnWorkspace {
   // mem: where every buffer here comes from (null: cudaMalloc).
   explicit FfnWorkspace(bool autotune_gemm = false, std::shared_ptr<DeviceAllocator> mem_ = nullptr)
-      : mem(std::move(mem_)), gemm(autotune_gemm, 8, 64u << 20, mem.get()), autotune(autotune_gemm) {
+      : mem(std::move(mem_)), gemm(autotune_gemm, 8, 64u << 20, mem.get()) {
     for (auto* b : {&g, &gu, &h, &x_h, &y_h}) b->use(mem.get());
     for (auto* b : {&words, &row_ovf, &row_nnz, &row_dense}) b->use(mem.get());
     dense_list.use(mem.get());
@@ -32,9 +31,6 @@ struct FfnWorkspace {
   std::shared_ptr<DeviceAllocator> mem;  // first: the buffers below give their memory back to it
   LtGemm gemm;                        // the layers' GEMMs (plans cached per shape; its own workspace)
   std::unique_ptr<LtGemm> side_gemm;  // GEMMs on the hot neurons' second stream; created on first use
-  bool autotune;
-  int autotune_candidates = 8;  // with autotune: the candidates timed, and the most rows a timed shape has
-  std::int64_t autotune_max_m = std::numeric_limits<std::int64_t>::max();
 
   DeviceBuffer<__nv_bfloat16> g;      // [m, ldn]  gate (gated) or ReLU(up) (non-gated)
   DeviceBuffer<__nv_bfloat16> gu;     // [m, 2·ldn] stacked gate|up output; second half: the hot neurons' workspace
@@ -49,9 +45,9 @@ struct FfnWorkspace {
   DeviceBuffer<float> decode_partials;     // [m, tiles, K]
 
   LtGemm& side() {
-    if (!side_gemm) {
-      side_gemm = std::make_unique<LtGemm>(autotune, 8, gemm.workspace_bytes(), mem.get());
-      side_gemm->set_autotune(autotune, autotune_candidates, autotune_max_m);
+    if (!side_gemm) {  // gemm's autotune policy, so that both pick alike
+      side_gemm = std::make_unique<LtGemm>(false, 8, gemm.workspace_bytes(), mem.get());
+      side_gemm->set_autotune(gemm.autotune());
     }
     return *side_gemm;
   }

@@ -73,8 +73,8 @@ TEST(LtGemm, AutotuneTimesOutsideACaptureOnlyAndUpToItsRows) {
   ASSERT_EQ(h2d(w.get(), wb.data(), wb.size() * 2), cudaSuccess);
   cudaStream_t s = nullptr;
   ASSERT_EQ(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
-  LtGemm tuned(/*autotune=*/true, 8);
-  tuned.set_autotune(true, 8, /*max_m=*/56);
+  LtGemm tuned;
+  tuned.set_autotune({.on = true, .candidates = 8, .max_m = 56});
   // y = x[:m] · wᵀ, eagerly or captured into a graph and replayed; NaN first, so a product never
   // written shows; then the product against float64.
   const auto product = [&](int m, bool captured) {

@@ -9,7 +9,7 @@
 namespace twell::cuda {
 
 LtGemm::LtGemm(bool autotune, int candidates, std::size_t workspace_bytes, DeviceAllocator* mem)
-    : autotune_(autotune), candidates_(std::max(1, candidates)) {
+    : tune_{autotune, std::max(1, candidates)} {
   workspace_.use(mem);
   workspace_.resize(workspace_bytes);
   TWELL_CUBLAS_CHECK(cublasLtCreate(&handle_));
@@ -67,11 +67,11 @@ LtGemm::Plan& LtGemm::plan_for(const MatmulShape& s, const __nv_bfloat16* first,
   TWELL_CUBLAS_CHECK(
       cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws)));
   // Whether this shape is timed: not accumulating (the timed launches would add into C again and
-  // again), not inside a graph capture (the timing synchronises), not past autotune_max_m_ rows.
+  // again), not inside a graph capture (the timing synchronises), not past tune_.max_m rows.
   cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
-  if (autotune_) TWELL_CUDA_CHECK(cudaStreamIsCapturing(stream, &capturing));
-  const bool tune = autotune_ && capturing == cudaStreamCaptureStatusNone && !s.accumulate && s.m <= autotune_max_m_;
-  std::vector<cublasLtMatmulHeuristicResult_t> heur(static_cast<std::size_t>(tune ? candidates_ : 1));
+  if (tune_.on) TWELL_CUDA_CHECK(cudaStreamIsCapturing(stream, &capturing));
+  const bool tune = tune_.on && capturing == cudaStreamCaptureStatusNone && !s.accumulate && s.m <= tune_.max_m;
+  std::vector<cublasLtMatmulHeuristicResult_t> heur(static_cast<std::size_t>(tune ? tune_.candidates : 1));
   int found = 0;
   const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(handle_, p.desc, p.a, p.b, p.c, p.c, pref,
                                                            static_cast<int>(heur.size()), heur.data(), &found);

@@ -61,14 +61,19 @@ class LtGemm {
   void run(const GemmShape& s, const __nv_bfloat16* w, const __nv_bfloat16* x, __nv_bfloat16* c, cudaStream_t stream);
   // C = op(A)·op(B) (see MatmulShape); c points to bf16 or float per s.c_fp32.
   void matmul(const MatmulShape& s, const __nv_bfloat16* a, const __nv_bfloat16* b, void* c, cudaStream_t stream);
-  // For shapes not planned yet: autotune on or off, how many heuristic candidates it times (≥ 1),
-  // and the most rows (m) a shape may have to be timed (larger ones take the top heuristic: a
-  // runtime's prefills meet a new m at every prompt length).
-  void set_autotune(bool on, int candidates = 8, std::int64_t max_m = std::numeric_limits<std::int64_t>::max()) noexcept {
-    autotune_ = on;
-    candidates_ = candidates < 1 ? 1 : candidates;
-    autotune_max_m_ = max_m;
+  // The autotune policy for shapes not planned yet: on or off, how many heuristic candidates it times
+  // (≥ 1), and the most rows (m) a shape may have to be timed (larger ones take the top heuristic:
+  // a runtime's prefills meet a new m at every prompt length).
+  struct Autotune {
+    bool on = false;
+    int candidates = 8;
+    std::int64_t max_m = std::numeric_limits<std::int64_t>::max();
+  };
+  void set_autotune(const Autotune& a) noexcept {
+    tune_ = a;
+    if (tune_.candidates < 1) tune_.candidates = 1;
   }
+  const Autotune& autotune() const noexcept { return tune_; }
   // One line per cached plan: shape (m n k), cuBLASLt algorithm id, tile, stages, split-K and
   // cluster-shape ids, and the autotuned time (ms, 0 without autotune). For benchmarks.
   std::string describe_plans() const;
@@ -91,9 +96,7 @@ class LtGemm {
 
   cublasLtHandle_t handle_ = nullptr;
   DeviceBuffer<unsigned char> workspace_;
-  bool autotune_;
-  int candidates_;
-  std::int64_t autotune_max_m_ = std::numeric_limits<std::int64_t>::max();
+  Autotune tune_;
   std::map<decltype(MatmulShape{}.key()), Plan> plans_;
 };
 
