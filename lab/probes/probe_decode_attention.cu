@@ -448,8 +448,11 @@ __global__ void __launch_bounds__(kGroupWarps * 32) grouped_attention_kernel(con
 
 int main(int argc, char** argv) {
   const double max_gb = argc > 1 ? std::atof(argv[1]) : 12.0;
-  if (!(max_gb > 0.1)) {
-    std::fprintf(stderr, "usage: twell_probe_decode_attention [max GB of caches > 0.1]\n");
+  // Optional: one shape only (rows, context, model 0-2), for a profiler to find its launches.
+  const int only_rows = argc > 3 ? std::atoi(argv[2]) : 0, only_ctx = argc > 3 ? std::atoi(argv[3]) : 0;
+  const int only_model = argc > 4 ? std::atoi(argv[4]) : -1;
+  if (!(max_gb > 0.1) || argc == 3 || argc > 5 || (argc > 3 && (only_rows < 1 || only_ctx < 1)) || (argc > 4 && (only_model < 0 || only_model > 2))) {
+    std::fprintf(stderr, "usage: twell_probe_decode_attention [max GB of caches > 0.1 [rows context [model 0-2]]]\n");
     return 2;
   }
   cudaStream_t s;
@@ -464,14 +467,17 @@ int main(int argc, char** argv) {
     int heads, kv_heads, d;
   };
   bool all_ok = true;
+  int model_index = -1;
   for (const Model md : {Model{"2B (MHA, 32 heads of 64)", 32, 32, 64}, Model{"GQA 32/8 heads of 64", 32, 8, 64},
                          Model{"7B-GQA (32/8 heads of 128)", 32, 8, 128}}) {
+    if (++model_index != only_model && only_model >= 0) continue;
     std::printf("\n%s\n%5s %6s %7s %10s %10s %8s %8s %10s %8s %8s %8s %8s %10s %35s  %s\n", md.name, "rows", "keys", "layers",
                 "us", "KV MB", "GB/s", "of copy", "split us", "GB/s", "pipe us", "pipe3 us", "GB/s", "GQA-CTA us",
                 "plain us lib / split / pipe / pipe3", "checks (library / split / pipe / pipe3 / GQA-CTA)");
     const std::int64_t kv_dim = static_cast<std::int64_t>(md.kv_heads) * md.d, q_dim = static_cast<std::int64_t>(md.heads) * md.d;
     for (const int rows : {1, 8, 32, 64})
       for (const int ctx : {144, 512, 2048}) {
+        if (only_rows > 0 && (rows != only_rows || ctx != only_ctx)) continue;
         const int keys = ctx + 1;  // the new token's key is in the cache too
         if (keys > ops::attention_max_keys(md.d)) continue;
         const double kv_bytes = 2.0 * 2.0 * rows * keys * kv_dim;  // a launch's K and V rows
