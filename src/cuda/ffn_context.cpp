@@ -545,25 +545,7 @@ void FfnContext::decode_step_fixed(const DecodeTokenNorm& in, long long* y_fixed
   tp.overflow = overflow;
   tp.order = decode_order_.get();
   tp.hits = decode_hits_.get();
-  with_decode_prefetch(tp);
   launch_twell_decode_token(tp, stream);
-}
-
-void FfnContext::set_decode_prefetch(const void* next, std::int64_t next_bytes, bool later_waves) {
-  TWELL_CHECK(next_bytes >= 0 && next_bytes % 16 == 0 && (next_bytes == 0 || next) &&
-                  reinterpret_cast<std::uintptr_t>(next) % 16 == 0,
-              ErrorCode::invalid_argument,
-              "set_decode_prefetch: the next bytes must start 16-byte aligned and be a multiple of 16 (got {})",
-              next_bytes);
-  decode_l2_next_ = next_bytes > 0 ? next : nullptr;
-  decode_l2_next_bytes_ = next_bytes;
-  decode_l2_later_waves_ = later_waves;
-}
-
-void FfnContext::with_decode_prefetch(TwellDecodeTokenParams& tp) const {
-  tp.l2_next = decode_l2_next_;
-  tp.l2_next_bytes = decode_l2_next_bytes_;
-  tp.l2_later_waves = decode_l2_later_waves_;
 }
 
 void FfnContext::set_decode_reorder(bool on, cudaStream_t stream) {
@@ -599,7 +581,6 @@ void FfnContext::enqueue_decode(const __nv_bfloat16* x, std::int64_t m, __nv_bfl
     tp.order = decode_order_.get();
     tp.hits = decode_hits_.get();
     if (norm) tp.norm = *norm;
-    with_decode_prefetch(tp);
     launch_twell_decode_token(tp, stream);
     return;
   }

@@ -240,8 +240,6 @@ class FfnContext {
   }
   void set_decode_max_rows(std::int64_t m) noexcept { opt_.decode_max_rows = m; }  // the next plans follow it
   void set_decode_reorder(bool on, cudaStream_t stream);  // off: back to the identity order at once
-  // The one-token kernels' L2 prefetches (TwellDecodeTokenParams::l2_next, l2_later_waves).
-  void set_decode_prefetch(const void* next, std::int64_t next_bytes, bool later_waves);
   LtGemm& gemm() noexcept { return gemm_; }
   const LtGemm& gemm() const noexcept { return gemm_; }
   // GEMMs on a second stream (hot_overlap here and in the training context): their own workspace,
@@ -312,7 +310,6 @@ class FfnContext {
   void decode_forward(const __nv_bfloat16* x, std::int64_t m, __nv_bfloat16* y, const CallShape& s, cudaStream_t stream);
   // decode_forward's kernels with the count stored at nnz_out (device); allocates only if unprepared.
   // norm (decode_step_folded only: one token, the one-token kernels): x from the residual stream.
-  void with_decode_prefetch(TwellDecodeTokenParams& tp) const;  // set_decode_prefetch's hints into tp
   void enqueue_decode(const __nv_bfloat16* x, std::int64_t m, __nv_bfloat16* y, const CallShape& s, unsigned long long* nnz_out,
                       cudaStream_t stream, const DecodeTokenNorm* norm = nullptr);
   // Rows of the last dense_forward's gate still in gu_ (its last row chunk), from row 0.
@@ -390,9 +387,6 @@ class FfnContext {
   // The one-token kernel's schedule (TwellDecodeTokenParams::order, hits): a permutation of the
   // neurons, most active first, and each neuron's activity since the weights of decode_order_epoch_.
   DeviceBuffer<std::int32_t> decode_order_;
-  const void* decode_l2_next_ = nullptr;  // set_decode_prefetch
-  std::int64_t decode_l2_next_bytes_ = 0;
-  bool decode_l2_later_waves_ = false;
   DeviceBuffer<std::uint32_t> decode_hits_;
   std::uint64_t decode_order_epoch_ = ~std::uint64_t{0};
   std::int64_t decode_order_steps_ = 0;           // one-token steps (advance_decode_order) since that epoch

@@ -298,17 +298,6 @@ class CudaRuntime final : public Runtime {
       layers_.push_back(std::move(d));
     }
     up.finish();
-    // Each ReLU layer's one-token FFN asks L2 for the next layer's QKV weights (RuntimeTuning::l2_prefetch).
-    for (std::size_t l = 0; l < layers_.size(); ++l) {
-      if (!layers_[l].ffn) continue;
-      cuda::FfnLayer::DecodePrefetch pf;
-      if (tuning_.l2_prefetch && l + 1 < layers_.size()) {
-        pf.next = layers_[l + 1].wqkv.get();
-        pf.next_bytes = layers_[l + 1].wqkv.bytes();
-      }
-      pf.later_waves = tuning_.l2_prefetch_waves;
-      layers_[l].ffn->set_decode_prefetch(pf);
-    }
     // RoPE tables [max_pos, d/2], angles in double, times the rope type's attention scaling. Sequences
     // end at most at max_position, where dynamic RoPE is still plain: one table serves every call.
     const std::int64_t half = c.head_dim / 2;

@@ -37,8 +37,6 @@ const Item kItems[] = {
     {"no-decode-neuron-order", &RuntimeTuning::decode_neuron_order},
     {"no-batched-gemv", &RuntimeTuning::batched_gemv},
     {"no-grouped-attention", &RuntimeTuning::grouped_attention},
-    {"no-l2-prefetch", &RuntimeTuning::l2_prefetch},
-    {"no-l2-prefetch-waves", &RuntimeTuning::l2_prefetch_waves},
     {"decode-max-density", &RuntimeTuning::decode_max_density, 0, 1},
     {"decode-max-rows", &RuntimeTuning::decode_max_rows, 1, 2047},
     {"no-cpu-bf16", &RuntimeTuning::cpu_bf16_weights},

@@ -1201,9 +1201,8 @@ TEST(ModelOps, DecodeTokenReorderIsAStableSortByActivity) {
 // The one-token kernels' neuron order (TwellDecodeTokenParams::order) is a schedule only: under a
 // random permutation, the reverse, and the order decode_token_reorder makes from the counts, y,
 // the flags, the active neurons' h, the count and the fixed-point sums equal the identity order's
-// bit for bit, and hits gains one for each active neuron a launch. So do the L2 prefetches
-// (l2_next, l2_later_waves: hints). x given and normalised from r, gated and non-gated, N smaller
-// than a CTA's warps and not a multiple of them.
+// bit for bit, and hits gains one for each active neuron a launch. x given and normalised from r,
+// gated and non-gated, N smaller than a CTA's warps and not a multiple of them.
 TEST(ModelOps, DecodeTokenNeuronOrderIsASchedule) {
   TWELL_REQUIRE_GPU();
   Rng rng(fresh_seed());
@@ -1236,9 +1235,7 @@ TEST(ModelOps, DecodeTokenNeuronOrderIsASchedule) {
       unsigned long long count;
       std::vector<long long> acc;
     };
-    // Both kernels' outputs under `order` (null: the identity), counting into hits if given; with
-    // the L2 prefetches (hints) where with_prefetch says.
-    bool with_prefetch = false;
+    // Both kernels' outputs under `order` (null: the identity), counting into hits if given.
     const auto run = [&](const std::int32_t* order, std::uint32_t* hit) {
       DeviceBuffer<__nv_bfloat16> y(k);
       DeviceBuffer<float> h(n);
@@ -1254,11 +1251,6 @@ TEST(ModelOps, DecodeTokenNeuronOrderIsASchedule) {
       p.x = x.get();
       p.order = order;
       p.hits = hit;
-      if (with_prefetch) {  // any bytes the kernel does not write; the grid's later waves
-        p.l2_next = w_up.get();
-        p.l2_next_bytes = static_cast<std::int64_t>(w_up.bytes());
-        p.l2_later_waves = true;
-      }
       cuda::launch_twell_decode_token(p, stream);
       p.h = nullptr;
       p.flags = nullptr;
@@ -1312,9 +1304,6 @@ TEST(ModelOps, DecodeTokenNeuronOrderIsASchedule) {
     const auto order = download<std::int32_t>(sorted);
     EXPECT_EQ(order, reorder_on_host(download<std::uint32_t>(hits)));
     expect_same(order, "by activity");
-    with_prefetch = true;  // hints only: the same bits
-    expect_same(order, "by activity, with the L2 prefetches");
-    expect_same(perm, "random permutation, with the L2 prefetches");
   }
   cudaStreamDestroy(stream);
 }

@@ -8,7 +8,6 @@
 // layers of a model do). What a training forward leaves for its backward is the layer's own; the
 // workspace holds only what lives within one call. A layer's fp32 gradients (dw_*) stay valid until
 // another layer of the same workspace runs a backward: read them (gradients_to) before that.
-#include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -201,20 +200,6 @@ class FfnLayer {
   void advance_decode_order(Stream stream);
   // Off: the identity order from now on (reorder_decode_neurons does nothing); for A/B measurement.
   void set_decode_reorder(bool on, Stream stream);
-  // L2 prefetches of the one-token kernels (hints: the same bits with or without them). A graph
-  // holding this layer's run_step keeps the settings it was captured with.
-  //   next, next_bytes: bytes that a kernel after the FFN reads and no kernel writes while the layer
-  //     runs (a model runtime's next QKV weights; 16-byte aligned, a multiple of 16 bytes; null, 0:
-  //     none). Each warp asks L2 for its share once it has summed its gate row, so that the memory
-  //     fetches them through the FFN's dependent tail (h, the up and down rows) instead of idling.
-  //   later_waves: the grid's first wave (the CTAs resident at once) asks L2 for the later waves'
-  //     gate rows before it waits for the kernel before it.
-  struct DecodePrefetch {
-    const void* next = nullptr;
-    std::size_t next_bytes = 0;
-    bool later_waves = false;
-  };
-  void set_decode_prefetch(const DecodePrefetch& p);
   // Changes whenever the layer's weight buffers move (load_weights, upload_weights, a hot-neuron
   // split that a large automatic or sparse forward may make on its own): a graph holding this
   // layer's run_step must be captured again.

@@ -64,12 +64,6 @@ struct RuntimeTuning {
   // (row, KV head), each key and value row loaded once for its query heads; off: a CTA a (row, query
   // head). The same bits either way. For A/B measurement.
   bool grouped_attention = true;  // no-grouped-attention
-  // CUDA runtime only: a one-token step's sparse FFN asks L2 for the next layer's QKV weights once
-  // its gate is summed (the memory fetches them through the FFN's dependent tail, and the QKV
-  // projection reads them from L2), and its first wave of CTAs asks for the later waves' gate rows
-  // (cuda::FfnLayer::set_decode_prefetch). Hints: the same bits either way. For A/B measurement.
-  bool l2_prefetch = true;  // no-l2-prefetch
-  bool l2_prefetch_waves = true;  // no-l2-prefetch-waves (only the later waves' gate rows)
   // CUDA runtime only: the density up to which a ReLU layer's decode steps run the sparse decode
   // kernels (the layer's newest count decides; both paths exact); < 0: the engine's measured default.
   double decode_max_density = -1;  // decode-max-density=X

@@ -177,25 +177,4 @@ __device__ __forceinline__ void prefetch_l2(const void* p) {
   for (int b = 0; b < Bytes; b += 128) asm volatile("prefetch.global.L2 [%0];" ::"l"(c + b));
 }
 
-// Asks L2 for bytes [p, p + bytes), p 16-byte aligned and bytes a multiple of 16 (< 2³²): on sm_90
-// one bulk prefetch that the copy engine issues (the thread does not wait for it); elsewhere one
-// prefetch a 128-byte line. A hint: it changes no value.
-__device__ __forceinline__ void prefetch_l2_bulk(const void* p, std::uint32_t bytes) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  if (bytes) asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p), "r"(bytes) : "memory");
-#else
-  const char* c = static_cast<const char*>(p);
-  for (std::uint32_t b = 0; b < bytes; b += 128) asm volatile("prefetch.global.L2 [%0];" ::"l"(c + b));
-#endif
-}
-
-// Part `part` of `parts` (0 ≤ part < parts) of the range [p, p + bytes), p 16-byte aligned and bytes
-// a multiple of 16: the parts are equal slices of whole 16-byte units (the last ones shorter or
-// empty), so that `parts` callers together ask L2 for the whole range once.
-__device__ __forceinline__ void prefetch_l2_part(const void* p, long long bytes, long long part, long long parts) {
-  const long long units = bytes / 16, per = (units + parts - 1) / parts;
-  const long long u0 = part * per, u1 = u0 + per < units ? u0 + per : units;
-  if (u0 < u1) prefetch_l2_bulk(static_cast<const char*>(p) + u0 * 16, static_cast<std::uint32_t>((u1 - u0) * 16));
-}
-
 }  // namespace twell::cuda::dev

@@ -77,11 +77,8 @@ __device__ __forceinline__ void wait_for_prerequisite_grid() {
 // h · Wdᵀ[n, :] into y_fixed itself (no flags, no h, no down kernel): lane l loads the Wdᵀ chunks
 // l, l + 32, … (8 columns each) and, after a transpose through shared memory, reduces columns
 // 32e + l of each 256-column step.
-// gate_ahead > 0: warp i asks L2 for warp i + gate_ahead's gate row before its wait
-// (TwellDecodeTokenParams::l2_later_waves; the launcher's count of warps resident at once).
 template <bool kNorm, bool kFixed>
-__global__ void __launch_bounds__(kThreads) twell_decode_token_kernel(TwellDecodeTokenParams p, float fixed_limit,
-                                                                       std::int64_t gate_ahead) {
+__global__ void __launch_bounds__(kThreads) twell_decode_token_kernel(TwellDecodeTokenParams p, float fixed_limit) {
   extern __shared__ uint4 xs_raw[];  // kNorm: the normalised row, bf16 [k]
   allow_dependent_launch();
   const int lane = threadIdx.x % 32;
@@ -103,11 +100,6 @@ __global__ void __launch_bounds__(kThreads) twell_decode_token_kernel(TwellDecod
     }
   };
   load_window(0);  // before the wait: weights only
-  if (gate_ahead > 0 && has_row && lane == 0 && slot + gate_ahead < p.n) {
-    const std::int64_t ahead = slot + gate_ahead;
-    const std::int64_t na = p.order ? static_cast<std::int64_t>(__ldcg(p.order + ahead)) : ahead;
-    dev::prefetch_l2_bulk(p.w_first + na * p.k, static_cast<std::uint32_t>(p.k * 2));
-  }
   wait_for_prerequisite_grid();
   const uint4* xr = reinterpret_cast<const uint4*>(p.x);
   if constexpr (kNorm) {
@@ -128,7 +120,6 @@ __global__ void __launch_bounds__(kThreads) twell_decode_token_kernel(TwellDecod
     }
   }
   const float g = __bfloat162float(__float2bfloat16_rn(fmaxf(dev::warp_sum(acc), 0.0f)));
-  if (p.l2_next_bytes > 0 && lane == 0) dev::prefetch_l2_part(p.l2_next, p.l2_next_bytes, slot, p.n);
   const bool active = g > 0.0f;
   if (active) {
     if (p.hits && lane == 0) atomicAdd(p.hits + n, 1u);
@@ -348,11 +339,6 @@ void launch_twell_decode_token(const TwellDecodeTokenParams& p, cudaStream_t str
   TWELL_CU_REQUIRE((norm ? p.norm.r != nullptr && (fixed || p.norm.delta != nullptr) : p.x != nullptr) && p.w_first &&
                        p.w_down_t && (fixed ? p.overflow != nullptr : p.y && p.h && p.flags) && (!p.gated || p.w_up),
                    ErrorCode::invalid_argument, "twell decode_token: null pointer");
-  TWELL_CU_REQUIRE(p.l2_next_bytes >= 0 && p.l2_next_bytes % 16 == 0 && (p.l2_next_bytes == 0 || p.l2_next) &&
-                       (reinterpret_cast<std::uintptr_t>(p.l2_next) & 15) == 0,
-                   ErrorCode::invalid_argument,
-                   "twell decode_token: l2_next must be 16-byte aligned with a multiple of 16 bytes ({})",
-                   p.l2_next_bytes);
   TWELL_CU_REQUIRE(!fixed || (!p.norm.first && !p.norm.delta && (reinterpret_cast<std::uintptr_t>(p.y_fixed) & 15) == 0),
                    ErrorCode::invalid_argument,
                    "twell decode_token: the fixed-point output needs a 16-byte aligned y_fixed and a norm without "
@@ -389,28 +375,18 @@ void launch_twell_decode_token(const TwellDecodeTokenParams& p, cudaStream_t str
   const std::int64_t ctas = (p.n + kWarps - 1) / kWarps;
   const bool early = pdl && cuda::programmatic_launch_active();
   const std::size_t xs_bytes = norm ? static_cast<std::size_t>(p.k) * sizeof(__nv_bfloat16) : 0;  // ≤ 16 KB
-  // The first wave: the CTAs an SM that the kernel's registers and shared memory allow, every SM.
-  const auto gate_ahead = [&](auto kernel) -> std::int64_t {
-    if (!p.l2_later_waves) return 0;
-    int dev = 0, sms = 0, per_sm = 0;
-    TWELL_CUDA_CHECK(cudaGetDevice(&dev));
-    TWELL_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
-    TWELL_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kThreads, xs_bytes));
-    return static_cast<std::int64_t>(sms) * per_sm * kWarps;
-  };
-  const auto first = [&](auto kernel) { launch(kernel, ctas, early, xs_bytes, limit, gate_ahead(kernel)); };
   if (fixed) {  // the whole FFN in this one kernel
     if (norm)
-      first(twell_decode_token_kernel<true, true>);
+      launch(twell_decode_token_kernel<true, true>, ctas, early, xs_bytes, limit);
     else
-      first(twell_decode_token_kernel<false, true>);
+      launch(twell_decode_token_kernel<false, true>, ctas, early, xs_bytes, limit);
     TWELL_CUDA_CHECK_LAUNCH("twell_decode_token_kernel");
     return;
   }
   if (norm)  // the normalised row in shared memory
-    first(twell_decode_token_kernel<true, false>);
+    launch(twell_decode_token_kernel<true, false>, ctas, early, xs_bytes, limit);
   else
-    first(twell_decode_token_kernel<false, false>);
+    launch(twell_decode_token_kernel<false, false>, ctas, early, xs_bytes, limit);
   TWELL_CUDA_CHECK_LAUNCH("twell_decode_token_kernel");
   launch(twell_decode_token_down_kernel, (p.k / 8 + kSlots - 1) / kSlots, pdl, 0);
   TWELL_CUDA_CHECK_LAUNCH("twell_decode_token_down_kernel");

@@ -62,16 +62,6 @@ struct TwellDecodeTokenParams : FfnOperands {  // m must be 1
   const std::int32_t* order = nullptr;
   // optional [N]: hits[n] += 1 for each active neuron n (the activity decode_token_reorder sorts by)
   std::uint32_t* hits = nullptr;
-  // Optional L2 prefetches (hints: the same values with or without them). l2_next: l2_next_bytes
-  // (a multiple of 16, l2_next 16-byte aligned) that a later kernel reads, asked of L2 in N equal
-  // parts, warp i's once its gate row is summed: the memory then fetches them through the kernel's
-  // dependent tail (h, the up and down rows), where it otherwise idles (a model runtime's next QKV
-  // weights). l2_later_waves: before its wait, each warp of the grid's first wave (the CTAs
-  // resident at once) asks L2 for the gate row of the warp one wave after it, whose row otherwise
-  // starts streaming only once a first-wave CTA has ended.
-  const void* l2_next = nullptr;
-  std::int64_t l2_next_bytes = 0;
-  bool l2_later_waves = false;
 };
 
 // Bytes of the flags buffer for N neurons (whole 32-byte groups; the bytes past N stay zero).
