@@ -543,7 +543,6 @@ void FfnContext::decode_step_fixed(const DecodeTokenNorm& in, long long* y_fixed
   tp.norm = in;
   tp.y_fixed = y_fixed;
   tp.overflow = overflow;
-  tp.share_down_terms = opt_.decode_share_down_terms;
   tp.order = decode_order_.get();
   tp.hits = decode_hits_.get();
   launch_twell_decode_token(tp, stream);

@@ -50,7 +50,6 @@ struct ContextOptions : DispatchPolicy {
   bool autotune_gemm = false;                // time cuBLASLt's candidate algorithms once per shape
   std::int64_t dispatch_sample_rows = 2048;  // rows the dispatch count reads (all rows when M is smaller)
   bool decode_reorder = true;                // the one-token kernel's neurons most active first (reorder_decode); off: identity
-  bool decode_share_down_terms = true;       // fixed-point one-token FFN: a CTA's warps share its active neurons' down terms
   bool gate_store_values = false;            // also store every gate value (tests reading gate_values())
   int gate_sm90_cluster = 2;                 // CTAs along M that multicast W tiles to each other (1, 2, 4)
   bool gate_sm90_stmatrix = true;            // consumers stage tiles by stmatrix (same values, faster)
@@ -241,7 +240,6 @@ class FfnContext {
   }
   void set_decode_max_rows(std::int64_t m) noexcept { opt_.decode_max_rows = m; }  // the next plans follow it
   void set_decode_reorder(bool on, cudaStream_t stream);  // off: back to the identity order at once
-  void set_decode_share_down_terms(bool on) { opt_.decode_share_down_terms = on; }
   LtGemm& gemm() noexcept { return gemm_; }
   const LtGemm& gemm() const noexcept { return gemm_; }
   // GEMMs on a second stream (hot_overlap here and in the training context): their own workspace,

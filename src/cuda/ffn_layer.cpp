@@ -145,7 +145,6 @@ void FfnLayer::run_step(const ResidualNorm& in, bf16* x, bf16* y, const StepPlan
 void FfnLayer::reorder_decode_neurons(Stream stream) { loaded(ctx_, n(), "FfnLayer").reorder_decode(cu(stream)); }
 void FfnLayer::advance_decode_order(Stream stream) { loaded(ctx_, n(), "FfnLayer").advance_decode_order(cu(stream)); }
 void FfnLayer::set_decode_reorder(bool on, Stream stream) { ctx_->set_decode_reorder(on, cu(stream)); }
-void FfnLayer::set_decode_share_down_terms(bool on) { ctx_->set_decode_share_down_terms(on); }
 
 bool FfnLayer::folds_fixed_point(const StepPlan& plan) const {
   return ctx_ && plan.capturable && plan.sparse && plan.m == 1 && ctx_->folds_norm();

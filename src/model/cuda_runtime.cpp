@@ -280,7 +280,6 @@ class CudaRuntime final : public Runtime {
         if (tuning_.decode_max_density >= 0) d.ffn->set_decode_max_density(tuning_.decode_max_density);
         if (tuning_.decode_max_rows >= 0) d.ffn->set_decode_max_rows(tuning_.decode_max_rows);
         if (!tuning_.decode_neuron_order) d.ffn->set_decode_reorder(false, stream_);
-        if (!tuning_.shared_down_terms) d.ffn->set_decode_share_down_terms(false);
         if (m.bf16_only) {  // the bits on the device, then the layer's own layouts from them
           const DeviceBuffer<bf16_t> g = upload_bits(l.w_gate16, up, source), u = upload_bits(l.w_up16, up, source),
                                      dn = upload_bits(l.w_down16, up, source);

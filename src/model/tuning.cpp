@@ -35,7 +35,6 @@ const Item kItems[] = {
     {"no-fused-decode", &RuntimeTuning::fused_decode},
     {"no-fixed-point-decode", &RuntimeTuning::fixed_point_decode},
     {"no-decode-neuron-order", &RuntimeTuning::decode_neuron_order},
-    {"no-shared-down-terms", &RuntimeTuning::shared_down_terms},
     {"no-batched-gemv", &RuntimeTuning::batched_gemv},
     {"no-grouped-attention", &RuntimeTuning::grouped_attention},
     {"decode-max-density", &RuntimeTuning::decode_max_density, 0, 1},

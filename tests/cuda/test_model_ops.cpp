@@ -1201,10 +1201,8 @@ TEST(ModelOps, DecodeTokenReorderIsAStableSortByActivity) {
 // The one-token kernels' neuron order (TwellDecodeTokenParams::order) is a schedule only: under a
 // random permutation, the reverse, and the order decode_token_reorder makes from the counts, y,
 // the flags, the active neurons' h, the count and the fixed-point sums equal the identity order's
-// bit for bit, and hits gains one for each active neuron a launch; so do the fixed-point sums with
-// the down terms shared by each CTA's warps (share_down_terms) or added by each neuron's own warp.
-// x given and normalised from r, gated and non-gated, N smaller than a CTA's warps and not a
-// multiple of them (warps past N reach the shared terms' barrier).
+// bit for bit, and hits gains one for each active neuron a launch. x given and normalised from r,
+// gated and non-gated, N smaller than a CTA's warps and not a multiple of them.
 TEST(ModelOps, DecodeTokenNeuronOrderIsASchedule) {
   TWELL_REQUIRE_GPU();
   Rng rng(fresh_seed());
@@ -1237,9 +1235,7 @@ TEST(ModelOps, DecodeTokenNeuronOrderIsASchedule) {
       unsigned long long count;
       std::vector<long long> acc;
     };
-    // Both kernels' outputs under `order` (null: the identity), counting into hits if given; the
-    // fixed-point run's down terms shared by each CTA's warps where share says.
-    bool share = true;
+    // Both kernels' outputs under `order` (null: the identity), counting into hits if given.
     const auto run = [&](const std::int32_t* order, std::uint32_t* hit) {
       DeviceBuffer<__nv_bfloat16> y(k);
       DeviceBuffer<float> h(n);
@@ -1262,7 +1258,6 @@ TEST(ModelOps, DecodeTokenNeuronOrderIsASchedule) {
       p.nnz_out = nullptr;
       p.y_fixed = acc.get();
       p.overflow = overflow.get();
-      p.share_down_terms = share;
       if (c.norm) {
         p.x = nullptr;
         p.norm.r = r.get();
@@ -1309,9 +1304,6 @@ TEST(ModelOps, DecodeTokenNeuronOrderIsASchedule) {
     const auto order = download<std::int32_t>(sorted);
     EXPECT_EQ(order, reorder_on_host(download<std::uint32_t>(hits)));
     expect_same(order, "by activity");
-    share = false;  // each active neuron's warp adds its own row's down terms
-    expect_same(order, "by activity, the down terms by each neuron's warp");
-    expect_same(perm, "random permutation, the down terms by each neuron's warp");
   }
   cudaStreamDestroy(stream);
 }

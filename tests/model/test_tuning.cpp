@@ -37,7 +37,7 @@ TEST(RuntimeTuning, EveryItemParses) {
   const RuntimeTuning t = parse_tuning(
       "no-cuda-graphs,no-cudnn-attention,cudnn-build-at=1,decode-max-rows=8,decode-max-density=0.02,no-pdl,"
       "no-fused-decode,no-fixed-point-decode,no-decode-neuron-order,no-batched-gemv,no-grouped-attention,no-cpu-bf16,"
-      "no-paged-kv,no-prefix-cache,gemm-autotune=8,no-shared-down-terms");
+      "no-paged-kv,no-prefix-cache,gemm-autotune=8");
   EXPECT_FALSE(t.cuda_graphs);
   EXPECT_FALSE(t.cudnn_attention);
   EXPECT_EQ(t.cudnn_build_at, 1);
@@ -45,7 +45,6 @@ TEST(RuntimeTuning, EveryItemParses) {
   EXPECT_FALSE(t.fused_decode);
   EXPECT_FALSE(t.fixed_point_decode);
   EXPECT_FALSE(t.decode_neuron_order);
-  EXPECT_FALSE(t.shared_down_terms);
   EXPECT_FALSE(t.batched_gemv);
   EXPECT_FALSE(t.grouped_attention);
   EXPECT_EQ(t.decode_max_density, 0.02);
@@ -57,7 +56,7 @@ TEST(RuntimeTuning, EveryItemParses) {
   // describe(): every non-default setting, in the struct's order, read back to the same value.
   EXPECT_EQ(t.describe(),
             "no-cuda-graphs,no-cudnn-attention,cudnn-build-at=1,no-pdl,no-fused-decode,no-fixed-point-decode,"
-            "no-decode-neuron-order,no-shared-down-terms,no-batched-gemv,no-grouped-attention,decode-max-density=0.02,decode-max-rows=8,"
+            "no-decode-neuron-order,no-batched-gemv,no-grouped-attention,decode-max-density=0.02,decode-max-rows=8,"
             "no-cpu-bf16,no-paged-kv,no-prefix-cache,gemm-autotune=8");
   EXPECT_EQ(parse_tuning(t.describe()), t);
 }

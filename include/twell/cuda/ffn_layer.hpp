@@ -200,10 +200,6 @@ class FfnLayer {
   void advance_decode_order(Stream stream);
   // Off: the identity order from now on (reorder_decode_neurons does nothing); for A/B measurement.
   void set_decode_reorder(bool on, Stream stream);
-  // The fixed-point one-token step (run_step with a FixedPointOut): on (the default), each CTA's warps
-  // share its active neurons' down terms; off, an active neuron's warp adds its whole row alone.
-  // The same bits either way; for A/B measurement. A graph holding run_step keeps its setting.
-  void set_decode_share_down_terms(bool on);
   // Changes whenever the layer's weight buffers move (load_weights, upload_weights, a hot-neuron
   // split that a large automatic or sparse forward may make on its own): a graph holding this
   // layer's run_step must be captured again.

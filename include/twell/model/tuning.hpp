@@ -53,10 +53,6 @@ struct RuntimeTuning {
   // work overlaps the gate's stream instead of trailing it. A schedule: the same bits either way.
   // Off: for A/B measurement.
   bool decode_neuron_order = true;  // no-decode-neuron-order
-  // CUDA runtime only: in the fixed-point one-token FFN, each CTA's warps share its active neurons'
-  // down terms (cuda::FfnLayer::set_decode_share_down_terms) instead of one warp issuing a whole
-  // row's K reductions. The same bits either way. Off: for A/B measurement.
-  bool shared_down_terms = true;  // no-shared-down-terms
   // CUDA runtime only: calls of 2–16 rows (batched decode steps, short prompts and chunks) run their
   // attention projections on the decode GEMV's tensor-core kernel (cuda/ops/gemv.hpp), which streams
   // the weights once for all rows; off: cuBLASLt's small-M GEMMs. Exact either way (fp32 sums,

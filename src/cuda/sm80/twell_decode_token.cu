@@ -53,43 +53,6 @@ __device__ __forceinline__ float warp_row_dot(const __nv_bfloat16* w, const __nv
   return dev::warp_sum(s);
 }
 
-// Adds h · Wdᵀ[n, :] (row dr, K = 8 · kchunks columns) into y_fixed for the row's 256-column steps
-// whose first chunk is first, first + stride, … (stride a multiple of 32), kWin steps' loads in flight
-// before their reductions. Each step's 256 products go through `terms` (the warp's 256 floats) so
-// that lane l reduces columns 32e + l (e = 0 … 7): 256 contiguous bytes a reduction instruction,
-// not 32 lines 64 bytes apart. False where a term was left out (dev::fixed_add).
-__device__ __forceinline__ bool add_down_terms(const uint4* dr, float h, int first, int stride, int kchunks,
-                                               std::int64_t k, long long* y_fixed, float limit, float* terms,
-                                               int lane) {
-  bool in_range = true;
-  for (int c0 = first; c0 < kchunks; c0 += kWin * stride) {
-    uint4 wd[kWin];
-#pragma unroll
-    for (int i = 0; i < kWin; ++i) {
-      const int c = c0 + i * stride + lane;
-      wd[i] = c < kchunks ? __ldg(dr + c) : make_uint4(0, 0, 0, 0);
-    }
-#pragma unroll
-    for (int i = 0; i < kWin; ++i) {
-      const int step0 = c0 + i * stride;  // the step's first chunk
-      if (step0 >= kchunks) break;
-      float wf[8];
-      dev::unpack8_bf16(wd[i], wf);
-      __syncwarp();  // the previous step's terms are read
-#pragma unroll
-      for (int e = 0; e < 8; ++e) terms[8 * lane + e] = h * wf[e];
-      __syncwarp();
-      const std::int64_t col0 = 8 * static_cast<std::int64_t>(step0);
-#pragma unroll
-      for (int e = 0; e < 8; ++e) {
-        const std::int64_t col = col0 + 32 * e + lane;
-        if (col < k) in_range &= dev::fixed_add(y_fixed + col, terms[32 * e + lane], limit);
-      }
-    }
-  }
-  return in_range;
-}
-
 // Programmatic dependent launch (sm_90): the down kernel may be scheduled once every CTA of the
 // first kernel has started (its launch overlaps their work), and waits for the whole first grid to
 // finish and flush before it reads h and the flags. Elsewhere a plain stream dependency.
@@ -110,21 +73,18 @@ __device__ __forceinline__ void wait_for_prerequisite_grid() {
 // stream in while the norm before the FFN runs (programmatic launches). A lane sums chunks lane, lane + 32, … in order
 // whatever the window, so g has the bits of warp_row_dot (and of the decode GEMV).
 // kNorm: x formed from the residual stream in shared memory (DecodeTokenNorm); every warp of the
-// CTA takes part in the norm, those past N included. kFixed: the active neurons' h · Wdᵀ[n, :] go
-// into y_fixed (no flags, no h, no down kernel; add_down_terms): with p.share_down_terms the CTA's
-// warps share each of its active neurons' rows after a barrier that every warp reaches (those past
-// N included), else an active neuron's warp adds its whole row alone. Bounded to 4 CTAs an SM (64
-// registers, no spills): unbounded, ptxas gives the fixed-point kernels 128 and 2 CTAs an SM.
+// CTA takes part in the norm, those past N included. kFixed: an active neuron's warp adds its
+// h · Wdᵀ[n, :] into y_fixed itself (no flags, no h, no down kernel): lane l loads the Wdᵀ chunks
+// l, l + 32, … (8 columns each) and, after a transpose through shared memory, reduces columns
+// 32e + l of each 256-column step.
 template <bool kNorm, bool kFixed>
-__global__ void __launch_bounds__(kThreads, 4) twell_decode_token_kernel(TwellDecodeTokenParams p, float fixed_limit) {
-  extern __shared__ uint4 xs_raw[];              // kNorm: the normalised row, bf16 [k]
-  __shared__ float s_terms[kFixed ? kWarps : 1][32 * 8];  // kFixed: each warp's 256 down terms (add_down_terms)
+__global__ void __launch_bounds__(kThreads) twell_decode_token_kernel(TwellDecodeTokenParams p, float fixed_limit) {
+  extern __shared__ uint4 xs_raw[];  // kNorm: the normalised row, bf16 [k]
   allow_dependent_launch();
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
   const int kchunks = static_cast<int>(p.k / 8);
-  const std::int64_t slot = static_cast<std::int64_t>(blockIdx.x) * kWarps + warp;
-  const bool share = kFixed && p.share_down_terms;
-  if (!kNorm && !share && slot >= p.n) {
+  const std::int64_t slot = static_cast<std::int64_t>(blockIdx.x) * kWarps + threadIdx.x / 32;
+  if (!kNorm && slot >= p.n) {
     wait_for_prerequisite_grid();
     return;
   }
@@ -147,11 +107,11 @@ __global__ void __launch_bounds__(kThreads, 4) twell_decode_token_kernel(TwellDe
     ops::detail::norm_row_reread(p.norm.r, p.norm.first, p.norm.delta, p.k, p.norm.w, p.norm.eps,
                                  reinterpret_cast<__nv_bfloat16*>(xs_raw));
     __syncthreads();
-    if (!has_row && !share) return;
+    if (!has_row) return;
     xr = xs_raw;
   }
   float acc = 0.0f;
-  for (int s0 = 0; has_row && s0 * 32 < kchunks; s0 += kWin) {
+  for (int s0 = 0; s0 * 32 < kchunks; s0 += kWin) {
     if (s0 > 0) load_window(s0);
 #pragma unroll
     for (int s = 0; s < kWin; ++s) {
@@ -160,42 +120,55 @@ __global__ void __launch_bounds__(kThreads, 4) twell_decode_token_kernel(TwellDe
     }
   }
   const float g = __bfloat162float(__float2bfloat16_rn(fmaxf(dev::warp_sum(acc), 0.0f)));
-  const bool active = has_row && g > 0.0f;
-  float h = 0.0f;
+  const bool active = g > 0.0f;
   if (active) {
     if (p.hits && lane == 0) atomicAdd(p.hits + n, 1u);
     const char* drow = reinterpret_cast<const char*>(p.w_down_t + n * p.k);
     for (std::int64_t b = static_cast<std::int64_t>(lane) * 128; b < p.k * 2; b += 32 * 128)
       asm volatile("prefetch.global.L2 [%0];" ::"l"(drow + b));
-    h = p.gated ? g * warp_row_dot<false, kNorm>(p.w_up + n * p.k, reinterpret_cast<const __nv_bfloat16*>(xr), kchunks, lane)
+    const float h =
+        p.gated ? g * warp_row_dot<false, kNorm>(p.w_up + n * p.k, reinterpret_cast<const __nv_bfloat16*>(xr), kchunks, lane)
                 : g;
     if constexpr (kFixed) {
-      if (!share && !add_down_terms(reinterpret_cast<const uint4*>(p.w_down_t + n * p.k), h, 0, 32, kchunks, p.k,
-                                    p.y_fixed, fixed_limit, s_terms[warp], lane))
-        atomicOr(p.overflow, 1u);
+      // Wdᵀ[n, :] in windows of kWin chunk steps (2048 columns), every load in flight before the
+      // window's reductions; each step's 256 products go through shared memory so that lane l
+      // reduces columns 32e + l (e = 0 … 7): 256 contiguous bytes a reduction instruction, not 32
+      // lines 64 bytes apart.
+      __shared__ float s_terms[kWarps][32 * 8];
+      float* terms = s_terms[threadIdx.x / 32];
+      const uint4* dr = reinterpret_cast<const uint4*>(p.w_down_t + n * p.k);
+      bool in_range = true;
+      for (int c0 = 0; c0 < kchunks; c0 += 32 * kWin) {
+        uint4 wd[kWin];
+#pragma unroll
+        for (int i = 0; i < kWin; ++i) {
+          const int c = c0 + i * 32 + lane;
+          wd[i] = c < kchunks ? __ldg(dr + c) : make_uint4(0, 0, 0, 0);
+        }
+#pragma unroll
+        for (int i = 0; i < kWin; ++i) {
+          const int step0 = c0 + i * 32;  // the step's first chunk
+          if (step0 >= kchunks) break;
+          float wf[8];
+          dev::unpack8_bf16(wd[i], wf);
+          __syncwarp();  // the previous step's terms are read
+#pragma unroll
+          for (int e = 0; e < 8; ++e) terms[8 * lane + e] = h * wf[e];
+          __syncwarp();
+          const std::int64_t col0 = 8 * static_cast<std::int64_t>(step0);
+#pragma unroll
+          for (int e = 0; e < 8; ++e) {
+            const std::int64_t col = col0 + 32 * e + lane;
+            if (col < p.k) in_range &= dev::fixed_add(p.y_fixed + col, terms[32 * e + lane], fixed_limit);
+          }
+        }
+      }
+      if (!in_range) atomicOr(p.overflow, 1u);
     } else {
       if (lane == 0) p.h[n] = h;
     }
   }
   if (!kFixed && lane == 0) p.flags[n] = active ? 1 : 0;
-  if constexpr (kFixed) {
-    if (!share) return;
-    // The CTA's active neurons in warp order; a neuron's 256-column steps go to the warps in turn
-    // (step j to warp j mod kWarps). Exact integer sums: the same bits as one warp adding the row.
-    __shared__ std::int64_t s_n[kWarps];
-    __shared__ float s_h[kWarps];
-    if (lane == 0) {
-      s_n[warp] = active ? n : -1;
-      s_h[warp] = h;
-    }
-    __syncthreads();
-    bool in_range = true;
-    for (int a = 0; a < kWarps; ++a)
-      if (s_n[a] >= 0)
-        in_range &= add_down_terms(reinterpret_cast<const uint4*>(p.w_down_t + s_n[a] * p.k), s_h[a], warp * 32,
-                                   kWarps * 32, kchunks, p.k, p.y_fixed, fixed_limit, s_terms[warp], lane);
-    if (!in_range) atomicOr(p.overflow, 1u);
-  }
 }
 
 // y's chunks [blockIdx.x · kSlots, + kSlots): thread (group q = tid / kSlots, slot s) adds the

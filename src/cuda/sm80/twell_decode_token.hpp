@@ -62,10 +62,6 @@ struct TwellDecodeTokenParams : FfnOperands {  // m must be 1
   const std::int32_t* order = nullptr;
   // optional [N]: hits[n] += 1 for each active neuron n (the activity decode_token_reorder sorts by)
   std::uint32_t* hits = nullptr;
-  // With y_fixed: a CTA's 8 warps share each of its active neurons' K down terms (a 256-column step
-  // each in turn), instead of the neuron's own warp issuing all K reductions while the other warps
-  // have ended. The same sums (exact integers in any order).
-  bool share_down_terms = true;
 };
 
 // Bytes of the flags buffer for N neurons (whole 32-byte groups; the bytes past N stay zero).
