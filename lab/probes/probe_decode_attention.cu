@@ -16,10 +16,11 @@
 // (its bits must equal the library's: checked), as ptxas chooses ("pipe") and bounded to 3 CTAs an
 // SM ("pipe3"). (The cluster split-KV candidate of 963fe7d lost at every shape and is gone:
 // bench/results/2026-11-29-h200-probe-decode-attention-963fe7d.md.) For GQA shapes a third,
-// grouped_attention_kernel: a CTA a (row, KV head).
+// grouped_attention_kernel: a CTA a (row, KV head), its scores a thread a key ("GQA-CTA") and with
+// the key rows read coalesced, L lanes a row ("coal"; docs/runtime.md plan step 3).
 // Checks: every output finite, and every head of the last row, of each kernel, against a float64
 // softmax over the same bf16 values (the bound derived at the checks below).
-//   twell_probe_decode_attention [max GB of caches (default 12)]
+//   twell_probe_decode_attention [max GB of caches (default 12) [rows context [model 0-2]]]   (one shape: for ncu)
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -313,10 +314,18 @@ __global__ void __launch_bounds__(kPipeThreads, kMinBlocks)
 // that KV head, so each key and value row is loaded once for all of them (the library's kernel runs
 // a CTA per query head, each loading the rows again: from L2 at best). Scores [GRP][n] in shared
 // memory; the softmax per query head; P·V with each value chunk loaded once and used GRP times.
+// kCoalesced: the scores as P·V reads the values, L = D / 8 lanes a key row (lane c its 16-byte chunk
+// c), G = 32 / L keys a warp instruction, kKeyUnroll keys a lane in flight, the L lanes' partial dot
+// products added by shuffles (another order than a thread a key: float64 check only). A warp's
+// loads then cover whole 128-byte rows, where a thread a key touches 32 rows an instruction (a
+// third of the sectors reaching the SMs wasted at 64 × 513, ncu at 8e5905e). At head_dim 64 it is
+// bounded to 4 CTAs an SM (64 registers, 20 bytes spilled; 74 unbounded), the occupancy of the
+// thread-a-key form here and of the library's kernel.
 constexpr int kGroupWarps = 8;
+constexpr int kKeyUnroll = 8;  // the coalesced score loop's keys in flight a lane: 8 × 16 bytes, as a thread a key's row
 
-template <int D, int GRP>
-__global__ void __launch_bounds__(kGroupWarps * 32) grouped_attention_kernel(const __nv_bfloat16* qkv, int heads,
+template <int D, int GRP, bool kCoalesced = false>
+__global__ void __launch_bounds__(kGroupWarps * 32, kCoalesced && D == 64 ? 4 : 0) grouped_attention_kernel(const __nv_bfloat16* qkv, int heads,
                                                                              int kv_heads, const ops::RowKv* rows_kv,
                                                                              long long layer, float scale,
                                                                              __nv_bfloat16* out) {
@@ -340,29 +349,65 @@ __global__ void __launch_bounds__(kGroupWarps * 32) grouped_attention_kernel(con
   float mx[GRP];
 #pragma unroll
   for (int a = 0; a < GRP; ++a) mx[a] = -INFINITY;
-  for (int t = tid; t < n; t += kThreads) {
-    const uint4* kr = reinterpret_cast<const uint4*>(kc + info.slot(t) * kv_dim);
-    uint4 raw[L];
+  if constexpr (kCoalesced) {
+    const int c = lane % L, gk = lane / L;  // chunk c of the warp step's key gk
+    for (int base = warp * G + gk; base < n; base += kStep * kKeyUnroll) {
+      uint4 raw[kKeyUnroll];
 #pragma unroll
-    for (int j = 0; j < L; ++j) raw[j] = kr[j];
-    float a_s[GRP] = {};
+      for (int u = 0; u < kKeyUnroll; ++u) {
+        const int t = base + u * kStep;
+        raw[u] = t < n ? reinterpret_cast<const uint4*>(kc + info.slot(t) * kv_dim)[c] : make_uint4(0, 0, 0, 0);
+      }
 #pragma unroll
-    for (int j = 0; j < L; ++j) {
-      const auto* p2 = reinterpret_cast<const __nv_bfloat162*>(&raw[j]);
+      for (int u = 0; u < kKeyUnroll; ++u) {
+        const int t = base + u * kStep;
+        const auto* p2 = reinterpret_cast<const __nv_bfloat162*>(&raw[u]);
+        float a_s[GRP] = {};
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const float2 f = __bfloat1622float2(p2[e]);
+        for (int e = 0; e < 4; ++e) {
+          const float2 f = __bfloat1622float2(p2[e]);
+#pragma unroll
+          for (int a = 0; a < GRP; ++a) {
+            a_s[a] += q[a * D + 8 * c + 2 * e] * f.x;
+            a_s[a] += q[a * D + 8 * c + 2 * e + 1] * f.y;
+          }
+        }
 #pragma unroll
         for (int a = 0; a < GRP; ++a) {
-          a_s[a] += q[a * D + 8 * j + 2 * e] * f.x;
-          a_s[a] += q[a * D + 8 * j + 2 * e + 1] * f.y;
+#pragma unroll
+          for (int o = 1; o < L; o <<= 1) a_s[a] += __shfl_xor_sync(0xffffffffu, a_s[a], o);  // within the key's L lanes
+          if (t < n) {
+            if (c == 0) score[a * n + t] = a_s[a];
+            mx[a] = fmaxf(mx[a], a_s[a]);
+          }
         }
       }
     }
+  } else {  // a thread a key
+    for (int t = tid; t < n; t += kThreads) {
+      const uint4* kr = reinterpret_cast<const uint4*>(kc + info.slot(t) * kv_dim);
+      uint4 raw[L];
 #pragma unroll
-    for (int a = 0; a < GRP; ++a) {
-      score[a * n + t] = a_s[a];
-      mx[a] = fmaxf(mx[a], a_s[a]);
+      for (int j = 0; j < L; ++j) raw[j] = kr[j];
+      float a_s[GRP] = {};
+#pragma unroll
+      for (int j = 0; j < L; ++j) {
+        const auto* p2 = reinterpret_cast<const __nv_bfloat162*>(&raw[j]);
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const float2 f = __bfloat1622float2(p2[e]);
+#pragma unroll
+          for (int a = 0; a < GRP; ++a) {
+            a_s[a] += q[a * D + 8 * j + 2 * e] * f.x;
+            a_s[a] += q[a * D + 8 * j + 2 * e + 1] * f.y;
+          }
+        }
+      }
+#pragma unroll
+      for (int a = 0; a < GRP; ++a) {
+        score[a * n + t] = a_s[a];
+        mx[a] = fmaxf(mx[a], a_s[a]);
+      }
     }
   }
   // Softmax per query head: the block's max, then exp and the sum.
@@ -471,9 +516,9 @@ int main(int argc, char** argv) {
   for (const Model md : {Model{"2B (MHA, 32 heads of 64)", 32, 32, 64}, Model{"GQA 32/8 heads of 64", 32, 8, 64},
                          Model{"7B-GQA (32/8 heads of 128)", 32, 8, 128}}) {
     if (++model_index != only_model && only_model >= 0) continue;
-    std::printf("\n%s\n%5s %6s %7s %10s %10s %8s %8s %10s %8s %8s %8s %8s %10s %35s  %s\n", md.name, "rows", "keys", "layers",
-                "us", "KV MB", "GB/s", "of copy", "split us", "GB/s", "pipe us", "pipe3 us", "GB/s", "GQA-CTA us",
-                "plain us lib / split / pipe / pipe3", "checks (library / split / pipe / pipe3 / GQA-CTA)");
+    std::printf("\n%s\n%5s %6s %7s %10s %10s %8s %8s %10s %8s %8s %8s %8s %15s %35s  %s\n", md.name, "rows", "keys", "layers",
+                "us", "KV MB", "GB/s", "of copy", "split us", "GB/s", "pipe us", "pipe3 us", "GB/s", "GQA-CTA / coal",
+                "plain us lib / split / pipe / pipe3", "checks (library / split / pipe / pipe3 / GQA-CTA / coal)");
     const std::int64_t kv_dim = static_cast<std::int64_t>(md.kv_heads) * md.d, q_dim = static_cast<std::int64_t>(md.heads) * md.d;
     for (const int rows : {1, 8, 32, 64})
       for (const int ctx : {144, 512, 2048}) {
@@ -520,22 +565,22 @@ int main(int argc, char** argv) {
         const float scale = 1.0f / std::sqrt(static_cast<float>(md.d));
         // The GQA candidate (4 query heads a KV head only): scores [4][keys] in shared memory.
         const bool grouped = md.heads == 4 * md.kv_heads;
-        bool attr_set = false;
-        DeviceBuffer<__nv_bfloat16> out_group(out.size());
+        bool attr_set[2] = {false, false};  // per form: a thread a key, coalesced
+        DeviceBuffer<__nv_bfloat16> out_group(out.size()), out_coal(out.size());
         const std::size_t group_smem = sizeof(float) * (4 * md.d + 4 * kGroupWarps + kGroupWarps * 4 * md.d + 4 * keys);
-        const auto launch_group = [&](int l) {
+        const auto launch_group = [&](int l, bool coalesced) {
           const dim3 grid(static_cast<unsigned>(rows), static_cast<unsigned>(md.kv_heads));
           const auto go = [&](auto kernel) {
-            if (!attr_set)  // once, at the checks, before the graphs capture the launches
+            if (!attr_set[coalesced])  // once, at the checks, before the graphs capture the launches
               CK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(group_smem)));
-            attr_set = true;
+            attr_set[coalesced] = true;
             launch_kernel(kernel, grid, dim3(kGroupWarps * 32), group_smem, s, qkv.get(), md.heads, md.kv_heads,
-                          drows.get(), static_cast<long long>(l), scale, out_group.get());
+                          drows.get(), static_cast<long long>(l), scale, coalesced ? out_coal.get() : out_group.get());
           };
           if (md.d == 64)
-            go(grouped_attention_kernel<64, 4>);
+            coalesced ? go(grouped_attention_kernel<64, 4, true>) : go(grouped_attention_kernel<64, 4>);
           else
-            go(grouped_attention_kernel<128, 4>);
+            coalesced ? go(grouped_attention_kernel<128, 4, true>) : go(grouped_attention_kernel<128, 4>);
           CK(cudaGetLastError());
         };
         const bool group_fits = grouped && group_smem <= static_cast<std::size_t>(prop.sharedMemPerBlockOptin);
@@ -577,29 +622,37 @@ int main(int argc, char** argv) {
         // A kernel that dropped one key of 2049 is off by ≈ 1 / 2049 of a value (≈ 5e-4).
         const int lc = layers - 1, r = rows - 1;
         bool finite = true;
-        double worst[5] = {0, 0, 0, 0, 0};  // library, split, pipe, pipe3, GQA-CTA: the largest error over its bound
+        double worst[6] = {0, 0, 0, 0, 0, 0};  // library, split, pipe, pipe3, GQA-CTA, GQA-coal: the largest error over its bound
         bool pipe_bits = true;             // pipe and pipe3 return the library's bits, every row and head
         for (const float qs : {1.0f, 40.0f}) {
           fill<<<64, 256, 0, s>>>(qkv.get(), rows, static_cast<int>(q_dim + 2 * kv_dim), qs, -1, 0.0f, 99);
-          for (auto* o : {&out, &out_split, &out_pipe, &out_pipe3, &out_group}) CK(cudaMemsetAsync(o->get(), 0xff, o->bytes(), s));
+          for (auto* o : {&out, &out_split, &out_pipe, &out_pipe3, &out_group, &out_coal})
+            CK(cudaMemsetAsync(o->get(), 0xff, o->bytes(), s));
           launch(lc);
           launch_split(lc);
           launch_pipe(lc, false);
           launch_pipe(lc, true);
-          if (group_fits) launch_group(lc);
+          if (group_fits) {
+            launch_group(lc, false);
+            launch_group(lc, true);
+          }
           CK(cudaStreamSynchronize(s));
           std::vector<unsigned short> ho(out.size()), hsplit(out.size()), hpipe(out.size()), hpipe3(out.size()), hgroup(out.size()),
-              hq(qkv.size()), hk(static_cast<std::size_t>(keys * kv_dim)), hv(hk.size());
+              hcoal(out.size()), hq(qkv.size()), hk(static_cast<std::size_t>(keys * kv_dim)), hv(hk.size());
           CK(cudaMemcpy(ho.data(), out.get(), out.bytes(), cudaMemcpyDeviceToHost));
           CK(cudaMemcpy(hsplit.data(), out_split.get(), out_split.bytes(), cudaMemcpyDeviceToHost));
           CK(cudaMemcpy(hpipe.data(), out_pipe.get(), out_pipe.bytes(), cudaMemcpyDeviceToHost));
           CK(cudaMemcpy(hpipe3.data(), out_pipe3.get(), out_pipe3.bytes(), cudaMemcpyDeviceToHost));
           pipe_bits = pipe_bits && hpipe == ho && hpipe3 == ho;
-          if (group_fits) CK(cudaMemcpy(hgroup.data(), out_group.get(), out_group.bytes(), cudaMemcpyDeviceToHost));
+          if (group_fits) {
+            CK(cudaMemcpy(hgroup.data(), out_group.get(), out_group.bytes(), cudaMemcpyDeviceToHost));
+            CK(cudaMemcpy(hcoal.data(), out_coal.get(), out_coal.bytes(), cudaMemcpyDeviceToHost));
+          }
           CK(cudaMemcpy(hq.data(), qkv.get(), qkv.bytes(), cudaMemcpyDeviceToHost));
           CK(cudaMemcpy(hk.data(), kc[r].get() + lc * layer_stride, hk.size() * 2, cudaMemcpyDeviceToHost));
           CK(cudaMemcpy(hv.data(), vc[r].get() + lc * layer_stride, hv.size() * 2, cudaMemcpyDeviceToHost));
-          const std::vector<unsigned short>* outputs[5] = {&ho, &hsplit, &hpipe, &hpipe3, group_fits ? &hgroup : nullptr};
+          const std::vector<unsigned short>* outputs[6] = {&ho, &hsplit, &hpipe, &hpipe3, group_fits ? &hgroup : nullptr,
+                                                           group_fits ? &hcoal : nullptr};
           for (int h = 0; h < md.heads; ++h) {
             const int kvh = h / (md.heads / md.kv_heads);
             std::vector<double> sc(static_cast<std::size_t>(keys));
@@ -631,7 +684,7 @@ int main(int argc, char** argv) {
                 mag += std::abs(pv);
               }
               const double bound = std::ldexp(std::abs(want), -8) + mag * (keys * std::ldexp(1.0, -24) + 2 * e_score + e_exp) + 1e-30;
-              for (int k = 0; k < 5; ++k) {
+              for (int k = 0; k < 6; ++k) {
                 if (!outputs[k]) continue;
                 const unsigned short b = (*outputs[k])[static_cast<std::size_t>(r * q_dim + h * md.d + i)];
                 const double err = std::abs(bf16_to_float(b) - want) / bound;
@@ -644,7 +697,7 @@ int main(int argc, char** argv) {
               for (const unsigned short b : *hout) finite = finite && (b & 0x7f80u) != 0x7f80u;
         }
         fill<<<64, 256, 0, s>>>(qkv.get(), rows, static_cast<int>(q_dim + 2 * kv_dim), 1.0f, -1, 0.0f, 99);
-        const bool ok = finite && pipe_bits && *std::max_element(worst, worst + 5) <= 1.0;
+        const bool ok = finite && pipe_bits && *std::max_element(worst, worst + 6) <= 1.0;
         all_ok = all_ok && ok;
         const ProgrammaticLaunch programmatic(programmatic_launch_supported());
         const double us = time_graph(s, 20, layers, [&] {
@@ -654,7 +707,10 @@ int main(int argc, char** argv) {
           for (int l = 0; l < layers; ++l) launch_split(l);
         });
         const double us_group = group_fits ? time_graph(s, 20, layers, [&] {
-          for (int l = 0; l < layers; ++l) launch_group(l);
+          for (int l = 0; l < layers; ++l) launch_group(l, false);
+        }) : 0.0;
+        const double us_coal = group_fits ? time_graph(s, 20, layers, [&] {
+          for (int l = 0; l < layers; ++l) launch_group(l, true);
         }) : 0.0;
         const double us_pipe = time_graph(s, 20, layers, [&] {
           for (int l = 0; l < layers; ++l) launch_pipe(l, false);
@@ -682,13 +738,14 @@ int main(int argc, char** argv) {
             for (int l = 0; l < layers; ++l) launch_pipe(l, true);
           });
         }
-        char group_us[16] = "-";
-        if (group_fits) std::snprintf(group_us, sizeof group_us, "%.2f", us_group);
-        std::printf("%5d %6d %7d %10.2f %10.2f %8.0f %7.0f%% %10.2f %8.0f %8.2f %8.2f %8.0f %10s %11.2f / %5.2f / %5.2f / %5.2f  %s%s (worst error of its bound: %.2f / %.2f / %.2f / %.2f / %.2f)\n",
+        char group_us[32] = "-";
+        if (group_fits) std::snprintf(group_us, sizeof group_us, "%.2f / %.2f", us_group, us_coal);
+        std::printf("%5d %6d %7d %10.2f %10.2f %8.0f %7.0f%% %10.2f %8.0f %8.2f %8.2f %8.0f %15s %11.2f / %5.2f / %5.2f / %5.2f  %s%s (worst error of its bound: %.2f / %.2f / %.2f / %.2f / %.2f / %.2f)\n",
                     rows, keys, layers, us, kv_bytes / 1e6, kv_bytes / us / 1e3, 100.0 * kv_bytes / us / 1e3 / copy,
                     us_split, kv_bytes / us_split / 1e3, us_pipe, us_pipe3, kv_bytes / std::min(us_pipe, us_pipe3) / 1e3,
                     group_us, plain[0], plain[1], plain[2], plain[3], ok ? "ok" : "FAIL",
-                    pipe_bits ? "" : " (pipe's bits differ from the library's)", worst[0], worst[1], worst[2], worst[3], worst[4]);
+                    pipe_bits ? "" : " (pipe's bits differ from the library's)", worst[0], worst[1], worst[2], worst[3], worst[4],
+                    worst[5]);
       }
   }
   std::printf("\nchecks: %s\n", all_ok ? "pass" : "FAIL");
