@@ -42,13 +42,6 @@ using namespace twell::probe;
 
 namespace {
 
-float bf16_to_float(unsigned short b) {
-  const unsigned u = static_cast<unsigned>(b) << 16;
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-}
-
 // The candidate: split-KV decode attention (flash-decoding). One CTA of kSplitThreads per (row,
 // query head, chunk of kChunk keys): the chunk's scores (a thread a key), their max m and
 // Σ exp(s − m) = l, and o = Σ exp(s − m)·v over the chunk (D/8 lanes a value row, the warps' key

@@ -54,13 +54,6 @@ void launch_bounded(const TwellGemvParams& p, cudaStream_t s) {
   CK(cudaGetLastError());
 }
 
-float bf16_to_float(unsigned short b) {
-  const unsigned u = static_cast<unsigned>(b) << 16;
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {

@@ -11,6 +11,7 @@
 #include <cstddef>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <functional>
 
 namespace twell::probe {
@@ -41,6 +42,14 @@ static __global__ void fill(__nv_bfloat16* w, long long rows, int cols, float sc
     const int c = static_cast<int>(i % cols);
     w[i] = __float2bfloat16_rn(c == bias_col ? bias : hash_normal(i, seed) * scale);
   }
+}
+
+// The float a bf16's bits stand for (a host copy of device output).
+inline float bf16_to_float(unsigned short b) {
+  const unsigned u = static_cast<unsigned>(b) << 16;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
 }
 
 // One bf16 step (2^-7 of the leading power of two) at |v|: a bound of one bf16 rounding near v.

@@ -226,13 +226,6 @@ void launch_stream_gemm(const __nv_bfloat16* x, int m, const __nv_bfloat16* w, l
     stages == 4 ? go(stream_gemm_kernel<8, 4>, 8) : go(stream_gemm_kernel<8, 6>, 8);
 }
 
-float bf16_to_float(unsigned short b) {
-  const unsigned u = static_cast<unsigned>(b) << 16;
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -308,6 +301,18 @@ int main(int argc, char** argv) {
     std::vector<unsigned short> hx(static_cast<std::size_t>(kMaxM * ws.k)), hw(static_cast<std::size_t>(ws.n * ws.k));
     CK(cudaMemcpy(hx.data(), x.get(), hx.size() * 2, cudaMemcpyDeviceToHost));
     CK(cudaMemcpy(hw.data(), w[0].get(), hw.size() * 2, cudaMemcpyDeviceToHost));
+    // Whether bf16 bits y are within the bound of token t's float64 sum at column j (of w[0]).
+    const auto within = [&](int t, long long j, unsigned short y) {
+      double acc = 0, mag = 0;
+      for (int kk = 0; kk < ws.k; ++kk) {
+        const double v = static_cast<double>(bf16_to_float(hx[static_cast<std::size_t>(t * ws.k + kk)])) *
+                         bf16_to_float(hw[static_cast<std::size_t>(j * ws.k + kk)]);
+        acc += v;
+        mag += std::abs(v);
+      }
+      const double bound = std::ldexp(std::abs(acc), -8) + ws.k * std::ldexp(mag, -24) + 1e-30;
+      return std::abs(static_cast<double>(bf16_to_float(y)) - acc) <= bound;  // false for a NaN
+    };
     for (const int m : {17, 32, 48, 64}) {
       for (auto* b : {&out, &ref, &ref2}) CK(cudaMemsetAsync(b->get(), 0xFF, b->bytes(), s));  // NaN: a skipped write shows
       launch_stream_gemm(x.get(), m, w[0].get(), ws.n, ws.k, out.get(), split, s);
@@ -325,17 +330,9 @@ int main(int argc, char** argv) {
       long long bad[3] = {0, 0, 0};  // stream, Lt heur., Lt tuned: sampled outputs outside the bound
       for (int t = 0; t < m; ++t)
         for (long long j = t % 5; j < ws.n; j += 5) {
-          double acc = 0, mag = 0;
-          for (int kk = 0; kk < ws.k; ++kk) {
-            const double v = static_cast<double>(bf16_to_float(hx[static_cast<std::size_t>(t * ws.k + kk)])) *
-                             bf16_to_float(hw[static_cast<std::size_t>(j * ws.k + kk)]);
-            acc += v;
-            mag += std::abs(v);
-          }
           const std::size_t at = static_cast<std::size_t>(t * ws.n + j);
-          const double bound = std::ldexp(std::abs(acc), -8) + ws.k * std::ldexp(mag, -24) + 1e-30;
           const std::vector<unsigned short>* h[3] = {&hout, &href, &href2};
-          for (int f = 0; f < 3; ++f) bad[f] += !(std::abs(static_cast<double>(bf16_to_float((*h[f])[at])) - acc) <= bound);
+          for (int f = 0; f < 3; ++f) bad[f] += !within(t, j, (*h[f])[at]);
         }
       std::string outside;
       const char* names[3] = {"stream", "Lt heur.", "Lt tuned"};
@@ -380,17 +377,7 @@ int main(int argc, char** argv) {
         CK(cudaMemcpy(hout.data(), out.get(), out.bytes(), cudaMemcpyDeviceToHost));
         long long bad = 0;
         for (int t = 0; t < kMaxM; t += 7)
-          for (long long j = t % 11; j < ws.n; j += 11) {
-            double acc = 0, mag = 0;
-            for (int kk = 0; kk < ws.k; ++kk) {
-              const double v = static_cast<double>(bf16_to_float(hx[static_cast<std::size_t>(t * ws.k + kk)])) *
-                               bf16_to_float(hw[static_cast<std::size_t>(j * ws.k + kk)]);
-              acc += v;
-              mag += std::abs(v);
-            }
-            const double bound = std::ldexp(std::abs(acc), -8) + ws.k * std::ldexp(mag, -24) + 1e-30;
-            bad += !(std::abs(static_cast<double>(bf16_to_float(hout[static_cast<std::size_t>(t * ws.n + j)])) - acc) <= bound);
-          }
+          for (long long j = t % 11; j < ws.n; j += 11) bad += !within(t, j, hout[static_cast<std::size_t>(t * ws.n + j)]);
         all_ok = all_ok && bad == 0;
         const ProgrammaticLaunch programmatic(programmatic_launch_supported());
         const double t_us = time_graph(s, 30, copies, [&] {
