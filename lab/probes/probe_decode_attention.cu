@@ -312,10 +312,11 @@ __global__ void __launch_bounds__(kPipeThreads, kMinBlocks)
 // products added by shuffles (another order than a thread a key: float64 check only). A warp's
 // loads then cover whole 128-byte rows, where a thread a key touches 32 rows an instruction (a
 // third of the sectors reaching the SMs wasted at 64 × 513, ncu at 8e5905e). At head_dim 64 it is
-// bounded to 4 CTAs an SM (64 registers, 20 bytes spilled; 74 unbounded), the occupancy of the
+// bounded to 4 CTAs an SM (64 registers, no spills at 6 keys in flight; 8 spilled 192 bytes), the occupancy of the
 // thread-a-key form here and of the library's kernel.
 constexpr int kGroupWarps = 8;
-constexpr int kKeyUnroll = 8;  // the coalesced score loop's keys in flight a lane: 8 × 16 bytes, as a thread a key's row
+// The coalesced score loop's keys in flight a lane (6 × 16 bytes): 3 passes at 513 keys, as a thread a key.
+constexpr int kKeyUnroll = 6;
 
 template <int D, int GRP, bool kCoalesced = false>
 __global__ void __launch_bounds__(kGroupWarps * 32, kCoalesced && D == 64 ? 4 : 0) grouped_attention_kernel(const __nv_bfloat16* qkv, int heads,
@@ -344,7 +345,9 @@ __global__ void __launch_bounds__(kGroupWarps * 32, kCoalesced && D == 64 ? 4 : 
   for (int a = 0; a < GRP; ++a) mx[a] = -INFINITY;
   if constexpr (kCoalesced) {
     const int c = lane % L, gk = lane / L;  // chunk c of the warp step's key gk
-    for (int base = warp * G + gk; base < n; base += kStep * kKeyUnroll) {
+    // The pass count is the warp's (base0), not the lane's: every lane reaches every shuffle.
+    for (int base0 = warp * G; base0 < n; base0 += kStep * kKeyUnroll) {
+      const int base = base0 + gk;
       uint4 raw[kKeyUnroll];
 #pragma unroll
       for (int u = 0; u < kKeyUnroll; ++u) {
@@ -485,14 +488,29 @@ __global__ void __launch_bounds__(kGroupWarps * 32, kCoalesced && D == 64 ? 4 : 
 }  // namespace
 
 int main(int argc, char** argv) {
-  const double max_gb = argc > 1 ? std::atof(argv[1]) : 12.0;
-  // Optional: one shape only (rows, context, model 0-2), for a profiler to find its launches.
-  const int only_rows = argc > 3 ? std::atoi(argv[2]) : 0, only_ctx = argc > 3 ? std::atoi(argv[3]) : 0;
-  const int only_model = argc > 4 ? std::atoi(argv[4]) : -1;
-  if (!(max_gb > 0.1) || argc == 3 || argc > 5 || (argc > 3 && (only_rows < 1 || only_ctx < 1)) || (argc > 4 && (only_model < 0 || only_model > 2))) {
-    std::fprintf(stderr, "usage: twell_probe_decode_attention [max GB of caches > 0.1 [rows context [model 0-2]]]\n");
+  // Optional: one shape only (rows of {1, 8, 32, 64}, context of {144, 512, 2048}, model 0-2), for a
+  // profiler to find its launches. Every argument must be a whole number (the GB a finite one).
+  bool args_ok = argc <= 5 && argc != 3;
+  const auto number = [&](int i, double fallback) {
+    if (i >= argc) return fallback;
+    char* end = nullptr;
+    const double v = std::strtod(argv[i], &end);
+    args_ok = args_ok && end != argv[i] && *end == '\0' && std::isfinite(v);
+    return v;
+  };
+  const double max_gb = number(1, 12.0);
+  const double rows_arg = number(2, 0), ctx_arg = number(3, 0), model_arg = number(4, -1);
+  const int only_rows = static_cast<int>(rows_arg), only_ctx = static_cast<int>(ctx_arg), only_model = static_cast<int>(model_arg);
+  const bool whole = rows_arg == only_rows && ctx_arg == only_ctx && model_arg == only_model;
+  const bool shape_ok = argc <= 3 || ((only_rows == 1 || only_rows == 8 || only_rows == 32 || only_rows == 64) &&
+                                      (only_ctx == 144 || only_ctx == 512 || only_ctx == 2048));
+  if (!args_ok || !whole || !(max_gb > 0.1 && max_gb < 1e4) || !shape_ok || (argc > 4 && (only_model < 0 || only_model > 2))) {
+    std::fprintf(stderr,
+                 "usage: twell_probe_decode_attention [max GB of caches (0.1, 1e4) [rows (1, 8, 32, 64) context (144, 512, "
+                 "2048) [model 0-2]]]\n");
     return 2;
   }
+  int shapes_run = 0;
   cudaStream_t s;
   CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
   cudaDeviceProp prop{};
@@ -523,6 +541,7 @@ int main(int argc, char** argv) {
         int layers = static_cast<int>(std::ceil(4.0 * prop.l2CacheSize / kv_bytes));
         layers = std::max(1, std::min(layers, static_cast<int>(max_gb * 1e9 / kv_bytes)));
         if (layers < 1 || kv_bytes > max_gb * 1e9) continue;
+        ++shapes_run;
         const std::int64_t layer_stride = static_cast<std::int64_t>(keys) * kv_dim;  // elements a layer of a row
         // One cache per row: [layers][keys][kv_dim] for K and for V.
         std::vector<DeviceBuffer<__nv_bfloat16>> kc(static_cast<std::size_t>(rows)), vc(kc.size());
@@ -740,6 +759,11 @@ int main(int argc, char** argv) {
                     pipe_bits ? "" : " (pipe's bits differ from the library's)", worst[0], worst[1], worst[2], worst[3], worst[4],
                     worst[5]);
       }
+  }
+  if (only_rows > 0 && shapes_run == 0) {  // the asked shape did not fit (max keys, max GB): nothing was measured
+    std::fprintf(stderr, "twell_probe_decode_attention: the shape %d x %d ran on no model (too many keys, or past %.1f GB)\n",
+                 only_rows, only_ctx, max_gb);
+    return 1;
   }
   std::printf("\nchecks: %s\n", all_ok ? "pass" : "FAIL");
   return all_ok ? 0 : 1;
