@@ -148,13 +148,8 @@ int main(int argc, char** argv) {
       long long bad_lib = 0, bad_heur = 0, bad_tuned = 0;
       for (int t = 0; t < m; ++t)
         for (long long j = 0; j < ws.n; j += 7) {
-          double acc = 0, mag = 0;
-          for (int kk = 0; kk < ws.k; ++kk) {
-            const double v = static_cast<double>(bf16_to_float(hx[static_cast<std::size_t>(t * ws.k + kk)])) *
-                             bf16_to_float(hw[static_cast<std::size_t>(j * ws.k + kk)]);
-            acc += v;
-            mag += std::abs(v);
-          }
+          const ExactDot e =
+              exact_dot(hx.data() + static_cast<std::size_t>(t) * ws.k, hw.data() + static_cast<std::size_t>(j) * ws.k, ws.k);
           const std::size_t at = static_cast<std::size_t>(t * ws.n + j);
           const auto value = [&](const std::vector<unsigned char>& h) {
             if (ws.f32) {
@@ -166,10 +161,9 @@ int main(int argc, char** argv) {
             std::memcpy(&b, h.data() + at * 2, 2);
             return static_cast<double>(bf16_to_float(b));
           };
-          const double bound = (ws.f32 ? 0.0 : std::ldexp(std::abs(acc), -8)) + ws.k * std::ldexp(mag, -24) + 1e-30;
-          if (gemv) bad_lib += !(std::abs(value(hout) - acc) <= bound);
-          bad_heur += !(std::abs(value(href) - acc) <= bound);
-          bad_tuned += !(std::abs(value(href2) - acc) <= bound);
+          if (gemv) bad_lib += !within_dot_bound(value(hout), e, ws.k, !ws.f32);
+          bad_heur += !within_dot_bound(value(href), e, ws.k, !ws.f32);
+          bad_tuned += !within_dot_bound(value(href2), e, ws.k, !ws.f32);
         }
       const long long bad = bad_lib + bad_heur + bad_tuned;
       std::string outside_what;  // which forms left the bound

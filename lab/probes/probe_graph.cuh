@@ -52,6 +52,27 @@ inline float bf16_to_float(unsigned short b) {
   return f;
 }
 
+// Σ x[i] · w[i] over k bf16 pairs (raw bits) in float64, and Σ |x[i] · w[i]|.
+struct ExactDot {
+  double sum = 0, mag = 0;
+};
+inline ExactDot exact_dot(const unsigned short* x, const unsigned short* w, int k) {
+  ExactDot e;
+  for (int i = 0; i < k; ++i) {
+    const double v = static_cast<double>(bf16_to_float(x[i])) * bf16_to_float(w[i]);
+    e.sum += v;
+    e.mag += std::abs(v);
+  }
+  return e;
+}
+
+// Whether y is within the bound of a k-term dot product summed in fp32: k · 2⁻²⁴ · Σ|x·w|, plus one
+// bf16 rounding of the result (2⁻⁸ |sum|) where the output is bf16. False for a NaN.
+inline bool within_dot_bound(double y, const ExactDot& e, int k, bool bf16_out) {
+  const double bound = (bf16_out ? std::ldexp(std::abs(e.sum), -8) : 0.0) + k * std::ldexp(e.mag, -24) + 1e-30;
+  return std::abs(y - e.sum) <= bound;
+}
+
 // One bf16 step (2^-7 of the leading power of two) at |v|: a bound of one bf16 rounding near v.
 inline double bf16_step(double v) {
   int e = 0;

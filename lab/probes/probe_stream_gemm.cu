@@ -303,15 +303,9 @@ int main(int argc, char** argv) {
     CK(cudaMemcpy(hw.data(), w[0].get(), hw.size() * 2, cudaMemcpyDeviceToHost));
     // Whether bf16 bits y are within the bound of token t's float64 sum at column j (of w[0]).
     const auto within = [&](int t, long long j, unsigned short y) {
-      double acc = 0, mag = 0;
-      for (int kk = 0; kk < ws.k; ++kk) {
-        const double v = static_cast<double>(bf16_to_float(hx[static_cast<std::size_t>(t * ws.k + kk)])) *
-                         bf16_to_float(hw[static_cast<std::size_t>(j * ws.k + kk)]);
-        acc += v;
-        mag += std::abs(v);
-      }
-      const double bound = std::ldexp(std::abs(acc), -8) + ws.k * std::ldexp(mag, -24) + 1e-30;
-      return std::abs(static_cast<double>(bf16_to_float(y)) - acc) <= bound;  // false for a NaN
+      const ExactDot e =
+          exact_dot(hx.data() + static_cast<std::size_t>(t) * ws.k, hw.data() + static_cast<std::size_t>(j) * ws.k, ws.k);
+      return within_dot_bound(bf16_to_float(y), e, ws.k, /*bf16_out=*/true);
     };
     for (const int m : {17, 32, 48, 64}) {
       for (auto* b : {&out, &ref, &ref2}) CK(cudaMemsetAsync(b->get(), 0xFF, b->bytes(), s));  // NaN: a skipped write shows
