@@ -1,6 +1,6 @@
 #pragma once
 // The decode probes' driver (twell_probe_decode, twell_probe_timeline): a runtime over a model with
-// `batch` sequences of 128 random prompt tokens each, prefilled, then greedy decode steps one call
+// `batch` sequences of `prompt` random tokens each (128 unless given), prefilled, then greedy decode steps one call
 // at a time; the synthetic model they run.
 #include <chrono>
 #include <cstdint>
@@ -32,7 +32,7 @@ struct Decoder {
 };
 
 inline Decoder start(const model::Model& m, model::FfnPath path, bool graphs, std::int64_t batch, std::int64_t capacity,
-              std::mt19937_64& rng) {
+              std::mt19937_64& rng, int prompt = 128) {
   model::RuntimeTuning t = model::RuntimeTuning::from_env();  // TWELL_TUNING's other switches
   t.cuda_graphs = graphs;
   Decoder d;
@@ -40,7 +40,7 @@ inline Decoder start(const model::Model& m, model::FfnPath path, bool graphs, st
   std::vector<std::vector<std::int32_t>> prompts(static_cast<std::size_t>(batch));
   std::vector<model::SeqStep> st;
   for (auto& p : prompts) {
-    for (int i = 0; i < 128; ++i) p.push_back(static_cast<std::int32_t>(rng() % static_cast<std::uint64_t>(m.config.vocab_size)));
+    for (int i = 0; i < prompt; ++i) p.push_back(static_cast<std::int32_t>(rng() % static_cast<std::uint64_t>(m.config.vocab_size)));
     d.kv.push_back(d.rt->new_sequence(capacity));
     st.push_back({d.kv.back().get(), p});
   }

@@ -5,7 +5,7 @@
 // machines, device KINDS.md). Diagnostics for issue 27's decode targets.
 //   twell_probe_timeline [config [density [batch [steps]]]]   (defaults: 2b 0.005 1 32)
 // For the dense FFN path and the automatic one in turn: a runtime with CUDA graphs, a prefill of
-// 128 tokens a sequence, 8 warm-up decode steps, then `steps` traced steps. A step is the kernels
+// `prompt` tokens a sequence (argument 5, default 128), 8 warm-up decode steps, then `steps` traced steps. A step is the kernels
 // up to and including the LM head's argmax. Prints, per path: the step's GPU span (first kernel's
 // start to the argmax's end, median), the sum of kernel durations, the idle time between kernels
 // and the overlap (a kernel starting before the one before it ended); per kernel name: launches a
@@ -188,8 +188,9 @@ int main(int argc, char** argv) try {
   const double density = argc > 2 ? std::stod(argv[2]) : 0.005;
   const std::int64_t batch = argc > 3 ? std::stoll(argv[3]) : 1;
   const int steps = argc > 4 ? std::stoi(argv[4]) : 32;
-  if (batch < 1 || steps < 1) {
-    std::fprintf(stderr, "usage: twell_probe_timeline [config [density [batch >= 1 [steps >= 1]]]]\n");
+  const int prompt = argc > 5 ? std::stoi(argv[5]) : 128;  // keys before the warm-up steps
+  if (batch < 1 || steps < 1 || prompt < 1 || prompt > 65536) {
+    std::fprintf(stderr, "usage: twell_probe_timeline [config [density [batch >= 1 [steps >= 1 [prompt tokens, 1-65536]]]]]\n");
     return 2;
   }
   const model::Model m = probe::synthetic_model(config, density, "probe_timeline");
@@ -197,11 +198,11 @@ int main(int argc, char** argv) try {
   CUPTI_CK(cuptiActivityRegisterCallbacks(buffer_requested, buffer_completed));
   CUPTI_CK(cuptiActivityEnable(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL));
   std::mt19937_64 rng(7);
-  const std::int64_t capacity = 128 + steps + 16;
-  std::printf("# A graph-replayed decode step, kernel by kernel (CUPTI), %s at %.3f %%, batch %lld\n", config.c_str(),
-              100 * density, static_cast<long long>(batch));
+  const std::int64_t capacity = prompt + steps + 16;
+  std::printf("# A graph-replayed decode step, kernel by kernel (CUPTI), %s at %.3f %%, batch %lld, %d prompt tokens + 8 warm-up steps\n",
+              config.c_str(), 100 * density, static_cast<long long>(batch), prompt);
   for (const model::FfnPath path : {model::FfnPath::dense, model::FfnPath::automatic}) {
-    probe::Decoder d = probe::start(m, path, true, batch, capacity, rng);
+    probe::Decoder d = probe::start(m, path, true, batch, capacity, rng, prompt);
     for (int s = 0; s < 8; ++s) d.step();
     take_kernels();  // the prefill and warm-up steps' records
     std::vector<double> wall;
