@@ -39,6 +39,7 @@
 #include "cuda/common/device_math.cuh"
 #include "cuda/common/launch.cuh"
 #include "cuda/ops/attention_softmax.cuh"
+#include "cuda/ops/gemv_mma_kernel.cuh"
 #include "cuda/ops/model_ops.hpp"
 #include "probe_graph.cuh"
 
@@ -446,110 +447,174 @@ __global__ void __launch_bounds__(kGroupWarps * 32) grouped_attention_kernel(con
 }
 
 
-// The tiled candidate ("tile"): one CTA of kTileWarps = 4 warps a (row, KV head), warp a serving
-// query head kvh·4 + a (groups of 4 only). K and V stream through shared memory in tiles of
-// kTileKeys keys, kTileStages tiles in flight (cp.async, 16 bytes a copy, whole 128- or 256-byte
-// rows: coalesced, the block table read once a key), and each tile is consumed as it lands, with
-// an online softmax (the running max m, the sum l and the output rescaled by e^(m_old − m_new)), so
-// nothing waits on the whole row's scores and no [heads][keys] array bounds the keys. Scores: lane
-// j takes keys j and j + 32 of the tile, reading its K rows from word (i + j) mod D/2 at step i
-// (consecutive lanes in consecutive banks). P·V: lane j owns the output words j (and j + 32 at
-// head_dim 128); the probabilities go round the warp by shuffles. Every order is fixed: the same
-// bits from run to run (not the library's: the float64 check).
-constexpr int kTileWarps = 4, kTileKeys = 64, kTileStages = 3;
+// The tensor-core candidate ("mma"): one CTA of kMmaWarps = 4 warps a (row, KV head), for groups
+// of 4 query heads. K and V stream through shared memory in tiles of kMmaTileKeys keys, kMmaStages
+// tiles in flight (cp.async, 16-byte chunks stored at chunk ^ (key & 7): ldmatrix reads 8 rows
+// without bank conflicts). Warp w takes keys 16w … 16w + 15 of each tile: S = Q·Kᵀ by
+// mma.m16n8k16 (the 4 query heads as rows 0–3 of A, rows 4–15 zero; K's fragments by ldmatrix),
+// an online softmax of its own (running max m, sum l, output rescaled by e^(m_old − m_new)), then
+// O += P·V by mma with P split into two bf16 halves, hi = bf16(p) and lo = bf16(p − hi), so P
+// carries 16 bits (|p − hi − lo| ≤ 2⁻¹⁶ p) rather than bf16's 8; V's fragments by ldmatrix.trans.
+// The 4 warps' (m, l, O) are combined in warp order at the end: fixed orders, the same bits from
+// run to run. The error bound differs from the library's (its own at the checks): tensor-core
+// sums may truncate (2⁻²³ a step, not 2⁻²⁴), P's split (2⁻¹⁶), and the rescalings' exps.
+constexpr int kMmaWarps = 4, kMmaTileKeys = 64, kMmaStages = 3;
 
 template <int D>
-constexpr std::size_t tiled_smem() {
-  return sizeof(__nv_bfloat16) * kTileStages * 2 * kTileKeys * D + sizeof(float2) * kTileWarps * (D / 2);
+constexpr std::size_t mma_attention_smem() {
+  return sizeof(__nv_bfloat16) * kMmaStages * 2 * kMmaTileKeys * D;  // the combination reuses it (4 · 4 · (D + 2) floats)
+}
+
+__device__ __forceinline__ void ldsm_x4(std::uint32_t addr, unsigned& r0, unsigned& r1, unsigned& r2, unsigned& r3) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
+               : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
+               : "r"(addr));
+}
+__device__ __forceinline__ void ldsm_x4_trans(std::uint32_t addr, unsigned& r0, unsigned& r1, unsigned& r2, unsigned& r3) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];"
+               : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
+               : "r"(addr));
+}
+__device__ __forceinline__ unsigned bf16_pair(float lo, float hi) {
+  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<const unsigned*>(&v);
 }
 
 template <int D>
-__global__ void __launch_bounds__(kTileWarps * 32) tiled_attention_kernel(const __nv_bfloat16* qkv, int heads, int kv_heads,
-                                                                          const ops::RowKv* rows_kv, long long layer,
-                                                                          float scale, __nv_bfloat16* out) {
-  constexpr int W = D / 2, CH = D / 8, kThreads = kTileWarps * 32, WL = W / 32;  // words a row, 16-byte chunks a row, words a lane
-  extern __shared__ __align__(16) unsigned char tile_smem[];
-  auto* kvs = reinterpret_cast<__nv_bfloat16*>(tile_smem);  // [stage][K, V][kTileKeys][D]
-  auto* qs = reinterpret_cast<float2*>(kvs + kTileStages * 2 * kTileKeys * D);  // [warp][W], pre-scaled
+__global__ void __launch_bounds__(kMmaWarps * 32) mma_attention_kernel(const __nv_bfloat16* qkv, int heads, int kv_heads,
+                                                                       const ops::RowKv* rows_kv, long long layer, float scale,
+                                                                       __nv_bfloat16* out) {
+  constexpr int CH = D / 8, KS = D / 16, NB = D / 8, kThreads = kMmaWarps * 32;  // 16-byte chunks a row, k-steps, n-blocks
+  constexpr std::uint32_t kTileBytes = kMmaTileKeys * D * 2;
+  extern __shared__ __align__(128) unsigned char mma_smem[];
+  const auto sbase = static_cast<std::uint32_t>(__cvta_generic_to_shared(mma_smem));
   const int r = blockIdx.x, kvh = blockIdx.y, tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+  const int g = lane / 4, t4 = lane % 4;  // mma's row group and column pair
   const long long q_dim = static_cast<long long>(heads) * D, kv_dim = static_cast<long long>(kv_heads) * D;
   twell::cuda::dev::pdl_begin();
   const ops::RowKv info = rows_kv[r];
-  const int n = info.pos + 1, tiles = (n + kTileKeys - 1) / kTileKeys;
+  const int n = info.pos + 1, tiles = (n + kMmaTileKeys - 1) / kMmaTileKeys;
   const __nv_bfloat16* kc = info.k + layer * info.layer_stride + static_cast<long long>(kvh) * D;
   const __nv_bfloat16* vc = info.v + layer * info.layer_stride + static_cast<long long>(kvh) * D;
   const auto load = [&](int tile, int stage) {
-    for (int c = tid; c < 2 * kTileKeys * CH; c += kThreads) {
-      const int which = c / (kTileKeys * CH), key = c / CH % kTileKeys, ch = c % CH, t = tile * kTileKeys + key;
+    for (int c = tid; c < 2 * kMmaTileKeys * CH; c += kThreads) {
+      const int which = c / (kMmaTileKeys * CH), key = c / CH % kMmaTileKeys, ch = c % CH, t = tile * kMmaTileKeys + key;
       const __nv_bfloat16* src = (which ? vc : kc) + (t < n ? info.slot(t) * kv_dim + ch * 8 : 0);
-      const auto dst = static_cast<std::uint32_t>(
-          __cvta_generic_to_shared(kvs + ((stage * 2 + which) * kTileKeys + key) * D + ch * 8));
-      twell::cuda::dev::cp_async16(dst, src, t < n);
+      twell::cuda::dev::cp_async16(sbase + (stage * 2 + which) * kTileBytes + key * D * 2 + ((ch ^ (key & 7)) << 4), src,
+                                   t < n);
     }
   };
 #pragma unroll
-  for (int st = 0; st < kTileStages - 1; ++st) {
+  for (int st = 0; st < kMmaStages - 1; ++st) {
     if (st < tiles) load(st, st);
     twell::cuda::dev::cp_async_commit();
   }
-  const __nv_bfloat16* qrow = qkv + r * (q_dim + 2 * kv_dim) + static_cast<long long>(kvh) * kTileWarps * D;
-  for (int i = tid; i < kTileWarps * W; i += kThreads) {
-    const float2 f = __bfloat1622float2(reinterpret_cast<const __nv_bfloat162*>(qrow)[i]);
-    qs[i] = make_float2(f.x * scale, f.y * scale);
-  }
-  float m = -INFINITY, l = 0.0f, o[2 * WL] = {};
-  const float2* q = qs + warp * W;
-  for (int i = 0; i < tiles; ++i) {
-    if (i + kTileStages - 1 < tiles) load(i + kTileStages - 1, (i + kTileStages - 1) % kTileStages);
-    twell::cuda::dev::cp_async_commit();
-    twell::cuda::dev::cp_async_wait<kTileStages - 1>();
-    __syncthreads();  // the tile (and, the first time, q) visible to every warp
-    const auto* ks = reinterpret_cast<const __nv_bfloat162*>(kvs + (i % kTileStages) * 2 * kTileKeys * D);
-    const auto* vs = ks + kTileKeys * W;
-    float s0 = 0.0f, s1 = 0.0f;
-    const __nv_bfloat162* k0 = ks + lane * W;
-    const __nv_bfloat162* k1 = ks + (lane + 32) * W;
-#pragma unroll 8
-    for (int j = 0; j < W; ++j) {
-      const int w = (j + lane) % W;
-      const float2 qv = q[w], a = __bfloat1622float2(k0[w]), b = __bfloat1622float2(k1[w]);
-      s0 = fmaf(qv.x, a.x, s0);
-      s0 = fmaf(qv.y, a.y, s0);
-      s1 = fmaf(qv.x, b.x, s1);
-      s1 = fmaf(qv.y, b.y, s1);
-    }
-    const int t0 = i * kTileKeys + lane;
-    if (t0 >= n) s0 = -INFINITY;
-    if (t0 + 32 >= n) s1 = -INFINITY;
-    float mt = fmaxf(s0, s1);
+  // Q as mma's A: row g < 4 is query head kvh·4 + g; a0 its columns 16kk + 2t4 (+1), a2 those + 8.
+  unsigned qa0[KS], qa2[KS];
+  {
+    const __nv_bfloat16* qrow = qkv + r * (q_dim + 2 * kv_dim) + (static_cast<long long>(kvh) * kMmaWarps + (g & 3)) * D;
 #pragma unroll
-    for (int off = 16; off > 0; off >>= 1) mt = fmaxf(mt, __shfl_xor_sync(0xffffffffu, mt, off));
-    const float mn = fmaxf(m, mt);  // finite: a tile holds at least one key below n
-    const float corr = __expf(m - mn);  // 0 at the first tile (m = −∞)
-    const float p0 = __expf(s0 - mn), p1 = __expf(s1 - mn);
-    l = l * corr + (p0 + p1);
+    for (int kk = 0; kk < KS; ++kk) {
+      qa0[kk] = g < 4 ? *reinterpret_cast<const unsigned*>(qrow + 16 * kk + 2 * t4) : 0u;
+      qa2[kk] = g < 4 ? *reinterpret_cast<const unsigned*>(qrow + 16 * kk + 8 + 2 * t4) : 0u;
+    }
+  }
+  float m = -INFINITY, l = 0.0f, o[NB][4] = {};
+  const int k0 = 16 * warp, mi = lane / 8, rr = lane % 8;  // the warp's keys in a tile; ldmatrix's matrix and row
+  for (int i = 0; i < tiles; ++i) {
+    if (i + kMmaStages - 1 < tiles) load(i + kMmaStages - 1, (i + kMmaStages - 1) % kMmaStages);
+    twell::cuda::dev::cp_async_commit();
+    twell::cuda::dev::cp_async_wait<kMmaStages - 1>();
+    __syncthreads();
+    const std::uint32_t ks = sbase + (i % kMmaStages) * 2 * kTileBytes, vs = ks + kTileBytes;
+    // S for keys k0 … k0 + 7 (n-block 0) and k0 + 8 … k0 + 15 (n-block 1).
+    float sc[2][4] = {};
+#pragma unroll
+    for (int kk = 0; kk < KS; ++kk) {
+      const int key = k0 + rr + (mi >> 1) * 8, ch = 2 * kk + (mi & 1);
+      unsigned b00, b01, b10, b11;
+      ldsm_x4(ks + key * D * 2 + ((ch ^ (key & 7)) << 4), b00, b01, b10, b11);
+      twell::cuda::detail::mma_16816_bf16(sc[0], qa0[kk], 0u, qa2[kk], 0u, b00, b01);
+      twell::cuda::detail::mma_16816_bf16(sc[1], qa0[kk], 0u, qa2[kk], 0u, b10, b11);
+    }
+    float sv[2][2];
+#pragma unroll
+    for (int nb = 0; nb < 2; ++nb)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int t = i * kMmaTileKeys + k0 + 8 * nb + 2 * t4 + e;
+        sv[nb][e] = t < n ? sc[nb][e] * scale : -INFINITY;
+      }
+    float mx = fmaxf(fmaxf(sv[0][0], sv[0][1]), fmaxf(sv[1][0], sv[1][1]));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+    const float mn = fmaxf(m, mx);
+    float corr = 1.0f, p[2][2] = {};
+    if (mn != -INFINITY) {  // else no key of this row group's so far: nothing changes
+      corr = __expf(m - mn);  // 0 while m = −∞
+#pragma unroll
+      for (int nb = 0; nb < 2; ++nb)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) p[nb][e] = __expf(sv[nb][e] - mn);
+    }
+    l = l * corr + ((p[0][0] + p[0][1]) + (p[1][0] + p[1][1]));
     m = mn;
 #pragma unroll
-    for (int e = 0; e < 2 * WL; ++e) o[e] *= corr;
-#pragma unroll 8
-    for (int k = 0; k < kTileKeys; ++k) {
-      const float p = __shfl_sync(0xffffffffu, k < 32 ? p0 : p1, k % 32);
+    for (int nb = 0; nb < NB; ++nb) {
+      o[nb][0] *= corr;
+      o[nb][1] *= corr;
+    }
+    // P as A (row g; keys 2t4, 2t4 + 1 in a0, keys 8 + 2t4 … in a2), hi and lo halves.
+    const unsigned ph0 = bf16_pair(p[0][0], p[0][1]), ph2 = bf16_pair(p[1][0], p[1][1]);
+    const float2 h0 = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&ph0));
+    const float2 h2 = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&ph2));
+    const unsigned pl0 = bf16_pair(p[0][0] - h0.x, p[0][1] - h0.y), pl2 = bf16_pair(p[1][0] - h2.x, p[1][1] - h2.y);
 #pragma unroll
-      for (int e = 0; e < WL; ++e) {
-        const float2 v = __bfloat1622float2(vs[k * W + lane + 32 * e]);
-        o[2 * e] = fmaf(p, v.x, o[2 * e]);
-        o[2 * e + 1] = fmaf(p, v.y, o[2 * e + 1]);
-      }
+    for (int j = 0; j < NB / 2; ++j) {
+      const int key = k0 + rr + (mi & 1) * 8, ch = 2 * j + (mi >> 1);
+      unsigned v0, v1, v2, v3;
+      ldsm_x4_trans(vs + key * D * 2 + ((ch ^ (key & 7)) << 4), v0, v1, v2, v3);
+      twell::cuda::detail::mma_16816_bf16(o[2 * j], ph0, 0u, ph2, 0u, v0, v1);
+      twell::cuda::detail::mma_16816_bf16(o[2 * j], pl0, 0u, pl2, 0u, v0, v1);
+      twell::cuda::detail::mma_16816_bf16(o[2 * j + 1], ph0, 0u, ph2, 0u, v2, v3);
+      twell::cuda::detail::mma_16816_bf16(o[2 * j + 1], pl0, 0u, pl2, 0u, v2, v3);
     }
     __syncthreads();  // every warp done with this stage before a later load refills it
   }
   twell::cuda::dev::cp_async_wait<0>();
+  __syncthreads();
+  l += __shfl_xor_sync(0xffffffffu, l, 1);
+  l += __shfl_xor_sync(0xffffffffu, l, 2);
+  float* cm = reinterpret_cast<float*>(mma_smem);  // [warp][4] running maxima
+  float* cl = cm + kMmaWarps * 4;                  // [warp][4] sums
+  float* co = cl + kMmaWarps * 4;                  // [warp][4][D] outputs
+  if (g < 4) {
+    if (t4 == 0) {
+      cm[warp * 4 + g] = m;
+      cl[warp * 4 + g] = l;
+    }
 #pragma unroll
-  for (int off = 16; off > 0; off >>= 1) l += __shfl_xor_sync(0xffffffffu, l, off);
-  const float inv = 1.0f / l;
-  auto* orow = reinterpret_cast<__nv_bfloat162*>(out + r * q_dim + (static_cast<long long>(kvh) * kTileWarps + warp) * D);
+    for (int nb = 0; nb < NB; ++nb) {
+      co[(warp * 4 + g) * D + 8 * nb + 2 * t4] = o[nb][0];
+      co[(warp * 4 + g) * D + 8 * nb + 2 * t4 + 1] = o[nb][1];
+    }
+  }
+  __syncthreads();
+  for (int idx = tid; idx < 4 * D; idx += kThreads) {
+    const int a = idx / D, d = idx % D;
+    float mm = -INFINITY;
 #pragma unroll
-  for (int e = 0; e < WL; ++e) orow[lane + 32 * e] = __floats2bfloat162_rn(o[2 * e] * inv, o[2 * e + 1] * inv);
+    for (int w = 0; w < kMmaWarps; ++w) mm = fmaxf(mm, cm[w * 4 + a]);
+    float num = 0.0f, den = 0.0f;
+#pragma unroll
+    for (int w = 0; w < kMmaWarps; ++w) {
+      const float mw = cm[w * 4 + a];
+      const float e = mw == -INFINITY ? 0.0f : __expf(mw - mm);
+      num += co[(w * 4 + a) * D + d] * e;
+      den += cl[w * 4 + a] * e;
+    }
+    out[r * q_dim + (static_cast<long long>(kvh) * kMmaWarps + a) * D + d] = __float2bfloat16(num / den);
+  }
 }
 
 }  // namespace
@@ -595,8 +660,8 @@ int main(int argc, char** argv) {
                          Model{"7B-GQA (32/8 heads of 128)", 32, 8, 128}}) {
     if (++model_index != only_model && only_model >= 0) continue;
     std::printf("\n%s\n%5s %6s %7s %10s %10s %8s %8s %10s %8s %8s %8s %8s %15s %35s  %s\n", md.name, "rows", "keys", "layers",
-                "us", "KV MB", "GB/s", "of copy", "split us", "GB/s", "pipe us", "pipe3 us", "GB/s", "GQA-CTA / tile",
-                "plain us lib / split / pipe / pipe3", "checks (library / split / pipe / pipe3 / GQA-CTA / tile)");
+                "us", "KV MB", "GB/s", "of copy", "split us", "GB/s", "pipe us", "pipe3 us", "GB/s", "GQA-CTA / mma",
+                "plain us lib / split / pipe / pipe3", "checks (library / split / pipe / pipe3 / GQA-CTA / mma)");
     const std::int64_t kv_dim = static_cast<std::int64_t>(md.kv_heads) * md.d, q_dim = static_cast<std::int64_t>(md.heads) * md.d;
     for (const int rows : {1, 8, 32, 64})
       for (const int ctx : {144, 512, 2048}) {
@@ -644,8 +709,8 @@ int main(int argc, char** argv) {
         const float scale = 1.0f / std::sqrt(static_cast<float>(md.d));
         // The GQA candidate (4 query heads a KV head only): scores [4][keys] in shared memory.
         const bool grouped = md.heads == 4 * md.kv_heads;
-        bool attr_set[2] = {false, false};  // per form: a thread a key, tiled
-        DeviceBuffer<__nv_bfloat16> out_group(out.size()), out_tile(out.size());
+        bool attr_set[2] = {false, false};  // per form: a thread a key, tensor cores
+        DeviceBuffer<__nv_bfloat16> out_group(out.size()), out_mma(out.size());
         const std::size_t group_smem = sizeof(float) * (4 * md.d + 4 * kGroupWarps + kGroupWarps * 4 * md.d + 4 * keys);
         const auto launch_group = [&](int l) {
           const dim3 grid(static_cast<unsigned>(rows), static_cast<unsigned>(md.kv_heads));
@@ -662,19 +727,19 @@ int main(int argc, char** argv) {
             go(grouped_attention_kernel<128, 4>);
           CK(cudaGetLastError());
         };
-        const auto launch_tile = [&](int l) {
+        const auto launch_mma = [&](int l) {
           const dim3 grid(static_cast<unsigned>(rows), static_cast<unsigned>(md.kv_heads));
           const auto go = [&](auto kernel, std::size_t smem) {
             if (!attr_set[1])  // once, at the checks, before the graphs capture the launches
               CK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
             attr_set[1] = true;
-            launch_kernel(kernel, grid, dim3(kTileWarps * 32), smem, s, qkv.get(), md.heads, md.kv_heads, drows.get(),
-                          static_cast<long long>(l), scale, out_tile.get());
+            launch_kernel(kernel, grid, dim3(kMmaWarps * 32), smem, s, qkv.get(), md.heads, md.kv_heads, drows.get(),
+                          static_cast<long long>(l), scale, out_mma.get());
           };
           if (md.d == 64)
-            go(tiled_attention_kernel<64>, tiled_smem<64>());
+            go(mma_attention_kernel<64>, mma_attention_smem<64>());
           else
-            go(tiled_attention_kernel<128>, tiled_smem<128>());
+            go(mma_attention_kernel<128>, mma_attention_smem<128>());
           CK(cudaGetLastError());
         };
         const bool group_fits = grouped && group_smem <= static_cast<std::size_t>(prop.sharedMemPerBlockOptin);
@@ -716,41 +781,41 @@ int main(int argc, char** argv) {
         // A kernel that dropped one key of 2049 is off by ≈ 1 / 2049 of a value (≈ 5e-4).
         const int lc = layers - 1, r = rows - 1;
         bool finite = true;
-        double worst[6] = {0, 0, 0, 0, 0, 0};  // library, split, pipe, pipe3, GQA-CTA, tile: the largest error over its bound
+        double worst[6] = {0, 0, 0, 0, 0, 0};  // library, split, pipe, pipe3, GQA-CTA, mma: the largest error over its bound (mma's own bound)
         bool pipe_bits = true;  // pipe and pipe3 return the library's bits, every row and head
-        bool tile_bits = true;  // the tiled kernel's bits repeat from run to run
+        bool mma_bits = true;  // the tensor-core kernel's bits repeat from run to run
         for (const float qs : {1.0f, 40.0f}) {
           fill<<<64, 256, 0, s>>>(qkv.get(), rows, static_cast<int>(q_dim + 2 * kv_dim), qs, -1, 0.0f, 99);
-          for (auto* o : {&out, &out_split, &out_pipe, &out_pipe3, &out_group, &out_tile})
+          for (auto* o : {&out, &out_split, &out_pipe, &out_pipe3, &out_group, &out_mma})
             CK(cudaMemsetAsync(o->get(), 0xff, o->bytes(), s));
           launch(lc);
           launch_split(lc);
           launch_pipe(lc, false);
           launch_pipe(lc, true);
           if (group_fits) launch_group(lc);
-          if (grouped) launch_tile(lc);
+          if (grouped) launch_mma(lc);
           CK(cudaStreamSynchronize(s));
           std::vector<unsigned short> ho(out.size()), hsplit(out.size()), hpipe(out.size()), hpipe3(out.size()), hgroup(out.size()),
-              htile(out.size()), hq(qkv.size()), hk(static_cast<std::size_t>(keys * kv_dim)), hv(hk.size());
+              hmma(out.size()), hq(qkv.size()), hk(static_cast<std::size_t>(keys * kv_dim)), hv(hk.size());
           CK(cudaMemcpy(ho.data(), out.get(), out.bytes(), cudaMemcpyDeviceToHost));
           CK(cudaMemcpy(hsplit.data(), out_split.get(), out_split.bytes(), cudaMemcpyDeviceToHost));
           CK(cudaMemcpy(hpipe.data(), out_pipe.get(), out_pipe.bytes(), cudaMemcpyDeviceToHost));
           CK(cudaMemcpy(hpipe3.data(), out_pipe3.get(), out_pipe3.bytes(), cudaMemcpyDeviceToHost));
           pipe_bits = pipe_bits && hpipe == ho && hpipe3 == ho;
           if (group_fits) CK(cudaMemcpy(hgroup.data(), out_group.get(), out_group.bytes(), cudaMemcpyDeviceToHost));
-          if (grouped) {  // and again: the tiled kernel's bits must repeat
-            CK(cudaMemcpy(htile.data(), out_tile.get(), out_tile.bytes(), cudaMemcpyDeviceToHost));
+          if (grouped) {  // and again: the tensor-core kernel's bits must repeat
+            CK(cudaMemcpy(hmma.data(), out_mma.get(), out_mma.bytes(), cudaMemcpyDeviceToHost));
             std::vector<unsigned short> again(out.size());
-            launch_tile(lc);
+            launch_mma(lc);
             CK(cudaStreamSynchronize(s));
-            CK(cudaMemcpy(again.data(), out_tile.get(), out_tile.bytes(), cudaMemcpyDeviceToHost));
-            tile_bits = tile_bits && again == htile;
+            CK(cudaMemcpy(again.data(), out_mma.get(), out_mma.bytes(), cudaMemcpyDeviceToHost));
+            mma_bits = mma_bits && again == hmma;
           }
           CK(cudaMemcpy(hq.data(), qkv.get(), qkv.bytes(), cudaMemcpyDeviceToHost));
           CK(cudaMemcpy(hk.data(), kc[r].get() + lc * layer_stride, hk.size() * 2, cudaMemcpyDeviceToHost));
           CK(cudaMemcpy(hv.data(), vc[r].get() + lc * layer_stride, hv.size() * 2, cudaMemcpyDeviceToHost));
           const std::vector<unsigned short>* outputs[6] = {&ho, &hsplit, &hpipe, &hpipe3, group_fits ? &hgroup : nullptr,
-                                                           grouped ? &htile : nullptr};
+                                                           grouped ? &hmma : nullptr};
           for (int h = 0; h < md.heads; ++h) {
             const int kvh = h / (md.heads / md.kv_heads);
             std::vector<double> sc(static_cast<std::size_t>(keys));
@@ -767,8 +832,9 @@ int main(int argc, char** argv) {
               e_score = std::max(e_score, (md.d + 2) * std::ldexp(a_abs / std::sqrt(static_cast<double>(md.d)), -24));
               mx = std::max(mx, sc[t]);
             }
-            double z = 0, e_exp = 0;
+            double z = 0, e_exp = 0, range = 0;  // range: the largest score less the smallest
             for (double& v : sc) {
+              range = std::max(range, mx - v);
               e_exp = std::max(e_exp, (2.0 + 1.2 * (mx - v)) * std::ldexp(1.0, -23));
               z += (v = std::exp(v - mx));
             }
@@ -782,10 +848,19 @@ int main(int argc, char** argv) {
                 mag += std::abs(pv);
               }
               const double bound = std::ldexp(std::abs(want), -8) + mag * (keys * std::ldexp(1.0, -24) + 2 * e_score + e_exp) + 1e-30;
+              // The tensor-core candidate's: its sums truncating (2⁻²³ a step: the scores' term
+              // doubled, the keys' sum at 2⁻²³), P's two halves (2⁻¹⁶), and the online softmax's
+              // exps: each tile's and the combination's rescaling, (2 + 1.2 |Δm|) ulps each plus a
+              // rounding, the Δm adding up to at most the scores' range, twice.
+              const int tiles = (keys + kMmaTileKeys - 1) / kMmaTileKeys;
+              const double bound_mma = std::ldexp(std::abs(want), -8) +
+                                       mag * (keys * std::ldexp(1.0, -23) + std::ldexp(1.0, -16) + 4 * e_score + e_exp +
+                                              (3.0 * (tiles + 2) + 2.4 * range) * std::ldexp(1.0, -23)) +
+                                       1e-30;
               for (int k = 0; k < 6; ++k) {
                 if (!outputs[k]) continue;
                 const unsigned short b = (*outputs[k])[static_cast<std::size_t>(r * q_dim + h * md.d + i)];
-                const double err = std::abs(bf16_to_float(b) - want) / bound;
+                const double err = std::abs(bf16_to_float(b) - want) / (k == 5 ? bound_mma : bound);
                 worst[k] = std::max(worst[k], std::isnan(err) ? 1e30 : err);
               }
             }
@@ -795,7 +870,7 @@ int main(int argc, char** argv) {
               for (const unsigned short b : *hout) finite = finite && (b & 0x7f80u) != 0x7f80u;
         }
         fill<<<64, 256, 0, s>>>(qkv.get(), rows, static_cast<int>(q_dim + 2 * kv_dim), 1.0f, -1, 0.0f, 99);
-        const bool ok = finite && pipe_bits && tile_bits && *std::max_element(worst, worst + 6) <= 1.0;
+        const bool ok = finite && pipe_bits && mma_bits && *std::max_element(worst, worst + 6) <= 1.0;
         all_ok = all_ok && ok;
         const ProgrammaticLaunch programmatic(programmatic_launch_supported());
         const double us = time_graph(s, 20, layers, [&] {
@@ -807,8 +882,8 @@ int main(int argc, char** argv) {
         const double us_group = group_fits ? time_graph(s, 20, layers, [&] {
           for (int l = 0; l < layers; ++l) launch_group(l);
         }) : 0.0;
-        const double us_tile = grouped ? time_graph(s, 20, layers, [&] {
-          for (int l = 0; l < layers; ++l) launch_tile(l);
+        const double us_mma = grouped ? time_graph(s, 20, layers, [&] {
+          for (int l = 0; l < layers; ++l) launch_mma(l);
         }) : 0.0;
         const double us_pipe = time_graph(s, 20, layers, [&] {
           for (int l = 0; l < layers; ++l) launch_pipe(l, false);
@@ -837,13 +912,13 @@ int main(int argc, char** argv) {
           });
         }
         char group_us[32] = "-";
-        if (group_fits) std::snprintf(group_us, sizeof group_us, "%.2f / %.2f", us_group, us_tile);
-        else if (grouped) std::snprintf(group_us, sizeof group_us, "- / %.2f", us_tile);
+        if (group_fits) std::snprintf(group_us, sizeof group_us, "%.2f / %.2f", us_group, us_mma);
+        else if (grouped) std::snprintf(group_us, sizeof group_us, "- / %.2f", us_mma);
         std::printf("%5d %6d %7d %10.2f %10.2f %8.0f %7.0f%% %10.2f %8.0f %8.2f %8.2f %8.0f %15s %11.2f / %5.2f / %5.2f / %5.2f  %s%s (worst error of its bound: %.2f / %.2f / %.2f / %.2f / %.2f / %.2f)\n",
                     rows, keys, layers, us, kv_bytes / 1e6, kv_bytes / us / 1e3, 100.0 * kv_bytes / us / 1e3 / copy,
                     us_split, kv_bytes / us_split / 1e3, us_pipe, us_pipe3, kv_bytes / std::min(us_pipe, us_pipe3) / 1e3,
                     group_us, plain[0], plain[1], plain[2], plain[3], ok ? "ok" : "FAIL",
-                    pipe_bits ? (tile_bits ? "" : " (tile's bits differ from run to run)") : " (pipe's bits differ from the library's)", worst[0], worst[1], worst[2], worst[3], worst[4],
+                    pipe_bits ? (mma_bits ? "" : " (mma's bits differ from run to run)") : " (pipe's bits differ from the library's)", worst[0], worst[1], worst[2], worst[3], worst[4],
                     worst[5]);
       }
   }
