@@ -1,6 +1,6 @@
 // twell_probe_decode_attention: the decode attention (cuda::ops::attention: one CTA of 8 warps per
-// (row, query head), or at 32 rows or more of a GQA call one per (row, KV head) that loads nothing
-// before its wait; scores then P·V, exact fp32) against the bytes it must read, at the batches and
+// (row, query head), exact fp32 scores and sums; or at 32 rows or more of a GQA call the tensor-core
+// kernel, a CTA of 4 warps per (row, KV head)) against the bytes it must read, at the batches and
 // contexts a server runs (issue 59: at batch 64 and context 512 the 2B model's KV cache is most of a
 // step's bytes, and PyTorch moved a step's bytes at ≈ 3.1 TB/s where twell moved them at ≈ 2.6).
 // For each shape: µs a launch, graph-replayed over `layers` caches launched in turn (together past
@@ -12,16 +12,17 @@
 // the programmatic wait, overlapping the launch before it); the candidates wait first, so they are
 // understated where that overlap matters; the "plain" columns time the library, the split and the pipelined
 // candidates with plain launches, where no launch overlaps the one before it. A second candidate,
-// pipelined_attention_kernel: the library's per-head kernel with its loads issued a loop step ahead
-// (its bits must equal the library's: checked), as ptxas chooses ("pipe") and bounded to 3 CTAs an
-// SM ("pipe3"). (The cluster split-KV candidate of 963fe7d lost at every shape and is gone:
-// bench/results/2026-11-29-h200-probe-decode-attention-963fe7d.md.) For GQA shapes a third,
-// grouped_attention_kernel: a CTA a (row, KV head), its scores a thread a key ("GQA-CTA") and with
-// beside it "tile": a CTA of 4 warps a (row, KV head) streaming 64-key tiles of K and V through a
-// 3-stage cp.async pipeline in shared memory, online softmax (the layout cuDNN's decode SDPA keeps
-// at 80–93 % of the copy, probe_cudnn_decode). (The "coal" form, the thread-a-key form's score loop
-// read coalesced, lost at every shape, 42 against 34 µs at 64 × 513: bench/results/2026-11-30-h200-
-// probe-stream-gemm-and-attention-e2cb715.md.)
+// pipelined_attention_kernel: the per-head kernel with its loads issued a loop step ahead (its bits
+// must equal the per-head library kernel's: checked where the library runs that one), as ptxas
+// chooses ("pipe") and bounded to 3 CTAs an SM ("pipe3"). (The cluster split-KV candidate of 963fe7d
+// lost at every shape and is gone: bench/results/2026-11-29-h200-probe-decode-attention-963fe7d.md.)
+// For GQA shapes a third, grouped_attention_kernel ("GQA-CTA"): the library's grouped kernel before
+// its tensor-core form, a CTA a (row, KV head) with its scores a thread a key and the per-head bits.
+// Forms tried here and gone: the thread-a-key score loop read coalesced ("coal", 42 against 34 µs at
+// 64 × 513: bench/results/2026-11-30-h200-probe-decode-attention-coal-e2cb715.txt), and the tensor-core
+// kernel's scalar twin ("tile": 64-key tiles through cp.async and an online softmax on CUDA cores, 49.8
+// µs, instruction-bound: …-probe-decode-attention-tile-4ca3df2.txt) before the tensor-core one went
+// into the library (21.5 µs: …-probe-decode-attention-mma-7db8890.txt).
 // Checks: every output finite, and every head of the last row, of each kernel, against a float64
 // softmax over the same bf16 values (the bound derived at the checks below).
 //   twell_probe_decode_attention [max GB of caches (default 12) [rows context [model 0-2]]]   (one shape: for ncu)
@@ -36,10 +37,8 @@
 #include <vector>
 
 #include "cuda/common/device_buffer.hpp"
-#include "cuda/common/device_math.cuh"
 #include "cuda/common/launch.cuh"
 #include "cuda/ops/attention_softmax.cuh"
-#include "cuda/ops/gemv_mma_kernel.cuh"
 #include "cuda/ops/model_ops.hpp"
 #include "probe_graph.cuh"
 
@@ -447,176 +446,6 @@ __global__ void __launch_bounds__(kGroupWarps * 32) grouped_attention_kernel(con
 }
 
 
-// The tensor-core candidate ("mma"): one CTA of kMmaWarps = 4 warps a (row, KV head), for groups
-// of 4 query heads. K and V stream through shared memory in tiles of kMmaTileKeys keys, kMmaStages
-// tiles in flight (cp.async, 16-byte chunks stored at chunk ^ (key & 7): ldmatrix reads 8 rows
-// without bank conflicts). Warp w takes keys 16w … 16w + 15 of each tile: S = Q·Kᵀ by
-// mma.m16n8k16 (the 4 query heads as rows 0–3 of A, rows 4–15 zero; K's fragments by ldmatrix),
-// an online softmax of its own (running max m, sum l, output rescaled by e^(m_old − m_new)), then
-// O += P·V by mma with P split into two bf16 halves, hi = bf16(p) and lo = bf16(p − hi), so P
-// carries 16 bits (|p − hi − lo| ≤ 2⁻¹⁶ p) rather than bf16's 8; V's fragments by ldmatrix.trans.
-// The 4 warps' (m, l, O) are combined in warp order at the end: fixed orders, the same bits from
-// run to run. The error bound differs from the library's (its own at the checks): tensor-core
-// sums may truncate (2⁻²³ a step, not 2⁻²⁴), P's split (2⁻¹⁶), and the rescalings' exps.
-constexpr int kMmaWarps = 4, kMmaTileKeys = 64, kMmaStages = 3;
-
-template <int D>
-constexpr std::size_t mma_attention_smem() {
-  return sizeof(__nv_bfloat16) * kMmaStages * 2 * kMmaTileKeys * D;  // the combination reuses it (4 · 4 · (D + 2) floats)
-}
-
-__device__ __forceinline__ void ldsm_x4(std::uint32_t addr, unsigned& r0, unsigned& r1, unsigned& r2, unsigned& r3) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
-               : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
-               : "r"(addr));
-}
-__device__ __forceinline__ void ldsm_x4_trans(std::uint32_t addr, unsigned& r0, unsigned& r1, unsigned& r2, unsigned& r3) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];"
-               : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
-               : "r"(addr));
-}
-__device__ __forceinline__ unsigned bf16_pair(float lo, float hi) {
-  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-  return *reinterpret_cast<const unsigned*>(&v);
-}
-
-template <int D>
-__global__ void __launch_bounds__(kMmaWarps * 32) mma_attention_kernel(const __nv_bfloat16* qkv, int heads, int kv_heads,
-                                                                       const ops::RowKv* rows_kv, long long layer, float scale,
-                                                                       __nv_bfloat16* out) {
-  constexpr int CH = D / 8, KS = D / 16, NB = D / 8, kThreads = kMmaWarps * 32;  // 16-byte chunks a row, k-steps, n-blocks
-  constexpr std::uint32_t kTileBytes = kMmaTileKeys * D * 2;
-  extern __shared__ __align__(128) unsigned char mma_smem[];
-  const auto sbase = static_cast<std::uint32_t>(__cvta_generic_to_shared(mma_smem));
-  const int r = blockIdx.x, kvh = blockIdx.y, tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
-  const int g = lane / 4, t4 = lane % 4;  // mma's row group and column pair
-  const long long q_dim = static_cast<long long>(heads) * D, kv_dim = static_cast<long long>(kv_heads) * D;
-  twell::cuda::dev::pdl_begin();
-  const ops::RowKv info = rows_kv[r];
-  const int n = info.pos + 1, tiles = (n + kMmaTileKeys - 1) / kMmaTileKeys;
-  const __nv_bfloat16* kc = info.k + layer * info.layer_stride + static_cast<long long>(kvh) * D;
-  const __nv_bfloat16* vc = info.v + layer * info.layer_stride + static_cast<long long>(kvh) * D;
-  const auto load = [&](int tile, int stage) {
-    for (int c = tid; c < 2 * kMmaTileKeys * CH; c += kThreads) {
-      const int which = c / (kMmaTileKeys * CH), key = c / CH % kMmaTileKeys, ch = c % CH, t = tile * kMmaTileKeys + key;
-      const __nv_bfloat16* src = (which ? vc : kc) + (t < n ? info.slot(t) * kv_dim + ch * 8 : 0);
-      twell::cuda::dev::cp_async16(sbase + (stage * 2 + which) * kTileBytes + key * D * 2 + ((ch ^ (key & 7)) << 4), src,
-                                   t < n);
-    }
-  };
-#pragma unroll
-  for (int st = 0; st < kMmaStages - 1; ++st) {
-    if (st < tiles) load(st, st);
-    twell::cuda::dev::cp_async_commit();
-  }
-  // Q as mma's A: row g < 4 is query head kvh·4 + g; a0 its columns 16kk + 2t4 (+1), a2 those + 8.
-  unsigned qa0[KS], qa2[KS];
-  {
-    const __nv_bfloat16* qrow = qkv + r * (q_dim + 2 * kv_dim) + (static_cast<long long>(kvh) * kMmaWarps + (g & 3)) * D;
-#pragma unroll
-    for (int kk = 0; kk < KS; ++kk) {
-      qa0[kk] = g < 4 ? *reinterpret_cast<const unsigned*>(qrow + 16 * kk + 2 * t4) : 0u;
-      qa2[kk] = g < 4 ? *reinterpret_cast<const unsigned*>(qrow + 16 * kk + 8 + 2 * t4) : 0u;
-    }
-  }
-  float m = -INFINITY, l = 0.0f, o[NB][4] = {};
-  const int k0 = 16 * warp, mi = lane / 8, rr = lane % 8;  // the warp's keys in a tile; ldmatrix's matrix and row
-  for (int i = 0; i < tiles; ++i) {
-    if (i + kMmaStages - 1 < tiles) load(i + kMmaStages - 1, (i + kMmaStages - 1) % kMmaStages);
-    twell::cuda::dev::cp_async_commit();
-    twell::cuda::dev::cp_async_wait<kMmaStages - 1>();
-    __syncthreads();
-    const std::uint32_t ks = sbase + (i % kMmaStages) * 2 * kTileBytes, vs = ks + kTileBytes;
-    // S for keys k0 … k0 + 7 (n-block 0) and k0 + 8 … k0 + 15 (n-block 1).
-    float sc[2][4] = {};
-#pragma unroll
-    for (int kk = 0; kk < KS; ++kk) {
-      const int key = k0 + rr + (mi >> 1) * 8, ch = 2 * kk + (mi & 1);
-      unsigned b00, b01, b10, b11;
-      ldsm_x4(ks + key * D * 2 + ((ch ^ (key & 7)) << 4), b00, b01, b10, b11);
-      twell::cuda::detail::mma_16816_bf16(sc[0], qa0[kk], 0u, qa2[kk], 0u, b00, b01);
-      twell::cuda::detail::mma_16816_bf16(sc[1], qa0[kk], 0u, qa2[kk], 0u, b10, b11);
-    }
-    float sv[2][2];
-#pragma unroll
-    for (int nb = 0; nb < 2; ++nb)
-#pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        const int t = i * kMmaTileKeys + k0 + 8 * nb + 2 * t4 + e;
-        sv[nb][e] = t < n ? sc[nb][e] * scale : -INFINITY;
-      }
-    float mx = fmaxf(fmaxf(sv[0][0], sv[0][1]), fmaxf(sv[1][0], sv[1][1]));
-    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-    const float mn = fmaxf(m, mx);
-    float corr = 1.0f, p[2][2] = {};
-    if (mn != -INFINITY) {  // else no key of this row group's so far: nothing changes
-      corr = __expf(m - mn);  // 0 while m = −∞
-#pragma unroll
-      for (int nb = 0; nb < 2; ++nb)
-#pragma unroll
-        for (int e = 0; e < 2; ++e) p[nb][e] = __expf(sv[nb][e] - mn);
-    }
-    l = l * corr + ((p[0][0] + p[0][1]) + (p[1][0] + p[1][1]));
-    m = mn;
-#pragma unroll
-    for (int nb = 0; nb < NB; ++nb) {
-      o[nb][0] *= corr;
-      o[nb][1] *= corr;
-    }
-    // P as A (row g; keys 2t4, 2t4 + 1 in a0, keys 8 + 2t4 … in a2), hi and lo halves.
-    const unsigned ph0 = bf16_pair(p[0][0], p[0][1]), ph2 = bf16_pair(p[1][0], p[1][1]);
-    const float2 h0 = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&ph0));
-    const float2 h2 = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&ph2));
-    const unsigned pl0 = bf16_pair(p[0][0] - h0.x, p[0][1] - h0.y), pl2 = bf16_pair(p[1][0] - h2.x, p[1][1] - h2.y);
-#pragma unroll
-    for (int j = 0; j < NB / 2; ++j) {
-      const int key = k0 + rr + (mi & 1) * 8, ch = 2 * j + (mi >> 1);
-      unsigned v0, v1, v2, v3;
-      ldsm_x4_trans(vs + key * D * 2 + ((ch ^ (key & 7)) << 4), v0, v1, v2, v3);
-      twell::cuda::detail::mma_16816_bf16(o[2 * j], ph0, 0u, ph2, 0u, v0, v1);
-      twell::cuda::detail::mma_16816_bf16(o[2 * j], pl0, 0u, pl2, 0u, v0, v1);
-      twell::cuda::detail::mma_16816_bf16(o[2 * j + 1], ph0, 0u, ph2, 0u, v2, v3);
-      twell::cuda::detail::mma_16816_bf16(o[2 * j + 1], pl0, 0u, pl2, 0u, v2, v3);
-    }
-    __syncthreads();  // every warp done with this stage before a later load refills it
-  }
-  twell::cuda::dev::cp_async_wait<0>();
-  __syncthreads();
-  l += __shfl_xor_sync(0xffffffffu, l, 1);
-  l += __shfl_xor_sync(0xffffffffu, l, 2);
-  float* cm = reinterpret_cast<float*>(mma_smem);  // [warp][4] running maxima
-  float* cl = cm + kMmaWarps * 4;                  // [warp][4] sums
-  float* co = cl + kMmaWarps * 4;                  // [warp][4][D] outputs
-  if (g < 4) {
-    if (t4 == 0) {
-      cm[warp * 4 + g] = m;
-      cl[warp * 4 + g] = l;
-    }
-#pragma unroll
-    for (int nb = 0; nb < NB; ++nb) {
-      co[(warp * 4 + g) * D + 8 * nb + 2 * t4] = o[nb][0];
-      co[(warp * 4 + g) * D + 8 * nb + 2 * t4 + 1] = o[nb][1];
-    }
-  }
-  __syncthreads();
-  for (int idx = tid; idx < 4 * D; idx += kThreads) {
-    const int a = idx / D, d = idx % D;
-    float mm = -INFINITY;
-#pragma unroll
-    for (int w = 0; w < kMmaWarps; ++w) mm = fmaxf(mm, cm[w * 4 + a]);
-    float num = 0.0f, den = 0.0f;
-#pragma unroll
-    for (int w = 0; w < kMmaWarps; ++w) {
-      const float mw = cm[w * 4 + a];
-      const float e = mw == -INFINITY ? 0.0f : __expf(mw - mm);
-      num += co[(w * 4 + a) * D + d] * e;
-      den += cl[w * 4 + a] * e;
-    }
-    out[r * q_dim + (static_cast<long long>(kvh) * kMmaWarps + a) * D + d] = __float2bfloat16(num / den);
-  }
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -660,8 +489,8 @@ int main(int argc, char** argv) {
                          Model{"7B-GQA (32/8 heads of 128)", 32, 8, 128}}) {
     if (++model_index != only_model && only_model >= 0) continue;
     std::printf("\n%s\n%5s %6s %7s %10s %10s %8s %8s %10s %8s %8s %8s %8s %15s %35s  %s\n", md.name, "rows", "keys", "layers",
-                "us", "KV MB", "GB/s", "of copy", "split us", "GB/s", "pipe us", "pipe3 us", "GB/s", "GQA-CTA / mma",
-                "plain us lib / split / pipe / pipe3", "checks (library / split / pipe / pipe3 / GQA-CTA / mma)");
+                "us", "KV MB", "GB/s", "of copy", "split us", "GB/s", "pipe us", "pipe3 us", "GB/s", "GQA-CTA",
+                "plain us lib / split / pipe / pipe3", "checks (library / split / pipe / pipe3 / GQA-CTA)");
     const std::int64_t kv_dim = static_cast<std::int64_t>(md.kv_heads) * md.d, q_dim = static_cast<std::int64_t>(md.heads) * md.d;
     for (const int rows : {1, 8, 32, 64})
       for (const int ctx : {144, 512, 2048}) {
@@ -709,15 +538,15 @@ int main(int argc, char** argv) {
         const float scale = 1.0f / std::sqrt(static_cast<float>(md.d));
         // The GQA candidate (4 query heads a KV head only): scores [4][keys] in shared memory.
         const bool grouped = md.heads == 4 * md.kv_heads;
-        bool attr_set[2] = {false, false};  // per form: a thread a key, tensor cores
-        DeviceBuffer<__nv_bfloat16> out_group(out.size()), out_mma(out.size());
+        bool attr_set = false;
+        DeviceBuffer<__nv_bfloat16> out_group(out.size());
         const std::size_t group_smem = sizeof(float) * (4 * md.d + 4 * kGroupWarps + kGroupWarps * 4 * md.d + 4 * keys);
         const auto launch_group = [&](int l) {
           const dim3 grid(static_cast<unsigned>(rows), static_cast<unsigned>(md.kv_heads));
           const auto go = [&](auto kernel) {
-            if (!attr_set[0])  // once, at the checks, before the graphs capture the launches
+            if (!attr_set)  // once, at the checks, before the graphs capture the launches
               CK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(group_smem)));
-            attr_set[0] = true;
+            attr_set = true;
             launch_kernel(kernel, grid, dim3(kGroupWarps * 32), group_smem, s, qkv.get(), md.heads, md.kv_heads,
                           drows.get(), static_cast<long long>(l), scale, out_group.get());
           };
@@ -725,21 +554,6 @@ int main(int argc, char** argv) {
             go(grouped_attention_kernel<64, 4>);
           else
             go(grouped_attention_kernel<128, 4>);
-          CK(cudaGetLastError());
-        };
-        const auto launch_mma = [&](int l) {
-          const dim3 grid(static_cast<unsigned>(rows), static_cast<unsigned>(md.kv_heads));
-          const auto go = [&](auto kernel, std::size_t smem) {
-            if (!attr_set[1])  // once, at the checks, before the graphs capture the launches
-              CK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
-            attr_set[1] = true;
-            launch_kernel(kernel, grid, dim3(kMmaWarps * 32), smem, s, qkv.get(), md.heads, md.kv_heads, drows.get(),
-                          static_cast<long long>(l), scale, out_mma.get());
-          };
-          if (md.d == 64)
-            go(mma_attention_kernel<64>, mma_attention_smem<64>());
-          else
-            go(mma_attention_kernel<128>, mma_attention_smem<128>());
           CK(cudaGetLastError());
         };
         const bool group_fits = grouped && group_smem <= static_cast<std::size_t>(prop.sharedMemPerBlockOptin);
@@ -781,41 +595,41 @@ int main(int argc, char** argv) {
         // A kernel that dropped one key of 2049 is off by ≈ 1 / 2049 of a value (≈ 5e-4).
         const int lc = layers - 1, r = rows - 1;
         bool finite = true;
-        double worst[6] = {0, 0, 0, 0, 0, 0};  // library, split, pipe, pipe3, GQA-CTA, mma: the largest error over its bound (mma's own bound)
-        bool pipe_bits = true;  // pipe and pipe3 return the library's bits, every row and head
-        bool mma_bits = true;  // the tensor-core kernel's bits repeat from run to run
+        double worst[5] = {0, 0, 0, 0, 0};  // library, split, pipe, pipe3, GQA-CTA: the largest error over its bound
+        // The library at 32 rows or more of a GQA call runs its tensor-core grouped kernel: its own
+        // bound, and other bits than the per-head kernels'.
+        const bool lib_grouped = ops::attention_runs_grouped(rows, md.heads, md.kv_heads, md.d, keys);
+        bool pipe_bits = true;  // pipe and pipe3 return the per-head library's bits, every row and head
+        bool lib_bits = true;   // the library's bits repeat from run to run
         for (const float qs : {1.0f, 40.0f}) {
           fill<<<64, 256, 0, s>>>(qkv.get(), rows, static_cast<int>(q_dim + 2 * kv_dim), qs, -1, 0.0f, 99);
-          for (auto* o : {&out, &out_split, &out_pipe, &out_pipe3, &out_group, &out_mma})
+          for (auto* o : {&out, &out_split, &out_pipe, &out_pipe3, &out_group})
             CK(cudaMemsetAsync(o->get(), 0xff, o->bytes(), s));
           launch(lc);
           launch_split(lc);
           launch_pipe(lc, false);
           launch_pipe(lc, true);
           if (group_fits) launch_group(lc);
-          if (grouped) launch_mma(lc);
           CK(cudaStreamSynchronize(s));
           std::vector<unsigned short> ho(out.size()), hsplit(out.size()), hpipe(out.size()), hpipe3(out.size()), hgroup(out.size()),
-              hmma(out.size()), hq(qkv.size()), hk(static_cast<std::size_t>(keys * kv_dim)), hv(hk.size());
+              hq(qkv.size()), hk(static_cast<std::size_t>(keys * kv_dim)), hv(hk.size());
           CK(cudaMemcpy(ho.data(), out.get(), out.bytes(), cudaMemcpyDeviceToHost));
           CK(cudaMemcpy(hsplit.data(), out_split.get(), out_split.bytes(), cudaMemcpyDeviceToHost));
           CK(cudaMemcpy(hpipe.data(), out_pipe.get(), out_pipe.bytes(), cudaMemcpyDeviceToHost));
           CK(cudaMemcpy(hpipe3.data(), out_pipe3.get(), out_pipe3.bytes(), cudaMemcpyDeviceToHost));
-          pipe_bits = pipe_bits && hpipe == ho && hpipe3 == ho;
-          if (group_fits) CK(cudaMemcpy(hgroup.data(), out_group.get(), out_group.bytes(), cudaMemcpyDeviceToHost));
-          if (grouped) {  // and again: the tensor-core kernel's bits must repeat
-            CK(cudaMemcpy(hmma.data(), out_mma.get(), out_mma.bytes(), cudaMemcpyDeviceToHost));
+          pipe_bits = pipe_bits && (lib_grouped || (hpipe == ho && hpipe3 == ho)) && hpipe == hpipe3;
+          {  // the library again: the same bits
             std::vector<unsigned short> again(out.size());
-            launch_mma(lc);
+            launch(lc);
             CK(cudaStreamSynchronize(s));
-            CK(cudaMemcpy(again.data(), out_mma.get(), out_mma.bytes(), cudaMemcpyDeviceToHost));
-            mma_bits = mma_bits && again == hmma;
+            CK(cudaMemcpy(again.data(), out.get(), out.bytes(), cudaMemcpyDeviceToHost));
+            lib_bits = lib_bits && again == ho;
           }
+          if (group_fits) CK(cudaMemcpy(hgroup.data(), out_group.get(), out_group.bytes(), cudaMemcpyDeviceToHost));
           CK(cudaMemcpy(hq.data(), qkv.get(), qkv.bytes(), cudaMemcpyDeviceToHost));
           CK(cudaMemcpy(hk.data(), kc[r].get() + lc * layer_stride, hk.size() * 2, cudaMemcpyDeviceToHost));
           CK(cudaMemcpy(hv.data(), vc[r].get() + lc * layer_stride, hv.size() * 2, cudaMemcpyDeviceToHost));
-          const std::vector<unsigned short>* outputs[6] = {&ho, &hsplit, &hpipe, &hpipe3, group_fits ? &hgroup : nullptr,
-                                                           grouped ? &hmma : nullptr};
+          const std::vector<unsigned short>* outputs[5] = {&ho, &hsplit, &hpipe, &hpipe3, group_fits ? &hgroup : nullptr};
           for (int h = 0; h < md.heads; ++h) {
             const int kvh = h / (md.heads / md.kv_heads);
             std::vector<double> sc(static_cast<std::size_t>(keys));
@@ -848,19 +662,19 @@ int main(int argc, char** argv) {
                 mag += std::abs(pv);
               }
               const double bound = std::ldexp(std::abs(want), -8) + mag * (keys * std::ldexp(1.0, -24) + 2 * e_score + e_exp) + 1e-30;
-              // The tensor-core candidate's: its sums truncating (2⁻²³ a step: the scores' term
+              // The library's grouped tensor-core kernel's (attention.cu): its sums truncating (2⁻²³ a step: the scores' term
               // doubled, the keys' sum at 2⁻²³), P's two halves (2⁻¹⁶), and the online softmax's
               // exps: each tile's and the combination's rescaling, (2 + 1.2 |Δm|) ulps each plus a
               // rounding, the Δm adding up to at most the scores' range, twice.
-              const int tiles = (keys + kMmaTileKeys - 1) / kMmaTileKeys;
+              const int tiles = (keys + 63) / 64;  // the grouped kernel's tiles of 64 keys
               const double bound_mma = std::ldexp(std::abs(want), -8) +
                                        mag * (keys * std::ldexp(1.0, -23) + std::ldexp(1.0, -16) + 4 * e_score + e_exp +
                                               (3.0 * (tiles + 2) + 2.4 * range) * std::ldexp(1.0, -23)) +
                                        1e-30;
-              for (int k = 0; k < 6; ++k) {
+              for (int k = 0; k < 5; ++k) {
                 if (!outputs[k]) continue;
                 const unsigned short b = (*outputs[k])[static_cast<std::size_t>(r * q_dim + h * md.d + i)];
-                const double err = std::abs(bf16_to_float(b) - want) / (k == 5 ? bound_mma : bound);
+                const double err = std::abs(bf16_to_float(b) - want) / (k == 0 && lib_grouped ? bound_mma : bound);
                 worst[k] = std::max(worst[k], std::isnan(err) ? 1e30 : err);
               }
             }
@@ -870,7 +684,7 @@ int main(int argc, char** argv) {
               for (const unsigned short b : *hout) finite = finite && (b & 0x7f80u) != 0x7f80u;
         }
         fill<<<64, 256, 0, s>>>(qkv.get(), rows, static_cast<int>(q_dim + 2 * kv_dim), 1.0f, -1, 0.0f, 99);
-        const bool ok = finite && pipe_bits && mma_bits && *std::max_element(worst, worst + 6) <= 1.0;
+        const bool ok = finite && pipe_bits && lib_bits && *std::max_element(worst, worst + 5) <= 1.0;
         all_ok = all_ok && ok;
         const ProgrammaticLaunch programmatic(programmatic_launch_supported());
         const double us = time_graph(s, 20, layers, [&] {
@@ -881,9 +695,6 @@ int main(int argc, char** argv) {
         });
         const double us_group = group_fits ? time_graph(s, 20, layers, [&] {
           for (int l = 0; l < layers; ++l) launch_group(l);
-        }) : 0.0;
-        const double us_mma = grouped ? time_graph(s, 20, layers, [&] {
-          for (int l = 0; l < layers; ++l) launch_mma(l);
         }) : 0.0;
         const double us_pipe = time_graph(s, 20, layers, [&] {
           for (int l = 0; l < layers; ++l) launch_pipe(l, false);
@@ -912,14 +723,13 @@ int main(int argc, char** argv) {
           });
         }
         char group_us[32] = "-";
-        if (group_fits) std::snprintf(group_us, sizeof group_us, "%.2f / %.2f", us_group, us_mma);
-        else if (grouped) std::snprintf(group_us, sizeof group_us, "- / %.2f", us_mma);
-        std::printf("%5d %6d %7d %10.2f %10.2f %8.0f %7.0f%% %10.2f %8.0f %8.2f %8.2f %8.0f %15s %11.2f / %5.2f / %5.2f / %5.2f  %s%s (worst error of its bound: %.2f / %.2f / %.2f / %.2f / %.2f / %.2f)\n",
+        if (group_fits) std::snprintf(group_us, sizeof group_us, "%.2f", us_group);
+        std::printf("%5d %6d %7d %10.2f %10.2f %8.0f %7.0f%% %10.2f %8.0f %8.2f %8.2f %8.0f %15s %11.2f / %5.2f / %5.2f / %5.2f  %s%s (worst error of its bound: %.2f / %.2f / %.2f / %.2f / %.2f)\n",
                     rows, keys, layers, us, kv_bytes / 1e6, kv_bytes / us / 1e3, 100.0 * kv_bytes / us / 1e3 / copy,
                     us_split, kv_bytes / us_split / 1e3, us_pipe, us_pipe3, kv_bytes / std::min(us_pipe, us_pipe3) / 1e3,
                     group_us, plain[0], plain[1], plain[2], plain[3], ok ? "ok" : "FAIL",
-                    pipe_bits ? (mma_bits ? "" : " (mma's bits differ from run to run)") : " (pipe's bits differ from the library's)", worst[0], worst[1], worst[2], worst[3], worst[4],
-                    worst[5]);
+                    pipe_bits ? (lib_bits ? "" : " (the library's bits differ from run to run)") : " (pipe's bits differ from the library's)",
+                    worst[0], worst[1], worst[2], worst[3], worst[4]);
       }
   }
   if (only_rows > 0 && shapes_run == 0) {  // the asked shape did not fit (max keys, max GB): nothing was measured

@@ -62,11 +62,6 @@ __device__ __forceinline__ std::uint32_t tile_offset(int r, int ch) {
   return static_cast<std::uint32_t>(r * 128 + ((ch ^ (r & 7)) << 4));
 }
 
-__device__ __forceinline__ void ldmatrix_x4(std::uint32_t addr, unsigned& r0, unsigned& r1, unsigned& r2, unsigned& r3) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
-               : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
-               : "r"(addr));
-}
 #endif
 
 // NT token tiles of 8 (M ≤ 8 · NT; NT ∈ {4, 8}): warp w takes tiles (w / 4) · NT / 2 … + NT / 2 − 1,
@@ -133,15 +128,15 @@ __global__ void __launch_bounds__(kThreads) stream_gemm_kernel(const __nv_bfloat
       // A: lanes 0–15 rows 0–15 at k 0, lanes 16–31 at k 8: a0 (g, 2t), a1 (g + 8, 2t), a2 (g, 2t + 8), a3 (g + 8, 2t + 8).
       const int ar = mi * 16 + (lane & 15);
       unsigned a0, a1, a2, a3;
-      ldmatrix_x4(ws + tile_offset(ar, 2 * kk + (lane >> 4)), a0, a1, a2, a3);
+      dev::ldmatrix_x4(ws + tile_offset(ar, 2 * kk + (lane >> 4)), a0, a1, a2, a3);
 #pragma unroll
       for (int j = 0; j < kHalf; j += 2) {
         // B for tiles j, j + 1: matrices (tokens 8j…, k 0), (8j…, k 8), (8j + 8…, k 0), (8j + 8…, k 8).
         const int tok = (nh * kHalf + j) * 8 + (lane & 7) + ((lane >> 4) << 3);
         unsigned b0, b1, b2, b3;
-        ldmatrix_x4(xs + tile_offset(tok, 2 * kk + ((lane >> 3) & 1)), b0, b1, b2, b3);
-        detail::mma_16816_bf16(acc[j], a0, a1, a2, a3, b0, b1);
-        detail::mma_16816_bf16(acc[j + 1], a0, a1, a2, a3, b2, b3);
+        dev::ldmatrix_x4(xs + tile_offset(tok, 2 * kk + ((lane >> 3) & 1)), b0, b1, b2, b3);
+        dev::mma_16816_bf16(acc[j], a0, a1, a2, a3, b0, b1);
+        dev::mma_16816_bf16(acc[j + 1], a0, a1, a2, a3, b2, b3);
       }
     }
   }

@@ -231,20 +231,73 @@ TEST(ModelOps, AttentionKernelsMatchFloat64) {
 }
 
 
-// GQA calls of 32 rows or more run the grouped kernel (a CTA a (row, KV head)); fewer rows the
-// per-head one. A row's result must not depend on the batch it comes in: each row of a 33-row call
-// equals, bit for bit, the same row attended alone, and the call is within the float64 bound of
-// AttentionKernelsMatchFloat64. Groups 2, 4 and 8 at head_dim 64 and 128, a sliding window, one
-// group the grouped kernel does not take (3: the per-head kernel at any rows), every row its own
-// sequence of 0–600 cached keys (several score rounds of the 256 threads), decode and not.
-TEST(ModelOps, GroupedAttentionHasThePerHeadBits) {
+// One query head's attention in float64 with each output's derived error bound. The per-head
+// kernel (tensor_cores false): the output's bf16 rounding, 2⁻⁸ |o|; the fp32 sums over the keys,
+// keys · 2⁻²⁴ Σ p|v|; the scores' fp32 error, which moves each probability by a factor
+// e^(±(e_t + max e)), e_t = (d + 2) · 2⁻²⁴ Σ_i |q_i k_i| / √d, twice; __expf's (2 + 1.2 |s_t − max|)
+// ulps. The grouped tensor-core kernel (tensor_cores true): its sums may truncate (2⁻²³ a step: the
+// scores' term doubled, the keys' sum at 2⁻²³), P's two bf16 halves (2⁻¹⁶ Σ p|v|), and the online
+// softmax's rescalings, each (2 + 1.2 |Δm|) ulps plus a rounding, the Δm adding up to the scores'
+// range at most, twice (the tiles' and the warps' combination).
+struct Bounded {
+  std::vector<double> want, bound;
+};
+Bounded attention_f64_bounded(const bf16* q, const bf16* K, const bf16* V, int first, int keys, int d, int kv_dim,
+                              int kv_col, bool tensor_cores) {
+  const int n = keys - first;
+  std::vector<double> w(static_cast<std::size_t>(n));
+  double mx = -1e300, e_score = 0;
+  for (int t = 0; t < n; ++t) {
+    double dot = 0, mag = 0;
+    for (int i = 0; i < d; ++i) {
+      const double term = static_cast<double>(to_float(q[i])) * to_float(K[(first + t) * kv_dim + kv_col + i]);
+      dot += term;
+      mag += std::fabs(term);
+    }
+    w[static_cast<std::size_t>(t)] = dot / std::sqrt(static_cast<double>(d));
+    e_score = std::max(e_score, (d + 2) * std::ldexp(mag / std::sqrt(static_cast<double>(d)), -24));
+    mx = std::max(mx, w[static_cast<std::size_t>(t)]);
+  }
+  double z = 0, e_exp = 0, range = 0;
+  for (double& v : w) {
+    range = std::max(range, mx - v);
+    e_exp = std::max(e_exp, (2.0 + 1.2 * (mx - v)) * std::ldexp(1.0, -23));
+    z += (v = std::exp(v - mx));
+  }
+  e_exp = std::min(e_exp, 1.0);
+  const int tiles = (keys - 1) / 64 - first / 64 + 1;  // the grouped kernel's tiles of 64 keys
+  const double rel = tensor_cores ? n * std::ldexp(1.0, -23) + std::ldexp(1.0, -16) + 4 * e_score + e_exp +
+                                        (3.0 * (tiles + 2) + 2.4 * range) * std::ldexp(1.0, -23)
+                                  : n * std::ldexp(1.0, -24) + 2 * e_score + e_exp;
+  Bounded out{std::vector<double>(static_cast<std::size_t>(d)), std::vector<double>(static_cast<std::size_t>(d))};
+  for (int i = 0; i < d; ++i) {
+    double acc = 0, mag = 0;
+    for (int t = 0; t < n; ++t) {
+      const double pv = w[static_cast<std::size_t>(t)] / z * to_float(V[(first + t) * kv_dim + kv_col + i]);
+      acc += pv;
+      mag += std::fabs(pv);
+    }
+    out.want[static_cast<std::size_t>(i)] = acc;
+    out.bound[static_cast<std::size_t>(i)] = std::ldexp(std::fabs(acc), -8) + mag * rel + 1e-30;
+  }
+  return out;
+}
+
+// GQA calls of 32 rows or more run the grouped tensor-core kernel (a CTA a (row, KV head)); fewer
+// rows, and grouped = false, the per-head one. Each within its derived float64 bound, element by
+// element. A row's bits must not depend on the other rows of its call: a 33-row grouped call equals,
+// row for row, the same rows in reverse order, and itself run again; the per-head kernel's 33-row
+// call equals each row attended alone. Groups 2, 4 and 8 at head_dim 64 and 128, a sliding window,
+// one group the grouped kernel does not take (3: the per-head kernel at any rows), every row its own
+// sequence of 0–600 cached keys (several tiles and score rounds), decode and not.
+TEST(ModelOps, GroupedAttentionMatchesFloat64AndItsRowsAlone) {
   TWELL_REQUIRE_GPU();
   struct G {
     int heads, kv_heads, d, window;
   };
   Rng rng(fresh_seed());
   for (const G s : {G{8, 4, 64, 0}, G{8, 2, 64, 0}, G{16, 2, 64, 0}, G{8, 2, 128, 0}, G{16, 2, 128, 0},
-                    G{8, 4, 128, 0}, G{8, 2, 64, 40}, G{6, 2, 64, 0}}) {
+                    G{8, 4, 128, 0}, G{8, 2, 64, 40}, G{8, 4, 128, 100}, G{6, 2, 64, 0}}) {
     SCOPED_TRACE(::testing::Message() << "heads " << s.heads << "/" << s.kv_heads << " d " << s.d << " window " << s.window);
     const int Q = s.heads * s.d, KV = s.kv_heads * s.d, ld = Q + 2 * KV, layers = 2, layer = 1, R = 33;
     std::vector<DeviceBuffer<__nv_bfloat16>> kbuf, vbuf;
@@ -261,25 +314,48 @@ TEST(ModelOps, GroupedAttentionHasThePerHeadBits) {
       max_keys = std::max(max_keys, cap);
     }
     const auto qkv_h = random_bf16(rng, static_cast<std::size_t>(R * ld));
-    auto qkv = upload<__nv_bfloat16>(qkv_h);
-    auto d_rows = upload(rows);
-    // The 33-row call must take the grouped kernel (groups 2, 4, 8), else both sides are per-head.
-    EXPECT_EQ(cuda::ops::attention_runs_grouped(R, s.heads, s.kv_heads, s.d, max_keys), s.heads / s.kv_heads != 3);
+    // The same rows in reverse order: qkv rows and caches.
+    std::vector<bf16> qkv_rev(qkv_h.size());
+    std::vector<cuda::ops::RowKv> rows_rev(rows.rbegin(), rows.rend());
+    for (int r = 0; r < R; ++r)
+      std::copy_n(qkv_h.begin() + static_cast<std::ptrdiff_t>(r) * ld, ld,
+                  qkv_rev.begin() + static_cast<std::ptrdiff_t>(R - 1 - r) * ld);
+    auto qkv = upload<__nv_bfloat16>(qkv_h), qkv_r = upload<__nv_bfloat16>(qkv_rev);
+    auto d_rows = upload(rows), d_rows_r = upload(rows_rev);
+    const bool grouped = s.heads / s.kv_heads != 3;
+    // The 33-row call must take the grouped kernel (groups 2, 4, 8), else every side is per-head.
+    EXPECT_EQ(cuda::ops::attention_runs_grouped(R, s.heads, s.kv_heads, s.d, max_keys), grouped);
     EXPECT_FALSE(cuda::ops::attention_runs_grouped(1, s.heads, s.kv_heads, s.d, max_keys));
     for (const bool decode : {false, true}) {
-      DeviceBuffer<__nv_bfloat16> all(static_cast<std::size_t>(R * Q)), one(all.size());
-      ASSERT_EQ(cudaMemset(all.get(), 0xff, all.bytes()), cudaSuccess);  // NaN: an unwritten output fails
-      ASSERT_EQ(cudaMemset(one.get(), 0xff, one.bytes()), cudaSuccess);
-      cuda::ops::attention(qkv.get(), R, s.heads, s.kv_heads, s.d, d_rows.get(), layer, max_keys, all.get(), nullptr,
-                           decode, s.window);
+      SCOPED_TRACE(::testing::Message() << "decode " << decode);
+      DeviceBuffer<__nv_bfloat16> all(static_cast<std::size_t>(R * Q)), again(all.size()), rev(all.size()),
+          per_head(all.size()), one(all.size());
+      for (auto* b : {&all, &again, &rev, &per_head, &one})
+        ASSERT_EQ(cudaMemset(b->get(), 0xff, b->bytes()), cudaSuccess);  // NaN: an unwritten output fails
+      const auto call = [&](const DeviceBuffer<__nv_bfloat16>& q, const DeviceBuffer<cuda::ops::RowKv>& rk,
+                            DeviceBuffer<__nv_bfloat16>& o, bool g) {
+        cuda::ops::attention(q.get(), R, s.heads, s.kv_heads, s.d, rk.get(), layer, max_keys, o.get(), nullptr, decode,
+                             s.window, g);
+      };
+      call(qkv, d_rows, all, true);
+      call(qkv, d_rows, again, true);
+      call(qkv_r, d_rows_r, rev, true);
+      call(qkv, d_rows, per_head, false);
       for (int r = 0; r < R; ++r)
         cuda::ops::attention(qkv.get() + static_cast<std::size_t>(r * ld), 1, s.heads, s.kv_heads, s.d, d_rows.get() + r,
                              layer, max_keys, one.get() + static_cast<std::size_t>(r * Q), nullptr, decode, s.window);
       ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-      const auto ga = download<std::uint16_t>(all), go = download<std::uint16_t>(one);
-      EXPECT_EQ(ga, go) << "a row's bits depend on the call's rows (decode " << decode << ")";
-      // float64, as AttentionKernelsMatchFloat64 (its bound: 1.5e-2 of the largest output).
-      double err = 0, scale = 0;
+      const auto ga = download<std::uint16_t>(all), gg = download<std::uint16_t>(again), gr = download<std::uint16_t>(rev),
+                 gp = download<std::uint16_t>(per_head), go = download<std::uint16_t>(one);
+      EXPECT_EQ(ga, gg) << "the grouped call's bits differ from run to run";
+      bool same_rev = true;
+      for (int r = 0; r < R; ++r)
+        same_rev = same_rev && std::equal(ga.begin() + static_cast<std::ptrdiff_t>(r) * Q, ga.begin() + static_cast<std::ptrdiff_t>(r + 1) * Q,
+                                          gr.begin() + static_cast<std::ptrdiff_t>(R - 1 - r) * Q);
+      EXPECT_TRUE(same_rev) << "a row's bits depend on the other rows of its call";
+      EXPECT_EQ(gp, go) << "the per-head kernel's rows depend on the call's rows";
+      // float64, element by element within the derived bounds.
+      double worst_all = 0, worst_one = 0;
       for (int r = 0; r < R; ++r) {
         const int keys = rows[static_cast<std::size_t>(r)].pos + 1, cap = keys;
         const int first = s.window > 0 && keys > s.window ? keys - s.window : 0;
@@ -287,19 +363,25 @@ TEST(ModelOps, GroupedAttentionHasThePerHeadBits) {
         const bf16* V = vh[static_cast<std::size_t>(r)].data() + static_cast<std::size_t>(layer * cap * KV);
         for (int h = 0; h < s.heads; ++h) {
           const int kvh = h / (s.heads / s.kv_heads);
-          const auto want = attention_f64(qkv_h.data() + static_cast<std::size_t>(r * ld + h * s.d), K, V, first, keys,
-                                          s.d, KV, kvh * s.d);
+          const bf16* q = qkv_h.data() + static_cast<std::size_t>(r * ld + h * s.d);
+          const auto tc = attention_f64_bounded(q, K, V, first, keys, s.d, KV, kvh * s.d, grouped);
+          const auto ph = attention_f64_bounded(q, K, V, first, keys, s.d, KV, kvh * s.d, false);
           for (int i = 0; i < s.d; ++i) {
-            const double o = want[static_cast<std::size_t>(i)];
-            const std::uint16_t b = ga[static_cast<std::size_t>(r * Q + h * s.d + i)];
-            bf16 v;
-            v.bits = b;
-            err = std::max(err, std::isnan(to_float(v)) ? INFINITY : std::fabs(to_float(v) - o));
-            scale = std::max(scale, std::fabs(o));
+            const auto at = static_cast<std::size_t>(r * Q + h * s.d + i);
+            bf16 a, o;
+            a.bits = ga[at];
+            o.bits = go[at];
+            const double ea = std::fabs(to_float(a) - tc.want[static_cast<std::size_t>(i)]) / tc.bound[static_cast<std::size_t>(i)];
+            const double eo = std::fabs(to_float(o) - ph.want[static_cast<std::size_t>(i)]) / ph.bound[static_cast<std::size_t>(i)];
+            worst_all = std::max(worst_all, std::isnan(ea) ? INFINITY : ea);
+            worst_one = std::max(worst_one, std::isnan(eo) ? INFINITY : eo);
           }
         }
       }
-      EXPECT_LT(err / scale, 1.5e-2) << "decode " << decode;
+      EXPECT_LE(worst_all, 1.0) << "the 33-row call (grouped: " << grouped << ") against its bound";
+      EXPECT_LE(worst_one, 1.0) << "one row at a time (the per-head kernel) against its bound";
+      RecordProperty("worst_error_of_bound_grouped", std::to_string(worst_all));
+      RecordProperty("worst_error_of_bound_per_head", std::to_string(worst_one));
     }
   }
 }
@@ -311,15 +393,18 @@ TEST(ModelOps, GroupedAttentionHasThePerHeadBits) {
 // with the new rows), launched programmatically on a non-blocking stream: an attention that read
 // anything new before its wait would see the old bytes. Against rope_store_kv then attention without
 // the flag or programmatic launches, bit for bit, at positions around the first loop step's ends
-// (255, 256, the V step's 64 / 128 keys), head_dim 64 and 128, GQA and MHA. (Without sm_90 the
-// launches are plain and the test checks the values only.)
+// (255, 256, the V step's 64 / 128 keys; the grouped kernel's tiles of 64 keys, the row's own key in
+// a first tile or a later one), head_dim 64 and 128, GQA and MHA; 33 rows, so that the GQA cases run
+// the grouped kernel. (Without sm_90 the launches are plain and the test checks the values only.)
 TEST(ModelOps, DecodeAttentionReadsOldKeysEarlyAndTheNewOneAfter) {
   TWELL_REQUIRE_GPU();
   Rng rng(fresh_seed());
   struct Case {
     int heads, kv_heads, d;
   };
-  const std::vector<int> positions = {0, 1, 63, 64, 127, 128, 129, 255, 256, 300, 700};
+  std::vector<int> positions;
+  for (int k = 0; k < 3; ++k)
+    for (int p : {0, 1, 63, 64, 127, 128, 129, 255, 256, 300, 700}) positions.push_back(p + k);
   cudaStream_t stream = nullptr;
   ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
   for (const Case cs : {Case{4, 2, 64}, Case{8, 8, 64}, Case{4, 1, 128}, Case{2, 2, 128}}) {
@@ -344,6 +429,7 @@ TEST(ModelOps, DecodeAttentionReadsOldKeysEarlyAndTheNewOneAfter) {
       return upload(rows);
     };
     auto rows_a = rows_in(a), rows_b = rows_in(b);
+    EXPECT_EQ(cuda::ops::attention_runs_grouped(T, cs.heads, cs.kv_heads, cs.d, cap), cs.heads != cs.kv_heads);
     DeviceBuffer<__nv_bfloat16> out_ref(static_cast<std::size_t>(T) * Q), out_early(out_ref.size());
     // Reference: a's new rows written, then the attention reads them (plain launches, flag off).
     cuda::ops::rope_store_kv(a.get(), T, cs.heads, cs.kv_heads, cs.d, dcos.get(), dsin.get(), rows_a.get(), layer, stream);

@@ -177,4 +177,44 @@ __device__ __forceinline__ void prefetch_l2(const void* p) {
   for (int b = 0; b < Bytes; b += 128) asm volatile("prefetch.global.L2 [%0];" ::"l"(c + b));
 }
 
+// D (16 × 8, fp32) += A (16 × 16, bf16, row) · B (16 × 8, bf16, col): mma.m16n8k16. Fragments (g =
+// lane / 4, t = lane % 4): a0 = A[g][2t, 2t + 1], a1 = A[g + 8][same], a2 = A[g][2t + 8, 2t + 9],
+// a3 = A[g + 8][same]; b0 = B[2t, 2t + 1][g], b1 = B[2t + 8, 2t + 9][g]; d0, d1 = D[g][2t, 2t + 1],
+// d2, d3 = D[g + 8][same]. The products are exact; within a k16 step the sum aligns and truncates.
+__device__ __forceinline__ void mma_16816_bf16(float (&d)[4], unsigned a0, unsigned a1, unsigned a2, unsigned a3,
+                                               unsigned b0, unsigned b1) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%0, %1, %2, %3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+#elif defined(__CUDA_ARCH__)
+  __trap();  // no bf16 mma below sm_80: fail loudly rather than leave zeros
+#endif
+}
+
+// ldmatrix (sm_80+): four 8 × 8 b16 matrices from shared memory, matrix j's 8 rows (16 bytes each)
+// at the addresses lanes 8j … 8j + 7 give; register j of lane l holds row l / 4, elements 2(l % 4)
+// and + 1 of matrix j (with .trans: column l / 4, rows 2(l % 4) and + 1).
+__device__ __forceinline__ void ldmatrix_x4(std::uint32_t addr, unsigned& r0, unsigned& r1, unsigned& r2, unsigned& r3) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
+               : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
+               : "r"(addr));
+#elif defined(__CUDA_ARCH__)
+  __trap();
+#endif
+}
+__device__ __forceinline__ void ldmatrix_x4_trans(std::uint32_t addr, unsigned& r0, unsigned& r1, unsigned& r2,
+                                                  unsigned& r3) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];"
+               : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
+               : "r"(addr));
+#elif defined(__CUDA_ARCH__)
+  __trap();
+#endif
+}
+
 }  // namespace twell::cuda::dev

@@ -23,6 +23,7 @@
 
 #include <cstdint>
 
+#include "cuda/common/device_math.cuh"
 #include "cuda/common/launch.cuh"
 #include "cuda/ops/gemv.hpp"
 
@@ -31,20 +32,6 @@ namespace twell::cuda::detail {
 inline constexpr int kGemvMmaWarps = 8;  // warps per CTA, each a share of K
 inline constexpr int kGemvMmaRows = 16;  // W rows (outputs) per CTA: mma's M
 inline constexpr int kGemvMmaWin = 2;    // 64-element K blocks a warp has in flight
-
-// D (16 × 8, fp32) += A (16 × 16, bf16, row) · B (16 × 8, bf16, col).
-__device__ __forceinline__ void mma_16816_bf16(float (&d)[4], unsigned a0, unsigned a1, unsigned a2, unsigned a3,
-                                               unsigned b0, unsigned b1) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-      "{%0, %1, %2, %3};\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-#elif defined(__CUDA_ARCH__)
-  __trap();  // no bf16 mma below sm_80: fail loudly rather than leave zeros
-#endif
-}
 
 __device__ __forceinline__ unsigned word(const uint4& v, int i) {
   return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
@@ -119,7 +106,7 @@ __device__ __forceinline__ void gemv_mma_partials(const TwellGemvParams& p,
         const unsigned a2 = word(cur[i][0][c], r0 + 1), a3 = word(cur[i][1][c], r0 + 1);
 #pragma unroll
         for (int j = 0; j < NT; ++j)
-          mma_16816_bf16(acc[j], a0, a1, a2, a3, word(xv[i][j][c], r0), word(xv[i][j][c], r0 + 1));
+          dev::mma_16816_bf16(acc[j], a0, a1, a2, a3, word(xv[i][j][c], r0), word(xv[i][j][c], r0 + 1));
       }
   }
   // D's fragment: acc[j][0..1] row g, tokens 8j + 2t, + 1; acc[j][2..3] row g + 8, the same tokens.
