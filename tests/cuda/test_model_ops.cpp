@@ -198,7 +198,8 @@ TEST(ModelOps, AttentionKernelsMatchFloat64) {
       cuda::ops::flash_attention(qkv.get(), static_cast<std::int64_t>(blocks.size()), s.heads, s.kv_heads, s.d,
                                  d_blocks.get(), d_rows.get(), layer, o2.get(), nullptr);
     ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-    const auto g1 = download<bf16>(o1), g2 = download<bf16>(o2);
+    // o2 is written only where the flash kernel ran (an unwritten buffer is not read: initcheck).
+    const auto g1 = download<bf16>(o1), g2 = flash ? download<bf16>(o2) : std::vector<bf16>{};
     // float64 reference (the flash kernel: head_dim 64 and 128 only)
     double e1 = 0, e2 = 0, scale = 0;
     int r = 0;
