@@ -40,12 +40,14 @@
 
 #include "cuda/common/device_buffer.hpp"
 #include "cuda/ops/model_ops.hpp"
+#include "probe_check.hpp"
 
 #define CUDNN_FRONTEND_SKIP_JSON_LIB 1
 #include <cudnn_frontend.h>
 
 namespace fe = cudnn_frontend;
 using namespace twell::cuda;
+using namespace twell::probe;
 
 #define CK(x)                                                                                   \
   do {                                                                                          \
@@ -60,12 +62,6 @@ namespace {
 
 enum Uid : fe::graph::Tensor_attributes::uid_t { kQ = 1, kK, kV, kO, kSeqQ, kSeqKv, kPageK, kPageV };
 
-float bf16_float(unsigned short b) {
-  const std::uint32_t u = static_cast<std::uint32_t>(b) << 16;
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-}
 
 double elapsed_us(cudaStream_t s, int reps, const std::function<void()>& body) {
   cudaEvent_t a, b;
@@ -269,6 +265,8 @@ int main(int argc, char** argv) {
         };
         // Checks: the last layer, every head of the last row, queries at unit scale and at 40×.
         const int lc = layers - 1, r = rows - 1;
+        // The library at 32 rows or more of a GQA call runs its grouped tensor-core kernel: its own bound.
+        const bool lib_grouped = ops::attention_runs_grouped(rows, md.heads, md.kv_heads, md.d, keys);
         double worst_lib = 0;
         bool finite = true;
         for (const float qs : {1.0f, 40.0f}) {
@@ -295,7 +293,7 @@ int main(int argc, char** argv) {
             for (auto& x : hc[vi]) finite = finite && (x & 0x7f80u) != 0x7f80u;
             // Replays: 8 more runs, each against the first.
             double mag = 0;
-            for (auto& x : hc[vi]) mag = std::max(mag, static_cast<double>(std::abs(bf16_float(x))));
+            for (auto& x : hc[vi]) mag = std::max(mag, static_cast<double>(std::abs(bf16_to_float(x))));
             for (int rep = 0; rep < 8; ++rep) {
               launch_cudnn(v, lc);
               std::vector<unsigned short> again(out.size());
@@ -305,7 +303,7 @@ int main(int argc, char** argv) {
               for (std::size_t i = 0; i < again.size(); ++i)
                 if (again[i] != hc[vi][i]) {
                   ++n;
-                  v.max_diff = std::max(v.max_diff, std::abs(bf16_float(again[i]) - bf16_float(hc[vi][i])) / mag);
+                  v.max_diff = std::max(v.max_diff, std::abs(bf16_to_float(again[i]) - bf16_to_float(hc[vi][i])) / mag);
                 }
               v.differ = std::max(v.differ, n);
               v.same_bits = v.same_bits && n == 0;
@@ -321,45 +319,19 @@ int main(int argc, char** argv) {
           }
           for (int hd = 0; hd < md.heads; ++hd) {
             const int kvh = hd / (md.heads / md.kv_heads);
-            std::vector<double> sc(static_cast<std::size_t>(keys));
-            double mx = -1e300, e_score = 0;
-            for (int t = 0; t < keys; ++t) {
-              double a = 0, a_abs = 0;
-              for (int i = 0; i < md.d; ++i) {
-                const double term = static_cast<double>(bf16_float(hq[static_cast<std::size_t>(r * row + hd * md.d + i)])) *
-                                    bf16_float(hk[static_cast<std::size_t>(t * kv_dim + kvh * md.d + i)]);
-                a += term;
-                a_abs += std::abs(term);
-              }
-              sc[t] = a / std::sqrt(static_cast<double>(md.d));
-              e_score = std::max(e_score, (md.d + 2) * std::ldexp(a_abs / std::sqrt(static_cast<double>(md.d)), -24));
-              mx = std::max(mx, sc[t]);
-            }
-            double z = 0, e_exp = 0;
-            for (double& v : sc) {
-              e_exp = std::max(e_exp, (2.0 + 1.2 * (mx - v)) * std::ldexp(1.0, -23));
-              z += (v = std::exp(v - mx));
-            }
-            e_exp = std::min(e_exp, 1.0);
+            // The library's bound (probe_check.hpp), and the same with the probabilities rounded to
+            // bf16 before P·V (one more 2⁻⁸ relative on each term: 2⁻⁸ Σ p|v|).
+            const AttentionF64 ref = attention_f64_head(hq.data() + r * row + hd * md.d, hk.data(), hv.data(), keys, md.d,
+                                                        kv_dim, kvh * md.d);
             for (int i = 0; i < md.d; ++i) {
-              double want = 0, mag = 0;
-              for (int t = 0; t < keys; ++t) {
-                const double pv = sc[t] / z * bf16_float(hv[static_cast<std::size_t>(t * kv_dim + kvh * md.d + i)]);
-                want += pv;
-                mag += std::abs(pv);
-              }
-              // The library's bound (probe_decode_attention's derivation), and the same with the
-              // probabilities rounded to bf16 before P·V (one more 2⁻⁸ relative on each term).
-              const double bound = std::ldexp(std::abs(want), -8) + mag * (keys * std::ldexp(1.0, -24) + 2 * e_score + e_exp) + 1e-30;
-              const double bound_p = bound + std::ldexp(mag, -8);
               const std::size_t at = static_cast<std::size_t>(r * q_dim + hd * md.d + i);
-              const double el = std::abs(bf16_float(ho[at]) - want);
-              worst_lib = std::max(worst_lib, std::isnan(el) ? 1e30 : el / bound);
+              const double el = std::abs(bf16_to_float(ho[at]) - ref.want[i]);
+              worst_lib = std::max(worst_lib, std::isnan(el) ? 1e30 : el / (lib_grouped ? ref.bound_tc[i] : ref.bound[i]));
               for (int vi = 0; vi < 2; ++vi) {
                 if (!var[vi].graph) continue;
-                const double ec = std::abs(bf16_float(hc[vi][at]) - want);
-                var[vi].worst = std::max(var[vi].worst, std::isnan(ec) ? 1e30 : ec / bound);
-                var[vi].worst_p = std::max(var[vi].worst_p, std::isnan(ec) ? 1e30 : ec / bound_p);
+                const double ec = std::abs(bf16_to_float(hc[vi][at]) - ref.want[i]);
+                var[vi].worst = std::max(var[vi].worst, std::isnan(ec) ? 1e30 : ec / ref.bound[i]);
+                var[vi].worst_p = std::max(var[vi].worst_p, std::isnan(ec) ? 1e30 : ec / (ref.bound[i] + std::ldexp(ref.mag[i], -8)));
               }
             }
           }

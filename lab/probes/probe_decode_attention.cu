@@ -630,54 +630,19 @@ int main(int argc, char** argv) {
           CK(cudaMemcpy(hk.data(), kc[r].get() + lc * layer_stride, hk.size() * 2, cudaMemcpyDeviceToHost));
           CK(cudaMemcpy(hv.data(), vc[r].get() + lc * layer_stride, hv.size() * 2, cudaMemcpyDeviceToHost));
           const std::vector<unsigned short>* outputs[5] = {&ho, &hsplit, &hpipe, &hpipe3, group_fits ? &hgroup : nullptr};
+          // Against float64, each output within its kernel's derived bound (probe_check.hpp; the
+          // library's grouped tensor-core kernel its own).
           for (int h = 0; h < md.heads; ++h) {
             const int kvh = h / (md.heads / md.kv_heads);
-            std::vector<double> sc(static_cast<std::size_t>(keys));
-            double mx = -1e300, e_score = 0;
-            for (int t = 0; t < keys; ++t) {
-              double a = 0, a_abs = 0;
-              for (int i = 0; i < md.d; ++i) {
-                const double term = static_cast<double>(bf16_to_float(hq[static_cast<std::size_t>(r * (q_dim + 2 * kv_dim) + h * md.d + i)])) *
-                                    bf16_to_float(hk[static_cast<std::size_t>(t * kv_dim + kvh * md.d + i)]);
-                a += term;
-                a_abs += std::abs(term);
-              }
-              sc[t] = a / std::sqrt(static_cast<double>(md.d));
-              e_score = std::max(e_score, (md.d + 2) * std::ldexp(a_abs / std::sqrt(static_cast<double>(md.d)), -24));
-              mx = std::max(mx, sc[t]);
-            }
-            double z = 0, e_exp = 0, range = 0;  // range: the largest score less the smallest
-            for (double& v : sc) {
-              range = std::max(range, mx - v);
-              e_exp = std::max(e_exp, (2.0 + 1.2 * (mx - v)) * std::ldexp(1.0, -23));
-              z += (v = std::exp(v - mx));
-            }
-            // A probability below 2⁻¹²⁶ · z is flushed by __expf; its share of the output is below that.
-            e_exp = std::min(e_exp, 1.0);
-            for (int i = 0; i < md.d; ++i) {
-              double want = 0, mag = 0;
-              for (int t = 0; t < keys; ++t) {
-                const double pv = sc[t] / z * bf16_to_float(hv[static_cast<std::size_t>(t * kv_dim + kvh * md.d + i)]);
-                want += pv;
-                mag += std::abs(pv);
-              }
-              const double bound = std::ldexp(std::abs(want), -8) + mag * (keys * std::ldexp(1.0, -24) + 2 * e_score + e_exp) + 1e-30;
-              // The library's grouped tensor-core kernel's (attention.cu): its sums truncating (2⁻²³ a step: the scores' term
-              // doubled, the keys' sum at 2⁻²³), P's two halves (2⁻¹⁶), and the online softmax's
-              // exps: each tile's and the combination's rescaling, (2 + 1.2 |Δm|) ulps each plus a
-              // rounding, the Δm adding up to at most the scores' range, twice.
-              const int tiles = (keys + 63) / 64;  // the grouped kernel's tiles of 64 keys
-              const double bound_mma = std::ldexp(std::abs(want), -8) +
-                                       mag * (keys * std::ldexp(1.0, -23) + std::ldexp(1.0, -16) + 4 * e_score + e_exp +
-                                              (3.0 * (tiles + 2) + 2.4 * range) * std::ldexp(1.0, -23)) +
-                                       1e-30;
+            const AttentionF64 ref = attention_f64_head(hq.data() + r * (q_dim + 2 * kv_dim) + h * md.d, hk.data(), hv.data(),
+                                                        keys, md.d, kv_dim, kvh * md.d);
+            for (int i = 0; i < md.d; ++i)
               for (int k = 0; k < 5; ++k) {
                 if (!outputs[k]) continue;
                 const unsigned short b = (*outputs[k])[static_cast<std::size_t>(r * q_dim + h * md.d + i)];
-                const double err = std::abs(bf16_to_float(b) - want) / (k == 0 && lib_grouped ? bound_mma : bound);
+                const double err = std::abs(bf16_to_float(b) - ref.want[i]) / (k == 0 && lib_grouped ? ref.bound_tc[i] : ref.bound[i]);
                 worst[k] = std::max(worst[k], std::isnan(err) ? 1e30 : err);
               }
-            }
           }
           for (const auto* hout : outputs)
             if (hout)

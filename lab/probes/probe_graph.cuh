@@ -2,7 +2,7 @@
 // Helpers the GPU probes share: a checked CUDA call that exits on failure (a probe is a lab tool,
 // not the library), seeded normal weights filled on the device, µs per launch of a body of
 // launches captured once into a CUDA graph and replayed (events around a body: elapsed_ms), and the
-// device-to-device copy bandwidth.
+// device-to-device copy bandwidth. The host-side checks are probe_check.hpp's.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -13,6 +13,8 @@
 #include <cstdlib>
 #include <cstring>
 #include <functional>
+
+#include "probe_check.hpp"
 
 namespace twell::probe {
 
@@ -42,42 +44,6 @@ static __global__ void fill(__nv_bfloat16* w, long long rows, int cols, float sc
     const int c = static_cast<int>(i % cols);
     w[i] = __float2bfloat16_rn(c == bias_col ? bias : hash_normal(i, seed) * scale);
   }
-}
-
-// The float a bf16's bits stand for (a host copy of device output).
-inline float bf16_to_float(unsigned short b) {
-  const unsigned u = static_cast<unsigned>(b) << 16;
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-}
-
-// Σ x[i] · w[i] over k bf16 pairs (raw bits) in float64, and Σ |x[i] · w[i]|.
-struct ExactDot {
-  double sum = 0, mag = 0;
-};
-inline ExactDot exact_dot(const unsigned short* x, const unsigned short* w, int k) {
-  ExactDot e;
-  for (int i = 0; i < k; ++i) {
-    const double v = static_cast<double>(bf16_to_float(x[i])) * bf16_to_float(w[i]);
-    e.sum += v;
-    e.mag += std::abs(v);
-  }
-  return e;
-}
-
-// Whether y is within the bound of a k-term dot product summed in fp32: k · 2⁻²⁴ · Σ|x·w|, plus one
-// bf16 rounding of the result (2⁻⁸ |sum|) where the output is bf16. False for a NaN.
-inline bool within_dot_bound(double y, const ExactDot& e, int k, bool bf16_out) {
-  const double bound = (bf16_out ? std::ldexp(std::abs(e.sum), -8) : 0.0) + k * std::ldexp(e.mag, -24) + 1e-30;
-  return std::abs(y - e.sum) <= bound;
-}
-
-// One bf16 step (2^-7 of the leading power of two) at |v|: a bound of one bf16 rounding near v.
-inline double bf16_step(double v) {
-  int e = 0;
-  std::frexp(std::max(std::fabs(v), 1e-30), &e);  // v = f · 2^e, f in [0.5, 1)
-  return std::ldexp(1.0, e - 8);
 }
 
 // Milliseconds between two events on s around what body enqueues there (events freed after).
