@@ -129,6 +129,21 @@ def fast_model(model, max_len, batch, cache=True, attn="sdpa"):
     return FastLlama.from_hf(model, max_len=max_len, batch=batch, cache=cache, attn=attn)
 
 
+def capture_step(compiled, ids_in, pos_in):
+    """Compiles and warms up compiled(ids_in, pos_in) on a side stream (3 calls), then captures one
+    call into a torch.cuda.CUDAGraph: (the graph, the call's output buffer)."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            compiled(ids_in, pos_in)
+    torch.cuda.current_stream().wait_stream(side)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        out = compiled(ids_in, pos_in)
+    return g, out
+
+
 def fast_decode_rate(fast, prompt, steps, reps, mode="reduce-overhead", graph=False):
     """Greedy decode through FastLlama, one compiled step (CUDA graphs under "reduce-overhead");
     time per token as decode_rate. graph: the compiled step (a mode without CUDA graphs) captured
@@ -152,18 +167,9 @@ def fast_decode_rate(fast, prompt, steps, reps, mode="reduce-overhead", graph=Fa
             ids_in.copy_(nxt_col)
             pos_in.copy_(pos)
             if "graph" not in held:
-                # Compile and warm up on a side stream, then capture. The warm-up steps write the
-                # cache at this position with these ids, as the step itself does: the same bytes.
-                side = torch.cuda.Stream()
-                side.wait_stream(torch.cuda.current_stream())
-                with torch.cuda.stream(side):
-                    for _ in range(3):
-                        compiled(ids_in, pos_in)
-                torch.cuda.current_stream().wait_stream(side)
-                g = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(g):
-                    held["out"] = compiled(ids_in, pos_in)
-                held["graph"] = g
+                # The warm-up steps write the cache at this position with these ids, as the step
+                # itself does: the same bytes.
+                held["graph"], held["out"] = capture_step(compiled, ids_in, pos_in)
             held["graph"].replay()
             return held["out"]
 

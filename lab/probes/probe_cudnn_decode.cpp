@@ -41,6 +41,7 @@
 #include "cuda/common/device_buffer.hpp"
 #include "cuda/ops/model_ops.hpp"
 #include "probe_check.hpp"
+#include "probe_timing.hpp"
 
 #define CUDNN_FRONTEND_SKIP_JSON_LIB 1
 #include <cudnn_frontend.h>
@@ -49,49 +50,11 @@ namespace fe = cudnn_frontend;
 using namespace twell::cuda;
 using namespace twell::probe;
 
-#define CK(x)                                                                                   \
-  do {                                                                                          \
-    const cudaError_t e_ = (x);                                                                 \
-    if (e_ != cudaSuccess) {                                                                    \
-      std::fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
-      std::exit(1);                                                                             \
-    }                                                                                           \
-  } while (0)
 
 namespace {
 
 enum Uid : fe::graph::Tensor_attributes::uid_t { kQ = 1, kK, kV, kO, kSeqQ, kSeqKv, kPageK, kPageV };
 
-
-double elapsed_us(cudaStream_t s, int reps, const std::function<void()>& body) {
-  cudaEvent_t a, b;
-  CK(cudaEventCreate(&a));
-  CK(cudaEventCreate(&b));
-  CK(cudaEventRecord(a, s));
-  for (int i = 0; i < reps; ++i) body();
-  CK(cudaEventRecord(b, s));
-  CK(cudaEventSynchronize(b));
-  float ms = 0;
-  CK(cudaEventElapsedTime(&ms, a, b));
-  CK(cudaEventDestroy(a));
-  CK(cudaEventDestroy(b));
-  return 1000.0 * ms / reps;
-}
-
-// µs a launch of body's `launches` launches, captured into one graph and replayed (3 warm-up replays).
-double time_graph(cudaStream_t s, int launches, const std::function<void()>& body) {
-  cudaGraph_t g;
-  cudaGraphExec_t ge;
-  CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
-  body();
-  CK(cudaStreamEndCapture(s, &g));
-  CK(cudaGraphInstantiate(&ge, g, 0));
-  for (int i = 0; i < 3; ++i) CK(cudaGraphLaunch(ge, s));
-  const double us = elapsed_us(s, 20, [&] { CK(cudaGraphLaunch(ge, s)); });
-  CK(cudaGraphExecDestroy(ge));
-  CK(cudaGraphDestroy(g));
-  return us / launches;
-}
 
 // The decode SDPA graph for `rows` rows of one query each over paged caches of `blocks` blocks and
 // `pages` pages a row; null with the reason printed where cuDNN refuses it.
@@ -159,15 +122,7 @@ int main(int argc, char** argv) {
     return 1;
   }
   if (cudnnSetStream(h, s) != CUDNN_STATUS_SUCCESS) return 1;
-  // The copy bandwidth (bytes read + written a second, as twell bench model reports it).
-  double copy = 0;
-  {
-    DeviceBuffer<unsigned char> a(1ull << 30), b(1ull << 30);
-    CK(cudaMemsetAsync(a.get(), 1, a.bytes(), s));
-    CK(cudaMemcpyAsync(b.get(), a.get(), a.bytes(), cudaMemcpyDeviceToDevice, s));
-    const double us = elapsed_us(s, 10, [&] { CK(cudaMemcpyAsync(b.get(), a.get(), a.bytes(), cudaMemcpyDeviceToDevice, s)); });
-    copy = 2.0 * a.bytes() / (us * 1e-6) / 1e9;
-  }
+  const double copy = copy_gbps(s);  // bytes read + written a second, as twell bench model reports it
   std::printf("device %s, %d SMs, L2 %.0f MB, cuDNN %zu; copy bandwidth %.0f GB/s\n", prop.name, prop.multiProcessorCount,
               prop.l2CacheSize / 1e6, cudnnGetVersion(), copy);
   // A pattern of random bf16 values in [-1, 1), copied over the pools at shifting offsets.
@@ -337,7 +292,7 @@ int main(int argc, char** argv) {
           }
         }
         const auto gbs = [&](double us) { return kv_bytes / (us * 1e-6) / 1e9; };
-        const double us_lib = time_graph(s, layers, [&] {
+        const double us_lib = time_graph(s, 20, layers, [&] {
           for (int l = 0; l < layers; ++l) launch(l);
         });
         bool ok = finite && worst_lib <= 1.0;
@@ -353,12 +308,13 @@ int main(int argc, char** argv) {
             if (vi == 0) ok = false;
             continue;
           }
-          const double us = time_graph(s, layers, [&] {
+          const double us = time_graph(s, 20, layers, [&] {
             for (int l = 0; l < layers; ++l) launch_cudnn(v, l);
           });
-          const double us_plain = elapsed_us(s, 5, [&] {
-                                    for (int l = 0; l < layers; ++l) launch_cudnn(v, l);
-                                  }) / layers;
+          const double us_plain = 1000.0 * elapsed_ms(s, [&] {
+                                    for (int rep = 0; rep < 5; ++rep)
+                                      for (int l = 0; l < layers; ++l) launch_cudnn(v, l);
+                                  }) / (5 * layers);
           std::printf(" %9.2f %7.0f %6.0f%% %9.2f %8.2fx |", us, gbs(us), 100 * gbs(us) / copy, us_plain, us_lib / us);
           char buf[400];
           std::snprintf(buf, sizeof buf, " [%s: %s; error/bound %.2f, with bf16 P %.2f; replays %s]", tag, v.engine.c_str(),

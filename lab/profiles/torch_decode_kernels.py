@@ -26,7 +26,7 @@ except ImportError as e:
     sys.exit(77)
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "bench", "model"))
-from torch_yardstick import compile_mode, fast_model  # noqa: E402
+from torch_yardstick import capture_step, compile_mode, fast_model  # noqa: E402
 
 
 def kernel_records(prof):
@@ -79,15 +79,7 @@ def main():
         nxt = fast.prefill(prompt)
         ids_in.copy_(nxt[:, None])
         pos_in.fill_(a.context)
-        side = torch.cuda.Stream()  # compile and warm up off the capturing stream, as the yardstick does
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            for _ in range(3):
-                compiled(ids_in, pos_in)
-        torch.cuda.current_stream().wait_stream(side)
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g):
-            out = compiled(ids_in, pos_in)
+        g, out = capture_step(compiled, ids_in, pos_in)  # as the yardstick's row captures it
 
         def step(i):
             pos_in.fill_(a.context + i)
