@@ -51,11 +51,13 @@ inline double bf16_step(double v) {
 // bound (the per-head kernel, fp32 throughout): the output's bf16 rounding, 2⁻⁸ |o|; the fp32 sums
 // over the keys, keys · 2⁻²⁴ Σ p|v|; the scores' fp32 error, which moves each probability by a
 // factor e^(±(e_t + max e)), e_t = (d + 2) · 2⁻²⁴ · Σ_i |q_i k_i| / √d for key t, twice; __expf's
-// (2 + 1.2 |s_t − max|) ulps (a probability below 2⁻¹²⁶ · z is flushed, its share below that).
+// (2 + 1.2 |s_t − max|) ulps, twice (a probability's error moves the normalised output through the
+// numerator and the denominator; a probability below 2⁻¹²⁶ · z is flushed, its share below that).
 // bound_tc (the grouped tensor-core kernel, attention.cu): its sums may truncate (2⁻²³ a step: the
 // scores' term doubled, the keys' sum at 2⁻²³), P's two bf16 halves (2⁻¹⁶), and the online
 // softmax's rescalings, each (2 + 1.2 |Δm|) ulps plus a rounding over tiles of 64 keys, the Δm
-// adding up to the scores' range at most, twice (the tiles' and the warps' combination).
+// adding up to the scores' range at most, twice (the tiles' and the warps' combination), and all of
+// it twice again (numerator and denominator).
 // A kernel that dropped one key of 2049 is off by ≈ 1 / 2049 of a value (≈ 5e-4).
 struct AttentionF64 {
   std::vector<double> want, mag, bound, bound_tc;
@@ -78,9 +80,9 @@ inline AttentionF64 attention_f64_head(const unsigned short* q, const unsigned s
   }
   e_exp = std::min(e_exp, 1.0);
   const int tiles = (keys + 63) / 64;
-  const double rel = keys * std::ldexp(1.0, -24) + 2 * e_score + e_exp;
-  const double rel_tc = keys * std::ldexp(1.0, -23) + std::ldexp(1.0, -16) + 4 * e_score + e_exp +
-                        (3.0 * (tiles + 2) + 2.4 * range) * std::ldexp(1.0, -23);
+  const double rel = keys * std::ldexp(1.0, -24) + 2 * e_score + 2 * e_exp;
+  const double rel_tc = keys * std::ldexp(1.0, -23) + std::ldexp(1.0, -16) + 4 * e_score + 2 * e_exp +
+                        2 * (3.0 * (tiles + 2) + 2.4 * range) * std::ldexp(1.0, -23);
   AttentionF64 out;
   for (int i = 0; i < d; ++i) {
     double want = 0, mag = 0;

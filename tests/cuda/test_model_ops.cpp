@@ -236,10 +236,11 @@ TEST(ModelOps, AttentionKernelsMatchFloat64) {
 // kernel (tensor_cores false): the output's bf16 rounding, 2⁻⁸ |o|; the fp32 sums over the keys,
 // keys · 2⁻²⁴ Σ p|v|; the scores' fp32 error, which moves each probability by a factor
 // e^(±(e_t + max e)), e_t = (d + 2) · 2⁻²⁴ Σ_i |q_i k_i| / √d, twice; __expf's (2 + 1.2 |s_t − max|)
-// ulps. The grouped tensor-core kernel (tensor_cores true): its sums may truncate (2⁻²³ a step: the
-// scores' term doubled, the keys' sum at 2⁻²³), P's two bf16 halves (2⁻¹⁶ Σ p|v|), and the online
-// softmax's rescalings, each (2 + 1.2 |Δm|) ulps plus a rounding, the Δm adding up to the scores'
-// range at most, twice (the tiles' and the warps' combination).
+// ulps, twice (a probability's error moves the normalised output both through the numerator and the
+// denominator). The grouped tensor-core kernel (tensor_cores true): its sums may truncate (2⁻²³ a
+// step: the scores' term doubled, the keys' sum at 2⁻²³), P's two bf16 halves (2⁻¹⁶ Σ p|v|), and the
+// online softmax's rescalings, each (2 + 1.2 |Δm|) ulps plus a rounding, the Δm adding up to the
+// scores' range at most, twice (the tiles' and the warps' combination), and all of it twice again.
 struct Bounded {
   std::vector<double> want, bound;
 };
@@ -267,9 +268,11 @@ Bounded attention_f64_bounded(const bf16* q, const bf16* K, const bf16* V, int f
   }
   e_exp = std::min(e_exp, 1.0);
   const int tiles = (keys - 1) / 64 - first / 64 + 1;  // the grouped kernel's tiles of 64 keys
-  const double rel = tensor_cores ? n * std::ldexp(1.0, -23) + std::ldexp(1.0, -16) + 4 * e_score + e_exp +
-                                        (3.0 * (tiles + 2) + 2.4 * range) * std::ldexp(1.0, -23)
-                                  : n * std::ldexp(1.0, -24) + 2 * e_score + e_exp;
+  // Each probability's relative error δ moves the normalised output by up to 2δ Σ p|v| (numerator
+  // and denominator err in opposite directions): the exps' terms count twice, as the scores' do.
+  const double rel = tensor_cores ? n * std::ldexp(1.0, -23) + std::ldexp(1.0, -16) + 4 * e_score + 2 * e_exp +
+                                        2 * (3.0 * (tiles + 2) + 2.4 * range) * std::ldexp(1.0, -23)
+                                  : n * std::ldexp(1.0, -24) + 2 * e_score + 2 * e_exp;
   Bounded out{std::vector<double>(static_cast<std::size_t>(d)), std::vector<double>(static_cast<std::size_t>(d))};
   for (int i = 0; i < d; ++i) {
     double acc = 0, mag = 0;
@@ -287,8 +290,9 @@ Bounded attention_f64_bounded(const bf16* q, const bf16* K, const bf16* V, int f
 // GQA calls of 32 rows or more run the grouped tensor-core kernel (a CTA a (row, KV head)); fewer
 // rows, and grouped = false, the per-head one. Each within its derived float64 bound, element by
 // element. A row's bits must not depend on the other rows of its call: a 33-row grouped call equals,
-// row for row, the same rows in reverse order, and itself run again; the per-head kernel's 33-row
-// call equals each row attended alone. Groups 2, 4 and 8 at head_dim 64 and 128, a sliding window,
+// row for row, the same rows in reverse order, itself run again, and the same caches paged (each
+// row's blocks shuffled through its block table); the per-head kernel's 33-row call equals each row
+// attended alone. Groups 2, 4 and 8 at head_dim 64 and 128, a sliding window,
 // one group the grouped kernel does not take (3: the per-head kernel at any rows), every row its own
 // sequence of 0–600 cached keys (several tiles and score rounds), decode and not.
 TEST(ModelOps, GroupedAttentionMatchesFloat64AndItsRowsAlone) {
@@ -323,6 +327,32 @@ TEST(ModelOps, GroupedAttentionMatchesFloat64AndItsRowsAlone) {
                   qkv_rev.begin() + static_cast<std::ptrdiff_t>(R - 1 - r) * ld);
     auto qkv = upload<__nv_bfloat16>(qkv_h), qkv_r = upload<__nv_bfloat16>(qkv_rev);
     auto d_rows = upload(rows), d_rows_r = upload(rows_rev);
+    // The same caches paged: row r's blocks of kKvBlockRows positions in a shuffled order (its block
+    // table), each layer [blocks · 16, KV].
+    constexpr int kB = cuda::ops::kKvBlockRows;
+    std::vector<DeviceBuffer<__nv_bfloat16>> kpaged, vpaged;
+    std::vector<DeviceBuffer<std::int32_t>> tables;
+    std::vector<cuda::ops::RowKv> rows_paged;
+    for (int r = 0; r < R; ++r) {
+      const int cap = rows[static_cast<std::size_t>(r)].pos + 1, nb = (cap + kB - 1) / kB;
+      std::vector<std::int32_t> t(static_cast<std::size_t>(nb));
+      for (int j = 0; j < nb; ++j) t[static_cast<std::size_t>(j)] = j;
+      for (int j = nb - 1; j > 0; --j) std::swap(t[static_cast<std::size_t>(j)], t[static_cast<std::size_t>(rng.below(j + 1))]);
+      std::vector<bf16> kp(static_cast<std::size_t>(layers) * nb * kB * KV), vp(kp.size());
+      for (int l = 0; l < layers; ++l)
+        for (int p = 0; p < cap; ++p) {
+          const std::size_t from = (static_cast<std::size_t>(l) * cap + p) * KV;
+          const std::size_t to = (static_cast<std::size_t>(l) * nb * kB + static_cast<std::size_t>(t[static_cast<std::size_t>(p / kB)]) * kB + p % kB) * KV;
+          std::copy_n(kh[static_cast<std::size_t>(r)].begin() + static_cast<std::ptrdiff_t>(from), KV, kp.begin() + static_cast<std::ptrdiff_t>(to));
+          std::copy_n(vh[static_cast<std::size_t>(r)].begin() + static_cast<std::ptrdiff_t>(from), KV, vp.begin() + static_cast<std::ptrdiff_t>(to));
+        }
+      kpaged.push_back(upload<__nv_bfloat16>(kp));
+      vpaged.push_back(upload<__nv_bfloat16>(vp));
+      tables.push_back(upload(t));
+      rows_paged.push_back(row_kv(kpaged.back().get(), vpaged.back().get(), static_cast<std::int64_t>(nb) * kB * KV, rows[static_cast<std::size_t>(r)].pos));
+      rows_paged.back().table = tables.back().get();
+    }
+    auto d_rows_p = upload(rows_paged);
     const bool grouped = s.heads / s.kv_heads != 3;
     // The 33-row call must take the grouped kernel (groups 2, 4, 8), else every side is per-head.
     EXPECT_EQ(cuda::ops::attention_runs_grouped(R, s.heads, s.kv_heads, s.d, max_keys), grouped);
@@ -330,8 +360,8 @@ TEST(ModelOps, GroupedAttentionMatchesFloat64AndItsRowsAlone) {
     for (const bool decode : {false, true}) {
       SCOPED_TRACE(::testing::Message() << "decode " << decode);
       DeviceBuffer<__nv_bfloat16> all(static_cast<std::size_t>(R * Q)), again(all.size()), rev(all.size()),
-          per_head(all.size()), one(all.size());
-      for (auto* b : {&all, &again, &rev, &per_head, &one})
+          per_head(all.size()), one(all.size()), paged(all.size());
+      for (auto* b : {&all, &again, &rev, &per_head, &one, &paged})
         ASSERT_EQ(cudaMemset(b->get(), 0xff, b->bytes()), cudaSuccess);  // NaN: an unwritten output fails
       const auto call = [&](const DeviceBuffer<__nv_bfloat16>& q, const DeviceBuffer<cuda::ops::RowKv>& rk,
                             DeviceBuffer<__nv_bfloat16>& o, bool g) {
@@ -342,13 +372,16 @@ TEST(ModelOps, GroupedAttentionMatchesFloat64AndItsRowsAlone) {
       call(qkv, d_rows, again, true);
       call(qkv_r, d_rows_r, rev, true);
       call(qkv, d_rows, per_head, false);
+      call(qkv, d_rows_p, paged, true);
       for (int r = 0; r < R; ++r)
         cuda::ops::attention(qkv.get() + static_cast<std::size_t>(r * ld), 1, s.heads, s.kv_heads, s.d, d_rows.get() + r,
                              layer, max_keys, one.get() + static_cast<std::size_t>(r * Q), nullptr, decode, s.window);
       ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
       const auto ga = download<std::uint16_t>(all), gg = download<std::uint16_t>(again), gr = download<std::uint16_t>(rev),
-                 gp = download<std::uint16_t>(per_head), go = download<std::uint16_t>(one);
+                 gp = download<std::uint16_t>(per_head), go = download<std::uint16_t>(one),
+                 gpaged = download<std::uint16_t>(paged);
       EXPECT_EQ(ga, gg) << "the grouped call's bits differ from run to run";
+      EXPECT_EQ(ga, gpaged) << "the paged caches (the same values through block tables) give other bits";
       bool same_rev = true;
       for (int r = 0; r < R; ++r)
         same_rev = same_rev && std::equal(ga.begin() + static_cast<std::ptrdiff_t>(r) * Q, ga.begin() + static_cast<std::ptrdiff_t>(r + 1) * Q,
@@ -395,56 +428,79 @@ TEST(ModelOps, GroupedAttentionMatchesFloat64AndItsRowsAlone) {
 // anything new before its wait would see the old bytes. Against rope_store_kv then attention without
 // the flag or programmatic launches, bit for bit, at positions around the first loop step's ends
 // (255, 256, the V step's 64 / 128 keys; the grouped kernel's tiles of 64 keys, the row's own key in
-// a first tile or a later one), head_dim 64 and 128, GQA and MHA; 33 rows, so that the GQA cases run
-// the grouped kernel. (Without sm_90 the launches are plain and the test checks the values only.)
+// a first tile or a later one), head_dim 64 and 128, GQA and MHA, sliding windows; 33 rows, so that
+// the GQA cases run the grouped kernel, and again with grouped off (the per-head kernel, which
+// calls of fewer rows run); each with the caches in order and paged (every row's blocks shuffled
+// through its block table, which is written before the step, as the runtime's are). (Without sm_90
+// the launches are plain and the test checks the values only.)
 TEST(ModelOps, DecodeAttentionReadsOldKeysEarlyAndTheNewOneAfter) {
   TWELL_REQUIRE_GPU();
   Rng rng(fresh_seed());
   struct Case {
-    int heads, kv_heads, d;
+    int heads, kv_heads, d, window;
   };
   std::vector<int> positions;
   for (int k = 0; k < 3; ++k)
     for (int p : {0, 1, 63, 64, 127, 128, 129, 255, 256, 300, 700}) positions.push_back(p + k);
   cudaStream_t stream = nullptr;
   ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
-  for (const Case cs : {Case{4, 2, 64}, Case{8, 8, 64}, Case{4, 1, 128}, Case{2, 2, 128}}) {
-    SCOPED_TRACE(::testing::Message() << "heads " << cs.heads << "/" << cs.kv_heads << " d " << cs.d);
-    const int Q = cs.heads * cs.d, KV = cs.kv_heads * cs.d, ld = Q + 2 * KV;
-    const int layers = 2, layer = 1, T = static_cast<int>(positions.size());
-    int cap = 0;
-    for (int p : positions) cap = std::max(cap, p + 1);
-    const auto [cos_t, sin_t] = rope_tables(cap, cs.d);
-    auto dcos = upload(cos_t), dsin = upload(sin_t);
-    // One buffer: qkv [T, ld], then each row's K cache, then each row's V cache ([layers, cap, KV]).
-    const std::size_t qkv_n = static_cast<std::size_t>(T) * ld, cache_n = static_cast<std::size_t>(layers) * cap * KV;
-    const std::size_t total = qkv_n + 2 * static_cast<std::size_t>(T) * cache_n;
-    const auto init = random_bf16(rng, total);
-    auto a = upload<__nv_bfloat16>(init), b = upload<__nv_bfloat16>(init);
-    auto rows_in = [&](DeviceBuffer<__nv_bfloat16>& buf) {
-      std::vector<cuda::ops::RowKv> rows;
-      for (int r = 0; r < T; ++r)
-        rows.push_back(row_kv(buf.get() + qkv_n + static_cast<std::size_t>(r) * cache_n,
-                              buf.get() + qkv_n + static_cast<std::size_t>(T + r) * cache_n,
-                              static_cast<std::int64_t>(cap) * KV, positions[static_cast<std::size_t>(r)]));
-      return upload(rows);
-    };
-    auto rows_a = rows_in(a), rows_b = rows_in(b);
-    EXPECT_EQ(cuda::ops::attention_runs_grouped(T, cs.heads, cs.kv_heads, cs.d, cap), cs.heads != cs.kv_heads);
-    DeviceBuffer<__nv_bfloat16> out_ref(static_cast<std::size_t>(T) * Q), out_early(out_ref.size());
-    // Reference: a's new rows written, then the attention reads them (plain launches, flag off).
-    cuda::ops::rope_store_kv(a.get(), T, cs.heads, cs.kv_heads, cs.d, dcos.get(), dsin.get(), rows_a.get(), layer, stream);
-    cuda::ops::attention(a.get(), T, cs.heads, cs.kv_heads, cs.d, rows_a.get(), layer, cap, out_ref.get(), stream, false);
-    ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
-    {  // b gets a's state late, then the attention with the flag, launched programmatically
-      const cuda::ProgrammaticLaunch programmatic(cuda::programmatic_launch_supported());
-      late_copy(a.get(), b.get(), total * sizeof(__nv_bfloat16), 100, stream);
-      cuda::ops::attention(b.get(), T, cs.heads, cs.kv_heads, cs.d, rows_b.get(), layer, cap, out_early.get(), stream, true);
-    }
-    ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
-    const auto want = download<bf16>(out_ref), got = download<bf16>(out_early);
-    EXPECT_EQ(std::memcmp(want.data(), got.data(), want.size() * sizeof(bf16)), 0);
-  }
+  for (const Case cs : {Case{4, 2, 64, 0}, Case{8, 8, 64, 0}, Case{4, 1, 128, 0}, Case{2, 2, 128, 0}, Case{4, 2, 64, 40},
+                        Case{4, 1, 128, 100}})
+    for (const bool grouped : {true, false})
+      for (const bool paged : {false, true}) {
+        if (!grouped && cs.heads == cs.kv_heads) continue;  // MHA: the per-head kernel either way
+        SCOPED_TRACE(::testing::Message() << "heads " << cs.heads << "/" << cs.kv_heads << " d " << cs.d << " window "
+                                          << cs.window << " grouped " << grouped << " paged " << paged);
+        const int Q = cs.heads * cs.d, KV = cs.kv_heads * cs.d, ld = Q + 2 * KV;
+        const int layers = 2, layer = 1, T = static_cast<int>(positions.size());
+        int cap = 0;
+        for (int p : positions) cap = std::max(cap, p + 1);
+        const int blocks = (cap + cuda::ops::kKvBlockRows - 1) / cuda::ops::kKvBlockRows;
+        const int cap16 = blocks * cuda::ops::kKvBlockRows;  // a row's cache rows (whole blocks)
+        const auto [cos_t, sin_t] = rope_tables(cap, cs.d);
+        auto dcos = upload(cos_t), dsin = upload(sin_t);
+        // One buffer: qkv [T, ld], then each row's K cache, then each row's V cache ([layers, cap16, KV]).
+        const std::size_t qkv_n = static_cast<std::size_t>(T) * ld, cache_n = static_cast<std::size_t>(layers) * cap16 * KV;
+        const std::size_t total = qkv_n + 2 * static_cast<std::size_t>(T) * cache_n;
+        const auto init = random_bf16(rng, total);
+        auto a = upload<__nv_bfloat16>(init), b = upload<__nv_bfloat16>(init);
+        // Paged: row r's blocks in a shuffled order within its own cache (position p in cache row
+        // table[p / 16] · 16 + p % 16).
+        std::vector<std::int32_t> tables(static_cast<std::size_t>(T) * blocks);
+        for (int r = 0; r < T; ++r) {
+          auto* t = tables.data() + static_cast<std::size_t>(r) * blocks;
+          for (int j = 0; j < blocks; ++j) t[j] = j;
+          for (int j = blocks - 1; j > 0; --j) std::swap(t[j], t[rng.below(j + 1)]);
+        }
+        auto d_tables = upload(tables);
+        auto rows_in = [&](DeviceBuffer<__nv_bfloat16>& buf) {
+          std::vector<cuda::ops::RowKv> rows;
+          for (int r = 0; r < T; ++r) {
+            rows.push_back(row_kv(buf.get() + qkv_n + static_cast<std::size_t>(r) * cache_n,
+                                  buf.get() + qkv_n + static_cast<std::size_t>(T + r) * cache_n,
+                                  static_cast<std::int64_t>(cap16) * KV, positions[static_cast<std::size_t>(r)]));
+            if (paged) rows.back().table = d_tables.get() + static_cast<std::size_t>(r) * blocks;
+          }
+          return upload(rows);
+        };
+        auto rows_a = rows_in(a), rows_b = rows_in(b);
+        EXPECT_EQ(grouped && cuda::ops::attention_runs_grouped(T, cs.heads, cs.kv_heads, cs.d, cap), cs.heads != cs.kv_heads && grouped);
+        DeviceBuffer<__nv_bfloat16> out_ref(static_cast<std::size_t>(T) * Q), out_early(out_ref.size());
+        // Reference: a's new rows written, then the attention reads them (plain launches, flag off).
+        cuda::ops::rope_store_kv(a.get(), T, cs.heads, cs.kv_heads, cs.d, dcos.get(), dsin.get(), rows_a.get(), layer, stream);
+        cuda::ops::attention(a.get(), T, cs.heads, cs.kv_heads, cs.d, rows_a.get(), layer, cap, out_ref.get(), stream, false,
+                             cs.window, grouped);
+        ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+        {  // b gets a's state late, then the attention with the flag, launched programmatically
+          const cuda::ProgrammaticLaunch programmatic(cuda::programmatic_launch_supported());
+          late_copy(a.get(), b.get(), total * sizeof(__nv_bfloat16), 100, stream);
+          cuda::ops::attention(b.get(), T, cs.heads, cs.kv_heads, cs.d, rows_b.get(), layer, cap, out_early.get(), stream,
+                               true, cs.window, grouped);
+        }
+        ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+        const auto want = download<bf16>(out_ref), got = download<bf16>(out_early);
+        EXPECT_EQ(std::memcmp(want.data(), got.data(), want.size() * sizeof(bf16)), 0);
+      }
   cudaStreamDestroy(stream);
 }
 

@@ -284,12 +284,14 @@ __global__ void __launch_bounds__(kWarps * 32) attention_kernel_d(const __nv_bfl
 // and lo = bf16(p − hi): P keeps 16 bits (|p − hi − lo| ≤ 2⁻¹⁶ p) where bf16 alone keeps 8. At the
 // end the warps' (m, l, O) are combined in warp order. Every order is fixed, so a row's bits do not
 // depend on the other rows of the call nor on the run; they are not attention_kernel_d's (another
-// summation: the bound at ModelOps.GroupedAttentionMatchesFloat64 adds the tensor cores' truncating
-// sums, P's 2⁻¹⁶ and the rescalings). The scalar form before it (a thread a key, attention_kernel_d's
-// bits) was instruction-bound at 1.8 TB/s; this one reads 2b-gqa's 64 rows × 513 keys in 21.5 µs
-// against 33.9, the 7B-GQA's in 49.9 against 87.0 (H200, lab/probes/probe_decode_attention.cu at
-// 7db8890). old_keys_ready: rows_kv is read and the first tiles' keys below the row's position
+// summation: the bound at ModelOps.GroupedAttentionMatchesFloat64AndItsRowsAlone adds the tensor cores' truncating
+// sums, P's 2⁻¹⁶ and the rescalings). The form before it (a thread a key, attention_kernel_d's bits)
+// waited on its loads (ncu: 56 % of its cycles); a scalar form of these tiles was instruction-bound.
+// This one reads 2b-gqa's 64 rows × 513 keys in 21.9 µs against 33.9 (73 % of the copy bandwidth,
+// dd0facb), the 7B-GQA's in 49.9 against 87.0 (the probe's form at 7db8890; H200,
+// lab/probes/probe_decode_attention.cu). old_keys_ready: rows_kv is read and the first tiles' keys below the row's position
 // are issued before the wait; the row's own key and value, written by the kernel before, after it.
+// q is read as 32-bit pairs: qkv 4-byte aligned (cudaMalloc'd buffers are; d is even).
 constexpr int kGroupWarps = 4, kGroupTileKeys = 64, kGroupStages = 3;
 
 template <int D>

@@ -102,7 +102,9 @@ std::int64_t attention_max_keys(std::int64_t d);
 // head). Other bits than the per-head kernel's (which every call of fewer rows, and grouped = false,
 // runs): a row's bits then depend on whether its call has 32 rows or more, never on which other
 // rows it has. attention_runs_grouped: whether attention() with grouped takes that kernel for this
-// call's shape (groups of 2, 4 or 8 query heads, head_dim 64 or 128; any number of keys).
+// call's shape (groups of 2, 4 or 8 query heads, head_dim 64 or 128). Its shared memory holds key
+// tiles, not scores, but attention() still takes max_keys only up to attention_max_keys (the per-head
+// kernel's bound, which calls of fewer rows need). There qkv must be 4-byte aligned.
 void attention(const __nv_bfloat16* qkv, std::int64_t rows, std::int64_t heads, std::int64_t kv_heads,
                std::int64_t d, const RowKv* rows_kv, std::int64_t layer, std::int64_t max_keys, __nv_bfloat16* out,
                cudaStream_t stream, bool old_keys_ready = false, std::int64_t window = 0, bool grouped = true);
