@@ -344,31 +344,30 @@ __global__ void __launch_bounds__(kGroupWarps * 32) grouped_attention_kernel(con
   float mx[GRP];
 #pragma unroll
   for (int a = 0; a < GRP; ++a) mx[a] = -INFINITY;
-  {  // a thread a key
-    for (int t = tid; t < n; t += kThreads) {
-      const uint4* kr = reinterpret_cast<const uint4*>(kc + info.slot(t) * kv_dim);
-      uint4 raw[L];
+  // Scores: a thread a key.
+  for (int t = tid; t < n; t += kThreads) {
+    const uint4* kr = reinterpret_cast<const uint4*>(kc + info.slot(t) * kv_dim);
+    uint4 raw[L];
 #pragma unroll
-      for (int j = 0; j < L; ++j) raw[j] = kr[j];
-      float a_s[GRP] = {};
+    for (int j = 0; j < L; ++j) raw[j] = kr[j];
+    float a_s[GRP] = {};
 #pragma unroll
-      for (int j = 0; j < L; ++j) {
-        const auto* p2 = reinterpret_cast<const __nv_bfloat162*>(&raw[j]);
+    for (int j = 0; j < L; ++j) {
+      const auto* p2 = reinterpret_cast<const __nv_bfloat162*>(&raw[j]);
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const float2 f = __bfloat1622float2(p2[e]);
+      for (int e = 0; e < 4; ++e) {
+        const float2 f = __bfloat1622float2(p2[e]);
 #pragma unroll
-          for (int a = 0; a < GRP; ++a) {
-            a_s[a] += q[a * D + 8 * j + 2 * e] * f.x;
-            a_s[a] += q[a * D + 8 * j + 2 * e + 1] * f.y;
-          }
+        for (int a = 0; a < GRP; ++a) {
+          a_s[a] += q[a * D + 8 * j + 2 * e] * f.x;
+          a_s[a] += q[a * D + 8 * j + 2 * e + 1] * f.y;
         }
       }
+    }
 #pragma unroll
-      for (int a = 0; a < GRP; ++a) {
-        score[a * n + t] = a_s[a];
-        mx[a] = fmaxf(mx[a], a_s[a]);
-      }
+    for (int a = 0; a < GRP; ++a) {
+      score[a * n + t] = a_s[a];
+      mx[a] = fmaxf(mx[a], a_s[a]);
     }
   }
   // Softmax per query head: the block's max, then exp and the sum.

@@ -41,7 +41,6 @@
 #include "cuda/common/device_math.cuh"
 #include "cuda/common/launch.cuh"
 #include "cuda/dense/lt_gemm.hpp"
-#include "cuda/ops/gemv_mma_kernel.cuh"
 #include "probe_graph.cuh"
 
 using namespace twell::cuda;
