@@ -98,8 +98,8 @@ def main():
             for i in range(a.steps):
                 g.replay()  # the same position each replay: the same bytes every step
             torch.cuda.synchronize()
-    steps = split_steps(kernel_records(prof), per_step)
-    if per_step == 0 or len(steps) < 2:
+    steps = split_steps(kernel_records(prof), per_step) if per_step else []
+    if len(steps) < 2:
         print(f"torch_decode_kernels: the profiler returned {per_step} kernels for one replay; no table")
         return 1
     spans = [s[-1][2] - s[0][1] for s in steps]
