@@ -302,7 +302,8 @@ TEST(ModelOps, GroupedAttentionMatchesFloat64AndItsRowsAlone) {
   };
   Rng rng(fresh_seed());
   for (const G s : {G{8, 4, 64, 0}, G{8, 2, 64, 0}, G{16, 2, 64, 0}, G{8, 2, 128, 0}, G{16, 2, 128, 0},
-                    G{8, 4, 128, 0}, G{8, 2, 64, 40}, G{8, 4, 128, 100}, G{6, 2, 64, 0}}) {
+                    G{8, 4, 128, 0}, G{8, 2, 64, 40}, G{8, 4, 128, 100}, G{6, 2, 64, 0}, G{8, 8, 64, 0},
+                    G{4, 4, 128, 0}, G{8, 8, 64, 40}}) {
     SCOPED_TRACE(::testing::Message() << "heads " << s.heads << "/" << s.kv_heads << " d " << s.d << " window " << s.window);
     const int Q = s.heads * s.d, KV = s.kv_heads * s.d, ld = Q + 2 * KV, layers = 2, layer = 1, R = 33;
     std::vector<DeviceBuffer<__nv_bfloat16>> kbuf, vbuf;
@@ -354,7 +355,7 @@ TEST(ModelOps, GroupedAttentionMatchesFloat64AndItsRowsAlone) {
     }
     auto d_rows_p = upload(rows_paged);
     const bool grouped = s.heads / s.kv_heads != 3;
-    // The 33-row call must take the grouped kernel (groups 2, 4, 8), else every side is per-head.
+    // The 33-row call must take the grouped kernel (groups 1, 2, 4, 8), else every side is per-head.
     EXPECT_EQ(cuda::ops::attention_runs_grouped(R, s.heads, s.kv_heads, s.d, max_keys), grouped);
     EXPECT_FALSE(cuda::ops::attention_runs_grouped(1, s.heads, s.kv_heads, s.d, max_keys));
     for (const bool decode : {false, true}) {
@@ -429,8 +430,8 @@ TEST(ModelOps, GroupedAttentionMatchesFloat64AndItsRowsAlone) {
 // the flag or programmatic launches, bit for bit, at positions around the first loop step's ends
 // (255, 256, the V step's 64 / 128 keys; the grouped kernel's tiles of 64 keys, the row's own key in
 // a first tile or a later one), head_dim 64 and 128, GQA and MHA, sliding windows; 33 rows, so that
-// the GQA cases run the grouped kernel, and again with grouped off (the per-head kernel, which
-// calls of fewer rows run); each with the caches in order and paged (every row's blocks shuffled
+// every case runs the grouped kernel, and again with grouped off (the per-head kernel, which calls
+// of fewer rows run); each with the caches in order and paged (every row's blocks shuffled
 // through its block table, which is written before the step, as the runtime's are). (Without sm_90
 // the launches are plain and the test checks the values only.)
 TEST(ModelOps, DecodeAttentionReadsOldKeysEarlyAndTheNewOneAfter) {
@@ -448,7 +449,6 @@ TEST(ModelOps, DecodeAttentionReadsOldKeysEarlyAndTheNewOneAfter) {
                         Case{4, 1, 128, 100}})
     for (const bool grouped : {true, false})
       for (const bool paged : {false, true}) {
-        if (!grouped && cs.heads == cs.kv_heads) continue;  // MHA: the per-head kernel either way
         SCOPED_TRACE(::testing::Message() << "heads " << cs.heads << "/" << cs.kv_heads << " d " << cs.d << " window "
                                           << cs.window << " grouped " << grouped << " paged " << paged);
         const int Q = cs.heads * cs.d, KV = cs.kv_heads * cs.d, ld = Q + 2 * KV;
@@ -484,7 +484,7 @@ TEST(ModelOps, DecodeAttentionReadsOldKeysEarlyAndTheNewOneAfter) {
           return upload(rows);
         };
         auto rows_a = rows_in(a), rows_b = rows_in(b);
-        EXPECT_EQ(grouped && cuda::ops::attention_runs_grouped(T, cs.heads, cs.kv_heads, cs.d, cap), cs.heads != cs.kv_heads && grouped);
+        EXPECT_TRUE(cuda::ops::attention_runs_grouped(T, cs.heads, cs.kv_heads, cs.d, cap));
         DeviceBuffer<__nv_bfloat16> out_ref(static_cast<std::size_t>(T) * Q), out_early(out_ref.size());
         // Reference: a's new rows written, then the attention reads them (plain launches, flag off).
         cuda::ops::rope_store_kv(a.get(), T, cs.heads, cs.kv_heads, cs.d, dcos.get(), dsin.get(), rows_a.get(), layer, stream);

@@ -5,10 +5,10 @@
 // row (16 bytes each) and several keys per warp and loop step in flight; decode steps are latency
 // bound (32 CTAs at 2B), so what matters is how many loads each thread has in flight. Other
 // head_dims run attention_kernel (a key's d elements over a warp's lanes). The tensor-core kernel
-// (flash_attention) serves prefill blocks. GQA calls of 32 rows or more (batched decode steps) run
+// (flash_attention) serves prefill blocks. Calls of 32 rows or more (batched decode steps) run
 // attention_grouped_kernel (attention_grouped.cuh): a CTA a (row, KV head) on tensor cores, each K
-// and V row loaded once for its query heads (other bits than attention_kernel_d's, a row's the same
-// in any call).
+// and V row loaded once for its query heads, one on MHA models (other bits than attention_kernel_d's,
+// a row's the same in any call).
 #include <cstdint>
 
 #include "cuda/common/check.hpp"
@@ -23,9 +23,11 @@ namespace {
 
 constexpr int kWarps = 8;
 constexpr int kMaxD = 256;  // ≤ 8 dims per lane in the output accumulators
-// attention_grouped_kernel from this many rows (GQA). At 8 rows the tensor-core form is slower than
-// the per-head kernel (13.3 against 10.3 µs at 513 keys on the 2b-gqa: 64 CTAs), faster from 32
-// (lab/probes/probe_decode_attention.cu at 7db8890). Not measured: 16 rows, groups of 2 and 8.
+// attention_grouped_kernel from this many rows. At 8 rows the tensor-core form is slower than the
+// per-head kernel (13.3 against 10.3 µs at 513 keys on the 2b-gqa: 64 CTAs; 13.7 against 12.7 on
+// the MHA 2B), faster from 32 (GQA 14.0 against 20.7; MHA, a query head a CTA, 42.2 against 50.8;
+// lab/probes/probe_decode_attention.cu at 7db8890 and 356759c). Not measured: 16 rows, groups of 2
+// and 8.
 constexpr std::int64_t kGroupedMinRows = 32;
 
 using detail::attention_grouped_kernel;
@@ -299,7 +301,7 @@ bool attention_runs_grouped(std::int64_t rows, std::int64_t heads, std::int64_t 
   if (kv_heads <= 0 || heads % kv_heads != 0) return false;
   const std::int64_t group = heads / kv_heads;
   // Its shared memory holds tiles, not the scores: any number of keys.
-  return rows >= kGroupedMinRows && (d == 64 || d == 128) && (group == 2 || group == 4 || group == 8);
+  return rows >= kGroupedMinRows && (d == 64 || d == 128) && (group == 1 || group == 2 || group == 4 || group == 8);
 }
 
 std::int64_t attention_max_keys(std::int64_t d) {
@@ -323,7 +325,7 @@ void attention(const __nv_bfloat16* qkv, std::int64_t rows, std::int64_t heads, 
   }
   const float scale = 1.0f / sqrtf(static_cast<float>(d));
   const int win = static_cast<int>(window);
-  // GQA at kGroupedMinRows rows or more: a CTA a (row, KV head) on tensor cores (attention_grouped_kernel).
+  // kGroupedMinRows rows or more: a CTA a (row, KV head) on tensor cores (attention_grouped_kernel).
   const std::int64_t group = heads / kv_heads;
   if (grouped && attention_runs_grouped(rows, heads, kv_heads, d, max_keys)) {
     const dim3 ggrid(static_cast<unsigned>(rows), static_cast<unsigned>(kv_heads));
@@ -333,12 +335,16 @@ void attention(const __nv_bfloat16* qkv, std::int64_t rows, std::int64_t heads, 
       launch_kernel(kernel, ggrid, dim3(kGroupWarps * 32), gsmem, stream, qkv, heads, kv_heads, rows_kv, layer, scale,
                     win, out, old_keys_ready);
     };
-    if (d == 64 && group == 2)
+    if (d == 64 && group == 1)
+      go(attention_grouped_kernel<64, 1>, grouped_smem<64>());
+    else if (d == 64 && group == 2)
       go(attention_grouped_kernel<64, 2>, grouped_smem<64>());
     else if (d == 64 && group == 4)
       go(attention_grouped_kernel<64, 4>, grouped_smem<64>());
     else if (d == 64)
       go(attention_grouped_kernel<64, 8>, grouped_smem<64>());
+    else if (group == 1)
+      go(attention_grouped_kernel<128, 1>, grouped_smem<128>());
     else if (group == 2)
       go(attention_grouped_kernel<128, 2>, grouped_smem<128>());
     else if (group == 4)

@@ -18,7 +18,7 @@ namespace twell::cuda::ops::detail {
 // else 0 (LlamaConfig::first_key).
 __device__ __forceinline__ int first_key(int pos, int window) { return window > 0 && pos >= window ? pos - window + 1 : 0; }
 
-// GQA, GRP query heads on each KV head (2, 4 or 8 in the library; 1, the MHA models, in the probe),
+// GRP query heads on each KV head (1 on MHA models; 2, 4 or 8 on GQA ones),
 // D ∈ {64, 128}, on tensor cores: one CTA of kGroupWarps warps a (row, KV head), which loads each
 // key and value row once for its GRP query heads. K and V stream through shared memory in tiles of
 // kGroupTileKeys keys, kGroupStages tiles in flight (cp.async, 16-byte chunks stored at
@@ -34,7 +34,8 @@ __device__ __forceinline__ int first_key(int pos, int window) { return window > 
 // 2⁻¹⁶ and the rescalings). The form before it (a thread a key, attention_kernel_d's bits) waited on
 // its loads (ncu: 56 % of its cycles); a scalar form of these tiles was instruction-bound. This one
 // reads the 2b-gqa's 64 rows × 513 keys in 21.9 µs against 33.9 (73 % of the copy bandwidth,
-// dd0facb), the 7B-GQA's in 49.9 against 87.0 (the probe's form at 7db8890; H200,
+// dd0facb), the 7B-GQA's in 49.9 against 87.0 (the probe's form at 7db8890), the MHA 2B's (a
+// query head a CTA, 15 of 16 rows of A zero) in 83.8 against 99.6 (356759c; H200,
 // lab/probes/probe_decode_attention.cu). old_keys_ready: rows_kv is read and the first tiles' keys
 // below the row's position are issued before the wait; the row's own key and value, written by the
 // kernel before, after it. q is read as 32-bit pairs: qkv 4-byte aligned (cudaMalloc'd buffers
