@@ -287,12 +287,12 @@ Bounded attention_f64_bounded(const bf16* q, const bf16* K, const bf16* V, int f
   return out;
 }
 
-// GQA calls of 32 rows or more run the grouped tensor-core kernel (a CTA a (row, KV head)); fewer
+// Calls of 16 rows or more run the grouped tensor-core kernel (a CTA a (row, KV head)); fewer
 // rows, and grouped = false, the per-head one. Each within its derived float64 bound, element by
 // element. A row's bits must not depend on the other rows of its call: a 33-row grouped call equals,
 // row for row, the same rows in reverse order, itself run again, and the same caches paged (each
 // row's blocks shuffled through its block table); the per-head kernel's 33-row call equals each row
-// attended alone. Groups 2, 4 and 8 at head_dim 64 and 128, a sliding window,
+// attended alone. Groups 1 (MHA), 2, 4 and 8 at head_dim 64 and 128, sliding windows,
 // one group the grouped kernel does not take (3: the per-head kernel at any rows), every row its own
 // sequence of 0–600 cached keys (several tiles and score rounds), decode and not.
 TEST(ModelOps, GroupedAttentionMatchesFloat64AndItsRowsAlone) {
@@ -358,6 +358,8 @@ TEST(ModelOps, GroupedAttentionMatchesFloat64AndItsRowsAlone) {
     // The 33-row call must take the grouped kernel (groups 1, 2, 4, 8), else every side is per-head.
     EXPECT_EQ(cuda::ops::attention_runs_grouped(R, s.heads, s.kv_heads, s.d, max_keys), grouped);
     EXPECT_FALSE(cuda::ops::attention_runs_grouped(1, s.heads, s.kv_heads, s.d, max_keys));
+    EXPECT_FALSE(cuda::ops::attention_runs_grouped(15, s.heads, s.kv_heads, s.d, max_keys));
+    EXPECT_EQ(cuda::ops::attention_runs_grouped(16, s.heads, s.kv_heads, s.d, max_keys), grouped);
     for (const bool decode : {false, true}) {
       SCOPED_TRACE(::testing::Message() << "decode " << decode);
       DeviceBuffer<__nv_bfloat16> all(static_cast<std::size_t>(R * Q)), again(all.size()), rev(all.size()),

@@ -60,9 +60,9 @@ struct RuntimeTuning {
   // (docs/runtime.md; measured with the LM head on the same kernel, which now runs on cuBLASLt at
   // 2–16 rows in both settings). For A/B measurement.
   bool batched_gemv = true;  // no-batched-gemv
-  // CUDA runtime only: GQA attention calls of 32 rows or more (batched decode steps) run one CTA a
-  // (row, KV head), each key and value row loaded once for its query heads; off: a CTA a (row, query
-  // head). The same bits either way. For A/B measurement.
+  // CUDA runtime only: attention calls of 16 rows or more (batched decode steps) run one CTA a (row,
+  // KV head) on tensor cores, each key and value row loaded once for its query heads; off: a CTA a
+  // (row, query head). Other bits (each within its float64 bound). For A/B measurement.
   bool grouped_attention = true;  // no-grouped-attention
   // CUDA runtime only: the density up to which a ReLU layer's decode steps run the sparse decode
   // kernels (the layer's newest count decides; both paths exact); < 0: the engine's measured default.

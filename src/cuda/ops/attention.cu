@@ -5,7 +5,7 @@
 // row (16 bytes each) and several keys per warp and loop step in flight; decode steps are latency
 // bound (32 CTAs at 2B), so what matters is how many loads each thread has in flight. Other
 // head_dims run attention_kernel (a key's d elements over a warp's lanes). The tensor-core kernel
-// (flash_attention) serves prefill blocks. Calls of 32 rows or more (batched decode steps) run
+// (flash_attention) serves prefill blocks. Calls of 16 rows or more (batched decode steps) run
 // attention_grouped_kernel (attention_grouped.cuh): a CTA a (row, KV head) on tensor cores, each K
 // and V row loaded once for its query heads, one on MHA models (other bits than attention_kernel_d's,
 // a row's the same in any call).
@@ -23,12 +23,12 @@ namespace {
 
 constexpr int kWarps = 8;
 constexpr int kMaxD = 256;  // ≤ 8 dims per lane in the output accumulators
-// attention_grouped_kernel from this many rows. At 8 rows the tensor-core form is slower than the
-// per-head kernel (13.3 against 10.3 µs at 513 keys on the 2b-gqa: 64 CTAs; 13.7 against 12.7 on
-// the MHA 2B), faster from 32 (GQA 14.0 against 20.7; MHA, a query head a CTA, 42.2 against 50.8;
-// lab/probes/probe_decode_attention.cu at 7db8890 and 356759c). Not measured: 16 rows, groups of 2
-// and 8.
-constexpr std::int64_t kGroupedMinRows = 32;
+// attention_grouped_kernel from this many rows. At 16 rows the tensor-core form is faster than the
+// per-head kernel at every shape measured (2B MHA, 2b-gqa, 7B-GQA at 145, 513 and 2049 keys: e.g.
+// 21.2 against 25.2 µs on the MHA 2B at 513 keys, 12.3 against 20.2 on the 2b-gqa), and from 32 on;
+// at 8 rows it loses at long contexts (44.8 against 31.7 µs on the 2b-gqa at 2049 keys: 64 CTAs;
+// lab/probes/probe_decode_attention.cu at 356759c and 4adaf7c, H200). Not measured: 9–15 rows.
+constexpr std::int64_t kGroupedMinRows = 16;
 
 using detail::attention_grouped_kernel;
 using detail::first_key;

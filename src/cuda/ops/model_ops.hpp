@@ -98,9 +98,9 @@ std::int64_t attention_max_keys(std::int64_t d);
 // old_keys_ready: every row is its sequence's only new token in this call (a decode step), so the
 // keys before each row's position were written by earlier calls and head_dim 64 / 128 load the first
 // of them before waiting for the previous kernel (programmatic launches). Same bits either way.
-// grouped (32 rows or more): one CTA a (row, KV head) on tensor cores rather than a (row, query
+// grouped (16 rows or more): one CTA a (row, KV head) on tensor cores rather than a (row, query
 // head). Other bits than the per-head kernel's (which every call of fewer rows, and grouped = false,
-// runs): a row's bits then depend on whether its call has 32 rows or more, never on which other
+// runs): a row's bits then depend on whether its call has 16 rows or more, never on which other
 // rows it has. attention_runs_grouped: whether attention() with grouped takes that kernel for this
 // call's shape (groups of 1, 2, 4 or 8 query heads, head_dim 64 or 128). Its shared memory holds key
 // tiles, not scores, but attention() still takes max_keys only up to attention_max_keys (the per-head
