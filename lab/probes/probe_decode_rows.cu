@@ -6,6 +6,10 @@
 //            partials in tile order. 17–64 rows: the dense FFN, as the runtime dispatches there
 //            (cuBLASLt: gate and up in one GEMM over the stacked [Wg; Wu], bf16(ReLU(g) · u), the
 //            down GEMM).
+//   union    (union_tc.cuh) the cuBLASLt ReLU gate, then the union's up and down on tensor cores:
+//            each neuron some row fired has its Wu and Wdᵀ rows read once for the batch, h in
+//            bf16 as the dense FFN rounds it; timed with the down kernel at 16 and 32 columns a CTA
+//            (k a multiple of 512; its checks below the table's line of each M).
 //   rows     kernel 1 (2–16 rows), a CTA a block of 16 neurons for every row: the gate GEMV's own
 //            partial sums (gemv_mma_partials, so the same g bits) with g kept on chip; each neuron's
 //            fired rows as a mask; a warp a fired neuron forms h for each row that fired it in the
@@ -56,6 +60,7 @@
 #include "cuda/ops/gemv_mma_kernel.cuh"
 #include "cuda/sm80/twell_decode.hpp"
 #include "probe_graph.cuh"
+#include "union_tc.cuh"
 
 using namespace twell::cuda;
 using namespace twell::probe;
@@ -360,6 +365,11 @@ int main(int argc, char** argv) {
   CK(cudaMemsetAsync(h.get(), 0, h.bytes(), s));
   CK(cudaStreamSynchronize(s));
   LtGemm lt(/*autotune=*/true);
+  // The union on tensor cores (union_tc.cuh): its own gate output, list, counts, h and y.
+  const bool union_ok = k % 512 == 0;
+  DeviceBuffer<__nv_bfloat16> g_u(static_cast<std::size_t>(kMaxRows * n)), y_u(static_cast<std::size_t>(kMaxRows * k));
+  DeviceBuffer<__nv_bfloat16> h_u(static_cast<std::size_t>(kMaxRows * tiles * 256));
+  DeviceBuffer<int> u_list(static_cast<std::size_t>(tiles * 256)), u_counts(static_cast<std::size_t>(tiles));
 
   auto gate_params = [&](const Layer& l, int m, int r0 = 0) {  // rows r0 … r0 + m − 1 of x
     TwellGemvParams g = gemv_rows(x.get() + static_cast<long long>(r0) * k, m, l.wg(n), n, k);
@@ -414,6 +424,24 @@ int main(int argc, char** argv) {
                  nnz_r.get(), nnz_r_out.get()};
     launch_rows(p, s, parts);
   };
+  // The union at m rows: the cuBLASLt ReLU gate (unless gate_done: g_u holds it), then its kernels.
+  auto union_ffn = [&](const Layer& l, int m, int cw, bool gate_done = false, int parts = 3) {
+    if (!gate_done) lt_gate(l, m, g_u.get());
+    UnionParams up;
+    up.x = x.get();
+    up.g = g_u.get();
+    up.w_up = l.wu(n, k);
+    up.w_down_t = l.wd.get();
+    up.list = u_list.get();
+    up.counts = u_counts.get();
+    up.h = h_u.get();
+    up.y = y_u.get();
+    up.m = m;
+    up.k = k;
+    up.n = n;
+    up.hs = tiles * 256;
+    CK(launch_union(up, cw, parts, s));
+  };
   // Before a check's launches: y and g NaN (0xFFFF), the counts a sentinel, so a write a kernel
   // skips shows.
   auto poison = [&] {
@@ -460,6 +488,90 @@ int main(int argc, char** argv) {
       if (*c) ++c;
     }
   }
+  // The union on tensor cores at m rows (union_tc.cuh), both column widths of the down kernel, on
+  // its own cuBLASLt gate's g (layer 0): the tiles' counts against g on the host; y within a derived
+  // float64 bound (h = g · ⟨x, Wu⟩ with tensor-core sums of 2⁻²³ a step, rounded to bf16: 2⁻⁸ of
+  // |h|; y's sums over the padded union's slots and the 4 warps, 2⁻²³ a step; one bf16 step of
+  // |y|); the same bits from both widths (a column's sums do not depend on the width) and from a
+  // replay. Then its time (the gate, up and down) and its two kernels alone, µs a layer.
+  const auto union_row = [&](int m, double t_today) {
+    std::vector<std::vector<float>> ys;
+    std::vector<int> cnt(static_cast<std::size_t>(tiles));
+    std::vector<float> gu;
+    for (const int cw : {16, 32}) {
+      CK(cudaMemsetAsync(y_u.get(), 0xFF, y_u.bytes(), s));
+      CK(cudaMemsetAsync(h_u.get(), 0xFF, h_u.bytes(), s));
+      CK(cudaMemsetAsync(u_counts.get(), 0xFF, u_counts.bytes(), s));
+      union_ffn(L[0], m, cw, /*gate_done=*/cw == 32);  // 32: on the g the 16 run's gate wrote
+      if (cw == 16) {
+        gu = to_host(g_u.get(), static_cast<std::size_t>(m * n), s);
+        CK(cudaMemcpyAsync(cnt.data(), u_counts.get(), cnt.size() * sizeof(int), cudaMemcpyDeviceToHost, s));
+      }
+      ys.push_back(to_host(y_u.get(), static_cast<std::size_t>(m * k), s));
+    }
+    union_ffn(L[0], m, 16, /*gate_done=*/true);
+    ys.push_back(to_host(y_u.get(), static_cast<std::size_t>(m * k), s));
+    bool counts_ok = true;
+    long long uni = 0, slots = 0;
+    for (long long t = 0; t < tiles; ++t) {
+      int want = 0;
+      for (long long j = t * 256; j < std::min<long long>(n, (t + 1) * 256); ++j) {
+        bool f = false;
+        for (int r = 0; r < m; ++r) f = f || gu[static_cast<std::size_t>(r * n + j)] > 0;
+        want += f;
+      }
+      counts_ok = counts_ok && cnt[static_cast<std::size_t>(t)] == want;
+      uni += want;
+      slots += (want + 15) / 16 * 16;
+    }
+    const bool widths_same = std::memcmp(ys[0].data(), ys[1].data(), ys[0].size() * sizeof(float)) == 0;
+    const bool replay_same = std::memcmp(ys[0].data(), ys[2].data(), ys[0].size() * sizeof(float)) == 0;
+    double worst = 0;
+    for (int r = 0; r < m; ++r) {
+      std::vector<long long> fired;
+      std::vector<double> hr, hd;
+      for (long long j = 0; j < n; ++j) {
+        const double g = gu[static_cast<std::size_t>(r * n + j)];
+        if (g <= 0) continue;
+        double d = 0, dm = 0;
+        for (int c = 0; c < k; ++c) {
+          const double pr = static_cast<double>(hx[static_cast<std::size_t>(r * k + c)]) * hwu[static_cast<std::size_t>(j * k + c)];
+          d += pr;
+          dm += std::fabs(pr);
+        }
+        const double e1 = (k + 9.0) * std::ldexp(g * dm, -23);  // the sums over K and the 8 warps, the product by g
+        fired.push_back(j);
+        hr.push_back(g * d);
+        hd.push_back(std::ldexp(std::fabs(g * d) + e1, -8) + e1);
+      }
+      for (int c = 0; c < k; ++c) {
+        double ref = 0, mag = 0, dh = 0;
+        for (std::size_t i = 0; i < fired.size(); ++i) {
+          const double w = hwd[static_cast<std::size_t>(fired[i] * k + c)];
+          ref += hr[i] * w;
+          mag += std::fabs(hr[i] * w);
+          dh += hd[i] * std::fabs(w);
+        }
+        const double bound = bf16_step(ref) + dh + (static_cast<double>(slots) + 4) * std::ldexp(mag + dh, -23) + 1e-30;
+        const double e = std::fabs(ys[0][static_cast<std::size_t>(r * k + c)] - ref) / bound;
+        worst = e <= 1 ? std::max(worst, e) : std::max(worst, std::isnan(e) ? INFINITY : e);
+      }
+    }
+    const bool pass = counts_ok && widths_same && replay_same && worst <= 1;
+    double t_u[2], t_down[2];
+    for (int wi = 0; wi < 2; ++wi) {
+      const int cw = wi ? 32 : 16;
+      t_u[wi] = time_graph(s, reps, layers, [&] { for (const Layer& l : L) union_ffn(l, m, cw); });
+      t_down[wi] = time_graph(s, reps, layers, [&] { for (const Layer& l : L) union_ffn(l, m, cw, true, 2); });
+    }
+    const double t_up = time_graph(s, reps, layers, [&] { for (const Layer& l : L) union_ffn(l, m, 16, true, 1); });
+    std::printf("    union %lld (%lld slots): %.2f / %.2f us (down 16 / 32 columns a CTA; today/union %.2fx), up %.2f, down %.2f / "
+                "%.2f  %s (counts %s; worst %.2f of its bound; widths %s; replay %s)\n",
+                uni, slots, t_u[0], t_u[1], t_today / std::min(t_u[0], t_u[1]), t_up, t_down[0], t_down[1],
+                pass ? "ok" : "FAIL", counts_ok ? "ok" : "WRONG", worst, widths_same ? "same" : "DIFFER",
+                replay_same ? "same" : "DIFFER");
+    return pass;
+  };
   for (const int m : ms) {
     const bool fused = m <= kFusedRows;
     // The rows pair on layer 0, then row 0 alone on the same g (at 17–64 rows the cuBLASLt gate
@@ -568,6 +680,7 @@ int main(int argc, char** argv) {
     const double t_k2 = time_graph(s, reps, layers, [&] { for (const Layer& l : L) rows(l, m, false, !fused, 0, 2); });
     std::printf("%3d %7llu %7lld %9.2f %10.2f %10.2f %9.2fx %7.2f %7.2f  %s\n", m, c_rows, uni, t_gate, t_today, t_rows,
                 t_today / t_rows, t_k1, t_k2, verdict);
+    if (union_ok) ok = union_row(m, t_today) && ok;
   }
   std::printf("(µs a layer, launched plainly in a graph: today = 2-16 rows the gate GEMV + decode kernel, 17-64 the dense\n"
               " FFN (cuBLASLt gate+up, gated product, down); rows = its kernels, 17-64 with the cuBLASLt ReLU gate first;\n"
