@@ -8,8 +8,9 @@
 //            down GEMM).
 //   union    (union_tc.cuh) the cuBLASLt ReLU gate, then the union's up and down on tensor cores:
 //            each neuron some row fired has its Wu and Wdᵀ rows read once for the batch, h in
-//            bf16 as the dense FFN rounds it; timed with the down kernel at 16 and 32 columns a CTA
-//            (k a multiple of 512; its checks below the table's line of each M).
+//            bf16 as the dense FFN rounds it; timed at 1 and 2 groups of 16 neurons an up CTA and
+//            16, 32 and 64 columns a down CTA (k a multiple of 128; its checks below the table's
+//            line of each M).
 //   rows     kernel 1 (2–16 rows), a CTA a block of 16 neurons for every row: the gate GEMV's own
 //            partial sums (gemv_mma_partials, so the same g bits) with g kept on chip; each neuron's
 //            fired rows as a mask; a warp a fired neuron forms h for each row that fired it in the
@@ -378,7 +379,7 @@ int main(int argc, char** argv) {
   CK(cudaStreamSynchronize(s));
   LtGemm lt(/*autotune=*/true);
   // The union on tensor cores (union_tc.cuh): its own gate output, list, counts, h and y.
-  const bool union_ok = k % 512 == 0;
+  const bool union_ok = k % kUpChunk == 0;
   DeviceBuffer<__nv_bfloat16> g_u(static_cast<std::size_t>(kMaxRows * n)), y_u(static_cast<std::size_t>(kMaxRows * k));
   DeviceBuffer<__nv_bfloat16> h_u(static_cast<std::size_t>(kMaxRows * tiles * 256));
   DeviceBuffer<int> u_list(static_cast<std::size_t>(tiles * 256)), u_counts(static_cast<std::size_t>(tiles));
@@ -437,7 +438,7 @@ int main(int argc, char** argv) {
     launch_rows(p, s, parts);
   };
   // The union at m rows: the cuBLASLt ReLU gate (unless gate_done: g_u holds it), then its kernels.
-  auto union_ffn = [&](const Layer& l, int m, int cw, bool gate_done = false, int parts = 3) {
+  auto union_ffn = [&](const Layer& l, int m, int gpc, int cw, bool gate_done = false, int parts = 3) {
     if (!gate_done) lt_gate(l, m, g_u.get());
     UnionParams up;
     up.x = x.get();
@@ -452,7 +453,7 @@ int main(int argc, char** argv) {
     up.k = k;
     up.n = n;
     up.hs = tiles * 256;
-    CK(launch_union(up, cw, parts, s));
+    CK(launch_union(up, gpc, cw, parts, s));
   };
   // Before a check's launches: y and g NaN (0xFFFF), the counts a sentinel, so a write a kernel
   // skips shows.
@@ -500,28 +501,31 @@ int main(int argc, char** argv) {
       if (*c) ++c;
     }
   }
-  // The union on tensor cores at m rows (union_tc.cuh), both column widths of the down kernel, on
-  // its own cuBLASLt gate's g (layer 0): the tiles' counts against g on the host; y within a derived
-  // float64 bound (h = g · ⟨x, Wu⟩ with tensor-core sums of 2⁻²³ a step, rounded to bf16: 2⁻⁸ of
-  // |h|; y's sums over the padded union's slots and the 4 warps, 2⁻²³ a step; one bf16 step of
-  // |y|); the same bits from both widths (a column's sums do not depend on the width) and from a
-  // replay. Then its time (the gate, up and down) and its two kernels alone, µs a layer.
+  // The union on tensor cores at m rows (union_tc.cuh), each shape of its kernels (1 or 2 groups an
+  // up CTA, 16, 32 or 64 columns a down CTA), on its own cuBLASLt gate's g (layer 0): the tiles'
+  // counts against g on the host; y within a derived float64 bound (h = g · ⟨x, Wu⟩ with tensor-core
+  // sums of 2⁻²³ a step, rounded to bf16: 2⁻⁸ of |h|; y's sums over the padded union's slots and the
+  // 8 warps, 2⁻²³ a step; one bf16 step of |y|); the same bits from every shape (no sum's order
+  // depends on it) and from a replay. Then its time (the gate, list, up and down) for each shape,
+  // and its kernels alone, µs a layer.
+  constexpr int kShapes[6][2] = {{1, 16}, {1, 32}, {1, 64}, {2, 16}, {2, 32}, {2, 64}};  // groups an up CTA, columns a down CTA
   const auto union_row = [&](int m, double t_today) {
     std::vector<std::vector<float>> ys;
     std::vector<int> cnt(static_cast<std::size_t>(tiles));
     std::vector<float> gu;
-    for (const int cw : {16, 32}) {
+    for (const auto& sh : kShapes) {
+      const bool first = &sh == &kShapes[0];
       CK(cudaMemsetAsync(y_u.get(), 0xFF, y_u.bytes(), s));
       CK(cudaMemsetAsync(h_u.get(), 0xFF, h_u.bytes(), s));
       CK(cudaMemsetAsync(u_counts.get(), 0xFF, u_counts.bytes(), s));
-      union_ffn(L[0], m, cw, /*gate_done=*/cw == 32);  // 32: on the g the 16 run's gate wrote
-      if (cw == 16) {
+      union_ffn(L[0], m, sh[0], sh[1], /*gate_done=*/!first);  // the others on the g the first one's gate wrote
+      if (first) {
         gu = to_host(g_u.get(), static_cast<std::size_t>(m * n), s);
         CK(cudaMemcpyAsync(cnt.data(), u_counts.get(), cnt.size() * sizeof(int), cudaMemcpyDeviceToHost, s));
       }
       ys.push_back(to_host(y_u.get(), static_cast<std::size_t>(m * k), s));
     }
-    union_ffn(L[0], m, 16, /*gate_done=*/true);
+    union_ffn(L[0], m, kShapes[0][0], kShapes[0][1], /*gate_done=*/true);
     ys.push_back(to_host(y_u.get(), static_cast<std::size_t>(m * k), s));
     bool counts_ok = true;
     long long uni = 0, slots = 0;
@@ -536,8 +540,9 @@ int main(int argc, char** argv) {
       uni += want;
       slots += (want + 15) / 16 * 16;
     }
-    const bool widths_same = std::memcmp(ys[0].data(), ys[1].data(), ys[0].size() * sizeof(float)) == 0;
-    const bool replay_same = std::memcmp(ys[0].data(), ys[2].data(), ys[0].size() * sizeof(float)) == 0;
+    bool shapes_same = true;
+    for (std::size_t v = 1; v < 6; ++v) shapes_same = shapes_same && std::memcmp(ys[0].data(), ys[v].data(), ys[0].size() * sizeof(float)) == 0;
+    const bool replay_same = std::memcmp(ys[0].data(), ys[6].data(), ys[0].size() * sizeof(float)) == 0;
     double worst = 0;
     for (int r = 0; r < m; ++r) {
       std::vector<long long> fired;
@@ -560,23 +565,26 @@ int main(int argc, char** argv) {
           mag += std::fabs(hr[i] * w);
           dh += hd[i] * std::fabs(w);
         }
-        const double bound = bf16_step(ref) + dh + (static_cast<double>(slots) + 4) * std::ldexp(mag + dh, -23) + 1e-30;
+        const double bound = bf16_step(ref) + dh + (static_cast<double>(slots) + kUnionWarps) * std::ldexp(mag + dh, -23) + 1e-30;
         const double e = std::fabs(ys[0][static_cast<std::size_t>(r * k + c)] - ref) / bound;
         worst = e <= 1 ? std::max(worst, e) : std::max(worst, std::isnan(e) ? INFINITY : e);
       }
     }
-    const bool pass = counts_ok && widths_same && replay_same && worst <= 1;
-    double t_u[2], t_down[2];
-    for (int wi = 0; wi < 2; ++wi) {
-      const int cw = wi ? 32 : 16;
-      t_u[wi] = time_graph(s, reps, layers, [&] { for (const Layer& l : L) union_ffn(l, m, cw); });
-      t_down[wi] = time_graph(s, reps, layers, [&] { for (const Layer& l : L) union_ffn(l, m, cw, true, 2); });
+    const bool pass = counts_ok && shapes_same && replay_same && worst <= 1;
+    double t_u[6], best = INFINITY;
+    for (int v = 0; v < 6; ++v) {
+      t_u[v] = time_graph(s, reps, layers, [&] { for (const Layer& l : L) union_ffn(l, m, kShapes[v][0], kShapes[v][1]); });
+      best = std::min(best, t_u[v]);
     }
-    const double t_up = time_graph(s, reps, layers, [&] { for (const Layer& l : L) union_ffn(l, m, 16, true, 1); });
-    std::printf("    union %lld (%lld slots): %.2f / %.2f us (down 16 / 32 columns a CTA; today/union %.2fx), up %.2f, down %.2f / "
-                "%.2f  %s (counts %s; worst %.2f of its bound; widths %s; replay %s)\n",
-                uni, slots, t_u[0], t_u[1], t_today / std::min(t_u[0], t_u[1]), t_up, t_down[0], t_down[1],
-                pass ? "ok" : "FAIL", counts_ok ? "ok" : "WRONG", worst, widths_same ? "same" : "DIFFER",
+    double t_up[2], t_down[3];
+    for (int v = 0; v < 2; ++v) t_up[v] = time_graph(s, reps, layers, [&] { for (const Layer& l : L) union_ffn(l, m, v + 1, 16, true, 1); });
+    for (int v = 0; v < 3; ++v)
+      t_down[v] = time_graph(s, reps, layers, [&] { for (const Layer& l : L) union_ffn(l, m, 1, 16 << v, true, 2); });
+    std::printf("    union %lld (%lld slots), whole (up CTA 1 group: down 16 / 32 / 64 columns; 2 groups: the same) "
+                "%.2f / %.2f / %.2f; %.2f / %.2f / %.2f us, today/union %.2fx; list + up %.2f / %.2f, down %.2f / %.2f / %.2f"
+                "  %s (counts %s; worst %.2f of its bound; shapes %s; replay %s)\n",
+                uni, slots, t_u[0], t_u[1], t_u[2], t_u[3], t_u[4], t_u[5], t_today / best, t_up[0], t_up[1], t_down[0],
+                t_down[1], t_down[2], pass ? "ok" : "FAIL", counts_ok ? "ok" : "WRONG", worst, shapes_same ? "same" : "DIFFER",
                 replay_same ? "same" : "DIFFER");
     return pass;
   };

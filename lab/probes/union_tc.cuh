@@ -1,23 +1,27 @@
 #pragma once
 // The decode FFN's union on tensor cores, for 17–64 rows (docs/runtime.md, plan step 2): after the
 // cuBLASLt ReLU gate g [m, n], each neuron that some row fired has its Wu and Wdᵀ rows read once for
-// the whole batch, where the decode kernel reads them once a row that fired them.
-//   union_up_kernel   a CTA (tile t of 256 neurons, group s of 16): scans its tile's g for the
-//                     neurons some row fired (ascending: the tile's list), keeps list entries
-//                     16s … 16s + 15 (a CTA past the tile's count leaves at once), and forms
-//                     h[tok, slot] = bf16(g[tok, n] · ⟨x[tok], Wu[n]⟩) for its 16 neurons and every
-//                     row on tensor cores: Wu's rows as mma's A, x's rows as B, the 8 warps over K in
-//                     eighths, summed in warp order. Writes the tile's count (group 0), its list and h
-//                     at slots t · 256 + 16s + i (padding slots past the count: neuron −1, h 0).
-//   union_down_kernel a CTA CW columns of y, 4 warps: the union's groups of 16 in tile order, group
-//                     i to warp i % 4; a warp streams its groups' h [rows × 16] and Wdᵀ rows [16 × CW]
-//                     through shared memory (cp.async, kStages in flight, zero-filled past the list)
-//                     and adds h · Wdᵀ on tensor cores; the warps' sums are added in warp order and y
-//                     rounded to bf16 once. No partial sums leave the CTA, no tickets.
+// the whole batch, where the decode kernel reads them once a row that fired them. Second form (the
+// first, 08a0aac, scanned g in every up CTA and read x and h by small loads; docs/runtime.md):
+//   union_list_kernel a CTA a tile of 256 neurons, a thread a neuron: every row's g loaded at once;
+//                     the tile's fired neurons in ascending order at slots t · 256 + i, padded to a
+//                     multiple of 16 with −1, and the tile's count.
+//   union_up_kernel   a CTA GPC groups of 16 listed neurons (the groups in tile order, a prefix of
+//                     the tiles' counts; CTAs past the last group leave): h[row, slot] =
+//                     bf16(g[row, n] · ⟨x[row], Wu[n]⟩) on tensor cores. K in chunks of 128 through
+//                     shared memory (cp.async, kUpStages in flight, 16-byte chunks stored at
+//                     chunk ^ (row & 7) for ldmatrix): the chunk's Wu rows as mma's A, x's rows as B;
+//                     warp w takes the batch's rows 8w … 8w + 7 for all of K, so each h is one warp's
+//                     sum in k order.
+//   union_down_kernel a CTA CW columns of y, 8 warps: the union's groups of 16 in tile order, group
+//                     i to warp i % 8; a warp streams its groups' h [rows × 16] and Wdᵀ rows [16 ×
+//                     CW] through shared memory (cp.async, kDownStages in flight, zero-filled past the
+//                     list) and adds h · Wdᵀ on tensor cores; the warps' sums are added in warp
+//                     order and y rounded to bf16 once. No partial sums leave the CTA, no tickets.
 // h is rounded to bf16 as the dense FFN rounds it. The order of every sum is fixed by the union, so
 // replays give the same bits; a row's bits depend on which neurons the other rows fired (its 16-slot
 // groups, its sums' grouping), as the dense path's do on M. Requires m ≤ 64, n ≤ 8192, k a multiple
-// of 512 (8 warps × 4 k-steps of 16).
+// of 128.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -29,12 +33,15 @@ namespace twell::probe {
 
 namespace cdev = twell::cuda::dev;
 
-constexpr int kUnionTile = 256;       // neurons a list tile (a CTA's scan, a thread each)
-constexpr int kUnionGroup = 16;       // listed neurons an up CTA, and a down step's k
+constexpr int kUnionTile = 256;       // neurons a list tile (a thread each)
+constexpr int kUnionGroup = 16;       // listed neurons a group: an up m-tile, a down k-step
 constexpr int kUnionMaxRows = 64;
 constexpr int kUnionMaxTiles = 32;    // n ≤ 8192
-constexpr int kUnionDownWarps = 4;
-constexpr int kUnionStages = 4;       // a down warp's groups in flight
+constexpr int kUnionMaxGroups = kUnionMaxTiles * (kUnionTile / kUnionGroup);
+constexpr int kUnionWarps = 8;        // up and down
+constexpr int kUpChunk = 128;         // k a stage of the up kernel (256 bytes a row: 16 chunks)
+constexpr int kUpStages = 4;
+constexpr int kDownStages = 3;        // a down warp's groups in flight
 constexpr int kUnionHRowBytes = 48;   // a staged h row: 16 slots (32 bytes) + 16 of padding (ldmatrix without bank conflicts)
 
 struct UnionParams {
@@ -50,95 +57,146 @@ struct UnionParams {
   long long n = 0, hs = 0;
 };
 
-__device__ __forceinline__ unsigned ld32(const __nv_bfloat16* p) { return __ldg(reinterpret_cast<const unsigned*>(p)); }
-
-// NT: 8-row blocks of the batch (m ≤ 8 · NT).
-template <int NT>
-__global__ void __launch_bounds__(256) union_up_kernel(UnionParams p) {
-  constexpr int kWarps = 8, kRows = 8 * NT;
-  __shared__ int s_warp[kWarps];
-  __shared__ int s_nrn[kUnionGroup];
-  __shared__ float s_u[kWarps][kUnionGroup][kRows + 1];
-  const int t = static_cast<int>(blockIdx.x), s = static_cast<int>(blockIdx.y);
-  const int tid = static_cast<int>(threadIdx.x), lane = tid % 32, warp = tid / 32;
+__global__ void __launch_bounds__(kUnionTile) union_list_kernel(UnionParams p) {
+  __shared__ int s_warp[kUnionTile / 32];
+  const int t = static_cast<int>(blockIdx.x), tid = static_cast<int>(threadIdx.x), lane = tid % 32, warp = tid / 32;
   const long long nrn = static_cast<long long>(t) * kUnionTile + tid;
-  // The scan: thread tid's neuron fired by any row (8 rows' loads in flight at a time).
   bool fired = false;
-  if (nrn < p.n)
-    for (int r0 = 0; r0 < p.m; r0 += 8) {
-      bool f = false;
+  if (nrn < p.n) {
+    float v[kUnionMaxRows];  // every row's load in flight at once
 #pragma unroll
-      for (int i = 0; i < 8; ++i)
-        if (r0 + i < p.m) f |= __bfloat162float(p.g[static_cast<long long>(r0 + i) * p.n + nrn]) > 0.0f;
-      fired |= f;
-    }
+    for (int r = 0; r < kUnionMaxRows; ++r) v[r] = r < p.m ? __bfloat162float(p.g[static_cast<long long>(r) * p.n + nrn]) : 0.0f;
+#pragma unroll
+    for (int r = 0; r < kUnionMaxRows; ++r) fired |= v[r] > 0.0f;
+  }
   const unsigned b = __ballot_sync(0xffffffffu, fired);
   if (lane == 0) s_warp[warp] = __popc(b);
   __syncthreads();
   int before = 0, count = 0;
 #pragma unroll
-  for (int w = 0; w < kWarps; ++w) {
+  for (int w = 0; w < kUnionTile / 32; ++w) {
     before += w < warp ? s_warp[w] : 0;
     count += s_warp[w];
   }
-  if (s == 0 && tid == 0) p.counts[t] = count;
-  if (kUnionGroup * s >= count) return;  // count is the CTA's: every thread leaves
-  const int pos = before + __popc(b & ((1u << lane) - 1u)) - kUnionGroup * s;
-  if (fired && pos >= 0 && pos < kUnionGroup) s_nrn[pos] = static_cast<int>(nrn);
-  if (tid < kUnionGroup && kUnionGroup * s + tid >= count) s_nrn[tid] = -1;
-  __syncthreads();
-  const long long slot0 = static_cast<long long>(t) * kUnionTile + kUnionGroup * s;
-  if (tid < kUnionGroup) p.list[slot0 + tid] = s_nrn[tid];
-  // u = Wu · xᵀ: A = the 16 Wu rows (row g: neuron s_nrn[g]), B = x's rows (column g of n-block j: row 8j + g).
-  const int g = lane / 4, t4 = lane % 4;
-  const int na = s_nrn[g], nb = s_nrn[g + 8];
-  const __nv_bfloat16* wa = p.w_up + static_cast<long long>(na < 0 ? 0 : na) * p.k + 2 * t4;
-  const __nv_bfloat16* wb = p.w_up + static_cast<long long>(nb < 0 ? 0 : nb) * p.k + 2 * t4;
-  const __nv_bfloat16* xr[NT];
-  bool xin[NT];
+  int* list = p.list + static_cast<long long>(t) * kUnionTile;
+  if (fired) list[before + __popc(b & ((1u << lane) - 1u))] = static_cast<int>(nrn);
+  if (tid >= count && tid < (count + kUnionGroup - 1) / kUnionGroup * kUnionGroup) list[tid] = -1;
+  if (tid == 0) p.counts[t] = count;
+}
+
+// Warp 0: the union's groups in tile order (s_grp[i]: group i's first slot), their number in *s_ngrp.
+__device__ __forceinline__ void union_groups(const UnionParams& p, int* s_grp, int* s_ngrp) {
+  const int lane = static_cast<int>(threadIdx.x) % 32;
+  const int tiles = static_cast<int>((p.n + kUnionTile - 1) / kUnionTile);
+  int base = 0;
+  for (int t0 = 0; t0 < tiles; t0 += 32) {
+    const int t = t0 + lane;
+    const int ng = t < tiles ? (p.counts[t] + kUnionGroup - 1) / kUnionGroup : 0;
+    int incl = ng;
 #pragma unroll
-  for (int j = 0; j < NT; ++j) {
-    xin[j] = 8 * j + g < p.m;
-    xr[j] = p.x + static_cast<long long>(xin[j] ? 8 * j + g : 0) * p.k + 2 * t4;
+    for (int off = 1; off < 32; off <<= 1) {
+      const int v = __shfl_up_sync(0xffffffffu, incl, off);
+      if (lane >= off) incl += v;
+    }
+    for (int q = 0; q < ng; ++q) s_grp[base + incl - ng + q] = t * kUnionTile + kUnionGroup * q;
+    base += __shfl_sync(0xffffffffu, incl, 31);
   }
-  float acc[NT][4] = {};
-  const int kw = p.k / kWarps, kbeg = warp * kw;
-  for (int k0 = kbeg; k0 < kbeg + kw; k0 += 64) {  // 4 k-steps: their loads first, then the mma
-    unsigned a[4][4], bx[4][NT][2];
+  if (lane == 0) *s_ngrp = base;
+}
+
+template <int NT, int GPC>
+constexpr std::size_t union_up_smem() {
+  return static_cast<std::size_t>(kUpStages) * (kUnionGroup * GPC + 8 * NT) * kUpChunk * 2;
+}
+
+// NT: 8-row blocks of the batch (m ≤ 8 · NT); GPC: groups a CTA.
+template <int NT, int GPC>
+__global__ void __launch_bounds__(kUnionWarps * 32) union_up_kernel(UnionParams p) {
+  constexpr int kARows = kUnionGroup * GPC, kRows = kARows + 8 * NT, kRowBytes = kUpChunk * 2, kCh = kUpChunk / 8;
+  constexpr int kStage = kRows * kRowBytes;
+  extern __shared__ __align__(128) unsigned char smem[];
+  __shared__ int s_grp[kUnionMaxGroups];
+  __shared__ int s_ngrp;
+  __shared__ int s_nrn[kARows];
+  __shared__ long long s_slot0[GPC];
+  const int tid = static_cast<int>(threadIdx.x), lane = tid % 32, warp = tid / 32;
+  if (warp == 0) union_groups(p, s_grp, &s_ngrp);
+  __syncthreads();
+  const int g0 = static_cast<int>(blockIdx.x) * GPC;
+  if (g0 >= s_ngrp) return;  // the CTA's: every thread leaves
+  if (tid < kARows) {
+    const int gi = g0 + tid / kUnionGroup;
+    s_nrn[tid] = gi < s_ngrp ? p.list[s_grp[gi] + tid % kUnionGroup] : -1;
+    if (tid % kUnionGroup == 0) s_slot0[tid / kUnionGroup] = gi < s_ngrp ? s_grp[gi] : -1;
+  }
+  __syncthreads();
+  const auto sbase = static_cast<std::uint32_t>(__cvta_generic_to_shared(smem));
+  // Chunk c into stage st: rows 0 … kARows − 1 the groups' Wu rows, then x's rows (zero past m).
+  const auto load = [&](int c, int st) {
+    for (int e = tid; e < kRows * kCh; e += kUnionWarps * 32) {
+      const int row = e / kCh, ch = e % kCh;
+      const __nv_bfloat16* src;
+      bool in;
+      if (row < kARows) {
+        const int nrn = s_nrn[row];
+        in = nrn >= 0;
+        src = p.w_up + static_cast<long long>(in ? nrn : 0) * p.k;
+      } else {
+        const int r = row - kARows;
+        in = r < p.m;
+        src = p.x + static_cast<long long>(in ? r : 0) * p.k;
+      }
+      cdev::cp_async16(sbase + st * kStage + row * kRowBytes + ((ch ^ (row & 7)) << 4), src + c * kUpChunk + ch * 8, in);
+    }
+  };
+  const int chunks = p.k / kUpChunk;
 #pragma unroll
-    for (int q = 0; q < 4; ++q) {
-      const int kk = k0 + 16 * q;
-      a[q][0] = na >= 0 ? ld32(wa + kk) : 0u;
-      a[q][1] = nb >= 0 ? ld32(wb + kk) : 0u;
-      a[q][2] = na >= 0 ? ld32(wa + kk + 8) : 0u;
-      a[q][3] = nb >= 0 ? ld32(wb + kk + 8) : 0u;
+  for (int st = 0; st < kUpStages - 1; ++st) {
+    if (st < chunks) load(st, st);
+    cdev::cp_async_commit();
+  }
+  float acc[GPC][4] = {};
+  const int mi = lane / 8, rr = lane % 8;
+  for (int c = 0; c < chunks; ++c) {
+    if (c + kUpStages - 1 < chunks) load(c + kUpStages - 1, (c + kUpStages - 1) % kUpStages);
+    cdev::cp_async_commit();
+    cdev::cp_async_wait<kUpStages - 1>();
+    __syncthreads();
+    if (warp < NT) {
+      const std::uint32_t st = sbase + (c % kUpStages) * kStage;
+      const int xrow = kARows + 8 * warp + rr;
 #pragma unroll
-      for (int j = 0; j < NT; ++j) {
-        bx[q][j][0] = xin[j] ? ld32(xr[j] + kk) : 0u;
-        bx[q][j][1] = xin[j] ? ld32(xr[j] + kk + 8) : 0u;
+      for (int kp = 0; kp < kUpChunk / 32; ++kp) {  // two k-steps: B's four matrices are their k 0–7, 8–15
+        unsigned b[4];
+        cdev::ldmatrix_x4(st + xrow * kRowBytes + (((4 * kp + mi) ^ (xrow & 7)) << 4), b[0], b[1], b[2], b[3]);
+#pragma unroll
+        for (int h2 = 0; h2 < 2; ++h2)
+#pragma unroll
+          for (int q = 0; q < GPC; ++q) {  // A: matrix mi rows + 8 (mi & 1), k + 8 (mi >> 1)
+            const int arow = kUnionGroup * q + rr + (mi & 1) * 8, ch = 2 * (2 * kp + h2) + (mi >> 1);
+            unsigned a0, a1, a2, a3;
+            cdev::ldmatrix_x4(st + arow * kRowBytes + ((ch ^ (arow & 7)) << 4), a0, a1, a2, a3);
+            cdev::mma_16816_bf16(acc[q], a0, a1, a2, a3, b[2 * h2], b[2 * h2 + 1]);
+          }
       }
     }
-#pragma unroll
-    for (int q = 0; q < 4; ++q)
-#pragma unroll
-      for (int j = 0; j < NT; ++j) cdev::mma_16816_bf16(acc[j], a[q][0], a[q][1], a[q][2], a[q][3], bx[q][j][0], bx[q][j][1]);
+    __syncthreads();  // every warp done with this stage before a later load refills it
   }
+  cdev::cp_async_wait<0>();
+  // D: acc[q][0..1] neuron g of group q, rows 8 · warp + 2t, + 1; acc[q][2..3] neuron g + 8.
+  if (warp < NT) {
+    const int g = lane / 4, t4 = lane % 4;
 #pragma unroll
-  for (int j = 0; j < NT; ++j) {
-    s_u[warp][g][8 * j + 2 * t4] = acc[j][0];
-    s_u[warp][g][8 * j + 2 * t4 + 1] = acc[j][1];
-    s_u[warp][g + 8][8 * j + 2 * t4] = acc[j][2];
-    s_u[warp][g + 8][8 * j + 2 * t4 + 1] = acc[j][3];
-  }
-  __syncthreads();
-  // h = g · u (the warps' sums in warp order), bf16 once; 0 at padding slots.
-  for (int o = tid; o < kUnionGroup * p.m; o += 256) {
-    const int i = o % kUnionGroup, row = o / kUnionGroup, n_i = s_nrn[i];
-    float u = 0.0f;
+    for (int q = 0; q < GPC; ++q) {
+      if (s_slot0[q] < 0) continue;
 #pragma unroll
-    for (int w = 0; w < kWarps; ++w) u += s_u[w][i][row];
-    const float hv = n_i >= 0 ? __bfloat162float(p.g[static_cast<long long>(row) * p.n + n_i]) * u : 0.0f;
-    p.h[row * p.hs + slot0 + i] = __float2bfloat16_rn(hv);
+      for (int e = 0; e < 4; ++e) {
+        const int i = g + (e >> 1) * 8, row = 8 * warp + 2 * t4 + (e & 1), nrn = s_nrn[kUnionGroup * q + i];
+        if (row >= p.m) continue;
+        const float hv = nrn >= 0 ? __bfloat162float(p.g[static_cast<long long>(row) * p.n + nrn]) * acc[q][e] : 0.0f;
+        p.h[row * p.hs + s_slot0[q] + i] = __float2bfloat16_rn(hv);
+      }
+    }
   }
 }
 
@@ -148,47 +206,30 @@ constexpr int union_stage_bytes() {
 }
 template <int CW, int MT>
 constexpr std::size_t union_down_smem(long long n) {
-  constexpr std::size_t stages = static_cast<std::size_t>(kUnionDownWarps) * kUnionStages * union_stage_bytes<CW, MT>();
-  constexpr std::size_t red = static_cast<std::size_t>(kUnionDownWarps) * 16 * MT * CW * sizeof(float);
+  constexpr std::size_t stages = static_cast<std::size_t>(kUnionWarps) * kDownStages * union_stage_bytes<CW, MT>();
+  constexpr std::size_t red = static_cast<std::size_t>(kUnionWarps) * 16 * MT * CW * sizeof(float);
   return (stages > red ? stages : red) + static_cast<std::size_t>((n + kUnionTile - 1) / kUnionTile) * kUnionTile * sizeof(int);
 }
 
-// CW columns of y a CTA (16 or 32), MT 16-row blocks of the batch (m ≤ 16 · MT).
+// CW columns of y a CTA (16, 32 or 64), MT 16-row blocks of the batch (m ≤ 16 · MT).
 template <int CW, int MT>
-__global__ void __launch_bounds__(kUnionDownWarps * 32) union_down_kernel(UnionParams p) {
+__global__ void __launch_bounds__(kUnionWarps * 32) union_down_kernel(UnionParams p) {
   constexpr int kRowW = CW * 2 + 16;  // a staged Wdᵀ row (bytes): CW columns + 16 of padding
   constexpr int kStage = union_stage_bytes<CW, MT>(), kWBytes = kUnionGroup * kRowW;
-  constexpr int kRed = kUnionDownWarps * 16 * MT * CW * static_cast<int>(sizeof(float));
-  constexpr int kStagesBytes = kUnionDownWarps * kUnionStages * kStage;
-  extern __shared__ __align__(16) unsigned char smem[];
-  __shared__ int s_grp[kUnionMaxTiles * (kUnionTile / kUnionGroup)];  // a group's first slot
+  constexpr int kRed = kUnionWarps * 16 * MT * CW * static_cast<int>(sizeof(float));
+  constexpr int kStagesBytes = kUnionWarps * kDownStages * kStage;
+  extern __shared__ __align__(128) unsigned char smem[];
+  __shared__ int s_grp[kUnionMaxGroups];
   __shared__ int s_ngrp;
   int* s_list = reinterpret_cast<int*>(smem + (kStagesBytes > kRed ? kStagesBytes : kRed));  // [group · 16 + i] its neurons
   const int tid = static_cast<int>(threadIdx.x), lane = tid % 32, warp = tid / 32;
   const int c0 = static_cast<int>(blockIdx.x) * CW;
-  const int tiles = static_cast<int>((p.n + kUnionTile - 1) / kUnionTile);
-  if (warp == 0) {  // the groups in tile order: a prefix sum of the tiles' group counts
-    int base = 0;
-    for (int t0 = 0; t0 < tiles; t0 += 32) {
-      const int t = t0 + lane;
-      const int ng = t < tiles ? (p.counts[t] + kUnionGroup - 1) / kUnionGroup : 0;
-      int incl = ng;
-#pragma unroll
-      for (int off = 1; off < 32; off <<= 1) {
-        const int v = __shfl_up_sync(0xffffffffu, incl, off);
-        if (lane >= off) incl += v;
-      }
-      for (int q = 0; q < ng; ++q) s_grp[base + incl - ng + q] = t * kUnionTile + kUnionGroup * q;
-      base += __shfl_sync(0xffffffffu, incl, 31);
-    }
-    if (lane == 0) s_ngrp = base;
-  }
+  if (warp == 0) union_groups(p, s_grp, &s_ngrp);
   __syncthreads();
   const int groups = s_ngrp;
-  for (int e = tid; e < groups * kUnionGroup; e += kUnionDownWarps * 32)
-    s_list[e] = p.list[s_grp[e / kUnionGroup] + e % kUnionGroup];
+  for (int e = tid; e < groups * kUnionGroup; e += kUnionWarps * 32) s_list[e] = p.list[s_grp[e / kUnionGroup] + e % kUnionGroup];
   __syncthreads();
-  const auto sbase = static_cast<std::uint32_t>(__cvta_generic_to_shared(smem)) + warp * kUnionStages * kStage;
+  const auto sbase = static_cast<std::uint32_t>(__cvta_generic_to_shared(smem)) + warp * kDownStages * kStage;
   // Group gi into stage st: its 16 Wdᵀ rows' CW columns, then h's rows × its 16 slots.
   const auto load = [&](int gi, int st) {
     const std::uint32_t d = sbase + st * kStage;
@@ -207,18 +248,18 @@ __global__ void __launch_bounds__(kUnionDownWarps * 32) union_down_kernel(UnionP
   float acc[MT][CW / 8][4] = {};
   const int g = lane / 4, t4 = lane % 4, mi = lane / 8, rr = lane % 8;
 #pragma unroll
-  for (int st = 0; st < kUnionStages - 1; ++st) {
-    const int gi = warp + kUnionDownWarps * st;
+  for (int st = 0; st < kDownStages - 1; ++st) {
+    const int gi = warp + kUnionWarps * st;
     if (gi < groups) load(gi, st);
     cdev::cp_async_commit();
   }
-  for (int gi = warp, i = 0; gi < groups; gi += kUnionDownWarps, ++i) {
-    const int nx = gi + kUnionDownWarps * (kUnionStages - 1);
-    if (nx < groups) load(nx, (i + kUnionStages - 1) % kUnionStages);
+  for (int gi = warp, i = 0; gi < groups; gi += kUnionWarps, ++i) {
+    const int nx = gi + kUnionWarps * (kDownStages - 1);
+    if (nx < groups) load(nx, (i + kDownStages - 1) % kDownStages);
     cdev::cp_async_commit();
-    cdev::cp_async_wait<kUnionStages - 1>();
+    cdev::cp_async_wait<kDownStages - 1>();
     __syncwarp();
-    const std::uint32_t st = sbase + (i % kUnionStages) * kStage;
+    const std::uint32_t st = sbase + (i % kDownStages) * kStage;
     unsigned a[MT][4];
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt)  // A = h rows 16mt … (matrix mi: rows + 8 (mi & 1), slots + 8 (mi >> 1))
@@ -250,51 +291,73 @@ __global__ void __launch_bounds__(kUnionDownWarps * 32) union_down_kernel(UnionP
       r0[8 * CW + 1] = acc[mt][nb][3];
     }
   __syncthreads();
-  for (int o = tid; o < p.m * CW; o += kUnionDownWarps * 32) {
+  for (int o = tid; o < p.m * CW; o += kUnionWarps * 32) {
     const int row = o / CW, col = o % CW;
     float v = 0.0f;
 #pragma unroll
-    for (int w = 0; w < kUnionDownWarps; ++w) v += red[(w * 16 * MT + row) * CW + col];
+    for (int w = 0; w < kUnionWarps; ++w) v += red[(w * 16 * MT + row) * CW + col];
     p.y[static_cast<long long>(row) * p.k + c0 + col] = __float2bfloat16_rn(v);
   }
 }
 
-// parts: bit 0 the up kernel, bit 1 the down kernel (one alone: the timing split). CW: 16 or 32.
-inline cudaError_t launch_union(const UnionParams& p, int cw, int parts, cudaStream_t s) {
-  const int tiles = static_cast<int>((p.n + kUnionTile - 1) / kUnionTile);
-  if (parts & 1) {
-    const dim3 grid(static_cast<unsigned>(tiles), kUnionTile / kUnionGroup);
-    switch ((p.m + 7) / 8) {
-      case 1: union_up_kernel<1><<<grid, 256, 0, s>>>(p); break;
-      case 2: union_up_kernel<2><<<grid, 256, 0, s>>>(p); break;
-      case 3: union_up_kernel<3><<<grid, 256, 0, s>>>(p); break;
-      case 4: union_up_kernel<4><<<grid, 256, 0, s>>>(p); break;
-      case 5: union_up_kernel<5><<<grid, 256, 0, s>>>(p); break;
-      case 6: union_up_kernel<6><<<grid, 256, 0, s>>>(p); break;
-      case 7: union_up_kernel<7><<<grid, 256, 0, s>>>(p); break;
-      default: union_up_kernel<8><<<grid, 256, 0, s>>>(p); break;
-    }
-    if (const cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
-  }
-  if (!(parts & 2)) return cudaSuccess;
-  const auto go = [&](auto kernel, std::size_t smem, int width) {
+namespace union_detail {
+inline cudaError_t go(const void* kernel, dim3 grid, std::size_t smem, const UnionParams& p, cudaStream_t s) {
+  if (smem > 48 * 1024)
     if (const cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
         e != cudaSuccess)
       return e;
-    kernel<<<static_cast<unsigned>(p.k / width), kUnionDownWarps * 32, smem, s>>>(p);
-    return cudaGetLastError();
-  };
-  const int mt = (p.m + 15) / 16;
-  if (cw == 16) {
-    if (mt == 1) return go(union_down_kernel<16, 1>, union_down_smem<16, 1>(p.n), 16);
-    if (mt == 2) return go(union_down_kernel<16, 2>, union_down_smem<16, 2>(p.n), 16);
-    if (mt == 3) return go(union_down_kernel<16, 3>, union_down_smem<16, 3>(p.n), 16);
-    return go(union_down_kernel<16, 4>, union_down_smem<16, 4>(p.n), 16);
+  void* args[] = {const_cast<UnionParams*>(&p)};
+  return cudaLaunchKernel(kernel, grid, dim3(kUnionWarps * 32), args, smem, s);
+}
+template <int NT, int GPC>
+cudaError_t up(const UnionParams& p, cudaStream_t s) {
+  const int tiles = static_cast<int>((p.n + kUnionTile - 1) / kUnionTile);
+  const dim3 grid(static_cast<unsigned>((tiles * (kUnionTile / kUnionGroup) + GPC - 1) / GPC));
+  return go(reinterpret_cast<const void*>(union_up_kernel<NT, GPC>), grid, union_up_smem<NT, GPC>(), p, s);
+}
+template <int GPC>
+cudaError_t up_rows(const UnionParams& p, cudaStream_t s) {
+  switch ((p.m + 7) / 8) {
+    case 1: return up<1, GPC>(p, s);
+    case 2: return up<2, GPC>(p, s);
+    case 3: return up<3, GPC>(p, s);
+    case 4: return up<4, GPC>(p, s);
+    case 5: return up<5, GPC>(p, s);
+    case 6: return up<6, GPC>(p, s);
+    case 7: return up<7, GPC>(p, s);
+    default: return up<8, GPC>(p, s);
   }
-  if (mt == 1) return go(union_down_kernel<32, 1>, union_down_smem<32, 1>(p.n), 32);
-  if (mt == 2) return go(union_down_kernel<32, 2>, union_down_smem<32, 2>(p.n), 32);
-  if (mt == 3) return go(union_down_kernel<32, 3>, union_down_smem<32, 3>(p.n), 32);
-  return go(union_down_kernel<32, 4>, union_down_smem<32, 4>(p.n), 32);
+}
+template <int CW, int MT>
+cudaError_t down(const UnionParams& p, cudaStream_t s) {
+  return go(reinterpret_cast<const void*>(union_down_kernel<CW, MT>), dim3(static_cast<unsigned>(p.k / CW)),
+            union_down_smem<CW, MT>(p.n), p, s);
+}
+template <int CW>
+cudaError_t down_rows(const UnionParams& p, cudaStream_t s) {
+  switch ((p.m + 15) / 16) {
+    case 1: return down<CW, 1>(p, s);
+    case 2: return down<CW, 2>(p, s);
+    case 3: return down<CW, 3>(p, s);
+    default: return down<CW, 4>(p, s);
+  }
+}
+}  // namespace union_detail
+
+// parts: bit 0 the list and up kernels, bit 1 the down kernel (one alone: the timing split).
+// gpc: groups an up CTA (1 or 2); cw: columns a down CTA (16, 32 or 64).
+inline cudaError_t launch_union(const UnionParams& p, int gpc, int cw, int parts, cudaStream_t s) {
+  if (parts & 1) {
+    const int tiles = static_cast<int>((p.n + kUnionTile - 1) / kUnionTile);
+    union_list_kernel<<<static_cast<unsigned>(tiles), kUnionTile, 0, s>>>(p);
+    if (const cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
+    if (const cudaError_t e = gpc == 1 ? union_detail::up_rows<1>(p, s) : union_detail::up_rows<2>(p, s); e != cudaSuccess)
+      return e;
+  }
+  if (!(parts & 2)) return cudaSuccess;
+  if (cw == 16) return union_detail::down_rows<16>(p, s);
+  if (cw == 32) return union_detail::down_rows<32>(p, s);
+  return union_detail::down_rows<64>(p, s);
 }
 
 }  // namespace twell::probe
