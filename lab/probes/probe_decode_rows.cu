@@ -552,7 +552,7 @@ int main(int argc, char** argv) {
         if (g <= 0) continue;
         double dm = 0;
         const double d = dot_f64(hx.data() + static_cast<std::size_t>(r * k), hwu.data() + static_cast<std::size_t>(j * k), k, dm);
-        const double e1 = (k + 9.0) * std::ldexp(g * dm, -23);  // the sums over K and the 8 warps, the product by g
+        const double e1 = (k + 9.0) * std::ldexp(g * dm, -23);  // the sum over K (one warp's), the product by g, with room
         fired.push_back(j);
         hr.push_back(g * d);
         hd.push_back(std::ldexp(std::fabs(g * d) + e1, -8) + e1);

@@ -301,11 +301,12 @@ __global__ void __launch_bounds__(kUnionWarps * 32) union_down_kernel(UnionParam
 }
 
 namespace union_detail {
+// The opt-in on every launch: the kernels' static shared memory counts against the 48 KB a launch
+// gets without it, so a dynamic size at or just below 48 KB needs it too.
 inline cudaError_t go(const void* kernel, dim3 grid, std::size_t smem, const UnionParams& p, cudaStream_t s) {
-  if (smem > 48 * 1024)
-    if (const cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
-        e != cudaSuccess)
-      return e;
+  if (const cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
+      e != cudaSuccess)
+    return e;
   void* args[] = {const_cast<UnionParams*>(&p)};
   return cudaLaunchKernel(kernel, grid, dim3(kUnionWarps * 32), args, smem, s);
 }
@@ -347,6 +348,9 @@ cudaError_t down_rows(const UnionParams& p, cudaStream_t s) {
 // parts: bit 0 the list and up kernels, bit 1 the down kernel (one alone: the timing split).
 // gpc: groups an up CTA (1 or 2); cw: columns a down CTA (16, 32 or 64).
 inline cudaError_t launch_union(const UnionParams& p, int gpc, int cw, int parts, cudaStream_t s) {
+  if (p.m < 1 || p.m > kUnionMaxRows || p.n < 1 || p.n > static_cast<long long>(kUnionMaxTiles) * kUnionTile || p.k < kUpChunk ||
+      p.k % kUpChunk != 0 || (gpc != 1 && gpc != 2) || (cw != 16 && cw != 32 && cw != 64))
+    return cudaErrorInvalidValue;
   if (parts & 1) {
     const int tiles = static_cast<int>((p.n + kUnionTile - 1) / kUnionTile);
     union_list_kernel<<<static_cast<unsigned>(tiles), kUnionTile, 0, s>>>(p);
