@@ -8,7 +8,7 @@
 //            down GEMM).
 //   union    (union_tc.cuh) the cuBLASLt ReLU gate, then the union's up and down on tensor cores:
 //            each neuron some row fired has its Wu and Wdᵀ rows read once for the batch, h in
-//            bf16 as the dense FFN rounds it; timed at 1 and 2 groups of 16 neurons an up CTA and
+//            bf16 as the dense FFN rounds it; timed at 1, 2 and 4 groups of 16 neurons an up CTA and
 //            16, 32 and 64 columns a down CTA (k a multiple of 128; its checks below the table's
 //            line of each M).
 //   rows     kernel 1 (2–16 rows), a CTA a block of 16 neurons for every row: the gate GEMV's own
@@ -501,14 +501,15 @@ int main(int argc, char** argv) {
       if (*c) ++c;
     }
   }
-  // The union on tensor cores at m rows (union_tc.cuh), each shape of its kernels (1 or 2 groups an
+  // The union on tensor cores at m rows (union_tc.cuh), each shape of its kernels (1, 2 or 4 groups an
   // up CTA, 16, 32 or 64 columns a down CTA), on its own cuBLASLt gate's g (layer 0): the tiles'
   // counts against g on the host; y within a derived float64 bound (h = g · ⟨x, Wu⟩ with tensor-core
   // sums of 2⁻²³ a step, rounded to bf16: 2⁻⁸ of |h|; y's sums over the padded union's slots and the
   // 8 warps, 2⁻²³ a step; one bf16 step of |y|); the same bits from every shape (no sum's order
   // depends on it) and from a replay. Then its time (the gate, list, up and down) for each shape,
   // and its kernels alone, µs a layer.
-  constexpr int kShapes[6][2] = {{1, 16}, {1, 32}, {1, 64}, {2, 16}, {2, 32}, {2, 64}};  // groups an up CTA, columns a down CTA
+  constexpr int kShapes[9][2] = {{1, 16}, {1, 32}, {1, 64}, {2, 16}, {2, 32}, {2, 64}, {4, 16}, {4, 32}, {4, 64}};  // groups an up CTA, columns a down CTA
+  constexpr int kNShapes = 9;
   const auto union_row = [&](int m, double t_today) {
     std::vector<std::vector<float>> ys;
     std::vector<int> cnt(static_cast<std::size_t>(tiles));
@@ -541,8 +542,9 @@ int main(int argc, char** argv) {
       slots += (want + 15) / 16 * 16;
     }
     bool shapes_same = true;
-    for (std::size_t v = 1; v < 6; ++v) shapes_same = shapes_same && std::memcmp(ys[0].data(), ys[v].data(), ys[0].size() * sizeof(float)) == 0;
-    const bool replay_same = std::memcmp(ys[0].data(), ys[6].data(), ys[0].size() * sizeof(float)) == 0;
+    for (std::size_t v = 1; v < kNShapes; ++v)
+      shapes_same = shapes_same && std::memcmp(ys[0].data(), ys[v].data(), ys[0].size() * sizeof(float)) == 0;
+    const bool replay_same = std::memcmp(ys[0].data(), ys[kNShapes].data(), ys[0].size() * sizeof(float)) == 0;
     double worst = 0;
     for (int r = 0; r < m; ++r) {
       std::vector<long long> fired;
@@ -571,21 +573,22 @@ int main(int argc, char** argv) {
       }
     }
     const bool pass = counts_ok && shapes_same && replay_same && worst <= 1;
-    double t_u[6], best = INFINITY;
-    for (int v = 0; v < 6; ++v) {
+    double t_u[kNShapes], best = INFINITY;
+    for (int v = 0; v < kNShapes; ++v) {
       t_u[v] = time_graph(s, reps, layers, [&] { for (const Layer& l : L) union_ffn(l, m, kShapes[v][0], kShapes[v][1]); });
       best = std::min(best, t_u[v]);
     }
-    double t_up[2], t_down[3];
-    for (int v = 0; v < 2; ++v) t_up[v] = time_graph(s, reps, layers, [&] { for (const Layer& l : L) union_ffn(l, m, v + 1, 16, true, 1); });
+    double t_up[3], t_down[3];
+    for (int v = 0; v < 3; ++v) t_up[v] = time_graph(s, reps, layers, [&] { for (const Layer& l : L) union_ffn(l, m, 1 << v, 16, true, 1); });
     for (int v = 0; v < 3; ++v)
       t_down[v] = time_graph(s, reps, layers, [&] { for (const Layer& l : L) union_ffn(l, m, 1, 16 << v, true, 2); });
-    std::printf("    union %lld (%lld slots), whole (up CTA 1 group: down 16 / 32 / 64 columns; 2 groups: the same) "
-                "%.2f / %.2f / %.2f; %.2f / %.2f / %.2f us, today/union %.2fx; list + up %.2f / %.2f, down %.2f / %.2f / %.2f"
-                "  %s (counts %s; worst %.2f of its bound; shapes %s; replay %s)\n",
-                uni, slots, t_u[0], t_u[1], t_u[2], t_u[3], t_u[4], t_u[5], t_today / best, t_up[0], t_up[1], t_down[0],
-                t_down[1], t_down[2], pass ? "ok" : "FAIL", counts_ok ? "ok" : "WRONG", worst, shapes_same ? "same" : "DIFFER",
-                replay_same ? "same" : "DIFFER");
+    std::printf("    union %lld (%lld slots), whole (up CTA 1 group: down 16 / 32 / 64 columns; 2 groups: the same; 4: the same) "
+                "%.2f / %.2f / %.2f; %.2f / %.2f / %.2f; %.2f / %.2f / %.2f us, today/union %.2fx; list + up (1 / 2 / 4 groups) "
+                "%.2f / %.2f / %.2f, down (16 / 32 / 64) %.2f / %.2f / %.2f  %s (counts %s; worst %.2f of its bound; shapes %s; "
+                "replay %s)\n",
+                uni, slots, t_u[0], t_u[1], t_u[2], t_u[3], t_u[4], t_u[5], t_u[6], t_u[7], t_u[8], t_today / best, t_up[0],
+                t_up[1], t_up[2], t_down[0], t_down[1], t_down[2], pass ? "ok" : "FAIL", counts_ok ? "ok" : "WRONG", worst,
+                shapes_same ? "same" : "DIFFER", replay_same ? "same" : "DIFFER");
     return pass;
   };
   for (const int m : ms) {

@@ -346,16 +346,20 @@ cudaError_t down_rows(const UnionParams& p, cudaStream_t s) {
 }  // namespace union_detail
 
 // parts: bit 0 the list and up kernels, bit 1 the down kernel (one alone: the timing split).
-// gpc: groups an up CTA (1 or 2); cw: columns a down CTA (16, 32 or 64).
+// gpc: groups an up CTA (1, 2 or 4: fewer CTAs, each x byte staged for more neurons); cw: columns a
+// down CTA (16, 32 or 64). Anything else, or a shape past the limits above: cudaErrorInvalidValue.
 inline cudaError_t launch_union(const UnionParams& p, int gpc, int cw, int parts, cudaStream_t s) {
   if (p.m < 1 || p.m > kUnionMaxRows || p.n < 1 || p.n > static_cast<long long>(kUnionMaxTiles) * kUnionTile || p.k < kUpChunk ||
-      p.k % kUpChunk != 0 || (gpc != 1 && gpc != 2) || (cw != 16 && cw != 32 && cw != 64))
+      p.k % kUpChunk != 0 || (gpc != 1 && gpc != 2 && gpc != 4) || (cw != 16 && cw != 32 && cw != 64))
     return cudaErrorInvalidValue;
   if (parts & 1) {
     const int tiles = static_cast<int>((p.n + kUnionTile - 1) / kUnionTile);
     union_list_kernel<<<static_cast<unsigned>(tiles), kUnionTile, 0, s>>>(p);
     if (const cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
-    if (const cudaError_t e = gpc == 1 ? union_detail::up_rows<1>(p, s) : union_detail::up_rows<2>(p, s); e != cudaSuccess)
+    if (const cudaError_t e = gpc == 1   ? union_detail::up_rows<1>(p, s)
+                              : gpc == 2 ? union_detail::up_rows<2>(p, s)
+                                         : union_detail::up_rows<4>(p, s);
+        e != cudaSuccess)
       return e;
   }
   if (!(parts & 2)) return cudaSuccess;
