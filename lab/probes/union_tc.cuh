@@ -241,8 +241,8 @@ __global__ void __launch_bounds__(kUnionWarps * 32) union_down_kernel(UnionParam
     const long long slot0 = s_grp[gi];
     for (int c = lane; c < 16 * MT * 2; c += 32) {
       const int row = c / 2, ch = c % 2;
-      cdev::cp_async16(d + kWBytes + row * kUnionHRowBytes + ch * 16, p.h + static_cast<long long>(row < p.m ? row : 0) * p.hs + slot0 + ch * 8,
-                       row < p.m);
+      const __nv_bfloat16* src = p.h + static_cast<long long>(row < p.m ? row : 0) * p.hs + slot0 + ch * 8;
+      cdev::cp_async16(d + kWBytes + row * kUnionHRowBytes + ch * 16, src, row < p.m);
     }
   };
   float acc[MT][CW / 8][4] = {};
