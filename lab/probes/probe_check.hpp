@@ -17,14 +17,19 @@ inline float bf16_to_float(unsigned short b) {
   return f;
 }
 
-// Σ x[i] · w[i] over k bf16 pairs (raw bits) in float64, and Σ |x[i] · w[i]|.
+// An element's value: a bf16's raw bits, or a float (bf16 values already widened on the host).
+inline float value_of(unsigned short b) { return bf16_to_float(b); }
+inline float value_of(float f) { return f; }
+
+// Σ x[i] · w[i] over k pairs (bf16 raw bits or floats) in float64, and Σ |x[i] · w[i]|.
 struct ExactDot {
   double sum = 0, mag = 0;
 };
-inline ExactDot exact_dot(const unsigned short* x, const unsigned short* w, int k) {
+template <class T>
+ExactDot exact_dot(const T* x, const T* w, int k) {
   ExactDot e;
   for (int i = 0; i < k; ++i) {
-    const double v = static_cast<double>(bf16_to_float(x[i])) * bf16_to_float(w[i]);
+    const double v = static_cast<double>(value_of(x[i])) * value_of(w[i]);
     e.sum += v;
     e.mag += std::abs(v);
   }

@@ -1,6 +1,6 @@
 // twell_probe_decode_attention: the decode attention (cuda::ops::attention: one CTA of 8 warps per
-// (row, query head), exact fp32 scores and sums; or at 32 rows or more of a GQA call the tensor-core
-// kernel, a CTA of 4 warps per (row, KV head)) against the bytes it must read, at the batches and
+// (row, query head), exact fp32 scores and sums; or at 16 rows or more the tensor-core kernel, a CTA
+// of 4 warps per (row, KV head)) against the bytes it must read, at the batches and
 // contexts a server runs (issue 59: at batch 64 and context 512 the 2B model's KV cache is most of a
 // step's bytes, and PyTorch moved a step's bytes at ≈ 3.1 TB/s where twell moved them at ≈ 2.6).
 // For each shape: µs a launch, graph-replayed over `layers` caches launched in turn (together past
@@ -19,9 +19,9 @@
 // For GQA shapes a third, grouped_attention_kernel ("GQA-CTA"): the library's grouped kernel before
 // its tensor-core form, a CTA a (row, KV head) with its scores a thread a key and the per-head bits.
 // At every shape, "tc": the library's tensor-core grouped kernel (cuda/ops/attention_grouped.cuh) as
-// a decode step runs it, at every row count and with groups of 1 on the MHA model, which the library
-// does not give it yet (docs/runtime.md plan step 1); checked against its own bound, its bits
-// repeating and equal to the library's where the library runs it.
+// a decode step runs it, at every row count (the library from 16 rows), with groups of 1 on the MHA
+// model; checked against its own bound, its bits repeating and equal to the library's where the
+// library runs it.
 // Forms tried here and gone: the thread-a-key score loop read coalesced ("coal", 42 against 34 µs at
 // 64 × 513: bench/results/2026-11-30-h200-probe-decode-attention-coal-e2cb715.txt), and the tensor-core
 // kernel's scalar twin ("tile": 64-key tiles through cp.async and an online softmax on CUDA cores, 49.8
@@ -562,8 +562,8 @@ int main(int argc, char** argv) {
         };
         const bool group_fits = grouped && group_smem <= static_cast<std::size_t>(prop.sharedMemPerBlockOptin);
         // The library's tensor-core grouped kernel (attention_grouped.cuh) at every shape, as a decode
-        // step runs it (old keys before the wait): the group of the model (1 on the MHA model, which
-        // the library does not give it yet), whatever the rows.
+        // step runs it (old keys before the wait): the group of the model (1 on the MHA model), whatever
+        // the rows (the library's from 16).
         const int group = md.heads / md.kv_heads;
         bool tc_attr = false;
         DeviceBuffer<__nv_bfloat16> out_tc(out.size());
@@ -623,7 +623,7 @@ int main(int argc, char** argv) {
         const int lc = layers - 1, r = rows - 1;
         bool finite = true;
         double worst[6] = {0, 0, 0, 0, 0, 0};  // library, split, pipe, pipe3, GQA-CTA, tc: the largest error over its bound
-        // The library at 32 rows or more of a GQA call runs its tensor-core grouped kernel: its own
+        // The library at 16 rows or more runs its tensor-core grouped kernel: its own
         // bound, and other bits than the per-head kernels'.
         const bool lib_grouped = ops::attention_runs_grouped(rows, md.heads, md.kv_heads, md.d, keys);
         bool pipe_bits = true;  // pipe and pipe3 return the per-head library's bits, every row and head

@@ -307,18 +307,6 @@ struct Layer {
   const __nv_bfloat16* wu(long long n, int k) const { return gu.get() + n * k; }
 };
 
-// ⟨a, b⟩ over k in float64, and Σ |a · b| in mag.
-double dot_f64(const float* a, const float* b, int k, double& mag) {
-  double d = 0;
-  mag = 0;
-  for (int c = 0; c < k; ++c) {
-    const double pr = static_cast<double>(a[c]) * b[c];
-    d += pr;
-    mag += std::fabs(pr);
-  }
-  return d;
-}
-
 std::vector<float> to_host(const __nv_bfloat16* d, std::size_t count, cudaStream_t s) {
   std::vector<__nv_bfloat16> v(count);
   CK(cudaMemcpyAsync(v.data(), d, count * sizeof(__nv_bfloat16), cudaMemcpyDeviceToHost, s));
@@ -552,8 +540,8 @@ int main(int argc, char** argv) {
       for (long long j = 0; j < n; ++j) {
         const double g = gu[static_cast<std::size_t>(r * n + j)];
         if (g <= 0) continue;
-        double dm = 0;
-        const double d = dot_f64(hx.data() + static_cast<std::size_t>(r * k), hwu.data() + static_cast<std::size_t>(j * k), k, dm);
+        const ExactDot e = exact_dot(hx.data() + static_cast<std::size_t>(r * k), hwu.data() + static_cast<std::size_t>(j * k), k);
+        const double d = e.sum, dm = e.mag;
         const double e1 = (k + 9.0) * std::ldexp(g * dm, -23);  // the sum over K (one warp's), the product by g, with room
         fired.push_back(j);
         hr.push_back(g * d);
@@ -645,8 +633,8 @@ int main(int argc, char** argv) {
       for (long long j = 0; j < n; ++j) {
         const double g = gt[static_cast<std::size_t>(t * n + j)];
         if (g <= 0) continue;
-        double dm = 0;
-        const double d = dot_f64(hx.data() + static_cast<std::size_t>(t * k), hwu.data() + static_cast<std::size_t>(j * k), k, dm);
+        const ExactDot e = exact_dot(hx.data() + static_cast<std::size_t>(t * k), hwu.data() + static_cast<std::size_t>(j * k), k);
+        const double d = e.sum, dm = e.mag;
         hr[static_cast<std::size_t>(j)] = g * d;
         hd[static_cast<std::size_t>(j)] = static_cast<double>(k + 1) * std::ldexp(g * dm, -24);
         ++terms;
