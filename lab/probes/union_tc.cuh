@@ -1,27 +1,29 @@
 #pragma once
 // The decode FFN's union on tensor cores, for 17–64 rows (docs/runtime.md, plan step 2): after the
 // cuBLASLt ReLU gate g [m, n], each neuron that some row fired has its Wu and Wdᵀ rows read once for
-// the whole batch, where the decode kernel reads them once a row that fired them. Second form (the
-// first, 08a0aac, scanned g in every up CTA and read x and h by small loads; docs/runtime.md):
-//   union_list_kernel a CTA a tile of 256 neurons, a thread a neuron: every row's g loaded at once;
-//                     the tile's fired neurons in ascending order at slots t · 256 + i, padded to a
-//                     multiple of 16 with −1, and the tile's count.
-//   union_up_kernel   a CTA GPC groups of 16 listed neurons (the groups in tile order, a prefix of
-//                     the tiles' counts; CTAs past the last group leave): h[row, slot] =
-//                     bf16(g[row, n] · ⟨x[row], Wu[n]⟩) on tensor cores. K in chunks of 128 through
-//                     shared memory (cp.async, kUpStages in flight, 16-byte chunks stored at
-//                     chunk ^ (row & 7) for ldmatrix): the chunk's Wu rows as mma's A, x's rows as B;
-//                     warp w takes the batch's rows 8w … 8w + 7 for all of K, so each h is one warp's
-//                     sum in k order.
-//   union_down_kernel a CTA CW columns of y, 8 warps: the union's groups of 16 in tile order, group
-//                     i to warp i % 8; a warp streams its groups' h [rows × 16] and Wdᵀ rows [16 ×
-//                     CW] through shared memory (cp.async, kDownStages in flight, zero-filled past the
-//                     list) and adds h · Wdᵀ on tensor cores; the warps' sums are added in warp
-//                     order and y rounded to bf16 once. No partial sums leave the CTA, no tickets.
-// h is rounded to bf16 as the dense FFN rounds it. The order of every sum is fixed by the union, so
-// replays give the same bits; a row's bits depend on which neurons the other rows fired (its 16-slot
-// groups, its sums' grouping), as the dense path's do on M. Requires m ≤ 64, n ≤ 8192, k a multiple
-// of 128.
+// the whole batch, where the decode kernel reads them once a row that fired them. Third form (the
+// first, 08a0aac, scanned g in every up CTA; the second, 1df61ca, walked K in 16 dependent chunks
+// an up CTA and re-read h in every down CTA; docs/runtime.md has both measured):
+//   union_list_kernel a CTA a tile of 256 neurons: a thread 4 neurons × every fourth row by 8-byte
+//                     loads (all in flight at once), the rows' OR through shared memory; the tile's
+//                     fired neurons in ascending order at slots t · 256 + i, padded to a multiple of
+//                     16 with −1, and the tile's count.
+//   union_up_kernel   a thread-block cluster of `split` CTAs a block of 64 listed slots (4 groups of
+//                     16 in tile order; clusters past the union's last group leave whole), rank r
+//                     the r-th share of K: the slots' Wu rows (mma's A) and x's rows (B) staged by
+//                     64-k blocks (cp.async, 4 buffers, 128-byte rows XOR-swizzled for ldmatrix);
+//                     the ranks' partial tiles added in rank order through distributed shared memory,
+//                     h[row, slot] = bf16(g[row, n] · sum) (0 in a padding slot).
+//   union_down_kernel a cluster of `split` CTAs 128 columns of y, rank r the union's groups r, r +
+//                     split, …: each group's 16 Wdᵀ rows × 128 columns and h's rows × its 16 slots
+//                     staged (8 buffers, zero-filled past the list), warp w the columns 16w … 16w + 15
+//                     for every row; the ranks' partial tiles added in rank order, y rounded once.
+// h is rounded to bf16 as the dense FFN rounds it. The order of every sum is fixed by the union and
+// the splits (not by timing), so replays give the same bits; another split adds in another order
+// (other bits, the same float64 bound). A row's bits depend on which neurons the other rows fired
+// (its 16-slot groups), as the dense path's do on M. Requires m ≤ 64, n ≤ 8192 and a multiple of 4,
+// k a multiple of 128, splits of 1, 2, 4 or 8, and sm_90 (clusters; the sm_80 image traps).
+#include <cooperative_groups.h>
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -32,17 +34,22 @@
 namespace twell::probe {
 
 namespace cdev = twell::cuda::dev;
+namespace ucg = cooperative_groups;
 
-constexpr int kUnionTile = 256;       // neurons a list tile (a thread each)
-constexpr int kUnionGroup = 16;       // listed neurons a group: an up m-tile, a down k-step
+constexpr int kUnionTile = 256;       // neurons a list tile
+constexpr int kUnionGroup = 16;       // listed neurons a group: an mma m-tile (up), k-step (down)
 constexpr int kUnionMaxRows = 64;
 constexpr int kUnionMaxTiles = 32;    // n ≤ 8192
 constexpr int kUnionMaxGroups = kUnionMaxTiles * (kUnionTile / kUnionGroup);
-constexpr int kUnionWarps = 8;        // up and down
-constexpr int kUpChunk = 128;         // k a stage of the up kernel (256 bytes a row: 16 chunks)
+constexpr int kUnionThreads = 256;    // every kernel: 8 warps
+constexpr int kUnionMaxSplit = 8;     // ranks a cluster (the portable limit)
+constexpr int kUpSlots = 64;          // listed slots an up cluster (4 groups)
+constexpr int kUpBK = 64;             // k a stage of the up kernel (128-byte rows: 8 chunks of 16)
 constexpr int kUpStages = 4;
-constexpr int kDownStages = 3;        // a down warp's groups in flight
-constexpr int kUnionHRowBytes = 48;   // a staged h row: 16 slots (32 bytes) + 16 of padding (ldmatrix without bank conflicts)
+constexpr int kDownCols = 128;        // columns of y a down cluster
+constexpr int kDownStages = 8;        // a down CTA's groups in flight
+constexpr int kDownWRow = kDownCols * 2 + 16;  // a staged Wdᵀ row (bytes): 128 columns + 16 of padding (ldmatrix.trans without bank conflicts)
+constexpr int kUnionHRowBytes = 48;   // a staged h row: 16 slots (32 bytes) + 16 of padding (the same for ldmatrix)
 
 struct UnionParams {
   const __nv_bfloat16* x = nullptr;         // [m, k], rows k apart
@@ -57,18 +64,38 @@ struct UnionParams {
   long long n = 0, hs = 0;
 };
 
-__global__ void __launch_bounds__(kUnionTile) union_list_kernel(UnionParams p) {
+// Thread (q, rg) = (tid % 64, tid / 64) ORs neurons 4q … 4q + 3 over rows rg, rg + 4, …; neuron
+// tid's bit then comes from the four row groups' masks. n % 4 == 0, so each 8-byte load is aligned
+// and within its row.
+__global__ void __launch_bounds__(kUnionThreads) union_list_kernel(UnionParams p) {
+  __shared__ unsigned s_or[4][64];
   __shared__ int s_warp[kUnionTile / 32];
   const int t = static_cast<int>(blockIdx.x), tid = static_cast<int>(threadIdx.x), lane = tid % 32, warp = tid / 32;
-  const long long nrn = static_cast<long long>(t) * kUnionTile + tid;
-  bool fired = false;
-  if (nrn < p.n) {
-    float v[kUnionMaxRows];  // every row's load in flight at once
+  const int q = tid % 64, rg = tid / 64;
+  const long long n0 = static_cast<long long>(t) * kUnionTile, nq = n0 + 4 * q;
+  unsigned mask = 0;
+  if (nq < p.n) {
+    uint2 v[kUnionMaxRows / 4];  // every load in flight at once
 #pragma unroll
-    for (int r = 0; r < kUnionMaxRows; ++r) v[r] = r < p.m ? __bfloat162float(p.g[static_cast<long long>(r) * p.n + nrn]) : 0.0f;
+    for (int i = 0; i < kUnionMaxRows / 4; ++i) {
+      const int r = rg + 4 * i;
+      v[i] = r < p.m ? *reinterpret_cast<const uint2*>(p.g + static_cast<long long>(r) * p.n + nq) : make_uint2(0u, 0u);
+    }
 #pragma unroll
-    for (int r = 0; r < kUnionMaxRows; ++r) fired |= v[r] > 0.0f;
+    for (int i = 0; i < kUnionMaxRows / 4; ++i) {
+      const unsigned w[2] = {v[i].x, v[i].y};
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {  // bf16 j of the four: > 0 as a float (a NaN is not)
+        const unsigned bits = (w[j / 2] >> (16 * (j % 2))) & 0xFFFFu;
+        mask |= __uint_as_float(bits << 16) > 0.0f ? 1u << j : 0u;
+      }
+    }
   }
+  s_or[rg][q] = mask;
+  __syncthreads();
+  const long long nrn = n0 + tid;
+  const unsigned m4 = s_or[0][tid / 4] | s_or[1][tid / 4] | s_or[2][tid / 4] | s_or[3][tid / 4];
+  const bool fired = nrn < p.n && ((m4 >> (tid % 4)) & 1u) != 0;
   const unsigned b = __ballot_sync(0xffffffffu, fired);
   if (lane == 0) s_warp[warp] = __popc(b);
   __syncthreads();
@@ -104,268 +131,310 @@ __device__ __forceinline__ void union_groups(const UnionParams& p, int* s_grp, i
   if (lane == 0) *s_ngrp = base;
 }
 
-template <int NT, int GPC>
-constexpr std::size_t union_up_smem() {
-  return static_cast<std::size_t>(kUpStages) * (kUnionGroup * GPC + 8 * NT) * kUpChunk * 2;
+// Byte offset of 16-byte chunk ch (0 … 7) of row r in a [rows][64] bf16 tile: chunk ch ^ (r & 7),
+// so ldmatrix's 8 rows at one chunk fall in 8 different bank groups.
+__device__ __forceinline__ std::uint32_t union_swz(int r, int ch) {
+  return static_cast<std::uint32_t>(r * 128 + ((ch ^ (r & 7)) << 4));
 }
 
-// NT: 8-row blocks of the batch (m ≤ 8 · NT); GPC: groups a CTA.
-template <int NT, int GPC>
-__global__ void __launch_bounds__(kUnionWarps * 32) union_up_kernel(UnionParams p) {
-  constexpr int kARows = kUnionGroup * GPC, kRows = kARows + 8 * NT, kRowBytes = kUpChunk * 2, kCh = kUpChunk / 8;
-  constexpr int kStage = kRows * kRowBytes;
+template <int NT>
+constexpr std::size_t union_up_smem() {
+  return static_cast<std::size_t>(kUpStages) * (kUpSlots + 8 * NT) * kUpBK * 2;
+}
+
+// NT 8-row token tiles (m ≤ 8 · NT; 4 or 8): warp w the slots 16 (w % 4) … + 15 and token tiles
+// (w / 4) · NT / 2 … + NT / 2 − 1. Grid (split, slot blocks), clusters (split, 1, 1).
+template <int NT>
+__global__ void __launch_bounds__(kUnionThreads) union_up_kernel(UnionParams p) {
+  static_assert(NT == 4 || NT == 8, "two B tiles a ldmatrix, two token halves");
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
+  __trap();  // clusters are sm_90's (launch_union refuses earlier devices)
+#else
+  constexpr int T = 8 * NT, kWBytes = kUpSlots * kUpBK * 2, kStage = kWBytes + T * kUpBK * 2, kHalf = NT / 2;
   extern __shared__ __align__(128) unsigned char smem[];
   __shared__ int s_grp[kUnionMaxGroups];
   __shared__ int s_ngrp;
-  __shared__ int s_nrn[kARows];
-  __shared__ long long s_slot0[GPC];
-  const int tid = static_cast<int>(threadIdx.x), lane = tid % 32, warp = tid / 32;
+  __shared__ int s_nrn[kUpSlots];   // a slot's neuron (−1: padding or no group)
+  __shared__ int s_slot[kUpSlots];  // its slot in h (−1: no group)
+  const ucg::cluster_group cluster = ucg::this_cluster();
+  const int rank = static_cast<int>(cluster.block_rank()), split = static_cast<int>(cluster.num_blocks());
+  const int tid = static_cast<int>(threadIdx.x), warp = tid / 32, lane = tid % 32, mi = warp % 4, nh = warp / 4;
   if (warp == 0) union_groups(p, s_grp, &s_ngrp);
   __syncthreads();
-  const int g0 = static_cast<int>(blockIdx.x) * GPC;
-  if (g0 >= s_ngrp) return;  // the CTA's: every thread leaves
-  if (tid < kARows) {
+  const int g0 = static_cast<int>(blockIdx.y) * (kUpSlots / kUnionGroup);
+  if (g0 >= s_ngrp) return;  // every CTA of the cluster (the same blockIdx.y, the same counts) leaves
+  if (tid < kUpSlots) {
     const int gi = g0 + tid / kUnionGroup;
-    s_nrn[tid] = gi < s_ngrp ? p.list[s_grp[gi] + tid % kUnionGroup] : -1;
-    if (tid % kUnionGroup == 0) s_slot0[tid / kUnionGroup] = gi < s_ngrp ? s_grp[gi] : -1;
+    const int slot = gi < s_ngrp ? s_grp[gi] + tid % kUnionGroup : -1;
+    s_slot[tid] = slot;
+    s_nrn[tid] = slot >= 0 ? p.list[slot] : -1;
   }
   __syncthreads();
+  const int kbs = p.k / kUpBK, kb_per = (kbs + split - 1) / split, kb0 = rank * kb_per;
+  const int nkb = max(0, min(kb_per, kbs - kb0));
   const auto sbase = static_cast<std::uint32_t>(__cvta_generic_to_shared(smem));
-  // Chunk c into stage st: rows 0 … kARows − 1 the groups' Wu rows, then x's rows (zero past m).
-  const auto load = [&](int c, int st) {
-    for (int e = tid; e < kRows * kCh; e += kUnionWarps * 32) {
-      const int row = e / kCh, ch = e % kCh;
-      const __nv_bfloat16* src;
-      bool in;
-      if (row < kARows) {
-        const int nrn = s_nrn[row];
-        in = nrn >= 0;
-        src = p.w_up + static_cast<long long>(in ? nrn : 0) * p.k;
-      } else {
-        const int r = row - kARows;
-        in = r < p.m;
-        src = p.x + static_cast<long long>(in ? r : 0) * p.k;
-      }
-      cdev::cp_async16(sbase + st * kStage + row * kRowBytes + ((ch ^ (row & 7)) << 4), src + c * kUpChunk + ch * 8, in);
-    }
+  // A thread's chunks are the same in every stage: W's 512 (two a thread), x's T · 8 (one or two).
+  const __nv_bfloat16* wsrc[2];
+  bool wv[2];
+  std::uint32_t woff[2];
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    const int c = tid + i * kUnionThreads, r = c / 8, ch = c % 8, nrn = s_nrn[r];
+    wv[i] = nrn >= 0;
+    wsrc[i] = p.w_up + static_cast<long long>(wv[i] ? nrn : 0) * p.k + kb0 * kUpBK + ch * 8;
+    woff[i] = union_swz(r, ch);
+  }
+  constexpr int kXPer = T * 8 / kUnionThreads;
+  const __nv_bfloat16* xsrc[kXPer];
+  bool xv[kXPer];
+  std::uint32_t xoff[kXPer];
+#pragma unroll
+  for (int i = 0; i < kXPer; ++i) {
+    const int c = tid + i * kUnionThreads, r = c / 8, ch = c % 8;
+    xv[i] = r < p.m;  // rows past m: zeros
+    xsrc[i] = p.x + static_cast<long long>(xv[i] ? r : 0) * p.k + kb0 * kUpBK + ch * 8;
+    xoff[i] = kWBytes + union_swz(r, ch);
+  }
+  const auto load = [&](int st, int kb) {  // the rank's k-block kb into stage st
+#pragma unroll
+    for (int i = 0; i < 2; ++i) cdev::cp_async16(sbase + st * kStage + woff[i], wsrc[i] + kb * kUpBK, wv[i]);
+#pragma unroll
+    for (int i = 0; i < kXPer; ++i) cdev::cp_async16(sbase + st * kStage + xoff[i], xsrc[i] + kb * kUpBK, xv[i]);
   };
-  const int chunks = p.k / kUpChunk;
 #pragma unroll
   for (int st = 0; st < kUpStages - 1; ++st) {
-    if (st < chunks) load(st, st);
+    if (st < nkb) load(st, st);
     cdev::cp_async_commit();
   }
-  float acc[GPC][4] = {};
-  const int mi = lane / 8, rr = lane % 8;
-  for (int c = 0; c < chunks; ++c) {
-    if (c + kUpStages - 1 < chunks) load(c + kUpStages - 1, (c + kUpStages - 1) % kUpStages);
-    cdev::cp_async_commit();
-    cdev::cp_async_wait<kUpStages - 1>();
-    __syncthreads();
-    if (warp < NT) {
-      const std::uint32_t st = sbase + (c % kUpStages) * kStage;
-      const int xrow = kARows + 8 * warp + rr;
+  float acc[kHalf][4] = {};
+  for (int i = 0; i < nkb; ++i) {
+    cdev::cp_async_wait<kUpStages - 2>();  // block i is in (this thread's copies)
+    __syncthreads();                       // ... every thread's, and block i − 1's buffer is read
+    const int next = i + kUpStages - 1;
+    if (next < nkb) load(next % kUpStages, next);
+    cdev::cp_async_commit();  // (an empty group past the end keeps the count)
+    const std::uint32_t ws = sbase + (i % kUpStages) * kStage, xs = ws + kWBytes;
 #pragma unroll
-      for (int kp = 0; kp < kUpChunk / 32; ++kp) {  // two k-steps: B's four matrices are their k 0–7, 8–15
-        unsigned b[4];
-        cdev::ldmatrix_x4(st + xrow * kRowBytes + (((4 * kp + mi) ^ (xrow & 7)) << 4), b[0], b[1], b[2], b[3]);
+    for (int kk = 0; kk < kUpBK / 16; ++kk) {
+      // A (16 slots × 16 k): lanes 0–15 rows 0–15 at k 0, lanes 16–31 at k 8.
+      const int ar = mi * 16 + (lane & 15);
+      unsigned a0, a1, a2, a3;
+      cdev::ldmatrix_x4(ws + union_swz(ar, 2 * kk + (lane >> 4)), a0, a1, a2, a3);
 #pragma unroll
-        for (int h2 = 0; h2 < 2; ++h2)
-#pragma unroll
-          for (int q = 0; q < GPC; ++q) {  // A: matrix mi rows + 8 (mi & 1), k + 8 (mi >> 1)
-            const int arow = kUnionGroup * q + rr + (mi & 1) * 8, ch = 2 * (2 * kp + h2) + (mi >> 1);
-            unsigned a0, a1, a2, a3;
-            cdev::ldmatrix_x4(st + arow * kRowBytes + ((ch ^ (arow & 7)) << 4), a0, a1, a2, a3);
-            cdev::mma_16816_bf16(acc[q], a0, a1, a2, a3, b[2 * h2], b[2 * h2 + 1]);
-          }
+      for (int j = 0; j < kHalf; j += 2) {
+        // B for tiles j, j + 1: matrices (tokens 8j…, k 0), (8j…, k 8), (8j + 8…, k 0), (8j + 8…, k 8).
+        const int tok = (nh * kHalf + j) * 8 + (lane & 7) + ((lane >> 4) << 3);
+        unsigned b0, b1, b2, b3;
+        cdev::ldmatrix_x4(xs + union_swz(tok, 2 * kk + ((lane >> 3) & 1)), b0, b1, b2, b3);
+        cdev::mma_16816_bf16(acc[j], a0, a1, a2, a3, b0, b1);
+        cdev::mma_16816_bf16(acc[j + 1], a0, a1, a2, a3, b2, b3);
       }
     }
-    __syncthreads();  // every warp done with this stage before a later load refills it
   }
   cdev::cp_async_wait<0>();
-  // D: acc[q][0..1] neuron g of group q, rows 8 · warp + 2t, + 1; acc[q][2..3] neuron g + 8.
-  if (warp < NT) {
-    const int g = lane / 4, t4 = lane % 4;
+  __syncthreads();  // the stages are free: the partial tile reuses them
+  float* part = reinterpret_cast<float*>(smem);  // [T][64]: token-major
+  const int gq = lane / 4, t4 = lane % 4;
 #pragma unroll
-    for (int q = 0; q < GPC; ++q) {
-      if (s_slot0[q] < 0) continue;
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int i = g + (e >> 1) * 8, row = 8 * warp + 2 * t4 + (e & 1), nrn = s_nrn[kUnionGroup * q + i];
-        if (row >= p.m) continue;
-        const float hv = nrn >= 0 ? __bfloat162float(p.g[static_cast<long long>(row) * p.n + nrn]) * acc[q][e] : 0.0f;
-        p.h[row * p.hs + s_slot0[q] + i] = __float2bfloat16_rn(hv);
-      }
-    }
+  for (int j = 0; j < kHalf; ++j) {
+    const int tok = (nh * kHalf + j) * 8 + 2 * t4, row = mi * 16 + gq;
+    part[tok * kUpSlots + row] = acc[j][0];
+    part[(tok + 1) * kUpSlots + row] = acc[j][1];
+    part[tok * kUpSlots + row + 8] = acc[j][2];
+    part[(tok + 1) * kUpSlots + row + 8] = acc[j][3];
   }
+  cluster.sync();  // every rank's partial tile is written
+  // Rank q the outputs [q · per, (q + 1) · per) of the m · 64: the ranks' partials loaded, then added
+  // in rank order 0, 1, …
+  const int outs = p.m * kUpSlots, per = (outs + split - 1) / split;
+  for (int idx = rank * per + tid; idx < min((rank + 1) * per, outs); idx += kUnionThreads) {
+    const int row = idx / kUpSlots, col = idx % kUpSlots, slot = s_slot[col];
+    float pv[kUnionMaxSplit];
+#pragma unroll
+    for (int r = 0; r < kUnionMaxSplit; ++r) pv[r] = r < split ? cluster.map_shared_rank(part, r)[idx] : 0.0f;
+    float v = 0.0f;
+#pragma unroll
+    for (int r = 0; r < kUnionMaxSplit; ++r)
+      if (r < split) v += pv[r];
+    if (slot < 0) continue;
+    const int nrn = s_nrn[col];
+    const float hv = nrn >= 0 ? __bfloat162float(p.g[static_cast<long long>(row) * p.n + nrn]) * v : 0.0f;
+    p.h[row * p.hs + slot] = __float2bfloat16_rn(hv);
+  }
+  cluster.sync();  // no rank leaves while another still reads its tile
+#endif
 }
 
-template <int CW, int MT>
-constexpr int union_stage_bytes() {
-  return kUnionGroup * (CW * 2 + 16) + 16 * MT * kUnionHRowBytes;
+template <int MT>
+constexpr int union_down_stage() {
+  return kUnionGroup * kDownWRow + 16 * MT * kUnionHRowBytes;
 }
-template <int CW, int MT>
-constexpr std::size_t union_down_smem(long long n) {
-  constexpr std::size_t stages = static_cast<std::size_t>(kUnionWarps) * kDownStages * union_stage_bytes<CW, MT>();
-  constexpr std::size_t red = static_cast<std::size_t>(kUnionWarps) * 16 * MT * CW * sizeof(float);
-  return (stages > red ? stages : red) + static_cast<std::size_t>((n + kUnionTile - 1) / kUnionTile) * kUnionTile * sizeof(int);
+// The stages (or the partial tile [16 MT][128] fp32 after them), then the rank's groups' neurons.
+template <int MT>
+std::size_t union_down_smem(long long n, int split) {
+  constexpr std::size_t stages = static_cast<std::size_t>(kDownStages) * union_down_stage<MT>();
+  constexpr std::size_t part = static_cast<std::size_t>(16) * MT * kDownCols * sizeof(float);
+  const long long groups = (n + kUnionTile - 1) / kUnionTile * (kUnionTile / kUnionGroup);
+  return (stages > part ? stages : part) + static_cast<std::size_t>((groups + split - 1) / split) * kUnionGroup * sizeof(int);
 }
 
-// CW columns of y a CTA (16, 32 or 64), MT 16-row blocks of the batch (m ≤ 16 · MT).
-template <int CW, int MT>
-__global__ void __launch_bounds__(kUnionWarps * 32) union_down_kernel(UnionParams p) {
-  constexpr int kRowW = CW * 2 + 16;  // a staged Wdᵀ row (bytes): CW columns + 16 of padding
-  constexpr int kStage = union_stage_bytes<CW, MT>(), kWBytes = kUnionGroup * kRowW;
-  constexpr int kRed = kUnionWarps * 16 * MT * CW * static_cast<int>(sizeof(float));
-  constexpr int kStagesBytes = kUnionWarps * kDownStages * kStage;
+// MT 16-row blocks of the batch (m ≤ 16 · MT). Grid (split, k / 128), clusters (split, 1, 1).
+template <int MT>
+__global__ void __launch_bounds__(kUnionThreads) union_down_kernel(UnionParams p) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
+  __trap();  // clusters are sm_90's (launch_union refuses earlier devices)
+#else
+  constexpr int kStage = union_down_stage<MT>(), kWBytes = kUnionGroup * kDownWRow;
+  constexpr int kPart = 16 * MT * kDownCols * static_cast<int>(sizeof(float));
+  constexpr int kStagesBytes = kDownStages * kStage;
   extern __shared__ __align__(128) unsigned char smem[];
   __shared__ int s_grp[kUnionMaxGroups];
   __shared__ int s_ngrp;
-  int* s_list = reinterpret_cast<int*>(smem + (kStagesBytes > kRed ? kStagesBytes : kRed));  // [group · 16 + i] its neurons
+  int* s_list = reinterpret_cast<int*>(smem + (kStagesBytes > kPart ? kStagesBytes : kPart));  // [j · 16 + i]: the rank's j-th group's neurons
+  const ucg::cluster_group cluster = ucg::this_cluster();
+  const int rank = static_cast<int>(cluster.block_rank()), split = static_cast<int>(cluster.num_blocks());
   const int tid = static_cast<int>(threadIdx.x), lane = tid % 32, warp = tid / 32;
-  const int c0 = static_cast<int>(blockIdx.x) * CW;
+  const int c0 = static_cast<int>(blockIdx.y) * kDownCols;
   if (warp == 0) union_groups(p, s_grp, &s_ngrp);
   __syncthreads();
-  const int groups = s_ngrp;
-  for (int e = tid; e < groups * kUnionGroup; e += kUnionWarps * 32) s_list[e] = p.list[s_grp[e / kUnionGroup] + e % kUnionGroup];
+  const int mine = s_ngrp > rank ? (s_ngrp - rank + split - 1) / split : 0;  // groups rank, rank + split, …
+  for (int e = tid; e < mine * kUnionGroup; e += kUnionThreads)
+    s_list[e] = p.list[s_grp[rank + (e / kUnionGroup) * split] + e % kUnionGroup];
   __syncthreads();
-  const auto sbase = static_cast<std::uint32_t>(__cvta_generic_to_shared(smem)) + warp * kDownStages * kStage;
-  // Group gi into stage st: its 16 Wdᵀ rows' CW columns, then h's rows × its 16 slots.
-  const auto load = [&](int gi, int st) {
+  const auto sbase = static_cast<std::uint32_t>(__cvta_generic_to_shared(smem));
+  // The rank's j-th group into stage st: its 16 Wdᵀ rows' 128 columns (a chunk a thread), then h's
+  // rows × its 16 slots (two chunks a row; zeros past m).
+  const auto load = [&](int j, int st) {
     const std::uint32_t d = sbase + st * kStage;
-    for (int c = lane; c < kUnionGroup * (CW / 8); c += 32) {
-      const int i = c / (CW / 8), ch = c % (CW / 8), nrn = s_list[gi * kUnionGroup + i];
-      cdev::cp_async16(d + i * kRowW + ch * 16, p.w_down_t + static_cast<long long>(nrn < 0 ? 0 : nrn) * p.k + c0 + ch * 8,
-                       nrn >= 0);
-    }
-    const long long slot0 = s_grp[gi];
-    for (int c = lane; c < 16 * MT * 2; c += 32) {
-      const int row = c / 2, ch = c % 2;
-      const __nv_bfloat16* src = p.h + static_cast<long long>(row < p.m ? row : 0) * p.hs + slot0 + ch * 8;
-      cdev::cp_async16(d + kWBytes + row * kUnionHRowBytes + ch * 16, src, row < p.m);
+    const int i = tid / 16, ch = tid % 16, nrn = s_list[j * kUnionGroup + i];
+    cdev::cp_async16(d + i * kDownWRow + ch * 16, p.w_down_t + static_cast<long long>(nrn < 0 ? 0 : nrn) * p.k + c0 + ch * 8,
+                     nrn >= 0);
+    if (tid < 32 * MT) {
+      const int row = tid / 2, hc = tid % 2;
+      const long long slot0 = s_grp[rank + j * split];
+      cdev::cp_async16(d + kWBytes + row * kUnionHRowBytes + hc * 16,
+                       p.h + static_cast<long long>(row < p.m ? row : 0) * p.hs + slot0 + hc * 8, row < p.m);
     }
   };
-  float acc[MT][CW / 8][4] = {};
-  const int g = lane / 4, t4 = lane % 4, mi = lane / 8, rr = lane % 8;
+  float acc[MT][2][4] = {};
+  const int gq = lane / 4, t4 = lane % 4, mi = lane / 8, rr = lane % 8;
 #pragma unroll
   for (int st = 0; st < kDownStages - 1; ++st) {
-    const int gi = warp + kUnionWarps * st;
-    if (gi < groups) load(gi, st);
+    if (st < mine) load(st, st);
     cdev::cp_async_commit();
   }
-  for (int gi = warp, i = 0; gi < groups; gi += kUnionWarps, ++i) {
-    const int nx = gi + kUnionWarps * (kDownStages - 1);
-    if (nx < groups) load(nx, (i + kDownStages - 1) % kDownStages);
+  for (int j = 0; j < mine; ++j) {
+    cdev::cp_async_wait<kDownStages - 2>();  // group j is in (this thread's copies)
+    __syncthreads();                         // ... every thread's, and group j − 1's buffer is read
+    const int next = j + kDownStages - 1;
+    if (next < mine) load(next, next % kDownStages);
     cdev::cp_async_commit();
-    cdev::cp_async_wait<kDownStages - 1>();
-    __syncwarp();
-    const std::uint32_t st = sbase + (i % kDownStages) * kStage;
+    const std::uint32_t st = sbase + (j % kDownStages) * kStage;
     unsigned a[MT][4];
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt)  // A = h rows 16mt … (matrix mi: rows + 8 (mi & 1), slots + 8 (mi >> 1))
       cdev::ldmatrix_x4(st + kWBytes + (16 * mt + rr + (mi & 1) * 8) * kUnionHRowBytes + (mi >> 1) * 16, a[mt][0], a[mt][1],
                         a[mt][2], a[mt][3]);
+    unsigned v0, v1, v2, v3;  // B = the Wdᵀ rows, columns 16 warp … + 15 (matrix mi: k + 8 (mi & 1), columns + 8 (mi >> 1))
+    cdev::ldmatrix_x4_trans(st + (rr + (mi & 1) * 8) * kDownWRow + (2 * warp + (mi >> 1)) * 16, v0, v1, v2, v3);
 #pragma unroll
-    for (int j = 0; j < CW / 16; ++j) {  // B = the Wdᵀ rows, columns 16j … 16j + 15
-      unsigned v0, v1, v2, v3;
-      cdev::ldmatrix_x4_trans(st + (rr + (mi & 1) * 8) * kRowW + (2 * j + (mi >> 1)) * 16, v0, v1, v2, v3);
-#pragma unroll
-      for (int mt = 0; mt < MT; ++mt) {
-        cdev::mma_16816_bf16(acc[mt][2 * j], a[mt][0], a[mt][1], a[mt][2], a[mt][3], v0, v1);
-        cdev::mma_16816_bf16(acc[mt][2 * j + 1], a[mt][0], a[mt][1], a[mt][2], a[mt][3], v2, v3);
-      }
+    for (int mt = 0; mt < MT; ++mt) {
+      cdev::mma_16816_bf16(acc[mt][0], a[mt][0], a[mt][1], a[mt][2], a[mt][3], v0, v1);
+      cdev::mma_16816_bf16(acc[mt][1], a[mt][0], a[mt][1], a[mt][2], a[mt][3], v2, v3);
     }
-    __syncwarp();  // the warp done with the stage before a later load refills it
   }
   cdev::cp_async_wait<0>();
-  __syncthreads();  // every warp done with its stages: the area holds the warps' sums now
-  float* red = reinterpret_cast<float*>(smem);  // [warp][row][column]
+  __syncthreads();  // every warp done with the stages: the area holds the partial tile now
+  float* part = reinterpret_cast<float*>(smem);  // [row][column]
 #pragma unroll
   for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-    for (int nb = 0; nb < CW / 8; ++nb) {
-      float* r0 = red + (warp * 16 * MT + 16 * mt + g) * CW + 8 * nb + 2 * t4;
+    for (int nb = 0; nb < 2; ++nb) {
+      float* r0 = part + (16 * mt + gq) * kDownCols + 16 * warp + 8 * nb + 2 * t4;
       r0[0] = acc[mt][nb][0];
       r0[1] = acc[mt][nb][1];
-      r0[8 * CW] = acc[mt][nb][2];
-      r0[8 * CW + 1] = acc[mt][nb][3];
+      r0[8 * kDownCols] = acc[mt][nb][2];
+      r0[8 * kDownCols + 1] = acc[mt][nb][3];
     }
-  __syncthreads();
-  for (int o = tid; o < p.m * CW; o += kUnionWarps * 32) {
-    const int row = o / CW, col = o % CW;
+  cluster.sync();  // every rank's partial tile is written
+  const int outs = p.m * kDownCols, per = (outs + split - 1) / split;
+  for (int idx = rank * per + tid; idx < min((rank + 1) * per, outs); idx += kUnionThreads) {
+    float pv[kUnionMaxSplit];
+#pragma unroll
+    for (int r = 0; r < kUnionMaxSplit; ++r) pv[r] = r < split ? cluster.map_shared_rank(part, r)[idx] : 0.0f;
     float v = 0.0f;
 #pragma unroll
-    for (int w = 0; w < kUnionWarps; ++w) v += red[(w * 16 * MT + row) * CW + col];
-    p.y[static_cast<long long>(row) * p.k + c0 + col] = __float2bfloat16_rn(v);
+    for (int r = 0; r < kUnionMaxSplit; ++r)
+      if (r < split) v += pv[r];
+    p.y[static_cast<long long>(idx / kDownCols) * p.k + c0 + idx % kDownCols] = __float2bfloat16_rn(v);
   }
+  cluster.sync();  // no rank leaves while another still reads its tile
+#endif
 }
 
 namespace union_detail {
-// The opt-in on every launch: the kernels' static shared memory counts against the 48 KB a launch
-// gets without it, so a dynamic size at or just below 48 KB needs it too.
-inline cudaError_t go(const void* kernel, dim3 grid, std::size_t smem, const UnionParams& p, cudaStream_t s) {
+// A cluster launch of `split` CTAs along x. The opt-in on every launch: the kernels' static shared
+// memory counts against the 48 KB a launch gets without it.
+inline cudaError_t go(const void* kernel, dim3 grid, int split, std::size_t smem, const UnionParams& p, cudaStream_t s) {
   if (const cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
       e != cudaSuccess)
     return e;
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = grid;
+  cfg.blockDim = dim3(kUnionThreads);
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = s;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim.x = static_cast<unsigned>(split);
+  attr[0].val.clusterDim.y = 1;
+  attr[0].val.clusterDim.z = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
   void* args[] = {const_cast<UnionParams*>(&p)};
-  return cudaLaunchKernel(kernel, grid, dim3(kUnionWarps * 32), args, smem, s);
+  return cudaLaunchKernelExC(&cfg, kernel, args);
 }
-template <int NT, int GPC>
-cudaError_t up(const UnionParams& p, cudaStream_t s) {
+template <int NT>
+cudaError_t up(const UnionParams& p, int split, cudaStream_t s) {
   const int tiles = static_cast<int>((p.n + kUnionTile - 1) / kUnionTile);
-  const dim3 grid(static_cast<unsigned>((tiles * (kUnionTile / kUnionGroup) + GPC - 1) / GPC));
-  return go(reinterpret_cast<const void*>(union_up_kernel<NT, GPC>), grid, union_up_smem<NT, GPC>(), p, s);
+  const dim3 grid(static_cast<unsigned>(split), static_cast<unsigned>(tiles * (kUnionTile / kUpSlots)));
+  return go(reinterpret_cast<const void*>(union_up_kernel<NT>), grid, split, union_up_smem<NT>(), p, s);
 }
-template <int GPC>
-cudaError_t up_rows(const UnionParams& p, cudaStream_t s) {
-  switch ((p.m + 7) / 8) {
-    case 1: return up<1, GPC>(p, s);
-    case 2: return up<2, GPC>(p, s);
-    case 3: return up<3, GPC>(p, s);
-    case 4: return up<4, GPC>(p, s);
-    case 5: return up<5, GPC>(p, s);
-    case 6: return up<6, GPC>(p, s);
-    case 7: return up<7, GPC>(p, s);
-    default: return up<8, GPC>(p, s);
-  }
-}
-template <int CW, int MT>
-cudaError_t down(const UnionParams& p, cudaStream_t s) {
-  return go(reinterpret_cast<const void*>(union_down_kernel<CW, MT>), dim3(static_cast<unsigned>(p.k / CW)),
-            union_down_smem<CW, MT>(p.n), p, s);
-}
-template <int CW>
-cudaError_t down_rows(const UnionParams& p, cudaStream_t s) {
-  switch ((p.m + 15) / 16) {
-    case 1: return down<CW, 1>(p, s);
-    case 2: return down<CW, 2>(p, s);
-    case 3: return down<CW, 3>(p, s);
-    default: return down<CW, 4>(p, s);
-  }
+template <int MT>
+cudaError_t down(const UnionParams& p, int split, cudaStream_t s) {
+  return go(reinterpret_cast<const void*>(union_down_kernel<MT>), dim3(static_cast<unsigned>(split), static_cast<unsigned>(p.k / kDownCols)),
+            split, union_down_smem<MT>(p.n, split), p, s);
 }
 }  // namespace union_detail
 
 // parts: bit 0 the list and up kernels, bit 1 the down kernel (one alone: the timing split).
-// gpc: groups an up CTA (1, 2 or 4: fewer CTAs, each x byte staged for more neurons); cw: columns a
-// down CTA (16, 32 or 64). Anything else, or a shape past the limits above: cudaErrorInvalidValue.
-inline cudaError_t launch_union(const UnionParams& p, int gpc, int cw, int parts, cudaStream_t s) {
-  if (p.m < 1 || p.m > kUnionMaxRows || p.n < 1 || p.n > static_cast<long long>(kUnionMaxTiles) * kUnionTile || p.k < kUpChunk ||
-      p.k % kUpChunk != 0 || (gpc != 1 && gpc != 2 && gpc != 4) || (cw != 16 && cw != 32 && cw != 64))
+// up_split, down_split: CTAs a cluster (1, 2, 4 or 8). Anything else, a shape past the limits above,
+// or a device before sm_90: cudaErrorInvalidValue.
+inline cudaError_t launch_union(const UnionParams& p, int up_split, int down_split, int parts, cudaStream_t s) {
+  const auto split_ok = [](int v) { return v == 1 || v == 2 || v == 4 || v == 8; };
+  if (p.m < 1 || p.m > kUnionMaxRows || p.n < 4 || p.n % 4 != 0 || p.n > static_cast<long long>(kUnionMaxTiles) * kUnionTile ||
+      p.k < kDownCols || p.k % kDownCols != 0 || !split_ok(up_split) || !split_ok(down_split) ||
+      reinterpret_cast<std::uintptr_t>(p.g) % 8 != 0)
     return cudaErrorInvalidValue;
+  int dev = 0, major = 0;
+  if (const cudaError_t e = cudaGetDevice(&dev); e != cudaSuccess) return e;
+  if (const cudaError_t e = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev); e != cudaSuccess) return e;
+  if (major < 9) return cudaErrorInvalidValue;
   if (parts & 1) {
     const int tiles = static_cast<int>((p.n + kUnionTile - 1) / kUnionTile);
-    union_list_kernel<<<static_cast<unsigned>(tiles), kUnionTile, 0, s>>>(p);
+    union_list_kernel<<<static_cast<unsigned>(tiles), kUnionThreads, 0, s>>>(p);
     if (const cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
-    if (const cudaError_t e = gpc == 1   ? union_detail::up_rows<1>(p, s)
-                              : gpc == 2 ? union_detail::up_rows<2>(p, s)
-                                         : union_detail::up_rows<4>(p, s);
+    if (const cudaError_t e = p.m <= 32 ? union_detail::up<4>(p, up_split, s) : union_detail::up<8>(p, up_split, s);
         e != cudaSuccess)
       return e;
   }
   if (!(parts & 2)) return cudaSuccess;
-  if (cw == 16) return union_detail::down_rows<16>(p, s);
-  if (cw == 32) return union_detail::down_rows<32>(p, s);
-  return union_detail::down_rows<64>(p, s);
+  switch ((p.m + 15) / 16) {
+    case 1: return union_detail::down<1>(p, down_split, s);
+    case 2: return union_detail::down<2>(p, down_split, s);
+    case 3: return union_detail::down<3>(p, down_split, s);
+    default: return union_detail::down<4>(p, down_split, s);
+  }
 }
 
 }  // namespace twell::probe
