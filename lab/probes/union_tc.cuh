@@ -23,6 +23,12 @@
 // (other bits, the same float64 bound). A row's bits depend on which neurons the other rows fired
 // (its 16-slot groups), as the dense path's do on M. Requires m ≤ 64, n ≤ 8192 and a multiple of 4,
 // k a multiple of 128, splits of 1, 2, 4 or 8, and sm_90 (clusters; the sm_80 image traps).
+// Programmatic launches (launch.hpp; inside a ProgrammaticLaunch scope): each kernel waits for the
+// one before it (dev::pdl_begin) before it reads what that one writes. Before the wait the up kernel
+// stages x (written before the gate) and the down kernel reads the counts and the list and stages
+// its Wdᵀ rows: the list kernel wrote them two launches back, and the down kernel starts only after
+// every up CTA has passed its own wait, which returns once the list kernel has finished; they are
+// read past L1 (ld.cg, cp.async.cg).
 #include <cooperative_groups.h>
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -30,6 +36,7 @@
 #include <cstdint>
 
 #include "cuda/common/device_math.cuh"
+#include "cuda/common/launch.cuh"
 
 namespace twell::probe {
 
@@ -73,6 +80,7 @@ __global__ void __launch_bounds__(kUnionThreads) union_list_kernel(UnionParams p
   const int t = static_cast<int>(blockIdx.x), tid = static_cast<int>(threadIdx.x), lane = tid % 32, warp = tid / 32;
   const int q = tid % 64, rg = tid / 64;
   const long long n0 = static_cast<long long>(t) * kUnionTile, nq = n0 + 4 * q;
+  cdev::pdl_begin();  // g is the gate's
   unsigned mask = 0;
   if (nq < p.n) {
     uint2 v[kUnionMaxRows / 4];  // every load in flight at once
@@ -118,7 +126,7 @@ __device__ __forceinline__ void union_groups(const UnionParams& p, int* s_grp, i
   int base = 0;
   for (int t0 = 0; t0 < tiles; t0 += 32) {
     const int t = t0 + lane;
-    const int ng = t < tiles ? (p.counts[t] + kUnionGroup - 1) / kUnionGroup : 0;
+    const int ng = t < tiles ? (__ldcg(p.counts + t) + kUnionGroup - 1) / kUnionGroup : 0;
     int incl = ng;
 #pragma unroll
     for (int off = 1; off < 32; off <<= 1) {
@@ -159,31 +167,10 @@ __global__ void __launch_bounds__(kUnionThreads) union_up_kernel(UnionParams p) 
   const ucg::cluster_group cluster = ucg::this_cluster();
   const int rank = static_cast<int>(cluster.block_rank()), split = static_cast<int>(cluster.num_blocks());
   const int tid = static_cast<int>(threadIdx.x), warp = tid / 32, lane = tid % 32, mi = warp % 4, nh = warp / 4;
-  if (warp == 0) union_groups(p, s_grp, &s_ngrp);
-  __syncthreads();
-  const int g0 = static_cast<int>(blockIdx.y) * (kUpSlots / kUnionGroup);
-  if (g0 >= s_ngrp) return;  // every CTA of the cluster (the same blockIdx.y, the same counts) leaves
-  if (tid < kUpSlots) {
-    const int gi = g0 + tid / kUnionGroup;
-    const int slot = gi < s_ngrp ? s_grp[gi] + tid % kUnionGroup : -1;
-    s_slot[tid] = slot;
-    s_nrn[tid] = slot >= 0 ? p.list[slot] : -1;
-  }
-  __syncthreads();
   const int kbs = p.k / kUpBK, kb_per = (kbs + split - 1) / split, kb0 = rank * kb_per;
   const int nkb = max(0, min(kb_per, kbs - kb0));
   const auto sbase = static_cast<std::uint32_t>(__cvta_generic_to_shared(smem));
-  // A thread's chunks are the same in every stage: W's 512 (two a thread), x's T · 8 (one or two).
-  const __nv_bfloat16* wsrc[2];
-  bool wv[2];
-  std::uint32_t woff[2];
-#pragma unroll
-  for (int i = 0; i < 2; ++i) {
-    const int c = tid + i * kUnionThreads, r = c / 8, ch = c % 8, nrn = s_nrn[r];
-    wv[i] = nrn >= 0;
-    wsrc[i] = p.w_up + static_cast<long long>(wv[i] ? nrn : 0) * p.k + kb0 * kUpBK + ch * 8;
-    woff[i] = union_swz(r, ch);
-  }
+  // A thread's chunks are the same in every stage: x's T · 8 (one or two), W's 512 (two).
   constexpr int kXPer = T * 8 / kUnionThreads;
   const __nv_bfloat16* xsrc[kXPer];
   bool xv[kXPer];
@@ -195,15 +182,48 @@ __global__ void __launch_bounds__(kUnionThreads) union_up_kernel(UnionParams p) 
     xsrc[i] = p.x + static_cast<long long>(xv[i] ? r : 0) * p.k + kb0 * kUpBK + ch * 8;
     xoff[i] = kWBytes + union_swz(r, ch);
   }
-  const auto load = [&](int st, int kb) {  // the rank's k-block kb into stage st
-#pragma unroll
-    for (int i = 0; i < 2; ++i) cdev::cp_async16(sbase + st * kStage + woff[i], wsrc[i] + kb * kUpBK, wv[i]);
+  const auto load_x = [&](int st, int kb) {  // the rank's k-block kb of x into stage st
 #pragma unroll
     for (int i = 0; i < kXPer; ++i) cdev::cp_async16(sbase + st * kStage + xoff[i], xsrc[i] + kb * kUpBK, xv[i]);
   };
+  // x's first blocks before the wait (x was written before the gate); commit group 0 then holds them
+  // and W's block 0, group b (1 ≤ b < kUpStages − 1) W's block b, every later group a whole block.
+#pragma unroll
+  for (int st = 0; st < kUpStages - 1; ++st)
+    if (st < nkb) load_x(st, st);
+  cdev::pdl_begin();  // the counts and the list are the list kernel's
+  if (warp == 0) union_groups(p, s_grp, &s_ngrp);
+  __syncthreads();
+  const int g0 = static_cast<int>(blockIdx.y) * (kUpSlots / kUnionGroup);
+  if (g0 >= s_ngrp) {  // every CTA of the cluster (the same blockIdx.y, the same counts) leaves
+    cdev::cp_async_commit();  // x's copies into this CTA's memory end before it does
+    cdev::cp_async_wait<0>();
+    return;
+  }
+  if (tid < kUpSlots) {
+    const int gi = g0 + tid / kUnionGroup;
+    const int slot = gi < s_ngrp ? s_grp[gi] + tid % kUnionGroup : -1;
+    s_slot[tid] = slot;
+    s_nrn[tid] = slot >= 0 ? __ldcg(p.list + slot) : -1;
+  }
+  __syncthreads();
+  const __nv_bfloat16* wsrc[2];
+  bool wv[2];
+  std::uint32_t woff[2];
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    const int c = tid + i * kUnionThreads, r = c / 8, ch = c % 8, nrn = s_nrn[r];
+    wv[i] = nrn >= 0;
+    wsrc[i] = p.w_up + static_cast<long long>(wv[i] ? nrn : 0) * p.k + kb0 * kUpBK + ch * 8;
+    woff[i] = union_swz(r, ch);
+  }
+  const auto load_w = [&](int st, int kb) {
+#pragma unroll
+    for (int i = 0; i < 2; ++i) cdev::cp_async16(sbase + st * kStage + woff[i], wsrc[i] + kb * kUpBK, wv[i]);
+  };
 #pragma unroll
   for (int st = 0; st < kUpStages - 1; ++st) {
-    if (st < nkb) load(st, st);
+    if (st < nkb) load_w(st, st);
     cdev::cp_async_commit();
   }
   float acc[kHalf][4] = {};
@@ -211,7 +231,10 @@ __global__ void __launch_bounds__(kUnionThreads) union_up_kernel(UnionParams p) 
     cdev::cp_async_wait<kUpStages - 2>();  // block i is in (this thread's copies)
     __syncthreads();                       // ... every thread's, and block i − 1's buffer is read
     const int next = i + kUpStages - 1;
-    if (next < nkb) load(next % kUpStages, next);
+    if (next < nkb) {
+      load_w(next % kUpStages, next);
+      load_x(next % kUpStages, next);
+    }
     cdev::cp_async_commit();  // (an empty group past the end keeps the count)
     const std::uint32_t ws = sbase + (i % kUpStages) * kStage, xs = ws + kWBytes;
 #pragma unroll
@@ -299,35 +322,45 @@ __global__ void __launch_bounds__(kUnionThreads) union_down_kernel(UnionParams p
   __syncthreads();
   const int mine = s_ngrp > rank ? (s_ngrp - rank + split - 1) / split : 0;  // groups rank, rank + split, …
   for (int e = tid; e < mine * kUnionGroup; e += kUnionThreads)
-    s_list[e] = p.list[s_grp[rank + (e / kUnionGroup) * split] + e % kUnionGroup];
+    s_list[e] = __ldcg(p.list + s_grp[rank + (e / kUnionGroup) * split] + e % kUnionGroup);
   __syncthreads();
   const auto sbase = static_cast<std::uint32_t>(__cvta_generic_to_shared(smem));
-  // The rank's j-th group into stage st: its 16 Wdᵀ rows' 128 columns (a chunk a thread), then h's
+  // The rank's j-th group into stage st: its 16 Wdᵀ rows' 128 columns (a chunk a thread), and h's
   // rows × its 16 slots (two chunks a row; zeros past m).
-  const auto load = [&](int j, int st) {
-    const std::uint32_t d = sbase + st * kStage;
+  const auto load_w = [&](int j, int st) {
     const int i = tid / 16, ch = tid % 16, nrn = s_list[j * kUnionGroup + i];
-    cdev::cp_async16(d + i * kDownWRow + ch * 16, p.w_down_t + static_cast<long long>(nrn < 0 ? 0 : nrn) * p.k + c0 + ch * 8,
-                     nrn >= 0);
+    cdev::cp_async16(sbase + st * kStage + i * kDownWRow + ch * 16,
+                     p.w_down_t + static_cast<long long>(nrn < 0 ? 0 : nrn) * p.k + c0 + ch * 8, nrn >= 0);
+  };
+  const auto load_h = [&](int j, int st) {
     if (tid < 32 * MT) {
       const int row = tid / 2, hc = tid % 2;
       const long long slot0 = s_grp[rank + j * split];
-      cdev::cp_async16(d + kWBytes + row * kUnionHRowBytes + hc * 16,
+      cdev::cp_async16(sbase + st * kStage + kWBytes + row * kUnionHRowBytes + hc * 16,
                        p.h + static_cast<long long>(row < p.m ? row : 0) * p.hs + slot0 + hc * 8, row < p.m);
     }
   };
   float acc[MT][2][4] = {};
   const int gq = lane / 4, t4 = lane % 4, mi = lane / 8, rr = lane % 8;
+  // The first groups' Wdᵀ rows before the wait; commit group 0 then holds them and group 0's h,
+  // commit group b (1 ≤ b < kDownStages − 1) group b's h, every later commit a whole group.
+#pragma unroll
+  for (int st = 0; st < kDownStages - 1; ++st)
+    if (st < mine) load_w(st, st);
+  cdev::pdl_begin();  // h is the up kernel's
 #pragma unroll
   for (int st = 0; st < kDownStages - 1; ++st) {
-    if (st < mine) load(st, st);
+    if (st < mine) load_h(st, st);
     cdev::cp_async_commit();
   }
   for (int j = 0; j < mine; ++j) {
     cdev::cp_async_wait<kDownStages - 2>();  // group j is in (this thread's copies)
     __syncthreads();                         // ... every thread's, and group j − 1's buffer is read
     const int next = j + kDownStages - 1;
-    if (next < mine) load(next, next % kDownStages);
+    if (next < mine) {
+      load_w(next, next % kDownStages);
+      load_h(next, next % kDownStages);
+    }
     cdev::cp_async_commit();
     const std::uint32_t st = sbase + (j % kDownStages) * kStage;
     unsigned a[MT][4];
@@ -373,7 +406,8 @@ __global__ void __launch_bounds__(kUnionThreads) union_down_kernel(UnionParams p
 }
 
 namespace union_detail {
-// A cluster launch of `split` CTAs along x. The opt-in on every launch: the kernels' static shared
+// A cluster launch of `split` CTAs along x (1: a plain launch), programmatic inside a
+// ProgrammaticLaunch scope. The opt-in on every launch: the kernels' static shared
 // memory counts against the 48 KB a launch gets without it.
 inline cudaError_t go(const void* kernel, dim3 grid, int split, std::size_t smem, const UnionParams& p, cudaStream_t s) {
   if (const cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
@@ -384,13 +418,15 @@ inline cudaError_t go(const void* kernel, dim3 grid, int split, std::size_t smem
   cfg.blockDim = dim3(kUnionThreads);
   cfg.dynamicSmemBytes = smem;
   cfg.stream = s;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeClusterDimension;
-  attr[0].val.clusterDim.x = static_cast<unsigned>(split);
-  attr[0].val.clusterDim.y = 1;
-  attr[0].val.clusterDim.z = 1;
+  cudaLaunchAttribute attr[2];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = cuda::programmatic_launch_active() ? 1 : 0;
+  attr[1].id = cudaLaunchAttributeClusterDimension;
+  attr[1].val.clusterDim.x = static_cast<unsigned>(split);
+  attr[1].val.clusterDim.y = 1;
+  attr[1].val.clusterDim.z = 1;
   cfg.attrs = attr;
-  cfg.numAttrs = 1;
+  cfg.numAttrs = 2;
   void* args[] = {const_cast<UnionParams*>(&p)};
   return cudaLaunchKernelExC(&cfg, kernel, args);
 }
@@ -422,8 +458,10 @@ inline cudaError_t launch_union(const UnionParams& p, int up_split, int down_spl
   if (major < 9) return cudaErrorInvalidValue;
   if (parts & 1) {
     const int tiles = static_cast<int>((p.n + kUnionTile - 1) / kUnionTile);
-    union_list_kernel<<<static_cast<unsigned>(tiles), kUnionThreads, 0, s>>>(p);
-    if (const cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
+    if (const cudaError_t e = union_detail::go(reinterpret_cast<const void*>(union_list_kernel), dim3(static_cast<unsigned>(tiles)),
+                                               1, 0, p, s);
+        e != cudaSuccess)
+      return e;
     if (const cudaError_t e = p.m <= 32 ? union_detail::up<4>(p, up_split, s) : union_detail::up<8>(p, up_split, s);
         e != cudaSuccess)
       return e;
