@@ -8,17 +8,15 @@
 //                     loads (all in flight at once), the rows' OR through shared memory; the tile's
 //                     fired neurons in ascending order at slots t · 256 + i, padded to a multiple of
 //                     16 with −1, and the tile's count.
-//   union_up_kernel   a thread-block cluster of `split` CTAs a block of 64 slots of one tile (slots
-//                     t · 256 + 64 qb …; a cluster whose block starts past the tile's count leaves
-//                     whole, so it needs the tile's count and its list entries, one round trip), rank r
+//   union_up_kernel   a thread-block cluster of `split` CTAs a block of 64 listed slots (4 groups of
+//                     16 in tile order; clusters past the union's last group leave whole), rank r
 //                     the r-th share of K: the slots' Wu rows (mma's A) and x's rows (B) staged by
 //                     64-k blocks (cp.async, 4 buffers, 128-byte rows XOR-swizzled for ldmatrix);
 //                     the ranks' partial tiles added in rank order through distributed shared memory,
-//                     h[row, slot] = bf16(g[row, n] · sum) (0 in a padding slot; g read into shared
-//                     memory while W's first blocks are in flight).
+//                     h[row, slot] = bf16(g[row, n] · sum) (0 in a padding slot).
 //   union_down_kernel a cluster of `split` CTAs 128 columns of y, rank r the union's groups r, r +
 //                     split, …: each group's 16 Wdᵀ rows × 128 columns and h's rows × its 16 slots
-//                     staged (16 buffers, zero-filled past the list), warp w the columns 16w … 16w + 15
+//                     staged (8 buffers, zero-filled past the list), warp w the columns 16w … 16w + 15
 //                     for every row; the ranks' partial tiles added in rank order, y rounded once.
 // h is rounded to bf16 as the dense FFN rounds it. The order of every sum is fixed by the union and
 // the splits (not by timing), so replays give the same bits; another split adds in another order
@@ -56,7 +54,7 @@ constexpr int kUpSlots = 64;          // listed slots an up cluster (4 groups)
 constexpr int kUpBK = 64;             // k a stage of the up kernel (128-byte rows: 8 chunks of 16)
 constexpr int kUpStages = 4;
 constexpr int kDownCols = 128;        // columns of y a down cluster
-constexpr int kDownStages = 16;       // a down CTA's groups in flight (at 64 rows and split 8, all of them)
+constexpr int kDownStages = 8;        // a down CTA's groups in flight
 constexpr int kDownWRow = kDownCols * 2 + 16;  // a staged Wdᵀ row (bytes): 128 columns + 16 of padding (ldmatrix.trans without bank conflicts)
 constexpr int kUnionHRowBytes = 48;   // a staged h row: 16 slots (32 bytes) + 16 of padding (the same for ldmatrix)
 
@@ -162,9 +160,10 @@ __global__ void __launch_bounds__(kUnionThreads) union_up_kernel(UnionParams p) 
 #else
   constexpr int T = 8 * NT, kWBytes = kUpSlots * kUpBK * 2, kStage = kWBytes + T * kUpBK * 2, kHalf = NT / 2;
   extern __shared__ __align__(128) unsigned char smem[];
-  __shared__ int s_nrn[kUpSlots];   // a slot's neuron (−1: padding or past the tile's groups)
-  __shared__ int s_slot[kUpSlots];  // its slot in h (−1: past the tile's groups)
-  __shared__ __nv_bfloat16 s_g[kUnionMaxRows * kUpSlots];  // g at the rank's outputs (0 at a padding slot)
+  __shared__ int s_grp[kUnionMaxGroups];
+  __shared__ int s_ngrp;
+  __shared__ int s_nrn[kUpSlots];   // a slot's neuron (−1: padding or no group)
+  __shared__ int s_slot[kUpSlots];  // its slot in h (−1: no group)
   const ucg::cluster_group cluster = ucg::this_cluster();
   const int rank = static_cast<int>(cluster.block_rank()), split = static_cast<int>(cluster.num_blocks());
   const int tid = static_cast<int>(threadIdx.x), warp = tid / 32, lane = tid % 32, mi = warp % 4, nh = warp / 4;
@@ -193,23 +192,19 @@ __global__ void __launch_bounds__(kUnionThreads) union_up_kernel(UnionParams p) 
   for (int st = 0; st < kUpStages - 1; ++st)
     if (st < nkb) load_x(st, st);
   cdev::pdl_begin();  // the counts and the list are the list kernel's
-  // The cluster's slots are t · 256 + 64 qb … + 63 of tile t = blockIdx.y / 4, qb = blockIdx.y % 4:
-  // the tile's count and those list entries in one round trip (entries past the count are stale and
-  // masked).
-  const int t = static_cast<int>(blockIdx.y) / (kUnionTile / kUpSlots), i0 = static_cast<int>(blockIdx.y) % (kUnionTile / kUpSlots) * kUpSlots;
-  const long long slot_t = static_cast<long long>(t) * kUnionTile + i0;
-  int nrn_speculative = -1;
-  if (tid < kUpSlots) nrn_speculative = __ldcg(p.list + slot_t + tid);
-  const int cnt = __ldcg(p.counts + t);
-  if (i0 >= cnt) {  // every CTA of the cluster (the same tile, the same count) leaves
+  if (warp == 0) union_groups(p, s_grp, &s_ngrp);
+  __syncthreads();
+  const int g0 = static_cast<int>(blockIdx.y) * (kUpSlots / kUnionGroup);
+  if (g0 >= s_ngrp) {  // every CTA of the cluster (the same blockIdx.y, the same counts) leaves
     cdev::cp_async_commit();  // x's copies into this CTA's memory end before it does
     cdev::cp_async_wait<0>();
     return;
   }
   if (tid < kUpSlots) {
-    const int i = i0 + tid, padded = (cnt + kUnionGroup - 1) / kUnionGroup * kUnionGroup;
-    s_slot[tid] = i < padded ? static_cast<int>(slot_t) + tid : -1;
-    s_nrn[tid] = i < cnt ? nrn_speculative : -1;
+    const int gi = g0 + tid / kUnionGroup;
+    const int slot = gi < s_ngrp ? s_grp[gi] + tid % kUnionGroup : -1;
+    s_slot[tid] = slot;
+    s_nrn[tid] = slot >= 0 ? __ldcg(p.list + slot) : -1;
   }
   __syncthreads();
   const __nv_bfloat16* wsrc[2];
@@ -230,12 +225,6 @@ __global__ void __launch_bounds__(kUnionThreads) union_up_kernel(UnionParams p) 
   for (int st = 0; st < kUpStages - 1; ++st) {
     if (st < nkb) load_w(st, st);
     cdev::cp_async_commit();
-  }
-  // g at the rank's outputs (below), loaded while W's first blocks are in flight.
-  const int outs = p.m * kUpSlots, per = (outs + split - 1) / split, o0 = rank * per, o1 = min(o0 + per, outs);
-  for (int idx = o0 + tid; idx < o1; idx += kUnionThreads) {
-    const int nrn = s_nrn[idx % kUpSlots];
-    s_g[idx - o0] = nrn >= 0 ? p.g[static_cast<long long>(idx / kUpSlots) * p.n + nrn] : __float2bfloat16_rn(0.0f);
   }
   float acc[kHalf][4] = {};
   for (int i = 0; i < nkb; ++i) {
@@ -280,7 +269,8 @@ __global__ void __launch_bounds__(kUnionThreads) union_up_kernel(UnionParams p) 
   cluster.sync();  // every rank's partial tile is written
   // Rank q the outputs [q · per, (q + 1) · per) of the m · 64: the ranks' partials loaded, then added
   // in rank order 0, 1, …
-  for (int idx = o0 + tid; idx < o1; idx += kUnionThreads) {
+  const int outs = p.m * kUpSlots, per = (outs + split - 1) / split;
+  for (int idx = rank * per + tid; idx < min((rank + 1) * per, outs); idx += kUnionThreads) {
     const int row = idx / kUpSlots, col = idx % kUpSlots, slot = s_slot[col];
     float pv[kUnionMaxSplit];
 #pragma unroll
@@ -290,7 +280,9 @@ __global__ void __launch_bounds__(kUnionThreads) union_up_kernel(UnionParams p) 
     for (int r = 0; r < kUnionMaxSplit; ++r)
       if (r < split) v += pv[r];
     if (slot < 0) continue;
-    p.h[row * p.hs + slot] = __float2bfloat16_rn(__bfloat162float(s_g[idx - o0]) * v);  // 0 at a padding slot
+    const int nrn = s_nrn[col];
+    const float hv = nrn >= 0 ? __bfloat162float(p.g[static_cast<long long>(row) * p.n + nrn]) * v : 0.0f;
+    p.h[row * p.hs + slot] = __float2bfloat16_rn(hv);
   }
   cluster.sync();  // no rank leaves while another still reads its tile
 #endif
