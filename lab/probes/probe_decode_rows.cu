@@ -43,6 +43,7 @@
 // - 17–64 rows: today's dense y (which rounds g, u and h to bf16) within 2^-5 of the largest |y|, a
 //   sanity check of the dense GEMMs' shapes, not of their exactness.
 //   twell_probe_decode_rows [n [k [density [skew [layers]]]]]   (defaults: 5632 2048 0.005 1.0 64)
+//   env PROBE_ROWS_M (e.g. "8,64") only those rows; PROBE_CHECK_ONLY the checks alone (times print nan)
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -480,6 +481,9 @@ int main(int argc, char** argv) {
               "checks (rows: y within the float64 bound, worst error / bound; row 0 alone = in the batch; "
               "2-16 rows also: g bits as the GEMV's, today's y, counts)");
   const int reps = 20;
+  // PROBE_CHECK_ONLY: the checks without the timings (a sanitizer's run); the times print as nan.
+  const bool check_only = std::getenv("PROBE_CHECK_ONLY") != nullptr;
+  const auto timed = [&](const std::function<void()>& body) { return check_only ? NAN : time_graph(s, reps, layers, body); };
   bool ok = true;
   // PROBE_ROWS_M (e.g. "8,64"): only those batch sizes (a profiler's run).
   std::vector<int> ms{2, 4, 8, 16, 32, 64};
@@ -574,13 +578,13 @@ int main(int argc, char** argv) {
     const bool pass = counts_ok && replay_same && worst_all <= 1;
     double t_u[kNShapes], best = INFINITY;
     for (int v = 0; v < kNShapes; ++v) {
-      t_u[v] = time_graph(s, reps, layers, [&] { for (const Layer& l : L) union_ffn(l, m, kShapes[v][0], kShapes[v][1]); });
+      t_u[v] = timed( [&] { for (const Layer& l : L) union_ffn(l, m, kShapes[v][0], kShapes[v][1]); });
       best = std::min(best, t_u[v]);
     }
     double t_up[3], t_down[3];
-    for (int v = 0; v < 3; ++v) t_up[v] = time_graph(s, reps, layers, [&] { for (const Layer& l : L) union_ffn(l, m, 2 << v, 2, true, 1); });
+    for (int v = 0; v < 3; ++v) t_up[v] = timed( [&] { for (const Layer& l : L) union_ffn(l, m, 2 << v, 2, true, 1); });
     for (int v = 0; v < 3; ++v)
-      t_down[v] = time_graph(s, reps, layers, [&] { for (const Layer& l : L) union_ffn(l, m, 2, 2 << v, true, 2); });
+      t_down[v] = timed( [&] { for (const Layer& l : L) union_ffn(l, m, 2, 2 << v, true, 2); });
     std::printf("    union %lld (%lld slots), whole (up split 2: down split 2 / 4 / 8; up 4: the same; up 8: the same) "
                 "%.2f / %.2f / %.2f; %.2f / %.2f / %.2f; %.2f / %.2f / %.2f us, today/union %.2fx; list + up (split 2 / 4 / 8) "
                 "%.2f / %.2f / %.2f, down (2 / 4 / 8) %.2f / %.2f / %.2f  %s (counts %s; worst %.2f of its bound over the shapes; "
@@ -592,12 +596,12 @@ int main(int argc, char** argv) {
       const ProgrammaticLaunch pdl(true);
       double best_p = INFINITY;
       for (int v = 0; v < kNShapes; ++v) {
-        t_u[v] = time_graph(s, reps, layers, [&] { for (const Layer& l : L) union_ffn(l, m, kShapes[v][0], kShapes[v][1]); });
+        t_u[v] = timed( [&] { for (const Layer& l : L) union_ffn(l, m, kShapes[v][0], kShapes[v][1]); });
         best_p = std::min(best_p, t_u[v]);
       }
-      for (int v = 0; v < 3; ++v) t_up[v] = time_graph(s, reps, layers, [&] { for (const Layer& l : L) union_ffn(l, m, 2 << v, 2, true, 1); });
+      for (int v = 0; v < 3; ++v) t_up[v] = timed( [&] { for (const Layer& l : L) union_ffn(l, m, 2 << v, 2, true, 1); });
       for (int v = 0; v < 3; ++v)
-        t_down[v] = time_graph(s, reps, layers, [&] { for (const Layer& l : L) union_ffn(l, m, 2, 2 << v, true, 2); });
+        t_down[v] = timed( [&] { for (const Layer& l : L) union_ffn(l, m, 2, 2 << v, true, 2); });
       std::printf("    programmatic: whole %.2f / %.2f / %.2f; %.2f / %.2f / %.2f; %.2f / %.2f / %.2f us, today/union %.2fx; list + up "
                   "%.2f / %.2f / %.2f, down %.2f / %.2f / %.2f\n",
                   t_u[0], t_u[1], t_u[2], t_u[3], t_u[4], t_u[5], t_u[6], t_u[7], t_u[8], t_today / best_p, t_up[0], t_up[1], t_up[2],
@@ -701,12 +705,12 @@ int main(int argc, char** argv) {
       std::snprintf(verdict, sizeof verdict, "%s (masks %s; worst rows %.2f; rows alone %s; dense y within %.1e of max |y|)",
                     pass ? "ok" : "FAIL", masks_ok ? "ok" : "WRONG", worst_rows, solo_same ? "same" : "DIFFER",
                     ymax > 0 ? dmax / ymax : dmax);
-    const double t_gate = time_graph(s, reps, layers, [&] { for (const Layer& l : L) gate_only(l, m); });
-    const double t_today = time_graph(s, reps, layers, [&] { for (const Layer& l : L) today(l, m); });
-    const double t_rows = time_graph(s, reps, layers, [&] { for (const Layer& l : L) rows(l, m, false); });
+    const double t_gate = timed( [&] { for (const Layer& l : L) gate_only(l, m); });
+    const double t_today = timed( [&] { for (const Layer& l : L) today(l, m); });
+    const double t_rows = timed( [&] { for (const Layer& l : L) rows(l, m, false); });
     // The split: kernel 1 alone (17–64 rows: on the g the last cuBLASLt gate left), kernel 2 alone.
-    const double t_k1 = time_graph(s, reps, layers, [&] { for (const Layer& l : L) rows(l, m, false, !fused, 0, 1); });
-    const double t_k2 = time_graph(s, reps, layers, [&] { for (const Layer& l : L) rows(l, m, false, !fused, 0, 2); });
+    const double t_k1 = timed( [&] { for (const Layer& l : L) rows(l, m, false, !fused, 0, 1); });
+    const double t_k2 = timed( [&] { for (const Layer& l : L) rows(l, m, false, !fused, 0, 2); });
     std::printf("%3d %7llu %7lld %9.2f %10.2f %10.2f %9.2fx %7.2f %7.2f  %s\n", m, c_rows, uni, t_gate, t_today, t_rows,
                 t_today / t_rows, t_k1, t_k2, verdict);
     if (union_ok) ok = union_row(m, t_today) && ok;
