@@ -127,6 +127,32 @@ TEST(FfnPlan, ShapeOfACallFollowsItsSize) {
   EXPECT_TRUE(shape_call(p, layer(), 2).down_gemv);
   EXPECT_FALSE(shape_call(p, layer(), 9).down_gemv) << "9–16 rows: cuBLASLt (the GEMV's second token tile loses)";
   EXPECT_EQ(shape_call(p, layer(), p.decode_max_rows + 1).decode, false);
+  // The union FFN where the layer allows it (LayerFacts::union_ffn): decode-sized from
+  // union_min_rows (17) to union_max_rows (32), past decode_max_rows; below, the decode kernel.
+  LayerFacts uni = layer();
+  uni.union_max_rows = 64;
+  EXPECT_FALSE(shape_call(p, uni, 16).union_ffn);
+  EXPECT_TRUE(shape_call(p, uni, 16).decode);
+  for (const std::int64_t m : {p.union_min_rows, p.union_max_rows}) {
+    const CallShape u = shape_call(p, uni, m);
+    EXPECT_TRUE(u.decode && u.union_ffn) << m << " rows";
+    EXPECT_EQ(u.sparse_n, 5632) << "decode sizes never split";
+    EXPECT_FALSE(u.dense_rows);
+  }
+  EXPECT_FALSE(shape_call(p, uni, p.union_max_rows + 1).decode);
+  EXPECT_FALSE(shape_call(p, layer(), 17).decode) << "no union on the layer: 17 rows are not decode-sized";
+  DispatchPolicy no_union = p;
+  no_union.union_max_rows = 0;
+  EXPECT_FALSE(shape_call(no_union, uni, 17).decode);
+  no_union = p;
+  no_union.union_min_rows = 0;  // 0: never
+  EXPECT_FALSE(shape_call(no_union, uni, 17).union_ffn);
+  DispatchPolicy to64 = p;
+  to64.union_max_rows = 64;
+  EXPECT_TRUE(shape_call(to64, uni, 64).union_ffn);
+  to64.union_max_rows = 65;
+  EXPECT_FALSE(shape_call(to64, uni, 65).union_ffn) << "past what the layer's facts allow";
+  EXPECT_TRUE(plan_call(p, uni, 24, Path::automatic, -1, 0).step == ForwardStep::decode) << "sparse from the first call";
   const CallShape mid = shape_call(p, layer(), 1024);  // above decode, below the split's minimum
   EXPECT_FALSE(mid.decode);
   EXPECT_EQ(mid.sparse_n, 5632);
@@ -282,6 +308,9 @@ TEST(FfnPlan, DescribeCallNamesWhatRan) {
   decode.one_token = false;
   decode.followed_density = 0.005;
   EXPECT_EQ(describe_call(decode), "twell decode kernel (the previous call measured 0.50% density)");
+  decode.union_ffn = true;
+  EXPECT_EQ(describe_call(decode),
+            "twell union FFN (cublasLt gate; list, up, down on tensor cores) (the previous call measured 0.50% density)");
 
   CallRecord sparse = small;
   sparse.below_min_rows = false;

@@ -6,7 +6,7 @@
 //            partials in tile order. 17–64 rows: the dense FFN, as the runtime dispatches there
 //            (cuBLASLt: gate and up in one GEMM over the stacked [Wg; Wu], bf16(ReLU(g) · u), the
 //            down GEMM).
-//   union    (union_tc.cuh) the cuBLASLt ReLU gate, then the union's list, up and down on tensor
+//   union    (cuda/sm90/union_ffn.hpp, the engine's) the cuBLASLt ReLU gate, then the union's list, up and down on tensor
 //            cores: each neuron some row fired has its Wu and Wdᵀ rows read once for the batch, h
 //            in bf16 as the dense FFN rounds it; up and down each K or the union split over a
 //            thread-block cluster of 2, 4 or 8 CTAs, timed at each pair (k a multiple of 128, sm_90;
@@ -61,8 +61,8 @@
 #include "cuda/ops/gemv.hpp"
 #include "cuda/ops/gemv_mma_kernel.cuh"
 #include "cuda/sm80/twell_decode.hpp"
+#include "cuda/sm90/union_ffn.hpp"
 #include "probe_graph.cuh"
-#include "union_tc.cuh"
 
 using namespace twell::cuda;
 using namespace twell::probe;
@@ -367,11 +367,10 @@ int main(int argc, char** argv) {
   CK(cudaMemsetAsync(h.get(), 0, h.bytes(), s));
   CK(cudaStreamSynchronize(s));
   LtGemm lt(/*autotune=*/true);
-  // The union on tensor cores (union_tc.cuh): its own gate output, list, counts, h and y.
-  int dev = 0, cc_major = 0;
+  // The union on tensor cores (union_ffn.hpp): its own gate output, list, counts, h and y.
+  int dev = 0;
   CK(cudaGetDevice(&dev));
-  CK(cudaDeviceGetAttribute(&cc_major, cudaDevAttrComputeCapabilityMajor, dev));
-  const bool union_ok = k % kDownCols == 0 && n % 4 == 0 && cc_major >= 9;  // launch_union's limits
+  const bool union_ok = union_ffn_fits(kMaxRows, n, k, true) && union_ffn_available(dev);
   DeviceBuffer<__nv_bfloat16> g_u(static_cast<std::size_t>(kMaxRows * n)), y_u(static_cast<std::size_t>(kMaxRows * k));
   DeviceBuffer<__nv_bfloat16> h_u(static_cast<std::size_t>(kMaxRows * tiles * 256));
   DeviceBuffer<int> u_list(static_cast<std::size_t>(tiles * 256)), u_counts(static_cast<std::size_t>(tiles));
@@ -432,8 +431,13 @@ int main(int argc, char** argv) {
   // The union at m rows: the cuBLASLt ReLU gate (unless gate_done: g_u holds it), then its kernels.
   auto union_ffn = [&](const Layer& l, int m, int up_split, int down_split, bool gate_done = false, int parts = 3) {
     if (!gate_done) lt_gate(l, m, g_u.get());
-    UnionParams up;
+    UnionFfnParams up;
     up.x = x.get();
+    up.ld_x = k;
+    up.ld_y = k;
+    up.ld_g = n;
+    up.up_split = up_split;
+    up.down_split = down_split;
     up.g = g_u.get();
     up.w_up = l.wu(n, k);
     up.w_down_t = l.wd.get();
@@ -444,8 +448,7 @@ int main(int argc, char** argv) {
     up.m = m;
     up.k = k;
     up.n = n;
-    up.hs = tiles * 256;
-    CK(launch_union(up, up_split, down_split, parts, s));
+    launch_union_ffn(up, s, parts);
   };
   // Before a check's launches: y and g NaN (0xFFFF), the counts a sentinel, so a write a kernel
   // skips shows.
@@ -496,7 +499,7 @@ int main(int argc, char** argv) {
       if (*c) ++c;
     }
   }
-  // The union on tensor cores at m rows (union_tc.cuh), each shape of its kernels (2, 4 or 8 CTAs an
+  // The union on tensor cores at m rows (union_ffn.hpp), each shape of its kernels (2, 4 or 8 CTAs an
   // up cluster × 2, 4 or 8 a down cluster), on its own cuBLASLt gate's g (layer 0): the tiles'
   // counts against g on the host; y of every shape within a derived float64 bound (h = g · ⟨x, Wu⟩
   // with tensor-core sums of 2⁻²³ a step, rounded to bf16: 2⁻⁸ of |h|; y's sums over the padded
@@ -567,7 +570,7 @@ int main(int argc, char** argv) {
           mag += std::fabs(hr[i] * w);
           dh += hd[i] * std::fabs(w);
         }
-        const double bound = bf16_step(ref) + dh + (static_cast<double>(slots) + kUnionMaxSplit) * std::ldexp(mag + dh, -23) + 1e-30;
+        const double bound = bf16_step(ref) + dh + (static_cast<double>(slots) + 8.0 /* ≤ 8 ranks */) * std::ldexp(mag + dh, -23) + 1e-30;
         for (int v = 0; v < kNShapes; ++v) {
           const double e = std::fabs(ys[static_cast<std::size_t>(v)][static_cast<std::size_t>(r * k + c)] - ref) / bound;
           worst[v] = e <= 1 ? std::max(worst[v], e) : std::max(worst[v], std::isnan(e) ? INFINITY : e);

@@ -11,6 +11,7 @@
 #include "cuda/ops/gemv.hpp"
 #include "cuda/sm80/twell_hot_neurons.hpp"
 #include "cuda/sm90/gate_pack.hpp"
+#include "cuda/sm90/union_ffn.hpp"
 #include "twell/bf16.hpp"
 
 namespace twell::cuda {
@@ -38,6 +39,7 @@ FfnContext::FfnContext(const ContextOptions& opt, std::shared_ptr<FfnWorkspace> 
   sm_count_ = sms;
   smem_optin_ = static_cast<std::size_t>(optin);
   gate_sm90_ok_ = gate_pack_sm90_available(dev);
+  union_ok_ = union_ffn_available(dev);
   opt_.twell.validate();
   TWELL_CHECK(opt_.updown_variant >= 0 && opt_.updown_variant <= 4 && opt_.updown_variant_nongated >= 0 &&
                   opt_.updown_variant_nongated <= 4,
@@ -285,7 +287,8 @@ LayerFacts FfnContext::facts() const noexcept {
   return {.n = n(), .hot_n = hot_n_, .gated = gated(), .decode_k = k() <= kDecodeMaxK, .token_k = k() <= kDecodeTokenMaxK,
           .gate_sm90 = gate_sm90_ok_, .gemv_max_rows = k() <= kGemvMaxK ? kGemvMaxRows : 0,
           // The GEMV reads W's rows at stride N and h's at ldn: unpadded rows only.
-          .down_gemv_max_rows = ldn() == n() && n() % 8 == 0 && n() <= kGemvMaxK ? kGemvMaxRows : 0};
+          .down_gemv_max_rows = ldn() == n() && n() % 8 == 0 && n() <= kGemvMaxK ? kGemvMaxRows : 0,
+          .union_max_rows = union_ok_ && union_ffn_fits(1, n(), k(), gated()) && ldn() % 4 == 0 ? kUnionMaxRows : 0};
 }
 
 bool FfnContext::automatic_is_plain_dense(std::int64_t m) const noexcept {
@@ -497,7 +500,13 @@ void FfnContext::prepare_decode(std::int64_t m, cudaStream_t stream) {
     }
     return;
   }
-  ws_->decode_partials.reserve(static_cast<std::size_t>(m * tiles() * k()));
+  if (s.union_ffn) {  // the union's slots, counts and h (its count uses the tickets' CTA word below)
+    ws_->union_list.reserve(static_cast<std::size_t>(union_list_size(n())));
+    ws_->union_counts.reserve(static_cast<std::size_t>(union_tiles(n())));
+    ws_->union_h.reserve(static_cast<std::size_t>(m * union_list_size(n())));
+  } else {
+    ws_->decode_partials.reserve(static_cast<std::size_t>(m * tiles() * k()));
+  }
   if (decode_tickets_.size() < static_cast<std::size_t>(m + 2)) {
     // [0, m): row tickets, [m]: CTA ticket, [m + 1]: unused; the count is separate (64-bit).
     // Zeroed once; every launch leaves them zero again.
@@ -511,8 +520,12 @@ bool FfnContext::decode_prepared(std::int64_t m) const noexcept {
   const CallShape s = shape(m);
   if (!s.decode || m > cap_m_) return false;
   if (s.one_token) return decode_token_n_ == n();  // (prepare_decode sizes the order with it)
-  return decode_tickets_.size() >= static_cast<std::size_t>(m + 2) &&
-         ws_->decode_partials.size() >= static_cast<std::size_t>(m * tiles() * k());
+  if (decode_tickets_.size() < static_cast<std::size_t>(m + 2)) return false;
+  if (s.union_ffn)
+    return ws_->union_list.size() >= static_cast<std::size_t>(union_list_size(n())) &&
+           ws_->union_counts.size() >= static_cast<std::size_t>(union_tiles(n())) &&
+           ws_->union_h.size() >= static_cast<std::size_t>(m * union_list_size(n()));
+  return ws_->decode_partials.size() >= static_cast<std::size_t>(m * tiles() * k());
 }
 
 void FfnContext::decode_step(const __nv_bfloat16* x, std::int64_t m, __nv_bfloat16* y, bool sparse,
@@ -597,6 +610,20 @@ void FfnContext::enqueue_decode(const __nv_bfloat16* x, std::int64_t m, __nv_bfl
     launch_twell_gemv(gp, stream);
   } else {
     gate_gemm(x, m, stream);
+  }
+  if (s.union_ffn) {
+    UnionFfnParams u;
+    static_cast<FfnOperands&>(u) = operands(x, m, y, n());
+    u.g = ws_->g.get();
+    u.ld_g = ldn();
+    u.list = ws_->union_list.get();
+    u.counts = ws_->union_counts.get();
+    u.h = ws_->union_h.get();
+    u.cta_ticket = decode_tickets_.get() + decode_tickets_.size() - 2;  // the decode kernel's CTA word: both leave it zero
+    u.nnz = decode_nnz_.get();
+    u.nnz_out = nnz_out;
+    launch_union_ffn(u, stream);
+    return;
   }
   TwellDecodeParams p;
   static_cast<FfnOperands&>(p) = operands(x, m, y, n());  // decode runs every neuron
@@ -856,6 +883,7 @@ ForwardResult FfnContext::forward(const __nv_bfloat16* x, std::int64_t m, __nv_b
   c.gated = gated();
   c.gate_sm90 = s.gate == GateKernel::sm90;
   c.one_token = s.decode && s.one_token;
+  c.union_ffn = s.decode && s.union_ffn;
   c.n = n();
   c.sparse_n = s.sparse_n;
   c.row_cap = dense_row_cap(c.sparse_n);

@@ -239,6 +239,7 @@ class FfnContext {
     opt_.decode_token_max_density = d;
   }
   void set_decode_max_rows(std::int64_t m) noexcept { opt_.decode_max_rows = m; }  // the next plans follow it
+  void set_union_max_rows(std::int64_t m) noexcept { opt_.union_max_rows = m; }    // the same
   void set_decode_reorder(bool on, cudaStream_t stream);  // off: back to the identity order at once
   LtGemm& gemm() noexcept { return gemm_; }
   const LtGemm& gemm() const noexcept { return gemm_; }
@@ -336,6 +337,7 @@ class FfnContext {
   double hot_threshold() const noexcept { return gated() ? opt_.hot_neurons_density : opt_.hot_neurons_density_nongated; }
 
   ContextOptions opt_;
+  bool union_ok_ = false;      // this device runs the union FFN (union_ffn_available)
   bool gate_sm90_ok_ = false;  // this device runs the sm90 gate kernel (gate_pack_sm90_available)
   std::shared_ptr<FfnWorkspace> ws_;  // per-call scratch, possibly shared by many layers
   LtGemm& gemm_;                      // ws_->gemm

@@ -11,6 +11,7 @@
 #include "cuda/ffn_context.hpp"
 #include "cuda/ffn_workspace.hpp"
 #include "cuda/ops/model_ops.hpp"
+#include "cuda/sm90/union_ffn.hpp"
 #include "cuda/train/train_context.hpp"
 #include "twell/error.hpp"
 
@@ -177,6 +178,13 @@ void FfnLayer::set_decode_max_rows(std::int64_t rows) {
   ctx_->set_decode_max_rows(rows);
 }
 std::int64_t FfnLayer::decode_max_rows() const noexcept { return ctx_->options().decode_max_rows; }
+
+void FfnLayer::set_union_max_rows(std::int64_t rows) {
+  TWELL_CHECK(rows >= 0 && rows <= kUnionMaxRows, ErrorCode::invalid_argument,
+              "FfnLayer::set_union_max_rows: {} rows (0: never, up to {})", rows, kUnionMaxRows);
+  ctx_->set_union_max_rows(rows);
+}
+std::int64_t FfnLayer::union_max_rows() const noexcept { return ctx_->options().union_max_rows; }
 
 std::uint64_t FfnLayer::weights_epoch() const noexcept { return ctx_->weights_epoch(); }
 

@@ -15,7 +15,9 @@ double max_sparse_density(const DispatchPolicy& p, std::int64_t m, bool decode, 
 CallShape shape_call(const DispatchPolicy& p, const LayerFacts& f, std::int64_t m) noexcept {
   CallShape c;
   c.n = f.n;
-  c.decode = m <= p.decode_max_rows && m < p.dispatch_min_rows && f.decode_k;
+  c.union_ffn = p.union_min_rows >= 1 && m >= p.union_min_rows && m <= std::min(p.union_max_rows, f.union_max_rows) &&
+                m < p.dispatch_min_rows;
+  c.decode = (m <= p.decode_max_rows && m < p.dispatch_min_rows && f.decode_k) || c.union_ffn;
   c.one_token = m == 1 && p.decode_gemv && p.decode_gemv_max_rows >= 1 && f.token_k;
   c.gate_gemv = p.decode_gemv && m <= std::min(p.decode_gemv_max_rows, f.gemv_max_rows);
   c.down_gemv = m >= 2 && m <= std::min(p.down_gemv_max_rows, f.down_gemv_max_rows);
@@ -126,6 +128,8 @@ std::string describe_call(const CallRecord& c) {
       if (c.below_min_rows) return "dense cublasLt (M below the dispatch minimum)";
       return fmt::format("dense cublasLt ({})", c.sticky ? followed(c) : std::string());
     case ForwardStep::decode:
+      if (c.union_ffn) return fmt::format("twell union FFN (cublasLt gate; list, up, down on tensor cores) ({})",
+                                          c.sticky ? followed(c) : std::string());
       return fmt::format("twell decode kernel{} ({})", c.one_token ? ", one token, gate fused in" : "",
                          c.sticky ? followed(c) : std::string());
     case ForwardStep::sparse:

@@ -34,6 +34,13 @@ struct DispatchPolicy {
   // the decode kernel while counts stay under decode_max_density (decode_token_max_density for one
   // token on the fused one-token kernel); always sticky.
   std::int64_t decode_max_rows = 16;
+  // The union FFN (sm90/union_ffn.hpp) as the decode step's sparse path from union_min_rows to
+  // union_max_rows rows (decode-sized there even past decode_max_rows), where the layer allows it
+  // (LayerFacts::union_ffn): 1.28× the dense FFN at 32 rows, 0.96× at 64, 1.17–1.20× the decode
+  // kernel's path at 8–16 rows (the 2B's layer at 0.5 %, H200, 3c8b48b, docs/runtime.md). From 17:
+  // rows 8–16 stay on the decode kernel until the model's yardstick says otherwise. 0: never.
+  std::int64_t union_min_rows = 17;
+  std::int64_t union_max_rows = 32;
   bool decode_gemv = true;                   // the decode gate by the GEMV kernel (ops/gemv.hpp; one token: the fused twell_decode_token.hpp) ...
   std::int64_t decode_gemv_max_rows = 1;     // ... up to this M (from 2 rows the GEMV's tensor-core kernel: it ties cuBLASLt's ReLU GEMM on the 2B gate, 8.1–8.7 against 8.3–8.4 µs at 2–8 rows, H200)
   // The dense FFN's down projection (y = h·Wdᵀ) by the GEMV's tensor-core kernel from 2 rows up to
@@ -64,6 +71,7 @@ struct LayerFacts {
   bool gate_sm90 = false;       // this device and build run the sm90 gate kernel
   std::int64_t gemv_max_rows = 0;  // rows the decode gate's GEMV kernel takes at this K (0: K too large)
   std::int64_t down_gemv_max_rows = 0;  // rows the down projection's GEMV takes over N (0: N too large, or padded)
+  std::int64_t union_max_rows = 0;  // rows the union FFN takes on this device and layer (0: none: not sm90, non-gated, N, K or the gate's stride off its grid)
 };
 
 enum class GateKernel {
@@ -80,6 +88,7 @@ struct CallShape {
   bool one_token = false;       // one row, which the fused one-token kernels serve (gate fused in)
   bool gate_gemv = false;       // not one_token: the decode gate by the GEMV kernel (else the cuBLASLt GEMM)
   bool down_gemv = false;       // the dense FFN's down projection by the GEMV's tensor-core kernel (else cuBLASLt)
+  bool union_ffn = false;       // decode: the sparse path is the union FFN (after the cuBLASLt gate), not the decode kernel
   std::int64_t sparse_n = 0;    // neurons the sparse path runs (the first ones; the rest hot, dense)
   bool hot() const noexcept { return sparse_n < n; }
   std::int64_t n = 0;
@@ -133,6 +142,7 @@ struct CallRecord {
   bool gated = true;
   bool gate_sm90 = false;             // the sparse path's gate is the sm90 GEMM with the TwELL epilogue
   bool one_token = false;             // decode: the one-token kernels, the gate fused in
+  bool union_ffn = false;             // decode: the union FFN
   double followed_density = -1;       // sticky: the count the decision followed (< 0: none yet)
   bool followed_row_costs = false;    // ... which weighed rows over row_cap non-zeros at row_cost each
   std::uint32_t row_cap = 0, row_cost = 0;  // dense rows: the row threshold and its cost, of sparse_n neurons

@@ -26,6 +26,8 @@ struct FfnWorkspace {
     dense_list.use(mem.get());
     dense_temp.use(mem.get());
     decode_partials.use(mem.get());
+    for (auto* b : {&union_list, &union_counts}) b->use(mem.get());
+    union_h.use(mem.get());
   }
 
   std::shared_ptr<DeviceAllocator> mem;  // first: the buffers below give their memory back to it
@@ -43,6 +45,9 @@ struct FfnWorkspace {
   DeviceBuffer<std::uint32_t> row_dense;   // [m] 1 iff the row ran dense
   DeviceBuffer<__nv_bfloat16> x_h, y_h;    // [capacity, K] gathered x rows, their y rows
   DeviceBuffer<float> decode_partials;     // [m, tiles, K]
+  DeviceBuffer<int> union_list;            // [union_list_size(N)] the union FFN's slots (sm90/union_ffn.hpp)
+  DeviceBuffer<int> union_counts;          // [union_tiles(N)]
+  DeviceBuffer<__nv_bfloat16> union_h;     // [m, union_list_size(N)]
 
   LtGemm& side() {
     if (!side_gemm) {  // gemm's autotune policy, so that both pick alike
@@ -55,7 +60,7 @@ struct FfnWorkspace {
     return gemm.workspace_bytes() + (side_gemm ? side_gemm->workspace_bytes() : 0) + g.bytes() + gu.bytes() +
            h.bytes() + words.bytes() + row_ovf.bytes() + row_nnz.bytes() +
            dense_list.bytes() + dense_temp.bytes() + row_dense.bytes() + x_h.bytes() + y_h.bytes() +
-           decode_partials.bytes();
+           decode_partials.bytes() + union_list.bytes() + union_counts.bytes() + union_h.bytes();
   }
 };
 

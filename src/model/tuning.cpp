@@ -39,6 +39,7 @@ const Item kItems[] = {
     {"no-grouped-attention", &RuntimeTuning::grouped_attention},
     {"decode-max-density", &RuntimeTuning::decode_max_density, 0, 1},
     {"decode-max-rows", &RuntimeTuning::decode_max_rows, 1, 2047},
+    {"union-max-rows", &RuntimeTuning::union_max_rows, 0, 64},
     {"no-cpu-bf16", &RuntimeTuning::cpu_bf16_weights},
     {"no-paged-kv", &RuntimeTuning::paged_kv},
     {"no-prefix-cache", &RuntimeTuning::prefix_cache},

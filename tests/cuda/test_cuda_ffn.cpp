@@ -30,7 +30,9 @@
 
 #include "cuda/common/device_buffer.hpp"
 #include "cuda/ffn_context.hpp"
+#include "cuda/common/launch.hpp"
 #include "cuda/ops/gemv.hpp"
+#include "cuda/sm90/union_ffn.hpp"
 #include "cuda_test_util.hpp"
 #include "twell/cpu/reference.hpp"
 #include "twell/twell_format.hpp"
@@ -1021,6 +1023,88 @@ TEST(CudaDecode, MatchesReferenceAtEveryDensity) {
     if (c.density == 0 && c.full_rows == 0) {
       for (float v : first) ASSERT_EQ(v, 0.0f);
     }
+  }
+  cudaStreamDestroy(s);
+}
+
+// The union FFN (sm90/union_ffn.hpp) as the automatic decode path at 17–64 rows, on a GPU that runs
+// it: against the float64 oracle at densities from 0 to 100 % (every neuron of N = 8192 in every
+// row: the largest union), N not a multiple of 256, K from 128; its count of fired pairs exact
+// (exact pre-activations: the host knows every active set); three calls, the third launched
+// programmatically, with the same bits (the count and ticket left zero, the early reads of the
+// programmatic launches). A non-gated layer and a K off its grid at 17 rows do not take it.
+TEST(CudaDecode, UnionMatchesReferenceAndCountsExactly) {
+  TWELL_REQUIRE_GPU();
+  int dev = 0;
+  ASSERT_EQ(cudaGetDevice(&dev), cudaSuccess);
+  if (!union_ffn_available(dev)) GTEST_SKIP() << "the union FFN runs on compute capability 9.0 only";
+  cudaStream_t s;
+  ASSERT_EQ(cudaStreamCreate(&s), cudaSuccess);
+  ContextOptions opt;
+  opt.decode_max_density = opt.decode_token_max_density = 1.0;  // the sparse decode path at every density
+  opt.union_max_rows = 64;
+  for (FfnCase c : {ffn_case("uni_m17_n5632_k2048_d0p5", 17, 5632, 2048, true, 0.005, 51),
+                    ffn_case("uni_m32_n1000_k512_d5", 32, 1000, 512, true, 0.05, 52),
+                    ffn_case("uni_m24_n4100_k1024_d30", 24, 4100, 1024, true, 0.30, 53),
+                    ffn_case("uni_m64_n5632_k2048_d1", 64, 5632, 2048, true, 0.01, 54),
+                    ffn_case("uni_m20_n1000_k256_d0", 20, 1000, 256, true, 0.0, 55),
+                    ffn_case("uni_m40_n8192_k128_d100", 40, 8192, 128, true, 1.0, 56)}) {
+    SCOPED_TRACE(c.name);
+    c.exact_preactivation = true;
+    const FfnData d = make_ffn(c);
+    const FfnWeights w = d.weights();
+    std::int64_t expect_nnz = 0;  // positive exact pre-activations, every row
+    for (std::int64_t r = 0; r < c.m; ++r)
+      for (std::int64_t j = 0; j < c.n; ++j) {
+        double a = 0;
+        for (std::int64_t kk = 0; kk < c.k; ++kk)
+          a += static_cast<double>(d.x[static_cast<std::size_t>(r * c.k + kk)]) * d.wg[static_cast<std::size_t>(j * c.k + kk)];
+        expect_nnz += a > 0;
+      }
+    FfnContext ctx(opt);
+    ctx.upload_weights(w, s);
+    const auto xb = to_bf16_bits(d.x);
+    DeviceBuffer<__nv_bfloat16> x(xb.size());
+    ASSERT_EQ(::twell::cuda::test::h2d(x.get(), xb.data(), xb.size() * 2), cudaSuccess);
+    std::vector<std::int64_t> rows(static_cast<std::size_t>(c.m));
+    std::iota(rows.begin(), rows.end(), std::int64_t{0});
+    ref::Options rounded;
+    rounded.round_activation_bf16 = true;
+    const auto r = ref::ffn_forward(d.xv(), w, rows, rounded);
+    std::vector<float> first;
+    for (int call = 0; call < 3; ++call) {
+      const ProgrammaticLaunch programmatic(call == 2 && programmatic_launch_supported());
+      ForwardResult fr;
+      const Outputs o = run_poisoned(c.m, c.k, s, [&](__nv_bfloat16* y) { fr = ctx.forward(x.get(), c.m, y, Path::automatic, s); });
+      EXPECT_TRUE(o.guard_ok);
+      EXPECT_NE(fr.path().find("union FFN"), std::string::npos) << fr.path();
+      std::int64_t worst_row = -1;
+      EXPECT_LE(max_err_rows(o.y, r, rows, c.k, &worst_row), kTol) << fr.path() << ": worst row " << worst_row;
+      ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);
+      const FfnContext::Measured me = ctx.measured();
+      EXPECT_NEAR(me.active * static_cast<double>(c.m) * static_cast<double>(c.n), static_cast<double>(expect_nnz), 1e-6)
+          << "call " << call;
+      if (call == 0) first = o.y;
+      else EXPECT_TRUE(o.y == first) << "call " << call << " differs (the union's sums have a fixed order)";
+    }
+    if (expect_nnz == 0) {
+      for (float v : first) ASSERT_EQ(v, 0.0f);
+    }
+  }
+  // Off its limits: not the union (non-gated; K not a multiple of 128).
+  for (const FfnCase& c : {ffn_case("uni_off_nongated_m17", 17, 1000, 512, false, 0.05, 57),
+                           ffn_case("uni_off_k520_m17", 17, 1000, 520, true, 0.05, 58)}) {
+    SCOPED_TRACE(c.name);
+    const FfnData d = make_ffn(c);
+    FfnContext ctx(opt);
+    ctx.upload_weights(d.weights(), s);
+    const auto xb = to_bf16_bits(d.x);
+    DeviceBuffer<__nv_bfloat16> x(xb.size());
+    ASSERT_EQ(::twell::cuda::test::h2d(x.get(), xb.data(), xb.size() * 2), cudaSuccess);
+    ForwardResult fr;
+    const Outputs o = run_poisoned(c.m, c.k, s, [&](__nv_bfloat16* y) { fr = ctx.forward(x.get(), c.m, y, Path::automatic, s); });
+    EXPECT_TRUE(o.guard_ok);
+    EXPECT_EQ(fr.path().find("union"), std::string::npos) << fr.path();
   }
   cudaStreamDestroy(s);
 }

@@ -138,6 +138,11 @@ class FfnLayer {
   // engine's densities; at most 2047, below the dispatch minimum): for measuring batched decode.
   void set_decode_max_rows(std::int64_t rows);
   std::int64_t decode_max_rows() const noexcept;
+  // On a GPU that runs it (compute capability 9.0), a gated layer's decode steps of 17 up to this
+  // many rows run the union FFN (the neurons some row fired, read once for the batch; default 32,
+  // at most 64; 0: never): for measuring batched decode.
+  void set_union_max_rows(std::int64_t rows);
+  std::int64_t union_max_rows() const noexcept;
 
   // Steps a caller captures into CUDA graphs (a model runtime's decode steps), in three parts.
   // plan_step(m, path): what forward(x, m, y, path) would run now (it polls the counts in flight,

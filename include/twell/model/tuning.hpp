@@ -70,6 +70,10 @@ struct RuntimeTuning {
   // CUDA runtime only: steps of up to this many rows run as decode steps (the decode kernels while
   // a layer's count allows); < 0: the engine's default (16). For measuring batched decode.
   std::int64_t decode_max_rows = -1;  // decode-max-rows=N
+  // CUDA runtime only, on a compute-capability-9.0 GPU: decode steps of 17 up to this many rows run
+  // a ReLU layer's union FFN (each neuron some row fired read once for the batch) while its count
+  // allows; 0: never (the dense FFN past decode-max-rows); < 0: the engine's default (32).
+  std::int64_t union_max_rows = -1;  // union-max-rows=N
   // CPU runtime only: the weight matrices whose values are all bf16 exactly (a bf16 checkpoint) are
   // also kept as bf16, and steps of ≤ 8 rows (decode) read those — half the bytes of the fp32 copy
   // that bounds a CPU decode step; the same products in fp32 sums (another order than OpenBLAS's).

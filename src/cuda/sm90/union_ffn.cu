@@ -1,55 +1,27 @@
-#pragma once
-// The decode FFN's union on tensor cores, for 17–64 rows (docs/runtime.md, plan step 2): after the
-// cuBLASLt ReLU gate g [m, n], each neuron that some row fired has its Wu and Wdᵀ rows read once for
-// the whole batch, where the decode kernel reads them once a row that fired them. Third form (the
-// first, 08a0aac, scanned g in every up CTA; the second, 1df61ca, walked K in 16 dependent chunks
-// an up CTA and re-read h in every down CTA; docs/runtime.md has both measured):
-//   union_list_kernel a CTA a tile of 256 neurons: a thread 4 neurons × every fourth row by 8-byte
-//                     loads (all in flight at once), the rows' OR through shared memory; the tile's
-//                     fired neurons in ascending order at slots t · 256 + i, padded to a multiple of
-//                     16 with −1, and the tile's count.
-//   union_up_kernel   a thread-block cluster of `split` CTAs a block of 64 listed slots (4 groups of
-//                     16 in tile order; clusters past the union's last group leave whole), rank r
-//                     the r-th share of K: the slots' Wu rows (mma's A) and x's rows (B) staged by
-//                     64-k blocks (cp.async, 4 buffers, 128-byte rows XOR-swizzled for ldmatrix);
-//                     the ranks' partial tiles added in rank order through distributed shared memory,
-//                     h[row, slot] = bf16(g[row, n] · sum) (0 in a padding slot).
-//   union_down_kernel a cluster of `split` CTAs 128 columns of y, rank r the union's groups r, r +
-//                     split, …: each group's 16 Wdᵀ rows × 128 columns and h's rows × its 16 slots
-//                     staged (8 buffers, zero-filled past the list), warp w the columns 16w … 16w + 15
-//                     for every row; the ranks' partial tiles added in rank order, y rounded once.
-// h is rounded to bf16 as the dense FFN rounds it. The order of every sum is fixed by the union and
-// the splits (not by timing), so replays give the same bits; another split adds in another order
-// (other bits, the same float64 bound). A row's bits depend on which neurons the other rows fired
-// (its 16-slot groups), as the dense path's do on M. Requires m ≤ 64, n ≤ 8192 and a multiple of 4,
-// k a multiple of 128, splits of 1, 2, 4 or 8, and sm_90 (clusters; the sm_80 image traps).
-// Programmatic launches (launch.hpp; inside a ProgrammaticLaunch scope): each kernel waits for the
-// one before it (dev::pdl_begin) before it reads what that one writes. Before the wait the up kernel
-// stages x (written before the gate) and the down kernel reads the counts and the list and stages
-// its Wdᵀ rows: the list kernel wrote them two launches back, and the down kernel starts only after
-// every up CTA has passed its own wait, which returns once the list kernel has finished; they are
-// read past L1 (ld.cg, cp.async.cg).
+// The decode FFN's union on tensor cores (union_ffn.hpp): the list, up and down kernels.
+#include "cuda/sm90/union_ffn.hpp"
+
 #include <cooperative_groups.h>
-#include <cuda_bf16.h>
-#include <cuda_runtime.h>
 
-#include <cstdint>
+#include <cstddef>
 
+#include "cuda/common/check.hpp"
 #include "cuda/common/device_math.cuh"
 #include "cuda/common/launch.cuh"
 
-namespace twell::probe {
+namespace twell::cuda {
+
+namespace {
 
 namespace cdev = twell::cuda::dev;
 namespace ucg = cooperative_groups;
 
-constexpr int kUnionTile = 256;       // neurons a list tile
+constexpr int kUnionTile = static_cast<int>(kUnionTileNeurons);  // neurons a list tile
 constexpr int kUnionGroup = 16;       // listed neurons a group: an mma m-tile (up), k-step (down)
-constexpr int kUnionMaxRows = 64;
-constexpr int kUnionMaxTiles = 32;    // n ≤ 8192
-constexpr int kUnionMaxGroups = kUnionMaxTiles * (kUnionTile / kUnionGroup);
+constexpr int kUnionMaxTiles = static_cast<int>(kUnionMaxN / kUnionTileNeurons);
+[[maybe_unused]] constexpr int kUnionMaxGroups = kUnionMaxTiles * (kUnionTile / kUnionGroup);
 constexpr int kUnionThreads = 256;    // every kernel: 8 warps
-constexpr int kUnionMaxSplit = 8;     // ranks a cluster (the portable limit)
+[[maybe_unused]] constexpr int kUnionMaxSplit = 8;     // ranks a cluster (the portable limit)
 constexpr int kUpSlots = 64;          // listed slots an up cluster (4 groups)
 constexpr int kUpBK = 64;             // k a stage of the up kernel (128-byte rows: 8 chunks of 16)
 constexpr int kUpStages = 4;
@@ -58,36 +30,24 @@ constexpr int kDownStages = 8;        // a down CTA's groups in flight
 constexpr int kDownWRow = kDownCols * 2 + 16;  // a staged Wdᵀ row (bytes): 128 columns + 16 of padding (ldmatrix.trans without bank conflicts)
 constexpr int kUnionHRowBytes = 48;   // a staged h row: 16 slots (32 bytes) + 16 of padding (the same for ldmatrix)
 
-struct UnionParams {
-  const __nv_bfloat16* x = nullptr;         // [m, k], rows k apart
-  const __nv_bfloat16* g = nullptr;         // [m, n] the gate after ReLU
-  const __nv_bfloat16* w_up = nullptr;      // [n, k]
-  const __nv_bfloat16* w_down_t = nullptr;  // [n, k]
-  int* list = nullptr;                      // [tiles · 256] a slot's neuron (−1: padding)
-  int* counts = nullptr;                    // [tiles] the tile's listed neurons
-  __nv_bfloat16* h = nullptr;               // [64, tiles · 256], rows hs apart
-  __nv_bfloat16* y = nullptr;               // [m, k]
-  int m = 0, k = 0;
-  long long n = 0, hs = 0;
-};
 
 // Thread (q, rg) = (tid % 64, tid / 64) ORs neurons 4q … 4q + 3 over rows rg, rg + 4, …; neuron
 // tid's bit then comes from the four row groups' masks. n % 4 == 0, so each 8-byte load is aligned
 // and within its row.
-__global__ void __launch_bounds__(kUnionThreads) union_list_kernel(UnionParams p) {
+__global__ void __launch_bounds__(kUnionThreads) union_list_kernel(UnionFfnParams p) {
   __shared__ unsigned s_or[4][64];
   __shared__ int s_warp[kUnionTile / 32];
   const int t = static_cast<int>(blockIdx.x), tid = static_cast<int>(threadIdx.x), lane = tid % 32, warp = tid / 32;
   const int q = tid % 64, rg = tid / 64;
   const long long n0 = static_cast<long long>(t) * kUnionTile, nq = n0 + 4 * q;
   cdev::pdl_begin();  // g is the gate's
-  unsigned mask = 0;
+  unsigned mask = 0, pairs = 0;
   if (nq < p.n) {
     uint2 v[kUnionMaxRows / 4];  // every load in flight at once
 #pragma unroll
     for (int i = 0; i < kUnionMaxRows / 4; ++i) {
       const int r = rg + 4 * i;
-      v[i] = r < p.m ? *reinterpret_cast<const uint2*>(p.g + static_cast<long long>(r) * p.n + nq) : make_uint2(0u, 0u);
+      v[i] = r < p.m ? *reinterpret_cast<const uint2*>(p.g + static_cast<long long>(r) * p.ld_g + nq) : make_uint2(0u, 0u);
     }
 #pragma unroll
     for (int i = 0; i < kUnionMaxRows / 4; ++i) {
@@ -95,7 +55,9 @@ __global__ void __launch_bounds__(kUnionThreads) union_list_kernel(UnionParams p
 #pragma unroll
       for (int j = 0; j < 4; ++j) {  // bf16 j of the four: > 0 as a float (a NaN is not)
         const unsigned bits = (w[j / 2] >> (16 * (j % 2))) & 0xFFFFu;
-        mask |= __uint_as_float(bits << 16) > 0.0f ? 1u << j : 0u;
+        const bool on = __uint_as_float(bits << 16) > 0.0f;
+        mask |= on ? 1u << j : 0u;
+        pairs += on ? 1u : 0u;
       }
     }
   }
@@ -117,10 +79,36 @@ __global__ void __launch_bounds__(kUnionThreads) union_list_kernel(UnionParams p
   if (fired) list[before + __popc(b & ((1u << lane) - 1u))] = static_cast<int>(nrn);
   if (tid >= count && tid < (count + kUnionGroup - 1) / kUnionGroup * kUnionGroup) list[tid] = -1;
   if (tid == 0) p.counts[t] = count;
+  if (!p.nnz) return;
+  // The fired pairs: the CTA's sum added to *nnz; the last CTA (a ticket) publishes the total and
+  // leaves the count and the ticket zero.
+#pragma unroll
+  for (int off = 16; off > 0; off >>= 1) pairs += __shfl_xor_sync(0xffffffffu, pairs, off);
+  __shared__ unsigned s_pairs[kUnionThreads / 32];
+  __shared__ bool s_last;
+  if (lane == 0) s_pairs[warp] = pairs;
+  __syncthreads();
+  if (tid == 0) {
+    unsigned long long cta = 0;
+    for (int w = 0; w < kUnionThreads / 32; ++w) cta += s_pairs[w];
+    if (cta) atomicAdd(p.nnz, cta);
+    __threadfence();
+    s_last = atomicAdd(p.cta_ticket, 1u) == gridDim.x - 1;
+  }
+  __syncthreads();
+  if (tid == 0 && s_last) {
+    __threadfence();
+    const unsigned long long total = atomicExch(p.nnz, 0ull);
+    if (p.nnz_out) *p.nnz_out = total;
+    *p.cta_ticket = 0;
+  }
 }
 
+// The sm_80 image of this file holds traps only (clusters are sm_90's): the device helpers below
+// exist for the sm_90 pass.
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900
 // Warp 0: the union's groups in tile order (s_grp[i]: group i's first slot), their number in *s_ngrp.
-__device__ __forceinline__ void union_groups(const UnionParams& p, int* s_grp, int* s_ngrp) {
+__device__ __forceinline__ void union_groups(const UnionFfnParams& p, int* s_grp, int* s_ngrp) {
   const int lane = static_cast<int>(threadIdx.x) % 32;
   const int tiles = static_cast<int>((p.n + kUnionTile - 1) / kUnionTile);
   int base = 0;
@@ -144,6 +132,7 @@ __device__ __forceinline__ void union_groups(const UnionParams& p, int* s_grp, i
 __device__ __forceinline__ std::uint32_t union_swz(int r, int ch) {
   return static_cast<std::uint32_t>(r * 128 + ((ch ^ (r & 7)) << 4));
 }
+#endif
 
 template <int NT>
 constexpr std::size_t union_up_smem() {
@@ -153,7 +142,7 @@ constexpr std::size_t union_up_smem() {
 // NT 8-row token tiles (m ≤ 8 · NT; 4 or 8): warp w the slots 16 (w % 4) … + 15 and token tiles
 // (w / 4) · NT / 2 … + NT / 2 − 1. Grid (split, slot blocks), clusters (split, 1, 1).
 template <int NT>
-__global__ void __launch_bounds__(kUnionThreads) union_up_kernel(UnionParams p) {
+__global__ void __launch_bounds__(kUnionThreads) union_up_kernel(UnionFfnParams p) {
   static_assert(NT == 4 || NT == 8, "two B tiles a ldmatrix, two token halves");
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
   __trap();  // clusters are sm_90's (launch_union refuses earlier devices)
@@ -179,7 +168,7 @@ __global__ void __launch_bounds__(kUnionThreads) union_up_kernel(UnionParams p) 
   for (int i = 0; i < kXPer; ++i) {
     const int c = tid + i * kUnionThreads, r = c / 8, ch = c % 8;
     xv[i] = r < p.m;  // rows past m: zeros
-    xsrc[i] = p.x + static_cast<long long>(xv[i] ? r : 0) * p.k + kb0 * kUpBK + ch * 8;
+    xsrc[i] = p.x + static_cast<long long>(xv[i] ? r : 0) * p.ld_x + kb0 * kUpBK + ch * 8;
     xoff[i] = kWBytes + union_swz(r, ch);
   }
   const auto load_x = [&](int st, int kb) {  // the rank's k-block kb of x into stage st
@@ -281,8 +270,8 @@ __global__ void __launch_bounds__(kUnionThreads) union_up_kernel(UnionParams p) 
       if (r < split) v += pv[r];
     if (slot < 0) continue;
     const int nrn = s_nrn[col];
-    const float hv = nrn >= 0 ? __bfloat162float(p.g[static_cast<long long>(row) * p.n + nrn]) * v : 0.0f;
-    p.h[row * p.hs + slot] = __float2bfloat16_rn(hv);
+    const float hv = nrn >= 0 ? __bfloat162float(p.g[static_cast<long long>(row) * p.ld_g + nrn]) * v : 0.0f;
+    p.h[row * union_list_size(p.n) + slot] = __float2bfloat16_rn(hv);
   }
   cluster.sync();  // no rank leaves while another still reads its tile
 #endif
@@ -303,7 +292,7 @@ std::size_t union_down_smem(long long n, int split) {
 
 // MT 16-row blocks of the batch (m ≤ 16 · MT). Grid (split, k / 128), clusters (split, 1, 1).
 template <int MT>
-__global__ void __launch_bounds__(kUnionThreads) union_down_kernel(UnionParams p) {
+__global__ void __launch_bounds__(kUnionThreads) union_down_kernel(UnionFfnParams p) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
   __trap();  // clusters are sm_90's (launch_union refuses earlier devices)
 #else
@@ -337,7 +326,7 @@ __global__ void __launch_bounds__(kUnionThreads) union_down_kernel(UnionParams p
       const int row = tid / 2, hc = tid % 2;
       const long long slot0 = s_grp[rank + j * split];
       cdev::cp_async16(sbase + st * kStage + kWBytes + row * kUnionHRowBytes + hc * 16,
-                       p.h + static_cast<long long>(row < p.m ? row : 0) * p.hs + slot0 + hc * 8, row < p.m);
+                       p.h + static_cast<long long>(row < p.m ? row : 0) * union_list_size(p.n) + slot0 + hc * 8, row < p.m);
     }
   };
   float acc[MT][2][4] = {};
@@ -399,20 +388,18 @@ __global__ void __launch_bounds__(kUnionThreads) union_down_kernel(UnionParams p
 #pragma unroll
     for (int r = 0; r < kUnionMaxSplit; ++r)
       if (r < split) v += pv[r];
-    p.y[static_cast<long long>(idx / kDownCols) * p.k + c0 + idx % kDownCols] = __float2bfloat16_rn(v);
+    p.y[static_cast<long long>(idx / kDownCols) * p.ld_y + c0 + idx % kDownCols] = __float2bfloat16_rn(v);
   }
   cluster.sync();  // no rank leaves while another still reads its tile
 #endif
 }
 
-namespace union_detail {
-// A cluster launch of `split` CTAs along x (1: a plain launch), programmatic inside a
-// ProgrammaticLaunch scope. The opt-in on every launch: the kernels' static shared
+// A launch of `split` CTAs a cluster along x (1: clusters of one), programmatic inside a
+// ProgrammaticLaunch scope. The shared-memory opt-in on every launch: the kernels' static shared
 // memory counts against the 48 KB a launch gets without it.
-inline cudaError_t go(const void* kernel, dim3 grid, int split, std::size_t smem, const UnionParams& p, cudaStream_t s) {
-  if (const cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
-      e != cudaSuccess)
-    return e;
+void go(const void* kernel, const char* name, dim3 grid, int split, std::size_t smem, const UnionFfnParams& p,
+        cudaStream_t s) {
+  TWELL_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
   cudaLaunchConfig_t cfg{};
   cfg.gridDim = grid;
   cfg.blockDim = dim3(kUnionThreads);
@@ -420,59 +407,72 @@ inline cudaError_t go(const void* kernel, dim3 grid, int split, std::size_t smem
   cfg.stream = s;
   cudaLaunchAttribute attr[2];
   attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = cuda::programmatic_launch_active() ? 1 : 0;
+  attr[0].val.programmaticStreamSerializationAllowed = programmatic_launch_active() ? 1 : 0;
   attr[1].id = cudaLaunchAttributeClusterDimension;
   attr[1].val.clusterDim.x = static_cast<unsigned>(split);
   attr[1].val.clusterDim.y = 1;
   attr[1].val.clusterDim.z = 1;
   cfg.attrs = attr;
   cfg.numAttrs = 2;
-  void* args[] = {const_cast<UnionParams*>(&p)};
-  return cudaLaunchKernelExC(&cfg, kernel, args);
+  void* args[] = {const_cast<UnionFfnParams*>(&p)};
+  const cudaError_t e = cudaLaunchKernelExC(&cfg, kernel, args);
+  if (e != cudaSuccess) {
+    (void)cudaGetLastError();  // not left for the next launch's check to report under its name
+    detail::raise(ErrorCode::cuda, "{} launch failed: {}", name, cudaGetErrorString(e));
+  }
 }
+
 template <int NT>
-cudaError_t up(const UnionParams& p, int split, cudaStream_t s) {
-  const int tiles = static_cast<int>((p.n + kUnionTile - 1) / kUnionTile);
-  const dim3 grid(static_cast<unsigned>(split), static_cast<unsigned>(tiles * (kUnionTile / kUpSlots)));
-  return go(reinterpret_cast<const void*>(union_up_kernel<NT>), grid, split, union_up_smem<NT>(), p, s);
+void up(const UnionFfnParams& p, cudaStream_t s) {
+  const dim3 grid(static_cast<unsigned>(p.up_split), static_cast<unsigned>(union_tiles(p.n) * (kUnionTile / kUpSlots)));
+  go(reinterpret_cast<const void*>(union_up_kernel<NT>), "union_up_kernel", grid, p.up_split, union_up_smem<NT>(), p, s);
 }
 template <int MT>
-cudaError_t down(const UnionParams& p, int split, cudaStream_t s) {
-  return go(reinterpret_cast<const void*>(union_down_kernel<MT>), dim3(static_cast<unsigned>(split), static_cast<unsigned>(p.k / kDownCols)),
-            split, union_down_smem<MT>(p.n, split), p, s);
+void down(const UnionFfnParams& p, cudaStream_t s) {
+  go(reinterpret_cast<const void*>(union_down_kernel<MT>), "union_down_kernel",
+     dim3(static_cast<unsigned>(p.down_split), static_cast<unsigned>(p.k / kDownCols)), p.down_split,
+     union_down_smem<MT>(p.n, p.down_split), p, s);
 }
-}  // namespace union_detail
 
-// parts: bit 0 the list and up kernels, bit 1 the down kernel (one alone: the timing split).
-// up_split, down_split: CTAs a cluster (1, 2, 4 or 8). Anything else, a shape past the limits above,
-// or a device before sm_90: cudaErrorInvalidValue.
-inline cudaError_t launch_union(const UnionParams& p, int up_split, int down_split, int parts, cudaStream_t s) {
+}  // namespace
+
+bool union_ffn_available(int device) {
+  int major = 0, minor = 0;
+  if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device) != cudaSuccess)
+    return false;
+  if (major != 9 || minor != 0) return false;
+  cudaFuncAttributes fa{};
+  if (cudaFuncGetAttributes(&fa, union_up_kernel<8>) != cudaSuccess) return false;
+  return fa.binaryVersion == 90;  // the sm_90a cubin (a build without it would run the sm_80 stub)
+}
+
+void launch_union_ffn(const UnionFfnParams& p, cudaStream_t stream, int parts) {
+  TWELL_CU_REQUIRE(p.x && p.w_up && p.w_down_t && p.y && p.g && p.list && p.counts && p.h && (!p.nnz || p.cta_ticket),
+                   ErrorCode::invalid_argument, "union FFN: null pointer");
   const auto split_ok = [](int v) { return v == 1 || v == 2 || v == 4 || v == 8; };
-  if (p.m < 1 || p.m > kUnionMaxRows || p.n < 4 || p.n % 4 != 0 || p.n > static_cast<long long>(kUnionMaxTiles) * kUnionTile ||
-      p.k < kDownCols || p.k % kDownCols != 0 || !split_ok(up_split) || !split_ok(down_split) ||
-      reinterpret_cast<std::uintptr_t>(p.g) % 8 != 0)
-    return cudaErrorInvalidValue;
-  int dev = 0, major = 0;
-  if (const cudaError_t e = cudaGetDevice(&dev); e != cudaSuccess) return e;
-  if (const cudaError_t e = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev); e != cudaSuccess) return e;
-  if (major < 9) return cudaErrorInvalidValue;
+  TWELL_CU_REQUIRE(union_ffn_fits(p.m, p.n, p.k, p.gated) && p.ld_g >= p.n && p.ld_g % 4 == 0 && p.ld_x % 8 == 0 &&
+                       p.ld_y % 8 == 0 && reinterpret_cast<std::uintptr_t>(p.g) % 8 == 0 && split_ok(p.up_split) &&
+                       split_ok(p.down_split),
+                   ErrorCode::unsupported,
+                   "union FFN: M = {} (1 … {}), N = {} (4 … {}, a multiple of 4), K = {} (a multiple of 128), gated {}, "
+                   "ld_g {} (a multiple of 4, ≥ N), splits {} / {} (1, 2, 4, 8) not supported",
+                   p.m, kUnionMaxRows, p.n, kUnionMaxN, p.k, p.gated, p.ld_g, p.up_split, p.down_split);
   if (parts & 1) {
-    const int tiles = static_cast<int>((p.n + kUnionTile - 1) / kUnionTile);
-    if (const cudaError_t e = union_detail::go(reinterpret_cast<const void*>(union_list_kernel), dim3(static_cast<unsigned>(tiles)),
-                                               1, 0, p, s);
-        e != cudaSuccess)
-      return e;
-    if (const cudaError_t e = p.m <= 32 ? union_detail::up<4>(p, up_split, s) : union_detail::up<8>(p, up_split, s);
-        e != cudaSuccess)
-      return e;
+    go(reinterpret_cast<const void*>(union_list_kernel), "union_list_kernel", dim3(static_cast<unsigned>(union_tiles(p.n))), 1, 0,
+       p, stream);
+    if (p.m <= 32)
+      up<4>(p, stream);
+    else
+      up<8>(p, stream);
   }
-  if (!(parts & 2)) return cudaSuccess;
+  if (!(parts & 2)) return;
   switch ((p.m + 15) / 16) {
-    case 1: return union_detail::down<1>(p, down_split, s);
-    case 2: return union_detail::down<2>(p, down_split, s);
-    case 3: return union_detail::down<3>(p, down_split, s);
-    default: return union_detail::down<4>(p, down_split, s);
+    case 1: down<1>(p, stream); break;
+    case 2: down<2>(p, stream); break;
+    case 3: down<3>(p, stream); break;
+    default: down<4>(p, stream); break;
   }
 }
 
-}  // namespace twell::probe
+}  // namespace twell::cuda
