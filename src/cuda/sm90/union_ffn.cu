@@ -127,6 +127,19 @@ __device__ __forceinline__ void union_groups(const UnionFfnParams& p, int* s_grp
   if (lane == 0) *s_ngrp = base;
 }
 
+// Element idx of the cluster's partial tiles (each rank's at the same shared-memory offset) added in
+// rank order 0, 1, … (all loaded first): the order is the split's, never the timing's.
+__device__ __forceinline__ float rank_sum(const ucg::cluster_group& cluster, float* part, int idx, int split) {
+  float pv[kUnionMaxSplit];
+#pragma unroll
+  for (int r = 0; r < kUnionMaxSplit; ++r) pv[r] = r < split ? cluster.map_shared_rank(part, r)[idx] : 0.0f;
+  float v = 0.0f;
+#pragma unroll
+  for (int r = 0; r < kUnionMaxSplit; ++r)
+    if (r < split) v += pv[r];
+  return v;
+}
+
 // Byte offset of 16-byte chunk ch (0 … 7) of row r in a [rows][64] bf16 tile: chunk ch ^ (r & 7),
 // so ldmatrix's 8 rows at one chunk fall in 8 different bank groups.
 __device__ __forceinline__ std::uint32_t union_swz(int r, int ch) {
@@ -261,13 +274,7 @@ __global__ void __launch_bounds__(kUnionThreads) union_up_kernel(UnionFfnParams 
   const int outs = p.m * kUpSlots, per = (outs + split - 1) / split;
   for (int idx = rank * per + tid; idx < min((rank + 1) * per, outs); idx += kUnionThreads) {
     const int row = idx / kUpSlots, col = idx % kUpSlots, slot = s_slot[col];
-    float pv[kUnionMaxSplit];
-#pragma unroll
-    for (int r = 0; r < kUnionMaxSplit; ++r) pv[r] = r < split ? cluster.map_shared_rank(part, r)[idx] : 0.0f;
-    float v = 0.0f;
-#pragma unroll
-    for (int r = 0; r < kUnionMaxSplit; ++r)
-      if (r < split) v += pv[r];
+    const float v = rank_sum(cluster, part, idx, split);
     if (slot < 0) continue;
     const int nrn = s_nrn[col];
     const float hv = nrn >= 0 ? __bfloat162float(p.g[static_cast<long long>(row) * p.ld_g + nrn]) * v : 0.0f;
@@ -381,14 +388,8 @@ __global__ void __launch_bounds__(kUnionThreads) union_down_kernel(UnionFfnParam
   cluster.sync();  // every rank's partial tile is written
   const int outs = p.m * kDownCols, per = (outs + split - 1) / split;
   for (int idx = rank * per + tid; idx < min((rank + 1) * per, outs); idx += kUnionThreads) {
-    float pv[kUnionMaxSplit];
-#pragma unroll
-    for (int r = 0; r < kUnionMaxSplit; ++r) pv[r] = r < split ? cluster.map_shared_rank(part, r)[idx] : 0.0f;
-    float v = 0.0f;
-#pragma unroll
-    for (int r = 0; r < kUnionMaxSplit; ++r)
-      if (r < split) v += pv[r];
-    p.y[static_cast<long long>(idx / kDownCols) * p.ld_y + c0 + idx % kDownCols] = __float2bfloat16_rn(v);
+    p.y[static_cast<long long>(idx / kDownCols) * p.ld_y + c0 + idx % kDownCols] =
+        __float2bfloat16_rn(rank_sum(cluster, part, idx, split));
   }
   cluster.sync();  // no rank leaves while another still reads its tile
 #endif
