@@ -474,7 +474,8 @@ bool FfnContext::decode_plan_sparse(std::int64_t m) {
 void FfnContext::prepare_decode(std::int64_t m, cudaStream_t stream) {
   const CallShape s = shape(m);
   TWELL_CHECK(s.decode, ErrorCode::invalid_argument,
-              "prepare_decode: {} rows are not decode rows (at most {}, K ≤ {})", m, opt_.decode_max_rows, kDecodeMaxK);
+              "prepare_decode: {} rows are not decode rows (at most {} with K ≤ {}, or the union FFN's {} … {})", m,
+              opt_.decode_max_rows, kDecodeMaxK, opt_.union_min_rows, union_rows_cap());
   reserve(m);
   if (s.one_token) {
     if (decode_token_n_ != n()) {  // for this N (a reload may change it); zero once, every launch leaves it so
@@ -500,20 +501,25 @@ void FfnContext::prepare_decode(std::int64_t m, cudaStream_t stream) {
     }
     return;
   }
-  if (s.union_ffn) {  // the union's slots, counts and h (its count uses the tickets' CTA word below)
+  if (s.union_ffn) {  // the union's slots, counts and h for its largest step (its count uses the tickets' CTA word below)
     ws_->union_list.reserve(static_cast<std::size_t>(union_list_size(n())));
     ws_->union_counts.reserve(static_cast<std::size_t>(union_tiles(n())));
-    ws_->union_h.reserve(static_cast<std::size_t>(m * union_list_size(n())));
+    ws_->union_h.reserve(static_cast<std::size_t>(std::max(m, union_rows_cap()) * union_list_size(n())));
   } else {
     ws_->decode_partials.reserve(static_cast<std::size_t>(m * tiles() * k()));
   }
   if (decode_tickets_.size() < static_cast<std::size_t>(m + 2)) {
     // [0, m): row tickets, [m]: CTA ticket, [m + 1]: unused; the count is separate (64-bit).
-    // Zeroed once; every launch leaves them zero again.
-    decode_tickets_.resize(static_cast<std::size_t>(std::max<std::int64_t>(m, opt_.decode_max_rows) + 2));
+    // Zeroed once; every launch leaves them zero again. Sized for every decode size at once (the
+    // decode kernel's and the union's), so that no later step moves what a captured one reads.
+    decode_tickets_.resize(static_cast<std::size_t>(std::max({m, opt_.decode_max_rows, union_rows_cap()}) + 2));
     TWELL_CUDA_CHECK(cudaMemsetAsync(decode_tickets_.get(), 0, decode_tickets_.bytes(), stream));
     TWELL_CUDA_CHECK(cudaMemsetAsync(decode_nnz_.get(), 0, decode_nnz_.bytes(), stream));
   }
+}
+
+std::int64_t FfnContext::union_rows_cap() const noexcept {
+  return opt_.union_min_rows >= 1 ? std::max<std::int64_t>(0, std::min(opt_.union_max_rows, facts().union_max_rows)) : 0;
 }
 
 bool FfnContext::decode_prepared(std::int64_t m) const noexcept {

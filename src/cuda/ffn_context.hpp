@@ -118,12 +118,16 @@ class FfnContext {
   // Path::dense: the cuBLASLt FFN. Path::sparse: gate_twell + sparse_rest. Path::automatic: gate
   // GEMM, a sampled count of its non-zeros decides on the device (packing is skipped when dense
   // wins), the host waits for that one flag and enqueues the matching remainder; later calls follow
-  // the latest count without a host wait (sticky_dispatch), decode (M ≤ decode_max_rows) from the first call.
+  // the latest count without a host wait (sticky_dispatch), decode (M ≤ decode_max_rows, or the union
+  // FFN's rows: is_decode) from the first call.
   ForwardResult forward(const __nv_bfloat16* x, std::int64_t m, __nv_bfloat16* y, Path path, cudaStream_t stream);
-  // Decode steps inside a CUDA graph (M ≤ decode_max_rows, see is_decode): decode_plan_sparse()
-  // is the path forward(automatic) of m rows would take now (the decode kernel unless the latest
-  // count is over decode_max_density, or decode_token_max_density for one token); prepare_decode(m) makes every allocation a step of m rows needs (not
-  // capturable; nothing once done); decode_step then enqueues only that path's kernels, with no
+  // Decode steps inside a CUDA graph (M ≤ decode_max_rows, or the union FFN's rows: see is_decode):
+  // decode_plan_sparse() is the path forward(automatic) of m rows would take now (the decode kernel
+  // or the union FFN unless the latest count is over decode_max_density, or decode_token_max_density
+  // for one token); prepare_decode(m) makes every allocation a step of m rows needs (not capturable;
+  // the layer's own buffers are sized for every decode size at once, so a larger step never moves
+  // what a captured smaller one reads; the shared workspace's may grow: InferWorkspace::
+  // step_addresses); decode_step then enqueues only that path's kernels, with no
   // host wait, no allocation and no count read back (the decode kernel stores its count into a
   // fixed device word instead of the count ring), so it can be captured and replayed. The caller
   // re-plans from time to time by an ordinary forward(automatic), which counts.
@@ -240,6 +244,8 @@ class FfnContext {
   }
   void set_decode_max_rows(std::int64_t m) noexcept { opt_.decode_max_rows = m; }  // the next plans follow it
   void set_union_max_rows(std::int64_t m) noexcept { opt_.union_max_rows = m; }    // the same
+  // The most rows a decode step of this layer runs on the union FFN (0: none).
+  std::int64_t union_rows_cap() const noexcept;
   void set_decode_reorder(bool on, cudaStream_t stream);  // off: back to the identity order at once
   LtGemm& gemm() noexcept { return gemm_; }
   const LtGemm& gemm() const noexcept { return gemm_; }

@@ -36,9 +36,10 @@ struct DispatchPolicy {
   std::int64_t decode_max_rows = 16;
   // The union FFN (sm90/union_ffn.hpp) as the decode step's sparse path from union_min_rows to
   // union_max_rows rows (decode-sized there even past decode_max_rows), where the layer allows it
-  // (LayerFacts::union_ffn): 1.28× the dense FFN at 32 rows, 0.96× at 64, 1.17–1.20× the decode
-  // kernel's path at 8–16 rows (the 2B's layer at 0.5 %, H200, 3c8b48b, docs/runtime.md). From 17:
-  // rows 8–16 stay on the decode kernel until the model's yardstick says otherwise. 0: never.
+  // (LayerFacts::union_max_rows): at its splits 1.18× the dense FFN at 32 rows, 0.90× at 64,
+  // 1.15–1.20× the decode kernel's path at 8–16 rows (the 2B's layer at 0.5 %, H200, 3c8b48b,
+  // docs/runtime.md). From 17: rows 8–16 stay on the decode kernel until the model's yardstick
+  // says otherwise. union_min_rows 0: never.
   std::int64_t union_min_rows = 17;
   std::int64_t union_max_rows = 32;
   bool decode_gemv = true;                   // the decode gate by the GEMV kernel (ops/gemv.hpp; one token: the fused twell_decode_token.hpp) ...

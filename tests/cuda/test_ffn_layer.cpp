@@ -535,6 +535,71 @@ TEST(FfnLayer, PlannedStepsReplayBitIdentically) {
   cudaStreamDestroy(s);
 }
 
+// Step graphs of several row counts on one layer, as a server's decode batches come and go: a graph
+// captured at 5 rows (the decode kernel) before any larger decode step, and one at 20 rows (the
+// union FFN on a compute-capability-9.0 GPU, else the plain dense FFN) captured after the first
+// union step, still replay their eager steps' bits after steps of 24 and 32 rows ran in between:
+// those move no buffer the graphs read (the layer's decode tickets and the union's h are sized for
+// every decode size at their first use), and step_addresses() says so from the 20-row capture on.
+TEST(FfnLayer, StepGraphsSurviveLargerSteps) {
+  TWELL_REQUIRE_GPU();
+  cudaStream_t s = nullptr;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
+  const std::int64_t rows = 32, k = 2048;
+  const FfnData d = make_ffn(ffn_case("graphs", rows, 5632, k, true, 0.002, 34));
+  InferWorkspace ws;
+  FfnLayer layer(&ws);
+  layer.upload_weights(d.weights(), s);
+  Dev<bf16> x(d.x.size()), y(d.x.size());
+  up(x, to_bf16_bits(d.x));
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  layer.forward(x.p, rows, y.p, Path::dense, s);  // the shared gate and dense buffers at 32 rows
+  struct Captured {
+    std::int64_t m;
+    cudaGraphExec_t exec;
+    Bits want;
+  };
+  std::vector<Captured> graphs;
+  std::vector<const void*> addresses;
+  const auto capture_at = [&](std::int64_t m) {
+    SCOPED_TRACE(testing::Message() << "capture at M = " << m);
+    layer.forward(x.p, m, y.p, Path::automatic, s);  // the step's first call: its buffers, its count
+    const FfnLayer::StepPlan plan = layer.plan_step(m, Path::automatic);
+    ASSERT_TRUE(plan.capturable);
+    layer.prepare_step(plan, s);
+    layer.run_step(x.p, y.p, plan, s);
+    ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);
+    Bits want = down<std::uint16_t>(y);
+    want.resize(static_cast<std::size_t>(m * k));
+    addresses = ws.step_addresses();
+    cudaGraphExec_t exec = capture_graph(s, [&] { layer.run_step(x.p, y.p, plan, s); }, "run_step");
+    ASSERT_NE(exec, nullptr);
+    graphs.push_back({m, exec, std::move(want)});
+  };
+  capture_at(5);
+  capture_at(20);
+  for (const std::int64_t m : {std::int64_t{24}, rows}) {  // larger steps, eagerly and through their plans
+    layer.forward(x.p, m, y.p, Path::automatic, s);
+    const FfnLayer::StepPlan plan = layer.plan_step(m, Path::automatic);
+    ASSERT_TRUE(plan.capturable);
+    layer.prepare_step(plan, s);
+    layer.run_step(x.p, y.p, plan, s);
+  }
+  ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);
+  EXPECT_TRUE(ws.step_addresses() == addresses) << "a larger step moved a buffer the captured steps read";
+  for (Captured& g : graphs) {
+    SCOPED_TRACE(testing::Message() << "replay at M = " << g.m);
+    ASSERT_EQ(cudaMemsetAsync(y.p, 0xff, y.n * sizeof(bf16), s), cudaSuccess);
+    ASSERT_EQ(cudaGraphLaunch(g.exec, s), cudaSuccess);
+    ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);
+    Bits got = down<std::uint16_t>(y);
+    got.resize(g.want.size());
+    EXPECT_TRUE(got == g.want) << "the replay differs from its eager step";
+    cudaGraphExecDestroy(g.exec);
+  }
+  cudaStreamDestroy(s);
+}
+
 // The one-token kernel's neuron order (reorder_decode_neurons: forward() reorders at calls 8, 16,
 // …, 256 by the counts so far) changes the schedule, not the bits: 300 one-token calls on
 // different rows give the same y as a layer with the order off, and so does a captured run_step

@@ -35,7 +35,7 @@ TEST(RuntimeTuning, DefaultsDescribeAsNothing) {
 
 TEST(RuntimeTuning, EveryItemParses) {
   const RuntimeTuning t = parse_tuning(
-      "no-cuda-graphs,no-cudnn-attention,cudnn-build-at=1,decode-max-rows=8,decode-max-density=0.02,no-pdl,"
+      "no-cuda-graphs,no-cudnn-attention,cudnn-build-at=1,decode-max-rows=8,union-max-rows=0,decode-max-density=0.02,no-pdl,"
       "no-fused-decode,no-fixed-point-decode,no-decode-neuron-order,no-batched-gemv,no-grouped-attention,no-cpu-bf16,"
       "no-paged-kv,no-prefix-cache,gemm-autotune=8");
   EXPECT_FALSE(t.cuda_graphs);
@@ -49,6 +49,7 @@ TEST(RuntimeTuning, EveryItemParses) {
   EXPECT_FALSE(t.grouped_attention);
   EXPECT_EQ(t.decode_max_density, 0.02);
   EXPECT_EQ(t.decode_max_rows, 8);
+  EXPECT_EQ(t.union_max_rows, 0);
   EXPECT_FALSE(t.cpu_bf16_weights);
   EXPECT_FALSE(t.paged_kv);
   EXPECT_FALSE(t.prefix_cache);
@@ -57,7 +58,7 @@ TEST(RuntimeTuning, EveryItemParses) {
   EXPECT_EQ(t.describe(),
             "no-cuda-graphs,no-cudnn-attention,cudnn-build-at=1,no-pdl,no-fused-decode,no-fixed-point-decode,"
             "no-decode-neuron-order,no-batched-gemv,no-grouped-attention,decode-max-density=0.02,decode-max-rows=8,"
-            "no-cpu-bf16,no-paged-kv,no-prefix-cache,gemm-autotune=8");
+            "union-max-rows=0,no-cpu-bf16,no-paged-kv,no-prefix-cache,gemm-autotune=8");
   EXPECT_EQ(parse_tuning(t.describe()), t);
 }
 
@@ -73,6 +74,8 @@ TEST(RuntimeTuning, OneItemChangesOneSetting) {
   EXPECT_EQ(parse_tuning("decode-max-density=0").decode_max_density, 0.0);
   EXPECT_EQ(parse_tuning("decode-max-density=1").decode_max_density, 1.0);
   EXPECT_EQ(parse_tuning("decode-max-rows=2047").decode_max_rows, 2047);
+  EXPECT_EQ(parse_tuning("union-max-rows=0").union_max_rows, 0);
+  EXPECT_EQ(parse_tuning("union-max-rows=64").union_max_rows, 64);
   EXPECT_EQ(parse_tuning("cudnn-build-at=1048576").cudnn_build_at, 1 << 20);
   EXPECT_EQ(parse_tuning("gemm-autotune=2").gemm_autotune, 2);
   EXPECT_EQ(parse_tuning("gemm-autotune=16").gemm_autotune, 16);
@@ -89,7 +92,9 @@ TEST(RuntimeTuning, UnknownItemIsRefusedByName) {
     EXPECT_NE(e.find("TWELL_TUNING: unknown item"), std::string::npos) << e;
     // The valid items are listed, settings with their ranges.
     EXPECT_NE(e.find("no-cuda-graphs, no-cudnn-attention, cudnn-build-at=N (1 to 1048576)"), std::string::npos) << e;
-    EXPECT_NE(e.find("decode-max-density=X (0 to 1), decode-max-rows=N (1 to 2047), no-cpu-bf16"), std::string::npos) << e;
+    EXPECT_NE(e.find("decode-max-density=X (0 to 1), decode-max-rows=N (1 to 2047), union-max-rows=N (0 to 64), no-cpu-bf16"),
+              std::string::npos)
+        << e;
   }
   EXPECT_NE(refusal("no-cuda-graphs,fast").find("'fast'"), std::string::npos);
   EXPECT_NE(refusal("no-cuda-graph").find("'no-cuda-graph'"), std::string::npos);
@@ -107,6 +112,7 @@ TEST(RuntimeTuning, MalformedValueIsRefusedByName) {
            Case{"decode-max-rows=abc", "item 'decode-max-rows=abc': decode-max-rows takes an integer from 1 to 2047"},
            Case{"decode-max-rows=0", "decode-max-rows takes an integer from 1 to 2047"},
            Case{"decode-max-rows=2048", "decode-max-rows takes an integer from 1 to 2047"},
+           Case{"union-max-rows=65", "union-max-rows takes an integer from 0 to 64"},
            Case{"decode-max-rows=8.5", "decode-max-rows takes an integer"},
            Case{"decode-max-rows=", "decode-max-rows takes an integer"},
            Case{"decode-max-rows", "decode-max-rows takes an integer"},  // a setting needs its value

@@ -396,11 +396,12 @@ __global__ void __launch_bounds__(kUnionThreads) union_down_kernel(UnionFfnParam
 }
 
 // A launch of `split` CTAs a cluster along x (1: clusters of one), programmatic inside a
-// ProgrammaticLaunch scope. The shared-memory opt-in on every launch: the kernels' static shared
-// memory counts against the 48 KB a launch gets without it.
-void go(const void* kernel, const char* name, dim3 grid, int split, std::size_t smem, const UnionFfnParams& p,
-        cudaStream_t s) {
-  TWELL_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
+// ProgrammaticLaunch scope. The shared-memory opt-in on every launch, at the kernel's largest size
+// (smem_max: the same value from every caller, so that no thread's launch lowers another's): the
+// kernels' static shared memory counts against the 48 KB a launch gets without it.
+void go(const void* kernel, const char* name, dim3 grid, int split, std::size_t smem, std::size_t smem_max,
+        const UnionFfnParams& p, cudaStream_t s) {
+  TWELL_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem_max)));
   cudaLaunchConfig_t cfg{};
   cfg.gridDim = grid;
   cfg.blockDim = dim3(kUnionThreads);
@@ -426,13 +427,14 @@ void go(const void* kernel, const char* name, dim3 grid, int split, std::size_t 
 template <int NT>
 void up(const UnionFfnParams& p, cudaStream_t s) {
   const dim3 grid(static_cast<unsigned>(p.up_split), static_cast<unsigned>(union_tiles(p.n) * (kUnionTile / kUpSlots)));
-  go(reinterpret_cast<const void*>(union_up_kernel<NT>), "union_up_kernel", grid, p.up_split, union_up_smem<NT>(), p, s);
+  go(reinterpret_cast<const void*>(union_up_kernel<NT>), "union_up_kernel", grid, p.up_split, union_up_smem<NT>(),
+     union_up_smem<NT>(), p, s);
 }
 template <int MT>
 void down(const UnionFfnParams& p, cudaStream_t s) {
   go(reinterpret_cast<const void*>(union_down_kernel<MT>), "union_down_kernel",
      dim3(static_cast<unsigned>(p.down_split), static_cast<unsigned>(p.k / kDownCols)), p.down_split,
-     union_down_smem<MT>(p.n, p.down_split), p, s);
+     union_down_smem<MT>(p.n, p.down_split), union_down_smem<MT>(kUnionMaxN, 1), p, s);
 }
 
 }  // namespace
@@ -452,16 +454,19 @@ void launch_union_ffn(const UnionFfnParams& p, cudaStream_t stream, int parts) {
   TWELL_CU_REQUIRE(p.x && p.w_up && p.w_down_t && p.y && p.g && p.list && p.counts && p.h && (!p.nnz || p.cta_ticket),
                    ErrorCode::invalid_argument, "union FFN: null pointer");
   const auto split_ok = [](int v) { return v == 1 || v == 2 || v == 4 || v == 8; };
-  TWELL_CU_REQUIRE(union_ffn_fits(p.m, p.n, p.k, p.gated) && p.ld_g >= p.n && p.ld_g % 4 == 0 && p.ld_x % 8 == 0 &&
-                       p.ld_y % 8 == 0 && reinterpret_cast<std::uintptr_t>(p.g) % 8 == 0 && split_ok(p.up_split) &&
-                       split_ok(p.down_split),
+  const auto aligned = [](const void* q, std::uintptr_t a) { return reinterpret_cast<std::uintptr_t>(q) % a == 0; };
+  TWELL_CU_REQUIRE(aligned(p.x, 16) && aligned(p.w_up, 16) && aligned(p.w_down_t, 16) && aligned(p.h, 16) && aligned(p.g, 8) &&
+                       aligned(p.y, 2),
+                   ErrorCode::invalid_argument, "union FFN: x, Wu, Wdᵀ and h must be 16-byte aligned, g 8-byte (16-byte copies, 8-byte loads)");
+  TWELL_CU_REQUIRE(union_ffn_fits(p.m, p.n, p.k, p.gated) && p.ld_g >= p.n && p.ld_g % 4 == 0 && p.ld_x >= p.k &&
+                       p.ld_x % 8 == 0 && p.ld_y >= p.k && p.ld_y % 8 == 0 && split_ok(p.up_split) && split_ok(p.down_split),
                    ErrorCode::unsupported,
                    "union FFN: M = {} (1 … {}), N = {} (4 … {}, a multiple of 4), K = {} (a multiple of 128), gated {}, "
                    "ld_g {} (a multiple of 4, ≥ N), splits {} / {} (1, 2, 4, 8) not supported",
                    p.m, kUnionMaxRows, p.n, kUnionMaxN, p.k, p.gated, p.ld_g, p.up_split, p.down_split);
   if (parts & 1) {
     go(reinterpret_cast<const void*>(union_list_kernel), "union_list_kernel", dim3(static_cast<unsigned>(union_tiles(p.n))), 1, 0,
-       p, stream);
+       0, p, stream);
     if (p.m <= 32)
       up<4>(p, stream);
     else

@@ -22,6 +22,9 @@
 // before the gate), and the down reads the counts and the list and stages its first groups' Wdᵀ
 // rows: the list kernel wrote them two launches back, and the down starts only after every up CTA
 // has passed its own wait, which returns once the list kernel has finished; they are read past L1.
+// That holds because each up CTA lets the next kernel launch (griddepcontrol.launch_dependents,
+// dev::pdl_begin) only after its own wait, before any early exit: a trigger moved earlier in the up
+// kernel would break it.
 // Needs a device of compute capability 9.0 running this build's sm_90a code (union_ffn_available).
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
