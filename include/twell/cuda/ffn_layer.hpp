@@ -136,6 +136,7 @@ class FfnLayer {
   double decode_max_density() const noexcept;
   // Steps of up to this many rows are decode-sized (default 16, the measured crossover at the
   // engine's densities; at most 2047, below the dispatch minimum): for measuring batched decode.
+  // The union FFN's rows (below) are decode-sized whatever this says.
   void set_decode_max_rows(std::int64_t rows);
   std::int64_t decode_max_rows() const noexcept;
   // On a GPU that runs it (compute capability 9.0), a gated layer's decode steps of 17 up to this
