@@ -188,6 +188,14 @@ void FfnLayer::set_union_max_rows(std::int64_t rows) {
 }
 std::int64_t FfnLayer::union_max_rows() const noexcept { return ctx_->options().union_max_rows; }
 
+void FfnLayer::set_union_min_rows(std::int64_t rows) {
+  TWELL_CHECK(rows == 0 || (rows >= 2 && rows <= kUnionMaxRows), ErrorCode::invalid_argument,
+              "FfnLayer::set_union_min_rows: {} rows (0: never, else 2 … {}; one row is the one-token kernels')", rows,
+              kUnionMaxRows);
+  ctx_->set_union_min_rows(rows);
+}
+std::int64_t FfnLayer::union_min_rows() const noexcept { return ctx_->options().union_min_rows; }
+
 std::uint64_t FfnLayer::weights_epoch() const noexcept { return ctx_->weights_epoch(); }
 
 LayerStats FfnLayer::stats() {

@@ -40,6 +40,7 @@ const Item kItems[] = {
     {"decode-max-density", &RuntimeTuning::decode_max_density, 0, 1},
     {"decode-max-rows", &RuntimeTuning::decode_max_rows, 1, 2047},
     {"union-max-rows", &RuntimeTuning::union_max_rows, 0, 64},
+    {"union-min-rows", &RuntimeTuning::union_min_rows, 0, 64},
     {"no-cpu-bf16", &RuntimeTuning::cpu_bf16_weights},
     {"no-paged-kv", &RuntimeTuning::paged_kv},
     {"no-prefix-cache", &RuntimeTuning::prefix_cache},

@@ -484,6 +484,7 @@ int run_bench_model(BenchModelArgs& a) {
                         {"decode_max_density", tuning.decode_max_density},  // < 0: the engine's default
                         {"decode_max_rows", tuning.decode_max_rows},        // < 0: the engine's default
                         {"union_max_rows", tuning.union_max_rows},          // < 0: the engine's default
+                        {"union_min_rows", tuning.union_min_rows},          // < 0: the engine's default
                         {"sparse_runtime_ffn_rows", {{"all", ffn_rows}, {"sparse", ffn_sparse_rows}}},
                         {"peak_memory_bytes", {{"dense", mem_dense}, {"sparse", mem_sparse}}},  // −1 on the CPU
                         {"rows", jr}};

@@ -144,6 +144,10 @@ class FfnLayer {
   // at most 64; 0: never): for measuring batched decode.
   void set_union_max_rows(std::int64_t rows);
   std::int64_t union_max_rows() const noexcept;
+  // ... and from this many rows (default 17; 2 … 64; 0: never): below 17 the union takes the steps
+  // the decode kernel serves by default, for measuring where it wins.
+  void set_union_min_rows(std::int64_t rows);
+  std::int64_t union_min_rows() const noexcept;
 
   // Steps a caller captures into CUDA graphs (a model runtime's decode steps), in three parts.
   // plan_step(m, path): what forward(x, m, y, path) would run now (it polls the counts in flight,

@@ -74,6 +74,10 @@ struct RuntimeTuning {
   // a ReLU layer's union FFN (each neuron some row fired read once for the batch) while its count
   // allows; 0: never (the dense FFN past decode-max-rows); < 0: the engine's default (32).
   std::int64_t union_max_rows = -1;  // union-max-rows=N
+  // CUDA runtime only, the same GPUs: the union FFN from this many rows (2 ≤ N ≤ 64; 0: never),
+  // below 17 in place of the decode kernel; < 0: the engine's default (17). For measuring where the
+  // union wins at 8–16 rows.
+  std::int64_t union_min_rows = -1;  // union-min-rows=N
   // CPU runtime only: the weight matrices whose values are all bf16 exactly (a bf16 checkpoint) are
   // also kept as bf16, and steps of ≤ 8 rows (decode) read those — half the bytes of the fp32 copy
   // that bounds a CPU decode step; the same products in fp32 sums (another order than OpenBLAS's).
