@@ -147,6 +147,11 @@ TEST(FfnPlan, ShapeOfACallFollowsItsSize) {
   no_union = p;
   no_union.union_min_rows = 0;  // 0: never
   EXPECT_FALSE(shape_call(no_union, uni, 17).union_ffn);
+  DispatchPolicy from8 = p;
+  from8.union_min_rows = 8;  // in place of the decode kernel from 8 rows; one row stays the one-token kernels'
+  EXPECT_TRUE(shape_call(from8, uni, 8).decode && shape_call(from8, uni, 8).union_ffn);
+  EXPECT_FALSE(shape_call(from8, uni, 7).union_ffn);
+  EXPECT_TRUE(shape_call(from8, uni, 1).one_token && !shape_call(from8, uni, 1).union_ffn);
   DispatchPolicy to64 = p;
   to64.union_max_rows = 64;
   EXPECT_TRUE(shape_call(to64, uni, 64).union_ffn);

@@ -509,17 +509,20 @@ void FfnContext::prepare_decode(std::int64_t m, cudaStream_t stream) {
     ws_->decode_partials.reserve(static_cast<std::size_t>(m * tiles() * k()));
   }
   if (decode_tickets_.size() < static_cast<std::size_t>(m + 2)) {
-    // [0, m): row tickets, [m]: CTA ticket, [m + 1]: unused; the count is separate (64-bit).
-    // Zeroed once; every launch leaves them zero again. Sized for every decode size at once (the
-    // decode kernel's and the union's), so that no later step moves what a captured one reads.
-    decode_tickets_.resize(static_cast<std::size_t>(std::max({m, opt_.decode_max_rows, union_rows_cap()}) + 2));
+    // [0, m): the decode kernel's row tickets, [size − 2]: the CTA ticket (the decode kernel's and
+    // the union's), [size − 1]: unused; the count is separate (64-bit). Zeroed once; every launch
+    // leaves them zero again. Sized once for any decode size the settings may ever allow (below the
+    // dispatch minimum; the union's 64), so that no later step, whatever set_decode_max_rows or
+    // set_union_*_rows say by then, moves what a captured one reads.
+    decode_tickets_.resize(static_cast<std::size_t>(std::max({m, opt_.dispatch_min_rows - 1, kUnionMaxRows}) + 2));
     TWELL_CUDA_CHECK(cudaMemsetAsync(decode_tickets_.get(), 0, decode_tickets_.bytes(), stream));
     TWELL_CUDA_CHECK(cudaMemsetAsync(decode_nnz_.get(), 0, decode_nnz_.bytes(), stream));
   }
 }
 
 std::int64_t FfnContext::union_rows_cap() const noexcept {
-  return opt_.union_min_rows >= 1 ? std::max<std::int64_t>(0, std::min(opt_.union_max_rows, facts().union_max_rows)) : 0;
+  const std::int64_t top = std::min(opt_.union_max_rows, facts().union_max_rows);
+  return opt_.union_min_rows >= 1 && opt_.union_min_rows <= top ? top : 0;
 }
 
 bool FfnContext::decode_prepared(std::int64_t m) const noexcept {

@@ -245,7 +245,7 @@ class FfnContext {
   void set_decode_max_rows(std::int64_t m) noexcept { opt_.decode_max_rows = m; }  // the next plans follow it
   void set_union_max_rows(std::int64_t m) noexcept { opt_.union_max_rows = m; }    // the same
   void set_union_min_rows(std::int64_t m) noexcept { opt_.union_min_rows = m; }    // the same
-  // The most rows a decode step of this layer runs on the union FFN (0: none).
+  // At most the rows a decode step of this layer runs on the union FFN (0: none).
   std::int64_t union_rows_cap() const noexcept;
   void set_decode_reorder(bool on, cudaStream_t stream);  // off: back to the identity order at once
   LtGemm& gemm() noexcept { return gemm_; }

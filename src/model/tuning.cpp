@@ -99,6 +99,11 @@ void apply(RuntimeTuning& t, std::string_view item) {
           TWELL_CHECK(ok, ErrorCode::invalid_argument, "TWELL_TUNING: item '{}': {} takes {} from {} to {} (the items: {})",
                       item, name, std::is_same_v<T, double> ? "a number" : "an integer", found->lo, found->hi,
                       valid_items());
+          // One row is the one-token kernels' (FfnLayer::set_union_min_rows refuses it).
+          TWELL_CHECK(name != "union-min-rows" || static_cast<double>(x) != 1, ErrorCode::invalid_argument,
+                      "TWELL_TUNING: item '{}': union-min-rows takes 0 or an integer from 2 to 64 (one row is the one-token "
+                      "kernels')",
+                      item);
           t.*field = x;
         }
       },

@@ -1027,8 +1027,8 @@ TEST(CudaDecode, MatchesReferenceAtEveryDensity) {
   cudaStreamDestroy(s);
 }
 
-// The union FFN (sm90/union_ffn.hpp) as the automatic decode path at 17–64 rows, on a GPU that runs
-// it: against the float64 oracle at densities from 0 to 100 % (every neuron of N = 8192 in every
+// The union FFN (sm90/union_ffn.hpp) as the automatic decode path at 2–64 rows (union_min_rows 2,
+// union_max_rows 64), on a GPU that runs it: against the float64 oracle at densities from 0 to 100 % (every neuron of N = 8192 in every
 // row: the largest union), N not a multiple of 256, K from 128; its count of fired pairs exact
 // (exact pre-activations: the host knows every active set); three calls, the third launched
 // programmatically, with the same bits (the count and ticket left zero, the early reads of the
@@ -1043,7 +1043,11 @@ TEST(CudaDecode, UnionMatchesReferenceAndCountsExactly) {
   ContextOptions opt;
   opt.decode_max_density = opt.decode_token_max_density = 1.0;  // the sparse decode path at every density
   opt.union_max_rows = 64;
-  for (FfnCase c : {ffn_case("uni_m17_n5632_k2048_d0p5", 17, 5632, 2048, true, 0.005, 51),
+  opt.union_min_rows = 2;  // 2–16 rows too, in place of the decode kernel
+  for (FfnCase c : {ffn_case("uni_m2_n1000_k512_d5", 2, 1000, 512, true, 0.05, 59),
+                    ffn_case("uni_m8_n5632_k2048_d0p5", 8, 5632, 2048, true, 0.005, 60),
+                    ffn_case("uni_m16_n4100_k1024_d30", 16, 4100, 1024, true, 0.30, 61),
+                    ffn_case("uni_m17_n5632_k2048_d0p5", 17, 5632, 2048, true, 0.005, 51),
                     ffn_case("uni_m32_n1000_k512_d5", 32, 1000, 512, true, 0.05, 52),
                     ffn_case("uni_m24_n4100_k1024_d30", 24, 4100, 1024, true, 0.30, 53),
                     ffn_case("uni_m64_n5632_k2048_d1", 64, 5632, 2048, true, 0.01, 54),

@@ -561,6 +561,7 @@ TEST(FfnLayer, StepGraphsSurviveLargerSteps) {
   };
   std::vector<Captured> graphs;
   std::vector<const void*> addresses;
+  std::int64_t bytes = 0;
   const auto capture_at = [&](std::int64_t m) {
     SCOPED_TRACE(testing::Message() << "capture at M = " << m);
     layer.forward(x.p, m, y.p, Path::automatic, s);  // the step's first call: its buffers, its count
@@ -572,6 +573,7 @@ TEST(FfnLayer, StepGraphsSurviveLargerSteps) {
     Bits want = down<std::uint16_t>(y);
     want.resize(static_cast<std::size_t>(m * k));
     addresses = ws.step_addresses();
+    bytes = ws.bytes();
     cudaGraphExec_t exec = capture_graph(s, [&] { layer.run_step(x.p, y.p, plan, s); }, "run_step");
     ASSERT_NE(exec, nullptr);
     graphs.push_back({m, exec, std::move(want)});
@@ -587,6 +589,7 @@ TEST(FfnLayer, StepGraphsSurviveLargerSteps) {
   }
   ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);
   EXPECT_TRUE(ws.step_addresses() == addresses) << "a larger step moved a buffer the captured steps read";
+  EXPECT_EQ(ws.bytes(), bytes) << "a larger step grew the shared scratch (a freed buffer may come back at its old address)";
   for (Captured& g : graphs) {
     SCOPED_TRACE(testing::Message() << "replay at M = " << g.m);
     ASSERT_EQ(cudaMemsetAsync(y.p, 0xff, y.n * sizeof(bf16), s), cudaSuccess);
@@ -660,6 +663,13 @@ TEST(FfnLayer, MisuseIsAnError) {
   EXPECT_THROW(t.backward(x.p, x.p, 64, 0.0, y.p, nullptr), Error);     // no forward yet
   FfnLayer f;
   EXPECT_THROW(f.forward(x.p, 64, y.p, Path::automatic, nullptr), Error);
+  for (const std::int64_t rows : {std::int64_t{-1}, std::int64_t{1}, std::int64_t{65}}) EXPECT_THROW(f.set_union_min_rows(rows), Error) << rows;
+  for (const std::int64_t rows : {std::int64_t{-1}, std::int64_t{65}}) EXPECT_THROW(f.set_union_max_rows(rows), Error) << rows;
+  f.set_union_min_rows(0);
+  f.set_union_min_rows(8);
+  f.set_union_max_rows(0);
+  EXPECT_EQ(f.union_min_rows(), 8);
+  EXPECT_EQ(f.union_max_rows(), 0);
 }
 
 }  // namespace

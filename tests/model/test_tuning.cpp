@@ -118,6 +118,7 @@ TEST(RuntimeTuning, MalformedValueIsRefusedByName) {
            Case{"decode-max-rows=2048", "decode-max-rows takes an integer from 1 to 2047"},
            Case{"union-max-rows=65", "union-max-rows takes an integer from 0 to 64"},
            Case{"union-min-rows=65", "union-min-rows takes an integer from 0 to 64"},
+           Case{"union-min-rows=1", "union-min-rows takes 0 or an integer from 2 to 64"},
            Case{"decode-max-rows=8.5", "decode-max-rows takes an integer"},
            Case{"decode-max-rows=", "decode-max-rows takes an integer"},
            Case{"decode-max-rows", "decode-max-rows takes an integer"},  // a setting needs its value

@@ -462,8 +462,9 @@ void launch_union_ffn(const UnionFfnParams& p, cudaStream_t stream, int parts) {
                        p.ld_x % 8 == 0 && p.ld_y >= p.k && p.ld_y % 8 == 0 && split_ok(p.up_split) && split_ok(p.down_split),
                    ErrorCode::unsupported,
                    "union FFN: M = {} (1 … {}), N = {} (4 … {}, a multiple of 4), K = {} (a multiple of 128), gated {}, "
-                   "ld_g {} (a multiple of 4, ≥ N), splits {} / {} (1, 2, 4, 8) not supported",
-                   p.m, kUnionMaxRows, p.n, kUnionMaxN, p.k, p.gated, p.ld_g, p.up_split, p.down_split);
+                   "ld_g {} (a multiple of 4, ≥ N), ld_x {} and ld_y {} (multiples of 8, ≥ K), splits {} / {} (1, 2, 4, 8) "
+                   "not supported",
+                   p.m, kUnionMaxRows, p.n, kUnionMaxN, p.k, p.gated, p.ld_g, p.ld_x, p.ld_y, p.up_split, p.down_split);
   if (parts & 1) {
     go(reinterpret_cast<const void*>(union_list_kernel), "union_list_kernel", dim3(static_cast<unsigned>(union_tiles(p.n))), 1, 0,
        0, p, stream);
