@@ -101,9 +101,9 @@ void apply(RuntimeTuning& t, std::string_view item) {
                       valid_items());
           // One row is the one-token kernels' (FfnLayer::set_union_min_rows refuses it).
           TWELL_CHECK(name != "union-min-rows" || static_cast<double>(x) != 1, ErrorCode::invalid_argument,
-                      "TWELL_TUNING: item '{}': union-min-rows takes 0 or an integer from 2 to 64 (one row is the one-token "
-                      "kernels')",
-                      item);
+                      "TWELL_TUNING: item '{}': union-min-rows takes 0 or an integer from 2 to 64, one row being the "
+                      "one-token kernels' (the items: {})",
+                      item, valid_items());
           t.*field = x;
         }
       },
