@@ -385,6 +385,21 @@ int main(int argc, char** argv) {
   auto lt_gate = [&](const Layer& l, int m, __nv_bfloat16* g) {
     lt.run(GemmShape{m, n, k, k, k, n, GemmEpilogue::relu}, l.wg(n), x.get(), g, s);  // m, n_out, k, ldx, ldw, ldc
   };
+  // The operands the decode kernel and the union share: layer l's gated FFN on x's first m rows, y rows k apart.
+  auto operands = [&](const Layer& l, int m, __nv_bfloat16* y) {
+    FfnOperands o;
+    o.x = x.get();
+    o.ld_x = k;
+    o.w_up = l.wu(n, k);
+    o.w_down_t = l.wd.get();
+    o.y = y;
+    o.ld_y = k;
+    o.m = m;
+    o.n = n;
+    o.k = k;
+    o.gated = true;
+    return o;
+  };
   // Today's FFN: 2–16 rows the GEMV gate + decode kernel; 17–64 the dense FFN.
   auto today = [&](const Layer& l, int m) {
     if (m > kFusedRows) {
@@ -399,16 +414,7 @@ int main(int argc, char** argv) {
     g.g = g_today.get();
     launch_twell_gemv(g, s);
     TwellDecodeParams p;
-    p.x = x.get();
-    p.ld_x = k;
-    p.w_up = l.wu(n, k);
-    p.w_down_t = l.wd.get();
-    p.y = y_today.get();
-    p.ld_y = k;
-    p.m = m;
-    p.n = n;
-    p.k = k;
-    p.gated = true;
+    static_cast<FfnOperands&>(p) = operands(l, m, y_today.get());
     p.g = g_today.get();
     p.ld_g = n;
     p.partials = partials.get();
@@ -432,22 +438,14 @@ int main(int argc, char** argv) {
   auto union_ffn = [&](const Layer& l, int m, int up_split, int down_split, bool gate_done = false, int parts = 3) {
     if (!gate_done) lt_gate(l, m, g_u.get());
     UnionFfnParams up;
-    up.x = x.get();
-    up.ld_x = k;
-    up.ld_y = k;
+    static_cast<FfnOperands&>(up) = operands(l, m, y_u.get());
     up.ld_g = n;
     up.up_split = up_split;
     up.down_split = down_split;
     up.g = g_u.get();
-    up.w_up = l.wu(n, k);
-    up.w_down_t = l.wd.get();
     up.list = u_list.get();
     up.counts = u_counts.get();
     up.h = h_u.get();
-    up.y = y_u.get();
-    up.m = m;
-    up.k = k;
-    up.n = n;
     launch_union_ffn(up, s, parts);
   };
   // Before a check's launches: y and g NaN (0xFFFF), the counts a sentinel, so a write a kernel

@@ -45,6 +45,28 @@ constexpr std::size_t kGuard = 256;              // guard elements after every o
 constexpr std::uint16_t kGuardBits = 0x7e7e;     // a bf16 sentinel no kernel writes by chance
 constexpr std::uint16_t kPoisonBits = 0xffff;    // bf16 NaN
 
+// The host's active sets of d's first `rows` rows (cases made with exact_preactivation): row r,
+// neuron j active iff its exact pre-activation — x · Wg, or x · Wu non-gated — is positive.
+std::vector<std::vector<char>> exact_active(const FfnData& d, std::int64_t rows) {
+  const std::vector<float>& w1 = d.gated ? d.wg : d.wu;
+  std::vector<std::vector<char>> active(static_cast<std::size_t>(rows), std::vector<char>(static_cast<std::size_t>(d.n)));
+  for (std::int64_t r = 0; r < rows; ++r)
+    for (std::int64_t j = 0; j < d.n; ++j) {
+      double a = 0;
+      for (std::int64_t kk = 0; kk < d.k; ++kk)
+        a += static_cast<double>(d.x[static_cast<std::size_t>(r * d.k + kk)]) * w1[static_cast<std::size_t>(j * d.k + kk)];
+      active[static_cast<std::size_t>(r)][static_cast<std::size_t>(j)] = a > 0;
+    }
+  return active;
+}
+// How many of them are active in all.
+std::int64_t count_active(const std::vector<std::vector<char>>& active) {
+  std::int64_t t = 0;
+  for (const auto& row : active)
+    for (const char a : row) t += a != 0;
+  return t;
+}
+
 struct Outputs {
   std::vector<float> y;
   bool guard_ok = true;
@@ -1057,14 +1079,7 @@ TEST(CudaDecode, UnionMatchesReferenceAndCountsExactly) {
     c.exact_preactivation = true;
     const FfnData d = make_ffn(c);
     const FfnWeights w = d.weights();
-    std::int64_t expect_nnz = 0;  // positive exact pre-activations, every row
-    for (std::int64_t r = 0; r < c.m; ++r)
-      for (std::int64_t j = 0; j < c.n; ++j) {
-        double a = 0;
-        for (std::int64_t kk = 0; kk < c.k; ++kk)
-          a += static_cast<double>(d.x[static_cast<std::size_t>(r * c.k + kk)]) * d.wg[static_cast<std::size_t>(j * c.k + kk)];
-        expect_nnz += a > 0;
-      }
+    const std::int64_t expect_nnz = count_active(exact_active(d, c.m));  // every row's
     FfnContext ctx(opt);
     ctx.upload_weights(w, s);
     const auto xb = to_bf16_bits(d.x);
@@ -1132,14 +1147,7 @@ TEST(CudaDecodeToken, MatchesReferenceAtEveryDensity) {
     c.exact_preactivation = true;
     const FfnData d = make_ffn(c);
     const FfnWeights w = d.weights();
-    std::int64_t expect_nnz = 0;  // the first GEMM's positive pre-activations (exact on this grid)
-    const std::vector<float>& w1 = d.gated ? d.wg : d.wu;
-    for (std::int64_t j = 0; j < c.n; ++j) {
-      double a = 0;
-      for (std::int64_t kk = 0; kk < c.k; ++kk)
-        a += static_cast<double>(d.x[static_cast<std::size_t>(kk)]) * w1[static_cast<std::size_t>(j * c.k + kk)];
-      expect_nnz += a > 0;
-    }
+    const std::int64_t expect_nnz = count_active(exact_active(d, 1));  // the first GEMM's, exact on this grid
     ctx.upload_weights(w, s);
     const auto xb = to_bf16_bits(d.x);
     DeviceBuffer<__nv_bfloat16> x(xb.size());
@@ -1202,15 +1210,7 @@ TEST(CudaDecodeToken, NeuronOrderRestartsWithNewWeights) {
   c.exact_preactivation = true;
   const FfnData d = make_ffn(c);
   const FfnWeights w = d.weights();
-  // The host's active sets: row r, neuron j active iff its exact pre-activation is positive.
-  std::vector<std::vector<char>> active(static_cast<std::size_t>(rows), std::vector<char>(static_cast<std::size_t>(n)));
-  for (std::int64_t r = 0; r < rows; ++r)
-    for (std::int64_t j = 0; j < n; ++j) {
-      double a = 0;
-      for (std::int64_t kk = 0; kk < k; ++kk)
-        a += static_cast<double>(d.x[static_cast<std::size_t>(r * k + kk)]) * d.wg[static_cast<std::size_t>(j * k + kk)];
-      active[static_cast<std::size_t>(r)][static_cast<std::size_t>(j)] = a > 0;
-    }
+  const std::vector<std::vector<char>> active = exact_active(d, rows);  // the host's active sets
   const auto actives = [&](std::int64_t from, std::int64_t to) {  // activations of rows [from, to)
     std::uint64_t t = 0;
     for (std::int64_t r = from; r < to; ++r)
