@@ -1102,7 +1102,7 @@ TEST(CudaDecode, UnionMatchesReferenceAndCountsExactly) {
       ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);
       const FfnContext::Measured me = ctx.measured();
       EXPECT_NEAR(me.active * static_cast<double>(c.m) * static_cast<double>(c.n), static_cast<double>(expect_nnz), 1e-6)
-          << "call " << call;
+          << "call " << call << "; the gate's plans:\n" << ctx.gemm().describe_plans();
       if (call == 0) first = o.y;
       else EXPECT_TRUE(o.y == first) << "call " << call << " differs (the union's sums have a fixed order)";
     }

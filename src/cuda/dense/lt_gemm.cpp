@@ -66,6 +66,12 @@ LtGemm::Plan& LtGemm::plan_for(const MatmulShape& s, const __nv_bfloat16* first,
   const std::size_t ws = workspace_.bytes();
   TWELL_CUBLAS_CHECK(
       cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws)));
+  // Split-K only with fp32 partials: C is then the fp32 sum rounded once, as the float64 bounds and
+  // the ReLU's sign assume. The in-place and output-type schemes add bf16-rounded partials, which
+  // can move a small positive sum to zero (an active neuron lost; seen at M = 16 on an H200).
+  const std::uint32_t schemes = CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE;
+  TWELL_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, &schemes,
+                                                          sizeof(schemes)));
   // Whether this shape is timed: not accumulating (the timed launches would add into C again and
   // again), not inside a graph capture (the timing synchronises), not past tune_.max_m rows.
   cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
@@ -128,10 +134,11 @@ std::string LtGemm::describe_plans() const {
       cublasLtMatmulAlgoConfigGetAttribute(&p.algo, a, &v, sizeof(v), &written);
       return v;
     };
-    out += fmt::format(fmt::runtime("m={} n={} k={} epilogue={}: algo {} tile {} stages {} splitk {} cluster {} tuned {:.4f} ms\n"),
+    out += fmt::format(fmt::runtime("m={} n={} k={} epilogue={}: algo {} tile {} stages {} splitk {} reduction {} cluster {} tuned {:.4f} ms\n"),
                        std::get<2>(key), std::get<3>(key), std::get<4>(key), std::get<9>(key),
                        attr(CUBLASLT_ALGO_CONFIG_ID), attr(CUBLASLT_ALGO_CONFIG_TILE_ID),
                        attr(CUBLASLT_ALGO_CONFIG_STAGES_ID), attr(CUBLASLT_ALGO_CONFIG_SPLITK_NUM),
+                       attr(CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME),
                        attr(CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID), p.tuned_ms);
   }
   return out;
