@@ -128,11 +128,12 @@ TEST(FfnPlan, ShapeOfACallFollowsItsSize) {
   EXPECT_FALSE(shape_call(p, layer(), 9).down_gemv) << "9–16 rows: cuBLASLt (the GEMV's second token tile loses)";
   EXPECT_EQ(shape_call(p, layer(), p.decode_max_rows + 1).decode, false);
   // The union FFN where the layer allows it (LayerFacts::union_ffn): decode-sized from
-  // union_min_rows (17) to union_max_rows (32), past decode_max_rows; below, the decode kernel.
+  // union_min_rows (8) to union_max_rows (32), past decode_max_rows; below, the decode kernel.
   LayerFacts uni = layer();
   uni.union_max_rows = 64;
-  EXPECT_FALSE(shape_call(p, uni, 16).union_ffn);
-  EXPECT_TRUE(shape_call(p, uni, 16).decode);
+  EXPECT_FALSE(shape_call(p, uni, 7).union_ffn);
+  EXPECT_TRUE(shape_call(p, uni, 7).decode);
+  EXPECT_TRUE(shape_call(p, uni, 16).union_ffn);
   for (const std::int64_t m : {p.union_min_rows, p.union_max_rows}) {
     const CallShape u = shape_call(p, uni, m);
     EXPECT_TRUE(u.decode && u.union_ffn) << m << " rows";
@@ -147,11 +148,11 @@ TEST(FfnPlan, ShapeOfACallFollowsItsSize) {
   no_union = p;
   no_union.union_min_rows = 0;  // 0: never
   EXPECT_FALSE(shape_call(no_union, uni, 17).union_ffn);
-  DispatchPolicy from8 = p;
-  from8.union_min_rows = 8;  // in place of the decode kernel from 8 rows; one row stays the one-token kernels'
-  EXPECT_TRUE(shape_call(from8, uni, 8).decode && shape_call(from8, uni, 8).union_ffn);
-  EXPECT_FALSE(shape_call(from8, uni, 7).union_ffn);
-  EXPECT_TRUE(shape_call(from8, uni, 1).one_token && !shape_call(from8, uni, 1).union_ffn);
+  DispatchPolicy from2 = p;
+  from2.union_min_rows = 2;  // in place of the decode kernel from 2 rows; one row stays the one-token kernels'
+  EXPECT_TRUE(shape_call(from2, uni, 2).decode && shape_call(from2, uni, 2).union_ffn);
+  EXPECT_FALSE(shape_call(p, uni, 2).union_ffn);
+  EXPECT_TRUE(shape_call(from2, uni, 1).one_token && !shape_call(from2, uni, 1).union_ffn);
   DispatchPolicy to64 = p;
   to64.union_max_rows = 64;
   EXPECT_TRUE(shape_call(to64, uni, 64).union_ffn);

@@ -1016,6 +1016,7 @@ TEST(CudaDecode, MatchesReferenceAtEveryDensity) {
     const FfnWeights w = d.weights();
     ContextOptions opt;
     opt.decode_max_rows = std::max<std::int64_t>(16, c.m);
+    opt.union_min_rows = 0;  // the decode kernel, not the union, at 8–32 rows
     opt.decode_max_density = opt.decode_token_max_density = 1.0;  // the decode kernel at every density
     opt.decode_gemv_max_rows = (c.m % 2 == 0) ? kGemvMaxRows : 0;  // its gate by the GEMV kernel, or by cuBLASLt
     FfnContext ctx(opt);

@@ -70,13 +70,14 @@ struct RuntimeTuning {
   // CUDA runtime only: steps of up to this many rows run as decode steps (the decode kernels while
   // a layer's count allows); < 0: the engine's default (16). For measuring batched decode.
   std::int64_t decode_max_rows = -1;  // decode-max-rows=N
-  // CUDA runtime only, on a compute-capability-9.0 GPU: decode steps of 17 up to this many rows run
-  // a ReLU layer's union FFN (each neuron some row fired read once for the batch) while its count
-  // allows; 0: never (the dense FFN past decode-max-rows); < 0: the engine's default (32).
+  // CUDA runtime only, on a compute-capability-9.0 GPU: decode steps of union-min-rows up to this
+  // many rows run a ReLU layer's union FFN (each neuron some row fired read once for the batch)
+  // while its count allows; 0: never (the decode kernel up to decode-max-rows, the dense FFN past
+  // it); < 0: the engine's default (32).
   std::int64_t union_max_rows = -1;  // union-max-rows=N
   // CUDA runtime only, the same GPUs: the union FFN from this many rows (2 ≤ N ≤ 64; 0: never),
-  // below 17 in place of the decode kernel; < 0: the engine's default (17). For measuring where the
-  // union wins at 8–16 rows.
+  // in place of the decode kernel up to 16 rows; < 0: the engine's default (8). For measuring where
+  // the union wins at 2–16 rows.
   std::int64_t union_min_rows = -1;  // union-min-rows=N
   // CPU runtime only: the weight matrices whose values are all bf16 exactly (a bf16 checkpoint) are
   // also kept as bf16, and steps of ≤ 8 rows (decode) read those — half the bytes of the fp32 copy
