@@ -139,13 +139,13 @@ class FfnLayer {
   // The union FFN's rows (below) are decode-sized whatever this says.
   void set_decode_max_rows(std::int64_t rows);
   std::int64_t decode_max_rows() const noexcept;
-  // On a GPU that runs it (compute capability 9.0), a gated layer's decode steps of 17 up to this
-  // many rows run the union FFN (the neurons some row fired, read once for the batch; default 32,
-  // at most 64; 0: never): for measuring batched decode.
+  // On a GPU that runs it (compute capability 9.0), a gated layer's decode steps of union_min_rows
+  // up to this many rows run the union FFN (the neurons some row fired, read once for the batch;
+  // default 32, at most 64; 0: never): for measuring batched decode.
   void set_union_max_rows(std::int64_t rows);
   std::int64_t union_max_rows() const noexcept;
-  // ... and from this many rows (default 17; 2 … 64; 0: never): below 17 the union takes the steps
-  // the decode kernel serves by default, for measuring where it wins.
+  // ... and from this many rows (default 8; 2 … 64; 0: never): up to 16 rows the union takes the
+  // steps the decode kernel would serve, for measuring where it wins.
   void set_union_min_rows(std::int64_t rows);
   std::int64_t union_min_rows() const noexcept;
 
