@@ -435,13 +435,15 @@ int main(int argc, char** argv) {
     launch_rows(p, s, parts);
   };
   // The union at m rows: the cuBLASLt ReLU gate (unless gate_done: g_u holds it), then its kernels.
-  auto union_ffn = [&](const Layer& l, int m, int up_split, int down_split, bool gate_done = false, int parts = 3) {
+  auto union_ffn = [&](const Layer& l, int m, int up_split, int down_split, bool gate_done = false, int parts = 3,
+                       int up_clusters = 0) {
     if (!gate_done) lt_gate(l, m, g_u.get());
     UnionFfnParams up;
     static_cast<FfnOperands&>(up) = operands(l, m, y_u.get());
     up.ld_g = n;
     up.up_split = up_split;
     up.down_split = down_split;
+    up.up_clusters = up_clusters;
     up.g = g_u.get();
     up.list = u_list.get();
     up.counts = u_counts.get();
@@ -506,6 +508,13 @@ int main(int argc, char** argv) {
   // its time (the gate, list, up and down) for each shape, and its kernels alone, µs a layer.
   constexpr int kShapes[9][2] = {{2, 2}, {2, 4}, {2, 8}, {4, 2}, {4, 4}, {4, 8}, {8, 2}, {8, 4}, {8, 8}};  // up split, down split
   constexpr int kNShapes = 9;
+  // Shapes 5 (4 × 8) and 8 (8 × 8) again with the up grid capped at one CTA an SM (UnionFfnParams::
+  // up_clusters = SMs / split, each cluster taking the 64-slot blocks in turn): the same bits as
+  // the uncapped grid; fewer up CTAs wait on a programmatic launch's SM slots.
+  constexpr int kCapped[2] = {5, 8};
+  int sms = 0;
+  CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+  const auto capped_clusters = [&](int v) { return sms / kShapes[v][0]; };
   const auto union_row = [&](int m, double t_today) {
     std::vector<std::vector<float>> ys;
     std::vector<int> cnt(static_cast<std::size_t>(tiles));
@@ -524,6 +533,13 @@ int main(int argc, char** argv) {
     }
     union_ffn(L[0], m, kShapes[0][0], kShapes[0][1], /*gate_done=*/true);
     ys.push_back(to_host(y_u.get(), static_cast<std::size_t>(m * k), s));
+    bool capped_same = true;
+    for (const int v : kCapped) {
+      CK(cudaMemsetAsync(y_u.get(), 0xFF, y_u.bytes(), s));
+      union_ffn(L[0], m, kShapes[v][0], kShapes[v][1], /*gate_done=*/true, 3, capped_clusters(v));
+      const std::vector<float> yc = to_host(y_u.get(), static_cast<std::size_t>(m * k), s);
+      capped_same = capped_same && std::memcmp(yc.data(), ys[static_cast<std::size_t>(v)].data(), yc.size() * sizeof(float)) == 0;
+    }
     {  // the same, launched programmatically (the kernels' early reads): the same bits
       const ProgrammaticLaunch pdl(true);
       CK(cudaMemsetAsync(y_u.get(), 0xFF, y_u.bytes(), s));
@@ -576,7 +592,7 @@ int main(int argc, char** argv) {
       }
     }
     const double worst_all = *std::max_element(worst, worst + kNShapes);
-    const bool pass = counts_ok && replay_same && worst_all <= 1;
+    const bool pass = counts_ok && replay_same && capped_same && worst_all <= 1;
     double t_u[kNShapes], best = INFINITY;
     for (int v = 0; v < kNShapes; ++v) {
       t_u[v] = timed( [&] { for (const Layer& l : L) union_ffn(l, m, kShapes[v][0], kShapes[v][1]); });
@@ -608,6 +624,18 @@ int main(int argc, char** argv) {
                   t_u[0], t_u[1], t_u[2], t_u[3], t_u[4], t_u[5], t_u[6], t_u[7], t_u[8], t_today / best_p, t_up[0], t_up[1], t_up[2],
                   t_down[0], t_down[1], t_down[2]);
     }
+    double t_cap[2][2];  // [shape][plain, programmatic]
+    for (int pdl = 0; pdl < 2; ++pdl) {
+      const ProgrammaticLaunch scope(pdl == 1);
+      for (int i = 0; i < 2; ++i) {
+        const int v = kCapped[i];
+        t_cap[i][pdl] = timed([&] { for (const Layer& l : L) union_ffn(l, m, kShapes[v][0], kShapes[v][1], false, 3, capped_clusters(v)); });
+      }
+    }
+    std::printf("    up grid capped at one CTA an SM (%d / %d clusters): whole up 4 x down 8, up 8 x down 8 %.2f / %.2f us, "
+                "programmatic %.2f / %.2f us; bits %s\n",
+                capped_clusters(kCapped[0]), capped_clusters(kCapped[1]), t_cap[0][0], t_cap[1][0], t_cap[0][1], t_cap[1][1],
+                capped_same ? "the uncapped grid's" : "DIFFER");
     return pass;
   };
   for (const int m : ms) {

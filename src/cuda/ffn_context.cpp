@@ -631,6 +631,9 @@ void FfnContext::enqueue_decode(const __nv_bfloat16* x, std::int64_t m, __nv_bfl
     u.cta_ticket = decode_tickets_.get() + decode_tickets_.size() - 2;  // the decode kernel's CTA word: both leave it zero
     u.nnz = decode_nnz_.get();
     u.nnz_out = nnz_out;
+    u.up_split = opt_.union_up_split;
+    u.down_split = opt_.union_down_split;
+    u.up_clusters = opt_.union_up_clusters;
     launch_union_ffn(u, stream);
     return;
   }

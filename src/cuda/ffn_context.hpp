@@ -55,6 +55,12 @@ struct ContextOptions : DispatchPolicy {
   bool gate_sm90_stmatrix = true;            // consumers stage tiles by stmatrix (same values, faster)
   bool gate_sm90_heavy_rows = true;          // packers take rows with many words by the whole warp
   bool gate_sm90_word_masks = true;          // consumers hand the packers per-row masks of non-zero words
+  // The union FFN's kernels (sm90/union_ffn.hpp): CTAs an up and a down cluster (1, 2, 4, 8), and
+  // at most this many up clusters, each taking 64-slot blocks in turn (0: a cluster a block the
+  // list could fill). The same bits whatever up_clusters says; the splits change the sums' order.
+  int union_up_split = 8;
+  int union_down_split = 8;
+  int union_up_clusters = 0;
   // Dense rows (sm80/twell_dense_rows.hpp; on where DispatchPolicy::dense_rows_density > 0): heavy
   // rows run as gathered rows of cuBLASLt GEMMs, up to a capacity learned from an earlier call's
   // count (dense_rows_capacity ≥ 0 fixes it); rows past it stay sparse (exact either way).
@@ -245,6 +251,11 @@ class FfnContext {
   void set_decode_max_rows(std::int64_t m) noexcept { opt_.decode_max_rows = m; }  // the next plans follow it
   void set_union_max_rows(std::int64_t m) noexcept { opt_.union_max_rows = m; }    // the same
   void set_union_min_rows(std::int64_t m) noexcept { opt_.union_min_rows = m; }    // the same
+  void set_union_kernels(int up_split, int down_split, int up_clusters) noexcept {  // the next launches
+    opt_.union_up_split = up_split;
+    opt_.union_down_split = down_split;
+    opt_.union_up_clusters = up_clusters;
+  }
   // At most the rows a decode step of this layer runs on the union FFN (0: none).
   std::int64_t union_rows_cap() const noexcept;
   void set_decode_reorder(bool on, cudaStream_t stream);  // off: back to the identity order at once

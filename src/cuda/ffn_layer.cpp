@@ -196,6 +196,22 @@ void FfnLayer::set_union_min_rows(std::int64_t rows) {
 }
 std::int64_t FfnLayer::union_min_rows() const noexcept { return ctx_->options().union_min_rows; }
 
+void FfnLayer::set_union_kernels(const UnionKernels& k) {
+  const auto split_ok = [](int v) { return v == 1 || v == 2 || v == 4 || v == 8; };
+  TWELL_CHECK(split_ok(k.up_split) && split_ok(k.down_split) && k.up_clusters >= 0, ErrorCode::invalid_argument,
+              "FfnLayer::set_union_kernels: splits {} / {} (1, 2, 4 or 8), up clusters {} (≥ 0; 0: one a 64-slot block)",
+              k.up_split, k.down_split, k.up_clusters);
+  ctx_->set_union_kernels(k.up_split, k.down_split, k.up_clusters);
+}
+static_assert(ContextOptions{}.union_up_split == FfnLayer::UnionKernels{}.up_split &&
+                  ContextOptions{}.union_down_split == FfnLayer::UnionKernels{}.down_split &&
+                  ContextOptions{}.union_up_clusters == FfnLayer::UnionKernels{}.up_clusters,
+              "FfnLayer::UnionKernels states the engine's defaults");
+FfnLayer::UnionKernels FfnLayer::union_kernels() const noexcept {
+  const ContextOptions& o = ctx_->options();
+  return {o.union_up_split, o.union_down_split, o.union_up_clusters};
+}
+
 std::uint64_t FfnLayer::weights_epoch() const noexcept { return ctx_->weights_epoch(); }
 
 LayerStats FfnLayer::stats() {

@@ -281,6 +281,11 @@ class CudaRuntime final : public Runtime {
         if (tuning_.decode_max_rows >= 0) d.ffn->set_decode_max_rows(tuning_.decode_max_rows);
         if (tuning_.union_max_rows >= 0) d.ffn->set_union_max_rows(tuning_.union_max_rows);
         if (tuning_.union_min_rows >= 0) d.ffn->set_union_min_rows(tuning_.union_min_rows);
+        cuda::FfnLayer::UnionKernels uk = d.ffn->union_kernels();
+        if (tuning_.union_up_split >= 0) uk.up_split = tuning_.union_up_split;
+        if (tuning_.union_down_split >= 0) uk.down_split = tuning_.union_down_split;
+        if (tuning_.union_up_clusters >= 0) uk.up_clusters = tuning_.union_up_clusters;
+        d.ffn->set_union_kernels(uk);
         if (!tuning_.decode_neuron_order) d.ffn->set_decode_reorder(false, stream_);
         if (m.bf16_only) {  // the bits on the device, then the layer's own layouts from them
           const DeviceBuffer<bf16_t> g = upload_bits(l.w_gate16, up, source), u = upload_bits(l.w_up16, up, source),

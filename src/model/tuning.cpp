@@ -41,6 +41,9 @@ const Item kItems[] = {
     {"decode-max-rows", &RuntimeTuning::decode_max_rows, 1, 2047},
     {"union-max-rows", &RuntimeTuning::union_max_rows, 0, 64},
     {"union-min-rows", &RuntimeTuning::union_min_rows, 0, 64},
+    {"union-up-split", &RuntimeTuning::union_up_split, 1, 8},
+    {"union-down-split", &RuntimeTuning::union_down_split, 1, 8},
+    {"union-up-clusters", &RuntimeTuning::union_up_clusters, 0, 1024},
     {"no-cpu-bf16", &RuntimeTuning::cpu_bf16_weights},
     {"no-paged-kv", &RuntimeTuning::paged_kv},
     {"no-prefix-cache", &RuntimeTuning::prefix_cache},
@@ -104,6 +107,10 @@ void apply(RuntimeTuning& t, std::string_view item) {
                       "TWELL_TUNING: item '{}': union-min-rows takes 0 or an integer from 2 to 64, one row being the "
                       "one-token kernels' (the items: {})",
                       item, valid_items());
+          // A cluster's CTAs: a power of two.
+          TWELL_CHECK((name != "union-up-split" && name != "union-down-split") || (x == 1 || x == 2 || x == 4 || x == 8),
+                      ErrorCode::invalid_argument, "TWELL_TUNING: item '{}': {} takes 1, 2, 4 or 8 (the items: {})", item,
+                      name, valid_items());
           t.*field = x;
         }
       },

@@ -24,6 +24,7 @@
 #include <numeric>
 #include <random>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <limits>
 #include <vector>
@@ -1109,6 +1110,28 @@ TEST(CudaDecode, UnionMatchesReferenceAndCountsExactly) {
     }
     if (expect_nnz == 0) {
       for (float v : first) ASSERT_EQ(v, 0.0f);
+    }
+    // Up clusters that take the 64-slot blocks in turn (3: up to 43 passes at N = 8192, every
+    // neuron fired): the same sums, so the same bits; other splits: other sums, within the bound.
+    for (const auto& [up_split, down_split, clusters] : {std::tuple{8, 8, 3}, std::tuple{2, 4, 1}, std::tuple{4, 2, 0}}) {
+      SCOPED_TRACE(::testing::Message() << "splits " << up_split << " x " << down_split << ", up clusters " << clusters);
+      ContextOptions o2 = opt;
+      o2.union_up_split = up_split;
+      o2.union_down_split = down_split;
+      o2.union_up_clusters = clusters;
+      FfnContext c2(o2);
+      c2.upload_weights(w, s);
+      ForwardResult fr;
+      const Outputs o = run_poisoned(c.m, c.k, s, [&](__nv_bfloat16* y) { fr = c2.forward(x.get(), c.m, y, Path::automatic, s); });
+      EXPECT_TRUE(o.guard_ok);
+      EXPECT_NE(fr.path().find("union FFN"), std::string::npos) << fr.path();
+      std::int64_t worst_row = -1;
+      EXPECT_LE(max_err_rows(o.y, r, rows, c.k, &worst_row), kTol) << fr.path() << ": worst row " << worst_row;
+      if (up_split == 8 && down_split == 8) {
+        EXPECT_TRUE(o.y == first) << "capped up clusters changed the bits";
+      }
+      ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);
+      EXPECT_NEAR(c2.measured().active * static_cast<double>(c.m) * static_cast<double>(c.n), static_cast<double>(expect_nnz), 1e-6);
     }
   }
   // Off its limits: not the union (non-gated; K not a multiple of 128).

@@ -670,6 +670,14 @@ TEST(FfnLayer, MisuseIsAnError) {
   f.set_union_max_rows(0);
   EXPECT_EQ(f.union_min_rows(), 8);
   EXPECT_EQ(f.union_max_rows(), 0);
+  using UK = FfnLayer::UnionKernels;
+  for (const UK& k : {UK{3, 8, 0}, UK{8, 0, 0}, UK{16, 8, 0}, UK{8, 8, -1}})
+    EXPECT_THROW(f.set_union_kernels(k), Error) << k.up_split << " " << k.down_split << " " << k.up_clusters;
+  EXPECT_EQ(f.union_kernels().up_split, 8);  // unchanged by the refusals
+  f.set_union_kernels({4, 2, 16});
+  EXPECT_EQ(f.union_kernels().up_split, 4);
+  EXPECT_EQ(f.union_kernels().down_split, 2);
+  EXPECT_EQ(f.union_kernels().up_clusters, 16);
 }
 
 }  // namespace

@@ -36,7 +36,7 @@ TEST(RuntimeTuning, DefaultsDescribeAsNothing) {
 TEST(RuntimeTuning, EveryItemParses) {
   const RuntimeTuning t = parse_tuning(
       "no-cuda-graphs,no-cudnn-attention,cudnn-build-at=1,decode-max-rows=8,union-max-rows=0,union-min-rows=8,"
-      "decode-max-density=0.02,no-pdl,"
+      "union-up-split=4,union-down-split=2,union-up-clusters=16,decode-max-density=0.02,no-pdl,"
       "no-fused-decode,no-fixed-point-decode,no-decode-neuron-order,no-batched-gemv,no-grouped-attention,no-cpu-bf16,"
       "no-paged-kv,no-prefix-cache,gemm-autotune=8");
   EXPECT_FALSE(t.cuda_graphs);
@@ -52,6 +52,9 @@ TEST(RuntimeTuning, EveryItemParses) {
   EXPECT_EQ(t.decode_max_rows, 8);
   EXPECT_EQ(t.union_max_rows, 0);
   EXPECT_EQ(t.union_min_rows, 8);
+  EXPECT_EQ(t.union_up_split, 4);
+  EXPECT_EQ(t.union_down_split, 2);
+  EXPECT_EQ(t.union_up_clusters, 16);
   EXPECT_FALSE(t.cpu_bf16_weights);
   EXPECT_FALSE(t.paged_kv);
   EXPECT_FALSE(t.prefix_cache);
@@ -60,7 +63,8 @@ TEST(RuntimeTuning, EveryItemParses) {
   EXPECT_EQ(t.describe(),
             "no-cuda-graphs,no-cudnn-attention,cudnn-build-at=1,no-pdl,no-fused-decode,no-fixed-point-decode,"
             "no-decode-neuron-order,no-batched-gemv,no-grouped-attention,decode-max-density=0.02,decode-max-rows=8,"
-            "union-max-rows=0,union-min-rows=8,no-cpu-bf16,no-paged-kv,no-prefix-cache,gemm-autotune=8");
+            "union-max-rows=0,union-min-rows=8,union-up-split=4,union-down-split=2,union-up-clusters=16,no-cpu-bf16,"
+            "no-paged-kv,no-prefix-cache,gemm-autotune=8");
   EXPECT_EQ(parse_tuning(t.describe()), t);
 }
 
@@ -80,6 +84,10 @@ TEST(RuntimeTuning, OneItemChangesOneSetting) {
   EXPECT_EQ(parse_tuning("union-max-rows=64").union_max_rows, 64);
   EXPECT_EQ(parse_tuning("union-min-rows=0").union_min_rows, 0);
   EXPECT_EQ(parse_tuning("union-min-rows=64").union_min_rows, 64);
+  EXPECT_EQ(parse_tuning("union-up-split=1").union_up_split, 1);
+  EXPECT_EQ(parse_tuning("union-down-split=8").union_down_split, 8);
+  EXPECT_EQ(parse_tuning("union-up-clusters=0").union_up_clusters, 0);
+  EXPECT_EQ(parse_tuning("union-up-clusters=1024").union_up_clusters, 1024);
   EXPECT_EQ(parse_tuning("cudnn-build-at=1048576").cudnn_build_at, 1 << 20);
   EXPECT_EQ(parse_tuning("gemm-autotune=2").gemm_autotune, 2);
   EXPECT_EQ(parse_tuning("gemm-autotune=16").gemm_autotune, 16);
@@ -96,7 +104,8 @@ TEST(RuntimeTuning, UnknownItemIsRefusedByName) {
     EXPECT_NE(e.find("TWELL_TUNING: unknown item"), std::string::npos) << e;
     // The valid items are listed, settings with their ranges.
     EXPECT_NE(e.find("no-cuda-graphs, no-cudnn-attention, cudnn-build-at=N (1 to 1048576)"), std::string::npos) << e;
-    EXPECT_NE(e.find("decode-max-rows=N (1 to 2047), union-max-rows=N (0 to 64), union-min-rows=N (0 to 64), no-cpu-bf16"),
+    EXPECT_NE(e.find("decode-max-rows=N (1 to 2047), union-max-rows=N (0 to 64), union-min-rows=N (0 to 64), "
+                     "union-up-split=N (1 to 8), union-down-split=N (1 to 8), union-up-clusters=N (0 to 1024), no-cpu-bf16"),
               std::string::npos)
         << e;
   }
@@ -119,6 +128,10 @@ TEST(RuntimeTuning, MalformedValueIsRefusedByName) {
            Case{"union-max-rows=65", "union-max-rows takes an integer from 0 to 64"},
            Case{"union-min-rows=65", "union-min-rows takes an integer from 0 to 64"},
            Case{"union-min-rows=1", "union-min-rows takes 0 or an integer from 2 to 64"},
+           Case{"union-up-split=3", "item 'union-up-split=3': union-up-split takes 1, 2, 4 or 8"},
+           Case{"union-down-split=6", "union-down-split takes 1, 2, 4 or 8"},
+           Case{"union-down-split=16", "union-down-split takes an integer from 1 to 8"},
+           Case{"union-up-clusters=-1", "union-up-clusters takes an integer from 0 to 1024"},
            Case{"decode-max-rows=8.5", "decode-max-rows takes an integer"},
            Case{"decode-max-rows=", "decode-max-rows takes an integer"},
            Case{"decode-max-rows", "decode-max-rows takes an integer"},  // a setting needs its value

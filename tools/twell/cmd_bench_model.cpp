@@ -485,6 +485,9 @@ int run_bench_model(BenchModelArgs& a) {
                         {"decode_max_rows", tuning.decode_max_rows},        // < 0: the engine's default
                         {"union_max_rows", tuning.union_max_rows},          // < 0: the engine's default
                         {"union_min_rows", tuning.union_min_rows},          // < 0: the engine's default
+                        {"union_up_split", tuning.union_up_split},          // the same
+                        {"union_down_split", tuning.union_down_split},
+                        {"union_up_clusters", tuning.union_up_clusters},
                         {"sparse_runtime_ffn_rows", {{"all", ffn_rows}, {"sparse", ffn_sparse_rows}}},
                         {"peak_memory_bytes", {{"dense", mem_dense}, {"sparse", mem_sparse}}},  // −1 on the CPU
                         {"rows", jr}};

@@ -148,6 +148,15 @@ class FfnLayer {
   // steps the decode kernel would serve, for measuring where it wins.
   void set_union_min_rows(std::int64_t rows);
   std::int64_t union_min_rows() const noexcept;
+  // The union FFN's kernel shape, for measuring it. Takes effect at the next step (a captured graph
+  // keeps its launches until the layer's graphs are captured again).
+  struct UnionKernels {
+    int up_split = 8;     // CTAs an up cluster: 1, 2, 4 or 8 (the splits set the order of the sums, so the bits)
+    int down_split = 8;   // CTAs a down cluster: the same
+    int up_clusters = 0;  // 0: a cluster for each 64-slot block the list could fill; N > 0: N that take the blocks in turn (the same bits)
+  };
+  void set_union_kernels(const UnionKernels& k);
+  UnionKernels union_kernels() const noexcept;
 
   // Steps a caller captures into CUDA graphs (a model runtime's decode steps), in three parts.
   // plan_step(m, path): what forward(x, m, y, path) would run now (it polls the counts in flight,

@@ -79,6 +79,12 @@ struct RuntimeTuning {
   // in place of the decode kernel up to 16 rows; < 0: the engine's default (8). For measuring where
   // the union wins at 2–16 rows.
   std::int64_t union_min_rows = -1;  // union-min-rows=N
+  // CUDA runtime only, the same GPUs: the union FFN's kernel shape (FfnLayer::UnionKernels): CTAs
+  // an up and a down cluster (1, 2, 4 or 8), and at most this many up clusters (0: one for each
+  // 64-slot block the list could fill); < 0: the engine's default (8, 8, 0). For A/B measurement.
+  int union_up_split = -1;     // union-up-split=N
+  int union_down_split = -1;   // union-down-split=N
+  int union_up_clusters = -1;  // union-up-clusters=N
   // CPU runtime only: the weight matrices whose values are all bf16 exactly (a bf16 checkpoint) are
   // also kept as bf16, and steps of ≤ 8 rows (decode) read those — half the bytes of the fp32 copy
   // that bounds a CPU decode step; the same products in fp32 sums (another order than OpenBLAS's).

@@ -153,8 +153,8 @@ constexpr std::size_t union_up_smem() {
 }
 
 // NT 8-row token tiles (m ≤ 8 · NT; 4 or 8): warp w the slots 16 (w % 4) … + 15 and token tiles
-// (w / 4) · NT / 2 … + NT / 2 − 1. Grid (split, slot blocks), clusters (split, 1, 1).
-template <int NT>
+// (w / 4) · NT / 2 … + NT / 2 − 1. Grid (split, slot blocks; kPasses: up_clusters), clusters (split, 1, 1).
+template <int NT, bool kPasses>
 __global__ void __launch_bounds__(kUnionThreads) union_up_kernel(UnionFfnParams p) {
   static_assert(NT == 4 || NT == 8, "two B tiles a ldmatrix, two token halves");
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
@@ -196,91 +196,102 @@ __global__ void __launch_bounds__(kUnionThreads) union_up_kernel(UnionFfnParams 
   cdev::pdl_begin();  // the counts and the list are the list kernel's
   if (warp == 0) union_groups(p, s_grp, &s_ngrp);
   __syncthreads();
-  const int g0 = static_cast<int>(blockIdx.y) * (kUpSlots / kUnionGroup);
-  if (g0 >= s_ngrp) {  // every CTA of the cluster (the same blockIdx.y, the same counts) leaves
-    cdev::cp_async_commit();  // x's copies into this CTA's memory end before it does
-    cdev::cp_async_wait<0>();
-    return;
-  }
-  if (tid < kUpSlots) {
-    const int gi = g0 + tid / kUnionGroup;
-    const int slot = gi < s_ngrp ? s_grp[gi] + tid % kUnionGroup : -1;
-    s_slot[tid] = slot;
-    s_nrn[tid] = slot >= 0 ? __ldcg(p.list + slot) : -1;
-  }
-  __syncthreads();
-  const __nv_bfloat16* wsrc[2];
-  bool wv[2];
-  std::uint32_t woff[2];
-#pragma unroll
-  for (int i = 0; i < 2; ++i) {
-    const int c = tid + i * kUnionThreads, r = c / 8, ch = c % 8, nrn = s_nrn[r];
-    wv[i] = nrn >= 0;
-    wsrc[i] = p.w_up + static_cast<long long>(wv[i] ? nrn : 0) * p.k + kb0 * kUpBK + ch * 8;
-    woff[i] = union_swz(r, ch);
-  }
-  const auto load_w = [&](int st, int kb) {
-#pragma unroll
-    for (int i = 0; i < 2; ++i) cdev::cp_async16(sbase + st * kStage + woff[i], wsrc[i] + kb * kUpBK, wv[i]);
-  };
-#pragma unroll
-  for (int st = 0; st < kUpStages - 1; ++st) {
-    if (st < nkb) load_w(st, st);
-    cdev::cp_async_commit();
-  }
-  float acc[kHalf][4] = {};
-  for (int i = 0; i < nkb; ++i) {
-    cdev::cp_async_wait<kUpStages - 2>();  // block i is in (this thread's copies)
-    __syncthreads();                       // ... every thread's, and block i − 1's buffer is read
-    const int next = i + kUpStages - 1;
-    if (next < nkb) {
-      load_w(next % kUpStages, next);
-      load_x(next % kUpStages, next);
+  // Cluster y takes the slot blocks y, y + gridDim.y, … (kPasses; else block y alone: the grid holds
+  // a cluster a block). Every CTA of the cluster (the same blockIdx.y, the same counts) leaves at the
+  // same block. A pass starts with nothing in flight and every rank done with the last pass's tile.
+  constexpr int kBlockGroups = kUpSlots / kUnionGroup;
+  for (int g0 = static_cast<int>(blockIdx.y) * kBlockGroups, pass = 0;; g0 += static_cast<int>(gridDim.y) * kBlockGroups, ++pass) {
+    if (g0 >= s_ngrp) {
+      cdev::cp_async_commit();  // x's copies into this CTA's memory end before it does
+      cdev::cp_async_wait<0>();
+      return;
     }
-    cdev::cp_async_commit();  // (an empty group past the end keeps the count)
-    const std::uint32_t ws = sbase + (i % kUpStages) * kStage, xs = ws + kWBytes;
+    if (pass > 0) {  // x's first blocks again: the last pass's partial tile held the stages
 #pragma unroll
-    for (int kk = 0; kk < kUpBK / 16; ++kk) {
-      // A (16 slots × 16 k): lanes 0–15 rows 0–15 at k 0, lanes 16–31 at k 8.
-      const int ar = mi * 16 + (lane & 15);
-      unsigned a0, a1, a2, a3;
-      cdev::ldmatrix_x4(ws + union_swz(ar, 2 * kk + (lane >> 4)), a0, a1, a2, a3);
+      for (int st = 0; st < kUpStages - 1; ++st)
+        if (st < nkb) load_x(st, st);
+    }
+    if (tid < kUpSlots) {
+      const int gi = g0 + tid / kUnionGroup;
+      const int slot = gi < s_ngrp ? s_grp[gi] + tid % kUnionGroup : -1;
+      s_slot[tid] = slot;
+      s_nrn[tid] = slot >= 0 ? __ldcg(p.list + slot) : -1;
+    }
+    __syncthreads();
+    const __nv_bfloat16* wsrc[2];
+    bool wv[2];
+    std::uint32_t woff[2];
 #pragma unroll
-      for (int j = 0; j < kHalf; j += 2) {
-        // B for tiles j, j + 1: matrices (tokens 8j…, k 0), (8j…, k 8), (8j + 8…, k 0), (8j + 8…, k 8).
-        const int tok = (nh * kHalf + j) * 8 + (lane & 7) + ((lane >> 4) << 3);
-        unsigned b0, b1, b2, b3;
-        cdev::ldmatrix_x4(xs + union_swz(tok, 2 * kk + ((lane >> 3) & 1)), b0, b1, b2, b3);
-        cdev::mma_16816_bf16(acc[j], a0, a1, a2, a3, b0, b1);
-        cdev::mma_16816_bf16(acc[j + 1], a0, a1, a2, a3, b2, b3);
+    for (int i = 0; i < 2; ++i) {
+      const int c = tid + i * kUnionThreads, r = c / 8, ch = c % 8, nrn = s_nrn[r];
+      wv[i] = nrn >= 0;
+      wsrc[i] = p.w_up + static_cast<long long>(wv[i] ? nrn : 0) * p.k + kb0 * kUpBK + ch * 8;
+      woff[i] = union_swz(r, ch);
+    }
+    const auto load_w = [&](int st, int kb) {
+#pragma unroll
+      for (int i = 0; i < 2; ++i) cdev::cp_async16(sbase + st * kStage + woff[i], wsrc[i] + kb * kUpBK, wv[i]);
+    };
+#pragma unroll
+    for (int st = 0; st < kUpStages - 1; ++st) {
+      if (st < nkb) load_w(st, st);
+      cdev::cp_async_commit();
+    }
+    float acc[kHalf][4] = {};
+    for (int i = 0; i < nkb; ++i) {
+      cdev::cp_async_wait<kUpStages - 2>();  // block i is in (this thread's copies)
+      __syncthreads();                       // ... every thread's, and block i − 1's buffer is read
+      const int next = i + kUpStages - 1;
+      if (next < nkb) {
+        load_w(next % kUpStages, next);
+        load_x(next % kUpStages, next);
+      }
+      cdev::cp_async_commit();  // (an empty group past the end keeps the count)
+      const std::uint32_t ws = sbase + (i % kUpStages) * kStage, xs = ws + kWBytes;
+#pragma unroll
+      for (int kk = 0; kk < kUpBK / 16; ++kk) {
+        // A (16 slots × 16 k): lanes 0–15 rows 0–15 at k 0, lanes 16–31 at k 8.
+        const int ar = mi * 16 + (lane & 15);
+        unsigned a0, a1, a2, a3;
+        cdev::ldmatrix_x4(ws + union_swz(ar, 2 * kk + (lane >> 4)), a0, a1, a2, a3);
+#pragma unroll
+        for (int j = 0; j < kHalf; j += 2) {
+          // B for tiles j, j + 1: matrices (tokens 8j…, k 0), (8j…, k 8), (8j + 8…, k 0), (8j + 8…, k 8).
+          const int tok = (nh * kHalf + j) * 8 + (lane & 7) + ((lane >> 4) << 3);
+          unsigned b0, b1, b2, b3;
+          cdev::ldmatrix_x4(xs + union_swz(tok, 2 * kk + ((lane >> 3) & 1)), b0, b1, b2, b3);
+          cdev::mma_16816_bf16(acc[j], a0, a1, a2, a3, b0, b1);
+          cdev::mma_16816_bf16(acc[j + 1], a0, a1, a2, a3, b2, b3);
+        }
       }
     }
-  }
-  cdev::cp_async_wait<0>();
-  __syncthreads();  // the stages are free: the partial tile reuses them
-  float* part = reinterpret_cast<float*>(smem);  // [T][64]: token-major
-  const int gq = lane / 4, t4 = lane % 4;
+    cdev::cp_async_wait<0>();
+    __syncthreads();  // the stages are free: the partial tile reuses them
+    float* part = reinterpret_cast<float*>(smem);  // [T][64]: token-major
+    const int gq = lane / 4, t4 = lane % 4;
 #pragma unroll
-  for (int j = 0; j < kHalf; ++j) {
-    const int tok = (nh * kHalf + j) * 8 + 2 * t4, row = mi * 16 + gq;
-    part[tok * kUpSlots + row] = acc[j][0];
-    part[(tok + 1) * kUpSlots + row] = acc[j][1];
-    part[tok * kUpSlots + row + 8] = acc[j][2];
-    part[(tok + 1) * kUpSlots + row + 8] = acc[j][3];
+    for (int j = 0; j < kHalf; ++j) {
+      const int tok = (nh * kHalf + j) * 8 + 2 * t4, row = mi * 16 + gq;
+      part[tok * kUpSlots + row] = acc[j][0];
+      part[(tok + 1) * kUpSlots + row] = acc[j][1];
+      part[tok * kUpSlots + row + 8] = acc[j][2];
+      part[(tok + 1) * kUpSlots + row + 8] = acc[j][3];
+    }
+    cluster.sync();  // every rank's partial tile is written
+    // Rank q the outputs [q · per, (q + 1) · per) of the m · 64: the ranks' partials loaded, then added
+    // in rank order 0, 1, …
+    const int outs = p.m * kUpSlots, per = (outs + split - 1) / split;
+    for (int idx = rank * per + tid; idx < min((rank + 1) * per, outs); idx += kUnionThreads) {
+      const int row = idx / kUpSlots, col = idx % kUpSlots, slot = s_slot[col];
+      const float v = rank_sum(cluster, part, idx, split);
+      if (slot < 0) continue;
+      const int nrn = s_nrn[col];
+      const float hv = nrn >= 0 ? __bfloat162float(p.g[static_cast<long long>(row) * p.ld_g + nrn]) * v : 0.0f;
+      p.h[row * union_list_size(p.n) + slot] = __float2bfloat16_rn(hv);
+    }
+    cluster.sync();  // no rank leaves, or stages the next pass, while another still reads its tile
+    if constexpr (!kPasses) break;  // a cluster a block: one pass (and 63 registers, not 78)
   }
-  cluster.sync();  // every rank's partial tile is written
-  // Rank q the outputs [q · per, (q + 1) · per) of the m · 64: the ranks' partials loaded, then added
-  // in rank order 0, 1, …
-  const int outs = p.m * kUpSlots, per = (outs + split - 1) / split;
-  for (int idx = rank * per + tid; idx < min((rank + 1) * per, outs); idx += kUnionThreads) {
-    const int row = idx / kUpSlots, col = idx % kUpSlots, slot = s_slot[col];
-    const float v = rank_sum(cluster, part, idx, split);
-    if (slot < 0) continue;
-    const int nrn = s_nrn[col];
-    const float hv = nrn >= 0 ? __bfloat162float(p.g[static_cast<long long>(row) * p.ld_g + nrn]) * v : 0.0f;
-    p.h[row * union_list_size(p.n) + slot] = __float2bfloat16_rn(hv);
-  }
-  cluster.sync();  // no rank leaves while another still reads its tile
 #endif
 }
 
@@ -426,9 +437,14 @@ void go(const void* kernel, const char* name, dim3 grid, int split, std::size_t 
 
 template <int NT>
 void up(const UnionFfnParams& p, cudaStream_t s) {
-  const dim3 grid(static_cast<unsigned>(p.up_split), static_cast<unsigned>(union_tiles(p.n) * (kUnionTile / kUpSlots)));
-  go(reinterpret_cast<const void*>(union_up_kernel<NT>), "union_up_kernel", grid, p.up_split, union_up_smem<NT>(),
-     union_up_smem<NT>(), p, s);
+  const std::int64_t blocks = union_tiles(p.n) * (kUnionTile / kUpSlots);  // 64-slot blocks the list could fill
+  if (p.up_clusters > 0 && p.up_clusters < blocks) {
+    go(reinterpret_cast<const void*>(union_up_kernel<NT, true>), "union_up_kernel", dim3(static_cast<unsigned>(p.up_split),
+       static_cast<unsigned>(p.up_clusters)), p.up_split, union_up_smem<NT>(), union_up_smem<NT>(), p, s);
+  } else {
+    go(reinterpret_cast<const void*>(union_up_kernel<NT, false>), "union_up_kernel", dim3(static_cast<unsigned>(p.up_split),
+       static_cast<unsigned>(blocks)), p.up_split, union_up_smem<NT>(), union_up_smem<NT>(), p, s);
+  }
 }
 template <int MT>
 void down(const UnionFfnParams& p, cudaStream_t s) {
@@ -446,7 +462,7 @@ bool union_ffn_available(int device) {
     return false;
   if (major != 9 || minor != 0) return false;
   cudaFuncAttributes fa{};
-  if (cudaFuncGetAttributes(&fa, union_up_kernel<8>) != cudaSuccess) return false;
+  if (cudaFuncGetAttributes(&fa, union_up_kernel<8, false>) != cudaSuccess) return false;
   return fa.binaryVersion == 90;  // the sm_90a cubin (a build without it would run the sm_80 stub)
 }
 
@@ -459,12 +475,14 @@ void launch_union_ffn(const UnionFfnParams& p, cudaStream_t stream, int parts) {
                        aligned(p.y, 2),
                    ErrorCode::invalid_argument, "union FFN: x, Wu, Wdᵀ and h must be 16-byte aligned, g 8-byte (16-byte copies, 8-byte loads)");
   TWELL_CU_REQUIRE(union_ffn_fits(p.m, p.n, p.k, p.gated) && p.ld_g >= p.n && p.ld_g % 4 == 0 && p.ld_x >= p.k &&
-                       p.ld_x % 8 == 0 && p.ld_y >= p.k && p.ld_y % 8 == 0 && split_ok(p.up_split) && split_ok(p.down_split),
+                       p.ld_x % 8 == 0 && p.ld_y >= p.k && p.ld_y % 8 == 0 && split_ok(p.up_split) && split_ok(p.down_split) &&
+                       p.up_clusters >= 0,
                    ErrorCode::unsupported,
                    "union FFN: M = {} (1 … {}), N = {} (4 … {}, a multiple of 4), K = {} (a multiple of 128), gated {}, "
-                   "ld_g {} (a multiple of 4, ≥ N), ld_x {} and ld_y {} (multiples of 8, ≥ K), splits {} / {} (1, 2, 4, 8) "
-                   "not supported",
-                   p.m, kUnionMaxRows, p.n, kUnionMaxN, p.k, p.gated, p.ld_g, p.ld_x, p.ld_y, p.up_split, p.down_split);
+                   "ld_g {} (a multiple of 4, ≥ N), ld_x {} and ld_y {} (multiples of 8, ≥ K), splits {} / {} (1, 2, 4, 8), "
+                   "up clusters {} (≥ 0) not supported",
+                   p.m, kUnionMaxRows, p.n, kUnionMaxN, p.k, p.gated, p.ld_g, p.ld_x, p.ld_y, p.up_split, p.down_split,
+                   p.up_clusters);
   if (parts & 1) {
     go(reinterpret_cast<const void*>(union_list_kernel), "union_list_kernel", dim3(static_cast<unsigned>(union_tiles(p.n))), 1, 0,
        0, p, stream);

@@ -9,7 +9,9 @@
 //   up    a thread-block cluster of up_split CTAs a block of 64 listed slots (4 groups of 16 in tile
 //         order), rank r the r-th share of K on tensor cores; the ranks' partial tiles added in
 //         rank order through distributed shared memory: h[row, slot] = bf16(g[row, n] · ⟨x[row],
-//         Wu[n]⟩) (0 in a padding slot);
+//         Wu[n]⟩) (0 in a padding slot). The grid holds a cluster for every block the list could
+//         fill, or up_clusters clusters that take the blocks in turn (fewer CTAs to wait on a
+//         programmatic launch's slots; the same sums, so the same bits);
 //   down  a cluster of down_split CTAs 128 columns of y, rank r the union's groups r, r + split, …;
 //         the ranks' partial tiles added in rank order, y rounded to bf16 once.
 // h is rounded to bf16 as the dense FFN rounds it. The order of every sum is fixed by the union and
@@ -50,6 +52,7 @@ struct UnionFfnParams : FfnOperands {  // gated only: x, w_up, w_down_t, y (rows
   unsigned long long* nnz_out = nullptr;   // with nnz: receives the fired (row, neuron) pairs
   int up_split = 8;                  // CTAs an up cluster (1, 2, 4, 8)
   int down_split = 8;                // CTAs a down cluster (1, 2, 4, 8)
+  int up_clusters = 0;               // > 0: at most this many up clusters (0: one a 64-slot block of the whole list)
 };
 
 // Slots of the list and of an h row: n rounded up to whole tiles.
