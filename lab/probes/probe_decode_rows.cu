@@ -533,13 +533,16 @@ int main(int argc, char** argv) {
     }
     union_ffn(L[0], m, kShapes[0][0], kShapes[0][1], /*gate_done=*/true);
     ys.push_back(to_host(y_u.get(), static_cast<std::size_t>(m * k), s));
-    bool capped_same = true;
-    for (const int v : kCapped) {
-      CK(cudaMemsetAsync(y_u.get(), 0xFF, y_u.bytes(), s));
-      union_ffn(L[0], m, kShapes[v][0], kShapes[v][1], /*gate_done=*/true, 3, capped_clusters(v));
-      const std::vector<float> yc = to_host(y_u.get(), static_cast<std::size_t>(m * k), s);
-      capped_same = capped_same && std::memcmp(yc.data(), ys[static_cast<std::size_t>(v)].data(), yc.size() * sizeof(float)) == 0;
-    }
+    bool capped_same = true;  // plainly and programmatically launched
+    for (int pdl = 0; pdl < 2; ++pdl)
+      for (const int v : kCapped) {
+        const ProgrammaticLaunch scope(pdl == 1);
+        for (auto* b : {&y_u, &h_u}) CK(cudaMemsetAsync(b->get(), 0xFF, b->bytes(), s));
+        CK(cudaMemsetAsync(u_counts.get(), 0xFF, u_counts.bytes(), s));
+        union_ffn(L[0], m, kShapes[v][0], kShapes[v][1], /*gate_done=*/true, 3, capped_clusters(v));
+        const std::vector<float> yc = to_host(y_u.get(), static_cast<std::size_t>(m * k), s);
+        capped_same = capped_same && std::memcmp(yc.data(), ys[static_cast<std::size_t>(v)].data(), yc.size() * sizeof(float)) == 0;
+      }
     {  // the same, launched programmatically (the kernels' early reads): the same bits
       const ProgrammaticLaunch pdl(true);
       CK(cudaMemsetAsync(y_u.get(), 0xFF, y_u.bytes(), s));

@@ -45,6 +45,9 @@ FfnContext::FfnContext(const ContextOptions& opt, std::shared_ptr<FfnWorkspace> 
                   opt_.updown_variant_nongated <= 4,
               ErrorCode::invalid_argument, "ContextOptions: up/down variants are 0..4 (got {} and {})", opt_.updown_variant,
               opt_.updown_variant_nongated);
+  TWELL_CHECK(union_shape_ok(opt_.union_up_split, opt_.union_down_split, opt_.union_up_clusters), ErrorCode::invalid_argument,
+              "ContextOptions: the union FFN's splits are 1, 2, 4 or 8 and its up clusters ≥ 0 (got {}, {} and {})",
+              opt_.union_up_split, opt_.union_down_split, opt_.union_up_clusters);
   TWELL_CHECK(opt_.twell.tile == kTwellTile, ErrorCode::unsupported,
               "the CUDA TwELL path uses T = {} columns per tile (got T = {}); use the CPU path for other tiles",
               kTwellTile, opt_.twell.tile);

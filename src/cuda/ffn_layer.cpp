@@ -197,8 +197,7 @@ void FfnLayer::set_union_min_rows(std::int64_t rows) {
 std::int64_t FfnLayer::union_min_rows() const noexcept { return ctx_->options().union_min_rows; }
 
 void FfnLayer::set_union_kernels(const UnionKernels& k) {
-  const auto split_ok = [](int v) { return v == 1 || v == 2 || v == 4 || v == 8; };
-  TWELL_CHECK(split_ok(k.up_split) && split_ok(k.down_split) && k.up_clusters >= 0, ErrorCode::invalid_argument,
+  TWELL_CHECK(union_shape_ok(k.up_split, k.down_split, k.up_clusters), ErrorCode::invalid_argument,
               "FfnLayer::set_union_kernels: splits {} / {} (1, 2, 4 or 8), up clusters {} (≥ 0; 0: one a 64-slot block)",
               k.up_split, k.down_split, k.up_clusters);
   ctx_->set_union_kernels(k.up_split, k.down_split, k.up_clusters);

@@ -1056,7 +1056,9 @@ TEST(CudaDecode, MatchesReferenceAtEveryDensity) {
 // row: the largest union), N not a multiple of 256, K from 128; its count of fired pairs exact
 // (exact pre-activations: the host knows every active set); three calls, the third launched
 // programmatically, with the same bits (the count and ticket left zero, the early reads of the
-// programmatic launches). A non-gated layer and a K off its grid at 17 rows do not take it.
+// programmatic launches); up clusters that take the blocks in turn (ContextOptions::
+// union_up_clusters) with the same bits again, other splits within the bound. A non-gated layer and
+// a K off its grid at 17 rows do not take it.
 TEST(CudaDecode, UnionMatchesReferenceAndCountsExactly) {
   TWELL_REQUIRE_GPU();
   int dev = 0;
@@ -1112,9 +1114,15 @@ TEST(CudaDecode, UnionMatchesReferenceAndCountsExactly) {
       for (float v : first) ASSERT_EQ(v, 0.0f);
     }
     // Up clusters that take the 64-slot blocks in turn (3: up to 43 passes at N = 8192, every
-    // neuron fired): the same sums, so the same bits; other splits: other sums, within the bound.
-    for (const auto& [up_split, down_split, clusters] : {std::tuple{8, 8, 3}, std::tuple{2, 4, 1}, std::tuple{4, 2, 0}}) {
-      SCOPED_TRACE(::testing::Message() << "splits " << up_split << " x " << down_split << ", up clusters " << clusters);
+    // neuron fired; 1: one cluster, every block), plainly and programmatically launched: the same
+    // sums as a cluster a block, so the same bits; other splits: other sums, within the bound.
+    std::vector<float> split24;  // the 2 × 4 splits' bits on a cluster a block
+    for (const auto& [up_split, down_split, clusters, pdl] :
+         {std::tuple{8, 8, 3, false}, std::tuple{8, 8, 3, true}, std::tuple{2, 4, 0, false}, std::tuple{2, 4, 1, false},
+          std::tuple{2, 4, 1, true}, std::tuple{4, 2, 0, false}}) {
+      SCOPED_TRACE(::testing::Message() << "splits " << up_split << " x " << down_split << ", up clusters " << clusters
+                                        << (pdl ? ", programmatic" : ""));
+      const ProgrammaticLaunch programmatic(pdl && programmatic_launch_supported());
       ContextOptions o2 = opt;
       o2.union_up_split = up_split;
       o2.union_down_split = down_split;
@@ -1129,6 +1137,10 @@ TEST(CudaDecode, UnionMatchesReferenceAndCountsExactly) {
       EXPECT_LE(max_err_rows(o.y, r, rows, c.k, &worst_row), kTol) << fr.path() << ": worst row " << worst_row;
       if (up_split == 8 && down_split == 8) {
         EXPECT_TRUE(o.y == first) << "capped up clusters changed the bits";
+      } else if (up_split == 2 && clusters == 0) {
+        split24 = o.y;
+      } else if (up_split == 2) {
+        EXPECT_TRUE(o.y == split24) << "one up cluster changed the bits";
       }
       ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);
       EXPECT_NEAR(c2.measured().active * static_cast<double>(c.m) * static_cast<double>(c.n), static_cast<double>(expect_nnz), 1e-6);

@@ -188,8 +188,9 @@ __global__ void __launch_bounds__(kUnionThreads) union_up_kernel(UnionFfnParams 
 #pragma unroll
     for (int i = 0; i < kXPer; ++i) cdev::cp_async16(sbase + st * kStage + xoff[i], xsrc[i] + kb * kUpBK, xv[i]);
   };
-  // x's first blocks before the wait (x was written before the gate); commit group 0 then holds them
-  // and W's block 0, group b (1 ≤ b < kUpStages − 1) W's block b, every later group a whole block.
+  // x's first blocks before the wait for the first pass (x was written before the gate; a later pass
+  // stages them again at its start); commit group 0 of a pass then holds them and W's block 0, group
+  // b (1 ≤ b < kUpStages − 1) W's block b, every later group a whole block.
 #pragma unroll
   for (int st = 0; st < kUpStages - 1; ++st)
     if (st < nkb) load_x(st, st);
@@ -290,7 +291,7 @@ __global__ void __launch_bounds__(kUnionThreads) union_up_kernel(UnionFfnParams 
       p.h[row * union_list_size(p.n) + slot] = __float2bfloat16_rn(hv);
     }
     cluster.sync();  // no rank leaves, or stages the next pass, while another still reads its tile
-    if constexpr (!kPasses) break;  // a cluster a block: one pass (and 63 registers, not 78)
+    if constexpr (!kPasses) break;  // a cluster a block: one pass (and fewer registers: 63, not 78, at NT = 4)
   }
 #endif
 }
@@ -469,14 +470,12 @@ bool union_ffn_available(int device) {
 void launch_union_ffn(const UnionFfnParams& p, cudaStream_t stream, int parts) {
   TWELL_CU_REQUIRE(p.x && p.w_up && p.w_down_t && p.y && p.g && p.list && p.counts && p.h && (!p.nnz || p.cta_ticket),
                    ErrorCode::invalid_argument, "union FFN: null pointer");
-  const auto split_ok = [](int v) { return v == 1 || v == 2 || v == 4 || v == 8; };
   const auto aligned = [](const void* q, std::uintptr_t a) { return reinterpret_cast<std::uintptr_t>(q) % a == 0; };
   TWELL_CU_REQUIRE(aligned(p.x, 16) && aligned(p.w_up, 16) && aligned(p.w_down_t, 16) && aligned(p.h, 16) && aligned(p.g, 8) &&
                        aligned(p.y, 2),
                    ErrorCode::invalid_argument, "union FFN: x, Wu, Wdᵀ and h must be 16-byte aligned, g 8-byte (16-byte copies, 8-byte loads)");
   TWELL_CU_REQUIRE(union_ffn_fits(p.m, p.n, p.k, p.gated) && p.ld_g >= p.n && p.ld_g % 4 == 0 && p.ld_x >= p.k &&
-                       p.ld_x % 8 == 0 && p.ld_y >= p.k && p.ld_y % 8 == 0 && split_ok(p.up_split) && split_ok(p.down_split) &&
-                       p.up_clusters >= 0,
+                       p.ld_x % 8 == 0 && p.ld_y >= p.k && p.ld_y % 8 == 0 && union_shape_ok(p.up_split, p.down_split, p.up_clusters),
                    ErrorCode::unsupported,
                    "union FFN: M = {} (1 … {}), N = {} (4 … {}, a multiple of 4), K = {} (a multiple of 128), gated {}, "
                    "ld_g {} (a multiple of 4, ≥ N), ld_x {} and ld_y {} (multiples of 8, ≥ K), splits {} / {} (1, 2, 4, 8), "

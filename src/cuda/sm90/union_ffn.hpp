@@ -67,6 +67,12 @@ constexpr bool union_ffn_fits(std::int64_t m, std::int64_t n, std::int64_t k, bo
   return gated && m >= 1 && m <= kUnionMaxRows && n >= 4 && n <= kUnionMaxN && n % 4 == 0 && k >= 128 && k % 128 == 0;
 }
 
+// The kernel shapes launch_union_ffn takes: 1, 2, 4 or 8 CTAs an up and a down cluster, up_clusters ≥ 0.
+constexpr bool union_shape_ok(int up_split, int down_split, int up_clusters) noexcept {
+  const auto split_ok = [](int v) { return v == 1 || v == 2 || v == 4 || v == 8; };
+  return split_ok(up_split) && split_ok(down_split) && up_clusters >= 0;
+}
+
 // True iff this build carries the sm_90a kernels and `device` runs them (compute capability 9.0).
 bool union_ffn_available(int device);
 
