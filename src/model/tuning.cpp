@@ -18,12 +18,25 @@ namespace {
 using Field = std::variant<bool RuntimeTuning::*, int RuntimeTuning::*, std::int64_t RuntimeTuning::*,
                            double RuntimeTuning::*>;
 
+// A setting's values past its range check (null: every value in [lo, hi]), and what the refusal
+// says the setting takes.
+struct Rule {
+  bool (*ok)(double) = nullptr;
+  std::string_view takes;
+};
+// One row is the one-token kernels' (FfnLayer::set_union_min_rows refuses it).
+constexpr Rule kUnionMinRows{[](double x) { return x != 1; },
+                             "0 or an integer from 2 to 64, one row being the one-token kernels'"};
+// A cluster's CTAs: a power of two up to the portable cluster size.
+constexpr Rule kClusterSplit{[](double x) { return x == 1 || x == 2 || x == 4 || x == 8; }, "1, 2, 4 or 8"};
+
 // One TWELL_TUNING item: a switch (a bool field; the item turns it off) or a setting (a number in
-// [lo, hi]). In RuntimeTuning's field order, which describe() keeps.
+// [lo, hi], and its rule's if it has one). In RuntimeTuning's field order, which describe() keeps.
 struct Item {
   std::string_view name;
   Field field;
   double lo = 0, hi = 0;
+  Rule rule{};
 };
 
 // The ranges are those of the command-line flags these items replace.
@@ -40,9 +53,9 @@ const Item kItems[] = {
     {"decode-max-density", &RuntimeTuning::decode_max_density, 0, 1},
     {"decode-max-rows", &RuntimeTuning::decode_max_rows, 1, 2047},
     {"union-max-rows", &RuntimeTuning::union_max_rows, 0, 64},
-    {"union-min-rows", &RuntimeTuning::union_min_rows, 0, 64},
-    {"union-up-split", &RuntimeTuning::union_up_split, 1, 8},
-    {"union-down-split", &RuntimeTuning::union_down_split, 1, 8},
+    {"union-min-rows", &RuntimeTuning::union_min_rows, 0, 64, kUnionMinRows},
+    {"union-up-split", &RuntimeTuning::union_up_split, 1, 8, kClusterSplit},
+    {"union-down-split", &RuntimeTuning::union_down_split, 1, 8, kClusterSplit},
     {"union-up-clusters", &RuntimeTuning::union_up_clusters, 0, 1024},
     {"no-cpu-bf16", &RuntimeTuning::cpu_bf16_weights},
     {"no-paged-kv", &RuntimeTuning::paged_kv},
@@ -102,15 +115,8 @@ void apply(RuntimeTuning& t, std::string_view item) {
           TWELL_CHECK(ok, ErrorCode::invalid_argument, "TWELL_TUNING: item '{}': {} takes {} from {} to {} (the items: {})",
                       item, name, std::is_same_v<T, double> ? "a number" : "an integer", found->lo, found->hi,
                       valid_items());
-          // One row is the one-token kernels' (FfnLayer::set_union_min_rows refuses it).
-          TWELL_CHECK(name != "union-min-rows" || static_cast<double>(x) != 1, ErrorCode::invalid_argument,
-                      "TWELL_TUNING: item '{}': union-min-rows takes 0 or an integer from 2 to 64, one row being the "
-                      "one-token kernels' (the items: {})",
-                      item, valid_items());
-          // A cluster's CTAs: a power of two.
-          TWELL_CHECK((name != "union-up-split" && name != "union-down-split") || (x == 1 || x == 2 || x == 4 || x == 8),
-                      ErrorCode::invalid_argument, "TWELL_TUNING: item '{}': {} takes 1, 2, 4 or 8 (the items: {})", item,
-                      name, valid_items());
+          TWELL_CHECK(!found->rule.ok || found->rule.ok(static_cast<double>(x)), ErrorCode::invalid_argument,
+                      "TWELL_TUNING: item '{}': {} takes {} (the items: {})", item, name, found->rule.takes, valid_items());
           t.*field = x;
         }
       },
