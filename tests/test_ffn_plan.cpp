@@ -128,11 +128,12 @@ TEST(FfnPlan, ShapeOfACallFollowsItsSize) {
   EXPECT_FALSE(shape_call(p, layer(), 9).down_gemv) << "9–16 rows: cuBLASLt (the GEMV's second token tile loses)";
   EXPECT_EQ(shape_call(p, layer(), p.decode_max_rows + 1).decode, false);
   // The union FFN where the layer allows it (LayerFacts::union_ffn): decode-sized from
-  // union_min_rows (8) to union_max_rows (32), past decode_max_rows; below, the decode kernel.
+  // union_min_rows (4) to union_max_rows (32), past decode_max_rows; below, the decode kernel.
   LayerFacts uni = layer();
   uni.union_max_rows = 64;
-  EXPECT_FALSE(shape_call(p, uni, 7).union_ffn);
-  EXPECT_TRUE(shape_call(p, uni, 7).decode);
+  EXPECT_FALSE(shape_call(p, uni, 3).union_ffn);
+  EXPECT_TRUE(shape_call(p, uni, 3).decode);
+  EXPECT_TRUE(shape_call(p, uni, 4).union_ffn);
   EXPECT_TRUE(shape_call(p, uni, 16).union_ffn);
   for (const std::int64_t m : {p.union_min_rows, p.union_max_rows}) {
     const CallShape u = shape_call(p, uni, m);

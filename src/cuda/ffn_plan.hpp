@@ -40,8 +40,10 @@ struct DispatchPolicy {
   // 1.15–1.20× the decode kernel's path at 8–16 rows (the 2B's layer at 0.5 %, H200, 3c8b48b,
   // docs/runtime.md). From 8: in the step at 8 / 16 rows sparse / dense 1.107 / 1.098 against the
   // decode kernel's 1.063 / 1.066 (2b-gqa), 1.086 / 1.077 against 1.045 / 1.060 (2B) (H200,
-  // 4ba5ed6). 2–7 rows stay on the decode kernel (not measured). 0: never.
-  std::int64_t union_min_rows = 8;
+  // 4ba5ed6). From 4: at 4 / 6 rows 1.078 / 1.104 against 1.054 / 1.090 (2b-gqa), 1.081 / 1.098
+  // against 1.044 / 1.069 (2B); at 2 rows it loses (1.118 against 1.160, 1.104 against 1.130), so
+  // 2–3 rows stay on the decode kernel (H200, 99bafc6). 0: never.
+  std::int64_t union_min_rows = 4;
   std::int64_t union_max_rows = 32;
   bool decode_gemv = true;                   // the decode gate by the GEMV kernel (ops/gemv.hpp; one token: the fused twell_decode_token.hpp) ...
   std::int64_t decode_gemv_max_rows = 1;     // ... up to this M (from 2 rows the GEMV's tensor-core kernel: it ties cuBLASLt's ReLU GEMM on the 2B gate, 8.1–8.7 against 8.3–8.4 µs at 2–8 rows, H200)

@@ -144,7 +144,7 @@ class FfnLayer {
   // default 32, at most 64; 0: never): for measuring batched decode.
   void set_union_max_rows(std::int64_t rows);
   std::int64_t union_max_rows() const noexcept;
-  // ... and from this many rows (default 8; 2 … 64; 0: never): up to 16 rows the union takes the
+  // ... and from this many rows (default 4; 2 … 64; 0: never): up to 16 rows the union takes the
   // steps the decode kernel would serve, for measuring where it wins.
   void set_union_min_rows(std::int64_t rows);
   std::int64_t union_min_rows() const noexcept;
