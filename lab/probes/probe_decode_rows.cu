@@ -10,7 +10,10 @@
 //            cores: each neuron some row fired has its Wu and Wdᵀ rows read once for the batch, h
 //            in bf16 as the dense FFN rounds it; up and down each K or the union split over a
 //            thread-block cluster of 2, 4 or 8 CTAs, timed at each pair (k a multiple of 128, sm_90;
-//            its checks below the table's line of each M).
+//            its checks below the table's line of each M). Its last line at each M times the list
+//            and up over every neuron (g all 1: a gate's bytes, n · k) against the cuBLASLt ReLU
+//            gate and a plain copy: whether a gate in the up's form, the list in its epilogue,
+//            could stream Wg as fast as cuBLASLt does.
 //   rows     kernel 1 (2–16 rows), a CTA a block of 16 neurons for every row: the gate GEMV's own
 //            partial sums (gemv_mma_partials, so the same g bits) with g kept on chip; each neuron's
 //            fired rows as a mask; a warp a fired neuron forms h for each row that fired it in the
@@ -374,6 +377,14 @@ int main(int argc, char** argv) {
   DeviceBuffer<__nv_bfloat16> g_u(static_cast<std::size_t>(kMaxRows * n)), y_u(static_cast<std::size_t>(kMaxRows * k));
   DeviceBuffer<__nv_bfloat16> h_u(static_cast<std::size_t>(kMaxRows * tiles * 256));
   DeviceBuffer<int> u_list(static_cast<std::size_t>(tiles * 256)), u_counts(static_cast<std::size_t>(tiles));
+  // The up's form as a dense gate: g all 1 lists every neuron, so list + up read all of Wu once
+  // (n · k bf16, the gate's bytes); w_copy receives a plain copy of the same bytes (the floor).
+  DeviceBuffer<__nv_bfloat16> g_ones(static_cast<std::size_t>(kMaxRows * n)), w_copy(static_cast<std::size_t>(n * k));
+  {
+    const std::vector<__nv_bfloat16> ones(g_ones.size(), __float2bfloat16(1.0f));
+    CK(cudaMemcpyAsync(g_ones.get(), ones.data(), g_ones.bytes(), cudaMemcpyHostToDevice, s));
+    CK(cudaStreamSynchronize(s));
+  }
 
   auto gate_params = [&](const Layer& l, int m, int r0 = 0) {  // rows r0 … r0 + m − 1 of x
     TwellGemvParams g = gemv_rows(x.get() + static_cast<long long>(r0) * k, m, l.wg(n), n, k);
@@ -436,7 +447,7 @@ int main(int argc, char** argv) {
   };
   // The union at m rows: the cuBLASLt ReLU gate (unless gate_done: g_u holds it), then its kernels.
   auto union_ffn = [&](const Layer& l, int m, int up_split, int down_split, bool gate_done = false, int parts = 3,
-                       int up_clusters = 0) {
+                       int up_clusters = 0, const __nv_bfloat16* g = nullptr) {
     if (!gate_done) lt_gate(l, m, g_u.get());
     UnionFfnParams up;
     static_cast<FfnOperands&>(up) = operands(l, m, y_u.get());
@@ -444,7 +455,7 @@ int main(int argc, char** argv) {
     up.up_split = up_split;
     up.down_split = down_split;
     up.up_clusters = up_clusters;
-    up.g = g_u.get();
+    up.g = g ? g : g_u.get();
     up.list = u_list.get();
     up.counts = u_counts.get();
     up.h = h_u.get();
@@ -639,6 +650,26 @@ int main(int argc, char** argv) {
                 "programmatic %.2f / %.2f us; bits %s\n",
                 capped_clusters(kCapped[0]), capped_clusters(kCapped[1]), t_cap[0][0], t_cap[1][0], t_cap[0][1], t_cap[1][1],
                 capped_same ? "the uncapped grid's" : "DIFFER");
+    // Would a gate in the up's form (its list in the epilogue) stream Wg as fast as cuBLASLt? The
+    // list + up over every neuron (g all 1) reads n · k bf16 as the gate does; beside it the
+    // cuBLASLt ReLU gate at the same m, and a device copy of those bytes (TB/s: bytes read / time;
+    // the copy's also counts its writes). Programmatic, as the runtime launches them.
+    {
+      const ProgrammaticLaunch pdl(true);
+      const double bytes = 2.0 * static_cast<double>(n) * k;
+      double t_all[3];
+      for (int v = 0; v < 3; ++v)
+        t_all[v] = timed([&] { for (const Layer& l : L) union_ffn(l, m, 2 << v, 2, true, 1, 0, g_ones.get()); });
+      const double t_lt = timed([&] { for (const Layer& l : L) lt_gate(l, m, g_rows.get()); });
+      const double t_cp = timed([&] {
+        for (const Layer& l : L) CK(cudaMemcpyAsync(w_copy.get(), l.wu(n, k), w_copy.bytes(), cudaMemcpyDeviceToDevice, s));
+      });
+      const auto tbs = [&](double us) { return bytes / (us * 1e-6) / 1e12; };
+      std::printf("    the up's form over all %lld neurons (a gate's bytes, %.1f MB): list + up split 2 / 4 / 8 %.2f / %.2f / %.2f us "
+                  "(%.2f / %.2f / %.2f TB/s); cuBLASLt ReLU gate %.2f us (%.2f TB/s); copy %.2f us (%.2f TB/s read, %.2f moved)\n",
+                  n, bytes / 1e6, t_all[0], t_all[1], t_all[2], tbs(t_all[0]), tbs(t_all[1]), tbs(t_all[2]), t_lt, tbs(t_lt), t_cp,
+                  tbs(t_cp), 2 * tbs(t_cp));
+    }
     return pass;
   };
   for (const int m : ms) {
