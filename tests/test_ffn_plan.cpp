@@ -315,7 +315,12 @@ TEST(FfnPlan, DescribeCallNamesWhatRan) {
   decode.one_token = false;
   decode.followed_density = 0.005;
   EXPECT_EQ(describe_call(decode), "twell decode kernel (the previous call measured 0.50% density)");
+  decode.gate_gemv = true;
+  EXPECT_EQ(describe_call(decode), "twell decode kernel, GEMV gate (the previous call measured 0.50% density)");
   decode.union_ffn = true;
+  EXPECT_EQ(describe_call(decode),
+            "twell union FFN (GEMV gate; list, up, down on tensor cores) (the previous call measured 0.50% density)");
+  decode.gate_gemv = false;
   EXPECT_EQ(describe_call(decode),
             "twell union FFN (cublasLt gate; list, up, down on tensor cores) (the previous call measured 0.50% density)");
 

@@ -619,6 +619,10 @@ void FfnContext::enqueue_decode(const __nv_bfloat16* x, std::int64_t m, __nv_bfl
     gp.m = m;
     gp.n = n();
     gp.k = k();
+    // Its first weight window before a programmatic launch's wait: programmatic launches happen
+    // only in the model runtime's forward (launch.hpp), whose weights no kernel of the step writes
+    // (the union's down stages its Wdᵀ rows early on the same ground). Outside one, no effect.
+    gp.w_before_wait = true;
     launch_twell_gemv(gp, stream);
   } else {
     gate_gemm(x, m, stream);
@@ -899,6 +903,7 @@ ForwardResult FfnContext::forward(const __nv_bfloat16* x, std::int64_t m, __nv_b
   c.gate_sm90 = s.gate == GateKernel::sm90;
   c.one_token = s.decode && s.one_token;
   c.union_ffn = s.decode && s.union_ffn;
+  c.gate_gemv = s.decode && !s.one_token && s.gate_gemv;
   c.n = n();
   c.sparse_n = s.sparse_n;
   c.row_cap = dense_row_cap(c.sparse_n);

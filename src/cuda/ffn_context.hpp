@@ -249,6 +249,7 @@ class FfnContext {
     opt_.decode_token_max_density = d;
   }
   void set_decode_max_rows(std::int64_t m) noexcept { opt_.decode_max_rows = m; }  // the next plans follow it
+  void set_decode_gemv_max_rows(std::int64_t m) noexcept { opt_.decode_gemv_max_rows = m; }  // the same
   void set_union_max_rows(std::int64_t m) noexcept { opt_.union_max_rows = m; }    // the same
   void set_union_min_rows(std::int64_t m) noexcept { opt_.union_min_rows = m; }    // the same
   void set_union_kernels(int up_split, int down_split, int up_clusters) noexcept {  // the next launches

@@ -10,6 +10,7 @@
 #include "cuda/common/convert.hpp"
 #include "cuda/ffn_context.hpp"
 #include "cuda/ffn_workspace.hpp"
+#include "cuda/ops/gemv.hpp"
 #include "cuda/ops/model_ops.hpp"
 #include "cuda/sm90/union_ffn.hpp"
 #include "cuda/train/train_context.hpp"
@@ -180,6 +181,13 @@ void FfnLayer::set_decode_max_rows(std::int64_t rows) {
   ctx_->set_decode_max_rows(rows);
 }
 std::int64_t FfnLayer::decode_max_rows() const noexcept { return ctx_->options().decode_max_rows; }
+
+void FfnLayer::set_decode_gemv_max_rows(std::int64_t rows) {
+  TWELL_CHECK(rows >= 1 && rows <= kGemvMaxRows, ErrorCode::invalid_argument,
+              "FfnLayer::set_decode_gemv_max_rows: {} rows (1 … {}; one row is the one-token kernels')", rows, kGemvMaxRows);
+  ctx_->set_decode_gemv_max_rows(rows);
+}
+std::int64_t FfnLayer::decode_gemv_max_rows() const noexcept { return ctx_->options().decode_gemv_max_rows; }
 
 void FfnLayer::set_union_max_rows(std::int64_t rows) {
   TWELL_CHECK(rows >= 0 && rows <= kUnionMaxRows, ErrorCode::invalid_argument,

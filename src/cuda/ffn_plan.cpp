@@ -128,9 +128,11 @@ std::string describe_call(const CallRecord& c) {
       if (c.below_min_rows) return "dense cublasLt (M below the dispatch minimum)";
       return fmt::format("dense cublasLt ({})", c.sticky ? followed(c) : std::string());
     case ForwardStep::decode:
-      if (c.union_ffn) return fmt::format("twell union FFN (cublasLt gate; list, up, down on tensor cores) ({})",
-                                          c.sticky ? followed(c) : std::string());
-      return fmt::format("twell decode kernel{} ({})", c.one_token ? ", one token, gate fused in" : "",
+      if (c.union_ffn)
+        return fmt::format("twell union FFN ({} gate; list, up, down on tensor cores) ({})", c.gate_gemv ? "GEMV" : "cublasLt",
+                           c.sticky ? followed(c) : std::string());
+      return fmt::format("twell decode kernel{} ({})",
+                         c.one_token ? ", one token, gate fused in" : c.gate_gemv ? ", GEMV gate" : "",
                          c.sticky ? followed(c) : std::string());
     case ForwardStep::sparse:
       return c.sticky ? fmt::format("{} ({})", sparse_name(c), followed(c)) : sparse_name(c);

@@ -92,7 +92,7 @@ struct CallShape {
   bool one_token = false;       // one row, which the fused one-token kernels serve (gate fused in)
   bool gate_gemv = false;       // not one_token: the decode gate by the GEMV kernel (else the cuBLASLt GEMM)
   bool down_gemv = false;       // the dense FFN's down projection by the GEMV's tensor-core kernel (else cuBLASLt)
-  bool union_ffn = false;       // decode: the sparse path is the union FFN (after the cuBLASLt gate), not the decode kernel
+  bool union_ffn = false;       // decode: the sparse path is the union FFN (after the gate), not the decode kernel
   std::int64_t sparse_n = 0;    // neurons the sparse path runs (the first ones; the rest hot, dense)
   bool hot() const noexcept { return sparse_n < n; }
   std::int64_t n = 0;
@@ -147,6 +147,7 @@ struct CallRecord {
   bool gate_sm90 = false;             // the sparse path's gate is the sm90 GEMM with the TwELL epilogue
   bool one_token = false;             // decode: the one-token kernels, the gate fused in
   bool union_ffn = false;             // decode: the union FFN
+  bool gate_gemv = false;             // decode, not one_token: the gate by the GEMV kernel (else cuBLASLt's GEMM)
   double followed_density = -1;       // sticky: the count the decision followed (< 0: none yet)
   bool followed_row_costs = false;    // ... which weighed rows over row_cap non-zeros at row_cost each
   std::uint32_t row_cap = 0, row_cost = 0;  // dense rows: the row threshold and its cost, of sparse_n neurons

@@ -279,6 +279,7 @@ class CudaRuntime final : public Runtime {
         d.ffn = std::make_unique<cuda::FfnLayer>(&infer_ws_);
         if (tuning_.decode_max_density >= 0) d.ffn->set_decode_max_density(tuning_.decode_max_density);
         if (tuning_.decode_max_rows >= 0) d.ffn->set_decode_max_rows(tuning_.decode_max_rows);
+        if (tuning_.decode_gemv_max_rows >= 0) d.ffn->set_decode_gemv_max_rows(tuning_.decode_gemv_max_rows);
         if (tuning_.union_max_rows >= 0) d.ffn->set_union_max_rows(tuning_.union_max_rows);
         if (tuning_.union_min_rows >= 0) d.ffn->set_union_min_rows(tuning_.union_min_rows);
         cuda::FfnLayer::UnionKernels uk = d.ffn->union_kernels();

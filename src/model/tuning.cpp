@@ -52,6 +52,7 @@ const Item kItems[] = {
     {"no-grouped-attention", &RuntimeTuning::grouped_attention},
     {"decode-max-density", &RuntimeTuning::decode_max_density, 0, 1},
     {"decode-max-rows", &RuntimeTuning::decode_max_rows, 1, 2047},
+    {"decode-gemv-max-rows", &RuntimeTuning::decode_gemv_max_rows, 1, 16},
     {"union-max-rows", &RuntimeTuning::union_max_rows, 0, 64},
     {"union-min-rows", &RuntimeTuning::union_min_rows, 0, 64, kUnionMinRows},
     {"union-up-split", &RuntimeTuning::union_up_split, 1, 8, kClusterSplit},

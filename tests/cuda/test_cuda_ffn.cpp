@@ -1057,8 +1057,9 @@ TEST(CudaDecode, MatchesReferenceAtEveryDensity) {
 // (exact pre-activations: the host knows every active set); three calls, the third launched
 // programmatically, with the same bits (the count and ticket left zero, the early reads of the
 // programmatic launches); up clusters that take the blocks in turn (ContextOptions::
-// union_up_clusters) with the same bits again, other splits within the bound. A non-gated layer and
-// a K off its grid at 17 rows do not take it.
+// union_up_clusters) with the same bits again, other splits within the bound. At 2 and 8 rows the
+// gate runs on the GEMV kernel (decode_gemv_max_rows; its weights read before the programmatic
+// wait), elsewhere on cuBLASLt. A non-gated layer and a K off its grid at 17 rows do not take it.
 TEST(CudaDecode, UnionMatchesReferenceAndCountsExactly) {
   TWELL_REQUIRE_GPU();
   int dev = 0;
@@ -1084,7 +1085,10 @@ TEST(CudaDecode, UnionMatchesReferenceAndCountsExactly) {
     const FfnData d = make_ffn(c);
     const FfnWeights w = d.weights();
     const std::int64_t expect_nnz = count_active(exact_active(d, c.m));  // every row's
-    FfnContext ctx(opt);
+    ContextOptions o_case = opt;
+    const bool gemv_gate = c.m <= 8;
+    if (gemv_gate) o_case.decode_gemv_max_rows = kGemvMaxRows;
+    FfnContext ctx(o_case);
     ctx.upload_weights(w, s);
     const auto xb = to_bf16_bits(d.x);
     DeviceBuffer<__nv_bfloat16> x(xb.size());
@@ -1100,7 +1104,7 @@ TEST(CudaDecode, UnionMatchesReferenceAndCountsExactly) {
       ForwardResult fr;
       const Outputs o = run_poisoned(c.m, c.k, s, [&](__nv_bfloat16* y) { fr = ctx.forward(x.get(), c.m, y, Path::automatic, s); });
       EXPECT_TRUE(o.guard_ok);
-      EXPECT_NE(fr.path().find("union FFN"), std::string::npos) << fr.path();
+      EXPECT_NE(fr.path().find(gemv_gate ? "union FFN (GEMV gate" : "union FFN (cublasLt gate"), std::string::npos) << fr.path();
       std::int64_t worst_row = -1;
       EXPECT_LE(max_err_rows(o.y, r, rows, c.k, &worst_row), kTol) << fr.path() << ": worst row " << worst_row;
       ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);
@@ -1123,7 +1127,7 @@ TEST(CudaDecode, UnionMatchesReferenceAndCountsExactly) {
       SCOPED_TRACE(::testing::Message() << "splits " << up_split << " x " << down_split << ", up clusters " << clusters
                                         << (pdl ? ", programmatic" : ""));
       const ProgrammaticLaunch programmatic(pdl && programmatic_launch_supported());
-      ContextOptions o2 = opt;
+      ContextOptions o2 = o_case;  // the same gate as the calls above
       o2.union_up_split = up_split;
       o2.union_down_split = down_split;
       o2.union_up_clusters = clusters;

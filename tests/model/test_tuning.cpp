@@ -35,8 +35,8 @@ TEST(RuntimeTuning, DefaultsDescribeAsNothing) {
 
 TEST(RuntimeTuning, EveryItemParses) {
   const RuntimeTuning t = parse_tuning(
-      "no-cuda-graphs,no-cudnn-attention,cudnn-build-at=1,decode-max-rows=8,union-max-rows=0,union-min-rows=8,"
-      "union-up-split=4,union-down-split=2,union-up-clusters=16,decode-max-density=0.02,no-pdl,"
+      "no-cuda-graphs,no-cudnn-attention,cudnn-build-at=1,decode-max-rows=8,decode-gemv-max-rows=12,union-max-rows=0,"
+      "union-min-rows=8,union-up-split=4,union-down-split=2,union-up-clusters=16,decode-max-density=0.02,no-pdl,"
       "no-fused-decode,no-fixed-point-decode,no-decode-neuron-order,no-batched-gemv,no-grouped-attention,no-cpu-bf16,"
       "no-paged-kv,no-prefix-cache,gemm-autotune=8");
   EXPECT_FALSE(t.cuda_graphs);
@@ -50,6 +50,7 @@ TEST(RuntimeTuning, EveryItemParses) {
   EXPECT_FALSE(t.grouped_attention);
   EXPECT_EQ(t.decode_max_density, 0.02);
   EXPECT_EQ(t.decode_max_rows, 8);
+  EXPECT_EQ(t.decode_gemv_max_rows, 12);
   EXPECT_EQ(t.union_max_rows, 0);
   EXPECT_EQ(t.union_min_rows, 8);
   EXPECT_EQ(t.union_up_split, 4);
@@ -63,7 +64,7 @@ TEST(RuntimeTuning, EveryItemParses) {
   EXPECT_EQ(t.describe(),
             "no-cuda-graphs,no-cudnn-attention,cudnn-build-at=1,no-pdl,no-fused-decode,no-fixed-point-decode,"
             "no-decode-neuron-order,no-batched-gemv,no-grouped-attention,decode-max-density=0.02,decode-max-rows=8,"
-            "union-max-rows=0,union-min-rows=8,union-up-split=4,union-down-split=2,union-up-clusters=16,no-cpu-bf16,"
+            "decode-gemv-max-rows=12,union-max-rows=0,union-min-rows=8,union-up-split=4,union-down-split=2,union-up-clusters=16,no-cpu-bf16,"
             "no-paged-kv,no-prefix-cache,gemm-autotune=8");
   EXPECT_EQ(parse_tuning(t.describe()), t);
 }
@@ -80,6 +81,8 @@ TEST(RuntimeTuning, OneItemChangesOneSetting) {
   EXPECT_EQ(parse_tuning("decode-max-density=0").decode_max_density, 0.0);
   EXPECT_EQ(parse_tuning("decode-max-density=1").decode_max_density, 1.0);
   EXPECT_EQ(parse_tuning("decode-max-rows=2047").decode_max_rows, 2047);
+  EXPECT_EQ(parse_tuning("decode-gemv-max-rows=1").decode_gemv_max_rows, 1);
+  EXPECT_EQ(parse_tuning("decode-gemv-max-rows=16").decode_gemv_max_rows, 16);
   EXPECT_EQ(parse_tuning("union-max-rows=0").union_max_rows, 0);
   EXPECT_EQ(parse_tuning("union-max-rows=64").union_max_rows, 64);
   EXPECT_EQ(parse_tuning("union-min-rows=0").union_min_rows, 0);
@@ -104,7 +107,7 @@ TEST(RuntimeTuning, UnknownItemIsRefusedByName) {
     EXPECT_NE(e.find("TWELL_TUNING: unknown item"), std::string::npos) << e;
     // The valid items are listed, settings with their ranges.
     EXPECT_NE(e.find("no-cuda-graphs, no-cudnn-attention, cudnn-build-at=N (1 to 1048576)"), std::string::npos) << e;
-    EXPECT_NE(e.find("decode-max-rows=N (1 to 2047), union-max-rows=N (0 to 64), union-min-rows=N (0 to 64), "
+    EXPECT_NE(e.find("decode-max-rows=N (1 to 2047), decode-gemv-max-rows=N (1 to 16), union-max-rows=N (0 to 64), union-min-rows=N (0 to 64), "
                      "union-up-split=N (1 to 8), union-down-split=N (1 to 8), union-up-clusters=N (0 to 1024), no-cpu-bf16"),
               std::string::npos)
         << e;
@@ -125,6 +128,8 @@ TEST(RuntimeTuning, MalformedValueIsRefusedByName) {
            Case{"decode-max-rows=abc", "item 'decode-max-rows=abc': decode-max-rows takes an integer from 1 to 2047"},
            Case{"decode-max-rows=0", "decode-max-rows takes an integer from 1 to 2047"},
            Case{"decode-max-rows=2048", "decode-max-rows takes an integer from 1 to 2047"},
+           Case{"decode-gemv-max-rows=0", "decode-gemv-max-rows takes an integer from 1 to 16"},
+           Case{"decode-gemv-max-rows=17", "decode-gemv-max-rows takes an integer from 1 to 16"},
            Case{"union-max-rows=65", "union-max-rows takes an integer from 0 to 64"},
            Case{"union-min-rows=65", "union-min-rows takes an integer from 0 to 64"},
            Case{"union-min-rows=1", "union-min-rows takes 0 or an integer from 2 to 64"},

@@ -483,6 +483,7 @@ int run_bench_model(BenchModelArgs& a) {
                         {"decode_neuron_order", tuning.decode_neuron_order},
                         {"decode_max_density", tuning.decode_max_density},  // < 0: the engine's default
                         {"decode_max_rows", tuning.decode_max_rows},        // < 0: the engine's default
+                        {"decode_gemv_max_rows", tuning.decode_gemv_max_rows},  // the same
                         {"union_max_rows", tuning.union_max_rows},          // < 0: the engine's default
                         {"union_min_rows", tuning.union_min_rows},          // < 0: the engine's default
                         {"union_up_split", tuning.union_up_split},          // the same

@@ -139,6 +139,12 @@ class FfnLayer {
   // The union FFN's rows (below) are decode-sized whatever this says.
   void set_decode_max_rows(std::int64_t rows);
   std::int64_t decode_max_rows() const noexcept;
+  // Decode steps of 2 up to this many rows compute their gate on the GEMV's tensor-core kernel,
+  // its first weights read before a programmatic launch's wait (default 1: cuBLASLt's ReLU GEMM
+  // from 2 rows; 1 … 16; one row always runs the one-token kernels): for measuring the gate in
+  // the step. Takes effect at the next step, as set_union_kernels does.
+  void set_decode_gemv_max_rows(std::int64_t rows);
+  std::int64_t decode_gemv_max_rows() const noexcept;
   // On a GPU that runs it (compute capability 9.0), a gated layer's decode steps of union_min_rows
   // up to this many rows run the union FFN (the neurons some row fired, read once for the batch;
   // default 32, at most 64; 0: never): for measuring batched decode.

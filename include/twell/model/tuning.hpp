@@ -70,13 +70,18 @@ struct RuntimeTuning {
   // CUDA runtime only: steps of up to this many rows run as decode steps (the decode kernels while
   // a layer's count allows); < 0: the engine's default (16). For measuring batched decode.
   std::int64_t decode_max_rows = -1;  // decode-max-rows=N
+  // CUDA runtime only: a ReLU layer's decode steps of 2 up to this many rows (≤ 16) compute their
+  // gate on the decode GEMV's tensor-core kernel, which reads its first weights before the
+  // programmatic wait (cuda::FfnLayer::set_decode_gemv_max_rows); < 0: the engine's default (1:
+  // cuBLASLt's ReLU GEMM from 2 rows). Exact either way, not the same bits. For A/B measurement.
+  std::int64_t decode_gemv_max_rows = -1;  // decode-gemv-max-rows=N
   // CUDA runtime only, on a compute-capability-9.0 GPU: decode steps of union-min-rows up to this
   // many rows run a ReLU layer's union FFN (each neuron some row fired read once for the batch)
   // while its count allows; 0: never (the decode kernel up to decode-max-rows, the dense FFN past
   // it); < 0: the engine's default (32).
   std::int64_t union_max_rows = -1;  // union-max-rows=N
   // CUDA runtime only, the same GPUs: the union FFN from this many rows (2 ≤ N ≤ 64; 0: never),
-  // in place of the decode kernel up to 16 rows; < 0: the engine's default (8). For measuring where
+  // in place of the decode kernel up to 16 rows; < 0: the engine's default (4). For measuring where
   // the union wins at 2–16 rows.
   std::int64_t union_min_rows = -1;  // union-min-rows=N
   // CUDA runtime only, the same GPUs: the union FFN's kernel shape (FfnLayer::UnionKernels): CTAs
