@@ -11,6 +11,7 @@
 #include <string>
 #include <tuple>
 
+#include "cuda/sm90/union_ffn.hpp"
 #include "cuda_test_util.hpp"
 #include "model/tiny_model.hpp"
 #include "twell/model/generate.hpp"
@@ -796,6 +797,79 @@ TEST(ModelCuda, BatchCompanyMovesLogitsWithinTheBf16Bound) {
                   act, batch, identical, kSteps + 1, same_argmax, worst);
       EXPECT_LE(worst, kTol) << "batch " << batch;
     }
+  }
+}
+
+// Batched sparse decode keeps the dense path's greedy tokens. A ReLU model at ≈ 0.2–0.9 % (the CPU
+// runtime's count over 12 seeds) generates greedily on two GPU runtimes: the dense FFN everywhere,
+// and the sparse decode paths at every step (decode-max-density 1, so no count sends a step
+// dense): 3 rows the decode kernel, 4–24 rows the union FFN on a compute-capability-9.0 GPU
+// (elsewhere the decode kernel up to 16 rows and the dispatch past them), N = 1024 and K = 256 on
+// the union's grid. Every decode row of every layer must have run sparse where the step is
+// decode-sized; the tokens must agree up to a first difference where the CPU runtime's top two
+// logits are a tie (the GPU paths sum in other orders, each within its float64 bound).
+TEST(ModelCuda, BatchedSparseDecodeKeepsTheDenseGreedyTokens) {
+  TWELL_REQUIRE_GPU();
+  int dev = 0;
+  ASSERT_EQ(cudaGetDevice(&dev), cudaSuccess);
+  const bool union_gpu = cuda::union_ffn_available(dev);
+  TinySpec spec;
+  spec.act = "relu";
+  spec.bf16 = true;
+  spec.bias_channel = true;
+  spec.gate_threshold = -0.45f;
+  spec.intermediate = 1024;
+  spec.hidden = 256;
+  spec.max_pos = 160;
+  spec.seed = fresh_seed();
+  const model::Model m = model::Model::load(write_tiny("batched_sparse", spec).string());
+  auto cpu = model::make_runtime(m, "cpu");
+  auto dense = model::make_runtime(m, "cuda", {FfnPath::dense}, model::RuntimeTuning{});
+  model::RuntimeTuning always_sparse;
+  always_sparse.decode_max_density = 1.0;
+  model::GenerateOptions o;
+  o.max_new_tokens = 20;
+  o.ignore_eos = true;
+  for (const std::size_t batch : {3u, 4u, 8u, 24u}) {
+    SCOPED_TRACE(::testing::Message() << "batch " << batch);
+    auto sparse = model::make_runtime(m, "cuda", {FfnPath::automatic}, always_sparse);
+    Rng rng(spec.seed + batch);
+    std::vector<std::vector<std::int32_t>> prompts(batch);
+    for (std::size_t i = 0; i < batch; ++i)
+      for (std::size_t j = 0; j < 5 + 3 * (i % 7); ++j) prompts[i].push_back(static_cast<std::int32_t>(rng.below(spec.vocab)));
+    const auto a = model::generate(*dense, prompts, o), b = model::generate(*sparse, prompts, o);
+    // The decode steps: max_new_tokens − 1 of them (the prefill gives the first token), batch rows each.
+    const auto decode_rows = static_cast<std::int64_t>(batch) * (o.max_new_tokens - 1);
+    const bool decode_sized = batch <= 16 || (union_gpu && batch <= 32);
+    std::int64_t least_sparse = -1;
+    for (const model::FfnLayerStats& st : sparse->ffn_stats()) {
+      least_sparse = least_sparse < 0 ? st.sparse_rows : std::min(least_sparse, st.sparse_rows);
+    }
+    if (decode_sized) {
+      EXPECT_GE(least_sparse, decode_rows) << "a layer ran some decode rows dense";
+    }
+    std::size_t agree = 0, total = 0;
+    for (std::size_t i = 0; i < batch; ++i) {
+      ASSERT_EQ(a[i].tokens.size(), b[i].tokens.size());
+      std::size_t same = 0;
+      while (same < a[i].tokens.size() && a[i].tokens[same] == b[i].tokens[same]) ++same;
+      agree += same;
+      total += a[i].tokens.size();
+      if (same == a[i].tokens.size()) continue;
+      std::vector<std::int32_t> ctx = prompts[i];
+      ctx.insert(ctx.end(), a[i].tokens.begin(), a[i].tokens.begin() + static_cast<long>(same));
+      auto seq = cpu->new_sequence(static_cast<std::int64_t>(ctx.size()));
+      SeqStep st{seq.get(), ctx};
+      auto l = cpu->forward(std::span<const SeqStep>(&st, 1));
+      std::sort(l.begin(), l.end());
+      const double scale = std::max(std::fabs(l.front()), std::fabs(l.back()));
+      EXPECT_LT(l[l.size() - 1] - l[l.size() - 2], kTol * scale)
+          << "sequence " << i << ": the sparse path's greedy token differs at " << same << " where the CPU's top-2 margin is not a tie";
+    }
+    std::printf("[batched sparse] batch %zu (%s): %zu of %zu tokens agree before a first difference; sparse decode rows a layer "
+                "at least %lld of %lld\n",
+                batch, batch < 4 ? "decode kernel" : union_gpu && batch <= 32 ? "union FFN" : batch <= 16 ? "decode kernel" : "dispatch",
+                agree, total, static_cast<long long>(least_sparse), static_cast<long long>(decode_rows));
   }
 }
 
