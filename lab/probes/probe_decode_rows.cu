@@ -13,7 +13,8 @@
 //            its checks below the table's line of each M). Its last line at each M times the list
 //            and up over every neuron (g all 1: a gate's bytes, n · k) against the cuBLASLt ReLU
 //            gate and a plain copy: whether a gate in the up's form, the list in its epilogue,
-//            could stream Wg as fast as cuBLASLt does.
+//            could stream Wg as fast as cuBLASLt does; then the whole union with and without its
+//            list kernel (what a gate leaving the list's masks in its epilogue could save).
 //   rows     kernel 1 (2–16 rows), a CTA a block of 16 neurons for every row: the gate GEMV's own
 //            partial sums (gemv_mma_partials, so the same g bits) with g kept on chip; each neuron's
 //            fired rows as a mask; a warp a fired neuron forms h for each row that fired it in the
@@ -669,6 +670,17 @@ int main(int argc, char** argv) {
                   "(%.2f / %.2f / %.2f TB/s); cuBLASLt ReLU gate %.2f us (%.2f TB/s); copy %.2f us (%.2f TB/s read, %.2f moved)\n",
                   n, bytes / 1e6, t_all[0], t_all[1], t_all[2], tbs(t_all[0]), tbs(t_all[1]), tbs(t_all[2]), t_lt, tbs(t_lt), t_cp,
                   tbs(t_cp), 2 * tbs(t_cp));
+    }
+    // What the list kernel adds to the chain (the most a gate that leaves the list's masks in its
+    // epilogue could save): the whole union at 8 × 8, programmatic, with it and without it. Without
+    // it the up and down read the list the last layer's launch left: another g of the same
+    // statistics, so the same work to within the union's spread (the timing only; no check).
+    {
+      const ProgrammaticLaunch pdl(true);
+      const double t_with = timed([&] { for (const Layer& l : L) union_ffn(l, m, 8, 8); });
+      const double t_without = timed([&] { for (const Layer& l : L) union_ffn(l, m, 8, 8, false, 3 | kUnionSkipList); });
+      std::printf("    the list kernel in the chain: whole 8 x 8 programmatic %.2f us with it, %.2f without (%.2f us a layer)\n",
+                  t_with, t_without, t_with - t_without);
     }
     return pass;
   };

@@ -470,6 +470,8 @@ bool union_ffn_available(int device) {
 void launch_union_ffn(const UnionFfnParams& p, cudaStream_t stream, int parts) {
   TWELL_CU_REQUIRE(p.x && p.w_up && p.w_down_t && p.y && p.g && p.list && p.counts && p.h && (!p.nnz || p.cta_ticket),
                    ErrorCode::invalid_argument, "union FFN: null pointer");
+  TWELL_CU_REQUIRE(!(parts & kUnionSkipList) || !p.nnz, ErrorCode::invalid_argument,
+                   "union FFN: the list kernel left out, but nnz asks for its count");
   const auto aligned = [](const void* q, std::uintptr_t a) { return reinterpret_cast<std::uintptr_t>(q) % a == 0; };
   TWELL_CU_REQUIRE(aligned(p.x, 16) && aligned(p.w_up, 16) && aligned(p.w_down_t, 16) && aligned(p.h, 16) && aligned(p.g, 8) &&
                        aligned(p.y, 2),
@@ -483,8 +485,9 @@ void launch_union_ffn(const UnionFfnParams& p, cudaStream_t stream, int parts) {
                    p.m, kUnionMaxRows, p.n, kUnionMaxN, p.k, p.gated, p.ld_g, p.ld_x, p.ld_y, p.up_split, p.down_split,
                    p.up_clusters);
   if (parts & 1) {
-    go(reinterpret_cast<const void*>(union_list_kernel), "union_list_kernel", dim3(static_cast<unsigned>(union_tiles(p.n))), 1, 0,
-       0, p, stream);
+    if (!(parts & kUnionSkipList))
+      go(reinterpret_cast<const void*>(union_list_kernel), "union_list_kernel", dim3(static_cast<unsigned>(union_tiles(p.n))), 1,
+         0, 0, p, stream);
     if (p.m <= 32)
       up<4>(p, stream);
     else

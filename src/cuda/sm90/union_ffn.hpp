@@ -76,8 +76,11 @@ constexpr bool union_shape_ok(int up_split, int down_split, int up_clusters) noe
 // True iff this build carries the sm_90a kernels and `device` runs them (compute capability 9.0).
 bool union_ffn_available(int device);
 
-// parts: bit 0 the list and up kernels, bit 1 the down kernel (one alone: a probe's timing split).
+// parts: bit 0 the list and up kernels, bit 1 the down kernel (one alone: a probe's timing split);
+// with kUnionSkipList the list kernel is left out, the list and counts holding this g's already (a
+// probe's measure of what the list kernel adds to the chain; never with nnz, which it publishes).
 // Throws twell::Error (unsupported) on a shape union_ffn_fits refuses or a bad split.
+inline constexpr int kUnionSkipList = 4;
 void launch_union_ffn(const UnionFfnParams& p, cudaStream_t stream, int parts = 3);
 
 }  // namespace twell::cuda
