@@ -5,7 +5,11 @@
 //   twell_probe_decode_token [n [k [density [layers]]]]   (defaults: 5632 2048 0.005 16)
 // `layers` weight sets are launched in turn (each larger than L2 together: every launch streams
 // its gate rows from HBM), captured in a CUDA graph and replayed; prints µs per launch and the
-// gate rows' GB/s.
+// gate rows' GB/s. Then the batch-1 runtime's form by parts (programmatic launches, each launch
+// after the last: docs/runtime.md plan step 3): the fixed-point kernel with the norm folded in, the
+// same without the norm (x given), the same at density 0 (the residual's last channel dominant, so
+// no neuron fires: no up row, down row or fixed-point adds), the two-kernel form, and the gate GEMV
+// alone; the differences place the tail's time.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -17,6 +21,7 @@
 #include <vector>
 
 #include "cuda/common/device_buffer.hpp"
+#include "cuda/common/launch.hpp"
 #include "cuda/ops/gemv.hpp"
 #include "cuda/sm80/twell_decode.hpp"
 #include "cuda/sm80/twell_decode_token.hpp"
@@ -124,5 +129,72 @@ int main(int argc, char** argv) {
   report("gemv (gate only)", time_graph(s, reps, layers, [&] { for (const Layer& l : L) gemv(l); }));
   report("gemv + decode kernel", time_graph(s, reps, layers, [&] { for (const Layer& l : L) { gemv(l); decode(l); } }));
   report("decode_token (gate fused in) + down", time_graph(s, reps, layers, [&] { for (const Layer& l : L) token(l); }));
+
+  // By parts, as the runtime launches a batch-1 FFN (fixed point, norm folded in), programmatic.
+  // r: x in fp32 (the norm of x with unit weights is ≈ x: its rms ≈ 1), or r0: only the last
+  // channel (the gate's threshold column) non-zero, so every pre-activation is −t · √k.
+  std::vector<__nv_bfloat16> hxb(static_cast<std::size_t>(k));
+  CK(cudaMemcpyAsync(hxb.data(), x.get(), hxb.size() * sizeof(__nv_bfloat16), cudaMemcpyDeviceToHost, s));
+  CK(cudaStreamSynchronize(s));
+  std::vector<float> hr(static_cast<std::size_t>(k)), hr0(static_cast<std::size_t>(k), 0.0f), ones(static_cast<std::size_t>(k), 1.0f);
+  for (int c = 0; c < k; ++c) hr[static_cast<std::size_t>(c)] = __bfloat162float(hxb[static_cast<std::size_t>(c)]);
+  hr0[static_cast<std::size_t>(k - 1)] = 1000.0f;
+  DeviceBuffer<float> r(static_cast<std::size_t>(k)), r0(static_cast<std::size_t>(k)), nw(static_cast<std::size_t>(k));
+  DeviceBuffer<long long> y_fixed(static_cast<std::size_t>(k));
+  DeviceBuffer<unsigned> overflow(1);
+  CK(cudaMemcpyAsync(r0.get(), hr0.data(), r0.bytes(), cudaMemcpyHostToDevice, s));
+  CK(cudaMemcpyAsync(nw.get(), ones.data(), nw.bytes(), cudaMemcpyHostToDevice, s));
+  CK(cudaMemsetAsync(y_fixed.get(), 0, y_fixed.bytes(), s));
+  CK(cudaMemsetAsync(overflow.get(), 0, overflow.bytes(), s));
+  CK(cudaStreamSynchronize(s));
+  // The norm reads r and (with no first or delta) stores nothing back, so r stays as set.
+  auto fixed = [&](const Layer& l, const float* rr) {
+    TwellDecodeTokenParams p;
+    operands(l, p);
+    p.w_first = l.wg.get();
+    p.y_fixed = y_fixed.get();
+    p.overflow = overflow.get();
+    if (rr) {
+      p.norm.r = const_cast<float*>(rr);
+      p.norm.w = nw.get();
+      p.norm.eps = 1e-6f;
+    }
+    launch_twell_decode_token(p, s);
+  };
+  auto gemv_early = [&](const Layer& l) {
+    TwellGemvParams p;
+    p.x = x.get();
+    p.ld_x = k;
+    p.w = l.wg.get();
+    p.g = g.get();
+    p.ld_g = n + 8;
+    p.m = 1;
+    p.n = n;
+    p.k = k;
+    p.w_before_wait = true;
+    launch_twell_gemv(p, s);
+  };
+  CK(cudaMemcpyAsync(r.get(), hr.data(), r.bytes(), cudaMemcpyHostToDevice, s));
+  CK(cudaStreamSynchronize(s));
+  {
+    const ProgrammaticLaunch pdl(programmatic_launch_supported());
+    std::printf("by parts, programmatic launches %s:\n", programmatic_launch_active() ? "on" : "off (not supported here)");
+    const double t_norm = time_graph(s, reps, layers, [&] { for (const Layer& l : L) fixed(l, r.get()); });
+    const double t_x = time_graph(s, reps, layers, [&] { for (const Layer& l : L) fixed(l, nullptr); });
+    const double t_zero = time_graph(s, reps, layers, [&] { for (const Layer& l : L) fixed(l, r0.get()); });
+    const double t_two = time_graph(s, reps, layers, [&] { for (const Layer& l : L) token(l); });
+    const double t_gate = time_graph(s, reps, layers, [&] { for (const Layer& l : L) gemv_early(l); });
+    report("  fixed point, norm folded in", t_norm);
+    report("  fixed point, x given", t_x);
+    report("  fixed point, norm, density 0", t_zero);
+    report("  two kernels (h, then down), x given", t_two);
+    report("  gate GEMV alone (weights before wait)", t_gate);
+    std::printf("  the norm %.2f us; the active neurons' chains (up, down, adds) %.2f us; past the gate's stream %.2f us\n",
+                t_norm - t_x, t_norm - t_zero, t_x - t_gate);
+    unsigned ov = 0;
+    CK(cudaMemcpyAsync(&ov, overflow.get(), sizeof ov, cudaMemcpyDeviceToHost, s));
+    CK(cudaStreamSynchronize(s));
+    if (ov) std::printf("  (a fixed-point term overflowed: the fixed-point times ran a shortened chain)\n");
+  }
   return 0;
 }
