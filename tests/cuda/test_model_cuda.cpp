@@ -800,7 +800,7 @@ TEST(ModelCuda, BatchCompanyMovesLogitsWithinTheBf16Bound) {
   }
 }
 
-// Batched sparse decode keeps the dense path's greedy tokens. A ReLU model at ≈ 0.2–0.9 % (the CPU
+// Batched sparse decode keeps the dense path's greedy tokens. A ReLU model at ≈ 0.1–0.9 % (the CPU
 // runtime's count over 12 seeds) generates greedily on two GPU runtimes: the dense FFN everywhere,
 // and the sparse decode paths at every step (decode-max-density 1, so no count sends a step
 // dense): 3 rows the decode kernel, 4–24 rows the union FFN on a compute-capability-9.0 GPU
