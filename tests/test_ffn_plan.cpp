@@ -319,7 +319,7 @@ TEST(FfnPlan, DescribeCallNamesWhatRan) {
   EXPECT_EQ(describe_call(decode), "twell decode kernel, GEMV gate (the previous call measured 0.50% density)");
   decode.union_ffn = true;
   EXPECT_EQ(describe_call(decode),
-            "twell union FFN (GEMV gate; list, up, down on tensor cores) (the previous call measured 0.50% density)");
+            "twell union FFN (GEMV gate with its fired groups; up, down on tensor cores) (the previous call measured 0.50% density)");
   decode.gate_gemv = false;
   EXPECT_EQ(describe_call(decode),
             "twell union FFN (cublasLt gate; list, up, down on tensor cores) (the previous call measured 0.50% density)");
