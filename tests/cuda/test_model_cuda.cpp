@@ -274,6 +274,28 @@ TEST(ModelCuda, CudnnGraphIsBuiltAtAShapesSecondCall) {
   EXPECT_NE(a->prefill_attention().find("2 graphs built"), std::string::npos) << a->prefill_attention();
 }
 
+// Greedy picks may differ only where the top two logits are within the bf16 noise: the tokens a and
+// b agree up to their first difference (returned: the count that agree), where the CPU runtime's
+// top-2 margin on the prompt and the agreed tokens must be a tie (kTol of the logit scale).
+std::size_t expect_difference_at_a_tie(Runtime& cpu, const std::vector<std::int32_t>& prompt,
+                                       const std::vector<std::int32_t>& a, const std::vector<std::int32_t>& b,
+                                       const std::string& what) {
+  EXPECT_EQ(a.size(), b.size()) << what;
+  std::size_t same = 0;
+  while (same < a.size() && same < b.size() && a[same] == b[same]) ++same;
+  if (same == a.size()) return same;
+  std::vector<std::int32_t> ctx = prompt;
+  ctx.insert(ctx.end(), a.begin(), a.begin() + static_cast<long>(same));
+  auto seq = cpu.new_sequence(static_cast<std::int64_t>(ctx.size()));
+  SeqStep st{seq.get(), ctx};
+  auto l = cpu.forward(std::span<const SeqStep>(&st, 1));
+  std::sort(l.begin(), l.end());
+  const double scale = std::max(std::fabs(l.front()), std::fabs(l.back()));
+  EXPECT_LT(l[l.size() - 1] - l[l.size() - 2], kTol * scale)
+      << what << ": greedy differs at token " << same << " where the CPU's top-2 margin is not a tie";
+  return same;
+}
+
 TEST(ModelCuda, GreedyGenerationMatchesCpu) {
   TWELL_REQUIRE_GPU();
   TinySpec s;
@@ -290,22 +312,8 @@ TEST(ModelCuda, GreedyGenerationMatchesCpu) {
   o.max_new_tokens = 16;
   o.ignore_eos = true;
   const auto a = model::generate(*cpu, prompts, o), b = model::generate(*gpu, prompts, o);
-  // Greedy picks may differ only where the top two logits are within the bf16 noise: count the
-  // tokens that agree before the first difference, and check that difference is such a tie.
-  for (std::size_t i = 0; i < prompts.size(); ++i) {
-    std::size_t same = 0;
-    while (same < a[i].tokens.size() && a[i].tokens[same] == b[i].tokens[same]) ++same;
-    if (same == a[i].tokens.size()) continue;
-    std::vector<std::int32_t> ctx = prompts[i];
-    ctx.insert(ctx.end(), a[i].tokens.begin(), a[i].tokens.begin() + static_cast<long>(same));
-    auto seq = cpu->new_sequence(static_cast<std::int64_t>(ctx.size()));
-    SeqStep st{seq.get(), ctx};
-    auto l = cpu->forward(std::span<const SeqStep>(&st, 1));
-    std::sort(l.begin(), l.end());
-    const double scale = std::max(std::fabs(l.front()), std::fabs(l.back()));
-    EXPECT_LT(l[l.size() - 1] - l[l.size() - 2], kTol * scale) << "prompt " << i << ": greedy differs at token " << same
-                                                                << " where the CPU's top-2 margin is not a tie";
-  }
+  for (std::size_t i = 0; i < prompts.size(); ++i)
+    expect_difference_at_a_tie(*cpu, prompts[i], a[i].tokens, b[i].tokens, "prompt " + std::to_string(i));
 }
 
 // Sampled generation on the GPU picks exactly the tokens that the whole logits copied back pick on
@@ -850,21 +858,9 @@ TEST(ModelCuda, BatchedSparseDecodeKeepsTheDenseGreedyTokens) {
     }
     std::size_t agree = 0, total = 0;
     for (std::size_t i = 0; i < batch; ++i) {
-      ASSERT_EQ(a[i].tokens.size(), b[i].tokens.size());
-      std::size_t same = 0;
-      while (same < a[i].tokens.size() && a[i].tokens[same] == b[i].tokens[same]) ++same;
-      agree += same;
+      agree += expect_difference_at_a_tie(*cpu, prompts[i], a[i].tokens, b[i].tokens,
+                                          "sequence " + std::to_string(i) + ", sparse against dense");
       total += a[i].tokens.size();
-      if (same == a[i].tokens.size()) continue;
-      std::vector<std::int32_t> ctx = prompts[i];
-      ctx.insert(ctx.end(), a[i].tokens.begin(), a[i].tokens.begin() + static_cast<long>(same));
-      auto seq = cpu->new_sequence(static_cast<std::int64_t>(ctx.size()));
-      SeqStep st{seq.get(), ctx};
-      auto l = cpu->forward(std::span<const SeqStep>(&st, 1));
-      std::sort(l.begin(), l.end());
-      const double scale = std::max(std::fabs(l.front()), std::fabs(l.back()));
-      EXPECT_LT(l[l.size() - 1] - l[l.size() - 2], kTol * scale)
-          << "sequence " << i << ": the sparse path's greedy token differs at " << same << " where the CPU's top-2 margin is not a tie";
     }
     std::printf("[batched sparse] batch %zu (%s): %zu of %zu tokens agree before a first difference; sparse decode rows a layer "
                 "at least %lld of %lld\n",
