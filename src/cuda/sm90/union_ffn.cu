@@ -109,16 +109,32 @@ __global__ void __launch_bounds__(kUnionThreads) union_list_kernel(UnionFfnParam
 #if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900
 // The list through either source (kFired: a kernel's instantiation, so that the list kernel's
 // path compiles as before): the list kernel's counts and slots, or the gate's fired bits
-// (UnionFfnParams::fired; tile t's groups 16t … 16t + 15, those past ⌈n / 16⌉ never written and
-// never read). Read past L1: written by an earlier kernel of the chain.
+// (UnionFfnParams::fired). Read past L1: written by an earlier kernel of the chain.
+//
+// Tile t's 256 fired bits as 8 words, bit k of w[j] ↔ neuron 256t + 32j + k (a word holds two
+// 16-bit groups, the lower first); the groups past ⌈n / 16⌉, which the gate never writes, read as
+// zero. Two 16-byte loads, both in flight at once.
+__device__ __forceinline__ void union_tile_bits(const UnionFfnParams& p, int t, unsigned (&w)[8]) {
+  const uint4* src = reinterpret_cast<const uint4*>(p.fired + 16 * t);
+  const uint4 a = __ldcg(src), b = __ldcg(src + 1);
+  const unsigned v[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+  const int groups = static_cast<int>((p.n + 15) / 16);
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {
+    const int lo = 16 * t + 2 * j;  // the word's lower group
+    w[j] = lo >= groups ? 0u : lo + 1 >= groups ? v[j] & 0xFFFFu : v[j];
+  }
+}
 template <bool kFired>
 __device__ __forceinline__ int union_tile_count(const UnionFfnParams& p, int t) {
   if constexpr (!kFired) {
     return __ldcg(p.counts + t);
   } else {
-    const int end = min(16 * t + 16, static_cast<int>((p.n + 15) / 16));
+    unsigned w[8];
+    union_tile_bits(p, t, w);
     int c = 0;
-    for (int b = 16 * t; b < end; ++b) c += __popc(static_cast<unsigned>(__ldcg(p.fired + b)));
+#pragma unroll
+    for (int j = 0; j < 8; ++j) c += __popc(w[j]);
     return c;
   }
 }
@@ -129,18 +145,21 @@ __device__ __forceinline__ int union_slot_neuron(const UnionFfnParams& p, int sl
   if constexpr (!kFired) {
     return __ldcg(p.list + slot);
   } else {
-    const int t = slot / kUnionTile, end = min(16 * t + 16, static_cast<int>((p.n + 15) / 16));
-    int i = slot % kUnionTile;
-    for (int b = 16 * t; b < end; ++b) {
-      unsigned f = __ldcg(p.fired + b);
-      const int c = __popc(f);
-      if (i < c) {
-        for (; i > 0; --i) f &= f - 1;  // drop the i lowest set bits
-        return 16 * b + __ffs(static_cast<int>(f)) - 1;
+    const int t = slot / kUnionTile;
+    unsigned w[8];
+    union_tile_bits(p, t, w);
+    int i = slot % kUnionTile, nrn = -1;
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      const int c = __popc(w[j]);
+      if (nrn < 0 && i < c) {
+        unsigned f = w[j];
+        for (int d = 0; d < i; ++d) f &= f - 1;  // drop the i lowest set bits
+        nrn = t * kUnionTile + 32 * j + __ffs(static_cast<int>(f)) - 1;
       }
       i -= c;
     }
-    return -1;
+    return nrn;
   }
 }
 
@@ -232,7 +251,7 @@ __global__ void __launch_bounds__(kUnionThreads) union_up_kernel(UnionFfnParams 
 #pragma unroll
   for (int st = 0; st < kUpStages - 1; ++st)
     if (st < nkb) load_x(st, st);
-  cdev::pdl_begin();  // the counts and the list are the list kernel's
+  cdev::pdl_begin();  // the counts and the list are the list kernel's (the fired groups the gate's)
   if (warp == 0) union_groups<kFired>(p, s_grp, &s_ngrp);
   __syncthreads();
   // Cluster y takes the slot blocks y, y + gridDim.y, … (kPasses; else block y alone: the grid holds
@@ -367,8 +386,12 @@ __global__ void __launch_bounds__(kUnionThreads) union_down_kernel(UnionFfnParam
   if (warp == 0) union_groups<kFired>(p, s_grp, &s_ngrp);
   __syncthreads();
   const int mine = s_ngrp > rank ? (s_ngrp - rank + split - 1) / split : 0;  // groups rank, rank + split, …
-  for (int e = tid; e < mine * kUnionGroup; e += kUnionThreads)
-    s_list[e] = union_slot_neuron<kFired>(p, s_grp[rank + (e / kUnionGroup) * split] + e % kUnionGroup);
+  for (int e = tid; e < mine * kUnionGroup; e += kUnionThreads) {
+    if constexpr (kFired)
+      s_list[e] = union_slot_neuron<true>(p, s_grp[rank + (e / kUnionGroup) * split] + e % kUnionGroup);
+    else  // (the list path's own address arithmetic, as it compiled before the fired groups)
+      s_list[e] = __ldcg(p.list + s_grp[rank + (e / kUnionGroup) * split] + e % kUnionGroup);
+  }
   __syncthreads();
   const auto sbase = static_cast<std::uint32_t>(__cvta_generic_to_shared(smem));
   // The rank's j-th group into stage st: its 16 Wdᵀ rows' 128 columns (a chunk a thread), and h's
@@ -519,8 +542,8 @@ void launch_union_ffn(const UnionFfnParams& p, cudaStream_t stream, int parts) {
   TWELL_CU_REQUIRE(p.x && p.w_up && p.w_down_t && p.y && p.g && (p.fired || (p.list && p.counts)) && p.h &&
                        (!p.nnz || p.cta_ticket),
                    ErrorCode::invalid_argument, "union FFN: null pointer");
-  TWELL_CU_REQUIRE(!p.fired || !p.nnz, ErrorCode::invalid_argument,
-                   "union FFN: with the gate's fired groups the gate counts the pairs (nnz must be null)");
+  TWELL_CU_REQUIRE(!p.fired || (!p.nnz && reinterpret_cast<std::uintptr_t>(p.fired) % 16 == 0), ErrorCode::invalid_argument,
+                   "union FFN: the gate's fired groups must be 16-byte aligned, and the gate counts the pairs (nnz null)");
   TWELL_CU_REQUIRE(!(parts & kUnionSkipList) || !p.nnz, ErrorCode::invalid_argument,
                    "union FFN: the list kernel left out, but nnz asks for its count");
   const auto aligned = [](const void* q, std::uintptr_t a) { return reinterpret_cast<std::uintptr_t>(q) % a == 0; };

@@ -56,10 +56,11 @@ struct UnionFfnParams : FfnOperands {  // gated only: x, w_up, w_down_t, y (rows
   int up_split = 8;                  // CTAs an up cluster (1, 2, 4, 8)
   int down_split = 8;                // CTAs a down cluster (1, 2, 4, 8)
   int up_clusters = 0;               // > 0: at most this many up clusters (0: one a 64-slot block of the whole list)
-  // Optional, in place of the list kernel: [⌈n / 16⌉] the gate's fired groups (TwellGemvParams::
-  // fired: bit i of fired[b] iff g[r, 16 · b + i] > 0 for some row r), written by the launch just
-  // before this one; list and counts are then unused (may be null), and nnz must be null (the gate
-  // counts the pairs).
+  // Optional, in place of the list kernel: [union_tiles(n) · 16], 16-byte aligned, the gate's fired
+  // groups (TwellGemvParams::fired: bit i of fired[b] iff g[r, 16 · b + i] > 0 for some row r, for
+  // b < ⌈n / 16⌉; the rest of the last tile is read and ignored), written by the launch just before
+  // this one; list and counts are then unused (may be null), and nnz must be null (the gate counts
+  // the pairs).
   const unsigned short* fired = nullptr;
 };
 
