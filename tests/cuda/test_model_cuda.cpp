@@ -813,7 +813,8 @@ TEST(ModelCuda, BatchCompanyMovesLogitsWithinTheBf16Bound) {
 // and the sparse decode paths at every step (decode-max-density 1, so no count sends a step
 // dense): 3 rows the decode kernel, 4–24 rows the union FFN on a compute-capability-9.0 GPU
 // (elsewhere the decode kernel up to 16 rows and the dispatch past them), N = 1024 and K = 256 on
-// the union's grid. Every decode row of every layer must have run sparse where the step is
+// the union's grid; the gate on cuBLASLt, then up to 16 rows on the GEMV (decode-gemv-max-rows 16:
+// before the union, its fired groups in place of the list kernel). Every decode row of every layer must have run sparse where the step is
 // decode-sized; the tokens must agree up to a first difference where the CPU runtime's top two
 // logits are a tie (the GPU paths sum in other orders, each within its float64 bound).
 TEST(ModelCuda, BatchedSparseDecodeKeepsTheDenseGreedyTokens) {
@@ -838,34 +839,38 @@ TEST(ModelCuda, BatchedSparseDecodeKeepsTheDenseGreedyTokens) {
   model::GenerateOptions o;
   o.max_new_tokens = 20;
   o.ignore_eos = true;
-  for (const std::size_t batch : {3u, 4u, 8u, 24u}) {
-    SCOPED_TRACE(::testing::Message() << "batch " << batch);
-    auto sparse = model::make_runtime(m, "cuda", {FfnPath::automatic}, always_sparse);
-    Rng rng(spec.seed + batch);
-    std::vector<std::vector<std::int32_t>> prompts(batch);
-    for (std::size_t i = 0; i < batch; ++i)
-      for (std::size_t j = 0; j < 5 + 3 * (i % 7); ++j) prompts[i].push_back(static_cast<std::int32_t>(rng.below(spec.vocab)));
-    const auto a = model::generate(*dense, prompts, o), b = model::generate(*sparse, prompts, o);
-    // The decode steps: max_new_tokens − 1 of them (the prefill gives the first token), batch rows each.
-    const auto decode_rows = static_cast<std::int64_t>(batch) * (o.max_new_tokens - 1);
-    const bool decode_sized = batch <= 16 || (union_gpu && batch <= 32);
-    std::int64_t least_sparse = -1;
-    for (const model::FfnLayerStats& st : sparse->ffn_stats()) {
-      least_sparse = least_sparse < 0 ? st.sparse_rows : std::min(least_sparse, st.sparse_rows);
+  for (const bool gemv_gate : {false, true}) {
+    for (const std::size_t batch : {3u, 4u, 8u, 24u}) {
+      SCOPED_TRACE(::testing::Message() << "batch " << batch << (gemv_gate ? ", GEMV gate" : ""));
+      always_sparse.decode_gemv_max_rows = gemv_gate ? 16 : -1;
+      auto sparse = model::make_runtime(m, "cuda", {FfnPath::automatic}, always_sparse);
+      Rng rng(spec.seed + batch);
+      std::vector<std::vector<std::int32_t>> prompts(batch);
+      for (std::size_t i = 0; i < batch; ++i)
+        for (std::size_t j = 0; j < 5 + 3 * (i % 7); ++j) prompts[i].push_back(static_cast<std::int32_t>(rng.below(spec.vocab)));
+      const auto a = model::generate(*dense, prompts, o), b = model::generate(*sparse, prompts, o);
+      // The decode steps: max_new_tokens − 1 of them (the prefill gives the first token), batch rows each.
+      const auto decode_rows = static_cast<std::int64_t>(batch) * (o.max_new_tokens - 1);
+      const bool decode_sized = batch <= 16 || (union_gpu && batch <= 32);
+      std::int64_t least_sparse = -1;
+      for (const model::FfnLayerStats& st : sparse->ffn_stats()) {
+        least_sparse = least_sparse < 0 ? st.sparse_rows : std::min(least_sparse, st.sparse_rows);
+      }
+      if (decode_sized) {
+        EXPECT_GE(least_sparse, decode_rows) << "a layer ran some decode rows dense";
+      }
+      std::size_t agree = 0, total = 0;
+      for (std::size_t i = 0; i < batch; ++i) {
+        agree += expect_difference_at_a_tie(*cpu, prompts[i], a[i].tokens, b[i].tokens,
+                                            "sequence " + std::to_string(i) + ", sparse against dense");
+        total += a[i].tokens.size();
+      }
+      std::printf("[batched sparse] batch %zu (%s, gate on %s): %zu of %zu tokens agree before a first difference; sparse "
+                  "decode rows a layer at least %lld of %lld\n",
+                  batch, batch < 4 ? "decode kernel" : union_gpu && batch <= 32 ? "union FFN" : batch <= 16 ? "decode kernel" : "dispatch",
+                  gemv_gate && batch <= 16 ? "the GEMV" : "cuBLASLt", agree, total, static_cast<long long>(least_sparse),
+                  static_cast<long long>(decode_rows));
     }
-    if (decode_sized) {
-      EXPECT_GE(least_sparse, decode_rows) << "a layer ran some decode rows dense";
-    }
-    std::size_t agree = 0, total = 0;
-    for (std::size_t i = 0; i < batch; ++i) {
-      agree += expect_difference_at_a_tie(*cpu, prompts[i], a[i].tokens, b[i].tokens,
-                                          "sequence " + std::to_string(i) + ", sparse against dense");
-      total += a[i].tokens.size();
-    }
-    std::printf("[batched sparse] batch %zu (%s): %zu of %zu tokens agree before a first difference; sparse decode rows a layer "
-                "at least %lld of %lld\n",
-                batch, batch < 4 ? "decode kernel" : union_gpu && batch <= 32 ? "union FFN" : batch <= 16 ? "decode kernel" : "dispatch",
-                agree, total, static_cast<long long>(least_sparse), static_cast<long long>(decode_rows));
   }
 }
 
