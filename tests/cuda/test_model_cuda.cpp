@@ -814,9 +814,10 @@ TEST(ModelCuda, BatchCompanyMovesLogitsWithinTheBf16Bound) {
 // dense): 3 rows the decode kernel, 4–24 rows the union FFN on a compute-capability-9.0 GPU
 // (elsewhere the decode kernel up to 16 rows and the dispatch past them), N = 1024 and K = 256 on
 // the union's grid; the gate on cuBLASLt, then up to 16 rows on the GEMV (decode-gemv-max-rows 16:
-// before the union, its fired groups in place of the list kernel). Every decode row of every layer must have run sparse where the step is
-// decode-sized; the tokens must agree up to a first difference where the CPU runtime's top two
-// logits are a tie (the GPU paths sum in other orders, each within its float64 bound).
+// before the union, its fired groups in place of the list kernel). Every decode row of every layer
+// must have run sparse where the step is decode-sized; the tokens must agree up to a first
+// difference where the CPU runtime's top two logits are a tie (the GPU paths sum in other orders,
+// each within its float64 bound).
 TEST(ModelCuda, BatchedSparseDecodeKeepsTheDenseGreedyTokens) {
   TWELL_REQUIRE_GPU();
   int dev = 0;
@@ -865,11 +866,14 @@ TEST(ModelCuda, BatchedSparseDecodeKeepsTheDenseGreedyTokens) {
                                             "sequence " + std::to_string(i) + ", sparse against dense");
         total += a[i].tokens.size();
       }
+      const char* ffn = batch < 4                      ? "decode kernel"
+                        : union_gpu && batch <= 32       ? "union FFN"
+                        : batch <= 16                    ? "decode kernel"
+                                                         : "dispatch";
       std::printf("[batched sparse] batch %zu (%s, gate on %s): %zu of %zu tokens agree before a first difference; sparse "
                   "decode rows a layer at least %lld of %lld\n",
-                  batch, batch < 4 ? "decode kernel" : union_gpu && batch <= 32 ? "union FFN" : batch <= 16 ? "decode kernel" : "dispatch",
-                  gemv_gate && batch <= 16 ? "the GEMV" : "cuBLASLt", agree, total, static_cast<long long>(least_sparse),
-                  static_cast<long long>(decode_rows));
+                  batch, ffn, gemv_gate && batch <= 16 ? "the GEMV" : "cuBLASLt", agree, total,
+                  static_cast<long long>(least_sparse), static_cast<long long>(decode_rows));
     }
   }
 }
