@@ -613,7 +613,7 @@ void FfnContext::enqueue_decode(const __nv_bfloat16* x, std::int64_t m, __nv_bfl
   }
   // Before the union, the GEMV gate also leaves its fired groups and counts the pairs, so the
   // union's list kernel is not launched (sm90/union_ffn.hpp; the same list, so the same bits).
-  const bool fired = s.gate_gemv && s.union_ffn;
+  const bool fired = s.gate_gemv && s.union_ffn && m >= 2;  // (the union's rows are ≥ 2: union_min_rows)
   unsigned* const cta_word = decode_tickets_.get() + decode_tickets_.size() - 2;  // the decode kernel's CTA word: all leave it zero
   if (s.gate_gemv) {
     TwellGemvParams gp;  // the gate (the up GEMM non-gated) as a GEMV: same values as gate_gemm's

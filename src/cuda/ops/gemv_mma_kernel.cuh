@@ -146,7 +146,7 @@ __global__ void __launch_bounds__(kGemvMmaWarps * 32, MinCtas) twell_gemv_mma_ke
     } else {
       const __nv_bfloat16 b = __float2bfloat16_rn(v);
       p.g[tok * p.ld_g + n] = b;
-      if (__bfloat162float(b) > 0.0f) {  // (a NaN is not)
+      if (p.fired && __bfloat162float(b) > 0.0f) {  // (a NaN is not)
         fired |= 1u << row;
         ++pairs;
       }
