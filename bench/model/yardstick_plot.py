@@ -56,6 +56,17 @@ def parse(args):
     return models
 
 
+def frame(ax, batches, ylabel, title):
+    """A panel's axes: the batches on a log-2 axis, labels, grid and legend."""
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(batches, [str(b) for b in batches])
+    ax.set_xlabel("decode batch (sequences a step)")
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=8)
+
+
 def plot(models, out):
     import matplotlib
 
@@ -76,13 +87,7 @@ def plot(models, out):
             if top:
                 ax.annotate(pts[b]["tag"], (b, top), textcoords="offset points", xytext=(0, 6), ha="center", fontsize=7)
         ax.margins(y=0.12)
-        ax.set_xscale("log", base=2)
-        ax.set_xticks(batches, [str(b) for b in batches])
-        ax.set_xlabel("decode batch (sequences a step)")
-        ax.set_ylabel("tokens/s")
-        ax.set_title(f"{model}: decode throughput, each batch's run in one process")
-        ax.grid(True, alpha=0.3)
-        ax.legend(fontsize=8)
+        frame(ax, batches, "tokens/s", f"{model}: decode throughput, each batch's run in one process")
         ax = axes[row][1]
         xs = [b for b in batches if pts[b]["dense"] and pts[b]["sparse"]]
         ax.plot(xs, [pts[b]["sparse"] / pts[b]["dense"] for b in xs], "^-", label="twell sparse / dense, measured")
@@ -90,13 +95,7 @@ def plot(models, out):
         ax.plot(xc, [pts[b]["ceiling"] for b in xc], "k:", label="byte ceiling (dense / sparse bytes)")
         ax.plot(xc, [0.9 * pts[b]["ceiling"] for b in xc], "r--", label="0.9 × ceiling (issue 59's target)")
         ax.axhline(1.0, color="gray", lw=0.8)
-        ax.set_xscale("log", base=2)
-        ax.set_xticks(batches, [str(b) for b in batches])
-        ax.set_xlabel("decode batch")
-        ax.set_ylabel("speed ratio")
-        ax.set_title(f"{model}: the sparse gain against what its bytes allow")
-        ax.grid(True, alpha=0.3)
-        ax.legend(fontsize=8)
+        frame(ax, batches, "speed ratio", f"{model}: the sparse gain against what its bytes allow")
     fig.tight_layout()
     fig.savefig(out, dpi=110)
 
