@@ -616,15 +616,11 @@ void FfnContext::enqueue_decode(const __nv_bfloat16* x, std::int64_t m, __nv_bfl
   const bool fired = s.gate_gemv && s.union_ffn && m >= 2;  // (the union's rows are ≥ 2: union_min_rows)
   unsigned* const cta_word = decode_tickets_.get() + decode_tickets_.size() - 2;  // the decode kernel's CTA word: all leave it zero
   if (s.gate_gemv) {
-    TwellGemvParams gp;  // the gate (the up GEMM non-gated) as a GEMV: same values as gate_gemm's
-    gp.x = x;
-    gp.ld_x = k();
-    gp.w = w_.gate_up();
+    // The gate (the up GEMM non-gated) as a GEMV: same values as gate_gemm's.
+    TwellGemvParams gp = gemv_rows(x, m, w_.gate_up(), n(), k());
+    gp.relu = true;
     gp.g = ws_->g.get();
     gp.ld_g = ldn();
-    gp.m = m;
-    gp.n = n();
-    gp.k = k();
     // Its first weight window before a programmatic launch's wait: programmatic launches happen
     // only in the model runtime's forward (launch.hpp), whose weights no kernel of the step writes
     // (the union's down stages its Wdᵀ rows early on the same ground). Outside one, no effect.
