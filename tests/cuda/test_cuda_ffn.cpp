@@ -73,6 +73,12 @@ struct Outputs {
   bool guard_ok = true;
 };
 
+// Whether the current device runs the union FFN (sm90/union_ffn.hpp; false without a device).
+bool union_ffn_here() {
+  int dev = 0;
+  return cudaGetDevice(&dev) == cudaSuccess && union_ffn_available(dev);
+}
+
 // Runs `body(y)` on a poisoned y [m, k] followed by guard elements, downloads y and checks guards.
 template <typename F>
 Outputs run_poisoned(std::int64_t m, std::int64_t k, cudaStream_t s, F&& body) {
@@ -1072,9 +1078,7 @@ TEST(CudaGemv, FiredGroupsAndPairsMatchItsValues) {
 // written; the fired buffer starts all ones, so a stale group read as fired would show.
 TEST(CudaDecode, UnionReadsTheGatesFiredGroupsAsItsList) {
   TWELL_REQUIRE_GPU();
-  int dev = 0;
-  ASSERT_EQ(cudaGetDevice(&dev), cudaSuccess);
-  if (!union_ffn_available(dev)) GTEST_SKIP() << "the union FFN runs on compute capability 9.0 only";
+  if (!union_ffn_here()) GTEST_SKIP() << "the union FFN runs on compute capability 9.0 only";
   cudaStream_t s;
   ASSERT_EQ(cudaStreamCreate(&s), cudaSuccess);
   std::mt19937_64 rng(20261131);
@@ -1211,9 +1215,7 @@ TEST(CudaDecode, MatchesReferenceAtEveryDensity) {
 // wait), elsewhere on cuBLASLt. A non-gated layer and a K off its grid at 17 rows do not take it.
 TEST(CudaDecode, UnionMatchesReferenceAndCountsExactly) {
   TWELL_REQUIRE_GPU();
-  int dev = 0;
-  ASSERT_EQ(cudaGetDevice(&dev), cudaSuccess);
-  if (!union_ffn_available(dev)) GTEST_SKIP() << "the union FFN runs on compute capability 9.0 only";
+  if (!union_ffn_here()) GTEST_SKIP() << "the union FFN runs on compute capability 9.0 only";
   cudaStream_t s;
   ASSERT_EQ(cudaStreamCreate(&s), cudaSuccess);
   ContextOptions opt;
