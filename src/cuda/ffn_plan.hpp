@@ -46,7 +46,12 @@ struct DispatchPolicy {
   std::int64_t union_min_rows = 4;
   std::int64_t union_max_rows = 32;
   bool decode_gemv = true;                   // the decode gate by the GEMV kernel (ops/gemv.hpp; one token: the fused twell_decode_token.hpp) ...
-  std::int64_t decode_gemv_max_rows = 1;     // ... up to this M (from 2 rows the GEMV's tensor-core kernel: it ties cuBLASLt's ReLU GEMM on the 2B gate, 8.1–8.7 against 8.3–8.4 µs at 2–8 rows, H200)
+  // ... up to this M (from 2 rows the GEMV's tensor-core kernel, its first weights read before the
+  // programmatic wait). In the step at 2 rows (the decode kernel) sparse / dense 1.176 against
+  // cuBLASLt's gate's 1.157 (2b-gqa), 1.155 against 1.143 (2B); from 4 rows (the union, the GEMV's
+  // fired groups in place of the list kernel) it ties at 4 and loses at 8 / 16 (1.089 / 1.059
+  // against 1.113 / 1.108, 2b-gqa), H200, 4c6df63: so the rows below union_min_rows.
+  std::int64_t decode_gemv_max_rows = 3;
   // The dense FFN's down projection (y = h·Wdᵀ) by the GEMV's tensor-core kernel from 2 rows up to
   // this M (0: never): 2048 × 5632 at 2 / 4 / 8 / 16 rows 8.8 / 8.9 / 9.1 / 10.8 µs against
   // cuBLASLt's 10.3 / 10.8 / 10.8 / 10.2 (its split-K reduce kernel included), H200 at a90ce72,

@@ -678,7 +678,7 @@ TEST(FfnLayer, MisuseIsAnError) {
   EXPECT_EQ(f.union_kernels().up_split, 4);
   EXPECT_EQ(f.union_kernels().down_split, 2);
   EXPECT_EQ(f.union_kernels().up_clusters, 16);
-  EXPECT_EQ(f.decode_gemv_max_rows(), 1);  // the default: cuBLASLt's gate from 2 rows
+  EXPECT_EQ(f.decode_gemv_max_rows(), 3);  // the default: the GEMV's gate below the union's 4 rows, cuBLASLt's from there
   for (const std::int64_t rows : {std::int64_t{0}, std::int64_t{17}}) EXPECT_THROW(f.set_decode_gemv_max_rows(rows), Error) << rows;
   f.set_decode_gemv_max_rows(16);
   EXPECT_EQ(f.decode_gemv_max_rows(), 16);

@@ -140,9 +140,9 @@ class FfnLayer {
   void set_decode_max_rows(std::int64_t rows);
   std::int64_t decode_max_rows() const noexcept;
   // Decode steps of 2 up to this many rows compute their gate on the GEMV's tensor-core kernel,
-  // its first weights read before a programmatic launch's wait (default 1: cuBLASLt's ReLU GEMM
-  // from 2 rows; 1 … 16; one row always runs the one-token kernels): for measuring the gate in
-  // the step. Takes effect at the next step, as set_union_kernels does.
+  // its first weights read before a programmatic launch's wait (default 3: the rows below the
+  // union's, cuBLASLt's ReLU GEMM from 4; 1 … 16; one row always runs the one-token kernels): for
+  // measuring the gate in the step. Takes effect at the next step, as set_union_kernels does.
   void set_decode_gemv_max_rows(std::int64_t rows);
   std::int64_t decode_gemv_max_rows() const noexcept;
   // On a GPU that runs it (compute capability 9.0), a gated layer's decode steps of union_min_rows

@@ -72,8 +72,9 @@ struct RuntimeTuning {
   std::int64_t decode_max_rows = -1;  // decode-max-rows=N
   // CUDA runtime only: a ReLU layer's decode steps of 2 up to this many rows (≤ 16) compute their
   // gate on the decode GEMV's tensor-core kernel, which reads its first weights before the
-  // programmatic wait (cuda::FfnLayer::set_decode_gemv_max_rows); < 0: the engine's default (1:
-  // cuBLASLt's ReLU GEMM from 2 rows). Exact either way, not the same bits. For A/B measurement.
+  // programmatic wait (cuda::FfnLayer::set_decode_gemv_max_rows); < 0: the engine's default (3:
+  // the GEMV below the union's rows, cuBLASLt's ReLU GEMM from 4). Exact either way, not the same
+  // bits. For A/B measurement.
   std::int64_t decode_gemv_max_rows = -1;  // decode-gemv-max-rows=N
   // CUDA runtime only, on a compute-capability-9.0 GPU: decode steps of union-min-rows up to this
   // many rows run a ReLU layer's union FFN (each neuron some row fired read once for the batch)
