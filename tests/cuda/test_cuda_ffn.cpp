@@ -1222,6 +1222,7 @@ TEST(CudaDecode, UnionMatchesReferenceAndCountsExactly) {
   opt.decode_max_density = opt.decode_token_max_density = 1.0;  // the sparse decode path at every density
   opt.union_max_rows = 64;
   opt.union_min_rows = 2;  // 2–16 rows too, in place of the decode kernel
+  opt.decode_gemv_max_rows = 1;  // the gate on cuBLASLt (the default's GEMV gate covers 2–3 rows); the cases below up to 8 rows ask for the GEMV
   for (FfnCase c : {ffn_case("uni_m2_n1000_k512_d5", 2, 1000, 512, true, 0.05, 59),
                     ffn_case("uni_m8_n5632_k2048_d0p5", 8, 5632, 2048, true, 0.005, 60),
                     ffn_case("uni_m16_n4100_k1024_d30", 16, 4100, 1024, true, 0.30, 61),
