@@ -47,7 +47,7 @@ def parse(args):
         path = path.rstrip("/")
         if not os.path.isdir(path):
             raise SystemExit(f"yardstick_plot: {path}: not a directory")
-        tag = tag or os.path.basename(os.path.dirname(path) if os.path.basename(path) == model else path).rsplit("-", 1)[-1]
+        tag = tag or os.path.basename(os.path.dirname(path) if os.path.basename(path).lower() == model.lower() else path).rsplit("-", 1)[-1]
         points = run_points(path)
         if not points:
             raise SystemExit(f"yardstick_plot: {path}: no decode rows in torch.json or twell.json")
