@@ -8,13 +8,15 @@
 // gate rows' GB/s. Then the batch-1 runtime's form by parts (programmatic launches, each launch
 // after the last: docs/runtime.md plan step 3): the fixed-point kernel with the norm folded in, the
 // same without the norm (x given), the same at density 0 (the residual's last channel dominant, so
-// no neuron fires: no up row, down row or fixed-point adds), the two-kernel form, and the gate GEMV
-// alone; the differences place the tail's time.
+// no neuron fires: no up row, down row or fixed-point adds), the two-kernel form, the gate GEMV
+// alone, and the runtime's form with each layer's active neurons first (its neuron order at its
+// best); the differences place the tail's time.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
 #include <cmath>
 #include <cstdio>
+#include <cstdint>
 #include <cstdlib>
 #include <functional>
 #include <string>
@@ -149,13 +151,35 @@ int main(int argc, char** argv) {
   CK(cudaMemsetAsync(y_fixed.get(), 0, y_fixed.bytes(), s));
   CK(cudaMemsetAsync(overflow.get(), 0, overflow.bytes(), s));
   CK(cudaStreamSynchronize(s));
+  // The runtime orders each layer's neurons by their counts (TwellDecodeTokenParams::order,
+  // decode_token_reorder), so the active ones run their chains in the first wave while the later
+  // CTAs still stream the gate. Here each layer's order comes from this x alone (its active neurons
+  // first, by hits of one call): the order's best case; the runtime's counts come from many tokens.
+  std::vector<DeviceBuffer<std::int32_t>> orders;
+  {
+    DeviceBuffer<std::uint32_t> hits(static_cast<std::size_t>(n));
+    for (const Layer& l : L) {
+      CK(cudaMemsetAsync(hits.get(), 0, hits.bytes(), s));
+      TwellDecodeTokenParams p;
+      operands(l, p);
+      p.w_first = l.wg.get();
+      p.h = h.get();
+      p.flags = flags.get();
+      p.hits = hits.get();
+      launch_twell_decode_token(p, s);
+      orders.emplace_back(static_cast<std::size_t>(n));
+      launch_decode_token_reorder(hits.get(), orders.back().get(), n, s);
+    }
+    CK(cudaStreamSynchronize(s));
+  }
   // The norm reads r and (with no first or delta) stores nothing back, so r stays as set.
-  auto fixed = [&](const Layer& l, const float* rr) {
+  auto fixed = [&](const Layer& l, const float* rr, bool ordered = false) {
     TwellDecodeTokenParams p;
     operands(l, p);
     p.w_first = l.wg.get();
     p.y_fixed = y_fixed.get();
     p.overflow = overflow.get();
+    if (ordered) p.order = orders[static_cast<std::size_t>(&l - L.data())].get();
     if (rr) {
       p.norm.r = const_cast<float*>(rr);
       p.norm.w = nw.get();
@@ -173,13 +197,16 @@ int main(int argc, char** argv) {
     const double t_zero = time_graph(s, reps, layers, [&] { for (const Layer& l : L) fixed(l, r0.get()); });
     const double t_two = time_graph(s, reps, layers, [&] { for (const Layer& l : L) token(l); });
     const double t_gate = time_graph(s, reps, layers, [&] { for (const Layer& l : L) gemv(l, true); });
+    const double t_ord = time_graph(s, reps, layers, [&] { for (const Layer& l : L) fixed(l, r.get(), true); });
     report("  fixed point, norm folded in", t_norm);
     report("  fixed point, x given", t_x);
     report("  fixed point, norm, density 0", t_zero);
     report("  two kernels (h, then down), x given", t_two);
     report("  gate GEMV alone (weights before wait)", t_gate);
-    std::printf("  the norm %.2f us; the active neurons' chains (up, down, adds) %.2f us; past the gate's stream %.2f us\n",
-                t_norm - t_x, t_norm - t_zero, t_x - t_gate);
+    report("  fixed point, norm, active first", t_ord);
+    std::printf("  the norm %.2f us; the active neurons' chains (up, down, adds) %.2f us, %.2f with the active first; past "
+                "the gate's stream %.2f us\n",
+                t_norm - t_x, t_norm - t_zero, t_ord - t_zero, t_x - t_gate);
     unsigned ov = 0;
     CK(cudaMemcpyAsync(&ov, overflow.get(), sizeof ov, cudaMemcpyDeviceToHost, s));
     CK(cudaStreamSynchronize(s));
