@@ -109,13 +109,14 @@ int main(int argc, char** argv) {
     p.nnz_out = nnz_out.get();
     launch_twell_decode(p, s);
   };
-  auto token = [&](const Layer& l) {
+  auto token = [&](const Layer& l, std::uint32_t* hits = nullptr) {
     TwellDecodeTokenParams p;
     operands(l, p);
     p.w_first = l.wg.get();
     p.h = h.get();
     p.flags = flags.get();
     p.nnz_out = nnz_out.get();
+    p.hits = hits;
     launch_twell_decode_token(p, s);
   };
   // The measured density (the fused kernel's count, layer 0).
@@ -160,13 +161,7 @@ int main(int argc, char** argv) {
     DeviceBuffer<std::uint32_t> hits(static_cast<std::size_t>(n));
     for (const Layer& l : L) {
       CK(cudaMemsetAsync(hits.get(), 0, hits.bytes(), s));
-      TwellDecodeTokenParams p;
-      operands(l, p);
-      p.w_first = l.wg.get();
-      p.h = h.get();
-      p.flags = flags.get();
-      p.hits = hits.get();
-      launch_twell_decode_token(p, s);
+      token(l, hits.get());
       orders.emplace_back(static_cast<std::size_t>(n));
       launch_decode_token_reorder(hits.get(), orders.back().get(), n, s);
     }
