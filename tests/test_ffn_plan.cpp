@@ -121,7 +121,10 @@ TEST(FfnPlan, ShapeOfACallFollowsItsSize) {
   const CallShape eight = shape_call(p, layer(), 8);
   EXPECT_TRUE(eight.decode);
   EXPECT_FALSE(eight.one_token);
-  EXPECT_FALSE(eight.gate_gemv) << "decode_gemv_max_rows is 1: the cuBLASLt gate from 2 rows";
+  EXPECT_FALSE(eight.gate_gemv) << "decode_gemv_max_rows is 3: the cuBLASLt gate from 4 rows";
+  EXPECT_TRUE(shape_call(p, layer(), 2).gate_gemv) << "2–3 rows: the gate on the GEMV";
+  EXPECT_TRUE(shape_call(p, layer(), 3).gate_gemv);
+  EXPECT_FALSE(shape_call(p, layer(), 4).gate_gemv);
   EXPECT_TRUE(eight.down_gemv) << "the dense down projection on the GEMV at 2–8 rows";
   EXPECT_FALSE(one.down_gemv) << "one row: cuBLASLt's down GEMM (the one-token kernels carry the sparse path)";
   EXPECT_TRUE(shape_call(p, layer(), 2).down_gemv);
@@ -135,6 +138,10 @@ TEST(FfnPlan, ShapeOfACallFollowsItsSize) {
   EXPECT_TRUE(shape_call(p, uni, 3).decode);
   EXPECT_TRUE(shape_call(p, uni, 4).union_ffn);
   EXPECT_TRUE(shape_call(p, uni, 16).union_ffn);
+  for (std::int64_t m = 2; m <= p.union_max_rows; ++m) {  // by default the union's gate is cuBLASLt's (no fired groups)
+    const CallShape u = shape_call(p, uni, m);
+    EXPECT_FALSE(u.union_ffn && u.gate_gemv) << m << " rows";
+  }
   for (const std::int64_t m : {p.union_min_rows, p.union_max_rows}) {
     const CallShape u = shape_call(p, uni, m);
     EXPECT_TRUE(u.decode && u.union_ffn) << m << " rows";

@@ -715,18 +715,33 @@ int main(int argc, char** argv) {
     // its fired groups and counting the pairs); the whole union after each (the first two with
     // the list kernel, the third reading the fired groups); the up and down alone on a list the
     // list kernel left, and on fired groups the gate left (the last layer's: the same work to
-    // within the union's spread). Layer 0's y after the GEMV gate, listed or fired, must have
-    // the same bits (the same g, the same neurons).
+    // within the union's spread). Layer 0 checked first: the GEMV gate writes the same g with or
+    // without its fired groups, counts the pairs exactly (its words left zero), and y after it,
+    // listed or fired, has the same bits (the same neurons), none of them a NaN.
     if (m <= kFusedRows) {
       const ProgrammaticLaunch pdl(true);
+      const auto gm = static_cast<std::size_t>(m * n);
+      CK(cudaMemsetAsync(y_u.get(), 0xFF, y_u.bytes(), s));  // NaN: a skipped write shows
       gemv_gate_u(L[0], m, false);
+      const std::vector<float> g_listed = to_host(g_u.get(), gm, s);
       union_ffn(L[0], m, 8, 8, true);
       const std::vector<float> y_listed = to_host(y_u.get(), static_cast<std::size_t>(m * k), s);
       CK(cudaMemsetAsync(y_u.get(), 0xFF, y_u.bytes(), s));
+      CK(cudaMemsetAsync(f_nnz_out.get(), 0xFF, f_nnz_out.bytes(), s));
       gemv_gate_u(L[0], m, true);
+      const std::vector<float> g_fired = to_host(g_u.get(), gm, s);
       union_ffn(L[0], m, 8, 8, true, 3, 0, nullptr, u_fired.get());
       const std::vector<float> y_fired = to_host(y_u.get(), static_cast<std::size_t>(m * k), s);
-      const bool same = std::memcmp(y_listed.data(), y_fired.data(), y_listed.size() * sizeof(float)) == 0;
+      unsigned long long host_pairs = 0;
+      for (const float v : g_fired) host_pairs += v > 0.0f ? 1u : 0u;
+      unsigned int ticket = 1;
+      CK(cudaMemcpyAsync(&ticket, f_ticket.get(), sizeof ticket, cudaMemcpyDeviceToHost, s));
+      CK(cudaStreamSynchronize(s));
+      const bool g_same = std::memcmp(g_listed.data(), g_fired.data(), gm * sizeof(float)) == 0;
+      const bool counted = read_count(f_nnz_out) == host_pairs && read_count(f_nnz) == 0 && ticket == 0;
+      const bool y_finite = std::all_of(y_fired.begin(), y_fired.end(), [](float v) { return std::isfinite(v); });
+      const bool same = g_same && counted && y_finite &&
+                        std::memcmp(y_listed.data(), y_fired.data(), y_listed.size() * sizeof(float)) == 0;
       pass = pass && same;
       const double g_lt = timed([&] { for (const Layer& l : L) lt_gate(l, m, g_u.get()); });
       const double g_gv = timed([&] { for (const Layer& l : L) gemv_gate_u(l, m, false); });
@@ -748,7 +763,7 @@ int main(int argc, char** argv) {
       const double ud_fired = timed([&] { for (const Layer& l : L) union_ffn(l, m, 8, 8, true, 3, 0, nullptr, u_fired.get()); });
       std::printf("    the gate in the union's chain, programmatic: gate alone cuBLASLt / GEMV / GEMV + fired groups %.2f / %.2f / "
                   "%.2f us; whole after each %.2f / %.2f / %.2f us (the last without the list kernel); up + down alone on the "
-                  "list / the fired groups %.2f / %.2f us; y bits listed = fired %s\n",
+                  "list / the fired groups %.2f / %.2f us; g bits the same, pairs counted, y bits listed = fired: %s\n",
                   g_lt, g_gv, g_gf, w_lt, w_gv, w_gf, ud_list, ud_fired, same ? "yes" : "NO");
     }
     return pass;

@@ -109,14 +109,13 @@ int main(int argc, char** argv) {
     p.nnz_out = nnz_out.get();
     launch_twell_decode(p, s);
   };
-  auto token = [&](const Layer& l, std::uint32_t* hits = nullptr) {
+  auto token = [&](const Layer& l) {
     TwellDecodeTokenParams p;
     operands(l, p);
     p.w_first = l.wg.get();
     p.h = h.get();
     p.flags = flags.get();
     p.nnz_out = nnz_out.get();
-    p.hits = hits;
     launch_twell_decode_token(p, s);
   };
   // The measured density (the fused kernel's count, layer 0).
@@ -152,28 +151,15 @@ int main(int argc, char** argv) {
   CK(cudaMemsetAsync(y_fixed.get(), 0, y_fixed.bytes(), s));
   CK(cudaMemsetAsync(overflow.get(), 0, overflow.bytes(), s));
   CK(cudaStreamSynchronize(s));
-  // The runtime orders each layer's neurons by their counts (TwellDecodeTokenParams::order,
-  // decode_token_reorder), so the active ones run their chains in the first wave while the later
-  // CTAs still stream the gate. Here each layer's order comes from this x alone (its active neurons
-  // first, by hits of one call): the order's best case; the runtime's counts come from many tokens.
-  std::vector<DeviceBuffer<std::int32_t>> orders;
-  {
-    DeviceBuffer<std::uint32_t> hits(static_cast<std::size_t>(n));
-    for (const Layer& l : L) {
-      CK(cudaMemsetAsync(hits.get(), 0, hits.bytes(), s));
-      token(l, hits.get());
-      orders.emplace_back(static_cast<std::size_t>(n));
-      launch_decode_token_reorder(hits.get(), orders.back().get(), n, s);
-    }
-    CK(cudaStreamSynchronize(s));
-  }
   // The norm reads r and (with no first or delta) stores nothing back, so r stays as set.
-  auto fixed = [&](const Layer& l, const float* rr, bool ordered = false) {
+  std::vector<DeviceBuffer<std::int32_t>> orders;  // [layer]: filled below
+  auto fixed = [&](const Layer& l, const float* rr, bool ordered = false, std::uint32_t* hits = nullptr) {
     TwellDecodeTokenParams p;
     operands(l, p);
     p.w_first = l.wg.get();
     p.y_fixed = y_fixed.get();
     p.overflow = overflow.get();
+    p.hits = hits;
     if (ordered) p.order = orders[static_cast<std::size_t>(&l - L.data())].get();
     if (rr) {
       p.norm.r = const_cast<float*>(rr);
@@ -184,6 +170,21 @@ int main(int argc, char** argv) {
   };
   CK(cudaMemcpyAsync(r.get(), hr.data(), r.bytes(), cudaMemcpyHostToDevice, s));
   CK(cudaStreamSynchronize(s));
+  // The runtime orders each layer's neurons by their counts (TwellDecodeTokenParams::order,
+  // decode_token_reorder), so the active ones run their chains in the first wave while the later
+  // CTAs still stream the gate. Here each layer's order comes from the timed form's own active
+  // set (hits of one call on r): the order's best case; the runtime's counts come from many tokens.
+  {
+    DeviceBuffer<std::uint32_t> hits(static_cast<std::size_t>(n));
+    for (const Layer& l : L) {
+      CK(cudaMemsetAsync(hits.get(), 0, hits.bytes(), s));
+      fixed(l, r.get(), false, hits.get());
+      orders.emplace_back(static_cast<std::size_t>(n));
+      launch_decode_token_reorder(hits.get(), orders.back().get(), n, s);
+    }
+    CK(cudaMemsetAsync(y_fixed.get(), 0, y_fixed.bytes(), s));
+    CK(cudaStreamSynchronize(s));
+  }
   {
     const ProgrammaticLaunch pdl(programmatic_launch_supported());
     std::printf("by parts, programmatic launches %s:\n", programmatic_launch_active() ? "on" : "off (not supported here)");

@@ -50,7 +50,10 @@ struct DispatchPolicy {
   // programmatic wait). In the step at 2 rows (the decode kernel) sparse / dense 1.176 against
   // cuBLASLt's gate's 1.157 (2b-gqa), 1.155 against 1.143 (2B); from 4 rows (the union, the GEMV's
   // fired groups in place of the list kernel) it ties at 4 and loses at 8 / 16 (1.089 / 1.059
-  // against 1.113 / 1.108, 2b-gqa), H200, 4c6df63: so the rows below union_min_rows.
+  // against 1.113 / 1.108, 2b-gqa), H200, 4c6df63; at 2 / 3 rows 1.182 / 1.137 against 1.171 /
+  // 1.123 (2b-gqa), 1.162 / 1.136 against 1.144 / 1.117 (2B), H200, a6db2c3. So the rows below
+  // union_min_rows' default (a lower union_min_rows puts the union behind the GEMV gate at 2–3).
+  // Measured on the H200 only; a GPU without the union takes the GEMV gate at 2–3 rows as well.
   std::int64_t decode_gemv_max_rows = 3;
   // The dense FFN's down projection (y = h·Wdᵀ) by the GEMV's tensor-core kernel from 2 rows up to
   // this M (0: never): 2048 × 5632 at 2 / 4 / 8 / 16 rows 8.8 / 8.9 / 9.1 / 10.8 µs against

@@ -470,8 +470,9 @@ TEST(FfnLayer, TrainingForwardReportsTwellOverflow) {
 }
 
 // The step API (plan_step / prepare_step / run_step), as the model runtime drives its decode
-// steps: every capturable plan — automatic at decode sizes (1 row: the one-token kernels; 5: gate
-// GEMM + decode kernel), automatic between them and the dispatch minimum (100: the plain dense
+// steps: every capturable plan — automatic at decode sizes (1 row: the one-token kernels; 3: the
+// GEMV gate + decode kernel; 5: the cuBLASLt gate + the union FFN on compute capability 9.0, else
+// the decode kernel), automatic between them and the dispatch minimum (100: the plain dense
 // FFN), the dense path (1, 300) — captured into a graph and replayed on fresh input gives bit for
 // bit the same step run eagerly, and what forward() on the same path gives. A forced sparse path
 // and an automatic size at the dispatch minimum or above are not capturable: prepare_step and
@@ -485,7 +486,8 @@ TEST(FfnLayer, PlannedStepsReplayBitIdentically) {
     Path path;
     bool sparse;
   };
-  for (const Step c : {Step{1, Path::automatic, true}, Step{5, Path::automatic, true}, Step{100, Path::automatic, false},
+  for (const Step c : {Step{1, Path::automatic, true}, Step{3, Path::automatic, true}, Step{5, Path::automatic, true},
+                       Step{100, Path::automatic, false},
                        Step{1, Path::dense, false}, Step{300, Path::dense, false}}) {
     SCOPED_TRACE(testing::Message() << "M = " << c.m << ", path " << static_cast<int>(c.path));
     // 0.2 %: ≈ 11 of 5632 a row, far under the decode kernels' 0.8 % (the plan stays sparse).
@@ -680,6 +682,7 @@ TEST(FfnLayer, MisuseIsAnError) {
   EXPECT_EQ(f.union_kernels().up_clusters, 16);
   EXPECT_EQ(f.decode_gemv_max_rows(), 3);  // the default: the GEMV's gate below the union's 4 rows, cuBLASLt's from there
   for (const std::int64_t rows : {std::int64_t{0}, std::int64_t{17}}) EXPECT_THROW(f.set_decode_gemv_max_rows(rows), Error) << rows;
+  EXPECT_EQ(f.decode_gemv_max_rows(), 3);  // unchanged by the refusals
   f.set_decode_gemv_max_rows(16);
   EXPECT_EQ(f.decode_gemv_max_rows(), 16);
 }
