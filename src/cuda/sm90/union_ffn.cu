@@ -109,7 +109,8 @@ __global__ void __launch_bounds__(kUnionThreads) union_list_kernel(UnionFfnParam
 #if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900
 // The list through either source (kFired: a kernel's instantiation, so that the list kernel's
 // path compiles as before): the list kernel's counts and slots, or the gate's fired bits
-// (UnionFfnParams::fired). Read past L1: written by an earlier kernel of the chain.
+// (UnionFfnParams::fired), read once into shared memory. Read past L1: written by an earlier
+// kernel of the chain.
 //
 // Tile t's 256 fired bits as 8 words, bit k of w[j] ↔ neuron 256t + 32j + k (a word holds two
 // 16-bit groups, the lower first); the groups past ⌈n / 16⌉, which the gate never writes, read as
@@ -125,53 +126,52 @@ __device__ __forceinline__ void union_tile_bits(const UnionFfnParams& p, int t, 
     w[j] = lo >= groups ? 0u : lo + 1 >= groups ? v[j] & 0xFFFFu : v[j];
   }
 }
-template <bool kFired>
-__device__ __forceinline__ int union_tile_count(const UnionFfnParams& p, int t) {
-  if constexpr (!kFired) {
-    return __ldcg(p.counts + t);
-  } else {
-    unsigned w[8];
-    union_tile_bits(p, t, w);
-    int c = 0;
+// Slot s's neuron from its tile's 256 fired bits (bits: the tile's 8 words, staged in shared memory
+// by union_groups): the (s mod 256)-th set bit in ascending order, as the list kernel would have
+// listed it (−1: padding past the tile's count).
+__device__ __forceinline__ int union_bit_neuron(const unsigned* bits, int slot) {
+  const int t = slot / kUnionTile;
+  int i = slot % kUnionTile, nrn = -1;
 #pragma unroll
-    for (int j = 0; j < 8; ++j) c += __popc(w[j]);
-    return c;
-  }
-}
-// Slot s's neuron (−1: padding): the list's entry, or the (s mod 256)-th set bit of its tile's
-// fired bits in ascending order, as the list kernel would have listed it.
-template <bool kFired>
-__device__ __forceinline__ int union_slot_neuron(const UnionFfnParams& p, int slot) {
-  if constexpr (!kFired) {
-    return __ldcg(p.list + slot);
-  } else {
-    const int t = slot / kUnionTile;
-    unsigned w[8];
-    union_tile_bits(p, t, w);
-    int i = slot % kUnionTile, nrn = -1;
-#pragma unroll
-    for (int j = 0; j < 8; ++j) {
-      const int c = __popc(w[j]);
-      if (nrn < 0 && i < c) {
-        unsigned f = w[j];
-        for (int d = 0; d < i; ++d) f &= f - 1;  // drop the i lowest set bits
-        nrn = t * kUnionTile + 32 * j + __ffs(static_cast<int>(f)) - 1;
-      }
-      i -= c;
+  for (int j = 0; j < 8; ++j) {
+    const unsigned w = bits[j];
+    const int c = __popc(w);
+    if (nrn < 0 && i < c) {
+      unsigned f = w;
+      for (int d = 0; d < i; ++d) f &= f - 1;  // drop the i lowest set bits
+      nrn = t * kUnionTile + 32 * j + __ffs(static_cast<int>(f)) - 1;
     }
-    return nrn;
+    i -= c;
   }
+  return nrn;
 }
 
-// Warp 0: the union's groups in tile order (s_grp[i]: group i's first slot), their number in *s_ngrp.
+// Warp 0: the union's groups in tile order (s_grp[i]: group i's first slot), their number in *s_ngrp;
+// kFired: each tile's fired bits also staged in s_bits[8t … 8t + 7] (union_bit_neuron reads them
+// there: one round trip to L2 for the bits, not one for the counts and another for a slot).
 template <bool kFired>
-__device__ __forceinline__ void union_groups(const UnionFfnParams& p, int* s_grp, int* s_ngrp) {
+__device__ __forceinline__ void union_groups(const UnionFfnParams& p, int* s_grp, int* s_ngrp, unsigned* s_bits) {
   const int lane = static_cast<int>(threadIdx.x) % 32;
   const int tiles = static_cast<int>((p.n + kUnionTile - 1) / kUnionTile);
   int base = 0;
   for (int t0 = 0; t0 < tiles; t0 += 32) {
     const int t = t0 + lane;
-    const int ng = t < tiles ? (union_tile_count<kFired>(p, t) + kUnionGroup - 1) / kUnionGroup : 0;
+    int ng = 0;
+    if constexpr (kFired) {
+      if (t < tiles) {
+        unsigned w[8];
+        union_tile_bits(p, t, w);
+        int c = 0;
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+          s_bits[8 * t + j] = w[j];
+          c += __popc(w[j]);
+        }
+        ng = (c + kUnionGroup - 1) / kUnionGroup;
+      }
+    } else {
+      ng = t < tiles ? (__ldcg(p.counts + t) + kUnionGroup - 1) / kUnionGroup : 0;
+    }
     int incl = ng;
 #pragma unroll
     for (int off = 1; off < 32; off <<= 1) {
@@ -223,6 +223,7 @@ __global__ void __launch_bounds__(kUnionThreads) union_up_kernel(UnionFfnParams 
   __shared__ int s_ngrp;
   __shared__ int s_nrn[kUpSlots];   // a slot's neuron (−1: padding or no group)
   __shared__ int s_slot[kUpSlots];  // its slot in h (−1: no group)
+  __shared__ unsigned s_bits[kFired ? kUnionMaxTiles * 8 : 1];  // kFired: the tiles' fired bits (union_groups)
   const ucg::cluster_group cluster = ucg::this_cluster();
   const int rank = static_cast<int>(cluster.block_rank()), split = static_cast<int>(cluster.num_blocks());
   const int tid = static_cast<int>(threadIdx.x), warp = tid / 32, lane = tid % 32, mi = warp % 4, nh = warp / 4;
@@ -252,7 +253,7 @@ __global__ void __launch_bounds__(kUnionThreads) union_up_kernel(UnionFfnParams 
   for (int st = 0; st < kUpStages - 1; ++st)
     if (st < nkb) load_x(st, st);
   cdev::pdl_begin();  // the counts and the list are the list kernel's (the fired groups the gate's)
-  if (warp == 0) union_groups<kFired>(p, s_grp, &s_ngrp);
+  if (warp == 0) union_groups<kFired>(p, s_grp, &s_ngrp, s_bits);
   __syncthreads();
   // Cluster y takes the slot blocks y, y + gridDim.y, … (kPasses; else block y alone: the grid holds
   // a cluster a block). Every CTA of the cluster (the same blockIdx.y, the same counts) leaves at the
@@ -273,7 +274,10 @@ __global__ void __launch_bounds__(kUnionThreads) union_up_kernel(UnionFfnParams 
       const int gi = g0 + tid / kUnionGroup;
       const int slot = gi < s_ngrp ? s_grp[gi] + tid % kUnionGroup : -1;
       s_slot[tid] = slot;
-      s_nrn[tid] = slot >= 0 ? union_slot_neuron<kFired>(p, slot) : -1;
+      if constexpr (kFired)
+        s_nrn[tid] = slot >= 0 ? union_bit_neuron(s_bits + 8 * (slot / kUnionTile), slot) : -1;
+      else
+        s_nrn[tid] = slot >= 0 ? __ldcg(p.list + slot) : -1;
     }
     __syncthreads();
     const __nv_bfloat16* wsrc[2];
@@ -378,18 +382,20 @@ __global__ void __launch_bounds__(kUnionThreads) union_down_kernel(UnionFfnParam
   extern __shared__ __align__(128) unsigned char smem[];
   __shared__ int s_grp[kUnionMaxGroups];
   __shared__ int s_ngrp;
+  __shared__ unsigned s_bits[kFired ? kUnionMaxTiles * 8 : 1];  // kFired: the tiles' fired bits (union_groups)
   int* s_list = reinterpret_cast<int*>(smem + (kStagesBytes > kPart ? kStagesBytes : kPart));  // [j · 16 + i]: the rank's j-th group's neurons
   const ucg::cluster_group cluster = ucg::this_cluster();
   const int rank = static_cast<int>(cluster.block_rank()), split = static_cast<int>(cluster.num_blocks());
   const int tid = static_cast<int>(threadIdx.x), lane = tid % 32, warp = tid / 32;
   const int c0 = static_cast<int>(blockIdx.y) * kDownCols;
-  if (warp == 0) union_groups<kFired>(p, s_grp, &s_ngrp);
+  if (warp == 0) union_groups<kFired>(p, s_grp, &s_ngrp, s_bits);
   __syncthreads();
   const int mine = s_ngrp > rank ? (s_ngrp - rank + split - 1) / split : 0;  // groups rank, rank + split, …
   for (int e = tid; e < mine * kUnionGroup; e += kUnionThreads) {
-    if constexpr (kFired)
-      s_list[e] = union_slot_neuron<true>(p, s_grp[rank + (e / kUnionGroup) * split] + e % kUnionGroup);
-    else  // (the list path's own address arithmetic, as it compiled before the fired groups)
+    if constexpr (kFired) {
+      const int slot = s_grp[rank + (e / kUnionGroup) * split] + e % kUnionGroup;
+      s_list[e] = union_bit_neuron(s_bits + 8 * (slot / kUnionTile), slot);
+    } else  // (the list path's own address arithmetic, as it compiled before the fired groups)
       s_list[e] = __ldcg(p.list + s_grp[rank + (e / kUnionGroup) * split] + e % kUnionGroup);
   }
   __syncthreads();
