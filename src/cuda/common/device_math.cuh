@@ -217,4 +217,20 @@ __device__ __forceinline__ void ldmatrix_x4_trans(std::uint32_t addr, unsigned& 
 #endif
 }
 
+// The grid's fired-pair count. One thread of each of `ctas` CTAs calls this once with its CTA's
+// share (0 allowed): the share goes into *nnz; the last caller (a ticket) publishes the total to
+// *nnz_out (when given) and leaves *nnz and *ticket zero, so the next launch (or graph replay)
+// starts from zero with no memset. Returns whether the caller was the last.
+__device__ __forceinline__ bool grid_count_publish(unsigned long long* nnz, unsigned* ticket, unsigned ctas,
+                                                   unsigned long long share, unsigned long long* nnz_out) {
+  if (share) atomicAdd(nnz, share);
+  __threadfence();  // the share (and the caller's earlier writes) before the ticket
+  if (atomicAdd(ticket, 1u) != ctas - 1) return false;
+  __threadfence();  // every other CTA's share is seen
+  const unsigned long long total = atomicExch(nnz, 0ull);
+  if (nnz_out) *nnz_out = total;
+  *ticket = 0;
+  return true;
+}
+
 }  // namespace twell::cuda::dev

@@ -159,13 +159,7 @@ __global__ void __launch_bounds__(kGemvMmaWarps * 32, MinCtas) twell_gemv_mma_ke
   if (threadIdx.x != 0) return;
   p.fired[blockIdx.x] = static_cast<unsigned short>(s_fired);
   if (!p.nnz) return;
-  if (s_pairs) atomicAdd(p.nnz, static_cast<unsigned long long>(s_pairs));
-  __threadfence();
-  if (atomicAdd(p.cta_ticket, 1u) != gridDim.x - 1) return;
-  __threadfence();
-  const unsigned long long total = atomicExch(p.nnz, 0ull);
-  if (p.nnz_out) *p.nnz_out = total;
-  *p.cta_ticket = 0;
+  dev::grid_count_publish(p.nnz, p.cta_ticket, gridDim.x, s_pairs, p.nnz_out);
 }
 
 }  // namespace twell::cuda::detail

@@ -123,12 +123,8 @@ __global__ void __launch_bounds__(kThreads) twell_decode_kernel(TwellDecodeParam
   }
   if (tid == 0) {
     p.row_tickets[m] = 0;
-    __threadfence();
-    if (atomicAdd(p.cta_ticket, 1u) == static_cast<unsigned>(gridDim.y - 1)) {  // the last token done
-      const unsigned long long total = atomicExch(p.nnz, 0ull);
-      if (p.nnz_out) *p.nnz_out = total;
-      *p.cta_ticket = 0;
-    }
+    // Each token's CTAs added their pairs before the token's ticket; the last token publishes.
+    dev::grid_count_publish(p.nnz, p.cta_ticket, gridDim.y, 0, p.nnz_out);
   }
 }
 

@@ -80,28 +80,16 @@ __global__ void __launch_bounds__(kUnionThreads) union_list_kernel(UnionFfnParam
   if (tid >= count && tid < (count + kUnionGroup - 1) / kUnionGroup * kUnionGroup) list[tid] = -1;
   if (tid == 0) p.counts[t] = count;
   if (!p.nnz) return;
-  // The fired pairs: the CTA's sum added to *nnz; the last CTA (a ticket) publishes the total and
-  // leaves the count and the ticket zero.
+  // The fired pairs: the CTA's sum joins the grid's count (dev::grid_count_publish).
 #pragma unroll
   for (int off = 16; off > 0; off >>= 1) pairs += __shfl_xor_sync(0xffffffffu, pairs, off);
   __shared__ unsigned s_pairs[kUnionThreads / 32];
-  __shared__ bool s_last;
   if (lane == 0) s_pairs[warp] = pairs;
   __syncthreads();
-  if (tid == 0) {
-    unsigned long long cta = 0;
-    for (int w = 0; w < kUnionThreads / 32; ++w) cta += s_pairs[w];
-    if (cta) atomicAdd(p.nnz, cta);
-    __threadfence();
-    s_last = atomicAdd(p.cta_ticket, 1u) == gridDim.x - 1;
-  }
-  __syncthreads();
-  if (tid == 0 && s_last) {
-    __threadfence();
-    const unsigned long long total = atomicExch(p.nnz, 0ull);
-    if (p.nnz_out) *p.nnz_out = total;
-    *p.cta_ticket = 0;
-  }
+  if (tid != 0) return;
+  unsigned long long cta = 0;
+  for (int w = 0; w < kUnionThreads / 32; ++w) cta += s_pairs[w];
+  dev::grid_count_publish(p.nnz, p.cta_ticket, gridDim.x, cta, p.nnz_out);
 }
 
 // The sm_80 image of this file holds traps only (clusters are sm_90's): the device helpers below
