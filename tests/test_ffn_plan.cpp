@@ -138,7 +138,7 @@ TEST(FfnPlan, ShapeOfACallFollowsItsSize) {
   EXPECT_TRUE(shape_call(p, uni, 3).decode);
   EXPECT_TRUE(shape_call(p, uni, 4).union_ffn);
   EXPECT_TRUE(shape_call(p, uni, 16).union_ffn);
-  for (std::int64_t m = 2; m <= p.union_max_rows; ++m) {  // by default the union's gate is cuBLASLt's (no fired groups)
+  for (std::int64_t m = 2; m <= p.union_max_rows; ++m) {  // by default the union's gate is cuBLASLt's (the GEMV's loses there)
     const CallShape u = shape_call(p, uni, m);
     EXPECT_FALSE(u.union_ffn && u.gate_gemv) << m << " rows";
   }
@@ -326,7 +326,7 @@ TEST(FfnPlan, DescribeCallNamesWhatRan) {
   EXPECT_EQ(describe_call(decode), "twell decode kernel, GEMV gate (the previous call measured 0.50% density)");
   decode.union_ffn = true;
   EXPECT_EQ(describe_call(decode),
-            "twell union FFN (GEMV gate with its fired groups; up, down on tensor cores) (the previous call measured 0.50% density)");
+            "twell union FFN (GEMV gate; list, up, down on tensor cores) (the previous call measured 0.50% density)");
   decode.gate_gemv = false;
   EXPECT_EQ(describe_call(decode),
             "twell union FFN (cublasLt gate; list, up, down on tensor cores) (the previous call measured 0.50% density)");

@@ -15,9 +15,8 @@
 //            gate and a plain copy: whether a gate in the up's form, the list in its epilogue,
 //            could stream Wg as fast as cuBLASLt does; then the whole union with and without its
 //            list kernel (what a gate leaving the list's masks in its epilogue could save); at 2–16
-//            rows the gate in the union's chain: cuBLASLt's, the GEMV's, the GEMV's with its fired
-//            groups (the engine's path under decode-gemv-max-rows), alone and before the union, and
-//            the up and down alone on the list or on the fired groups.
+//            rows the gate in the union's chain: cuBLASLt's and the GEMV's (the engine's path under
+//            decode-gemv-max-rows), alone and before the union, and the up and down alone.
 //   rows     kernel 1 (2–16 rows), a CTA a block of 16 neurons for every row: the gate GEMV's own
 //            partial sums (gemv_mma_partials, so the same g bits) with g kept on chip; each neuron's
 //            fired rows as a mask; a warp a fired neuron forms h for each row that fired it in the
@@ -381,14 +380,6 @@ int main(int argc, char** argv) {
   DeviceBuffer<__nv_bfloat16> g_u(static_cast<std::size_t>(kMaxRows * n)), y_u(static_cast<std::size_t>(kMaxRows * k));
   DeviceBuffer<__nv_bfloat16> h_u(static_cast<std::size_t>(kMaxRows * tiles * 256));
   DeviceBuffer<int> u_list(static_cast<std::size_t>(tiles * 256)), u_counts(static_cast<std::size_t>(tiles));
-  // The GEMV gate's fired groups (16 bits a 16 neurons, whole tiles) and its pair count's words
-  // (zero on entry, left zero by every launch).
-  DeviceBuffer<unsigned short> u_fired(static_cast<std::size_t>(union_tiles(n) * 16));
-  DeviceBuffer<unsigned long long> f_nnz(1), f_nnz_out(1);
-  DeviceBuffer<unsigned int> f_ticket(1);
-  CK(cudaMemsetAsync(u_fired.get(), 0, u_fired.bytes(), s));
-  CK(cudaMemsetAsync(f_nnz.get(), 0, f_nnz.bytes(), s));
-  CK(cudaMemsetAsync(f_ticket.get(), 0, f_ticket.bytes(), s));
   // The up's form as a dense gate: g all 1 lists every neuron, so list + up read all of Wu once
   // (n · k bf16, the gate's bytes); w_copy receives a plain copy of the same bytes (the floor).
   DeviceBuffer<__nv_bfloat16> g_ones(static_cast<std::size_t>(kMaxRows * n)), w_copy(static_cast<std::size_t>(n * k));
@@ -457,10 +448,9 @@ int main(int argc, char** argv) {
                  nnz_r.get(), nnz_r_out.get()};
     launch_rows(p, s, parts);
   };
-  // The union at m rows: the cuBLASLt ReLU gate (unless gate_done: g_u holds it), then its kernels
-  // (with fired: the up and down read the GEMV gate's fired groups, no list kernel).
+  // The union at m rows: the cuBLASLt ReLU gate (unless gate_done: g_u holds it), then its kernels.
   auto union_ffn = [&](const Layer& l, int m, int up_split, int down_split, bool gate_done = false, int parts = 3,
-                       int up_clusters = 0, const __nv_bfloat16* g = nullptr, const unsigned short* fired = nullptr) {
+                       int up_clusters = 0, const __nv_bfloat16* g = nullptr) {
     if (!gate_done) lt_gate(l, m, g_u.get());
     UnionFfnParams up;
     static_cast<FfnOperands&>(up) = operands(l, m, y_u.get());
@@ -472,21 +462,13 @@ int main(int argc, char** argv) {
     up.list = u_list.get();
     up.counts = u_counts.get();
     up.h = h_u.get();
-    up.fired = fired;
     launch_union_ffn(up, s, parts);
   };
-  // The engine's gate on the GEMV into g_u (ffn_context.cpp's decode gate); with_fired: it also
-  // stores the fired groups and counts the pairs, as before the union.
-  auto gemv_gate_u = [&](const Layer& l, int m, bool with_fired) {
+  // The engine's gate on the GEMV into g_u (ffn_context.cpp's decode gate).
+  auto gemv_gate_u = [&](const Layer& l, int m) {
     TwellGemvParams g = gate_params(l, m);
     g.g = g_u.get();
     g.ld_g = n;
-    if (with_fired) {
-      g.fired = u_fired.get();
-      g.nnz = f_nnz.get();
-      g.nnz_out = f_nnz_out.get();
-      g.cta_ticket = f_ticket.get();
-    }
     launch_twell_gemv(g, s);
   };
   // Before a check's launches: y and g NaN (0xFFFF), the counts a sentinel, so a write a kernel
@@ -709,62 +691,37 @@ int main(int argc, char** argv) {
       std::printf("    the list kernel in the chain: whole 8 x 8 programmatic %.2f us with it, %.2f without (%.2f us a layer)\n",
                   t_with, t_without, t_with - t_without);
     }
-    // Where the GEMV's gate with its fired groups gains or loses in the union's chain: in the step
-    // it lost 1-2 % at 8 and 16 rows where 1-1.5 us a layer were predicted to be gained (H200,
-    // 4c6df63). Programmatic: the gates alone (cuBLASLt's ReLU GEMM; the GEMV; the GEMV storing
-    // its fired groups and counting the pairs); the whole union after each (the first two with
-    // the list kernel, the third reading the fired groups); the up and down alone on a list the
-    // list kernel left, and on fired groups the gate left (the last layer's: the same work to
-    // within the union's spread). Layer 0 checked first: the GEMV gate writes the same g with or
-    // without its fired groups, counts the pairs exactly (its words left zero), and y after it,
-    // listed or fired, has the same bits (the same neurons), none of them a NaN.
+    // Where the GEMV's gate gains or loses in the union's chain (in the step it lost 1-2 % at 8 and
+    // 16 rows, H200, 4c6df63). Programmatic: the gates alone (cuBLASLt's ReLU GEMM; the GEMV); the
+    // whole union after each (the list kernel on each gate's g); the up and down alone on the list
+    // the last layer's list kernel left. Layer 0 checked first: y after the GEMV gate has no NaN
+    // (y poisoned before), and a second run on the same g gives the same bits.
     if (m <= kFusedRows) {
       const ProgrammaticLaunch pdl(true);
-      const auto gm = static_cast<std::size_t>(m * n);
+      const auto ym = static_cast<std::size_t>(m * k);
       CK(cudaMemsetAsync(y_u.get(), 0xFF, y_u.bytes(), s));  // NaN: a skipped write shows
-      gemv_gate_u(L[0], m, false);
-      const std::vector<float> g_listed = to_host(g_u.get(), gm, s);
+      gemv_gate_u(L[0], m);
       union_ffn(L[0], m, 8, 8, true);
-      const std::vector<float> y_listed = to_host(y_u.get(), static_cast<std::size_t>(m * k), s);
+      const std::vector<float> y_once = to_host(y_u.get(), ym, s);
       CK(cudaMemsetAsync(y_u.get(), 0xFF, y_u.bytes(), s));
-      CK(cudaMemsetAsync(f_nnz_out.get(), 0xFF, f_nnz_out.bytes(), s));
-      gemv_gate_u(L[0], m, true);
-      const std::vector<float> g_fired = to_host(g_u.get(), gm, s);
-      union_ffn(L[0], m, 8, 8, true, 3, 0, nullptr, u_fired.get());
-      const std::vector<float> y_fired = to_host(y_u.get(), static_cast<std::size_t>(m * k), s);
-      unsigned long long host_pairs = 0;
-      for (const float v : g_fired) host_pairs += v > 0.0f ? 1u : 0u;
-      unsigned int ticket = 1;
-      CK(cudaMemcpyAsync(&ticket, f_ticket.get(), sizeof ticket, cudaMemcpyDeviceToHost, s));
-      CK(cudaStreamSynchronize(s));
-      const bool g_same = std::memcmp(g_listed.data(), g_fired.data(), gm * sizeof(float)) == 0;
-      const bool counted = read_count(f_nnz_out) == host_pairs && read_count(f_nnz) == 0 && ticket == 0;
-      const bool y_finite = std::all_of(y_fired.begin(), y_fired.end(), [](float v) { return std::isfinite(v); });
-      const bool same = g_same && counted && y_finite &&
-                        std::memcmp(y_listed.data(), y_fired.data(), y_listed.size() * sizeof(float)) == 0;
+      union_ffn(L[0], m, 8, 8, true);
+      const std::vector<float> y_twice = to_host(y_u.get(), ym, s);
+      const bool y_finite = std::all_of(y_once.begin(), y_once.end(), [](float v) { return std::isfinite(v); });
+      const bool same = y_finite && std::memcmp(y_once.data(), y_twice.data(), ym * sizeof(float)) == 0;
       pass = pass && same;
       const double g_lt = timed([&] { for (const Layer& l : L) lt_gate(l, m, g_u.get()); });
-      const double g_gv = timed([&] { for (const Layer& l : L) gemv_gate_u(l, m, false); });
-      const double g_gf = timed([&] { for (const Layer& l : L) gemv_gate_u(l, m, true); });
+      const double g_gv = timed([&] { for (const Layer& l : L) gemv_gate_u(l, m); });
       const double w_lt = timed([&] { for (const Layer& l : L) union_ffn(l, m, 8, 8); });
       const double w_gv = timed([&] {
         for (const Layer& l : L) {
-          gemv_gate_u(l, m, false);
+          gemv_gate_u(l, m);
           union_ffn(l, m, 8, 8, true);
         }
       });
-      const double w_gf = timed([&] {
-        for (const Layer& l : L) {
-          gemv_gate_u(l, m, true);
-          union_ffn(l, m, 8, 8, true, 3, 0, nullptr, u_fired.get());
-        }
-      });
       const double ud_list = timed([&] { for (const Layer& l : L) union_ffn(l, m, 8, 8, true, 3 | kUnionSkipList); });
-      const double ud_fired = timed([&] { for (const Layer& l : L) union_ffn(l, m, 8, 8, true, 3, 0, nullptr, u_fired.get()); });
-      std::printf("    the gate in the union's chain, programmatic: gate alone cuBLASLt / GEMV / GEMV + fired groups %.2f / %.2f / "
-                  "%.2f us; whole after each %.2f / %.2f / %.2f us (the last without the list kernel); up + down alone on the "
-                  "list / the fired groups %.2f / %.2f us; g bits the same, pairs counted, y bits listed = fired: %s\n",
-                  g_lt, g_gv, g_gf, w_lt, w_gv, w_gf, ud_list, ud_fired, same ? "yes" : "NO");
+      std::printf("    the gate in the union's chain, programmatic: gate alone cuBLASLt / GEMV %.2f / %.2f us; whole after "
+                  "each %.2f / %.2f us; up + down alone on the list %.2f us; y finite and replayed: %s\n",
+                  g_lt, g_gv, w_lt, w_gv, ud_list, same ? "yes" : "NO");
     }
     return pass;
   };

@@ -504,10 +504,9 @@ void FfnContext::prepare_decode(std::int64_t m, cudaStream_t stream) {
     }
     return;
   }
-  if (s.union_ffn) {  // the union's slots, counts, fired groups and h for its largest step (its count uses the tickets' CTA word below)
+  if (s.union_ffn) {  // the union's slots, counts and h for its largest step (its count uses the tickets' CTA word below)
     ws_->union_list.reserve(static_cast<std::size_t>(union_list_size(n())));
     ws_->union_counts.reserve(static_cast<std::size_t>(union_tiles(n())));
-    ws_->union_fired.reserve(static_cast<std::size_t>(union_tiles(n()) * 16));
     ws_->union_h.reserve(static_cast<std::size_t>(std::max(m, union_rows_cap()) * union_list_size(n())));
   } else {
     ws_->decode_partials.reserve(static_cast<std::size_t>(m * tiles() * k()));
@@ -537,7 +536,6 @@ bool FfnContext::decode_prepared(std::int64_t m) const noexcept {
   if (s.union_ffn)
     return ws_->union_list.size() >= static_cast<std::size_t>(union_list_size(n())) &&
            ws_->union_counts.size() >= static_cast<std::size_t>(union_tiles(n())) &&
-           ws_->union_fired.size() >= static_cast<std::size_t>(union_tiles(n()) * 16) &&
            ws_->union_h.size() >= static_cast<std::size_t>(m * union_list_size(n()));
   return ws_->decode_partials.size() >= static_cast<std::size_t>(m * tiles() * k());
 }
@@ -611,10 +609,7 @@ void FfnContext::enqueue_decode(const __nv_bfloat16* x, std::int64_t m, __nv_bfl
     launch_twell_decode_token(tp, stream);
     return;
   }
-  // Before the union, the GEMV gate also leaves its fired groups and counts the pairs, so the
-  // union's list kernel is not launched (sm90/union_ffn.hpp; the same list, so the same bits).
-  const bool fired = s.gate_gemv && s.union_ffn && m >= 2;  // (the union's rows are ≥ 2: union_min_rows)
-  unsigned* const cta_word = decode_tickets_.get() + decode_tickets_.size() - 2;  // the decode kernel's CTA word: all leave it zero
+  unsigned* const cta_word = decode_tickets_.get() + decode_tickets_.size() - 2;  // the pairs' ticket: the union and the decode kernel leave it zero
   if (s.gate_gemv) {
     // The gate (the up GEMM non-gated) as a GEMV: same values as gate_gemm's.
     TwellGemvParams gp = gemv_rows(x, m, w_.gate_up(), n(), k());
@@ -625,12 +620,6 @@ void FfnContext::enqueue_decode(const __nv_bfloat16* x, std::int64_t m, __nv_bfl
     // only in the model runtime's forward (launch.hpp), whose weights no kernel of the step writes
     // (the union's down stages its Wdᵀ rows early on the same ground). Outside one, no effect.
     gp.w_before_wait = true;
-    if (fired) {
-      gp.fired = ws_->union_fired.get();
-      gp.nnz = decode_nnz_.get();
-      gp.nnz_out = nnz_out;
-      gp.cta_ticket = cta_word;
-    }
     launch_twell_gemv(gp, stream);
   } else {
     gate_gemm(x, m, stream);
@@ -643,13 +632,9 @@ void FfnContext::enqueue_decode(const __nv_bfloat16* x, std::int64_t m, __nv_bfl
     u.list = ws_->union_list.get();
     u.counts = ws_->union_counts.get();
     u.h = ws_->union_h.get();
-    if (fired) {
-      u.fired = ws_->union_fired.get();  // the gate counted the pairs
-    } else {
-      u.cta_ticket = cta_word;
-      u.nnz = decode_nnz_.get();
-      u.nnz_out = nnz_out;
-    }
+    u.cta_ticket = cta_word;
+    u.nnz = decode_nnz_.get();
+    u.nnz_out = nnz_out;
     u.up_split = opt_.union_up_split;
     u.down_split = opt_.union_down_split;
     u.up_clusters = opt_.union_up_clusters;

@@ -59,12 +59,12 @@ void InferWorkspace::set_gemm_autotune(int candidates, std::int64_t max_rows) {
   set_->gemm.set_autotune(a);
   if (set_->side_gemm) set_->side_gemm->set_autotune(a);  // else side() takes gemm's when made
 }
-// run_step's shared buffers: the decode kernel's gate and partials, the union FFN's slots, counts,
-// fired groups and h, the dense FFN's gu and h (the one-token kernels' buffers and the decode tickets are the
+// run_step's shared buffers: the decode kernel's gate and partials, the union FFN's slots, counts
+// and h, the dense FFN's gu and h (the one-token kernels' buffers and the decode tickets are the
 // layer's own, sized once; cuBLASLt's workspace never moves).
 std::vector<const void*> InferWorkspace::step_addresses() const {
   return {set_->g.get(),          set_->gu.get(),           set_->h.get(),      set_->decode_partials.get(),
-          set_->union_list.get(), set_->union_counts.get(), set_->union_fired.get(), set_->union_h.get()};
+          set_->union_list.get(), set_->union_counts.get(), set_->union_h.get()};
 }
 
 TrainWorkspace::TrainWorkspace(std::shared_ptr<DeviceAllocator> allocator)

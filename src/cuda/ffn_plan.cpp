@@ -129,8 +129,7 @@ std::string describe_call(const CallRecord& c) {
       return fmt::format("dense cublasLt ({})", c.sticky ? followed(c) : std::string());
     case ForwardStep::decode:
       if (c.union_ffn)
-        return fmt::format("twell union FFN ({}, down on tensor cores) ({})",
-                           c.gate_gemv ? "GEMV gate with its fired groups; up" : "cublasLt gate; list, up",
+        return fmt::format("twell union FFN ({} gate; list, up, down on tensor cores) ({})", c.gate_gemv ? "GEMV" : "cublasLt",
                            c.sticky ? followed(c) : std::string());
       return fmt::format("twell decode kernel{} ({})",
                          c.one_token ? ", one token, gate fused in" : c.gate_gemv ? ", GEMV gate" : "",

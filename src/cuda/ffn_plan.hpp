@@ -48,11 +48,12 @@ struct DispatchPolicy {
   bool decode_gemv = true;                   // the decode gate by the GEMV kernel (ops/gemv.hpp; one token: the fused twell_decode_token.hpp) ...
   // ... up to this M (from 2 rows the GEMV's tensor-core kernel, its first weights read before the
   // programmatic wait). In the step at 2 rows (the decode kernel) sparse / dense 1.176 against
-  // cuBLASLt's gate's 1.157 (2b-gqa), 1.155 against 1.143 (2B); from 4 rows (the union, the GEMV's
-  // fired groups in place of the list kernel) it ties at 4 and loses at 8 / 16 (1.089 / 1.059
-  // against 1.113 / 1.108, 2b-gqa), H200, 4c6df63; at 2 / 3 rows 1.182 / 1.137 against 1.171 /
-  // 1.123 (2b-gqa), 1.162 / 1.136 against 1.144 / 1.117 (2B), H200, a6db2c3. So the rows below
-  // union_min_rows' default (a lower union_min_rows puts the union behind the GEMV gate at 2–3).
+  // cuBLASLt's gate's 1.157 (2b-gqa), 1.155 against 1.143 (2B); at 2 / 3 rows 1.182 / 1.137
+  // against 1.171 / 1.123 (2b-gqa), 1.162 / 1.136 against 1.144 / 1.117 (2B), H200, a6db2c3. Before
+  // the union (4–16 rows) the GEMV gate and the list kernel take 18.3 / 19.0 / 22.5 µs a layer in
+  // the chain against cuBLASLt's gate's 17.5 / 17.6 / 19.0 at 4 / 8 / 16 rows (probe, H200,
+  // a9b24fd). So the rows below union_min_rows' default (a lower union_min_rows puts the union
+  // behind the GEMV gate at 2–3).
   // Measured on the H200 only; a GPU without the union takes the GEMV gate at 2–3 rows as well.
   std::int64_t decode_gemv_max_rows = 3;
   // The dense FFN's down projection (y = h·Wdᵀ) by the GEMV's tensor-core kernel from 2 rows up to

@@ -27,7 +27,6 @@ struct FfnWorkspace {
     dense_temp.use(mem.get());
     decode_partials.use(mem.get());
     for (auto* b : {&union_list, &union_counts}) b->use(mem.get());
-    union_fired.use(mem.get());
     union_h.use(mem.get());
   }
 
@@ -48,7 +47,6 @@ struct FfnWorkspace {
   DeviceBuffer<float> decode_partials;     // [m, tiles, K]
   DeviceBuffer<int> union_list;            // [union_list_size(N)] the union FFN's slots (sm90/union_ffn.hpp)
   DeviceBuffer<int> union_counts;          // [union_tiles(N)]
-  DeviceBuffer<unsigned short> union_fired;  // [union_tiles(N) · 16] the GEMV gate's fired groups, in place of the list
   DeviceBuffer<__nv_bfloat16> union_h;     // [m, union_list_size(N)]
 
   LtGemm& side() {
@@ -62,7 +60,7 @@ struct FfnWorkspace {
     return gemm.workspace_bytes() + (side_gemm ? side_gemm->workspace_bytes() : 0) + g.bytes() + gu.bytes() +
            h.bytes() + words.bytes() + row_ovf.bytes() + row_nnz.bytes() +
            dense_list.bytes() + dense_temp.bytes() + row_dense.bytes() + x_h.bytes() + y_h.bytes() +
-           decode_partials.bytes() + union_list.bytes() + union_counts.bytes() + union_fired.bytes() + union_h.bytes();
+           decode_partials.bytes() + union_list.bytes() + union_counts.bytes() + union_h.bytes();
   }
 };
 

@@ -994,153 +994,6 @@ TEST(CudaGemv, ATokensBitsDoNotDependOnTheBatch) {
   cudaStreamDestroy(s);
 }
 
-// The GEMV's record for the union FFN (TwellGemvParams::fired, with the pairs' count): against the
-// values it stores, read back. A fired bit iff some token's bf16 output is > 0, the groups past
-// ⌈N / 16⌉ untouched, the count exact and published to nnz_out by the last CTA, which leaves the
-// count and the ticket zero (two launches in a row). N not a multiple of 16; 2–16 tokens;
-// densities from none to all (x's first channel shifts every pre-activation).
-TEST(CudaGemv, FiredGroupsAndPairsMatchItsValues) {
-  TWELL_REQUIRE_GPU();
-  cudaStream_t s;
-  ASSERT_EQ(cudaStreamCreate(&s), cudaSuccess);
-  std::mt19937_64 rng(20261130);
-  std::normal_distribution<float> nd(0.0f, 1.0f);
-  const std::int64_t n = 1003, k = 1024, groups = (n + 15) / 16;
-  std::vector<float> w(static_cast<std::size_t>(n * k));
-  for (float& v : w) v = round_bf16(nd(rng) * 0.03f);
-  for (std::int64_t r = 0; r < n; ++r) w[static_cast<std::size_t>(r * k)] = 1.0f;  // channel 0: the shift
-  DeviceBuffer<__nv_bfloat16> dw(w.size()), dx(static_cast<std::size_t>(16 * k)), dg(static_cast<std::size_t>(16 * n));
-  DeviceBuffer<unsigned short> fired(static_cast<std::size_t>(groups + 8));
-  DeviceBuffer<unsigned long long> nnz(1), nnz_out(1);
-  DeviceBuffer<unsigned> ticket(1);
-  const auto wb = to_bf16_bits(w);
-  ASSERT_EQ(::twell::cuda::test::h2d(dw.get(), wb.data(), wb.size() * 2), cudaSuccess);
-  ASSERT_EQ(cudaMemset(nnz.get(), 0, 8), cudaSuccess);
-  ASSERT_EQ(cudaMemset(ticket.get(), 0, 4), cudaSuccess);
-  ASSERT_EQ(cudaMemset(fired.get(), 0xAB, fired.bytes()), cudaSuccess);  // a sentinel past the groups
-  for (const std::int64_t m : {2, 7, 16}) {
-    for (const float shift : {-40.0f, -2.5f, -1.0f, 40.0f}) {
-      SCOPED_TRACE(::testing::Message() << "m " << m << ", shift " << shift);
-      std::vector<float> x(static_cast<std::size_t>(m * k));
-      for (float& v : x) v = round_bf16(nd(rng));
-      for (std::int64_t r = 0; r < m; ++r) x[static_cast<std::size_t>(r * k)] = shift;
-      const auto xb = to_bf16_bits(x);
-      ASSERT_EQ(::twell::cuda::test::h2d(dx.get(), xb.data(), xb.size() * 2), cudaSuccess);
-      TwellGemvParams p = gemv_rows(dx.get(), m, dw.get(), n, k);
-      p.relu = true;
-      p.g = dg.get();
-      p.fired = fired.get();
-      p.nnz = nnz.get();
-      p.nnz_out = nnz_out.get();
-      p.cta_ticket = ticket.get();
-      for (int call = 0; call < 2; ++call) {
-        ASSERT_EQ(cudaMemset(nnz_out.get(), 0xFF, 8), cudaSuccess);
-        launch_twell_gemv(p, s);
-        ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);
-        std::vector<std::uint16_t> g(static_cast<std::size_t>(m * n)), f(static_cast<std::size_t>(groups + 8));
-        unsigned long long got_nnz = 0, left_nnz = 1;
-        unsigned left_ticket = 1;
-        ASSERT_EQ(cudaMemcpy(g.data(), dg.get(), g.size() * 2, cudaMemcpyDeviceToHost), cudaSuccess);
-        ASSERT_EQ(cudaMemcpy(f.data(), fired.get(), f.size() * 2, cudaMemcpyDeviceToHost), cudaSuccess);
-        ASSERT_EQ(cudaMemcpy(&got_nnz, nnz_out.get(), 8, cudaMemcpyDeviceToHost), cudaSuccess);
-        ASSERT_EQ(cudaMemcpy(&left_nnz, nnz.get(), 8, cudaMemcpyDeviceToHost), cudaSuccess);
-        ASSERT_EQ(cudaMemcpy(&left_ticket, ticket.get(), 4, cudaMemcpyDeviceToHost), cudaSuccess);
-        std::vector<std::uint16_t> want(static_cast<std::size_t>(groups), 0);
-        unsigned long long pairs = 0;
-        for (std::int64_t r = 0; r < m; ++r)
-          for (std::int64_t j = 0; j < n; ++j) {
-            const std::uint16_t b = g[static_cast<std::size_t>(r * n + j)];
-            const bool nan = (b & 0x7f80u) == 0x7f80u && (b & 0x007fu) != 0;
-            const bool on = (b & 0x8000u) == 0 && b != 0 && !nan;  // > 0 (+inf too), as the list kernel reads g
-            if (!on) continue;
-            want[static_cast<std::size_t>(j / 16)] |= static_cast<std::uint16_t>(1u << (j % 16));
-            ++pairs;
-          }
-        for (std::int64_t b = 0; b < groups; ++b) EXPECT_EQ(f[static_cast<std::size_t>(b)], want[static_cast<std::size_t>(b)]) << "group " << b;
-        for (std::int64_t b = groups; b < groups + 8; ++b) EXPECT_EQ(f[static_cast<std::size_t>(b)], 0xABABu) << "past the groups: " << b;
-        EXPECT_EQ(got_nnz, pairs) << "call " << call;
-        EXPECT_EQ(left_nnz, 0u);
-        EXPECT_EQ(left_ticket, 0u);
-        if (shift < -10) {
-          EXPECT_EQ(pairs, 0u);
-        }
-        if (shift > 10) {
-          EXPECT_EQ(pairs, static_cast<unsigned long long>(m * n));
-        }
-      }
-    }
-  }
-  cudaStreamDestroy(s);
-}
-
-// The union reads the GEMV gate's fired groups as its list (UnionFfnParams::fired): on the same g,
-// the same y bits as after the list kernel. N = 1000: 63 groups, so the last tile's 64th is never
-// written; the fired buffer starts all ones, so a stale group read as fired would show.
-TEST(CudaDecode, UnionReadsTheGatesFiredGroupsAsItsList) {
-  TWELL_REQUIRE_GPU();
-  if (!union_ffn_here()) GTEST_SKIP() << "the union FFN runs on compute capability 9.0 only";
-  cudaStream_t s;
-  ASSERT_EQ(cudaStreamCreate(&s), cudaSuccess);
-  std::mt19937_64 rng(20261131);
-  std::normal_distribution<float> nd(0.0f, 1.0f);
-  const std::int64_t m = 8, n = 1000, k = 512, slots = union_list_size(n);
-  std::vector<float> x(static_cast<std::size_t>(m * k)), wg(static_cast<std::size_t>(n * k)), wu(wg.size()), wd(wg.size());
-  for (float& v : x) v = round_bf16(nd(rng));
-  for (std::int64_t r = 0; r < m; ++r) x[static_cast<std::size_t>(r * k)] = 1.0f;
-  for (float& v : wg) v = round_bf16(nd(rng) * 0.04f);
-  for (std::int64_t j = 0; j < n; ++j) wg[static_cast<std::size_t>(j * k)] = -2.0f;  // a few % fire
-  for (float& v : wu) v = round_bf16(nd(rng) * 0.04f);
-  for (float& v : wd) v = round_bf16(nd(rng) * 0.04f);
-  DeviceBuffer<__nv_bfloat16> dx(x.size()), dwg(wg.size()), dwu(wu.size()), dwd(wd.size()), g(static_cast<std::size_t>(m * n));
-  DeviceBuffer<__nv_bfloat16> y_list(static_cast<std::size_t>(m * k)), y_fired(static_cast<std::size_t>(m * k));
-  DeviceBuffer<__nv_bfloat16> h(static_cast<std::size_t>(m * slots));
-  DeviceBuffer<int> list(static_cast<std::size_t>(slots)), counts(static_cast<std::size_t>(union_tiles(n)));
-  DeviceBuffer<unsigned short> fired(static_cast<std::size_t>(union_tiles(n) * 16));
-  for (const auto& [dst, src] : {std::pair{dx.get(), &x}, std::pair{dwg.get(), &wg}, std::pair{dwu.get(), &wu}, std::pair{dwd.get(), &wd}}) {
-    const auto b = to_bf16_bits(*src);
-    ASSERT_EQ(::twell::cuda::test::h2d(dst, b.data(), b.size() * 2), cudaSuccess);
-  }
-  ASSERT_EQ(cudaMemset(fired.get(), 0xFF, fired.bytes()), cudaSuccess);
-  TwellGemvParams gp = gemv_rows(dx.get(), m, dwg.get(), n, k);
-  gp.relu = true;
-  gp.g = g.get();
-  gp.fired = fired.get();
-  launch_twell_gemv(gp, s);
-  UnionFfnParams u;
-  u.x = dx.get();
-  u.ld_x = k;
-  u.w_up = dwu.get();
-  u.w_down_t = dwd.get();
-  u.m = m;
-  u.n = n;
-  u.k = k;
-  u.gated = true;
-  u.g = g.get();
-  u.ld_g = n;
-  u.h = h.get();
-  u.ld_y = k;
-  u.y = y_list.get();
-  u.list = list.get();
-  u.counts = counts.get();
-  launch_union_ffn(u, s);
-  u.y = y_fired.get();
-  u.list = nullptr;
-  u.counts = nullptr;
-  u.fired = fired.get();
-  launch_union_ffn(u, s);
-  ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);
-  std::vector<std::uint16_t> a(static_cast<std::size_t>(m * k)), b(a.size());
-  std::vector<int> cnt(static_cast<std::size_t>(union_tiles(n)));
-  ASSERT_EQ(cudaMemcpy(a.data(), y_list.get(), a.size() * 2, cudaMemcpyDeviceToHost), cudaSuccess);
-  ASSERT_EQ(cudaMemcpy(b.data(), y_fired.get(), b.size() * 2, cudaMemcpyDeviceToHost), cudaSuccess);
-  ASSERT_EQ(cudaMemcpy(cnt.data(), counts.get(), cnt.size() * 4, cudaMemcpyDeviceToHost), cudaSuccess);
-  const int listed = std::accumulate(cnt.begin(), cnt.end(), 0);
-  EXPECT_GT(listed, 0) << "no neuron fired: the comparison would be empty";
-  EXPECT_LT(listed, n / 2) << "most neurons fired: the list would be nearly the identity";
-  EXPECT_TRUE(a == b) << "the fired groups gave other bits than the list kernel's list (" << listed << " listed)";
-  cudaStreamDestroy(s);
-}
-
 // The decode kernel (a token's non-zeros spread over N/256 CTAs, partials added in tile order by a
 // ticketed last CTA) against the float64 oracle, at decode sizes (up to 200 rows with
 // decode_max_rows raised) and densities from 0 to 100 %,
@@ -1269,7 +1122,7 @@ TEST(CudaDecode, UnionMatchesReferenceAndCountsExactly) {
     if (expect_nnz == 0) {
       for (float v : first) ASSERT_EQ(v, 0.0f);
     }
-    if (gemv_gate) {  // the GEMV's fired groups stand for the list kernel's list: with g's bits equal, y's are too
+    if (gemv_gate) {  // the GEMV gate before the union: with g's bits equal to cuBLASLt's, y's are too
       FfnContext listed(opt);  // the cuBLASLt gate, then the list kernel
       listed.upload_weights(w, s);
       ForwardResult fr;
@@ -1278,18 +1131,18 @@ TEST(CudaDecode, UnionMatchesReferenceAndCountsExactly) {
       EXPECT_NE(fr.path().find("union FFN (cublasLt gate"), std::string::npos) << fr.path();
       ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);
       const auto gsize = static_cast<std::size_t>(c.m * ctx.ldn());
-      std::vector<std::uint16_t> g_fired(gsize), g_listed(gsize);
-      ASSERT_EQ(cudaMemcpy(g_fired.data(), ctx.gate_values(), gsize * 2, cudaMemcpyDeviceToHost), cudaSuccess);
+      std::vector<std::uint16_t> g_gemv(gsize), g_listed(gsize);
+      ASSERT_EQ(cudaMemcpy(g_gemv.data(), ctx.gate_values(), gsize * 2, cudaMemcpyDeviceToHost), cudaSuccess);
       ASSERT_EQ(cudaMemcpy(g_listed.data(), listed.gate_values(), gsize * 2, cudaMemcpyDeviceToHost), cudaSuccess);
       bool g_same = true;
       for (std::int64_t r = 0; r < c.m; ++r)
         for (std::int64_t j = 0; j < c.n; ++j) {
           const auto i = static_cast<std::size_t>(r * ctx.ldn() + j);
-          g_same = g_same && g_fired[i] == g_listed[i];
+          g_same = g_same && g_gemv[i] == g_listed[i];
         }
       // Exact pre-activations: both gates' fp32 sums are exact, so their g has the same bits.
       EXPECT_TRUE(g_same) << "the GEMV's and cuBLASLt's g differ on exact pre-activations";
-      EXPECT_TRUE(o.y == first) << "the fired groups and the list kernel's list gave other bits";
+      EXPECT_TRUE(o.y == first) << "the same g through the GEMV and cuBLASLt gates gave other bits";
     }
     // Up clusters that take the 64-slot blocks in turn (3: up to 43 passes at N = 8192, every
     // neuron fired; 1: one cluster, every block), plainly and programmatically launched: the same

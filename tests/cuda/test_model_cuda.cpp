@@ -814,7 +814,7 @@ TEST(ModelCuda, BatchCompanyMovesLogitsWithinTheBf16Bound) {
 // dense): 3 rows the decode kernel, 4–24 rows the union FFN on a compute-capability-9.0 GPU
 // (elsewhere the decode kernel up to 16 rows and the dispatch past them), N = 1024 and K = 256 on
 // the union's grid; the gate on cuBLASLt, then up to 16 rows on the GEMV (decode-gemv-max-rows 16:
-// before the union, its fired groups in place of the list kernel). Every decode row of every layer
+// before the union as well). Every decode row of every layer
 // must have run sparse where the step is decode-sized; the tokens must agree up to a first
 // difference where the CPU runtime's top two logits are a tie (the GPU paths sum in other orders,
 // each within its float64 bound).

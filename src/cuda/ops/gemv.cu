@@ -26,10 +26,6 @@ void launch_twell_gemv(const TwellGemvParams& p, cudaStream_t stream) {
                    "twell gemv: the residual add needs one token and bf16 output");
   TWELL_CU_REQUIRE(!p.residual_first_fixed || p.residual, ErrorCode::invalid_argument,
                    "twell gemv: a fixed-point first term without the residual add");
-  TWELL_CU_REQUIRE(!p.fired || (p.m >= 2 && p.g && !p.g32), ErrorCode::invalid_argument,
-                   "twell gemv: the fired groups need 2–16 tokens and bf16 output");
-  TWELL_CU_REQUIRE(!p.nnz || (p.fired && p.cta_ticket), ErrorCode::invalid_argument,
-                   "twell gemv: the pairs' count needs the fired groups and a ticket");
   if (p.m >= 2) {
     // Two or more tokens: the tensor-core kernel (gemv_mma_kernel.cuh), 16 outputs a CTA. The
     // CUDA-core kernel's math grows with M per weight byte: at 8 tokens it read a 131 MB LM head at

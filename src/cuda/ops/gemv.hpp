@@ -40,15 +40,6 @@ struct TwellGemvParams {
   // runtime's attention output projection storing the residual stream at one token.
   float* residual = nullptr;
   long long* residual_first_fixed = nullptr;
-  // 2–16 tokens with bf16 output only: the decode gate's record for the union FFN in place of its
-  // list kernel (sm90/union_ffn.hpp). fired[b], b < ⌈N / 16⌉: bit i set iff output 16 · b + i is
-  // > 0 as stored (bf16) for some token. With nnz also the (token, output) pairs > 0: each CTA adds
-  // its own to *nnz, and the last (a ticket in *cta_ticket) publishes the total to *nnz_out and
-  // leaves the count and the ticket zero (both zero on entry), as the union's list kernel does.
-  unsigned short* fired = nullptr;
-  unsigned long long* nnz = nullptr;
-  unsigned long long* nnz_out = nullptr;
-  unsigned* cta_ticket = nullptr;
 };
 
 // Requires 1 ≤ M ≤ kGemvMaxRows, K a multiple of 8 with K ≤ kGemvMaxK, 16-byte aligned rows.

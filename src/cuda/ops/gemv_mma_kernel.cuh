@@ -122,17 +122,12 @@ __device__ __forceinline__ void gemv_mma_partials(const TwellGemvParams& p,
 // NT token tiles of 8 (M ≤ 8 · NT). MinCtas: the CTAs an SM that ptxas must leave registers for (the
 // library launches 0, no bound; lab/probes/probe_gemv.cu measures 3 and 4, a whole wave of the
 // gate's 352 CTAs on 132 SMs instead of 1.33).
-// With p.fired: the CTA's 16 outputs' fired bits and its pairs > 0 (TwellGemvParams::fired), from
-// the bf16 values it stores; OR and integer sums, so the same words whatever the threads' order.
 template <int NT, int MinCtas = 0>
 __global__ void __launch_bounds__(kGemvMmaWarps * 32, MinCtas) twell_gemv_mma_kernel(TwellGemvParams p) {
   __shared__ float part[kGemvMmaWarps][kGemvMmaRows][8 * NT];
-  __shared__ unsigned s_fired, s_pairs;
-  if (p.fired && threadIdx.x == 0) s_fired = s_pairs = 0;
   gemv_mma_partials<NT>(p, part);
   __syncthreads();
   const std::int64_t n0 = static_cast<std::int64_t>(blockIdx.x) * kGemvMmaRows;
-  unsigned fired = 0, pairs = 0;
   for (int o = threadIdx.x; o < kGemvMmaRows * 8 * NT; o += kGemvMmaWarps * 32) {
     const int row = o % kGemvMmaRows, tok = o / kGemvMmaRows;
     const std::int64_t n = n0 + row;
@@ -141,25 +136,11 @@ __global__ void __launch_bounds__(kGemvMmaWarps * 32, MinCtas) twell_gemv_mma_ke
 #pragma unroll
     for (int w = 0; w < kGemvMmaWarps; ++w) v += part[w][row][tok];
     if (p.relu) v = fmaxf(v, 0.0f);
-    if (p.g32) {
+    if (p.g32)
       p.g32[tok * p.ld_g + n] = v;
-    } else {
-      const __nv_bfloat16 b = __float2bfloat16_rn(v);
-      p.g[tok * p.ld_g + n] = b;
-      if (p.fired && __bfloat162float(b) > 0.0f) {  // (a NaN is not)
-        fired |= 1u << row;
-        ++pairs;
-      }
-    }
+    else
+      p.g[tok * p.ld_g + n] = __float2bfloat16_rn(v);
   }
-  if (!p.fired) return;  // (uniform over the CTA)
-  if (fired) atomicOr(&s_fired, fired);
-  if (pairs) atomicAdd(&s_pairs, pairs);
-  __syncthreads();
-  if (threadIdx.x != 0) return;
-  p.fired[blockIdx.x] = static_cast<unsigned short>(s_fired);
-  if (!p.nnz) return;
-  dev::grid_count_publish(p.nnz, p.cta_ticket, gridDim.x, s_pairs, p.nnz_out);
 }
 
 }  // namespace twell::cuda::detail

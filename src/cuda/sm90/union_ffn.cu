@@ -95,71 +95,14 @@ __global__ void __launch_bounds__(kUnionThreads) union_list_kernel(UnionFfnParam
 // The sm_80 image of this file holds traps only (clusters are sm_90's): the device helpers below
 // exist for the sm_90 pass.
 #if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900
-// The list through either source (kFired: a kernel's instantiation, so that the list kernel's
-// path compiles as before): the list kernel's counts and slots, or the gate's fired bits
-// (UnionFfnParams::fired), read once into shared memory. Read past L1: written by an earlier
-// kernel of the chain.
-//
-// Tile t's 256 fired bits as 8 words, bit k of w[j] ↔ neuron 256t + 32j + k (a word holds two
-// 16-bit groups, the lower first); the groups past ⌈n / 16⌉, which the gate never writes, read as
-// zero. Two 16-byte loads, both in flight at once.
-__device__ __forceinline__ void union_tile_bits(const UnionFfnParams& p, int t, unsigned (&w)[8]) {
-  const uint4* src = reinterpret_cast<const uint4*>(p.fired + 16 * t);
-  const uint4 a = __ldcg(src), b = __ldcg(src + 1);
-  const unsigned v[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
-  const int groups = static_cast<int>((p.n + 15) / 16);
-#pragma unroll
-  for (int j = 0; j < 8; ++j) {
-    const int lo = 16 * t + 2 * j;  // the word's lower group
-    w[j] = lo >= groups ? 0u : lo + 1 >= groups ? v[j] & 0xFFFFu : v[j];
-  }
-}
-// Slot s's neuron from its tile's 256 fired bits (bits: the tile's 8 words, staged in shared memory
-// by union_groups): the (s mod 256)-th set bit in ascending order, as the list kernel would have
-// listed it (−1: padding past the tile's count).
-__device__ __forceinline__ int union_bit_neuron(const unsigned* bits, int slot) {
-  const int t = slot / kUnionTile;
-  int i = slot % kUnionTile, nrn = -1;
-#pragma unroll
-  for (int j = 0; j < 8; ++j) {
-    const unsigned w = bits[j];
-    const int c = __popc(w);
-    if (nrn < 0 && i < c) {
-      unsigned f = w;
-      for (int d = 0; d < i; ++d) f &= f - 1;  // drop the i lowest set bits
-      nrn = t * kUnionTile + 32 * j + __ffs(static_cast<int>(f)) - 1;
-    }
-    i -= c;
-  }
-  return nrn;
-}
-
-// Warp 0: the union's groups in tile order (s_grp[i]: group i's first slot), their number in *s_ngrp;
-// kFired: each tile's fired bits also staged in s_bits[8t … 8t + 7] (union_bit_neuron reads them
-// there: one round trip to L2 for the bits, not one for the counts and another for a slot).
-template <bool kFired>
-__device__ __forceinline__ void union_groups(const UnionFfnParams& p, int* s_grp, int* s_ngrp, unsigned* s_bits) {
+// Warp 0: the union's groups in tile order (s_grp[i]: group i's first slot), their number in *s_ngrp.
+__device__ __forceinline__ void union_groups(const UnionFfnParams& p, int* s_grp, int* s_ngrp) {
   const int lane = static_cast<int>(threadIdx.x) % 32;
   const int tiles = static_cast<int>((p.n + kUnionTile - 1) / kUnionTile);
   int base = 0;
   for (int t0 = 0; t0 < tiles; t0 += 32) {
     const int t = t0 + lane;
-    int ng = 0;
-    if constexpr (kFired) {
-      if (t < tiles) {
-        unsigned w[8];
-        union_tile_bits(p, t, w);
-        int c = 0;
-#pragma unroll
-        for (int j = 0; j < 8; ++j) {
-          s_bits[8 * t + j] = w[j];
-          c += __popc(w[j]);
-        }
-        ng = (c + kUnionGroup - 1) / kUnionGroup;
-      }
-    } else {
-      ng = t < tiles ? (__ldcg(p.counts + t) + kUnionGroup - 1) / kUnionGroup : 0;
-    }
+    const int ng = t < tiles ? (__ldcg(p.counts + t) + kUnionGroup - 1) / kUnionGroup : 0;
     int incl = ng;
 #pragma unroll
     for (int off = 1; off < 32; off <<= 1) {
@@ -199,7 +142,7 @@ constexpr std::size_t union_up_smem() {
 
 // NT 8-row token tiles (m ≤ 8 · NT; 4 or 8): warp w the slots 16 (w % 4) … + 15 and token tiles
 // (w / 4) · NT / 2 … + NT / 2 − 1. Grid (split, slot blocks; kPasses: up_clusters), clusters (split, 1, 1).
-template <int NT, bool kPasses, bool kFired>
+template <int NT, bool kPasses>
 __global__ void __launch_bounds__(kUnionThreads) union_up_kernel(UnionFfnParams p) {
   static_assert(NT == 4 || NT == 8, "two B tiles a ldmatrix, two token halves");
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
@@ -211,7 +154,6 @@ __global__ void __launch_bounds__(kUnionThreads) union_up_kernel(UnionFfnParams 
   __shared__ int s_ngrp;
   __shared__ int s_nrn[kUpSlots];   // a slot's neuron (−1: padding or no group)
   __shared__ int s_slot[kUpSlots];  // its slot in h (−1: no group)
-  __shared__ unsigned s_bits[kFired ? kUnionMaxTiles * 8 : 1];  // kFired: the tiles' fired bits (union_groups)
   const ucg::cluster_group cluster = ucg::this_cluster();
   const int rank = static_cast<int>(cluster.block_rank()), split = static_cast<int>(cluster.num_blocks());
   const int tid = static_cast<int>(threadIdx.x), warp = tid / 32, lane = tid % 32, mi = warp % 4, nh = warp / 4;
@@ -240,8 +182,8 @@ __global__ void __launch_bounds__(kUnionThreads) union_up_kernel(UnionFfnParams 
 #pragma unroll
   for (int st = 0; st < kUpStages - 1; ++st)
     if (st < nkb) load_x(st, st);
-  cdev::pdl_begin();  // the counts and the list are the list kernel's (the fired groups the gate's)
-  if (warp == 0) union_groups<kFired>(p, s_grp, &s_ngrp, s_bits);
+  cdev::pdl_begin();  // the counts and the list are the list kernel's
+  if (warp == 0) union_groups(p, s_grp, &s_ngrp);
   __syncthreads();
   // Cluster y takes the slot blocks y, y + gridDim.y, … (kPasses; else block y alone: the grid holds
   // a cluster a block). Every CTA of the cluster (the same blockIdx.y, the same counts) leaves at the
@@ -262,10 +204,7 @@ __global__ void __launch_bounds__(kUnionThreads) union_up_kernel(UnionFfnParams 
       const int gi = g0 + tid / kUnionGroup;
       const int slot = gi < s_ngrp ? s_grp[gi] + tid % kUnionGroup : -1;
       s_slot[tid] = slot;
-      if constexpr (kFired)
-        s_nrn[tid] = slot >= 0 ? union_bit_neuron(s_bits + 8 * (slot / kUnionTile), slot) : -1;
-      else
-        s_nrn[tid] = slot >= 0 ? __ldcg(p.list + slot) : -1;
+      s_nrn[tid] = slot >= 0 ? __ldcg(p.list + slot) : -1;
     }
     __syncthreads();
     const __nv_bfloat16* wsrc[2];
@@ -359,7 +298,7 @@ std::size_t union_down_smem(long long n, int split) {
 }
 
 // MT 16-row blocks of the batch (m ≤ 16 · MT). Grid (split, k / 128), clusters (split, 1, 1).
-template <int MT, bool kFired>
+template <int MT>
 __global__ void __launch_bounds__(kUnionThreads) union_down_kernel(UnionFfnParams p) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
   __trap();  // clusters are sm_90's (launch_union refuses earlier devices)
@@ -370,22 +309,16 @@ __global__ void __launch_bounds__(kUnionThreads) union_down_kernel(UnionFfnParam
   extern __shared__ __align__(128) unsigned char smem[];
   __shared__ int s_grp[kUnionMaxGroups];
   __shared__ int s_ngrp;
-  __shared__ unsigned s_bits[kFired ? kUnionMaxTiles * 8 : 1];  // kFired: the tiles' fired bits (union_groups)
   int* s_list = reinterpret_cast<int*>(smem + (kStagesBytes > kPart ? kStagesBytes : kPart));  // [j · 16 + i]: the rank's j-th group's neurons
   const ucg::cluster_group cluster = ucg::this_cluster();
   const int rank = static_cast<int>(cluster.block_rank()), split = static_cast<int>(cluster.num_blocks());
   const int tid = static_cast<int>(threadIdx.x), lane = tid % 32, warp = tid / 32;
   const int c0 = static_cast<int>(blockIdx.y) * kDownCols;
-  if (warp == 0) union_groups<kFired>(p, s_grp, &s_ngrp, s_bits);
+  if (warp == 0) union_groups(p, s_grp, &s_ngrp);
   __syncthreads();
   const int mine = s_ngrp > rank ? (s_ngrp - rank + split - 1) / split : 0;  // groups rank, rank + split, …
-  for (int e = tid; e < mine * kUnionGroup; e += kUnionThreads) {
-    if constexpr (kFired) {
-      const int slot = s_grp[rank + (e / kUnionGroup) * split] + e % kUnionGroup;
-      s_list[e] = union_bit_neuron(s_bits + 8 * (slot / kUnionTile), slot);
-    } else  // (the list path's own address arithmetic, as it compiled before the fired groups)
-      s_list[e] = __ldcg(p.list + s_grp[rank + (e / kUnionGroup) * split] + e % kUnionGroup);
-  }
+  for (int e = tid; e < mine * kUnionGroup; e += kUnionThreads)
+    s_list[e] = __ldcg(p.list + s_grp[rank + (e / kUnionGroup) * split] + e % kUnionGroup);
   __syncthreads();
   const auto sbase = static_cast<std::uint32_t>(__cvta_generic_to_shared(smem));
   // The rank's j-th group into stage st: its 16 Wdᵀ rows' 128 columns (a chunk a thread), and h's
@@ -491,32 +424,22 @@ void go(const void* kernel, const char* name, dim3 grid, int split, std::size_t 
   }
 }
 
-template <int NT, bool kFired>
+template <int NT>
 void up(const UnionFfnParams& p, cudaStream_t s) {
   const std::int64_t blocks = union_tiles(p.n) * (kUnionTile / kUpSlots);  // 64-slot blocks the list could fill
   if (p.up_clusters > 0 && p.up_clusters < blocks) {
-    go(reinterpret_cast<const void*>(union_up_kernel<NT, true, kFired>), "union_up_kernel",
-       dim3(static_cast<unsigned>(p.up_split), static_cast<unsigned>(p.up_clusters)), p.up_split, union_up_smem<NT>(),
-       union_up_smem<NT>(), p, s);
+    go(reinterpret_cast<const void*>(union_up_kernel<NT, true>), "union_up_kernel", dim3(static_cast<unsigned>(p.up_split),
+       static_cast<unsigned>(p.up_clusters)), p.up_split, union_up_smem<NT>(), union_up_smem<NT>(), p, s);
   } else {
-    go(reinterpret_cast<const void*>(union_up_kernel<NT, false, kFired>), "union_up_kernel",
-       dim3(static_cast<unsigned>(p.up_split), static_cast<unsigned>(blocks)), p.up_split, union_up_smem<NT>(),
-       union_up_smem<NT>(), p, s);
+    go(reinterpret_cast<const void*>(union_up_kernel<NT, false>), "union_up_kernel", dim3(static_cast<unsigned>(p.up_split),
+       static_cast<unsigned>(blocks)), p.up_split, union_up_smem<NT>(), union_up_smem<NT>(), p, s);
   }
-}
-template <int NT>
-void up(const UnionFfnParams& p, cudaStream_t s) {
-  if (p.fired)
-    up<NT, true>(p, s);
-  else
-    up<NT, false>(p, s);
 }
 template <int MT>
 void down(const UnionFfnParams& p, cudaStream_t s) {
-  const void* kernel = p.fired ? reinterpret_cast<const void*>(union_down_kernel<MT, true>)
-                               : reinterpret_cast<const void*>(union_down_kernel<MT, false>);
-  go(kernel, "union_down_kernel", dim3(static_cast<unsigned>(p.down_split), static_cast<unsigned>(p.k / kDownCols)),
-     p.down_split, union_down_smem<MT>(p.n, p.down_split), union_down_smem<MT>(kUnionMaxN, 1), p, s);
+  go(reinterpret_cast<const void*>(union_down_kernel<MT>), "union_down_kernel",
+     dim3(static_cast<unsigned>(p.down_split), static_cast<unsigned>(p.k / kDownCols)), p.down_split,
+     union_down_smem<MT>(p.n, p.down_split), union_down_smem<MT>(kUnionMaxN, 1), p, s);
 }
 
 }  // namespace
@@ -528,16 +451,13 @@ bool union_ffn_available(int device) {
     return false;
   if (major != 9 || minor != 0) return false;
   cudaFuncAttributes fa{};
-  if (cudaFuncGetAttributes(&fa, union_up_kernel<8, false, false>) != cudaSuccess) return false;
+  if (cudaFuncGetAttributes(&fa, union_up_kernel<8, false>) != cudaSuccess) return false;
   return fa.binaryVersion == 90;  // the sm_90a cubin (a build without it would run the sm_80 stub)
 }
 
 void launch_union_ffn(const UnionFfnParams& p, cudaStream_t stream, int parts) {
-  TWELL_CU_REQUIRE(p.x && p.w_up && p.w_down_t && p.y && p.g && (p.fired || (p.list && p.counts)) && p.h &&
-                       (!p.nnz || p.cta_ticket),
+  TWELL_CU_REQUIRE(p.x && p.w_up && p.w_down_t && p.y && p.g && p.list && p.counts && p.h && (!p.nnz || p.cta_ticket),
                    ErrorCode::invalid_argument, "union FFN: null pointer");
-  TWELL_CU_REQUIRE(!p.fired || (!p.nnz && reinterpret_cast<std::uintptr_t>(p.fired) % 16 == 0), ErrorCode::invalid_argument,
-                   "union FFN: the gate's fired groups must be 16-byte aligned, and the gate counts the pairs (nnz null)");
   TWELL_CU_REQUIRE(!(parts & kUnionSkipList) || !p.nnz, ErrorCode::invalid_argument,
                    "union FFN: the list kernel left out, but nnz asks for its count");
   const auto aligned = [](const void* q, std::uintptr_t a) { return reinterpret_cast<std::uintptr_t>(q) % a == 0; };
@@ -553,7 +473,7 @@ void launch_union_ffn(const UnionFfnParams& p, cudaStream_t stream, int parts) {
                    p.m, kUnionMaxRows, p.n, kUnionMaxN, p.k, p.gated, p.ld_g, p.ld_x, p.ld_y, p.up_split, p.down_split,
                    p.up_clusters);
   if (parts & 1) {
-    if (!(parts & kUnionSkipList) && !p.fired)
+    if (!(parts & kUnionSkipList))
       go(reinterpret_cast<const void*>(union_list_kernel), "union_list_kernel", dim3(static_cast<unsigned>(union_tiles(p.n))), 1,
          0, 0, p, stream);
     if (p.m <= 32)

@@ -5,9 +5,7 @@
 // fired them. Three kernels, each a CUDA-graph node with nothing read on the host:
 //   list  a CTA a tile of 256 neurons: the tile's fired neurons (g > 0 in some row) in ascending
 //         order at slots t · 256 + i, padded to a multiple of 16 with −1, the tile's count, and
-//         (with nnz) the fired (row, neuron) pairs, published to nnz_out by the last CTA. Not
-//         launched where the gate left `fired` (the GEMV's, ops/gemv.hpp): the up and down then
-//         read a slot's neuron as the i-th set bit of the tile's 256 fired bits (the same list);
+//         (with nnz) the fired (row, neuron) pairs, published to nnz_out by the last CTA;
 //   up    a thread-block cluster of up_split CTAs a block of 64 listed slots (4 groups of 16 in tile
 //         order), rank r the r-th share of K on tensor cores; the ranks' partial tiles added in
 //         rank order through distributed shared memory: h[row, slot] = bf16(g[row, n] · ⟨x[row],
@@ -23,10 +21,9 @@
 // down's sums over the padded union's slots and ≤ 8 ranks, y's rounding.
 // Programmatic launches (launch.hpp, inside a ProgrammaticLaunch scope): each kernel waits for the
 // one before it before it reads what that one writes. Before its wait the up stages x (written
-// before the gate), and the down reads the counts and the list (or the fired groups) and stages its
-// first groups' Wdᵀ rows: the list kernel (or the gate) wrote them two launches back, and the down
-// starts only after every up CTA has passed its own wait, which returns once that kernel has
-// finished; they are read past L1.
+// before the gate), and the down reads the counts and the list and stages its first groups' Wdᵀ
+// rows: the list kernel wrote them two launches back, and the down starts only after every up CTA
+// has passed its own wait, which returns once the list kernel has finished; they are read past L1.
 // That holds because each up CTA lets the next kernel launch (griddepcontrol.launch_dependents,
 // dev::pdl_begin) only after its own wait, before any early exit: a trigger moved earlier in the up
 // kernel would break it.
@@ -56,12 +53,6 @@ struct UnionFfnParams : FfnOperands {  // gated only: x, w_up, w_down_t, y (rows
   int up_split = 8;                  // CTAs an up cluster (1, 2, 4, 8)
   int down_split = 8;                // CTAs a down cluster (1, 2, 4, 8)
   int up_clusters = 0;               // > 0: at most this many up clusters (0: one a 64-slot block of the whole list)
-  // Optional, in place of the list kernel: [union_tiles(n) · 16], 16-byte aligned, the gate's fired
-  // groups (TwellGemvParams::fired: bit i of fired[b] iff g[r, 16 · b + i] > 0 for some row r, for
-  // b < ⌈n / 16⌉; the rest of the last tile is read and ignored), written by the launch just before
-  // this one; list and counts are then unused (may be null), and nnz must be null (the gate counts
-  // the pairs).
-  const unsigned short* fired = nullptr;
 };
 
 // Slots of the list and of an h row: n rounded up to whole tiles.
