@@ -56,6 +56,7 @@
 #include "cuda/sm80/twell_decode.hpp"
 #include "cuda/sm90/union_ffn.hpp"
 #include "probe_graph.cuh"
+#include "probe_rows_h.cuh"
 
 using namespace twell::cuda;
 using namespace twell::probe;
@@ -121,38 +122,13 @@ __global__ void __launch_bounds__(kThreads) fixed_rows_kernel(FixedRowsParams p)
     const char* drow = reinterpret_cast<const char*>(p.w_down_t + n * gp.k);
     for (long long b = static_cast<long long>(lane) * 128; b < gp.k * 2; b += 32 * 128)
       asm volatile("prefetch.global.L2 [%0];" ::"l"(drow + b));
-    // h for each fired row, up to kPass rows a pass over the Wu row; lane t keeps row t's h.
-    const uint4* wr = reinterpret_cast<const uint4*>(p.w_up + n * gp.k);
+    // h for each fired row (the decode kernel's sums); lane t keeps row t's h.
     float hv = 0.0f;
-    constexpr int kPass = 4;
-    for (unsigned mk = mask; mk;) {
-      int t[kPass], cnt = 0;
-#pragma unroll
-      for (int i = 0; i < kPass; ++i) {
-        t[i] = mk ? __ffs(static_cast<int>(mk)) - 1 : -1;
-        if (mk) {
-          mk &= mk - 1;
-          ++cnt;
-        }
-      }
-      float sum[kPass] = {};
-#pragma unroll 4
-      for (int c = lane; c < kchunks; c += 32) {
-        const uint4 w = __ldg(wr + c);
-#pragma unroll
-        for (int i = 0; i < kPass; ++i)
-          if (i < cnt) sum[i] += dev::dot8(__ldg(reinterpret_cast<const uint4*>(gp.x + t[i] * gp.ld_x) + c), w);
-      }
-#pragma unroll
-      for (int i = 0; i < kPass; ++i) {
-        if (i >= cnt) break;
-        const float si = dev::warp_sum(sum[i]);
-        if (lane == t[i]) hv = s_g[row][t[i]] * si;
-      }
-    }
+    rows_up_dots(reinterpret_cast<const uint4*>(p.w_up + n * gp.k), gp.x, gp.ld_x, mask, kchunks, lane, [&](int t, float si) {
+      if (lane == t) hv = s_g[row][t] * si;
+    });
     // h · Wdᵀ[n, :] for each fired row: the row's chunks in windows of kWin steps, every load in
-    // flight first; each step's 256 products through shared memory so that lane l reduces columns
-    // 32e + l (256 contiguous bytes a reduction instruction).
+    // flight first, each step into every fired row's accumulators (dev::fixed_add_step).
     const uint4* dr = reinterpret_cast<const uint4*>(p.w_down_t + n * gp.k);
     for (int c0 = 0; c0 < kchunks; c0 += 32 * kWin) {
       uint4 wd[kWin];
@@ -170,16 +146,8 @@ __global__ void __launch_bounds__(kThreads) fixed_rows_kernel(FixedRowsParams p)
         for (unsigned mk = mask; mk; mk &= mk - 1) {
           const int t = __ffs(static_cast<int>(mk)) - 1;
           const float h = __shfl_sync(0xffffffffu, hv, t);
-          __syncwarp();  // the previous terms are read
-#pragma unroll
-          for (int e = 0; e < 8; ++e) terms[8 * lane + e] = h * wf[e];
-          __syncwarp();
-          long long* acc = p.y_fixed + static_cast<long long>(t) * gp.k + 8ll * step0;
-#pragma unroll
-          for (int e = 0; e < 8; ++e) {
-            const long long col = 8ll * step0 + 32 * e + lane;
-            if (col < gp.k) in_range &= dev::fixed_add(acc + 32 * e + lane, terms[32 * e + lane], p.limit);
-          }
+          in_range &= dev::fixed_add_step(p.y_fixed + static_cast<long long>(t) * gp.k, 8ll * step0, gp.k, h, wf, terms, lane,
+                                          p.limit);
         }
       }
     }

@@ -69,6 +69,7 @@
 #include "cuda/sm80/twell_decode.hpp"
 #include "cuda/sm90/union_ffn.hpp"
 #include "probe_graph.cuh"
+#include "probe_rows_h.cuh"
 
 using namespace twell::cuda;
 using namespace twell::probe;
@@ -124,38 +125,12 @@ __device__ __forceinline__ void form_h(const RowsParams& p, const float (&s_g)[d
     const char* drow = reinterpret_cast<const char*>(p.w_down_t + n * gp.k);
     for (long long b = static_cast<long long>(lane) * 128; b < gp.k * 2; b += 32 * 128)
       asm volatile("prefetch.global.L2 [%0];" ::"l"(drow + b));
-    const uint4* wr = reinterpret_cast<const uint4*>(p.w_up + n * gp.k);
     float hv[kMaxRows / 32] = {};  // lane l: rows l, l + 32
-    // Up to kPass fired rows a pass over the Wu row: each row's sum is twell_decode_kernel's (lane l
-    // adds chunks l, l + 32, … in order, then the butterfly), so h has its bits.
-    constexpr int kPass = 4;
-    for (unsigned long long mk = mask; mk;) {
-      int t[kPass], cnt = 0;
+    rows_up_dots(reinterpret_cast<const uint4*>(p.w_up + n * gp.k), gp.x, gp.ld_x, mask, kchunks, lane, [&](int t, float si) {
 #pragma unroll
-      for (int i = 0; i < kPass; ++i) {
-        t[i] = mk ? __ffsll(static_cast<long long>(mk)) - 1 : -1;
-        if (mk) {
-          mk &= mk - 1;
-          ++cnt;
-        }
-      }
-      float sum[kPass] = {};
-#pragma unroll 4
-      for (int c = lane; c < kchunks; c += 32) {
-        const uint4 w = __ldg(wr + c);
-#pragma unroll
-        for (int i = 0; i < kPass; ++i)
-          if (i < cnt) sum[i] += dev::dot8(__ldg(reinterpret_cast<const uint4*>(gp.x + t[i] * gp.ld_x) + c), w);
-      }
-#pragma unroll
-      for (int i = 0; i < kPass; ++i) {
-        if (i >= cnt) break;
-        const float si = dev::warp_sum(sum[i]);
-#pragma unroll
-        for (int r = 0; r < kMaxRows / 32; ++r)
-          if (lane + 32 * r == t[i]) hv[r] = s_g[row][t[i]] * si;  // today's s_h[j] *= s with s_h[j] = g
-      }
-    }
+      for (int r = 0; r < kMaxRows / 32; ++r)
+        if (lane + 32 * r == t) hv[r] = s_g[row][t] * si;  // today's s_h[j] *= s with s_h[j] = g
+    });
 #pragma unroll
     for (int i = 0; i < kMaxRows / 32; ++i)
       if (lane + 32 * i < p.hs) p.h[n * p.hs + lane + 32 * i] = hv[i];

@@ -25,4 +25,24 @@ __device__ __forceinline__ bool fixed_add(long long* acc, float t, float limit) 
   return true;
 }
 
+// One 256-column step of h · Wdᵀ[n, :] into a row's accumulators acc [k]: lane l holds the step's
+// chunk l as 8 floats (wf: columns col0 + 8l … + 7). The products go through the warp's 256 floats
+// of shared memory (terms) so that lane l reduces columns col0 + 32e + l (e = 0 … 7): 256
+// contiguous bytes a reduction instruction, not 32 lines 64 bytes apart. Columns past k are left
+// out. False where a term was left out (fixed_add). Every lane of the warp calls it.
+__device__ __forceinline__ bool fixed_add_step(long long* acc, long long col0, long long k, float h, const float (&wf)[8],
+                                               float* terms, int lane, float limit) {
+  __syncwarp();  // the previous step's terms are read
+#pragma unroll
+  for (int e = 0; e < 8; ++e) terms[8 * lane + e] = h * wf[e];
+  __syncwarp();
+  bool in_range = true;
+#pragma unroll
+  for (int e = 0; e < 8; ++e) {
+    const long long col = col0 + 32 * e + lane;
+    if (col < k) in_range &= fixed_add(acc + col, terms[32 * e + lane], limit);
+  }
+  return in_range;
+}
+
 }  // namespace twell::cuda::dev

@@ -131,9 +131,7 @@ __global__ void __launch_bounds__(kThreads) twell_decode_token_kernel(TwellDecod
                 : g;
     if constexpr (kFixed) {
       // Wdᵀ[n, :] in windows of kWin chunk steps (2048 columns), every load in flight before the
-      // window's reductions; each step's 256 products go through shared memory so that lane l
-      // reduces columns 32e + l (e = 0 … 7): 256 contiguous bytes a reduction instruction, not 32
-      // lines 64 bytes apart.
+      // window's reductions (dev::fixed_add_step, a step's 256 columns).
       __shared__ float s_terms[kWarps][32 * 8];
       float* terms = s_terms[threadIdx.x / 32];
       const uint4* dr = reinterpret_cast<const uint4*>(p.w_down_t + n * p.k);
@@ -151,16 +149,7 @@ __global__ void __launch_bounds__(kThreads) twell_decode_token_kernel(TwellDecod
           if (step0 >= kchunks) break;
           float wf[8];
           dev::unpack8_bf16(wd[i], wf);
-          __syncwarp();  // the previous step's terms are read
-#pragma unroll
-          for (int e = 0; e < 8; ++e) terms[8 * lane + e] = h * wf[e];
-          __syncwarp();
-          const std::int64_t col0 = 8 * static_cast<std::int64_t>(step0);
-#pragma unroll
-          for (int e = 0; e < 8; ++e) {
-            const std::int64_t col = col0 + 32 * e + lane;
-            if (col < p.k) in_range &= dev::fixed_add(p.y_fixed + col, terms[32 * e + lane], fixed_limit);
-          }
+          in_range &= dev::fixed_add_step(p.y_fixed, 8ll * step0, p.k, h, wf, terms, lane, fixed_limit);
         }
       }
       if (!in_range) atomicOr(p.overflow, 1u);
