@@ -781,7 +781,8 @@ class CudaRuntime final : public Runtime {
                                    l, att, stream_);
       else
         cuda::ops::attention(qkv, T, c.num_heads, c.num_kv_heads, c.head_dim, rows_.get(), l, sh.max_keys, att, stream_,
-                             /*one_token=*/false, c.sliding_window, tuning_.grouped_attention);
+                             /*one_token=*/false, c.sliding_window, tuning_.grouped_attention,
+                             tuning_.grouped_attention_min_rows);
       project(L.wo.get(), att, T, K, Q, tmp);
       cuda::ops::add_rmsnorm(x, tmp, T, K, L.ffn_norm.get(), eps, xn, stream_);
       if (L.ffn) {
@@ -856,7 +857,8 @@ class CudaRuntime final : public Runtime {
                                  stream_, /*k_in_place=*/false);
       }
       cuda::ops::attention(qkv, T, c.num_heads, c.num_kv_heads, c.head_dim, rows_.get(), l, sh.max_keys, att, stream_,
-                           /*one_token=*/true, c.sliding_window, tuning_.grouped_attention);
+                           /*one_token=*/true, c.sliding_window, tuning_.grouped_attention,
+                           tuning_.grouped_attention_min_rows);
       const StepPlan* plan = L.ffn && plans ? &(*plans)[static_cast<std::size_t>(l)] : nullptr;
       if (fixed)  // the projection's GEMV adds the pending FFN output and o into x
         cuda::launch_twell_gemv_row_residual(att, L.wo.get(), K, Q, tmp, x, pending_fixed ? ffn_fixed_.get() : nullptr,

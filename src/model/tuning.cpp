@@ -50,6 +50,7 @@ const Item kItems[] = {
     {"no-decode-neuron-order", &RuntimeTuning::decode_neuron_order},
     {"no-batched-gemv", &RuntimeTuning::batched_gemv},
     {"no-grouped-attention", &RuntimeTuning::grouped_attention},
+    {"grouped-attention-min-rows", &RuntimeTuning::grouped_attention_min_rows, 1, 65536},
     {"decode-max-density", &RuntimeTuning::decode_max_density, 0, 1},
     {"decode-max-rows", &RuntimeTuning::decode_max_rows, 1, 2047},
     {"decode-gemv-max-rows", &RuntimeTuning::decode_gemv_max_rows, 1, 16},

@@ -292,7 +292,7 @@ Bounded attention_f64_bounded(const bf16* q, const bf16* K, const bf16* V, int f
 // element. A row's bits must not depend on the other rows of its call: a 33-row grouped call equals,
 // row for row, the same rows in reverse order, itself run again, and the same caches paged (each
 // row's blocks shuffled through its block table); the per-head kernel's 33-row call equals each row
-// attended alone. Groups 1 (MHA), 2, 4 and 8 at head_dim 64 and 128, sliding windows,
+// attended alone, and so does the grouped call each row alone with grouped_min_rows 1. Groups 1 (MHA), 2, 4 and 8 at head_dim 64 and 128, sliding windows,
 // one group the grouped kernel does not take (3: the per-head kernel at any rows), every row its own
 // sequence of 0–600 cached keys (several tiles and score rounds), decode and not.
 TEST(ModelOps, GroupedAttentionMatchesFloat64AndItsRowsAlone) {
@@ -360,11 +360,15 @@ TEST(ModelOps, GroupedAttentionMatchesFloat64AndItsRowsAlone) {
     EXPECT_FALSE(cuda::ops::attention_runs_grouped(1, s.heads, s.kv_heads, s.d, max_keys));
     EXPECT_FALSE(cuda::ops::attention_runs_grouped(15, s.heads, s.kv_heads, s.d, max_keys));
     EXPECT_EQ(cuda::ops::attention_runs_grouped(16, s.heads, s.kv_heads, s.d, max_keys), grouped);
+    // grouped_min_rows moves the threshold (TWELL_TUNING=grouped-attention-min-rows=N).
+    EXPECT_EQ(cuda::ops::attention_runs_grouped(1, s.heads, s.kv_heads, s.d, max_keys, 1), grouped);
+    EXPECT_FALSE(cuda::ops::attention_runs_grouped(7, s.heads, s.kv_heads, s.d, max_keys, 8));
+    EXPECT_EQ(cuda::ops::attention_runs_grouped(8, s.heads, s.kv_heads, s.d, max_keys, 8), grouped);
     for (const bool decode : {false, true}) {
       SCOPED_TRACE(::testing::Message() << "decode " << decode);
       DeviceBuffer<__nv_bfloat16> all(static_cast<std::size_t>(R * Q)), again(all.size()), rev(all.size()),
-          per_head(all.size()), one(all.size()), paged(all.size());
-      for (auto* b : {&all, &again, &rev, &per_head, &one, &paged})
+          per_head(all.size()), one(all.size()), paged(all.size()), one_grouped(all.size());
+      for (auto* b : {&all, &again, &rev, &per_head, &one, &paged, &one_grouped})
         ASSERT_EQ(cudaMemset(b->get(), 0xff, b->bytes()), cudaSuccess);  // NaN: an unwritten output fails
       const auto call = [&](const DeviceBuffer<__nv_bfloat16>& q, const DeviceBuffer<cuda::ops::RowKv>& rk,
                             DeviceBuffer<__nv_bfloat16>& o, bool g) {
@@ -376,9 +380,14 @@ TEST(ModelOps, GroupedAttentionMatchesFloat64AndItsRowsAlone) {
       call(qkv_r, d_rows_r, rev, true);
       call(qkv, d_rows, per_head, false);
       call(qkv, d_rows_p, paged, true);
-      for (int r = 0; r < R; ++r)
+      for (int r = 0; r < R; ++r) {
         cuda::ops::attention(qkv.get() + static_cast<std::size_t>(r * ld), 1, s.heads, s.kv_heads, s.d, d_rows.get() + r,
                              layer, max_keys, one.get() + static_cast<std::size_t>(r * Q), nullptr, decode, s.window);
+        // The same row alone with the threshold at one row: the grouped kernel's bits at any rows.
+        cuda::ops::attention(qkv.get() + static_cast<std::size_t>(r * ld), 1, s.heads, s.kv_heads, s.d, d_rows.get() + r,
+                             layer, max_keys, one_grouped.get() + static_cast<std::size_t>(r * Q), nullptr, decode, s.window,
+                             true, /*grouped_min_rows=*/1);
+      }
       ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
       const auto ga = download<std::uint16_t>(all), gg = download<std::uint16_t>(again), gr = download<std::uint16_t>(rev),
                  gp = download<std::uint16_t>(per_head), go = download<std::uint16_t>(one),
@@ -391,6 +400,8 @@ TEST(ModelOps, GroupedAttentionMatchesFloat64AndItsRowsAlone) {
                                           gr.begin() + static_cast<std::ptrdiff_t>(R - 1 - r) * Q);
       EXPECT_TRUE(same_rev) << "a row's bits depend on the other rows of its call";
       EXPECT_EQ(gp, go) << "the per-head kernel's rows depend on the call's rows";
+      EXPECT_EQ(download<std::uint16_t>(one_grouped), grouped ? ga : go)
+          << "a row alone under grouped_min_rows 1 differs from its row in the 33-row call";
       // float64, element by element within the derived bounds.
       double worst_all = 0, worst_one = 0;
       for (int r = 0; r < R; ++r) {

@@ -37,7 +37,8 @@ TEST(RuntimeTuning, EveryItemParses) {
   const RuntimeTuning t = parse_tuning(
       "no-cuda-graphs,no-cudnn-attention,cudnn-build-at=1,decode-max-rows=8,decode-gemv-max-rows=12,union-max-rows=0,"
       "union-min-rows=8,union-up-split=4,union-down-split=2,union-up-clusters=16,decode-max-density=0.02,no-pdl,"
-      "no-fused-decode,no-fixed-point-decode,no-decode-neuron-order,no-batched-gemv,no-grouped-attention,no-cpu-bf16,"
+      "no-fused-decode,no-fixed-point-decode,no-decode-neuron-order,no-batched-gemv,no-grouped-attention,"
+      "grouped-attention-min-rows=8,no-cpu-bf16,"
       "no-paged-kv,no-prefix-cache,gemm-autotune=8");
   EXPECT_FALSE(t.cuda_graphs);
   EXPECT_FALSE(t.cudnn_attention);
@@ -48,6 +49,7 @@ TEST(RuntimeTuning, EveryItemParses) {
   EXPECT_FALSE(t.decode_neuron_order);
   EXPECT_FALSE(t.batched_gemv);
   EXPECT_FALSE(t.grouped_attention);
+  EXPECT_EQ(t.grouped_attention_min_rows, 8);
   EXPECT_EQ(t.decode_max_density, 0.02);
   EXPECT_EQ(t.decode_max_rows, 8);
   EXPECT_EQ(t.decode_gemv_max_rows, 12);
@@ -63,7 +65,8 @@ TEST(RuntimeTuning, EveryItemParses) {
   // describe(): every non-default setting, in the struct's order, read back to the same value.
   EXPECT_EQ(t.describe(),
             "no-cuda-graphs,no-cudnn-attention,cudnn-build-at=1,no-pdl,no-fused-decode,no-fixed-point-decode,"
-            "no-decode-neuron-order,no-batched-gemv,no-grouped-attention,decode-max-density=0.02,decode-max-rows=8,"
+            "no-decode-neuron-order,no-batched-gemv,no-grouped-attention,grouped-attention-min-rows=8,"
+            "decode-max-density=0.02,decode-max-rows=8,"
             "decode-gemv-max-rows=12,union-max-rows=0,union-min-rows=8,union-up-split=4,union-down-split=2,union-up-clusters=16,no-cpu-bf16,"
             "no-paged-kv,no-prefix-cache,gemm-autotune=8");
   EXPECT_EQ(parse_tuning(t.describe()), t);
@@ -131,6 +134,7 @@ TEST(RuntimeTuning, MalformedValueIsRefusedByName) {
            Case{"decode-gemv-max-rows=0", "decode-gemv-max-rows takes an integer from 1 to 16"},
            Case{"decode-gemv-max-rows=17", "decode-gemv-max-rows takes an integer from 1 to 16"},
            Case{"union-max-rows=65", "union-max-rows takes an integer from 0 to 64"},
+           Case{"grouped-attention-min-rows=0", "grouped-attention-min-rows takes an integer from 1 to 65536"},
            Case{"union-min-rows=65", "union-min-rows takes an integer from 0 to 64"},
            Case{"union-min-rows=1", "union-min-rows takes 0 or an integer from 2 to 64"},
            Case{"union-up-split=3", "item 'union-up-split=3': union-up-split takes 1, 2, 4 or 8"},

@@ -64,6 +64,10 @@ struct RuntimeTuning {
   // KV head) on tensor cores, each key and value row loaded once for its query heads; off: a CTA a
   // (row, query head). Other bits (each within its float64 bound). For A/B measurement.
   bool grouped_attention = true;  // no-grouped-attention
+  // CUDA runtime only: the rows from which attention calls take that grouped kernel; < 0: the
+  // kernel's default (16, cuda/ops/model_ops.hpp). Other bits below 16 rows (each within its
+  // float64 bound). For measuring the MHA 2B's batched decode at 8 rows (256 CTAs), never timed there.
+  std::int64_t grouped_attention_min_rows = -1;  // grouped-attention-min-rows=N
   // CUDA runtime only: the density up to which a ReLU layer's decode steps run the sparse decode
   // kernels (the layer's newest count decides; both paths exact); < 0: the engine's measured default.
   double decode_max_density = -1;  // decode-max-density=X

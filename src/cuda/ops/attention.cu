@@ -23,13 +23,6 @@ namespace {
 
 constexpr int kWarps = 8;
 constexpr int kMaxD = 256;  // ≤ 8 dims per lane in the output accumulators
-// attention_grouped_kernel from this many rows. At 16 rows the tensor-core form is faster than the
-// per-head kernel at every shape measured (2B MHA, 2b-gqa, 7B-GQA at 145, 513 and 2049 keys: e.g.
-// 21.2 against 25.2 µs on the MHA 2B at 513 keys, 12.3 against 20.2 on the 2b-gqa), and from 32 on;
-// at 8 rows it loses at long contexts (44.8 against 31.7 µs on the 2b-gqa at 2049 keys: 64 CTAs;
-// lab/probes/probe_decode_attention.cu at 356759c and 4adaf7c, H200). Not measured: 9–15 rows.
-constexpr std::int64_t kGroupedMinRows = 16;
-
 using detail::attention_grouped_kernel;
 using detail::first_key;
 using detail::grouped_smem;
@@ -297,11 +290,12 @@ std::size_t smem_optin() {
 }  // namespace
 
 bool attention_runs_grouped(std::int64_t rows, std::int64_t heads, std::int64_t kv_heads, std::int64_t d,
-                            std::int64_t /*max_keys*/) {
+                            std::int64_t /*max_keys*/, std::int64_t grouped_min_rows) {
   if (kv_heads <= 0 || heads % kv_heads != 0) return false;
   const std::int64_t group = heads / kv_heads;
+  const std::int64_t min_rows = grouped_min_rows >= 1 ? grouped_min_rows : kAttentionGroupedMinRows;
   // Its shared memory holds tiles, not the scores: any number of keys.
-  return rows >= kGroupedMinRows && (d == 64 || d == 128) && (group == 1 || group == 2 || group == 4 || group == 8);
+  return rows >= min_rows && (d == 64 || d == 128) && (group == 1 || group == 2 || group == 4 || group == 8);
 }
 
 std::int64_t attention_max_keys(std::int64_t d) {
@@ -310,7 +304,7 @@ std::int64_t attention_max_keys(std::int64_t d) {
 
 void attention(const __nv_bfloat16* qkv, std::int64_t rows, std::int64_t heads, std::int64_t kv_heads, std::int64_t d,
                const RowKv* rows_kv, std::int64_t layer, std::int64_t max_keys, __nv_bfloat16* out,
-               cudaStream_t stream, bool old_keys_ready, std::int64_t window, bool grouped) {
+               cudaStream_t stream, bool old_keys_ready, std::int64_t window, bool grouped, std::int64_t grouped_min_rows) {
   TWELL_CU_REQUIRE(rows > 0 && rows < (1ll << 31) && heads > 0 && heads < 65536 && kv_heads > 0 &&
                        heads % kv_heads == 0 && d > 0 && d <= kMaxD && max_keys > 0 && window >= 0 &&
                        window < (1ll << 31),
@@ -325,9 +319,9 @@ void attention(const __nv_bfloat16* qkv, std::int64_t rows, std::int64_t heads, 
   }
   const float scale = 1.0f / sqrtf(static_cast<float>(d));
   const int win = static_cast<int>(window);
-  // kGroupedMinRows rows or more: a CTA a (row, KV head) on tensor cores (attention_grouped_kernel).
+  // grouped_min_rows rows or more: a CTA a (row, KV head) on tensor cores (attention_grouped_kernel).
   const std::int64_t group = heads / kv_heads;
-  if (grouped && attention_runs_grouped(rows, heads, kv_heads, d, max_keys)) {
+  if (grouped && attention_runs_grouped(rows, heads, kv_heads, d, max_keys, grouped_min_rows)) {
     const dim3 ggrid(static_cast<unsigned>(rows), static_cast<unsigned>(kv_heads));
     auto go = [&](auto kernel, std::size_t gsmem) {
       if (gsmem > 48 * 1024)

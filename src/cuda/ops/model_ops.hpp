@@ -98,18 +98,27 @@ std::int64_t attention_max_keys(std::int64_t d);
 // old_keys_ready: every row is its sequence's only new token in this call (a decode step), so the
 // keys before each row's position were written by earlier calls and head_dim 64 / 128 load the first
 // of them before waiting for the previous kernel (programmatic launches). Same bits either way.
-// grouped (16 rows or more): one CTA a (row, KV head) on tensor cores rather than a (row, query
-// head). Other bits than the per-head kernel's (which every call of fewer rows, and grouped = false,
-// runs): a row's bits then depend on whether its call has 16 rows or more, never on which other
-// rows it has. attention_runs_grouped: whether attention() with grouped takes that kernel for this
-// call's shape (groups of 1, 2, 4 or 8 query heads, head_dim 64 or 128). Its shared memory holds key
-// tiles, not scores, but attention() still takes max_keys only up to attention_max_keys (the per-head
-// kernel's bound, which calls of fewer rows need). There qkv must be 4-byte aligned.
+// grouped (grouped_min_rows rows or more; below 1: kAttentionGroupedMinRows): one CTA a (row, KV
+// head) on tensor cores rather than a (row, query head). Other bits than the per-head kernel's
+// (which every call of fewer rows, and grouped = false, runs): a row's bits then depend on whether
+// its call has that many rows, never on which other rows it has. attention_runs_grouped: whether
+// attention() with grouped takes that kernel for this call's shape (groups of 1, 2, 4 or 8 query
+// heads, head_dim 64 or 128). Its shared memory holds key tiles, not scores, but attention() still
+// takes max_keys only up to attention_max_keys (the per-head kernel's bound, which calls of fewer
+// rows need). There qkv must be 4-byte aligned.
+// kAttentionGroupedMinRows: at 16 rows the tensor-core form is faster than the per-head kernel at
+// every shape measured (2B MHA, 2b-gqa, 7B-GQA at 145, 513 and 2049 keys: e.g. 21.2 against 25.2 µs
+// on the MHA 2B at 513 keys, 12.3 against 20.2 on the 2b-gqa), and from 32 on; at 8 rows it loses
+// at long contexts on the 2b-gqa (44.8 against 31.7 µs at 2049 keys: 64 CTAs;
+// lab/probes/probe_decode_attention.cu at 356759c and 4adaf7c, H200). Not measured: the MHA 2B below
+// 16 rows (256 CTAs at 8), nor 9–15 rows; TWELL_TUNING=grouped-attention-min-rows=N moves it.
+inline constexpr std::int64_t kAttentionGroupedMinRows = 16;
 void attention(const __nv_bfloat16* qkv, std::int64_t rows, std::int64_t heads, std::int64_t kv_heads,
                std::int64_t d, const RowKv* rows_kv, std::int64_t layer, std::int64_t max_keys, __nv_bfloat16* out,
-               cudaStream_t stream, bool old_keys_ready = false, std::int64_t window = 0, bool grouped = true);
+               cudaStream_t stream, bool old_keys_ready = false, std::int64_t window = 0, bool grouped = true,
+               std::int64_t grouped_min_rows = kAttentionGroupedMinRows);
 bool attention_runs_grouped(std::int64_t rows, std::int64_t heads, std::int64_t kv_heads, std::int64_t d,
-                            std::int64_t max_keys);
+                            std::int64_t max_keys, std::int64_t grouped_min_rows = kAttentionGroupedMinRows);
 
 // Prefill attention on tensor cores: the same function as attention() for the rows of `blocks`.
 // A block is up to 64 consecutive rows of one sequence (consecutive positions). head_dim 64 or 128.
