@@ -278,7 +278,7 @@ int main(int argc, char** argv) {
   };
   // Popularity: the thresholds' column (a larger −z(d) is a larger d); every layer has the same
   // thresholds (one seed), so one order serves all.
-  std::vector<int> popular(static_cast<std::size_t>(n));
+  std::vector<int> popular(static_cast<std::size_t>(n)), rank_of(static_cast<std::size_t>(n));
   {
     std::vector<__nv_bfloat16> col(static_cast<std::size_t>(n));
     CK(cudaMemcpy2D(col.data(), sizeof(__nv_bfloat16), sets[0][0].wg.get(), static_cast<std::size_t>(k) * sizeof(__nv_bfloat16),
@@ -290,6 +290,7 @@ int main(int argc, char** argv) {
     });
     permute(sets[1], {order});
     popular = order;
+    for (long long r = 0; r < n; ++r) rank_of[static_cast<std::size_t>(popular[static_cast<std::size_t>(r)])] = static_cast<int>(r);
   }
   // ranked[i], the i-th most wanted neuron, to a slot: ranks below 16 · W dealt one a CTA over CTAs
   // 0 … W − 1 (rank r to CTA r mod W, row r / W), the rest in rank order after them.
@@ -452,7 +453,7 @@ int main(int argc, char** argv) {
 
   const int reps = 50;
   bool pass = true;
-  std::printf("n %lld k %d density %.4f skew %.2f, %d weight sets of %.1f MB (Wg, Wu, Wd^T), three orders\n", n, k, density, skew,
+  std::printf("n %lld k %d density %.4f skew %.2f, %d weight sets of %.1f MB (Wg, Wu, Wd^T), five orders\n", n, k, density, skew,
               layers, 3.0 * 2.0 * n * k / 1e6);
   std::printf("(us a layer, programmatic launches; fixed = the one kernel + its convert; fixed alone = without the convert)\n");
   for (const int m : ms) {
@@ -469,6 +470,10 @@ int main(int argc, char** argv) {
     {
       std::vector<std::vector<int>> orders, spreads;
       std::size_t u0 = 0;
+      // Where layer 0's union sits: its neurons in the first wave (slots < 16 · wave) by index and by
+      // popularity (contiguous and spread alike), and the CTAs holding one (contiguous; spread).
+      long long wave_index = 0, wave_pop = 0;
+      std::vector<char> cta_pop(static_cast<std::size_t>((n + 15) / 16), 0), cta_spread(cta_pop.size(), 0);
       for (const Layer& l : sets[0]) {
         gemv_gate(l, m);
         CK(cudaStreamSynchronize(s));
@@ -480,13 +485,26 @@ int main(int argc, char** argv) {
         for (const bool want : {true, false})
           for (long long j = 0; j < n; ++j)
             if (static_cast<bool>(fired[static_cast<std::size_t>(j)]) == want) order.push_back(static_cast<int>(j));
-        if (orders.empty()) u0 = static_cast<std::size_t>(std::count(fired.begin(), fired.end(), 1));
+        if (orders.empty()) {
+          u0 = static_cast<std::size_t>(std::count(fired.begin(), fired.end(), 1));
+          for (long long j = 0; j < n; ++j) {
+            if (!fired[static_cast<std::size_t>(j)]) continue;
+            const long long r = rank_of[static_cast<std::size_t>(j)];
+            wave_index += j < 16 * wave;
+            wave_pop += r < 16 * wave;
+            cta_pop[static_cast<std::size_t>(r / 16)] = 1;
+            cta_spread[static_cast<std::size_t>(16 * wave < n && r < 16 * wave ? r % wave : r / 16)] = 1;
+          }
+        }
         spreads.push_back(spread(order, wave));
         orders.push_back(std::move(order));
       }
       permute(sets[3], orders);
       permute(sets[4], spreads);
-      std::printf("%2d rows: layer 0's union %zu neurons; first wave %lld CTAs (%d an SM)\n", m, u0, wave, per_sm);
+      std::printf("%2d rows: layer 0's union %zu neurons; first wave %lld CTAs (%d an SM); of the union in the first wave: "
+                  "%lld by index, %lld by popularity; CTAs holding one by popularity: %lld contiguous, %lld spread\n",
+                  m, u0, wave, per_sm, wave_index, wave_pop, static_cast<long long>(std::count(cta_pop.begin(), cta_pop.end(), 1)),
+                  static_cast<long long>(std::count(cta_spread.begin(), cta_spread.end(), 1)));
     }
     std::vector<float> y_index;  // the orders' y: the same exact sums, so the same bits
     for (int o = 0; o < kSets; ++o) pass = check(sets[static_cast<std::size_t>(o)][0], m, names[o], &y_index) && pass;
