@@ -275,14 +275,6 @@ __global__ void gated_product(const __nv_bfloat16* gu, __nv_bfloat16* h, int m, 
   }
 }
 
-// Wg's column 0 = −z(d_n): neuron n fires where N(0, σ≈1) > z(d_n), d_n = density · e^(skew·u − skew²/2), u ~ N(0, 1).
-__global__ void set_gate_thresholds(__nv_bfloat16* wg, long long n, int k, float density, float skew, unsigned seed) {
-  for (long long j = blockIdx.x * 256ll + threadIdx.x; j < n; j += 256ll * gridDim.x) {
-    const float d = fminf(density * expf(skew * hash_normal(static_cast<unsigned long long>(j), seed) - 0.5f * skew * skew), 0.5f);
-    wg[j * k] = __float2bfloat16_rn(-sqrtf(2.0f) * erfcinvf(2.0f * d));
-  }
-}
-
 struct Layer {
   DeviceBuffer<__nv_bfloat16> gu, wd;  // gu = [Wg; Wu] stacked [2n, k] (the dense FFN's one GEMM); wd = Wdᵀ [n, k]
   const __nv_bfloat16* wg(long long) const { return gu.get(); }

@@ -37,4 +37,14 @@ static __global__ void fill(__nv_bfloat16* w, long long rows, int cols, float sc
   }
 }
 
+// Wg's column 0 = −z(d_n) (x's column 0 being 1): neuron n fires where N(0, σ≈1) > z(d_n),
+// d_n = density · e^(skew·u − skew²/2), u ~ N(0, 1) by neuron (log-normal popularity; skew 0: every
+// neuron alike), capped at 0.5.
+static __global__ void set_gate_thresholds(__nv_bfloat16* wg, long long n, int k, float density, float skew, unsigned seed) {
+  for (long long j = blockIdx.x * 256ll + threadIdx.x; j < n; j += 256ll * gridDim.x) {
+    const float d = fminf(density * expf(skew * hash_normal(static_cast<unsigned long long>(j), seed) - 0.5f * skew * skew), 0.5f);
+    wg[j * k] = __float2bfloat16_rn(-sqrtf(2.0f) * erfcinvf(2.0f * d));
+  }
+}
+
 }  // namespace twell::probe
