@@ -465,6 +465,14 @@ class CudaRuntime final : public Runtime {
   bool samples_on_device() const noexcept override { return model_->config.vocab_size <= cuda::ops::kTopMaxVocab; }
 
  private:
+  // The rows from which attention() takes its tensor-core kernel: 0 under no-grouped-attention,
+  // else grouped-attention-min-rows=N or the kernel's default.
+  std::int64_t attention_grouped_min_rows() const noexcept {
+    if (!tuning_.grouped_attention) return 0;
+    return tuning_.grouped_attention_min_rows >= 1 ? tuning_.grouped_attention_min_rows
+                                                   : cuda::ops::kAttentionGroupedMinRows;
+  }
+
   // Runs body (one forward and what reads its logits, synchronised); where a one-token FFN's
   // fixed-point output overflowed in it (a term past its range: fixed_point.hpp), the step again
   // with the fixed-point output off from now on (graphs captured again): the sequences rewound,
@@ -781,8 +789,7 @@ class CudaRuntime final : public Runtime {
                                    l, att, stream_);
       else
         cuda::ops::attention(qkv, T, c.num_heads, c.num_kv_heads, c.head_dim, rows_.get(), l, sh.max_keys, att, stream_,
-                             /*one_token=*/false, c.sliding_window, tuning_.grouped_attention,
-                             tuning_.grouped_attention_min_rows);
+                             /*one_token=*/false, c.sliding_window, attention_grouped_min_rows());
       project(L.wo.get(), att, T, K, Q, tmp);
       cuda::ops::add_rmsnorm(x, tmp, T, K, L.ffn_norm.get(), eps, xn, stream_);
       if (L.ffn) {
@@ -857,8 +864,7 @@ class CudaRuntime final : public Runtime {
                                  stream_, /*k_in_place=*/false);
       }
       cuda::ops::attention(qkv, T, c.num_heads, c.num_kv_heads, c.head_dim, rows_.get(), l, sh.max_keys, att, stream_,
-                           /*one_token=*/true, c.sliding_window, tuning_.grouped_attention,
-                           tuning_.grouped_attention_min_rows);
+                           /*one_token=*/true, c.sliding_window, attention_grouped_min_rows());
       const StepPlan* plan = L.ffn && plans ? &(*plans)[static_cast<std::size_t>(l)] : nullptr;
       if (fixed)  // the projection's GEMV adds the pending FFN output and o into x
         cuda::launch_twell_gemv_row_residual(att, L.wo.get(), K, Q, tmp, x, pending_fixed ? ffn_fixed_.get() : nullptr,

@@ -288,7 +288,7 @@ Bounded attention_f64_bounded(const bf16* q, const bf16* K, const bf16* V, int f
 }
 
 // Calls of 16 rows or more run the grouped tensor-core kernel (a CTA a (row, KV head)); fewer
-// rows, and grouped = false, the per-head one. Each within its derived float64 bound, element by
+// rows, and a threshold of 0, the per-head one. Each within its derived float64 bound, element by
 // element. A row's bits must not depend on the other rows of its call: a 33-row grouped call equals,
 // row for row, the same rows in reverse order, itself run again, and the same caches paged (each
 // row's blocks shuffled through its block table); the per-head kernel's 33-row call equals each row
@@ -364,6 +364,7 @@ TEST(ModelOps, GroupedAttentionMatchesFloat64AndItsRowsAlone) {
     EXPECT_EQ(cuda::ops::attention_runs_grouped(1, s.heads, s.kv_heads, s.d, max_keys, 1), grouped);
     EXPECT_FALSE(cuda::ops::attention_runs_grouped(7, s.heads, s.kv_heads, s.d, max_keys, 8));
     EXPECT_EQ(cuda::ops::attention_runs_grouped(8, s.heads, s.kv_heads, s.d, max_keys, 8), grouped);
+    EXPECT_FALSE(cuda::ops::attention_runs_grouped(R, s.heads, s.kv_heads, s.d, max_keys, 0));  // no-grouped-attention
     for (const bool decode : {false, true}) {
       SCOPED_TRACE(::testing::Message() << "decode " << decode);
       DeviceBuffer<__nv_bfloat16> all(static_cast<std::size_t>(R * Q)), again(all.size()), rev(all.size()),
@@ -373,7 +374,7 @@ TEST(ModelOps, GroupedAttentionMatchesFloat64AndItsRowsAlone) {
       const auto call = [&](const DeviceBuffer<__nv_bfloat16>& q, const DeviceBuffer<cuda::ops::RowKv>& rk,
                             DeviceBuffer<__nv_bfloat16>& o, bool g) {
         cuda::ops::attention(q.get(), R, s.heads, s.kv_heads, s.d, rk.get(), layer, max_keys, o.get(), nullptr, decode,
-                             s.window, g);
+                             s.window, g ? cuda::ops::kAttentionGroupedMinRows : 0);
       };
       call(qkv, d_rows, all, true);
       call(qkv, d_rows, again, true);
@@ -386,7 +387,7 @@ TEST(ModelOps, GroupedAttentionMatchesFloat64AndItsRowsAlone) {
         // The same row alone with the threshold at one row: the grouped kernel's bits at any rows.
         cuda::ops::attention(qkv.get() + static_cast<std::size_t>(r * ld), 1, s.heads, s.kv_heads, s.d, d_rows.get() + r,
                              layer, max_keys, one_grouped.get() + static_cast<std::size_t>(r * Q), nullptr, decode, s.window,
-                             true, /*grouped_min_rows=*/1);
+                             /*grouped_min_rows=*/1);
       }
       ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
       const auto ga = download<std::uint16_t>(all), gg = download<std::uint16_t>(again), gr = download<std::uint16_t>(rev),
@@ -502,13 +503,13 @@ TEST(ModelOps, DecodeAttentionReadsOldKeysEarlyAndTheNewOneAfter) {
         // Reference: a's new rows written, then the attention reads them (plain launches, flag off).
         cuda::ops::rope_store_kv(a.get(), T, cs.heads, cs.kv_heads, cs.d, dcos.get(), dsin.get(), rows_a.get(), layer, stream);
         cuda::ops::attention(a.get(), T, cs.heads, cs.kv_heads, cs.d, rows_a.get(), layer, cap, out_ref.get(), stream, false,
-                             cs.window, grouped);
+                             cs.window, grouped ? cuda::ops::kAttentionGroupedMinRows : 0);
         ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
         {  // b gets a's state late, then the attention with the flag, launched programmatically
           const cuda::ProgrammaticLaunch programmatic(cuda::programmatic_launch_supported());
           late_copy(a.get(), b.get(), total * sizeof(__nv_bfloat16), 100, stream);
           cuda::ops::attention(b.get(), T, cs.heads, cs.kv_heads, cs.d, rows_b.get(), layer, cap, out_early.get(), stream,
-                               true, cs.window, grouped);
+                               true, cs.window, grouped ? cuda::ops::kAttentionGroupedMinRows : 0);
         }
         ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
         const auto want = download<bf16>(out_ref), got = download<bf16>(out_early);

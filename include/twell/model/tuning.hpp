@@ -66,7 +66,7 @@ struct RuntimeTuning {
   bool grouped_attention = true;  // no-grouped-attention
   // CUDA runtime only: the rows from which attention calls take that grouped kernel; < 0: the
   // kernel's default (16, cuda/ops/model_ops.hpp). Other bits below 16 rows (each within its
-  // float64 bound). For measuring the MHA 2B's batched decode at 8 rows (256 CTAs), never timed there.
+  // float64 bound). Below 16 rows the kernel lost in the step on both 2B models (4 and 8 rows, H200).
   std::int64_t grouped_attention_min_rows = -1;  // grouped-attention-min-rows=N
   // CUDA runtime only: the density up to which a ReLU layer's decode steps run the sparse decode
   // kernels (the layer's newest count decides; both paths exact); < 0: the engine's measured default.

@@ -293,9 +293,8 @@ bool attention_runs_grouped(std::int64_t rows, std::int64_t heads, std::int64_t 
                             std::int64_t /*max_keys*/, std::int64_t grouped_min_rows) {
   if (kv_heads <= 0 || heads % kv_heads != 0) return false;
   const std::int64_t group = heads / kv_heads;
-  const std::int64_t min_rows = grouped_min_rows >= 1 ? grouped_min_rows : kAttentionGroupedMinRows;
   // Its shared memory holds tiles, not the scores: any number of keys.
-  return rows >= min_rows && (d == 64 || d == 128) && (group == 1 || group == 2 || group == 4 || group == 8);
+  return grouped_min_rows >= 1 && rows >= grouped_min_rows && (d == 64 || d == 128) && (group == 1 || group == 2 || group == 4 || group == 8);
 }
 
 std::int64_t attention_max_keys(std::int64_t d) {
@@ -304,7 +303,7 @@ std::int64_t attention_max_keys(std::int64_t d) {
 
 void attention(const __nv_bfloat16* qkv, std::int64_t rows, std::int64_t heads, std::int64_t kv_heads, std::int64_t d,
                const RowKv* rows_kv, std::int64_t layer, std::int64_t max_keys, __nv_bfloat16* out,
-               cudaStream_t stream, bool old_keys_ready, std::int64_t window, bool grouped, std::int64_t grouped_min_rows) {
+               cudaStream_t stream, bool old_keys_ready, std::int64_t window, std::int64_t grouped_min_rows) {
   TWELL_CU_REQUIRE(rows > 0 && rows < (1ll << 31) && heads > 0 && heads < 65536 && kv_heads > 0 &&
                        heads % kv_heads == 0 && d > 0 && d <= kMaxD && max_keys > 0 && window >= 0 &&
                        window < (1ll << 31),
@@ -321,7 +320,7 @@ void attention(const __nv_bfloat16* qkv, std::int64_t rows, std::int64_t heads, 
   const int win = static_cast<int>(window);
   // grouped_min_rows rows or more: a CTA a (row, KV head) on tensor cores (attention_grouped_kernel).
   const std::int64_t group = heads / kv_heads;
-  if (grouped && attention_runs_grouped(rows, heads, kv_heads, d, max_keys, grouped_min_rows)) {
+  if (attention_runs_grouped(rows, heads, kv_heads, d, max_keys, grouped_min_rows)) {
     const dim3 ggrid(static_cast<unsigned>(rows), static_cast<unsigned>(kv_heads));
     auto go = [&](auto kernel, std::size_t gsmem) {
       if (gsmem > 48 * 1024)

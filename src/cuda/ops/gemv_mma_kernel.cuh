@@ -40,8 +40,9 @@ __device__ __forceinline__ unsigned word(const uint4& v, int i) {
 // The CTA's sums before their last step: part[w][row][tok] = warp w's share of K of
 // ⟨W[16 · blockIdx.x + row], x[tok]⟩ (tokens past M and rows past N hold sums the caller drops).
 // NT token tiles of 8 (M ≤ 8 · NT). Every thread of the CTA calls it; the caller syncs before it
-// reads part. The kernel below and the decode FFN's fused gate (lab/probes/probe_decode_rows.cu)
-// share it, so their g has the same bits (by construction; the probe checks it, not yet run on a GPU).
+// reads part. The kernel below and the lab's fused gates (lab/probes/probe_decode_rows.cu,
+// probe_decode_fixed_rows.cu) share it, so their g has the same bits (by construction;
+// probe_decode_rows checks it).
 template <int NT>
 __device__ __forceinline__ void gemv_mma_partials(const TwellGemvParams& p,
                                                   float (&part)[kGemvMmaWarps][kGemvMmaRows][8 * NT]) {

@@ -98,24 +98,26 @@ std::int64_t attention_max_keys(std::int64_t d);
 // old_keys_ready: every row is its sequence's only new token in this call (a decode step), so the
 // keys before each row's position were written by earlier calls and head_dim 64 / 128 load the first
 // of them before waiting for the previous kernel (programmatic launches). Same bits either way.
-// grouped (grouped_min_rows rows or more; below 1: kAttentionGroupedMinRows): one CTA a (row, KV
-// head) on tensor cores rather than a (row, query head). Other bits than the per-head kernel's
-// (which every call of fewer rows, and grouped = false, runs): a row's bits then depend on whether
-// its call has that many rows, never on which other rows it has. attention_runs_grouped: whether
-// attention() with grouped takes that kernel for this call's shape (groups of 1, 2, 4 or 8 query
-// heads, head_dim 64 or 128). Its shared memory holds key tiles, not scores, but attention() still
+// grouped_min_rows: calls of that many rows or more (0: none) run one CTA a (row, KV head) on
+// tensor cores rather than a (row, query head). Other bits than the per-head kernel's (which every
+// call of fewer rows runs): a row's bits then depend on whether its call has that many rows, never
+// on which other rows it has. attention_runs_grouped: whether attention() takes that kernel for this
+// call's shape (rows ≥ grouped_min_rows ≥ 1, groups of 1, 2, 4 or 8 query heads, head_dim 64 or 128). Its shared memory holds key tiles, not scores, but attention() still
 // takes max_keys only up to attention_max_keys (the per-head kernel's bound, which calls of fewer
 // rows need). There qkv must be 4-byte aligned.
 // kAttentionGroupedMinRows: at 16 rows the tensor-core form is faster than the per-head kernel at
 // every shape measured (2B MHA, 2b-gqa, 7B-GQA at 145, 513 and 2049 keys: e.g. 21.2 against 25.2 µs
 // on the MHA 2B at 513 keys, 12.3 against 20.2 on the 2b-gqa), and from 32 on; at 8 rows it loses
 // at long contexts on the 2b-gqa (44.8 against 31.7 µs at 2049 keys: 64 CTAs;
-// lab/probes/probe_decode_attention.cu at 356759c and 4adaf7c, H200). Not measured: the MHA 2B below
-// 16 rows (256 CTAs at 8), nor 9–15 rows; TWELL_TUNING=grouped-attention-min-rows=N moves it.
+// lab/probes/probe_decode_attention.cu at 356759c and 4adaf7c, H200); in the step below 16 rows it
+// loses on both 2B models (at 8 rows 3244 against 3377 tokens/s on the MHA 2B with the threshold at
+// 8, 3695 against 3882 on the 2b-gqa; at 4 rows with it at 4, −5 % and −10 %: H200, 0d5f433,
+// bench/results/model/2026-11-30-h200-grouped-attention-min-rows-ab-0d5f433/).
+// TWELL_TUNING=grouped-attention-min-rows=N moves it, no-grouped-attention sets it to 0.
 inline constexpr std::int64_t kAttentionGroupedMinRows = 16;
 void attention(const __nv_bfloat16* qkv, std::int64_t rows, std::int64_t heads, std::int64_t kv_heads,
                std::int64_t d, const RowKv* rows_kv, std::int64_t layer, std::int64_t max_keys, __nv_bfloat16* out,
-               cudaStream_t stream, bool old_keys_ready = false, std::int64_t window = 0, bool grouped = true,
+               cudaStream_t stream, bool old_keys_ready = false, std::int64_t window = 0,
                std::int64_t grouped_min_rows = kAttentionGroupedMinRows);
 bool attention_runs_grouped(std::int64_t rows, std::int64_t heads, std::int64_t kv_heads, std::int64_t d,
                             std::int64_t max_keys, std::int64_t grouped_min_rows = kAttentionGroupedMinRows);
