@@ -40,6 +40,15 @@ __global__ void __launch_bounds__(kGemvWarps * 32) twell_gemv_kernel(TwellGemvPa
   dev::pdl_begin();
   if (!active) return;
   if (!p.w_before_wait) wv.load(0, lane);
+  // The residual add's terms (one token): lane r < kRows loads row n0 + r's now, beside x, so that
+  // the epilogue after the butterfly waits for no round trip of its own.
+  const bool res_lane = p.residual && lane < kRows && n0 + lane < p.n;
+  float res = 0.0f;
+  long long res_fixed = 0;
+  if (res_lane) {
+    res = p.residual[n0 + lane];
+    if (p.residual_first_fixed) res_fixed = p.residual_first_fixed[n0 + lane];
+  }
   float acc[kRows][MT];
 #pragma unroll
   for (int r = 0; r < kRows; ++r)
@@ -72,29 +81,30 @@ __global__ void __launch_bounds__(kGemvWarps * 32) twell_gemv_kernel(TwellGemvPa
   for (int r = 0; r < kRows; ++r)
 #pragma unroll
     for (int t = 0; t < MT; ++t) acc[r][t] = dev::warp_sum(acc[r][t]);
-  if (lane == 0) {
+  // Every lane holds every sum (the butterfly); lane r writes row n0 + r.
 #pragma unroll
-    for (int r = 0; r < kRows; ++r)
+  for (int r = 0; r < kRows; ++r) {
+    if (lane != r || n0 + r >= p.n) continue;
 #pragma unroll
-      for (int t = 0; t < MT; ++t)
-        if (t < p.m && n0 + r < p.n) {
-          const float v = p.relu ? fmaxf(acc[r][t], 0.0f) : acc[r][t];
-          if (p.g32) {
-            p.g32[t * p.ld_g + n0 + r] = v;
-          } else {
-            const __nv_bfloat16 o = __float2bfloat16_rn(v);
-            p.g[t * p.ld_g + n0 + r] = o;
-            if (p.residual) {  // one token (launch_twell_gemv checks): the residual add at column n0 + r
-              const std::int64_t j = n0 + r;
-              float e = p.residual[j];
-              if (p.residual_first_fixed) {
-                e += dev::fixed_to_float_bf16(p.residual_first_fixed[j]);
-                p.residual_first_fixed[j] = 0;
-              }
-              p.residual[j] = e + __bfloat162float(o);
+    for (int t = 0; t < MT; ++t)
+      if (t < p.m) {
+        const float v = p.relu ? fmaxf(acc[r][t], 0.0f) : acc[r][t];
+        if (p.g32) {
+          p.g32[t * p.ld_g + n0 + r] = v;
+        } else {
+          const __nv_bfloat16 o = __float2bfloat16_rn(v);
+          p.g[t * p.ld_g + n0 + r] = o;
+          if (res_lane) {  // one token (launch_twell_gemv checks): the residual add at column n0 + r
+            const std::int64_t j = n0 + r;
+            float e = res;
+            if (p.residual_first_fixed) {
+              e += dev::fixed_to_float_bf16(res_fixed);
+              p.residual_first_fixed[j] = 0;
             }
+            p.residual[j] = e + __bfloat162float(o);
           }
         }
+      }
   }
 }
 
