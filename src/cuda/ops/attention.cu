@@ -294,7 +294,8 @@ bool attention_runs_grouped(std::int64_t rows, std::int64_t heads, std::int64_t 
   if (kv_heads <= 0 || heads % kv_heads != 0) return false;
   const std::int64_t group = heads / kv_heads;
   // Its shared memory holds tiles, not the scores: any number of keys.
-  return grouped_min_rows >= 1 && rows >= grouped_min_rows && (d == 64 || d == 128) && (group == 1 || group == 2 || group == 4 || group == 8);
+  return grouped_min_rows >= 1 && rows >= grouped_min_rows && (d == 64 || d == 128) &&
+         (group == 1 || group == 2 || group == 4 || group == 8);
 }
 
 std::int64_t attention_max_keys(std::int64_t d) {

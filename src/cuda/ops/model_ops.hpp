@@ -102,7 +102,8 @@ std::int64_t attention_max_keys(std::int64_t d);
 // tensor cores rather than a (row, query head). Other bits than the per-head kernel's (which every
 // call of fewer rows runs): a row's bits then depend on whether its call has that many rows, never
 // on which other rows it has. attention_runs_grouped: whether attention() takes that kernel for this
-// call's shape (rows ≥ grouped_min_rows ≥ 1, groups of 1, 2, 4 or 8 query heads, head_dim 64 or 128). Its shared memory holds key tiles, not scores, but attention() still
+// call's shape (rows ≥ grouped_min_rows ≥ 1, groups of 1, 2, 4 or 8 query heads, head_dim 64 or
+// 128). Its shared memory holds key tiles, not scores, but attention() still
 // takes max_keys only up to attention_max_keys (the per-head kernel's bound, which calls of fewer
 // rows need). There qkv must be 4-byte aligned.
 // kAttentionGroupedMinRows: at 16 rows the tensor-core form is faster than the per-head kernel at
