@@ -2,18 +2,19 @@
 # Decode tokens/s of several twell builds on the same checkpoint, in one device call, alternating
 # (A B … A B …) so that the machine's drift falls on every build alike; a markdown table of each
 # run's dense and sparse tokens/s per decode batch, then the medians, into $OUT/decode-ab.md.
-#   [OUT=…] [MODEL=DIR] [CONFIG=2b] [BATCHES="1 8"] [CONTEXT=128] [ROUNDS=2] [REPS=3] bash lab/ab/gpu_decode_ab.sh TWELL_A TWELL_B [...]
+#   [OUT=…] [MODEL=DIR] [CONFIG=2b] [BATCHES="1 8"] [CONTEXT=128] [STEPS=32] [ROUNDS=2] [REPS=3] bash lab/ab/gpu_decode_ab.sh TWELL_A TWELL_B [...]
 # TWELL_*: paths of `twell` binaries (e.g. carried as xz and unpacked: build/cuda/tools/twell/twell.<commit>).
 # Without MODEL, the first binary writes `twell gen model --config $CONFIG` to /tmp/twell-ab-$CONFIG
 # once (≈ 1 minute at 2B); each run loads it (≈ 40–50 s a run at 2B with batches 1 and 8).
 # Every run is `twell bench model --decode-batch $BATCHES --prefill-batch 1 --prefill-len 16
-# --context $CONTEXT --decode-steps 32 --reps $REPS --no-energy`: both FFN paths in one process.
+# --context $CONTEXT --decode-steps $STEPS --reps $REPS --no-energy`: both FFN paths in one process.
 set -uo pipefail
 [ $# -ge 2 ] || { sed -n 2,10p "$0"; exit 2; }
 OUT=${OUT:-build/decode-ab-out}
 CONFIG=${CONFIG:-2b}
 BATCHES=${BATCHES:-1 8}
 CONTEXT=${CONTEXT:-128}
+STEPS=${STEPS:-32}
 ROUNDS=${ROUNDS:-2}
 REPS=${REPS:-3}
 mkdir -p "$OUT"
@@ -30,7 +31,7 @@ for r in $(seq 1 "$ROUNDS"); do
     t0=$(date +%s)
     # shellcheck disable=SC2086  # BATCHES is a list
     "$b" bench model --model "$M" --decode-batch $BATCHES --prefill-batch 1 --prefill-len 16 --context "$CONTEXT" \
-      --decode-steps 32 --reps "$REPS" --no-energy --json "$j" > "$OUT/ab-$name-$r.log" 2>&1
+      --decode-steps "$STEPS" --reps "$REPS" --no-energy --json "$j" > "$OUT/ab-$name-$r.log" 2>&1
     echo "$name round $r: rc=$? ($(( $(date +%s) - t0 )) s)"
     rows+=("$name|$r|$j")
   done
