@@ -58,8 +58,9 @@ lines = ["| build | round | decode batch | dense tokens/s | sparse tokens/s | sp
          "|---|---:|---:|---:|---:|---:|---:|"]
 for name, rnd, b, d, s, share in runs:
     lines.append(f"| {name} | {rnd} | {b} | {d:.0f} | {s:.0f} | {s / d:.3f}× | {share} |")
-lines += ["", "Medians over the rounds:", "", "| build | decode batch | dense | sparse | sparse / dense | sparse / first build's |",
-          "|---|---:|---:|---:|---:|---:|"]
+lines += ["", "Medians over the rounds (and each build's sparse spread, lowest to highest, to judge a difference by):", "",
+          "| build | decode batch | dense | sparse | sparse spread | sparse / dense | sparse / first build's |",
+          "|---|---:|---:|---:|---:|---:|---:|"]
 base = {}
 for name in names:
     for b in sorted({r[2] for r in runs}):
@@ -69,7 +70,8 @@ for name in names:
         d = statistics.median(r[3] for r in mine)
         s = statistics.median(r[4] for r in mine)
         base.setdefault(b, s)
-        lines.append(f"| {name} | {b} | {d:.0f} | {s:.0f} | {s / d:.3f}× | {s / base[b]:.3f}× |")
+        lo, hi = min(r[4] for r in mine), max(r[4] for r in mine)
+        lines.append(f"| {name} | {b} | {d:.0f} | {s:.0f} | {lo:.0f}–{hi:.0f} | {s / d:.3f}× | {s / base[b]:.3f}× |")
 open(out, "w").write("\n".join(lines) + "\n")
 print("\n".join(lines))
 PY
