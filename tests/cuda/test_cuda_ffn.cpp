@@ -818,8 +818,9 @@ TEST_F(CudaDispatch, OneTokenDecodeFollowsItsOwnThreshold) {
 // projections): every element within the fp32-accumulation + bf16-rounding bound of
 // check_gate_sm90, padding columns of the output rows untouched, at every token count 1 … 16 it
 // serves (one token on the CUDA-core kernel, 2–8 and 9–16 on the tensor-core one's two widths),
-// ragged N, K (K not a multiple of the tensor-core kernel's 64-element blocks), and both one-token
-// shapes (4 rows a warp for N > 4096, else 1: N = 4096 and 4097 at the boundary).
+// ragged N, K (K not a multiple of the tensor-core kernel's 64-element blocks; K = 1096: a second
+// load window, staged in shared memory with w_before_wait, that runs past the row), and both
+// one-token shapes (4 rows a warp for N > 4096, else 1: N = 4096 and 4097 at the boundary).
 TEST(CudaGemv, MatchesFloat64WithinBound) {
   TWELL_REQUIRE_GPU();
   struct Shape {
@@ -832,7 +833,7 @@ TEST(CudaGemv, MatchesFloat64WithinBound) {
   for (const Shape sh : {Shape{1, 5632, 2048}, Shape{2, 1003, 520}, Shape{3, 1000, 8192}, Shape{5, 70000, 264},
                          Shape{8, 17, 8}, Shape{11, 5632, 2048}, Shape{16, 1001, 1024}, Shape{1, 2048, 2048},
                          Shape{1, 4096, 520}, Shape{1, 4097, 520}, Shape{1, 2048, 5632}, Shape{1, 999, 4096},
-                         Shape{1, 3, 8}})
+                         Shape{1, 3, 8}, Shape{4, 1003, 1096}})
    for (const bool relu : {true, false})
     for (const bool out32 : {false, true}) {  // bf16 output (g), or the fp32 sums (g32: the LM head's)
     SCOPED_TRACE(::testing::Message() << "m " << sh.m << " n " << sh.n << " k " << sh.k << (relu ? ", ReLU" : ", no ReLU")

@@ -294,7 +294,7 @@ Bounded attention_f64_bounded(const bf16* q, const bf16* K, const bf16* V, int f
 // row's blocks shuffled through its block table); the per-head kernel's 33-row call equals each row
 // attended alone, and so does the grouped call each row alone with grouped_min_rows 1. Groups 1 (MHA), 2, 4 and 8 at head_dim 64 and 128, sliding windows,
 // one group the grouped kernel does not take (3: the per-head kernel at any rows), every row its own
-// sequence of 0–600 cached keys (several tiles and score rounds), decode and not.
+// sequence of 0–800 cached keys (several tiles and score rounds; past the staged 640 at head_dim 64), decode and not.
 TEST(ModelOps, GroupedAttentionMatchesFloat64AndItsRowsAlone) {
   TWELL_REQUIRE_GPU();
   struct G {
@@ -311,7 +311,7 @@ TEST(ModelOps, GroupedAttentionMatchesFloat64AndItsRowsAlone) {
     std::vector<cuda::ops::RowKv> rows;
     int max_keys = 0;
     for (int r = 0; r < R; ++r) {
-      const int pos = static_cast<int>(rng.below(601)), cap = pos + 1;
+      const int pos = static_cast<int>(rng.below(801)), cap = pos + 1;
       kh.push_back(random_bf16(rng, static_cast<std::size_t>(layers * cap * KV)));
       vh.push_back(random_bf16(rng, kh.back().size()));
       kbuf.push_back(upload<__nv_bfloat16>(kh.back()));
@@ -368,8 +368,8 @@ TEST(ModelOps, GroupedAttentionMatchesFloat64AndItsRowsAlone) {
     for (const bool decode : {false, true}) {
       SCOPED_TRACE(::testing::Message() << "decode " << decode);
       DeviceBuffer<__nv_bfloat16> all(static_cast<std::size_t>(R * Q)), again(all.size()), rev(all.size()),
-          per_head(all.size()), one(all.size()), paged(all.size()), one_grouped(all.size());
-      for (auto* b : {&all, &again, &rev, &per_head, &one, &paged, &one_grouped})
+          per_head(all.size()), one(all.size()), paged(all.size()), one_grouped(all.size()), one_paged(all.size());
+      for (auto* b : {&all, &again, &rev, &per_head, &one, &paged, &one_grouped, &one_paged})
         ASSERT_EQ(cudaMemset(b->get(), 0xff, b->bytes()), cudaSuccess);  // NaN: an unwritten output fails
       const auto call = [&](const DeviceBuffer<__nv_bfloat16>& q, const DeviceBuffer<cuda::ops::RowKv>& rk,
                             DeviceBuffer<__nv_bfloat16>& o, bool g) {
@@ -388,6 +388,9 @@ TEST(ModelOps, GroupedAttentionMatchesFloat64AndItsRowsAlone) {
         cuda::ops::attention(qkv.get() + static_cast<std::size_t>(r * ld), 1, s.heads, s.kv_heads, s.d, d_rows.get() + r,
                              layer, max_keys, one_grouped.get() + static_cast<std::size_t>(r * Q), nullptr, decode, s.window,
                              /*grouped_min_rows=*/1);
+        // The same row alone through its block table (a decode row alone stages its keys in shared memory).
+        cuda::ops::attention(qkv.get() + static_cast<std::size_t>(r * ld), 1, s.heads, s.kv_heads, s.d, d_rows_p.get() + r,
+                             layer, max_keys, one_paged.get() + static_cast<std::size_t>(r * Q), nullptr, decode, s.window);
       }
       ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
       const auto ga = download<std::uint16_t>(all), gg = download<std::uint16_t>(again), gr = download<std::uint16_t>(rev),
@@ -401,6 +404,7 @@ TEST(ModelOps, GroupedAttentionMatchesFloat64AndItsRowsAlone) {
                                           gr.begin() + static_cast<std::ptrdiff_t>(R - 1 - r) * Q);
       EXPECT_TRUE(same_rev) << "a row's bits depend on the other rows of its call";
       EXPECT_EQ(gp, go) << "the per-head kernel's rows depend on the call's rows";
+      EXPECT_EQ(download<std::uint16_t>(one_paged), go) << "a row alone through its block table gives other bits";
       EXPECT_EQ(download<std::uint16_t>(one_grouped), grouped ? ga : go)
           << "a row alone under grouped_min_rows 1 differs from its row in the 33-row call";
       // float64, element by element within the derived bounds.

@@ -9,6 +9,7 @@
 // attention_grouped_kernel (attention_grouped.cuh): a CTA a (row, KV head) on tensor cores, each K
 // and V row loaded once for its query heads, one on MHA models (other bits than attention_kernel_d's,
 // a row's the same in any call).
+#include <algorithm>
 #include <cstdint>
 
 #include "cuda/common/check.hpp"
@@ -113,17 +114,22 @@ __global__ void __launch_bounds__(kWarps * 32) attention_kernel(const __nv_bfloa
 // loop asks L2 for each key's value row, which P·V reads after the softmax. With 1 row (32 CTAs at
 // 2B) 1.02–1.20× faster on an H200; on a full grid (8 rows and more at 513–2049 keys) the prefetches
 // compete with the key loads: 4–26 % slower (bench/results/2026-11-30-h200-attention-prefetch-v-9483100.md).
-template <int D>
+// kStaged (old_keys_ready, a grid on at most a quarter of the SMs): the K and V rows of the first
+// min(keys below the row's position, stage_keys) keys are copied into shared memory by cp.async
+// before the wait (at stage_at, in uint4: K [stage_keys][L], then V), and both loops read them
+// there: after the wait only the query and the keys past the stage leave the SM. The same values
+// in the same order, so the same bits.
+template <int D, bool kStaged>
 __global__ void __launch_bounds__(kWarps * 32) attention_kernel_d(const __nv_bfloat16* qkv, std::int64_t heads,
                                                                   std::int64_t kv_heads, const RowKv* rows_kv,
                                                                   std::int64_t layer, float scale, int window,
                                                                   __nv_bfloat16* out, bool old_keys_ready,
-                                                                  bool prefetch_v) {
+                                                                  bool prefetch_v, int stage_keys, int stage_at) {
   constexpr int L = D / 8, G = 32 / L, kUnroll = 4, kStep = kWarps * G;  // keys per loop step of all warps
   // The early key row takes L uint4 registers: at D = 128 (16 of them) the kernel went from 128 to
   // 170 registers (one CTA an SM), so there only V is loaded early.
   constexpr bool kEarlyK = D <= 64;
-  extern __shared__ float smem[];
+  extern __shared__ __align__(16) float smem[];  // 16-byte aligned: the staged rows are uint4
   const std::int64_t r = blockIdx.x, h = blockIdx.y;
   const std::int64_t q_dim = heads * D, kv_dim = kv_heads * D, kvh = h / (heads / kv_heads);
   const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
@@ -134,10 +140,28 @@ __global__ void __launch_bounds__(kWarps * 32) attention_kernel_d(const __nv_bfl
   uint4 pre_k[kEarlyK ? L : 1], pre_v[kUnroll];
   int pre_below = 0;  // keys below this one (counted from the window's first) were loaded early (0: none)
   int first = 0;      // the window's first key; key t of the loops below is cache row first + t
+  int staged = 0;     // kStaged: keys below this one are in shared memory
+  uint4* sk = reinterpret_cast<uint4*>(smem) + stage_at;  // kStaged: K [stage_keys][L], then V
+  uint4* sv = sk + static_cast<std::int64_t>(stage_keys) * L;
   if (old_keys_ready) {
     info = rows_kv[r];
     first = first_key(info.pos, window);
     pre_below = info.pos - first;
+  }
+  if (kStaged && old_keys_ready) {
+    staged = min(pre_below, stage_keys);
+    pre_below = 0;  // nothing in registers
+    const __nv_bfloat16* kc0 = info.k + layer * info.layer_stride + kvh * D;
+    const __nv_bfloat16* vc0 = info.v + layer * info.layer_stride + kvh * D;
+    // Thread t copies chunk t % L of keys t / L, t / L + 256 / L, …: a key's row by L neighbours.
+    for (int e = static_cast<int>(threadIdx.x); e < staged * L; e += kWarps * 32) {
+      const int t = e / L, j = e % L;
+      const std::int64_t row = info.slot(first + t) * kv_dim + 8 * j;
+      dev::cp_async16(static_cast<std::uint32_t>(__cvta_generic_to_shared(sk + e)), kc0 + row, true);
+      dev::cp_async16(static_cast<std::uint32_t>(__cvta_generic_to_shared(sv + e)), vc0 + row, true);
+    }
+    dev::cp_async_commit();
+  } else if (old_keys_ready) {
     // A paged sequence's block table was written before the step too.
     const __nv_bfloat16* kc0 = info.k + layer * info.layer_stride + kvh * D;
     const __nv_bfloat16* vc0 = info.v + layer * info.layer_stride + kvh * D;
@@ -171,6 +195,7 @@ __global__ void __launch_bounds__(kWarps * 32) attention_kernel_d(const __nv_bfl
   float* score = red + kWarps;     // [n] scores, then probabilities (unnormalised)
   const __nv_bfloat16* qrow = qkv + r * (q_dim + 2 * kv_dim) + h * D;
   for (int i = static_cast<int>(threadIdx.x); i < D; i += kWarps * 32) q[i] = __bfloat162float(qrow[i]) * scale;
+  if constexpr (kStaged) dev::cp_async_wait<0>();  // this thread's copies; the barrier publishes everyone's
   __syncthreads();
   // Key t (cache position first + t) of this head: kc + info.slot(first + t)·kv_dim.
   const __nv_bfloat16* kc = info.k + layer * info.layer_stride + kvh * D;
@@ -179,7 +204,10 @@ __global__ void __launch_bounds__(kWarps * 32) attention_kernel_d(const __nv_bfl
   // Both loops are pipelined: a loop step's rows are loaded before the previous step's math (the
   // score loop at D = 64 only: at 128 a second key row takes 16 more 16-byte registers), so a CTA
   // waits for one round trip a loop rather than one a step.
-  const auto key_row = [&](int t) { return reinterpret_cast<const uint4*>(kc + info.slot(first + t) * kv_dim); };
+  const auto key_row = [&](int t) {
+    return kStaged && t < staged ? sk + static_cast<std::int64_t>(t) * L
+                                 : reinterpret_cast<const uint4*>(kc + info.slot(first + t) * kv_dim);
+  };
   float mx = -INFINITY;
   uint4 cur[L];
   {
@@ -193,7 +221,8 @@ __global__ void __launch_bounds__(kWarps * 32) attention_kernel_d(const __nv_bfl
     }
   }
   for (int t = static_cast<int>(threadIdx.x); t < n; t += kWarps * 32) {
-    if (prefetch_v) dev::prefetch_l2<D * 2>(vc + info.slot(first + t) * kv_dim);  // P·V's rows of key t
+    if (prefetch_v && !(kStaged && t < staged))
+      dev::prefetch_l2<D * 2>(vc + info.slot(first + t) * kv_dim);  // P·V's rows of key t
     const int tn = t + kWarps * 32;
     uint4 nxt[kEarlyK ? L : 1];
     if (kEarlyK && tn < n) {
@@ -221,6 +250,7 @@ __global__ void __launch_bounds__(kWarps * 32) attention_kernel_d(const __nv_bfl
   // P·V's first step: its rows are in flight across the softmax's barriers.
   const int first_t = warp * G + g;
   const auto load_v = [&](int t) {
+    if (kStaged && t < staged) return sv[static_cast<std::int64_t>(t) * L + c];
     return t < n ? reinterpret_cast<const uint4*>(vc + info.slot(first + t) * kv_dim)[c] : make_uint4(0, 0, 0, 0);
   };
   uint4 raw[kUnroll];
@@ -285,6 +315,14 @@ std::size_t smem_optin() {
   TWELL_CUDA_CHECK(cudaGetDevice(&dev));
   TWELL_CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
   return static_cast<std::size_t>(optin);
+}
+
+// The current device's shared memory a multiprocessor (bytes).
+std::size_t smem_per_sm() {
+  int dev = 0, bytes = 0;
+  TWELL_CUDA_CHECK(cudaGetDevice(&dev));
+  TWELL_CUDA_CHECK(cudaDeviceGetAttribute(&bytes, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev));
+  return static_cast<std::size_t>(bytes);
 }
 
 }  // namespace
@@ -356,10 +394,38 @@ void attention(const __nv_bfloat16* qkv, std::int64_t rows, std::int64_t heads, 
     launch_kernel(kernel, grid, dim3(kWarps * 32), smem, stream, qkv, args...);
   };
   const bool prefetch_v = rows * heads <= sm_count();  // a grid of one partial wave: idle memory slots
+  // A decode step whose CTAs fit on a quarter of the SMs stages its keys' K and V rows in shared
+  // memory (kStaged): up to kStageBytes a CTA (640 keys at head_dim 64, 320 at 128), one CTA on an
+  // SM. Measured on the H200's 2B at 512 keys (bench/results/2026-12-01-h200-session-68.md): 32 CTAs
+  // (batch 1) +6.9 % tokens/s; 256 CTAs, two an SM at half the SM's shared memory each (batch 8),
+  // −7.5 %: the staged CTAs hold SMs and memory slots that the QKV projection, still running, needs.
+  constexpr std::size_t kStageBytes = 160 * 1024;
+  if (old_keys_ready && rows * heads * 4 <= sm_count() && (d == 64 || d == 128)) {
+    const std::size_t at = (smem + 15) / 16;  // in uint4
+    const std::size_t cta_max = std::min(smem_per_sm() - 1024, smem_optin());
+    const std::size_t room = cta_max > at * 16 ? cta_max - at * 16 : 0;
+    const std::int64_t keys = std::min<std::int64_t>(max_keys, static_cast<std::int64_t>(std::min(room, kStageBytes) / (4 * d)));
+    if (keys >= 64) {
+      const std::size_t staged_smem = at * 16 + static_cast<std::size_t>(keys) * 4 * static_cast<std::size_t>(d);
+      auto go = [&](auto kernel) {
+        // The opt-in limit, not this call's size: the attribute is one value per function, and a
+        // smaller later call must not lower it under a larger one's captured launch.
+        TWELL_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem_optin())));
+        launch_kernel(kernel, grid, dim3(kWarps * 32), staged_smem, stream, qkv, heads, kv_heads, rows_kv, layer, scale,
+                      win, out, old_keys_ready, prefetch_v, static_cast<int>(keys), static_cast<int>(at));
+      };
+      if (d == 64)
+        go(attention_kernel_d<64, true>);
+      else
+        go(attention_kernel_d<128, true>);
+      TWELL_CUDA_CHECK_LAUNCH("attention_kernel");
+      return;
+    }
+  }
   if (d == 64)
-    launch(attention_kernel_d<64>, heads, kv_heads, rows_kv, layer, scale, win, out, old_keys_ready, prefetch_v);
+    launch(attention_kernel_d<64, false>, heads, kv_heads, rows_kv, layer, scale, win, out, old_keys_ready, prefetch_v, 0, 0);
   else if (d == 128)
-    launch(attention_kernel_d<128>, heads, kv_heads, rows_kv, layer, scale, win, out, old_keys_ready, prefetch_v);
+    launch(attention_kernel_d<128, false>, heads, kv_heads, rows_kv, layer, scale, win, out, old_keys_ready, prefetch_v, 0, 0);
   else
     launch(attention_kernel, heads, kv_heads, d, rows_kv, layer, scale, win, out);
   TWELL_CUDA_CHECK_LAUNCH("attention_kernel");

@@ -30,7 +30,8 @@ struct TwellGemvParams {
   bool relu = true;  // false: g = bf16(x·Wᵀ)
   // W is written by no kernel that this launch may overlap (a model's weights): under programmatic
   // launches its first load window (every shape; at one token and K ≤ 2048 the whole row) is issued
-  // before the wait for the previous kernel. Leave false where W may come from the kernel before (the FFN engine's
+  // before the wait for the previous kernel, and at 2–16 tokens with K > 1024 its second window too,
+  // into shared memory (gemv_mma_partials' stage). Leave false where W may come from the kernel before (the FFN engine's
   // weights under an optimiser): the loads then follow the wait.
   bool w_before_wait = false;
   // One token with bf16 output only (m = 1, g set): also the residual add after a projection, at

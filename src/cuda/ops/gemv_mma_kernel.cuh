@@ -32,6 +32,8 @@ namespace twell::cuda::detail {
 inline constexpr int kGemvMmaWarps = 8;  // warps per CTA, each a share of K
 inline constexpr int kGemvMmaRows = 16;  // W rows (outputs) per CTA: mma's M
 inline constexpr int kGemvMmaWin = 2;    // 64-element K blocks a warp has in flight
+// A CTA's stage for a warp's second window (gemv_mma_partials' stage): [warp][block][row][chunk][lane].
+inline constexpr int kGemvMmaStage = kGemvMmaWarps * kGemvMmaWin * 2 * 2 * 32;  // uint4: 32 KB
 
 __device__ __forceinline__ unsigned word(const uint4& v, int i) {
   return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
@@ -43,9 +45,15 @@ __device__ __forceinline__ unsigned word(const uint4& v, int i) {
 // reads part. The kernel below and the lab's fused gates (lab/probes/probe_decode_rows.cu,
 // probe_decode_fixed_rows.cu) share it, so their g has the same bits (by construction;
 // probe_decode_rows checks it).
+// stage (kGemvMmaStage uint4 of shared memory, or null): with w_before_wait, a warp's second window
+// (its blocks warp + 16, warp + 24) is copied there by cp.async before the wait too, where the row
+// has one (K > 1024), so that a 2048-wide row is all in flight before the previous kernel ends; a
+// lane reads back only its own copies (its own cp.async wait orders them). The same values in the
+// same order: the same bits.
 template <int NT>
 __device__ __forceinline__ void gemv_mma_partials(const TwellGemvParams& p,
-                                                  float (&part)[kGemvMmaWarps][kGemvMmaRows][8 * NT]) {
+                                                  float (&part)[kGemvMmaWarps][kGemvMmaRows][8 * NT],
+                                                  uint4* stage = nullptr) {
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const int g = lane / 4, t = lane % 4;  // mma's groupID and thread-in-group
   const std::int64_t n0 = static_cast<std::int64_t>(blockIdx.x) * kGemvMmaRows;
@@ -69,7 +77,23 @@ __device__ __forceinline__ void gemv_mma_partials(const TwellGemvParams& p,
           wv[i][h][c] = b < blocks && ch < kchunks ? __ldcs(wrow[h] + ch) : make_uint4(0, 0, 0, 0);
         }
   };
+  // Window 1's slot of this lane: [warp][i][h][c][lane].
+  const auto slot = [&](int i, int h, int c) { return stage + (((warp * kGemvMmaWin + i) * 2 + h) * 2 + c) * 32 + lane; };
+  const bool staged = stage && p.w_before_wait && blocks > kGemvMmaWin * kGemvMmaWarps;
   if (p.w_before_wait) load_w(warp);
+  if (staged) {
+#pragma unroll
+    for (int i = 0; i < kGemvMmaWin; ++i)
+#pragma unroll
+      for (int h = 0; h < 2; ++h)
+#pragma unroll
+        for (int c = 0; c < 2; ++c) {
+          const int b = warp + (kGemvMmaWin + i) * kGemvMmaWarps, ch = b * 8 + t + 4 * c;
+          const bool in = b < blocks && ch < kchunks;
+          dev::cp_async16(static_cast<std::uint32_t>(__cvta_generic_to_shared(slot(i, h, c))), in ? wrow[h] + ch : wrow[h], in);
+        }
+    dev::cp_async_commit();
+  }
   dev::pdl_begin();
   if (!p.w_before_wait) load_w(warp);
   float acc[NT][4];
@@ -97,7 +121,9 @@ __device__ __forceinline__ void gemv_mma_partials(const TwellGemvParams& p,
       for (int h = 0; h < 2; ++h)
 #pragma unroll
         for (int c = 0; c < 2; ++c) cur[i][h][c] = wv[i][h][c];
-    if (b0 + kGemvMmaWin * kGemvMmaWarps < blocks) load_w(b0 + kGemvMmaWin * kGemvMmaWarps);  // the next window in flight
+    const bool next_staged = staged && b0 == warp;  // read back after this window's math
+    if (!next_staged && b0 + kGemvMmaWin * kGemvMmaWarps < blocks)
+      load_w(b0 + kGemvMmaWin * kGemvMmaWarps);  // the next window in flight
 #pragma unroll
     for (int i = 0; i < kGemvMmaWin; ++i)
 #pragma unroll
@@ -109,6 +135,15 @@ __device__ __forceinline__ void gemv_mma_partials(const TwellGemvParams& p,
         for (int j = 0; j < NT; ++j)
           dev::mma_16816_bf16(acc[j], a0, a1, a2, a3, word(xv[i][j][c], r0), word(xv[i][j][c], r0 + 1));
       }
+    if (next_staged) {  // the next window, staged before the wait
+      dev::cp_async_wait<0>();
+#pragma unroll
+      for (int i = 0; i < kGemvMmaWin; ++i)
+#pragma unroll
+        for (int h = 0; h < 2; ++h)
+#pragma unroll
+          for (int c = 0; c < 2; ++c) wv[i][h][c] = *slot(i, h, c);
+    }
   }
   // D's fragment: acc[j][0..1] row g, tokens 8j + 2t, + 1; acc[j][2..3] row g + 8, the same tokens.
 #pragma unroll
@@ -126,7 +161,8 @@ __device__ __forceinline__ void gemv_mma_partials(const TwellGemvParams& p,
 template <int NT, int MinCtas = 0>
 __global__ void __launch_bounds__(kGemvMmaWarps * 32, MinCtas) twell_gemv_mma_kernel(TwellGemvParams p) {
   __shared__ float part[kGemvMmaWarps][kGemvMmaRows][8 * NT];
-  gemv_mma_partials<NT>(p, part);
+  __shared__ uint4 stage[kGemvMmaStage];
+  gemv_mma_partials<NT>(p, part, stage);
   __syncthreads();
   const std::int64_t n0 = static_cast<std::int64_t>(blockIdx.x) * kGemvMmaRows;
   for (int o = threadIdx.x; o < kGemvMmaRows * 8 * NT; o += kGemvMmaWarps * 32) {

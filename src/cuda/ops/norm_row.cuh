@@ -19,6 +19,7 @@
 
 #include <cstdint>
 
+#include "cuda/common/device_math.cuh"
 #include "cuda/common/fixed_point.cuh"
 
 namespace twell::cuda::ops::detail {
@@ -180,16 +181,37 @@ __device__ void norm_row(float* __restrict__ xr, const __nv_bfloat16* __restrict
   }
 }
 
+// norm_row_reread's norm weights staged in shared memory by a kernel before its programmatic wait
+// (weights: no kernel of the chain writes them), so that the norm's second pass waits for no round
+// trip to them. Wide branch only (norm_row_wide(k); else nothing is staged and the second pass reads
+// w). Thread t copies exactly the columns it reads in that pass, so its own cp.async wait orders
+// them: no barrier. w 16-byte aligned (norm_row_aligned); s 16-byte aligned, norm_stage_bytes(k)
+// long, group g's float4 of thread t at s[g · kNormThreads + t].
+__host__ __device__ constexpr std::int64_t norm_stage_bytes(std::int64_t k) {
+  return norm_row_wide(k) ? (k / 4 + kNormThreads - 1) / kNormThreads * kNormThreads * 16 : 0;
+}
+__device__ __forceinline__ void stage_norm_weights(const float* w, std::int64_t k, float4* s) {
+  if (!norm_row_wide(k)) return;
+#pragma unroll
+  for (int g = 0; g < kNormHeld / 4; ++g) {
+    const std::int64_t c = 4 * (threadIdx.x + static_cast<std::int64_t>(g) * kNormThreads);
+    if (c < k)
+      dev::cp_async16(static_cast<std::uint32_t>(__cvta_generic_to_shared(s + g * kNormThreads + threadIdx.x)), w + c, true);
+  }
+  dev::cp_async_commit();
+}
+
 // norm_row<false>'s bits (x only read) with few registers, for kernels that keep other data in
 // registers across the norm (twell_decode_token's weight window): the sum of squares in norm_row's
 // order (its 4-wide branch where norm_row_wide(k), else element by element: its held and streamed
 // branches share that order), then every element formed again from memory, where the first pass
 // left it cached. y may be in shared memory. Every thread of the block must call it.
-// D0: bf16, or long long for the fixed-point FFN output (add_delta4).
+// D0: bf16, or long long for the fixed-point FFN output (add_delta4). staged: w as this thread
+// staged it (stage_norm_weights), or null to read w.
 template <typename D0>
 __device__ inline void norm_row_reread(const float* __restrict__ xr, const D0* __restrict__ d0,
                                        const __nv_bfloat16* __restrict__ d1, std::int64_t k, const float* __restrict__ w,
-                                       float eps, __nv_bfloat16* __restrict__ yr) {
+                                       float eps, __nv_bfloat16* __restrict__ yr, const float4* staged = nullptr) {
   const bool wide = norm_row_wide(k);
   constexpr int kGroups = kNormHeld / 4;
   // x' at columns c … c + 3 (wide) or c.
@@ -222,12 +244,13 @@ __device__ inline void norm_row_reread(const float* __restrict__ xr, const D0* _
   }
   const float inv = inv_rms(ss, k, eps);
   if (wide) {
+    if (staged) dev::cp_async_wait<0>();
     for (int g = 0; g < kGroups; ++g) {
       const std::int64_t c = 4 * (threadIdx.x + static_cast<std::int64_t>(g) * kNormThreads);
       if (c < k) {
         float a[4];
         value4(c, a);
-        const float4 b4 = *reinterpret_cast<const float4*>(w + c);
+        const float4 b4 = staged ? staged[g * kNormThreads + threadIdx.x] : *reinterpret_cast<const float4*>(w + c);
         const float b[4] = {b4.x, b4.y, b4.z, b4.w};
         store_norm4(yr + c, a, inv, b);
       }

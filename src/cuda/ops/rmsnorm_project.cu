@@ -27,6 +27,7 @@ namespace {
 
 using detail::kNormThreads;
 using detail::norm_row_reread;
+using detail::stage_norm_weights;
 
 constexpr int kWarps = kNormThreads / 32;
 constexpr int kWarpRows = 2;  // W rows per warp: 16 a CTA (the synthetic 2B's 6144-row QKV: 384 CTAs)
@@ -74,7 +75,7 @@ __global__ void __launch_bounds__(kNormThreads)
     rmsnorm_project_kernel(const float* x, const D0* delta, std::int64_t k, const float* wn, float eps,
                            const __nv_bfloat16* w, std::int64_t n, __nv_bfloat16* y, RopeStore rope) {
   static_assert(kWarpRows == 2, "a warp's two rows are one RoPE pair");
-  extern __shared__ uint4 xs_raw[];  // the normalised row, bf16 [k] (16-byte aligned)
+  extern __shared__ uint4 xs_raw[];  // the normalised row, bf16 [k] (16-byte aligned); then the norm's staged weights
   __nv_bfloat16* xs = reinterpret_cast<__nv_bfloat16*>(xs_raw);
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const WarpRows rows = warp_rows<kRope>(static_cast<std::int64_t>(blockIdx.x) * kWarps + warp, n, rope);
@@ -86,6 +87,8 @@ __global__ void __launch_bounds__(kNormThreads)
     wrows[r] = w + (rows.valid[r] ? rows.row[r] : 0) * k;
   cuda::detail::WeightWindow<kWarpRows, kWin> wv(wrows, k, active);  // windows of kWin chunk steps (weight_window.cuh)
   wv.load(0, lane);  // before the wait: weights only
+  float4* norm_stage = reinterpret_cast<float4*>(xs_raw + kchunks);
+  stage_norm_weights(wn, k, norm_stage);  // weights too
   dev::pdl_begin();
   // RoPE: lane 0's row position and angle, loaded now so that their latency overlaps the norm.
   RowKv info{};
@@ -102,7 +105,7 @@ __global__ void __launch_bounds__(kNormThreads)
       }
     }
   }
-  norm_row_reread(x, delta, nullptr, k, wn, eps, xs);  // norm_row<false>'s bits, few registers beside the window
+  norm_row_reread(x, delta, nullptr, k, wn, eps, xs, norm_stage);  // norm_row<false>'s bits, few registers beside the window
   __syncthreads();
   if (!active) return;
   float acc[kWarpRows];
@@ -191,7 +194,7 @@ void launch_rmsnorm_project(const float* x, const D0* delta, std::int64_t k, con
                      "rmsnorm_project: RoPE needs the QKV width n = (heads + 2·kv_heads)·d with d even (got n = {})", n);
   const std::int64_t ctas = (n + kWarps * kWarpRows - 1) / (kWarps * kWarpRows);
   TWELL_CU_REQUIRE(ctas <= 0x7fffffff, ErrorCode::unsupported, "rmsnorm_project: n = {} too large", n);
-  const std::size_t smem = static_cast<std::size_t>(k) * sizeof(__nv_bfloat16);
+  const std::size_t smem = static_cast<std::size_t>(k) * sizeof(__nv_bfloat16) + static_cast<std::size_t>(detail::norm_stage_bytes(k));
   if (rope)
     launch_kernel(rmsnorm_project_kernel<true, D0>, dim3(static_cast<unsigned>(ctas)), dim3(kNormThreads), smem, stream, x,
                   delta, k, w, eps, wproj, n, y, *rope);

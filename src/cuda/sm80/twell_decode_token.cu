@@ -79,7 +79,8 @@ __device__ __forceinline__ void wait_for_prerequisite_grid() {
 // 32e + l of each 256-column step.
 template <bool kNorm, bool kFixed>
 __global__ void __launch_bounds__(kThreads) twell_decode_token_kernel(TwellDecodeTokenParams p, float fixed_limit) {
-  extern __shared__ uint4 xs_raw[];  // kNorm: the normalised row, bf16 [k]
+  extern __shared__ uint4 xs_raw[];  // kNorm: the normalised row, bf16 [k]; then the norm's staged weights
+  static_assert(kThreads == ops::detail::kNormThreads, "the norm's threads are the CTA's");
   allow_dependent_launch();
   const int lane = threadIdx.x % 32;
   const int kchunks = static_cast<int>(p.k / 8);
@@ -100,12 +101,14 @@ __global__ void __launch_bounds__(kThreads) twell_decode_token_kernel(TwellDecod
     }
   };
   load_window(0);  // before the wait: weights only
+  float4* norm_stage = reinterpret_cast<float4*>(xs_raw + kchunks);
+  if constexpr (kNorm) ops::detail::stage_norm_weights(p.norm.w, p.k, norm_stage);  // weights too
   wait_for_prerequisite_grid();
   const uint4* xr = reinterpret_cast<const uint4*>(p.x);
   if constexpr (kNorm) {
     // r is only read here; the weight window stays in registers across the norm
     ops::detail::norm_row_reread(p.norm.r, p.norm.first, p.norm.delta, p.k, p.norm.w, p.norm.eps,
-                                 reinterpret_cast<__nv_bfloat16*>(xs_raw));
+                                 reinterpret_cast<__nv_bfloat16*>(xs_raw), norm_stage);
     __syncthreads();
     if (!has_row) return;
     xr = xs_raw;
@@ -363,7 +366,10 @@ void launch_twell_decode_token(const TwellDecodeTokenParams& p, cudaStream_t str
   // follows its own first kernel programmatically.
   const std::int64_t ctas = (p.n + kWarps - 1) / kWarps;
   const bool early = pdl && cuda::programmatic_launch_active();
-  const std::size_t xs_bytes = norm ? static_cast<std::size_t>(p.k) * sizeof(__nv_bfloat16) : 0;  // ≤ 16 KB
+  // kNorm: the normalised row (bf16 [k], ≤ 16 KB), then the norm's staged weights (≤ 16 KB).
+  const std::size_t xs_bytes =
+      norm ? static_cast<std::size_t>(p.k) * sizeof(__nv_bfloat16) + static_cast<std::size_t>(ops::detail::norm_stage_bytes(p.k))
+           : 0;
   if (fixed) {  // the whole FFN in this one kernel
     if (norm)
       launch(twell_decode_token_kernel<true, true>, ctas, early, xs_bytes, limit);
