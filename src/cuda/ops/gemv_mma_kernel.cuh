@@ -66,7 +66,9 @@ __device__ __forceinline__ void gemv_mma_partials(const TwellGemvParams& p,
     wrow[h] = reinterpret_cast<const uint4*>(p.w + (r < p.n ? r : n0) * p.k);
   }
   uint4 wv[kGemvMmaWin][2][2];  // [block of the window][row g, g + 8][chunk t, t + 4]
-  const auto load_w = [&](int b0) {
+  // f(i, h, c, in, ch) for each 16-byte chunk this lane takes of the window from block b0: row
+  // g + 8h's chunk ch = t + 4c of block b0 + i · kGemvMmaWarps; in: that block and chunk exist.
+  const auto each_chunk = [&](int b0, auto&& f) {
 #pragma unroll
     for (int i = 0; i < kGemvMmaWin; ++i)
 #pragma unroll
@@ -74,24 +76,20 @@ __device__ __forceinline__ void gemv_mma_partials(const TwellGemvParams& p,
 #pragma unroll
         for (int c = 0; c < 2; ++c) {
           const int b = b0 + i * kGemvMmaWarps, ch = b * 8 + t + 4 * c;
-          wv[i][h][c] = b < blocks && ch < kchunks ? __ldcs(wrow[h] + ch) : make_uint4(0, 0, 0, 0);
+          f(i, h, c, b < blocks && ch < kchunks, ch);
         }
+  };
+  const auto load_w = [&](int b0) {
+    each_chunk(b0, [&](int i, int h, int c, bool in, int ch) { wv[i][h][c] = in ? __ldcs(wrow[h] + ch) : make_uint4(0, 0, 0, 0); });
   };
   // Window 1's slot of this lane: [warp][i][h][c][lane].
   const auto slot = [&](int i, int h, int c) { return stage + (((warp * kGemvMmaWin + i) * 2 + h) * 2 + c) * 32 + lane; };
   const bool staged = stage && p.w_before_wait && blocks > kGemvMmaWin * kGemvMmaWarps;
   if (p.w_before_wait) load_w(warp);
   if (staged) {
-#pragma unroll
-    for (int i = 0; i < kGemvMmaWin; ++i)
-#pragma unroll
-      for (int h = 0; h < 2; ++h)
-#pragma unroll
-        for (int c = 0; c < 2; ++c) {
-          const int b = warp + (kGemvMmaWin + i) * kGemvMmaWarps, ch = b * 8 + t + 4 * c;
-          const bool in = b < blocks && ch < kchunks;
-          dev::cp_async16(static_cast<std::uint32_t>(__cvta_generic_to_shared(slot(i, h, c))), in ? wrow[h] + ch : wrow[h], in);
-        }
+    each_chunk(warp + kGemvMmaWin * kGemvMmaWarps, [&](int i, int h, int c, bool in, int ch) {
+      dev::cp_async16(static_cast<std::uint32_t>(__cvta_generic_to_shared(slot(i, h, c))), in ? wrow[h] + ch : wrow[h], in);
+    });
     dev::cp_async_commit();
   }
   dev::pdl_begin();
