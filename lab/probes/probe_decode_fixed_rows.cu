@@ -130,27 +130,14 @@ __global__ void __launch_bounds__(kThreads) fixed_rows_kernel(FixedRowsParams p)
     // h · Wdᵀ[n, :] for each fired row: the row's chunks in windows of kWin steps, every load in
     // flight first, each step into every fired row's accumulators (dev::fixed_add_step).
     const uint4* dr = reinterpret_cast<const uint4*>(p.w_down_t + n * gp.k);
-    for (int c0 = 0; c0 < kchunks; c0 += 32 * kWin) {
-      uint4 wd[kWin];
-#pragma unroll
-      for (int i = 0; i < kWin; ++i) {
-        const int c = c0 + i * 32 + lane;
-        wd[i] = c < kchunks ? __ldg(dr + c) : make_uint4(0, 0, 0, 0);
+    dev::down_row_steps<kWin>(dr, kchunks, lane, [&](int step0, const float(&wf)[8]) {
+      for (unsigned mk = mask; mk; mk &= mk - 1) {
+        const int t = __ffs(static_cast<int>(mk)) - 1;
+        const float h = __shfl_sync(0xffffffffu, hv, t);
+        in_range &= dev::fixed_add_step(p.y_fixed + static_cast<long long>(t) * gp.k, 8ll * step0, gp.k, h, wf, terms, lane,
+                                        p.limit);
       }
-#pragma unroll
-      for (int i = 0; i < kWin; ++i) {
-        const int step0 = c0 + i * 32;
-        if (step0 >= kchunks) break;
-        float wf[8];
-        dev::unpack8_bf16(wd[i], wf);
-        for (unsigned mk = mask; mk; mk &= mk - 1) {
-          const int t = __ffs(static_cast<int>(mk)) - 1;
-          const float h = __shfl_sync(0xffffffffu, hv, t);
-          in_range &= dev::fixed_add_step(p.y_fixed + static_cast<long long>(t) * gp.k, 8ll * step0, gp.k, h, wf, terms, lane,
-                                          p.limit);
-        }
-      }
-    }
+    });
   }
   if (!in_range) atomicOr(p.overflow, 1u);
 }

@@ -5,6 +5,7 @@
 
 #include <cstdint>
 
+#include "cuda/common/device_math.cuh"
 #include "cuda/common/fixed_point.hpp"
 
 namespace twell::cuda::dev {
@@ -43,6 +44,30 @@ __device__ __forceinline__ bool fixed_add_step(long long* acc, long long col0, l
     if (col < k) in_range &= fixed_add(acc + col, terms[32 * e + lane], limit);
   }
   return in_range;
+}
+
+// The walk over a bf16 row (dr, kchunks 16-byte chunks) that feeds fixed_add_step: windows of kWin
+// steps of 32 chunks (lane l takes chunk 32 · step + l), every load of a window in flight before
+// its steps run; f(step0, wf) for each step whose first chunk step0 lies in the row, wf the lane's
+// chunk as 8 floats (zeros past the row). Every lane of the warp calls it.
+template <int kWin, typename F>
+__device__ __forceinline__ void down_row_steps(const uint4* dr, int kchunks, int lane, F&& f) {
+  for (int c0 = 0; c0 < kchunks; c0 += 32 * kWin) {
+    uint4 wd[kWin];
+#pragma unroll
+    for (int i = 0; i < kWin; ++i) {
+      const int c = c0 + i * 32 + lane;
+      wd[i] = c < kchunks ? __ldg(dr + c) : make_uint4(0, 0, 0, 0);
+    }
+#pragma unroll
+    for (int i = 0; i < kWin; ++i) {
+      const int step0 = c0 + i * 32;  // the step's first chunk
+      if (step0 >= kchunks) break;
+      float wf[8];
+      unpack8_bf16(wd[i], wf);
+      f(step0, wf);
+    }
+  }
 }
 
 }  // namespace twell::cuda::dev

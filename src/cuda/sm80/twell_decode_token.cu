@@ -139,22 +139,9 @@ __global__ void __launch_bounds__(kThreads) twell_decode_token_kernel(TwellDecod
       float* terms = s_terms[threadIdx.x / 32];
       const uint4* dr = reinterpret_cast<const uint4*>(p.w_down_t + n * p.k);
       bool in_range = true;
-      for (int c0 = 0; c0 < kchunks; c0 += 32 * kWin) {
-        uint4 wd[kWin];
-#pragma unroll
-        for (int i = 0; i < kWin; ++i) {
-          const int c = c0 + i * 32 + lane;
-          wd[i] = c < kchunks ? __ldg(dr + c) : make_uint4(0, 0, 0, 0);
-        }
-#pragma unroll
-        for (int i = 0; i < kWin; ++i) {
-          const int step0 = c0 + i * 32;  // the step's first chunk
-          if (step0 >= kchunks) break;
-          float wf[8];
-          dev::unpack8_bf16(wd[i], wf);
-          in_range &= dev::fixed_add_step(p.y_fixed, 8ll * step0, p.k, h, wf, terms, lane, fixed_limit);
-        }
-      }
+      dev::down_row_steps<kWin>(dr, kchunks, lane, [&](int step0, const float(&wf)[8]) {
+        in_range &= dev::fixed_add_step(p.y_fixed, 8ll * step0, p.k, h, wf, terms, lane, fixed_limit);
+      });
       if (!in_range) atomicOr(p.overflow, 1u);
     } else {
       if (lane == 0) p.h[n] = h;
