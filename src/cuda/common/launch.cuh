@@ -13,13 +13,24 @@
 namespace twell::cuda {
 
 namespace dev {
-// Waits for the previous grid (a no-op unless this grid was launched programmatically), then lets
-// the next one be scheduled.
-__device__ __forceinline__ void pdl_begin() {
+// Waits for the whole previous grid to finish and flush (a no-op unless this grid was launched
+// programmatically): before it a kernel reads nothing another kernel writes.
+__device__ __forceinline__ void pdl_wait() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+// Lets the next grid be scheduled once every CTA of this one has called it (or ended): its CTAs
+// may then run their part before its own pdl_wait beside this grid's work.
+__device__ __forceinline__ void pdl_trigger() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 #endif
+}
+// The usual order: wait for the previous grid, then let the next one be scheduled.
+__device__ __forceinline__ void pdl_begin() {
+  pdl_wait();
+  pdl_trigger();
 }
 }  // namespace dev
 

@@ -4,7 +4,7 @@
 #include "cuda/common/check.hpp"
 #include "cuda/common/device_math.cuh"
 #include "cuda/common/fixed_point.cuh"
-#include "cuda/common/launch.hpp"
+#include "cuda/common/launch.cuh"
 #include "cuda/ops/norm_row.cuh"
 
 namespace twell::cuda {
@@ -53,19 +53,10 @@ __device__ __forceinline__ float warp_row_dot(const __nv_bfloat16* w, const __nv
   return dev::warp_sum(s);
 }
 
-// Programmatic dependent launch (sm_90): the down kernel may be scheduled once every CTA of the
-// first kernel has started (its launch overlaps their work), and waits for the whole first grid to
-// finish and flush before it reads h and the flags. Elsewhere a plain stream dependency.
-__device__ __forceinline__ void allow_dependent_launch() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-#endif
-}
-__device__ __forceinline__ void wait_for_prerequisite_grid() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.wait;" ::: "memory");
-#endif
-}
+// Programmatic dependent launch (sm_90, launch.cuh): the first kernel lets the next one be
+// scheduled at its start (dev::pdl_trigger; the down kernel, or the next layer's QKV, then starts
+// beside its work), and each waits for the whole grid before it to finish (dev::pdl_wait) before
+// reading what that grid wrote. Elsewhere a plain stream dependency.
 
 // Warp w of CTA b owns neuron n = order[i] of slot i = b · kWarps + w (n = i without an order; the
 // order is read before the wait, as no kernel of the chain writes it). Its row's first window (kWin
@@ -81,12 +72,12 @@ template <bool kNorm, bool kFixed>
 __global__ void __launch_bounds__(kThreads) twell_decode_token_kernel(TwellDecodeTokenParams p, float fixed_limit) {
   extern __shared__ uint4 xs_raw[];  // kNorm: the normalised row, bf16 [k]; then the norm's staged weights
   static_assert(kThreads == ops::detail::kNormThreads, "the norm's threads are the CTA's");
-  allow_dependent_launch();
+  dev::pdl_trigger();
   const int lane = threadIdx.x % 32;
   const int kchunks = static_cast<int>(p.k / 8);
   const std::int64_t slot = static_cast<std::int64_t>(blockIdx.x) * kWarps + threadIdx.x / 32;
   if (!kNorm && slot >= p.n) {
-    wait_for_prerequisite_grid();
+    dev::pdl_wait();
     return;
   }
   const bool has_row = slot < p.n;
@@ -103,7 +94,7 @@ __global__ void __launch_bounds__(kThreads) twell_decode_token_kernel(TwellDecod
   load_window(0);  // before the wait: weights only
   float4* norm_stage = reinterpret_cast<float4*>(xs_raw + kchunks);
   if constexpr (kNorm) ops::detail::stage_norm_weights(p.norm.w, p.k, norm_stage);  // weights too
-  wait_for_prerequisite_grid();
+  dev::pdl_wait();
   const uint4* xr = reinterpret_cast<const uint4*>(p.x);
   if constexpr (kNorm) {
     // r is only read here; the weight window stays in registers across the norm
@@ -158,8 +149,8 @@ __global__ void __launch_bounds__(kThreads) twell_decode_token_down_kernel(Twell
   __shared__ float s_red[kGroups][kSlots][8];
   __shared__ int s_warp[kWarps];
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32, q = tid / kSlots, slot = tid % kSlots;
-  allow_dependent_launch();  // the next kernel (it waits for this grid) may stream its weights meanwhile
-  wait_for_prerequisite_grid();
+  dev::pdl_trigger();  // the next kernel (it waits for this grid) may stream its weights meanwhile
+  dev::pdl_wait();
   if (p.norm.w) {  // r' = r + first + delta for this CTA's columns (norm_row's adds, in its order)
     for (int e = tid; e < kSlots * 8; e += kThreads) {
       const std::int64_t col = static_cast<std::int64_t>(blockIdx.x) * kSlots * 8 + e;
