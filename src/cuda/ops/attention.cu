@@ -301,29 +301,16 @@ __global__ void __launch_bounds__(kWarps * 32) attention_kernel_d(const __nv_bfl
   }
 }
 
-// The current device's multiprocessors.
-int sm_count() {
-  int dev = 0, sms = 0;
+// An attribute of the current device (a multiprocessor count, or shared memory in bytes).
+int device_attribute(cudaDeviceAttr attr) {
+  int dev = 0, value = 0;
   TWELL_CUDA_CHECK(cudaGetDevice(&dev));
-  TWELL_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
-  return sms;
+  TWELL_CUDA_CHECK(cudaDeviceGetAttribute(&value, attr, dev));
+  return value;
 }
-
-// The current device's opt-in shared memory a block (bytes).
-std::size_t smem_optin() {
-  int dev = 0, optin = 0;
-  TWELL_CUDA_CHECK(cudaGetDevice(&dev));
-  TWELL_CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
-  return static_cast<std::size_t>(optin);
-}
-
-// The current device's shared memory a multiprocessor (bytes).
-std::size_t smem_per_sm() {
-  int dev = 0, bytes = 0;
-  TWELL_CUDA_CHECK(cudaGetDevice(&dev));
-  TWELL_CUDA_CHECK(cudaDeviceGetAttribute(&bytes, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev));
-  return static_cast<std::size_t>(bytes);
-}
+int sm_count() { return device_attribute(cudaDevAttrMultiProcessorCount); }
+// The opt-in shared memory a block.
+std::size_t smem_optin() { return static_cast<std::size_t>(device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin)); }
 
 }  // namespace
 
@@ -393,16 +380,19 @@ void attention(const __nv_bfloat16* qkv, std::int64_t rows, std::int64_t heads, 
       TWELL_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
     launch_kernel(kernel, grid, dim3(kWarps * 32), smem, stream, qkv, args...);
   };
-  const bool prefetch_v = rows * heads <= sm_count();  // a grid of one partial wave: idle memory slots
+  const std::int64_t sms = sm_count();
+  const bool prefetch_v = rows * heads <= sms;  // a grid of one partial wave: idle memory slots
   // A decode step whose CTAs fit on a quarter of the SMs stages its keys' K and V rows in shared
   // memory (kStaged): up to kStageBytes a CTA (640 keys at head_dim 64, 320 at 128), one CTA on an
   // SM. Measured on the H200's 2B at 512 keys (bench/results/2026-12-01-h200-session-68.md): 32 CTAs
   // (batch 1) +6.9 % tokens/s; 256 CTAs, two an SM at half the SM's shared memory each (batch 8),
   // −7.5 %: the staged CTAs hold SMs and memory slots that the QKV projection, still running, needs.
   constexpr std::size_t kStageBytes = 160 * 1024;
-  if (old_keys_ready && rows * heads * 4 <= sm_count() && (d == 64 || d == 128)) {
+  if (old_keys_ready && rows * heads * 4 <= sms && (d == 64 || d == 128)) {
     const std::size_t at = (smem + 15) / 16;  // in uint4
-    const std::size_t cta_max = std::min(smem_per_sm() - 1024, smem_optin());
+    const std::size_t optin = smem_optin();
+    const std::size_t per_sm = static_cast<std::size_t>(device_attribute(cudaDevAttrMaxSharedMemoryPerMultiprocessor));
+    const std::size_t cta_max = std::min(per_sm - 1024, optin);
     const std::size_t room = cta_max > at * 16 ? cta_max - at * 16 : 0;
     const std::int64_t keys = std::min<std::int64_t>(max_keys, static_cast<std::int64_t>(std::min(room, kStageBytes) / (4 * d)));
     if (keys >= 64) {
@@ -410,7 +400,7 @@ void attention(const __nv_bfloat16* qkv, std::int64_t rows, std::int64_t heads, 
       auto go = [&](auto kernel) {
         // The opt-in limit, not this call's size: the attribute is one value per function, and a
         // smaller later call must not lower it under a larger one's captured launch.
-        TWELL_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem_optin())));
+        TWELL_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(optin)));
         launch_kernel(kernel, grid, dim3(kWarps * 32), staged_smem, stream, qkv, heads, kv_heads, rows_kv, layer, scale,
                       win, out, old_keys_ready, prefetch_v, static_cast<int>(keys), static_cast<int>(at));
       };
