@@ -292,9 +292,11 @@ Bounded attention_f64_bounded(const bf16* q, const bf16* K, const bf16* V, int f
 // element. A row's bits must not depend on the other rows of its call: a 33-row grouped call equals,
 // row for row, the same rows in reverse order, itself run again, and the same caches paged (each
 // row's blocks shuffled through its block table); the per-head kernel's 33-row call equals each row
-// attended alone, and so does the grouped call each row alone with grouped_min_rows 1. Groups 1 (MHA), 2, 4 and 8 at head_dim 64 and 128, sliding windows,
-// one group the grouped kernel does not take (3: the per-head kernel at any rows), every row its own
-// sequence of 0–800 cached keys (several tiles and score rounds; past the staged 640 at head_dim 64), decode and not.
+// attended alone (directly and through its block table), and so does the grouped call each row alone
+// with grouped_min_rows 1. Groups 1 (MHA), 2, 4 and 8 at head_dim 64 and 128, sliding windows, one
+// group the grouped kernel does not take (3: the per-head kernel at any rows), every row its own
+// sequence of 0–800 cached keys (several tiles and score rounds; past the staged 640 at head_dim
+// 64), decode and not.
 TEST(ModelOps, GroupedAttentionMatchesFloat64AndItsRowsAlone) {
   TWELL_REQUIRE_GPU();
   struct G {
