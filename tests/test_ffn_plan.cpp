@@ -126,7 +126,9 @@ TEST(FfnPlan, ShapeOfACallFollowsItsSize) {
   EXPECT_TRUE(shape_call(p, layer(), 3).gate_gemv);
   EXPECT_FALSE(shape_call(p, layer(), 4).gate_gemv);
   EXPECT_TRUE(eight.down_gemv) << "the dense down projection on the GEMV at 2–8 rows";
-  EXPECT_FALSE(one.down_gemv) << "one row: cuBLASLt's down GEMM (the one-token kernels carry the sparse path)";
+  EXPECT_FALSE(one.down_gemv) << "one row: not the tensor-core GEMV";
+  EXPECT_TRUE(one.token_gemv) << "one row: the dense FFN on the one-token GEMV";
+  EXPECT_FALSE(eight.token_gemv);
   EXPECT_TRUE(shape_call(p, layer(), 2).down_gemv);
   EXPECT_FALSE(shape_call(p, layer(), 9).down_gemv) << "9–16 rows: cuBLASLt (the GEMV's second token tile loses)";
   EXPECT_EQ(shape_call(p, layer(), p.decode_max_rows + 1).decode, false);
@@ -203,6 +205,10 @@ TEST(FfnPlan, ShapeOfACallFollowsItsSize) {
   LayerFacts padded = layer();
   padded.down_gemv_max_rows = 0;  // N past the GEMV's reduction, or padded rows
   EXPECT_FALSE(shape_call(p, padded, 8).down_gemv);
+  EXPECT_FALSE(shape_call(p, padded, 1).token_gemv) << "one row, padded: cuBLASLt";
+  EXPECT_TRUE(shape_call(q, layer(), 1).token_gemv) << "down_gemv_max_rows (2–8 rows' tensor-core kernel) leaves one row alone";
+  q.dense_token_gemv = false;
+  EXPECT_FALSE(shape_call(q, layer(), 1).token_gemv);
   // The layer's K decides too: too wide for the decode kernels (or the GEMV), no decode shape.
   LayerFacts wide = layer();
   wide.decode_k = wide.token_k = false;
@@ -312,6 +318,12 @@ TEST(FfnPlan, DescribeCallNamesWhatRan) {
   sticky.row_cost = 84;
   EXPECT_EQ(describe_call(sticky),
             "dense cublasLt (the previous call measured a cost of 1.23% density, rows over 112 non-zeros at 84 each)");
+  CallRecord one_row = dense;
+  one_row.token_gemv = true;
+  EXPECT_EQ(describe_call(one_row), "dense one-token GEMV");
+  CallRecord few_rows = small;
+  few_rows.down_gemv = true;
+  EXPECT_EQ(describe_call(few_rows), "dense cublasLt + GEMV down (M below the dispatch minimum)");
 
   CallRecord decode = small;
   decode.below_min_rows = false;

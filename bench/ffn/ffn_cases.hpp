@@ -258,6 +258,7 @@ inline std::vector<FfnCase> ffn_cases() {
   add({.name = "nongated_m5000_n1000_k520_d2_hot", .m = 5000, .n = 1000, .k = 520, .density = 0.02, .gated = false,
        .hot_rows = 0.02, .hot_density = 0.3});
   add({.name = "nongated_m257_n5632_k2048_d1", .m = 257, .n = 5632, .k = 2048, .density = 0.01, .gated = false});
+  add({.name = "nongated_m1_n5632_k2048_d0p5", .m = 1, .n = 5632, .k = 2048, .density = 0.005, .gated = false});
   add({.name = "nongated_m64_n1000_k520_d20_full", .m = 64, .n = 1000, .k = 520, .density = 0.20, .gated = false,
        .hot_density = 0.3, .zero_rows = 2, .full_rows = 2});
   add({.name = "nongated_m1000_n8192_k4096_hot", .m = 1000, .n = 8192, .k = 4096, .density = 0.005, .gated = false,

@@ -129,7 +129,17 @@ void FfnContext::reserve(std::int64_t m) {
 void FfnContext::dense_forward(const __nv_bfloat16* x, std::int64_t m, __nv_bfloat16* y, const CallShape& s,
                                cudaStream_t stream) {
   reserve(m);
-  if (!gated()) {
+  if (s.token_gemv) {
+    // One row: h = ReLU(x · Wuᵀ), or [g | u] = x · [Wg; Wu]ᵀ (2·ldn outputs) then the gated product,
+    // on the one-token GEMV. Its first weight window is read before a programmatic launch's wait:
+    // the same ground as the decode gate's GEMV (decode_forward).
+    TwellGemvParams gp = gemv_rows(x, 1, w_.gate_up(), gated() ? 2 * ldn() : n(), k());
+    gp.relu = !gated();
+    gp.g = gated() ? ws_->gu.get() : ws_->h.get();
+    gp.w_before_wait = true;
+    launch_twell_gemv(gp, stream);
+    if (gated()) launch_gated_product(ws_->gu.get(), ws_->gu.get() + ldn(), 2 * ldn(), ws_->h.get(), ldn(), m, n(), stream);
+  } else if (!gated()) {
     gemm_.run({m, n(), k(), k(), k(), ldn(), GemmEpilogue::relu}, w_.gate_up(), x, ws_->h.get(), stream);
   } else {
     // [g | u] = x · [Wg; Wu]ᵀ as one GEMM (2·ldn outputs), then h = ReLU(g) ⊙ u.
@@ -142,10 +152,11 @@ void FfnContext::dense_forward(const __nv_bfloat16* x, std::int64_t m, __nv_bflo
 
 void FfnContext::down_product(const __nv_bfloat16* h, std::int64_t m, __nv_bfloat16* y, const CallShape& s,
                               cudaStream_t stream) {
-  if (s.down_gemv) {  // Wd [K, N] unpadded (facts()): the GEMV's W with N as its reduction
+  if (s.down_gemv || s.token_gemv) {  // Wd [K, N] unpadded (facts()): the GEMV's W with N as its reduction
     TwellGemvParams p = gemv_rows(h, m, w_.down(), k(), n());
     p.ld_x = ldn();
     p.g = y;
+    p.w_before_wait = true;  // the model's weights (decode_forward's GEMV gate): h after the wait
     launch_twell_gemv(p, stream);
     return;
   }
@@ -901,6 +912,8 @@ ForwardResult FfnContext::forward(const __nv_bfloat16* x, std::int64_t m, __nv_b
   c.one_token = s.decode && s.one_token;
   c.union_ffn = s.decode && s.union_ffn;
   c.gate_gemv = s.decode && !s.one_token && s.gate_gemv;
+  c.token_gemv = s.token_gemv;
+  c.down_gemv = s.down_gemv;
   c.n = n();
   c.sparse_n = s.sparse_n;
   c.row_cap = dense_row_cap(c.sparse_n);

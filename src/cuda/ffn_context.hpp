@@ -10,7 +10,7 @@
 // Gated (DESIGN §3):  gate_twell: g = ReLU(x·Wgᵀ) by a cuBLASLt GEMM into a bf16 [M, N] buffer,
 //                     packed to TwELL by twell_pack (counts nnz, flags overflowed blocks/rows);
 //                     sparse_rest: fused up+down reading TwELL (h stays on chip);
-//                     dense_rest:  u = x·Wuᵀ, h = g ⊙ u, y = h·Wdᵀ (cuBLASLt; y by the GEMV at 2–8 rows), reusing g.
+//                     dense_rest:  u = x·Wuᵀ, h = g ⊙ u, y = h·Wdᵀ (cuBLASLt; y by the GEMV at 1–8 rows), reusing g.
 // Non-gated:          gate_twell packs h = ReLU(x·Wuᵀ); sparse_rest = sparse down; dense_rest = y = h·Wdᵀ.
 // Overflowed TwELL blocks are read whole from the bf16 [M, N] gate buffer, so every row is exact.
 #include <cuda_bf16.h>
@@ -318,7 +318,8 @@ class FfnContext {
   const std::uint32_t* dense_rows_begin(const __nv_bfloat16* x, std::int64_t m, std::int64_t n, std::int64_t cap,
                                         cudaStream_t stream);
   void dense_rows_finish(std::int64_t m, std::int64_t n, std::int64_t cap, __nv_bfloat16* y, cudaStream_t stream);
-  // y = h · Wdᵀ for m rows of h [m, ldn]: the GEMV's tensor-core kernel where s.down_gemv, else cuBLASLt.
+  // y = h · Wdᵀ for m rows of h [m, ldn]: the GEMV where s.down_gemv (tensor cores, 2–8 rows) or s.token_gemv
+  // (one row, CUDA cores), else cuBLASLt.
   void down_product(const __nv_bfloat16* h, std::int64_t m, __nv_bfloat16* y, const CallShape& s, cudaStream_t stream);
   void gate_pack_sm90(const __nv_bfloat16* x, std::int64_t m, std::int64_t n, cudaStream_t stream);
   // This layer's operands for a call on x [m, K] → y [m, K] (both row stride K).

@@ -21,6 +21,7 @@ CallShape shape_call(const DispatchPolicy& p, const LayerFacts& f, std::int64_t 
   c.one_token = m == 1 && p.decode_gemv && p.decode_gemv_max_rows >= 1 && f.token_k;
   c.gate_gemv = p.decode_gemv && m <= std::min(p.decode_gemv_max_rows, f.gemv_max_rows);
   c.down_gemv = m >= 2 && m <= std::min(p.down_gemv_max_rows, f.down_gemv_max_rows);
+  c.token_gemv = m == 1 && p.dense_token_gemv && f.gemv_max_rows >= 1 && f.down_gemv_max_rows >= 1;
   // Decode sizes never split (their kernel reads every neuron's rows the tokens fire).
   const bool split = f.hot_n > 0 && f.hot_n < f.n && !c.decode && m >= std::max<std::int64_t>(1, p.hot_neurons_min_rows);
   c.sparse_n = split ? f.n - f.hot_n : f.n;
@@ -118,15 +119,21 @@ std::string sparse_name(const CallRecord& c) {
   return fmt::format("twell: {}, {}{}", first, rest, hot);
 }
 
+// The dense path's kernels: cuBLASLt's GEMMs, the down product by the GEMV at 2–8 rows, or every
+// product by the one-token GEMV at one row.
+const char* dense_name(const CallRecord& c) {
+  return c.token_gemv ? "dense one-token GEMV" : c.down_gemv ? "dense cublasLt + GEMV down" : "dense cublasLt";
+}
+
 }  // namespace
 
 std::string describe_call(const CallRecord& c) {
   switch (c.step) {
     case ForwardStep::dense:
     case ForwardStep::dense_counted:
-      if (c.asked == Path::dense) return "dense cublasLt";
-      if (c.below_min_rows) return "dense cublasLt (M below the dispatch minimum)";
-      return fmt::format("dense cublasLt ({})", c.sticky ? followed(c) : std::string());
+      if (c.asked == Path::dense) return dense_name(c);
+      if (c.below_min_rows) return fmt::format("{} (M below the dispatch minimum)", dense_name(c));
+      return fmt::format("{} ({})", dense_name(c), c.sticky ? followed(c) : std::string());
     case ForwardStep::decode:
       if (c.union_ffn)
         return fmt::format("twell union FFN ({} gate; list, up, down on tensor cores) ({})", c.gate_gemv ? "GEMV" : "cublasLt",

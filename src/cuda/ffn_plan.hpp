@@ -61,6 +61,11 @@ struct DispatchPolicy {
   // cuBLASLt's 10.3 / 10.8 / 10.8 / 10.2 (its split-K reduce kernel included), H200 at a90ce72,
   // bench/results/2026-11-29-h200-probe-gemv-a90ce72.txt: 16 rows (a second token tile) lose.
   std::int64_t down_gemv_max_rows = 8;
+  // The dense FFN at one row on the one-token GEMV (ops/gemv.hpp, CUDA cores): [g | u] = x·[Wg; Wu]ᵀ
+  // (the up projection, ReLU'd, where not gated) and y = h·Wdᵀ, each loading its first weight window
+  // before the programmatic wait, in place of cuBLASLt's M = 1 GEMMs (≈ 1 TB/s on an 11.5 MB Wg,
+  // H200). false: cuBLASLt.
+  bool dense_token_gemv = true;
   // The sm90 gate GEMM with the TwELL packing in its epilogue (sm90/gate_pack.hpp) on a
   // compute-capability-9.0 GPU; false, or another GPU: the cuBLASLt ReLU GEMM + twell_pack. The
   // first call of a layer (dispatch's sampled count) always uses the cuBLASLt gate.
@@ -101,6 +106,7 @@ struct CallShape {
   bool one_token = false;       // one row, which the fused one-token kernels serve (gate fused in)
   bool gate_gemv = false;       // not one_token: the decode gate by the GEMV kernel (else the cuBLASLt GEMM)
   bool down_gemv = false;       // the dense FFN's down projection by the GEMV's tensor-core kernel (else cuBLASLt)
+  bool token_gemv = false;      // one row: the dense FFN's GEMMs by the one-token GEMV (DispatchPolicy::dense_token_gemv)
   bool union_ffn = false;       // decode: the sparse path is the union FFN (after the gate), not the decode kernel
   std::int64_t sparse_n = 0;    // neurons the sparse path runs (the first ones; the rest hot, dense)
   bool hot() const noexcept { return sparse_n < n; }
@@ -157,6 +163,8 @@ struct CallRecord {
   bool one_token = false;             // decode: the one-token kernels, the gate fused in
   bool union_ffn = false;             // decode: the union FFN
   bool gate_gemv = false;             // decode, not one_token: the gate by the GEMV kernel (else cuBLASLt's GEMM)
+  bool token_gemv = false;            // dense, one row: every product by the one-token GEMV (CallShape::token_gemv)
+  bool down_gemv = false;             // dense, 2–8 rows: the down product by the tensor-core GEMV (CallShape::down_gemv)
   double followed_density = -1;       // sticky: the count the decision followed (< 0: none yet)
   bool followed_row_costs = false;    // ... which weighed rows over row_cap non-zeros at row_cost each
   std::uint32_t row_cap = 0, row_cost = 0;  // dense rows: the row threshold and its cost, of sparse_n neurons

@@ -928,13 +928,21 @@ class CudaRuntime final : public Runtime {
   }
 
   // A non-ReLU layer's FFN (the runtime's own: no engine): [g | u] = x·[Wg; Wu]ᵀ (w_gu [2N, K]),
-  // h = act(g) ⊙ u, y = h·Wdᵀ (w_down [K, N]), for T rows of xn.
+  // h = act(g) ⊙ u, y = h·Wdᵀ (w_down [K, N]), for T rows of xn. One row: both products on the
+  // decode GEMV where their K fits it (project; the ReLU engine's dense path does the same,
+  // CallShape::token_gemv), else cuBLASLt.
   void dense_ffn(const bf16_t* w_gu, const bf16_t* w_down, const bf16_t* xn, std::int64_t T, bf16_t* y) {
     const LlamaConfig& c = model_->config;
     const std::int64_t K = c.hidden_size, N = c.intermediate_size;
-    gemm_.run({T, 2 * N, K, K, K, 2 * N}, w_gu, xn, gu_.get(), stream_);
+    if (T == 1)
+      project(w_gu, xn, T, 2 * N, K, gu_.get());
+    else
+      gemm_.run({T, 2 * N, K, K, K, 2 * N}, w_gu, xn, gu_.get(), stream_);
     cuda::ops::gated_activation(gu_.get(), T, N, static_cast<int>(c.act), h_.get(), stream_);
-    gemm_.run({T, K, N, N, N, K}, w_down, h_.get(), y, stream_);
+    if (T == 1)
+      project(w_down, h_.get(), T, K, N, y);
+    else
+      gemm_.run({T, K, N, N, N, K}, w_down, h_.get(), y, stream_);
   }
 
   // The final norm of the R selected rows of x, then their logits [R, V] (fp32).

@@ -6,6 +6,7 @@
 
 #include "cuda/common/check.hpp"
 #include "cuda/common/device_math.cuh"
+#include "cuda/common/launch.cuh"
 #include "cuda/sm80/twell_dense_rows.hpp"
 
 namespace twell::cuda {
@@ -295,6 +296,7 @@ void launch_up_down_t(const TwellUpDownParams& p, int threads, cudaStream_t stre
 
 __global__ void gated_product_kernel(const __nv_bfloat16* g, const __nv_bfloat16* u, std::int64_t ld_gu,
                                      __nv_bfloat16* h, std::int64_t ld_h, std::int64_t m, std::int64_t n) {
+  dev::pdl_begin();  // g and u come from the kernel before
   const std::int64_t chunks_per_row = (n + 7) / 8;
   const std::int64_t total = m * chunks_per_row;
   const bool vec = (ld_gu % 8 == 0) && (ld_h % 8 == 0);
@@ -392,7 +394,10 @@ void launch_twell_up_down(const TwellUpDownParams& p, cudaStream_t stream) {
 
 void launch_gated_product(const __nv_bfloat16* g, const __nv_bfloat16* u, std::int64_t ld_gu, __nv_bfloat16* h,
                           std::int64_t ld_h, std::int64_t m, std::int64_t n, cudaStream_t stream) {
-  gated_product_kernel<<<grid_stride_blocks(m * ((n + 7) / 8), 256), 256, 0, stream>>>(g, u, ld_gu, h, ld_h, m, n);
+  // Through launch_kernel: inside the model's forward the kernel after it (the one-token down
+  // GEMV) loads its first weights while this one runs.
+  launch_kernel(gated_product_kernel, dim3(grid_stride_blocks(m * ((n + 7) / 8), 256)), dim3(256), 0, stream, g, u, ld_gu, h,
+                ld_h, m, n);
   TWELL_CUDA_CHECK_LAUNCH("gated_product_kernel");
 }
 
