@@ -129,23 +129,21 @@ void FfnContext::reserve(std::int64_t m) {
 void FfnContext::dense_forward(const __nv_bfloat16* x, std::int64_t m, __nv_bfloat16* y, const CallShape& s,
                                cudaStream_t stream) {
   reserve(m);
+  // h = ReLU(x · Wuᵀ), or [g | u] = x · [Wg; Wu]ᵀ (2·ldn outputs) then h = ReLU(g) ⊙ u.
   if (s.token_gemv) {
-    // One row: h = ReLU(x · Wuᵀ), or [g | u] = x · [Wg; Wu]ᵀ (2·ldn outputs) then the gated product,
-    // on the one-token GEMV. Its first weight window is read before a programmatic launch's wait:
-    // the same ground as the decode gate's GEMV (decode_forward).
+    // One row, on the one-token GEMV: its first weight window is read before a programmatic
+    // launch's wait, the same ground as the decode gate's GEMV (decode_forward).
     TwellGemvParams gp = gemv_rows(x, 1, w_.gate_up(), gated() ? 2 * ldn() : n(), k());
     gp.relu = !gated();
     gp.g = gated() ? ws_->gu.get() : ws_->h.get();
     gp.w_before_wait = true;
     launch_twell_gemv(gp, stream);
-    if (gated()) launch_gated_product(ws_->gu.get(), ws_->gu.get() + ldn(), 2 * ldn(), ws_->h.get(), ldn(), m, n(), stream);
   } else if (!gated()) {
     gemm_.run({m, n(), k(), k(), k(), ldn(), GemmEpilogue::relu}, w_.gate_up(), x, ws_->h.get(), stream);
   } else {
-    // [g | u] = x · [Wg; Wu]ᵀ as one GEMM (2·ldn outputs), then h = ReLU(g) ⊙ u.
     gemm_.run({m, 2 * ldn(), k(), k(), k(), 2 * ldn(), GemmEpilogue::none}, w_.gate_up(), x, ws_->gu.get(), stream);
-    launch_gated_product(ws_->gu.get(), ws_->gu.get() + ldn(), 2 * ldn(), ws_->h.get(), ldn(), m, n(), stream);
   }
+  if (gated()) launch_gated_product(ws_->gu.get(), ws_->gu.get() + ldn(), 2 * ldn(), ws_->h.get(), ldn(), m, n(), stream);
   down_product(ws_->h.get(), m, y, s, stream);  // y = h · Wdᵀ
   dense_gate_rows_ = m;
 }
