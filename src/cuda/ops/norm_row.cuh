@@ -190,6 +190,10 @@ __device__ void norm_row(float* __restrict__ xr, const __nv_bfloat16* __restrict
 __host__ __device__ constexpr std::int64_t norm_stage_bytes(std::int64_t k) {
   return norm_row_wide(k) ? (k / 4 + kNormThreads - 1) / kNormThreads * kNormThreads * 16 : 0;
 }
+// The dynamic shared memory of a kernel that holds the normalised row (bf16 [k], k a multiple of 8)
+// and then the stage, which starts after the row's k / 8 16-byte chunks (rmsnorm_project,
+// twell_decode_token: `reinterpret_cast<float4*>(row + kchunks)`).
+__host__ __device__ constexpr std::int64_t norm_row_smem_bytes(std::int64_t k) { return k * 2 + norm_stage_bytes(k); }
 __device__ __forceinline__ void stage_norm_weights(const float* w, std::int64_t k, float4* s) {
   if (!norm_row_wide(k)) return;
 #pragma unroll

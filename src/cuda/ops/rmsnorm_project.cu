@@ -194,7 +194,7 @@ void launch_rmsnorm_project(const float* x, const D0* delta, std::int64_t k, con
                      "rmsnorm_project: RoPE needs the QKV width n = (heads + 2·kv_heads)·d with d even (got n = {})", n);
   const std::int64_t ctas = (n + kWarps * kWarpRows - 1) / (kWarps * kWarpRows);
   TWELL_CU_REQUIRE(ctas <= 0x7fffffff, ErrorCode::unsupported, "rmsnorm_project: n = {} too large", n);
-  const std::size_t smem = static_cast<std::size_t>(k) * sizeof(__nv_bfloat16) + static_cast<std::size_t>(detail::norm_stage_bytes(k));
+  const std::size_t smem = static_cast<std::size_t>(detail::norm_row_smem_bytes(k));
   if (rope)
     launch_kernel(rmsnorm_project_kernel<true, D0>, dim3(static_cast<unsigned>(ctas)), dim3(kNormThreads), smem, stream, x,
                   delta, k, w, eps, wproj, n, y, *rope);

@@ -345,9 +345,7 @@ void launch_twell_decode_token(const TwellDecodeTokenParams& p, cudaStream_t str
   const std::int64_t ctas = (p.n + kWarps - 1) / kWarps;
   const bool early = pdl && cuda::programmatic_launch_active();
   // kNorm: the normalised row (bf16 [k], ≤ 16 KB), then the norm's staged weights (≤ 16 KB).
-  const std::size_t xs_bytes =
-      norm ? static_cast<std::size_t>(p.k) * sizeof(__nv_bfloat16) + static_cast<std::size_t>(ops::detail::norm_stage_bytes(p.k))
-           : 0;
+  const std::size_t xs_bytes = norm ? static_cast<std::size_t>(ops::detail::norm_row_smem_bytes(p.k)) : 0;
   if (fixed) {  // the whole FFN in this one kernel
     if (norm)
       launch(twell_decode_token_kernel<true, true>, ctas, early, xs_bytes, limit);
