@@ -20,6 +20,7 @@
 #include "cuda/common/check.hpp"
 #include "cuda/common/device_buffer.hpp"
 #include "cuda/dense/lt_gemm.hpp"
+#include "cuda/ops/model_ops.hpp"
 #include "cuda/sm80/twell_kernels.hpp"
 #include "cuda/sm90/gate_pack.hpp"
 #include "twell/bf16.hpp"
@@ -180,7 +181,7 @@ int main(int argc, char** argv) {
     const auto gemm_only = [&] { heur.run(hs, wst.get(), x.get(), gu.get(), s); };
     const auto two_step = [&] {
       gemm_only();
-      launch_gated_product(gu.get(), gu.get() + ldh, 2 * ldh, gu.get(), 2 * ldh, m, hot, s);
+      ops::gated_product(gu.get(), gu.get() + ldh, 2 * ldh, gu.get(), 2 * ldh, m, hot, 0, s);
     };
     const auto one = [&] { launch_gated_product_sm90(gp, s); };
     const auto [t2, t1] = host::alternating_medians_ms(3, reps, s, two_step, one);

@@ -9,6 +9,7 @@
 #include "cuda/common/check.hpp"
 #include "cuda/common/weight_load.hpp"
 #include "cuda/ops/gemv.hpp"
+#include "cuda/ops/model_ops.hpp"
 #include "cuda/sm80/twell_hot_neurons.hpp"
 #include "cuda/sm90/gate_pack.hpp"
 #include "cuda/sm90/union_ffn.hpp"
@@ -132,18 +133,26 @@ void FfnContext::dense_forward(const __nv_bfloat16* x, std::int64_t m, __nv_bflo
   // h = ReLU(x · Wuᵀ), or [g | u] = x · [Wg; Wu]ᵀ (2·ldn outputs) then h = ReLU(g) ⊙ u.
   if (s.token_gemv) {
     // One row, on the one-token GEMV: its first weight window is read before a programmatic
-    // launch's wait, the same ground as the decode gate's GEMV (decode_forward).
+    // launch's wait, the same ground as the decode gate's GEMV (decode_forward). Gated, its
+    // epilogue also forms h from the [g | u] it stores (TwellGemvParams::h; the gated product's
+    // bits, without its kernel); [g | u] stays for dense_forward_counted's sample.
     TwellGemvParams gp = gemv_rows(x, 1, w_.gate_up(), gated() ? 2 * ldn() : n(), k());
     gp.relu = !gated();
     gp.g = gated() ? ws_->gu.get() : ws_->h.get();
+    if (gated()) {
+      gp.h = ws_->h.get();
+      gp.up_row = ldn();
+      gp.h_n = n();
+      gp.act = 0;  // ReLU, the engine's
+    }
     gp.w_before_wait = true;
     launch_twell_gemv(gp, stream);
   } else if (!gated()) {
     gemm_.run({m, n(), k(), k(), k(), ldn(), GemmEpilogue::relu}, w_.gate_up(), x, ws_->h.get(), stream);
   } else {
     gemm_.run({m, 2 * ldn(), k(), k(), k(), 2 * ldn(), GemmEpilogue::none}, w_.gate_up(), x, ws_->gu.get(), stream);
+    ops::gated_product(ws_->gu.get(), ws_->gu.get() + ldn(), 2 * ldn(), ws_->h.get(), ldn(), m, n(), 0, stream);
   }
-  if (gated()) launch_gated_product(ws_->gu.get(), ws_->gu.get() + ldn(), 2 * ldn(), ws_->h.get(), ldn(), m, n(), stream);
   down_product(ws_->h.get(), m, y, s, stream);  // y = h · Wdᵀ
   dense_gate_rows_ = m;
 }
@@ -441,7 +450,7 @@ void FfnContext::dense_rest(const __nv_bfloat16* x, std::int64_t m, __nv_bfloat1
   if (gated()) {
     __nv_bfloat16* u = ws_->gu.get();  // [m, ldn] view of the stacked buffer
     gemm_.run({m, n(), k(), k(), k(), ldn(), GemmEpilogue::none}, w_.up(), x, u, stream);
-    launch_gated_product(ws_->g.get(), u, ldn(), ws_->h.get(), ldn(), m, n(), stream);
+    ops::gated_product(ws_->g.get(), u, ldn(), ws_->h.get(), ldn(), m, n(), 0, stream);
     h = ws_->h.get();
   }
   down_product(h, m, y, s, stream);
@@ -877,7 +886,7 @@ void FfnContext::hot_up(const __nv_bfloat16* x, std::int64_t m, LtGemm& gemm, cu
     launch_gated_product_sm90(p, stream);
   } else if (gated()) {  // [g | u] into ws, then h = ReLU(g) ⊙ u in place of g (element by element)
     gemm.run({m, 2 * ldh, k(), k(), k(), 2 * ldh, GemmEpilogue::none}, w_hot_gu_.get(), x, ws, stream);
-    launch_gated_product(ws, ws + ldh, 2 * ldh, ws, 2 * ldh, m, hn, stream);
+    ops::gated_product(ws, ws + ldh, 2 * ldh, ws, 2 * ldh, m, hn, 0, stream);
   } else {
     gemm.run({m, hn, k(), k(), k(), 2 * ldh, GemmEpilogue::relu}, w_hot_gu_.get(), x, ws, stream);
   }

@@ -929,16 +929,26 @@ class CudaRuntime final : public Runtime {
 
   // A non-ReLU layer's FFN (the runtime's own: no engine): [g | u] = x·[Wg; Wu]ᵀ (w_gu [2N, K]),
   // h = act(g) ⊙ u, y = h·Wdᵀ (w_down [K, N]), for T rows of xn. One row: both products on the
-  // decode GEMV where their K fits it (project; the ReLU engine's dense path does the same,
-  // CallShape::token_gemv), else cuBLASLt.
+  // decode GEMV where their K fits it, h formed in the first one's epilogue (the ReLU engine's
+  // dense path does the same, CallShape::token_gemv), else cuBLASLt and ops::gated_product.
   void dense_ffn(const bf16_t* w_gu, const bf16_t* w_down, const bf16_t* xn, std::int64_t T, bf16_t* y) {
     const LlamaConfig& c = model_->config;
     const std::int64_t K = c.hidden_size, N = c.intermediate_size;
-    if (T == 1)
-      project(w_gu, xn, T, 2 * N, K, gu_.get());
-    else
+    if (T == 1 && K % 8 == 0 && K <= cuda::kGemvMaxK) {
+      // One row: [g | u] and h = act(g) ⊙ u from the one-token GEMV, its epilogue forming each
+      // neuron's product once (TwellGemvParams::h: gated_product's bits, no kernel of its own).
+      cuda::TwellGemvParams p = cuda::gemv_rows(xn, 1, w_gu, 2 * N, K);
+      p.g = gu_.get();
+      p.h = h_.get();
+      p.up_row = N;
+      p.h_n = N;
+      p.act = static_cast<int>(c.act);
+      p.w_before_wait = true;  // the model's weights
+      cuda::launch_twell_gemv(p, stream_);
+    } else {
       gemm_.run({T, 2 * N, K, K, K, 2 * N}, w_gu, xn, gu_.get(), stream_);
-    cuda::ops::gated_activation(gu_.get(), T, N, static_cast<int>(c.act), h_.get(), stream_);
+      cuda::ops::gated_product(gu_.get(), gu_.get() + N, 2 * N, h_.get(), N, T, N, static_cast<int>(c.act), stream_);
+    }
     if (T == 1)
       project(w_down, h_.get(), T, K, N, y);
     else

@@ -618,6 +618,269 @@ TEST(ModelOps, WeightFirstKernelsReadXAfterTheWait) {
   cudaStreamDestroy(stream);
 }
 
+// ops::gated_product for each activation: h = bf16(act(g) · u) within 2⁻⁸ (with slack near the
+// activation's zeros) of float64 on the same bf16 g and u; the vector path (both strides multiples
+// of 8, a scalar tail where n is not) bit for bit the scalar path (odd strides) on the same values;
+// in place (h = g, the engine's hot neurons) bit for bit out of place, the u half and the g rows'
+// padding left as they were; h's columns past n untouched. Then what it cannot take is refused.
+TEST(ModelOps, GatedProductMatchesFloat64OnEveryPath) {
+  TWELL_REQUIRE_GPU();
+  Rng rng(fresh_seed());
+  cudaStream_t stream = nullptr;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
+  const auto act64 = [](int act, double g) {
+    switch (act) {
+      case 0: return std::max(g, 0.0);
+      case 1: return g / (1.0 + std::exp(-g));
+      case 2: return 0.5 * g * (1.0 + std::erf(g / std::sqrt(2.0)));
+      default: return 0.5 * g * (1.0 + std::tanh(std::sqrt(2.0 / 3.14159265358979323846) * (g + 0.044715 * g * g * g)));
+    }
+  };
+  const std::uint16_t kSentinel = 0x4b1d;
+  struct Case {
+    std::int64_t m, n, ld;  // ld ≥ n: the vector layout's strides ([g | u] rows of 2 · ld, h rows of ld)
+  };
+  for (const Case c : {Case{1, 5632, 5632}, Case{3, 1003, 1008}, Case{2, 37, 40}, Case{4, 8, 8}}) {
+    // g and u of every row (m × n each), as bf16 bits
+    const auto gv = random_bf16(rng, static_cast<std::size_t>(c.m * c.n)), uv = random_bf16(rng, gv.size());
+    // vector layout: row r of [g | u] at r · 2·ld (u at + ld); scalar layout: strides 2·n + 1 and n + 1
+    const std::int64_t ld_vec = 2 * c.ld, ld_odd = 2 * c.n + 1;
+    std::vector<bf16> vec(static_cast<std::size_t>(c.m * ld_vec), std::bit_cast<bf16>(kSentinel)),
+        odd(static_cast<std::size_t>(c.m * ld_odd), std::bit_cast<bf16>(kSentinel));
+    for (std::int64_t r = 0; r < c.m; ++r)
+      for (std::int64_t j = 0; j < c.n; ++j) {
+        const auto e = static_cast<std::size_t>(r * c.n + j);
+        vec[static_cast<std::size_t>(r * ld_vec + j)] = gv[e];
+        vec[static_cast<std::size_t>(r * ld_vec + c.ld + j)] = uv[e];
+        odd[static_cast<std::size_t>(r * ld_odd + j)] = gv[e];
+        odd[static_cast<std::size_t>(r * ld_odd + c.n + j)] = uv[e];
+      }
+    auto d_vec = upload<__nv_bfloat16>(vec), d_odd = upload<__nv_bfloat16>(odd), d_inplace = upload<__nv_bfloat16>(vec);
+    const std::vector<std::uint16_t> fill_vec(static_cast<std::size_t>(c.m * c.ld), kSentinel),
+        fill_odd(static_cast<std::size_t>(c.m * (c.n + 1)), kSentinel);
+    DeviceBuffer<__nv_bfloat16> h_vec(fill_vec.size()), h_odd(fill_odd.size());
+    for (int act = 0; act < 4; ++act) {
+      SCOPED_TRACE(::testing::Message() << "m " << c.m << " n " << c.n << " ld " << c.ld << " act " << act);
+      ASSERT_EQ(::twell::cuda::test::h2d(h_vec.get(), fill_vec.data(), h_vec.bytes()), cudaSuccess);
+      ASSERT_EQ(::twell::cuda::test::h2d(h_odd.get(), fill_odd.data(), h_odd.bytes()), cudaSuccess);
+      ASSERT_EQ(::twell::cuda::test::h2d(d_inplace.get(), vec.data(), vec.size() * sizeof(bf16)), cudaSuccess);
+      cuda::ops::gated_product(d_vec.get(), d_vec.get() + c.ld, ld_vec, h_vec.get(), c.ld, c.m, c.n, act, stream);
+      cuda::ops::gated_product(d_odd.get(), d_odd.get() + c.n, ld_odd, h_odd.get(), c.n + 1, c.m, c.n, act, stream);
+      cuda::ops::gated_product(d_inplace.get(), d_inplace.get() + c.ld, ld_vec, d_inplace.get(), ld_vec, c.m, c.n, act,
+                               stream);
+      ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+      const auto hv = download<bf16>(h_vec), ho = download<bf16>(h_odd), hi = download<bf16>(d_inplace);
+      std::int64_t bad = 0, paths = 0, inplace = 0, padding = 0;
+      for (std::int64_t r = 0; r < c.m; ++r) {
+        for (std::int64_t j = 0; j < c.n; ++j) {
+          const auto e = static_cast<std::size_t>(r * c.n + j);
+          const double g = to_float(gv[e]), u = to_float(uv[e]), want = act64(act, g) * u;
+          const auto v = std::bit_cast<std::uint16_t>(hv[static_cast<std::size_t>(r * c.ld + j)]);
+          bad += !(std::abs(to_float(std::bit_cast<bf16>(v)) - want) <=
+                   std::ldexp(std::abs(want), -8) + std::abs(u) * std::abs(g) * std::ldexp(1.0, -20));
+          paths += v != std::bit_cast<std::uint16_t>(ho[static_cast<std::size_t>(r * (c.n + 1) + j)]);
+          inplace += v != std::bit_cast<std::uint16_t>(hi[static_cast<std::size_t>(r * ld_vec + j)]);
+        }
+        for (std::int64_t j = c.n; j < ld_vec; ++j)  // in place: the g row's padding and the u half as they were
+          inplace += std::bit_cast<std::uint16_t>(hi[static_cast<std::size_t>(r * ld_vec + j)]) !=
+                     std::bit_cast<std::uint16_t>(vec[static_cast<std::size_t>(r * ld_vec + j)]);
+        for (std::int64_t j = c.n; j < c.ld; ++j)
+          padding += std::bit_cast<std::uint16_t>(hv[static_cast<std::size_t>(r * c.ld + j)]) != kSentinel;
+        padding += std::bit_cast<std::uint16_t>(ho[static_cast<std::size_t>(r * (c.n + 1) + c.n)]) != kSentinel;
+      }
+      EXPECT_EQ(bad, 0) << "against float64";
+      EXPECT_EQ(paths, 0) << "vector path against scalar path";
+      EXPECT_EQ(inplace, 0) << "in place against out of place";
+      EXPECT_EQ(padding, 0) << "columns past n written";
+    }
+  }
+  DeviceBuffer<__nv_bfloat16> b(64);
+  const auto refused = [&](const char* what, const __nv_bfloat16* g, std::int64_t ld_gu, std::int64_t ld_h, int act,
+                           std::int64_t m = 1, std::int64_t n = 8, const __nv_bfloat16* u = nullptr,
+                           __nv_bfloat16* h = nullptr) {
+    try {
+      cuda::ops::gated_product(g, u ? u : b.get() + 8, ld_gu, h ? h : b.get() + 32, ld_h, m, n, act, stream);
+      ADD_FAILURE() << what << ": accepted";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), ErrorCode::invalid_argument) << what << ": " << e.what();
+    }
+  };
+  refused("activation 4", b.get(), 16, 8, 4);
+  refused("activation -1", b.get(), 16, 8, -1);
+  refused("ld_gu < n", b.get(), 7, 8, 0);
+  refused("ld_h < n", b.get(), 16, 7, 0);
+  refused("null g", nullptr, 16, 8, 0);
+  refused("m = 0", b.get(), 16, 8, 0, 0);
+  refused("n = 0", b.get(), 16, 8, 0, 1, 0);
+  refused("u misaligned on the vector path", b.get(), 16, 8, 0, 1, 8, b.get() + 9);
+  refused("h misaligned on the vector path", b.get(), 16, 8, 0, 1, 8, nullptr, b.get() + 33);
+  EXPECT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+  cudaStreamDestroy(stream);
+}
+
+// The one-token GEMV's gated epilogue (TwellGemvParams::h: W = [Wg; Wu], a warp holding gate row i
+// and up row i) for each activation. [g | u] as the plain GEMV stores it, bit for bit; each stored
+// g and u within the bf16 bound of its float64 dot product; h bit for bit what ops::gated_product
+// (the kernel the epilogue replaces at one row) makes of that [g | u],
+// and within 2⁻⁸ (with slack near the activation's zeros) of float64 act(g) · u on the stored g, u;
+// h past h_n untouched (the engine's padded neurons). Both one-token shapes (2 · up_row > 4096: two
+// neurons a warp, a last warp with one), K on both sides of the first window, W before the wait or
+// not; then under programmatic launches behind a late writer of x: the same bits.
+TEST(ModelOps, GemvGatedEpilogueIsTheStoredProduct) {
+  TWELL_REQUIRE_GPU();
+  Rng rng(fresh_seed());
+  cudaStream_t stream = nullptr;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
+  const bool pdl = cuda::programmatic_launch_supported();
+  const auto act64 = [](int act, double g) {
+    switch (act) {
+      case 0: return std::max(g, 0.0);
+      case 1: return g / (1.0 + std::exp(-g));
+      case 2: return 0.5 * g * (1.0 + std::erf(g / std::sqrt(2.0)));
+      default: return 0.5 * g * (1.0 + std::tanh(std::sqrt(2.0 / 3.14159265358979323846) * (g + 0.044715 * g * g * g)));
+    }
+  };
+  struct Case {
+    std::int64_t up_row, h_n, k;
+  };
+  const std::uint16_t kSentinel = 0x4b1d;  // a bf16 no epilogue stores past h_n
+  for (const Case c : {Case{5632, 5632, 2048}, Case{2048, 2048, 5632}, Case{2051, 2049, 4096}, Case{1008, 1000, 520},
+                       Case{3, 3, 8}}) {
+    const std::int64_t rows = 2 * c.up_row;
+    const auto wv = random_bf16(rng, static_cast<std::size_t>(rows * c.k));
+    const auto xv = random_bf16(rng, static_cast<std::size_t>(c.k));
+    auto w = upload<__nv_bfloat16>(wv), x = upload<__nv_bfloat16>(xv), late = upload<__nv_bfloat16>(xv);
+    // float64 dot products of every row, and their magnitudes (the bound's terms)
+    std::vector<double> dot(static_cast<std::size_t>(rows)), mag(dot.size());
+    for (std::int64_t r = 0; r < rows; ++r)
+      for (std::int64_t j = 0; j < c.k; ++j) {
+        const double t = static_cast<double>(to_float(wv[static_cast<std::size_t>(r * c.k + j)])) *
+                         to_float(xv[static_cast<std::size_t>(j)]);
+        dot[static_cast<std::size_t>(r)] += t;
+        mag[static_cast<std::size_t>(r)] += std::abs(t);
+      }
+    DeviceBuffer<__nv_bfloat16> gu_plain(static_cast<std::size_t>(rows)), gu(gu_plain.size()),
+        h_want(static_cast<std::size_t>(c.h_n)), h(static_cast<std::size_t>(c.up_row));
+    cuda::TwellGemvParams plain = cuda::gemv_rows(x.get(), 1, w.get(), rows, c.k);
+    plain.g = gu_plain.get();
+    cuda::launch_twell_gemv(plain, stream);
+    ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+    const auto plain_v = download<bf16>(gu_plain);
+    std::int64_t bad_gu = 0;
+    for (std::int64_t r = 0; r < rows; ++r) {
+      const auto i = static_cast<std::size_t>(r);
+      bad_gu += !(std::abs(to_float(plain_v[i]) - dot[i]) <=
+                  std::ldexp(std::abs(dot[i]), -8) + mag[i] * static_cast<double>(c.k) * std::ldexp(1.0, -24) + 1e-30);
+    }
+    EXPECT_EQ(bad_gu, 0) << "[g | u] against float64 (up_row " << c.up_row << ", k " << c.k << ")";
+    for (int act = 0; act < 4; ++act) {
+      SCOPED_TRACE(::testing::Message() << "up_row " << c.up_row << " h_n " << c.h_n << " k " << c.k << " act " << act);
+      // the stored product on [g | u]'s first h_n neurons
+      cuda::ops::gated_product(gu_plain.get(), gu_plain.get() + c.up_row, rows, h_want.get(), c.h_n, 1, c.h_n, act, stream);
+      const std::vector<std::uint16_t> fill(static_cast<std::size_t>(c.up_row), kSentinel);
+      const auto clear = [&] {  // h all sentinels, [g | u] all NaN, before a launch
+        ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+        ASSERT_EQ(::twell::cuda::test::h2d(h.get(), fill.data(), fill.size() * sizeof(std::uint16_t)), cudaSuccess);
+        ASSERT_EQ(cudaMemsetAsync(gu.get(), 0xff, gu.bytes(), stream), cudaSuccess);
+      };
+      const auto gated = [&](const __nv_bfloat16* xp, bool early) {
+        cuda::TwellGemvParams p = cuda::gemv_rows(xp, 1, w.get(), rows, c.k);
+        p.g = gu.get();
+        p.h = h.get();
+        p.up_row = c.up_row;
+        p.h_n = c.h_n;
+        p.act = act;
+        p.w_before_wait = early;
+        cuda::launch_twell_gemv(p, stream);
+      };
+      const auto check = [&](const char* what) {
+        ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+        const auto guv = download<bf16>(gu), hv = download<bf16>(h), want = download<bf16>(h_want);
+        EXPECT_EQ(std::memcmp(guv.data(), plain_v.data(), guv.size() * sizeof(bf16)), 0) << what << ": [g | u]";
+        EXPECT_EQ(std::memcmp(hv.data(), want.data(), want.size() * sizeof(bf16)), 0) << what << ": h against gated_product";
+        std::int64_t past = 0, bad_h = 0, nonzero = 0;
+        for (std::int64_t i = c.h_n; i < c.up_row; ++i) past += std::bit_cast<std::uint16_t>(hv[static_cast<std::size_t>(i)]) != kSentinel;
+        for (std::int64_t i = 0; i < c.h_n; ++i) {
+          const double g = to_float(guv[static_cast<std::size_t>(i)]), u = to_float(guv[static_cast<std::size_t>(c.up_row + i)]);
+          const double want_h = act64(act, g) * u, got_h = to_float(hv[static_cast<std::size_t>(i)]);
+          bad_h += !(std::abs(got_h - want_h) <= std::ldexp(std::abs(want_h), -8) + std::abs(u) * std::abs(g) * std::ldexp(1.0, -20));
+          nonzero += got_h != 0.0;
+        }
+        EXPECT_EQ(past, 0) << what << ": h past h_n written";
+        EXPECT_EQ(bad_h, 0) << what << ": h against float64 act(g) · u";
+        if (c.h_n >= 64) {
+          EXPECT_GT(nonzero, 0) << what;
+        }
+      };
+      for (const bool early : {false, true}) {
+        clear();
+        gated(x.get(), early);
+        check(early ? "W before the wait" : "W after the wait");
+      }
+      for (const bool early : {false, true}) {
+        // late holds other random values until late_copy lands x in it
+        const auto other = random_bf16(rng, xv.size());
+        ASSERT_EQ(::twell::cuda::test::h2d(late.get(), other.data(), other.size() * sizeof(bf16)), cudaSuccess);
+        clear();
+        {
+          const cuda::ProgrammaticLaunch programmatic(pdl);
+          late_copy(x.get(), late.get(), xv.size() * sizeof(bf16), 100, stream);
+          gated(late.get(), early);
+        }
+        check(early ? "behind a late writer of x, W before the wait" : "behind a late writer of x");
+      }
+    }
+  }
+  // What the epilogue cannot take is refused by its own checks (invalid_argument; the general
+  // shape check would say unsupported), not run
+  DeviceBuffer<__nv_bfloat16> w(64 * 8), x(16), gu(64), h(32);
+  DeviceBuffer<float> g32(64), r(64);
+  const auto params = [&] {
+    cuda::TwellGemvParams p = cuda::gemv_rows(x.get(), 1, w.get(), 64, 8);
+    p.g = gu.get();
+    p.h = h.get();
+    p.up_row = 32;
+    p.h_n = 32;
+    return p;
+  };
+  const auto refused = [&](const cuda::TwellGemvParams& p, const char* what) {
+    try {
+      cuda::launch_twell_gemv(p, stream);
+      ADD_FAILURE() << what << ": accepted";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), ErrorCode::invalid_argument) << what << ": " << e.what();
+    }
+  };
+  auto p = params();
+  p.up_row = 31;
+  refused(p, "N ≠ 2 · up_row");
+  p = params();
+  p.h_n = 33;
+  refused(p, "h_n > up_row");
+  p = params();
+  p.h_n = 0;
+  refused(p, "h_n = 0");
+  p = params();
+  p.relu = true;
+  refused(p, "ReLU on [g | u]");
+  p = params();
+  p.act = 4;
+  refused(p, "activation 4");
+  p = params();
+  p.m = 2;
+  p.ld_g = 64;
+  refused(p, "two tokens");
+  p = params();
+  p.g = nullptr;
+  p.g32 = g32.get();
+  refused(p, "fp32 output");
+  p = params();
+  p.residual = r.get();
+  refused(p, "a residual add");
+  EXPECT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+  cudaStreamDestroy(stream);
+}
+
 // The one-token FFN kernels with the add + RMSNorm before them folded in (DecodeTokenNorm: each CTA
 // of the first kernel normalises r + first + delta, the down kernel stores that sum into r) against
 // add_rmsnorm, then the same kernels on its output: y and r bit for bit, the same count. K on both

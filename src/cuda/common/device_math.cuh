@@ -24,6 +24,18 @@ __device__ __forceinline__ void unpack8_bf16(const uint4& v, float (&f)[8]) {
   f[7] = hi_bf16(v.w);
 }
 
+// A gated FFN's activation of its gate value g, in twell::model::Activation's order: 0 ReLU (fmaxf,
+// the TwELL engine's), 1 SiLU, 2 GELU (erf), 3 GELU (tanh). The one definition every kernel that
+// forms h = act(g) ⊙ u takes (ops::gated_product), so that they give the same bits.
+__device__ __forceinline__ float activate(int act, float g) {
+  switch (act) {
+    case 0: return fmaxf(g, 0.0f);
+    case 1: return g / (1.0f + expf(-g));
+    case 2: return 0.5f * g * (1.0f + erff(g * 0.70710678118654752f));
+    default: return 0.5f * g * (1.0f + tanhf(0.7978845608028654f * (g + 0.044715f * g * g * g)));
+  }
+}
+
 // Raw 16 bits of bf16 element e (0..7; the low half of each word first) of the 8 packed in v.
 // Selects, never an indexed register array: a run-time e costs a few instructions, a
 // compile-time e (unrolled loops) folds away.

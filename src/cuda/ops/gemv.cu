@@ -26,6 +26,30 @@ void launch_twell_gemv(const TwellGemvParams& p, cudaStream_t stream) {
                    "twell gemv: the residual add needs one token and bf16 output");
   TWELL_CU_REQUIRE(!p.residual_first_fixed || p.residual, ErrorCode::invalid_argument,
                    "twell gemv: a fixed-point first term without the residual add");
+  if (p.h) {
+    TWELL_CU_REQUIRE(p.m == 1 && p.g && !p.g32 && !p.residual && !p.relu, ErrorCode::invalid_argument,
+                     "twell gemv: the gated epilogue needs one token, bf16 [g | u] output, no ReLU and no residual add");
+    TWELL_CU_REQUIRE(p.up_row >= 1 && p.n == 2 * p.up_row && p.h_n >= 1 && p.h_n <= p.up_row && p.act >= 0 && p.act <= 3,
+                     ErrorCode::invalid_argument,
+                     "twell gemv: the gated epilogue needs N = 2 · up_row (got N {}, up_row {}), 1 ≤ h_n ≤ up_row "
+                     "(got {}) and an activation 0–3 (got {})",
+                     p.n, p.up_row, p.h_n, p.act);
+    // The plain one-token shapes with the gate and up rows paired: 4 rows a warp (2 neurons) where
+    // N = 2 · up_row is wide, else 2 (1 neuron). Each neuron's product is formed once, by one lane.
+    const bool wide = p.n > 4096;
+    const std::int64_t per_cta = kGemvWarps * (wide ? kGemvWarpRows / 2 : 1);
+    const std::int64_t ctas = (p.up_row + per_cta - 1) / per_cta;
+    TWELL_CU_REQUIRE(ctas <= 0x7fffffff, ErrorCode::unsupported, "twell gemv: N = {} too large", p.n);
+    const dim3 grid(static_cast<unsigned>(ctas)), block(kGemvWarps * 32);
+    if (wide)
+      launch_kernel(twell_gemv_kernel<1, kGemvWarpRows, detail::kGemvWindow, true>, grid, block, 0, stream, p);
+    else if (p.w_before_wait)
+      launch_kernel(twell_gemv_kernel<1, 2, 8, true>, grid, block, 0, stream, p);
+    else
+      launch_kernel(twell_gemv_kernel<1, 2, 4, true>, grid, block, 0, stream, p);
+    TWELL_CUDA_CHECK_LAUNCH("twell_gemv_kernel (gated epilogue)");
+    return;
+  }
   if (p.m >= 2) {
     // Two or more tokens: the tensor-core kernel (gemv_mma_kernel.cuh), 16 outputs a CTA. The
     // CUDA-core kernel's math grows with M per weight byte: at 8 tokens it read a 131 MB LM head at

@@ -41,6 +41,16 @@ struct TwellGemvParams {
   // runtime's attention output projection storing the residual stream at one token.
   float* residual = nullptr;
   long long* residual_first_fixed = nullptr;
+  // One token, a gated FFN's up product (h set): W is [Wg; Wu] stacked, n = 2 · up_row rows (Wu's
+  // row i at up_row + i), and a warp holds gate row i and up row i together. g gets [g | u] as it
+  // would without h (each row's bf16 sum, no ReLU: relu false), and the epilogue stores
+  // h[i] = bf16(act(g_i) · u_i) for i < h_n from those stored values (dev::activate; act in
+  // model::Activation's order): the bits of ops::gated_product on g, each neuron's product
+  // formed once, by no kernel of its own.
+  __nv_bfloat16* h = nullptr;
+  std::int64_t up_row = 0;
+  std::int64_t h_n = 0;
+  int act = 0;
 };
 
 // Requires 1 ≤ M ≤ kGemvMaxRows, K a multiple of 8 with K ≤ kGemvMaxK, 16-byte aligned rows.

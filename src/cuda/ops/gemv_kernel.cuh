@@ -22,16 +22,28 @@ inline constexpr int kGemvWindow = 2;    // chunk steps per load window (the def
 
 // MT ≥ M tokens (a power of two); lane l owns the row chunks l, l + 32, …; the warp's kRows rows
 // are n0 .. n0 + kRows − 1. Sums of kRows · MT values per lane, then a butterfly over the lanes.
-template <int MT, int kRows = kGemvWarpRows, int kWin = kGemvWindow>
+// kGated (one token, TwellGemvParams::h): the warp's kRows / 2 neurons n0 … are its rows
+// 0 … kRows / 2 − 1 (gate rows n0 + r) and kRows / 2 … kRows − 1 (up rows up_row + n0 + r).
+template <int MT, int kRows = kGemvWarpRows, int kWin = kGemvWindow, bool kGated = false>
 __global__ void __launch_bounds__(kGemvWarps * 32) twell_gemv_kernel(TwellGemvParams p) {
+  static_assert(!kGated || (MT == 1 && kRows % 2 == 0), "the gated epilogue: one token, gate and up rows in pairs");
+  constexpr int kOut = kGated ? kRows / 2 : kRows;  // the warp's outputs: rows, or neurons
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  const std::int64_t n0 = (static_cast<std::int64_t>(blockIdx.x) * kGemvWarps + warp) * kRows;
-  const bool active = n0 < p.n;
+  const std::int64_t n0 = (static_cast<std::int64_t>(blockIdx.x) * kGemvWarps + warp) * kOut;
+  const bool active = n0 < (kGated ? p.up_row : p.n);
   const int kchunks = static_cast<int>(p.k / 8);
   const __nv_bfloat16* rows[kRows];
+  if constexpr (kGated) {
 #pragma unroll
-  for (int r = 0; r < kRows; ++r)  // rows past N read row n0 (their sums are dropped); none for idle warps
-    rows[r] = p.w + (!active ? 0 : n0 + r < p.n ? n0 + r : n0) * p.k;
+    for (int r = 0; r < kRows; ++r) {  // neurons past up_row read neuron n0's rows (dropped)
+      const std::int64_t i = n0 + r % kOut < p.up_row ? n0 + r % kOut : n0;
+      rows[r] = p.w + (!active ? 0 : r < kOut ? i : p.up_row + i) * p.k;
+    }
+  } else {
+#pragma unroll
+    for (int r = 0; r < kRows; ++r)  // rows past N read row n0 (their sums are dropped); none for idle warps
+      rows[r] = p.w + (!active ? 0 : n0 + r < p.n ? n0 + r : n0) * p.k;
+  }
   // Windows of kWin chunk steps (weight_window.cuh), used for every token once loaded.
   WeightWindow<kRows, kWin> wv(rows, p.k, active);
   // W that no kernel this one may overlap writes (w_before_wait): its first window is in flight
@@ -81,30 +93,44 @@ __global__ void __launch_bounds__(kGemvWarps * 32) twell_gemv_kernel(TwellGemvPa
   for (int r = 0; r < kRows; ++r)
 #pragma unroll
     for (int t = 0; t < MT; ++t) acc[r][t] = dev::warp_sum(acc[r][t]);
-  // Every lane holds every sum (the butterfly); lane r writes row n0 + r.
+  if constexpr (kGated) {
+    // Lane r stores neuron n0 + r's g and u as the plain epilogue would (bf16, no ReLU), then
+    // its product from those stored values: ops::gated_product's bits, formed once a neuron.
 #pragma unroll
-  for (int r = 0; r < kRows; ++r) {
-    if (lane != r || n0 + r >= p.n) continue;
+    for (int r = 0; r < kOut; ++r) {
+      const std::int64_t i = n0 + r;
+      if (lane != r || i >= p.up_row) continue;
+      const __nv_bfloat16 g = __float2bfloat16_rn(acc[r][0]), u = __float2bfloat16_rn(acc[kOut + r][0]);
+      p.g[i] = g;
+      p.g[p.up_row + i] = u;
+      if (i < p.h_n) p.h[i] = __float2bfloat16_rn(dev::activate(p.act, __bfloat162float(g)) * __bfloat162float(u));
+    }
+  } else {
+    // Every lane holds every sum (the butterfly); lane r writes row n0 + r.
 #pragma unroll
-    for (int t = 0; t < MT; ++t)
-      if (t < p.m) {
-        const float v = p.relu ? fmaxf(acc[r][t], 0.0f) : acc[r][t];
-        if (p.g32) {
-          p.g32[t * p.ld_g + n0 + r] = v;
-        } else {
-          const __nv_bfloat16 o = __float2bfloat16_rn(v);
-          p.g[t * p.ld_g + n0 + r] = o;
-          if (res_lane) {  // one token (launch_twell_gemv checks): the residual add at column n0 + r
-            const std::int64_t j = n0 + r;
-            float e = res;
-            if (p.residual_first_fixed) {
-              e += dev::fixed_to_float_bf16(res_fixed);
-              p.residual_first_fixed[j] = 0;
+    for (int r = 0; r < kRows; ++r) {
+      if (lane != r || n0 + r >= p.n) continue;
+#pragma unroll
+      for (int t = 0; t < MT; ++t)
+        if (t < p.m) {
+          const float v = p.relu ? fmaxf(acc[r][t], 0.0f) : acc[r][t];
+          if (p.g32) {
+            p.g32[t * p.ld_g + n0 + r] = v;
+          } else {
+            const __nv_bfloat16 o = __float2bfloat16_rn(v);
+            p.g[t * p.ld_g + n0 + r] = o;
+            if (res_lane) {  // one token (launch_twell_gemv checks): the residual add at column n0 + r
+              const std::int64_t j = n0 + r;
+              float e = res;
+              if (p.residual_first_fixed) {
+                e += dev::fixed_to_float_bf16(res_fixed);
+                p.residual_first_fixed[j] = 0;
+              }
+              p.residual[j] = e + __bfloat162float(o);
             }
-            p.residual[j] = e + __bfloat162float(o);
           }
         }
-      }
+    }
   }
 }
 

@@ -174,9 +174,13 @@ void residual_add(float* x, const __nv_bfloat16* y, std::int64_t n, cudaStream_t
 // for the next sum).
 void residual_add_fixed(float* x, std::int64_t* y_fixed, std::int64_t n, cudaStream_t stream);
 
-// h[r, j] = bf16( act(g[r, j]) · u[r, j] ) with [g | u] = gu[r, :] ([rows, 2n] bf16); act per
-// twell::model::Activation's order: 0 relu, 1 silu, 2 gelu (erf), 3 gelu (tanh).
-void gated_activation(const __nv_bfloat16* gu, std::int64_t rows, std::int64_t n, int act, __nv_bfloat16* h,
-                      cudaStream_t stream);
+// h[r, j] = bf16(act(g[r, j]) · u[r, j]) for m rows and n columns (row strides ld_gu for g and u,
+// ld_h for h; h may be g itself with ld_h = ld_gu); act in twell::model::Activation's order: 0
+// ReLU, 1 SiLU, 2 GELU (erf), 3 GELU (tanh) (dev::activate). Where ld_gu and ld_h are both
+// multiples of 8, g, u and h must be 16-byte aligned (8 columns a thread; refused otherwise). A
+// gated FFN's middle step: the engine's dense and hot-neuron FFNs (ReLU) and the runtime's own
+// FFN for other activations.
+void gated_product(const __nv_bfloat16* g, const __nv_bfloat16* u, std::int64_t ld_gu, __nv_bfloat16* h,
+                   std::int64_t ld_h, std::int64_t m, std::int64_t n, int act, cudaStream_t stream);
 
 }  // namespace twell::cuda::ops

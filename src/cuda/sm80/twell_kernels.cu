@@ -6,7 +6,6 @@
 
 #include "cuda/common/check.hpp"
 #include "cuda/common/device_math.cuh"
-#include "cuda/common/launch.cuh"
 #include "cuda/sm80/twell_dense_rows.hpp"
 
 namespace twell::cuda {
@@ -294,33 +293,6 @@ void launch_up_down_t(const TwellUpDownParams& p, int threads, cudaStream_t stre
   TWELL_CUDA_CHECK_LAUNCH("twell_up_down_kernel");
 }
 
-__global__ void gated_product_kernel(const __nv_bfloat16* g, const __nv_bfloat16* u, std::int64_t ld_gu,
-                                     __nv_bfloat16* h, std::int64_t ld_h, std::int64_t m, std::int64_t n) {
-  dev::pdl_begin();  // g and u come from the kernel before
-  const std::int64_t chunks_per_row = (n + 7) / 8;
-  const std::int64_t total = m * chunks_per_row;
-  const bool vec = (ld_gu % 8 == 0) && (ld_h % 8 == 0);
-  for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < total;
-       i += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
-    const std::int64_t r = i / chunks_per_row, c0 = (i % chunks_per_row) * 8;
-    if (vec && c0 + 8 <= n) {
-      const uint4 gv = __ldcs(reinterpret_cast<const uint4*>(g + r * ld_gu + c0));
-      const uint4 uv = __ldcs(reinterpret_cast<const uint4*>(u + r * ld_gu + c0));
-      const std::uint32_t gw[4] = {gv.x, gv.y, gv.z, gv.w}, uw[4] = {uv.x, uv.y, uv.z, uv.w};
-      __nv_bfloat162 o[4];
-#pragma unroll
-      for (int e = 0; e < 4; ++e)
-        o[e] = __floats2bfloat162_rn(fmaxf(lo_bf16(gw[e]), 0.0f) * lo_bf16(uw[e]),
-                                     fmaxf(hi_bf16(gw[e]), 0.0f) * hi_bf16(uw[e]));
-      *reinterpret_cast<uint4*>(h + r * ld_h + c0) = *reinterpret_cast<const uint4*>(o);
-    } else {
-      for (std::int64_t c = c0; c < min(c0 + 8, n); ++c)
-        h[r * ld_h + c] = __float2bfloat16_rn(fmaxf(__bfloat162float(g[r * ld_gu + c]), 0.0f) *
-                                              __bfloat162float(u[r * ld_gu + c]));
-    }
-  }
-}
-
 }  // namespace
 
 void launch_twell_pack(const TwellPackParams& p, cudaStream_t stream) {
@@ -390,15 +362,6 @@ void launch_twell_up_down(const TwellUpDownParams& p, cudaStream_t stream) {
   } else {
     detail::raise(ErrorCode::unsupported, "twell up/down: K = {} exceeds the supported 16384", p.k);
   }
-}
-
-void launch_gated_product(const __nv_bfloat16* g, const __nv_bfloat16* u, std::int64_t ld_gu, __nv_bfloat16* h,
-                          std::int64_t ld_h, std::int64_t m, std::int64_t n, cudaStream_t stream) {
-  // Through launch_kernel: inside the model's forward the kernel after it (the one-token down
-  // GEMV) loads its first weights while this one runs.
-  launch_kernel(gated_product_kernel, dim3(grid_stride_blocks(m * ((n + 7) / 8), 256)), dim3(256), 0, stream, g, u, ld_gu, h,
-                ld_h, m, n);
-  TWELL_CUDA_CHECK_LAUNCH("gated_product_kernel");
 }
 
 }  // namespace twell::cuda

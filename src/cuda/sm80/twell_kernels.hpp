@@ -79,8 +79,4 @@ struct TwellUpDownParams : FfnOperands {
 // Accumulation in fp32, y rounded to bf16 once. h never leaves the chip.
 void launch_twell_up_down(const TwellUpDownParams& p, cudaStream_t stream);
 
-// h = ReLU(g) ⊙ u elementwise on [M, N] bf16 (dense baseline's middle step).
-void launch_gated_product(const __nv_bfloat16* g, const __nv_bfloat16* u, std::int64_t ld_gu, __nv_bfloat16* h,
-                          std::int64_t ld_h, std::int64_t m, std::int64_t n, cudaStream_t stream);
-
 }  // namespace twell::cuda

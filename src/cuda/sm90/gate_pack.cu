@@ -412,7 +412,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         // h = ReLU(g) ⊙ u for the tile's 128 neurons, g in columns 0..127 and u in 128..255 of the
         // accumulators (group j of g and group j + 16 of u: the same neurons), each rounded to
         // bf16 first, then the product in fp32 rounded once: the same arithmetic as
-        // launch_gated_product on the bf16 [g | u] of a GEMM. Staged by stmatrix into words 0..63
+        // ops::gated_product (ReLU) on the bf16 [g | u] of a GEMM. Staged by stmatrix into words 0..63
         // of the staging rows, as the TwELL path stages groups 0..15 (the same addresses).
         std::uint32_t off[4];
         stage_offsets(tile_buf, cw * 64 + warp * 16, lane, off);

@@ -21,7 +21,7 @@
 // launch_gated_product_sm90 runs the same kernel with another epilogue, for the hot neurons' dense
 // part of the sparse path: W holds blocks of 128 gate rows followed by the 128 up rows of the same
 // neurons, so a CTA tile's accumulators hold g and u of 128 neurons side by side; the consumers
-// stage h = ReLU(g) ⊙ u (g and u rounded to bf16 first, as launch_gated_product on a GEMM's bf16
+// stage h = ReLU(g) ⊙ u (g and u rounded to bf16 first, as ops::gated_product on a GEMM's bf16
 // output) and warps 1..3 store the staged rows into h. No TwELL, no counters.
 //
 // Supports: any M ≥ 1, any N ≥ 1 (TMA zero-fills the tails; columns ≥ N are never kept), any
