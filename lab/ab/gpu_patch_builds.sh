@@ -47,6 +47,10 @@ build() {
   [ $rc -eq 0 ] || { grep -E "error|FAILED" "$LOG" | tail -10; exit 4; }
 }
 
+# Each device call copies the tree with this machine's mtimes, older than objects a previous call
+# built (perhaps from patched sources) that a warm machine keeps: ninja would link those stale
+# objects. Touching the sources makes every call rebuild what they feed (≈ 70 s, a fresh start's cost).
+[ -d build/gpu ] && git ls-files -z src include tools tests bench python lab | xargs -0 touch
 if [ ! -f build/gpu/build.ninja ]; then
   "$CMAKE" -S . -B build/gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90a \
     -DTWELL_BUILD_LAB=OFF >> "$LOG" 2>&1 || { note "gpu_patch_builds: configure failed"; tail -20 "$LOG"; exit 2; }
