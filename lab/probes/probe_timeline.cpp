@@ -9,7 +9,8 @@
 // up to and including the LM head's argmax. Prints, per path: the step's GPU span (first kernel's
 // start to the argmax's end, median), the sum of kernel durations, the idle time between kernels
 // and the overlap (a kernel starting before the one before it ended); per kernel name: launches a
-// step, µs a step and a launch, the idle time before it; and one layer's kernels in order (the
+// step, µs a step and a launch, the idle time before it; the links (how long each kernel ends after
+// the one before it, by pair: what sets the period); and one layer's kernels in order (the
 // median step's middle layer) with their start offsets.
 #include <cuda_runtime.h>
 #include <cupti.h>
@@ -163,6 +164,28 @@ void report(const char* path, const std::vector<Kernel>& all, std::int64_t layer
   for (const auto& [name, p] : rows)
     std::printf("| `%s` | %.1f | %.1f | %.2f | %.1f |\n", name.c_str(), static_cast<double>(p.launches) / n, p.us / n,
                 p.us / static_cast<double>(p.launches), p.idle_us / n);
+  // The chain's links: how long each kernel runs past the end of the kernel that started before it
+  // (on the step's one stream, the one it waits for), by (previous, kernel) pair over every traced
+  // step. Under programmatic launches kernels overlap, so durations do not add up to the period;
+  // the links do (a step's links sum to its last end less its first kernel's end).
+  std::map<std::pair<std::string, std::string>, std::vector<double>> links;
+  for (const auto& st : steps)
+    for (std::size_t i = 1; i < st.size(); ++i)
+      links[{st[i - 1].name, st[i].name}].push_back(
+          (static_cast<double>(st[i].end) - static_cast<double>(st[i - 1].end)) / 1e3);
+  struct LinkRow {
+    const std::pair<std::string, std::string>* names;
+    double per_step, median_us;
+  };
+  std::vector<LinkRow> link_rows;
+  for (const auto& [names, us] : links) link_rows.push_back({&names, static_cast<double>(us.size()) / n, median(us)});
+  std::sort(link_rows.begin(), link_rows.end(),
+            [](const LinkRow& a, const LinkRow& b) { return a.per_step * a.median_us > b.per_step * b.median_us; });
+  std::printf("\nlinks: how long each kernel ends after the one before it ends (median over every occurrence):\n\n");
+  std::printf("| after … ends | … ends | times a step | µs, median | µs a step |\n|---|---|---:|---:|---:|\n");
+  for (const LinkRow& r : link_rows)
+    std::printf("| `%s` | `%s` | %.1f | %.2f | %.1f |\n", r.names->first.c_str(), r.names->second.c_str(), r.per_step,
+                r.median_us, r.per_step * r.median_us);
   // One layer of the median-span step: its kernels from the middle of the step.
   std::vector<std::size_t> order(steps.size());
   for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
