@@ -86,6 +86,17 @@ cuda::TwellDecodeTokenParams token_params(std::int64_t n, std::int64_t k, bool g
   return p;
 }
 
+// The FFN activations in float64, by the kernels' code (dev::activate: 0 ReLU, 1 SiLU, 2 exact
+// GELU, 3 tanh GELU): the reference the gated products are checked against.
+double activation_f64(int act, double g) {
+  switch (act) {
+    case 0: return std::max(g, 0.0);
+    case 1: return g / (1.0 + std::exp(-g));
+    case 2: return 0.5 * g * (1.0 + std::erf(g / std::sqrt(2.0)));
+    default: return 0.5 * g * (1.0 + std::tanh(std::sqrt(2.0 / 3.14159265358979323846) * (g + 0.044715 * g * g * g)));
+  }
+}
+
 // RoPE's cos and sin tables [positions, d/2] (θ = 10000), as the runtime builds them.
 std::pair<std::vector<float>, std::vector<float>> rope_tables(int positions, int d) {
   const int half = d / 2;
@@ -628,14 +639,6 @@ TEST(ModelOps, GatedProductMatchesFloat64OnEveryPath) {
   Rng rng(fresh_seed());
   cudaStream_t stream = nullptr;
   ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
-  const auto act64 = [](int act, double g) {
-    switch (act) {
-      case 0: return std::max(g, 0.0);
-      case 1: return g / (1.0 + std::exp(-g));
-      case 2: return 0.5 * g * (1.0 + std::erf(g / std::sqrt(2.0)));
-      default: return 0.5 * g * (1.0 + std::tanh(std::sqrt(2.0 / 3.14159265358979323846) * (g + 0.044715 * g * g * g)));
-    }
-  };
   const std::uint16_t kSentinel = 0x4b1d;
   struct Case {
     std::int64_t m, n, ld;  // ld ≥ n: the vector layout's strides ([g | u] rows of 2 · ld, h rows of ld)
@@ -674,7 +677,7 @@ TEST(ModelOps, GatedProductMatchesFloat64OnEveryPath) {
       for (std::int64_t r = 0; r < c.m; ++r) {
         for (std::int64_t j = 0; j < c.n; ++j) {
           const auto e = static_cast<std::size_t>(r * c.n + j);
-          const double g = to_float(gv[e]), u = to_float(uv[e]), want = act64(act, g) * u;
+          const double g = to_float(gv[e]), u = to_float(uv[e]), want = activation_f64(act, g) * u;
           const auto v = std::bit_cast<std::uint16_t>(hv[static_cast<std::size_t>(r * c.ld + j)]);
           bad += !(std::abs(to_float(std::bit_cast<bf16>(v)) - want) <=
                    std::ldexp(std::abs(want), -8) + std::abs(u) * std::abs(g) * std::ldexp(1.0, -20));
@@ -732,14 +735,6 @@ TEST(ModelOps, GemvGatedEpilogueIsTheStoredProduct) {
   cudaStream_t stream = nullptr;
   ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
   const bool pdl = cuda::programmatic_launch_supported();
-  const auto act64 = [](int act, double g) {
-    switch (act) {
-      case 0: return std::max(g, 0.0);
-      case 1: return g / (1.0 + std::exp(-g));
-      case 2: return 0.5 * g * (1.0 + std::erf(g / std::sqrt(2.0)));
-      default: return 0.5 * g * (1.0 + std::tanh(std::sqrt(2.0 / 3.14159265358979323846) * (g + 0.044715 * g * g * g)));
-    }
-  };
   struct Case {
     std::int64_t up_row, h_n, k;
   };
@@ -802,7 +797,7 @@ TEST(ModelOps, GemvGatedEpilogueIsTheStoredProduct) {
         for (std::int64_t i = c.h_n; i < c.up_row; ++i) past += std::bit_cast<std::uint16_t>(hv[static_cast<std::size_t>(i)]) != kSentinel;
         for (std::int64_t i = 0; i < c.h_n; ++i) {
           const double g = to_float(guv[static_cast<std::size_t>(i)]), u = to_float(guv[static_cast<std::size_t>(c.up_row + i)]);
-          const double want_h = act64(act, g) * u, got_h = to_float(hv[static_cast<std::size_t>(i)]);
+          const double want_h = activation_f64(act, g) * u, got_h = to_float(hv[static_cast<std::size_t>(i)]);
           bad_h += !(std::abs(got_h - want_h) <= std::ldexp(std::abs(want_h), -8) + std::abs(u) * std::abs(g) * std::ldexp(1.0, -20));
           nonzero += got_h != 0.0;
         }
