@@ -9,6 +9,8 @@
 # (test binaries are left in that state; the sources are restored). The tree must be clean of the
 # patches when it starts. The first build configures build/gpu (Release, sm_90a, no lab), ≈ 70 s on
 # the H200 machine; each patch set then 6–25 s; `ctest -L gpu -j 4` ≈ 115 s.
+# The binaries' commit label is git's on the device, whose .git can be older than the tree it was
+# sent (session 71): start the command with `export TWELL_COMMIT=<this machine's short hash>`.
 # Example: bash lab/ab/gpu_patch_builds.sh base att=lab/patches/x.patch && \
 #          BATCHES=1 bash lab/ab/gpu_decode_ab.sh /tmp/base /tmp/att
 set -uo pipefail
