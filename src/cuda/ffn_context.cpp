@@ -136,14 +136,12 @@ void FfnContext::dense_forward(const __nv_bfloat16* x, std::int64_t m, __nv_bflo
     // launch's wait, the same ground as the decode gate's GEMV (decode_forward). Gated, its
     // epilogue also forms h from the [g | u] it stores (TwellGemvParams::h; the gated product's
     // bits, without its kernel); [g | u] stays for dense_forward_counted's sample.
-    TwellGemvParams gp = gemv_rows(x, 1, w_.gate_up(), gated() ? 2 * ldn() : n(), k());
-    gp.relu = !gated();
-    gp.g = gated() ? ws_->gu.get() : ws_->h.get();
-    if (gated()) {
-      gp.h = ws_->h.get();
-      gp.up_row = ldn();
-      gp.h_n = n();
-      gp.act = 0;  // ReLU, the engine's
+    // act 0: ReLU, the engine's.
+    TwellGemvParams gp = gated() ? gemv_gated_row(x, w_.gate_up(), ldn(), n(), k(), ws_->gu.get(), ws_->h.get(), 0)
+                                 : gemv_rows(x, 1, w_.gate_up(), n(), k());
+    if (!gated()) {
+      gp.relu = true;
+      gp.g = ws_->h.get();
     }
     gp.w_before_wait = true;
     launch_twell_gemv(gp, stream);
@@ -306,9 +304,9 @@ void FfnContext::cold_rest(const __nv_bfloat16* x, std::int64_t m, __nv_bfloat16
 
 LayerFacts FfnContext::facts() const noexcept {
   return {.n = n(), .hot_n = hot_n_, .gated = gated(), .decode_k = k() <= kDecodeMaxK, .token_k = k() <= kDecodeTokenMaxK,
-          .gate_sm90 = gate_sm90_ok_, .gemv_max_rows = k() <= kGemvMaxK ? kGemvMaxRows : 0,
+          .gate_sm90 = gate_sm90_ok_, .gemv_max_rows = gemv_takes_k(k()) ? kGemvMaxRows : 0,
           // The GEMV reads W's rows at stride N and h's at ldn: unpadded rows only.
-          .down_gemv_max_rows = ldn() == n() && n() % 8 == 0 && n() <= kGemvMaxK ? kGemvMaxRows : 0,
+          .down_gemv_max_rows = ldn() == n() && gemv_takes_k(n()) ? kGemvMaxRows : 0,
           .union_max_rows = union_ok_ && union_ffn_fits(1, n(), k(), gated()) && ldn() % 4 == 0 ? kUnionMaxRows : 0};
 }
 

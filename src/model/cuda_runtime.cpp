@@ -329,8 +329,7 @@ class CudaRuntime final : public Runtime {
     fused_decode_ = tuning.fused_decode;
     // The one-token FFN's fixed-point output goes through the attention output projection's GEMV
     // (its residual add): Q within the GEMV's K. Zero once; every forward leaves it zero.
-    fixed_decode_ = fused_decode_ && tuning.fixed_point_decode && c.act == Activation::relu && c.q_dim() % 8 == 0 &&
-                    c.q_dim() <= cuda::kGemvMaxK;
+    fixed_decode_ = fused_decode_ && tuning.fixed_point_decode && c.act == Activation::relu && cuda::gemv_takes_k(c.q_dim());
     if (fixed_decode_) {
       ffn_fixed_ = DeviceBuffer<std::int64_t>(static_cast<std::size_t>(K));
       TWELL_CUDA_CHECK(cudaMemsetAsync(ffn_fixed_.get(), 0, ffn_fixed_.bytes(), stream_));
@@ -934,15 +933,10 @@ class CudaRuntime final : public Runtime {
   void dense_ffn(const bf16_t* w_gu, const bf16_t* w_down, const bf16_t* xn, std::int64_t T, bf16_t* y) {
     const LlamaConfig& c = model_->config;
     const std::int64_t K = c.hidden_size, N = c.intermediate_size;
-    if (T == 1 && K % 8 == 0 && K <= cuda::kGemvMaxK) {
+    if (T == 1 && cuda::gemv_takes_k(K)) {
       // One row: [g | u] and h = act(g) ⊙ u from the one-token GEMV, its epilogue forming each
       // neuron's product once (TwellGemvParams::h: gated_product's bits, no kernel of its own).
-      cuda::TwellGemvParams p = cuda::gemv_rows(xn, 1, w_gu, 2 * N, K);
-      p.g = gu_.get();
-      p.h = h_.get();
-      p.up_row = N;
-      p.h_n = N;
-      p.act = static_cast<int>(c.act);
+      cuda::TwellGemvParams p = cuda::gemv_gated_row(xn, w_gu, N, N, K, gu_.get(), h_.get(), static_cast<int>(c.act));
       p.w_before_wait = true;  // the model's weights
       cuda::launch_twell_gemv(p, stream_);
     } else {
@@ -961,7 +955,7 @@ class CudaRuntime final : public Runtime {
     const std::int64_t K = c.hidden_size, V = c.vocab_size;
     cuda::ops::rmsnorm(x_.get(), sel_.get(), R, K, final_norm_.get(), static_cast<float>(c.rms_eps), xs_.get(), stream_);
     const bf16_t* head = head_.size() ? head_.get() : embed_.get();
-    if (R == 1 && K % 8 == 0 && K <= cuda::kGemvMaxK) {
+    if (R == 1 && cuda::gemv_takes_k(K)) {
       // One row's logits: the GEMV streams the [V, K] head near the bandwidth (cuBLASLt's M = 1
       // tiles read it at ≈ 1.8 TB/s on an H100); fp32 sums, not rounded, as cuBLASLt's fp32 output.
       // From 2 rows cuBLASLt's tiles read the 2B head (131 MB) at 3.8–3.9 TB/s, the tensor-core
@@ -985,7 +979,7 @@ class CudaRuntime final : public Runtime {
   // (RuntimeTuning::fused_decode, one row: the decode GEMV's condition, which rmsnorm_project shares).
   bool fuse_norms(std::int64_t T) const {
     const std::int64_t K = model_->config.hidden_size;
-    return fused_decode_ && T == 1 && K % 8 == 0 && K <= cuda::kGemvMaxK;
+    return fused_decode_ && T == 1 && cuda::gemv_takes_k(K);
   }
 
   // Whether T rows' attention projections run on the decode GEMV (ops/gemv.hpp: one token on CUDA
@@ -1000,7 +994,7 @@ class CudaRuntime final : public Runtime {
   // an H100 and its QKV at 2.0; its M = 8 tiles 1.4 and 2.8 TB/s on an H200); more rows: cuBLASLt.
   // Both accumulate in fp32 and round to bf16 once.
   void project(const bf16_t* w, const bf16_t* x, std::int64_t T, std::int64_t n, std::int64_t k, bf16_t* y) {
-    if (gemv_rows(T) && k % 8 == 0 && k <= cuda::kGemvMaxK) {
+    if (gemv_rows(T) && cuda::gemv_takes_k(k)) {
       cuda::TwellGemvParams p = cuda::gemv_rows(x, T, w, n, k);
       p.g = y;
       p.w_before_wait = true;  // the model's weights

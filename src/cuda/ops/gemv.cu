@@ -16,7 +16,7 @@ using detail::twell_gemv_mma_kernel;
 
 void launch_twell_gemv(const TwellGemvParams& p, cudaStream_t stream) {
   TWELL_CU_REQUIRE(p.x && p.w && (p.g || p.g32), ErrorCode::invalid_argument, "twell gemv: null pointer");
-  TWELL_CU_REQUIRE(p.m >= 1 && p.m <= kGemvMaxRows && p.n >= 1 && p.k >= 8 && p.k % 8 == 0 && p.k <= kGemvMaxK &&
+  TWELL_CU_REQUIRE(p.m >= 1 && p.m <= kGemvMaxRows && p.n >= 1 && gemv_takes_k(p.k) &&
                        p.ld_x % 8 == 0 && (reinterpret_cast<std::uintptr_t>(p.x) & 15) == 0 &&
                        (reinterpret_cast<std::uintptr_t>(p.w) & 15) == 0 && p.ld_g >= p.n,
                    ErrorCode::unsupported,

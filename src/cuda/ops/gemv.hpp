@@ -19,6 +19,10 @@ namespace twell::cuda {
 inline constexpr std::int64_t kGemvMaxRows = 16;    // tokens
 inline constexpr std::int64_t kGemvMaxK = 8192;
 
+// Whether the GEMV takes rows of k elements: a multiple of 8 (its 16-byte loads), 8 ≤ k ≤ kGemvMaxK.
+// The one test for every caller that chooses between this GEMV and cuBLASLt.
+inline constexpr bool gemv_takes_k(std::int64_t k) { return k >= 8 && k % 8 == 0 && k <= kGemvMaxK; }
+
 struct TwellGemvParams {
   const __nv_bfloat16* x = nullptr;  // [m, k], row stride ld_x
   std::int64_t ld_x = 0;
@@ -68,6 +72,20 @@ inline TwellGemvParams gemv_rows(const __nv_bfloat16* x, std::int64_t m, const _
   p.n = n;
   p.k = k;
   p.relu = false;
+  return p;
+}
+
+// One token of a gated FFN's up product on [Wg; Wu] (w_gu [2 · up_row, k], Wu's row i at up_row + i):
+// gu [1, 2 · up_row] gets [g | u], h [1, h_n] gets act(g) ⊙ u from the epilogue (TwellGemvParams::h).
+inline TwellGemvParams gemv_gated_row(const __nv_bfloat16* x, const __nv_bfloat16* w_gu, std::int64_t up_row,
+                                      std::int64_t h_n, std::int64_t k, __nv_bfloat16* gu, __nv_bfloat16* h,
+                                      int act) {
+  TwellGemvParams p = gemv_rows(x, 1, w_gu, 2 * up_row, k);
+  p.g = gu;
+  p.h = h;
+  p.up_row = up_row;
+  p.h_n = h_n;
+  p.act = act;
   return p;
 }
 

@@ -177,7 +177,7 @@ void launch_rmsnorm_project(const float* x, const D0* delta, std::int64_t k, con
                             const __nv_bfloat16* wproj, std::int64_t n, __nv_bfloat16* y, cudaStream_t stream,
                             const RopeStore* rope) {
   TWELL_CU_REQUIRE(x && w && wproj && y, ErrorCode::invalid_argument, "rmsnorm_project: null pointer");
-  TWELL_CU_REQUIRE(n >= 1 && k >= 8 && k % 8 == 0 && k <= kGemvMaxK && (reinterpret_cast<std::uintptr_t>(wproj) & 15) == 0,
+  TWELL_CU_REQUIRE(n >= 1 && gemv_takes_k(k) && (reinterpret_cast<std::uintptr_t>(wproj) & 15) == 0,
                    ErrorCode::unsupported,
                    "rmsnorm_project: needs K a multiple of 8 ≤ {} (got {}), n ≥ 1 (got {}), 16-byte aligned W", kGemvMaxK,
                    k, n);
