@@ -14,6 +14,40 @@ using detail::kGemvMmaWarps;
 using detail::twell_gemv_kernel;
 using detail::twell_gemv_mma_kernel;
 
+namespace {
+
+// One token, the CUDA-core kernel (gemv_kernel.cuh; the same bits whatever its shape): 4 rows a
+// warp, 2 chunk steps a window where N is large enough to fill the GPU that way, else 1 row a warp,
+// 4 or 8 steps a window — at N = 2048 4.95 against 5.28 µs (K = 2048) and 10.6 against 11.9
+// (K = 5632); at N = 5632 / 6144: 9.9 / 10.6 against 9.5 / 10.1 (H100, twell_probe_gemv,
+// bench/results/2026-11-27-h100-cuda-91ad801-probe-gemv.txt). kGated (TwellGemvParams::h): the same
+// shapes with each neuron's gate and up rows in one warp, so twice the rows a warp where N is
+// small (4 rows, 2 neurons, where N = 2 · up_row is wide; else 2 rows, 1 neuron), one output (a
+// neuron's product, formed once by one lane) for every two rows.
+template <bool kGated>
+void launch_one_token(const TwellGemvParams& p, cudaStream_t stream) {
+  constexpr int kNarrowRows = kGated ? 2 : 1;   // rows a warp where N is small
+  constexpr int kRowsPerOut = kGated ? 2 : 1;   // rows behind one output
+  const bool wide = p.n > 4096;
+  const std::int64_t outs = kGated ? p.up_row : p.n;
+  const std::int64_t per_cta = kGemvWarps * (wide ? kGemvWarpRows : kNarrowRows) / kRowsPerOut;
+  const std::int64_t ctas = (outs + per_cta - 1) / per_cta;
+  TWELL_CU_REQUIRE(ctas <= 0x7fffffff, ErrorCode::unsupported, "twell gemv: N = {} too large", p.n);
+  const dim3 grid(static_cast<unsigned>(ctas)), block(kGemvWarps * 32);
+  if (wide)
+    launch_kernel(twell_gemv_kernel<1, kGemvWarpRows, detail::kGemvWindow, kGated>, grid, block, 0, stream, p);
+  else if (p.w_before_wait)  // the whole row (K ≤ 2048) in flight before the wait
+    launch_kernel(twell_gemv_kernel<1, kNarrowRows, 8, kGated>, grid, block, 0, stream, p);
+  else
+    launch_kernel(twell_gemv_kernel<1, kNarrowRows, 4, kGated>, grid, block, 0, stream, p);
+  if constexpr (kGated)
+    TWELL_CUDA_CHECK_LAUNCH("twell_gemv_kernel (gated epilogue)");
+  else
+    TWELL_CUDA_CHECK_LAUNCH("twell_gemv_kernel");
+}
+
+}  // namespace
+
 void launch_twell_gemv(const TwellGemvParams& p, cudaStream_t stream) {
   TWELL_CU_REQUIRE(p.x && p.w && (p.g || p.g32), ErrorCode::invalid_argument, "twell gemv: null pointer");
   TWELL_CU_REQUIRE(p.m >= 1 && p.m <= kGemvMaxRows && p.n >= 1 && gemv_takes_k(p.k) &&
@@ -34,20 +68,7 @@ void launch_twell_gemv(const TwellGemvParams& p, cudaStream_t stream) {
                      "twell gemv: the gated epilogue needs N = 2 · up_row (got N {}, up_row {}), 1 ≤ h_n ≤ up_row "
                      "(got {}) and an activation 0–3 (got {})",
                      p.n, p.up_row, p.h_n, p.act);
-    // The plain one-token shapes with the gate and up rows paired: 4 rows a warp (2 neurons) where
-    // N = 2 · up_row is wide, else 2 (1 neuron). Each neuron's product is formed once, by one lane.
-    const bool wide = p.n > 4096;
-    const std::int64_t per_cta = kGemvWarps * (wide ? kGemvWarpRows / 2 : 1);
-    const std::int64_t ctas = (p.up_row + per_cta - 1) / per_cta;
-    TWELL_CU_REQUIRE(ctas <= 0x7fffffff, ErrorCode::unsupported, "twell gemv: N = {} too large", p.n);
-    const dim3 grid(static_cast<unsigned>(ctas)), block(kGemvWarps * 32);
-    if (wide)
-      launch_kernel(twell_gemv_kernel<1, kGemvWarpRows, detail::kGemvWindow, true>, grid, block, 0, stream, p);
-    else if (p.w_before_wait)
-      launch_kernel(twell_gemv_kernel<1, 2, 8, true>, grid, block, 0, stream, p);
-    else
-      launch_kernel(twell_gemv_kernel<1, 2, 4, true>, grid, block, 0, stream, p);
-    TWELL_CUDA_CHECK_LAUNCH("twell_gemv_kernel (gated epilogue)");
+    launch_one_token<true>(p, stream);
     return;
   }
   if (p.m >= 2) {
@@ -64,23 +85,7 @@ void launch_twell_gemv(const TwellGemvParams& p, cudaStream_t stream) {
     TWELL_CUDA_CHECK_LAUNCH("twell_gemv_mma_kernel");
     return;
   }
-  // One token, the CUDA-core kernel (gemv_kernel.cuh; the same bits whatever its shape): 4 rows a
-  // warp, 2 chunk steps a window where N is large enough to fill the GPU that way, else 1 row a warp,
-  // 4 or 8 steps a window — at N = 2048 4.95 against 5.28 µs (K = 2048) and 10.6 against 11.9
-  // (K = 5632); at N = 5632 / 6144: 9.9 / 10.6 against 9.5 / 10.1 (H100, twell_probe_gemv,
-  // bench/results/2026-11-27-h100-cuda-91ad801-probe-gemv.txt).
-  const bool wide = p.n > 4096;
-  const int rows = wide ? kGemvWarpRows : 1;
-  const std::int64_t ctas = (p.n + kGemvWarps * rows - 1) / (kGemvWarps * rows);
-  TWELL_CU_REQUIRE(ctas <= 0x7fffffff, ErrorCode::unsupported, "twell gemv: N = {} too large", p.n);
-  const dim3 grid(static_cast<unsigned>(ctas)), block(kGemvWarps * 32);
-  if (wide)
-    launch_kernel(twell_gemv_kernel<1>, grid, block, 0, stream, p);
-  else if (p.w_before_wait)  // the whole row (K ≤ 2048) in flight before the wait
-    launch_kernel(twell_gemv_kernel<1, 1, 8>, grid, block, 0, stream, p);
-  else
-    launch_kernel(twell_gemv_kernel<1, 1, 4>, grid, block, 0, stream, p);
-  TWELL_CUDA_CHECK_LAUNCH("twell_gemv_kernel");
+  launch_one_token<false>(p, stream);
 }
 
 }  // namespace twell::cuda
