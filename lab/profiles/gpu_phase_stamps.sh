@@ -12,7 +12,7 @@ set -uo pipefail
 cd "$(dirname "$0")/../.." || exit 2
 OUT=${OUT:-build/phase-stamps-out}
 BUILD=${BUILD:-build/gpu}
-PATCH=${PATCH:-lab/patches/2026-12-01-untested-phase-stamps.patch}
+PATCH=${PATCH:-lab/patches/2026-12-01-h200-phase-stamps.patch}
 mkdir -p "$OUT"
 export PATH="/usr/local/cuda/bin:$PATH"
 source scripts/gpu-env
