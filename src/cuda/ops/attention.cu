@@ -116,9 +116,9 @@ __global__ void __launch_bounds__(kWarps * 32) attention_kernel(const __nv_bfloa
 // compete with the key loads: 4–26 % slower (bench/results/2026-11-30-h200-attention-prefetch-v-9483100.md).
 // kStaged (old_keys_ready, a grid on at most a quarter of the SMs): the K and V rows of the first
 // min(keys below the row's position, stage_keys) keys are copied into shared memory by cp.async
-// before the wait (at stage_at, in uint4: K [stage_keys][L], then V), and both loops read them
-// there: after the wait only the query and the keys past the stage leave the SM. The same values
-// in the same order, so the same bits.
+// before the wait (at stage_at, in uint4: K [stage_keys][L], a key's chunks swizzled (load_key),
+// then V), and both loops read them there: after the wait only the query and the keys past the
+// stage leave the SM. The same values in the same order, so the same bits.
 template <int D, bool kStaged>
 __global__ void __launch_bounds__(kWarps * 32) attention_kernel_d(const __nv_bfloat16* qkv, std::int64_t heads,
                                                                   std::int64_t kv_heads, const RowKv* rows_kv,
@@ -154,10 +154,11 @@ __global__ void __launch_bounds__(kWarps * 32) attention_kernel_d(const __nv_bfl
     const __nv_bfloat16* kc0 = info.k + layer * info.layer_stride + kvh * D;
     const __nv_bfloat16* vc0 = info.v + layer * info.layer_stride + kvh * D;
     // Thread t copies chunk t % L of keys t / L, t / L + 256 / L, …: a key's row by L neighbours.
+    // K's chunk j of key t goes to place j ^ (t mod L) of its row (see the score loop).
     for (int e = static_cast<int>(threadIdx.x); e < staged * L; e += kWarps * 32) {
       const int t = e / L, j = e % L;
       const std::int64_t row = info.slot(first + t) * kv_dim + 8 * j;
-      dev::cp_async16(static_cast<std::uint32_t>(__cvta_generic_to_shared(sk + e)), kc0 + row, true);
+      dev::cp_async16(static_cast<std::uint32_t>(__cvta_generic_to_shared(sk + t * L + (j ^ (t % L)))), kc0 + row, true);
       dev::cp_async16(static_cast<std::uint32_t>(__cvta_generic_to_shared(sv + e)), vc0 + row, true);
     }
     dev::cp_async_commit();
@@ -204,10 +205,22 @@ __global__ void __launch_bounds__(kWarps * 32) attention_kernel_d(const __nv_bfl
   // Both loops are pipelined: a loop step's rows are loaded before the previous step's math (the
   // score loop at D = 64 only: at 128 a second key row takes 16 more 16-byte registers), so a CTA
   // waits for one round trip a loop rather than one a step.
-  const auto key_row = [&](int t) {
-    return kStaged && t < staged ? sk + static_cast<std::int64_t>(t) * L
-                                 : reinterpret_cast<const uint4*>(kc + info.slot(first + t) * kv_dim);
+  // A staged key row holds its chunk j at place j ^ (t mod L): the score loop's thread t reads
+  // chunk j of key t while its neighbours read keys t + 1 …, and in rows laid out plainly the 8
+  // threads of a 16-byte load's phase would hit the same 4 banks (rows are 128 or 256 bytes): 8
+  // wavefronts where 1 does. load_key(t, dst) reads key t's row in chunk order wherever it is.
+  const auto load_key = [&](int t, uint4(&dst)[L]) {
+    if (kStaged && t < staged) {
+      const uint4* row = sk + static_cast<std::int64_t>(t) * L;
+#pragma unroll
+      for (int j = 0; j < L; ++j) dst[j] = row[j ^ (t % L)];
+    } else {
+      const uint4* row = reinterpret_cast<const uint4*>(kc + info.slot(first + t) * kv_dim);
+#pragma unroll
+      for (int j = 0; j < L; ++j) dst[j] = row[j];
+    }
   };
+  const float4* q4 = reinterpret_cast<const float4*>(q);  // smem's first bytes: 16-byte aligned
   float mx = -INFINITY;
   uint4 cur[L];
   {
@@ -216,8 +229,7 @@ __global__ void __launch_bounds__(kWarps * 32) attention_kernel_d(const __nv_bfl
 #pragma unroll
       for (int j = 0; j < L; ++j) cur[j] = pre_k[kEarlyK ? j : 0];
     } else if (t < n) {
-#pragma unroll
-      for (int j = 0; j < L; ++j) cur[j] = key_row(t)[j];
+      load_key(t, cur);
     }
   }
   for (int t = static_cast<int>(threadIdx.x); t < n; t += kWarps * 32) {
@@ -225,26 +237,30 @@ __global__ void __launch_bounds__(kWarps * 32) attention_kernel_d(const __nv_bfl
       dev::prefetch_l2<D * 2>(vc + info.slot(first + t) * kv_dim);  // P·V's rows of key t
     const int tn = t + kWarps * 32;
     uint4 nxt[kEarlyK ? L : 1];
-    if (kEarlyK && tn < n) {
-#pragma unroll
-      for (int j = 0; j < L; ++j) nxt[kEarlyK ? j : 0] = key_row(tn)[j];
-    }
+    if constexpr (kEarlyK)
+      if (tn < n) load_key(tn, nxt);
     float s = 0.0f;
 #pragma unroll
     for (int j = 0; j < L; ++j) {
       const auto* p2 = reinterpret_cast<const __nv_bfloat162*>(&cur[j]);
+      const float4 qa = q4[2 * j], qb = q4[2 * j + 1];  // q[8j … 8j + 7], two broadcast loads
+      const float qj[8] = {qa.x, qa.y, qa.z, qa.w, qb.x, qb.y, qb.z, qb.w};
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const float2 f = __bfloat1622float2(p2[e]);
-        s += q[8 * j + 2 * e] * f.x;
-        s += q[8 * j + 2 * e + 1] * f.y;
+        s += qj[2 * e] * f.x;
+        s += qj[2 * e + 1] * f.y;
       }
     }
     score[t] = s;
     mx = fmaxf(mx, s);
     if (tn < n) {
+      if constexpr (kEarlyK) {
 #pragma unroll
-      for (int j = 0; j < L; ++j) cur[j] = kEarlyK ? nxt[kEarlyK ? j : 0] : key_row(tn)[j];
+        for (int j = 0; j < L; ++j) cur[j] = nxt[j];
+      } else {
+        load_key(tn, cur);
+      }
     }
   }
   // P·V's first step: its rows are in flight across the softmax's barriers.
