@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One `twell` binary per build of this tree with lab patches applied, for lab/ab/gpu_decode_ab.sh in
 # the same or a later call on a warm GPU machine (build dirs and /tmp survive while it is held).
-#   [OUT=…] [BIN=/tmp] [TESTS=name:PATCH+PATCH] bash lab/ab/gpu_patch_builds.sh NAME[=PATCH[+PATCH…]] …
+#   [OUT=…] [BIN=/tmp] [TESTS=name:PATCH+PATCH] [CTEST_J=4] bash lab/ab/gpu_patch_builds.sh NAME[=PATCH[+PATCH…]] …
 # NAME alone: the tree as it is (the base). NAME=a.patch+b.patch: those patches applied together
 # (`patch -p1 -i`, each checked by a dry run first), the CLI (CMake target twell_cli) rebuilt
 # incrementally in build/gpu, copied to $BIN/NAME, and the patches reversed. With TESTS=name:…
@@ -71,7 +71,7 @@ if [ -n "${TESTS:-}" ]; then
   apply_set "" "$set"
   build
   t0=$(date +%s)
-  (cd build/gpu && OMP_NUM_THREADS=4 timeout 280 ctest --output-on-failure -L gpu -j 4 --timeout 270) > "$OUT/ctest-gpu.log" 2>&1
+  (cd build/gpu && OMP_NUM_THREADS=4 timeout 280 ctest --output-on-failure -L gpu -j "${CTEST_J:-4}" --timeout 270) > "$OUT/ctest-gpu.log" 2>&1
   note "ctest -L gpu with ${TESTS%%:*} ($set): rc=$? ($(( $(date +%s) - t0 )) s), $(grep -E 'tests passed|tests failed' "$OUT/ctest-gpu.log")"
   apply_set -R "$set"
 fi

@@ -1,8 +1,8 @@
 #pragma once
 // The kernels' side of programmatic dependent launches (launch.hpp): dev::pdl_begin(), the first
 // statement of every kernel launched through launch_kernel, and launch_kernel itself. Before it a
-// kernel may only read memory no kernel writes (weights: rmsnorm_project loads its first W window
-// there); everything else waits.
+// kernel may only read memory no kernel of the chain writes (weights: rmsnorm_project loads its
+// first W window there; a step's inputs copied in before its first kernel); everything else waits.
 #include <cuda_runtime.h>
 
 #include <cstddef>

@@ -59,6 +59,9 @@ void add_rmsnorm(float* x, const __nv_bfloat16* delta, std::int64_t rows, std::i
 // With `rope` (n = the QKV width, y = the row's qkv) the projection is followed by rope_store_kv's
 // work on it, bit for bit: q rotated in place, k rotated into the row's cache (and into qkv with
 // k_in_place), v into the cache — one kernel for a decode step's norm, QKV, RoPE and cache store.
+// rmsnorm_project reads rows_kv[0], its block table and cos / sin before its programmatic wait:
+// they must be written before the step's first kernel (a decode step's inputs, copied in by the
+// host; tables built at load), never by a kernel of the chain.
 struct RopeStore {
   const RowKv* rows_kv = nullptr;  // the row's cache (one row)
   std::int64_t layer = 0;

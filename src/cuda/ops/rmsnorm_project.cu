@@ -89,8 +89,10 @@ __global__ void __launch_bounds__(kNormThreads)
   wv.load(0, lane);  // before the wait: weights only
   float4* norm_stage = reinterpret_cast<float4*>(xs_raw + kchunks);
   stage_norm_weights(wn, k, norm_stage);  // weights too
-  dev::pdl_begin();
-  // RoPE: lane 0's row position and angle, loaded now so that their latency overlaps the norm.
+  // RoPE: lane 0's row, cache slot and angle, before the wait too: the row's RowKv and block table
+  // are copied in before the step's first kernel and the tables are constants (RopeStore), so no
+  // kernel of the chain writes them. After the wait, the slot's dependent loads (the RowKv, then
+  // its table entry) held every warp's norm behind one or two round trips.
   RowKv info{};
   std::int64_t slot = 0;  // the row's cache row (through a paged sequence's block table)
   float cos_a = 0.0f, sin_a = 0.0f;
@@ -105,6 +107,7 @@ __global__ void __launch_bounds__(kNormThreads)
       }
     }
   }
+  dev::pdl_begin();
   norm_row_reread(x, delta, nullptr, k, wn, eps, xs, norm_stage);  // norm_row<false>'s bits, few registers beside the window
   __syncthreads();
   if (!active) return;
