@@ -92,7 +92,8 @@ __global__ void __launch_bounds__(kNormThreads)
   // RoPE: lane 0's row, cache slot and angle, before the wait too: the row's RowKv and block table
   // are copied in before the step's first kernel and the tables are constants (RopeStore), so no
   // kernel of the chain writes them. After the wait, the slot's dependent loads (the RowKv, then
-  // its table entry) held every warp's norm behind one or two round trips.
+  // its table entry) held every warp's norm behind one or two round trips: +3.1 % sparse, +1.2 %
+  // dense at batch 1 on the H200's 2B (lab/patches/2026-12-02-h200-rope-after-wait.patch).
   RowKv info{};
   std::int64_t slot = 0;  // the row's cache row (through a paged sequence's block table)
   float cos_a = 0.0f, sin_a = 0.0f;
