@@ -11,17 +11,11 @@ namespace twell::cuda {
 namespace {
 
 constexpr int kThreads = 256;
-constexpr int kWarps = kThreads / 32;  // = slots per CTA of the first kernel (one a warp, and the spares)
+constexpr int kWarps = kThreads / 32;  // = neurons per CTA of the first kernel
 // 16-byte chunks per lane in flight: a 2048-wide row at once. (2 neurons a warp with 4-step windows,
 // 352 CTAs at N = 5632 in one wave against 704 in 1.33 waves, decoded 1.8 % slower a token on the
 // synthetic 2B: H100, lab/notes/2026-11-runtime-log.md.)
 constexpr int kWin = 8;
-// CTAs of the first kernel an SM: its 64 registers a thread allow 4 (launch_twell_decode_token sizes
-// a one-wave grid from the occupancy it reports).
-constexpr int kMinCtas = 4;
-// The spare slots' rows are prefetched into L2 before the wait: at most this share of the L2, so
-// that they are still there when their warps read them (else the grid is ⌈N / kWarps⌉ CTAs).
-constexpr int kSpareL2Share = 4;  // a quarter
 constexpr int kSlots = 8;              // second kernel: 16-byte y chunks per CTA (64 columns) ...
 constexpr int kGroups = kThreads / kSlots;  // ... and thread groups sharing them
 constexpr int kListCap = 2048;         // entries of the ordered list per pass
@@ -64,24 +58,18 @@ __device__ __forceinline__ float warp_row_dot(const __nv_bfloat16* w, const __nv
 // beside its work), and each waits for the whole grid before it to finish (dev::pdl_wait) before
 // reading what that grid wrote. Elsewhere a plain stream dependency.
 
-// Slot i (0 … N − 1) holds neuron n = order[i] (n = i without an order; the order is read before
-// the wait, as no kernel of the chain writes it). Warp w of CTA b owns slot i = b · kWarps + w and,
-// where the grid is one wave of W warps short of N (launch_twell_decode_token's one_wave_ctas), also
-// the spare slot 2W − 1 − i (i ≥ 2W − N): the list's last neurons go to the warps whose own are
-// next-to-last, so a neuron that fires early in the order never waits behind a second gate.
-// Slot i's first window (kWin chunk steps) is loaded before the wait for the previous kernel:
-// weights, which no kernel writes, stream in while the kernel before the FFN runs (programmatic
-// launches); the spare slot's row is prefetched into L2 then, so that the whole gate is asked for
-// at the kernel's start instead of by a later wave of CTAs that the next kernel's prefetch competes
-// with. A lane sums chunks lane, lane + 32, … in order whatever the window or slot, so g has the
-// bits of warp_row_dot (and of the decode GEMV).
+// Warp w of CTA b owns neuron n = order[i] of slot i = b · kWarps + w (n = i without an order; the
+// order is read before the wait, as no kernel of the chain writes it). Its row's first window (kWin
+// chunk steps) is loaded before the wait for the previous kernel: weights, which no kernel writes,
+// stream in while the norm before the FFN runs (programmatic launches). A lane sums chunks lane, lane + 32, … in order
+// whatever the window, so g has the bits of warp_row_dot (and of the decode GEMV).
 // kNorm: x formed from the residual stream in shared memory (DecodeTokenNorm); every warp of the
 // CTA takes part in the norm, those past N included. kFixed: an active neuron's warp adds its
 // h · Wdᵀ[n, :] into y_fixed itself (no flags, no h, no down kernel): lane l loads the Wdᵀ chunks
 // l, l + 32, … (8 columns each) and, after a transpose through shared memory, reduces columns
 // 32e + l of each 256-column step.
 template <bool kNorm, bool kFixed>
-__global__ void __launch_bounds__(kThreads, kMinCtas) twell_decode_token_kernel(TwellDecodeTokenParams p, float fixed_limit) {
+__global__ void __launch_bounds__(kThreads) twell_decode_token_kernel(TwellDecodeTokenParams p, float fixed_limit) {
   extern __shared__ uint4 xs_raw[];  // kNorm: the normalised row, bf16 [k]; then the norm's staged weights
   static_assert(kThreads == ops::detail::kNormThreads, "the norm's threads are the CTA's");
   dev::pdl_trigger();
@@ -93,27 +81,17 @@ __global__ void __launch_bounds__(kThreads, kMinCtas) twell_decode_token_kernel(
     return;
   }
   const bool has_row = slot < p.n;
-  const std::int64_t wave = static_cast<std::int64_t>(gridDim.x) * kWarps;
-  const std::int64_t spare_slot = 2 * wave - 1 - slot;  // a slot only where wave ≤ it < N
-  const bool has_spare = has_row && spare_slot >= wave && spare_slot < p.n;
-  const auto neuron_at = [&](std::int64_t i) { return p.order ? __ldcg(p.order + i) : static_cast<int>(i); };  // N < 2³¹
-  const int n = has_row ? neuron_at(slot) : 0;
-  const int spare = has_spare ? neuron_at(spare_slot) : -1;
+  const std::int64_t n = has_row && p.order ? static_cast<std::int64_t>(__ldcg(p.order + slot)) : slot;
+  const uint4* wrow = reinterpret_cast<const uint4*>(p.w_first + n * p.k);  // read only where has_row
   uint4 wv[kWin];
-  const auto load_window = [&](std::int64_t row, int s0) {
-    const uint4* wrow = reinterpret_cast<const uint4*>(p.w_first + row * p.k);
+  const auto load_window = [&](int s0) {
 #pragma unroll
     for (int s = 0; s < kWin; ++s) {
       const int c = (s0 + s) * 32 + lane;
       wv[s] = has_row && c < kchunks ? __ldcs(wrow + c) : make_uint4(0, 0, 0, 0);
     }
   };
-  load_window(n, 0);  // before the wait: weights only
-  if (has_spare) {
-    const char* srow = reinterpret_cast<const char*>(p.w_first + spare * p.k);
-    for (std::int64_t b = static_cast<std::int64_t>(lane) * 128; b < p.k * 2; b += 32 * 128)
-      asm volatile("prefetch.global.L2 [%0];" ::"l"(srow + b));
-  }
+  load_window(0);  // before the wait: weights only
   float4* norm_stage = reinterpret_cast<float4*>(xs_raw + kchunks);
   if constexpr (kNorm) ops::detail::stage_norm_weights(p.norm.w, p.k, norm_stage);  // weights too
   dev::pdl_wait();
@@ -126,52 +104,41 @@ __global__ void __launch_bounds__(kThreads, kMinCtas) twell_decode_token_kernel(
     if (!has_row) return;
     xr = xs_raw;
   }
-  // g of the row whose first window is in wv (the later windows loaded here).
-  const auto gate = [&](std::int64_t row) {
-    float acc = 0.0f;
-    for (int s0 = 0; s0 * 32 < kchunks; s0 += kWin) {
-      if (s0 > 0) load_window(row, s0);
+  float acc = 0.0f;
+  for (int s0 = 0; s0 * 32 < kchunks; s0 += kWin) {
+    if (s0 > 0) load_window(s0);
 #pragma unroll
-      for (int s = 0; s < kWin; ++s) {
-        const int c = (s0 + s) * 32 + lane;
-        if (c < kchunks) acc += dev::dot8(load_x<kNorm>(xr, c), wv[s]);
-      }
+    for (int s = 0; s < kWin; ++s) {
+      const int c = (s0 + s) * 32 + lane;
+      if (c < kchunks) acc += dev::dot8(load_x<kNorm>(xr, c), wv[s]);
     }
-    return __bfloat162float(__float2bfloat16_rn(fmaxf(dev::warp_sum(acc), 0.0f)));
-  };
-  // Neuron nn's output once g is known: h, and its down terms (kFixed) or its flag.
-  const auto finish = [&](std::int64_t nn, float g) {
-    const bool active = g > 0.0f;
-    if (active) {
-      if (p.hits && lane == 0) atomicAdd(p.hits + nn, 1u);
-      const char* drow = reinterpret_cast<const char*>(p.w_down_t + nn * p.k);
-      for (std::int64_t b = static_cast<std::int64_t>(lane) * 128; b < p.k * 2; b += 32 * 128)
-        asm volatile("prefetch.global.L2 [%0];" ::"l"(drow + b));
-      const float h =
-          p.gated ? g * warp_row_dot<false, kNorm>(p.w_up + nn * p.k, reinterpret_cast<const __nv_bfloat16*>(xr), kchunks, lane)
-                  : g;
-      if constexpr (kFixed) {
-        // Wdᵀ[nn, :] in windows of kWin chunk steps (2048 columns), every load in flight before the
-        // window's reductions (dev::fixed_add_step, a step's 256 columns).
-        __shared__ float s_terms[kWarps][32 * 8];
-        float* terms = s_terms[threadIdx.x / 32];
-        const uint4* dr = reinterpret_cast<const uint4*>(p.w_down_t + nn * p.k);
-        bool in_range = true;
-        dev::down_row_steps<kWin>(dr, kchunks, lane, [&](int step0, const float(&wf)[8]) {
-          in_range &= dev::fixed_add_step(p.y_fixed, 8ll * step0, p.k, h, wf, terms, lane, fixed_limit);
-        });
-        if (!in_range) atomicOr(p.overflow, 1u);
-      } else {
-        if (lane == 0) p.h[nn] = h;
-      }
-    }
-    if (!kFixed && lane == 0) p.flags[nn] = active ? 1 : 0;
-  };
-  finish(n, gate(n));
-  if (spare >= 0) {  // its row is in L2 by now (prefetched before the wait)
-    load_window(spare, 0);
-    finish(spare, gate(spare));
   }
+  const float g = __bfloat162float(__float2bfloat16_rn(fmaxf(dev::warp_sum(acc), 0.0f)));
+  const bool active = g > 0.0f;
+  if (active) {
+    if (p.hits && lane == 0) atomicAdd(p.hits + n, 1u);
+    const char* drow = reinterpret_cast<const char*>(p.w_down_t + n * p.k);
+    for (std::int64_t b = static_cast<std::int64_t>(lane) * 128; b < p.k * 2; b += 32 * 128)
+      asm volatile("prefetch.global.L2 [%0];" ::"l"(drow + b));
+    const float h =
+        p.gated ? g * warp_row_dot<false, kNorm>(p.w_up + n * p.k, reinterpret_cast<const __nv_bfloat16*>(xr), kchunks, lane)
+                : g;
+    if constexpr (kFixed) {
+      // Wdᵀ[n, :] in windows of kWin chunk steps (2048 columns), every load in flight before the
+      // window's reductions (dev::fixed_add_step, a step's 256 columns).
+      __shared__ float s_terms[kWarps][32 * 8];
+      float* terms = s_terms[threadIdx.x / 32];
+      const uint4* dr = reinterpret_cast<const uint4*>(p.w_down_t + n * p.k);
+      bool in_range = true;
+      dev::down_row_steps<kWin>(dr, kchunks, lane, [&](int step0, const float(&wf)[8]) {
+        in_range &= dev::fixed_add_step(p.y_fixed, 8ll * step0, p.k, h, wf, terms, lane, fixed_limit);
+      });
+      if (!in_range) atomicOr(p.overflow, 1u);
+    } else {
+      if (lane == 0) p.h[n] = h;
+    }
+  }
+  if (!kFixed && lane == 0) p.flags[n] = active ? 1 : 0;
 }
 
 // y's chunks [blockIdx.x · kSlots, + kSlots): thread (group q = tid / kSlots, slot s) adds the
@@ -334,23 +301,6 @@ bool down_kernel_waits() {
   return programmatic_launch_supported(reinterpret_cast<const void*>(twell_decode_token_down_kernel));
 }
 
-// The first kernel's grid: ⌈N / kWarps⌉ CTAs (a slot a warp), or, where that is more than the GPU
-// holds at once and the rest of the gate fits kSpareL2Share of the L2, the CTAs it holds at once
-// (the kernel's occupancy on every SM), whose warps then take the N − W spare slots: one wave that
-// asks for every gate row at its start. Every slot is covered either way: W ≥ N, or N ≤ 2W.
-std::int64_t one_wave_ctas(const void* kernel, const TwellDecodeTokenParams& p, std::size_t smem) {
-  const std::int64_t all = (p.n + kWarps - 1) / kWarps;
-  int dev = 0, sms = 0, l2 = 0, per_sm = 0;
-  TWELL_CUDA_CHECK(cudaGetDevice(&dev));
-  TWELL_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
-  TWELL_CUDA_CHECK(cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, dev));
-  TWELL_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kThreads, smem));
-  const std::int64_t wave = static_cast<std::int64_t>(sms) * per_sm;
-  const std::int64_t spare_bytes = (p.n - wave * kWarps) * p.k * 2;
-  if (wave <= 0 || all <= wave || p.n > 2 * wave * kWarps || spare_bytes > l2 / kSpareL2Share) return all;
-  return wave;
-}
-
 }  // namespace
 
 void launch_twell_decode_token(const TwellDecodeTokenParams& p, cudaStream_t stream) {
@@ -392,18 +342,23 @@ void launch_twell_decode_token(const TwellDecodeTokenParams& p, cudaStream_t str
   // The first kernel overlaps the kernel before it only inside the caller's programmatic scope
   // (launch.hpp: the model runtime's forward, whose kernels all wait); the down kernel always
   // follows its own first kernel programmatically.
+  const std::int64_t ctas = (p.n + kWarps - 1) / kWarps;
   const bool early = pdl && cuda::programmatic_launch_active();
   // kNorm: the normalised row (bf16 [k], ≤ 16 KB), then the norm's staged weights (≤ 16 KB).
   const std::size_t xs_bytes = norm ? static_cast<std::size_t>(ops::detail::norm_row_smem_bytes(p.k)) : 0;
-  const auto first = [&](auto kernel) {
-    launch(kernel, one_wave_ctas(reinterpret_cast<const void*>(kernel), p, xs_bytes), early, xs_bytes, limit);
-    TWELL_CUDA_CHECK_LAUNCH("twell_decode_token_kernel");
-  };
   if (fixed) {  // the whole FFN in this one kernel
-    norm ? first(twell_decode_token_kernel<true, true>) : first(twell_decode_token_kernel<false, true>);
+    if (norm)
+      launch(twell_decode_token_kernel<true, true>, ctas, early, xs_bytes, limit);
+    else
+      launch(twell_decode_token_kernel<false, true>, ctas, early, xs_bytes, limit);
+    TWELL_CUDA_CHECK_LAUNCH("twell_decode_token_kernel");
     return;
   }
-  norm ? first(twell_decode_token_kernel<true, false>) : first(twell_decode_token_kernel<false, false>);
+  if (norm)  // the normalised row in shared memory
+    launch(twell_decode_token_kernel<true, false>, ctas, early, xs_bytes, limit);
+  else
+    launch(twell_decode_token_kernel<false, false>, ctas, early, xs_bytes, limit);
+  TWELL_CUDA_CHECK_LAUNCH("twell_decode_token_kernel");
   launch(twell_decode_token_down_kernel, (p.k / 8 + kSlots - 1) / kSlots, pdl, 0);
   TWELL_CUDA_CHECK_LAUNCH("twell_decode_token_down_kernel");
 }

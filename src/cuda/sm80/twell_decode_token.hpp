@@ -1,9 +1,8 @@
 #pragma once
 // Decode FFN of one token in two kernels (the GEMV + decode kernel pair's job at M = 1, without
 // the round trip through g and the per-tile partials).
-// 1. One warp per neuron (or two, where one wave of CTAs holds fewer warps than N) streams the
-//    neuron's first-GEMM row (Wg gated, Wu non-gated) with all of its loads in flight:
-//    g = bf16(ReLU(⟨x, W[n]⟩)) (the value ops/gemv.hpp writes). It stores
+// 1. One warp per neuron streams the neuron's first-GEMM row (Wg gated, Wu non-gated) with all
+//    of its loads in flight: g = bf16(ReLU(⟨x, W[n]⟩)) (the value ops/gemv.hpp writes). It stores
 //    the neuron's flag (g > 0); an active neuron's warp computes h at once (gated:
 //    g · ⟨x, Wu[n]⟩ in fp32; non-gated: g), stores it and prefetches the neuron's Wdᵀ row into L2.
 // 2. Each CTA owns 64 columns of y: it lists the flagged neurons in ascending order, then 32
@@ -57,9 +56,9 @@ struct TwellDecodeTokenParams : FfnOperands {  // m must be 1
   unsigned* overflow = nullptr;
   // The first kernel's schedule (the results are the same bits with or without it): its warp i
   // (CTA i / 8) computes neuron order[i]; order must be a permutation of 0 … N − 1 (null: neuron i).
-  // The neurons listed first start their chains (gate row, up row, h, the down terms) first, and
-  // where the grid is one wave with spare slots (the kernel's comment) the last-listed neurons take
-  // the spares: decode_token_reorder puts the most active ones first.
+  // Its CTAs start in index order, and the grid is more than one wave (4 CTAs an SM), so the
+  // neurons listed first run their chains (gate row, up row, h, the down terms) while the gate's
+  // later rows still stream in: decode_token_reorder puts the most active ones there.
   const std::int32_t* order = nullptr;
   // optional [N]: hits[n] += 1 for each active neuron n (the activity decode_token_reorder sorts by)
   std::uint32_t* hits = nullptr;
