@@ -13,10 +13,17 @@
 # sent (session 71): start the command with `export TWELL_COMMIT=<this machine's short hash>`.
 # Example: bash lab/ab/gpu_patch_builds.sh base att=lab/patches/x.patch && \
 #          BATCHES=1 bash lab/ab/gpu_decode_ab.sh /tmp/base /tmp/att
+# PROBE=1: the lab's twell_probe_timeline instead of the CLI (build/gpu configured with the lab; for
+# lab/profiles/gpu_timeline_pair.sh), copied to $BIN/NAME likewise.
 set -uo pipefail
-[ $# -ge 1 ] || { sed -n 2,14p "$0"; exit 2; }
+[ $# -ge 1 ] || { sed -n 2,16p "$0"; exit 2; }
 OUT=${OUT:-build/patch-builds-out}
 BIN=${BIN:-/tmp}
+if [ "${PROBE:-0}" = 1 ]; then
+  target=twell_probe_timeline binary=lab/twell_probe_timeline lab=ON
+else
+  target=twell_cli binary=tools/twell/twell lab=OFF
+fi
 mkdir -p "$OUT" "$BIN"
 export PATH="/usr/local/cuda/bin:$PATH"
 source scripts/gpu-env
@@ -53,16 +60,17 @@ build() {
 # built (perhaps from patched sources) that a warm machine keeps: ninja would link those stale
 # objects. Touching the sources makes every call rebuild what they feed (≈ 70 s, a fresh start's cost).
 [ -d build/gpu ] && git ls-files -z src include tools tests bench python lab | xargs -0 touch
-if [ ! -f build/gpu/build.ninja ]; then
+# Configured anew when absent or when the lab's presence must change (a configure alone is seconds).
+if [ ! -f build/gpu/build.ninja ] || ! grep -q "TWELL_BUILD_LAB:BOOL=$lab" build/gpu/CMakeCache.txt; then
   "$CMAKE" -S . -B build/gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90a \
-    -DTWELL_BUILD_LAB=OFF >> "$LOG" 2>&1 || { note "gpu_patch_builds: configure failed"; tail -20 "$LOG"; exit 2; }
+    -DTWELL_BUILD_LAB=$lab >> "$LOG" 2>&1 || { note "gpu_patch_builds: configure failed"; tail -20 "$LOG"; exit 2; }
 fi
 for arg in "$@"; do
   name=${arg%%=*}
   set=""; [ "$name" != "$arg" ] && set=${arg#*=}
   [ -n "$set" ] && apply_set "" "$set"
-  build twell_cli
-  cp build/gpu/tools/twell/twell "$BIN/$name"
+  build "$target"
+  cp "build/gpu/$binary" "$BIN/$name"
   [ -n "$set" ] && apply_set -R "$set"
   note "$BIN/$name: ${set:-the tree as it is}"
 done

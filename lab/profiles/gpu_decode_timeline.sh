@@ -3,7 +3,7 @@
 # (CUPTI activity records: real start/end times, programmatic launches' overlap and the idle gaps
 # visible; ncu serialises, nsys is not usable on the GPU machines) for the dense and automatic FFN
 # paths, into $OUT/decode-timeline.md.
-#   [BUILD=build/gpu] [OUT=…] bash lab/profiles/gpu_decode_timeline.sh [CONFIG [DENSITY [BATCH [STEPS [PROMPT]]]]]   (2b 0.005 1 32 128)
+#   [BUILD=build/gpu] [PROBE=$BUILD/lab/twell_probe_timeline] [OUT=…] bash lab/profiles/gpu_decode_timeline.sh [CONFIG [DENSITY [BATCH [STEPS [PROMPT]]]]]   (2b 0.005 1 32 128)
 # Needs a build configured with -DTWELL_BUILD_LAB=ON and CUPTI (CMake's CUDA::cupti: the toolkit's
 # libcupti; twell_probe_timeline is left out without it). Where the toolkit's libcupti is not on
 # the loader's path, PyTorch's copy (nvidia/cu13/lib in its venv) is used. ≈ 1.5 minutes at 2B (the synthetic model's build).
@@ -12,7 +12,7 @@ cd "$(dirname "$0")/../.."
 BUILD=${BUILD:-build/gpu}
 OUT=${OUT:-build/decode-timeline-out}
 mkdir -p "$OUT"
-P="$BUILD/lab/twell_probe_timeline"
+P=${PROBE:-$BUILD/lab/twell_probe_timeline}  # PROBE: a copy (lab/ab/gpu_patch_builds.sh PROBE=1)
 [ -x "$P" ] || { echo "gpu_decode_timeline: no $P (a build without -DTWELL_BUILD_LAB=ON, or without CUPTI?)"; exit 1; }
 if ldd "$P" | grep -q "libcupti.*not found"; then
   for d in /usr/local/cuda/extras/CUPTI/lib64 /usr/local/cuda/lib64 $(ls -d /opt/torch/.venv/lib/python3*/site-packages/nvidia/cu13/lib 2>/dev/null); do

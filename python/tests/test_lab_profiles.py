@@ -65,3 +65,70 @@ def test_torch_kernel_kinds():
     assert torch_profile.kind("pytorch_flash::flash_fwd_kernel") == "attention"
     assert torch_profile.kind("triton_per_fused__to_copy_add_mean_mul_pow_rsqrt_0") == "Triton (fused element-wise, norms)"
     assert torch_profile.kind("void at::native::vectorized_elementwise_kernel") == "other"
+
+
+# Two twell_probe_timeline reports as gpu_decode_timeline.sh writes them, hand-made: a section per
+# FFN path (span, kernel table, links, a step's kernels), then phase-stamp tables whose rows must not
+# be read as links.
+def report(span, links, stamps=False):
+    rows = "\n".join(f"| `{a}` | `{b}` | {t} | {us} | {t * us:.1f} |" for a, b, t, us in links)
+    text = f"""# A graph-replayed decode step, kernel by kernel (CUPTI)
+
+## automatic (sparse) FFN path: 32 steps traced, 157 kernels a step
+
+step span (first start to argmax end) {span} us median; kernels' durations 2000.9 us; idle between kernels 1.8 us
+
+| kernel | launches a step | us a step | us a launch | idle before it, us a step |
+|---|---:|---:|---:|---:|
+| `ffn` | 38.0 | 550.2 | 14.48 | 0.0 |
+
+links: how long each kernel ends after the one before it ends (median over every occurrence):
+
+| after … ends | … ends | times a step | µs, median | µs a step |
+|---|---|---:|---:|---:|
+{rows}
+
+kernels 76 .. 83 of the median step (≈ 4 a layer), µs from the step's start:
+
+| kernel | start | duration | gap after the previous one's end |
+|---|---:|---:|---:|
+| `ffn` | 669.18 | 17.44 | -3.84 |
+"""
+    if stamps:
+        text += """
+### phase stamps, automatic (sparse) FFN path: 16 steps with stamps on
+
+#### `gemv` → `ffn`: 608 launches
+
+| `0 entry` | `x` | 1.0 | 7.94 | 0.26 |
+"""
+    return text
+
+
+def test_timeline_pair_sides_and_deltas(tmp_path):
+    pair = load_lab("profiles/timeline_pair")
+    a = tmp_path / "a.md"
+    b = tmp_path / "b.md"
+    a.write_text(report(1186.7, [("gemv", "ffn", 38.0, 11.0), ("qkv", "attention", 37.0, 6.9)]))
+    b.write_text(report(1223.7, [("gemv", "ffn", 38.0, 11.25), ("ffn", "qkv", 37.0, 7.0)], stamps=True))
+    t = pair.table(pair.read(str(a)), pair.read(str(b)), ["later", "new"])
+    assert "### automatic (sparse) FFN path" in t
+    assert "step span: later 1186.7 µs, new 1223.7 µs (+37.0 µs, 1.031×)" in t
+    assert "| `gemv` | `ffn` | 38.0 | 11.00 | 11.25 | +0.25 | +9.5 |" in t
+    assert "| `qkv` | `attention` | 37.0 | 6.90 | — | — | — |" in t   # only in A
+    assert "| `ffn` | `qkv` | 37.0 | — | 7.00 | — | — |" in t         # only in B
+    assert "`0 entry`" not in t                                          # a stamp row is no link
+    lines = [l for l in t.splitlines() if l.startswith("| `")]
+    assert lines[0].startswith("| `gemv`")                               # the longest link a step first
+
+
+def test_timeline_pair_refuses_what_is_not_a_report(tmp_path):
+    pair = load_lab("profiles/timeline_pair")
+    p = tmp_path / "x.md"
+    p.write_text("twell_probe_timeline rc=1\n")
+    with pytest.raises(SystemExit):
+        pair.read(str(p))
+    a = tmp_path / "a.md"
+    a.write_text(report(1.0, [("x", "y", 1.0, 1.0)]))
+    with pytest.raises(SystemExit):
+        pair.main([str(a), str(a), "--names", "only-one"])
