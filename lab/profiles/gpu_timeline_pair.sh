@@ -25,7 +25,7 @@ for r in $(seq 1 "$ROUNDS"); do
     t0=$(date +%s)
     PROBE="/tmp/probe/$n" OUT="$OUT/$n-$r" bash lab/profiles/gpu_decode_timeline.sh \
       "$config" "$density" "$batch" "$steps" "$prompt" > "$OUT/$n-$r.log" 2>&1
-    echo "gpu_timeline_pair: $n round $r: $(head -1 "$OUT/$n-$r.log") ($(( $(date +%s) - t0 )) s)"
+    echo "gpu_timeline_pair: $n round $r: $(grep -m1 "twell_probe_timeline rc=" "$OUT/$n-$r.log") ($(( $(date +%s) - t0 )) s)"
   done
 done
 {
