@@ -117,8 +117,9 @@ __global__ void __launch_bounds__(kWarps * 32) attention_kernel(const __nv_bfloa
 // kStaged (old_keys_ready, a grid on at most a quarter of the SMs): the K and V rows of the first
 // min(keys below the row's position, stage_keys) keys are copied into shared memory by cp.async
 // before the wait (at stage_at, in uint4: K [stage_keys][L], a key's chunks swizzled (load_key),
-// then V), and both loops read them there: after the wait only the query and the keys past the
-// stage leave the SM. The same values in the same order, so the same bits.
+// then V), the row's own key, where the stage has room, right after the wait beside the query, and
+// both loops read them there: after the wait only the query, the own key and the keys past the
+// stage leave the SM, none of them inside a loop. The same values in the same order, so the same bits.
 template <int D, bool kStaged>
 __global__ void __launch_bounds__(kWarps * 32) attention_kernel_d(const __nv_bfloat16* qkv, std::int64_t heads,
                                                                   std::int64_t kv_heads, const RowKv* rows_kv,
@@ -190,6 +191,27 @@ __global__ void __launch_bounds__(kWarps * 32) attention_kernel_d(const __nv_bfl
     first = first_key(info.pos, window);
   }
   const int n = info.pos + 1 - first;
+  // Key t (cache position first + t) of this head: kc + info.slot(first + t)·kv_dim.
+  const __nv_bfloat16* kc = info.k + layer * info.layer_stride + kvh * D;
+  const __nv_bfloat16* vc = info.v + layer * info.layer_stride + kvh * D;
+  // kStaged: the row's own key n − 1, which the step's QKV kernel has just written (so read only
+  // after the wait), joins the stage where it has room: the CTA's last 2L threads copy its K and V
+  // chunks while the first D load the query, one round trip for both, so the loops below read every
+  // key in shared memory and no score thread or P·V warp waits on an L2 round trip of its own inside
+  // its loop. The same values in the same order: the same bits as reading the key from the cache.
+  if (kStaged && old_keys_ready && staged < stage_keys && staged == n - 1) {
+    const int e = static_cast<int>(threadIdx.x) - (kWarps * 32 - 2 * L);
+    if (e >= 0) {
+      const int t = staged, j = e % L;
+      const std::int64_t row = info.slot(first + t) * kv_dim + 8 * j;
+      if (e < L)
+        dev::cp_async16(static_cast<std::uint32_t>(__cvta_generic_to_shared(sk + t * L + (j ^ (t % L)))), kc + row, true);
+      else
+        dev::cp_async16(static_cast<std::uint32_t>(__cvta_generic_to_shared(sv + t * L + j)), vc + row, true);
+    }
+    dev::cp_async_commit();
+    staged = n;
+  }
   float* q = smem;                 // [D] the query, pre-scaled
   float* part = q + D;             // [kWarps, D] per-warp output sums
   float* red = part + kWarps * D;  // [kWarps] reductions
@@ -198,9 +220,6 @@ __global__ void __launch_bounds__(kWarps * 32) attention_kernel_d(const __nv_bfl
   for (int i = static_cast<int>(threadIdx.x); i < D; i += kWarps * 32) q[i] = __bfloat162float(qrow[i]) * scale;
   if constexpr (kStaged) dev::cp_async_wait<0>();  // this thread's copies; the barrier publishes everyone's
   __syncthreads();
-  // Key t (cache position first + t) of this head: kc + info.slot(first + t)·kv_dim.
-  const __nv_bfloat16* kc = info.k + layer * info.layer_stride + kvh * D;
-  const __nv_bfloat16* vc = info.v + layer * info.layer_stride + kvh * D;
 
   // Both loops are pipelined: a loop step's rows are loaded before the previous step's math (the
   // score loop at D = 64 only: at 128 a second key row takes 16 more 16-byte registers), so a CTA
@@ -403,6 +422,8 @@ void attention(const __nv_bfloat16* qkv, std::int64_t rows, std::int64_t heads, 
   // SM. Measured on the H200's 2B at 512 keys (bench/results/2026-12-01-h200-session-68.md): 32 CTAs
   // (batch 1) +6.9 % tokens/s; 256 CTAs, two an SM at half the SM's shared memory each (batch 8),
   // −7.5 %: the staged CTAs hold SMs and memory slots that the QKV projection, still running, needs.
+  // The own key's copy after the wait (bench/results/model/2026-12-02-h200-2b-decode-ab-own-key-b51164c.md):
+  // batch 1 sparse +3.6 %, dense +2.6 %.
   constexpr std::size_t kStageBytes = 160 * 1024;
   if (old_keys_ready && rows * heads * 4 <= sms && (d == 64 || d == 128)) {
     const std::size_t at = (smem + 15) / 16;  // in uint4
