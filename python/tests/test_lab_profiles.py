@@ -132,3 +132,46 @@ def test_timeline_pair_refuses_what_is_not_a_report(tmp_path):
     a.write_text(report(1.0, [("x", "y", 1.0, 1.0)]))
     with pytest.raises(SystemExit):
         pair.main([str(a), str(a), "--names", "only-one"])
+
+
+sass = load_lab("profiles/sass_load_chains")
+
+SASS = """
+        Function : _Z6kernelv
+        /*0000*/                   LDG.E.128 R20, desc[UR4][R2.64] ;   /* 0x0 */
+        /*0010*/                   LDGSTS.E.BYPASS.128 [R5], desc[UR4][R6.64] ;   /* 0x0 */
+        /*0020*/                   ACQBULK ;   /* 0x0 */
+        /*0030*/               @!P0 CCTL.E.PF1 [R8+0x1000] ;   /* 0x0 */
+        /*0040*/                   LDG.E R4, desc[UR4][R8.64] ;   /* 0x0 */
+        /*0050*/                   LDGSTS.E.BYPASS.128 [R5], desc[UR4][R6.64] ;   /* 0x0 */
+        /*0060*/                   FFMA R10, R4, R11, R10 ;   /* 0x0 */
+        /*0070*/               @P1 LDG.E.128.CONSTANT R12, desc[UR4][R8.64+0x10] ;   /* 0x0 */
+        /*0080*/                   LD.E.64 R16, desc[UR4][R2.64] ;   /* 0x0 */
+        /*0090*/                   IMAD R3, R14, R3, RZ ;   /* 0x0 */
+        /*00a0*/                   STG.E desc[UR4][R6.64], R17 ;   /* 0x0 */
+        Function : _Z8no_waitv
+        /*0000*/                   LDG.E R4, desc[UR4][R8.64] ;   /* 0x0 */
+        /*0010*/                   EXIT ;   /* 0x0 */
+        Function : _Z9no_loadsv
+        /*0000*/                   ACQBULK ;   /* 0x0 */
+        /*0010*/                   EXIT ;   /* 0x0 */
+"""
+
+
+def test_sass_groups_end_where_a_loaded_register_is_read():
+    (name, body), _, _ = sass.functions(SASS)
+    groups, prefetches, waits = sass.chains(body)
+    assert waits
+    # the load before the wait and the cp.async copies are not counted; R4's use ends the first
+    # group, R14 (inside the .128 load's R12–R15) the second, whose 64-bit load joined it
+    assert [[a for a, _ in g] for g in groups] == [[0x40], [0x70, 0x80]]
+    assert prefetches == [(0x30, "CCTL.E.PF1")]
+
+
+def test_sass_report_lists_kernels_with_loads_and_says_where_it_starts():
+    out = sass.report(SASS)
+    assert "2 dependent group(s) of global loads after its wait, 1 prefetch(es)" in out
+    assert "1 dependent group(s) of global loads from its start (no wait)" in out
+    assert "no_loads" not in out and "_Z9no_loadsv" not in out
+    assert "no_loads" in sass.report(SASS, show_all=True) or "_Z9no_loadsv" in sass.report(SASS, show_all=True)
+    assert sass.report(SASS, pattern="no_such_kernel") == ""
