@@ -422,7 +422,7 @@ void attention(const __nv_bfloat16* qkv, std::int64_t rows, std::int64_t heads, 
   // SM. Measured on the H200's 2B at 512 keys (bench/results/2026-12-01-h200-session-68.md): 32 CTAs
   // (batch 1) +6.9 % tokens/s; 256 CTAs, two an SM at half the SM's shared memory each (batch 8),
   // −7.5 %: the staged CTAs hold SMs and memory slots that the QKV projection, still running, needs.
-  // The own key's copy after the wait (bench/results/model/2026-12-02-h200-2b-decode-ab-own-key-b51164c.md):
+  // The own key's copy after the wait (bench/results/model/2026-12-02-h200-2b-decode-ab-own-key-b51164c/):
   // batch 1 sparse +3.6 %, dense +2.6 %.
   constexpr std::size_t kStageBytes = 160 * 1024;
   if (old_keys_ready && rows * heads * 4 <= sms && (d == 64 || d == 128)) {
