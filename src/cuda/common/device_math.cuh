@@ -189,11 +189,6 @@ __device__ __forceinline__ void prefetch_l2(const void* p) {
   for (int b = 0; b < Bytes; b += 128) asm volatile("prefetch.global.L2 [%0];" ::"l"(c + b));
 }
 
-// Asks this SM's L1 for the 128-byte line holding p: a hint that loads nothing into registers and
-// changes no value, for a line a later load of this thread (or of a neighbour lane) reads. Used by
-// the lab's candidates (lab/patches/2026-12-02-untested-*-l1-prefetch.patch) until one lands.
-__device__ __forceinline__ void prefetch_l1(const void* p) { asm volatile("prefetch.global.L1 [%0];" ::"l"(p)); }
-
 // D (16 × 8, fp32) += A (16 × 16, bf16, row) · B (16 × 8, bf16, col): mma.m16n8k16. Fragments (g =
 // lane / 4, t = lane % 4): a0 = A[g][2t, 2t + 1], a1 = A[g + 8][same], a2 = A[g][2t + 8, 2t + 9],
 // a3 = A[g + 8][same]; b0 = B[2t, 2t + 1][g], b1 = B[2t + 8, 2t + 9][g]; d0, d1 = D[g][2t, 2t + 1],
