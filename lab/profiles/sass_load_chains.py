@@ -16,6 +16,7 @@ once: a loop's body counts once, and what a branch skips is counted anyway. A re
 the source, not a verdict.
 """
 import argparse
+import os
 import re
 import shutil
 import subprocess
@@ -118,8 +119,8 @@ def main():
     ap.add_argument("--function", help="only kernels whose (demangled) name contains this")
     ap.add_argument("--all", action="store_true", help="list kernels without loads after the wait too")
     a = ap.parse_args()
-    if a.file.endswith((".o", ".cubin", ".so")) or a.file.endswith(".fatbin"):
-        tool = shutil.which(__import__("os").environ.get("CUOBJDUMP", "cuobjdump"))
+    if a.file.endswith((".o", ".cubin", ".so", ".fatbin")):
+        tool = shutil.which(os.environ.get("CUOBJDUMP", "cuobjdump"))
         if not tool:
             sys.exit("sass_load_chains: no cuobjdump (set CUOBJDUMP; lab/README.md says where to get one)")
         text = subprocess.run([tool, "-sass", a.file], capture_output=True, text=True, check=True).stdout
