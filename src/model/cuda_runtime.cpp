@@ -1082,8 +1082,11 @@ class CudaRuntime final : public Runtime {
       if (!layers_[l].ffn) continue;
       // The one-token FFN kernels' neuron order, most active first, on the engine's schedule:
       // counted here, outside any graph (the counted steps above, forward()'s own, count themselves).
-      // A layer's new weights (a long prefill's hot split) restart it.
-      if (sh.T == 1) layers_[l].ffn->advance_decode_order(stream_);
+      // Only steps that run those kernels count, as in forward(): a layer planned dense counts no
+      // activations, and its reorders (38 serial one-CTA kernels, ≈ 0.3 ms at the 2B's due steps)
+      // would be spent on the same counts. A layer's new weights (a long prefill's hot split)
+      // restart it.
+      if (sh.T == 1 && plans[l].sparse) layers_[l].ffn->advance_decode_order(stream_);
       layers_[l].ffn->prepare_step(plans[l], stream_);
     }
     reserve_scratch(sh);

@@ -974,29 +974,39 @@ TEST(ModelOps, DecodeTokenFoldsTheResidualNormBitForBit) {
 }
 
 // argmax: the lowest index of each row's largest value, as std::max_element on the host; a row
-// holding NaN or an infinity gives −1.
+// holding NaN or an infinity gives −1. Rows whose length is a multiple of 4 and that start 16-byte
+// aligned take the kernel's 16-byte loads (49 152, the 2B's vocabulary; a tie across two loads'
+// lanes), the others its scalar loop (49 157; 49 152 from a start one float past the allocation's).
 TEST(ModelOps, ArgmaxMatchesHostAndFlagsNonFinite) {
   TWELL_REQUIRE_GPU();
   Rng rng(fresh_seed());
-  const std::int64_t rows = 7, v = 49157;  // not a multiple of the block's threads
-  std::vector<float> logits(static_cast<std::size_t>(rows * v));
-  for (auto& x : logits) x = rng.normal();
-  logits[2 * v + 100] = logits[2 * v + 9000] = 50.0f;  // a tie: the lower index wins
-  logits[4 * v + v - 1] = 60.0f;                       // the last element
-  logits[5 * v + 7] = NAN;
-  logits[6 * v + 3] = INFINITY;
-  auto d = upload(logits);
-  DeviceBuffer<std::int32_t> out(static_cast<std::size_t>(rows));
-  cuda::ops::argmax(d.get(), rows, v, out.get(), nullptr);
-  const auto got = download<std::int32_t>(out);
-  for (std::int64_t r = 0; r < 5; ++r) {
-    const float* row = logits.data() + r * v;
-    EXPECT_EQ(got[static_cast<std::size_t>(r)], std::max_element(row, row + v) - row) << "row " << r;
+  struct Case {
+    std::int64_t v, offset;
+  };
+  for (const Case c : {Case{49157, 0}, Case{49152, 0}, Case{49152, 1}}) {
+    const std::int64_t rows = 7, v = c.v;
+    std::vector<float> logits(static_cast<std::size_t>(rows * v + c.offset));
+    for (auto& x : logits) x = rng.normal();
+    float* l = logits.data() + c.offset;
+    l[2 * v + 100] = l[2 * v + 9000] = l[2 * v + 9001] = 50.0f;  // a tie: the lower index wins
+    l[3 * v + 4099] = l[3 * v + 2050] = 55.0f;                  // a tie inside one thread's batch
+    l[4 * v + v - 1] = 60.0f;                                   // the last element
+    l[5 * v + 7] = NAN;
+    l[6 * v + 3] = INFINITY;
+    auto d = upload(logits);
+    DeviceBuffer<std::int32_t> out(static_cast<std::size_t>(rows));
+    cuda::ops::argmax(d.get() + c.offset, rows, v, out.get(), nullptr);
+    const auto got = download<std::int32_t>(out);
+    for (std::int64_t r = 0; r < 5; ++r) {
+      const float* row = l + r * v;
+      EXPECT_EQ(got[static_cast<std::size_t>(r)], std::max_element(row, row + v) - row) << "v " << v << ", row " << r;
+    }
+    EXPECT_EQ(got[2], 100) << "v " << v;
+    EXPECT_EQ(got[3], 2050) << "v " << v;
+    EXPECT_EQ(got[4], v - 1) << "v " << v;
+    EXPECT_EQ(got[5], -1) << "v " << v;
+    EXPECT_EQ(got[6], -1) << "v " << v;
   }
-  EXPECT_EQ(got[2], 100);
-  EXPECT_EQ(got[4], v - 1);
-  EXPECT_EQ(got[5], -1);
-  EXPECT_EQ(got[6], -1);
 }
 
 

@@ -41,15 +41,17 @@ inline bool norm_row_aligned(std::int64_t k, const void* x, const void* w, const
   return !off(x, 16) && !off(w, 16) && !off(d0, 8) && !off(d1, 8) && !off(y, 8);
 }
 
-// 4 bf16 at p (8-byte aligned) added to v[0..3], element by element.
-__device__ __forceinline__ void add_bf16x4(float* v, const __nv_bfloat16* p) {
-  const uint2 raw = *reinterpret_cast<const uint2*>(p);
+// 4 bf16 (raw: their 8 bytes; p: at p, 8-byte aligned) added to v[0..3], element by element.
+__device__ __forceinline__ void add_bf16x4(float* v, const uint2 raw) {
   const float2 a = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&raw.x));
   const float2 b = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&raw.y));
   v[0] += a.x;
   v[1] += a.y;
   v[2] += b.x;
   v[3] += b.y;
+}
+__device__ __forceinline__ void add_bf16x4(float* v, const __nv_bfloat16* p) {
+  add_bf16x4(v, *reinterpret_cast<const uint2*>(p));
 }
 
 // norm_row_reread's first delta may also be the fixed-point FFN output (int64, fixed_point.hpp:
@@ -109,14 +111,20 @@ __device__ void norm_row(float* __restrict__ xr, const __nv_bfloat16* __restrict
   const bool wide = norm_row_wide(k);
   constexpr int kGroups = kNormHeld / 4;  // the wide branch keeps group g in v[4g … 4g + 3]
   if (wide) {
+    // Every group's x, w and deltas are loaded before the first is used: with the deltas' loads
+    // behind a test each (SASS: a block of their own after the previous group's adds), the row came
+    // in a chain of dependent round trips (four at K = 2048 for x + first + delta). The raw deltas
+    // wait in registers; the adds below are the same, in the same order.
+    uint2 r0[kGroups], r1[kGroups];
 #pragma unroll
     for (int g = 0; g < kGroups; ++g) {
       const std::int64_t c = 4 * (threadIdx.x + static_cast<std::int64_t>(g) * kNormThreads);
-      float4 xv = make_float4(0.0f, 0.0f, 0.0f, 0.0f), ww = xv;
-      if (c < k) {
-        xv = *reinterpret_cast<const float4*>(xr + c);
-        ww = *reinterpret_cast<const float4*>(w + c);
-      }
+      const bool in = c < k;
+      const float4 zero = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+      const float4 xv = in ? *reinterpret_cast<const float4*>(xr + c) : zero;
+      const float4 ww = in ? *reinterpret_cast<const float4*>(w + c) : zero;
+      r0[g] = in && d0 ? *reinterpret_cast<const uint2*>(d0 + c) : make_uint2(0, 0);
+      r1[g] = in && d1 ? *reinterpret_cast<const uint2*>(d1 + c) : make_uint2(0, 0);
       v[4 * g] = xv.x;
       v[4 * g + 1] = xv.y;
       v[4 * g + 2] = xv.z;
@@ -125,8 +133,12 @@ __device__ void norm_row(float* __restrict__ xr, const __nv_bfloat16* __restrict
       wv[4 * g + 1] = ww.y;
       wv[4 * g + 2] = ww.z;
       wv[4 * g + 3] = ww.w;
-      if (c < k && d0) add_bf16x4(v + 4 * g, d0 + c);
-      if (c < k && d1) add_bf16x4(v + 4 * g, d1 + c);
+    }
+#pragma unroll
+    for (int g = 0; g < kGroups; ++g) {
+      const std::int64_t c = 4 * (threadIdx.x + static_cast<std::int64_t>(g) * kNormThreads);
+      if (c < k && d0) add_bf16x4(v + 4 * g, r0[g]);
+      if (c < k && d1) add_bf16x4(v + 4 * g, r1[g]);
     }
 #pragma unroll
     for (int g = 0; g < kGroups; ++g) {
