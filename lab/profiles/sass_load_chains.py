@@ -123,7 +123,10 @@ def main():
         tool = shutil.which(os.environ.get("CUOBJDUMP", "cuobjdump"))
         if not tool:
             sys.exit("sass_load_chains: no cuobjdump (set CUOBJDUMP; lab/README.md says where to get one)")
-        text = subprocess.run([tool, "-sass", a.file], capture_output=True, text=True, check=True).stdout
+        run = subprocess.run([tool, "-sass", a.file], capture_output=True, text=True, check=False)
+        if run.returncode != 0:  # e.g. PyPI's cuobjdump without nvdisasm beside it (lab/README.md)
+            sys.exit(f"sass_load_chains: {tool} -sass {a.file} failed ({run.returncode}): {run.stderr.strip()}")
+        text = run.stdout
     else:
         with open(a.file, encoding="utf-8") as f:
             text = f.read()

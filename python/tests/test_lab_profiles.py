@@ -175,3 +175,16 @@ def test_sass_report_lists_kernels_with_loads_and_says_where_it_starts():
     assert "no_loads" not in out and "_Z9no_loadsv" not in out
     assert "no_loads" in sass.report(SASS, show_all=True) or "_Z9no_loadsv" in sass.report(SASS, show_all=True)
     assert sass.report(SASS, pattern="no_such_kernel") == ""
+
+
+def test_sass_says_why_cuobjdump_failed(tmp_path, monkeypatch):
+    tool = tmp_path / "cuobjdump"
+    tool.write_text("#!/bin/sh\necho \"cuobjdump fatal   : Could not find executable file 'nvdisasm'\" >&2\nexit 1\n")
+    tool.chmod(0o755)
+    obj = tmp_path / "k.o"
+    obj.write_bytes(b"")
+    monkeypatch.setenv("CUOBJDUMP", str(tool))
+    monkeypatch.setattr("sys.argv", ["sass_load_chains.py", str(obj)])
+    with pytest.raises(SystemExit) as e:
+        sass.main()
+    assert "failed (1)" in str(e.value) and "nvdisasm" in str(e.value)
