@@ -144,6 +144,8 @@ __global__ void __launch_bounds__(kWarps * 32) attention_kernel_d(const __nv_bfl
   int staged = 0;     // kStaged: keys below this one are in shared memory
   uint4* sk = reinterpret_cast<uint4*>(smem) + stage_at;  // kStaged: K [stage_keys][L], then V
   uint4* sv = sk + static_cast<std::int64_t>(stage_keys) * L;
+  // Where staged key t keeps its chunk j: place j ^ (t mod L) of its row (the score loop says why).
+  const auto staged_k = [&](int t, int j) { return sk + t * L + (j ^ (t % L)); };
   if (old_keys_ready) {
     info = rows_kv[r];
     first = first_key(info.pos, window);
@@ -152,21 +154,20 @@ __global__ void __launch_bounds__(kWarps * 32) attention_kernel_d(const __nv_bfl
   if (kStaged && old_keys_ready) {
     staged = min(pre_below, stage_keys);
     pre_below = 0;  // nothing in registers
-    const __nv_bfloat16* kc0 = info.k + layer * info.layer_stride + kvh * D;
-    const __nv_bfloat16* vc0 = info.v + layer * info.layer_stride + kvh * D;
+    const __nv_bfloat16* kc0 = info.head_k(layer, kvh * D);
+    const __nv_bfloat16* vc0 = info.head_v(layer, kvh * D);
     // Thread t copies chunk t % L of keys t / L, t / L + 256 / L, …: a key's row by L neighbours.
-    // K's chunk j of key t goes to place j ^ (t mod L) of its row (see the score loop).
     for (int e = static_cast<int>(threadIdx.x); e < staged * L; e += kWarps * 32) {
       const int t = e / L, j = e % L;
       const std::int64_t row = info.slot(first + t) * kv_dim + 8 * j;
-      dev::cp_async16(static_cast<std::uint32_t>(__cvta_generic_to_shared(sk + t * L + (j ^ (t % L)))), kc0 + row, true);
+      dev::cp_async16(static_cast<std::uint32_t>(__cvta_generic_to_shared(staged_k(t, j))), kc0 + row, true);
       dev::cp_async16(static_cast<std::uint32_t>(__cvta_generic_to_shared(sv + e)), vc0 + row, true);
     }
     dev::cp_async_commit();
   } else if (old_keys_ready) {
     // A paged sequence's block table was written before the step too.
-    const __nv_bfloat16* kc0 = info.k + layer * info.layer_stride + kvh * D;
-    const __nv_bfloat16* vc0 = info.v + layer * info.layer_stride + kvh * D;
+    const __nv_bfloat16* kc0 = info.head_k(layer, kvh * D);
+    const __nv_bfloat16* vc0 = info.head_v(layer, kvh * D);
     const int t = static_cast<int>(threadIdx.x);
     if constexpr (kEarlyK) {
       if (t < pre_below) {
@@ -192,8 +193,8 @@ __global__ void __launch_bounds__(kWarps * 32) attention_kernel_d(const __nv_bfl
   }
   const int n = info.pos + 1 - first;
   // Key t (cache position first + t) of this head: kc + info.slot(first + t)·kv_dim.
-  const __nv_bfloat16* kc = info.k + layer * info.layer_stride + kvh * D;
-  const __nv_bfloat16* vc = info.v + layer * info.layer_stride + kvh * D;
+  const __nv_bfloat16* kc = info.head_k(layer, kvh * D);
+  const __nv_bfloat16* vc = info.head_v(layer, kvh * D);
   // kStaged: the row's own key n − 1, which the step's QKV kernel has just written (so read only
   // after the wait), joins the stage where it has room: the CTA's last 2L threads copy its K and V
   // chunks while the first D load the query, one round trip for both, so the loops below read every
@@ -205,7 +206,7 @@ __global__ void __launch_bounds__(kWarps * 32) attention_kernel_d(const __nv_bfl
       const int t = staged, j = e % L;
       const std::int64_t row = info.slot(first + t) * kv_dim + 8 * j;
       if (e < L)
-        dev::cp_async16(static_cast<std::uint32_t>(__cvta_generic_to_shared(sk + t * L + (j ^ (t % L)))), kc + row, true);
+        dev::cp_async16(static_cast<std::uint32_t>(__cvta_generic_to_shared(staged_k(t, j))), kc + row, true);
       else
         dev::cp_async16(static_cast<std::uint32_t>(__cvta_generic_to_shared(sv + t * L + j)), vc + row, true);
     }
@@ -230,9 +231,8 @@ __global__ void __launch_bounds__(kWarps * 32) attention_kernel_d(const __nv_bfl
   // wavefronts where 1 does. load_key(t, dst) reads key t's row in chunk order wherever it is.
   const auto load_key = [&](int t, uint4(&dst)[L]) {
     if (kStaged && t < staged) {
-      const uint4* row = sk + static_cast<std::int64_t>(t) * L;
 #pragma unroll
-      for (int j = 0; j < L; ++j) dst[j] = row[j ^ (t % L)];
+      for (int j = 0; j < L; ++j) dst[j] = *staged_k(t, j);
     } else {
       const uint4* row = reinterpret_cast<const uint4*>(kc + info.slot(first + t) * kv_dim);
 #pragma unroll

@@ -66,8 +66,8 @@ __global__ void __launch_bounds__(kGroupWarps * 32) attention_grouped_kernel(con
   info = rows_kv[r];  // before the wait only with old_keys_ready: copied in before the step's first kernel
   const int n = info.pos + 1, first = first_key(info.pos, window);
   const int tile0 = first / kGroupTileKeys, tiles = (n - 1) / kGroupTileKeys - tile0 + 1;
-  const __nv_bfloat16* kc = info.k + layer * info.layer_stride + kvh * D;
-  const __nv_bfloat16* vc = info.v + layer * info.layer_stride + kvh * D;
+  const __nv_bfloat16* kc = info.head_k(layer, kvh * D);
+  const __nv_bfloat16* vc = info.head_v(layer, kvh * D);
   // Tile i's K and V into stage st. early: before the wait, the row's own key (written by the kernel
   // before) left out; it is stored after the wait.
   const auto load = [&](int i, int st, bool early) {

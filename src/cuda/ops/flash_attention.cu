@@ -46,8 +46,8 @@ __global__ void __launch_bounds__(kWarps * 32) flash_attention_kernel(const __nv
   const std::int64_t ld = (heads + 2 * kv_heads) * D, q_dim = heads * D, kv_dim = kv_heads * D;
   const RowKv info = rows_kv[blk.row0];
   const int p0 = info.pos, rows = blk.rows, keys = p0 + rows;
-  const __nv_bfloat16* kc = info.k + layer * info.layer_stride + kvh * D;
-  const __nv_bfloat16* vc = info.v + layer * info.layer_stride + kvh * D;
+  const __nv_bfloat16* kc = info.head_k(layer, kvh * D);
+  const __nv_bfloat16* vc = info.head_v(layer, kvh * D);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, tid = threadIdx.x;
 
   // 16-byte loads: 8 bf16 per load (row strides and head offsets are multiples of 8 elements).

@@ -31,6 +31,14 @@ struct RowKv {
     return table ? static_cast<std::int64_t>(table[u / kKvBlockRows]) * kKvBlockRows + u % kKvBlockRows
                  : static_cast<std::int64_t>(p);
   }
+  // One KV head's keys (values) in one layer, the head's columns starting at col (kvh · head_dim):
+  // position p's row starts at head_k(layer, col) + slot(p) · kv_dim.
+  __host__ __device__ const __nv_bfloat16* head_k(std::int64_t layer, std::int64_t col) const {
+    return k + layer * layer_stride + col;
+  }
+  __host__ __device__ const __nv_bfloat16* head_v(std::int64_t layer, std::int64_t col) const {
+    return v + layer * layer_stride + col;
+  }
 };
 
 // x[r, :] = table[ids[r], :]  (bf16 → fp32)
