@@ -975,15 +975,17 @@ TEST(ModelOps, DecodeTokenFoldsTheResidualNormBitForBit) {
 
 // argmax: the lowest index of each row's largest value, as std::max_element on the host; a row
 // holding NaN or an infinity gives −1. Rows whose length is a multiple of 4 and that start 16-byte
-// aligned take the kernel's 16-byte loads (49 152, the 2B's vocabulary; a tie across two loads'
-// lanes), the others its scalar loop (49 157; 49 152 from a start one float past the allocation's).
+// aligned take the kernel's 16-byte loads (49 152, the 2B's vocabulary, three whole batches of
+// 512 threads × 8 loads; 49 156, whose last 16 bytes fall in a fourth batch that most threads skip;
+// a tie across two loads' lanes), the others its scalar loop (49 157; 49 152 from a start one float
+// past the allocation's). Short rows after: most threads hold no element.
 TEST(ModelOps, ArgmaxMatchesHostAndFlagsNonFinite) {
   TWELL_REQUIRE_GPU();
   Rng rng(fresh_seed());
   struct Case {
     std::int64_t v, offset;
   };
-  for (const Case c : {Case{49157, 0}, Case{49152, 0}, Case{49152, 1}}) {
+  for (const Case c : {Case{49157, 0}, Case{49152, 0}, Case{49156, 0}, Case{49152, 1}}) {
     const std::int64_t rows = 7, v = c.v;
     std::vector<float> logits(static_cast<std::size_t>(rows * v + c.offset));
     for (auto& x : logits) x = rng.normal();
@@ -1006,6 +1008,21 @@ TEST(ModelOps, ArgmaxMatchesHostAndFlagsNonFinite) {
     EXPECT_EQ(got[4], v - 1) << "v " << v;
     EXPECT_EQ(got[5], -1) << "v " << v;
     EXPECT_EQ(got[6], -1) << "v " << v;
+  }
+  for (const std::int64_t v : {8, 12, 4100}) {
+    const std::int64_t rows = 3;
+    std::vector<float> logits(static_cast<std::size_t>(rows * v));
+    for (auto& x : logits) x = rng.normal();
+    logits[static_cast<std::size_t>(v - 1)] = logits[static_cast<std::size_t>(v - 2)] = 40.0f;  // a tie at the row's end
+    auto d = upload(logits);
+    DeviceBuffer<std::int32_t> out(static_cast<std::size_t>(rows));
+    cuda::ops::argmax(d.get(), rows, v, out.get(), nullptr);
+    const auto got = download<std::int32_t>(out);
+    for (std::int64_t r = 0; r < rows; ++r) {
+      const float* row = logits.data() + r * v;
+      EXPECT_EQ(got[static_cast<std::size_t>(r)], std::max_element(row, row + v) - row) << "v " << v << ", row " << r;
+    }
+    EXPECT_EQ(got[0], v - 2) << "v " << v;
   }
 }
 
