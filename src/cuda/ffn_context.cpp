@@ -520,7 +520,7 @@ void FfnContext::prepare_decode(std::int64_t m, cudaStream_t stream) {
     }
     return;
   }
-  if (s.union_ffn) {  // the union's slots, counts and h for its largest step (its count uses the tickets' CTA word below)
+  if (s.union_ffn) {  // the union's slots, counts and h for its largest step (its count is decode_nnz_ below)
     ws_->union_list.reserve(static_cast<std::size_t>(union_list_size(n())));
     ws_->union_counts.reserve(static_cast<std::size_t>(union_tiles(n())));
     ws_->union_h.reserve(static_cast<std::size_t>(std::max(m, union_rows_cap()) * union_list_size(n())));
@@ -528,11 +528,11 @@ void FfnContext::prepare_decode(std::int64_t m, cudaStream_t stream) {
     ws_->decode_partials.reserve(static_cast<std::size_t>(m * tiles() * k()));
   }
   if (decode_tickets_.size() < static_cast<std::size_t>(m + 2)) {
-    // [0, m): the decode kernel's row tickets, [size − 2]: the CTA ticket (the decode kernel's and
-    // the union's), [size − 1]: unused; the count is separate (64-bit). Zeroed once; every launch
-    // leaves them zero again. Sized once for any decode size the settings may ever allow (below the
-    // dispatch minimum; the union's 64), so that no later step, whatever set_decode_max_rows or
-    // set_union_*_rows say by then, moves what a captured one reads.
+    // [0, m): the decode kernel's row tickets, [size − 2]: the decode kernel's CTA ticket,
+    // [size − 1]: unused; the count (the decode kernel's and the union's) is separate (64-bit).
+    // Zeroed once; every launch leaves them zero again. Sized once for any decode size the
+    // settings may ever allow (below the dispatch minimum; the union's 64), so that no later step,
+    // whatever set_decode_max_rows or set_union_*_rows say by then, moves what a captured one reads.
     decode_tickets_.resize(static_cast<std::size_t>(std::max({m, opt_.dispatch_min_rows - 1, kUnionMaxRows}) + 2));
     TWELL_CUDA_CHECK(cudaMemsetAsync(decode_tickets_.get(), 0, decode_tickets_.bytes(), stream));
     TWELL_CUDA_CHECK(cudaMemsetAsync(decode_nnz_.get(), 0, decode_nnz_.bytes(), stream));
@@ -625,7 +625,6 @@ void FfnContext::enqueue_decode(const __nv_bfloat16* x, std::int64_t m, __nv_bfl
     launch_twell_decode_token(tp, stream);
     return;
   }
-  unsigned* const cta_word = decode_tickets_.get() + decode_tickets_.size() - 2;  // the pairs' ticket: the union and the decode kernel leave it zero
   if (s.gate_gemv) {
     // The gate (the up GEMM non-gated) as a GEMV: same values as gate_gemm's.
     TwellGemvParams gp = gemv_rows(x, m, w_.gate_up(), n(), k());
@@ -648,7 +647,6 @@ void FfnContext::enqueue_decode(const __nv_bfloat16* x, std::int64_t m, __nv_bfl
     u.list = ws_->union_list.get();
     u.counts = ws_->union_counts.get();
     u.h = ws_->union_h.get();
-    u.cta_ticket = cta_word;
     u.nnz = decode_nnz_.get();
     u.nnz_out = nnz_out;
     u.up_split = opt_.union_up_split;
@@ -663,7 +661,7 @@ void FfnContext::enqueue_decode(const __nv_bfloat16* x, std::int64_t m, __nv_bfl
   p.ld_g = ldn();
   p.partials = ws_->decode_partials.get();
   p.row_tickets = decode_tickets_.get();
-  p.cta_ticket = cta_word;
+  p.cta_ticket = decode_tickets_.get() + decode_tickets_.size() - 2;  // the pairs' ticket: the decode kernel leaves it zero
   p.nnz = decode_nnz_.get();
   p.nnz_out = nnz_out;
   launch_twell_decode(p, stream);

@@ -80,7 +80,9 @@ __global__ void __launch_bounds__(kUnionThreads) union_list_kernel(UnionFfnParam
   if (tid >= count && tid < (count + kUnionGroup - 1) / kUnionGroup * kUnionGroup) list[tid] = -1;
   if (tid == 0) p.counts[t] = count;
   if (!p.nnz) return;
-  // The fired pairs: the CTA's sum joins the grid's count (dev::grid_count_publish).
+  // The fired pairs: the CTA's sum joins the grid's count, a reduction nothing here waits on. The
+  // down kernel publishes the total (it runs after the up kernel, which waited for this grid); a
+  // ticketed last CTA here put a fence and two dependent atomics on the chain's path.
 #pragma unroll
   for (int off = 16; off > 0; off >>= 1) pairs += __shfl_xor_sync(0xffffffffu, pairs, off);
   __shared__ unsigned s_pairs[kUnionThreads / 32];
@@ -89,7 +91,7 @@ __global__ void __launch_bounds__(kUnionThreads) union_list_kernel(UnionFfnParam
   if (tid != 0) return;
   unsigned long long cta = 0;
   for (int w = 0; w < kUnionThreads / 32; ++w) cta += s_pairs[w];
-  dev::grid_count_publish(p.nnz, p.cta_ticket, gridDim.x, cta, p.nnz_out);
+  if (cta) atomicAdd(p.nnz, cta);
 }
 
 // The sm_80 image of this file holds traps only (clusters are sm_90's): the device helpers below
@@ -349,6 +351,13 @@ __global__ void __launch_bounds__(kUnionThreads) union_down_kernel(UnionFfnParam
     if (st < mine) load_h(st, st);
     cdev::cp_async_commit();
   }
+  // The list kernel's count of fired pairs, complete now (the up kernel waited for that grid and
+  // this one for the up kernel), published and zeroed for the next call by one thread while the
+  // h copies are in flight.
+  if (p.nnz && blockIdx.x == 0 && blockIdx.y == 0 && tid == 0) {
+    const unsigned long long total = atomicExch(p.nnz, 0ull);
+    if (p.nnz_out) *p.nnz_out = total;
+  }
   for (int j = 0; j < mine; ++j) {
     cdev::cp_async_wait<kDownStages - 2>();  // group j is in (this thread's copies)
     __syncthreads();                         // ... every thread's, and group j − 1's buffer is read
@@ -456,10 +465,10 @@ bool union_ffn_available(int device) {
 }
 
 void launch_union_ffn(const UnionFfnParams& p, cudaStream_t stream, int parts) {
-  TWELL_CU_REQUIRE(p.x && p.w_up && p.w_down_t && p.y && p.g && p.list && p.counts && p.h && (!p.nnz || p.cta_ticket),
+  TWELL_CU_REQUIRE(p.x && p.w_up && p.w_down_t && p.y && p.g && p.list && p.counts && p.h,
                    ErrorCode::invalid_argument, "union FFN: null pointer");
-  TWELL_CU_REQUIRE(!(parts & kUnionSkipList) || !p.nnz, ErrorCode::invalid_argument,
-                   "union FFN: the list kernel left out, but nnz asks for its count");
+  TWELL_CU_REQUIRE(!p.nnz || ((parts & 3) == 3 && !(parts & kUnionSkipList)), ErrorCode::invalid_argument,
+                   "union FFN: nnz needs the list kernel (which counts) and the down kernel (which publishes) in one call");
   const auto aligned = [](const void* q, std::uintptr_t a) { return reinterpret_cast<std::uintptr_t>(q) % a == 0; };
   TWELL_CU_REQUIRE(aligned(p.x, 16) && aligned(p.w_up, 16) && aligned(p.w_down_t, 16) && aligned(p.h, 16) && aligned(p.g, 8) &&
                        aligned(p.y, 2),

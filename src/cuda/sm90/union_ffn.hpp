@@ -5,7 +5,7 @@
 // fired them. Three kernels, each a CUDA-graph node with nothing read on the host:
 //   list  a CTA a tile of 256 neurons: the tile's fired neurons (g > 0 in some row) in ascending
 //         order at slots t · 256 + i, padded to a multiple of 16 with −1, the tile's count, and
-//         (with nnz) the fired (row, neuron) pairs, published to nnz_out by the last CTA;
+//         (with nnz) its fired (row, neuron) pairs added into nnz;
 //   up    a thread-block cluster of up_split CTAs a block of 64 listed slots (4 groups of 16 in tile
 //         order), rank r the r-th share of K on tensor cores; the ranks' partial tiles added in
 //         rank order through distributed shared memory: h[row, slot] = bf16(g[row, n] · ⟨x[row],
@@ -13,7 +13,8 @@
 //         fill, or up_clusters clusters that take the blocks in turn (fewer CTAs to wait on a
 //         programmatic launch's slots; the same sums, so the same bits);
 //   down  a cluster of down_split CTAs 128 columns of y, rank r the union's groups r, r + split, …;
-//         the ranks' partial tiles added in rank order, y rounded to bf16 once.
+//         the ranks' partial tiles added in rank order, y rounded to bf16 once; (with nnz) one
+//         thread moves the list's count to nnz_out, leaving nnz zero.
 // h is rounded to bf16 as the dense FFN rounds it. The order of every sum is fixed by the union and
 // the splits (never by timing), so replays give the same bits; a row's bits depend on which neurons
 // the other rows fired (its 16-slot groups), as the dense path's depend on M. Within the float64
@@ -47,7 +48,6 @@ struct UnionFfnParams : FfnOperands {  // gated only: x, w_up, w_down_t, y (rows
   int* list = nullptr;               // [union_list_size(n)] a slot's neuron (−1: padding)
   int* counts = nullptr;             // [tiles] the tile's listed neurons
   __nv_bfloat16* h = nullptr;        // [m, union_list_size(n)], rows ld_h = union_list_size(n) apart
-  unsigned int* cta_ticket = nullptr;      // with nnz: [1], zero on entry (left zero)
   unsigned long long* nnz = nullptr;       // optional: [1], zero on entry (left zero): the pairs' count
   unsigned long long* nnz_out = nullptr;   // with nnz: receives the fired (row, neuron) pairs
   int up_split = 8;                  // CTAs an up cluster (1, 2, 4, 8)
@@ -78,7 +78,8 @@ bool union_ffn_available(int device);
 
 // parts: bit 0 the list and up kernels, bit 1 the down kernel (one alone: a probe's timing split);
 // with kUnionSkipList the list kernel is left out, the list and counts holding this g's already (a
-// probe's measure of what the list kernel adds to the chain; never with nnz, which it publishes).
+// probe's measure of what the list kernel adds to the chain). nnz needs parts 3 without
+// kUnionSkipList: the list kernel counts, the down kernel publishes.
 // Throws twell::Error (unsupported) on a shape union_ffn_fits refuses or a bad split.
 inline constexpr int kUnionSkipList = 4;
 void launch_union_ffn(const UnionFfnParams& p, cudaStream_t stream, int parts = 3);
