@@ -542,8 +542,9 @@ TEST(ModelOps, DecodeAttentionReadsOldKeysEarlyAndTheNewOneAfter) {
 // before it lets the next one start), and the outputs must equal plain launches' over the final x
 // bit for bit: a kernel that read x early would see the buffer's earlier contents (another random
 // x) every time. Shapes: tails of a warp's rows (N = 2053), rows of several load windows (K = 4096,
-// 8192), 1, 3, 5 and 12 tokens (the tensor-core kernel from 2, with W before the wait at 5 and 12),
-// fp32 and bf16 output; the FFN gated and non-gated (≈ half the neurons active).
+// 8192), 1, 3, 5 and 12 tokens (W before the wait at 1 token, as the runtime's output projection
+// and the dense down GEMV load it, and on the tensor-core kernel from 2 at 5 and 12), fp32 and bf16
+// output; the FFN gated and non-gated (≈ half the neurons active).
 TEST(ModelOps, WeightFirstKernelsReadXAfterTheWait) {
   TWELL_REQUIRE_GPU();
   Rng rng(fresh_seed());
@@ -554,8 +555,9 @@ TEST(ModelOps, WeightFirstKernelsReadXAfterTheWait) {
     std::int64_t m, n, k;
     bool f32;
   };
-  for (const GemvCase c : {GemvCase{1, 2053, 2048, false}, GemvCase{3, 2053, 8192, true}, GemvCase{1, 64, 4096, true},
-                           GemvCase{5, 2053, 2048, false}, GemvCase{12, 1000, 4096, false}}) {
+  // One token at K = 5632: the dense down GEMV's shape (three load windows, the first before the wait).
+  for (const GemvCase c : {GemvCase{1, 2053, 2048, false}, GemvCase{1, 2053, 5632, false}, GemvCase{3, 2053, 8192, true},
+                           GemvCase{1, 64, 4096, true}, GemvCase{5, 2053, 2048, false}, GemvCase{12, 1000, 4096, false}}) {
     SCOPED_TRACE(::testing::Message() << "gemv m " << c.m << " n " << c.n << " k " << c.k);
     auto w = upload<__nv_bfloat16>(random_bf16(rng, static_cast<std::size_t>(c.n * c.k)));
     const auto xv = random_bf16(rng, static_cast<std::size_t>(c.m * c.k));
@@ -565,8 +567,8 @@ TEST(ModelOps, WeightFirstKernelsReadXAfterTheWait) {
     const auto run = [&](const __nv_bfloat16* xp, float* y32, __nv_bfloat16* y) {
       if (c.f32) {
         cuda::launch_twell_gemv_f32(xp, c.m, w.get(), c.n, c.k, y32, stream);
-      } else if (c.m == 1) {
-        cuda::launch_twell_gemv_row(xp, w.get(), c.n, c.k, y, stream);
+      } else if (c.m == 1) {  // as the runtime's output projection: W's window before the wait
+        cuda::launch_twell_gemv_row(xp, w.get(), c.n, c.k, y, stream, /*w_before_wait=*/true);
       } else {  // the runtime's batched projections: W's first window before the wait, x after it
         cuda::TwellGemvParams p = cuda::gemv_rows(xp, c.m, w.get(), c.n, c.k);
         p.g = y;
