@@ -3,7 +3,10 @@
 // serialised, so programmatic launches' overlap and the gaps between kernels show as they run —
 // what ncu cannot show (it serialises every kernel) and nsys cannot here (not usable on the GPU
 // machines, device KINDS.md). Diagnostics for issue 27's decode targets.
-//   twell_probe_timeline [config [density [batch [steps]]]]   (defaults: 2b 0.005 1 32)
+//   twell_probe_timeline [config [density [batch [steps [prompt [paths]]]]]]   (defaults: 2b 0.005 1 32 128 dense,automatic)
+// paths: which FFN paths run and in which order (dense, automatic, comma-separated): a path that runs
+// second does so after the first one's steps on a warm GPU, so a difference between the two can be
+// checked against the other order.
 // For the dense FFN path and the automatic one in turn: a runtime with CUDA graphs, a prefill of
 // `prompt` tokens a sequence (argument 5, default 128), 8 warm-up decode steps, then `steps` traced steps. A step is the kernels
 // up to and including the LM head's argmax. Prints, per path: the step's GPU span (first kernel's
@@ -212,8 +215,20 @@ int main(int argc, char** argv) try {
   const std::int64_t batch = argc > 3 ? std::stoll(argv[3]) : 1;
   const int steps = argc > 4 ? std::stoi(argv[4]) : 32;
   const int prompt = argc > 5 ? std::stoi(argv[5]) : 128;  // keys before the warm-up steps
-  if (batch < 1 || steps < 1 || prompt < 1 || prompt > 65536) {
-    std::fprintf(stderr, "usage: twell_probe_timeline [config [density [batch >= 1 [steps >= 1 [prompt tokens, 1-65536]]]]]\n");
+  std::vector<model::FfnPath> paths;
+  bool paths_ok = true;
+  const std::string list = argc > 6 ? argv[6] : "dense,automatic";
+  for (std::size_t at = 0; at <= list.size();) {
+    const std::size_t end = std::min(list.find(',', at), list.size());
+    const std::string name = list.substr(at, end - at);
+    if (name == "dense") paths.push_back(model::FfnPath::dense);
+    else if (name == "automatic") paths.push_back(model::FfnPath::automatic);
+    else paths_ok = false;
+    at = end + 1;
+  }
+  if (batch < 1 || steps < 1 || prompt < 1 || prompt > 65536 || !paths_ok) {
+    std::fprintf(stderr, "usage: twell_probe_timeline [config [density [batch >= 1 [steps >= 1 [prompt tokens, 1-65536 "
+                         "[paths: dense,automatic (either or both, in the order to run)]]]]]]\n");
     return 2;
   }
   const model::Model m = probe::synthetic_model(config, density, "probe_timeline");
@@ -224,7 +239,7 @@ int main(int argc, char** argv) try {
   const std::int64_t capacity = prompt + steps + 16;
   std::printf("# A graph-replayed decode step, kernel by kernel (CUPTI), %s at %.3f %%, batch %lld, %d prompt tokens + 8 warm-up steps\n",
               config.c_str(), 100 * density, static_cast<long long>(batch), prompt);
-  for (const model::FfnPath path : {model::FfnPath::dense, model::FfnPath::automatic}) {
+  for (const model::FfnPath path : paths) {
     probe::Decoder d = probe::start(m, path, true, batch, capacity, rng, prompt);
     for (int s = 0; s < 8; ++s) d.step();
     take_kernels();  // the prefill and warm-up steps' records

@@ -3,7 +3,9 @@
 # (CUPTI activity records: real start/end times, programmatic launches' overlap and the idle gaps
 # visible; ncu serialises, nsys is not usable on the GPU machines) for the dense and automatic FFN
 # paths, into $OUT/decode-timeline.md.
-#   [BUILD=build/gpu] [PROBE=$BUILD/lab/twell_probe_timeline] [OUT=…] bash lab/profiles/gpu_decode_timeline.sh [CONFIG [DENSITY [BATCH [STEPS [PROMPT]]]]]   (2b 0.005 1 32 128)
+#   [BUILD=build/gpu] [PROBE=$BUILD/lab/twell_probe_timeline] [OUT=…] bash lab/profiles/gpu_decode_timeline.sh [CONFIG [DENSITY [BATCH [STEPS [PROMPT [PATHS]]]]]]   (2b 0.005 1 32 128 dense,automatic)
+# PATHS: the FFN paths to trace, in the order they run (dense,automatic; automatic,dense; or one): the
+# second runs on a GPU warmed by the first, so a gap between them is checked in the other order too.
 # Needs a build configured with -DTWELL_BUILD_LAB=ON and CUPTI (CMake's CUDA::cupti: the toolkit's
 # libcupti; twell_probe_timeline is left out without it). Where the toolkit's libcupti is not on
 # the loader's path, PyTorch's copy (nvidia/cu13/lib in its venv) is used. ≈ 1.5 minutes at 2B (the synthetic model's build).
@@ -19,7 +21,7 @@ if ldd "$P" | grep -q "libcupti.*not found"; then
     [ -e "$d/libcupti.so.13" ] && export LD_LIBRARY_PATH="$d${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" && break
   done
 fi
-timeout 400 "$P" "${1:-2b}" "${2:-0.005}" "${3:-1}" "${4:-32}" "${5:-128}" > "$OUT/decode-timeline.md" 2> "$OUT/decode-timeline.err"
+timeout 400 "$P" "${1:-2b}" "${2:-0.005}" "${3:-1}" "${4:-32}" "${5:-128}" "${6:-dense,automatic}" > "$OUT/decode-timeline.md" 2> "$OUT/decode-timeline.err"
 echo "twell_probe_timeline rc=$?"
 cat "$OUT/decode-timeline.md"
 tail -3 "$OUT/decode-timeline.err"
