@@ -24,7 +24,12 @@ inline int current_device_or_minus_one() noexcept {
   return d;
 }
 
+// Reports e by the throw and clears it as the runtime's last error, so that the next launch's check
+// (TWELL_CUDA_CHECK_LAUNCH) does not report it again under its own name after a caller has handled
+// this one (a full device, a refused launch). A sticky error (a kernel's fault) stays: the runtime
+// keeps it whatever is asked.
 [[noreturn]] inline void throw_cuda(cudaError_t e, const char* call, const char* file, int line) {
+  (void)cudaGetLastError();
   raise(ErrorCode::cuda, "{} failed: {} ({}) at {}:{} on device {}", call, cudaGetErrorString(e),
         cudaGetErrorName(e), file, line, current_device_or_minus_one());
 }

@@ -47,13 +47,7 @@ class DeviceBuffer {
     release();
     if (count == 0) return;
     if (!alloc_) {
-      const cudaError_t e = cudaMalloc(reinterpret_cast<void**>(&ptr_), count * sizeof(T));
-      if (e != cudaSuccess) {
-        // Reported here, by the throw: not left behind as the runtime's last error, for the next
-        // launch's check to report as its own after a caller has handled this one (a full device).
-        (void)cudaGetLastError();
-        detail::throw_cuda(e, "cudaMalloc(reinterpret_cast<void**>(&ptr_), count * sizeof(T))", __FILE__, __LINE__);
-      }
+      TWELL_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&ptr_), count * sizeof(T)));
     } else {
       void* p = alloc_->allocate(count * sizeof(T));
       if (p == nullptr || reinterpret_cast<std::uintptr_t>(p) % 256 != 0) {

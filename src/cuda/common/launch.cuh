@@ -58,11 +58,7 @@ void launch_kernel(void (*kernel)(P...), dim3 grid, dim3 block, std::size_t smem
   attr[0].val.programmaticStreamSerializationAllowed = 1;
   cfg.attrs = attr;
   cfg.numAttrs = 1;
-  const cudaError_t e = cudaLaunchKernelEx(&cfg, kernel, args...);
-  if (e != cudaSuccess) {
-    (void)cudaGetLastError();  // not left for the next launch's check to report under its name
-    TWELL_CUDA_CHECK(e);
-  }
+  TWELL_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, args...));
 }
 
 }  // namespace twell::cuda

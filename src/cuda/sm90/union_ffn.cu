@@ -427,10 +427,7 @@ void go(const void* kernel, const char* name, dim3 grid, int split, std::size_t 
   cfg.numAttrs = 2;
   void* args[] = {const_cast<UnionFfnParams*>(&p)};
   const cudaError_t e = cudaLaunchKernelExC(&cfg, kernel, args);
-  if (e != cudaSuccess) {
-    (void)cudaGetLastError();  // not left for the next launch's check to report under its name
-    detail::raise(ErrorCode::cuda, "{} launch failed: {}", name, cudaGetErrorString(e));
-  }
+  if (e != cudaSuccess) detail::throw_cuda(e, name, __FILE__, __LINE__);
 }
 
 template <int NT>
