@@ -69,15 +69,31 @@ __global__ void __launch_bounds__(kGroupWarps * 32) attention_grouped_kernel(con
   const __nv_bfloat16* kc = info.head_k(layer, kvh * D);
   const __nv_bfloat16* vc = info.head_v(layer, kvh * D);
   // Tile i's K and V into stage st. early: before the wait, the row's own key (written by the kernel
-  // before) left out; it is stored after the wait.
+  // before) left out; it is stored after the wait. Thread tid loads chunk lch = tid % CH of the keys
+  // lkey + kKeyStep·j of the tile, K and V: a key's bounds and slot are found once for both, and its
+  // chunk's swizzle (key & 7) is lkey's for every j (kKeyStep is a multiple of 8), so a chunk costs
+  // an add and its cp.async. Found a chunk at a time, the addresses were about half of the kernel's
+  // instructions at the MHA 2B's 64 rows, which issued on 60 % of its cycles (ncu:
+  // bench/results/2026-12-03-h200-ncu-grouped-attention-mha-64x513-e151c28.md); this form took the
+  // 2B's decode step +7.9 % at 64 rows and +5.6 % at 32
+  // (bench/results/model/2026-12-03-h200-2b-decode-ab-attention-load-per-key-e151c28/). The same
+  // bytes land at the same shared addresses, so the bits are the loop's.
+  constexpr int kKeyStep = kThreads / CH, kKeysPerThread = kGroupTileKeys / kKeyStep;
+  static_assert(kThreads % CH == 0 && kKeyStep % 8 == 0 && kGroupTileKeys % kKeyStep == 0, "a thread's keys share their swizzle");
+  const int lch = tid % CH, lkey = tid / CH;
+  const auto ldst = static_cast<std::uint32_t>(lkey * D * 2 + ((lch ^ (lkey & 7)) << 4));
   const auto load = [&](int i, int st, bool early) {
-    for (int c = tid; c < 2 * kGroupTileKeys * CH; c += kThreads) {
-      const int which = c / (kGroupTileKeys * CH), key = c / CH % kGroupTileKeys, ch = c % CH;
-      const int t = (tile0 + i) * kGroupTileKeys + key;
+    const std::uint32_t kdst = sbase + st * 2 * kTileBytes + ldst;
+    const int t0 = (tile0 + i) * kGroupTileKeys + lkey;
+#pragma unroll
+    for (int j = 0; j < kKeysPerThread; ++j) {
+      const int t = t0 + kKeyStep * j;
       if (early && t == info.pos) continue;
       const bool in = t >= first && t < n;
-      const __nv_bfloat16* src = (which ? vc : kc) + (in ? info.slot(t) * kv_dim + ch * 8 : 0);
-      dev::cp_async16(sbase + (st * 2 + which) * kTileBytes + key * D * 2 + ((ch ^ (key & 7)) << 4), src, in);
+      const std::int64_t off = in ? info.slot(t) * kv_dim + lch * 8 : 0;
+      const std::uint32_t dst = kdst + j * kKeyStep * D * 2;
+      dev::cp_async16(dst, kc + off, in);
+      dev::cp_async16(dst + kTileBytes, vc + off, in);
     }
   };
 #pragma unroll
