@@ -30,7 +30,7 @@ __device__ __forceinline__ int first_key(int pos, int window) { return window > 
 // (|p − hi − lo| ≤ 2⁻¹⁶ p) where bf16 alone keeps 8. At the end the warps' (m, l, O) are combined in
 // warp order. Every order is fixed, so a row's bits depend neither on the other rows of the call
 // nor on the run; they are not attention_kernel_d's (another summation: the bound at
-// ModelOps.GroupedAttentionMatchesFloat64AndItsRowsAlone adds the tensor cores' truncating sums, P's
+// GroupedAttention.MatchesFloat64AndItsRowsAlone adds the tensor cores' truncating sums, P's
 // 2⁻¹⁶ and the rescalings). The form before it (a thread a key, attention_kernel_d's bits) waited on
 // its loads (ncu: 56 % of its cycles); a scalar form of these tiles was instruction-bound. This one
 // reads the 2b-gqa's 64 rows × 513 keys in 21.9 µs against 33.9 (73 % of the copy bandwidth,
@@ -45,6 +45,14 @@ constexpr int kGroupWarps = 4, kGroupTileKeys = 64, kGroupStages = 3;
 template <int D>
 constexpr std::size_t grouped_smem() {
   return sizeof(__nv_bfloat16) * kGroupStages * 2 * kGroupTileKeys * D;  // ≥ the combination's floats
+}
+
+// Where a tile keeps key `key`'s 16-byte chunk `ch`: bytes from the tile's start, the chunk at place
+// ch ^ (key & 7) of its row (the swizzle above). The cp.async copies, the own-key store and both
+// ldmatrix reads all take their addresses here, so they agree.
+template <int D>
+__device__ __forceinline__ int tile_chunk_offset(int key, int ch) {
+  return key * D * 2 + ((ch ^ (key & 7)) << 4);
 }
 
 template <int D, int GRP>
@@ -81,7 +89,7 @@ __global__ void __launch_bounds__(kGroupWarps * 32) attention_grouped_kernel(con
   constexpr int kKeyStep = kThreads / CH, kKeysPerThread = kGroupTileKeys / kKeyStep;
   static_assert(kThreads % CH == 0 && kKeyStep % 8 == 0 && kGroupTileKeys % kKeyStep == 0, "a thread's keys share their swizzle");
   const int lch = tid % CH, lkey = tid / CH;
-  const auto ldst = static_cast<std::uint32_t>(lkey * D * 2 + ((lch ^ (lkey & 7)) << 4));
+  const auto ldst = static_cast<std::uint32_t>(tile_chunk_offset<D>(lkey, lch));
   const auto load = [&](int i, int st, bool early) {
     const std::uint32_t kdst = sbase + st * 2 * kTileBytes + ldst;
     const int t0 = (tile0 + i) * kGroupTileKeys + lkey;
@@ -108,7 +116,7 @@ __global__ void __launch_bounds__(kGroupWarps * 32) attention_grouped_kernel(con
     if (i < kGroupStages - 1 && tid < 2 * CH) {
       const int which = tid / CH, ch = tid % CH;
       const uint4 v = reinterpret_cast<const uint4*>((which ? vc : kc) + info.slot(info.pos) * kv_dim)[ch];
-      *reinterpret_cast<uint4*>(group_smem + (i * 2 + which) * kTileBytes + key * D * 2 + ((ch ^ (key & 7)) << 4)) = v;
+      *reinterpret_cast<uint4*>(group_smem + (i * 2 + which) * kTileBytes + tile_chunk_offset<D>(key, ch)) = v;
     }
   }
   // Q as mma's A: row g < GRP is query head kvh · GRP + g; a0 its columns 16kk + 2t4 (+ 1), a2 those + 8.
@@ -135,7 +143,7 @@ __global__ void __launch_bounds__(kGroupWarps * 32) attention_grouped_kernel(con
     for (int kk = 0; kk < KS; ++kk) {
       const int key = k0 + rr + (mi >> 1) * 8, ch = 2 * kk + (mi & 1);
       unsigned b00, b01, b10, b11;
-      dev::ldmatrix_x4(ks + key * D * 2 + ((ch ^ (key & 7)) << 4), b00, b01, b10, b11);
+      dev::ldmatrix_x4(ks + tile_chunk_offset<D>(key, ch), b00, b01, b10, b11);
       dev::mma_16816_bf16(sc[0], qa0[kk], 0u, qa2[kk], 0u, b00, b01);
       dev::mma_16816_bf16(sc[1], qa0[kk], 0u, qa2[kk], 0u, b10, b11);
     }
@@ -177,7 +185,7 @@ __global__ void __launch_bounds__(kGroupWarps * 32) attention_grouped_kernel(con
     for (int j = 0; j < NB / 2; ++j) {
       const int key = k0 + rr + (mi & 1) * 8, ch = 2 * j + (mi >> 1);
       unsigned v0, v1, v2, v3;
-      dev::ldmatrix_x4_trans(vs + key * D * 2 + ((ch ^ (key & 7)) << 4), v0, v1, v2, v3);
+      dev::ldmatrix_x4_trans(vs + tile_chunk_offset<D>(key, ch), v0, v1, v2, v3);
       dev::mma_16816_bf16(o[2 * j], ph0, 0u, ph2, 0u, v0, v1);
       dev::mma_16816_bf16(o[2 * j], pl0, 0u, pl2, 0u, v0, v1);
       dev::mma_16816_bf16(o[2 * j + 1], ph0, 0u, ph2, 0u, v2, v3);
