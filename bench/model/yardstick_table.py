@@ -50,6 +50,20 @@ def twell_decode(twell_json):
     return out
 
 
+def sparse_never_ran(twell_json):
+    """{batch: whether the sparse runtime's timed decode runs overlap the dense ones'} for the batches
+    where that runtime ran no FFN row sparse (every layer dispatched dense: the same kernels on both
+    sides, so their ratio is the runs' spread, not a sparse layer's loss)."""
+    out = {}
+    for r in (twell_json or {}).get("rows", []):
+        path = r.get("sparse_runtime_path") or {}
+        if r.get("phase") != "decode" or path.get("ffn_rows", 0) <= 0 or path.get("sparse_rows", 1) != 0:
+            continue
+        d, s = r.get("dense_s") or [], r.get("sparse_s") or []
+        out[int(r["batch"])] = bool(d and s and min(s) <= max(d) and min(d) <= max(s))
+    return out
+
+
 def ratio(a, b):
     return f"{a / b:.2f}×" if a is not None and b else "—"
 
@@ -114,8 +128,10 @@ def bandwidth_table(torch_json, twell_json):
 
 def outcomes_table(torch_json, twell_json):
     """Issue 59's outcomes a batch (OUTCOMES): each cell the measured value and "yes" or "no" against its
-    target, or a dash where a side or the byte floor is missing."""
+    target, or a dash where a side or the byte floor is missing. Where the sparse runtime ran no layer
+    sparse, its sparse / dense cell says so (sparse_never_ran)."""
     pt, tw = pytorch_decode(torch_json), twell_decode(twell_json)
+    all_dense = sparse_never_ran(twell_json)
     floors = {int(f["batch"]): f for f in (twell_json or {}).get("decode_byte_floor", []) if "batch" in f}
     copy = (twell_json or {}).get("copy_bandwidth")
     if not tw:
@@ -140,6 +156,8 @@ def outcomes_table(torch_json, twell_json):
         cells = [verdict(best and dense / best, o["dense_vs_pytorch"], f"{dense / best:.2f}×" if best else ""),
                  verdict(best and sparse / best, o["sparse_vs_pytorch"], f"{sparse / best:.2f}×" if best else ""),
                  verdict(sd, o["sparse_vs_dense"], f"{sd:.3f}" if sd else "")]
+        if b in all_dense and sd:  # no layer ran sparse: say so, and whether the runs' times overlap
+            cells[2] += " (no layer sparse; " + ("within" if all_dense[b] else "outside") + " the runs' spread)"
         if b > 1 and ceiling and sd:
             need = o["of_ceiling"] * ceiling
             cells.append(f"{sd:.2f} of {need:.2f} needed {'yes' if sd >= need else 'no'}")

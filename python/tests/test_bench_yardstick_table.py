@@ -120,3 +120,24 @@ def test_outcomes_against_issue_59s_targets():
     again = {int(line.split("|")[1]): line for line in yt.outcomes_table(torch_json(), w)[2:]}
     assert "of 1.50 needed no" in again[8]
     assert yt.outcomes_table(torch_json(), {}) == []  # no twell rows: no table
+
+
+def test_outcomes_say_when_no_layer_ran_sparse():
+    """Where the sparse runtime dispatched every layer dense (sparse_rows 0), its sparse / dense cell
+    says so and whether the two sides' timed runs overlap (then the ratio is the runs' spread); a
+    batch with sparse rows, or an older twell.json without the path, keeps the plain cell."""
+    yt = load_bench("model/yardstick_table")
+    w = {"rows": [
+        {"phase": "decode", "batch": 8, "dense_tokens_per_s": 3371.0, "sparse_tokens_per_s": 3584.0,
+         "sparse_runtime_path": {"ffn_rows": 1000, "sparse_rows": 1000}, "dense_s": [1.0], "sparse_s": [0.9]},
+        {"phase": "decode", "batch": 32, "dense_tokens_per_s": 9000.0, "sparse_tokens_per_s": 8800.0,
+         "sparse_runtime_path": {"ffn_rows": 1000, "sparse_rows": 0}, "dense_s": [0.640, 0.650], "sparse_s": [0.700, 0.710]},
+        {"phase": "decode", "batch": 64, "dense_tokens_per_s": 12756.0, "sparse_tokens_per_s": 12734.0,
+         "sparse_runtime_path": {"ffn_rows": 1000, "sparse_rows": 0}, "dense_s": [0.6417, 0.6428], "sparse_s": [0.6417, 0.6440]},
+    ]}
+    assert yt.sparse_never_ran(w) == {32: False, 64: True}
+    rows = {int(line.split("|")[1]): [c.strip() for c in line.split("|")[2:-1]] for line in yt.outcomes_table(torch_json(), w)[2:]}
+    assert rows[8][2] == f"{3584 / 3371:.3f} yes"
+    assert rows[32][2] == f"{8800 / 9000:.3f} no (no layer sparse; outside the runs' spread)"
+    assert rows[64][2] == f"{12734 / 12756:.3f} no (no layer sparse; within the runs' spread)"
+    assert yt.sparse_never_ran(twell_json()) == {}  # rows without the path: nothing claimed
