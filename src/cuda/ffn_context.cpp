@@ -572,6 +572,30 @@ void FfnContext::decode_step_folded(const DecodeTokenNorm& in, __nv_bfloat16* y,
   enqueue_decode(nullptr, 1, y, shape(1), decode_step_nnz_.get(), stream, &in);
 }
 
+void FfnContext::dense_token_folded(const DecodeTokenNorm& in, __nv_bfloat16* y, cudaStream_t stream) {
+  TWELL_CHECK(in.r && in.delta && in.w && y, ErrorCode::invalid_argument,
+              "decode_step: the residual norm needs r, delta, w and y");
+  TWELL_CHECK(folds_dense_norm(), ErrorCode::invalid_argument,
+              "decode_step: a dense folded norm needs a gated layer on the one-token GEMV, with dense_fold_norm on");
+  reserve(1);
+  // [g | u] and h as dense_forward's token_gemv path writes them, its norm inside (act 0: ReLU).
+  ops::GatedUp gated;
+  gated.h = ws_->h.get();
+  gated.up_row = ldn();
+  gated.h_n = n();
+  ops::rmsnorm_gated_up(in.r, in.first, in.delta, k(), in.w, in.eps, w_.gate_up(), gated, ws_->gu.get(), stream);
+  // y = h · Wdᵀ as down_product's GEMV, each output column's lane storing r there first.
+  TwellGemvParams p = gemv_rows(ws_->h.get(), 1, w_.down(), k(), n());
+  p.ld_x = ldn();
+  p.g = y;
+  p.w_before_wait = true;
+  p.store_r = in.r;
+  p.store_first = in.first;
+  p.store_delta = in.delta;
+  launch_twell_gemv(p, stream);
+  dense_gate_rows_ = 1;
+}
+
 void FfnContext::decode_step_fixed(const DecodeTokenNorm& in, long long* y_fixed, unsigned* overflow,
                                    cudaStream_t stream) {
   TWELL_CHECK(in.r && in.w && !in.first && !in.delta && y_fixed && overflow, ErrorCode::invalid_argument,

@@ -50,6 +50,7 @@ struct ContextOptions : DispatchPolicy {
   bool autotune_gemm = false;                // time cuBLASLt's candidate algorithms once per shape
   std::int64_t dispatch_sample_rows = 2048;  // rows the dispatch count reads (all rows when M is smaller)
   bool decode_reorder = true;                // the one-token kernel's neurons most active first (reorder_decode); off: identity
+  bool dense_fold_norm = false;              // a one-token dense step's norm in its [Wg; Wu] GEMV (dense_token_folded); a candidate, off until measured
   bool gate_store_values = false;            // also store every gate value (tests reading gate_values())
   int gate_sm90_cluster = 2;                 // CTAs along M that multicast W tiles to each other (1, 2, 4)
   bool gate_sm90_stmatrix = true;            // consumers stage tiles by stmatrix (same values, faster)
@@ -160,6 +161,12 @@ class FfnContext {
   // ops::add_rmsnorm, then decode_step on its output).
   bool folds_norm() const noexcept { return shape(1).one_token; }
   void decode_step_folded(const DecodeTokenNorm& in, __nv_bfloat16* y, cudaStream_t stream);
+  // A dense step of one row whose input is the residual stream's next norm, folded into the
+  // [Wg; Wu] GEMV (ops::rmsnorm_gated_up), the down GEMV then storing r = (r + first) + delta
+  // (TwellGemvParams::store_r): the bits of ops::add_rmsnorm, then decode_step's dense path, in
+  // one kernel fewer. Only where folds_dense_norm() (else the caller runs add_rmsnorm first).
+  bool folds_dense_norm() const noexcept { return opt_.dense_fold_norm && gated() && shape(1).token_gemv; }
+  void dense_token_folded(const DecodeTokenNorm& in, __nv_bfloat16* y, cudaStream_t stream);
   // The same step with its output added into a fixed-point accumulator (one kernel:
   // TwellDecodeTokenParams::y_fixed): in holds r and w only (r is current; nothing stores it).
   void decode_step_fixed(const DecodeTokenNorm& in, long long* y_fixed, unsigned* overflow, cudaStream_t stream);
@@ -260,6 +267,7 @@ class FfnContext {
   // At most the rows a decode step of this layer runs on the union FFN (0: none).
   std::int64_t union_rows_cap() const noexcept;
   void set_decode_reorder(bool on, cudaStream_t stream);  // off: back to the identity order at once
+  void set_dense_fold_norm(bool on) noexcept { opt_.dense_fold_norm = on; }  // the next steps
   LtGemm& gemm() noexcept { return gemm_; }
   const LtGemm& gemm() const noexcept { return gemm_; }
   // GEMMs on a second stream (hot_overlap here and in the training context): their own workspace,

@@ -142,6 +142,10 @@ void FfnLayer::run_step(const ResidualNorm& in, bf16* x, bf16* y, const StepPlan
     c.decode_step_folded(d, nv(y), cu(stream));
     return;
   }
+  if (folds_dense_norm(plan)) {
+    c.dense_token_folded(d, nv(y), cu(stream));
+    return;
+  }
   ops::add_rmsnorm(d.r, d.delta, 1, c.k(), d.w, d.eps, nv(x), cu(stream), d.first);
   run_step(x, y, plan, stream);
 }
@@ -149,6 +153,10 @@ void FfnLayer::run_step(const ResidualNorm& in, bf16* x, bf16* y, const StepPlan
 void FfnLayer::reorder_decode_neurons(Stream stream) { loaded(ctx_, n(), "FfnLayer").reorder_decode(cu(stream)); }
 void FfnLayer::advance_decode_order(Stream stream) { loaded(ctx_, n(), "FfnLayer").advance_decode_order(cu(stream)); }
 void FfnLayer::set_decode_reorder(bool on, Stream stream) { ctx_->set_decode_reorder(on, cu(stream)); }
+void FfnLayer::set_dense_fold_norm(bool on) { ctx_->set_dense_fold_norm(on); }
+bool FfnLayer::folds_dense_norm(const StepPlan& plan) const {
+  return ctx_ && plan.capturable && !plan.sparse && plan.m == 1 && ctx_->folds_dense_norm();
+}
 
 bool FfnLayer::folds_fixed_point(const StepPlan& plan) const {
   return ctx_ && plan.capturable && plan.sparse && plan.m == 1 && ctx_->folds_norm();

@@ -288,6 +288,7 @@ class CudaRuntime final : public Runtime {
         if (tuning_.union_up_clusters >= 0) uk.up_clusters = tuning_.union_up_clusters;
         d.ffn->set_union_kernels(uk);
         if (!tuning_.decode_neuron_order) d.ffn->set_decode_reorder(false, stream_);
+        if (tuning_.dense_fold_norm >= 0) d.ffn->set_dense_fold_norm(tuning_.dense_fold_norm == 1);
         if (m.bf16_only) {  // the bits on the device, then the layer's own layouts from them
           const DeviceBuffer<bf16_t> g = upload_bits(l.w_gate16, up, source), u = upload_bits(l.w_up16, up, source),
                                      dn = upload_bits(l.w_down16, up, source);

@@ -48,6 +48,7 @@ const Item kItems[] = {
     {"no-fused-decode", &RuntimeTuning::fused_decode},
     {"no-fixed-point-decode", &RuntimeTuning::fixed_point_decode},
     {"no-decode-neuron-order", &RuntimeTuning::decode_neuron_order},
+    {"dense-fold-norm", &RuntimeTuning::dense_fold_norm, 0, 1},
     {"no-batched-gemv", &RuntimeTuning::batched_gemv},
     {"no-grouped-attention", &RuntimeTuning::grouped_attention},
     {"grouped-attention-min-rows", &RuntimeTuning::grouped_attention_min_rows, 1, 65536},

@@ -652,6 +652,89 @@ TEST(FfnLayer, DecodeNeuronOrderKeepsTheBits) {
   cudaStreamDestroy(s);
 }
 
+// set_dense_fold_norm (a one-token dense step's norm inside its [Wg; Wu] GEMV, the down GEMV storing
+// r) changes the kernels, not the bits: run_step with a ResidualNorm on a dense plan of one row
+// gives the y and the stored r that the layer with the fold off gives (add_rmsnorm, then the step),
+// with a first term and without, y aliasing first as the model runtime's does, and so does a
+// captured replay. The fold is taken only where asked (folds_dense_norm).
+TEST(FfnLayer, DenseFoldedNormKeepsTheBits) {
+  TWELL_REQUIRE_GPU();
+  cudaStream_t s = nullptr;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
+  const std::int64_t n = 5632, k = 2048;
+  const FfnData d = make_ffn(ffn_case("dense_fold", 4, n, k, true, 0.3, 43));
+  FfnLayer on, off;
+  on.upload_weights(d.weights(), s);
+  off.upload_weights(d.weights(), s);
+  on.set_dense_fold_norm(true);
+  const FfnLayer::StepPlan plan = on.plan_step(1, Path::dense);
+  ASSERT_TRUE(plan.capturable && !plan.sparse);
+  EXPECT_TRUE(on.folds_dense_norm(plan));
+  EXPECT_FALSE(off.folds_dense_norm(plan));
+  on.prepare_step(plan, s);
+  off.prepare_step(plan, s);
+  // r, first and delta: rows 0, 1 and 2 of the case's x (bf16-exact values; r as fp32 × 3).
+  std::vector<float> r(static_cast<std::size_t>(k)), w(static_cast<std::size_t>(k));
+  for (std::int64_t c = 0; c < k; ++c) {
+    r[static_cast<std::size_t>(c)] = 3.0f * d.x[static_cast<std::size_t>(c)];
+    w[static_cast<std::size_t>(c)] = 0.5f + static_cast<float>(c % 7) / 7.0f;
+  }
+  const Bits xb = to_bf16_bits(d.x);
+  const Bits first(xb.begin() + k, xb.begin() + 2 * k), delta(xb.begin() + 2 * k, xb.begin() + 3 * k);
+  Dev<float> r_on(r.size()), r_off(r.size()), dw(w.size());
+  Dev<bf16> y_on(static_cast<std::size_t>(k)), y_off(y_on.n), dd(y_on.n), x_scratch(y_on.n);
+  up(dw, w);
+  up(dd, delta);
+  for (const bool with_first : {true, false}) {
+    SCOPED_TRACE(with_first ? "with first" : "without first");
+    up(r_on, r);
+    up(r_off, r);
+    up(y_on, first);  // y aliases first (the runtime's ffn_y)
+    up(y_off, first);
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    const auto norm = [&](Dev<float>& rr, Dev<bf16>& yy) {
+      FfnLayer::ResidualNorm in;
+      in.r = rr.p;
+      in.first = with_first ? yy.p : nullptr;
+      in.delta = dd.p;
+      in.w = dw.p;
+      in.eps = 1e-5f;
+      return in;
+    };
+    on.run_step(norm(r_on, y_on), x_scratch.p, y_on.p, plan, s);
+    off.run_step(norm(r_off, y_off), x_scratch.p, y_off.p, plan, s);
+    ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);
+    EXPECT_TRUE(down<std::uint16_t>(y_on) == down<std::uint16_t>(y_off)) << "y differs with the fold";
+    EXPECT_TRUE(down<std::uint32_t>(r_on) == down<std::uint32_t>(r_off)) << "the stored r differs with the fold";
+    EXPECT_FALSE(down<float>(r_on) == r) << "r was not stored";
+  }
+  // A captured replay of the folded step on fresh r and y gives the eager step's bits.
+  up(r_on, r);
+  up(y_on, first);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  FfnLayer::ResidualNorm in;
+  in.r = r_on.p;
+  in.first = y_on.p;
+  in.delta = dd.p;
+  in.w = dw.p;
+  in.eps = 1e-5f;
+  on.run_step(in, x_scratch.p, y_on.p, plan, s);
+  ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);
+  const auto want_y = down<std::uint16_t>(y_on);
+  const auto want_r = down<std::uint32_t>(r_on);
+  up(r_on, r);
+  up(y_on, first);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  cudaGraphExec_t exec = capture_graph(s, [&] { on.run_step(in, x_scratch.p, y_on.p, plan, s); }, "run_step");
+  ASSERT_NE(exec, nullptr);
+  ASSERT_EQ(cudaGraphLaunch(exec, s), cudaSuccess);
+  ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);
+  EXPECT_TRUE(down<std::uint16_t>(y_on) == want_y) << "the replay's y differs";
+  EXPECT_TRUE(down<std::uint32_t>(r_on) == want_r) << "the replay's r differs";
+  cudaGraphExecDestroy(exec);
+  cudaStreamDestroy(s);
+}
+
 TEST(FfnLayer, MisuseIsAnError) {
   TWELL_REQUIRE_GPU();
   FfnTrainLayer t;

@@ -556,6 +556,31 @@ TEST(ModelCuda, FusedDecodeIsBitIdentical) {
   }
 }
 
+// RuntimeTuning::dense_fold_norm (a batch-1 dense plan's norm inside its [Wg; Wu] GEMV, the down
+// GEMV storing the residual; FfnLayer.DenseFoldedNormKeepsTheBits checks the layer takes it) gives
+// the same logits as add_rmsnorm before the step, prefill and every decode step: ReLU at 50 % (dense
+// plans once measured) and at ≈ 2 % (sparse plans, which it leaves alone), with the fixed-point
+// output and without.
+TEST(ModelCuda, DenseFoldNormIsBitIdentical) {
+  TWELL_REQUIRE_GPU();
+  for (const char* act : {"relu-50pct", "relu"}) {
+    TinySpec spec = agreement_spec("relu");
+    if (std::string(act) == "relu-50pct") spec.gate_threshold = 0.0f;
+    const model::Model m = model::Model::load(write_tiny(std::string("dense_fold_") + act, spec).string());
+    for (const bool fixed : {true, false}) {
+      SCOPED_TRACE(::testing::Message() << act << (fixed ? ", fixed-point output" : ", two kernels"));
+      model::RuntimeTuning on, off;  // explicit: not TWELL_TUNING's
+      on.fixed_point_decode = off.fixed_point_decode = fixed;
+      on.dense_fold_norm = 1;
+      off.dense_fold_norm = 0;
+      auto a = model::make_runtime(m, "cuda", {FfnPath::automatic}, on);
+      auto b = model::make_runtime(m, "cuda", {FfnPath::automatic}, off);
+      expect_bit_identical(spec, *a, *b);
+      EXPECT_GT(a->graph_launches(), 0);
+    }
+  }
+}
+
 // RuntimeTuning::decode_neuron_order (the one-token FFN kernels' neurons most active first,
 // reordered at decode steps 8, 16 and 32 of the 60 here) is a schedule: the same logits as the
 // identity order, prefill and every decode step, with the fixed-point output and without it.

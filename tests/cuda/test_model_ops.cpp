@@ -1330,6 +1330,92 @@ TEST(ModelOps, RmsnormProjectIsNormThenGemv) {
   }
 }
 
+// rmsnorm_gated_up (a one-token dense FFN's norm and [Wg; Wu] product in one kernel) equals
+// add_rmsnorm on a copy of x (with and without its first term), then the decode GEMV's gated
+// epilogue, bit for bit: [g | u] and h, x left alone; g against float64 on the stored norm. Then the
+// down GEMV's residual store (TwellGemvParams::store_r) leaves x as add_rmsnorm stored it and y as
+// the plain GEMV writes it, also when its first term is y's own buffer (the runtime's aliasing).
+// k = 2048 (the 2B; the 4-wide norm), 576 and 4104 (streamed norm); up_row 5632 (a wide GEMV, 704
+// CTAs), 40 and 24 (a CTA's last warps idle); h_n < up_row (padding neurons, as the engine's ldn
+// pads N), a multiple of 8 (the down GEMV's reduction: Wd is [k, h_n]).
+TEST(ModelOps, RmsnormGatedUpIsNormThenGatedGemvAndTheDownStoresTheResidual) {
+  TWELL_REQUIRE_GPU();
+  Rng rng(fresh_seed());
+  struct C {
+    int k, up_row, h_n;
+  };
+  for (const C c : {C{2048, 5632, 5632}, C{576, 40, 32}, C{4104, 24, 24}}) {
+    for (const bool with_first : {true, false}) {
+      SCOPED_TRACE(::testing::Message() << "k " << c.k << " up_row " << c.up_row << " h_n " << c.h_n
+                                        << (with_first ? " with first" : " without"));
+      const int n2 = 2 * c.up_row;
+      const auto [x, w, delta, wgu] = norm_project_inputs(rng, c.k, n2);
+      const auto first = random_bf16(rng, x.size());
+      std::vector<bf16> wd(static_cast<std::size_t>(c.k) * static_cast<std::size_t>(c.h_n));  // Wd [k, h_n]
+      for (auto& e : wd) e = to_bf16(rng.normal() / std::sqrt(static_cast<double>(c.h_n)));
+      auto x1 = upload(x), x2 = upload(x), dw = upload(w);
+      auto dd = upload<__nv_bfloat16>(delta), df = upload<__nv_bfloat16>(first);
+      auto dwgu = upload<__nv_bfloat16>(wgu), dwd = upload<__nv_bfloat16>(wd);
+      const __nv_bfloat16* f = with_first ? df.get() : nullptr;
+      DeviceBuffer<__nv_bfloat16> xn(x.size()), gu1(static_cast<std::size_t>(n2)), gu2(gu1.size()),
+          h1(static_cast<std::size_t>(c.up_row)), h2(h1.size());
+      for (auto* b : {&gu2, &h2}) ASSERT_EQ(cudaMemset(b->get(), 0xff, b->bytes()), cudaSuccess);  // NaN where unwritten
+      ASSERT_EQ(cudaMemset(h1.get(), 0xff, h1.bytes()), cudaSuccess);
+      // The unfused reference: add_rmsnorm (stores x1), then the gated GEMV.
+      cuda::ops::add_rmsnorm(x1.get(), dd.get(), 1, c.k, dw.get(), 1e-5f, xn.get(), nullptr, f);
+      cuda::launch_twell_gemv(cuda::gemv_gated_row(xn.get(), dwgu.get(), c.up_row, c.h_n, c.k, gu1.get(), h1.get(), 0), nullptr);
+      cuda::ops::GatedUp g;
+      g.h = h2.get();
+      g.up_row = c.up_row;
+      g.h_n = c.h_n;
+      cuda::ops::rmsnorm_gated_up(x2.get(), f, dd.get(), c.k, dw.get(), 1e-5f, dwgu.get(), g, gu2.get(), nullptr);
+      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+      EXPECT_EQ(download<std::uint16_t>(gu2), download<std::uint16_t>(gu1)) << "[g | u] differ";
+      const auto hh1 = download<std::uint16_t>(h1), hh2 = download<std::uint16_t>(h2);
+      EXPECT_TRUE(std::equal(hh1.begin(), hh1.begin() + c.h_n, hh2.begin())) << "h differs";
+      const auto bits_equal = [](const std::vector<float>& a, const std::vector<float>& b) {
+        return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+      };
+      EXPECT_TRUE(bits_equal(download<float>(x2), x)) << "x was written";
+      // g against float64 on the norm as stored (xn), as RmsnormProjectIsNormThenGemv checks.
+      const auto hxn = download<bf16>(xn), hgu = download<bf16>(gu2);
+      double err = 0, scale = 0;
+      std::vector<double> want(static_cast<std::size_t>(n2));
+      for (int j = 0; j < n2; ++j) {
+        double acc = 0;
+        for (int e = 0; e < c.k; ++e)
+          acc += static_cast<double>(to_float(hxn[static_cast<std::size_t>(e)])) *
+                 to_float(wgu[static_cast<std::size_t>(j) * static_cast<std::size_t>(c.k) + static_cast<std::size_t>(e)]);
+        want[static_cast<std::size_t>(j)] = acc;
+        scale = std::max(scale, std::fabs(acc));
+      }
+      for (int j = 0; j < n2; ++j)
+        err = std::max(err, std::fabs(to_float(hgu[static_cast<std::size_t>(j)]) - want[static_cast<std::size_t>(j)]) /
+                                (std::fabs(want[static_cast<std::size_t>(j)]) + 1e-3 * scale));
+      EXPECT_LT(err, 1.0 / 128);  // bf16's rounding (2⁻⁹) plus fp32 accumulation noise
+      // The down GEMV: plain into y1; with the residual store into y2 on x2 (which must become x1),
+      // y2 first holding the first term itself where with_first (the runtime's ffn_y is its `first`).
+      DeviceBuffer<__nv_bfloat16> y1(static_cast<std::size_t>(c.k)), y2(y1.size());
+      if (with_first) {
+        ASSERT_EQ(cudaMemcpy(y2.get(), df.get(), y2.bytes(), cudaMemcpyDeviceToDevice), cudaSuccess);
+      }
+      cuda::TwellGemvParams p1 = cuda::gemv_rows(h1.get(), 1, dwd.get(), c.k, c.h_n);
+      p1.g = y1.get();
+      cuda::launch_twell_gemv(p1, nullptr);
+      cuda::TwellGemvParams p2 = cuda::gemv_rows(h2.get(), 1, dwd.get(), c.k, c.h_n);
+      p2.g = y2.get();
+      p2.w_before_wait = true;
+      p2.store_r = x2.get();
+      p2.store_first = with_first ? y2.get() : nullptr;
+      p2.store_delta = dd.get();
+      cuda::launch_twell_gemv(p2, nullptr);
+      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+      EXPECT_EQ(download<std::uint16_t>(y2), download<std::uint16_t>(y1)) << "y differs with the residual store";
+      EXPECT_TRUE(bits_equal(download<float>(x2), download<float>(x1))) << "the stored residual is not add_rmsnorm's";
+    }
+  }
+}
+
 // rmsnorm_project with a RopeStore (a decode step's norm, QKV, RoPE and cache store in one kernel)
 // equals add_rmsnorm on a copy of x, the decode GEMV, then rope_store_kv, bit for bit: the whole
 // qkv row and both caches (every layer's slots, so a write to the wrong layer, position or head

@@ -37,8 +37,8 @@ TEST(RuntimeTuning, EveryItemParses) {
   const RuntimeTuning t = parse_tuning(
       "no-cuda-graphs,no-cudnn-attention,cudnn-build-at=1,decode-max-rows=8,decode-gemv-max-rows=12,union-max-rows=0,"
       "union-min-rows=8,union-up-split=4,union-down-split=2,union-up-clusters=16,decode-max-density=0.02,no-pdl,"
-      "no-fused-decode,no-fixed-point-decode,no-decode-neuron-order,no-batched-gemv,no-grouped-attention,"
-      "grouped-attention-min-rows=8,no-cpu-bf16,"
+      "no-fused-decode,no-fixed-point-decode,no-decode-neuron-order,dense-fold-norm=1,no-batched-gemv,"
+      "no-grouped-attention,grouped-attention-min-rows=8,no-cpu-bf16,"
       "no-paged-kv,no-prefix-cache,gemm-autotune=8");
   EXPECT_FALSE(t.cuda_graphs);
   EXPECT_FALSE(t.cudnn_attention);
@@ -47,6 +47,7 @@ TEST(RuntimeTuning, EveryItemParses) {
   EXPECT_FALSE(t.fused_decode);
   EXPECT_FALSE(t.fixed_point_decode);
   EXPECT_FALSE(t.decode_neuron_order);
+  EXPECT_EQ(t.dense_fold_norm, 1);
   EXPECT_FALSE(t.batched_gemv);
   EXPECT_FALSE(t.grouped_attention);
   EXPECT_EQ(t.grouped_attention_min_rows, 8);
@@ -65,7 +66,7 @@ TEST(RuntimeTuning, EveryItemParses) {
   // describe(): every non-default setting, in the struct's order, read back to the same value.
   EXPECT_EQ(t.describe(),
             "no-cuda-graphs,no-cudnn-attention,cudnn-build-at=1,no-pdl,no-fused-decode,no-fixed-point-decode,"
-            "no-decode-neuron-order,no-batched-gemv,no-grouped-attention,grouped-attention-min-rows=8,"
+            "no-decode-neuron-order,dense-fold-norm=1,no-batched-gemv,no-grouped-attention,grouped-attention-min-rows=8,"
             "decode-max-density=0.02,decode-max-rows=8,"
             "decode-gemv-max-rows=12,union-max-rows=0,union-min-rows=8,union-up-split=4,union-down-split=2,union-up-clusters=16,no-cpu-bf16,"
             "no-paged-kv,no-prefix-cache,gemm-autotune=8");
@@ -125,6 +126,7 @@ TEST(RuntimeTuning, MalformedValueIsRefusedByName) {
     const char* phrase;  // what the message must hold
   };
   for (const Case& c : {
+           Case{"dense-fold-norm=2", "dense-fold-norm takes an integer from 0 to 1"},
            Case{"gemm-autotune=1", "gemm-autotune takes an integer from 2 to 16"},
            Case{"gemm-autotune=17", "gemm-autotune takes an integer from 2 to 16"},
            Case{"gemm-autotune", "gemm-autotune takes an integer"},

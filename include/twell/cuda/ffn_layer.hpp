@@ -187,8 +187,9 @@ class FfnLayer {
   // decode step): x = bf16(rmsnorm(r') ⊙ w), r' = r + first + delta (fp32 += bf16, in that order;
   // first may be null) stored back into r — the bits of a separate add + RMSNorm kernel before
   // run_step. A plan of the one-token kernels folds that into them (each CTA normalises, x is not
-  // written); any other plan writes x first. r, w: device fp32 [k], 16-byte aligned; first, delta:
-  // bf16 [k], 8-byte aligned; y may alias first.
+  // written), and so does a dense plan of a gated layer on the one-token GEMV where
+  // folds_dense_norm(plan) (set_dense_fold_norm below); any other plan writes x first. r, w: device
+  // fp32 [k], 16-byte aligned; first, delta: bf16 [k], 8-byte aligned; y may alias first.
   struct ResidualNorm {
     float* r = nullptr;
     const bf16* first = nullptr;
@@ -225,6 +226,12 @@ class FfnLayer {
   void advance_decode_order(Stream stream);
   // Off: the identity order from now on (reorder_decode_neurons does nothing); for A/B measurement.
   void set_decode_reorder(bool on, Stream stream);
+  // On: a one-token dense run_step with a ResidualNorm forms the norm inside its [Wg; Wu] GEMV, and
+  // its down GEMV stores r (the same bits as add_rmsnorm, then the step; one kernel fewer). Off (the
+  // default until measured, docs/runtime.md): add_rmsnorm runs first. Takes effect at the next step
+  // (a graph that captured the other form must be captured again).
+  void set_dense_fold_norm(bool on);
+  bool folds_dense_norm(const StepPlan& plan) const;
   // Changes whenever the layer's weight buffers move (load_weights, upload_weights, a hot-neuron
   // split that a large automatic or sparse forward may make on its own): a graph holding this
   // layer's run_step must be captured again.

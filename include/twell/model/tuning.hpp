@@ -53,6 +53,11 @@ struct RuntimeTuning {
   // work overlaps the gate's stream instead of trailing it. A schedule: the same bits either way.
   // Off: for A/B measurement.
   bool decode_neuron_order = true;  // no-decode-neuron-order
+  // CUDA runtime only: 1: a batch-1 decode step's dense ReLU FFN forms the norm before it inside its
+  // [Wg; Wu] GEMV, and its down GEMV stores the residual stream (cuda::FfnLayer::set_dense_fold_norm):
+  // the same bits, one kernel fewer a layer. A candidate: < 0 (the default) and 0 leave it off until
+  // its A/B is measured (docs/runtime.md, plan step 3).
+  int dense_fold_norm = -1;  // dense-fold-norm=N
   // CUDA runtime only: calls of 2–16 rows (batched decode steps, short prompts and chunks) run their
   // attention projections on the decode GEMV's tensor-core kernel (cuda/ops/gemv.hpp), which streams
   // the weights once for all rows; off: cuBLASLt's small-M GEMMs. Exact either way (fp32 sums,

@@ -60,6 +60,10 @@ void launch_twell_gemv(const TwellGemvParams& p, cudaStream_t stream) {
                    "twell gemv: the residual add needs one token and bf16 output");
   TWELL_CU_REQUIRE(!p.residual_first_fixed || p.residual, ErrorCode::invalid_argument,
                    "twell gemv: a fixed-point first term without the residual add");
+  TWELL_CU_REQUIRE(!p.store_r || (p.m == 1 && p.g && !p.g32 && !p.residual && !p.h && p.store_delta),
+                   ErrorCode::invalid_argument,
+                   "twell gemv: the folded norm's residual store needs one token, bf16 output, a delta, and neither the "
+                   "residual add nor the gated epilogue");
   if (p.h) {
     TWELL_CU_REQUIRE(p.m == 1 && p.g && !p.g32 && !p.residual && !p.relu, ErrorCode::invalid_argument,
                      "twell gemv: the gated epilogue needs one token, bf16 [g | u] output, no ReLU and no residual add");

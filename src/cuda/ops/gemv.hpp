@@ -45,6 +45,15 @@ struct TwellGemvParams {
   // runtime's attention output projection storing the residual stream at one token.
   float* residual = nullptr;
   long long* residual_first_fixed = nullptr;
+  // One token with bf16 output only, and not with `residual`: the residual adds that a norm folded
+  // into the kernel before left to this one (ops::rmsnorm_gated_up: a one-token dense FFN's down
+  // GEMV), at the output columns j < n: store_r[j] = (store_r[j] + store_first[j]) + store_delta[j]
+  // (fp32 += bf16, in add_rmsnorm's order; store_first may be null). Column j's lane reads its terms
+  // before it writes g[j], so store_first may be g itself (the FFN's output buffer, whose previous
+  // value is that first term); no other column's lane touches them.
+  float* store_r = nullptr;
+  const __nv_bfloat16* store_first = nullptr;
+  const __nv_bfloat16* store_delta = nullptr;
   // One token, a gated FFN's up product (h set): W is [Wg; Wu] stacked, n = 2 · up_row rows (Wu's
   // row i at up_row + i), and a warp holds gate row i and up row i together. g gets [g | u] as it
   // would without h (each row's bf16 sum, no ReLU: relu false), and the epilogue stores

@@ -61,6 +61,15 @@ __global__ void __launch_bounds__(kGemvWarps * 32) twell_gemv_kernel(TwellGemvPa
     res = p.residual[n0 + lane];
     if (p.residual_first_fixed) res_fixed = p.residual_first_fixed[n0 + lane];
   }
+  // The folded norm's residual adds (store_r), formed now by lane r < kRows for row n0 + r and
+  // stored in the epilogue by the same lane, before it writes g there.
+  const bool store_lane = p.store_r && lane < kRows && n0 + lane < p.n;
+  float stored = 0.0f;
+  if (store_lane) {
+    stored = p.store_r[n0 + lane];
+    if (p.store_first) stored += __bfloat162float(p.store_first[n0 + lane]);
+    stored += __bfloat162float(p.store_delta[n0 + lane]);
+  }
   float acc[kRows][MT];
 #pragma unroll
   for (int r = 0; r < kRows; ++r)
@@ -118,6 +127,7 @@ __global__ void __launch_bounds__(kGemvWarps * 32) twell_gemv_kernel(TwellGemvPa
             p.g32[t * p.ld_g + n0 + r] = v;
           } else {
             const __nv_bfloat16 o = __float2bfloat16_rn(v);
+            if (store_lane) p.store_r[n0 + r] = stored;  // one token (launch_twell_gemv checks)
             p.g[t * p.ld_g + n0 + r] = o;
             if (res_lane) {  // one token (launch_twell_gemv checks): the residual add at column n0 + r
               const std::int64_t j = n0 + r;

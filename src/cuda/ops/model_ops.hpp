@@ -87,6 +87,22 @@ void rmsnorm_project(const float* x, const std::int64_t* delta_fixed, std::int64
                      const __nv_bfloat16* wproj, std::int64_t n, __nv_bfloat16* y, cudaStream_t stream,
                      const RopeStore* rope = nullptr);
 
+// One row, the norm before a gated FFN and its up product in one kernel (a one-token dense FFN
+// without the norm's own launch): xn = bf16(rmsnorm((x + first) + delta) ⊙ w) as add_rmsnorm
+// computes it (first may be null), then gu = [g | u] = bf16(xn · w_guᵀ) (w_gu = [Wg; Wu], [2 ·
+// up_row, k]) and h[i] = bf16(act(g_i) · u_i) for i < h_n: bit-identical to add_rmsnorm on a copy of
+// x, then launch_twell_gemv's gated epilogue (gemv_gated_row). x is only read: the residual add is
+// left to the caller (FfnContext::dense_token_folded: the down GEMV stores it).
+struct GatedUp {
+  __nv_bfloat16* h = nullptr;  // [h_n]
+  std::int64_t up_row = 0;     // Wu's row i at up_row + i of w_gu
+  std::int64_t h_n = 0;        // 1 ≤ h_n ≤ up_row
+  int act = 0;                 // dev::activate's: 0 ReLU (model::Activation's order)
+};
+void rmsnorm_gated_up(const float* x, const __nv_bfloat16* first, const __nv_bfloat16* delta, std::int64_t k,
+                      const float* w, float eps, const __nv_bfloat16* w_gu, const GatedUp& gated, __nv_bfloat16* gu,
+                      cudaStream_t stream);
+
 // qkv [T, Q + 2·KV] bf16 (q | k | v per row): RoPE (rotate_half; cos/sin from the table
 // [max_pos, d/2] fp32 at the row's position) on q in place and on k, which goes with v into the
 // row's cache for `layer` (and, with k_in_place, back into qkv too: for an attention that reads

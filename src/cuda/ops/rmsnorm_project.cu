@@ -13,6 +13,10 @@
 // warp's two rows are a RoPE pair (i, i + d/2) of one q or k head, or two consecutive v columns, so
 // lane 0 rotates q in place and writes k and v into the row's cache (rope_pair: the bits
 // rope_store_kv writes).
+// With a GatedUp the projection is a gated FFN's [Wg; Wu] (rmsnorm_gated_up): each warp's two rows
+// are a neuron's gate row i and up row up_row + i, and lane 0 stores g and u and forms
+// h[i] = bf16(act(g) · u) from them, as launch_twell_gemv's gated epilogue does; the norm then adds
+// two deltas, (x + first) + delta, in add_rmsnorm's order.
 #include "cuda/common/check.hpp"
 #include "cuda/common/device_math.cuh"
 #include "cuda/common/launch.cuh"
@@ -33,19 +37,27 @@ constexpr int kWarps = kNormThreads / 32;
 constexpr int kWarpRows = 2;  // W rows per warp: 16 a CTA (the synthetic 2B's 6144-row QKV: 384 CTAs)
 constexpr int kWin = 4;       // chunk steps per load window: kWarpRows · kWin 16-byte loads in flight a lane
 
+// What the projection's epilogue does with a warp's two rows: store them, rotate a RoPE pair and
+// store the cache (RopeStore), or form a gated FFN's h (GatedUp).
+enum class Epilogue { plain, rope, gated };
+
 // Warp p's two output rows: rows 2p, 2p + 1 (the second may be past n), or with RoPE the pair
 // (i, i + d/2) of head h for p < (heads + kv_heads)·d/2 (q heads first, then k heads), then two v
-// columns at a time.
+// columns at a time, or gated neuron p's gate and up rows p and up_row + p (p < up_row).
 struct WarpRows {
   std::int64_t row[kWarpRows];
   bool valid[kWarpRows];
   int head = -1, i = 0;  // RoPE: the pair's head and index; head −1: v columns (or no RoPE)
 };
 
-template <bool kRope>
-__device__ WarpRows warp_rows(std::int64_t p, std::int64_t n, const RopeStore& rope) {
+template <Epilogue kEp>
+__device__ WarpRows warp_rows(std::int64_t p, std::int64_t n, const RopeStore& rope, const GatedUp& gated) {
   WarpRows w;
-  if constexpr (kRope) {
+  if constexpr (kEp == Epilogue::gated) {
+    const bool in = p < gated.up_row;
+    w.row[0] = in ? p : n;  // past up_row: both rows invalid (the warp takes part in the norm only)
+    w.row[1] = in ? gated.up_row + p : n;
+  } else if constexpr (kEp == Epilogue::rope) {
     const int half = rope.d / 2;
     const std::int64_t pairs = static_cast<std::int64_t>(rope.heads + rope.kv_heads) * half;
     const std::int64_t q_dim = static_cast<std::int64_t>(rope.heads) * rope.d;
@@ -70,15 +82,17 @@ __device__ WarpRows warp_rows(std::int64_t p, std::int64_t n, const RopeStore& r
   return w;
 }
 
-template <bool kRope, typename D0>
+template <Epilogue kEp, typename D0>
 __global__ void __launch_bounds__(kNormThreads)
-    rmsnorm_project_kernel(const float* x, const D0* delta, std::int64_t k, const float* wn, float eps,
-                           const __nv_bfloat16* w, std::int64_t n, __nv_bfloat16* y, RopeStore rope) {
-  static_assert(kWarpRows == 2, "a warp's two rows are one RoPE pair");
+    rmsnorm_project_kernel(const float* x, const D0* delta, const __nv_bfloat16* delta2, std::int64_t k, const float* wn,
+                           float eps, const __nv_bfloat16* w, std::int64_t n, __nv_bfloat16* y, RopeStore rope,
+                           GatedUp gated) {
+  static_assert(kWarpRows == 2, "a warp's two rows are one RoPE pair, or one neuron's gate and up rows");
+  constexpr bool kRope = kEp == Epilogue::rope;
   extern __shared__ uint4 xs_raw[];  // the normalised row, bf16 [k] (16-byte aligned); then the norm's staged weights
   __nv_bfloat16* xs = reinterpret_cast<__nv_bfloat16*>(xs_raw);
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  const WarpRows rows = warp_rows<kRope>(static_cast<std::int64_t>(blockIdx.x) * kWarps + warp, n, rope);
+  const WarpRows rows = warp_rows<kEp>(static_cast<std::int64_t>(blockIdx.x) * kWarps + warp, n, rope, gated);
   const bool active = rows.valid[0];  // warps past n take part in the norm only
   const int kchunks = static_cast<int>(k / 8);
   const __nv_bfloat16* wrows[kWarpRows];
@@ -109,7 +123,7 @@ __global__ void __launch_bounds__(kNormThreads)
     }
   }
   dev::pdl_begin();
-  norm_row_reread(x, delta, nullptr, k, wn, eps, xs, norm_stage);  // norm_row<false>'s bits, few registers beside the window
+  norm_row_reread(x, delta, delta2, k, wn, eps, xs, norm_stage);  // norm_row<false>'s bits, few registers beside the window
   __syncthreads();
   if (!active) return;
   float acc[kWarpRows];
@@ -137,7 +151,12 @@ __global__ void __launch_bounds__(kNormThreads)
   for (int r = 0; r < kWarpRows; ++r) acc[r] = dev::warp_sum(acc[r]);
   if (lane != 0) return;
   const __nv_bfloat16 y0 = __float2bfloat16_rn(acc[0]), y1 = __float2bfloat16_rn(acc[1]);
-  if constexpr (!kRope) {
+  if constexpr (kEp == Epilogue::gated) {  // neuron i: [g | u] as stored, then h from those values
+    const std::int64_t i = rows.row[0];
+    y[i] = y0;
+    y[rows.row[1]] = y1;
+    if (i < gated.h_n) gated.h[i] = __float2bfloat16_rn(dev::activate(gated.act, __bfloat162float(y0)) * __bfloat162float(y1));
+  } else if constexpr (!kRope) {
     y[rows.row[0]] = y0;
     if (rows.valid[1]) y[rows.row[1]] = y1;
   } else {
@@ -175,11 +194,12 @@ __global__ void __launch_bounds__(kNormThreads)
 
 namespace {
 
-// Both public forms: delta bf16, or the fixed-point FFN output (D0 = long long).
+// Every public form: delta bf16, or the fixed-point FFN output (D0 = long long); with a GatedUp a
+// second bf16 delta (delta2, may be null) and the gated epilogue.
 template <typename D0>
-void launch_rmsnorm_project(const float* x, const D0* delta, std::int64_t k, const float* w, float eps,
-                            const __nv_bfloat16* wproj, std::int64_t n, __nv_bfloat16* y, cudaStream_t stream,
-                            const RopeStore* rope) {
+void launch_rmsnorm_project(const float* x, const D0* delta, const __nv_bfloat16* delta2, std::int64_t k, const float* w,
+                            float eps, const __nv_bfloat16* wproj, std::int64_t n, __nv_bfloat16* y, cudaStream_t stream,
+                            const RopeStore* rope, const GatedUp* gated) {
   TWELL_CU_REQUIRE(x && w && wproj && y, ErrorCode::invalid_argument, "rmsnorm_project: null pointer");
   TWELL_CU_REQUIRE(n >= 1 && gemv_takes_k(k) && (reinterpret_cast<std::uintptr_t>(wproj) & 15) == 0,
                    ErrorCode::unsupported,
@@ -188,7 +208,7 @@ void launch_rmsnorm_project(const float* x, const D0* delta, std::int64_t k, con
   // A fixed-point delta: 16-byte aligned where norm_row's 4-wide branch reads it (add_delta4), else its own size.
   const bool delta_ok = sizeof(D0) == 2 ? detail::norm_row_aligned(k, x, w, delta, nullptr, nullptr)
                                         : (reinterpret_cast<std::uintptr_t>(delta) & (detail::norm_row_wide(k) ? 15 : 7)) == 0;
-  TWELL_CU_REQUIRE(detail::norm_row_aligned(k, x, w, nullptr, nullptr, nullptr) && delta_ok, ErrorCode::invalid_argument,
+  TWELL_CU_REQUIRE(detail::norm_row_aligned(k, x, w, nullptr, delta2, nullptr) && delta_ok, ErrorCode::invalid_argument,
                    "rmsnorm_project: x and w must be 16-byte aligned, a bf16 delta 8-byte aligned and a fixed-point one "
                    "16-byte aligned");
   if (rope)
@@ -196,15 +216,28 @@ void launch_rmsnorm_project(const float* x, const D0* delta, std::int64_t k, con
                          rope->d % 2 == 0 && n == static_cast<std::int64_t>(rope->heads + 2 * rope->kv_heads) * rope->d,
                      ErrorCode::invalid_argument,
                      "rmsnorm_project: RoPE needs the QKV width n = (heads + 2·kv_heads)·d with d even (got n = {})", n);
-  const std::int64_t ctas = (n + kWarps * kWarpRows - 1) / (kWarps * kWarpRows);
+  if (gated)
+    TWELL_CU_REQUIRE(gated->h && gated->up_row >= 1 && n == 2 * gated->up_row && gated->h_n >= 1 &&
+                         gated->h_n <= gated->up_row && gated->act >= 0 && gated->act <= 3,
+                     ErrorCode::invalid_argument,
+                     "rmsnorm_gated_up: needs h, N = 2 · up_row (got N {}, up_row {}), 1 ≤ h_n ≤ up_row (got {}) and "
+                     "an activation 0–3 (got {})",
+                     n, gated->up_row, gated->h_n, gated->act);
+  // Two rows a warp: n rows, or up_row neurons of two rows each.
+  const std::int64_t pairs = gated ? gated->up_row : (n + kWarpRows - 1) / kWarpRows;
+  const std::int64_t ctas = (pairs + kWarps - 1) / kWarps;
   TWELL_CU_REQUIRE(ctas <= 0x7fffffff, ErrorCode::unsupported, "rmsnorm_project: n = {} too large", n);
   const std::size_t smem = static_cast<std::size_t>(detail::norm_row_smem_bytes(k));
-  if (rope)
-    launch_kernel(rmsnorm_project_kernel<true, D0>, dim3(static_cast<unsigned>(ctas)), dim3(kNormThreads), smem, stream, x,
-                  delta, k, w, eps, wproj, n, y, *rope);
+  const dim3 grid(static_cast<unsigned>(ctas)), block(kNormThreads);
+  if (gated)
+    launch_kernel(rmsnorm_project_kernel<Epilogue::gated, D0>, grid, block, smem, stream, x, delta, delta2, k, w, eps, wproj,
+                  n, y, RopeStore{}, *gated);
+  else if (rope)
+    launch_kernel(rmsnorm_project_kernel<Epilogue::rope, D0>, grid, block, smem, stream, x, delta, delta2, k, w, eps, wproj,
+                  n, y, *rope, GatedUp{});
   else
-    launch_kernel(rmsnorm_project_kernel<false, D0>, dim3(static_cast<unsigned>(ctas)), dim3(kNormThreads), smem, stream,
-                  x, delta, k, w, eps, wproj, n, y, RopeStore{});
+    launch_kernel(rmsnorm_project_kernel<Epilogue::plain, D0>, grid, block, smem, stream, x, delta, delta2, k, w, eps,
+                  wproj, n, y, RopeStore{}, GatedUp{});
   TWELL_CUDA_CHECK_LAUNCH("rmsnorm_project_kernel");
 }
 
@@ -213,14 +246,22 @@ void launch_rmsnorm_project(const float* x, const D0* delta, std::int64_t k, con
 void rmsnorm_project(const float* x, const __nv_bfloat16* delta, std::int64_t k, const float* w, float eps,
                      const __nv_bfloat16* wproj, std::int64_t n, __nv_bfloat16* y, cudaStream_t stream,
                      const RopeStore* rope) {
-  launch_rmsnorm_project(x, delta, k, w, eps, wproj, n, y, stream, rope);
+  launch_rmsnorm_project(x, delta, nullptr, k, w, eps, wproj, n, y, stream, rope, nullptr);
 }
 
 void rmsnorm_project(const float* x, const std::int64_t* delta_fixed, std::int64_t k, const float* w, float eps,
                      const __nv_bfloat16* wproj, std::int64_t n, __nv_bfloat16* y, cudaStream_t stream,
                      const RopeStore* rope) {
   TWELL_CU_REQUIRE(delta_fixed, ErrorCode::invalid_argument, "rmsnorm_project: null fixed-point delta");
-  launch_rmsnorm_project(x, reinterpret_cast<const long long*>(delta_fixed), k, w, eps, wproj, n, y, stream, rope);
+  launch_rmsnorm_project(x, reinterpret_cast<const long long*>(delta_fixed), nullptr, k, w, eps, wproj, n, y, stream, rope,
+                         nullptr);
+}
+
+void rmsnorm_gated_up(const float* x, const __nv_bfloat16* first, const __nv_bfloat16* delta, std::int64_t k,
+                      const float* w, float eps, const __nv_bfloat16* w_gu, const GatedUp& gated, __nv_bfloat16* gu,
+                      cudaStream_t stream) {
+  TWELL_CU_REQUIRE(delta, ErrorCode::invalid_argument, "rmsnorm_gated_up: null delta");
+  launch_rmsnorm_project(x, first, delta, k, w, eps, w_gu, 2 * gated.up_row, gu, stream, nullptr, &gated);
 }
 
 }  // namespace twell::cuda::ops
