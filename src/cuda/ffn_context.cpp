@@ -574,9 +574,9 @@ void FfnContext::decode_step_folded(const DecodeTokenNorm& in, __nv_bfloat16* y,
 
 void FfnContext::dense_token_folded(const DecodeTokenNorm& in, __nv_bfloat16* y, cudaStream_t stream) {
   TWELL_CHECK(in.r && in.delta && in.w && y, ErrorCode::invalid_argument,
-              "decode_step: the residual norm needs r, delta, w and y");
+              "dense_token_folded: the residual norm needs r, delta, w and y");
   TWELL_CHECK(folds_dense_norm(), ErrorCode::invalid_argument,
-              "decode_step: a dense folded norm needs a gated layer on the one-token GEMV, with dense_fold_norm on");
+              "dense_token_folded: needs a gated layer on the one-token GEMV, with dense_fold_norm on");
   reserve(1);
   // [g | u] and h as dense_forward's token_gemv path writes them, its norm inside (act 0: ReLU).
   ops::GatedUp gated;

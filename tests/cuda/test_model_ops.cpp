@@ -1335,16 +1335,22 @@ TEST(ModelOps, RmsnormProjectIsNormThenGemv) {
 // epilogue, bit for bit: [g | u] and h, x left alone; g against float64 on the stored norm. Then the
 // down GEMV's residual store (TwellGemvParams::store_r) leaves x as add_rmsnorm stored it and y as
 // the plain GEMV writes it, also when its first term is y's own buffer (the runtime's aliasing).
-// k = 2048 (the 2B; the 4-wide norm), 576 and 4104 (streamed norm); up_row 5632 (a wide GEMV, 704
-// CTAs), 40 and 24 (a CTA's last warps idle); h_n < up_row (padding neurons, as the engine's ldn
-// pads N), a multiple of 8 (the down GEMV's reduction: Wd is [k, h_n]).
+// Then both again under programmatic launches, each after a late writer (late_writer.hpp) of the
+// delta it must read after its wait.
+// k = 2048 (the 2B; the 4-wide norm), 576 and 4104 (streamed norm); up_row 5632 (a wide GEMV, 352
+// CTAs of two neurons a warp), 41 (a warp's second neuron past up_row) and 24 (a CTA's last warps
+// idle); h_n < up_row (padding neurons, as the engine's ldn pads N; their h stays unwritten), a
+// multiple of 8 (the down GEMV's reduction: Wd is [k, h_n]).
 TEST(ModelOps, RmsnormGatedUpIsNormThenGatedGemvAndTheDownStoresTheResidual) {
   TWELL_REQUIRE_GPU();
   Rng rng(fresh_seed());
   struct C {
     int k, up_row, h_n;
   };
-  for (const C c : {C{2048, 5632, 5632}, C{576, 40, 32}, C{4104, 24, 24}}) {
+  cudaStream_t stream = nullptr;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
+  const bool pdl = cuda::programmatic_launch_supported();
+  for (const C c : {C{2048, 5632, 5632}, C{576, 41, 32}, C{4104, 24, 24}}) {
     for (const bool with_first : {true, false}) {
       SCOPED_TRACE(::testing::Message() << "k " << c.k << " up_row " << c.up_row << " h_n " << c.h_n
                                         << (with_first ? " with first" : " without"));
@@ -1373,6 +1379,8 @@ TEST(ModelOps, RmsnormGatedUpIsNormThenGatedGemvAndTheDownStoresTheResidual) {
       EXPECT_EQ(download<std::uint16_t>(gu2), download<std::uint16_t>(gu1)) << "[g | u] differ";
       const auto hh1 = download<std::uint16_t>(h1), hh2 = download<std::uint16_t>(h2);
       EXPECT_TRUE(std::equal(hh1.begin(), hh1.begin() + c.h_n, hh2.begin())) << "h differs";
+      EXPECT_TRUE(std::all_of(hh2.begin() + c.h_n, hh2.end(), [](std::uint16_t b) { return b == 0xffff; }))
+          << "h written past h_n";
       const auto bits_equal = [](const std::vector<float>& a, const std::vector<float>& b) {
         return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
       };
@@ -1412,8 +1420,40 @@ TEST(ModelOps, RmsnormGatedUpIsNormThenGatedGemvAndTheDownStoresTheResidual) {
       ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
       EXPECT_EQ(download<std::uint16_t>(y2), download<std::uint16_t>(y1)) << "y differs with the residual store";
       EXPECT_TRUE(bits_equal(download<float>(x2), download<float>(x1))) << "the stored residual is not add_rmsnorm's";
+      // Under programmatic launches: late_d and late_d2 hold other values until the late writer just
+      // before each kernel copies delta in, after that kernel has started (x, first and delta are
+      // read at the same place in each kernel, so delta's order stands for all three).
+      auto x3 = upload(x);
+      auto late_d = upload<__nv_bfloat16>(random_bf16(rng, x.size())), late_d2 = upload<__nv_bfloat16>(random_bf16(rng, x.size()));
+      DeviceBuffer<__nv_bfloat16> gu3(gu1.size()), h3(h1.size()), y3(y1.size());
+      ASSERT_EQ(cudaMemset(h3.get(), 0xff, h3.bytes()), cudaSuccess);
+      if (with_first) {
+        ASSERT_EQ(cudaMemcpy(y3.get(), df.get(), y3.bytes(), cudaMemcpyDeviceToDevice), cudaSuccess);
+      }
+      {
+        const cuda::ProgrammaticLaunch programmatic(pdl);
+        late_copy(dd.get(), late_d.get(), x.size() * sizeof(bf16), 100, stream);
+        cuda::ops::GatedUp g3 = g;
+        g3.h = h3.get();
+        cuda::ops::rmsnorm_gated_up(x3.get(), f, late_d.get(), c.k, dw.get(), 1e-5f, dwgu.get(), g3, gu3.get(), stream);
+        late_copy(dd.get(), late_d2.get(), x.size() * sizeof(bf16), 100, stream);
+        cuda::TwellGemvParams p3 = p2;
+        p3.x = h3.get();
+        p3.g = y3.get();
+        p3.store_r = x3.get();
+        p3.store_first = with_first ? y3.get() : nullptr;
+        p3.store_delta = late_d2.get();
+        cuda::launch_twell_gemv(p3, stream);
+      }
+      ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+      EXPECT_EQ(download<std::uint16_t>(gu3), download<std::uint16_t>(gu1)) << "[g | u] differ under programmatic launches";
+      const auto hh3 = download<std::uint16_t>(h3);
+      EXPECT_TRUE(std::equal(hh1.begin(), hh1.begin() + c.h_n, hh3.begin())) << "h differs under programmatic launches";
+      EXPECT_EQ(download<std::uint16_t>(y3), download<std::uint16_t>(y1)) << "y differs under programmatic launches";
+      EXPECT_TRUE(bits_equal(download<float>(x3), download<float>(x1))) << "the residual differs under programmatic launches";
     }
   }
+  cudaStreamDestroy(stream);
 }
 
 // rmsnorm_project with a RopeStore (a decode step's norm, QKV, RoPE and cache store in one kernel)

@@ -13,8 +13,8 @@
 // warp's two rows are a RoPE pair (i, i + d/2) of one q or k head, or two consecutive v columns, so
 // lane 0 rotates q in place and writes k and v into the row's cache (rope_pair: the bits
 // rope_store_kv writes).
-// With a GatedUp the projection is a gated FFN's [Wg; Wu] (rmsnorm_gated_up): each warp's two rows
-// are a neuron's gate row i and up row up_row + i, and lane 0 stores g and u and forms
+// With a GatedUp the projection is a gated FFN's [Wg; Wu] (rmsnorm_gated_up): each warp holds two
+// neurons' gate rows i and up rows up_row + i, and lane j stores its neuron's g and u and forms
 // h[i] = bf16(act(g) · u) from them, as launch_twell_gemv's gated epilogue does; the norm then adds
 // two deltas, (x + first) + delta, in add_rmsnorm's order.
 #include "cuda/common/check.hpp"
@@ -34,29 +34,42 @@ using detail::norm_row_reread;
 using detail::stage_norm_weights;
 
 constexpr int kWarps = kNormThreads / 32;
-constexpr int kWarpRows = 2;  // W rows per warp: 16 a CTA (the synthetic 2B's 6144-row QKV: 384 CTAs)
-constexpr int kWin = 4;       // chunk steps per load window: kWarpRows · kWin 16-byte loads in flight a lane
 
-// What the projection's epilogue does with a warp's two rows: store them, rotate a RoPE pair and
-// store the cache (RopeStore), or form a gated FFN's h (GatedUp).
+// What the projection's epilogue does with a warp's rows: store them, rotate a RoPE pair and store
+// the cache (RopeStore), or form a gated FFN's h (GatedUp).
 enum class Epilogue { plain, rope, gated };
 
-// Warp p's two output rows: rows 2p, 2p + 1 (the second may be past n), or with RoPE the pair
+// W rows a warp: 2 (16 a CTA: the synthetic 2B's 6144-row QKV in 384 CTAs), or for the gated form
+// two neurons' gate and up rows (8 neurons a CTA: the 2B's 5632 in 704 CTAs at one neuron a warp
+// were 1.33 waves at 4 CTAs an SM, 352 are one). Chunk steps a load window: rows · window = 8
+// 16-byte loads in flight a lane either way.
+template <Epilogue kEp>
+inline constexpr int kWarpRows = kEp == Epilogue::gated ? 4 : 2;
+template <Epilogue kEp>
+inline constexpr int kWin = 8 / kWarpRows<kEp>;
+
+// Warp p's output rows: rows 2p, 2p + 1 (the second may be past n), or with RoPE the pair
 // (i, i + d/2) of head h for p < (heads + kv_heads)·d/2 (q heads first, then k heads), then two v
-// columns at a time, or gated neuron p's gate and up rows p and up_row + p (p < up_row).
+// columns at a time, or gated neurons 2p and 2p + 1: their gate rows, then their up rows
+// (up_row + 2p, up_row + 2p + 1); a neuron past up_row has neither.
+template <Epilogue kEp>
 struct WarpRows {
-  std::int64_t row[kWarpRows];
-  bool valid[kWarpRows];
+  std::int64_t row[kWarpRows<kEp>];
+  bool valid[kWarpRows<kEp>];
   int head = -1, i = 0;  // RoPE: the pair's head and index; head −1: v columns (or no RoPE)
 };
 
 template <Epilogue kEp>
-__device__ WarpRows warp_rows(std::int64_t p, std::int64_t n, const RopeStore& rope, const GatedUp& gated) {
-  WarpRows w;
+__device__ WarpRows<kEp> warp_rows(std::int64_t p, std::int64_t n, const RopeStore& rope, const GatedUp& gated) {
+  WarpRows<kEp> w;
   if constexpr (kEp == Epilogue::gated) {
-    const bool in = p < gated.up_row;
-    w.row[0] = in ? p : n;  // past up_row: both rows invalid (the warp takes part in the norm only)
-    w.row[1] = in ? gated.up_row + p : n;
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {  // past up_row: both rows invalid (a warp with none takes part in the norm only)
+      const std::int64_t i = 2 * p + j;
+      const bool in = i < gated.up_row;
+      w.row[j] = in ? i : n;
+      w.row[2 + j] = in ? gated.up_row + i : n;
+    }
   } else if constexpr (kEp == Epilogue::rope) {
     const int half = rope.d / 2;
     const std::int64_t pairs = static_cast<std::int64_t>(rope.heads + rope.kv_heads) * half;
@@ -78,7 +91,7 @@ __device__ WarpRows warp_rows(std::int64_t p, std::int64_t n, const RopeStore& r
     w.row[1] = 2 * p + 1;
   }
 #pragma unroll
-  for (int r = 0; r < kWarpRows; ++r) w.valid[r] = w.row[r] < n;
+  for (int r = 0; r < kWarpRows<kEp>; ++r) w.valid[r] = w.row[r] < n;
   return w;
 }
 
@@ -87,19 +100,20 @@ __global__ void __launch_bounds__(kNormThreads)
     rmsnorm_project_kernel(const float* x, const D0* delta, const __nv_bfloat16* delta2, std::int64_t k, const float* wn,
                            float eps, const __nv_bfloat16* w, std::int64_t n, __nv_bfloat16* y, RopeStore rope,
                            GatedUp gated) {
-  static_assert(kWarpRows == 2, "a warp's two rows are one RoPE pair, or one neuron's gate and up rows");
+  constexpr int kRows = kWarpRows<kEp>, kW = kWin<kEp>;
+  static_assert(kEp != Epilogue::rope || kRows == 2, "a warp's two rows are one RoPE pair");
   constexpr bool kRope = kEp == Epilogue::rope;
   extern __shared__ uint4 xs_raw[];  // the normalised row, bf16 [k] (16-byte aligned); then the norm's staged weights
   __nv_bfloat16* xs = reinterpret_cast<__nv_bfloat16*>(xs_raw);
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  const WarpRows rows = warp_rows<kEp>(static_cast<std::int64_t>(blockIdx.x) * kWarps + warp, n, rope, gated);
+  const WarpRows<kEp> rows = warp_rows<kEp>(static_cast<std::int64_t>(blockIdx.x) * kWarps + warp, n, rope, gated);
   const bool active = rows.valid[0];  // warps past n take part in the norm only
   const int kchunks = static_cast<int>(k / 8);
-  const __nv_bfloat16* wrows[kWarpRows];
+  const __nv_bfloat16* wrows[kRows];
 #pragma unroll
-  for (int r = 0; r < kWarpRows; ++r)  // a row past n reads row 0 (its sum is dropped)
+  for (int r = 0; r < kRows; ++r)  // a row past n reads row 0 (its sum is dropped)
     wrows[r] = w + (rows.valid[r] ? rows.row[r] : 0) * k;
-  cuda::detail::WeightWindow<kWarpRows, kWin> wv(wrows, k, active);  // windows of kWin chunk steps (weight_window.cuh)
+  cuda::detail::WeightWindow<kRows, kW> wv(wrows, k, active);  // windows of kW chunk steps (weight_window.cuh)
   wv.load(0, lane);  // before the wait: weights only
   float4* norm_stage = reinterpret_cast<float4*>(xs_raw + kchunks);
   stage_norm_weights(wn, k, norm_stage);  // weights too
@@ -123,22 +137,23 @@ __global__ void __launch_bounds__(kNormThreads)
     }
   }
   dev::pdl_begin();
-  norm_row_reread(x, delta, delta2, k, wn, eps, xs, norm_stage);  // norm_row<false>'s bits, few registers beside the window
+  // The bits norm_row writes (add_rmsnorm's normalised row), few registers beside the window.
+  norm_row_reread(x, delta, delta2, k, wn, eps, xs, norm_stage);
   __syncthreads();
   if (!active) return;
-  float acc[kWarpRows];
+  float acc[kRows];
 #pragma unroll
-  for (int r = 0; r < kWarpRows; ++r) acc[r] = 0.0f;
-  for (int s0 = 0; s0 * 32 < kchunks; s0 += kWin) {
+  for (int r = 0; r < kRows; ++r) acc[r] = 0.0f;
+  for (int s0 = 0; s0 * 32 < kchunks; s0 += kW) {
     if (s0 > 0) wv.load(s0, lane);
 #pragma unroll
-    for (int s = 0; s < kWin; ++s) {
+    for (int s = 0; s < kW; ++s) {
       const int c = (s0 + s) * 32 + lane;
       if (c < kchunks) {
         float xf[8];
         dev::unpack8_bf16(xs_raw[c], xf);
 #pragma unroll
-        for (int r = 0; r < kWarpRows; ++r) {
+        for (int r = 0; r < kRows; ++r) {
           float wf[8];
           dev::unpack8_bf16(wv.v[r][s], wf);
 #pragma unroll
@@ -148,15 +163,23 @@ __global__ void __launch_bounds__(kNormThreads)
     }
   }
 #pragma unroll
-  for (int r = 0; r < kWarpRows; ++r) acc[r] = dev::warp_sum(acc[r]);
+  for (int r = 0; r < kRows; ++r) acc[r] = dev::warp_sum(acc[r]);  // every lane holds every sum
+  if constexpr (kEp == Epilogue::gated) {
+    // Lane j < 2 stores neuron 2p + j's g and u (rows j and 2 + j), then h from those stored values.
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      if (lane != j || !rows.valid[j]) continue;
+      const std::int64_t i = rows.row[j];
+      const __nv_bfloat16 g = __float2bfloat16_rn(acc[j]), u = __float2bfloat16_rn(acc[2 + j]);
+      y[i] = g;
+      y[rows.row[2 + j]] = u;
+      if (i < gated.h_n) gated.h[i] = __float2bfloat16_rn(dev::activate(gated.act, __bfloat162float(g)) * __bfloat162float(u));
+    }
+    return;
+  }
   if (lane != 0) return;
   const __nv_bfloat16 y0 = __float2bfloat16_rn(acc[0]), y1 = __float2bfloat16_rn(acc[1]);
-  if constexpr (kEp == Epilogue::gated) {  // neuron i: [g | u] as stored, then h from those values
-    const std::int64_t i = rows.row[0];
-    y[i] = y0;
-    y[rows.row[1]] = y1;
-    if (i < gated.h_n) gated.h[i] = __float2bfloat16_rn(dev::activate(gated.act, __bfloat162float(y0)) * __bfloat162float(y1));
-  } else if constexpr (!kRope) {
+  if constexpr (!kRope) {
     y[rows.row[0]] = y0;
     if (rows.valid[1]) y[rows.row[1]] = y1;
   } else {
@@ -223,9 +246,9 @@ void launch_rmsnorm_project(const float* x, const D0* delta, const __nv_bfloat16
                      "rmsnorm_gated_up: needs h, N = 2 · up_row (got N {}, up_row {}), 1 ≤ h_n ≤ up_row (got {}) and "
                      "an activation 0–3 (got {})",
                      n, gated->up_row, gated->h_n, gated->act);
-  // Two rows a warp: n rows, or up_row neurons of two rows each.
-  const std::int64_t pairs = gated ? gated->up_row : (n + kWarpRows - 1) / kWarpRows;
-  const std::int64_t ctas = (pairs + kWarps - 1) / kWarps;
+  // Warps: two rows a warp, or two neurons (four rows) a warp in the gated form.
+  const std::int64_t warps = gated ? (gated->up_row + 1) / 2 : (n + 1) / 2;
+  const std::int64_t ctas = (warps + kWarps - 1) / kWarps;
   TWELL_CU_REQUIRE(ctas <= 0x7fffffff, ErrorCode::unsupported, "rmsnorm_project: n = {} too large", n);
   const std::size_t smem = static_cast<std::size_t>(detail::norm_row_smem_bytes(k));
   const dim3 grid(static_cast<unsigned>(ctas)), block(kNormThreads);
