@@ -156,12 +156,19 @@ void FfnContext::dense_forward(const __nv_bfloat16* x, std::int64_t m, __nv_bflo
 }
 
 void FfnContext::down_product(const __nv_bfloat16* h, std::int64_t m, __nv_bfloat16* y, const CallShape& s,
-                              cudaStream_t stream) {
+                              cudaStream_t stream, const DecodeTokenNorm* store) {
+  TWELL_CHECK(!store || (m == 1 && s.token_gemv), ErrorCode::invalid_argument,
+              "down_product: the residual store needs one row on the one-token GEMV");
   if (s.down_gemv || s.token_gemv) {  // Wd [K, N] unpadded (facts()): the GEMV's W with N as its reduction
     TwellGemvParams p = gemv_rows(h, m, w_.down(), k(), n());
     p.ld_x = ldn();
     p.g = y;
     p.w_before_wait = true;  // the model's weights (decode_forward's GEMV gate): h after the wait
+    if (store) {  // each output column's lane stores r there before it writes y (y may be `first`)
+      p.store_r = store->r;
+      p.store_first = store->first;
+      p.store_delta = store->delta;
+    }
     launch_twell_gemv(p, stream);
     return;
   }
@@ -584,15 +591,7 @@ void FfnContext::dense_token_folded(const DecodeTokenNorm& in, __nv_bfloat16* y,
   gated.up_row = ldn();
   gated.h_n = n();
   ops::rmsnorm_gated_up(in.r, in.first, in.delta, k(), in.w, in.eps, w_.gate_up(), gated, ws_->gu.get(), stream);
-  // y = h · Wdᵀ as down_product's GEMV, each output column's lane storing r there first.
-  TwellGemvParams p = gemv_rows(ws_->h.get(), 1, w_.down(), k(), n());
-  p.ld_x = ldn();
-  p.g = y;
-  p.w_before_wait = true;
-  p.store_r = in.r;
-  p.store_first = in.first;
-  p.store_delta = in.delta;
-  launch_twell_gemv(p, stream);
+  down_product(ws_->h.get(), 1, y, shape(1), stream, &in);  // y = h · Wdᵀ, r stored
   dense_gate_rows_ = 1;
 }
 

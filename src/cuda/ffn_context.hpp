@@ -328,7 +328,10 @@ class FfnContext {
   void dense_rows_finish(std::int64_t m, std::int64_t n, std::int64_t cap, __nv_bfloat16* y, cudaStream_t stream);
   // y = h · Wdᵀ for m rows of h [m, ldn]: the GEMV where s.down_gemv (tensor cores, 2–8 rows) or s.token_gemv
   // (one row, CUDA cores), else cuBLASLt.
-  void down_product(const __nv_bfloat16* h, std::int64_t m, __nv_bfloat16* y, const CallShape& s, cudaStream_t stream);
+  // store (dense_token_folded: one row on the GEMV): the GEMV also stores the residual
+  // r = (r + first) + delta that a norm folded into the kernel before left (TwellGemvParams::store_r).
+  void down_product(const __nv_bfloat16* h, std::int64_t m, __nv_bfloat16* y, const CallShape& s, cudaStream_t stream,
+                    const DecodeTokenNorm* store = nullptr);
   void gate_pack_sm90(const __nv_bfloat16* x, std::int64_t m, std::int64_t n, cudaStream_t stream);
   // This layer's operands for a call on x [m, K] → y [m, K] (both row stride K).
   // n: the neurons [0, n) the kernel runs (the call's sparse_n, or N for decode).
