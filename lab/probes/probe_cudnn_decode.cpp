@@ -220,7 +220,7 @@ int main(int argc, char** argv) {
         };
         // Checks: the last layer, every head of the last row, queries at unit scale and at 40×.
         const int lc = layers - 1, r = rows - 1;
-        // The library at 16 rows or more runs its grouped tensor-core kernel: its own bound.
+        // The library at kAttentionGroupedMinRows rows or more runs its grouped tensor-core kernel: its own bound.
         const bool lib_grouped = ops::attention_runs_grouped(rows, md.heads, md.kv_heads, md.d, keys);
         double worst_lib = 0;
         bool finite = true;

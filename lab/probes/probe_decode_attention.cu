@@ -1,5 +1,5 @@
 // twell_probe_decode_attention: the decode attention (cuda::ops::attention: one CTA of 8 warps per
-// (row, query head), exact fp32 scores and sums; or at 16 rows or more the tensor-core kernel, a CTA
+// (row, query head), exact fp32 scores and sums; or at 8 rows or more the tensor-core kernel, a CTA
 // of 4 warps per (row, KV head)) against the bytes it must read, at the batches and
 // contexts a server runs (issue 59: at batch 64 and context 512 the 2B model's KV cache is most of a
 // step's bytes, and PyTorch moved a step's bytes at ≈ 3.1 TB/s where twell moved them at ≈ 2.6).
@@ -19,7 +19,7 @@
 // For GQA shapes a third, grouped_attention_kernel ("GQA-CTA"): the library's grouped kernel before
 // its tensor-core form, a CTA a (row, KV head) with its scores a thread a key and the per-head bits.
 // At every shape, "tc": the library's tensor-core grouped kernel (cuda/ops/attention_grouped.cuh) as
-// a decode step runs it, at every row count (the library from 16 rows), with groups of 1 on the MHA
+// a decode step runs it, at every row count (the library from kAttentionGroupedMinRows rows: 8), with groups of 1 on the MHA
 // model; checked against its own bound, its bits repeating and equal to the library's where the
 // library runs it.
 // Forms tried here and gone: the thread-a-key score loop read coalesced ("coal", 42 against 34 µs at
@@ -497,7 +497,7 @@ int main(int argc, char** argv) {
                 "plain us lib / split / pipe / pipe3", "checks (library / split / pipe / pipe3 / GQA-CTA / tc)");
     const std::int64_t kv_dim = static_cast<std::int64_t>(md.kv_heads) * md.d, q_dim = static_cast<std::int64_t>(md.heads) * md.d;
     // 8, 12 and 16 rows: where the tensor-core kernel ("tc", rows × KV heads CTAs, each over all the
-    // keys) overtakes the per-head one (rows × heads CTAs), by context; the library switches at 16.
+    // keys) overtakes the per-head one (rows × heads CTAs), by context; the library switches at 8 (from b9bc052's run of this probe).
     for (const int rows : {1, 8, 12, 16, 32, 64})
       for (const int ctx : {144, 512, 2048}) {
         if (only_rows > 0 && (rows != only_rows || ctx != only_ctx)) continue;
@@ -625,7 +625,7 @@ int main(int argc, char** argv) {
         const int lc = layers - 1, r = rows - 1;
         bool finite = true;
         double worst[6] = {0, 0, 0, 0, 0, 0};  // library, split, pipe, pipe3, GQA-CTA, tc: the largest error over its bound
-        // The library at 16 rows or more runs its tensor-core grouped kernel: its own
+        // The library at kAttentionGroupedMinRows rows or more runs its tensor-core grouped kernel: its own
         // bound, and other bits than the per-head kernels'.
         const bool lib_grouped = ops::attention_runs_grouped(rows, md.heads, md.kv_heads, md.d, keys);
         bool pipe_bits = true;  // pipe and pipe3 return the per-head library's bits, every row and head

@@ -298,7 +298,7 @@ Bounded attention_f64_bounded(const bf16* q, const bf16* K, const bf16* V, int f
   return out;
 }
 
-// Calls of 16 rows or more run the grouped tensor-core kernel (a CTA a (row, KV head)); fewer
+// Calls of kAttentionGroupedMinRows (8) rows or more run the grouped tensor-core kernel (a CTA a (row, KV head)); fewer
 // rows, and a threshold of 0, the per-head one. Each within its derived float64 bound, element by
 // element. A row's bits must not depend on the other rows of its call: a 33-row grouped call equals,
 // row for row, the same rows in reverse order, itself run again, and the same caches paged (each
@@ -372,12 +372,14 @@ TEST_P(GroupedAttention, MatchesFloat64AndItsRowsAlone) {
   // The 33-row call must take the grouped kernel (groups 1, 2, 4, 8), else every side is per-head.
   EXPECT_EQ(cuda::ops::attention_runs_grouped(R, s.heads, s.kv_heads, s.d, max_keys), grouped);
   EXPECT_FALSE(cuda::ops::attention_runs_grouped(1, s.heads, s.kv_heads, s.d, max_keys));
-  EXPECT_FALSE(cuda::ops::attention_runs_grouped(15, s.heads, s.kv_heads, s.d, max_keys));
-  EXPECT_EQ(cuda::ops::attention_runs_grouped(16, s.heads, s.kv_heads, s.d, max_keys), grouped);
+  constexpr std::int64_t kMin = cuda::ops::kAttentionGroupedMinRows;
+  static_assert(kMin > 1 && kMin < 33, "the 33-row call and a row alone sit on either side of the default");
+  EXPECT_FALSE(cuda::ops::attention_runs_grouped(kMin - 1, s.heads, s.kv_heads, s.d, max_keys));
+  EXPECT_EQ(cuda::ops::attention_runs_grouped(kMin, s.heads, s.kv_heads, s.d, max_keys), grouped);
   // grouped_min_rows moves the threshold (TWELL_TUNING=grouped-attention-min-rows=N).
   EXPECT_EQ(cuda::ops::attention_runs_grouped(1, s.heads, s.kv_heads, s.d, max_keys, 1), grouped);
-  EXPECT_FALSE(cuda::ops::attention_runs_grouped(7, s.heads, s.kv_heads, s.d, max_keys, 8));
-  EXPECT_EQ(cuda::ops::attention_runs_grouped(8, s.heads, s.kv_heads, s.d, max_keys, 8), grouped);
+  EXPECT_FALSE(cuda::ops::attention_runs_grouped(15, s.heads, s.kv_heads, s.d, max_keys, 16));
+  EXPECT_EQ(cuda::ops::attention_runs_grouped(16, s.heads, s.kv_heads, s.d, max_keys, 16), grouped);
   EXPECT_FALSE(cuda::ops::attention_runs_grouped(R, s.heads, s.kv_heads, s.d, max_keys, 0));  // no-grouped-attention
   for (const bool decode : {false, true}) {
     SCOPED_TRACE(::testing::Message() << "decode " << decode);

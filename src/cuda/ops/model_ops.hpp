@@ -133,16 +133,16 @@ std::int64_t attention_max_keys(std::int64_t d);
 // 128). Its shared memory holds key tiles, not scores, but attention() still
 // takes max_keys only up to attention_max_keys (the per-head kernel's bound, which calls of fewer
 // rows need). There qkv must be 4-byte aligned.
-// kAttentionGroupedMinRows: at 16 rows the tensor-core form is faster than the per-head kernel at
-// every shape measured (2B MHA, 2b-gqa, 7B-GQA at 145, 513 and 2049 keys: e.g. 21.2 against 25.2 µs
-// on the MHA 2B at 513 keys, 12.3 against 20.2 on the 2b-gqa), and from 32 on; at 8 rows it loses
-// at long contexts on the 2b-gqa (44.8 against 31.7 µs at 2049 keys: 64 CTAs;
-// lab/probes/probe_decode_attention.cu at 356759c and 4adaf7c, H200); in the step below 16 rows it
-// loses on both 2B models (at 8 rows 3244 against 3377 tokens/s on the MHA 2B with the threshold at
-// 8, 3695 against 3882 on the 2b-gqa; at 4 rows with it at 4, −5 % and −10 %: H200, 0d5f433,
-// bench/results/model/2026-11-30-h200-grouped-attention-min-rows-ab-0d5f433/).
+// kAttentionGroupedMinRows: since 0232832's tile loads the tensor-core form is faster than the
+// per-head kernel from 8 rows at every shape measured (2B MHA, 2b-gqa, 7B-GQA at 145, 513 and 2049
+// keys: at 8 rows 34.2 against 40.7 µs on the MHA 2B at 2049 keys, 25.7 against 32.0 on the
+// 2b-gqa; lab/probes/probe_decode_attention.cu at b9bc052, H200), and in the step at 8 and 12 rows
+// on both 2B models (2b-gqa +9.5 % / +27 % sparse tokens/s at 8 / 12 rows, MHA +14 % at 12 and
+// within the spread at 8: bench/results/model/2026-12-03-h200-*-grouped-min-rows-8-*/). At one
+// row it loses at 513 keys and more; 2–7 rows are not measured since 0232832 (before it, 4 rows
+// lost 5–10 %).
 // TWELL_TUNING=grouped-attention-min-rows=N moves it, no-grouped-attention sets it to 0.
-inline constexpr std::int64_t kAttentionGroupedMinRows = 16;
+inline constexpr std::int64_t kAttentionGroupedMinRows = 8;
 void attention(const __nv_bfloat16* qkv, std::int64_t rows, std::int64_t heads, std::int64_t kv_heads,
                std::int64_t d, const RowKv* rows_kv, std::int64_t layer, std::int64_t max_keys, __nv_bfloat16* out,
                cudaStream_t stream, bool old_keys_ready = false, std::int64_t window = 0,
