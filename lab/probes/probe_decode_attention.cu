@@ -453,7 +453,7 @@ __global__ void __launch_bounds__(kGroupWarps * 32) grouped_attention_kernel(con
 }  // namespace
 
 int main(int argc, char** argv) {
-  // Optional: one shape only (rows of {1, 8, 12, 16, 32, 64}, context of {144, 512, 2048}, model 0-2), for a
+  // Optional: one shape only (rows of {1, 4, 8, 12, 16, 32, 64}, context of {144, 512, 2048}, model 0-2), for a
   // profiler to find its launches. Every argument must be a whole number (the GB a finite one).
   bool args_ok = argc <= 5 && argc != 3;
   const auto number = [&](int i, double fallback) {
@@ -467,11 +467,11 @@ int main(int argc, char** argv) {
   const double rows_arg = number(2, 0), ctx_arg = number(3, 0), model_arg = number(4, -1);
   const int only_rows = static_cast<int>(rows_arg), only_ctx = static_cast<int>(ctx_arg), only_model = static_cast<int>(model_arg);
   const bool whole = rows_arg == only_rows && ctx_arg == only_ctx && model_arg == only_model;
-  const bool shape_ok = argc <= 3 || ((only_rows == 1 || only_rows == 8 || only_rows == 12 || only_rows == 16 || only_rows == 32 || only_rows == 64) &&
+  const bool shape_ok = argc <= 3 || ((only_rows == 1 || only_rows == 4 || only_rows == 8 || only_rows == 12 || only_rows == 16 || only_rows == 32 || only_rows == 64) &&
                                       (only_ctx == 144 || only_ctx == 512 || only_ctx == 2048));
   if (!args_ok || !whole || !(max_gb > 0.1 && max_gb < 1e4) || !shape_ok || (argc > 4 && (only_model < 0 || only_model > 2))) {
     std::fprintf(stderr,
-                 "usage: twell_probe_decode_attention [max GB of caches (0.1, 1e4) [rows (1, 8, 12, 16, 32, 64) context (144, 512, "
+                 "usage: twell_probe_decode_attention [max GB of caches (0.1, 1e4) [rows (1, 4, 8, 12, 16, 32, 64) context (144, 512, "
                  "2048) [model 0-2]]]\n");
     return 2;
   }
@@ -496,9 +496,9 @@ int main(int argc, char** argv) {
                 "us", "KV MB", "GB/s", "of copy", "split us", "GB/s", "pipe us", "pipe3 us", "GB/s", "GQA-CTA", "tc us", "of copy",
                 "plain us lib / split / pipe / pipe3", "checks (library / split / pipe / pipe3 / GQA-CTA / tc)");
     const std::int64_t kv_dim = static_cast<std::int64_t>(md.kv_heads) * md.d, q_dim = static_cast<std::int64_t>(md.heads) * md.d;
-    // 8, 12 and 16 rows: where the tensor-core kernel ("tc", rows × KV heads CTAs, each over all the
+    // 4, 8, 12 and 16 rows: where the tensor-core kernel ("tc", rows × KV heads CTAs, each over all the
     // keys) overtakes the per-head one (rows × heads CTAs), by context; the library switches at 8 (from b9bc052's run of this probe).
-    for (const int rows : {1, 8, 12, 16, 32, 64})
+    for (const int rows : {1, 4, 8, 12, 16, 32, 64})
       for (const int ctx : {144, 512, 2048}) {
         if (only_rows > 0 && (rows != only_rows || ctx != only_ctx)) continue;
         const int keys = ctx + 1;  // the new token's key is in the cache too
