@@ -3,9 +3,9 @@
 // chunk steps per load window. Every shape gives the same bits: a row's sum is one lane's chunks in
 // order, then the same butterfly, whatever the rows a warp holds or the loads it groups; the shape
 // only changes how much is in flight and how many warps share the rows. The library launches it
-// through launch_twell_gemv for one token only (MT = 1; 2–16 tokens run gemv_mma_kernel.cuh);
-// MT > 1 is kept for lab/probes/probe_gemv.cu, which times it as the baseline the tensor-core
-// kernel replaced.
+// through launch_twell_gemv for one token only (MT = 1; 2–16 tokens run gemv_mma_kernel.cuh).
+// MT > 1 (several tokens on CUDA cores, the baseline the tensor-core kernel replaced) is no longer
+// instantiated: lab/probes/probe_gemv.cu times the library's launches.
 #include <cuda_bf16.h>
 
 #include "cuda/common/device_math.cuh"
