@@ -497,7 +497,8 @@ int main(int argc, char** argv) {
                 "plain us lib / split / pipe / pipe3", "checks (library / split / pipe / pipe3 / GQA-CTA / tc)");
     const std::int64_t kv_dim = static_cast<std::int64_t>(md.kv_heads) * md.d, q_dim = static_cast<std::int64_t>(md.heads) * md.d;
     // 4, 8, 12 and 16 rows: where the tensor-core kernel ("tc", rows × KV heads CTAs, each over all the
-    // keys) overtakes the per-head one (rows × heads CTAs), by context; the library switches at 8 (from b9bc052's run of this probe).
+    // keys) overtakes the per-head one (rows × heads CTAs), by context; the library switches at 8
+    // (from b9bc052's run of this probe).
     for (const int rows : {1, 4, 8, 12, 16, 32, 64})
       for (const int ctx : {144, 512, 2048}) {
         if (only_rows > 0 && (rows != only_rows || ctx != only_ctx)) continue;

@@ -298,8 +298,8 @@ Bounded attention_f64_bounded(const bf16* q, const bf16* K, const bf16* V, int f
   return out;
 }
 
-// Calls of kAttentionGroupedMinRows (8) rows or more run the grouped tensor-core kernel (a CTA a (row, KV head)); fewer
-// rows, and a threshold of 0, the per-head one. Each within its derived float64 bound, element by
+// Calls of kAttentionGroupedMinRows (8) rows or more run the grouped tensor-core kernel (a CTA a
+// (row, KV head)); fewer rows, and a threshold of 0, the per-head one. Each within its derived float64 bound, element by
 // element. A row's bits must not depend on the other rows of its call: a 33-row grouped call equals,
 // row for row, the same rows in reverse order, itself run again, and the same caches paged (each
 // row's blocks shuffled through its block table); the per-head kernel's 33-row call equals each row

@@ -5,10 +5,10 @@
 // row (16 bytes each) and several keys per warp and loop step in flight; decode steps are latency
 // bound (32 CTAs at 2B), so what matters is how many loads each thread has in flight. Other
 // head_dims run attention_kernel (a key's d elements over a warp's lanes). The tensor-core kernel
-// (flash_attention) serves prefill blocks. Calls of 8 rows or more (kAttentionGroupedMinRows: batched decode steps) run
-// attention_grouped_kernel (attention_grouped.cuh): a CTA a (row, KV head) on tensor cores, each K
-// and V row loaded once for its query heads, one on MHA models (other bits than attention_kernel_d's,
-// a row's the same in any call).
+// (flash_attention) serves prefill blocks. Calls of 8 rows or more (kAttentionGroupedMinRows:
+// batched decode steps) run attention_grouped_kernel (attention_grouped.cuh): a CTA a (row, KV
+// head) on tensor cores, each K and V row loaded once for its query heads, one on MHA models
+// (other bits than attention_kernel_d's, a row's the same in any call).
 #include <algorithm>
 #include <cstdint>
 

@@ -1,7 +1,8 @@
 #pragma once
 // The decode attention's grouped kernel on tensor cores (cuda/ops/attention.cu launches it for calls
-// of 8 rows or more (kAttentionGroupedMinRows); lab/probes/probe_decode_attention.cu times it for other shapes too: one
-// kernel, so the probe measures the library's), and the first key a sliding window lets a row see.
+// of 8 rows or more, kAttentionGroupedMinRows; lab/probes/probe_decode_attention.cu times it for
+// other shapes too: one kernel, so the probe measures the library's), and the first key a sliding
+// window lets a row see.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
