@@ -36,6 +36,18 @@ __device__ __forceinline__ float activate(int act, float g) {
   }
 }
 
+// One neuron i of a gated FFN's up product from its gate and up sums (the one-token gated
+// epilogues: gemv_kernel.cuh, rmsnorm_project.cu): g and u stored as bf16 at gu[i] and
+// gu[up_row + i] (the bits the plain epilogue stores), then h[i] = bf16(act(g) · u) from those
+// stored values where i < h_n (ops::gated_product's bits).
+__device__ __forceinline__ void store_gated_neuron(float g_sum, float u_sum, std::int64_t i, std::int64_t up_row,
+                                                   __nv_bfloat16* gu, __nv_bfloat16* h, std::int64_t h_n, int act) {
+  const __nv_bfloat16 g = __float2bfloat16_rn(g_sum), u = __float2bfloat16_rn(u_sum);
+  gu[i] = g;
+  gu[up_row + i] = u;
+  if (i < h_n) h[i] = __float2bfloat16_rn(activate(act, __bfloat162float(g)) * __bfloat162float(u));
+}
+
 // Raw 16 bits of bf16 element e (0..7; the low half of each word first) of the 8 packed in v.
 // Selects, never an indexed register array: a run-time e costs a few instructions, a
 // compile-time e (unrolled loops) folds away.

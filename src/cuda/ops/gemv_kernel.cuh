@@ -109,10 +109,7 @@ __global__ void __launch_bounds__(kGemvWarps * 32) twell_gemv_kernel(TwellGemvPa
     for (int r = 0; r < kOut; ++r) {
       const std::int64_t i = n0 + r;
       if (lane != r || i >= p.up_row) continue;
-      const __nv_bfloat16 g = __float2bfloat16_rn(acc[r][0]), u = __float2bfloat16_rn(acc[kOut + r][0]);
-      p.g[i] = g;
-      p.g[p.up_row + i] = u;
-      if (i < p.h_n) p.h[i] = __float2bfloat16_rn(dev::activate(p.act, __bfloat162float(g)) * __bfloat162float(u));
+      dev::store_gated_neuron(acc[r][0], acc[kOut + r][0], i, p.up_row, p.g, p.h, p.h_n, p.act);
     }
   } else {
     // Every lane holds every sum (the butterfly); lane r writes row n0 + r.

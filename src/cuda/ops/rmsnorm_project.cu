@@ -168,12 +168,8 @@ __global__ void __launch_bounds__(kNormThreads)
     // Lane j < 2 stores neuron 2p + j's g and u (rows j and 2 + j), then h from those stored values.
 #pragma unroll
     for (int j = 0; j < 2; ++j) {
-      if (lane != j || !rows.valid[j]) continue;
-      const std::int64_t i = rows.row[j];
-      const __nv_bfloat16 g = __float2bfloat16_rn(acc[j]), u = __float2bfloat16_rn(acc[2 + j]);
-      y[i] = g;
-      y[rows.row[2 + j]] = u;
-      if (i < gated.h_n) gated.h[i] = __float2bfloat16_rn(dev::activate(gated.act, __bfloat162float(g)) * __bfloat162float(u));
+      if (lane != j || !rows.valid[j]) continue;  // valid: its up row is rows.row[2 + j] = up_row + i
+      dev::store_gated_neuron(acc[j], acc[2 + j], rows.row[j], gated.up_row, y, gated.h, gated.h_n, gated.act);
     }
     return;
   }
