@@ -77,6 +77,17 @@ __global__ void __launch_bounds__(kGemvWarps * 32) twell_gemv_kernel(TwellGemvPa
     for (int t = 0; t < MT; ++t) acc[r][t] = 0.0f;
   for (int s0 = 0; s0 * 32 < kchunks; s0 += kWin) {
     if (s0 > 0) wv.load(s0, lane);
+    // One token: the window's x chunks loaded together, before any of its math (one round trip a
+    // window; loaded inside the step's bounds test below, each was a round trip of its own behind
+    // the previous step's math). Chunks past kchunks load as zeros and are not used.
+    uint4 xw[MT == 1 ? kWin : 1];
+    if constexpr (MT == 1) {
+#pragma unroll
+      for (int s = 0; s < kWin; ++s) {
+        const int c = (s0 + s) * 32 + lane;
+        xw[s] = c < kchunks ? __ldg(reinterpret_cast<const uint4*>(p.x) + c) : make_uint4(0, 0, 0, 0);
+      }
+    }
 #pragma unroll
     for (int s = 0; s < kWin; ++s) {
       const int c = (s0 + s) * 32 + lane;
@@ -88,7 +99,10 @@ __global__ void __launch_bounds__(kGemvWarps * 32) twell_gemv_kernel(TwellGemvPa
         for (int t = 0; t < MT; ++t) {
           if (t < p.m) {
             float xf[8];
-            dev::unpack8_bf16(__ldg(reinterpret_cast<const uint4*>(p.x + t * p.ld_x) + c), xf);
+            if constexpr (MT == 1)
+              dev::unpack8_bf16(xw[s], xf);
+            else
+              dev::unpack8_bf16(__ldg(reinterpret_cast<const uint4*>(p.x + t * p.ld_x) + c), xf);
 #pragma unroll
             for (int r = 0; r < kRows; ++r)
 #pragma unroll

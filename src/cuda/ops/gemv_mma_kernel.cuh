@@ -99,8 +99,13 @@ __device__ __forceinline__ void gemv_mma_partials(const TwellGemvParams& p,
   for (int j = 0; j < NT; ++j)
 #pragma unroll
     for (int e = 0; e < 4; ++e) acc[j][e] = 0.0f;
-  for (int b0 = warp; b0 < blocks; b0 += kGemvMmaWin * kGemvMmaWarps) {
-    uint4 xv[kGemvMmaWin][NT][2];  // token g + 8j's chunks t, t + 4 of each block
+  // x's chunks of a window (token g + 8j's chunks t, t + 4 of each block). At NT = 1 one window
+  // ahead, loaded beside the next window's W before this window's mma, so that only the first
+  // window's x is a round trip after the wait (not one a window: six at K = 5632); at NT = 2 that
+  // would take 162 registers (one CTA an SM), so each window's x loads at its start.
+  constexpr bool kXAhead = NT == 1;
+  uint4 xv[kGemvMmaWin][NT][2];
+  const auto load_x = [&](int b0) {
 #pragma unroll
     for (int i = 0; i < kGemvMmaWin; ++i)
 #pragma unroll
@@ -112,6 +117,18 @@ __device__ __forceinline__ void gemv_mma_partials(const TwellGemvParams& p,
                             ? __ldg(reinterpret_cast<const uint4*>(p.x + tok * p.ld_x) + ch)
                             : make_uint4(0, 0, 0, 0);
         }
+  };
+  if constexpr (kXAhead) load_x(warp);
+  for (int b0 = warp; b0 < blocks; b0 += kGemvMmaWin * kGemvMmaWarps) {
+    if constexpr (!kXAhead) load_x(b0);
+    uint4 xc[kGemvMmaWin][NT][2];
+#pragma unroll
+    for (int i = 0; i < kGemvMmaWin; ++i)
+#pragma unroll
+      for (int j = 0; j < NT; ++j)
+#pragma unroll
+        for (int c = 0; c < 2; ++c) xc[i][j][c] = xv[i][j][c];
+    if (kXAhead && b0 + kGemvMmaWin * kGemvMmaWarps < blocks) load_x(b0 + kGemvMmaWin * kGemvMmaWarps);
     uint4 cur[kGemvMmaWin][2][2];
 #pragma unroll
     for (int i = 0; i < kGemvMmaWin; ++i)
@@ -131,7 +148,7 @@ __device__ __forceinline__ void gemv_mma_partials(const TwellGemvParams& p,
         const unsigned a2 = word(cur[i][0][c], r0 + 1), a3 = word(cur[i][1][c], r0 + 1);
 #pragma unroll
         for (int j = 0; j < NT; ++j)
-          dev::mma_16816_bf16(acc[j], a0, a1, a2, a3, word(xv[i][j][c], r0), word(xv[i][j][c], r0 + 1));
+          dev::mma_16816_bf16(acc[j], a0, a1, a2, a3, word(xc[i][j][c], r0), word(xc[i][j][c], r0 + 1));
       }
     if (next_staged) {  // the next window, staged before the wait
       dev::cp_async_wait<0>();
