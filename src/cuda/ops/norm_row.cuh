@@ -64,6 +64,29 @@ __device__ __forceinline__ void add_delta4(float* v, const long long* p) {
   v[2] += dev::fixed_to_float_bf16(b.x);
   v[3] += dev::fixed_to_float_bf16(b.y);
 }
+// A first delta's 4 raw values, loaded (null: zeros) apart from their adds (add_delta4's adds).
+template <typename D0>
+struct Delta4Raw;
+template <>
+struct Delta4Raw<__nv_bfloat16> {
+  uint2 raw;
+  __device__ __forceinline__ void load(const __nv_bfloat16* p) { raw = p ? *reinterpret_cast<const uint2*>(p) : make_uint2(0, 0); }
+  __device__ __forceinline__ void add(float* v) const { add_bf16x4(v, raw); }
+};
+template <>
+struct Delta4Raw<long long> {
+  longlong2 a, b;
+  __device__ __forceinline__ void load(const long long* p) {
+    a = p ? *reinterpret_cast<const longlong2*>(p) : make_longlong2(0, 0);
+    b = p ? *reinterpret_cast<const longlong2*>(p + 2) : make_longlong2(0, 0);
+  }
+  __device__ __forceinline__ void add(float* v) const {
+    v[0] += dev::fixed_to_float_bf16(a.x);
+    v[1] += dev::fixed_to_float_bf16(a.y);
+    v[2] += dev::fixed_to_float_bf16(b.x);
+    v[3] += dev::fixed_to_float_bf16(b.y);
+  }
+};
 __device__ __forceinline__ float delta_at(const __nv_bfloat16* p, std::int64_t c) { return __bfloat162float(p[c]); }
 __device__ __forceinline__ float delta_at(const long long* p, std::int64_t c) { return dev::fixed_to_float_bf16(p[c]); }
 
@@ -243,13 +266,36 @@ __device__ inline void norm_row_reread(const float* __restrict__ xr, const D0* _
   const auto value = [&](std::int64_t c) { return residual_at(xr, d0, d1, c); };
   float ss = 0.0f;
   if (wide) {
-    for (int g = 0; g < kGroups; ++g) {
-      const std::int64_t c = 4 * (threadIdx.x + static_cast<std::int64_t>(g) * kNormThreads);
-      if (c < k) {
-        float v[4];
-        value4(c, v);
+    // kPass groups' x and deltas are loaded before any of them is used: one round trip for a row
+    // of ≤ kPass · 1024 (the 2B's 2048), where each group's loads behind its own bounds test were
+    // a round trip of their own after the previous group's adds. The adds and squares are the
+    // same, in the same order. Two groups of a fixed-point delta (16 registers more) take
+    // rmsnorm_project's RoPE form from 80 registers to 104 (2 CTAs an SM, not 3), so that one
+    // loads a group at a time.
+    constexpr int kRereadPass = sizeof(D0) == 8 ? 1 : 2;
 #pragma unroll
-        for (int e = 0; e < 4; ++e) ss += v[e] * v[e];
+    for (int g0 = 0; g0 < kGroups; g0 += kRereadPass) {
+      float4 xv[kRereadPass];
+      Delta4Raw<D0> r0[kRereadPass];
+      uint2 r1[kRereadPass];
+#pragma unroll
+      for (int j = 0; j < kRereadPass; ++j) {
+        const std::int64_t c = 4 * (threadIdx.x + static_cast<std::int64_t>(g0 + j) * kNormThreads);
+        const bool in = c < k;
+        xv[j] = in ? *reinterpret_cast<const float4*>(xr + c) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        r0[j].load(in && d0 ? d0 + c : nullptr);
+        r1[j] = in && d1 ? *reinterpret_cast<const uint2*>(d1 + c) : make_uint2(0, 0);
+      }
+#pragma unroll
+      for (int j = 0; j < kRereadPass; ++j) {
+        const std::int64_t c = 4 * (threadIdx.x + static_cast<std::int64_t>(g0 + j) * kNormThreads);
+        if (c < k) {
+          float v[4] = {xv[j].x, xv[j].y, xv[j].z, xv[j].w};
+          if (d0) r0[j].add(v);
+          if (d1) add_bf16x4(v, r1[j]);
+#pragma unroll
+          for (int e = 0; e < 4; ++e) ss += v[e] * v[e];
+        }
       }
     }
   } else {
