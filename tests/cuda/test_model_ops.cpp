@@ -1930,7 +1930,9 @@ std::vector<bf16> fixed_as_bf16(const std::vector<long long>& v) {
 TEST(ModelOps, RmsnormProjectTakesTheFixedPointDelta) {
   TWELL_REQUIRE_GPU();
   Rng rng(fresh_seed());
-  for (auto [k, n] : {std::pair<int, int>{2048, 2560}, {8, 1}, {576, 17}, {4104, 33}, {8192, 100}}) {
+  // 2048, 576, 8: the norm's 4-wide row; 3072, 4096: 4-wide, over 2048; 4104, 8192: element by element.
+  for (auto [k, n] :
+       {std::pair<int, int>{2048, 2560}, {8, 1}, {576, 17}, {3072, 40}, {4096, 24}, {4104, 33}, {8192, 100}}) {
     SCOPED_TRACE(::testing::Message() << "k " << k << " n " << n);
     const auto [x, w, delta, wp] = norm_project_inputs(rng, k, n);
     const auto fixed = random_fixed(rng, x.size());
