@@ -56,21 +56,16 @@ __device__ __forceinline__ void add_bf16x4(float* v, const __nv_bfloat16* p) {
 
 // norm_row_reread's first delta may also be the fixed-point FFN output (int64, fixed_point.hpp:
 // bf16(acc · 2⁻³²), then added as the bf16 delta would be; 4 at p 16-byte aligned).
-__device__ __forceinline__ void add_delta4(float* v, const __nv_bfloat16* p) { add_bf16x4(v, p); }
-__device__ __forceinline__ void add_delta4(float* v, const long long* p) {
-  const longlong2 a = *reinterpret_cast<const longlong2*>(p), b = *reinterpret_cast<const longlong2*>(p + 2);
-  v[0] += dev::fixed_to_float_bf16(a.x);
-  v[1] += dev::fixed_to_float_bf16(a.y);
-  v[2] += dev::fixed_to_float_bf16(b.x);
-  v[3] += dev::fixed_to_float_bf16(b.y);
-}
-// A first delta's 4 raw values, loaded (null: zeros) apart from their adds (add_delta4's adds).
+// Delta4Raw: a first delta's 4 raw values, loaded (null: zeros) apart from their adds, so that
+// several groups' loads can be in flight before the first add.
 template <typename D0>
 struct Delta4Raw;
 template <>
 struct Delta4Raw<__nv_bfloat16> {
   uint2 raw;
-  __device__ __forceinline__ void load(const __nv_bfloat16* p) { raw = p ? *reinterpret_cast<const uint2*>(p) : make_uint2(0, 0); }
+  __device__ __forceinline__ void load(const __nv_bfloat16* p) {
+    raw = p ? *reinterpret_cast<const uint2*>(p) : make_uint2(0, 0);
+  }
   __device__ __forceinline__ void add(float* v) const { add_bf16x4(v, raw); }
 };
 template <>
@@ -87,6 +82,12 @@ struct Delta4Raw<long long> {
     v[3] += dev::fixed_to_float_bf16(b.y);
   }
 };
+template <typename D0>
+__device__ __forceinline__ void add_delta4(float* v, const D0* p) {
+  Delta4Raw<D0> r;
+  r.load(p);
+  r.add(v);
+}
 __device__ __forceinline__ float delta_at(const __nv_bfloat16* p, std::int64_t c) { return __bfloat162float(p[c]); }
 __device__ __forceinline__ float delta_at(const long long* p, std::int64_t c) { return dev::fixed_to_float_bf16(p[c]); }
 
@@ -266,10 +267,10 @@ __device__ inline void norm_row_reread(const float* __restrict__ xr, const D0* _
   const auto value = [&](std::int64_t c) { return residual_at(xr, d0, d1, c); };
   float ss = 0.0f;
   if (wide) {
-    // kPass groups' x and deltas are loaded before any of them is used: one round trip for a row
-    // of ≤ kPass · 1024 (the 2B's 2048), where each group's loads behind its own bounds test were
-    // a round trip of their own after the previous group's adds. The adds and squares are the
-    // same, in the same order. Two groups of a fixed-point delta (16 registers more) take
+    // kRereadPass groups' x and deltas are loaded before any of them is used: one round trip for
+    // a row of ≤ kRereadPass · 1024 (the 2B's 2048), where each group's loads behind its own
+    // bounds test were a round trip of their own after the previous group's adds. The adds and
+    // squares are the same, in the same order. Two groups of a fixed-point delta take
     // rmsnorm_project's RoPE form from 80 registers to 104 (2 CTAs an SM, not 3), so that one
     // loads a group at a time.
     constexpr int kRereadPass = sizeof(D0) == 8 ? 1 : 2;
