@@ -477,8 +477,10 @@ INSTANTIATE_TEST_SUITE_P(Shapes, GroupedAttention,
 // a first tile or a later one), head_dim 64 and 128, GQA and MHA, sliding windows; 33 rows, so that
 // every case runs the grouped kernel, and again with grouped off (the per-head kernel, which calls
 // of fewer rows run); each with the caches in order and paged (every row's blocks shuffled
-// through its block table, which is written before the step, as the runtime's are). (Without sm_90
-// the launches are plain and the test checks the values only.)
+// through its block table, which is written before the step, as the runtime's are). With grouped
+// off, also one row a call: the per-head kernel's staged form (its old keys copied into shared
+// memory before the wait), which only grids on a quarter of the SMs take. (Without sm_90 the
+// launches are plain and the test checks the values only.)
 TEST(ModelOps, DecodeAttentionReadsOldKeysEarlyAndTheNewOneAfter) {
   TWELL_REQUIRE_GPU();
   Rng rng(fresh_seed());
@@ -545,6 +547,27 @@ TEST(ModelOps, DecodeAttentionReadsOldKeysEarlyAndTheNewOneAfter) {
         ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
         const auto want = download<bf16>(out_ref), got = download<bf16>(out_early);
         EXPECT_EQ(std::memcmp(want.data(), got.data(), want.size() * sizeof(bf16)), 0);
+        if (grouped) continue;
+        // One row a call (rows · heads · 4 ≤ the SMs): the per-head kernel's staged form, its old
+        // keys copied into shared memory before the wait and its own key after; the first 11 rows
+        // (positions 0 … 700, inside and past the stage), each late as above, against the same rows
+        // of the 33-row reference.
+        auto init_d = upload<__nv_bfloat16>(init);
+        DeviceBuffer<__nv_bfloat16> out_one(static_cast<std::size_t>(Q));
+        for (int r = 0; r < 11; ++r) {
+          SCOPED_TRACE(::testing::Message() << "one row: " << r << " at position " << positions[static_cast<std::size_t>(r)]);
+          ASSERT_EQ(cudaMemcpyAsync(b.get(), init_d.get(), total * sizeof(__nv_bfloat16), cudaMemcpyDeviceToDevice, stream),
+                    cudaSuccess);
+          {
+            const cuda::ProgrammaticLaunch programmatic(cuda::programmatic_launch_supported());
+            late_copy(a.get(), b.get(), total * sizeof(__nv_bfloat16), 100, stream);
+            cuda::ops::attention(b.get() + static_cast<std::size_t>(r) * ld, 1, cs.heads, cs.kv_heads, cs.d,
+                                 rows_b.get() + r, layer, cap, out_one.get(), stream, true, cs.window, 0);
+          }
+          ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+          const auto one = download<bf16>(out_one);
+          EXPECT_EQ(std::memcmp(want.data() + static_cast<std::size_t>(r) * Q, one.data(), one.size() * sizeof(bf16)), 0);
+        }
       }
   cudaStreamDestroy(stream);
 }
@@ -1926,7 +1949,9 @@ std::vector<bf16> fixed_as_bf16(const std::vector<long long>& v) {
 }
 
 // rmsnorm_project with the fixed-point delta equals rmsnorm_project with that delta as bf16 (the
-// host's conversion), bit for bit: both norm branches (4-wide, and the streamed one at k = 4104).
+// host's conversion), bit for bit: both norm branches (4-wide, and the streamed one at k = 4104);
+// and again with the delta written late under programmatic launches (it must be read after the
+// wait).
 TEST(ModelOps, RmsnormProjectTakesTheFixedPointDelta) {
   TWELL_REQUIRE_GPU();
   Rng rng(fresh_seed());
@@ -1948,6 +1973,22 @@ TEST(ModelOps, RmsnormProjectTakesTheFixedPointDelta) {
     const auto a = download<bf16>(y1), b = download<bf16>(y2);
     EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * sizeof(bf16)), 0);
     EXPECT_EQ(download<long long>(dfixed), fixed) << "the delta was written";
+    {  // the fixed-point delta arriving late under programmatic launches: it is read after the wait
+      cudaStream_t stream = nullptr;
+      ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
+      auto late = upload(random_fixed(rng, fixed.size()));  // other values until late_copy lands fixed
+      DeviceBuffer<__nv_bfloat16> y3(y1.size());
+      {
+        const cuda::ProgrammaticLaunch programmatic(cuda::programmatic_launch_supported());
+        late_copy(dfixed.get(), late.get(), fixed.size() * sizeof(long long), 100, stream);
+        cuda::ops::rmsnorm_project(dx.get(), reinterpret_cast<const std::int64_t*>(late.get()), k, dw.get(), 1e-5f,
+                                   dwp.get(), n, y3.get(), stream);
+      }
+      ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+      cudaStreamDestroy(stream);
+      const auto c = download<bf16>(y3);
+      EXPECT_EQ(std::memcmp(a.data(), c.data(), a.size() * sizeof(bf16)), 0) << "late delta";
+    }
   }
 }
 
