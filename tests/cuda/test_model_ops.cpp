@@ -1547,6 +1547,70 @@ TEST(ModelOps, RmsnormProjectWithRopeIsNormGemvRope) {
   }
 }
 
+// rope_store_kv reads each row's RowKv, its block table and the angles before its programmatic
+// wait (a step's inputs and tables, written before its first kernel), and the row's q, k and v
+// only after it: here q, k and v arrive late (late_copy spins ≈ 100 µs, then copies them in), and
+// the rotated qkv and both caches must equal a plain launch's bit for bit. Rows in order and paged
+// (blocks shuffled through a table); head_dim 64 and 128 (the 16-byte kernel) and 6 (the scalar
+// one), k rotated into qkv too or not. (Without sm_90 the launches are plain and the test checks
+// the values only.)
+TEST(ModelOps, RopeStoreKvReadsItsRowAfterTheWait) {
+  TWELL_REQUIRE_GPU();
+  Rng rng(fresh_seed());
+  cudaStream_t stream = nullptr;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
+  struct Case {
+    int heads, kv_heads, d;
+    bool k_in_place;
+  };
+  for (const Case cs : {Case{4, 2, 64, false}, Case{8, 8, 128, true}, Case{3, 1, 6, true}})
+    for (const bool paged : {false, true}) {
+      SCOPED_TRACE(::testing::Message() << "heads " << cs.heads << "/" << cs.kv_heads << " d " << cs.d << " paged "
+                                        << paged << (cs.k_in_place ? " k in place" : ""));
+      const int Q = cs.heads * cs.d, KV = cs.kv_heads * cs.d, ld = Q + 2 * KV, layers = 2, layer = 1, T = 9;
+      const int blocks = 4, cap = blocks * cuda::ops::kKvBlockRows;
+      const auto [cos_t, sin_t] = rope_tables(cap, cs.d);
+      auto dcos = upload(cos_t), dsin = upload(sin_t);
+      // One buffer: qkv [T, ld], then each row's K cache, then each row's V cache ([layers, cap, KV]).
+      const std::size_t qkv_n = static_cast<std::size_t>(T) * ld, cache_n = static_cast<std::size_t>(layers) * cap * KV;
+      const std::size_t total = qkv_n + 2 * static_cast<std::size_t>(T) * cache_n;
+      const auto init = random_bf16(rng, total);
+      auto ref = upload<__nv_bfloat16>(init), src = upload<__nv_bfloat16>(init);
+      auto late = upload<__nv_bfloat16>(random_bf16(rng, total));  // other bytes until late_copy lands init
+      std::vector<std::int32_t> tables(static_cast<std::size_t>(T) * blocks);
+      for (int r = 0; r < T; ++r) {
+        auto* t = tables.data() + static_cast<std::size_t>(r) * blocks;
+        for (int j = 0; j < blocks; ++j) t[j] = j;
+        for (int j = blocks - 1; j > 0; --j) std::swap(t[j], t[rng.below(j + 1)]);
+      }
+      auto d_tables = upload(tables);
+      auto rows_in = [&](DeviceBuffer<__nv_bfloat16>& buf) {
+        std::vector<cuda::ops::RowKv> rows;
+        for (int r = 0; r < T; ++r) {
+          rows.push_back(row_kv(buf.get() + qkv_n + static_cast<std::size_t>(r) * cache_n,
+                                buf.get() + qkv_n + static_cast<std::size_t>(T + r) * cache_n,
+                                static_cast<std::int64_t>(cap) * KV, (7 * r + 3) % cap));
+          if (paged) rows.back().table = d_tables.get() + static_cast<std::size_t>(r) * blocks;
+        }
+        return upload(rows);
+      };
+      auto rows_ref = rows_in(ref), rows_late = rows_in(late);
+      cuda::ops::rope_store_kv(ref.get(), T, cs.heads, cs.kv_heads, cs.d, dcos.get(), dsin.get(), rows_ref.get(), layer,
+                               stream, cs.k_in_place);
+      ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+      {
+        const cuda::ProgrammaticLaunch programmatic(cuda::programmatic_launch_supported());
+        late_copy(src.get(), late.get(), total * sizeof(bf16), 100, stream);
+        cuda::ops::rope_store_kv(late.get(), T, cs.heads, cs.kv_heads, cs.d, dcos.get(), dsin.get(), rows_late.get(),
+                                 layer, stream, cs.k_in_place);
+      }
+      ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+      const auto want = download<bf16>(ref), got = download<bf16>(late);
+      EXPECT_EQ(std::memcmp(want.data(), got.data(), want.size() * sizeof(bf16)), 0);
+    }
+  cudaStreamDestroy(stream);
+}
+
 // rope_store_kv against a host reference, bit for bit: many rows of three sequences at scattered
 // positions, every layer's cache slots compared whole (a write to a wrong slot, head or layer
 // shows), q rotated in place, k rotated into the cache (and into qkv with k_in_place), v copied.

@@ -110,6 +110,8 @@ void rmsnorm_gated_up(const float* x, const __nv_bfloat16* first, const __nv_bfl
 // 16-byte aligned) it moves 16 bytes a thread, and then each RowKv's k and v must be 16-byte aligned
 // and its layer_stride a multiple of 8 elements, as attention() needs (cudaMalloc'd caches are; a
 // misaligned one is a CUDA error, not a wrong result); else 2 bytes a thread. The same bits either way.
+// rope_store_kv reads rows_kv, its block tables and cos / sin before its programmatic wait: they
+// must be written before the step's first kernel, never by a kernel of the chain (as RopeStore's).
 bool rope_store_kv_wide(const __nv_bfloat16* qkv, std::int64_t d, const float* cos_table, const float* sin_table);
 void rope_store_kv(__nv_bfloat16* qkv, std::int64_t rows, std::int64_t heads, std::int64_t kv_heads, std::int64_t d,
                    const float* cos_table, const float* sin_table, const RowKv* rows_kv, std::int64_t layer,

@@ -15,18 +15,34 @@ constexpr int kVec = 8;  // bf16 elements in one 16-byte access
 // Grid (rows, chunks): a row's work items are the (head, i < d/2) pairs of q's and k's heads, then
 // v's kv_dim elements; each thread takes one item (32-bit index math: a row has < 2³¹ items), so
 // a decode step's single row spreads over many CTAs instead of looping in one.
+// Both kernels read rows_kv[r], the row's cache slot (a paged sequence's block table) and the
+// cos / sin tables before their programmatic wait, as rmsnorm_project does (model_ops.hpp: a
+// step's inputs, copied in before its first kernel; tables built at load), so that after the wait
+// only the projection's q, k and v leave the SM: one round trip where the RowKv, then the slot,
+// then the row and the angles were three.
 __global__ void __launch_bounds__(kThreads) rope_store_kv_kernel(__nv_bfloat16* qkv, int heads, int kv_heads, int d,
                                                                  const float* cos_table, const float* sin_table,
                                                                  const RowKv* rows_kv, std::int64_t layer,
                                                                  bool k_in_place) {
-  dev::pdl_begin();
   const std::int64_t r = blockIdx.x;
   const int half = d / 2, q_dim = heads * d, kv_dim = kv_heads * d, pairs = (heads + kv_heads) * half;
   const int j = static_cast<int>(blockIdx.y) * kThreads + static_cast<int>(threadIdx.x);
-  if (j >= pairs + kv_dim) return;
+  const bool live = j < pairs + kv_dim;
+  // Before the wait (see the header): the row's RowKv, its cache row and the angle.
+  RowKv info{};
+  std::int64_t cache = 0;
+  float c = 0.0f, s = 0.0f;
+  if (live) {
+    info = rows_kv[r];
+    cache = layer * info.layer_stride + info.slot(info.pos) * kv_dim;
+    if (j < pairs) {
+      c = cos_table[static_cast<std::int64_t>(info.pos) * half + j % half];
+      s = sin_table[static_cast<std::int64_t>(info.pos) * half + j % half];
+    }
+  }
+  dev::pdl_begin();
+  if (!live) return;
   __nv_bfloat16* row = qkv + r * (q_dim + 2 * kv_dim);
-  const RowKv info = rows_kv[r];
-  const std::int64_t cache = layer * info.layer_stride + info.slot(info.pos) * kv_dim;
   if (j >= pairs) {  // v into the cache
     info.v[cache + (j - pairs)] = row[q_dim + kv_dim + (j - pairs)];
     return;
@@ -35,8 +51,6 @@ __global__ void __launch_bounds__(kThreads) rope_store_kv_kernel(__nv_bfloat16* 
   const bool is_q = h < heads;
   __nv_bfloat16* v = is_q ? row + h * d : row + q_dim + (h - heads) * d;
   const float x1 = __bfloat162float(v[i]), x2 = __bfloat162float(v[i + half]);
-  const float c = cos_table[static_cast<std::int64_t>(info.pos) * half + i];
-  const float s = sin_table[static_cast<std::int64_t>(info.pos) * half + i];
   __nv_bfloat16 o1, o2;
   detail::rope_pair(x1, x2, c, s, o1, o2);
   if (is_q || k_in_place) {
@@ -60,15 +74,29 @@ __global__ void __launch_bounds__(kThreads) rope_store_kv_vec_kernel(__nv_bfloat
                                                                      const float* cos_table, const float* sin_table,
                                                                      const RowKv* rows_kv, std::int64_t layer,
                                                                      bool k_in_place) {
-  dev::pdl_begin();
   const std::int64_t r = blockIdx.x;
   const int half = d / 2, q_dim = heads * d, kv_dim = kv_heads * d, groups = half / kVec;
   const int pairs = (heads + kv_heads) * groups;
   const int j = static_cast<int>(blockIdx.y) * kThreads + static_cast<int>(threadIdx.x);
-  if (j >= pairs + kv_dim / kVec) return;
+  const bool live = j < pairs + kv_dim / kVec;
+  // Before the wait (see the header): the row's RowKv, its cache row and the pairs' angles.
+  RowKv info{};
+  std::int64_t cache = 0;
+  float4 c0{}, c1{}, s0{}, s1{};
+  if (live) {
+    info = rows_kv[r];
+    cache = layer * info.layer_stride + info.slot(info.pos) * kv_dim;
+    if (j < pairs) {
+      const std::int64_t t = static_cast<std::int64_t>(info.pos) * half + (j % groups) * kVec;
+      c0 = *reinterpret_cast<const float4*>(cos_table + t);
+      c1 = *reinterpret_cast<const float4*>(cos_table + t + 4);
+      s0 = *reinterpret_cast<const float4*>(sin_table + t);
+      s1 = *reinterpret_cast<const float4*>(sin_table + t + 4);
+    }
+  }
+  dev::pdl_begin();
+  if (!live) return;
   __nv_bfloat16* row = qkv + r * (q_dim + 2 * kv_dim);
-  const RowKv info = rows_kv[r];
-  const std::int64_t cache = layer * info.layer_stride + info.slot(info.pos) * kv_dim;
   if (j >= pairs) {  // v into the cache
     const int e = (j - pairs) * kVec;
     *reinterpret_cast<uint4*>(info.v + cache + e) = *reinterpret_cast<const uint4*>(row + q_dim + kv_dim + e);
@@ -78,10 +106,6 @@ __global__ void __launch_bounds__(kThreads) rope_store_kv_vec_kernel(__nv_bfloat
   const bool is_q = h < heads;
   __nv_bfloat16* v = is_q ? row + h * d : row + q_dim + (h - heads) * d;
   const uint4 a = *reinterpret_cast<const uint4*>(v + i0), b = *reinterpret_cast<const uint4*>(v + i0 + half);
-  const float* ct = cos_table + static_cast<std::int64_t>(info.pos) * half + i0;
-  const float* st = sin_table + static_cast<std::int64_t>(info.pos) * half + i0;
-  const float4 c0 = *reinterpret_cast<const float4*>(ct), c1 = *reinterpret_cast<const float4*>(ct + 4);
-  const float4 s0 = *reinterpret_cast<const float4*>(st), s1 = *reinterpret_cast<const float4*>(st + 4);
   const float c[kVec] = {c0.x, c0.y, c0.z, c0.w, c1.x, c1.y, c1.z, c1.w};
   const float sn[kVec] = {s0.x, s0.y, s0.z, s0.w, s1.x, s1.y, s1.z, s1.w};
   const auto* x1 = reinterpret_cast<const __nv_bfloat16*>(&a);
