@@ -14,7 +14,8 @@
 // and the overlap (a kernel starting before the one before it ended); per kernel name: launches a
 // step, µs a step and a launch, the idle time before it; the links (how long each kernel ends after
 // the one before it, by pair: what sets the period); and one layer's kernels in order (the
-// median step's middle layer) with their start offsets.
+// median step's middle layer) with their start offsets; last, the shared-memory configuration each
+// kernel ran under and the links across which it changed (report_smem_config).
 #include <cuda_runtime.h>
 #include <cupti.h>
 #include <cxxabi.h>
@@ -38,6 +39,10 @@ namespace {
 struct Kernel {
   std::uint64_t start, end;  // ns
   std::string name;
+  int regs = 0;                  // registers a thread
+  std::int64_t cta_smem = 0;     // static + dynamic shared memory a CTA, bytes
+  int carveout_asked = -1;       // the carveout the launch or function asked for, % (-1: none)
+  std::uint32_t sm_smem = 0;     // the SM's shared memory as the driver configured it for this launch, bytes
 };
 
 std::mutex g_mutex;
@@ -95,7 +100,10 @@ void CUPTIAPI buffer_completed(CUcontext, uint32_t, uint8_t* buffer, size_t, siz
   while (cuptiActivityGetNextRecord(buffer, valid, &rec) == CUPTI_SUCCESS) {
     if (rec->kind == CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL || rec->kind == CUPTI_ACTIVITY_KIND_KERNEL) {
       const auto* k = reinterpret_cast<const CUpti_ActivityKernel10*>(rec);
-      g_kernels.push_back({k->start, k->end, short_name(k->name)});
+      g_kernels.push_back({k->start, k->end, short_name(k->name), k->registersPerThread,
+                           static_cast<std::int64_t>(k->staticSharedMemory) + k->dynamicSharedMemory,
+                           k->isSharedMemoryCarveoutRequested ? k->sharedMemoryCarveoutRequested : -1,
+                           k->sharedMemoryExecuted});
     }
   }
   std::free(buffer);
@@ -115,6 +123,65 @@ double median(std::vector<double> v) {
   if (v.empty()) return 0;
   std::sort(v.begin(), v.end());
   return v[v.size() / 2];
+}
+
+// The shared-memory configuration each launch ran under. An SM's L1 / shared-memory split is one
+// value for every CTA on it: a launch whose CTAs need more shared memory than the split the SM runs
+// with waits until the SM's resident CTAs (of the kernel before, still running under a programmatic
+// launch) have left before the driver changes it, so the overlap that programmatic launches buy is
+// lost at such a link. Per kernel: its registers and shared memory a CTA, the carveout it asked for
+// and the configurations the driver chose (KB, share of launches); then the links across which the
+// configuration changed, and how many changes a step has.
+void report_smem_config(const std::vector<std::vector<Kernel>>& steps) {
+  struct PerName {
+    int regs = 0, asked = -1;
+    std::int64_t cta_smem = 0, launches = 0;
+    std::map<std::uint32_t, std::int64_t> configs;
+  };
+  std::map<std::string, PerName> by_name;
+  std::map<std::pair<std::string, std::string>, std::map<std::pair<std::uint32_t, std::uint32_t>, std::int64_t>> changes;
+  std::vector<double> per_step;
+  for (const auto& st : steps) {
+    double c = 0;
+    for (std::size_t i = 0; i < st.size(); ++i) {
+      PerName& p = by_name[st[i].name];
+      p.regs = st[i].regs;
+      p.asked = st[i].carveout_asked;
+      p.cta_smem = std::max(p.cta_smem, st[i].cta_smem);
+      ++p.launches;
+      ++p.configs[st[i].sm_smem];
+      if (i > 0 && st[i].sm_smem != st[i - 1].sm_smem) {
+        ++changes[{st[i - 1].name, st[i].name}][{st[i - 1].sm_smem, st[i].sm_smem}];
+        ++c;
+      }
+    }
+    per_step.push_back(c);
+  }
+  const double n = static_cast<double>(steps.size());
+  const auto kb = [](double bytes) { return bytes / 1024.0; };
+  std::printf("\nshared-memory configuration (CUPTI's sharedMemoryExecuted: the SM's shared memory the driver set "
+              "for the launch):\n\n");
+  std::printf("| kernel | registers a thread | shared memory a CTA, KB | carveout asked, %% | SM configured, KB (share "
+              "of launches) |\n|---|---:|---:|---:|---|\n");
+  for (const auto& [name, p] : by_name) {
+    std::string cfg;
+    for (const auto& [bytes, count] : p.configs) {
+      char buf[64];
+      std::snprintf(buf, sizeof buf, "%s%.0f (%.0f %%)", cfg.empty() ? "" : ", ", kb(static_cast<double>(bytes)),
+                    100.0 * static_cast<double>(count) / static_cast<double>(p.launches));
+      cfg += buf;
+    }
+    std::printf("| `%s` | %d | %.1f | %s | %s |\n", name.c_str(), p.regs, kb(static_cast<double>(p.cta_smem)),
+                p.asked < 0 ? "—" : std::to_string(p.asked).c_str(), cfg.c_str());
+  }
+  std::printf("\nconfiguration changes between consecutive kernels: %.1f a step (median)\n\n", median(per_step));
+  if (changes.empty()) return;
+  std::printf("| after … | … starts under another configuration | times a step | from → to, KB |\n|---|---|---:|---|\n");
+  for (const auto& [names, by_change] : changes)
+    for (const auto& [fromto, count] : by_change)
+      std::printf("| `%s` | `%s` | %.1f | %.0f → %.0f |\n", names.first.c_str(), names.second.c_str(),
+                  static_cast<double>(count) / n, kb(static_cast<double>(fromto.first)),
+                  kb(static_cast<double>(fromto.second)));
 }
 
 void report(const char* path, const std::vector<Kernel>& all, std::int64_t layers) {
@@ -205,6 +272,7 @@ void report(const char* path, const std::vector<Kernel>& all, std::int64_t layer
     std::printf("| `%s` | %.2f | %.2f | %.2f |\n", st[i].name.c_str(), (static_cast<double>(st[i].start) - t0) / 1e3,
                 static_cast<double>(st[i].end - st[i].start) / 1e3, gap);
   }
+  report_smem_config(steps);
 }
 
 }  // namespace

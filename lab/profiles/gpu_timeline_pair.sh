@@ -11,9 +11,11 @@
 # timeline.md and $OUT/timeline-pair.md (round 1 of each build against round 1 of A; with ROUNDS=2
 # also round 2's, so the reader sees how much a link moves between runs of one build). Six builds
 # at one round fit a 600 s call at 2B's batch 1.
+# TUNINGS="NAME=ITEMS;NAME2=ITEMS2": those builds' probes run with TWELL_TUNING=ITEMS (an A/B of a
+# TWELL_TUNING switch: give the tree twice, e.g. `TUNINGS="c100=smem-carveout=100" … base c100`).
 set -uo pipefail
 cd "$(dirname "$0")/../.." || exit 2
-[ $# -ge 2 ] || { sed -n 2,14p "$0"; exit 2; }
+[ $# -ge 2 ] || { sed -n 2,16p "$0"; exit 2; }
 OUT=${OUT:-build/timeline-pair-out}
 ROUNDS=${ROUNDS:-1}
 IFS=: read -r config density batch steps prompt <<< "${CASE:-2b:0.005:1:32:512}"
@@ -22,10 +24,20 @@ names=()
 for arg in "$@"; do names+=("${arg%%=*}"); done
 [ "$(printf '%s\n' "${names[@]}" | sort -u | wc -l)" -eq $# ] || { echo "gpu_timeline_pair: each build needs a name of its own"; exit 2; }
 PROBE=1 BIN=/tmp/probe OUT="$OUT/builds" bash lab/ab/gpu_patch_builds.sh "$@" || exit $?
+# tuning_of NAME: the TWELL_TUNING items TUNINGS gives NAME ("" where none).
+tuning_of() {
+  local entry
+  IFS=';' read -r -a entries <<< "${TUNINGS:-}"
+  for entry in "${entries[@]}"; do
+    [ "${entry%%=*}" = "$1" ] && { printf '%s' "${entry#*=}"; return; }
+  done
+}
 for r in $(seq 1 "$ROUNDS"); do
   for n in "${names[@]}"; do
     t0=$(date +%s)
-    PROBE="/tmp/probe/$n" OUT="$OUT/$n-$r" bash lab/profiles/gpu_decode_timeline.sh \
+    tuning=$(tuning_of "$n")
+    [ -n "$tuning" ] && [ "$r" = 1 ] && echo "gpu_timeline_pair: $n runs with TWELL_TUNING=$tuning"
+    env ${tuning:+TWELL_TUNING="$tuning"} PROBE="/tmp/probe/$n" OUT="$OUT/$n-$r" bash lab/profiles/gpu_decode_timeline.sh \
       "$config" "$density" "$batch" "$steps" "$prompt" > "$OUT/$n-$r.log" 2>&1
     echo "gpu_timeline_pair: $n round $r: $(grep -m1 "twell_probe_timeline rc=" "$OUT/$n-$r.log") ($(( $(date +%s) - t0 )) s)"
   done

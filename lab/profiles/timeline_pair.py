@@ -1,7 +1,8 @@
 """Two builds' decode timelines side by side (twell_probe_timeline's reports, as
 lab/profiles/gpu_decode_timeline.sh writes them): per FFN path, the step span and each link (how
 long a kernel ends after the kernel before it ends, median) of build A, of build B and B − A, the
-links ordered by their µs a step in A. Read before an A/B: a change that moves no link of its own
+links ordered by their µs a step in A; and, where the reports have it, how often a step changes
+the SMs' shared-memory split. Read before an A/B: a change that moves no link of its own
 kernel, or moves the step span the wrong way, need not be A/B'd.
 
     python3 lab/profiles/timeline_pair.py A.md B.md [--names A,B] > pair.md
@@ -16,6 +17,7 @@ import sys
 SECTION = re.compile(r"^## (.+?): \d+ steps traced")
 SPAN = re.compile(r"^step span \(first start to argmax end\) ([0-9.]+) us median")
 LINK = re.compile(r"^\| `(.+?)` \| `(.+?)` \| ([0-9.]+) \| ([0-9.]+) \| ([0-9.]+) \|$")
+CHANGES = re.compile(r"^configuration changes between consecutive kernels: ([0-9.]+) a step")
 
 
 def read(path):
@@ -26,7 +28,7 @@ def read(path):
             line = line.rstrip("\n")
             m = SECTION.match(line)
             if m:
-                cur = paths.setdefault(m.group(1), {"span": None, "links": {}})
+                cur = paths.setdefault(m.group(1), {"span": None, "links": {}, "changes": None})
                 in_links = False
                 continue
             if line.startswith("### ") or line.startswith("#### "):
@@ -37,6 +39,8 @@ def read(path):
             m = SPAN.match(line)
             if m:
                 cur["span"] = float(m.group(1))
+            elif CHANGES.match(line):
+                cur["changes"] = float(CHANGES.match(line).group(1))
             elif line.startswith("links:"):
                 in_links = True
             elif in_links and line.startswith("kernels "):
@@ -64,6 +68,9 @@ def table(a, b, names):
         ratio = f", {sb / sa:.3f}×" if sa and sb else ""
         delta = f" ({sb - sa:+.1f} µs{ratio})" if sa and sb else ""
         out.append(f"step span: {na} {fmt(sa, 1)} µs, {nb} {fmt(sb, 1)} µs{delta}\n")
+        ca, cb = pa and pa.get("changes"), pb and pb.get("changes")
+        if ca is not None or cb is not None:  # reports since the probe printed the shared-memory splits
+            out.append(f"shared-memory split changes a step: {na} {fmt(ca, 1)}, {nb} {fmt(cb, 1)}\n")
         la, lb = (pa or {}).get("links", {}), (pb or {}).get("links", {})
         keys = sorted(set(la) | set(lb), key=lambda k: -(la.get(k) or lb.get(k))[2])
         out.append(f"| after … ends | … ends | times a step | {na}, µs | {nb}, µs | {nb} − {na}, µs | "

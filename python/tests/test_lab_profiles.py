@@ -70,7 +70,7 @@ def test_torch_kernel_kinds():
 # Two twell_probe_timeline reports as gpu_decode_timeline.sh writes them, hand-made: a section per
 # FFN path (span, kernel table, links, a step's kernels), then phase-stamp tables whose rows must not
 # be read as links.
-def report(span, links, stamps=False):
+def report(span, links, stamps=False, changes=None):
     rows = "\n".join(f"| `{a}` | `{b}` | {t} | {us} | {t * us:.1f} |" for a, b, t, us in links)
     text = f"""# A graph-replayed decode step, kernel by kernel (CUPTI)
 
@@ -93,6 +93,20 @@ kernels 76 .. 83 of the median step (≈ 4 a layer), µs from the step's start:
 | kernel | start | duration | gap after the previous one's end |
 |---|---:|---:|---:|
 | `ffn` | 669.18 | 17.44 | -3.84 |
+"""
+    if changes is not None:  # the shared-memory splits (probes since session 87)
+        text += f"""
+shared-memory configuration (CUPTI's sharedMemoryExecuted: the SM's shared memory the driver set for the launch):
+
+| kernel | registers a thread | shared memory a CTA, KB | carveout asked, % | SM configured, KB (share of launches) |
+|---|---:|---:|---:|---|
+| `ffn` | 64 | 21.0 | — | 100 (100 %) |
+
+configuration changes between consecutive kernels: {changes} a step (median)
+
+| after … | … starts under another configuration | times a step | from → to, KB |
+|---|---|---:|---|
+| `qkv` | `attention` | 38.0 | 100 → 164 |
 """
     if stamps:
         text += """
@@ -120,6 +134,21 @@ def test_timeline_pair_sides_and_deltas(tmp_path):
     assert "`0 entry`" not in t                                          # a stamp row is no link
     lines = [l for l in t.splitlines() if l.startswith("| `")]
     assert lines[0].startswith("| `gemv`")                               # the longest link a step first
+
+
+def test_timeline_pair_shared_memory_split_changes(tmp_path):
+    pair = load_lab("profiles/timeline_pair")
+    a, b, old = tmp_path / "a.md", tmp_path / "b.md", tmp_path / "old.md"
+    a.write_text(report(1186.7, [("gemv", "ffn", 38.0, 11.0)], changes=76.0))
+    b.write_text(report(1150.2, [("gemv", "ffn", 38.0, 10.5)], changes=0.0))
+    old.write_text(report(1186.7, [("gemv", "ffn", 38.0, 11.0)]))
+    t = pair.table(pair.read(str(a)), pair.read(str(b)), ["base", "c100"])
+    assert "shared-memory split changes a step: base 76.0, c100 0.0" in t
+    assert "| `qkv` | `attention`" not in t                               # a split row is no link
+    t = pair.table(pair.read(str(old)), pair.read(str(b)), ["old", "c100"])
+    assert "shared-memory split changes a step: old —, c100 0.0" in t     # a report from before
+    t = pair.table(pair.read(str(old)), pair.read(str(old)), ["x", "y"])
+    assert "split changes" not in t
 
 
 def test_timeline_pair_refuses_what_is_not_a_report(tmp_path):

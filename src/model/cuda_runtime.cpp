@@ -327,6 +327,7 @@ class CudaRuntime final : public Runtime {
 #endif
     if (!tuning.cudnn_attention) cudnn_why_ = "off (TWELL_TUNING=no-cudnn-attention)";
     programmatic_ = tuning.programmatic_launch && cuda::programmatic_launch_supported();
+    carveout_ = tuning.smem_carveout;
     fused_decode_ = tuning.fused_decode;
     // The one-token FFN's fixed-point output goes through the attention output projection's GEMV
     // (its residual add): Q within the GEMV's K. Zero once; every forward leaves it zero.
@@ -527,6 +528,7 @@ class CudaRuntime final : public Runtime {
     std::int32_t* ids = room(argmax_, R);
     {
       const cuda::ProgrammaticLaunch programmatic(programmatic_);
+      const cuda::LaunchCarveout carveout(carveout_);
       cuda::ops::argmax(logits, R, model_->config.vocab_size, ids, stream_);
     }
     std::vector<std::int32_t> out(static_cast<std::size_t>(R));
@@ -554,6 +556,7 @@ class CudaRuntime final : public Runtime {
     std::int32_t* bad = room(top_bad_, R);
     {
       const cuda::ProgrammaticLaunch programmatic(programmatic_);
+      const cuda::LaunchCarveout carveout(carveout_);
       cuda::ops::top_candidates(logits, R, V, k, static_cast<float>(repetition_penalty), d_hist, d_off, z, id, bad,
                                 stream_);
     }
@@ -590,6 +593,7 @@ class CudaRuntime final : public Runtime {
     std::int32_t* bad = room(top_bad_, R);
     {
       const cuda::ProgrammaticLaunch programmatic(programmatic_);
+      const cuda::LaunchCarveout carveout(carveout_);
       cuda::ops::sample_rows(logits, R, model_->config.vocab_size,
                              {o.temperature, o.top_k, o.top_p, o.repetition_penalty}, d_hist, d_off, d_r, ids, bad,
                              stream_);
@@ -699,8 +703,10 @@ class CudaRuntime final : public Runtime {
     sh.blocks = flash ? static_cast<std::int64_t>(blocks.size()) : 0;
     sh.one_token = T == static_cast<std::int64_t>(steps.size());
     // Every kernel the forward enqueues below (and a decode step's graph captures) through
-    // launch_kernel is a programmatic dependent launch while this lives (RuntimeTuning::programmatic_launch).
+    // launch_kernel is a programmatic dependent launch while this lives (RuntimeTuning::programmatic_launch),
+    // with the carveout of RuntimeTuning::smem_carveout where one is set.
     const cuda::ProgrammaticLaunch programmatic(programmatic_);
+    const cuda::LaunchCarveout carveout(carveout_);
     sh.cudnn = fresh && has_cudnn() && cudnn_wanted();
 #if TWELL_HAVE_CUDNN
     if (sh.cudnn) sh.pad_rows = CudnnAttention::padded_rows(*std::max_element(seq_len_.begin(), seq_len_.end()));
@@ -1174,6 +1180,7 @@ class CudaRuntime final : public Runtime {
   std::int64_t max_keys_ = 0;  // keys the decode attention takes on this device at this head_dim
   bool graphs_failed_ = false;
   bool programmatic_ = false;  // RuntimeTuning::programmatic_launch, on a device that takes it
+  int carveout_ = -1;          // RuntimeTuning::smem_carveout (< 0: none asked)
   bool fused_decode_ = false;  // RuntimeTuning::fused_decode
   // RuntimeTuning::fixed_point_decode where the model allows it; off for good once a step's sum
   // overflowed (unless_fixed_overflow).

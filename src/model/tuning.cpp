@@ -45,6 +45,7 @@ const Item kItems[] = {
     {"no-cudnn-attention", &RuntimeTuning::cudnn_attention},
     {"cudnn-build-at", &RuntimeTuning::cudnn_build_at, 1, 1 << 20},
     {"no-pdl", &RuntimeTuning::programmatic_launch},
+    {"smem-carveout", &RuntimeTuning::smem_carveout, 0, 100},
     {"no-fused-decode", &RuntimeTuning::fused_decode},
     {"no-fixed-point-decode", &RuntimeTuning::fixed_point_decode},
     {"no-decode-neuron-order", &RuntimeTuning::decode_neuron_order},

@@ -530,6 +530,31 @@ TEST(ModelCuda, ProgrammaticLaunchesAreBitIdentical) {
   }
 }
 
+// RuntimeTuning::smem_carveout (the L1 / shared-memory split every launch of the runtime's kernels
+// asks for: the most shared memory, and the least, against none asked) changes where the driver
+// splits an SM, never what the kernels compute: the same logits, prefill and every decode step,
+// with and without programmatic launches. The kernels that need much shared memory (the one-row
+// decode attention's staged keys) must still get it at a split of 0 %: the attribute is a hint.
+TEST(ModelCuda, SharedMemoryCarveoutIsBitIdentical) {
+  TWELL_REQUIRE_GPU();
+  for (const char* act : {"relu", "silu"}) {
+    const TinySpec spec = agreement_spec(act);
+    SCOPED_TRACE(act);
+    const model::Model m = model::Model::load(write_tiny(std::string("carveout_") + act, spec).string());
+    for (const bool pdl : {true, false})
+      for (const int percent : {100, 0}) {
+        SCOPED_TRACE(::testing::Message() << "smem-carveout=" << percent << (pdl ? ", programmatic" : ", plain"));
+        model::RuntimeTuning asked, none;  // explicit: not TWELL_TUNING's
+        asked.programmatic_launch = none.programmatic_launch = pdl;
+        asked.smem_carveout = percent;
+        auto a = model::make_runtime(m, "cuda", {FfnPath::automatic}, asked);
+        auto b = model::make_runtime(m, "cuda", {FfnPath::automatic}, none);
+        expect_bit_identical(spec, *a, *b);
+        EXPECT_GT(a->graph_launches(), 0);
+      }
+  }
+}
+
 // RuntimeTuning::fused_decode (one-row forwards: the attention's add + RMSNorm, QKV, RoPE and cache
 // store in one kernel, the FFN's residual add deferred, and on planned steps the add + RMSNorm
 // before the FFN inside its step: folded into the one-token FFN kernels on a sparse ReLU layer, a

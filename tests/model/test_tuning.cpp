@@ -37,13 +37,14 @@ TEST(RuntimeTuning, EveryItemParses) {
   const RuntimeTuning t = parse_tuning(
       "no-cuda-graphs,no-cudnn-attention,cudnn-build-at=1,decode-max-rows=8,decode-gemv-max-rows=12,union-max-rows=0,"
       "union-min-rows=8,union-up-split=4,union-down-split=2,union-up-clusters=16,decode-max-density=0.02,no-pdl,"
-      "no-fused-decode,no-fixed-point-decode,no-decode-neuron-order,dense-fold-norm=1,no-batched-gemv,"
+      "smem-carveout=100,no-fused-decode,no-fixed-point-decode,no-decode-neuron-order,dense-fold-norm=1,no-batched-gemv,"
       "no-grouped-attention,grouped-attention-min-rows=8,no-cpu-bf16,"
       "no-paged-kv,no-prefix-cache,gemm-autotune=8");
   EXPECT_FALSE(t.cuda_graphs);
   EXPECT_FALSE(t.cudnn_attention);
   EXPECT_EQ(t.cudnn_build_at, 1);
   EXPECT_FALSE(t.programmatic_launch);
+  EXPECT_EQ(t.smem_carveout, 100);
   EXPECT_FALSE(t.fused_decode);
   EXPECT_FALSE(t.fixed_point_decode);
   EXPECT_FALSE(t.decode_neuron_order);
@@ -65,7 +66,7 @@ TEST(RuntimeTuning, EveryItemParses) {
   EXPECT_EQ(t.gemm_autotune, 8);
   // describe(): every non-default setting, in the struct's order, read back to the same value.
   EXPECT_EQ(t.describe(),
-            "no-cuda-graphs,no-cudnn-attention,cudnn-build-at=1,no-pdl,no-fused-decode,no-fixed-point-decode,"
+            "no-cuda-graphs,no-cudnn-attention,cudnn-build-at=1,no-pdl,smem-carveout=100,no-fused-decode,no-fixed-point-decode,"
             "no-decode-neuron-order,dense-fold-norm=1,no-batched-gemv,no-grouped-attention,grouped-attention-min-rows=8,"
             "decode-max-density=0.02,decode-max-rows=8,"
             "decode-gemv-max-rows=12,union-max-rows=0,union-min-rows=8,union-up-split=4,union-down-split=2,union-up-clusters=16,no-cpu-bf16,"
@@ -98,6 +99,8 @@ TEST(RuntimeTuning, OneItemChangesOneSetting) {
   EXPECT_EQ(parse_tuning("cudnn-build-at=1048576").cudnn_build_at, 1 << 20);
   EXPECT_EQ(parse_tuning("gemm-autotune=2").gemm_autotune, 2);
   EXPECT_EQ(parse_tuning("gemm-autotune=16").gemm_autotune, 16);
+  EXPECT_EQ(parse_tuning("smem-carveout=0").smem_carveout, 0);
+  EXPECT_EQ(parse_tuning("smem-carveout=100").smem_carveout, 100);
   // A negative decode setting is the engine's default, as the field says: nothing to describe.
   RuntimeTuning negative;
   negative.decode_max_rows = -5;
@@ -128,6 +131,8 @@ TEST(RuntimeTuning, MalformedValueIsRefusedByName) {
   for (const Case& c : {
            Case{"dense-fold-norm=2", "dense-fold-norm takes an integer from 0 to 1"},
            Case{"gemm-autotune=1", "gemm-autotune takes an integer from 2 to 16"},
+           Case{"smem-carveout=101", "smem-carveout takes an integer from 0 to 100"},
+           Case{"smem-carveout=-1", "smem-carveout takes an integer from 0 to 100"},
            Case{"gemm-autotune=17", "gemm-autotune takes an integer from 2 to 16"},
            Case{"gemm-autotune", "gemm-autotune takes an integer"},
            Case{"decode-max-rows=abc", "item 'decode-max-rows=abc': decode-max-rows takes an integer from 1 to 2047"},

@@ -35,6 +35,13 @@ struct RuntimeTuning {
   // latency between the ≈ 10 small kernels a layer of a decode step runs. Same results, bit for
   // bit; 2B decode at batch 1 +6.6 % on an H100 (docs/runtime.md). Off: for A/B measurement.
   bool programmatic_launch = true;  // no-pdl
+  // CUDA runtime only: the SM's L1 / shared-memory split that the runtime's own kernels ask for
+  // (cuda::LaunchCarveout), as a percentage of the most shared memory an SM takes (0–100; < 0, the
+  // default: none asked, the driver's choice per kernel). An SM changes its split only once its
+  // running CTAs have left, so a kernel that needs more shared memory than its predecessor's split
+  // loses the programmatic overlap at that link; one split for the whole step avoids it. A
+  // schedule: the same bits. For A/B measurement (docs/runtime.md).
+  int smem_carveout = -1;  // smem-carveout=N
   // CUDA runtime only: at one row (a batch-1 decode step) the attention's add + RMSNorm, QKV
   // projection, RoPE and KV-cache store run as one kernel (cuda::ops::rmsnorm_project) and the FFN's
   // residual add joins the next add + RMSNorm: 2 kernels fewer a layer, the same bits; 2B decode at

@@ -34,7 +34,8 @@ __device__ __forceinline__ void pdl_begin() {
 }
 }  // namespace dev
 
-// kernel<<<grid, block, smem, stream>>>(args...), programmatic inside a ProgrammaticLaunch scope.
+// kernel<<<grid, block, smem, stream>>>(args...), programmatic inside a ProgrammaticLaunch scope and
+// with the carveout of a LaunchCarveout scope.
 // The kernel's own parameter types, not deduced from the arguments (they convert as in a call).
 template <class T>
 struct NonDeduced {
@@ -44,7 +45,9 @@ struct NonDeduced {
 template <typename... P>
 void launch_kernel(void (*kernel)(P...), dim3 grid, dim3 block, std::size_t smem, cudaStream_t stream,
                    typename NonDeduced<P>::type... args) {
-  if (!programmatic_launch_active()) {
+  cudaLaunchAttribute attr[2];
+  const int n = launch_attributes(attr, programmatic_launch_active());
+  if (n == 0) {
     kernel<<<grid, block, smem, stream>>>(args...);
     return;
   }
@@ -53,11 +56,8 @@ void launch_kernel(void (*kernel)(P...), dim3 grid, dim3 block, std::size_t smem
   cfg.blockDim = block;
   cfg.dynamicSmemBytes = smem;
   cfg.stream = stream;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
   cfg.attrs = attr;
-  cfg.numAttrs = 1;
+  cfg.numAttrs = static_cast<unsigned>(n);
   TWELL_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, args...));
 }
 

@@ -32,4 +32,27 @@ class ProgrammaticLaunch {
 // Asked once per device and kernel (cached), so a launch path may call it every time.
 bool programmatic_launch_supported(const void* kernel = nullptr);
 
+// The SM's L1 / shared-memory split, as a percentage of the most shared memory an SM takes, that
+// twell's launchers ask for on this thread while the scope lives (0–100; -1: none asked, the
+// driver's choice per kernel, as outside every scope). A hint (the driver may configure more where
+// a launch needs it). An SM runs one split for all its CTAs: a kernel whose CTAs need more shared
+// memory than the split the kernel before it runs under waits, on each SM, for that kernel's CTAs
+// to leave before the split changes, which forfeits a programmatic launch's overlap there. One
+// split for every kernel of a decode step keeps the chain from changing it (RuntimeTuning::smem_carveout).
+int launch_carveout() noexcept;
+class LaunchCarveout {
+ public:
+  explicit LaunchCarveout(int percent) noexcept;
+  ~LaunchCarveout();
+  LaunchCarveout(const LaunchCarveout&) = delete;
+  LaunchCarveout& operator=(const LaunchCarveout&) = delete;
+
+ private:
+  int previous_;
+};
+
+// This thread's launch attributes into attrs (room for 2): programmatic stream serialization where
+// `programmatic`, the carveout where a LaunchCarveout scope asks for one. Returns how many it wrote.
+int launch_attributes(cudaLaunchAttribute* attrs, bool programmatic) noexcept;
+
 }  // namespace twell::cuda

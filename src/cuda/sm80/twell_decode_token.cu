@@ -332,11 +332,9 @@ void launch_twell_decode_token(const TwellDecodeTokenParams& p, cudaStream_t str
     cfg.blockDim = dim3(kThreads);
     cfg.dynamicSmemBytes = smem;
     cfg.stream = stream;
-    cudaLaunchAttribute attr[1];
-    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr[0].val.programmaticStreamSerializationAllowed = programmatic ? 1 : 0;
+    cudaLaunchAttribute attr[2];
     cfg.attrs = attr;
-    cfg.numAttrs = 1;
+    cfg.numAttrs = static_cast<unsigned>(launch_attributes(attr, programmatic));
     TWELL_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, p, extra...));
   };
   // The first kernel overlaps the kernel before it only inside the caller's programmatic scope

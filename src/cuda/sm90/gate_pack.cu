@@ -9,6 +9,7 @@
 
 #include "cuda/common/check.hpp"
 #include "cuda/common/device_math.cuh"
+#include "cuda/common/launch.hpp"
 #include "cuda/sm90/hopper_ptx.cuh"
 
 namespace twell::cuda {
@@ -552,13 +553,13 @@ void launch_kernel(const GatePackParams& p, cudaStream_t stream) {
   cfg.blockDim = dim3(kThreads);
   cfg.dynamicSmemBytes = kGatePackSmemBytes;
   cfg.stream = stream;
-  cudaLaunchAttribute attr[1];
+  cudaLaunchAttribute attr[3];
   attr[0].id = cudaLaunchAttributeClusterDimension;
   attr[0].val.clusterDim.x = static_cast<unsigned>(cm);
   attr[0].val.clusterDim.y = 1;
   attr[0].val.clusterDim.z = 1;
   cfg.attrs = attr;
-  cfg.numAttrs = 1;
+  cfg.numAttrs = 1 + static_cast<unsigned>(launch_attributes(attr + 1, false));  // a LaunchCarveout scope's
   TWELL_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, mx, mw, p));
   TWELL_CUDA_CHECK_LAUNCH("twell_gate_pack_sm90_kernel");
 }
