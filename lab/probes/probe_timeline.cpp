@@ -41,7 +41,7 @@ struct Kernel {
   std::string name;
   int regs = 0;                  // registers a thread
   std::int64_t cta_smem = 0;     // static + dynamic shared memory a CTA, bytes
-  int carveout_asked = -1;       // the carveout the launch or function asked for, % (-1: none)
+  int carveout_asked = -1;       // the function's carveout attribute, % (-1: none; CUPTI reports no launch attribute's)
   std::uint32_t sm_smem = 0;     // the SM's shared memory as the driver configured it for this launch, bytes
 };
 
@@ -129,9 +129,11 @@ double median(std::vector<double> v) {
 // value for every CTA on it: a launch whose CTAs need more shared memory than the split the SM runs
 // with waits until the SM's resident CTAs (of the kernel before, still running under a programmatic
 // launch) have left before the driver changes it, so the overlap that programmatic launches buy is
-// lost at such a link. Per kernel: its registers and shared memory a CTA, the carveout it asked for
-// and the configurations the driver chose (KB, share of launches); then the links across which the
-// configuration changed, and how many changes a step has.
+// lost at such a link. Per kernel: its registers and shared memory a CTA, the carveout set on the
+// function (cudaFuncAttributePreferredSharedMemoryCarveout: CUPTI does not report a launch
+// attribute's, so TWELL_TUNING=smem-carveout shows only in the configurations) and the
+// configurations the driver chose (KB, share of launches); then the links across which the
+// configuration changed within a step, and how many changes a step has.
 void report_smem_config(const std::vector<std::vector<Kernel>>& steps) {
   struct PerName {
     int regs = 0, asked = -1;
@@ -161,8 +163,8 @@ void report_smem_config(const std::vector<std::vector<Kernel>>& steps) {
   const auto kb = [](double bytes) { return bytes / 1024.0; };
   std::printf("\nshared-memory configuration (CUPTI's sharedMemoryExecuted: the SM's shared memory the driver set "
               "for the launch):\n\n");
-  std::printf("| kernel | registers a thread | shared memory a CTA, KB | carveout asked, %% | SM configured, KB (share "
-              "of launches) |\n|---|---:|---:|---:|---|\n");
+  std::printf("| kernel | registers a thread | shared memory a CTA, KB | function's carveout, %% | SM configured, KB "
+              "(share of launches) |\n|---|---:|---:|---:|---|\n");
   for (const auto& [name, p] : by_name) {
     std::string cfg;
     for (const auto& [bytes, count] : p.configs) {

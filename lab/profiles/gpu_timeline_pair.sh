@@ -26,7 +26,8 @@ for arg in "$@"; do names+=("${arg%%=*}"); done
 PROBE=1 BIN=/tmp/probe OUT="$OUT/builds" bash lab/ab/gpu_patch_builds.sh "$@" || exit $?
 # tuning_of NAME: the TWELL_TUNING items TUNINGS gives NAME ("" where none).
 tuning_of() {
-  local entry
+  local entry entries
+  [ -n "${TUNINGS:-}" ] || return 0
   IFS=';' read -r -a entries <<< "${TUNINGS:-}"
   for entry in "${entries[@]}"; do
     [ "${entry%%=*}" = "$1" ] && { printf '%s' "${entry#*=}"; return; }

@@ -98,7 +98,7 @@ kernels 76 .. 83 of the median step (≈ 4 a layer), µs from the step's start:
         text += f"""
 shared-memory configuration (CUPTI's sharedMemoryExecuted: the SM's shared memory the driver set for the launch):
 
-| kernel | registers a thread | shared memory a CTA, KB | carveout asked, % | SM configured, KB (share of launches) |
+| kernel | registers a thread | shared memory a CTA, KB | function's carveout, % | SM configured, KB (share of launches) |
 |---|---:|---:|---:|---|
 | `ffn` | 64 | 21.0 | — | 100 (100 %) |
 

@@ -535,6 +535,8 @@ TEST(ModelCuda, ProgrammaticLaunchesAreBitIdentical) {
 // splits an SM, never what the kernels compute: the same logits, prefill and every decode step,
 // with and without programmatic launches. The kernels that need much shared memory (the one-row
 // decode attention's staged keys) must still get it at a split of 0 %: the attribute is a hint.
+// The union FFN from 2 rows, so that the 3-row steps take its clustered launches (the default
+// starts it at 4 rows, and expect_bit_identical runs batches 1 and 3).
 TEST(ModelCuda, SharedMemoryCarveoutIsBitIdentical) {
   TWELL_REQUIRE_GPU();
   for (const char* act : {"relu", "silu"}) {
@@ -546,6 +548,7 @@ TEST(ModelCuda, SharedMemoryCarveoutIsBitIdentical) {
         SCOPED_TRACE(::testing::Message() << "smem-carveout=" << percent << (pdl ? ", programmatic" : ", plain"));
         model::RuntimeTuning asked, none;  // explicit: not TWELL_TUNING's
         asked.programmatic_launch = none.programmatic_launch = pdl;
+        asked.union_min_rows = none.union_min_rows = 2;
         asked.smem_carveout = percent;
         auto a = model::make_runtime(m, "cuda", {FfnPath::automatic}, asked);
         auto b = model::make_runtime(m, "cuda", {FfnPath::automatic}, none);
