@@ -37,6 +37,35 @@ cuda::ops::RowKv row_kv(__nv_bfloat16* k, __nv_bfloat16* v, std::int64_t layer_s
   return r;
 }
 
+// One buffer holding a T-row step's qkv [T, ld] (qkv_n elements), then each row's K cache, then
+// each row's V cache (cache_n elements each, layer l at + l·layer_stride). Paged (tables not null):
+// row r's cache through its `blocks` table entries at tables + r · blocks. pos(r): row r's position.
+template <typename Pos>
+std::vector<cuda::ops::RowKv> rows_of_step_buffer(__nv_bfloat16* buf, int T, std::size_t qkv_n, std::size_t cache_n,
+                                                   std::int64_t layer_stride, const std::int32_t* tables, int blocks,
+                                                   Pos pos) {
+  std::vector<cuda::ops::RowKv> rows;
+  for (int r = 0; r < T; ++r) {
+    rows.push_back(row_kv(buf + qkv_n + static_cast<std::size_t>(r) * cache_n,
+                          buf + qkv_n + static_cast<std::size_t>(T + r) * cache_n, layer_stride,
+                          static_cast<std::int32_t>(pos(r))));
+    if (tables) rows.back().table = tables + static_cast<std::size_t>(r) * blocks;
+  }
+  return rows;
+}
+
+// `rows` block tables of `blocks` entries, each a shuffle of its own cache's blocks (position p in
+// cache row table[p / kKvBlockRows] · kKvBlockRows + p % kKvBlockRows).
+std::vector<std::int32_t> shuffled_block_tables(Rng& rng, int rows, int blocks) {
+  std::vector<std::int32_t> tables(static_cast<std::size_t>(rows) * blocks);
+  for (int r = 0; r < rows; ++r) {
+    auto* t = tables.data() + static_cast<std::size_t>(r) * blocks;
+    for (int j = 0; j < blocks; ++j) t[j] = j;
+    for (int j = blocks - 1; j > 0; --j) std::swap(t[j], t[rng.below(j + 1)]);
+  }
+  return tables;
+}
+
 // A device copy of v as elements of type D (same size: bf16 ↔ __nv_bfloat16).
 template <typename D = void, typename S>
 auto upload(const std::vector<S>& v) {
@@ -511,24 +540,12 @@ TEST(ModelOps, DecodeAttentionReadsOldKeysEarlyAndTheNewOneAfter) {
         const std::size_t total = qkv_n + 2 * static_cast<std::size_t>(T) * cache_n;
         const auto init = random_bf16(rng, total);
         auto a = upload<__nv_bfloat16>(init), b = upload<__nv_bfloat16>(init);
-        // Paged: row r's blocks in a shuffled order within its own cache (position p in cache row
-        // table[p / 16] · 16 + p % 16).
-        std::vector<std::int32_t> tables(static_cast<std::size_t>(T) * blocks);
-        for (int r = 0; r < T; ++r) {
-          auto* t = tables.data() + static_cast<std::size_t>(r) * blocks;
-          for (int j = 0; j < blocks; ++j) t[j] = j;
-          for (int j = blocks - 1; j > 0; --j) std::swap(t[j], t[rng.below(j + 1)]);
-        }
-        auto d_tables = upload(tables);
+        // Paged: row r's blocks in a shuffled order within its own cache.
+        auto d_tables = upload(shuffled_block_tables(rng, T, blocks));
         auto rows_in = [&](DeviceBuffer<__nv_bfloat16>& buf) {
-          std::vector<cuda::ops::RowKv> rows;
-          for (int r = 0; r < T; ++r) {
-            rows.push_back(row_kv(buf.get() + qkv_n + static_cast<std::size_t>(r) * cache_n,
-                                  buf.get() + qkv_n + static_cast<std::size_t>(T + r) * cache_n,
-                                  static_cast<std::int64_t>(cap16) * KV, positions[static_cast<std::size_t>(r)]));
-            if (paged) rows.back().table = d_tables.get() + static_cast<std::size_t>(r) * blocks;
-          }
-          return upload(rows);
+          return upload(rows_of_step_buffer(buf.get(), T, qkv_n, cache_n, static_cast<std::int64_t>(cap16) * KV,
+                                            paged ? d_tables.get() : nullptr, blocks,
+                                            [&](int r) { return positions[static_cast<std::size_t>(r)]; }));
         };
         auto rows_a = rows_in(a), rows_b = rows_in(b);
         EXPECT_TRUE(cuda::ops::attention_runs_grouped(T, cs.heads, cs.kv_heads, cs.d, cap));
@@ -1577,22 +1594,11 @@ TEST(ModelOps, RopeStoreKvReadsItsRowAfterTheWait) {
       const auto init = random_bf16(rng, total);
       auto ref = upload<__nv_bfloat16>(init), src = upload<__nv_bfloat16>(init);
       auto late = upload<__nv_bfloat16>(random_bf16(rng, total));  // other bytes until late_copy lands init
-      std::vector<std::int32_t> tables(static_cast<std::size_t>(T) * blocks);
-      for (int r = 0; r < T; ++r) {
-        auto* t = tables.data() + static_cast<std::size_t>(r) * blocks;
-        for (int j = 0; j < blocks; ++j) t[j] = j;
-        for (int j = blocks - 1; j > 0; --j) std::swap(t[j], t[rng.below(j + 1)]);
-      }
-      auto d_tables = upload(tables);
+      auto d_tables = upload(shuffled_block_tables(rng, T, blocks));
       auto rows_in = [&](DeviceBuffer<__nv_bfloat16>& buf) {
-        std::vector<cuda::ops::RowKv> rows;
-        for (int r = 0; r < T; ++r) {
-          rows.push_back(row_kv(buf.get() + qkv_n + static_cast<std::size_t>(r) * cache_n,
-                                buf.get() + qkv_n + static_cast<std::size_t>(T + r) * cache_n,
-                                static_cast<std::int64_t>(cap) * KV, (7 * r + 3) % cap));
-          if (paged) rows.back().table = d_tables.get() + static_cast<std::size_t>(r) * blocks;
-        }
-        return upload(rows);
+        return upload(rows_of_step_buffer(buf.get(), T, qkv_n, cache_n, static_cast<std::int64_t>(cap) * KV,
+                                          paged ? d_tables.get() : nullptr, blocks,
+                                          [&](int r) { return (7 * r + 3) % cap; }));
       };
       auto rows_ref = rows_in(ref), rows_late = rows_in(late);
       cuda::ops::rope_store_kv(ref.get(), T, cs.heads, cs.kv_heads, cs.d, dcos.get(), dsin.get(), rows_ref.get(), layer,
