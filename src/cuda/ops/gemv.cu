@@ -35,11 +35,11 @@ void launch_one_token(const TwellGemvParams& p, cudaStream_t stream) {
   TWELL_CU_REQUIRE(ctas <= 0x7fffffff, ErrorCode::unsupported, "twell gemv: N = {} too large", p.n);
   const dim3 grid(static_cast<unsigned>(ctas)), block(kGemvWarps * 32);
   if (wide)
-    launch_kernel(twell_gemv_kernel<1, kGemvWarpRows, detail::kGemvWindow, kGated>, grid, block, 0, stream, p);
+    launch_kernel(twell_gemv_kernel<kGemvWarpRows, detail::kGemvWindow, kGated>, grid, block, 0, stream, p);
   else if (p.w_before_wait)  // the whole row (K ≤ 2048) in flight before the wait
-    launch_kernel(twell_gemv_kernel<1, kNarrowRows, 8, kGated>, grid, block, 0, stream, p);
+    launch_kernel(twell_gemv_kernel<kNarrowRows, 8, kGated>, grid, block, 0, stream, p);
   else
-    launch_kernel(twell_gemv_kernel<1, kNarrowRows, 4, kGated>, grid, block, 0, stream, p);
+    launch_kernel(twell_gemv_kernel<kNarrowRows, 4, kGated>, grid, block, 0, stream, p);
   if constexpr (kGated)
     TWELL_CUDA_CHECK_LAUNCH("twell_gemv_kernel (gated epilogue)");
   else
